@@ -1,0 +1,37 @@
+# shardline — run `make help` for the targets.
+SHELL := /bin/bash
+GO ?= go
+# The module proxy alone: a missing module fails fast instead of hanging on a
+# `direct` fetch.
+export GOPROXY := $(shell $(GO) env GOPROXY 2>/dev/null | cut -d, -f1)
+BIN := bin/shardline
+
+.PHONY: help build test vet bench fuzz docs golden clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
+
+build: ## build bin/shardline
+	$(GO) build -o $(BIN) ./cmd/shardline
+
+test: ## vet and run every test (what CI runs)
+	$(GO) vet ./...
+	$(GO) test -count=1 ./...
+
+vet: ## go vet
+	$(GO) vet ./...
+
+bench: ## speed benchmarks, each printed against its budget or reference
+	./scripts/bench-lint.sh
+
+fuzz: ## fuzz the recipe loader and linter for 60 s
+	$(GO) test ./config -run '^$$' -fuzz FuzzLoadLint -fuzztime 60s
+
+docs: ## regenerate docs/recipes.md from the schema's doc comments
+	$(GO) run ./cmd/shardline recipe docs --format markdown > docs/recipes.md
+
+golden: ## rewrite golden files after an intended change (review the diff!)
+	$(GO) test ./... -run Golden -update
+
+clean: ## remove build outputs
+	rm -rf bin

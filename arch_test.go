@@ -1,0 +1,68 @@
+package shardline
+
+import (
+	"go/build"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/shardline/shardline"
+
+// allowedImports lists, for every package, the shardline packages it may import.
+// Imports point down: cmd at the top, config and the leaf packages at the bottom.
+// A new package must be added here, which is the moment to decide its place.
+var allowedImports = map[string][]string{
+	".":             {},
+	"config":        {},
+	"recipes":       {},
+	"parallel":      {"config"},
+	"cmd/shardline": {"*"},
+}
+
+func TestImportsPointDown(t *testing.T) {
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return err
+		}
+		if path != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || d.Name() == "bin") {
+			return filepath.SkipDir
+		}
+		pkg, err := build.ImportDir(path, 0)
+		if err != nil {
+			if _, ok := err.(*build.NoGoError); ok {
+				return nil
+			}
+			t.Errorf("%s: %v", path, err)
+			return nil
+		}
+		rel := filepath.ToSlash(path)
+		allowed, known := allowedImports[rel]
+		if !known {
+			t.Errorf("package %s is not in allowedImports: add it with the shardline packages it may import", rel)
+			return nil
+		}
+		for _, imp := range pkg.Imports {
+			if !strings.HasPrefix(imp, module+"/") {
+				continue
+			}
+			target := strings.TrimPrefix(imp, module+"/")
+			ok := false
+			for _, a := range allowed {
+				ok = ok || a == "*" || a == target
+			}
+			if !ok {
+				t.Errorf("%s imports %s, which points up or sideways; allowed: %v", rel, target, allowed)
+			}
+		}
+		if _, err := os.Stat(filepath.Join(path, "doc.go")); err != nil {
+			t.Errorf("package %s has no doc.go saying what it owns and must not import", rel)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

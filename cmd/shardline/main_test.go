@@ -1,0 +1,214 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// shardline runs the CLI in-process with an empty environment.
+func shardline(t *testing.T, env []string, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := Main(args, &out, &errb, env)
+	return code, out.String(), errb.String()
+}
+
+func writeRecipe(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "r.toml")
+	require.NoError(t, os.WriteFile(p, []byte(body), 0o644))
+	return p
+}
+
+const recipesDir = "../../recipes"
+
+func TestLintShippedRecipes(t *testing.T) {
+	code, out, errs := shardline(t, nil, "lint", "--strict", recipesDir)
+	assert.Equal(t, 0, code, errs)
+	assert.Equal(t, "no problems found\n", out)
+}
+
+func TestLintExitCodes(t *testing.T) {
+	bad := writeRecipe(t, "[model]\nlayres = 4\n")
+	warn := writeRecipe(t, "[data]\npath = \"/does/not/exist\"\n")
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		out  string // substring of stdout
+		err  string // substring of stderr
+	}{
+		{"errors", []string{"lint", bad}, 1, "r.toml:2:1: error[SL002]: unknown key layres in [model]; did you mean layers?", ""},
+		{"warning passes", []string{"lint", warn}, 0, "warning[SL401]", ""},
+		{"warning strict", []string{"lint", "--strict", warn}, 1, "warning[SL401]", ""},
+		{"missing file", []string{"lint", "/no/such.toml"}, 2, "", "/no/such.toml does not exist"},
+		{"empty dir", []string{"lint", t.TempDir()}, 2, "", "holds no .toml recipes"},
+		{"unknown flag", []string{"lint", "--num-layerz", "3", bad}, 2, "", "unknown flag: --num-layerz"},
+		{"bad format", []string{"lint", "--format", "xml", bad}, 2, "", `--format "xml" is not one of`},
+		{"no args", []string{"lint"}, 2, "", "requires at least 1 arg"},
+		{"bad flag value", []string{"lint", "--num-layers", "x", filepath.Join(recipesDir, "tiny.toml")}, 1, "flag --num-layers: error[SL007]", ""},
+		{"megatron bool", []string{"lint", "--use-nccl-ub", "--fsdp-double-buffer=false", filepath.Join(recipesDir, "tiny.toml")}, 1, "flag --fsdp-double-buffer: error[SL106]", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errs := shardline(t, nil, tc.args...)
+			assert.Equal(t, tc.code, code, "stdout:\n%s\nstderr:\n%s", out, errs)
+			assert.Contains(t, out, tc.out)
+			assert.Contains(t, errs, tc.err)
+		})
+	}
+}
+
+func TestLintEnvironmentOverride(t *testing.T) {
+	tiny := filepath.Join(recipesDir, "tiny.toml")
+	code, out, _ := shardline(t, []string{"SHARDLINE_PARALLEL_WORLD_SIZE=3"}, "lint", tiny)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, out, "env SHARDLINE_PARALLEL_WORLD_SIZE: error[SL206]")
+}
+
+func TestLintJSON(t *testing.T) {
+	bad := writeRecipe(t, "[model]\nlayres = 4\n[train]\nlr = -1.0\n")
+	code, out, _ := shardline(t, nil, "lint", "--format", "json", bad)
+	assert.Equal(t, 1, code)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 2)
+	var d map[string]any
+	require.NoError(t, json.Unmarshal([]byte(lines[1]), &d))
+	assert.Equal(t, "SL008", d["code"])
+	assert.Equal(t, "error", d["severity"])
+	assert.Equal(t, "train.lr", d["key"])
+	assert.Equal(t, float64(4), d["line"])
+	assert.Equal(t, float64(6), d["column"])
+	assert.NotEmpty(t, d["help"])
+}
+
+func TestLintSARIF(t *testing.T) {
+	bad := writeRecipe(t, "[model]\nlayres = 4\n")
+	code, out, _ := shardline(t, nil, "lint", "--format", "sarif", bad, filepath.Join(recipesDir, "tiny.toml"))
+	assert.Equal(t, 1, code)
+	var log struct {
+		Version string `json:"version"`
+		Runs    []struct {
+			Tool struct {
+				Driver struct {
+					Name  string `json:"name"`
+					Rules []struct {
+						ID string `json:"id"`
+					} `json:"rules"`
+				} `json:"driver"`
+			} `json:"tool"`
+			Results []struct {
+				RuleID    string `json:"ruleId"`
+				RuleIndex int    `json:"ruleIndex"`
+				Level     string `json:"level"`
+				Locations []struct {
+					PhysicalLocation struct {
+						ArtifactLocation struct {
+							URI string `json:"uri"`
+						} `json:"artifactLocation"`
+						Region struct {
+							StartLine   int `json:"startLine"`
+							StartColumn int `json:"startColumn"`
+						} `json:"region"`
+					} `json:"physicalLocation"`
+				} `json:"locations"`
+			} `json:"results"`
+		} `json:"runs"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &log))
+	assert.Equal(t, "2.1.0", log.Version)
+	require.Len(t, log.Runs, 1)
+	run := log.Runs[0]
+	assert.Equal(t, "shardline", run.Tool.Driver.Name)
+	require.Len(t, run.Results, 1)
+	r := run.Results[0]
+	assert.Equal(t, "SL002", r.RuleID)
+	assert.Equal(t, "SL002", run.Tool.Driver.Rules[r.RuleIndex].ID)
+	assert.Equal(t, "error", r.Level)
+	assert.Equal(t, 2, r.Locations[0].PhysicalLocation.Region.StartLine)
+	assert.Equal(t, 1, r.Locations[0].PhysicalLocation.Region.StartColumn)
+	assert.Equal(t, bad, r.Locations[0].PhysicalLocation.ArtifactLocation.URI)
+}
+
+func TestExplain(t *testing.T) {
+	tiny := filepath.Join(recipesDir, "tiny.toml")
+	code, out, errs := shardline(t, []string{"SHARDLINE_MODEL_LAYERS=8"}, "lint", "--explain", "model.layers", tiny, "--num-layers", "12")
+	require.Equal(t, 0, code, errs)
+	assert.Contains(t, out, "model.layers = 12\n  from flag --num-layers=12\n")
+	assert.Contains(t, out, "recipe "+tiny+":9:1 (4)")
+	assert.Contains(t, out, `environment SHARDLINE_MODEL_LAYERS="8" (8)`)
+
+	code, _, errs = shardline(t, nil, "lint", "--explain", "model.layres", tiny)
+	assert.Equal(t, 2, code)
+	assert.Contains(t, errs, "did you mean model.layers?")
+}
+
+func TestResolveDeterministicAndRoundTrips(t *testing.T) {
+	moe := filepath.Join(recipesDir, "moe-tiny.toml")
+	code, out1, errs := shardline(t, nil, "recipe", "resolve", moe, "--set", "train.lr=3e-4")
+	require.Equal(t, 0, code, errs)
+	_, out2, _ := shardline(t, nil, "recipe", "resolve", moe, "--set", "train.lr=3e-4")
+	assert.Equal(t, out1, out2, "identical input gives identical bytes")
+	assert.Contains(t, out1, "# fingerprint: sha256:")
+	assert.Contains(t, out1, "[model.moe]\nnum_experts = 8\n")
+	assert.Contains(t, out1, "lr = 0.0003\n")
+
+	again := writeRecipe(t, out1)
+	code, out3, errs := shardline(t, nil, "recipe", "resolve", again)
+	require.Equal(t, 0, code, errs)
+	assert.Equal(t, out1, out3, "resolve -> load -> resolve is the identity")
+
+	code, out, errs := shardline(t, nil, "recipe", "resolve", writeRecipe(t, "[model]\nheads = 3\n"))
+	assert.Equal(t, 1, code)
+	assert.Empty(t, out, "nothing printed for a recipe with errors")
+	assert.Contains(t, errs, "error[SL303]")
+}
+
+func TestDocsAndVersionAndHelp(t *testing.T) {
+	code, out, _ := shardline(t, nil, "recipe", "docs")
+	assert.Equal(t, 0, code)
+	assert.Contains(t, out, "fsdp.data_parallel_sharding_strategy  (string, default \"optim_grads_params\")")
+	code, md, _ := shardline(t, nil, "recipe", "docs", "--format", "markdown")
+	assert.Equal(t, 0, code)
+	want, err := os.ReadFile("../../docs/recipes.md")
+	require.NoError(t, err)
+	assert.Equal(t, string(want), md)
+
+	code, out, _ = shardline(t, nil, "version")
+	assert.Equal(t, 0, code)
+	assert.Regexp(t, `^shardline \S+ \(commit \S+, go`, out)
+
+	code, out, _ = shardline(t, nil, "lint", "--help")
+	assert.Equal(t, 0, code)
+	assert.Contains(t, out, "Megatron-compatible overrides")
+	assert.Contains(t, out, "--use-megatron-fsdp")
+	assert.Contains(t, out, "--no-gradient-accumulation-fusion")
+
+	code, out, _ = shardline(t, nil, "completion", "bash")
+	assert.Equal(t, 0, code)
+	assert.Contains(t, out, "bash completion")
+}
+
+// TestMegatronFlagsAccepted lists the flags the recipe issue requires.
+func TestMegatronFlagsAccepted(t *testing.T) {
+	tiny := filepath.Join(recipesDir, "tiny.toml")
+	flags := []string{"--use-megatron-fsdp", "--data-parallel-sharding-strategy=optim_grads", "--no-gradient-accumulation-fusion",
+		"--use-distributed-optimizer", "--ckpt-format=fsdp_dtensor", "--calculate-per-token-loss", "--init-model-with-meta-device",
+		"--grad-reduce-in-bf16", "--fsdp-double-buffer", "--use-nccl-ub", "--tensor-model-parallel-size=1", "--context-parallel-size=1",
+		"--expert-model-parallel-size=1", "--expert-tensor-parallel-size=1", "--pipeline-model-parallel-size=1", "--num-layers=2",
+		"--hidden-size=64", "--num-attention-heads=2", "--num-query-groups=1", "--ffn-hidden-size=128", "--seq-length=64",
+		"--micro-batch-size=4", "--global-batch-size=8", "--train-iters=10", "--lr=0.01", "--num-experts=4", "--moe-router-topk=2",
+		"--bf16", "--seed=7"}
+	code, out, errs := shardline(t, nil, append([]string{"recipe", "resolve", tiny}, flags...)...)
+	require.Equal(t, 0, code, "%s\n%s", out, errs)
+	for _, want := range []string{"layers = 2\n", "hidden = 64\n", "kv_heads = 1\n", "num_experts = 4\n", "bf16 = true\n", "seed = 7\n",
+		"data_parallel_sharding_strategy = \"optim_grads\"\n", "gradient_accumulation_fusion = false\n", "lr = 0.01\n"} {
+		assert.Contains(t, out, want)
+	}
+}

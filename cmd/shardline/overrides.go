@@ -1,0 +1,145 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"strings"
+
+	"github.com/shardline/shardline/config"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// megatronAnnotation marks the Megatron-style flags so help lists them apart.
+const megatronAnnotation = "shardline_megatron"
+
+// recipeFlags are the override flags shared by every command that loads a recipe.
+type recipeFlags struct {
+	sets     []string
+	megatron []*megatronValue
+}
+
+// megatronValue is one Megatron-style flag; it records the raw value so config can
+// check it against the key's type and report the flag by name.
+type megatronValue struct {
+	name  string
+	field *config.Field
+	value string
+	set   bool
+}
+
+func (v *megatronValue) String() string { return v.value }
+func (v *megatronValue) Set(s string) error {
+	v.value, v.set = s, true
+	return nil
+}
+func (v *megatronValue) Type() string {
+	switch v.field.Kind {
+	case config.KindBool:
+		return "bool"
+	case config.KindInt:
+		return "int"
+	case config.KindFloat:
+		return "float"
+	case config.KindStrings:
+		return "strings"
+	}
+	return "string"
+}
+
+// addRecipeFlags registers --set and the Megatron-style flags on cmd.
+func addRecipeFlags(cmd *cobra.Command) *recipeFlags {
+	rf := &recipeFlags{}
+	fs := cmd.Flags()
+	fs.StringArrayVar(&rf.sets, "set", nil, "override a recipe key: --set section.key=value (repeatable; beats the recipe and SHARDLINE_* variables)")
+	s := config.RecipeSchema()
+	for _, name := range s.Flags() {
+		f, positive, _ := s.FlagField(name)
+		v := &megatronValue{name: name, field: f}
+		usage := "sets " + f.Key
+		if !positive {
+			usage = "sets " + f.Key + " = false"
+		}
+		fs.Var(v, name, usage)
+		fl := fs.Lookup(name)
+		if f.Kind == config.KindBool {
+			fl.NoOptDefVal = "true"
+		}
+		fl.Annotations = map[string][]string{megatronAnnotation: {"true"}}
+		rf.megatron = append(rf.megatron, v)
+	}
+	cmd.SetUsageTemplate(strings.Replace(cmd.UsageTemplate(),
+		"{{.LocalFlags.FlagUsages | trimTrailingWhitespaces}}",
+		"{{localFlagUsages . | trimTrailingWhitespaces}}\n\nMegatron-compatible overrides (applied after --set):\n{{megatronFlagUsages . | trimTrailingWhitespaces}}", 1))
+	return rf
+}
+
+func init() {
+	split := func(cmd *cobra.Command, megatron bool) string {
+		fs := pflag.NewFlagSet(cmd.Name(), pflag.ContinueOnError)
+		cmd.LocalFlags().VisitAll(func(f *pflag.Flag) {
+			if (f.Annotations[megatronAnnotation] != nil) == megatron {
+				fs.AddFlag(f)
+			}
+		})
+		return fs.FlagUsages()
+	}
+	cobra.AddTemplateFunc("localFlagUsages", func(cmd *cobra.Command) string { return split(cmd, false) })
+	cobra.AddTemplateFunc("megatronFlagUsages", func(cmd *cobra.Command) string { return split(cmd, true) })
+}
+
+// options builds config.Options from the parsed flags and the environment.
+func (rf *recipeFlags) options(env []string) config.Options {
+	opts := config.Options{Env: env, Sets: rf.sets}
+	for _, v := range rf.megatron {
+		if v.set {
+			opts.Flags = append(opts.Flags, config.FlagValue{Name: v.name, Value: v.value})
+		}
+	}
+	return opts
+}
+
+// loadRecipe loads and lints one recipe file. A file that cannot be read is a
+// "could not run" error; everything else comes back as diagnostics.
+func (a *app) loadRecipe(path string, rf *recipeFlags) (*config.Resolved, config.Diagnostics, error) {
+	if err := checkReadable(path); err != nil {
+		return nil, nil, err
+	}
+	res, diags := config.Load(path, rf.options(a.env))
+	if res != nil && !diags.HasErrors() {
+		diags = append(diags, config.Lint(res, a.env)...)
+		diags.Sort()
+	}
+	return res, diags, nil
+}
+
+func sourcesOf(res *config.Resolved) map[string][]byte {
+	if res == nil {
+		return nil
+	}
+	return res.Sources
+}
+
+// checkReadable refuses a path that is missing, unreadable or a directory.
+func checkReadable(path string) error {
+	st, err := os.Stat(path)
+	if err != nil {
+		return usageErr("cannot read recipe %s: %v (check the path)", path, unwrap(err))
+	}
+	if st.IsDir() {
+		return usageErr("%s is a directory; give a recipe file (.toml)", path)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return usageErr("cannot read recipe %s: %v", path, unwrap(err))
+	}
+	return f.Close()
+}
+
+func unwrap(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"runtime"
+	"runtime/debug"
+
+	"github.com/spf13/cobra"
+)
+
+// version is set at link time (-ldflags "-X main.version=v1.2.3").
+var version = "dev"
+
+// Exit codes.
+const (
+	exitOK       = 0
+	exitFindings = 1
+	exitUsage    = 2
+)
+
+// exitError carries an exit code out of a command.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return ""
+	}
+	return e.err.Error()
+}
+
+// usageErr is a "could not run" error (exit 2).
+func usageErr(format string, args ...any) error {
+	return &exitError{code: exitUsage, err: fmt.Errorf(format, args...)}
+}
+
+// app carries what every command needs: streams and the environment.
+type app struct {
+	stdout, stderr io.Writer
+	env            []string
+}
+
+// Main runs the CLI with args (without the program name) and returns the exit code.
+func Main(args []string, stdout, stderr io.Writer, env []string) int {
+	a := &app{stdout: stdout, stderr: stderr, env: env}
+	root := a.rootCmd()
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.Execute()
+	if err == nil {
+		return exitOK
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		if ee.err != nil {
+			fmt.Fprintln(stderr, "shardline:", ee.err)
+		}
+		return ee.code
+	}
+	// Cobra's own errors: unknown commands and flags, wrong argument counts.
+	fmt.Fprintln(stderr, "shardline:", err)
+	fmt.Fprintln(stderr, "Run 'shardline --help' for usage.")
+	return exitUsage
+}
+
+func (a *app) rootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "shardline",
+		Short: "Train Llama-style language models from declarative TOML recipes",
+		Long: `shardline trains decoder-only language models (dense and mixture-of-experts) from
+TOML recipes, with Megatron-FSDP-style fully sharded data parallelism.
+
+A recipe is linted, then compiled into a parallelism plan, then trained. Lint and
+plan never touch a device: they run anywhere, in milliseconds.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(a.lintCmd(), a.recipeCmd(), a.versionCmd())
+	return root
+}
+
+func (a *app) versionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print shardline's version",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			rev := "unknown"
+			if bi, ok := debug.ReadBuildInfo(); ok {
+				for _, s := range bi.Settings {
+					if s.Key == "vcs.revision" {
+						rev = s.Value
+					}
+				}
+			}
+			fmt.Fprintf(a.stdout, "shardline %s (commit %s, %s %s/%s)\n", version, rev, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+			return nil
+		},
+	}
+}

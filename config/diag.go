@@ -1,0 +1,221 @@
+package config
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Severity orders diagnostics: errors stop a run, warnings and notes do not.
+type Severity int
+
+// Severities, most severe first.
+const (
+	SevError Severity = iota
+	SevWarning
+	SevNote
+)
+
+func (s Severity) String() string { return [...]string{"error", "warning", "note"}[s] }
+
+// Diagnostic is one finding about a recipe, shaped after hcl.Diagnostic: what, where,
+// and how to fix it.
+type Diagnostic struct {
+	Severity Severity
+	Code     string // stable rule code, e.g. "SL202"; see Rules
+	Key      string // the recipe key at fault ("" for file-level problems)
+	Message  string // names the key, its value and the rule broken
+	Help     string // the fix
+	Origin   Origin // where the offending value came from
+}
+
+// Location is file:line:col, or the flag or environment variable at fault.
+func (d Diagnostic) Location() string { return d.Origin.Location() }
+
+func (d Diagnostic) Error() string {
+	return fmt.Sprintf("%s: %s[%s]: %s", d.Location(), d.Severity, d.Code, d.Message)
+}
+
+// Diagnostics is a list of findings, like go/scanner.ErrorList.
+type Diagnostics []Diagnostic
+
+// Sort orders by file, line, column, then severity and code; flags and environment
+// variables (no file position) come after file positions.
+func (ds Diagnostics) Sort() {
+	sort.SliceStable(ds, func(i, j int) bool {
+		a, b := ds[i], ds[j]
+		af, bf := a.Origin.Kind == FromEnv || a.Origin.Kind == FromSet || a.Origin.Kind == FromFlag,
+			b.Origin.Kind == FromEnv || b.Origin.Kind == FromSet || b.Origin.Kind == FromFlag
+		if af != bf {
+			return !af
+		}
+		if af {
+			if a.Location() != b.Location() {
+				return a.Location() < b.Location()
+			}
+		} else {
+			pa, pb := a.Origin.Pos, b.Origin.Pos
+			if pa.File != pb.File {
+				return pa.File < pb.File
+			}
+			if pa.Line != pb.Line {
+				return pa.Line < pb.Line
+			}
+			if pa.Col != pb.Col {
+				return pa.Col < pb.Col
+			}
+		}
+		if a.Severity != b.Severity {
+			return a.Severity < b.Severity
+		}
+		if a.Code != b.Code {
+			return a.Code < b.Code
+		}
+		return a.Message < b.Message
+	})
+}
+
+// Count returns how many diagnostics have the given severity.
+func (ds Diagnostics) Count(s Severity) int {
+	n := 0
+	for _, d := range ds {
+		if d.Severity == s {
+			n++
+		}
+	}
+	return n
+}
+
+// HasErrors reports whether any diagnostic is an error.
+func (ds Diagnostics) HasErrors() bool { return ds.Count(SevError) > 0 }
+
+// Err returns nil when there are no errors, else an error listing them.
+func (ds Diagnostics) Err() error {
+	if !ds.HasErrors() {
+		return nil
+	}
+	return errorList(ds)
+}
+
+type errorList Diagnostics
+
+func (e errorList) Error() string {
+	var errs []string
+	for _, d := range e {
+		if d.Severity == SevError {
+			errs = append(errs, d.Error())
+		}
+	}
+	if len(errs) == 1 {
+		return errs[0]
+	}
+	return fmt.Sprintf("%s (and %d more errors)", errs[0], len(errs)-1)
+}
+
+// Rule describes one lint rule; every Diagnostic's Code is one of Rules.
+type Rule struct {
+	Code     string
+	Severity Severity // the usual severity (a rule may emit a note in mild cases)
+	Title    string
+}
+
+// Rules lists every rule shardline reports, in code order. Codes are stable:
+// SL0xx loading, SL1xx Megatron-FSDP, SL2xx parallel shape, SL3xx model and FSDP
+// units, SL4xx files, SL5xx the compiled plan.
+var Rules = []Rule{
+	{"SL001", SevError, "TOML syntax error"},
+	{"SL002", SevError, "unknown key or section"},
+	{"SL003", SevError, "value has the wrong type"},
+	{"SL004", SevError, "value outside its allowed set"},
+	{"SL005", SevError, "extends: missing, unreadable or cyclic base recipe"},
+	{"SL006", SevError, "key defined twice"},
+	{"SL007", SevError, "bad override (--set, flag or environment variable)"},
+	{"SL008", SevError, "value out of range"},
+	{"SL101", SevError, "Megatron-FSDP requires use_distributed_optimizer"},
+	{"SL102", SevError, "Megatron-FSDP requires gradient_accumulation_fusion off"},
+	{"SL103", SevError, "Megatron-FSDP requires ckpt_format = fsdp_dtensor"},
+	{"SL104", SevError, "fsdp_dtensor checkpoints require Megatron-FSDP"},
+	{"SL105", SevError, "meta-device init needs a sharding strategy other than no_shard"},
+	{"SL106", SevError, "use_nccl_ub turns fsdp_double_buffer on"},
+	{"SL107", SevError, "use_nccl_ub is incompatible with expandable segments"},
+	{"SL108", SevError, "CUDA_DEVICE_MAX_CONNECTIONS with FSDP overlap"},
+	{"SL109", SevError, "optimizer not supported by the distributed optimizer"},
+	{"SL110", SevWarning, "calculate_per_token_loss recommended with sharded gradients"},
+	{"SL111", SevWarning, "grad_reduce_in_bf16 recommended for bf16 runs"},
+	{"SL112", SevWarning, "init_model_with_meta_device recommended for large models"},
+	{"SL113", SevError, "sharding gradients or parameters requires Megatron-FSDP"},
+	{"SL201", SevError, "world size not divisible by tp·cp·pp"},
+	{"SL202", SevError, "attention heads not divisible by tensor parallel"},
+	{"SL203", SevError, "experts not divisible by expert parallel"},
+	{"SL204", SevError, "ep·etp does not divide the ranks of a pipeline stage"},
+	{"SL205", SevError, "sequence length not divisible by 2·cp"},
+	{"SL206", SevError, "global batch not divisible by micro batch × data-parallel size"},
+	{"SL207", SevError, "top_k larger than num_experts"},
+	{"SL208", SevError, "expert parallelism needs an MoE model"},
+	{"SL209", SevError, "pipeline parallelism is not supported yet"},
+	{"SL210", SevError, "FFN hidden size not divisible by tensor parallel"},
+	{"SL301", SevError, "fsdp_unit_modules names a module the model lacks"},
+	{"SL302", SevError, "expert weights double-sharded over the data-parallel group"},
+	{"SL303", SevError, "inconsistent attention shape"},
+	{"SL304", SevError, "MoE layer interleave leaves no MoE layer"},
+	{"SL305", SevError, "vocabulary smaller than the tokenizer's"},
+	{"SL401", SevWarning, "data path does not exist"},
+	{"SL501", SevError, "plan does not fit device memory"},
+	{"SL502", SevError, "plan cannot be compiled"},
+}
+
+// RuleFor returns the rule with the given code.
+func RuleFor(code string) (Rule, bool) {
+	for _, r := range Rules {
+		if r.Code == code {
+			return r, true
+		}
+	}
+	return Rule{}, false
+}
+
+// Suggest returns the candidate closest to s by edit distance, if close enough to
+// be a likely typo ("did you mean").
+func Suggest(s string, candidates []string) string {
+	best, bestD := "", 1<<30
+	for _, c := range candidates {
+		d := editDistance(strings.ToLower(s), strings.ToLower(c))
+		if d < bestD {
+			best, bestD = c, d
+		}
+	}
+	limit := len(s) / 3
+	if limit < 2 {
+		limit = 2
+	}
+	if bestD <= limit {
+		return best
+	}
+	return ""
+}
+
+// editDistance is the Levenshtein distance with adjacent transpositions counted as one.
+func editDistance(a, b string) int {
+	ra, rb := []rune(a), []rune(b)
+	prev2 := make([]int, len(rb)+1)
+	prev := make([]int, len(rb)+1)
+	cur := make([]int, len(rb)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(ra); i++ {
+		cur[0] = i
+		for j := 1; j <= len(rb); j++ {
+			cost := 1
+			if ra[i-1] == rb[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+			if i > 1 && j > 1 && ra[i-1] == rb[j-2] && ra[i-2] == rb[j-1] {
+				cur[j] = min(cur[j], prev2[j-2]+1)
+			}
+		}
+		prev2, prev, cur = prev, cur, prev2
+	}
+	return prev[len(rb)]
+}

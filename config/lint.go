@@ -1,0 +1,323 @@
+package config
+
+import (
+	"fmt"
+	"os"
+	"strings"
+)
+
+// Lint checks a resolved recipe against shardline's rules and returns every finding,
+// sorted by position. env is the environment (os.Environ() form): a few rules read
+// variables that change how CUDA and NCCL behave. Lint reads the file system only to
+// warn about data paths that do not exist.
+func Lint(r *Resolved, env []string) Diagnostics {
+	c := &checker{r: r, rc: &r.Recipe, env: envMap(env)}
+	c.megatronFSDP()
+	c.parallelShape()
+	c.model()
+	c.units()
+	c.files()
+	c.diags.Sort()
+	return c.diags
+}
+
+type checker struct {
+	r     *Resolved
+	rc    *Recipe
+	env   map[string]string
+	diags Diagnostics
+}
+
+func envMap(env []string) map[string]string {
+	m := map[string]string{}
+	for _, kv := range env {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// report adds a finding located at the key among keys that the most specific layer
+// set (a flag beats --set, which beats the environment, which beats a file): the
+// override that broke the rule is the setting to look at. Ties go to the first key;
+// when no key was set explicitly the finding points at the first key's file.
+func (c *checker) report(sev Severity, code, msg, help string, keys ...string) {
+	at, best := keys[0], FromDefault
+	for _, k := range keys {
+		if kind := c.r.Origin(k).Kind; kind != FromImplied && kind > best {
+			at, best = k, kind
+		}
+	}
+	c.diags = append(c.diags, Diagnostic{Severity: sev, Code: code, Key: at, Message: msg, Help: help, Origin: c.r.Origin(at)})
+}
+
+func (c *checker) megatronFSDP() {
+	f, rc := c.rc.FSDP, c.rc
+	strategy := f.DataParallelShardingStrategy
+	if f.UseMegatronFSDP {
+		if !f.UseDistributedOptimizer {
+			c.report(SevError, "SL101", "fsdp.use_distributed_optimizer (false) must be true when fsdp.use_megatron_fsdp is true",
+				"set use_distributed_optimizer = true (Megatron-FSDP shards optimizer state through it)",
+				"fsdp.use_distributed_optimizer", "fsdp.use_megatron_fsdp")
+		}
+		if f.GradientAccumulationFusion {
+			c.report(SevError, "SL102", "fsdp.gradient_accumulation_fusion (true) must be false with Megatron-FSDP",
+				"set gradient_accumulation_fusion = false, or pass --no-gradient-accumulation-fusion",
+				"fsdp.gradient_accumulation_fusion", "fsdp.use_megatron_fsdp")
+		}
+		if rc.Checkpoint.CkptFormat != "fsdp_dtensor" {
+			c.report(SevError, "SL103", fmt.Sprintf("checkpoint.ckpt_format (%q) must be \"fsdp_dtensor\" with Megatron-FSDP", rc.Checkpoint.CkptFormat),
+				`set ckpt_format = "fsdp_dtensor" under [checkpoint]`, "checkpoint.ckpt_format", "fsdp.use_megatron_fsdp")
+		}
+	} else {
+		if rc.Checkpoint.CkptFormat == "fsdp_dtensor" {
+			c.report(SevError, "SL104", `checkpoint.ckpt_format ("fsdp_dtensor") needs fsdp.use_megatron_fsdp = true`,
+				`set use_megatron_fsdp = true, or ckpt_format = "torch_dist"`, "checkpoint.ckpt_format", "fsdp.use_megatron_fsdp")
+		}
+		if strategy == "optim_grads" || strategy == "optim_grads_params" {
+			c.report(SevError, "SL113", fmt.Sprintf("fsdp.data_parallel_sharding_strategy (%q) shards gradients and needs fsdp.use_megatron_fsdp = true", strategy),
+				`set use_megatron_fsdp = true, or data_parallel_sharding_strategy = "optim" (distributed optimizer) or "no_shard"`,
+				"fsdp.data_parallel_sharding_strategy", "fsdp.use_megatron_fsdp")
+		}
+	}
+	if f.InitModelWithMetaDevice && strategy == "no_shard" {
+		c.report(SevError, "SL105", `fsdp.init_model_with_meta_device (true) needs a sharding strategy other than "no_shard"`,
+			`with no_shard every rank holds the whole model anyway: set init_model_with_meta_device = false, or data_parallel_sharding_strategy = "optim_grads_params"`,
+			"fsdp.init_model_with_meta_device", "fsdp.data_parallel_sharding_strategy")
+	}
+	if f.UseNCCLUB {
+		if c.r.Explicit("fsdp.fsdp_double_buffer") && !f.FSDPDoubleBuffer {
+			c.report(SevError, "SL106", "fsdp.fsdp_double_buffer (false) must be true with fsdp.use_nccl_ub: NCCL user buffers are registered once, so gather buffers must be persistent",
+				"remove fsdp_double_buffer = false, or set use_nccl_ub = false", "fsdp.fsdp_double_buffer")
+		} else if c.r.Origin("fsdp.fsdp_double_buffer").Kind == FromImplied {
+			c.report(SevNote, "SL106", "fsdp.use_nccl_ub turns fsdp.fsdp_double_buffer on",
+				"set fsdp_double_buffer = true to make it explicit", "fsdp.use_nccl_ub")
+		}
+		if rc.Parallel.CUDAExpandableSegments {
+			c.report(SevError, "SL107", "fsdp.use_nccl_ub (true) cannot be used with parallel.cuda_expandable_segments (true)",
+				"NCCL user buffers need fixed allocations: set one of them to false", "parallel.cuda_expandable_segments", "fsdp.use_nccl_ub")
+		} else if conf := c.env["PYTORCH_CUDA_ALLOC_CONF"]; rc.Parallel.Device == "cuda" && strings.Contains(strings.ReplaceAll(conf, " ", ""), "expandable_segments:True") {
+			c.report(SevError, "SL107", fmt.Sprintf("fsdp.use_nccl_ub (true) cannot be used with PYTORCH_CUDA_ALLOC_CONF=%q (expandable segments)", conf),
+				"remove expandable_segments:True from PYTORCH_CUDA_ALLOC_CONF, or set use_nccl_ub = false", "fsdp.use_nccl_ub")
+		}
+	}
+	overlap := f.UseMegatronFSDP && (f.OverlapGradReduce || f.OverlapParamGather)
+	if v, ok := c.env["CUDA_DEVICE_MAX_CONNECTIONS"]; ok && overlap && rc.Parallel.Device == "cuda" {
+		tradeoff := ""
+		if rc.Parallel.TensorParallel > 1 || rc.Parallel.ContextParallel > 1 {
+			tradeoff = "; with tp or cp > 1, Megatron sets it to 1 to order TP/CP communication before compute, which costs FSDP its overlap: prefer FSDP overlap and unset it, or turn FSDP overlap off to keep TP/CP ordering"
+		}
+		if strings.TrimSpace(v) == "1" {
+			c.report(SevError, "SL108", "CUDA_DEVICE_MAX_CONNECTIONS=1 serialises the communication and compute streams, so fsdp.overlap_grad_reduce / overlap_param_gather cannot overlap anything",
+				"unset CUDA_DEVICE_MAX_CONNECTIONS, or set overlap_grad_reduce = false and overlap_param_gather = false"+tradeoff,
+				"fsdp.overlap_param_gather", "fsdp.overlap_grad_reduce")
+		} else {
+			c.report(SevWarning, "SL108", fmt.Sprintf("CUDA_DEVICE_MAX_CONNECTIONS=%s is set while Megatron-FSDP overlaps communication", v),
+				"Megatron-FSDP is tuned with the variable unset (the driver default of 8 queues); unset it unless you measured otherwise"+tradeoff,
+				"fsdp.overlap_param_gather", "fsdp.overlap_grad_reduce")
+		}
+	}
+	switch rc.Train.Optimizer {
+	case "adamw", "adam", "sgd":
+	default:
+		msg := fmt.Sprintf("train.optimizer (%q) is not supported: Megatron-FSDP's distributed optimizer runs adamw, adam or sgd", rc.Train.Optimizer)
+		if m := Suggest(rc.Train.Optimizer, []string{"adamw", "adam", "sgd"}); m != "" {
+			msg += fmt.Sprintf("; did you mean %q?", m)
+		}
+		c.report(SevError, "SL109", msg, `set optimizer = "adamw" (or "adam", "sgd")`, "train.optimizer")
+	}
+	if (strategy == "optim_grads" || strategy == "optim_grads_params") && !f.CalculatePerTokenLoss {
+		c.report(SevWarning, "SL110", fmt.Sprintf("fsdp.calculate_per_token_loss is off while gradients are sharded (%s): micro-batch averages then weight tokens unevenly", strategy),
+			"set calculate_per_token_loss = true so the loss is the sum of token losses over the global token count",
+			"fsdp.calculate_per_token_loss", "fsdp.data_parallel_sharding_strategy")
+	}
+	if rc.Precision.BF16 && !f.GradReduceInBF16 && c.dataParallel()*rc.Parallel.ContextParallel > 1 {
+		c.report(SevWarning, "SL111", "precision.bf16 is on but fsdp.grad_reduce_in_bf16 is off: gradients are reduced in fp32, twice the bytes",
+			"set grad_reduce_in_bf16 = true (reductions still accumulate in fp32)", "fsdp.grad_reduce_in_bf16", "precision.bf16")
+	}
+}
+
+// dataParallel is the data-parallel degree, or 0 when the world size does not divide.
+func (c *checker) dataParallel() int {
+	p := c.rc.Parallel
+	mp := p.TensorParallel * p.ContextParallel * p.PipelineParallel
+	if mp == 0 || p.WorldSize%mp != 0 {
+		return 0
+	}
+	return p.WorldSize / mp
+}
+
+func (c *checker) parallelShape() {
+	p, m, t := c.rc.Parallel, c.rc.Model, c.rc.Train
+	mp := p.TensorParallel * p.ContextParallel * p.PipelineParallel
+	if p.WorldSize%mp != 0 {
+		c.report(SevError, "SL201", fmt.Sprintf("parallel.world_size (%d) must be divisible by tensor_parallel × context_parallel × pipeline_parallel (%d×%d×%d = %d)",
+			p.WorldSize, p.TensorParallel, p.ContextParallel, p.PipelineParallel, mp),
+			fmt.Sprintf("use a world size that is a multiple of %d, or lower the tp/cp/pp degrees", mp),
+			"parallel.world_size", "parallel.tensor_parallel", "parallel.context_parallel", "parallel.pipeline_parallel")
+	}
+	if m.Heads%p.TensorParallel != 0 {
+		c.report(SevError, "SL202", fmt.Sprintf("parallel.tensor_parallel (%d) must divide model.heads (%d)", p.TensorParallel, m.Heads),
+			"choose a tensor-parallel degree that divides the number of heads", "parallel.tensor_parallel", "model.heads")
+	}
+	if kv := m.EffectiveKVHeads(); kv%p.TensorParallel != 0 {
+		c.report(SevError, "SL202", fmt.Sprintf("parallel.tensor_parallel (%d) must divide model.kv_heads (%d)", p.TensorParallel, kv),
+			"choose a tensor-parallel degree that divides the number of key/value heads", "parallel.tensor_parallel", "model.kv_heads")
+	}
+	if m.FFNHidden%p.TensorParallel != 0 {
+		c.report(SevError, "SL210", fmt.Sprintf("parallel.tensor_parallel (%d) must divide model.ffn_hidden (%d)", p.TensorParallel, m.FFNHidden),
+			"choose an ffn_hidden that is a multiple of the tensor-parallel degree", "model.ffn_hidden", "parallel.tensor_parallel")
+	}
+	if p.PipelineParallel > 1 {
+		c.report(SevError, "SL209", fmt.Sprintf("parallel.pipeline_parallel (%d) is not supported yet: shardline's trainer runs no pipeline schedule", p.PipelineParallel),
+			"set pipeline_parallel = 1 and use FSDP (optim_grads_params), tensor or expert parallelism to fit the model", "parallel.pipeline_parallel")
+	}
+	if p.ContextParallel > 1 && m.SeqLen%(2*p.ContextParallel) != 0 {
+		c.report(SevError, "SL205", fmt.Sprintf("model.seq_len (%d) must be divisible by 2 × parallel.context_parallel (%d) for load-balanced causal attention", m.SeqLen, 2*p.ContextParallel),
+			fmt.Sprintf("use a sequence length that is a multiple of %d", 2*p.ContextParallel), "model.seq_len", "parallel.context_parallel")
+	}
+	if dp := c.dataParallel(); dp > 0 && t.GlobalBatchSize%(t.MicroBatchSize*dp) != 0 {
+		c.report(SevError, "SL206", fmt.Sprintf("train.global_batch_size (%d) must be divisible by micro_batch_size × data-parallel size (%d × %d = %d)",
+			t.GlobalBatchSize, t.MicroBatchSize, dp, t.MicroBatchSize*dp),
+			fmt.Sprintf("set global_batch_size to a multiple of %d", t.MicroBatchSize*dp), "train.global_batch_size", "train.micro_batch_size", "parallel.world_size")
+	}
+	moe := m.MoE
+	if moe.NumExperts == 0 {
+		if p.ExpertParallel > 1 || p.ExpertTensorParallel > 1 {
+			c.report(SevError, "SL208", fmt.Sprintf("parallel.expert_parallel (%d) and expert_tensor_parallel (%d) need an MoE model (model.moe.num_experts > 0)", p.ExpertParallel, p.ExpertTensorParallel),
+				"set expert_parallel = 1 and expert_tensor_parallel = 1, or give the model experts", "parallel.expert_parallel", "parallel.expert_tensor_parallel")
+		}
+		return
+	}
+	if moe.NumExperts%p.ExpertParallel != 0 {
+		c.report(SevError, "SL203", fmt.Sprintf("parallel.expert_parallel (%d) must divide model.moe.num_experts (%d)", p.ExpertParallel, moe.NumExperts),
+			"choose an expert-parallel degree that divides the number of experts", "parallel.expert_parallel", "model.moe.num_experts")
+	}
+	if stage := p.WorldSize / p.PipelineParallel; stage%(p.ExpertParallel*p.ExpertTensorParallel) != 0 {
+		c.report(SevError, "SL204", fmt.Sprintf("expert_parallel × expert_tensor_parallel (%d×%d = %d) must divide the %d ranks of a pipeline stage (world_size / pipeline_parallel)",
+			p.ExpertParallel, p.ExpertTensorParallel, p.ExpertParallel*p.ExpertTensorParallel, stage),
+			"lower expert_parallel or expert_tensor_parallel, or raise the world size", "parallel.expert_parallel", "parallel.expert_tensor_parallel", "parallel.world_size")
+	}
+	if moe.TopK > moe.NumExperts {
+		c.report(SevError, "SL207", fmt.Sprintf("model.moe.top_k (%d) must be ≤ model.moe.num_experts (%d)", moe.TopK, moe.NumExperts),
+			fmt.Sprintf("set top_k to at most %d", moe.NumExperts), "model.moe.top_k", "model.moe.num_experts")
+	}
+	if moe.ExpertFFNHidden%p.ExpertTensorParallel != 0 {
+		c.report(SevError, "SL210", fmt.Sprintf("parallel.expert_tensor_parallel (%d) must divide model.moe.expert_ffn_hidden (%d)", p.ExpertTensorParallel, moe.ExpertFFNHidden),
+			"choose an expert ffn size that is a multiple of the expert tensor-parallel degree", "model.moe.expert_ffn_hidden", "parallel.expert_tensor_parallel")
+	}
+	if moe.LayerFreq > m.Layers {
+		c.report(SevError, "SL304", fmt.Sprintf("model.moe.layer_freq (%d) exceeds model.layers (%d): no layer would be MoE", moe.LayerFreq, m.Layers),
+			"set layer_freq = 1 for all-MoE layers, or set num_experts = 0 for a dense model", "model.moe.layer_freq")
+	}
+}
+
+func (c *checker) model() {
+	m := c.rc.Model
+	if m.Hidden%m.Heads != 0 {
+		c.report(SevError, "SL303", fmt.Sprintf("model.heads (%d) must divide model.hidden (%d)", m.Heads, m.Hidden),
+			"pick hidden = heads × head size", "model.heads", "model.hidden")
+	} else if (m.Hidden/m.Heads)%2 != 0 {
+		c.report(SevError, "SL303", fmt.Sprintf("head size model.hidden / model.heads (%d / %d = %d) must be even for rotary embeddings", m.Hidden, m.Heads, m.Hidden/m.Heads),
+			"pick an even head size", "model.heads", "model.hidden")
+	}
+	if kv := m.EffectiveKVHeads(); m.Heads%kv != 0 {
+		c.report(SevError, "SL303", fmt.Sprintf("model.kv_heads (%d) must divide model.heads (%d) for grouped-query attention", kv, m.Heads),
+			"pick kv_heads among the divisors of heads (kv_heads = heads is plain multi-head attention)", "model.kv_heads", "model.heads")
+	}
+	if c.rc.Data.Tokenizer == "byte" && m.VocabSize < 256 {
+		c.report(SevError, "SL305", fmt.Sprintf("model.vocab_size (%d) is smaller than the byte tokenizer's 256 tokens", m.VocabSize),
+			"set vocab_size = 256 (or more)", "model.vocab_size", "data.tokenizer")
+	}
+}
+
+// unitKinds maps each name fsdp_unit_modules accepts, Megatron's class names and
+// paths included, to a module kind.
+var unitKinds = map[string]string{
+	"embedding": "embedding", "transformer_layer": "transformer_layer", "attention": "attention",
+	"mlp": "mlp", "moe": "moe", "output": "output",
+	"LanguageModelEmbedding": "embedding",
+	"megatron.core.models.common.embeddings.language_model_embedding.LanguageModelEmbedding": "embedding",
+	"TransformerLayer": "transformer_layer",
+	"megatron.core.transformer.transformer_layer.TransformerLayer": "transformer_layer",
+	"SelfAttention": "attention", "megatron.core.transformer.attention.SelfAttention": "attention",
+	"MLP": "mlp", "megatron.core.transformer.mlp.MLP": "mlp",
+	"MoELayer": "moe", "megatron.core.transformer.moe.moe_layer.MoELayer": "moe",
+}
+
+// UnitKind returns the module kind an fsdp_unit_modules entry names.
+func UnitKind(name string) (string, bool) {
+	k, ok := unitKinds[name]
+	return k, ok
+}
+
+// ModuleKinds lists the module kinds the model has, in forward order.
+func (m Model) ModuleKinds() []string {
+	kinds := []string{"embedding", "transformer_layer", "attention"}
+	if m.MoE.NumExperts == 0 || m.MoE.LayerFreq > 1 {
+		kinds = append(kinds, "mlp")
+	}
+	if m.MoE.NumExperts > 0 {
+		kinds = append(kinds, "moe")
+	}
+	return append(kinds, "output")
+}
+
+// EffectiveKVHeads resolves kv_heads = 0 to heads.
+func (m Model) EffectiveKVHeads() int {
+	if m.KVHeads == 0 {
+		return m.Heads
+	}
+	return m.KVHeads
+}
+
+// IsMoELayer reports whether layer l (0-based) is an MoE layer.
+func (m Model) IsMoELayer(l int) bool {
+	return m.MoE.NumExperts > 0 && (l+1)%m.MoE.LayerFreq == 0
+}
+
+func (c *checker) units() {
+	f, m, p := c.rc.FSDP, c.rc.Model, c.rc.Parallel
+	have := m.ModuleKinds()
+	names := []string{"embedding", "transformer_layer", "attention", "mlp", "moe", "output"}
+	for _, u := range f.FSDPUnitModules {
+		kind, ok := UnitKind(u)
+		if !ok {
+			msg := fmt.Sprintf("fsdp.fsdp_unit_modules names %q, which is not a module kind", u)
+			if s := Suggest(u, names); s != "" {
+				msg += fmt.Sprintf("; did you mean %q?", s)
+			}
+			c.report(SevError, "SL301", msg, "module kinds are "+quoteAll(names)+" (or Megatron's class names for them)", "fsdp.fsdp_unit_modules")
+			continue
+		}
+		if !contains(have, kind) {
+			c.report(SevError, "SL301", fmt.Sprintf("fsdp.fsdp_unit_modules names %q, but this model has no %s module", u, kind),
+				"this model's module kinds are "+quoteAll(have)+"; remove "+fmt.Sprintf("%q", u), "fsdp.fsdp_unit_modules")
+		}
+	}
+	if f.ExpertShardingGroup == "data_parallel" && p.ExpertParallel > 1 && m.MoE.NumExperts > 0 {
+		c.report(SevError, "SL302", fmt.Sprintf("fsdp.expert_sharding_group (\"data_parallel\") with parallel.expert_parallel (%d) would shard expert weights over the full data-parallel group as well as over experts (double sharding)", p.ExpertParallel),
+			`set expert_sharding_group = "expert_data_parallel": expert weights shard over the ranks holding the same experts only`,
+			"fsdp.expert_sharding_group", "parallel.expert_parallel")
+	}
+}
+
+func (c *checker) files() {
+	path := c.rc.Data.Path
+	if path == "" {
+		c.report(SevWarning, "SL401", "data.path is empty: there is no text to train on",
+			`set path under [data] to a text file or a directory from "shardline data prepare"`, "data.path")
+		return
+	}
+	expanded, err := ExpandPath(path, c.env)
+	if err != nil {
+		c.report(SevWarning, "SL401", fmt.Sprintf("data.path (%q): %v", path, err),
+			"set the variable, or give a literal path with --set data.path=/path/to/text", "data.path")
+		return
+	}
+	if _, err := os.Stat(expanded); err != nil {
+		c.report(SevWarning, "SL401", fmt.Sprintf("data.path (%q) does not exist here (%s)", path, expanded),
+			"fix the path, or override it on this machine with --set data.path=/path/to/text", "data.path")
+	}
+}

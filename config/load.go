@@ -1,0 +1,378 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Options are the layers above the recipe file, lowest precedence first:
+// environment, then --set, then Megatron-style flags.
+type Options struct {
+	// Env is the environment as os.Environ() returns it; SHARDLINE_<SECTION>_<KEY>
+	// variables override the file. Nil means none.
+	Env []string
+	// Sets are --set arguments, "section.key=value", applied in order.
+	Sets []string
+	// Flags are Megatron-style dashed flags, applied in order.
+	Flags []FlagValue
+	// ReadFile reads recipe files; nil means os.ReadFile.
+	ReadFile func(string) ([]byte, error)
+}
+
+// FlagValue is one dashed flag as given: Name without "--" ("num-layers"), and its
+// value ("4"; "true" for a bare boolean flag).
+type FlagValue struct {
+	Name  string
+	Value string
+}
+
+// Resolved is a recipe with the origin of every value.
+type Resolved struct {
+	Recipe Recipe
+	// Path is the recipe file given to Load.
+	Path string
+	// Files lists the files read, bases first.
+	Files []string
+	// Sources holds each file's bytes, for rendering source lines.
+	Sources map[string][]byte
+
+	history map[string][]Origin // key -> every origin that set it, in order
+}
+
+// Origin returns where the key's resolved value came from.
+func (r *Resolved) Origin(key string) Origin {
+	if h := r.history[key]; len(h) > 0 {
+		return h[len(h)-1]
+	}
+	return Origin{Kind: FromDefault, Pos: Pos{File: r.Path}}
+}
+
+// History returns every origin that set the key, oldest first; the last one won.
+func (r *Resolved) History(key string) []Origin { return r.history[key] }
+
+// Explicit reports whether the user set the key (file, environment or flag).
+func (r *Resolved) Explicit(key string) bool {
+	k := r.Origin(key).Kind
+	return k != FromDefault && k != FromImplied
+}
+
+// Value returns the resolved value of a key.
+func (r *Resolved) Value(key string) (any, bool) {
+	f, ok := recipeSchema.Lookup(key)
+	if !ok {
+		return nil, false
+	}
+	return f.Get(&r.Recipe), true
+}
+
+// Load reads the recipe at path (and the bases it extends), applies the overrides
+// in opts, and returns the resolved recipe with every problem found. The recipe is
+// nil only when a file could not be read or parsed; on other errors it holds the
+// defaults in place of the bad values, so every problem is reported at once.
+func Load(path string, opts Options) (*Resolved, Diagnostics) {
+	if opts.ReadFile == nil {
+		opts.ReadFile = os.ReadFile
+	}
+	l := &loader{opts: opts, res: &Resolved{Recipe: Default(), Path: path, Sources: map[string][]byte{}, history: map[string][]Origin{}}}
+	src, err := opts.ReadFile(path)
+	if err != nil {
+		return nil, Diagnostics{readError(path, err, Origin{Kind: FromFile, Pos: Pos{File: path}}, "SL005")}
+	}
+	docs := l.chain(path, src, nil)
+	if l.diags.HasErrors() && len(docs) == 0 {
+		return nil, l.diags
+	}
+	for _, d := range docs {
+		l.res.Files = append(l.res.Files, d.path)
+		l.res.Sources[d.path] = d.src
+		l.decodeDoc(d)
+	}
+	l.applyEnv()
+	l.applySets()
+	l.applyFlags()
+	l.applyImplied()
+	l.diags.Sort()
+	return l.res, l.diags
+}
+
+// LoadBytes loads a recipe held in memory (its extends are read from disk relative
+// to path). Fuzzing and tests use it.
+func LoadBytes(path string, src []byte, opts Options) (*Resolved, Diagnostics) {
+	read := opts.ReadFile
+	if read == nil {
+		read = os.ReadFile
+	}
+	opts.ReadFile = func(p string) ([]byte, error) {
+		if p == path {
+			return src, nil
+		}
+		return read(p)
+	}
+	return Load(path, opts)
+}
+
+type loader struct {
+	opts  Options
+	res   *Resolved
+	diags Diagnostics
+}
+
+func (l *loader) add(d Diagnostic) { l.diags = append(l.diags, d) }
+
+func readError(path string, err error, at Origin, code string) Diagnostic {
+	help := "check the path; relative paths are relative to the working directory"
+	if code == "SL005" && at.Pos.IsValid() {
+		help = "extends paths are relative to the file that names them; fix the path or create the base recipe"
+	}
+	msg := fmt.Sprintf("cannot read recipe %s: %v", path, unwrapPathError(err))
+	if errors.Is(err, fs.ErrNotExist) {
+		msg = fmt.Sprintf("recipe %s does not exist", path)
+	}
+	return Diagnostic{Severity: SevError, Code: code, Message: msg, Help: help, Origin: at}
+}
+
+func unwrapPathError(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+// chain parses path and, first, the bases it extends. stack holds the files being
+// loaded, to refuse cycles.
+func (l *loader) chain(path string, src []byte, stack []string) []*tomlDoc {
+	doc, diags := parseTOML(path, src)
+	l.diags = append(l.diags, diags...)
+	if doc == nil {
+		return nil
+	}
+	var base []*tomlDoc
+	for _, e := range doc.entries {
+		if e.key != "extends" {
+			continue
+		}
+		at := Origin{Kind: FromFile, Pos: e.val.pos}
+		if e.val.kind != vString {
+			l.add(Diagnostic{Severity: SevError, Code: "SL003", Key: "extends",
+				Message: fmt.Sprintf("extends must be a string (a path), not %s %s", e.val.kind, e.val.text),
+				Help:    `write extends = "base.toml"`, Origin: at})
+			continue
+		}
+		bpath := e.val.s
+		if !filepath.IsAbs(bpath) {
+			bpath = filepath.Join(filepath.Dir(path), bpath)
+		}
+		if slicesContains(append(stack, path), filepath.Clean(bpath)) {
+			l.add(Diagnostic{Severity: SevError, Code: "SL005", Key: "extends",
+				Message: fmt.Sprintf("extends %q makes a cycle: %s -> %s", e.val.s, strings.Join(append(stack, path), " -> "), filepath.Clean(bpath)),
+				Help:    "remove the extends that points back to a recipe already in the chain", Origin: at})
+			continue
+		}
+		bsrc, err := l.opts.ReadFile(bpath)
+		if err != nil {
+			l.add(readError(bpath, err, at, "SL005"))
+			continue
+		}
+		base = append(base, l.chain(filepath.Clean(bpath), bsrc, append(stack, filepath.Clean(path)))...)
+	}
+	return append(base, doc)
+}
+
+func slicesContains(s []string, v string) bool {
+	for _, x := range s {
+		if filepath.Clean(x) == v {
+			return true
+		}
+	}
+	return false
+}
+
+// decodeDoc checks a file's keys against the schema and applies its values.
+func (l *loader) decodeDoc(d *tomlDoc) {
+	s := recipeSchema
+	badSections := map[string]bool{}
+	seenHeader := map[string]Pos{}
+	for _, h := range d.headers {
+		at := Origin{Kind: FromFile, Pos: h.pos}
+		if first, dup := seenHeader[h.name]; dup {
+			l.add(Diagnostic{Severity: SevError, Code: "SL006", Key: h.name,
+				Message: fmt.Sprintf("section [%s] is defined twice (first at %s)", h.name, first),
+				Help:    "merge the two sections into one", Origin: at})
+			continue
+		}
+		seenHeader[h.name] = h.pos
+		switch {
+		case h.array:
+			badSections[h.name] = true
+			l.add(Diagnostic{Severity: SevError, Code: "SL002", Key: h.name,
+				Message: fmt.Sprintf("[[%s]] (an array of tables) is not part of the recipe", h.name),
+				Help:    fmt.Sprintf("write [%s] with single brackets if %s is a section", h.name, h.name), Origin: at})
+		case s.IsSection(h.name):
+		case isField(h.name):
+			badSections[h.name] = true
+			l.add(Diagnostic{Severity: SevError, Code: "SL003", Key: h.name,
+				Message: fmt.Sprintf("%s is a value, not a section", h.name),
+				Help:    fmt.Sprintf("write %s = <value> under [%s]", lastPart(h.name), sectionOf(h.name)), Origin: at})
+		default:
+			badSections[h.name] = true
+			l.add(unknownSection(h.name, at))
+		}
+	}
+	seen := map[string]Pos{}
+	for _, e := range d.entries {
+		if e.key == "extends" || underBad(e.key, badSections) {
+			continue
+		}
+		at := Origin{Kind: FromFile, Pos: e.keyPos}
+		if first, dup := seen[e.key]; dup {
+			l.add(Diagnostic{Severity: SevError, Code: "SL006", Key: e.key,
+				Message: fmt.Sprintf("%s is defined twice (first at %s)", e.key, first),
+				Help:    "keep one of the two definitions", Origin: at})
+			continue
+		}
+		seen[e.key] = e.keyPos
+		f, ok := s.Lookup(e.key)
+		if !ok {
+			switch {
+			case s.IsSection(e.key) && e.val.kind == vTable:
+			case s.IsSection(e.key):
+				l.add(Diagnostic{Severity: SevError, Code: "SL003", Key: e.key,
+					Message: fmt.Sprintf("%s is a section, not a value (got %s %s)", e.key, e.val.kind, e.val.text),
+					Help:    fmt.Sprintf("write its keys under a [%s] header", e.key), Origin: at})
+			case underField(e.key):
+				// Keys inside an inline table given to a plain value: that value's type
+				// error already covers them.
+			default:
+				l.add(unknownKey(e.key, at, badSections))
+			}
+			continue
+		}
+		val, diag := convertRaw(f, e.val)
+		if diag != nil {
+			diag.Origin = Origin{Kind: FromFile, Pos: e.val.pos}
+			l.add(*diag)
+			continue
+		}
+		l.set(f, val, Origin{Kind: FromFile, Pos: e.keyPos, ValuePos: e.val.pos, Raw: e.val.text})
+	}
+}
+
+func (l *loader) set(f *Field, v any, o Origin) {
+	f.set(&l.res.Recipe, v)
+	l.res.history[f.Key] = append(l.res.history[f.Key], o)
+}
+
+func isField(key string) bool { _, ok := recipeSchema.Lookup(key); return ok }
+
+func underField(key string) bool {
+	for i := len(key) - 1; i > 0; i-- {
+		if key[i] == '.' && isField(key[:i]) {
+			return true
+		}
+	}
+	return false
+}
+
+func underBad(key string, bad map[string]bool) bool {
+	for b := range bad {
+		if key == b || strings.HasPrefix(key, b+".") {
+			return true
+		}
+	}
+	return false
+}
+
+func lastPart(key string) string { return key[strings.LastIndexByte(key, '.')+1:] }
+
+func sectionOf(key string) string {
+	if i := strings.LastIndexByte(key, '.'); i >= 0 {
+		return key[:i]
+	}
+	return ""
+}
+
+func unknownSection(name string, at Origin) Diagnostic {
+	d := Diagnostic{Severity: SevError, Code: "SL002", Key: name,
+		Message: fmt.Sprintf("unknown section [%s]", name),
+		Help:    "sections are " + strings.Join(topSections(), ", "), Origin: at}
+	if s := Suggest(name, recipeSchema.Sections); s != "" {
+		d.Message += fmt.Sprintf("; did you mean [%s]?", s)
+		d.Help = fmt.Sprintf("rename the section to [%s]", s)
+	}
+	return d
+}
+
+func topSections() []string {
+	var out []string
+	for _, s := range recipeSchema.Sections {
+		if !strings.Contains(s, ".") {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// unknownKey explains a key the schema lacks, with the closest key of its section,
+// or the same key in another section.
+func unknownKey(key string, at Origin, badSections map[string]bool) Diagnostic {
+	s := recipeSchema
+	sec, name := sectionOf(key), lastPart(key)
+	if sec == "" || !s.IsSection(sec) {
+		// A key outside any section, or under an unknown dotted section.
+		top := key
+		if i := strings.IndexByte(key, '.'); i >= 0 {
+			top = key[:i]
+		}
+		if sec == "" {
+			var all []string
+			for _, f := range s.Fields {
+				if f.Name == key {
+					all = append(all, f.Key)
+				}
+			}
+			d := Diagnostic{Severity: SevError, Code: "SL002", Key: key, Origin: at,
+				Message: fmt.Sprintf("unknown key %s at the top level", key),
+				Help:    "every key belongs to a section such as [model] or [train]; only extends is top-level"}
+			if len(all) > 0 {
+				d.Message += fmt.Sprintf("; did you mean %s?", all[0])
+				d.Help = fmt.Sprintf("move it under [%s]", sectionOf(all[0]))
+			}
+			return d
+		}
+		if !s.IsSection(top) {
+			badSections[top] = true
+			return unknownSection(top, at)
+		}
+		return unknownSection(sec, at)
+	}
+	var names []string
+	for _, f := range s.SectionKeys(sec) {
+		names = append(names, f.Name)
+	}
+	for _, sub := range s.Sections {
+		if sectionOf(sub) == sec {
+			names = append(names, lastPart(sub))
+		}
+	}
+	d := Diagnostic{Severity: SevError, Code: "SL002", Key: key, Origin: at,
+		Message: fmt.Sprintf("unknown key %s in [%s]", name, sec),
+		Help:    fmt.Sprintf("[%s] takes: %s (see `shardline recipe docs`)", sec, strings.Join(names, ", "))}
+	if m := Suggest(name, names); m != "" {
+		d.Message += fmt.Sprintf("; did you mean %s?", m)
+		d.Help = fmt.Sprintf("rename it to %s", m)
+		return d
+	}
+	for _, f := range s.Fields {
+		if f.Name == name {
+			d.Message += fmt.Sprintf("; did you mean %s?", f.Key)
+			d.Help = fmt.Sprintf("move it under [%s]", f.Section)
+			break
+		}
+	}
+	return d
+}

@@ -1,0 +1,139 @@
+package config
+
+import (
+	"fmt"
+	"path/filepath"
+	"sort"
+	"strings"
+)
+
+// applyEnv applies SHARDLINE_<SECTION>_<KEY> variables. A SHARDLINE_ variable that
+// starts like a section but names no key is a warning (it is probably a typo).
+func (l *loader) applyEnv() {
+	env := map[string]string{}
+	for _, kv := range l.opts.Env {
+		if k, v, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, "SHARDLINE_") {
+			env[k] = v
+		}
+	}
+	known := map[string]bool{}
+	var names []string
+	for _, f := range recipeSchema.Fields {
+		name := f.EnvVar()
+		known[name] = true
+		names = append(names, name)
+		raw, ok := env[name]
+		if !ok {
+			continue
+		}
+		o := Origin{Kind: FromEnv, Name: name, Raw: raw, Pos: Pos{File: l.res.Path}}
+		l.applyString(f, raw, o)
+	}
+	var unknown []string
+	for k := range env {
+		if known[k] {
+			continue
+		}
+		for _, sec := range topSections() {
+			if strings.HasPrefix(k, EnvVarFor(sec)+"_") {
+				unknown = append(unknown, k)
+				break
+			}
+		}
+	}
+	sort.Strings(unknown)
+	for _, k := range unknown {
+		d := Diagnostic{Severity: SevWarning, Code: "SL007", Origin: Origin{Kind: FromEnv, Name: k, Raw: env[k]},
+			Message: fmt.Sprintf("environment variable %s names no recipe key and is ignored", k),
+			Help:    "recipe keys map to SHARDLINE_<SECTION>_<KEY>, e.g. SHARDLINE_MODEL_LAYERS; unset it or fix the name"}
+		if m := Suggest(k, names); m != "" {
+			d.Message += fmt.Sprintf("; did you mean %s?", m)
+			d.Help = "rename it to " + m
+		}
+		l.add(d)
+	}
+}
+
+// applySets applies --set section.key=value in order.
+func (l *loader) applySets() {
+	for _, arg := range l.opts.Sets {
+		key, raw, ok := strings.Cut(arg, "=")
+		key = strings.TrimSpace(key)
+		o := Origin{Kind: FromSet, Name: "--set " + key, Raw: raw, Pos: Pos{File: l.res.Path}}
+		if !ok || key == "" {
+			o.Name = "--set " + arg
+			l.add(Diagnostic{Severity: SevError, Code: "SL007", Origin: o,
+				Message: fmt.Sprintf("--set %q is not of the form section.key=value", arg),
+				Help:    "write --set model.layers=8"})
+			continue
+		}
+		f, found := recipeSchema.Lookup(key)
+		if !found {
+			d := unknownKey(key, o, map[string]bool{})
+			d.Message = "--set: " + d.Message
+			l.add(d)
+			continue
+		}
+		l.applyString(f, raw, o)
+	}
+}
+
+// applyFlags applies Megatron-style dashed flags.
+func (l *loader) applyFlags() {
+	for _, fv := range l.opts.Flags {
+		name := strings.TrimLeft(fv.Name, "-")
+		o := Origin{Kind: FromFlag, Name: "--" + name, Raw: fv.Value, Pos: Pos{File: l.res.Path}}
+		f, positive, ok := recipeSchema.FlagField(name)
+		if !ok {
+			d := Diagnostic{Severity: SevError, Code: "SL007", Origin: o,
+				Message: fmt.Sprintf("unknown flag --%s", name),
+				Help:    "see `shardline lint --help` for the Megatron flags shardline accepts, or use --set section.key=value"}
+			if m := Suggest(name, recipeSchema.Flags()); m != "" {
+				d.Message += fmt.Sprintf("; did you mean --%s?", m)
+			}
+			l.add(d)
+			continue
+		}
+		raw := fv.Value
+		if f.Kind == KindBool && !positive {
+			// --no-x means x = false; --no-x=false means x = true.
+			v, d := convertString(f, raw)
+			if d != nil {
+				d.Origin = o
+				l.add(*d)
+				continue
+			}
+			l.set(f, !v.(bool), o)
+			continue
+		}
+		l.applyString(f, raw, o)
+	}
+}
+
+func (l *loader) applyString(f *Field, raw string, o Origin) {
+	v, d := convertString(f, raw)
+	if d != nil {
+		d.Origin = o
+		if d.Code == "SL003" {
+			d.Code = "SL007"
+		}
+		l.add(*d)
+		return
+	}
+	l.set(f, v, o)
+}
+
+// applyImplied fills values that follow from others, unless the user set them.
+func (l *loader) applyImplied() {
+	r := &l.res.Recipe
+	if r.FSDP.UseNCCLUB && !l.res.Explicit("fsdp.fsdp_double_buffer") {
+		f, _ := recipeSchema.Lookup("fsdp.fsdp_double_buffer")
+		l.set(f, true, Origin{Kind: FromImplied, Because: "fsdp.use_nccl_ub (" + l.res.Origin("fsdp.use_nccl_ub").Location() + ")",
+			Pos: l.res.Origin("fsdp.use_nccl_ub").Pos})
+	}
+	if r.Run.Name == "" {
+		f, _ := recipeSchema.Lookup("run.name")
+		base := filepath.Base(l.res.Path)
+		l.set(f, strings.TrimSuffix(base, filepath.Ext(base)), Origin{Kind: FromImplied, Because: "the recipe's file name", Pos: Pos{File: l.res.Path}})
+	}
+}

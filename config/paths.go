@@ -1,0 +1,58 @@
+package config
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"sync"
+)
+
+// ExpandPath expands ${VAR} and $VAR in a recipe path from env (a map of the
+// environment). GOROOT, when not set, falls back to the Go installation that built
+// shardline, then to `go env GOROOT`, so the default recipe finds Newton's Opticks
+// under any Go installation. An unset variable is an error that names it.
+func ExpandPath(path string, env map[string]string) (string, error) {
+	var missing []string
+	out := os.Expand(path, func(name string) string {
+		if v, ok := env[name]; ok && v != "" {
+			return v
+		}
+		if name == "GOROOT" {
+			if g := goroot(); g != "" {
+				return g
+			}
+		}
+		missing = append(missing, name)
+		return ""
+	})
+	if len(missing) > 0 {
+		if missing[0] == "GOROOT" {
+			return "", fmt.Errorf("${GOROOT} is not set and no Go installation was found (`go env GOROOT` failed)")
+		}
+		return "", fmt.Errorf("environment variable %s is not set", strings.Join(missing, ", "))
+	}
+	return out, nil
+}
+
+var (
+	gorootOnce sync.Once
+	gorootDir  string
+)
+
+func goroot() string {
+	gorootOnce.Do(func() {
+		//lint:ignore SA1019 the build-time GOROOT is the cheap first guess; `go env` is the fallback.
+		if g := runtime.GOROOT(); g != "" {
+			if _, err := os.Stat(g); err == nil {
+				gorootDir = g
+				return
+			}
+		}
+		if out, err := exec.Command("go", "env", "GOROOT").Output(); err == nil {
+			gorootDir = strings.TrimSpace(string(out))
+		}
+	})
+	return gorootDir
+}

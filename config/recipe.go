@@ -1,0 +1,272 @@
+package config
+
+// This file is the recipe schema. It is also the source of the recipe reference:
+// `shardline recipe docs` and docs/recipes.md are generated from the doc comments
+// below (the file is embedded and parsed at run time), so every field's comment says
+// what the value means, its unit and its constraint. Defaults live in Default().
+//
+// Struct tags, read by schema.go:
+//   toml:"name"        the key inside its section
+//   enum:"a,b,c"       the value must be one of these
+//   min:"N" max:"N"    inclusive numeric bounds; gt:"N" an exclusive lower bound
+//   flag:"name"        a Megatron-style dashed flag that sets this key (--name)
+//   negflag:"name"     a dashed flag that sets this boolean key to false (--name)
+
+// Recipe is a complete training recipe: one struct per TOML section.
+type Recipe struct {
+	// Run identity, seed and where outputs go.
+	Run Run `toml:"run"`
+	// Model architecture: a Llama-style decoder, dense or mixture-of-experts.
+	Model Model `toml:"model"`
+	// Training data and tokenizer.
+	Data Data `toml:"data"`
+	// Optimisation: steps, batch sizes, learning-rate schedule, AdamW.
+	Train Train `toml:"train"`
+	// Parallelism degrees, world size and device.
+	Parallel Parallel `toml:"parallel"`
+	// Megatron-FSDP options, under Megatron's own names.
+	FSDP FSDP `toml:"fsdp"`
+	// Numeric formats of compute weights and main weights.
+	Precision Precision `toml:"precision"`
+	// Activation recomputation.
+	ActivationCheckpoint ActivationCheckpoint `toml:"activation_checkpoint"`
+	// Distributed checkpoints.
+	Checkpoint Checkpoint `toml:"checkpoint"`
+	// Console and metrics logging.
+	Logging Logging `toml:"logging"`
+}
+
+// Run names a run and fixes its randomness.
+type Run struct {
+	// Name of the run, used for the run directory under output_dir. Empty means the
+	// recipe's file name without extension.
+	Name string `toml:"name"`
+	// Seed of every random stream (initialisation, data order, dropout-free sampling).
+	// Any 64-bit value; the same seed and recipe reproduce a run bit for bit.
+	Seed int64 `toml:"seed" flag:"seed"`
+	// Directory under which the run directory is created. Relative paths are relative
+	// to the working directory.
+	OutputDir string `toml:"output_dir"`
+}
+
+// Model describes the decoder. A model is mixture-of-experts when model.moe.num_experts > 0.
+type Model struct {
+	// Architecture family. Only Llama-style decoders (RMSNorm, RoPE, GQA, SwiGLU).
+	Family string `toml:"family" enum:"llama"`
+	// Number of transformer layers.
+	Layers int `toml:"layers" min:"1" flag:"num-layers"`
+	// Model width (embedding and residual stream size), in elements.
+	Hidden int `toml:"hidden" min:"1" flag:"hidden-size"`
+	// Number of attention (query) heads. Must divide model.hidden.
+	Heads int `toml:"heads" min:"1" flag:"num-attention-heads"`
+	// Number of key/value heads (grouped-query attention); must divide model.heads.
+	// 0 means equal to model.heads (plain multi-head attention).
+	KVHeads int `toml:"kv_heads" min:"0" flag:"num-query-groups"`
+	// Hidden size of the dense SwiGLU MLP, in elements.
+	FFNHidden int `toml:"ffn_hidden" min:"1" flag:"ffn-hidden-size"`
+	// Vocabulary size, in tokens. Must cover the tokenizer's vocabulary (256 for byte).
+	VocabSize int `toml:"vocab_size" min:"1" flag:"vocab-size"`
+	// Sequence length (context), in tokens.
+	SeqLen int `toml:"seq_len" min:"1" flag:"seq-length"`
+	// RoPE base frequency.
+	RopeTheta float64 `toml:"rope_theta" gt:"0" flag:"rotary-base"`
+	// Epsilon added to the mean square in RMSNorm.
+	NormEps float64 `toml:"norm_eps" gt:"0" flag:"norm-epsilon"`
+	// Share the token embedding with the output head.
+	TieEmbeddings bool `toml:"tie_embeddings"`
+	// Standard deviation of the normal initialisation of weight matrices.
+	InitStd float64 `toml:"init_std" gt:"0" flag:"init-method-std"`
+	// Mixture-of-experts layers; absent or num_experts = 0 for a dense model.
+	MoE MoE `toml:"moe"`
+}
+
+// MoE configures mixture-of-experts layers.
+type MoE struct {
+	// Number of routed experts per MoE layer. 0 makes the model dense.
+	NumExperts int `toml:"num_experts" min:"0" flag:"num-experts"`
+	// Experts each token is routed to. 1 ≤ top_k ≤ num_experts.
+	TopK int `toml:"top_k" min:"1" flag:"moe-router-topk"`
+	// Hidden size of each routed expert's SwiGLU MLP, in elements.
+	ExpertFFNHidden int `toml:"expert_ffn_hidden" min:"1" flag:"moe-ffn-hidden-size"`
+	// Number of shared experts every token passes through, each of expert_ffn_hidden.
+	SharedExperts int `toml:"shared_experts" min:"0"`
+	// Expert capacity as a multiple of the even share of routed tokens; tokens past
+	// capacity are dropped. 0 means no capacity limit (no token is dropped).
+	CapacityFactor float64 `toml:"capacity_factor" min:"0" flag:"moe-expert-capacity-factor"`
+	// Weight of the load-balancing auxiliary loss added to the language-model loss.
+	AuxLossCoeff float64 `toml:"aux_loss_coeff" min:"0" flag:"moe-aux-loss-coeff"`
+	// Layer interleave: every layer_freq-th layer (1-based: layers k·layer_freq) is an
+	// MoE layer, the others dense. 1 makes every layer MoE.
+	LayerFreq int `toml:"layer_freq" min:"1" flag:"moe-layer-freq"`
+}
+
+// Data names the training text and how it becomes tokens.
+type Data struct {
+	// Training text file, or a directory written by `shardline data prepare`.
+	// ${VAR} expands from the environment; ${GOROOT} falls back to `go env GOROOT`.
+	Path string `toml:"path"`
+	// Tokenizer: byte (vocabulary 256) or char (vocabulary from the corpus).
+	Tokenizer string `toml:"tokenizer" enum:"byte,char"`
+	// Fraction of the tokens held out for validation, taken from the end of the corpus.
+	ValFraction float64 `toml:"val_fraction" min:"0" max:"0.5"`
+}
+
+// Train configures the optimisation.
+type Train struct {
+	// Number of optimizer steps.
+	Steps int `toml:"steps" min:"1" flag:"train-iters"`
+	// Sequences per micro-batch on each data-parallel rank.
+	MicroBatchSize int `toml:"micro_batch_size" min:"1" flag:"micro-batch-size"`
+	// Sequences per optimizer step over all data-parallel ranks; a multiple of
+	// micro_batch_size × data-parallel size (the quotient is the accumulation count).
+	GlobalBatchSize int `toml:"global_batch_size" min:"1" flag:"global-batch-size"`
+	// Optimizer: adamw (decoupled weight decay), adam, or sgd (the optimizers
+	// Megatron-FSDP's distributed optimizer supports).
+	Optimizer string `toml:"optimizer" flag:"optimizer"`
+	// Peak learning rate.
+	LR float64 `toml:"lr" gt:"0" flag:"lr"`
+	// Decay after warmup: cosine, linear, or constant.
+	LRSchedule string `toml:"lr_schedule" enum:"cosine,linear,constant" flag:"lr-decay-style"`
+	// Steps of linear warmup from 0 to train.lr.
+	WarmupSteps int `toml:"warmup_steps" min:"0" flag:"lr-warmup-iters"`
+	// Final learning rate as a fraction of train.lr, in [0, 1].
+	MinLRFactor float64 `toml:"min_lr_factor" min:"0" max:"1"`
+	// Decoupled weight decay coefficient.
+	WeightDecay float64 `toml:"weight_decay" min:"0" flag:"weight-decay"`
+	// Apply weight decay to norm gains and embeddings too (off: matrices only).
+	DecayNormsAndEmbeddings bool `toml:"decay_norms_and_embeddings"`
+	// AdamW first-moment decay.
+	Beta1 float64 `toml:"beta1" min:"0" max:"1" flag:"adam-beta1"`
+	// AdamW second-moment decay.
+	Beta2 float64 `toml:"beta2" min:"0" max:"1" flag:"adam-beta2"`
+	// AdamW epsilon.
+	Eps float64 `toml:"eps" gt:"0" flag:"adam-eps"`
+	// Clip gradients to this global L2 norm. 0 disables clipping.
+	ClipGrad float64 `toml:"clip_grad" min:"0" flag:"clip-grad"`
+	// Evaluate on the validation split every eval_interval steps. 0 never evaluates.
+	EvalInterval int `toml:"eval_interval" min:"0" flag:"eval-interval"`
+	// Validation batches per evaluation.
+	EvalSteps int `toml:"eval_steps" min:"1" flag:"eval-iters"`
+	// Skip a step whose loss or gradient norm is NaN or Inf instead of stopping the run.
+	SkipNonfinite bool `toml:"skip_nonfinite"`
+}
+
+// Parallel sets the parallelism degrees. The dense mesh is tp × cp × dp × pp (tp
+// fastest); the expert mesh folds the same ranks as etp × ep × edp per pipeline stage.
+type Parallel struct {
+	// Total number of ranks (processes or GPUs).
+	WorldSize int `toml:"world_size" min:"1"`
+	// Tensor-parallel degree (tp).
+	TensorParallel int `toml:"tensor_parallel" min:"1" flag:"tensor-model-parallel-size"`
+	// Context-parallel degree (cp): the sequence is split over cp ranks.
+	ContextParallel int `toml:"context_parallel" min:"1" flag:"context-parallel-size"`
+	// Expert-parallel degree (ep): experts are partitioned over ep ranks.
+	ExpertParallel int `toml:"expert_parallel" min:"1" flag:"expert-model-parallel-size"`
+	// Expert tensor-parallel degree (etp): each expert's matrices split over etp ranks.
+	ExpertTensorParallel int `toml:"expert_tensor_parallel" min:"1" flag:"expert-tensor-parallel-size"`
+	// Pipeline-parallel degree (pp).
+	PipelineParallel int `toml:"pipeline_parallel" min:"1" flag:"pipeline-model-parallel-size"`
+	// Device to train on: cpu, or cuda (NVIDIA GPUs through CUDA and NCCL).
+	Device string `toml:"device" enum:"cpu,cuda"`
+	// Ranks (GPUs) per node; groups spanning nodes use the inter-node link.
+	// 0 means every rank on one node.
+	GPUsPerNode int `toml:"gpus_per_node" min:"0"`
+	// Device profile for the plan's memory and time model: auto picks cpu for
+	// device = "cpu" and h100-80gb for device = "cuda".
+	DeviceProfile string `toml:"device_profile" enum:"auto,cpu,a100-80gb,h100-80gb,h200-141gb"`
+	// Device memory per rank in GiB for the plan, overriding the profile. 0 keeps the
+	// profile's value.
+	DeviceMemoryGiB float64 `toml:"device_memory_gib" min:"0"`
+	// The CUDA caching allocator uses expandable segments (as PyTorch's
+	// expandable_segments:True). Incompatible with fsdp.use_nccl_ub.
+	CUDAExpandableSegments bool `toml:"cuda_expandable_segments"`
+}
+
+// FSDP holds the Megatron-FSDP options, under Megatron's names.
+type FSDP struct {
+	// Use Megatron-FSDP (fully sharded data parallelism). Off means plain data
+	// parallelism with replicated weights.
+	UseMegatronFSDP bool `toml:"use_megatron_fsdp" flag:"use-megatron-fsdp"`
+	// What is sharded over the data-parallel group: no_shard (nothing; gradients are
+	// all-reduced), optim (optimizer state and fp32 main weights), optim_grads (also
+	// gradients, reduce-scattered), optim_grads_params (also compute weights, gathered
+	// per FSDP unit before use).
+	DataParallelShardingStrategy string `toml:"data_parallel_sharding_strategy" enum:"no_shard,optim,optim_grads,optim_grads_params" flag:"data-parallel-sharding-strategy"`
+	// Module kinds that each form one FSDP unit (one gather and one reduce per
+	// instance): embedding, transformer_layer, attention, mlp, moe, output. Megatron's
+	// class paths (e.g. TransformerLayer) are accepted as aliases.
+	FSDPUnitModules []string `toml:"fsdp_unit_modules" flag:"fsdp-unit-modules"`
+	// Shard optimizer state over data-parallel ranks. Megatron-FSDP requires it.
+	UseDistributedOptimizer bool `toml:"use_distributed_optimizer" flag:"use-distributed-optimizer"`
+	// Fuse gradient accumulation into the weight-gradient GEMM (Megatron's main_grad
+	// path). Must be off with Megatron-FSDP.
+	GradientAccumulationFusion bool `toml:"gradient_accumulation_fusion" flag:"gradient-accumulation-fusion" negflag:"no-gradient-accumulation-fusion"`
+	// Reduce gradients in the background while backward continues.
+	OverlapGradReduce bool `toml:"overlap_grad_reduce" flag:"overlap-grad-reduce"`
+	// Gather the next unit's parameters while the current unit computes.
+	OverlapParamGather bool `toml:"overlap_param_gather" flag:"overlap-param-gather"`
+	// Reduce gradients in bf16 (accumulating in fp32) instead of fp32, halving
+	// reduce-scatter bytes.
+	GradReduceInBF16 bool `toml:"grad_reduce_in_bf16" flag:"grad-reduce-in-bf16"`
+	// Keep two persistent gather buffers for the unit in use and the next one, instead
+	// of allocating one per unit.
+	FSDPDoubleBuffer bool `toml:"fsdp_double_buffer" flag:"fsdp-double-buffer"`
+	// Register communication buffers with NCCL user buffers (zero-copy collectives).
+	// Turns fsdp_double_buffer on.
+	UseNCCLUB bool `toml:"use_nccl_ub" flag:"use-nccl-ub"`
+	// Describe the model by shapes only and let each rank initialise its own shard;
+	// no rank ever holds the full model. Needs a sharding strategy other than no_shard.
+	InitModelWithMetaDevice bool `toml:"init_model_with_meta_device" flag:"init-model-with-meta-device"`
+	// Average the loss over all tokens of the global batch (sum of token losses
+	// divided by the global token count) instead of averaging per micro-batch.
+	CalculatePerTokenLoss bool `toml:"calculate_per_token_loss" flag:"calculate-per-token-loss"`
+	// Cap, in parameters, on the bytes in flight per collective: smaller FSDP units
+	// are bucketed up to it. 0 means one collective per FSDP unit, uncapped.
+	SuggestedCommunicationUnitSize int64 `toml:"suggested_communication_unit_size" min:"0" flag:"suggested-communication-unit-size"`
+	// Group over which expert weights are sharded: expert_data_parallel (the ranks
+	// holding the same experts; the only correct choice) or data_parallel (also over
+	// the ranks of other experts: double sharding, refused when ep > 1).
+	ExpertShardingGroup string `toml:"expert_sharding_group" enum:"expert_data_parallel,data_parallel"`
+}
+
+// Precision sets the numeric formats.
+type Precision struct {
+	// Compute in bf16: compute weights and activations are bf16, main weights stay in
+	// precision.main_params_dtype.
+	BF16 bool `toml:"bf16" flag:"bf16"`
+	// Format of the main (master) weights the optimizer updates: fp32, or bf16 to
+	// save memory at the cost of update precision.
+	MainParamsDtype string `toml:"main_params_dtype" enum:"fp32,bf16" flag:"main-params-dtype"`
+}
+
+// ActivationCheckpoint configures activation recomputation.
+type ActivationCheckpoint struct {
+	// none keeps every activation; selective recomputes attention's inner
+	// activations; full keeps only each layer's input and recomputes the layer in
+	// backward.
+	Mode string `toml:"mode" enum:"none,selective,full" flag:"recompute-granularity"`
+}
+
+// Checkpoint configures distributed checkpoints.
+type Checkpoint struct {
+	// Checkpoint format: fsdp_dtensor (sharded, Megatron-FSDP's), torch_dist, or torch.
+	CkptFormat string `toml:"ckpt_format" enum:"fsdp_dtensor,torch_dist,torch" flag:"ckpt-format"`
+	// Directory for checkpoints. Empty means <run dir>/checkpoints.
+	Dir string `toml:"dir" flag:"save"`
+	// Save every interval steps. 0 saves only at the end of the run.
+	Interval int `toml:"interval" min:"0" flag:"save-interval"`
+	// Keep the newest keep_last checkpoints. 0 keeps all.
+	KeepLast int `toml:"keep_last" min:"0"`
+}
+
+// Logging configures console output and metrics.
+type Logging struct {
+	// Minimum console log level.
+	Level string `toml:"level" enum:"debug,info,warn,error"`
+	// Console format: auto (readable on a terminal, JSON otherwise), console, or json.
+	Format string `toml:"format" enum:"auto,console,json"`
+	// Log and record metrics every interval steps.
+	Interval int `toml:"interval" min:"1" flag:"log-interval"`
+	// Show a progress bar with ETA on a terminal.
+	Progress bool `toml:"progress"`
+}

@@ -1,0 +1,180 @@
+package config
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// RenderText writes diagnostics like a compiler: the location, severity, code and
+// message; then, for file positions, the source line with a caret; then the help.
+// sources maps file paths to their bytes (Resolved.Sources); a missing file just
+// omits the source line.
+func RenderText(w io.Writer, ds Diagnostics, sources map[string][]byte) error {
+	var b strings.Builder
+	for _, d := range ds {
+		fmt.Fprintf(&b, "%s: %s[%s]: %s\n", d.Location(), d.Severity, d.Code, d.Message)
+		if p := d.Origin.Pos; p.IsValid() && (d.Origin.Kind == FromFile || d.Origin.Kind == FromImplied) {
+			if line, ok := sourceLine(sources[p.File], p.Line); ok {
+				gutter := fmt.Sprintf("%d", p.Line)
+				pad := strings.Repeat(" ", len(gutter))
+				fmt.Fprintf(&b, " %s |\n %s | %s\n %s | %s^\n", pad, gutter, line, pad, caretPad(line, p.Col))
+			}
+		}
+		if d.Help != "" {
+			fmt.Fprintf(&b, "  = help: %s\n", d.Help)
+		}
+	}
+	if len(ds) > 0 {
+		fmt.Fprintf(&b, "%s\n", Summary(ds))
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// Summary is a one-line count: "2 errors, 1 warning".
+func Summary(ds Diagnostics) string {
+	plural := func(n int, s string) string {
+		if n == 1 {
+			return fmt.Sprintf("%d %s", n, s)
+		}
+		return fmt.Sprintf("%d %ss", n, s)
+	}
+	parts := []string{plural(ds.Count(SevError), "error"), plural(ds.Count(SevWarning), "warning")}
+	if n := ds.Count(SevNote); n > 0 {
+		parts = append(parts, plural(n, "note"))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func sourceLine(src []byte, line int) (string, bool) {
+	if src == nil {
+		return "", false
+	}
+	lines := strings.Split(string(src), "\n")
+	if line < 1 || line > len(lines) {
+		return "", false
+	}
+	return strings.TrimRight(lines[line-1], "\r"), true
+}
+
+// caretPad returns the whitespace before a caret at byte column col, keeping tabs so
+// the caret lines up under the source.
+func caretPad(line string, col int) string {
+	var b strings.Builder
+	for i := 0; i < col-1 && i < len(line); i++ {
+		if line[i] == '\t' {
+			b.WriteByte('\t')
+		} else if line[i]&0xC0 != 0x80 { // one space per character, not per UTF-8 byte
+			b.WriteByte(' ')
+		}
+	}
+	return b.String()
+}
+
+// jsonDiagnostic is the --format json shape of a diagnostic (one object per line).
+type jsonDiagnostic struct {
+	Severity string `json:"severity"`
+	Code     string `json:"code"`
+	Key      string `json:"key,omitempty"`
+	Message  string `json:"message"`
+	Help     string `json:"help,omitempty"`
+	Location string `json:"location"`
+	File     string `json:"file,omitempty"`
+	Line     int    `json:"line,omitempty"`
+	Column   int    `json:"column,omitempty"`
+	Source   string `json:"source"` // file, env, set, flag, default, implied
+}
+
+// RenderJSON writes one JSON object per diagnostic, one per line.
+func RenderJSON(w io.Writer, ds Diagnostics) error {
+	enc := json.NewEncoder(w)
+	for _, d := range ds {
+		j := jsonDiagnostic{Severity: d.Severity.String(), Code: d.Code, Key: d.Key, Message: d.Message, Help: d.Help,
+			Location: d.Location(), File: d.Origin.Pos.File, Source: d.Origin.Kind.String()}
+		if d.Origin.Pos.IsValid() {
+			j.Line, j.Column = d.Origin.Pos.Line, d.Origin.Pos.Col
+		}
+		if err := enc.Encode(j); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// RenderSARIF writes a SARIF 2.1.0 log for code scanning. version is shardline's.
+func RenderSARIF(w io.Writer, ds Diagnostics, version string) error {
+	type msg struct {
+		Text string `json:"text"`
+	}
+	type region struct {
+		StartLine   int `json:"startLine"`
+		StartColumn int `json:"startColumn,omitempty"`
+	}
+	type artifact struct {
+		URI string `json:"uri"`
+	}
+	type physical struct {
+		ArtifactLocation artifact `json:"artifactLocation"`
+		Region           *region  `json:"region,omitempty"`
+	}
+	type location struct {
+		PhysicalLocation physical `json:"physicalLocation"`
+	}
+	type result struct {
+		RuleID    string     `json:"ruleId"`
+		RuleIndex int        `json:"ruleIndex"`
+		Level     string     `json:"level"`
+		Message   msg        `json:"message"`
+		Locations []location `json:"locations,omitempty"`
+	}
+	type rule struct {
+		ID               string `json:"id"`
+		ShortDescription msg    `json:"shortDescription"`
+		DefaultConfig    struct {
+			Level string `json:"level"`
+		} `json:"defaultConfiguration"`
+	}
+	level := map[Severity]string{SevError: "error", SevWarning: "warning", SevNote: "note"}
+	rules := make([]rule, len(Rules))
+	index := map[string]int{}
+	for i, r := range Rules {
+		rules[i].ID, rules[i].ShortDescription.Text = r.Code, r.Title
+		rules[i].DefaultConfig.Level = level[r.Severity]
+		index[r.Code] = i
+	}
+	results := []result{}
+	for _, d := range ds {
+		text := d.Message
+		if d.Help != "" {
+			text += "\nhelp: " + d.Help
+		}
+		res := result{RuleID: d.Code, RuleIndex: index[d.Code], Level: level[d.Severity], Message: msg{text}}
+		if p := d.Origin.Pos; p.File != "" {
+			loc := location{PhysicalLocation: physical{ArtifactLocation: artifact{URI: strings.TrimPrefix(p.File, "./")}}}
+			if p.IsValid() && d.Origin.Kind != FromEnv && d.Origin.Kind != FromSet && d.Origin.Kind != FromFlag {
+				loc.PhysicalLocation.Region = &region{StartLine: p.Line, StartColumn: p.Col}
+			} else if d.Origin.Kind != FromFile && d.Origin.Kind != FromDefault && d.Origin.Kind != FromImplied {
+				res.Message.Text = d.Location() + ": " + res.Message.Text
+			}
+			res.Locations = []location{loc}
+		}
+		results = append(results, res)
+	}
+	log := map[string]any{
+		"$schema": "https://json.schemastore.org/sarif-2.1.0.json",
+		"version": "2.1.0",
+		"runs": []any{map[string]any{
+			"tool": map[string]any{"driver": map[string]any{
+				"name": "shardline", "version": version,
+				"informationUri": "https://github.com/shardline/shardline",
+				"rules":          rules,
+			}},
+			"results": results,
+		}},
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(log)
+}

@@ -1,0 +1,16 @@
+module github.com/shardline/shardline
+
+go 1.26.8
+
+require (
+	github.com/BurntSushi/toml v1.6.0
+	github.com/pelletier/go-toml/v2 v2.2.4
+	github.com/spf13/cobra v1.10.2
+	github.com/spf13/pflag v1.0.10
+	github.com/stretchr/testify v1.12.1
+)
+
+require (
+	github.com/inconshreveable/mousetrap v1.1.0 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
+)

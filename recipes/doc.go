@@ -1,0 +1,9 @@
+// Package recipes holds shardline's shipped TOML recipes; its test loads and lints
+// every one. It has no Go code of its own.
+//
+//   - tiny.toml: the CPU default, a byte-level Llama of about one million parameters.
+//   - moe-tiny.toml: tiny with 8 routed experts (top-2) in every layer, for CPU.
+//   - dense-125m.toml, llama-1b.toml: dense Llama-style models on one 8-GPU node.
+//   - llama4-3bx128e.toml: the Llama-4-style MoE (128 experts, top-8) on 8 GPUs, EP 4.
+//   - base/gpu-node.toml: settings the GPU recipes extend.
+package recipes

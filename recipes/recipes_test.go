@@ -1,0 +1,48 @@
+package recipes
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/shardline/shardline/config"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestShippedRecipesLintClean: every recipe shipped loads and lints with no error
+// and no warning, in an environment with no SHARDLINE_ variables.
+func TestShippedRecipesLintClean(t *testing.T) {
+	var files []string
+	require.NoError(t, filepath.WalkDir(".", func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && filepath.Ext(p) == ".toml" {
+			files = append(files, p)
+		}
+		return err
+	}))
+	require.GreaterOrEqual(t, len(files), 6)
+	for _, f := range files {
+		t.Run(f, func(t *testing.T) {
+			res, diags := config.Load(f, config.Options{})
+			require.NotNil(t, res, "%v", diags)
+			diags = append(diags, config.Lint(res, nil)...)
+			for _, d := range diags {
+				assert.NotEqual(t, config.SevError, d.Severity, "%v", d)
+				assert.NotEqual(t, config.SevWarning, d.Severity, "%v", d)
+			}
+		})
+	}
+}
+
+// TestLlama4Shape pins the public report's model so an edit cannot drift from it.
+func TestLlama4Shape(t *testing.T) {
+	res, diags := config.Load("llama4-3bx128e.toml", config.Options{})
+	require.False(t, diags.HasErrors(), "%v", diags)
+	m, p := res.Recipe.Model, res.Recipe.Parallel
+	assert.Equal(t, []int{2048, 48, 32, 4, 202048, 8192}, []int{m.Hidden, m.Layers, m.Heads, m.KVHeads, m.VocabSize, m.SeqLen})
+	assert.Equal(t, []int{128, 8, 768, 1, 1}, []int{m.MoE.NumExperts, m.MoE.TopK, m.MoE.ExpertFFNHidden, m.MoE.SharedExperts, m.MoE.LayerFreq})
+	assert.Equal(t, []int{8, 4, 1}, []int{p.WorldSize, p.ExpertParallel, res.Recipe.Train.MicroBatchSize})
+	assert.Equal(t, "full", res.Recipe.ActivationCheckpoint.Mode)
+	assert.True(t, res.Recipe.Precision.BF16)
+	assert.Equal(t, "fp32", res.Recipe.Precision.MainParamsDtype)
+}
