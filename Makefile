@@ -23,6 +23,7 @@ vet: ## go vet
 
 bench: ## speed benchmarks, each printed against its budget or reference
 	./scripts/bench-lint.sh
+	./scripts/bench-plan.sh
 
 fuzz: ## fuzz the recipe loader and linter for 60 s
 	$(GO) test ./config -run '^$$' -fuzz FuzzLoadLint -fuzztime 60s

@@ -38,18 +38,22 @@ func envMap(env []string) map[string]string {
 	return m
 }
 
-// report adds a finding located at the key among keys that the most specific layer
-// set (a flag beats --set, which beats the environment, which beats a file): the
-// override that broke the rule is the setting to look at. Ties go to the first key;
-// when no key was set explicitly the finding points at the first key's file.
 func (c *checker) report(sev Severity, code, msg, help string, keys ...string) {
+	c.diags = append(c.diags, DiagnosticAt(c.r, sev, code, msg, help, keys...))
+}
+
+// DiagnosticAt builds a finding located at the key among keys that the most specific
+// layer set (a flag beats --set, which beats the environment, which beats a file):
+// the override that broke the rule is the setting to look at. Ties go to the first
+// key; when no key was set explicitly the finding points at the first key's file.
+func DiagnosticAt(r *Resolved, sev Severity, code, msg, help string, keys ...string) Diagnostic {
 	at, best := keys[0], FromDefault
 	for _, k := range keys {
-		if kind := c.r.Origin(k).Kind; kind != FromImplied && kind > best {
+		if kind := r.Origin(k).Kind; kind != FromImplied && kind > best {
 			at, best = k, kind
 		}
 	}
-	c.diags = append(c.diags, Diagnostic{Severity: sev, Code: code, Key: at, Message: msg, Help: help, Origin: c.r.Origin(at)})
+	return Diagnostic{Severity: sev, Code: code, Key: at, Message: msg, Help: help, Origin: r.Origin(at)}
 }
 
 func (c *checker) megatronFSDP() {

@@ -155,7 +155,7 @@ type Train struct {
 // fastest); the expert mesh folds the same ranks as etp × ep × edp per pipeline stage.
 type Parallel struct {
 	// Total number of ranks (processes or GPUs).
-	WorldSize int `toml:"world_size" min:"1"`
+	WorldSize int `toml:"world_size" min:"1" flag:"world-size"`
 	// Tensor-parallel degree (tp).
 	TensorParallel int `toml:"tensor_parallel" min:"1" flag:"tensor-model-parallel-size"`
 	// Context-parallel degree (cp): the sequence is split over cp ranks.
@@ -170,10 +170,10 @@ type Parallel struct {
 	Device string `toml:"device" enum:"cpu,cuda"`
 	// Ranks (GPUs) per node; groups spanning nodes use the inter-node link.
 	// 0 means every rank on one node.
-	GPUsPerNode int `toml:"gpus_per_node" min:"0"`
+	GPUsPerNode int `toml:"gpus_per_node" min:"0" flag:"gpus-per-node"`
 	// Device profile for the plan's memory and time model: auto picks cpu for
 	// device = "cpu" and h100-80gb for device = "cuda".
-	DeviceProfile string `toml:"device_profile" enum:"auto,cpu,a100-80gb,h100-80gb,h200-141gb"`
+	DeviceProfile string `toml:"device_profile" enum:"auto,cpu,a100-80gb,h100-80gb,h200-141gb" flag:"device-profile"`
 	// Device memory per rank in GiB for the plan, overriding the profile. 0 keeps the
 	// profile's value.
 	DeviceMemoryGiB float64 `toml:"device_memory_gib" min:"0"`

@@ -212,3 +212,69 @@ func TestMegatronFlagsAccepted(t *testing.T) {
 		assert.Contains(t, out, want)
 	}
 }
+
+func TestPlanTableAndRank(t *testing.T) {
+	moe := filepath.Join(recipesDir, "moe-tiny.toml")
+	code, out, errs := shardline(t, nil, "plan", moe, "--world-size", "4", "--global-batch-size", "64", "--expert-model-parallel-size", "2", "--rank", "3")
+	require.Equal(t, 0, code, errs)
+	for _, want := range []string{"mesh: tp 1 × cp 1 × dp 4 × pp 1; experts: etp 1 × ep 2 × edp 2", "memory per rank", "activations",
+		"ep     all_to_all", "step: compute", "rank 3: tp 0, cp 0, dp 3, pp 0; etp 0, ep 1, edp 1", "edp    [1 3]"} {
+		assert.Contains(t, out, want)
+	}
+	code, _, errs = shardline(t, nil, "plan", moe, "--rank", "9")
+	assert.Equal(t, 2, code)
+	assert.Contains(t, errs, "--rank 9 is outside the world of 1 ranks")
+}
+
+func TestPlanJSON(t *testing.T) {
+	code, out, errs := shardline(t, nil, "plan", filepath.Join(recipesDir, "llama-1b.toml"), "--nodes", "2", "--device", "h200-141gb", "--format", "json", "--rank", "9")
+	require.Equal(t, 0, code, errs)
+	var p struct {
+		Fingerprint string `json:"fingerprint"`
+		WorldSize   int    `json:"world_size"`
+		Device      string `json:"device"`
+		Parameters  struct {
+			Total   int64 `json:"total"`
+			Padding int64 `json:"padding"`
+		} `json:"parameters"`
+		Memory        map[string]any            `json:"memory"`
+		Communication map[string]map[string]any `json:"communication"`
+		StepTimeS     float64                   `json:"step_time_s"`
+		Rank          struct {
+			Rank   int              `json:"rank"`
+			Groups map[string][]int `json:"groups"`
+		} `json:"rank"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &p))
+	assert.Regexp(t, `^sha256:[0-9a-f]{64}$`, p.Fingerprint)
+	assert.Equal(t, 16, p.WorldSize)
+	assert.Equal(t, "h200-141gb", p.Device)
+	assert.Greater(t, p.Parameters.Total, int64(1_000_000_000))
+	for _, k := range []string{"weights", "main_weights", "grads", "optimizer_state", "activations", "total"} {
+		assert.Contains(t, p.Memory, k)
+	}
+	assert.Contains(t, p.Communication, "dp_cp")
+	assert.Equal(t, true, p.Communication["dp_cp"]["spans_nodes"])
+	assert.Greater(t, p.StepTimeS, 0.0)
+	assert.Equal(t, 9, p.Rank.Rank)
+	assert.Len(t, p.Rank.Groups["dp"], 16)
+}
+
+func TestPlanSweep(t *testing.T) {
+	code, out, errs := shardline(t, nil, "plan", filepath.Join(recipesDir, "llama4-3bx128e.toml"), "--sweep", "parallel.expert_parallel=1,2,4,8")
+	require.Equal(t, 0, code, errs)
+	assert.Contains(t, out, "sweep of parallel.expert_parallel over llama4-3bx128e")
+	for _, row := range []string{"memory: static", "memory: total", "comm ep: sent/rank", "comm edp: time", "tokens/s per device", "MFU"} {
+		assert.Contains(t, out, row)
+	}
+	code, _, errs = shardline(t, nil, "plan", filepath.Join(recipesDir, "llama4-3bx128e.toml"), "--sweep", "parallel.expert_paralel=1,2")
+	assert.Equal(t, 2, code)
+	assert.Contains(t, errs, "did you mean parallel.expert_parallel?")
+}
+
+func TestLintReportsPlanThatDoesNotFit(t *testing.T) {
+	code, out, _ := shardline(t, nil, "lint", filepath.Join(recipesDir, "llama-1b.toml"), "--micro-batch-size", "16", "--world-size", "16", "--device-profile", "a100-80gb")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, out, "flag --micro-batch-size: error[SL501]: the plan needs")
+	assert.Contains(t, out, "help: any one of these fits")
+}

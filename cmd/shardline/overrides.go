@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/parallel"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -17,6 +18,7 @@ const megatronAnnotation = "shardline_megatron"
 type recipeFlags struct {
 	sets     []string
 	megatron []*megatronValue
+	extra    []config.FlagValue // flags a command adds on its own (plan's --world-size)
 }
 
 // megatronValue is one Megatron-style flag; it records the raw value so config can
@@ -96,6 +98,7 @@ func (rf *recipeFlags) options(env []string) config.Options {
 			opts.Flags = append(opts.Flags, config.FlagValue{Name: v.name, Value: v.value})
 		}
 	}
+	opts.Flags = append(opts.Flags, rf.extra...)
 	return opts
 }
 
@@ -108,8 +111,14 @@ func (a *app) loadRecipe(path string, rf *recipeFlags) (*config.Resolved, config
 	res, diags := config.Load(path, rf.options(a.env))
 	if res != nil && !diags.HasErrors() {
 		diags = append(diags, config.Lint(res, a.env)...)
-		diags.Sort()
 	}
+	if res != nil && !diags.HasErrors() {
+		// Lint compiles the plan too: a recipe that cannot be laid out, or does not
+		// fit its device, is a recipe error.
+		_, pd := parallel.Check(res)
+		diags = append(diags, pd...)
+	}
+	diags.Sort()
 	return res, diags, nil
 }
 

@@ -1,0 +1,184 @@
+package parallel
+
+import (
+	"github.com/shardline/shardline/config"
+)
+
+// Collective kinds.
+const (
+	AllGather     = "all_gather"
+	ReduceScatter = "reduce_scatter"
+	AllReduce     = "all_reduce"
+	AllToAll      = "all_to_all"
+)
+
+// Collective is one kind of collective a step issues on one group kind. Bytes is the
+// full buffer of one call (nccl-tests' "size"); a rank moves Bytes·factor of it,
+// with factor (n-1)/n for all-gather, reduce-scatter and all-to-all, 2(n-1)/n for
+// all-reduce.
+type Collective struct {
+	Kind  string `json:"kind"`
+	Axis  Axis   `json:"group"`
+	What  string `json:"what"` // e.g. "params fwd", "grads"
+	Dtype string `json:"dtype"`
+	Bytes int64  `json:"bytes"`
+	Calls int64  `json:"calls_per_step"`
+	// Overlap says whether the runtime can hide it behind compute.
+	Overlap bool `json:"overlappable"`
+}
+
+// StepBytes is Bytes·Calls.
+func (c Collective) StepBytes() int64 { return c.Bytes * c.Calls }
+
+// rankBytes is what one rank sends per step in a group of n.
+func (c Collective) rankBytes(n int) float64 {
+	f := float64(n-1) / float64(n)
+	if c.Kind == AllReduce {
+		f *= 2
+	}
+	return float64(c.StepBytes()) * f
+}
+
+func dtypeName(bytes int64) string {
+	if bytes == 2 {
+		return "bf16"
+	}
+	return "fp32"
+}
+
+// fsdpCollectives lists the data-parallel collectives of a step, per group, after
+// Megatron-FSDP's table: when each strategy gathers and reduces, and how often.
+// micro is the number of micro-batches per step.
+func fsdpCollectives(r *config.Recipe, groups []Group, m Mesh, micro int64, d dtypes) []Collective {
+	s := r.FSDP.DataParallelShardingStrategy
+	fsdp := r.FSDP
+	var out []Collective
+	for i := range groups {
+		g := &groups[i]
+		if m.Size(g.Axis) == 1 {
+			continue
+		}
+		w, gr := g.Padded*d.compute, g.Padded*d.grad
+		wdt, gdt := dtypeName(d.compute), dtypeName(d.grad)
+		switch s {
+		case "no_shard":
+			out = append(out, Collective{AllReduce, g.Axis, "grads", gdt, gr, 1, fsdp.OverlapGradReduce})
+		case "optim":
+			out = append(out,
+				Collective{ReduceScatter, g.Axis, "grads", gdt, gr, 1, fsdp.OverlapGradReduce},
+				Collective{AllGather, g.Axis, "updated params", wdt, w, 1, fsdp.OverlapParamGather})
+		case "optim_grads":
+			out = append(out,
+				Collective{ReduceScatter, g.Axis, "grads", gdt, gr, micro, fsdp.OverlapGradReduce},
+				Collective{AllGather, g.Axis, "updated params", wdt, w, 1, fsdp.OverlapParamGather})
+		case "optim_grads_params":
+			// One gather before forward and one before backward; full recompute
+			// reuses the backward gather for the recompute.
+			out = append(out,
+				Collective{AllGather, g.Axis, "params fwd", wdt, w, micro, fsdp.OverlapParamGather},
+				Collective{AllGather, g.Axis, "params bwd", wdt, w, micro, fsdp.OverlapParamGather},
+				Collective{ReduceScatter, g.Axis, "grads", gdt, gr, micro, fsdp.OverlapGradReduce})
+		}
+	}
+	return mergeCollectives(out)
+}
+
+// modelCollectives lists tensor, context and expert parallel collectives: these sit
+// on the critical path (the plan assumes no overlap for them).
+func modelCollectives(r *config.Recipe, m Mesh, t tokens, micro int64, d dtypes) []Collective {
+	mo := r.Model
+	h := int64(mo.Hidden)
+	dt := dtypeName(d.compute)
+	layers := int64(mo.Layers)
+	var moeLayers int64
+	for l := 0; l < mo.Layers; l++ {
+		if mo.IsMoELayer(l) {
+			moeLayers++
+		}
+	}
+	// Passes over each layer per micro-batch: forward and backward, plus the
+	// recompute's forward under full recompute.
+	passes := int64(2)
+	if r.ActivationCheckpoint.Mode == "full" {
+		passes = 3
+	}
+	var out []Collective
+	if m.TP > 1 {
+		// Two per layer and pass (after attention and after the MLP), as all-gather
+		// + reduce-scatter under sequence parallelism: the bytes of an all-reduce.
+		out = append(out, Collective{AllReduce, AxisTP, "activations", dt, t.local * h * d.compute, 2 * passes * layers * micro, false})
+	}
+	if m.CP > 1 {
+		kv := 2 * t.local * int64(mo.EffectiveKVHeads()) * int64(mo.Hidden/mo.Heads) / int64(m.TP) * int64(m.CP) * d.compute
+		out = append(out,
+			Collective{AllGather, AxisCP, "keys/values", dt, kv, (passes - 1) * layers * micro, false},
+			Collective{ReduceScatter, AxisCP, "key/value grads", dt, kv, layers * micro, false})
+	}
+	if m.EP > 1 && moeLayers > 0 {
+		// Dispatch and combine each pass; each carries the routed copies of a rank.
+		out = append(out, Collective{AllToAll, AxisEP, "tokens", dt, t.routed * h * d.compute, 2 * passes * moeLayers * micro, false})
+	}
+	if m.ETP > 1 && moeLayers > 0 {
+		out = append(out, Collective{AllReduce, AxisETP, "expert outputs", dt, t.routed * h * d.compute, passes * moeLayers * micro, false})
+	}
+	return out
+}
+
+// mergeCollectives sums calls of identical collectives (same kind, group, purpose,
+// dtype and size) so a plan lists each once.
+func mergeCollectives(cs []Collective) []Collective {
+	var out []Collective
+	idx := map[Collective]int{}
+	for _, c := range cs {
+		key := c
+		key.Calls = 0
+		if i, ok := idx[key]; ok {
+			out[i].Calls += c.Calls
+			continue
+		}
+		idx[key] = len(out)
+		out = append(out, c)
+	}
+	return out
+}
+
+// AxisComm sums a step's communication on one group kind.
+type AxisComm struct {
+	Axis       Axis    `json:"group"`
+	Size       int     `json:"size"`
+	SpansNodes bool    `json:"spans_nodes"`
+	Bytes      int64   `json:"bytes"`       // Σ Bytes·Calls
+	RankBytes  int64   `json:"rank_bytes"`  // what one rank sends
+	TimeS      float64 `json:"time_s"`      // RankBytes over the link's bandwidth
+	OverlapS   float64 `json:"overlap_s"`   // the part the runtime may hide behind compute
+	Bandwidth  float64 `json:"bandwidth_b"` // bytes/s used
+}
+
+func summarize(cs []Collective, m Mesh, topo Topology) []AxisComm {
+	var out []AxisComm
+	for _, a := range GroupAxes {
+		ac := AxisComm{Axis: a, Size: m.Size(a), SpansNodes: m.SpansNodes(a, topo.GPUsPerNode)}
+		ac.Bandwidth = topo.Device.IntraNodeBW
+		if ac.SpansNodes {
+			ac.Bandwidth = topo.Device.InterNodeBW
+		}
+		any := false
+		for _, c := range cs {
+			if c.Axis != a {
+				continue
+			}
+			any = true
+			rb := c.rankBytes(ac.Size)
+			ac.Bytes += c.StepBytes()
+			ac.RankBytes += int64(rb)
+			ac.TimeS += rb / ac.Bandwidth
+			if c.Overlap {
+				ac.OverlapS += rb / ac.Bandwidth
+			}
+		}
+		if any {
+			out = append(out, ac)
+		}
+	}
+	return out
+}

@@ -1,0 +1,214 @@
+package parallel
+
+import "github.com/shardline/shardline/config"
+
+// Memory is the per-rank memory of a plan, in bytes, by component. Every rank of a
+// plan holds the same amounts (groups are padded to equal shards and experts split
+// evenly), so one Memory describes the worst-off rank.
+type Memory struct {
+	Weights           int64 `json:"weights"`             // compute weights held between steps
+	MainWeights       int64 `json:"main_weights"`        // fp32 (or bf16) master copy, when it differs from compute
+	Grads             int64 `json:"grads"`               // gradient accumulation buffers
+	OptimizerState    int64 `json:"optimizer_state"`     // AdamW moments (or SGD momentum)
+	GatheredUnits     int64 `json:"gathered_units"`      // all-gathered unit weights (optim_grads_params)
+	GradReduceBuffers int64 `json:"grad_reduce_buffers"` // full unit grads before reduce-scatter
+	Activations       int64 `json:"activations"`         // saved for backward, one micro-batch
+	MoEDispatch       int64 `json:"moe_dispatch"`        // all-to-all send+receive token buffers
+	Logits            int64 `json:"logits"`              // output logits and the loss's fp32 softmax
+	Total             int64 `json:"total"`
+}
+
+// Static is what a rank holds whatever the batch: weights, main weights, grads and
+// optimizer state.
+func (m Memory) Static() int64 { return m.Weights + m.MainWeights + m.Grads + m.OptimizerState }
+
+// Components lists (name, bytes) in print order.
+func (m Memory) Components() []struct {
+	Name  string
+	Bytes int64
+} {
+	return []struct {
+		Name  string
+		Bytes int64
+	}{
+		{"weights", m.Weights}, {"main_weights", m.MainWeights}, {"grads", m.Grads},
+		{"optimizer_state", m.OptimizerState}, {"gathered_units", m.GatheredUnits},
+		{"grad_reduce_buffers", m.GradReduceBuffers}, {"activations", m.Activations},
+		{"moe_dispatch", m.MoEDispatch}, {"logits", m.Logits},
+	}
+}
+
+// dtypes of a recipe, in bytes per element.
+type dtypes struct {
+	compute, main, grad, optim int64
+	separateMain               bool
+}
+
+func dtypesOf(r *config.Recipe) dtypes {
+	d := dtypes{compute: 4, main: 4, grad: 4, optim: 8}
+	if r.Precision.BF16 {
+		d.compute = 2
+	}
+	if r.Precision.MainParamsDtype == "bf16" {
+		d.main = 2
+	}
+	d.separateMain = d.main != d.compute
+	// Gradients accumulate in the reduction dtype: bf16 with grad_reduce_in_bf16,
+	// else fp32 (Megatron's main_grad).
+	if r.FSDP.GradReduceInBF16 {
+		d.grad = 2
+	}
+	if r.Train.Optimizer == "sgd" {
+		d.optim = 4 // momentum only
+	}
+	return d
+}
+
+// staticMemory is the per-strategy table of ARCHITECTURE.md ("Strategies"): what
+// each strategy keeps whole and what it shards. full and shard are summed over a
+// rank's groups: full buffer lengths and shard lengths.
+func staticMemory(strategy string, full, shard int64, d dtypes) Memory {
+	var m Memory
+	gradSharded := strategy == "optim_grads" || strategy == "optim_grads_params"
+	sharded := strategy != "no_shard"
+	m.Weights = full * d.compute
+	if strategy == "optim_grads_params" {
+		m.Weights = shard * d.compute
+	}
+	owned := full // elements whose optimizer state and main weights this rank keeps
+	if sharded {
+		owned = shard
+	}
+	if d.separateMain {
+		m.MainWeights = owned * d.main
+	}
+	m.OptimizerState = owned * d.optim
+	m.Grads = full * d.grad
+	if gradSharded {
+		m.Grads = shard * d.grad
+	}
+	return m
+}
+
+// unitBuffers sizes the transient unit buffers: gathered weights under
+// optim_grads_params (two units with prefetch or the double buffer, else one), and
+// full-unit gradient buffers before reduce-scatter when gradients are sharded (two
+// with overlap_grad_reduce, so one reduces while the next fills).
+func unitBuffers(r *config.Recipe, maxUnitFull int64, d dtypes) (gathered, reduce int64) {
+	s := r.FSDP.DataParallelShardingStrategy
+	if s == "optim_grads_params" {
+		n := int64(1)
+		if r.FSDP.OverlapParamGather || r.FSDP.FSDPDoubleBuffer {
+			n = 2
+		}
+		gathered = n * maxUnitFull * d.compute
+	}
+	if s == "optim_grads" || s == "optim_grads_params" {
+		n := int64(1)
+		if r.FSDP.OverlapGradReduce {
+			n = 2
+		}
+		reduce = n * maxUnitFull * d.grad
+	}
+	return gathered, reduce
+}
+
+// tokens describes one micro-batch on one rank.
+type tokens struct {
+	local   int64 // b · seq/cp: tokens whose activations this rank holds (before tp)
+	routed  int64 // routed token copies an MoE layer's experts process on this rank
+	worst   int64 // the most routed copies one rank can receive (no capacity limit)
+	context int64 // keys each query attends to (seq)
+}
+
+// tokensOf computes the token counts. Routing is balanced in expectation: each rank
+// sends local·top_k copies and receives as many. A capacity factor bounds what one
+// rank receives at capacity_factor × the balanced share. Without it the worst case
+// is every source rank sending all its tokens' copies that can land here:
+// ep · local · min(top_k, E/ep).
+func tokensOf(r *config.Recipe, m Mesh) tokens {
+	mo := r.Model
+	t := tokens{local: int64(r.Train.MicroBatchSize) * int64(mo.SeqLen/m.CP), context: int64(mo.SeqLen)}
+	if mo.MoE.NumExperts > 0 {
+		k := int64(mo.MoE.TopK)
+		t.routed = t.local * k
+		if cf := mo.MoE.CapacityFactor; cf > 0 {
+			t.routed = int64(cf*float64(t.local*k) + 0.999999)
+		}
+		t.worst = int64(m.EP) * t.local * min(k, int64(mo.MoE.NumExperts/m.EP))
+		if cf := mo.MoE.CapacityFactor; cf > 0 {
+			t.worst = t.routed
+		}
+	}
+	return t
+}
+
+// activationBytes is the memory saved for backward over one micro-batch, per rank.
+//
+// Element counts per layer, for t local tokens, width h, d = h/heads, g kv heads,
+// ffn f (derived from the kernels' Forward/Backward pairs, in the manner of
+// Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+// Models", §4, adapted to Llama: RMSNorm, SwiGLU, GQA, no dropout):
+//
+//	attention block: norm input, norm output, q, attention output: 4·t·h; k, v: 2·t·g·d
+//	attention probabilities (CPU only; GPUs run flash attention): heads·t·seq,
+//	  dropped by selective recompute
+//	dense MLP: norm input and output 2·t·h; w1 and w3 outputs and the SwiGLU
+//	  product 3·t·f
+//	MoE: norm input and output 2·t·h; router logits and probabilities 2·t·E (fp32); permuted
+//	  tokens T·h; per routed copy 3·T·ef/etp; shared experts 3·t·ef each; combined
+//	  output t·h, with T routed copies on this rank
+//
+// Everything is divided by tp (Megatron's sequence parallelism splits the h-sized
+// tensors too). Full recompute keeps each layer's input (t·h) plus one layer's full
+// set while that layer is recomputed. The final norm keeps 2·t·h.
+func activationBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
+	mo := r.Model
+	h, f := int64(mo.Hidden), int64(mo.FFNHidden)
+	g, dh := int64(mo.EffectiveKVHeads()), int64(mo.Hidden/mo.Heads)
+	tp := int64(m.TP)
+	mode := r.ActivationCheckpoint.Mode
+	attn := 4*t.local*h + 2*t.local*g*dh
+	if mode == "none" && r.Parallel.Device == "cpu" {
+		attn += int64(mo.Heads) * t.local * t.context
+	}
+	perLayer := func(l int) int64 {
+		if !mo.IsMoELayer(l) {
+			return (attn + 2*t.local*h + 3*t.local*f) / tp
+		}
+		ef := int64(mo.MoE.ExpertFFNHidden)
+		e := attn + 2*t.local*h + 2*t.local*int64(mo.MoE.NumExperts)*4/d.compute
+		e += t.routed*h + 3*t.routed*ef/int64(m.ETP) + 3*t.local*ef*int64(mo.MoE.SharedExperts) + t.local*h
+		return e / tp
+	}
+	var elems int64
+	if mode == "full" {
+		var worst int64
+		for l := 0; l < mo.Layers; l++ {
+			worst = max(worst, perLayer(l))
+		}
+		elems = int64(mo.Layers)*t.local*h/tp + worst
+	} else {
+		for l := 0; l < mo.Layers; l++ {
+			elems += perLayer(l)
+		}
+	}
+	elems += 2 * t.local * h / tp
+	return elems * d.compute
+}
+
+// dispatchBytes is the all-to-all send and receive buffers of one MoE layer, reused
+// by every layer: 2 · T · h in the compute dtype.
+func dispatchBytes(r *config.Recipe, t tokens, d dtypes) (expected, worst int64) {
+	if r.Model.MoE.NumExperts == 0 {
+		return 0, 0
+	}
+	h := int64(r.Model.Hidden)
+	return 2 * t.routed * h * d.compute, 2 * t.worst * h * d.compute
+}
+
+// logitsBytes: the output logits of one micro-batch (vocabulary split over tp) in the
+// compute dtype, plus the fp32 softmax the fused cross-entropy keeps for backward.
+func logitsBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
+	return t.local * int64(r.Model.VocabSize/m.TP) * (d.compute + 4)
+}

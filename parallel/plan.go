@@ -1,0 +1,232 @@
+package parallel
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"hash"
+	"math"
+
+	"github.com/shardline/shardline/config"
+)
+
+// Plan is a compiled recipe: everything the trainer needs to lay out and run a step,
+// and the cost model's prediction of what it will take.
+type Plan struct {
+	Name     string
+	Strategy string
+	Topology Topology
+	Mesh     Mesh
+	// Params is the parameter table; Units and Groups the FSDP layout over it.
+	Params []Param
+	Units  []Unit
+	Groups []Group
+	// MicroBatches is the number of micro-batches per step on each dp rank.
+	MicroBatches int
+	// ParamsTotal and ParamsActive count the full model (active: per token).
+	ParamsTotal, ParamsActive int64
+	// Padding is the elements added to this rank's buffers for alignment and equal
+	// shards, summed over groups (full buffers, before sharding).
+	Padding int64
+	Memory  Memory
+	// MoEDispatchWorst is the dispatch buffers' worst case when no capacity factor
+	// bounds routing (every token's copies landing on one rank).
+	MoEDispatchWorst int64
+	Collectives      []Collective
+	Comm             []AxisComm
+	// FLOPs per step over all ranks: the model's (for MFU) and what is executed
+	// (recompute included).
+	ModelFLOPs, ExecFLOPs float64
+	ComputeS              float64
+	ExposedCommS          float64
+	StepTimeS             float64
+	TokensPerSPerDevice   float64
+	MFU                   float64
+	Fingerprint           string
+}
+
+// Compile turns a recipe and a topology into a Plan. It is pure: no device, no I/O.
+// Errors are *KeyError naming the recipe key that caused them.
+func Compile(r *config.Recipe, topo Topology) (*Plan, error) {
+	par := r.Parallel
+	m, err := NewMesh(topo.WorldSize, par.TensorParallel, par.ContextParallel, par.PipelineParallel, par.ExpertParallel, par.ExpertTensorParallel)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkShapes(r, m); err != nil {
+		return nil, err
+	}
+	ps, err := ParamTable(r.Model, m.TP, m.ETP)
+	if err != nil {
+		return nil, err
+	}
+	units, unitOf, err := buildUnits(ps, r.FSDP.FSDPUnitModules)
+	if err != nil {
+		return nil, err
+	}
+	d := dtypesOf(r)
+	strategy := r.FSDP.DataParallelShardingStrategy
+	groups := layoutGroups(ps, units, unitOf, m, r.Model.MoE.NumExperts, dtypeName(d.compute), strategy != "no_shard")
+	if err := verifyLayout(ps, groups, r.Model.MoE.NumExperts, m.EP); err != nil {
+		return nil, fmt.Errorf("parallel: layout invariant broken (a shardline bug): %w", err)
+	}
+	p := &Plan{Name: r.Run.Name, Strategy: strategy, Topology: topo, Mesh: m, Params: ps, Units: units, Groups: groups}
+	p.ParamsTotal, p.ParamsActive = ParamCount(ps, r.Model)
+	dp := int64(m.DP)
+	p.MicroBatches = int(int64(r.Train.GlobalBatchSize) / (int64(r.Train.MicroBatchSize) * dp))
+	if p.MicroBatches < 1 {
+		return nil, &KeyError{Key: "train.global_batch_size", Msg: fmt.Sprintf("global batch %d is smaller than micro batch × dp = %d", r.Train.GlobalBatchSize, int64(r.Train.MicroBatchSize)*dp)}
+	}
+	p.memory(r, d)
+	p.Collectives = append(fsdpCollectives(r, groups, m, int64(p.MicroBatches), d), modelCollectives(r, m, tokensOf(r, m), int64(p.MicroBatches), d)...)
+	p.Comm = summarize(p.Collectives, m, topo)
+	p.timing(r)
+	p.Fingerprint = p.fingerprint()
+	return p, nil
+}
+
+// checkShapes refuses shapes the layout cannot represent, naming the key.
+func checkShapes(r *config.Recipe, m Mesh) error {
+	mo := r.Model
+	switch {
+	case mo.Heads%m.TP != 0 || mo.EffectiveKVHeads()%m.TP != 0:
+		return &KeyError{Key: "parallel.tensor_parallel", Msg: fmt.Sprintf("tp %d must divide heads %d and kv_heads %d", m.TP, mo.Heads, mo.EffectiveKVHeads())}
+	case mo.FFNHidden%m.TP != 0 || mo.VocabSize%m.TP != 0:
+		return &KeyError{Key: "parallel.tensor_parallel", Msg: fmt.Sprintf("tp %d must divide ffn_hidden %d and vocab_size %d", m.TP, mo.FFNHidden, mo.VocabSize)}
+	case mo.MoE.NumExperts > 0 && mo.MoE.NumExperts%m.EP != 0:
+		return &KeyError{Key: "parallel.expert_parallel", Msg: fmt.Sprintf("ep %d must divide num_experts %d", m.EP, mo.MoE.NumExperts)}
+	case mo.MoE.NumExperts > 0 && (mo.MoE.ExpertFFNHidden%m.ETP != 0 || mo.MoE.ExpertFFNHidden%m.TP != 0):
+		return &KeyError{Key: "model.moe.expert_ffn_hidden", Msg: fmt.Sprintf("expert_ffn_hidden %d must be divisible by etp %d and tp %d", mo.MoE.ExpertFFNHidden, m.ETP, m.TP)}
+	case mo.MoE.NumExperts == 0 && (m.EP > 1 || m.ETP > 1):
+		return &KeyError{Key: "parallel.expert_parallel", Msg: "expert parallelism needs model.moe.num_experts > 0"}
+	case mo.SeqLen%m.CP != 0:
+		return &KeyError{Key: "model.seq_len", Msg: fmt.Sprintf("seq_len %d must be divisible by cp %d", mo.SeqLen, m.CP)}
+	}
+	return nil
+}
+
+func (p *Plan) memory(r *config.Recipe, d dtypes) {
+	var full, shard, maxUnit int64
+	unitFull := make([]int64, len(p.Units))
+	for i := range p.Groups {
+		g := &p.Groups[i]
+		full += g.Padded
+		shard += g.ShardNumel()
+		p.Padding += g.AlignPad + g.TailPad
+		unitFull[g.Unit] += g.Padded
+	}
+	for _, n := range unitFull {
+		maxUnit = max(maxUnit, n)
+	}
+	mem := staticMemory(p.Strategy, full, shard, d)
+	mem.GatheredUnits, mem.GradReduceBuffers = unitBuffers(r, maxUnit, d)
+	t := tokensOf(r, p.Mesh)
+	mem.Activations = activationBytes(r, p.Mesh, t, d)
+	mem.MoEDispatch, p.MoEDispatchWorst = dispatchBytes(r, t, d)
+	mem.Logits = logitsBytes(r, p.Mesh, t, d)
+	for _, c := range mem.Components() {
+		mem.Total += c.Bytes
+	}
+	p.Memory = mem
+}
+
+// timing estimates a step. FLOPs per token, forward: 2 per weight a token passes
+// through in a matmul (the embedding lookup is no matmul; a tied output head is),
+// plus causal attention's 2·seq·h per layer (QKᵀ and PV, each 2·seq·h, halved by the
+// causal mask). A step is 3× forward (backward is twice forward); full recompute
+// adds a forward of the layers, selective the attention part. Compute time is the
+// executed FLOPs of one rank (all ranks share the work evenly) over the achievable
+// throughput. Communication on tp/cp/ep/etp is exposed; FSDP's overlappable part
+// hides behind compute, except what exceeds it.
+func (p *Plan) timing(r *config.Recipe) {
+	mo := r.Model
+	h, seq := float64(mo.Hidden), float64(mo.SeqLen)
+	var matmul float64
+	for i := range p.Params {
+		q := &p.Params[i]
+		if len(q.Shape) < 2 || (q.IsExpert() && q.Expert >= mo.MoE.TopK) {
+			continue
+		}
+		if q.Name == "embed.weight" && !mo.TieEmbeddings {
+			continue
+		}
+		matmul += float64(q.Numel())
+	}
+	attn := 2 * seq * h * float64(mo.Layers)
+	fwd := 2*matmul + attn
+	tokens := float64(r.Train.GlobalBatchSize) * seq
+	p.ModelFLOPs = 3 * fwd * tokens
+	exec := 3 * fwd
+	switch r.ActivationCheckpoint.Mode {
+	case "full":
+		exec += fwd
+	case "selective":
+		exec += attn
+	}
+	p.ExecFLOPs = exec * tokens
+	dev := p.Topology.Device
+	p.ComputeS = p.ExecFLOPs / float64(p.Mesh.World) / (dev.PeakFLOPS * dev.Achievable)
+	var exposed, overlappable float64
+	for _, c := range p.Comm {
+		exposed += c.TimeS - c.OverlapS
+		overlappable += c.OverlapS
+	}
+	p.ExposedCommS = exposed + math.Max(0, overlappable-p.ComputeS)
+	p.StepTimeS = p.ComputeS + p.ExposedCommS
+	p.TokensPerSPerDevice = tokens / p.StepTimeS / float64(p.Mesh.World)
+	p.MFU = p.ModelFLOPs / float64(p.Mesh.World) / (p.StepTimeS * dev.PeakFLOPS)
+}
+
+// fingerprint hashes everything that decides the layout and the schedule, in a
+// fixed order, so it is stable across runs and machines.
+func (p *Plan) fingerprint() string {
+	hs := sha256.New()
+	w := func(vals ...any) {
+		for _, v := range vals {
+			writeHash(hs, v)
+		}
+	}
+	w("shardline-plan-v1", p.Strategy, p.Mesh.World, p.Mesh.TP, p.Mesh.CP, p.Mesh.DP, p.Mesh.PP, p.Mesh.ETP, p.Mesh.EP, p.Mesh.EDP,
+		p.Topology.GPUsPerNode, p.Topology.Device.Name, p.Topology.Device.MemoryBytes, p.MicroBatches)
+	for _, u := range p.Units {
+		w(u.Name, u.Kind, len(u.Groups))
+	}
+	for i := range p.Groups {
+		g := &p.Groups[i]
+		w(g.Unit, g.Expert, g.Dtype, string(g.Axis), g.Shards, g.Padded, len(g.Entries))
+		for _, e := range g.Entries {
+			w(p.Params[e.Param].Name, e.Offset, e.Numel)
+		}
+	}
+	for _, c := range p.Memory.Components() {
+		w(c.Name, c.Bytes)
+	}
+	for _, c := range p.Collectives {
+		w(c.Kind, string(c.Axis), c.What, c.Dtype, c.Bytes, c.Calls, c.Overlap)
+	}
+	return "sha256:" + hex.EncodeToString(hs.Sum(nil))
+}
+
+func writeHash(h hash.Hash, v any) {
+	var buf [8]byte
+	switch x := v.(type) {
+	case string:
+		binary.LittleEndian.PutUint64(buf[:], uint64(len(x)))
+		h.Write(buf[:])
+		h.Write([]byte(x))
+	case int:
+		binary.LittleEndian.PutUint64(buf[:], uint64(x))
+		h.Write(buf[:])
+	case int64:
+		binary.LittleEndian.PutUint64(buf[:], uint64(x))
+		h.Write(buf[:])
+	case bool:
+		if x {
+			buf[0] = 1
+		}
+		h.Write(buf[:1])
+	default:
+		panic(fmt.Sprintf("writeHash: unsupported %T", v)) // a programming error in fingerprint, never input
+	}
+}

@@ -1,0 +1,301 @@
+package parallel
+
+import (
+	"bufio"
+	"bytes"
+	"flag"
+	"fmt"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/shardline/shardline/config"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+func load(t testing.TB, path string, sets ...string) *config.Resolved {
+	t.Helper()
+	res, diags := config.Load(path, config.Options{Sets: sets})
+	require.False(t, diags.HasErrors(), "%v", diags)
+	return res
+}
+
+func compile(t testing.TB, r *config.Recipe) *Plan {
+	t.Helper()
+	topo, err := TopologyOf(r.Parallel)
+	require.NoError(t, err)
+	p, err := Compile(r, topo)
+	require.NoError(t, err)
+	return p
+}
+
+// TestGoldenPlans is data-driven: each testdata/plans/*.txt holds a recipe path and
+// --set overrides, a line "----", then the printed plan.
+func TestGoldenPlans(t *testing.T) {
+	files, err := filepath.Glob("testdata/plans/*.txt")
+	require.NoError(t, err)
+	require.NotEmpty(t, files)
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			raw, err := os.ReadFile(f)
+			require.NoError(t, err)
+			head, _, found := strings.Cut(string(raw), "----\n")
+			require.True(t, found, "missing ---- separator")
+			var recipe string
+			var sets []string
+			sc := bufio.NewScanner(strings.NewReader(head))
+			for sc.Scan() {
+				line := strings.TrimSpace(sc.Text())
+				switch {
+				case line == "" || strings.HasPrefix(line, "#"):
+				case strings.HasPrefix(line, "recipe "):
+					recipe = strings.TrimPrefix(line, "recipe ")
+				case strings.HasPrefix(line, "set "):
+					sets = append(sets, strings.TrimPrefix(line, "set "))
+				default:
+					t.Fatalf("unknown directive %q", line)
+				}
+			}
+			p := compile(t, &load(t, recipe, sets...).Recipe)
+			var b bytes.Buffer
+			require.NoError(t, p.WriteTable(&b))
+			got := head + "----\n" + b.String()
+			if *update {
+				require.NoError(t, os.WriteFile(f, []byte(got), 0o644))
+				return
+			}
+			require.Equal(t, string(raw), got, "run go test ./parallel -update if the change is intended")
+		})
+	}
+}
+
+// TestTinyByHand checks the parameter table and every memory formula against a hand
+// calculation for recipes/tiny.toml at world size 4, optim_grads_params, fp32.
+func TestTinyByHand(t *testing.T) {
+	res := load(t, "../recipes/tiny.toml", "parallel.world_size=4", "train.global_batch_size=64")
+	p := compile(t, &res.Recipe)
+	const (
+		V, H, F, L, heads, seq, mb = 256, 128, 384, 4, 4, 128, 16
+		embed                      = V * H                                      // 32,768
+		layer                      = 2*H + 4*H*H + 3*H*F                        // norms + q,k,v,o + w1,w3,w2 = 213,248
+		output                     = H + V*H                                    // final norm + head = 32,896
+		total                      = embed + L*layer + output                   // 918,656
+		shard                      = total / 4                                  // every buffer is a multiple of 4·16: no padding
+		tokens                     = mb * seq                                   // 2,048 tokens per micro-batch
+		attn                       = 4*tokens*H + 2*tokens*H + heads*tokens*seq // incl. CPU attention probabilities
+		mlp                        = 2*tokens*H + 3*tokens*F
+	)
+	assert.EqualValues(t, total, p.ParamsTotal)
+	assert.EqualValues(t, 0, p.Padding)
+	assert.Equal(t, 6, len(p.Units))
+	m := p.Memory
+	assert.EqualValues(t, shard*4, m.Weights, "fp32 weight shard")
+	assert.EqualValues(t, 0, m.MainWeights, "fp32 compute: the weights are the main weights")
+	assert.EqualValues(t, shard*4, m.Grads, "fp32 gradient shard")
+	assert.EqualValues(t, shard*8, m.OptimizerState, "two fp32 AdamW moments per owned element")
+	assert.EqualValues(t, 2*layer*4, m.GatheredUnits, "prefetch: two gathered layers")
+	assert.EqualValues(t, 2*layer*4, m.GradReduceBuffers, "overlap_grad_reduce: two unit grad buffers")
+	assert.EqualValues(t, (L*(attn+mlp)+2*tokens*H)*4, m.Activations)
+	assert.EqualValues(t, tokens*V*(4+4), m.Logits)
+	assert.EqualValues(t, 0, m.MoEDispatch)
+	assert.Equal(t, m.Weights+m.Grads+m.OptimizerState+m.GatheredUnits+m.GradReduceBuffers+m.Activations+m.Logits, m.Total)
+	assert.Equal(t, 1, p.MicroBatches)
+}
+
+// TestStrategyTable checks what each strategy keeps whole or sharded (bf16 compute,
+// fp32 main weights, bf16 gradient reduction), for 8 ranks.
+func TestStrategyTable(t *testing.T) {
+	full, shard := int64(800), int64(100)
+	d := dtypes{compute: 2, main: 4, grad: 2, optim: 8, separateMain: true}
+	for _, tc := range []struct {
+		strategy                    string
+		weights, main, grads, optim int64
+	}{
+		{"no_shard", full * 2, full * 4, full * 2, full * 8},
+		{"optim", full * 2, shard * 4, full * 2, shard * 8},
+		{"optim_grads", full * 2, shard * 4, shard * 2, shard * 8},
+		{"optim_grads_params", shard * 2, shard * 4, shard * 2, shard * 8},
+	} {
+		m := staticMemory(tc.strategy, full, shard, d)
+		assert.Equal(t, []int64{tc.weights, tc.main, tc.grads, tc.optim}, []int64{m.Weights, m.MainWeights, m.Grads, m.OptimizerState}, tc.strategy)
+	}
+}
+
+func TestMeshGroups(t *testing.T) {
+	m, err := NewMesh(16, 2, 2, 1, 4, 1)
+	require.NoError(t, err)
+	assert.Equal(t, Mesh{World: 16, TP: 2, CP: 2, DP: 4, PP: 1, ETP: 1, EP: 4, EDP: 4}, m)
+	assert.Equal(t, Coords{TP: 1, CP: 0, DP: 2, PP: 0, ETP: 0, EP: 1, EDP: 2}, m.Coords(9))
+	assert.Equal(t, []int{8, 9}, m.Group(AxisTP, 9))
+	assert.Equal(t, []int{9, 11}, m.Group(AxisCP, 9))
+	assert.Equal(t, []int{1, 5, 9, 13}, m.Group(AxisDP, 9))
+	assert.Equal(t, []int{1, 3, 5, 7, 9, 11, 13, 15}, m.Group(AxisDPCP, 9))
+	assert.Equal(t, []int{8, 9, 10, 11}, m.Group(AxisEP, 9))
+	assert.Equal(t, []int{1, 5, 9, 13}, m.Group(AxisEDP, 9))
+	assert.True(t, m.SpansNodes(AxisDP, 8))
+	assert.False(t, m.SpansNodes(AxisTP, 8))
+
+	// Every axis partitions the world into equal groups that contain their rank.
+	for _, shape := range [][6]int{{16, 2, 2, 1, 4, 1}, {24, 2, 1, 1, 2, 3}, {32, 1, 2, 2, 8, 2}, {8, 1, 1, 1, 1, 1}} {
+		m, err := NewMesh(shape[0], shape[1], shape[2], shape[3], shape[4], shape[5])
+		require.NoError(t, err)
+		for _, a := range GroupAxes {
+			seen := map[int]int{}
+			for r := 0; r < m.World; r++ {
+				g := m.Group(a, r)
+				require.Len(t, g, m.Size(a))
+				assert.Contains(t, g, r)
+				for _, x := range g {
+					seen[x]++
+				}
+			}
+			for r := 0; r < m.World; r++ {
+				assert.Equal(t, m.Size(a), seen[r], "axis %s shape %v rank %d", a, shape, r)
+			}
+		}
+	}
+	_, err = NewMesh(6, 4, 1, 1, 1, 1)
+	var ke *KeyError
+	require.ErrorAs(t, err, &ke)
+	assert.Equal(t, "parallel.world_size", ke.Key)
+}
+
+// TestInvariantsRandomShapes is a property test over seeded random models and
+// meshes: layouts verify (Compile checks that every element is owned by exactly one
+// shard and padding adds up), shards sum to parameters plus padding, expert groups
+// shard over edp only, EP+FSDP never needs more static memory than EP with no_shard,
+// and raising EP never raises static memory.
+func TestInvariantsRandomShapes(t *testing.T) {
+	rng := rand.New(rand.NewSource(7))
+	pick := func(xs ...int) int { return xs[rng.Intn(len(xs))] }
+	for i := 0; i < 60; i++ {
+		r := config.Default()
+		r.Model.Hidden = pick(64, 96, 128, 256)
+		r.Model.Heads = pick(2, 4, 8)
+		r.Model.KVHeads = pick(0, 1, 2)
+		r.Model.Layers = pick(1, 2, 3, 5)
+		r.Model.FFNHidden = pick(96, 200, 344, 512)
+		r.Model.VocabSize = pick(256, 1000, 4096)
+		r.Model.TieEmbeddings = rng.Intn(2) == 0
+		r.Model.MoE.NumExperts = pick(8, 16, 32)
+		r.Model.MoE.TopK = pick(1, 2, 4)
+		r.Model.MoE.ExpertFFNHidden = pick(64, 100, 256)
+		r.Model.MoE.SharedExperts = pick(0, 1)
+		r.Model.MoE.LayerFreq = pick(1, 1, 2)
+		r.Parallel.WorldSize = pick(8, 16, 32)
+		r.Train.MicroBatchSize, r.Train.GlobalBatchSize = 1, 64
+		r.Precision.BF16 = rng.Intn(2) == 0
+		r.FSDP.FSDPUnitModules = [][]string{{"embedding", "transformer_layer", "output"}, {"attention", "moe", "mlp"}, {"transformer_layer"}}[rng.Intn(3)]
+		name := fmt.Sprintf("case %d: %+v %+v", i, r.Model, r.Parallel)
+		var prevStatic int64 = -1
+		for _, ep := range []int{1, 2, 4, 8} {
+			r.Parallel.ExpertParallel = ep
+			r.FSDP.DataParallelShardingStrategy = "optim_grads_params"
+			fsdp := compile(t, &r)
+			r.FSDP.DataParallelShardingStrategy = "no_shard"
+			epOnly := compile(t, &r)
+			assert.LessOrEqual(t, fsdp.Memory.Static(), epOnly.Memory.Static(), "EP+FSDP ≤ EP alone: %s ep=%d", name, ep)
+			if prevStatic >= 0 {
+				assert.LessOrEqual(t, fsdp.Memory.Static(), prevStatic, "raising EP to %d raised static memory: %s", ep, name)
+			}
+			prevStatic = fsdp.Memory.Static()
+			var sumShards, params, padding int64
+			for gi := range fsdp.Groups {
+				g := &fsdp.Groups[gi]
+				if g.Expert {
+					assert.Equal(t, AxisEDP, g.Axis)
+					assert.Equal(t, fsdp.Mesh.EDP, g.Shards)
+				} else {
+					assert.Equal(t, AxisDPCP, g.Axis)
+					assert.Equal(t, fsdp.Mesh.DP*fsdp.Mesh.CP, g.Shards)
+				}
+				sumShards += g.ShardNumel() * int64(g.Shards)
+				params += g.Numel
+				padding += g.AlignPad + g.TailPad
+			}
+			assert.Equal(t, params+padding, sumShards, name)
+			var local int64
+			for pi := range fsdp.Params {
+				if !fsdp.Params[pi].IsExpert() || fsdp.Params[pi].Expert < r.Model.MoE.NumExperts/ep {
+					local += fsdp.Params[pi].LocalNumel()
+				}
+			}
+			assert.Equal(t, local, params, "a rank's groups hold exactly its parameters: %s", name)
+		}
+	}
+}
+
+func TestFingerprintStable(t *testing.T) {
+	res := load(t, "../recipes/llama4-3bx128e.toml")
+	a, b := compile(t, &res.Recipe), compile(t, &res.Recipe)
+	assert.Equal(t, a.Fingerprint, b.Fingerprint)
+	assert.Regexp(t, `^sha256:[0-9a-f]{64}$`, a.Fingerprint)
+	r := res.Recipe
+	r.Parallel.ExpertParallel = 2
+	assert.NotEqual(t, a.Fingerprint, compile(t, &r).Fingerprint)
+	r.Parallel.ExpertParallel = 4
+	r.Train.LR *= 2 // the learning rate does not change the layout
+	assert.Equal(t, a.Fingerprint, compile(t, &r).Fingerprint)
+}
+
+func TestCheck(t *testing.T) {
+	// Does not fit: llama-1b on A100s with a large micro batch; the help lists
+	// changes that fit with their predicted memory.
+	res, diags := config.Load("../recipes/llama-1b.toml", config.Options{Flags: []config.FlagValue{{Name: "device-profile", Value: "a100-80gb"}, {Name: "micro-batch-size", Value: "16"}, {Name: "world-size", Value: "16"}}})
+	require.False(t, diags.HasErrors(), "%v", diags)
+	p, ds := Check(res)
+	require.NotNil(t, p)
+	require.Len(t, ds, 1)
+	assert.Equal(t, "SL501", ds[0].Code)
+	assert.Equal(t, "flag --micro-batch-size", ds[0].Location())
+	assert.Contains(t, ds[0].Message, "logits")
+	assert.Contains(t, ds[0].Help, `activation_checkpoint.mode = "full"`)
+
+	// Cannot compile: vocabulary not divisible by tp.
+	res, diags = config.Load("../recipes/tiny.toml", config.Options{Sets: []string{"model.vocab_size=257", "parallel.world_size=2", "parallel.tensor_parallel=2"}})
+	require.False(t, diags.HasErrors(), "%v", diags)
+	p, ds = Check(res)
+	assert.Nil(t, p)
+	require.Len(t, ds, 1)
+	assert.Equal(t, "SL502", ds[0].Code)
+	assert.Equal(t, "parallel.tensor_parallel", ds[0].Key)
+
+	// Large model without meta-device init.
+	res, diags = config.Load("../recipes/llama4-3bx128e.toml", config.Options{Sets: []string{"fsdp.init_model_with_meta_device=false"}})
+	require.False(t, diags.HasErrors(), "%v", diags)
+	_, ds = Check(res)
+	require.Len(t, ds, 1)
+	assert.Equal(t, "SL112", ds[0].Code)
+	assert.Equal(t, config.SevWarning, ds[0].Severity)
+	assert.Equal(t, "flag --set fsdp.init_model_with_meta_device", ds[0].Location())
+}
+
+// TestStrategiesCommunicate checks who talks when, per Megatron-FSDP's table.
+func TestStrategiesCommunicate(t *testing.T) {
+	kinds := func(p *Plan) map[string]int64 {
+		out := map[string]int64{}
+		for _, c := range p.Collectives {
+			out[string(c.Axis)+" "+c.Kind+" "+c.What] += c.Calls
+		}
+		return out
+	}
+	base := []string{"parallel.world_size=4", "train.global_batch_size=128"} // 2 micro-batches
+	units := int64(6)
+	for _, tc := range []struct {
+		strategy string
+		want     map[string]int64
+	}{
+		{"no_shard", map[string]int64{"dp_cp all_reduce grads": units}},
+		{"optim", map[string]int64{"dp_cp reduce_scatter grads": units, "dp_cp all_gather updated params": units}},
+		{"optim_grads", map[string]int64{"dp_cp reduce_scatter grads": 2 * units, "dp_cp all_gather updated params": units}},
+		{"optim_grads_params", map[string]int64{"dp_cp all_gather params fwd": 2 * units, "dp_cp all_gather params bwd": 2 * units, "dp_cp reduce_scatter grads": 2 * units}},
+	} {
+		p := compile(t, &load(t, "../recipes/tiny.toml", append(base, "fsdp.data_parallel_sharding_strategy="+tc.strategy)...).Recipe)
+		assert.Equal(t, tc.want, kinds(p), tc.strategy)
+	}
+}
