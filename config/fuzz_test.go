@@ -2,10 +2,10 @@ package config
 
 import (
 	"fmt"
-	"time"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // FuzzLoadLint feeds arbitrary bytes to the loader and linter: nothing may panic,

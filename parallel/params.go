@@ -37,6 +37,9 @@ type Param struct {
 	NoDecay bool
 	// TPSplit says which dim tensor parallelism splits (-1: replicated over tp).
 	TPSplit int
+	// Unit is the FSDP unit (index into Plan.Units) holding the parameter; set by
+	// Compile. An expert a rank does not hold has the unit of its twin on ep rank 0.
+	Unit int
 }
 
 // Module is one module instance: its kind and path ("layers.3.attn").

@@ -39,11 +39,14 @@ type Plan struct {
 	// (recompute included).
 	ModelFLOPs, ExecFLOPs float64
 	ComputeS              float64
-	ExposedCommS          float64
-	StepTimeS             float64
-	TokensPerSPerDevice   float64
-	MFU                   float64
-	Fingerprint           string
+	// OptimizerS is the optimizer step, memory-bound: every owned element's main
+	// weight, moments and gradient read and written once, at HBM bandwidth.
+	OptimizerS          float64
+	ExposedCommS        float64
+	StepTimeS           float64
+	TokensPerSPerDevice float64
+	MFU                 float64
+	Fingerprint         string
 }
 
 // Compile turns a recipe and a topology into a Plan. It is pure: no device, no I/O.
@@ -78,7 +81,15 @@ func Compile(r *config.Recipe, topo Topology) (*Plan, error) {
 	if p.MicroBatches < 1 {
 		return nil, &KeyError{Key: "train.global_batch_size", Msg: fmt.Sprintf("global batch %d is smaller than micro batch × dp = %d", r.Train.GlobalBatchSize, int64(r.Train.MicroBatchSize)*dp)}
 	}
+	for gi := range groups {
+		for _, e := range groups[gi].Entries {
+			ps[e.Param].Unit = groups[gi].Unit
+		}
+	}
 	p.memory(r, d)
+	// Owned elements: the main weights and moments this rank updates.
+	owned := (p.Memory.OptimizerState / d.optim)
+	p.OptimizerS = float64(2*owned*(d.main+d.optim+d.grad+d.compute)) / topo.Device.HBMBandwidth
 	p.Collectives = append(fsdpCollectives(r, groups, m, int64(p.MicroBatches), d), modelCollectives(r, m, tokensOf(r, m), int64(p.MicroBatches), d)...)
 	p.Comm = summarize(p.Collectives, m, topo)
 	p.timing(r)
@@ -173,7 +184,7 @@ func (p *Plan) timing(r *config.Recipe) {
 		overlappable += c.OverlapS
 	}
 	p.ExposedCommS = exposed + math.Max(0, overlappable-p.ComputeS)
-	p.StepTimeS = p.ComputeS + p.ExposedCommS
+	p.StepTimeS = p.ComputeS + p.OptimizerS + p.ExposedCommS
 	p.TokensPerSPerDevice = tokens / p.StepTimeS / float64(p.Mesh.World)
 	p.MFU = p.ModelFLOPs / float64(p.Mesh.World) / (p.StepTimeS * dev.PeakFLOPS)
 }

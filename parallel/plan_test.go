@@ -93,6 +93,9 @@ func TestTinyByHand(t *testing.T) {
 	assert.EqualValues(t, total, p.ParamsTotal)
 	assert.EqualValues(t, 0, p.Padding)
 	assert.Equal(t, 6, len(p.Units))
+	assert.Equal(t, "embed", p.Units[p.Params[0].Unit].Name)
+	assert.Equal(t, "layers.2", p.Units[p.Params[1+2*9+3].Unit].Name, "layers.2.attn.wv (9 rows per dense layer)")
+	assert.Equal(t, "output", p.Units[p.Params[len(p.Params)-1].Unit].Name)
 	m := p.Memory
 	assert.EqualValues(t, shard*4, m.Weights, "fp32 weight shard")
 	assert.EqualValues(t, 0, m.MainWeights, "fp32 compute: the weights are the main weights")
@@ -298,4 +301,24 @@ func TestStrategiesCommunicate(t *testing.T) {
 		p := compile(t, &load(t, "../recipes/tiny.toml", append(base, "fsdp.data_parallel_sharding_strategy="+tc.strategy)...).Recipe)
 		assert.Equal(t, tc.want, kinds(p), tc.strategy)
 	}
+}
+
+// TestMoETokensByHand checks the routed-token counts and dispatch buffers for
+// moe-tiny at 8 ranks, EP 4: 16×128 = 2,048 local tokens, top-2.
+func TestMoETokensByHand(t *testing.T) {
+	res := load(t, "../recipes/moe-tiny.toml", "parallel.world_size=8", "parallel.expert_parallel=4", "train.global_batch_size=128")
+	m := compile(t, &res.Recipe).Mesh
+	tk := tokensOf(&res.Recipe, m)
+	assert.EqualValues(t, 2048, tk.local)
+	assert.EqualValues(t, 2048*2, tk.routed, "balanced: each rank receives what it sends, local × top_k")
+	assert.EqualValues(t, 4*2048*2, tk.worst, "every ep rank's copies land here: ep × local × min(top_k, E/ep = 2)")
+	d := dtypesOf(&res.Recipe)
+	exp, worst := dispatchBytes(&res.Recipe, tk, d)
+	assert.EqualValues(t, 2*4096*128*4, exp, "send + receive buffers of T×h fp32")
+	assert.EqualValues(t, 2*16384*128*4, worst)
+
+	res = load(t, "../recipes/moe-tiny.toml", "parallel.world_size=8", "parallel.expert_parallel=4", "train.global_batch_size=128", "model.moe.capacity_factor=1.25")
+	tk = tokensOf(&res.Recipe, m)
+	assert.EqualValues(t, 5120, tk.routed, "capacity 1.25 × 4,096")
+	assert.EqualValues(t, 5120, tk.worst, "a capacity factor bounds the worst case too")
 }

@@ -21,6 +21,9 @@ type DeviceProfile struct {
 	PeakFLOPS float64
 	// Achievable is the fraction of PeakFLOPS large matmuls reach in practice.
 	Achievable float64
+	// HBMBandwidth is device memory bandwidth in bytes/s; memory-bound work (the
+	// optimizer step) is timed against it.
+	HBMBandwidth float64
 	// IntraNodeBW and InterNodeBW are per-rank bus bandwidths in bytes/s for groups
 	// inside one node and groups spanning nodes.
 	IntraNodeBW float64
@@ -29,16 +32,17 @@ type DeviceProfile struct {
 
 // Profiles are the shipped device profiles. Sources: NVIDIA data sheets for dense
 // bf16 peak and memory; NVLink per-direction bandwidth per GPU (A100 NVLink3 300 GB/s,
-// H100/H200 NVLink4 450 GB/s); one 200 Gb/s (A100, HDR) or 400 Gb/s (H100/H200, NDR)
+// H100/H200 NVLink4 450 GB/s); HBM 2.0 TB/s (A100 80GB), 3.35 TB/s (H100 SXM), 4.8 TB/s
+// (H200); one 200 Gb/s (A100, HDR) or 400 Gb/s (H100/H200, NDR)
 // NIC per GPU across nodes. Achievable fractions: 0.8 is the 798 of 989 TFLOP/s
 // measured for a large bf16 GEMM on our H100 (shared/GPU.md); the A100 and H200 use
 // the same fraction. The CPU profile is this project's two-core machine, 24 GiB; its
 // FLOP/s and in-process copy bandwidth are nominal until the trainer measures them.
 var Profiles = map[string]DeviceProfile{
-	"cpu":        {Name: "cpu", MemoryBytes: 24 * GiB, PeakFLOPS: 400e9, Achievable: 0.4, IntraNodeBW: 8e9, InterNodeBW: 1e9},
-	"a100-80gb":  {Name: "a100-80gb", MemoryBytes: 80 * GiB, PeakFLOPS: 312e12, Achievable: 0.8, IntraNodeBW: 300e9, InterNodeBW: 25e9},
-	"h100-80gb":  {Name: "h100-80gb", MemoryBytes: 81559 << 20, PeakFLOPS: 989e12, Achievable: 0.8, IntraNodeBW: 450e9, InterNodeBW: 50e9},
-	"h200-141gb": {Name: "h200-141gb", MemoryBytes: 143771 << 20, PeakFLOPS: 989e12, Achievable: 0.8, IntraNodeBW: 450e9, InterNodeBW: 50e9},
+	"cpu":        {Name: "cpu", MemoryBytes: 24 * GiB, PeakFLOPS: 400e9, Achievable: 0.4, HBMBandwidth: 20e9, IntraNodeBW: 8e9, InterNodeBW: 1e9},
+	"a100-80gb":  {Name: "a100-80gb", MemoryBytes: 80 * GiB, PeakFLOPS: 312e12, Achievable: 0.8, HBMBandwidth: 2.0e12, IntraNodeBW: 300e9, InterNodeBW: 25e9},
+	"h100-80gb":  {Name: "h100-80gb", MemoryBytes: 81559 << 20, PeakFLOPS: 989e12, Achievable: 0.8, HBMBandwidth: 3.35e12, IntraNodeBW: 450e9, InterNodeBW: 50e9},
+	"h200-141gb": {Name: "h200-141gb", MemoryBytes: 143771 << 20, PeakFLOPS: 989e12, Achievable: 0.8, HBMBandwidth: 4.8e12, IntraNodeBW: 450e9, InterNodeBW: 50e9},
 }
 
 // ProfileNames lists the profiles, sorted.

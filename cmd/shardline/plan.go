@@ -221,6 +221,7 @@ func writeSweep(a *app, key string, values []string, plans []*parallel.Plan) err
 		})
 	}
 	row("compute", func(p *parallel.Plan) string { return fmt.Sprintf("%.1f ms", p.ComputeS*1e3) })
+	row("optimizer step", func(p *parallel.Plan) string { return fmt.Sprintf("%.1f ms", p.OptimizerS*1e3) })
 	row("exposed comm", func(p *parallel.Plan) string { return fmt.Sprintf("%.1f ms", p.ExposedCommS*1e3) })
 	row("step time", func(p *parallel.Plan) string { return fmt.Sprintf("%.1f ms", p.StepTimeS*1e3) })
 	row("tokens/s per device", func(p *parallel.Plan) string { return fmt.Sprintf("%.0f", p.TokensPerSPerDevice) })
