@@ -1,28 +1,23 @@
 package config
 
 import (
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 )
 
 // lintString loads src as x.toml (in a temp dir holding extra files) and lints it when
 // it loads cleanly.
 func lintString(t *testing.T, src string, opts Options, files map[string]string) Diagnostics {
 	t.Helper()
-	dir := t.TempDir()
+	all := map[string]string{"x.toml": src}
 	for name, body := range files {
-		p := filepath.Join(dir, name)
-		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
-		require.NoError(t, os.WriteFile(p, []byte(body), 0o644))
+		all[name] = body
 	}
-	path := filepath.Join(dir, "x.toml")
-	require.NoError(t, os.WriteFile(path, []byte(src), 0o644))
-	res, diags := Load(path, opts)
+	dir := writeFiles(t, all)
+	res, diags := Load(filepath.Join(dir, "x.toml"), opts)
 	if res != nil && !diags.HasErrors() {
 		diags = append(diags, Lint(res, opts.Env)...)
 	}

@@ -173,21 +173,9 @@ type JSONPlan struct {
 		Active  int64 `json:"active"`
 		Padding int64 `json:"padding"`
 	} `json:"parameters"`
-	MicroBatches int `json:"micro_batches"`
-	Units        []struct {
-		Name   string `json:"name"`
-		Kind   string `json:"kind"`
-		Groups []struct {
-			Expert  bool   `json:"expert"`
-			Group   Axis   `json:"group"`
-			Shards  int    `json:"shards"`
-			Numel   int64  `json:"numel"`
-			Padded  int64  `json:"padded"`
-			Padding int64  `json:"padding"`
-			Dtype   string `json:"dtype"`
-		} `json:"groups"`
-	} `json:"units"`
-	Memory struct {
+	MicroBatches int        `json:"micro_batches"`
+	Units        []JSONUnit `json:"units"`
+	Memory       struct {
 		Memory
 		Device         int64 `json:"device"`
 		Fits           bool  `json:"fits"`
@@ -202,6 +190,24 @@ type JSONPlan struct {
 	TokensPerS    float64           `json:"tokens_per_s_per_device"`
 	MFU           float64           `json:"mfu"`
 	Rank          *JSONRank         `json:"rank,omitempty"`
+}
+
+// JSONUnit is one FSDP unit and its groups.
+type JSONUnit struct {
+	Name   string      `json:"name"`
+	Kind   string      `json:"kind"`
+	Groups []JSONGroup `json:"groups"`
+}
+
+// JSONGroup is one parameter group's buffer.
+type JSONGroup struct {
+	Expert  bool   `json:"expert"`
+	Group   Axis   `json:"group"`
+	Shards  int    `json:"shards"`
+	Numel   int64  `json:"numel"`
+	Padded  int64  `json:"padded"`
+	Padding int64  `json:"padding"`
+	Dtype   string `json:"dtype"`
 }
 
 // JSONRank is one rank's coordinates and groups.
@@ -225,30 +231,10 @@ func (p *Plan) JSON(rank int) (*JSONPlan, error) {
 	j.Mesh.TP, j.Mesh.CP, j.Mesh.DP, j.Mesh.PP, j.Mesh.ETP, j.Mesh.EP, j.Mesh.EDP = m.TP, m.CP, m.DP, m.PP, m.ETP, m.EP, m.EDP
 	j.Parameters.Total, j.Parameters.Active, j.Parameters.Padding = p.ParamsTotal, p.ParamsActive, p.Padding
 	for _, u := range p.Units {
-		ju := struct {
-			Name   string `json:"name"`
-			Kind   string `json:"kind"`
-			Groups []struct {
-				Expert  bool   `json:"expert"`
-				Group   Axis   `json:"group"`
-				Shards  int    `json:"shards"`
-				Numel   int64  `json:"numel"`
-				Padded  int64  `json:"padded"`
-				Padding int64  `json:"padding"`
-				Dtype   string `json:"dtype"`
-			} `json:"groups"`
-		}{Name: u.Name, Kind: u.Kind}
+		ju := JSONUnit{Name: u.Name, Kind: u.Kind}
 		for _, gi := range u.Groups {
 			g := &p.Groups[gi]
-			ju.Groups = append(ju.Groups, struct {
-				Expert  bool   `json:"expert"`
-				Group   Axis   `json:"group"`
-				Shards  int    `json:"shards"`
-				Numel   int64  `json:"numel"`
-				Padded  int64  `json:"padded"`
-				Padding int64  `json:"padding"`
-				Dtype   string `json:"dtype"`
-			}{g.Expert, g.Axis, g.Shards, g.Numel, g.Padded, g.AlignPad + g.TailPad, g.Dtype})
+			ju.Groups = append(ju.Groups, JSONGroup{g.Expert, g.Axis, g.Shards, g.Numel, g.Padded, g.AlignPad + g.TailPad, g.Dtype})
 		}
 		j.Units = append(j.Units, ju)
 	}

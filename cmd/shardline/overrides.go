@@ -122,6 +122,23 @@ func (a *app) loadRecipe(path string, rf *recipeFlags) (*config.Resolved, config
 	return res, diags, nil
 }
 
+// loadClean loads and lints a recipe for a command that needs it error-free: errors
+// are printed to standard error and end the command with exit code 1; warnings and
+// notes are printed there too, and the command goes on.
+func (a *app) loadClean(path string, rf *recipeFlags) (*config.Resolved, error) {
+	res, diags, err := a.loadRecipe(path, rf)
+	if err != nil {
+		return nil, err
+	}
+	if len(diags) > 0 {
+		_ = config.RenderText(a.stderr, diags, sourcesOf(res))
+	}
+	if diags.HasErrors() {
+		return nil, &exitError{code: exitFindings}
+	}
+	return res, nil
+}
+
 func sourcesOf(res *config.Resolved) map[string][]byte {
 	if res == nil {
 		return nil

@@ -72,16 +72,9 @@ tokens/s per device and MFU. Nothing touches a device.
 		if sweep != "" {
 			return a.sweep(args[0], sweep, rf)
 		}
-		res, diags, err := a.loadRecipe(args[0], rf)
+		res, err := a.loadClean(args[0], rf)
 		if err != nil {
 			return err
-		}
-		if diags.HasErrors() {
-			_ = config.RenderText(a.stderr, diags, sourcesOf(res))
-			return &exitError{code: exitFindings}
-		}
-		if len(diags) > 0 {
-			_ = config.RenderText(a.stderr, diags, sourcesOf(res))
 		}
 		p, _ := parallel.Check(res) // the check's findings are already in diags
 		if p == nil {

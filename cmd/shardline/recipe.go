@@ -32,13 +32,9 @@ Errors go to standard error and nothing is printed (exit 1).`,
 	}
 	rf := addRecipeFlags(cmd)
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
-		res, diags, err := a.loadRecipe(args[0], rf)
+		res, err := a.loadClean(args[0], rf)
 		if err != nil {
 			return err
-		}
-		if diags.HasErrors() {
-			_ = config.RenderText(a.stderr, diags, sourcesOf(res))
-			return &exitError{code: exitFindings}
 		}
 		out, _, err := config.ResolvedTOML(&res.Recipe)
 		if err != nil {
