@@ -1,0 +1,138 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"math/rand"
+	"testing"
+)
+
+// refGemm is the float64 reference: C = alpha·op(A)·op(B) + beta·C.
+func refGemm(transA, transB bool, M, N, K int, alpha float32, A []float32, lda int, B []float32, ldb int, beta float32, C []float32, ldc int) []float64 {
+	out := make([]float64, M*ldc)
+	for i := 0; i < M; i++ {
+		for j := 0; j < N; j++ {
+			var s float64
+			for p := 0; p < K; p++ {
+				ai, bi := i*lda+p, p*ldb+j
+				if transA {
+					ai = p*lda + i
+				}
+				if transB {
+					bi = j*ldb + p
+				}
+				a, b := A[ai], B[bi]
+				s += float64(a) * float64(b)
+			}
+			out[i*ldc+j] = float64(alpha)*s + float64(beta)*float64(C[i*ldc+j])
+		}
+	}
+	return out
+}
+
+func randSlice(r *rand.Rand, n int) []float32 {
+	s := make([]float32, n)
+	for i := range s {
+		s[i] = float32(r.NormFloat64())
+	}
+	return s
+}
+
+// TestSgemm compares with the float64 reference. Tolerance: each output is a sum of
+// K products of unit normals, accumulated in fp32 in a different order; the error
+// bound grows like sqrt(K)·eps·|terms|, so 1e-5·(1+sqrt(K))·scale is generous
+// without hiding a wrong index (which would be off by O(1)).
+func TestSgemm(t *testing.T) {
+	r := rand.New(rand.NewSource(1))
+	shapes := [][3]int{{1, 1, 1}, {6, 32, 1}, {7, 33, 5}, {13, 70, 300}, {768, 384, 128}, {128, 768, 384}, {5, 3, 700}, {100, 1, 64}, {2, 3100, 17}}
+	for _, s := range shapes {
+		for _, tA := range []bool{false, true} {
+			for _, tB := range []bool{false, true} {
+				for _, ab := range [][2]float32{{1, 0}, {1, 1}, {0.5, -2}} {
+					M, N, K := s[0], s[1], s[2]
+					name := fmt.Sprintf("%dx%dx%d/tA=%v/tB=%v/a=%v/b=%v", M, N, K, tA, tB, ab[0], ab[1])
+					lda, ldb, ldc := K+3, N+1, N+2
+					if tA {
+						lda = M + 3
+					}
+					if tB {
+						ldb = K + 1
+					}
+					rowsA, rowsB := M, K
+					if tA {
+						rowsA = K
+					}
+					if tB {
+						rowsB = N
+					}
+					A, B, C := randSlice(r, rowsA*lda), randSlice(r, rowsB*ldb), randSlice(r, M*ldc)
+					want := refGemm(tA, tB, M, N, K, ab[0], A, lda, B, ldb, ab[1], C, ldc)
+					Sgemm(tA, tB, M, N, K, ab[0], A, lda, B, ldb, ab[1], C, ldc)
+					tol := 1e-5 * (1 + math.Sqrt(float64(K))) * 4
+					for i := 0; i < M; i++ {
+						for j := 0; j < ldc; j++ {
+							got := float64(C[i*ldc+j])
+							if j >= N {
+								continue // padding columns are not part of C
+							}
+							if math.Abs(got-want[i*ldc+j]) > tol*(1+math.Abs(want[i*ldc+j])) {
+								t.Fatalf("%s: C[%d,%d] = %v, want %v (kernel %s)", name, i, j, got, want[i*ldc+j], KernelName())
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestKernelsAgree runs the assembly and Go micro-kernels on the same panels.
+func TestKernelsAgree(t *testing.T) {
+	r := rand.New(rand.NewSource(2))
+	for _, k := range []int{1, 2, 7, 256} {
+		a, b := randSlice(r, k*mr), randSlice(r, k*nr)
+		c1, c2 := randSlice(r, mr*40), make([]float32, mr*40)
+		copy(c2, c1)
+		kernel(k, a, b, c1, 40)
+		kernelGo(k, a, b, c2, 40)
+		for i := range c1 {
+			if d := math.Abs(float64(c1[i] - c2[i])); d > 1e-4*(1+math.Abs(float64(c2[i]))) {
+				t.Fatalf("k=%d: element %d: %s %v, go %v", k, i, KernelName(), c1[i], c2[i])
+			}
+		}
+	}
+}
+
+// BenchmarkSgemm runs the GEMMs of one training step of the nanoGPT
+// Shakespeare-char shape (B·T = 12·64 = 768 tokens, C = 128, FFN 512) and a 1024³
+// square, reporting GFLOP/s. make bench compares them with OpenBLAS and PyTorch.
+func BenchmarkSgemm(b *testing.B) {
+	for _, s := range []struct {
+		name    string
+		M, N, K int
+		tA, tB  bool
+	}{
+		{"fwd_768x384x128", 768, 384, 128, false, true},
+		{"fwd_768x512x128", 768, 512, 128, false, true},
+		{"dinp_768x128x512", 768, 128, 512, false, false},
+		{"dw_512x128x768", 512, 128, 768, true, false},
+		{"square_1024", 1024, 1024, 1024, false, false},
+	} {
+		b.Run(s.name, func(b *testing.B) {
+			r := rand.New(rand.NewSource(3))
+			A, B, C := randSlice(r, s.M*s.K), randSlice(r, s.K*s.N), make([]float32, s.M*s.N)
+			lda, ldb := s.K, s.N
+			if s.tA {
+				lda = s.M
+			}
+			if s.tB {
+				ldb = s.K
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				Sgemm(s.tA, s.tB, s.M, s.N, s.K, 1, A, lda, B, ldb, 0, C, s.N)
+			}
+			b.ReportMetric(2*float64(s.M*s.N*s.K)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+	}
+}

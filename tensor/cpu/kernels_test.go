@@ -1,0 +1,202 @@
+package cpu
+
+import (
+	"math"
+	"math/rand"
+	"testing"
+)
+
+// Gradient checks run every kernel in float64 and compare its backward with
+// central finite differences of L = Σ out·R for a random R. With h = 1e-6 the
+// truncation error is O(h²) ≈ 1e-12 and rounding O(ε/h) ≈ 1e-10, so a relative
+// tolerance of 1e-6 separates a correct gradient from a wrong one (a bug is O(1)).
+
+func randF64(r *rand.Rand, n int) []float64 {
+	s := make([]float64, n)
+	for i := range s {
+		s[i] = r.NormFloat64()
+	}
+	return s
+}
+
+// checkGrads perturbs every element of every input and compares (L(x+h) − L(x−h))/2h
+// with the analytic gradient.
+func checkGrads(t *testing.T, name string, inputs map[string][]float64, grads map[string][]float64, loss func() float64) {
+	t.Helper()
+	const h = 1e-6
+	for in, x := range inputs {
+		g := grads[in]
+		for i := range x {
+			orig := x[i]
+			x[i] = orig + h
+			lp := loss()
+			x[i] = orig - h
+			lm := loss()
+			x[i] = orig
+			num := (lp - lm) / (2 * h)
+			if math.Abs(num-g[i]) > 1e-6*(1+math.Abs(num)) {
+				t.Fatalf("%s: d/d%s[%d]: analytic %.10g, numeric %.10g", name, in, i, g[i], num)
+			}
+		}
+	}
+}
+
+func dot(a, b []float64) float64 {
+	var s float64
+	for i := range a {
+		s += a[i] * b[i]
+	}
+	return s
+}
+
+func TestMatmulGrad(t *testing.T) {
+	r := rand.New(rand.NewSource(1))
+	BT, C, OC := 5, 7, 3
+	inp, w, R := randF64(r, BT*C), randF64(r, OC*C), randF64(r, BT*OC)
+	out := make([]float64, BT*OC)
+	loss := func() float64 { Matmul(out, inp, w, BT, C, OC, false); return dot(out, R) }
+	dinp, dw := make([]float64, BT*C), make([]float64, OC*C)
+	MatmulBackward(dinp, dw, R, inp, w, BT, C, OC)
+	checkGrads(t, "matmul", map[string][]float64{"inp": inp, "w": w}, map[string][]float64{"inp": dinp, "w": dw}, loss)
+}
+
+func TestEmbeddingGrad(t *testing.T) {
+	r := rand.New(rand.NewSource(2))
+	BT, C, V := 6, 4, 5
+	tokens := []int32{0, 3, 3, 4, 1, 0}
+	wte, R := randF64(r, V*C), randF64(r, BT*C)
+	out := make([]float64, BT*C)
+	loss := func() float64 { Embedding(out, tokens, wte, BT, C); return dot(out, R) }
+	dwte := make([]float64, V*C)
+	EmbeddingBackward(dwte, R, tokens, BT, C)
+	checkGrads(t, "embedding", map[string][]float64{"wte": wte}, map[string][]float64{"wte": dwte}, loss)
+}
+
+func TestRMSNormGrad(t *testing.T) {
+	r := rand.New(rand.NewSource(3))
+	BT, C := 4, 8
+	inp, w, R := randF64(r, BT*C), randF64(r, C), randF64(r, BT*C)
+	out, rstd := make([]float64, BT*C), make([]float64, BT)
+	loss := func() float64 { RMSNorm(out, rstd, inp, w, BT, C, 1e-5); return dot(out, R) }
+	loss()
+	dinp, dw := make([]float64, BT*C), make([]float64, C)
+	RMSNormBackward(dinp, dw, R, inp, w, rstd, BT, C)
+	checkGrads(t, "rmsnorm", map[string][]float64{"inp": inp, "w": w}, map[string][]float64{"inp": dinp, "w": dw}, loss)
+}
+
+func TestRopeGrad(t *testing.T) {
+	r := rand.New(rand.NewSource(4))
+	B, T, NH, HD := 2, 5, 3, 8
+	x, R := randF64(r, B*T*NH*HD), randF64(r, B*T*NH*HD)
+	cos, sin := make([]float64, T*HD/2), make([]float64, T*HD/2)
+	RopeTables(cos, sin, T, HD, 10000)
+	out := make([]float64, len(x))
+	loss := func() float64 { copy(out, x); Rope(out, cos, sin, B, T, NH, HD); return dot(out, R) }
+	dx := append([]float64(nil), R...)
+	RopeBackward(dx, cos, sin, B, T, NH, HD)
+	checkGrads(t, "rope", map[string][]float64{"x": x}, map[string][]float64{"x": dx}, loss)
+	// Position 0 is not rotated; the rotation preserves norms.
+	copy(out, x)
+	Rope(out, cos, sin, B, T, NH, HD)
+	for i := 0; i < NH*HD; i++ {
+		if out[i] != x[i] {
+			t.Fatalf("rope moved position 0")
+		}
+	}
+}
+
+func TestAttentionGrad(t *testing.T) {
+	r := rand.New(rand.NewSource(5))
+	for _, shape := range [][5]int{{2, 5, 4, 2, 4}, {1, 6, 2, 2, 6}, {1, 3, 3, 1, 2}} {
+		B, T, NH, NKV, HD := shape[0], shape[1], shape[2], shape[3], shape[4]
+		q, k, v := randF64(r, B*T*NH*HD), randF64(r, B*T*NKV*HD), randF64(r, B*T*NKV*HD)
+		R := randF64(r, B*T*NH*HD)
+		out, att := make([]float64, len(q)), make([]float64, B*NH*T*T)
+		loss := func() float64 { Attention(out, att, q, k, v, B, T, NH, NKV, HD); return dot(out, R) }
+		loss()
+		dq, dk, dv := make([]float64, len(q)), make([]float64, len(k)), make([]float64, len(v))
+		AttentionBackward(dq, dk, dv, R, att, q, k, v, B, T, NH, NKV, HD)
+		checkGrads(t, "attention", map[string][]float64{"q": q, "k": k, "v": v}, map[string][]float64{"q": dq, "k": dk, "v": dv}, loss)
+	}
+}
+
+func TestAttentionIsCausal(t *testing.T) {
+	r := rand.New(rand.NewSource(6))
+	B, T, NH, HD := 1, 6, 2, 4
+	q, k, v := randF64(r, T*NH*HD), randF64(r, T*NH*HD), randF64(r, T*NH*HD)
+	out1, att := make([]float64, len(q)), make([]float64, NH*T*T)
+	Attention(out1, att, q, k, v, B, T, NH, NH, HD)
+	// Changing the last position's key and value changes no earlier output.
+	for i := (T - 1) * NH * HD; i < len(k); i++ {
+		k[i], v[i] = k[i]+1, v[i]-1
+	}
+	out2 := make([]float64, len(q))
+	Attention(out2, att, q, k, v, B, T, NH, NH, HD)
+	for i := 0; i < (T-1)*NH*HD; i++ {
+		if out1[i] != out2[i] {
+			t.Fatalf("output %d saw the future", i)
+		}
+	}
+}
+
+func TestSwiGLUGrad(t *testing.T) {
+	r := rand.New(rand.NewSource(7))
+	n := 20
+	g, u, R := randF64(r, n), randF64(r, n), randF64(r, n)
+	out := make([]float64, n)
+	loss := func() float64 { SwiGLU(out, g, u, n); return dot(out, R) }
+	dg, du := make([]float64, n), make([]float64, n)
+	SwiGLUBackward(dg, du, R, g, u, n)
+	checkGrads(t, "swiglu", map[string][]float64{"gate": g, "up": u}, map[string][]float64{"gate": dg, "up": du}, loss)
+}
+
+func TestCrossEntropyGrad(t *testing.T) {
+	r := rand.New(rand.NewSource(8))
+	BT, V := 5, 7
+	logits, dloss := randF64(r, BT*V), randF64(r, BT)
+	targets := []int32{1, 0, 6, -1, 3}
+	losses, probs := make([]float64, BT), make([]float64, BT*V)
+	loss := func() float64 { CrossEntropy(losses, probs, logits, targets, BT, V); return dot(losses, dloss) }
+	loss()
+	dlogits := make([]float64, BT*V)
+	CrossEntropyBackward(dlogits, dloss, probs, targets, BT, V)
+	checkGrads(t, "cross-entropy", map[string][]float64{"logits": logits}, map[string][]float64{"logits": dlogits}, loss)
+	if losses[3] != 0 {
+		t.Fatalf("ignored target has loss %v", losses[3])
+	}
+}
+
+// TestFloat32MatchesFloat64 runs the float32 instantiations on the same inputs.
+// Tolerance 1e-4 relative: a handful of fp32 roundings (ε ≈ 6e-8) per output, over
+// sums of at most a few hundred terms.
+func TestFloat32MatchesFloat64(t *testing.T) {
+	r := rand.New(rand.NewSource(9))
+	B, T, NH, NKV, HD := 2, 16, 4, 2, 8
+	q64, k64, v64 := randF64(r, B*T*NH*HD), randF64(r, B*T*NKV*HD), randF64(r, B*T*NKV*HD)
+	f32 := func(x []float64) []float32 {
+		y := make([]float32, len(x))
+		for i, v := range x {
+			y[i] = float32(v)
+		}
+		return y
+	}
+	out64, att64 := make([]float64, len(q64)), make([]float64, B*NH*T*T)
+	Attention(out64, att64, q64, k64, v64, B, T, NH, NKV, HD)
+	out32, att32 := make([]float32, len(q64)), make([]float32, B*NH*T*T)
+	Attention(out32, att32, f32(q64), f32(k64), f32(v64), B, T, NH, NKV, HD)
+	for i := range out64 {
+		if math.Abs(float64(out32[i])-out64[i]) > 1e-4*(1+math.Abs(out64[i])) {
+			t.Fatalf("attention out[%d]: fp32 %v, fp64 %v", i, out32[i], out64[i])
+		}
+	}
+	BT, C := B*T, NH*HD
+	w := randF64(r, C*C)
+	m64, m32 := make([]float64, BT*C), make([]float32, BT*C)
+	Matmul(m64, q64, w, BT, C, C, false)
+	Matmul(m32, f32(q64), f32(w), BT, C, C, false)
+	for i := range m64 {
+		if math.Abs(float64(m32[i])-m64[i]) > 1e-4*(1+math.Abs(m64[i])) {
+			t.Fatalf("matmul out[%d]: fp32 %v, fp64 %v", i, m32[i], m64[i])
+		}
+	}
+}
