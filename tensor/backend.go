@@ -1,35 +1,42 @@
 package tensor
 
-// Backend is the kernel set of a Llama-style decoder, in float32. Argument order:
-// outputs, saved statistics, inputs, weights, sizes. Backward methods accumulate
-// (+=) into every gradient. Shapes: BT tokens, C channels, OC output channels, V
-// vocabulary, NH/NKV query/key-value heads, HD head size.
-type Backend interface {
+// Float is an element type kernels run in: float32 in training, float64 in the
+// gradient checks of whole models.
+type Float interface{ ~float32 | ~float64 }
+
+// Backend is the kernel set training runs: float32.
+type Backend = Kernels[float32]
+
+// Kernels is the kernel set of a Llama-style decoder over element type F. Argument
+// order: outputs, saved statistics, inputs, weights, sizes. Backward methods
+// accumulate (+=) into every gradient. Shapes: BT tokens, C channels, OC output
+// channels, V vocabulary, NH/NKV query/key-value heads, HD head size.
+type Kernels[F Float] interface {
 	// Name identifies the backend and its matmul kernel in logs.
 	Name() string
 
-	Matmul(out, inp, weight []float32, BT, C, OC int, accumulate bool)
-	MatmulBackward(dinp, dweight, dout, inp, weight []float32, BT, C, OC int)
+	Matmul(out, inp, weight []F, BT, C, OC int, accumulate bool)
+	MatmulBackward(dinp, dweight, dout, inp, weight []F, BT, C, OC int)
 
-	Embedding(out []float32, tokens []int32, wte []float32, BT, C int)
-	EmbeddingBackward(dwte, dout []float32, tokens []int32, BT, C int)
+	Embedding(out []F, tokens []int32, wte []F, BT, C int)
+	EmbeddingBackward(dwte, dout []F, tokens []int32, BT, C int)
 
-	RMSNorm(out, rstd, inp, weight []float32, BT, C int, eps float64)
-	RMSNormBackward(dinp, dweight, dout, inp, weight, rstd []float32, BT, C int)
+	RMSNorm(out, rstd, inp, weight []F, BT, C int, eps float64)
+	RMSNormBackward(dinp, dweight, dout, inp, weight, rstd []F, BT, C int)
 
-	RopeTables(cos, sin []float32, T, HD int, theta float64)
-	Rope(x, cos, sin []float32, B, T, NH, HD int)
-	RopeBackward(dx, cos, sin []float32, B, T, NH, HD int)
+	RopeTables(cos, sin []F, T, HD int, theta float64)
+	Rope(x, cos, sin []F, B, T, NH, HD int)
+	RopeBackward(dx, cos, sin []F, B, T, NH, HD int)
 
-	Attention(out, att, q, k, v []float32, B, T, NH, NKV, HD int)
-	AttentionBackward(dq, dk, dv, dout, att, q, k, v []float32, B, T, NH, NKV, HD int)
+	Attention(out, att, q, k, v []F, B, T, NH, NKV, HD int)
+	AttentionBackward(dq, dk, dv, dout, att, q, k, v []F, B, T, NH, NKV, HD int)
 
-	SwiGLU(out, gate, up []float32, n int)
-	SwiGLUBackward(dgate, dup, dout, gate, up []float32, n int)
+	SwiGLU(out, gate, up []F, n int)
+	SwiGLUBackward(dgate, dup, dout, gate, up []F, n int)
 
-	CrossEntropy(losses, probs, logits []float32, targets []int32, BT, V int)
-	CrossEntropyBackward(dlogits, dloss, probs []float32, targets []int32, BT, V int)
+	CrossEntropy(losses, probs, logits []F, targets []int32, BT, V int)
+	CrossEntropyBackward(dlogits, dloss, probs []F, targets []int32, BT, V int)
 
-	Add(out, a, b []float32, n int)
-	AddInto(dst, src []float32, n int)
+	Add(out, a, b []F, n int)
+	AddInto(dst, src []F, n int)
 }

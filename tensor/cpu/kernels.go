@@ -4,11 +4,13 @@ import (
 	"math"
 	"runtime"
 	"sync"
+
+	"github.com/shardline/shardline/tensor"
 )
 
 // Float is the element type of the kernels: float32 in training, float64 in the
 // gradient checks, which run the very same code.
-type Float interface{ ~float32 | ~float64 }
+type Float = tensor.Float
 
 // Shapes in comments: B batch, T time, C channels, V vocabulary, NH query heads,
 // NKV key/value heads, HD head size, OC output channels, F feed-forward width.

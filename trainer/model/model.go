@@ -1,0 +1,233 @@
+package model
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/tensor"
+)
+
+// layerParams are one dense layer's weight (or gradient) views.
+type layerParams[F tensor.Float] struct {
+	attnNorm, wq, wk, wv, wo, mlpNorm, w1, w3, w2 []F
+}
+
+// params are the views of every parameter, in the model's own terms.
+type params[F tensor.Float] struct {
+	embed, norm, output []F // output aliases embed when embeddings are tied
+	layers              []layerParams[F]
+}
+
+// acts are the activations of one forward pass kept for backward. Shapes per layer:
+// (BT,C) for residuals and norms, (BT,NH·HD) for q and the attention output,
+// (BT,NKV·HD) for k and v, (B,NH,T,T) for attention probabilities, (BT,F) for the
+// MLP's gate, up and product.
+type acts[F tensor.Float] struct {
+	resid, ln1, q, k, v, att, atty, mid, ln2, gate, up, sw [][]F
+	rstd1, rstd2                                             [][]F
+	final, lnf, rstdf, logits, probs, losses                 []F
+}
+
+// Model is a decoder bound to a batch shape (B sequences of T tokens).
+type Model[F tensor.Float] struct {
+	Cfg     config.Model
+	B, T    int
+	be      tensor.Kernels[F]
+	w, g    params[F]
+	a       acts[F]
+	cos     []F // RoPE tables (T, HD/2)
+	sin     []F
+	scratch struct{ dres, dx, dq, dk, dv, datty, dff1, dff2, dsw, dlogits, dloss []F }
+}
+
+// New binds a model to its parameter and gradient views: weights[i] and grads[i]
+// hold parameter table[i] whole (the trainer gathers sharded units before use).
+// The table must come from parallel.ParamTable with tp = etp = 1.
+func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights, grads [][]F, be tensor.Kernels[F], B, T int) (*Model[F], error) {
+	if cfg.MoE.NumExperts > 0 {
+		return nil, fmt.Errorf("model: mixture-of-experts layers are not implemented in the CPU trainer yet (model.moe.num_experts = %d); set it to 0", cfg.MoE.NumExperts)
+	}
+	if T > cfg.SeqLen {
+		return nil, fmt.Errorf("model: sequence of %d tokens is longer than model.seq_len (%d)", T, cfg.SeqLen)
+	}
+	m := &Model[F]{Cfg: cfg, B: B, T: T, be: be}
+	var err error
+	if m.w, err = bind(cfg, table, weights); err != nil {
+		return nil, err
+	}
+	if m.g, err = bind(cfg, table, grads); err != nil {
+		return nil, err
+	}
+	m.alloc()
+	return m, nil
+}
+
+func bind[F tensor.Float](cfg config.Model, table []parallel.Param, views [][]F) (params[F], error) {
+	var p params[F]
+	if len(views) != len(table) {
+		return p, fmt.Errorf("model: %d views for %d parameters", len(views), len(table))
+	}
+	byName := make(map[string][]F, len(table))
+	for i := range table {
+		if int64(len(views[i])) != table[i].LocalNumel() {
+			return p, fmt.Errorf("model: %s has %d elements, its view %d", table[i].Name, table[i].LocalNumel(), len(views[i]))
+		}
+		byName[table[i].Name] = views[i]
+	}
+	get := func(name string) []F { return byName[name] }
+	p.embed, p.norm = get("embed.weight"), get("norm.weight")
+	p.output = get("output.weight")
+	if cfg.TieEmbeddings {
+		p.output = p.embed
+	}
+	for l := 0; l < cfg.Layers; l++ {
+		pre := fmt.Sprintf("layers.%d.", l)
+		p.layers = append(p.layers, layerParams[F]{
+			attnNorm: get(pre + "attn_norm.weight"), wq: get(pre + "attn.wq"), wk: get(pre + "attn.wk"), wv: get(pre + "attn.wv"),
+			wo: get(pre + "attn.wo"), mlpNorm: get(pre + "mlp_norm.weight"), w1: get(pre + "mlp.w1"), w3: get(pre + "mlp.w3"), w2: get(pre + "mlp.w2"),
+		})
+	}
+	return p, nil
+}
+
+func (m *Model[F]) dims() (BT, C, NH, NKV, HD, FF, V int) {
+	c := m.Cfg
+	return m.B * m.T, c.Hidden, c.Heads, c.EffectiveKVHeads(), c.Hidden / c.Heads, c.FFNHidden, c.VocabSize
+}
+
+func (m *Model[F]) alloc() {
+	BT, C, NH, NKV, HD, FF, V := m.dims()
+	L := m.Cfg.Layers
+	mk := func(n int) [][]F {
+		out := make([][]F, L)
+		for i := range out {
+			out[i] = make([]F, n)
+		}
+		return out
+	}
+	a := &m.a
+	a.resid, a.ln1, a.mid, a.ln2 = mk(BT*C), mk(BT*C), mk(BT*C), mk(BT*C)
+	a.q, a.atty = mk(BT*NH*HD), mk(BT*NH*HD)
+	a.k, a.v = mk(BT*NKV*HD), mk(BT*NKV*HD)
+	a.att = mk(m.B * NH * m.T * m.T)
+	a.gate, a.up, a.sw = mk(BT*FF), mk(BT*FF), mk(BT*FF)
+	a.rstd1, a.rstd2 = mk(BT), mk(BT)
+	a.final, a.lnf, a.rstdf = make([]F, BT*C), make([]F, BT*C), make([]F, BT)
+	a.logits, a.probs, a.losses = make([]F, BT*V), make([]F, BT*V), make([]F, BT)
+	s := &m.scratch
+	s.dres, s.dx = make([]F, BT*C), make([]F, BT*C)
+	s.dq, s.datty = make([]F, BT*NH*HD), make([]F, BT*NH*HD)
+	s.dk, s.dv = make([]F, BT*NKV*HD), make([]F, BT*NKV*HD)
+	s.dff1, s.dff2, s.dsw = make([]F, BT*FF), make([]F, BT*FF), make([]F, BT*FF)
+	s.dlogits, s.dloss = make([]F, BT*V), make([]F, BT)
+	m.cos, m.sin = make([]F, m.T*HD/2), make([]F, m.T*HD/2)
+	m.be.RopeTables(m.cos, m.sin, m.T, HD, m.Cfg.RopeTheta)
+}
+
+// Forward runs the model on tokens (B·T) and, when targets is non-nil, the loss.
+// It returns the sum of the token losses and the number of tokens counted (targets
+// < 0 are ignored). Logits stay in Logits() for sampling.
+func (m *Model[F]) Forward(tokens, targets []int32) (lossSum float64, count int) {
+	be, a, w := m.be, &m.a, &m.w
+	BT, C, NH, NKV, HD, FF, V := m.dims()
+	eps := m.Cfg.NormEps
+	x := a.final
+	if len(w.layers) > 0 {
+		x = a.resid[0]
+	}
+	be.Embedding(x, tokens, w.embed, BT, C)
+	for l, lw := range w.layers {
+		be.RMSNorm(a.ln1[l], a.rstd1[l], x, lw.attnNorm, BT, C, eps)
+		be.Matmul(a.q[l], a.ln1[l], lw.wq, BT, C, NH*HD, false)
+		be.Matmul(a.k[l], a.ln1[l], lw.wk, BT, C, NKV*HD, false)
+		be.Matmul(a.v[l], a.ln1[l], lw.wv, BT, C, NKV*HD, false)
+		be.Rope(a.q[l], m.cos, m.sin, m.B, m.T, NH, HD)
+		be.Rope(a.k[l], m.cos, m.sin, m.B, m.T, NKV, HD)
+		be.Attention(a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.B, m.T, NH, NKV, HD)
+		copy(a.mid[l], x)
+		be.Matmul(a.mid[l], a.atty[l], lw.wo, BT, NH*HD, C, true) // mid = x + attention
+		be.RMSNorm(a.ln2[l], a.rstd2[l], a.mid[l], lw.mlpNorm, BT, C, eps)
+		be.Matmul(a.gate[l], a.ln2[l], lw.w1, BT, C, FF, false)
+		be.Matmul(a.up[l], a.ln2[l], lw.w3, BT, C, FF, false)
+		be.SwiGLU(a.sw[l], a.gate[l], a.up[l], BT*FF)
+		next := a.final
+		if l+1 < len(w.layers) {
+			next = a.resid[l+1]
+		}
+		copy(next, a.mid[l])
+		be.Matmul(next, a.sw[l], lw.w2, BT, FF, C, true) // next = mid + MLP
+		x = next
+	}
+	be.RMSNorm(a.lnf, a.rstdf, a.final, w.norm, BT, C, eps)
+	be.Matmul(a.logits, a.lnf, w.output, BT, C, V, false)
+	if targets == nil {
+		return 0, 0
+	}
+	be.CrossEntropy(a.losses, a.probs, a.logits, targets, BT, V)
+	for i, t := range targets {
+		if t >= 0 {
+			lossSum += float64(a.losses[i])
+			count++
+		}
+	}
+	return lossSum, count
+}
+
+// Logits returns the last forward pass's logits (B·T, V).
+func (m *Model[F]) Logits() []F { return m.a.logits }
+
+// Backward accumulates into the gradient views the gradient of scale · Σ token
+// losses of the last Forward (scale = 1/global token count gives the per-token
+// mean over the whole global batch). Forward must have run with the same targets.
+func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
+	be, a, w, g, s := m.be, &m.a, &m.w, &m.g, &m.scratch
+	BT, C, NH, NKV, HD, FF, V := m.dims()
+	for i := range s.dloss {
+		s.dloss[i] = F(scale)
+	}
+	clear(s.dlogits)
+	be.CrossEntropyBackward(s.dlogits, s.dloss, a.probs, targets, BT, V)
+	clear(s.dx)
+	be.MatmulBackward(s.dx, g.output, s.dlogits, a.lnf, w.output, BT, C, V)
+	dres := s.dres // gradient of the residual stream entering the current point
+	clear(dres)
+	be.RMSNormBackward(dres, g.norm, s.dx, a.final, w.norm, a.rstdf, BT, C)
+	for l := len(w.layers) - 1; l >= 0; l-- {
+		lw, lg := w.layers[l], g.layers[l]
+		// MLP: next = mid + w2·swiglu(w1·ln2, w3·ln2); dres flows to mid unchanged.
+		clear(s.dsw)
+		be.MatmulBackward(s.dsw, lg.w2, dres, a.sw[l], lw.w2, BT, FF, C)
+		clear(s.dff1)
+		clear(s.dff2)
+		be.SwiGLUBackward(s.dff1, s.dff2, s.dsw, a.gate[l], a.up[l], BT*FF)
+		clear(s.dx)
+		be.MatmulBackward(s.dx, lg.w1, s.dff1, a.ln2[l], lw.w1, BT, C, FF)
+		be.MatmulBackward(s.dx, lg.w3, s.dff2, a.ln2[l], lw.w3, BT, C, FF)
+		be.RMSNormBackward(dres, lg.mlpNorm, s.dx, a.mid[l], lw.mlpNorm, a.rstd2[l], BT, C)
+		// Attention: mid = x + wo·attention(rope(wq·ln1), rope(wk·ln1), wv·ln1).
+		clear(s.datty)
+		be.MatmulBackward(s.datty, lg.wo, dres, a.atty[l], lw.wo, BT, NH*HD, C)
+		clear(s.dq)
+		clear(s.dk)
+		clear(s.dv)
+		be.AttentionBackward(s.dq, s.dk, s.dv, s.datty, a.att[l], a.q[l], a.k[l], a.v[l], m.B, m.T, NH, NKV, HD)
+		be.RopeBackward(s.dq, m.cos, m.sin, m.B, m.T, NH, HD)
+		be.RopeBackward(s.dk, m.cos, m.sin, m.B, m.T, NKV, HD)
+		clear(s.dx)
+		be.MatmulBackward(s.dx, lg.wq, s.dq, a.ln1[l], lw.wq, BT, C, NH*HD)
+		be.MatmulBackward(s.dx, lg.wk, s.dk, a.ln1[l], lw.wk, BT, C, NKV*HD)
+		be.MatmulBackward(s.dx, lg.wv, s.dv, a.ln1[l], lw.wv, BT, C, NKV*HD)
+		be.RMSNormBackward(dres, lg.attnNorm, s.dx, a.resid[l], lw.attnNorm, a.rstd1[l], BT, C)
+	}
+	be.EmbeddingBackward(g.embed, dres, tokens, BT, C)
+}
+
+// Perplexity-friendly helper: the mean loss in nats of a loss sum and count.
+func MeanLoss(sum float64, count int) float64 {
+	if count == 0 {
+		return math.NaN()
+	}
+	return sum / float64(count)
+}

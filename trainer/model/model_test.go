@@ -1,0 +1,131 @@
+package model
+
+import (
+	"math"
+	"testing"
+
+	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/tensor/cpu"
+	"github.com/stretchr/testify/require"
+)
+
+func tinyConfig(tied bool) config.Model {
+	m := config.Default().Model
+	m.Layers, m.Hidden, m.Heads, m.KVHeads, m.FFNHidden, m.VocabSize, m.SeqLen = 2, 8, 2, 1, 12, 11, 6
+	m.TieEmbeddings = tied
+	return m
+}
+
+// build allocates one view per parameter and initialises it.
+func build[F float32 | float64](t *testing.T, cfg config.Model, B, T int) (*Model[F], [][]F, [][]F, []parallel.Param) {
+	t.Helper()
+	table, err := parallel.ParamTable(cfg, 1, 1)
+	require.NoError(t, err)
+	w, g := make([][]F, len(table)), make([][]F, len(table))
+	for i := range table {
+		w[i], g[i] = make([]F, table[i].LocalNumel()), make([]F, table[i].LocalNumel())
+		InitParam(w[i], &table[i], 0, 42, 0.3, cfg.Layers) // large std: gradients well above rounding
+	}
+	m, err := New[F](cfg, table, w, g, cpu.Kernels[F]{}, B, T)
+	require.NoError(t, err)
+	return m, w, g, table
+}
+
+// TestModelGradient checks every parameter's gradient of the whole model (mean
+// token loss) against central finite differences in float64. h = 1e-5 and a
+// relative tolerance of 1e-5: truncation O(h²) and rounding O(1e-16/h) are both far
+// below it, and a wrong gradient is off by O(1).
+func TestModelGradient(t *testing.T) {
+	for _, tied := range []bool{false, true} {
+		cfg := tinyConfig(tied)
+		B, T := 2, 5
+		m, w, g, table := build[float64](t, cfg, B, T)
+		tokens := []int32{1, 4, 2, 9, 0, 3, 3, 10, 5, 6}
+		targets := []int32{4, 2, 9, 0, 7, 3, 10, -1, 6, 1}
+		loss := func() float64 { s, n := m.Forward(tokens, targets); return s / float64(n) }
+		_, n := m.Forward(tokens, targets)
+		m.Backward(tokens, targets, 1/float64(n))
+		const h = 1e-5
+		for i := range table {
+			for j := range w[i] {
+				orig := w[i][j]
+				w[i][j] = orig + h
+				lp := loss()
+				w[i][j] = orig - h
+				lm := loss()
+				w[i][j] = orig
+				num := (lp - lm) / (2 * h)
+				if math.Abs(num-g[i][j]) > 1e-5*(1+math.Abs(num)) {
+					t.Fatalf("tied=%v: d/d %s[%d]: analytic %.9g, numeric %.9g", tied, table[i].Name, j, g[i][j], num)
+				}
+			}
+		}
+	}
+}
+
+// TestShardedInitEqualsFull: initialising any slice of a parameter alone gives the
+// same bits as the same slice of a full initialisation.
+func TestShardedInitEqualsFull(t *testing.T) {
+	cfg := config.Default().Model
+	table, err := parallel.ParamTable(cfg, 1, 1)
+	require.NoError(t, err)
+	for i := range table {
+		p := &table[i]
+		full := make([]float32, p.LocalNumel())
+		InitParam(full, p, 0, 7, cfg.InitStd, cfg.Layers)
+		for _, shards := range []int{2, 3, 8} {
+			per := (len(full) + shards - 1) / shards
+			for s := 0; s < shards; s++ {
+				lo, hi := s*per, min((s+1)*per, len(full))
+				if lo >= hi {
+					continue
+				}
+				part := make([]float32, hi-lo)
+				InitParam(part, p, int64(lo), 7, cfg.InitStd, cfg.Layers)
+				for k := range part {
+					require.Equal(t, math.Float32bits(full[lo+k]), math.Float32bits(part[k]), "%s shard %d/%d element %d", p.Name, s, shards, lo+k)
+				}
+			}
+		}
+	}
+}
+
+// TestInitStatistics: matrices are N(0, std²) (residual projections scaled by
+// 1/sqrt(2L)), norms are ones, and different parameters get different streams.
+// Tolerance: the sample std of n normals has relative error ~1/sqrt(2n); for
+// n ≥ 16k that is < 0.6%, so 3% is a >5σ bound.
+func TestInitStatistics(t *testing.T) {
+	cfg := config.Default().Model
+	table, err := parallel.ParamTable(cfg, 1, 1)
+	require.NoError(t, err)
+	var wq0, wq1 []float32
+	for i := range table {
+		p := &table[i]
+		x := make([]float32, p.LocalNumel())
+		InitParam(x, p, 0, 1, cfg.InitStd, cfg.Layers)
+		want := InitStd(p, cfg.InitStd, cfg.Layers)
+		if want == 0 {
+			for _, v := range x {
+				require.Equal(t, float32(1), v, p.Name)
+			}
+			continue
+		}
+		var s, ss float64
+		for _, v := range x {
+			s += float64(v)
+			ss += float64(v) * float64(v)
+		}
+		n := float64(len(x))
+		mean, std := s/n, math.Sqrt(ss/n-(s/n)*(s/n))
+		require.Less(t, math.Abs(mean), 5*want/math.Sqrt(n), "%s mean", p.Name)
+		require.InDelta(t, want, std, 0.03*want, "%s std", p.Name)
+		switch p.Name {
+		case "layers.0.attn.wq":
+			wq0 = x
+		case "layers.1.attn.wq":
+			wq1 = x
+		}
+	}
+	require.NotEqual(t, wq0[:8], wq1[:8])
+}
