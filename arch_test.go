@@ -19,6 +19,9 @@ var allowedImports = map[string][]string{
 	"config":        {},
 	"recipes":       {},
 	"parallel":      {"config"},
+	"tensor":        {},
+	"tensor/cpu":    {"tensor"},
+	"trainer/model": {"config", "parallel", "tensor"},
 	"cmd/shardline": {"*"},
 }
 
