@@ -22,6 +22,9 @@ var allowedImports = map[string][]string{
 	"tensor":        {},
 	"tensor/cpu":    {"tensor"},
 	"trainer/model": {"config", "parallel", "tensor"},
+	"trainer/data":  {},
+	"trainer/optim": {},
+	"trainer":       {"config", "parallel", "tensor", "trainer/data", "trainer/model", "trainer/optim"},
 	"cmd/shardline": {"*"},
 }
 

@@ -125,7 +125,9 @@ func (p *Plan) memory(r *config.Recipe, d dtypes) {
 		full += g.Padded
 		shard += g.ShardNumel()
 		p.Padding += g.AlignPad + g.TailPad
-		unitFull[g.Unit] += g.Padded
+		if g.Shards > 1 { // a group held whole needs no gather or reduce buffer
+			unitFull[g.Unit] += g.Padded
+		}
 	}
 	for _, n := range unitFull {
 		maxUnit = max(maxUnit, n)

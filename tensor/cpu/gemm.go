@@ -164,6 +164,19 @@ func (g *gemmArgs) packA(ap []float32, ic, mcur, pc, kcur int) {
 	for ir := 0; ir < mcur; ir += mr {
 		panel := ap[ir*kcur : ir*kcur+mr*kcur]
 		h := min(mr, mcur-ir)
+		m0 := ic + ir
+		if g.transA {
+			// op(A) row m is column m of A: the MR values of one k are adjacent in A.
+			for p := 0; p < kcur; p++ {
+				src := g.A[(pc+p)*g.lda+m0 : (pc+p)*g.lda+m0+h]
+				dst := panel[p*mr : p*mr+mr]
+				for i, v := range src {
+					dst[i] = g.alpha * v
+				}
+				clear(dst[h:])
+			}
+			continue
+		}
 		for i := 0; i < mr; i++ {
 			if i >= h {
 				for p := 0; p < kcur; p++ {
@@ -171,16 +184,15 @@ func (g *gemmArgs) packA(ap []float32, ic, mcur, pc, kcur int) {
 				}
 				continue
 			}
-			m := ic + ir + i
-			if g.transA {
-				for p := 0; p < kcur; p++ {
-					panel[p*mr+i] = g.alpha * g.A[(pc+p)*g.lda+m]
-				}
-			} else {
-				row := g.A[m*g.lda+pc : m*g.lda+pc+kcur]
+			row := g.A[(m0+i)*g.lda+pc : (m0+i)*g.lda+pc+kcur]
+			if g.alpha == 1 {
 				for p, v := range row {
-					panel[p*mr+i] = g.alpha * v
+					panel[p*mr+i] = v
 				}
+				continue
+			}
+			for p, v := range row {
+				panel[p*mr+i] = g.alpha * v
 			}
 		}
 	}

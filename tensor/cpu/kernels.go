@@ -178,108 +178,144 @@ func rope[F Float](x, cos, sin []F, B, T, NH, HD int, dir F) {
 
 // Attention is causal scaled-dot-product attention with grouped key/value heads:
 // q (B,T,NH,HD), k and v (B,T,NKV,HD), out (B,T,NH,HD); att (B,NH,T,T) keeps the
-// probabilities for backward (row t holds t+1 meaningful values). Query head h reads
-// key/value head h / (NH/NKV).
+// probabilities for backward (zero above the diagonal). Query head h reads key/value
+// head h / (NH/NKV). Per (batch, head) it is two GEMMs, S = Q·Kᵀ and O = P·V, with
+// the masked softmax between them.
 func Attention[F Float](out, att, q, k, v []F, B, T, NH, NKV, HD int) {
 	group, scale := NH/NKV, 1/math.Sqrt(float64(HD))
-	parallelFor(B*NH, T*T*HD, func(lo, hi int) {
+	f32 := isFloat32[F]()
+	parallelFor(B*NH, 2*T*T*HD, func(lo, hi int) {
 		for bh := lo; bh < hi; bh++ {
 			b, h := bh/NH, bh%NH
 			kh := h / group
+			qh, kk, vv := q[(b*T*NH+h)*HD:], k[(b*T*NKV+kh)*HD:], v[(b*T*NKV+kh)*HD:]
+			P := att[bh*T*T : (bh+1)*T*T]
+			gemm(false, true, T, T, HD, qh, NH*HD, kk, NKV*HD, 0, P, T)
 			for t := 0; t < T; t++ {
-				qt := q[((b*T+t)*NH+h)*HD:][:HD]
-				row := att[(bh*T+t)*T:][:T]
-				maxv := math.Inf(-1)
+				row := P[t*T : (t+1)*T]
+				maxv := row[0] * F(scale)
 				for t2 := 0; t2 <= t; t2++ {
-					kt := k[((b*T+t2)*NKV+kh)*HD:][:HD]
-					var s F
-					for d := range qt {
-						s += qt[d] * kt[d]
-					}
-					row[t2] = s * F(scale)
-					maxv = math.Max(maxv, float64(row[t2]))
+					row[t2] *= F(scale)
+					maxv = max(maxv, row[t2])
 				}
-				var sum float64
+				var sum F
 				for t2 := 0; t2 <= t; t2++ {
-					e := math.Exp(float64(row[t2]) - maxv)
-					row[t2] = F(e)
-					sum += e
+					row[t2] = expF(row[t2]-maxv, f32)
+					sum += row[t2]
 				}
-				o := out[((b*T+t)*NH+h)*HD:][:HD]
-				clear(o)
-				inv := F(1 / sum)
+				inv := 1 / sum
 				for t2 := 0; t2 <= t; t2++ {
 					row[t2] *= inv
-					p := row[t2]
-					vt := v[((b*T+t2)*NKV+kh)*HD:][:HD]
-					for d := range o {
-						o[d] += p * vt[d]
-					}
 				}
 				clear(row[t+1:])
+			}
+			gemm(false, false, T, HD, T, P, T, vv, NKV*HD, 0, out[(b*T*NH+h)*HD:], NH*HD)
+		}
+	})
+}
+
+// scratchPool holds per-goroutine T×T buffers of the attention backward.
+var scratchPool sync.Pool
+
+// AttentionBackward accumulates dq, dk, dv from dout through the saved
+// probabilities P: dP = dO·Vᵀ, dV += Pᵀ·dO, dS = P∘(dP − rowsum(P∘dP))·scale,
+// dQ += dS·K, dK += dSᵀ·Q. Work is split by (batch, key/value head), so no two
+// goroutines write the same dk or dv row.
+func AttentionBackward[F Float](dq, dk, dv, dout, att, q, k, v []F, B, T, NH, NKV, HD int) {
+	group, scale := NH/NKV, F(1/math.Sqrt(float64(HD)))
+	parallelFor(B*NKV, group*5*T*T*HD, func(lo, hi int) {
+		dP := scratch[F](T * T)
+		defer scratchPool.Put(dP)
+		for bk := lo; bk < hi; bk++ {
+			b, kh := bk/NKV, bk%NKV
+			kk, vv := k[(b*T*NKV+kh)*HD:], v[(b*T*NKV+kh)*HD:]
+			dkk, dvv := dk[(b*T*NKV+kh)*HD:], dv[(b*T*NKV+kh)*HD:]
+			for h := kh * group; h < (kh+1)*group; h++ {
+				bh := b*NH + h
+				P := att[bh*T*T : (bh+1)*T*T]
+				qh, dqh, doh := q[(b*T*NH+h)*HD:], dq[(b*T*NH+h)*HD:], dout[(b*T*NH+h)*HD:]
+				gemm(false, true, T, T, HD, doh, NH*HD, vv, NKV*HD, 0, dP, T)
+				gemm(true, false, T, HD, T, P, T, doh, NH*HD, 1, dvv, NKV*HD)
+				for t := 0; t < T; t++ {
+					p, d := P[t*T:(t+1)*T], dP[t*T:(t+1)*T]
+					var dot F
+					for t2 := 0; t2 <= t; t2++ {
+						dot += p[t2] * d[t2]
+					}
+					for t2 := 0; t2 <= t; t2++ {
+						d[t2] = p[t2] * (d[t2] - dot) * scale
+					}
+					clear(d[t+1:])
+				}
+				gemm(false, false, T, HD, T, dP, T, kk, NKV*HD, 1, dqh, NH*HD)
+				gemm(true, false, T, HD, T, dP, T, qh, NH*HD, 1, dkk, NKV*HD)
 			}
 		}
 	})
 }
 
-// AttentionBackward accumulates dq, dk, dv from dout through the saved
-// probabilities. Work is split by (batch, key/value head), so no two goroutines
-// write the same dk or dv row.
-func AttentionBackward[F Float](dq, dk, dv, dout, att, q, k, v []F, B, T, NH, NKV, HD int) {
-	group, scale := NH/NKV, F(1/math.Sqrt(float64(HD)))
-	parallelFor(B*NKV, group*T*T*HD, func(lo, hi int) {
-		datt := make([]F, T)
-		for bk := lo; bk < hi; bk++ {
-			b, kh := bk/NKV, bk%NKV
-			for h := kh * group; h < (kh+1)*group; h++ {
-				bh := b*NH + h
-				for t := 0; t < T; t++ {
-					row := att[(bh*T+t)*T:][:T]
-					do := dout[((b*T+t)*NH+h)*HD:][:HD]
-					var dot F
-					for t2 := 0; t2 <= t; t2++ {
-						vt := v[((b*T+t2)*NKV+kh)*HD:][:HD]
-						dvt := dv[((b*T+t2)*NKV+kh)*HD:][:HD]
-						var s F
-						for d := range do {
-							s += do[d] * vt[d]
-							dvt[d] += row[t2] * do[d]
-						}
-						datt[t2] = s
-						dot += s * row[t2]
-					}
-					qt := q[((b*T+t)*NH+h)*HD:][:HD]
-					dqt := dq[((b*T+t)*NH+h)*HD:][:HD]
-					for t2 := 0; t2 <= t; t2++ {
-						ds := row[t2] * (datt[t2] - dot) * scale
-						kt := k[((b*T+t2)*NKV+kh)*HD:][:HD]
-						dkt := dk[((b*T+t2)*NKV+kh)*HD:][:HD]
-						for d := range qt {
-							dqt[d] += ds * kt[d]
-							dkt[d] += ds * qt[d]
-						}
-					}
-				}
-			}
-		}
-	})
+func scratch[F Float](n int) []F {
+	if s, ok := scratchPool.Get().([]F); ok && cap(s) >= n {
+		return s[:n]
+	}
+	return make([]F, n)
+}
+
+// isFloat32 reports whether F is float32 (the fast elementwise paths).
+func isFloat32[F Float]() bool {
+	var z F
+	_, ok := any(z).(float32)
+	return ok
+}
+
+// expF is e^x: exp32 for float32, math.Exp for float64 (the gradient checks).
+func expF[F Float](x F, f32 bool) F {
+	if f32 {
+		return F(exp32(float32(x)))
+	}
+	return F(math.Exp(float64(x)))
+}
+
+// exp32 is e^x to float32 precision (about 1 ulp): x = n·ln2 + r with |r| ≤ ln2/2,
+// e^r from Cephes' expf polynomial, scaled by 2^n through the exponent bits.
+func exp32(x float32) float32 {
+	switch {
+	case x > 88.72283:
+		return float32(math.Inf(1))
+	case x < -87.33654:
+		return 0
+	case x != x:
+		return x
+	}
+	n := float32(math.Floor(float64(x*1.44269504088896341 + 0.5)))
+	r := x - n*0.693359375 + n*2.12194440e-4
+	p := float32(1.9875691500e-4)
+	p = p*r + 1.3981999507e-3
+	p = p*r + 8.3334519073e-3
+	p = p*r + 4.1665795894e-2
+	p = p*r + 1.6666665459e-1
+	p = p*r + 5.0000001201e-1
+	y := p*r*r + r + 1
+	return y * math.Float32frombits(uint32(int32(n)+127)<<23)
 }
 
 // SwiGLU: out = silu(gate) · up, elementwise over n values; silu(x) = x·σ(x).
 func SwiGLU[F Float](out, gate, up []F, n int) {
+	f32 := isFloat32[F]()
 	for i := 0; i < n; i++ {
-		g := float64(gate[i])
-		out[i] = F(g/(1+math.Exp(-g))) * up[i]
+		g := gate[i]
+		out[i] = g / (1 + expF(-g, f32)) * up[i]
 	}
 }
 
 // SwiGLUBackward: dgate += dout·up·σ(g)·(1 + g·(1−σ(g))); dup += dout·silu(g).
 func SwiGLUBackward[F Float](dgate, dup, dout, gate, up []F, n int) {
+	f32 := isFloat32[F]()
 	for i := 0; i < n; i++ {
-		g := float64(gate[i])
-		s := 1 / (1 + math.Exp(-g))
-		dgate[i] += dout[i] * up[i] * F(s*(1+g*(1-s)))
-		dup[i] += dout[i] * F(g*s)
+		g := gate[i]
+		s := 1 / (1 + expF(-g, f32))
+		dgate[i] += dout[i] * up[i] * s * (1 + g*(1-s))
+		dup[i] += dout[i] * g * s
 	}
 }
 

@@ -26,8 +26,8 @@ type params[F tensor.Float] struct {
 // MLP's gate, up and product.
 type acts[F tensor.Float] struct {
 	resid, ln1, q, k, v, att, atty, mid, ln2, gate, up, sw [][]F
-	rstd1, rstd2                                             [][]F
-	final, lnf, rstdf, logits, probs, losses                 []F
+	rstd1, rstd2                                           [][]F
+	final, lnf, rstdf, logits, probs, losses               []F
 }
 
 // Model is a decoder bound to a batch shape (B sequences of T tokens).
@@ -173,6 +173,25 @@ func (m *Model[F]) Forward(tokens, targets []int32) (lossSum float64, count int)
 		}
 	}
 	return lossSum, count
+}
+
+// ActivationBytes is what the model holds for backward (per layer activations, the
+// final norm) and for the output (logits and probabilities), in bytes.
+func (m *Model[F]) ActivationBytes() (activations, logits int64) {
+	var zero F
+	size := int64(4)
+	if any(zero) == any(float64(0)) {
+		size = 8
+	}
+	var n int64
+	a := &m.a
+	for _, set := range [][][]F{a.resid, a.ln1, a.q, a.k, a.v, a.att, a.atty, a.mid, a.ln2, a.gate, a.up, a.sw, a.rstd1, a.rstd2} {
+		for _, x := range set {
+			n += int64(len(x))
+		}
+	}
+	n += int64(len(a.final) + len(a.lnf) + len(a.rstdf))
+	return n * size, int64(len(a.logits)+len(a.probs)+len(a.losses)) * size
 }
 
 // Logits returns the last forward pass's logits (B·T, V).

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/shardline/shardline/tensor/cpu"
+	"github.com/shardline/shardline/trainer"
+	"github.com/shardline/shardline/trainer/data"
+	"github.com/spf13/cobra"
+)
+
+func (a *app) dataCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "data", Short: "Prepare training data"}
+	var (
+		tokenizer string
+		valFrac   float64
+		out       string
+	)
+	prep := &cobra.Command{
+		Use:   "prepare --tokenizer T --val-fraction F TEXT... -o DIR",
+		Short: "Tokenize text files into token shards (train.tok, val.tok, tokenizer.json)",
+		Long: `Prepare concatenates the text files, tokenizes them (byte: vocabulary 256; char: the
+distinct characters of the text), holds out the last --val-fraction of the tokens
+for validation, and writes DIR/train.tok, DIR/val.tok and DIR/tokenizer.json. Point
+data.path at DIR to train on it.`,
+		Example: `  shardline data prepare --tokenizer char -o data/shakespeare input.txt`,
+		Args:    cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if tokenizer != "byte" && tokenizer != "char" {
+				return usageErr("--tokenizer %q is not one of byte, char", tokenizer)
+			}
+			if valFrac < 0 || valFrac > 0.5 {
+				return usageErr("--val-fraction %v must be within [0, 0.5]", valFrac)
+			}
+			if out == "" {
+				return usageErr("-o DIR is required")
+			}
+			for _, p := range args {
+				if err := checkReadable(p); err != nil {
+					return err
+				}
+			}
+			ds, err := data.Prepare(args, tokenizer, valFrac, out)
+			if err != nil {
+				return &exitError{code: exitFindings, err: err}
+			}
+			_, err = fmt.Fprintf(a.stdout, "%s: %d training and %d validation tokens, %s tokenizer (vocabulary %d)\n",
+				out, len(ds.Train), len(ds.Val), ds.Tok.Name(), ds.Tok.VocabSize())
+			return err
+		},
+	}
+	prep.Flags().StringVar(&tokenizer, "tokenizer", "byte", "byte or char")
+	prep.Flags().Float64Var(&valFrac, "val-fraction", 0.1, "fraction of tokens held out for validation (from the end)")
+	prep.Flags().StringVarP(&out, "output", "o", "", "output directory")
+	cmd.AddCommand(prep)
+	return cmd
+}
+
+func (a *app) sampleCmd() *cobra.Command {
+	var (
+		prompt      string
+		tokens      int
+		temperature float64
+		seed        int64
+	)
+	cmd := &cobra.Command{
+		Use:     "sample RUN_DIR",
+		Short:   "Generate text from a finished run's weights",
+		Example: `  shardline sample runs/tiny --prompt "Of the Colours" --tokens 300 --temperature 0.8`,
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if tokens < 1 {
+				return usageErr("--tokens %d must be at least 1", tokens)
+			}
+			if temperature < 0 {
+				return usageErr("--temperature %v must be ≥ 0 (0 is greedy)", temperature)
+			}
+			text, err := trainer.SampleRun(cpu.Backend{}, args[0], prompt, tokens, temperature, seed)
+			if err != nil {
+				return &exitError{code: exitFindings, err: err}
+			}
+			_, err = fmt.Fprintln(a.stdout, prompt+text)
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&prompt, "prompt", "\n", "text to continue")
+	cmd.Flags().IntVar(&tokens, "tokens", 200, "tokens to generate")
+	cmd.Flags().Float64Var(&temperature, "temperature", 0.8, "sampling temperature; 0 takes the most likely token")
+	cmd.Flags().Int64Var(&seed, "seed", 1, "seed of the sampler")
+	return cmd
+}

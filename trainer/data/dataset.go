@@ -1,0 +1,164 @@
+package data
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// Dataset is a tokenized corpus split into training and validation tokens.
+type Dataset struct {
+	Train, Val []int32
+	Tok        Tokenizer
+}
+
+// Split divides tokens: the last valFraction of them is validation.
+func Split(tokens []int32, valFraction float64) (train, val []int32) {
+	n := int(float64(len(tokens)) * valFraction)
+	return tokens[:len(tokens)-n], tokens[len(tokens)-n:]
+}
+
+// Prepare tokenizes the texts (concatenated in order) and writes train.tok, val.tok
+// and tokenizer.json to outDir.
+func Prepare(texts []string, tokenizer string, valFraction float64, outDir string) (*Dataset, error) {
+	var corpus []byte
+	for _, p := range texts {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil, err
+		}
+		corpus = append(corpus, b...)
+	}
+	ds, err := fromText(corpus, tokenizer, valFraction)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(outDir, 0o755); err != nil {
+		return nil, err
+	}
+	return ds, ds.save(outDir)
+}
+
+func (d *Dataset) save(dir string) error {
+	if err := WriteShard(filepath.Join(dir, "train.tok"), d.Train, d.Tok.Name(), d.Tok.VocabSize()); err != nil {
+		return err
+	}
+	if err := WriteShard(filepath.Join(dir, "val.tok"), d.Val, d.Tok.Name(), d.Tok.VocabSize()); err != nil {
+		return err
+	}
+	return SaveTokenizer(filepath.Join(dir, "tokenizer.json"), d.Tok)
+}
+
+func fromText(text []byte, tokenizer string, valFraction float64) (*Dataset, error) {
+	if len(text) == 0 {
+		return nil, errors.New("the text is empty")
+	}
+	var tok Tokenizer = Byte{}
+	if tokenizer == "char" {
+		c, err := NewChar(text)
+		if err != nil {
+			return nil, err
+		}
+		tok = c
+	} else if tokenizer != "byte" {
+		return nil, fmt.Errorf("unknown tokenizer %q (byte or char)", tokenizer)
+	}
+	tokens, err := tok.Encode(text)
+	if err != nil {
+		return nil, err
+	}
+	ds := &Dataset{Tok: tok}
+	ds.Train, ds.Val = Split(tokens, valFraction)
+	return ds, nil
+}
+
+// Open reads a prepared directory, or a text file which it tokenizes once and
+// caches under cacheDir (keyed by the text's hash, the tokenizer and the split;
+// an empty cacheDir disables the cache).
+func Open(path, tokenizer string, valFraction float64, cacheDir string) (*Dataset, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("%s does not exist", path)
+		}
+		return nil, err
+	}
+	if st.IsDir() {
+		return openPrepared(path, tokenizer)
+	}
+	text, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if len(text) == 0 {
+		return nil, fmt.Errorf("%s is empty", path)
+	}
+	key := sha256.Sum256(append(text, fmt.Sprintf("\x00%s\x00%g", tokenizer, valFraction)...))
+	cached := ""
+	if cacheDir != "" {
+		cached = filepath.Join(cacheDir, hex.EncodeToString(key[:12]))
+		if ds, err := openPrepared(cached, tokenizer); err == nil {
+			return ds, nil
+		}
+	}
+	ds, err := fromText(text, tokenizer, valFraction)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if cached != "" {
+		// A cache that cannot be written only costs the next run a re-tokenization.
+		if err := os.MkdirAll(cached, 0o755); err == nil {
+			_ = ds.save(cached)
+		}
+	}
+	return ds, nil
+}
+
+func openPrepared(dir, tokenizer string) (*Dataset, error) {
+	tok, err := LoadTokenizer(filepath.Join(dir, "tokenizer.json"))
+	if err != nil {
+		return nil, fmt.Errorf("%s is not a prepared data directory (no readable tokenizer.json: %v); write one with `shardline data prepare`", dir, err)
+	}
+	if tok.Name() != tokenizer {
+		return nil, fmt.Errorf("%s was prepared with the %s tokenizer, the recipe asks for %s", dir, tok.Name(), tokenizer)
+	}
+	ds := &Dataset{Tok: tok}
+	if ds.Train, _, err = ReadShard(filepath.Join(dir, "train.tok")); err != nil {
+		return nil, err
+	}
+	if ds.Val, _, err = ReadShard(filepath.Join(dir, "val.tok")); err != nil {
+		return nil, err
+	}
+	return ds, nil
+}
+
+// splitmix64 mixes a counter into a uniform 64-bit value.
+func splitmix64(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
+
+// Batch fills tokens and targets (B·T each) with B windows of split: window b starts
+// at a position drawn from (seed, step, rank, micro, b), and targets are the tokens
+// shifted by one. It is a pure function of its arguments.
+func Batch(tokens, targets, split []int32, seed int64, step, rank, micro, B, T int) {
+	n := len(split) - T - 1
+	for b := 0; b < B; b++ {
+		h := splitmix64(uint64(seed))
+		for _, v := range []int{step, rank, micro, b} {
+			h = splitmix64(h ^ uint64(v))
+		}
+		start := 0
+		if n > 0 {
+			start = int(h % uint64(n+1))
+		}
+		copy(tokens[b*T:(b+1)*T], split[start:start+T])
+		copy(targets[b*T:(b+1)*T], split[start+1:start+T+1])
+	}
+}

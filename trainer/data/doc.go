@@ -1,0 +1,13 @@
+// Package data turns text into token streams and batches.
+//
+// Tokenizers: byte (vocabulary 256, no state) and char (the corpus's distinct
+// characters, sorted; the vocabulary is saved with the data). Token shards (shard.go)
+// hold a header (magic, version, dtype, count, tokenizer) and the tokens; a prepared
+// directory holds train.tok, val.tok and tokenizer.json. A run can also read text
+// directly: it is tokenized once and cached.
+//
+// Batches are a pure function of (seed, step, rank, micro-batch): the loader has
+// no hidden position, so a resumed run sees the same batches.
+//
+// It imports nothing from shardline.
+package data

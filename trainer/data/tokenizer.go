@@ -1,0 +1,140 @@
+package data
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"unicode/utf8"
+)
+
+// Tokenizer maps text to tokens and back.
+type Tokenizer interface {
+	Name() string
+	VocabSize() int
+	Encode(text []byte) ([]int32, error)
+	Decode(tokens []int32) string
+}
+
+// Byte is the byte-level tokenizer: token = byte value.
+type Byte struct{}
+
+func (Byte) Name() string   { return "byte" }
+func (Byte) VocabSize() int { return 256 }
+func (Byte) Encode(text []byte) ([]int32, error) {
+	out := make([]int32, len(text))
+	for i, b := range text {
+		out[i] = int32(b)
+	}
+	return out, nil
+}
+func (Byte) Decode(tokens []int32) string {
+	b := make([]byte, len(tokens))
+	for i, t := range tokens {
+		b[i] = byte(t)
+	}
+	return strings.ToValidUTF8(string(b), "\uFFFD")
+}
+
+// Char is the character-level tokenizer: token i is the i-th of the corpus's
+// distinct characters in code-point order.
+type Char struct {
+	Chars []rune `json:"chars"`
+	index map[rune]int32
+}
+
+// NewChar builds the vocabulary of a corpus.
+func NewChar(text []byte) (*Char, error) {
+	if !utf8.Valid(text) {
+		return nil, fmt.Errorf("the char tokenizer needs UTF-8 text")
+	}
+	seen := map[rune]bool{}
+	for _, r := range string(text) {
+		seen[r] = true
+	}
+	c := &Char{}
+	for r := range seen {
+		c.Chars = append(c.Chars, r)
+	}
+	sort.Slice(c.Chars, func(i, j int) bool { return c.Chars[i] < c.Chars[j] })
+	c.buildIndex()
+	return c, nil
+}
+
+func (c *Char) buildIndex() {
+	c.index = make(map[rune]int32, len(c.Chars))
+	for i, r := range c.Chars {
+		c.index[r] = int32(i)
+	}
+}
+
+func (c *Char) Name() string   { return "char" }
+func (c *Char) VocabSize() int { return len(c.Chars) }
+func (c *Char) Encode(text []byte) ([]int32, error) {
+	out := make([]int32, 0, len(text))
+	for i, r := range string(text) {
+		t, ok := c.index[r]
+		if !ok {
+			return nil, fmt.Errorf("character %q at byte %d is not in the vocabulary", r, i)
+		}
+		out = append(out, t)
+	}
+	return out, nil
+}
+func (c *Char) Decode(tokens []int32) string {
+	var b strings.Builder
+	for _, t := range tokens {
+		if int(t) < len(c.Chars) && t >= 0 {
+			b.WriteRune(c.Chars[t])
+		} else {
+			b.WriteRune('\uFFFD')
+		}
+	}
+	return b.String()
+}
+
+// tokenizerFile is tokenizer.json: the name, and the vocabulary for char.
+type tokenizerFile struct {
+	Name  string `json:"name"`
+	Chars string `json:"chars,omitempty"`
+}
+
+// SaveTokenizer writes tokenizer.json.
+func SaveTokenizer(path string, tok Tokenizer) error {
+	f := tokenizerFile{Name: tok.Name()}
+	if c, ok := tok.(*Char); ok {
+		f.Chars = string(c.Chars)
+	}
+	b, err := json.MarshalIndent(f, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// LoadTokenizer reads tokenizer.json.
+func LoadTokenizer(path string) (Tokenizer, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var f tokenizerFile
+	if err := json.Unmarshal(b, &f); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return NewTokenizer(f.Name, f.Chars)
+}
+
+// NewTokenizer builds a tokenizer by name; chars is the char vocabulary.
+func NewTokenizer(name, chars string) (Tokenizer, error) {
+	switch name {
+	case "byte":
+		return Byte{}, nil
+	case "char":
+		c := &Char{Chars: []rune(chars)}
+		c.buildIndex()
+		return c, nil
+	}
+	return nil, fmt.Errorf("unknown tokenizer %q (byte or char)", name)
+}

@@ -1,0 +1,49 @@
+package model
+
+import (
+	"testing"
+
+	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/tensor/cpu"
+)
+
+// ShakespeareChar is the shape of nanoGPT's CPU Shakespeare-char example: 4 layers,
+// 4 heads, width 128, context 64, batch 12, a 65-character vocabulary; the MLP is
+// SwiGLU of width 384 (about the parameters of nanoGPT's 4×128 GELU MLP).
+func ShakespeareChar() config.Model {
+	m := config.Default().Model
+	m.Layers, m.Heads, m.Hidden, m.FFNHidden, m.SeqLen, m.VocabSize = 4, 4, 128, 384, 64, 65
+	return m
+}
+
+// BenchmarkTrainStep is one forward and backward pass of a batch of 12×64 tokens;
+// tokens/s is what `make bench` compares with PyTorch on the same model.
+func BenchmarkTrainStep(b *testing.B) {
+	cfg := ShakespeareChar()
+	B, T := 12, 64
+	table, err := parallel.ParamTable(cfg, 1, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	w, g := make([][]float32, len(table)), make([][]float32, len(table))
+	for i := range table {
+		w[i], g[i] = make([]float32, table[i].LocalNumel()), make([]float32, table[i].LocalNumel())
+		InitParam(w[i], &table[i], 0, 1, cfg.InitStd, cfg.Layers)
+	}
+	m, err := New[float32](cfg, table, w, g, cpu.Backend{}, B, T)
+	if err != nil {
+		b.Fatal(err)
+	}
+	tokens, targets := make([]int32, B*T), make([]int32, B*T)
+	for i := range tokens {
+		tokens[i], targets[i] = int32(i*7%65), int32((i*7+3)%65)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		m.Forward(tokens, targets)
+		m.Backward(tokens, targets, 1/float64(B*T))
+	}
+	b.ReportMetric(float64(B*T)*float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
+}

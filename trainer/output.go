@@ -1,0 +1,238 @@
+package trainer
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/tensor"
+	"github.com/shardline/shardline/trainer/data"
+	"github.com/shardline/shardline/trainer/model"
+)
+
+// runInfo is run.json.
+type runInfo struct {
+	Name              string          `json:"name"`
+	Version           string          `json:"shardline_version"`
+	Go                string          `json:"go"`
+	Backend           string          `json:"backend"`
+	RecipeFingerprint string          `json:"recipe_fingerprint"`
+	PlanFingerprint   string          `json:"plan_fingerprint"`
+	Seed              int64           `json:"seed"`
+	Started           string          `json:"started"`
+	Tokenizer         string          `json:"tokenizer"`
+	Result            *resultInfo     `json:"result,omitempty"`
+	Memory            *memoryCompared `json:"memory,omitempty"`
+}
+
+type resultInfo struct {
+	Steps        int     `json:"steps"`
+	FinalLoss    float64 `json:"final_loss"`
+	FinalValLoss float64 `json:"final_val_loss"`
+	UnigramLoss  float64 `json:"unigram_entropy"`
+	TokensPerS   float64 `json:"tokens_per_s_median"`
+	Interrupted  bool    `json:"interrupted,omitempty"`
+}
+
+// memoryCompared sets what the run held beside the plan's prediction, per component,
+// and the process's peak resident memory (which adds the Go runtime, the data and
+// the sampler's activations).
+type memoryCompared struct {
+	Held      Memory `json:"held"`
+	Predicted struct {
+		Weights, MainWeights, Grads, OptimizerState, Activations, Logits, Total int64
+	} `json:"predicted"`
+	PeakRSS int64 `json:"peak_rss"`
+}
+
+func (t *run) info() runInfo {
+	fp, _ := config.Fingerprint(t.r)
+	return runInfo{Name: t.r.Run.Name, Version: t.opts.Version, Go: runtime.Version(), Backend: t.opts.Backend.Name(),
+		RecipeFingerprint: fp, PlanFingerprint: t.plan.Fingerprint, Seed: t.r.Run.Seed,
+		Started: time.Now().UTC().Format(time.RFC3339), Tokenizer: t.ds.Tok.Name()}
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// writeHeader writes what is known before the first step: the resolved recipe, the
+// plan, the tokenizer and run.json.
+func (t *run) writeHeader() error {
+	resolved, _, err := config.ResolvedTOML(t.r)
+	if err != nil {
+		return err
+	}
+	var plan strings.Builder
+	if err := t.plan.WriteTable(&plan); err != nil {
+		return err
+	}
+	for name, body := range map[string][]byte{"resolved.toml": resolved, "plan.txt": []byte(plan.String())} {
+		if err := os.WriteFile(filepath.Join(t.dir, name), body, 0o644); err != nil {
+			return fmt.Errorf("run directory %s: %w", t.dir, err)
+		}
+	}
+	if err := data.SaveTokenizer(filepath.Join(t.dir, "tokenizer.json"), t.ds.Tok); err != nil {
+		return err
+	}
+	return writeJSON(filepath.Join(t.dir, "run.json"), t.info())
+}
+
+// finish writes the weights, the loss curve, a sample and the final run.json.
+func (t *run) finish(out *Result) error {
+	if err := saveWeights(filepath.Join(t.dir, "weights.bin"), t.plan.Params, t.st.wviews); err != nil {
+		return fmt.Errorf("saving weights: %w", err)
+	}
+	if err := writeLossPNG(filepath.Join(t.dir, "loss.png"), t.curve); err != nil {
+		return fmt.Errorf("writing loss.png: %w", err)
+	}
+	// The prompt is the validation text's first token: always in the vocabulary.
+	prompt := t.ds.Tok.Decode(t.ds.Train[:1])
+	if len(t.ds.Val) > 0 {
+		prompt = t.ds.Tok.Decode(t.ds.Val[:1])
+	}
+	sample, err := Generate(t.r, t.opts.Backend, t.plan.Params, t.st.wviews, t.ds.Tok, prompt, 300, 0.8, t.r.Run.Seed)
+	if err != nil {
+		return err
+	}
+	out.Sample = prompt + sample
+	if err := os.WriteFile(filepath.Join(t.dir, "sample.txt"), []byte(out.Sample+"\n"), 0o644); err != nil {
+		return err
+	}
+	w, main, g, o := t.st.bytes()
+	act, logits := t.m.ActivationBytes()
+	out.Held = Memory{Weights: w, MainWeights: main, Grads: g, OptimizerState: o, Activations: act, Logits: logits}
+	out.Held.Total = w + main + g + o + act + logits
+	out.PeakRSS = peakRSS()
+	info := t.info()
+	info.Result = &resultInfo{Steps: out.Steps, FinalLoss: out.FinalLoss, FinalValLoss: out.FinalValLoss, UnigramLoss: out.UnigramBits, TokensPerS: out.TokensPerS, Interrupted: out.Interrupted}
+	mc := &memoryCompared{Held: out.Held, PeakRSS: out.PeakRSS}
+	p := t.plan.Memory
+	mc.Predicted.Weights, mc.Predicted.MainWeights, mc.Predicted.Grads = p.Weights, p.MainWeights, p.Grads
+	mc.Predicted.OptimizerState, mc.Predicted.Activations, mc.Predicted.Logits, mc.Predicted.Total = p.OptimizerState, p.Activations, p.Logits, p.Total
+	info.Memory = mc
+	t.log.Info().Int64("held_bytes", out.Held.Total).Int64("predicted_bytes", p.Total).Int64("peak_rss_bytes", out.PeakRSS).
+		Float64("final_val_loss", round4(out.FinalValLoss)).Float64("unigram_entropy", round4(out.UnigramBits)).
+		Float64("tokens_per_s", round4(out.TokensPerS)).Msg("done")
+	return writeJSON(filepath.Join(t.dir, "run.json"), info)
+}
+
+// peakRSS reads the process's peak resident set (VmHWM) from /proc; 0 elsewhere.
+func peakRSS() int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "VmHWM:") {
+			f := strings.Fields(line)
+			if len(f) >= 2 {
+				kb, _ := strconv.ParseInt(f[1], 10, 64)
+				return kb * 1024
+			}
+		}
+	}
+	return 0
+}
+
+// Generate samples n tokens after prompt, one forward pass over the last seq_len
+// tokens per token, at the given temperature (0 is greedy), from a generator seeded
+// by seed.
+func Generate(r *config.Recipe, be tensor.Backend, table []parallel.Param, weights [][]float32, tok data.Tokenizer, prompt string, n int, temperature float64, seed int64) (string, error) {
+	T := r.Model.SeqLen
+	grads := make([][]float32, len(weights)) // the sampler never runs backward
+	for i := range grads {
+		grads[i] = weights[i][:len(weights[i]):len(weights[i])]
+	}
+	m, err := model.New[float32](r.Model, table, weights, grads, be, 1, T)
+	if err != nil {
+		return "", err
+	}
+	ctx, err := tok.Encode([]byte(prompt))
+	if err != nil {
+		return "", fmt.Errorf("prompt: %w", err)
+	}
+	if len(ctx) == 0 {
+		ctx = []int32{0}
+	}
+	rng := rand.New(rand.NewSource(seed))
+	window := make([]int32, T)
+	V := r.Model.VocabSize
+	vocab := tok.VocabSize()
+	start := len(ctx)
+	for i := 0; i < n; i++ {
+		k := min(len(ctx), T)
+		clear(window)
+		copy(window, ctx[len(ctx)-k:])
+		m.Forward(window, nil)
+		logits := m.Logits()[(k-1)*V : k*V]
+		ctx = append(ctx, sampleToken(logits[:vocab], temperature, rng))
+	}
+	return tok.Decode(ctx[start:]), nil
+}
+
+// sampleToken draws from softmax(logits / temperature); temperature 0 takes the
+// most likely token.
+func sampleToken(logits []float32, temperature float64, rng *rand.Rand) int32 {
+	best := 0
+	for i, l := range logits {
+		if l > logits[best] {
+			best = i
+		}
+	}
+	if temperature <= 0 {
+		return int32(best)
+	}
+	probs := make([]float64, len(logits))
+	var sum float64
+	for i, l := range logits {
+		probs[i] = math.Exp((float64(l) - float64(logits[best])) / temperature)
+		sum += probs[i]
+	}
+	u := rng.Float64() * sum
+	for i, p := range probs {
+		if u -= p; u <= 0 {
+			return int32(i)
+		}
+	}
+	return int32(len(probs) - 1)
+}
+
+// SampleRun loads a run directory (resolved.toml, tokenizer.json, weights.bin) and
+// generates tokens after prompt.
+func SampleRun(be tensor.Backend, dir, prompt string, n int, temperature float64, seed int64) (string, error) {
+	res, diags := config.Load(filepath.Join(dir, "resolved.toml"), config.Options{})
+	if diags.HasErrors() || res == nil {
+		return "", fmt.Errorf("%s is not a run directory: %v", dir, diags.Err())
+	}
+	r := &res.Recipe
+	tok, err := data.LoadTokenizer(filepath.Join(dir, "tokenizer.json"))
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", dir, err)
+	}
+	table, err := parallel.ParamTable(r.Model, 1, 1)
+	if err != nil {
+		return "", err
+	}
+	views := make([][]float32, len(table))
+	for i := range table {
+		views[i] = make([]float32, table[i].LocalNumel())
+	}
+	if err := loadWeights(filepath.Join(dir, "weights.bin"), table, views); err != nil {
+		return "", err
+	}
+	return Generate(r, be, table, views, tok, prompt, n, temperature, seed)
+}

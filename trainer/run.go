@@ -1,0 +1,365 @@
+package trainer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/tensor"
+	"github.com/shardline/shardline/trainer/data"
+	"github.com/shardline/shardline/trainer/model"
+	"github.com/shardline/shardline/trainer/optim"
+)
+
+// Options are what a run needs besides the recipe.
+type Options struct {
+	Backend tensor.Backend
+	Env     map[string]string // for ${VAR} in data paths
+	// LogOut receives the console log (formatted by the caller); run.log in the run
+	// directory receives the same events as JSON lines.
+	LogOut   io.Writer
+	LogLevel zerolog.Level
+	// Progress, when non-nil, receives a one-line progress bar (a terminal).
+	Progress io.Writer
+	// CacheDir caches tokenized text; empty disables the cache.
+	CacheDir string
+	Version  string
+}
+
+// Metrics is one line of metrics.jsonl.
+type Metrics struct {
+	Step       int      `json:"step"`
+	Loss       float64  `json:"loss"`
+	LR         float64  `json:"lr"`
+	GradNorm   float64  `json:"grad_norm"`
+	TokensPerS float64  `json:"tokens_per_s"`
+	ValLoss    *float64 `json:"val_loss,omitempty"`
+	Skipped    bool     `json:"skipped,omitempty"`
+}
+
+// Result summarises a finished run.
+type Result struct {
+	Dir           string
+	Steps         int
+	FinalLoss     float64
+	FinalValLoss  float64
+	TokensPerS    float64 // median over the run's steps, excluding the first
+	PeakRSS       int64   // the process's peak resident memory
+	Held          Memory  // what the run allocated, by plan component
+	Predicted     parallel.Memory
+	Sample        string
+	Interrupted   bool
+	PlanPrint     string
+	UnigramBits   float64 // entropy of the training tokens' unigram distribution, in nats
+	Fingerprint   string
+	PlanPrintHash string
+}
+
+// Memory is what the run holds, by the plan's components.
+type Memory struct {
+	Weights        int64 `json:"weights"`
+	MainWeights    int64 `json:"main_weights"`
+	Grads          int64 `json:"grads"`
+	OptimizerState int64 `json:"optimizer_state"`
+	Activations    int64 `json:"activations"`
+	Logits         int64 `json:"logits"`
+	Total          int64 `json:"total"`
+}
+
+// ErrNonFinite reports a NaN or Inf loss or gradient.
+var ErrNonFinite = errors.New("non-finite loss or gradient")
+
+// KeyError is a run error caused by a recipe value.
+type KeyError struct {
+	Key   string
+	Value any
+	Err   error
+	Fix   string
+}
+
+func (e *KeyError) Error() string {
+	return fmt.Sprintf("%s (%v): %v; %s", e.Key, config.FormatValue(e.Value), e.Err, e.Fix)
+}
+func (e *KeyError) Unwrap() error { return e.Err }
+
+// Run trains the recipe on one rank and writes the run directory.
+func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, error) {
+	r := &res.Recipe
+	if r.Parallel.WorldSize != 1 {
+		return nil, &KeyError{Key: "parallel.world_size", Value: r.Parallel.WorldSize, Err: errors.New("multi-rank training needs the FSDP runtime, which is not built yet"), Fix: "set parallel.world_size = 1"}
+	}
+	if r.Parallel.Device != "cpu" {
+		return nil, &KeyError{Key: "parallel.device", Value: r.Parallel.Device, Err: errors.New("this build trains on the CPU only"), Fix: `set device = "cpu"`}
+	}
+	topo, err := parallel.TopologyOf(r.Parallel)
+	if err != nil {
+		return nil, err
+	}
+	plan, err := parallel.Compile(r, topo)
+	if err != nil {
+		return nil, err
+	}
+	ds, err := openData(r, opts)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := makeRunDir(r)
+	if err != nil {
+		return nil, err
+	}
+	logFile, err := os.Create(filepath.Join(dir, "run.log"))
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close()
+	out := opts.LogOut
+	if out == nil {
+		out = io.Discard
+	}
+	log := zerolog.New(zerolog.MultiLevelWriter(out, logFile)).Level(opts.LogLevel).With().Timestamp().Logger()
+	t := &run{r: r, res: res, opts: opts, plan: plan, ds: ds, dir: dir, log: log}
+	return t.train(ctx)
+}
+
+func openData(r *config.Recipe, opts Options) (*data.Dataset, error) {
+	path, err := config.ExpandPath(r.Data.Path, opts.Env)
+	if err != nil {
+		return nil, &KeyError{Key: "data.path", Value: r.Data.Path, Err: err, Fix: "set the variable, or --set data.path=/path/to/text"}
+	}
+	ds, err := data.Open(path, r.Data.Tokenizer, r.Data.ValFraction, opts.CacheDir)
+	if err != nil {
+		return nil, &KeyError{Key: "data.path", Value: r.Data.Path, Err: err, Fix: "point it at a text file or a `shardline data prepare` directory"}
+	}
+	T := r.Model.SeqLen
+	if v := ds.Tok.VocabSize(); v > r.Model.VocabSize {
+		return nil, &KeyError{Key: "model.vocab_size", Value: r.Model.VocabSize, Err: fmt.Errorf("the %s tokenizer of %s has %d tokens", ds.Tok.Name(), path, v), Fix: fmt.Sprintf("set model.vocab_size to at least %d", v)}
+	}
+	if len(ds.Train) < T+1 {
+		return nil, &KeyError{Key: "data.path", Value: r.Data.Path, Err: fmt.Errorf("the training split has %d tokens, fewer than one sequence of model.seq_len + 1 = %d", len(ds.Train), T+1), Fix: "use a longer text or a shorter model.seq_len"}
+	}
+	if r.Train.EvalInterval > 0 && len(ds.Val) < T+1 {
+		return nil, &KeyError{Key: "data.val_fraction", Value: r.Data.ValFraction, Err: fmt.Errorf("the validation split has %d tokens, fewer than one sequence (%d)", len(ds.Val), T+1), Fix: "raise val_fraction, or set train.eval_interval = 0"}
+	}
+	return ds, nil
+}
+
+// makeRunDir creates <output_dir>/<name>, or <name>-2, -3, ... if it is taken.
+func makeRunDir(r *config.Recipe) (string, error) {
+	base := filepath.Join(r.Run.OutputDir, r.Run.Name)
+	for i := 1; ; i++ {
+		dir := base
+		if i > 1 {
+			dir = fmt.Sprintf("%s-%d", base, i)
+		}
+		if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+			return "", &KeyError{Key: "run.output_dir", Value: r.Run.OutputDir, Err: err, Fix: "choose a writable directory with --set run.output_dir=DIR"}
+		}
+		err := os.Mkdir(dir, 0o755)
+		if err == nil {
+			return dir, nil
+		}
+		if !errors.Is(err, os.ErrExist) {
+			return "", &KeyError{Key: "run.output_dir", Value: r.Run.OutputDir, Err: err, Fix: "choose a writable directory with --set run.output_dir=DIR"}
+		}
+	}
+}
+
+type run struct {
+	r       *config.Recipe
+	res     *config.Resolved
+	opts    Options
+	plan    *parallel.Plan
+	ds      *data.Dataset
+	dir     string
+	log     zerolog.Logger
+	st      *state
+	m       *model.Model[float32]
+	metrics *os.File
+	curve   []Metrics
+}
+
+func (t *run) train(ctx context.Context) (*Result, error) {
+	r := t.r
+	out := &Result{Dir: t.dir, Predicted: t.plan.Memory, Fingerprint: t.plan.Fingerprint}
+	if err := t.writeHeader(); err != nil {
+		return nil, err
+	}
+	t.st = newState(t.plan, r)
+	t.st.init(r)
+	B, T := r.Train.MicroBatchSize, r.Model.SeqLen
+	var err error
+	t.m, err = model.New[float32](r.Model, t.plan.Params, t.st.wviews, t.st.gviews, t.opts.Backend, B, T)
+	if err != nil {
+		return nil, &KeyError{Key: "model.moe.num_experts", Value: r.Model.MoE.NumExperts, Err: err, Fix: "train a dense model"}
+	}
+	t.metrics, err = os.Create(filepath.Join(t.dir, "metrics.jsonl"))
+	if err != nil {
+		return nil, err
+	}
+	defer t.metrics.Close()
+	out.UnigramBits = unigramEntropy(t.ds.Train, t.ds.Tok.VocabSize())
+	sched := optim.Schedule{Peak: r.Train.LR, Warmup: r.Train.WarmupSteps, Steps: r.Train.Steps, MinFactor: r.Train.MinLRFactor, Decay: r.Train.LRSchedule}
+	adam := optim.AdamW{Beta1: r.Train.Beta1, Beta2: r.Train.Beta2, Eps: r.Train.Eps, WeightDecay: r.Train.WeightDecay}
+	micro := t.plan.MicroBatches
+	tokens, targets := make([]int32, B*T), make([]int32, B*T)
+	var last Metrics
+	var rates []float64
+	t.log.Info().Str("dir", t.dir).Str("backend", t.opts.Backend.Name()).Int64("parameters", t.plan.ParamsTotal).
+		Int("train_tokens", len(t.ds.Train)).Int("val_tokens", len(t.ds.Val)).Str("plan", t.plan.Fingerprint).Msg("training")
+	start := time.Now()
+	optSteps := 0
+	for step := 0; step < r.Train.Steps; step++ {
+		if ctx.Err() != nil {
+			out.Interrupted = true
+			t.log.Warn().Int("step", step).Msg("interrupted: writing what the run has so far")
+			break
+		}
+		t0 := time.Now()
+		lr := sched.LR(step)
+		t.st.zeroGrads()
+		var sum float64
+		var count int
+		scale := 1 / float64(micro*B*T) // per-token mean over the global batch
+		if !r.FSDP.CalculatePerTokenLoss {
+			scale = 1 / float64(B*T) / float64(micro) // mean of micro-batch means
+		}
+		for mb := 0; mb < micro; mb++ {
+			data.Batch(tokens, targets, t.ds.Train, r.Run.Seed, step, 0, mb, B, T)
+			s, n := t.m.Forward(tokens, targets)
+			t.m.Backward(tokens, targets, scale)
+			sum, count = sum+s, count+n
+		}
+		loss := sum / float64(count)
+		norm := t.st.gradNorm()
+		met := Metrics{Step: step + 1, Loss: loss, LR: lr, GradNorm: norm}
+		if math.IsNaN(loss) || math.IsInf(loss, 0) || math.IsNaN(norm) || math.IsInf(norm, 0) {
+			if !r.Train.SkipNonfinite {
+				return nil, fmt.Errorf("step %d: %w (loss %v, grad_norm %v); last good step %d had loss %.4f, grad_norm %.4f; lower train.lr or set train.skip_nonfinite = true: %w",
+					step+1, ErrNonFinite, loss, norm, last.Step, last.Loss, last.GradNorm, ErrNonFinite)
+			}
+			met.Skipped = true
+			t.log.Warn().Int("step", step+1).Float64("loss", loss).Msg("non-finite step skipped (train.skip_nonfinite)")
+		} else {
+			f := optim.ClipFactor(norm, r.Train.ClipGrad)
+			for _, g := range t.st.grads {
+				optim.Scale(g, f)
+			}
+			optSteps++
+			t.st.step(adam, lr, optSteps)
+		}
+		dt := time.Since(t0).Seconds()
+		met.TokensPerS = float64(micro*B*T) / dt
+		if step > 0 {
+			rates = append(rates, met.TokensPerS)
+		}
+		if ev := r.Train.EvalInterval; ev > 0 && ((step+1)%ev == 0 || step+1 == r.Train.Steps) {
+			v := t.evaluate()
+			met.ValLoss = &v
+		}
+		if err := t.record(met, step, start); err != nil {
+			return nil, err
+		}
+		last = met
+	}
+	if t.opts.Progress != nil {
+		fmt.Fprintln(t.opts.Progress)
+	}
+	out.Steps, out.FinalLoss = last.Step, last.Loss
+	if last.ValLoss != nil {
+		out.FinalValLoss = *last.ValLoss
+	} else if len(t.ds.Val) > T {
+		out.FinalValLoss = t.evaluate()
+	}
+	out.TokensPerS = median(rates)
+	return out, t.finish(out)
+}
+
+// evaluate is the mean token loss over eval_steps fixed validation batches.
+func (t *run) evaluate() float64 {
+	r := t.r
+	B, T := r.Train.MicroBatchSize, r.Model.SeqLen
+	tokens, targets := make([]int32, B*T), make([]int32, B*T)
+	var sum float64
+	var count int
+	for i := 0; i < r.Train.EvalSteps; i++ {
+		data.Batch(tokens, targets, t.ds.Val, r.Run.Seed, -1, 0, i, B, T) // step −1: the same batches every time
+		s, n := t.m.Forward(tokens, targets)
+		sum, count = sum+s, count+n
+	}
+	return sum / float64(count)
+}
+
+func (t *run) record(met Metrics, step int, start time.Time) error {
+	b, _ := json.Marshal(met)
+	if _, err := t.metrics.Write(append(b, '\n')); err != nil {
+		return fmt.Errorf("writing metrics.jsonl: %w", err)
+	}
+	t.curve = append(t.curve, met)
+	r := t.r
+	done := step + 1
+	if done%r.Logging.Interval == 0 || done == r.Train.Steps || met.ValLoss != nil {
+		ev := t.log.Info().Int("step", done).Float64("loss", round4(met.Loss)).Float64("lr", met.LR).
+			Float64("grad_norm", round4(met.GradNorm)).Float64("tokens_per_s", math.Round(met.TokensPerS))
+		if met.ValLoss != nil {
+			ev = ev.Float64("val_loss", round4(*met.ValLoss))
+		}
+		if t.opts.Progress != nil {
+			fmt.Fprint(t.opts.Progress, "\r\033[K")
+		}
+		ev.Msg("step")
+	}
+	if t.opts.Progress != nil {
+		elapsed := time.Since(start)
+		eta := time.Duration(float64(elapsed) / float64(done) * float64(r.Train.Steps-done))
+		const width = 30
+		filled := width * done / r.Train.Steps
+		fmt.Fprintf(t.opts.Progress, "\r\033[K[%s%s] %d/%d  loss %.4f  %s elapsed, ETA %s",
+			strings.Repeat("=", filled), strings.Repeat(" ", width-filled), done, r.Train.Steps, met.Loss,
+			elapsed.Round(time.Second), eta.Round(time.Second))
+	}
+	return nil
+}
+
+func round4(x float64) float64 { return math.Round(x*1e4) / 1e4 }
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), xs...)
+	for i := 1; i < len(s); i++ {
+		for j := i; j > 0 && s[j] < s[j-1]; j-- {
+			s[j], s[j-1] = s[j-1], s[j]
+		}
+	}
+	return s[len(s)/2]
+}
+
+// unigramEntropy is the entropy, in nats, of the tokens' frequency distribution: the
+// loss of a model that ignores context.
+func unigramEntropy(tokens []int32, vocab int) float64 {
+	counts := make([]float64, vocab)
+	for _, t := range tokens {
+		counts[t]++
+	}
+	var h float64
+	n := float64(len(tokens))
+	for _, c := range counts {
+		if c > 0 {
+			h -= c / n * math.Log(c/n)
+		}
+	}
+	return h
+}
+
+func sqrt(x float64) float64 { return math.Sqrt(x) }

@@ -1,0 +1,141 @@
+package trainer
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/tensor/cpu"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// corpus is a small text with structure a model can learn in a few dozen steps.
+func corpus() string {
+	var b strings.Builder
+	for i := 0; i < 400; i++ {
+		b.WriteString("the quick brown fox jumps over the lazy dog. ")
+	}
+	return b.String()
+}
+
+func tinyRun(t *testing.T, sets ...string) (*config.Resolved, string) {
+	t.Helper()
+	dir := t.TempDir()
+	text := filepath.Join(dir, "text.txt")
+	require.NoError(t, os.WriteFile(text, []byte(corpus()), 0o644))
+	base := []string{
+		"data.path=" + text, "data.tokenizer=char", "model.vocab_size=32", "model.layers=2", "model.hidden=32",
+		"model.heads=2", "model.ffn_hidden=64", "model.seq_len=32", "train.steps=40", "train.micro_batch_size=4",
+		"train.global_batch_size=8", "train.lr=0.01", "train.warmup_steps=5", "train.eval_interval=20",
+		"train.eval_steps=2", "run.output_dir=" + filepath.Join(dir, "runs"), "run.name=t",
+	}
+	res, diags := config.LoadBytes(filepath.Join(dir, "r.toml"), nil, config.Options{Sets: append(base, sets...)})
+	require.False(t, diags.HasErrors(), "%v", diags)
+	return res, dir
+}
+
+func opts() Options { return Options{Backend: cpu.Backend{}, Version: "test"} }
+
+// TestRunLearns: two micro-batches per step, evaluation, every output file; the
+// loss falls below the unigram entropy (the model uses context).
+func TestRunLearns(t *testing.T) {
+	res, _ := tinyRun(t)
+	out, err := Run(context.Background(), res, opts())
+	require.NoError(t, err)
+	assert.Equal(t, 40, out.Steps)
+	assert.Less(t, out.FinalValLoss, out.UnigramBits, "validation loss %.3f vs unigram %.3f", out.FinalValLoss, out.UnigramBits)
+	for _, f := range []string{"resolved.toml", "run.json", "plan.txt", "metrics.jsonl", "run.log", "weights.bin", "tokenizer.json", "loss.png", "sample.txt"} {
+		st, err := os.Stat(filepath.Join(out.Dir, f))
+		require.NoError(t, err, f)
+		assert.Greater(t, st.Size(), int64(0), f)
+	}
+	lines := bytes.Split(bytes.TrimSpace(must(os.ReadFile(filepath.Join(out.Dir, "metrics.jsonl")))), []byte("\n"))
+	require.Len(t, lines, 40)
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(lines[19], &m))
+	for _, k := range []string{"step", "loss", "lr", "grad_norm", "tokens_per_s", "val_loss"} {
+		assert.Contains(t, m, k)
+	}
+	// The held memory matches the plan's prediction for what both count.
+	assert.Equal(t, out.Predicted.Weights, out.Held.Weights)
+	assert.Equal(t, out.Predicted.OptimizerState, out.Held.OptimizerState)
+
+	text, err := SampleRun(cpu.Backend{}, out.Dir, "the ", 20, 0, 1)
+	require.NoError(t, err)
+	assert.Len(t, []rune(text), 20)
+}
+
+// TestRunIsDeterministic: the same recipe twice gives bit-identical losses.
+func TestRunIsDeterministic(t *testing.T) {
+	losses := func() []string {
+		res, _ := tinyRun(t, "train.steps=8", "train.eval_interval=0")
+		out, err := Run(context.Background(), res, opts())
+		require.NoError(t, err)
+		var ls []string
+		for _, line := range bytes.Split(bytes.TrimSpace(must(os.ReadFile(filepath.Join(out.Dir, "metrics.jsonl")))), []byte("\n")) {
+			var m Metrics
+			require.NoError(t, json.Unmarshal(line, &m))
+			ls = append(ls, strings.Join([]string{ftoa(m.Loss), ftoa(m.GradNorm)}, "/"))
+		}
+		return ls
+	}
+	assert.Equal(t, losses(), losses())
+}
+
+func TestRunBadInput(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		sets []string
+		key  string
+		msg  string
+	}{
+		{"missing data", []string{"data.path=/no/such/file.txt"}, "data.path", "does not exist"},
+		{"vocabulary too small", []string{"model.vocab_size=8"}, "model.vocab_size", "has 28 tokens"},
+		{"corpus shorter than a sequence", []string{"model.seq_len=20000"}, "data.path", "fewer than one sequence"},
+		{"validation shorter than a sequence", []string{"model.seq_len=4096"}, "data.val_fraction", "validation split has"},
+		{"multi-rank", []string{"parallel.world_size=2", "train.global_batch_size=8"}, "parallel.world_size", "FSDP runtime"},
+		{"unwritable output", []string{"run.output_dir=/proc/shardline"}, "run.output_dir", "writable"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res, _ := tinyRun(t, tc.sets...)
+			_, err := Run(context.Background(), res, opts())
+			var ke *KeyError
+			require.ErrorAs(t, err, &ke)
+			assert.Equal(t, tc.key, ke.Key)
+			assert.Contains(t, err.Error(), tc.msg)
+		})
+	}
+}
+
+func TestNonFiniteStops(t *testing.T) {
+	res, _ := tinyRun(t, "train.lr=1e30", "train.steps=20", "train.warmup_steps=0", "train.clip_grad=0")
+	_, err := Run(context.Background(), res, opts())
+	require.ErrorIs(t, err, ErrNonFinite)
+	assert.Contains(t, err.Error(), "last good step")
+}
+
+func TestInterruptWritesOutputs(t *testing.T) {
+	res, _ := tinyRun(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	out, err := Run(ctx, res, opts())
+	require.NoError(t, err)
+	assert.True(t, out.Interrupted)
+	_, err = os.Stat(filepath.Join(out.Dir, "weights.bin"))
+	assert.NoError(t, err)
+}
+
+func must(b []byte, err error) []byte {
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+func ftoa(f float64) string { b, _ := json.Marshal(f); return string(b) }

@@ -1,0 +1,110 @@
+package trainer
+
+import (
+	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/tensor"
+	"github.com/shardline/shardline/trainer/model"
+	"github.com/shardline/shardline/trainer/optim"
+)
+
+// state is one rank's training state, laid out by the plan: per parameter group a
+// flat buffer of compute weights, gradients, fp32 main weights (only when the
+// compute dtype is bf16) and optimizer moments; per parameter, views into them.
+type state struct {
+	plan    *parallel.Plan
+	weights [][]float32 // per group: compute weights (bf16-rounded when bf16)
+	grads   [][]float32
+	main    [][]float32 // per group: fp32 main weights, or the weights themselves
+	m, v    [][]float32
+	wviews  [][]float32 // per parameter (table order)
+	gviews  [][]float32
+	decay   []bool // per group entry, in group order: is weight decay applied
+	bf16    bool
+}
+
+func newState(p *parallel.Plan, r *config.Recipe) *state {
+	s := &state{plan: p, wviews: make([][]float32, len(p.Params)), gviews: make([][]float32, len(p.Params)), bf16: r.Precision.BF16}
+	for gi := range p.Groups {
+		g := &p.Groups[gi]
+		w, gr := make([]float32, g.Padded), make([]float32, g.Padded)
+		s.weights, s.grads = append(s.weights, w), append(s.grads, gr)
+		s.m, s.v = append(s.m, make([]float32, g.Padded)), append(s.v, make([]float32, g.Padded))
+		main := w
+		if s.bf16 {
+			main = make([]float32, g.Padded)
+		}
+		s.main = append(s.main, main)
+		for _, e := range g.Entries {
+			s.wviews[e.Param] = w[e.Offset : e.Offset+e.Numel]
+			s.gviews[e.Param] = gr[e.Offset : e.Offset+e.Numel]
+			s.decay = append(s.decay, !p.Params[e.Param].NoDecay || r.Train.DecayNormsAndEmbeddings)
+		}
+	}
+	return s
+}
+
+// init fills every parameter from (seed, name, index) into the main weights, and
+// the compute weights from them.
+func (s *state) init(r *config.Recipe) {
+	for gi := range s.plan.Groups {
+		g := &s.plan.Groups[gi]
+		for _, e := range g.Entries {
+			model.InitParam(s.main[gi][e.Offset:e.Offset+e.Numel], &s.plan.Params[e.Param], 0, r.Run.Seed, r.Model.InitStd, r.Model.Layers)
+		}
+		s.syncCompute(gi)
+	}
+}
+
+// syncCompute refreshes group gi's compute weights from its main weights.
+func (s *state) syncCompute(gi int) {
+	if !s.bf16 {
+		return
+	}
+	copy(s.weights[gi], s.main[gi])
+	tensor.RoundBF16(s.weights[gi])
+}
+
+func (s *state) zeroGrads() {
+	for _, g := range s.grads {
+		clear(g)
+	}
+}
+
+// gradNorm is the global L2 norm of the gradients.
+func (s *state) gradNorm() float64 {
+	var ss float64
+	for _, g := range s.grads {
+		ss += optim.SquaredNorm(g)
+	}
+	return sqrt(ss)
+}
+
+// step applies the optimizer to every parameter (decay per parameter) and refreshes
+// the compute weights.
+func (s *state) step(o optim.AdamW, lr float64, t int) {
+	k := 0
+	for gi := range s.plan.Groups {
+		g := &s.plan.Groups[gi]
+		for _, e := range g.Entries {
+			lo, hi := e.Offset, e.Offset+e.Numel
+			o.Update(s.main[gi][lo:hi], s.grads[gi][lo:hi], s.m[gi][lo:hi], s.v[gi][lo:hi], lr, t, s.decay[k])
+			k++
+		}
+		s.syncCompute(gi)
+	}
+}
+
+// bytes reports what the state holds, by plan memory component.
+func (s *state) bytes() (weights, main, grads, optState int64) {
+	for gi := range s.weights {
+		n := int64(len(s.weights[gi])) * 4
+		weights += n
+		grads += n
+		optState += 2 * n
+		if s.bf16 {
+			main += n
+		}
+	}
+	return
+}
