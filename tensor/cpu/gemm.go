@@ -40,10 +40,10 @@ func Sgemm(transA, transB bool, M, N, K int, alpha float32, A []float32, lda int
 // Blocking: a KC×NR panel of B (32 KiB) stays in L1, an MC×KC block of A (72 KiB)
 // in L2.
 const (
-	mr = 6
+	mr = 12
 	nr = 32
 	kc = 256
-	mc = 72
+	mc = 96
 	nc = 3072
 )
 
@@ -78,7 +78,7 @@ func (g *gemmArgs) run() {
 		ncur := min(nc, g.N-jc)
 		for pc := 0; pc < g.K; pc += kc {
 			kcur := min(kc, g.K-pc)
-			g.packB(bp, pc, kcur, jc, ncur)
+			g.packBParallel(bp, pc, kcur, jc, ncur, workers)
 			blocks := (g.M + mc - 1) / mc
 			if workers == 1 || blocks == 1 && g.M <= mc {
 				g.rowBlocks(bp, 0, g.M, pc, kcur, jc, ncur)
@@ -110,22 +110,42 @@ func (g *gemmArgs) rowBlocks(bp []float32, lo, hi, pc, kcur, jc, ncur int) {
 	ap := (*app)[:mc*kc]
 	edge := (*app)[mc*kc:] // MR×NR scratch tile for edges
 	defer packAPool.Put(app)
+	// Untransposed A with alpha 1 is read in place by the strided kernel; only a
+	// last partial panel of rows is packed (into the first panel of ap).
+	direct := hasStrided && !g.transA && g.alpha == 1
 	for ic := lo; ic < hi; ic += mc {
 		mcur := min(mc, hi-ic)
-		g.packA(ap, ic, mcur, pc, kcur)
+		if !direct {
+			g.packA(ap, ic, mcur, pc, kcur)
+		} else if rem := mcur % mr; rem != 0 {
+			g.packA(ap, ic+mcur-rem, rem, pc, kcur)
+		}
 		for jr := 0; jr < ncur; jr += nr {
 			bpanel := bp[jr*kcur : jr*kcur+nr*kcur]
 			nrCur := min(nr, ncur-jr)
 			for ir := 0; ir < mcur; ir += mr {
-				apanel := ap[ir*kcur : ir*kcur+mr*kcur]
 				mrCur := min(mr, mcur-ir)
 				ci := (ic+ir)*g.ldc + jc + jr
-				if mrCur == mr && nrCur == nr {
-					kernel(kcur, apanel, bpanel, g.C[ci:], g.ldc)
-					continue
+				if direct && mrCur == mr {
+					a := g.A[(ic+ir)*g.lda+pc:]
+					if nrCur == nr {
+						kernelStrided(kcur, a, g.lda, bpanel, g.C[ci:], g.ldc)
+						continue
+					}
+					clear(edge)
+					kernelStrided(kcur, a, g.lda, bpanel, edge, nr)
+				} else {
+					apanel := ap[ir*kcur : ir*kcur+mr*kcur]
+					if direct {
+						apanel = ap[:mr*kcur] // the packed partial panel
+					}
+					if mrCur == mr && nrCur == nr {
+						kernel(kcur, apanel, bpanel, g.C[ci:], g.ldc)
+						continue
+					}
+					clear(edge)
+					kernel(kcur, apanel, bpanel, edge, nr)
 				}
-				clear(edge)
-				kernel(kcur, apanel, bpanel, edge, nr)
 				for i := 0; i < mrCur; i++ {
 					crow := g.C[ci+i*g.ldc : ci+i*g.ldc+nrCur]
 					for j := range crow {
@@ -137,22 +157,56 @@ func (g *gemmArgs) rowBlocks(bp []float32, lo, hi, pc, kcur, jc, ncur int) {
 	}
 }
 
+// packBParallel packs B's panels, split among the workers when there are several.
+func (g *gemmArgs) packBParallel(bp []float32, pc, kcur, jc, ncur, workers int) {
+	panels := (ncur + nr - 1) / nr
+	if workers == 1 || panels == 1 {
+		g.packB(bp, pc, kcur, jc, ncur)
+		return
+	}
+	var wg sync.WaitGroup
+	per := (panels + workers - 1) / workers
+	for w := 0; w < workers; w++ {
+		lo, hi := w*per*nr, min((w+1)*per*nr, ncur)
+		if lo >= hi {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g.packB(bp[lo*kcur:], pc, kcur, jc+lo, hi-lo)
+		}()
+	}
+	wg.Wait()
+}
+
 // packB copies op(B)[pc:pc+kcur, jc:jc+ncur] into NR-wide panels, each kcur×NR row
 // major, zero-padding the last panel.
 func (g *gemmArgs) packB(bp []float32, pc, kcur, jc, ncur int) {
 	for jr := 0; jr < ncur; jr += nr {
 		panel := bp[jr*kcur : jr*kcur+nr*kcur]
 		w := min(nr, ncur-jr)
+		if g.transB {
+			// Column j of the panel is row jc+jr+j of B: read it contiguously and
+			// scatter it down the panel (the panel is L1-resident).
+			for j := 0; j < nr; j++ {
+				if j >= w {
+					for p := 0; p < kcur; p++ {
+						panel[p*nr+j] = 0
+					}
+					continue
+				}
+				row := g.B[(jc+jr+j)*g.ldb+pc : (jc+jr+j)*g.ldb+pc+kcur]
+				for p, v := range row {
+					panel[p*nr+j] = v
+				}
+			}
+			continue
+		}
 		for p := 0; p < kcur; p++ {
 			dst := panel[p*nr : p*nr+nr]
 			k := pc + p
-			if g.transB {
-				for j := 0; j < w; j++ {
-					dst[j] = g.B[(jc+jr+j)*g.ldb+k]
-				}
-			} else {
-				copy(dst[:w], g.B[k*g.ldb+jc+jr:k*g.ldb+jc+jr+w])
-			}
+			copy(dst[:w], g.B[k*g.ldb+jc+jr:k*g.ldb+jc+jr+w])
 			clear(dst[w:])
 		}
 	}
@@ -170,11 +224,19 @@ func (g *gemmArgs) packA(ap []float32, ic, mcur, pc, kcur int) {
 			for p := 0; p < kcur; p++ {
 				src := g.A[(pc+p)*g.lda+m0 : (pc+p)*g.lda+m0+h]
 				dst := panel[p*mr : p*mr+mr]
-				for i, v := range src {
-					dst[i] = g.alpha * v
+				if g.alpha == 1 {
+					copy(dst, src)
+				} else {
+					for i, v := range src {
+						dst[i] = g.alpha * v
+					}
 				}
 				clear(dst[h:])
 			}
+			continue
+		}
+		if h == mr && g.alpha == 1 {
+			packRows(panel, g.A[m0*g.lda+pc:], g.lda, kcur)
 			continue
 		}
 		for i := 0; i < mr; i++ {
@@ -185,16 +247,26 @@ func (g *gemmArgs) packA(ap []float32, ic, mcur, pc, kcur int) {
 				continue
 			}
 			row := g.A[(m0+i)*g.lda+pc : (m0+i)*g.lda+pc+kcur]
-			if g.alpha == 1 {
-				for p, v := range row {
-					panel[p*mr+i] = v
-				}
-				continue
-			}
 			for p, v := range row {
 				panel[p*mr+i] = g.alpha * v
 			}
 		}
+	}
+}
+
+// packRows transposes a full MR×kcur block of A (rows at stride lda) into
+// panel[p*MR+i], gathering one value from each row and writing the MR values of a
+// column contiguously.
+func packRows(panel, a []float32, lda, kcur int) {
+	var rows [mr][]float32
+	for i := range rows {
+		rows[i] = a[i*lda : i*lda+kcur : i*lda+kcur]
+	}
+	for p := 0; p < kcur; p++ {
+		d := panel[p*mr : p*mr+mr : p*mr+mr]
+		d[0], d[1], d[2], d[3] = rows[0][p], rows[1][p], rows[2][p], rows[3][p]
+		d[4], d[5], d[6], d[7] = rows[4][p], rows[5][p], rows[6][p], rows[7][p]
+		d[8], d[9], d[10], d[11] = rows[8][p], rows[9][p], rows[10][p], rows[11][p]
 	}
 }
 

@@ -4,21 +4,38 @@ package cpu
 
 import "golang.org/x/sys/cpu"
 
-// kern6x32AVX512 is kernelGo in AVX-512 (gemm_amd64.s). c must hold 6 rows of 32 at
-// stride ldc; a holds k×6 and b k×32 values.
+// kern12x32AVX512 is kernelGo in AVX-512 (gemm_amd64.s). c must hold 12 rows of 32 at
+// stride ldc; a holds k×12 and b k×32 values.
 //
 //go:noescape
-func kern6x32AVX512(k int, a, b, c *float32, ldc int)
+func kern12x32AVX512(k int, a, b, c *float32, ldc int)
+
+// kern12x32StridedAVX512 is kern12x32AVX512 reading A in place: a[i*lda+p].
+//
+//go:noescape
+func kern12x32StridedAVX512(k int, a *float32, lda int, b, c *float32, ldc int)
 
 var hasAVX512 = cpu.X86.HasAVX512F
+
+// hasStrided says whether kernelStrided can run: the GEMM then skips packing A
+// when it is not transposed.
+var hasStrided = hasAVX512
+
+// kernelStrided is kernel with A read in place (rows at stride lda).
+func kernelStrided(k int, a []float32, lda int, b, c []float32, ldc int) {
+	_ = a[(mr-1)*lda+k-1]
+	_ = b[k*nr-1]
+	_ = c[(mr-1)*ldc+nr-1]
+	kern12x32StridedAVX512(k, &a[0], lda, &b[0], &c[0], ldc)
+}
 
 // kernel runs the fastest micro-kernel the CPU supports.
 func kernel(k int, a, b, c []float32, ldc int) {
 	if hasAVX512 && k > 0 {
 		_ = a[k*mr-1]
 		_ = b[k*nr-1]
-		_ = c[5*ldc+nr-1]
-		kern6x32AVX512(k, &a[0], &b[0], &c[0], ldc)
+		_ = c[(mr-1)*ldc+nr-1]
+		kern12x32AVX512(k, &a[0], &b[0], &c[0], ldc)
 		return
 	}
 	kernelGo(k, a, b, c, ldc)
@@ -27,7 +44,7 @@ func kernel(k int, a, b, c []float32, ldc int) {
 // KernelName says which micro-kernel Sgemm uses, for benchmarks and logs.
 func KernelName() string {
 	if hasAVX512 {
-		return "avx512 6x32"
+		return "avx512 12x32"
 	}
-	return "go 6x32"
+	return "go 12x32"
 }

@@ -102,7 +102,11 @@ func EmbeddingBackward[F Float](dwte, dout []F, tokens []int32, BT, C int) {
 // RMSNorm: out = inp · rstd · weight, rstd (BT) = 1/sqrt(mean(inp²) + eps), saved for
 // backward.
 func RMSNorm[F Float](out, rstd, inp, weight []F, BT, C int, eps float64) {
-	for i := 0; i < BT; i++ {
+	parallelFor(BT, 3*C, func(lo, hi int) { rmsNormRows(out, rstd, inp, weight, lo, hi, C, eps) })
+}
+
+func rmsNormRows[F Float](out, rstd, inp, weight []F, lo, hi, C int, eps float64) {
+	for i := lo; i < hi; i++ {
 		x := inp[i*C : (i+1)*C]
 		var ss float64
 		for _, v := range x {
@@ -119,18 +123,47 @@ func RMSNorm[F Float](out, rstd, inp, weight []F, BT, C int, eps float64) {
 
 // RMSNormBackward: with g = dout·weight, dinp += rstd·g − inp·rstd³·mean(g·inp);
 // dweight += dout·inp·rstd.
+//
+// Rows are split among goroutines; each accumulates its own dweight, and the
+// partial sums are added in a fixed order, so results do not depend on timing.
 func RMSNormBackward[F Float](dinp, dweight, dout, inp, weight, rstd []F, BT, C int) {
-	for i := 0; i < BT; i++ {
+	w := runtime.GOMAXPROCS(0)
+	if BT*C < 1<<14 || w == 1 {
+		rmsNormBackwardRows(dinp, dweight, dout, inp, weight, rstd, 0, BT, C)
+		return
+	}
+	parts := make([][]F, w)
+	var wg sync.WaitGroup
+	per := (BT + w - 1) / w
+	for k := 0; k < w; k++ {
+		lo, hi := k*per, min((k+1)*per, BT)
+		parts[k] = make([]F, C)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rmsNormBackwardRows(dinp, parts[k], dout, inp, weight, rstd, lo, hi, C)
+		}()
+	}
+	wg.Wait()
+	for _, p := range parts {
+		for c, v := range p {
+			dweight[c] += v
+		}
+	}
+}
+
+func rmsNormBackwardRows[F Float](dinp, dweight, dout, inp, weight, rstd []F, lo, hi, C int) {
+	for i := lo; i < hi; i++ {
 		x, d, dx := inp[i*C:(i+1)*C], dout[i*C:(i+1)*C], dinp[i*C:(i+1)*C]
 		r := rstd[i]
-		var dot float64
-		for c := range x {
-			dot += float64(d[c]*weight[c]) * float64(x[c])
+		var dot F
+		for c, xc := range x {
+			dot += d[c] * weight[c] * xc
 		}
-		k := F(dot/float64(C)) * r * r * r
-		for c := range x {
-			dweight[c] += d[c] * x[c] * r
-			dx[c] += r*d[c]*weight[c] - x[c]*k
+		k := dot / F(C) * r * r * r
+		for c, xc := range x {
+			dweight[c] += d[c] * xc * r
+			dx[c] += r*d[c]*weight[c] - xc*k
 		}
 	}
 }
@@ -183,7 +216,6 @@ func rope[F Float](x, cos, sin []F, B, T, NH, HD int, dir F) {
 // the masked softmax between them.
 func Attention[F Float](out, att, q, k, v []F, B, T, NH, NKV, HD int) {
 	group, scale := NH/NKV, 1/math.Sqrt(float64(HD))
-	f32 := isFloat32[F]()
 	parallelFor(B*NH, 2*T*T*HD, func(lo, hi int) {
 		for bh := lo; bh < hi; bh++ {
 			b, h := bh/NH, bh%NH
@@ -198,10 +230,13 @@ func Attention[F Float](out, att, q, k, v []F, B, T, NH, NKV, HD int) {
 					row[t2] *= F(scale)
 					maxv = max(maxv, row[t2])
 				}
-				var sum F
 				for t2 := 0; t2 <= t; t2++ {
-					row[t2] = expF(row[t2]-maxv, f32)
-					sum += row[t2]
+					row[t2] -= maxv
+				}
+				expInPlace(row[:t+1])
+				var sum F
+				for _, e := range row[:t+1] {
+					sum += e
 				}
 				inv := 1 / sum
 				for t2 := 0; t2 <= t; t2++ {
@@ -261,21 +296,6 @@ func scratch[F Float](n int) []F {
 	return make([]F, n)
 }
 
-// isFloat32 reports whether F is float32 (the fast elementwise paths).
-func isFloat32[F Float]() bool {
-	var z F
-	_, ok := any(z).(float32)
-	return ok
-}
-
-// expF is e^x: exp32 for float32, math.Exp for float64 (the gradient checks).
-func expF[F Float](x F, f32 bool) F {
-	if f32 {
-		return F(exp32(float32(x)))
-	}
-	return F(math.Exp(float64(x)))
-}
-
 // exp32 is e^x to float32 precision (about 1 ulp): x = n·ln2 + r with |r| ≤ ln2/2,
 // e^r from Cephes' expf polynomial, scaled by 2^n through the exponent bits.
 func exp32(x float32) float32 {
@@ -287,7 +307,12 @@ func exp32(x float32) float32 {
 	case x != x:
 		return x
 	}
-	n := float32(math.Floor(float64(x*1.44269504088896341 + 0.5)))
+	t := x * 1.44269504088896341
+	ni := int32(t + 0.5) // round to nearest: conversion truncates toward zero
+	if t < -0.5 {
+		ni = int32(t - 0.5)
+	}
+	n := float32(ni)
 	r := x - n*0.693359375 + n*2.12194440e-4
 	p := float32(1.9875691500e-4)
 	p = p*r + 1.3981999507e-3
@@ -296,26 +321,57 @@ func exp32(x float32) float32 {
 	p = p*r + 1.6666665459e-1
 	p = p*r + 5.0000001201e-1
 	y := p*r*r + r + 1
-	return y * math.Float32frombits(uint32(int32(n)+127)<<23)
+	return y * math.Float32frombits(uint32(ni+127)<<23)
 }
 
 // SwiGLU: out = silu(gate) · up, elementwise over n values; silu(x) = x·σ(x).
 func SwiGLU[F Float](out, gate, up []F, n int) {
-	f32 := isFloat32[F]()
-	for i := 0; i < n; i++ {
-		g := gate[i]
-		out[i] = g / (1 + expF(-g, f32)) * up[i]
-	}
+	parallelFor(n, 8, func(lo, hi int) {
+		var e [256]F
+		for b := lo; b < hi; b += len(e) {
+			m := min(len(e), hi-b)
+			g := gate[b : b+m]
+			for i, x := range g {
+				e[i] = -x
+			}
+			expInPlace(e[:m])
+			o, u := out[b:b+m], up[b:b+m]
+			for i, x := range g {
+				o[i] = x / (1 + e[i]) * u[i]
+			}
+		}
+	})
 }
 
 // SwiGLUBackward: dgate += dout·up·σ(g)·(1 + g·(1−σ(g))); dup += dout·silu(g).
 func SwiGLUBackward[F Float](dgate, dup, dout, gate, up []F, n int) {
-	f32 := isFloat32[F]()
-	for i := 0; i < n; i++ {
-		g := gate[i]
-		s := 1 / (1 + expF(-g, f32))
-		dgate[i] += dout[i] * up[i] * s * (1 + g*(1-s))
-		dup[i] += dout[i] * g * s
+	parallelFor(n, 10, func(lo, hi int) {
+		var e [256]F
+		for b := lo; b < hi; b += len(e) {
+			m := min(len(e), hi-b)
+			g := gate[b : b+m]
+			for i, x := range g {
+				e[i] = -x
+			}
+			expInPlace(e[:m])
+			dg, du, do, u := dgate[b:b+m], dup[b:b+m], dout[b:b+m], up[b:b+m]
+			for i, x := range g {
+				s := 1 / (1 + e[i])
+				dg[i] += do[i] * u[i] * s * (1 + x*(1-s))
+				du[i] += do[i] * x * s
+			}
+		}
+	})
+}
+
+// expInPlace sets x[i] = e^x[i]: vectorised for float32, math.Exp for float64.
+func expInPlace[F Float](x []F) {
+	if x32, ok := any(x).([]float32); ok {
+		vexp32(x32, x32)
+		return
+	}
+	for i, v := range x {
+		x[i] = F(math.Exp(float64(v)))
 	}
 }
 

@@ -214,3 +214,21 @@ func TestExp32(t *testing.T) {
 		t.Fatal("exp32 does not saturate")
 	}
 }
+
+// TestVexp32 checks the vector exp against math.Exp on lengths with and without a
+// scalar tail, over the clamped range. Tolerance as TestExp32 (about 3 ulp).
+func TestVexp32(t *testing.T) {
+	for _, n := range []int{1, 15, 16, 17, 100, 1000} {
+		src, dst := make([]float32, n), make([]float32, n)
+		for i := range src {
+			src[i] = float32(-87 + 175*float64(i)/float64(n))
+		}
+		vexp32(dst, src)
+		for i := range src {
+			want := math.Exp(float64(src[i]))
+			if math.Abs(float64(dst[i])-want) > 4e-7*want {
+				t.Fatalf("n=%d: exp(%v) = %v, want %v (%s)", n, src[i], dst[i], want, KernelName())
+			}
+		}
+	}
+}

@@ -1,0 +1,21 @@
+//go:build amd64 && !purego
+
+package cpu
+
+//go:noescape
+func vexp32AVX512(dst, src *float32, n int)
+
+// vexp32 sets dst[i] = e^src[i] (dst and src may be the same slice).
+func vexp32(dst, src []float32) {
+	n := len(src)
+	bulk := n &^ 15
+	if hasAVX512 && bulk > 0 {
+		_ = dst[n-1]
+		vexp32AVX512(&dst[0], &src[0], bulk)
+	} else {
+		bulk = 0
+	}
+	for i := bulk; i < n; i++ {
+		dst[i] = exp32(src[i])
+	}
+}

@@ -1,0 +1,66 @@
+//go:build amd64 && !purego
+
+#include "textflag.h"
+
+// func vexp32AVX512(dst, src *float32, n int)
+//
+// dst[i] = e^src[i] for i < n, n a multiple of 16: the algorithm of exp32 (Cephes'
+// expf) sixteen lanes at a time. x is clamped to [-87.33654, 88.72283]; x = n·ln2 + r
+// with n rounded to nearest (VRNDSCALEPS), e^r by the degree-6 polynomial, and the
+// result scaled by 2^n (VSCALEFPS).
+TEXT ·vexp32AVX512(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	MOVL $0x42b17217, AX // 88.72283
+	VPBROADCASTD AX, Z20
+	MOVL $0xc2aeac4f, AX // -87.33654
+	VPBROADCASTD AX, Z21
+	MOVL $0x3fb8aa3b, AX // log2(e)
+	VPBROADCASTD AX, Z22
+	MOVL $0x3f318000, AX // 0.693359375
+	VPBROADCASTD AX, Z23
+	MOVL $0xb95e8083, AX // -2.12194440e-4
+	VPBROADCASTD AX, Z24
+	MOVL $0x39506967, AX // 1.9875691500e-4
+	VPBROADCASTD AX, Z25
+	MOVL $0x3ab743ce, AX // 1.3981999507e-3
+	VPBROADCASTD AX, Z26
+	MOVL $0x3c088908, AX // 8.3334519073e-3
+	VPBROADCASTD AX, Z27
+	MOVL $0x3d2aa9c1, AX // 4.1665795894e-2
+	VPBROADCASTD AX, Z28
+	MOVL $0x3e2aaaaa, AX // 1.6666665459e-1
+	VPBROADCASTD AX, Z29
+	MOVL $0x3f000000, AX // 5.0000001201e-1 (0.5 in float32)
+	VPBROADCASTD AX, Z30
+	MOVL $0x3f800000, AX // 1
+	VPBROADCASTD AX, Z31
+loop:
+	TESTQ CX, CX
+	JEQ done
+	VMOVUPS (SI), Z0
+	VMINPS Z20, Z0, Z0
+	VMAXPS Z21, Z0, Z0
+	VMULPS Z22, Z0, Z1
+	VRNDSCALEPS $0, Z1, Z1        // n = round(x·log2e)
+	VFNMADD231PS Z23, Z1, Z0      // r = x − n·C1
+	VFNMADD231PS Z24, Z1, Z0      // r −= n·C2
+	VMOVAPS Z25, Z2               // p = P0
+	VFMADD213PS Z26, Z0, Z2       // p = p·r + P1
+	VFMADD213PS Z27, Z0, Z2
+	VFMADD213PS Z28, Z0, Z2
+	VFMADD213PS Z29, Z0, Z2
+	VFMADD213PS Z30, Z0, Z2       // p = p·r + P5
+	VMULPS Z0, Z0, Z3             // r²
+	VFMADD213PS Z0, Z3, Z2        // p·r² + r
+	VADDPS Z31, Z2, Z2            // + 1
+	VSCALEFPS Z1, Z2, Z2          // · 2^n
+	VMOVUPS Z2, (DI)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	SUBQ $16, CX
+	JMP loop
+done:
+	VZEROUPPER
+	RET
