@@ -44,6 +44,7 @@ type Metrics struct {
 	GradNorm   float64  `json:"grad_norm"`
 	TokensPerS float64  `json:"tokens_per_s"`
 	ValLoss    *float64 `json:"val_loss,omitempty"`
+	AuxLoss    *float64 `json:"aux_loss,omitempty"` // MoE load-balancing loss (weighted)
 	Skipped    bool     `json:"skipped,omitempty"`
 }
 
@@ -200,7 +201,7 @@ func (t *run) train(ctx context.Context) (*Result, error) {
 	var err error
 	t.m, err = model.New[float32](r.Model, t.plan.Params, t.st.wviews, t.st.gviews, t.opts.Backend, B, T)
 	if err != nil {
-		return nil, &KeyError{Key: "model.moe.num_experts", Value: r.Model.MoE.NumExperts, Err: err, Fix: "train a dense model"}
+		return nil, fmt.Errorf("building the model: %w", err)
 	}
 	t.metrics, err = os.Create(filepath.Join(t.dir, "metrics.jsonl"))
 	if err != nil {
@@ -227,7 +228,7 @@ func (t *run) train(ctx context.Context) (*Result, error) {
 		t0 := time.Now()
 		lr := sched.LR(step)
 		t.st.zeroGrads()
-		var sum float64
+		var sum, aux float64
 		var count int
 		scale := 1 / float64(micro*B*T) // per-token mean over the global batch
 		if !r.FSDP.CalculatePerTokenLoss {
@@ -237,11 +238,14 @@ func (t *run) train(ctx context.Context) (*Result, error) {
 			data.Batch(tokens, targets, t.ds.Train, r.Run.Seed, step, 0, mb, B, T)
 			s, n := t.m.Forward(tokens, targets)
 			t.m.Backward(tokens, targets, scale)
-			sum, count = sum+s, count+n
+			sum, count, aux = sum+s, count+n, aux+t.m.AuxLoss()/float64(micro)
 		}
 		loss := sum / float64(count)
 		norm := t.st.gradNorm()
 		met := Metrics{Step: step + 1, Loss: loss, LR: lr, GradNorm: norm}
+		if r.Model.MoE.NumExperts > 0 {
+			met.AuxLoss = &aux
+		}
 		if math.IsNaN(loss) || math.IsInf(loss, 0) || math.IsNaN(norm) || math.IsInf(norm, 0) {
 			if !r.Train.SkipNonfinite {
 				return nil, fmt.Errorf("step %d: %w (loss %v, grad_norm %v); last good step %d had loss %.4f, grad_norm %.4f; lower train.lr or set train.skip_nonfinite = true: %w",

@@ -12,6 +12,7 @@ import (
 // layerParams are one dense layer's weight (or gradient) views.
 type layerParams[F tensor.Float] struct {
 	attnNorm, wq, wk, wv, wo, mlpNorm, w1, w3, w2 []F
+	moe                                           *moeParams[F] // MoE layers; w1, w3, w2 are then nil
 }
 
 // params are the views of every parameter, in the model's own terms.
@@ -28,6 +29,7 @@ type acts[F tensor.Float] struct {
 	resid, ln1, q, k, v, att, atty, mid, ln2, gate, up, sw [][]F
 	rstd1, rstd2                                           [][]F
 	final, lnf, rstdf, logits, probs, losses               []F
+	moe                                                    []*moeActs[F] // per layer; nil for dense layers
 }
 
 // Model is a decoder bound to a batch shape (B sequences of T tokens).
@@ -39,16 +41,17 @@ type Model[F tensor.Float] struct {
 	a       acts[F]
 	cos     []F // RoPE tables (T, HD/2)
 	sin     []F
-	scratch struct{ dres, dx, dq, dk, dv, datty, dff1, dff2, dsw, dlogits, dloss []F }
+	scratch struct {
+		dres, dx, dq, dk, dv, datty, dff1, dff2, dsw, dlogits, dloss []F
+		// MoE backward (sized for the largest MoE layer)
+		moeDlogits, moeDp, moeDy, moeDx, moeDh, moeDg, moeDu, moeSh, moeSg, moeSu []F
+	}
 }
 
 // New binds a model to its parameter and gradient views: weights[i] and grads[i]
 // hold parameter table[i] whole (the trainer gathers sharded units before use).
 // The table must come from parallel.ParamTable with tp = etp = 1.
 func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights, grads [][]F, be tensor.Kernels[F], B, T int) (*Model[F], error) {
-	if cfg.MoE.NumExperts > 0 {
-		return nil, fmt.Errorf("model: mixture-of-experts layers are not implemented in the CPU trainer yet (model.moe.num_experts = %d); set it to 0", cfg.MoE.NumExperts)
-	}
 	if T > cfg.SeqLen {
 		return nil, fmt.Errorf("model: sequence of %d tokens is longer than model.seq_len (%d)", T, cfg.SeqLen)
 	}
@@ -84,10 +87,22 @@ func bind[F tensor.Float](cfg config.Model, table []parallel.Param, views [][]F)
 	}
 	for l := 0; l < cfg.Layers; l++ {
 		pre := fmt.Sprintf("layers.%d.", l)
-		p.layers = append(p.layers, layerParams[F]{
+		lp := layerParams[F]{
 			attnNorm: get(pre + "attn_norm.weight"), wq: get(pre + "attn.wq"), wk: get(pre + "attn.wk"), wv: get(pre + "attn.wv"),
 			wo: get(pre + "attn.wo"), mlpNorm: get(pre + "mlp_norm.weight"), w1: get(pre + "mlp.w1"), w3: get(pre + "mlp.w3"), w2: get(pre + "mlp.w2"),
-		})
+		}
+		if cfg.IsMoELayer(l) {
+			mp := &moeParams[F]{router: get(pre + "moe.router")}
+			three := func(q string) [3][]F { return [3][]F{get(q + ".w1"), get(q + ".w3"), get(q + ".w2")} }
+			for s := 0; s < cfg.MoE.SharedExperts; s++ {
+				mp.shared = append(mp.shared, three(fmt.Sprintf("%smoe.shared.%d", pre, s)))
+			}
+			for e := 0; e < cfg.MoE.NumExperts; e++ {
+				mp.experts = append(mp.experts, three(fmt.Sprintf("%smoe.experts.%d", pre, e)))
+			}
+			lp.moe = mp
+		}
+		p.layers = append(p.layers, lp)
 	}
 	return p, nil
 }
@@ -113,6 +128,21 @@ func (m *Model[F]) alloc() {
 	a.k, a.v = mk(BT*NKV*HD), mk(BT*NKV*HD)
 	a.att = mk(m.B * NH * m.T * m.T)
 	a.gate, a.up, a.sw = mk(BT*FF), mk(BT*FF), mk(BT*FF)
+	a.moe = make([]*moeActs[F], L)
+	for l := 0; l < L; l++ {
+		if m.Cfg.IsMoELayer(l) {
+			a.gate[l], a.up[l], a.sw[l] = nil, nil, nil // the experts' buffers replace the MLP's
+			a.moe[l] = newMoEActs[F](m.Cfg, BT)
+		}
+	}
+	if m.Cfg.MoE.NumExperts > 0 {
+		E, k, EF := m.Cfg.MoE.NumExperts, m.Cfg.MoE.TopK, m.Cfg.MoE.ExpertFFNHidden
+		s := &m.scratch
+		s.moeDlogits, s.moeDp = make([]F, BT*E), make([]F, E)
+		s.moeDy, s.moeDx = make([]F, BT*k*C), make([]F, BT*k*C)
+		s.moeDh, s.moeDg, s.moeDu = make([]F, BT*k*EF), make([]F, BT*k*EF), make([]F, BT*k*EF)
+		s.moeSh, s.moeSg, s.moeSu = make([]F, BT*EF), make([]F, BT*EF), make([]F, BT*EF)
+	}
 	a.rstd1, a.rstd2 = mk(BT), mk(BT)
 	a.final, a.lnf, a.rstdf = make([]F, BT*C), make([]F, BT*C), make([]F, BT)
 	a.logits, a.probs, a.losses = make([]F, BT*V), make([]F, BT*V), make([]F, BT)
@@ -149,15 +179,19 @@ func (m *Model[F]) Forward(tokens, targets []int32) (lossSum float64, count int)
 		copy(a.mid[l], x)
 		be.Matmul(a.mid[l], a.atty[l], lw.wo, BT, NH*HD, C, true) // mid = x + attention
 		be.RMSNorm(a.ln2[l], a.rstd2[l], a.mid[l], lw.mlpNorm, BT, C, eps)
-		be.Matmul(a.gate[l], a.ln2[l], lw.w1, BT, C, FF, false)
-		be.Matmul(a.up[l], a.ln2[l], lw.w3, BT, C, FF, false)
-		be.SwiGLU(a.sw[l], a.gate[l], a.up[l], BT*FF)
 		next := a.final
 		if l+1 < len(w.layers) {
 			next = a.resid[l+1]
 		}
 		copy(next, a.mid[l])
-		be.Matmul(next, a.sw[l], lw.w2, BT, FF, C, true) // next = mid + MLP
+		if lw.moe != nil {
+			m.moeForward(next, a.ln2[l], *lw.moe, a.moe[l]) // next = mid + MoE
+		} else {
+			be.Matmul(a.gate[l], a.ln2[l], lw.w1, BT, C, FF, false)
+			be.Matmul(a.up[l], a.ln2[l], lw.w3, BT, C, FF, false)
+			be.SwiGLU(a.sw[l], a.gate[l], a.up[l], BT*FF)
+			be.Matmul(next, a.sw[l], lw.w2, BT, FF, C, true) // next = mid + MLP
+		}
 		x = next
 	}
 	be.RMSNorm(a.lnf, a.rstdf, a.final, w.norm, BT, C, eps)
@@ -191,7 +225,24 @@ func (m *Model[F]) ActivationBytes() (activations, logits int64) {
 		}
 	}
 	n += int64(len(a.final) + len(a.lnf) + len(a.rstdf))
+	for _, ma := range a.moe {
+		if ma != nil {
+			n += ma.size()
+		}
+	}
 	return n * size, int64(len(a.logits)+len(a.probs)+len(a.losses)) * size
+}
+
+// AuxLoss is the load-balancing loss of the last forward pass, summed over MoE
+// layers and multiplied by model.moe.aux_loss_coeff (0 for dense models).
+func (m *Model[F]) AuxLoss() float64 {
+	var s float64
+	for _, a := range m.a.moe {
+		if a != nil {
+			s += a.aux
+		}
+	}
+	return s * m.Cfg.MoE.AuxLossCoeff
 }
 
 // Logits returns the last forward pass's logits (B·T, V).
@@ -215,15 +266,21 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 	be.RMSNormBackward(dres, g.norm, s.dx, a.final, w.norm, a.rstdf, BT, C)
 	for l := len(w.layers) - 1; l >= 0; l-- {
 		lw, lg := w.layers[l], g.layers[l]
-		// MLP: next = mid + w2·swiglu(w1·ln2, w3·ln2); dres flows to mid unchanged.
-		clear(s.dsw)
-		be.MatmulBackward(s.dsw, lg.w2, dres, a.sw[l], lw.w2, BT, FF, C)
-		clear(s.dff1)
-		clear(s.dff2)
-		be.SwiGLUBackward(s.dff1, s.dff2, s.dsw, a.gate[l], a.up[l], BT*FF)
 		clear(s.dx)
-		be.MatmulBackward(s.dx, lg.w1, s.dff1, a.ln2[l], lw.w1, BT, C, FF)
-		be.MatmulBackward(s.dx, lg.w3, s.dff2, a.ln2[l], lw.w3, BT, C, FF)
+		if lw.moe != nil {
+			// next = mid + MoE(ln2); the aux loss of this micro-batch is weighted by its
+			// share of the global batch's tokens (scale·BT).
+			m.moeBackward(s.dx, dres, a.ln2[l], *lw.moe, *lg.moe, a.moe[l], scale*float64(BT))
+		} else {
+			// MLP: next = mid + w2·swiglu(w1·ln2, w3·ln2); dres flows to mid unchanged.
+			clear(s.dsw)
+			be.MatmulBackward(s.dsw, lg.w2, dres, a.sw[l], lw.w2, BT, FF, C)
+			clear(s.dff1)
+			clear(s.dff2)
+			be.SwiGLUBackward(s.dff1, s.dff2, s.dsw, a.gate[l], a.up[l], BT*FF)
+			be.MatmulBackward(s.dx, lg.w1, s.dff1, a.ln2[l], lw.w1, BT, C, FF)
+			be.MatmulBackward(s.dx, lg.w3, s.dff2, a.ln2[l], lw.w3, BT, C, FF)
+		}
 		be.RMSNormBackward(dres, lg.mlpNorm, s.dx, a.mid[l], lw.mlpNorm, a.rstd2[l], BT, C)
 		// Attention: mid = x + wo·attention(rope(wq·ln1), rope(wk·ln1), wv·ln1).
 		clear(s.datty)

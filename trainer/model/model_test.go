@@ -10,6 +10,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+func tinyMoE(shared int, capacity float64, freq int) config.Model {
+	m := tinyConfig(false)
+	m.MoE.NumExperts, m.MoE.TopK, m.MoE.ExpertFFNHidden, m.MoE.SharedExperts = 4, 2, 6, shared
+	m.MoE.CapacityFactor, m.MoE.AuxLossCoeff, m.MoE.LayerFreq = capacity, 0.3, freq
+	return m
+}
+
 func tinyConfig(tied bool) config.Model {
 	m := config.Default().Model
 	m.Layers, m.Hidden, m.Heads, m.KVHeads, m.FFNHidden, m.VocabSize, m.SeqLen = 2, 8, 2, 1, 12, 11, 6
@@ -37,13 +44,24 @@ func build[F float32 | float64](t *testing.T, cfg config.Model, B, T int) (*Mode
 // relative tolerance of 1e-5: truncation O(h²) and rounding O(1e-16/h) are both far
 // below it, and a wrong gradient is off by O(1).
 func TestModelGradient(t *testing.T) {
-	for _, tied := range []bool{false, true} {
-		cfg := tinyConfig(tied)
+	cases := map[string]config.Model{
+		"dense": tinyConfig(false), "tied": tinyConfig(true),
+		// MoE with shared experts; MoE every other layer; a capacity that drops copies.
+		"moe": tinyMoE(1, 0, 1), "moe-interleaved": tinyMoE(0, 0, 2), "moe-capacity": tinyMoE(0, 0.6, 1),
+	}
+	for name, cfg := range cases {
+		tied := name
 		B, T := 2, 5
 		m, w, g, table := build[float64](t, cfg, B, T)
 		tokens := []int32{1, 4, 2, 9, 0, 3, 3, 10, 5, 6}
 		targets := []int32{4, 2, 9, 0, 7, 3, 10, -1, 6, 1}
-		loss := func() float64 { s, n := m.Forward(tokens, targets); return s / float64(n) }
+		// The objective Backward(scale = 1/n) differentiates: the mean token loss plus
+		// the load-balancing loss weighted by the micro-batch's share of the counted
+		// tokens, scale·B·T (10/9 here: one target is ignored).
+		loss := func() float64 {
+			s, n := m.Forward(tokens, targets)
+			return s/float64(n) + m.AuxLoss()*float64(B*T)/float64(n)
+		}
 		_, n := m.Forward(tokens, targets)
 		m.Backward(tokens, targets, 1/float64(n))
 		const h = 1e-5
@@ -57,7 +75,7 @@ func TestModelGradient(t *testing.T) {
 				w[i][j] = orig
 				num := (lp - lm) / (2 * h)
 				if math.Abs(num-g[i][j]) > 1e-5*(1+math.Abs(num)) {
-					t.Fatalf("tied=%v: d/d %s[%d]: analytic %.9g, numeric %.9g", tied, table[i].Name, j, g[i][j], num)
+					t.Fatalf("%s: d/d %s[%d]: analytic %.9g, numeric %.9g", tied, table[i].Name, j, g[i][j], num)
 				}
 			}
 		}
