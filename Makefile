@@ -6,7 +6,7 @@ GO ?= go
 export GOPROXY := $(shell $(GO) env GOPROXY 2>/dev/null | cut -d, -f1)
 BIN := bin/shardline
 
-.PHONY: help build test vet bench fuzz docs golden clean
+.PHONY: help build test vet bench bench-deps fuzz docs golden clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -21,9 +21,14 @@ test: ## vet and run every test (what CI runs)
 vet: ## go vet
 	$(GO) vet ./...
 
-bench: ## speed benchmarks, each printed against its budget or reference
+bench: bench-deps ## speed benchmarks, each printed against its budget or reference
 	./scripts/bench-lint.sh
 	./scripts/bench-plan.sh
+	$(GO) test ./tensor/cpu -run '^$$' -bench Sgemm -count 1 | grep GFLOP
+	./scripts/bench-train.sh
+
+bench-deps: ## install the reference PyTorch and OpenBLAS (Debian packages) if missing
+	@/usr/bin/python3 -c 'import torch' 2>/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch libopenblas0-pthread; }
 
 fuzz: ## fuzz the recipe loader and linter for 60 s
 	$(GO) test ./config -run '^$$' -fuzz FuzzLoadLint -fuzztime 60s

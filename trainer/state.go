@@ -1,6 +1,9 @@
 package trainer
 
 import (
+	"runtime"
+	"sync"
+
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/tensor"
@@ -82,15 +85,37 @@ func (s *state) gradNorm() float64 {
 
 // step applies the optimizer to every parameter (decay per parameter) and refreshes
 // the compute weights.
+//
+// Parameters are updated on every core: each element's update depends only on its
+// own values, so the split does not change any bit of the result.
 func (s *state) step(o optim.AdamW, lr float64, t int) {
+	type job struct {
+		gi     int
+		lo, hi int64
+		decay  bool
+	}
+	var jobs []job
 	k := 0
 	for gi := range s.plan.Groups {
-		g := &s.plan.Groups[gi]
-		for _, e := range g.Entries {
-			lo, hi := e.Offset, e.Offset+e.Numel
-			o.Update(s.main[gi][lo:hi], s.grads[gi][lo:hi], s.m[gi][lo:hi], s.v[gi][lo:hi], lr, t, s.decay[k])
+		for _, e := range s.plan.Groups[gi].Entries {
+			jobs = append(jobs, job{gi, e.Offset, e.Offset + e.Numel, s.decay[k]})
 			k++
 		}
+	}
+	workers := runtime.GOMAXPROCS(0)
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < len(jobs); i += workers {
+				j := jobs[i]
+				o.Update(s.main[j.gi][j.lo:j.hi], s.grads[j.gi][j.lo:j.hi], s.m[j.gi][j.lo:j.hi], s.v[j.gi][j.lo:j.hi], lr, t, j.decay)
+			}
+		}()
+	}
+	wg.Wait()
+	for gi := range s.plan.Groups {
 		s.syncCompute(gi)
 	}
 }

@@ -278,3 +278,37 @@ func TestLintReportsPlanThatDoesNotFit(t *testing.T) {
 	assert.Contains(t, out, "flag --micro-batch-size: error[SL501]: the plan needs")
 	assert.Contains(t, out, "help: any one of these fits")
 }
+
+// TestRunPrepareSample trains a very small model on prepared data, then samples it.
+func TestRunPrepareSample(t *testing.T) {
+	dir := t.TempDir()
+	text := filepath.Join(dir, "t.txt")
+	require.NoError(t, os.WriteFile(text, []byte(strings.Repeat("to be or not to be, that is the question. ", 300)), 0o644))
+	prepared := filepath.Join(dir, "prepared")
+	code, out, errs := shardline(t, nil, "data", "prepare", "--tokenizer", "char", "--val-fraction", "0.1", "-o", prepared, text)
+	require.Equal(t, 0, code, errs)
+	assert.Contains(t, out, "char tokenizer (vocabulary 15)")
+
+	args := []string{"run", filepath.Join(recipesDir, "tiny.toml"), "--set", "data.path=" + prepared, "--set", "data.tokenizer=char",
+		"--set", "model.vocab_size=16", "--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--num-query-groups", "2", "--ffn-hidden-size", "64",
+		"--seq-length", "16", "--micro-batch-size", "4", "--global-batch-size", "4", "--train-iters", "5", "--set", "train.eval_interval=5",
+		"--set", "run.output_dir=" + filepath.Join(dir, "runs"), "--set", "run.name=cli"}
+	code, out, errs = shardline(t, nil, args...)
+	require.Equal(t, 0, code, errs)
+	assert.Contains(t, out, "run directory: "+filepath.Join(dir, "runs", "cli"))
+	assert.Contains(t, errs, `"message":"done"`, "the log is JSON lines off a terminal")
+
+	code, out, errs = shardline(t, nil, "sample", filepath.Join(dir, "runs", "cli"), "--prompt", "to be", "--tokens", "10", "--temperature", "0")
+	require.Equal(t, 0, code, errs)
+	assert.True(t, strings.HasPrefix(out, "to be"))
+	assert.Len(t, []rune(strings.TrimSuffix(out, "\n")), 15)
+
+	// Bad input names the recipe key, its value and the fix.
+	code, _, errs = shardline(t, nil, append(args, "--set", "data.path="+filepath.Join(dir, "none.txt"))...)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errs, `flag --set data.path: data.path (`)
+	assert.Contains(t, errs, "does not exist")
+	code, _, errs = shardline(t, nil, "sample", dir)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errs, "is not a run directory")
+}

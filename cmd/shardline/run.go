@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -43,7 +44,20 @@ still writes the outputs (exit status 130).`,
 		Args: cobra.MaximumNArgs(1),
 	}
 	rf := addRecipeFlags(cmd)
+	var cpuProfile string
+	cmd.Flags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof reads it)")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		if cpuProfile != "" {
+			f, err := os.Create(cpuProfile)
+			if err != nil {
+				return usageErr("--cpuprofile %s: %v", cpuProfile, unwrap(err))
+			}
+			defer f.Close()
+			if err := pprof.StartCPUProfile(f); err != nil {
+				return usageErr("--cpuprofile: %v", err)
+			}
+			defer pprof.StopCPUProfile()
+		}
 		path := filepath.Join("recipes", "tiny.toml")
 		if len(args) == 1 {
 			path = args[0]

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Training throughput on nanoGPT's Shakespeare-char shape (4 layers, width 128,
+# context 64, batch 12): shardline's full training step (forward, backward, AdamW;
+# the median over 300 steps of `shardline run`) against the same model written in
+# PyTorch (bench/torch_llama.py: best of 1 and 2 torch threads, and of OpenBLAS with
+# 1 or 2 threads), measured in this one run. Prints both and the ratio.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+data=../shared/data/tinyshakespeare.txt
+vocab=65
+if [ ! -f "$data" ]; then
+	data="$(go env GOROOT)/src/testdata/Isaac.Newton-Opticks.txt"
+	vocab=128
+	echo "note: $data stands in for tinyshakespeare (absent); vocabulary $vocab" >&2
+fi
+go build -o bin/shardline ./cmd/shardline
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+./bin/shardline run bench/shakespeare-char.toml --train-iters 300 --set train.eval_interval=0 \
+	--set data.path="$data" --set model.vocab_size=$vocab --set run.output_dir="$out" \
+	--set logging.progress=false --set logging.level=warn >/dev/null
+go_tps=$(/usr/bin/python3 -c "import json,sys; print(round(json.load(open(sys.argv[1]))['result']['tokens_per_s_median']))" "$out/shakespeare-char/run.json")
+if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+	echo "train shakespeare-char: shardline $go_tps tokens/s; PyTorch missing (make bench-deps installs it)"
+	exit 0
+fi
+best=0
+for ob in 1 2; do
+	t=$(OPENBLAS_NUM_THREADS=$ob /usr/bin/python3 bench/torch_llama.py --vocab $vocab --steps 60 | tail -1 |
+		/usr/bin/python3 -c "import json,sys; print(round(json.load(sys.stdin)['tokens_per_s']))")
+	if [ "$t" -gt "$best" ]; then best=$t; fi
+done
+/usr/bin/python3 -c "import sys; g, t = float(sys.argv[1]), float(sys.argv[2]); print(f'train shakespeare-char: shardline {g:.0f} tokens/s, PyTorch {t:.0f} tokens/s (best of 1/2 threads): {g/t:.2f}x')" "$go_tps" "$best"

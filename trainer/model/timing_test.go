@@ -1,0 +1,99 @@
+package model
+
+import (
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/tensor"
+	"github.com/shardline/shardline/tensor/cpu"
+)
+
+// timed wraps a backend and sums the wall time of each kernel.
+type timed struct {
+	tensor.Backend
+	t map[string]time.Duration
+}
+
+func (k timed) rec(name string, start time.Time) { k.t[name] += time.Since(start) }
+func (k timed) Matmul(out, inp, weight []float32, BT, C, OC int, acc bool) {
+	defer k.rec("Matmul", time.Now())
+	k.Backend.Matmul(out, inp, weight, BT, C, OC, acc)
+}
+func (k timed) MatmulBackward(dinp, dweight, dout, inp, weight []float32, BT, C, OC int) {
+	defer k.rec("MatmulBackward", time.Now())
+	k.Backend.MatmulBackward(dinp, dweight, dout, inp, weight, BT, C, OC)
+}
+func (k timed) Attention(out, att, q, kk, v []float32, B, T, NH, NKV, HD int) {
+	defer k.rec("Attention", time.Now())
+	k.Backend.Attention(out, att, q, kk, v, B, T, NH, NKV, HD)
+}
+func (k timed) AttentionBackward(dq, dk, dv, dout, att, q, kk, v []float32, B, T, NH, NKV, HD int) {
+	defer k.rec("AttentionBackward", time.Now())
+	k.Backend.AttentionBackward(dq, dk, dv, dout, att, q, kk, v, B, T, NH, NKV, HD)
+}
+func (k timed) SwiGLU(out, g, u []float32, n int) {
+	defer k.rec("SwiGLU", time.Now())
+	k.Backend.SwiGLU(out, g, u, n)
+}
+func (k timed) SwiGLUBackward(dg, du, do, g, u []float32, n int) {
+	defer k.rec("SwiGLUBackward", time.Now())
+	k.Backend.SwiGLUBackward(dg, du, do, g, u, n)
+}
+func (k timed) RMSNorm(out, rstd, inp, w []float32, BT, C int, eps float64) {
+	defer k.rec("RMSNorm", time.Now())
+	k.Backend.RMSNorm(out, rstd, inp, w, BT, C, eps)
+}
+func (k timed) RMSNormBackward(dinp, dw, dout, inp, w, rstd []float32, BT, C int) {
+	defer k.rec("RMSNormBackward", time.Now())
+	k.Backend.RMSNormBackward(dinp, dw, dout, inp, w, rstd, BT, C)
+}
+func (k timed) Rope(x, c, s []float32, B, T, NH, HD int) {
+	defer k.rec("Rope", time.Now())
+	k.Backend.Rope(x, c, s, B, T, NH, HD)
+}
+func (k timed) RopeBackward(x, c, s []float32, B, T, NH, HD int) {
+	defer k.rec("Rope", time.Now())
+	k.Backend.RopeBackward(x, c, s, B, T, NH, HD)
+}
+func (k timed) CrossEntropy(l, p, lg []float32, t []int32, BT, V int) {
+	defer k.rec("CrossEntropy", time.Now())
+	k.Backend.CrossEntropy(l, p, lg, t, BT, V)
+}
+func (k timed) CrossEntropyBackward(d, dl, p []float32, t []int32, BT, V int) {
+	defer k.rec("CrossEntropy", time.Now())
+	k.Backend.CrossEntropyBackward(d, dl, p, t, BT, V)
+}
+
+// BenchmarkStepBreakdown reports where a Shakespeare-char step's wall time goes:
+// ms/step of each kernel (the backend is wrapped in a timer) and of the whole step.
+func BenchmarkStepBreakdown(b *testing.B) {
+	cfg := ShakespeareChar()
+	B, T := 12, 64
+	table, _ := parallel.ParamTable(cfg, 1, 1)
+	w, g := make([][]float32, len(table)), make([][]float32, len(table))
+	for i := range table {
+		w[i], g[i] = make([]float32, table[i].LocalNumel()), make([]float32, table[i].LocalNumel())
+		InitParam(w[i], &table[i], 0, 1, cfg.InitStd, cfg.Layers)
+	}
+	k := timed{cpu.Backend{}, map[string]time.Duration{}}
+	m, err := New[float32](cfg, table, w, g, k, B, T)
+	if err != nil {
+		b.Fatal(err)
+	}
+	tokens := make([]int32, B*T)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		m.Forward(tokens, tokens)
+		m.Backward(tokens, tokens, 1/float64(B*T))
+	}
+	var names []string
+	for n := range k.t {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		b.ReportMetric(float64(k.t[n].Microseconds())/1e3/float64(b.N), n+"-ms/step")
+	}
+}
