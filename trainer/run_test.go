@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/tensor/cpu"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -139,3 +141,26 @@ func must(b []byte, err error) []byte {
 }
 
 func ftoa(f float64) string { b, _ := json.Marshal(f); return string(b) }
+
+// TestBF16Compute: with precision.bf16 the compute weights are bf16 values
+// (rounded from fp32 main weights after every step), and training still learns.
+func TestBF16Compute(t *testing.T) {
+	res, _ := tinyRun(t, "precision.bf16=true", "fsdp.grad_reduce_in_bf16=true")
+	r := &res.Recipe
+	topo, err := parallel.TopologyOf(r.Parallel)
+	require.NoError(t, err)
+	plan, err := parallel.Compile(r, topo)
+	require.NoError(t, err)
+	st := newState(plan, r)
+	st.init(r)
+	for gi := range st.weights {
+		for i, w := range st.weights[gi] {
+			require.Equal(t, tensor.ToBF16(w).Float32(), w, "compute weight %d of group %d is not a bf16 value", i, gi)
+		}
+	}
+	require.NotEqual(t, st.weights[0][:64], st.main[0][:64], "main weights keep fp32 precision")
+	out, err := Run(context.Background(), res, opts())
+	require.NoError(t, err)
+	assert.Less(t, out.FinalValLoss, out.UnigramBits)
+	assert.Greater(t, out.Held.MainWeights, int64(0))
+}
