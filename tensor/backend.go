@@ -39,4 +39,20 @@ type Kernels[F Float] interface {
 
 	Add(out, a, b []F, n int)
 	AddInto(dst, src []F, n int)
+
+	// Mixture of experts: routing, expert-major permutation of token copies, and the
+	// gated combination. idx, gates and row are (BT,K); tok (BT·K); offsets (E+1).
+	Router(probs []F, idx []int32, gates, logits []F, BT, E, K int)
+	RouterBackward(dlogits, dgates, dprobs, gates, probs []F, idx []int32, BT, E, K int)
+	Dispatch(xperm []F, row, tok, offsets, cursor []int32, x []F, idx []int32, BT, C, E, K, capacity int) int
+	DispatchBackward(dx, dxperm []F, tok []int32, n, C int)
+	Combine(out, y, gates []F, row []int32, BT, C, K int)
+	CombineBackward(dy, dgates, dout, y, gates []F, row []int32, BT, C, K int)
+
+	// Optimizers on a flat slice of parameters (one rank's shard or a whole model).
+	AdamW(params, grads, m, v []F, lr, beta1, beta2, eps, wd float64, t int)
+	SGD(params, grads, buf []F, lr, momentum, wd float64)
+	// RoundBF16 rounds values to bf16 precision in place (compute weights of a bf16
+	// run, kept in F for the kernels).
+	RoundBF16(x []F)
 }

@@ -195,7 +195,7 @@ func (t *run) train(ctx context.Context) (*Result, error) {
 	if err := t.writeHeader(); err != nil {
 		return nil, err
 	}
-	t.st = newState(t.plan, r)
+	t.st = newState(t.plan, r, t.opts.Backend)
 	t.st.init(r)
 	B, T := r.Train.MicroBatchSize, r.Model.SeqLen
 	var err error
@@ -210,7 +210,6 @@ func (t *run) train(ctx context.Context) (*Result, error) {
 	defer t.metrics.Close()
 	out.UnigramBits = unigramEntropy(t.ds.Train, t.ds.Tok.VocabSize())
 	sched := optim.Schedule{Peak: r.Train.LR, Warmup: r.Train.WarmupSteps, Steps: r.Train.Steps, MinFactor: r.Train.MinLRFactor, Decay: r.Train.LRSchedule}
-	adam := optim.AdamW{Beta1: r.Train.Beta1, Beta2: r.Train.Beta2, Eps: r.Train.Eps, WeightDecay: r.Train.WeightDecay}
 	micro := t.plan.MicroBatches
 	tokens, targets := make([]int32, B*T), make([]int32, B*T)
 	var last Metrics
@@ -259,7 +258,7 @@ func (t *run) train(ctx context.Context) (*Result, error) {
 				optim.Scale(g, f)
 			}
 			optSteps++
-			t.st.step(adam, lr, optSteps)
+			t.st.step(r.Train, lr, optSteps)
 		}
 		dt := time.Since(t0).Seconds()
 		met.TokensPerS = float64(micro*B*T) / dt

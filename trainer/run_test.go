@@ -151,7 +151,7 @@ func TestBF16Compute(t *testing.T) {
 	require.NoError(t, err)
 	plan, err := parallel.Compile(r, topo)
 	require.NoError(t, err)
-	st := newState(plan, r)
+	st := newState(plan, r, cpu.Backend{})
 	st.init(r)
 	for gi := range st.weights {
 		for i, w := range st.weights[gi] {
@@ -163,4 +163,14 @@ func TestBF16Compute(t *testing.T) {
 	require.NoError(t, err)
 	assert.Less(t, out.FinalValLoss, out.UnigramBits)
 	assert.Greater(t, out.Held.MainWeights, int64(0))
+}
+
+// TestOptimizers: sgd and adam train too (adam is AdamW, as in Megatron).
+func TestOptimizers(t *testing.T) {
+	for o, lr := range map[string]string{"sgd": "0.05", "adam": "0.01"} {
+		res, _ := tinyRun(t, "train.optimizer="+o, "train.lr="+lr)
+		out, err := Run(context.Background(), res, opts())
+		require.NoError(t, err, o)
+		assert.Less(t, out.FinalValLoss, out.UnigramBits, o)
+	}
 }

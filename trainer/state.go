@@ -24,10 +24,11 @@ type state struct {
 	gviews  [][]float32
 	decay   []bool // per group entry, in group order: is weight decay applied
 	bf16    bool
+	be      tensor.Backend
 }
 
-func newState(p *parallel.Plan, r *config.Recipe) *state {
-	s := &state{plan: p, wviews: make([][]float32, len(p.Params)), gviews: make([][]float32, len(p.Params)), bf16: r.Precision.BF16}
+func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend) *state {
+	s := &state{plan: p, wviews: make([][]float32, len(p.Params)), gviews: make([][]float32, len(p.Params)), bf16: r.Precision.BF16, be: be}
 	for gi := range p.Groups {
 		g := &p.Groups[gi]
 		w, gr := make([]float32, g.Padded), make([]float32, g.Padded)
@@ -65,7 +66,7 @@ func (s *state) syncCompute(gi int) {
 		return
 	}
 	copy(s.weights[gi], s.main[gi])
-	tensor.RoundBF16(s.weights[gi])
+	s.be.RoundBF16(s.weights[gi])
 }
 
 func (s *state) zeroGrads() {
@@ -84,11 +85,13 @@ func (s *state) gradNorm() float64 {
 }
 
 // step applies the optimizer to every parameter (decay per parameter) and refreshes
-// the compute weights.
+// the compute weights: train.optimizer adamw or adam (Megatron's adam is AdamW with
+// decoupled weight decay) runs AdamW, sgd runs SGD with momentum train.beta1 (its
+// buffer is the first-moment buffer).
 //
 // Parameters are updated on every core: each element's update depends only on its
 // own values, so the split does not change any bit of the result.
-func (s *state) step(o optim.AdamW, lr float64, t int) {
+func (s *state) step(tr config.Train, lr float64, t int) {
 	type job struct {
 		gi     int
 		lo, hi int64
@@ -110,7 +113,16 @@ func (s *state) step(o optim.AdamW, lr float64, t int) {
 			defer wg.Done()
 			for i := w; i < len(jobs); i += workers {
 				j := jobs[i]
-				o.Update(s.main[j.gi][j.lo:j.hi], s.grads[j.gi][j.lo:j.hi], s.m[j.gi][j.lo:j.hi], s.v[j.gi][j.lo:j.hi], lr, t, j.decay)
+				wd := tr.WeightDecay
+				if !j.decay {
+					wd = 0
+				}
+				p, g, m, v := s.main[j.gi][j.lo:j.hi], s.grads[j.gi][j.lo:j.hi], s.m[j.gi][j.lo:j.hi], s.v[j.gi][j.lo:j.hi]
+				if tr.Optimizer == "sgd" {
+					s.be.SGD(p, g, m, lr, tr.Beta1, wd)
+				} else {
+					s.be.AdamW(p, g, m, v, lr, tr.Beta1, tr.Beta2, tr.Eps, wd, t)
+				}
 			}
 		}()
 	}

@@ -232,3 +232,26 @@ func TestVexp32(t *testing.T) {
 		}
 	}
 }
+
+// TestAdamWByHand: two steps on one parameter, computed by hand in float64.
+// Tolerance 1e-6: float32 arithmetic on values of order 1.
+func TestAdamWByHand(t *testing.T) {
+	p, m, v := []float32{1}, []float32{0}, []float32{0}
+	AdamW(p, []float32{0.5}, m, v, 0.01, 0.9, 0.95, 1e-8, 0.1, 1)
+	// m̂ = 0.5, v̂ = 0.25: update = 0.5/0.5 = 1; p = 1 − 0.01·(1 + 0.1·1) = 0.989
+	if math.Abs(float64(p[0])-0.989) > 1e-6 {
+		t.Fatalf("step 1: %v", p[0])
+	}
+	AdamW(p, []float32{-0.5}, m, v, 0.01, 0.9, 0.95, 1e-8, 0, 2)
+	m2, v2 := 0.9*0.05+0.1*-0.5, 0.95*0.0125+0.05*0.25
+	mh, vh := m2/(1-0.81), v2/(1-0.9025)
+	if want := 0.989 - 0.01*mh/(math.Sqrt(vh)+1e-8); math.Abs(float64(p[0])-want) > 1e-6 {
+		t.Fatalf("step 2: %v, want %v", p[0], want)
+	}
+	buf := []float32{0}
+	SGD(p[:1], []float32{2}, buf, 0.1, 0.9, 0)
+	SGD(p[:1], []float32{2}, buf, 0.1, 0.9, 0) // buf = 2, then 3.8
+	if want := float64(float32(0.989-0.01*mh/(math.Sqrt(vh)+1e-8))) - 0.1*2 - 0.1*3.8; math.Abs(float64(p[0])-want) > 1e-6 {
+		t.Fatalf("sgd: %v, want %v", p[0], want)
+	}
+}

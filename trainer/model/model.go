@@ -44,7 +44,7 @@ type Model[F tensor.Float] struct {
 	scratch struct {
 		dres, dx, dq, dk, dv, datty, dff1, dff2, dsw, dlogits, dloss []F
 		// MoE backward (sized for the largest MoE layer)
-		moeDlogits, moeDp, moeDy, moeDx, moeDh, moeDg, moeDu, moeSh, moeSg, moeSu []F
+		moeDlogits, moeDprobs, moeDgates, moeDy, moeDx, moeDh, moeDg, moeDu, moeSh, moeSg, moeSu []F
 	}
 }
 
@@ -138,7 +138,7 @@ func (m *Model[F]) alloc() {
 	if m.Cfg.MoE.NumExperts > 0 {
 		E, k, EF := m.Cfg.MoE.NumExperts, m.Cfg.MoE.TopK, m.Cfg.MoE.ExpertFFNHidden
 		s := &m.scratch
-		s.moeDlogits, s.moeDp = make([]F, BT*E), make([]F, E)
+		s.moeDlogits, s.moeDprobs, s.moeDgates = make([]F, BT*E), make([]F, BT*E), make([]F, BT*k)
 		s.moeDy, s.moeDx = make([]F, BT*k*C), make([]F, BT*k*C)
 		s.moeDh, s.moeDg, s.moeDu = make([]F, BT*k*EF), make([]F, BT*k*EF), make([]F, BT*k*EF)
 		s.moeSh, s.moeSg, s.moeSu = make([]F, BT*EF), make([]F, BT*EF), make([]F, BT*EF)

@@ -2,7 +2,6 @@ package model
 
 import (
 	"math"
-	"sort"
 
 	"github.com/shardline/shardline/config"
 )
@@ -33,13 +32,14 @@ type moeActs[F any] struct {
 	gates         []F     // (BT,k) their gates
 	row           []int32 // (BT,k) the copy's row in the permuted buffers, −1 if dropped
 	tok           []int32 // (BT·k) permuted row → token
-	offsets       []int   // (E+1) start of each expert's segment
+	offsets       []int32 // (E+1) start of each expert's segment
+	cursor        []int32 // (E) scratch of Dispatch
+	n             int     // permuted rows in use
 	x             []F     // (BT·k, C) permuted inputs
 	gate, up, sw  []F     // (BT·k, EF)
 	y             []F     // (BT·k, C) expert outputs
 	sgate, sup    [][]F   // per shared expert (BT, EF)
 	ssw           [][]F
-	counts        []int
 	aux           float64
 }
 
@@ -47,7 +47,7 @@ func newMoEActs[F any](c config.Model, BT int) *moeActs[F] {
 	E, k, C, EF := c.MoE.NumExperts, c.MoE.TopK, c.Hidden, c.MoE.ExpertFFNHidden
 	a := &moeActs[F]{
 		logits: make([]F, BT*E), probs: make([]F, BT*E), idx: make([]int32, BT*k), gates: make([]F, BT*k),
-		row: make([]int32, BT*k), tok: make([]int32, BT*k), offsets: make([]int, E+1), counts: make([]int, E),
+		row: make([]int32, BT*k), tok: make([]int32, BT*k), offsets: make([]int32, E+1), cursor: make([]int32, E),
 		x: make([]F, BT*k*C), gate: make([]F, BT*k*EF), up: make([]F, BT*k*EF), sw: make([]F, BT*k*EF), y: make([]F, BT*k*C),
 	}
 	for s := 0; s < c.MoE.SharedExperts; s++ {
@@ -64,61 +64,28 @@ func (a *moeActs[F]) size() int64 {
 	return int64(n)
 }
 
+func (a *moeActs[F]) count(e int) int { return int(a.offsets[e+1] - a.offsets[e]) }
+
+// capacity is the most copies one expert keeps: unlimited without a capacity factor.
+func capacity(c config.Model, BT int) int {
+	k, E := c.MoE.TopK, c.MoE.NumExperts
+	if cf := c.MoE.CapacityFactor; cf > 0 {
+		return int(math.Ceil(cf * float64(BT*k) / float64(E)))
+	}
+	return BT * k
+}
+
 // moeForward adds the MoE block's output for input x (BT,C) into out (BT,C).
 func (m *Model[F]) moeForward(out, x []F, p moeParams[F], a *moeActs[F]) {
 	be, c := m.be, m.Cfg
 	BT, C := m.B*m.T, c.Hidden
 	E, k, EF := c.MoE.NumExperts, c.MoE.TopK, c.MoE.ExpertFFNHidden
 	be.Matmul(a.logits, x, p.router, BT, C, E, false)
-	order := make([]int, E)
-	for t := 0; t < BT; t++ {
-		l, pr := a.logits[t*E:(t+1)*E], a.probs[t*E:(t+1)*E]
-		softmaxInto(pr, l)
-		for e := range order {
-			order[e] = e
-		}
-		// Top-k by score; ties go to the lower expert index (deterministic).
-		sort.SliceStable(order, func(i, j int) bool { return l[order[i]] > l[order[j]] })
-		sel := a.idx[t*k : (t+1)*k]
-		g := a.gates[t*k : (t+1)*k]
-		for j := 0; j < k; j++ {
-			sel[j] = int32(order[j])
-			g[j] = l[order[j]]
-		}
-		softmaxInto(g, g)
-	}
-	// Permute: expert-major order, tokens in order within an expert.
-	clear(a.counts)
-	capacity := BT * k
-	if cf := c.MoE.CapacityFactor; cf > 0 {
-		capacity = int(math.Ceil(cf * float64(BT*k) / float64(E)))
-	}
-	for i, e := range a.idx {
-		if a.counts[e] < capacity {
-			a.counts[e]++
-			a.row[i] = 0
-		} else {
-			a.row[i] = -1 // dropped
-		}
-	}
-	a.offsets[0] = 0
-	for e := 0; e < E; e++ {
-		a.offsets[e+1] = a.offsets[e] + a.counts[e]
-	}
-	next := append([]int(nil), a.offsets[:E]...)
-	for i, e := range a.idx {
-		if a.row[i] < 0 {
-			continue
-		}
-		r := next[e]
-		next[e]++
-		a.row[i] = int32(r)
-		a.tok[r] = int32(i / k)
-		copy(a.x[r*C:(r+1)*C], x[(i/k)*C:(i/k+1)*C])
-	}
+	be.Router(a.probs, a.idx, a.gates, a.logits, BT, E, k)
+	a.n = be.Dispatch(a.x, a.row, a.tok, a.offsets, a.cursor, x, a.idx, BT, C, E, k, capacity(c, BT))
 	// Each expert's SwiGLU over its segment.
 	for e := 0; e < E; e++ {
-		lo, n := a.offsets[e], a.counts[e]
+		lo, n := int(a.offsets[e]), a.count(e)
 		if n == 0 {
 			continue
 		}
@@ -129,17 +96,7 @@ func (m *Model[F]) moeForward(out, x []F, p moeParams[F], a *moeActs[F]) {
 		be.SwiGLU(ss, gs, us, n*EF)
 		be.Matmul(ys, ss, w[2], n, EF, C, false)
 	}
-	// Combine with the gates.
-	for i, r := range a.row {
-		if r < 0 {
-			continue
-		}
-		t, g := i/k, a.gates[i]
-		o, y := out[t*C:(t+1)*C], a.y[int(r)*C:(int(r)+1)*C]
-		for d := range o {
-			o[d] += g * y[d]
-		}
-	}
+	be.Combine(out, a.y, a.gates, a.row, BT, C, k)
 	for s, w := range p.shared {
 		be.Matmul(a.sgate[s], x, w[0], BT, C, EF, false)
 		be.Matmul(a.sup[s], x, w[1], BT, C, EF, false)
@@ -153,7 +110,7 @@ func (m *Model[F]) moeForward(out, x []F, p moeParams[F], a *moeActs[F]) {
 		for t := 0; t < BT; t++ {
 			pe += float64(a.probs[t*E+e])
 		}
-		a.aux += float64(E) * float64(a.counts[e]) / float64(BT*k) * pe / float64(BT)
+		a.aux += float64(E) * float64(a.count(e)) / float64(BT*k) * pe / float64(BT)
 	}
 }
 
@@ -164,68 +121,30 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p, g moeParams[F], a *moeActs[F]
 	BT, C := m.B*m.T, c.Hidden
 	E, k, EF := c.MoE.NumExperts, c.MoE.TopK, c.MoE.ExpertFFNHidden
 	s := &m.scratch
+	dy, dxp, dgates := s.moeDy[:a.n*C], s.moeDx[:a.n*C], s.moeDgates[:BT*k]
+	be.CombineBackward(dy, dgates, dout, a.y, a.gates, a.row, BT, C, k)
+	// The aux loss reaches the router through P: d aux / d P[t,e] = E·f_e/BT.
+	var dprobs []F
+	if coeff := auxScale * c.MoE.AuxLossCoeff; coeff != 0 {
+		dprobs = s.moeDprobs[:BT*E]
+		for e := 0; e < E; e++ {
+			d := F(coeff * float64(E) * float64(a.count(e)) / float64(BT*k) / float64(BT))
+			for t := 0; t < BT; t++ {
+				dprobs[t*E+e] = d
+			}
+		}
+	}
 	dlogits := s.moeDlogits[:BT*E]
 	clear(dlogits)
-	// Gates: out[t] += g_j · y_j, so dg_j = dout[t]·y_j; gates are a softmax of the
-	// selected scores.
-	dg := make([]F, k)
-	for t := 0; t < BT; t++ {
-		do := dout[t*C : (t+1)*C]
-		for j := 0; j < k; j++ {
-			dg[j] = 0
-			if r := a.row[t*k+j]; r >= 0 {
-				y := a.y[int(r)*C : (int(r)+1)*C]
-				for d := range do {
-					dg[j] += do[d] * y[d]
-				}
-			}
-		}
-		gt := a.gates[t*k : (t+1)*k]
-		var dot F
-		for j := range dg {
-			dot += gt[j] * dg[j]
-		}
-		for j := range dg {
-			dlogits[t*E+int(a.idx[t*k+j])] += gt[j] * (dg[j] - dot)
-		}
-	}
-	// Aux loss through the router probabilities: d aux / d P[t,e] = E·f_e/BT.
-	coeff := auxScale * c.MoE.AuxLossCoeff
-	if coeff != 0 {
-		for t := 0; t < BT; t++ {
-			pr := a.probs[t*E : (t+1)*E]
-			var dot F
-			dp := s.moeDp[:E]
-			for e := range dp {
-				dp[e] = F(coeff * float64(E) * float64(a.counts[e]) / float64(BT*k) / float64(BT))
-				dot += pr[e] * dp[e]
-			}
-			for e := range dp {
-				dlogits[t*E+e] += pr[e] * (dp[e] - dot)
-			}
-		}
-	}
+	be.RouterBackward(dlogits, dgates, dprobs, a.gates, a.probs, a.idx, BT, E, k)
 	be.MatmulBackward(dx, g.router, dlogits, x, p.router, BT, C, E)
-	// Experts: dy_r = g · dout[t].
-	dy, dxp := s.moeDy[:len(a.y)], s.moeDx[:len(a.x)]
-	clear(dy)
-	clear(dxp)
-	for i, r := range a.row {
-		if r < 0 {
-			continue
-		}
-		t, gi := i/k, a.gates[i]
-		d, do := dy[int(r)*C:(int(r)+1)*C], dout[t*C:(t+1)*C]
-		for j := range d {
-			d[j] = gi * do[j]
-		}
-	}
-	dsw, dga, dup := s.moeDh[:len(a.sw)], s.moeDg[:len(a.gate)], s.moeDu[:len(a.up)]
+	dsw, dga, dup := s.moeDh[:a.n*EF], s.moeDg[:a.n*EF], s.moeDu[:a.n*EF]
 	clear(dsw)
 	clear(dga)
 	clear(dup)
+	clear(dxp)
 	for e := 0; e < E; e++ {
-		lo, n := a.offsets[e], a.counts[e]
+		lo, n := int(a.offsets[e]), a.count(e)
 		if n == 0 {
 			continue
 		}
@@ -236,13 +155,7 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p, g moeParams[F], a *moeActs[F]
 		be.MatmulBackward(sl(dxp, C), gw[0], sl(dga, EF), sl(a.x, C), w[0], n, C, EF)
 		be.MatmulBackward(sl(dxp, C), gw[1], sl(dup, EF), sl(a.x, C), w[1], n, C, EF)
 	}
-	for r := 0; r < a.offsets[E]; r++ {
-		t := int(a.tok[r])
-		d, src := dx[t*C:(t+1)*C], dxp[r*C:(r+1)*C]
-		for j := range d {
-			d[j] += src[j]
-		}
-	}
+	be.DispatchBackward(dx, dxp, a.tok, a.n, C)
 	for sIdx, w := range p.shared {
 		gw := g.shared[sIdx]
 		h, hg, hu := s.moeSh[:BT*EF], s.moeSg[:BT*EF], s.moeSu[:BT*EF]
@@ -253,22 +166,5 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p, g moeParams[F], a *moeActs[F]
 		be.SwiGLUBackward(hg, hu, h, a.sgate[sIdx], a.sup[sIdx], BT*EF)
 		be.MatmulBackward(dx, gw[0], hg, x, w[0], BT, C, EF)
 		be.MatmulBackward(dx, gw[1], hu, x, w[1], BT, C, EF)
-	}
-}
-
-// softmaxInto writes softmax(src) into dst (which may alias src), in float64.
-func softmaxInto[F interface{ ~float32 | ~float64 }](dst, src []F) {
-	mx := math.Inf(-1)
-	for _, v := range src {
-		mx = math.Max(mx, float64(v))
-	}
-	var sum float64
-	for i, v := range src {
-		e := math.Exp(float64(v) - mx)
-		dst[i] = F(e)
-		sum += e
-	}
-	for i := range dst {
-		dst[i] = F(float64(dst[i]) / sum)
 	}
 }

@@ -1,6 +1,6 @@
-// Package optim holds the optimizer (AdamW with decoupled weight decay, or SGD with
-// momentum), the learning-rate schedule, and gradient-norm clipping. Each works on
-// flat float32 slices, so the same code updates a whole model or one rank's shard.
+// Package optim holds the learning-rate schedule and gradient-norm clipping. The
+// update rules themselves (AdamW, SGD) are backend kernels (tensor.Kernels), so a
+// GPU backend runs them where the parameters live.
 //
 // It imports nothing from shardline.
 package optim

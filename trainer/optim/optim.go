@@ -30,50 +30,6 @@ func (s Schedule) LR(step int) float64 {
 	}
 }
 
-// AdamW holds the hyper-parameters of Loshchilov & Hutter's AdamW.
-type AdamW struct {
-	Beta1, Beta2, Eps, WeightDecay float64
-}
-
-// Update applies one AdamW step to params with grads and moments m, v (same length):
-// m = β1·m + (1−β1)·g; v = β2·v + (1−β2)·g²; p −= lr·(m̂/(√v̂ + ε) + wd·p), with
-// bias-corrected m̂, v̂ at step t (1-based). decay false skips the weight decay.
-func (o AdamW) Update(params, grads, m, v []float32, lr float64, t int, decay bool) {
-	b1, b2 := float32(o.Beta1), float32(o.Beta2)
-	c1 := float32(1 / (1 - math.Pow(o.Beta1, float64(t))))
-	c2 := float32(1 / (1 - math.Pow(o.Beta2, float64(t))))
-	eps, flr := float32(o.Eps), float32(lr)
-	wd := float32(0)
-	if decay {
-		wd = float32(o.WeightDecay)
-	}
-	for i, g := range grads {
-		mi := b1*m[i] + (1-b1)*g
-		vi := b2*v[i] + (1-b2)*g*g
-		m[i], v[i] = mi, vi
-		p := params[i]
-		params[i] = p - flr*(mi*c1/(float32(math.Sqrt(float64(vi*c2)))+eps)+wd*p)
-	}
-}
-
-// SGD is stochastic gradient descent with momentum and decoupled weight decay.
-type SGD struct {
-	Momentum, WeightDecay float64
-}
-
-// Update applies buf = μ·buf + g; p −= lr·(buf + wd·p).
-func (o SGD) Update(params, grads, buf []float32, lr float64, decay bool) {
-	mu, flr := float32(o.Momentum), float32(lr)
-	wd := float32(0)
-	if decay {
-		wd = float32(o.WeightDecay)
-	}
-	for i, g := range grads {
-		buf[i] = mu*buf[i] + g
-		params[i] -= flr * (buf[i] + wd*params[i])
-	}
-}
-
 // SquaredNorm is Σ g², accumulated in float64.
 func SquaredNorm(g []float32) float64 {
 	var s float64

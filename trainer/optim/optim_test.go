@@ -21,20 +21,6 @@ func TestSchedule(t *testing.T) {
 	assert.Equal(t, 1.0, s.LR(100))
 }
 
-// TestAdamWByHand: two steps on one parameter, computed by hand in float64.
-// Tolerance 1e-6: float32 arithmetic on values of order 1.
-func TestAdamWByHand(t *testing.T) {
-	o := AdamW{Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1}
-	p, m, v := []float32{1}, []float32{0}, []float32{0}
-	o.Update(p, []float32{0.5}, m, v, 0.01, 1, true)
-	// m̂ = 0.5, v̂ = 0.25: update = 0.5/0.5 = 1; p = 1 − 0.01·(1 + 0.1·1) = 0.989
-	assert.InDelta(t, 0.989, p[0], 1e-6)
-	o.Update(p, []float32{-0.5}, m, v, 0.01, 2, false)
-	m2, v2 := 0.9*0.05+0.1*-0.5, 0.95*0.0125+0.05*0.25
-	mh, vh := m2/(1-0.81), v2/(1-0.9025)
-	assert.InDelta(t, 0.989-0.01*mh/(math.Sqrt(vh)+1e-8), p[0], 1e-6)
-}
-
 func TestClip(t *testing.T) {
 	g := []float32{3, 4}
 	n := math.Sqrt(SquaredNorm(g))

@@ -1,0 +1,204 @@
+package cpu
+
+import (
+	"math"
+
+	"github.com/shardline/shardline/tensor"
+)
+
+// MoE routing and token permutation. Shapes: BT tokens, E experts, K = top_k, C
+// channels. idx (BT,K) holds each token's chosen experts, gates (BT,K) their
+// weights, row (BT,K) the permuted row of each copy (−1 when dropped past capacity),
+// tok (BT·K) the token of each permuted row, offsets (E+1) the start of each
+// expert's segment.
+
+// Router computes probs (BT,E) = softmax(logits), picks each token's top K experts by
+// score (ties to the lower index) into idx, and sets gates to the softmax of the
+// selected scores.
+func Router[F Float](probs []F, idx []int32, gates []F, logits []F, BT, E, K int) {
+	for t := 0; t < BT; t++ {
+		l := logits[t*E : (t+1)*E]
+		softmaxRow(probs[t*E:(t+1)*E], l)
+		sel, g := idx[t*K:(t+1)*K], gates[t*K:(t+1)*K]
+		// Selection by repeated maximum: K is small and the order is deterministic.
+		for j := 0; j < K; j++ {
+			best := -1
+			for e, v := range l {
+				taken := false
+				for _, s := range sel[:j] {
+					taken = taken || int(s) == e
+				}
+				if !taken && (best < 0 || v > l[best]) {
+					best = e
+				}
+			}
+			sel[j], g[j] = int32(best), l[best]
+		}
+		softmaxRow(g, g)
+	}
+}
+
+// RouterBackward accumulates into dlogits (BT,E) the gradient through the gates
+// (dgates, the gradient of the selected gates) and through the probabilities
+// (dprobs (BT,E), may be nil).
+func RouterBackward[F Float](dlogits, dgates, dprobs, gates, probs []F, idx []int32, BT, E, K int) {
+	for t := 0; t < BT; t++ {
+		g, dg := gates[t*K:(t+1)*K], dgates[t*K:(t+1)*K]
+		var dot F
+		for j := range g {
+			dot += g[j] * dg[j]
+		}
+		for j := range g {
+			dlogits[t*E+int(idx[t*K+j])] += g[j] * (dg[j] - dot)
+		}
+		if dprobs == nil {
+			continue
+		}
+		p, dp := probs[t*E:(t+1)*E], dprobs[t*E:(t+1)*E]
+		dot = 0
+		for e := range p {
+			dot += p[e] * dp[e]
+		}
+		for e := range p {
+			dlogits[t*E+e] += p[e] * (dp[e] - dot)
+		}
+	}
+}
+
+// Dispatch assigns each copy (t, j) a row in expert-major order (tokens in order
+// within an expert), keeping at most capacity copies per expert, and gathers the
+// tokens' rows of x (BT,C) into xperm. It fills row, tok and offsets and returns the
+// number of permuted rows; cursor (E) is scratch.
+func Dispatch[F Float](xperm []F, row, tok, offsets, cursor []int32, x []F, idx []int32, BT, C, E, K, capacity int) int {
+	for e := range offsets {
+		offsets[e] = 0
+	}
+	for i, e := range idx {
+		if int(offsets[e+1]) < capacity {
+			offsets[e+1]++
+			row[i] = 0
+		} else {
+			row[i] = -1
+		}
+	}
+	for e := 0; e < E; e++ {
+		offsets[e+1] += offsets[e]
+	}
+	copy(cursor, offsets[:E])
+	for i, e := range idx {
+		if row[i] < 0 {
+			continue
+		}
+		r := cursor[e]
+		cursor[e]++
+		row[i], tok[r] = r, int32(i/K)
+		copy(xperm[int(r)*C:int(r+1)*C], x[(i/K)*C:(i/K+1)*C])
+	}
+	return int(offsets[E])
+}
+
+// DispatchBackward accumulates the permuted rows' gradients dxperm back onto their
+// tokens: dx[tok[r]] += dxperm[r] for the n permuted rows.
+func DispatchBackward[F Float](dx, dxperm []F, tok []int32, n, C int) {
+	for r := 0; r < n; r++ {
+		d, s := dx[int(tok[r])*C:int(tok[r]+1)*C], dxperm[r*C:(r+1)*C]
+		for c := range d {
+			d[c] += s[c]
+		}
+	}
+}
+
+// Combine adds each token's expert outputs with their gates: out[t] += Σ_j
+// gates[t,j] · y[row[t,j]] (dropped copies contribute nothing).
+func Combine[F Float](out, y, gates []F, row []int32, BT, C, K int) {
+	parallelFor(BT, K*C, func(lo, hi int) {
+		for t := lo; t < hi; t++ {
+			o := out[t*C : (t+1)*C]
+			for j := 0; j < K; j++ {
+				r := row[t*K+j]
+				if r < 0 {
+					continue
+				}
+				g, yr := gates[t*K+j], y[int(r)*C:int(r+1)*C]
+				for c := range o {
+					o[c] += g * yr[c]
+				}
+			}
+		}
+	})
+}
+
+// CombineBackward sets dy[row[t,j]] = gates[t,j] · dout[t] (the rows of dropped
+// copies are left alone) and dgates[t,j] = dout[t] · y[row[t,j]] (0 if dropped).
+func CombineBackward[F Float](dy, dgates, dout, y, gates []F, row []int32, BT, C, K int) {
+	parallelFor(BT, 2*K*C, func(lo, hi int) {
+		for t := lo; t < hi; t++ {
+			do := dout[t*C : (t+1)*C]
+			for j := 0; j < K; j++ {
+				r := row[t*K+j]
+				dgates[t*K+j] = 0
+				if r < 0 {
+					continue
+				}
+				g, yr, d := gates[t*K+j], y[int(r)*C:int(r+1)*C], dy[int(r)*C:int(r+1)*C]
+				var s F
+				for c, v := range do {
+					s += v * yr[c]
+					d[c] = g * v
+				}
+				dgates[t*K+j] = s
+			}
+		}
+	})
+}
+
+// softmaxRow writes softmax(src) into dst (which may alias src), in float64.
+func softmaxRow[F Float](dst, src []F) {
+	mx := math.Inf(-1)
+	for _, v := range src {
+		mx = math.Max(mx, float64(v))
+	}
+	var sum float64
+	for i, v := range src {
+		e := math.Exp(float64(v) - mx)
+		dst[i] = F(e)
+		sum += e
+	}
+	for i := range dst {
+		dst[i] = F(float64(dst[i]) / sum)
+	}
+}
+
+// AdamW applies one step of AdamW with decoupled weight decay wd to params (see
+// trainer/optim for the schedule): m = β1·m + (1−β1)·g; v = β2·v + (1−β2)·g²;
+// p −= lr·(m̂/(√v̂ + ε) + wd·p), with bias correction at step t (1-based).
+func AdamW[F Float](params, grads, m, v []F, lr, beta1, beta2, eps, wd float64, t int) {
+	b1, b2 := F(beta1), F(beta2)
+	c1 := F(1 / (1 - math.Pow(beta1, float64(t))))
+	c2 := F(1 / (1 - math.Pow(beta2, float64(t))))
+	fe, flr, fwd := F(eps), F(lr), F(wd)
+	for i, g := range grads {
+		mi := b1*m[i] + (1-b1)*g
+		vi := b2*v[i] + (1-b2)*g*g
+		m[i], v[i] = mi, vi
+		p := params[i]
+		params[i] = p - flr*(mi*c1/(F(math.Sqrt(float64(vi*c2)))+fe)+fwd*p)
+	}
+}
+
+// SGD applies one step of SGD with momentum and decoupled weight decay:
+// buf = μ·buf + g; p −= lr·(buf + wd·p).
+func SGD[F Float](params, grads, buf []F, lr, momentum, wd float64) {
+	mu, flr, fwd := F(momentum), F(lr), F(wd)
+	for i, g := range grads {
+		buf[i] = mu*buf[i] + g
+		params[i] -= flr * (buf[i] + fwd*params[i])
+	}
+}
+
+// RoundBF16 rounds every value to the nearest bf16 (ties to even), in place.
+func RoundBF16[F Float](x []F) {
+	for i, v := range x {
+		x[i] = F(tensor.ToBF16(float32(v)).Float32())
+	}
+}
