@@ -383,21 +383,8 @@ func expInPlace[F Float](x []F) {
 func CrossEntropy[F Float](losses, probs, logits []F, targets []int32, BT, V int) {
 	parallelFor(BT, 3*V, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
-			l, p := logits[i*V:(i+1)*V], probs[i*V:(i+1)*V]
-			maxv := float64(l[0])
-			for _, x := range l {
-				maxv = math.Max(maxv, float64(x))
-			}
-			var sum float64
-			for j, x := range l {
-				e := math.Exp(float64(x) - maxv)
-				p[j] = F(e)
-				sum += e
-			}
-			inv := 1 / sum
-			for j := range p {
-				p[j] = F(float64(p[j]) * inv)
-			}
+			p := probs[i*V : (i+1)*V]
+			softmaxRow(p, logits[i*V:(i+1)*V])
 			if targets[i] < 0 {
 				losses[i] = 0
 				continue
