@@ -26,6 +26,7 @@ bench: bench-deps ## speed benchmarks, each printed against its budget or refere
 	./scripts/bench-plan.sh
 	$(GO) test ./tensor/cpu -run '^$$' -bench Sgemm -count 1 | grep GFLOP
 	./scripts/bench-train.sh
+	$(GO) test ./parallel/comm -run '^$$' -bench BusBandwidth -benchtime 3x -count 1 | grep -E 'MB/s|busGB/s'
 
 bench-deps: ## install the reference PyTorch and OpenBLAS (Debian packages) if missing
 	@/usr/bin/python3 -c 'import torch' 2>/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch libopenblas0-pthread; }

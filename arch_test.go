@@ -19,6 +19,7 @@ var allowedImports = map[string][]string{
 	"config":        {},
 	"recipes":       {},
 	"parallel":      {"config"},
+	"parallel/comm": {},
 	"tensor":        {},
 	"tensor/cpu":    {"tensor"},
 	"trainer/model": {"config", "parallel", "tensor"},

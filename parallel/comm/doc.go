@@ -1,0 +1,18 @@
+// Package comm is shardline's collective communication: the Communicator interface
+// (all-gather, reduce-scatter, all-reduce, all-to-all with uneven splits,
+// broadcast, barrier) over float32 buffers and bf16 buffers (reduced in fp32), and
+// its implementations.
+//
+// # In-process
+//
+// NewWorld(n) makes n communicators whose ranks are goroutines sharing memory: each
+// collective publishes every rank's buffer, waits until all ranks have arrived, and
+// each rank reads the others' buffers directly. Sums are taken in rank order 0..n-1,
+// so results are bit-identical from run to run and equal on every rank. Every
+// operation has a timeout; a rank that does not arrive is named in the error.
+// Group(ranks) makes a communicator over a subset (a tp, dp or edp group).
+//
+// The TCP implementation (ranks in separate processes) is the next piece of work.
+//
+// It imports nothing from shardline.
+package comm

@@ -1,0 +1,250 @@
+package comm
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// onRanks runs f on every rank of a fresh world of n and returns the errors.
+func onRanks(n int, timeout time.Duration, f func(c Communicator) error) []error {
+	w := NewWorld(n, timeout)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := 0; r < n; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[r] = f(w.Rank(r))
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+func values(r *rand.Rand, n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(r.NormFloat64())
+	}
+	return v
+}
+
+// TestCollectivesMatchSerial: every collective at 1, 2, 3, 4 and 8 ranks equals a
+// serial computation exactly (the serial sums run in the same rank order), and all
+// ranks agree bit for bit.
+func TestCollectivesMatchSerial(t *testing.T) {
+	for _, n := range []int{1, 2, 3, 4, 8} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			const L = 37
+			rng := rand.New(rand.NewSource(int64(n)))
+			in := make([][]float32, n)
+			for r := range in {
+				in[r] = values(rng, n*L)
+			}
+			sum := make([]float32, n*L) // rank-order sum, as the collectives take it
+			copy(sum, in[0])
+			for _, x := range in[1:] {
+				for j, v := range x {
+					sum[j] += v
+				}
+			}
+			gathered, scattered, reduced := make([][]float32, n), make([][]float32, n), make([][]float32, n)
+			bcast := make([][]float32, n)
+			errs := onRanks(n, 5*time.Second, func(c Communicator) error {
+				r := c.Rank()
+				gathered[r] = make([]float32, n*L)
+				if err := c.AllGather(gathered[r], in[r][:L]); err != nil {
+					return err
+				}
+				scattered[r] = make([]float32, L)
+				if err := c.ReduceScatter(scattered[r], in[r]); err != nil {
+					return err
+				}
+				reduced[r] = append([]float32(nil), in[r]...)
+				if err := c.AllReduce(reduced[r]); err != nil {
+					return err
+				}
+				bcast[r] = append([]float32(nil), in[r][:L]...)
+				return c.Broadcast(bcast[r], n-1)
+			})
+			for _, err := range errs {
+				require.NoError(t, err)
+			}
+			for r := 0; r < n; r++ {
+				for i := 0; i < n; i++ {
+					assert.Equal(t, in[i][:L], gathered[r][i*L:(i+1)*L])
+				}
+				assert.Equal(t, sum[r*L:(r+1)*L], scattered[r])
+				assert.Equal(t, sum, reduced[r])
+				assert.Equal(t, in[n-1][:L], bcast[r])
+			}
+		})
+	}
+}
+
+// TestAllToAllUneven: rank i sends (i + j) % 3 values to rank j.
+func TestAllToAllUneven(t *testing.T) {
+	n := 4
+	counts := func(i, j int) int { return (i + j) % 3 }
+	got := make([][]float32, n)
+	errs := onRanks(n, 5*time.Second, func(c Communicator) error {
+		r := c.Rank()
+		send, recv := make([]int, n), make([]int, n)
+		var src []float32
+		for j := 0; j < n; j++ {
+			send[j], recv[j] = counts(r, j), counts(j, r)
+			for k := 0; k < send[j]; k++ {
+				src = append(src, float32(100*r+10*j+k))
+			}
+		}
+		got[r] = make([]float32, sum(recv))
+		return c.AllToAll(got[r], src, send, recv)
+	})
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	for r := 0; r < n; r++ {
+		var want []float32
+		for i := 0; i < n; i++ {
+			for k := 0; k < counts(i, r); k++ {
+				want = append(want, float32(100*i+10*r+k))
+			}
+		}
+		assert.Equal(t, want, got[r], "rank %d", r)
+	}
+}
+
+// TestTimeoutNamesMissingRank: rank 2 never calls; the others fail within the
+// timeout with an error naming it.
+func TestTimeoutNamesMissingRank(t *testing.T) {
+	start := time.Now()
+	errs := onRanks(4, 100*time.Millisecond, func(c Communicator) error {
+		if c.Rank() == 2 {
+			return nil
+		}
+		return c.AllReduce(make([]float32, 8))
+	})
+	assert.Less(t, time.Since(start), 2*time.Second)
+	for r, err := range errs {
+		if r == 2 {
+			continue
+		}
+		var re *RankError
+		require.ErrorAs(t, err, &re)
+		assert.Equal(t, []int{2}, re.Missing)
+		assert.ErrorIs(t, err, ErrTimeout)
+		assert.Contains(t, err.Error(), "rank(s) [2] did not arrive")
+	}
+}
+
+func TestMismatchIsAnError(t *testing.T) {
+	errs := onRanks(3, time.Second, func(c Communicator) error {
+		return c.AllGather(make([]float32, 3*(c.Rank()+1)), make([]float32, c.Rank()+1))
+	})
+	for _, err := range errs {
+		assert.ErrorIs(t, err, ErrMismatch)
+	}
+	errs = onRanks(2, time.Second, func(c Communicator) error {
+		if c.Rank() == 0 {
+			return c.Barrier()
+		}
+		return c.AllReduce(make([]float32, 2))
+	})
+	for _, err := range errs {
+		assert.ErrorIs(t, err, ErrMismatch)
+	}
+}
+
+// TestGroups: two data-parallel groups {0,2} and {1,3} reduce independently.
+func TestGroups(t *testing.T) {
+	w := NewWorld(4, time.Second)
+	out := make([][]float32, 4)
+	var wg sync.WaitGroup
+	for r := 0; r < 4; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := w.Group(r, []int{r % 2, r%2 + 2})
+			require.NoError(t, err)
+			out[r] = []float32{float32(r)}
+			require.NoError(t, c.AllReduce(out[r]))
+		}()
+	}
+	wg.Wait()
+	assert.Equal(t, [][]float32{{2}, {4}, {2}, {4}}, out)
+	_, err := w.Group(1, []int{0, 2})
+	assert.Error(t, err)
+}
+
+// TestBF16ReduceAccumulatesInFP32: rank 0 holds 1 and ranks 1..7 hold 1/256 each.
+// Summed in bf16 each 1 + 1/256 is a tie that rounds back to 1, so the total would
+// stay 1; summed in fp32 it is 1 + 7/256, which rounds once to the nearest bf16:
+// 1 + 4/128 = 1.03125 (3.5/128 is a tie, to even).
+func TestBF16ReduceAccumulatesInFP32(t *testing.T) {
+	n := 8
+	out := make([][]uint16, n)
+	errs := onRanks(n, time.Second, func(c Communicator) error {
+		v := float32(1.0 / 256)
+		if c.Rank() == 0 {
+			v = 1
+		}
+		src := make([]uint16, n)
+		for i := range src {
+			src[i] = f32ToBF16(v)
+		}
+		out[c.Rank()] = make([]uint16, 1)
+		return c.ReduceScatterBF16(out[c.Rank()], src)
+	})
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	for r := range out {
+		assert.Equal(t, float32(1.03125), bf16ToF32(out[r][0]), "rank %d", r)
+	}
+	assert.Equal(t, float32(1), bf16ToF32(f32ToBF16(1+1.0/512)), "a single small term is lost in bf16")
+	assert.True(t, math.IsNaN(float64(bf16ToF32(f32ToBF16(float32(math.NaN()))))))
+}
+
+// TestStreamKeepsOrder: operations queued on a stream run in order on every rank,
+// so overlapped collectives cannot cross.
+func TestStreamKeepsOrder(t *testing.T) {
+	errs := onRanks(3, time.Second, func(c Communicator) error {
+		s := NewStream(c)
+		defer s.Close()
+		a, b := []float32{1}, []float32{10}
+		h1 := s.Go(func(c Communicator) error { return c.AllReduce(a) })
+		h2 := s.Go(func(c Communicator) error { return c.AllReduce(b) })
+		if err := errors.Join(h2.Wait(), h1.Wait()); err != nil {
+			return err
+		}
+		if a[0] != 3 || b[0] != 30 {
+			return fmt.Errorf("got %v %v", a, b)
+		}
+		return nil
+	})
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+}
+
+func TestAbortEndsWaiting(t *testing.T) {
+	w := NewWorld(2, time.Minute)
+	done := make(chan error)
+	go func() { done <- w.Rank(0).Barrier() }()
+	time.Sleep(10 * time.Millisecond)
+	w.Abort(errors.New("rank 1 exited"))
+	select {
+	case err := <-done:
+		assert.ErrorContains(t, err, "rank 1 exited")
+	case <-time.After(5 * time.Second):
+		t.Fatal("abort did not end the wait")
+	}
+}
