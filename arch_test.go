@@ -25,7 +25,7 @@ var allowedImports = map[string][]string{
 	"trainer/model": {"config", "parallel", "tensor"},
 	"trainer/data":  {},
 	"trainer/optim": {},
-	"trainer":       {"config", "parallel", "tensor", "trainer/data", "trainer/model", "trainer/optim"},
+	"trainer":       {"config", "parallel", "parallel/comm", "tensor", "trainer/data", "trainer/model", "trainer/optim"},
 	"cmd/shardline": {"*"},
 }
 

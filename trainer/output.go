@@ -47,11 +47,9 @@ type resultInfo struct {
 // and the process's peak resident memory (which adds the Go runtime, the data and
 // the sampler's activations).
 type memoryCompared struct {
-	Held      Memory `json:"held"`
-	Predicted struct {
-		Weights, MainWeights, Grads, OptimizerState, Activations, Logits, Total int64
-	} `json:"predicted"`
-	PeakRSS int64 `json:"peak_rss"`
+	Held      Memory          `json:"held"`
+	Predicted parallel.Memory `json:"predicted"`
+	PeakRSS   int64           `json:"peak_rss"`
 }
 
 func (t *run) info() runInfo {
@@ -119,11 +117,8 @@ func (t *run) finish(out *Result) error {
 	out.PeakRSS = peakRSS()
 	info := t.info()
 	info.Result = &resultInfo{Steps: out.Steps, FinalLoss: out.FinalLoss, FinalValLoss: out.FinalValLoss, UnigramLoss: out.UnigramBits, TokensPerS: out.TokensPerS, Interrupted: out.Interrupted}
-	mc := &memoryCompared{Held: out.Held, PeakRSS: out.PeakRSS}
 	p := t.plan.Memory
-	mc.Predicted.Weights, mc.Predicted.MainWeights, mc.Predicted.Grads = p.Weights, p.MainWeights, p.Grads
-	mc.Predicted.OptimizerState, mc.Predicted.Activations, mc.Predicted.Logits, mc.Predicted.Total = p.OptimizerState, p.Activations, p.Logits, p.Total
-	info.Memory = mc
+	info.Memory = &memoryCompared{Held: out.Held, Predicted: p, PeakRSS: out.PeakRSS}
 	t.log.Info().Int64("held_bytes", out.Held.Total).Int64("predicted_bytes", p.Total).Int64("peak_rss_bytes", out.PeakRSS).
 		Float64("final_val_loss", round4(out.FinalValLoss)).Float64("unigram_entropy", round4(out.UnigramBits)).
 		Float64("tokens_per_s", round4(out.TokensPerS)).Msg("done")

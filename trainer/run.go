@@ -10,11 +10,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/parallel/comm"
 	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/trainer/data"
 	"github.com/shardline/shardline/trainer/model"
@@ -96,8 +98,11 @@ func (e *KeyError) Unwrap() error { return e.Err }
 // Run trains the recipe on one rank and writes the run directory.
 func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, error) {
 	r := &res.Recipe
-	if r.Parallel.WorldSize != 1 {
-		return nil, &KeyError{Key: "parallel.world_size", Value: r.Parallel.WorldSize, Err: errors.New("multi-rank training needs the FSDP runtime, which is not built yet"), Fix: "set parallel.world_size = 1"}
+	for key, v := range map[string]int{"parallel.tensor_parallel": r.Parallel.TensorParallel, "parallel.context_parallel": r.Parallel.ContextParallel,
+		"parallel.expert_parallel": r.Parallel.ExpertParallel, "parallel.expert_tensor_parallel": r.Parallel.ExpertTensorParallel} {
+		if v != 1 {
+			return nil, &KeyError{Key: key, Value: v, Err: errors.New("the CPU trainer runs data parallelism only so far (tensor, context and expert parallelism are planned, not executed)"), Fix: "set it to 1 (shardline plan shows what it would do)"}
+		}
 	}
 	if r.Parallel.Device != "cpu" {
 		return nil, &KeyError{Key: "parallel.device", Value: r.Parallel.Device, Err: errors.New("this build trains on the CPU only"), Fix: `set device = "cpu"`}
@@ -128,8 +133,7 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 		out = io.Discard
 	}
 	log := zerolog.New(zerolog.MultiLevelWriter(out, logFile)).Level(opts.LogLevel).With().Timestamp().Logger()
-	t := &run{r: r, res: res, opts: opts, plan: plan, ds: ds, dir: dir, log: log}
-	return t.train(ctx)
+	return runRanks(ctx, r, res, opts, plan, ds, dir, log)
 }
 
 func openData(r *config.Recipe, opts Options) (*data.Dataset, error) {
@@ -183,43 +187,113 @@ type run struct {
 	ds      *data.Dataset
 	dir     string
 	log     zerolog.Logger
+	rank    int
 	st      *state
 	m       *model.Model[float32]
 	metrics *os.File
 	curve   []Metrics
 }
 
-func (t *run) train(ctx context.Context) (*Result, error) {
+// worldTimeout bounds every collective of an in-process run: ample for rank 0's
+// evaluation and outputs while the others wait, short enough that a lost rank ends
+// the run.
+const worldTimeout = 10 * time.Minute
+
+// runRanks trains on parallel.world_size ranks, goroutines of this process joined
+// by in-process communicators. Rank 0 writes the outputs; a failing rank aborts the
+// world so that no other rank waits for it.
+func runRanks(ctx context.Context, r *config.Recipe, res *config.Resolved, opts Options, plan *parallel.Plan, ds *data.Dataset, dir string, log zerolog.Logger) (*Result, error) {
+	n := plan.Mesh.World
+	world := comm.NewWorld(n, worldTimeout)
+	groups := func(rank int, axis parallel.Axis) (comm.Communicator, error) {
+		return world.Group(rank, plan.Mesh.Group(axis, rank))
+	}
+	results := make([]*Result, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for rank := 0; rank < n; rank++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := &run{r: r, res: res, opts: opts, plan: plan, ds: ds, dir: dir, log: log, rank: rank}
+			if rank != 0 {
+				t.log = zerolog.Nop()
+				t.opts.Progress = nil
+			}
+			results[rank], errs[rank] = t.train(ctx, world.Rank(rank), groups)
+			if errs[rank] != nil {
+				world.Abort(fmt.Errorf("rank %d: %w", rank, errs[rank]))
+			}
+		}()
+	}
+	wg.Wait()
+	// The first error that is not another rank's abort explains the failure.
+	for _, err := range errs {
+		var re *comm.RankError
+		if err != nil && !(errors.As(err, &re) && strings.Contains(re.Error(), "world aborted")) {
+			return nil, err
+		}
+	}
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return results[0], nil
+}
+
+func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsFor) (*Result, error) {
 	r := t.r
 	out := &Result{Dir: t.dir, Predicted: t.plan.Memory, Fingerprint: t.plan.Fingerprint}
-	if err := t.writeHeader(); err != nil {
+	lead := t.rank == 0
+	if lead {
+		if err := t.writeHeader(); err != nil {
+			return nil, err
+		}
+	}
+	var err error
+	if t.st, err = newState(t.plan, r, t.opts.Backend, t.rank, world, groups); err != nil {
 		return nil, err
 	}
-	t.st = newState(t.plan, r, t.opts.Backend)
-	t.st.init(r)
+	if err := t.st.init(r); err != nil {
+		return nil, err
+	}
 	B, T := r.Train.MicroBatchSize, r.Model.SeqLen
-	var err error
 	t.m, err = model.New[float32](r.Model, t.plan.Params, t.st.wviews, t.st.gviews, t.opts.Backend, B, T)
 	if err != nil {
 		return nil, fmt.Errorf("building the model: %w", err)
 	}
-	t.metrics, err = os.Create(filepath.Join(t.dir, "metrics.jsonl"))
-	if err != nil {
-		return nil, err
+	if lead {
+		t.metrics, err = os.Create(filepath.Join(t.dir, "metrics.jsonl"))
+		if err != nil {
+			return nil, err
+		}
+		defer t.metrics.Close()
 	}
-	defer t.metrics.Close()
 	out.UnigramBits = unigramEntropy(t.ds.Train, t.ds.Tok.VocabSize())
 	sched := optim.Schedule{Peak: r.Train.LR, Warmup: r.Train.WarmupSteps, Steps: r.Train.Steps, MinFactor: r.Train.MinLRFactor, Decay: r.Train.LRSchedule}
-	micro := t.plan.MicroBatches
+	micro, dp := t.plan.MicroBatches, t.plan.Mesh.DP
+	dpRank := t.plan.Mesh.Coords(t.rank).DP
+	global := micro * dp * B // sequences per step
 	tokens, targets := make([]int32, B*T), make([]int32, B*T)
 	var last Metrics
 	var rates []float64
-	t.log.Info().Str("dir", t.dir).Str("backend", t.opts.Backend.Name()).Int64("parameters", t.plan.ParamsTotal).
-		Int("train_tokens", len(t.ds.Train)).Int("val_tokens", len(t.ds.Val)).Str("plan", t.plan.Fingerprint).Msg("training")
+	t.log.Info().Str("dir", t.dir).Str("backend", t.opts.Backend.Name()).Int("ranks", t.plan.Mesh.World).Str("strategy", t.plan.Strategy).
+		Int64("parameters", t.plan.ParamsTotal).Int("train_tokens", len(t.ds.Train)).Int("val_tokens", len(t.ds.Val)).Str("plan", t.plan.Fingerprint).Msg("training")
 	start := time.Now()
 	optSteps := 0
+	flag := make([]float32, 1)
+	stats := make([]float32, 3)
 	for step := 0; step < r.Train.Steps; step++ {
-		if ctx.Err() != nil {
+		// Every rank stops at the same step: rank 0's interrupt is all-reduced.
+		flag[0] = 0
+		if lead && ctx.Err() != nil {
+			flag[0] = 1
+		}
+		if err := world.AllReduce(flag); err != nil {
+			return nil, err
+		}
+		if flag[0] > 0 {
 			out.Interrupted = true
 			t.log.Warn().Int("step", step).Msg("interrupted: writing what the run has so far")
 			break
@@ -229,41 +303,58 @@ func (t *run) train(ctx context.Context) (*Result, error) {
 		t.st.zeroGrads()
 		var sum, aux float64
 		var count int
-		scale := 1 / float64(micro*B*T) // per-token mean over the global batch
+		scale := 1 / float64(global*T) // per-token mean over the global batch
 		if !r.FSDP.CalculatePerTokenLoss {
-			scale = 1 / float64(B*T) / float64(micro) // mean of micro-batch means
+			scale = 1 / float64(B*T) / float64(micro*dp) // mean of micro-batch means
 		}
 		for mb := 0; mb < micro; mb++ {
-			data.Batch(tokens, targets, t.ds.Train, r.Run.Seed, step, 0, mb, B, T)
+			data.Batch(tokens, targets, t.ds.Train, r.Run.Seed, step, (mb*dp+dpRank)*B, B, T)
 			s, n := t.m.Forward(tokens, targets)
 			t.m.Backward(tokens, targets, scale)
-			sum, count, aux = sum+s, count+n, aux+t.m.AuxLoss()/float64(micro)
+			sum, count, aux = sum+s, count+n, aux+t.m.AuxLoss()/float64(micro*dp)
 		}
+		stats[0], stats[1], stats[2] = float32(sum), float32(count), float32(aux)
+		if err := world.AllReduce(stats); err != nil {
+			return nil, err
+		}
+		if err := t.st.reduce(r.FSDP.GradReduceInBF16); err != nil {
+			return nil, err
+		}
+		// One rank keeps its float64 sums; several combine them through the float32
+		// all-reduce.
 		loss := sum / float64(count)
-		norm := t.st.gradNorm()
+		if world.Size() > 1 {
+			loss, aux = float64(stats[0])/float64(stats[1]), float64(stats[2])
+		}
+		norm, err := t.st.gradNorm()
+		if err != nil {
+			return nil, err
+		}
 		met := Metrics{Step: step + 1, Loss: loss, LR: lr, GradNorm: norm}
 		if r.Model.MoE.NumExperts > 0 {
 			met.AuxLoss = &aux
 		}
 		if math.IsNaN(loss) || math.IsInf(loss, 0) || math.IsNaN(norm) || math.IsInf(norm, 0) {
 			if !r.Train.SkipNonfinite {
-				return nil, fmt.Errorf("step %d: %w (loss %v, grad_norm %v); last good step %d had loss %.4f, grad_norm %.4f; lower train.lr or set train.skip_nonfinite = true: %w",
-					step+1, ErrNonFinite, loss, norm, last.Step, last.Loss, last.GradNorm, ErrNonFinite)
+				return nil, fmt.Errorf("step %d: %w (loss %v, grad_norm %v); last good step %d had loss %.4f, grad_norm %.4f; lower train.lr or set train.skip_nonfinite = true",
+					step+1, ErrNonFinite, loss, norm, last.Step, last.Loss, last.GradNorm)
 			}
 			met.Skipped = true
 			t.log.Warn().Int("step", step+1).Float64("loss", loss).Msg("non-finite step skipped (train.skip_nonfinite)")
 		} else {
-			f := optim.ClipFactor(norm, r.Train.ClipGrad)
-			for _, g := range t.st.grads {
-				optim.Scale(g, f)
-			}
+			t.st.scaleGrads(optim.ClipFactor(norm, r.Train.ClipGrad))
 			optSteps++
-			t.st.step(r.Train, lr, optSteps)
+			if err := t.st.step(r.Train, lr, optSteps); err != nil {
+				return nil, err
+			}
 		}
 		dt := time.Since(t0).Seconds()
-		met.TokensPerS = float64(micro*B*T) / dt
+		met.TokensPerS = float64(global*T) / dt
 		if step > 0 {
 			rates = append(rates, met.TokensPerS)
+		}
+		if !lead {
+			continue
 		}
 		if ev := r.Train.EvalInterval; ev > 0 && ((step+1)%ev == 0 || step+1 == r.Train.Steps) {
 			v := t.evaluate()
@@ -273,6 +364,9 @@ func (t *run) train(ctx context.Context) (*Result, error) {
 			return nil, err
 		}
 		last = met
+	}
+	if !lead {
+		return out, nil
 	}
 	if t.opts.Progress != nil {
 		fmt.Fprintln(t.opts.Progress)
@@ -295,7 +389,7 @@ func (t *run) evaluate() float64 {
 	var sum float64
 	var count int
 	for i := 0; i < r.Train.EvalSteps; i++ {
-		data.Batch(tokens, targets, t.ds.Val, r.Run.Seed, -1, 0, i, B, T) // step −1: the same batches every time
+		data.Batch(tokens, targets, t.ds.Val, r.Run.Seed, -1, i*B, B, T) // step −1: the same batches every time
 		s, n := t.m.Forward(tokens, targets)
 		sum, count = sum+s, count+n
 	}

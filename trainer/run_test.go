@@ -8,9 +8,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/parallel/comm"
 	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/tensor/cpu"
 	"github.com/stretchr/testify/assert"
@@ -101,7 +103,7 @@ func TestRunBadInput(t *testing.T) {
 		{"vocabulary too small", []string{"model.vocab_size=8"}, "model.vocab_size", "has 28 tokens"},
 		{"corpus shorter than a sequence", []string{"model.seq_len=20000"}, "data.path", "fewer than one sequence"},
 		{"validation shorter than a sequence", []string{"model.seq_len=4096"}, "data.val_fraction", "validation split has"},
-		{"multi-rank", []string{"parallel.world_size=2", "train.global_batch_size=8"}, "parallel.world_size", "FSDP runtime"},
+		{"tensor parallel", []string{"parallel.world_size=2", "parallel.tensor_parallel=2"}, "parallel.tensor_parallel", "data parallelism only"},
 		{"unwritable output", []string{"run.output_dir=/proc/shardline"}, "run.output_dir", "writable"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -151,8 +153,12 @@ func TestBF16Compute(t *testing.T) {
 	require.NoError(t, err)
 	plan, err := parallel.Compile(r, topo)
 	require.NoError(t, err)
-	st := newState(plan, r, cpu.Backend{})
-	st.init(r)
+	world := comm.NewWorld(1, time.Minute)
+	st, err := newState(plan, r, cpu.Backend{}, 0, world.Rank(0), func(rank int, axis parallel.Axis) (comm.Communicator, error) {
+		return world.Group(rank, plan.Mesh.Group(axis, rank))
+	})
+	require.NoError(t, err)
+	require.NoError(t, st.init(r))
 	for gi := range st.weights {
 		for i, w := range st.weights[gi] {
 			require.Equal(t, tensor.ToBF16(w).Float32(), w, "compute weight %d of group %d is not a bf16 value", i, gi)

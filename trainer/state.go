@@ -1,72 +1,146 @@
 package trainer
 
 import (
+	"fmt"
+	"math"
 	"runtime"
 	"sync"
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/parallel/comm"
 	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/trainer/model"
-	"github.com/shardline/shardline/trainer/optim"
 )
 
-// state is one rank's training state, laid out by the plan: per parameter group a
-// flat buffer of compute weights, gradients, fp32 main weights (only when the
-// compute dtype is bf16) and optimizer moments; per parameter, views into them.
+// state is one rank's training state, laid out by the plan. Per parameter group:
+// the full compute weights and gradients (the model's views), this rank's shard of
+// the fp32 main weights, of the reduced gradients and of the optimizer moments.
+// Under no_shard the shard is the whole group.
+//
+// Megatron-FSDP's strategies, as executed here:
+//
+//	no_shard            all-reduce gradients; every rank updates the whole group
+//	optim, optim_grads,  reduce-scatter gradients; each rank updates its shard of the
+//	optim_grads_params   main weights; all-gather the updated compute weights
+//
+// The full compute weights stay allocated on every rank, so optim_grads_params
+// does not yet release gathered units between uses: the numerics are the
+// strategy's, its memory savings are the FSDP runtime's next step.
 type state struct {
 	plan    *parallel.Plan
-	weights [][]float32 // per group: compute weights (bf16-rounded when bf16)
-	grads   [][]float32
-	main    [][]float32 // per group: fp32 main weights, or the weights themselves
-	m, v    [][]float32
-	wviews  [][]float32 // per parameter (table order)
-	gviews  [][]float32
-	decay   []bool // per group entry, in group order: is weight decay applied
+	rank    int
+	sharded bool
 	bf16    bool
 	be      tensor.Backend
+
+	weights, grads [][]float32 // per group: full (Padded)
+	main           [][]float32 // per group: this rank's shard of the fp32 main weights
+	gshard         [][]float32 // per group: this rank's shard of the reduced gradients
+	wshard         [][]float32 // per group: bf16-rounded shard to gather (bf16 only)
+	m, v           [][]float32
+	lo             []int64 // per group: start of this rank's shard
+	segs           [][]segment
+	comms          []comm.Communicator // per group: its dp×cp or edp group
+	world          comm.Communicator
+	bsrc, bdst     [][]uint16 // bf16 reduction buffers, allocated on first use
+
+	wviews, gviews [][]float32 // per parameter (table order): views of weights, grads
 }
 
-func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend) *state {
-	s := &state{plan: p, wviews: make([][]float32, len(p.Params)), gviews: make([][]float32, len(p.Params)), bf16: r.Precision.BF16, be: be}
+// segment is a parameter's part of a rank's shard: [lo, hi) relative to the shard.
+type segment struct {
+	param  int
+	lo, hi int64
+	start  int64 // index of element lo within the parameter
+	decay  bool
+}
+
+// groupsFor returns the communicators of every plan group for a rank.
+type groupsFor func(rank int, axis parallel.Axis) (comm.Communicator, error)
+
+func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, world comm.Communicator, groups groupsFor) (*state, error) {
+	s := &state{plan: p, rank: rank, bf16: r.Precision.BF16, be: be, world: world,
+		sharded: r.FSDP.DataParallelShardingStrategy != "no_shard",
+		wviews:  make([][]float32, len(p.Params)), gviews: make([][]float32, len(p.Params))}
+	c := p.Mesh.Coords(rank)
 	for gi := range p.Groups {
 		g := &p.Groups[gi]
 		w, gr := make([]float32, g.Padded), make([]float32, g.Padded)
 		s.weights, s.grads = append(s.weights, w), append(s.grads, gr)
-		s.m, s.v = append(s.m, make([]float32, g.Padded)), append(s.v, make([]float32, g.Padded))
-		main := w
+		cm, err := groups(rank, g.Axis)
+		if err != nil {
+			return nil, err
+		}
+		s.comms = append(s.comms, cm)
+		// The shard this rank owns: its index in the group's sharding axis.
+		idx := c.DP*p.Mesh.CP + c.CP
+		if g.Axis == parallel.AxisEDP {
+			idx = c.EDP
+		}
+		lo, hi := int64(0), g.Padded
+		if g.Shards > 1 {
+			lo, hi = g.Shard(idx)
+		}
+		s.lo = append(s.lo, lo)
+		n := hi - lo
+		main := w[lo:hi] // fp32 compute: the main weights are the weights themselves
 		if s.bf16 {
-			main = make([]float32, g.Padded)
+			main = make([]float32, n)
+			s.wshard = append(s.wshard, make([]float32, n))
 		}
 		s.main = append(s.main, main)
+		gs := gr[lo:hi]
+		if g.Shards > 1 {
+			gs = make([]float32, n)
+		}
+		s.gshard = append(s.gshard, gs)
+		s.m, s.v = append(s.m, make([]float32, n)), append(s.v, make([]float32, n))
+		var segs []segment
 		for _, e := range g.Entries {
 			s.wviews[e.Param] = w[e.Offset : e.Offset+e.Numel]
 			s.gviews[e.Param] = gr[e.Offset : e.Offset+e.Numel]
-			s.decay = append(s.decay, !p.Params[e.Param].NoDecay || r.Train.DecayNormsAndEmbeddings)
+			a, b := max(e.Offset, lo), min(e.Offset+e.Numel, hi)
+			if a < b {
+				segs = append(segs, segment{param: e.Param, lo: a - lo, hi: b - lo, start: a - e.Offset,
+					decay: !p.Params[e.Param].NoDecay || r.Train.DecayNormsAndEmbeddings})
+			}
 		}
+		s.segs = append(s.segs, segs)
 	}
-	return s
+	return s, nil
 }
 
-// init fills every parameter from (seed, name, index) into the main weights, and
-// the compute weights from them.
-func (s *state) init(r *config.Recipe) {
+// init fills this rank's shard of every parameter from (seed, name, index) (no rank
+// ever initialises more than its shard), then gathers the compute weights.
+func (s *state) init(r *config.Recipe) error {
 	for gi := range s.plan.Groups {
-		g := &s.plan.Groups[gi]
-		for _, e := range g.Entries {
-			model.InitParam(s.main[gi][e.Offset:e.Offset+e.Numel], &s.plan.Params[e.Param], 0, r.Run.Seed, r.Model.InitStd, r.Model.Layers)
+		for _, sg := range s.segs[gi] {
+			model.InitParam(s.main[gi][sg.lo:sg.hi], &s.plan.Params[sg.param], sg.start, r.Run.Seed, r.Model.InitStd, r.Model.Layers)
 		}
-		s.syncCompute(gi)
 	}
+	return s.gather()
 }
 
-// syncCompute refreshes group gi's compute weights from its main weights.
-func (s *state) syncCompute(gi int) {
-	if !s.bf16 {
-		return
+// gather refreshes the full compute weights from every rank's main shard (rounded
+// to bf16 first when computing in bf16).
+func (s *state) gather() error {
+	for gi := range s.plan.Groups {
+		src := s.main[gi]
+		if s.bf16 {
+			copy(s.wshard[gi], src)
+			s.be.RoundBF16(s.wshard[gi])
+			src = s.wshard[gi]
+		}
+		if !s.sharded || s.plan.Groups[gi].Shards == 1 {
+			copy(s.weights[gi], src)
+			continue
+		}
+		if err := s.comms[gi].AllGather(s.weights[gi], src); err != nil {
+			return fmt.Errorf("all-gathering group %d: %w", gi, err)
+		}
 	}
-	copy(s.weights[gi], s.main[gi])
-	s.be.RoundBF16(s.weights[gi])
+	return nil
 }
 
 func (s *state) zeroGrads() {
@@ -75,34 +149,88 @@ func (s *state) zeroGrads() {
 	}
 }
 
-// gradNorm is the global L2 norm of the gradients.
-func (s *state) gradNorm() float64 {
-	var ss float64
-	for _, g := range s.grads {
-		ss += optim.SquaredNorm(g)
+// reduce sums the gradients over each group's ranks: all-reduce under no_shard,
+// reduce-scatter into this rank's shard otherwise, in bf16 (accumulated in fp32)
+// when inBF16.
+func (s *state) reduce(inBF16 bool) error {
+	for gi := range s.plan.Groups {
+		g := &s.plan.Groups[gi]
+		if s.comms[gi].Size() == 1 {
+			if g.Shards == 1 && &s.gshard[gi][0] != &s.grads[gi][0] {
+				copy(s.gshard[gi], s.grads[gi])
+			}
+			continue
+		}
+		var err error
+		switch {
+		case !s.sharded || g.Shards == 1:
+			err = s.comms[gi].AllReduce(s.grads[gi])
+		case inBF16:
+			if s.bsrc == nil {
+				s.bsrc, s.bdst = make([][]uint16, len(s.grads)), make([][]uint16, len(s.grads))
+			}
+			if s.bsrc[gi] == nil {
+				s.bsrc[gi], s.bdst[gi] = make([]uint16, len(s.grads[gi])), make([]uint16, len(s.gshard[gi]))
+			}
+			tensor.CastToBF16(unsafeBF16(s.bsrc[gi]), s.grads[gi])
+			if err = s.comms[gi].ReduceScatterBF16(s.bdst[gi], s.bsrc[gi]); err == nil {
+				tensor.CastToFloat32(s.gshard[gi], unsafeBF16(s.bdst[gi]))
+			}
+		default:
+			err = s.comms[gi].ReduceScatter(s.gshard[gi], s.grads[gi])
+		}
+		if err != nil {
+			return fmt.Errorf("reducing group %d's gradients: %w", gi, err)
+		}
 	}
-	return sqrt(ss)
+	return nil
 }
 
-// step applies the optimizer to every parameter (decay per parameter) and refreshes
-// the compute weights: train.optimizer adamw or adam (Megatron's adam is AdamW with
-// decoupled weight decay) runs AdamW, sgd runs SGD with momentum train.beta1 (its
-// buffer is the first-moment buffer).
-//
-// Parameters are updated on every core: each element's update depends only on its
-// own values, so the split does not change any bit of the result.
-func (s *state) step(tr config.Train, lr float64, t int) {
+// gradNorm is the global L2 norm of the reduced gradients: each rank's shards are
+// disjoint, so the squares are summed over the world; under no_shard every rank
+// holds the whole sum already.
+func (s *state) gradNorm() (float64, error) {
+	var ss float64
+	for _, g := range s.gshard {
+		for _, x := range g {
+			ss += float64(x) * float64(x)
+		}
+	}
+	if s.sharded && s.world.Size() > 1 {
+		buf := []float32{float32(ss)}
+		if err := s.world.AllReduce(buf); err != nil {
+			return 0, err
+		}
+		ss = float64(buf[0])
+	}
+	return math.Sqrt(ss), nil
+}
+
+func (s *state) scaleGrads(f float64) {
+	if f == 1 {
+		return
+	}
+	for _, g := range s.gshard {
+		for i := range g {
+			g[i] *= float32(f)
+		}
+	}
+}
+
+// step applies the optimizer to this rank's shard and gathers the compute weights:
+// train.optimizer adamw or adam (Megatron's adam is AdamW with decoupled weight
+// decay) runs AdamW, sgd runs SGD with momentum train.beta1 (its buffer is the
+// first-moment buffer). Segments are updated on every core: each element's update
+// depends only on its own values, so the split changes no bit of the result.
+func (s *state) step(tr config.Train, lr float64, t int) error {
 	type job struct {
-		gi     int
-		lo, hi int64
-		decay  bool
+		gi  int
+		seg segment
 	}
 	var jobs []job
-	k := 0
-	for gi := range s.plan.Groups {
-		for _, e := range s.plan.Groups[gi].Entries {
-			jobs = append(jobs, job{gi, e.Offset, e.Offset + e.Numel, s.decay[k]})
-			k++
+	for gi := range s.segs {
+		for _, sg := range s.segs[gi] {
+			jobs = append(jobs, job{gi, sg})
 		}
 	}
 	workers := runtime.GOMAXPROCS(0)
@@ -114,10 +242,11 @@ func (s *state) step(tr config.Train, lr float64, t int) {
 			for i := w; i < len(jobs); i += workers {
 				j := jobs[i]
 				wd := tr.WeightDecay
-				if !j.decay {
+				if !j.seg.decay {
 					wd = 0
 				}
-				p, g, m, v := s.main[j.gi][j.lo:j.hi], s.grads[j.gi][j.lo:j.hi], s.m[j.gi][j.lo:j.hi], s.v[j.gi][j.lo:j.hi]
+				lo, hi := j.seg.lo, j.seg.hi
+				p, g, m, v := s.main[j.gi][lo:hi], s.gshard[j.gi][lo:hi], s.m[j.gi][lo:hi], s.v[j.gi][lo:hi]
 				if tr.Optimizer == "sgd" {
 					s.be.SGD(p, g, m, lr, tr.Beta1, wd)
 				} else {
@@ -127,20 +256,20 @@ func (s *state) step(tr config.Train, lr float64, t int) {
 		}()
 	}
 	wg.Wait()
-	for gi := range s.plan.Groups {
-		s.syncCompute(gi)
-	}
+	return s.gather()
 }
 
 // bytes reports what the state holds, by plan memory component.
 func (s *state) bytes() (weights, main, grads, optState int64) {
 	for gi := range s.weights {
-		n := int64(len(s.weights[gi])) * 4
-		weights += n
-		grads += n
-		optState += 2 * n
+		weights += int64(len(s.weights[gi])) * 4
+		grads += int64(len(s.grads[gi])) * 4
+		if &s.gshard[gi][0] != &s.grads[gi][s.lo[gi]] {
+			grads += int64(len(s.gshard[gi])) * 4
+		}
+		optState += int64(len(s.m[gi])+len(s.v[gi])) * 4
 		if s.bf16 {
-			main += n
+			main += int64(len(s.main[gi])) * 4
 		}
 	}
 	return

@@ -312,3 +312,20 @@ func TestRunPrepareSample(t *testing.T) {
 	assert.Equal(t, 1, code)
 	assert.Contains(t, errs, "is not a run directory")
 }
+
+func TestRunNproc(t *testing.T) {
+	dir := t.TempDir()
+	args := []string{"run", filepath.Join(recipesDir, "tiny.toml"), "--nproc", "4", "--num-layers", "1", "--hidden-size", "32",
+		"--num-attention-heads", "2", "--num-query-groups", "2", "--ffn-hidden-size", "64", "--seq-length", "16", "--micro-batch-size", "2",
+		"--global-batch-size", "8", "--train-iters", "3", "--set", "train.eval_interval=0", "--set", "run.output_dir=" + dir, "--set", "run.name=np"}
+	code, out, errs := shardline(t, nil, args...)
+	require.Equal(t, 0, code, errs)
+	assert.Contains(t, errs, `"ranks":4`)
+	assert.Contains(t, out, "run directory: "+filepath.Join(dir, "np"))
+	code, _, errs = shardline(t, nil, append(args, "--world-size", "2")...)
+	assert.Equal(t, 2, code)
+	assert.Contains(t, errs, "not together with --world-size")
+	code, _, errs = shardline(t, nil, append(args[:len(args):len(args)], "--global-batch-size", "6")...)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errs, "error[SL206]")
+}

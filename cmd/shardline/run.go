@@ -30,22 +30,31 @@ func isTerminal(w io.Writer) bool {
 func (a *app) runCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "run [flags] [RECIPE]",
-		Short: "Train a recipe (default recipes/tiny.toml) on the CPU",
+		Short: "Train a recipe (default recipes/tiny.toml) on the CPU, on one rank or --nproc N",
 		Long: `Run lints the recipe, compiles its plan and trains it, writing a run directory
 under run.output_dir: the resolved recipe and its fingerprint, the plan, metrics.jsonl
 (one object per step), run.log, the final weights, loss.png and a text sample.
+
+With --nproc N (or parallel.world_size = N) the run is data parallel over N ranks,
+goroutines of this process, executing the plan's sharding strategy: no_shard
+all-reduces gradients; optim, optim_grads and optim_grads_params reduce-scatter
+them, update each rank's shard of the fp32 main weights and all-gather. The
+result equals one rank training the same global batch (up to float rounding).
 
 On a terminal the log is readable and a progress bar shows the loss and the ETA;
 otherwise the log is JSON lines. Ctrl-C stops at the end of the current step and
 still writes the outputs (exit status 130).`,
 		Example: `  shardline run
   shardline run recipes/tiny.toml --train-iters 200
+  shardline run recipes/tiny.toml --nproc 4 --global-batch-size 64 --data-parallel-sharding-strategy optim
   shardline run recipes/tiny.toml --set data.path=notes.txt --set data.tokenizer=char --set model.vocab_size=128`,
 		Args: cobra.MaximumNArgs(1),
 	}
 	rf := addRecipeFlags(cmd)
 	var cpuProfile string
+	var nproc int
 	cmd.Flags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof reads it)")
+	cmd.Flags().IntVar(&nproc, "nproc", 0, "train on N ranks as goroutines of this process (sets parallel.world_size)")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		if cpuProfile != "" {
 			f, err := os.Create(cpuProfile)
@@ -57,6 +66,12 @@ still writes the outputs (exit status 130).`,
 				return usageErr("--cpuprofile: %v", err)
 			}
 			defer pprof.StopCPUProfile()
+		}
+		if nproc < 0 || (nproc > 0 && cmd.Flags().Changed("world-size")) {
+			return usageErr("--nproc %d: give a positive rank count, and not together with --world-size", nproc)
+		}
+		if nproc > 0 {
+			rf.extra = append(rf.extra, config.FlagValue{Name: "world-size", Value: fmt.Sprint(nproc)})
 		}
 		path := filepath.Join("recipes", "tiny.toml")
 		if len(args) == 1 {

@@ -144,14 +144,16 @@ func splitmix64(x uint64) uint64 {
 	return x ^ (x >> 31)
 }
 
-// Batch fills tokens and targets (B·T each) with B windows of split: window b starts
-// at a position drawn from (seed, step, rank, micro, b), and targets are the tokens
-// shifted by one. It is a pure function of its arguments.
-func Batch(tokens, targets, split []int32, seed int64, step, rank, micro, B, T int) {
+// Batch fills tokens and targets (B·T each) with sequences first..first+B−1 of a
+// step's global batch: sequence i starts at a position drawn from (seed, step, i),
+// and targets are the tokens shifted by one. It is a pure function of its
+// arguments, and keyed by the global sequence index, so any split of the global
+// batch over ranks and micro-batches sees the same sequences.
+func Batch(tokens, targets, split []int32, seed int64, step, first, B, T int) {
 	n := len(split) - T - 1
 	for b := 0; b < B; b++ {
 		h := splitmix64(uint64(seed))
-		for _, v := range []int{step, rank, micro, b} {
+		for _, v := range []int{step, first + b} {
 			h = splitmix64(h ^ uint64(v))
 		}
 		start := 0

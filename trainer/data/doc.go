@@ -6,8 +6,9 @@
 // directory holds train.tok, val.tok and tokenizer.json. A run can also read text
 // directly: it is tokenized once and cached.
 //
-// Batches are a pure function of (seed, step, rank, micro-batch): the loader has
-// no hidden position, so a resumed run sees the same batches.
+// Batches are a pure function of (seed, step, global sequence index): the loader
+// has no hidden position, so a resumed run sees the same batches, and any number of
+// ranks sees the same global batch.
 //
 // It imports nothing from shardline.
 package data
