@@ -24,7 +24,7 @@ vet: ## go vet
 bench: bench-deps ## speed benchmarks, each printed against its budget or reference
 	./scripts/bench-lint.sh
 	./scripts/bench-plan.sh
-	$(GO) test ./tensor/cpu -run '^$$' -bench Sgemm -count 1 | grep GFLOP
+	./scripts/bench-gemm.sh
 	./scripts/bench-train.sh
 	$(GO) test ./parallel/comm -run '^$$' -bench BusBandwidth -benchtime 3x -count 1 | grep -E 'MB/s|busGB/s'
 
