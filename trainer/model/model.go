@@ -3,6 +3,7 @@ package model
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
@@ -34,14 +35,21 @@ type acts[F tensor.Float] struct {
 
 // Model is a decoder bound to a batch shape (B sequences of T tokens).
 type Model[F tensor.Float] struct {
-	Cfg     config.Model
-	B, T    int
-	be      tensor.Kernels[F]
-	w, g    params[F]
-	a       acts[F]
-	cos     []F // RoPE tables (T, HD/2)
-	sin     []F
-	scratch struct {
+	Cfg  config.Model
+	B, T int
+	be   tensor.Kernels[F]
+	w, g params[F]
+	a    acts[F]
+	cos  []F // RoPE tables (T, HD/2)
+	// wptr and gptr point at each parameter's weight and gradient view (table
+	// order), so a runtime that gathers units into changing buffers can rebind them.
+	wptr, gptr []*[]F
+	embedIdx   int // table index of embed.weight
+	hooks      Hooks
+	blocks     [][]int // FSDP units of each block, in forward order
+	hookErr    error
+	sin        []F
+	scratch    struct {
 		dres, dx, dq, dk, dv, datty, dff1, dff2, dsw, dlogits, dloss []F
 		// MoE backward (sized for the largest MoE layer)
 		moeDlogits, moeDprobs, moeDgates, moeDy, moeDx, moeDh, moeDg, moeDu, moeSh, moeSg, moeSu []F
@@ -57,25 +65,108 @@ func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights, grad
 	}
 	m := &Model[F]{Cfg: cfg, B: B, T: T, be: be}
 	var err error
-	if m.w, err = bind(cfg, table, weights); err != nil {
+	if m.wptr, err = m.w.bind(cfg, table, weights); err != nil {
 		return nil, err
 	}
-	if m.g, err = bind(cfg, table, grads); err != nil {
+	if m.gptr, err = m.g.bind(cfg, table, grads); err != nil {
 		return nil, err
+	}
+	m.blocks = blocksOf(cfg, table)
+	for i := range table {
+		if table[i].Name == "embed.weight" {
+			m.embedIdx = i
+		}
 	}
 	m.alloc()
 	return m, nil
 }
 
-func bind[F tensor.Float](cfg config.Model, table []parallel.Param, views [][]F) (params[F], error) {
-	var p params[F]
+// Hooks let a runtime hold parameters only while a block needs them. Acquire runs
+// before a block (the embedding, one transformer layer, or the final norm and head)
+// with the FSDP units its parameters belong to; Release runs after it. In backward,
+// Release also says that block's gradient contributions to those units are
+// complete. A hook's error is kept and returned by Err; the pass goes on with
+// whatever the views hold, and the caller must check Err.
+type Hooks interface {
+	Acquire(units []int, backward bool) error
+	Release(units []int, backward bool) error
+}
+
+// SetHooks installs hooks (nil removes them).
+func (m *Model[F]) SetHooks(h Hooks) { m.hooks = h }
+
+// Blocks lists the FSDP units of each block in forward order: the embedding, each
+// layer, then the final norm and output head (with the embedding's unit when tied).
+func (m *Model[F]) Blocks() [][]int { return m.blocks }
+
+// Err returns the first hook error of the last pass, and clears it.
+func (m *Model[F]) Err() error {
+	err := m.hookErr
+	m.hookErr = nil
+	return err
+}
+
+func (m *Model[F]) acquire(block int, backward bool) {
+	if m.hooks != nil {
+		if err := m.hooks.Acquire(m.blocks[block], backward); err != nil && m.hookErr == nil {
+			m.hookErr = err
+		}
+	}
+}
+
+func (m *Model[F]) release(block int, backward bool) {
+	if m.hooks != nil {
+		if err := m.hooks.Release(m.blocks[block], backward); err != nil && m.hookErr == nil {
+			m.hookErr = err
+		}
+	}
+}
+
+// Bind points parameter i (table order) at new weight and gradient views; a tied
+// output head follows the embedding.
+func (m *Model[F]) Bind(i int, w, g []F) {
+	*m.wptr[i], *m.gptr[i] = w, g
+	if i == m.embedIdx && m.Cfg.TieEmbeddings {
+		m.w.output, m.g.output = w, g
+	}
+}
+
+// blocksOf groups the parameters' units by block: block 0 the embedding, 1..L the
+// layers, L+1 the final norm and head.
+func blocksOf(cfg config.Model, table []parallel.Param) [][]int {
+	blocks := make([][]int, cfg.Layers+2)
+	add := func(b, unit int) {
+		if !slices.Contains(blocks[b], unit) {
+			blocks[b] = append(blocks[b], unit)
+		}
+	}
+	for i := range table {
+		p := &table[i]
+		switch {
+		case p.Layer >= 0:
+			add(1+p.Layer, p.Unit)
+		case p.Name == "embed.weight":
+			add(0, p.Unit)
+			if cfg.TieEmbeddings {
+				add(cfg.Layers+1, p.Unit)
+			}
+		default:
+			add(cfg.Layers+1, p.Unit)
+		}
+	}
+	return blocks
+}
+
+// bind fills p from views (table order) and returns a pointer to each parameter's
+// view inside p. An empty view is allowed: a runtime with hooks binds it later.
+func (p *params[F]) bind(cfg config.Model, table []parallel.Param, views [][]F) ([]*[]F, error) {
 	if len(views) != len(table) {
-		return p, fmt.Errorf("model: %d views for %d parameters", len(views), len(table))
+		return nil, fmt.Errorf("model: %d views for %d parameters", len(views), len(table))
 	}
 	byName := make(map[string][]F, len(table))
 	for i := range table {
-		if int64(len(views[i])) != table[i].LocalNumel() {
-			return p, fmt.Errorf("model: %s has %d elements, its view %d", table[i].Name, table[i].LocalNumel(), len(views[i]))
+		if n := int64(len(views[i])); n != table[i].LocalNumel() && n != 0 {
+			return nil, fmt.Errorf("model: %s has %d elements, its view %d", table[i].Name, table[i].LocalNumel(), len(views[i]))
 		}
 		byName[table[i].Name] = views[i]
 	}
@@ -104,7 +195,39 @@ func bind[F tensor.Float](cfg config.Model, table []parallel.Param, views [][]F)
 		}
 		p.layers = append(p.layers, lp)
 	}
-	return p, nil
+	ptrs := map[string]*[]F{"embed.weight": &p.embed, "norm.weight": &p.norm}
+	if !cfg.TieEmbeddings {
+		ptrs["output.weight"] = &p.output
+	}
+	for l := range p.layers {
+		lp := &p.layers[l]
+		pre := fmt.Sprintf("layers.%d.", l)
+		for name, ptr := range map[string]*[]F{"attn_norm.weight": &lp.attnNorm, "attn.wq": &lp.wq, "attn.wk": &lp.wk, "attn.wv": &lp.wv,
+			"attn.wo": &lp.wo, "mlp_norm.weight": &lp.mlpNorm, "mlp.w1": &lp.w1, "mlp.w3": &lp.w3, "mlp.w2": &lp.w2} {
+			ptrs[pre+name] = ptr
+		}
+		if mp := lp.moe; mp != nil {
+			ptrs[pre+"moe.router"] = &mp.router
+			for s := range mp.shared {
+				for k, w := range []string{"w1", "w3", "w2"} {
+					ptrs[fmt.Sprintf("%smoe.shared.%d.%s", pre, s, w)] = &mp.shared[s][k]
+				}
+			}
+			for e := range mp.experts {
+				for k, w := range []string{"w1", "w3", "w2"} {
+					ptrs[fmt.Sprintf("%smoe.experts.%d.%s", pre, e, w)] = &mp.experts[e][k]
+				}
+			}
+		}
+	}
+	out := make([]*[]F, len(table))
+	for i := range table {
+		out[i] = ptrs[table[i].Name]
+		if out[i] == nil {
+			return nil, fmt.Errorf("model: parameter %s has no place in the model", table[i].Name)
+		}
+	}
+	return out, nil
 }
 
 func (m *Model[F]) dims() (BT, C, NH, NKV, HD, FF, V int) {
@@ -167,8 +290,12 @@ func (m *Model[F]) Forward(tokens, targets []int32) (lossSum float64, count int)
 	if len(w.layers) > 0 {
 		x = a.resid[0]
 	}
+	m.acquire(0, false)
 	be.Embedding(x, tokens, w.embed, BT, C)
-	for l, lw := range w.layers {
+	m.release(0, false)
+	for l := range w.layers {
+		m.acquire(1+l, false)
+		lw := w.layers[l]
 		be.RMSNorm(a.ln1[l], a.rstd1[l], x, lw.attnNorm, BT, C, eps)
 		be.Matmul(a.q[l], a.ln1[l], lw.wq, BT, C, NH*HD, false)
 		be.Matmul(a.k[l], a.ln1[l], lw.wk, BT, C, NKV*HD, false)
@@ -193,9 +320,13 @@ func (m *Model[F]) Forward(tokens, targets []int32) (lossSum float64, count int)
 			be.Matmul(next, a.sw[l], lw.w2, BT, FF, C, true) // next = mid + MLP
 		}
 		x = next
+		m.release(1+l, false)
 	}
+	last := len(m.blocks) - 1
+	m.acquire(last, false)
 	be.RMSNorm(a.lnf, a.rstdf, a.final, w.norm, BT, C, eps)
 	be.Matmul(a.logits, a.lnf, w.output, BT, C, V, false)
+	m.release(last, false)
 	if targets == nil {
 		return 0, 0
 	}
@@ -259,12 +390,16 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 	}
 	clear(s.dlogits)
 	be.CrossEntropyBackward(s.dlogits, s.dloss, a.probs, targets, BT, V)
+	last := len(m.blocks) - 1
+	m.acquire(last, true)
 	clear(s.dx)
 	be.MatmulBackward(s.dx, g.output, s.dlogits, a.lnf, w.output, BT, C, V)
 	dres := s.dres // gradient of the residual stream entering the current point
 	clear(dres)
 	be.RMSNormBackward(dres, g.norm, s.dx, a.final, w.norm, a.rstdf, BT, C)
+	m.release(last, true)
 	for l := len(w.layers) - 1; l >= 0; l-- {
+		m.acquire(1+l, true)
 		lw, lg := w.layers[l], g.layers[l]
 		clear(s.dx)
 		if lw.moe != nil {
@@ -296,8 +431,11 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 		be.MatmulBackward(s.dx, lg.wk, s.dk, a.ln1[l], lw.wk, BT, C, NKV*HD)
 		be.MatmulBackward(s.dx, lg.wv, s.dv, a.ln1[l], lw.wv, BT, C, NKV*HD)
 		be.RMSNormBackward(dres, lg.attnNorm, s.dx, a.resid[l], lw.attnNorm, a.rstd1[l], BT, C)
+		m.release(1+l, true)
 	}
+	m.acquire(0, true)
 	be.EmbeddingBackward(g.embed, dres, tokens, BT, C)
+	m.release(0, true)
 }
 
 // Perplexity-friendly helper: the mean loss in nats of a loss sum and count.
