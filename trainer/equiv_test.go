@@ -108,3 +108,31 @@ func TestBF16NearFP32(t *testing.T) {
 	assert.InDelta(t, lf[last], lh[last], 0.02*lf[last])
 	assert.NotEqual(t, lf[last], lh[last], "bf16 must actually change the arithmetic")
 }
+
+// TestShardedMemoryFollowsThePlan: under optim_grads_params on 1, 2 and 4 ranks,
+// what a rank holds for weights, gradients and optimizer state falls as 1/N and
+// equals the plan's prediction (to the padding, which the plan counts the same
+// way); the whole within 10% of the plan. Overlap is off: the runtime does not
+// prefetch yet, and the plan budgets a second gathered unit when overlap is on.
+func TestShardedMemoryFollowsThePlan(t *testing.T) {
+	var static1 int64
+	for _, n := range []int{1, 2, 4} {
+		res, _ := tinyRun(t, "train.steps=2", "train.micro_batch_size=2", "train.global_batch_size=8", "train.eval_interval=0",
+			fmt.Sprintf("parallel.world_size=%d", n), "fsdp.overlap_grad_reduce=false", "fsdp.overlap_param_gather=false")
+		out, err := Run(context.Background(), res, opts())
+		require.NoError(t, err)
+		h, p := out.Held, out.Predicted
+		assert.Equal(t, p.Weights, h.Weights, "n=%d weights", n)
+		assert.Equal(t, p.Grads, h.Grads, "n=%d grads", n)
+		assert.Equal(t, p.OptimizerState, h.OptimizerState, "n=%d optimizer state", n)
+		assert.Equal(t, p.GatheredUnits, h.GatheredUnits, "n=%d gathered units", n)
+		assert.Equal(t, p.GradReduceBuffers, h.GradReduceBuffers, "n=%d unit gradient buffers", n)
+		static := h.Weights + h.Grads + h.OptimizerState
+		if n == 1 {
+			static1 = static
+			continue
+		}
+		assert.InDelta(t, float64(static1)/float64(n), float64(static), 0.1*float64(static1)/float64(n), "n=%d: static memory should be 1/%d of one rank's", n, n)
+		assert.InDelta(t, float64(p.Total), float64(h.Total), 0.1*float64(p.Total), "n=%d total within 10%% of the plan", n)
+	}
+}

@@ -113,7 +113,10 @@ func (t *run) finish(out *Result) error {
 	w, main, g, o := t.st.bytes()
 	act, logits := t.m.ActivationBytes()
 	out.Held = Memory{Weights: w, MainWeights: main, Grads: g, OptimizerState: o, Activations: act, Logits: logits}
-	out.Held.Total = w + main + g + o + act + logits
+	if t.rt != nil {
+		out.Held.GatheredUnits, out.Held.GradReduceBuffers = t.rt.memory()
+	}
+	out.Held.Total = w + main + g + o + act + logits + out.Held.GatheredUnits + out.Held.GradReduceBuffers
 	out.PeakRSS = peakRSS()
 	info := t.info()
 	info.Result = &resultInfo{Steps: out.Steps, FinalLoss: out.FinalLoss, FinalValLoss: out.FinalValLoss, UnigramLoss: out.UnigramBits, TokensPerS: out.TokensPerS, Interrupted: out.Interrupted}

@@ -70,13 +70,15 @@ type Result struct {
 
 // Memory is what the run holds, by the plan's components.
 type Memory struct {
-	Weights        int64 `json:"weights"`
-	MainWeights    int64 `json:"main_weights"`
-	Grads          int64 `json:"grads"`
-	OptimizerState int64 `json:"optimizer_state"`
-	Activations    int64 `json:"activations"`
-	Logits         int64 `json:"logits"`
-	Total          int64 `json:"total"`
+	Weights           int64 `json:"weights"`
+	MainWeights       int64 `json:"main_weights"`
+	Grads             int64 `json:"grads"`
+	OptimizerState    int64 `json:"optimizer_state"`
+	GatheredUnits     int64 `json:"gathered_units"`      // peak of gathered unit weights
+	GradReduceBuffers int64 `json:"grad_reduce_buffers"` // peak of unit gradient buffers
+	Activations       int64 `json:"activations"`
+	Logits            int64 `json:"logits"`
+	Total             int64 `json:"total"`
 }
 
 // ErrNonFinite reports a NaN or Inf loss or gradient.
@@ -189,6 +191,7 @@ type run struct {
 	log     zerolog.Logger
 	rank    int
 	st      *state
+	rt      *unitRuntime // optim_grads_params only
 	m       *model.Model[float32]
 	metrics *os.File
 	curve   []Metrics
@@ -263,6 +266,14 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	if err != nil {
 		return nil, fmt.Errorf("building the model: %w", err)
 	}
+	if t.st.perUnit {
+		t.rt = newUnitRuntime(t.st, t.m)
+		t.m.SetHooks(t.rt)
+	}
+	if f := r.FSDP; world.Size() > 1 && (f.OverlapGradReduce || f.OverlapParamGather) {
+		t.log.Warn().Bool("overlap_grad_reduce", f.OverlapGradReduce).Bool("overlap_param_gather", f.OverlapParamGather).
+			Msg("communication/compute overlap is not built into the CPU runtime yet: collectives run between blocks, not behind them")
+	}
 	if lead {
 		t.metrics, err = os.Create(filepath.Join(t.dir, "metrics.jsonl"))
 		if err != nil {
@@ -311,6 +322,9 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 			data.Batch(tokens, targets, t.ds.Train, r.Run.Seed, step, (mb*dp+dpRank)*B, B, T)
 			s, n := t.m.Forward(tokens, targets)
 			t.m.Backward(tokens, targets, scale)
+			if err := t.m.Err(); err != nil {
+				return nil, err
+			}
 			sum, count, aux = sum+s, count+n, aux+t.m.AuxLoss()/float64(micro*dp)
 		}
 		stats[0], stats[1], stats[2] = float32(sum), float32(count), float32(aux)
@@ -353,17 +367,32 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		if step > 0 {
 			rates = append(rates, met.TokensPerS)
 		}
+		// Evaluation gathers units under optim_grads_params, so every rank runs it.
+		if ev := r.Train.EvalInterval; ev > 0 && ((step+1)%ev == 0 || step+1 == r.Train.Steps) && (lead || t.st.perUnit) {
+			v := t.evaluate()
+			if err := t.m.Err(); err != nil {
+				return nil, err
+			}
+			met.ValLoss = &v
+		}
 		if !lead {
 			continue
-		}
-		if ev := r.Train.EvalInterval; ev > 0 && ((step+1)%ev == 0 || step+1 == r.Train.Steps) {
-			v := t.evaluate()
-			met.ValLoss = &v
 		}
 		if err := t.record(met, step, start); err != nil {
 			return nil, err
 		}
 		last = met
+	}
+	if t.st.perUnit {
+		// Every rank joins in gathering the whole model once, for rank 0's last
+		// evaluation, weights and sample.
+		if err := t.st.gatherFull(); err != nil {
+			return nil, err
+		}
+		t.m.SetHooks(nil)
+		for i, w := range t.st.wviews {
+			t.m.Bind(i, w, nil)
+		}
 	}
 	if !lead {
 		return out, nil

@@ -159,12 +159,13 @@ func TestBF16Compute(t *testing.T) {
 	})
 	require.NoError(t, err)
 	require.NoError(t, st.init(r))
-	for gi := range st.weights {
-		for i, w := range st.weights[gi] {
+	require.True(t, st.perUnit, "the default strategy, optim_grads_params, holds shards only")
+	for gi := range st.plan.Groups {
+		for i, w := range st.computeShard(gi) {
 			require.Equal(t, tensor.ToBF16(w).Float32(), w, "compute weight %d of group %d is not a bf16 value", i, gi)
 		}
 	}
-	require.NotEqual(t, st.weights[0][:64], st.main[0][:64], "main weights keep fp32 precision")
+	require.NotEqual(t, st.computeShard(0)[:64], st.main[0][:64], "main weights keep fp32 precision")
 	out, err := Run(context.Background(), res, opts())
 	require.NoError(t, err)
 	assert.Less(t, out.FinalValLoss, out.UnigramBits)

@@ -24,15 +24,19 @@ import (
 //	optim, optim_grads,  reduce-scatter gradients; each rank updates its shard of the
 //	optim_grads_params   main weights; all-gather the updated compute weights
 //
-// The full compute weights stay allocated on every rank, so optim_grads_params
-// does not yet release gathered units between uses: the numerics are the
-// strategy's, its memory savings are the FSDP runtime's next step.
+// optim_grads_params holds no full buffers: unitRuntime gathers each unit before
+// the blocks that use it and releases it after, and reduce-scatters each unit's
+// gradients as soon as its backward ends.
 type state struct {
 	plan    *parallel.Plan
 	rank    int
 	sharded bool
-	bf16    bool
-	be      tensor.Backend
+	// perUnit (optim_grads_params): no full buffers; units are gathered on demand by
+	// unitRuntime and gradients reduced into the shard per unit.
+	perUnit    bool
+	bf16       bool
+	reduceBF16 bool
+	be         tensor.Backend
 
 	weights, grads [][]float32 // per group: full (Padded)
 	main           [][]float32 // per group: this rank's shard of the fp32 main weights
@@ -60,13 +64,17 @@ type segment struct {
 type groupsFor func(rank int, axis parallel.Axis) (comm.Communicator, error)
 
 func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, world comm.Communicator, groups groupsFor) (*state, error) {
-	s := &state{plan: p, rank: rank, bf16: r.Precision.BF16, be: be, world: world,
+	s := &state{plan: p, rank: rank, bf16: r.Precision.BF16, reduceBF16: r.FSDP.GradReduceInBF16, be: be, world: world,
 		sharded: r.FSDP.DataParallelShardingStrategy != "no_shard",
+		perUnit: r.FSDP.DataParallelShardingStrategy == "optim_grads_params",
 		wviews:  make([][]float32, len(p.Params)), gviews: make([][]float32, len(p.Params))}
 	c := p.Mesh.Coords(rank)
 	for gi := range p.Groups {
 		g := &p.Groups[gi]
-		w, gr := make([]float32, g.Padded), make([]float32, g.Padded)
+		var w, gr []float32
+		if !s.perUnit {
+			w, gr = make([]float32, g.Padded), make([]float32, g.Padded)
+		}
 		s.weights, s.grads = append(s.weights, w), append(s.grads, gr)
 		cm, err := groups(rank, g.Axis)
 		if err != nil {
@@ -84,22 +92,31 @@ func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, w
 		}
 		s.lo = append(s.lo, lo)
 		n := hi - lo
-		main := w[lo:hi] // fp32 compute: the main weights are the weights themselves
+		var main []float32
+		if s.perUnit {
+			main = make([]float32, n)
+		} else {
+			main = w[lo:hi] // fp32 compute: the main weights are the weights themselves
+		}
 		if s.bf16 {
 			main = make([]float32, n)
 			s.wshard = append(s.wshard, make([]float32, n))
 		}
 		s.main = append(s.main, main)
-		gs := gr[lo:hi]
-		if g.Shards > 1 {
+		var gs []float32
+		if g.Shards > 1 || s.perUnit {
 			gs = make([]float32, n)
+		} else {
+			gs = gr[lo:hi]
 		}
 		s.gshard = append(s.gshard, gs)
 		s.m, s.v = append(s.m, make([]float32, n)), append(s.v, make([]float32, n))
 		var segs []segment
 		for _, e := range g.Entries {
-			s.wviews[e.Param] = w[e.Offset : e.Offset+e.Numel]
-			s.gviews[e.Param] = gr[e.Offset : e.Offset+e.Numel]
+			if !s.perUnit {
+				s.wviews[e.Param] = w[e.Offset : e.Offset+e.Numel]
+				s.gviews[e.Param] = gr[e.Offset : e.Offset+e.Numel]
+			}
 			a, b := max(e.Offset, lo), min(e.Offset+e.Numel, hi)
 			if a < b {
 				segs = append(segs, segment{param: e.Param, lo: a - lo, hi: b - lo, start: a - e.Offset,
@@ -125,6 +142,15 @@ func (s *state) init(r *config.Recipe) error {
 // gather refreshes the full compute weights from every rank's main shard (rounded
 // to bf16 first when computing in bf16).
 func (s *state) gather() error {
+	if s.perUnit {
+		for gi := range s.plan.Groups {
+			if s.bf16 {
+				copy(s.wshard[gi], s.main[gi])
+				s.be.RoundBF16(s.wshard[gi])
+			}
+		}
+		return nil // units are gathered when blocks need them
+	}
 	for gi := range s.plan.Groups {
 		src := s.main[gi]
 		if s.bf16 {
@@ -144,15 +170,84 @@ func (s *state) gather() error {
 }
 
 func (s *state) zeroGrads() {
+	if s.perUnit {
+		for _, g := range s.gshard {
+			clear(g)
+		}
+		return
+	}
 	for _, g := range s.grads {
 		clear(g)
 	}
+}
+
+// computeShard is the shard of group gi's compute weights other ranks gather.
+func (s *state) computeShard(gi int) []float32 {
+	if s.bf16 {
+		return s.wshard[gi]
+	}
+	return s.main[gi]
+}
+
+// reduceInto reduce-scatters one unit's full gradients of group gi (src) and adds
+// this rank's shard of the sum to its gradient shard; tmp is shard-sized scratch.
+func (s *state) reduceInto(gi int, src, tmp []float32) error {
+	dst := s.gshard[gi]
+	if s.comms[gi].Size() == 1 || s.plan.Groups[gi].Shards == 1 {
+		for i, v := range src {
+			dst[i] += v
+		}
+		return nil
+	}
+	if s.reduceBF16 {
+		if s.bsrc == nil {
+			s.bsrc, s.bdst = make([][]uint16, len(s.gshard)), make([][]uint16, len(s.gshard))
+		}
+		if len(s.bsrc[gi]) != len(src) {
+			s.bsrc[gi], s.bdst[gi] = make([]uint16, len(src)), make([]uint16, len(dst))
+		}
+		tensor.CastToBF16(unsafeBF16(s.bsrc[gi]), src)
+		if err := s.comms[gi].ReduceScatterBF16(s.bdst[gi], s.bsrc[gi]); err != nil {
+			return err
+		}
+		tensor.CastToFloat32(tmp, unsafeBF16(s.bdst[gi]))
+	} else if err := s.comms[gi].ReduceScatter(tmp, src); err != nil {
+		return err
+	}
+	for i, v := range tmp {
+		dst[i] += v
+	}
+	return nil
+}
+
+// gatherFull all-gathers every group's compute weights into full buffers and
+// points the parameter views at them (a collective: every rank calls it). It ends
+// an optim_grads_params run, so rank 0 can evaluate, save and sample.
+func (s *state) gatherFull() error {
+	for gi := range s.plan.Groups {
+		g := &s.plan.Groups[gi]
+		if s.weights[gi] == nil {
+			s.weights[gi] = make([]float32, g.Padded)
+		}
+		if s.comms[gi].Size() == 1 || g.Shards == 1 {
+			copy(s.weights[gi], s.computeShard(gi))
+		} else if err := s.comms[gi].AllGather(s.weights[gi], s.computeShard(gi)); err != nil {
+			return err
+		}
+		for _, e := range g.Entries {
+			s.wviews[e.Param] = s.weights[gi][e.Offset : e.Offset+e.Numel]
+		}
+	}
+	return nil
 }
 
 // reduce sums the gradients over each group's ranks: all-reduce under no_shard,
 // reduce-scatter into this rank's shard otherwise, in bf16 (accumulated in fp32)
 // when inBF16.
 func (s *state) reduce(inBF16 bool) error {
+	if s.perUnit {
+		return nil // reduced per unit during backward
+	}
 	for gi := range s.plan.Groups {
 		g := &s.plan.Groups[gi]
 		if s.comms[gi].Size() == 1 {
@@ -262,10 +357,15 @@ func (s *state) step(tr config.Train, lr float64, t int) error {
 // bytes reports what the state holds, by plan memory component.
 func (s *state) bytes() (weights, main, grads, optState int64) {
 	for gi := range s.weights {
-		weights += int64(len(s.weights[gi])) * 4
-		grads += int64(len(s.grads[gi])) * 4
-		if &s.gshard[gi][0] != &s.grads[gi][s.lo[gi]] {
+		if s.perUnit {
+			weights += int64(len(s.computeShard(gi))) * 4 // the shard; gathered units are counted apart
 			grads += int64(len(s.gshard[gi])) * 4
+		} else {
+			weights += int64(len(s.weights[gi])) * 4
+			grads += int64(len(s.grads[gi])) * 4
+			if &s.gshard[gi][0] != &s.grads[gi][s.lo[gi]] {
+				grads += int64(len(s.gshard[gi])) * 4
+			}
 		}
 		optState += int64(len(s.m[gi])+len(s.v[gi])) * 4
 		if s.bf16 {

@@ -213,6 +213,12 @@ func (m *member) AllGather(dst, src []float32) error {
 		func(ss []slot) {
 			L := len(src)
 			for i, s := range ss {
+				// A rank's source may already be its chunk of dst (an in-place
+				// gather, as the distributed optimizer does): peers are reading it, so
+				// it must not be written, and needs no copy.
+				if i == m.rank && L > 0 && &dst[i*L] == &s.b[0] {
+					continue
+				}
 				copy(dst[i*L:(i+1)*L], s.b)
 			}
 		})

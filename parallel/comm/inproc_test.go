@@ -248,3 +248,26 @@ func TestAbortEndsWaiting(t *testing.T) {
 		t.Fatal("abort did not end the wait")
 	}
 }
+
+// TestAllGatherInPlace: each rank's source is its own chunk of the destination, as
+// when the distributed optimizer gathers updated shards; run with -race.
+func TestAllGatherInPlace(t *testing.T) {
+	n, L := 4, 16
+	bufs := make([][]float32, n)
+	errs := onRanks(n, time.Second, func(c Communicator) error {
+		r := c.Rank()
+		bufs[r] = make([]float32, n*L)
+		for j := 0; j < L; j++ {
+			bufs[r][r*L+j] = float32(r*100 + j)
+		}
+		return c.AllGather(bufs[r], bufs[r][r*L:(r+1)*L])
+	})
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	for r := range bufs {
+		for i := 0; i < n; i++ {
+			assert.Equal(t, float32(i*100+3), bufs[r][i*L+3])
+		}
+	}
+}
