@@ -9,9 +9,12 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/parallel/comm"
+	"github.com/shardline/shardline/tensor/cpu"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -134,5 +137,53 @@ func TestShardedMemoryFollowsThePlan(t *testing.T) {
 		}
 		assert.InDelta(t, float64(static1)/float64(n), float64(static), 0.1*float64(static1)/float64(n), "n=%d: static memory should be 1/%d of one rank's", n, n)
 		assert.InDelta(t, float64(p.Total), float64(h.Total), 0.1*float64(p.Total), "n=%d total within 10%% of the plan", n)
+	}
+}
+
+// TestShardedInitEqualsFullInit: each rank initialises only its shard (no rank ever
+// holds the full model before the first gather), and the gathered weights equal a
+// one-rank initialisation bit for bit, at every world size from 1 to 8.
+func TestShardedInitEqualsFullInit(t *testing.T) {
+	initial := func(n int) [][]float32 {
+		res, _ := tinyRun(t, fmt.Sprintf("parallel.world_size=%d", n), "train.global_batch_size=8", "train.micro_batch_size=1",
+			"fsdp.init_model_with_meta_device=true")
+		r := &res.Recipe
+		topo, err := parallel.TopologyOf(r.Parallel)
+		require.NoError(t, err)
+		plan, err := parallel.Compile(r, topo)
+		require.NoError(t, err)
+		world := comm.NewWorld(n, time.Minute)
+		states := make([]*state, n)
+		errs := make(chan error, n)
+		for rank := 0; rank < n; rank++ {
+			go func() {
+				st, err := newState(plan, r, cpu.Backend{}, rank, world.Rank(rank), func(rank int, axis parallel.Axis) (comm.Communicator, error) {
+					return world.Group(rank, plan.Mesh.Group(axis, rank))
+				})
+				if err == nil {
+					err = st.init(r)
+				}
+				if err == nil {
+					err = st.gatherFull()
+				}
+				states[rank] = st
+				errs <- err
+			}()
+		}
+		for i := 0; i < n; i++ {
+			require.NoError(t, <-errs)
+		}
+		return states[n-1].wviews
+	}
+	want := initial(1)
+	for n := 2; n <= 8; n++ {
+		got := initial(n)
+		for i := range want {
+			for j := range want[i] {
+				if math.Float32bits(want[i][j]) != math.Float32bits(got[i][j]) {
+					t.Fatalf("n=%d: parameter %d element %d: %v, one rank %v", n, i, j, got[i][j], want[i][j])
+				}
+			}
+		}
 	}
 }
