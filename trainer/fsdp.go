@@ -2,7 +2,10 @@ package trainer
 
 import (
 	"fmt"
+	"sync"
+	"time"
 
+	"github.com/shardline/shardline/parallel/comm"
 	"github.com/shardline/shardline/trainer/model"
 )
 
@@ -12,6 +15,13 @@ import (
 // buffer, which is reduce-scattered into the rank's gradient shard (and released)
 // as soon as the last block using the unit has run its backward. It implements
 // model.Hooks.
+//
+// Overlap: all of a rank's collectives go through one stream, so every rank issues
+// them in the same order. With overlap_param_gather the next block's units (the
+// previous block's in backward) are gathered while the current block computes;
+// with overlap_grad_reduce a unit's reduce-scatter runs while the next block
+// computes backward. flush waits for what is in flight; the trainer calls it after
+// every pass, before collectives of its own.
 type unitRuntime struct {
 	st      *state
 	m       *model.Model[float32]
@@ -20,25 +30,41 @@ type unitRuntime struct {
 	length  []int64   // unit → buffer length
 	wbuf    [][]float32
 	gbuf    [][]float32
-	holds   []int // blocks holding the unit's weights now
+	ready   []*comm.Handle // unit → its gather in flight
+	holds   []int          // blocks holding the unit's weights now
+	left    []int          // backward: blocks still to run that use the unit
+	uses    []int          // blocks that use the unit
 	// resident units have only unsharded groups: their views point straight at the
-	// compute shard and the gradient shard (the whole group), with nothing to gather
-	// or reduce.
+	// compute shard and the gradient shard, with nothing to gather or reduce.
 	resident []bool
-	left     []int // backward: blocks still to run that use the unit
-	uses     []int // blocks that use the unit
 	pool     map[int64][][]float32
 	rs       [][]float32 // per group: reduce-scatter destination
+	stream   *comm.Stream
+	inflight []flight
+	prefetch bool // overlap_param_gather
+	async    bool // overlap_grad_reduce
+	// capBytes bounds the gradient bytes reducing in the background (from
+	// suggested_communication_unit_size); 0 means one unit.
+	capBytes int64
+	trace    *tracer
+	start    time.Time // current block's compute start
 	// live and peak bytes of gathered weights and of unit gradient buffers
 	liveW, peakW, liveG, peakG int64
 }
 
-func newUnitRuntime(st *state, m *model.Model[float32]) *unitRuntime {
+// flight is an asynchronous reduce-scatter and the gradient buffer it reads.
+type flight struct {
+	h   *comm.Handle
+	buf []float32
+}
+
+func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, capElems int64, tr *tracer) *unitRuntime {
 	p := st.plan
-	u := &unitRuntime{st: st, m: m, pool: map[int64][][]float32{}}
+	u := &unitRuntime{st: st, m: m, pool: map[int64][][]float32{}, stream: comm.NewStream(st.world), prefetch: prefetch, async: async,
+		capBytes: 4 * capElems, trace: tr}
 	n := len(p.Units)
 	u.groups, u.offsets, u.length = make([][]int, n), make([][]int64, n), make([]int64, n)
-	u.wbuf, u.gbuf = make([][]float32, n), make([][]float32, n)
+	u.wbuf, u.gbuf, u.ready = make([][]float32, n), make([][]float32, n), make([]*comm.Handle, n)
 	u.holds, u.left, u.uses = make([]int, n), make([]int, n), make([]int, n)
 	u.resident = make([]bool, n)
 	for ui, unit := range p.Units {
@@ -72,6 +98,8 @@ func newUnitRuntime(st *state, m *model.Model[float32]) *unitRuntime {
 	return u
 }
 
+func (u *unitRuntime) close() { u.stream.Close() }
+
 func (u *unitRuntime) get(n int64) []float32 {
 	if free := u.pool[n]; len(free) > 0 {
 		b := free[len(free)-1]
@@ -102,28 +130,47 @@ func (u *unitRuntime) bind(ui int) {
 	}
 }
 
-// Acquire gathers the units' weights (and, in backward, gives them zeroed gradient
-// buffers) before a block runs.
-func (u *unitRuntime) Acquire(units []int, backward bool) error {
+// startGather queues the unit's all-gather on the stream.
+func (u *unitRuntime) startGather(ui int) {
 	st := u.st
+	buf := u.get(u.length[ui])
+	u.wbuf[ui] = buf
+	u.liveW += int64(len(buf)) * 4
+	u.peakW = max(u.peakW, u.liveW)
+	name := st.plan.Units[ui].Name
+	u.ready[ui] = u.stream.Go(func(comm.Communicator) error {
+		t0 := time.Now()
+		defer func() { u.trace.span("all_gather "+name, "comm", st.rank, 1, t0, time.Now()) }()
+		for k, gi := range u.groups[ui] {
+			g := &st.plan.Groups[gi]
+			dst := buf[u.offsets[ui][k] : u.offsets[ui][k]+g.Padded]
+			if st.comms[gi].Size() == 1 || g.Shards == 1 {
+				copy(dst, st.computeShard(gi))
+			} else if err := st.comms[gi].AllGather(dst, st.computeShard(gi)); err != nil {
+				return fmt.Errorf("gathering unit %s: %w", name, err)
+			}
+		}
+		return nil
+	})
+}
+
+// Acquire makes the block's units available: it waits for their gathers (queuing
+// any not yet started), gives them gradient buffers in backward, and then starts
+// gathering the next block's units when prefetching.
+func (u *unitRuntime) Acquire(block int, units []int, backward bool) error {
+	var first error
 	for _, ui := range units {
 		if u.resident[ui] {
 			continue
 		}
 		if u.wbuf[ui] == nil {
-			buf := u.get(u.length[ui])
-			for k, gi := range u.groups[ui] {
-				g := &st.plan.Groups[gi]
-				dst := buf[u.offsets[ui][k] : u.offsets[ui][k]+g.Padded]
-				if st.comms[gi].Size() == 1 || g.Shards == 1 {
-					copy(dst, st.computeShard(gi))
-				} else if err := st.comms[gi].AllGather(dst, st.computeShard(gi)); err != nil {
-					return fmt.Errorf("gathering unit %s: %w", st.plan.Units[ui].Name, err)
-				}
+			u.startGather(ui)
+		}
+		if h := u.ready[ui]; h != nil {
+			if err := h.Wait(); err != nil && first == nil {
+				first = err
 			}
-			u.wbuf[ui] = buf
-			u.liveW += int64(len(buf)) * 4
-			u.peakW = max(u.peakW, u.liveW)
+			u.ready[ui] = nil
 		}
 		if backward && u.gbuf[ui] == nil {
 			buf := u.get(u.length[ui])
@@ -135,14 +182,35 @@ func (u *unitRuntime) Acquire(units []int, backward bool) error {
 		u.holds[ui]++
 		u.bind(ui)
 	}
-	return nil
+	u.start = time.Now() // the block computes from here; the prefetch runs alongside
+	if u.prefetch {
+		next := block + 1
+		if backward {
+			next = block - 1
+		}
+		if blocks := u.m.Blocks(); next >= 0 && next < len(blocks) {
+			for _, ui := range blocks[next] {
+				if !u.resident[ui] && u.wbuf[ui] == nil {
+					u.startGather(ui)
+				}
+			}
+		}
+	}
+	return first
 }
 
 // Release ends a block's use of the units: weights no block holds are released;
 // in backward, a unit whose last block has run reduce-scatters its gradients into
-// the rank's shard (adding to earlier micro-batches) and releases its buffer.
-func (u *unitRuntime) Release(units []int, backward bool) error {
+// the rank's shard (adding to earlier micro-batches) and releases its buffer, in
+// the background when overlapping.
+func (u *unitRuntime) Release(block int, units []int, backward bool) error {
 	st := u.st
+	phase := "forward"
+	if backward {
+		phase = "backward"
+	}
+	u.trace.span(fmt.Sprintf("%s block %d", phase, block), "compute", st.rank, 0, u.start, time.Now())
+	var first error
 	for _, ui := range units {
 		if u.resident[ui] {
 			continue
@@ -152,31 +220,121 @@ func (u *unitRuntime) Release(units []int, backward bool) error {
 			u.left[ui]--
 			if u.left[ui] == 0 {
 				u.left[ui] = u.uses[ui]
-				buf := u.gbuf[ui]
-				for k, gi := range u.groups[ui] {
-					g := &st.plan.Groups[gi]
-					src := buf[u.offsets[ui][k] : u.offsets[ui][k]+g.Padded]
-					if err := st.reduceInto(gi, src, u.rs[gi]); err != nil {
-						return fmt.Errorf("reducing unit %s: %w", st.plan.Units[ui].Name, err)
-					}
-				}
-				u.put(buf)
+				buf, name := u.gbuf[ui], st.plan.Units[ui].Name
 				u.gbuf[ui] = nil
-				u.liveG -= int64(len(buf)) * 4
+				h := u.stream.Go(func(comm.Communicator) error {
+					t0 := time.Now()
+					defer func() { u.trace.span("reduce_scatter "+name, "comm", st.rank, 1, t0, time.Now()) }()
+					for k, gi := range u.groups[ui] {
+						g := &st.plan.Groups[gi]
+						src := buf[u.offsets[ui][k] : u.offsets[ui][k]+g.Padded]
+						if err := st.reduceInto(gi, src, u.rs[gi]); err != nil {
+							return fmt.Errorf("reducing unit %s: %w", name, err)
+						}
+					}
+					return nil
+				})
+				u.inflight = append(u.inflight, flight{h, buf})
+				if err := u.bound(); err != nil && first == nil {
+					first = err
+				}
 			}
 		}
-		if u.holds[ui] == 0 && u.wbuf[ui] != nil {
+		if u.holds[ui] == 0 && u.wbuf[ui] != nil && u.ready[ui] == nil {
 			u.put(u.wbuf[ui])
 			u.liveW -= int64(len(u.wbuf[ui])) * 4
 			u.wbuf[ui] = nil
 		}
 		u.bind(ui)
 	}
-	return nil
+	return first
+}
+
+// bound keeps the reduce-scatters in flight within their budget: none without
+// overlap; with it, one unit (reducing while the next block's gradients fill
+// another buffer), or as many as fit in suggested_communication_unit_size.
+func (u *unitRuntime) bound() error {
+	var first error
+	for len(u.inflight) > 0 {
+		var bytes int64
+		for _, f := range u.inflight {
+			bytes += int64(len(f.buf)) * 4
+		}
+		if u.async && (len(u.inflight) == 1 || bytes <= u.capBytes) {
+			break
+		}
+		f := u.inflight[0]
+		if err := f.h.Wait(); err != nil && first == nil {
+			first = err
+		}
+		u.put(f.buf)
+		u.liveG -= int64(len(f.buf)) * 4
+		u.inflight = u.inflight[1:]
+	}
+	return first
+}
+
+// flush waits for the reduce-scatters in flight and recycles their buffers, and
+// for prefetched gathers nobody used (the pass ended), which it releases.
+func (u *unitRuntime) flush() error {
+	var first error
+	for _, f := range u.inflight {
+		if err := f.h.Wait(); err != nil && first == nil {
+			first = err
+		}
+		u.put(f.buf)
+		u.liveG -= int64(len(f.buf)) * 4
+	}
+	u.inflight = u.inflight[:0]
+	for ui, h := range u.ready {
+		if h == nil {
+			continue
+		}
+		if err := h.Wait(); err != nil && first == nil {
+			first = err
+		}
+		u.ready[ui] = nil
+		if u.holds[ui] == 0 {
+			u.put(u.wbuf[ui])
+			u.liveW -= int64(len(u.wbuf[ui])) * 4
+			u.wbuf[ui] = nil
+			u.bind(ui)
+		}
+	}
+	return first
 }
 
 var _ model.Hooks = (*unitRuntime)(nil)
 
-// unitMemory is what the runtime reports beside the plan's gathered-unit and
-// grad-reduce buffers.
+// memory is what the runtime reports beside the plan's gathered-unit and
+// grad-reduce buffers: the peaks.
 func (u *unitRuntime) memory() (gathered, gradBuffers int64) { return u.peakW, u.peakG }
+
+// tracer collects Chrome trace events (viewable in Perfetto or chrome://tracing):
+// one process per rank, thread 0 compute and thread 1 communication. A nil tracer
+// records nothing.
+type tracer struct {
+	mu     sync.Mutex
+	origin time.Time
+	events []traceEvent
+}
+
+type traceEvent struct {
+	Name string  `json:"name"`
+	Cat  string  `json:"cat"`
+	Ph   string  `json:"ph"`
+	Ts   float64 `json:"ts"`  // µs since the run started
+	Dur  float64 `json:"dur"` // µs
+	Pid  int     `json:"pid"`
+	Tid  int     `json:"tid"`
+}
+
+func (t *tracer) span(name, cat string, rank, tid int, start, end time.Time) {
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	t.events = append(t.events, traceEvent{Name: name, Cat: cat, Ph: "X", Ts: float64(start.Sub(t.origin).Nanoseconds()) / 1e3,
+		Dur: float64(end.Sub(start).Nanoseconds()) / 1e3, Pid: rank, Tid: tid})
+	t.mu.Unlock()
+}

@@ -33,6 +33,9 @@ type Options struct {
 	LogLevel zerolog.Level
 	// Progress, when non-nil, receives a one-line progress bar (a terminal).
 	Progress io.Writer
+	// TracePath, when set, receives a Chrome trace of every rank's compute and
+	// communication (optim_grads_params), viewable in Perfetto.
+	TracePath string
 	// CacheDir caches tokenized text; empty disables the cache.
 	CacheDir string
 	Version  string
@@ -192,6 +195,7 @@ type run struct {
 	rank    int
 	st      *state
 	rt      *unitRuntime // optim_grads_params only
+	trace   *tracer
 	m       *model.Model[float32]
 	metrics *os.File
 	curve   []Metrics
@@ -211,6 +215,10 @@ func runRanks(ctx context.Context, r *config.Recipe, res *config.Resolved, opts 
 	groups := func(rank int, axis parallel.Axis) (comm.Communicator, error) {
 		return world.Group(rank, plan.Mesh.Group(axis, rank))
 	}
+	var tr *tracer
+	if opts.TracePath != "" {
+		tr = &tracer{origin: time.Now()}
+	}
 	results := make([]*Result, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -218,7 +226,7 @@ func runRanks(ctx context.Context, r *config.Recipe, res *config.Resolved, opts 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			t := &run{r: r, res: res, opts: opts, plan: plan, ds: ds, dir: dir, log: log, rank: rank}
+			t := &run{r: r, res: res, opts: opts, plan: plan, ds: ds, dir: dir, log: log, rank: rank, trace: tr}
 			if rank != 0 {
 				t.log = zerolog.Nop()
 				t.opts.Progress = nil
@@ -230,6 +238,11 @@ func runRanks(ctx context.Context, r *config.Recipe, res *config.Resolved, opts 
 		}()
 	}
 	wg.Wait()
+	if tr != nil {
+		if err := writeJSON(opts.TracePath, map[string]any{"traceEvents": tr.events, "displayTimeUnit": "ms"}); err != nil {
+			return nil, fmt.Errorf("writing the trace: %w", err)
+		}
+	}
 	// The first error that is not another rank's abort explains the failure.
 	for _, err := range errs {
 		var re *comm.RankError
@@ -267,10 +280,11 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		return nil, fmt.Errorf("building the model: %w", err)
 	}
 	if t.st.perUnit {
-		t.rt = newUnitRuntime(t.st, t.m)
+		t.rt = newUnitRuntime(t.st, t.m, r.FSDP.OverlapParamGather, r.FSDP.OverlapGradReduce, r.FSDP.SuggestedCommunicationUnitSize, t.trace)
+		defer t.rt.close()
 		t.m.SetHooks(t.rt)
 	}
-	if f := r.FSDP; world.Size() > 1 && (f.OverlapGradReduce || f.OverlapParamGather) {
+	if f := r.FSDP; !t.st.perUnit && world.Size() > 1 && (f.OverlapGradReduce || f.OverlapParamGather) {
 		t.log.Warn().Bool("overlap_grad_reduce", f.OverlapGradReduce).Bool("overlap_param_gather", f.OverlapParamGather).
 			Msg("communication/compute overlap is not built into the CPU runtime yet: collectives run between blocks, not behind them")
 	}
@@ -322,7 +336,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 			data.Batch(tokens, targets, t.ds.Train, r.Run.Seed, step, (mb*dp+dpRank)*B, B, T)
 			s, n := t.m.Forward(tokens, targets)
 			t.m.Backward(tokens, targets, scale)
-			if err := t.m.Err(); err != nil {
+			if err := t.flush(); err != nil {
 				return nil, err
 			}
 			sum, count, aux = sum+s, count+n, aux+t.m.AuxLoss()/float64(micro*dp)
@@ -370,7 +384,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		// Evaluation gathers units under optim_grads_params, so every rank runs it.
 		if ev := r.Train.EvalInterval; ev > 0 && ((step+1)%ev == 0 || step+1 == r.Train.Steps) && (lead || t.st.perUnit) {
 			v := t.evaluate()
-			if err := t.m.Err(); err != nil {
+			if err := t.flush(); err != nil {
 				return nil, err
 			}
 			met.ValLoss = &v
@@ -408,6 +422,18 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	}
 	out.TokensPerS = median(rates)
 	return out, t.finish(out)
+}
+
+// flush ends a pass: it waits for the runtime's collectives in flight and returns
+// the first error of the pass (from the model's hooks or the flush).
+func (t *run) flush() error {
+	err := t.m.Err()
+	if t.rt != nil {
+		if ferr := t.rt.flush(); err == nil {
+			err = ferr
+		}
+	}
+	return err
 }
 
 // evaluate is the mean token loss over eval_steps fixed validation batches.

@@ -55,6 +55,8 @@ still writes the outputs (exit status 130).`,
 	var nproc int
 	cmd.Flags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof reads it)")
 	cmd.Flags().IntVar(&nproc, "nproc", 0, "train on N ranks as goroutines of this process (sets parallel.world_size)")
+	var trace string
+	cmd.Flags().StringVar(&trace, "trace", "", "write a Chrome trace of every rank's compute and communication to this file (open it in Perfetto)")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		if cpuProfile != "" {
 			f, err := os.Create(cpuProfile)
@@ -89,7 +91,7 @@ still writes the outputs (exit status 130).`,
 		}
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		opts := trainer.Options{Backend: cpu.Backend{}, Env: envMap(a.env), LogOut: logOut, LogLevel: level, Version: version, CacheDir: cacheDir()}
+		opts := trainer.Options{Backend: cpu.Backend{}, Env: envMap(a.env), LogOut: logOut, LogLevel: level, Version: version, CacheDir: cacheDir(), TracePath: trace}
 		if tty && r.Logging.Progress {
 			opts.Progress = a.stderr
 		}

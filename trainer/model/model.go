@@ -82,14 +82,16 @@ func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights, grad
 }
 
 // Hooks let a runtime hold parameters only while a block needs them. Acquire runs
-// before a block (the embedding, one transformer layer, or the final norm and head)
-// with the FSDP units its parameters belong to; Release runs after it. In backward,
+// before block b of Blocks() (the embedding, one transformer layer, or the final
+// norm and head) with the FSDP units its parameters belong to; Release runs after
+// it. Blocks run 0..len−1 in forward and back down in backward, so a runtime can
+// prefetch the next block's units. In backward,
 // Release also says that block's gradient contributions to those units are
 // complete. A hook's error is kept and returned by Err; the pass goes on with
 // whatever the views hold, and the caller must check Err.
 type Hooks interface {
-	Acquire(units []int, backward bool) error
-	Release(units []int, backward bool) error
+	Acquire(block int, units []int, backward bool) error
+	Release(block int, units []int, backward bool) error
 }
 
 // SetHooks installs hooks (nil removes them).
@@ -108,7 +110,7 @@ func (m *Model[F]) Err() error {
 
 func (m *Model[F]) acquire(block int, backward bool) {
 	if m.hooks != nil {
-		if err := m.hooks.Acquire(m.blocks[block], backward); err != nil && m.hookErr == nil {
+		if err := m.hooks.Acquire(block, m.blocks[block], backward); err != nil && m.hookErr == nil {
 			m.hookErr = err
 		}
 	}
@@ -116,7 +118,7 @@ func (m *Model[F]) acquire(block int, backward bool) {
 
 func (m *Model[F]) release(block int, backward bool) {
 	if m.hooks != nil {
-		if err := m.hooks.Release(m.blocks[block], backward); err != nil && m.hookErr == nil {
+		if err := m.hooks.Release(block, m.blocks[block], backward); err != nil && m.hookErr == nil {
 			m.hookErr = err
 		}
 	}
