@@ -12,7 +12,15 @@
 // operation has a timeout; a rank that does not arrive is named in the error.
 // Group(ranks) makes a communicator over a subset (a tp, dp or edp group).
 //
-// The TCP implementation (ranks in separate processes) is the next piece of work.
+// # TCP
+//
+// DialTCP joins ranks in separate processes (or machines): rank 0 hosts a
+// rendezvous that refuses peers without the job token, every pair of ranks
+// connects, and collectives run as rings (all-gather, reduce-scatter; all-reduce
+// is both) or pairwise exchanges (all-to-all), with a fixed order, so results
+// repeat bit for bit. Frames carry a sequence number and a length checked before
+// anything is allocated; every operation has a deadline, and a lost peer is named
+// in the error. Groups other than the world are not built over TCP yet.
 //
 // It imports nothing from shardline.
 package comm

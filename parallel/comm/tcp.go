@@ -1,0 +1,537 @@
+package comm
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"sync"
+	"time"
+)
+
+// TCPConfig says how a rank joins a job over TCP.
+type TCPConfig struct {
+	Rank, World int
+	// MasterAddr is host:port where rank 0 hosts the rendezvous.
+	MasterAddr string
+	// Token is the job's secret: a peer presenting another one is refused.
+	Token string
+	// Timeout bounds joining the job and every collective.
+	Timeout time.Duration
+	// ListenHost is the address this rank accepts peers on (default 127.0.0.1).
+	ListenHost string
+}
+
+// ErrRefused marks a peer turned away at the rendezvous (wrong token or world).
+var ErrRefused = errors.New("refused by the rendezvous")
+
+// hello is what a rank tells the rendezvous, and what the rendezvous answers.
+type hello struct {
+	Token string   `json:"token"`
+	Rank  int      `json:"rank"`
+	World int      `json:"world"`
+	Addr  string   `json:"addr"`            // where the rank accepts peers
+	Peers []string `json:"peers,omitempty"` // the answer: every rank's address
+	Error string   `json:"error,omitempty"`
+}
+
+// TCP is one rank of a job over TCP: a full mesh of connections, one per peer.
+type TCP struct {
+	rank, n int
+	timeout time.Duration
+	peers   []*peerConn
+	seq     uint64
+	ln      net.Listener
+}
+
+type peerConn struct {
+	rank int
+	c    net.Conn
+	r    *bufio.Reader
+	w    *bufio.Writer
+}
+
+// DialTCP joins the job: rank 0 hosts the rendezvous at MasterAddr and every rank
+// learns the others' addresses from it; then each pair of ranks connects. It
+// returns the world communicator; Close tears the connections down.
+func DialTCP(cfg TCPConfig) (*TCP, error) {
+	if cfg.World < 1 || cfg.Rank < 0 || cfg.Rank >= cfg.World {
+		return nil, fmt.Errorf("comm: rank %d outside a world of %d", cfg.Rank, cfg.World)
+	}
+	host := cfg.ListenHost
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return nil, fmt.Errorf("comm: rank %d cannot listen: %w", cfg.Rank, err)
+	}
+	t := &TCP{rank: cfg.Rank, n: cfg.World, timeout: cfg.Timeout, ln: ln, peers: make([]*peerConn, cfg.World)}
+	deadline := time.Now().Add(cfg.Timeout)
+	var addrs []string
+	if cfg.Rank == 0 {
+		addrs, err = hostRendezvous(cfg, ln.Addr().String(), deadline)
+	} else {
+		addrs, err = joinRendezvous(cfg, ln.Addr().String(), deadline)
+	}
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	if err := t.connect(cfg.Token, addrs, deadline); err != nil {
+		t.Close()
+		return nil, err
+	}
+	return t, nil
+}
+
+func writeMsg(c net.Conn, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if len(b) > 1<<20 {
+		return errors.New("control message too large")
+	}
+	var hdr [4]byte
+	binary.LittleEndian.PutUint32(hdr[:], uint32(len(b)))
+	_, err = c.Write(append(hdr[:], b...))
+	return err
+}
+
+func readMsg(c net.Conn, v any) error {
+	var hdr [4]byte
+	if _, err := io.ReadFull(c, hdr[:]); err != nil {
+		return err
+	}
+	n := binary.LittleEndian.Uint32(hdr[:])
+	if n > 1<<20 { // checked before allocating: a stray client cannot make us allocate
+		return fmt.Errorf("control message of %d bytes refused", n)
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(c, b); err != nil {
+		return err
+	}
+	return json.Unmarshal(b, v)
+}
+
+// hostRendezvous (rank 0) accepts the other ranks at MasterAddr, checks their
+// token, world and rank, and sends everyone the table of addresses.
+func hostRendezvous(cfg TCPConfig, self string, deadline time.Time) ([]string, error) {
+	addrs := make([]string, cfg.World)
+	addrs[0] = self
+	if cfg.World == 1 {
+		return addrs, nil
+	}
+	ln, err := net.Listen("tcp", cfg.MasterAddr)
+	if err != nil {
+		return nil, fmt.Errorf("comm: rank 0 cannot host the rendezvous at %s: %w", cfg.MasterAddr, err)
+	}
+	defer ln.Close()
+	conns := make([]net.Conn, cfg.World)
+	defer func() {
+		for _, c := range conns {
+			if c != nil {
+				c.Close()
+			}
+		}
+	}()
+	joined := 1
+	for joined < cfg.World {
+		ln.(*net.TCPListener).SetDeadline(deadline)
+		c, err := ln.Accept()
+		if err != nil {
+			var missing []int
+			for r := 1; r < cfg.World; r++ {
+				if conns[r] == nil {
+					missing = append(missing, r)
+				}
+			}
+			return nil, &RankError{Op: "rendezvous", Missing: missing, Err: fmt.Errorf("%w: %v", ErrTimeout, err)}
+		}
+		c.SetDeadline(deadline)
+		var h hello
+		if err := readMsg(c, &h); err != nil {
+			c.Close()
+			continue // not a shardline peer; keep waiting for the real ones
+		}
+		var why string
+		switch {
+		case h.Token != cfg.Token:
+			why = "wrong job token"
+		case h.World != cfg.World:
+			why = fmt.Sprintf("world size %d, the job has %d", h.World, cfg.World)
+		case h.Rank < 1 || h.Rank >= cfg.World || conns[h.Rank] != nil:
+			why = fmt.Sprintf("rank %d is invalid or taken", h.Rank)
+		}
+		if why != "" {
+			_ = writeMsg(c, hello{Error: why})
+			c.Close()
+			continue
+		}
+		conns[h.Rank], addrs[h.Rank] = c, h.Addr
+		joined++
+	}
+	for r := 1; r < cfg.World; r++ {
+		if err := writeMsg(conns[r], hello{Peers: addrs}); err != nil {
+			return nil, &RankError{Op: "rendezvous", Missing: []int{r}, Err: err}
+		}
+	}
+	return addrs, nil
+}
+
+// joinRendezvous (ranks > 0) introduces the rank to rank 0, retrying until rank 0
+// listens or the deadline passes.
+func joinRendezvous(cfg TCPConfig, self string, deadline time.Time) ([]string, error) {
+	var c net.Conn
+	var err error
+	for {
+		c, err = net.DialTimeout("tcp", cfg.MasterAddr, time.Until(deadline))
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, &RankError{Op: "rendezvous", Missing: []int{0}, Err: fmt.Errorf("%w: rank 0 not reachable at %s: %v", ErrTimeout, cfg.MasterAddr, err)}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	defer c.Close()
+	c.SetDeadline(deadline)
+	if err := writeMsg(c, hello{Token: cfg.Token, Rank: cfg.Rank, World: cfg.World, Addr: self}); err != nil {
+		return nil, &RankError{Op: "rendezvous", Missing: []int{0}, Err: err}
+	}
+	var h hello
+	if err := readMsg(c, &h); err != nil {
+		return nil, &RankError{Op: "rendezvous", Missing: []int{0}, Err: err}
+	}
+	if h.Error != "" {
+		return nil, &RankError{Op: "rendezvous", Err: fmt.Errorf("%w: %s", ErrRefused, h.Error)}
+	}
+	if len(h.Peers) != cfg.World {
+		return nil, &RankError{Op: "rendezvous", Err: errors.New("malformed peer table")}
+	}
+	return h.Peers, nil
+}
+
+// connect builds the mesh: rank r dials every lower rank and accepts every higher
+// one; each side proves the job token.
+func (t *TCP) connect(token string, addrs []string, deadline time.Time) error {
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	errs := make(chan error, t.n)
+	wg.Add(1)
+	go func() { // accept the higher ranks
+		defer wg.Done()
+		for need := t.n - 1 - t.rank; need > 0; {
+			t.ln.(*net.TCPListener).SetDeadline(deadline)
+			c, err := t.ln.Accept()
+			if err != nil {
+				errs <- &RankError{Op: "connect", Err: fmt.Errorf("%w: %v", ErrTimeout, err)}
+				return
+			}
+			c.SetDeadline(deadline)
+			var h hello
+			if err := readMsg(c, &h); err != nil || h.Token != token || h.Rank <= t.rank || h.Rank >= t.n {
+				c.Close()
+				continue
+			}
+			mu.Lock()
+			t.peers[h.Rank] = newPeer(h.Rank, c)
+			mu.Unlock()
+			need--
+		}
+	}()
+	for r := 0; r < t.rank; r++ { // dial the lower ranks
+		c, err := net.DialTimeout("tcp", addrs[r], time.Until(deadline))
+		if err != nil {
+			errs <- &RankError{Op: "connect", Missing: []int{r}, Err: err}
+			break
+		}
+		c.SetDeadline(deadline)
+		if err := writeMsg(c, hello{Token: token, Rank: t.rank}); err != nil {
+			errs <- &RankError{Op: "connect", Missing: []int{r}, Err: err}
+			break
+		}
+		mu.Lock()
+		t.peers[r] = newPeer(r, c)
+		mu.Unlock()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+func newPeer(rank int, c net.Conn) *peerConn {
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	return &peerConn{rank: rank, c: c, r: bufio.NewReaderSize(c, 1<<16), w: bufio.NewWriterSize(c, 1<<16)}
+}
+
+// Close tears down the mesh.
+func (t *TCP) Close() error {
+	for _, p := range t.peers {
+		if p != nil {
+			p.c.Close()
+		}
+	}
+	return t.ln.Close()
+}
+
+func (t *TCP) Rank() int { return t.rank }
+func (t *TCP) Size() int { return t.n }
+
+// Frames: magic, op sequence number, payload length, payload. The receiver knows
+// the length it expects and refuses any other before reading the payload.
+const frameMagic = 0x53484c44 // "SHLD"
+
+func (t *TCP) send(p *peerConn, seq uint64, payload []byte) error {
+	p.c.SetWriteDeadline(time.Now().Add(t.timeout))
+	var hdr [20]byte
+	binary.LittleEndian.PutUint32(hdr[0:], frameMagic)
+	binary.LittleEndian.PutUint64(hdr[4:], seq)
+	binary.LittleEndian.PutUint64(hdr[12:], uint64(len(payload)))
+	if _, err := p.w.Write(hdr[:]); err != nil {
+		return t.lost(p, err)
+	}
+	if _, err := p.w.Write(payload); err != nil {
+		return t.lost(p, err)
+	}
+	if err := p.w.Flush(); err != nil {
+		return t.lost(p, err)
+	}
+	return nil
+}
+
+func (t *TCP) recv(p *peerConn, seq uint64, into []byte) error {
+	p.c.SetReadDeadline(time.Now().Add(t.timeout))
+	var hdr [20]byte
+	if _, err := io.ReadFull(p.r, hdr[:]); err != nil {
+		return t.lost(p, err)
+	}
+	if binary.LittleEndian.Uint32(hdr[0:]) != frameMagic {
+		return &RankError{Op: "recv", Err: fmt.Errorf("%w: garbage from rank %d", ErrMismatch, p.rank)}
+	}
+	if s := binary.LittleEndian.Uint64(hdr[4:]); s != seq {
+		return &RankError{Op: "recv", Err: fmt.Errorf("%w: rank %d is at collective %d, this rank at %d", ErrMismatch, p.rank, s, seq)}
+	}
+	if n := binary.LittleEndian.Uint64(hdr[12:]); n != uint64(len(into)) {
+		return &RankError{Op: "recv", Err: fmt.Errorf("%w: rank %d sent %d bytes, %d expected", ErrMismatch, p.rank, n, len(into))}
+	}
+	if _, err := io.ReadFull(p.r, into); err != nil {
+		return t.lost(p, err)
+	}
+	return nil
+}
+
+// lost names the peer a connection failure came from.
+func (t *TCP) lost(p *peerConn, err error) error {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		err = fmt.Errorf("%w: %v", ErrTimeout, err)
+	}
+	return &RankError{Op: "tcp", Missing: []int{p.rank}, Err: err}
+}
+
+// exchange sends out to one peer while receiving from another (a ring step).
+func (t *TCP) exchange(to *peerConn, out []byte, from *peerConn, in []byte) error {
+	seq := t.seq
+	errc := make(chan error, 1)
+	go func() { errc <- t.send(to, seq, out) }()
+	rerr := t.recv(from, seq, in)
+	serr := <-errc
+	t.seq++
+	if rerr != nil {
+		return rerr
+	}
+	return serr
+}
+
+func f32bytes(x []float32) []byte {
+	b := make([]byte, 4*len(x))
+	for i, v := range x {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
+	}
+	return b
+}
+
+func bytesF32(dst []float32, b []byte) {
+	for i := range dst {
+		dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+}
+
+// AllGather: a ring of n−1 steps; at step s rank r passes on chunk (r−s) mod n.
+func (t *TCP) AllGather(dst, src []float32) error {
+	L := len(src)
+	if len(dst) != t.n*L {
+		return &RankError{Op: "all_gather", Err: fmt.Errorf("%w: dst %d elements, want %d × %d", ErrMismatch, len(dst), t.n, L)}
+	}
+	copy(dst[t.rank*L:], src)
+	next, prev := t.peers[(t.rank+1)%t.n], t.peers[(t.rank-1+t.n)%t.n]
+	in := make([]byte, 4*L)
+	for s := 0; s < t.n-1; s++ {
+		sendC, recvC := (t.rank-s+t.n)%t.n, (t.rank-s-1+2*t.n)%t.n
+		if err := t.exchange(next, f32bytes(dst[sendC*L:(sendC+1)*L]), prev, in); err != nil {
+			return err
+		}
+		bytesF32(dst[recvC*L:(recvC+1)*L], in)
+	}
+	return nil
+}
+
+// ReduceScatter: a ring of n−1 steps; chunk c is summed along the ring starting
+// after rank c, a fixed order, so results repeat bit for bit.
+func (t *TCP) ReduceScatter(dst, src []float32) error {
+	L := len(dst)
+	if len(src) != t.n*L {
+		return &RankError{Op: "reduce_scatter", Err: fmt.Errorf("%w: src %d elements, want %d × %d", ErrMismatch, len(src), t.n, L)}
+	}
+	if t.n == 1 {
+		copy(dst, src)
+		return nil
+	}
+	acc := make([]float32, t.n*L)
+	first := (t.rank - 1 + t.n) % t.n
+	copy(acc[first*L:(first+1)*L], src[first*L:(first+1)*L])
+	next, prev := t.peers[(t.rank+1)%t.n], t.peers[(t.rank-1+t.n)%t.n]
+	in := make([]byte, 4*L)
+	got := make([]float32, L)
+	for s := 0; s < t.n-1; s++ {
+		sendC, recvC := (t.rank-s-1+2*t.n)%t.n, (t.rank-s-2+2*t.n)%t.n
+		if err := t.exchange(next, f32bytes(acc[sendC*L:(sendC+1)*L]), prev, in); err != nil {
+			return err
+		}
+		bytesF32(got, in)
+		for i := range got {
+			acc[recvC*L+i] = got[i] + src[recvC*L+i]
+		}
+	}
+	copy(dst, acc[t.rank*L:(t.rank+1)*L])
+	return nil
+}
+
+// AllReduce is a reduce-scatter then an all-gather over n equal chunks (padded).
+func (t *TCP) AllReduce(buf []float32) error {
+	if t.n == 1 {
+		return nil
+	}
+	L := (len(buf) + t.n - 1) / t.n
+	padded := make([]float32, t.n*L)
+	copy(padded, buf)
+	part := make([]float32, L)
+	if err := t.ReduceScatter(part, padded); err != nil {
+		return err
+	}
+	if err := t.AllGather(padded, part); err != nil {
+		return err
+	}
+	copy(buf, padded)
+	return nil
+}
+
+// AllToAll exchanges with every peer pairwise, all at once.
+func (t *TCP) AllToAll(dst, src []float32, send, recv []int) error {
+	if len(send) != t.n || len(recv) != t.n || sum(send) > len(src) || sum(recv) > len(dst) {
+		return &RankError{Op: "all_to_all", Err: fmt.Errorf("%w: counts do not fit the buffers", ErrMismatch)}
+	}
+	seq := t.seq
+	t.seq++
+	soff, roff := 0, 0
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*t.n)
+	for j := 0; j < t.n; j++ {
+		s, r := src[soff:soff+send[j]], dst[roff:roff+recv[j]]
+		soff, roff = soff+send[j], roff+recv[j]
+		if j == t.rank {
+			copy(r, s)
+			continue
+		}
+		p := t.peers[j]
+		wg.Add(2)
+		go func() { defer wg.Done(); errs <- t.send(p, seq, f32bytes(s)) }()
+		go func() {
+			defer wg.Done()
+			in := make([]byte, 4*len(r))
+			err := t.recv(p, seq, in)
+			if err == nil {
+				bytesF32(r, in)
+			}
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Broadcast: root sends to every other rank.
+func (t *TCP) Broadcast(buf []float32, root int) error {
+	if root < 0 || root >= t.n {
+		return &RankError{Op: "broadcast", Err: fmt.Errorf("%w: root %d", ErrMismatch, root)}
+	}
+	seq := t.seq
+	t.seq++
+	if t.rank != root {
+		in := make([]byte, 4*len(buf))
+		if err := t.recv(t.peers[root], seq, in); err != nil {
+			return err
+		}
+		bytesF32(buf, in)
+		return nil
+	}
+	out := f32bytes(buf)
+	for j, p := range t.peers {
+		if j != root {
+			if err := t.send(p, seq, out); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// ReduceScatterBF16 reduces in fp32 (the values travel as fp32) and rounds once.
+func (t *TCP) ReduceScatterBF16(dst, src []uint16) error {
+	s := make([]float32, len(src))
+	for i, h := range src {
+		s[i] = bf16ToF32(h)
+	}
+	d := make([]float32, len(dst))
+	if err := t.ReduceScatter(d, s); err != nil {
+		return err
+	}
+	for i, v := range d {
+		dst[i] = f32ToBF16(v)
+	}
+	return nil
+}
+
+// AllGatherBF16 gathers bf16 values (as fp32 on the wire).
+func (t *TCP) AllGatherBF16(dst, src []uint16) error {
+	s := make([]float32, len(src))
+	for i, h := range src {
+		s[i] = bf16ToF32(h)
+	}
+	d := make([]float32, len(dst))
+	if err := t.AllGather(d, s); err != nil {
+		return err
+	}
+	for i, v := range d {
+		dst[i] = f32ToBF16(v)
+	}
+	return nil
+}
+
+func (t *TCP) Barrier() error { return t.AllReduce(make([]float32, 1)) }
+
+var _ Communicator = (*TCP)(nil)
