@@ -33,12 +33,21 @@ type Options struct {
 	LogLevel zerolog.Level
 	// Progress, when non-nil, receives a one-line progress bar (a terminal).
 	Progress io.Writer
+	// Process, when set, makes this process one rank of a multi-process job (ranks
+	// joined by Comm, e.g. over TCP) instead of running every rank as a goroutine.
+	Process *Process
 	// TracePath, when set, receives a Chrome trace of every rank's compute and
 	// communication (optim_grads_params), viewable in Perfetto.
 	TracePath string
 	// CacheDir caches tokenized text; empty disables the cache.
 	CacheDir string
 	Version  string
+}
+
+// Process is this process's place in a multi-process job.
+type Process struct {
+	Rank, World int
+	Comm        comm.Communicator // the world
 }
 
 // Metrics is one line of metrics.jsonl.
@@ -124,6 +133,19 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 	if err != nil {
 		return nil, err
 	}
+	if p := opts.Process; p != nil {
+		if p.World != plan.Mesh.World {
+			return nil, &KeyError{Key: "parallel.world_size", Value: r.Parallel.WorldSize, Err: fmt.Errorf("the job has %d ranks", p.World), Fix: "set it to the job's WORLD_SIZE (shardline launch does)"}
+		}
+		if p.Rank != 0 {
+			out := opts.LogOut
+			if out == nil {
+				out = io.Discard
+			}
+			log := zerolog.New(out).Level(opts.LogLevel).With().Timestamp().Int("rank", p.Rank).Logger()
+			return runProcess(ctx, r, res, opts, plan, ds, "", log)
+		}
+	}
 	dir, err := makeRunDir(r)
 	if err != nil {
 		return nil, err
@@ -138,6 +160,10 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 		out = io.Discard
 	}
 	log := zerolog.New(zerolog.MultiLevelWriter(out, logFile)).Level(opts.LogLevel).With().Timestamp().Logger()
+	if opts.Process != nil {
+		log = log.With().Int("rank", 0).Logger()
+		return runProcess(ctx, r, res, opts, plan, ds, dir, log)
+	}
 	return runRanks(ctx, r, res, opts, plan, ds, dir, log)
 }
 
@@ -256,6 +282,31 @@ func runRanks(ctx context.Context, r *config.Recipe, res *config.Resolved, opts 
 		}
 	}
 	return results[0], nil
+}
+
+// runProcess trains this process's rank of a multi-process job. Every plan group
+// is the world (tensor, context and expert parallelism are refused above).
+func runProcess(ctx context.Context, r *config.Recipe, res *config.Resolved, opts Options, plan *parallel.Plan, ds *data.Dataset, dir string, log zerolog.Logger) (*Result, error) {
+	p := opts.Process
+	var tr *tracer
+	if opts.TracePath != "" && p.Rank == 0 {
+		tr = &tracer{origin: time.Now()}
+	}
+	groups := func(rank int, axis parallel.Axis) (comm.Communicator, error) {
+		if g := plan.Mesh.Group(axis, rank); len(g) != p.World {
+			return nil, fmt.Errorf("group %s %v is not the world: only data parallelism runs over TCP so far", axis, g)
+		}
+		return p.Comm, nil
+	}
+	if p.Rank != 0 {
+		opts.Progress = nil
+	}
+	t := &run{r: r, res: res, opts: opts, plan: plan, ds: ds, dir: dir, log: log, rank: p.Rank, trace: tr}
+	out, err := t.train(ctx, p.Comm, groups)
+	if err == nil && tr != nil {
+		err = writeJSON(opts.TracePath, map[string]any{"traceEvents": tr.events, "displayTimeUnit": "ms"})
+	}
+	return out, err
 }
 
 func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsFor) (*Result, error) {

@@ -56,7 +56,9 @@ still writes the outputs (exit status 130).`,
 	cmd.Flags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof reads it)")
 	cmd.Flags().IntVar(&nproc, "nproc", 0, "train on N ranks as goroutines of this process (sets parallel.world_size)")
 	var trace string
+	var commTimeout time.Duration
 	cmd.Flags().StringVar(&trace, "trace", "", "write a Chrome trace of every rank's compute and communication to this file (open it in Perfetto)")
+	cmd.Flags().DurationVar(&commTimeout, "comm-timeout", 5*time.Minute, "multi-process jobs: how long a rank waits for the others before failing (naming who is missing)")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		if cpuProfile != "" {
 			f, err := os.Create(cpuProfile)
@@ -72,8 +74,18 @@ still writes the outputs (exit status 130).`,
 		if nproc < 0 || (nproc > 0 && cmd.Flags().Changed("world-size")) {
 			return usageErr("--nproc %d: give a positive rank count, and not together with --world-size", nproc)
 		}
+		job, err := detectJob(envMap(a.env))
+		if err != nil {
+			return err
+		}
+		if job != nil && nproc > 0 {
+			return usageErr("--nproc runs ranks in this process, but %s started it as rank %d of %d; drop --nproc", job.from, job.rank, job.world)
+		}
 		if nproc > 0 {
 			rf.extra = append(rf.extra, config.FlagValue{Name: "world-size", Value: fmt.Sprint(nproc)})
+		}
+		if job != nil {
+			rf.extra = append(rf.extra, config.FlagValue{Name: "world-size", Value: fmt.Sprint(job.world)})
 		}
 		path := filepath.Join("recipes", "tiny.toml")
 		if len(args) == 1 {
@@ -95,6 +107,14 @@ still writes the outputs (exit status 130).`,
 		if tty && r.Logging.Progress {
 			opts.Progress = a.stderr
 		}
+		if job != nil {
+			proc, closeJob, err := joinJob(job, commTimeout)
+			if err != nil {
+				return &exitError{code: exitFindings, err: err}
+			}
+			defer closeJob()
+			opts.Process = proc
+		}
 		result, err := trainer.Run(ctx, res, opts)
 		if err != nil {
 			var ke *trainer.KeyError
@@ -103,6 +123,9 @@ still writes the outputs (exit status 130).`,
 				return &exitError{code: exitFindings, err: fmt.Errorf("%s: %s", o.Location(), ke.Error())}
 			}
 			return &exitError{code: exitFindings, err: err}
+		}
+		if result.Dir == "" {
+			return nil // a rank other than 0 of a multi-process job: rank 0 reports
 		}
 		fmt.Fprintf(a.stdout, "run directory: %s\nfinal loss %.4f, validation loss %.4f (unigram entropy %.4f); %.0f tokens/s\n--- sample ---\n%s\n",
 			result.Dir, result.FinalLoss, result.FinalValLoss, result.UnigramBits, result.TokensPerS, result.Sample)

@@ -1,0 +1,61 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/shardline/shardline/parallel/comm"
+	"github.com/shardline/shardline/trainer"
+)
+
+// jobEnv is a rank's place in a multi-process job, read from the variables the
+// usual launchers set: torchrun and shardline launch (RANK, WORLD_SIZE), SLURM
+// (SLURM_PROCID, SLURM_NTASKS) or Open MPI (OMPI_COMM_WORLD_RANK,
+// OMPI_COMM_WORLD_SIZE), with MASTER_ADDR and MASTER_PORT for the rendezvous and
+// SHARDLINE_JOB_TOKEN for its secret.
+type jobEnv struct {
+	rank, world int
+	master      string
+	token       string
+	from        string // which launcher's variables were used
+}
+
+// detectJob returns nil when the environment names no multi-process job.
+func detectJob(env map[string]string) (*jobEnv, error) {
+	for _, v := range [][3]string{{"RANK", "WORLD_SIZE", "torchrun"}, {"SLURM_PROCID", "SLURM_NTASKS", "SLURM"}, {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun"}} {
+		rs, ok1 := env[v[0]]
+		ws, ok2 := env[v[1]]
+		if !ok1 || !ok2 {
+			continue
+		}
+		rank, err1 := strconv.Atoi(rs)
+		world, err2 := strconv.Atoi(ws)
+		if err1 != nil || err2 != nil || world < 1 || rank < 0 || rank >= world {
+			return nil, usageErr("%s=%q and %s=%q (%s) do not name a rank of a world", v[0], rs, v[1], ws, v[2])
+		}
+		if world == 1 {
+			return nil, nil
+		}
+		addr, port := env["MASTER_ADDR"], env["MASTER_PORT"]
+		if addr == "" || port == "" {
+			return nil, usageErr("%s names rank %d of %d but MASTER_ADDR and MASTER_PORT are not set: set them to rank 0's host and a free port", v[2], rank, world)
+		}
+		token := env["SHARDLINE_JOB_TOKEN"]
+		if token == "" {
+			return nil, usageErr("SHARDLINE_JOB_TOKEN is not set: give every rank of the job the same secret (shardline launch does)")
+		}
+		return &jobEnv{rank: rank, world: world, master: net.JoinHostPort(addr, port), token: token, from: v[2]}, nil
+	}
+	return nil, nil
+}
+
+// joinJob connects this process to the job over TCP.
+func joinJob(j *jobEnv, timeout time.Duration) (*trainer.Process, func(), error) {
+	c, err := comm.DialTCP(comm.TCPConfig{Rank: j.rank, World: j.world, MasterAddr: j.master, Token: j.token, Timeout: timeout})
+	if err != nil {
+		return nil, nil, fmt.Errorf("rank %d joining the job at %s: %w", j.rank, j.master, err)
+	}
+	return &trainer.Process{Rank: j.rank, World: j.world, Comm: c}, func() { c.Close() }, nil
+}

@@ -1,0 +1,155 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+func (a *app) launchCmd() *cobra.Command {
+	var (
+		nproc, nnodes, nodeRank, masterPort int
+		masterAddr                          string
+		grace                               time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "launch --nproc N [--nnodes M --node-rank K --master-addr A --master-port P] RECIPE [run flags]",
+		Short: "Start N ranks of `shardline run` as processes on this node, as torchrun does",
+		Long: `Launch starts N processes of "shardline run RECIPE [run flags]" on this node, each
+with RANK, WORLD_SIZE (N × nodes), LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT and SHARDLINE_JOB_TOKEN set; they join over TCP at rank 0's rendezvous.
+Rank 0 writes the run directory; every rank logs with its rank.
+
+If a rank fails, the others are stopped (SIGTERM, then SIGKILL after --grace) and
+launch exits non-zero naming the failed rank. Ctrl-C is passed on to every rank.
+On several nodes, run launch on each with the same --master-addr, --master-port
+and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
+		Example: `  shardline launch --nproc 2 recipes/tiny.toml --global-batch-size 32
+  SHARDLINE_JOB_TOKEN=s3cret shardline launch --nproc 8 --nnodes 2 --node-rank 1 --master-addr 10.0.0.1 --master-port 29500 recipes/llama-1b.toml`,
+		Args: cobra.MinimumNArgs(1),
+	}
+	fs := cmd.Flags()
+	fs.SetInterspersed(false) // flags after RECIPE belong to run
+	fs.IntVar(&nproc, "nproc", 1, "ranks (processes) on this node")
+	fs.IntVar(&nnodes, "nnodes", 1, "nodes in the job")
+	fs.IntVar(&nodeRank, "node-rank", 0, "this node's index, 0..nnodes-1")
+	fs.StringVar(&masterAddr, "master-addr", "127.0.0.1", "host of rank 0's rendezvous")
+	fs.IntVar(&masterPort, "master-port", 0, "port of rank 0's rendezvous (0: a free port, one node only)")
+	fs.DurationVar(&grace, "grace", 10*time.Second, "how long stopped ranks get to exit before SIGKILL")
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		if nproc < 1 || nnodes < 1 || nodeRank < 0 || nodeRank >= nnodes {
+			return usageErr("--nproc %d, --nnodes %d, --node-rank %d: need nproc ≥ 1 and 0 ≤ node-rank < nnodes", nproc, nnodes, nodeRank)
+		}
+		env := envMap(a.env)
+		token := env["SHARDLINE_JOB_TOKEN"]
+		if nnodes > 1 && (token == "" || masterPort == 0) {
+			return usageErr("with --nnodes %d every node needs the same SHARDLINE_JOB_TOKEN and --master-port", nnodes)
+		}
+		if token == "" {
+			b := make([]byte, 16)
+			if _, err := rand.Read(b); err != nil {
+				return err
+			}
+			token = hex.EncodeToString(b)
+		}
+		if masterPort == 0 {
+			l, err := net.Listen("tcp", net.JoinHostPort(masterAddr, "0"))
+			if err != nil {
+				return usageErr("--master-addr %s: %v", masterAddr, err)
+			}
+			masterPort = l.Addr().(*net.TCPAddr).Port
+			l.Close()
+		}
+		exe, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		world := nproc * nnodes
+		procs := make([]*exec.Cmd, nproc)
+		for i := range procs {
+			c := exec.Command(exe, append([]string{"run"}, args...)...)
+			c.Env = append(append([]string(nil), a.env...),
+				"RANK="+strconv.Itoa(nodeRank*nproc+i), "WORLD_SIZE="+strconv.Itoa(world), "LOCAL_RANK="+strconv.Itoa(i),
+				"LOCAL_WORLD_SIZE="+strconv.Itoa(nproc), "MASTER_ADDR="+masterAddr, "MASTER_PORT="+strconv.Itoa(masterPort),
+				"SHARDLINE_JOB_TOKEN="+token)
+			c.Stdout, c.Stderr = a.stdout, a.stderr
+			procs[i] = c
+		}
+		return superviseRanks(procs, nodeRank*nproc, grace)
+	}
+	return cmd
+}
+
+// superviseRanks starts the processes and waits for them. The first to fail stops
+// the rest; Ctrl-C (SIGINT or SIGTERM to the launcher) is passed on to every rank.
+func superviseRanks(procs []*exec.Cmd, firstRank int, grace time.Duration) error {
+	for i, c := range procs {
+		if err := c.Start(); err != nil {
+			for _, p := range procs[:i] {
+				p.Process.Kill()
+			}
+			return fmt.Errorf("starting rank %d: %w", firstRank+i, err)
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	type exit struct {
+		rank int
+		err  error
+	}
+	exits := make(chan exit, len(procs))
+	for i, c := range procs {
+		go func() { exits <- exit{firstRank + i, c.Wait()} }()
+	}
+	var once sync.Once
+	var failure error
+	stopAll := func(sig os.Signal) {
+		once.Do(func() {
+			for _, c := range procs {
+				c.Process.Signal(sig) // an exited rank just reports an error
+			}
+			time.AfterFunc(grace, func() {
+				for _, c := range procs {
+					c.Process.Kill() // no-op for ranks that have exited
+				}
+			})
+		})
+	}
+	for left := len(procs); left > 0; {
+		select {
+		case e := <-exits:
+			left--
+			if e.err != nil && failure == nil {
+				var ee *exec.ExitError
+				if errors.As(e.err, &ee) {
+					failure = fmt.Errorf("rank %d exited with status %d; the other ranks were stopped", e.rank, ee.ExitCode())
+				} else {
+					failure = fmt.Errorf("rank %d: %w", e.rank, e.err)
+				}
+				stopAll(syscall.SIGTERM)
+			}
+		case <-ctx.Done():
+			stop()
+			if failure == nil {
+				failure = errors.New("interrupted; every rank was told to stop")
+			}
+			stopAll(os.Interrupt)
+		}
+	}
+	if failure != nil {
+		return &exitError{code: exitFindings, err: failure}
+	}
+	return nil
+}
