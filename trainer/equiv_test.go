@@ -222,3 +222,18 @@ func TestOverlapTrace(t *testing.T) {
 		assert.True(t, overlapped, "rank %d: no gather overlapped compute", rank)
 	}
 }
+
+// TestDoubleBufferAndTiedUnits: with fsdp_double_buffer and tied embeddings (the
+// final block holds two units, and one more is prefetched) training still equals
+// one rank: no buffer is handed out while in use.
+func TestDoubleBufferAndTiedUnits(t *testing.T) {
+	base := []string{"train.steps=4", "train.micro_batch_size=1", "train.global_batch_size=4", "train.eval_interval=0", "model.tie_embeddings=true"}
+	ref, _ := tinyRun(t, append(base, "parallel.world_size=1")...)
+	refLoss, refW := trained(t, ref)
+	for _, units := range []string{`["embedding","transformer_layer","output"]`, `["attention","mlp","embedding"]`} {
+		res, _ := tinyRun(t, append(base, "parallel.world_size=4", "fsdp.fsdp_double_buffer=true", "fsdp.fsdp_unit_modules="+units)...)
+		l, w := trained(t, res)
+		assert.Less(t, maxRelDiff(refLoss, l), 1e-5, units)
+		assert.Less(t, maxAbsDiff(refW, w), 1e-5, units)
+	}
+}

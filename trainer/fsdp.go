@@ -10,7 +10,7 @@ import (
 )
 
 // unitRuntime runs optim_grads_params as Megatron-FSDP does: a rank holds only its
-// shards; each FSDP unit is all-gathered into a pooled buffer when a block needs it
+// shards; each FSDP unit is all-gathered into a buffer when a block needs it
 // and released when no block holds it; in backward the unit also gets a gradient
 // buffer, which is reduce-scattered into the rank's gradient shard (and released)
 // as soon as the last block using the unit has run its backward. It implements
@@ -37,12 +37,18 @@ type unitRuntime struct {
 	// resident units have only unsharded groups: their views point straight at the
 	// compute shard and the gradient shard, with nothing to gather or reduce.
 	resident []bool
-	pool     map[int64][][]float32
-	rs       [][]float32 // per group: reduce-scatter destination
-	stream   *comm.Stream
-	inflight []flight
-	prefetch bool // overlap_param_gather
-	async    bool // overlap_grad_reduce
+	// Buffers: with fsdp_double_buffer, persistent buffers of the largest unit
+	// (two for weights and two for gradients in the usual case: the block in use and
+	// the one prefetched, or the unit filling and the one reducing; more only if a
+	// block holds several units), handed out and returned; otherwise each gather
+	// allocates its unit's buffer and drops it on release.
+	double       bool
+	wfree, gfree [][]float32
+	rs           [][]float32 // per group: reduce-scatter destination
+	stream       *comm.Stream
+	inflight     []flight
+	prefetch     bool // overlap_param_gather
+	async        bool // overlap_grad_reduce
 	// capBytes bounds the gradient bytes reducing in the background (from
 	// suggested_communication_unit_size); 0 means one unit.
 	capBytes int64
@@ -58,10 +64,10 @@ type flight struct {
 	buf []float32
 }
 
-func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, capElems int64, tr *tracer) *unitRuntime {
+func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async, double bool, capElems int64, tr *tracer) *unitRuntime {
 	p := st.plan
-	u := &unitRuntime{st: st, m: m, pool: map[int64][][]float32{}, stream: comm.NewStream(st.world), prefetch: prefetch, async: async,
-		capBytes: 4 * capElems, trace: tr}
+	u := &unitRuntime{st: st, m: m, stream: comm.NewStream(st.world), prefetch: prefetch, async: async,
+		capBytes: 4 * capElems, trace: tr, double: double}
 	n := len(p.Units)
 	u.groups, u.offsets, u.length = make([][]int, n), make([][]int64, n), make([]int64, n)
 	u.wbuf, u.gbuf, u.ready = make([][]float32, n), make([][]float32, n), make([]*comm.Handle, n)
@@ -100,16 +106,29 @@ func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, ca
 
 func (u *unitRuntime) close() { u.stream.Close() }
 
-func (u *unitRuntime) get(n int64) []float32 {
-	if free := u.pool[n]; len(free) > 0 {
-		b := free[len(free)-1]
-		u.pool[n] = free[:len(free)-1]
-		return b
+// get returns a buffer of n elements from free (a persistent buffer of the
+// largest unit under fsdp_double_buffer, a fresh one otherwise); put gives it back.
+func (u *unitRuntime) get(free *[][]float32, n int64) []float32 {
+	if !u.double {
+		return make([]float32, n)
 	}
-	return make([]float32, n)
+	if k := len(*free); k > 0 {
+		b := (*free)[k-1]
+		*free = (*free)[:k-1]
+		return b[:n]
+	}
+	var most int64
+	for _, l := range u.length {
+		most = max(most, l)
+	}
+	return make([]float32, most)[:n]
 }
 
-func (u *unitRuntime) put(b []float32) { u.pool[int64(len(b))] = append(u.pool[int64(len(b))], b) }
+func (u *unitRuntime) put(free *[][]float32, b []float32) {
+	if u.double {
+		*free = append(*free, b[:cap(b)])
+	}
+}
 
 // bind points the model's views of the unit's parameters at its buffers (nil when
 // a buffer is not held).
@@ -133,7 +152,7 @@ func (u *unitRuntime) bind(ui int) {
 // startGather queues the unit's all-gather on the stream.
 func (u *unitRuntime) startGather(ui int) {
 	st := u.st
-	buf := u.get(u.length[ui])
+	buf := u.get(&u.wfree, u.length[ui])
 	u.wbuf[ui] = buf
 	u.liveW += int64(len(buf)) * 4
 	u.peakW = max(u.peakW, u.liveW)
@@ -173,7 +192,7 @@ func (u *unitRuntime) Acquire(block int, units []int, backward bool) error {
 			u.ready[ui] = nil
 		}
 		if backward && u.gbuf[ui] == nil {
-			buf := u.get(u.length[ui])
+			buf := u.get(&u.gfree, u.length[ui])
 			clear(buf)
 			u.gbuf[ui] = buf
 			u.liveG += int64(len(buf)) * 4
@@ -241,7 +260,7 @@ func (u *unitRuntime) Release(block int, units []int, backward bool) error {
 			}
 		}
 		if u.holds[ui] == 0 && u.wbuf[ui] != nil && u.ready[ui] == nil {
-			u.put(u.wbuf[ui])
+			u.put(&u.wfree, u.wbuf[ui])
 			u.liveW -= int64(len(u.wbuf[ui])) * 4
 			u.wbuf[ui] = nil
 		}
@@ -267,7 +286,7 @@ func (u *unitRuntime) bound() error {
 		if err := f.h.Wait(); err != nil && first == nil {
 			first = err
 		}
-		u.put(f.buf)
+		u.put(&u.gfree, f.buf)
 		u.liveG -= int64(len(f.buf)) * 4
 		u.inflight = u.inflight[1:]
 	}
@@ -282,7 +301,7 @@ func (u *unitRuntime) flush() error {
 		if err := f.h.Wait(); err != nil && first == nil {
 			first = err
 		}
-		u.put(f.buf)
+		u.put(&u.gfree, f.buf)
 		u.liveG -= int64(len(f.buf)) * 4
 	}
 	u.inflight = u.inflight[:0]
@@ -295,7 +314,7 @@ func (u *unitRuntime) flush() error {
 		}
 		u.ready[ui] = nil
 		if u.holds[ui] == 0 {
-			u.put(u.wbuf[ui])
+			u.put(&u.wfree, u.wbuf[ui])
 			u.liveW -= int64(len(u.wbuf[ui])) * 4
 			u.wbuf[ui] = nil
 			u.bind(ui)

@@ -110,13 +110,7 @@ func (t *run) finish(out *Result) error {
 	if err := os.WriteFile(filepath.Join(t.dir, "sample.txt"), []byte(out.Sample+"\n"), 0o644); err != nil {
 		return err
 	}
-	w, main, g, o := t.st.bytes()
-	act, logits := t.m.ActivationBytes()
-	out.Held = Memory{Weights: w, MainWeights: main, Grads: g, OptimizerState: o, Activations: act, Logits: logits}
-	if t.rt != nil {
-		out.Held.GatheredUnits, out.Held.GradReduceBuffers = t.rt.memory()
-	}
-	out.Held.Total = w + main + g + o + act + logits + out.Held.GatheredUnits + out.Held.GradReduceBuffers
+	out.Held = t.held()
 	out.PeakRSS = peakRSS()
 	info := t.info()
 	info.Result = &resultInfo{Steps: out.Steps, FinalLoss: out.FinalLoss, FinalValLoss: out.FinalValLoss, UnigramLoss: out.UnigramBits, TokensPerS: out.TokensPerS, Interrupted: out.Interrupted}
@@ -126,6 +120,18 @@ func (t *run) finish(out *Result) error {
 		Float64("final_val_loss", round4(out.FinalValLoss)).Float64("unigram_entropy", round4(out.UnigramBits)).
 		Float64("tokens_per_s", round4(out.TokensPerS)).Msg("done")
 	return writeJSON(filepath.Join(t.dir, "run.json"), info)
+}
+
+// held is what this rank holds, by the plan's memory components.
+func (t *run) held() Memory {
+	w, main, g, o := t.st.bytes()
+	act, logits := t.m.ActivationBytes()
+	h := Memory{Weights: w, MainWeights: main, Grads: g, OptimizerState: o, Activations: act, Logits: logits}
+	if t.rt != nil {
+		h.GatheredUnits, h.GradReduceBuffers = t.rt.memory()
+	}
+	h.Total = w + main + g + o + act + logits + h.GatheredUnits + h.GradReduceBuffers
+	return h
 }
 
 // peakRSS reads the process's peak resident set (VmHWM) from /proc; 0 elsewhere.

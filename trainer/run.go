@@ -58,8 +58,13 @@ type Metrics struct {
 	GradNorm   float64  `json:"grad_norm"`
 	TokensPerS float64  `json:"tokens_per_s"`
 	ValLoss    *float64 `json:"val_loss,omitempty"`
-	AuxLoss    *float64 `json:"aux_loss,omitempty"` // MoE load-balancing loss (weighted)
-	Skipped    bool     `json:"skipped,omitempty"`
+	// MemHeld is what this rank holds (bytes: weights, main weights, gradients,
+	// optimizer state, peak gathered units and unit gradient buffers, activations,
+	// logits); MemPlan is the plan's prediction of the same.
+	MemHeld int64    `json:"mem_held"`
+	MemPlan int64    `json:"mem_plan"`
+	AuxLoss *float64 `json:"aux_loss,omitempty"` // MoE load-balancing loss (weighted)
+	Skipped bool     `json:"skipped,omitempty"`
 }
 
 // Result summarises a finished run.
@@ -117,6 +122,9 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 		if v != 1 {
 			return nil, &KeyError{Key: key, Value: v, Err: errors.New("the CPU trainer runs data parallelism only so far (tensor, context and expert parallelism are planned, not executed)"), Fix: "set it to 1 (shardline plan shows what it would do)"}
 		}
+	}
+	if m := r.ActivationCheckpoint.Mode; m != "none" {
+		return nil, &KeyError{Key: "activation_checkpoint.mode", Value: m, Err: errors.New("activation recomputation is planned (shardline plan accounts for it) but not executed by the CPU trainer yet"), Fix: `set mode = "none"`}
 	}
 	if r.Parallel.Device != "cpu" {
 		return nil, &KeyError{Key: "parallel.device", Value: r.Parallel.Device, Err: errors.New("this build trains on the CPU only"), Fix: `set device = "cpu"`}
@@ -331,7 +339,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		return nil, fmt.Errorf("building the model: %w", err)
 	}
 	if t.st.perUnit {
-		t.rt = newUnitRuntime(t.st, t.m, r.FSDP.OverlapParamGather, r.FSDP.OverlapGradReduce, r.FSDP.SuggestedCommunicationUnitSize, t.trace)
+		t.rt = newUnitRuntime(t.st, t.m, r.FSDP.OverlapParamGather, r.FSDP.OverlapGradReduce, r.FSDP.FSDPDoubleBuffer, r.FSDP.SuggestedCommunicationUnitSize, t.trace)
 		defer t.rt.close()
 		t.m.SetHooks(t.rt)
 	}
@@ -409,7 +417,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		if err != nil {
 			return nil, err
 		}
-		met := Metrics{Step: step + 1, Loss: loss, LR: lr, GradNorm: norm}
+		met := Metrics{Step: step + 1, Loss: loss, LR: lr, GradNorm: norm, MemHeld: t.held().Total, MemPlan: t.plan.Memory.Total}
 		if r.Model.MoE.NumExperts > 0 {
 			met.AuxLoss = &aux
 		}
