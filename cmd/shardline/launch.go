@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -78,16 +80,24 @@ and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 		}
 		world := nproc * nnodes
 		procs := make([]*exec.Cmd, nproc)
+		var mu sync.Mutex // ranks' lines go out whole, one at a time
+		var flush []func()
 		for i := range procs {
 			c := exec.Command(exe, append([]string{"run"}, args...)...)
 			c.Env = append(append([]string(nil), a.env...),
 				"RANK="+strconv.Itoa(nodeRank*nproc+i), "WORLD_SIZE="+strconv.Itoa(world), "LOCAL_RANK="+strconv.Itoa(i),
 				"LOCAL_WORLD_SIZE="+strconv.Itoa(nproc), "MASTER_ADDR="+masterAddr, "MASTER_PORT="+strconv.Itoa(masterPort),
 				"SHARDLINE_JOB_TOKEN="+token)
-			c.Stdout, c.Stderr = a.stdout, a.stderr
+			out, err := &lineWriter{mu: &mu, w: a.stdout}, &lineWriter{mu: &mu, w: a.stderr}
+			c.Stdout, c.Stderr = out, err
+			flush = append(flush, out.flush, err.flush)
 			procs[i] = c
 		}
-		return superviseRanks(procs, nodeRank*nproc, grace)
+		err = superviseRanks(procs, nodeRank*nproc, grace)
+		for _, f := range flush {
+			f()
+		}
+		return err
 	}
 	return cmd
 }
@@ -152,4 +162,36 @@ func superviseRanks(procs []*exec.Cmd, firstRank int, grace time.Duration) error
 		return &exitError{code: exitFindings, err: failure}
 	}
 	return nil
+}
+
+// lineWriter passes a rank's output on a line at a time, under a lock shared by all
+// ranks, so lines from different ranks never interleave.
+type lineWriter struct {
+	mu  *sync.Mutex
+	w   io.Writer
+	buf []byte
+}
+
+func (l *lineWriter) Write(p []byte) (int, error) {
+	l.buf = append(l.buf, p...)
+	if i := bytes.LastIndexByte(l.buf, '\n'); i >= 0 {
+		l.mu.Lock()
+		_, err := l.w.Write(l.buf[:i+1])
+		l.mu.Unlock()
+		l.buf = append(l.buf[:0], l.buf[i+1:]...)
+		if err != nil {
+			return 0, err
+		}
+	}
+	return len(p), nil
+}
+
+// flush writes what is left after the last newline.
+func (l *lineWriter) flush() {
+	if len(l.buf) > 0 {
+		l.mu.Lock()
+		l.w.Write(l.buf)
+		l.mu.Unlock()
+		l.buf = nil
+	}
 }

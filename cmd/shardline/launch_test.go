@@ -3,8 +3,11 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -35,25 +38,32 @@ func losses(t *testing.T, dir string) []float64 {
 	return out
 }
 
-// TestLaunchMatchesInProcess: two ranks as processes over TCP train the same
-// losses as two ranks as goroutines (the ring sums in another order: 1e-5).
+// TestLaunchMatchesInProcess: ranks as processes over TCP train the losses that
+// ranks as goroutines train, at 2 and 4 processes under every sharding strategy
+// (the TCP ring sums in another order than the in-process rank order: 1e-5).
 func TestLaunchMatchesInProcess(t *testing.T) {
 	dir := t.TempDir()
 	text := filepath.Join(dir, "t.txt")
 	require.NoError(t, os.WriteFile(text, []byte(strings.Repeat("abcd efgh ijkl mnop. ", 200)), 0o644))
 	common := []string{filepath.Join(recipesDir, "tiny.toml"), "--set", "data.path=" + text, "--num-layers", "1", "--hidden-size", "32",
 		"--num-attention-heads", "2", "--num-query-groups", "2", "--ffn-hidden-size", "64", "--seq-length", "16", "--micro-batch-size", "2",
-		"--global-batch-size", "8", "--train-iters", "4", "--set", "train.eval_interval=0"}
+		"--global-batch-size", "16", "--train-iters", "4", "--set", "train.eval_interval=0"}
 	env := []string{"SHARDLINE_TEST_AS_CLI=1"}
-	code, _, errs := shardline(t, env, append(append([]string{"launch", "--nproc", "2"}, common...), "--set", "run.output_dir="+dir, "--set", "run.name=tcp")...)
-	require.Equal(t, 0, code, errs)
-	assert.Contains(t, errs, `"rank":1`, "every rank logs with its rank")
-	code, _, errs = shardline(t, nil, append(append([]string{"run", "--nproc", "2"}, common...), "--set", "run.output_dir="+dir, "--set", "run.name=inproc")...)
-	require.Equal(t, 0, code, errs)
-	a, b := losses(t, filepath.Join(dir, "tcp")), losses(t, filepath.Join(dir, "inproc"))
-	require.Len(t, a, 4)
-	for i := range a {
-		assert.InDelta(t, b[i], a[i], 1e-5*b[i], "step %d", i+1)
+	for _, n := range []string{"2", "4"} {
+		for _, strategy := range []string{"no_shard", "optim", "optim_grads", "optim_grads_params"} {
+			name := n + "-" + strategy
+			args := append(append([]string{}, common...), "--data-parallel-sharding-strategy", strategy)
+			code, _, errs := shardline(t, env, append(append([]string{"launch", "--nproc", n}, args...), "--set", "run.output_dir="+dir, "--set", "run.name=tcp-"+name)...)
+			require.Equal(t, 0, code, errs)
+			assert.Contains(t, errs, `"rank":1`, "every rank logs with its rank")
+			code, _, errs = shardline(t, nil, append(append([]string{"run", "--nproc", n}, args...), "--set", "run.output_dir="+dir, "--set", "run.name=mem-"+name)...)
+			require.Equal(t, 0, code, errs)
+			a, b := losses(t, filepath.Join(dir, "tcp-"+name)), losses(t, filepath.Join(dir, "mem-"+name))
+			require.Len(t, a, 4)
+			for i := range a {
+				assert.InDelta(t, b[i], a[i], 1e-5*b[i], "%s step %d", name, i+1)
+			}
+		}
 	}
 }
 
@@ -95,4 +105,60 @@ func TestJobEnvironment(t *testing.T) {
 	j, err := detectJob(map[string]string{"PATH": "/bin"})
 	assert.NoError(t, err)
 	assert.Nil(t, j)
+}
+
+// TestKilledRankEndsTheJob: four processes join over TCP and train; rank 2 is
+// killed; the other three stop with an error naming rank 2, well within the
+// communication timeout.
+func TestKilledRankEndsTheJob(t *testing.T) {
+	dir := t.TempDir()
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	port := freePort(t)
+	procs := make([]*exec.Cmd, 4)
+	outs := make([]*bytes.Buffer, 4)
+	for r := range procs {
+		c := exec.Command(exe, "run", filepath.Join(recipesDir, "tiny.toml"), "--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2",
+			"--num-query-groups", "2", "--ffn-hidden-size", "64", "--seq-length", "16", "--micro-batch-size", "1", "--global-batch-size", "4",
+			"--train-iters", "1000000", "--set", "train.eval_interval=0", "--set", "run.output_dir="+dir, "--comm-timeout", "20s")
+		c.Env = append(os.Environ(), "SHARDLINE_TEST_AS_CLI=1", "RANK="+strconv.Itoa(r), "WORLD_SIZE=4", "MASTER_ADDR=127.0.0.1",
+			"MASTER_PORT="+strconv.Itoa(port), "SHARDLINE_JOB_TOKEN=kill-test")
+		outs[r] = &bytes.Buffer{}
+		c.Stderr = outs[r]
+		require.NoError(t, c.Start())
+		procs[r] = c
+	}
+	defer func() {
+		for _, c := range procs {
+			c.Process.Kill()
+		}
+	}()
+	// Wait until rank 0 has recorded a few steps: the job is running.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		b, _ := os.ReadFile(filepath.Join(dir, "tiny", "metrics.jsonl"))
+		if bytes.Count(b, []byte("\n")) >= 3 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the job did not start: %s", outs[0])
+		time.Sleep(20 * time.Millisecond)
+	}
+	killed := time.Now()
+	require.NoError(t, procs[2].Process.Kill())
+	named := false
+	for _, r := range []int{0, 1, 3} {
+		err := procs[r].Wait()
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, "rank %d should fail", r)
+		named = named || strings.Contains(outs[r].String(), "rank(s) [2]")
+	}
+	assert.Less(t, time.Since(killed), 15*time.Second, "the others stop before the 20 s timeout: the lost connection is noticed at once")
+	assert.True(t, named, "an error names rank 2:\n%s\n%s\n%s", outs[0], outs[1], outs[3])
+}
+
+func freePort(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }
