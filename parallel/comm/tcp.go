@@ -11,6 +11,7 @@ import (
 	"net"
 	"sync"
 	"time"
+	"unsafe"
 )
 
 // TCPConfig says how a rank joins a job over TCP.
@@ -337,21 +338,38 @@ func (t *TCP) lost(p *peerConn, err error) error {
 	return &RankError{Op: "tcp", Missing: []int{p.rank}, Err: err}
 }
 
-// exchange sends out to one peer while receiving from another (a ring step).
-func (t *TCP) exchange(to *peerConn, out []byte, from *peerConn, in []byte) error {
+// maxFrame is the most one frame carries: larger transfers go as several frames,
+// so neither side buffers more than this at once beyond the tensors themselves.
+const maxFrame = 1 << 20
+
+// exchange sends out to one peer while receiving into in from another (a ring
+// step), in frames of at most maxFrame bytes. out and in must not overlap.
+func (t *TCP) exchange(to *peerConn, out []float32, from *peerConn, in []float32) error {
 	seq := t.seq
-	errc := make(chan error, 1)
-	go func() { errc <- t.send(to, seq, out) }()
-	rerr := t.recv(from, seq, in)
-	serr := <-errc
 	t.seq++
+	errc := make(chan error, 1)
+	go func() { errc <- t.sendFrames(to, seq, f32bytes(out)) }()
+	rerr := t.recvF32(from, seq, in)
+	serr := <-errc
 	if rerr != nil {
 		return rerr
 	}
 	return serr
 }
 
+// The wire carries little-endian float32. On little-endian machines a []float32
+// already is that byte sequence, so it is sent and received in place (no copy);
+// elsewhere values are converted.
+var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
+// f32bytes returns x as wire bytes: a view of x when possible, else a copy.
 func f32bytes(x []float32) []byte {
+	if len(x) == 0 {
+		return nil
+	}
+	if littleEndian {
+		return unsafe.Slice((*byte)(unsafe.Pointer(&x[0])), 4*len(x))
+	}
 	b := make([]byte, 4*len(x))
 	for i, v := range x {
 		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
@@ -359,9 +377,35 @@ func f32bytes(x []float32) []byte {
 	return b
 }
 
-func bytesF32(dst []float32, b []byte) {
+// recvF32 receives wire bytes into dst (directly when the layout allows).
+func (t *TCP) recvF32(p *peerConn, seq uint64, dst []float32) error {
+	if littleEndian {
+		return t.recvFrames(p, seq, f32bytes(dst))
+	}
+	b := make([]byte, 4*len(dst))
+	if err := t.recvFrames(p, seq, b); err != nil {
+		return err
+	}
 	for i := range dst {
 		dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return nil
+}
+
+// sendFrames and recvFrames move a payload as frames of at most maxFrame bytes.
+func (t *TCP) sendFrames(p *peerConn, seq uint64, b []byte) error {
+	for off := 0; ; off += maxFrame {
+		if err := t.send(p, seq, b[off:min(off+maxFrame, len(b))]); err != nil || off+maxFrame >= len(b) {
+			return err
+		}
+	}
+}
+
+func (t *TCP) recvFrames(p *peerConn, seq uint64, b []byte) error {
+	for off := 0; ; off += maxFrame {
+		if err := t.recv(p, seq, b[off:min(off+maxFrame, len(b))]); err != nil || off+maxFrame >= len(b) {
+			return err
+		}
 	}
 }
 
@@ -371,15 +415,15 @@ func (t *TCP) AllGather(dst, src []float32) error {
 	if len(dst) != t.n*L {
 		return &RankError{Op: "all_gather", Err: fmt.Errorf("%w: dst %d elements, want %d × %d", ErrMismatch, len(dst), t.n, L)}
 	}
-	copy(dst[t.rank*L:], src)
+	if L > 0 && &dst[t.rank*L] != &src[0] {
+		copy(dst[t.rank*L:], src)
+	}
 	next, prev := t.peers[(t.rank+1)%t.n], t.peers[(t.rank-1+t.n)%t.n]
-	in := make([]byte, 4*L)
 	for s := 0; s < t.n-1; s++ {
 		sendC, recvC := (t.rank-s+t.n)%t.n, (t.rank-s-1+2*t.n)%t.n
-		if err := t.exchange(next, f32bytes(dst[sendC*L:(sendC+1)*L]), prev, in); err != nil {
+		if err := t.exchange(next, dst[sendC*L:(sendC+1)*L], prev, dst[recvC*L:(recvC+1)*L]); err != nil {
 			return err
 		}
-		bytesF32(dst[recvC*L:(recvC+1)*L], in)
 	}
 	return nil
 }
@@ -395,23 +439,23 @@ func (t *TCP) ReduceScatter(dst, src []float32) error {
 		copy(dst, src)
 		return nil
 	}
-	acc := make([]float32, t.n*L)
+	// Two chunk buffers: the partial sum being sent, and the one arriving (to which
+	// this rank adds its own chunk before passing it on).
 	first := (t.rank - 1 + t.n) % t.n
-	copy(acc[first*L:(first+1)*L], src[first*L:(first+1)*L])
+	cur, got := make([]float32, L), make([]float32, L)
+	copy(cur, src[first*L:(first+1)*L])
 	next, prev := t.peers[(t.rank+1)%t.n], t.peers[(t.rank-1+t.n)%t.n]
-	in := make([]byte, 4*L)
-	got := make([]float32, L)
 	for s := 0; s < t.n-1; s++ {
-		sendC, recvC := (t.rank-s-1+2*t.n)%t.n, (t.rank-s-2+2*t.n)%t.n
-		if err := t.exchange(next, f32bytes(acc[sendC*L:(sendC+1)*L]), prev, in); err != nil {
+		recvC := (t.rank - s - 2 + 2*t.n) % t.n
+		if err := t.exchange(next, cur, prev, got); err != nil {
 			return err
 		}
-		bytesF32(got, in)
-		for i := range got {
-			acc[recvC*L+i] = got[i] + src[recvC*L+i]
+		for i, v := range src[recvC*L : (recvC+1)*L] {
+			got[i] += v
 		}
+		cur, got = got, cur
 	}
-	copy(dst, acc[t.rank*L:(t.rank+1)*L])
+	copy(dst, cur)
 	return nil
 }
 
@@ -453,16 +497,8 @@ func (t *TCP) AllToAll(dst, src []float32, send, recv []int) error {
 		}
 		p := t.peers[j]
 		wg.Add(2)
-		go func() { defer wg.Done(); errs <- t.send(p, seq, f32bytes(s)) }()
-		go func() {
-			defer wg.Done()
-			in := make([]byte, 4*len(r))
-			err := t.recv(p, seq, in)
-			if err == nil {
-				bytesF32(r, in)
-			}
-			errs <- err
-		}()
+		go func() { defer wg.Done(); errs <- t.sendFrames(p, seq, f32bytes(s)) }()
+		go func() { defer wg.Done(); errs <- t.recvF32(p, seq, r) }()
 	}
 	wg.Wait()
 	close(errs)
@@ -482,17 +518,12 @@ func (t *TCP) Broadcast(buf []float32, root int) error {
 	seq := t.seq
 	t.seq++
 	if t.rank != root {
-		in := make([]byte, 4*len(buf))
-		if err := t.recv(t.peers[root], seq, in); err != nil {
-			return err
-		}
-		bytesF32(buf, in)
-		return nil
+		return t.recvF32(t.peers[root], seq, buf)
 	}
 	out := f32bytes(buf)
 	for j, p := range t.peers {
 		if j != root {
-			if err := t.send(p, seq, out); err != nil {
+			if err := t.sendFrames(p, seq, out); err != nil {
 				return err
 			}
 		}

@@ -167,3 +167,27 @@ func TestTCPLostRankIsNamed(t *testing.T) {
 	}
 	assert.True(t, named, "some rank names rank 2 as lost: %v", errs)
 }
+
+// TestTCPLargeTransferIsFramed: a gather of 3 MiB per rank crosses several frames.
+func TestTCPLargeTransferIsFramed(t *testing.T) {
+	const L = 3 << 18 // 3 MiB of float32 per rank: three frames
+	errs := tcpRanks(t, 2, 10*time.Second, func(c *TCP) error {
+		src := make([]float32, L)
+		for i := range src {
+			src[i] = float32(c.Rank()*L + i)
+		}
+		dst := make([]float32, 2*L)
+		if err := c.AllGather(dst, src); err != nil {
+			return err
+		}
+		for i, v := range dst {
+			if v != float32(i) {
+				return fmt.Errorf("element %d is %v", i, v)
+			}
+		}
+		return nil
+	})
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+}
