@@ -47,6 +47,8 @@ type TCP struct {
 	peers   []*peerConn
 	seq     uint64
 	ln      net.Listener
+	rsBuf   [2][]float32 // reduce-scatter partial sums, kept between calls
+	arBuf   []float32    // all-reduce's padded copy and its chunk
 }
 
 type peerConn struct {
@@ -442,7 +444,10 @@ func (t *TCP) ReduceScatter(dst, src []float32) error {
 	// Two chunk buffers: the partial sum being sent, and the one arriving (to which
 	// this rank adds its own chunk before passing it on).
 	first := (t.rank - 1 + t.n) % t.n
-	cur, got := make([]float32, L), make([]float32, L)
+	if cap(t.rsBuf[0]) < L {
+		t.rsBuf = [2][]float32{make([]float32, L), make([]float32, L)}
+	}
+	cur, got := t.rsBuf[0][:L], t.rsBuf[1][:L]
 	copy(cur, src[first*L:(first+1)*L])
 	next, prev := t.peers[(t.rank+1)%t.n], t.peers[(t.rank-1+t.n)%t.n]
 	for s := 0; s < t.n-1; s++ {
@@ -465,9 +470,12 @@ func (t *TCP) AllReduce(buf []float32) error {
 		return nil
 	}
 	L := (len(buf) + t.n - 1) / t.n
-	padded := make([]float32, t.n*L)
+	if cap(t.arBuf) < (t.n+1)*L {
+		t.arBuf = make([]float32, (t.n+1)*L)
+	}
+	padded, part := t.arBuf[:t.n*L], t.arBuf[t.n*L:(t.n+1)*L]
 	copy(padded, buf)
-	part := make([]float32, L)
+	clear(padded[len(buf):])
 	if err := t.ReduceScatter(part, padded); err != nil {
 		return err
 	}
