@@ -193,6 +193,11 @@ func activationBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
 			elems += perLayer(l)
 		}
 	}
+	if mode != "none" && r.Parallel.Device == "cpu" {
+		// The CPU attention keeps its probabilities; under recompute one layer's
+		// worth is shared, refilled before each layer's backward.
+		elems += int64(mo.Heads) * t.local * t.context / tp
+	}
 	elems += 2 * t.local * h / tp
 	return elems * d.compute
 }

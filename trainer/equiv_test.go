@@ -237,3 +237,28 @@ func TestDoubleBufferAndTiedUnits(t *testing.T) {
 		assert.Less(t, maxAbsDiff(refW, w), 1e-5, units)
 	}
 }
+
+// TestRecompute: full and selective recomputation train bit-identical losses and
+// weights to keeping every activation (the recomputed values are the same
+// computation), hold less activation memory, and match the plan within 10%.
+func TestRecompute(t *testing.T) {
+	base := []string{"train.steps=3", "train.micro_batch_size=2", "train.global_batch_size=8", "train.eval_interval=0", "parallel.world_size=2",
+		"model.layers=3", "fsdp.overlap_param_gather=false", "fsdp.overlap_grad_reduce=false"}
+	ref, _ := tinyRun(t, base...)
+	refLoss, refW := trained(t, ref)
+	var none int64
+	for _, mode := range []string{"none", "selective", "full"} {
+		res, _ := tinyRun(t, append(base, "activation_checkpoint.mode="+mode)...)
+		out, err := Run(context.Background(), res, opts())
+		require.NoError(t, err)
+		l, w := trained(t, res)
+		assert.Equal(t, refLoss, l, mode)
+		assert.Equal(t, refW, w, mode)
+		assert.InDelta(t, float64(out.Predicted.Activations), float64(out.Held.Activations), 0.1*float64(out.Predicted.Activations), mode)
+		if mode == "none" {
+			none = out.Held.Activations
+		} else {
+			assert.Less(t, out.Held.Activations, none, mode)
+		}
+	}
+}

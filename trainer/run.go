@@ -123,9 +123,6 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 			return nil, &KeyError{Key: key, Value: v, Err: errors.New("the CPU trainer runs data parallelism only so far (tensor, context and expert parallelism are planned, not executed)"), Fix: "set it to 1 (shardline plan shows what it would do)"}
 		}
 	}
-	if m := r.ActivationCheckpoint.Mode; m != "none" {
-		return nil, &KeyError{Key: "activation_checkpoint.mode", Value: m, Err: errors.New("activation recomputation is planned (shardline plan accounts for it) but not executed by the CPU trainer yet"), Fix: `set mode = "none"`}
-	}
 	if r.Parallel.Device != "cpu" {
 		return nil, &KeyError{Key: "parallel.device", Value: r.Parallel.Device, Err: errors.New("this build trains on the CPU only"), Fix: `set device = "cpu"`}
 	}
@@ -334,7 +331,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		return nil, err
 	}
 	B, T := r.Train.MicroBatchSize, r.Model.SeqLen
-	t.m, err = model.New[float32](r.Model, t.plan.Params, t.st.wviews, t.st.gviews, t.opts.Backend, B, T)
+	t.m, err = model.New[float32](r.Model, t.plan.Params, t.st.wviews, t.st.gviews, t.opts.Backend, B, T, model.WithRecompute(r.ActivationCheckpoint.Mode))
 	if err != nil {
 		return nil, fmt.Errorf("building the model: %w", err)
 	}

@@ -46,6 +46,7 @@ type Model[F tensor.Float] struct {
 	wptr, gptr []*[]F
 	embedIdx   int // table index of embed.weight
 	hooks      Hooks
+	recompute  string  // none, selective or full
 	blocks     [][]int // FSDP units of each block, in forward order
 	hookErr    error
 	sin        []F
@@ -59,11 +60,32 @@ type Model[F tensor.Float] struct {
 // New binds a model to its parameter and gradient views: weights[i] and grads[i]
 // hold parameter table[i] whole (the trainer gathers sharded units before use).
 // The table must come from parallel.ParamTable with tp = etp = 1.
-func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights, grads [][]F, be tensor.Kernels[F], B, T int) (*Model[F], error) {
+// Option adjusts a Model at construction.
+type Option func(*options)
+
+type options struct{ recompute string }
+
+// WithRecompute sets activation recomputation: "none" keeps every activation;
+// "selective" keeps one layer's attention probabilities and recomputes them in
+// backward; "full" keeps only each layer's input and recomputes the whole layer in
+// backward (one set of intermediates serves every layer).
+func WithRecompute(mode string) Option { return func(o *options) { o.recompute = mode } }
+
+func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights, grads [][]F, be tensor.Kernels[F], B, T int, opt ...Option) (*Model[F], error) {
 	if T > cfg.SeqLen {
 		return nil, fmt.Errorf("model: sequence of %d tokens is longer than model.seq_len (%d)", T, cfg.SeqLen)
 	}
 	m := &Model[F]{Cfg: cfg, B: B, T: T, be: be}
+	o := options{recompute: "none"}
+	for _, f := range opt {
+		f(&o)
+	}
+	switch o.recompute {
+	case "none", "selective", "full":
+		m.recompute = o.recompute
+	default:
+		return nil, fmt.Errorf("model: recompute mode %q is not none, selective or full", o.recompute)
+	}
 	var err error
 	if m.wptr, err = m.w.bind(cfg, table, weights); err != nil {
 		return nil, err
@@ -240,6 +262,7 @@ func (m *Model[F]) dims() (BT, C, NH, NKV, HD, FF, V int) {
 func (m *Model[F]) alloc() {
 	BT, C, NH, NKV, HD, FF, V := m.dims()
 	L := m.Cfg.Layers
+	// shared layers' buffers alias one slot: recomputed in backward, not kept.
 	mk := func(n int) [][]F {
 		out := make([][]F, L)
 		for i := range out {
@@ -247,17 +270,40 @@ func (m *Model[F]) alloc() {
 		}
 		return out
 	}
+	shared := func(n int) [][]F {
+		out := make([][]F, L)
+		if L > 0 {
+			one := make([]F, n)
+			for i := range out {
+				out[i] = one
+			}
+		}
+		return out
+	}
+	per := mk
+	if m.recompute == "full" {
+		per = shared
+	}
 	a := &m.a
-	a.resid, a.ln1, a.mid, a.ln2 = mk(BT*C), mk(BT*C), mk(BT*C), mk(BT*C)
-	a.q, a.atty = mk(BT*NH*HD), mk(BT*NH*HD)
-	a.k, a.v = mk(BT*NKV*HD), mk(BT*NKV*HD)
-	a.att = mk(m.B * NH * m.T * m.T)
-	a.gate, a.up, a.sw = mk(BT*FF), mk(BT*FF), mk(BT*FF)
+	a.resid = mk(BT * C) // every layer's input is always kept
+	a.ln1, a.mid, a.ln2 = per(BT*C), per(BT*C), per(BT*C)
+	a.q, a.atty = per(BT*NH*HD), per(BT*NH*HD)
+	a.k, a.v = per(BT*NKV*HD), per(BT*NKV*HD)
+	if m.recompute == "none" {
+		a.att = mk(m.B * NH * m.T * m.T)
+	} else {
+		a.att = shared(m.B * NH * m.T * m.T) // recomputed before each layer's backward
+	}
+	a.gate, a.up, a.sw = per(BT*FF), per(BT*FF), per(BT*FF)
 	a.moe = make([]*moeActs[F], L)
+	var moeSlot *moeActs[F]
 	for l := 0; l < L; l++ {
 		if m.Cfg.IsMoELayer(l) {
 			a.gate[l], a.up[l], a.sw[l] = nil, nil, nil // the experts' buffers replace the MLP's
-			a.moe[l] = newMoEActs[F](m.Cfg, BT)
+			if m.recompute != "full" || moeSlot == nil {
+				moeSlot = newMoEActs[F](m.Cfg, BT)
+			}
+			a.moe[l] = moeSlot
 		}
 	}
 	if m.Cfg.MoE.NumExperts > 0 {
@@ -268,7 +314,7 @@ func (m *Model[F]) alloc() {
 		s.moeDh, s.moeDg, s.moeDu = make([]F, BT*k*EF), make([]F, BT*k*EF), make([]F, BT*k*EF)
 		s.moeSh, s.moeSg, s.moeSu = make([]F, BT*EF), make([]F, BT*EF), make([]F, BT*EF)
 	}
-	a.rstd1, a.rstd2 = mk(BT), mk(BT)
+	a.rstd1, a.rstd2 = per(BT), per(BT)
 	a.final, a.lnf, a.rstdf = make([]F, BT*C), make([]F, BT*C), make([]F, BT)
 	a.logits, a.probs, a.losses = make([]F, BT*V), make([]F, BT*V), make([]F, BT)
 	s := &m.scratch
@@ -286,7 +332,7 @@ func (m *Model[F]) alloc() {
 // < 0 are ignored). Logits stay in Logits() for sampling.
 func (m *Model[F]) Forward(tokens, targets []int32) (lossSum float64, count int) {
 	be, a, w := m.be, &m.a, &m.w
-	BT, C, NH, NKV, HD, FF, V := m.dims()
+	BT, C, _, _, _, _, V := m.dims()
 	eps := m.Cfg.NormEps
 	x := a.final
 	if len(w.layers) > 0 {
@@ -297,30 +343,11 @@ func (m *Model[F]) Forward(tokens, targets []int32) (lossSum float64, count int)
 	m.release(0, false)
 	for l := range w.layers {
 		m.acquire(1+l, false)
-		lw := w.layers[l]
-		be.RMSNorm(a.ln1[l], a.rstd1[l], x, lw.attnNorm, BT, C, eps)
-		be.Matmul(a.q[l], a.ln1[l], lw.wq, BT, C, NH*HD, false)
-		be.Matmul(a.k[l], a.ln1[l], lw.wk, BT, C, NKV*HD, false)
-		be.Matmul(a.v[l], a.ln1[l], lw.wv, BT, C, NKV*HD, false)
-		be.Rope(a.q[l], m.cos, m.sin, m.B, m.T, NH, HD)
-		be.Rope(a.k[l], m.cos, m.sin, m.B, m.T, NKV, HD)
-		be.Attention(a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.B, m.T, NH, NKV, HD)
-		copy(a.mid[l], x)
-		be.Matmul(a.mid[l], a.atty[l], lw.wo, BT, NH*HD, C, true) // mid = x + attention
-		be.RMSNorm(a.ln2[l], a.rstd2[l], a.mid[l], lw.mlpNorm, BT, C, eps)
 		next := a.final
 		if l+1 < len(w.layers) {
 			next = a.resid[l+1]
 		}
-		copy(next, a.mid[l])
-		if lw.moe != nil {
-			m.moeForward(next, a.ln2[l], *lw.moe, a.moe[l]) // next = mid + MoE
-		} else {
-			be.Matmul(a.gate[l], a.ln2[l], lw.w1, BT, C, FF, false)
-			be.Matmul(a.up[l], a.ln2[l], lw.w3, BT, C, FF, false)
-			be.SwiGLU(a.sw[l], a.gate[l], a.up[l], BT*FF)
-			be.Matmul(next, a.sw[l], lw.w2, BT, FF, C, true) // next = mid + MLP
-		}
+		m.layerForward(l, x, next)
 		x = next
 		m.release(1+l, false)
 	}
@@ -352,14 +379,20 @@ func (m *Model[F]) ActivationBytes() (activations, logits int64) {
 	}
 	var n int64
 	a := &m.a
+	seen := map[*F]bool{} // buffers shared by layers under recompute count once
 	for _, set := range [][][]F{a.resid, a.ln1, a.q, a.k, a.v, a.att, a.atty, a.mid, a.ln2, a.gate, a.up, a.sw, a.rstd1, a.rstd2} {
 		for _, x := range set {
-			n += int64(len(x))
+			if len(x) > 0 && !seen[&x[0]] {
+				seen[&x[0]] = true
+				n += int64(len(x))
+			}
 		}
 	}
 	n += int64(len(a.final) + len(a.lnf) + len(a.rstdf))
+	seenMoE := map[*moeActs[F]]bool{}
 	for _, ma := range a.moe {
-		if ma != nil {
+		if ma != nil && !seenMoE[ma] {
+			seenMoE[ma] = true
 			n += ma.size()
 		}
 	}
@@ -376,6 +409,34 @@ func (m *Model[F]) AuxLoss() float64 {
 		}
 	}
 	return s * m.Cfg.MoE.AuxLossCoeff
+}
+
+// layerForward runs layer l from its input x into next (the next layer's input):
+// next = mid + MLP(norm(mid)), mid = x + attention(norm(x)).
+func (m *Model[F]) layerForward(l int, x, next []F) {
+	be, a := m.be, &m.a
+	lw := m.w.layers[l]
+	BT, C, NH, NKV, HD, FF, _ := m.dims()
+	eps := m.Cfg.NormEps
+	be.RMSNorm(a.ln1[l], a.rstd1[l], x, lw.attnNorm, BT, C, eps)
+	be.Matmul(a.q[l], a.ln1[l], lw.wq, BT, C, NH*HD, false)
+	be.Matmul(a.k[l], a.ln1[l], lw.wk, BT, C, NKV*HD, false)
+	be.Matmul(a.v[l], a.ln1[l], lw.wv, BT, C, NKV*HD, false)
+	be.Rope(a.q[l], m.cos, m.sin, m.B, m.T, NH, HD)
+	be.Rope(a.k[l], m.cos, m.sin, m.B, m.T, NKV, HD)
+	be.Attention(a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.B, m.T, NH, NKV, HD)
+	copy(a.mid[l], x)
+	be.Matmul(a.mid[l], a.atty[l], lw.wo, BT, NH*HD, C, true) // mid = x + attention
+	be.RMSNorm(a.ln2[l], a.rstd2[l], a.mid[l], lw.mlpNorm, BT, C, eps)
+	copy(next, a.mid[l])
+	if lw.moe != nil {
+		m.moeForward(next, a.ln2[l], *lw.moe, a.moe[l]) // next = mid + MoE
+		return
+	}
+	be.Matmul(a.gate[l], a.ln2[l], lw.w1, BT, C, FF, false)
+	be.Matmul(a.up[l], a.ln2[l], lw.w3, BT, C, FF, false)
+	be.SwiGLU(a.sw[l], a.gate[l], a.up[l], BT*FF)
+	be.Matmul(next, a.sw[l], lw.w2, BT, FF, C, true) // next = mid + MLP
 }
 
 // Logits returns the last forward pass's logits (B·T, V).
@@ -401,7 +462,19 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 	be.RMSNormBackward(dres, g.norm, s.dx, a.final, w.norm, a.rstdf, BT, C)
 	m.release(last, true)
 	for l := len(w.layers) - 1; l >= 0; l-- {
-		m.acquire(1+l, true)
+		m.acquire(1+l, true) // one gather serves the recompute and the backward
+		switch m.recompute {
+		case "full":
+			// Rebuild the layer's intermediates from its saved input. Writing its
+			// output again is harmless: the next layer's backward has run.
+			next := a.final
+			if l+1 < len(w.layers) {
+				next = a.resid[l+1]
+			}
+			m.layerForward(l, a.resid[l], next)
+		case "selective":
+			be.Attention(a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.B, m.T, NH, NKV, HD)
+		}
 		lw, lg := w.layers[l], g.layers[l]
 		clear(s.dx)
 		if lw.moe != nil {

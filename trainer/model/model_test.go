@@ -25,7 +25,7 @@ func tinyConfig(tied bool) config.Model {
 }
 
 // build allocates one view per parameter and initialises it.
-func build[F float32 | float64](t *testing.T, cfg config.Model, B, T int) (*Model[F], [][]F, [][]F, []parallel.Param) {
+func build[F float32 | float64](t *testing.T, cfg config.Model, B, T int, opt ...Option) (*Model[F], [][]F, [][]F, []parallel.Param) {
 	t.Helper()
 	table, err := parallel.ParamTable(cfg, 1, 1)
 	require.NoError(t, err)
@@ -34,7 +34,7 @@ func build[F float32 | float64](t *testing.T, cfg config.Model, B, T int) (*Mode
 		w[i], g[i] = make([]F, table[i].LocalNumel()), make([]F, table[i].LocalNumel())
 		InitParam(w[i], &table[i], 0, 42, 0.3, cfg.Layers) // large std: gradients well above rounding
 	}
-	m, err := New[F](cfg, table, w, g, cpu.Kernels[F]{}, B, T)
+	m, err := New[F](cfg, table, w, g, cpu.Kernels[F]{}, B, T, opt...)
 	require.NoError(t, err)
 	return m, w, g, table
 }
@@ -44,15 +44,22 @@ func build[F float32 | float64](t *testing.T, cfg config.Model, B, T int) (*Mode
 // relative tolerance of 1e-5: truncation O(h²) and rounding O(1e-16/h) are both far
 // below it, and a wrong gradient is off by O(1).
 func TestModelGradient(t *testing.T) {
-	cases := map[string]config.Model{
-		"dense": tinyConfig(false), "tied": tinyConfig(true),
-		// MoE with shared experts; MoE every other layer; a capacity that drops copies.
-		"moe": tinyMoE(1, 0, 1), "moe-interleaved": tinyMoE(0, 0, 2), "moe-capacity": tinyMoE(0, 0.6, 1),
+	type gradCase struct {
+		cfg       config.Model
+		recompute string
 	}
-	for name, cfg := range cases {
-		tied := name
+	cases := map[string]gradCase{
+		"dense": {tinyConfig(false), "none"}, "tied": {tinyConfig(true), "none"},
+		// MoE with shared experts; MoE every other layer; a capacity that drops copies.
+		"moe": {tinyMoE(1, 0, 1), "none"}, "moe-interleaved": {tinyMoE(0, 0, 2), "none"}, "moe-capacity": {tinyMoE(0, 0.6, 1), "none"},
+		// Recompute must not change a single gradient.
+		"full-recompute": {tinyConfig(false), "full"}, "selective-recompute": {tinyConfig(true), "selective"},
+		"moe-full-recompute": {tinyMoE(1, 0, 2), "full"},
+	}
+	for name, tc := range cases {
+		cfg, tied := tc.cfg, name
 		B, T := 2, 5
-		m, w, g, table := build[float64](t, cfg, B, T)
+		m, w, g, table := build[float64](t, cfg, B, T, WithRecompute(tc.recompute))
 		tokens := []int32{1, 4, 2, 9, 0, 3, 3, 10, 5, 6}
 		targets := []int32{4, 2, 9, 0, 7, 3, 10, -1, 6, 1}
 		// The objective Backward(scale = 1/n) differentiates: the mean token loss plus
