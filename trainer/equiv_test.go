@@ -193,10 +193,11 @@ func TestShardedInitEqualsFullInit(t *testing.T) {
 // the runtime then holds two gathered units and two unit gradient buffers at most,
 // as the plan budgets for overlap.
 func TestOverlapTrace(t *testing.T) {
-	// Wide enough that a layer's compute (about a millisecond) outlasts goroutine
-	// scheduling, so the overlap shows in wall-clock spans.
-	res, dir := tinyRun(t, "train.steps=2", "train.micro_batch_size=4", "train.global_batch_size=16", "train.eval_interval=0",
-		"parallel.world_size=2", "model.layers=3", "model.hidden=128", "model.heads=4", "model.ffn_hidden=256")
+	// Wide enough that a layer's forward (about 10 ms) outlasts goroutine scheduling
+	// even with other test packages sharing the two cores, so the overlap shows in
+	// wall-clock spans.
+	res, dir := tinyRun(t, "train.steps=2", "train.micro_batch_size=16", "train.global_batch_size=64", "train.eval_interval=0",
+		"parallel.world_size=2", "model.layers=3", "model.hidden=256", "model.heads=4", "model.ffn_hidden=1024")
 	o := opts()
 	o.TracePath = filepath.Join(dir, "trace.json")
 	out, err := Run(context.Background(), res, o)

@@ -74,7 +74,7 @@ func TestLaunchStopsAllWhenOneFails(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "x0.txt"), []byte(strings.Repeat("some text here. ", 100)), 0o644))
 	start := time.Now()
 	code, _, errs := shardline(t, []string{"SHARDLINE_TEST_AS_CLI=1"}, "launch", "--nproc", "2", "--grace", "2s", filepath.Join(recipesDir, "tiny.toml"),
-		"--set", "data.path="+filepath.Join(dir, "x${RANK}.txt"), "--seq-length", "16", "--train-iters", "50", "--set", "run.output_dir="+dir)
+		"--set", "data.path="+filepath.Join(dir, "x${RANK}.txt"), "--seq-length", "16", "--global-batch-size", "32", "--train-iters", "50", "--set", "run.output_dir="+dir)
 	assert.Equal(t, 1, code)
 	assert.Contains(t, errs, "rank 1 exited with status 1")
 	assert.Less(t, time.Since(start), 60*time.Second)
