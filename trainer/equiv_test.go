@@ -73,9 +73,6 @@ func TestDataParallelEquivalence(t *testing.T) {
 		refLoss, refW := trained(t, ref)
 		for _, n := range []int{2, 4, 8} {
 			for _, strat := range []string{"no_shard", "optim", "optim_grads", "optim_grads_params"} {
-				if name == "moe" && n == 8 {
-					continue // MoE at 2 and 4 ranks covers its groups; keeps the suite fast
-				}
 				res, _ := tinyRun(t, append(append(base, extra...), fmt.Sprintf("parallel.world_size=%d", n), "fsdp.data_parallel_sharding_strategy="+strat)...)
 				l, w := trained(t, res)
 				assert.Less(t, maxRelDiff(refLoss, l), 1e-5, "%s n=%d %s losses", name, n, strat)
@@ -118,10 +115,17 @@ func TestBF16NearFP32(t *testing.T) {
 // way); the whole within 10% of the plan. Overlap is off: the runtime does not
 // prefetch yet, and the plan budgets a second gathered unit when overlap is on.
 func TestShardedMemoryFollowsThePlan(t *testing.T) {
+	for _, strategy := range []string{"optim_grads_params", "optim_grads"} {
+		t.Run(strategy, func(t *testing.T) { shardedMemory(t, strategy) })
+	}
+}
+
+func shardedMemory(t *testing.T, strategy string) {
 	var static1 int64
 	for _, n := range []int{1, 2, 4} {
 		res, _ := tinyRun(t, "train.steps=2", "train.micro_batch_size=2", "train.global_batch_size=8", "train.eval_interval=0",
-			fmt.Sprintf("parallel.world_size=%d", n), "fsdp.overlap_grad_reduce=false", "fsdp.overlap_param_gather=false")
+			fmt.Sprintf("parallel.world_size=%d", n), "fsdp.overlap_grad_reduce=false", "fsdp.overlap_param_gather=false",
+			"fsdp.data_parallel_sharding_strategy="+strategy)
 		out, err := Run(context.Background(), res, opts())
 		require.NoError(t, err)
 		h, p := out.Held, out.Predicted
@@ -130,7 +134,10 @@ func TestShardedMemoryFollowsThePlan(t *testing.T) {
 		assert.Equal(t, p.OptimizerState, h.OptimizerState, "n=%d optimizer state", n)
 		assert.Equal(t, p.GatheredUnits, h.GatheredUnits, "n=%d gathered units", n)
 		assert.Equal(t, p.GradReduceBuffers, h.GradReduceBuffers, "n=%d unit gradient buffers", n)
-		static := h.Weights + h.Grads + h.OptimizerState
+		static := h.Grads + h.OptimizerState // sharded under both strategies
+		if strategy == "optim_grads_params" {
+			static += h.Weights
+		}
 		if n == 1 {
 			static1 = static
 			continue

@@ -16,6 +16,9 @@ import (
 // as soon as the last block using the unit has run its backward. It implements
 // model.Hooks.
 //
+// Under optim_grads the weights stay whole (gathered after each optimizer step) and
+// the runtime only manages the gradient buffers and their reduce-scatters.
+//
 // Overlap: all of a rank's collectives go through one stream, so every rank issues
 // them in the same order. With overlap_param_gather the next block's units (the
 // previous block's in backward) are gathered while the current block computes;
@@ -47,6 +50,7 @@ type unitRuntime struct {
 	rs           [][]float32 // per group: reduce-scatter destination
 	stream       *comm.Stream
 	inflight     []flight
+	weights      bool // gather weights per unit (optim_grads_params); else they are whole
 	prefetch     bool // overlap_param_gather
 	async        bool // overlap_grad_reduce
 	// capBytes bounds the gradient bytes reducing in the background (from
@@ -66,8 +70,8 @@ type flight struct {
 
 func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async, double bool, capElems int64, tr *tracer) *unitRuntime {
 	p := st.plan
-	u := &unitRuntime{st: st, m: m, stream: comm.NewStream(st.world), prefetch: prefetch, async: async,
-		capBytes: 4 * capElems, trace: tr, double: double}
+	u := &unitRuntime{st: st, m: m, stream: comm.NewStream(st.world), prefetch: prefetch && st.perUnit, async: async,
+		capBytes: 4 * capElems, trace: tr, double: double, weights: st.perUnit}
 	n := len(p.Units)
 	u.groups, u.offsets, u.length = make([][]int, n), make([][]int64, n), make([]int64, n)
 	u.wbuf, u.gbuf, u.ready = make([][]float32, n), make([][]float32, n), make([]*comm.Handle, n)
@@ -87,9 +91,15 @@ func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async, double 
 			for _, gi := range unit.Groups {
 				w, g := st.computeShard(gi), st.gshard[gi]
 				for _, e := range p.Groups[gi].Entries {
-					m.Bind(e.Param, w[e.Offset:e.Offset+e.Numel], g[e.Offset:e.Offset+e.Numel])
+					wv := w[e.Offset : e.Offset+e.Numel]
+					if !u.weights {
+						wv = st.wviews[e.Param]
+					}
+					m.Bind(e.Param, wv, g[e.Offset:e.Offset+e.Numel])
 				}
 			}
+		} else if !u.weights {
+			u.bind(ui) // full weights, no gradient buffer until backward
 		}
 	}
 	for _, b := range m.Blocks() {
@@ -138,7 +148,9 @@ func (u *unitRuntime) bind(ui int) {
 		off := u.offsets[ui][k]
 		for _, e := range p.Groups[gi].Entries {
 			var w, g []float32
-			if b := u.wbuf[ui]; b != nil {
+			if !u.weights {
+				w = u.st.wviews[e.Param]
+			} else if b := u.wbuf[ui]; b != nil {
 				w = b[off+e.Offset : off+e.Offset+e.Numel]
 			}
 			if b := u.gbuf[ui]; b != nil {
@@ -182,7 +194,7 @@ func (u *unitRuntime) Acquire(block int, units []int, backward bool) error {
 		if u.resident[ui] {
 			continue
 		}
-		if u.wbuf[ui] == nil {
+		if u.weights && u.wbuf[ui] == nil {
 			u.startGather(ui)
 		}
 		if h := u.ready[ui]; h != nil {

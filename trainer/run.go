@@ -335,12 +335,12 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	if err != nil {
 		return nil, fmt.Errorf("building the model: %w", err)
 	}
-	if t.st.perUnit {
+	if t.st.unitGrads {
 		t.rt = newUnitRuntime(t.st, t.m, r.FSDP.OverlapParamGather, r.FSDP.OverlapGradReduce, r.FSDP.FSDPDoubleBuffer, r.FSDP.SuggestedCommunicationUnitSize, t.trace)
 		defer t.rt.close()
 		t.m.SetHooks(t.rt)
 	}
-	if f := r.FSDP; !t.st.perUnit && world.Size() > 1 && (f.OverlapGradReduce || f.OverlapParamGather) {
+	if f := r.FSDP; !t.st.unitGrads && world.Size() > 1 && (f.OverlapGradReduce || f.OverlapParamGather) {
 		t.log.Warn().Bool("overlap_grad_reduce", f.OverlapGradReduce).Bool("overlap_param_gather", f.OverlapParamGather).
 			Msg("communication/compute overlap is not built into the CPU runtime yet: collectives run between blocks, not behind them")
 	}

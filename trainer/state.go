@@ -31,9 +31,11 @@ type state struct {
 	plan    *parallel.Plan
 	rank    int
 	sharded bool
-	// perUnit (optim_grads_params): no full buffers; units are gathered on demand by
-	// unitRuntime and gradients reduced into the shard per unit.
+	// perUnit (optim_grads_params): no full weights; unitRuntime gathers units on
+	// demand. unitGrads (optim_grads too): no full gradients; unitRuntime gives each
+	// unit a gradient buffer in backward and reduces it into the shard.
 	perUnit    bool
+	unitGrads  bool
 	bf16       bool
 	reduceBF16 bool
 	be         tensor.Backend
@@ -65,15 +67,19 @@ type groupsFor func(rank int, axis parallel.Axis) (comm.Communicator, error)
 
 func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, world comm.Communicator, groups groupsFor) (*state, error) {
 	s := &state{plan: p, rank: rank, bf16: r.Precision.BF16, reduceBF16: r.FSDP.GradReduceInBF16, be: be, world: world,
-		sharded: r.FSDP.DataParallelShardingStrategy != "no_shard",
-		perUnit: r.FSDP.DataParallelShardingStrategy == "optim_grads_params",
-		wviews:  make([][]float32, len(p.Params)), gviews: make([][]float32, len(p.Params))}
+		sharded:   r.FSDP.DataParallelShardingStrategy != "no_shard",
+		perUnit:   r.FSDP.DataParallelShardingStrategy == "optim_grads_params",
+		unitGrads: r.FSDP.DataParallelShardingStrategy == "optim_grads_params" || r.FSDP.DataParallelShardingStrategy == "optim_grads",
+		wviews:    make([][]float32, len(p.Params)), gviews: make([][]float32, len(p.Params))}
 	c := p.Mesh.Coords(rank)
 	for gi := range p.Groups {
 		g := &p.Groups[gi]
 		var w, gr []float32
 		if !s.perUnit {
-			w, gr = make([]float32, g.Padded), make([]float32, g.Padded)
+			w = make([]float32, g.Padded)
+		}
+		if !s.unitGrads {
+			gr = make([]float32, g.Padded)
 		}
 		s.weights, s.grads = append(s.weights, w), append(s.grads, gr)
 		cm, err := groups(rank, g.Axis)
@@ -104,7 +110,7 @@ func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, w
 		}
 		s.main = append(s.main, main)
 		var gs []float32
-		if g.Shards > 1 || s.perUnit {
+		if g.Shards > 1 || s.unitGrads {
 			gs = make([]float32, n)
 		} else {
 			gs = gr[lo:hi]
@@ -115,6 +121,8 @@ func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, w
 		for _, e := range g.Entries {
 			if !s.perUnit {
 				s.wviews[e.Param] = w[e.Offset : e.Offset+e.Numel]
+			}
+			if !s.unitGrads {
 				s.gviews[e.Param] = gr[e.Offset : e.Offset+e.Numel]
 			}
 			a, b := max(e.Offset, lo), min(e.Offset+e.Numel, hi)
@@ -170,7 +178,7 @@ func (s *state) gather() error {
 }
 
 func (s *state) zeroGrads() {
-	if s.perUnit {
+	if s.unitGrads {
 		for _, g := range s.gshard {
 			clear(g)
 		}
@@ -245,7 +253,7 @@ func (s *state) gatherFull() error {
 // reduce-scatter into this rank's shard otherwise, in bf16 (accumulated in fp32)
 // when inBF16.
 func (s *state) reduce(inBF16 bool) error {
-	if s.perUnit {
+	if s.unitGrads {
 		return nil // reduced per unit during backward
 	}
 	for gi := range s.plan.Groups {
@@ -359,9 +367,12 @@ func (s *state) bytes() (weights, main, grads, optState int64) {
 	for gi := range s.weights {
 		if s.perUnit {
 			weights += int64(len(s.computeShard(gi))) * 4 // the shard; gathered units are counted apart
-			grads += int64(len(s.gshard[gi])) * 4
 		} else {
 			weights += int64(len(s.weights[gi])) * 4
+		}
+		if s.unitGrads {
+			grads += int64(len(s.gshard[gi])) * 4 // unit gradient buffers are counted apart
+		} else {
 			grads += int64(len(s.grads[gi])) * 4
 			if &s.gshard[gi][0] != &s.grads[gi][s.lo[gi]] {
 				grads += int64(len(s.gshard[gi])) * 4

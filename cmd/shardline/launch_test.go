@@ -39,8 +39,9 @@ func losses(t *testing.T, dir string) []float64 {
 }
 
 // TestLaunchMatchesInProcess: ranks as processes over TCP train the losses that
-// ranks as goroutines train, at 2 and 4 processes under every sharding strategy
-// (the TCP ring sums in another order than the in-process rank order: 1e-5).
+// ranks as goroutines train, dense and MoE, at 2 and 4 processes under every
+// sharding strategy (the TCP ring sums in another order than the in-process rank
+// order: 1e-5).
 func TestLaunchMatchesInProcess(t *testing.T) {
 	dir := t.TempDir()
 	text := filepath.Join(dir, "t.txt")
@@ -49,19 +50,25 @@ func TestLaunchMatchesInProcess(t *testing.T) {
 		"--num-attention-heads", "2", "--num-query-groups", "2", "--ffn-hidden-size", "64", "--seq-length", "16", "--micro-batch-size", "2",
 		"--global-batch-size", "16", "--train-iters", "4", "--set", "train.eval_interval=0"}
 	env := []string{"SHARDLINE_TEST_AS_CLI=1"}
+	moe := []string{"--num-experts", "4", "--moe-router-topk", "2", "--set", "model.moe.expert_ffn_hidden=32"}
 	for _, n := range []string{"2", "4"} {
-		for _, strategy := range []string{"no_shard", "optim", "optim_grads", "optim_grads_params"} {
-			name := n + "-" + strategy
-			args := append(append([]string{}, common...), "--data-parallel-sharding-strategy", strategy)
-			code, _, errs := shardline(t, env, append(append([]string{"launch", "--nproc", n}, args...), "--set", "run.output_dir="+dir, "--set", "run.name=tcp-"+name)...)
-			require.Equal(t, 0, code, errs)
-			assert.Contains(t, errs, `"rank":1`, "every rank logs with its rank")
-			code, _, errs = shardline(t, nil, append(append([]string{"run", "--nproc", n}, args...), "--set", "run.output_dir="+dir, "--set", "run.name=mem-"+name)...)
-			require.Equal(t, 0, code, errs)
-			a, b := losses(t, filepath.Join(dir, "tcp-"+name)), losses(t, filepath.Join(dir, "mem-"+name))
-			require.Len(t, a, 4)
-			for i := range a {
-				assert.InDelta(t, b[i], a[i], 1e-5*b[i], "%s step %d", name, i+1)
+		for _, model := range []string{"dense", "moe"} {
+			for _, strategy := range []string{"no_shard", "optim", "optim_grads", "optim_grads_params"} {
+				name := n + "-" + model + "-" + strategy
+				args := append(append([]string{}, common...), "--data-parallel-sharding-strategy", strategy)
+				if model == "moe" {
+					args = append(args, moe...)
+				}
+				code, _, errs := shardline(t, env, append(append([]string{"launch", "--nproc", n}, args...), "--set", "run.output_dir="+dir, "--set", "run.name=tcp-"+name)...)
+				require.Equal(t, 0, code, errs)
+				assert.Contains(t, errs, `"rank":1`, "every rank logs with its rank")
+				code, _, errs = shardline(t, nil, append(append([]string{"run", "--nproc", n}, args...), "--set", "run.output_dir="+dir, "--set", "run.name=mem-"+name)...)
+				require.Equal(t, 0, code, errs)
+				a, b := losses(t, filepath.Join(dir, "tcp-"+name)), losses(t, filepath.Join(dir, "mem-"+name))
+				require.Len(t, a, 4)
+				for i := range a {
+					assert.InDelta(t, b[i], a[i], 1e-5*b[i], "%s step %d", name, i+1)
+				}
 			}
 		}
 	}
