@@ -1,9 +1,31 @@
-// Package trainer runs a compiled plan: it allocates one flat buffer per parameter
-// group of the plan (parameters and gradients are views at the plan's offsets),
-// initialises each element from (seed, name, index), and drives the training loop
-// (gradient accumulation over micro-batches, per-token loss, global-norm clipping,
-// AdamW on the main weights, evaluation, metrics, checkpoints of the final weights,
-// a loss-curve PNG and a text sample).
+// Package trainer runs a compiled plan on one or many ranks: ranks are goroutines of
+// one process (parallel.world_size, run --nproc) or processes joined over TCP
+// (shardline launch). Each rank lays its buffers out by the plan's parameter groups,
+// initialises only its own shard from (seed, name, index), and drives the training
+// loop (gradient accumulation over micro-batches, per-token loss over the global
+// batch, global-norm clipping from shard norms, AdamW or SGD on the fp32 main-weight
+// shard, evaluation, metrics, the final weights, a loss-curve PNG and a sample).
+//
+// # Strategies (Megatron-FSDP's table, as executed here)
+//
+//	no_shard            weights, gradients, optimizer state whole on every rank;
+//	                    gradients all-reduced after the last micro-batch
+//	optim               main weights and optimizer state sharded; gradients whole,
+//	                    reduce-scattered after the last micro-batch; updated shards
+//	                    all-gathered into the whole compute weights
+//	optim_grads         also gradients sharded: each FSDP unit's gradients are
+//	                    reduce-scattered as soon as its backward ends, every
+//	                    micro-batch; weights gathered after the step
+//	optim_grads_params  also compute weights sharded: each unit is all-gathered
+//	                    before its forward and again before its backward, and
+//	                    released after (fsdp.go)
+//
+// With overlap_param_gather the next unit's gather runs during the current unit's
+// compute; with overlap_grad_reduce a unit's reduce-scatter runs behind the next
+// unit's backward, bounded by suggested_communication_unit_size. Under activation
+// recompute one gather serves both the recompute and the backward. Gradients are
+// reduced in bf16 (accumulated in fp32) with grad_reduce_in_bf16; compute weights
+// are bf16 values rounded from the fp32 main weights when precision.bf16.
 //
 // # Run directory
 //

@@ -164,7 +164,8 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 	if out == nil {
 		out = io.Discard
 	}
-	log := zerolog.New(zerolog.MultiLevelWriter(out, logFile)).Level(opts.LogLevel).With().Timestamp().Logger()
+	// In-process ranks log concurrently: one lock serialises whole events.
+	log := zerolog.New(zerolog.SyncWriter(zerolog.MultiLevelWriter(out, logFile))).Level(opts.LogLevel).With().Timestamp().Logger()
 	if opts.Process != nil {
 		log = log.With().Int("rank", 0).Logger()
 		return runProcess(ctx, r, res, opts, plan, ds, dir, log)
@@ -258,9 +259,11 @@ func runRanks(ctx context.Context, r *config.Recipe, res *config.Resolved, opts 
 		go func() {
 			defer wg.Done()
 			t := &run{r: r, res: res, opts: opts, plan: plan, ds: ds, dir: dir, log: log, rank: rank, trace: tr}
-			if rank != 0 {
-				t.log = zerolog.Nop()
+			if rank != 0 { // other ranks report warnings and errors, each line with its rank
+				t.log = log.With().Int("rank", rank).Logger().Level(max(zerolog.WarnLevel, opts.LogLevel))
 				t.opts.Progress = nil
+			} else if n > 1 {
+				t.log = log.With().Int("rank", 0).Logger()
 			}
 			results[rank], errs[rank] = t.train(ctx, world.Rank(rank), groups)
 			if errs[rank] != nil {
@@ -340,9 +343,9 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		defer t.rt.close()
 		t.m.SetHooks(t.rt)
 	}
-	if f := r.FSDP; !t.st.unitGrads && world.Size() > 1 && (f.OverlapGradReduce || f.OverlapParamGather) {
+	if f := r.FSDP; lead && !t.st.unitGrads && world.Size() > 1 && (f.OverlapGradReduce || f.OverlapParamGather) {
 		t.log.Warn().Bool("overlap_grad_reduce", f.OverlapGradReduce).Bool("overlap_param_gather", f.OverlapParamGather).
-			Msg("communication/compute overlap is not built into the CPU runtime yet: collectives run between blocks, not behind them")
+			Msg("no_shard and optim reduce gradients after the last micro-batch, so there is nothing to overlap; optim_grads and optim_grads_params overlap")
 	}
 	if lead {
 		t.metrics, err = os.Create(filepath.Join(t.dir, "metrics.jsonl"))
