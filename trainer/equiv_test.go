@@ -270,3 +270,30 @@ func TestRecompute(t *testing.T) {
 		}
 	}
 }
+
+// TestShippedRecipesEquivalence: recipes/tiny.toml and recipes/moe-tiny.toml as
+// shipped (0.9M and 1.9M parameters, on Newton's Opticks), two steps of 16
+// sequences, at 2, 4 and 8 in-process ranks under every strategy, against one rank.
+// Tolerance as TestDataParallelEquivalence.
+func TestShippedRecipesEquivalence(t *testing.T) {
+	if testing.Short() {
+		t.Skip("trains the shipped recipes 26 times; run without -short")
+	}
+	for _, recipe := range []string{"tiny", "moe-tiny"} {
+		run := func(sets ...string) ([]float64, [][]float32) {
+			res, diags := config.Load(filepath.Join("..", "recipes", recipe+".toml"), config.Options{Sets: append([]string{
+				"train.steps=2", "train.micro_batch_size=2", "train.global_batch_size=16", "train.eval_interval=0",
+				"run.output_dir=" + t.TempDir()}, sets...)})
+			require.False(t, diags.HasErrors(), "%v", diags)
+			return trained(t, res)
+		}
+		refLoss, refW := run("parallel.world_size=1")
+		for _, n := range []int{2, 4, 8} {
+			for _, strategy := range []string{"no_shard", "optim", "optim_grads", "optim_grads_params"} {
+				l, w := run(fmt.Sprintf("parallel.world_size=%d", n), "fsdp.data_parallel_sharding_strategy="+strategy)
+				assert.Less(t, maxRelDiff(refLoss, l), 1e-5, "%s n=%d %s losses", recipe, n, strategy)
+				assert.Less(t, maxAbsDiff(refW, w), 1e-5, "%s n=%d %s weights", recipe, n, strategy)
+			}
+		}
+	}
+}
