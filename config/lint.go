@@ -11,7 +11,7 @@ import (
 // variables that change how CUDA and NCCL behave. Lint reads the file system only to
 // warn about data paths that do not exist.
 func Lint(r *Resolved, env []string) Diagnostics {
-	c := &checker{r: r, rc: &r.Recipe, env: envMap(env)}
+	c := &checker{r: r, rc: &r.Recipe, env: EnvMap(env)}
 	c.megatronFSDP()
 	c.parallelShape()
 	c.model()
@@ -28,7 +28,8 @@ type checker struct {
 	diags Diagnostics
 }
 
-func envMap(env []string) map[string]string {
+// EnvMap turns an os.Environ()-style list into a map (later entries win).
+func EnvMap(env []string) map[string]string {
 	m := map[string]string{}
 	for _, kv := range env {
 		if k, v, ok := strings.Cut(kv, "="); ok {

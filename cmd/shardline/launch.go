@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/shardline/shardline/config"
 	"io"
 	"net"
 	"os"
@@ -54,7 +55,7 @@ and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 		if nproc < 1 || nnodes < 1 || nodeRank < 0 || nodeRank >= nnodes {
 			return usageErr("--nproc %d, --nnodes %d, --node-rank %d: need nproc ≥ 1 and 0 ≤ node-rank < nnodes", nproc, nnodes, nodeRank)
 		}
-		env := envMap(a.env)
+		env := config.EnvMap(a.env)
 		token := env["SHARDLINE_JOB_TOKEN"]
 		if nnodes > 1 && (token == "" || masterPort == 0) {
 			return usageErr("with --nnodes %d every node needs the same SHARDLINE_JOB_TOKEN and --master-port", nnodes)

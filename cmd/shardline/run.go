@@ -74,7 +74,7 @@ still writes the outputs (exit status 130).`,
 		if nproc < 0 || (nproc > 0 && cmd.Flags().Changed("world-size")) {
 			return usageErr("--nproc %d: give a positive rank count, and not together with --world-size", nproc)
 		}
-		job, err := detectJob(envMap(a.env))
+		job, err := detectJob(config.EnvMap(a.env))
 		if err != nil {
 			return err
 		}
@@ -103,7 +103,7 @@ still writes the outputs (exit status 130).`,
 		}
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		opts := trainer.Options{Backend: cpu.Backend{}, Env: envMap(a.env), LogOut: logOut, LogLevel: level, Version: version, CacheDir: cacheDir(), TracePath: trace}
+		opts := trainer.Options{Backend: cpu.Backend{}, Env: config.EnvMap(a.env), LogOut: logOut, LogLevel: level, Version: version, CacheDir: cacheDir(), TracePath: trace}
 		if tty && r.Logging.Progress {
 			opts.Progress = a.stderr
 		}
@@ -148,16 +148,6 @@ func (a *app) logOutput(l config.Logging, tty bool) (io.Writer, zerolog.Level, e
 		return zerolog.ConsoleWriter{Out: a.stderr, TimeFormat: time.TimeOnly, NoColor: !tty}, level, nil
 	}
 	return a.stderr, level, nil
-}
-
-func envMap(env []string) map[string]string {
-	m := map[string]string{}
-	for _, kv := range env {
-		if k, v, ok := strings.Cut(kv, "="); ok {
-			m[k] = v
-		}
-	}
-	return m
 }
 
 // cacheDir is where tokenized text is cached ("" disables the cache).

@@ -334,10 +334,7 @@ func SwiGLU[F Float](out, gate, up []F, n int) {
 		for b := lo; b < hi; b += len(e) {
 			m := min(len(e), hi-b)
 			g := gate[b : b+m]
-			for i, x := range g {
-				e[i] = -x
-			}
-			expInPlace(e[:m])
+			expNeg(e[:m], g)
 			o, u := out[b:b+m], up[b:b+m]
 			for i, x := range g {
 				o[i] = x / (1 + e[i]) * u[i]
@@ -353,10 +350,7 @@ func SwiGLUBackward[F Float](dgate, dup, dout, gate, up []F, n int) {
 		for b := lo; b < hi; b += len(e) {
 			m := min(len(e), hi-b)
 			g := gate[b : b+m]
-			for i, x := range g {
-				e[i] = -x
-			}
-			expInPlace(e[:m])
+			expNeg(e[:m], g)
 			dg, du, do, u := dgate[b:b+m], dup[b:b+m], dout[b:b+m], up[b:b+m]
 			for i, x := range g {
 				s := 1 / (1 + e[i])
@@ -365,6 +359,14 @@ func SwiGLUBackward[F Float](dgate, dup, dout, gate, up []F, n int) {
 			}
 		}
 	})
+}
+
+// expNeg sets e[i] = e^(−g[i]), the sigmoid's denominator term.
+func expNeg[F Float](e, g []F) {
+	for i, x := range g {
+		e[i] = -x
+	}
+	expInPlace(e)
 }
 
 // expInPlace sets x[i] = e^x[i]: vectorised for float32, math.Exp for float64.
