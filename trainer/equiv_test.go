@@ -297,3 +297,24 @@ func TestShippedRecipesEquivalence(t *testing.T) {
 		}
 	}
 }
+
+// TestExpertParallelEquivalence: experts spread over ep ranks (tokens exchanged by
+// all-to-all, expert weights sharded over edp only) train the losses and weights
+// one rank trains: EP 2 and 4 on as many ranks, and EP 2 on 4 ranks (edp 2), under
+// every strategy. Tolerance as TestDataParallelEquivalence.
+func TestExpertParallelEquivalence(t *testing.T) {
+	base := []string{"train.steps=4", "train.micro_batch_size=1", "train.global_batch_size=8", "train.eval_interval=4",
+		"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32", "model.moe.shared_experts=1"}
+	ref, _ := tinyRun(t, append(base, "parallel.world_size=1")...)
+	refLoss, refW := trained(t, ref)
+	for _, shape := range [][2]int{{2, 2}, {4, 4}, {4, 2}} {
+		for _, strategy := range []string{"no_shard", "optim", "optim_grads", "optim_grads_params"} {
+			name := fmt.Sprintf("world %d ep %d %s", shape[0], shape[1], strategy)
+			res, _ := tinyRun(t, append(base, fmt.Sprintf("parallel.world_size=%d", shape[0]), fmt.Sprintf("parallel.expert_parallel=%d", shape[1]),
+				"fsdp.data_parallel_sharding_strategy="+strategy)...)
+			l, w := trained(t, res)
+			assert.Less(t, maxRelDiff(refLoss, l), 1e-5, "%s losses", name)
+			assert.Less(t, maxAbsDiff(refW, w), 1e-5, "%s weights", name)
+		}
+	}
+}

@@ -118,9 +118,9 @@ func (e *KeyError) Unwrap() error { return e.Err }
 func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, error) {
 	r := &res.Recipe
 	for key, v := range map[string]int{"parallel.tensor_parallel": r.Parallel.TensorParallel, "parallel.context_parallel": r.Parallel.ContextParallel,
-		"parallel.expert_parallel": r.Parallel.ExpertParallel, "parallel.expert_tensor_parallel": r.Parallel.ExpertTensorParallel} {
+		"parallel.expert_tensor_parallel": r.Parallel.ExpertTensorParallel} {
 		if v != 1 {
-			return nil, &KeyError{Key: key, Value: v, Err: errors.New("the CPU trainer runs data parallelism only so far (tensor, context and expert parallelism are planned, not executed)"), Fix: "set it to 1 (shardline plan shows what it would do)"}
+			return nil, &KeyError{Key: key, Value: v, Err: errors.New("the CPU trainer runs data and expert parallelism so far (tensor and context parallelism are planned, not executed)"), Fix: "set it to 1 (shardline plan shows what it would do)"}
 		}
 	}
 	if r.Parallel.Device != "cpu" {
@@ -245,6 +245,11 @@ func runRanks(ctx context.Context, r *config.Recipe, res *config.Resolved, opts 
 	n := plan.Mesh.World
 	world := comm.NewWorld(n, worldTimeout)
 	groups := func(rank int, axis parallel.Axis) (comm.Communicator, error) {
+		if axis == parallel.AxisEP {
+			// The model's token exchanges run while the FSDP stream gathers and
+			// reduces: they need a communicator of their own.
+			return world.Tagged(rank, plan.Mesh.Group(axis, rank), "ep")
+		}
 		return world.Group(rank, plan.Mesh.Group(axis, rank))
 	}
 	var tr *tracer
@@ -334,7 +339,11 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		return nil, err
 	}
 	B, T := r.Train.MicroBatchSize, r.Model.SeqLen
-	t.m, err = model.New[float32](r.Model, t.plan.Params, t.st.wviews, t.st.gviews, t.opts.Backend, B, T, model.WithRecompute(r.ActivationCheckpoint.Mode))
+	mopts := []model.Option{model.WithRecompute(r.ActivationCheckpoint.Mode)}
+	if t.st.epComm != nil {
+		mopts = append(mopts, model.WithExpertParallel(model.ExpertParallel{Comm: t.st.epComm, Rank: t.st.epRank, Size: t.st.epComm.Size()}))
+	}
+	t.m, err = model.New[float32](r.Model, t.plan.Params, t.st.wviews, t.st.gviews, t.opts.Backend, B, T, mopts...)
 	if err != nil {
 		return nil, fmt.Errorf("building the model: %w", err)
 	}
@@ -368,6 +377,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	optSteps := 0
 	flag := make([]float32, 1)
 	stats := make([]float32, 3)
+	lastEvaluated := false // every rank tracks it: the final evaluation is collective
 	for step := 0; step < r.Train.Steps; step++ {
 		// Every rank stops at the same step: rank 0's interrupt is all-reduced.
 		flag[0] = 0
@@ -440,8 +450,11 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		if step > 0 {
 			rates = append(rates, met.TokensPerS)
 		}
-		// Evaluation gathers units under optim_grads_params, so every rank runs it.
-		if ev := r.Train.EvalInterval; ev > 0 && ((step+1)%ev == 0 || step+1 == r.Train.Steps) && (lead || t.st.perUnit) {
+		// Evaluation gathers units under optim_grads_params and exchanges tokens under
+		// expert parallelism, so then every rank runs it.
+		lastEvaluated = false
+		if ev := r.Train.EvalInterval; ev > 0 && ((step+1)%ev == 0 || step+1 == r.Train.Steps) && (lead || t.collectiveEval()) {
+			lastEvaluated = true
 			v := t.evaluate()
 			if err := t.flush(); err != nil {
 				return nil, err
@@ -456,6 +469,13 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		}
 		last = met
 	}
+	finalVal := math.NaN()
+	if !lastEvaluated && len(t.ds.Val) > T && t.collectiveEval() {
+		finalVal = t.evaluate() // every rank takes part
+		if err := t.flush(); err != nil {
+			return nil, err
+		}
+	}
 	if t.st.perUnit {
 		// Every rank joins in gathering the whole model once, for rank 0's last
 		// evaluation, weights and sample.
@@ -467,6 +487,9 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 			t.m.Bind(i, w, nil)
 		}
 	}
+	if err := t.st.gatherExperts(); err != nil {
+		return nil, err
+	}
 	if !lead {
 		return out, nil
 	}
@@ -474,14 +497,22 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		fmt.Fprintln(t.opts.Progress)
 	}
 	out.Steps, out.FinalLoss = last.Step, last.Loss
-	if last.ValLoss != nil {
+	switch {
+	case last.ValLoss != nil:
 		out.FinalValLoss = *last.ValLoss
-	} else if len(t.ds.Val) > T {
+	case !math.IsNaN(finalVal):
+		out.FinalValLoss = finalVal
+	case len(t.ds.Val) > T:
 		out.FinalValLoss = t.evaluate()
 	}
 	out.TokensPerS = median(rates)
 	return out, t.finish(out)
 }
+
+// collectiveEval says whether evaluation needs every rank: under
+// optim_grads_params (units are gathered) and expert parallelism (tokens are
+// exchanged).
+func (t *run) collectiveEval() bool { return t.st.perUnit || t.st.epComm != nil }
 
 // flush ends a pass: it waits for the runtime's collectives in flight and returns
 // the first error of the pass (from the model's hooks or the flush).

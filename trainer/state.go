@@ -50,6 +50,10 @@ type state struct {
 	comms          []comm.Communicator // per group: its dp×cp or edp group
 	world          comm.Communicator
 	bsrc, bdst     [][]uint16 // bf16 reduction buffers, allocated on first use
+	// Expert parallelism: this rank's ep coordinate, experts per ep rank, and the
+	// ep group (nil when ep = 1).
+	epRank, epLocal int
+	epComm          comm.Communicator
 
 	wviews, gviews [][]float32 // per parameter (table order): views of weights, grads
 }
@@ -72,6 +76,13 @@ func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, w
 		unitGrads: r.FSDP.DataParallelShardingStrategy == "optim_grads_params" || r.FSDP.DataParallelShardingStrategy == "optim_grads",
 		wviews:    make([][]float32, len(p.Params)), gviews: make([][]float32, len(p.Params))}
 	c := p.Mesh.Coords(rank)
+	if p.Mesh.EP > 1 {
+		var err error
+		if s.epComm, err = groups(rank, parallel.AxisEP); err != nil {
+			return nil, err
+		}
+		s.epRank, s.epLocal = c.EP, r.Model.MoE.NumExperts/p.Mesh.EP
+	}
 	for gi := range p.Groups {
 		g := &p.Groups[gi]
 		var w, gr []float32
@@ -141,10 +152,48 @@ func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, w
 func (s *state) init(r *config.Recipe) error {
 	for gi := range s.plan.Groups {
 		for _, sg := range s.segs[gi] {
-			model.InitParam(s.main[gi][sg.lo:sg.hi], &s.plan.Params[sg.param], sg.start, r.Run.Seed, r.Model.InitStd, r.Model.Layers)
+			p := s.global(sg.param)
+			model.InitParam(s.main[gi][sg.lo:sg.hi], &s.plan.Params[p], sg.start, r.Run.Seed, r.Model.InitStd, r.Model.Layers)
 		}
 	}
 	return s.gather()
+}
+
+// global maps a parameter of this rank's expert groups (laid out as the ep-rank-0
+// experts 0..local−1) to the table index of the global expert it holds: the
+// routed experts of a layer are consecutive in the table, three parameters each.
+func (s *state) global(i int) int {
+	if s.epComm == nil || s.plan.Params[i].Expert < 0 {
+		return i
+	}
+	return i + 3*s.epRank*s.epLocal
+}
+
+// gatherExperts gives every rank all experts' compute weights (a collective over
+// the ep group), for rank 0's weights file and sample: each ep rank's expert groups
+// hold different experts at the same offsets.
+func (s *state) gatherExperts() error {
+	if s.epComm == nil {
+		return nil
+	}
+	ep := s.epComm.Size()
+	for gi := range s.plan.Groups {
+		g := &s.plan.Groups[gi]
+		if !g.Expert {
+			continue
+		}
+		all := make([]float32, int64(ep)*g.Padded)
+		if err := s.epComm.AllGather(all, s.weights[gi]); err != nil {
+			return err
+		}
+		for j := 0; j < ep; j++ {
+			buf := all[int64(j)*g.Padded : int64(j+1)*g.Padded]
+			for _, e := range g.Entries {
+				s.wviews[e.Param+3*j*s.epLocal] = buf[e.Offset : e.Offset+e.Numel]
+			}
+		}
+	}
+	return nil
 }
 
 // gather refreshes the full compute weights from every rank's main shard (rounded

@@ -42,12 +42,17 @@ func (w *World) Rank(r int) Communicator {
 // Group returns world rank r's communicator over the group of world ranks `ranks`
 // (ascending, containing r). Every member asks for the same list and gets the same
 // group.
-func (w *World) Group(r int, ranks []int) (Communicator, error) {
+func (w *World) Group(r int, ranks []int) (Communicator, error) { return w.Tagged(r, ranks, "") }
+
+// Tagged is Group for an independent communicator over the same ranks: collectives
+// on groups with different tags never wait on each other (as separate NCCL
+// communicators), so one goroutine can use one while another uses the other.
+func (w *World) Tagged(r int, ranks []int, tag string) (Communicator, error) {
 	idx := slices.Index(ranks, r)
 	if idx < 0 || !slices.IsSorted(ranks) || ranks[0] < 0 || ranks[len(ranks)-1] >= w.n {
 		return nil, fmt.Errorf("comm: rank %d cannot join group %v of a world of %d", r, ranks, w.n)
 	}
-	key := fmt.Sprint(ranks)
+	key := tag + fmt.Sprint(ranks)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	g, ok := w.groups[key]

@@ -46,7 +46,8 @@ type Model[F tensor.Float] struct {
 	wptr, gptr []*[]F
 	embedIdx   int // table index of embed.weight
 	hooks      Hooks
-	recompute  string  // none, selective or full
+	recompute  string // none, selective or full
+	ep         ExpertParallel
 	blocks     [][]int // FSDP units of each block, in forward order
 	hookErr    error
 	sin        []F
@@ -54,6 +55,7 @@ type Model[F tensor.Float] struct {
 		dres, dx, dq, dk, dv, datty, dff1, dff2, dsw, dlogits, dloss []F
 		// MoE backward (sized for the largest MoE layer)
 		moeDlogits, moeDprobs, moeDgates, moeDy, moeDx, moeDh, moeDg, moeDu, moeSh, moeSg, moeSu []F
+		moeEpA, moeEpB, moeEpC                                                                   []F // expert parallelism
 	}
 }
 
@@ -63,7 +65,26 @@ type Model[F tensor.Float] struct {
 // Option adjusts a Model at construction.
 type Option func(*options)
 
-type options struct{ recompute string }
+type options struct {
+	recompute string
+	ep        *ExpertParallel
+}
+
+// AllToAll is the collective expert parallelism needs (comm.Communicator has it).
+type AllToAll interface {
+	AllToAll(dst, src []float32, send, recv []int) error
+}
+
+// ExpertParallel places the model's routed experts on Size ranks: this rank holds
+// experts Rank·E/Size .. (Rank+1)·E/Size−1 and exchanges tokens with the others of
+// its expert-parallel group through Comm. It needs float32.
+type ExpertParallel struct {
+	Comm       AllToAll
+	Rank, Size int
+}
+
+// WithExpertParallel spreads the experts over an expert-parallel group.
+func WithExpertParallel(ep ExpertParallel) Option { return func(o *options) { o.ep = &ep } }
 
 // WithRecompute sets activation recomputation: "none" keeps every activation;
 // "selective" keeps one layer's attention probabilities and recomputes them in
@@ -86,11 +107,20 @@ func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights, grad
 	default:
 		return nil, fmt.Errorf("model: recompute mode %q is not none, selective or full", o.recompute)
 	}
+	m.ep = ExpertParallel{Size: 1}
+	if o.ep != nil && o.ep.Size > 1 {
+		var z F
+		if _, ok := any(z).(float32); !ok || cfg.MoE.NumExperts%o.ep.Size != 0 || o.ep.Comm == nil {
+			return nil, fmt.Errorf("model: expert parallelism needs float32, a communicator, and %d experts divisible by %d ranks", cfg.MoE.NumExperts, o.ep.Size)
+		}
+		m.ep = *o.ep
+	}
 	var err error
-	if m.wptr, err = m.w.bind(cfg, table, weights); err != nil {
+	local := cfg.MoE.NumExperts / m.ep.Size
+	if m.wptr, err = m.w.bind(cfg, table, weights, local); err != nil {
 		return nil, err
 	}
-	if m.gptr, err = m.g.bind(cfg, table, grads); err != nil {
+	if m.gptr, err = m.g.bind(cfg, table, grads, local); err != nil {
 		return nil, err
 	}
 	m.blocks = blocksOf(cfg, table)
@@ -149,6 +179,9 @@ func (m *Model[F]) release(block int, backward bool) {
 // Bind points parameter i (table order) at new weight and gradient views; a tied
 // output head follows the embedding.
 func (m *Model[F]) Bind(i int, w, g []F) {
+	if m.wptr[i] == nil {
+		return // an expert of another expert-parallel rank
+	}
 	*m.wptr[i], *m.gptr[i] = w, g
 	if i == m.embedIdx && m.Cfg.TieEmbeddings {
 		m.w.output, m.g.output = w, g
@@ -183,7 +216,9 @@ func blocksOf(cfg config.Model, table []parallel.Param) [][]int {
 
 // bind fills p from views (table order) and returns a pointer to each parameter's
 // view inside p. An empty view is allowed: a runtime with hooks binds it later.
-func (p *params[F]) bind(cfg config.Model, table []parallel.Param, views [][]F) ([]*[]F, error) {
+// Only the first local experts have places: the plan lays out an expert-parallel
+// rank's experts as experts 0..local−1 of its expert groups.
+func (p *params[F]) bind(cfg config.Model, table []parallel.Param, views [][]F, local int) ([]*[]F, error) {
 	if len(views) != len(table) {
 		return nil, fmt.Errorf("model: %d views for %d parameters", len(views), len(table))
 	}
@@ -212,7 +247,7 @@ func (p *params[F]) bind(cfg config.Model, table []parallel.Param, views [][]F) 
 			for s := 0; s < cfg.MoE.SharedExperts; s++ {
 				mp.shared = append(mp.shared, three(fmt.Sprintf("%smoe.shared.%d", pre, s)))
 			}
-			for e := 0; e < cfg.MoE.NumExperts; e++ {
+			for e := 0; e < local; e++ {
 				mp.experts = append(mp.experts, three(fmt.Sprintf("%smoe.experts.%d", pre, e)))
 			}
 			lp.moe = mp
@@ -247,6 +282,9 @@ func (p *params[F]) bind(cfg config.Model, table []parallel.Param, views [][]F) 
 	out := make([]*[]F, len(table))
 	for i := range table {
 		out[i] = ptrs[table[i].Name]
+		if out[i] == nil && table[i].Expert >= local {
+			continue // held by another expert-parallel rank
+		}
 		if out[i] == nil {
 			return nil, fmt.Errorf("model: parameter %s has no place in the model", table[i].Name)
 		}
@@ -301,7 +339,7 @@ func (m *Model[F]) alloc() {
 		if m.Cfg.IsMoELayer(l) {
 			a.gate[l], a.up[l], a.sw[l] = nil, nil, nil // the experts' buffers replace the MLP's
 			if m.recompute != "full" || moeSlot == nil {
-				moeSlot = newMoEActs[F](m.Cfg, BT)
+				moeSlot = newMoEActs[F](m.Cfg, BT, m.ep.Size)
 			}
 			a.moe[l] = moeSlot
 		}
@@ -311,7 +349,11 @@ func (m *Model[F]) alloc() {
 		s := &m.scratch
 		s.moeDlogits, s.moeDprobs, s.moeDgates = make([]F, BT*E), make([]F, BT*E), make([]F, BT*k)
 		s.moeDy, s.moeDx = make([]F, BT*k*C), make([]F, BT*k*C)
-		s.moeDh, s.moeDg, s.moeDu = make([]F, BT*k*EF), make([]F, BT*k*EF), make([]F, BT*k*EF)
+		R := worstRows(m.Cfg, BT, m.ep.Size)
+		s.moeDh, s.moeDg, s.moeDu = make([]F, R*EF), make([]F, R*EF), make([]F, R*EF)
+		if m.ep.Size > 1 {
+			s.moeEpA, s.moeEpB, s.moeEpC = make([]F, R*C), make([]F, R*C), make([]F, R*C)
+		}
 		s.moeSh, s.moeSg, s.moeSu = make([]F, BT*EF), make([]F, BT*EF), make([]F, BT*EF)
 	}
 	a.rstd1, a.rstd2 = per(BT), per(BT)

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"fmt"
 	"math"
 
 	"github.com/shardline/shardline/config"
@@ -41,14 +42,40 @@ type moeActs[F any] struct {
 	sgate, sup    [][]F   // per shared expert (BT, EF)
 	ssw           [][]F
 	aux           float64
+
+	// Expert parallelism (ep > 1): rows exchanged with each ep rank, per-expert
+	// counts, and the received tokens regrouped by local expert. Buffers are sized
+	// for the worst case the plan states (every ep rank's copies landing here:
+	// ep · BT · min(k, E/ep) rows) and reused by every layer and step.
+	sendRows, recvRows []int
+	cntSend, cntRecv   []float32
+	srcStart, locStart []int // (source, local expert) → start row in recv order / in local order
+	total              int   // rows received
+	xrecv, xloc, yloc  []F   // (rows, C)
 }
 
-func newMoEActs[F any](c config.Model, BT int) *moeActs[F] {
+// worstRows is the most token copies one rank's experts can receive in a layer.
+func worstRows(c config.Model, BT, ep int) int {
+	if ep == 1 {
+		return BT * c.MoE.TopK
+	}
+	return ep * BT * min(c.MoE.TopK, c.MoE.NumExperts/ep)
+}
+
+func newMoEActs[F any](c config.Model, BT, ep int) *moeActs[F] {
 	E, k, C, EF := c.MoE.NumExperts, c.MoE.TopK, c.Hidden, c.MoE.ExpertFFNHidden
+	R := worstRows(c, BT, ep)
 	a := &moeActs[F]{
 		logits: make([]F, BT*E), probs: make([]F, BT*E), idx: make([]int32, BT*k), gates: make([]F, BT*k),
 		row: make([]int32, BT*k), tok: make([]int32, BT*k), offsets: make([]int32, E+1), cursor: make([]int32, E),
-		x: make([]F, BT*k*C), gate: make([]F, BT*k*EF), up: make([]F, BT*k*EF), sw: make([]F, BT*k*EF), y: make([]F, BT*k*C),
+		x: make([]F, BT*k*C), gate: make([]F, R*EF), up: make([]F, R*EF), sw: make([]F, R*EF), y: make([]F, BT*k*C),
+	}
+	if ep > 1 {
+		El := E / ep
+		a.sendRows, a.recvRows = make([]int, ep), make([]int, ep)
+		a.cntSend, a.cntRecv = make([]float32, ep*El), make([]float32, ep*El)
+		a.srcStart, a.locStart = make([]int, ep*El), make([]int, ep*El)
+		a.xrecv, a.xloc, a.yloc = make([]F, R*C), make([]F, R*C), make([]F, R*C)
 	}
 	for s := 0; s < c.MoE.SharedExperts; s++ {
 		a.sgate, a.sup, a.ssw = append(a.sgate, make([]F, BT*EF)), append(a.sup, make([]F, BT*EF)), append(a.ssw, make([]F, BT*EF))
@@ -57,7 +84,8 @@ func newMoEActs[F any](c config.Model, BT int) *moeActs[F] {
 }
 
 func (a *moeActs[F]) size() int64 {
-	n := len(a.logits) + len(a.probs) + len(a.gates) + len(a.x) + len(a.gate) + len(a.up) + len(a.sw) + len(a.y)
+	n := len(a.logits) + len(a.probs) + len(a.gates) + len(a.x) + len(a.gate) + len(a.up) + len(a.sw) + len(a.y) +
+		len(a.xrecv) + len(a.xloc) + len(a.yloc)
 	for s := range a.sgate {
 		n += len(a.sgate[s]) + len(a.sup[s]) + len(a.ssw[s])
 	}
@@ -83,18 +111,15 @@ func (m *Model[F]) moeForward(out, x []F, p moeParams[F], a *moeActs[F]) {
 	be.Matmul(a.logits, x, p.router, BT, C, E, false)
 	be.Router(a.probs, a.idx, a.gates, a.logits, BT, E, k)
 	a.n = be.Dispatch(a.x, a.row, a.tok, a.offsets, a.cursor, x, a.idx, BT, C, E, k, capacity(c, BT))
-	// Each expert's SwiGLU over its segment.
-	for e := 0; e < E; e++ {
-		lo, n := int(a.offsets[e]), a.count(e)
-		if n == 0 {
-			continue
-		}
-		w := p.experts[e]
-		xs, gs, us, ss, ys := a.x[lo*C:(lo+n)*C], a.gate[lo*EF:(lo+n)*EF], a.up[lo*EF:(lo+n)*EF], a.sw[lo*EF:(lo+n)*EF], a.y[lo*C:(lo+n)*C]
-		be.Matmul(gs, xs, w[0], n, C, EF, false)
-		be.Matmul(us, xs, w[1], n, C, EF, false)
-		be.SwiGLU(ss, gs, us, n*EF)
-		be.Matmul(ys, ss, w[2], n, EF, C, false)
+	if m.ep.Size > 1 {
+		m.epExchange(a)
+		xin, yout := a.xloc, a.yloc
+		m.epRegroup(a, a.xloc, a.xrecv, true)
+		m.expertsForward(p, a, xin, yout, m.epLocalOffsets(a))
+		m.epRegroup(a, a.yloc, a.xrecv, false) // back to arrival order, reusing xrecv
+		m.a2a(a.y[:a.n*C], a.xrecv[:a.total*C], scaled(a.recvRows, C), scaled(a.sendRows, C))
+	} else {
+		m.expertsForward(p, a, a.x, a.y, a.offsets)
 	}
 	be.Combine(out, a.y, a.gates, a.row, BT, C, k)
 	for s, w := range p.shared {
@@ -112,6 +137,107 @@ func (m *Model[F]) moeForward(out, x []F, p moeParams[F], a *moeActs[F]) {
 		}
 		a.aux += float64(E) * float64(a.count(e)) / float64(BT*k) * pe / float64(BT)
 	}
+}
+
+// expertsForward runs each local expert's SwiGLU over its segment of xin (segment
+// e spans rows offsets[e]..offsets[e+1]) into yout.
+func (m *Model[F]) expertsForward(p moeParams[F], a *moeActs[F], xin, yout []F, offsets []int32) {
+	be, C, EF := m.be, m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden
+	for e, w := range p.experts {
+		lo, n := int(offsets[e]), int(offsets[e+1]-offsets[e])
+		if n == 0 {
+			continue
+		}
+		xs, gs, us, ss, ys := xin[lo*C:(lo+n)*C], a.gate[lo*EF:(lo+n)*EF], a.up[lo*EF:(lo+n)*EF], a.sw[lo*EF:(lo+n)*EF], yout[lo*C:(lo+n)*C]
+		be.Matmul(gs, xs, w[0], n, C, EF, false)
+		be.Matmul(us, xs, w[1], n, C, EF, false)
+		be.SwiGLU(ss, gs, us, n*EF)
+		be.Matmul(ys, ss, w[2], n, EF, C, false)
+	}
+}
+
+// a2a is the ep group's all-to-all (F is float32 under expert parallelism); an
+// error is kept for Err.
+func (m *Model[F]) a2a(dst, src []F, send, recv []int) {
+	d, _ := any(dst).([]float32)
+	s, _ := any(src).([]float32)
+	if err := m.ep.Comm.AllToAll(d, s, send, recv); err != nil && m.hookErr == nil {
+		m.hookErr = fmt.Errorf("expert all-to-all: %w", err)
+	}
+}
+
+func scaled(rows []int, c int) []int {
+	out := make([]int, len(rows))
+	for i, r := range rows {
+		out[i] = r * c
+	}
+	return out
+}
+
+// epExchange sends each ep rank its experts' token copies: first the per-expert
+// counts (an even all-to-all), then the rows (uneven), into xrecv in arrival order
+// (source rank, then its local expert).
+func (m *Model[F]) epExchange(a *moeActs[F]) {
+	ep, El, C := m.ep.Size, m.Cfg.MoE.NumExperts/m.ep.Size, m.Cfg.Hidden
+	even := make([]int, ep)
+	for j := 0; j < ep; j++ {
+		even[j] = El
+		a.sendRows[j] = int(a.offsets[(j+1)*El] - a.offsets[j*El])
+		for q := 0; q < El; q++ {
+			a.cntSend[j*El+q] = float32(a.count(j*El + q))
+		}
+	}
+	if err := m.ep.Comm.AllToAll(a.cntRecv, a.cntSend, even, even); err != nil && m.hookErr == nil {
+		m.hookErr = fmt.Errorf("expert all-to-all of counts: %w", err)
+	}
+	a.total = 0
+	for i := 0; i < ep; i++ {
+		a.recvRows[i] = 0
+		for q := 0; q < El; q++ {
+			a.srcStart[i*El+q] = a.total + a.recvRows[i]
+			a.recvRows[i] += int(a.cntRecv[i*El+q])
+		}
+		a.total += a.recvRows[i]
+	}
+	off := 0
+	for q := 0; q < El; q++ {
+		for i := 0; i < ep; i++ {
+			a.locStart[q*ep+i] = off
+			off += int(a.cntRecv[i*El+q])
+		}
+	}
+	m.a2a(a.xrecv[:a.total*C], a.x[:a.n*C], scaled(a.sendRows, C), scaled(a.recvRows, C))
+}
+
+// epRegroup copies rows between arrival order (recv: source, then expert) and
+// local order (loc: expert, then source); toLocal picks the direction.
+func (m *Model[F]) epRegroup(a *moeActs[F], loc, recv []F, toLocal bool) {
+	ep, El, C := m.ep.Size, m.Cfg.MoE.NumExperts/m.ep.Size, m.Cfg.Hidden
+	for i := 0; i < ep; i++ {
+		for q := 0; q < El; q++ {
+			n := int(a.cntRecv[i*El+q])
+			r, l := a.srcStart[i*El+q], a.locStart[q*ep+i]
+			if toLocal {
+				copy(loc[l*C:(l+n)*C], recv[r*C:(r+n)*C])
+			} else {
+				copy(recv[r*C:(r+n)*C], loc[l*C:(l+n)*C])
+			}
+		}
+	}
+}
+
+// epLocalOffsets gives each local expert's segment in local order.
+func (m *Model[F]) epLocalOffsets(a *moeActs[F]) []int32 {
+	ep, El := m.ep.Size, m.Cfg.MoE.NumExperts/m.ep.Size
+	off := make([]int32, El+1)
+	for q := 0; q < El; q++ {
+		n := 0
+		for i := 0; i < ep; i++ {
+			n += int(a.cntRecv[i*El+q])
+		}
+		off[q+1] = off[q] + int32(n)
+	}
+	return off
 }
 
 // moeBackward accumulates into dx (BT,C) and the parameter gradients g the
@@ -138,22 +264,18 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p, g moeParams[F], a *moeActs[F]
 	clear(dlogits)
 	be.RouterBackward(dlogits, dgates, dprobs, a.gates, a.probs, a.idx, BT, E, k)
 	be.MatmulBackward(dx, g.router, dlogits, x, p.router, BT, C, E)
-	dsw, dga, dup := s.moeDh[:a.n*EF], s.moeDg[:a.n*EF], s.moeDu[:a.n*EF]
-	clear(dsw)
-	clear(dga)
-	clear(dup)
-	clear(dxp)
-	for e := 0; e < E; e++ {
-		lo, n := int(a.offsets[e]), a.count(e)
-		if n == 0 {
-			continue
-		}
-		w, gw := p.experts[e], g.experts[e]
-		sl := func(b []F, width int) []F { return b[lo*width : (lo+n)*width] }
-		be.MatmulBackward(sl(dsw, EF), gw[2], sl(dy, C), sl(a.sw, EF), w[2], n, EF, C)
-		be.SwiGLUBackward(sl(dga, EF), sl(dup, EF), sl(dsw, EF), sl(a.gate, EF), sl(a.up, EF), n*EF)
-		be.MatmulBackward(sl(dxp, C), gw[0], sl(dga, EF), sl(a.x, C), w[0], n, C, EF)
-		be.MatmulBackward(sl(dxp, C), gw[1], sl(dup, EF), sl(a.x, C), w[1], n, C, EF)
+	if m.ep.Size > 1 {
+		// dy goes to the experts' owners, is regrouped like the forward's tokens, and
+		// the input gradients come back the same way.
+		R := a.total
+		dyin, dyloc, dxloc := s.moeEpA[:R*C], s.moeEpB[:R*C], s.moeEpC[:R*C]
+		m.a2a(dyin, dy, scaled(a.sendRows, C), scaled(a.recvRows, C))
+		m.epRegroup(a, dyloc, dyin, true)
+		m.expertsBackward(p, g, a, dyloc, a.xloc, dxloc, m.epLocalOffsets(a), R)
+		m.epRegroup(a, dxloc, dyin, false)
+		m.a2a(dxp, dyin, scaled(a.recvRows, C), scaled(a.sendRows, C))
+	} else {
+		m.expertsBackward(p, g, a, dy, a.x, dxp, a.offsets, a.n)
 	}
 	be.DispatchBackward(dx, dxp, a.tok, a.n, C)
 	for sIdx, w := range p.shared {
@@ -166,5 +288,29 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p, g moeParams[F], a *moeActs[F]
 		be.SwiGLUBackward(hg, hu, h, a.sgate[sIdx], a.sup[sIdx], BT*EF)
 		be.MatmulBackward(dx, gw[0], hg, x, w[0], BT, C, EF)
 		be.MatmulBackward(dx, gw[1], hu, x, w[1], BT, C, EF)
+	}
+}
+
+// expertsBackward runs each local expert's backward over its segment: dy and xin
+// are the output gradients and inputs (rows offsets[e]..offsets[e+1]); the input
+// gradients go to dxin (overwritten) and the weight gradients accumulate.
+func (m *Model[F]) expertsBackward(p, g moeParams[F], a *moeActs[F], dy, xin, dxin []F, offsets []int32, rows int) {
+	be, C, EF, s := m.be, m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden, &m.scratch
+	dsw, dga, dup := s.moeDh[:rows*EF], s.moeDg[:rows*EF], s.moeDu[:rows*EF]
+	clear(dsw)
+	clear(dga)
+	clear(dup)
+	clear(dxin[:rows*C])
+	for e := range p.experts {
+		lo, n := int(offsets[e]), int(offsets[e+1]-offsets[e])
+		if n == 0 {
+			continue
+		}
+		w, gw := p.experts[e], g.experts[e]
+		sl := func(b []F, width int) []F { return b[lo*width : (lo+n)*width] }
+		be.MatmulBackward(sl(dsw, EF), gw[2], sl(dy, C), sl(a.sw, EF), w[2], n, EF, C)
+		be.SwiGLUBackward(sl(dga, EF), sl(dup, EF), sl(dsw, EF), sl(a.gate, EF), sl(a.up, EF), n*EF)
+		be.MatmulBackward(sl(dxin, C), gw[0], sl(dga, EF), sl(xin, C), w[0], n, C, EF)
+		be.MatmulBackward(sl(dxin, C), gw[1], sl(dup, EF), sl(xin, C), w[1], n, C, EF)
 	}
 }
