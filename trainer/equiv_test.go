@@ -318,3 +318,55 @@ func TestExpertParallelEquivalence(t *testing.T) {
 		}
 	}
 }
+
+// TestTokenDropsReported: with a capacity factor below 1 some copies are dropped
+// and metrics.jsonl says how many; without one none are.
+func TestTokenDropsReported(t *testing.T) {
+	for cf, want := range map[string]bool{"0.0": false, "0.5": true} {
+		res, _ := tinyRun(t, "train.steps=2", "train.eval_interval=0", "parallel.world_size=2", "train.micro_batch_size=2", "train.global_batch_size=8",
+			"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.capacity_factor="+cf)
+		out, err := Run(context.Background(), res, opts())
+		require.NoError(t, err)
+		var m Metrics
+		lines := bytes.Split(bytes.TrimSpace(must(os.ReadFile(filepath.Join(out.Dir, "metrics.jsonl")))), []byte("\n"))
+		require.NoError(t, json.Unmarshal(lines[len(lines)-1], &m))
+		require.NotNil(t, m.Dropped)
+		assert.Equal(t, want, *m.Dropped > 0, "capacity %s dropped %d", cf, *m.Dropped)
+	}
+}
+
+// TestExpertParallelMemory: 32 experts on 8 ranks, sized so experts dominate. Per
+// rank, raising EP never raises memory; EP with FSDP never needs more than EP with
+// no_shard; weights, gradients and optimizer state equal the plan's and the total
+// stays within 10% of it.
+func TestExpertParallelMemory(t *testing.T) {
+	held := map[string]int64{}
+	for _, ep := range []int{1, 2, 4, 8} {
+		for _, strategy := range []string{"optim_grads_params", "no_shard"} {
+			res, _ := tinyRun(t, "train.steps=1", "train.eval_interval=0", "parallel.world_size=8", fmt.Sprintf("parallel.expert_parallel=%d", ep),
+				"train.micro_batch_size=1", "train.global_batch_size=8", "model.moe.num_experts=32", "model.moe.top_k=2",
+				"model.moe.expert_ffn_hidden=64", "model.moe.capacity_factor=1.0", "fsdp.data_parallel_sharding_strategy="+strategy,
+				"fsdp.overlap_grad_reduce=false", "fsdp.overlap_param_gather=false")
+			out, err := Run(context.Background(), res, opts())
+			require.NoError(t, err)
+			h, p := out.Held, out.Predicted
+			name := fmt.Sprintf("ep %d %s", ep, strategy)
+			assert.Equal(t, p.OptimizerState, h.OptimizerState, name)
+			if strategy == "optim_grads_params" {
+				assert.Equal(t, p.Weights, h.Weights, name)
+				assert.Equal(t, p.Grads, h.Grads, name)
+			}
+			assert.InDelta(t, float64(p.Total), float64(h.Total), 0.1*float64(p.Total), name)
+			held[name] = h.Total
+		}
+	}
+	for _, ep := range []int{2, 4, 8} {
+		for _, s := range []string{"optim_grads_params", "no_shard"} {
+			assert.LessOrEqual(t, held[fmt.Sprintf("ep %d %s", ep, s)], held["ep 1 "+s], "ep %d %s uses more than ep 1", ep, s)
+		}
+	}
+	for _, ep := range []int{1, 2, 4, 8} {
+		assert.LessOrEqual(t, held[fmt.Sprintf("ep %d optim_grads_params", ep)], held[fmt.Sprintf("ep %d no_shard", ep)], "EP+FSDP above EP alone at ep %d", ep)
+	}
+	t.Logf("held per rank: %v", held)
+}

@@ -40,6 +40,7 @@ type unitRuntime struct {
 	// resident units have only unsharded groups: their views point straight at the
 	// compute shard and the gradient shard, with nothing to gather or reduce.
 	resident []bool
+	direct   map[int]bool // groups bound straight to the shards
 	// Buffers: with fsdp_double_buffer, persistent buffers of the largest unit
 	// (two for weights and two for gradients in the usual case: the block in use and
 	// the one prefetched, or the unit filling and the one reducing; more only if a
@@ -77,28 +78,31 @@ func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async, double 
 	u.wbuf, u.gbuf, u.ready = make([][]float32, n), make([][]float32, n), make([]*comm.Handle, n)
 	u.holds, u.left, u.uses = make([]int, n), make([]int, n), make([]int, n)
 	u.resident = make([]bool, n)
+	// A unit's buffers hold only its sharded groups; unsharded groups (an expert
+	// group when edp = 1) are bound straight to the rank's compute and gradient
+	// shards, which already hold them whole (as the plan counts them).
+	u.direct = map[int]bool{}
 	for ui, unit := range p.Units {
 		u.resident[ui] = true
 		for _, gi := range unit.Groups {
-			u.groups[ui] = append(u.groups[ui], gi)
-			u.offsets[ui] = append(u.offsets[ui], u.length[ui])
-			u.length[ui] += p.Groups[gi].Padded
 			if p.Groups[gi].Shards > 1 && st.comms[gi].Size() > 1 {
 				u.resident[ui] = false
-			}
-		}
-		if u.resident[ui] {
-			for _, gi := range unit.Groups {
+				u.groups[ui] = append(u.groups[ui], gi)
+				u.offsets[ui] = append(u.offsets[ui], u.length[ui])
+				u.length[ui] += p.Groups[gi].Padded
+			} else {
+				u.direct[gi] = true
 				w, g := st.computeShard(gi), st.gshard[gi]
 				for _, e := range p.Groups[gi].Entries {
 					wv := w[e.Offset : e.Offset+e.Numel]
-					if !u.weights {
+					if !st.perUnit {
 						wv = st.wviews[e.Param]
 					}
 					m.Bind(e.Param, wv, g[e.Offset:e.Offset+e.Numel])
 				}
 			}
-		} else if !u.weights {
+		}
+		if !u.resident[ui] && !st.perUnit {
 			u.bind(ui) // full weights, no gradient buffer until backward
 		}
 	}

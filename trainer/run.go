@@ -63,7 +63,8 @@ type Metrics struct {
 	// logits); MemPlan is the plan's prediction of the same.
 	MemHeld int64    `json:"mem_held"`
 	MemPlan int64    `json:"mem_plan"`
-	AuxLoss *float64 `json:"aux_loss,omitempty"` // MoE load-balancing loss (weighted)
+	AuxLoss *float64 `json:"aux_loss,omitempty"`       // MoE load-balancing loss (weighted)
+	Dropped *int     `json:"tokens_dropped,omitempty"` // MoE copies dropped past capacity, all ranks
 	Skipped bool     `json:"skipped,omitempty"`
 }
 
@@ -376,7 +377,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	start := time.Now()
 	optSteps := 0
 	flag := make([]float32, 1)
-	stats := make([]float32, 3)
+	stats := make([]float32, 4)
 	lastEvaluated := false // every rank tracks it: the final evaluation is collective
 	for step := 0; step < r.Train.Steps; step++ {
 		// Every rank stops at the same step: rank 0's interrupt is all-reduced.
@@ -396,7 +397,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		lr := sched.LR(step)
 		t.st.zeroGrads()
 		var sum, aux float64
-		var count int
+		var count, dropped int
 		scale := 1 / float64(global*T) // per-token mean over the global batch
 		if !r.FSDP.CalculatePerTokenLoss {
 			scale = 1 / float64(B*T) / float64(micro*dp) // mean of micro-batch means
@@ -409,8 +410,9 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 				return nil, err
 			}
 			sum, count, aux = sum+s, count+n, aux+t.m.AuxLoss()/float64(micro*dp)
+			dropped += t.m.Dropped()
 		}
-		stats[0], stats[1], stats[2] = float32(sum), float32(count), float32(aux)
+		stats[0], stats[1], stats[2], stats[3] = float32(sum), float32(count), float32(aux), float32(dropped)
 		if err := world.AllReduce(stats); err != nil {
 			return nil, err
 		}
@@ -421,7 +423,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		// all-reduce.
 		loss := sum / float64(count)
 		if world.Size() > 1 {
-			loss, aux = float64(stats[0])/float64(stats[1]), float64(stats[2])
+			loss, aux, dropped = float64(stats[0])/float64(stats[1]), float64(stats[2]), int(stats[3])
 		}
 		norm, err := t.st.gradNorm()
 		if err != nil {
@@ -429,7 +431,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		}
 		met := Metrics{Step: step + 1, Loss: loss, LR: lr, GradNorm: norm, MemHeld: t.held().Total, MemPlan: t.plan.Memory.Total}
 		if r.Model.MoE.NumExperts > 0 {
-			met.AuxLoss = &aux
+			met.AuxLoss, met.Dropped = &aux, &dropped
 		}
 		if math.IsNaN(loss) || math.IsInf(loss, 0) || math.IsNaN(norm) || math.IsInf(norm, 0) {
 			if !r.Train.SkipNonfinite {

@@ -349,7 +349,7 @@ func (m *Model[F]) alloc() {
 		s := &m.scratch
 		s.moeDlogits, s.moeDprobs, s.moeDgates = make([]F, BT*E), make([]F, BT*E), make([]F, BT*k)
 		s.moeDy, s.moeDx = make([]F, BT*k*C), make([]F, BT*k*C)
-		R := worstRows(m.Cfg, BT, m.ep.Size)
+		R := BT * k // grown with the exchange buffers under expert parallelism
 		s.moeDh, s.moeDg, s.moeDu = make([]F, R*EF), make([]F, R*EF), make([]F, R*EF)
 		if m.ep.Size > 1 {
 			s.moeEpA, s.moeEpB, s.moeEpC = make([]F, R*C), make([]F, R*C), make([]F, R*C)
@@ -479,6 +479,19 @@ func (m *Model[F]) layerForward(l int, x, next []F) {
 	be.Matmul(a.up[l], a.ln2[l], lw.w3, BT, C, FF, false)
 	be.SwiGLU(a.sw[l], a.gate[l], a.up[l], BT*FF)
 	be.Matmul(next, a.sw[l], lw.w2, BT, FF, C, true) // next = mid + MLP
+}
+
+// Dropped is the number of routed token copies the last forward dropped past
+// expert capacity, over all MoE layers.
+func (m *Model[F]) Dropped() int {
+	n, seen := 0, map[*moeActs[F]]bool{}
+	for _, a := range m.a.moe {
+		if a != nil && !seen[a] {
+			seen[a] = true
+			n += a.dropped
+		}
+	}
+	return n
 }
 
 // Logits returns the last forward pass's logits (B·T, V).

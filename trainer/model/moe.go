@@ -42,11 +42,13 @@ type moeActs[F any] struct {
 	sgate, sup    [][]F   // per shared expert (BT, EF)
 	ssw           [][]F
 	aux           float64
+	dropped       int // copies dropped past capacity in the last forward
 
 	// Expert parallelism (ep > 1): rows exchanged with each ep rank, per-expert
-	// counts, and the received tokens regrouped by local expert. Buffers are sized
-	// for the worst case the plan states (every ep rank's copies landing here:
-	// ep · BT · min(k, E/ep) rows) and reused by every layer and step.
+	// counts, and the received tokens regrouped by local expert. Buffers start at
+	// the balanced share (BT · k rows, what the plan budgets) and grow to the most
+	// rows a layer has received (at most ep · BT · min(k, E/ep), the worst case the
+	// plan states); they are reused by every layer and step.
 	sendRows, recvRows []int
 	cntSend, cntRecv   []float32
 	srcStart, locStart []int // (source, local expert) → start row in recv order / in local order
@@ -54,17 +56,9 @@ type moeActs[F any] struct {
 	xrecv, xloc, yloc  []F   // (rows, C)
 }
 
-// worstRows is the most token copies one rank's experts can receive in a layer.
-func worstRows(c config.Model, BT, ep int) int {
-	if ep == 1 {
-		return BT * c.MoE.TopK
-	}
-	return ep * BT * min(c.MoE.TopK, c.MoE.NumExperts/ep)
-}
-
 func newMoEActs[F any](c config.Model, BT, ep int) *moeActs[F] {
 	E, k, C, EF := c.MoE.NumExperts, c.MoE.TopK, c.Hidden, c.MoE.ExpertFFNHidden
-	R := worstRows(c, BT, ep)
+	R := BT * k
 	a := &moeActs[F]{
 		logits: make([]F, BT*E), probs: make([]F, BT*E), idx: make([]int32, BT*k), gates: make([]F, BT*k),
 		row: make([]int32, BT*k), tok: make([]int32, BT*k), offsets: make([]int32, E+1), cursor: make([]int32, E),
@@ -111,6 +105,7 @@ func (m *Model[F]) moeForward(out, x []F, p moeParams[F], a *moeActs[F]) {
 	be.Matmul(a.logits, x, p.router, BT, C, E, false)
 	be.Router(a.probs, a.idx, a.gates, a.logits, BT, E, k)
 	a.n = be.Dispatch(a.x, a.row, a.tok, a.offsets, a.cursor, x, a.idx, BT, C, E, k, capacity(c, BT))
+	a.dropped = BT*k - a.n
 	if m.ep.Size > 1 {
 		m.epExchange(a)
 		xin, yout := a.xloc, a.yloc
@@ -199,6 +194,7 @@ func (m *Model[F]) epExchange(a *moeActs[F]) {
 		}
 		a.total += a.recvRows[i]
 	}
+	m.growExchange(a, a.total)
 	off := 0
 	for q := 0; q < El; q++ {
 		for i := 0; i < ep; i++ {
@@ -207,6 +203,22 @@ func (m *Model[F]) epExchange(a *moeActs[F]) {
 		}
 	}
 	m.a2a(a.xrecv[:a.total*C], a.x[:a.n*C], scaled(a.sendRows, C), scaled(a.recvRows, C))
+}
+
+// growExchange makes the exchange and expert buffers hold rows rows (growing
+// them, rarely, past the balanced share they start at).
+func (m *Model[F]) growExchange(a *moeActs[F], rows int) {
+	C, EF := m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden
+	if rows*C <= len(a.xrecv) {
+		return
+	}
+	a.xrecv, a.xloc, a.yloc = make([]F, rows*C), make([]F, rows*C), make([]F, rows*C)
+	a.gate, a.up, a.sw = make([]F, rows*EF), make([]F, rows*EF), make([]F, rows*EF)
+	s := &m.scratch
+	if len(s.moeEpA) < rows*C {
+		s.moeEpA, s.moeEpB, s.moeEpC = make([]F, rows*C), make([]F, rows*C), make([]F, rows*C)
+		s.moeDh, s.moeDg, s.moeDu = make([]F, rows*EF), make([]F, rows*EF), make([]F, rows*EF)
+	}
 }
 
 // epRegroup copies rows between arrival order (recv: source, then expert) and
