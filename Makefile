@@ -26,6 +26,7 @@ bench: bench-deps ## speed benchmarks, each printed against its budget or refere
 	./scripts/bench-plan.sh
 	./scripts/bench-gemm.sh
 	./scripts/bench-train.sh
+	./scripts/bench-ep.sh
 	$(GO) test ./parallel/comm -run '^$$' -bench BusBandwidth -benchtime 3x -count 1 | grep -E 'MB/s|busGB/s'
 
 bench-deps: ## install the reference PyTorch and OpenBLAS (Debian packages) if missing

@@ -154,6 +154,7 @@ var Rules = []Rule{
 	{"SL208", SevError, "expert parallelism needs an MoE model"},
 	{"SL209", SevError, "pipeline parallelism is not supported yet"},
 	{"SL210", SevError, "FFN hidden size not divisible by tensor parallel"},
+	{"SL211", SevError, "expert tensor parallelism is not supported yet"},
 	{"SL301", SevError, "fsdp_unit_modules names a module the model lacks"},
 	{"SL302", SevError, "expert weights double-sharded over the data-parallel group"},
 	{"SL303", SevError, "inconsistent attention shape"},

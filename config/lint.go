@@ -208,6 +208,10 @@ func (c *checker) parallelShape() {
 		c.report(SevError, "SL207", fmt.Sprintf("model.moe.top_k (%d) must be ≤ model.moe.num_experts (%d)", moe.TopK, moe.NumExperts),
 			fmt.Sprintf("set top_k to at most %d", moe.NumExperts), "model.moe.top_k", "model.moe.num_experts")
 	}
+	if p.ExpertTensorParallel > 1 {
+		c.report(SevError, "SL211", fmt.Sprintf("parallel.expert_tensor_parallel (%d) is not supported yet: shardline splits experts over ranks (expert_parallel), not within an expert", p.ExpertTensorParallel),
+			"set expert_tensor_parallel = 1 and raise expert_parallel instead (`shardline plan --sweep parallel.expert_parallel=...` compares)", "parallel.expert_tensor_parallel")
+	}
 	if moe.ExpertFFNHidden%p.ExpertTensorParallel != 0 {
 		c.report(SevError, "SL210", fmt.Sprintf("parallel.expert_tensor_parallel (%d) must divide model.moe.expert_ffn_hidden (%d)", p.ExpertTensorParallel, moe.ExpertFFNHidden),
 			"choose an expert ffn size that is a multiple of the expert tensor-parallel degree", "model.moe.expert_ffn_hidden", "parallel.expert_tensor_parallel")

@@ -98,6 +98,7 @@ var ruleCases = []ruleCase{
 	{name: "global batch", src: okData + "[parallel]\nworld_size = 4\n", code: "SL206", loc: "x.toml", msg: "(16 × 4 = 64)"},
 	{name: "top k", src: okData + "[model.moe]\nnum_experts = 2\ntop_k = 3\n", code: "SL207", loc: "x.toml:5:1"},
 	{name: "ep needs moe", src: okData + "[parallel]\nexpert_parallel = 1\nexpert_tensor_parallel = 1\n", opts: Options{Flags: []FlagValue{{"expert-model-parallel-size", "2"}}}, code: "SL208", loc: "flag --expert-model-parallel-size"},
+	{name: "expert tensor parallel", src: okData + "[model.moe]\nnum_experts = 4\n[parallel]\nworld_size = 2\nexpert_tensor_parallel = 2\n[train]\nglobal_batch_size = 32\n", code: "SL211", loc: "x.toml:7:1"},
 	{name: "pipeline", src: okData + "[parallel]\npipeline_parallel = 2\nworld_size = 2\n", code: "SL209", loc: "x.toml:4:1"},
 	{name: "ffn by tp", src: okData + "[model]\nffn_hidden = 383\n[parallel]\nworld_size = 2\ntensor_parallel = 2\n", code: "SL210", loc: "x.toml:4:1"},
 
