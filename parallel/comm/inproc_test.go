@@ -16,13 +16,19 @@ import (
 // onRanks runs f on every rank of a fresh world of n and returns the errors.
 func onRanks(n int, timeout time.Duration, f func(c Communicator) error) []error {
 	w := NewWorld(n, timeout)
+	return concurrently(n, func(r int) error { return f(w.Rank(r)) })
+}
+
+// concurrently runs f(r) for r in [0, n) each on its own goroutine and
+// returns the errors indexed by r.
+func concurrently(n int, f func(r int) error) []error {
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for r := 0; r < n; r++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[r] = f(w.Rank(r))
+			errs[r] = f(r)
 		}()
 	}
 	wg.Wait()

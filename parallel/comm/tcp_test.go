@@ -26,23 +26,14 @@ func freeAddr(t *testing.T) string {
 func tcpRanks(t *testing.T, n int, timeout time.Duration, f func(c *TCP) error) []error {
 	t.Helper()
 	addr := freeAddr(t)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := 0; r < n; r++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c, err := DialTCP(TCPConfig{Rank: r, World: n, MasterAddr: addr, Token: "job-1", Timeout: timeout})
-			if err != nil {
-				errs[r] = err
-				return
-			}
-			defer c.Close()
-			errs[r] = f(c)
-		}()
-	}
-	wg.Wait()
-	return errs
+	return concurrently(n, func(r int) error {
+		c, err := DialTCP(TCPConfig{Rank: r, World: n, MasterAddr: addr, Token: "job-1", Timeout: timeout})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		return f(c)
+	})
 }
 
 // TestTCPCollectives: over loopback, gathers and all-to-all are exact and sums
