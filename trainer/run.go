@@ -298,8 +298,8 @@ func runRanks(ctx context.Context, r *config.Recipe, res *config.Resolved, opts 
 	return results[0], nil
 }
 
-// runProcess trains this process's rank of a multi-process job. Every plan group
-// is the world (tensor, context and expert parallelism are refused above).
+// runProcess trains this process's rank of a multi-process job. Groups other than
+// the world are made from the world communicator (over TCP: meshes of their own).
 func runProcess(ctx context.Context, r *config.Recipe, res *config.Resolved, opts Options, plan *parallel.Plan, ds *data.Dataset, dir string, log zerolog.Logger) (*Result, error) {
 	p := opts.Process
 	var tr *tracer
@@ -307,10 +307,18 @@ func runProcess(ctx context.Context, r *config.Recipe, res *config.Resolved, opt
 		tr = &tracer{origin: time.Now()}
 	}
 	groups := func(rank int, axis parallel.Axis) (comm.Communicator, error) {
-		if g := plan.Mesh.Group(axis, rank); len(g) != p.World {
-			return nil, fmt.Errorf("group %s %v is not the world: only data parallelism runs over TCP so far", axis, g)
+		g, tag := plan.Mesh.Group(axis, rank), ""
+		if axis == parallel.AxisEP {
+			tag = "ep" // the model's token exchanges run beside the FSDP stream
 		}
-		return p.Comm, nil
+		if len(g) == p.World && tag == "" {
+			return p.Comm, nil
+		}
+		gr, ok := p.Comm.(comm.Grouper)
+		if !ok {
+			return nil, fmt.Errorf("group %s %v: this job's communicator cannot make groups", axis, g)
+		}
+		return gr.Group(g, tag)
 	}
 	if p.Rank != 0 {
 		opts.Progress = nil

@@ -31,6 +31,13 @@ type Communicator interface {
 	Barrier() error
 }
 
+// Grouper makes communicators over subsets of a world, by world rank (the TCP
+// world communicator is one). A tag makes an independent communicator over the
+// same ranks.
+type Grouper interface {
+	Group(ranks []int, tag string) (Communicator, error)
+}
+
 // Handle is an operation in flight on a Stream.
 type Handle struct {
 	done chan error

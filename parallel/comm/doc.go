@@ -20,7 +20,10 @@
 // is both) or pairwise exchanges (all-to-all), with a fixed order, so results
 // repeat bit for bit. Frames carry a sequence number and a length checked before
 // anything is allocated; every operation has a deadline, and a lost peer is named
-// in the error. Groups other than the world are not built over TCP yet.
+// in the error. Group(ranks, tag) builds a communicator over a subset: a mesh of
+// connections of its own (peers' connections are filed by group as they arrive,
+// so members may build their groups in any order), independent of the world's and
+// of other groups', so two goroutines can run collectives on two groups at once.
 //
 // It imports nothing from shardline.
 package comm

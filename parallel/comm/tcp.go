@@ -9,6 +9,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"slices"
 	"sync"
 	"time"
 	"unsafe"
@@ -30,37 +31,64 @@ type TCPConfig struct {
 // ErrRefused marks a peer turned away at the rendezvous (wrong token or world).
 var ErrRefused = errors.New("refused by the rendezvous")
 
-// hello is what a rank tells the rendezvous, and what the rendezvous answers.
+// hello is what a rank tells the rendezvous, and what the rendezvous answers; a
+// rank opening a connection to a peer sends one too, naming the group it is for.
 type hello struct {
 	Token string   `json:"token"`
 	Rank  int      `json:"rank"`
 	World int      `json:"world"`
 	Addr  string   `json:"addr"`            // where the rank accepts peers
+	Group string   `json:"group,omitempty"` // a peer connection: the group's key
 	Peers []string `json:"peers,omitempty"` // the answer: every rank's address
 	Error string   `json:"error,omitempty"`
 }
 
-// TCP is one rank of a job over TCP: a full mesh of connections, one per peer.
+// TCP is one communicator of a job over TCP: a full mesh of connections among its
+// members, one per peer. The world communicator (DialTCP) and every group made
+// from it (Group) have connections of their own, so collectives on different
+// communicators never interleave on a socket and may run concurrently, as separate
+// NCCL communicators do.
 type TCP struct {
-	rank, n int
+	rank, n int   // this member's index in the group, the group's size
+	ranks   []int // the members' world ranks
+	node    *node
+	world   bool // the world communicator: its Close closes the node
 	timeout time.Duration
 	peers   []*peerConn
 	seq     uint64
-	ln      net.Listener
 	rsBuf   [2][]float32 // reduce-scatter partial sums, kept between calls
 	arBuf   []float32    // all-reduce's padded copy and its chunk
 }
 
 type peerConn struct {
-	rank int
+	rank int // world rank, for errors
 	c    net.Conn
 	r    *bufio.Reader
 	w    *bufio.Writer
 }
 
+// node is what one process's communicators share: its listener, every rank's
+// address, the job token, and the connections peers have opened to it, filed by
+// group until that group claims them.
+type node struct {
+	rank    int // world rank
+	token   string
+	addrs   []string
+	timeout time.Duration
+	ln      net.Listener
+	making  sync.Mutex // held while Group builds a communicator
+
+	mu      sync.Mutex
+	arrived chan struct{}               // closed and replaced when a connection is filed
+	pending map[string]map[int]net.Conn // group key → world rank → connection
+	groups  map[string]*TCP             // groups made so far, by key
+	closed  bool
+}
+
 // DialTCP joins the job: rank 0 hosts the rendezvous at MasterAddr and every rank
 // learns the others' addresses from it; then each pair of ranks connects. It
-// returns the world communicator; Close tears the connections down.
+// returns the world communicator; its Group makes communicators over subsets, and
+// its Close tears every connection down.
 func DialTCP(cfg TCPConfig) (*TCP, error) {
 	if cfg.World < 1 || cfg.Rank < 0 || cfg.Rank >= cfg.World {
 		return nil, fmt.Errorf("comm: rank %d outside a world of %d", cfg.Rank, cfg.World)
@@ -73,7 +101,6 @@ func DialTCP(cfg TCPConfig) (*TCP, error) {
 	if err != nil {
 		return nil, fmt.Errorf("comm: rank %d cannot listen: %w", cfg.Rank, err)
 	}
-	t := &TCP{rank: cfg.Rank, n: cfg.World, timeout: cfg.Timeout, ln: ln, peers: make([]*peerConn, cfg.World)}
 	deadline := time.Now().Add(cfg.Timeout)
 	var addrs []string
 	if cfg.Rank == 0 {
@@ -85,12 +112,189 @@ func DialTCP(cfg TCPConfig) (*TCP, error) {
 		ln.Close()
 		return nil, err
 	}
-	if err := t.connect(cfg.Token, addrs, deadline); err != nil {
-		t.Close()
+	nd := &node{rank: cfg.Rank, token: cfg.Token, addrs: addrs, timeout: cfg.Timeout, ln: ln,
+		arrived: make(chan struct{}), pending: map[string]map[int]net.Conn{}, groups: map[string]*TCP{}}
+	go nd.accept()
+	all := make([]int, cfg.World)
+	for i := range all {
+		all[i] = i
+	}
+	t, err := nd.connect(worldKey, all)
+	if err != nil {
+		nd.close()
 		return nil, err
 	}
+	t.world = true
 	return t, nil
 }
+
+const worldKey = "world"
+
+// Group returns the communicator over the world ranks `ranks` (ascending, holding
+// this rank). Every member asks for the same list and tag and gets connected to the
+// others; asking again returns the same communicator. Different tags over the same
+// ranks are independent communicators. The whole world with no tag is the world
+// communicator itself. Members may build their groups in any order.
+func (t *TCP) Group(ranks []int, tag string) (Communicator, error) {
+	nd := t.node
+	ascending := len(ranks) > 0 && ranks[0] >= 0 && ranks[len(ranks)-1] < len(nd.addrs)
+	for i := 1; i < len(ranks); i++ {
+		ascending = ascending && ranks[i-1] < ranks[i]
+	}
+	if !ascending || slices.Index(ranks, nd.rank) < 0 {
+		return nil, fmt.Errorf("comm: rank %d cannot join group %v of a world of %d", nd.rank, ranks, len(nd.addrs))
+	}
+	key := tag + fmt.Sprint(ranks)
+	if tag == "" && len(ranks) == len(nd.addrs) {
+		key = worldKey
+	}
+	nd.making.Lock() // one group at a time, so that two callers never build the same one
+	defer nd.making.Unlock()
+	nd.mu.Lock()
+	g, ok := nd.groups[key]
+	nd.mu.Unlock()
+	if ok {
+		return g, nil
+	}
+	return nd.connect(key, ranks)
+}
+
+// accept files every connection a peer opens, once it has proved the job token,
+// under the group it names; it ends when the listener closes.
+func (nd *node) accept() {
+	for {
+		c, err := nd.ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			c.SetDeadline(time.Now().Add(nd.timeout))
+			var h hello
+			if err := readMsg(c, &h); err != nil || h.Token != nd.token || h.Rank < 0 || h.Rank >= len(nd.addrs) || h.Group == "" {
+				c.Close() // not a peer of this job
+				return
+			}
+			nd.mu.Lock()
+			defer nd.mu.Unlock()
+			if nd.closed || nd.pending[h.Group][h.Rank] != nil {
+				c.Close()
+				return
+			}
+			if nd.pending[h.Group] == nil {
+				nd.pending[h.Group] = map[int]net.Conn{}
+			}
+			nd.pending[h.Group][h.Rank] = c
+			close(nd.arrived)
+			nd.arrived = make(chan struct{})
+		}()
+	}
+}
+
+// connect builds a group's mesh: each member dials the members below it and
+// takes the connections the members above it opened.
+func (nd *node) connect(key string, ranks []int) (*TCP, error) {
+	idx := slices.Index(ranks, nd.rank)
+	t := &TCP{rank: idx, n: len(ranks), ranks: ranks, node: nd, timeout: nd.timeout, peers: make([]*peerConn, len(ranks))}
+	deadline := time.Now().Add(nd.timeout)
+	fail := func(err error) (*TCP, error) {
+		t.closePeers()
+		return nil, err
+	}
+	for j := 0; j < idx; j++ {
+		r := ranks[j]
+		c, err := net.DialTimeout("tcp", nd.addrs[r], time.Until(deadline))
+		if err != nil {
+			return fail(&RankError{Op: "connect", Missing: []int{r}, Err: err})
+		}
+		c.SetDeadline(deadline)
+		if err := writeMsg(c, hello{Token: nd.token, Rank: nd.rank, Group: key}); err != nil {
+			c.Close()
+			return fail(&RankError{Op: "connect", Missing: []int{r}, Err: err})
+		}
+		t.peers[j] = newPeer(r, c)
+	}
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	for {
+		nd.mu.Lock()
+		var missing []int
+		for j := idx + 1; j < len(ranks); j++ {
+			if c := nd.pending[key][ranks[j]]; c != nil && t.peers[j] == nil {
+				t.peers[j] = newPeer(ranks[j], c)
+				delete(nd.pending[key], ranks[j])
+			} else if t.peers[j] == nil {
+				missing = append(missing, ranks[j])
+			}
+		}
+		wait := nd.arrived
+		if len(missing) == 0 {
+			delete(nd.pending, key)
+			nd.groups[key] = t
+		}
+		nd.mu.Unlock()
+		if len(missing) == 0 {
+			for _, p := range t.peers {
+				if p != nil {
+					p.c.SetDeadline(time.Time{})
+				}
+			}
+			return t, nil
+		}
+		select {
+		case <-wait:
+		case <-timer.C:
+			return fail(&RankError{Op: "connect", Missing: missing, Err: fmt.Errorf("%w: group %s not joined after %v", ErrTimeout, key, nd.timeout)})
+		}
+	}
+}
+
+func newPeer(rank int, c net.Conn) *peerConn {
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	return &peerConn{rank: rank, c: c, r: bufio.NewReaderSize(c, 1<<16), w: bufio.NewWriterSize(c, 1<<16)}
+}
+
+func (t *TCP) closePeers() {
+	for _, p := range t.peers {
+		if p != nil {
+			p.c.Close()
+		}
+	}
+}
+
+// close tears down every communicator of the node, the connections no group has
+// claimed, and the listener.
+func (nd *node) close() error {
+	nd.mu.Lock()
+	defer nd.mu.Unlock()
+	if nd.closed {
+		return nil
+	}
+	nd.closed = true
+	for _, g := range nd.groups {
+		g.closePeers()
+	}
+	for _, m := range nd.pending {
+		for _, c := range m {
+			c.Close()
+		}
+	}
+	return nd.ln.Close()
+}
+
+// Close on the world communicator tears down every connection of this process,
+// its groups' included; on a group it closes that group's connections.
+func (t *TCP) Close() error {
+	if t.world {
+		return t.node.close()
+	}
+	t.closePeers()
+	return nil
+}
+
+func (t *TCP) Rank() int { return t.rank }
+func (t *TCP) Size() int { return t.n }
 
 func writeMsg(c net.Conn, v any) error {
 	b, err := json.Marshal(v)
@@ -219,74 +423,6 @@ func joinRendezvous(cfg TCPConfig, self string, deadline time.Time) ([]string, e
 	}
 	return h.Peers, nil
 }
-
-// connect builds the mesh: rank r dials every lower rank and accepts every higher
-// one; each side proves the job token.
-func (t *TCP) connect(token string, addrs []string, deadline time.Time) error {
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	errs := make(chan error, t.n)
-	wg.Add(1)
-	go func() { // accept the higher ranks
-		defer wg.Done()
-		for need := t.n - 1 - t.rank; need > 0; {
-			t.ln.(*net.TCPListener).SetDeadline(deadline)
-			c, err := t.ln.Accept()
-			if err != nil {
-				errs <- &RankError{Op: "connect", Err: fmt.Errorf("%w: %v", ErrTimeout, err)}
-				return
-			}
-			c.SetDeadline(deadline)
-			var h hello
-			if err := readMsg(c, &h); err != nil || h.Token != token || h.Rank <= t.rank || h.Rank >= t.n {
-				c.Close()
-				continue
-			}
-			mu.Lock()
-			t.peers[h.Rank] = newPeer(h.Rank, c)
-			mu.Unlock()
-			need--
-		}
-	}()
-	for r := 0; r < t.rank; r++ { // dial the lower ranks
-		c, err := net.DialTimeout("tcp", addrs[r], time.Until(deadline))
-		if err != nil {
-			errs <- &RankError{Op: "connect", Missing: []int{r}, Err: err}
-			break
-		}
-		c.SetDeadline(deadline)
-		if err := writeMsg(c, hello{Token: token, Rank: t.rank}); err != nil {
-			errs <- &RankError{Op: "connect", Missing: []int{r}, Err: err}
-			break
-		}
-		mu.Lock()
-		t.peers[r] = newPeer(r, c)
-		mu.Unlock()
-	}
-	wg.Wait()
-	close(errs)
-	return <-errs
-}
-
-func newPeer(rank int, c net.Conn) *peerConn {
-	if tc, ok := c.(*net.TCPConn); ok {
-		tc.SetNoDelay(true)
-	}
-	return &peerConn{rank: rank, c: c, r: bufio.NewReaderSize(c, 1<<16), w: bufio.NewWriterSize(c, 1<<16)}
-}
-
-// Close tears down the mesh.
-func (t *TCP) Close() error {
-	for _, p := range t.peers {
-		if p != nil {
-			p.c.Close()
-		}
-	}
-	return t.ln.Close()
-}
-
-func (t *TCP) Rank() int { return t.rank }
-func (t *TCP) Size() int { return t.n }
 
 // Frames: magic, op sequence number, payload length, payload. The receiver knows
 // the length it expects and refuses any other before reading the payload.

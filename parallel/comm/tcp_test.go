@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -181,4 +182,101 @@ func TestTCPLargeTransferIsFramed(t *testing.T) {
 	for _, err := range errs {
 		require.NoError(t, err)
 	}
+}
+
+// TestTCPGroups: four ranks build two splittings of the world (pairs {0,1},{2,3}
+// tagged "ep", and {0,2},{1,3}), in opposite orders on even and odd ranks, then
+// run collectives on both at once from two goroutines (as the trainer's expert
+// exchanges run beside the FSDP stream). Each group's results are its members'
+// alone, exact for gathers and two-term sums.
+func TestTCPGroups(t *testing.T) {
+	errs := tcpRanks(t, 4, 10*time.Second, func(c *TCP) error {
+		r := c.Rank()
+		pair := []int{r &^ 1, r | 1}    // {0,1} or {2,3}
+		stride := []int{r & 1, r&1 + 2} // {0,2} or {1,3}
+		var ep, dp Communicator
+		var err error
+		if r%2 == 0 {
+			if ep, err = c.Group(pair, "ep"); err == nil {
+				dp, err = c.Group(stride, "")
+			}
+		} else {
+			if dp, err = c.Group(stride, ""); err == nil {
+				ep, err = c.Group(pair, "ep")
+			}
+		}
+		if err != nil {
+			return err
+		}
+		if again, err := c.Group(pair, "ep"); err != nil || again != ep {
+			return fmt.Errorf("asking again gave another communicator (%v)", err)
+		}
+		if w, err := c.Group([]int{0, 1, 2, 3}, ""); err != nil || w != Communicator(c) {
+			return fmt.Errorf("the whole world with no tag is not the world communicator (%v)", err)
+		}
+		if ep.Rank() != r&1 || dp.Rank() != r/2 || ep.Size() != 2 {
+			return fmt.Errorf("group ranks %d,%d", ep.Rank(), dp.Rank())
+		}
+		const L = 1 << 16 // several collectives, long enough to overlap
+		errc := make(chan error, 1)
+		go func() {
+			for i := 0; i < 20; i++ {
+				dst := make([]float32, 2*L)
+				if err := ep.AllGather(dst, constant(L, float32(r))); err != nil {
+					errc <- err
+					return
+				}
+				if dst[0] != float32(pair[0]) || dst[L] != float32(pair[1]) {
+					errc <- fmt.Errorf("ep gather %v %v", dst[0], dst[L])
+					return
+				}
+			}
+			errc <- nil
+		}()
+		for i := 0; i < 20; i++ {
+			buf := constant(L, float32(r))
+			if err := dp.AllReduce(buf); err != nil {
+				return err
+			}
+			if want := float32(stride[0] + stride[1]); buf[0] != want || buf[L-1] != want {
+				return fmt.Errorf("dp sum %v, want %v", buf[0], want)
+			}
+		}
+		if err := <-errc; err != nil {
+			return err
+		}
+		return c.Barrier() // the world still works beside its groups
+	})
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+}
+
+func constant(n int, v float32) []float32 {
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = v
+	}
+	return x
+}
+
+// TestTCPGroupMissingMemberIsNamed: rank 1 never builds group {0,1}; rank 0's
+// attempt times out naming it, and a group that leaves this rank out is refused.
+func TestTCPGroupMissingMemberIsNamed(t *testing.T) {
+	errs := tcpRanks(t, 2, time.Second, func(c *TCP) error {
+		if c.Rank() == 1 {
+			time.Sleep(1500 * time.Millisecond)
+			return nil
+		}
+		if _, err := c.Group([]int{1}, ""); err == nil || !strings.Contains(err.Error(), "cannot join group [1]") {
+			return fmt.Errorf("a group without this rank: %v", err)
+		}
+		_, err := c.Group([]int{0, 1}, "ep")
+		return err
+	})
+	var re *RankError
+	require.ErrorAs(t, errs[0], &re)
+	assert.Equal(t, []int{1}, re.Missing)
+	assert.ErrorIs(t, errs[0], ErrTimeout)
+	assert.NoError(t, errs[1])
 }
