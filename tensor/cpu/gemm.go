@@ -18,7 +18,10 @@ func Sgemm(transA, transB bool, M, N, K int, alpha float32, A []float32, lda int
 	if M == 0 || N == 0 {
 		return
 	}
-	if beta != 1 {
+	// With beta 0 the first K block stores its tiles over C (never reading it)
+	// instead of C being cleared first.
+	set := beta == 0 && K > 0 && alpha != 0
+	if beta != 1 && !set {
 		for i := 0; i < M; i++ {
 			row := C[i*ldc : i*ldc+N]
 			if beta == 0 {
@@ -33,8 +36,11 @@ func Sgemm(transA, transB bool, M, N, K int, alpha float32, A []float32, lda int
 	if K == 0 || alpha == 0 {
 		return
 	}
-	g := gemmArgs{transA: transA, transB: transB, M: M, N: N, K: K, alpha: alpha, A: A, lda: lda, B: B, ldb: ldb, C: C, ldc: ldc}
+	g := gemmPool.Get().(*gemmArgs)
+	*g = gemmArgs{transA: transA, transB: transB, M: M, N: N, K: K, alpha: alpha, A: A, lda: lda, B: B, ldb: ldb, C: C, ldc: ldc, set: set}
 	g.run()
+	*g = gemmArgs{}
+	gemmPool.Put(g)
 }
 
 // Blocking: a KC×NR panel of B (64 KiB) stays in L2 next to an MC×KC block of A
@@ -58,56 +64,74 @@ type gemmArgs struct {
 	ldb            int
 	C              []float32
 	ldc            int
+	set            bool // the first K block overwrites C (beta 0)
+	// The split among cores: part p computes columns [p·per, (p+1)·per) of C
+	// (splitN) or rows [p·per, (p+1)·per), packing its own panels of B.
+	splitN bool
+	per    int
 }
 
-var packPool = sync.Pool{New: func() any { b := make([]float32, kc*nc); return &b }}
-var packAPool = sync.Pool{New: func() any { b := make([]float32, mc*kc+mr*nr); return &b }}
+var (
+	gemmPool  = sync.Pool{New: func() any { return new(gemmArgs) }}
+	packPool  = sync.Pool{New: func() any { b := make([]float32, kc*nc); return &b }}
+	packAPool = sync.Pool{New: func() any { b := make([]float32, mc*kc+mr*nr); return &b }}
+)
 
-// parallelFLOPs is the product size below which one goroutine is faster than
-// waking others (measured on two cores: about 2·64³).
+// parallelFLOPs is the product size below which one core is faster than sharing
+// the product (measured on two cores: about 2·64³).
 const parallelFLOPs = 1 << 19
 
+// run splits C among the cores in one parallel region. Each part packs the B
+// panels it needs itself, so no part waits for another: by columns when A is read
+// in place or is the smaller operand (each part packs only its columns of B, and
+// A's packing, if any, is repeated per part), by rows otherwise (each part packs
+// all of B).
 func (g *gemmArgs) run() {
 	workers := runtime.GOMAXPROCS(0)
-	if 2*g.M*g.N*g.K < parallelFLOPs || g.M <= mr {
+	if 2*g.M*g.N*g.K < parallelFLOPs {
 		workers = 1
 	}
+	panels, tiles := (g.N+nr-1)/nr, (g.M+mr-1)/mr
+	direct := hasStrided && !g.transA && g.alpha == 1
+	g.splitN = panels >= 2 && tiles < 2 && direct
+	parts, unit, span := min(workers, tiles), mr, tiles
+	if g.splitN {
+		parts, unit, span = min(workers, panels), nr, panels
+	}
+	if parts <= 1 {
+		g.splitN, g.per = false, g.M
+		g.rows(0, 1)
+		return
+	}
+	g.per = (span + parts - 1) / parts * unit
+	run(g, parts, 1)
+}
+
+// rows computes parts [lo, hi) of C.
+func (g *gemmArgs) rows(lo, hi int) {
 	bpp := packPool.Get().(*[]float32)
-	bp := *bpp
 	defer packPool.Put(bpp)
-	for jc := 0; jc < g.N; jc += nc {
-		ncur := min(nc, g.N-jc)
-		for pc := 0; pc < g.K; pc += kc {
-			kcur := min(kc, g.K-pc)
-			g.packBParallel(bp, pc, kcur, jc, ncur, workers)
-			blocks := (g.M + mc - 1) / mc
-			if workers == 1 || blocks == 1 && g.M <= mc {
-				g.rowBlocks(bp, 0, g.M, pc, kcur, jc, ncur)
-				continue
+	for p := lo; p < hi; p++ {
+		r0, r1, c0, c1 := 0, g.M, 0, g.N
+		if g.splitN {
+			c0, c1 = p*g.per, min((p+1)*g.per, g.N)
+		} else {
+			r0, r1 = p*g.per, min((p+1)*g.per, g.M)
+		}
+		for jc := c0; jc < c1; jc += nc {
+			ncur := min(nc, c1-jc)
+			for pc := 0; pc < g.K; pc += kc {
+				kcur := min(kc, g.K-pc)
+				g.packB(*bpp, pc, kcur, jc, ncur)
+				g.rowBlocks(*bpp, r0, r1, pc, kcur, jc, ncur, pc > 0 || !g.set)
 			}
-			// Split the rows evenly (in MR multiples) among the workers.
-			var wg sync.WaitGroup
-			per := (g.M + workers - 1) / workers
-			per = (per + mr - 1) / mr * mr
-			for w := 1; w < workers; w++ {
-				lo, hi := w*per, min((w+1)*per, g.M)
-				if lo >= hi {
-					break
-				}
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					g.rowBlocks(bp, lo, hi, pc, kcur, jc, ncur)
-				}()
-			}
-			g.rowBlocks(bp, 0, min(per, g.M), pc, kcur, jc, ncur) // the caller's share
-			wg.Wait()
 		}
 	}
 }
 
 // rowBlocks multiplies rows [lo, hi) of op(A)'s current K block by the packed B block.
-func (g *gemmArgs) rowBlocks(bp []float32, lo, hi, pc, kcur, jc, ncur int) {
+// add says whether tiles add to C or overwrite it.
+func (g *gemmArgs) rowBlocks(bp []float32, lo, hi, pc, kcur, jc, ncur int, add bool) {
 	app := packAPool.Get().(*[]float32)
 	ap := (*app)[:mc*kc]
 	edge := (*app)[mc*kc:] // MR×NR scratch tile for edges
@@ -131,25 +155,27 @@ func (g *gemmArgs) rowBlocks(bp []float32, lo, hi, pc, kcur, jc, ncur int) {
 				if direct && mrCur == mr {
 					a := g.A[(ic+ir)*g.lda+pc:]
 					if nrCur == nr {
-						kernelStrided(kcur, a, g.lda, bpanel, g.C[ci:], g.ldc)
+						kernelStrided(kcur, a, g.lda, bpanel, g.C[ci:], g.ldc, add)
 						continue
 					}
-					clear(edge)
-					kernelStrided(kcur, a, g.lda, bpanel, edge, nr)
+					kernelStrided(kcur, a, g.lda, bpanel, edge, nr, false)
 				} else {
 					apanel := ap[ir*kcur : ir*kcur+mr*kcur]
 					if direct {
 						apanel = ap[:mr*kcur] // the packed partial panel
 					}
 					if mrCur == mr && nrCur == nr {
-						kernel(kcur, apanel, bpanel, g.C[ci:], g.ldc)
+						kernel(kcur, apanel, bpanel, g.C[ci:], g.ldc, add)
 						continue
 					}
-					clear(edge)
-					kernel(kcur, apanel, bpanel, edge, nr)
+					kernel(kcur, apanel, bpanel, edge, nr, false)
 				}
 				for i := 0; i < mrCur; i++ {
 					crow := g.C[ci+i*g.ldc : ci+i*g.ldc+nrCur]
+					if !add {
+						copy(crow, edge[i*nr:i*nr+nrCur])
+						continue
+					}
 					for j := range crow {
 						crow[j] += edge[i*nr+j]
 					}
@@ -157,30 +183,6 @@ func (g *gemmArgs) rowBlocks(bp []float32, lo, hi, pc, kcur, jc, ncur int) {
 			}
 		}
 	}
-}
-
-// packBParallel packs B's panels, split among the workers when there are several.
-func (g *gemmArgs) packBParallel(bp []float32, pc, kcur, jc, ncur, workers int) {
-	panels := (ncur + nr - 1) / nr
-	if workers == 1 || panels == 1 {
-		g.packB(bp, pc, kcur, jc, ncur)
-		return
-	}
-	var wg sync.WaitGroup
-	per := (panels + workers - 1) / workers
-	for w := 1; w < workers; w++ {
-		lo, hi := w*per*nr, min((w+1)*per*nr, ncur)
-		if lo >= hi {
-			break
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			g.packB(bp[lo*kcur:], pc, kcur, jc+lo, hi-lo)
-		}()
-	}
-	g.packB(bp, pc, kcur, jc, min(per*nr, ncur))
-	wg.Wait()
 }
 
 // packB copies op(B)[pc:pc+kcur, jc:jc+ncur] into NR-wide panels, each kcur×NR row
@@ -273,8 +275,9 @@ func packRows(panel, a []float32, lda, kcur int) {
 	}
 }
 
-// kernelGo is the portable micro-kernel: c[i*ldc+j] += Σ_p a[p*MR+i]·b[p*NR+j].
-func kernelGo(k int, a, b, c []float32, ldc int) {
+// kernelGo is the portable micro-kernel: c[i*ldc+j] (+)= Σ_p a[p*MR+i]·b[p*NR+j],
+// added when add is set, stored otherwise.
+func kernelGo(k int, a, b, c []float32, ldc int, add bool) {
 	var acc [mr][nr]float32
 	for p := 0; p < k; p++ {
 		bp := b[p*nr : p*nr+nr]
@@ -289,6 +292,10 @@ func kernelGo(k int, a, b, c []float32, ldc int) {
 	}
 	for i := 0; i < mr; i++ {
 		crow := c[i*ldc : i*ldc+nr]
+		if !add {
+			copy(crow, acc[i][:])
+			continue
+		}
 		for j := range crow {
 			crow[j] += acc[i][j]
 		}

@@ -2,13 +2,13 @@
 
 package cpu
 
-func kernel(k int, a, b, c []float32, ldc int) { kernelGo(k, a, b, c, ldc) }
+func kernel(k int, a, b, c []float32, ldc int, add bool) { kernelGo(k, a, b, c, ldc, add) }
 
 // KernelName says which micro-kernel Sgemm uses, for benchmarks and logs.
 func KernelName() string { return "go 12x32" }
 
 const hasStrided = false
 
-func kernelStrided(k int, a []float32, lda int, b, c []float32, ldc int) {
+func kernelStrided(k int, a []float32, lda int, b, c []float32, ldc int, add bool) {
 	panic("kernelStrided without AVX-512") // unreachable: hasStrided is false
 }

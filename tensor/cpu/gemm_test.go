@@ -67,13 +67,17 @@ func TestSgemm(t *testing.T) {
 					}
 					A, B, C := randSlice(r, rowsA*lda), randSlice(r, rowsB*ldb), randSlice(r, M*ldc)
 					want := refGemm(tA, tB, M, N, K, ab[0], A, lda, B, ldb, ab[1], C, ldc)
+					before := append([]float32(nil), C...)
 					Sgemm(tA, tB, M, N, K, ab[0], A, lda, B, ldb, ab[1], C, ldc)
 					tol := 1e-5 * (1 + math.Sqrt(float64(K))) * 4
 					for i := 0; i < M; i++ {
 						for j := 0; j < ldc; j++ {
 							got := float64(C[i*ldc+j])
 							if j >= N {
-								continue // padding columns are not part of C
+								if C[i*ldc+j] != before[i*ldc+j] {
+									t.Fatalf("%s: padding column C[%d,%d] written", name, i, j)
+								}
+								continue
 							}
 							if math.Abs(got-want[i*ldc+j]) > tol*(1+math.Abs(want[i*ldc+j])) {
 								t.Fatalf("%s: C[%d,%d] = %v, want %v (kernel %s)", name, i, j, got, want[i*ldc+j], KernelName())
@@ -86,18 +90,21 @@ func TestSgemm(t *testing.T) {
 	}
 }
 
-// TestKernelsAgree runs the assembly and Go micro-kernels on the same panels.
+// TestKernelsAgree runs the assembly and Go micro-kernels on the same panels,
+// adding to C and overwriting it (the columns past the tile must stay untouched).
 func TestKernelsAgree(t *testing.T) {
 	r := rand.New(rand.NewSource(2))
-	for _, k := range []int{1, 2, 7, 256} {
-		a, b := randSlice(r, k*mr), randSlice(r, k*nr)
-		c1, c2 := randSlice(r, mr*40), make([]float32, mr*40)
-		copy(c2, c1)
-		kernel(k, a, b, c1, 40)
-		kernelGo(k, a, b, c2, 40)
-		for i := range c1 {
-			if d := math.Abs(float64(c1[i] - c2[i])); d > 1e-4*(1+math.Abs(float64(c2[i]))) {
-				t.Fatalf("k=%d: element %d: %s %v, go %v", k, i, KernelName(), c1[i], c2[i])
+	for _, add := range []bool{true, false} {
+		for _, k := range []int{1, 2, 7, 256} {
+			a, b := randSlice(r, k*mr), randSlice(r, k*nr)
+			c1, c2 := randSlice(r, mr*40), make([]float32, mr*40)
+			copy(c2, c1)
+			kernel(k, a, b, c1, 40, add)
+			kernelGo(k, a, b, c2, 40, add)
+			for i := range c1 {
+				if d := math.Abs(float64(c1[i] - c2[i])); d > 1e-4*(1+math.Abs(float64(c2[i]))) {
+					t.Fatalf("k=%d add=%v: element %d: %s %v, go %v", k, add, i, KernelName(), c1[i], c2[i])
+				}
 			}
 		}
 	}
@@ -112,7 +119,15 @@ func BenchmarkSgemm(b *testing.B) {
 		M, N, K int
 		tA, tB  bool
 	}{
+		{"fwd_768x128x128", 768, 128, 128, false, true},
 		{"fwd_768x384x128", 768, 384, 128, false, true},
+		{"fwd_768x128x384", 768, 128, 384, false, true},
+		{"dinp_768x128x128", 768, 128, 128, false, false},
+		{"dinp_768x128x384", 768, 128, 384, false, false},
+		{"dinp_768x384x128", 768, 384, 128, false, false},
+		{"dw_128x128x768", 128, 128, 768, true, false},
+		{"dw_384x128x768", 384, 128, 768, true, false},
+		{"dw_128x384x768", 128, 384, 768, true, false},
 		{"fwd_768x512x128", 768, 512, 128, false, true},
 		{"dinp_768x128x512", 768, 128, 512, false, false},
 		{"dw_512x128x768", 512, 128, 768, true, false},

@@ -2,8 +2,6 @@ package cpu
 
 import (
 	"math"
-	"runtime"
-	"sync"
 
 	"github.com/shardline/shardline/tensor"
 )
@@ -16,31 +14,6 @@ type Float = tensor.Float
 // NKV key/value heads, HD head size, OC output channels, F feed-forward width.
 // Backward kernels accumulate (+=) into every gradient, activations and parameters
 // alike; the caller zeroes gradient buffers before a backward pass.
-
-// parallelFor runs f(lo, hi) over [0, n) in one chunk per core when n·cost is
-// large enough to pay for the goroutines.
-func parallelFor(n, cost int, f func(lo, hi int)) {
-	w := runtime.GOMAXPROCS(0)
-	if w == 1 || n < 2 || n*cost < 1<<15 {
-		f(0, n)
-		return
-	}
-	w = min(w, n)
-	var wg sync.WaitGroup
-	per := (n + w - 1) / w
-	// The caller runs the first chunk itself: one goroutine fewer to wake, and the
-	// calling core does not sit idle.
-	for lo := per; lo < n; lo += per {
-		hi := min(lo+per, n)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			f(lo, hi)
-		}()
-	}
-	f(0, min(per, n))
-	wg.Wait()
-}
 
 // Matmul computes out (BT,OC) = inp (BT,C) · weight (OC,C)ᵀ, the layout of y = x·Wᵀ.
 // accumulate adds to out instead of overwriting it.
@@ -105,7 +78,20 @@ func EmbeddingBackward[F Float](dwte, dout []F, tokens []int32, BT, C int) {
 // RMSNorm: out = inp · rstd · weight, rstd (BT) = 1/sqrt(mean(inp²) + eps), saved for
 // backward.
 func RMSNorm[F Float](out, rstd, inp, weight []F, BT, C int, eps float64) {
-	parallelFor(BT, 3*C, func(lo, hi int) { rmsNormRows(out, rstd, inp, weight, lo, hi, C, eps) })
+	j := getJob[rmsNormJob[F]]()
+	*j = rmsNormJob[F]{out, rstd, inp, weight, C, eps}
+	parallel(j, BT, 3*C)
+	putJob(j)
+}
+
+type rmsNormJob[F Float] struct {
+	out, rstd, inp, weight []F
+	C                      int
+	eps                    float64
+}
+
+func (j *rmsNormJob[F]) rows(lo, hi int) {
+	rmsNormRows(j.out, j.rstd, j.inp, j.weight, lo, hi, j.C, j.eps)
 }
 
 func rmsNormRows[F Float](out, rstd, inp, weight []F, lo, hi, C int, eps float64) {
@@ -130,34 +116,43 @@ func rmsNormRows[F Float](out, rstd, inp, weight []F, lo, hi, C int, eps float64
 // Rows are split among goroutines; each accumulates its own dweight, and the
 // partial sums are added in a fixed order, so results do not depend on timing.
 func RMSNormBackward[F Float](dinp, dweight, dout, inp, weight, rstd []F, BT, C int) {
-	w := runtime.GOMAXPROCS(0)
-	if BT*C < 1<<14 || w == 1 {
-		rmsNormBackwardRows(dinp, dweight, dout, inp, weight, rstd, 0, BT, C)
+	j := getJob[rmsNormBackJob[F]]()
+	*j = rmsNormBackJob[F]{dinp, dweight, dout, inp, weight, rstd, BT, C, false}
+	parallel(j, BT, 6*C)
+	j.weights = true
+	parallel(j, C, 3*BT)
+	putJob(j)
+}
+
+// rmsNormBackJob runs rows [lo, hi) of dinp, or with weights set, columns [lo, hi)
+// of dweight (summed over rows in order, so results do not depend on the split).
+type rmsNormBackJob[F Float] struct {
+	dinp, dweight, dout, inp, weight, rstd []F
+	BT, C                                  int
+	weights                                bool
+}
+
+func (j *rmsNormBackJob[F]) rows(lo, hi int) {
+	if !j.weights {
+		rmsNormBackwardRows(j.dinp, j.dout, j.inp, j.weight, j.rstd, lo, hi, j.C)
 		return
 	}
-	parts := make([][]F, w)
-	var wg sync.WaitGroup
-	per := (BT + w - 1) / w
-	for k := 0; k < w; k++ {
-		lo, hi := k*per, min((k+1)*per, BT)
-		parts[k] = make([]F, C)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rmsNormBackwardRows(dinp, parts[k], dout, inp, weight, rstd, lo, hi, C)
-		}()
-	}
-	wg.Wait()
-	for _, p := range parts {
-		for c, v := range p {
-			dweight[c] += v
+	dw := j.dweight[lo:hi]
+	for i := 0; i < j.BT; i++ {
+		x, d, r := j.inp[i*j.C+lo:i*j.C+hi], j.dout[i*j.C+lo:i*j.C+hi], j.rstd[i]
+		x, d = x[:len(dw)], d[:len(dw)]
+		for c, xc := range x {
+			dw[c] += d[c] * xc * r
 		}
 	}
 }
 
-func rmsNormBackwardRows[F Float](dinp, dweight, dout, inp, weight, rstd []F, lo, hi, C int) {
+func rmsNormBackwardRows[F Float](dinp, dout, inp, weight, rstd []F, lo, hi, C int) {
+	weight = weight[:C]
 	for i := lo; i < hi; i++ {
-		x, d, dx := inp[i*C:(i+1)*C], dout[i*C:(i+1)*C], dinp[i*C:(i+1)*C]
+		x := inp[i*C : (i+1)*C]
+		d, dx := dout[i*C:(i+1)*C], dinp[i*C:(i+1)*C]
+		d, dx = d[:len(x)], dx[:len(x)]
 		r := rstd[i]
 		var dot F
 		for c, xc := range x {
@@ -165,7 +160,6 @@ func rmsNormBackwardRows[F Float](dinp, dweight, dout, inp, weight, rstd []F, lo
 		}
 		k := dot / F(C) * r * r * r
 		for c, xc := range x {
-			dweight[c] += d[c] * xc * r
 			dx[c] += r*d[c]*weight[c] - xc*k
 		}
 	}
@@ -196,17 +190,33 @@ func RopeBackward[F Float](dx, cos, sin []F, B, T, NH, HD int) {
 }
 
 func rope[F Float](x, cos, sin []F, B, T, NH, HD int, dir F) {
-	half := HD / 2
-	for b := 0; b < B; b++ {
-		for t := 0; t < T; t++ {
-			cs, sn := cos[t*half:(t+1)*half], sin[t*half:(t+1)*half]
-			for h := 0; h < NH; h++ {
-				v := x[((b*T+t)*NH+h)*HD:]
-				for i := 0; i < half; i++ {
-					x1, x2 := v[i], v[i+half]
-					s := dir * sn[i]
-					v[i], v[i+half] = x1*cs[i]-x2*s, x1*s+x2*cs[i]
-				}
+	j := getJob[ropeJob[F]]()
+	*j = ropeJob[F]{x, cos, sin, T, NH, HD, dir}
+	parallel(j, B*T, 3*NH*HD)
+	putJob(j)
+}
+
+// ropeJob rotates positions [lo, hi) of the B·T (batch, time) rows.
+type ropeJob[F Float] struct {
+	x, cos, sin []F
+	T, NH, HD   int
+	dir         F
+}
+
+func (j *ropeJob[F]) rows(lo, hi int) {
+	half, NH, HD := j.HD/2, j.NH, j.HD
+	for bt := lo; bt < hi; bt++ {
+		t := bt % j.T
+		cs, sn := j.cos[t*half:(t+1)*half], j.sin[t*half:(t+1)*half]
+		for h := 0; h < NH; h++ {
+			v := j.x[(bt*NH+h)*HD : (bt*NH+h+1)*HD]
+			x1s, x2s := v[:half], v[half:half*2]
+			x2s, sn = x2s[:len(x1s)], sn[:len(x1s)]
+			cs = cs[:len(x1s)]
+			for i, x1 := range x1s {
+				x2 := x2s[i]
+				s := j.dir * sn[i]
+				x1s[i], x2s[i] = x1*cs[i]-x2*s, x1*s+x2*cs[i]
 			}
 		}
 	}
@@ -218,8 +228,21 @@ func rope[F Float](x, cos, sin []F, B, T, NH, HD int, dir F) {
 // head h / (NH/NKV). Per (batch, head) it is two GEMMs, S = Q·Kᵀ and O = P·V, with
 // the masked softmax between them.
 func Attention[F Float](out, att, q, k, v []F, B, T, NH, NKV, HD int) {
+	j := getJob[attentionJob[F]]()
+	*j = attentionJob[F]{out, att, q, k, v, B, T, NH, NKV, HD}
+	parallel(j, B*NH, 2*T*T*HD)
+	putJob(j)
+}
+
+type attentionJob[F Float] struct {
+	out, att, q, k, v []F
+	B, T, NH, NKV, HD int
+}
+
+func (j *attentionJob[F]) rows(lo, hi int) {
+	out, att, q, k, v, T, NH, NKV, HD := j.out, j.att, j.q, j.k, j.v, j.T, j.NH, j.NKV, j.HD
 	group, scale := NH/NKV, 1/math.Sqrt(float64(HD))
-	parallelFor(B*NH, 2*T*T*HD, func(lo, hi int) {
+	{
 		for bh := lo; bh < hi; bh++ {
 			b, h := bh/NH, bh%NH
 			kh := h / group
@@ -249,21 +272,32 @@ func Attention[F Float](out, att, q, k, v []F, B, T, NH, NKV, HD int) {
 			}
 			gemm(false, false, T, HD, T, P, T, vv, NKV*HD, 0, out[(b*T*NH+h)*HD:], NH*HD)
 		}
-	})
+	}
 }
-
-// scratchPool holds per-goroutine T×T buffers of the attention backward.
-var scratchPool sync.Pool
 
 // AttentionBackward accumulates dq, dk, dv from dout through the saved
 // probabilities P: dP = dO·Vᵀ, dV += Pᵀ·dO, dS = P∘(dP − rowsum(P∘dP))·scale,
 // dQ += dS·K, dK += dSᵀ·Q. Work is split by (batch, key/value head), so no two
 // goroutines write the same dk or dv row.
 func AttentionBackward[F Float](dq, dk, dv, dout, att, q, k, v []F, B, T, NH, NKV, HD int) {
+	j := getJob[attentionBackJob[F]]()
+	*j = attentionBackJob[F]{dq, dk, dv, dout, att, q, k, v, B, T, NH, NKV, HD}
+	parallel(j, B*NKV, NH/NKV*5*T*T*HD)
+	putJob(j)
+}
+
+type attentionBackJob[F Float] struct {
+	dq, dk, dv, dout, att, q, k, v []F
+	B, T, NH, NKV, HD              int
+}
+
+func (j *attentionBackJob[F]) rows(lo, hi int) {
+	dq, dk, dv, dout, att, q, k, v, T, NH, NKV, HD := j.dq, j.dk, j.dv, j.dout, j.att, j.q, j.k, j.v, j.T, j.NH, j.NKV, j.HD
 	group, scale := NH/NKV, F(1/math.Sqrt(float64(HD)))
-	parallelFor(B*NKV, group*5*T*T*HD, func(lo, hi int) {
-		dP := scratch[F](T * T)
-		defer scratchPool.Put(dP)
+	{
+		s := getScratch[F](T * T)
+		defer putScratch(s)
+		dP := *s
 		for bk := lo; bk < hi; bk++ {
 			b, kh := bk/NKV, bk%NKV
 			kk, vv := k[(b*T*NKV+kh)*HD:], v[(b*T*NKV+kh)*HD:]
@@ -289,14 +323,7 @@ func AttentionBackward[F Float](dq, dk, dv, dout, att, q, k, v []F, B, T, NH, NK
 				gemm(true, false, T, HD, T, dP, T, qh, NH*HD, 1, dkk, NKV*HD)
 			}
 		}
-	})
-}
-
-func scratch[F Float](n int) []F {
-	if s, ok := scratchPool.Get().([]F); ok && cap(s) >= n {
-		return s[:n]
 	}
-	return make([]F, n)
 }
 
 // exp32 is e^x to float32 precision (about 1 ulp): x = n·ln2 + r with |r| ≤ ln2/2,
@@ -329,7 +356,17 @@ func exp32(x float32) float32 {
 
 // SwiGLU: out = silu(gate) · up, elementwise over n values; silu(x) = x·σ(x).
 func SwiGLU[F Float](out, gate, up []F, n int) {
-	parallelFor(n, 8, func(lo, hi int) {
+	j := getJob[swigluJob[F]]()
+	*j = swigluJob[F]{out: out, gate: gate, up: up}
+	parallel(j, n, 8)
+	putJob(j)
+}
+
+type swigluJob[F Float] struct{ out, gate, up, dout []F }
+
+func (j *swigluJob[F]) rows(lo, hi int) {
+	out, gate, up := j.out, j.gate, j.up
+	{
 		var e [256]F
 		for b := lo; b < hi; b += len(e) {
 			m := min(len(e), hi-b)
@@ -340,12 +377,22 @@ func SwiGLU[F Float](out, gate, up []F, n int) {
 				o[i] = x / (1 + e[i]) * u[i]
 			}
 		}
-	})
+	}
 }
 
 // SwiGLUBackward: dgate += dout·up·σ(g)·(1 + g·(1−σ(g))); dup += dout·silu(g).
 func SwiGLUBackward[F Float](dgate, dup, dout, gate, up []F, n int) {
-	parallelFor(n, 10, func(lo, hi int) {
+	j := getJob[swigluBackJob[F]]()
+	*j = swigluBackJob[F]{dgate, dup, dout, gate, up}
+	parallel(j, n, 10)
+	putJob(j)
+}
+
+type swigluBackJob[F Float] struct{ dgate, dup, dout, gate, up []F }
+
+func (j *swigluBackJob[F]) rows(lo, hi int) {
+	dgate, dup, dout, gate, up := j.dgate, j.dup, j.dout, j.gate, j.up
+	{
 		var e [256]F
 		for b := lo; b < hi; b += len(e) {
 			m := min(len(e), hi-b)
@@ -358,7 +405,7 @@ func SwiGLUBackward[F Float](dgate, dup, dout, gate, up []F, n int) {
 				du[i] += do[i] * x * s
 			}
 		}
-	})
+	}
 }
 
 // expNeg sets e[i] = e^(−g[i]), the sigmoid's denominator term.
@@ -383,23 +430,25 @@ func expInPlace[F Float](x []F) {
 // CrossEntropy computes the softmax of logits (BT,V) into probs and each position's
 // loss −log p[target] into losses (BT). Targets < 0 are ignored (loss 0).
 func CrossEntropy[F Float](losses, probs, logits []F, targets []int32, BT, V int) {
-	parallelFor(BT, 3*V, func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			p := probs[i*V : (i+1)*V]
-			softmaxRow(p, logits[i*V:(i+1)*V])
-			if targets[i] < 0 {
-				losses[i] = 0
-				continue
-			}
-			losses[i] = F(-math.Log(math.Max(float64(p[targets[i]]), 1e-30)))
-		}
-	})
+	j := getJob[crossEntropyJob[F]]()
+	*j = crossEntropyJob[F]{a: losses, probs: probs, b: logits, targets: targets, V: V}
+	parallel(j, BT, 3*V)
+	putJob(j)
 }
 
-// CrossEntropyBackward: dlogits += (probs − onehot(target)) · dloss[i]; ignored
-// positions contribute nothing.
-func CrossEntropyBackward[F Float](dlogits, dloss, probs []F, targets []int32, BT, V int) {
-	parallelFor(BT, V, func(lo, hi int) {
+// crossEntropyJob is the forward (a = losses, b = logits) or, with back set, the
+// backward (a = dlogits, b = dloss).
+type crossEntropyJob[F Float] struct {
+	a, probs, b []F
+	targets     []int32
+	V           int
+	back        bool
+}
+
+func (j *crossEntropyJob[F]) rows(lo, hi int) {
+	V, probs, targets := j.V, j.probs, j.targets
+	if j.back {
+		dlogits, dloss := j.a, j.b
 		for i := lo; i < hi; i++ {
 			if targets[i] < 0 {
 				continue
@@ -410,7 +459,29 @@ func CrossEntropyBackward[F Float](dlogits, dloss, probs []F, targets []int32, B
 			}
 			d[targets[i]] -= g
 		}
-	})
+		return
+	}
+	losses, logits := j.a, j.b
+	{
+		for i := lo; i < hi; i++ {
+			p := probs[i*V : (i+1)*V]
+			softmaxRow(p, logits[i*V:(i+1)*V])
+			if targets[i] < 0 {
+				losses[i] = 0
+				continue
+			}
+			losses[i] = F(-math.Log(math.Max(float64(p[targets[i]]), 1e-30)))
+		}
+	}
+}
+
+// CrossEntropyBackward: dlogits += (probs − onehot(target)) · dloss[i]; ignored
+// positions contribute nothing.
+func CrossEntropyBackward[F Float](dlogits, dloss, probs []F, targets []int32, BT, V int) {
+	j := getJob[crossEntropyJob[F]]()
+	*j = crossEntropyJob[F]{a: dlogits, probs: probs, b: dloss, targets: targets, V: V, back: true}
+	parallel(j, BT, V)
+	putJob(j)
 }
 
 // Add: out = a + b over n values (the residual connection; its backward passes the

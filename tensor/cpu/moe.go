@@ -111,7 +111,27 @@ func DispatchBackward[F Float](dx, dxperm []F, tok []int32, n, C int) {
 // Combine adds each token's expert outputs with their gates: out[t] += Σ_j
 // gates[t,j] · y[row[t,j]] (dropped copies contribute nothing).
 func Combine[F Float](out, y, gates []F, row []int32, BT, C, K int) {
-	parallelFor(BT, K*C, func(lo, hi int) {
+	j := getJob[combineJob[F]]()
+	*j = combineJob[F]{out: out, y: y, gates: gates, row: row, C: C, K: K}
+	parallel(j, BT, K*C)
+	putJob(j)
+}
+
+// combineJob is Combine or, with back set, CombineBackward.
+type combineJob[F Float] struct {
+	out, y, gates, dy, dgates []F
+	row                       []int32
+	C, K                      int
+	back                      bool
+}
+
+func (j *combineJob[F]) rows(lo, hi int) {
+	if j.back {
+		j.backward(lo, hi)
+		return
+	}
+	out, y, gates, row, C, K := j.out, j.y, j.gates, j.row, j.C, j.K
+	{
 		for t := lo; t < hi; t++ {
 			o := out[t*C : (t+1)*C]
 			for j := 0; j < K; j++ {
@@ -125,13 +145,22 @@ func Combine[F Float](out, y, gates []F, row []int32, BT, C, K int) {
 				}
 			}
 		}
-	})
+	}
 }
 
 // CombineBackward sets dy[row[t,j]] = gates[t,j] · dout[t] (the rows of dropped
 // copies are left alone) and dgates[t,j] = dout[t] · y[row[t,j]] (0 if dropped).
 func CombineBackward[F Float](dy, dgates, dout, y, gates []F, row []int32, BT, C, K int) {
-	parallelFor(BT, 2*K*C, func(lo, hi int) {
+	j := getJob[combineJob[F]]()
+	*j = combineJob[F]{out: dout, y: y, gates: gates, dy: dy, dgates: dgates, row: row, C: C, K: K, back: true}
+	parallel(j, BT, 2*K*C)
+	putJob(j)
+}
+
+// backward is CombineBackward over tokens [lo, hi) (out holds dout).
+func (j *combineJob[F]) backward(lo, hi int) {
+	dy, dgates, dout, y, gates, row, C, K := j.dy, j.dgates, j.out, j.y, j.gates, j.row, j.C, j.K
+	{
 		for t := lo; t < hi; t++ {
 			do := dout[t*C : (t+1)*C]
 			for j := 0; j < K; j++ {
@@ -149,7 +178,7 @@ func CombineBackward[F Float](dy, dgates, dout, y, gates []F, row []int32, BT, C
 				dgates[t*K+j] = s
 			}
 		}
-	})
+	}
 }
 
 // softmaxRow writes softmax(src) into dst (which may alias src), in float64.
@@ -173,26 +202,55 @@ func softmaxRow[F Float](dst, src []F) {
 // trainer/optim for the schedule): m = β1·m + (1−β1)·g; v = β2·v + (1−β2)·g²;
 // p −= lr·(m̂/(√v̂ + ε) + wd·p), with bias correction at step t (1-based).
 func AdamW[F Float](params, grads, m, v []F, lr, beta1, beta2, eps, wd float64, t int) {
-	b1, b2 := F(beta1), F(beta2)
-	c1 := F(1 / (1 - math.Pow(beta1, float64(t))))
-	c2 := F(1 / (1 - math.Pow(beta2, float64(t))))
-	fe, flr, fwd := F(eps), F(lr), F(wd)
+	j := getJob[optimJob[F]]()
+	*j = optimJob[F]{params: params, grads: grads, m: m, v: v, adam: true, b1: F(beta1), b2: F(beta2),
+		c1: F(1 / (1 - math.Pow(beta1, float64(t)))), c2: F(1 / (1 - math.Pow(beta2, float64(t)))), eps: F(eps), lr: F(lr), wd: F(wd)}
+	parallel(j, len(grads), 16)
+	putJob(j)
+}
+
+// SGD applies one step of SGD with momentum and decoupled weight decay:
+// buf = μ·buf + g; p −= lr·(buf + wd·p).
+func SGD[F Float](params, grads, buf []F, lr, momentum, wd float64) {
+	j := getJob[optimJob[F]]()
+	*j = optimJob[F]{params: params, grads: grads, m: buf, b1: F(momentum), lr: F(lr), wd: F(wd)}
+	parallel(j, len(grads), 6)
+	putJob(j)
+}
+
+// optimJob is an AdamW step (adam) or an SGD step (m is the momentum buffer, b1
+// the momentum) over elements [lo, hi).
+type optimJob[F Float] struct {
+	params, grads, m, v         []F
+	adam                        bool
+	b1, b2, c1, c2, eps, lr, wd F
+}
+
+func (j *optimJob[F]) rows(lo, hi int) {
+	params, grads, m := j.params[lo:hi], j.grads[lo:hi], j.m[lo:hi]
+	grads, m = grads[:len(params)], m[:len(params)]
+	b1, flr, fwd := j.b1, j.lr, j.wd
+	if !j.adam {
+		for i, g := range grads {
+			m[i] = b1*m[i] + g
+			params[i] -= flr * (m[i] + fwd*params[i])
+		}
+		return
+	}
+	v := j.v[lo:hi]
+	v = v[:len(params)]
+	b2, c1, c2, fe := j.b2, j.c1, j.c2, j.eps
+	if p32, ok := any(params).([]float32); ok {
+		k := [9]float32{float32(b1), float32(1 - b1), float32(b2), float32(1 - b2), float32(c1), float32(c2), float32(fe), float32(flr), float32(fwd)}
+		done := adamw32(p32, any(grads).([]float32), any(m).([]float32), any(v).([]float32), &k)
+		params, grads, m, v = params[done:], grads[done:], m[done:], v[done:]
+	}
 	for i, g := range grads {
 		mi := b1*m[i] + (1-b1)*g
 		vi := b2*v[i] + (1-b2)*g*g
 		m[i], v[i] = mi, vi
 		p := params[i]
 		params[i] = p - flr*(mi*c1/(F(math.Sqrt(float64(vi*c2)))+fe)+fwd*p)
-	}
-}
-
-// SGD applies one step of SGD with momentum and decoupled weight decay:
-// buf = μ·buf + g; p −= lr·(buf + wd·p).
-func SGD[F Float](params, grads, buf []F, lr, momentum, wd float64) {
-	mu, flr, fwd := F(momentum), F(lr), F(wd)
-	for i, g := range grads {
-		buf[i] = mu*buf[i] + g
-		params[i] -= flr * (buf[i] + fwd*params[i])
 	}
 }
 

@@ -1,0 +1,5 @@
+//go:build !amd64 || purego
+
+package cpu
+
+func adamw32(p, g, m, v []float32, k *[9]float32) int { return 0 }
