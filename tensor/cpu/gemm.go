@@ -2,7 +2,6 @@ package cpu
 
 import (
 	"runtime"
-	"sync"
 )
 
 // Sgemm computes C = alpha·op(A)·op(B) + beta·C for row-major matrices: op(A) is
@@ -36,11 +35,11 @@ func Sgemm(transA, transB bool, M, N, K int, alpha float32, A []float32, lda int
 	if K == 0 || alpha == 0 {
 		return
 	}
-	g := gemmPool.Get().(*gemmArgs)
+	g := gemmPool.get()
 	*g = gemmArgs{transA: transA, transB: transB, M: M, N: N, K: K, alpha: alpha, A: A, lda: lda, B: B, ldb: ldb, C: C, ldc: ldc, set: set}
 	g.run()
 	*g = gemmArgs{}
-	gemmPool.Put(g)
+	gemmPool.put(g)
 }
 
 // Blocking: a KC×NR panel of B (64 KiB) stays in L2 next to an MC×KC block of A
@@ -72,9 +71,9 @@ type gemmArgs struct {
 }
 
 var (
-	gemmPool  = sync.Pool{New: func() any { return new(gemmArgs) }}
-	packPool  = sync.Pool{New: func() any { b := make([]float32, kc*nc); return &b }}
-	packAPool = sync.Pool{New: func() any { b := make([]float32, mc*kc+mr*nr); return &b }}
+	gemmPool  freeList[gemmArgs]
+	packPool  freeList[[]float32] // B panels: at most KC×NC, sized to the product
+	packAPool freeList[[]float32] // A panels and the edge tile
 )
 
 // parallelFLOPs is the product size below which one core is faster than sharing
@@ -109,8 +108,11 @@ func (g *gemmArgs) run() {
 
 // rows computes parts [lo, hi) of C.
 func (g *gemmArgs) rows(lo, hi int) {
-	bpp := packPool.Get().(*[]float32)
-	defer packPool.Put(bpp)
+	bpp := packPool.get()
+	defer packPool.put(bpp)
+	if need := min(kc, g.K) * (min(nc, g.N) + nr); cap(*bpp) < need {
+		*bpp = make([]float32, need)
+	}
 	for p := lo; p < hi; p++ {
 		r0, r1, c0, c1 := 0, g.M, 0, g.N
 		if g.splitN {
@@ -132,10 +134,13 @@ func (g *gemmArgs) rows(lo, hi int) {
 // rowBlocks multiplies rows [lo, hi) of op(A)'s current K block by the packed B block.
 // add says whether tiles add to C or overwrite it.
 func (g *gemmArgs) rowBlocks(bp []float32, lo, hi, pc, kcur, jc, ncur int, add bool) {
-	app := packAPool.Get().(*[]float32)
+	app := packAPool.get()
+	if cap(*app) < mc*kc+mr*nr {
+		*app = make([]float32, mc*kc+mr*nr)
+	}
 	ap := (*app)[:mc*kc]
 	edge := (*app)[mc*kc:] // MR×NR scratch tile for edges
-	defer packAPool.Put(app)
+	defer packAPool.put(app)
 	// Untransposed A with alpha 1 is read in place by the strided kernel; only a
 	// last partial panel of rows is packed (into the first panel of ap).
 	direct := hasStrided && !g.transA && g.alpha == 1

@@ -68,7 +68,7 @@ type worker struct {
 var (
 	startOnce sync.Once
 	workers   []*worker
-	forks     = sync.Pool{New: func() any { return new(fork) }}
+	forks     freeList[fork]
 )
 
 func start() {
@@ -79,34 +79,46 @@ func start() {
 	}
 }
 
-// spinFor is how long an idle worker keeps polling for work before it parks. Waking
-// a parked thread costs tens to hundreds of microseconds on a virtual machine,
-// more than many kernels of a small model take; a training step calls kernels
-// back to back, so a worker that polls a little while stays available through a
-// step and parks between steps. Polling yields its core to any other runnable
-// goroutine (in-process ranks), so it only uses time nobody else wants.
+// spinFor is how long an idle worker keeps polling for work, yielding its core
+// between polls, before it starts to sleep between polls. Waking a parked thread
+// costs tens to hundreds of microseconds on a virtual machine, more than many
+// kernels of a small model take; a training step calls kernels back to back, so a
+// worker that polls a while stays available through a step. Polling yields to any
+// other runnable goroutine (in-process ranks), so it only uses time nobody else
+// wants. After spinFor the worker sleeps between polls, from 50 µs up to 1 ms: it
+// never blocks on a channel or lock, because parking a goroutine that way
+// allocates, and a step must allocate nothing.
 const spinFor = 200 * time.Microsecond
 
 func (w *worker) loop() {
 	for {
 		w.idle.Store(true)
-		var f *fork
-		deadline := time.Now().Add(spinFor)
-	poll:
-		for i := 0; ; i++ {
-			select {
-			case f = <-w.ch:
-				break poll
-			default:
-			}
-			if i%64 == 63 && time.Now().After(deadline) {
-				f = <-w.ch
-				break
-			}
-			runtime.Gosched()
-		}
+		f := w.wait()
 		f.help(w.id)
 		f.pending.Add(-1)
+	}
+}
+
+func (w *worker) wait() *fork {
+	deadline := time.Now().Add(spinFor)
+	for i := 0; ; i++ {
+		select {
+		case f := <-w.ch:
+			return f
+		default:
+		}
+		if i%64 == 63 && time.Now().After(deadline) {
+			break
+		}
+		runtime.Gosched()
+	}
+	for nap := 50 * time.Microsecond; ; nap = min(2*nap, time.Millisecond) {
+		time.Sleep(nap)
+		select {
+		case f := <-w.ch:
+			return f
+		default:
+		}
 	}
 }
 
@@ -121,7 +133,7 @@ func run(j ranger, n, per int) {
 		return
 	}
 	startOnce.Do(start)
-	f := forks.Get().(*fork)
+	f := forks.get()
 	f.j, f.n, f.per, f.chunks = j, n, per, chunks
 	f.claimed.Store(0)
 	f.pending.Store(1)
@@ -141,7 +153,7 @@ func run(j ranger, n, per int) {
 		runtime.Gosched()
 	}
 	f.j = nil
-	forks.Put(f)
+	forks.put(f)
 }
 
 // parallel runs j.rows over [0, n) in one chunk per core when n·cost (a rough count
@@ -156,49 +168,65 @@ func parallel(j ranger, n, cost int) {
 	run(j, n, (n+w-1)/w)
 }
 
-// Jobs are recycled per type: a kernel takes one, fills it, runs it and puts it
-// back, so the steady state allocates nothing.
-var jobPools sync.Map // reflect.Type → *sync.Pool
-
-func getJob[J any]() *J {
-	t := reflect.TypeFor[J]()
-	p, ok := jobPools.Load(t)
-	if !ok {
-		p, _ = jobPools.LoadOrStore(t, &sync.Pool{New: func() any { return new(J) }})
-	}
-	return p.(*sync.Pool).Get().(*J)
+// freeList recycles objects without ever blocking (a contended lock would park
+// a goroutine, and parking allocates): a fixed set of slots taken and filled by
+// atomic swaps. Unlike sync.Pool it keeps its objects through garbage
+// collections. When every slot is full a returned object is left to the
+// collector; when every slot is empty get makes a new one.
+type freeList[T any] struct {
+	slots [64]atomic.Pointer[T]
 }
 
-// putJob clears j (so it holds no tensor alive) and returns it to its pool.
+func (l *freeList[T]) get() *T {
+	for i := range l.slots {
+		if l.slots[i].Load() != nil {
+			if it := l.slots[i].Swap(nil); it != nil {
+				return it
+			}
+		}
+	}
+	return new(T)
+}
+
+func (l *freeList[T]) put(it *T) {
+	for i := range l.slots {
+		if l.slots[i].Load() == nil && l.slots[i].CompareAndSwap(nil, it) {
+			return
+		}
+	}
+}
+
+// lists holds one free list per recycled type.
+var lists sync.Map // reflect.Type → *freeList[T]
+
+func listOf[T any]() *freeList[T] {
+	t := reflect.TypeFor[T]()
+	l, ok := lists.Load(t)
+	if !ok {
+		l, _ = lists.LoadOrStore(t, new(freeList[T]))
+	}
+	return l.(*freeList[T])
+}
+
+// Jobs are recycled per type: a kernel takes one, fills it, runs it and puts it
+// back, so the steady state allocates nothing.
+func getJob[J any]() *J { return listOf[J]().get() }
+
+// putJob clears j (so it holds no tensor alive) and returns it to its list.
 func putJob[J any](j *J) {
 	var zero J
 	*j = zero
-	p, _ := jobPools.Load(reflect.TypeFor[J]())
-	p.(*sync.Pool).Put(j)
+	listOf[J]().put(j)
 }
 
-// scratch buffers, recycled per element type.
-var scratchPools [2]sync.Pool
-
+// getScratch returns a recycled buffer of n values (contents undefined).
 func getScratch[F Float](n int) *[]F {
-	pool := &scratchPools[0]
-	if _, ok := any(F(0)).(float64); ok {
-		pool = &scratchPools[1]
+	s := listOf[[]F]().get()
+	if cap(*s) < n {
+		*s = make([]F, n)
 	}
-	if s, ok := pool.Get().(*[]F); ok {
-		if cap(*s) >= n {
-			*s = (*s)[:n]
-			return s
-		}
-	}
-	s := make([]F, n)
-	return &s
+	*s = (*s)[:n]
+	return s
 }
 
-func putScratch[F Float](s *[]F) {
-	pool := &scratchPools[0]
-	if _, ok := any(F(0)).(float64); ok {
-		pool = &scratchPools[1]
-	}
-	pool.Put(s)
-}
+func putScratch[F Float](s *[]F) { listOf[[]F]().put(s) }
