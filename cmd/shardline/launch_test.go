@@ -40,14 +40,21 @@ func losses(t *testing.T, dir string) []float64 {
 	return out
 }
 
+// smallCorpus writes the few kilobytes of text the launch tests train on.
+func smallCorpus(t *testing.T, dir string) string {
+	t.Helper()
+	text := filepath.Join(dir, "t.txt")
+	require.NoError(t, os.WriteFile(text, []byte(strings.Repeat("abcd efgh ijkl mnop. ", 200)), 0o644))
+	return text
+}
+
 // TestLaunchMatchesInProcess: ranks as processes over TCP train the losses that
 // ranks as goroutines train, dense and MoE, at 2 and 4 processes under every
 // sharding strategy (the TCP ring sums in another order than the in-process rank
 // order: 1e-5).
 func TestLaunchMatchesInProcess(t *testing.T) {
 	dir := t.TempDir()
-	text := filepath.Join(dir, "t.txt")
-	require.NoError(t, os.WriteFile(text, []byte(strings.Repeat("abcd efgh ijkl mnop. ", 200)), 0o644))
+	text := smallCorpus(t, dir)
 	common := []string{filepath.Join(recipesDir, "tiny.toml"), "--set", "data.path=" + text, "--num-layers", "1", "--hidden-size", "32",
 		"--num-attention-heads", "2", "--num-query-groups", "2", "--ffn-hidden-size", "64", "--seq-length", "16", "--micro-batch-size", "2",
 		"--global-batch-size", "16", "--train-iters", "4", "--set", "train.eval_interval=0"}
@@ -189,12 +196,12 @@ func weightsOf(t *testing.T, dir string) (string, []float32) {
 // TestLaunchExpertParallel: moe-tiny with experts spread over processes (EP 2 on
 // 2 and 4 ranks, EP 4 on 4), tokens exchanged by all-to-all over TCP on groups of
 // their own, expert weights sharded over the edp group (optim_grads_params at
-// every shape, the other strategies at world 4 EP 2): the losses and final weights of one rank, within the fp32 tolerance of the FSDP
-// equivalence tests (1e-5; the rings sum in another order than one rank does).
+// every shape, the other strategies at world 4 EP 2): the losses and final
+// weights of one rank, within the fp32 tolerance of the FSDP equivalence tests
+// (1e-5; the rings sum in another order than one rank does).
 func TestLaunchExpertParallel(t *testing.T) {
 	dir := t.TempDir()
-	text := filepath.Join(dir, "t.txt")
-	require.NoError(t, os.WriteFile(text, []byte(strings.Repeat("abcd efgh ijkl mnop. ", 200)), 0o644))
+	text := smallCorpus(t, dir)
 	common := []string{filepath.Join(recipesDir, "moe-tiny.toml"), "--set", "data.path=" + text, "--num-layers", "2", "--hidden-size", "32",
 		"--num-attention-heads", "2", "--num-query-groups", "2", "--ffn-hidden-size", "64", "--seq-length", "16", "--micro-batch-size", "1",
 		"--global-batch-size", "8", "--train-iters", "4", "--set", "train.eval_interval=0", "--num-experts", "4", "--moe-router-topk", "2",
