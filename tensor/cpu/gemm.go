@@ -11,11 +11,34 @@ import (
 // It is a BLIS-style blocked GEMM: B is packed into K×NR column panels and A into
 // MR×K row panels, and an MR×NR micro-kernel (AVX-512 FMA in assembly where the CPU
 // has it, portable Go otherwise) accumulates a tile in registers. Row blocks of C are
-// shared among goroutines, one per core, when the product is large enough to pay
-// for them. Packing buffers come from a pool: no allocation in the steady state.
+// shared among the cores when the product is large enough to pay for them. Packing
+// buffers are recycled: no allocation in the steady state.
 func Sgemm(transA, transB bool, M, N, K int, alpha float32, A []float32, lda int, B []float32, ldb int, beta float32, C []float32, ldc int) {
-	if M == 0 || N == 0 {
+	c, ok := newGemm(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)
+	if !ok {
 		return
+	}
+	g := gemmPool.get()
+	g.gemmCall = c
+	g.run()
+	g.gemmCall = gemmCall{} // hold no matrix alive
+	gemmPool.put(g)
+}
+
+// sgemmSerial is Sgemm on the calling goroutine alone, packing into b: for
+// products inside a parallel region, where each chunk of the region owns its b.
+func sgemmSerial(b *gemmBufs, transA, transB bool, M, N, K int, alpha float32, A []float32, lda int, B []float32, ldb int, beta float32, C []float32, ldc int) {
+	c, ok := newGemm(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)
+	if ok {
+		c.part(b, 0, M, 0, N)
+	}
+}
+
+// newGemm applies beta to C where the product will not (it returns false when
+// nothing is left to compute) and describes the product.
+func newGemm(transA, transB bool, M, N, K int, alpha float32, A []float32, lda int, B []float32, ldb int, beta float32, C []float32, ldc int) (gemmCall, bool) {
+	if M == 0 || N == 0 {
+		return gemmCall{}, false
 	}
 	// With beta 0 the first K block stores its tiles over C (never reading it)
 	// instead of C being cleared first.
@@ -33,13 +56,9 @@ func Sgemm(transA, transB bool, M, N, K int, alpha float32, A []float32, lda int
 		}
 	}
 	if K == 0 || alpha == 0 {
-		return
+		return gemmCall{}, false
 	}
-	g := gemmPool.get()
-	*g = gemmArgs{transA: transA, transB: transB, M: M, N: N, K: K, alpha: alpha, A: A, lda: lda, B: B, ldb: ldb, C: C, ldc: ldc, set: set}
-	g.run()
-	*g = gemmArgs{}
-	gemmPool.put(g)
+	return gemmCall{transA: transA, transB: transB, M: M, N: N, K: K, alpha: alpha, A: A, lda: lda, B: B, ldb: ldb, C: C, ldc: ldc, set: set}, true
 }
 
 // Blocking: a KC×NR panel of B (64 KiB) stays in L2 next to an MC×KC block of A
@@ -53,7 +72,8 @@ const (
 	nc = 3072
 )
 
-type gemmArgs struct {
+// gemmCall is one product's operands.
+type gemmCall struct {
 	transA, transB bool
 	M, N, K        int
 	alpha          float32
@@ -64,17 +84,44 @@ type gemmArgs struct {
 	C              []float32
 	ldc            int
 	set            bool // the first K block overwrites C (beta 0)
-	// The split among cores: part p computes columns [p·per, (p+1)·per) of C
-	// (splitN) or rows [p·per, (p+1)·per), packing its own panels of B.
-	splitN bool
-	per    int
 }
 
-var (
-	gemmPool  freeList[gemmArgs]
-	packPool  freeList[[]float32] // B panels: at most KC×NC, sized to the product
-	packAPool freeList[[]float32] // A panels and the edge tile
-)
+// gemmBufs are the packing buffers of one part of a product. A part always
+// packs into the buffers of its own index, whichever goroutine computes it, so
+// what is allocated (only on a part's first use of a larger shape) never depends
+// on scheduling.
+type gemmBufs struct {
+	b []float32 // B panels: at most KC×(NC+NR), sized to the product
+	a []float32 // A panels (MC×KC) and an MR×NR edge tile
+}
+
+func (b *gemmBufs) panelsB(need int) []float32 {
+	if cap(b.b) < need {
+		b.b = make([]float32, need)
+	}
+	return b.b[:need]
+}
+
+func (b *gemmBufs) panelsA() []float32 {
+	if b.a == nil {
+		b.a = make([]float32, mc*kc+mr*nr)
+	}
+	return b.a
+}
+
+// gemmArgs is a product shared among the cores.
+type gemmArgs struct {
+	gemmCall
+	// The split: part p computes columns [p·per, (p+1)·per) of C (splitN) or
+	// rows [p·per, (p+1)·per), packing its own panels of B into bufs[p].
+	splitN bool
+	per    int
+	bufs   [maxChunks]gemmBufs
+}
+
+// gemmPool recycles gemmArgs with their buffers: one per goroutine calling
+// Sgemm at the same time.
+var gemmPool freeList[gemmArgs]
 
 // parallelFLOPs is the product size below which one core is faster than sharing
 // the product (measured on two cores: about 2·64³).
@@ -86,7 +133,7 @@ const parallelFLOPs = 1 << 19
 // A's packing, if any, is repeated per part), by rows otherwise (each part packs
 // all of B).
 func (g *gemmArgs) run() {
-	workers := runtime.GOMAXPROCS(0)
+	workers := min(runtime.GOMAXPROCS(0), maxChunks)
 	if 2*g.M*g.N*g.K < parallelFLOPs {
 		workers = 1
 	}
@@ -98,49 +145,43 @@ func (g *gemmArgs) run() {
 		parts, unit, span = min(workers, panels), nr, panels
 	}
 	if parts <= 1 {
-		g.splitN, g.per = false, g.M
-		g.rows(0, 1)
+		g.part(&g.bufs[0], 0, g.M, 0, g.N)
 		return
 	}
 	g.per = (span + parts - 1) / parts * unit
 	run(g, parts, 1)
 }
 
-// rows computes parts [lo, hi) of C.
-func (g *gemmArgs) rows(lo, hi int) {
-	bpp := packPool.get()
-	defer packPool.put(bpp)
-	if need := min(kc, g.K) * (min(nc, g.N) + nr); cap(*bpp) < need {
-		*bpp = make([]float32, need)
-	}
+// rows computes parts [lo, hi) of C (one part per chunk).
+func (g *gemmArgs) rows(_, lo, hi int) {
 	for p := lo; p < hi; p++ {
-		r0, r1, c0, c1 := 0, g.M, 0, g.N
 		if g.splitN {
-			c0, c1 = p*g.per, min((p+1)*g.per, g.N)
+			g.part(&g.bufs[p], 0, g.M, p*g.per, min((p+1)*g.per, g.N))
 		} else {
-			r0, r1 = p*g.per, min((p+1)*g.per, g.M)
-		}
-		for jc := c0; jc < c1; jc += nc {
-			ncur := min(nc, c1-jc)
-			for pc := 0; pc < g.K; pc += kc {
-				kcur := min(kc, g.K-pc)
-				g.packB(*bpp, pc, kcur, jc, ncur)
-				g.rowBlocks(*bpp, r0, r1, pc, kcur, jc, ncur, pc > 0 || !g.set)
-			}
+			g.part(&g.bufs[p], p*g.per, min((p+1)*g.per, g.M), 0, g.N)
 		}
 	}
 }
 
-// rowBlocks multiplies rows [lo, hi) of op(A)'s current K block by the packed B block.
-// add says whether tiles add to C or overwrite it.
-func (g *gemmArgs) rowBlocks(bp []float32, lo, hi, pc, kcur, jc, ncur int, add bool) {
-	app := packAPool.get()
-	if cap(*app) < mc*kc+mr*nr {
-		*app = make([]float32, mc*kc+mr*nr)
+// part computes C[r0:r1, c0:c1], packing into b.
+func (g *gemmCall) part(b *gemmBufs, r0, r1, c0, c1 int) {
+	bp := b.panelsB(min(kc, g.K) * (min(nc, c1-c0) + nr))
+	ap := b.panelsA()
+	for jc := c0; jc < c1; jc += nc {
+		ncur := min(nc, c1-jc)
+		for pc := 0; pc < g.K; pc += kc {
+			kcur := min(kc, g.K-pc)
+			g.packB(bp, pc, kcur, jc, ncur)
+			g.rowBlocks(bp, ap, r0, r1, pc, kcur, jc, ncur, pc > 0 || !g.set)
+		}
 	}
-	ap := (*app)[:mc*kc]
-	edge := (*app)[mc*kc:] // MR×NR scratch tile for edges
-	defer packAPool.put(app)
+}
+
+// rowBlocks multiplies rows [lo, hi) of op(A)'s current K block by the packed B block
+// bp, packing A into apBuf. add says whether tiles add to C or overwrite it.
+func (g *gemmCall) rowBlocks(bp, apBuf []float32, lo, hi, pc, kcur, jc, ncur int, add bool) {
+	ap := apBuf[:mc*kc]
+	edge := apBuf[mc*kc:] // MR×NR scratch tile for edges
 	// Untransposed A with alpha 1 is read in place by the strided kernel; only a
 	// last partial panel of rows is packed (into the first panel of ap).
 	direct := hasStrided && !g.transA && g.alpha == 1
@@ -192,7 +233,7 @@ func (g *gemmArgs) rowBlocks(bp []float32, lo, hi, pc, kcur, jc, ncur int, add b
 
 // packB copies op(B)[pc:pc+kcur, jc:jc+ncur] into NR-wide panels, each kcur×NR row
 // major, zero-padding the last panel.
-func (g *gemmArgs) packB(bp []float32, pc, kcur, jc, ncur int) {
+func (g *gemmCall) packB(bp []float32, pc, kcur, jc, ncur int) {
 	for jr := 0; jr < ncur; jr += nr {
 		panel := bp[jr*kcur : jr*kcur+nr*kcur]
 		w := min(nr, ncur-jr)
@@ -224,7 +265,7 @@ func (g *gemmArgs) packB(bp []float32, pc, kcur, jc, ncur int) {
 
 // packA copies alpha·op(A)[ic:ic+mcur, pc:pc+kcur] into MR-tall panels, each kcur×MR
 // (the MR values of one k adjacent), zero-padding the last panel.
-func (g *gemmArgs) packA(ap []float32, ic, mcur, pc, kcur int) {
+func (g *gemmCall) packA(ap []float32, ic, mcur, pc, kcur int) {
 	for ir := 0; ir < mcur; ir += mr {
 		panel := ap[ir*kcur : ir*kcur+mr*kcur]
 		h := min(mr, mcur-ir)

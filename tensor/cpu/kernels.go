@@ -22,22 +22,29 @@ func Matmul[F Float](out, inp, weight []F, BT, C, OC int, accumulate bool) {
 	if accumulate {
 		beta = 1
 	}
-	gemm(false, true, BT, OC, C, inp, C, weight, C, beta, out, OC)
+	gemm(nil, false, true, BT, OC, C, inp, C, weight, C, beta, out, OC)
 }
 
 // MatmulBackward: dinp (BT,C) += dout·weight; dweight (OC,C) += doutᵀ·inp.
 // dinp may be nil when the input needs no gradient (the embedding's lookup).
 func MatmulBackward[F Float](dinp, dweight, dout, inp, weight []F, BT, C, OC int) {
 	if dinp != nil {
-		gemm(false, false, BT, C, OC, dout, OC, weight, C, 1, dinp, C)
+		gemm(nil, false, false, BT, C, OC, dout, OC, weight, C, 1, dinp, C)
 	}
-	gemm(true, false, OC, C, BT, dout, OC, inp, C, 1, dweight, C)
+	gemm(nil, true, false, OC, C, BT, dout, OC, inp, C, 1, dweight, C)
 }
 
-// gemm dispatches float32 to Sgemm and float64 (the gradient checks) to a plain loop.
-func gemm[F Float](tA, tB bool, M, N, K int, A []F, lda int, B []F, ldb int, beta F, C []F, ldc int) {
+// gemm dispatches float32 to Sgemm and float64 (the gradient checks) to a plain
+// loop. Inside a parallel region a chunk passes its own packing buffers in b and
+// the product runs on the calling goroutine; outside one b is nil.
+func gemm[F Float](b *gemmBufs, tA, tB bool, M, N, K int, A []F, lda int, B []F, ldb int, beta F, C []F, ldc int) {
 	if a, ok := any(A).([]float32); ok {
-		Sgemm(tA, tB, M, N, K, 1, a, lda, any(B).([]float32), ldb, float32(beta), any(C).([]float32), ldc)
+		bb, cc := any(B).([]float32), any(C).([]float32)
+		if b != nil {
+			sgemmSerial(b, tA, tB, M, N, K, 1, a, lda, bb, ldb, float32(beta), cc, ldc)
+			return
+		}
+		Sgemm(tA, tB, M, N, K, 1, a, lda, bb, ldb, float32(beta), cc, ldc)
 		return
 	}
 	for i := 0; i < M; i++ {
@@ -90,7 +97,7 @@ type rmsNormJob[F Float] struct {
 	eps                    float64
 }
 
-func (j *rmsNormJob[F]) rows(lo, hi int) {
+func (j *rmsNormJob[F]) rows(_, lo, hi int) {
 	rmsNormRows(j.out, j.rstd, j.inp, j.weight, lo, hi, j.C, j.eps)
 }
 
@@ -132,7 +139,7 @@ type rmsNormBackJob[F Float] struct {
 	weights                                bool
 }
 
-func (j *rmsNormBackJob[F]) rows(lo, hi int) {
+func (j *rmsNormBackJob[F]) rows(_, lo, hi int) {
 	if !j.weights {
 		rmsNormBackwardRows(j.dinp, j.dout, j.inp, j.weight, j.rstd, lo, hi, j.C)
 		return
@@ -203,7 +210,7 @@ type ropeJob[F Float] struct {
 	dir         F
 }
 
-func (j *ropeJob[F]) rows(lo, hi int) {
+func (j *ropeJob[F]) rows(_, lo, hi int) {
 	half, NH, HD := j.HD/2, j.NH, j.HD
 	for bt := lo; bt < hi; bt++ {
 		t := bt % j.T
@@ -229,49 +236,54 @@ func (j *ropeJob[F]) rows(lo, hi int) {
 // the masked softmax between them.
 func Attention[F Float](out, att, q, k, v []F, B, T, NH, NKV, HD int) {
 	j := getJob[attentionJob[F]]()
-	*j = attentionJob[F]{out, att, q, k, v, B, T, NH, NKV, HD}
+	j.attentionArgs = attentionArgs[F]{out, att, q, k, v, B, T, NH, NKV, HD}
 	parallel(j, B*NH, 2*T*T*HD)
-	putJob(j)
+	j.attentionArgs = attentionArgs[F]{}
+	listOf[attentionJob[F]]().put(j) // with its buffers
 }
 
-type attentionJob[F Float] struct {
+type attentionArgs[F Float] struct {
 	out, att, q, k, v []F
 	B, T, NH, NKV, HD int
 }
 
-func (j *attentionJob[F]) rows(lo, hi int) {
+type attentionJob[F Float] struct {
+	attentionArgs[F]
+	bufs chunkBufs[F]
+}
+
+func (j *attentionJob[F]) rows(c, lo, hi int) {
 	out, att, q, k, v, T, NH, NKV, HD := j.out, j.att, j.q, j.k, j.v, j.T, j.NH, j.NKV, j.HD
 	group, scale := NH/NKV, 1/math.Sqrt(float64(HD))
-	{
-		for bh := lo; bh < hi; bh++ {
-			b, h := bh/NH, bh%NH
-			kh := h / group
-			qh, kk, vv := q[(b*T*NH+h)*HD:], k[(b*T*NKV+kh)*HD:], v[(b*T*NKV+kh)*HD:]
-			P := att[bh*T*T : (bh+1)*T*T]
-			gemm(false, true, T, T, HD, qh, NH*HD, kk, NKV*HD, 0, P, T)
-			for t := 0; t < T; t++ {
-				row := P[t*T : (t+1)*T]
-				maxv := row[0] * F(scale)
-				for t2 := 0; t2 <= t; t2++ {
-					row[t2] *= F(scale)
-					maxv = max(maxv, row[t2])
-				}
-				for t2 := 0; t2 <= t; t2++ {
-					row[t2] -= maxv
-				}
-				expInPlace(row[:t+1])
-				var sum F
-				for _, e := range row[:t+1] {
-					sum += e
-				}
-				inv := 1 / sum
-				for t2 := 0; t2 <= t; t2++ {
-					row[t2] *= inv
-				}
-				clear(row[t+1:])
+	gb := &j.bufs.gemm[c]
+	for bh := lo; bh < hi; bh++ {
+		b, h := bh/NH, bh%NH
+		kh := h / group
+		qh, kk, vv := q[(b*T*NH+h)*HD:], k[(b*T*NKV+kh)*HD:], v[(b*T*NKV+kh)*HD:]
+		P := att[bh*T*T : (bh+1)*T*T]
+		gemm(gb, false, true, T, T, HD, qh, NH*HD, kk, NKV*HD, 0, P, T)
+		for t := 0; t < T; t++ {
+			row := P[t*T : (t+1)*T]
+			maxv := row[0] * F(scale)
+			for t2 := 0; t2 <= t; t2++ {
+				row[t2] *= F(scale)
+				maxv = max(maxv, row[t2])
 			}
-			gemm(false, false, T, HD, T, P, T, vv, NKV*HD, 0, out[(b*T*NH+h)*HD:], NH*HD)
+			for t2 := 0; t2 <= t; t2++ {
+				row[t2] -= maxv
+			}
+			expInPlace(row[:t+1])
+			var sum F
+			for _, e := range row[:t+1] {
+				sum += e
+			}
+			inv := 1 / sum
+			for t2 := 0; t2 <= t; t2++ {
+				row[t2] *= inv
+			}
+			clear(row[t+1:])
 		}
+		gemm(gb, false, false, T, HD, T, P, T, vv, NKV*HD, 0, out[(b*T*NH+h)*HD:], NH*HD)
 	}
 }
 
@@ -281,47 +293,50 @@ func (j *attentionJob[F]) rows(lo, hi int) {
 // goroutines write the same dk or dv row.
 func AttentionBackward[F Float](dq, dk, dv, dout, att, q, k, v []F, B, T, NH, NKV, HD int) {
 	j := getJob[attentionBackJob[F]]()
-	*j = attentionBackJob[F]{dq, dk, dv, dout, att, q, k, v, B, T, NH, NKV, HD}
+	j.attentionBackArgs = attentionBackArgs[F]{dq, dk, dv, dout, att, q, k, v, B, T, NH, NKV, HD}
 	parallel(j, B*NKV, NH/NKV*5*T*T*HD)
-	putJob(j)
+	j.attentionBackArgs = attentionBackArgs[F]{}
+	listOf[attentionBackJob[F]]().put(j) // with its buffers
 }
 
-type attentionBackJob[F Float] struct {
+type attentionBackArgs[F Float] struct {
 	dq, dk, dv, dout, att, q, k, v []F
 	B, T, NH, NKV, HD              int
 }
 
-func (j *attentionBackJob[F]) rows(lo, hi int) {
+type attentionBackJob[F Float] struct {
+	attentionBackArgs[F]
+	bufs chunkBufs[F]
+}
+
+func (j *attentionBackJob[F]) rows(c, lo, hi int) {
 	dq, dk, dv, dout, att, q, k, v, T, NH, NKV, HD := j.dq, j.dk, j.dv, j.dout, j.att, j.q, j.k, j.v, j.T, j.NH, j.NKV, j.HD
 	group, scale := NH/NKV, F(1/math.Sqrt(float64(HD)))
-	{
-		s := getScratch[F](T * T)
-		defer putScratch(s)
-		dP := *s
-		for bk := lo; bk < hi; bk++ {
-			b, kh := bk/NKV, bk%NKV
-			kk, vv := k[(b*T*NKV+kh)*HD:], v[(b*T*NKV+kh)*HD:]
-			dkk, dvv := dk[(b*T*NKV+kh)*HD:], dv[(b*T*NKV+kh)*HD:]
-			for h := kh * group; h < (kh+1)*group; h++ {
-				bh := b*NH + h
-				P := att[bh*T*T : (bh+1)*T*T]
-				qh, dqh, doh := q[(b*T*NH+h)*HD:], dq[(b*T*NH+h)*HD:], dout[(b*T*NH+h)*HD:]
-				gemm(false, true, T, T, HD, doh, NH*HD, vv, NKV*HD, 0, dP, T)
-				gemm(true, false, T, HD, T, P, T, doh, NH*HD, 1, dvv, NKV*HD)
-				for t := 0; t < T; t++ {
-					p, d := P[t*T:(t+1)*T], dP[t*T:(t+1)*T]
-					var dot F
-					for t2 := 0; t2 <= t; t2++ {
-						dot += p[t2] * d[t2]
-					}
-					for t2 := 0; t2 <= t; t2++ {
-						d[t2] = p[t2] * (d[t2] - dot) * scale
-					}
-					clear(d[t+1:])
+	gb := &j.bufs.gemm[c]
+	dP := j.bufs.scratchFor(c, T*T)
+	for bk := lo; bk < hi; bk++ {
+		b, kh := bk/NKV, bk%NKV
+		kk, vv := k[(b*T*NKV+kh)*HD:], v[(b*T*NKV+kh)*HD:]
+		dkk, dvv := dk[(b*T*NKV+kh)*HD:], dv[(b*T*NKV+kh)*HD:]
+		for h := kh * group; h < (kh+1)*group; h++ {
+			bh := b*NH + h
+			P := att[bh*T*T : (bh+1)*T*T]
+			qh, dqh, doh := q[(b*T*NH+h)*HD:], dq[(b*T*NH+h)*HD:], dout[(b*T*NH+h)*HD:]
+			gemm(gb, false, true, T, T, HD, doh, NH*HD, vv, NKV*HD, 0, dP, T)
+			gemm(gb, true, false, T, HD, T, P, T, doh, NH*HD, 1, dvv, NKV*HD)
+			for t := 0; t < T; t++ {
+				p, d := P[t*T:(t+1)*T], dP[t*T:(t+1)*T]
+				var dot F
+				for t2 := 0; t2 <= t; t2++ {
+					dot += p[t2] * d[t2]
 				}
-				gemm(false, false, T, HD, T, dP, T, kk, NKV*HD, 1, dqh, NH*HD)
-				gemm(true, false, T, HD, T, dP, T, qh, NH*HD, 1, dkk, NKV*HD)
+				for t2 := 0; t2 <= t; t2++ {
+					d[t2] = p[t2] * (d[t2] - dot) * scale
+				}
+				clear(d[t+1:])
 			}
+			gemm(gb, false, false, T, HD, T, dP, T, kk, NKV*HD, 1, dqh, NH*HD)
+			gemm(gb, true, false, T, HD, T, dP, T, qh, NH*HD, 1, dkk, NKV*HD)
 		}
 	}
 }
@@ -364,18 +379,16 @@ func SwiGLU[F Float](out, gate, up []F, n int) {
 
 type swigluJob[F Float] struct{ out, gate, up, dout []F }
 
-func (j *swigluJob[F]) rows(lo, hi int) {
+func (j *swigluJob[F]) rows(_, lo, hi int) {
 	out, gate, up := j.out, j.gate, j.up
-	{
-		var e [256]F
-		for b := lo; b < hi; b += len(e) {
-			m := min(len(e), hi-b)
-			g := gate[b : b+m]
-			expNeg(e[:m], g)
-			o, u := out[b:b+m], up[b:b+m]
-			for i, x := range g {
-				o[i] = x / (1 + e[i]) * u[i]
-			}
+	var e [256]F
+	for b := lo; b < hi; b += len(e) {
+		m := min(len(e), hi-b)
+		g := gate[b : b+m]
+		expNeg(e[:m], g)
+		o, u := out[b:b+m], up[b:b+m]
+		for i, x := range g {
+			o[i] = x / (1 + e[i]) * u[i]
 		}
 	}
 }
@@ -390,20 +403,18 @@ func SwiGLUBackward[F Float](dgate, dup, dout, gate, up []F, n int) {
 
 type swigluBackJob[F Float] struct{ dgate, dup, dout, gate, up []F }
 
-func (j *swigluBackJob[F]) rows(lo, hi int) {
+func (j *swigluBackJob[F]) rows(_, lo, hi int) {
 	dgate, dup, dout, gate, up := j.dgate, j.dup, j.dout, j.gate, j.up
-	{
-		var e [256]F
-		for b := lo; b < hi; b += len(e) {
-			m := min(len(e), hi-b)
-			g := gate[b : b+m]
-			expNeg(e[:m], g)
-			dg, du, do, u := dgate[b:b+m], dup[b:b+m], dout[b:b+m], up[b:b+m]
-			for i, x := range g {
-				s := 1 / (1 + e[i])
-				dg[i] += do[i] * u[i] * s * (1 + x*(1-s))
-				du[i] += do[i] * x * s
-			}
+	var e [256]F
+	for b := lo; b < hi; b += len(e) {
+		m := min(len(e), hi-b)
+		g := gate[b : b+m]
+		expNeg(e[:m], g)
+		dg, du, do, u := dgate[b:b+m], dup[b:b+m], dout[b:b+m], up[b:b+m]
+		for i, x := range g {
+			s := 1 / (1 + e[i])
+			dg[i] += do[i] * u[i] * s * (1 + x*(1-s))
+			du[i] += do[i] * x * s
 		}
 	}
 }
@@ -445,7 +456,7 @@ type crossEntropyJob[F Float] struct {
 	back        bool
 }
 
-func (j *crossEntropyJob[F]) rows(lo, hi int) {
+func (j *crossEntropyJob[F]) rows(_, lo, hi int) {
 	V, probs, targets := j.V, j.probs, j.targets
 	if j.back {
 		dlogits, dloss := j.a, j.b
@@ -462,16 +473,14 @@ func (j *crossEntropyJob[F]) rows(lo, hi int) {
 		return
 	}
 	losses, logits := j.a, j.b
-	{
-		for i := lo; i < hi; i++ {
-			p := probs[i*V : (i+1)*V]
-			softmaxRow(p, logits[i*V:(i+1)*V])
-			if targets[i] < 0 {
-				losses[i] = 0
-				continue
-			}
-			losses[i] = F(-math.Log(math.Max(float64(p[targets[i]]), 1e-30)))
+	for i := lo; i < hi; i++ {
+		p := probs[i*V : (i+1)*V]
+		softmaxRow(p, logits[i*V:(i+1)*V])
+		if targets[i] < 0 {
+			losses[i] = 0
+			continue
 		}
+		losses[i] = F(-math.Log(math.Max(float64(p[targets[i]]), 1e-30)))
 	}
 }
 

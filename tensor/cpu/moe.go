@@ -125,24 +125,22 @@ type combineJob[F Float] struct {
 	back                      bool
 }
 
-func (j *combineJob[F]) rows(lo, hi int) {
+func (j *combineJob[F]) rows(_, lo, hi int) {
 	if j.back {
 		j.backward(lo, hi)
 		return
 	}
 	out, y, gates, row, C, K := j.out, j.y, j.gates, j.row, j.C, j.K
-	{
-		for t := lo; t < hi; t++ {
-			o := out[t*C : (t+1)*C]
-			for j := 0; j < K; j++ {
-				r := row[t*K+j]
-				if r < 0 {
-					continue
-				}
-				g, yr := gates[t*K+j], y[int(r)*C:int(r+1)*C]
-				for c := range o {
-					o[c] += g * yr[c]
-				}
+	for t := lo; t < hi; t++ {
+		o := out[t*C : (t+1)*C]
+		for j := 0; j < K; j++ {
+			r := row[t*K+j]
+			if r < 0 {
+				continue
+			}
+			g, yr := gates[t*K+j], y[int(r)*C:int(r+1)*C]
+			for c := range o {
+				o[c] += g * yr[c]
 			}
 		}
 	}
@@ -160,23 +158,21 @@ func CombineBackward[F Float](dy, dgates, dout, y, gates []F, row []int32, BT, C
 // backward is CombineBackward over tokens [lo, hi) (out holds dout).
 func (j *combineJob[F]) backward(lo, hi int) {
 	dy, dgates, dout, y, gates, row, C, K := j.dy, j.dgates, j.out, j.y, j.gates, j.row, j.C, j.K
-	{
-		for t := lo; t < hi; t++ {
-			do := dout[t*C : (t+1)*C]
-			for j := 0; j < K; j++ {
-				r := row[t*K+j]
-				dgates[t*K+j] = 0
-				if r < 0 {
-					continue
-				}
-				g, yr, d := gates[t*K+j], y[int(r)*C:int(r+1)*C], dy[int(r)*C:int(r+1)*C]
-				var s F
-				for c, v := range do {
-					s += v * yr[c]
-					d[c] = g * v
-				}
-				dgates[t*K+j] = s
+	for t := lo; t < hi; t++ {
+		do := dout[t*C : (t+1)*C]
+		for j := 0; j < K; j++ {
+			r := row[t*K+j]
+			dgates[t*K+j] = 0
+			if r < 0 {
+				continue
 			}
+			g, yr, d := gates[t*K+j], y[int(r)*C:int(r+1)*C], dy[int(r)*C:int(r+1)*C]
+			var s F
+			for c, v := range do {
+				s += v * yr[c]
+				d[c] = g * v
+			}
+			dgates[t*K+j] = s
 		}
 	}
 }
@@ -226,7 +222,7 @@ type optimJob[F Float] struct {
 	b1, b2, c1, c2, eps, lr, wd F
 }
 
-func (j *optimJob[F]) rows(lo, hi int) {
+func (j *optimJob[F]) rows(_, lo, hi int) {
 	params, grads, m := j.params[lo:hi], j.grads[lo:hi], j.m[lo:hi]
 	grads, m = grads[:len(params)], m[:len(params)]
 	b1, flr, fwd := j.b1, j.lr, j.wd

@@ -21,8 +21,11 @@ import (
 // chunk i+1), so consecutive kernels that split rows alike find their rows in the
 // cache of the core that wrote them; then it takes whatever chunks are left.
 
-// ranger is a kernel's work over rows [lo, hi) of its index space.
-type ranger interface{ rows(lo, hi int) }
+// ranger is a kernel's work over rows [lo, hi) of its index space, which are
+// chunk c of it (0 when the kernel runs serially): a job that needs scratch space
+// keeps it per chunk, so what it allocates never depends on which goroutine ran
+// which chunk.
+type ranger interface{ rows(c, lo, hi int) }
 
 // fork is one parallel region in flight.
 type fork struct {
@@ -50,11 +53,11 @@ func (f *fork) claim(c int) bool {
 // help runs chunk `own` if nobody has taken it, then any chunks left.
 func (f *fork) help(own int) {
 	if own < f.chunks && f.claim(own) {
-		f.j.rows(own*f.per, min((own+1)*f.per, f.n))
+		f.j.rows(own, own*f.per, min((own+1)*f.per, f.n))
 	}
 	for c := 0; c < f.chunks; c++ {
 		if f.claimed.Load()&(1<<c) == 0 && f.claim(c) {
-			f.j.rows(c*f.per, min((c+1)*f.per, f.n))
+			f.j.rows(c, c*f.per, min((c+1)*f.per, f.n))
 		}
 	}
 }
@@ -129,7 +132,7 @@ func run(j ranger, n, per int) {
 	chunks := (n + per - 1) / per
 	helpers := min(chunks, runtime.GOMAXPROCS(0)) - 1
 	if helpers <= 0 {
-		j.rows(0, n)
+		j.rows(0, 0, n)
 		return
 	}
 	startOnce.Do(start)
@@ -161,7 +164,7 @@ func run(j ranger, n, per int) {
 func parallel(j ranger, n, cost int) {
 	w := runtime.GOMAXPROCS(0)
 	if w == 1 || n < 2 || n*cost < 1<<15 {
-		j.rows(0, n)
+		j.rows(0, 0, n)
 		return
 	}
 	w = min(w, n)
@@ -219,14 +222,17 @@ func putJob[J any](j *J) {
 	listOf[J]().put(j)
 }
 
-// getScratch returns a recycled buffer of n values (contents undefined).
-func getScratch[F Float](n int) *[]F {
-	s := listOf[[]F]().get()
-	if cap(*s) < n {
-		*s = make([]F, n)
-	}
-	*s = (*s)[:n]
-	return s
+// chunkBufs are a job's buffers, one set per chunk, kept with the job when it is
+// recycled: GEMM packing for products inside the job, and n values of scratch.
+type chunkBufs[F Float] struct {
+	gemm    [maxChunks]gemmBufs
+	scratch [maxChunks][]F
 }
 
-func putScratch[F Float](s *[]F) { listOf[[]F]().put(s) }
+// scratchFor returns chunk c's scratch of n values (contents undefined).
+func (b *chunkBufs[F]) scratchFor(c, n int) []F {
+	if cap(b.scratch[c]) < n {
+		b.scratch[c] = make([]F, n)
+	}
+	return b.scratch[c][:n]
+}
