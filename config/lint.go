@@ -235,11 +235,15 @@ func (c *checker) model() {
 		c.report(SevError, "SL303", fmt.Sprintf("model.kv_heads (%d) must divide model.heads (%d) for grouped-query attention", kv, m.Heads),
 			"pick kv_heads among the divisors of heads (kv_heads = heads is plain multi-head attention)", "model.kv_heads", "model.heads")
 	}
-	if c.rc.Data.Tokenizer == "byte" && m.VocabSize < 256 {
-		c.report(SevError, "SL305", fmt.Sprintf("model.vocab_size (%d) is smaller than the byte tokenizer's 256 tokens", m.VocabSize),
-			"set vocab_size = 256 (or more)", "model.vocab_size", "data.tokenizer")
+	if tok := c.rc.Data.Tokenizer; tokenizerVocab[tok] > m.VocabSize {
+		c.report(SevError, "SL305", fmt.Sprintf("model.vocab_size (%d) is smaller than the %s tokenizer's %d tokens", m.VocabSize, tok, tokenizerVocab[tok]),
+			fmt.Sprintf("set vocab_size = %d (or more)", tokenizerVocab[tok]), "model.vocab_size", "data.tokenizer")
 	}
 }
+
+// tokenizerVocab is the vocabulary of each tokenizer whose vocabulary is fixed
+// (char's comes from the corpus and is checked when the data is read).
+var tokenizerVocab = map[string]int{"byte": 256, "gpt2": 50257}
 
 // unitKinds maps each name fsdp_unit_modules accepts, Megatron's class names and
 // paths included, to a module kind.

@@ -105,8 +105,9 @@ type Data struct {
 	// Training text file, or a directory written by `shardline data prepare`.
 	// ${VAR} expands from the environment; ${GOROOT} falls back to `go env GOROOT`.
 	Path string `toml:"path"`
-	// Tokenizer: byte (vocabulary 256) or char (vocabulary from the corpus).
-	Tokenizer string `toml:"tokenizer" enum:"byte,char"`
+	// Tokenizer: byte (vocabulary 256), char (vocabulary from the corpus) or gpt2
+	// (GPT-2's byte-pair encoding, vocabulary 50257).
+	Tokenizer string `toml:"tokenizer" enum:"byte,char,gpt2"`
 	// Fraction of the tokens held out for validation, taken from the end of the corpus.
 	ValFraction float64 `toml:"val_fraction" min:"0" max:"0.5"`
 }

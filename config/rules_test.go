@@ -110,6 +110,7 @@ var ruleCases = []ruleCase{
 	{name: "kv heads", src: okData + "[model]\nkv_heads = 3\n", code: "SL303", loc: "x.toml:4:1"},
 	{name: "layer freq", src: okData + "[model.moe]\nnum_experts = 4\nlayer_freq = 5\n", code: "SL304", loc: "x.toml:5:1"},
 	{name: "vocab", src: okData + "[model]\nvocab_size = 100\n", code: "SL305", loc: "x.toml:4:1"},
+	{name: "vocab gpt2", src: "[data]\npath = \"/\"\ntokenizer = \"gpt2\"\n[model]\nvocab_size = 50000\n", code: "SL305", loc: "x.toml:5:1", msg: "gpt2 tokenizer's 50257 tokens"},
 	{name: "data path", src: "[data]\npath = \"/no/such/file.txt\"\n", code: "SL401", sev: SevWarning, loc: "x.toml:2:1"},
 	{name: "data path var", src: "[data]\npath = \"${SHARDLINE_TEST_UNSET_VAR}/x\"\n", code: "SL401", sev: SevWarning, loc: "x.toml:2:1", msg: "SHARDLINE_TEST_UNSET_VAR is not set"},
 }

@@ -20,14 +20,15 @@ func (a *app) dataCmd() *cobra.Command {
 		Use:   "prepare --tokenizer T --val-fraction F TEXT... -o DIR",
 		Short: "Tokenize text files into token shards (train.tok, val.tok, tokenizer.json)",
 		Long: `Prepare concatenates the text files, tokenizes them (byte: vocabulary 256; char: the
-distinct characters of the text), holds out the last --val-fraction of the tokens
+distinct characters of the text; gpt2: GPT-2's byte-pair encoding, vocabulary
+50257, model.vocab_size must be at least that), holds out the last --val-fraction of the tokens
 for validation, and writes DIR/train.tok, DIR/val.tok and DIR/tokenizer.json. Point
 data.path at DIR to train on it.`,
 		Example: `  shardline data prepare --tokenizer char -o data/shakespeare input.txt`,
 		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if tokenizer != "byte" && tokenizer != "char" {
-				return usageErr("--tokenizer %q is not one of byte, char", tokenizer)
+			if tokenizer != "byte" && tokenizer != "char" && tokenizer != "gpt2" {
+				return usageErr("--tokenizer %q is not one of byte, char, gpt2", tokenizer)
 			}
 			if valFrac < 0 || valFrac > 0.5 {
 				return usageErr("--val-fraction %v must be within [0, 0.5]", valFrac)
@@ -49,7 +50,7 @@ data.path at DIR to train on it.`,
 			return err
 		},
 	}
-	prep.Flags().StringVar(&tokenizer, "tokenizer", "byte", "byte or char")
+	prep.Flags().StringVar(&tokenizer, "tokenizer", "byte", "byte, char or gpt2")
 	prep.Flags().Float64Var(&valFrac, "val-fraction", 0.1, "fraction of tokens held out for validation (from the end)")
 	prep.Flags().StringVarP(&out, "output", "o", "", "output directory")
 	cmd.AddCommand(prep)

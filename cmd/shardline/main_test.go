@@ -313,6 +313,32 @@ func TestRunPrepareSample(t *testing.T) {
 	assert.Contains(t, errs, "is not a run directory")
 }
 
+// TestRunGPT2 prepares data with GPT-2's byte-pair encoding, trains on it, samples it,
+// and refuses a model whose vocabulary is smaller than the tokenizer's.
+func TestRunGPT2(t *testing.T) {
+	dir := t.TempDir()
+	text := filepath.Join(dir, "t.txt")
+	require.NoError(t, os.WriteFile(text, []byte(strings.Repeat("Of the Reflexions, Refractions, Inflexions and Colours of Light. ", 200)), 0o644))
+	prepared := filepath.Join(dir, "prepared")
+	code, out, errs := shardline(t, nil, "data", "prepare", "--tokenizer", "gpt2", "-o", prepared, text)
+	require.Equal(t, 0, code, errs)
+	assert.Contains(t, out, "gpt2 tokenizer (vocabulary 50257)")
+
+	args := []string{"run", filepath.Join(recipesDir, "tiny.toml"), "--set", "data.path=" + prepared, "--set", "data.tokenizer=gpt2",
+		"--set", "model.vocab_size=50257", "--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--num-query-groups", "2",
+		"--ffn-hidden-size", "64", "--seq-length", "16", "--micro-batch-size", "4", "--global-batch-size", "4", "--train-iters", "3",
+		"--set", "train.eval_interval=3", "--set", "run.output_dir=" + dir, "--set", "run.name=bpe"}
+	code, _, errs = shardline(t, nil, args...)
+	require.Equal(t, 0, code, errs)
+	code, out, errs = shardline(t, nil, "sample", filepath.Join(dir, "bpe"), "--prompt", "Of the", "--tokens", "5", "--temperature", "0")
+	require.Equal(t, 0, code, errs)
+	assert.True(t, strings.HasPrefix(out, "Of the"))
+
+	code, _, errs = shardline(t, nil, append(args, "--set", "model.vocab_size=256")...)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errs, "error[SL305]: model.vocab_size (256) is smaller than the gpt2 tokenizer's 50257 tokens")
+}
+
 func TestRunNproc(t *testing.T) {
 	dir := t.TempDir()
 	args := []string{"run", filepath.Join(recipesDir, "tiny.toml"), "--nproc", "4", "--num-layers", "1", "--hidden-size", "32",

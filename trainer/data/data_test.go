@@ -11,7 +11,7 @@ import (
 
 func TestTokenizersRoundTrip(t *testing.T) {
 	text := []byte("Of the Reflexions of Light — ½ œuvre.\n")
-	for _, name := range []string{"byte", "char"} {
+	for _, name := range []string{"byte", "char", "gpt2"} {
 		ds, err := fromText(text, name, 0)
 		require.NoError(t, err)
 		assert.Equal(t, string(text), ds.Tok.Decode(ds.Train), name)

@@ -57,15 +57,20 @@ func fromText(text []byte, tokenizer string, valFraction float64) (*Dataset, err
 	if len(text) == 0 {
 		return nil, errors.New("the text is empty")
 	}
-	var tok Tokenizer = Byte{}
-	if tokenizer == "char" {
+	var tok Tokenizer
+	switch tokenizer {
+	case "byte":
+		tok = Byte{}
+	case "gpt2":
+		tok = GPT2{}
+	case "char":
 		c, err := NewChar(text)
 		if err != nil {
 			return nil, err
 		}
 		tok = c
-	} else if tokenizer != "byte" {
-		return nil, fmt.Errorf("unknown tokenizer %q (byte or char)", tokenizer)
+	default:
+		return nil, fmt.Errorf("unknown tokenizer %q (byte, char or gpt2)", tokenizer)
 	}
 	tokens, err := tok.Encode(text)
 	if err != nil {

@@ -1,7 +1,9 @@
 // Package data turns text into token streams and batches.
 //
-// Tokenizers: byte (vocabulary 256, no state) and char (the corpus's distinct
-// characters, sorted; the vocabulary is saved with the data). Token shards (shard.go)
+// Tokenizers: byte (vocabulary 256, no state), char (the corpus's distinct
+// characters, sorted; the vocabulary is saved with the data) and gpt2 (GPT-2's
+// byte-pair encoding, 50,257 tokens, from github.com/tiktoken-go/tokenizer, which
+// embeds the merge table, so it works offline). Token shards (shard.go)
 // hold a header (magic, version, dtype, count, tokenizer) and the tokens; a prepared
 // directory holds train.tok, val.tok and tokenizer.json. A run can also read text
 // directly: it is tokenized once and cached.

@@ -135,6 +135,8 @@ func NewTokenizer(name, chars string) (Tokenizer, error) {
 		c := &Char{Chars: []rune(chars)}
 		c.buildIndex()
 		return c, nil
+	case "gpt2":
+		return GPT2{}, nil
 	}
-	return nil, fmt.Errorf("unknown tokenizer %q (byte or char)", name)
+	return nil, fmt.Errorf("unknown tokenizer %q (byte, char or gpt2)", name)
 }
