@@ -193,28 +193,31 @@ func (g *gemmCall) rowBlocks(bp, apBuf []float32, lo, hi, pc, kcur, jc, ncur int
 			g.packA(ap, ic+mcur-rem, rem, pc, kcur)
 		}
 		for jr := 0; jr < ncur; jr += nr {
-			bpanel := bp[jr*kcur : jr*kcur+nr*kcur]
+			bpanel, ldb := bp[jr*kcur:jr*kcur+nr*kcur], nr
 			nrCur := min(nr, ncur-jr)
+			if !g.transB && nrCur == nr { // read in place (see packB)
+				bpanel, ldb = g.B[pc*g.ldb+jc+jr:], g.ldb
+			}
 			for ir := 0; ir < mcur; ir += mr {
 				mrCur := min(mr, mcur-ir)
 				ci := (ic+ir)*g.ldc + jc + jr
 				if direct && mrCur == mr {
 					a := g.A[(ic+ir)*g.lda+pc:]
 					if nrCur == nr {
-						kernelStrided(kcur, a, g.lda, bpanel, g.C[ci:], g.ldc, add)
+						kernelStrided(kcur, a, g.lda, bpanel, ldb, g.C[ci:], g.ldc, add)
 						continue
 					}
-					kernelStrided(kcur, a, g.lda, bpanel, edge, nr, false)
+					kernelStrided(kcur, a, g.lda, bpanel, ldb, edge, nr, false)
 				} else {
 					apanel := ap[ir*kcur : ir*kcur+mr*kcur]
 					if direct {
 						apanel = ap[:mr*kcur] // the packed partial panel
 					}
 					if mrCur == mr && nrCur == nr {
-						kernel(kcur, apanel, bpanel, g.C[ci:], g.ldc, add)
+						kernel(kcur, apanel, bpanel, ldb, g.C[ci:], g.ldc, add)
 						continue
 					}
-					kernel(kcur, apanel, bpanel, edge, nr, false)
+					kernel(kcur, apanel, bpanel, ldb, edge, nr, false)
 				}
 				for i := 0; i < mrCur; i++ {
 					crow := g.C[ci+i*g.ldc : ci+i*g.ldc+nrCur]
@@ -232,14 +235,29 @@ func (g *gemmCall) rowBlocks(bp, apBuf []float32, lo, hi, pc, kcur, jc, ncur int
 }
 
 // packB copies op(B)[pc:pc+kcur, jc:jc+ncur] into NR-wide panels, each kcur×NR row
-// major, zero-padding the last panel.
+// major, zero-padding the last panel. Untransposed B needs no copy: the kernels
+// read a full panel in place (its rows at stride ldb), so only a last partial
+// panel is packed.
 func (g *gemmCall) packB(bp []float32, pc, kcur, jc, ncur int) {
 	for jr := 0; jr < ncur; jr += nr {
 		panel := bp[jr*kcur : jr*kcur+nr*kcur]
 		w := min(nr, ncur-jr)
-		if g.transB {
-			// Column j of the panel is row jc+jr+j of B: read it contiguously and
-			// scatter it down the panel (the panel is L1-resident).
+		switch {
+		case !g.transB && w == nr:
+			// read in place
+		case !g.transB:
+			for p := 0; p < kcur; p++ {
+				dst := panel[p*nr : p*nr+nr]
+				k := pc + p
+				copy(dst[:w], g.B[k*g.ldb+jc+jr:k*g.ldb+jc+jr+w])
+				clear(dst[w:])
+			}
+		case w == nr:
+			// Column j of the panel is row jc+jr+j of B: gather 16 rows at a time.
+			b := g.B[(jc+jr)*g.ldb+pc:]
+			packCols16(panel, b, g.ldb, kcur)
+			packCols16(panel[16:], b[16*g.ldb:], g.ldb, kcur)
+		default:
 			for j := 0; j < nr; j++ {
 				if j >= w {
 					for p := 0; p < kcur; p++ {
@@ -252,14 +270,23 @@ func (g *gemmCall) packB(bp []float32, pc, kcur, jc, ncur int) {
 					panel[p*nr+j] = v
 				}
 			}
-			continue
 		}
-		for p := 0; p < kcur; p++ {
-			dst := panel[p*nr : p*nr+nr]
-			k := pc + p
-			copy(dst[:w], g.B[k*g.ldb+jc+jr:k*g.ldb+jc+jr+w])
-			clear(dst[w:])
-		}
+	}
+}
+
+// packCols16 writes panel[p*NR+i] = b[i*ldb+p] for i < 16, p < kcur: sixteen rows
+// of B, read side by side, become sixteen adjacent values of each panel row.
+func packCols16(panel, b []float32, ldb, kcur int) {
+	var rows [16][]float32
+	for i := range rows {
+		rows[i] = b[i*ldb : i*ldb+kcur : i*ldb+kcur]
+	}
+	for p := 0; p < kcur; p++ {
+		d := (*[16]float32)(panel[p*nr : p*nr+16])
+		d[0], d[1], d[2], d[3] = rows[0][p], rows[1][p], rows[2][p], rows[3][p]
+		d[4], d[5], d[6], d[7] = rows[4][p], rows[5][p], rows[6][p], rows[7][p]
+		d[8], d[9], d[10], d[11] = rows[8][p], rows[9][p], rows[10][p], rows[11][p]
+		d[12], d[13], d[14], d[15] = rows[12][p], rows[13][p], rows[14][p], rows[15][p]
 	}
 }
 
@@ -275,7 +302,10 @@ func (g *gemmCall) packA(ap []float32, ic, mcur, pc, kcur int) {
 			for p := 0; p < kcur; p++ {
 				src := g.A[(pc+p)*g.lda+m0 : (pc+p)*g.lda+m0+h]
 				dst := panel[p*mr : p*mr+mr]
-				if g.alpha == 1 {
+				if g.alpha == 1 && h == mr {
+					*(*[mr]float32)(dst) = *(*[mr]float32)(src) // no call to memmove
+					continue
+				} else if g.alpha == 1 {
 					copy(dst, src)
 				} else {
 					for i, v := range src {
@@ -321,12 +351,12 @@ func packRows(panel, a []float32, lda, kcur int) {
 	}
 }
 
-// kernelGo is the portable micro-kernel: c[i*ldc+j] (+)= Σ_p a[p*MR+i]·b[p*NR+j],
+// kernelGo is the portable micro-kernel: c[i*ldc+j] (+)= Σ_p a[p*MR+i]·b[p*ldb+j],
 // added when add is set, stored otherwise.
-func kernelGo(k int, a, b, c []float32, ldc int, add bool) {
+func kernelGo(k int, a, b []float32, ldb int, c []float32, ldc int, add bool) {
 	var acc [mr][nr]float32
 	for p := 0; p < k; p++ {
-		bp := b[p*nr : p*nr+nr]
+		bp := b[p*ldb : p*ldb+nr]
 		ap := a[p*mr : p*mr+mr]
 		for i := 0; i < mr; i++ {
 			ai := ap[i]
