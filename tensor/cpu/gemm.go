@@ -303,7 +303,9 @@ func (g *gemmCall) packA(ap []float32, ic, mcur, pc, kcur int) {
 				src := g.A[(pc+p)*g.lda+m0 : (pc+p)*g.lda+m0+h]
 				dst := panel[p*mr : p*mr+mr]
 				if g.alpha == 1 && h == mr {
-					*(*[mr]float32)(dst) = *(*[mr]float32)(src) // no call to memmove
+					d, v := (*[mr]float32)(dst), (*[mr]float32)(src) // moves, no memmove call
+					d[0], d[1], d[2], d[3], d[4], d[5] = v[0], v[1], v[2], v[3], v[4], v[5]
+					d[6], d[7], d[8], d[9], d[10], d[11] = v[6], v[7], v[8], v[9], v[10], v[11]
 					continue
 				} else if g.alpha == 1 {
 					copy(dst, src)

@@ -104,11 +104,7 @@ func (j *rmsNormJob[F]) rows(_, lo, hi int) {
 func rmsNormRows[F Float](out, rstd, inp, weight []F, lo, hi, C int, eps float64) {
 	for i := lo; i < hi; i++ {
 		x := inp[i*C : (i+1)*C]
-		var ss float64
-		for _, v := range x {
-			ss += float64(v) * float64(v)
-		}
-		r := F(1 / math.Sqrt(ss/float64(C)+eps))
+		r := F(1 / math.Sqrt(sumSquares(x)/float64(C)+eps))
 		rstd[i] = r
 		o := out[i*C : (i+1)*C]
 		for c, v := range x {
@@ -161,15 +157,47 @@ func rmsNormBackwardRows[F Float](dinp, dout, inp, weight, rstd []F, lo, hi, C i
 		d, dx := dout[i*C:(i+1)*C], dinp[i*C:(i+1)*C]
 		d, dx = d[:len(x)], dx[:len(x)]
 		r := rstd[i]
-		var dot F
-		for c, xc := range x {
-			dot += d[c] * weight[c] * xc
-		}
-		k := dot / F(C) * r * r * r
+		k := dot3(d, weight, x) / F(C) * r * r * r
 		for c, xc := range x {
 			dx[c] += r*d[c]*weight[c] - xc*k
 		}
 	}
+}
+
+// sumSquares is Σ x² in float64, over four independent running sums (one chain
+// of dependent additions would wait on each one's latency).
+func sumSquares[F Float](x []F) float64 {
+	var s0, s1, s2, s3 float64
+	n := len(x) &^ 3
+	for c := 0; c < n; c += 4 {
+		v := x[c : c+4 : c+4]
+		s0 += float64(v[0]) * float64(v[0])
+		s1 += float64(v[1]) * float64(v[1])
+		s2 += float64(v[2]) * float64(v[2])
+		s3 += float64(v[3]) * float64(v[3])
+	}
+	for _, v := range x[n:] {
+		s0 += float64(v) * float64(v)
+	}
+	return (s0 + s1) + (s2 + s3)
+}
+
+// dot3 is Σ a·b·c over len(a) elements, over four independent running sums.
+func dot3[F Float](a, b, c []F) F {
+	b, c = b[:len(a)], c[:len(a)]
+	var s0, s1, s2, s3 F
+	n := len(a) &^ 3
+	for i := 0; i < n; i += 4 {
+		x, y, z := a[i:i+4:i+4], b[i:i+4:i+4], c[i:i+4:i+4]
+		s0 += x[0] * y[0] * z[0]
+		s1 += x[1] * y[1] * z[1]
+		s2 += x[2] * y[2] * z[2]
+		s3 += x[3] * y[3] * z[3]
+	}
+	for i := n; i < len(a); i++ {
+		s0 += a[i] * b[i] * c[i]
+	}
+	return (s0 + s1) + (s2 + s3)
 }
 
 // RopeTables fills cos and sin (T, HD/2) for rotary embeddings:
