@@ -2,16 +2,19 @@
 
 #include "textflag.h"
 
-// func vexp32AVX512(dst, src *float32, n int)
+// func vexp32AVX512(dst, src *float32, n int, sigmoid bool)
 //
 // dst[i] = e^src[i] for i < n, n a multiple of 16: the algorithm of exp32 (Cephes'
 // expf) sixteen lanes at a time. x is clamped to [-87.33654, 88.72283]; x = n·ln2 + r
 // with n rounded to nearest (VRNDSCALEPS), e^r by the degree-6 polynomial, and the
-// result scaled by 2^n (VSCALEFPS).
-TEXT ·vexp32AVX512(SB), NOSPLIT, $0-24
+// result scaled by 2^n (VSCALEFPS). With sigmoid set it is the logistic function
+// instead: dst[i] = 1 / (1 + e^−src[i]).
+TEXT ·vexp32AVX512(SB), NOSPLIT, $0-25
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
 	MOVQ n+16(FP), CX
+	MOVBQZX sigmoid+24(FP), R8
+	VPXORD Z19, Z19, Z19          // 0, for negating
 	MOVL $0x42b17217, AX // 88.72283
 	VPBROADCASTD AX, Z20
 	MOVL $0xc2aeac4f, AX // -87.33654
@@ -40,6 +43,10 @@ loop:
 	TESTQ CX, CX
 	JEQ done
 	VMOVUPS (SI), Z0
+	TESTQ R8, R8
+	JEQ clamp
+	VSUBPS Z0, Z19, Z0            // −x
+clamp:
 	VMINPS Z20, Z0, Z0
 	VMAXPS Z21, Z0, Z0
 	VMULPS Z22, Z0, Z1
@@ -56,6 +63,11 @@ loop:
 	VFMADD213PS Z0, Z3, Z2        // p·r² + r
 	VADDPS Z31, Z2, Z2            // + 1
 	VSCALEFPS Z1, Z2, Z2          // · 2^n
+	TESTQ R8, R8
+	JEQ store
+	VADDPS Z31, Z2, Z2            // 1 + e^−x
+	VDIVPS Z2, Z31, Z2            // 1 / (1 + e^−x)
+store:
 	VMOVUPS Z2, (DI)
 	ADDQ $64, SI
 	ADDQ $64, DI

@@ -8,3 +8,10 @@ func vexp32(dst, src []float32) {
 		dst[i] = exp32(x)
 	}
 }
+
+// vsigmoid32 sets dst[i] = 1 / (1 + e^−src[i]) (dst and src may be the same slice).
+func vsigmoid32(dst, src []float32) {
+	for i, x := range src {
+		dst[i] = 1 / (1 + exp32(-x))
+	}
+}

@@ -409,14 +409,15 @@ type swigluJob[F Float] struct{ out, gate, up, dout []F }
 
 func (j *swigluJob[F]) rows(_, lo, hi int) {
 	out, gate, up := j.out, j.gate, j.up
-	var e [256]F
-	for b := lo; b < hi; b += len(e) {
-		m := min(len(e), hi-b)
+	var s [256]F
+	for b := lo; b < hi; b += len(s) {
+		m := min(len(s), hi-b)
 		g := gate[b : b+m]
-		expNeg(e[:m], g)
+		sigmoid(s[:m], g)
 		o, u := out[b:b+m], up[b:b+m]
+		o, u = o[:len(g)], u[:len(g)]
 		for i, x := range g {
-			o[i] = x / (1 + e[i]) * u[i]
+			o[i] = x * s[i] * u[i]
 		}
 	}
 }
@@ -433,26 +434,31 @@ type swigluBackJob[F Float] struct{ dgate, dup, dout, gate, up []F }
 
 func (j *swigluBackJob[F]) rows(_, lo, hi int) {
 	dgate, dup, dout, gate, up := j.dgate, j.dup, j.dout, j.gate, j.up
-	var e [256]F
-	for b := lo; b < hi; b += len(e) {
-		m := min(len(e), hi-b)
+	var sg [256]F
+	for b := lo; b < hi; b += len(sg) {
+		m := min(len(sg), hi-b)
 		g := gate[b : b+m]
-		expNeg(e[:m], g)
+		sigmoid(sg[:m], g)
 		dg, du, do, u := dgate[b:b+m], dup[b:b+m], dout[b:b+m], up[b:b+m]
+		dg, du, do, u = dg[:len(g)], du[:len(g)], do[:len(g)], u[:len(g)]
 		for i, x := range g {
-			s := 1 / (1 + e[i])
+			s := sg[i]
 			dg[i] += do[i] * u[i] * s * (1 + x*(1-s))
 			du[i] += do[i] * x * s
 		}
 	}
 }
 
-// expNeg sets e[i] = e^(−g[i]), the sigmoid's denominator term.
-func expNeg[F Float](e, g []F) {
-	for i, x := range g {
-		e[i] = -x
+// sigmoid sets s[i] = 1 / (1 + e^−g[i]): vectorised for float32, math.Exp for
+// float64.
+func sigmoid[F Float](s, g []F) {
+	if s32, ok := any(s).([]float32); ok {
+		vsigmoid32(s32, any(g).([]float32))
+		return
 	}
-	expInPlace(e)
+	for i, x := range g {
+		s[i] = F(1 / (1 + math.Exp(-float64(x))))
+	}
 }
 
 // expInPlace sets x[i] = e^x[i]: vectorised for float32, math.Exp for float64.

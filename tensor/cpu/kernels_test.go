@@ -233,6 +233,25 @@ func TestVexp32(t *testing.T) {
 	}
 }
 
+// TestVsigmoid32 checks the vector logistic function against float64 on lengths
+// with and without a scalar tail, into both saturated ends. Tolerance 1e-6
+// absolute: the result lies in [0, 1] and float32 resolves about 6e-8 near 1.
+func TestVsigmoid32(t *testing.T) {
+	for _, n := range []int{1, 15, 16, 17, 100, 1000} {
+		src, dst := make([]float32, n), make([]float32, n)
+		for i := range src {
+			src[i] = float32(-120 + 240*float64(i)/float64(n))
+		}
+		vsigmoid32(dst, src)
+		for i := range src {
+			want := 1 / (1 + math.Exp(-float64(src[i])))
+			if math.Abs(float64(dst[i])-want) > 1e-6 || math.IsNaN(float64(dst[i])) {
+				t.Fatalf("n=%d: sigmoid(%v) = %v, want %v (%s)", n, src[i], dst[i], want, KernelName())
+			}
+		}
+	}
+}
+
 // TestAdamWByHand: two steps on one parameter, computed by hand in float64.
 // Tolerance 1e-6: float32 arithmetic on values of order 1.
 func TestAdamWByHand(t *testing.T) {
