@@ -116,50 +116,53 @@ func rmsNormRows[F Float](out, rstd, inp, weight []F, lo, hi, C int, eps float64
 // RMSNormBackward: with g = dout·weight, dinp += rstd·g − inp·rstd³·mean(g·inp);
 // dweight += dout·inp·rstd.
 //
-// Rows are split among goroutines; each accumulates its own dweight, and the
-// partial sums are added in a fixed order, so results do not depend on timing.
+// One pass over the rows: blocks of rmsBlock rows are shared among the cores, each
+// block summing its own part of dweight, and the parts are added in block order.
+// The blocks depend on BT alone, never on the number of cores or on timing, so the
+// result is the same on any machine.
 func RMSNormBackward[F Float](dinp, dweight, dout, inp, weight, rstd []F, BT, C int) {
 	j := getJob[rmsNormBackJob[F]]()
-	*j = rmsNormBackJob[F]{dinp, dweight, dout, inp, weight, rstd, BT, C, false}
-	parallel(j, BT, 6*C)
-	j.weights = true
-	parallel(j, C, 3*BT)
-	putJob(j)
-}
-
-// rmsNormBackJob runs rows [lo, hi) of dinp, or with weights set, columns [lo, hi)
-// of dweight (summed over rows in order, so results do not depend on the split).
-type rmsNormBackJob[F Float] struct {
-	dinp, dweight, dout, inp, weight, rstd []F
-	BT, C                                  int
-	weights                                bool
-}
-
-func (j *rmsNormBackJob[F]) rows(_, lo, hi int) {
-	if !j.weights {
-		rmsNormBackwardRows(j.dinp, j.dout, j.inp, j.weight, j.rstd, lo, hi, j.C)
-		return
-	}
-	dw := j.dweight[lo:hi]
-	for i := 0; i < j.BT; i++ {
-		x, d, r := j.inp[i*j.C+lo:i*j.C+hi], j.dout[i*j.C+lo:i*j.C+hi], j.rstd[i]
-		x, d = x[:len(dw)], d[:len(dw)]
-		for c, xc := range x {
-			dw[c] += d[c] * xc * r
+	j.rmsNormBackArgs = rmsNormBackArgs[F]{dinp, dweight, dout, inp, weight, rstd, C}
+	per := max(rmsBlock, (BT+maxChunks-1)/maxChunks)
+	run(j, BT, per)
+	dw := dweight[:C]
+	for c := 0; c*per < BT; c++ {
+		part := j.bufs.scratch[c][:C]
+		for i := range dw {
+			dw[i] += part[i]
 		}
 	}
+	j.rmsNormBackArgs = rmsNormBackArgs[F]{}
+	listOf[rmsNormBackJob[F]]().put(j) // with its buffers
 }
 
-func rmsNormBackwardRows[F Float](dinp, dout, inp, weight, rstd []F, lo, hi, C int) {
-	weight = weight[:C]
+// rmsBlock is the rows of one block of RMSNormBackward.
+const rmsBlock = 64
+
+type rmsNormBackArgs[F Float] struct {
+	dinp, dweight, dout, inp, weight, rstd []F
+	C                                      int
+}
+
+type rmsNormBackJob[F Float] struct {
+	rmsNormBackArgs[F]
+	bufs chunkBufs[F]
+}
+
+func (j *rmsNormBackJob[F]) rows(c, lo, hi int) {
+	C := j.C
+	dw := j.bufs.scratchFor(c, C)
+	clear(dw)
+	weight := j.weight[:C]
 	for i := lo; i < hi; i++ {
-		x := inp[i*C : (i+1)*C]
-		d, dx := dout[i*C:(i+1)*C], dinp[i*C:(i+1)*C]
-		d, dx = d[:len(x)], dx[:len(x)]
-		r := rstd[i]
+		x := j.inp[i*C : (i+1)*C]
+		d, dx := j.dout[i*C:(i+1)*C], j.dinp[i*C:(i+1)*C]
+		d, dx, dw := d[:len(x)], dx[:len(x)], dw[:len(x)]
+		r := j.rstd[i]
 		k := dot3(d, weight, x) / F(C) * r * r * r
 		for c, xc := range x {
 			dx[c] += r*d[c]*weight[c] - xc*k
+			dw[c] += d[c] * xc * r
 		}
 	}
 }

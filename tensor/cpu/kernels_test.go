@@ -3,6 +3,8 @@ package cpu
 import (
 	"math"
 	"math/rand"
+	"runtime"
+	"slices"
 	"testing"
 )
 
@@ -304,5 +306,27 @@ func TestAdamWLanesMatchScalar(t *testing.T) {
 		for i := range g {
 			g[i] = float32(r.NormFloat64())
 		}
+	}
+}
+
+// TestRMSNormBackwardSameOnAnyCores runs RMSNormBackward (several row blocks, so
+// dweight is a sum of block parts) on one core and on all of them: the results
+// must be identical bit for bit, as a run resumed on another machine needs.
+func TestRMSNormBackwardSameOnAnyCores(t *testing.T) {
+	r := rand.New(rand.NewSource(5))
+	BT, C := 300, 48
+	inp, w, dout := randSlice(r, BT*C), randSlice(r, C), randSlice(r, BT*C)
+	out, rstd := make([]float32, BT*C), make([]float32, BT)
+	RMSNorm(out, rstd, inp, w, BT, C, 1e-5)
+	grads := func(procs int) ([]float32, []float32) {
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+		dinp, dw := make([]float32, BT*C), make([]float32, C)
+		RMSNormBackward(dinp, dw, dout, inp, w, rstd, BT, C)
+		return dinp, dw
+	}
+	dinp1, dw1 := grads(1)
+	dinpN, dwN := grads(4)
+	if !slices.Equal(dinp1, dinpN) || !slices.Equal(dw1, dwN) {
+		t.Fatal("RMSNormBackward differs between one core and four")
 	}
 }

@@ -125,14 +125,19 @@ func (w *worker) wait() *fork {
 	}
 }
 
-// run splits [0, n) into chunks of per and runs j.rows on each, sharing them among
-// the caller and up to GOMAXPROCS−1 idle workers; it returns when all are done.
+// run splits [0, n) into chunks of per (more if that makes over maxChunks) and runs
+// j.rows on each, sharing them among the caller and up to GOMAXPROCS−1 idle
+// workers; it returns when all are done. Alone, the caller still runs the chunks
+// one by one, so a job whose result depends on its chunks (partial sums added in
+// chunk order) gets the same result on any number of cores.
 func run(j ranger, n, per int) {
 	per = max(per, (n+maxChunks-1)/maxChunks)
 	chunks := (n + per - 1) / per
 	helpers := min(chunks, runtime.GOMAXPROCS(0)) - 1
 	if helpers <= 0 {
-		j.rows(0, 0, n)
+		for c := 0; c < chunks; c++ {
+			j.rows(c, c*per, min((c+1)*per, n))
+		}
 		return
 	}
 	startOnce.Do(start)
