@@ -16,7 +16,9 @@ type Kernels[F Float] interface {
 	Name() string
 
 	Matmul(out, inp, weight []F, BT, C, OC int, accumulate bool)
-	MatmulBackward(dinp, dweight, dout, inp, weight []F, BT, C, OC int)
+	// MatmulBackward accumulates into dweight always, into dinp when accumulate
+	// is set (it overwrites dinp otherwise).
+	MatmulBackward(dinp, dweight, dout, inp, weight []F, BT, C, OC int, accumulate bool)
 
 	Embedding(out []F, tokens []int32, wte []F, BT, C int)
 	EmbeddingBackward(dwte, dout []F, tokens []int32, BT, C int)

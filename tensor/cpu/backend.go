@@ -19,8 +19,8 @@ func (Kernels[F]) Name() string { return "cpu (" + KernelName() + ")" }
 func (Kernels[F]) Matmul(out, inp, weight []F, BT, C, OC int, accumulate bool) {
 	Matmul(out, inp, weight, BT, C, OC, accumulate)
 }
-func (Kernels[F]) MatmulBackward(dinp, dweight, dout, inp, weight []F, BT, C, OC int) {
-	MatmulBackward(dinp, dweight, dout, inp, weight, BT, C, OC)
+func (Kernels[F]) MatmulBackward(dinp, dweight, dout, inp, weight []F, BT, C, OC int, accumulate bool) {
+	MatmulBackward(dinp, dweight, dout, inp, weight, BT, C, OC, accumulate)
 }
 func (Kernels[F]) Embedding(out []F, tokens []int32, wte []F, BT, C int) {
 	Embedding(out, tokens, wte, BT, C)

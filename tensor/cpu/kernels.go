@@ -25,11 +25,16 @@ func Matmul[F Float](out, inp, weight []F, BT, C, OC int, accumulate bool) {
 	gemm(nil, false, true, BT, OC, C, inp, C, weight, C, beta, out, OC)
 }
 
-// MatmulBackward: dinp (BT,C) += dout·weight; dweight (OC,C) += doutᵀ·inp.
-// dinp may be nil when the input needs no gradient (the embedding's lookup).
-func MatmulBackward[F Float](dinp, dweight, dout, inp, weight []F, BT, C, OC int) {
+// MatmulBackward: dinp (BT,C) += dout·weight (= when accumulate is false, which
+// spares the caller clearing dinp and the product reading it); dweight (OC,C) +=
+// doutᵀ·inp always. dinp may be nil when the input needs no gradient.
+func MatmulBackward[F Float](dinp, dweight, dout, inp, weight []F, BT, C, OC int, accumulate bool) {
 	if dinp != nil {
-		gemm(nil, false, false, BT, C, OC, dout, OC, weight, C, 1, dinp, C)
+		beta := F(0)
+		if accumulate {
+			beta = 1
+		}
+		gemm(nil, false, false, BT, C, OC, dout, OC, weight, C, beta, dinp, C)
 	}
 	gemm(nil, true, false, OC, C, BT, dout, OC, inp, C, 1, dweight, C)
 }

@@ -58,8 +58,23 @@ func TestMatmulGrad(t *testing.T) {
 	out := make([]float64, BT*OC)
 	loss := func() float64 { Matmul(out, inp, w, BT, C, OC, false); return dot(out, R) }
 	dinp, dw := make([]float64, BT*C), make([]float64, OC*C)
-	MatmulBackward(dinp, dw, R, inp, w, BT, C, OC)
+	MatmulBackward(dinp, dw, R, inp, w, BT, C, OC, true)
 	checkGrads(t, "matmul", map[string][]float64{"inp": inp, "w": w}, map[string][]float64{"inp": dinp, "w": dw}, loss)
+	// Without accumulate dinp is overwritten (whatever it held) and dweight still
+	// accumulates: exactly what the accumulating call gave on cleared buffers.
+	stale, dw2 := randF64(r, BT*C), make([]float64, OC*C)
+	MatmulBackward(stale, dw2, R, inp, w, BT, C, OC, false)
+	for i := range stale {
+		if stale[i] != dinp[i] {
+			t.Fatalf("overwritten dinp[%d] = %v, want %v", i, stale[i], dinp[i])
+		}
+	}
+	MatmulBackward(stale, dw2, R, inp, w, BT, C, OC, false)
+	for i := range dw2 {
+		if dw2[i] != 2*dw[i] {
+			t.Fatalf("dweight[%d] = %v after two calls, want %v", i, dw2[i], 2*dw[i])
+		}
+	}
 }
 
 func TestEmbeddingGrad(t *testing.T) {

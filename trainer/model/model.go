@@ -510,8 +510,7 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 	be.CrossEntropyBackward(s.dlogits, s.dloss, a.probs, targets, BT, V)
 	last := len(m.blocks) - 1
 	m.acquire(last, true)
-	clear(s.dx)
-	be.MatmulBackward(s.dx, g.output, s.dlogits, a.lnf, w.output, BT, C, V)
+	be.MatmulBackward(s.dx, g.output, s.dlogits, a.lnf, w.output, BT, C, V, false)
 	dres := s.dres // gradient of the residual stream entering the current point
 	clear(dres)
 	be.RMSNormBackward(dres, g.norm, s.dx, a.final, w.norm, a.rstdf, BT, C)
@@ -531,35 +530,32 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 			be.Attention(a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.B, m.T, NH, NKV, HD)
 		}
 		lw, lg := w.layers[l], g.layers[l]
-		clear(s.dx)
 		if lw.moe != nil {
+			clear(s.dx)
 			// next = mid + MoE(ln2); the aux loss of this micro-batch is weighted by its
 			// share of the global batch's tokens (scale·BT).
 			m.moeBackward(s.dx, dres, a.ln2[l], *lw.moe, *lg.moe, a.moe[l], scale*float64(BT))
 		} else {
 			// MLP: next = mid + w2·swiglu(w1·ln2, w3·ln2); dres flows to mid unchanged.
-			clear(s.dsw)
-			be.MatmulBackward(s.dsw, lg.w2, dres, a.sw[l], lw.w2, BT, FF, C)
+			be.MatmulBackward(s.dsw, lg.w2, dres, a.sw[l], lw.w2, BT, FF, C, false)
 			clear(s.dff1)
 			clear(s.dff2)
 			be.SwiGLUBackward(s.dff1, s.dff2, s.dsw, a.gate[l], a.up[l], BT*FF)
-			be.MatmulBackward(s.dx, lg.w1, s.dff1, a.ln2[l], lw.w1, BT, C, FF)
-			be.MatmulBackward(s.dx, lg.w3, s.dff2, a.ln2[l], lw.w3, BT, C, FF)
+			be.MatmulBackward(s.dx, lg.w1, s.dff1, a.ln2[l], lw.w1, BT, C, FF, false)
+			be.MatmulBackward(s.dx, lg.w3, s.dff2, a.ln2[l], lw.w3, BT, C, FF, true)
 		}
 		be.RMSNormBackward(dres, lg.mlpNorm, s.dx, a.mid[l], lw.mlpNorm, a.rstd2[l], BT, C)
 		// Attention: mid = x + wo·attention(rope(wq·ln1), rope(wk·ln1), wv·ln1).
-		clear(s.datty)
-		be.MatmulBackward(s.datty, lg.wo, dres, a.atty[l], lw.wo, BT, NH*HD, C)
+		be.MatmulBackward(s.datty, lg.wo, dres, a.atty[l], lw.wo, BT, NH*HD, C, false)
 		clear(s.dq)
 		clear(s.dk)
 		clear(s.dv)
 		be.AttentionBackward(s.dq, s.dk, s.dv, s.datty, a.att[l], a.q[l], a.k[l], a.v[l], m.B, m.T, NH, NKV, HD)
 		be.RopeBackward(s.dq, m.cos, m.sin, m.B, m.T, NH, HD)
 		be.RopeBackward(s.dk, m.cos, m.sin, m.B, m.T, NKV, HD)
-		clear(s.dx)
-		be.MatmulBackward(s.dx, lg.wq, s.dq, a.ln1[l], lw.wq, BT, C, NH*HD)
-		be.MatmulBackward(s.dx, lg.wk, s.dk, a.ln1[l], lw.wk, BT, C, NKV*HD)
-		be.MatmulBackward(s.dx, lg.wv, s.dv, a.ln1[l], lw.wv, BT, C, NKV*HD)
+		be.MatmulBackward(s.dx, lg.wq, s.dq, a.ln1[l], lw.wq, BT, C, NH*HD, false)
+		be.MatmulBackward(s.dx, lg.wk, s.dk, a.ln1[l], lw.wk, BT, C, NKV*HD, true)
+		be.MatmulBackward(s.dx, lg.wv, s.dv, a.ln1[l], lw.wv, BT, C, NKV*HD, true)
 		be.RMSNormBackward(dres, lg.attnNorm, s.dx, a.resid[l], lw.attnNorm, a.rstd1[l], BT, C)
 		m.release(1+l, true)
 	}

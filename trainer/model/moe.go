@@ -275,7 +275,7 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p, g moeParams[F], a *moeActs[F]
 	dlogits := s.moeDlogits[:BT*E]
 	clear(dlogits)
 	be.RouterBackward(dlogits, dgates, dprobs, a.gates, a.probs, a.idx, BT, E, k)
-	be.MatmulBackward(dx, g.router, dlogits, x, p.router, BT, C, E)
+	be.MatmulBackward(dx, g.router, dlogits, x, p.router, BT, C, E, true)
 	if m.ep.Size > 1 {
 		// dy goes to the experts' owners, is regrouped like the forward's tokens, and
 		// the input gradients come back the same way.
@@ -296,10 +296,10 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p, g moeParams[F], a *moeActs[F]
 		clear(h)
 		clear(hg)
 		clear(hu)
-		be.MatmulBackward(h, gw[2], dout, a.ssw[sIdx], w[2], BT, EF, C)
+		be.MatmulBackward(h, gw[2], dout, a.ssw[sIdx], w[2], BT, EF, C, true)
 		be.SwiGLUBackward(hg, hu, h, a.sgate[sIdx], a.sup[sIdx], BT*EF)
-		be.MatmulBackward(dx, gw[0], hg, x, w[0], BT, C, EF)
-		be.MatmulBackward(dx, gw[1], hu, x, w[1], BT, C, EF)
+		be.MatmulBackward(dx, gw[0], hg, x, w[0], BT, C, EF, true)
+		be.MatmulBackward(dx, gw[1], hu, x, w[1], BT, C, EF, true)
 	}
 }
 
@@ -320,9 +320,9 @@ func (m *Model[F]) expertsBackward(p, g moeParams[F], a *moeActs[F], dy, xin, dx
 		}
 		w, gw := p.experts[e], g.experts[e]
 		sl := func(b []F, width int) []F { return b[lo*width : (lo+n)*width] }
-		be.MatmulBackward(sl(dsw, EF), gw[2], sl(dy, C), sl(a.sw, EF), w[2], n, EF, C)
+		be.MatmulBackward(sl(dsw, EF), gw[2], sl(dy, C), sl(a.sw, EF), w[2], n, EF, C, true)
 		be.SwiGLUBackward(sl(dga, EF), sl(dup, EF), sl(dsw, EF), sl(a.gate, EF), sl(a.up, EF), n*EF)
-		be.MatmulBackward(sl(dxin, C), gw[0], sl(dga, EF), sl(xin, C), w[0], n, C, EF)
-		be.MatmulBackward(sl(dxin, C), gw[1], sl(dup, EF), sl(xin, C), w[1], n, C, EF)
+		be.MatmulBackward(sl(dxin, C), gw[0], sl(dga, EF), sl(xin, C), w[0], n, C, EF, true)
+		be.MatmulBackward(sl(dxin, C), gw[1], sl(dup, EF), sl(xin, C), w[1], n, C, EF, true)
 	}
 }

@@ -21,9 +21,9 @@ func (k timed) Matmul(out, inp, weight []float32, BT, C, OC int, acc bool) {
 	defer k.rec("Matmul", time.Now())
 	k.Backend.Matmul(out, inp, weight, BT, C, OC, acc)
 }
-func (k timed) MatmulBackward(dinp, dweight, dout, inp, weight []float32, BT, C, OC int) {
+func (k timed) MatmulBackward(dinp, dweight, dout, inp, weight []float32, BT, C, OC int, acc bool) {
 	defer k.rec("MatmulBackward", time.Now())
-	k.Backend.MatmulBackward(dinp, dweight, dout, inp, weight, BT, C, OC)
+	k.Backend.MatmulBackward(dinp, dweight, dout, inp, weight, BT, C, OC, acc)
 }
 func (k timed) Attention(out, att, q, kk, v []float32, B, T, NH, NKV, HD int) {
 	defer k.rec("Attention", time.Now())
