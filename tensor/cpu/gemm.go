@@ -127,30 +127,37 @@ var gemmPool freeList[gemmArgs]
 // the product (measured on two cores: about 2·64³).
 const parallelFLOPs = 1 << 19
 
-// run splits C among the cores in one parallel region. Each part packs the B
-// panels it needs itself, so no part waits for another: by columns when A is read
-// in place or is the smaller operand (each part packs only its columns of B, and
-// A's packing, if any, is repeated per part), by rows otherwise (each part packs
-// all of B).
+// run splits C among the cores in one parallel region, by rows (tiles of MR) or
+// by columns (panels of NR), whichever gives the busiest core fewer micro-kernel
+// calls (rows on a tie). Each part packs what it needs itself, so no part waits
+// for another: split by rows, every part packs B if B needs packing.
 func (g *gemmArgs) run() {
 	workers := min(runtime.GOMAXPROCS(0), maxChunks)
 	if 2*g.M*g.N*g.K < parallelFLOPs {
 		workers = 1
 	}
 	panels, tiles := (g.N+nr-1)/nr, (g.M+mr-1)/mr
+	byRows := ceilDiv(tiles, min(workers, tiles)) * panels
+	byCols := ceilDiv(panels, min(workers, panels)) * tiles
+	// Only where A is read in place: packing a transposed A costs about as much
+	// as the products it feeds here, and by columns every part would pack all of it.
 	direct := hasStrided && !g.transA && g.alpha == 1
-	g.splitN = panels >= 2 && tiles < 2 && direct
-	parts, unit, span := min(workers, tiles), mr, tiles
+	g.splitN = direct && byCols < byRows
+	unit, span := mr, tiles
 	if g.splitN {
-		parts, unit, span = min(workers, panels), nr, panels
+		unit, span = nr, panels
 	}
+	perParts := ceilDiv(span, min(workers, span)) // units in each part
+	parts := ceilDiv(span, perParts)              // no part left empty
 	if parts <= 1 {
 		g.part(&g.bufs[0], 0, g.M, 0, g.N)
 		return
 	}
-	g.per = (span + parts - 1) / parts * unit
+	g.per = perParts * unit
 	run(g, parts, 1)
 }
+
+func ceilDiv(a, b int) int { return (a + b - 1) / b }
 
 // rows computes parts [lo, hi) of C (one part per chunk).
 func (g *gemmArgs) rows(_, lo, hi int) {
@@ -182,12 +189,15 @@ func (g *gemmCall) part(b *gemmBufs, r0, r1, c0, c1 int) {
 func (g *gemmCall) rowBlocks(bp, apBuf []float32, lo, hi, pc, kcur, jc, ncur int, add bool) {
 	ap := apBuf[:mc*kc]
 	edge := apBuf[mc*kc:] // MR×NR scratch tile for edges
-	// Untransposed A with alpha 1 is read in place by the strided kernel; only a
-	// last partial panel of rows is packed (into the first panel of ap).
+	// With alpha 1, A is read in place: untransposed by the strided kernel (rows
+	// at stride lda), transposed by the panel kernel (its k-th MR values are
+	// adjacent in A, at stride lda). Only a last partial panel of rows is packed
+	// (into the first panel of ap).
 	direct := hasStrided && !g.transA && g.alpha == 1
+	directT := hasStrided && g.transA && g.alpha == 1
 	for ic := lo; ic < hi; ic += mc {
 		mcur := min(mc, hi-ic)
-		if !direct {
+		if !direct && !directT {
 			g.packA(ap, ic, mcur, pc, kcur)
 		} else if rem := mcur % mr; rem != 0 {
 			g.packA(ap, ic+mcur-rem, rem, pc, kcur)
@@ -201,23 +211,22 @@ func (g *gemmCall) rowBlocks(bp, apBuf []float32, lo, hi, pc, kcur, jc, ncur int
 			for ir := 0; ir < mcur; ir += mr {
 				mrCur := min(mr, mcur-ir)
 				ci := (ic+ir)*g.ldc + jc + jr
-				if direct && mrCur == mr {
-					a := g.A[(ic+ir)*g.lda+pc:]
-					if nrCur == nr {
-						kernelStrided(kcur, a, g.lda, bpanel, ldb, g.C[ci:], g.ldc, add)
-						continue
-					}
-					kernelStrided(kcur, a, g.lda, bpanel, ldb, edge, nr, false)
-				} else {
-					apanel := ap[ir*kcur : ir*kcur+mr*kcur]
-					if direct {
-						apanel = ap[:mr*kcur] // the packed partial panel
-					}
-					if mrCur == mr && nrCur == nr {
-						kernel(kcur, apanel, bpanel, ldb, g.C[ci:], g.ldc, add)
-						continue
-					}
-					kernel(kcur, apanel, bpanel, ldb, edge, nr, false)
+				c, ldc, tile := g.C[ci:], g.ldc, add
+				if nrCur < nr || mrCur < mr {
+					c, ldc, tile = edge, nr, false
+				}
+				switch {
+				case direct && mrCur == mr:
+					kernelStrided(kcur, g.A[(ic+ir)*g.lda+pc:], g.lda, bpanel, ldb, c, ldc, tile)
+				case directT && mrCur == mr:
+					kernel(kcur, g.A[pc*g.lda+ic+ir:], g.lda, bpanel, ldb, c, ldc, tile)
+				case direct || directT:
+					kernel(kcur, ap[:mr*kcur], mr, bpanel, ldb, c, ldc, tile) // the packed partial panel
+				default:
+					kernel(kcur, ap[ir*kcur:ir*kcur+mr*kcur], mr, bpanel, ldb, c, ldc, tile)
+				}
+				if nrCur == nr && mrCur == mr {
+					continue
 				}
 				for i := 0; i < mrCur; i++ {
 					crow := g.C[ci+i*g.ldc : ci+i*g.ldc+nrCur]
@@ -353,13 +362,13 @@ func packRows(panel, a []float32, lda, kcur int) {
 	}
 }
 
-// kernelGo is the portable micro-kernel: c[i*ldc+j] (+)= Σ_p a[p*MR+i]·b[p*ldb+j],
+// kernelGo is the portable micro-kernel: c[i*ldc+j] (+)= Σ_p a[p*ars+i]·b[p*ldb+j],
 // added when add is set, stored otherwise.
-func kernelGo(k int, a, b []float32, ldb int, c []float32, ldc int, add bool) {
+func kernelGo(k int, a []float32, ars int, b []float32, ldb int, c []float32, ldc int, add bool) {
 	var acc [mr][nr]float32
 	for p := 0; p < k; p++ {
 		bp := b[p*ldb : p*ldb+nr]
-		ap := a[p*mr : p*mr+mr]
+		ap := a[p*ars : p*ars+mr]
 		for i := 0; i < mr; i++ {
 			ai := ap[i]
 			row := &acc[i]

@@ -5,11 +5,11 @@ package cpu
 import "golang.org/x/sys/cpu"
 
 // kern12x32AVX512 is kernelGo in AVX-512 (gemm_amd64.s). c must hold 12 rows of 32 at
-// stride ldc; a holds k×12 values and b k rows of 32 at stride ldb; add says whether
-// to add to c or overwrite it.
+// stride ldc; a holds k rows of 12 at stride ars and b k rows of 32 at stride ldb;
+// add says whether to add to c or overwrite it.
 //
 //go:noescape
-func kern12x32AVX512(k int, a, b *float32, ldb int, c *float32, ldc int, add bool)
+func kern12x32AVX512(k int, a *float32, ars int, b *float32, ldb int, c *float32, ldc int, add bool)
 
 // kern12x32StridedAVX512 is kern12x32AVX512 reading A in place: a[i*lda+p].
 //
@@ -31,15 +31,15 @@ func kernelStrided(k int, a []float32, lda int, b []float32, ldb int, c []float3
 }
 
 // kernel runs the fastest micro-kernel the CPU supports.
-func kernel(k int, a, b []float32, ldb int, c []float32, ldc int, add bool) {
+func kernel(k int, a []float32, ars int, b []float32, ldb int, c []float32, ldc int, add bool) {
 	if hasAVX512 && k > 0 {
-		_ = a[k*mr-1]
+		_ = a[(k-1)*ars+mr-1]
 		_ = b[(k-1)*ldb+nr-1]
 		_ = c[(mr-1)*ldc+nr-1]
-		kern12x32AVX512(k, &a[0], &b[0], ldb, &c[0], ldc, add)
+		kern12x32AVX512(k, &a[0], ars, &b[0], ldb, &c[0], ldc, add)
 		return
 	}
-	kernelGo(k, a, b, ldb, c, ldc, add)
+	kernelGo(k, a, ars, b, ldb, c, ldc, add)
 }
 
 // KernelName says which micro-kernel Sgemm uses, for benchmarks and logs.

@@ -2,8 +2,8 @@
 
 package cpu
 
-func kernel(k int, a, b []float32, ldb int, c []float32, ldc int, add bool) {
-	kernelGo(k, a, b, ldb, c, ldc, add)
+func kernel(k int, a []float32, ars int, b []float32, ldb int, c []float32, ldc int, add bool) {
+	kernelGo(k, a, ars, b, ldb, c, ldc, add)
 }
 
 // KernelName says which micro-kernel Sgemm uses, for benchmarks and logs.

@@ -92,20 +92,21 @@ func TestSgemm(t *testing.T) {
 
 // TestKernelsAgree runs the assembly and Go micro-kernels on the same panels,
 // adding to C and overwriting it (the columns past the tile must stay untouched),
-// with B packed (ldb = NR) and read in place (a wider ldb).
+// with A and B packed (strides MR and NR) and read in place (wider strides).
 func TestKernelsAgree(t *testing.T) {
 	r := rand.New(rand.NewSource(2))
 	for _, add := range []bool{true, false} {
-		for _, ldb := range []int{nr, 45} {
+		for _, ld := range []int{0, 13} { // packed (ars MR, ldb NR), or read in place
+			ars, ldb := mr+ld, nr+ld
 			for _, k := range []int{1, 2, 7, 256} {
-				a, b := randSlice(r, k*mr), randSlice(r, (k-1)*ldb+nr)
+				a, b := randSlice(r, (k-1)*ars+mr), randSlice(r, (k-1)*ldb+nr)
 				c1, c2 := randSlice(r, mr*40), make([]float32, mr*40)
 				copy(c2, c1)
-				kernel(k, a, b, ldb, c1, 40, add)
-				kernelGo(k, a, b, ldb, c2, 40, add)
+				kernel(k, a, ars, b, ldb, c1, 40, add)
+				kernelGo(k, a, ars, b, ldb, c2, 40, add)
 				for i := range c1 {
 					if d := math.Abs(float64(c1[i] - c2[i])); d > 1e-4*(1+math.Abs(float64(c2[i]))) {
-						t.Fatalf("k=%d ldb=%d add=%v: element %d: %s %v, go %v", k, ldb, add, i, KernelName(), c1[i], c2[i])
+						t.Fatalf("k=%d ars=%d ldb=%d add=%v: element %d: %s %v, go %v", k, ars, ldb, add, i, KernelName(), c1[i], c2[i])
 					}
 				}
 			}
