@@ -54,6 +54,10 @@ type Kernels[F Float] interface {
 	// Optimizers on a flat slice of parameters (one rank's shard or a whole model).
 	AdamW(params, grads, m, v []F, lr, beta1, beta2, eps, wd float64, t int)
 	SGD(params, grads, buf []F, lr, momentum, wd float64)
+	// SumSquares is Σ x² in float64 (gradient norms), the same on any number of
+	// cores; Scale multiplies x by f in place (gradient clipping).
+	SumSquares(x []F) float64
+	Scale(x []F, f float64)
 	// RoundBF16 rounds values to bf16 precision in place (compute weights of a bf16
 	// run, kept in F for the kernels).
 	RoundBF16(x []F)

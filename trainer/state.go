@@ -344,9 +344,7 @@ func (s *state) reduce(inBF16 bool) error {
 func (s *state) gradNorm() (float64, error) {
 	var ss float64
 	for _, g := range s.gshard {
-		for _, x := range g {
-			ss += float64(x) * float64(x)
-		}
+		ss += s.be.SumSquares(g)
 	}
 	if s.sharded && s.world.Size() > 1 {
 		buf := []float32{float32(ss)}
@@ -363,9 +361,7 @@ func (s *state) scaleGrads(f float64) {
 		return
 	}
 	for _, g := range s.gshard {
-		for i := range g {
-			g[i] *= float32(f)
-		}
+		s.be.Scale(g, f)
 	}
 }
 

@@ -83,4 +83,6 @@ func (Kernels[F]) AdamW(params, grads, m, v []F, lr, beta1, beta2, eps, wd float
 func (Kernels[F]) SGD(params, grads, buf []F, lr, momentum, wd float64) {
 	SGD(params, grads, buf, lr, momentum, wd)
 }
-func (Kernels[F]) RoundBF16(x []F) { RoundBF16(x) }
+func (Kernels[F]) RoundBF16(x []F)          { RoundBF16(x) }
+func (Kernels[F]) SumSquares(x []F) float64 { return SumSquares(x) }
+func (Kernels[F]) Scale(x []F, f float64)   { Scale(x, f) }

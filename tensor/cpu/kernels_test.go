@@ -345,3 +345,32 @@ func TestRMSNormBackwardSameOnAnyCores(t *testing.T) {
 		t.Fatal("RMSNormBackward differs between one core and four")
 	}
 }
+
+// TestSumSquaresAndScale: SumSquares matches a plain float64 sum (relative 1e-12:
+// both sum float64 squares of float32 values, only the order differs) and is
+// identical on one core and on four; Scale multiplies every value.
+func TestSumSquaresAndScale(t *testing.T) {
+	r := rand.New(rand.NewSource(6))
+	for _, n := range []int{0, 1, 1000, 1 << 16, 3<<18 + 5} {
+		x := randSlice(r, n)
+		var want float64
+		for _, v := range x {
+			want += float64(v) * float64(v)
+		}
+		sum := func(procs int) float64 {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+			return SumSquares(x)
+		}
+		got1, got4 := sum(1), sum(4)
+		if math.Abs(got1-want) > 1e-12*want || got1 != got4 {
+			t.Fatalf("n=%d: SumSquares %v on one core, %v on four, want %v", n, got1, got4, want)
+		}
+		y := slices.Clone(x)
+		Scale(y, 0.5)
+		for i := range y {
+			if y[i] != x[i]*0.5 {
+				t.Fatalf("n=%d: Scale: y[%d] = %v, want %v", n, i, y[i], x[i]*0.5)
+			}
+		}
+	}
+}

@@ -256,3 +256,51 @@ func RoundBF16[F Float](x []F) {
 		x[i] = F(tensor.ToBF16(float32(v)).Float32())
 	}
 }
+
+// SumSquares is Σ x² in float64: fixed blocks of the slice (their size depends on
+// its length alone) are summed on the cores, and the block sums added in order,
+// so the result is the same on any number of cores.
+func SumSquares[F Float](x []F) float64 {
+	if len(x) == 0 {
+		return 0
+	}
+	per := max(sumBlock, (len(x)+maxChunks-1)/maxChunks)
+	j := getJob[sumSquaresJob[F]]()
+	j.x = x
+	run(j, len(x), per)
+	var s float64
+	for c := 0; c*per < len(x); c++ {
+		s += j.part[c]
+	}
+	putJob(j)
+	return s
+}
+
+// sumBlock is the fewest values a block of SumSquares sums.
+const sumBlock = 1 << 14
+
+type sumSquaresJob[F Float] struct {
+	x    []F
+	part [maxChunks]float64
+}
+
+func (j *sumSquaresJob[F]) rows(c, lo, hi int) { j.part[c] = sumSquares(j.x[lo:hi]) }
+
+// Scale multiplies x by f in place.
+func Scale[F Float](x []F, f float64) {
+	j := getJob[scaleJob[F]]()
+	*j = scaleJob[F]{x, F(f)}
+	parallel(j, len(x), 1)
+	putJob(j)
+}
+
+type scaleJob[F Float] struct {
+	x []F
+	f F
+}
+
+func (j *scaleJob[F]) rows(_, lo, hi int) {
+	for i := range j.x[lo:hi] {
+		j.x[lo+i] *= j.f
+	}
+}
