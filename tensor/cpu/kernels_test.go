@@ -232,38 +232,37 @@ func TestExp32(t *testing.T) {
 	}
 }
 
-// TestVexp32 checks the vector exp against math.Exp on lengths with and without a
-// scalar tail, over the clamped range. Tolerance as TestExp32 (about 3 ulp).
-func TestVexp32(t *testing.T) {
-	for _, n := range []int{1, 15, 16, 17, 100, 1000} {
-		src, dst := make([]float32, n), make([]float32, n)
-		for i := range src {
-			src[i] = float32(-87 + 175*float64(i)/float64(n))
-		}
-		vexp32(dst, src)
-		for i := range src {
-			want := math.Exp(float64(src[i]))
-			if math.Abs(float64(dst[i])-want) > 4e-7*want {
-				t.Fatalf("n=%d: exp(%v) = %v, want %v (%s)", n, src[i], dst[i], want, KernelName())
+// TestVectorFunctions checks the vector exp and logistic function against
+// float64 on lengths with and without a scalar tail. exp: over the clamped range,
+// relative tolerance as TestExp32 (about 3 ulp); sigmoid: into both saturated
+// ends, absolute tolerance 1e-6 (the result lies in [0, 1] and float32 resolves
+// about 6e-8 near 1).
+func TestVectorFunctions(t *testing.T) {
+	for _, f := range []struct {
+		name    string
+		vec     func(dst, src []float32)
+		lo, hi  float64
+		ref     func(float64) float64
+		relTol  bool
+		epsilon float64
+	}{
+		{"exp", vexp32, -87, 88, math.Exp, true, 4e-7},
+		{"sigmoid", vsigmoid32, -120, 120, func(x float64) float64 { return 1 / (1 + math.Exp(-x)) }, false, 1e-6},
+	} {
+		for _, n := range []int{1, 15, 16, 17, 100, 1000} {
+			src, dst := make([]float32, n), make([]float32, n)
+			for i := range src {
+				src[i] = float32(f.lo + (f.hi-f.lo)*float64(i)/float64(n))
 			}
-		}
-	}
-}
-
-// TestVsigmoid32 checks the vector logistic function against float64 on lengths
-// with and without a scalar tail, into both saturated ends. Tolerance 1e-6
-// absolute: the result lies in [0, 1] and float32 resolves about 6e-8 near 1.
-func TestVsigmoid32(t *testing.T) {
-	for _, n := range []int{1, 15, 16, 17, 100, 1000} {
-		src, dst := make([]float32, n), make([]float32, n)
-		for i := range src {
-			src[i] = float32(-120 + 240*float64(i)/float64(n))
-		}
-		vsigmoid32(dst, src)
-		for i := range src {
-			want := 1 / (1 + math.Exp(-float64(src[i])))
-			if math.Abs(float64(dst[i])-want) > 1e-6 || math.IsNaN(float64(dst[i])) {
-				t.Fatalf("n=%d: sigmoid(%v) = %v, want %v (%s)", n, src[i], dst[i], want, KernelName())
+			f.vec(dst, src)
+			for i := range src {
+				want, tol := f.ref(float64(src[i])), f.epsilon
+				if f.relTol {
+					tol *= want
+				}
+				if !(math.Abs(float64(dst[i])-want) <= tol) {
+					t.Fatalf("n=%d: %s(%v) = %v, want %v (%s)", n, f.name, src[i], dst[i], want, KernelName())
+				}
 			}
 		}
 	}
