@@ -27,12 +27,24 @@ func Sgemm(transA, transB bool, M, N, K int, alpha float32, A []float32, lda int
 
 // sgemmSerial is Sgemm on the calling goroutine alone, packing into b: for
 // products inside a parallel region, where each chunk of the region owns its b.
-func sgemmSerial(b *gemmBufs, transA, transB bool, M, N, K int, alpha float32, A []float32, lda int, B []float32, ldb int, beta float32, C []float32, ldc int) {
+// tri says op(A) is triangular (causal attention's probabilities), so a tile
+// skips the part of K where its rows of op(A) are zero.
+func sgemmSerial(b *gemmBufs, tri triangle, transA, transB bool, M, N, K int, alpha float32, A []float32, lda int, B []float32, ldb int, beta float32, C []float32, ldc int) {
 	c, ok := newGemm(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)
 	if ok {
+		c.tri = tri
 		c.part(b, 0, M, 0, N)
 	}
 }
+
+// triangle is what a GEMM knows of op(A)'s zeros.
+type triangle uint8
+
+const (
+	full  triangle = iota
+	lower          // op(A)[m][k] = 0 for k > m
+	upper          // op(A)[m][k] = 0 for k < m
+)
 
 // newGemm applies beta to C where the product will not (it returns false when
 // nothing is left to compute) and describes the product.
@@ -83,7 +95,8 @@ type gemmCall struct {
 	ldb            int
 	C              []float32
 	ldc            int
-	set            bool // the first K block overwrites C (beta 0)
+	set            bool     // the first K block overwrites C (beta 0)
+	tri            triangle // op(A)'s known zeros
 }
 
 // gemmBufs are the packing buffers of one part of a product. A part always
@@ -215,15 +228,30 @@ func (g *gemmCall) rowBlocks(bp, apBuf []float32, lo, hi, pc, kcur, jc, ncur int
 				if nrCur < nr || mrCur < mr {
 					c, ldc, tile = edge, nr, false
 				}
+				// [k0, k1) of this K block meets the tile's nonzero part of op(A).
+				k0, k1 := 0, kcur
+				switch g.tri {
+				case lower:
+					k1 = min(kcur, ic+ir+mr-pc)
+				case upper:
+					k0 = max(0, ic+ir-pc)
+				}
+				if k1 <= k0 {
+					if add {
+						continue // adds nothing
+					}
+					k0, k1 = 0, kcur // overwriting: the product of zeros is written
+				}
+				kn, bk := k1-k0, bpanel[k0*ldb:]
 				switch {
 				case direct && mrCur == mr:
-					kernelStrided(kcur, g.A[(ic+ir)*g.lda+pc:], g.lda, bpanel, ldb, c, ldc, tile)
+					kernelStrided(kn, g.A[(ic+ir)*g.lda+pc+k0:], g.lda, bk, ldb, c, ldc, tile)
 				case directT && mrCur == mr:
-					kernel(kcur, g.A[pc*g.lda+ic+ir:], g.lda, bpanel, ldb, c, ldc, tile)
+					kernel(kn, g.A[(pc+k0)*g.lda+ic+ir:], g.lda, bk, ldb, c, ldc, tile)
 				case direct || directT:
-					kernel(kcur, ap[:mr*kcur], mr, bpanel, ldb, c, ldc, tile) // the packed partial panel
+					kernel(kn, ap[k0*mr:mr*kcur], mr, bk, ldb, c, ldc, tile) // the packed partial panel
 				default:
-					kernel(kcur, ap[ir*kcur:ir*kcur+mr*kcur], mr, bpanel, ldb, c, ldc, tile)
+					kernel(kn, ap[ir*kcur+k0*mr:ir*kcur+mr*kcur], mr, bk, ldb, c, ldc, tile)
 				}
 				if nrCur == nr && mrCur == mr {
 					continue

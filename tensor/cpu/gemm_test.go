@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand"
+	"slices"
 	"testing"
 )
 
@@ -153,5 +154,44 @@ func BenchmarkSgemm(b *testing.B) {
 			}
 			b.ReportMetric(2*float64(s.M*s.N*s.K)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 		})
+	}
+}
+
+// TestTriangularProducts: told that op(A) is lower or upper triangular (causal
+// attention's probabilities), the product skips the zeros and must equal the full
+// product bit for bit (the skipped terms are exact zeros), whether A is read in
+// place, transposed or packed (alpha ≠ 1), adding or overwriting, over several
+// K blocks.
+func TestTriangularProducts(t *testing.T) {
+	r := rand.New(rand.NewSource(9))
+	for _, s := range [][2]int{{64, 32}, {13, 40}, {600, 33}} {
+		T, N := s[0], s[1]
+		for _, tri := range []triangle{lower, upper} {
+			for _, transA := range []bool{false, true} {
+				for _, ab := range [][2]float32{{1, 0}, {1, 1}, {0.5, 1}} {
+					// op(A) is T×T with zeros where tri says.
+					A := randSlice(r, T*T)
+					for m := 0; m < T; m++ {
+						for k := 0; k < T; k++ {
+							if (tri == lower && k > m) || (tri == upper && k < m) {
+								if transA {
+									A[k*T+m] = 0
+								} else {
+									A[m*T+k] = 0
+								}
+							}
+						}
+					}
+					B, C0 := randSlice(r, T*N), randSlice(r, T*N)
+					want, got := slices.Clone(C0), slices.Clone(C0)
+					var bufs gemmBufs
+					sgemmSerial(&bufs, full, transA, false, T, N, T, ab[0], A, T, B, N, ab[1], want, N)
+					sgemmSerial(&bufs, tri, transA, false, T, N, T, ab[0], A, T, B, N, ab[1], got, N)
+					if !slices.Equal(want, got) {
+						t.Fatalf("T=%d N=%d tri=%d transA=%v alpha=%v beta=%v: differs from the full product", T, N, tri, transA, ab[0], ab[1])
+					}
+				}
+			}
+		}
 	}
 }

@@ -43,10 +43,16 @@ func MatmulBackward[F Float](dinp, dweight, dout, inp, weight []F, BT, C, OC int
 // loop. Inside a parallel region a chunk passes its own packing buffers in b and
 // the product runs on the calling goroutine; outside one b is nil.
 func gemm[F Float](b *gemmBufs, tA, tB bool, M, N, K int, A []F, lda int, B []F, ldb int, beta F, C []F, ldc int) {
+	gemmTri(b, full, tA, tB, M, N, K, A, lda, B, ldb, beta, C, ldc)
+}
+
+// gemmTri is gemm inside a parallel region (b not nil) told that op(A) is
+// triangular, so the float32 product skips its zeros.
+func gemmTri[F Float](b *gemmBufs, tri triangle, tA, tB bool, M, N, K int, A []F, lda int, B []F, ldb int, beta F, C []F, ldc int) {
 	if a, ok := any(A).([]float32); ok {
 		bb, cc := any(B).([]float32), any(C).([]float32)
 		if b != nil {
-			sgemmSerial(b, tA, tB, M, N, K, 1, a, lda, bb, ldb, float32(beta), cc, ldc)
+			sgemmSerial(b, tri, tA, tB, M, N, K, 1, a, lda, bb, ldb, float32(beta), cc, ldc)
 			return
 		}
 		Sgemm(tA, tB, M, N, K, 1, a, lda, bb, ldb, float32(beta), cc, ldc)
@@ -319,7 +325,7 @@ func (j *attentionJob[F]) rows(c, lo, hi int) {
 			}
 			clear(row[t+1:])
 		}
-		gemm(gb, false, false, T, HD, T, P, T, vv, NKV*HD, 0, out[(b*T*NH+h)*HD:], NH*HD)
+		gemmTri(gb, lower, false, false, T, HD, T, P, T, vv, NKV*HD, 0, out[(b*T*NH+h)*HD:], NH*HD)
 	}
 }
 
@@ -359,7 +365,7 @@ func (j *attentionBackJob[F]) rows(c, lo, hi int) {
 			P := att[bh*T*T : (bh+1)*T*T]
 			qh, dqh, doh := q[(b*T*NH+h)*HD:], dq[(b*T*NH+h)*HD:], dout[(b*T*NH+h)*HD:]
 			gemm(gb, false, true, T, T, HD, doh, NH*HD, vv, NKV*HD, 0, dP, T)
-			gemm(gb, true, false, T, HD, T, P, T, doh, NH*HD, 1, dvv, NKV*HD)
+			gemmTri(gb, upper, true, false, T, HD, T, P, T, doh, NH*HD, 1, dvv, NKV*HD)
 			for t := 0; t < T; t++ {
 				p, d := P[t*T:(t+1)*T], dP[t*T:(t+1)*T]
 				var dot F
@@ -371,8 +377,8 @@ func (j *attentionBackJob[F]) rows(c, lo, hi int) {
 				}
 				clear(d[t+1:])
 			}
-			gemm(gb, false, false, T, HD, T, dP, T, kk, NKV*HD, 1, dqh, NH*HD)
-			gemm(gb, true, false, T, HD, T, dP, T, qh, NH*HD, 1, dkk, NKV*HD)
+			gemmTri(gb, lower, false, false, T, HD, T, dP, T, kk, NKV*HD, 1, dqh, NH*HD)
+			gemmTri(gb, upper, true, false, T, HD, T, dP, T, qh, NH*HD, 1, dkk, NKV*HD)
 		}
 	}
 }
