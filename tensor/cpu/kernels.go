@@ -196,6 +196,35 @@ func sumSquares[F Float](x []F) float64 {
 	return (s0 + s1) + (s2 + s3)
 }
 
+// sum4 is Σ x over four independent running sums.
+func sum4[F Float](x []F) F {
+	var s0, s1, s2, s3 F
+	n := len(x) &^ 3
+	for i := 0; i < n; i += 4 {
+		v := x[i : i+4 : i+4]
+		s0, s1, s2, s3 = s0+v[0], s1+v[1], s2+v[2], s3+v[3]
+	}
+	for _, v := range x[n:] {
+		s0 += v
+	}
+	return (s0 + s1) + (s2 + s3)
+}
+
+// dot2 is Σ a·b over len(a) elements, over four independent running sums.
+func dot2[F Float](a, b []F) F {
+	b = b[:len(a)]
+	var s0, s1, s2, s3 F
+	n := len(a) &^ 3
+	for i := 0; i < n; i += 4 {
+		x, y := a[i:i+4:i+4], b[i:i+4:i+4]
+		s0, s1, s2, s3 = s0+x[0]*y[0], s1+x[1]*y[1], s2+x[2]*y[2], s3+x[3]*y[3]
+	}
+	for i := n; i < len(a); i++ {
+		s0 += a[i] * b[i]
+	}
+	return (s0 + s1) + (s2 + s3)
+}
+
 // dot3 is Σ a·b·c over len(a) elements, over four independent running sums.
 func dot3[F Float](a, b, c []F) F {
 	b, c = b[:len(a)], c[:len(a)]
@@ -306,22 +335,22 @@ func (j *attentionJob[F]) rows(c, lo, hi int) {
 		gemm(gb, false, true, T, T, HD, qh, NH*HD, kk, NKV*HD, 0, P, T)
 		for t := 0; t < T; t++ {
 			row := P[t*T : (t+1)*T]
-			maxv := row[0] * F(scale)
-			for t2 := 0; t2 <= t; t2++ {
-				row[t2] *= F(scale)
-				maxv = max(maxv, row[t2])
+			live := row[:t+1]
+			// softmax(scale·s) over the causal prefix; scale > 0, so the largest
+			// score is found before scaling, and scaling and shifting are one pass.
+			maxv := live[0]
+			for _, x := range live {
+				if x > maxv {
+					maxv = x
+				}
 			}
-			for t2 := 0; t2 <= t; t2++ {
-				row[t2] -= maxv
+			for t2, x := range live {
+				live[t2] = (x - maxv) * F(scale)
 			}
-			expInPlace(row[:t+1])
-			var sum F
-			for _, e := range row[:t+1] {
-				sum += e
-			}
-			inv := 1 / sum
-			for t2 := 0; t2 <= t; t2++ {
-				row[t2] *= inv
+			expInPlace(live)
+			inv := 1 / sum4(live)
+			for t2 := range live {
+				live[t2] *= inv
 			}
 			clear(row[t+1:])
 		}
@@ -367,13 +396,11 @@ func (j *attentionBackJob[F]) rows(c, lo, hi int) {
 			gemm(gb, false, true, T, T, HD, doh, NH*HD, vv, NKV*HD, 0, dP, T)
 			gemmTri(gb, upper, true, false, T, HD, T, P, T, doh, NH*HD, 1, dvv, NKV*HD)
 			for t := 0; t < T; t++ {
-				p, d := P[t*T:(t+1)*T], dP[t*T:(t+1)*T]
-				var dot F
-				for t2 := 0; t2 <= t; t2++ {
-					dot += p[t2] * d[t2]
-				}
-				for t2 := 0; t2 <= t; t2++ {
-					d[t2] = p[t2] * (d[t2] - dot) * scale
+				d := dP[t*T : (t+1)*T]
+				p, live := P[t*T:t*T+t+1], d[:t+1]
+				dot := dot2(p, live)
+				for t2, pv := range p {
+					live[t2] = pv * (live[t2] - dot) * scale
 				}
 				clear(d[t+1:])
 			}
