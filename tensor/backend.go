@@ -34,7 +34,7 @@ type Kernels[F Float] interface {
 	AttentionBackward(dq, dk, dv, dout, att, q, k, v []F, B, T, NH, NKV, HD int)
 
 	SwiGLU(out, gate, up []F, n int)
-	SwiGLUBackward(dgate, dup, dout, gate, up []F, n int)
+	SwiGLUBackward(dgate, dup, dout, gate, up []F, n int, accumulate bool) // overwrites dgate, dup unless accumulate
 
 	CrossEntropy(losses, probs, logits []F, targets []int32, BT, V int)
 	CrossEntropyBackward(dlogits, dloss, probs []F, targets []int32, BT, V int)

@@ -48,8 +48,8 @@ func (Kernels[F]) AttentionBackward(dq, dk, dv, dout, att, q, k, v []F, B, T, NH
 	AttentionBackward(dq, dk, dv, dout, att, q, k, v, B, T, NH, NKV, HD)
 }
 func (Kernels[F]) SwiGLU(out, gate, up []F, n int) { SwiGLU(out, gate, up, n) }
-func (Kernels[F]) SwiGLUBackward(dgate, dup, dout, gate, up []F, n int) {
-	SwiGLUBackward(dgate, dup, dout, gate, up, n)
+func (Kernels[F]) SwiGLUBackward(dgate, dup, dout, gate, up []F, n int, accumulate bool) {
+	SwiGLUBackward(dgate, dup, dout, gate, up, n, accumulate)
 }
 func (Kernels[F]) CrossEntropy(losses, probs, logits []F, targets []int32, BT, V int) {
 	CrossEntropy(losses, probs, logits, targets, BT, V)

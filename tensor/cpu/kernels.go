@@ -463,15 +463,19 @@ func (j *swigluJob[F]) rows(_, lo, hi int) {
 	}
 }
 
-// SwiGLUBackward: dgate += dout·up·σ(g)·(1 + g·(1−σ(g))); dup += dout·silu(g).
-func SwiGLUBackward[F Float](dgate, dup, dout, gate, up []F, n int) {
+// SwiGLUBackward: dgate += dout·up·σ(g)·(1 + g·(1−σ(g))); dup += dout·silu(g)
+// (= for both when accumulate is false, which spares clearing and reading them).
+func SwiGLUBackward[F Float](dgate, dup, dout, gate, up []F, n int, accumulate bool) {
 	j := getJob[swigluBackJob[F]]()
-	*j = swigluBackJob[F]{dgate, dup, dout, gate, up}
+	*j = swigluBackJob[F]{dgate, dup, dout, gate, up, accumulate}
 	parallel(j, n, 10)
 	putJob(j)
 }
 
-type swigluBackJob[F Float] struct{ dgate, dup, dout, gate, up []F }
+type swigluBackJob[F Float] struct {
+	dgate, dup, dout, gate, up []F
+	accumulate                 bool
+}
 
 func (j *swigluBackJob[F]) rows(_, lo, hi int) {
 	dgate, dup, dout, gate, up := j.dgate, j.dup, j.dout, j.gate, j.up
@@ -482,6 +486,14 @@ func (j *swigluBackJob[F]) rows(_, lo, hi int) {
 		sigmoid(sg[:m], g)
 		dg, du, do, u := dgate[b:b+m], dup[b:b+m], dout[b:b+m], up[b:b+m]
 		dg, du, do, u = dg[:len(g)], du[:len(g)], do[:len(g)], u[:len(g)]
+		if !j.accumulate {
+			for i, x := range g {
+				s := sg[i]
+				dg[i] = do[i] * u[i] * s * (1 + x*(1-s))
+				du[i] = do[i] * x * s
+			}
+			continue
+		}
 		for i, x := range g {
 			s := sg[i]
 			dg[i] += do[i] * u[i] * s * (1 + x*(1-s))

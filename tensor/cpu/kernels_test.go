@@ -163,7 +163,7 @@ func TestSwiGLUGrad(t *testing.T) {
 	out := make([]float64, n)
 	loss := func() float64 { SwiGLU(out, g, u, n); return dot(out, R) }
 	dg, du := make([]float64, n), make([]float64, n)
-	SwiGLUBackward(dg, du, R, g, u, n)
+	SwiGLUBackward(dg, du, R, g, u, n, true)
 	checkGrads(t, "swiglu", map[string][]float64{"gate": g, "up": u}, map[string][]float64{"gate": dg, "up": du}, loss)
 }
 

@@ -538,9 +538,7 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 		} else {
 			// MLP: next = mid + w2·swiglu(w1·ln2, w3·ln2); dres flows to mid unchanged.
 			be.MatmulBackward(s.dsw, lg.w2, dres, a.sw[l], lw.w2, BT, FF, C, false)
-			clear(s.dff1)
-			clear(s.dff2)
-			be.SwiGLUBackward(s.dff1, s.dff2, s.dsw, a.gate[l], a.up[l], BT*FF)
+			be.SwiGLUBackward(s.dff1, s.dff2, s.dsw, a.gate[l], a.up[l], BT*FF, false)
 			be.MatmulBackward(s.dx, lg.w1, s.dff1, a.ln2[l], lw.w1, BT, C, FF, false)
 			be.MatmulBackward(s.dx, lg.w3, s.dff2, a.ln2[l], lw.w3, BT, C, FF, true)
 		}

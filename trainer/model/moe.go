@@ -293,11 +293,8 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p, g moeParams[F], a *moeActs[F]
 	for sIdx, w := range p.shared {
 		gw := g.shared[sIdx]
 		h, hg, hu := s.moeSh[:BT*EF], s.moeSg[:BT*EF], s.moeSu[:BT*EF]
-		clear(h)
-		clear(hg)
-		clear(hu)
-		be.MatmulBackward(h, gw[2], dout, a.ssw[sIdx], w[2], BT, EF, C, true)
-		be.SwiGLUBackward(hg, hu, h, a.sgate[sIdx], a.sup[sIdx], BT*EF)
+		be.MatmulBackward(h, gw[2], dout, a.ssw[sIdx], w[2], BT, EF, C, false)
+		be.SwiGLUBackward(hg, hu, h, a.sgate[sIdx], a.sup[sIdx], BT*EF, false)
 		be.MatmulBackward(dx, gw[0], hg, x, w[0], BT, C, EF, true)
 		be.MatmulBackward(dx, gw[1], hu, x, w[1], BT, C, EF, true)
 	}
@@ -305,14 +302,11 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p, g moeParams[F], a *moeActs[F]
 
 // expertsBackward runs each local expert's backward over its segment: dy and xin
 // are the output gradients and inputs (rows offsets[e]..offsets[e+1]); the input
-// gradients go to dxin (overwritten) and the weight gradients accumulate.
+// gradients go to dxin (overwritten: the segments tile rows 0..rows) and the weight
+// gradients accumulate.
 func (m *Model[F]) expertsBackward(p, g moeParams[F], a *moeActs[F], dy, xin, dxin []F, offsets []int32, rows int) {
 	be, C, EF, s := m.be, m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden, &m.scratch
 	dsw, dga, dup := s.moeDh[:rows*EF], s.moeDg[:rows*EF], s.moeDu[:rows*EF]
-	clear(dsw)
-	clear(dga)
-	clear(dup)
-	clear(dxin[:rows*C])
 	for e := range p.experts {
 		lo, n := int(offsets[e]), int(offsets[e+1]-offsets[e])
 		if n == 0 {
@@ -320,9 +314,9 @@ func (m *Model[F]) expertsBackward(p, g moeParams[F], a *moeActs[F], dy, xin, dx
 		}
 		w, gw := p.experts[e], g.experts[e]
 		sl := func(b []F, width int) []F { return b[lo*width : (lo+n)*width] }
-		be.MatmulBackward(sl(dsw, EF), gw[2], sl(dy, C), sl(a.sw, EF), w[2], n, EF, C, true)
-		be.SwiGLUBackward(sl(dga, EF), sl(dup, EF), sl(dsw, EF), sl(a.gate, EF), sl(a.up, EF), n*EF)
-		be.MatmulBackward(sl(dxin, C), gw[0], sl(dga, EF), sl(xin, C), w[0], n, C, EF, true)
+		be.MatmulBackward(sl(dsw, EF), gw[2], sl(dy, C), sl(a.sw, EF), w[2], n, EF, C, false)
+		be.SwiGLUBackward(sl(dga, EF), sl(dup, EF), sl(dsw, EF), sl(a.gate, EF), sl(a.up, EF), n*EF, false)
+		be.MatmulBackward(sl(dxin, C), gw[0], sl(dga, EF), sl(xin, C), w[0], n, C, EF, false)
 		be.MatmulBackward(sl(dxin, C), gw[1], sl(dup, EF), sl(xin, C), w[1], n, C, EF, true)
 	}
 }

@@ -37,9 +37,9 @@ func (k timed) SwiGLU(out, g, u []float32, n int) {
 	defer k.rec("SwiGLU", time.Now())
 	k.Backend.SwiGLU(out, g, u, n)
 }
-func (k timed) SwiGLUBackward(dg, du, do, g, u []float32, n int) {
+func (k timed) SwiGLUBackward(dg, du, do, g, u []float32, n int, acc bool) {
 	defer k.rec("SwiGLUBackward", time.Now())
-	k.Backend.SwiGLUBackward(dg, du, do, g, u, n)
+	k.Backend.SwiGLUBackward(dg, du, do, g, u, n, acc)
 }
 func (k timed) RMSNorm(out, rstd, inp, w []float32, BT, C int, eps float64) {
 	defer k.rec("RMSNorm", time.Now())
