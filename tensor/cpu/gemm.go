@@ -154,7 +154,7 @@ func (g *gemmArgs) run() {
 	byCols := ceilDiv(panels, min(workers, panels)) * tiles
 	// Only where A is read in place: packing a transposed A costs about as much
 	// as the products it feeds here, and by columns every part would pack all of it.
-	direct := hasStrided && !g.transA && g.alpha == 1
+	direct, _ := g.aInPlace()
 	g.splitN = direct && byCols < byRows
 	unit, span := mr, tiles
 	if g.splitN {
@@ -197,17 +197,23 @@ func (g *gemmCall) part(b *gemmBufs, r0, r1, c0, c1 int) {
 	}
 }
 
+// aInPlace says how the kernels read A without packing it, which they do when
+// alpha is 1: untransposed (direct) by the strided kernel, rows at stride lda;
+// transposed (directT) by the panel kernel, whose k-th MR values are adjacent in
+// A, at stride lda.
+func (g *gemmCall) aInPlace() (direct, directT bool) {
+	ok := hasStrided && g.alpha == 1
+	return ok && !g.transA, ok && g.transA
+}
+
 // rowBlocks multiplies rows [lo, hi) of op(A)'s current K block by the packed B block
 // bp, packing A into apBuf. add says whether tiles add to C or overwrite it.
 func (g *gemmCall) rowBlocks(bp, apBuf []float32, lo, hi, pc, kcur, jc, ncur int, add bool) {
 	ap := apBuf[:mc*kc]
 	edge := apBuf[mc*kc:] // MR×NR scratch tile for edges
-	// With alpha 1, A is read in place: untransposed by the strided kernel (rows
-	// at stride lda), transposed by the panel kernel (its k-th MR values are
-	// adjacent in A, at stride lda). Only a last partial panel of rows is packed
-	// (into the first panel of ap).
-	direct := hasStrided && !g.transA && g.alpha == 1
-	directT := hasStrided && g.transA && g.alpha == 1
+	// Only a last partial panel of rows of an A read in place is packed (into
+	// the first panel of ap).
+	direct, directT := g.aInPlace()
 	for ic := lo; ic < hi; ic += mc {
 		mcur := min(mc, hi-ic)
 		if !direct && !directT {
