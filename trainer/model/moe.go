@@ -50,6 +50,9 @@ type moeActs[F any] struct {
 	// rows a layer has received (at most ep · BT · min(k, E/ep), the worst case the
 	// plan states); they are reused by every layer and step.
 	sendRows, recvRows []int
+	sendEl, recvEl     []int   // the same counts in values (rows · C), for the all-to-alls
+	even               []int   // ep values of E/ep: the counts' all-to-all
+	localOff           []int32 // (E/ep + 1) each local expert's segment in local order
 	cntSend, cntRecv   []float32
 	srcStart, locStart []int // (source, local expert) → start row in recv order / in local order
 	total              int   // rows received
@@ -67,6 +70,7 @@ func newMoEActs[F any](c config.Model, BT, ep int) *moeActs[F] {
 	if ep > 1 {
 		El := E / ep
 		a.sendRows, a.recvRows = make([]int, ep), make([]int, ep)
+		a.sendEl, a.recvEl, a.even, a.localOff = make([]int, ep), make([]int, ep), make([]int, ep), make([]int32, El+1)
 		a.cntSend, a.cntRecv = make([]float32, ep*El), make([]float32, ep*El)
 		a.srcStart, a.locStart = make([]int, ep*El), make([]int, ep*El)
 		a.xrecv, a.xloc, a.yloc = make([]F, R*C), make([]F, R*C), make([]F, R*C)
@@ -110,9 +114,9 @@ func (m *Model[F]) moeForward(out, x []F, p moeParams[F], a *moeActs[F]) {
 		m.epExchange(a)
 		xin, yout := a.xloc, a.yloc
 		m.epRegroup(a, a.xloc, a.xrecv, true)
-		m.expertsForward(p, a, xin, yout, m.epLocalOffsets(a))
+		m.expertsForward(p, a, xin, yout, a.localOff)
 		m.epRegroup(a, a.yloc, a.xrecv, false) // back to arrival order, reusing xrecv
-		m.a2a(a.y[:a.n*C], a.xrecv[:a.total*C], scaled(a.recvRows, C), scaled(a.sendRows, C))
+		m.a2a(a.y[:a.n*C], a.xrecv[:a.total*C], a.recvEl, a.sendEl)
 	} else {
 		m.expertsForward(p, a, a.x, a.y, a.offsets)
 	}
@@ -161,28 +165,19 @@ func (m *Model[F]) a2a(dst, src []F, send, recv []int) {
 	}
 }
 
-func scaled(rows []int, c int) []int {
-	out := make([]int, len(rows))
-	for i, r := range rows {
-		out[i] = r * c
-	}
-	return out
-}
-
 // epExchange sends each ep rank its experts' token copies: first the per-expert
 // counts (an even all-to-all), then the rows (uneven), into xrecv in arrival order
 // (source rank, then its local expert).
 func (m *Model[F]) epExchange(a *moeActs[F]) {
 	ep, El, C := m.ep.Size, m.Cfg.MoE.NumExperts/m.ep.Size, m.Cfg.Hidden
-	even := make([]int, ep)
 	for j := 0; j < ep; j++ {
-		even[j] = El
+		a.even[j] = El
 		a.sendRows[j] = int(a.offsets[(j+1)*El] - a.offsets[j*El])
 		for q := 0; q < El; q++ {
 			a.cntSend[j*El+q] = float32(a.count(j*El + q))
 		}
 	}
-	if err := m.ep.Comm.AllToAll(a.cntRecv, a.cntSend, even, even); err != nil && m.hookErr == nil {
+	if err := m.ep.Comm.AllToAll(a.cntRecv, a.cntSend, a.even, a.even); err != nil && m.hookErr == nil {
 		m.hookErr = fmt.Errorf("expert all-to-all of counts: %w", err)
 	}
 	a.total = 0
@@ -197,12 +192,17 @@ func (m *Model[F]) epExchange(a *moeActs[F]) {
 	m.growExchange(a, a.total)
 	off := 0
 	for q := 0; q < El; q++ {
+		a.localOff[q] = int32(off)
 		for i := 0; i < ep; i++ {
 			a.locStart[q*ep+i] = off
 			off += int(a.cntRecv[i*El+q])
 		}
 	}
-	m.a2a(a.xrecv[:a.total*C], a.x[:a.n*C], scaled(a.sendRows, C), scaled(a.recvRows, C))
+	a.localOff[El] = int32(off)
+	for i := 0; i < ep; i++ {
+		a.sendEl[i], a.recvEl[i] = a.sendRows[i]*C, a.recvRows[i]*C
+	}
+	m.a2a(a.xrecv[:a.total*C], a.x[:a.n*C], a.sendEl, a.recvEl)
 }
 
 // growExchange makes the exchange and expert buffers hold rows rows (growing
@@ -238,20 +238,6 @@ func (m *Model[F]) epRegroup(a *moeActs[F], loc, recv []F, toLocal bool) {
 	}
 }
 
-// epLocalOffsets gives each local expert's segment in local order.
-func (m *Model[F]) epLocalOffsets(a *moeActs[F]) []int32 {
-	ep, El := m.ep.Size, m.Cfg.MoE.NumExperts/m.ep.Size
-	off := make([]int32, El+1)
-	for q := 0; q < El; q++ {
-		n := 0
-		for i := 0; i < ep; i++ {
-			n += int(a.cntRecv[i*El+q])
-		}
-		off[q+1] = off[q] + int32(n)
-	}
-	return off
-}
-
 // moeBackward accumulates into dx (BT,C) and the parameter gradients g the
 // gradient of dout·out + auxScale·aux_loss_coeff·aux.
 func (m *Model[F]) moeBackward(dx, dout, x []F, p, g moeParams[F], a *moeActs[F], auxScale float64) {
@@ -281,11 +267,11 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p, g moeParams[F], a *moeActs[F]
 		// the input gradients come back the same way.
 		R := a.total
 		dyin, dyloc, dxloc := s.moeEpA[:R*C], s.moeEpB[:R*C], s.moeEpC[:R*C]
-		m.a2a(dyin, dy, scaled(a.sendRows, C), scaled(a.recvRows, C))
+		m.a2a(dyin, dy, a.sendEl, a.recvEl)
 		m.epRegroup(a, dyloc, dyin, true)
-		m.expertsBackward(p, g, a, dyloc, a.xloc, dxloc, m.epLocalOffsets(a), R)
+		m.expertsBackward(p, g, a, dyloc, a.xloc, dxloc, a.localOff, R)
 		m.epRegroup(a, dxloc, dyin, false)
-		m.a2a(dxp, dyin, scaled(a.recvRows, C), scaled(a.sendRows, C))
+		m.a2a(dxp, dyin, a.recvEl, a.sendEl)
 	} else {
 		m.expertsBackward(p, g, a, dy, a.x, dxp, a.offsets, a.n)
 	}
