@@ -134,10 +134,9 @@ func rmsNormRows[F Float](out, rstd, inp, weight []F, lo, hi, C int, eps float64
 func RMSNormBackward[F Float](dinp, dweight, dout, inp, weight, rstd []F, BT, C int) {
 	j := getJob[rmsNormBackJob[F]]()
 	j.rmsNormBackArgs = rmsNormBackArgs[F]{dinp, dweight, dout, inp, weight, rstd, C}
-	per := max(rmsBlock, (BT+maxChunks-1)/maxChunks)
-	run(j, BT, per)
+	chunks := run(j, BT, rmsBlock)
 	dw := dweight[:C]
-	for c := 0; c*per < BT; c++ {
+	for c := range chunks {
 		part := j.bufs.scratch[c][:C]
 		for i := range dw {
 			dw[i] += part[i]

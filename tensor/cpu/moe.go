@@ -264,12 +264,11 @@ func SumSquares[F Float](x []F) float64 {
 	if len(x) == 0 {
 		return 0
 	}
-	per := max(sumBlock, (len(x)+maxChunks-1)/maxChunks)
 	j := getJob[sumSquaresJob[F]]()
 	j.x = x
-	run(j, len(x), per)
+	chunks := run(j, len(x), sumBlock)
 	var s float64
-	for c := 0; c*per < len(x); c++ {
+	for c := range chunks {
 		s += j.part[c]
 	}
 	putJob(j)

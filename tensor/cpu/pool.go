@@ -17,9 +17,10 @@ import (
 //
 // Chunks are fixed by the job's size and the number of cores, never by timing, so
 // every result is the same whichever goroutine computed which chunk. Each
-// participant first takes the chunk of its own index (the caller chunk 0, worker i
-// chunk i+1), so consecutive kernels that split rows alike find their rows in the
-// cache of the core that wrote them; then it takes whatever chunks are left.
+// participant first takes the chunk of its own index (the caller chunk 0, worker
+// i, numbered from 1, chunk i), so consecutive kernels that split rows alike find
+// their rows in the cache of the core that wrote them; then it takes whatever
+// chunks are left.
 
 // ranger is a kernel's work over rows [lo, hi) of its index space, which are
 // chunk c of it (0 when the kernel runs serially): a job that needs scratch space
@@ -127,18 +128,19 @@ func (w *worker) wait() *fork {
 
 // run splits [0, n) into chunks of per (more if that makes over maxChunks) and runs
 // j.rows on each, sharing them among the caller and up to GOMAXPROCS−1 idle
-// workers; it returns when all are done. Alone, the caller still runs the chunks
-// one by one, so a job whose result depends on its chunks (partial sums added in
-// chunk order) gets the same result on any number of cores.
-func run(j ranger, n, per int) {
+// workers; it returns, when all are done, how many chunks there were. Alone, the
+// caller still runs the chunks one by one, so a job whose result depends on its
+// chunks (partial sums added in chunk order) gets the same result on any number
+// of cores.
+func run(j ranger, n, per int) (chunks int) {
 	per = max(per, (n+maxChunks-1)/maxChunks)
-	chunks := (n + per - 1) / per
+	chunks = (n + per - 1) / per
 	helpers := min(chunks, runtime.GOMAXPROCS(0)) - 1
 	if helpers <= 0 {
 		for c := 0; c < chunks; c++ {
 			j.rows(c, c*per, min((c+1)*per, n))
 		}
-		return
+		return chunks
 	}
 	startOnce.Do(start)
 	f := forks.get()
@@ -162,6 +164,7 @@ func run(j ranger, n, per int) {
 	}
 	f.j = nil
 	forks.put(f)
+	return chunks
 }
 
 // parallel runs j.rows over [0, n) in one chunk per core when n·cost (a rough count
