@@ -57,20 +57,16 @@ func fromText(text []byte, tokenizer string, valFraction float64) (*Dataset, err
 	if len(text) == 0 {
 		return nil, errors.New("the text is empty")
 	}
+	// char's vocabulary comes from the text; the others are fixed.
 	var tok Tokenizer
-	switch tokenizer {
-	case "byte":
-		tok = Byte{}
-	case "gpt2":
-		tok = GPT2{}
-	case "char":
-		c, err := NewChar(text)
-		if err != nil {
-			return nil, err
-		}
-		tok = c
-	default:
-		return nil, fmt.Errorf("unknown tokenizer %q (byte, char or gpt2)", tokenizer)
+	var err error
+	if tokenizer == "char" {
+		tok, err = NewChar(text)
+	} else {
+		tok, err = NewTokenizer(tokenizer, "")
+	}
+	if err != nil {
+		return nil, err
 	}
 	tokens, err := tok.Encode(text)
 	if err != nil {
