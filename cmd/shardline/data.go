@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/shardline/shardline/tensor/cpu"
 	"github.com/shardline/shardline/trainer"
@@ -27,8 +29,8 @@ data.path at DIR to train on it.`,
 		Example: `  shardline data prepare --tokenizer char -o data/shakespeare input.txt`,
 		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if tokenizer != "byte" && tokenizer != "char" && tokenizer != "gpt2" {
-				return usageErr("--tokenizer %q is not one of byte, char, gpt2", tokenizer)
+			if !slices.Contains(data.Tokenizers, tokenizer) {
+				return usageErr("--tokenizer %q is not one of %s", tokenizer, strings.Join(data.Tokenizers, ", "))
 			}
 			if valFrac < 0 || valFrac > 0.5 {
 				return usageErr("--val-fraction %v must be within [0, 0.5]", valFrac)

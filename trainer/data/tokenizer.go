@@ -126,6 +126,9 @@ func LoadTokenizer(path string) (Tokenizer, error) {
 	return NewTokenizer(f.Name, f.Chars)
 }
 
+// Tokenizers are the tokenizers' names (config's data.tokenizer enum lists the same).
+var Tokenizers = []string{"byte", "char", "gpt2"}
+
 // NewTokenizer builds a tokenizer by name; chars is the char vocabulary.
 func NewTokenizer(name, chars string) (Tokenizer, error) {
 	switch name {
