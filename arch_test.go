@@ -16,7 +16,8 @@ const module = "github.com/shardline/shardline"
 // A new package must be added here, which is the moment to decide its place.
 var allowedImports = map[string][]string{
 	".":             {},
-	"config":        {},
+	"config":        {"fileio"},
+	"fileio":        {},
 	"recipes":       {},
 	"parallel":      {"config"},
 	"parallel/comm": {},

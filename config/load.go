@@ -4,9 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/shardline/shardline/fileio"
 )
 
 // Options are the layers above the recipe file, lowest precedence first:
@@ -19,7 +20,7 @@ type Options struct {
 	Sets []string
 	// Flags are Megatron-style dashed flags, applied in order.
 	Flags []FlagValue
-	// ReadFile reads recipe files; nil means os.ReadFile.
+	// ReadFile reads recipe files; nil means ReadRecipeFile.
 	ReadFile func(string) ([]byte, error)
 }
 
@@ -75,7 +76,7 @@ func (r *Resolved) Value(key string) (any, bool) {
 // defaults in place of the bad values, so every problem is reported at once.
 func Load(path string, opts Options) (*Resolved, Diagnostics) {
 	if opts.ReadFile == nil {
-		opts.ReadFile = os.ReadFile
+		opts.ReadFile = ReadRecipeFile
 	}
 	l := &loader{opts: opts, res: &Resolved{Recipe: Default(), Path: path, Sources: map[string][]byte{}, history: map[string][]Origin{}}}
 	src, err := opts.ReadFile(path)
@@ -104,7 +105,7 @@ func Load(path string, opts Options) (*Resolved, Diagnostics) {
 func LoadBytes(path string, src []byte, opts Options) (*Resolved, Diagnostics) {
 	read := opts.ReadFile
 	if read == nil {
-		read = os.ReadFile
+		read = ReadRecipeFile
 	}
 	opts.ReadFile = func(p string) ([]byte, error) {
 		if p == path {
@@ -113,6 +114,15 @@ func LoadBytes(path string, src []byte, opts Options) (*Resolved, Diagnostics) {
 		return read(p)
 	}
 	return Load(path, opts)
+}
+
+// MaxRecipeBytes is the largest recipe file read: recipes are a few kilobytes, and
+// the cap keeps a mistaken path (a device, a data file) from being read whole.
+const MaxRecipeBytes = 1 << 20
+
+// ReadRecipeFile reads a recipe: a regular file of at most MaxRecipeBytes.
+func ReadRecipeFile(path string) ([]byte, error) {
+	return fileio.ReadRegular(path, MaxRecipeBytes)
 }
 
 type loader struct {
@@ -129,8 +139,13 @@ func readError(path string, err error, at Origin, code string) Diagnostic {
 		help = "extends paths are relative to the file that names them; fix the path or create the base recipe"
 	}
 	msg := fmt.Sprintf("cannot read recipe %s: %v", path, unwrapPathError(err))
-	if errors.Is(err, fs.ErrNotExist) {
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
 		msg = fmt.Sprintf("recipe %s does not exist", path)
+	case errors.Is(err, fileio.ErrNotRegular):
+		help = "a recipe is a regular .toml file; check the path"
+	case errors.Is(err, fileio.ErrTooLarge):
+		help = fmt.Sprintf("recipes are small TOML files (at most %d bytes); check that the path names a recipe, not data", MaxRecipeBytes)
 	}
 	return Diagnostic{Severity: SevError, Code: code, Message: msg, Help: help, Origin: at}
 }

@@ -1,10 +1,12 @@
 package config
 
 import (
+	"bytes"
 	"fmt"
 	"sort"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/pelletier/go-toml/v2/unstable"
 )
@@ -64,12 +66,29 @@ type tomlDoc struct {
 	entries []entry
 	headers []header
 	lines   []int // byte offset of each line start
+	diags   Diagnostics
 }
+
+// Recipe keys are at most three parts deep (model.moe.top_k) and arrays one level
+// deep. Deeper keys and arrays are refused where they start, and nothing under them
+// is expanded, so the work and memory of loading stay linear in the file's size
+// (each level of an inline table or nested array would otherwise copy the text of
+// everything inside it).
+const (
+	maxKeyParts   = 8
+	maxArrayDepth = 4
+)
 
 // parseTOML parses src generically; schema checks happen in decode.go. A syntax
 // error is returned as one SL001 diagnostic and no entries.
 func parseTOML(path string, src []byte) (doc *tomlDoc, diags Diagnostics) {
 	doc = &tomlDoc{path: path, src: src, lines: lineStarts(src)}
+	if bytes.HasPrefix(src, utf8BOM) {
+		return nil, Diagnostics{{Severity: SevError, Code: "SL001",
+			Message: "the file starts with a UTF-8 byte-order mark (bytes EF BB BF), which the recipe loader does not accept",
+			Help:    "save the file as UTF-8 without a BOM (in most editors: encoding \"UTF-8\", not \"UTF-8 with BOM\"); or strip it: sed -i '1s/^\\xEF\\xBB\\xBF//' " + path,
+			Origin:  Origin{Kind: FromFile, Pos: doc.pos(0)}}}
+	}
 	defer func() {
 		// The unstable parser is fuzzed through this function; should it ever panic on
 		// some input, report a positioned syntax error rather than crash.
@@ -88,11 +107,18 @@ func parseTOML(path string, src []byte) (doc *tomlDoc, diags Diagnostics) {
 		switch e.Kind {
 		case unstable.Table, unstable.ArrayTable:
 			parts, first := doc.keyParts(&p, e.Key())
+			if len(parts) > maxKeyParts {
+				doc.tooDeep(first, fmt.Sprintf("table [%s…] is %d parts deep", strings.Join(parts[:3], "."), len(parts)))
+				parts = parts[:maxKeyParts]
+			}
 			prefix = parts
 			doc.headers = append(doc.headers, header{name: strings.Join(parts, "."), pos: first, array: e.Kind == unstable.ArrayTable})
 		case unstable.KeyValue:
 			doc.keyValue(&p, e, prefix)
 		}
+	}
+	if p.Error() == nil && len(doc.diags) > 0 {
+		return nil, doc.diags
 	}
 	if err := p.Error(); err != nil {
 		off := len(src)
@@ -115,7 +141,11 @@ func parseTOML(path string, src []byte) (doc *tomlDoc, diags Diagnostics) {
 func (d *tomlDoc) keyValue(p *unstable.Parser, e *unstable.Node, prefix []string) {
 	parts, kpos := d.keyParts(p, e.Key())
 	full := append(append([]string(nil), prefix...), parts...)
-	v := d.value(p, e.Value(), kpos)
+	if len(full) > maxKeyParts {
+		d.tooDeep(kpos, fmt.Sprintf("key %s… is %d parts deep", strings.Join(full[:3], "."), len(full)))
+		return
+	}
+	v := d.value(p, e.Value(), kpos, 0)
 	if v.kind == vTable {
 		// An inline table { a = 1, b = 2 }: its own entry marks the table (decode
 		// accepts it for a section), then its keys become entries under it.
@@ -143,8 +173,19 @@ func (d *tomlDoc) keyParts(p *unstable.Parser, it unstable.Iterator) ([]string, 
 	return parts, first
 }
 
-// value converts a value node; fallback positions values the parser leaves unranged.
-func (d *tomlDoc) value(p *unstable.Parser, n *unstable.Node, fallback Pos) rawValue {
+// tooDeep reports a key or array nested past what any recipe key takes.
+func (d *tomlDoc) tooDeep(at Pos, what string) {
+	d.diags = append(d.diags, Diagnostic{Severity: SevError, Code: "SL001",
+		Message: fmt.Sprintf("%s; recipe keys are at most three parts deep (section.subsection.key) and arrays hold plain values", what),
+		Help:    "flatten it: write [section] headers and key = value lines (see `shardline recipe docs`)",
+		Origin:  Origin{Kind: FromFile, Pos: at}})
+}
+
+var utf8BOM = []byte{0xEF, 0xBB, 0xBF}
+
+// value converts a value node at array depth depth; fallback positions values the
+// parser leaves unranged.
+func (d *tomlDoc) value(p *unstable.Parser, n *unstable.Node, fallback Pos, depth int) rawValue {
 	v := rawValue{pos: d.rangePos(p, n)}
 	if !v.pos.IsValid() {
 		v.pos = fallback
@@ -174,8 +215,12 @@ func (d *tomlDoc) value(p *unstable.Parser, n *unstable.Node, fallback Pos) rawV
 	case unstable.Array:
 		v.kind = vArray
 		v.elems = []rawValue{}
+		if depth >= maxArrayDepth {
+			d.tooDeep(v.pos, fmt.Sprintf("an array nested %d levels deep", depth+1))
+			break
+		}
 		for it := n.Children(); it.Next(); {
-			v.elems = append(v.elems, d.value(p, it.Node(), v.pos))
+			v.elems = append(v.elems, d.value(p, it.Node(), v.pos, depth+1))
 		}
 	case unstable.InlineTable:
 		v.kind = vTable
@@ -214,12 +259,24 @@ func (d *tomlDoc) rangePos(p *unstable.Parser, n *unstable.Node) Pos {
 	return Pos{}
 }
 
+// rawText is a value as written, for messages: long values (a table or an array
+// spanning many lines) are cut after maxRawText bytes.
 func (d *tomlDoc) rawText(p *unstable.Parser, n *unstable.Node) string {
-	if n.Raw.Length > 0 {
-		return string(p.Raw(n.Raw))
+	if n.Raw.Length == 0 {
+		return ""
 	}
-	return ""
+	b := p.Raw(n.Raw)
+	if len(b) <= maxRawText {
+		return string(b)
+	}
+	cut := maxRawText
+	for cut > 0 && !utf8.RuneStart(b[cut]) {
+		cut--
+	}
+	return string(b[:cut]) + "…"
 }
+
+const maxRawText = 120
 
 // subsliceOffset finds b inside the parser's input. Data of unescaped values
 // references the input; allocated data does not, and then ok is false.

@@ -1,0 +1,75 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// allocated returns the bytes f allocates.
+func allocated(f func()) uint64 {
+	var a, b runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&a)
+	f()
+	runtime.ReadMemStats(&b)
+	return b.TotalAlloc - a.TotalAlloc
+}
+
+// Hostile recipes of about 96 KB: each is refused with a positioned error, and
+// loading allocates at most a small multiple of the file's size (before the depth
+// caps, nested inline tables of this size took 2.3 GB).
+func TestHostileRecipesAreLinear(t *testing.T) {
+	const n = 48000 // 96 KB of nesting
+	cases := map[string]struct{ src, want string }{
+		"nested inline tables": {"a = " + strings.Repeat("{a=", n) + "1" + strings.Repeat("}", n) + "\n", "parts deep"},
+		"nested arrays":        {"[model]\nlayers = " + strings.Repeat("[", n) + strings.Repeat("]", n) + "\n", "nested 5 levels deep"},
+		"long dotted key":      {strings.Repeat("a.", n) + "b = 1\n", "parts deep"},
+		"deep table header":    {"[" + strings.Repeat("a.", n) + "b]\nx = 1\n", "parts deep"},
+		"many unknown keys":    {"[model]\n" + strings.Repeat("nope = 1\n", n/5), "unknown key"},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			var diags Diagnostics
+			bytes := allocated(func() { _, diags = LoadBytes("hostile.toml", []byte(c.src), Options{}) })
+			require.True(t, diags.HasErrors())
+			require.Contains(t, diags[0].Message, c.want)
+			require.True(t, diags[0].Origin.Pos.IsValid(), "%v", diags[0])
+			limit := uint64(400 * len(c.src)) // per-finding records dominate "many unknown keys"
+			t.Logf("%d bytes of recipe: %d bytes allocated", len(c.src), bytes)
+			require.Less(t, bytes, limit, "loading %d bytes allocated %d", len(c.src), bytes)
+		})
+	}
+}
+
+func TestRecipeReadersRefuseDevicesAndHugeFiles(t *testing.T) {
+	dir := t.TempDir()
+	big := filepath.Join(dir, "big.toml")
+	f, err := os.Create(big)
+	require.NoError(t, err)
+	require.NoError(t, f.Truncate(MaxRecipeBytes+1))
+	require.NoError(t, f.Close())
+	ext := filepath.Join(dir, "ext.toml")
+	require.NoError(t, os.WriteFile(ext, []byte("extends = \"/dev/zero\"\n"), 0o644))
+	for _, c := range []struct{ path, want string }{
+		{"/dev/zero", "not a regular file (a device)"},
+		{dir, "not a regular file (a directory)"},
+		{big, "file too large"},
+		{ext, "cannot read recipe /dev/zero: not a regular file"},
+	} {
+		_, diags := Load(c.path, Options{})
+		require.True(t, diags.HasErrors(), c.path)
+		require.Contains(t, diags.Err().Error(), c.want)
+	}
+}
+
+func TestByteOrderMarkIsNamed(t *testing.T) {
+	_, diags := LoadBytes("bom.toml", []byte("\xEF\xBB\xBF[run]\nseed = 1\n"), Options{})
+	require.Len(t, diags, 1)
+	require.Contains(t, diags[0].Message, "UTF-8 byte-order mark")
+	require.Equal(t, "bom.toml:1:1", diags[0].Origin.Pos.String())
+}

@@ -1,0 +1,174 @@
+package fileio
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// ErrNotRegular marks a path that is not a regular file (a device, FIFO, socket or
+// directory): readers refuse it, since its size is unknown or unbounded.
+var ErrNotRegular = errors.New("not a regular file")
+
+// ErrTooLarge marks a file larger than its reader accepts.
+var ErrTooLarge = errors.New("file too large")
+
+// ErrCorrupt marks a file whose checksum or trailer does not match its contents.
+var ErrCorrupt = errors.New("corrupt file")
+
+// OpenRegular opens path for reading if it is a regular file (symbolic links are
+// followed), and returns its size.
+func OpenRegular(path string) (*os.File, int64, error) {
+	// Stat first: opening a named pipe would block until a writer appears.
+	if st, err := os.Stat(path); err != nil {
+		return nil, 0, err
+	} else if !st.Mode().IsRegular() {
+		return nil, 0, &fs.PathError{Op: "read", Path: path, Err: fmt.Errorf("%w (%s)", ErrNotRegular, kind(st.Mode()))}
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, 0, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, 0, err
+	}
+	if !st.Mode().IsRegular() {
+		f.Close()
+		return nil, 0, &fs.PathError{Op: "read", Path: path, Err: fmt.Errorf("%w (%s)", ErrNotRegular, kind(st.Mode()))}
+	}
+	return f, st.Size(), nil
+}
+
+func kind(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&fs.ModeDevice != 0 || m&fs.ModeCharDevice != 0:
+		return "a device"
+	case m&fs.ModeNamedPipe != 0:
+		return "a named pipe"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	}
+	return "mode " + m.String()
+}
+
+// ReadRegular reads a regular file of at most limit bytes. A larger file, or one
+// that grows past limit while it is read, is refused with ErrTooLarge.
+func ReadRegular(path string, limit int64) ([]byte, error) {
+	f, size, err := OpenRegular(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if size > limit {
+		return nil, &fs.PathError{Op: "read", Path: path, Err: fmt.Errorf("%w: %d bytes, at most %d are read", ErrTooLarge, size, limit)}
+	}
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, &fs.PathError{Op: "read", Path: path, Err: fmt.Errorf("%w: it grew past %d bytes while being read", ErrTooLarge, limit)}
+	}
+	return b, nil
+}
+
+// WriteAtomic writes data to path through a temporary file in the same directory,
+// fsynced before it is renamed over path (and the directory fsynced after), so a
+// crash leaves either the old file or the new one.
+func WriteAtomic(path string, data []byte) error {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	if _, err := tmp.Write(data); err != nil {
+		return err
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	ok = true
+	if d, err := os.Open(dir); err == nil {
+		d.Sync() // best effort: some file systems refuse to sync a directory
+		d.Close()
+	}
+	return nil
+}
+
+// The trailer Seal appends: magic "SHLCRC32", the CRC-32C (Castagnoli) of every
+// byte before the trailer, and that byte count, little-endian.
+const (
+	trailerMagic = "SHLCRC32"
+	// TrailerSize is the number of bytes Seal appends.
+	TrailerSize = 8 + 4 + 8
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Seal appends the checksum trailer to b (in b's spare capacity when it has some)
+// and returns the result.
+func Seal(b []byte) []byte {
+	n := len(b)
+	sum := crc32.Checksum(b, castagnoli)
+	b = append(b, trailerMagic...)
+	b = binary.LittleEndian.AppendUint32(b, sum)
+	return binary.LittleEndian.AppendUint64(b, uint64(n))
+}
+
+// Unseal checks the trailer of a sealed file's bytes and returns the contents
+// before it. name is used in errors.
+func Unseal(name string, b []byte) ([]byte, error) {
+	if len(b) < TrailerSize || string(b[len(b)-TrailerSize:len(b)-TrailerSize+8]) != trailerMagic {
+		return nil, fmt.Errorf("%s: %w: no checksum trailer in its last %d bytes (truncated, or not written by this shardline)", name, ErrCorrupt, TrailerSize)
+	}
+	body := b[:len(b)-TrailerSize]
+	t := b[len(body)+8:]
+	want, n := binary.LittleEndian.Uint32(t), binary.LittleEndian.Uint64(t[4:])
+	if n != uint64(len(body)) {
+		return nil, fmt.Errorf("%s: %w: the trailer covers %d bytes, the file holds %d before it (truncated or extended)", name, ErrCorrupt, n, len(body))
+	}
+	if got := crc32.Checksum(body, castagnoli); got != want {
+		return nil, fmt.Errorf("%s: %w: checksum of bytes 0..%d is %08x, the trailer says %08x (a changed byte)", name, ErrCorrupt, len(body), got, want)
+	}
+	return body, nil
+}
+
+// ReadSealed reads a sealed regular file of at most limit bytes and returns its
+// checked contents.
+func ReadSealed(path string, limit int64) ([]byte, error) {
+	b, err := ReadRegular(path, limit)
+	if err != nil {
+		return nil, err
+	}
+	return Unseal(path, b)
+}
+
+// WriteSealed seals data and writes it atomically to path.
+func WriteSealed(path string, data []byte) error {
+	return WriteAtomic(path, Seal(data))
+}

@@ -1,0 +1,87 @@
+package fileio
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestReadRegularRefusesWhatIsNotAFile(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
+	for name, path := range map[string]string{"device": "/dev/zero", "directory": dir, "named pipe": fifo} {
+		t.Run(name, func(t *testing.T) {
+			_, err := ReadRegular(path, 1<<20)
+			require.ErrorIs(t, err, ErrNotRegular)
+			require.Contains(t, err.Error(), "a "+name)
+			require.Contains(t, err.Error(), path)
+		})
+	}
+}
+
+func TestReadRegularCapsSize(t *testing.T) {
+	// A sparse file: 3 GiB long, no disk used. It is refused from its size alone.
+	path := filepath.Join(t.TempDir(), "big.txt")
+	f, err := os.Create(path)
+	require.NoError(t, err)
+	require.NoError(t, f.Truncate(3<<30))
+	require.NoError(t, f.Close())
+	_, err = ReadRegular(path, 1<<30)
+	require.ErrorIs(t, err, ErrTooLarge)
+	require.Contains(t, err.Error(), "3221225472 bytes")
+
+	small := filepath.Join(t.TempDir(), "small.txt")
+	require.NoError(t, os.WriteFile(small, []byte("hello"), 0o644))
+	b, err := ReadRegular(small, 5)
+	require.NoError(t, err)
+	require.Equal(t, "hello", string(b))
+	_, err = ReadRegular(small, 4)
+	require.ErrorIs(t, err, ErrTooLarge)
+}
+
+func TestSealedRefusesAnyChange(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.bin")
+	body := []byte("the contents of a weights file, or of a token shard")
+	require.NoError(t, WriteSealed(path, append([]byte(nil), body...)))
+	got, err := ReadSealed(path, 1<<20)
+	require.NoError(t, err)
+	require.Equal(t, body, got)
+
+	sealed, err := os.ReadFile(path)
+	require.NoError(t, err)
+	for i := range sealed { // every single flipped bit of every byte, trailer included
+		for bit := 0; bit < 8; bit++ {
+			b := append([]byte(nil), sealed...)
+			b[i] ^= 1 << bit
+			_, err := Unseal("x.bin", b)
+			require.ErrorIs(t, err, ErrCorrupt, "byte %d bit %d", i, bit)
+		}
+	}
+	for _, n := range []int{0, 1, len(sealed) - 1, len(sealed) - TrailerSize} {
+		_, err := Unseal("x.bin", sealed[:n])
+		require.ErrorIs(t, err, ErrCorrupt, "truncated to %d bytes", n)
+		require.Contains(t, err.Error(), "x.bin")
+	}
+}
+
+func TestWriteAtomicLeavesNoTemporaries(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "out.json")
+	require.NoError(t, WriteAtomic(path, []byte("one")))
+	require.NoError(t, WriteAtomic(path, []byte("two")))
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Len(t, entries, 1)
+	b, _ := os.ReadFile(path)
+	require.Equal(t, "two", string(b))
+	// A directory that cannot be written fails without touching the old file.
+	err = WriteAtomic(filepath.Join(dir, "missing", "out.json"), []byte("x"))
+	require.Error(t, err)
+	require.True(t, errors.Is(err, os.ErrNotExist) || strings.Contains(err.Error(), "no such"))
+}
