@@ -185,7 +185,14 @@ func checkValue(f *Field, v any) (any, *Diagnostic) {
 	return v, nil
 }
 
-func formatBound(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
+// formatBound writes a bound as a person would: whole numbers in full (1048576,
+// not 1.048576e+06).
+func formatBound(x float64) string {
+	if x == math.Trunc(x) && math.Abs(x) < 1e15 {
+		return strconv.FormatFloat(x, 'f', -1, 64)
+	}
+	return strconv.FormatFloat(x, 'g', -1, 64)
+}
 
 func article(k Kind) string {
 	switch k {

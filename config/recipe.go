@@ -54,20 +54,20 @@ type Model struct {
 	// Architecture family. Only Llama-style decoders (RMSNorm, RoPE, GQA, SwiGLU).
 	Family string `toml:"family" enum:"llama"`
 	// Number of transformer layers.
-	Layers int `toml:"layers" min:"1" flag:"num-layers"`
+	Layers int `toml:"layers" min:"1" max:"4096" flag:"num-layers"`
 	// Model width (embedding and residual stream size), in elements.
-	Hidden int `toml:"hidden" min:"1" flag:"hidden-size"`
+	Hidden int `toml:"hidden" min:"1" max:"262144" flag:"hidden-size"`
 	// Number of attention (query) heads. Must divide model.hidden.
-	Heads int `toml:"heads" min:"1" flag:"num-attention-heads"`
+	Heads int `toml:"heads" min:"1" max:"4096" flag:"num-attention-heads"`
 	// Number of key/value heads (grouped-query attention); must divide model.heads.
 	// 0 means equal to model.heads (plain multi-head attention).
-	KVHeads int `toml:"kv_heads" min:"0" flag:"num-query-groups"`
+	KVHeads int `toml:"kv_heads" min:"0" max:"4096" flag:"num-query-groups"`
 	// Hidden size of the dense SwiGLU MLP, in elements.
-	FFNHidden int `toml:"ffn_hidden" min:"1" flag:"ffn-hidden-size"`
+	FFNHidden int `toml:"ffn_hidden" min:"1" max:"1048576" flag:"ffn-hidden-size"`
 	// Vocabulary size, in tokens. Must cover the tokenizer's vocabulary (256 for byte).
-	VocabSize int `toml:"vocab_size" min:"1" flag:"vocab-size"`
+	VocabSize int `toml:"vocab_size" min:"1" max:"16777216" flag:"vocab-size"`
 	// Sequence length (context), in tokens.
-	SeqLen int `toml:"seq_len" min:"1" flag:"seq-length"`
+	SeqLen int `toml:"seq_len" min:"1" max:"16777216" flag:"seq-length"`
 	// RoPE base frequency.
 	RopeTheta float64 `toml:"rope_theta" gt:"0" flag:"rotary-base"`
 	// Epsilon added to the mean square in RMSNorm.
@@ -83,21 +83,21 @@ type Model struct {
 // MoE configures mixture-of-experts layers.
 type MoE struct {
 	// Number of routed experts per MoE layer. 0 makes the model dense.
-	NumExperts int `toml:"num_experts" min:"0" flag:"num-experts"`
+	NumExperts int `toml:"num_experts" min:"0" max:"4096" flag:"num-experts"`
 	// Experts each token is routed to. 1 ≤ top_k ≤ num_experts.
-	TopK int `toml:"top_k" min:"1" flag:"moe-router-topk"`
+	TopK int `toml:"top_k" min:"1" max:"4096" flag:"moe-router-topk"`
 	// Hidden size of each routed expert's SwiGLU MLP, in elements.
-	ExpertFFNHidden int `toml:"expert_ffn_hidden" min:"1" flag:"moe-ffn-hidden-size"`
+	ExpertFFNHidden int `toml:"expert_ffn_hidden" min:"1" max:"1048576" flag:"moe-ffn-hidden-size"`
 	// Number of shared experts every token passes through, each of expert_ffn_hidden.
-	SharedExperts int `toml:"shared_experts" min:"0"`
+	SharedExperts int `toml:"shared_experts" min:"0" max:"64"`
 	// Expert capacity as a multiple of the even share of routed tokens; tokens past
 	// capacity are dropped. 0 means no capacity limit (no token is dropped).
-	CapacityFactor float64 `toml:"capacity_factor" min:"0" flag:"moe-expert-capacity-factor"`
+	CapacityFactor float64 `toml:"capacity_factor" min:"0" max:"1024" flag:"moe-expert-capacity-factor"`
 	// Weight of the load-balancing auxiliary loss added to the language-model loss.
 	AuxLossCoeff float64 `toml:"aux_loss_coeff" min:"0" flag:"moe-aux-loss-coeff"`
 	// Layer interleave: every layer_freq-th layer (1-based: layers k·layer_freq) is an
 	// MoE layer, the others dense. 1 makes every layer MoE.
-	LayerFreq int `toml:"layer_freq" min:"1" flag:"moe-layer-freq"`
+	LayerFreq int `toml:"layer_freq" min:"1" max:"4096" flag:"moe-layer-freq"`
 }
 
 // Data names the training text and how it becomes tokens.
@@ -115,12 +115,12 @@ type Data struct {
 // Train configures the optimisation.
 type Train struct {
 	// Number of optimizer steps.
-	Steps int `toml:"steps" min:"1" flag:"train-iters"`
+	Steps int `toml:"steps" min:"1" max:"1000000000" flag:"train-iters"`
 	// Sequences per micro-batch on each data-parallel rank.
-	MicroBatchSize int `toml:"micro_batch_size" min:"1" flag:"micro-batch-size"`
+	MicroBatchSize int `toml:"micro_batch_size" min:"1" max:"1048576" flag:"micro-batch-size"`
 	// Sequences per optimizer step over all data-parallel ranks; a multiple of
 	// micro_batch_size × data-parallel size (the quotient is the accumulation count).
-	GlobalBatchSize int `toml:"global_batch_size" min:"1" flag:"global-batch-size"`
+	GlobalBatchSize int `toml:"global_batch_size" min:"1" max:"1073741824" flag:"global-batch-size"`
 	// Optimizer: adamw (decoupled weight decay), adam, or sgd (the optimizers
 	// Megatron-FSDP's distributed optimizer supports).
 	Optimizer string `toml:"optimizer" flag:"optimizer"`
@@ -147,7 +147,7 @@ type Train struct {
 	// Evaluate on the validation split every eval_interval steps. 0 never evaluates.
 	EvalInterval int `toml:"eval_interval" min:"0" flag:"eval-interval"`
 	// Validation batches per evaluation.
-	EvalSteps int `toml:"eval_steps" min:"1" flag:"eval-iters"`
+	EvalSteps int `toml:"eval_steps" min:"1" max:"1000000" flag:"eval-iters"`
 	// Skip a step whose loss or gradient norm is NaN or Inf instead of stopping the run.
 	SkipNonfinite bool `toml:"skip_nonfinite"`
 }
@@ -156,28 +156,28 @@ type Train struct {
 // fastest); the expert mesh folds the same ranks as etp × ep × edp per pipeline stage.
 type Parallel struct {
 	// Total number of ranks (processes or GPUs).
-	WorldSize int `toml:"world_size" min:"1" flag:"world-size"`
+	WorldSize int `toml:"world_size" min:"1" max:"1048576" flag:"world-size"`
 	// Tensor-parallel degree (tp).
-	TensorParallel int `toml:"tensor_parallel" min:"1" flag:"tensor-model-parallel-size"`
+	TensorParallel int `toml:"tensor_parallel" min:"1" max:"1048576" flag:"tensor-model-parallel-size"`
 	// Context-parallel degree (cp): the sequence is split over cp ranks.
-	ContextParallel int `toml:"context_parallel" min:"1" flag:"context-parallel-size"`
+	ContextParallel int `toml:"context_parallel" min:"1" max:"1048576" flag:"context-parallel-size"`
 	// Expert-parallel degree (ep): experts are partitioned over ep ranks.
-	ExpertParallel int `toml:"expert_parallel" min:"1" flag:"expert-model-parallel-size"`
+	ExpertParallel int `toml:"expert_parallel" min:"1" max:"1048576" flag:"expert-model-parallel-size"`
 	// Expert tensor-parallel degree (etp): each expert's matrices split over etp ranks.
-	ExpertTensorParallel int `toml:"expert_tensor_parallel" min:"1" flag:"expert-tensor-parallel-size"`
+	ExpertTensorParallel int `toml:"expert_tensor_parallel" min:"1" max:"1048576" flag:"expert-tensor-parallel-size"`
 	// Pipeline-parallel degree (pp).
-	PipelineParallel int `toml:"pipeline_parallel" min:"1" flag:"pipeline-model-parallel-size"`
+	PipelineParallel int `toml:"pipeline_parallel" min:"1" max:"1048576" flag:"pipeline-model-parallel-size"`
 	// Device to train on: cpu, or cuda (NVIDIA GPUs through CUDA and NCCL).
 	Device string `toml:"device" enum:"cpu,cuda"`
 	// Ranks (GPUs) per node; groups spanning nodes use the inter-node link.
 	// 0 means every rank on one node.
-	GPUsPerNode int `toml:"gpus_per_node" min:"0" flag:"gpus-per-node"`
+	GPUsPerNode int `toml:"gpus_per_node" min:"0" max:"1048576" flag:"gpus-per-node"`
 	// Device profile for the plan's memory and time model: auto picks cpu for
 	// device = "cpu" and h100-80gb for device = "cuda".
 	DeviceProfile string `toml:"device_profile" enum:"auto,cpu,a100-80gb,h100-80gb,h200-141gb" flag:"device-profile"`
 	// Device memory per rank in GiB for the plan, overriding the profile. 0 keeps the
 	// profile's value.
-	DeviceMemoryGiB float64 `toml:"device_memory_gib" min:"0"`
+	DeviceMemoryGiB float64 `toml:"device_memory_gib" min:"0" max:"1048576"`
 	// The CUDA caching allocator uses expandable segments (as PyTorch's
 	// expandable_segments:True). Incompatible with fsdp.use_nccl_ub.
 	CUDAExpandableSegments bool `toml:"cuda_expandable_segments"`
@@ -223,7 +223,7 @@ type FSDP struct {
 	CalculatePerTokenLoss bool `toml:"calculate_per_token_loss" flag:"calculate-per-token-loss"`
 	// Cap, in parameters, on the bytes in flight per collective: smaller FSDP units
 	// are bucketed up to it. 0 means one collective per FSDP unit, uncapped.
-	SuggestedCommunicationUnitSize int64 `toml:"suggested_communication_unit_size" min:"0" flag:"suggested-communication-unit-size"`
+	SuggestedCommunicationUnitSize int64 `toml:"suggested_communication_unit_size" min:"0" max:"1099511627776" flag:"suggested-communication-unit-size"`
 	// Group over which expert weights are sharded: expert_data_parallel (the ranks
 	// holding the same experts; the only correct choice) or data_parallel (also over
 	// the ranks of other experts: double sharding, refused when ep > 1).

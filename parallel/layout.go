@@ -101,6 +101,12 @@ func layoutGroups(ps []Param, units []Unit, unitOf []int, m Mesh, numExperts int
 	if numExperts > 0 {
 		perRank = expertsPerRank(numExperts, m.EP)
 	}
+	// Each unit's parameters, in table order: one pass over the table, so the
+	// layout is linear in the number of parameters whatever the number of units.
+	members := make([][]int, len(units))
+	for i := range ps {
+		members[unitOf[i]] = append(members[unitOf[i]], i)
+	}
 	var groups []Group
 	for u := range units {
 		for _, expert := range []bool{false, true} {
@@ -112,9 +118,9 @@ func layoutGroups(ps []Param, units []Unit, unitOf []int, m Mesh, numExperts int
 				g.Shards = m.Size(g.Axis)
 			}
 			var off int64
-			for i := range ps {
+			for _, i := range members[u] {
 				p := &ps[i]
-				if unitOf[i] != u || p.IsExpert() != expert || (expert && p.Expert >= perRank) {
+				if p.IsExpert() != expert || (expert && p.Expert >= perRank) {
 					continue
 				}
 				aligned := roundUp(off, Align)
@@ -164,16 +170,13 @@ func verifyLayout(ps []Param, groups []Group, numExperts, ep int) error {
 		if sum != g.Numel || end > g.Padded || g.Padded%int64(g.Shards) != 0 || g.AlignPad+g.TailPad != g.Padded-g.Numel {
 			return fmt.Errorf("group %d: numel %d, padded %d, padding %d+%d do not add up over %d shards", gi, g.Numel, g.Padded, g.AlignPad, g.TailPad, g.Shards)
 		}
-		var covered int64
-		for s := 0; s < g.Shards; s++ {
-			a, b := g.Shard(s)
-			if a != covered || b-a != g.ShardNumel() {
-				return fmt.Errorf("group %d: shard %d is [%d, %d), expected to start at %d", gi, s, a, b, covered)
-			}
-			covered = b
-		}
-		if covered != g.Padded {
-			return fmt.Errorf("group %d: shards cover %d of %d elements", gi, covered, g.Padded)
+		// Shard(i) is i·ShardNumel: consecutive equal ranges, so the first and the
+		// last shard settle coverage (a loop over every shard would cost the world
+		// size per group).
+		first, _ := g.Shard(0)
+		_, last := g.Shard(g.Shards - 1)
+		if first != 0 || last != g.Padded || g.ShardNumel()*int64(g.Shards) != g.Padded {
+			return fmt.Errorf("group %d: %d shards of %d cover [%d, %d) of %d elements", gi, g.Shards, g.ShardNumel(), first, last, g.Padded)
 		}
 	}
 	perRank := 0

@@ -65,6 +65,11 @@ func prod(s []int) int64 {
 	return n
 }
 
+// MaxParamTensors caps the parameter table: ten times the largest public MoE
+// (61 layers × 384 experts × 3 matrices ≈ 70k tensors), so that a mistyped layer or
+// expert count is refused instead of filling memory.
+const MaxParamTensors = 1 << 20
+
 // ParamTable lists the model's parameters in forward order, partitioned for tensor
 // parallel degree tp and expert tensor parallel degree etp. Experts are listed
 // globally (expert 0..E-1); which ones a rank holds follows from its ep coordinate.
@@ -80,6 +85,13 @@ func ParamTable(m config.Model, tp, etp int) ([]Param, error) {
 		if m.IsMoELayer(l) {
 			n += 1 + 3*(m.MoE.SharedExperts+m.MoE.NumExperts)
 		}
+	}
+	if n > MaxParamTensors {
+		key := "model.layers"
+		if m.MoE.NumExperts > 0 {
+			key = "model.moe.num_experts"
+		}
+		return nil, &KeyError{Key: key, Msg: fmt.Sprintf("the model has %d parameter tensors (%d layers, %d experts each with 3 matrices); shardline plans at most %d", n, m.Layers, m.MoE.NumExperts, MaxParamTensors)}
 	}
 	ps := make([]Param, 0, n)
 	// Shapes are carved from one backing array; modules slices are shared by every

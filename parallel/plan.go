@@ -60,6 +60,9 @@ func Compile(r *config.Recipe, topo Topology) (*Plan, error) {
 	if err := checkShapes(r, m); err != nil {
 		return nil, err
 	}
+	if err := checkSizes(r, m); err != nil {
+		return nil, err
+	}
 	ps, err := ParamTable(r.Model, m.TP, m.ETP)
 	if err != nil {
 		return nil, err
