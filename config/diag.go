@@ -144,6 +144,7 @@ var Rules = []Rule{
 	{"SL111", SevWarning, "grad_reduce_in_bf16 recommended for bf16 runs"},
 	{"SL112", SevWarning, "init_model_with_meta_device recommended for large models"},
 	{"SL113", SevError, "sharding gradients or parameters requires Megatron-FSDP"},
+	{"SL114", SevNote, "setting the trainer does not carry out yet (run refuses it)"},
 	{"SL201", SevError, "world size not divisible by tp·cp·pp"},
 	{"SL202", SevError, "attention heads not divisible by tensor parallel"},
 	{"SL203", SevError, "experts not divisible by expert parallel"},

@@ -17,6 +17,7 @@ func Lint(r *Resolved, env []string) Diagnostics {
 	c.model()
 	c.units()
 	c.files()
+	c.unexecuted()
 	c.diags.Sort()
 	return c.diags
 }

@@ -236,7 +236,8 @@ type Precision struct {
 	// precision.main_params_dtype.
 	BF16 bool `toml:"bf16" flag:"bf16"`
 	// Format of the main (master) weights the optimizer updates: fp32, or bf16 to
-	// save memory at the cost of update precision.
+	// save memory at the cost of update precision (planned; run refuses bf16 until the
+	// trainer keeps bf16 main weights).
 	MainParamsDtype string `toml:"main_params_dtype" enum:"fp32,bf16" flag:"main-params-dtype"`
 }
 
@@ -248,15 +249,18 @@ type ActivationCheckpoint struct {
 	Mode string `toml:"mode" enum:"none,selective,full" flag:"recompute-granularity"`
 }
 
-// Checkpoint configures distributed checkpoints.
+// Checkpoint configures distributed checkpoints. The trainer does not write
+// checkpoints yet (only the final weights, to the run directory): lint and plan
+// accept dir, interval and keep_last, and `shardline run` refuses them (SL114).
 type Checkpoint struct {
 	// Checkpoint format: fsdp_dtensor (sharded, Megatron-FSDP's), torch_dist, or torch.
 	CkptFormat string `toml:"ckpt_format" enum:"fsdp_dtensor,torch_dist,torch" flag:"ckpt-format"`
-	// Directory for checkpoints. Empty means <run dir>/checkpoints.
+	// Directory for checkpoints. Not written yet: run refuses a non-empty value.
 	Dir string `toml:"dir" flag:"save"`
-	// Save every interval steps. 0 saves only at the end of the run.
+	// Save every interval steps. Not written yet: run refuses a value above 0.
 	Interval int `toml:"interval" min:"0" flag:"save-interval"`
-	// Keep the newest keep_last checkpoints. 0 keeps all.
+	// Keep the newest keep_last checkpoints; 0 keeps all. Run refuses a value above 0
+	// until checkpoints are written.
 	KeepLast int `toml:"keep_last" min:"0"`
 }
 

@@ -31,13 +31,14 @@ type runInfo struct {
 	Started           string          `json:"started"`
 	Tokenizer         string          `json:"tokenizer"`
 	Result            *resultInfo     `json:"result,omitempty"`
+	Failure           string          `json:"failure,omitempty"` // why the run stopped without a result
 	Memory            *memoryCompared `json:"memory,omitempty"`
 }
 
 type resultInfo struct {
 	Steps        int     `json:"steps"`
 	FinalLoss    float64 `json:"final_loss"`
-	FinalValLoss float64 `json:"final_val_loss"`
+	FinalValLoss *float64 `json:"final_val_loss,omitempty"` // absent without a validation split
 	UnigramLoss  float64 `json:"unigram_entropy"`
 	TokensPerS   float64 `json:"tokens_per_s_median"`
 	Interrupted  bool    `json:"interrupted,omitempty"`
@@ -89,8 +90,15 @@ func (t *run) writeHeader() error {
 	return writeJSON(filepath.Join(t.dir, "run.json"), t.info())
 }
 
-// finish writes the weights, the loss curve, a sample and the final run.json.
+// finish writes the weights, the loss curve, a sample and the final run.json. Weights
+// that are not all finite are refused first, and nothing else is written then.
 func (t *run) finish(out *Result) error {
+	for i, w := range t.st.wviews {
+		if j := firstNonFinite(w); j >= 0 {
+			return t.nonFinite(fmt.Errorf("parameter %s holds %v at element %d: %w; %s; lower train.lr",
+				t.plan.Params[i].Name, w[j], j, ErrNonFinite, describeGood(t.goodAtEnd())))
+		}
+	}
 	if err := saveWeights(filepath.Join(t.dir, "weights.bin"), t.plan.Params, t.st.wviews); err != nil {
 		return fmt.Errorf("saving weights: %w", err)
 	}
@@ -116,10 +124,32 @@ func (t *run) finish(out *Result) error {
 	info.Result = &resultInfo{Steps: out.Steps, FinalLoss: out.FinalLoss, FinalValLoss: out.FinalValLoss, UnigramLoss: out.UnigramBits, TokensPerS: out.TokensPerS, Interrupted: out.Interrupted}
 	p := t.plan.Memory
 	info.Memory = &memoryCompared{Held: out.Held, Predicted: p, PeakRSS: out.PeakRSS}
-	t.log.Info().Int64("held_bytes", out.Held.Total).Int64("predicted_bytes", p.Total).Int64("peak_rss_bytes", out.PeakRSS).
-		Float64("final_val_loss", round4(out.FinalValLoss)).Float64("unigram_entropy", round4(out.UnigramBits)).
-		Float64("tokens_per_s", round4(out.TokensPerS)).Msg("done")
+	ev := t.log.Info().Int64("held_bytes", out.Held.Total).Int64("predicted_bytes", p.Total).Int64("peak_rss_bytes", out.PeakRSS)
+	if out.FinalValLoss != nil {
+		ev = ev.Float64("final_val_loss", round4(*out.FinalValLoss))
+	}
+	ev.Float64("unigram_entropy", round4(out.UnigramBits)).Float64("tokens_per_s", round4(out.TokensPerS)).Msg("done")
 	return writeJSON(filepath.Join(t.dir, "run.json"), info)
+}
+
+// firstNonFinite is the index of the first NaN or infinity in w, or -1.
+func firstNonFinite(w []float32) int {
+	for j, x := range w {
+		if x-x != 0 { // NaN and ±Inf give NaN
+			return j
+		}
+	}
+	return -1
+}
+
+// goodAtEnd is the last finite step of the curve rank 0 recorded.
+func (t *run) goodAtEnd() Metrics {
+	for i := len(t.curve) - 1; i >= 0; i-- {
+		if !t.curve[i].Skipped {
+			return t.curve[i]
+		}
+	}
+	return Metrics{}
 }
 
 // held is what this rank holds, by the plan's memory components.

@@ -68,12 +68,42 @@ type Metrics struct {
 	Skipped bool     `json:"skipped,omitempty"`
 }
 
+// MarshalJSON writes a metrics line that is valid JSON whatever the values: a NaN
+// or infinite loss, gradient norm, validation or auxiliary loss is written as null
+// and its name listed under "nonfinite" (JSON has no NaN).
+func (m Metrics) MarshalJSON() ([]byte, error) {
+	type plain Metrics // without this method
+	out := struct {
+		plain
+		Loss      *float64 `json:"loss"`
+		GradNorm  *float64 `json:"grad_norm"`
+		ValLoss   *float64 `json:"val_loss,omitempty"`
+		AuxLoss   *float64 `json:"aux_loss,omitempty"`
+		NonFinite []string `json:"nonfinite,omitempty"`
+	}{plain: plain(m)}
+	finite := func(name string, v float64) *float64 {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			out.NonFinite = append(out.NonFinite, name)
+			return nil
+		}
+		return &v
+	}
+	out.Loss, out.GradNorm = finite("loss", m.Loss), finite("grad_norm", m.GradNorm)
+	if m.ValLoss != nil {
+		out.ValLoss = finite("val_loss", *m.ValLoss)
+	}
+	if m.AuxLoss != nil {
+		out.AuxLoss = finite("aux_loss", *m.AuxLoss)
+	}
+	return json.Marshal(out)
+}
+
 // Result summarises a finished run.
 type Result struct {
 	Dir           string
 	Steps         int
 	FinalLoss     float64
-	FinalValLoss  float64
+	FinalValLoss  *float64 // nil when the run has no validation split
 	TokensPerS    float64 // median over the run's steps, excluding the first
 	PeakRSS       int64   // the process's peak resident memory
 	Held          Memory  // what the run allocated, by plan component
@@ -118,14 +148,10 @@ func (e *KeyError) Unwrap() error { return e.Err }
 // Run trains the recipe on one rank and writes the run directory.
 func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, error) {
 	r := &res.Recipe
-	for key, v := range map[string]int{"parallel.tensor_parallel": r.Parallel.TensorParallel, "parallel.context_parallel": r.Parallel.ContextParallel,
-		"parallel.expert_tensor_parallel": r.Parallel.ExpertTensorParallel} {
-		if v != 1 {
-			return nil, &KeyError{Key: key, Value: v, Err: errors.New("the CPU trainer runs data and expert parallelism so far (tensor and context parallelism are planned, not executed)"), Fix: "set it to 1 (shardline plan shows what it would do)"}
-		}
-	}
-	if r.Parallel.Device != "cpu" {
-		return nil, &KeyError{Key: "parallel.device", Value: r.Parallel.Device, Err: errors.New("this build trains on the CPU only"), Fix: `set device = "cpu"`}
+	// A setting the trainer would accept and ignore is refused instead.
+	if un := config.NotExecuted(r); len(un) > 0 {
+		v, _ := res.Value(un[0].Key)
+		return nil, &KeyError{Key: un[0].Key, Value: v, Err: errors.New(un[0].Why), Fix: un[0].Fix}
 	}
 	topo, err := parallel.TopologyOf(r.Parallel)
 	if err != nil {
@@ -378,7 +404,9 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	dpRank := t.plan.Mesh.Coords(t.rank).DP
 	global := micro * dp * B // sequences per step
 	tokens, targets := make([]int32, B*T), make([]int32, B*T)
-	var last Metrics
+	var last Metrics // the last step recorded (rank 0)
+	var good Metrics // the last step whose loss and gradient were finite (every rank)
+	lastSkipped := false
 	var rates []float64
 	t.log.Info().Str("dir", t.dir).Str("backend", t.opts.Backend.Name()).Int("ranks", t.plan.Mesh.World).Str("strategy", t.plan.Strategy).
 		Int64("parameters", t.plan.ParamsTotal).Int("train_tokens", len(t.ds.Train)).Int("val_tokens", len(t.ds.Val)).Str("plan", t.plan.Fingerprint).Msg("training")
@@ -443,12 +471,13 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		}
 		if math.IsNaN(loss) || math.IsInf(loss, 0) || math.IsNaN(norm) || math.IsInf(norm, 0) {
 			if !r.Train.SkipNonfinite {
-				return nil, fmt.Errorf("step %d: %w (loss %v, grad_norm %v); last good step %d had loss %.4f, grad_norm %.4f; lower train.lr or set train.skip_nonfinite = true",
-					step+1, ErrNonFinite, loss, norm, last.Step, last.Loss, last.GradNorm)
+				return nil, t.nonFinite(fmt.Errorf("step %d: %w (loss %v, grad_norm %v); %s; lower train.lr or set train.skip_nonfinite = true",
+					step+1, ErrNonFinite, loss, norm, describeGood(good)))
 			}
-			met.Skipped = true
+			met.Skipped, lastSkipped = true, true
 			t.log.Warn().Int("step", step+1).Float64("loss", loss).Msg("non-finite step skipped (train.skip_nonfinite)")
 		} else {
+			good, lastSkipped = met, false
 			t.st.scaleGrads(optim.ClipFactor(norm, r.Train.ClipGrad))
 			optSteps++
 			if err := t.st.step(r.Train, lr, optSteps); err != nil {
@@ -478,6 +507,10 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 			return nil, err
 		}
 		last = met
+	}
+	if lastSkipped {
+		// Every rank saw the same all-reduced loss and norm, so every rank stops here.
+		return nil, t.nonFinite(fmt.Errorf("the run ended on non-finite steps (skipped by train.skip_nonfinite): %w; %s; lower train.lr", ErrNonFinite, describeGood(good)))
 	}
 	finalVal := math.NaN()
 	if !lastEvaluated && len(t.ds.Val) > T && t.collectiveEval() {
@@ -509,14 +542,41 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	out.Steps, out.FinalLoss = last.Step, last.Loss
 	switch {
 	case last.ValLoss != nil:
-		out.FinalValLoss = *last.ValLoss
+		out.FinalValLoss = last.ValLoss
 	case !math.IsNaN(finalVal):
-		out.FinalValLoss = finalVal
+		out.FinalValLoss = &finalVal
 	case len(t.ds.Val) > T:
-		out.FinalValLoss = t.evaluate()
+		v := t.evaluate()
+		out.FinalValLoss = &v
+	}
+	if v := out.FinalValLoss; v != nil && (math.IsNaN(*v) || math.IsInf(*v, 0)) {
+		return nil, t.nonFinite(fmt.Errorf("the final validation loss is %v: %w; %s; lower train.lr", *v, ErrNonFinite, describeGood(good)))
 	}
 	out.TokensPerS = median(rates)
 	return out, t.finish(out)
+}
+
+// describeGood names the last step whose loss and gradient were finite.
+func describeGood(good Metrics) string {
+	if good.Step == 0 {
+		return "no step had a finite loss and gradient"
+	}
+	return fmt.Sprintf("the last good step was %d (loss %.4f, grad_norm %.4f)", good.Step, good.Loss, good.GradNorm)
+}
+
+// nonFinite ends a run that met a non-finite loss or gradient: rank 0 records the
+// failure in run.json and writes no weights, plot or sample, so nothing in the run
+// directory looks like a result.
+func (t *run) nonFinite(err error) error {
+	if t.rank != 0 {
+		return err
+	}
+	info := t.info()
+	info.Failure = err.Error()
+	if werr := writeJSON(filepath.Join(t.dir, "run.json"), info); werr != nil {
+		return fmt.Errorf("%w (and writing run.json: %v)", err, werr)
+	}
+	return fmt.Errorf("%w; run directory %s holds the metrics up to here, and no weights, loss.png or sample", err, t.dir)
 }
 
 // collectiveEval says whether evaluation needs every rank: under
@@ -552,7 +612,10 @@ func (t *run) evaluate() float64 {
 }
 
 func (t *run) record(met Metrics, step int, start time.Time) error {
-	b, _ := json.Marshal(met)
+	b, err := json.Marshal(met)
+	if err != nil {
+		return fmt.Errorf("encoding metrics of step %d: %w", met.Step, err)
+	}
 	if _, err := t.metrics.Write(append(b, '\n')); err != nil {
 		return fmt.Errorf("writing metrics.jsonl: %w", err)
 	}

@@ -53,7 +53,7 @@ func TestRunLearns(t *testing.T) {
 	out, err := Run(context.Background(), res, opts())
 	require.NoError(t, err)
 	assert.Equal(t, 40, out.Steps)
-	assert.Less(t, out.FinalValLoss, out.UnigramBits, "validation loss %.3f vs unigram %.3f", out.FinalValLoss, out.UnigramBits)
+	assert.Less(t, *out.FinalValLoss, out.UnigramBits, "validation loss %.3f vs unigram %.3f", *out.FinalValLoss, out.UnigramBits)
 	for _, f := range []string{"resolved.toml", "run.json", "plan.txt", "metrics.jsonl", "run.log", "weights.bin", "tokenizer.json", "loss.png", "sample.txt"} {
 		st, err := os.Stat(filepath.Join(out.Dir, f))
 		require.NoError(t, err, f)
@@ -105,6 +105,11 @@ func TestRunBadInput(t *testing.T) {
 		{"validation shorter than a sequence", []string{"model.seq_len=4096"}, "data.val_fraction", "validation split has"},
 		{"tensor parallel", []string{"parallel.world_size=2", "parallel.tensor_parallel=2"}, "parallel.tensor_parallel", "data and expert parallelism"},
 		{"unwritable output", []string{"run.output_dir=/proc/shardline"}, "run.output_dir", "writable"},
+		{"checkpoint interval", []string{"checkpoint.interval=10"}, "checkpoint.interval", "checkpoints are not written yet"},
+		{"checkpoint dir (--save)", []string{"checkpoint.dir=ckpt"}, "checkpoint.dir", "checkpoints are not written yet"},
+		{"checkpoints kept", []string{"checkpoint.keep_last=2"}, "checkpoint.keep_last", "none to keep"},
+		{"bf16 main weights", []string{"precision.main_params_dtype=bf16"}, "precision.main_params_dtype", "fp32 main weights"},
+		{"nccl user buffers on the cpu", []string{"fsdp.use_nccl_ub=true"}, "fsdp.use_nccl_ub", "GPUs only"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res, _ := tinyRun(t, tc.sets...)
@@ -122,6 +127,50 @@ func TestNonFiniteStops(t *testing.T) {
 	_, err := Run(context.Background(), res, opts())
 	require.ErrorIs(t, err, ErrNonFinite)
 	assert.Contains(t, err.Error(), "last good step")
+}
+
+// A run that ends on non-finite steps (skipped by train.skip_nonfinite) writes
+// nothing that looks like a result: no weights, plot or sample; its metrics stay one
+// valid JSON object per step, with the non-finite values null and named; run.json
+// says why it failed.
+func TestNonFiniteEndWritesNoResult(t *testing.T) {
+	res, dir := tinyRun(t, "train.lr=1e30", "train.steps=6", "train.warmup_steps=0", "train.clip_grad=0", "train.skip_nonfinite=true", "train.eval_interval=3")
+	_, err := Run(context.Background(), res, opts())
+	require.ErrorIs(t, err, ErrNonFinite)
+	assert.Contains(t, err.Error(), "the last good step was 1")
+	run := filepath.Join(dir, "runs", "t")
+	for _, f := range []string{"weights.bin", "loss.png", "sample.txt"} {
+		_, err := os.Stat(filepath.Join(run, f))
+		assert.ErrorIs(t, err, os.ErrNotExist, f)
+	}
+	lines := strings.Split(strings.TrimSuffix(string(must(os.ReadFile(filepath.Join(run, "metrics.jsonl")))), "\n"), "\n")
+	require.Len(t, lines, 6)
+	for i, l := range lines {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(l), &m), "line %d: %q", i+1, l)
+		assert.Equal(t, float64(i+1), m["step"])
+		if i > 0 {
+			assert.Nil(t, m["loss"], "line %d", i+1)
+			assert.Contains(t, m["nonfinite"], "loss", "line %d", i+1)
+			assert.Equal(t, true, m["skipped"], "line %d", i+1)
+		}
+	}
+	var info map[string]any
+	require.NoError(t, json.Unmarshal(must(os.ReadFile(filepath.Join(run, "run.json"))), &info))
+	assert.Contains(t, info["failure"], "non-finite")
+	assert.Nil(t, info["result"])
+}
+
+// A metric that was not measured is absent, not zero.
+func TestNoValidationSplitReportsNoValidationLoss(t *testing.T) {
+	res, _ := tinyRun(t, "data.val_fraction=0", "train.eval_interval=0", "train.steps=3")
+	out, err := Run(context.Background(), res, opts())
+	require.NoError(t, err)
+	assert.Nil(t, out.FinalValLoss)
+	info := string(must(os.ReadFile(filepath.Join(out.Dir, "run.json"))))
+	assert.Contains(t, info, `"final_loss"`)
+	assert.NotContains(t, info, "val_loss")
+	assert.NotContains(t, string(must(os.ReadFile(filepath.Join(out.Dir, "metrics.jsonl")))), "val_loss")
 }
 
 func TestInterruptWritesOutputs(t *testing.T) {
@@ -168,7 +217,7 @@ func TestBF16Compute(t *testing.T) {
 	require.NotEqual(t, st.computeShard(0)[:64], st.main[0][:64], "main weights keep fp32 precision")
 	out, err := Run(context.Background(), res, opts())
 	require.NoError(t, err)
-	assert.Less(t, out.FinalValLoss, out.UnigramBits)
+	assert.Less(t, *out.FinalValLoss, out.UnigramBits)
 	assert.Greater(t, out.Held.MainWeights, int64(0))
 }
 
@@ -178,6 +227,6 @@ func TestOptimizers(t *testing.T) {
 		res, _ := tinyRun(t, "train.optimizer="+o, "train.lr="+lr)
 		out, err := Run(context.Background(), res, opts())
 		require.NoError(t, err, o)
-		assert.Less(t, out.FinalValLoss, out.UnigramBits, o)
+		assert.Less(t, *out.FinalValLoss, out.UnigramBits, o)
 	}
 }

@@ -126,8 +126,12 @@ still writes the outputs (exit status 130).`,
 		if result.Dir == "" {
 			return nil // a rank other than 0 of a multi-process job: rank 0 reports
 		}
-		fmt.Fprintf(a.stdout, "run directory: %s\nfinal loss %.4f, validation loss %.4f (unigram entropy %.4f); %.0f tokens/s\n--- sample ---\n%s\n",
-			result.Dir, result.FinalLoss, result.FinalValLoss, result.UnigramBits, result.TokensPerS, result.Sample)
+		val := "no validation split"
+		if result.FinalValLoss != nil {
+			val = fmt.Sprintf("validation loss %.4f", *result.FinalValLoss)
+		}
+		fmt.Fprintf(a.stdout, "run directory: %s\nfinal loss %.4f, %s (unigram entropy %.4f); %.0f tokens/s\n--- sample ---\n%s\n",
+			result.Dir, result.FinalLoss, val, result.UnigramBits, result.TokensPerS, result.Sample)
 		if result.Interrupted {
 			return &exitError{code: 130, err: errors.New("interrupted")}
 		}

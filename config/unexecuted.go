@@ -1,0 +1,50 @@
+package config
+
+import "fmt"
+
+// Unexecuted is a setting that lint and plan accept (the plan lays it out, or it
+// is a valid Megatron option) but that `shardline run` does not carry out yet. The
+// trainer refuses a recipe that sets one rather than accept it and do nothing;
+// lint notes each (SL114), so an experiment repository's CI sees it before a run.
+type Unexecuted struct {
+	Key, Why, Fix string
+}
+
+// NotExecuted lists the settings of r that the trainer cannot carry out yet, in a
+// fixed order. This table is the one place that says what the trainer lacks.
+func NotExecuted(r *Recipe) []Unexecuted {
+	var out []Unexecuted
+	add := func(set bool, key, why, fix string) {
+		if set {
+			out = append(out, Unexecuted{Key: key, Why: why, Fix: fix})
+		}
+	}
+	p, c := r.Parallel, r.Checkpoint
+	add(p.Device != "cpu", "parallel.device", "the trainer runs on the CPU only so far (the CUDA backend is not built yet)", `set device = "cpu"`)
+	add(p.TensorParallel != 1, "parallel.tensor_parallel", "the trainer runs data and expert parallelism so far (tensor parallelism is planned, not executed)", "set it to 1 (shardline plan shows what it would do)")
+	add(p.ContextParallel != 1, "parallel.context_parallel", "the trainer runs data and expert parallelism so far (context parallelism is planned, not executed)", "set it to 1 (shardline plan shows what it would do)")
+	add(p.ExpertTensorParallel != 1, "parallel.expert_tensor_parallel", "the trainer splits experts over ranks, not within an expert", "set it to 1 and raise parallel.expert_parallel instead")
+	add(c.Interval > 0, "checkpoint.interval", "checkpoints are not written yet (the final weights are, to the run directory)", "remove it, or set interval = 0")
+	add(c.Dir != "", "checkpoint.dir", "checkpoints are not written yet (the final weights are, to the run directory)", "remove it (and --save)")
+	add(c.KeepLast != 0, "checkpoint.keep_last", "checkpoints are not written yet, so there are none to keep", "remove it, or set keep_last = 0")
+	add(r.Precision.MainParamsDtype != "fp32", "precision.main_params_dtype", "the trainer keeps fp32 main weights", `set main_params_dtype = "fp32"`)
+	add(r.FSDP.UseNCCLUB && p.Device == "cpu", "fsdp.use_nccl_ub", "NCCL user buffers exist on GPUs only; the CPU trainer has no NCCL", "set use_nccl_ub = false")
+	add(p.CUDAExpandableSegments && p.Device == "cpu", "parallel.cuda_expandable_segments", "the CUDA allocator setting has no effect on the CPU", "set cuda_expandable_segments = false")
+	return out
+}
+
+// unexecuted notes every setting the trainer would refuse.
+func (c *checker) unexecuted() {
+	hasError := map[string]bool{} // an error on the key already says more
+	for _, d := range c.diags {
+		hasError[d.Key] = hasError[d.Key] || d.Severity == SevError
+	}
+	for _, u := range NotExecuted(c.rc) {
+		if hasError[u.Key] {
+			continue
+		}
+		v, _ := c.r.Value(u.Key)
+		c.report(SevNote, "SL114", fmt.Sprintf("%s (%s): shardline run refuses it: %s", u.Key, FormatValue(v), u.Why),
+			u.Fix+"; lint and plan accept it", u.Key)
+	}
+}
