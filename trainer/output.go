@@ -36,12 +36,12 @@ type runInfo struct {
 }
 
 type resultInfo struct {
-	Steps        int     `json:"steps"`
-	FinalLoss    float64 `json:"final_loss"`
+	Steps        int      `json:"steps"`
+	FinalLoss    float64  `json:"final_loss"`
 	FinalValLoss *float64 `json:"final_val_loss,omitempty"` // absent without a validation split
-	UnigramLoss  float64 `json:"unigram_entropy"`
-	TokensPerS   float64 `json:"tokens_per_s_median"`
-	Interrupted  bool    `json:"interrupted,omitempty"`
+	UnigramLoss  float64  `json:"unigram_entropy"`
+	TokensPerS   float64  `json:"tokens_per_s_median"`
+	Interrupted  bool     `json:"interrupted,omitempty"`
 }
 
 // memoryCompared sets what the run held beside the plan's prediction, per component,

@@ -104,9 +104,9 @@ type Result struct {
 	Steps         int
 	FinalLoss     float64
 	FinalValLoss  *float64 // nil when the run has no validation split
-	TokensPerS    float64 // median over the run's steps, excluding the first
-	PeakRSS       int64   // the process's peak resident memory
-	Held          Memory  // what the run allocated, by plan component
+	TokensPerS    float64  // median over the run's steps, excluding the first
+	PeakRSS       int64    // the process's peak resident memory
+	Held          Memory   // what the run allocated, by plan component
 	Predicted     parallel.Memory
 	Sample        string
 	Interrupted   bool
