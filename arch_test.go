@@ -24,9 +24,9 @@ var allowedImports = map[string][]string{
 	"tensor":        {},
 	"tensor/cpu":    {"tensor"},
 	"trainer/model": {"config", "parallel", "tensor"},
-	"trainer/data":  {},
+	"trainer/data":  {"fileio"},
 	"trainer/optim": {},
-	"trainer":       {"config", "parallel", "parallel/comm", "tensor", "trainer/data", "trainer/model", "trainer/optim"},
+	"trainer":       {"config", "fileio", "parallel", "parallel/comm", "tensor", "trainer/data", "trainer/model", "trainer/optim"},
 	"cmd/shardline": {"*"},
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/fileio"
 	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/parallel/comm"
 	"github.com/shardline/shardline/tensor"
@@ -229,4 +231,40 @@ func TestOptimizers(t *testing.T) {
 		require.NoError(t, err, o)
 		assert.Less(t, *out.FinalValLoss, out.UnigramBits, o)
 	}
+}
+
+// weights.bin is refused when a byte changed, when it is cut short, and when it
+// holds a NaN (a valid checksum over NaN weights is still not a model).
+func TestWeightsAreChecked(t *testing.T) {
+	res, _ := tinyRun(t, "train.steps=2", "train.eval_interval=0")
+	out, err := Run(context.Background(), res, opts())
+	require.NoError(t, err)
+	path := filepath.Join(out.Dir, "weights.bin")
+	good := must(os.ReadFile(path))
+	_, err = SampleRun(cpu.Backend{}, out.Dir, "the", 5, 0, 1)
+	require.NoError(t, err)
+
+	changed := append([]byte(nil), good...)
+	changed[len(changed)/2] ^= 1
+	require.NoError(t, os.WriteFile(path, changed, 0o644))
+	_, err = SampleRun(cpu.Backend{}, out.Dir, "the", 5, 0, 1)
+	require.ErrorIs(t, err, fileio.ErrCorrupt)
+	assert.Contains(t, err.Error(), path)
+
+	require.NoError(t, os.WriteFile(path, good[:len(good)-100], 0o644))
+	_, err = SampleRun(cpu.Backend{}, out.Dir, "the", 5, 0, 1)
+	require.ErrorIs(t, err, fileio.ErrCorrupt)
+
+	table, err := parallel.ParamTable(res.Recipe.Model, 1, 1)
+	require.NoError(t, err)
+	views := make([][]float32, len(table))
+	for i := range table {
+		views[i] = make([]float32, table[i].LocalNumel())
+	}
+	views[3][7] = float32(math.NaN())
+	require.NoError(t, saveWeights(path, table, views))
+	_, err = SampleRun(cpu.Backend{}, out.Dir, "the", 5, 0, 1)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), table[3].Name+"[7]")
+	assert.Contains(t, err.Error(), "must be finite")
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 
@@ -32,14 +33,14 @@ data.path at DIR to train on it.`,
 			if !slices.Contains(data.Tokenizers, tokenizer) {
 				return usageErr("--tokenizer %q is not one of %s", tokenizer, strings.Join(data.Tokenizers, ", "))
 			}
-			if valFrac < 0 || valFrac > 0.5 {
+			if !(valFrac >= 0 && valFrac <= 0.5) { // NaN fails both
 				return usageErr("--val-fraction %v must be within [0, 0.5]", valFrac)
 			}
 			if out == "" {
 				return usageErr("-o DIR is required")
 			}
 			for _, p := range args {
-				if err := checkReadable(p); err != nil {
+				if err := checkReadable(p, "text file"); err != nil {
 					return err
 				}
 			}
@@ -75,8 +76,8 @@ func (a *app) sampleCmd() *cobra.Command {
 			if tokens < 1 {
 				return usageErr("--tokens %d must be at least 1", tokens)
 			}
-			if temperature < 0 {
-				return usageErr("--temperature %v must be ≥ 0 (0 is greedy)", temperature)
+			if !(temperature >= 0) || math.IsInf(temperature, 1) { // NaN fails the comparison
+				return usageErr("--temperature %v must be a finite number ≥ 0 (0 is greedy)", temperature)
 			}
 			text, err := trainer.SampleRun(cpu.Backend{}, args[0], prompt, tokens, temperature, seed)
 			if err != nil {

@@ -126,9 +126,18 @@ func superviseRanks(procs []*exec.Cmd, firstRank int, grace time.Duration) error
 	}
 	var once sync.Once
 	var failure error
+	interrupted := false
+	var frozen []int // ranks found stopped (SIGSTOP, a debugger) when the job ended
 	stopAll := func(sig os.Signal) {
 		once.Do(func() {
-			for _, c := range procs {
+			for i, c := range procs {
+				// A stopped process holds every signal but SIGKILL until it is
+				// continued: waiting out the grace period for it helps nobody.
+				if processStopped(c.Process.Pid) {
+					frozen = append(frozen, firstRank+i)
+					c.Process.Kill()
+					continue
+				}
 				c.Process.Signal(sig) // an exited rank just reports an error
 			}
 			time.AfterFunc(grace, func() {
@@ -143,26 +152,46 @@ func superviseRanks(procs []*exec.Cmd, firstRank int, grace time.Duration) error
 		case e := <-exits:
 			left--
 			if e.err != nil && failure == nil {
+				stopAll(syscall.SIGTERM)
 				var ee *exec.ExitError
-				if errors.As(e.err, &ee) {
+				switch {
+				case len(frozen) > 0:
+					failure = fmt.Errorf("rank %v was stopped (process state T: SIGSTOP or a debugger) and stopped answering; rank %d gave up on it (%v); every rank was ended", frozen, e.rank, e.err)
+				case errors.As(e.err, &ee):
 					failure = fmt.Errorf("rank %d exited with status %d; the other ranks were stopped", e.rank, ee.ExitCode())
-				} else {
+				default:
 					failure = fmt.Errorf("rank %d: %w", e.rank, e.err)
 				}
-				stopAll(syscall.SIGTERM)
 			}
 		case <-ctx.Done():
 			stop()
-			if failure == nil {
-				failure = errors.New("interrupted; every rank was told to stop")
-			}
+			interrupted = true
 			stopAll(os.Interrupt)
 		}
 	}
-	if failure != nil {
+	switch {
+	case interrupted: // as run: 130, the shell's code for a SIGINT
+		return &exitError{code: 130, err: errors.New("interrupted; every rank was told to stop")}
+	case failure != nil:
 		return &exitError{code: exitFindings, err: failure}
 	}
 	return nil
+}
+
+// processStopped reports whether the process is stopped (state T or t in
+// /proc/PID/stat); false where /proc cannot tell.
+func processStopped(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command name, which is in parentheses and may itself
+	// hold spaces or parentheses: read after the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return false
+	}
+	return b[i+2] == 'T' || b[i+2] == 't'
 }
 
 // lineWriter passes a rank's output on a line at a time, under a lock shared by all

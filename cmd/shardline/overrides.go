@@ -2,10 +2,12 @@ package main
 
 import (
 	"errors"
+	"io/fs"
 	"os"
 	"strings"
 
 	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/fileio"
 	"github.com/shardline/shardline/parallel"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -105,7 +107,7 @@ func (rf *recipeFlags) options(env []string) config.Options {
 // loadRecipe loads and lints one recipe file. A file that cannot be read is a
 // "could not run" error; everything else comes back as diagnostics.
 func (a *app) loadRecipe(path string, rf *recipeFlags) (*config.Resolved, config.Diagnostics, error) {
-	if err := checkReadable(path); err != nil {
+	if err := checkReadable(path, "recipe"); err != nil {
 		return nil, nil, err
 	}
 	res, diags := config.Load(path, rf.options(a.env))
@@ -146,18 +148,17 @@ func sourcesOf(res *config.Resolved) map[string][]byte {
 	return res.Sources
 }
 
-// checkReadable refuses a path that is missing, unreadable or a directory.
-func checkReadable(path string) error {
-	st, err := os.Stat(path)
-	if err != nil {
-		return usageErr("cannot read recipe %s: %v (check the path)", path, unwrap(err))
-	}
-	if st.IsDir() {
-		return usageErr("%s is a directory; give a recipe file (.toml)", path)
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return usageErr("cannot read recipe %s: %v", path, unwrap(err))
+// checkReadable refuses a path that is missing, unreadable or not a regular file;
+// what names the file in messages ("recipe", "text file").
+func checkReadable(path, what string) error {
+	f, _, err := fileio.OpenRegular(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return usageErr("%s %s does not exist (check the path)", what, path)
+	case errors.Is(err, fileio.ErrNotRegular):
+		return usageErr("%s %s is %v; give a %s file", what, path, unwrap(err), what)
+	case err != nil:
+		return usageErr("cannot read %s %s: %v", what, path, unwrap(err))
 	}
 	return f.Close()
 }

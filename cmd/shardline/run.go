@@ -70,8 +70,16 @@ still writes the outputs (exit status 130).`,
 			}
 			defer pprof.StopCPUProfile()
 		}
-		if nproc < 0 || (nproc > 0 && cmd.Flags().Changed("world-size")) {
+		if cmd.Flags().Changed("nproc") && (nproc < 1 || cmd.Flags().Changed("world-size")) {
 			return usageErr("--nproc %d: give a positive rank count, and not together with --world-size", nproc)
+		}
+		if commTimeout <= 0 {
+			return usageErr("--comm-timeout %v must be positive", commTimeout)
+		}
+		if trace != "" {
+			if err := checkWritable(trace); err != nil {
+				return usageErr("--trace %s: %v; give a file path in a writable directory", trace, err)
+			}
 		}
 		job, err := detectJob(config.EnvMap(a.env))
 		if err != nil {
@@ -138,6 +146,21 @@ still writes the outputs (exit status 130).`,
 		return nil
 	}
 	return cmd
+}
+
+// checkWritable says whether a file can be written at path, before a long run
+// finds out at its end: path must not be a directory, and its directory must take
+// a new file (tried with a temporary one, removed again).
+func checkWritable(path string) error {
+	if st, err := os.Stat(path); err == nil && st.IsDir() {
+		return errors.New("is a directory")
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), ".shardline-check-*")
+	if err != nil {
+		return unwrap(err)
+	}
+	f.Close()
+	return os.Remove(f.Name())
 }
 
 // logOutput is the console side of the run's log: readable on a terminal (or when

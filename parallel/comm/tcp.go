@@ -10,6 +10,7 @@ import (
 	"math"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -22,7 +23,7 @@ type TCPConfig struct {
 	MasterAddr string
 	// Token is the job's secret: a peer presenting another one is refused.
 	Token string
-	// Timeout bounds joining the job and every collective.
+	// Timeout bounds joining the job and each collective as a whole.
 	Timeout time.Duration
 	// ListenHost is the address this rank accepts peers on (default 127.0.0.1).
 	ListenHost string
@@ -54,10 +55,14 @@ type TCP struct {
 	node    *node
 	world   bool // the world communicator: its Close closes the node
 	timeout time.Duration
-	peers   []*peerConn
-	seq     uint64
-	rsBuf   [2][]float32 // reduce-scatter partial sums, kept between calls
-	arBuf   []float32    // all-reduce's padded copy and its chunk
+	// deadline bounds the collective in progress: set once when it starts, it
+	// applies to every frame sent and received for it, so a peer that trickles
+	// frames cannot stretch a collective past the timeout.
+	deadline time.Time
+	peers    []*peerConn
+	seq      uint64
+	rsBuf    [2][]float32 // reduce-scatter partial sums, kept between calls
+	arBuf    []float32    // all-reduce's padded copy and its chunk
 }
 
 type peerConn struct {
@@ -168,7 +173,7 @@ func (nd *node) accept() {
 			return
 		}
 		go func() {
-			c.SetDeadline(time.Now().Add(nd.timeout))
+			c.SetDeadline(time.Now().Add(helloTimeout(nd.timeout)))
 			var h hello
 			if err := readMsg(c, &h); err != nil || h.Token != nd.token || h.Rank < 0 || h.Rank >= len(nd.addrs) || h.Group == "" {
 				c.Close() // not a peer of this job
@@ -326,8 +331,16 @@ func readMsg(c net.Conn, v any) error {
 	return json.Unmarshal(b, v)
 }
 
+// helloTimeout is how long a connection has to say who it is, at the rendezvous
+// and when a peer connects: a real rank sends its hello at once, so a connection
+// that is silent this long is not one.
+func helloTimeout(total time.Duration) time.Duration { return min(5*time.Second, total/4) }
+
 // hostRendezvous (rank 0) accepts the other ranks at MasterAddr, checks their
-// token, world and rank, and sends everyone the table of addresses.
+// token, world and rank, and sends everyone the table of addresses. Each
+// connection's hello is read on its own goroutine with its own short deadline, so
+// a connection that says nothing delays no one; what such connections did is
+// reported if the rendezvous times out.
 func hostRendezvous(cfg TCPConfig, self string, deadline time.Time) ([]string, error) {
 	addrs := make([]string, cfg.World)
 	addrs[0] = self
@@ -338,7 +351,7 @@ func hostRendezvous(cfg TCPConfig, self string, deadline time.Time) ([]string, e
 	if err != nil {
 		return nil, fmt.Errorf("comm: rank 0 cannot host the rendezvous at %s: %w", cfg.MasterAddr, err)
 	}
-	defer ln.Close()
+	defer ln.Close() // ends the accept loop below
 	conns := make([]net.Conn, cfg.World)
 	defer func() {
 		for _, c := range conns {
@@ -347,25 +360,59 @@ func hostRendezvous(cfg TCPConfig, self string, deadline time.Time) ([]string, e
 			}
 		}
 	}()
-	joined := 1
-	for joined < cfg.World {
-		ln.(*net.TCPListener).SetDeadline(deadline)
-		c, err := ln.Accept()
-		if err != nil {
+	type arrival struct {
+		c   net.Conn
+		h   hello
+		err error
+	}
+	arrivals := make(chan arrival)
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				hd := time.Now().Add(helloTimeout(cfg.Timeout))
+				if deadline.Before(hd) {
+					hd = deadline
+				}
+				c.SetDeadline(hd)
+				var h hello
+				err := readMsg(c, &h)
+				select {
+				case arrivals <- arrival{c, h, err}:
+				case <-done:
+					c.Close()
+				}
+			}()
+		}
+	}()
+	var turnedAway strangers
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	for joined := 1; joined < cfg.World; {
+		var a arrival
+		select {
+		case a = <-arrivals:
+		case <-timer.C:
 			var missing []int
 			for r := 1; r < cfg.World; r++ {
 				if conns[r] == nil {
 					missing = append(missing, r)
 				}
 			}
-			return nil, &RankError{Op: "rendezvous", Missing: missing, Err: fmt.Errorf("%w: %v", ErrTimeout, err)}
+			return nil, &RankError{Op: "rendezvous", Missing: missing, Err: fmt.Errorf("%w: not joined after %v%s", ErrTimeout, cfg.Timeout, turnedAway)}
 		}
-		c.SetDeadline(deadline)
-		var h hello
-		if err := readMsg(c, &h); err != nil {
-			c.Close()
+		from := a.c.RemoteAddr().String()
+		if a.err != nil {
+			a.c.Close()
+			turnedAway.add(fmt.Sprintf("%s sent no valid hello (%v)", from, a.err))
 			continue // not a shardline peer; keep waiting for the real ones
 		}
+		h := a.h
 		var why string
 		switch {
 		case h.Token != cfg.Token:
@@ -376,11 +423,13 @@ func hostRendezvous(cfg TCPConfig, self string, deadline time.Time) ([]string, e
 			why = fmt.Sprintf("rank %d is invalid or taken", h.Rank)
 		}
 		if why != "" {
-			_ = writeMsg(c, hello{Error: why})
-			c.Close()
+			_ = writeMsg(a.c, hello{Error: why})
+			a.c.Close()
+			turnedAway.add(fmt.Sprintf("%s was refused: %s", from, why))
 			continue
 		}
-		conns[h.Rank], addrs[h.Rank] = c, h.Addr
+		a.c.SetDeadline(deadline)
+		conns[h.Rank], addrs[h.Rank] = a.c, h.Addr
 		joined++
 	}
 	for r := 1; r < cfg.World; r++ {
@@ -389,6 +438,31 @@ func hostRendezvous(cfg TCPConfig, self string, deadline time.Time) ([]string, e
 		}
 	}
 	return addrs, nil
+}
+
+// strangers counts connections the rendezvous turned away and keeps the first
+// few descriptions, so a flood of them costs no memory.
+type strangers struct {
+	n     int
+	first []string
+}
+
+func (s *strangers) add(what string) {
+	s.n++
+	if len(s.first) < 3 {
+		s.first = append(s.first, what)
+	}
+}
+
+func (s strangers) String() string {
+	if s.n == 0 {
+		return ""
+	}
+	more := ""
+	if s.n > len(s.first) {
+		more = fmt.Sprintf("; %d more", s.n-len(s.first))
+	}
+	return fmt.Sprintf("; %d connection(s) turned away: %s%s", s.n, strings.Join(s.first, "; "), more)
 }
 
 // joinRendezvous (ranks > 0) introduces the rank to rank 0, retrying until rank 0
@@ -428,8 +502,11 @@ func joinRendezvous(cfg TCPConfig, self string, deadline time.Time) ([]string, e
 // the length it expects and refuses any other before reading the payload.
 const frameMagic = 0x53484c44 // "SHLD"
 
+// begin starts a collective: its deadline is the timeout from now.
+func (t *TCP) begin() { t.deadline = time.Now().Add(t.timeout) }
+
 func (t *TCP) send(p *peerConn, seq uint64, payload []byte) error {
-	p.c.SetWriteDeadline(time.Now().Add(t.timeout))
+	p.c.SetWriteDeadline(t.deadline)
 	var hdr [20]byte
 	binary.LittleEndian.PutUint32(hdr[0:], frameMagic)
 	binary.LittleEndian.PutUint64(hdr[4:], seq)
@@ -447,7 +524,7 @@ func (t *TCP) send(p *peerConn, seq uint64, payload []byte) error {
 }
 
 func (t *TCP) recv(p *peerConn, seq uint64, into []byte) error {
-	p.c.SetReadDeadline(time.Now().Add(t.timeout))
+	p.c.SetReadDeadline(t.deadline)
 	var hdr [20]byte
 	if _, err := io.ReadFull(p.r, hdr[:]); err != nil {
 		return t.lost(p, err)
@@ -549,6 +626,11 @@ func (t *TCP) recvFrames(p *peerConn, seq uint64, b []byte) error {
 
 // AllGather: a ring of n−1 steps; at step s rank r passes on chunk (r−s) mod n.
 func (t *TCP) AllGather(dst, src []float32) error {
+	t.begin()
+	return t.allGather(dst, src)
+}
+
+func (t *TCP) allGather(dst, src []float32) error {
 	L := len(src)
 	if len(dst) != t.n*L {
 		return &RankError{Op: "all_gather", Err: fmt.Errorf("%w: dst %d elements, want %d × %d", ErrMismatch, len(dst), t.n, L)}
@@ -569,6 +651,11 @@ func (t *TCP) AllGather(dst, src []float32) error {
 // ReduceScatter: a ring of n−1 steps; chunk c is summed along the ring starting
 // after rank c, a fixed order, so results repeat bit for bit.
 func (t *TCP) ReduceScatter(dst, src []float32) error {
+	t.begin()
+	return t.reduceScatter(dst, src)
+}
+
+func (t *TCP) reduceScatter(dst, src []float32) error {
 	L := len(dst)
 	if len(src) != t.n*L {
 		return &RankError{Op: "reduce_scatter", Err: fmt.Errorf("%w: src %d elements, want %d × %d", ErrMismatch, len(src), t.n, L)}
@@ -605,6 +692,7 @@ func (t *TCP) AllReduce(buf []float32) error {
 	if t.n == 1 {
 		return nil
 	}
+	t.begin()
 	L := (len(buf) + t.n - 1) / t.n
 	if cap(t.arBuf) < (t.n+1)*L {
 		t.arBuf = make([]float32, (t.n+1)*L)
@@ -612,10 +700,10 @@ func (t *TCP) AllReduce(buf []float32) error {
 	padded, part := t.arBuf[:t.n*L], t.arBuf[t.n*L:(t.n+1)*L]
 	copy(padded, buf)
 	clear(padded[len(buf):])
-	if err := t.ReduceScatter(part, padded); err != nil {
+	if err := t.reduceScatter(part, padded); err != nil {
 		return err
 	}
-	if err := t.AllGather(padded, part); err != nil {
+	if err := t.allGather(padded, part); err != nil {
 		return err
 	}
 	copy(buf, padded)
@@ -627,6 +715,7 @@ func (t *TCP) AllToAll(dst, src []float32, send, recv []int) error {
 	if len(send) != t.n || len(recv) != t.n || sum(send) > len(src) || sum(recv) > len(dst) {
 		return &RankError{Op: "all_to_all", Err: fmt.Errorf("%w: counts do not fit the buffers", ErrMismatch)}
 	}
+	t.begin()
 	seq := t.seq
 	t.seq++
 	soff, roff := 0, 0
@@ -659,6 +748,7 @@ func (t *TCP) Broadcast(buf []float32, root int) error {
 	if root < 0 || root >= t.n {
 		return &RankError{Op: "broadcast", Err: fmt.Errorf("%w: root %d", ErrMismatch, root)}
 	}
+	t.begin()
 	seq := t.seq
 	t.seq++
 	if t.rank != root {
@@ -682,7 +772,8 @@ func (t *TCP) ReduceScatterBF16(dst, src []uint16) error {
 		s[i] = bf16ToF32(h)
 	}
 	d := make([]float32, len(dst))
-	if err := t.ReduceScatter(d, s); err != nil {
+	t.begin()
+	if err := t.reduceScatter(d, s); err != nil {
 		return err
 	}
 	for i, v := range d {
@@ -698,7 +789,8 @@ func (t *TCP) AllGatherBF16(dst, src []uint16) error {
 		s[i] = bf16ToF32(h)
 	}
 	d := make([]float32, len(dst))
-	if err := t.AllGather(d, s); err != nil {
+	t.begin()
+	if err := t.allGather(d, s); err != nil {
 		return err
 	}
 	for i, v := range d {

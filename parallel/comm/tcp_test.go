@@ -280,3 +280,102 @@ func TestTCPGroupMissingMemberIsNamed(t *testing.T) {
 	assert.ErrorIs(t, errs[0], ErrTimeout)
 	assert.NoError(t, errs[1])
 }
+
+// dialSilently opens a connection to addr (retrying until it listens) and says
+// nothing on it.
+func dialSilently(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	for i := 0; ; i++ {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			t.Cleanup(func() { c.Close() })
+			return c
+		}
+		require.Less(t, i, 200, "rendezvous never listened: %v", err)
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Connections that reach the rendezvous first and say nothing delay no one: the
+// real ranks join at once. (Hellos were read one at a time, each up to the whole
+// timeout: two silent connections made this job fail.)
+func TestTCPSilentPeersDelayNoOne(t *testing.T) {
+	addr := freeAddr(t)
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	join := func(r int) {
+		defer wg.Done()
+		c, err := DialTCP(TCPConfig{Rank: r, World: 3, MasterAddr: addr, Token: "job", Timeout: 4 * time.Second})
+		if err == nil {
+			err = c.AllReduce(make([]float32, 4))
+			c.Close()
+		}
+		errs[r] = err
+	}
+	wg.Add(1)
+	go join(0)
+	dialSilently(t, addr)
+	dialSilently(t, addr)
+	wg.Add(2)
+	go join(1)
+	go join(2)
+	wg.Wait()
+	for r, err := range errs {
+		assert.NoError(t, err, "rank %d", r)
+	}
+}
+
+// A rendezvous that times out says what it saw: the ranks missing and the
+// connections it turned away.
+func TestTCPRendezvousTimeoutSaysWhatHappened(t *testing.T) {
+	addr := freeAddr(t)
+	done := make(chan error, 1)
+	go func() {
+		_, err := DialTCP(TCPConfig{Rank: 0, World: 2, MasterAddr: addr, Token: "job", Timeout: 2 * time.Second})
+		done <- err
+	}()
+	dialSilently(t, addr)
+	err := <-done
+	var re *RankError
+	require.ErrorAs(t, err, &re)
+	assert.Equal(t, []int{1}, re.Missing)
+	assert.ErrorIs(t, err, ErrTimeout)
+	assert.ErrorContains(t, err, "1 connection(s) turned away")
+	assert.ErrorContains(t, err, "sent no valid hello")
+}
+
+// The timeout bounds a whole collective: a peer that sends each frame well within
+// the timeout, but the collective's frames together past it, fails the collective
+// naming that peer. (The deadline used to restart with every frame.)
+func TestTCPTimeoutBoundsWholeCollective(t *testing.T) {
+	addr := freeAddr(t)
+	const L = 3 << 18 // 3 MiB of float32: three frames
+	cs := make([]*TCP, 2)
+	errs := concurrently(2, func(r int) error {
+		c, err := DialTCP(TCPConfig{Rank: r, World: 2, MasterAddr: addr, Token: "job", Timeout: time.Second})
+		cs[r] = c
+		return err
+	})
+	require.NoError(t, errs[0])
+	require.NoError(t, errs[1])
+	defer cs[0].Close()
+	defer cs[1].Close()
+	slow := cs[1]
+	go func() {
+		p := slow.peers[0]
+		slow.deadline = time.Now().Add(time.Minute)
+		go slow.recvFrames(p, 0, make([]byte, 4*L)) // take rank 0's frames
+		payload := make([]byte, 4*L)
+		for off := 0; off < len(payload); off += maxFrame {
+			time.Sleep(600 * time.Millisecond)
+			if slow.send(p, 0, payload[off:off+maxFrame]) != nil {
+				return
+			}
+		}
+	}()
+	err := cs[0].AllGather(make([]float32, 2*L), make([]float32, L))
+	var re *RankError
+	require.ErrorAs(t, err, &re)
+	assert.ErrorIs(t, err, ErrTimeout)
+	assert.Equal(t, []int{1}, re.Missing)
+}

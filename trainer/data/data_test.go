@@ -3,8 +3,10 @@ package data
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
+	"github.com/shardline/shardline/fileio"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -58,14 +60,103 @@ func TestBadInput(t *testing.T) {
 	assert.ErrorContains(t, err, "is empty")
 	_, err = Open(filepath.Join(dir, "none.txt"), "byte", 0.1, "")
 	assert.ErrorContains(t, err, "does not exist")
+	_, err = Open("/dev/zero", "byte", 0.1, "")
+	assert.ErrorContains(t, err, "not a regular file (a device)")
+}
+
+// flip changes one byte of a file.
+func flip(t *testing.T, path string, off int64) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	if off < 0 {
+		off += int64(len(b))
+	}
+	b[off] ^= 0x40
+	require.NoError(t, os.WriteFile(path, b, 0o644))
+}
+
+// Shards are checked where they enter: checksum, header against size, and every
+// token id against the vocabulary, with the file and offset named.
+func TestShardChecks(t *testing.T) {
+	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.tok")
-	require.NoError(t, WriteShard(bad, []int32{1, 2, 3, 4}, "byte", 256))
+	write := func(tokens []int32, vocab int) {
+		require.NoError(t, WriteShard(bad, tokens, "byte", vocab))
+	}
+	write([]int32{1, 2, 3, 4}, 256)
+	sh, err := ReadShard(bad)
+	require.NoError(t, err)
+	assert.Equal(t, &Shard{Tokens: []int32{1, 2, 3, 4}, Tokenizer: "byte", Vocab: 256}, sh)
+
 	require.NoError(t, os.Truncate(bad, headerSize+5)) // a shard cut short
-	_, _, err = ReadShard(bad)
-	assert.ErrorContains(t, err, "header says 4 tokens")
+	_, err = ReadShard(bad)
+	assert.ErrorIs(t, err, fileio.ErrCorrupt)
+	assert.ErrorContains(t, err, bad)
+
+	write([]int32{1, 2, 3, 4}, 256)
+	flip(t, bad, headerSize+2) // one token changed
+	_, err = ReadShard(bad)
+	assert.ErrorIs(t, err, fileio.ErrCorrupt)
+
+	write([]int32{1, 2, 259, 4}, 260) // a token past a vocabulary of 256 is fine below 260 ...
+	_, err = ReadShard(bad)
+	require.NoError(t, err)
+	write([]int32{1, 2, 3, 7}, 4) // ... and refused at or past the vocabulary
+	_, err = ReadShard(bad)
+	assert.ErrorIs(t, err, ErrBadToken)
+	assert.ErrorContains(t, err, "token 7 at byte offset 54 (token 3) is not below the vocabulary size 4")
+
 	require.NoError(t, os.WriteFile(bad, []byte("not a shard at all, just some text here"), 0o644))
-	_, _, err = ReadShard(bad)
-	assert.ErrorIs(t, err, ErrNotShard)
+	_, err = ReadShard(bad)
+	assert.ErrorIs(t, err, fileio.ErrCorrupt)
+}
+
+// A prepared directory whose shards hold ids past its tokenizer's vocabulary is
+// refused; a corrupt tokenizer.json is refused naming the file.
+func TestPreparedDirectoryChecks(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "a.txt")
+	require.NoError(t, os.WriteFile(src, []byte("abcabcabcabc"), 0o644))
+	out := filepath.Join(dir, "prepared")
+	_, err := Prepare([]string{src}, "char", 0.25, out)
+	require.NoError(t, err)
+	require.NoError(t, WriteShard(filepath.Join(out, "train.tok"), []int32{0, 1, 2, 200}, "char", 256))
+	_, err = Open(out, "char", 0.25, "")
+	assert.ErrorContains(t, err, "holds char tokens below 256")
+
+	_, err = Prepare([]string{src}, "char", 0.25, out)
+	require.NoError(t, err)
+	tj := filepath.Join(out, "tokenizer.json")
+	b, err := os.ReadFile(tj)
+	require.NoError(t, err)
+	require.Contains(t, string(b), `"abc"`)
+	require.NoError(t, os.WriteFile(tj, []byte(strings.Replace(string(b), `"abc"`, `"abd"`, 1)), 0o644)) // one character changed
+	_, err = Open(out, "char", 0.25, "")
+	assert.ErrorIs(t, err, fileio.ErrCorrupt)
+	assert.ErrorContains(t, err, "tokenizer.json")
+}
+
+// A corrupt token cache entry is rebuilt from the text, not trusted.
+func TestCorruptCacheIsRebuilt(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "a.txt")
+	require.NoError(t, os.WriteFile(src, []byte("the quick brown fox jumps over the lazy dog\n"), 0o644))
+	cache := filepath.Join(dir, "cache")
+	want, err := Open(src, "byte", 0.1, cache)
+	require.NoError(t, err)
+	entries, err := os.ReadDir(cache)
+	require.NoError(t, err)
+	require.Len(t, entries, 1)
+	shard := filepath.Join(cache, entries[0].Name(), "train.tok")
+	flip(t, shard, headerSize+3)
+	_, err = ReadShard(shard)
+	require.ErrorIs(t, err, fileio.ErrCorrupt)
+	got, err := Open(src, "byte", 0.1, cache)
+	require.NoError(t, err)
+	assert.Equal(t, want.Train, got.Train)
+	_, err = ReadShard(shard)
+	assert.NoError(t, err, "the cache entry was written again")
 }
 
 func TestBatchIsAPureFunction(t *testing.T) {

@@ -8,6 +8,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/shardline/shardline/fileio"
 )
 
 // Dataset is a tokenized corpus split into training and validation tokens.
@@ -22,12 +24,39 @@ func Split(tokens []int32, valFraction float64) (train, val []int32) {
 	return tokens[:len(tokens)-n], tokens[len(tokens)-n:]
 }
 
+// MaxTextBytes caps the text read from a data path (or all texts given to Prepare
+// together): 2 GiB of text is 8 GiB of byte tokens in memory.
+const MaxTextBytes = 2 << 30
+
+// readText reads a text file (a regular file of at most limit bytes), naming it as
+// text in errors.
+func readText(path string, limit int64) ([]byte, error) {
+	b, err := fileio.ReadRegular(path, limit)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, fmt.Errorf("text file %s does not exist", path)
+	case errors.Is(err, fileio.ErrTooLarge):
+		return nil, fmt.Errorf("text %s: %w; shardline reads at most %d bytes of text", path, unwrapPath(err), MaxTextBytes)
+	case err != nil:
+		return nil, fmt.Errorf("cannot read text %s: %w", path, unwrapPath(err))
+	}
+	return b, nil
+}
+
+func unwrapPath(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
 // Prepare tokenizes the texts (concatenated in order) and writes train.tok, val.tok
 // and tokenizer.json to outDir.
 func Prepare(texts []string, tokenizer string, valFraction float64, outDir string) (*Dataset, error) {
 	var corpus []byte
 	for _, p := range texts {
-		b, err := os.ReadFile(p)
+		b, err := readText(p, MaxTextBytes-int64(len(corpus)))
 		if err != nil {
 			return nil, err
 		}
@@ -91,7 +120,7 @@ func Open(path, tokenizer string, valFraction float64, cacheDir string) (*Datase
 	if st.IsDir() {
 		return openPrepared(path, tokenizer)
 	}
-	text, err := os.ReadFile(path)
+	text, err := readText(path, MaxTextBytes)
 	if err != nil {
 		return nil, err
 	}
@@ -102,6 +131,8 @@ func Open(path, tokenizer string, valFraction float64, cacheDir string) (*Datase
 	cached := ""
 	if cacheDir != "" {
 		cached = filepath.Join(cacheDir, hex.EncodeToString(key[:12]))
+		// A cache entry that fails any check (checksum, token ids, an older format)
+		// is rebuilt from the text below.
 		if ds, err := openPrepared(cached, tokenizer); err == nil {
 			return ds, nil
 		}
@@ -122,17 +153,26 @@ func Open(path, tokenizer string, valFraction float64, cacheDir string) (*Datase
 func openPrepared(dir, tokenizer string) (*Dataset, error) {
 	tok, err := LoadTokenizer(filepath.Join(dir, "tokenizer.json"))
 	if err != nil {
-		return nil, fmt.Errorf("%s is not a prepared data directory (no readable tokenizer.json: %v); write one with `shardline data prepare`", dir, err)
+		return nil, fmt.Errorf("%s is not a prepared data directory (no readable tokenizer.json: %w); write one with `shardline data prepare`", dir, err)
 	}
 	if tok.Name() != tokenizer {
 		return nil, fmt.Errorf("%s was prepared with the %s tokenizer, the recipe asks for %s", dir, tok.Name(), tokenizer)
 	}
 	ds := &Dataset{Tok: tok}
-	if ds.Train, _, err = ReadShard(filepath.Join(dir, "train.tok")); err != nil {
-		return nil, err
-	}
-	if ds.Val, _, err = ReadShard(filepath.Join(dir, "val.tok")); err != nil {
-		return nil, err
+	for _, split := range []struct {
+		name string
+		dst  *[]int32
+	}{{"train.tok", &ds.Train}, {"val.tok", &ds.Val}} {
+		path := filepath.Join(dir, split.name)
+		sh, err := ReadShard(path)
+		if err != nil {
+			return nil, err
+		}
+		if sh.Tokenizer != tok.Name() || sh.Vocab > tok.VocabSize() {
+			return nil, fmt.Errorf("%s holds %s tokens below %d, but %s describes the %s tokenizer with %d tokens; prepare the directory again",
+				path, sh.Tokenizer, sh.Vocab, filepath.Join(dir, "tokenizer.json"), tok.Name(), tok.VocabSize())
+		}
+		*split.dst = sh.Tokens
 	}
 	return ds, nil
 }

@@ -3,10 +3,12 @@ package data
 import (
 	"encoding/json"
 	"fmt"
-	"os"
+	"hash/crc32"
 	"sort"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/shardline/shardline/fileio"
 )
 
 // Tokenizer maps text to tokens and back.
@@ -94,11 +96,21 @@ func (c *Char) Decode(tokens []int32) string {
 	return b.String()
 }
 
-// tokenizerFile is tokenizer.json: the name, and the vocabulary for char.
+// tokenizerFile is tokenizer.json: the name, the vocabulary for char, and a
+// CRC-32C of both (a changed character would silently remap every token).
 type tokenizerFile struct {
-	Name  string `json:"name"`
-	Chars string `json:"chars,omitempty"`
+	Name     string `json:"name"`
+	Chars    string `json:"chars,omitempty"`
+	Checksum string `json:"checksum"`
 }
+
+func (f *tokenizerFile) sum() string {
+	return fmt.Sprintf("crc32c:%08x", crc32.Checksum([]byte(f.Name+"\x00"+f.Chars), crc32.MakeTable(crc32.Castagnoli)))
+}
+
+// maxTokenizerBytes caps tokenizer.json: a char vocabulary of every Unicode code
+// point fits several times over.
+const maxTokenizerBytes = 16 << 20
 
 // SaveTokenizer writes tokenizer.json.
 func SaveTokenizer(path string, tok Tokenizer) error {
@@ -106,16 +118,17 @@ func SaveTokenizer(path string, tok Tokenizer) error {
 	if c, ok := tok.(*Char); ok {
 		f.Chars = string(c.Chars)
 	}
+	f.Checksum = f.sum()
 	b, err := json.MarshalIndent(f, "", "  ")
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
+	return fileio.WriteAtomic(path, append(b, '\n'))
 }
 
-// LoadTokenizer reads tokenizer.json.
+// LoadTokenizer reads tokenizer.json, checking its checksum and vocabulary.
 func LoadTokenizer(path string) (Tokenizer, error) {
-	b, err := os.ReadFile(path)
+	b, err := fileio.ReadRegular(path, maxTokenizerBytes)
 	if err != nil {
 		return nil, err
 	}
@@ -123,7 +136,26 @@ func LoadTokenizer(path string) (Tokenizer, error) {
 	if err := json.Unmarshal(b, &f); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	return NewTokenizer(f.Name, f.Chars)
+	if f.Checksum != f.sum() {
+		return nil, fmt.Errorf("%s: %w: checksum %q, the contents give %q", path, fileio.ErrCorrupt, f.Checksum, f.sum())
+	}
+	if f.Name == "char" {
+		if f.Chars == "" || !utf8.ValidString(f.Chars) {
+			return nil, fmt.Errorf("%s: %w: the char vocabulary is empty or not UTF-8", path, fileio.ErrCorrupt)
+		}
+		seen := map[rune]bool{}
+		for _, r := range f.Chars {
+			if seen[r] {
+				return nil, fmt.Errorf("%s: %w: character %q appears twice in the vocabulary", path, fileio.ErrCorrupt, r)
+			}
+			seen[r] = true
+		}
+	}
+	tok, err := NewTokenizer(f.Name, f.Chars)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return tok, nil
 }
 
 // Tokenizers are the tokenizers' names (config's data.tokenizer enum lists the same).
