@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardline/shardline/fileio"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -185,7 +186,7 @@ func weightsOf(t *testing.T, dir string) (string, []float32) {
 	b, err := os.ReadFile(filepath.Join(dir, "weights.bin"))
 	require.NoError(t, err)
 	n := int(binary.LittleEndian.Uint32(b))
-	header, body := string(b[4:4+n]), b[4+n:]
+	header, body := string(b[4:4+n]), b[4+n:len(b)-fileio.TrailerSize]
 	w := make([]float32, len(body)/4)
 	for i := range w {
 		w[i] = math.Float32frombits(binary.LittleEndian.Uint32(body[4*i:]))

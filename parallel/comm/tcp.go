@@ -88,6 +88,7 @@ type node struct {
 	pending map[string]map[int]net.Conn // group key → world rank → connection
 	groups  map[string]*TCP             // groups made so far, by key
 	closed  bool
+	failure error // the first failed collective's error; see TCP.begin
 }
 
 // DialTCP joins the job: rank 0 hosts the rendezvous at MasterAddr and every rank
@@ -502,8 +503,33 @@ func joinRendezvous(cfg TCPConfig, self string, deadline time.Time) ([]string, e
 // the length it expects and refuses any other before reading the payload.
 const frameMagic = 0x53484c44 // "SHLD"
 
-// begin starts a collective: its deadline is the timeout from now.
-func (t *TCP) begin() { t.deadline = time.Now().Add(t.timeout) }
+// begin starts a collective: its deadline is the timeout from now. Once any
+// collective of this process has failed (a peer lost, timed out or out of step),
+// every later one, on any group, fails at once with that error: the job cannot
+// recover, and each collective waiting out its own timeout would multiply the
+// time a dead job takes to end.
+func (t *TCP) begin() error {
+	t.node.mu.Lock()
+	err := t.node.failure
+	t.node.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	t.deadline = time.Now().Add(t.timeout)
+	return nil
+}
+
+// end records a collective's error for begin (the first one wins) and returns it.
+func (t *TCP) end(err error) error {
+	if err != nil {
+		t.node.mu.Lock()
+		if t.node.failure == nil {
+			t.node.failure = err
+		}
+		t.node.mu.Unlock()
+	}
+	return err
+}
 
 func (t *TCP) send(p *peerConn, seq uint64, payload []byte) error {
 	p.c.SetWriteDeadline(t.deadline)
@@ -626,8 +652,10 @@ func (t *TCP) recvFrames(p *peerConn, seq uint64, b []byte) error {
 
 // AllGather: a ring of n−1 steps; at step s rank r passes on chunk (r−s) mod n.
 func (t *TCP) AllGather(dst, src []float32) error {
-	t.begin()
-	return t.allGather(dst, src)
+	if err := t.begin(); err != nil {
+		return err
+	}
+	return t.end(t.allGather(dst, src))
 }
 
 func (t *TCP) allGather(dst, src []float32) error {
@@ -651,8 +679,10 @@ func (t *TCP) allGather(dst, src []float32) error {
 // ReduceScatter: a ring of n−1 steps; chunk c is summed along the ring starting
 // after rank c, a fixed order, so results repeat bit for bit.
 func (t *TCP) ReduceScatter(dst, src []float32) error {
-	t.begin()
-	return t.reduceScatter(dst, src)
+	if err := t.begin(); err != nil {
+		return err
+	}
+	return t.end(t.reduceScatter(dst, src))
 }
 
 func (t *TCP) reduceScatter(dst, src []float32) error {
@@ -692,7 +722,9 @@ func (t *TCP) AllReduce(buf []float32) error {
 	if t.n == 1 {
 		return nil
 	}
-	t.begin()
+	if err := t.begin(); err != nil {
+		return err
+	}
 	L := (len(buf) + t.n - 1) / t.n
 	if cap(t.arBuf) < (t.n+1)*L {
 		t.arBuf = make([]float32, (t.n+1)*L)
@@ -701,10 +733,10 @@ func (t *TCP) AllReduce(buf []float32) error {
 	copy(padded, buf)
 	clear(padded[len(buf):])
 	if err := t.reduceScatter(part, padded); err != nil {
-		return err
+		return t.end(err)
 	}
 	if err := t.allGather(padded, part); err != nil {
-		return err
+		return t.end(err)
 	}
 	copy(buf, padded)
 	return nil
@@ -715,7 +747,9 @@ func (t *TCP) AllToAll(dst, src []float32, send, recv []int) error {
 	if len(send) != t.n || len(recv) != t.n || sum(send) > len(src) || sum(recv) > len(dst) {
 		return &RankError{Op: "all_to_all", Err: fmt.Errorf("%w: counts do not fit the buffers", ErrMismatch)}
 	}
-	t.begin()
+	if err := t.begin(); err != nil {
+		return err
+	}
 	seq := t.seq
 	t.seq++
 	soff, roff := 0, 0
@@ -737,7 +771,7 @@ func (t *TCP) AllToAll(dst, src []float32, send, recv []int) error {
 	close(errs)
 	for err := range errs {
 		if err != nil {
-			return err
+			return t.end(err)
 		}
 	}
 	return nil
@@ -748,17 +782,19 @@ func (t *TCP) Broadcast(buf []float32, root int) error {
 	if root < 0 || root >= t.n {
 		return &RankError{Op: "broadcast", Err: fmt.Errorf("%w: root %d", ErrMismatch, root)}
 	}
-	t.begin()
+	if err := t.begin(); err != nil {
+		return err
+	}
 	seq := t.seq
 	t.seq++
 	if t.rank != root {
-		return t.recvF32(t.peers[root], seq, buf)
+		return t.end(t.recvF32(t.peers[root], seq, buf))
 	}
 	out := f32bytes(buf)
 	for j, p := range t.peers {
 		if j != root {
 			if err := t.sendFrames(p, seq, out); err != nil {
-				return err
+				return t.end(err)
 			}
 		}
 	}
@@ -772,9 +808,11 @@ func (t *TCP) ReduceScatterBF16(dst, src []uint16) error {
 		s[i] = bf16ToF32(h)
 	}
 	d := make([]float32, len(dst))
-	t.begin()
-	if err := t.reduceScatter(d, s); err != nil {
+	if err := t.begin(); err != nil {
 		return err
+	}
+	if err := t.reduceScatter(d, s); err != nil {
+		return t.end(err)
 	}
 	for i, v := range d {
 		dst[i] = f32ToBF16(v)
@@ -789,9 +827,11 @@ func (t *TCP) AllGatherBF16(dst, src []uint16) error {
 		s[i] = bf16ToF32(h)
 	}
 	d := make([]float32, len(dst))
-	t.begin()
-	if err := t.allGather(d, s); err != nil {
+	if err := t.begin(); err != nil {
 		return err
+	}
+	if err := t.allGather(d, s); err != nil {
+		return t.end(err)
 	}
 	for i, v := range d {
 		dst[i] = f32ToBF16(v)

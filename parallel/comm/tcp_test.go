@@ -378,4 +378,18 @@ func TestTCPTimeoutBoundsWholeCollective(t *testing.T) {
 	require.ErrorAs(t, err, &re)
 	assert.ErrorIs(t, err, ErrTimeout)
 	assert.Equal(t, []int{1}, re.Missing)
+	// The job is broken: every later collective of this process, on any group,
+	// fails at once with the same error instead of waiting out a timeout of its own.
+	g, gerr := cs[0].Group([]int{0, 1}, "other")
+	if gerr == nil {
+		assert.Same(t, re, errorOf(g.AllReduce(make([]float32, 4))))
+	}
+	assert.Same(t, re, errorOf(cs[0].AllReduce(make([]float32, 4))))
+}
+
+// errorOf is err's *RankError, or nil.
+func errorOf(err error) *RankError {
+	var re *RankError
+	errors.As(err, &re)
+	return re
 }

@@ -1,0 +1,118 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// longJob is a launch of two ranks that trains until stopped.
+func longJob(t *testing.T, dir string, extra ...string) []string {
+	return append([]string{"launch", "--nproc", "2", "--grace", "30s", filepath.Join(recipesDir, "tiny.toml"), "--num-layers", "1", "--hidden-size", "32",
+		"--num-attention-heads", "2", "--num-query-groups", "2", "--ffn-hidden-size", "64", "--seq-length", "16", "--micro-batch-size", "1",
+		"--global-batch-size", "2", "--train-iters", "1000000", "--set", "train.eval_interval=0", "--set", "run.output_dir=" + dir}, extra...)
+}
+
+// waitForSteps waits until rank 0 of the job in dir has recorded n steps.
+func waitForSteps(t *testing.T, dir string, n int, out fmt.Stringer) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		b, _ := os.ReadFile(filepath.Join(dir, "tiny", "metrics.jsonl"))
+		if bytes.Count(b, []byte("\n")) >= n {
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "the job did not start: %s", out)
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// childWithEnv finds the child process of parent whose environment holds kv.
+func childWithEnv(t *testing.T, parent int, kv string) int {
+	t.Helper()
+	dirs, err := filepath.Glob("/proc/[0-9]*")
+	require.NoError(t, err)
+	for _, d := range dirs {
+		stat, err := os.ReadFile(filepath.Join(d, "stat"))
+		if err != nil {
+			continue
+		}
+		var pid, ppid int
+		var state string
+		after := stat[bytes.LastIndexByte(stat, ')')+2:]
+		if _, err := fmt.Sscan(string(stat[:bytes.IndexByte(stat, ' ')]), &pid); err != nil {
+			continue
+		}
+		if _, err := fmt.Sscan(string(after), &state, &ppid); err != nil || ppid != parent {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join(d, "environ"))
+		if err == nil && bytes.Contains(append([]byte{0}, env...), []byte("\x00"+kv+"\x00")) {
+			return pid
+		}
+	}
+	t.Fatalf("no child of %d has %s", parent, kv)
+	return 0
+}
+
+// A rank that is stopped (SIGSTOP) ends the job within --comm-timeout, not after
+// the grace period, and launch names it.
+func TestStoppedRankEndsTheJob(t *testing.T) {
+	if _, err := os.Stat("/proc/self/stat"); err != nil {
+		t.Skip("needs /proc to find and inspect the ranks")
+	}
+	dir := t.TempDir()
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	launch := exec.Command(exe, longJob(t, dir, "--comm-timeout", "3s")...)
+	launch.Env = append(os.Environ(), "SHARDLINE_TEST_AS_CLI=1")
+	var out bytes.Buffer
+	launch.Stdout, launch.Stderr = &out, &out
+	require.NoError(t, launch.Start())
+	defer launch.Process.Kill()
+	waitForSteps(t, dir, 3, &out)
+	rank1 := childWithEnv(t, launch.Process.Pid, "RANK=1")
+	require.NoError(t, syscall.Kill(rank1, syscall.SIGSTOP))
+	stopped := time.Now()
+	err = launch.Wait()
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee, "%s", &out)
+	assert.Equal(t, 1, ee.ExitCode())
+	// The bound is the 3 s timeout plus slack for a loaded machine; before, every
+	// later collective waited out a timeout of its own (5 × 3 s) and the stopped
+	// rank got the 30 s grace.
+	assert.Less(t, time.Since(stopped), 10*time.Second, "%s", &out)
+	assert.Contains(t, out.String(), "rank [1] was stopped (process state T")
+	assert.ErrorIs(t, syscall.Kill(rank1, 0), syscall.ESRCH, "rank 1 was killed (and reaped)")
+	t.Logf("the job ended %v after rank 1 stopped", time.Since(stopped).Round(time.Millisecond))
+}
+
+// Ctrl-C (SIGINT) to launch stops every rank, and launch exits 130, as run does.
+func TestLaunchInterruptExits130(t *testing.T) {
+	dir := t.TempDir()
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	launch := exec.Command(exe, longJob(t, dir)...)
+	launch.Env = append(os.Environ(), "SHARDLINE_TEST_AS_CLI=1")
+	var out bytes.Buffer
+	launch.Stdout, launch.Stderr = &out, &out
+	require.NoError(t, launch.Start())
+	defer launch.Process.Kill()
+	waitForSteps(t, dir, 3, &out)
+	require.NoError(t, launch.Process.Signal(os.Interrupt))
+	err = launch.Wait()
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee, "%s", &out)
+	assert.Equal(t, 130, ee.ExitCode(), "%s", &out)
+	assert.Contains(t, out.String(), "interrupted")
+	assert.True(t, strings.Contains(out.String(), "weights") || strings.Contains(out.String(), "run directory"), "rank 0 wrote its outputs: %s", &out)
+}
