@@ -6,7 +6,7 @@ GO ?= go
 export GOPROXY := $(shell $(GO) env GOPROXY 2>/dev/null | cut -d, -f1)
 BIN := bin/shardline
 
-.PHONY: help build test vet bench bench-deps fuzz docs golden clean
+.PHONY: help build test vet bench bench-deps fuzz sarif-schema docs golden clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -14,9 +14,10 @@ help: ## list the targets
 build: ## build bin/shardline
 	$(GO) build -o $(BIN) ./cmd/shardline
 
-test: ## vet and run every test (what CI runs)
+test: sarif-schema ## vet, run every test, and fuzz every reader briefly (what CI runs)
 	$(GO) vet ./...
-	$(GO) test -count=1 ./...
+	SHARDLINE_SARIF_SCHEMA=$(CURDIR)/$(SARIF_SCHEMA) $(GO) test -count=1 ./...
+	$(MAKE) --no-print-directory fuzz FUZZTIME=8s
 
 vet: ## go vet
 	$(GO) vet ./...
@@ -32,8 +33,32 @@ bench: bench-deps ## speed benchmarks, each printed against its budget or refere
 bench-deps: ## install the reference PyTorch and OpenBLAS (Debian packages) if missing
 	@/usr/bin/python3 -c 'import torch' 2>/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch libopenblas0-pthread; }
 
-fuzz: ## fuzz the recipe loader and linter for 60 s
-	$(GO) test ./config -run '^$$' -fuzz FuzzLoadLint -fuzztime 60s
+# Every fuzz target, as package:Name (a test keeps this list complete).
+FUZZ_TARGETS := ./config:FuzzLoadLint ./parallel:FuzzLoadLintPlan ./trainer/data:FuzzReadShard \
+	./trainer/data:FuzzLoadTokenizer ./trainer/data:FuzzText ./trainer:FuzzLoadWeights ./fileio:FuzzUnseal
+FUZZTIME ?= 60s
+
+fuzz: ## fuzz every reader users reach: recipes, lint, plan, shards, tokenizers, text, weights (FUZZTIME each, 60s)
+	@for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; name=$${t##*:}; echo "fuzz $$name in $$pkg for $(FUZZTIME)"; \
+		$(GO) test $$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) || exit 1; \
+	done
+
+# The SARIF 2.1.0 schema, for TestLintSARIFValidates: Microsoft publishes it in the
+# npm package @microsoft/jest-sarif; it is fetched, checked against its digest and
+# kept in bin/ (never committed).
+SARIF_SCHEMA := bin/sarif-schema-2.1.0.json
+SARIF_SCHEMA_SHA256 := 2d99159ae54a3eea97f81781cff48780548657c35949f4b7f25e99a2ba4de4f8
+
+sarif-schema: $(SARIF_SCHEMA) ## fetch the SARIF 2.1.0 schema the lint tests validate against
+
+$(SARIF_SCHEMA):
+	@command -v npm >/dev/null 2>&1 || { echo "installing npm" >&2; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm; }
+	@mkdir -p bin && tmp=$$(mktemp -d) && trap 'rm -rf $$tmp' EXIT && \
+		(cd $$tmp && npm pack --silent @microsoft/jest-sarif@1.0.0-beta.0 >/dev/null) && \
+		tar -xzf $$tmp/microsoft-jest-sarif-1.0.0-beta.0.tgz -C $$tmp package/lib/schemas/sarif-2.1.0-rtm.5.json && \
+		echo "$(SARIF_SCHEMA_SHA256)  $$tmp/package/lib/schemas/sarif-2.1.0-rtm.5.json" | sha256sum -c --quiet && \
+		cp $$tmp/package/lib/schemas/sarif-2.1.0-rtm.5.json $@
 
 docs: ## regenerate docs/recipes.md from the schema's doc comments
 	$(GO) run ./cmd/shardline recipe docs --format markdown > docs/recipes.md

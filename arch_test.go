@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -72,5 +73,39 @@ func TestImportsPointDown(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestMakefileFuzzesEveryTarget: every fuzz target in the module is in the
+// Makefile's FUZZ_TARGETS, so `make fuzz` and CI run it.
+func TestMakefileFuzzesEveryTarget(t *testing.T) {
+	mk, err := os.ReadFile("Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fuzz := regexp.MustCompile(`(?m)^func (Fuzz\w+)\(`)
+	found := 0
+	err = filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, "_test.go") {
+			return err
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range fuzz.FindAllSubmatch(src, -1) {
+			found++
+			want := "./" + filepath.ToSlash(filepath.Dir(path)) + ":" + string(m[1])
+			if !strings.Contains(string(mk), want) {
+				t.Errorf("%s defines %s, which FUZZ_TARGETS in the Makefile lacks: add %s", path, m[1], want)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if found == 0 {
+		t.Fatal("no fuzz targets found")
 	}
 }

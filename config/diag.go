@@ -27,6 +27,18 @@ type Diagnostic struct {
 	Message  string // names the key, its value and the rule broken
 	Help     string // the fix
 	Origin   Origin // where the offending value came from
+	// Recipe is the recipe file the finding concerns: a finding whose value came
+	// from a flag or variable still belongs to a recipe (SARIF points at it).
+	Recipe string
+}
+
+// InRecipe sets Recipe on every finding that lacks one.
+func (ds Diagnostics) InRecipe(path string) {
+	for i := range ds {
+		if ds[i].Recipe == "" {
+			ds[i].Recipe = path
+		}
+	}
 }
 
 // Location is file:line:col, or the flag or environment variable at fault.
@@ -131,6 +143,7 @@ var Rules = []Rule{
 	{"SL006", SevError, "key defined twice"},
 	{"SL007", SevError, "bad override (--set, flag or environment variable)"},
 	{"SL008", SevError, "value out of range"},
+	{"SL009", SevError, "run.name is not one directory name"},
 	{"SL101", SevError, "Megatron-FSDP requires use_distributed_optimizer"},
 	{"SL102", SevError, "Megatron-FSDP requires gradient_accumulation_fusion off"},
 	{"SL103", SevError, "Megatron-FSDP requires ckpt_format = fsdp_dtensor"},

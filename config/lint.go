@@ -17,7 +17,9 @@ func Lint(r *Resolved, env []string) Diagnostics {
 	c.model()
 	c.units()
 	c.files()
+	c.runName()
 	c.unexecuted()
+	c.diags.InRecipe(r.Path)
 	c.diags.Sort()
 	return c.diags
 }
@@ -55,7 +57,16 @@ func DiagnosticAt(r *Resolved, sev Severity, code, msg, help string, keys ...str
 			at, best = k, kind
 		}
 	}
-	return Diagnostic{Severity: sev, Code: code, Key: at, Message: msg, Help: help, Origin: r.Origin(at)}
+	return Diagnostic{Severity: sev, Code: code, Key: at, Message: msg, Help: help, Origin: r.Origin(at), Recipe: r.Path}
+}
+
+// runName refuses a run name that would place the run directory outside
+// run.output_dir.
+func (c *checker) runName() {
+	if err := CheckRunName(c.rc.Run.Name); err != nil {
+		c.report(SevError, "SL009", fmt.Sprintf("run.name (%q) must be one directory name: %v", c.rc.Run.Name, err),
+			`use letters, digits, "-", "_" and "." (e.g. name = "tiny-lr3e-4"); choose where runs go with run.output_dir`, "run.name")
+	}
 }
 
 func (c *checker) megatronFSDP() {

@@ -85,6 +85,7 @@ func Load(path string, opts Options) (*Resolved, Diagnostics) {
 	}
 	docs := l.chain(path, src, nil)
 	if l.diags.HasErrors() && len(docs) == 0 {
+		l.diags.InRecipe(path)
 		return nil, l.diags
 	}
 	for _, d := range docs {
@@ -96,6 +97,7 @@ func Load(path string, opts Options) (*Resolved, Diagnostics) {
 	l.applySets()
 	l.applyFlags()
 	l.applyImplied()
+	l.diags.InRecipe(path)
 	l.diags.Sort()
 	return l.res, l.diags
 }

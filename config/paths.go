@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -55,4 +56,21 @@ func goroot() string {
 		}
 	})
 	return gorootDir
+}
+
+// CheckRunName says why name cannot name a run directory under output_dir, or
+// returns nil: it must be one path element, so that no run writes outside its
+// output directory ("../x", "a/b", "/etc" and "." are refused).
+func CheckRunName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("it is empty")
+	case name == "." || name == "..":
+		return fmt.Errorf("%q names a directory, not a run", name)
+	case strings.ContainsAny(name, `/\`):
+		return errors.New("it holds a path separator")
+	case strings.ContainsRune(name, 0):
+		return errors.New("it holds a NUL byte")
+	}
+	return nil
 }

@@ -151,14 +151,23 @@ func RenderSARIF(w io.Writer, ds Diagnostics, version string) error {
 			text += "\nhelp: " + d.Help
 		}
 		res := result{RuleID: d.Code, RuleIndex: index[d.Code], Level: level[d.Severity], Message: msg{text}}
-		if p := d.Origin.Pos; p.File != "" {
-			loc := location{PhysicalLocation: physical{ArtifactLocation: artifact{URI: strings.TrimPrefix(p.File, "./")}}}
-			if p.IsValid() && d.Origin.Kind != FromEnv && d.Origin.Kind != FromSet && d.Origin.Kind != FromFlag {
-				loc.PhysicalLocation.Region = &region{StartLine: p.Line, StartColumn: p.Col}
-			} else if d.Origin.Kind != FromFile && d.Origin.Kind != FromDefault && d.Origin.Kind != FromImplied {
-				res.Message.Text = d.Location() + ": " + res.Message.Text
-			}
-			res.Locations = []location{loc}
+		// Code scanning needs a file and a line for every result: a value from the
+		// recipe points at its position; one from a flag or environment variable,
+		// or a default, points at the top of the recipe it concerns, and the message
+		// names the flag or variable.
+		fromFile := d.Origin.Kind == FromFile || d.Origin.Kind == FromImplied || d.Origin.Kind == FromDefault
+		file, reg := d.Origin.Pos.File, &region{StartLine: 1, StartColumn: 1}
+		if fromFile && d.Origin.Pos.IsValid() {
+			reg = &region{StartLine: d.Origin.Pos.Line, StartColumn: d.Origin.Pos.Col}
+		}
+		if !fromFile || file == "" {
+			file = d.Recipe
+		}
+		if !fromFile {
+			res.Message.Text = d.Location() + ": " + res.Message.Text
+		}
+		if file != "" {
+			res.Locations = []location{{PhysicalLocation: physical{ArtifactLocation: artifact{URI: strings.TrimPrefix(file, "./")}, Region: reg}}}
 		}
 		results = append(results, res)
 	}

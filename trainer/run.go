@@ -224,6 +224,9 @@ func openData(r *config.Recipe, opts Options) (*data.Dataset, error) {
 
 // makeRunDir creates <output_dir>/<name>, or <name>-2, -3, ... if it is taken.
 func makeRunDir(r *config.Recipe) (string, error) {
+	if err := config.CheckRunName(r.Run.Name); err != nil {
+		return "", &KeyError{Key: "run.name", Value: r.Run.Name, Err: err, Fix: "give one directory name; choose where runs go with run.output_dir"}
+	}
 	base := filepath.Join(r.Run.OutputDir, r.Run.Name)
 	for i := 1; ; i++ {
 		dir := base

@@ -107,6 +107,8 @@ func TestRunBadInput(t *testing.T) {
 		{"validation shorter than a sequence", []string{"model.seq_len=4096"}, "data.val_fraction", "validation split has"},
 		{"tensor parallel", []string{"parallel.world_size=2", "parallel.tensor_parallel=2"}, "parallel.tensor_parallel", "data and expert parallelism"},
 		{"unwritable output", []string{"run.output_dir=/proc/shardline"}, "run.output_dir", "writable"},
+		{"run name leaves the output directory", []string{"run.name=../escaped"}, "run.name", "path separator"},
+		{"run name is a directory", []string{"run.name=.."}, "run.name", "names a directory"},
 		{"checkpoint interval", []string{"checkpoint.interval=10"}, "checkpoint.interval", "checkpoints are not written yet"},
 		{"checkpoint dir (--save)", []string{"checkpoint.dir=ckpt"}, "checkpoint.dir", "checkpoints are not written yet"},
 		{"checkpoints kept", []string{"checkpoint.keep_last=2"}, "checkpoint.keep_last", "none to keep"},

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -354,4 +355,63 @@ func TestRunNproc(t *testing.T) {
 	code, _, errs = shardline(t, nil, append(args[:len(args):len(args)], "--global-batch-size", "6")...)
 	assert.Equal(t, 1, code)
 	assert.Contains(t, errs, "error[SL206]")
+}
+
+// TestLintSARIFValidates: the SARIF log validates against the SARIF 2.1.0 schema,
+// and every result has what GitHub code scanning needs: a file and a line (a
+// finding from an environment variable or a flag points at the recipe it concerns
+// and names the variable). The schema is the one Microsoft publishes in the npm
+// package @microsoft/jest-sarif; `make test` fetches it (make sarif-schema) and
+// points SHARDLINE_SARIF_SCHEMA at it.
+func TestLintSARIFValidates(t *testing.T) {
+	path := os.Getenv("SHARDLINE_SARIF_SCHEMA")
+	if path == "" {
+		t.Skip("SHARDLINE_SARIF_SCHEMA is not set: run `make sarif-schema` and point it at bin/sarif-schema-2.1.0.json (make test does both)")
+	}
+	f, err := os.Open(path)
+	require.NoError(t, err, "make sarif-schema fetches the schema")
+	doc, err := jsonschema.UnmarshalJSON(f)
+	f.Close()
+	require.NoError(t, err)
+	c := jsonschema.NewCompiler()
+	require.NoError(t, c.AddResource("sarif.json", doc))
+	schema, err := c.Compile("sarif.json")
+	require.NoError(t, err)
+
+	bad := writeRecipe(t, "[model]\nlayres = 4\n")
+	env := []string{"SHARDLINE_PARALLEL_TENSOR_PARALLEL=3"}
+	code, out, errs := shardline(t, env, "lint", "--format", "sarif", bad, filepath.Join(recipesDir, "tiny.toml"), "--set", "parallel.context_parallel=3")
+	require.Equal(t, 1, code, errs)
+	inst, err := jsonschema.UnmarshalJSON(strings.NewReader(out))
+	require.NoError(t, err)
+	require.NoError(t, schema.Validate(inst))
+
+	var log struct {
+		Runs []struct {
+			Results []struct {
+				Message   struct{ Text string }
+				Locations []struct {
+					PhysicalLocation struct {
+						ArtifactLocation struct{ URI string }
+						Region           struct{ StartLine int }
+					}
+				}
+			}
+		}
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &log))
+	var fromEnv, fromFlag bool
+	for _, r := range log.Runs[0].Results {
+		require.Len(t, r.Locations, 1, r.Message.Text)
+		loc := r.Locations[0].PhysicalLocation
+		assert.NotEmpty(t, loc.ArtifactLocation.URI, r.Message.Text)
+		assert.GreaterOrEqual(t, loc.Region.StartLine, 1, r.Message.Text)
+		if strings.HasPrefix(r.Message.Text, "env SHARDLINE_PARALLEL_TENSOR_PARALLEL") {
+			fromEnv = true
+			assert.Contains(t, loc.ArtifactLocation.URI, "tiny.toml")
+		}
+		fromFlag = fromFlag || strings.HasPrefix(r.Message.Text, "flag --set parallel.context_parallel")
+	}
+	assert.True(t, fromEnv, "a finding from the environment: %s", out)
+	assert.True(t, fromFlag, "a finding from a flag: %s", out)
 }

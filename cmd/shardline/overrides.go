@@ -120,6 +120,7 @@ func (a *app) loadRecipe(path string, rf *recipeFlags) (*config.Resolved, config
 		_, pd := parallel.Check(res)
 		diags = append(diags, pd...)
 	}
+	diags.InRecipe(path)
 	diags.Sort()
 	return res, diags, nil
 }

@@ -1,0 +1,92 @@
+package data
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// FuzzReadShard: any bytes as a token shard are read or refused, never a panic,
+// and what is read holds only tokens below its vocabulary.
+func FuzzReadShard(f *testing.F) {
+	dir := f.TempDir()
+	good := filepath.Join(dir, "good.tok")
+	if err := WriteShard(good, []int32{1, 2, 3, 255}, "byte", 256); err != nil {
+		f.Fatal(err)
+	}
+	b, _ := os.ReadFile(good)
+	f.Add(b)
+	if err := WriteShard(good, []int32{70000, 1}, "gpt2", 70001); err != nil {
+		f.Fatal(err)
+	}
+	b, _ = os.ReadFile(good)
+	f.Add(b)
+	f.Add([]byte("SHLTOKEN"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p := filepath.Join(t.TempDir(), "x.tok")
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		sh, err := ReadShard(p)
+		if err != nil {
+			return
+		}
+		for i, tok := range sh.Tokens {
+			if tok < 0 || int(tok) >= sh.Vocab {
+				t.Fatalf("token %d = %d read past vocabulary %d", i, tok, sh.Vocab)
+			}
+		}
+	})
+}
+
+// FuzzLoadTokenizer: any bytes as tokenizer.json load or are refused; a loaded
+// tokenizer encodes and decodes its own vocabulary without a panic.
+func FuzzLoadTokenizer(f *testing.F) {
+	dir := f.TempDir()
+	c, _ := NewChar([]byte("hello, world"))
+	for _, tok := range []Tokenizer{Byte{}, c, GPT2{}} {
+		p := filepath.Join(dir, "t.json")
+		if err := SaveTokenizer(p, tok); err != nil {
+			f.Fatal(err)
+		}
+		b, _ := os.ReadFile(p)
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p := filepath.Join(t.TempDir(), "tokenizer.json")
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		tok, err := LoadTokenizer(p)
+		if err != nil {
+			return
+		}
+		ids, err := tok.Encode([]byte("hello"))
+		if err == nil {
+			_ = tok.Decode(ids)
+		}
+		_ = tok.Decode([]int32{-1, 0, int32(tok.VocabSize()), 1 << 30})
+	})
+}
+
+// FuzzText: any bytes as training text are tokenized or refused by each
+// tokenizer, never a panic, and every token is below the tokenizer's vocabulary.
+func FuzzText(f *testing.F) {
+	f.Add([]byte("Of the Reflexions of Light — ½ œuvre.\n"))
+	f.Add([]byte{0xff, 0xfe, 0x00})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for _, name := range Tokenizers {
+			ds, err := fromText(b, name, 0.1)
+			if err != nil {
+				continue
+			}
+			for _, split := range [][]int32{ds.Train, ds.Val} {
+				for _, tok := range split {
+					if tok < 0 || int(tok) >= ds.Tok.VocabSize() {
+						t.Fatalf("%s: token %d past vocabulary %d", name, tok, ds.Tok.VocabSize())
+					}
+				}
+			}
+		}
+	})
+}
