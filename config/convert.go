@@ -164,7 +164,9 @@ func checkValue(f *Field, v any) (any, *Diagnostic) {
 		num = float64(x)
 	case float64:
 		if math.IsNaN(x) || math.IsInf(x, 0) {
-			return outOfRange("finite")
+			return nil, &Diagnostic{Severity: SevError, Code: "SL008", Key: f.Key,
+				Message: fmt.Sprintf("%s (%s) must be a finite number", f.Key, FormatValue(v)),
+				Help:    fmt.Sprintf("set %s to a finite number (nan and inf are TOML floats, but no recipe key takes them)", f.Key)}
 		}
 		num = x
 	default:

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"math"
 	"reflect"
 	"sort"
 	"strconv"
@@ -85,6 +86,14 @@ func FormatValue(v any) string {
 		}
 		return "[" + strings.Join(q, ", ") + "]"
 	case float64:
+		switch { // TOML's spellings
+		case math.IsNaN(x):
+			return "nan"
+		case math.IsInf(x, 1):
+			return "inf"
+		case math.IsInf(x, -1):
+			return "-inf"
+		}
 		s := strconv.FormatFloat(x, 'g', -1, 64)
 		if !strings.ContainsAny(s, ".eEn") { // keep it a float in TOML: 3 -> 3.0
 			s += ".0"

@@ -116,3 +116,41 @@ func TestLaunchInterruptExits130(t *testing.T) {
 	assert.Contains(t, out.String(), "interrupted")
 	assert.True(t, strings.Contains(out.String(), "weights") || strings.Contains(out.String(), "run directory"), "rank 0 wrote its outputs: %s", &out)
 }
+
+// Misused commands name the real problem, and refuse before any work starts.
+func TestMisusedCommandsNameTheProblem(t *testing.T) {
+	dir := t.TempDir()
+	tiny := filepath.Join(recipesDir, "tiny.toml")
+	text := smallCorpus(t, dir)
+	short := []string{"--train-iters", "1", "--set", "run.output_dir=" + dir, "--set", "data.path=" + text}
+	for _, c := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"nproc 0", append([]string{"run", tiny, "--nproc", "0"}, short...), 2, "--nproc 0: give a positive rank count"},
+		{"nproc -1", append([]string{"run", tiny, "--nproc", "-1"}, short...), 2, "--nproc -1: give a positive rank count"},
+		{"trace in a missing directory", append([]string{"run", tiny, "--trace", filepath.Join(dir, "no", "such", "trace.json")}, short...), 2, "--trace"},
+		{"trace is a directory", append([]string{"run", tiny, "--trace", dir}, short...), 2, "is a directory"},
+		{"comm timeout 0", append([]string{"run", tiny, "--comm-timeout", "0s"}, short...), 2, "--comm-timeout 0s must be positive"},
+		{"prepare a missing text", []string{"data", "prepare", "-o", filepath.Join(dir, "out"), filepath.Join(dir, "missing.txt")}, 2, "text file " + filepath.Join(dir, "missing.txt") + " does not exist"},
+		{"prepare a device", []string{"data", "prepare", "-o", filepath.Join(dir, "out"), "/dev/zero"}, 2, "text file /dev/zero is not a regular file (a device)"},
+		{"prepare NaN validation", []string{"data", "prepare", "--val-fraction", "NaN", "-o", filepath.Join(dir, "out"), text}, 2, "--val-fraction NaN"},
+		{"sample at NaN temperature", []string{"sample", "--temperature", "NaN", dir}, 2, "--temperature NaN must be a finite number"},
+		{"sample at infinite temperature", []string{"sample", "--temperature", "+Inf", dir}, 2, "--temperature +Inf must be a finite number"},
+		{"lint a device", []string{"lint", "/dev/zero"}, 2, "recipe /dev/zero is not a regular file (a device)"},
+		{"train on a device", []string{"run", tiny, "--train-iters", "1", "--set", "run.output_dir=" + dir, "--set", "data.path=/dev/zero"}, 1, "not a regular file (a device)"},
+		{"NaN learning rate", append([]string{"run", tiny, "--lr", "NaN"}, short...), 1, "train.lr (nan) must be a finite number"},
+		{"run name escapes", append([]string{"run", tiny, "--set", "run.name=../out"}, short...), 1, "SL009"},
+		{"checkpoints asked for", append([]string{"run", tiny, "--save-interval", "5"}, short...), 1, "checkpoint.interval (5): checkpoints are not written yet"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			code, _, errs := shardline(t, nil, c.args...)
+			assert.Equal(t, c.code, code, errs)
+			assert.Contains(t, errs, c.want)
+		})
+	}
+	_, err := os.Stat(filepath.Join(dir, "tiny"))
+	assert.ErrorIs(t, err, os.ErrNotExist, "no refused command started a run")
+}
