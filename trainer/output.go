@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/fileio"
 	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/trainer/data"
@@ -253,6 +254,11 @@ func SampleRun(be tensor.Backend, dir, prompt string, n int, temperature float64
 		return "", fmt.Errorf("%s is not a run directory: %v", dir, diags.Err())
 	}
 	r := &res.Recipe
+	// run.json holds the resolved recipe's fingerprint: a resolved.toml that changed
+	// after the run (a flipped byte, an edit) would describe another model.
+	if err := checkRecipeFingerprint(dir, r); err != nil {
+		return "", err
+	}
 	tok, err := data.LoadTokenizer(filepath.Join(dir, "tokenizer.json"))
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", dir, err)
@@ -269,4 +275,29 @@ func SampleRun(be tensor.Backend, dir, prompt string, n int, temperature float64
 		return "", err
 	}
 	return Generate(r, be, table, views, tok, prompt, n, temperature, seed)
+}
+
+// maxRunJSON caps run.json as read back: a few kilobytes when written.
+const maxRunJSON = 1 << 20
+
+// checkRecipeFingerprint compares the fingerprint of a run directory's resolved
+// recipe with the one its run.json recorded when the run started.
+func checkRecipeFingerprint(dir string, r *config.Recipe) error {
+	path := filepath.Join(dir, "run.json")
+	b, err := fileio.ReadRegular(path, maxRunJSON)
+	if err != nil {
+		return fmt.Errorf("%s is not a run directory: %w", dir, err)
+	}
+	var info runInfo
+	if err := json.Unmarshal(b, &info); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	fp, err := config.Fingerprint(r)
+	if err != nil {
+		return err
+	}
+	if info.RecipeFingerprint != fp {
+		return fmt.Errorf("%s: %w: resolved.toml has fingerprint %s, the run recorded %s (the recipe changed after the run)", dir, fileio.ErrCorrupt, fp, info.RecipeFingerprint)
+	}
+	return nil
 }

@@ -253,6 +253,16 @@ func TestWeightsAreChecked(t *testing.T) {
 	require.ErrorIs(t, err, fileio.ErrCorrupt)
 	assert.Contains(t, err.Error(), path)
 
+	// A resolved recipe edited after the run describes another model.
+	resolved := filepath.Join(out.Dir, "resolved.toml")
+	rb := must(os.ReadFile(resolved))
+	require.NoError(t, os.WriteFile(resolved, []byte(strings.Replace(string(rb), "rope_theta = 10000.0", "rope_theta = 10001.0", 1)), 0o644))
+	require.NoError(t, os.WriteFile(path, good, 0o644))
+	_, err = SampleRun(cpu.Backend{}, out.Dir, "the", 5, 0, 1)
+	require.ErrorIs(t, err, fileio.ErrCorrupt)
+	assert.Contains(t, err.Error(), "the recipe changed after the run")
+	require.NoError(t, os.WriteFile(resolved, rb, 0o644))
+
 	require.NoError(t, os.WriteFile(path, good[:len(good)-100], 0o644))
 	_, err = SampleRun(cpu.Backend{}, out.Dir, "the", 5, 0, 1)
 	require.ErrorIs(t, err, fileio.ErrCorrupt)

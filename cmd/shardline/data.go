@@ -60,6 +60,10 @@ data.path at DIR to train on it.`,
 	return cmd
 }
 
+// maxSampleTokens caps one sample: each token is a forward pass, and the text is
+// held in memory.
+const maxSampleTokens = 1 << 20
+
 func (a *app) sampleCmd() *cobra.Command {
 	var (
 		prompt      string
@@ -73,8 +77,8 @@ func (a *app) sampleCmd() *cobra.Command {
 		Example: `  shardline sample runs/tiny --prompt "Of the Colours" --tokens 300 --temperature 0.8`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if tokens < 1 {
-				return usageErr("--tokens %d must be at least 1", tokens)
+			if tokens < 1 || tokens > maxSampleTokens {
+				return usageErr("--tokens %d must be between 1 and %d", tokens, maxSampleTokens)
 			}
 			if !(temperature >= 0) || math.IsInf(temperature, 1) { // NaN fails the comparison
 				return usageErr("--temperature %v must be a finite number ≥ 0 (0 is greedy)", temperature)

@@ -144,11 +144,16 @@ func TestMisusedCommandsNameTheProblem(t *testing.T) {
 		{"NaN learning rate", append([]string{"run", tiny, "--lr", "NaN"}, short...), 1, "train.lr (nan) must be a finite number"},
 		{"run name escapes", append([]string{"run", tiny, "--set", "run.name=../out"}, short...), 1, "SL009"},
 		{"checkpoints asked for", append([]string{"run", tiny, "--save-interval", "5"}, short...), 1, "checkpoint.interval (5): checkpoints are not written yet"},
+		{"checkpoint directory asked for", append([]string{"run", tiny, "--save", filepath.Join(dir, "ckpt")}, short...), 1, "checkpoint.dir"},
+		{"ten thousand layers", []string{"lint", tiny, "--num-layers", "10000"}, 1, "model.layers (10000) must be ≤ 4096"},
+		{"hidden and vocabulary of 2^62", []string{"lint", tiny, "--hidden-size", "4611686018427387904", "--vocab-size", "4611686018427387904"}, 1, "must be ≤ 262144"},
+		{"a million sampled tokens and more", []string{"sample", "--tokens", "1048577", dir}, 2, "--tokens 1048577 must be between 1 and 1048576"},
+		{"negative grace", []string{"launch", "--nproc", "2", "--grace", "-1s", tiny}, 2, "--grace -1s must not be negative"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			code, _, errs := shardline(t, nil, c.args...)
+			code, out, errs := shardline(t, nil, c.args...)
 			assert.Equal(t, c.code, code, errs)
-			assert.Contains(t, errs, c.want)
+			assert.Contains(t, out+errs, c.want) // lint's findings go to stdout
 		})
 	}
 	_, err := os.Stat(filepath.Join(dir, "tiny"))

@@ -36,7 +36,9 @@ MASTER_PORT and SHARDLINE_JOB_TOKEN set; they join over TCP at rank 0's rendezvo
 Rank 0 writes the run directory; every rank logs with its rank.
 
 If a rank fails, the others are stopped (SIGTERM, then SIGKILL after --grace) and
-launch exits non-zero naming the failed rank. Ctrl-C is passed on to every rank.
+launch exits non-zero naming the failed rank; a rank found stopped (SIGSTOP, a
+debugger) is killed at once and named. Ctrl-C is passed on to every rank, and
+launch exits 130 as run does.
 On several nodes, run launch on each with the same --master-addr, --master-port
 and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 		Example: `  shardline launch --nproc 2 recipes/tiny.toml --global-batch-size 32
@@ -54,6 +56,9 @@ and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		if nproc < 1 || nnodes < 1 || nodeRank < 0 || nodeRank >= nnodes {
 			return usageErr("--nproc %d, --nnodes %d, --node-rank %d: need nproc ≥ 1 and 0 ≤ node-rank < nnodes", nproc, nnodes, nodeRank)
+		}
+		if grace < 0 {
+			return usageErr("--grace %v must not be negative (0 kills at once)", grace)
 		}
 		env := config.EnvMap(a.env)
 		token := env["SHARDLINE_JOB_TOKEN"]

@@ -42,7 +42,12 @@ result equals one rank training the same global batch (up to float rounding).
 
 On a terminal the log is readable and a progress bar shows the loss and the ETA;
 otherwise the log is JSON lines. Ctrl-C stops at the end of the current step and
-still writes the outputs (exit status 130).`,
+still writes the outputs (exit status 130).
+
+A run that ends on a non-finite loss or gradient writes no weights, plot or
+sample (run.json records why), and a setting the trainer does not carry out yet
+(checkpoints, bf16 main weights, tensor or context parallelism, cuda) is refused
+at its recipe position instead of ignored.`,
 		Example: `  shardline run
   shardline run recipes/tiny.toml --train-iters 200
   shardline run recipes/tiny.toml --nproc 4 --global-batch-size 64 --data-parallel-sharding-strategy optim
@@ -57,7 +62,7 @@ still writes the outputs (exit status 130).`,
 	var trace string
 	var commTimeout time.Duration
 	cmd.Flags().StringVar(&trace, "trace", "", "write a Chrome trace of every rank's compute and communication to this file (open it in Perfetto)")
-	cmd.Flags().DurationVar(&commTimeout, "comm-timeout", 5*time.Minute, "multi-process jobs: how long a rank waits for the others before failing (naming who is missing)")
+	cmd.Flags().DurationVar(&commTimeout, "comm-timeout", 5*time.Minute, "multi-process jobs: the most one collective (or joining the job) may take as a whole before the rank fails, naming who is missing")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		if cpuProfile != "" {
 			f, err := os.Create(cpuProfile)
