@@ -27,7 +27,8 @@ var allowedImports = map[string][]string{
 	"trainer/model": {"config", "parallel", "tensor"},
 	"trainer/data":  {"fileio"},
 	"trainer/optim": {},
-	"trainer":       {"config", "fileio", "parallel", "parallel/comm", "tensor", "trainer/data", "trainer/model", "trainer/optim"},
+	"trainer/ckpt":  {"fileio"},
+	"trainer":       {"config", "fileio", "trainer/ckpt", "parallel", "parallel/comm", "tensor", "trainer/data", "trainer/model", "trainer/optim"},
 	"cmd/shardline": {"*"},
 }
 

@@ -249,18 +249,23 @@ type ActivationCheckpoint struct {
 	Mode string `toml:"mode" enum:"none,selective,full" flag:"recompute-granularity"`
 }
 
-// Checkpoint configures distributed checkpoints. The trainer does not write
-// checkpoints yet (only the final weights, to the run directory): lint and plan
-// accept dir, interval and keep_last, and `shardline run` refuses them (SL114).
+// Checkpoint configures distributed checkpoints: each rank writes its shard of the
+// fp32 main weights and optimizer state, in the background, and `shardline run
+// --resume` continues a run from one, on any world size, strategy or
+// expert-parallel degree. No checkpoint is written when interval is 0 and dir is
+// empty (the final weights still are, to the run directory).
 type Checkpoint struct {
-	// Checkpoint format: fsdp_dtensor (sharded, Megatron-FSDP's), torch_dist, or torch.
+	// Checkpoint format, under Megatron's names: fsdp_dtensor (sharded,
+	// Megatron-FSDP's), torch_dist, or torch. shardline writes fsdp_dtensor's layout
+	// (docs/checkpoints.md); run refuses the others while checkpoints are on.
 	CkptFormat string `toml:"ckpt_format" enum:"fsdp_dtensor,torch_dist,torch" flag:"ckpt-format"`
-	// Directory for checkpoints. Not written yet: run refuses a non-empty value.
+	// Directory for checkpoints (Megatron's --save). Empty means <run dir>/checkpoints.
+	// Setting it turns checkpoints on: at the end of the run and on an interrupt.
 	Dir string `toml:"dir" flag:"save"`
-	// Save every interval steps. Not written yet: run refuses a value above 0.
+	// Save every interval steps, and at the end of the run and on SIGINT or
+	// SIGTERM. 0 saves only at the end and on an interrupt, and only when dir is set.
 	Interval int `toml:"interval" min:"0" flag:"save-interval"`
-	// Keep the newest keep_last checkpoints; 0 keeps all. Run refuses a value above 0
-	// until checkpoints are written.
+	// Keep the newest keep_last checkpoints; 0 keeps all.
 	KeepLast int `toml:"keep_last" min:"0"`
 }
 

@@ -80,7 +80,7 @@ var ruleCases = []ruleCase{
 	{name: "meta init with no_shard", src: okData + "[fsdp]\ninit_model_with_meta_device = true\ndata_parallel_sharding_strategy = \"no_shard\"\n", code: "SL105", loc: "x.toml:4:1"},
 	{name: "nccl ub with double buffer off", src: okData + "[fsdp]\nuse_nccl_ub = true\nfsdp_double_buffer = false\n", code: "SL106", loc: "x.toml:5:1"},
 	{name: "run name leaves the output directory", src: okData + "[run]\nname = \"../../etc\"\n", code: "SL009", sev: SevError, loc: "x.toml:4:1", msg: "must be one directory name: it holds a path separator"},
-	{name: "checkpoint interval not executed", src: okData + "[checkpoint]\ninterval = 100\n", code: "SL114", sev: SevNote, loc: "x.toml:4:1", msg: "checkpoints are not written yet"},
+	{name: "checkpoints kept but none written", src: okData + "[checkpoint]\nkeep_last = 3\n", code: "SL114", sev: SevNote, loc: "x.toml:4:1", msg: "so there are none to keep"},
 	{name: "nccl ub implies double buffer", src: okData + "[fsdp]\nuse_nccl_ub = true\n", code: "SL106", sev: SevNote, loc: "x.toml:4:1", msg: "turns fsdp.fsdp_double_buffer on"},
 	{name: "nccl ub with expandable segments", src: okData + "[fsdp]\nuse_nccl_ub = true\n[parallel]\ncuda_expandable_segments = true\n", code: "SL107", loc: "x.toml:6:1"},
 	{name: "nccl ub with alloc conf", src: okData + "[fsdp]\nuse_nccl_ub = true\n[parallel]\ndevice = \"cuda\"\n",

@@ -1,6 +1,7 @@
 package trainer
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,6 +19,7 @@ import (
 	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/parallel/comm"
 	"github.com/shardline/shardline/tensor"
+	"github.com/shardline/shardline/trainer/ckpt"
 	"github.com/shardline/shardline/trainer/data"
 	"github.com/shardline/shardline/trainer/model"
 	"github.com/shardline/shardline/trainer/optim"
@@ -42,6 +44,15 @@ type Options struct {
 	// CacheDir caches tokenized text; empty disables the cache.
 	CacheDir string
 	Version  string
+	// Resume, when set, is a checkpoint directory (step-N, with metadata.json) to
+	// continue from: its state is loaded, resharded to this run's plan, and the run
+	// continues in the checkpoint's run directory from its step.
+	Resume string
+	// StopAfter, when positive, ends the run as an interrupt would once this many
+	// steps are done (a preemption drill: tests resume from where it stopped).
+	StopAfter int
+
+	resume *ckpt.Meta // Resume's metadata, read by Run
 }
 
 // Process is this process's place in a multi-process job.
@@ -96,6 +107,36 @@ func (m Metrics) MarshalJSON() ([]byte, error) {
 		out.AuxLoss = finite("aux_loss", *m.AuxLoss)
 	}
 	return json.Marshal(out)
+}
+
+// UnmarshalJSON reads a metrics line as MarshalJSON writes it: a null loss,
+// gradient norm, validation or auxiliary loss (non-finite when written) reads
+// as NaN.
+func (m *Metrics) UnmarshalJSON(b []byte) error {
+	type plain Metrics
+	in := struct {
+		*plain
+		Loss      *float64 `json:"loss"`
+		GradNorm  *float64 `json:"grad_norm"`
+		ValLoss   *float64 `json:"val_loss"`
+		AuxLoss   *float64 `json:"aux_loss"`
+		NonFinite []string `json:"nonfinite"`
+	}{plain: (*plain)(m)}
+	if err := json.Unmarshal(b, &in); err != nil {
+		return err
+	}
+	nan := math.NaN()
+	m.Loss, m.GradNorm = *cmp.Or(in.Loss, &nan), *cmp.Or(in.GradNorm, &nan)
+	m.ValLoss, m.AuxLoss = in.ValLoss, in.AuxLoss
+	for _, name := range in.NonFinite {
+		switch name {
+		case "val_loss":
+			m.ValLoss = &nan
+		case "aux_loss":
+			m.AuxLoss = &nan
+		}
+	}
+	return nil
 }
 
 // Result summarises a finished run.
@@ -165,6 +206,16 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 	if err != nil {
 		return nil, err
 	}
+	var resume *ckpt.Meta
+	if opts.Resume != "" {
+		if resume, err = ckpt.Open(opts.Resume); err != nil {
+			return nil, err
+		}
+		if err := checkResumable(opts.Resume, resume, plan, r, ds.Fingerprint()); err != nil {
+			return nil, err
+		}
+	}
+	opts.resume = resume
 	if p := opts.Process; p != nil {
 		if p.World != plan.Mesh.World {
 			return nil, &KeyError{Key: "parallel.world_size", Value: r.Parallel.WorldSize, Err: fmt.Errorf("the job has %d ranks", p.World), Fix: "set it to the job's WORLD_SIZE (shardline launch does)"}
@@ -178,11 +229,13 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 			return runProcess(ctx, r, res, opts, plan, ds, "", log)
 		}
 	}
-	dir, err := makeRunDir(r)
-	if err != nil {
+	var dir string
+	if resume != nil && isDir(resume.RunDir) {
+		dir = resume.RunDir // continue the run where it was
+	} else if dir, err = makeRunDir(r); err != nil {
 		return nil, err
 	}
-	logFile, err := os.Create(filepath.Join(dir, "run.log"))
+	logFile, err := os.OpenFile(filepath.Join(dir, "run.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
@@ -198,6 +251,11 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 		return runProcess(ctx, r, res, opts, plan, ds, dir, log)
 	}
 	return runRanks(ctx, r, res, opts, plan, ds, dir, log)
+}
+
+func isDir(path string) bool {
+	st, err := os.Stat(path)
+	return err == nil && st.IsDir()
 }
 
 func openData(r *config.Recipe, opts Options) (*data.Dataset, error) {
@@ -261,6 +319,10 @@ type run struct {
 	m       *model.Model[float32]
 	metrics *os.File
 	curve   []Metrics
+	ckpt    *checkpointer // nil when the recipe asks for no checkpoints
+	// ckptRunDir is the run directory for checkpoints on a rank other than 0 of a
+	// multi-process job (which writes no other output, so its dir is empty).
+	ckptRunDir string
 }
 
 // worldTimeout bounds every collective of an in-process run: ample for rank 0's
@@ -353,6 +415,14 @@ func runProcess(ctx context.Context, r *config.Recipe, res *config.Resolved, opt
 		opts.Progress = nil
 	}
 	t := &run{r: r, res: res, opts: opts, plan: plan, ds: ds, dir: dir, log: log, rank: p.Rank, trace: tr}
+	if checkpointing(r) && r.Checkpoint.Dir == "" && p.World > 1 {
+		// Checkpoints go under the run directory, which rank 0 named.
+		shared, err := shareString(p.Comm, dir)
+		if err != nil {
+			return nil, err
+		}
+		t.ckptRunDir = shared
+	}
 	out, err := t.train(ctx, p.Comm, groups)
 	if err == nil && tr != nil {
 		err = writeJSON(opts.TracePath, map[string]any{"traceEvents": tr.events, "displayTimeUnit": "ms"})
@@ -373,8 +443,24 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	if t.st, err = newState(t.plan, r, t.opts.Backend, t.rank, world, groups); err != nil {
 		return nil, err
 	}
-	if err := t.st.init(r); err != nil {
+	startStep, optSteps := 0, 0
+	if m := t.opts.resume; m != nil {
+		rd := ckpt.NewReader(t.opts.Resume, m)
+		err := t.st.load(rd)
+		rd.Close()
+		if err != nil {
+			return nil, fmt.Errorf("resuming from %s: %w", t.opts.Resume, err)
+		}
+		startStep, optSteps = m.Step, m.OptimizerSteps
+	} else if err := t.st.init(r); err != nil {
 		return nil, err
+	}
+	if checkpointing(r) {
+		root := r.Checkpoint.Dir
+		if root == "" {
+			root = filepath.Join(cmp.Or(t.dir, t.ckptRunDir), "checkpoints")
+		}
+		t.ckpt = &checkpointer{root: root, interval: r.Checkpoint.Interval, keep: r.Checkpoint.KeepLast, saved: startStep}
 	}
 	B, T := r.Train.MicroBatchSize, r.Model.SeqLen
 	mopts := []model.Option{model.WithRecompute(r.ActivationCheckpoint.Mode)}
@@ -395,8 +481,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 			Msg("no_shard and optim reduce gradients after the last micro-batch, so there is nothing to overlap; optim_grads and optim_grads_params overlap")
 	}
 	if lead {
-		t.metrics, err = os.Create(filepath.Join(t.dir, "metrics.jsonl"))
-		if err != nil {
+		if t.metrics, err = t.openMetrics(startStep); err != nil {
 			return nil, err
 		}
 		defer t.metrics.Close()
@@ -410,22 +495,44 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	var last Metrics // the last step recorded (rank 0)
 	var good Metrics // the last step whose loss and gradient were finite (every rank)
 	lastSkipped := false
+	if len(t.curve) > 0 { // resumed: the steps before the checkpoint
+		last, good = t.curve[len(t.curve)-1], t.goodAtEnd()
+	}
 	var rates []float64
 	t.log.Info().Str("dir", t.dir).Str("backend", t.opts.Backend.Name()).Int("ranks", t.plan.Mesh.World).Str("strategy", t.plan.Strategy).
 		Int64("parameters", t.plan.ParamsTotal).Int("train_tokens", len(t.ds.Train)).Int("val_tokens", len(t.ds.Val)).Str("plan", t.plan.Fingerprint).Msg("training")
 	start := time.Now()
-	optSteps := 0
-	flag := make([]float32, 1)
+	// flag: rank 0's interrupt; ranks whose pending checkpoint file is written;
+	// ranks whose write failed.
+	flag := make([]float32, 3)
 	stats := make([]float32, 4)
 	lastEvaluated := false // every rank tracks it: the final evaluation is collective
-	for step := 0; step < r.Train.Steps; step++ {
+	done := startStep      // steps completed
+	for step := startStep; step < r.Train.Steps; step++ {
 		// Every rank stops at the same step: rank 0's interrupt is all-reduced.
-		flag[0] = 0
-		if lead && ctx.Err() != nil {
+		flag[0], flag[1], flag[2] = 0, 0, 0
+		if lead && (ctx.Err() != nil || (t.opts.StopAfter > 0 && step >= t.opts.StopAfter)) {
 			flag[0] = 1
+		}
+		var pending *pendingSave
+		if t.ckpt != nil {
+			pending = t.ckpt.pending
+		}
+		if pending != nil {
+			if pending.poll(); pending.finished {
+				flag[1], flag[2] = 1, float32(btoi(pending.err != nil))
+			}
 		}
 		if err := world.AllReduce(flag); err != nil {
 			return nil, err
+		}
+		if flag[2] > 0 {
+			return nil, saveFailed(pending)
+		}
+		if pending != nil && int(flag[1]) == world.Size() {
+			if err := t.commitSave(world); err != nil {
+				return nil, err
+			}
 		}
 		if flag[0] > 0 {
 			out.Interrupted = true
@@ -503,6 +610,13 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 			}
 			met.ValLoss = &v
 		}
+		done = step + 1
+		if c := t.ckpt; c != nil && c.interval > 0 && done%c.interval == 0 && !met.Skipped {
+			if err := t.finishSave(world); err != nil { // a save still in flight: wait for it
+				return nil, err
+			}
+			t.startSave(done, optSteps)
+		}
 		if !lead {
 			continue
 		}
@@ -514,6 +628,18 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	if lastSkipped {
 		// Every rank saw the same all-reduced loss and norm, so every rank stops here.
 		return nil, t.nonFinite(fmt.Errorf("the run ended on non-finite steps (skipped by train.skip_nonfinite): %w; %s; lower train.lr", ErrNonFinite, describeGood(good)))
+	}
+	if c := t.ckpt; c != nil {
+		// At the end, and on an interrupt: the state as it is, unless just saved.
+		if c.saved != done {
+			if err := t.finishSave(world); err != nil {
+				return nil, err
+			}
+			t.startSave(done, optSteps)
+		}
+		if err := t.finishSave(world); err != nil {
+			return nil, err
+		}
 	}
 	finalVal := math.NaN()
 	if !lastEvaluated && len(t.ds.Val) > T && t.collectiveEval() {

@@ -98,15 +98,7 @@ func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, w
 			return nil, err
 		}
 		s.comms = append(s.comms, cm)
-		// The shard this rank owns: its index in the group's sharding axis.
-		idx := c.DP*p.Mesh.CP + c.CP
-		if g.Axis == parallel.AxisEDP {
-			idx = c.EDP
-		}
-		lo, hi := int64(0), g.Padded
-		if g.Shards > 1 {
-			lo, hi = g.Shard(idx)
-		}
+		lo, hi := shardOf(p, rank, gi)
 		s.lo = append(s.lo, lo)
 		n := hi - lo
 		var main []float32
@@ -128,7 +120,6 @@ func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, w
 		}
 		s.gshard = append(s.gshard, gs)
 		s.m, s.v = append(s.m, make([]float32, n)), append(s.v, make([]float32, n))
-		var segs []segment
 		for _, e := range g.Entries {
 			if !s.perUnit {
 				s.wviews[e.Param] = w[e.Offset : e.Offset+e.Numel]
@@ -136,15 +127,44 @@ func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, w
 			if !s.unitGrads {
 				s.gviews[e.Param] = gr[e.Offset : e.Offset+e.Numel]
 			}
-			a, b := max(e.Offset, lo), min(e.Offset+e.Numel, hi)
-			if a < b {
-				segs = append(segs, segment{param: e.Param, lo: a - lo, hi: b - lo, start: a - e.Offset,
-					decay: !p.Params[e.Param].NoDecay || r.Train.DecayNormsAndEmbeddings})
-			}
 		}
-		s.segs = append(s.segs, segs)
+		s.segs = append(s.segs, segmentsOf(p, gi, lo, hi, r.Train.DecayNormsAndEmbeddings))
 	}
 	return s, nil
+}
+
+// shardIndex is rank's index in group gi's sharding axis (dp×cp for dense
+// groups, edp for expert groups).
+func shardIndex(p *parallel.Plan, rank, gi int) int {
+	c := p.Mesh.Coords(rank)
+	if p.Groups[gi].Axis == parallel.AxisEDP {
+		return c.EDP
+	}
+	return c.DP*p.Mesh.CP + c.CP
+}
+
+// shardOf is the element range [lo, hi) of group gi that rank owns: its shard, or
+// the whole group when the group is not sharded. A pure function of the plan, so
+// any rank can tell what any other holds (checkpoints rely on it).
+func shardOf(p *parallel.Plan, rank, gi int) (lo, hi int64) {
+	g := &p.Groups[gi]
+	if g.Shards > 1 {
+		return g.Shard(shardIndex(p, rank, gi))
+	}
+	return 0, g.Padded
+}
+
+// segmentsOf lists the parameters' parts that fall in [lo, hi) of group gi.
+func segmentsOf(p *parallel.Plan, gi int, lo, hi int64, decayAll bool) []segment {
+	var segs []segment
+	for _, e := range p.Groups[gi].Entries {
+		a, b := max(e.Offset, lo), min(e.Offset+e.Numel, hi)
+		if a < b {
+			segs = append(segs, segment{param: e.Param, lo: a - lo, hi: b - lo, start: a - e.Offset,
+				decay: !p.Params[e.Param].NoDecay || decayAll})
+		}
+	}
+	return segs
 }
 
 // init fills this rank's shard of every parameter from (seed, name, index) (no rank
@@ -167,6 +187,15 @@ func (s *state) global(i int) int {
 		return i
 	}
 	return i + 3*s.epRank*s.epLocal
+}
+
+// globalParam is global for any rank of the plan, for a model of numExperts
+// routed experts.
+func globalParam(p *parallel.Plan, rank, i, numExperts int) int {
+	if p.Mesh.EP == 1 || p.Params[i].Expert < 0 {
+		return i
+	}
+	return i + 3*p.Mesh.Coords(rank).EP*(numExperts/p.Mesh.EP)
 }
 
 // gatherExperts gives every rank all experts' compute weights (a collective over
@@ -338,20 +367,34 @@ func (s *state) reduce(inBF16 bool) error {
 	return nil
 }
 
-// gradNorm is the global L2 norm of the reduced gradients: each rank's shards are
-// disjoint, so the squares are summed over the world; under no_shard every rank
-// holds the whole sum already.
+// gradNorm is the global L2 norm of the reduced gradients. Sharded, each rank's
+// shards are disjoint over the world, so the squares are summed over the world.
+// Under no_shard every rank holds all dense gradients, but only its own ep rank's
+// experts: the experts' squares are summed over the ep group. Every rank then
+// gets the same norm, so replicas clip alike.
 func (s *state) gradNorm() (float64, error) {
-	var ss float64
-	for _, g := range s.gshard {
-		ss += s.be.SumSquares(g)
+	var dense, expert float64
+	for gi, g := range s.gshard {
+		if s.plan.Groups[gi].Expert {
+			expert += s.be.SumSquares(g)
+		} else {
+			dense += s.be.SumSquares(g)
+		}
 	}
-	if s.sharded && s.world.Size() > 1 {
+	ss := dense + expert
+	switch {
+	case s.sharded && s.world.Size() > 1:
 		buf := []float32{float32(ss)}
 		if err := s.world.AllReduce(buf); err != nil {
 			return 0, err
 		}
 		ss = float64(buf[0])
+	case !s.sharded && s.epComm != nil:
+		buf := []float32{float32(expert)}
+		if err := s.epComm.AllReduce(buf); err != nil {
+			return 0, err
+		}
+		ss = dense + float64(buf[0])
 	}
 	return math.Sqrt(ss), nil
 }

@@ -2,12 +2,14 @@ package data
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"github.com/shardline/shardline/fileio"
 )
@@ -16,6 +18,33 @@ import (
 type Dataset struct {
 	Train, Val []int32
 	Tok        Tokenizer
+
+	fpOnce sync.Once
+	fp     string
+}
+
+// Fingerprint is the sha256 of the training and validation tokens (with their
+// tokenizer's name): the same data gives the same fingerprint wherever it lives.
+// It is computed once and kept.
+func (d *Dataset) Fingerprint() string {
+	d.fpOnce.Do(func() {
+		h := sha256.New()
+		fmt.Fprintf(h, "%s\x00%d\x00%d\x00", d.Tok.Name(), len(d.Train), len(d.Val))
+		var b [4]byte
+		for _, split := range [][]int32{d.Train, d.Val} {
+			buf := make([]byte, 0, 4096)
+			for _, t := range split {
+				binary.LittleEndian.PutUint32(b[:], uint32(t))
+				if buf = append(buf, b[:]...); len(buf) == cap(buf) {
+					h.Write(buf)
+					buf = buf[:0]
+				}
+			}
+			h.Write(buf)
+		}
+		d.fp = "sha256:" + hex.EncodeToString(h.Sum(nil))
+	})
+	return d.fp
 }
 
 // Split divides tokens: the last valFraction of them is validation.

@@ -1,0 +1,339 @@
+package trainer
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/fileio"
+	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/parallel/comm"
+	"github.com/shardline/shardline/trainer/ckpt"
+)
+
+// Checkpoints (the format is package ckpt's). Every rank writes the pieces of the
+// state it owns: for each plan group it shards, its shard; for a group held whole,
+// only the group's rank of index 0 (its replicas hold the same values). Which
+// pieces a rank owns is a pure function of the plan (rankPieces), so rank 0 can
+// write the metadata of every rank's file, and a run on another world size,
+// strategy or expert-parallel degree can read exactly the ranges it now owns.
+//
+// A save is asynchronous: the rank copies its pieces into one buffer (the
+// snapshot, the only time training waits) and a goroutine writes the file. At the
+// start of every later step the ranks' "written" flags travel in the all-reduce
+// the step already makes; once every rank's file is written, the ranks exchange
+// their checksums and rank 0 commits metadata.json, then prunes to keep_last.
+
+// rankPiece is one piece a rank owns: segment seg of group gi, which is global
+// parameter param, at byte offset off of the rank's file.
+type rankPiece struct {
+	gi    int
+	seg   segment
+	param int
+	off   int64
+}
+
+// rankPieces lists the pieces rank writes, in file order.
+func rankPieces(p *parallel.Plan, rank, numExperts int) []rankPiece {
+	var out []rankPiece
+	var off int64
+	for gi := range p.Groups {
+		if p.Groups[gi].Shards == 1 && shardIndex(p, rank, gi) != 0 {
+			continue // a replica of what the group's rank of index 0 writes
+		}
+		lo, hi := shardOf(p, rank, gi)
+		for _, sg := range segmentsOf(p, gi, lo, hi, false) {
+			out = append(out, rankPiece{gi: gi, seg: sg, param: globalParam(p, rank, sg.param, numExperts), off: off})
+			off += int64(len(ckpt.States)) * 4 * (sg.hi - sg.lo)
+		}
+	}
+	return out
+}
+
+// checkpointer saves one rank's state.
+type checkpointer struct {
+	root     string // checkpoint.dir, or <run dir>/checkpoints
+	interval int
+	keep     int
+	pending  *pendingSave
+	saved    int // the step of the last save started
+}
+
+// pendingSave is a save whose file is being written or waits for the commit.
+type pendingSave struct {
+	step, optSteps int
+	dir            string
+	crcs           []string // this rank's checksums, per piece and state kind
+	done           chan error
+	finished       bool
+	err            error
+	blocked        time.Duration
+}
+
+// poll reports whether the pending save's file is written, without waiting.
+func (p *pendingSave) poll() {
+	if p.finished {
+		return
+	}
+	select {
+	case p.err = <-p.done:
+		p.finished = true
+	default:
+	}
+}
+
+// wait blocks until the pending save's file is written.
+func (p *pendingSave) wait() {
+	if !p.finished {
+		p.err = <-p.done
+		p.finished = true
+	}
+}
+
+// startSave snapshots this rank's pieces and writes them in the background.
+func (t *run) startSave(step, optSteps int) {
+	c := t.ckpt
+	t0 := time.Now()
+	pieces := rankPieces(t.plan, t.rank, t.r.Model.MoE.NumExperts)
+	var n int64
+	for _, rp := range pieces {
+		n += int64(len(ckpt.States)) * 4 * (rp.seg.hi - rp.seg.lo)
+	}
+	data := make([]byte, 0, n)
+	crcs := make([]string, 0, len(pieces)*len(ckpt.States))
+	for _, rp := range pieces {
+		lo, hi := rp.seg.lo, rp.seg.hi
+		for _, buf := range [][]float32{t.st.main[rp.gi][lo:hi], t.st.m[rp.gi][lo:hi], t.st.v[rp.gi][lo:hi]} {
+			at := len(data)
+			data = ckpt.AppendFloats(data, buf)
+			crcs = append(crcs, ckpt.Sum(data[at:]))
+		}
+	}
+	p := &pendingSave{step: step, optSteps: optSteps, dir: ckpt.StepDir(c.root, step), crcs: crcs, done: make(chan error, 1)}
+	if len(pieces) == 0 {
+		p.finished = true
+	} else {
+		go func() { p.done <- ckpt.WriteRankFile(p.dir, t.rank, data) }()
+	}
+	p.blocked = time.Since(t0)
+	c.pending, c.saved = p, step
+}
+
+// commitSave finishes the pending save: every rank's checksums go to rank 0,
+// which writes metadata.json and prunes old checkpoints. Every rank calls it, once
+// every rank's file is written.
+func (t *run) commitSave(world comm.Communicator) error {
+	p := t.ckpt.pending
+	t.ckpt.pending = nil
+	numExperts := t.r.Model.MoE.NumExperts
+	// Checksums travel as float32 halves (16 bits each, exact), padded to the
+	// longest rank's list.
+	per := make([][]rankPiece, world.Size())
+	longest := 0
+	for r := range per {
+		per[r] = rankPieces(t.plan, r, numExperts)
+		longest = max(longest, len(per[r])*len(ckpt.States))
+	}
+	mine := make([]float32, 2*longest)
+	for i, s := range p.crcs {
+		var v uint32
+		fmt.Sscanf(s, "%08x", &v)
+		mine[2*i], mine[2*i+1] = float32(v>>16), float32(v&0xffff)
+	}
+	all := make([]float32, world.Size()*len(mine))
+	if err := world.AllGather(all, mine); err != nil {
+		return fmt.Errorf("checkpoint of step %d: exchanging checksums: %w", p.step, err)
+	}
+	if t.rank != 0 {
+		return nil
+	}
+	meta := &ckpt.Meta{Step: p.step, OptimizerSteps: p.optSteps, PlanFingerprint: t.plan.Fingerprint, WorldSize: t.plan.Mesh.World,
+		Strategy: t.plan.Strategy, ExpertParallel: t.plan.Mesh.EP, RunDir: t.dir, SaveBlockedS: p.blocked.Seconds()}
+	meta.RecipeFingerprint, _ = config.Fingerprint(t.r)
+	meta.DataFingerprint = t.ds.Fingerprint()
+	resolved, _, err := config.ResolvedTOML(t.r)
+	if err != nil {
+		return err
+	}
+	meta.ResolvedRecipe = string(resolved)
+	for i := range t.plan.Params {
+		meta.Tensors = append(meta.Tensors, ckpt.Tensor{Name: t.plan.Params[i].Name, Shape: t.plan.Params[i].Shape, Dtype: "fp32"})
+	}
+	for r, pieces := range per {
+		theirs := all[r*len(mine) : (r+1)*len(mine)]
+		var size int64
+		for i, rp := range pieces {
+			crc := make([]string, len(ckpt.States))
+			for k := range crc {
+				j := i*len(ckpt.States) + k
+				crc[k] = fmt.Sprintf("%08x", uint32(theirs[2*j])<<16|uint32(theirs[2*j+1]))
+			}
+			count := rp.seg.hi - rp.seg.lo
+			tn := &meta.Tensors[rp.param]
+			tn.Pieces = append(tn.Pieces, ckpt.Piece{Start: rp.seg.start, Count: count, File: ckpt.RankFile(r), Offset: rp.off, CRC: crc})
+			size = rp.off + int64(len(ckpt.States))*4*count
+		}
+		if len(pieces) > 0 {
+			meta.Files = append(meta.Files, ckpt.File{Name: ckpt.RankFile(r), Size: size})
+		}
+	}
+	if err := ckpt.Commit(p.dir, meta); err != nil {
+		return err
+	}
+	t.log.Info().Int("step", p.step).Str("dir", p.dir).Float64("blocked_ms", round4(p.blocked.Seconds()*1e3)).Msg("checkpoint saved")
+	return ckpt.Prune(t.ckpt.root, t.ckpt.keep)
+}
+
+// finishSave waits for the pending save's file and commits it (every rank).
+func (t *run) finishSave(world comm.Communicator) error {
+	p := t.ckpt.pending
+	if p == nil {
+		return nil
+	}
+	p.wait()
+	failed := []float32{0}
+	if p.err != nil {
+		failed[0] = 1
+	}
+	if err := world.AllReduce(failed); err != nil {
+		return err
+	}
+	if failed[0] > 0 {
+		t.ckpt.pending = nil
+		return saveFailed(p)
+	}
+	return t.commitSave(world)
+}
+
+func saveFailed(p *pendingSave) error {
+	if p.err != nil {
+		return fmt.Errorf("writing the checkpoint of step %d: %w", p.step, p.err)
+	}
+	return fmt.Errorf("writing the checkpoint of step %d failed on another rank (its log says why)", p.step)
+}
+
+// load fills this rank's shards of the main weights and optimizer moments from a
+// checkpoint, reading only the pieces that overlap what it owns now, then
+// gathers the compute weights.
+func (s *state) load(rd *ckpt.Reader) error {
+	for gi := range s.plan.Groups {
+		for _, sg := range s.segs[gi] {
+			name := s.plan.Params[s.global(sg.param)].Name
+			for k, dst := range [][]float32{s.main[gi][sg.lo:sg.hi], s.m[gi][sg.lo:sg.hi], s.v[gi][sg.lo:sg.hi]} {
+				if err := rd.Read(name, k, sg.start, dst); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return s.gather()
+}
+
+// checkResumable refuses a checkpoint whose tensors are not the plan's model, or
+// whose run differs from the recipe in what decides the training trajectory
+// (the model, the data's tokens, the seed, the global batch and the optimizer).
+// The parallel layout may differ: the state is resharded on load. The data is
+// compared by its tokens' fingerprint, so it may move to another path.
+func checkResumable(dir string, m *ckpt.Meta, p *parallel.Plan, r *config.Recipe, dataFP string) error {
+	if m.DataFingerprint != dataFP {
+		return &KeyError{Key: "data.path", Value: r.Data.Path, Err: fmt.Errorf("its tokens (%s) are not those the checkpoint in %s was trained on (%s)", dataFP, dir, m.DataFingerprint),
+			Fix: "point data.path at the data the run was trained on"}
+	}
+	if len(m.Tensors) != len(p.Params) {
+		return fmt.Errorf("checkpoint %s holds %d tensors, the recipe's model has %d", dir, len(m.Tensors), len(p.Params))
+	}
+	for i := range p.Params {
+		a, b := &m.Tensors[i], &p.Params[i]
+		if a.Name != b.Name || fmt.Sprint(a.Shape) != fmt.Sprint(b.Shape) {
+			return fmt.Errorf("checkpoint %s: tensor %d is %s %v, the recipe's model has %s %v", dir, i, a.Name, a.Shape, b.Name, b.Shape)
+		}
+	}
+	saved, diags := config.LoadBytes(filepath.Join(dir, "metadata.json#resolved_recipe"), []byte(m.ResolvedRecipe), config.Options{})
+	if diags.HasErrors() {
+		return fmt.Errorf("checkpoint %s: its resolved recipe does not load: %v", dir, diags.Err())
+	}
+	for _, f := range config.RecipeSchema().Fields {
+		if !trajectoryKey(f.Key) {
+			continue
+		}
+		was, _ := saved.Value(f.Key)
+		now := f.Get(r)
+		if config.FormatValue(was) != config.FormatValue(now) {
+			return &KeyError{Key: f.Key, Value: now, Err: fmt.Errorf("the checkpoint in %s was trained with %s", dir, config.FormatValue(was)),
+				Fix: "resume with the recipe the checkpoint was saved with (only parallel, fsdp, logging and the number of steps may change)"}
+		}
+	}
+	return nil
+}
+
+// trajectoryKey says whether a recipe key decides what a resumed run computes.
+func trajectoryKey(key string) bool {
+	for _, prefix := range []string{"model.", "data.tokenizer", "data.val_fraction", "run.seed", "train.global_batch_size", "train.optimizer", "train.beta", "train.eps", "train.weight_decay", "train.decay_norms", "train.clip_grad", "train.lr", "train.warmup_steps", "train.min_lr_factor", "precision."} {
+		if len(key) >= len(prefix) && key[:len(prefix)] == prefix {
+			return true
+		}
+	}
+	return false
+}
+
+// checkpointing says whether the recipe asks for checkpoints: an interval, or a
+// directory (Megatron's --save).
+func checkpointing(r *config.Recipe) bool { return r.Checkpoint.Interval > 0 || r.Checkpoint.Dir != "" }
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// shareString gives every rank rank 0's s (a path, bytes as exact float32s).
+func shareString(world comm.Communicator, s string) (string, error) {
+	n := []float32{float32(len(s))}
+	if err := world.Broadcast(n, 0); err != nil {
+		return "", err
+	}
+	buf := make([]float32, int(n[0]))
+	for i := range buf {
+		if i < len(s) {
+			buf[i] = float32(s[i])
+		}
+	}
+	if err := world.Broadcast(buf, 0); err != nil {
+		return "", err
+	}
+	b := make([]byte, len(buf))
+	for i, v := range buf {
+		b[i] = byte(v)
+	}
+	return string(b), nil
+}
+
+// openMetrics opens metrics.jsonl for the steps after startStep: a new file, or,
+// when resuming, the run's file cut back to the checkpoint's step (its records
+// become the start of the loss curve).
+func (t *run) openMetrics(startStep int) (*os.File, error) {
+	path := filepath.Join(t.dir, "metrics.jsonl")
+	if startStep == 0 {
+		return os.Create(path)
+	}
+	var kept []byte
+	if b, err := fileio.ReadRegular(path, 1<<30); err == nil {
+		for _, line := range bytes.Split(b, []byte("\n")) {
+			var m Metrics
+			if len(line) == 0 || json.Unmarshal(line, &m) != nil || m.Step > startStep {
+				continue
+			}
+			t.curve = append(t.curve, m)
+			kept = append(append(kept, line...), '\n')
+		}
+	}
+	if err := fileio.WriteAtomic(path, kept); err != nil {
+		return nil, err
+	}
+	return os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0o644)
+}

@@ -1,0 +1,221 @@
+package trainer
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/shardline/shardline/fileio"
+	"github.com/shardline/shardline/trainer/ckpt"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// curveOf is a run's metrics.jsonl: per step, the loss, gradient norm and
+// validation loss as exact bit patterns (float64 round-trips through JSON).
+func curveOf(t *testing.T, dir string) []string {
+	t.Helper()
+	var out []string
+	for _, line := range bytes.Split(bytes.TrimSpace(must(os.ReadFile(filepath.Join(dir, "metrics.jsonl")))), []byte("\n")) {
+		var m Metrics
+		require.NoError(t, json.Unmarshal(line, &m))
+		v := "-"
+		if m.ValLoss != nil {
+			v = ftoa(*m.ValLoss)
+		}
+		out = append(out, ftoa(float64(m.Step))+" "+ftoa(m.Loss)+" "+ftoa(m.GradNorm)+" "+v)
+	}
+	return out
+}
+
+var moeSets = []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32", "model.moe.shared_experts=1"}
+
+// TestResumeIsBitExact: a run stopped at step 5 (checkpoints every 3 steps and on
+// the stop) and resumed equals the run that was never stopped, bit for bit: every
+// later loss, gradient norm and validation loss, and the final weights. Dense and
+// MoE, every strategy, 2 ranks (4 with expert parallelism 2).
+func TestResumeIsBitExact(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		sets []string
+	}{
+		{"dense", []string{"parallel.world_size=2"}},
+		{"moe-ep2", append([]string{"parallel.world_size=4", "parallel.expert_parallel=2", "train.global_batch_size=16"}, moeSets...)},
+	} {
+		for _, strategy := range []string{"no_shard", "optim", "optim_grads", "optim_grads_params"} {
+			t.Run(c.name+"/"+strategy, func(t *testing.T) {
+				sets := append([]string{"train.steps=8", "train.eval_interval=4", "checkpoint.interval=3", "checkpoint.keep_last=2",
+					"fsdp.data_parallel_sharding_strategy=" + strategy, "fsdp.use_megatron_fsdp=" + ftoa(b2f(strategy != "no_shard" && strategy != "optim"))}, c.sets...)
+				whole, _ := tinyRun(t, sets...)
+				ref, err := Run(context.Background(), whole, opts())
+				require.NoError(t, err)
+
+				stopped, _ := tinyRun(t, sets...)
+				o := opts()
+				o.StopAfter = 5
+				first, err := Run(context.Background(), stopped, o)
+				require.NoError(t, err)
+				require.True(t, first.Interrupted)
+				entries, err := ckpt.List(filepath.Join(first.Dir, "checkpoints"))
+				require.NoError(t, err)
+				require.Len(t, entries, 2, "keep_last = 2 of the saves at steps 3 and 5")
+				assert.Equal(t, []int{3, 5}, []int{entries[0].Step, entries[1].Step})
+				_, err = ckpt.Verify(entries[1].Dir)
+				require.NoError(t, err)
+
+				o = opts()
+				o.Resume = entries[1].Dir
+				again, err := Run(context.Background(), stopped, o)
+				require.NoError(t, err)
+				assert.Equal(t, first.Dir, again.Dir, "the resumed run continues in its run directory")
+				assert.Equal(t, curveOf(t, ref.Dir), curveOf(t, again.Dir))
+				assert.True(t, bytes.Equal(must(os.ReadFile(filepath.Join(ref.Dir, "weights.bin"))), must(os.ReadFile(filepath.Join(again.Dir, "weights.bin")))), "final weights differ")
+			})
+		}
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// TestResumeReshards: a checkpoint saved by 2 ranks under optim_grads_params is
+// loaded by 4 ranks under optim and by 1 rank under no_shard (and, for MoE, by
+// expert parallelism 2 from 4 ranks of ep 1): the state each loads, saved again
+// at once, holds exactly the values saved, tensor by tensor; and training goes on
+// along the curve of the run that was never stopped (the reduction order differs
+// with the world size: 1e-5 relative, the FSDP equivalence tolerance).
+func TestResumeReshards(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		from, to  []string
+		extraSets []string
+	}{
+		{"dense 2 to 4", []string{"parallel.world_size=2", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, []string{"parallel.world_size=4", "fsdp.data_parallel_sharding_strategy=optim"}, nil},
+		{"dense 2 to 1", []string{"parallel.world_size=2", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, []string{"parallel.world_size=1", "fsdp.data_parallel_sharding_strategy=no_shard", "fsdp.use_megatron_fsdp=false"}, nil},
+		{"moe ep1 to ep2", []string{"parallel.world_size=4", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, []string{"parallel.world_size=4", "parallel.expert_parallel=2", "fsdp.data_parallel_sharding_strategy=optim_grads"}, moeSets},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			base := append([]string{"train.steps=8", "train.eval_interval=0", "checkpoint.interval=4", "train.global_batch_size=16", "fsdp.calculate_per_token_loss=true"}, c.extraSets...)
+			whole, _ := tinyRun(t, append(append([]string(nil), base...), c.from...)...)
+			ref, err := Run(context.Background(), whole, opts())
+			require.NoError(t, err)
+			saved := filepath.Join(ref.Dir, "checkpoints", "step-00000004")
+
+			// Load at the new shape and save at once (stop before any step).
+			moved, _ := tinyRun(t, append(append([]string(nil), base...), c.to...)...)
+			o := opts()
+			o.Resume, o.StopAfter = saved, 4
+			out, err := Run(context.Background(), moved, o)
+			require.NoError(t, err)
+			resaved := filepath.Join(out.Dir, "checkpoints", "step-00000004")
+			assertSameState(t, saved, resaved)
+
+			// And training goes on from there.
+			o = opts()
+			o.Resume = resaved
+			out, err = Run(context.Background(), moved, o)
+			require.NoError(t, err)
+			a, b := lossesOf(t, ref.Dir), lossesOf(t, out.Dir)
+			require.Len(t, b, len(a))
+			assert.Less(t, maxRelDiff(a, b), 1e-5)
+		})
+	}
+}
+
+func lossesOf(t *testing.T, dir string) []float64 {
+	var out []float64
+	for _, line := range bytes.Split(bytes.TrimSpace(must(os.ReadFile(filepath.Join(dir, "metrics.jsonl")))), []byte("\n")) {
+		var m Metrics
+		require.NoError(t, json.Unmarshal(line, &m))
+		out = append(out, m.Loss)
+	}
+	return out
+}
+
+// assertSameState compares two checkpoints tensor by tensor, every state kind,
+// exactly.
+func assertSameState(t *testing.T, a, b string) {
+	t.Helper()
+	ma, err := ckpt.Open(a)
+	require.NoError(t, err)
+	mb, err := ckpt.Open(b)
+	require.NoError(t, err)
+	assert.Equal(t, ma.Step, mb.Step)
+	assert.Equal(t, ma.OptimizerSteps, mb.OptimizerSteps)
+	ra, rb := ckpt.NewReader(a, ma), ckpt.NewReader(b, mb)
+	defer ra.Close()
+	defer rb.Close()
+	require.Len(t, mb.Tensors, len(ma.Tensors))
+	for _, tn := range ma.Tensors {
+		for k := range ckpt.States {
+			x, y := make([]float32, tn.Numel()), make([]float32, tn.Numel())
+			require.NoError(t, ra.Read(tn.Name, k, 0, x))
+			require.NoError(t, rb.Read(tn.Name, k, 0, y))
+			require.Equal(t, x, y, "%s %s", tn.Name, ckpt.States[k])
+		}
+	}
+}
+
+// A checkpoint refuses a resume whose recipe changes the trajectory, naming the
+// key; a changed byte in a rank file is refused naming file, tensor and offset;
+// a save that never committed is not a checkpoint.
+func TestResumeRefusals(t *testing.T) {
+	res, _ := tinyRun(t, "train.steps=4", "train.eval_interval=0", "checkpoint.interval=2", "parallel.world_size=2")
+	out, err := Run(context.Background(), res, opts())
+	require.NoError(t, err)
+	root := filepath.Join(out.Dir, "checkpoints")
+	dir := filepath.Join(root, "step-00000004")
+
+	other, _ := tinyRun(t, "train.steps=4", "train.eval_interval=0", "checkpoint.interval=2", "run.seed=7")
+	o := opts()
+	o.Resume = dir
+	_, err = Run(context.Background(), other, o)
+	var ke *KeyError
+	require.ErrorAs(t, err, &ke)
+	assert.Equal(t, "run.seed", ke.Key)
+
+	changed := filepath.Join(dir, ckpt.RankFile(1))
+	b := must(os.ReadFile(changed))
+	b[len(b)/2] ^= 1
+	require.NoError(t, os.WriteFile(changed, b, 0o644))
+	_, err = ckpt.Verify(dir)
+	require.ErrorIs(t, err, fileio.ErrCorrupt)
+	assert.Contains(t, err.Error(), changed)
+	assert.Contains(t, err.Error(), "byte offset")
+	_, err = Run(context.Background(), res, o)
+	require.ErrorIs(t, err, fileio.ErrCorrupt)
+
+	require.NoError(t, os.Truncate(changed, int64(len(b)-4)))
+	_, err = ckpt.Open(dir)
+	assert.ErrorIs(t, err, fileio.ErrCorrupt)
+
+	// A save killed before its metadata: the previous checkpoint is the latest.
+	require.NoError(t, os.Remove(filepath.Join(dir, ckpt.MetadataFile)))
+	latest, err := ckpt.Latest(root)
+	require.NoError(t, err)
+	assert.Equal(t, filepath.Join(root, "step-00000002"), latest)
+	_, err = ckpt.Open(dir)
+	assert.ErrorContains(t, err, "not a complete checkpoint")
+}
+
+// A non-finite step is never checkpointed: with skipped steps the run keeps only
+// the saves of finite steps, and fails without a final one.
+func TestNonFiniteIsNeverCheckpointed(t *testing.T) {
+	res, _ := tinyRun(t, "train.lr=1e30", "train.steps=4", "train.warmup_steps=0", "train.clip_grad=0", "train.skip_nonfinite=true",
+		"train.eval_interval=0", "checkpoint.interval=1")
+	_, err := Run(context.Background(), res, opts())
+	require.ErrorIs(t, err, ErrNonFinite)
+	es, err := ckpt.List(filepath.Join(res.Recipe.Run.OutputDir, "t", "checkpoints"))
+	require.NoError(t, err)
+	require.Len(t, es, 1)
+	assert.Equal(t, 1, es[0].Step)
+	assert.True(t, es[0].Complete)
+}
+

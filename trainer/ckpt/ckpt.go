@@ -1,0 +1,391 @@
+package ckpt
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/shardline/shardline/fileio"
+)
+
+// Format names this layout in metadata.json.
+const Format = "shardline-checkpoint-v1"
+
+// MetadataFile is the file whose presence makes a checkpoint complete.
+const MetadataFile = "metadata.json"
+
+// States are the state kinds every piece holds, in order: the fp32 main weights
+// and the optimizer's two moment buffers (for SGD, the momentum buffer and zeros).
+var States = []string{"main", "exp_avg", "exp_avg_sq"}
+
+// Meta is metadata.json.
+type Meta struct {
+	Format            string   `json:"format"`
+	Step              int      `json:"step"`            // optimizer steps the run had taken
+	OptimizerSteps    int      `json:"optimizer_steps"` // steps that updated the weights (skipped ones excluded)
+	RecipeFingerprint string   `json:"recipe_fingerprint"`
+	PlanFingerprint   string   `json:"plan_fingerprint"`
+	DataFingerprint   string   `json:"data_fingerprint"` // the training and validation tokens
+	WorldSize         int      `json:"world_size"`
+	Strategy          string   `json:"strategy"`
+	ExpertParallel    int      `json:"expert_parallel"`
+	RunDir            string   `json:"run_dir"` // the run directory that wrote it
+	ResolvedRecipe    string   `json:"resolved_recipe"`
+	States            []string `json:"states"`
+	Tensors           []Tensor `json:"tensors"`
+	Files             []File   `json:"files"`
+	// SaveBlockedS is how long the save held training up (the snapshot); the rest
+	// of the writing ran beside the steps that followed.
+	SaveBlockedS float64 `json:"save_blocked_s"`
+}
+
+// Tensor is one parameter: its global shape and the pieces that hold it.
+type Tensor struct {
+	Name   string  `json:"name"`
+	Shape  []int   `json:"shape"`
+	Dtype  string  `json:"dtype"`
+	Pieces []Piece `json:"pieces"`
+}
+
+// Numel is the tensor's element count.
+func (t *Tensor) Numel() int64 {
+	n := int64(1)
+	for _, d := range t.Shape {
+		n *= int64(d)
+	}
+	return n
+}
+
+// Piece is elements [Start, Start+Count) of a tensor, stored in File at byte
+// Offset: Count float32 values per state kind, kinds in States order, each with
+// the CRC-32C in CRC (hex, one per kind).
+type Piece struct {
+	Start  int64    `json:"start"`
+	Count  int64    `json:"count"`
+	File   string   `json:"file"`
+	Offset int64    `json:"offset"`
+	CRC    []string `json:"crc32c"`
+}
+
+// File is one rank file and its size in bytes.
+type File struct {
+	Name string `json:"name"`
+	Size int64  `json:"size"`
+}
+
+// RankFile names rank r's file.
+func RankFile(rank int) string { return fmt.Sprintf("rank-%05d.bin", rank) }
+
+// StepDir names the checkpoint of a step under root.
+func StepDir(root string, step int) string {
+	return filepath.Join(root, fmt.Sprintf("step-%08d", step))
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Sum is the checksum of one kind of one piece, as metadata.json writes it.
+func Sum(b []byte) string { return fmt.Sprintf("%08x", crc32.Checksum(b, castagnoli)) }
+
+// AppendFloats appends x as little-endian float32 to b.
+func AppendFloats(b []byte, x []float32) []byte {
+	for _, v := range x {
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
+	}
+	return b
+}
+
+// WriteRankFile writes one rank's pieces, atomically.
+func WriteRankFile(dir string, rank int, data []byte) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	return fileio.WriteAtomic(filepath.Join(dir, RankFile(rank)), data)
+}
+
+// Commit checks m and writes metadata.json into dir, last: from then on the
+// checkpoint exists.
+func Commit(dir string, m *Meta) error {
+	m.Format = Format
+	if m.States == nil {
+		m.States = States
+	}
+	if err := m.check(dir); err != nil {
+		return fmt.Errorf("checkpoint %s not committed: %w", dir, err)
+	}
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return err
+	}
+	return fileio.WriteAtomic(filepath.Join(dir, MetadataFile), append(b, '\n'))
+}
+
+// maxMetadata caps metadata.json as read: a table of 2^20 tensors and their
+// pieces fits.
+const maxMetadata = 1 << 30
+
+// Open reads and checks a checkpoint's metadata: the format, every file's
+// presence and size, and that the pieces of every tensor cover it exactly once.
+func Open(dir string) (*Meta, error) {
+	b, err := fileio.ReadRegular(filepath.Join(dir, MetadataFile), maxMetadata)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("%s is not a complete checkpoint: no %s (a save that did not finish, or not a checkpoint directory)", dir, MetadataFile)
+		}
+		return nil, err
+	}
+	var m Meta
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, MetadataFile), err)
+	}
+	if m.Format != Format {
+		return nil, fmt.Errorf("%s: format %q, this shardline reads %q", filepath.Join(dir, MetadataFile), m.Format, Format)
+	}
+	if err := m.check(dir); err != nil {
+		return nil, fmt.Errorf("%s: %w", dir, err)
+	}
+	return &m, nil
+}
+
+// check validates the table: known files of the recorded sizes, pieces inside
+// their files, and every tensor covered exactly once.
+func (m *Meta) check(dir string) error {
+	if len(m.States) != len(States) {
+		return fmt.Errorf("%d state kinds, want %d (%s)", len(m.States), len(States), strings.Join(States, ", "))
+	}
+	size := map[string]int64{}
+	for _, f := range m.Files {
+		if f.Name != filepath.Base(f.Name) || !strings.HasPrefix(f.Name, "rank-") {
+			return fmt.Errorf("file %q is not a rank file", f.Name)
+		}
+		st, err := os.Stat(filepath.Join(dir, f.Name))
+		if err != nil {
+			return fmt.Errorf("rank file missing: %w", err)
+		}
+		if st.Size() != f.Size {
+			return fmt.Errorf("%s: %w: %d bytes, metadata says %d (truncated or replaced)", filepath.Join(dir, f.Name), fileio.ErrCorrupt, st.Size(), f.Size)
+		}
+		size[f.Name] = f.Size
+	}
+	kinds := int64(len(States))
+	for i := range m.Tensors {
+		t := &m.Tensors[i]
+		n := t.Numel()
+		ps := append([]Piece(nil), t.Pieces...)
+		sort.Slice(ps, func(a, b int) bool { return ps[a].Start < ps[b].Start })
+		var next int64
+		for _, p := range ps {
+			fsz, ok := size[p.File]
+			switch {
+			case !ok:
+				return fmt.Errorf("tensor %s: piece in unknown file %q", t.Name, p.File)
+			case p.Start != next || p.Count <= 0:
+				return fmt.Errorf("tensor %s: pieces do not cover it exactly once (a piece starts at element %d, expected %d)", t.Name, p.Start, next)
+			case p.Offset < 0 || p.Offset+4*kinds*p.Count > fsz:
+				return fmt.Errorf("tensor %s: piece at byte %d of %s runs past the file's %d bytes", t.Name, p.Offset, p.File, fsz)
+			case len(p.CRC) != len(States):
+				return fmt.Errorf("tensor %s: piece at byte %d of %s has %d checksums, want %d", t.Name, p.Offset, p.File, len(p.CRC), len(States))
+			}
+			next = p.Start + p.Count
+		}
+		if next != n {
+			return fmt.Errorf("tensor %s: pieces cover %d of its %d elements", t.Name, next, n)
+		}
+	}
+	return nil
+}
+
+// Reader reads ranges of tensors from a checkpoint, opening each rank file once
+// and reading only the pieces a range overlaps.
+type Reader struct {
+	dir     string
+	meta    *Meta
+	tensors map[string]*Tensor
+	files   map[string]*os.File
+	buf     []byte
+}
+
+// NewReader reads from the checkpoint m describes in dir.
+func NewReader(dir string, m *Meta) *Reader {
+	r := &Reader{dir: dir, meta: m, tensors: map[string]*Tensor{}, files: map[string]*os.File{}}
+	for i := range m.Tensors {
+		r.tensors[m.Tensors[i].Name] = &m.Tensors[i]
+	}
+	return r
+}
+
+// Tensor returns the named tensor's entry, or nil.
+func (r *Reader) Tensor(name string) *Tensor { return r.tensors[name] }
+
+// Close closes the rank files.
+func (r *Reader) Close() error {
+	var first error
+	for _, f := range r.files {
+		if err := f.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// Read fills dst with elements [start, start+len(dst)) of state kind k (an index
+// into States) of the named tensor, checking each piece it reads.
+func (r *Reader) Read(name string, k int, start int64, dst []float32) error {
+	t := r.tensors[name]
+	if t == nil {
+		return fmt.Errorf("checkpoint %s has no tensor %s", r.dir, name)
+	}
+	end := start + int64(len(dst))
+	if start < 0 || end > t.Numel() {
+		return fmt.Errorf("tensor %s: elements [%d, %d) outside its %d", name, start, end, t.Numel())
+	}
+	for _, p := range t.Pieces {
+		a, b := max(start, p.Start), min(end, p.Start+p.Count)
+		if a >= b {
+			continue
+		}
+		vals, err := r.piece(t, &p, k)
+		if err != nil {
+			return err
+		}
+		for i := a; i < b; i++ {
+			dst[i-start] = math.Float32frombits(binary.LittleEndian.Uint32(vals[4*(i-p.Start):]))
+		}
+	}
+	return nil
+}
+
+// piece reads and checks kind k of a piece.
+func (r *Reader) piece(t *Tensor, p *Piece, k int) ([]byte, error) {
+	f := r.files[p.File]
+	if f == nil {
+		var err error
+		if f, _, err = fileio.OpenRegular(filepath.Join(r.dir, p.File)); err != nil {
+			return nil, err
+		}
+		r.files[p.File] = f
+	}
+	n := 4 * p.Count
+	if int64(cap(r.buf)) < n {
+		r.buf = make([]byte, n)
+	}
+	b := r.buf[:n]
+	off := p.Offset + int64(k)*n
+	if _, err := f.ReadAt(b, off); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, fmt.Errorf("%s: tensor %s (%s, elements %d..%d) at byte offset %d: %w", filepath.Join(r.dir, p.File), t.Name, States[k], p.Start, p.Start+p.Count, off, err)
+	}
+	if got := Sum(b); got != p.CRC[k] {
+		return nil, fmt.Errorf("%s: %w: tensor %s (%s, elements %d..%d) at byte offset %d has checksum %s, metadata says %s", filepath.Join(r.dir, p.File), fileio.ErrCorrupt, t.Name, States[k], p.Start, p.Start+p.Count, off, got, p.CRC[k])
+	}
+	return b, nil
+}
+
+// Verify reads every piece of every tensor and checks its checksum, and returns
+// the number of bytes checked.
+func Verify(dir string) (int64, error) {
+	m, err := Open(dir)
+	if err != nil {
+		return 0, err
+	}
+	r := NewReader(dir, m)
+	defer r.Close()
+	var n int64
+	for i := range m.Tensors {
+		t := &m.Tensors[i]
+		for j := range t.Pieces {
+			for k := range States {
+				if _, err := r.piece(t, &t.Pieces[j], k); err != nil {
+					return n, err
+				}
+				n += 4 * t.Pieces[j].Count
+			}
+		}
+	}
+	return n, nil
+}
+
+// Entry is one checkpoint directory found under a root.
+type Entry struct {
+	Dir      string
+	Step     int
+	Complete bool // metadata.json is there
+}
+
+// List returns the step-* directories under root, oldest step first.
+func List(root string) ([]Entry, error) {
+	des, err := os.ReadDir(root)
+	if err != nil {
+		return nil, err
+	}
+	var out []Entry
+	for _, de := range des {
+		s, ok := strings.CutPrefix(de.Name(), "step-")
+		if !de.IsDir() || !ok {
+			continue
+		}
+		step, err := strconv.Atoi(s)
+		if err != nil {
+			continue
+		}
+		dir := filepath.Join(root, de.Name())
+		_, err = os.Stat(filepath.Join(dir, MetadataFile))
+		out = append(out, Entry{Dir: dir, Step: step, Complete: err == nil})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Step < out[j].Step })
+	return out, nil
+}
+
+// Latest returns the newest complete checkpoint under root.
+func Latest(root string) (string, error) {
+	es, err := List(root)
+	if err != nil {
+		return "", fmt.Errorf("no checkpoints: %w", err)
+	}
+	for i := len(es) - 1; i >= 0; i-- {
+		if es[i].Complete {
+			return es[i].Dir, nil
+		}
+	}
+	return "", fmt.Errorf("no complete checkpoint under %s", root)
+}
+
+// Prune removes complete checkpoints beyond the newest keep (0 keeps all), and
+// incomplete ones older than the newest complete one (saves that never finished).
+func Prune(root string, keep int) error {
+	es, err := List(root)
+	if err != nil {
+		return err
+	}
+	complete := 0
+	newest := -1
+	for i := len(es) - 1; i >= 0; i-- {
+		e := es[i]
+		if e.Complete {
+			complete++
+			if newest < 0 {
+				newest = e.Step
+			}
+			if keep > 0 && complete > keep {
+				if err := os.RemoveAll(e.Dir); err != nil {
+					return err
+				}
+			}
+		} else if newest >= 0 && e.Step < newest {
+			if err := os.RemoveAll(e.Dir); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
