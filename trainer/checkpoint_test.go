@@ -218,4 +218,3 @@ func TestNonFiniteIsNeverCheckpointed(t *testing.T) {
 	assert.Equal(t, 1, es[0].Step)
 	assert.True(t, es[0].Complete)
 }
-
