@@ -151,8 +151,12 @@ func (t *run) commitSave(world comm.Communicator) error {
 	if t.rank != 0 {
 		return nil
 	}
+	runDir, err := filepath.Abs(t.dir) // resumable from any working directory
+	if err != nil {
+		return err
+	}
 	meta := &ckpt.Meta{Step: p.step, OptimizerSteps: p.optSteps, PlanFingerprint: t.plan.Fingerprint, WorldSize: t.plan.Mesh.World,
-		Strategy: t.plan.Strategy, ExpertParallel: t.plan.Mesh.EP, RunDir: t.dir, SaveBlockedS: p.blocked.Seconds()}
+		Strategy: t.plan.Strategy, ExpertParallel: t.plan.Mesh.EP, RunDir: runDir, SaveBlockedS: p.blocked.Seconds()}
 	meta.RecipeFingerprint, _ = config.Fingerprint(t.r)
 	meta.DataFingerprint = t.ds.Fingerprint()
 	resolved, _, err := config.ResolvedTOML(t.r)

@@ -109,9 +109,8 @@ func TestRunBadInput(t *testing.T) {
 		{"unwritable output", []string{"run.output_dir=/proc/shardline"}, "run.output_dir", "writable"},
 		{"run name leaves the output directory", []string{"run.name=../escaped"}, "run.name", "path separator"},
 		{"run name is a directory", []string{"run.name=.."}, "run.name", "names a directory"},
-		{"checkpoint interval", []string{"checkpoint.interval=10"}, "checkpoint.interval", "checkpoints are not written yet"},
-		{"checkpoint dir (--save)", []string{"checkpoint.dir=ckpt"}, "checkpoint.dir", "checkpoints are not written yet"},
-		{"checkpoints kept", []string{"checkpoint.keep_last=2"}, "checkpoint.keep_last", "none to keep"},
+		{"torch checkpoints", []string{"checkpoint.interval=10", "checkpoint.ckpt_format=torch"}, "checkpoint.ckpt_format", "torch_dist and torch files are not written"},
+		{"checkpoints kept but none written", []string{"checkpoint.keep_last=2"}, "checkpoint.keep_last", "none to keep"},
 		{"bf16 main weights", []string{"precision.main_params_dtype=bf16"}, "precision.main_params_dtype", "fp32 main weights"},
 		{"nccl user buffers on the cpu", []string{"fsdp.use_nccl_ub=true"}, "fsdp.use_nccl_ub", "GPUs only"},
 	} {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardline/shardline/trainer/ckpt"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -143,8 +144,10 @@ func TestMisusedCommandsNameTheProblem(t *testing.T) {
 		{"train on a device", []string{"run", tiny, "--train-iters", "1", "--set", "run.output_dir=" + dir, "--set", "data.path=/dev/zero"}, 1, "not a regular file (a device)"},
 		{"NaN learning rate", append([]string{"run", tiny, "--lr", "NaN"}, short...), 1, "train.lr (nan) must be a finite number"},
 		{"run name escapes", append([]string{"run", tiny, "--set", "run.name=../out"}, short...), 1, "SL009"},
-		{"checkpoints asked for", append([]string{"run", tiny, "--save-interval", "5"}, short...), 1, "checkpoint.interval (5): checkpoints are not written yet"},
-		{"checkpoint directory asked for", append([]string{"run", tiny, "--save", filepath.Join(dir, "ckpt")}, short...), 1, "checkpoint.dir"},
+		{"torch_dist checkpoints asked for", append([]string{"run", tiny, "--save-interval", "5", "--ckpt-format", "torch_dist"}, short...), 1, `checkpoint.ckpt_format ("torch_dist") must be "fsdp_dtensor" with Megatron-FSDP`},
+		{"resume from nothing", append([]string{"run", tiny, "--resume", filepath.Join(dir, "nothing")}, short...), 2, "--resume " + filepath.Join(dir, "nothing") + ": no checkpoints"},
+		{"resume latest without checkpoints", append([]string{"run", tiny, "--resume", "latest"}, short...), 2, "--resume latest: no checkpoints"},
+		{"negative stop-after", append([]string{"run", tiny, "--stop-after", "-1"}, short...), 2, "--stop-after -1 must not be negative"},
 		{"ten thousand layers", []string{"lint", tiny, "--num-layers", "10000"}, 1, "model.layers (10000) must be ≤ 4096"},
 		{"hidden and vocabulary of 2^62", []string{"lint", tiny, "--hidden-size", "4611686018427387904", "--vocab-size", "4611686018427387904"}, 1, "must be ≤ 262144"},
 		{"a million sampled tokens and more", []string{"sample", "--tokens", "1048577", dir}, 2, "--tokens 1048577 must be between 1 and 1048576"},
@@ -158,4 +161,45 @@ func TestMisusedCommandsNameTheProblem(t *testing.T) {
 	}
 	_, err := os.Stat(filepath.Join(dir, "tiny"))
 	assert.ErrorIs(t, err, os.ErrNotExist, "no refused command started a run")
+}
+
+// A run killed (SIGKILL) at an arbitrary moment of its saves leaves its newest
+// complete checkpoint whole: it opens, verifies and resumes. SIGTERM (a cluster's
+// preemption) saves the state at the step it stops and exits 130.
+func TestKilledDuringSavesLeavesCheckpointsWhole(t *testing.T) {
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM} {
+		t.Run(sig.String(), func(t *testing.T) {
+			dir := t.TempDir()
+			text := smallCorpus(t, dir)
+			c := exec.Command(exe, "run", filepath.Join(recipesDir, "tiny.toml"), "--set", "data.path="+text, "--seq-length", "16", "--micro-batch-size", "2",
+				"--global-batch-size", "2", "--train-iters", "1000000", "--set", "train.eval_interval=0", "--set", "run.output_dir="+dir,
+				"--save-interval", "1", "--set", "checkpoint.keep_last=3", "--set", "logging.format=json")
+			c.Env = append(os.Environ(), "SHARDLINE_TEST_AS_CLI=1")
+			var out bytes.Buffer
+			c.Stdout, c.Stderr = &out, &out
+			require.NoError(t, c.Start())
+			defer c.Process.Kill()
+			waitForSteps(t, dir, 6, &out)
+			require.NoError(t, c.Process.Signal(sig))
+			err := c.Wait()
+			var ee *exec.ExitError
+			require.ErrorAs(t, err, &ee)
+			root := filepath.Join(dir, "tiny", "checkpoints")
+			latest, err := ckpt.Latest(root)
+			require.NoError(t, err, "%s", &out)
+			_, err = ckpt.Verify(latest)
+			require.NoError(t, err)
+			if sig == syscall.SIGTERM {
+				assert.Equal(t, 130, ee.ExitCode(), "%s", &out)
+				m, err := ckpt.Open(latest)
+				require.NoError(t, err)
+				b, _ := os.ReadFile(filepath.Join(dir, "tiny", "metrics.jsonl"))
+				assert.Equal(t, bytes.Count(b, []byte("\n")), m.Step, "the stop's step is saved")
+			}
+			code, _, errs := shardline(t, nil, "run", "--resume", filepath.Join(dir, "tiny"), "--train-iters", "12", "--set", "data.path="+text)
+			require.Equal(t, 0, code, errs)
+		})
+	}
 }

@@ -156,6 +156,11 @@ func superviseRanks(procs []*exec.Cmd, firstRank int, grace time.Duration) error
 		select {
 		case e := <-exits:
 			left--
+			var code *exec.ExitError
+			if errors.As(e.err, &code) && code.ExitCode() == 130 && failure == nil {
+				interrupted = true // rank 0 stopped on an interrupt (or --stop-after): not a failure
+				continue
+			}
 			if e.err != nil && failure == nil {
 				stopAll(syscall.SIGTERM)
 				var ee *exec.ExitError
@@ -175,10 +180,10 @@ func superviseRanks(procs []*exec.Cmd, firstRank int, grace time.Duration) error
 		}
 	}
 	switch {
-	case interrupted: // as run: 130, the shell's code for a SIGINT
-		return &exitError{code: 130, err: errors.New("interrupted; every rank was told to stop")}
 	case failure != nil:
 		return &exitError{code: exitFindings, err: failure}
+	case interrupted: // as run: 130, the shell's code for a SIGINT
+		return &exitError{code: 130, err: errors.New("interrupted; every rank was told to stop")}
 	}
 	return nil
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/tensor/cpu"
 	"github.com/shardline/shardline/trainer"
+	"github.com/shardline/shardline/trainer/ckpt"
 	"github.com/spf13/cobra"
 )
 
@@ -49,6 +50,9 @@ sample (run.json records why), and a setting the trainer does not carry out yet
 (checkpoints, bf16 main weights, tensor or context parallelism, cuda) is refused
 at its recipe position instead of ignored.`,
 		Example: `  shardline run
+  shardline run recipes/tiny.toml --save-interval 100        # checkpoints under the run directory
+  shardline run --resume runs/tiny                            # continue from its newest checkpoint
+  shardline run --resume runs/tiny --nproc 4 --data-parallel-sharding-strategy optim   # resharded
   shardline run recipes/tiny.toml --train-iters 200
   shardline run recipes/tiny.toml --nproc 4 --global-batch-size 64 --data-parallel-sharding-strategy optim
   shardline run recipes/tiny.toml --set data.path=notes.txt --set data.tokenizer=char --set model.vocab_size=128`,
@@ -59,8 +63,12 @@ at its recipe position instead of ignored.`,
 	var nproc int
 	cmd.Flags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof reads it)")
 	cmd.Flags().IntVar(&nproc, "nproc", 0, "train on N ranks as goroutines of this process (sets parallel.world_size)")
-	var trace string
+	var trace, resume string
 	var commTimeout time.Duration
+	cmd.Flags().StringVar(&resume, "resume", "", "continue a run from a checkpoint: a checkpoint directory, a run directory or checkpoint root (its newest complete checkpoint), or latest (the newest under the recipe's checkpoint directory); RECIPE defaults to the run's resolved.toml")
+	cmd.Flags().StringVar(&resume, "load", "", "Megatron's --load: the same as --resume")
+	var stopAfter int
+	cmd.Flags().IntVar(&stopAfter, "stop-after", 0, "end the run after N steps as Ctrl-C would (checkpoint and outputs written, exit status 130): a preemption drill for --resume")
 	cmd.Flags().StringVar(&trace, "trace", "", "write a Chrome trace of every rank's compute and communication to this file (open it in Perfetto)")
 	cmd.Flags().DurationVar(&commTimeout, "comm-timeout", 5*time.Minute, "multi-process jobs: the most one collective (or joining the job) may take as a whole before the rank fails, naming who is missing")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
@@ -77,6 +85,9 @@ at its recipe position instead of ignored.`,
 		}
 		if cmd.Flags().Changed("nproc") && (nproc < 1 || cmd.Flags().Changed("world-size")) {
 			return usageErr("--nproc %d: give a positive rank count, and not together with --world-size", nproc)
+		}
+		if stopAfter < 0 {
+			return usageErr("--stop-after %d must not be negative", stopAfter)
 		}
 		if commTimeout <= 0 {
 			return usageErr("--comm-timeout %v must be positive", commTimeout)
@@ -100,6 +111,23 @@ at its recipe position instead of ignored.`,
 			rf.extra = append(rf.extra, config.FlagValue{Name: "world-size", Value: fmt.Sprint(job.world)})
 		}
 		path := filepath.Join("recipes", "tiny.toml")
+		var ckptDir string
+		if resume != "" && resume != "latest" {
+			if ckptDir, err = findCheckpoint(resume); err != nil {
+				return usageErr("--resume %s: %v", resume, err)
+			}
+			if len(args) == 0 {
+				// The run's own resolved recipe: what the checkpoint was trained with.
+				m, err := ckpt.Open(ckptDir)
+				if err != nil {
+					return &exitError{code: exitFindings, err: err}
+				}
+				path = filepath.Join(m.RunDir, "resolved.toml")
+				if !fileExists(path) {
+					return usageErr("--resume %s: the run directory %s has no resolved.toml; give the recipe as an argument", resume, m.RunDir)
+				}
+			}
+		}
 		if len(args) == 1 {
 			path = args[0]
 		}
@@ -108,6 +136,15 @@ at its recipe position instead of ignored.`,
 			return err
 		}
 		r := &res.Recipe
+		if resume == "latest" {
+			root := r.Checkpoint.Dir
+			if root == "" {
+				root = filepath.Join(r.Run.OutputDir, r.Run.Name, "checkpoints")
+			}
+			if ckptDir, err = ckpt.Latest(root); err != nil {
+				return usageErr("--resume latest: %v (run.output_dir/run.name, or checkpoint.dir, say where to look)", err)
+			}
+		}
 		tty := isTerminal(a.stderr)
 		logOut, level, err := a.logOutput(r.Logging, tty)
 		if err != nil {
@@ -115,7 +152,7 @@ at its recipe position instead of ignored.`,
 		}
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		opts := trainer.Options{Backend: cpu.Backend{}, Env: config.EnvMap(a.env), LogOut: logOut, LogLevel: level, Version: version, CacheDir: cacheDir(), TracePath: trace}
+		opts := trainer.Options{Backend: cpu.Backend{}, Env: config.EnvMap(a.env), LogOut: logOut, LogLevel: level, Version: version, CacheDir: cacheDir(), TracePath: trace, Resume: ckptDir, StopAfter: stopAfter}
 		if tty && r.Logging.Progress {
 			opts.Progress = a.stderr
 		}
@@ -151,6 +188,28 @@ at its recipe position instead of ignored.`,
 		return nil
 	}
 	return cmd
+}
+
+// findCheckpoint resolves --resume PATH: a checkpoint directory itself, or a
+// checkpoint root or run directory, whose newest complete checkpoint it takes.
+func findCheckpoint(path string) (string, error) {
+	if fileExists(filepath.Join(path, ckpt.MetadataFile)) {
+		return path, nil
+	}
+	if isDirectory(filepath.Join(path, "checkpoints")) {
+		path = filepath.Join(path, "checkpoints")
+	}
+	return ckpt.Latest(path)
+}
+
+func fileExists(path string) bool {
+	st, err := os.Stat(path)
+	return err == nil && st.Mode().IsRegular()
+}
+
+func isDirectory(path string) bool {
+	st, err := os.Stat(path)
+	return err == nil && st.IsDir()
 }
 
 // checkWritable says whether a file can be written at path, before a long run
