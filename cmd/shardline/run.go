@@ -45,10 +45,15 @@ On a terminal the log is readable and a progress bar shows the loss and the ETA;
 otherwise the log is JSON lines. Ctrl-C stops at the end of the current step and
 still writes the outputs (exit status 130).
 
+With checkpoint.interval (--save-interval) or checkpoint.dir (--save) each rank
+saves its shard of the state in the background every interval steps, at the end
+and on SIGINT/SIGTERM; --resume continues a run from one, on any world size,
+strategy or expert-parallel degree (docs/checkpoints.md).
+
 A run that ends on a non-finite loss or gradient writes no weights, plot or
 sample (run.json records why), and a setting the trainer does not carry out yet
-(checkpoints, bf16 main weights, tensor or context parallelism, cuda) is refused
-at its recipe position instead of ignored.`,
+(bf16 main weights, tensor or context parallelism, cuda) is refused at its recipe
+position instead of ignored.`,
 		Example: `  shardline run
   shardline run recipes/tiny.toml --save-interval 100        # checkpoints under the run directory
   shardline run --resume runs/tiny                            # continue from its newest checkpoint
