@@ -12,7 +12,7 @@ help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
 
 build: ## build bin/shardline
-	$(GO) build -o $(BIN) ./cmd/shardline
+	$(GO) build -buildvcs=auto -o $(BIN) ./cmd/shardline
 
 test: sarif-schema ## vet, run every test, and fuzz every reader briefly (what CI runs)
 	$(GO) vet ./...

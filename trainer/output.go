@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -24,16 +25,37 @@ import (
 type runInfo struct {
 	Name              string          `json:"name"`
 	Version           string          `json:"shardline_version"`
+	Revision          string          `json:"vcs_revision,omitempty"` // the commit shardline was built from
+	Modified          bool            `json:"vcs_modified,omitempty"` // built from a tree with uncommitted changes
 	Go                string          `json:"go"`
 	Backend           string          `json:"backend"`
+	Machine           machineInfo     `json:"machine"`
 	RecipeFingerprint string          `json:"recipe_fingerprint"`
 	PlanFingerprint   string          `json:"plan_fingerprint"`
+	DataFingerprint   string          `json:"data_fingerprint"` // sha256 of the tokens trained and validated on
+	Overrides         []overrideInfo  `json:"overrides,omitempty"`
 	Seed              int64           `json:"seed"`
 	Started           string          `json:"started"`
 	Tokenizer         string          `json:"tokenizer"`
 	Result            *resultInfo     `json:"result,omitempty"`
 	Failure           string          `json:"failure,omitempty"` // why the run stopped without a result
 	Memory            *memoryCompared `json:"memory,omitempty"`
+}
+
+// overrideInfo is a recipe key set by the environment or a flag, not the file.
+type overrideInfo struct {
+	Key   string `json:"key"`
+	Value string `json:"value"`
+	From  string `json:"from"`
+}
+
+// machineInfo says where the run ran.
+type machineInfo struct {
+	Host string `json:"host,omitempty"`
+	OS   string `json:"os"`
+	Arch string `json:"arch"`
+	CPUs int    `json:"cpus"`
+	CPU  string `json:"cpu,omitempty"` // the model name /proc/cpuinfo gives
 }
 
 type resultInfo struct {
@@ -54,11 +76,47 @@ type memoryCompared struct {
 	PeakRSS   int64           `json:"peak_rss"`
 }
 
+// info is run.json without the result: what ran, from which build, on which
+// data and machine, with which overrides.
 func (t *run) info() runInfo {
 	fp, _ := config.Fingerprint(t.r)
-	return runInfo{Name: t.r.Run.Name, Version: t.opts.Version, Go: runtime.Version(), Backend: t.opts.Backend.Name(),
-		RecipeFingerprint: fp, PlanFingerprint: t.plan.Fingerprint, Seed: t.r.Run.Seed,
-		Started: time.Now().UTC().Format(time.RFC3339), Tokenizer: t.ds.Tok.Name()}
+	if t.started.IsZero() {
+		t.started = time.Now()
+	}
+	in := runInfo{Name: t.r.Run.Name, Version: t.opts.Version, Go: runtime.Version(), Backend: t.opts.Backend.Name(),
+		RecipeFingerprint: fp, PlanFingerprint: t.plan.Fingerprint, DataFingerprint: t.ds.Fingerprint(), Seed: t.r.Run.Seed,
+		Started: t.started.UTC().Format(time.RFC3339), Tokenizer: t.ds.Tok.Name(), Machine: thisMachine()}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				in.Revision = s.Value
+			case "vcs.modified":
+				in.Modified = s.Value == "true"
+			}
+		}
+	}
+	for _, f := range config.RecipeSchema().Fields {
+		switch o := t.res.Origin(f.Key); o.Kind {
+		case config.FromEnv, config.FromSet, config.FromFlag:
+			in.Overrides = append(in.Overrides, overrideInfo{Key: f.Key, Value: config.FormatValue(f.Get(t.r)), From: o.Describe()})
+		}
+	}
+	return in
+}
+
+func thisMachine() machineInfo {
+	m := machineInfo{OS: runtime.GOOS, Arch: runtime.GOARCH, CPUs: runtime.NumCPU()}
+	m.Host, _ = os.Hostname()
+	if b, err := fileio.ReadRegular("/proc/cpuinfo", 1<<22); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	return m
 }
 
 func writeJSON(path string, v any) error {

@@ -320,6 +320,7 @@ type run struct {
 	metrics *os.File
 	curve   []Metrics
 	ckpt    *checkpointer // nil when the recipe asks for no checkpoints
+	started time.Time     // when run.json was first written
 	// ckptRunDir is the run directory for checkpoints on a rank other than 0 of a
 	// multi-process job (which writes no other output, so its dir is empty).
 	ckptRunDir string

@@ -426,3 +426,48 @@ func TestLintSARIFValidates(t *testing.T) {
 	assert.True(t, fromEnv, "a finding from the environment: %s", out)
 	assert.True(t, fromFlag, "a finding from a flag: %s", out)
 }
+
+// TestRerunAndDiff: `shardline run RUN_DIR` runs a finished run again from its
+// resolved recipe and reproduces its metrics bit for bit; `shardline diff` names
+// the keys two runs differ in, with where each value came from, and their
+// results. run.json records the data fingerprint and every override's source.
+func TestRerunAndDiff(t *testing.T) {
+	dir := t.TempDir()
+	text := filepath.Join(dir, "t.txt")
+	require.NoError(t, os.WriteFile(text, []byte(strings.Repeat("abcd efgh ijkl mnop. ", 200)), 0o644))
+	args := []string{"run", filepath.Join(recipesDir, "tiny.toml"), "--set", "data.path=" + text, "--num-layers", "1", "--seq-length", "16",
+		"--train-iters", "4", "--set", "run.output_dir=" + dir}
+	code, _, errs := shardline(t, []string{"SHARDLINE_TRAIN_WEIGHT_DECAY=0.05"}, args...)
+	require.Equal(t, 0, code, errs)
+	first := filepath.Join(dir, "tiny")
+	code, _, errs = shardline(t, nil, "run", first)
+	require.Equal(t, 0, code, errs)
+	again := filepath.Join(dir, "tiny-2")
+	a, b := must(os.ReadFile(filepath.Join(first, "metrics.jsonl"))), must(os.ReadFile(filepath.Join(again, "metrics.jsonl")))
+	assert.Equal(t, curveLines(a), curveLines(b))
+
+	var info struct {
+		DataFingerprint string `json:"data_fingerprint"`
+		Overrides       []struct{ Key, Value, From string }
+	}
+	require.NoError(t, json.Unmarshal(must(os.ReadFile(filepath.Join(first, "run.json"))), &info))
+	assert.True(t, strings.HasPrefix(info.DataFingerprint, "sha256:"))
+	var decay string
+	for _, o := range info.Overrides {
+		if o.Key == "train.weight_decay" {
+			decay = o.From
+		}
+	}
+	assert.Equal(t, `environment SHARDLINE_TRAIN_WEIGHT_DECAY="0.05"`, decay)
+
+	code, _, errs = shardline(t, nil, append(args, "--lr", "0.002")...)
+	require.Equal(t, 0, code, errs)
+	code, out, errs := shardline(t, nil, "diff", first, filepath.Join(dir, "tiny-3"))
+	require.Equal(t, 0, code, errs)
+	assert.Regexp(t, `train\.lr\s+0\.001\s+\(recipe\)\s+0\.002\s+\(flag --lr=0\.002\)`, out)
+	assert.Regexp(t, `train\.weight_decay\s+0\.05\s+\(environment SHARDLINE_TRAIN_WEIGHT_DECAY="0\.05"\)`, out)
+	assert.Contains(t, out, "final loss")
+	code, _, errs = shardline(t, nil, "diff", first, dir)
+	assert.Equal(t, 2, code)
+	assert.Contains(t, errs, "is not a run directory")
+}

@@ -80,7 +80,7 @@ plan never touch a device: they run anywhere, in milliseconds.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(a.runCmd(), a.launchCmd(), a.sampleCmd(), a.dataCmd(), a.lintCmd(), a.planCmd(), a.recipeCmd(), a.ckptCmd(), a.versionCmd())
+	root.AddCommand(a.runCmd(), a.launchCmd(), a.sampleCmd(), a.dataCmd(), a.lintCmd(), a.planCmd(), a.recipeCmd(), a.ckptCmd(), a.diffCmd(), a.versionCmd())
 	return root
 }
 

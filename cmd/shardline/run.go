@@ -29,7 +29,7 @@ func isTerminal(w io.Writer) bool {
 
 func (a *app) runCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "run [flags] [RECIPE]",
+		Use:   "run [flags] [RECIPE | RUN_DIR]",
 		Short: "Train a recipe (default recipes/tiny.toml) on the CPU, on one rank or --nproc N",
 		Long: `Run lints the recipe, compiles its plan and trains it, writing a run directory
 under run.output_dir: the resolved recipe and its fingerprint, the plan, metrics.jsonl
@@ -57,6 +57,7 @@ position instead of ignored.`,
 		Example: `  shardline run
   shardline run recipes/tiny.toml --save-interval 100        # checkpoints under the run directory
   shardline run --resume runs/tiny                            # continue from its newest checkpoint
+  shardline run runs/tiny                                     # run it again from its resolved recipe (same metrics, bit for bit)
   shardline run --resume runs/tiny --nproc 4 --data-parallel-sharding-strategy optim   # resharded
   shardline run recipes/tiny.toml --train-iters 200
   shardline run recipes/tiny.toml --nproc 4 --global-batch-size 64 --data-parallel-sharding-strategy optim
@@ -135,6 +136,9 @@ position instead of ignored.`,
 		}
 		if len(args) == 1 {
 			path = args[0]
+			if isDirectory(path) && fileExists(filepath.Join(path, "resolved.toml")) {
+				path = filepath.Join(path, "resolved.toml") // re-run a finished run from its resolved recipe
+			}
 		}
 		res, err := a.loadClean(path, rf)
 		if err != nil {
