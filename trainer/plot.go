@@ -6,13 +6,20 @@ import (
 	"image/png"
 	"math"
 	"os"
+	"strconv"
+
+	"golang.org/x/image/font"
+	"golang.org/x/image/font/basicfont"
+	"golang.org/x/image/math/fixed"
 )
 
 // writeLossPNG draws the training loss (blue, every step) and the validation loss
-// (red dots) against the step, on axes from 0 to the last step and from the lowest
-// to the highest loss, with a light grid every tenth.
+// (red dots) against the step: the x axis in steps from 0 to the last step, the y
+// axis in nats from the lowest to the highest loss, each with round-numbered,
+// labelled ticks and a light grid at each, axis titles and a legend.
 func writeLossPNG(path string, curve []Metrics) error {
-	const W, H, pad = 800, 480, 40
+	const W, H = 800, 480
+	const left, right, top, bottom = 64, 24, 36, 48
 	img := image.NewRGBA(image.Rect(0, 0, W, H))
 	for i := range img.Pix {
 		img.Pix[i] = 255
@@ -31,38 +38,89 @@ func writeLossPNG(path string, curve []Metrics) error {
 	if hi-lo < 1e-9 {
 		hi = lo + 1
 	}
-	steps := float64(curve[len(curve)-1].Step)
-	x := func(step int) int { return pad + int(float64(step)/math.Max(steps, 1)*float64(W-2*pad)) }
-	y := func(v float64) int { return H - pad - int((v-lo)/(hi-lo)*float64(H-2*pad)) }
-	grid := color.RGBA{225, 225, 225, 255}
-	for i := 0; i <= 10; i++ {
-		line(img, pad+i*(W-2*pad)/10, pad, pad+i*(W-2*pad)/10, H-pad, grid)
-		line(img, pad, pad+i*(H-2*pad)/10, W-pad, pad+i*(H-2*pad)/10, grid)
+	steps := math.Max(float64(curve[len(curve)-1].Step), 1)
+	x := func(step float64) int { return left + int(step/steps*float64(W-left-right)) }
+	y := func(v float64) int { return H - bottom - int((v-lo)/(hi-lo)*float64(H-top-bottom)) }
+	grid, black := color.RGBA{225, 225, 225, 255}, color.RGBA{0, 0, 0, 255}
+	for _, v := range ticks(0, steps) {
+		line(img, x(v), top, x(v), H-bottom, grid)
+		line(img, x(v), H-bottom, x(v), H-bottom+4, black)
+		label(img, x(v), H-bottom+18, formatTick(v), 0.5)
 	}
-	black := color.RGBA{0, 0, 0, 255}
-	line(img, pad, H-pad, W-pad, H-pad, black)
-	line(img, pad, pad, pad, H-pad, black)
+	for _, v := range ticks(lo, hi) {
+		line(img, left, y(v), W-right, y(v), grid)
+		line(img, left-4, y(v), left, y(v), black)
+		label(img, left-8, y(v)+4, formatTick(v), 1)
+	}
+	line(img, left, H-bottom, W-right, H-bottom, black)
+	line(img, left, top, left, H-bottom, black)
+	label(img, (left+W-right)/2, H-8, "step", 0.5)
+	label(img, 8, 22, "loss (nats)", 0)
 	blue, red := color.RGBA{31, 119, 180, 255}, color.RGBA{214, 39, 40, 255}
+	line(img, W-right-190, 18, W-right-170, 18, blue)
+	label(img, W-right-164, 22, "train", 0)
+	dot(img, W-right-90, 18, red)
+	label(img, W-right-80, 22, "validation", 0)
 	for i := 1; i < len(curve); i++ {
 		a, b := curve[i-1], curve[i]
 		if math.IsNaN(a.Loss) || math.IsNaN(b.Loss) {
 			continue
 		}
-		line(img, x(a.Step), y(a.Loss), x(b.Step), y(b.Loss), blue)
+		line(img, x(float64(a.Step)), y(a.Loss), x(float64(b.Step)), y(b.Loss), blue)
 	}
 	for _, m := range curve {
-		if m.ValLoss != nil {
-			cx, cy := x(m.Step), y(*m.ValLoss)
-			for dx := -3; dx <= 3; dx++ {
-				for dy := -3; dy <= 3; dy++ {
-					if dx*dx+dy*dy <= 9 {
-						img.Set(cx+dx, cy+dy, red)
-					}
-				}
-			}
+		if m.ValLoss != nil && !math.IsNaN(*m.ValLoss) {
+			dot(img, x(float64(m.Step)), y(*m.ValLoss), red)
 		}
 	}
 	return savePNG(path, img)
+}
+
+// dot draws a filled circle of radius 3.
+func dot(img *image.RGBA, cx, cy int, c color.RGBA) {
+	for dx := -3; dx <= 3; dx++ {
+		for dy := -3; dy <= 3; dy++ {
+			if dx*dx+dy*dy <= 9 {
+				img.Set(cx+dx, cy+dy, c)
+			}
+		}
+	}
+}
+
+// ticks returns round values (1, 2 or 5 times a power of ten apart) covering
+// [lo, hi] with about five to ten of them.
+func ticks(lo, hi float64) []float64 {
+	span := hi - lo
+	step := math.Pow(10, math.Floor(math.Log10(span/5)))
+	for _, m := range []float64{1, 2, 5, 10} {
+		if span/(step*m) <= 10 {
+			step *= m
+			break
+		}
+	}
+	var out []float64
+	for v := math.Ceil(lo/step-1e-9) * step; v <= hi+step*1e-9; v += step {
+		out = append(out, v)
+	}
+	return out
+}
+
+// formatTick writes a tick value with no more digits than it needs.
+func formatTick(v float64) string {
+	if math.Abs(v) < 1e-12 {
+		return "0"
+	}
+	return strconv.FormatFloat(v, 'g', 6, 64)
+}
+
+// label draws text with its baseline at y; align 0 puts x at the text's left
+// edge, 0.5 at its centre, 1 at its right edge.
+func label(img *image.RGBA, x, y int, text string, align float64) {
+	face := basicfont.Face7x13
+	d := &font.Drawer{Dst: img, Src: image.NewUniform(color.RGBA{60, 60, 60, 255}), Face: face}
+	w := d.MeasureString(text).Round()
+	d.Dot = fixed.P(x-int(align*float64(w)), y)
+	d.DrawString(text)
 }
 
 func valOr(m Metrics, d float64) float64 {
