@@ -6,7 +6,7 @@ GO ?= go
 export GOPROXY := $(shell $(GO) env GOPROXY 2>/dev/null | cut -d, -f1)
 BIN := bin/shardline
 
-.PHONY: help build test vet bench bench-deps fuzz sarif-schema docs golden clean
+.PHONY: help build test vet bench bench-deps torch-deps fuzz sarif-schema docs golden clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -14,9 +14,9 @@ help: ## list the targets
 build: ## build bin/shardline
 	$(GO) build -buildvcs=auto -o $(BIN) ./cmd/shardline
 
-test: sarif-schema ## vet, run every test, and fuzz every reader briefly (what CI runs)
+test: sarif-schema torch-deps ## vet, run every test, and fuzz every reader briefly (what CI runs)
 	$(GO) vet ./...
-	SHARDLINE_SARIF_SCHEMA=$(CURDIR)/$(SARIF_SCHEMA) $(GO) test -count=1 ./...
+	SHARDLINE_SARIF_SCHEMA=$(CURDIR)/$(SARIF_SCHEMA) SHARDLINE_TORCH_PYTHON=/usr/bin/python3 $(GO) test -count=1 ./...
 	$(MAKE) --no-print-directory fuzz FUZZTIME=8s
 
 vet: ## go vet
@@ -30,8 +30,10 @@ bench: bench-deps ## speed benchmarks, each printed against its budget or refere
 	./scripts/bench-ep.sh
 	$(GO) test ./parallel/comm -run '^$$' -bench BusBandwidth -benchtime 3x -count 1 | grep -E 'MB/s|busGB/s'
 
-bench-deps: ## install the reference PyTorch and OpenBLAS (Debian packages) if missing
-	@/usr/bin/python3 -c 'import torch' 2>/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch libopenblas0-pthread; }
+torch-deps: ## install Debian's python3-torch if missing (the safetensors export's outside check)
+	@/usr/bin/python3 -c 'import torch' 2>/dev/null || { echo "installing python3-torch" >&2; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch libopenblas0-pthread; }
+
+bench-deps: torch-deps ## install the reference PyTorch and OpenBLAS (Debian packages) if missing
 
 # Every fuzz target, as package:Name (a test keeps this list complete).
 FUZZ_TARGETS := ./config:FuzzLoadLint ./parallel:FuzzLoadLintPlan ./trainer/data:FuzzReadShard \

@@ -28,7 +28,8 @@ var allowedImports = map[string][]string{
 	"trainer/data":  {"fileio"},
 	"trainer/optim": {},
 	"trainer/ckpt":  {"fileio"},
-	"trainer":       {"config", "fileio", "trainer/ckpt", "parallel", "parallel/comm", "tensor", "trainer/data", "trainer/model", "trainer/optim"},
+	"trainer/hf":    {"config", "fileio"},
+	"trainer":       {"config", "fileio", "trainer/ckpt", "trainer/hf", "parallel", "parallel/comm", "tensor", "trainer/data", "trainer/model", "trainer/optim"},
 	"cmd/shardline": {"*"},
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/trainer/data"
+	"github.com/shardline/shardline/trainer/hf"
 	"github.com/shardline/shardline/trainer/model"
 )
 
@@ -307,32 +308,131 @@ func sampleToken(logits []float32, temperature float64, rng *rand.Rand) int32 {
 // SampleRun loads a run directory (resolved.toml, tokenizer.json, weights.bin) and
 // generates tokens after prompt.
 func SampleRun(be tensor.Backend, dir, prompt string, n int, temperature float64, seed int64) (string, error) {
+	fr, err := loadRun(dir)
+	if err != nil {
+		return "", err
+	}
+	return Generate(fr.recipe, be, fr.table, fr.weights, fr.tok, prompt, n, temperature, seed)
+}
+
+// finishedRun is a run directory's model: its recipe, tokenizer, parameter table
+// and final weights.
+type finishedRun struct {
+	recipe  *config.Recipe
+	tok     data.Tokenizer
+	table   []parallel.Param
+	weights [][]float32
+}
+
+// loadRun reads a run directory (resolved.toml, checked against run.json's
+// fingerprint; tokenizer.json; weights.bin).
+func loadRun(dir string) (*finishedRun, error) {
 	res, diags := config.Load(filepath.Join(dir, "resolved.toml"), config.Options{})
 	if diags.HasErrors() || res == nil {
-		return "", fmt.Errorf("%s is not a run directory: %v", dir, diags.Err())
+		return nil, fmt.Errorf("%s is not a run directory: %v", dir, diags.Err())
 	}
 	r := &res.Recipe
 	// run.json holds the resolved recipe's fingerprint: a resolved.toml that changed
 	// after the run (a flipped byte, an edit) would describe another model.
 	if err := checkRecipeFingerprint(dir, r); err != nil {
-		return "", err
+		return nil, err
 	}
 	tok, err := data.LoadTokenizer(filepath.Join(dir, "tokenizer.json"))
 	if err != nil {
-		return "", fmt.Errorf("%s: %w", dir, err)
+		return nil, fmt.Errorf("%s: %w", dir, err)
 	}
 	table, err := parallel.ParamTable(r.Model, 1, 1)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	views := make([][]float32, len(table))
 	for i := range table {
 		views[i] = make([]float32, table[i].LocalNumel())
 	}
 	if err := loadWeights(filepath.Join(dir, "weights.bin"), table, views); err != nil {
-		return "", err
+		return nil, err
 	}
-	return Generate(r, be, table, views, tok, prompt, n, temperature, seed)
+	return &finishedRun{recipe: r, tok: tok, table: table, weights: views}, nil
+}
+
+// RunLogits runs a finished run's model over tokens (at most model.seq_len) and
+// returns the logits, (len(tokens), vocab_size) row-major.
+func RunLogits(be tensor.Backend, dir string, tokens []int32) ([]float32, error) {
+	fr, err := loadRun(dir)
+	if err != nil {
+		return nil, err
+	}
+	T, V := fr.recipe.Model.SeqLen, fr.recipe.Model.VocabSize
+	if len(tokens) == 0 || len(tokens) > T {
+		return nil, fmt.Errorf("%d tokens: give 1 to model.seq_len (%d)", len(tokens), T)
+	}
+	for _, t := range tokens {
+		if t < 0 || int(t) >= V {
+			return nil, fmt.Errorf("token %d outside the vocabulary of %d", t, V)
+		}
+	}
+	grads := make([][]float32, len(fr.weights)) // no backward: the gradients alias the weights
+	for i := range grads {
+		grads[i] = fr.weights[i][:len(fr.weights[i]):len(fr.weights[i])]
+	}
+	m, err := model.New[float32](fr.recipe.Model, fr.table, fr.weights, grads, be, 1, T)
+	if err != nil {
+		return nil, err
+	}
+	window := make([]int32, T)
+	copy(window, tokens)
+	m.Forward(window, nil)
+	return append([]float32(nil), m.Logits()[:len(tokens)*V]...), nil
+}
+
+// ExportHF writes a finished run's final weights (dir holds weights.bin) as a
+// Hugging Face model directory out: config.json and model.safetensors, split with
+// an index above shardBytes.
+func ExportHF(dir, out string, shardBytes int64) error {
+	fr, err := loadRun(dir)
+	if err != nil {
+		return err
+	}
+	params := make([]hf.Param, len(fr.table))
+	for i := range fr.table {
+		params[i] = hf.Param{Name: fr.table[i].Name, Shape: fr.table[i].Shape, Data: fr.weights[i]}
+	}
+	ts, err := hf.ToHF(fr.recipe.Model, params)
+	if err != nil {
+		return err
+	}
+	fp, _ := config.Fingerprint(fr.recipe)
+	if err := hf.WriteModel(out, ts, map[string]string{"format": "pt", "shardline_recipe": fp}, shardBytes); err != nil {
+		return err
+	}
+	return writeJSON(filepath.Join(out, "config.json"), hf.Config(fr.recipe.Model))
+}
+
+// maxHFFile caps one safetensors file read by --init-from.
+const maxHFFile = 64 << 30
+
+// readHF reads a Hugging Face model directory into the plan's parameters (by
+// global name), refusing any mismatch with the tensor named.
+func readHF(dir string, m config.Model, table []parallel.Param) ([][]float32, error) {
+	ts, err := hf.ReadModel(dir, maxHFFile)
+	if err != nil {
+		return nil, err
+	}
+	params := make([]hf.Param, len(table))
+	vals := make([][]float32, len(table))
+	for i := range table {
+		vals[i] = make([]float32, table[i].Numel())
+		params[i] = hf.Param{Name: table[i].Name, Shape: table[i].Shape, Data: vals[i]}
+	}
+	if err := hf.FromHF(m, ts, params); err != nil {
+		return nil, fmt.Errorf("%s: %w", dir, err)
+	}
+	for i, v := range vals {
+		if j := firstNonFinite(v); j >= 0 {
+			return nil, fmt.Errorf("%s: %s[%d] is %v: weights must be finite", dir, table[i].Name, j, v[j])
+		}
+	}
+	return vals, nil
 }
 
 // maxRunJSON caps run.json as read back: a few kilobytes when written.

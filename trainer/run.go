@@ -48,6 +48,10 @@ type Options struct {
 	// continue from: its state is loaded, resharded to this run's plan, and the run
 	// continues in the checkpoint's run directory from its step.
 	Resume string
+	// InitFrom, when set, is a Hugging Face model directory (config.json,
+	// safetensors) whose weights replace the initialisation: fine-tuning starts from
+	// it, with fresh optimizer state.
+	InitFrom string
 	// StopAfter, when positive, ends the run as an interrupt would once this many
 	// steps are done (a preemption drill: tests resume from where it stopped).
 	StopAfter int
@@ -455,6 +459,14 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		startStep, optSteps = m.Step, m.OptimizerSteps
 	} else if err := t.st.init(r); err != nil {
 		return nil, err
+	} else if t.opts.InitFrom != "" {
+		vals, err := readHF(t.opts.InitFrom, r.Model, t.plan.Params)
+		if err != nil {
+			return nil, err
+		}
+		if err := t.st.initFrom(vals); err != nil {
+			return nil, err
+		}
 	}
 	if checkpointing(r) {
 		root := r.Checkpoint.Dir

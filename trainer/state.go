@@ -179,6 +179,17 @@ func (s *state) init(r *config.Recipe) error {
 	return s.gather()
 }
 
+// initFrom replaces this rank's shard of the main weights with the given full
+// parameters (table order, global experts), then gathers the compute weights.
+func (s *state) initFrom(vals [][]float32) error {
+	for gi := range s.plan.Groups {
+		for _, sg := range s.segs[gi] {
+			copy(s.main[gi][sg.lo:sg.hi], vals[s.global(sg.param)][sg.start:sg.start+sg.hi-sg.lo])
+		}
+	}
+	return s.gather()
+}
+
 // global maps a parameter of this rank's expert groups (laid out as the ep-rank-0
 // experts 0..local−1) to the table index of the global expert it holds: the
 // routed experts of a layer are consecutive in the table, three parameters each.

@@ -97,5 +97,6 @@ docs/checkpoints.md describes the format.`}
 			return err
 		},
 	})
+	cmd.AddCommand(a.ckptExportCmd())
 	return cmd
 }

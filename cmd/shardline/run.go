@@ -73,6 +73,8 @@ position instead of ignored.`,
 	var commTimeout time.Duration
 	cmd.Flags().StringVar(&resume, "resume", "", "continue a run from a checkpoint: a checkpoint directory, a run directory or checkpoint root (its newest complete checkpoint), or latest (the newest under the recipe's checkpoint directory); RECIPE defaults to the run's resolved.toml")
 	cmd.Flags().StringVar(&resume, "load", "", "Megatron's --load: the same as --resume")
+	var initFrom string
+	cmd.Flags().StringVar(&initFrom, "init-from", "", "start from a Hugging Face model directory's weights (config.json, safetensors; shardline ckpt export writes one) instead of the initialisation: fine-tuning")
 	var stopAfter int
 	cmd.Flags().IntVar(&stopAfter, "stop-after", 0, "end the run after N steps as Ctrl-C would (checkpoint and outputs written, exit status 130): a preemption drill for --resume")
 	cmd.Flags().StringVar(&trace, "trace", "", "write a Chrome trace of every rank's compute and communication to this file (open it in Perfetto)")
@@ -91,6 +93,9 @@ position instead of ignored.`,
 		}
 		if cmd.Flags().Changed("nproc") && (nproc < 1 || cmd.Flags().Changed("world-size")) {
 			return usageErr("--nproc %d: give a positive rank count, and not together with --world-size", nproc)
+		}
+		if initFrom != "" && resume != "" {
+			return usageErr("--init-from and --resume both say where to start: give one")
 		}
 		if stopAfter < 0 {
 			return usageErr("--stop-after %d must not be negative", stopAfter)
@@ -161,7 +166,7 @@ position instead of ignored.`,
 		}
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		opts := trainer.Options{Backend: cpu.Backend{}, Env: config.EnvMap(a.env), LogOut: logOut, LogLevel: level, Version: version, CacheDir: cacheDir(), TracePath: trace, Resume: ckptDir, StopAfter: stopAfter}
+		opts := trainer.Options{Backend: cpu.Backend{}, Env: config.EnvMap(a.env), LogOut: logOut, LogLevel: level, Version: version, CacheDir: cacheDir(), TracePath: trace, Resume: ckptDir, StopAfter: stopAfter, InitFrom: initFrom}
 		if tty && r.Logging.Progress {
 			opts.Progress = a.stderr
 		}

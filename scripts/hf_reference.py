@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""An outside check of `shardline ckpt export`: the forward passes of Hugging Face's
+LlamaForCausalLM, MixtralForCausalLM and Qwen2MoeForCausalLM, written here from
+their published definitions (transformers' modeling_llama.py, modeling_mixtral.py,
+modeling_qwen2_moe.py: RMSNorm, rotate-half RoPE, grouped-query attention with key
+and value heads repeated per group, SwiGLU MLPs, softmax-top-k routing with the
+top-k weights renormalised, Qwen2-MoE's sigmoid-gated shared expert), in float64,
+over an exported directory read with a plain-Python safetensors parser.
+
+usage: hf_reference.py MODEL_DIR CASE.json TOLERANCE
+CASE.json holds {"tokens": [...], "logits": [[...], ...]} from shardline; the script
+prints the largest absolute difference of the logits and exits 1 past TOLERANCE.
+"""
+import json
+import os
+import struct
+import sys
+
+import torch
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n])
+    data = raw[8 + n :]
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = entry["data_offsets"]
+        assert entry["dtype"] == "F32", entry["dtype"]
+        t = torch.frombuffer(bytearray(data[begin:end]), dtype=torch.float32)
+        out[name] = t.reshape(entry["shape"]).to(torch.float64)
+    return out
+
+
+def read_model(d):
+    index = os.path.join(d, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    w = {}
+    for f in files:
+        w.update(read_safetensors(os.path.join(d, f)))
+    return w
+
+
+def rms_norm(x, weight, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def rope(x, theta):
+    # x (T, heads, head_dim); rotate_half pairs element i with i + head_dim/2.
+    T, _, hd = x.shape
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]
+    rotated = torch.cat([-x[..., hd // 2 :], x[..., : hd // 2]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def linear(x, w, b=None):
+    y = x @ w.T
+    return y if b is None else y + b
+
+
+def swiglu(x, gate, up, down):
+    return linear(torch.nn.functional.silu(linear(x, gate)) * linear(x, up), down)
+
+
+def attention(x, w, pre, c):
+    T = x.shape[0]
+    nh, nkv, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    q = linear(x, w[pre + "q_proj.weight"], w.get(pre + "q_proj.bias")).view(T, nh, hd)
+    k = linear(x, w[pre + "k_proj.weight"], w.get(pre + "k_proj.bias")).view(T, nkv, hd)
+    v = linear(x, w[pre + "v_proj.weight"], w.get(pre + "v_proj.bias")).view(T, nkv, hd)
+    q, k = rope(q, c["rope_theta"]), rope(k, c["rope_theta"])
+    rep = nh // nkv  # repeat_kv: query head h reads key/value head h // rep
+    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    s = torch.einsum("thd,uhd->htu", q, k) / hd**0.5
+    s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
+    o = torch.einsum("htu,uhd->thd", s.softmax(-1), v).reshape(T, nh * hd)
+    return linear(o, w[pre + "o_proj.weight"])
+
+
+def routed(x, w, gate_name, expert, n, k):
+    probs = linear(x, w[gate_name]).softmax(-1)
+    top, idx = probs.topk(k, dim=-1)
+    top = top / top.sum(-1, keepdim=True)  # renormalised top-k weights
+    out = torch.zeros_like(x)
+    for e in range(n):
+        rows, slot = (idx == e).nonzero(as_tuple=True)
+        if len(rows):
+            out[rows] += top[rows, slot, None] * expert(e, x[rows])
+    return out
+
+
+def mlp(x, w, layer, c):
+    pre = f"model.layers.{layer}."
+    arch = c["model_type"]
+    if arch == "mixtral":
+        m = pre + "block_sparse_moe."
+        return routed(x, w, m + "gate.weight",
+                      lambda e, h: swiglu(h, w[f"{m}experts.{e}.w1.weight"], w[f"{m}experts.{e}.w3.weight"], w[f"{m}experts.{e}.w2.weight"]),
+                      c["num_local_experts"], c["num_experts_per_tok"])
+    m = pre + "mlp."
+    if arch == "qwen2_moe" and (layer + 1) % c["decoder_sparse_step"] == 0:
+        out = routed(x, w, m + "gate.weight",
+                     lambda e, h: swiglu(h, w[f"{m}experts.{e}.gate_proj.weight"], w[f"{m}experts.{e}.up_proj.weight"], w[f"{m}experts.{e}.down_proj.weight"]),
+                     c["num_experts"], c["num_experts_per_tok"])
+        shared = swiglu(x, w[m + "shared_expert.gate_proj.weight"], w[m + "shared_expert.up_proj.weight"], w[m + "shared_expert.down_proj.weight"])
+        return out + torch.sigmoid(linear(x, w[m + "shared_expert_gate.weight"])) * shared
+    return swiglu(x, w[m + "gate_proj.weight"], w[m + "up_proj.weight"], w[m + "down_proj.weight"])
+
+
+def forward(w, c, tokens):
+    x = w["model.embed_tokens.weight"][torch.tensor(tokens)]
+    for l in range(c["num_hidden_layers"]):
+        pre = f"model.layers.{l}."
+        x = x + attention(rms_norm(x, w[pre + "input_layernorm.weight"], c["rms_norm_eps"]), w, pre + "self_attn.", c)
+        x = x + mlp(rms_norm(x, w[pre + "post_attention_layernorm.weight"], c["rms_norm_eps"]), w, l, c)
+    x = rms_norm(x, w["model.norm.weight"], c["rms_norm_eps"])
+    head = w["model.embed_tokens.weight"] if c["tie_word_embeddings"] else w["lm_head.weight"]
+    return linear(x, head)
+
+
+def main():
+    model_dir, case_path, tol = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    with open(os.path.join(model_dir, "config.json")) as f:
+        c = json.load(f)
+    with open(case_path) as f:
+        case = json.load(f)
+    logits = forward(read_model(model_dir), c, case["tokens"])
+    diff = (logits - torch.tensor(case["logits"], dtype=torch.float64)).abs().max().item()
+    print(f"{c['architectures'][0]}: largest logit difference {diff:.3g} (tolerance {tol:g})")
+    sys.exit(0 if diff <= tol else 1)
+
+
+if __name__ == "__main__":
+    main()

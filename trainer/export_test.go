@@ -1,0 +1,108 @@
+package trainer
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/tensor/cpu"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// exportCases are the three Hugging Face architectures an export can take.
+var exportCases = []struct {
+	arch string
+	sets []string
+}{
+	{"LlamaForCausalLM", []string{"model.heads=4", "model.kv_heads=2"}}, // grouped-query attention
+	{"LlamaForCausalLM", []string{"model.tie_embeddings=false"}},
+	{"MixtralForCausalLM", []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32"}},
+	{"Qwen2MoeForCausalLM", []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32", "model.moe.shared_experts=2", "model.moe.layer_freq=2"}},
+}
+
+// trainedForExport trains a small model a few steps (so no weight is at its
+// initial value) and exports it.
+func trainedForExport(t *testing.T, sets []string, shardBytes int64) (run, out string) {
+	res, dir := tinyRun(t, append([]string{"train.steps=3", "train.eval_interval=0"}, sets...)...)
+	r, err := Run(context.Background(), res, opts())
+	require.NoError(t, err)
+	out = filepath.Join(dir, "hf")
+	require.NoError(t, ExportHF(r.Dir, out, shardBytes))
+	return r.Dir, out
+}
+
+// An export reads back to exactly the weights it was written from, split over
+// several files or not; and what does not fit the recipe's model is refused,
+// naming the tensor.
+func TestExportRoundTrip(t *testing.T) {
+	for _, c := range exportCases {
+		t.Run(c.arch, func(t *testing.T) {
+			run, out := trainedForExport(t, c.sets, 20000) // small files: the index path
+			fr, err := loadRun(run)
+			require.NoError(t, err)
+			var cfg map[string]any
+			require.NoError(t, json.Unmarshal(must(os.ReadFile(filepath.Join(out, "config.json"))), &cfg))
+			assert.Equal(t, []any{c.arch}, cfg["architectures"])
+			_, err = os.Stat(filepath.Join(out, "model.safetensors.index.json"))
+			require.NoError(t, err)
+			back, err := readHF(out, fr.recipe.Model, fr.table)
+			require.NoError(t, err)
+			for i := range fr.table {
+				require.Equal(t, fr.weights[i], back[i], fr.table[i].Name)
+			}
+			other := *fr.recipe
+			other.Model.Hidden, other.Model.FFNHidden = 64, 128
+			table, err := parallelTable(&other)
+			require.NoError(t, err)
+			_, err = readHF(out, other.Model, table)
+			assert.ErrorContains(t, err, "model.embed_tokens.weight has shape [32 32], the recipe's model needs [32 64]")
+		})
+	}
+}
+
+// The outside check: a PyTorch implementation of the Hugging Face forward passes
+// (scripts/hf_reference.py, written from transformers' model definitions, float64)
+// loads each export with a plain-Python safetensors parser and gives shardline's
+// logits on the same tokens. Tolerance 1e-5 absolute (measured: 1.4e-7 at most): shardline computes in fp32
+// (sums of tens of products, each rounded at 6e-8 relative) on logits of a few
+// units. `make test` installs Debian's python3-torch and sets
+// SHARDLINE_TORCH_PYTHON; run there, the test does not skip.
+func TestExportMatchesPyTorch(t *testing.T) {
+	py := os.Getenv("SHARDLINE_TORCH_PYTHON")
+	if py == "" {
+		t.Skip("SHARDLINE_TORCH_PYTHON is not set: `make test` installs python3-torch and sets it")
+	}
+	tokens := []int32{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4}
+	for _, c := range exportCases {
+		t.Run(c.arch, func(t *testing.T) {
+			run, out := trainedForExport(t, c.sets, 5<<30)
+			logits, err := RunLogits(cpu.Backend{}, run, tokens)
+			require.NoError(t, err)
+			fr, err := loadRun(run)
+			require.NoError(t, err)
+			V := fr.recipe.Model.VocabSize
+			rows := make([][]float32, len(tokens))
+			for i := range rows {
+				rows[i] = logits[i*V : (i+1)*V]
+			}
+			caseFile := filepath.Join(t.TempDir(), "case.json")
+			b, err := json.Marshal(map[string]any{"tokens": tokens, "logits": rows})
+			require.NoError(t, err)
+			require.NoError(t, os.WriteFile(caseFile, b, 0o644))
+			cmd := exec.Command(py, "../scripts/hf_reference.py", out, caseFile, "1e-5")
+			msg, err := cmd.CombinedOutput()
+			t.Log(string(msg))
+			require.NoError(t, err, "%s", msg)
+			assert.Contains(t, string(msg), c.arch)
+		})
+	}
+}
+
+
+func parallelTable(r *config.Recipe) ([]parallel.Param, error) { return parallel.ParamTable(r.Model, 1, 1) }

@@ -1,0 +1,249 @@
+package hf
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/shardline/shardline/config"
+)
+
+// Architecture names the Hugging Face model class an export uses: LlamaForCausalLM
+// for dense models, MixtralForCausalLM for MoE models whose every layer is MoE
+// with no shared experts, Qwen2MoeForCausalLM otherwise.
+func Architecture(m config.Model) string {
+	switch {
+	case m.MoE.NumExperts == 0:
+		return "LlamaForCausalLM"
+	case m.MoE.SharedExperts == 0 && m.MoE.LayerFreq == 1:
+		return "MixtralForCausalLM"
+	}
+	return "Qwen2MoeForCausalLM"
+}
+
+// Config is config.json for the model.
+func Config(m config.Model) map[string]any {
+	c := map[string]any{
+		"architectures": []string{Architecture(m)}, "hidden_size": m.Hidden, "num_hidden_layers": m.Layers,
+		"num_attention_heads": m.Heads, "num_key_value_heads": m.EffectiveKVHeads(), "head_dim": m.Hidden / m.Heads,
+		"vocab_size": m.VocabSize, "max_position_embeddings": m.SeqLen, "rms_norm_eps": m.NormEps, "rope_theta": m.RopeTheta,
+		"tie_word_embeddings": m.TieEmbeddings, "hidden_act": "silu", "torch_dtype": "float32", "initializer_range": m.InitStd,
+		"attention_bias": false, "mlp_bias": false, "bos_token_id": nil, "eos_token_id": nil,
+	}
+	switch Architecture(m) {
+	case "LlamaForCausalLM":
+		c["model_type"], c["intermediate_size"] = "llama", m.FFNHidden
+	case "MixtralForCausalLM":
+		c["model_type"], c["intermediate_size"] = "mixtral", m.MoE.ExpertFFNHidden
+		c["num_local_experts"], c["num_experts_per_tok"] = m.MoE.NumExperts, m.MoE.TopK
+		c["router_aux_loss_coef"], c["sliding_window"] = m.MoE.AuxLossCoeff, nil
+	default:
+		c["model_type"], c["intermediate_size"] = "qwen2_moe", m.FFNHidden
+		c["moe_intermediate_size"], c["shared_expert_intermediate_size"] = m.MoE.ExpertFFNHidden, m.MoE.SharedExperts*m.MoE.ExpertFFNHidden
+		c["num_experts"], c["num_experts_per_tok"], c["decoder_sparse_step"] = m.MoE.NumExperts, m.MoE.TopK, m.MoE.LayerFreq
+		c["norm_topk_prob"], c["mlp_only_layers"], c["use_sliding_window"] = true, []int{}, false
+		c["router_aux_loss_coef"], c["output_router_logits"] = m.MoE.AuxLossCoeff, false
+	}
+	return c
+}
+
+// hfName maps a shardline parameter name to its Hugging Face name; shared experts
+// (Qwen2-MoE's one wider shared expert) are handled apart and return "".
+func hfName(m config.Model, name string) string {
+	switch name {
+	case "embed.weight":
+		return "model.embed_tokens.weight"
+	case "norm.weight":
+		return "model.norm.weight"
+	case "output.weight":
+		return "lm_head.weight"
+	}
+	parts := strings.Split(name, ".")
+	if len(parts) < 3 || parts[0] != "layers" {
+		return ""
+	}
+	pre := "model.layers." + parts[1] + "."
+	proj := map[string]string{"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+	switch rest := strings.Join(parts[2:], "."); {
+	case rest == "attn_norm.weight":
+		return pre + "input_layernorm.weight"
+	case rest == "mlp_norm.weight":
+		return pre + "post_attention_layernorm.weight"
+	case strings.HasPrefix(rest, "attn.w"):
+		return pre + "self_attn." + rest[len("attn.w"):] + "_proj.weight"
+	case strings.HasPrefix(rest, "mlp.w"):
+		return pre + "mlp." + proj[rest[len("mlp."):]] + ".weight"
+	case rest == "moe.router" && Architecture(m) == "MixtralForCausalLM":
+		return pre + "block_sparse_moe.gate.weight"
+	case rest == "moe.router":
+		return pre + "mlp.gate.weight"
+	case strings.HasPrefix(rest, "moe.experts.") && Architecture(m) == "MixtralForCausalLM":
+		return pre + "block_sparse_moe.experts." + parts[4] + "." + parts[5] + ".weight"
+	case strings.HasPrefix(rest, "moe.experts."):
+		return pre + "mlp.experts." + parts[4] + "." + proj[parts[5]] + ".weight"
+	}
+	return ""
+}
+
+// Param is one shardline parameter: its name, shape and values.
+type Param struct {
+	Name  string
+	Shape []int
+	Data  []float32
+}
+
+// ToHF renames a model's parameters (in table order) for Hugging Face. Qwen2-MoE
+// has one shared expert with a sigmoid gate: shardline's shared experts become
+// that one expert, their matrices stacked (the sum of SwiGLU MLPs is one wider
+// SwiGLU MLP), its gate weights zero and its down projection doubled, since
+// sigmoid(0) = 1/2 (both exact in floating point). Qwen2's q, k and v projections
+// have biases: they are written as zeros.
+func ToHF(m config.Model, params []Param) ([]Tensor, error) {
+	arch := Architecture(m)
+	var out []Tensor
+	shared := map[string][]Param{} // layer -> its shared experts' matrices, in order
+	for _, p := range params {
+		if strings.Contains(p.Name, ".moe.shared.") {
+			layer := strings.Split(p.Name, ".")[1]
+			shared[layer] = append(shared[layer], p)
+			continue
+		}
+		n := hfName(m, p.Name)
+		if n == "" {
+			return nil, fmt.Errorf("parameter %s has no %s name", p.Name, arch)
+		}
+		out = append(out, Tensor{Name: n, Shape: p.Shape, Data: p.Data})
+		if arch == "Qwen2MoeForCausalLM" && strings.HasSuffix(p.Name, ".attn.wv") {
+			pre := strings.TrimSuffix(n, "v_proj.weight")
+			for _, b := range []string{"q", "k", "v"} {
+				rows := m.Hidden
+				if b != "q" {
+					rows = m.EffectiveKVHeads() * (m.Hidden / m.Heads)
+				}
+				out = append(out, Tensor{Name: pre + b + "_proj.bias", Shape: []int{rows}, Data: make([]float32, rows)})
+			}
+		}
+	}
+	if arch == "Qwen2MoeForCausalLM" {
+		for l := 0; l < m.Layers; l++ {
+			if !m.IsMoELayer(l) {
+				continue
+			}
+			pre := "model.layers." + strconv.Itoa(l) + ".mlp."
+			h, ef, S := m.Hidden, m.MoE.ExpertFFNHidden, m.MoE.SharedExperts
+			gate, up, down := make([]float32, 0, S*ef*h), make([]float32, 0, S*ef*h), make([]float32, h*S*ef)
+			ps := shared[strconv.Itoa(l)]
+			for s := 0; s < S; s++ {
+				w1, w3, w2 := ps[3*s], ps[3*s+1], ps[3*s+2]
+				gate, up = append(gate, w1.Data...), append(up, w3.Data...)
+				for r := 0; r < h; r++ { // down (h, S·ef): expert s fills columns s·ef..
+					for c := 0; c < ef; c++ {
+						down[r*S*ef+s*ef+c] = 2 * w2.Data[r*ef+c]
+					}
+				}
+			}
+			out = append(out, Tensor{Name: pre + "shared_expert.gate_proj.weight", Shape: []int{S * ef, h}, Data: gate},
+				Tensor{Name: pre + "shared_expert.up_proj.weight", Shape: []int{S * ef, h}, Data: up},
+				Tensor{Name: pre + "shared_expert.down_proj.weight", Shape: []int{h, S * ef}, Data: down},
+				Tensor{Name: pre + "shared_expert_gate.weight", Shape: []int{1, h}, Data: make([]float32, h)})
+		}
+	}
+	return out, nil
+}
+
+// FromHF fills params (shardline's table: names and shapes) from a Hugging Face
+// model's tensors, refusing a missing tensor, a shape that differs, a tensor the
+// model does not have, and what shardline cannot represent (nonzero Qwen2 biases
+// or shared-expert gate), each named.
+func FromHF(m config.Model, ts map[string]Tensor, params []Param) error {
+	used := map[string]bool{}
+	take := func(name string, shape []int) (Tensor, error) {
+		t, ok := ts[name]
+		if !ok {
+			return Tensor{}, fmt.Errorf("tensor %s is missing", name)
+		}
+		if fmt.Sprint(t.Shape) != fmt.Sprint(shape) {
+			return Tensor{}, fmt.Errorf("tensor %s has shape %v, the recipe's model needs %v", name, t.Shape, shape)
+		}
+		used[name] = true
+		return t, nil
+	}
+	shared := map[string][]int{} // layer -> indices into params
+	for i := range params {
+		p := &params[i]
+		if strings.Contains(p.Name, ".moe.shared.") {
+			l := strings.Split(p.Name, ".")[1]
+			shared[l] = append(shared[l], i)
+			continue
+		}
+		t, err := take(hfName(m, p.Name), p.Shape)
+		if err != nil {
+			return fmt.Errorf("%w (shardline's %s)", err, p.Name)
+		}
+		copy(p.Data, t.Data)
+	}
+	if Architecture(m) == "Qwen2MoeForCausalLM" {
+		h, ef, S := m.Hidden, m.MoE.ExpertFFNHidden, m.MoE.SharedExperts
+		for l := 0; l < m.Layers; l++ {
+			pre := "model.layers." + strconv.Itoa(l) + "."
+			for _, b := range []string{"q", "k", "v"} {
+				if t, ok := ts[pre+"self_attn."+b+"_proj.bias"]; ok {
+					used[t.Name] = true
+					if nonzero(t.Data) {
+						return fmt.Errorf("tensor %s is not zero: shardline's attention has no biases", t.Name)
+					}
+				}
+			}
+			if !m.IsMoELayer(l) {
+				continue
+			}
+			g, err := take(pre+"mlp.shared_expert_gate.weight", []int{1, h})
+			if err != nil {
+				return err
+			}
+			if nonzero(g.Data) {
+				return fmt.Errorf("tensor %s is not zero: shardline's shared experts have no gate (it must be a constant 1/2)", g.Name)
+			}
+			gate, err1 := take(pre+"mlp.shared_expert.gate_proj.weight", []int{S * ef, h})
+			up, err2 := take(pre+"mlp.shared_expert.up_proj.weight", []int{S * ef, h})
+			down, err3 := take(pre+"mlp.shared_expert.down_proj.weight", []int{h, S * ef})
+			for _, err := range []error{err1, err2, err3} {
+				if err != nil {
+					return fmt.Errorf("%w (%d shared experts of %d)", err, S, ef)
+				}
+			}
+			idx := shared[strconv.Itoa(l)]
+			for s := 0; s < S; s++ {
+				copy(params[idx[3*s]].Data, gate.Data[s*ef*h:(s+1)*ef*h])
+				copy(params[idx[3*s+1]].Data, up.Data[s*ef*h:(s+1)*ef*h])
+				w2 := params[idx[3*s+2]].Data
+				for r := 0; r < h; r++ {
+					for c := 0; c < ef; c++ {
+						w2[r*ef+c] = down.Data[r*S*ef+s*ef+c] / 2
+					}
+				}
+			}
+		}
+	}
+	var extra []string
+	for name := range ts {
+		if !used[name] {
+			extra = append(extra, name)
+		}
+	}
+	if len(extra) > 0 {
+		sort.Strings(extra)
+		return fmt.Errorf("tensor %s is not part of the recipe's model (%d such tensors)", extra[0], len(extra))
+	}
+	return nil
+}
+
+func nonzero(x []float32) bool {
+	for _, v := range x {
+		if v != 0 {
+			return true
+		}
+	}
+	return false
+}

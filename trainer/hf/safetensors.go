@@ -1,0 +1,244 @@
+package hf
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"github.com/shardline/shardline/fileio"
+)
+
+// Tensor is a named float32 tensor, row-major.
+type Tensor struct {
+	Name  string
+	Shape []int
+	Data  []float32
+}
+
+type headerEntry struct {
+	Dtype   string   `json:"dtype"`
+	Shape   []int    `json:"shape"`
+	Offsets [2]int64 `json:"data_offsets"`
+}
+
+// maxHeader caps a safetensors header (the format's reference reader takes 100 MB).
+const maxHeader = 100 << 20
+
+// WriteSafetensors writes tensors (F32) to path with the given metadata.
+func WriteSafetensors(path string, tensors []Tensor, metadata map[string]string) error {
+	header := map[string]any{}
+	if len(metadata) > 0 {
+		header["__metadata__"] = metadata
+	}
+	var off int64
+	for _, t := range tensors {
+		n := int64(4 * len(t.Data))
+		if numel(t.Shape) != int64(len(t.Data)) {
+			return fmt.Errorf("tensor %s: shape %v holds %d values, not %d", t.Name, t.Shape, numel(t.Shape), len(t.Data))
+		}
+		header[t.Name] = headerEntry{Dtype: "F32", Shape: append([]int{}, t.Shape...), Offsets: [2]int64{off, off + n}}
+		off += n
+	}
+	hb, err := json.Marshal(header)
+	if err != nil {
+		return err
+	}
+	for len(hb)%8 != 0 { // the data starts 8-byte aligned
+		hb = append(hb, ' ')
+	}
+	buf := make([]byte, 0, 8+int64(len(hb))+off)
+	buf = binary.LittleEndian.AppendUint64(buf, uint64(len(hb)))
+	buf = append(buf, hb...)
+	for _, t := range tensors {
+		for _, v := range t.Data {
+			buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v))
+		}
+	}
+	return fileio.WriteAtomic(path, buf)
+}
+
+// ReadSafetensors reads every tensor of a safetensors file (F32, BF16 or F16,
+// returned as float32), checking the header against the file: known dtypes,
+// shapes that match their byte ranges, ranges inside the data, in order and
+// without overlap.
+func ReadSafetensors(path string, limit int64) (map[string]Tensor, map[string]string, error) {
+	b, err := fileio.ReadRegular(path, limit)
+	if err != nil {
+		return nil, nil, err
+	}
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%s: not a valid safetensors file: %s", path, fmt.Sprintf(format, args...))
+	}
+	if len(b) < 8 {
+		return nil, nil, bad("%d bytes, shorter than the header length", len(b))
+	}
+	n := binary.LittleEndian.Uint64(b)
+	if n > maxHeader || n > uint64(len(b)-8) {
+		return nil, nil, bad("header length %d past the file's %d bytes or the %d-byte cap", n, len(b), maxHeader)
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(b[8:8+n], &raw); err != nil {
+		return nil, nil, bad("header: %v", err)
+	}
+	data := b[8+n:]
+	var meta map[string]string
+	type span struct {
+		name       string
+		begin, end int64
+	}
+	var spans []span
+	out := map[string]Tensor{}
+	for name, msg := range raw {
+		if name == "__metadata__" {
+			if err := json.Unmarshal(msg, &meta); err != nil {
+				return nil, nil, bad("__metadata__ must map strings to strings: %v", err)
+			}
+			continue
+		}
+		var e headerEntry
+		if err := json.Unmarshal(msg, &e); err != nil {
+			return nil, nil, bad("tensor %s: %v", name, err)
+		}
+		size := map[string]int64{"F32": 4, "BF16": 2, "F16": 2}[e.Dtype]
+		if size == 0 {
+			return nil, nil, bad("tensor %s has dtype %q; shardline reads F32, BF16 and F16", name, e.Dtype)
+		}
+		count := numel(e.Shape)
+		if count < 0 || e.Offsets[0] < 0 || e.Offsets[1] > int64(len(data)) || e.Offsets[1]-e.Offsets[0] != count*size {
+			return nil, nil, bad("tensor %s: shape %v of %s does not fit bytes [%d, %d) of %d", name, e.Shape, e.Dtype, e.Offsets[0], e.Offsets[1], len(data))
+		}
+		spans = append(spans, span{name, e.Offsets[0], e.Offsets[1]})
+		vals := make([]float32, count)
+		src := data[e.Offsets[0]:e.Offsets[1]]
+		for i := range vals {
+			switch e.Dtype {
+			case "F32":
+				vals[i] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:]))
+			case "BF16":
+				vals[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*i:])) << 16)
+			case "F16":
+				vals[i] = halfToFloat(binary.LittleEndian.Uint16(src[2*i:]))
+			}
+		}
+		out[name] = Tensor{Name: name, Shape: e.Shape, Data: vals}
+	}
+	sort.Slice(spans, func(i, j int) bool { return spans[i].begin < spans[j].begin })
+	for i := 1; i < len(spans); i++ {
+		if spans[i].begin < spans[i-1].end {
+			return nil, nil, bad("tensors %s and %s overlap", spans[i-1].name, spans[i].name)
+		}
+	}
+	return out, meta, nil
+}
+
+func numel(shape []int) int64 {
+	n := int64(1)
+	for _, d := range shape {
+		if d < 0 || (d > 0 && n > (1<<40)/int64(d)) {
+			return -1
+		}
+		n *= int64(d)
+	}
+	return n
+}
+
+// halfToFloat converts an IEEE 754 binary16 value.
+func halfToFloat(h uint16) float32 {
+	sign := uint32(h>>15) << 31
+	exp := int32(h>>10) & 0x1f
+	frac := uint32(h & 0x3ff)
+	switch {
+	case exp == 0 && frac == 0:
+		return math.Float32frombits(sign)
+	case exp == 0: // subnormal
+		return float32(math.Copysign(float64(frac)*math.Pow(2, -24), float64(int32(sign)>>31|1)))
+	case exp == 0x1f:
+		return math.Float32frombits(sign | 0x7f800000 | frac<<13)
+	}
+	return math.Float32frombits(sign | uint32(exp-15+127)<<23 | frac<<13)
+}
+
+// index is model.safetensors.index.json.
+type index struct {
+	Metadata  map[string]any    `json:"metadata"`
+	WeightMap map[string]string `json:"weight_map"`
+}
+
+// WriteModel writes tensors to dir as model.safetensors, or, when they exceed
+// shardBytes, as several model-0000i-of-0000n.safetensors with an index.
+func WriteModel(dir string, tensors []Tensor, metadata map[string]string, shardBytes int64) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	var shards [][]Tensor
+	var size, total int64
+	for _, t := range tensors {
+		n := int64(4 * len(t.Data))
+		if len(shards) == 0 || (size > 0 && size+n > shardBytes) {
+			shards, size = append(shards, nil), 0
+		}
+		shards[len(shards)-1] = append(shards[len(shards)-1], t)
+		size += n
+		total += n
+	}
+	if len(shards) == 1 {
+		return WriteSafetensors(filepath.Join(dir, "model.safetensors"), tensors, metadata)
+	}
+	idx := index{Metadata: map[string]any{"total_size": total}, WeightMap: map[string]string{}}
+	for i, sh := range shards {
+		name := fmt.Sprintf("model-%05d-of-%05d.safetensors", i+1, len(shards))
+		if err := WriteSafetensors(filepath.Join(dir, name), sh, metadata); err != nil {
+			return err
+		}
+		for _, t := range sh {
+			idx.WeightMap[t.Name] = name
+		}
+	}
+	b, err := json.MarshalIndent(idx, "", "  ")
+	if err != nil {
+		return err
+	}
+	return fileio.WriteAtomic(filepath.Join(dir, "model.safetensors.index.json"), append(b, '\n'))
+}
+
+// ReadModel reads every tensor of a model directory (model.safetensors, or the
+// files its index names), each file at most limit bytes.
+func ReadModel(dir string, limit int64) (map[string]Tensor, error) {
+	files := []string{"model.safetensors"}
+	if b, err := fileio.ReadRegular(filepath.Join(dir, "model.safetensors.index.json"), 64<<20); err == nil {
+		var idx index
+		if err := json.Unmarshal(b, &idx); err != nil {
+			return nil, fmt.Errorf("%s: %w", filepath.Join(dir, "model.safetensors.index.json"), err)
+		}
+		seen := map[string]bool{}
+		files = files[:0]
+		for _, f := range idx.WeightMap {
+			if f != filepath.Base(f) {
+				return nil, fmt.Errorf("%s: weight file %q is not in the directory", dir, f)
+			}
+			if !seen[f] {
+				seen[f] = true
+				files = append(files, f)
+			}
+		}
+		sort.Strings(files)
+	}
+	out := map[string]Tensor{}
+	for _, f := range files {
+		ts, _, err := ReadSafetensors(filepath.Join(dir, f), limit)
+		if err != nil {
+			return nil, err
+		}
+		for name, t := range ts {
+			if _, dup := out[name]; dup {
+				return nil, fmt.Errorf("%s: tensor %s appears in two files", dir, name)
+			}
+			out[name] = t
+		}
+	}
+	return out, nil
+}
