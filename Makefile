@@ -37,7 +37,8 @@ bench-deps: torch-deps ## install the reference PyTorch and OpenBLAS (Debian pac
 
 # Every fuzz target, as package:Name (a test keeps this list complete).
 FUZZ_TARGETS := ./config:FuzzLoadLint ./parallel:FuzzLoadLintPlan ./trainer/data:FuzzReadShard \
-	./trainer/data:FuzzLoadTokenizer ./trainer/data:FuzzText ./trainer:FuzzLoadWeights ./fileio:FuzzUnseal
+	./trainer/data:FuzzLoadTokenizer ./trainer/data:FuzzText ./trainer:FuzzLoadWeights ./fileio:FuzzUnseal \
+	./trainer/hf:FuzzReadSafetensors
 FUZZTIME ?= 60s
 
 fuzz: ## fuzz every reader users reach: recipes, lint, plan, shards, tokenizers, text, weights (FUZZTIME each, 60s)

@@ -104,5 +104,6 @@ func TestExportMatchesPyTorch(t *testing.T) {
 	}
 }
 
-
-func parallelTable(r *config.Recipe) ([]parallel.Param, error) { return parallel.ParamTable(r.Model, 1, 1) }
+func parallelTable(r *config.Recipe) ([]parallel.Param, error) {
+	return parallel.ParamTable(r.Model, 1, 1)
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -470,4 +471,34 @@ func TestRerunAndDiff(t *testing.T) {
 	code, _, errs = shardline(t, nil, "diff", first, dir)
 	assert.Equal(t, 2, code)
 	assert.Contains(t, errs, "is not a run directory")
+}
+
+// TestExportAndInitFrom: ckpt export writes a Hugging Face directory; run
+// --init-from starts from it (its first loss is the trained model's, well below a
+// fresh model's), and refuses a model of another shape, naming the tensor.
+func TestExportAndInitFrom(t *testing.T) {
+	dir := t.TempDir()
+	text := filepath.Join(dir, "t.txt")
+	require.NoError(t, os.WriteFile(text, []byte(strings.Repeat("abcd efgh ijkl mnop. ", 200)), 0o644))
+	args := []string{"run", filepath.Join(recipesDir, "tiny.toml"), "--set", "data.path=" + text, "--num-layers", "1", "--seq-length", "16",
+		"--set", "run.output_dir=" + dir, "--set", "train.eval_interval=0"}
+	code, _, errs := shardline(t, nil, append(args, "--train-iters", "60", "--lr", "0.003")...)
+	require.Equal(t, 0, code, errs)
+	out := filepath.Join(dir, "hf")
+	code, stdout, errs := shardline(t, nil, "ckpt", "export", filepath.Join(dir, "tiny"), "-o", out)
+	require.Equal(t, 0, code, errs)
+	assert.Contains(t, stdout, "Hugging Face model directory written")
+	code, _, errs = shardline(t, nil, append(args, "--train-iters", "1", "--init-from", out)...)
+	require.Equal(t, 0, code, errs)
+	code, _, errs = shardline(t, nil, append(args, "--train-iters", "1")...)
+	require.Equal(t, 0, code, errs)
+	trained, fresh := curveLines(must(os.ReadFile(filepath.Join(dir, "tiny-2", "metrics.jsonl")))), curveLines(must(os.ReadFile(filepath.Join(dir, "tiny-3", "metrics.jsonl"))))
+	var lt, lf float64
+	fmt.Sscanf(strings.Fields(trained[0])[1], "%g", &lt)
+	fmt.Sscanf(strings.Fields(fresh[0])[1], "%g", &lf)
+	assert.Less(t, lt, lf-1, "loss from the export %v, fresh %v", lt, lf)
+
+	code, _, errs = shardline(t, nil, append(args, "--train-iters", "1", "--hidden-size", "256", "--init-from", out)...)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errs, "model.embed_tokens.weight has shape [256 128], the recipe's model needs [256 256]")
 }
