@@ -194,10 +194,10 @@ func (t *run) commitSave(world comm.Communicator) error {
 
 // finishSave waits for the pending save's file and commits it (every rank).
 func (t *run) finishSave(world comm.Communicator) error {
-	p := t.ckpt.pending
-	if p == nil {
+	if t.ckpt == nil || t.ckpt.pending == nil {
 		return nil
 	}
+	p := t.ckpt.pending
 	p.wait()
 	failed := []float32{0}
 	if p.err != nil {

@@ -212,6 +212,7 @@ func TestNonFiniteIsNeverCheckpointed(t *testing.T) {
 		"train.eval_interval=0", "checkpoint.interval=1")
 	_, err := Run(context.Background(), res, opts())
 	require.ErrorIs(t, err, ErrNonFinite)
+	assert.Contains(t, err.Error(), "the last checkpoint is "+filepath.Join(res.Recipe.Run.OutputDir, "t", "checkpoints", "step-00000001"))
 	es, err := ckpt.List(filepath.Join(res.Recipe.Run.OutputDir, "t", "checkpoints"))
 	require.NoError(t, err)
 	require.Len(t, es, 1)

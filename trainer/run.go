@@ -594,6 +594,11 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		}
 		if math.IsNaN(loss) || math.IsInf(loss, 0) || math.IsNaN(norm) || math.IsInf(norm, 0) {
 			if !r.Train.SkipNonfinite {
+				// Every rank meets the same all-reduced loss here: a save of an earlier,
+				// finite step still in flight is finished first.
+				if err := t.finishSave(world); err != nil {
+					return nil, err
+				}
 				return nil, t.nonFinite(fmt.Errorf("step %d: %w (loss %v, grad_norm %v); %s; lower train.lr or set train.skip_nonfinite = true",
 					step+1, ErrNonFinite, loss, norm, describeGood(good)))
 			}
@@ -639,7 +644,11 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		last = met
 	}
 	if lastSkipped {
-		// Every rank saw the same all-reduced loss and norm, so every rank stops here.
+		// Every rank saw the same all-reduced loss and norm, so every rank stops here
+		// (after finishing the save of an earlier, finite step).
+		if err := t.finishSave(world); err != nil {
+			return nil, err
+		}
 		return nil, t.nonFinite(fmt.Errorf("the run ended on non-finite steps (skipped by train.skip_nonfinite): %w; %s; lower train.lr", ErrNonFinite, describeGood(good)))
 	}
 	if c := t.ckpt; c != nil {
@@ -718,7 +727,13 @@ func (t *run) nonFinite(err error) error {
 	if werr := writeJSON(filepath.Join(t.dir, "run.json"), info); werr != nil {
 		return fmt.Errorf("%w (and writing run.json: %v)", err, werr)
 	}
-	return fmt.Errorf("%w; run directory %s holds the metrics up to here, and no weights, loss.png or sample", err, t.dir)
+	last := ""
+	if t.ckpt != nil {
+		if dir, lerr := ckpt.Latest(t.ckpt.root); lerr == nil {
+			last = "; the last checkpoint is " + dir
+		}
+	}
+	return fmt.Errorf("%w; run directory %s holds the metrics up to here, and no weights, loss.png or sample%s", err, t.dir, last)
 }
 
 // collectiveEval says whether evaluation needs every rank: under
