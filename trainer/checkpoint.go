@@ -67,7 +67,7 @@ type checkpointer struct {
 type pendingSave struct {
 	step, optSteps int
 	dir            string
-	crcs           []string // this rank's checksums, per piece and state kind
+	crcs           []uint32 // this rank's checksums, per piece and state kind
 	done           chan error
 	finished       bool
 	err            error
@@ -104,13 +104,13 @@ func (t *run) startSave(step, optSteps int) {
 		n += int64(len(ckpt.States)) * 4 * (rp.seg.hi - rp.seg.lo)
 	}
 	data := make([]byte, 0, n)
-	crcs := make([]string, 0, len(pieces)*len(ckpt.States))
+	crcs := make([]uint32, 0, len(pieces)*len(ckpt.States))
 	for _, rp := range pieces {
 		lo, hi := rp.seg.lo, rp.seg.hi
 		for _, buf := range [][]float32{t.st.main[rp.gi][lo:hi], t.st.m[rp.gi][lo:hi], t.st.v[rp.gi][lo:hi]} {
 			at := len(data)
 			data = ckpt.AppendFloats(data, buf)
-			crcs = append(crcs, ckpt.Sum(data[at:]))
+			crcs = append(crcs, ckpt.Checksum(data[at:]))
 		}
 	}
 	p := &pendingSave{step: step, optSteps: optSteps, dir: ckpt.StepDir(c.root, step), crcs: crcs, done: make(chan error, 1)}
@@ -139,9 +139,7 @@ func (t *run) commitSave(world comm.Communicator) error {
 		longest = max(longest, len(per[r])*len(ckpt.States))
 	}
 	mine := make([]float32, 2*longest)
-	for i, s := range p.crcs {
-		var v uint32
-		fmt.Sscanf(s, "%08x", &v)
+	for i, v := range p.crcs {
 		mine[2*i], mine[2*i+1] = float32(v>>16), float32(v&0xffff)
 	}
 	all := make([]float32, world.Size()*len(mine))
@@ -174,7 +172,7 @@ func (t *run) commitSave(world comm.Communicator) error {
 			crc := make([]string, len(ckpt.States))
 			for k := range crc {
 				j := i*len(ckpt.States) + k
-				crc[k] = fmt.Sprintf("%08x", uint32(theirs[2*j])<<16|uint32(theirs[2*j+1]))
+				crc[k] = ckpt.FormatSum(uint32(theirs[2*j])<<16 | uint32(theirs[2*j+1]))
 			}
 			count := rp.seg.hi - rp.seg.lo
 			tn := &meta.Tensors[rp.param]

@@ -65,6 +65,21 @@ func childWithEnv(t *testing.T, parent int, kv string) int {
 	return 0
 }
 
+// startCLI starts this test binary as the shardline CLI with args, its output
+// collected in the returned buffer; the process is killed when the test ends.
+func startCLI(t *testing.T, args ...string) (*exec.Cmd, *bytes.Buffer) {
+	t.Helper()
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	c := exec.Command(exe, args...)
+	c.Env = append(os.Environ(), "SHARDLINE_TEST_AS_CLI=1")
+	out := &bytes.Buffer{}
+	c.Stdout, c.Stderr = out, out
+	require.NoError(t, c.Start())
+	t.Cleanup(func() { c.Process.Kill() })
+	return c, out
+}
+
 // A rank that is stopped (SIGSTOP) ends the job within --comm-timeout, not after
 // the grace period, and launch names it.
 func TestStoppedRankEndsTheJob(t *testing.T) {
@@ -72,26 +87,19 @@ func TestStoppedRankEndsTheJob(t *testing.T) {
 		t.Skip("needs /proc to find and inspect the ranks")
 	}
 	dir := t.TempDir()
-	exe, err := os.Executable()
-	require.NoError(t, err)
-	launch := exec.Command(exe, longJob(t, dir, "--comm-timeout", "3s")...)
-	launch.Env = append(os.Environ(), "SHARDLINE_TEST_AS_CLI=1")
-	var out bytes.Buffer
-	launch.Stdout, launch.Stderr = &out, &out
-	require.NoError(t, launch.Start())
-	defer launch.Process.Kill()
-	waitForSteps(t, dir, 3, &out)
+	launch, out := startCLI(t, longJob(t, dir, "--comm-timeout", "3s")...)
+	waitForSteps(t, dir, 3, out)
 	rank1 := childWithEnv(t, launch.Process.Pid, "RANK=1")
 	require.NoError(t, syscall.Kill(rank1, syscall.SIGSTOP))
 	stopped := time.Now()
-	err = launch.Wait()
+	err := launch.Wait()
 	var ee *exec.ExitError
-	require.ErrorAs(t, err, &ee, "%s", &out)
+	require.ErrorAs(t, err, &ee, "%s", out)
 	assert.Equal(t, 1, ee.ExitCode())
 	// The bound is the 3 s timeout plus slack for a loaded machine; before, every
 	// later collective waited out a timeout of its own (5 × 3 s) and the stopped
 	// rank got the 30 s grace.
-	assert.Less(t, time.Since(stopped), 10*time.Second, "%s", &out)
+	assert.Less(t, time.Since(stopped), 10*time.Second, "%s", out)
 	assert.Contains(t, out.String(), "rank [1] was stopped (process state T")
 	assert.ErrorIs(t, syscall.Kill(rank1, 0), syscall.ESRCH, "rank 1 was killed (and reaped)")
 	t.Logf("the job ended %v after rank 1 stopped", time.Since(stopped).Round(time.Millisecond))
@@ -100,22 +108,15 @@ func TestStoppedRankEndsTheJob(t *testing.T) {
 // Ctrl-C (SIGINT) to launch stops every rank, and launch exits 130, as run does.
 func TestLaunchInterruptExits130(t *testing.T) {
 	dir := t.TempDir()
-	exe, err := os.Executable()
-	require.NoError(t, err)
-	launch := exec.Command(exe, longJob(t, dir)...)
-	launch.Env = append(os.Environ(), "SHARDLINE_TEST_AS_CLI=1")
-	var out bytes.Buffer
-	launch.Stdout, launch.Stderr = &out, &out
-	require.NoError(t, launch.Start())
-	defer launch.Process.Kill()
-	waitForSteps(t, dir, 3, &out)
+	launch, out := startCLI(t, longJob(t, dir)...)
+	waitForSteps(t, dir, 3, out)
 	require.NoError(t, launch.Process.Signal(os.Interrupt))
-	err = launch.Wait()
+	err := launch.Wait()
 	var ee *exec.ExitError
-	require.ErrorAs(t, err, &ee, "%s", &out)
-	assert.Equal(t, 130, ee.ExitCode(), "%s", &out)
+	require.ErrorAs(t, err, &ee, "%s", out)
+	assert.Equal(t, 130, ee.ExitCode(), "%s", out)
 	assert.Contains(t, out.String(), "interrupted")
-	assert.True(t, strings.Contains(out.String(), "weights") || strings.Contains(out.String(), "run directory"), "rank 0 wrote its outputs: %s", &out)
+	assert.True(t, strings.Contains(out.String(), "weights") || strings.Contains(out.String(), "run directory"), "rank 0 wrote its outputs: %s", out)
 }
 
 // Misused commands name the real problem, and refuse before any work starts.
@@ -167,32 +168,25 @@ func TestMisusedCommandsNameTheProblem(t *testing.T) {
 // complete checkpoint whole: it opens, verifies and resumes. SIGTERM (a cluster's
 // preemption) saves the state at the step it stops and exits 130.
 func TestKilledDuringSavesLeavesCheckpointsWhole(t *testing.T) {
-	exe, err := os.Executable()
-	require.NoError(t, err)
 	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM} {
 		t.Run(sig.String(), func(t *testing.T) {
 			dir := t.TempDir()
 			text := smallCorpus(t, dir)
-			c := exec.Command(exe, "run", filepath.Join(recipesDir, "tiny.toml"), "--set", "data.path="+text, "--seq-length", "16", "--micro-batch-size", "2",
+			c, out := startCLI(t, "run", filepath.Join(recipesDir, "tiny.toml"), "--set", "data.path="+text, "--seq-length", "16", "--micro-batch-size", "2",
 				"--global-batch-size", "2", "--train-iters", "1000000", "--set", "train.eval_interval=0", "--set", "run.output_dir="+dir,
 				"--save-interval", "1", "--set", "checkpoint.keep_last=3", "--set", "logging.format=json")
-			c.Env = append(os.Environ(), "SHARDLINE_TEST_AS_CLI=1")
-			var out bytes.Buffer
-			c.Stdout, c.Stderr = &out, &out
-			require.NoError(t, c.Start())
-			defer c.Process.Kill()
-			waitForSteps(t, dir, 6, &out)
+			waitForSteps(t, dir, 6, out)
 			require.NoError(t, c.Process.Signal(sig))
 			err := c.Wait()
 			var ee *exec.ExitError
 			require.ErrorAs(t, err, &ee)
 			root := filepath.Join(dir, "tiny", "checkpoints")
 			latest, err := ckpt.Latest(root)
-			require.NoError(t, err, "%s", &out)
+			require.NoError(t, err, "%s", out)
 			_, err = ckpt.Verify(latest)
 			require.NoError(t, err)
 			if sig == syscall.SIGTERM {
-				assert.Equal(t, 130, ee.ExitCode(), "%s", &out)
+				assert.Equal(t, 130, ee.ExitCode(), "%s", out)
 				m, err := ckpt.Open(latest)
 				require.NoError(t, err)
 				b, _ := os.ReadFile(filepath.Join(dir, "tiny", "metrics.jsonl"))

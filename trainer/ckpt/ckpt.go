@@ -92,8 +92,14 @@ func StepDir(root string, step int) string {
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// Sum is the checksum of one kind of one piece, as metadata.json writes it.
-func Sum(b []byte) string { return fmt.Sprintf("%08x", crc32.Checksum(b, castagnoli)) }
+// Checksum is the CRC-32C of one kind of one piece.
+func Checksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
+
+// Sum is Checksum as metadata.json writes it (8 hex digits).
+func Sum(b []byte) string { return FormatSum(Checksum(b)) }
+
+// FormatSum writes a checksum as metadata.json does.
+func FormatSum(c uint32) string { return fmt.Sprintf("%08x", c) }
 
 // AppendFloats appends x as little-endian float32 to b.
 func AppendFloats(b []byte, x []float32) []byte {
