@@ -511,7 +511,8 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	if len(t.curve) > 0 { // resumed: the steps before the checkpoint
 		last, good = t.curve[len(t.curve)-1], t.goodAtEnd()
 	}
-	var rates []float64
+	var rates []float64 // tokens/s of every step but the first (of a one-step run, that one)
+	firstRate := false
 	t.log.Info().Str("dir", t.dir).Str("backend", t.opts.Backend.Name()).Int("ranks", t.plan.Mesh.World).Str("strategy", t.plan.Strategy).
 		Int64("parameters", t.plan.ParamsTotal).Int("train_tokens", len(t.ds.Train)).Int("val_tokens", len(t.ds.Val)).Str("plan", t.plan.Fingerprint).Msg("training")
 	start := time.Now()
@@ -614,7 +615,12 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		}
 		dt := time.Since(t0).Seconds()
 		met.TokensPerS = float64(global*T) / dt
-		if step > 0 {
+		if step > startStep || len(rates) == 0 {
+			// The first step of a run warms caches up: a later step replaces it.
+			if len(rates) == 1 && firstRate {
+				rates = rates[:0]
+			}
+			firstRate = step == startStep
 			rates = append(rates, met.TokensPerS)
 		}
 		// Evaluation gathers units under optim_grads_params and exchanges tokens under

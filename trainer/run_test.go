@@ -279,3 +279,12 @@ func TestWeightsAreChecked(t *testing.T) {
 	assert.Contains(t, err.Error(), table[3].Name+"[7]")
 	assert.Contains(t, err.Error(), "must be finite")
 }
+
+// A one-step run reports its step's speed (the median leaves out the first step,
+// and there is no other), not 0.
+func TestOneStepRunReportsSpeed(t *testing.T) {
+	res, _ := tinyRun(t, "train.steps=1", "train.eval_interval=0")
+	out, err := Run(context.Background(), res, opts())
+	require.NoError(t, err)
+	assert.Greater(t, out.TokensPerS, 0.0)
+}
