@@ -97,6 +97,6 @@ docs/checkpoints.md describes the format.`}
 			return err
 		},
 	})
-	cmd.AddCommand(a.ckptExportCmd())
+	cmd.AddCommand(a.ckptExportCmd(), a.ckptImportCmd())
 	return cmd
 }

@@ -45,3 +45,26 @@ shardline run --init-from reads it back.`,
 	cmd.Flags().Int64Var(&shardMB, "shard-size", 5000, "largest safetensors file, in MB, before the weights are split with an index")
 	return cmd
 }
+
+// ckptImportCmd starts a run from a Hugging Face model directory: `run
+// --init-from` under the name the checkpoint commands use.
+func (a *app) ckptImportCmd() *cobra.Command {
+	run := a.runCmd()
+	run.Use = "import HF_DIR [RECIPE | RUN_DIR] [run flags]"
+	run.Short = "Start a run (fine-tuning) from a Hugging Face model directory"
+	run.Long = `Import starts a run whose weights come from HF_DIR (config.json and safetensors,
+as shardline ckpt export writes them, with Llama, Mixtral or Qwen2-MoE names)
+instead of the initialisation: shardline run --init-from HF_DIR, with every flag of
+run. A tensor the recipe's model lacks, misses or shapes differently is refused,
+named.`
+	run.Example = `  shardline ckpt import hf/tiny recipes/tiny.toml --train-iters 200 --lr 1e-4`
+	run.Args = cobra.RangeArgs(1, 2)
+	inner := run.RunE
+	run.RunE = func(cmd *cobra.Command, args []string) error {
+		if err := cmd.Flags().Set("init-from", args[0]); err != nil {
+			return err
+		}
+		return inner(cmd, args[1:])
+	}
+	return run
+}

@@ -498,6 +498,12 @@ func TestExportAndInitFrom(t *testing.T) {
 	fmt.Sscanf(strings.Fields(fresh[0])[1], "%g", &lf)
 	assert.Less(t, lt, lf-1, "loss from the export %v, fresh %v", lt, lf)
 
+	// ckpt import is the same start, under the checkpoint commands.
+	code, _, errs = shardline(t, nil, append([]string{"ckpt", "import", out}, append(args[1:], "--train-iters", "1")...)...)
+	require.Equal(t, 0, code, errs)
+	imported := curveLines(must(os.ReadFile(filepath.Join(dir, "tiny-4", "metrics.jsonl"))))
+	assert.Equal(t, trained[0], imported[0])
+
 	code, _, errs = shardline(t, nil, append(args, "--train-iters", "1", "--hidden-size", "256", "--init-from", out)...)
 	assert.Equal(t, 1, code)
 	assert.Contains(t, errs, "model.embed_tokens.weight has shape [256 128], the recipe's model needs [256 256]")
