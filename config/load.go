@@ -22,6 +22,18 @@ type Options struct {
 	Flags []FlagValue
 	// ReadFile reads recipe files; nil means ReadRecipeFile.
 	ReadFile func(string) ([]byte, error)
+	// Defaults are the CLI settings that stand in for built-in defaults (the
+	// runs directory, the device profile): below every recipe file, so a recipe
+	// that sets the key wins.
+	Defaults []SettingDefault
+}
+
+// SettingDefault is a CLI setting giving a recipe key's default: the key, the value as
+// text, where the setting came from (e.g. "runs_dir in shardline.toml") and its
+// position, if in a file.
+type SettingDefault struct {
+	Key, Value, From string
+	Pos              Pos
 }
 
 // FlagValue is one dashed flag as given: Name without "--" ("num-layers"), and its
@@ -87,6 +99,15 @@ func Load(path string, opts Options) (*Resolved, Diagnostics) {
 	if l.diags.HasErrors() && len(docs) == 0 {
 		l.diags.InRecipe(path)
 		return nil, l.diags
+	}
+	for _, d := range opts.Defaults {
+		f, ok := recipeSchema.Lookup(d.Key)
+		if !ok {
+			l.add(Diagnostic{Severity: SevError, Code: "SL007", Key: d.Key, Message: fmt.Sprintf("setting %s names no recipe key %s", d.From, d.Key),
+				Help: "a shardline bug: settings map to recipe keys", Origin: Origin{Kind: FromDefault, Name: d.From, Pos: d.Pos}})
+			continue
+		}
+		l.applyString(f, d.Value, Origin{Kind: FromDefault, Name: d.From, Raw: d.Value, Pos: d.Pos})
 	}
 	for _, d := range docs {
 		l.res.Files = append(l.res.Files, d.path)

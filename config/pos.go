@@ -78,6 +78,9 @@ func (o Origin) Location() string {
 func (o Origin) Describe() string {
 	switch o.Kind {
 	case FromDefault:
+		if o.Name != "" { // a CLI setting (shardline.toml, SHARDLINE_<SETTING>, ...)
+			return "setting " + o.Name
+		}
 		return "built-in default"
 	case FromFile:
 		return "recipe " + o.Pos.String()

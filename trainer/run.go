@@ -41,6 +41,9 @@ type Options struct {
 	// TracePath, when set, receives a Chrome trace of every rank's compute and
 	// communication (optim_grads_params), viewable in Perfetto.
 	TracePath string
+	// DataRoot, when set, is the directory a relative data.path is read from
+	// (the data_root CLI setting); otherwise the working directory.
+	DataRoot string
 	// CacheDir caches tokenized text; empty disables the cache.
 	CacheDir string
 	Version  string
@@ -266,6 +269,9 @@ func openData(r *config.Recipe, opts Options) (*data.Dataset, error) {
 	path, err := config.ExpandPath(r.Data.Path, opts.Env)
 	if err != nil {
 		return nil, &KeyError{Key: "data.path", Value: r.Data.Path, Err: err, Fix: "set the variable, or --set data.path=/path/to/text"}
+	}
+	if opts.DataRoot != "" && !filepath.IsAbs(path) {
+		path = filepath.Join(opts.DataRoot, path)
 	}
 	ds, err := data.Open(path, r.Data.Tokenizer, r.Data.ValFraction, opts.CacheDir)
 	if err != nil {

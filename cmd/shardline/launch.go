@@ -57,6 +57,9 @@ and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 		if nproc < 1 || nnodes < 1 || nodeRank < 0 || nodeRank >= nnodes {
 			return usageErr("--nproc %d, --nnodes %d, --node-rank %d: need nproc ≥ 1 and 0 ≤ node-rank < nnodes", nproc, nnodes, nodeRank)
 		}
+		if !cmd.Flags().Changed("grace") && a.settings.Grace > 0 {
+			grace = a.settings.Grace
+		}
 		if grace < 0 {
 			return usageErr("--grace %v must not be negative (0 kills at once)", grace)
 		}

@@ -508,3 +508,49 @@ func TestExportAndInitFrom(t *testing.T) {
 	assert.Equal(t, 1, code)
 	assert.Contains(t, errs, "model.embed_tokens.weight has shape [256 128], the recipe's model needs [256 256]")
 }
+
+// TestSettings: shardline.toml at an experiment repository's root, found from a
+// subdirectory, says where runs go and where data is read from (relative to the
+// file); SHARDLINE_<SETTING> beats it, a recipe that sets the key beats both; an
+// unknown setting or a bad duration is refused naming the file and line.
+func TestSettings(t *testing.T) {
+	root := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "data"), 0o755))
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "sub"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(root, "data", "t.txt"), []byte(strings.Repeat("abcd efgh ijkl mnop. ", 200)), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(root, "shardline.toml"), []byte("# machine settings\nruns_dir = \"out\"\ndata_root = \"data\"\ncomm_timeout = \"90s\"\n"), 0o644))
+	recipe := filepath.Join(root, "r.toml")
+	tiny, err := os.ReadFile(filepath.Join(recipesDir, "tiny.toml"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(recipe, tiny, 0o644))
+	t.Chdir(filepath.Join(root, "sub"))
+	args := []string{"run", recipe, "--set", "data.path=t.txt", "--num-layers", "1", "--seq-length", "16", "--train-iters", "2", "--set", "train.eval_interval=0"}
+
+	code, out, errs := shardline(t, nil, args...)
+	require.Equal(t, 0, code, errs)
+	assert.Contains(t, out, "run directory: "+filepath.Join(root, "out", "tiny"))
+	code, out, _ = shardline(t, nil, "lint", "--explain", "run.output_dir", recipe)
+	require.Equal(t, 0, code)
+	assert.Contains(t, out, "from setting runs_dir in "+filepath.Join(root, "shardline.toml"))
+
+	code, out, errs = shardline(t, []string{"SHARDLINE_RUNS_DIR=" + filepath.Join(root, "env")}, args...)
+	require.Equal(t, 0, code, errs)
+	assert.Contains(t, out, "run directory: "+filepath.Join(root, "env", "tiny"))
+
+	// A recipe whose file sets run.output_dir (over its base) beats the setting.
+	mine := filepath.Join(root, "mine.toml")
+	require.NoError(t, os.WriteFile(mine, []byte("extends = \"r.toml\"\n\n[run]\noutput_dir = \""+filepath.Join(root, "mine")+"\"\n"), 0o644))
+	args[1] = mine
+	code, out, errs = shardline(t, nil, args...)
+	require.Equal(t, 0, code, errs)
+	assert.Contains(t, out, "run directory: "+filepath.Join(root, "mine", "tiny"))
+
+	require.NoError(t, os.WriteFile(filepath.Join(root, "shardline.toml"), []byte("runs_dir = \"out\"\n\ncomm_timout = \"1m\"\n"), 0o644))
+	code, _, errs = shardline(t, nil, "lint", recipe)
+	assert.Equal(t, 2, code)
+	assert.Contains(t, errs, filepath.Join(root, "shardline.toml")+":3:1: unknown setting comm_timout; did you mean comm_timeout?")
+	require.NoError(t, os.WriteFile(filepath.Join(root, "shardline.toml"), []byte("grace = \"soon\"\n"), 0o644))
+	code, _, errs = shardline(t, nil, "lint", recipe)
+	assert.Equal(t, 2, code)
+	assert.Contains(t, errs, `shardline.toml:1:1: setting grace ("soon"): want a positive duration`)
+}

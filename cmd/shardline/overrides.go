@@ -110,7 +110,11 @@ func (a *app) loadRecipe(path string, rf *recipeFlags) (*config.Resolved, config
 	if err := checkReadable(path, "recipe"); err != nil {
 		return nil, nil, err
 	}
-	res, diags := config.Load(path, rf.options(a.env))
+	opts := rf.options(a.env)
+	if a.settings != nil {
+		opts.Defaults = a.settings.recipeDefaults(config.EnvMap(a.env))
+	}
+	res, diags := config.Load(path, opts)
 	if res != nil && !diags.HasErrors() {
 		diags = append(diags, config.Lint(res, a.env)...)
 	}

@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"runtime/debug"
 
+	"github.com/shardline/shardline/config"
 	"github.com/spf13/cobra"
 )
 
@@ -42,6 +43,8 @@ func usageErr(format string, args ...any) error {
 type app struct {
 	stdout, stderr io.Writer
 	env            []string
+	configPath     string    // --config
+	settings       *settings // loaded before a command runs
 }
 
 // Main runs the CLI with args (without the program name) and returns the exit code.
@@ -79,7 +82,13 @@ A recipe is linted, then compiled into a parallelism plan, then trained. Lint an
 plan never touch a device: they run anywhere, in milliseconds.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		PersistentPreRunE: func(*cobra.Command, []string) error {
+			s, err := loadSettings(a.configPath, config.EnvMap(a.env))
+			a.settings = s
+			return err
+		},
 	}
+	root.PersistentFlags().StringVar(&a.configPath, "config", "", "CLI settings file (default: shardline.toml in the working directory or its nearest parent that has one): runs_dir, data_root, cache_dir, device_profile, comm_timeout, grace; SHARDLINE_<SETTING> variables override it, flags override both")
 	root.AddCommand(a.runCmd(), a.launchCmd(), a.sampleCmd(), a.dataCmd(), a.lintCmd(), a.planCmd(), a.recipeCmd(), a.ckptCmd(), a.diffCmd(), a.versionCmd())
 	return root
 }

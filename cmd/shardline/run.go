@@ -100,6 +100,9 @@ position instead of ignored.`,
 		if stopAfter < 0 {
 			return usageErr("--stop-after %d must not be negative", stopAfter)
 		}
+		if !cmd.Flags().Changed("comm-timeout") && a.settings.CommTimeout > 0 {
+			commTimeout = a.settings.CommTimeout
+		}
 		if commTimeout <= 0 {
 			return usageErr("--comm-timeout %v must be positive", commTimeout)
 		}
@@ -166,7 +169,7 @@ position instead of ignored.`,
 		}
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		opts := trainer.Options{Backend: cpu.Backend{}, Env: config.EnvMap(a.env), LogOut: logOut, LogLevel: level, Version: version, CacheDir: cacheDir(), TracePath: trace, Resume: ckptDir, StopAfter: stopAfter, InitFrom: initFrom}
+		opts := trainer.Options{Backend: cpu.Backend{}, Env: config.EnvMap(a.env), LogOut: logOut, LogLevel: level, Version: version, CacheDir: a.cacheDir(), TracePath: trace, DataRoot: a.settings.DataRoot, Resume: ckptDir, StopAfter: stopAfter, InitFrom: initFrom}
 		if tty && r.Logging.Progress {
 			opts.Progress = a.stderr
 		}
@@ -254,8 +257,12 @@ func (a *app) logOutput(l config.Logging, tty bool) (io.Writer, zerolog.Level, e
 	return a.stderr, level, nil
 }
 
-// cacheDir is where tokenized text is cached ("" disables the cache).
-func cacheDir() string {
+// cacheDir is where tokenized text is cached: the cache_dir setting, or the
+// user cache directory ("" disables the cache).
+func (a *app) cacheDir() string {
+	if a.settings != nil && a.settings.CacheDir != "" {
+		return a.settings.CacheDir
+	}
 	d, err := os.UserCacheDir()
 	if err != nil {
 		return ""
