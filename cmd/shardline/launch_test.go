@@ -238,10 +238,11 @@ func TestLaunchExpertParallel(t *testing.T) {
 	}
 }
 
-// TestLaunchResumeIsBitExact: over TCP processes, a job stopped at step 5
-// (--stop-after, checkpoints every 3 steps) and resumed with --resume equals the
-// job that was never stopped, bit for bit: losses, gradient norms and final
-// weights. Then `shardline ckpt` lists, inspects and verifies its checkpoints.
+// TestLaunchResumeIsBitExact: over TCP processes (MoE, expert parallelism 2),
+// under every strategy, a job stopped at step 5 (--stop-after, checkpoints every 3
+// steps) and resumed with --resume equals the job that was never stopped, bit for
+// bit: losses, gradient norms and final weights. Then `shardline ckpt` lists,
+// inspects and verifies its checkpoints.
 func TestLaunchResumeIsBitExact(t *testing.T) {
 	dir := t.TempDir()
 	text := smallCorpus(t, dir)
@@ -250,20 +251,24 @@ func TestLaunchResumeIsBitExact(t *testing.T) {
 		"--global-batch-size", "8", "--train-iters", "8", "--set", "train.eval_interval=0", "--num-experts", "4", "--moe-router-topk", "2",
 		"--set", "model.moe.expert_ffn_hidden=32", "--set", "run.output_dir=" + dir, "--save-interval", "3", "--expert-model-parallel-size", "2"}
 	env := []string{"SHARDLINE_TEST_AS_CLI=1"}
-	code, _, errs := shardline(t, env, append(append([]string{"launch", "--nproc", "2"}, common...), "--set", "run.name=whole")...)
-	require.Equal(t, 0, code, errs)
-	code, _, errs = shardline(t, env, append(append([]string{"launch", "--nproc", "2"}, common...), "--set", "run.name=stopped", "--stop-after", "5")...)
-	require.Equal(t, 130, code, errs)
-	stopped := filepath.Join(dir, "stopped")
-	code, _, errs = shardline(t, env, append(append([]string{"launch", "--nproc", "2"}, common...), "--set", "run.name=stopped", "--resume", stopped)...)
-	require.Equal(t, 0, code, errs)
+	var stopped string
+	for _, strategy := range []string{"no_shard", "optim", "optim_grads", "optim_grads_params"} {
+		launch := append(append([]string{"launch", "--nproc", "2"}, common...), "--data-parallel-sharding-strategy", strategy)
+		code, _, errs := shardline(t, env, append(launch, "--set", "run.name=whole-"+strategy)...)
+		require.Equal(t, 0, code, errs)
+		code, _, errs = shardline(t, env, append(launch, "--set", "run.name=stopped-"+strategy, "--stop-after", "5")...)
+		require.Equal(t, 130, code, errs)
+		stopped = filepath.Join(dir, "stopped-"+strategy)
+		code, _, errs = shardline(t, env, append(launch, "--set", "run.name=stopped-"+strategy, "--resume", stopped)...)
+		require.Equal(t, 0, code, errs)
 
-	whole := filepath.Join(dir, "whole")
-	a, b := must(os.ReadFile(filepath.Join(whole, "metrics.jsonl"))), must(os.ReadFile(filepath.Join(stopped, "metrics.jsonl")))
-	assert.Equal(t, curveLines(a), curveLines(b))
-	assert.True(t, bytes.Equal(must(os.ReadFile(filepath.Join(whole, "weights.bin"))), must(os.ReadFile(filepath.Join(stopped, "weights.bin")))), "final weights")
+		whole := filepath.Join(dir, "whole-"+strategy)
+		a, b := must(os.ReadFile(filepath.Join(whole, "metrics.jsonl"))), must(os.ReadFile(filepath.Join(stopped, "metrics.jsonl")))
+		assert.Equal(t, curveLines(a), curveLines(b), strategy)
+		assert.True(t, bytes.Equal(must(os.ReadFile(filepath.Join(whole, "weights.bin"))), must(os.ReadFile(filepath.Join(stopped, "weights.bin")))), "%s: final weights", strategy)
+	}
 
-	code, out, errs := shardline(t, nil, "ckpt", "ls", stopped)
+	code, out, errs := shardline(t, nil, "ckpt", "ls", stopped) // the last strategy's
 	require.Equal(t, 0, code, errs)
 	for _, step := range []string{"3 ", "5 ", "6 ", "8 "} {
 		assert.Contains(t, out, "\n"+step, out)
