@@ -106,25 +106,35 @@ func TestResumeReshards(t *testing.T) {
 			whole, _ := tinyRun(t, append(append([]string(nil), base...), c.from...)...)
 			ref, err := Run(context.Background(), whole, opts())
 			require.NoError(t, err)
+			want := lossesOf(t, ref.Dir) // read now: a resumed run continues in this directory
 			saved := filepath.Join(ref.Dir, "checkpoints", "step-00000004")
 
-			// Load at the new shape and save at once (stop before any step).
-			moved, _ := tinyRun(t, append(append([]string(nil), base...), c.to...)...)
+			// Load at the new shape and save at once (stop before any step), into a
+			// checkpoint root of its own.
+			root := filepath.Join(t.TempDir(), "resaved")
+			moved, _ := tinyRun(t, append(append(append([]string(nil), base...), c.to...), "checkpoint.dir="+root)...)
 			o := opts()
 			o.Resume, o.StopAfter = saved, 4
-			out, err := Run(context.Background(), moved, o)
+			_, err = Run(context.Background(), moved, o)
 			require.NoError(t, err)
-			resaved := filepath.Join(out.Dir, "checkpoints", "step-00000004")
+			resaved := filepath.Join(root, "step-00000004")
+			require.NotEqual(t, saved, resaved)
+			m, err := ckpt.Open(resaved)
+			require.NoError(t, err)
+			require.Equal(t, moved.Recipe.Parallel.WorldSize, m.WorldSize, "saved by the new layout")
 			assertSameState(t, saved, resaved)
 
-			// And training goes on from there.
+			// And training goes on from there, along the uninterrupted curve.
 			o = opts()
 			o.Resume = resaved
-			out, err = Run(context.Background(), moved, o)
+			out, err := Run(context.Background(), moved, o)
 			require.NoError(t, err)
-			a, b := lossesOf(t, ref.Dir), lossesOf(t, out.Dir)
-			require.Len(t, b, len(a))
-			assert.Less(t, maxRelDiff(a, b), 1e-5)
+			got := lossesOf(t, out.Dir)
+			require.Len(t, got, len(want))
+			assert.Less(t, maxRelDiff(want, got), 1e-5)
+			es, err := ckpt.List(root)
+			require.NoError(t, err)
+			assert.Equal(t, 8, es[len(es)-1].Step, "the continued run trained to step 8 at the new layout and saved there")
 		})
 	}
 }

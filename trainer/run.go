@@ -260,6 +260,13 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 	return runRanks(ctx, r, res, opts, plan, ds, dir, log)
 }
 
+// sameDir says whether two paths name the same directory.
+func sameDir(a, b string) bool {
+	sa, err1 := os.Stat(a)
+	sb, err2 := os.Stat(b)
+	return err1 == nil && err2 == nil && os.SameFile(sa, sb)
+}
+
 func isDir(path string) bool {
 	st, err := os.Stat(path)
 	return err == nil && st.IsDir()
@@ -479,7 +486,10 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		if root == "" {
 			root = filepath.Join(cmp.Or(t.dir, t.ckptRunDir), "checkpoints")
 		}
-		t.ckpt = &checkpointer{root: root, interval: r.Checkpoint.Interval, keep: r.Checkpoint.KeepLast, saved: startStep}
+		t.ckpt = &checkpointer{root: root, interval: r.Checkpoint.Interval, keep: r.Checkpoint.KeepLast, saved: -1}
+		if t.opts.Resume != "" && sameDir(filepath.Dir(t.opts.Resume), root) {
+			t.ckpt.saved = startStep // the checkpoint resumed from is this root's
+		}
 	}
 	B, T := r.Train.MicroBatchSize, r.Model.SeqLen
 	mopts := []model.Option{model.WithRecompute(r.ActivationCheckpoint.Mode)}
