@@ -24,13 +24,17 @@ func NotExecuted(r *Recipe) []Unexecuted {
 	add(p.TensorParallel != 1, "parallel.tensor_parallel", "the trainer runs data and expert parallelism so far (tensor parallelism is planned, not executed)", "set it to 1 (shardline plan shows what it would do)")
 	add(p.ContextParallel != 1, "parallel.context_parallel", "the trainer runs data and expert parallelism so far (context parallelism is planned, not executed)", "set it to 1 (shardline plan shows what it would do)")
 	add(p.ExpertTensorParallel != 1, "parallel.expert_tensor_parallel", "the trainer splits experts over ranks, not within an expert", "set it to 1 and raise parallel.expert_parallel instead")
-	add(c.CkptFormat != "fsdp_dtensor" && (c.Interval > 0 || c.Dir != ""), "checkpoint.ckpt_format", "shardline writes sharded checkpoints laid out as fsdp_dtensor's (each tensor's pieces at their global offsets); torch_dist and torch files are not written", `set ckpt_format = "fsdp_dtensor"`)
-	add(c.KeepLast != 0 && c.Interval == 0 && c.Dir == "", "checkpoint.keep_last", "no checkpoints are written (checkpoint.interval is 0 and checkpoint.dir empty), so there are none to keep", "set checkpoint.interval, or remove keep_last")
+	add(c.CkptFormat != "fsdp_dtensor" && c.Saves(), "checkpoint.ckpt_format", "shardline writes sharded checkpoints laid out as fsdp_dtensor's (each tensor's pieces at their global offsets); torch_dist and torch files are not written", `set ckpt_format = "fsdp_dtensor"`)
+	add(c.KeepLast != 0 && !c.Saves(), "checkpoint.keep_last", "no checkpoints are written (checkpoint.interval is 0 and checkpoint.dir empty), so there are none to keep", "set checkpoint.interval, or remove keep_last")
 	add(r.Precision.MainParamsDtype != "fp32", "precision.main_params_dtype", "the trainer keeps fp32 main weights", `set main_params_dtype = "fp32"`)
 	add(r.FSDP.UseNCCLUB && p.Device == "cpu", "fsdp.use_nccl_ub", "NCCL user buffers exist on GPUs only; the CPU trainer has no NCCL", "set use_nccl_ub = false")
 	add(p.CUDAExpandableSegments && p.Device == "cpu", "parallel.cuda_expandable_segments", "the CUDA allocator setting has no effect on the CPU", "set cuda_expandable_segments = false")
 	return out
 }
+
+// Saves says whether the recipe asks for checkpoints: an interval, or a directory
+// (Megatron's --save).
+func (c Checkpoint) Saves() bool { return c.Interval > 0 || c.Dir != "" }
 
 // unexecuted notes every setting the trainer would refuse.
 func (c *checker) unexecuted() {

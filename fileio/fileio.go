@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 )
@@ -118,6 +119,15 @@ func WriteAtomic(path string, data []byte) error {
 		d.Close()
 	}
 	return nil
+}
+
+// AppendFloat32s appends x to b as little-endian float32 values: the layout of
+// every float file shardline writes (weights, checkpoints, safetensors).
+func AppendFloat32s(b []byte, x []float32) []byte {
+	for _, v := range x {
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
+	}
+	return b
 }
 
 // The trailer Seal appends: magic "SHLCRC32", the CRC-32C (Castagnoli) of every

@@ -109,7 +109,7 @@ func (t *run) startSave(step, optSteps int) {
 		lo, hi := rp.seg.lo, rp.seg.hi
 		for _, buf := range [][]float32{t.st.main[rp.gi][lo:hi], t.st.m[rp.gi][lo:hi], t.st.v[rp.gi][lo:hi]} {
 			at := len(data)
-			data = ckpt.AppendFloats(data, buf)
+			data = fileio.AppendFloat32s(data, buf)
 			crcs = append(crcs, ckpt.Checksum(data[at:]))
 		}
 	}
@@ -281,10 +281,6 @@ func trajectoryKey(key string) bool {
 	}
 	return false
 }
-
-// checkpointing says whether the recipe asks for checkpoints: an interval, or a
-// directory (Megatron's --save).
-func checkpointing(r *config.Recipe) bool { return r.Checkpoint.Interval > 0 || r.Checkpoint.Dir != "" }
 
 func btoi(b bool) int {
 	if b {

@@ -433,7 +433,7 @@ func runProcess(ctx context.Context, r *config.Recipe, res *config.Resolved, opt
 		opts.Progress = nil
 	}
 	t := &run{r: r, res: res, opts: opts, plan: plan, ds: ds, dir: dir, log: log, rank: p.Rank, trace: tr}
-	if checkpointing(r) && r.Checkpoint.Dir == "" && p.World > 1 {
+	if r.Checkpoint.Saves() && r.Checkpoint.Dir == "" && p.World > 1 {
 		// Checkpoints go under the run directory, which rank 0 named.
 		shared, err := shareString(p.Comm, dir)
 		if err != nil {
@@ -481,7 +481,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 			return nil, err
 		}
 	}
-	if checkpointing(r) {
+	if r.Checkpoint.Saves() {
 		root := r.Checkpoint.Dir
 		if root == "" {
 			root = filepath.Join(cmp.Or(t.dir, t.ckptRunDir), "checkpoints")
@@ -527,8 +527,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	if len(t.curve) > 0 { // resumed: the steps before the checkpoint
 		last, good = t.curve[len(t.curve)-1], t.goodAtEnd()
 	}
-	var rates []float64 // tokens/s of every step but the first (of a one-step run, that one)
-	firstRate := false
+	var rates []float64 // tokens/s of every step of this run
 	t.log.Info().Str("dir", t.dir).Str("backend", t.opts.Backend.Name()).Int("ranks", t.plan.Mesh.World).Str("strategy", t.plan.Strategy).
 		Int64("parameters", t.plan.ParamsTotal).Int("train_tokens", len(t.ds.Train)).Int("val_tokens", len(t.ds.Val)).Str("plan", t.plan.Fingerprint).Msg("training")
 	start := time.Now()
@@ -631,14 +630,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		}
 		dt := time.Since(t0).Seconds()
 		met.TokensPerS = float64(global*T) / dt
-		if step > startStep || len(rates) == 0 {
-			// The first step of a run warms caches up: a later step replaces it.
-			if len(rates) == 1 && firstRate {
-				rates = rates[:0]
-			}
-			firstRate = step == startStep
-			rates = append(rates, met.TokensPerS)
-		}
+		rates = append(rates, met.TokensPerS)
 		// Evaluation gathers units under optim_grads_params and exchanges tokens under
 		// expert parallelism, so then every rank runs it.
 		lastEvaluated = false
@@ -725,7 +717,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	if v := out.FinalValLoss; v != nil && (math.IsNaN(*v) || math.IsInf(*v, 0)) {
 		return nil, t.nonFinite(fmt.Errorf("the final validation loss is %v: %w; %s; lower train.lr", *v, ErrNonFinite, describeGood(good)))
 	}
-	out.TokensPerS = median(rates)
+	out.TokensPerS = median(rates[min(1, max(len(rates)-1, 0)):]) // the first step warms caches up: left out unless alone
 	return out, t.finish(out)
 }
 

@@ -45,9 +45,7 @@ func saveWeights(path string, table []parallel.Param, views [][]float32) error {
 	buf = binary.LittleEndian.AppendUint32(buf, uint32(len(hb)))
 	buf = append(buf, hb...)
 	for _, v := range views {
-		for _, x := range v {
-			buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(x))
-		}
+		buf = fileio.AppendFloat32s(buf, v)
 	}
 	return fileio.WriteSealed(path, buf)
 }

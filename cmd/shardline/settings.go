@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -79,7 +80,7 @@ func loadSettings(path string, env map[string]string) (*settings, error) {
 		lines := strings.Split(string(src), "\n")
 		for _, key := range v.AllKeys() {
 			s.pos[key] = keyPos(path, lines, key)
-			if !contains(settingKeys, key) {
+			if !slices.Contains(settingKeys, key) {
 				msg := fmt.Sprintf("%s: unknown setting %s", s.pos[key], key)
 				if m := config.Suggest(key, settingKeys); m != "" {
 					msg += fmt.Sprintf("; did you mean %s?", m)
@@ -165,13 +166,4 @@ func (s *settings) recipeDefaults(env map[string]string) []config.SettingDefault
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out
-}
-
-func contains(xs []string, x string) bool {
-	for _, y := range xs {
-		if x == y {
-			return true
-		}
-	}
-	return false
 }

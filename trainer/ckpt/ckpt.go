@@ -101,14 +101,6 @@ func Sum(b []byte) string { return FormatSum(Checksum(b)) }
 // FormatSum writes a checksum as metadata.json does.
 func FormatSum(c uint32) string { return fmt.Sprintf("%08x", c) }
 
-// AppendFloats appends x as little-endian float32 to b.
-func AppendFloats(b []byte, x []float32) []byte {
-	for _, v := range x {
-		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
-	}
-	return b
-}
-
 // WriteRankFile writes one rank's pieces, atomically.
 func WriteRankFile(dir string, rank int, data []byte) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {

@@ -54,9 +54,7 @@ func WriteSafetensors(path string, tensors []Tensor, metadata map[string]string)
 	buf = binary.LittleEndian.AppendUint64(buf, uint64(len(hb)))
 	buf = append(buf, hb...)
 	for _, t := range tensors {
-		for _, v := range t.Data {
-			buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v))
-		}
+		buf = fileio.AppendFloat32s(buf, t.Data)
 	}
 	return fileio.WriteAtomic(path, buf)
 }
