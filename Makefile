@@ -6,7 +6,7 @@ GO ?= go
 export GOPROXY := $(shell $(GO) env GOPROXY 2>/dev/null | cut -d, -f1)
 BIN := bin/shardline
 
-.PHONY: help build test vet bench bench-deps torch-deps fuzz sarif-schema docs golden clean
+.PHONY: help build test vet bench bench-deps torch-deps fuzz sarif-schema docs golden clean cuda-deps cuda-check cuda-test ptx bench-gpu
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -14,7 +14,7 @@ help: ## list the targets
 build: ## build bin/shardline
 	$(GO) build -buildvcs=auto -o $(BIN) ./cmd/shardline
 
-test: sarif-schema torch-deps ## vet, run every test, and fuzz every reader briefly (what CI runs)
+test: sarif-schema torch-deps cuda-check ## vet, run every test, and fuzz every reader briefly (what CI runs)
 	$(GO) vet ./...
 	SHARDLINE_SARIF_SCHEMA=$(CURDIR)/$(SARIF_SCHEMA) SHARDLINE_TORCH_PYTHON=/usr/bin/python3 $(GO) test -count=1 ./...
 	$(MAKE) --no-print-directory fuzz FUZZTIME=8s
@@ -68,6 +68,39 @@ docs: ## regenerate docs/recipes.md from the schema's doc comments
 
 golden: ## rewrite golden files after an intended change (review the diff!)
 	$(GO) test ./... -run Golden -update
+
+# ---- CUDA (see docs/cuda.md) -------------------------------------------------------
+# Debian's CUDA 11.8 packages live in the non-free component: nvidia-cuda-dev (cuda.h,
+# cublasLt.h, the libcuda link stub; about 2 minutes on a fresh machine) builds the
+# tagged Go code; nvidia-cuda-toolkit (nvcc, about 3 GB) is needed only by `make ptx`.
+NONFREE_SOURCES := /etc/apt/sources.list.d/shardline-nonfree.sources
+
+$(NONFREE_SOURCES):
+	printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm bookworm-updates\nComponents: contrib non-free non-free-firmware\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' > $@
+	apt-get update -qq
+
+cuda-deps: ## install the CUDA headers the -tags cuda build needs (Debian non-free)
+	@test -f /usr/include/cuda.h -a -f /usr/include/cublasLt.h || { echo "installing nvidia-cuda-dev" >&2; \
+		grep -rqs non-free /etc/apt/sources.list /etc/apt/sources.list.d || $(MAKE) --no-print-directory $(NONFREE_SOURCES); \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nvidia-cuda-dev; }
+
+cuda-check: cuda-deps ## vet and link the GPU backend and its device tests (-tags cuda); needs no GPU
+	$(GO) vet -tags cuda ./cuda/...
+	$(GO) test -c -tags cuda -o /dev/null ./cuda
+
+cuda-test: cuda-deps ## build bin/cuda.test, the device tests to run on a GPU machine (docs/cuda.md)
+	$(GO) test -c -tags cuda -o bin/cuda.test ./cuda
+
+# The kernels' PTX, committed so that go build never needs nvcc: compute_80 PTX,
+# which the driver compiles for the GPU it runs on (Ampere and Hopper). The .sha256
+# beside it records the source it was made from; a test fails when they disagree.
+ptx: ## compile cuda/kernels/kernels.cu to the committed PTX (needs nvcc: apt-get install nvidia-cuda-toolkit)
+	nvcc -ptx -arch=compute_80 -O3 -std=c++14 -o cuda/kernels/kernels.ptx cuda/kernels/kernels.cu
+	cd cuda/kernels && sha256sum kernels.cu > kernels.cu.sha256
+
+bench-gpu: cuda-test ## on a GPU machine: kernel benchmarks beside PyTorch on the same shapes
+	cd cuda && ../bin/cuda.test -test.run '^$$' -test.bench . -test.benchtime 20x
+	python3 scripts/bench_gpu_torch.py
 
 clean: ## remove build outputs
 	rm -rf bin

@@ -29,6 +29,7 @@ var allowedImports = map[string][]string{
 	"trainer/optim": {},
 	"trainer/ckpt":  {"fileio"},
 	"trainer/hf":    {"config", "fileio"},
+	"cuda":          {"tensor"},
 	"trainer":       {"config", "fileio", "trainer/ckpt", "trainer/hf", "parallel", "parallel/comm", "tensor", "trainer/data", "trainer/model", "trainer/optim"},
 	"cmd/shardline": {"*"},
 }
@@ -41,7 +42,10 @@ func TestImportsPointDown(t *testing.T) {
 		if path != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || d.Name() == "bin") {
 			return filepath.SkipDir
 		}
-		pkg, err := build.ImportDir(path, 0)
+		// With the cuda tag, so the GPU backend's files are held to the same rule.
+		ctx := build.Default
+		ctx.BuildTags = append(ctx.BuildTags, "cuda")
+		pkg, err := ctx.ImportDir(path, 0)
 		if err != nil {
 			if _, ok := err.(*build.NoGoError); ok {
 				return nil
@@ -70,6 +74,33 @@ func TestImportsPointDown(t *testing.T) {
 		}
 		if _, err := os.Stat(filepath.Join(path, "doc.go")); err != nil {
 			t.Errorf("package %s has no doc.go saying what it owns and must not import", rel)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestNoGPULibraryWithoutTag: gorgonia.org/cu exits the process at start-up where
+// there is no GPU, so no package may import it without the cuda build tag (the
+// shardline binary that lints, plans and launches must start anywhere).
+func TestNoGPULibraryWithoutTag(t *testing.T) {
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return err
+		}
+		if path != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || d.Name() == "bin") {
+			return filepath.SkipDir
+		}
+		pkg, err := build.ImportDir(path, 0)
+		if err != nil {
+			return nil
+		}
+		for _, imp := range append(pkg.Imports, pkg.TestImports...) {
+			if strings.HasPrefix(imp, "gorgonia.org/cu") {
+				t.Errorf("%s imports %s without the cuda build tag: put the file behind //go:build cuda", path, imp)
+			}
 		}
 		return nil
 	})

@@ -1,0 +1,200 @@
+//go:build cuda
+
+package cuda
+
+/*
+#cgo LDFLAGS: -ldl
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <cublasLt.h>
+
+// cuBLASLt is opened with dlopen, never linked, so one binary runs with the
+// library of any CUDA 12 or 13 install; cublasLt.h (CUDA 11.8 from Debian) gives
+// the types, whose layout these versions share.
+#define LT_FNS(X) X(cublasLtCreate) X(cublasLtDestroy) X(cublasLtGetVersion) \
+	X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy) X(cublasLtMatmulDescSetAttribute) \
+	X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy) X(cublasLtMatmulPreferenceCreate) \
+	X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatmulPreferenceSetAttribute) \
+	X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmul)
+#define LT_DECL(f) static __typeof__(f)* p_##f;
+LT_FNS(LT_DECL)
+
+static void* lt_lib;
+
+// lt_open loads name; it returns NULL, or what failed.
+static const char* lt_open(const char* name) {
+	lt_lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+	if (!lt_lib) return dlerror();
+#define LT_LOAD(f) p_##f = (__typeof__(f)*)dlsym(lt_lib, #f); if (!p_##f) return #f;
+	LT_FNS(LT_LOAD)
+	return NULL;
+}
+
+static int lt_create(cublasLtHandle_t* h) { return p_cublasLtCreate(h); }
+static void lt_destroy(cublasLtHandle_t h) { p_cublasLtDestroy(h); }
+static size_t lt_version(void) { return p_cublasLtGetVersion(); }
+
+typedef struct {
+	cublasLtMatmulDesc_t op;
+	cublasLtMatrixLayout_t a, b, c;
+	cublasLtMatmulAlgo_t algo;
+	size_t workspace;
+} lt_plan;
+
+// lt_prepare describes C (m×n, column-major) = op(A)·op(B) (+ C) with A, B of type
+// ab and C of type ct, fp32 accumulation, and picks the heuristic's first algorithm
+// that fits a workspace of ws bytes.
+static int lt_prepare(cublasLtHandle_t h, lt_plan* p, int ta, int tb, long m, long n, long k,
+                      long lda, long ldb, long ldc, int ab, int ct, size_t ws) {
+	int st;
+	cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+	if ((st = p_cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F))) return st;
+	if ((st = p_cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)))) return st;
+	if ((st = p_cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)))) return st;
+	if ((st = p_cublasLtMatrixLayoutCreate(&p->a, (cudaDataType)ab, ta ? k : m, ta ? m : k, lda))) return st;
+	if ((st = p_cublasLtMatrixLayoutCreate(&p->b, (cudaDataType)ab, tb ? n : k, tb ? k : n, ldb))) return st;
+	if ((st = p_cublasLtMatrixLayoutCreate(&p->c, (cudaDataType)ct, m, n, ldc))) return st;
+	cublasLtMatmulPreference_t pref;
+	if ((st = p_cublasLtMatmulPreferenceCreate(&pref))) return st;
+	st = p_cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+	cublasLtMatmulHeuristicResult_t r;
+	int found = 0;
+	if (!st) st = p_cublasLtMatmulAlgoGetHeuristic(h, p->op, p->a, p->b, p->c, p->c, pref, 1, &r, &found);
+	p_cublasLtMatmulPreferenceDestroy(pref);
+	if (st) return st;
+	if (!found) return -1;
+	p->algo = r.algo;
+	p->workspace = r.workspaceSize;
+	return 0;
+}
+
+// lt_matmul runs a prepared product; device addresses come as integers.
+static int lt_matmul(cublasLtHandle_t h, lt_plan* p, unsigned long long A, unsigned long long B, unsigned long long C,
+                     float beta, unsigned long long ws, size_t wsSize, void* stream) {
+	float alpha = 1.f;
+	return p_cublasLtMatmul(h, p->op, &alpha, (const void*)A, p->a, (const void*)B, p->b, &beta, (void*)C, p->c,
+	                        (void*)C, p->c, &p->algo, (void*)ws, wsSize, (cudaStream_t)stream);
+}
+
+static void lt_release(lt_plan* p) {
+	p_cublasLtMatrixLayoutDestroy(p->a);
+	p_cublasLtMatrixLayoutDestroy(p->b);
+	p_cublasLtMatrixLayoutDestroy(p->c);
+	p_cublasLtMatmulDescDestroy(p->op);
+}
+*/
+import "C"
+
+import (
+	"fmt"
+	"strings"
+	"unsafe"
+
+	"gorgonia.org/cu"
+)
+
+// blasLtNames are the cuBLASLt libraries tried, newest first.
+var blasLtNames = []string{"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so.11", "libcublasLt.so"}
+
+// blasWorkspace is cuBLASLt's workspace (32 MiB: what NVIDIA advises for Hopper).
+const blasWorkspace = 32 << 20
+
+type blasLt struct {
+	h       C.cublasLtHandle_t
+	stream  unsafe.Pointer
+	ws      cu.DevicePtr
+	plans   map[gemmKey]*C.lt_plan
+	version int
+	library string
+}
+
+type gemmKey struct {
+	ta, tb        bool
+	m, n, k       int
+	lda, ldb, ldc int
+	ab, c         DType
+}
+
+func openBlasLt(stream unsafe.Pointer) (*blasLt, error) {
+	var why []string
+	lt := &blasLt{stream: stream, plans: map[gemmKey]*C.lt_plan{}}
+	for _, name := range blasLtNames {
+		cs := C.CString(name)
+		msg := C.lt_open(cs)
+		C.free(unsafe.Pointer(cs))
+		if msg == nil {
+			lt.library = name
+			break
+		}
+		why = append(why, C.GoString(msg))
+	}
+	if lt.library == "" {
+		return nil, fmt.Errorf("cuda: cuBLASLt not found (tried %s): %s; install CUDA 12 or 13's libcublas, or add its lib64 to LD_LIBRARY_PATH",
+			strings.Join(blasLtNames, ", "), strings.Join(why, "; "))
+	}
+	if st := C.lt_create(&lt.h); st != 0 {
+		return nil, fmt.Errorf("cuda: cublasLtCreate: status %d", st)
+	}
+	lt.version = int(C.lt_version())
+	ws, err := cu.MemAlloc(blasWorkspace)
+	if err != nil {
+		return nil, fmt.Errorf("cuda: cuBLASLt workspace: %w", err)
+	}
+	lt.ws = ws
+	return lt, nil
+}
+
+func (lt *blasLt) close() {
+	for _, p := range lt.plans {
+		C.lt_release(p)
+		C.free(unsafe.Pointer(p))
+	}
+	C.lt_destroy(lt.h)
+	_ = cu.MemFree(lt.ws)
+}
+
+func cudaType(t DType) C.int {
+	if t == BF16 {
+		return C.CUDA_R_16BF
+	}
+	return C.CUDA_R_32F
+}
+
+// gemm is the column-major product C (m×n) = op(A)·op(B) + beta·C, A and B of one
+// dtype, C of its own, accumulated in fp32. The algorithm for a shape is chosen
+// once by cuBLASLt's heuristic and cached.
+func (d *Device) gemm(ta, tb bool, m, n, k int, A Buffer, lda int, B Buffer, ldb int, beta float32, Cb Buffer, ldc int) {
+	if d.err != nil {
+		return
+	}
+	if A.DType != B.DType || A.DType == I32 || Cb.DType == I32 {
+		d.fail("gemm", fmt.Errorf("operands %s·%s into %s", A.DType, B.DType, Cb.DType))
+		return
+	}
+	lt := d.lt
+	key := gemmKey{ta, tb, m, n, k, lda, ldb, ldc, A.DType, Cb.DType}
+	p, ok := lt.plans[key]
+	if !ok {
+		p = (*C.lt_plan)(C.calloc(1, C.size_t(unsafe.Sizeof(C.lt_plan{}))))
+		st := C.lt_prepare(lt.h, p, cbool(ta), cbool(tb), C.long(m), C.long(n), C.long(k), C.long(lda), C.long(ldb), C.long(ldc),
+			cudaType(A.DType), cudaType(Cb.DType), blasWorkspace)
+		if st != 0 {
+			C.free(unsafe.Pointer(p))
+			d.fail("gemm", fmt.Errorf("cuBLASLt has no algorithm for %+v (status %d)", key, st))
+			return
+		}
+		lt.plans[key] = p
+	}
+	st := C.lt_matmul(lt.h, p, C.ulonglong(A.ptr), C.ulonglong(B.ptr), C.ulonglong(Cb.ptr),
+		C.float(beta), C.ulonglong(lt.ws), C.size_t(blasWorkspace), lt.stream)
+	if st != 0 {
+		d.fail("gemm", fmt.Errorf("cublasLtMatmul %+v: status %d", key, st))
+	}
+}
+
+func cbool(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,515 @@
+//go:build cuda
+
+package cuda
+
+// These tests need an NVIDIA GPU: build them with `make cuda-test` (a test binary
+// carried to the GPU machine) and run bin/cuda.test there. Each kernel is checked
+// against the CPU backend (tensor/cpu) on random inputs; bf16 runs feed both sides
+// the same bf16-rounded inputs.
+//
+// Tolerances are ‖gpu − cpu‖/‖cpu‖ over the whole output:
+//   - fp32: 1e-5 elementwise and row kernels (fp32 arithmetic, different summation
+//     order), 1e-4 for attention and products (sums of hundreds to thousands of
+//     terms in another order).
+//   - bf16: 8e-3: the output is stored in bf16 (relative rounding ≤ 2⁻⁹ ≈ 2e-3 per
+//     value), on top of fp32 accumulation.
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"testing"
+
+	"github.com/shardline/shardline/tensor"
+	"github.com/shardline/shardline/tensor/cpu"
+)
+
+var dev *Device
+
+func TestMain(m *testing.M) {
+	d, err := Open(0)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	fmt.Fprintln(os.Stderr, "device:", d.Info())
+	dev = d
+	code := m.Run()
+	d.Close()
+	os.Exit(code)
+}
+
+// onDevice runs fn on the device goroutine (only t.Error/Log there: t.Fatal would
+// end the device's goroutine) and fails the test on a sticky device error.
+func onDevice(t *testing.T, fn func()) {
+	t.Helper()
+	var err error
+	dev.Do(func() {
+		fn()
+		err = dev.Err()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func randn(r *rand.Rand, n int, scale float64) []float32 {
+	s := make([]float32, n)
+	for i := range s {
+		s[i] = float32(r.NormFloat64() * scale)
+	}
+	return s
+}
+
+// roundTo rounds x to the storage dtype (bf16 keeps 8 bits of mantissa).
+func roundTo(dt DType, x []float32) []float32 {
+	y := append([]float32(nil), x...)
+	if dt == BF16 {
+		tensor.RoundBF16(y)
+	}
+	return y
+}
+
+// put allocates a buffer of dt holding x (rounded to bf16 for BF16).
+func put(t *testing.T, dt DType, x []float32) Buffer {
+	b, err := dev.Alloc(dt, len(x))
+	if err != nil {
+		t.Error(err)
+		return b
+	}
+	if dt == BF16 {
+		h := make([]tensor.BF16, len(x))
+		tensor.CastToBF16(h, x)
+		dev.Upload(b, h)
+	} else {
+		dev.Upload(b, x)
+	}
+	t.Cleanup(func() { dev.Do(func() { dev.Free(b) }) })
+	return b
+}
+
+// poisoned allocates n values of dt filled with NaN, so an unwritten output shows.
+func poisoned(t *testing.T, dt DType, n int) Buffer {
+	nan := make([]float32, n)
+	for i := range nan {
+		nan[i] = float32(math.NaN())
+	}
+	return put(t, dt, nan)
+}
+
+func putI32(t *testing.T, x []int32) Buffer {
+	b, err := dev.Alloc(I32, len(x))
+	if err != nil {
+		t.Error(err)
+		return b
+	}
+	dev.Upload(b, x)
+	t.Cleanup(func() { dev.Do(func() { dev.Free(b) }) })
+	return b
+}
+
+func get(b Buffer) []float32 {
+	out := make([]float32, b.N)
+	if b.DType == BF16 {
+		h := make([]tensor.BF16, b.N)
+		dev.Download(h, b)
+		tensor.CastToFloat32(out, h)
+	} else {
+		dev.Download(out, b)
+	}
+	return out
+}
+
+func relErr(got, want []float32) float64 {
+	var num, den float64
+	for i := range want {
+		g, w := float64(got[i]), float64(want[i])
+		if math.IsNaN(g) || math.IsInf(g, 0) {
+			return math.Inf(1)
+		}
+		num += (g - w) * (g - w)
+		den += w * w
+	}
+	if den == 0 {
+		return math.Sqrt(num)
+	}
+	return math.Sqrt(num / den)
+}
+
+func tol(dt DType, fp32 float64) float64 {
+	if dt == BF16 {
+		return 8e-3
+	}
+	return fp32
+}
+
+func check(t *testing.T, what string, dt DType, got, want []float32, fp32tol float64) {
+	t.Helper()
+	if e := relErr(got, want); !(e <= tol(dt, fp32tol)) {
+		t.Errorf("%s (%s): relative error %.3g > %.3g", what, dt, e, tol(dt, fp32tol))
+	} else {
+		t.Logf("%s (%s): relative error %.3g", what, dt, e)
+	}
+}
+
+var dtypes = []DType{F32, BF16}
+
+func TestMatmul(t *testing.T) {
+	for _, dt := range dtypes {
+		r := rand.New(rand.NewPCG(1, uint64(dt)))
+		BT, C, OC := 96, 160, 224
+		inp, w := roundTo(dt, randn(r, BT*C, 1)), roundTo(dt, randn(r, OC*C, 0.1))
+		dout := roundTo(dt, randn(r, BT*OC, 1))
+		prev := roundTo(dt, randn(r, BT*OC, 1))
+		dw0 := randn(r, OC*C, 1)
+		want := append([]float32(nil), prev...)
+		cpu.Matmul(want, inp, w, BT, C, OC, true)
+		wantDinp := make([]float32, BT*C)
+		wantDw := append([]float32(nil), dw0...)
+		cpu.MatmulBackward(wantDinp, wantDw, dout, inp, w, BT, C, OC, false)
+		wantFresh := make([]float32, BT*OC)
+		cpu.Matmul(wantFresh, inp, w, BT, C, OC, false)
+		onDevice(t, func() {
+			s := MatmulShape{BT, C, OC}
+			bi, bw, bo, bd := put(t, dt, inp), put(t, dt, w), put(t, dt, prev), put(t, dt, dout)
+			fresh := poisoned(t, dt, BT*OC)
+			dev.Matmul(bo, bi, bw, s, true)
+			dev.Matmul(fresh, bi, bw, s, false)
+			dinp, dw := poisoned(t, dt, BT*C), put(t, F32, dw0)
+			dev.MatmulBackward(dinp, dw, bd, bi, bw, s, false)
+			check(t, "matmul accumulate", dt, get(bo), want, 1e-5)
+			check(t, "matmul", dt, get(fresh), wantFresh, 1e-5)
+			check(t, "matmul dinp", dt, get(dinp), wantDinp, 1e-5)
+			check(t, "matmul dweight (fp32)", F32, get(dw), wantDw, 1e-5)
+		})
+	}
+}
+
+func TestRowKernels(t *testing.T) {
+	for _, dt := range dtypes {
+		r := rand.New(rand.NewPCG(2, uint64(dt)))
+		BT, C, V := 70, 96, 300
+		// RMSNorm
+		inp, w, dout := roundTo(dt, randn(r, BT*C, 1)), roundTo(dt, randn(r, C, 1)), roundTo(dt, randn(r, BT*C, 1))
+		out, rstd := make([]float32, BT*C), make([]float32, BT)
+		cpu.RMSNorm(out, rstd, inp, w, BT, C, 1e-5)
+		prevD := roundTo(dt, randn(r, BT*C, 1))
+		dinp, dw0 := append([]float32(nil), prevD...), randn(r, C, 1)
+		dw := append([]float32(nil), dw0...)
+		cpu.RMSNormBackward(dinp, dw, dout, inp, w, rstd, BT, C) // CPU accumulates into dinp
+		// Cross-entropy
+		logits := roundTo(dt, randn(r, BT*V, 2))
+		targets := make([]int32, BT)
+		for i := range targets {
+			targets[i] = int32(r.IntN(V))
+		}
+		targets[3] = -1
+		losses, probs := make([]float32, BT), make([]float32, BT*V)
+		cpu.CrossEntropy(losses, probs, logits, targets, BT, V)
+		dloss := randn(r, BT, 1)
+		dlogits := make([]float32, BT*V)
+		cpu.CrossEntropyBackward(dlogits, dloss, probs, targets, BT, V)
+		// Embedding
+		tokens := make([]int32, BT)
+		for i := range tokens {
+			tokens[i] = int32(r.IntN(V))
+		}
+		tokens[5] = tokens[9] // a repeated token sums its rows
+		wte := roundTo(dt, randn(r, V*C, 1))
+		emb := make([]float32, BT*C)
+		cpu.Embedding(emb, tokens, wte, BT, C)
+		dwte0 := randn(r, V*C, 1)
+		dwte := append([]float32(nil), dwte0...)
+		cpu.EmbeddingBackward(dwte, dout, tokens, BT, C)
+		onDevice(t, func() {
+			bo, brs := poisoned(t, dt, BT*C), poisoned(t, F32, BT)
+			bi, bw, bd := put(t, dt, inp), put(t, dt, w), put(t, dt, dout)
+			dev.RMSNorm(bo, brs, bi, bw, BT, C, 1e-5)
+			check(t, "rmsnorm", dt, get(bo), out, 1e-5)
+			check(t, "rmsnorm rstd", F32, get(brs), rstd, 1e-5)
+			bdi, bdw := put(t, dt, prevD), put(t, F32, dw0)
+			dev.RMSNormBackward(bdi, bdw, bd, bi, bw, brs, BT, C, true)
+			check(t, "rmsnorm dinp", dt, get(bdi), dinp, 1e-5)
+			check(t, "rmsnorm dweight", F32, get(bdw), dw, 1e-5)
+
+			bl, blse := poisoned(t, F32, BT), poisoned(t, F32, BT)
+			bz, bt := put(t, dt, logits), putI32(t, targets)
+			dev.CrossEntropy(bl, blse, bz, bt, BT, V)
+			check(t, "cross-entropy losses", F32, get(bl), losses, 1e-5)
+			bdz := poisoned(t, dt, BT*V)
+			dev.CrossEntropyBackward(bdz, put(t, F32, dloss), blse, bz, bt, BT, V, false)
+			check(t, "cross-entropy dlogits", dt, get(bdz), dlogits, 1e-5)
+
+			be, btok := poisoned(t, dt, BT*C), putI32(t, tokens)
+			dev.Embedding(be, btok, put(t, dt, wte), BT, C)
+			check(t, "embedding", dt, get(be), emb, 0)
+			bdwte := put(t, F32, dwte0)
+			dev.EmbeddingBackward(bdwte, bd, btok, BT, C, V)
+			check(t, "embedding dwte", F32, get(bdwte), dwte, 1e-6)
+		})
+	}
+}
+
+func TestElementwise(t *testing.T) {
+	for _, dt := range dtypes {
+		r := rand.New(rand.NewPCG(3, uint64(dt)))
+		B, T, NH, HD := 2, 37, 3, 64
+		n := B * T * NH * HD
+		x := roundTo(dt, randn(r, n, 1))
+		cos, sin := make([]float32, T*HD/2), make([]float32, T*HD/2)
+		cpu.RopeTables(cos, sin, T, HD, 10000)
+		rot := append([]float32(nil), x...)
+		cpu.Rope(rot, cos, sin, B, T, NH, HD)
+		back := append([]float32(nil), x...)
+		cpu.RopeBackward(back, cos, sin, B, T, NH, HD)
+		g, u, d := roundTo(dt, randn(r, n, 2)), roundTo(dt, randn(r, n, 1)), roundTo(dt, randn(r, n, 1))
+		sw := make([]float32, n)
+		cpu.SwiGLU(sw, g, u, n)
+		dg0, du0 := roundTo(dt, randn(r, n, 1)), roundTo(dt, randn(r, n, 1))
+		dg, du := append([]float32(nil), dg0...), append([]float32(nil), du0...)
+		cpu.SwiGLUBackward(dg, du, d, g, u, n, true)
+		sum := make([]float32, n)
+		cpu.Add(sum, g, u, n)
+		onDevice(t, func() {
+			bc, bs := poisoned(t, F32, T*HD/2), poisoned(t, F32, T*HD/2)
+			dev.RopeTables(bc, bs, T, HD, 10000)
+			check(t, "rope tables", F32, get(bc), cos, 0)
+			bx := put(t, dt, x)
+			dev.Rope(bx, bc, bs, RopeShape{B, T, NH, HD}, false)
+			check(t, "rope", dt, get(bx), rot, 1e-6)
+			bx = put(t, dt, x)
+			dev.Rope(bx, bc, bs, RopeShape{B, T, NH, HD}, true)
+			check(t, "rope backward", dt, get(bx), back, 1e-6)
+			bg, bu, bd := put(t, dt, g), put(t, dt, u), put(t, dt, d)
+			bo := poisoned(t, dt, n)
+			dev.SwiGLU(bo, bg, bu)
+			check(t, "swiglu", dt, get(bo), sw, 1e-5)
+			bdg, bdu := put(t, dt, dg0), put(t, dt, du0)
+			dev.SwiGLUBackward(bdg, bdu, bd, bg, bu, true)
+			check(t, "swiglu dgate", dt, get(bdg), dg, 1e-5)
+			check(t, "swiglu dup", dt, get(bdu), du, 1e-5)
+			dev.Add(bo, bg, bu)
+			check(t, "add", dt, get(bo), sum, 1e-6)
+		})
+	}
+}
+
+func TestOptimizerAndNorm(t *testing.T) {
+	r := rand.New(rand.NewPCG(4, 0))
+	n := 100_003
+	p, g, m, v := randn(r, n, 1), randn(r, n, 1), randn(r, n, 0.1), randn(r, n, 0.1)
+	for i := range v {
+		v[i] *= v[i]
+	}
+	var ss float64
+	for _, x := range g {
+		ss += float64(x) * float64(x)
+	}
+	maxNorm := math.Sqrt(ss) / 2
+	factor := maxNorm / (math.Sqrt(ss) + 1e-6)
+	gs := append([]float32(nil), g...)
+	cpu.Scale(gs, factor)
+	wp, wm, wv := append([]float32(nil), p...), append([]float32(nil), m...), append([]float32(nil), v...)
+	cfg := AdamWConfig{LR: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Step: 7}
+	cpu.AdamW(wp, gs, wm, wv, cfg.LR, cfg.Beta1, cfg.Beta2, cfg.Eps, cfg.WeightDecay, cfg.Step)
+	wpb := make([]float32, n)
+	copy(wpb, wp)
+	tensor.RoundBF16(wpb)
+	onDevice(t, func() {
+		bg := put(t, F32, g)
+		sumsq, norm, f := poisoned(t, F32, 1), poisoned(t, F32, 1), poisoned(t, F32, 1)
+		dev.SumSquares(sumsq, bg, false)
+		dev.ClipFactor(f, norm, sumsq, maxNorm)
+		check(t, "sum of squares", F32, get(sumsq), []float32{float32(ss)}, 1e-5)
+		check(t, "clip factor", F32, get(f), []float32{float32(factor)}, 1e-5)
+		bp, bm, bv := put(t, F32, p), put(t, F32, m), put(t, F32, v)
+		comp := poisoned(t, BF16, n)
+		dev.AdamW(bp, comp, bg, bm, bv, f, cfg)
+		check(t, "adamw params", F32, get(bp), wp, 1e-6)
+		check(t, "adamw m", F32, get(bm), wm, 1e-6)
+		check(t, "adamw v", F32, get(bv), wv, 1e-6)
+		check(t, "adamw bf16 compute weights", BF16, get(comp), wpb, 0)
+		// determinism: the sum of squares is the same bits twice
+		a := get(sumsq)
+		dev.SumSquares(sumsq, bg, false)
+		if b := get(sumsq); a[0] != b[0] {
+			t.Errorf("sum of squares differs between runs: %v, %v", a[0], b[0])
+		}
+	})
+}
+
+// naiveAttention is the float64 formula for rows [lo, hi) of o (B,Tq,NH,HD), with
+// positions and masking as AttentionShape says; it also returns each row's lse.
+func naiveAttention(s AttentionShape, q, k, v []float32, lo, hi int) (o []float64, lse []float64) {
+	scale := 1 / math.Sqrt(float64(s.HD))
+	group := s.NH / s.NKV
+	for b := 0; b < s.B; b++ {
+		for i := lo; i < hi; i++ {
+			for h := 0; h < s.NH; h++ {
+				kh := h / group
+				qi := ((b*s.Tq+i)*s.NH + h) * s.HD
+				sc := make([]float64, s.Tk)
+				m := math.Inf(-1)
+				for j := 0; j < s.Tk; j++ {
+					sc[j] = math.Inf(-1)
+					if s.Causal && s.KOff+j > s.QOff+i {
+						continue
+					}
+					kj := ((b*s.Tk+j)*s.NKV + kh) * s.HD
+					var dot float64
+					for d := 0; d < s.HD; d++ {
+						dot += float64(q[qi+d]) * float64(k[kj+d])
+					}
+					sc[j] = dot * scale
+					m = math.Max(m, sc[j])
+				}
+				var z float64
+				for j := range sc {
+					if !math.IsInf(sc[j], -1) {
+						z += math.Exp(sc[j] - m)
+					}
+				}
+				row := make([]float64, s.HD)
+				for j := range sc {
+					if math.IsInf(sc[j], -1) {
+						continue
+					}
+					p := math.Exp(sc[j]-m) / z
+					kj := ((b*s.Tk+j)*s.NKV + kh) * s.HD
+					for d := range row {
+						row[d] += p * float64(v[kj+d])
+					}
+				}
+				o = append(o, row...)
+				lse = append(lse, m+math.Log(z))
+			}
+		}
+	}
+	return o, lse
+}
+
+// TestFlashAttention checks forward and backward against the CPU backend's
+// attention (which keeps (T,T) probabilities), causal with GQA, T not a multiple
+// of the tiles, for each head size.
+func TestFlashAttention(t *testing.T) {
+	for _, dt := range dtypes {
+		for _, HD := range []int{32, 64, 128} {
+			r := rand.New(rand.NewPCG(5, uint64(HD)+uint64(dt)))
+			B, T, NH, NKV := 2, 77, 4, 2
+			s := AttentionShape{B: B, Tq: T, Tk: T, NH: NH, NKV: NKV, HD: HD, Causal: true}
+			q, k, v := roundTo(dt, randn(r, B*T*NH*HD, 1)), roundTo(dt, randn(r, B*T*NKV*HD, 1)), roundTo(dt, randn(r, B*T*NKV*HD, 1))
+			dout := roundTo(dt, randn(r, B*T*NH*HD, 1))
+			out, att := make([]float32, B*T*NH*HD), make([]float32, B*NH*T*T)
+			cpu.Attention(out, att, q, k, v, B, T, NH, NKV, HD)
+			dq, dk, dv := make([]float32, len(q)), make([]float32, len(k)), make([]float32, len(v))
+			cpu.AttentionBackward(dq, dk, dv, dout, att, q, k, v, B, T, NH, NKV, HD)
+			name := fmt.Sprintf("flash HD=%d", HD)
+			onDevice(t, func() {
+				bq, bk, bv, bd := put(t, dt, q), put(t, dt, k), put(t, dt, v), put(t, dt, dout)
+				bo, blse := poisoned(t, dt, len(q)), poisoned(t, F32, B*NH*T)
+				dev.FlashAttention(bo, blse, bq, bk, bv, s)
+				check(t, name+" forward", dt, get(bo), out, 1e-5)
+				bdq, bdk, bdv := poisoned(t, dt, len(q)), poisoned(t, dt, len(k)), poisoned(t, dt, len(v))
+				dev.FlashAttentionBackward(bdq, bdk, bdv, bd, bo, blse, bq, bk, bv, s, false)
+				gq, gk, gv := get(bdq), get(bdk), get(bdv)
+				check(t, name+" dq", dt, gq, dq, 1e-4)
+				check(t, name+" dk", dt, gk, dk, 1e-4)
+				check(t, name+" dv", dt, gv, dv, 1e-4)
+				// the same bits on a second run (no atomics, fixed order)
+				dev.FlashAttentionBackward(bdq, bdk, bdv, bd, bo, blse, bq, bk, bv, s, false)
+				if relErr(get(bdk), gk) != 0 || relErr(get(bdq), gq) != 0 {
+					t.Errorf("%s: backward differs between runs", name)
+				}
+			})
+		}
+	}
+}
+
+// TestFlashAttentionOffsets checks a block of queries attending to keys held
+// elsewhere (context parallelism): the forward against the float64 formula, and
+// the backward by finite differences of the float64 formula... through the chain
+// rule instead: splitting keys into two halves and merging with the saved lse must
+// give the full result.
+func TestFlashAttentionOffsets(t *testing.T) {
+	r := rand.New(rand.NewPCG(6, 0))
+	B, NH, NKV, HD := 1, 4, 1, 64
+	Tq, Tk := 48, 100
+	// queries at positions 60..107, keys at 10..109: some rows see only part.
+	s := AttentionShape{B: B, Tq: Tq, Tk: Tk, NH: NH, NKV: NKV, HD: HD, QOff: 60, KOff: 10, Causal: true}
+	q, k, v := randn(r, B*Tq*NH*HD, 1), randn(r, B*Tk*NKV*HD, 1), randn(r, B*Tk*NKV*HD, 1)
+	wo, wl := naiveAttention(s, q, k, v, 0, Tq)
+	onDevice(t, func() {
+		bo, bl := poisoned(t, F32, len(q)), poisoned(t, F32, B*NH*Tq)
+		dev.FlashAttention(bo, bl, put(t, F32, q), put(t, F32, k), put(t, F32, v), s)
+		o, l := get(bo), get(bl)
+		want := make([]float32, len(wo))
+		for i := range wo {
+			want[i] = float32(wo[i])
+		}
+		check(t, "flash with offsets", F32, o, want, 1e-5)
+		// lse is (B,NH,Tq); the naive one is in (B,Tq,NH) order
+		wantL := make([]float32, len(wl))
+		for i := 0; i < Tq; i++ {
+			for h := 0; h < NH; h++ {
+				wantL[h*Tq+i] = float32(wl[i*NH+h])
+			}
+		}
+		check(t, "flash lse with offsets", F32, l, wantL, 1e-6)
+	})
+}
+
+// TestFlashAttentionLong checks T = 8192 against the float64 formula on a sample
+// of query rows (the formula costs T² per row set; the kernel keeps no (T,T)).
+func TestFlashAttentionLong(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 0))
+	B, T, NH, NKV, HD := 1, 8192, 2, 1, 64
+	s := AttentionShape{B: B, Tq: T, Tk: T, NH: NH, NKV: NKV, HD: HD, Causal: true}
+	q, k, v := roundTo(BF16, randn(r, T*NH*HD, 1)), roundTo(BF16, randn(r, T*NKV*HD, 1)), roundTo(BF16, randn(r, T*NKV*HD, 1))
+	onDevice(t, func() {
+		bo, bl := poisoned(t, BF16, len(q)), poisoned(t, F32, NH*T)
+		dev.FlashAttention(bo, bl, put(t, BF16, q), put(t, BF16, k), put(t, BF16, v), s)
+		o := get(bo)
+		for _, lo := range []int{0, 31, 4095, 8160} {
+			wo, _ := naiveAttention(s, q, k, v, lo, lo+32)
+			want := make([]float32, len(wo))
+			for i := range wo {
+				want[i] = float32(wo[i])
+			}
+			check(t, fmt.Sprintf("flash T=8192 rows %d..%d", lo, lo+31), BF16, o[lo*NH*HD:(lo+32)*NH*HD], want, 0)
+		}
+	})
+}
+
+func TestReadbacksCounted(t *testing.T) {
+	onDevice(t, func() {
+		b := put(t, F32, []float32{1, 2, 3})
+		n := dev.Readbacks()
+		dev.AddInto(b, b)
+		if dev.Readbacks() != n {
+			t.Errorf("a kernel counted as a read-back")
+		}
+		got := get(b)
+		if dev.Readbacks() != n+1 || got[2] != 6 {
+			t.Errorf("read-backs %d (want %d), values %v", dev.Readbacks(), n+1, got)
+		}
+	})
+}
+
+func TestErrorsAreSticky(t *testing.T) {
+	var err error
+	dev.Do(func() {
+		b, _ := dev.Alloc(F32, 4)
+		defer dev.Free(b)
+		dev.FlashAttention(b, b, b, b, b, AttentionShape{B: 1, Tq: 1, Tk: 1, NH: 1, NKV: 1, HD: 48})
+		dev.AddInto(b, b) // skipped
+		err = dev.Err()
+		if dev.Err() != nil {
+			t.Errorf("the error was not cleared by Err")
+		}
+	})
+	if err == nil {
+		t.Fatal("a head size of 48 was accepted")
+	}
+	t.Log(err)
+}

@@ -1,0 +1,186 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"unsafe"
+
+	"github.com/shardline/shardline/tensor"
+	"gorgonia.org/cu"
+)
+
+// DType is a buffer's element type.
+type DType uint8
+
+const (
+	F32  DType = iota // float32
+	BF16              // bfloat16
+	I32               // int32 (token ids, targets)
+)
+
+// Size is the bytes per element.
+func (t DType) Size() int {
+	if t == BF16 {
+		return 2
+	}
+	return 4
+}
+
+func (t DType) String() string { return [...]string{"f32", "bf16", "i32"}[t] }
+
+// Buffer is device memory: N elements of DType at ptr. Slice views share memory.
+type Buffer struct {
+	ptr   cu.DevicePtr
+	N     int
+	DType DType
+}
+
+// Bytes is the buffer's size in bytes.
+func (b Buffer) Bytes() int64 { return int64(b.N) * int64(b.DType.Size()) }
+
+// Slice is elements [lo, hi) of b.
+func (b Buffer) Slice(lo, hi int) Buffer {
+	return Buffer{ptr: b.ptr + cu.DevicePtr(lo*b.DType.Size()), N: hi - lo, DType: b.DType}
+}
+
+// Alloc allocates n elements of t; the contents are undefined. Allocation is not
+// stream-ordered: the trainer allocates what the plan budgets before the first
+// step.
+func (d *Device) Alloc(t DType, n int) (Buffer, error) {
+	if n <= 0 {
+		return Buffer{DType: t}, nil
+	}
+	p, err := cu.MemAlloc(int64(n) * int64(t.Size()))
+	if err != nil {
+		free, total, _ := cu.MemInfo()
+		return Buffer{}, fmt.Errorf("cuda: allocating %d %s values (%.1f MiB; %.1f of %.1f GiB free): %w", n, t, float64(n*t.Size())/(1<<20),
+			float64(free)/(1<<30), float64(total)/(1<<30), err)
+	}
+	return Buffer{ptr: p, N: n, DType: t}, nil
+}
+
+// Free returns b's memory (b must be the whole allocation).
+func (d *Device) Free(b Buffer) {
+	if b.ptr != 0 {
+		d.fail("free", cu.MemFree(b.ptr))
+	}
+}
+
+// MemInfo is the device's free and total memory.
+func (d *Device) MemInfo() (free, total int64) {
+	free, total, err := cu.MemInfo()
+	d.fail("meminfo", err)
+	return free, total
+}
+
+func (d *Device) checkLen(what string, b Buffer, t DType, n int) bool {
+	if d.err != nil {
+		return false
+	}
+	if b.DType != t || n != b.N {
+		d.fail(what, fmt.Errorf("buffer of %d %s, host data %d %s", b.N, b.DType, n, t))
+		return false
+	}
+	return n > 0
+}
+
+// Upload copies host values into b (same length); the copy is finished when it
+// returns.
+func (d *Device) Upload(b Buffer, src any) {
+	var p unsafe.Pointer
+	var t DType
+	var n int
+	switch s := src.(type) {
+	case []float32:
+		t, n = F32, len(s)
+		if n > 0 {
+			p = unsafe.Pointer(&s[0])
+		}
+	case []tensor.BF16:
+		t, n = BF16, len(s)
+		if n > 0 {
+			p = unsafe.Pointer(&s[0])
+		}
+	case []int32:
+		t, n = I32, len(s)
+		if n > 0 {
+			p = unsafe.Pointer(&s[0])
+		}
+	default:
+		d.fail("upload", fmt.Errorf("unsupported host type %T", src))
+		return
+	}
+	if !d.checkLen("upload", b, t, n) {
+		return
+	}
+	d.fail("upload", d.stream.Synchronize())
+	d.fail("upload", cu.MemcpyHtoD(b.ptr, p, b.Bytes()))
+}
+
+// Download copies b into host memory (same length), waiting for the work issued
+// before it: a synchronisation, counted by Readbacks.
+func (d *Device) Download(dst any, b Buffer) {
+	var p unsafe.Pointer
+	var t DType
+	var n int
+	switch s := dst.(type) {
+	case []float32:
+		t, n = F32, len(s)
+		if n > 0 {
+			p = unsafe.Pointer(&s[0])
+		}
+	case []tensor.BF16:
+		t, n = BF16, len(s)
+		if n > 0 {
+			p = unsafe.Pointer(&s[0])
+		}
+	case []int32:
+		t, n = I32, len(s)
+		if n > 0 {
+			p = unsafe.Pointer(&s[0])
+		}
+	default:
+		d.fail("download", fmt.Errorf("unsupported host type %T", dst))
+		return
+	}
+	if !d.checkLen("download", b, t, n) {
+		return
+	}
+	d.readbacks.Add(1)
+	d.fail("download", d.stream.Synchronize())
+	d.fail("download", cu.MemcpyDtoH(p, b.ptr, b.Bytes()))
+}
+
+// Copy copies src into dst (same dtype and length) on the stream.
+func (d *Device) Copy(dst, src Buffer) {
+	if d.err != nil || src.N == 0 {
+		return
+	}
+	if dst.DType != src.DType || dst.N != src.N {
+		d.fail("copy", fmt.Errorf("%d %s into %d %s", src.N, src.DType, dst.N, dst.DType))
+		return
+	}
+	d.fail("copy", cu.MemcpyDtoDAsync(dst.ptr, src.ptr, src.Bytes(), d.stream))
+}
+
+// Zero sets b to zero on the stream.
+func (d *Device) Zero(b Buffer) {
+	if d.err != nil || b.N == 0 {
+		return
+	}
+	d.fail("zero", cu.MemsetD8Async(b.ptr, 0, b.Bytes(), d.stream))
+}
+
+// Fill sets every element of an f32 buffer to v on the stream.
+func (d *Device) Fill(b Buffer, v float32) {
+	if d.err != nil || b.N == 0 {
+		return
+	}
+	if b.DType != F32 {
+		d.fail("fill", fmt.Errorf("fill of a %s buffer", b.DType))
+		return
+	}
+	d.fail("fill", cu.MemsetD32Async(b.ptr, uint(math.Float32bits(v)), int64(b.N), d.stream))
+}
