@@ -75,21 +75,31 @@ func BenchmarkMatmulBF16(b *testing.B) {
 	})
 }
 
-// BenchmarkFlashAttentionBF16 is causal attention forward and backward at the 134M
-// shape (B16, T1024, 12 heads of 64): forward 2·2·B·NH·T²·HD/2 (causal half),
-// backward 2.5× that.
-func BenchmarkFlashAttentionBF16(b *testing.B) {
+// flashBench is causal attention at the 134M shape (B16, T1024, 12 heads of 64):
+// the forward is 2 products of 2·B·NH·T²·HD/2 flops (the causal half), the backward
+// 2.5 times that (five products). part is "forward", "backward" or "both".
+func flashBench(b *testing.B, part string) {
 	B, T, NH, HD := 16, 1024, 12, 64
 	fwd := 4 * float64(B*NH) * float64(T) * float64(T) * float64(HD) / 2
-	benchOnDevice(b, 3.5*fwd, func() func() {
+	flops := map[string]float64{"forward": fwd, "backward": 2.5 * fwd, "both": 3.5 * fwd}[part]
+	benchOnDevice(b, flops, func() func() {
 		n := B * T * NH * HD
 		q, k, v, o, do := benchBuf(b, BF16, n), benchBuf(b, BF16, n), benchBuf(b, BF16, n), benchBuf(b, BF16, n), benchBuf(b, BF16, n)
 		dq, dk, dv := benchBuf(b, BF16, n), benchBuf(b, BF16, n), benchBuf(b, BF16, n)
 		lse := benchBuf(b, F32, B*NH*T)
 		s := AttentionShape{B: B, Tq: T, Tk: T, NH: NH, NKV: NH, HD: HD, Causal: true}
+		dev.FlashAttention(o, lse, q, k, v, s) // a real lse for the backward
 		return func() {
-			dev.FlashAttention(o, lse, q, k, v, s)
-			dev.FlashAttentionBackward(dq, dk, dv, do, o, lse, q, k, v, s, false)
+			if part != "backward" {
+				dev.FlashAttention(o, lse, q, k, v, s)
+			}
+			if part != "forward" {
+				dev.FlashAttentionBackward(dq, dk, dv, do, o, lse, q, k, v, s, false)
+			}
 		}
 	})
 }
+
+func BenchmarkFlashAttentionBF16(b *testing.B)         { flashBench(b, "both") }
+func BenchmarkFlashAttentionForwardBF16(b *testing.B)  { flashBench(b, "forward") }
+func BenchmarkFlashAttentionBackwardBF16(b *testing.B) { flashBench(b, "backward") }

@@ -426,37 +426,112 @@ func TestFlashAttention(t *testing.T) {
 	}
 }
 
-// TestFlashAttentionOffsets checks a block of queries attending to keys held
-// elsewhere (context parallelism): the forward against the float64 formula, and
-// the backward by finite differences of the float64 formula... through the chain
-// rule instead: splitting keys into two halves and merging with the saved lse must
-// give the full result.
-func TestFlashAttentionOffsets(t *testing.T) {
-	r := rand.New(rand.NewPCG(6, 0))
-	B, NH, NKV, HD := 1, 4, 1, 64
-	Tq, Tk := 48, 100
-	// queries at positions 60..107, keys at 10..109: some rows see only part.
-	s := AttentionShape{B: B, Tq: Tq, Tk: Tk, NH: NH, NKV: NKV, HD: HD, QOff: 60, KOff: 10, Causal: true}
-	q, k, v := randn(r, B*Tq*NH*HD, 1), randn(r, B*Tk*NKV*HD, 1), randn(r, B*Tk*NKV*HD, 1)
-	wo, wl := naiveAttention(s, q, k, v, 0, Tq)
-	onDevice(t, func() {
-		bo, bl := poisoned(t, F32, len(q)), poisoned(t, F32, B*NH*Tq)
-		dev.FlashAttention(bo, bl, put(t, F32, q), put(t, F32, k), put(t, F32, v), s)
-		o, l := get(bo), get(bl)
-		want := make([]float32, len(wo))
-		for i := range wo {
-			want[i] = float32(wo[i])
-		}
-		check(t, "flash with offsets", F32, o, want, 1e-5)
-		// lse is (B,NH,Tq); the naive one is in (B,Tq,NH) order
-		wantL := make([]float32, len(wl))
-		for i := 0; i < Tq; i++ {
-			for h := 0; h < NH; h++ {
-				wantL[h*Tq+i] = float32(wl[i*NH+h])
+// naiveAttentionBackward is the float64 gradient of Σ o·dout through
+// naiveAttention's formula: dV = Pᵀ·dO, dP = dO·Vᵀ, dS = P∘(dP − rowsum(P∘dP)),
+// dQ = scale·dS·K, dK = scale·dSᵀ·Q (summed over the query heads of a group).
+func naiveAttentionBackward(s AttentionShape, q, k, v, dout []float32) (dq, dk, dv []float64) {
+	scale := 1 / math.Sqrt(float64(s.HD))
+	group := s.NH / s.NKV
+	dq, dk, dv = make([]float64, len(q)), make([]float64, len(k)), make([]float64, len(v))
+	HD := s.HD
+	for b := 0; b < s.B; b++ {
+		for i := 0; i < s.Tq; i++ {
+			for h := 0; h < s.NH; h++ {
+				kh := h / group
+				qi := ((b*s.Tq+i)*s.NH + h) * HD
+				p := make([]float64, s.Tk)
+				m := math.Inf(-1)
+				for j := range p {
+					p[j] = math.Inf(-1)
+					if s.Causal && s.KOff+j > s.QOff+i {
+						continue
+					}
+					kj := ((b*s.Tk+j)*s.NKV + kh) * HD
+					var dot float64
+					for d := 0; d < HD; d++ {
+						dot += float64(q[qi+d]) * float64(k[kj+d])
+					}
+					p[j] = dot * scale
+					m = math.Max(m, p[j])
+				}
+				var z float64
+				for j := range p {
+					if !math.IsInf(p[j], -1) {
+						p[j] = math.Exp(p[j] - m)
+						z += p[j]
+					} else {
+						p[j] = 0
+					}
+				}
+				dp := make([]float64, s.Tk)
+				var rs float64
+				for j := range p {
+					p[j] /= z
+					kj := ((b*s.Tk+j)*s.NKV + kh) * HD
+					for d := 0; d < HD; d++ {
+						dp[j] += float64(dout[qi+d]) * float64(v[kj+d])
+						dv[kj+d] += p[j] * float64(dout[qi+d])
+					}
+					rs += p[j] * dp[j]
+				}
+				for j := range p {
+					ds := p[j] * (dp[j] - rs) * scale
+					kj := ((b*s.Tk+j)*s.NKV + kh) * HD
+					for d := 0; d < HD; d++ {
+						dq[qi+d] += ds * float64(k[kj+d])
+						dk[kj+d] += ds * float64(q[qi+d])
+					}
+				}
 			}
 		}
-		check(t, "flash lse with offsets", F32, l, wantL, 1e-6)
-	})
+	}
+	return dq, dk, dv
+}
+
+func f32s(x []float64) []float32 {
+	y := make([]float32, len(x))
+	for i, v := range x {
+		y[i] = float32(v)
+	}
+	return y
+}
+
+// TestFlashAttentionOffsets checks a block of queries attending to keys held
+// elsewhere (context parallelism), forward, lse and backward, against the float64
+// formula: queries at positions 60..107 and keys at 10..109 with GQA, so some rows
+// see part of the keys and the tiles end mid-way.
+func TestFlashAttentionOffsets(t *testing.T) {
+	for _, dt := range dtypes {
+		r := rand.New(rand.NewPCG(6, uint64(dt)))
+		B, NH, NKV, HD := 2, 4, 2, 64
+		Tq, Tk := 48, 100
+		s := AttentionShape{B: B, Tq: Tq, Tk: Tk, NH: NH, NKV: NKV, HD: HD, QOff: 60, KOff: 10, Causal: true}
+		q, k, v := roundTo(dt, randn(r, B*Tq*NH*HD, 1)), roundTo(dt, randn(r, B*Tk*NKV*HD, 1)), roundTo(dt, randn(r, B*Tk*NKV*HD, 1))
+		dout := roundTo(dt, randn(r, B*Tq*NH*HD, 1))
+		wo, wl := naiveAttention(s, q, k, v, 0, Tq)
+		wq, wk, wv := naiveAttentionBackward(s, q, k, v, dout)
+		onDevice(t, func() {
+			bq, bk, bv := put(t, dt, q), put(t, dt, k), put(t, dt, v)
+			bo, bl := poisoned(t, dt, len(q)), poisoned(t, F32, B*NH*Tq)
+			dev.FlashAttention(bo, bl, bq, bk, bv, s)
+			// naiveAttention orders rows (b, i, h) like o, and lse as (b, i, h)
+			wantL := make([]float32, len(wl))
+			for b := 0; b < B; b++ {
+				for i := 0; i < Tq; i++ {
+					for h := 0; h < NH; h++ {
+						wantL[(b*NH+h)*Tq+i] = float32(wl[(b*Tq+i)*NH+h])
+					}
+				}
+			}
+			check(t, "flash with offsets", dt, get(bo), f32s(wo), 1e-5)
+			check(t, "flash lse with offsets", F32, get(bl), wantL, 1e-6)
+			bdq, bdk, bdv := poisoned(t, dt, len(q)), poisoned(t, dt, len(k)), poisoned(t, dt, len(v))
+			dev.FlashAttentionBackward(bdq, bdk, bdv, put(t, dt, dout), bo, bl, bq, bk, bv, s, false)
+			check(t, "flash dq with offsets", dt, get(bdq), f32s(wq), 1e-4)
+			check(t, "flash dk with offsets", dt, get(bdk), f32s(wk), 1e-4)
+			check(t, "flash dv with offsets", dt, get(bdv), f32s(wv), 1e-4)
+		})
+	}
 }
 
 // TestFlashAttentionLong checks T = 8192 against the float64 formula on a sample
@@ -472,11 +547,7 @@ func TestFlashAttentionLong(t *testing.T) {
 		o := get(bo)
 		for _, lo := range []int{0, 31, 4095, 8160} {
 			wo, _ := naiveAttention(s, q, k, v, lo, lo+32)
-			want := make([]float32, len(wo))
-			for i := range wo {
-				want[i] = float32(wo[i])
-			}
-			check(t, fmt.Sprintf("flash T=8192 rows %d..%d", lo, lo+31), BF16, o[lo*NH*HD:(lo+32)*NH*HD], want, 0)
+			check(t, fmt.Sprintf("flash T=8192 rows %d..%d", lo, lo+31), BF16, o[lo*NH*HD:(lo+32)*NH*HD], f32s(wo), 0)
 		}
 	})
 }

@@ -5,6 +5,7 @@ package cuda
 import (
 	"fmt"
 	"math"
+	"slices"
 )
 
 // Shapes of the kernels (B batch, T time, C channels, V vocabulary, NH/NKV query and
@@ -286,10 +287,12 @@ func beta(accumulate bool) float32 {
 	return 0
 }
 
-// flash attention tiling (FA_ROWS, FB_KEYS and the 128-thread blocks of kernels.cu).
+// flash attention tiling (FA_ROWS, FB_KEYS and the 128-thread blocks of kernels.cu;
+// the tensor-core kernels take 64 query rows or 64 keys per block).
 const (
-	flashRows = 16
-	flashKeys = 32
+	flashRows   = 16
+	flashKeys   = 32
+	flashTCRows = 64
 )
 
 func (d *Device) attnCheck(what string, s AttentionShape, bufs ...Buffer) bool {
@@ -299,6 +302,8 @@ func (d *Device) attnCheck(what string, s AttentionShape, bufs ...Buffer) bool {
 	switch {
 	case s.HD != 32 && s.HD != 64 && s.HD != 128:
 		d.fail(what, fmt.Errorf("head size %d (the kernels take 32, 64 or 128)", s.HD))
+	case bufs[0].DType == BF16 && slices.ContainsFunc(bufs, func(b Buffer) bool { return b.ptr%16 != 0 }):
+		d.fail(what, fmt.Errorf("bf16 buffers must start at a multiple of 8 elements (the kernels copy 16-byte pieces)"))
 	case s.NKV <= 0 || s.NH%s.NKV != 0:
 		d.fail(what, fmt.Errorf("%d query heads over %d key/value heads", s.NH, s.NKV))
 	default:
@@ -311,13 +316,17 @@ func (s AttentionShape) tail() []arg {
 	return []arg{i32(s.Tq), i32(s.Tk), i32(s.NH), i32(s.NKV), i32(s.QOff), i32(s.KOff), flag(s.Causal), f32(1 / math.Sqrt(float64(s.HD)))}
 }
 
-// FlashAttention: o = softmax(q·kᵀ/√HD, masked)·v, saving lse (B,NH,Tq fp32) only.
+// FlashAttention (fp32 on the SIMT cores, bf16 on tensor cores): o = softmax(q·kᵀ/√HD, masked)·v, saving lse (B,NH,Tq fp32) only.
 func (d *Device) FlashAttention(o, lse, q, k, v Buffer, s AttentionShape) {
 	if !d.attnCheck("flash attention", s, o, q, k, v) || !d.need("flash attention", lse, F32, s.B*s.NH*s.Tq) {
 		return
 	}
 	args := append([]arg{ptr(o), ptr(lse), ptr(q), ptr(k), ptr(v)}, s.tail()...)
-	d.launch(fmt.Sprintf("flash_fwd%s_%d", suffix(q.DType), s.HD), (s.Tq+flashRows-1)/flashRows, s.B*s.NH, 128, args...)
+	if q.DType == BF16 {
+		d.launch(fmt.Sprintf("flash_fwd_tc_%d", s.HD), (s.Tq+flashTCRows-1)/flashTCRows, s.B*s.NH, 128, args...)
+		return
+	}
+	d.launch(fmt.Sprintf("flash_fwd_f32_%d", s.HD), (s.Tq+flashRows-1)/flashRows, s.B*s.NH, 128, args...)
 }
 
 // FlashAttentionBackward: dq, dk, dv (overwritten, or added to when accumulate)
@@ -331,7 +340,14 @@ func (d *Device) FlashAttentionBackward(dq, dk, dv, dout, o, lse, q, k, v Buffer
 	rows := s.B * s.Tq * s.NH
 	d.launch("flash_delta"+sfx, (rows*32+threads-1)/threads, 1, threads, ptr(D), ptr(o), ptr(dout), i32(s.B), i32(s.Tq), i32(s.NH), i32(s.HD))
 	args := append([]arg{ptr(dq), ptr(dout), ptr(lse), ptr(D), ptr(q), ptr(k), ptr(v)}, s.tail()...)
-	d.launch(fmt.Sprintf("flash_bwd_dq%s_%d", sfx, s.HD), (s.Tq+flashRows-1)/flashRows, s.B*s.NH, 128, append(args, flag(accumulate))...)
-	args = append([]arg{ptr(dk), ptr(dv), ptr(dout), ptr(lse), ptr(D), ptr(q), ptr(k), ptr(v)}, s.tail()...)
-	d.launch(fmt.Sprintf("flash_bwd_dkdv%s_%d", sfx, s.HD), (s.Tk+flashKeys-1)/flashKeys, s.B*s.NKV, 128, append(args, flag(accumulate))...)
+	args = append(args, flag(accumulate))
+	kv := append([]arg{ptr(dk), ptr(dv), ptr(dout), ptr(lse), ptr(D), ptr(q), ptr(k), ptr(v)}, s.tail()...)
+	kv = append(kv, flag(accumulate))
+	if q.DType == BF16 {
+		d.launch(fmt.Sprintf("flash_bwd_dq_tc_%d", s.HD), (s.Tq+flashTCRows-1)/flashTCRows, s.B*s.NH, 128, args...)
+		d.launch(fmt.Sprintf("flash_bwd_dkdv_tc_%d", s.HD), (s.Tk+flashTCRows-1)/flashTCRows, s.B*s.NKV, 128, kv...)
+		return
+	}
+	d.launch(fmt.Sprintf("flash_bwd_dq_f32_%d", s.HD), (s.Tq+flashRows-1)/flashRows, s.B*s.NH, 128, args...)
+	d.launch(fmt.Sprintf("flash_bwd_dkdv_f32_%d", s.HD), (s.Tk+flashKeys-1)/flashKeys, s.B*s.NKV, 128, kv...)
 }

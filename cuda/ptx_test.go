@@ -27,7 +27,7 @@ func TestPTXMatchesSource(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{".target sm_80", ".entry flash_fwd_bf16_64", ".entry adamw"} {
+	for _, want := range []string{".target sm_80", ".entry flash_fwd_tc_64", ".entry flash_bwd_dkdv_tc_128", ".entry adamw"} {
 		if !strings.Contains(string(ptx), want) {
 			t.Errorf("kernels.ptx lacks %q", want)
 		}

@@ -32,4 +32,9 @@ do = torch.randn(B, NH, T, HD, device=dev, dtype=torch.bfloat16)
 def attn():
     q.grad = k.grad = v.grad = None
     F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)
-print(f"torch FlashAttentionBF16 {bench(attn, 3.5 * 4 * B * NH * T * T * HD / 2):.1f} TFLOP/s")
+fwd = 4 * B * NH * T * T * HD / 2
+print(f"torch FlashAttentionBF16 {bench(attn, 3.5 * fwd):.1f} TFLOP/s")
+def attn_fwd():
+    with torch.no_grad():
+        F.scaled_dot_product_attention(q, k, v, is_causal=True)
+print(f"torch FlashAttentionForwardBF16 {bench(attn_fwd, fwd):.1f} TFLOP/s")

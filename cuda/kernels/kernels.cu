@@ -287,6 +287,8 @@ extern "C" __global__ void clip_factor(float* factor, float* norm, const float* 
 // each row's log-sum-exp (natural log, of the scaled scores) are saved; backward
 // recomputes the probabilities. No (T,T) buffer exists anywhere.
 //
+// These are the fp32 kernels, on the SIMT cores (the bf16 ones use tensor cores,
+// further down).
 // Forward: a block of FA_WARPS warps takes FA_ROWS query rows of one (batch, head);
 // keys come in tiles of 32 through shared memory; a warp owns one query row at a
 // time, lane j scoring key j of the tile, and each lane keeps HD/32 output columns
@@ -492,7 +494,7 @@ __device__ void flash_bwd_dkdv(S* dk, S* dv, const S* dout, const float* lse, co
     }
     // the first query row that can see any key of this tile
     int i0 = 0;
-    if (causal) i0 = max(0, koff + blockIdx.x * FB_KEYS - qoff);
+    if (causal) i0 = max(0, koff + (int)blockIdx.x * FB_KEYS - qoff);
     for (int h = kh * group; h < (kh + 1) * group; h++) {
         for (int t0 = (i0 / 32) * 32; t0 < Tq; t0 += 32) {
             __syncthreads();
@@ -600,5 +602,449 @@ FOR_S(EXPORT_ELEMENTWISE)
                                                                                FA_ARGS, int acc) {                    \
         flash_bwd_dkdv<S, HD>(dk, dv, dout, lse, D, q, k, v, Tq, Tk, NH, NKV, qoff, koff, causal, scale, acc);        \
     }
-#define EXPORT_FLASH(S, N) EXPORT_FLASH_HD(S, N, 32) EXPORT_FLASH_HD(S, N, 64) EXPORT_FLASH_HD(S, N, 128)
-FOR_S(EXPORT_FLASH)
+// The SIMT kernels serve fp32 storage; bf16 takes the tensor-core kernels below.
+EXPORT_FLASH_HD(float, f32, 32)
+EXPORT_FLASH_HD(float, f32, 64)
+EXPORT_FLASH_HD(float, f32, 128)
+
+// ---- flash attention on tensor cores (bf16) ------------------------------------------
+//
+// The same contract as flash_fwd/flash_bwd_* above, for bf16 storage and head sizes
+// 32/64/128, with the products on tensor cores (mma.sync m16n8k16, bf16 operands,
+// fp32 accumulators; runs on sm_80 and later). Fragment layouts (PTX ISA, "Matrix
+// Fragments for mma.m16n8k16"): with g = lane/4 and c = lane%4, A (16×16, row)
+// holds (g, 2c..2c+1), (g+8, 2c..), (g, 2c+8..), (g+8, 2c+8..); B (16×8, col) holds
+// (k 2c..2c+1, n g) and (k 2c+8.., n g); the accumulator (16×8) holds (g, 2c..2c+1)
+// and (g+8, 2c..2c+1). An accumulator tile pair converts to an A fragment in
+// registers, which is how P and dS feed the second product. B fragments come from
+// row-major tiles in shared memory through ldmatrix: plain where B[k][n] = M[n][k],
+// transposed (.trans) where B[k][n] = M[k][n], so no tile is stored twice. Tiles
+// arrive by cp.async in 16-byte pieces. Softmax runs in the log2 domain (exp2);
+// the saved lse is natural log.
+
+__device__ __forceinline__ void mma_bf16(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+__device__ __forceinline__ uint32_t ld2(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+__device__ __forceinline__ void st2(bf16* p, uint32_t v) { *reinterpret_cast<uint32_t*>(p) = v; }
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// ldm4 loads four 8×8 b16 matrices; lanes 8i..8i+7 give the row addresses of
+// matrix i, and lane l receives row l/4, columns 2(l%4)..+1 of each.
+__device__ __forceinline__ void ldm4(uint32_t* r, const bf16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+// ldm4t is ldm4 with each matrix transposed.
+__device__ __forceinline__ void ldm4t(uint32_t* r, const bf16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+// cp16 copies 16 bytes from global to shared memory asynchronously, or writes
+// zeros when !valid (src is then not read).
+__device__ __forceinline__ void cp16(bf16* dst, const bf16* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// tile_async starts copying rows [r0, r0+R) of a (rows, stride) bf16 matrix (HD
+// columns) into shared memory, row-major with pitch HD+8 (16-byte rows that keep
+// ldmatrix free of bank conflicts); rows ≥ nrows become zeros.
+template <int HD, int R>
+__device__ __forceinline__ void tile_async(bf16* sm, const bf16* base, long stride, int r0, int nrows) {
+    for (int e = threadIdx.x; e < R * HD / 8; e += blockDim.x) {
+        int rr = e / (HD / 8), d = (e % (HD / 8)) * 8, r = r0 + rr;
+        bool ok = r < nrows;
+        cp16(sm + rr * (HD + 8) + d, ok ? base + (long)r * stride + d : base, ok);
+    }
+}
+
+// bfrag_nk: B fragments for k-steps kk, kk+1 of n-tile n0 where B[k][n] = M[n][k]
+// (M row-major, pitch P): r[0..1] for kk, r[2..3] for kk+1.
+template <int P>
+__device__ __forceinline__ void bfrag_nk(uint32_t* r, const bf16* M, int n0, int kk, int lane) {
+    ldm4(r, M + (n0 + (lane & 7)) * P + kk * 16 + (lane >> 3) * 8);
+}
+// bfrag_kn: B fragments for n-tiles n0, n0+8 of k-step kk where B[k][n] = M[k][n]:
+// r[0..1] for n0, r[2..3] for n0+8.
+template <int P>
+__device__ __forceinline__ void bfrag_kn(uint32_t* r, const bf16* M, int kk, int n0, int lane) {
+    int mi = lane >> 3;
+    ldm4t(r, M + (kk * 16 + (mi & 1) * 8 + (lane & 7)) * P + n0 + (mi >> 1) * 8);
+}
+
+// load_afrag loads the A fragments (16 rows from row0, all HD columns) of a
+// (rows, stride) bf16 matrix in global memory; rows ≥ nrows read as zero.
+template <int HD>
+__device__ __forceinline__ void load_afrag(uint32_t (*a)[4], const bf16* base, long stride, int row0, int nrows, int g, int c) {
+    int ra = row0 + g, rb = row0 + g + 8;
+#pragma unroll
+    for (int s = 0; s < HD / 16; s++) {
+        int col = s * 16 + 2 * c;
+        a[s][0] = ra < nrows ? ld2(base + ra * stride + col) : 0u;
+        a[s][1] = rb < nrows ? ld2(base + rb * stride + col) : 0u;
+        a[s][2] = ra < nrows ? ld2(base + ra * stride + col + 8) : 0u;
+        a[s][3] = rb < nrows ? ld2(base + rb * stride + col + 8) : 0u;
+    }
+}
+
+// afrag_from_acc packs accumulator tiles 2kk and 2kk+1 into the A fragment of k-step kk.
+__device__ __forceinline__ void afrag_from_acc(uint32_t* a, const float (*x)[4], int kk) {
+    a[0] = pack2(x[2 * kk][0], x[2 * kk][1]);
+    a[1] = pack2(x[2 * kk][2], x[2 * kk][3]);
+    a[2] = pack2(x[2 * kk + 1][0], x[2 * kk + 1][1]);
+    a[3] = pack2(x[2 * kk + 1][2], x[2 * kk + 1][3]);
+}
+
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+
+// flash_fwd_tc: a block of 4 warps takes 64 query rows (16 per warp) of one (batch,
+// head); key tiles of 64 pass through shared memory, the next K tile loading while
+// P·V runs and the V tile while Q·Kᵀ runs.
+template <int HD>
+__device__ void flash_fwd_tc(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, int Tq, int Tk, int NH, int NKV,
+                             int qoff, int koff, int causal, float scale) {
+    constexpr int BC = 64, KS = HD / 16, NT = BC / 8, OT = HD / 8, P = HD + 8;
+    __shared__ __align__(16) bf16 ks[BC * P];
+    __shared__ __align__(16) bf16 vs[BC * P];
+    int bh = blockIdx.y, b = bh / NH, h = bh % NH, kh = h / (NH / NKV);
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    int r0 = blockIdx.x * 64 + w * 16;
+    long qstride = (long)NH * HD, kstride = (long)NKV * HD;
+    const bf16* qb = q + ((long)b * Tq * NH + h) * HD;
+    const bf16* kb = k + ((long)b * Tk * NKV + kh) * HD;
+    const bf16* vb = v + ((long)b * Tk * NKV + kh) * HD;
+    uint32_t qa[KS][4];
+    load_afrag<HD>(qa, qb, qstride, r0, Tq, g, c);
+    float acc[OT][4];
+#pragma unroll
+    for (int t = 0; t < OT; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    float sl2 = scale * LOG2E;
+    int rows[2] = {r0 + g, r0 + g + 8};
+    int blast = min(Tq, (int)blockIdx.x * 64 + 64) - 1;
+    int klast = causal ? min(Tk, qoff + blast - koff + 1) : Tk;
+    if (klast > 0) tile_async<HD, BC>(ks, kb, kstride, 0, Tk);
+    cp_commit();
+    for (int j0 = 0; j0 < klast; j0 += BC) {
+        tile_async<HD, BC>(vs, vb, kstride, j0, Tk);
+        cp_commit();
+        cp_wait<1>(); // this K tile
+        __syncthreads();
+        float s[NT][4];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < KS; kk += 2) {
+                uint32_t r[4];
+                bfrag_nk<P>(r, ks, t * 8, kk, lane);
+                mma_bf16(s[t], qa[kk], r[0], r[1]);
+                mma_bf16(s[t], qa[kk + 1], r[2], r[3]);
+            }
+        }
+        __syncthreads(); // every warp is done with ks
+        if (j0 + BC < klast) tile_async<HD, BC>(ks, kb, kstride, j0 + BC, Tk);
+        cp_commit();
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int key = j0 + t * 8 + 2 * c + e;
+                    bool live = key < Tk && (!causal || koff + key <= qoff + rows[r]);
+                    float x = live ? s[t][2 * r + e] * sl2 : -INFINITY;
+                    s[t][2 * r + e] = x;
+                    mx = fmaxf(mx, x);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+            float mnew = fmaxf(m[r], mx);
+            float mref = mnew == -INFINITY ? 0.f : mnew;
+            float corr = exp2f(m[r] - mref);
+            float sum = 0.f;
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float p = exp2f(s[t][2 * r + e] - mref);
+                    s[t][2 * r + e] = p;
+                    sum += p;
+                }
+            sum += __shfl_xor_sync(0xffffffff, sum, 1);
+            sum += __shfl_xor_sync(0xffffffff, sum, 2);
+            l[r] = l[r] * corr + sum;
+            m[r] = mnew;
+#pragma unroll
+            for (int t = 0; t < OT; t++) { acc[t][2 * r] *= corr; acc[t][2 * r + 1] *= corr; }
+        }
+        cp_wait<1>(); // this V tile
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) {
+            uint32_t a[4];
+            afrag_from_acc(a, s, kk);
+#pragma unroll
+            for (int t = 0; t < OT; t += 2) {
+                uint32_t r[4];
+                bfrag_kn<P>(r, vs, kk, t * 8, lane);
+                mma_bf16(acc[t], a, r[0], r[1]);
+                mma_bf16(acc[t + 1], a, r[2], r[3]);
+            }
+        }
+        __syncthreads(); // every warp is done with vs
+    }
+    cp_wait<0>();
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = rows[r];
+        if (row >= Tq) continue;
+        float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+        bf16* op = o + (((long)b * Tq + row) * NH + h) * HD;
+#pragma unroll
+        for (int t = 0; t < OT; t++) st2(op + t * 8 + 2 * c, pack2(acc[t][2 * r] * inv, acc[t][2 * r + 1] * inv));
+        if (c == 0) lse[((long)b * NH + h) * Tq + row] = l[r] > 0.f ? (m[r] + log2f(l[r])) * LN2 : -INFINITY;
+    }
+}
+
+// flash_bwd_dq_tc: dq = Σ_j dS_ij·k_j with dS = P∘(dP − D)·scale, P recomputed from
+// lse, dP = dO·vᵀ. 4 warps × 16 query rows; key tiles of 32 (K and V row-major).
+template <int HD>
+__device__ void flash_bwd_dq_tc(bf16* dq, const bf16* dout, const float* lse, const float* D, const bf16* q, const bf16* k,
+                                const bf16* v, int Tq, int Tk, int NH, int NKV, int qoff, int koff, int causal, float scale,
+                                int accumulate) {
+    constexpr int BC = 32, KS = HD / 16, NT = BC / 8, OT = HD / 8, P = HD + 8;
+    __shared__ __align__(16) bf16 ks[BC * P];
+    __shared__ __align__(16) bf16 vs[BC * P];
+    int bh = blockIdx.y, b = bh / NH, h = bh % NH, kh = h / (NH / NKV);
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    int r0 = blockIdx.x * 64 + w * 16;
+    long qstride = (long)NH * HD, kstride = (long)NKV * HD;
+    const bf16* qb = q + ((long)b * Tq * NH + h) * HD;
+    const bf16* dob = dout + ((long)b * Tq * NH + h) * HD;
+    const bf16* kb = k + ((long)b * Tk * NKV + kh) * HD;
+    const bf16* vb = v + ((long)b * Tk * NKV + kh) * HD;
+    uint32_t qa[KS][4], da[KS][4];
+    load_afrag<HD>(qa, qb, qstride, r0, Tq, g, c);
+    load_afrag<HD>(da, dob, qstride, r0, Tq, g, c);
+    int rows[2] = {r0 + g, r0 + g + 8};
+    float l2[2], Dr[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        long li = ((long)b * NH + h) * Tq + rows[r];
+        l2[r] = rows[r] < Tq ? lse[li] * LOG2E : 0.f;
+        Dr[r] = rows[r] < Tq ? D[li] : 0.f;
+    }
+    float acc[OT][4];
+#pragma unroll
+    for (int t = 0; t < OT; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
+    float sl2 = scale * LOG2E;
+    int blast = min(Tq, (int)blockIdx.x * 64 + 64) - 1;
+    int klast = causal ? min(Tk, qoff + blast - koff + 1) : Tk;
+    for (int j0 = 0; j0 < klast; j0 += BC) {
+        __syncthreads();
+        tile_async<HD, BC>(ks, kb, kstride, j0, Tk);
+        tile_async<HD, BC>(vs, vb, kstride, j0, Tk);
+        cp_commit();
+        cp_wait<0>();
+        __syncthreads();
+        float s[NT][4], dp[NT][4];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[t][e] = dp[t][e] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < KS; kk += 2) {
+                uint32_t r[4], rv[4];
+                bfrag_nk<P>(r, ks, t * 8, kk, lane);
+                bfrag_nk<P>(rv, vs, t * 8, kk, lane);
+                mma_bf16(s[t], qa[kk], r[0], r[1]);
+                mma_bf16(s[t], qa[kk + 1], r[2], r[3]);
+                mma_bf16(dp[t], da[kk], rv[0], rv[1]);
+                mma_bf16(dp[t], da[kk + 1], rv[2], rv[3]);
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int r = e >> 1, key = j0 + t * 8 + 2 * c + (e & 1);
+                bool live = rows[r] < Tq && key < Tk && (!causal || koff + key <= qoff + rows[r]);
+                float p = live ? exp2f(s[t][e] * sl2 - l2[r]) : 0.f;
+                s[t][e] = p * (dp[t][e] - Dr[r]) * scale; // dS
+            }
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) {
+            uint32_t a[4];
+            afrag_from_acc(a, s, kk);
+#pragma unroll
+            for (int t = 0; t < OT; t += 2) {
+                uint32_t r[4];
+                bfrag_kn<P>(r, ks, kk, t * 8, lane);
+                mma_bf16(acc[t], a, r[0], r[1]);
+                mma_bf16(acc[t + 1], a, r[2], r[3]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = rows[r];
+        if (row >= Tq) continue;
+        bf16* p = dq + (((long)b * Tq + row) * NH + h) * HD;
+#pragma unroll
+        for (int t = 0; t < OT; t++) {
+            float x0 = acc[t][2 * r], x1 = acc[t][2 * r + 1];
+            if (accumulate) {
+                __nv_bfloat162 old = *reinterpret_cast<__nv_bfloat162*>(p + t * 8 + 2 * c);
+                x0 += __bfloat162float(old.x);
+                x1 += __bfloat162float(old.y);
+            }
+            st2(p + t * 8 + 2 * c, pack2(x0, x1));
+        }
+    }
+}
+
+// flash_bwd_dkdv_tc: 4 warps × 16 keys of one (batch, kv head); every query head of
+// the group and every query tile (32 rows) that can see the keys passes through
+// shared memory (Q and dO row-major). Per tile: Sᵀ = K·Qᵀ, Pᵀ = exp(Sᵀ − lse),
+// dV += Pᵀ·dO, dPᵀ = V·dOᵀ, dSᵀ = Pᵀ∘(dPᵀ − D)·scale, dK += dSᵀ·Q.
+template <int HD>
+__device__ void flash_bwd_dkdv_tc(bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* D, const bf16* q,
+                                  const bf16* k, const bf16* v, int Tq, int Tk, int NH, int NKV, int qoff, int koff, int causal,
+                                  float scale, int accumulate) {
+    constexpr int BQ = 32, KS = HD / 16, NT = BQ / 8, OT = HD / 8, P = HD + 8;
+    __shared__ __align__(16) bf16 qs[BQ * P];
+    __shared__ __align__(16) bf16 dos[BQ * P];
+    __shared__ float ls[BQ], ds_[BQ];
+    int bk = blockIdx.y, b = bk / NKV, kh = bk % NKV, group = NH / NKV;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    int j0 = blockIdx.x * 64 + w * 16; // the warp's first key
+    long qstride = (long)NH * HD, kstride = (long)NKV * HD;
+    const bf16* kb = k + ((long)b * Tk * NKV + kh) * HD;
+    const bf16* vb = v + ((long)b * Tk * NKV + kh) * HD;
+    uint32_t ka[KS][4], va[KS][4];
+    load_afrag<HD>(ka, kb, kstride, j0, Tk, g, c);
+    load_afrag<HD>(va, vb, kstride, j0, Tk, g, c);
+    int keys[2] = {j0 + g, j0 + g + 8};
+    float dka[OT][4], dva[OT][4];
+#pragma unroll
+    for (int t = 0; t < OT; t++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dka[t][e] = dva[t][e] = 0.f;
+    float sl2 = scale * LOG2E;
+    int i0 = causal ? max(0, koff + (int)blockIdx.x * 64 - qoff) : 0;
+    for (int h = kh * group; h < (kh + 1) * group; h++) {
+        const bf16* qb = q + ((long)b * Tq * NH + h) * HD;
+        const bf16* dob = dout + ((long)b * Tq * NH + h) * HD;
+        for (int t0 = (i0 / BQ) * BQ; t0 < Tq; t0 += BQ) {
+            __syncthreads();
+            tile_async<HD, BQ>(qs, qb, qstride, t0, Tq);
+            tile_async<HD, BQ>(dos, dob, qstride, t0, Tq);
+            cp_commit();
+            if (threadIdx.x < BQ) {
+                int i = t0 + threadIdx.x;
+                long li = ((long)b * NH + h) * Tq + i;
+                ls[threadIdx.x] = i < Tq ? lse[li] * LOG2E : 0.f;
+                ds_[threadIdx.x] = i < Tq ? D[li] : 0.f;
+            }
+            cp_wait<0>();
+            __syncthreads();
+            float s[NT][4], dp[NT][4];
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[t][e] = dp[t][e] = 0.f;
+#pragma unroll
+                for (int kk = 0; kk < KS; kk += 2) {
+                    uint32_t r[4], rd[4];
+                    bfrag_nk<P>(r, qs, t * 8, kk, lane);
+                    bfrag_nk<P>(rd, dos, t * 8, kk, lane);
+                    mma_bf16(s[t], ka[kk], r[0], r[1]);
+                    mma_bf16(s[t], ka[kk + 1], r[2], r[3]);
+                    mma_bf16(dp[t], va[kk], rd[0], rd[1]);
+                    mma_bf16(dp[t], va[kk + 1], rd[2], rd[3]);
+                }
+            }
+            // s becomes Pᵀ, dp becomes dSᵀ
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int key = keys[e >> 1], qi = t * 8 + 2 * c + (e & 1), i = t0 + qi;
+                    bool live = key < Tk && i < Tq && (!causal || koff + key <= qoff + i);
+                    float p = live ? exp2f(s[t][e] * sl2 - ls[qi]) : 0.f;
+                    s[t][e] = p;
+                    dp[t][e] = p * (dp[t][e] - ds_[qi]) * scale;
+                }
+#pragma unroll
+            for (int kk = 0; kk < BQ / 16; kk++) {
+                uint32_t pa[4], sa[4];
+                afrag_from_acc(pa, s, kk);
+                afrag_from_acc(sa, dp, kk);
+#pragma unroll
+                for (int t = 0; t < OT; t += 2) {
+                    uint32_t ro[4], rq[4];
+                    bfrag_kn<P>(ro, dos, kk, t * 8, lane);
+                    bfrag_kn<P>(rq, qs, kk, t * 8, lane);
+                    mma_bf16(dva[t], pa, ro[0], ro[1]);
+                    mma_bf16(dva[t + 1], pa, ro[2], ro[3]);
+                    mma_bf16(dka[t], sa, rq[0], rq[1]);
+                    mma_bf16(dka[t + 1], sa, rq[2], rq[3]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int key = keys[r];
+        if (key >= Tk) continue;
+        long off = (((long)b * Tk + key) * NKV + kh) * HD;
+#pragma unroll
+        for (int t = 0; t < OT; t++) {
+            float k0 = dka[t][2 * r], k1 = dka[t][2 * r + 1], v0 = dva[t][2 * r], v1 = dva[t][2 * r + 1];
+            if (accumulate) {
+                __nv_bfloat162 ok = *reinterpret_cast<__nv_bfloat162*>(dk + off + t * 8 + 2 * c);
+                __nv_bfloat162 ov = *reinterpret_cast<__nv_bfloat162*>(dv + off + t * 8 + 2 * c);
+                k0 += __bfloat162float(ok.x);
+                k1 += __bfloat162float(ok.y);
+                v0 += __bfloat162float(ov.x);
+                v1 += __bfloat162float(ov.y);
+            }
+            st2(dk + off + t * 8 + 2 * c, pack2(k0, k1));
+            st2(dv + off + t * 8 + 2 * c, pack2(v0, v1));
+        }
+    }
+}
+
+#define EXPORT_FLASH_TC(HD)                                                                                           \
+    extern "C" __global__ void __launch_bounds__(128) flash_fwd_tc_##HD(bf16* o, float* lse, const bf16* q,           \
+                                                                       const bf16* k, const bf16* v, FA_ARGS) {       \
+        flash_fwd_tc<HD>(o, lse, q, k, v, Tq, Tk, NH, NKV, qoff, koff, causal, scale);                                \
+    }                                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(128) flash_bwd_dq_tc_##HD(bf16* dq, const bf16* dout,                \
+                                                                          const float* lse, const float* D,           \
+                                                                          const bf16* q, const bf16* k, const bf16* v, \
+                                                                          FA_ARGS, int acc) {                         \
+        flash_bwd_dq_tc<HD>(dq, dout, lse, D, q, k, v, Tq, Tk, NH, NKV, qoff, koff, causal, scale, acc);              \
+    }                                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(128) flash_bwd_dkdv_tc_##HD(bf16* dk, bf16* dv, const bf16* dout,    \
+                                                                            const float* lse, const float* D,         \
+                                                                            const bf16* q, const bf16* k,             \
+                                                                            const bf16* v, FA_ARGS, int acc) {        \
+        flash_bwd_dkdv_tc<HD>(dk, dv, dout, lse, D, q, k, v, Tq, Tk, NH, NKV, qoff, koff, causal, scale, acc);        \
+    }
+EXPORT_FLASH_TC(32)
+EXPORT_FLASH_TC(64)
+EXPORT_FLASH_TC(128)
