@@ -13,7 +13,7 @@ package cuda
 // the types, whose layout these versions share.
 #define LT_FNS(X) X(cublasLtCreate) X(cublasLtDestroy) X(cublasLtGetVersion) \
 	X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy) X(cublasLtMatmulDescSetAttribute) \
-	X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy) X(cublasLtMatmulPreferenceCreate) \
+	X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy) X(cublasLtMatrixLayoutSetAttribute) X(cublasLtMatmulPreferenceCreate) \
 	X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatmulPreferenceSetAttribute) \
 	X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmul)
 #define LT_DECL(f) static __typeof__(f)* p_##f;
@@ -41,11 +41,20 @@ typedef struct {
 	size_t workspace;
 } lt_plan;
 
+// lt_batch makes layout l a strided batch of count matrices stride elements apart.
+static int lt_batch(cublasLtMatrixLayout_t l, int count, long long stride) {
+	int st;
+	if (count <= 1) return 0;
+	if ((st = p_cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)))) return st;
+	return p_cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride));
+}
+
 // lt_prepare describes C (m×n, column-major) = op(A)·op(B) (+ C) with A, B of type
-// ab and C of type ct, fp32 accumulation, and picks the heuristic's first algorithm
-// that fits a workspace of ws bytes.
+// ab and C of type ct, fp32 accumulation, over a strided batch of `batch` products
+// (strides sa, sb, sc in elements), and picks the heuristic's first algorithm that
+// fits a workspace of ws bytes.
 static int lt_prepare(cublasLtHandle_t h, lt_plan* p, int ta, int tb, long m, long n, long k,
-                      long lda, long ldb, long ldc, int ab, int ct, size_t ws) {
+                      long lda, long ldb, long ldc, int ab, int ct, size_t ws, int batch, long long sa, long long sb, long long sc) {
 	int st;
 	cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
 	if ((st = p_cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F))) return st;
@@ -54,6 +63,7 @@ static int lt_prepare(cublasLtHandle_t h, lt_plan* p, int ta, int tb, long m, lo
 	if ((st = p_cublasLtMatrixLayoutCreate(&p->a, (cudaDataType)ab, ta ? k : m, ta ? m : k, lda))) return st;
 	if ((st = p_cublasLtMatrixLayoutCreate(&p->b, (cudaDataType)ab, tb ? n : k, tb ? k : n, ldb))) return st;
 	if ((st = p_cublasLtMatrixLayoutCreate(&p->c, (cudaDataType)ct, m, n, ldc))) return st;
+	if ((st = lt_batch(p->a, batch, sa)) || (st = lt_batch(p->b, batch, sb)) || (st = lt_batch(p->c, batch, sc))) return st;
 	cublasLtMatmulPreference_t pref;
 	if ((st = p_cublasLtMatmulPreferenceCreate(&pref))) return st;
 	st = p_cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
@@ -113,6 +123,8 @@ type gemmKey struct {
 	m, n, k       int
 	lda, ldb, ldc int
 	ab, c         DType
+	batch         int
+	sa, sb, sc    int // batch strides in elements
 }
 
 func openBlasLt(stream unsafe.Pointer) (*blasLt, error) {
@@ -164,7 +176,13 @@ func cudaType(t DType) C.int {
 // dtype, C of its own, accumulated in fp32. The algorithm for a shape is chosen
 // once by cuBLASLt's heuristic and cached.
 func (d *Device) gemm(ta, tb bool, m, n, k int, A Buffer, lda int, B Buffer, ldb int, beta float32, Cb Buffer, ldc int) {
-	if d.err != nil {
+	d.gemmBatched(ta, tb, m, n, k, A, lda, 0, B, ldb, 0, beta, Cb, ldc, 0, 1)
+}
+
+// gemmBatched is gemm over batch products, the i-th reading A, B and C at i·sa,
+// i·sb and i·sc elements.
+func (d *Device) gemmBatched(ta, tb bool, m, n, k int, A Buffer, lda, sa int, B Buffer, ldb, sb int, beta float32, Cb Buffer, ldc, sc, batch int) {
+	if d.err != nil || batch == 0 || m == 0 || n == 0 {
 		return
 	}
 	if A.DType != B.DType || A.DType == I32 || Cb.DType == I32 {
@@ -172,12 +190,12 @@ func (d *Device) gemm(ta, tb bool, m, n, k int, A Buffer, lda int, B Buffer, ldb
 		return
 	}
 	lt := d.lt
-	key := gemmKey{ta, tb, m, n, k, lda, ldb, ldc, A.DType, Cb.DType}
+	key := gemmKey{ta, tb, m, n, k, lda, ldb, ldc, A.DType, Cb.DType, batch, sa, sb, sc}
 	p, ok := lt.plans[key]
 	if !ok {
 		p = (*C.lt_plan)(C.calloc(1, C.size_t(unsafe.Sizeof(C.lt_plan{}))))
 		st := C.lt_prepare(lt.h, p, cbool(ta), cbool(tb), C.long(m), C.long(n), C.long(k), C.long(lda), C.long(ldb), C.long(ldc),
-			cudaType(A.DType), cudaType(Cb.DType), blasWorkspace)
+			cudaType(A.DType), cudaType(Cb.DType), blasWorkspace, C.int(batch), C.longlong(sa), C.longlong(sb), C.longlong(sc))
 		if st != 0 {
 			C.free(unsafe.Pointer(p))
 			d.fail("gemm", fmt.Errorf("cuBLASLt has no algorithm for %+v (status %d)", key, st))

@@ -251,6 +251,45 @@ func TestRowKernels(t *testing.T) {
 	}
 }
 
+// TestHeadCrossEntropy checks the chunked head and loss against the CPU's matmul,
+// cross-entropy and their backward, with a last chunk shorter than the others.
+func TestHeadCrossEntropy(t *testing.T) {
+	for _, dt := range dtypes {
+		r := rand.New(rand.NewPCG(8, uint64(dt)))
+		BT, C, V, chunk := 40, 64, 1000, 384
+		x, w := roundTo(dt, randn(r, BT*C, 1)), roundTo(dt, randn(r, V*C, 0.2))
+		targets := make([]int32, BT)
+		for i := range targets {
+			targets[i] = int32(r.IntN(V))
+		}
+		targets[7] = -1
+		logits := make([]float32, BT*V)
+		cpu.Matmul(logits, x, w, BT, C, V, false)
+		losses, probs := make([]float32, BT), make([]float32, BT*V)
+		cpu.CrossEntropy(losses, probs, logits, targets, BT, V)
+		dloss := randn(r, BT, 1)
+		dlogits := make([]float32, BT*V)
+		cpu.CrossEntropyBackward(dlogits, dloss, probs, targets, BT, V)
+		dx0 := roundTo(dt, randn(r, BT*C, 1))
+		dx, dw0 := append([]float32(nil), dx0...), randn(r, V*C, 1)
+		dw := append([]float32(nil), dw0...)
+		cpu.MatmulBackward(dx, dw, dlogits, x, w, BT, C, V, true)
+		onDevice(t, func() {
+			s := HeadShape{BT, C, V, chunk}
+			sc := HeadScratch{Logits: poisoned(t, F32, BT*chunk), DLogits: poisoned(t, dt, BT*chunk),
+				M: poisoned(t, F32, BT), S: poisoned(t, F32, BT), Z: poisoned(t, F32, BT)}
+			bx, bw, bt := put(t, dt, x), put(t, dt, w), putI32(t, targets)
+			bl, blse := poisoned(t, F32, BT), poisoned(t, F32, BT)
+			dev.HeadCrossEntropy(bl, blse, bx, bw, bt, s, sc)
+			check(t, "head losses", dt, get(bl), losses, 1e-5)
+			bdx, bdw := put(t, dt, dx0), put(t, F32, dw0)
+			dev.HeadCrossEntropyBackward(bdx, bdw, bx, bw, bt, put(t, F32, dloss), blse, s, sc, true)
+			check(t, "head dx", dt, get(bdx), dx, 1e-5)
+			check(t, "head dw", dt, get(bdw), dw, 1e-5)
+		})
+	}
+}
+
 func TestElementwise(t *testing.T) {
 	for _, dt := range dtypes {
 		r := rand.New(rand.NewPCG(3, uint64(dt)))

@@ -227,6 +227,181 @@ func (d *Device) CrossEntropyBackward(dlogits, dloss, lse, logits, targets Buffe
 	}
 }
 
+// HeadShape is the output head and loss: x (BT,C) · w (V,C)ᵀ in chunks of Chunk
+// vocabulary columns.
+type HeadShape struct{ BT, C, V, Chunk int }
+
+// HeadScratch is what the fused head needs besides its inputs: Logits (fp32, at
+// least BT·Chunk), DLogits (the operands' dtype, BT·Chunk; backward only) and three
+// fp32 row vectors of BT (running max, sum, target logit).
+type HeadScratch struct{ Logits, DLogits, M, S, Z Buffer }
+
+func (s HeadShape) check(d *Device, x, w, targets Buffer, sc HeadScratch) bool {
+	return d.same("output head", x, w) && d.need("output head", targets, I32, s.BT) && s.Chunk > 0 &&
+		d.need("output head logits", sc.Logits, F32, s.BT*min(s.Chunk, s.V)) && d.need("output head", sc.M, F32, s.BT) &&
+		d.need("output head", sc.S, F32, s.BT) && d.need("output head", sc.Z, F32, s.BT)
+}
+
+// HeadCrossEntropy runs the output head and the loss together, one vocabulary
+// chunk at a time: losses (BT, fp32) = lse − z_target (0 where target < 0) and lse
+// (BT, fp32) saved for backward; no (BT,V) buffer is made.
+func (d *Device) HeadCrossEntropy(losses, lse, x, w, targets Buffer, s HeadShape, sc HeadScratch) {
+	if !s.check(d, x, w, targets, sc) || !d.need("output head", losses, F32, s.BT) || !d.need("output head", lse, F32, s.BT) {
+		return
+	}
+	d.Fill(sc.M.Slice(0, s.BT), float32(math.Inf(-1)))
+	d.Zero(sc.S.Slice(0, s.BT))
+	d.Zero(sc.Z.Slice(0, s.BT))
+	for v0 := 0; v0 < s.V; v0 += s.Chunk {
+		vc := min(s.Chunk, s.V-v0)
+		L := sc.Logits.Slice(0, s.BT*vc)
+		d.Matmul(L, x, w.Slice(v0*s.C, (v0+vc)*s.C), MatmulShape{s.BT, s.C, vc}, false)
+		d.launch("ce_chunk_fwd", s.BT, 1, 256, ptr(sc.M), ptr(sc.S), ptr(sc.Z), ptr(L), ptr(targets), i32(v0), i32(vc))
+	}
+	d.launch("ce_finish", d.grid(s.BT), 1, threads, ptr(losses), ptr(lse), ptr(sc.M), ptr(sc.S), ptr(sc.Z), ptr(targets), i32(s.BT))
+}
+
+// HeadCrossEntropyBackward: with dloss (BT, fp32) per row, dx (BT,C) = Σ_chunks
+// dL·w (overwritten, or added to when accumulate) and dw (V,C, fp32) += dLᵀ·x, each
+// chunk's logits remade from x, w and the saved lse.
+func (d *Device) HeadCrossEntropyBackward(dx, dw, x, w, targets, dloss, lse Buffer, s HeadShape, sc HeadScratch, accumulate bool) {
+	if !s.check(d, x, w, targets, sc) || !d.need("output head", sc.DLogits, x.DType, s.BT*min(s.Chunk, s.V)) ||
+		!d.need("output head", dw, F32, s.V*s.C) || !d.need("output head", dloss, F32, s.BT) {
+		return
+	}
+	for v0 := 0; v0 < s.V; v0 += s.Chunk {
+		vc := min(s.Chunk, s.V-v0)
+		L, dL := sc.Logits.Slice(0, s.BT*vc), sc.DLogits.Slice(0, s.BT*vc)
+		wc := w.Slice(v0*s.C, (v0+vc)*s.C)
+		d.Matmul(L, x, wc, MatmulShape{s.BT, s.C, vc}, false)
+		d.launch("ce_chunk_bwd"+suffix(x.DType), d.grid(s.BT*vc), 1, threads, ptr(dL), ptr(L), ptr(lse), ptr(targets), ptr(dloss), i32(v0), i32(vc), i32(s.BT))
+		d.MatmulBackward(dx, dw.Slice(v0*s.C, (v0+vc)*s.C), dL, x, wc, MatmulShape{s.BT, s.C, vc}, accumulate || v0 > 0)
+	}
+}
+
+// MoEShape is one MoE layer's routing: BT tokens, E experts (at most 1024), top K
+// (at most 32), C channels, at most Capacity copies per expert. Padded puts expert
+// e's segment at rows e·Capacity.. (static shapes for ExpertsMatmul); otherwise
+// segments are packed in expert order.
+type MoEShape struct {
+	BT, E, K, C, Capacity int
+	Padded                bool
+}
+
+// Rows is the number of permuted rows the layer's buffers need.
+func (s MoEShape) Rows() int {
+	if s.Padded {
+		return s.E * s.Capacity
+	}
+	return min(s.BT*s.K, s.E*s.Capacity)
+}
+
+// MoERouting is one layer's routing state, all on the device: Probs (BT,E) and
+// Gates (BT,K) fp32; Idx, Row, Rank (BT,K), Tok (Rows), Counts (E) and Offsets (E+1)
+// int32.
+type MoERouting struct{ Probs, Gates, Idx, Row, Rank, Tok, Counts, Offsets Buffer }
+
+func (d *Device) moeCheck(what string, r MoERouting, s MoEShape) bool {
+	n := s.BT * s.K
+	switch {
+	case d.err != nil:
+		return false
+	case s.E > 1024 || s.K > 32 || s.K > s.E || s.Capacity <= 0:
+		d.fail(what, fmt.Errorf("%d experts, top %d, capacity %d (the kernels take up to 1024 experts, top 32)", s.E, s.K, s.Capacity))
+		return false
+	}
+	return d.need(what, r.Probs, F32, s.BT*s.E) && d.need(what, r.Gates, F32, n) && d.need(what, r.Idx, I32, n) &&
+		d.need(what, r.Row, I32, n) && d.need(what, r.Rank, I32, n) && d.need(what, r.Tok, I32, s.Rows()) &&
+		d.need(what, r.Counts, I32, s.E) && d.need(what, r.Offsets, I32, s.E+1)
+}
+
+// Router: probs = softmax(logits (BT,E)), idx the top K experts (ties to the lower
+// index), gates the softmax of the selected logits.
+func (d *Device) Router(r MoERouting, logits Buffer, s MoEShape) {
+	if d.moeCheck("router", r, s) {
+		d.launch("moe_router"+suffix(logits.DType), (s.BT+3)/4, 1, 128, ptr(r.Probs), ptr(r.Idx), ptr(r.Gates), ptr(logits), i32(s.BT), i32(s.E), i32(s.K))
+	}
+}
+
+// Dispatch ranks every copy within its expert, keeps the first Capacity, lays the
+// segments out (Counts, Offsets, Row, Tok) and gathers the kept tokens' rows of x
+// (BT,C) into xperm (Rows, C); with Padded the unused rows are zero. Nothing comes
+// back to the host.
+func (d *Device) Dispatch(xperm Buffer, r MoERouting, x Buffer, s MoEShape) {
+	if !d.moeCheck("dispatch", r, s) || !d.same("dispatch", xperm, x) || !d.need("dispatch", xperm, x.DType, s.Rows()*s.C) {
+		return
+	}
+	n := s.BT * s.K
+	d.launch("moe_rank", s.E, 1, 1024, ptr(r.Rank), ptr(r.Counts), ptr(r.Idx), i32(n), i32(s.Capacity))
+	d.launch("moe_offsets", 1, 1, 32, ptr(r.Offsets), ptr(r.Counts), i32(s.E), i32(s.Capacity), flag(s.Padded))
+	d.launch("moe_place", d.grid(n), 1, threads, ptr(r.Row), ptr(r.Tok), ptr(r.Rank), ptr(r.Idx), ptr(r.Offsets), i32(n), i32(s.K), i32(s.Capacity))
+	if s.Padded {
+		d.Zero(xperm.Slice(0, s.Rows()*s.C))
+	}
+	d.launch("moe_gather"+suffix(x.DType), d.grid(n*s.C), 1, threads, ptr(xperm), ptr(x), ptr(r.Row), i32(n), i32(s.K), i32(s.C))
+}
+
+// DispatchBackward: dx (BT,C) = Σ over each token's kept copies of dxperm[row]
+// (added to dx when accumulate), per token in copy order.
+func (d *Device) DispatchBackward(dx, dxperm Buffer, r MoERouting, s MoEShape, accumulate bool) {
+	if d.moeCheck("dispatch backward", r, s) && d.same("dispatch backward", dx, dxperm) {
+		d.launch("moe_scatter_back"+suffix(dx.DType), d.grid(s.BT*s.C), 1, threads, ptr(dx), ptr(dxperm), ptr(r.Row), i32(s.BT), i32(s.K), i32(s.C), flag(accumulate))
+	}
+}
+
+// Combine: out[t] += Σ_j gates[t,j]·y[row[t,j]] over kept copies.
+func (d *Device) Combine(out, y Buffer, r MoERouting, s MoEShape) {
+	if d.moeCheck("combine", r, s) && d.same("combine", out, y) {
+		d.launch("moe_combine"+suffix(out.DType), d.grid(s.BT*s.C), 1, threads, ptr(out), ptr(y), ptr(r.Gates), ptr(r.Row), i32(s.BT), i32(s.K), i32(s.C))
+	}
+}
+
+// CombineBackward: dy[row] = gate·dout[t] for kept copies (other rows untouched) and
+// dgates (BT,K fp32) = dout[t]·y[row] (0 for dropped copies).
+func (d *Device) CombineBackward(dy, dgates, dout, y Buffer, r MoERouting, s MoEShape) {
+	if d.moeCheck("combine backward", r, s) && d.same("combine backward", dy, dout, y) && d.need("combine backward", dgates, F32, s.BT*s.K) {
+		n := s.BT * s.K
+		d.launch("moe_combine_backward"+suffix(dy.DType), (n*32+threads-1)/threads, 1, threads, ptr(dy), ptr(dgates), ptr(dout), ptr(y), ptr(r.Gates), ptr(r.Row), i32(n), i32(s.K), i32(s.C))
+	}
+}
+
+// AuxLoss sets aux[0] = E·Σ_e f_e·P_e (Switch Transformer's load-balancing loss: f_e
+// the share of kept copies routed to e, P_e its mean probability) and daux (E) =
+// coeff·E·f_e/BT, the gradient RouterBackward passes through the probabilities.
+func (d *Device) AuxLoss(aux, daux Buffer, r MoERouting, s MoEShape, coeff float64) {
+	if d.moeCheck("aux loss", r, s) && d.need("aux loss", aux, F32, 1) && d.need("aux loss", daux, F32, s.E) {
+		d.launch("moe_aux", 1, 1, 1024, ptr(aux), ptr(daux), ptr(r.Probs), ptr(r.Counts), i32(s.BT), i32(s.E), i32(s.K), f32(coeff))
+	}
+}
+
+// RouterBackward: dlogits (BT,E, overwritten) = the gradient through the gates
+// (dgates (BT,K) fp32) and, when daux is not empty, through the probabilities with
+// dprobs[t,e] = daux[e].
+func (d *Device) RouterBackward(dlogits, dgates, daux Buffer, r MoERouting, s MoEShape) {
+	if d.moeCheck("router backward", r, s) && d.need("router backward", dgates, F32, s.BT*s.K) {
+		d.launch("moe_router_backward"+suffix(dlogits.DType), (s.BT+3)/4, 1, 128, ptr(dlogits), ptr(dgates), ptr(daux), ptr(r.Gates), ptr(r.Probs), ptr(r.Idx), i32(s.BT), i32(s.E), i32(s.K))
+	}
+}
+
+// ExpertsShape is E products of Rows rows each (padded segments): out_e (Rows,OC)
+// = inp_e (Rows,C) · w_e (OC,C)ᵀ, with w_e at e·WStride elements of w.
+type ExpertsShape struct{ E, Rows, C, OC, WStride int }
+
+// ExpertsMatmul runs every expert's product as one strided batch (or += when
+// accumulate).
+func (d *Device) ExpertsMatmul(out, inp, w Buffer, s ExpertsShape, accumulate bool) {
+	d.gemmBatched(true, false, s.OC, s.Rows, s.C, w, s.C, s.WStride, inp, s.C, s.Rows*s.C, beta(accumulate), out, s.OC, s.Rows*s.OC, s.E)
+}
+
+// ExpertsMatmulBackward: dinp_e = dout_e·w_e (+= when accumulate; skipped when dinp
+// is empty) and dw_e (fp32 or the operands' dtype, at e·WStride) += dout_eᵀ·inp_e.
+func (d *Device) ExpertsMatmulBackward(dinp, dw, dout, inp, w Buffer, s ExpertsShape, accumulate bool) {
+	if dinp.N > 0 {
+		d.gemmBatched(false, false, s.C, s.Rows, s.OC, w, s.C, s.WStride, dout, s.OC, s.Rows*s.OC, beta(accumulate), dinp, s.C, s.Rows*s.C, s.E)
+	}
+	d.gemmBatched(false, true, s.C, s.OC, s.Rows, inp, s.C, s.Rows*s.C, dout, s.OC, s.Rows*s.OC, 1, dw, s.C, s.WStride, s.E)
+}
+
 // AdamW updates fp32 params, m, v from fp32 grads scaled by gscale[0] (a device
 // value; pass a zero Buffer for 1) and, when compute is a bf16 buffer, writes the
 // bf16 compute weights in the same pass.

@@ -16,6 +16,9 @@
 
 typedef __nv_bfloat16 bf16;
 
+// FOR_S(X) instantiates X for each storage type and its name suffix.
+#define FOR_S(X) X(float, f32) X(bf16, bf16)
+
 __device__ __forceinline__ float ld(const float* p, long i) { return p[i]; }
 __device__ __forceinline__ float ld(const bf16* p, long i) { return __bfloat162float(p[i]); }
 __device__ __forceinline__ void st(float* p, long i, float v) { p[i] = v; }
@@ -230,6 +233,289 @@ template <typename S> __device__ void cross_entropy_backward(S* dlogits, const f
         st(dlogits, i, d);
     }
 }
+
+// ---- cross-entropy fused with the output head, in vocabulary chunks ----------------
+//
+// The head's logits are made one chunk of vocabulary columns at a time (a GEMM into
+// an fp32 (BT, chunk) buffer) and folded into a running maximum and sum per row, so
+// no (BT, V) buffer exists; the backward remakes each chunk's logits from the saved
+// log-sum-exp.
+
+// ce_chunk_fwd: one block per row of the chunk L (BT, vc) of columns v0..v0+vc;
+// folds it into m, s (running max and Σexp(z−m)) and records the target's logit in
+// zt when it lies in the chunk.
+extern "C" __global__ void ce_chunk_fwd(float* m, float* s, float* zt, const float* L, const int* targets, int v0, int vc) {
+    __shared__ float sh[32];
+    long row = blockIdx.x;
+    const float* z = L + row * vc;
+    float cm = -INFINITY;
+    for (int j = threadIdx.x; j < vc; j += blockDim.x) cm = fmaxf(cm, z[j]);
+    cm = block_max(cm, sh);
+    float cs = 0.f;
+    for (int j = threadIdx.x; j < vc; j += blockDim.x) cs += __expf(z[j] - cm);
+    cs = block_sum(cs, sh);
+    if (threadIdx.x == 0) {
+        float mo = m[row], mn = fmaxf(mo, cm);
+        s[row] = (mo == -INFINITY ? 0.f : s[row] * __expf(mo - mn)) + cs * __expf(cm - mn);
+        m[row] = mn;
+        int t = targets[row];
+        if (t >= v0 && t < v0 + vc) zt[row] = z[t - v0];
+    }
+}
+// ce_finish: lse = m + log s; loss = lse − z_target (0 where target < 0).
+extern "C" __global__ void ce_finish(float* losses, float* lse, const float* m, const float* s, const float* zt, const int* targets, int BT) {
+    GRID_STRIDE(i, BT) {
+        float l = m[i] + logf(s[i]);
+        lse[i] = l;
+        losses[i] = targets[i] < 0 ? 0.f : l - zt[i];
+    }
+}
+// ce_chunk_bwd: dL (BT, vc, storage S) = (softmax − onehot)·dloss for columns
+// v0..v0+vc, the softmax remade from the chunk's logits L and the row's lse.
+template <typename S> __device__ void ce_chunk_bwd(S* dL, const float* L, const float* lse, const int* targets, const float* dloss, int v0, int vc, int BT) {
+    GRID_STRIDE(i, (long)BT * vc) {
+        long row = i / vc;
+        int col = i % vc, t = targets[row];
+        float g = t < 0 ? 0.f : dloss[row];
+        st(dL, i, (__expf(L[i] - lse[row]) - (col + v0 == t ? 1.f : 0.f)) * g);
+    }
+}
+extern "C" __global__ void ce_chunk_bwd_f32(float* dL, const float* L, const float* lse, const int* t, const float* dloss, int v0, int vc, int BT) {
+    ce_chunk_bwd(dL, L, lse, t, dloss, v0, vc, BT);
+}
+extern "C" __global__ void ce_chunk_bwd_bf16(bf16* dL, const float* L, const float* lse, const int* t, const float* dloss, int v0, int vc, int BT) {
+    ce_chunk_bwd(dL, L, lse, t, dloss, v0, vc, BT);
+}
+
+// ---- mixture of experts --------------------------------------------------------------
+//
+// The same routing as tensor/cpu (Router, Dispatch, Combine and their backward),
+// with everything kept on the device: expert counts, segment offsets and the aux
+// loss never come back to the host. Copies are numbered i = t·K + j; each expert
+// keeps its first `capacity` copies in that order. With `padded` set, expert e's
+// segment starts at row e·capacity (static shapes: the experts' products run as one
+// strided batch); otherwise segments are packed (the CPU layout).
+
+#define MOE_MAXE 1024
+
+// moe_router: one warp per token; probs (BT,E fp32) = softmax(logits), idx (BT,K) the
+// top K by logit (ties to the lower index), gates (BT,K fp32) the softmax of the
+// selected logits.
+template <typename S> __device__ void moe_router(float* probs, int* idx, float* gates, const S* logits, int BT, int E, int K) {
+    __shared__ float sh[4][MOE_MAXE];
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    long t = (long)blockIdx.x * 4 + w;
+    if (t >= BT) return;
+    float* z = sh[w];
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += 32) { z[e] = ld(logits, t * E + e); mx = fmaxf(mx, z[e]); }
+    mx = warp_max(mx);
+    float sum = 0.f;
+    for (int e = lane; e < E; e += 32) sum += __expf(z[e] - mx);
+    sum = warp_sum(sum);
+    for (int e = lane; e < E; e += 32) probs[t * E + e] = __expf(z[e] - mx) / sum;
+    __syncwarp();
+    float selv = 0.f, gmax = -INFINITY;
+    for (int j = 0; j < K; j++) {
+        float bv = -INFINITY;
+        int bi = E;
+        for (int e = lane; e < E; e += 32)
+            if (z[e] > bv) { bv = z[e]; bi = e; } // lanes scan in index order: ties keep the lower
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffff, bv, o);
+            int oi = __shfl_xor_sync(0xffffffff, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        }
+        if (lane == j) selv = bv;
+        if (lane == 0) idx[t * K + j] = bi;
+        gmax = fmaxf(gmax, bv);
+        __syncwarp();
+        if (lane == 0) z[bi] = -INFINITY;
+        __syncwarp();
+    }
+    float ex = lane < K ? __expf(selv - gmax) : 0.f;
+    float den = warp_sum(ex);
+    if (lane < K) gates[t * K + lane] = ex / den;
+}
+
+// moe_rank: one block per expert e; rank[i] = the number of copies before i that
+// chose e (for the copies that chose e), counts[e] = min(copies of e, capacity).
+// A block-wide scan in copy order: deterministic and free of atomics.
+extern "C" __global__ void moe_rank(int* rank, int* counts, const int* idx, int n, int capacity) {
+    __shared__ int warpTotals[32];
+    __shared__ int base;
+    int e = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (threadIdx.x == 0) base = 0;
+    __syncthreads();
+    for (int i0 = 0; i0 < n; i0 += blockDim.x) {
+        int i = i0 + threadIdx.x;
+        bool hit = i < n && idx[i] == e;
+        unsigned mask = __ballot_sync(0xffffffff, hit);
+        int before = __popc(mask & ((1u << lane) - 1));
+        if (lane == 0) warpTotals[w] = __popc(mask);
+        __syncthreads();
+        int off = base;
+        for (int k = 0; k < w; k++) off += warpTotals[k];
+        if (hit) rank[i] = off + before;
+        __syncthreads();
+        if (threadIdx.x == 0) for (int k = 0; k < nw; k++) base += warpTotals[k];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) counts[e] = min(base, capacity);
+}
+
+// moe_offsets: offsets (E+1) = exclusive prefix sum of counts (packed) or e·capacity
+// (padded); one thread, E is small.
+extern "C" __global__ void moe_offsets(int* offsets, const int* counts, int E, int capacity, int padded) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    int s = 0;
+    for (int e = 0; e < E; e++) {
+        offsets[e] = padded ? e * capacity : s;
+        s += counts[e];
+    }
+    offsets[E] = padded ? E * capacity : s;
+}
+
+// moe_place: row[i] = offsets[e] + rank[i] for kept copies (−1 past capacity) and
+// tok[row] = the copy's token.
+extern "C" __global__ void moe_place(int* row, int* tok, const int* rank, const int* idx, const int* offsets, int n, int K, int capacity) {
+    GRID_STRIDE(i, n) {
+        int e = idx[i], r = rank[i];
+        if (r < capacity) {
+            int p = offsets[e] + r;
+            row[i] = p;
+            tok[p] = i / K;
+        } else {
+            row[i] = -1;
+        }
+    }
+}
+
+// moe_gather: xperm[row[i]] = x[token of i] for kept copies; with padded set, the
+// unused rows of each segment are zeroed first by the caller.
+template <typename S> __device__ void moe_gather(S* xperm, const S* x, const int* row, int n, int K, int C) {
+    GRID_STRIDE(e, (long)n * C) {
+        long i = e / C;
+        int c = e % C, r = row[i];
+        if (r >= 0) xperm[(long)r * C + c] = x[(i / K) * C + c];
+    }
+}
+
+// moe_scatter_back: dx[t] (+)= Σ_j dxperm[row[t,j]] (kept copies), per token: no atomics.
+template <typename S> __device__ void moe_scatter_back(S* dx, const S* dxperm, const int* row, int BT, int K, int C, int accumulate) {
+    GRID_STRIDE(e, (long)BT * C) {
+        long t = e / C;
+        int c = e % C;
+        float s = accumulate ? ld(dx, e) : 0.f;
+        for (int j = 0; j < K; j++) {
+            int r = row[t * K + j];
+            if (r >= 0) s += ld(dxperm, (long)r * C + c);
+        }
+        st(dx, e, s);
+    }
+}
+
+// moe_combine: out[t] += Σ_j gates[t,j]·y[row[t,j]].
+template <typename S> __device__ void moe_combine(S* out, const S* y, const float* gates, const int* row, int BT, int K, int C) {
+    GRID_STRIDE(e, (long)BT * C) {
+        long t = e / C;
+        int c = e % C;
+        float s = ld(out, e);
+        for (int j = 0; j < K; j++) {
+            int r = row[t * K + j];
+            if (r >= 0) s += gates[t * K + j] * ld(y, (long)r * C + c);
+        }
+        st(out, e, s);
+    }
+}
+
+// moe_combine_backward: one warp per copy; dy[row] = g·dout[t] and dgates = dout[t]·y[row]
+// (0 for a dropped copy, whose dy row is left alone).
+template <typename S> __device__ void moe_combine_backward(S* dy, float* dgates, const S* dout, const S* y, const float* gates, const int* row, int n, int K, int C) {
+    long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (i >= n) return;
+    int r = row[i];
+    long t = i / K;
+    if (r < 0) {
+        if (lane == 0) dgates[i] = 0.f;
+        return;
+    }
+    float g = gates[i], s = 0.f;
+    for (int c = lane; c < C; c += 32) {
+        float d = ld(dout, t * C + c);
+        s += d * ld(y, (long)r * C + c);
+        st(dy, (long)r * C + c, g * d);
+    }
+    s = warp_sum(s);
+    if (lane == 0) dgates[i] = s;
+}
+
+// moe_aux: one block; P_e = mean_t probs[t,e], f_e = counts[e]/(BT·K), aux[0] =
+// E·Σ f_e·P_e, and daux[e] = coeff·E·f_e/BT, the aux loss's gradient with respect to
+// every probs[t,e] (coeff: aux_loss_coeff times the loss scale).
+extern "C" __global__ void moe_aux(float* aux, float* daux, const float* probs, const int* counts, int BT, int E, int K, float coeff) {
+    __shared__ float sh[32];
+    float s = 0.f;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        float P = 0.f;
+        for (int t = 0; t < BT; t++) P += probs[(long)t * E + e];
+        P /= BT;
+        float f = (float)counts[e] / ((float)BT * K);
+        s += f * P;
+        daux[e] = coeff * E * f / BT;
+    }
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) aux[0] = E * s;
+}
+
+// moe_router_backward: one warp per token; dlogits (S, overwritten) = gradient
+// through the gates (dgates) and, when daux is not null, through the probabilities
+// with dprobs[t,e] = daux[e].
+template <typename S> __device__ void moe_router_backward(S* dlogits, const float* dgates, const float* daux, const float* gates, const float* probs, const int* idx, int BT, int E, int K) {
+    __shared__ float sh[4][MOE_MAXE];
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    long t = (long)blockIdx.x * 4 + w;
+    if (t >= BT) return;
+    float* d = sh[w];
+    float dot = 0.f;
+    if (daux) {
+        for (int e = lane; e < E; e += 32) dot += probs[t * E + e] * daux[e];
+        dot = warp_sum(dot);
+    }
+    for (int e = lane; e < E; e += 32) d[e] = daux ? probs[t * E + e] * (daux[e] - dot) : 0.f;
+    __syncwarp();
+    float gd = lane < K ? gates[t * K + lane] * dgates[t * K + lane] : 0.f;
+    float gdot = warp_sum(gd);
+    if (lane == 0)
+        for (int j = 0; j < K; j++) d[idx[t * K + j]] += gates[t * K + j] * (dgates[t * K + j] - gdot);
+    __syncwarp();
+    for (int e = lane; e < E; e += 32) st(dlogits, t * E + e, d[e]);
+}
+
+#define EXPORT_MOE(S, N)                                                                                              \
+    extern "C" __global__ void moe_router_##N(float* p, int* idx, float* g, const S* z, int BT, int E, int K) {      \
+        moe_router(p, idx, g, z, BT, E, K);                                                                           \
+    }                                                                                                                 \
+    extern "C" __global__ void moe_gather_##N(S* xp, const S* x, const int* row, int n, int K, int C) {               \
+        moe_gather(xp, x, row, n, K, C);                                                                              \
+    }                                                                                                                 \
+    extern "C" __global__ void moe_scatter_back_##N(S* dx, const S* dxp, const int* row, int BT, int K, int C, int a) { \
+        moe_scatter_back(dx, dxp, row, BT, K, C, a);                                                                  \
+    }                                                                                                                 \
+    extern "C" __global__ void moe_combine_##N(S* out, const S* y, const float* g, const int* row, int BT, int K, int C) { \
+        moe_combine(out, y, g, row, BT, K, C);                                                                        \
+    }                                                                                                                 \
+    extern "C" __global__ void moe_combine_backward_##N(S* dy, float* dg, const S* dout, const S* y, const float* g,   \
+                                                        const int* row, int n, int K, int C) {                        \
+        moe_combine_backward(dy, dg, dout, y, g, row, n, K, C);                                                       \
+    }                                                                                                                 \
+    extern "C" __global__ void moe_router_backward_##N(S* dz, const float* dg, const float* daux, const float* g,     \
+                                                       const float* p, const int* idx, int BT, int E, int K) {        \
+        moe_router_backward(dz, dg, daux, g, p, idx, BT, E, K);                                                       \
+    }
+FOR_S(EXPORT_MOE)
 
 // ---- optimizer and norms ------------------------------------------------------------
 
@@ -542,7 +828,6 @@ __device__ void flash_bwd_dkdv(S* dk, S* dv, const S* dout, const float* lse, co
 
 // ---- exported instantiations ----------------------------------------------------------
 
-#define FOR_S(X) X(float, f32) X(bf16, bf16)
 
 #define EXPORT_ELEMENTWISE(S, N)                                                                                       \
     extern "C" __global__ void add_##N(S* out, const S* a, const S* b, long n) { add(out, a, b, n); }                  \

@@ -1,0 +1,172 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/shardline/shardline/tensor/cpu"
+)
+
+func getI32(b Buffer) []int32 {
+	out := make([]int32, b.N)
+	dev.Download(out, b)
+	return out
+}
+
+func moeRouting(t *testing.T, s MoEShape) MoERouting {
+	n := s.BT * s.K
+	i32s := func(k int) Buffer { return putI32(t, slices.Repeat([]int32{-7}, k)) }
+	return MoERouting{Probs: poisoned(t, F32, s.BT*s.E), Gates: poisoned(t, F32, n), Idx: i32s(n), Row: i32s(n), Rank: i32s(n),
+		Tok: i32s(s.Rows()), Counts: i32s(s.E), Offsets: i32s(s.E + 1)}
+}
+
+// TestMoE checks routing, dispatch (packed and padded), combine, their backward and
+// the aux loss against tensor/cpu, with a capacity that drops copies.
+func TestMoE(t *testing.T) {
+	for _, dt := range dtypes {
+		r := rand.New(rand.NewPCG(10, uint64(dt)))
+		BT, E, K, C := 200, 16, 2, 48
+		capacity := 30 // below the mean share (25) for some experts: some copies drop
+		logits := roundTo(dt, randn(r, BT*E, 1))
+		for i := 0; i < E; i++ { // skew: experts 0..3 popular, so capacity binds
+			for tt := 0; tt < BT; tt++ {
+				if i < 4 {
+					logits[tt*E+i] += 0.75
+				}
+			}
+		}
+		logits = roundTo(dt, logits)
+		x := roundTo(dt, randn(r, BT*C, 1))
+		probs, idx, gates := make([]float32, BT*E), make([]int32, BT*K), make([]float32, BT*K)
+		cpu.Router(probs, idx, gates, logits, BT, E, K)
+		row, tok, offsets, cursor := make([]int32, BT*K), make([]int32, BT*K), make([]int32, E+1), make([]int32, E)
+		xperm := make([]float32, BT*K*C)
+		n := cpu.Dispatch(xperm, row, tok, offsets, cursor, x, idx, BT, C, E, K, capacity)
+		if n == BT*K {
+			t.Fatalf("capacity %d dropped nothing: the test would not cover drops", capacity)
+		}
+		y := roundTo(dt, randn(r, BT*K*C, 1))
+		out0 := roundTo(dt, randn(r, BT*C, 1))
+		out := append([]float32(nil), out0...)
+		cpu.Combine(out, y, gates, row, BT, C, K)
+		dout := roundTo(dt, randn(r, BT*C, 1))
+		dy, dgates := make([]float32, BT*K*C), make([]float32, BT*K)
+		cpu.CombineBackward(dy, dgates, dout, y, gates, row, BT, C, K)
+		dx := make([]float32, BT*C)
+		cpu.DispatchBackward(dx, y, tok, n, C)
+		// aux loss and its gradient through the probabilities
+		var aux float64
+		daux := make([]float32, E)
+		coeff := 0.01
+		for e := 0; e < E; e++ {
+			var P float64
+			for tt := 0; tt < BT; tt++ {
+				P += float64(probs[tt*E+e])
+			}
+			f := float64(offsets[e+1]-offsets[e]) / float64(BT*K)
+			aux += f * P / float64(BT)
+			daux[e] = float32(coeff * float64(E) * f / float64(BT))
+		}
+		aux *= float64(E)
+		dprobs := make([]float32, BT*E)
+		for tt := 0; tt < BT; tt++ {
+			copy(dprobs[tt*E:], daux)
+		}
+		dlogits := make([]float32, BT*E)
+		cpu.RouterBackward(dlogits, dgates, dprobs, gates, probs, idx, BT, E, K)
+
+		onDevice(t, func() {
+			s := MoEShape{BT: BT, E: E, K: K, C: C, Capacity: capacity}
+			rt := moeRouting(t, s)
+			dev.Router(rt, put(t, dt, logits), s)
+			check(t, "router probs", F32, get(rt.Probs), probs, 1e-6)
+			check(t, "router gates", F32, get(rt.Gates), gates, 1e-6)
+			if got := getI32(rt.Idx); !slices.Equal(got, idx) {
+				t.Errorf("router (%s): top-k differs from the CPU's", dt)
+			}
+			bx := put(t, dt, x)
+			bxp := poisoned(t, dt, s.Rows()*C)
+			dev.Upload(rt.Idx, idx) // dispatch exactly the CPU's choice
+			dev.Dispatch(bxp, rt, bx, s)
+			if !slices.Equal(getI32(rt.Offsets), offsets) || !slices.Equal(getI32(rt.Row), row) || !slices.Equal(getI32(rt.Tok)[:n], tok[:n]) {
+				t.Errorf("dispatch (%s): offsets, rows or tokens differ from the CPU's", dt)
+			}
+			check(t, "dispatch xperm", dt, get(bxp)[:n*C], xperm[:n*C], 0)
+			by := put(t, dt, y[:s.Rows()*C])
+			bo := put(t, dt, out0)
+			dev.Upload(rt.Gates, gates)
+			dev.Combine(bo, by, rt, s)
+			check(t, "combine", dt, get(bo), out, 1e-6)
+			bdy, bdg := put(t, dt, make([]float32, s.Rows()*C)), poisoned(t, F32, BT*K)
+			dev.CombineBackward(bdy, bdg, put(t, dt, dout), by, rt, s)
+			check(t, "combine dy", dt, get(bdy)[:n*C], dy[:n*C], 1e-6)
+			check(t, "combine dgates", F32, get(bdg), dgates, 1e-5)
+			bdx := poisoned(t, dt, BT*C)
+			dev.DispatchBackward(bdx, by, rt, s, false)
+			check(t, "dispatch backward", dt, get(bdx), dx, 1e-6)
+			baux, bdaux := poisoned(t, F32, 1), poisoned(t, F32, E)
+			dev.Upload(rt.Probs, probs)
+			dev.AuxLoss(baux, bdaux, rt, s, coeff)
+			check(t, "aux loss", F32, get(baux), []float32{float32(aux)}, 1e-5)
+			check(t, "aux gradient", F32, get(bdaux), daux, 1e-6)
+			bdl := poisoned(t, dt, BT*E)
+			dev.RouterBackward(bdl, put(t, F32, dgates), bdaux, rt, s)
+			check(t, "router backward", dt, get(bdl), dlogits, 1e-5)
+
+			// padded layout: expert e's copies at e·capacity + rank, zeros after
+			sp := s
+			sp.Padded = true
+			rp := moeRouting(t, sp)
+			dev.Upload(rp.Idx, idx)
+			bxpp := poisoned(t, dt, sp.Rows()*C)
+			dev.Dispatch(bxpp, rp, bx, sp)
+			prow, pxp := getI32(rp.Row), get(bxpp)
+			want := make([]float32, sp.Rows()*C)
+			for i, e := range idx {
+				wr := int32(-1)
+				if row[i] >= 0 {
+					wr = row[i] - offsets[e] + e*int32(capacity)
+					copy(want[int(wr)*C:int(wr+1)*C], x[(i/K)*C:(i/K+1)*C])
+				}
+				if prow[i] != wr {
+					t.Errorf("padded dispatch (%s): copy %d at row %d, want %d", dt, i, prow[i], wr)
+					break
+				}
+			}
+			check(t, "padded dispatch xperm", dt, pxp, want, 0)
+		})
+	}
+}
+
+// TestExpertsMatmul checks the strided-batch expert products against one CPU
+// matmul per expert, with expert weights interleaved as the parameter table lays
+// them out (w1, w3, w2 of expert 0, then expert 1, ...).
+func TestExpertsMatmul(t *testing.T) {
+	for _, dt := range dtypes {
+		r := rand.New(rand.NewPCG(11, uint64(dt)))
+		E, rows, C, OC := 6, 40, 64, 96
+		stride := 3 * OC * C
+		w := roundTo(dt, randn(r, E*stride, 0.1))
+		inp, dout := roundTo(dt, randn(r, E*rows*C, 1)), roundTo(dt, randn(r, E*rows*OC, 1))
+		out, dinp, dw := make([]float32, E*rows*OC), make([]float32, E*rows*C), make([]float32, E*stride)
+		for e := 0; e < E; e++ {
+			we := w[e*stride : e*stride+OC*C]
+			cpu.Matmul(out[e*rows*OC:], inp[e*rows*C:], we, rows, C, OC, false)
+			cpu.MatmulBackward(dinp[e*rows*C:(e+1)*rows*C], dw[e*stride:e*stride+OC*C], dout[e*rows*OC:(e+1)*rows*OC], inp[e*rows*C:], we, rows, C, OC, false)
+		}
+		onDevice(t, func() {
+			s := ExpertsShape{E: E, Rows: rows, C: C, OC: OC, WStride: stride}
+			bw, bi := put(t, dt, w), put(t, dt, inp)
+			bo := poisoned(t, dt, E*rows*OC)
+			dev.ExpertsMatmul(bo, bi, bw, s, false)
+			check(t, "experts matmul", dt, get(bo), out, 1e-5)
+			bdi, bdw := poisoned(t, dt, E*rows*C), put(t, F32, make([]float32, E*stride))
+			dev.ExpertsMatmulBackward(bdi, bdw, put(t, dt, dout), bi, bw, s, false)
+			check(t, "experts dinp", dt, get(bdi), dinp, 1e-5)
+			check(t, "experts dweight", dt, get(bdw), dw, 1e-5)
+		})
+	}
+}
