@@ -85,11 +85,14 @@ cuda-deps: ## install the CUDA headers the -tags cuda build needs (Debian non-fr
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nvidia-cuda-dev; }
 
 cuda-check: cuda-deps ## vet and link the GPU backend and its device tests (-tags cuda); needs no GPU
-	$(GO) vet -tags cuda ./cuda/...
+	$(GO) vet -tags cuda ./cuda/... ./trainer/gpu/...
 	$(GO) test -c -tags cuda -o /dev/null ./cuda
+	$(GO) test -c -tags cuda -o /dev/null ./trainer/gpu
 
-cuda-test: cuda-deps ## build bin/cuda.test, the device tests to run on a GPU machine (docs/cuda.md)
+cuda-test: cuda-deps ## build bin/cuda.test and bin/gpu.test, the device tests to run on a GPU machine (docs/cuda.md)
 	$(GO) test -c -tags cuda -o bin/cuda.test ./cuda
+	$(GO) test -c -tags cuda -o bin/gpu.test ./trainer/gpu
+	cp "$$($(GO) env GOROOT)/src/testdata/Isaac.Newton-Opticks.txt" bin/opticks.txt
 
 # The kernels' PTX, committed so that go build never needs nvcc: compute_80 PTX,
 # which the driver compiles for the GPU it runs on (Ampere and Hopper). The .sha256
@@ -98,9 +101,11 @@ ptx: ## compile cuda/kernels/kernels.cu to the committed PTX (needs nvcc: apt-ge
 	nvcc -ptx -arch=compute_80 -O3 -std=c++14 -o cuda/kernels/kernels.ptx cuda/kernels/kernels.cu
 	cd cuda/kernels && sha256sum kernels.cu > kernels.cu.sha256
 
-bench-gpu: cuda-test ## on a GPU machine: kernel benchmarks beside PyTorch on the same shapes
+bench-gpu: cuda-test ## on a GPU machine: kernel and training-step benchmarks beside PyTorch on the same shapes
 	cd cuda && ../bin/cuda.test -test.run '^$$' -test.bench . -test.benchtime 20x
 	python3 scripts/bench_gpu_torch.py
+	cd trainer/gpu && ../../bin/gpu.test -test.run '^$$' -test.bench Step -test.benchtime 20x
+	python3 scripts/torch_llama.py eager compile
 
 clean: ## remove build outputs
 	rm -rf bin

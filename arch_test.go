@@ -30,6 +30,7 @@ var allowedImports = map[string][]string{
 	"trainer/ckpt":  {"fileio"},
 	"trainer/hf":    {"config", "fileio"},
 	"cuda":          {"tensor"},
+	"trainer/gpu":   {"config", "cuda", "parallel", "tensor", "trainer/model"},
 	"trainer":       {"config", "fileio", "trainer/ckpt", "trainer/hf", "parallel", "parallel/comm", "tensor", "trainer/data", "trainer/model", "trainer/optim"},
 	"cmd/shardline": {"*"},
 }

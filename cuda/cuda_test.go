@@ -245,7 +245,9 @@ func TestRowKernels(t *testing.T) {
 			dev.Embedding(be, btok, put(t, dt, wte), BT, C)
 			check(t, "embedding", dt, get(be), emb, 0)
 			bdwte := put(t, F32, dwte0)
-			dev.EmbeddingBackward(bdwte, bd, btok, BT, C, V)
+			order, seg, tk, cnt := make([]int32, BT), make([]int32, BT+1), make([]int32, BT), make([]int32, V)
+			u := SortEmbeddingRows(order, seg, tk, cnt, tokens)
+			dev.EmbeddingBackward(bdwte, bd, EmbeddingRows{Order: putI32(t, order), Seg: putI32(t, seg[:u+1]), Tok: putI32(t, tk[:u]), U: u}, C)
 			check(t, "embedding dwte", F32, get(bdwte), dwte, 1e-6)
 		})
 	}

@@ -139,10 +139,48 @@ func (d *Device) Embedding(out, tokens, wte Buffer, BT, C int) {
 	}
 }
 
-// EmbeddingBackward: dwte (V,C, fp32) += dout rows gathered by token.
-func (d *Device) EmbeddingBackward(dwte, dout, tokens Buffer, BT, C, V int) {
-	if d.need("embedding backward", dwte, F32, V*C) && d.need("embedding backward", tokens, I32, BT) {
-		d.launch("embedding_backward"+suffix(dout.DType), d.grid(V*C), 1, threads, ptr(dwte), ptr(dout), ptr(tokens), i32(BT), i32(C), i32(V))
+// EmbeddingRows groups a batch's rows by token for EmbeddingBackward: Order (BT)
+// lists the rows sorted by token (rows in order within a token), Seg (U+1) where
+// each of the U distinct tokens' rows start in Order, Tok (U) the tokens. The
+// tokens come from the host, so SortEmbeddingRows prepares them there and they are
+// uploaded with the batch (no read-back).
+type EmbeddingRows struct {
+	Order, Seg, Tok Buffer
+	U               int
+}
+
+// SortEmbeddingRows fills order (len BT), seg (len ≥ U+1) and tok (len ≥ U) for
+// tokens by a counting sort over the vocabulary (count has V entries, scratch) and
+// returns U. Tokens must lie in [0, V).
+func SortEmbeddingRows(order, seg, tok, count []int32, tokens []int32) int {
+	clear(count)
+	for _, t := range tokens {
+		count[t]++
+	}
+	u, at := 0, int32(0)
+	for v, n := range count {
+		if n > 0 {
+			seg[u], tok[u] = at, int32(v)
+			count[v] = at // becomes the token's cursor
+			at += n
+			u++
+		}
+	}
+	seg[u] = at
+	for r, t := range tokens {
+		order[count[t]] = int32(r)
+		count[t]++
+	}
+	return u
+}
+
+// EmbeddingBackward: dwte (V,C, fp32) += dout's rows summed per token.
+func (d *Device) EmbeddingBackward(dwte, dout Buffer, rows EmbeddingRows, C int) {
+	if d.err != nil || rows.U == 0 {
+		return
+	}
+	if d.need("embedding backward", rows.Seg, I32, rows.U+1) && d.need("embedding backward", rows.Tok, I32, rows.U) && dwte.DType == F32 {
+		d.launch("embedding_backward"+suffix(dout.DType), (C+threads-1)/threads, rows.U, threads, ptr(dwte), ptr(dout), ptr(rows.Order), ptr(rows.Seg), ptr(rows.Tok), i32(C))
 	}
 }
 
@@ -431,6 +469,17 @@ func (d *Device) SumSquares(out, x Buffer, accumulate bool) {
 	}
 	part := d.scratch(scratchSumSq, sumSqBlocks)
 	d.launch("sumsq_partial"+suffix(x.DType), sumSqBlocks, 1, threads, ptr(part), ptr(x), i64(x.N))
+	d.launch("sumsq_finish", 1, 1, 1024, ptr(out), ptr(part), i32(sumSqBlocks), flag(accumulate))
+}
+
+// Sum sets out[0] (fp32) to Σ x over an fp32 buffer (or adds it when accumulate),
+// in the fixed order of SumSquares; the value stays on the device.
+func (d *Device) Sum(out, x Buffer, accumulate bool) {
+	if !d.need("sum", out, F32, 1) || !d.need("sum", x, F32, x.N) || x.N == 0 {
+		return
+	}
+	part := d.scratch(scratchSumSq, sumSqBlocks)
+	d.launch("sum_partial", sumSqBlocks, 1, threads, ptr(part), ptr(x), i64(x.N))
 	d.launch("sumsq_finish", 1, 1, 1024, ptr(out), ptr(part), i32(sumSqBlocks), flag(accumulate))
 }
 

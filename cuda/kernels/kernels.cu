@@ -90,19 +90,16 @@ template <typename S> __device__ void embedding(S* out, const int* tokens, const
     }
 }
 
-// embedding_backward: dwte[v] += Σ_{r: tokens[r]=v} dout[r] (fp32 dwte), one thread
-// per (vocabulary row, channel), rows in token order: deterministic and free of
-// atomics. O(BT) per thread scan is fine for the sizes a step has: the scan reads
-// tokens only (cached).
-template <typename S> __device__ void embedding_backward(float* dwte, const S* dout, const int* tokens, int BT, int C, int V) {
-    GRID_STRIDE(i, (long)V * C) {
-        int v = i / C, c = i % C;
-        float s = 0.f;
-        bool any = false;
-        for (int r = 0; r < BT; r++)
-            if (tokens[r] == v) { s += ld(dout, (long)r * C + c); any = true; }
-        if (any) dwte[i] += s;
-    }
+// embedding_backward: dwte[tok[u]] += Σ rows order[seg[u]..seg[u+1]) of dout, one
+// block row per segment u of rows sharing a token (sorted on the host, in row
+// order), threads over channels: deterministic, no atomics, O(BT·C).
+template <typename S> __device__ void embedding_backward(float* dwte, const S* dout, const int* order, const int* seg, const int* tok, int C) {
+    int u = blockIdx.y;
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float s = 0.f;
+    for (int r = seg[u]; r < seg[u + 1]; r++) s += ld(dout, (long)order[r] * C + c);
+    dwte[(long)tok[u] * C + c] += s;
 }
 
 // ---- RMSNorm ------------------------------------------------------------------------
@@ -549,6 +546,14 @@ template <typename S> __device__ void sumsq_partial(float* partial, const S* x, 
     s = block_sum(s, sh);
     if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
+// sum_partial is sumsq_partial without the square (loss sums).
+extern "C" __global__ void sum_partial(float* partial, const float* x, long n) {
+    __shared__ float sh[32];
+    float s = 0.f;
+    GRID_STRIDE(i, n) s += x[i];
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
 extern "C" __global__ void sumsq_finish(float* out, const float* partial, int nb, int accumulate) {
     __shared__ float sh[32];
     float s = 0.f;
@@ -836,8 +841,9 @@ __device__ void flash_bwd_dkdv(S* dk, S* dv, const S* dout, const float* lse, co
     extern "C" __global__ void embedding_##N(S* out, const int* tok, const S* wte, int BT, int C) {                   \
         embedding(out, tok, wte, BT, C);                                                                              \
     }                                                                                                                 \
-    extern "C" __global__ void embedding_backward_##N(float* dwte, const S* dout, const int* tok, int BT, int C, int V) { \
-        embedding_backward(dwte, dout, tok, BT, C, V);                                                                \
+    extern "C" __global__ void embedding_backward_##N(float* dwte, const S* dout, const int* order, const int* seg,   \
+                                                      const int* tok, int C) {                                        \
+        embedding_backward(dwte, dout, order, seg, tok, C);                                                           \
     }                                                                                                                 \
     extern "C" __global__ void rmsnorm_##N(S* out, float* rstd, const S* inp, const S* w, int C, float eps) {        \
         rmsnorm(out, rstd, inp, w, C, eps);                                                                           \

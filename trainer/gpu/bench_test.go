@@ -1,0 +1,89 @@
+//go:build cuda
+
+package gpu
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/shardline/shardline/cuda"
+	"github.com/shardline/shardline/parallel"
+)
+
+// H100PeakBF16 is the H100 SXM's dense bf16 tensor-core peak (NVIDIA's datasheet),
+// the denominator of MFU.
+const H100PeakBF16 = 989e12
+
+// BenchmarkStep134M times whole training steps (forward, backward, clipping,
+// AdamW) of the dense-125m recipe's model (d768, 12 layers, vocabulary 32000,
+// untied head: 134M parameters) at T1024 B16 in bf16, the shape
+// scripts/torch_llama.py measures PyTorch on. It reports tokens/s, MFU (6·N +
+// 6·L·T·d flops per token over the bf16 peak) and the device memory the model
+// holds.
+func BenchmarkStep134M(b *testing.B) {
+	r := loadRecipe(b, "dense-125m")
+	B, T := 16, 1024
+	table, err := parallel.ParamTable(r.Model, 1, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var n int64
+	w := make([][]float32, len(table))
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range table { // random weights of the init's scale: speed does not depend on the draw
+		w[i] = make([]float32, table[i].LocalNumel())
+		n += table[i].LocalNumel()
+		for j := range w[i] {
+			w[i][j] = float32(rng.NormFloat64() * r.Model.InitStd)
+		}
+	}
+	m, err := New(dev, r.Model, table, w, B, T, Options{Compute: cuda.BF16})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	tokens, targets := make([]int32, B*T), make([]int32, B*T)
+	for i := range tokens {
+		tokens[i], targets[i] = int32(rng.IntN(r.Model.VocabSize)), int32(rng.IntN(r.Model.VocabSize))
+	}
+	o := Optimizer{Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, ClipGrad: 1}
+	step := func() {
+		c := m.Forward(tokens, targets)
+		m.Backward(1 / float64(c))
+		m.Update(3e-4, o)
+	}
+	var serr error
+	dev.Do(func() {
+		for range 3 {
+			step()
+		}
+		_, serr = m.Metrics()
+	})
+	if serr != nil {
+		b.Fatal(serr)
+	}
+	b.ResetTimer()
+	var el time.Duration
+	dev.Do(func() {
+		start := time.Now()
+		for range b.N {
+			step()
+		}
+		_, serr = m.Metrics()
+		el = time.Since(start)
+	})
+	if serr != nil {
+		b.Fatal(serr)
+	}
+	tps := float64(B*T*b.N) / el.Seconds()
+	flops := 6*float64(n) + 6*float64(r.Model.Layers*T*r.Model.Hidden)
+	var held int64
+	for _, v := range m.HeldBytes() {
+		held += v
+	}
+	b.ReportMetric(tps, "tokens/s")
+	b.ReportMetric(100*tps*flops/H100PeakBF16, "MFU%")
+	b.ReportMetric(float64(held)/(1<<30), "GiB-held")
+	b.ReportMetric(float64(n)/1e6, "Mparams")
+}

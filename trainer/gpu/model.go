@@ -1,0 +1,277 @@
+//go:build cuda
+
+package gpu
+
+import (
+	"fmt"
+
+	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/cuda"
+	"github.com/shardline/shardline/parallel"
+)
+
+// Optimizer is one AdamW step's settings (the learning rate comes per step).
+type Optimizer struct {
+	Beta1, Beta2, Eps, WeightDecay, ClipGrad float64
+}
+
+// Options configure a model: Compute is the storage dtype of weights and
+// activations (cuda.F32 or cuda.BF16; master weights, gradients and optimizer state
+// are fp32 always); HeadChunk is the vocabulary columns the output head makes at a
+// time (0: 8192).
+type Options struct {
+	Compute   cuda.DType
+	HeadChunk int
+}
+
+type layer struct {
+	attnNorm, wq, wk, wv, wo, mlpNorm, w1, w3, w2 cuda.Buffer
+}
+
+type params struct {
+	embed, norm, output cuda.Buffer
+	layers              []layer
+}
+
+// Model is a dense decoder bound to a batch shape on one device. Its methods run
+// on the device's goroutine (inside Device.Do).
+type Model struct {
+	d          *cuda.Device
+	Cfg        config.Model
+	B, T       int
+	opt        Options
+	table      []parallel.Param
+	offsets    []int // each parameter's first element in the flat buffers
+	master     cuda.Buffer
+	compute    cuda.Buffer // bf16 copy of master, or master itself in fp32 runs
+	grads      cuda.Buffer
+	m, v       cuda.Buffer
+	w, g       params
+	cos, sin   cuda.Buffer
+	tokens     cuda.Buffer
+	targets    cuda.Buffer
+	embRows    cuda.EmbeddingRows
+	hostRows   struct{ order, seg, tok, count []int32 } // the batch's rows grouped by token
+	acts       acts
+	scratch    scratch
+	head       cuda.HeadScratch
+	stats      cuda.Buffer // [loss sum, grad sum of squares, grad norm, clip factor]
+	held       map[string]int64
+	allocated  []cuda.Buffer
+	step       int
+	lastTokens int
+}
+
+type acts struct {
+	resid, ln1, q, k, v, atty, mid, ln2, gate, up, sw, rstd1, rstd2, lse []cuda.Buffer
+	final, lnf, rstdf, losses, headLse                                  cuda.Buffer
+}
+
+type scratch struct {
+	dres, dx, dq, dk, dv, datty, dff1, dff2, dsw, dloss cuda.Buffer
+}
+
+// New allocates everything a step needs (once: steps allocate nothing) and uploads
+// the initial weights, one fp32 slice per parameter in table order.
+func New(d *cuda.Device, cfg config.Model, table []parallel.Param, weights [][]float32, B, T int, opt Options) (*Model, error) {
+	switch {
+	case cfg.MoE.NumExperts > 0:
+		return nil, fmt.Errorf("gpu: model.moe.num_experts = %d: mixture-of-experts layers do not run on the GPU yet (their kernels do; the layer wiring does not); train this recipe with --device cpu", cfg.MoE.NumExperts)
+	case T > cfg.SeqLen:
+		return nil, fmt.Errorf("gpu: sequence of %d tokens is longer than model.seq_len (%d)", T, cfg.SeqLen)
+	case opt.Compute != cuda.F32 && opt.Compute != cuda.BF16:
+		return nil, fmt.Errorf("gpu: compute dtype %s (fp32 or bf16)", opt.Compute)
+	case len(weights) != len(table):
+		return nil, fmt.Errorf("gpu: %d weight slices for %d parameters", len(weights), len(table))
+	}
+	if hd := cfg.Hidden / cfg.Heads; hd != 32 && hd != 64 && hd != 128 {
+		return nil, fmt.Errorf("gpu: head size %d (model.hidden %d / model.heads %d): the attention kernels take 32, 64 or 128", hd, cfg.Hidden, cfg.Heads)
+	}
+	if opt.HeadChunk <= 0 {
+		opt.HeadChunk = 8192
+	}
+	m := &Model{d: d, Cfg: cfg, B: B, T: T, opt: opt, table: table, held: map[string]int64{}}
+	var err error
+	d.Do(func() { err = m.alloc(weights) })
+	if err != nil {
+		d.Do(m.free)
+		return nil, err
+	}
+	return m, nil
+}
+
+func (m *Model) buf(component string, t cuda.DType, n int) (cuda.Buffer, error) {
+	b, err := m.d.Alloc(t, n)
+	if err != nil {
+		return b, fmt.Errorf("gpu: %s: %w", component, err)
+	}
+	m.held[component] += b.Bytes()
+	m.allocated = append(m.allocated, b)
+	return b, nil
+}
+
+func (m *Model) free() {
+	for _, b := range m.allocated {
+		m.d.Free(b)
+	}
+	m.allocated = nil
+}
+
+// Close frees the model's device memory.
+func (m *Model) Close() { m.d.Do(m.free) }
+
+// HeldBytes reports the device bytes the model holds per component: weights
+// (master and compute copy), gradients, optimizer, activations, head and step
+// scratch, inputs.
+func (m *Model) HeldBytes() map[string]int64 { return m.held }
+
+func (m *Model) dims() (BT, C, NH, NKV, HD, FF, V int) {
+	c := m.Cfg
+	return m.B * m.T, c.Hidden, c.Heads, c.EffectiveKVHeads(), c.Hidden / c.Heads, c.FFNHidden, c.VocabSize
+}
+
+func (m *Model) alloc(weights [][]float32) error {
+	BT, C, NH, NKV, HD, FF, V := m.dims()
+	total := 0
+	m.offsets = make([]int, len(m.table))
+	for i := range m.table {
+		m.offsets[i] = total
+		n := int(m.table[i].LocalNumel())
+		if len(weights[i]) != n {
+			return fmt.Errorf("gpu: %s has %d elements, its initial weights %d", m.table[i].Name, n, len(weights[i]))
+		}
+		total += n + (8-n%8)%8 // every parameter starts 16-byte aligned in bf16
+	}
+	var err error
+	alloc := func(dst *cuda.Buffer, component string, t cuda.DType, n int) {
+		if err == nil {
+			*dst, err = m.buf(component, t, n)
+		}
+	}
+	alloc(&m.master, "weights", cuda.F32, total)
+	if m.opt.Compute == cuda.BF16 {
+		alloc(&m.compute, "weights", cuda.BF16, total)
+	}
+	alloc(&m.grads, "gradients", cuda.F32, total)
+	alloc(&m.m, "optimizer", cuda.F32, total)
+	alloc(&m.v, "optimizer", cuda.F32, total)
+	if err != nil {
+		return err
+	}
+	if m.opt.Compute != cuda.BF16 {
+		m.compute = m.master
+	}
+	host := make([]float32, total)
+	for i := range m.table {
+		copy(host[m.offsets[i]:], weights[i])
+	}
+	m.d.Upload(m.master, host)
+	m.d.Zero(m.m)
+	m.d.Zero(m.v)
+	m.d.Cast(m.compute, m.master)
+	if err := m.bind(); err != nil {
+		return err
+	}
+	dt := m.opt.Compute
+	L := m.Cfg.Layers
+	a := &m.acts
+	per := func(dst *[]cuda.Buffer, t cuda.DType, n int) {
+		*dst = make([]cuda.Buffer, L)
+		for l := range *dst {
+			alloc(&(*dst)[l], "activations", t, n)
+		}
+	}
+	per(&a.resid, dt, BT*C)
+	per(&a.ln1, dt, BT*C)
+	per(&a.q, dt, BT*NH*HD)
+	per(&a.k, dt, BT*NKV*HD)
+	per(&a.v, dt, BT*NKV*HD)
+	per(&a.atty, dt, BT*NH*HD)
+	per(&a.lse, cuda.F32, m.B*NH*m.T)
+	per(&a.mid, dt, BT*C)
+	per(&a.ln2, dt, BT*C)
+	per(&a.gate, dt, BT*FF)
+	per(&a.up, dt, BT*FF)
+	per(&a.sw, dt, BT*FF)
+	per(&a.rstd1, cuda.F32, BT)
+	per(&a.rstd2, cuda.F32, BT)
+	alloc(&a.final, "activations", dt, BT*C)
+	alloc(&a.lnf, "activations", dt, BT*C)
+	alloc(&a.rstdf, "activations", cuda.F32, BT)
+	alloc(&a.losses, "activations", cuda.F32, BT)
+	alloc(&a.headLse, "activations", cuda.F32, BT)
+	chunk := min(m.opt.HeadChunk, V)
+	h := &m.head
+	alloc(&h.Logits, "head", cuda.F32, BT*chunk)
+	alloc(&h.DLogits, "head", dt, BT*chunk)
+	alloc(&h.M, "head", cuda.F32, BT)
+	alloc(&h.S, "head", cuda.F32, BT)
+	alloc(&h.Z, "head", cuda.F32, BT)
+	s := &m.scratch
+	alloc(&s.dres, "scratch", dt, BT*C)
+	alloc(&s.dx, "scratch", dt, BT*C)
+	alloc(&s.dq, "scratch", dt, BT*NH*HD)
+	alloc(&s.datty, "scratch", dt, BT*NH*HD)
+	alloc(&s.dk, "scratch", dt, BT*NKV*HD)
+	alloc(&s.dv, "scratch", dt, BT*NKV*HD)
+	alloc(&s.dff1, "scratch", dt, BT*FF)
+	alloc(&s.dff2, "scratch", dt, BT*FF)
+	alloc(&s.dsw, "scratch", dt, BT*FF)
+	alloc(&s.dloss, "scratch", cuda.F32, BT)
+	alloc(&m.stats, "scratch", cuda.F32, 4)
+	alloc(&m.cos, "inputs", cuda.F32, m.T*HD/2)
+	alloc(&m.sin, "inputs", cuda.F32, m.T*HD/2)
+	alloc(&m.tokens, "inputs", cuda.I32, BT)
+	alloc(&m.targets, "inputs", cuda.I32, BT)
+	alloc(&m.embRows.Order, "inputs", cuda.I32, BT)
+	alloc(&m.embRows.Seg, "inputs", cuda.I32, BT+1)
+	alloc(&m.embRows.Tok, "inputs", cuda.I32, BT)
+	hr := &m.hostRows
+	hr.order, hr.seg, hr.tok, hr.count = make([]int32, BT), make([]int32, BT+1), make([]int32, BT), make([]int32, V)
+	if err != nil {
+		return err
+	}
+	m.d.RopeTables(m.cos, m.sin, m.T, HD, m.Cfg.RopeTheta)
+	return m.d.Err()
+}
+
+// bind points the parameter views at the flat buffers.
+func (m *Model) bind() error {
+	byName := map[string]int{}
+	for i := range m.table {
+		byName[m.table[i].Name] = i
+	}
+	view := func(b cuda.Buffer, name string) cuda.Buffer {
+		i, ok := byName[name]
+		if !ok {
+			return cuda.Buffer{DType: b.DType}
+		}
+		return b.Slice(m.offsets[i], m.offsets[i]+int(m.table[i].LocalNumel()))
+	}
+	fill := func(p *params, b cuda.Buffer) error {
+		p.embed, p.norm, p.output = view(b, "embed.weight"), view(b, "norm.weight"), view(b, "output.weight")
+		if m.Cfg.TieEmbeddings {
+			p.output = p.embed
+		}
+		p.layers = make([]layer, m.Cfg.Layers)
+		for l := range p.layers {
+			pre := fmt.Sprintf("layers.%d.", l)
+			p.layers[l] = layer{attnNorm: view(b, pre+"attn_norm.weight"), wq: view(b, pre+"attn.wq"), wk: view(b, pre+"attn.wk"),
+				wv: view(b, pre+"attn.wv"), wo: view(b, pre+"attn.wo"), mlpNorm: view(b, pre+"mlp_norm.weight"),
+				w1: view(b, pre+"mlp.w1"), w3: view(b, pre+"mlp.w3"), w2: view(b, pre+"mlp.w2")}
+			for _, x := range []cuda.Buffer{p.layers[l].wq, p.layers[l].w1, p.layers[l].w2} {
+				if x.N == 0 {
+					return fmt.Errorf("gpu: layer %d lacks a parameter of the dense layout", l)
+				}
+			}
+		}
+		if p.embed.N == 0 || p.norm.N == 0 || p.output.N == 0 {
+			return fmt.Errorf("gpu: the parameter table lacks the embedding, final norm or output head")
+		}
+		return nil
+	}
+	if err := fill(&m.w, m.compute); err != nil {
+		return err
+	}
+	return fill(&m.g, m.grads)
+}

@@ -1,0 +1,166 @@
+//go:build cuda
+
+package gpu
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/shardline/shardline/cuda"
+)
+
+// Metrics are what a step leaves on the device, read back together.
+type Metrics struct {
+	LossSum  float64 // Σ token losses of the last Forward
+	GradNorm float64 // global L2 norm of the gradients before clipping
+	Clip     float64 // the factor they were scaled by (1: not clipped)
+}
+
+// Forward runs the model on tokens and targets (B·T each, host memory: they are
+// uploaded, nothing is read back) and leaves Σ token losses on the device.
+// Targets < 0 are ignored. It returns the number of tokens counted.
+func (m *Model) Forward(tokens, targets []int32) (count int) {
+	d, a, w := m.d, &m.acts, &m.w
+	BT, C, _, _, _, _, V := m.dims()
+	d.Upload(m.tokens, tokens)
+	d.Upload(m.targets, targets)
+	for _, t := range targets {
+		if t >= 0 {
+			count++
+		}
+	}
+	// the embedding's backward sums rows per token: group them here, on the host
+	// the tokens come from, and upload the grouping with the batch.
+	hr := &m.hostRows
+	u := cuda.SortEmbeddingRows(hr.order, hr.seg, hr.tok, hr.count, tokens)
+	m.embRows.U = u
+	d.Upload(m.embRows.Order, hr.order)
+	d.Upload(m.embRows.Seg.Slice(0, u+1), hr.seg[:u+1])
+	d.Upload(m.embRows.Tok.Slice(0, u), hr.tok[:u])
+	x := a.final
+	if m.Cfg.Layers > 0 {
+		x = a.resid[0]
+	}
+	d.Embedding(x, m.tokens, w.embed, BT, C)
+	for l := range w.layers {
+		next := a.final
+		if l+1 < len(w.layers) {
+			next = a.resid[l+1]
+		}
+		m.layerForward(l, x, next)
+		x = next
+	}
+	d.RMSNorm(a.lnf, a.rstdf, a.final, w.norm, BT, C, m.Cfg.NormEps)
+	d.HeadCrossEntropy(a.losses, a.headLse, a.lnf, w.output, m.targets, cuda.HeadShape{BT: BT, C: C, V: V, Chunk: m.opt.HeadChunk}, m.head)
+	d.Sum(m.stats.Slice(0, 1), a.losses, false)
+	m.lastTokens = count
+	return count
+}
+
+// layerForward: next = mid + MLP(norm(mid)), mid = x + attention(norm(x)), as
+// trainer/model's layer.
+func (m *Model) layerForward(l int, x, next cuda.Buffer) {
+	d, a, lw := m.d, &m.acts, m.w.layers[l]
+	BT, C, NH, NKV, HD, FF, _ := m.dims()
+	d.RMSNorm(a.ln1[l], a.rstd1[l], x, lw.attnNorm, BT, C, m.Cfg.NormEps)
+	d.Matmul(a.q[l], a.ln1[l], lw.wq, cuda.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
+	d.Matmul(a.k[l], a.ln1[l], lw.wk, cuda.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
+	d.Matmul(a.v[l], a.ln1[l], lw.wv, cuda.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
+	d.Rope(a.q[l], m.cos, m.sin, cuda.RopeShape{B: m.B, T: m.T, NH: NH, HD: HD}, false)
+	d.Rope(a.k[l], m.cos, m.sin, cuda.RopeShape{B: m.B, T: m.T, NH: NKV, HD: HD}, false)
+	d.FlashAttention(a.atty[l], a.lse[l], a.q[l], a.k[l], a.v[l], m.attn())
+	d.Copy(a.mid[l], x)
+	d.Matmul(a.mid[l], a.atty[l], lw.wo, cuda.MatmulShape{BT: BT, C: NH * HD, OC: C}, true)
+	d.RMSNorm(a.ln2[l], a.rstd2[l], a.mid[l], lw.mlpNorm, BT, C, m.Cfg.NormEps)
+	d.Copy(next, a.mid[l])
+	d.Matmul(a.gate[l], a.ln2[l], lw.w1, cuda.MatmulShape{BT: BT, C: C, OC: FF}, false)
+	d.Matmul(a.up[l], a.ln2[l], lw.w3, cuda.MatmulShape{BT: BT, C: C, OC: FF}, false)
+	d.SwiGLU(a.sw[l], a.gate[l], a.up[l])
+	d.Matmul(next, a.sw[l], lw.w2, cuda.MatmulShape{BT: BT, C: FF, OC: C}, true)
+}
+
+func (m *Model) attn() cuda.AttentionShape {
+	_, _, NH, NKV, HD, _, _ := m.dims()
+	return cuda.AttentionShape{B: m.B, Tq: m.T, Tk: m.T, NH: NH, NKV: NKV, HD: HD, Causal: true}
+}
+
+// Backward sets the gradients (fp32) of scale · Σ token losses of the last Forward
+// (scale = 1/token count gives the mean); they are overwritten, not accumulated.
+func (m *Model) Backward(scale float64) {
+	d, a, w, g, s := m.d, &m.acts, &m.w, &m.g, &m.scratch
+	BT, C, NH, NKV, HD, FF, V := m.dims()
+	d.Zero(m.grads)
+	d.Fill(s.dloss, float32(scale))
+	d.HeadCrossEntropyBackward(s.dx, g.output, a.lnf, w.output, m.targets, s.dloss, a.headLse,
+		cuda.HeadShape{BT: BT, C: C, V: V, Chunk: m.opt.HeadChunk}, m.head, false)
+	dres := s.dres
+	d.RMSNormBackward(dres, g.norm, s.dx, a.final, w.norm, a.rstdf, BT, C, false)
+	for l := len(w.layers) - 1; l >= 0; l-- {
+		lw, lg := w.layers[l], g.layers[l]
+		d.MatmulBackward(s.dsw, lg.w2, dres, a.sw[l], lw.w2, cuda.MatmulShape{BT: BT, C: FF, OC: C}, false)
+		d.SwiGLUBackward(s.dff1, s.dff2, s.dsw, a.gate[l], a.up[l], false)
+		d.MatmulBackward(s.dx, lg.w1, s.dff1, a.ln2[l], lw.w1, cuda.MatmulShape{BT: BT, C: C, OC: FF}, false)
+		d.MatmulBackward(s.dx, lg.w3, s.dff2, a.ln2[l], lw.w3, cuda.MatmulShape{BT: BT, C: C, OC: FF}, true)
+		d.RMSNormBackward(dres, lg.mlpNorm, s.dx, a.mid[l], lw.mlpNorm, a.rstd2[l], BT, C, true)
+		d.MatmulBackward(s.datty, lg.wo, dres, a.atty[l], lw.wo, cuda.MatmulShape{BT: BT, C: NH * HD, OC: C}, false)
+		d.FlashAttentionBackward(s.dq, s.dk, s.dv, s.datty, a.atty[l], a.lse[l], a.q[l], a.k[l], a.v[l], m.attn(), false)
+		d.Rope(s.dq, m.cos, m.sin, cuda.RopeShape{B: m.B, T: m.T, NH: NH, HD: HD}, true)
+		d.Rope(s.dk, m.cos, m.sin, cuda.RopeShape{B: m.B, T: m.T, NH: NKV, HD: HD}, true)
+		d.MatmulBackward(s.dx, lg.wq, s.dq, a.ln1[l], lw.wq, cuda.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
+		d.MatmulBackward(s.dx, lg.wk, s.dk, a.ln1[l], lw.wk, cuda.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
+		d.MatmulBackward(s.dx, lg.wv, s.dv, a.ln1[l], lw.wv, cuda.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
+		d.RMSNormBackward(dres, lg.attnNorm, s.dx, a.resid[l], lw.attnNorm, a.rstd1[l], BT, C, true)
+	}
+	d.EmbeddingBackward(g.embed, dres, m.embRows, C)
+}
+
+// Update clips the gradients to o.ClipGrad (global L2 norm; 0: off) and takes one
+// AdamW step at learning rate lr, writing the fp32 master weights and, in bf16
+// runs, the bf16 compute weights in the same pass. Norm gains and embeddings
+// (NoDecay) get no weight decay. The norm and factor stay on the device.
+func (m *Model) Update(lr float64, o Optimizer) {
+	d := m.d
+	m.step++
+	sumsq, norm, factor := m.stats.Slice(1, 2), m.stats.Slice(2, 3), m.stats.Slice(3, 4)
+	d.SumSquares(sumsq, m.grads, false)
+	d.ClipFactor(factor, norm, sumsq, o.ClipGrad)
+	for i := range m.table {
+		lo, hi := m.offsets[i], m.offsets[i]+int(m.table[i].LocalNumel())
+		wd := o.WeightDecay
+		if m.table[i].NoDecay {
+			wd = 0
+		}
+		comp := cuda.Buffer{DType: cuda.BF16}
+		if m.opt.Compute == cuda.BF16 {
+			comp = m.compute.Slice(lo, hi)
+		}
+		d.AdamW(m.master.Slice(lo, hi), comp, m.grads.Slice(lo, hi), m.m.Slice(lo, hi), m.v.Slice(lo, hi), factor,
+			cuda.AdamWConfig{LR: lr, Beta1: o.Beta1, Beta2: o.Beta2, Eps: o.Eps, WeightDecay: wd, Step: m.step})
+	}
+}
+
+// Metrics reads the last step's loss sum, gradient norm and clip factor back (one
+// synchronisation) and returns the step's device error, if any.
+func (m *Model) Metrics() (Metrics, error) {
+	var host [4]float32
+	m.d.Download(host[:], m.stats)
+	if err := m.d.Err(); err != nil {
+		return Metrics{}, err
+	}
+	r := Metrics{LossSum: float64(host[0]), GradNorm: float64(host[2]), Clip: float64(host[3])}
+	if math.IsNaN(r.LossSum) || math.IsInf(r.LossSum, 0) {
+		return r, fmt.Errorf("gpu: the loss is %v at step %d", r.LossSum, m.step)
+	}
+	return r, nil
+}
+
+// Weights downloads the fp32 master weights, one slice per parameter (table order).
+func (m *Model) Weights() [][]float32 {
+	host := make([]float32, m.master.N)
+	m.d.Download(host, m.master)
+	out := make([][]float32, len(m.table))
+	for i := range m.table {
+		out[i] = host[m.offsets[i] : m.offsets[i]+int(m.table[i].LocalNumel())]
+	}
+	return out
+}
