@@ -64,7 +64,7 @@ type Model struct {
 
 type acts struct {
 	resid, ln1, q, k, v, atty, mid, ln2, gate, up, sw, rstd1, rstd2, lse []cuda.Buffer
-	final, lnf, rstdf, losses, headLse                                  cuda.Buffer
+	final, lnf, rstdf, losses, headLse                                   cuda.Buffer
 }
 
 type scratch struct {
