@@ -6,7 +6,7 @@ GO ?= go
 export GOPROXY := $(shell $(GO) env GOPROXY 2>/dev/null | cut -d, -f1)
 BIN := bin/shardline
 
-.PHONY: help build test vet bench bench-deps torch-deps fuzz sarif-schema docs golden clean cuda-deps cuda-check cuda-test ptx bench-gpu
+.PHONY: help build test vet bench bench-deps torch-deps fuzz sarif-schema docs golden clean cuda cuda-deps cuda-check cuda-test ptx bench-gpu
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -84,14 +84,19 @@ cuda-deps: ## install the CUDA headers the -tags cuda build needs (Debian non-fr
 		grep -rqs non-free /etc/apt/sources.list /etc/apt/sources.list.d || $(MAKE) --no-print-directory $(NONFREE_SOURCES); \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nvidia-cuda-dev; }
 
+cuda: cuda-deps ## build bin/shardline-cuda, the GPU runner `shardline run --device cuda` hands runs to (runs only where there is a GPU)
+	$(GO) build -buildvcs=auto -tags cuda -o bin/shardline-cuda ./cmd/shardline
+
 cuda-check: cuda-deps ## vet and link the GPU backend and its device tests (-tags cuda); needs no GPU
-	$(GO) vet -tags cuda ./cuda/... ./trainer/gpu/...
+	$(GO) vet -tags cuda ./cuda/... ./trainer/gpu/... ./cmd/shardline/...
 	$(GO) test -c -tags cuda -o /dev/null ./cuda
 	$(GO) test -c -tags cuda -o /dev/null ./trainer/gpu
+	$(GO) build -tags cuda -o /dev/null ./cmd/shardline
 
-cuda-test: cuda-deps ## build bin/cuda.test and bin/gpu.test, the device tests to run on a GPU machine (docs/cuda.md)
+cuda-test: cuda-deps ## build bin/cuda.test, bin/gpu.test and bin/cli.test, the device tests to run on a GPU machine (docs/cuda.md)
 	$(GO) test -c -tags cuda -o bin/cuda.test ./cuda
 	$(GO) test -c -tags cuda -o bin/gpu.test ./trainer/gpu
+	$(GO) test -c -tags cuda -o bin/cli.test ./cmd/shardline
 	cp "$$($(GO) env GOROOT)/src/testdata/Isaac.Newton-Opticks.txt" bin/opticks.txt
 
 # The kernels' PTX, committed so that go build never needs nvcc: compute_80 PTX,

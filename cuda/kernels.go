@@ -453,8 +453,30 @@ func (d *Device) AdamW(params, compute, grads, m, v, gscale Buffer, c AdamWConfi
 	}
 	c1 := 1 / (1 - math.Pow(c.Beta1, float64(c.Step)))
 	c2 := 1 / (1 - math.Pow(c.Beta2, float64(c.Step)))
-	d.launch("adamw", d.grid(n), 1, threads, ptr(params), ptr(compute), ptr(grads), ptr(m), ptr(v), i64(n),
-		f32(c.LR), f32(c.Beta1), f32(c.Beta2), f32(c.Eps), f32(c.WeightDecay), f32(c1), f32(c2), ptr(gscale))
+	hyper := []arg{f32(c.LR), f32(c.Beta1), f32(c.Beta2), f32(c.Eps), f32(c.WeightDecay), f32(c1), f32(c2), ptr(gscale)}
+	// 16-byte aligned buffers take the vector kernel for all but the last n%4 values.
+	vec := n &^ 3
+	for _, b := range []Buffer{params, grads, m, v} {
+		if b.ptr%16 != 0 {
+			vec = 0
+		}
+	}
+	if compute.N > 0 && compute.ptr%8 != 0 {
+		vec = 0
+	}
+	if vec > 0 {
+		d.launch("adamw_vec", d.grid(vec/4), 1, threads, append([]arg{ptr(params), ptr(compute), ptr(grads), ptr(m), ptr(v), i64(vec / 4)}, hyper...)...)
+	}
+	if vec == n {
+		return
+	}
+	sub := func(b Buffer) Buffer {
+		if b.N == 0 {
+			return b
+		}
+		return b.Slice(vec, n)
+	}
+	d.launch("adamw", d.grid(n-vec), 1, threads, append([]arg{ptr(sub(params)), ptr(sub(compute)), ptr(sub(grads)), ptr(sub(m)), ptr(sub(v)), i64(n - vec)}, hyper...)...)
 }
 
 // sumSqBlocks is the fixed grid of the sum of squares: the result does not depend

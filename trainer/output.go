@@ -84,7 +84,11 @@ func (t *run) info() runInfo {
 	if t.started.IsZero() {
 		t.started = time.Now()
 	}
-	in := runInfo{Name: t.r.Run.Name, Version: t.opts.Version, Go: runtime.Version(), Backend: t.opts.Backend.Name(),
+	backend := t.opts.Backend.Name()
+	if t.opts.Device != nil {
+		backend = t.opts.Device.Name()
+	}
+	in := runInfo{Name: t.r.Run.Name, Version: t.opts.Version, Go: runtime.Version(), Backend: backend,
 		RecipeFingerprint: fp, PlanFingerprint: t.plan.Fingerprint, DataFingerprint: t.ds.Fingerprint(), Seed: t.r.Run.Seed,
 		Started: t.started.UTC().Format(time.RFC3339), Tokenizer: t.ds.Tok.Name(), Machine: thisMachine()}
 	if bi, ok := debug.ReadBuildInfo(); ok {
@@ -170,7 +174,13 @@ func (t *run) finish(out *Result) error {
 	if len(t.ds.Val) > 0 {
 		prompt = t.ds.Tok.Decode(t.ds.Val[:1])
 	}
-	sample, err := Generate(t.r, t.opts.Backend, t.plan.Params, t.st.wviews, t.ds.Tok, prompt, 300, 0.8, t.r.Run.Seed)
+	var sample string
+	var err error
+	if t.opts.Device != nil { // on the device: a CPU forward per token would take hours for a GPU-sized model
+		sample, err = generate(t.r, t.ds.Tok, prompt, 300, 0.8, t.r.Run.Seed, t.opts.Device.Logits)
+	} else {
+		sample, err = Generate(t.r, t.opts.Backend, t.plan.Params, t.st.wviews, t.ds.Tok, prompt, 300, 0.8, t.r.Run.Seed)
+	}
 	if err != nil {
 		return err
 	}
@@ -214,6 +224,9 @@ func (t *run) goodAtEnd() Metrics {
 
 // held is what this rank holds, by the plan's memory components.
 func (t *run) held() Memory {
+	if t.opts.Device != nil {
+		return t.deviceHeld
+	}
 	w, main, g, o := t.st.bytes()
 	act, logits := t.m.ActivationBytes()
 	h := Memory{Weights: w, MainWeights: main, Grads: g, OptimizerState: o, Activations: act, Logits: logits}
@@ -255,6 +268,17 @@ func Generate(r *config.Recipe, be tensor.Backend, table []parallel.Param, weigh
 	if err != nil {
 		return "", err
 	}
+	V := r.Model.VocabSize
+	return generate(r, tok, prompt, n, temperature, seed, func(window []int32, k int) ([]float32, error) {
+		m.Forward(window, nil)
+		return m.Logits()[(k-1)*V : k*V], nil
+	})
+}
+
+// generate is Generate's loop over a function that returns the logits (V) of
+// position k−1 of a window of seq_len tokens (the first k real, zeros after).
+func generate(r *config.Recipe, tok data.Tokenizer, prompt string, n int, temperature float64, seed int64, next func(window []int32, k int) ([]float32, error)) (string, error) {
+	T := r.Model.SeqLen
 	ctx, err := tok.Encode([]byte(prompt))
 	if err != nil {
 		return "", fmt.Errorf("prompt: %w", err)
@@ -264,15 +288,16 @@ func Generate(r *config.Recipe, be tensor.Backend, table []parallel.Param, weigh
 	}
 	rng := rand.New(rand.NewSource(seed))
 	window := make([]int32, T)
-	V := r.Model.VocabSize
 	vocab := tok.VocabSize()
 	start := len(ctx)
 	for i := 0; i < n; i++ {
 		k := min(len(ctx), T)
 		clear(window)
 		copy(window, ctx[len(ctx)-k:])
-		m.Forward(window, nil)
-		logits := m.Logits()[(k-1)*V : k*V]
+		logits, err := next(window, k)
+		if err != nil {
+			return "", err
+		}
 		ctx = append(ctx, sampleToken(logits[:vocab], temperature, rng))
 	}
 	return tok.Decode(ctx[start:]), nil

@@ -58,6 +58,10 @@ type Options struct {
 	// StopAfter, when positive, ends the run as an interrupt would once this many
 	// steps are done (a preemption drill: tests resume from where it stopped).
 	StopAfter int
+	// Device, when set, runs every step on an accelerator (parallel.device =
+	// "cuda": the shardline-cuda build sets it). Backend still serves the final
+	// sample on the CPU.
+	Device DeviceEngine
 
 	resume *ckpt.Meta // Resume's metadata, read by Run
 }
@@ -201,6 +205,16 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 		v, _ := res.Value(un[0].Key)
 		return nil, &KeyError{Key: un[0].Key, Value: v, Err: errors.New(un[0].Why), Fix: un[0].Fix}
 	}
+	switch gpu := r.Parallel.Device == "cuda"; {
+	case gpu && opts.Device == nil:
+		return nil, &KeyError{Key: "parallel.device", Value: r.Parallel.Device, Err: errors.New("this build has no GPU engine"),
+			Fix: "run it with shardline-cuda (make cuda; docs/cuda.md), or set device = \"cpu\""}
+	case !gpu && opts.Device != nil:
+		return nil, &KeyError{Key: "parallel.device", Value: r.Parallel.Device, Err: errors.New("a device engine was given for a CPU recipe"), Fix: "set device = \"cuda\""}
+	case gpu && (opts.Resume != "" || opts.Process != nil):
+		return nil, &KeyError{Key: "parallel.device", Value: r.Parallel.Device, Err: errors.New("cuda runs neither resume from checkpoints nor join multi-process jobs yet"),
+			Fix: "drop --resume, or set device = \"cpu\""}
+	}
 	topo, err := parallel.TopologyOf(r.Parallel)
 	if err != nil {
 		return nil, err
@@ -322,22 +336,24 @@ func makeRunDir(r *config.Recipe) (string, error) {
 }
 
 type run struct {
-	r       *config.Recipe
-	res     *config.Resolved
-	opts    Options
-	plan    *parallel.Plan
-	ds      *data.Dataset
-	dir     string
-	log     zerolog.Logger
-	rank    int
-	st      *state
-	rt      *unitRuntime // optim_grads_params only
-	trace   *tracer
-	m       *model.Model[float32]
-	metrics *os.File
-	curve   []Metrics
-	ckpt    *checkpointer // nil when the recipe asks for no checkpoints
-	started time.Time     // when run.json was first written
+	r     *config.Recipe
+	res   *config.Resolved
+	opts  Options
+	plan  *parallel.Plan
+	ds    *data.Dataset
+	dir   string
+	log   zerolog.Logger
+	rank  int
+	st    *state
+	rt    *unitRuntime // optim_grads_params only
+	trace *tracer
+	m     *model.Model[float32]
+	// deviceHeld is what a device engine held at the end (Options.Device runs).
+	deviceHeld Memory
+	metrics    *os.File
+	curve      []Metrics
+	ckpt       *checkpointer // nil when the recipe asks for no checkpoints
+	started    time.Time     // when run.json was first written
 	// ckptRunDir is the run directory for checkpoints on a rank other than 0 of a
 	// multi-process job (which writes no other output, so its dir is empty).
 	ckptRunDir string
@@ -480,6 +496,9 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		if err := t.st.initFrom(vals); err != nil {
 			return nil, err
 		}
+	}
+	if t.opts.Device != nil {
+		return t.trainDevice(ctx, out)
 	}
 	if r.Checkpoint.Saves() {
 		root := r.Checkpoint.Dir

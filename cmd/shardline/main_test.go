@@ -554,3 +554,18 @@ func TestSettings(t *testing.T) {
 	assert.Equal(t, 2, code)
 	assert.Contains(t, errs, `shardline.toml:1:1: setting grace ("soon"): want a positive duration`)
 }
+
+// TestRunCUDAWithoutGPURunner: the shardline everyone runs has no GPU code; a cuda
+// run it cannot hand to shardline-cuda says where it looked and how to get one,
+// naming the recipe line.
+func TestRunCUDAWithoutGPURunner(t *testing.T) {
+	code, _, errs := shardline(t, []string{"PATH=" + t.TempDir()}, "run", filepath.Join(recipesDir, "tiny.toml"), "--device", "cuda", "--train-iters", "1")
+	assert.Equal(t, exitFindings, code)
+	assert.Contains(t, errs, `parallel.device = "cuda": this shardline has no GPU engine, and no shardline-cuda was found`)
+	assert.Contains(t, errs, "make cuda")
+	// A GPU recipe the GPU runner could not carry out is refused before any hand-over.
+	code, _, errs = shardline(t, []string{"PATH=" + t.TempDir()}, "run", filepath.Join(recipesDir, "moe-tiny.toml"), "--device", "cuda", "--train-iters", "1")
+	assert.Equal(t, exitFindings, code)
+	assert.Contains(t, errs, "model.moe.num_experts (8): cuda runs train dense models so far")
+	assert.NotContains(t, errs, "no shardline-cuda was found")
+}

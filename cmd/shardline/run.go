@@ -75,6 +75,8 @@ position instead of ignored.`,
 	cmd.Flags().StringVar(&resume, "load", "", "Megatron's --load: the same as --resume")
 	var initFrom string
 	cmd.Flags().StringVar(&initFrom, "init-from", "", "start from a Hugging Face model directory's weights (config.json, safetensors; shardline ckpt export writes one) instead of the initialisation: fine-tuning")
+	var device string
+	cmd.Flags().StringVar(&device, "device", "", "cpu or cuda: sets parallel.device (cuda trains on one GPU through shardline-cuda; docs/cuda.md)")
 	var stopAfter int
 	cmd.Flags().IntVar(&stopAfter, "stop-after", 0, "end the run after N steps as Ctrl-C would (checkpoint and outputs written, exit status 130): a preemption drill for --resume")
 	cmd.Flags().StringVar(&trace, "trace", "", "write a Chrome trace of every rank's compute and communication to this file (open it in Perfetto)")
@@ -120,6 +122,9 @@ position instead of ignored.`,
 		}
 		if nproc > 0 {
 			rf.extra = append(rf.extra, config.FlagValue{Name: "world-size", Value: fmt.Sprint(nproc)})
+		}
+		if cmd.Flags().Changed("device") {
+			rf.sets = append(rf.sets, "parallel.device="+device)
 		}
 		if job != nil {
 			rf.extra = append(rf.extra, config.FlagValue{Name: "world-size", Value: fmt.Sprint(job.world)})
@@ -172,6 +177,19 @@ position instead of ignored.`,
 		opts := trainer.Options{Backend: cpu.Backend{}, Env: config.EnvMap(a.env), LogOut: logOut, LogLevel: level, Version: version, CacheDir: a.cacheDir(), TracePath: trace, DataRoot: a.settings.DataRoot, Resume: ckptDir, StopAfter: stopAfter, InitFrom: initFrom}
 		if tty && r.Logging.Progress {
 			opts.Progress = a.stderr
+		}
+		// A cuda recipe the GPU runner can carry out goes to the GPU engine (handed
+		// to shardline-cuda by a build without one); one it cannot is refused by
+		// trainer.Run at the key's position.
+		if r.Parallel.Device == "cuda" && len(config.NotExecuted(r)) == 0 {
+			if newDeviceEngine == nil {
+				return a.execGPURunner(res)
+			}
+			eng, err := newDeviceEngine()
+			if err != nil {
+				return &exitError{code: exitFindings, err: fmt.Errorf("%s: parallel.device = \"cuda\": %w", res.Origin("parallel.device").Location(), err)}
+			}
+			opts.Device = eng
 		}
 		if job != nil {
 			proc, closeJob, err := joinJob(job, commTimeout)

@@ -56,6 +56,12 @@ __device__ float block_max(float v, float* sh) {
     return warp_max(v);
 }
 
+// pack2 packs two floats as bf16 into 32 bits, lo in the low half.
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
 #define GRID_STRIDE(i, n) for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < (n); i += (long)gridDim.x * blockDim.x)
 
 // ---- conversions and elementwise -------------------------------------------------
@@ -516,6 +522,31 @@ FOR_S(EXPORT_MOE)
 
 // ---- optimizer and norms ------------------------------------------------------------
 
+// adamw_vec is adamw on 4 values per thread (16-byte loads and stores); n is a
+// multiple of 4 and every pointer 16-byte aligned (compute: 8-byte).
+extern "C" __global__ void adamw_vec(float4* params, uint2* compute, const float4* grads, float4* m, float4* v, long n4,
+                                     float lr, float b1, float b2, float eps, float wd, float c1, float c2, const float* gscale) {
+    float gs = gscale ? *gscale : 1.f;
+    GRID_STRIDE(i, n4) {
+        float4 g = grads[i], mi = m[i], vi = v[i], p = params[i];
+        float* gp = &g.x;
+        float* mp = &mi.x;
+        float* vp = &vi.x;
+        float* pp = &p.x;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float gk = gp[k] * gs;
+            mp[k] = b1 * mp[k] + (1.f - b1) * gk;
+            vp[k] = b2 * vp[k] + (1.f - b2) * gk * gk;
+            pp[k] = pp[k] - lr * (mp[k] * c1 / (sqrtf(vp[k] * c2) + eps) + wd * pp[k]);
+        }
+        m[i] = mi;
+        v[i] = vi;
+        params[i] = p;
+        if (compute) compute[i] = make_uint2(pack2(p.x, p.y), pack2(p.z, p.w));
+    }
+}
+
 // adamw: one AdamW step on fp32 params with fp32 m, v and grads; the scale of the
 // gradient (clipping) is *gscale on the device, or 1 when gscale is null. When
 // compute is not null the bf16 compute copy of the updated weights is written in
@@ -918,10 +949,6 @@ __device__ __forceinline__ void mma_bf16(float* d, const uint32_t* a, uint32_t b
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-}
 __device__ __forceinline__ uint32_t ld2(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
 __device__ __forceinline__ void st2(bf16* p, uint32_t v) { *reinterpret_cast<uint32_t*>(p) = v; }
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -1010,7 +1037,8 @@ __device__ void flash_fwd_tc(bf16* o, float* lse, const bf16* q, const bf16* k, 
     __shared__ __align__(16) bf16 vs[BC * P];
     int bh = blockIdx.y, b = bh / NH, h = bh % NH, kh = h / (NH / NKV);
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-    int r0 = blockIdx.x * 64 + w * 16;
+    int qt = gridDim.x - 1 - blockIdx.x; // causal: the last query tiles have the most keys, so they start first
+    int r0 = qt * 64 + w * 16;
     long qstride = (long)NH * HD, kstride = (long)NKV * HD;
     const bf16* qb = q + ((long)b * Tq * NH + h) * HD;
     const bf16* kb = k + ((long)b * Tk * NKV + kh) * HD;
@@ -1023,7 +1051,7 @@ __device__ void flash_fwd_tc(bf16* o, float* lse, const bf16* q, const bf16* k, 
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     float sl2 = scale * LOG2E;
     int rows[2] = {r0 + g, r0 + g + 8};
-    int blast = min(Tq, (int)blockIdx.x * 64 + 64) - 1;
+    int blast = min(Tq, qt * 64 + 64) - 1;
     int klast = causal ? min(Tk, qoff + blast - koff + 1) : Tk;
     if (klast > 0) tile_async<HD, BC>(ks, kb, kstride, 0, Tk);
     cp_commit();
@@ -1121,7 +1149,8 @@ __device__ void flash_bwd_dq_tc(bf16* dq, const bf16* dout, const float* lse, co
     __shared__ __align__(16) bf16 vs[BC * P];
     int bh = blockIdx.y, b = bh / NH, h = bh % NH, kh = h / (NH / NKV);
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-    int r0 = blockIdx.x * 64 + w * 16;
+    int qt = gridDim.x - 1 - blockIdx.x; // causal: the last query tiles have the most keys, so they start first
+    int r0 = qt * 64 + w * 16;
     long qstride = (long)NH * HD, kstride = (long)NKV * HD;
     const bf16* qb = q + ((long)b * Tq * NH + h) * HD;
     const bf16* dob = dout + ((long)b * Tq * NH + h) * HD;
@@ -1142,7 +1171,7 @@ __device__ void flash_bwd_dq_tc(bf16* dq, const bf16* dout, const float* lse, co
 #pragma unroll
     for (int t = 0; t < OT; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
     float sl2 = scale * LOG2E;
-    int blast = min(Tq, (int)blockIdx.x * 64 + 64) - 1;
+    int blast = min(Tq, qt * 64 + 64) - 1;
     int klast = causal ? min(Tk, qoff + blast - koff + 1) : Tk;
     for (int j0 = 0; j0 < klast; j0 += BC) {
         __syncthreads();

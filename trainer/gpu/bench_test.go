@@ -21,7 +21,15 @@ const H100PeakBF16 = 989e12
 // scripts/torch_llama.py measures PyTorch on. It reports tokens/s, MFU (6·N +
 // 6·L·T·d flops per token over the bf16 peak) and the device memory the model
 // holds.
-func BenchmarkStep134M(b *testing.B) {
+func BenchmarkStep134M(b *testing.B) { benchStep(b, "step") }
+
+// The phases of BenchmarkStep134M alone (each timed over b.N runs between two
+// synchronisations), to see where a step's time goes.
+func BenchmarkStep134MForward(b *testing.B)  { benchStep(b, "forward") }
+func BenchmarkStep134MBackward(b *testing.B) { benchStep(b, "backward") }
+func BenchmarkStep134MUpdate(b *testing.B)   { benchStep(b, "update") }
+
+func benchStep(b *testing.B, part string) {
 	r := loadRecipe(b, "dense-125m")
 	B, T := 16, 1024
 	table, err := parallel.ParamTable(r.Model, 1, 1)
@@ -49,8 +57,8 @@ func BenchmarkStep134M(b *testing.B) {
 	}
 	o := Optimizer{Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, ClipGrad: 1}
 	step := func() {
-		c := m.Forward(tokens, targets)
-		m.Backward(1 / float64(c))
+		c, _ := m.Forward(tokens, targets, false)
+		m.Backward(1/float64(c), false)
 		m.Update(3e-4, o)
 	}
 	var serr error
@@ -63,12 +71,17 @@ func BenchmarkStep134M(b *testing.B) {
 	if serr != nil {
 		b.Fatal(serr)
 	}
+	phase := map[string]func(){"step": step,
+		"forward":  func() { m.Forward(tokens, targets, false) },
+		"backward": func() { m.Backward(1e-4, false) },
+		"update":   func() { m.Update(3e-4, o) },
+	}[part]
 	b.ResetTimer()
 	var el time.Duration
 	dev.Do(func() {
 		start := time.Now()
 		for range b.N {
-			step()
+			phase()
 		}
 		_, serr = m.Metrics()
 		el = time.Since(start)

@@ -138,11 +138,11 @@ func TestTracksCPU(t *testing.T) {
 		var met Metrics
 		var gerr error
 		dev.Do(func() {
-			gn := gm.Forward(tokens, targets)
-			if gn != n {
-				gerr = fmt.Errorf("counted %d tokens, the CPU %d", gn, n)
+			gn, ferr := gm.Forward(tokens, targets, false)
+			if gn != n || ferr != nil {
+				gerr = fmt.Errorf("counted %d tokens, the CPU %d (%v)", gn, n, ferr)
 			}
-			gm.Backward(1 / float64(gn))
+			gm.Backward(1/float64(gn), false)
 			gm.Update(lr, o)
 			met, err = gm.Metrics()
 			if gerr == nil {
@@ -181,8 +181,8 @@ func TestBF16TracksFP32(t *testing.T) {
 			tokens, targets := opticks(t, B, T, s)
 			var met Metrics
 			dev.Do(func() {
-				n := m.Forward(tokens, targets)
-				m.Backward(1 / float64(n))
+				n, _ := m.Forward(tokens, targets, false)
+				m.Backward(1/float64(n), false)
 				m.Update(r.Train.LR, o)
 				met, err = m.Metrics()
 			})
@@ -214,8 +214,8 @@ func TestStepReadsNothingBack(t *testing.T) {
 	dev.Do(func() {
 		before := dev.Readbacks()
 		for range 3 {
-			n := m.Forward(tokens, targets)
-			m.Backward(1 / float64(n))
+			n, _ := m.Forward(tokens, targets, false)
+			m.Backward(1/float64(n), false)
 			m.Update(1e-3, Optimizer{Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, ClipGrad: 1})
 		}
 		if n := dev.Readbacks() - before; n != 0 {
@@ -236,4 +236,34 @@ func TestRefusesWhatItCannotRun(t *testing.T) {
 	require.NoError(t, err)
 	_, err = New(dev, r.Model, table, initWeights(r, table), 1, 16, Options{Compute: cuda.F32})
 	require.ErrorContains(t, err, "mixture-of-experts")
+}
+
+// TestLogitsMatchCPU: the sampler's logits at a position equal the CPU model's
+// (fp32, same weights; 1e-5 relative: one forward pass in a different order).
+func TestLogitsMatchCPU(t *testing.T) {
+	r := loadRecipe(t, "tiny")
+	table, err := parallel.ParamTable(r.Model, 1, 1)
+	require.NoError(t, err)
+	B, T := 2, 64
+	w := initWeights(r, table)
+	cm, err := model.New[float32](r.Model, table, w, w, cpu.Backend{}, B, T)
+	require.NoError(t, err)
+	tokens, _ := opticks(t, B, T, 3)
+	cm.Forward(tokens, nil)
+	gm, err := New(dev, r.Model, table, w, B, T, Options{Compute: cuda.F32})
+	require.NoError(t, err)
+	defer gm.Close()
+	V := r.Model.VocabSize
+	for _, pos := range []int{0, T - 1, T + 17} {
+		var got []float32
+		dev.Do(func() { got, err = gm.Logits(tokens, pos) })
+		require.NoError(t, err)
+		want := cm.Logits()[pos*V : (pos+1)*V]
+		var num, den float64
+		for i := range want {
+			num += (float64(got[i]) - float64(want[i])) * (float64(got[i]) - float64(want[i]))
+			den += float64(want[i]) * float64(want[i])
+		}
+		require.LessOrEqual(t, math.Sqrt(num/den), 1e-5, "position %d", pos)
+	}
 }

@@ -36,30 +36,29 @@ type params struct {
 // Model is a dense decoder bound to a batch shape on one device. Its methods run
 // on the device's goroutine (inside Device.Do).
 type Model struct {
-	d          *cuda.Device
-	Cfg        config.Model
-	B, T       int
-	opt        Options
-	table      []parallel.Param
-	offsets    []int // each parameter's first element in the flat buffers
-	master     cuda.Buffer
-	compute    cuda.Buffer // bf16 copy of master, or master itself in fp32 runs
-	grads      cuda.Buffer
-	m, v       cuda.Buffer
-	w, g       params
-	cos, sin   cuda.Buffer
-	tokens     cuda.Buffer
-	targets    cuda.Buffer
-	embRows    cuda.EmbeddingRows
-	hostRows   struct{ order, seg, tok, count []int32 } // the batch's rows grouped by token
-	acts       acts
-	scratch    scratch
-	head       cuda.HeadScratch
-	stats      cuda.Buffer // [loss sum, grad sum of squares, grad norm, clip factor]
-	held       map[string]int64
-	allocated  []cuda.Buffer
-	step       int
-	lastTokens int
+	d         *cuda.Device
+	Cfg       config.Model
+	B, T      int
+	opt       Options
+	table     []parallel.Param
+	offsets   []int // each parameter's first element in the flat buffers
+	master    cuda.Buffer
+	compute   cuda.Buffer // bf16 copy of master, or master itself in fp32 runs
+	grads     cuda.Buffer
+	m, v      cuda.Buffer
+	w, g      params
+	cos, sin  cuda.Buffer
+	tokens    cuda.Buffer
+	targets   cuda.Buffer
+	embRows   cuda.EmbeddingRows
+	hostRows  struct{ order, seg, tok, count []int32 } // the batch's rows grouped by token
+	acts      acts
+	scratch   scratch
+	head      cuda.HeadScratch
+	stats     cuda.Buffer // [loss sum, grad sum of squares, grad norm, clip factor]
+	held      map[string]int64
+	allocated []cuda.Buffer
+	step      int
 }
 
 type acts struct {
@@ -120,9 +119,10 @@ func (m *Model) free() {
 // Close frees the model's device memory.
 func (m *Model) Close() { m.d.Do(m.free) }
 
-// HeldBytes reports the device bytes the model holds per component: weights
-// (master and compute copy), gradients, optimizer, activations, head and step
-// scratch, inputs.
+// HeldBytes reports the device bytes the model holds per component: main_weights
+// (fp32), weights (the bf16 compute copy; absent in fp32 runs, where the main
+// weights serve), grads, optimizer_state, activations, logits (the head's chunk
+// buffers), scratch (backward's reused buffers and step statistics) and inputs.
 func (m *Model) HeldBytes() map[string]int64 { return m.held }
 
 func (m *Model) dims() (BT, C, NH, NKV, HD, FF, V int) {
@@ -148,13 +148,13 @@ func (m *Model) alloc(weights [][]float32) error {
 			*dst, err = m.buf(component, t, n)
 		}
 	}
-	alloc(&m.master, "weights", cuda.F32, total)
+	alloc(&m.master, "main_weights", cuda.F32, total)
 	if m.opt.Compute == cuda.BF16 {
 		alloc(&m.compute, "weights", cuda.BF16, total)
 	}
-	alloc(&m.grads, "gradients", cuda.F32, total)
-	alloc(&m.m, "optimizer", cuda.F32, total)
-	alloc(&m.v, "optimizer", cuda.F32, total)
+	alloc(&m.grads, "grads", cuda.F32, total)
+	alloc(&m.m, "optimizer_state", cuda.F32, total)
+	alloc(&m.v, "optimizer_state", cuda.F32, total)
 	if err != nil {
 		return err
 	}
@@ -202,11 +202,11 @@ func (m *Model) alloc(weights [][]float32) error {
 	alloc(&a.headLse, "activations", cuda.F32, BT)
 	chunk := min(m.opt.HeadChunk, V)
 	h := &m.head
-	alloc(&h.Logits, "head", cuda.F32, BT*chunk)
-	alloc(&h.DLogits, "head", dt, BT*chunk)
-	alloc(&h.M, "head", cuda.F32, BT)
-	alloc(&h.S, "head", cuda.F32, BT)
-	alloc(&h.Z, "head", cuda.F32, BT)
+	alloc(&h.Logits, "logits", cuda.F32, BT*chunk)
+	alloc(&h.DLogits, "logits", dt, BT*chunk)
+	alloc(&h.M, "logits", cuda.F32, BT)
+	alloc(&h.S, "logits", cuda.F32, BT)
+	alloc(&h.Z, "logits", cuda.F32, BT)
 	s := &m.scratch
 	alloc(&s.dres, "scratch", dt, BT*C)
 	alloc(&s.dx, "scratch", dt, BT*C)

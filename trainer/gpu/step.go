@@ -4,7 +4,6 @@ package gpu
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/shardline/shardline/cuda"
 )
@@ -17,11 +16,21 @@ type Metrics struct {
 }
 
 // Forward runs the model on tokens and targets (B·T each, host memory: they are
-// uploaded, nothing is read back) and leaves Σ token losses on the device.
-// Targets < 0 are ignored. It returns the number of tokens counted.
-func (m *Model) Forward(tokens, targets []int32) (count int) {
+// uploaded, nothing is read back) and leaves Σ token losses on the device, added
+// to the previous Forward's when accumulate is set (micro-batches of a step).
+// Targets < 0 are ignored. It returns the number of tokens counted; a token or
+// target outside the vocabulary is an error and runs nothing.
+func (m *Model) Forward(tokens, targets []int32, accumulate bool) (count int, err error) {
 	d, a, w := m.d, &m.acts, &m.w
 	BT, C, _, _, _, _, V := m.dims()
+	if len(tokens) != BT || len(targets) != BT {
+		return 0, fmt.Errorf("gpu: a batch of %d tokens and %d targets for B·T = %d", len(tokens), len(targets), BT)
+	}
+	for i, t := range tokens {
+		if t < 0 || int(t) >= V || int(targets[i]) >= V {
+			return 0, fmt.Errorf("gpu: token %d (target %d) at position %d is outside the vocabulary of %d", t, targets[i], i, V)
+		}
+	}
 	d.Upload(m.tokens, tokens)
 	d.Upload(m.targets, targets)
 	for _, t := range targets {
@@ -52,9 +61,8 @@ func (m *Model) Forward(tokens, targets []int32) (count int) {
 	}
 	d.RMSNorm(a.lnf, a.rstdf, a.final, w.norm, BT, C, m.Cfg.NormEps)
 	d.HeadCrossEntropy(a.losses, a.headLse, a.lnf, w.output, m.targets, cuda.HeadShape{BT: BT, C: C, V: V, Chunk: m.opt.HeadChunk}, m.head)
-	d.Sum(m.stats.Slice(0, 1), a.losses, false)
-	m.lastTokens = count
-	return count
+	d.Sum(m.stats.Slice(0, 1), a.losses, accumulate)
+	return count, nil
 }
 
 // layerForward: next = mid + MLP(norm(mid)), mid = x + attention(norm(x)), as
@@ -85,11 +93,14 @@ func (m *Model) attn() cuda.AttentionShape {
 }
 
 // Backward sets the gradients (fp32) of scale · Σ token losses of the last Forward
-// (scale = 1/token count gives the mean); they are overwritten, not accumulated.
-func (m *Model) Backward(scale float64) {
+// (scale = 1/token count gives the mean), or adds them to the gradients held when
+// accumulate is set (micro-batches of a step).
+func (m *Model) Backward(scale float64, accumulate bool) {
 	d, a, w, g, s := m.d, &m.acts, &m.w, &m.g, &m.scratch
 	BT, C, NH, NKV, HD, FF, V := m.dims()
-	d.Zero(m.grads)
+	if !accumulate {
+		d.Zero(m.grads)
+	}
 	d.Fill(s.dloss, float32(scale))
 	d.HeadCrossEntropyBackward(s.dx, g.output, a.lnf, w.output, m.targets, s.dloss, a.headLse,
 		cuda.HeadShape{BT: BT, C: C, V: V, Chunk: m.opt.HeadChunk}, m.head, false)
@@ -114,16 +125,29 @@ func (m *Model) Backward(scale float64) {
 	d.EmbeddingBackward(g.embed, dres, m.embRows, C)
 }
 
-// Update clips the gradients to o.ClipGrad (global L2 norm; 0: off) and takes one
-// AdamW step at learning rate lr, writing the fp32 master weights and, in bf16
-// runs, the bf16 compute weights in the same pass. Norm gains and embeddings
-// (NoDecay) get no weight decay. The norm and factor stay on the device.
+// Update is ClipNorm and Apply: clip the gradients to o.ClipGrad and take one
+// AdamW step at lr.
 func (m *Model) Update(lr float64, o Optimizer) {
+	m.ClipNorm(o.ClipGrad)
+	m.Apply(lr, o)
+}
+
+// ClipNorm computes the gradients' global L2 norm and the factor that clips it to
+// maxNorm (0: off), both kept on the device for Apply and Metrics.
+func (m *Model) ClipNorm(maxNorm float64) {
+	sumsq, norm, factor := m.stats.Slice(1, 2), m.stats.Slice(2, 3), m.stats.Slice(3, 4)
+	m.d.SumSquares(sumsq, m.grads, false)
+	m.d.ClipFactor(factor, norm, sumsq, maxNorm)
+}
+
+// Apply takes one AdamW step at learning rate lr with the gradients scaled by
+// ClipNorm's factor, writing the fp32 master weights and, in bf16 runs, the bf16
+// compute weights in the same pass. Norm gains and embeddings (NoDecay) get no
+// weight decay.
+func (m *Model) Apply(lr float64, o Optimizer) {
 	d := m.d
 	m.step++
-	sumsq, norm, factor := m.stats.Slice(1, 2), m.stats.Slice(2, 3), m.stats.Slice(3, 4)
-	d.SumSquares(sumsq, m.grads, false)
-	d.ClipFactor(factor, norm, sumsq, o.ClipGrad)
+	factor := m.stats.Slice(3, 4)
 	for i := range m.table {
 		lo, hi := m.offsets[i], m.offsets[i]+int(m.table[i].LocalNumel())
 		wd := o.WeightDecay
@@ -140,7 +164,8 @@ func (m *Model) Update(lr float64, o Optimizer) {
 }
 
 // Metrics reads the last step's loss sum, gradient norm and clip factor back (one
-// synchronisation) and returns the step's device error, if any.
+// synchronisation) and returns the step's device error, if any. A non-finite loss
+// or norm is reported as it is: the caller decides.
 func (m *Model) Metrics() (Metrics, error) {
 	var host [4]float32
 	m.d.Download(host[:], m.stats)
@@ -148,10 +173,31 @@ func (m *Model) Metrics() (Metrics, error) {
 		return Metrics{}, err
 	}
 	r := Metrics{LossSum: float64(host[0]), GradNorm: float64(host[2]), Clip: float64(host[3])}
-	if math.IsNaN(r.LossSum) || math.IsInf(r.LossSum, 0) {
-		return r, fmt.Errorf("gpu: the loss is %v at step %d", r.LossSum, m.step)
-	}
 	return r, nil
+}
+
+// Logits runs the model on tokens (B·T; no loss is counted) and returns the
+// logits (V, fp32) at flat position pos, read back: for sampling.
+func (m *Model) Logits(tokens []int32, pos int) ([]float32, error) {
+	BT, C, _, _, _, _, V := m.dims()
+	if pos < 0 || pos >= BT {
+		return nil, fmt.Errorf("gpu: position %d outside the batch of %d", pos, BT)
+	}
+	if m.head.Logits.N < V {
+		return nil, fmt.Errorf("gpu: the head's buffer (%d values) is smaller than the vocabulary (%d)", m.head.Logits.N, V)
+	}
+	ignore := make([]int32, BT)
+	for i := range ignore {
+		ignore[i] = -1
+	}
+	if _, err := m.Forward(tokens, ignore, false); err != nil {
+		return nil, err
+	}
+	out := m.head.Logits.Slice(0, V)
+	m.d.Matmul(out, m.acts.lnf.Slice(pos*C, (pos+1)*C), m.w.output, cuda.MatmulShape{BT: 1, C: C, OC: V}, false)
+	host := make([]float32, V)
+	m.d.Download(host, out)
+	return host, m.d.Err()
 }
 
 // Weights downloads the fp32 master weights, one slice per parameter (table order).

@@ -1,0 +1,60 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/trainer"
+)
+
+// gpuRunner is the executable built with -tags cuda (make cuda): the same CLI with
+// the GPU engine linked in. The shardline everyone runs has no GPU code (the CUDA
+// driver bindings end the process at start-up where there is no GPU), so it hands
+// cuda runs to this one.
+const gpuRunner = "shardline-cuda"
+
+// newDeviceEngine opens the GPU engine; nil in a build without -tags cuda.
+var newDeviceEngine func() (trainer.DeviceEngine, error)
+
+// findGPURunner looks for shardline-cuda next to this executable, then on PATH.
+func (a *app) findGPURunner() (string, []string) {
+	var looked []string
+	if self, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(self), gpuRunner)
+		looked = append(looked, filepath.Dir(self))
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			return p, looked
+		}
+	}
+	for _, dir := range filepath.SplitList(config.EnvMap(a.env)["PATH"]) {
+		if dir == "" {
+			continue
+		}
+		p := filepath.Join(dir, gpuRunner)
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			return p, looked
+		}
+	}
+	return "", append(looked, "PATH")
+}
+
+// execGPURunner replaces this process with shardline-cuda given the same
+// arguments, or says how to get one.
+func (a *app) execGPURunner(res *config.Resolved) error {
+	loc := res.Origin("parallel.device").Location()
+	path, looked := a.findGPURunner()
+	if path == "" {
+		return &exitError{code: exitFindings, err: fmt.Errorf(`%s: parallel.device = "cuda": this shardline has no GPU engine, and no %s was found (looked in %s); build it with make cuda on a machine with the CUDA headers (docs/cuda.md) and put it next to shardline, or set device = "cpu"`,
+			loc, gpuRunner, strings.Join(looked, ", "))}
+	}
+	if _, err := exec.LookPath(path); err != nil {
+		return &exitError{code: exitFindings, err: fmt.Errorf("%s: %s: %v", loc, path, err)}
+	}
+	fmt.Fprintf(a.stderr, "parallel.device = \"cuda\": running %s\n", path)
+	return syscall.Exec(path, append([]string{path}, os.Args[1:]...), a.env)
+}

@@ -1,0 +1,80 @@
+//go:build cuda
+
+package main
+
+// Device tests of the shardline-cuda build (need an NVIDIA GPU; make cuda-test
+// builds bin/cli.test, run from cmd/shardline with SHARDLINE_OPTICKS set).
+
+import (
+	"bufio"
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/shardline/shardline/trainer"
+	"github.com/stretchr/testify/require"
+)
+
+func opticksFile() string {
+	if p := os.Getenv("SHARDLINE_OPTICKS"); p != "" {
+		return p
+	}
+	return filepath.Join(runtime.GOROOT(), "src", "testdata", "Isaac.Newton-Opticks.txt")
+}
+
+func readCurve(t *testing.T, dir string) []trainer.Metrics {
+	f, err := os.Open(filepath.Join(dir, "metrics.jsonl"))
+	require.NoError(t, err)
+	defer f.Close()
+	var out []trainer.Metrics
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var m trainer.Metrics
+		require.NoError(t, json.Unmarshal(sc.Bytes(), &m))
+		out = append(out, m)
+	}
+	return out
+}
+
+// TestRunOnGPU trains the tiny recipe through the CLI on the GPU (--device cuda)
+// and on the CPU, 30 steps each, with two micro-batches per step (gradient
+// accumulation on the device), and compares the loss curves (fp32 both: within
+// 1e-5 relative, as trainer/gpu's TestTracksCPU). The GPU run writes the same
+// outputs, and run.json names the GPU.
+func TestRunOnGPU(t *testing.T) {
+	env := []string{"PATH=" + os.Getenv("PATH")}
+	dirs := map[string]string{}
+	for _, device := range []string{"cpu", "cuda"} {
+		out := t.TempDir()
+		code, stdout, stderr := shardline(t, env, "run", filepath.Join(recipesDir, "tiny.toml"), "--device", device, "--train-iters", "30",
+			"--micro-batch-size", "8", "--global-batch-size", "16", "--set", "data.path="+opticksFile(), "--set", "run.output_dir="+out,
+			"--set", "train.eval_interval=10")
+		require.Equal(t, 0, code, stderr)
+		dir := strings.TrimSpace(strings.TrimPrefix(strings.SplitN(stdout, "\n", 2)[0], "run directory:"))
+		dirs[device] = dir
+		for _, f := range []string{"weights.bin", "loss.png", "sample.txt", "resolved.toml", "run.json"} {
+			require.FileExists(t, filepath.Join(dir, f))
+		}
+	}
+	cpuCurve, gpuCurve := readCurve(t, dirs["cpu"]), readCurve(t, dirs["cuda"])
+	require.Len(t, gpuCurve, 30)
+	worst := 0.0
+	for i := range cpuCurve {
+		rel := math.Abs(gpuCurve[i].Loss-cpuCurve[i].Loss) / cpuCurve[i].Loss
+		worst = max(worst, rel)
+		require.LessOrEqual(t, rel, 1e-5, "step %d: gpu %v cpu %v", i+1, gpuCurve[i].Loss, cpuCurve[i].Loss)
+		if cpuCurve[i].ValLoss != nil {
+			require.NotNil(t, gpuCurve[i].ValLoss)
+			require.InDelta(t, *cpuCurve[i].ValLoss, *gpuCurve[i].ValLoss, 1e-4**cpuCurve[i].ValLoss)
+		}
+	}
+	t.Logf("worst relative loss difference over 30 steps: %.3g", worst)
+	info, err := os.ReadFile(filepath.Join(dirs["cuda"], "run.json"))
+	require.NoError(t, err)
+	require.Contains(t, string(info), `"backend": "cuda: NVIDIA`)
+	t.Logf("gpu run held %d bytes (the plan: %d)", gpuCurve[len(gpuCurve)-1].MemHeld, gpuCurve[len(gpuCurve)-1].MemPlan)
+}

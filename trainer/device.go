@@ -1,0 +1,169 @@
+package trainer
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/trainer/data"
+	"github.com/shardline/shardline/trainer/optim"
+)
+
+// DeviceEngine runs whole training steps on an accelerator (the GPU runner built
+// with -tags cuda provides one; the trainer cannot import it, since the binary
+// that lints and plans must start without a GPU). The trainer keeps everything
+// else: data, schedule, metrics, evaluation, the run directory and the outputs.
+// One rank, the whole model on the device.
+type DeviceEngine interface {
+	// Name says what runs the steps (device, driver, libraries), for logs and run.json.
+	Name() string
+	// Start binds the engine to the recipe's model at micro-batch B of T tokens and
+	// uploads the initial weights (table order).
+	Start(r *config.Recipe, table []parallel.Param, weights [][]float32, B, T int) error
+	// Step runs micro forward and backward passes (batch fills micro-batch mb),
+	// accumulating the gradient of scale·Σ token losses, reads the loss sum and the
+	// gradient norm back once, and, when both are finite, clips to clip and takes
+	// one AdamW step at lr (train.* hyper-parameters from Start's recipe).
+	Step(batch func(mb int, tokens, targets []int32), micro int, scale, lr, clip float64) (DeviceStep, error)
+	// Eval is the loss sum and token count of one batch (forward only).
+	Eval(tokens, targets []int32) (sum float64, count int, err error)
+	// Logits returns the logits (V) at position k−1 of a window of seq_len tokens
+	// (the first k real), for sampling; it may run a whole batch.
+	Logits(window []int32, k int) ([]float32, error)
+	// Weights downloads the fp32 main weights into dst (table order).
+	Weights(dst [][]float32) error
+	// Held is the device memory held, by the plan's components.
+	Held() Memory
+	Close()
+}
+
+// DeviceStep is what one step on a device reports.
+type DeviceStep struct {
+	LossSum  float64
+	Count    int
+	GradNorm float64
+	Updated  bool // false when the loss or gradient was not finite
+}
+
+// trainDevice is train's loop for a run whose steps execute on opts.Device.
+func (t *run) trainDevice(ctx context.Context, out *Result) (*Result, error) {
+	r, eng := t.r, t.opts.Device
+	if t.st.perUnit {
+		if err := t.st.gatherFull(); err != nil {
+			return nil, err
+		}
+	}
+	B, T := r.Train.MicroBatchSize, r.Model.SeqLen
+	if err := eng.Start(r, t.plan.Params, t.st.wviews, B, T); err != nil {
+		return nil, err
+	}
+	defer eng.Close()
+	var err error
+	if t.metrics, err = t.openMetrics(0); err != nil {
+		return nil, err
+	}
+	defer t.metrics.Close()
+	out.UnigramBits = unigramEntropy(t.ds.Train, t.ds.Tok.VocabSize())
+	sched := optim.Schedule{Peak: r.Train.LR, Warmup: r.Train.WarmupSteps, Steps: r.Train.Steps, MinFactor: r.Train.MinLRFactor, Decay: r.Train.LRSchedule}
+	micro := t.plan.MicroBatches
+	scale := 1 / float64(micro*B*T)
+	if !r.FSDP.CalculatePerTokenLoss {
+		scale = 1 / float64(B*T) / float64(micro)
+	}
+	t.log.Info().Str("dir", t.dir).Str("device", eng.Name()).Int64("parameters", t.plan.ParamsTotal).
+		Int("train_tokens", len(t.ds.Train)).Int("val_tokens", len(t.ds.Val)).Str("plan", t.plan.Fingerprint).Msg("training")
+	var last, good Metrics
+	var rates []float64
+	lastSkipped, lastEvaluated := false, false
+	start := time.Now()
+	for step := 0; step < r.Train.Steps; step++ {
+		if ctx.Err() != nil || (t.opts.StopAfter > 0 && step >= t.opts.StopAfter) {
+			out.Interrupted = true
+			t.log.Warn().Int("step", step).Msg("interrupted: writing what the run has so far")
+			break
+		}
+		t0 := time.Now()
+		lr := sched.LR(step)
+		res, err := eng.Step(func(mb int, tokens, targets []int32) {
+			data.Batch(tokens, targets, t.ds.Train, r.Run.Seed, step, mb*B, B, T)
+		}, micro, scale, lr, r.Train.ClipGrad)
+		if err != nil {
+			return nil, fmt.Errorf("step %d on %s: %w", step+1, eng.Name(), err)
+		}
+		loss := res.LossSum / float64(res.Count)
+		met := Metrics{Step: step + 1, Loss: loss, LR: lr, GradNorm: res.GradNorm, MemHeld: eng.Held().Total, MemPlan: t.plan.Memory.Total}
+		if !res.Updated {
+			if !r.Train.SkipNonfinite {
+				return nil, t.nonFinite(fmt.Errorf("step %d: %w (loss %v, grad_norm %v); %s; lower train.lr or set train.skip_nonfinite = true",
+					step+1, ErrNonFinite, loss, res.GradNorm, describeGood(good)))
+			}
+			met.Skipped, lastSkipped = true, true
+			t.log.Warn().Int("step", step+1).Float64("loss", loss).Msg("non-finite step skipped (train.skip_nonfinite)")
+		} else {
+			good, lastSkipped = met, false
+		}
+		met.TokensPerS = float64(micro*B*T) / time.Since(t0).Seconds()
+		rates = append(rates, met.TokensPerS)
+		lastEvaluated = false
+		if ev := r.Train.EvalInterval; ev > 0 && ((step+1)%ev == 0 || step+1 == r.Train.Steps) && len(t.ds.Val) > T {
+			v, err := t.evaluateDevice()
+			if err != nil {
+				return nil, err
+			}
+			met.ValLoss, lastEvaluated = &v, true
+		}
+		if err := t.record(met, step, start); err != nil {
+			return nil, err
+		}
+		last = met
+	}
+	if lastSkipped {
+		return nil, t.nonFinite(fmt.Errorf("the run ended on non-finite steps (skipped by train.skip_nonfinite): %w; %s; lower train.lr", ErrNonFinite, describeGood(good)))
+	}
+	if t.opts.Progress != nil {
+		fmt.Fprintln(t.opts.Progress)
+	}
+	out.Steps, out.FinalLoss = last.Step, last.Loss
+	if last.ValLoss != nil {
+		out.FinalValLoss = last.ValLoss
+	} else if !lastEvaluated && len(t.ds.Val) > T {
+		v, err := t.evaluateDevice()
+		if err != nil {
+			return nil, err
+		}
+		out.FinalValLoss = &v
+	}
+	if v := out.FinalValLoss; v != nil && (math.IsNaN(*v) || math.IsInf(*v, 0)) {
+		return nil, t.nonFinite(fmt.Errorf("the final validation loss is %v: %w; %s; lower train.lr", *v, ErrNonFinite, describeGood(good)))
+	}
+	if len(rates) > 0 {
+		out.TokensPerS = median(rates[min(1, len(rates)-1):])
+	}
+	if err := eng.Weights(t.st.wviews); err != nil {
+		return nil, err
+	}
+	t.deviceHeld = eng.Held()
+	return out, t.finish(out)
+}
+
+// evaluateDevice is evaluate on the device: the mean token loss over eval_steps
+// fixed validation batches.
+func (t *run) evaluateDevice() (float64, error) {
+	r := t.r
+	B, T := r.Train.MicroBatchSize, r.Model.SeqLen
+	tokens, targets := make([]int32, B*T), make([]int32, B*T)
+	var sum float64
+	var count int
+	for i := 0; i < r.Train.EvalSteps; i++ {
+		data.Batch(tokens, targets, t.ds.Val, r.Run.Seed, -1, i*B, B, T)
+		s, n, err := t.opts.Device.Eval(tokens, targets)
+		if err != nil {
+			return 0, err
+		}
+		sum, count = sum+s, count+n
+	}
+	return sum / float64(count), nil
+}
