@@ -91,7 +91,7 @@ cuda-check: cuda-deps ## vet and link the GPU backend and its device tests (-tag
 	$(GO) vet -tags cuda ./cuda/... ./trainer/gpu/... ./cmd/shardline/...
 	$(GO) test -c -tags cuda -o /dev/null ./cuda
 	$(GO) test -c -tags cuda -o /dev/null ./trainer/gpu
-	$(GO) build -tags cuda -o /dev/null ./cmd/shardline
+	$(GO) test -c -tags cuda -o /dev/null ./cmd/shardline
 
 cuda-test: cuda-deps ## build bin/cuda.test, bin/gpu.test and bin/cli.test, the device tests to run on a GPU machine (docs/cuda.md)
 	$(GO) test -c -tags cuda -o bin/cuda.test ./cuda

@@ -23,11 +23,10 @@ func NotExecuted(r *Recipe) []Unexecuted {
 		}
 	}
 	p, c := r.Parallel, r.Checkpoint
-	// parallel.device = "cuda" runs in shardline-cuda (docs/cuda.md): one GPU, the
-	// dense model, no checkpoints or recomputation yet.
+	// parallel.device = "cuda" runs in shardline-cuda (docs/cuda.md): one GPU, no
+	// checkpoints or recomputation yet.
 	gpu := p.Device == "cuda"
 	add(gpu && p.WorldSize != 1, "parallel.world_size", "cuda runs train on one GPU so far (NCCL collectives are not wired)", `set world_size = 1, or device = "cpu" for data parallelism`)
-	add(gpu && r.Model.MoE.NumExperts > 0, "model.moe.num_experts", "cuda runs train dense models so far (the MoE kernels exist; the layer wiring on the GPU does not)", `set device = "cpu" for mixture-of-experts models`)
 	add(gpu && r.Model.Heads > 0 && !slices.Contains([]int{32, 64, 128}, r.Model.Hidden/r.Model.Heads), "model.heads", "the GPU attention kernels take head sizes (hidden/heads) of 32, 64 or 128", "choose heads so that hidden/heads is 32, 64 or 128")
 	add(gpu && c.Saves(), "checkpoint.interval", "cuda runs do not write checkpoints yet", `remove checkpoint.interval and checkpoint.dir, or set device = "cpu"`)
 	add(gpu && r.ActivationCheckpoint.Mode != "none", "activation_checkpoint.mode", "cuda runs keep every activation (recomputation is not wired on the GPU)", `set mode = "none"`)

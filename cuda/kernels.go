@@ -404,11 +404,13 @@ func (d *Device) CombineBackward(dy, dgates, dout, y Buffer, r MoERouting, s MoE
 }
 
 // AuxLoss sets aux[0] = E·Σ_e f_e·P_e (Switch Transformer's load-balancing loss: f_e
-// the share of kept copies routed to e, P_e its mean probability) and daux (E) =
-// coeff·E·f_e/BT, the gradient RouterBackward passes through the probabilities.
-func (d *Device) AuxLoss(aux, daux Buffer, r MoERouting, s MoEShape, coeff float64) {
-	if d.moeCheck("aux loss", r, s) && d.need("aux loss", aux, F32, 1) && d.need("aux loss", daux, F32, s.E) {
-		d.launch("moe_aux", 1, 1, 1024, ptr(aux), ptr(daux), ptr(r.Probs), ptr(r.Counts), i32(s.BT), i32(s.E), i32(s.K), f32(coeff))
+// the share of kept copies routed to e, P_e its mean probability), aux[1] = the
+// copies kept (BT·K minus the dropped), both added to aux's values when
+// accumulate is set, and, unless daux is empty, daux (E) = coeff·E·f_e/BT, the
+// gradient RouterBackward passes through the probabilities.
+func (d *Device) AuxLoss(aux, daux Buffer, r MoERouting, s MoEShape, coeff float64, accumulate bool) {
+	if d.moeCheck("aux loss", r, s) && d.need("aux loss", aux, F32, 2) && (daux.N == 0 || d.need("aux loss", daux, F32, s.E)) {
+		d.launch("moe_aux", 1, 1, 1024, ptr(aux), ptr(daux), ptr(r.Probs), ptr(r.Counts), i32(s.BT), i32(s.E), i32(s.K), f32(coeff), flag(accumulate))
 	}
 }
 

@@ -45,7 +45,9 @@ type DeviceStep struct {
 	LossSum  float64
 	Count    int
 	GradNorm float64
-	Updated  bool // false when the loss or gradient was not finite
+	AuxLoss  float64 // MoE load-balancing loss (times its coefficient), mean over micro-batches
+	Dropped  int     // routed copies dropped past expert capacity, over micro-batches
+	Updated  bool    // false when the loss or gradient was not finite
 }
 
 // trainDevice is train's loop for a run whose steps execute on opts.Device.
@@ -95,6 +97,10 @@ func (t *run) trainDevice(ctx context.Context, out *Result) (*Result, error) {
 		}
 		loss := res.LossSum / float64(res.Count)
 		met := Metrics{Step: step + 1, Loss: loss, LR: lr, GradNorm: res.GradNorm, MemHeld: eng.Held().Total, MemPlan: t.plan.Memory.Total}
+		if r.Model.MoE.NumExperts > 0 {
+			aux, dropped := res.AuxLoss, res.Dropped
+			met.AuxLoss, met.Dropped = &aux, &dropped
+		}
 		if !res.Updated {
 			if !r.Train.SkipNonfinite {
 				return nil, t.nonFinite(fmt.Errorf("step %d: %w (loss %v, grad_norm %v); %s; lower train.lr or set train.skip_nonfinite = true",

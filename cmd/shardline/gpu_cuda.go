@@ -71,7 +71,7 @@ func (e *gpuEngine) Step(batch func(mb int, tokens, targets []int32), micro int,
 			err = merr
 			return
 		}
-		res.LossSum, res.GradNorm = met.LossSum, met.GradNorm
+		res.LossSum, res.GradNorm, res.AuxLoss, res.Dropped = met.LossSum, met.GradNorm, met.AuxLoss, met.Dropped
 		if finite(met.LossSum) && finite(met.GradNorm) {
 			e.m.Apply(lr, e.opt)
 			res.Updated = true

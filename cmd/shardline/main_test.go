@@ -32,8 +32,8 @@ func writeRecipe(t *testing.T, body string) string {
 const recipesDir = "../../recipes"
 
 // TestLintShippedRecipes: the shipped recipes lint clean under --strict; the GPU
-// recipes carry only SL114 notes (settings the CPU trainer refuses for now: the
-// device and checkpoints).
+// recipes carry only SL114 notes (settings the trainer refuses for now: several
+// GPUs on cuda, checkpoints).
 func TestLintShippedRecipes(t *testing.T) {
 	code, out, errs := shardline(t, nil, "lint", "--strict", recipesDir)
 	assert.Equal(t, 0, code, errs)
@@ -564,8 +564,9 @@ func TestRunCUDAWithoutGPURunner(t *testing.T) {
 	assert.Contains(t, errs, `parallel.device = "cuda": this shardline has no GPU engine, and no shardline-cuda was found`)
 	assert.Contains(t, errs, "make cuda")
 	// A GPU recipe the GPU runner could not carry out is refused before any hand-over.
-	code, _, errs = shardline(t, []string{"PATH=" + t.TempDir()}, "run", filepath.Join(recipesDir, "moe-tiny.toml"), "--device", "cuda", "--train-iters", "1")
+	code, _, errs = shardline(t, []string{"PATH=" + t.TempDir()}, "run", filepath.Join(recipesDir, "tiny.toml"), "--device", "cuda", "--train-iters", "1",
+		"--set", "activation_checkpoint.mode=full")
 	assert.Equal(t, exitFindings, code)
-	assert.Contains(t, errs, "model.moe.num_experts (8): cuda runs train dense models so far")
+	assert.Contains(t, errs, `activation_checkpoint.mode ("full"): cuda runs keep every activation`)
 	assert.NotContains(t, errs, "no shardline-cuda was found")
 }

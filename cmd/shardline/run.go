@@ -52,14 +52,19 @@ strategy or expert-parallel degree (docs/checkpoints.md).
 
 A run that ends on a non-finite loss or gradient writes no weights, plot or
 sample (run.json records why), and a setting the trainer does not carry out yet
-(bf16 main weights, tensor or context parallelism, cuda) is refused at its recipe
-position instead of ignored.`,
+(bf16 main weights, tensor or context parallelism; on cuda: several GPUs,
+checkpoints, recomputation) is refused at its recipe position instead of ignored.
+
+With parallel.device = "cuda" (--device cuda) the run trains on one NVIDIA GPU
+through shardline-cuda, the build with the GPU engine (make cuda; docs/cuda.md),
+which this binary hands the run to with the same arguments.`,
 		Example: `  shardline run
   shardline run recipes/tiny.toml --save-interval 100        # checkpoints under the run directory
   shardline run --resume runs/tiny                            # continue from its newest checkpoint
   shardline run runs/tiny                                     # run it again from its resolved recipe (same metrics, bit for bit)
   shardline run --resume runs/tiny --nproc 4 --data-parallel-sharding-strategy optim   # resharded
   shardline run recipes/tiny.toml --train-iters 200
+  shardline run recipes/tiny.toml --device cuda                # one GPU, through shardline-cuda
   shardline run recipes/tiny.toml --nproc 4 --global-batch-size 64 --data-parallel-sharding-strategy optim
   shardline run recipes/tiny.toml --set data.path=notes.txt --set data.tokenizer=char --set model.vocab_size=128`,
 		Args: cobra.MaximumNArgs(1),

@@ -456,21 +456,28 @@ template <typename S> __device__ void moe_combine_backward(S* dy, float* dgates,
 }
 
 // moe_aux: one block; P_e = mean_t probs[t,e], f_e = counts[e]/(BT·K), aux[0] =
-// E·Σ f_e·P_e, and daux[e] = coeff·E·f_e/BT, the aux loss's gradient with respect to
-// every probs[t,e] (coeff: aux_loss_coeff times the loss scale).
-extern "C" __global__ void moe_aux(float* aux, float* daux, const float* probs, const int* counts, int BT, int E, int K, float coeff) {
+// E·Σ f_e·P_e, aux[1] = Σ counts (the copies kept), both added to what aux holds
+// when accumulate is set (micro-batches), and, when daux is not null,
+// daux[e] = coeff·E·f_e/BT, the aux loss's gradient with respect to every
+// probs[t,e] (coeff: aux_loss_coeff times the loss scale).
+extern "C" __global__ void moe_aux(float* aux, float* daux, const float* probs, const int* counts, int BT, int E, int K, float coeff, int accumulate) {
     __shared__ float sh[32];
-    float s = 0.f;
+    float s = 0.f, kept = 0.f;
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
         float P = 0.f;
         for (int t = 0; t < BT; t++) P += probs[(long)t * E + e];
         P /= BT;
         float f = (float)counts[e] / ((float)BT * K);
         s += f * P;
-        daux[e] = coeff * E * f / BT;
+        kept += (float)counts[e];
+        if (daux) daux[e] = coeff * E * f / BT;
     }
     s = block_sum(s, sh);
-    if (threadIdx.x == 0) aux[0] = E * s;
+    kept = block_sum(kept, sh);
+    if (threadIdx.x == 0) {
+        aux[0] = (accumulate ? aux[0] : 0.f) + E * s;
+        aux[1] = (accumulate ? aux[1] : 0.f) + kept;
+    }
 }
 
 // moe_router_backward: one warp per token; dlogits (S, overwritten) = gradient

@@ -4,6 +4,7 @@ package gpu
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/cuda"
@@ -26,6 +27,18 @@ type Options struct {
 
 type layer struct {
 	attnNorm, wq, wk, wv, wo, mlpNorm, w1, w3, w2 cuda.Buffer
+	moe                                           *moeParams // MoE layers; w1, w3, w2 are then empty
+}
+
+// moeParams are one MoE layer's views: the router, each shared expert's w1, w3,
+// w2, and the routed experts' w1, w3, w2 as strided batches (expert e's matrix at
+// e·stride elements from expert 0's: the flat buffer lays each expert's three
+// matrices out together).
+type moeParams struct {
+	router  cuda.Buffer
+	shared  [][3]cuda.Buffer
+	experts [3]cuda.Buffer
+	stride  int
 }
 
 type params struct {
@@ -55,27 +68,42 @@ type Model struct {
 	acts      acts
 	scratch   scratch
 	head      cuda.HeadScratch
-	stats     cuda.Buffer // [loss sum, grad sum of squares, grad norm, clip factor]
+	stats     cuda.Buffer // [loss sum, grad sum of squares, grad norm, clip factor, then (aux, copies kept) per layer]
+	hostStats []float32
 	held      map[string]int64
 	allocated []cuda.Buffer
 	step      int
+	micro     int // forwards accumulated into the step's statistics
 }
 
 type acts struct {
 	resid, ln1, q, k, v, atty, mid, ln2, gate, up, sw, rstd1, rstd2, lse []cuda.Buffer
 	final, lnf, rstdf, losses, headLse                                   cuda.Buffer
+	moe                                                                  []*moeActs // per layer; nil for dense layers
+}
+
+// moeActs are one MoE layer's saved activations: router logits, the routing state
+// (all on the device), the permuted inputs (padded segments: expert e at rows
+// e·capacity), the experts' SwiGLU intermediates and outputs, the shared experts'.
+type moeActs struct {
+	logits             cuda.Buffer
+	rt                 cuda.MoERouting
+	x, gate, up, sw, y cuda.Buffer
+	sgate, sup, ssw    []cuda.Buffer
 }
 
 type scratch struct {
 	dres, dx, dq, dk, dv, datty, dff1, dff2, dsw, dloss cuda.Buffer
+	// MoE backward, sized for one layer (Rows permuted rows)
+	moeDy, moeDx, moeDsw, moeDg, moeDu, moeDlogits, moeDgates, moeDaux, moeAux, moeSh, moeSg, moeSu cuda.Buffer
 }
 
 // New allocates everything a step needs (once: steps allocate nothing) and uploads
 // the initial weights, one fp32 slice per parameter in table order.
 func New(d *cuda.Device, cfg config.Model, table []parallel.Param, weights [][]float32, B, T int, opt Options) (*Model, error) {
 	switch {
-	case cfg.MoE.NumExperts > 0:
-		return nil, fmt.Errorf("gpu: model.moe.num_experts = %d: mixture-of-experts layers do not run on the GPU yet (their kernels do; the layer wiring does not); train this recipe with --device cpu", cfg.MoE.NumExperts)
+	case cfg.MoE.NumExperts > 1024 || cfg.MoE.TopK > 32:
+		return nil, fmt.Errorf("gpu: %d experts, top %d: the routing kernels take up to 1024 experts and top 32", cfg.MoE.NumExperts, cfg.MoE.TopK)
 	case T > cfg.SeqLen:
 		return nil, fmt.Errorf("gpu: sequence of %d tokens is longer than model.seq_len (%d)", T, cfg.SeqLen)
 	case opt.Compute != cuda.F32 && opt.Compute != cuda.BF16:
@@ -190,9 +218,66 @@ func (m *Model) alloc(weights [][]float32) error {
 	per(&a.lse, cuda.F32, m.B*NH*m.T)
 	per(&a.mid, dt, BT*C)
 	per(&a.ln2, dt, BT*C)
-	per(&a.gate, dt, BT*FF)
-	per(&a.up, dt, BT*FF)
-	per(&a.sw, dt, BT*FF)
+	mlp := func(dst *[]cuda.Buffer) { // the dense layers' MLP buffers
+		*dst = make([]cuda.Buffer, L)
+		for l := range *dst {
+			if !m.Cfg.IsMoELayer(l) {
+				alloc(&(*dst)[l], "activations", dt, BT*FF)
+			}
+		}
+	}
+	mlp(&a.gate)
+	mlp(&a.up)
+	mlp(&a.sw)
+	a.moe = make([]*moeActs, L)
+	s := &m.scratch
+	if m.Cfg.MoE.NumExperts > 0 {
+		ms := m.moeShape()
+		E, K, EF, R := ms.E, ms.K, m.Cfg.MoE.ExpertFFNHidden, ms.Rows()
+		for l := 0; l < L; l++ {
+			if !m.Cfg.IsMoELayer(l) {
+				continue
+			}
+			ma := &moeActs{}
+			alloc(&ma.logits, "activations", dt, BT*E)
+			rt := &ma.rt
+			alloc(&rt.Probs, "activations", cuda.F32, BT*E)
+			alloc(&rt.Gates, "activations", cuda.F32, BT*K)
+			for _, b := range []*cuda.Buffer{&rt.Idx, &rt.Row, &rt.Rank} {
+				alloc(b, "activations", cuda.I32, BT*K)
+			}
+			alloc(&rt.Tok, "activations", cuda.I32, R)
+			alloc(&rt.Counts, "activations", cuda.I32, E)
+			alloc(&rt.Offsets, "activations", cuda.I32, E+1)
+			alloc(&ma.x, "activations", dt, R*C)
+			alloc(&ma.y, "activations", dt, R*C)
+			for _, b := range []*cuda.Buffer{&ma.gate, &ma.up, &ma.sw} {
+				alloc(b, "activations", dt, R*EF)
+			}
+			for range m.Cfg.MoE.SharedExperts {
+				var g, u, w cuda.Buffer
+				alloc(&g, "activations", dt, BT*EF)
+				alloc(&u, "activations", dt, BT*EF)
+				alloc(&w, "activations", dt, BT*EF)
+				ma.sgate, ma.sup, ma.ssw = append(ma.sgate, g), append(ma.sup, u), append(ma.ssw, w)
+			}
+			a.moe[l] = ma
+		}
+		alloc(&s.moeDy, "scratch", dt, R*C)
+		alloc(&s.moeDx, "scratch", dt, R*C)
+		for _, b := range []*cuda.Buffer{&s.moeDsw, &s.moeDg, &s.moeDu} {
+			alloc(b, "scratch", dt, R*EF)
+		}
+		alloc(&s.moeDlogits, "scratch", dt, BT*E)
+		alloc(&s.moeDgates, "scratch", cuda.F32, BT*K)
+		alloc(&s.moeDaux, "scratch", cuda.F32, E)
+		alloc(&s.moeAux, "scratch", cuda.F32, 2)
+		if m.Cfg.MoE.SharedExperts > 0 {
+			for _, b := range []*cuda.Buffer{&s.moeSh, &s.moeSg, &s.moeSu} {
+				alloc(b, "scratch", dt, BT*EF)
+			}
+		}
+	}
 	per(&a.rstd1, cuda.F32, BT)
 	per(&a.rstd2, cuda.F32, BT)
 	alloc(&a.final, "activations", dt, BT*C)
@@ -207,18 +292,20 @@ func (m *Model) alloc(weights [][]float32) error {
 	alloc(&h.M, "logits", cuda.F32, BT)
 	alloc(&h.S, "logits", cuda.F32, BT)
 	alloc(&h.Z, "logits", cuda.F32, BT)
-	s := &m.scratch
 	alloc(&s.dres, "scratch", dt, BT*C)
 	alloc(&s.dx, "scratch", dt, BT*C)
 	alloc(&s.dq, "scratch", dt, BT*NH*HD)
 	alloc(&s.datty, "scratch", dt, BT*NH*HD)
 	alloc(&s.dk, "scratch", dt, BT*NKV*HD)
 	alloc(&s.dv, "scratch", dt, BT*NKV*HD)
-	alloc(&s.dff1, "scratch", dt, BT*FF)
-	alloc(&s.dff2, "scratch", dt, BT*FF)
-	alloc(&s.dsw, "scratch", dt, BT*FF)
+	if m.anyDense() {
+		alloc(&s.dff1, "scratch", dt, BT*FF)
+		alloc(&s.dff2, "scratch", dt, BT*FF)
+		alloc(&s.dsw, "scratch", dt, BT*FF)
+	}
 	alloc(&s.dloss, "scratch", cuda.F32, BT)
-	alloc(&m.stats, "scratch", cuda.F32, 4)
+	alloc(&m.stats, "scratch", cuda.F32, 4+2*L)
+	m.hostStats = make([]float32, 4+2*L)
 	alloc(&m.cos, "inputs", cuda.F32, m.T*HD/2)
 	alloc(&m.sin, "inputs", cuda.F32, m.T*HD/2)
 	alloc(&m.tokens, "inputs", cuda.I32, BT)
@@ -259,7 +346,16 @@ func (m *Model) bind() error {
 			p.layers[l] = layer{attnNorm: view(b, pre+"attn_norm.weight"), wq: view(b, pre+"attn.wq"), wk: view(b, pre+"attn.wk"),
 				wv: view(b, pre+"attn.wv"), wo: view(b, pre+"attn.wo"), mlpNorm: view(b, pre+"mlp_norm.weight"),
 				w1: view(b, pre+"mlp.w1"), w3: view(b, pre+"mlp.w3"), w2: view(b, pre+"mlp.w2")}
-			for _, x := range []cuda.Buffer{p.layers[l].wq, p.layers[l].w1, p.layers[l].w2} {
+			need := []cuda.Buffer{p.layers[l].wq, p.layers[l].w1, p.layers[l].w2}
+			if m.Cfg.IsMoELayer(l) {
+				mp, err := m.bindMoE(b, pre, byName)
+				if err != nil {
+					return err
+				}
+				p.layers[l].moe = mp
+				need = need[:1]
+			}
+			for _, x := range need {
 				if x.N == 0 {
 					return fmt.Errorf("gpu: layer %d lacks a parameter of the dense layout", l)
 				}
@@ -274,4 +370,85 @@ func (m *Model) bind() error {
 		return err
 	}
 	return fill(&m.g, m.grads)
+}
+
+// bindMoE makes a MoE layer's views over b: the routed experts' matrices must lie
+// one constant stride apart (the parameter table keeps each expert's w1, w3, w2
+// together, and all experts have one shape).
+func (m *Model) bindMoE(b cuda.Buffer, pre string, byName map[string]int) (*moeParams, error) {
+	c := m.Cfg.MoE
+	at := func(name string) (int, int, error) {
+		i, ok := byName[name]
+		if !ok {
+			return 0, 0, fmt.Errorf("gpu: the parameter table lacks %s", name)
+		}
+		return m.offsets[i], int(m.table[i].LocalNumel()), nil
+	}
+	mp := &moeParams{}
+	off, n, err := at(pre + "moe.router")
+	if err != nil {
+		return nil, err
+	}
+	mp.router = b.Slice(off, off+n)
+	for s := 0; s < c.SharedExperts; s++ {
+		var three [3]cuda.Buffer
+		for k, w := range []string{"w1", "w3", "w2"} {
+			off, n, err := at(fmt.Sprintf("%smoe.shared.%d.%s", pre, s, w))
+			if err != nil {
+				return nil, err
+			}
+			three[k] = b.Slice(off, off+n)
+		}
+		mp.shared = append(mp.shared, three)
+	}
+	first, _, err := at(pre + "moe.experts.0.w1")
+	if err != nil {
+		return nil, err
+	}
+	if c.NumExperts > 1 {
+		next, _, err := at(pre + "moe.experts.1.w1")
+		if err != nil {
+			return nil, err
+		}
+		mp.stride = next - first
+	}
+	for k, w := range []string{"w1", "w3", "w2"} {
+		var base, size int
+		for e := 0; e < c.NumExperts; e++ {
+			off, n, err := at(fmt.Sprintf("%smoe.experts.%d.%s", pre, e, w))
+			if err != nil {
+				return nil, err
+			}
+			if e == 0 {
+				base, size = off, n
+			} else if off != base+e*mp.stride || n != size {
+				return nil, fmt.Errorf("gpu: %smoe.experts.%d.%s is not one stride (%d values) after expert %d's", pre, e, w, mp.stride, e-1)
+			}
+		}
+		mp.experts[k] = b.Slice(base, base+(c.NumExperts-1)*mp.stride+size)
+	}
+	return mp, nil
+}
+
+// anyDense says whether some layer has a dense MLP (and needs its scratch).
+func (m *Model) anyDense() bool {
+	for l := range m.Cfg.Layers {
+		if !m.Cfg.IsMoELayer(l) {
+			return true
+		}
+	}
+	return false
+}
+
+// moeShape is the routing of every MoE layer: capacity ceil(capacity_factor·BT·k/E)
+// copies per expert, or BT·k (nothing dropped) without a capacity factor, in
+// padded segments so the experts run as one strided batch.
+func (m *Model) moeShape() cuda.MoEShape {
+	c := m.Cfg.MoE
+	BT := m.B * m.T
+	capacity := BT * c.TopK
+	if c.CapacityFactor > 0 {
+		capacity = int(math.Ceil(c.CapacityFactor * float64(BT*c.TopK) / float64(c.NumExperts)))
+	}
+	return cuda.MoEShape{BT: BT, E: c.NumExperts, K: c.TopK, C: m.Cfg.Hidden, Capacity: capacity, Padded: true}
 }

@@ -13,6 +13,8 @@ type Metrics struct {
 	LossSum  float64 // Σ token losses of the last Forward
 	GradNorm float64 // global L2 norm of the gradients before clipping
 	Clip     float64 // the factor they were scaled by (1: not clipped)
+	AuxLoss  float64 // load-balancing loss over MoE layers times aux_loss_coeff, the mean over the step's forwards
+	Dropped  int     // routed copies the step's forwards dropped past expert capacity
 }
 
 // Forward runs the model on tokens and targets (B·T each, host memory: they are
@@ -23,6 +25,9 @@ type Metrics struct {
 func (m *Model) Forward(tokens, targets []int32, accumulate bool) (count int, err error) {
 	d, a, w := m.d, &m.acts, &m.w
 	BT, C, _, _, _, _, V := m.dims()
+	if accumulate && m.micro == 0 {
+		return 0, fmt.Errorf("gpu: Forward accumulating onto no earlier Forward")
+	}
 	if len(tokens) != BT || len(targets) != BT {
 		return 0, fmt.Errorf("gpu: a batch of %d tokens and %d targets for B·T = %d", len(tokens), len(targets), BT)
 	}
@@ -30,6 +35,11 @@ func (m *Model) Forward(tokens, targets []int32, accumulate bool) (count int, er
 		if t < 0 || int(t) >= V || int(targets[i]) >= V {
 			return 0, fmt.Errorf("gpu: token %d (target %d) at position %d is outside the vocabulary of %d", t, targets[i], i, V)
 		}
+	}
+	if accumulate { // before the layers: moeForward adds to the statistics from the second on
+		m.micro++
+	} else {
+		m.micro = 1
 	}
 	d.Upload(m.tokens, tokens)
 	d.Upload(m.targets, targets)
@@ -81,6 +91,10 @@ func (m *Model) layerForward(l int, x, next cuda.Buffer) {
 	d.Matmul(a.mid[l], a.atty[l], lw.wo, cuda.MatmulShape{BT: BT, C: NH * HD, OC: C}, true)
 	d.RMSNorm(a.ln2[l], a.rstd2[l], a.mid[l], lw.mlpNorm, BT, C, m.Cfg.NormEps)
 	d.Copy(next, a.mid[l])
+	if lw.moe != nil {
+		m.moeForward(l, next, a.ln2[l], lw.moe, a.moe[l]) // next = mid + MoE
+		return
+	}
 	d.Matmul(a.gate[l], a.ln2[l], lw.w1, cuda.MatmulShape{BT: BT, C: C, OC: FF}, false)
 	d.Matmul(a.up[l], a.ln2[l], lw.w3, cuda.MatmulShape{BT: BT, C: C, OC: FF}, false)
 	d.SwiGLU(a.sw[l], a.gate[l], a.up[l])
@@ -108,10 +122,16 @@ func (m *Model) Backward(scale float64, accumulate bool) {
 	d.RMSNormBackward(dres, g.norm, s.dx, a.final, w.norm, a.rstdf, BT, C, false)
 	for l := len(w.layers) - 1; l >= 0; l-- {
 		lw, lg := w.layers[l], g.layers[l]
-		d.MatmulBackward(s.dsw, lg.w2, dres, a.sw[l], lw.w2, cuda.MatmulShape{BT: BT, C: FF, OC: C}, false)
-		d.SwiGLUBackward(s.dff1, s.dff2, s.dsw, a.gate[l], a.up[l], false)
-		d.MatmulBackward(s.dx, lg.w1, s.dff1, a.ln2[l], lw.w1, cuda.MatmulShape{BT: BT, C: C, OC: FF}, false)
-		d.MatmulBackward(s.dx, lg.w3, s.dff2, a.ln2[l], lw.w3, cuda.MatmulShape{BT: BT, C: C, OC: FF}, true)
+		if lw.moe != nil {
+			// the aux loss of this micro-batch is weighted by its share of the
+			// step's tokens (scale·BT), as trainer/model's
+			m.moeBackward(l, s.dx, dres, a.ln2[l], lw.moe, lg.moe, a.moe[l], scale*float64(BT))
+		} else {
+			d.MatmulBackward(s.dsw, lg.w2, dres, a.sw[l], lw.w2, cuda.MatmulShape{BT: BT, C: FF, OC: C}, false)
+			d.SwiGLUBackward(s.dff1, s.dff2, s.dsw, a.gate[l], a.up[l], false)
+			d.MatmulBackward(s.dx, lg.w1, s.dff1, a.ln2[l], lw.w1, cuda.MatmulShape{BT: BT, C: C, OC: FF}, false)
+			d.MatmulBackward(s.dx, lg.w3, s.dff2, a.ln2[l], lw.w3, cuda.MatmulShape{BT: BT, C: C, OC: FF}, true)
+		}
 		d.RMSNormBackward(dres, lg.mlpNorm, s.dx, a.mid[l], lw.mlpNorm, a.rstd2[l], BT, C, true)
 		d.MatmulBackward(s.datty, lg.wo, dres, a.atty[l], lw.wo, cuda.MatmulShape{BT: BT, C: NH * HD, OC: C}, false)
 		d.FlashAttentionBackward(s.dq, s.dk, s.dv, s.datty, a.atty[l], a.lse[l], a.q[l], a.k[l], a.v[l], m.attn(), false)
@@ -167,12 +187,21 @@ func (m *Model) Apply(lr float64, o Optimizer) {
 // synchronisation) and returns the step's device error, if any. A non-finite loss
 // or norm is reported as it is: the caller decides.
 func (m *Model) Metrics() (Metrics, error) {
-	var host [4]float32
-	m.d.Download(host[:], m.stats)
+	host := m.hostStats
+	m.d.Download(host, m.stats)
 	if err := m.d.Err(); err != nil {
 		return Metrics{}, err
 	}
 	r := Metrics{LossSum: float64(host[0]), GradNorm: float64(host[2]), Clip: float64(host[3])}
+	if m.Cfg.MoE.NumExperts > 0 {
+		BT, k := m.B*m.T, m.Cfg.MoE.TopK
+		for l := range m.Cfg.Layers {
+			if m.Cfg.IsMoELayer(l) {
+				r.AuxLoss += float64(host[4+2*l]) * m.Cfg.MoE.AuxLossCoeff / float64(m.micro)
+				r.Dropped += m.micro*BT*k - int(host[5+2*l])
+			}
+		}
+	}
 	return r, nil
 }
 
@@ -200,13 +229,78 @@ func (m *Model) Logits(tokens []int32, pos int) ([]float32, error) {
 	return host, m.d.Err()
 }
 
+// Grads downloads the fp32 gradients, one slice per parameter (table order).
+func (m *Model) Grads() [][]float32 { return m.perParam(m.grads) }
+
 // Weights downloads the fp32 master weights, one slice per parameter (table order).
-func (m *Model) Weights() [][]float32 {
-	host := make([]float32, m.master.N)
-	m.d.Download(host, m.master)
+func (m *Model) Weights() [][]float32 { return m.perParam(m.master) }
+
+// perParam downloads an fp32 flat buffer and splits it by parameter.
+func (m *Model) perParam(b cuda.Buffer) [][]float32 {
+	host := make([]float32, b.N)
+	m.d.Download(host, b)
 	out := make([][]float32, len(m.table))
 	for i := range m.table {
 		out[i] = host[m.offsets[i] : m.offsets[i]+int(m.table[i].LocalNumel())]
 	}
 	return out
+}
+
+// moeForward adds layer l's MoE block for input x (BT,C) into out (BT,C): router,
+// top-k, dispatch into padded segments, every expert's SwiGLU as strided batches,
+// the gated combination, the shared experts; the aux loss and the copies kept go
+// to the layer's statistics slot. Nothing is read back.
+func (m *Model) moeForward(l int, out, x cuda.Buffer, p *moeParams, a *moeActs) {
+	d, s := m.d, m.moeShape()
+	C, EF, R := m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden, s.Rows()
+	d.Matmul(a.logits, x, p.router, cuda.MatmulShape{BT: s.BT, C: C, OC: s.E}, false)
+	d.Router(a.rt, a.logits, s)
+	d.Dispatch(a.x, a.rt, x, s)
+	up := cuda.ExpertsShape{E: s.E, Rows: s.Capacity, C: C, OC: EF, WStride: p.stride}
+	down := cuda.ExpertsShape{E: s.E, Rows: s.Capacity, C: EF, OC: C, WStride: p.stride}
+	d.ExpertsMatmul(a.gate, a.x, p.experts[0], up, false)
+	d.ExpertsMatmul(a.up, a.x, p.experts[1], up, false)
+	d.SwiGLU(a.sw.Slice(0, R*EF), a.gate.Slice(0, R*EF), a.up.Slice(0, R*EF))
+	d.ExpertsMatmul(a.y, a.sw, p.experts[2], down, false)
+	d.Combine(out, a.y, a.rt, s)
+	for i, w := range p.shared {
+		d.Matmul(a.sgate[i], x, w[0], cuda.MatmulShape{BT: s.BT, C: C, OC: EF}, false)
+		d.Matmul(a.sup[i], x, w[1], cuda.MatmulShape{BT: s.BT, C: C, OC: EF}, false)
+		d.SwiGLU(a.ssw[i], a.sgate[i], a.sup[i])
+		d.Matmul(out, a.ssw[i], w[2], cuda.MatmulShape{BT: s.BT, C: EF, OC: C}, true)
+	}
+	d.AuxLoss(m.stats.Slice(4+2*l, 6+2*l), cuda.Buffer{DType: cuda.F32}, a.rt, s, 0, m.micro > 1)
+}
+
+// moeBackward sets dx (BT,C) to the gradient of dout·out + auxScale·aux_loss_coeff·aux
+// through the MoE block (the router's and experts' weight gradients accumulate).
+func (m *Model) moeBackward(l int, dx, dout, x cuda.Buffer, p, g *moeParams, a *moeActs, auxScale float64) {
+	d, s, sc := m.d, m.moeShape(), &m.scratch
+	C, EF, R := m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden, s.Rows()
+	dy, dxp := sc.moeDy.Slice(0, R*C), sc.moeDx.Slice(0, R*C)
+	d.Zero(dy) // rows no copy uses stay zero, so the padded products add nothing
+	d.CombineBackward(dy, sc.moeDgates, dout, a.y, a.rt, s)
+	daux := cuda.Buffer{DType: cuda.F32}
+	if coeff := auxScale * m.Cfg.MoE.AuxLossCoeff; coeff != 0 {
+		daux = sc.moeDaux
+		d.AuxLoss(sc.moeAux, daux, a.rt, s, coeff, false) // the value went to the statistics in forward
+	}
+	d.RouterBackward(sc.moeDlogits, sc.moeDgates, daux, a.rt, s)
+	d.MatmulBackward(dx, g.router, sc.moeDlogits, x, p.router, cuda.MatmulShape{BT: s.BT, C: C, OC: s.E}, false)
+	up := cuda.ExpertsShape{E: s.E, Rows: s.Capacity, C: C, OC: EF, WStride: p.stride}
+	down := cuda.ExpertsShape{E: s.E, Rows: s.Capacity, C: EF, OC: C, WStride: p.stride}
+	dsw, dg, du := sc.moeDsw.Slice(0, R*EF), sc.moeDg.Slice(0, R*EF), sc.moeDu.Slice(0, R*EF)
+	d.ExpertsMatmulBackward(dsw, g.experts[2], dy, a.sw, p.experts[2], down, false)
+	d.SwiGLUBackward(dg, du, dsw, a.gate, a.up, false)
+	d.ExpertsMatmulBackward(dxp, g.experts[0], dg, a.x, p.experts[0], up, false)
+	d.ExpertsMatmulBackward(dxp, g.experts[1], du, a.x, p.experts[1], up, true)
+	d.DispatchBackward(dx, dxp, a.rt, s, true)
+	for i, w := range p.shared {
+		gw := g.shared[i]
+		h, hg, hu := sc.moeSh, sc.moeSg, sc.moeSu
+		d.MatmulBackward(h, gw[2], dout, a.ssw[i], w[2], cuda.MatmulShape{BT: s.BT, C: EF, OC: C}, false)
+		d.SwiGLUBackward(hg, hu, h, a.sgate[i], a.sup[i], false)
+		d.MatmulBackward(dx, gw[0], hg, x, w[0], cuda.MatmulShape{BT: s.BT, C: C, OC: EF}, true)
+		d.MatmulBackward(dx, gw[1], hu, x, w[1], cuda.MatmulShape{BT: s.BT, C: C, OC: EF}, true)
+	}
 }
