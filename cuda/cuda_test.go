@@ -288,6 +288,14 @@ func TestHeadCrossEntropy(t *testing.T) {
 			dev.HeadCrossEntropyBackward(bdx, bdw, bx, bw, bt, put(t, F32, dloss), blse, s, sc, true)
 			check(t, "head dx", dt, get(bdx), dx, 1e-5)
 			check(t, "head dw", dt, get(bdw), dw, 1e-5)
+			// the one-pass training head: rows in chunks of 7 (the buffers hold 7
+			// whole rows of 1000), the last chunk shorter
+			sc1 := HeadScratch{Logits: poisoned(t, F32, 7*V), DLogits: poisoned(t, dt, 7*V), M: sc.M, S: sc.S, Z: sc.Z}
+			bl1, blse1, bdx1, bdw1 := poisoned(t, F32, BT), poisoned(t, F32, BT), put(t, dt, dx0), put(t, F32, dw0)
+			dev.HeadCrossEntropyTrain(bl1, blse1, bdx1, bdw1, bx, bw, bt, put(t, F32, dloss), s, sc1, true)
+			check(t, "one-pass head losses", dt, get(bl1), losses, 1e-5)
+			check(t, "one-pass head dx", dt, get(bdx1), dx, 1e-5)
+			check(t, "one-pass head dw", dt, get(bdw1), dw, 1e-5)
 		})
 	}
 }

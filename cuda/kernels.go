@@ -274,10 +274,17 @@ type HeadShape struct{ BT, C, V, Chunk int }
 // fp32 row vectors of BT (running max, sum, target logit).
 type HeadScratch struct{ Logits, DLogits, M, S, Z Buffer }
 
+// check is what the vocabulary-chunked head (HeadCrossEntropy and its backward)
+// needs; inputs checks the operands alone.
 func (s HeadShape) check(d *Device, x, w, targets Buffer, sc HeadScratch) bool {
-	return d.same("output head", x, w) && d.need("output head", targets, I32, s.BT) && s.Chunk > 0 &&
+	return s.inputs(d, x, w, targets) && s.Chunk > 0 &&
 		d.need("output head logits", sc.Logits, F32, s.BT*min(s.Chunk, s.V)) && d.need("output head", sc.M, F32, s.BT) &&
 		d.need("output head", sc.S, F32, s.BT) && d.need("output head", sc.Z, F32, s.BT)
+}
+
+func (s HeadShape) inputs(d *Device, x, w, targets Buffer) bool {
+	return d.same("output head", x, w) && d.need("output head", x, x.DType, s.BT*s.C) && d.need("output head", w, x.DType, s.V*s.C) &&
+		d.need("output head", targets, I32, s.BT)
 }
 
 // HeadCrossEntropy runs the output head and the loss together, one vocabulary
@@ -440,6 +447,35 @@ func (d *Device) ExpertsMatmulBackward(dinp, dw, dout, inp, w Buffer, s ExpertsS
 		d.gemmBatched(false, false, s.C, s.Rows, s.OC, w, s.C, s.WStride, dout, s.OC, s.Rows*s.OC, beta(accumulate), dinp, s.C, s.Rows*s.C, s.E)
 	}
 	d.gemmBatched(false, true, s.C, s.OC, s.Rows, inp, s.C, s.Rows*s.C, dout, s.OC, s.Rows*s.OC, 1, dw, s.C, s.WStride, s.E)
+}
+
+// HeadCrossEntropyTrain is the head, the loss and the loss's gradient in one pass,
+// for a step whose gradient scale (dloss, BT fp32) is known in the forward: rows
+// of logits are made a chunk of rows at a time (as many whole rows as
+// sc.Logits holds), and each chunk's losses, lse, dx rows (overwritten, or added
+// to when accumulate) and dw (fp32, +=) follow from it at once. Against
+// HeadCrossEntropy then HeadCrossEntropyBackward it saves the backward's second
+// product and second pass over the logits.
+func (d *Device) HeadCrossEntropyTrain(losses, lse, dx, dw, x, w, targets, dloss Buffer, s HeadShape, sc HeadScratch, accumulate bool) {
+	if !s.inputs(d, x, w, targets) || !d.need("output head", losses, F32, s.BT) || !d.need("output head", lse, F32, s.BT) ||
+		!d.need("output head", dw, F32, s.V*s.C) || !d.need("output head", dloss, F32, s.BT) ||
+		!d.need("output head logits", sc.Logits, F32, s.V) || !d.need("output head logits", sc.DLogits, x.DType, s.V) {
+		return
+	}
+	rc := min(s.BT, sc.Logits.N/s.V, sc.DLogits.N/s.V)
+	if rc < 1 {
+		d.fail("output head", fmt.Errorf("the logits buffers (%d values) hold no whole row of %d", min(sc.Logits.N, sc.DLogits.N), s.V))
+		return
+	}
+	for r0 := 0; r0 < s.BT; r0 += rc {
+		n := min(rc, s.BT-r0)
+		L, dL := sc.Logits.Slice(0, n*s.V), sc.DLogits.Slice(0, n*s.V)
+		xr := x.Slice(r0*s.C, (r0+n)*s.C)
+		d.Matmul(L, xr, w, MatmulShape{n, s.C, s.V}, false)
+		d.launch("ce_rows"+suffix(x.DType), n, 1, 1024, ptr(losses.Slice(r0, r0+n)), ptr(lse.Slice(r0, r0+n)), ptr(dL), ptr(L),
+			ptr(targets.Slice(r0, r0+n)), ptr(dloss.Slice(r0, r0+n)), i32(s.V))
+		d.MatmulBackward(dx.Slice(r0*s.C, (r0+n)*s.C), dw, dL, xr, w, MatmulShape{n, s.C, s.V}, accumulate)
+	}
 }
 
 // AdamW updates fp32 params, m, v from fp32 grads scaled by gscale[0] (a device

@@ -57,13 +57,12 @@ func (e *gpuEngine) Step(batch func(mb int, tokens, targets []int32), micro int,
 	e.d.Do(func() {
 		for mb := 0; mb < micro; mb++ {
 			batch(mb, e.tokens, e.targets)
-			n, ferr := e.m.Forward(e.tokens, e.targets, mb > 0)
+			n, ferr := e.m.ForwardBackward(e.tokens, e.targets, scale, mb > 0)
 			if ferr != nil {
 				err = ferr
 				return
 			}
 			res.Count += n
-			e.m.Backward(scale, mb > 0)
 		}
 		e.m.ClipNorm(clip)
 		met, merr := e.m.Metrics() // the step's one read-back

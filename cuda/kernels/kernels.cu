@@ -527,6 +527,36 @@ template <typename S> __device__ void moe_router_backward(S* dlogits, const floa
     }
 FOR_S(EXPORT_MOE)
 
+// ce_rows: one block per row of L (rows, V fp32: whole rows of logits); the row's
+// log-sum-exp, its loss (0 where target < 0) and, in the same pass over the row,
+// dL = (softmax − onehot)·dloss in storage S: the head's loss and gradient at once
+// (a step whose gradient scale is known in the forward needs no second pass).
+template <typename S> __device__ void ce_rows(float* losses, float* lse, S* dL, const float* L, const int* targets, const float* dloss, int V) {
+    __shared__ float sh[32];
+    long row = blockIdx.x;
+    const float* z = L + row * V;
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, z[j]);
+    m = block_max(m, sh);
+    float s = 0.f;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) s += __expf(z[j] - m);
+    s = block_sum(s, sh);
+    float l = m + logf(s);
+    int t = targets[row];
+    if (threadIdx.x == 0) {
+        lse[row] = l;
+        losses[row] = t < 0 ? 0.f : l - z[t];
+    }
+    float g = t < 0 ? 0.f : dloss[row];
+    for (int j = threadIdx.x; j < V; j += blockDim.x) st(dL, row * V + j, (__expf(z[j] - l) - (j == t ? 1.f : 0.f)) * g);
+}
+extern "C" __global__ void ce_rows_f32(float* losses, float* lse, float* dL, const float* L, const int* t, const float* dloss, int V) {
+    ce_rows(losses, lse, dL, L, t, dloss, V);
+}
+extern "C" __global__ void ce_rows_bf16(float* losses, float* lse, bf16* dL, const float* L, const int* t, const float* dloss, int V) {
+    ce_rows(losses, lse, dL, L, t, dloss, V);
+}
+
 // ---- optimizer and norms ------------------------------------------------------------
 
 // adamw_vec is adamw on 4 values per thread (16-byte loads and stores); n is a

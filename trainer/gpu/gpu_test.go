@@ -149,11 +149,10 @@ func tracksCPU(t *testing.T, recipe string, tol float64) {
 		var met Metrics
 		var gerr error
 		dev.Do(func() {
-			gn, ferr := gm.Forward(tokens, targets, false)
+			gn, ferr := gm.ForwardBackward(tokens, targets, 1/float64(n), false)
 			if gn != n || ferr != nil {
 				gerr = fmt.Errorf("counted %d tokens, the CPU %d (%v)", gn, n, ferr)
 			}
-			gm.Backward(1/float64(gn), false)
 			gm.Update(lr, o)
 			met, err = gm.Metrics()
 			if gerr == nil {
@@ -185,8 +184,12 @@ func tracksCPU(t *testing.T, recipe string, tol float64) {
 // dense and MoE (fp32; 1e-5 relative over all gradients: a different summation
 // order, about 1e-7 per kernel).
 func TestGradientsMatchCPU(t *testing.T) {
-	for _, recipe := range []string{"tiny", "moe-tiny"} {
-		t.Run(recipe, func(t *testing.T) {
+	for _, c := range []struct {
+		recipe  string
+		onePass bool // ForwardBackward, else Forward then Backward
+	}{{"tiny", true}, {"tiny", false}, {"moe-tiny", true}, {"moe-tiny", false}} {
+		recipe := c.recipe
+		t.Run(fmt.Sprintf("%s/one-pass=%v", recipe, c.onePass), func(t *testing.T) {
 			r := loadRecipe(t, recipe)
 			table, err := parallel.ParamTable(r.Model, 1, 1)
 			require.NoError(t, err)
@@ -211,9 +214,12 @@ func TestGradientsMatchCPU(t *testing.T) {
 				var got [][]float32
 				var met Metrics
 				dev.Do(func() {
-					_, err = gm.Forward(tokens, targets, false)
-					if err == nil {
+					if c.onePass {
+						_, err = gm.ForwardBackward(tokens, targets, 1/float64(n), false)
+					} else if _, err = gm.Forward(tokens, targets, false); err == nil {
 						gm.Backward(1/float64(n), false)
+					}
+					if err == nil {
 						met, err = gm.Metrics()
 						got = gm.Grads()
 					}
@@ -254,8 +260,10 @@ func TestBF16TracksFP32(t *testing.T) {
 			tokens, targets := opticks(t, B, T, s)
 			var met Metrics
 			dev.Do(func() {
-				n, _ := m.Forward(tokens, targets, false)
-				m.Backward(1/float64(n), false)
+				n := B * T // every target counts
+				if _, err := m.ForwardBackward(tokens, targets, 1/float64(n), false); err != nil {
+					t.Error(err)
+				}
 				m.Update(r.Train.LR, o)
 				met, err = m.Metrics()
 			})
@@ -287,8 +295,9 @@ func TestStepReadsNothingBack(t *testing.T) {
 	dev.Do(func() {
 		before := dev.Readbacks()
 		for range 3 {
-			n, _ := m.Forward(tokens, targets, false)
-			m.Backward(1/float64(n), false)
+			if _, err := m.ForwardBackward(tokens, targets, 1/float64(2*64), false); err != nil {
+				t.Error(err)
+			}
 			m.Update(1e-3, Optimizer{Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, ClipGrad: 1})
 		}
 		if n := dev.Readbacks() - before; n != 0 {

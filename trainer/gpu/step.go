@@ -23,6 +23,39 @@ type Metrics struct {
 // Targets < 0 are ignored. It returns the number of tokens counted; a token or
 // target outside the vocabulary is an error and runs nothing.
 func (m *Model) Forward(tokens, targets []int32, accumulate bool) (count int, err error) {
+	if count, err = m.forwardLayers(tokens, targets, accumulate); err != nil {
+		return 0, err
+	}
+	d, a, w := m.d, &m.acts, &m.w
+	BT, C, _, _, _, _, V := m.dims()
+	d.HeadCrossEntropy(a.losses, a.headLse, a.lnf, w.output, m.targets, cuda.HeadShape{BT: BT, C: C, V: V, Chunk: m.opt.HeadChunk}, m.head)
+	d.Sum(m.stats.Slice(0, 1), a.losses, accumulate)
+	return count, nil
+}
+
+// ForwardBackward is Forward then Backward(scale, accumulate) with the output
+// head's loss and gradient made in one pass (cuda.HeadCrossEntropyTrain): the
+// training step's path.
+func (m *Model) ForwardBackward(tokens, targets []int32, scale float64, accumulate bool) (count int, err error) {
+	if count, err = m.forwardLayers(tokens, targets, accumulate); err != nil {
+		return 0, err
+	}
+	d, a, w, g, s := m.d, &m.acts, &m.w, &m.g, &m.scratch
+	BT, C, _, _, _, _, V := m.dims()
+	if !accumulate {
+		d.Zero(m.grads)
+	}
+	d.Fill(s.dloss, float32(scale))
+	d.HeadCrossEntropyTrain(a.losses, a.headLse, s.dx, g.output, a.lnf, w.output, m.targets, s.dloss,
+		cuda.HeadShape{BT: BT, C: C, V: V, Chunk: m.opt.HeadChunk}, m.head, false)
+	d.Sum(m.stats.Slice(0, 1), a.losses, accumulate)
+	m.backwardLayers(scale)
+	return count, nil
+}
+
+// forwardLayers checks and uploads the batch and runs the model up to the final
+// norm (acts.lnf).
+func (m *Model) forwardLayers(tokens, targets []int32, accumulate bool) (count int, err error) {
 	d, a, w := m.d, &m.acts, &m.w
 	BT, C, _, _, _, _, V := m.dims()
 	if accumulate && m.micro == 0 {
@@ -70,8 +103,6 @@ func (m *Model) Forward(tokens, targets []int32, accumulate bool) (count int, er
 		x = next
 	}
 	d.RMSNorm(a.lnf, a.rstdf, a.final, w.norm, BT, C, m.Cfg.NormEps)
-	d.HeadCrossEntropy(a.losses, a.headLse, a.lnf, w.output, m.targets, cuda.HeadShape{BT: BT, C: C, V: V, Chunk: m.opt.HeadChunk}, m.head)
-	d.Sum(m.stats.Slice(0, 1), a.losses, accumulate)
 	return count, nil
 }
 
@@ -111,13 +142,21 @@ func (m *Model) attn() cuda.AttentionShape {
 // accumulate is set (micro-batches of a step).
 func (m *Model) Backward(scale float64, accumulate bool) {
 	d, a, w, g, s := m.d, &m.acts, &m.w, &m.g, &m.scratch
-	BT, C, NH, NKV, HD, FF, V := m.dims()
+	BT, C, _, _, _, _, V := m.dims()
 	if !accumulate {
 		d.Zero(m.grads)
 	}
 	d.Fill(s.dloss, float32(scale))
 	d.HeadCrossEntropyBackward(s.dx, g.output, a.lnf, w.output, m.targets, s.dloss, a.headLse,
 		cuda.HeadShape{BT: BT, C: C, V: V, Chunk: m.opt.HeadChunk}, m.head, false)
+	m.backwardLayers(scale)
+}
+
+// backwardLayers runs backward from the final norm (its output's gradient in
+// scratch.dx) down to the embedding.
+func (m *Model) backwardLayers(scale float64) {
+	d, a, w, g, s := m.d, &m.acts, &m.w, &m.g, &m.scratch
+	BT, C, NH, NKV, HD, FF, _ := m.dims()
 	dres := s.dres
 	d.RMSNormBackward(dres, g.norm, s.dx, a.final, w.norm, a.rstdf, BT, C, false)
 	for l := len(w.layers) - 1; l >= 0; l-- {
