@@ -43,10 +43,38 @@ func (a *app) findGPURunner() (string, []string) {
 	return "", append(looked, "PATH")
 }
 
+// libcudaDirs are where the NVIDIA driver's libcuda.so.1 is usually installed,
+// after LD_LIBRARY_PATH.
+var libcudaDirs = []string{"/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib/aarch64-linux-gnu",
+	"/usr/local/nvidia/lib64", "/usr/local/cuda/lib64", "/usr/local/cuda/compat"}
+
+// gpuMissing says what a GPU run lacks on this machine (no NVIDIA driver device,
+// or no libcuda.so.1), or "" when both are there. shardline-cuda cannot say it
+// itself: the CUDA bindings end the process before main where either is missing.
+func (a *app) gpuMissing() string {
+	if _, err := os.Stat("/dev/nvidiactl"); err != nil {
+		return "no NVIDIA GPU driver is loaded (/dev/nvidiactl is missing): run on a machine with an NVIDIA GPU and its driver"
+	}
+	dirs := append(filepath.SplitList(config.EnvMap(a.env)["LD_LIBRARY_PATH"]), libcudaDirs...)
+	for _, dir := range dirs {
+		if dir == "" {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(dir, "libcuda.so.1")); err == nil {
+			return ""
+		}
+	}
+	return fmt.Sprintf("the NVIDIA driver's libcuda.so.1 was not found (looked in LD_LIBRARY_PATH and %s): install the driver, or add its library directory to LD_LIBRARY_PATH",
+		strings.Join(libcudaDirs, ", "))
+}
+
 // execGPURunner replaces this process with shardline-cuda given the same
-// arguments, or says how to get one.
+// arguments, or says how to get one and what the machine lacks.
 func (a *app) execGPURunner(res *config.Resolved) error {
 	loc := res.Origin("parallel.device").Location()
+	if why := a.gpuMissing(); why != "" {
+		return &exitError{code: exitFindings, err: fmt.Errorf(`%s: parallel.device = "cuda": %s; or set device = "cpu"`, loc, why)}
+	}
 	path, looked := a.findGPURunner()
 	if path == "" {
 		return &exitError{code: exitFindings, err: fmt.Errorf(`%s: parallel.device = "cuda": this shardline has no GPU engine, and no %s was found (looked in %s); build it with make cuda on a machine with the CUDA headers (docs/cuda.md) and put it next to shardline, or set device = "cpu"`,

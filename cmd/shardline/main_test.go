@@ -556,13 +556,19 @@ func TestSettings(t *testing.T) {
 }
 
 // TestRunCUDAWithoutGPURunner: the shardline everyone runs has no GPU code; a cuda
-// run it cannot hand to shardline-cuda says where it looked and how to get one,
+// run it cannot hand to shardline-cuda says what the machine lacks (a GPU
+// driver, libcuda.so.1) or where it looked for the runner and how to get one,
 // naming the recipe line.
 func TestRunCUDAWithoutGPURunner(t *testing.T) {
 	code, _, errs := shardline(t, []string{"PATH=" + t.TempDir()}, "run", filepath.Join(recipesDir, "tiny.toml"), "--device", "cuda", "--train-iters", "1")
 	assert.Equal(t, exitFindings, code)
-	assert.Contains(t, errs, `parallel.device = "cuda": this shardline has no GPU engine, and no shardline-cuda was found`)
-	assert.Contains(t, errs, "make cuda")
+	if _, err := os.Stat("/dev/nvidiactl"); err != nil { // this machine: no GPU driver
+		assert.Contains(t, errs, `flag --set parallel.device`) // --device is --set parallel.device
+		assert.Contains(t, errs, `parallel.device = "cuda": no NVIDIA GPU driver is loaded (/dev/nvidiactl is missing)`)
+	} else {
+		assert.Contains(t, errs, `parallel.device = "cuda": `)
+		assert.Regexp(t, `no shardline-cuda was found|libcuda.so.1 was not found`, errs)
+	}
 	// A GPU recipe the GPU runner could not carry out is refused before any hand-over.
 	code, _, errs = shardline(t, []string{"PATH=" + t.TempDir()}, "run", filepath.Join(recipesDir, "tiny.toml"), "--device", "cuda", "--train-iters", "1",
 		"--set", "activation_checkpoint.mode=full")
