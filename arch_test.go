@@ -35,7 +35,10 @@ var allowedImports = map[string][]string{
 	"cmd/shardline": {"*"},
 }
 
-func TestImportsPointDown(t *testing.T) {
+// walkPackageDirs calls fn for every directory of the module that may hold a
+// package (hidden directories, testdata and bin are skipped).
+func walkPackageDirs(t *testing.T, fn func(path string) error) {
+	t.Helper()
 	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
 		if err != nil || !d.IsDir() {
 			return err
@@ -43,6 +46,15 @@ func TestImportsPointDown(t *testing.T) {
 		if path != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || d.Name() == "bin") {
 			return filepath.SkipDir
 		}
+		return fn(path)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestImportsPointDown(t *testing.T) {
+	walkPackageDirs(t, func(path string) error {
 		// With the cuda tag, so the GPU backend's files are held to the same rule.
 		ctx := build.Default
 		ctx.BuildTags = append(ctx.BuildTags, "cuda")
@@ -78,22 +90,13 @@ func TestImportsPointDown(t *testing.T) {
 		}
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 }
 
 // TestNoGPULibraryWithoutTag: gorgonia.org/cu exits the process at start-up where
 // there is no GPU, so no package may import it without the cuda build tag (the
 // shardline binary that lints, plans and launches must start anywhere).
 func TestNoGPULibraryWithoutTag(t *testing.T) {
-	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
-		if err != nil || !d.IsDir() {
-			return err
-		}
-		if path != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || d.Name() == "bin") {
-			return filepath.SkipDir
-		}
+	walkPackageDirs(t, func(path string) error {
 		pkg, err := build.ImportDir(path, 0)
 		if err != nil {
 			return nil
@@ -105,9 +108,6 @@ func TestNoGPULibraryWithoutTag(t *testing.T) {
 		}
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 }
 
 // TestMakefileFuzzesEveryTarget: every fuzz target in the module is in the

@@ -86,13 +86,10 @@ func (d *Device) checkLen(what string, b Buffer, t DType, n int) bool {
 	return n > 0
 }
 
-// Upload copies host values into b (same length); the copy is finished when it
-// returns.
-func (d *Device) Upload(b Buffer, src any) {
-	var p unsafe.Pointer
-	var t DType
-	var n int
-	switch s := src.(type) {
+// hostSlice is the address, dtype and length of a host slice of a buffer dtype
+// ([]float32, []tensor.BF16 or []int32).
+func hostSlice(x any) (p unsafe.Pointer, t DType, n int, err error) {
+	switch s := x.(type) {
 	case []float32:
 		t, n = F32, len(s)
 		if n > 0 {
@@ -109,7 +106,17 @@ func (d *Device) Upload(b Buffer, src any) {
 			p = unsafe.Pointer(&s[0])
 		}
 	default:
-		d.fail("upload", fmt.Errorf("unsupported host type %T", src))
+		err = fmt.Errorf("unsupported host type %T", x)
+	}
+	return p, t, n, err
+}
+
+// Upload copies host values into b (same length); the copy is finished when it
+// returns.
+func (d *Device) Upload(b Buffer, src any) {
+	p, t, n, err := hostSlice(src)
+	if err != nil {
+		d.fail("upload", err)
 		return
 	}
 	if !d.checkLen("upload", b, t, n) {
@@ -122,27 +129,9 @@ func (d *Device) Upload(b Buffer, src any) {
 // Download copies b into host memory (same length), waiting for the work issued
 // before it: a synchronisation, counted by Readbacks.
 func (d *Device) Download(dst any, b Buffer) {
-	var p unsafe.Pointer
-	var t DType
-	var n int
-	switch s := dst.(type) {
-	case []float32:
-		t, n = F32, len(s)
-		if n > 0 {
-			p = unsafe.Pointer(&s[0])
-		}
-	case []tensor.BF16:
-		t, n = BF16, len(s)
-		if n > 0 {
-			p = unsafe.Pointer(&s[0])
-		}
-	case []int32:
-		t, n = I32, len(s)
-		if n > 0 {
-			p = unsafe.Pointer(&s[0])
-		}
-	default:
-		d.fail("download", fmt.Errorf("unsupported host type %T", dst))
+	p, t, n, err := hostSlice(dst)
+	if err != nil {
+		d.fail("download", err)
 		return
 	}
 	if !d.checkLen("download", b, t, n) {

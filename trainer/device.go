@@ -155,21 +155,5 @@ func (t *run) trainDevice(ctx context.Context, out *Result) (*Result, error) {
 	return out, t.finish(out)
 }
 
-// evaluateDevice is evaluate on the device: the mean token loss over eval_steps
-// fixed validation batches.
-func (t *run) evaluateDevice() (float64, error) {
-	r := t.r
-	B, T := r.Train.MicroBatchSize, r.Model.SeqLen
-	tokens, targets := make([]int32, B*T), make([]int32, B*T)
-	var sum float64
-	var count int
-	for i := 0; i < r.Train.EvalSteps; i++ {
-		data.Batch(tokens, targets, t.ds.Val, r.Run.Seed, -1, i*B, B, T)
-		s, n, err := t.opts.Device.Eval(tokens, targets)
-		if err != nil {
-			return 0, err
-		}
-		sum, count = sum+s, count+n
-	}
-	return sum / float64(count), nil
-}
+// evaluateDevice is evaluate on the device.
+func (t *run) evaluateDevice() (float64, error) { return t.evaluateWith(t.opts.Device.Eval) }

@@ -788,6 +788,16 @@ func (t *run) flush() error {
 
 // evaluate is the mean token loss over eval_steps fixed validation batches.
 func (t *run) evaluate() float64 {
+	v, _ := t.evaluateWith(func(tokens, targets []int32) (float64, int, error) {
+		s, n := t.m.Forward(tokens, targets)
+		return s, n, nil
+	})
+	return v
+}
+
+// evaluateWith is the mean token loss that forward (a loss sum and token count per
+// batch) gives over eval_steps fixed validation batches.
+func (t *run) evaluateWith(forward func(tokens, targets []int32) (float64, int, error)) (float64, error) {
 	r := t.r
 	B, T := r.Train.MicroBatchSize, r.Model.SeqLen
 	tokens, targets := make([]int32, B*T), make([]int32, B*T)
@@ -795,10 +805,13 @@ func (t *run) evaluate() float64 {
 	var count int
 	for i := 0; i < r.Train.EvalSteps; i++ {
 		data.Batch(tokens, targets, t.ds.Val, r.Run.Seed, -1, i*B, B, T) // step −1: the same batches every time
-		s, n := t.m.Forward(tokens, targets)
+		s, n, err := forward(tokens, targets)
+		if err != nil {
+			return 0, err
+		}
 		sum, count = sum+s, count+n
 	}
-	return sum / float64(count)
+	return sum / float64(count), nil
 }
 
 func (t *run) record(met Metrics, step int, start time.Time) error {
