@@ -3,7 +3,8 @@
 // order, the kernels of cuda/kernels (CUDA C compiled to PTX by `make ptx` and
 // embedded), and bf16/fp32 matrix products through cuBLASLt, loaded at run time.
 //
-// Everything but this file is behind the `cuda` build tag: the driver bindings
+// Everything but this file (and the PTX freshness test) is behind the `cuda`
+// build tag: the driver bindings
 // (gorgonia.org/cu) exit the process at start-up on a machine without a GPU, so the
 // `shardline` binary that lints, plans and launches never links this package; GPU
 // ranks run in a separately built executable (`make cuda`). Errors are sticky: the
