@@ -169,8 +169,23 @@ func activationBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
 	tp := int64(m.TP)
 	mode := r.ActivationCheckpoint.Mode
 	attn := 4*t.local*h + 2*t.local*g*dh
-	if mode == "none" && r.Parallel.Device == "cpu" {
-		attn += int64(mo.Heads) * t.local * t.context
+	// The CPU attention keeps, per layer, either its (T,T) probabilities or, from
+	// config.CPUFlashAttentionFrom tokens on, each row's log-sum-exp. Under full
+	// recompute one layer's worth is shared (refilled before each layer's
+	// backward); selective recompute remakes the probabilities into a shared slot
+	// and keeps the log-sum-exps per layer.
+	var stats int64
+	cpu := r.Parallel.Device == "cpu"
+	flash := mo.SeqLen >= config.CPUFlashAttentionFrom
+	switch {
+	case cpu && !flash:
+		stats = int64(mo.Heads) * t.local * t.context
+	case cpu:
+		stats = int64(mo.Heads) * t.local
+	}
+	perLayerStats := mode == "none" || (mode == "selective" && flash)
+	if perLayerStats {
+		attn += stats
 	}
 	perLayer := func(l int) int64 {
 		if !mo.IsMoELayer(l) {
@@ -193,10 +208,8 @@ func activationBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
 			elems += perLayer(l)
 		}
 	}
-	if mode != "none" && r.Parallel.Device == "cpu" {
-		// The CPU attention keeps its probabilities; under recompute one layer's
-		// worth is shared, refilled before each layer's backward.
-		elems += int64(mo.Heads) * t.local * t.context / tp
+	if !perLayerStats {
+		elems += stats / tp
 	}
 	elems += 2 * t.local * h / tp
 	return elems * d.compute

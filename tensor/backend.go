@@ -32,6 +32,10 @@ type Kernels[F Float] interface {
 
 	Attention(out, att, q, k, v []F, B, T, NH, NKV, HD int)
 	AttentionBackward(dq, dk, dv, dout, att, q, k, v []F, B, T, NH, NKV, HD int)
+	// FlashAttention keeps only out and each row's log-sum-exp lse (B,NH,Tq), no
+	// (T,T) probabilities; FlashAttentionBackward remakes them block by block.
+	FlashAttention(out, lse, q, k, v []F, s AttentionShape)
+	FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v []F, s AttentionShape)
 
 	SwiGLU(out, gate, up []F, n int)
 	SwiGLUBackward(dgate, dup, dout, gate, up []F, n int, accumulate bool) // overwrites dgate, dup unless accumulate
@@ -61,4 +65,15 @@ type Kernels[F Float] interface {
 	// RoundBF16 rounds values to bf16 precision in place (compute weights of a bf16
 	// run, kept in F for the kernels).
 	RoundBF16(x []F)
+}
+
+// AttentionShape is attention of queries q (B,Tq,NH,HD) over keys and values k, v
+// (B,Tk,NKV,HD). Query i sits at position QOff+i and key j at KOff+j; Causal lets
+// a query see the keys at its position or before (a block of queries can so
+// attend to keys held elsewhere: context parallelism). Query head h reads
+// key/value head h/(NH/NKV).
+type AttentionShape struct {
+	B, Tq, Tk, NH, NKV, HD int
+	QOff, KOff             int
+	Causal                 bool
 }

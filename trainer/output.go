@@ -177,7 +177,7 @@ func (t *run) finish(out *Result) error {
 	var sample string
 	var err error
 	if t.opts.Device != nil { // on the device: a CPU forward per token would take hours for a GPU-sized model
-		sample, err = generate(t.r, t.ds.Tok, prompt, 300, 0.8, t.r.Run.Seed, t.opts.Device.Logits)
+		sample, err = generate(t.r.Model.SeqLen, t.ds.Tok, prompt, 300, 0.8, t.r.Run.Seed, t.opts.Device.Logits)
 	} else {
 		sample, err = Generate(t.r, t.opts.Backend, t.plan.Params, t.st.wviews, t.ds.Tok, prompt, 300, 0.8, t.r.Run.Seed)
 	}
@@ -255,11 +255,17 @@ func peakRSS() int64 {
 	return 0
 }
 
-// Generate samples n tokens after prompt, one forward pass over the last seq_len
-// tokens per token, at the given temperature (0 is greedy), from a generator seeded
-// by seed.
+// Generate samples n tokens after prompt, one forward pass per token over the last
+// seq_len tokens, at the given temperature (0 is greedy), from a generator seeded
+// by seed. The model is built for min(seq_len, prompt + n) positions: attention is
+// causal, so the logits at the last real token do not depend on the padding after
+// it, and a long-context model samples without a seq_len forward per token.
 func Generate(r *config.Recipe, be tensor.Backend, table []parallel.Param, weights [][]float32, tok data.Tokenizer, prompt string, n int, temperature float64, seed int64) (string, error) {
-	T := r.Model.SeqLen
+	enc, err := tok.Encode([]byte(prompt))
+	if err != nil {
+		return "", fmt.Errorf("prompt: %w", err)
+	}
+	T := min(r.Model.SeqLen, max(len(enc), 1)+n)
 	grads := make([][]float32, len(weights)) // the sampler never runs backward
 	for i := range grads {
 		grads[i] = weights[i][:len(weights[i]):len(weights[i])]
@@ -269,16 +275,15 @@ func Generate(r *config.Recipe, be tensor.Backend, table []parallel.Param, weigh
 		return "", err
 	}
 	V := r.Model.VocabSize
-	return generate(r, tok, prompt, n, temperature, seed, func(window []int32, k int) ([]float32, error) {
+	return generate(T, tok, prompt, n, temperature, seed, func(window []int32, k int) ([]float32, error) {
 		m.Forward(window, nil)
 		return m.Logits()[(k-1)*V : k*V], nil
 	})
 }
 
 // generate is Generate's loop over a function that returns the logits (V) of
-// position k−1 of a window of seq_len tokens (the first k real, zeros after).
-func generate(r *config.Recipe, tok data.Tokenizer, prompt string, n int, temperature float64, seed int64, next func(window []int32, k int) ([]float32, error)) (string, error) {
-	T := r.Model.SeqLen
+// position k−1 of a window of T tokens (the first k real, zeros after).
+func generate(T int, tok data.Tokenizer, prompt string, n int, temperature float64, seed int64, next func(window []int32, k int) ([]float32, error)) (string, error) {
 	ctx, err := tok.Encode([]byte(prompt))
 	if err != nil {
 		return "", fmt.Errorf("prompt: %w", err)

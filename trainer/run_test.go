@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -287,4 +289,39 @@ func TestOneStepRunReportsSpeed(t *testing.T) {
 	out, err := Run(context.Background(), res, opts())
 	require.NoError(t, err)
 	assert.Greater(t, out.TokensPerS, 0.0)
+}
+
+// TestLongContext: the tiny recipe at seq_len 8192 trains on the CPU (flash
+// attention from config.CPUFlashAttentionFrom: each row's log-sum-exp is kept, not
+// the (T,T) probabilities, which would be 4 GiB here), holds the activations the
+// plan predicts (within 10%, as TestRecompute), and the plan's activations grow
+// linearly in T from 4096 to 8192 tokens.
+func TestLongContext(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two 8192-token steps on the CPU; run without -short")
+	}
+	load := func(seq int) *config.Resolved {
+		res, diags := config.Load(filepath.Join("..", "recipes", "tiny.toml"), config.Options{Sets: []string{
+			fmt.Sprintf("model.seq_len=%d", seq), "train.steps=2", "train.micro_batch_size=1", "train.global_batch_size=1",
+			"train.eval_interval=0", "train.eval_steps=1", "run.output_dir=" + t.TempDir()}})
+		require.False(t, diags.HasErrors(), "%v", diags)
+		return res
+	}
+	res := load(8192)
+	out, err := Run(context.Background(), res, Options{Backend: cpu.Backend{}, Version: "test", Env: map[string]string{"GOROOT": runtime.GOROOT()}})
+	require.NoError(t, err)
+	assert.Equal(t, 2, out.Steps)
+	assert.False(t, math.IsNaN(out.FinalLoss))
+	assert.InDelta(t, float64(out.Predicted.Activations), float64(out.Held.Activations), 0.1*float64(out.Predicted.Activations))
+	probs := int64(res.Recipe.Model.Heads) * 8192 * 8192 * 4 * int64(res.Recipe.Model.Layers)
+	assert.Less(t, out.Held.Activations, probs/10, "activations %d bytes: the (T,T) probabilities alone would be %d", out.Held.Activations, probs)
+	plan := func(seq int) int64 {
+		r := load(seq).Recipe
+		topo, err := parallel.TopologyOf(r.Parallel)
+		require.NoError(t, err)
+		p, err := parallel.Compile(&r, topo)
+		require.NoError(t, err)
+		return p.Memory.Activations
+	}
+	assert.InDelta(t, 2.0, float64(plan(8192))/float64(plan(4096)), 0.01, "activations from 4096 to 8192 tokens")
 }

@@ -47,6 +47,12 @@ func (Kernels[F]) Attention(out, att, q, k, v []F, B, T, NH, NKV, HD int) {
 func (Kernels[F]) AttentionBackward(dq, dk, dv, dout, att, q, k, v []F, B, T, NH, NKV, HD int) {
 	AttentionBackward(dq, dk, dv, dout, att, q, k, v, B, T, NH, NKV, HD)
 }
+func (Kernels[F]) FlashAttention(out, lse, q, k, v []F, s tensor.AttentionShape) {
+	FlashAttention(out, lse, q, k, v, s)
+}
+func (Kernels[F]) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v []F, s tensor.AttentionShape) {
+	FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, s)
+}
 func (Kernels[F]) SwiGLU(out, gate, up []F, n int) { SwiGLU(out, gate, up, n) }
 func (Kernels[F]) SwiGLUBackward(dgate, dup, dout, gate, up []F, n int, accumulate bool) {
 	SwiGLUBackward(dgate, dup, dout, gate, up, n, accumulate)

@@ -24,8 +24,9 @@ type params[F tensor.Float] struct {
 
 // acts are the activations of one forward pass kept for backward. Shapes per layer:
 // (BT,C) for residuals and norms, (BT,NH·HD) for q and the attention output,
-// (BT,NKV·HD) for k and v, (B,NH,T,T) for attention probabilities, (BT,F) for the
-// MLP's gate, up and product.
+// (BT,NKV·HD) for k and v, (B,NH,T,T) for attention probabilities or, with flash
+// attention, (B,NH,T) for their rows' log-sum-exps, (BT,F) for the MLP's gate, up
+// and product.
 type acts[F tensor.Float] struct {
 	resid, ln1, q, k, v, att, atty, mid, ln2, gate, up, sw [][]F
 	rstd1, rstd2                                           [][]F
@@ -47,6 +48,7 @@ type Model[F tensor.Float] struct {
 	embedIdx   int // table index of embed.weight
 	hooks      Hooks
 	recompute  string // none, selective or full
+	flash      bool   // flash attention (T ≥ config.CPUFlashAttentionFrom): acts.att holds log-sum-exps
 	ep         ExpertParallel
 	blocks     [][]int // FSDP units of each block, in forward order
 	hookErr    error
@@ -68,6 +70,7 @@ type Option func(*options)
 type options struct {
 	recompute string
 	ep        *ExpertParallel
+	flash     *bool // tests: flash attention at any T
 }
 
 // AllToAll is the collective expert parallelism needs (comm.Communicator has it).
@@ -96,10 +99,13 @@ func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights, grad
 	if T > cfg.SeqLen {
 		return nil, fmt.Errorf("model: sequence of %d tokens is longer than model.seq_len (%d)", T, cfg.SeqLen)
 	}
-	m := &Model[F]{Cfg: cfg, B: B, T: T, be: be}
+	m := &Model[F]{Cfg: cfg, B: B, T: T, be: be, flash: T >= config.CPUFlashAttentionFrom}
 	o := options{recompute: "none"}
 	for _, f := range opt {
 		f(&o)
+	}
+	if o.flash != nil {
+		m.flash = *o.flash
 	}
 	switch o.recompute {
 	case "none", "selective", "full":
@@ -327,9 +333,14 @@ func (m *Model[F]) alloc() {
 	a.ln1, a.mid, a.ln2 = per(BT*C), per(BT*C), per(BT*C)
 	a.q, a.atty = per(BT*NH*HD), per(BT*NH*HD)
 	a.k, a.v = per(BT*NKV*HD), per(BT*NKV*HD)
-	if m.recompute == "none" {
+	switch {
+	case m.flash && m.recompute == "full":
+		a.att = shared(m.B * NH * m.T) // remade with the layer before its backward
+	case m.flash:
+		a.att = mk(m.B * NH * m.T) // log-sum-exps: nothing to recompute
+	case m.recompute == "none":
 		a.att = mk(m.B * NH * m.T * m.T)
-	} else {
+	default:
 		a.att = shared(m.B * NH * m.T * m.T) // recomputed before each layer's backward
 	}
 	a.gate, a.up, a.sw = per(BT*FF), per(BT*FF), per(BT*FF)
@@ -466,7 +477,11 @@ func (m *Model[F]) layerForward(l int, x, next []F) {
 	be.Matmul(a.v[l], a.ln1[l], lw.wv, BT, C, NKV*HD, false)
 	be.Rope(a.q[l], m.cos, m.sin, m.B, m.T, NH, HD)
 	be.Rope(a.k[l], m.cos, m.sin, m.B, m.T, NKV, HD)
-	be.Attention(a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.B, m.T, NH, NKV, HD)
+	if m.flash {
+		be.FlashAttention(a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.attnShape())
+	} else {
+		be.Attention(a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.B, m.T, NH, NKV, HD)
+	}
 	copy(a.mid[l], x)
 	be.Matmul(a.mid[l], a.atty[l], lw.wo, BT, NH*HD, C, true) // mid = x + attention
 	be.RMSNorm(a.ln2[l], a.rstd2[l], a.mid[l], lw.mlpNorm, BT, C, eps)
@@ -527,7 +542,9 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 			}
 			m.layerForward(l, a.resid[l], next)
 		case "selective":
-			be.Attention(a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.B, m.T, NH, NKV, HD)
+			if !m.flash { // flash attention kept its log-sum-exps: nothing to remake
+				be.Attention(a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.B, m.T, NH, NKV, HD)
+			}
 		}
 		lw, lg := w.layers[l], g.layers[l]
 		if lw.moe != nil {
@@ -548,7 +565,11 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 		clear(s.dq)
 		clear(s.dk)
 		clear(s.dv)
-		be.AttentionBackward(s.dq, s.dk, s.dv, s.datty, a.att[l], a.q[l], a.k[l], a.v[l], m.B, m.T, NH, NKV, HD)
+		if m.flash {
+			be.FlashAttentionBackward(s.dq, s.dk, s.dv, s.datty, a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.attnShape())
+		} else {
+			be.AttentionBackward(s.dq, s.dk, s.dv, s.datty, a.att[l], a.q[l], a.k[l], a.v[l], m.B, m.T, NH, NKV, HD)
+		}
 		be.RopeBackward(s.dq, m.cos, m.sin, m.B, m.T, NH, HD)
 		be.RopeBackward(s.dk, m.cos, m.sin, m.B, m.T, NKV, HD)
 		be.MatmulBackward(s.dx, lg.wq, s.dq, a.ln1[l], lw.wq, BT, C, NH*HD, false)
@@ -560,6 +581,12 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 	m.acquire(0, true)
 	be.EmbeddingBackward(g.embed, dres, tokens, BT, C)
 	m.release(0, true)
+}
+
+// attnShape is the model's causal self-attention for flash attention.
+func (m *Model[F]) attnShape() tensor.AttentionShape {
+	_, _, NH, NKV, HD, _, _ := m.dims()
+	return tensor.AttentionShape{B: m.B, Tq: m.T, Tk: m.T, NH: NH, NKV: NKV, HD: HD, Causal: true}
 }
 
 // Perplexity-friendly helper: the mean loss in nats of a loss sum and count.

@@ -47,19 +47,23 @@ func TestModelGradient(t *testing.T) {
 	type gradCase struct {
 		cfg       config.Model
 		recompute string
+		flash     bool
 	}
 	cases := map[string]gradCase{
-		"dense": {tinyConfig(false), "none"}, "tied": {tinyConfig(true), "none"},
+		"dense": {tinyConfig(false), "none", false}, "tied": {tinyConfig(true), "none", false},
 		// MoE with shared experts; MoE every other layer; a capacity that drops copies.
-		"moe": {tinyMoE(1, 0, 1), "none"}, "moe-interleaved": {tinyMoE(0, 0, 2), "none"}, "moe-capacity": {tinyMoE(0, 0.6, 1), "none"},
+		"moe": {tinyMoE(1, 0, 1), "none", false}, "moe-interleaved": {tinyMoE(0, 0, 2), "none", false}, "moe-capacity": {tinyMoE(0, 0.6, 1), "none", false},
 		// Recompute must not change a single gradient.
-		"full-recompute": {tinyConfig(false), "full"}, "selective-recompute": {tinyConfig(true), "selective"},
-		"moe-full-recompute": {tinyMoE(1, 0, 2), "full"},
+		"full-recompute": {tinyConfig(false), "full", false}, "selective-recompute": {tinyConfig(true), "selective", false},
+		"moe-full-recompute": {tinyMoE(1, 0, 2), "full", false},
+		// Flash attention (the CPU runs it from config.CPUFlashAttentionFrom tokens).
+		"flash": {tinyConfig(false), "none", true}, "flash-selective": {tinyConfig(true), "selective", true},
+		"flash-moe-full": {tinyMoE(1, 0, 2), "full", true},
 	}
 	for name, tc := range cases {
 		cfg, tied := tc.cfg, name
 		B, T := 2, 5
-		m, w, g, table := build[float64](t, cfg, B, T, WithRecompute(tc.recompute))
+		m, w, g, table := build[float64](t, cfg, B, T, WithRecompute(tc.recompute), withFlash(tc.flash))
 		tokens := []int32{1, 4, 2, 9, 0, 3, 3, 10, 5, 6}
 		targets := []int32{4, 2, 9, 0, 7, 3, 10, -1, 6, 1}
 		// The objective Backward(scale = 1/n) differentiates: the mean token loss plus
@@ -85,6 +89,33 @@ func TestModelGradient(t *testing.T) {
 					t.Fatalf("%s: d/d %s[%d]: analytic %.9g, numeric %.9g", tied, table[i].Name, j, g[i][j], num)
 				}
 			}
+		}
+	}
+}
+
+// withFlash sets whether the model runs flash attention, whatever its T.
+func withFlash(on bool) Option { return func(o *options) { o.flash = &on } }
+
+// TestFlashEqualsMaterialised: the model's loss and every gradient are the same
+// with flash attention as with the kept probabilities (float64, 1e-12: only the
+// summation order differs).
+func TestFlashEqualsMaterialised(t *testing.T) {
+	cfg := tinyConfig(false)
+	B, T := 2, 5
+	tokens := []int32{1, 4, 2, 9, 0, 3, 3, 10, 5, 6}
+	targets := []int32{4, 2, 9, 0, 7, 3, 10, -1, 6, 1}
+	var losses []float64
+	var grads [][][]float64
+	for _, flash := range []bool{false, true} {
+		m, _, g, _ := build[float64](t, cfg, B, T, withFlash(flash))
+		s, n := m.Forward(tokens, targets)
+		m.Backward(tokens, targets, 1/float64(n))
+		losses, grads = append(losses, s), append(grads, g)
+	}
+	require.InDelta(t, losses[0], losses[1], 1e-12*math.Abs(losses[0]))
+	for i := range grads[0] {
+		for j := range grads[0][i] {
+			require.InDelta(t, grads[0][i][j], grads[1][i][j], 1e-12*(1+math.Abs(grads[0][i][j])), "parameter %d[%d]", i, j)
 		}
 	}
 }

@@ -1,0 +1,190 @@
+package cpu
+
+import (
+	"math"
+
+	"github.com/shardline/shardline/tensor"
+)
+
+// Flash attention on the CPU: blocks of flashBlock queries against blocks of
+// flashBlock keys with an online softmax, so no (Tq, Tk) buffer exists; the
+// forward keeps only the output and each row's log-sum-exp, and the backward
+// remakes each block's probabilities from them. The same contract as the GPU's
+// (cuda.Device.FlashAttention): natural-log lse of the scaled scores, −Inf for a
+// row that sees no key (its output is 0).
+
+// flashBlock is the query and key block size.
+const flashBlock = 64
+
+// FlashAttention: out (B,Tq,NH,HD) = softmax(q·kᵀ/√HD, masked)·v and lse (B,NH,Tq),
+// per s. Work is split by (batch, head, query block).
+func FlashAttention[F Float](out, lse, q, k, v []F, s tensor.AttentionShape) {
+	j := getJob[flashJob[F]]()
+	j.flashArgs = flashArgs[F]{out: out, lse: lse, q: q, k: k, v: v, s: s}
+	nq := (s.Tq + flashBlock - 1) / flashBlock
+	parallel(j, s.B*s.NH*nq, 4*flashBlock*s.Tk*s.HD)
+	j.flashArgs = flashArgs[F]{}
+	listOf[flashJob[F]]().put(j) // with its buffers
+}
+
+// FlashAttentionBackward accumulates dq, dk, dv (+=, as every CPU backward) from
+// dout, the forward's out and lse, remaking each block's probabilities:
+// dV += Pᵀ·dO, dS = P∘(dO·Vᵀ − rowsum(dO∘O))/√HD, dQ += dS·K, dK += dSᵀ·Q. Work is
+// split by (batch, key/value head), so no two goroutines write the same row.
+func FlashAttentionBackward[F Float](dq, dk, dv, dout, out, lse, q, k, v []F, s tensor.AttentionShape) {
+	j := getJob[flashJob[F]]()
+	j.flashArgs = flashArgs[F]{out: out, lse: lse, q: q, k: k, v: v, dq: dq, dk: dk, dv: dv, dout: dout, s: s, back: true}
+	parallel(j, s.B*s.NKV, s.NH/s.NKV*5*s.Tq*s.Tk*s.HD)
+	j.flashArgs = flashArgs[F]{}
+	listOf[flashJob[F]]().put(j)
+}
+
+type flashArgs[F Float] struct {
+	out, lse, q, k, v, dq, dk, dv, dout []F
+	s                                   tensor.AttentionShape
+	back                                bool
+}
+
+type flashJob[F Float] struct {
+	flashArgs[F]
+	bufs chunkBufs[F]
+}
+
+// keysFor is how many keys of the block starting at j0 (at most n) query position
+// qpos sees.
+func keysFor(s tensor.AttentionShape, qpos, j0, n int) int {
+	if !s.Causal {
+		return n
+	}
+	return min(max(qpos-s.KOff-j0+1, 0), n)
+}
+
+// keyEnd is one past the last key any of rows [i0, i0+nr) sees.
+func keyEnd(s tensor.AttentionShape, i0, nr int) int {
+	if !s.Causal {
+		return s.Tk
+	}
+	return min(max(s.QOff+i0+nr-1-s.KOff+1, 0), s.Tk)
+}
+
+func (j *flashJob[F]) rows(c, lo, hi int) {
+	if j.back {
+		j.backward(c, lo, hi)
+		return
+	}
+	s := j.s
+	HD, qs, ks := s.HD, s.NH*s.HD, s.NKV*s.HD // row strides of q (and out) and of k, v
+	nq := (s.Tq + flashBlock - 1) / flashBlock
+	group, scale := s.NH/s.NKV, 1/math.Sqrt(float64(s.HD))
+	gb := &j.bufs.gemm[c]
+	buf := j.bufs.scratchFor(c, flashBlock*flashBlock+flashBlock*HD+2*flashBlock)
+	S, acc := buf[:flashBlock*flashBlock], buf[flashBlock*flashBlock:flashBlock*(flashBlock+HD)]
+	m, l := buf[flashBlock*(flashBlock+HD):flashBlock*(flashBlock+HD+1)], buf[flashBlock*(flashBlock+HD+1):]
+	for item := lo; item < hi; item++ {
+		bh, qb := item/nq, item%nq
+		b, h := bh/s.NH, bh%s.NH
+		kh := h / group
+		i0 := qb * flashBlock
+		nr := min(flashBlock, s.Tq-i0)
+		qh := j.q[(b*s.Tq+i0)*qs+h*HD:]
+		kk, vv := j.k[b*s.Tk*ks+kh*HD:], j.v[b*s.Tk*ks+kh*HD:]
+		for r := 0; r < nr; r++ {
+			m[r], l[r] = F(math.Inf(-1)), 0
+		}
+		clear(acc[:nr*HD])
+		for j0, kend := 0, keyEnd(s, i0, nr); j0 < kend; j0 += flashBlock {
+			nc := min(flashBlock, kend-j0)
+			gemm(gb, false, true, nr, nc, HD, qh, qs, kk[j0*ks:], ks, 0, S, nc)
+			for r := 0; r < nr; r++ {
+				row := S[r*nc : (r+1)*nc]
+				live := keysFor(s, s.QOff+i0+r, j0, nc)
+				if live == 0 {
+					clear(row)
+					continue
+				}
+				mx := row[0]
+				for _, x := range row[:live] {
+					mx = max(mx, x)
+				}
+				mnew := max(m[r], F(scale)*mx)
+				for t, x := range row[:live] {
+					row[t] = F(scale)*x - mnew
+				}
+				expInPlace(row[:live])
+				clear(row[live:])
+				corr := F(math.Exp(float64(m[r] - mnew))) // 0 while m is −Inf
+				l[r] = l[r]*corr + sum4(row[:live])
+				m[r] = mnew
+				if corr != 1 {
+					for d := range acc[r*HD : (r+1)*HD] {
+						acc[r*HD+d] *= corr
+					}
+				}
+			}
+			gemm(gb, false, false, nr, HD, nc, S, nc, vv[j0*ks:], ks, 1, acc, HD)
+		}
+		for r := 0; r < nr; r++ {
+			o := j.out[(b*s.Tq+i0+r)*qs+h*HD : (b*s.Tq+i0+r)*qs+h*HD+HD]
+			li := (b*s.NH+h)*s.Tq + i0 + r
+			if l[r] == 0 {
+				clear(o)
+				j.lse[li] = F(math.Inf(-1))
+				continue
+			}
+			inv := 1 / l[r]
+			for d := range o {
+				o[d] = acc[r*HD+d] * inv
+			}
+			j.lse[li] = m[r] + F(math.Log(float64(l[r])))
+		}
+	}
+}
+
+func (j *flashJob[F]) backward(c, lo, hi int) {
+	s := j.s
+	HD, qs, ks := s.HD, s.NH*s.HD, s.NKV*s.HD
+	group, scale := s.NH/s.NKV, F(1/math.Sqrt(float64(s.HD)))
+	gb := &j.bufs.gemm[c]
+	buf := j.bufs.scratchFor(c, 2*flashBlock*flashBlock+flashBlock)
+	P, dP, D := buf[:flashBlock*flashBlock], buf[flashBlock*flashBlock:2*flashBlock*flashBlock], buf[2*flashBlock*flashBlock:]
+	for item := lo; item < hi; item++ {
+		b, kh := item/s.NKV, item%s.NKV
+		kk, vv := j.k[b*s.Tk*ks+kh*HD:], j.v[b*s.Tk*ks+kh*HD:]
+		dkk, dvv := j.dk[b*s.Tk*ks+kh*HD:], j.dv[b*s.Tk*ks+kh*HD:]
+		for h := kh * group; h < (kh+1)*group; h++ {
+			for i0 := 0; i0 < s.Tq; i0 += flashBlock {
+				nr := min(flashBlock, s.Tq-i0)
+				at := (b*s.Tq+i0)*qs + h*HD
+				qh, doh, dqh := j.q[at:], j.dout[at:], j.dq[at:]
+				for r := 0; r < nr; r++ {
+					o, do := j.out[at+r*qs:at+r*qs+HD], j.dout[at+r*qs:at+r*qs+HD]
+					D[r] = dot2(o, do)
+				}
+				lrow := j.lse[(b*s.NH+h)*s.Tq+i0:]
+				for j0, kend := 0, keyEnd(s, i0, nr); j0 < kend; j0 += flashBlock {
+					nc := min(flashBlock, kend-j0)
+					gemm(gb, false, true, nr, nc, HD, qh, qs, kk[j0*ks:], ks, 0, P, nc)
+					for r := 0; r < nr; r++ {
+						row := P[r*nc : (r+1)*nc]
+						live := keysFor(s, s.QOff+i0+r, j0, nc)
+						for t, x := range row[:live] {
+							row[t] = scale*x - lrow[r]
+						}
+						expInPlace(row[:live])
+						clear(row[live:])
+					}
+					gemm(gb, true, false, nc, HD, nr, P, nc, doh, qs, 1, dvv[j0*ks:], ks) // dV += Pᵀ·dO
+					gemm(gb, false, true, nr, nc, HD, doh, qs, vv[j0*ks:], ks, 0, dP, nc) // dP = dO·Vᵀ
+					for r := 0; r < nr; r++ {
+						p, d := P[r*nc:(r+1)*nc], dP[r*nc:(r+1)*nc]
+						for t := range d {
+							d[t] = p[t] * (d[t] - D[r]) * scale // dS (0 where P is)
+						}
+					}
+					gemm(gb, false, false, nr, HD, nc, dP, nc, kk[j0*ks:], ks, 1, dqh, qs) // dQ += dS·K
+					gemm(gb, true, false, nc, HD, nr, dP, nc, qh, qs, 1, dkk[j0*ks:], ks)  // dK += dSᵀ·Q
+				}
+			}
+		}
+	}
+}
