@@ -7,6 +7,11 @@ package config
 // plan's memory model and the model both read it.
 const CPUFlashAttentionFrom = 2048
 
+// GPUHeadChunk is the vocabulary columns (or, in training, the whole rows that fit
+// in as many values) the GPU engine's output head makes at a time; the plan's
+// memory model of one-GPU runs reads it too.
+const GPUHeadChunk = 8192
+
 // Default returns the recipe every file starts from: a byte-level Llama of about one
 // million parameters on Newton's Opticks, one CPU rank, Megatron-FSDP with the full
 // sharding strategy. A recipe file only states what differs.

@@ -349,3 +349,32 @@ func TestLogitsMatchCPU(t *testing.T) {
 		require.LessOrEqual(t, math.Sqrt(num/den), 1e-5, "position %d", pos)
 	}
 }
+
+// TestHeldEqualsPlan: what the model holds on the device, by component, is what
+// the plan predicts for a one-GPU run (parallel's engineMemory), in fp32 and bf16,
+// dense and MoE.
+func TestHeldEqualsPlan(t *testing.T) {
+	for _, c := range []struct{ recipe, bf16 string }{{"tiny", "false"}, {"tiny", "true"}, {"moe-tiny", "false"}, {"moe-tiny", "true"}} {
+		r := loadRecipe(t, c.recipe, "parallel.device=cuda", "train.micro_batch_size=4", "train.global_batch_size=4", "precision.bf16="+c.bf16)
+		topo, err := parallel.TopologyOf(r.Parallel)
+		require.NoError(t, err)
+		plan, err := parallel.Compile(&r, topo)
+		require.NoError(t, err)
+		compute := cuda.F32
+		if r.Precision.BF16 {
+			compute = cuda.BF16
+		}
+		m, err := New(dev, r.Model, plan.Params, initWeights(r, plan.Params), r.Train.MicroBatchSize, r.Model.SeqLen, Options{Compute: compute})
+		require.NoError(t, err)
+		h := m.HeldBytes()
+		m.Close()
+		p := plan.Memory
+		name := c.recipe + " bf16=" + c.bf16
+		require.Equal(t, p.MainWeights, h["main_weights"], name)
+		require.Equal(t, p.Weights, h["weights"], name)
+		require.Equal(t, p.Grads, h["grads"], name)
+		require.Equal(t, p.OptimizerState, h["optimizer_state"], name)
+		require.Equal(t, p.Activations, h["activations"]+h["scratch"]+h["inputs"], name)
+		require.Equal(t, p.Logits, h["logits"], name)
+	}
+}

@@ -19,7 +19,7 @@ type Optimizer struct {
 // Options configure a model: Compute is the storage dtype of weights and
 // activations (cuda.F32 or cuda.BF16; master weights, gradients and optimizer state
 // are fp32 always); HeadChunk is the vocabulary columns the output head makes at a
-// time (0: 8192).
+// time (0: config.GPUHeadChunk).
 type Options struct {
 	Compute   cuda.DType
 	HeadChunk int
@@ -115,7 +115,7 @@ func New(d *cuda.Device, cfg config.Model, table []parallel.Param, weights [][]f
 		return nil, fmt.Errorf("gpu: head size %d (model.hidden %d / model.heads %d): the attention kernels take 32, 64 or 128", hd, cfg.Hidden, cfg.Heads)
 	}
 	if opt.HeadChunk <= 0 {
-		opt.HeadChunk = 8192
+		opt.HeadChunk = config.GPUHeadChunk
 	}
 	m := &Model{d: d, Cfg: cfg, B: B, T: T, opt: opt, table: table, held: map[string]int64{}}
 	var err error
