@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"slices"
+
+	"github.com/shardline/shardline/tensor"
 )
 
 // Shapes of the kernels (B batch, T time, C channels, V vocabulary, NH/NKV query and
@@ -324,13 +326,13 @@ func (d *Device) HeadCrossEntropyBackward(dx, dw, x, w, targets, dloss, lse Buff
 	}
 }
 
-// MoEShape is one MoE layer's routing: BT tokens, E experts (at most 1024), top K
-// (at most 32), C channels, at most Capacity copies per expert. Padded puts expert
-// e's segment at rows e·Capacity.. (static shapes for ExpertsMatmul); otherwise
-// segments are packed in expert order.
+// MoEShape is one MoE layer's routing (tensor.MoEShape: BT tokens, E experts, at
+// most 1024 here, top K, at most 32, C channels, at most Capacity copies per
+// expert). Padded puts expert e's segment at rows e·Capacity.. (static shapes for
+// ExpertsMatmul); otherwise segments are packed in expert order, as the CPU's.
 type MoEShape struct {
-	BT, E, K, C, Capacity int
-	Padded                bool
+	tensor.MoEShape
+	Padded bool
 }
 
 // Rows is the number of permuted rows the layer's buffers need.

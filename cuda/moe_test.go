@@ -7,6 +7,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/tensor/cpu"
 )
 
@@ -41,20 +42,21 @@ func TestMoE(t *testing.T) {
 		logits = roundTo(dt, logits)
 		x := roundTo(dt, randn(r, BT*C, 1))
 		probs, idx, gates := make([]float32, BT*E), make([]int32, BT*K), make([]float32, BT*K)
-		cpu.Router(probs, idx, gates, logits, BT, E, K)
+		ts := tensor.MoEShape{BT: BT, E: E, K: K, C: C, Capacity: capacity}
+		cpu.Router(probs, idx, gates, logits, ts)
 		row, tok, offsets, cursor := make([]int32, BT*K), make([]int32, BT*K), make([]int32, E+1), make([]int32, E)
 		xperm := make([]float32, BT*K*C)
-		n := cpu.Dispatch(xperm, row, tok, offsets, cursor, x, idx, BT, C, E, K, capacity)
+		n := cpu.Dispatch(xperm, row, tok, offsets, cursor, x, idx, ts)
 		if n == BT*K {
 			t.Fatalf("capacity %d dropped nothing: the test would not cover drops", capacity)
 		}
 		y := roundTo(dt, randn(r, BT*K*C, 1))
 		out0 := roundTo(dt, randn(r, BT*C, 1))
 		out := append([]float32(nil), out0...)
-		cpu.Combine(out, y, gates, row, BT, C, K)
+		cpu.Combine(out, y, gates, row, ts)
 		dout := roundTo(dt, randn(r, BT*C, 1))
 		dy, dgates := make([]float32, BT*K*C), make([]float32, BT*K)
-		cpu.CombineBackward(dy, dgates, dout, y, gates, row, BT, C, K)
+		cpu.CombineBackward(dy, dgates, dout, y, gates, row, ts)
 		dx := make([]float32, BT*C)
 		cpu.DispatchBackward(dx, y, tok, n, C)
 		// aux loss and its gradient through the probabilities
@@ -76,10 +78,10 @@ func TestMoE(t *testing.T) {
 			copy(dprobs[tt*E:], daux)
 		}
 		dlogits := make([]float32, BT*E)
-		cpu.RouterBackward(dlogits, dgates, dprobs, gates, probs, idx, BT, E, K)
+		cpu.RouterBackward(dlogits, dgates, dprobs, gates, probs, idx, ts)
 
 		onDevice(t, func() {
-			s := MoEShape{BT: BT, E: E, K: K, C: C, Capacity: capacity}
+			s := MoEShape{MoEShape: ts}
 			rt := moeRouting(t, s)
 			dev.Router(rt, put(t, dt, logits), s)
 			check(t, "router probs", F32, get(rt.Probs), probs, 1e-6)

@@ -8,9 +8,17 @@ type Float interface{ ~float32 | ~float64 }
 type Backend = Kernels[float32]
 
 // Kernels is the kernel set of a Llama-style decoder over element type F. Argument
-// order: outputs, saved statistics, inputs, weights, sizes. Backward methods
-// accumulate (+=) into every gradient. Shapes: BT tokens, C channels, OC output
-// channels, V vocabulary, NH/NKV query/key-value heads, HD head size.
+// order: outputs, saved statistics, inputs, weights, sizes (or a shape struct).
+// Shapes: BT tokens, C channels, OC output channels, V vocabulary, NH/NKV
+// query/key-value heads, HD head size.
+//
+// The overwrite/accumulate rule, stated here once: forward kernels overwrite
+// their outputs, except Matmul with accumulate set and Combine, which add (+=).
+// Backward kernels add (+=) into every gradient, parameters' and activations'
+// alike, so the caller clears gradient buffers before a backward pass; the
+// exceptions say so in their names' arguments: MatmulBackward's dinp and
+// SwiGLUBackward's dgate and dup are overwritten unless accumulate is set (which
+// spares clearing them), and CombineBackward sets dy's rows and dgates.
 type Kernels[F Float] interface {
 	// Name identifies the backend and its matmul kernel in logs.
 	Name() string
@@ -48,12 +56,12 @@ type Kernels[F Float] interface {
 
 	// Mixture of experts: routing, expert-major permutation of token copies, and the
 	// gated combination. idx, gates and row are (BT,K); tok (BT·K); offsets (E+1).
-	Router(probs []F, idx []int32, gates, logits []F, BT, E, K int)
-	RouterBackward(dlogits, dgates, dprobs, gates, probs []F, idx []int32, BT, E, K int)
-	Dispatch(xperm []F, row, tok, offsets, cursor []int32, x []F, idx []int32, BT, C, E, K, capacity int) int
+	Router(probs []F, idx []int32, gates, logits []F, s MoEShape)
+	RouterBackward(dlogits, dgates, dprobs, gates, probs []F, idx []int32, s MoEShape)
+	Dispatch(xperm []F, row, tok, offsets, cursor []int32, x []F, idx []int32, s MoEShape) int
 	DispatchBackward(dx, dxperm []F, tok []int32, n, C int)
-	Combine(out, y, gates []F, row []int32, BT, C, K int)
-	CombineBackward(dy, dgates, dout, y, gates []F, row []int32, BT, C, K int)
+	Combine(out, y, gates []F, row []int32, s MoEShape)
+	CombineBackward(dy, dgates, dout, y, gates []F, row []int32, s MoEShape)
 
 	// Optimizers on a flat slice of parameters (one rank's shard or a whole model).
 	AdamW(params, grads, m, v []F, lr, beta1, beta2, eps, wd float64, t int)
@@ -77,3 +85,8 @@ type AttentionShape struct {
 	QOff, KOff             int
 	Causal                 bool
 }
+
+// MoEShape is one MoE layer's routing: BT tokens, E experts, the top K of them per
+// token, C channels, and at most Capacity copies kept per expert (BT·K keeps every
+// copy).
+type MoEShape struct{ BT, E, K, C, Capacity int }

@@ -65,23 +65,23 @@ func (Kernels[F]) CrossEntropyBackward(dlogits, dloss, probs []F, targets []int3
 }
 func (Kernels[F]) Add(out, a, b []F, n int)    { Add(out, a, b, n) }
 func (Kernels[F]) AddInto(dst, src []F, n int) { AddInto(dst, src, n) }
-func (Kernels[F]) Router(probs []F, idx []int32, gates, logits []F, BT, E, K int) {
-	Router(probs, idx, gates, logits, BT, E, K)
+func (Kernels[F]) Router(probs []F, idx []int32, gates, logits []F, s tensor.MoEShape) {
+	Router(probs, idx, gates, logits, s)
 }
-func (Kernels[F]) RouterBackward(dlogits, dgates, dprobs, gates, probs []F, idx []int32, BT, E, K int) {
-	RouterBackward(dlogits, dgates, dprobs, gates, probs, idx, BT, E, K)
+func (Kernels[F]) RouterBackward(dlogits, dgates, dprobs, gates, probs []F, idx []int32, s tensor.MoEShape) {
+	RouterBackward(dlogits, dgates, dprobs, gates, probs, idx, s)
 }
-func (Kernels[F]) Dispatch(xperm []F, row, tok, offsets, cursor []int32, x []F, idx []int32, BT, C, E, K, capacity int) int {
-	return Dispatch(xperm, row, tok, offsets, cursor, x, idx, BT, C, E, K, capacity)
+func (Kernels[F]) Dispatch(xperm []F, row, tok, offsets, cursor []int32, x []F, idx []int32, s tensor.MoEShape) int {
+	return Dispatch(xperm, row, tok, offsets, cursor, x, idx, s)
 }
 func (Kernels[F]) DispatchBackward(dx, dxperm []F, tok []int32, n, C int) {
 	DispatchBackward(dx, dxperm, tok, n, C)
 }
-func (Kernels[F]) Combine(out, y, gates []F, row []int32, BT, C, K int) {
-	Combine(out, y, gates, row, BT, C, K)
+func (Kernels[F]) Combine(out, y, gates []F, row []int32, s tensor.MoEShape) {
+	Combine(out, y, gates, row, s)
 }
-func (Kernels[F]) CombineBackward(dy, dgates, dout, y, gates []F, row []int32, BT, C, K int) {
-	CombineBackward(dy, dgates, dout, y, gates, row, BT, C, K)
+func (Kernels[F]) CombineBackward(dy, dgates, dout, y, gates []F, row []int32, s tensor.MoEShape) {
+	CombineBackward(dy, dgates, dout, y, gates, row, s)
 }
 func (Kernels[F]) AdamW(params, grads, m, v []F, lr, beta1, beta2, eps, wd float64, t int) {
 	AdamW(params, grads, m, v, lr, beta1, beta2, eps, wd, t)

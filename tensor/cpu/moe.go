@@ -15,7 +15,8 @@ import (
 // Router computes probs (BT,E) = softmax(logits), picks each token's top K experts by
 // score (ties to the lower index) into idx, and sets gates to the softmax of the
 // selected scores.
-func Router[F Float](probs []F, idx []int32, gates []F, logits []F, BT, E, K int) {
+func Router[F Float](probs []F, idx []int32, gates []F, logits []F, s tensor.MoEShape) {
+	BT, E, K := s.BT, s.E, s.K
 	for t := 0; t < BT; t++ {
 		l := logits[t*E : (t+1)*E]
 		softmaxRow(probs[t*E:(t+1)*E], l)
@@ -41,7 +42,8 @@ func Router[F Float](probs []F, idx []int32, gates []F, logits []F, BT, E, K int
 // RouterBackward accumulates into dlogits (BT,E) the gradient through the gates
 // (dgates, the gradient of the selected gates) and through the probabilities
 // (dprobs (BT,E), may be nil).
-func RouterBackward[F Float](dlogits, dgates, dprobs, gates, probs []F, idx []int32, BT, E, K int) {
+func RouterBackward[F Float](dlogits, dgates, dprobs, gates, probs []F, idx []int32, s tensor.MoEShape) {
+	BT, E, K := s.BT, s.E, s.K
 	for t := 0; t < BT; t++ {
 		g, dg := gates[t*K:(t+1)*K], dgates[t*K:(t+1)*K]
 		var dot F
@@ -66,10 +68,11 @@ func RouterBackward[F Float](dlogits, dgates, dprobs, gates, probs []F, idx []in
 }
 
 // Dispatch assigns each copy (t, j) a row in expert-major order (tokens in order
-// within an expert), keeping at most capacity copies per expert, and gathers the
+// within an expert), keeping at most s.Capacity copies per expert, and gathers the
 // tokens' rows of x (BT,C) into xperm. It fills row, tok and offsets and returns the
 // number of permuted rows; cursor (E) is scratch.
-func Dispatch[F Float](xperm []F, row, tok, offsets, cursor []int32, x []F, idx []int32, BT, C, E, K, capacity int) int {
+func Dispatch[F Float](xperm []F, row, tok, offsets, cursor []int32, x []F, idx []int32, s tensor.MoEShape) int {
+	C, E, K, capacity := s.C, s.E, s.K, s.Capacity
 	for e := range offsets {
 		offsets[e] = 0
 	}
@@ -110,10 +113,10 @@ func DispatchBackward[F Float](dx, dxperm []F, tok []int32, n, C int) {
 
 // Combine adds each token's expert outputs with their gates: out[t] += Σ_j
 // gates[t,j] · y[row[t,j]] (dropped copies contribute nothing).
-func Combine[F Float](out, y, gates []F, row []int32, BT, C, K int) {
+func Combine[F Float](out, y, gates []F, row []int32, s tensor.MoEShape) {
 	j := getJob[combineJob[F]]()
-	*j = combineJob[F]{out: out, y: y, gates: gates, row: row, C: C, K: K}
-	parallel(j, BT, K*C)
+	*j = combineJob[F]{out: out, y: y, gates: gates, row: row, C: s.C, K: s.K}
+	parallel(j, s.BT, s.K*s.C)
 	putJob(j)
 }
 
@@ -148,10 +151,10 @@ func (j *combineJob[F]) rows(_, lo, hi int) {
 
 // CombineBackward sets dy[row[t,j]] = gates[t,j] · dout[t] (the rows of dropped
 // copies are left alone) and dgates[t,j] = dout[t] · y[row[t,j]] (0 if dropped).
-func CombineBackward[F Float](dy, dgates, dout, y, gates []F, row []int32, BT, C, K int) {
+func CombineBackward[F Float](dy, dgates, dout, y, gates []F, row []int32, s tensor.MoEShape) {
 	j := getJob[combineJob[F]]()
-	*j = combineJob[F]{out: dout, y: y, gates: gates, dy: dy, dgates: dgates, row: row, C: C, K: K, back: true}
-	parallel(j, BT, 2*K*C)
+	*j = combineJob[F]{out: dout, y: y, gates: gates, dy: dy, dgates: dgates, row: row, C: s.C, K: s.K, back: true}
+	parallel(j, s.BT, 2*s.K*s.C)
 	putJob(j)
 }
 

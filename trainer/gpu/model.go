@@ -9,6 +9,7 @@ import (
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/cuda"
 	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/tensor"
 )
 
 // Optimizer is one AdamW step's settings (the learning rate comes per step).
@@ -450,5 +451,5 @@ func (m *Model) moeShape() cuda.MoEShape {
 	if c.CapacityFactor > 0 {
 		capacity = int(math.Ceil(c.CapacityFactor * float64(BT*c.TopK) / float64(c.NumExperts)))
 	}
-	return cuda.MoEShape{BT: BT, E: c.NumExperts, K: c.TopK, C: m.Cfg.Hidden, Capacity: capacity, Padded: true}
+	return cuda.MoEShape{MoEShape: tensor.MoEShape{BT: BT, E: c.NumExperts, K: c.TopK, C: m.Cfg.Hidden, Capacity: capacity}, Padded: true}
 }

@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/tensor"
 )
 
 // MoE layers: a router scores the E experts for each token; each token goes to its
@@ -107,8 +108,9 @@ func (m *Model[F]) moeForward(out, x []F, p moeParams[F], a *moeActs[F]) {
 	BT, C := m.B*m.T, c.Hidden
 	E, k, EF := c.MoE.NumExperts, c.MoE.TopK, c.MoE.ExpertFFNHidden
 	be.Matmul(a.logits, x, p.router, BT, C, E, false)
-	be.Router(a.probs, a.idx, a.gates, a.logits, BT, E, k)
-	a.n = be.Dispatch(a.x, a.row, a.tok, a.offsets, a.cursor, x, a.idx, BT, C, E, k, capacity(c, BT))
+	s := tensor.MoEShape{BT: BT, E: E, K: k, C: C, Capacity: capacity(c, BT)}
+	be.Router(a.probs, a.idx, a.gates, a.logits, s)
+	a.n = be.Dispatch(a.x, a.row, a.tok, a.offsets, a.cursor, x, a.idx, s)
 	a.dropped = BT*k - a.n
 	if m.ep.Size > 1 {
 		m.epExchange(a)
@@ -120,7 +122,7 @@ func (m *Model[F]) moeForward(out, x []F, p moeParams[F], a *moeActs[F]) {
 	} else {
 		m.expertsForward(p, a, a.x, a.y, a.offsets)
 	}
-	be.Combine(out, a.y, a.gates, a.row, BT, C, k)
+	be.Combine(out, a.y, a.gates, a.row, s)
 	for s, w := range p.shared {
 		be.Matmul(a.sgate[s], x, w[0], BT, C, EF, false)
 		be.Matmul(a.sup[s], x, w[1], BT, C, EF, false)
@@ -246,7 +248,8 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p, g moeParams[F], a *moeActs[F]
 	E, k, EF := c.MoE.NumExperts, c.MoE.TopK, c.MoE.ExpertFFNHidden
 	s := &m.scratch
 	dy, dxp, dgates := s.moeDy[:a.n*C], s.moeDx[:a.n*C], s.moeDgates[:BT*k]
-	be.CombineBackward(dy, dgates, dout, a.y, a.gates, a.row, BT, C, k)
+	sh := tensor.MoEShape{BT: BT, E: E, K: k, C: C, Capacity: capacity(c, BT)}
+	be.CombineBackward(dy, dgates, dout, a.y, a.gates, a.row, sh)
 	// The aux loss reaches the router through P: d aux / d P[t,e] = E·f_e/BT.
 	var dprobs []F
 	if coeff := auxScale * c.MoE.AuxLossCoeff; coeff != 0 {
@@ -260,7 +263,7 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p, g moeParams[F], a *moeActs[F]
 	}
 	dlogits := s.moeDlogits[:BT*E]
 	clear(dlogits)
-	be.RouterBackward(dlogits, dgates, dprobs, a.gates, a.probs, a.idx, BT, E, k)
+	be.RouterBackward(dlogits, dgates, dprobs, a.gates, a.probs, a.idx, sh)
 	be.MatmulBackward(dx, g.router, dlogits, x, p.router, BT, C, E, true)
 	if m.ep.Size > 1 {
 		// dy goes to the experts' owners, is regrouped like the forward's tokens, and
