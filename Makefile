@@ -110,7 +110,7 @@ bench-gpu: cuda-test ## on a GPU machine: kernel and training-step benchmarks be
 	cd cuda && ../bin/cuda.test -test.run '^$$' -test.bench . -test.benchtime 20x
 	python3 scripts/bench_gpu_torch.py
 	cd trainer/gpu && ../../bin/gpu.test -test.run '^$$' -test.bench Step -test.benchtime 20x
-	python3 scripts/torch_llama.py eager compile
+	for shape in 134m 1b moe; do python3 scripts/torch_llama.py $$shape eager compile; done
 
 clean: ## remove build outputs
 	rm -rf bin

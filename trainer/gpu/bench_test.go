@@ -19,19 +19,43 @@ const H100PeakBF16 = 989e12
 // AdamW) of the dense-125m recipe's model (d768, 12 layers, vocabulary 32000,
 // untied head: 134M parameters) at T1024 B16 in bf16, the shape
 // scripts/torch_llama.py measures PyTorch on. It reports tokens/s, MFU (6·N +
-// 6·L·T·d flops per token over the bf16 peak) and the device memory the model
-// holds.
-func BenchmarkStep134M(b *testing.B) { benchStep(b, "step") }
+// 6·L·T·d flops per token over the bf16 peak, N the parameters a token passes
+// through) and the device memory the model holds.
+func BenchmarkStep134M(b *testing.B) { benchStep(b, "step", shape134M) }
 
 // The phases of BenchmarkStep134M alone (each timed over b.N runs between two
 // synchronisations), to see where a step's time goes.
-func BenchmarkStep134MForward(b *testing.B)  { benchStep(b, "forward") }
-func BenchmarkStep134MBackward(b *testing.B) { benchStep(b, "backward") }
-func BenchmarkStep134MUpdate(b *testing.B)   { benchStep(b, "update") }
+func BenchmarkStep134MForward(b *testing.B)  { benchStep(b, "forward", shape134M) }
+func BenchmarkStep134MBackward(b *testing.B) { benchStep(b, "backward", shape134M) }
+func BenchmarkStep134MUpdate(b *testing.B)   { benchStep(b, "update", shape134M) }
 
-func benchStep(b *testing.B, part string) {
-	r := loadRecipe(b, "dense-125m")
-	B, T := 16, 1024
+// BenchmarkStep1B is the 1.24B shape of the CUDA issue's PyTorch figures (d2048,
+// 24 layers, 16 heads over 8 key/value heads, ffn 5504, vocabulary 32000 untied,
+// T2048 B8); scripts/torch_llama.py 1b runs PyTorch on it.
+func BenchmarkStep1B(b *testing.B) { benchStep(b, "step", shape1B) }
+
+// BenchmarkStepMoE295M is the MoE shape of those figures (d768, 8 layers, 16
+// experts of ffn 768, top 2, T1024 B8), with capacity_factor 1 (every expert's
+// segment holds the balanced share, so the experts' products do the work of a
+// dropless balanced routing); scripts/torch_llama.py moe runs PyTorch on it.
+func BenchmarkStepMoE295M(b *testing.B) { benchStep(b, "step", shapeMoE) }
+
+// A benchmark shape: overrides of the dense-125m recipe, and the micro-batch.
+type benchShape struct {
+	sets []string
+	B, T int
+}
+
+var (
+	shape134M = benchShape{nil, 16, 1024}
+	shape1B   = benchShape{[]string{"model.hidden=2048", "model.layers=24", "model.heads=16", "model.kv_heads=8", "model.ffn_hidden=5504"}, 8, 2048}
+	shapeMoE  = benchShape{[]string{"model.layers=8", "model.moe.num_experts=16", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=768",
+		"model.moe.capacity_factor=1", "model.moe.layer_freq=1"}, 8, 1024}
+)
+
+func benchStep(b *testing.B, part string, shape benchShape) {
+	r := loadRecipe(b, "dense-125m", shape.sets...)
+	B, T := shape.B, shape.T
 	table, err := parallel.ParamTable(r.Model, 1, 1)
 	if err != nil {
 		b.Fatal(err)
@@ -41,7 +65,11 @@ func benchStep(b *testing.B, part string) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := range table { // random weights of the init's scale: speed does not depend on the draw
 		w[i] = make([]float32, table[i].LocalNumel())
-		n += table[i].LocalNumel()
+		if table[i].Expert >= 0 { // a token passes through top_k of the experts
+			n += table[i].LocalNumel() * int64(r.Model.MoE.TopK) / int64(r.Model.MoE.NumExperts)
+		} else {
+			n += table[i].LocalNumel()
+		}
 		for j := range w[i] {
 			w[i][j] = float32(rng.NormFloat64() * r.Model.InitStd)
 		}
@@ -97,5 +125,5 @@ func benchStep(b *testing.B, part string) {
 	b.ReportMetric(tps, "tokens/s")
 	b.ReportMetric(100*tps*flops/H100PeakBF16, "MFU%")
 	b.ReportMetric(float64(held)/(1<<30), "GiB-held")
-	b.ReportMetric(float64(n)/1e6, "Mparams")
+	b.ReportMetric(float64(n)/1e6, "Mparams-active")
 }
