@@ -84,5 +84,5 @@ func (a *app) execGPURunner(res *config.Resolved) error {
 		return &exitError{code: exitFindings, err: fmt.Errorf("%s: %s: %v", loc, path, err)}
 	}
 	fmt.Fprintf(a.stderr, "parallel.device = \"cuda\": running %s\n", path)
-	return syscall.Exec(path, append([]string{path}, os.Args[1:]...), a.env)
+	return syscall.Exec(path, append([]string{path}, a.args...), a.env)
 }

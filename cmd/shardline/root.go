@@ -42,6 +42,7 @@ func usageErr(format string, args ...any) error {
 // app carries what every command needs: streams and the environment.
 type app struct {
 	stdout, stderr io.Writer
+	args           []string // the command line, without the program name
 	env            []string
 	configPath     string    // --config
 	settings       *settings // loaded before a command runs
@@ -49,7 +50,7 @@ type app struct {
 
 // Main runs the CLI with args (without the program name) and returns the exit code.
 func Main(args []string, stdout, stderr io.Writer, env []string) int {
-	a := &app{stdout: stdout, stderr: stderr, env: env}
+	a := &app{stdout: stdout, stderr: stderr, args: args, env: env}
 	root := a.rootCmd()
 	root.SetArgs(args)
 	root.SetOut(stdout)
