@@ -576,3 +576,62 @@ func TestRunCUDAWithoutGPURunner(t *testing.T) {
 	assert.Contains(t, errs, `activation_checkpoint.mode ("full"): cuda runs keep every activation`)
 	assert.NotContains(t, errs, "no shardline-cuda was found")
 }
+
+// TestPlanAgainstRun: plan --against plans a finished run from its resolved recipe
+// and sets what the run measured beside each prediction; memory, which the CPU
+// trainer allocates as the plan says, agrees to the byte for weights, gradients
+// and optimizer state. Bad uses are refused with what to give instead.
+func TestPlanAgainstRun(t *testing.T) {
+	dir := t.TempDir()
+	text := filepath.Join(dir, "t.txt")
+	require.NoError(t, os.WriteFile(text, []byte(strings.Repeat("abcd efgh ijkl mnop. ", 200)), 0o644))
+	code, out, errs := shardline(t, nil, "run", filepath.Join(recipesDir, "tiny.toml"), "--set", "data.path="+text, "--num-layers", "1",
+		"--seq-length", "16", "--train-iters", "3", "--set", "train.eval_interval=0", "--set", "run.output_dir="+filepath.Join(dir, "runs"))
+	require.Equal(t, 0, code, errs)
+	run := strings.TrimSpace(strings.TrimPrefix(strings.SplitN(out, "\n", 2)[0], "run directory:"))
+
+	code, out, errs = shardline(t, nil, "plan", "--against", run)
+	require.Equal(t, 0, code, errs)
+	for _, row := range []string{"weights", "optimizer_state", "activations", "total", "step time", "tokens/s"} {
+		assert.Regexp(t, `(?m)^\s*`+row+`\s`, out)
+	}
+	assert.Regexp(t, `(?m)^\s*optimizer_state\s.*\s1\.000\s*$`, out)
+
+	code, out, errs = shardline(t, nil, "plan", "--against", run, "--format", "json")
+	require.Equal(t, 0, code, errs)
+	var doc struct {
+		Comparison []struct {
+			What              string
+			Planned, Measured float64
+			Ratio             *float64
+		}
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &doc))
+	found := false
+	for _, c := range doc.Comparison {
+		if c.What == "grads" {
+			found = true
+			require.NotNil(t, c.Ratio)
+			assert.Equal(t, 1.0, *c.Ratio)
+		}
+		if c.What == "tokens/s" {
+			assert.Greater(t, c.Measured, 0.0)
+		}
+	}
+	assert.True(t, found)
+
+	code, _, errs = shardline(t, nil, "plan", filepath.Join(recipesDir, "tiny.toml"), "--against", run)
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, errs, "give no RECIPE")
+	code, _, errs = shardline(t, nil, "plan", "--against", dir)
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, errs, "no resolved.toml there")
+	failed := t.TempDir()
+	body, err := os.ReadFile(filepath.Join(run, "resolved.toml"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(failed, "resolved.toml"), body, 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(failed, "run.json"), []byte(`{"failure": "step 3: non-finite loss"}`), 0o644))
+	code, _, errs = shardline(t, nil, "plan", "--against", failed)
+	assert.Equal(t, exitFindings, code)
+	assert.Contains(t, errs, "the run has no result to compare (it failed: step 3: non-finite loss)")
+}

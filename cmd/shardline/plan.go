@@ -16,6 +16,7 @@ func (a *app) planCmd() *cobra.Command {
 		nodes, rank    int
 		device, format string
 		sweep          string
+		against        string
 	)
 	cmd := &cobra.Command{
 		Use:   "plan [flags] RECIPE",
@@ -25,11 +26,16 @@ FSDP units and their sharded buffers, memory per rank by component against the
 device, the collectives of one step by group, and the step-time estimate with
 tokens/s per device and MFU. Nothing touches a device.
 
---sweep KEY=V1,V2,... compiles one plan per value and prints them side by side.`,
+--sweep KEY=V1,V2,... compiles one plan per value and prints them side by side.
+
+--against RUN_DIR plans a finished run from its resolved recipe and prints, beside
+each prediction, what the run measured (run.json): memory per component, the
+median step time and tokens/s, with the ratio measured/planned.`,
 		Example: `  shardline plan recipes/tiny.toml --world-size 4
   shardline plan recipes/llama4-3bx128e.toml --sweep parallel.expert_parallel=1,2,4,8
-  shardline plan recipes/llama-1b.toml --nodes 2 --gpus-per-node 8 --device h200-141gb --format json --rank 9`,
-		Args: cobra.ExactArgs(1),
+  shardline plan recipes/llama-1b.toml --nodes 2 --gpus-per-node 8 --device h200-141gb --format json --rank 9
+  shardline plan --against runs/tiny`,
+		Args: cobra.MaximumNArgs(1),
 	}
 	rf := addRecipeFlags(cmd)
 	fs := cmd.Flags()
@@ -38,11 +44,23 @@ tokens/s per device and MFU. Nothing touches a device.
 	fs.IntVar(&rank, "rank", -1, "also show this rank's coordinates and groups")
 	fs.StringVar(&format, "format", "table", "table or json")
 	fs.StringVar(&sweep, "sweep", "", "compare variants: KEY=V1,V2,... (any recipe key)")
+	fs.StringVar(&against, "against", "", "compare the plan of a finished run (RUN_DIR, planned from its resolved.toml) with what it measured")
 	_ = cmd.RegisterFlagCompletionFunc("device", cobra.FixedCompletions(parallel.ProfileNames(), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("format", cobra.FixedCompletions([]string{"table", "json"}, cobra.ShellCompDirectiveNoFileComp))
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		if format != "table" && format != "json" {
 			return usageErr("--format %q is not one of table, json", format)
+		}
+		switch {
+		case against != "" && len(args) == 1:
+			return usageErr("--against %s plans the run's own resolved.toml: give no RECIPE", against)
+		case against == "" && len(args) == 0:
+			return usageErr("plan needs a RECIPE (or --against RUN_DIR)")
+		case against != "":
+			if sweep != "" || rank >= 0 {
+				return usageErr("--against compares one plan with one run: not with --sweep or --rank")
+			}
+			return a.planAgainst(against, rf, format)
 		}
 		if nodes < 0 {
 			return usageErr("--nodes %d must be positive", nodes)

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"text/tabwriter"
+
+	"github.com/shardline/shardline/parallel"
+)
+
+// runRecord is what plan --against reads from a run directory's run.json.
+type runRecord struct {
+	Backend string `json:"backend"`
+	Failure string `json:"failure"`
+	Result  *struct {
+		Steps      int     `json:"steps"`
+		TokensPerS float64 `json:"tokens_per_s_median"`
+	} `json:"result"`
+	Memory *struct {
+		Held map[string]int64 `json:"held"`
+	} `json:"memory"`
+}
+
+// comparison is one row of plan --against: the plan's figure, the run's, and
+// measured/planned (absent where the plan predicts 0).
+type comparison struct {
+	What     string   `json:"what"`
+	Unit     string   `json:"unit"`
+	Planned  float64  `json:"planned"`
+	Measured float64  `json:"measured"`
+	Ratio    *float64 `json:"ratio,omitempty"`
+}
+
+// planAgainst compiles the plan of a finished run from its resolved.toml (flags
+// such as --device still apply) and compares it with the run's run.json.
+func (a *app) planAgainst(dir string, rf *recipeFlags, format string) error {
+	recipe := filepath.Join(dir, "resolved.toml")
+	if !fileExists(recipe) {
+		return usageErr("--against %s: no resolved.toml there; give a run directory (shardline run writes one under run.output_dir)", dir)
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, "run.json"))
+	if err != nil {
+		return usageErr("--against %s: %v; give a finished run's directory", dir, unwrap(err))
+	}
+	var rec runRecord
+	if err := json.Unmarshal(raw, &rec); err != nil {
+		return &exitError{code: exitFindings, err: fmt.Errorf("%s: %v", filepath.Join(dir, "run.json"), err)}
+	}
+	if rec.Result == nil {
+		why := "it has not finished"
+		if rec.Failure != "" {
+			why = "it failed: " + rec.Failure
+		}
+		return &exitError{code: exitFindings, err: fmt.Errorf("--against %s: the run has no result to compare (%s)", dir, why)}
+	}
+	res, err := a.loadClean(recipe, rf)
+	if err != nil {
+		return err
+	}
+	p, _ := parallel.Check(res)
+	if p == nil {
+		return &exitError{code: exitFindings, err: fmt.Errorf("the plan of %s could not be compiled", recipe)}
+	}
+	r := &res.Recipe
+	tokens := float64(r.Train.GlobalBatchSize * r.Model.SeqLen)
+	var rows []comparison
+	add := func(what, unit string, planned, measured float64) {
+		c := comparison{What: what, Unit: unit, Planned: planned, Measured: measured}
+		if planned != 0 {
+			x := measured / planned
+			c.Ratio = &x
+		}
+		rows = append(rows, c)
+	}
+	if rec.Memory != nil {
+		held := rec.Memory.Held
+		for _, c := range p.Memory.Components() {
+			add(c.Name, "bytes", float64(c.Bytes), float64(held[c.Name]))
+		}
+		add("total", "bytes", float64(p.Memory.Total), float64(held["total"]))
+	}
+	measuredTPS := rec.Result.TokensPerS
+	measuredStep := math.NaN()
+	if measuredTPS > 0 {
+		measuredStep = tokens / measuredTPS
+	}
+	add("step time", "s", p.StepTimeS, measuredStep)
+	add("tokens/s", "tokens/s", p.TokensPerSPerDevice*float64(p.Mesh.World), measuredTPS)
+	if format == "json" {
+		enc := json.NewEncoder(a.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(map[string]any{"run": dir, "backend": rec.Backend, "steps": rec.Result.Steps, "device_profile": p.Topology.Device.Name,
+			"comparison": slices.Clip(rows)})
+	}
+	w := bufio.NewWriter(a.stdout)
+	fmt.Fprintf(w, "plan of %s (device profile %s) against what the run measured (%s, %d steps)\n\n", recipe, p.Topology.Device.Name, rec.Backend, rec.Result.Steps)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "\tplanned\tmeasured\tmeasured/planned\t")
+	for _, c := range rows {
+		ratio := "-"
+		if c.Ratio != nil && !math.IsNaN(*c.Ratio) {
+			ratio = fmt.Sprintf("%.3f", *c.Ratio)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", c.What, human(c.Planned, c.Unit), human(c.Measured, c.Unit), ratio)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if rec.Memory == nil {
+		fmt.Fprintln(w, "\n(run.json has no memory figures: the run ended before writing them)")
+	}
+	return w.Flush()
+}
+
+// human formats a figure with its unit: bytes in binary units, seconds and
+// tokens/s with a few significant digits.
+func human(x float64, unit string) string {
+	if math.IsNaN(x) {
+		return "-"
+	}
+	switch unit {
+	case "bytes":
+		for i, u := range []string{"B", "KiB", "MiB", "GiB", "TiB"} {
+			if math.Abs(x) < 1024 || i == 4 {
+				if i == 0 {
+					return fmt.Sprintf("%.0f B", x)
+				}
+				return fmt.Sprintf("%.2f %s", x, u)
+			}
+			x /= 1024
+		}
+	case "s":
+		return fmt.Sprintf("%.4g s", x)
+	}
+	return fmt.Sprintf("%.4g", x)
+}
