@@ -174,7 +174,7 @@ type Parallel struct {
 	GPUsPerNode int `toml:"gpus_per_node" min:"0" max:"1048576" flag:"gpus-per-node"`
 	// Device profile for the plan's memory and time model: auto picks cpu for
 	// device = "cpu" and h100-80gb for device = "cuda".
-	DeviceProfile string `toml:"device_profile" enum:"auto,cpu,a100-80gb,h100-80gb,h200-141gb" flag:"device-profile"`
+	DeviceProfile string `toml:"device_profile" enum:"auto,cpu,a100-80gb,h100-80gb,h200-141gb,h800-80gb,h20-96gb,b200-180gb,l40s-48gb" flag:"device-profile"`
 	// Device memory per rank in GiB for the plan, overriding the profile. 0 keeps the
 	// profile's value.
 	DeviceMemoryGiB float64 `toml:"device_memory_gib" min:"0" max:"1048576"`

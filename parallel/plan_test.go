@@ -322,3 +322,17 @@ func TestMoETokensByHand(t *testing.T) {
 	assert.EqualValues(t, 5120, tk.routed, "capacity 1.25 × 4,096")
 	assert.EqualValues(t, 5120, tk.worst, "a capacity factor bounds the worst case too")
 }
+
+// TestProfilesMatchTheSchema: every device profile can be named in a recipe, and
+// every name the recipe accepts (but auto) has a profile.
+func TestProfilesMatchTheSchema(t *testing.T) {
+	f, ok := config.RecipeSchema().Lookup("parallel.device_profile")
+	require.True(t, ok)
+	var named []string
+	for _, v := range f.Enum {
+		if v != "auto" {
+			named = append(named, v)
+		}
+	}
+	require.ElementsMatch(t, ProfileNames(), named)
+}

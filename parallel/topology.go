@@ -30,19 +30,42 @@ type DeviceProfile struct {
 	InterNodeBW float64
 }
 
-// Profiles are the shipped device profiles. Sources: NVIDIA data sheets for dense
-// bf16 peak and memory; NVLink per-direction bandwidth per GPU (A100 NVLink3 300 GB/s,
-// H100/H200 NVLink4 450 GB/s); HBM 2.0 TB/s (A100 80GB), 3.35 TB/s (H100 SXM), 4.8 TB/s
-// (H200); one 200 Gb/s (A100, HDR) or 400 Gb/s (H100/H200, NDR)
-// NIC per GPU across nodes. Achievable fractions: 0.8 is the 798 of 989 TFLOP/s
-// measured for a large bf16 GEMM on our H100 (shared/GPU.md); the A100 and H200 use
-// the same fraction. The CPU profile is this project's two-core machine, 24 GiB; its
-// FLOP/s and in-process copy bandwidth are nominal until the trainer measures them.
+// Profiles are the shipped device profiles: memory one rank may use, dense
+// (not sparse) matmul peak in the compute dtype, device memory bandwidth, and
+// per-direction bus bandwidth per rank inside a node and across nodes.
+// Achievable is 0.8 for every GPU: the 798 of 989 TFLOP/s measured for a large
+// bf16 GEMM on our H100 (shared/GPU.md); it is a measured figure only for the
+// H100, an assumption for the others until each is measured. Sources:
+//   - a100-80gb: NVIDIA A100 data sheet: 312 TFLOP/s bf16, 2.0 TB/s (80GB
+//     SXM), NVLink3 600 GB/s (300 per direction); one 200 Gb/s HDR NIC per GPU.
+//   - h100-80gb: NVIDIA H100 data sheet (SXM): 989 TFLOP/s bf16, 3.35 TB/s,
+//     NVLink4 900 GB/s (450 per direction); one 400 Gb/s NDR NIC per GPU; memory
+//     as nvidia-smi reports it on our H100 (81559 MiB).
+//   - h200-141gb: NVIDIA H200 data sheet: the H100's compute, 4.8 TB/s, 141 GB
+//     (143771 MiB, as nvidia-smi reports).
+//   - h800-80gb: the H100 SXM with NVLink cut to 400 GB/s (200 per direction),
+//     per NVIDIA's H800 product brief; memory and compute as the H100's.
+//   - h20-96gb: no public NVIDIA data sheet; the figures reported for it
+//     (e.g. willitrunai.com/gpus/h20-96gb, 2025): 148 TFLOP/s bf16, 96 GB HBM3
+//     at 4.0 TB/s, NVLink4 900 GB/s; a 400 Gb/s NIC per GPU assumed.
+//   - b200-180gb: HGX B200 at 1,000 W (glennklockwood.com/garden/processors/B200,
+//     from NVIDIA's Blackwell data sheet): 2,250 TFLOP/s bf16 dense, 8 TB/s,
+//     NVLink5 1.8 TB/s (900 per direction); 180 GB per GPU (HGX B200's 1.44 TB
+//     over 8); one 400 Gb/s NIC per GPU.
+//   - l40s-48gb: NVIDIA L40S data sheet: 362 TFLOP/s bf16 dense, 48 GB GDDR6 with
+//     ECC at 864 GB/s (46068 MiB usable, as nvidia-smi reports), no NVLink: PCIe
+//     Gen4 x16 64 GB/s (32 per direction); a 200 Gb/s NIC per GPU assumed.
+//   - cpu: this project's two-core machine, 24 GiB; its FLOP/s and in-process copy
+//     bandwidth are nominal until the plan is calibrated by measurement.
 var Profiles = map[string]DeviceProfile{
 	"cpu":        {Name: "cpu", MemoryBytes: 24 * GiB, PeakFLOPS: 400e9, Achievable: 0.4, HBMBandwidth: 20e9, IntraNodeBW: 8e9, InterNodeBW: 1e9},
 	"a100-80gb":  {Name: "a100-80gb", MemoryBytes: 80 * GiB, PeakFLOPS: 312e12, Achievable: 0.8, HBMBandwidth: 2.0e12, IntraNodeBW: 300e9, InterNodeBW: 25e9},
 	"h100-80gb":  {Name: "h100-80gb", MemoryBytes: 81559 << 20, PeakFLOPS: 989e12, Achievable: 0.8, HBMBandwidth: 3.35e12, IntraNodeBW: 450e9, InterNodeBW: 50e9},
 	"h200-141gb": {Name: "h200-141gb", MemoryBytes: 143771 << 20, PeakFLOPS: 989e12, Achievable: 0.8, HBMBandwidth: 4.8e12, IntraNodeBW: 450e9, InterNodeBW: 50e9},
+	"h800-80gb":  {Name: "h800-80gb", MemoryBytes: 81559 << 20, PeakFLOPS: 989e12, Achievable: 0.8, HBMBandwidth: 3.35e12, IntraNodeBW: 200e9, InterNodeBW: 50e9},
+	"h20-96gb":   {Name: "h20-96gb", MemoryBytes: 96e9, PeakFLOPS: 148e12, Achievable: 0.8, HBMBandwidth: 4.0e12, IntraNodeBW: 450e9, InterNodeBW: 50e9},
+	"b200-180gb": {Name: "b200-180gb", MemoryBytes: 180e9, PeakFLOPS: 2250e12, Achievable: 0.8, HBMBandwidth: 8.0e12, IntraNodeBW: 900e9, InterNodeBW: 50e9},
+	"l40s-48gb":  {Name: "l40s-48gb", MemoryBytes: 46068 << 20, PeakFLOPS: 362e12, Achievable: 0.8, HBMBandwidth: 864e9, IntraNodeBW: 32e9, InterNodeBW: 25e9},
 }
 
 // ProfileNames lists the profiles, sorted.
