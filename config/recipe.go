@@ -173,11 +173,24 @@ type Parallel struct {
 	// 0 means every rank on one node.
 	GPUsPerNode int `toml:"gpus_per_node" min:"0" max:"1048576" flag:"gpus-per-node"`
 	// Device profile for the plan's memory and time model: auto picks cpu for
-	// device = "cpu" and h100-80gb for device = "cuda".
-	DeviceProfile string `toml:"device_profile" enum:"auto,cpu,a100-80gb,h100-80gb,h200-141gb,h800-80gb,h20-96gb,b200-180gb,l40s-48gb" flag:"device-profile"`
+	// device = "cpu" and h100-80gb for device = "cuda"; custom is a device described
+	// by the five device_* keys below, all of which it needs.
+	DeviceProfile string `toml:"device_profile" enum:"auto,cpu,a100-80gb,h100-80gb,h200-141gb,h800-80gb,h20-96gb,b200-180gb,l40s-48gb,custom" flag:"device-profile"`
 	// Device memory per rank in GiB for the plan, overriding the profile. 0 keeps the
 	// profile's value.
 	DeviceMemoryGiB float64 `toml:"device_memory_gib" min:"0" max:"1048576"`
+	// Dense matmul peak of one device in the compute dtype (bf16 on GPUs, fp32 on the
+	// CPU), TFLOP/s, for the plan's time model and MFU, overriding the profile. 0
+	// keeps the profile's value.
+	DevicePeakTFLOPS float64 `toml:"device_peak_tflops" min:"0" max:"1000000"`
+	// Device memory bandwidth in GB/s, overriding the profile. 0 keeps the profile's.
+	DeviceMemoryGBps float64 `toml:"device_memory_gbps" min:"0" max:"1000000"`
+	// Bus bandwidth per rank and direction inside a node, GB/s, overriding the
+	// profile. 0 keeps the profile's.
+	DeviceIntraNodeGBps float64 `toml:"device_intra_node_gbps" min:"0" max:"1000000"`
+	// Bus bandwidth per rank and direction across nodes, GB/s, overriding the
+	// profile. 0 keeps the profile's.
+	DeviceInterNodeGBps float64 `toml:"device_inter_node_gbps" min:"0" max:"1000000"`
 	// The CUDA caching allocator uses expandable segments (as PyTorch's
 	// expandable_segments:True). Incompatible with fsdp.use_nccl_ub.
 	CUDAExpandableSegments bool `toml:"cuda_expandable_segments"`

@@ -330,9 +330,31 @@ func TestProfilesMatchTheSchema(t *testing.T) {
 	require.True(t, ok)
 	var named []string
 	for _, v := range f.Enum {
-		if v != "auto" {
+		if v != "auto" && v != "custom" {
 			named = append(named, v)
 		}
 	}
 	require.ElementsMatch(t, ProfileNames(), named)
+}
+
+// TestCustomDevice: a custom device takes every figure from the recipe, refuses
+// to plan without one of them (naming it), and the same keys override a named
+// profile.
+func TestCustomDevice(t *testing.T) {
+	p := config.Default().Parallel
+	p.Device, p.DeviceProfile = "cuda", "custom"
+	p.DeviceMemoryGiB, p.DevicePeakTFLOPS, p.DeviceMemoryGBps, p.DeviceIntraNodeGBps = 64, 500, 3000, 400
+	_, err := TopologyOf(p)
+	require.ErrorContains(t, err, "parallel.device_inter_node_gbps > 0")
+	p.DeviceInterNodeGBps = 25
+	topo, err := TopologyOf(p)
+	require.NoError(t, err)
+	require.Equal(t, DeviceProfile{Name: "custom", MemoryBytes: 64 * GiB, PeakFLOPS: 500e12, Achievable: 0.8, HBMBandwidth: 3000e9, IntraNodeBW: 400e9, InterNodeBW: 25e9}, topo.Device)
+	p.DeviceProfile = "h100-80gb"
+	p.DeviceMemoryGiB, p.DeviceMemoryGBps, p.DeviceIntraNodeGBps, p.DeviceInterNodeGBps = 0, 0, 0, 0
+	topo, err = TopologyOf(p)
+	require.NoError(t, err)
+	want := Profiles["h100-80gb"]
+	want.PeakFLOPS = 500e12
+	require.Equal(t, want, topo.Device)
 }

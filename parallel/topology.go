@@ -98,11 +98,38 @@ func TopologyOf(p config.Parallel) (Topology, error) {
 		}
 	}
 	prof, ok := Profiles[name]
+	if name == "custom" {
+		// Every figure from the recipe; large matmuls are assumed to reach the
+		// fraction of peak measured on the H100 (see Profiles).
+		prof, ok = DeviceProfile{Name: "custom", Achievable: 0.8}, true
+		for _, k := range []struct {
+			key string
+			v   float64
+		}{{"parallel.device_memory_gib", p.DeviceMemoryGiB}, {"parallel.device_peak_tflops", p.DevicePeakTFLOPS},
+			{"parallel.device_memory_gbps", p.DeviceMemoryGBps}, {"parallel.device_intra_node_gbps", p.DeviceIntraNodeGBps},
+			{"parallel.device_inter_node_gbps", p.DeviceInterNodeGBps}} {
+			if k.v <= 0 {
+				return Topology{}, &KeyError{Key: "parallel.device_profile", Msg: fmt.Sprintf("device_profile = \"custom\" needs %s > 0 (a custom device is described by device_memory_gib, device_peak_tflops, device_memory_gbps, device_intra_node_gbps and device_inter_node_gbps)", k.key)}
+			}
+		}
+	}
 	if !ok {
 		return Topology{}, &KeyError{Key: "parallel.device_profile", Msg: fmt.Sprintf("unknown device profile %q; known: %s", name, strings.Join(ProfileNames(), ", "))}
 	}
 	if p.DeviceMemoryGiB > 0 {
 		prof.MemoryBytes = int64(p.DeviceMemoryGiB * GiB)
+	}
+	if p.DevicePeakTFLOPS > 0 {
+		prof.PeakFLOPS = p.DevicePeakTFLOPS * 1e12
+	}
+	if p.DeviceMemoryGBps > 0 {
+		prof.HBMBandwidth = p.DeviceMemoryGBps * 1e9
+	}
+	if p.DeviceIntraNodeGBps > 0 {
+		prof.IntraNodeBW = p.DeviceIntraNodeGBps * 1e9
+	}
+	if p.DeviceInterNodeGBps > 0 {
+		prof.InterNodeBW = p.DeviceInterNodeGBps * 1e9
 	}
 	g := p.GPUsPerNode
 	if g <= 0 || g > p.WorldSize {

@@ -553,6 +553,26 @@ func TestSettings(t *testing.T) {
 	code, _, errs = shardline(t, nil, "lint", recipe)
 	assert.Equal(t, 2, code)
 	assert.Contains(t, errs, `shardline.toml:1:1: setting grace ("soon"): want a positive duration`)
+
+	// The machine's device, described in the settings: a custom profile needs all
+	// five figures (the missing one is named), and the plan uses them.
+	custom := "device_profile = \"custom\"\ndevice_memory_gib = 64\ndevice_peak_tflops = 500\ndevice_memory_gbps = 3000\ndevice_intra_node_gbps = 400\n"
+	require.NoError(t, os.WriteFile(filepath.Join(root, "shardline.toml"), []byte(custom), 0o644))
+	code, _, errs = shardline(t, nil, "plan", recipe)
+	assert.Equal(t, exitFindings, code)
+	assert.Contains(t, errs, "needs parallel.device_inter_node_gbps > 0")
+	require.NoError(t, os.WriteFile(filepath.Join(root, "shardline.toml"), []byte(custom+"device_inter_node_gbps = 25\n"), 0o644))
+	code, out, errs = shardline(t, nil, "plan", recipe, "--format", "json")
+	require.Equal(t, 0, code, errs)
+	var p struct {
+		Device string `json:"device"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &p))
+	assert.Equal(t, "custom", p.Device)
+	require.NoError(t, os.WriteFile(filepath.Join(root, "shardline.toml"), []byte("device_memory_gbps = -3\n"), 0o644))
+	code, _, errs = shardline(t, nil, "plan", recipe)
+	assert.Equal(t, exitFindings, code)
+	assert.Contains(t, errs, "shardline.toml:1:1: error[SL008]: parallel.device_memory_gbps (-3.0) must be ≥ 0")
 }
 
 // TestRunCUDAWithoutGPURunner: the shardline everyone runs has no GPU code; a cuda

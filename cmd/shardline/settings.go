@@ -28,15 +28,22 @@ type settings struct {
 	DataRoot string
 	// CacheDir holds tokenized text ("" means the user cache directory).
 	CacheDir string
-	// DeviceProfile is the default of parallel.device_profile.
+	// DeviceProfile is the default of parallel.device_profile; Device holds the
+	// defaults of the parallel.device_* figures (a custom device, or overrides of
+	// the profile's), by setting name, as written.
 	DeviceProfile string
+	Device        map[string]string
 	// CommTimeout and Grace are the defaults of --comm-timeout and --grace.
 	CommTimeout, Grace time.Duration
 	pos                map[string]config.Pos // where each key stands in the file
 }
 
 // settingKeys are the keys of shardline.toml, and of SHARDLINE_<KEY>.
-var settingKeys = []string{"runs_dir", "data_root", "cache_dir", "device_profile", "comm_timeout", "grace"}
+var settingKeys = append([]string{"runs_dir", "data_root", "cache_dir", "device_profile", "comm_timeout", "grace"}, deviceSettings...)
+
+// deviceSettings describe the machine's device (parallel.device_* in a recipe,
+// which wins): the figures of a custom device_profile, or overrides of a named one.
+var deviceSettings = []string{"device_memory_gib", "device_peak_tflops", "device_memory_gbps", "device_intra_node_gbps", "device_inter_node_gbps"}
 
 // settingsFile is the name looked for in the working directory and its parents.
 const settingsFile = "shardline.toml"
@@ -100,6 +107,12 @@ func loadSettings(path string, env map[string]string) (*settings, error) {
 		return nil, err
 	}
 	s.RunsDir, s.DataRoot, s.CacheDir, s.DeviceProfile = v.GetString("runs_dir"), v.GetString("data_root"), v.GetString("cache_dir"), v.GetString("device_profile")
+	s.Device = map[string]string{}
+	for _, key := range deviceSettings {
+		if v.IsSet(key) {
+			s.Device[key] = v.GetString(key)
+		}
+	}
 	// Relative directories in the file are relative to the file (an experiment
 	// repository's root), wherever the command runs; from a variable, to the
 	// working directory.
@@ -152,9 +165,13 @@ func keyPos(path string, lines []string, key string) config.Pos {
 // recipeDefaults are the settings that stand in for recipe defaults.
 func (s *settings) recipeDefaults(env map[string]string) []config.SettingDefault {
 	var out []config.SettingDefault
-	for _, d := range []struct{ setting, key, value string }{
+	defaults := []struct{ setting, key, value string }{
 		{"runs_dir", "run.output_dir", s.RunsDir}, {"device_profile", "parallel.device_profile", s.DeviceProfile},
-	} {
+	}
+	for _, k := range deviceSettings {
+		defaults = append(defaults, struct{ setting, key, value string }{k, "parallel." + k, s.Device[k]})
+	}
+	for _, d := range defaults {
 		if d.value == "" {
 			continue
 		}
