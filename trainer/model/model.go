@@ -90,9 +90,12 @@ type ExpertParallel struct {
 func WithExpertParallel(ep ExpertParallel) Option { return func(o *options) { o.ep = &ep } }
 
 // WithRecompute sets activation recomputation: "none" keeps every activation;
-// "selective" keeps one layer's attention probabilities and recomputes them in
-// backward; "full" keeps only each layer's input and recomputes the whole layer in
-// backward (one set of intermediates serves every layer).
+// "selective" keeps every activation but the attention probabilities, which one
+// shared slot holds and backward remakes layer by layer (Megatron's selective
+// recomputation of the attention core; with flash attention there is nothing to
+// remake, and each layer keeps its log-sum-exps); "full" keeps only each layer's
+// input and recomputes the whole layer in backward (one set of intermediates
+// serves every layer).
 func WithRecompute(mode string) Option { return func(o *options) { o.recompute = mode } }
 
 func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights, grads [][]F, be tensor.Kernels[F], B, T int, opt ...Option) (*Model[F], error) {
