@@ -41,6 +41,9 @@ type SettingDefault struct {
 type FlagValue struct {
 	Name  string
 	Value string
+	// Key, when set, is the recipe key the flag sets: a command's own flag (run's
+	// --device) rather than a Megatron flag of the schema.
+	Key string
 }
 
 // Resolved is a recipe with the origin of every value.

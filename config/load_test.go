@@ -31,7 +31,7 @@ func TestPrecedence(t *testing.T) {
 	res, diags := Load(filepath.Join(dir, "x.toml"), Options{
 		Env:   []string{"SHARDLINE_MODEL_LAYERS=5", "SHARDLINE_TRAIN_LR=0.25", "OTHER=1"},
 		Sets:  []string{"model.layers=6", "model.hidden=96"},
-		Flags: []FlagValue{{"num-layers", "7"}},
+		Flags: []FlagValue{{Name: "num-layers", Value: "7"}},
 	})
 	require.Empty(t, diags)
 	r := res.Recipe
@@ -64,8 +64,8 @@ func TestOverrideForms(t *testing.T) {
 			`model.moe.capacity_factor=1_000.5`,
 			`run.seed=0x10`,
 		},
-		Flags: []FlagValue{{"no-gradient-accumulation-fusion", "true"}, {"bf16", "true"}, {"use-megatron-fsdp", "false"},
-			{"data-parallel-sharding-strategy", "optim"}, {"ckpt-format", "torch_dist"}},
+		Flags: []FlagValue{{Name: "no-gradient-accumulation-fusion", Value: "true"}, {Name: "bf16", Value: "true"}, {Name: "use-megatron-fsdp", Value: "false"},
+			{Name: "data-parallel-sharding-strategy", Value: "optim"}, {Name: "ckpt-format", Value: "torch_dist"}},
 	})
 	require.Empty(t, diags)
 	r := res.Recipe
@@ -115,7 +115,7 @@ func TestRoundTrip(t *testing.T) {
 	require.NotEmpty(t, files)
 	for _, f := range files {
 		t.Run(filepath.Base(f), func(t *testing.T) {
-			res, diags := Load(f, Options{Flags: []FlagValue{{"num-layers", "3"}}, Sets: []string{"train.lr=0.000123"}})
+			res, diags := Load(f, Options{Flags: []FlagValue{{Name: "num-layers", Value: "3"}}, Sets: []string{"train.lr=0.000123"}})
 			require.False(t, diags.HasErrors(), "%v", diags)
 			out1, fp1, err := ResolvedTOML(&res.Recipe)
 			require.NoError(t, err)

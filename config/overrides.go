@@ -83,6 +83,12 @@ func (l *loader) applyFlags() {
 	for _, fv := range l.opts.Flags {
 		name := strings.TrimLeft(fv.Name, "-")
 		o := Origin{Kind: FromFlag, Name: "--" + name, Raw: fv.Value, Pos: Pos{File: l.res.Path}}
+		if fv.Key != "" {
+			if f, ok := recipeSchema.Lookup(fv.Key); ok {
+				l.applyString(f, fv.Value, o)
+				continue
+			}
+		}
 		f, positive, ok := recipeSchema.FlagField(name)
 		if !ok {
 			d := Diagnostic{Severity: SevError, Code: "SL007", Origin: o,

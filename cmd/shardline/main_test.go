@@ -583,7 +583,7 @@ func TestRunCUDAWithoutGPURunner(t *testing.T) {
 	code, _, errs := shardline(t, []string{"PATH=" + t.TempDir()}, "run", filepath.Join(recipesDir, "tiny.toml"), "--device", "cuda", "--train-iters", "1")
 	assert.Equal(t, exitFindings, code)
 	if _, err := os.Stat("/dev/nvidiactl"); err != nil { // this machine: no GPU driver
-		assert.Contains(t, errs, `flag --set parallel.device`) // --device is --set parallel.device
+		assert.Contains(t, errs, `flag --device`)
 		assert.Contains(t, errs, `parallel.device = "cuda": no NVIDIA GPU driver is loaded (/dev/nvidiactl is missing)`)
 	} else {
 		assert.Contains(t, errs, `parallel.device = "cuda": `)

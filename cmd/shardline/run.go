@@ -129,7 +129,7 @@ which this binary hands the run to with the same arguments.`,
 			rf.extra = append(rf.extra, config.FlagValue{Name: "world-size", Value: fmt.Sprint(nproc)})
 		}
 		if cmd.Flags().Changed("device") {
-			rf.sets = append(rf.sets, "parallel.device="+device)
+			rf.extra = append(rf.extra, config.FlagValue{Name: "device", Value: device, Key: "parallel.device"})
 		}
 		if job != nil {
 			rf.extra = append(rf.extra, config.FlagValue{Name: "world-size", Value: fmt.Sprint(job.world)})
