@@ -144,6 +144,8 @@ var Rules = []Rule{
 	{"SL007", SevError, "bad override (--set, flag or environment variable)"},
 	{"SL008", SevError, "value out of range"},
 	{"SL009", SevError, "run.name is not one directory name"},
+	{"SL010", SevError, "Megatron argument for something shardline does not do"},
+	{"SL011", SevNote, "Megatron argument with no effect in shardline"},
 	{"SL101", SevError, "Megatron-FSDP requires use_distributed_optimizer"},
 	{"SL102", SevError, "Megatron-FSDP requires gradient_accumulation_fusion off"},
 	{"SL103", SevError, "Megatron-FSDP requires ckpt_format = fsdp_dtensor"},

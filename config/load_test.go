@@ -185,3 +185,31 @@ func TestSuggest(t *testing.T) {
 		assert.Equal(t, tc.want, Suggest(tc.in, []string{"layers", "hidden", "cosine", "optim_grads", "optim_grads_params"}), tc.in)
 	}
 }
+
+// TestMegatronArguments: a Llama argument list as Megatron's examples write it
+// loads clean: the describing arguments are accepted, --untie-embeddings-and-
+// output-weights and --min-lr set their keys (min_lr_factor = min-lr / lr, with
+// lr given after it), and the no-effect ones are notes.
+func TestMegatronArguments(t *testing.T) {
+	var flags []FlagValue
+	for _, a := range [][2]string{{"swiglu", "true"}, {"normalization", "RMSNorm"}, {"position-embedding-type", "rope"},
+		{"disable-bias-linear", "true"}, {"group-query-attention", "true"}, {"num-query-groups", "2"}, {"untie-embeddings-and-output-weights", "true"},
+		{"max-position-embeddings", "4096"}, {"attention-dropout", "0"}, {"hidden-dropout", "0.0"}, {"min-lr", "3e-5"}, {"lr", "3e-4"},
+		{"use-mcore-models", "true"}, {"use-flash-attn", "true"}} {
+		flags = append(flags, FlagValue{Name: a[0], Value: a[1]})
+	}
+	res, diags := LoadBytes("r.toml", []byte("[model]\ntie_embeddings = true\n"), Options{Flags: flags})
+	require.False(t, diags.HasErrors(), "%v", diags)
+	r := res.Recipe
+	require.False(t, r.Model.TieEmbeddings)
+	require.Equal(t, 2, r.Model.KVHeads)
+	require.InDelta(t, 0.1, r.Train.MinLRFactor, 1e-12)
+	notes := 0
+	for _, d := range diags {
+		if d.Code == "SL011" {
+			notes++
+		}
+	}
+	require.Equal(t, 2, notes, "%v", diags)
+	require.Equal(t, "flag --min-lr=3e-5", res.Origin("train.min_lr_factor").Describe())
+}

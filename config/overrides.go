@@ -80,6 +80,12 @@ func (l *loader) applySets() {
 
 // applyFlags applies Megatron-style dashed flags.
 func (l *loader) applyFlags() {
+	var later []func() // Megatron arguments computed from the recipe once every flag is in
+	defer func() {
+		for _, f := range later {
+			f()
+		}
+	}()
 	for _, fv := range l.opts.Flags {
 		name := strings.TrimLeft(fv.Name, "-")
 		o := Origin{Kind: FromFlag, Name: "--" + name, Raw: fv.Value, Pos: Pos{File: l.res.Path}}
@@ -90,11 +96,14 @@ func (l *loader) applyFlags() {
 			}
 		}
 		f, positive, ok := recipeSchema.FlagField(name)
+		if !ok && l.applyMegatronArg(name, fv, o, &later) {
+			continue
+		}
 		if !ok {
 			d := Diagnostic{Severity: SevError, Code: "SL007", Origin: o,
 				Message: fmt.Sprintf("unknown flag --%s", name),
 				Help:    "see `shardline lint --help` for the Megatron flags shardline accepts, or use --set section.key=value"}
-			if m := Suggest(name, recipeSchema.Flags()); m != "" {
+			if m := Suggest(name, append(recipeSchema.Flags(), megatronNames()...)); m != "" {
 				d.Message += fmt.Sprintf("; did you mean --%s?", m)
 			}
 			l.add(d)
@@ -142,4 +151,12 @@ func (l *loader) applyImplied() {
 		base := filepath.Base(l.res.Path)
 		l.set(f, strings.TrimSuffix(base, filepath.Ext(base)), Origin{Kind: FromImplied, Because: "the recipe's file name", Pos: Pos{File: l.res.Path}})
 	}
+}
+
+func megatronNames() []string {
+	var out []string
+	for name := range megatronArgs {
+		out = append(out, name)
+	}
+	return out
 }

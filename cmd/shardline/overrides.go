@@ -26,10 +26,11 @@ type recipeFlags struct {
 // megatronValue is one Megatron-style flag; it records the raw value so config can
 // check it against the key's type and report the flag by name.
 type megatronValue struct {
-	name  string
-	field *config.Field
-	value string
-	set   bool
+	name      string
+	field     *config.Field // nil for a Megatron argument beyond the schema
+	switchArg bool          // such an argument that takes no value
+	value     string
+	set       bool
 }
 
 func (v *megatronValue) String() string { return v.value }
@@ -38,6 +39,12 @@ func (v *megatronValue) Set(s string) error {
 	return nil
 }
 func (v *megatronValue) Type() string {
+	if v.field == nil { // a Megatron argument beyond the schema (config.MegatronArgs)
+		if v.switchArg {
+			return "bool"
+		}
+		return "string"
+	}
 	switch v.field.Kind {
 	case config.KindBool:
 		return "bool"
@@ -67,6 +74,21 @@ func addRecipeFlags(cmd *cobra.Command) *recipeFlags {
 		fs.Var(v, name, usage)
 		fl := fs.Lookup(name)
 		if f.Kind == config.KindBool {
+			fl.NoOptDefVal = "true"
+		}
+		fl.Annotations = map[string][]string{megatronAnnotation: {"true"}}
+		rf.megatron = append(rf.megatron, v)
+	}
+	// Megatron arguments the recipe has no key for: accepted, checked, noted or
+	// refused by config (a launch script's argument list lints as far as it can).
+	for _, a := range config.MegatronArgs() {
+		if fs.Lookup(a.Name) != nil {
+			continue
+		}
+		v := &megatronValue{name: a.Name, switchArg: !a.TakesValue}
+		fs.Var(v, a.Name, a.Usage)
+		fl := fs.Lookup(a.Name)
+		if !a.TakesValue {
 			fl.NoOptDefVal = "true"
 		}
 		fl.Annotations = map[string][]string{megatronAnnotation: {"true"}}
