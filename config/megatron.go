@@ -63,6 +63,15 @@ var megatronArgs = map[string]megatronArg{
 			l.set(f, false, o)
 			return nil
 		}},
+	"use-rope-scaling": {kind: mapped, usage: "sets model.rope_scaling = llama3 (its factor: --rotary-scaling-factor)",
+		apply: func(l *loader, v string, o Origin) error {
+			if !isTrue(v) {
+				return fmt.Errorf("takes no value but true")
+			}
+			f, _ := recipeSchema.Lookup("model.rope_scaling")
+			l.set(f, "llama3", o)
+			return nil
+		}},
 	"max-position-embeddings": {kind: mapped, takesValue: true, usage: "checked: at least model.seq_len (rotary positions need no table)",
 		apply: func(l *loader, v string, o Origin) error {
 			n, err := strconv.Atoi(v)

@@ -70,6 +70,12 @@ type Model struct {
 	SeqLen int `toml:"seq_len" min:"1" max:"16777216" flag:"seq-length"`
 	// RoPE base frequency.
 	RopeTheta float64 `toml:"rope_theta" gt:"0" flag:"rotary-base"`
+	// RoPE frequency scaling: none, or llama3 (Llama 3.1's: wavelengths above 8192
+	// positions divided by rope_scaling_factor, below 2048 kept, and a smooth blend
+	// between; Megatron's --use-rope-scaling).
+	RopeScaling string `toml:"rope_scaling" enum:"none,llama3"`
+	// The llama3 scaling's factor (8 for Llama 3.1, 32 for Llama 3.2).
+	RopeScalingFactor float64 `toml:"rope_scaling_factor" gt:"0" max:"1000000" flag:"rotary-scaling-factor"`
 	// Epsilon added to the mean square in RMSNorm.
 	NormEps float64 `toml:"norm_eps" gt:"0" flag:"norm-epsilon"`
 	// Share the token embedding with the output head.

@@ -307,7 +307,8 @@ func TestElementwise(t *testing.T) {
 		n := B * T * NH * HD
 		x := roundTo(dt, randn(r, n, 1))
 		cos, sin := make([]float32, T*HD/2), make([]float32, T*HD/2)
-		cpu.RopeTables(cos, sin, T, HD, 10000)
+		inv := tensor.RopeInvFreq(HD, 10000, "none", 1)
+		cpu.RopeTables(cos, sin, T, inv)
 		rot := append([]float32(nil), x...)
 		cpu.Rope(rot, cos, sin, B, T, NH, HD)
 		back := append([]float32(nil), x...)
@@ -322,7 +323,7 @@ func TestElementwise(t *testing.T) {
 		cpu.Add(sum, g, u, n)
 		onDevice(t, func() {
 			bc, bs := poisoned(t, F32, T*HD/2), poisoned(t, F32, T*HD/2)
-			dev.RopeTables(bc, bs, T, HD, 10000)
+			dev.RopeTables(bc, bs, T, inv)
 			check(t, "rope tables", F32, get(bc), cos, 0)
 			bx := put(t, dt, x)
 			dev.Rope(bx, bc, bs, RopeShape{B, T, NH, HD}, false)

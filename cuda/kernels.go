@@ -212,14 +212,15 @@ func (d *Device) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd Buffer, 
 	d.launch("sum_partials", (C+threads-1)/threads, 1, threads, ptr(dweight), ptr(part), i32(nb), i32(C))
 }
 
-// RopeTables uploads cos and sin tables (T, HD/2, fp32) for rotary embeddings,
-// computed on the host in float64 as the CPU backend does.
-func (d *Device) RopeTables(cos, sin Buffer, T, HD int, theta float64) {
-	half := HD / 2
+// RopeTables uploads cos and sin tables (T, len(inv), fp32) for rotary
+// embeddings at the inverse frequencies inv (tensor.RopeInvFreq), computed on the
+// host in float64 as the CPU backend does.
+func (d *Device) RopeTables(cos, sin Buffer, T int, inv []float64) {
+	half := len(inv)
 	c, s := make([]float32, T*half), make([]float32, T*half)
 	for t := 0; t < T; t++ {
-		for i := 0; i < half; i++ {
-			a := float64(t) * math.Pow(theta, -2*float64(i)/float64(HD))
+		for i, f := range inv {
+			a := float64(t) * f
 			c[t*half+i], s[t*half+i] = float32(math.Cos(a)), float32(math.Sin(a))
 		}
 	}

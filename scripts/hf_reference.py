@@ -53,10 +53,20 @@ def rms_norm(x, weight, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
-def rope(x, theta):
+def rope(x, theta, scaling=None):
     # x (T, heads, head_dim); rotate_half pairs element i with i + head_dim/2.
     T, _, hd = x.shape
     inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    if scaling and scaling.get("rope_type") == "llama3":
+        # transformers' _compute_llama3_parameters
+        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old = scaling["original_max_position_embeddings"]
+        wavelen = 2 * torch.pi / inv
+        scaled = torch.where(wavelen > old / low, inv / factor, inv)
+        smooth = (old / wavelen - low) / (high - low)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old / high) & (wavelen <= old / low)
+        inv = torch.where(medium, blended, scaled)
     freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv)
     emb = torch.cat([freqs, freqs], dim=-1)
     cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]
@@ -79,7 +89,7 @@ def attention(x, w, pre, c):
     q = linear(x, w[pre + "q_proj.weight"], w.get(pre + "q_proj.bias")).view(T, nh, hd)
     k = linear(x, w[pre + "k_proj.weight"], w.get(pre + "k_proj.bias")).view(T, nkv, hd)
     v = linear(x, w[pre + "v_proj.weight"], w.get(pre + "v_proj.bias")).view(T, nkv, hd)
-    q, k = rope(q, c["rope_theta"]), rope(k, c["rope_theta"])
+    q, k = rope(q, c["rope_theta"], c.get("rope_scaling")), rope(k, c["rope_theta"], c.get("rope_scaling"))
     rep = nh // nkv  # repeat_kv: query head h reads key/value head h // rep
     k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     s = torch.einsum("thd,uhd->htu", q, k) / hd**0.5

@@ -34,7 +34,9 @@ type Kernels[F Float] interface {
 	RMSNorm(out, rstd, inp, weight []F, BT, C int, eps float64)
 	RMSNormBackward(dinp, dweight, dout, inp, weight, rstd []F, BT, C int)
 
-	RopeTables(cos, sin []F, T, HD int, theta float64)
+	// RopeTables fills cos and sin (T, len(inv)) for positions 0..T−1 at the
+	// inverse frequencies inv (RopeInvFreq).
+	RopeTables(cos, sin []F, T int, inv []float64)
 	Rope(x, cos, sin []F, B, T, NH, HD int)
 	RopeBackward(dx, cos, sin []F, B, T, NH, HD int)
 

@@ -1,6 +1,7 @@
 package trainer
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"os"
@@ -19,11 +20,16 @@ import (
 var exportCases = []struct {
 	arch string
 	sets []string
+	tol  string // TestExportMatchesPyTorch's tolerance, "" for 1e-5
 }{
-	{"LlamaForCausalLM", []string{"model.heads=4", "model.kv_heads=2"}}, // grouped-query attention
-	{"LlamaForCausalLM", []string{"model.tie_embeddings=false"}},
-	{"MixtralForCausalLM", []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32"}},
-	{"Qwen2MoeForCausalLM", []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32", "model.moe.shared_experts=2", "model.moe.layer_freq=2"}},
+	{"LlamaForCausalLM", []string{"model.heads=4", "model.kv_heads=2"}, ""}, // grouped-query attention
+	{"LlamaForCausalLM", []string{"model.tie_embeddings=false"}, ""},
+	// Llama 3.1's RoPE scaling. It turns only low frequencies, whose angles over the
+	// test's 20 tokens stay small: leaving it out of the reference moves the logits
+	// by 1.1e-5 only, so this case is held to 1e-6 (measured with it: 1.3e-7).
+	{"LlamaForCausalLM", []string{"model.rope_scaling=llama3", "model.rope_scaling_factor=8", "model.rope_theta=500000"}, "1e-6"},
+	{"MixtralForCausalLM", []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32"}, ""},
+	{"Qwen2MoeForCausalLM", []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32", "model.moe.shared_experts=2", "model.moe.layer_freq=2"}, ""},
 }
 
 // trainedForExport trains a small model a few steps (so no weight is at its
@@ -95,7 +101,8 @@ func TestExportMatchesPyTorch(t *testing.T) {
 			b, err := json.Marshal(map[string]any{"tokens": tokens, "logits": rows})
 			require.NoError(t, err)
 			require.NoError(t, os.WriteFile(caseFile, b, 0o644))
-			cmd := exec.Command(py, "../scripts/hf_reference.py", out, caseFile, "1e-5")
+			tol := cmp.Or(c.tol, "1e-5")
+			cmd := exec.Command(py, "../scripts/hf_reference.py", out, caseFile, tol)
 			msg, err := cmd.CombinedOutput()
 			t.Log(string(msg))
 			require.NoError(t, err, "%s", msg)

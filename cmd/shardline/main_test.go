@@ -663,7 +663,7 @@ func TestPlanAgainstRun(t *testing.T) {
 func TestLintMegatronLlamaArguments(t *testing.T) {
 	args := strings.Fields(`--use-mcore-models --num-layers 4 --hidden-size 128 --ffn-hidden-size 384 --num-attention-heads 4
 		--group-query-attention --num-query-groups 2 --seq-length 128 --max-position-embeddings 4096 --position-embedding-type rope
-		--rotary-base 500000 --normalization RMSNorm --norm-epsilon 1e-5 --swiglu --disable-bias-linear
+		--rotary-base 500000 --use-rope-scaling --rotary-scaling-factor 8.0 --normalization RMSNorm --norm-epsilon 1e-5 --swiglu --disable-bias-linear
 		--untie-embeddings-and-output-weights --attention-dropout 0.0 --hidden-dropout 0.0 --micro-batch-size 4 --global-batch-size 16
 		--lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine --lr-warmup-iters 10 --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95
 		--clip-grad 1.0 --bf16 --use-flash-attn --transformer-impl transformer_engine --log-interval 10 --eval-interval 100 --eval-iters 10`)
@@ -671,6 +671,10 @@ func TestLintMegatronLlamaArguments(t *testing.T) {
 	require.Equal(t, 0, code, out+errs)
 	assert.Contains(t, out, "0 errors")
 	assert.Contains(t, out, "note[SL011]: --transformer-impl has no effect")
+	code, out, _ = shardline(t, nil, append([]string{"lint", "--explain", "model.rope_scaling", filepath.Join(recipesDir, "tiny.toml")}, args...)...)
+	require.Equal(t, 0, code)
+	assert.Contains(t, out, `model.rope_scaling = "llama3"`)
+	assert.Contains(t, out, "from flag --use-rope-scaling")
 	code, out, errs = shardline(t, nil, "lint", filepath.Join(recipesDir, "tiny.toml"), "--add-bias-linear", "--normalization", "LayerNorm")
 	assert.Equal(t, exitFindings, code, errs)
 	assert.Contains(t, out, "error[SL010]: --add-bias-linear: shardline's linear layers have no bias")

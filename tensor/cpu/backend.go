@@ -34,8 +34,8 @@ func (Kernels[F]) RMSNorm(out, rstd, inp, weight []F, BT, C int, eps float64) {
 func (Kernels[F]) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd []F, BT, C int) {
 	RMSNormBackward(dinp, dweight, dout, inp, weight, rstd, BT, C)
 }
-func (Kernels[F]) RopeTables(cos, sin []F, T, HD int, theta float64) {
-	RopeTables(cos, sin, T, HD, theta)
+func (Kernels[F]) RopeTables(cos, sin []F, T int, inv []float64) {
+	RopeTables(cos, sin, T, inv)
 }
 func (Kernels[F]) Rope(x, cos, sin []F, B, T, NH, HD int) { Rope(x, cos, sin, B, T, NH, HD) }
 func (Kernels[F]) RopeBackward(dx, cos, sin []F, B, T, NH, HD int) {

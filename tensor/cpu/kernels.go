@@ -242,13 +242,13 @@ func dot3[F Float](a, b, c []F) F {
 	return (s0 + s1) + (s2 + s3)
 }
 
-// RopeTables fills cos and sin (T, HD/2) for rotary embeddings:
-// angle(t, i) = t · theta^(−2i/HD).
-func RopeTables[F Float](cos, sin []F, T, HD int, theta float64) {
-	half := HD / 2
+// RopeTables fills cos and sin (T, len(inv)) for rotary embeddings: angle(t, i) =
+// t · inv[i] (tensor.RopeInvFreq gives inv).
+func RopeTables[F Float](cos, sin []F, T int, inv []float64) {
+	half := len(inv)
 	for t := 0; t < T; t++ {
-		for i := 0; i < half; i++ {
-			a := float64(t) * math.Pow(theta, -2*float64(i)/float64(HD))
+		for i, f := range inv {
+			a := float64(t) * f
 			cos[t*half+i], sin[t*half+i] = F(math.Cos(a)), F(math.Sin(a))
 		}
 	}

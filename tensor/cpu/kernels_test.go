@@ -6,6 +6,8 @@ import (
 	"runtime"
 	"slices"
 	"testing"
+
+	"github.com/shardline/shardline/tensor"
 )
 
 // Gradient checks run every kernel in float64 and compare its backward with
@@ -106,7 +108,7 @@ func TestRopeGrad(t *testing.T) {
 	B, T, NH, HD := 2, 5, 3, 8
 	x, R := randF64(r, B*T*NH*HD), randF64(r, B*T*NH*HD)
 	cos, sin := make([]float64, T*HD/2), make([]float64, T*HD/2)
-	RopeTables(cos, sin, T, HD, 10000)
+	RopeTables(cos, sin, T, tensor.RopeInvFreq(HD, 10000, "none", 1))
 	out := make([]float64, len(x))
 	loss := func() float64 { copy(out, x); Rope(out, cos, sin, B, T, NH, HD); return dot(out, R) }
 	dx := append([]float64(nil), R...)

@@ -319,7 +319,7 @@ func (m *Model) alloc(weights [][]float32) error {
 	if err != nil {
 		return err
 	}
-	m.d.RopeTables(m.cos, m.sin, m.T, HD, m.Cfg.RopeTheta)
+	m.d.RopeTables(m.cos, m.sin, m.T, tensor.RopeInvFreq(HD, m.Cfg.RopeTheta, m.Cfg.RopeScaling, m.Cfg.RopeScalingFactor))
 	return m.d.Err()
 }
 

@@ -380,7 +380,7 @@ func (m *Model[F]) alloc() {
 	s.dff1, s.dff2, s.dsw = make([]F, BT*FF), make([]F, BT*FF), make([]F, BT*FF)
 	s.dlogits, s.dloss = make([]F, BT*V), make([]F, BT)
 	m.cos, m.sin = make([]F, m.T*HD/2), make([]F, m.T*HD/2)
-	m.be.RopeTables(m.cos, m.sin, m.T, HD, m.Cfg.RopeTheta)
+	m.be.RopeTables(m.cos, m.sin, m.T, tensor.RopeInvFreq(HD, m.Cfg.RopeTheta, m.Cfg.RopeScaling, m.Cfg.RopeScalingFactor))
 }
 
 // Forward runs the model on tokens (B·T) and, when targets is non-nil, the loss.
