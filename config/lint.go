@@ -236,10 +236,14 @@ func (c *checker) parallelShape() {
 
 func (c *checker) model() {
 	m := c.rc.Model
-	if m.Hidden%m.Heads != 0 {
+	switch {
+	case m.HeadDim > 0 && m.HeadDim%2 != 0:
+		c.report(SevError, "SL303", fmt.Sprintf("model.head_dim (%d) must be even for rotary embeddings", m.HeadDim),
+			"pick an even head size", "model.head_dim")
+	case m.HeadDim == 0 && m.Hidden%m.Heads != 0:
 		c.report(SevError, "SL303", fmt.Sprintf("model.heads (%d) must divide model.hidden (%d)", m.Heads, m.Hidden),
-			"pick hidden = heads × head size", "model.heads", "model.hidden")
-	} else if (m.Hidden/m.Heads)%2 != 0 {
+			"pick hidden = heads × head size, or set model.head_dim (Megatron's --kv-channels)", "model.heads", "model.hidden")
+	case m.HeadDim == 0 && (m.Hidden/m.Heads)%2 != 0:
 		c.report(SevError, "SL303", fmt.Sprintf("head size model.hidden / model.heads (%d / %d = %d) must be even for rotary embeddings", m.Hidden, m.Heads, m.Hidden/m.Heads),
 			"pick an even head size", "model.heads", "model.hidden")
 	}
@@ -290,6 +294,17 @@ func (m Model) ModuleKinds() []string {
 }
 
 // EffectiveKVHeads resolves kv_heads = 0 to heads.
+// HeadSize is the size of one attention head: head_dim, or hidden / heads.
+func (m Model) HeadSize() int {
+	if m.HeadDim > 0 {
+		return m.HeadDim
+	}
+	if m.Heads == 0 {
+		return 0
+	}
+	return m.Hidden / m.Heads
+}
+
 func (m Model) EffectiveKVHeads() int {
 	if m.KVHeads == 0 {
 		return m.Heads

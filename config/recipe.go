@@ -59,6 +59,10 @@ type Model struct {
 	Hidden int `toml:"hidden" min:"1" max:"262144" flag:"hidden-size"`
 	// Number of attention (query) heads. Must divide model.hidden.
 	Heads int `toml:"heads" min:"1" max:"4096" flag:"num-attention-heads"`
+	// Size of one attention head, in elements: 0 means model.hidden / model.heads;
+	// another value decouples the attention width (heads × head_dim) from hidden
+	// (Megatron's --kv-channels; Qwen3-30B-A3B uses 128 with hidden 2048, 32 heads).
+	HeadDim int `toml:"head_dim" min:"0" max:"65536" flag:"kv-channels"`
 	// Number of key/value heads (grouped-query attention); must divide model.heads.
 	// 0 means equal to model.heads (plain multi-head attention).
 	KVHeads int `toml:"kv_heads" min:"0" max:"4096" flag:"num-query-groups"`

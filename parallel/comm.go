@@ -109,7 +109,7 @@ func modelCollectives(r *config.Recipe, m Mesh, t tokens, micro int64, d dtypes)
 		out = append(out, Collective{AllReduce, AxisTP, "activations", dt, t.local * h * d.compute, 2 * passes * layers * micro, false})
 	}
 	if m.CP > 1 {
-		kv := 2 * t.local * int64(mo.EffectiveKVHeads()) * int64(mo.Hidden/mo.Heads) / int64(m.TP) * int64(m.CP) * d.compute
+		kv := 2 * t.local * int64(mo.EffectiveKVHeads()) * int64(mo.HeadSize()) / int64(m.TP) * int64(m.CP) * d.compute
 		out = append(out,
 			Collective{AllGather, AxisCP, "keys/values", dt, kv, (passes - 1) * layers * micro, false},
 			Collective{ReduceScatter, AxisCP, "key/value grads", dt, kv, layers * micro, false})

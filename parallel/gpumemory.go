@@ -29,7 +29,7 @@ func engineMemory(r *config.Recipe, params []Param) Memory {
 	const f32, i32 = 4, 4
 	B, T := int64(r.Train.MicroBatchSize), int64(mo.SeqLen)
 	BT, C, NH, NKV, FF := B*T, int64(mo.Hidden), int64(mo.Heads), int64(mo.EffectiveKVHeads()), int64(mo.FFNHidden)
-	HD, V, L := C/NH, int64(mo.VocabSize), int64(mo.Layers)
+	HD, V, L := int64(mo.HeadSize()), int64(mo.VocabSize), int64(mo.Layers)
 	m := Memory{MainWeights: P * f32, Grads: P * f32, OptimizerState: 2 * P * f32}
 	if r.Precision.BF16 {
 		m.Weights = P * dt

@@ -165,10 +165,10 @@ func tokensOf(r *config.Recipe, m Mesh) tokens {
 func activationBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
 	mo := r.Model
 	h, f := int64(mo.Hidden), int64(mo.FFNHidden)
-	g, dh := int64(mo.EffectiveKVHeads()), int64(mo.Hidden/mo.Heads)
+	g, dh := int64(mo.EffectiveKVHeads()), int64(mo.HeadSize())
 	tp := int64(m.TP)
 	mode := r.ActivationCheckpoint.Mode
-	attn := 4*t.local*h + 2*t.local*g*dh
+	attn := 2*t.local*h + 2*t.local*int64(mo.Heads)*dh + 2*t.local*g*dh // resid, norm; q, output; k, v
 	// The CPU attention keeps, per layer, either its (T,T) probabilities or, from
 	// config.CPUFlashAttentionFrom tokens on, each row's log-sum-exp. Under full
 	// recompute one layer's worth is shared (refilled before each layer's

@@ -75,10 +75,10 @@ const MaxParamTensors = 1 << 20
 // globally (expert 0..E-1); which ones a rank holds follows from its ep coordinate.
 func ParamTable(m config.Model, tp, etp int) ([]Param, error) {
 	h, heads, kv := m.Hidden, m.Heads, m.EffectiveKVHeads()
-	if heads == 0 || h%heads != 0 || kv == 0 || heads%kv != 0 {
-		return nil, &KeyError{Key: "model.heads", Msg: fmt.Sprintf("heads (%d) must divide hidden (%d) and be a multiple of kv_heads (%d)", heads, h, kv)}
+	if heads == 0 || (m.HeadDim == 0 && h%heads != 0) || kv == 0 || heads%kv != 0 {
+		return nil, &KeyError{Key: "model.heads", Msg: fmt.Sprintf("heads (%d) must divide hidden (%d) (or head_dim be set) and be a multiple of kv_heads (%d)", heads, h, kv)}
 	}
-	d := h / heads
+	d := m.HeadSize()
 	// Size the table up front: a 600B-class MoE has ~50k rows.
 	n := 3 + m.Layers*9
 	for l := 0; l < m.Layers; l++ {

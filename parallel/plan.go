@@ -154,7 +154,8 @@ func (p *Plan) memory(r *config.Recipe, d dtypes) {
 
 // timing estimates a step. FLOPs per token, forward: 2 per weight a token passes
 // through in a matmul (the embedding lookup is no matmul; a tied output head is),
-// plus causal attention's 2·seq·h per layer (QKᵀ and PV, each 2·seq·h, halved by the
+// plus causal attention's 2·seq·w per layer, w = heads·head size, the attention
+// width (hidden unless head_dim decouples it) (QKᵀ and PV, each 2·seq·w, halved by the
 // causal mask). A step is 3× forward (backward is twice forward); full recompute
 // adds a forward of the layers, selective the attention part. Compute time is the
 // executed FLOPs of one rank (all ranks share the work evenly) over the achievable
@@ -162,7 +163,7 @@ func (p *Plan) memory(r *config.Recipe, d dtypes) {
 // hides behind compute, except what exceeds it.
 func (p *Plan) timing(r *config.Recipe) {
 	mo := r.Model
-	h, seq := float64(mo.Hidden), float64(mo.SeqLen)
+	width, seq := float64(mo.Heads*mo.HeadSize()), float64(mo.SeqLen) // the attention width
 	var matmul float64
 	for i := range p.Params {
 		q := &p.Params[i]
@@ -174,7 +175,7 @@ func (p *Plan) timing(r *config.Recipe) {
 		}
 		matmul += float64(q.Numel())
 	}
-	attn := 2 * seq * h * float64(mo.Layers)
+	attn := 2 * seq * width * float64(mo.Layers)
 	fwd := 2*matmul + attn
 	tokens := float64(r.Train.GlobalBatchSize) * seq
 	p.ModelFLOPs = 3 * fwd * tokens

@@ -28,6 +28,7 @@ var exportCases = []struct {
 	// test's 20 tokens stay small: leaving it out of the reference moves the logits
 	// by 1.1e-5 only, so this case is held to 1e-6 (measured with it: 1.3e-7).
 	{"LlamaForCausalLM", []string{"model.rope_scaling=llama3", "model.rope_scaling_factor=8", "model.rope_theta=500000"}, "1e-6"},
+	{"LlamaForCausalLM", []string{"model.head_dim=12"}, ""}, // a head size other than hidden/heads (head_dim in config.json)
 	{"MixtralForCausalLM", []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32"}, ""},
 	{"Qwen2MoeForCausalLM", []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32", "model.moe.shared_experts=2", "model.moe.layer_freq=2"}, ""},
 }

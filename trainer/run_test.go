@@ -325,3 +325,15 @@ func TestLongContext(t *testing.T) {
 	}
 	assert.InDelta(t, 2.0, float64(plan(8192))/float64(plan(4096)), 0.01, "activations from 4096 to 8192 tokens")
 }
+
+// TestHeadDimMemory: with a head size other than hidden/heads (model.head_dim) the
+// run trains and holds the activations the plan predicts (within 10%, as
+// TestRecompute), the attention width entering q, k, v and the output.
+func TestHeadDimMemory(t *testing.T) {
+	res, _ := tinyRun(t, "model.head_dim=24", "train.steps=2", "train.eval_interval=0")
+	out, err := Run(context.Background(), res, opts())
+	require.NoError(t, err)
+	assert.InDelta(t, float64(out.Predicted.Activations), float64(out.Held.Activations), 0.1*float64(out.Predicted.Activations))
+	assert.Equal(t, out.Predicted.Weights, out.Held.Weights)
+	t.Logf("activations held %d, planned %d", out.Held.Activations, out.Predicted.Activations)
+}

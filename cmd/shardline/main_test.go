@@ -661,7 +661,7 @@ func TestPlanAgainstRun(t *testing.T) {
 // what changes nothing here is a note, what shardline cannot do is refused by
 // name with the reason.
 func TestLintMegatronLlamaArguments(t *testing.T) {
-	args := strings.Fields(`--use-mcore-models --num-layers 4 --hidden-size 128 --ffn-hidden-size 384 --num-attention-heads 4
+	args := strings.Fields(`--use-mcore-models --num-layers 4 --hidden-size 128 --ffn-hidden-size 384 --num-attention-heads 4 --kv-channels 64
 		--group-query-attention --num-query-groups 2 --seq-length 128 --max-position-embeddings 4096 --position-embedding-type rope
 		--rotary-base 500000 --use-rope-scaling --rotary-scaling-factor 8.0 --normalization RMSNorm --norm-epsilon 1e-5 --swiglu --disable-bias-linear
 		--untie-embeddings-and-output-weights --attention-dropout 0.0 --hidden-dropout 0.0 --micro-batch-size 4 --global-batch-size 16

@@ -112,8 +112,8 @@ func New(d *cuda.Device, cfg config.Model, table []parallel.Param, weights [][]f
 	case len(weights) != len(table):
 		return nil, fmt.Errorf("gpu: %d weight slices for %d parameters", len(weights), len(table))
 	}
-	if hd := cfg.Hidden / cfg.Heads; hd != 32 && hd != 64 && hd != 128 {
-		return nil, fmt.Errorf("gpu: head size %d (model.hidden %d / model.heads %d): the attention kernels take 32, 64 or 128", hd, cfg.Hidden, cfg.Heads)
+	if hd := cfg.HeadSize(); hd != 32 && hd != 64 && hd != 128 {
+		return nil, fmt.Errorf("gpu: head size %d (model.head_dim, or model.hidden %d / model.heads %d): the attention kernels take 32, 64 or 128", hd, cfg.Hidden, cfg.Heads)
 	}
 	if opt.HeadChunk <= 0 {
 		opt.HeadChunk = config.GPUHeadChunk
@@ -156,7 +156,7 @@ func (m *Model) HeldBytes() map[string]int64 { return m.held }
 
 func (m *Model) dims() (BT, C, NH, NKV, HD, FF, V int) {
 	c := m.Cfg
-	return m.B * m.T, c.Hidden, c.Heads, c.EffectiveKVHeads(), c.Hidden / c.Heads, c.FFNHidden, c.VocabSize
+	return m.B * m.T, c.Hidden, c.Heads, c.EffectiveKVHeads(), c.HeadSize(), c.FFNHidden, c.VocabSize
 }
 
 func (m *Model) alloc(weights [][]float32) error {

@@ -26,7 +26,7 @@ func Architecture(m config.Model) string {
 func Config(m config.Model) map[string]any {
 	c := map[string]any{
 		"architectures": []string{Architecture(m)}, "hidden_size": m.Hidden, "num_hidden_layers": m.Layers,
-		"num_attention_heads": m.Heads, "num_key_value_heads": m.EffectiveKVHeads(), "head_dim": m.Hidden / m.Heads,
+		"num_attention_heads": m.Heads, "num_key_value_heads": m.EffectiveKVHeads(), "head_dim": m.HeadSize(),
 		"vocab_size": m.VocabSize, "max_position_embeddings": m.SeqLen, "rms_norm_eps": m.NormEps, "rope_theta": m.RopeTheta,
 		"tie_word_embeddings": m.TieEmbeddings, "hidden_act": "silu", "torch_dtype": "float32", "initializer_range": m.InitStd,
 		"attention_bias": false, "mlp_bias": false, "bos_token_id": nil, "eos_token_id": nil,
@@ -123,7 +123,7 @@ func ToHF(m config.Model, params []Param) ([]Tensor, error) {
 			for _, b := range []string{"q", "k", "v"} {
 				rows := m.Hidden
 				if b != "q" {
-					rows = m.EffectiveKVHeads() * (m.Hidden / m.Heads)
+					rows = m.EffectiveKVHeads() * m.HeadSize()
 				}
 				out = append(out, Tensor{Name: pre + b + "_proj.bias", Shape: []int{rows}, Data: make([]float32, rows)})
 			}

@@ -303,7 +303,7 @@ func (p *params[F]) bind(cfg config.Model, table []parallel.Param, views [][]F, 
 
 func (m *Model[F]) dims() (BT, C, NH, NKV, HD, FF, V int) {
 	c := m.Cfg
-	return m.B * m.T, c.Hidden, c.Heads, c.EffectiveKVHeads(), c.Hidden / c.Heads, c.FFNHidden, c.VocabSize
+	return m.B * m.T, c.Hidden, c.Heads, c.EffectiveKVHeads(), c.HeadSize(), c.FFNHidden, c.VocabSize
 }
 
 func (m *Model[F]) alloc() {

@@ -59,6 +59,8 @@ func TestModelGradient(t *testing.T) {
 		// Flash attention (the CPU runs it from config.CPUFlashAttentionFrom tokens).
 		"flash": {tinyConfig(false), "none", true}, "flash-selective": {tinyConfig(true), "selective", true},
 		"flash-moe-full": {tinyMoE(1, 0, 2), "full", true},
+		// A head size other than hidden/heads (Megatron's --kv-channels).
+		"head-dim": {headDim(tinyConfig(false), 6), "none", false}, "head-dim-flash": {headDim(tinyConfig(true), 6), "none", true},
 	}
 	for name, tc := range cases {
 		cfg, tied := tc.cfg, name
@@ -92,6 +94,10 @@ func TestModelGradient(t *testing.T) {
 		}
 	}
 }
+
+// headDim sets model.head_dim (the attention width heads·head_dim then differs from
+// hidden).
+func headDim(m config.Model, d int) config.Model { m.HeadDim = d; return m }
 
 // withFlash sets whether the model runs flash attention, whatever its T.
 func withFlash(on bool) Option { return func(o *options) { o.flash = &on } }
