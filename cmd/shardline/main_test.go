@@ -680,3 +680,20 @@ func TestLintMegatronLlamaArguments(t *testing.T) {
 	assert.Contains(t, out, "error[SL010]: --add-bias-linear: shardline's linear layers have no bias")
 	assert.Contains(t, out, "error[SL010]: --normalization LayerNorm: shardline normalises with RMSNorm")
 }
+
+// TestRecipeExportMegatron: the export prints a bash array of Megatron-LM
+// arguments with the keys no argument carries as comments; the one format is
+// megatron.
+func TestRecipeExportMegatron(t *testing.T) {
+	code, out, errs := shardline(t, nil, "recipe", "export", "megatron", filepath.Join(recipesDir, "llama-1b.toml"))
+	require.Equal(t, 0, code, errs)
+	for _, want := range []string{"SHARDLINE_ARGS=(\n    --swiglu\n", "    --num-layers 16\n", "    --num-query-groups 8\n", "    --group-query-attention\n",
+		"    --use-megatron-fsdp\n", "    --data-parallel-sharding-strategy optim_grads_params\n", "#   parallel.device = \"cuda\"\n",
+		"#   model.tie_embeddings = true\n", "recipe fingerprint sha256:"} {
+		assert.Contains(t, out, want)
+	}
+	assert.NotContains(t, out, "--device-profile")
+	code, _, errs = shardline(t, nil, "recipe", "export", "torchtitan", filepath.Join(recipesDir, "tiny.toml"))
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, errs, "the one format is megatron")
+}

@@ -12,7 +12,45 @@ func (a *app) recipeCmd() *cobra.Command {
 		Use:   "recipe",
 		Short: "Resolve recipes and print the recipe reference",
 	}
-	cmd.AddCommand(a.resolveCmd(), a.docsCmd())
+	cmd.AddCommand(a.resolveCmd(), a.docsCmd(), a.exportRecipeCmd())
+	return cmd
+}
+
+func (a *app) exportRecipeCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "export megatron [flags] RECIPE",
+		Short: "Print a recipe as Megatron-LM arguments (a bash array for a launch script)",
+		Long: `Export resolves the recipe (overrides apply as everywhere) and prints it as the
+arguments of Megatron-LM's pretrain_gpt.py, as a bash array to spread in a launch
+script: every key with a Megatron argument, the arguments that describe the model
+shardline trains (SwiGLU, RMSNorm, RoPE, no bias, no dropout), and the computed
+ones (--min-lr, --max-position-embeddings, --group-query-attention,
+--untie-embeddings-and-output-weights, --use-rope-scaling). Keys no Megatron
+argument carries (the data, the run's name, shardline's device and topology
+settings) are listed as comments above the array.
+
+These arguments, with the listed keys as --set, load back onto shardline's
+defaults to the same recipe fingerprint (a test checks every shipped recipe).`,
+		Example: `  shardline recipe export megatron recipes/llama-1b.toml > llama-1b.args.sh
+  shardline recipe export megatron recipes/tiny.toml --num-layers 8`,
+		Args: cobra.ExactArgs(2),
+	}
+	rf := addRecipeFlags(cmd)
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		if args[0] != "megatron" {
+			return usageErr("recipe export %q: the one format is megatron (Megatron-LM arguments)", args[0])
+		}
+		res, err := a.loadClean(args[1], rf)
+		if err != nil {
+			return err
+		}
+		fp, err := config.Fingerprint(&res.Recipe)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprint(a.stdout, config.ExportMegatron(&res.Recipe).Script(args[1], fp))
+		return err
+	}
 	return cmd
 }
 
