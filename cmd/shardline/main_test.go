@@ -697,3 +697,51 @@ func TestRecipeExportMegatron(t *testing.T) {
 	assert.Equal(t, exitUsage, code)
 	assert.Contains(t, errs, "the one format is megatron")
 }
+
+// TestRecipeImportMegatron: a launch script becomes a recipe whose keys name the
+// arguments they came from, which lints and plans; a script that leaves
+// Megatron's GeLU/LayerNorm defaults in place is refused and prints nothing; an
+// exported recipe imports back to the same fingerprint through the CLI.
+func TestRecipeImportMegatron(t *testing.T) {
+	dir := t.TempDir()
+	script := filepath.Join(dir, "launch.sh")
+	require.NoError(t, os.WriteFile(script, []byte(`#!/bin/bash
+NUM_LAYERS=${NUM_LAYERS:-2}
+MODEL_ARGS=(
+    --num-layers ${NUM_LAYERS} --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128   # small
+    --seq-length 128 --max-position-embeddings 128 --vocab-size 256
+    --position-embedding-type rope --normalization RMSNorm --swiglu --disable-bias-linear
+    --attention-dropout 0.0 --hidden-dropout 0.0 --use-flash-attn
+)
+torchrun --nproc-per-node 1 pretrain_gpt.py "${MODEL_ARGS[@]}" \
+    --micro-batch-size 4 --global-batch-size 16 --train-iters 100 --lr 1e-3 --min-lr 1e-4
+`), 0o644))
+	recipe := filepath.Join(dir, "imported.toml")
+	code, _, errs := shardline(t, nil, "recipe", "import", "megatron", script, "-o", recipe)
+	require.Equal(t, 0, code, errs)
+	assert.Contains(t, errs, "note[SL011]: --use-flash-attn has no effect")
+	body, err := os.ReadFile(recipe)
+	require.NoError(t, err)
+	assert.Contains(t, string(body), "layers = 2  # --num-layers=2\n")
+	assert.Contains(t, string(body), "min_lr_factor = 0.1  # --min-lr=1e-4\n")
+	code, out, errs := shardline(t, nil, "plan", recipe)
+	require.Equal(t, 0, code, errs)
+	assert.Contains(t, out, "plan launch")
+
+	bare := filepath.Join(dir, "bare.sh")
+	require.NoError(t, os.WriteFile(bare, []byte("python pretrain_gpt.py --num-layers 2 --swiglu\n"), 0o644))
+	code, out, errs = shardline(t, nil, "recipe", "import", "megatron", bare)
+	assert.Equal(t, exitFindings, code)
+	assert.Empty(t, out)
+	assert.Contains(t, errs, "without --normalization Megatron normalises with LayerNorm")
+
+	// Export, then import: the same fingerprint.
+	code, out, errs = shardline(t, nil, "recipe", "export", "megatron", filepath.Join(recipesDir, "moe-tiny.toml"))
+	require.Equal(t, 0, code, errs)
+	exported := filepath.Join(dir, "moe.sh")
+	require.NoError(t, os.WriteFile(exported, []byte(out+"torchrun pretrain_gpt.py \"${SHARDLINE_ARGS[@]}\"\n"), 0o644))
+	code, back, errs := shardline(t, nil, "recipe", "import", "megatron", exported)
+	require.Equal(t, 0, code, errs)
+	_, wantFP, _ := strings.Cut(strings.SplitN(out, "\n", 3)[1], "recipe fingerprint ")
+	assert.Contains(t, back, "# fingerprint: "+wantFP+"\n")
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/fileio"
 	"github.com/spf13/cobra"
 )
 
@@ -12,7 +13,7 @@ func (a *app) recipeCmd() *cobra.Command {
 		Use:   "recipe",
 		Short: "Resolve recipes and print the recipe reference",
 	}
-	cmd.AddCommand(a.resolveCmd(), a.docsCmd(), a.exportRecipeCmd())
+	cmd.AddCommand(a.resolveCmd(), a.docsCmd(), a.exportRecipeCmd(), a.importRecipeCmd())
 	return cmd
 }
 
@@ -103,5 +104,67 @@ is this command's Markdown output, kept current by a test.`,
 		},
 	}
 	cmd.Flags().StringVar(&format, "format", "text", "text or markdown")
+	return cmd
+}
+
+func (a *app) importRecipeCmd() *cobra.Command {
+	var out string
+	cmd := &cobra.Command{
+		Use:   "import megatron [flags] SCRIPT",
+		Short: "Turn a Megatron-LM launch script (or argument file) into a shardline recipe",
+		Long: `Import reads a Megatron-LM launch script — bash with comments, continuations,
+quotes, variables (${VAR:-default}), arrays spread with "${ARR[@]}", torchrun or
+python in front of pretrain_gpt.py — or a plain file of arguments, and resolves
+the arguments onto shardline's defaults, with Megatron's own defaults where an
+argument is absent: embeddings tied unless --untie-embeddings-and-output-weights;
+a GeLU MLP, LayerNorm, learned positions, biases and 10% dropout are refused, each
+naming the argument that says otherwise. It prints the recipe as canonical TOML,
+each key an argument set commented with that argument; what was refused or has no
+effect is reported on standard error (lint's rules, SL010 and SL011). A script
+written by recipe export megatron imports back to the same fingerprint.
+
+Refusals (errors) print nothing and exit 1: the recipe would not be the model the
+script trains.`,
+		Example: `  shardline recipe import megatron examples/llama/train_llama3_8b.sh > llama3-8b.toml
+  shardline recipe import megatron args.txt -o recipe.toml`,
+		Args: cobra.ExactArgs(2),
+	}
+	cmd.Flags().StringVarP(&out, "output", "o", "", "write the recipe to this file instead of standard output")
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		if args[0] != "megatron" {
+			return usageErr("recipe import %q: the one format so far is megatron (a Megatron-LM launch script or argument file)", args[0])
+		}
+		if err := checkReadable(args[1], "launch script"); err != nil {
+			return err
+		}
+		src, err := config.ReadRecipeFile(args[1])
+		if err != nil {
+			return usageErr("%s: %v", args[1], unwrap(err))
+		}
+		res, diags := config.ImportMegatron(args[1], src)
+		if res != nil && !diags.HasErrors() {
+			diags = append(diags, config.Lint(res, a.env)...)
+		}
+		diags.Sort()
+		if len(diags) > 0 {
+			_ = config.RenderText(a.stderr, diags, nil)
+		}
+		if diags.HasErrors() {
+			return &exitError{code: exitFindings}
+		}
+		body, err := config.AnnotatedTOML(res)
+		if err != nil {
+			return err
+		}
+		if out == "" {
+			_, err = a.stdout.Write(body)
+			return err
+		}
+		if err := fileio.WriteAtomic(out, body); err != nil {
+			return usageErr("-o %s: %v", out, unwrap(err))
+		}
+		fmt.Fprintf(a.stderr, "wrote %s\n", out)
+		return nil
+	}
 	return cmd
 }
