@@ -140,6 +140,11 @@ type Train struct {
 	LRSchedule string `toml:"lr_schedule" enum:"cosine,linear,constant" flag:"lr-decay-style"`
 	// Steps of linear warmup from 0 to train.lr.
 	WarmupSteps int `toml:"warmup_steps" min:"0" flag:"lr-warmup-iters"`
+	// Steps after warmup over which the learning rate decays to
+	// min_lr_factor · lr, where it then stays. 0 means the decay ends at the last
+	// step (steps − warmup_steps − 1 steps). torchtitan's schedule decays over
+	// steps − warmup_steps, so its last step stays just above the minimum.
+	LRDecaySteps int `toml:"lr_decay_steps" min:"0" max:"1000000000"`
 	// Final learning rate as a fraction of train.lr, in [0, 1].
 	MinLRFactor float64 `toml:"min_lr_factor" min:"0" max:"1"`
 	// Decoupled weight decay coefficient.

@@ -69,7 +69,8 @@ func (t *run) trainDevice(ctx context.Context, out *Result) (*Result, error) {
 	}
 	defer t.metrics.Close()
 	out.UnigramBits = unigramEntropy(t.ds.Train, t.ds.Tok.VocabSize())
-	sched := optim.Schedule{Peak: r.Train.LR, Warmup: r.Train.WarmupSteps, Steps: r.Train.Steps, MinFactor: r.Train.MinLRFactor, Decay: r.Train.LRSchedule}
+	sched := optim.Schedule{Peak: r.Train.LR, Warmup: r.Train.WarmupSteps, Steps: r.Train.Steps, MinFactor: r.Train.MinLRFactor, Decay: r.Train.LRSchedule,
+		DecaySteps: r.Train.LRDecaySteps}
 	micro := t.plan.MicroBatches
 	scale := 1 / float64(micro*B*T)
 	if !r.FSDP.CalculatePerTokenLoss {

@@ -535,7 +535,8 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		defer t.metrics.Close()
 	}
 	out.UnigramBits = unigramEntropy(t.ds.Train, t.ds.Tok.VocabSize())
-	sched := optim.Schedule{Peak: r.Train.LR, Warmup: r.Train.WarmupSteps, Steps: r.Train.Steps, MinFactor: r.Train.MinLRFactor, Decay: r.Train.LRSchedule}
+	sched := optim.Schedule{Peak: r.Train.LR, Warmup: r.Train.WarmupSteps, Steps: r.Train.Steps, MinFactor: r.Train.MinLRFactor, Decay: r.Train.LRSchedule,
+		DecaySteps: r.Train.LRDecaySteps}
 	micro, dp := t.plan.MicroBatches, t.plan.Mesh.DP
 	dpRank := t.plan.Mesh.Coords(t.rank).DP
 	global := micro * dp * B // sequences per step

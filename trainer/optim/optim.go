@@ -3,13 +3,16 @@ package optim
 import "math"
 
 // Schedule is the learning rate at a step: linear warmup from 0 over Warmup steps,
-// then Decay ("cosine", "linear" or "constant") from Peak to Peak·MinFactor at Steps.
+// then Decay ("cosine", "linear" or "constant") from Peak to Peak·MinFactor over
+// DecaySteps steps after warmup (0: ending at the last step, Steps-Warmup-1 steps
+// after warmup), then Peak·MinFactor.
 type Schedule struct {
-	Peak      float64
-	Warmup    int
-	Steps     int
-	MinFactor float64
-	Decay     string
+	Peak       float64
+	Warmup     int
+	Steps      int
+	MinFactor  float64
+	Decay      string
+	DecaySteps int
 }
 
 // LR returns the learning rate of step (0-based).
@@ -20,7 +23,11 @@ func (s Schedule) LR(step int) float64 {
 	if s.Decay == "constant" || s.Steps <= s.Warmup {
 		return s.Peak
 	}
-	p := math.Min(1, float64(step-s.Warmup)/float64(max(1, s.Steps-s.Warmup-1)))
+	span := s.DecaySteps
+	if span <= 0 {
+		span = max(1, s.Steps-s.Warmup-1)
+	}
+	p := math.Min(1, float64(step-s.Warmup)/float64(span))
 	minLR := s.Peak * s.MinFactor
 	switch s.Decay {
 	case "linear":
