@@ -73,3 +73,19 @@ func TestByteOrderMarkIsNamed(t *testing.T) {
 	require.Contains(t, diags[0].Message, "UTF-8 byte-order mark")
 	require.Equal(t, "bom.toml:1:1", diags[0].Origin.Pos.String())
 }
+
+// TestImportMegatronExpansionBomb: a launch script whose variables or arrays double
+// themselves line by line would need 2^40 bytes; the import refuses it once its
+// expansions pass 16 MiB, naming why.
+func TestImportMegatronExpansionBomb(t *testing.T) {
+	for _, script := range []string{
+		"A=x\n" + strings.Repeat("A=\"$A$A\"\n", 40) + "python pretrain_gpt.py $A\n",
+		"A=( x )\n" + strings.Repeat("A=( \"${A[@]}\" \"${A[@]}\" )\n", 40) + "python pretrain_gpt.py \"${A[@]}\"\n",
+		"A=x\n" + strings.Repeat("A=${B:-$A$A}\n", 40) + "python pretrain_gpt.py $A\n",
+	} {
+		res, diags := ImportMegatron("bomb.sh", []byte(script))
+		require.Nil(t, res)
+		require.Len(t, diags, 1)
+		require.Contains(t, diags[0].Message, "its variable expansions produce over 16 MiB")
+	}
+}

@@ -16,6 +16,36 @@ import (
 type shellVars struct {
 	scalar map[string]string
 	array  map[string][]string
+	// spent counts the bytes expansions have produced; past maxExpansion the
+	// script is refused (NAME="$NAME$NAME" repeated doubles it each line).
+	spent int
+}
+
+// maxExpansion bounds what a script's expansions produce in all: far above any
+// launch script (whose text is capped at 1 MiB), far below what exhausts memory.
+const maxExpansion = 16 << 20
+
+// spend counts n bytes of expansion and reports whether the budget still holds.
+func (v *shellVars) spend(n int) bool {
+	v.spent += n
+	return v.spent <= maxExpansion
+}
+
+func (v *shellVars) overBudget() error {
+	if v.spent > maxExpansion {
+		return fmt.Errorf("its variable expansions produce over %d MiB (a variable doubling itself?)", maxExpansion>>20)
+	}
+	return nil
+}
+
+// spread returns the elements of array name, counting them against the budget.
+func (v *shellVars) spread(name string) []string {
+	for _, w := range v.array[name] {
+		if !v.spend(len(w) + 16) { // the bytes and the word itself
+			return nil
+		}
+	}
+	return v.array[name]
 }
 
 // lexWords splits one logical line (continuations joined) into words, expanding
@@ -59,7 +89,7 @@ func (v *shellVars) lexWords(line string) ([]string, error) {
 			inner := line[i+1 : j]
 			if name, ok := arraySpread(inner); ok { // "${ARR[@]}": one word per element
 				flush()
-				words = append(words, v.array[name]...)
+				words = append(words, v.spread(name)...)
 			} else {
 				cur.WriteString(v.expand(strings.NewReplacer(`\"`, `"`, `\\`, `\`, `\$`, `$`).Replace(inner)))
 				inWord = true
@@ -69,7 +99,7 @@ func (v *shellVars) lexWords(line string) ([]string, error) {
 			end := expansionEnd(line, i)
 			ref := line[i:end]
 			if name, ok := arraySpread(ref); ok && !inWord {
-				words = append(words, v.array[name]...)
+				words = append(words, v.spread(name)...)
 			} else {
 				cur.WriteString(v.expand(ref))
 				inWord = true
@@ -84,6 +114,9 @@ func (v *shellVars) lexWords(line string) ([]string, error) {
 		}
 	}
 	flush()
+	if err := v.overBudget(); err != nil {
+		return nil, err
+	}
 	return words, nil
 }
 
@@ -147,6 +180,9 @@ func (v *shellVars) expand(s string) string {
 		}
 		if (!set || val == "") && hasDef {
 			val = v.expand(def)
+		}
+		if !v.spend(len(val)) {
+			return ""
 		}
 		b.WriteString(val)
 		i = end - 1
