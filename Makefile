@@ -36,7 +36,7 @@ torch-deps: ## install Debian's python3-torch if missing (the safetensors export
 bench-deps: torch-deps ## install the reference PyTorch and OpenBLAS (Debian packages) if missing
 
 # Every fuzz target, as package:Name (a test keeps this list complete).
-FUZZ_TARGETS := ./config:FuzzLoadLint ./parallel:FuzzLoadLintPlan ./trainer/data:FuzzReadShard \
+FUZZ_TARGETS := ./config:FuzzLoadLint ./config:FuzzImport ./parallel:FuzzLoadLintPlan ./trainer/data:FuzzReadShard \
 	./trainer/data:FuzzLoadTokenizer ./trainer/data:FuzzText ./trainer:FuzzLoadWeights ./fileio:FuzzUnseal \
 	./trainer/hf:FuzzReadSafetensors
 FUZZTIME ?= 60s

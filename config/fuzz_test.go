@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
 	"time"
 )
@@ -57,6 +58,60 @@ func FuzzLoadLint(f *testing.F) {
 			if d.Origin.Kind == FromFile && d.Origin.Pos.File == path && !d.Origin.Pos.IsValid() {
 				t.Fatalf("file finding without line: %#v", d)
 			}
+		}
+	})
+}
+
+// FuzzImport feeds arbitrary bytes to both importers (a Megatron-LM launch script
+// and a torchtitan job file): nothing may panic or hang, every finding carries a
+// registered code, a message and a fix, and a recipe imported without errors
+// writes canonical TOML that loads back to itself.
+func FuzzImport(f *testing.F) {
+	for _, glob := range []string{"testdata/torchtitan/*.toml"} {
+		files, _ := filepath.Glob(glob)
+		for _, p := range files {
+			if b, err := os.ReadFile(p); err == nil {
+				f.Add(b, false)
+			}
+		}
+	}
+	f.Add([]byte("A=( --num-layers 2 )\npython pretrain_gpt.py \"${A[@]}\" --swiglu ${X:-\"a b\"} \\\n --lr 1e-3\n"), true)
+	f.Add([]byte("[parallelism]\ndata_parallel_shard_degree = -1\ntensor_parallel_degree = 9223372036854775807\n"), false)
+	f.Fuzz(func(t *testing.T, src []byte, megatron bool) {
+		done := make(chan struct{})
+		defer close(done)
+		go func() {
+			select {
+			case <-done:
+			case <-time.After(3 * time.Second):
+				panic(fmt.Sprintf("HANG on %q", src))
+			}
+		}()
+		var res *Resolved
+		var diags Diagnostics
+		if megatron {
+			res, diags = ImportMegatron("job.sh", src)
+		} else {
+			res, diags = ImportTorchtitan("job.toml", src, 64)
+		}
+		for _, d := range diags {
+			if _, ok := RuleFor(d.Code); !ok {
+				t.Fatalf("unregistered code %q: %v", d.Code, d)
+			}
+			if d.Help == "" || d.Message == "" {
+				t.Fatalf("finding without message or help: %#v", d)
+			}
+		}
+		if res == nil || diags.HasErrors() {
+			return
+		}
+		body, err := AnnotatedTOML(res)
+		if err != nil {
+			t.Fatalf("annotated TOML: %v", err)
+		}
+		back, bd := LoadBytes("recipe.toml", body, Options{})
+		if bd.HasErrors() || !reflect.DeepEqual(back.Recipe, res.Recipe) {
+			t.Fatalf("the written recipe does not load back: %v\n%s", bd, body)
 		}
 	})
 }

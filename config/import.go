@@ -179,8 +179,9 @@ func tomlToSet(v string) string {
 }
 
 // AnnotatedTOML is the resolved recipe as canonical TOML with each key that an
-// argument (or, for a key Megatron has no argument for, the import) set commented
-// with where it came from; keys at shardline's defaults stay bare.
+// argument, a job-file setting (or, for a key Megatron has no argument for, the
+// import) set commented with where it came from; keys at shardline's defaults stay
+// bare.
 func AnnotatedTOML(r *Resolved) ([]byte, error) {
 	body, _, err := ResolvedTOML(&r.Recipe)
 	if err != nil {
@@ -201,6 +202,11 @@ func AnnotatedTOML(r *Resolved) ([]byte, error) {
 					b.WriteString("  # " + strings.TrimPrefix(o.Describe(), "flag "))
 				case FromSet:
 					b.WriteString("  # set by the import (" + strings.TrimPrefix(o.Name, "--set ") + ")")
+				case FromImport:
+					b.WriteString("  # " + o.Name)
+					if o.Pos.Line > 0 {
+						b.WriteString(fmt.Sprintf(" (line %d)", o.Pos.Line))
+					}
 				}
 			}
 		}

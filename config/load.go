@@ -20,6 +20,9 @@ type Options struct {
 	Sets []string
 	// Flags are Megatron-style dashed flags, applied in order.
 	Flags []FlagValue
+	// Imported are values translated from another trainer's job file (recipe
+	// import torchtitan), applied last, each with its own origin.
+	Imported []ImportedValue
 	// ReadFile reads recipe files; nil means ReadRecipeFile.
 	ReadFile func(string) ([]byte, error)
 	// Defaults are the CLI settings that stand in for built-in defaults (the
@@ -34,6 +37,13 @@ type Options struct {
 type SettingDefault struct {
 	Key, Value, From string
 	Pos              Pos
+}
+
+// ImportedValue sets Key to Value (--set syntax) with Origin as its provenance
+// (Kind FromImport, Name the source's setting, Pos its place in the source file).
+type ImportedValue struct {
+	Key, Value string
+	Origin     Origin
 }
 
 // FlagValue is one dashed flag as given: Name without "--" ("num-layers"), and its
@@ -120,6 +130,7 @@ func Load(path string, opts Options) (*Resolved, Diagnostics) {
 	l.applyEnv()
 	l.applySets()
 	l.applyFlags()
+	l.applyImported()
 	l.applyImplied()
 	l.diags.InRecipe(path)
 	l.diags.Sort()

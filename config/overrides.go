@@ -78,6 +78,21 @@ func (l *loader) applySets() {
 	}
 }
 
+// applyImported applies values translated from another trainer's job file.
+func (l *loader) applyImported() {
+	for _, v := range l.opts.Imported {
+		o := v.Origin
+		o.Kind, o.Raw = FromImport, v.Value
+		f, found := recipeSchema.Lookup(v.Key)
+		if !found {
+			l.add(Diagnostic{Severity: SevError, Code: "SL007", Key: v.Key, Origin: o,
+				Message: fmt.Sprintf("the import set %s, which is no recipe key", v.Key), Help: "a shardline bug: imports map to recipe keys"})
+			continue
+		}
+		l.applyString(f, v.Value, o)
+	}
+}
+
 // applyFlags applies Megatron-style dashed flags.
 func (l *loader) applyFlags() {
 	var later []func() // Megatron arguments computed from the recipe once every flag is in

@@ -39,10 +39,11 @@ const (
 	FromSet                // --set section.key=value
 	FromFlag               // a Megatron-style dashed flag
 	FromImplied            // derived from another setting (e.g. use_nccl_ub)
+	FromImport             // translated from another trainer's job file (recipe import)
 )
 
 func (k OriginKind) String() string {
-	return [...]string{"default", "file", "env", "set", "flag", "implied"}[k]
+	return [...]string{"default", "file", "env", "set", "flag", "implied", "import"}[k]
 }
 
 // Origin records where a resolved value came from.
@@ -53,7 +54,8 @@ type Origin struct {
 	Pos Pos
 	// ValuePos is the position of the value in the file (file values only).
 	ValuePos Pos
-	// Name is the environment variable or the flag ("--num-layers", "--set").
+	// Name is the environment variable or the flag ("--num-layers", "--set"), or for
+	// an imported value the source's setting ("[training] local_batch_size").
 	Name string
 	// Raw is the value as written (TOML text, or the env/flag string).
 	Raw string
@@ -92,6 +94,11 @@ func (o Origin) Describe() string {
 		return "flag " + o.Name + "=" + o.Raw
 	case FromImplied:
 		return "implied by " + o.Because
+	case FromImport:
+		if o.Pos.Line > 0 {
+			return "imported from " + o.Name + " at " + o.Pos.String()
+		}
+		return "imported from " + o.Name
 	}
 	return o.Kind.String()
 }

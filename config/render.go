@@ -15,7 +15,7 @@ func RenderText(w io.Writer, ds Diagnostics, sources map[string][]byte) error {
 	var b strings.Builder
 	for _, d := range ds {
 		fmt.Fprintf(&b, "%s: %s[%s]: %s\n", d.Location(), d.Severity, d.Code, d.Message)
-		if p := d.Origin.Pos; p.IsValid() && (d.Origin.Kind == FromFile || d.Origin.Kind == FromImplied) {
+		if p := d.Origin.Pos; p.IsValid() && (d.Origin.Kind == FromFile || d.Origin.Kind == FromImplied || d.Origin.Kind == FromImport) {
 			if line, ok := sourceLine(sources[p.File], p.Line); ok {
 				gutter := fmt.Sprintf("%d", p.Line)
 				pad := strings.Repeat(" ", len(gutter))
@@ -155,7 +155,7 @@ func RenderSARIF(w io.Writer, ds Diagnostics, version string) error {
 		// recipe points at its position; one from a flag or environment variable,
 		// or a default, points at the top of the recipe it concerns, and the message
 		// names the flag or variable.
-		fromFile := d.Origin.Kind == FromFile || d.Origin.Kind == FromImplied || d.Origin.Kind == FromDefault
+		fromFile := d.Origin.Kind == FromFile || d.Origin.Kind == FromImplied || d.Origin.Kind == FromDefault || d.Origin.Kind == FromImport
 		file, reg := d.Origin.Pos.File, &region{StartLine: 1, StartColumn: 1}
 		if fromFile && d.Origin.Pos.IsValid() {
 			reg = &region{StartLine: d.Origin.Pos.Line, StartColumn: d.Origin.Pos.Col}

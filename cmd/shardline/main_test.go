@@ -745,3 +745,41 @@ torchrun --nproc-per-node 1 pretrain_gpt.py "${MODEL_ARGS[@]}" \
 	_, wantFP, _ := strings.Cut(strings.SplitN(out, "\n", 3)[1], "recipe fingerprint ")
 	assert.Contains(t, back, "# fingerprint: "+wantFP+"\n")
 }
+
+// TestRecipeImportTorchtitan: torchtitan's 8B job file for 64 GPUs becomes a
+// recipe that lints and plans on 64 ranks, each key commented with the setting it
+// came from; the llama4 job is refused at its flavour and prints nothing; the
+// flag's bounds are checked.
+func TestRecipeImportTorchtitan(t *testing.T) {
+	dir := t.TempDir()
+	job := filepath.Join("..", "..", "config", "testdata", "torchtitan", "llama3_8b.toml")
+	recipe := filepath.Join(dir, "llama3-8b.toml")
+	code, _, errs := shardline(t, nil, "recipe", "import", "torchtitan", job, "--world-size", "64", "-o", recipe)
+	require.Equal(t, 0, code, errs)
+	assert.Contains(t, errs, "note[SL011]: [profiling] enable_profiling, save_traces_folder, profile_freq: no effect in shardline")
+	assert.Contains(t, errs, " 9 | enable_profiling = true\n", "the job file's line is shown")
+	body, err := os.ReadFile(recipe)
+	require.NoError(t, err)
+	assert.Contains(t, string(body), "micro_batch_size = 1  # [training] local_batch_size = 1 (line 33)\n")
+	assert.Contains(t, string(body), "world_size = 64  # [parallelism] data_parallel_shard_degree = -1 (replicate 1 × shard 64 × tp 1 × pp 1 × cp 1) (line 41)\n")
+	code, _, errs = shardline(t, nil, "lint", recipe)
+	require.Equal(t, 0, code, errs)
+	code, out, errs := shardline(t, nil, "plan", recipe)
+	require.Equal(t, 0, code, errs)
+	assert.Contains(t, out, "optim_grads_params on 64 rank(s) (8 node(s) × 8), device h100-80gb")
+
+	code, out, errs = shardline(t, nil, "recipe", "import", "torchtitan", filepath.Join(filepath.Dir(job), "llama4_17bx16e.toml"))
+	assert.Equal(t, exitFindings, code)
+	assert.Empty(t, out)
+	assert.Contains(t, errs, "llama4_17bx16e.toml:8:1: error[SL010]: [model] flavor = \"17bx16e\": shardline cannot train its MoE layers as torchtitan does")
+
+	code, _, errs = shardline(t, nil, "recipe", "import", "torchtitan", job, "--world-size", "-2")
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, errs, "--world-size -2")
+	code, _, errs = shardline(t, nil, "recipe", "import", "megatron", job, "--world-size", "8")
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, errs, "--world-size is for torchtitan job files")
+	code, _, errs = shardline(t, nil, "recipe", "import", "titan", job)
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, errs, `recipe import "titan": the formats are megatron`)
+}

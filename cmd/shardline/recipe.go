@@ -109,45 +109,77 @@ is this command's Markdown output, kept current by a test.`,
 
 func (a *app) importRecipeCmd() *cobra.Command {
 	var out string
+	var worldSize int
 	cmd := &cobra.Command{
-		Use:   "import megatron [flags] SCRIPT",
-		Short: "Turn a Megatron-LM launch script (or argument file) into a shardline recipe",
-		Long: `Import reads a Megatron-LM launch script — bash with comments, continuations,
-quotes, variables (${VAR:-default}), arrays spread with "${ARR[@]}", torchrun or
-python in front of pretrain_gpt.py — or a plain file of arguments, and resolves
-the arguments onto shardline's defaults, with Megatron's own defaults where an
-argument is absent: embeddings tied unless --untie-embeddings-and-output-weights;
-a GeLU MLP, LayerNorm, learned positions, biases and 10% dropout are refused, each
-naming the argument that says otherwise. It prints the recipe as canonical TOML,
-each key an argument set commented with that argument; what was refused or has no
-effect is reported on standard error (lint's rules, SL010 and SL011). A script
-written by recipe export megatron imports back to the same fingerprint.
+		Use:   "import (megatron|torchtitan) [flags] FILE",
+		Short: "Turn a Megatron-LM launch script or a torchtitan job file into a shardline recipe",
+		Long: `Import translates another trainer's job into a shardline recipe, printed as
+canonical TOML with each key that the job set commented with the argument or
+setting it came from. What shardline does not do is refused by name (SL010, an
+error: nothing is printed and the exit status is 1, since the recipe would not be
+the model the job trains); what has no effect here is a note (SL011). The recipe
+is then linted, so what lint would say about it is reported too.
 
-Refusals (errors) print nothing and exit 1: the recipe would not be the model the
-script trains.`,
+megatron FILE reads a Megatron-LM launch script — bash with comments,
+continuations, quotes, variables (${VAR:-default}), arrays spread with
+"${ARR[@]}", torchrun or python in front of pretrain_gpt.py — or a plain file of
+arguments, and resolves the arguments onto shardline's defaults, with Megatron's
+own defaults where an argument is absent: embeddings tied unless
+--untie-embeddings-and-output-weights; a GeLU MLP, LayerNorm, learned positions,
+biases and 10% dropout are refused, each naming the argument that says otherwise.
+A script written by recipe export megatron imports back to the same fingerprint.
+
+torchtitan FILE reads a torchtitan job file (TOML, as torchtitan used until its
+2026 move to Python configs; 2024's layout too): [model] name and flavor from
+torchtitan's llama3 and llama4 tables (docs/import.md lists them with their
+source), [training], [optimizer], [lr_scheduler], [parallelism],
+[activation_checkpoint], [checkpoint], [validation], [metrics], with torchtitan's
+default wherever the file is silent. data_parallel_shard_degree = -1 takes the
+ranks --world-size leaves over. FP8 converters, HSDP, a warmup-stable-decay
+schedule with a stable phase and llama4's sigmoid router are refused.`,
 		Example: `  shardline recipe import megatron examples/llama/train_llama3_8b.sh > llama3-8b.toml
-  shardline recipe import megatron args.txt -o recipe.toml`,
+  shardline recipe import megatron args.txt -o recipe.toml
+  shardline recipe import torchtitan llama3_8b.toml --world-size 64 -o llama3-8b.toml`,
 		Args: cobra.ExactArgs(2),
 	}
 	cmd.Flags().StringVarP(&out, "output", "o", "", "write the recipe to this file instead of standard output")
+	cmd.Flags().IntVar(&worldSize, "world-size", 0, "torchtitan: the number of ranks torchrun starts (0: the product of the job file's degrees, a shard degree of -1 counting as 1)")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
-		if args[0] != "megatron" {
-			return usageErr("recipe import %q: the one format so far is megatron (a Megatron-LM launch script or argument file)", args[0])
+		format, file := args[0], args[1]
+		if format != "megatron" && format != "torchtitan" {
+			return usageErr("recipe import %q: the formats are megatron (a Megatron-LM launch script or argument file) and torchtitan (a torchtitan job TOML)", format)
 		}
-		if err := checkReadable(args[1], "launch script"); err != nil {
+		if worldSize < 0 || worldSize > 1<<20 {
+			return usageErr("--world-size %d: the number of ranks is 1 to %d (0 takes it from the job file)", worldSize, 1<<20)
+		}
+		if format == "megatron" && cmd.Flags().Changed("world-size") {
+			return usageErr("--world-size is for torchtitan job files; a Megatron script gives --world-size among its arguments")
+		}
+		what := map[string]string{"megatron": "launch script", "torchtitan": "job file"}[format]
+		if err := checkReadable(file, what); err != nil {
 			return err
 		}
-		src, err := config.ReadRecipeFile(args[1])
+		src, err := config.ReadRecipeFile(file)
 		if err != nil {
-			return usageErr("%s: %v", args[1], unwrap(err))
+			return usageErr("%s: %v", file, unwrap(err))
 		}
-		res, diags := config.ImportMegatron(args[1], src)
+		var res *config.Resolved
+		var diags config.Diagnostics
+		if format == "megatron" {
+			res, diags = config.ImportMegatron(file, src)
+		} else {
+			res, diags = config.ImportTorchtitan(file, src, worldSize)
+		}
 		if res != nil && !diags.HasErrors() {
 			diags = append(diags, config.Lint(res, a.env)...)
 		}
 		diags.Sort()
 		if len(diags) > 0 {
-			_ = config.RenderText(a.stderr, diags, nil)
+			sources := map[string][]byte{file: src}
+			if format == "megatron" {
+				sources = nil // positions name the script, not lines of it
+			}
+			_ = config.RenderText(a.stderr, diags, sources)
 		}
 		if diags.HasErrors() {
 			return &exitError{code: exitFindings}

@@ -1,0 +1,85 @@
+package config
+
+// torchtitan's published model tables, as of the last release line with TOML job
+// files (pytorch/torchtitan at 238fa9953e4aec2a62582121564273d7cbb1e9f1, the
+// parent of "Config System Refactor: TOML to Python Dataclass Registry"):
+//   - llama3: torchtitan/models/llama3/__init__.py (llama3_args) with the defaults
+//     of torchtitan/models/llama3/model/args.py (TransformerModelArgs:
+//     vocab_size 128256, multiple_of 256, norm_eps 1e-5, rope_theta 10000, and
+//     RoPEScalingArgs scaling_factor 8, low_freq_factor 1, high_freq_factor 4,
+//     original_max_position_embeddings 8192, which model.py's
+//     precompute_freqs_cis applies to every llama3 flavour).
+//   - llama4: torchtitan/models/llama4/__init__.py (llama4_args) with
+//     torchtitan/models/llama4/model/args.py (vocab_size 202048, multiple_of
+//     256, rope_scaling_args None unless a flavour sets it, interleave_moe_layer_step
+//     2, auto_scale_hidden_dim true) and torchtitan/models/moe/moe.py (MoEArgs:
+//     num_experts 8, num_shared_experts 1, top_k 1, score_func sigmoid,
+//     score_before_experts true, load_balance_coeff 1e-3).
+
+// ttFlavour is one row of a torchtitan model table.
+type ttFlavour struct {
+	dim, layers, heads, kvHeads, vocab int
+	multipleOf                         int
+	ffnMultiplier                      float64 // 0: none
+	ropeTheta                          float64
+	ropeScaling                        bool // Llama 3.1's scaling with factor 8
+	// MoE (llama4): experts per MoE layer (0: dense) and the interleave step.
+	experts, interleave int
+	// refuse, when set, says why shardline cannot train the flavour.
+	refuse string
+}
+
+const (
+	ttBlockCausal = "its attention masks documents from each other within a sequence (attn_mask_type block_causal, %s attention); shardline's attention is plain causal"
+	ttIRoPE       = "it is iRoPE: every 4th layer has no positional embedding and the others attend within fixed blocks; shardline's layers all use RoPE over the whole sequence"
+)
+
+var ttLlama3 = map[string]ttFlavour{
+	"debugmodel":             {dim: 256, layers: 6, heads: 16, vocab: 2048, multipleOf: 256, ropeTheta: 500000, ropeScaling: true},
+	"debugmodel_flex_attn":   {dim: 256, layers: 6, heads: 16, vocab: 2048, multipleOf: 256, ropeTheta: 500000, ropeScaling: true, refuse: ttBlockCausal},
+	"debugmodel_varlen_attn": {dim: 256, layers: 6, heads: 16, vocab: 2048, multipleOf: 256, ropeTheta: 500000, ropeScaling: true, refuse: ttBlockCausal},
+	"8B":                     {dim: 4096, layers: 32, heads: 32, kvHeads: 8, vocab: 128256, multipleOf: 1024, ffnMultiplier: 1.3, ropeTheta: 500000, ropeScaling: true},
+	"8B_flex":                {dim: 4096, layers: 32, heads: 32, kvHeads: 8, vocab: 128256, multipleOf: 1024, ffnMultiplier: 1.3, ropeTheta: 500000, ropeScaling: true, refuse: ttBlockCausal},
+	"8B_varlen":              {dim: 4096, layers: 32, heads: 32, kvHeads: 8, vocab: 128256, multipleOf: 1024, ffnMultiplier: 1.3, ropeTheta: 500000, ropeScaling: true, refuse: ttBlockCausal},
+	"70B":                    {dim: 8192, layers: 80, heads: 64, kvHeads: 8, vocab: 128256, multipleOf: 4096, ffnMultiplier: 1.3, ropeTheta: 500000, ropeScaling: true},
+	"405B":                   {dim: 16384, layers: 126, heads: 128, kvHeads: 8, vocab: 128256, multipleOf: 4096, ffnMultiplier: 1.2, ropeTheta: 500000, ropeScaling: true},
+}
+
+var ttLlama4 = map[string]ttFlavour{
+	"debugmodel":       {dim: 256, layers: 6, heads: 16, vocab: 2048, multipleOf: 256, ropeTheta: 500000, ropeScaling: true, experts: 8, interleave: 2},
+	"17bx16e":          {dim: 5120, layers: 48, heads: 40, kvHeads: 8, vocab: 202048, multipleOf: 2048, ffnMultiplier: 1.2, ropeTheta: 500000, ropeScaling: true, experts: 16, interleave: 1},
+	"17bx128e":         {dim: 5120, layers: 48, heads: 40, kvHeads: 8, vocab: 202048, multipleOf: 2048, ffnMultiplier: 1.2, ropeTheta: 500000, experts: 128, interleave: 2},
+	"debugmodel_irope": {dim: 256, layers: 6, heads: 16, vocab: 2048, multipleOf: 256, ropeTheta: 500000, ropeScaling: true, experts: 8, interleave: 2, refuse: ttIRoPE},
+	"17bx16e_irope":    {dim: 5120, layers: 48, heads: 40, kvHeads: 8, vocab: 202048, multipleOf: 2048, ffnMultiplier: 1.2, ropeTheta: 500000, ropeScaling: true, experts: 16, interleave: 1, refuse: ttIRoPE},
+	"17bx128e_irope":   {dim: 5120, layers: 48, heads: 40, kvHeads: 8, vocab: 202048, multipleOf: 2048, ffnMultiplier: 1.2, ropeTheta: 500000, experts: 128, interleave: 2, refuse: ttIRoPE},
+}
+
+// ttLlama4Router is why shardline cannot train llama4's MoE layers as torchtitan
+// does (MoEArgs' defaults, which no job-file key changes).
+const ttLlama4Router = "llama4's router scores experts with a sigmoid, scales each token by its score before the expert (score_before_experts), " +
+	"and balances load by adjusting expert biases between steps (load_balance_coeff 1e-3); shardline's router gates by a softmax over the chosen experts' scores " +
+	"and balances load with an auxiliary loss"
+
+// ffnHidden is torchtitan's FeedForward hidden size for a SwiGLU MLP whose nominal
+// hidden size is 4·dim: two thirds of it, times the multiplier, rounded up to a
+// multiple of multiple_of (llama3 and llama4's model.py, in integer arithmetic as
+// Python's int() truncates).
+func (f ttFlavour) ffnHidden() int {
+	h := 2 * (4 * f.dim) / 3
+	if f.ffnMultiplier != 0 {
+		h = int(f.ffnMultiplier * float64(h))
+	}
+	return f.multipleOf * ((h + f.multipleOf - 1) / f.multipleOf)
+}
+
+// expertHidden is llama4's routed (and shared) expert hidden size: the same two
+// thirds and multiplier, divided by top_k + num_shared_experts (auto_scale_hidden_dim;
+// 1 + 1 for every published flavour), rounded up to a multiple of multiple_of.
+func (f ttFlavour) expertHidden() int {
+	h := 2 * (4 * f.dim) / 3
+	if f.ffnMultiplier != 0 {
+		h = int(f.ffnMultiplier * float64(h))
+	}
+	h /= 2
+	return h + (f.multipleOf-h%f.multipleOf)%f.multipleOf
+}
