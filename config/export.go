@@ -15,6 +15,9 @@ import (
 type MegatronExport struct {
 	Args        []string
 	Unexpressed []string
+	// NProc and NNodes are torchrun's --nproc-per-node and --nnodes for the
+	// recipe's world size and gpus_per_node (the import reads them back).
+	NProc, NNodes int
 }
 
 // ExportMegatron writes r as Megatron-LM arguments: every key with a Megatron flag
@@ -27,6 +30,10 @@ type MegatronExport struct {
 func ExportMegatron(r *Recipe) MegatronExport {
 	var e MegatronExport
 	def := Default()
+	e.NProc, e.NNodes = r.Parallel.WorldSize, 1
+	if gpn := r.Parallel.GPUsPerNode; gpn > 0 && r.Parallel.WorldSize > gpn {
+		e.NProc, e.NNodes = gpn, (r.Parallel.WorldSize+gpn-1)/gpn
+	}
 	arg := func(words ...string) { e.Args = append(e.Args, words...) }
 	m := r.Model
 	arg("--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope", "--disable-bias-linear",
@@ -49,7 +56,9 @@ func ExportMegatron(r *Recipe) MegatronExport {
 	} else if r.Train.MinLRFactor != def.Train.MinLRFactor {
 		e.Unexpressed = append(e.Unexpressed, "train.min_lr_factor = "+FormatValue(r.Train.MinLRFactor))
 	}
-	computed := map[string]bool{"model.tie_embeddings": true, "model.rope_scaling": true, "train.min_lr_factor": true}
+	// The import takes a script to run on GPUs unless the list says otherwise.
+	e.Unexpressed = append(e.Unexpressed, "parallel.device = "+FormatValue(r.Parallel.Device))
+	computed := map[string]bool{"model.tie_embeddings": true, "model.rope_scaling": true, "train.min_lr_factor": true, "parallel.device": true}
 	for _, f := range recipeSchema.Fields {
 		v := f.Get(r)
 		same := reflect.DeepEqual(v, f.Get(&def))
@@ -153,7 +162,7 @@ func (e MegatronExport) Script(source, fingerprint string) string {
 		}
 		b.WriteString(line + "\n")
 	}
-	b.WriteString(")\n# torchrun --nproc-per-node 8 pretrain_gpt.py \"${SHARDLINE_ARGS[@]}\"\n")
+	fmt.Fprintf(&b, ")\n# torchrun --nproc-per-node %d --nnodes %d pretrain_gpt.py \"${SHARDLINE_ARGS[@]}\"\n", e.NProc, e.NNodes)
 	return b.String()
 }
 

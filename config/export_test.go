@@ -1,6 +1,7 @@
 package config
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -54,7 +55,9 @@ func TestImportMegatronRoundTrip(t *testing.T) {
 		require.False(t, diags.HasErrors(), "%s: %v", f, diags)
 		want, err := Fingerprint(&res.Recipe)
 		require.NoError(t, err)
-		script := ExportMegatron(&res.Recipe).Script(f, want) + "torchrun --nproc-per-node 8 pretrain_gpt.py \"${SHARDLINE_ARGS[@]}\"\n"
+		// The script as a user runs it: the export's torchrun line, uncommented.
+		script := ExportMegatron(&res.Recipe).Script(f, want)
+		script = strings.Replace(script, "\n# torchrun ", "\ntorchrun ", 1)
 		back, diags := ImportMegatron("launch.sh", []byte(script))
 		for _, d := range diags {
 			require.NotEqual(t, SevError, d.Severity, "%s: %v\n%s", f, d, script)
@@ -129,4 +132,108 @@ NCCL_DEBUG=WARN torchrun --nproc-per-node $GPUS_PER_NODE --nnodes 1 \
 	}
 	require.Len(t, msgs, 6, "%v", msgs)
 	require.Contains(t, strings.Join(msgs, "\n"), "without --swiglu Megatron's MLP is GeLU; shardline's is SwiGLU / add --swiglu")
+}
+
+func importScript(t *testing.T, file string) (*Resolved, Diagnostics) {
+	t.Helper()
+	src, err := os.ReadFile(filepath.Join("testdata", "megatron", file))
+	require.NoError(t, err)
+	res, diags := ImportMegatron(file, src)
+	for _, d := range diags {
+		require.NotEqual(t, SevError, d.Severity, "%s: %s", d.Location(), d.Message)
+	}
+	for _, d := range Lint(res, nil) {
+		require.NotEqual(t, SevError, d.Severity, "lint %s: %s", d.Location(), d.Message)
+	}
+	return res, diags
+}
+
+// TestImportMegatronLlamaExample: a script in the shape of Megatron-LM's
+// examples/llama train_llama3_8b_*.sh. The import follows its if/elif/else on the
+// script's own variables (the bf16 branch, the mock-data branch), arrays grown with
+// +=, quoted multi-word elements that an unquoted spread splits, sample-counted
+// schedules, torchrun's ranks, and it is not fooled by the check that echoes the
+// script's path before the real command.
+func TestImportMegatronLlamaExample(t *testing.T) {
+	res, diags := importScript(t, "llama3_8b.sh")
+	r := res.Recipe
+	m := r.Model
+	require.Equal(t, []int{32, 4096, 32, 8, 128, 14336, 128256, 8192}, []int{m.Layers, m.Hidden, m.Heads, m.KVHeads, m.HeadDim, m.FFNHidden, m.VocabSize, m.SeqLen})
+	require.Equal(t, "llama3", m.RopeScaling)
+	require.False(t, m.TieEmbeddings)
+	tr := r.Train
+	// 1,280,000 samples / 128 = 10,000 steps; warmup 25,600 / 128 = 200; decay
+	// 1,254,400 / 128 = 9,800 steps from step 0, so 9,600 after warmup.
+	require.Equal(t, []int{10000, 200, 9600, 128, 1}, []int{tr.Steps, tr.WarmupSteps, tr.LRDecaySteps, tr.GlobalBatchSize, tr.MicroBatchSize})
+	require.InDelta(t, 0.1, tr.MinLRFactor, 1e-12)
+	require.True(t, r.Precision.BF16, "the elif [[ $DTYPE == bf16 ]] branch")
+	require.Equal(t, []int{16, 8, 2}, []int{r.Parallel.WorldSize, r.Parallel.GPUsPerNode, r.Parallel.TensorParallel})
+	require.Equal(t, "imported from torchrun --nproc_per_node 8 --nnodes 2 at llama3_8b.sh:146:1", res.Origin("parallel.world_size").Describe())
+	require.True(t, r.FSDP.UseMegatronFSDP)
+	require.True(t, r.FSDP.GradReduceInBF16, "from DDP_ARGS appended with +=")
+	require.Equal(t, "checkpoints/llama3_8b", r.Checkpoint.Dir, "${1:-\"checkpoints/llama3_8b\"} without its quotes")
+	var notes []string
+	for _, d := range diags {
+		notes = append(notes, d.Message)
+	}
+	all := strings.Join(notes, "\n")
+	require.Contains(t, all, "--tokenizer-type NullTokenizer has no effect", "the mock-data branch")
+	require.NotContains(t, all, "HuggingFaceTokenizer", "the else branch is not read")
+	require.NotContains(t, all, "fp8", "the fp8 branch is not read")
+	require.Contains(t, all, "--load checkpoints/llama3_8b: not part of the recipe")
+}
+
+// TestImportMegatronMixtralExample: a script in the shape of Megatron-LM's
+// examples/mixtral/train_mixtral_8x7b_distributed.sh. Megatron's defaults stand
+// where it is silent: no Megatron-FSDP (the distributed optimizer shards optimizer
+// state: "optim"), experts as wide as the dense MLP, linear decay, no warmup,
+// beta2 0.999, per-micro-batch loss, torch_dist checkpoints; comments inside the
+// arrays (some ending in a backslash) and the unevaluated wandb branch are skipped.
+func TestImportMegatronMixtralExample(t *testing.T) {
+	res, _ := importScript(t, "mixtral.sh")
+	r := res.Recipe
+	require.Equal(t, []int{4, 2, 448, 448}, []int{r.Model.MoE.NumExperts, r.Model.MoE.TopK, r.Model.MoE.ExpertFFNHidden, r.Model.FFNHidden})
+	require.InDelta(t, 0.01, r.Model.MoE.AuxLossCoeff, 1e-12)
+	require.Equal(t, []int{4, 2}, []int{r.Parallel.WorldSize, r.Parallel.ExpertParallel})
+	require.False(t, r.FSDP.UseMegatronFSDP)
+	require.Equal(t, "optim", r.FSDP.DataParallelShardingStrategy)
+	require.False(t, r.FSDP.CalculatePerTokenLoss)
+	require.Equal(t, "torch_dist", r.Checkpoint.CkptFormat)
+	require.Equal(t, "linear", r.Train.LRSchedule)
+	require.Equal(t, 0, r.Train.WarmupSteps)
+	require.Equal(t, 0.999, r.Train.Beta2)
+	require.Equal(t, []int{10, 1000, 100}, []int{r.Train.EvalSteps, r.Train.EvalInterval, r.Logging.Interval})
+	require.Equal(t, "Megatron's default: no --moe-ffn-hidden-size (the dense --ffn-hidden-size)", res.Origin("model.moe.expert_ffn_hidden").Name)
+}
+
+// TestImportMegatronControlFlow: conditions the import evaluates, and lines it
+// refuses because they depend on one it cannot.
+func TestImportMegatronControlFlow(t *testing.T) {
+	base := "--swiglu --normalization RMSNorm --position-embedding-type rope --disable-bias-linear --attention-dropout 0 --hidden-dropout 0"
+	run := func(script string) (*Resolved, Diagnostics) {
+		return ImportMegatron("s.sh", []byte(script+"\npython pretrain_gpt.py "+base+" $EXTRA\n"))
+	}
+	for _, c := range []struct {
+		script string
+		layers int
+	}{
+		{"A=x\nif [ \"$A\" = x ]; then EXTRA=\"--num-layers 3\"; fi", 3},
+		{"A=x\nif [ \"$A\" = y ]; then EXTRA=\"--num-layers 3\"; else EXTRA=\"--num-layers 9\"; fi", 9},
+		{"A=x\nif [ \"$A\" = x ]\nthen\n  EXTRA=\"--num-layers 3\"\nfi", 3}, // then on its own line
+		{"if [[ -n \"$UNSET\" ]]; then\n EXTRA=\"--num-layers 5\"\nelse\n EXTRA=\"--num-layers 6\"\nfi", 6},
+		{"A=1\nif [[ $A != 1 ]] || [[ ! -z $A ]]; then\n EXTRA='--num-layers 7'\nfi", 7},
+		{"EXTRA=--num-layers\nEXTRA+=' 8'", 8},
+	} {
+		res, diags := run(c.script)
+		require.False(t, diags.HasErrors(), "%q: %v", c.script, diags)
+		require.Equal(t, c.layers, res.Recipe.Model.Layers, c.script)
+	}
+	_, diags := run("for n in 1 2; do\n  EXTRA=\"--num-layers $n\"\ndone")
+	require.Len(t, diags, 1)
+	require.Equal(t, "s.sh:2:1", diags[0].Location())
+	require.Contains(t, diags[0].Message, "line 2 depends on `for n in 1 2; do` (line 1), which the import cannot evaluate")
+	_, diags = run("if [ -f /etc/passwd ]; then\n  EXTRA=\"--num-layers 2\"\nfi")
+	require.Contains(t, diags[0].Message, "depends on `[ -f /etc/passwd ]` (line 1)")
+	_, diags = run("if [ -f /etc/passwd ]; then\n  echo found\nfi") // nothing that matters inside
+	require.False(t, diags.HasErrors(), "%v", diags)
 }

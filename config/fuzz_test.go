@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 )
@@ -67,11 +68,11 @@ func FuzzLoadLint(f *testing.F) {
 // registered code, a message and a fix, and a recipe imported without errors
 // writes canonical TOML that loads back to itself.
 func FuzzImport(f *testing.F) {
-	for _, glob := range []string{"testdata/torchtitan/*.toml"} {
+	for _, glob := range []string{"testdata/torchtitan/*.toml", "testdata/megatron/*.sh"} {
 		files, _ := filepath.Glob(glob)
 		for _, p := range files {
 			if b, err := os.ReadFile(p); err == nil {
-				f.Add(b, false)
+				f.Add(b, strings.HasSuffix(p, ".sh"))
 			}
 		}
 	}

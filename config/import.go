@@ -24,6 +24,103 @@ var megatronAbsent = []struct {
 	{[]string{"hidden-dropout"}, "without --hidden-dropout Megatron drops 10% of hidden activations; shardline trains without dropout", "add --hidden-dropout 0.0"},
 }
 
+// megatronDefault is the value Megatron-LM gives a recipe key when the script
+// leaves out the argument that sets it.
+type megatronDefault struct{ key, value, why string }
+
+// megatronDefaults are Megatron-LM's defaults (megatron/training/arguments.py) for
+// the arguments a script did not give, where they differ from shardline's: no
+// Megatron-FSDP, no distributed optimizer and no overlap unless asked for, a linear
+// decay to 0 with no warmup, weight decay 0.01, beta2 0.999, per-micro-batch loss
+// averaging, evaluation every 1000 steps over 100 batches, logging every 100, the
+// SwiGLU size rounded down to a multiple of 64, experts as wide as the dense MLP,
+// no auxiliary loss, one key/value group under --group-query-attention, a global
+// batch of one micro-batch per data-parallel rank, torch_dist checkpoints without
+// Megatron-FSDP, and GPUs.
+func megatronDefaults(r Recipe, given map[string]bool) []megatronDefault {
+	var out []megatronDefault
+	absent := func(args ...string) bool {
+		for _, a := range args {
+			if given[a] {
+				return false
+			}
+		}
+		return true
+	}
+	add := func(key, value, why string) { out = append(out, megatronDefault{key, value, why}) }
+	fsdp, distOpt := r.FSDP.UseMegatronFSDP, r.FSDP.UseDistributedOptimizer
+	if absent("use-megatron-fsdp") {
+		fsdp = false
+		add("fsdp.use_megatron_fsdp", "false", "no --use-megatron-fsdp")
+	}
+	if absent("use-distributed-optimizer") {
+		distOpt = false
+		add("fsdp.use_distributed_optimizer", "false", "no --use-distributed-optimizer")
+	}
+	if absent("data-parallel-sharding-strategy") {
+		strategy := "no_shard"
+		if !fsdp && distOpt {
+			strategy = "optim" // the distributed optimizer shards optimizer state and main weights
+		}
+		add("fsdp.data_parallel_sharding_strategy", strategy, "no --data-parallel-sharding-strategy")
+	}
+	if absent("ckpt-format") && !fsdp {
+		add("checkpoint.ckpt_format", "torch_dist", "no --ckpt-format")
+	}
+	for _, d := range []struct{ arg, key, value string }{
+		{"overlap-grad-reduce", "fsdp.overlap_grad_reduce", "false"},
+		{"overlap-param-gather", "fsdp.overlap_param_gather", "false"},
+		{"calculate-per-token-loss", "fsdp.calculate_per_token_loss", "false"},
+		{"lr-decay-style", "train.lr_schedule", "linear"},
+		{"weight-decay", "train.weight_decay", "0.01"},
+		{"adam-beta2", "train.beta2", "0.999"},
+		{"eval-interval", "train.eval_interval", "1000"},
+		{"eval-iters", "train.eval_steps", "100"},
+		{"log-interval", "logging.interval", "100"},
+		{"min-lr", "train.min_lr_factor", "0"},
+	} {
+		if absent(d.arg) {
+			add(d.key, d.value, "no --"+d.arg)
+		}
+	}
+	if absent("lr-warmup-iters", "lr-warmup-samples", "lr-warmup-fraction") {
+		add("train.warmup_steps", "0", "no --lr-warmup-iters")
+	}
+	if absent("ffn-hidden-size") {
+		ffn := 4 * r.Model.Hidden * 2 / 3 / 64 * 64 // SwiGLU: two thirds of 4·hidden, down to a multiple of 64
+		add("model.ffn_hidden", strconv.Itoa(max(ffn, 1)), "no --ffn-hidden-size (with --swiglu)")
+		r.Model.FFNHidden = max(ffn, 1)
+	}
+	if given["num-experts"] {
+		if absent("moe-ffn-hidden-size") {
+			add("model.moe.expert_ffn_hidden", strconv.Itoa(r.Model.FFNHidden), "no --moe-ffn-hidden-size (the dense --ffn-hidden-size)")
+		}
+		if absent("moe-aux-loss-coeff") {
+			add("model.moe.aux_loss_coeff", "0", "no --moe-aux-loss-coeff")
+		}
+	}
+	if given["group-query-attention"] && absent("num-query-groups") {
+		add("model.kv_heads", "1", "--group-query-attention without --num-query-groups")
+	}
+	if absent("global-batch-size") {
+		p := r.Parallel
+		if mp := p.TensorParallel * p.ContextParallel * p.PipelineParallel; mp > 0 && p.WorldSize%mp == 0 {
+			add("train.global_batch_size", strconv.Itoa(r.Train.MicroBatchSize*p.WorldSize/mp), "no --global-batch-size (one micro-batch per data-parallel rank)")
+		}
+	}
+	add("parallel.device", "cuda", "Megatron-LM trains on GPUs; shardline run --device cpu trains the recipe on the CPU")
+	return out
+}
+
+// importOnlyNotes are Megatron arguments that are shardline run's own flags (so
+// not recipe overrides): a script's are noted.
+var importOnlyNotes = map[string]string{
+	"load": "Megatron's --load resumes a run; shardline run --load DIR (or --resume DIR) does that, and --init-from starts from Hugging Face weights",
+}
+
+// multiValue are Megatron arguments that take several words.
+var multiValue = map[string]bool{"data-path": true, "train-data-path": true, "valid-data-path": true, "test-data-path": true}
+
 // exportedKey is a key = value line of recipe export megatron's comment list.
 var exportedKey = regexp.MustCompile(`^#\s+([a-z0-9_]+(?:\.[a-z0-9_]+)+) = (.+)$`)
 
@@ -35,12 +132,18 @@ var exportedKey = regexp.MustCompile(`^#\s+([a-z0-9_]+(?:\.[a-z0-9_]+)+) = (.+)$
 // would say otherwise). Keys listed by recipe export megatron's comments are set
 // too. Every value remembers the argument it came from.
 func ImportMegatron(path string, src []byte) (*Resolved, Diagnostics) {
-	args, sets, err := megatronArgv(string(src))
+	ls, err := megatronArgv(string(src))
 	if err != nil {
-		return nil, Diagnostics{{Severity: SevError, Code: "SL001", Origin: Origin{Kind: FromFile, Pos: Pos{File: path}},
+		at := Pos{File: path}
+		if se, ok := err.(*scriptError); ok {
+			at.Line, at.Col = se.line, 1
+		}
+		return nil, Diagnostics{{Severity: SevError, Code: "SL001", Origin: Origin{Kind: FromImport, Pos: at},
 			Message: fmt.Sprintf("reading the launch script: %v", err), Help: "give the script pretrain_gpt.py runs from, or a file of its arguments"}}
 	}
+	args, sets := ls.args, ls.sets
 	var flags []FlagValue
+	var notes Diagnostics
 	given := map[string]bool{}
 	var stray []string
 	for i := 0; i < len(args); i++ {
@@ -56,14 +159,53 @@ func ImportMegatron(path string, src []byte) (*Resolved, Diagnostics) {
 				i++
 				value = args[i]
 			}
+			// Data paths take a list: weight prefix weight prefix ...
+			for multiValue[name] && i+1 < len(args) && !strings.HasPrefix(args[i+1], "--") {
+				i++
+				value += " " + args[i]
+			}
 		}
 		given[name] = true
+		if why, ok := importOnlyNotes[name]; ok {
+			notes = append(notes, Diagnostic{Severity: SevNote, Code: "SL011", Origin: Origin{Kind: FromFlag, Name: "--" + name, Raw: value, Pos: Pos{File: path}},
+				Message: fmt.Sprintf("--%s %s: not part of the recipe: %s", name, value, why), Help: "nothing to change in the recipe"})
+			continue
+		}
 		flags = append(flags, FlagValue{Name: name, Value: value})
 	}
 	if !given["untie-embeddings-and-output-weights"] {
 		sets = append([]string{"model.tie_embeddings=true"}, sets...) // Megatron's default: tied
 	}
-	res, diags := LoadBytes(path, nil, Options{Flags: flags, Sets: sets})
+	// A key the export's comment list sets keeps that value: the list is the
+	// exporter's exact statement of the recipe.
+	listed := map[string]bool{}
+	for _, s := range sets {
+		k, _, _ := strings.Cut(s, "=")
+		listed[k] = true
+	}
+	var imported []ImportedValue
+	if ls.nproc > 0 {
+		o := Origin{Name: ls.launcherDescribed, Pos: Pos{File: path, Line: ls.launcherLine, Col: 1}}
+		if !listed["parallel.world_size"] {
+			imported = append(imported, ImportedValue{Key: "parallel.world_size", Value: strconv.Itoa(ls.nproc * ls.nnodes), Origin: o})
+		}
+		if (ls.nnodes > 1 || ls.nproc > Default().Parallel.GPUsPerNode) && !listed["parallel.gpus_per_node"] { // on one node, any gpus_per_node ≥ nproc says the same
+			imported = append(imported, ImportedValue{Key: "parallel.gpus_per_node", Value: strconv.Itoa(ls.nproc), Origin: o})
+		}
+	}
+	opts := Options{Flags: flags, Sets: sets, Imported: imported}
+	res, diags := LoadBytes(path, nil, opts)
+	if res != nil && !diags.HasErrors() {
+		// Megatron's defaults for what the script leaves out, computed from what it
+		// gives.
+		for _, d := range megatronDefaults(res.Recipe, given) {
+			if !listed[d.key] {
+				opts.Imported = append(opts.Imported, ImportedValue{Key: d.key, Value: d.value,
+					Origin: Origin{Name: "Megatron's default: " + d.why, Pos: Pos{File: path}}})
+			}
+		}
+		res, diags = LoadBytes(path, nil, opts)
+	}
 	for _, a := range megatronAbsent {
 		found := false
 		for _, n := range a.needs {
@@ -78,73 +220,353 @@ func ImportMegatron(path string, src []byte) (*Resolved, Diagnostics) {
 		diags = append(diags, Diagnostic{Severity: SevError, Code: "SL007", Origin: Origin{Kind: FromFile, Pos: Pos{File: path}},
 			Message: fmt.Sprintf("words that are no --argument: %q", stray), Help: "check the script's quoting; arguments start with --"})
 	}
-	return res, diags
+	return res, append(diags, notes...)
 }
 
-// megatronArgv finds the arguments of pretrain_*.py in a launch script (all the
-// words, for a plain argument file), and the keys recipe export megatron listed.
-func megatronArgv(src string) (args, sets []string, err error) {
+// launchScript is what a Megatron-LM launch script gives pretrain_*.py: its
+// arguments, the keys recipe export megatron listed in comments, and the ranks
+// torchrun starts (0 when the script does not say).
+type launchScript struct {
+	args, sets        []string
+	nproc, nnodes     int
+	launcherLine      int
+	launcherDescribed string
+}
+
+// scriptError is a problem at a line of the script.
+type scriptError struct {
+	line int
+	msg  string
+}
+
+func (e *scriptError) Error() string { return e.msg }
+
+// shellFrame is an if/elif/else (or a loop or case, whose body the import cannot
+// follow) the script is inside.
+type shellFrame struct {
+	line   int
+	cond   string
+	known  bool // the condition was evaluated
+	active bool // the branch being read is taken
+	taken  bool // some branch was taken
+	loop   bool
+}
+
+// megatronArgv reads a launch script as bash would run it, as far as that takes:
+// variables and arrays (=, +=), if/elif/else on conditions it can evaluate ([ ] and
+// [[ ]] with -n, -z, ==, =, != on strings, !, && and ||), and the command that runs
+// pretrain_*.py, directly or through a launcher (torchrun, python, srun, ...).
+// A plain file of arguments has no such command: all its words are the arguments.
+// A line that sets a variable or runs pretrain_*.py inside a condition or loop it
+// cannot follow is an error naming both lines.
+func megatronArgv(src string) (launchScript, error) {
 	v := &shellVars{scalar: map[string]string{}, array: map[string][]string{}}
+	var ls launchScript
 	var all []string
 	found := false
-	for _, line := range logicalLines(src) {
-		t := strings.TrimSpace(line)
-		if strings.HasPrefix(t, "#") {
-			if m := exportedKey.FindStringSubmatch(t); m != nil {
-				sets = append(sets, m[1]+"="+tomlToSet(m[2]))
+	var frames []shellFrame
+	// statement runs one simple command: an assignment, the pretrain command, or
+	// (in a file of arguments) words.
+	statement := func(t string, line int) error {
+		t = strings.TrimPrefix(strings.TrimPrefix(strings.TrimPrefix(t, "export "), "declare -a "), "local ")
+		if name, rest, add, ok := assignment(t); ok {
+			if err := v.assign(name, rest, add); err != nil {
+				return &scriptError{line, fmt.Sprintf("line %d: %v", line, err)}
 			}
-			continue
-		}
-		t = strings.TrimPrefix(strings.TrimPrefix(t, "export "), "declare -a ")
-		if name, rest, ok := assignment(t); ok {
-			if inner, isArray := strings.CutPrefix(rest, "("); isArray {
-				words, err := v.lexWords(strings.TrimSuffix(strings.TrimSpace(inner), ")"))
-				if err != nil {
-					return nil, nil, err
-				}
-				v.array[name] = words
-				continue
-			}
-			words, err := v.lexWords(rest)
-			if err != nil {
-				return nil, nil, err
-			}
-			v.scalar[name] = strings.Join(words, " ")
-			continue
+			return nil
 		}
 		words, err := v.lexWords(t)
 		if err != nil {
-			return nil, nil, err
+			return &scriptError{line, fmt.Sprintf("line %d: %v", line, err)}
 		}
-		for i, w := range words {
-			if base := filepath.Base(w); strings.HasPrefix(base, "pretrain_") && strings.HasSuffix(base, ".py") && !found {
-				args, found = append(args, words[i+1:]...), true
-				break
-			}
+		if i, ok := pretrainIndex(words); ok && !found {
+			ls.args, found = append(ls.args, words[i+1:]...), true
+			ls.nproc, ls.nnodes, ls.launcherDescribed = torchrunRanks(words[:i])
+			ls.launcherLine = line
+			return nil
 		}
 		all = append(all, words...)
+		return nil
+	}
+	// context says whether the enclosing frames skip a line, and the first frame
+	// the import cannot follow (-1: none).
+	context := func() (skip bool, unknown int) {
+		unknown = -1
+		for i, f := range frames {
+			if !f.known || f.loop {
+				if unknown < 0 {
+					unknown = i
+				}
+			} else if !f.active {
+				skip = true
+			}
+		}
+		return skip, unknown
+	}
+	for _, ll := range logicalLines(src) {
+		t := strings.TrimSpace(ll.text)
+		if t == "" {
+			continue
+		}
+		if strings.HasPrefix(t, "#") {
+			if m := exportedKey.FindStringSubmatch(t); m != nil {
+				ls.sets = append(ls.sets, m[1]+"="+tomlToSet(m[2]))
+			}
+			continue
+		}
+		first, _, _ := strings.Cut(t, " ")
+		first = strings.TrimSuffix(first, ";")
+		switch first {
+		case "if", "elif":
+			cond := strings.TrimSpace(strings.TrimPrefix(t, first))
+			oneLine := strings.HasSuffix(cond, "fi") && strings.Contains(cond, "then")
+			cond = strings.TrimSuffix(strings.TrimSpace(strings.TrimSuffix(cond, "then")), ";")
+			if oneLine && first == "if" {
+				// if COND; then A; B; [else C;] fi on one line.
+				skip, unknown := context()
+				if skip {
+					continue
+				}
+				c, body, _ := strings.Cut(strings.TrimPrefix(t, "if "), "; then ")
+				body = strings.TrimSuffix(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(body), "fi")), ";")
+				yes, no, _ := strings.Cut(body, "; else ")
+				val, known := v.evalCond(strings.TrimSpace(c))
+				condLine, condText := ll.line, strings.TrimSpace(c)
+				if unknown >= 0 {
+					known, condLine, condText = false, frames[unknown].line, frames[unknown].cond
+				}
+				branch := no
+				if val {
+					branch = yes
+				}
+				for _, stmt := range strings.Split(yes+";"+no, ";") {
+					if stmt = strings.TrimSpace(stmt); stmt != "" && !known {
+						if err := unfollowable(v, stmt, ll.line, condLine, condText); err != nil {
+							return ls, err
+						}
+					}
+				}
+				if known {
+					for _, stmt := range strings.Split(branch, ";") {
+						if stmt = strings.TrimSpace(stmt); stmt != "" {
+							if err := statement(stmt, ll.line); err != nil {
+								return ls, err
+							}
+						}
+					}
+				}
+				continue
+			}
+			if oneLine {
+				if err := unfollowable(v, t, ll.line, ll.line, t); err != nil {
+					return ls, err
+				}
+				continue
+			}
+			val, known := v.evalCond(cond)
+			if first == "if" {
+				frames = append(frames, shellFrame{line: ll.line, cond: cond, known: known, active: val, taken: val})
+				continue
+			}
+			if len(frames) == 0 || frames[len(frames)-1].loop {
+				return ls, &scriptError{ll.line, fmt.Sprintf("line %d: elif without if", ll.line)}
+			}
+			f := &frames[len(frames)-1]
+			f.known = f.known && known
+			f.active = !f.taken && val
+			f.taken = f.taken || val
+			f.cond, f.line = cond, ll.line
+			continue
+		case "else":
+			if len(frames) == 0 || frames[len(frames)-1].loop {
+				return ls, &scriptError{ll.line, fmt.Sprintf("line %d: else without if", ll.line)}
+			}
+			f := &frames[len(frames)-1]
+			f.active, f.taken = !f.taken, true
+			continue
+		case "fi", "done", "esac":
+			if len(frames) > 0 {
+				frames = frames[:len(frames)-1]
+			}
+			continue
+		case "for", "while", "until", "case", "select":
+			frames = append(frames, shellFrame{line: ll.line, cond: t, loop: true})
+			continue
+		case "then", "do", "{", "}":
+			continue
+		}
+		skip, unknown := context()
+		if skip {
+			continue
+		}
+		if unknown >= 0 {
+			if err := unfollowable(v, t, ll.line, frames[unknown].line, frames[unknown].cond); err != nil {
+				return ls, err
+			}
+			continue
+		}
+		if err := statement(t, ll.line); err != nil {
+			return ls, err
+		}
 	}
 	if !found {
-		args = all // a file of arguments
+		ls.args = all // a file of arguments
 	}
-	return args, sets, nil
+	return ls, nil
 }
 
-// assignment recognises NAME=value (one word) and NAME=( ... ).
-func assignment(s string) (name, rest string, ok bool) {
+// unfollowable refuses a line inside a condition or loop the import cannot follow
+// when the line matters: it sets a variable or runs pretrain_*.py.
+func unfollowable(v *shellVars, t string, line, condLine int, cond string) error {
+	stmt := strings.TrimPrefix(strings.TrimPrefix(t, "export "), "declare -a ")
+	_, _, _, assigns := assignment(stmt)
+	words, _ := v.lexWords(t)
+	_, runs := pretrainIndex(words)
+	if !assigns && !runs {
+		return nil
+	}
+	return &scriptError{line, fmt.Sprintf("line %d depends on `%s` (line %d), which the import cannot evaluate (it follows if/elif/else on [ ] and [[ ]] string tests of the script's own variables, not loops, file tests or commands)", line, cond, condLine)}
+}
+
+// launchers run pretrain_*.py: the script's path is among their arguments.
+var launchers = map[string]bool{"torchrun": true, "srun": true, "deepspeed": true, "mpirun": true, "mpiexec": true, "accelerate": true,
+	"uv": true, "exec": true, "nohup": true, "time": true, "numactl": true, "env": true}
+
+// pretrainIndex finds the word naming pretrain_*.py in a command: the command
+// itself (after NAME=value prefixes), or an argument of a launcher.
+func pretrainIndex(words []string) (int, bool) {
+	i := 0
+	for i < len(words) && isEnvAssignment(words[i]) {
+		i++
+	}
+	if i == len(words) {
+		return 0, false
+	}
+	if isPretrain(words[i]) {
+		return i, true
+	}
+	cmd := filepath.Base(words[i])
+	if !launchers[cmd] && !strings.HasPrefix(cmd, "python") {
+		return 0, false
+	}
+	for j := i + 1; j < len(words); j++ {
+		if isPretrain(words[j]) {
+			return j, true
+		}
+	}
+	return 0, false
+}
+
+func isPretrain(w string) bool {
+	base := filepath.Base(w)
+	return !strings.ContainsAny(w, " \t") && strings.HasPrefix(base, "pretrain_") && strings.HasSuffix(base, ".py")
+}
+
+func isEnvAssignment(w string) bool {
+	name, _, ok := strings.Cut(w, "=")
+	return ok && validName(name)
+}
+
+// torchrunRanks reads torchrun's --nproc_per_node (--nproc-per-node) and --nnodes
+// among the words before the script (0 when absent, not a number, or not torchrun:
+// python -m torch.distributed.run counts as torchrun).
+func torchrunRanks(words []string) (nproc, nnodes int, described string) {
+	isTorchrun := false
+	for i, w := range words {
+		if filepath.Base(w) == "torchrun" || (w == "-m" && i+1 < len(words) && strings.HasPrefix(words[i+1], "torch.distributed.")) {
+			isTorchrun = true
+		}
+	}
+	if !isTorchrun {
+		return 0, 0, ""
+	}
+	value := func(name string) (int, string) {
+		for i, w := range words {
+			for _, form := range []string{"--" + name, "--" + strings.ReplaceAll(name, "_", "-")} {
+				if w == form && i+1 < len(words) {
+					n, err := strconv.Atoi(words[i+1])
+					if err == nil && n > 0 {
+						return n, form + " " + words[i+1]
+					}
+				}
+				if v, ok := strings.CutPrefix(w, form+"="); ok {
+					if n, err := strconv.Atoi(v); err == nil && n > 0 {
+						return n, w
+					}
+				}
+			}
+		}
+		return 0, ""
+	}
+	nproc, a := value("nproc_per_node")
+	if nproc == 0 {
+		return 0, 0, ""
+	}
+	nnodes, b := value("nnodes")
+	described = "torchrun " + a
+	if nnodes == 0 {
+		nnodes = 1
+	} else {
+		described += " " + b
+	}
+	return nproc, nnodes, described
+}
+
+// assignment recognises NAME=value (one word), NAME=( ... ) and their += forms.
+func assignment(s string) (name, rest string, add, ok bool) {
 	n, r, ok := strings.Cut(s, "=")
-	if !ok || n == "" || strings.ContainsAny(n, " \t$\"'") {
-		return "", "", false
+	if !ok {
+		return "", "", false, false
+	}
+	n, add = strings.CutSuffix(n, "+")
+	if !validName(n) {
+		return "", "", false, false
+	}
+	if !strings.HasPrefix(r, "(") && strings.ContainsAny(strings.TrimSpace(unquotedSpan(r)), " \t") {
+		return "", "", false, false // FOO=1 cmd ...: an environment prefix, not an assignment line
+	}
+	return n, r, add, true
+}
+
+func validName(n string) bool {
+	if n == "" {
+		return false
 	}
 	for _, c := range n {
 		if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
-			return "", "", false
+			return false
 		}
 	}
-	if !strings.HasPrefix(r, "(") && strings.ContainsAny(strings.TrimSpace(unquotedSpan(r)), " \t") {
-		return "", "", false // FOO=1 cmd ...: an environment prefix, not an assignment line
+	return true
+}
+
+// assign sets (or with add, appends to) a variable or array.
+func (v *shellVars) assign(name, rest string, add bool) error {
+	if inner, isArray := strings.CutPrefix(rest, "("); isArray {
+		words, err := v.lexWords(strings.TrimSuffix(strings.TrimSpace(inner), ")"))
+		if err != nil {
+			return err
+		}
+		if add {
+			if s, ok := v.scalar[name]; ok && v.array[name] == nil {
+				words = append([]string{s}, words...)
+			}
+			words = append(append([]string(nil), v.array[name]...), words...)
+		}
+		delete(v.scalar, name)
+		v.array[name] = words
+		return nil
 	}
-	return n, r, true
+	words, err := v.lexWords(rest)
+	if err != nil {
+		return err
+	}
+	val := strings.Join(words, " ")
+	if add {
+		val = v.scalar[name] + val
+	}
+	v.scalar[name] = val
+	return nil
 }
 
 // unquotedSpan blanks quoted parts of s so spaces inside quotes do not count.

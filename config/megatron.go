@@ -119,6 +119,122 @@ var megatronArgs = map[string]megatronArg{
 	"tensorboard-dir":             {kind: noEffect, takesValue: true, why: "shardline writes metrics.jsonl and loss.png in the run directory", usage: "accepted, no effect"},
 	"wandb-project":               {kind: noEffect, takesValue: true, why: "shardline writes metrics.jsonl and loss.png in the run directory", usage: "accepted, no effect"},
 	"log-throughput":              {kind: noEffect, why: "every step's tokens/s is in metrics.jsonl", usage: "accepted, no effect"},
+	"wandb-exp-name":              {kind: noEffect, takesValue: true, why: "shardline writes metrics.jsonl and loss.png in the run directory", usage: "accepted, no effect"},
+	"wandb-save-dir":              {kind: noEffect, takesValue: true, why: "shardline writes metrics.jsonl and loss.png in the run directory", usage: "accepted, no effect"},
+	"attention-backend":           {kind: noEffect, takesValue: true, why: "attention is shardline's own flash attention", usage: "accepted, no effect"},
+	"cross-entropy-loss-fusion":   {kind: noEffect, why: "the head and loss are fused already (the logits are never materialised whole)", usage: "accepted, no effect"},
+	"moe-grouped-gemm":            {kind: noEffect, why: "an MoE layer's experts already run as one batched computation", usage: "accepted, no effect"},
+	"moe-token-dispatcher-type":   {kind: noEffect, takesValue: true, why: "a communication choice; shardline's expert dispatch is its own all-to-all", usage: "accepted, no effect"},
+	"manual-gc":                   {kind: noEffect, why: "Go's collector needs no schedule", usage: "accepted, no effect"},
+	"manual-gc-interval":          {kind: noEffect, takesValue: true, why: "Go's collector needs no schedule", usage: "accepted, no effect"},
+	"empty-unused-memory-level":   {kind: noEffect, takesValue: true, why: "the trainer allocates from the plan; there is no cache to empty", usage: "accepted, no effect"},
+	"exit-duration-in-mins":       {kind: noEffect, takesValue: true, why: "a run goes to train.steps; stop it (SIGINT saves a checkpoint) and continue with shardline run --resume", usage: "accepted, no effect"},
+	"profile":                     {kind: noEffect, why: "profile with shardline run --trace (a Chrome trace)", usage: "accepted, no effect: see run --trace"},
+	"profile-step-start":          {kind: noEffect, takesValue: true, why: "profile with shardline run --trace (a Chrome trace)", usage: "accepted, no effect: see run --trace"},
+	"profile-step-end":            {kind: noEffect, takesValue: true, why: "profile with shardline run --trace (a Chrome trace)", usage: "accepted, no effect: see run --trace"},
+	"no-load-optim":               {kind: noEffect, why: "resume with shardline run --resume DIR (all state), or --init-from for weights only", usage: "accepted, no effect"},
+	"no-load-rng":                 {kind: noEffect, why: "shardline's random numbers are counter-based: there is no generator state to load", usage: "accepted, no effect"},
+	// Data: Megatron's indexed datasets and tokenizers are not shardline's.
+	"mock-data":                              {kind: noEffect, why: "shardline trains on data.path (a text file or a directory from shardline data prepare)", usage: "accepted, no effect: set data.path"},
+	"data-path":                              {kind: noEffect, takesValue: true, why: "Megatron's indexed datasets (prefix.bin/.idx) are not a format shardline reads; set data.path to a text file or a directory from shardline data prepare", usage: "accepted, no effect: set data.path"},
+	"train-data-path":                        {kind: noEffect, takesValue: true, why: "Megatron's indexed datasets (prefix.bin/.idx) are not a format shardline reads; set data.path to a text file or a directory from shardline data prepare", usage: "accepted, no effect: set data.path"},
+	"valid-data-path":                        {kind: noEffect, takesValue: true, why: "shardline validates on the held-out end of data.path (data.val_fraction)", usage: "accepted, no effect"},
+	"test-data-path":                         {kind: noEffect, takesValue: true, why: "shardline has no test split", usage: "accepted, no effect"},
+	"split":                                  {kind: noEffect, takesValue: true, why: "shardline holds out data.val_fraction from the end of data.path", usage: "accepted, no effect: see data.val_fraction"},
+	"data-cache-path":                        {kind: noEffect, takesValue: true, why: "shardline caches tokenized data under its cache_dir setting", usage: "accepted, no effect"},
+	"num-workers":                            {kind: noEffect, takesValue: true, why: "shardline's batches are a pure function of (seed, step, rank): no loader workers", usage: "accepted, no effect"},
+	"no-mmap-bin-files":                      {kind: noEffect, why: "Megatron's indexed datasets are not read", usage: "accepted, no effect"},
+	"no-create-attention-mask-in-dataloader": {kind: noEffect, why: "attention is causal by construction: no mask is built", usage: "accepted, no effect"},
+	"tokenizer-model":                        {kind: noEffect, takesValue: true, why: "shardline's tokenizers are built in (data.tokenizer: byte, char or gpt2)", usage: "accepted, no effect: see data.tokenizer"},
+	"vocab-file":                             {kind: noEffect, takesValue: true, why: "shardline's tokenizers are built in (data.tokenizer: byte, char or gpt2)", usage: "accepted, no effect: see data.tokenizer"},
+	"merge-file":                             {kind: noEffect, takesValue: true, why: "shardline's tokenizers are built in (data.tokenizer: byte, char or gpt2)", usage: "accepted, no effect: see data.tokenizer"},
+	"tiktoken-pattern":                       {kind: noEffect, takesValue: true, why: "shardline's tokenizers are built in (data.tokenizer: byte, char or gpt2)", usage: "accepted, no effect: see data.tokenizer"},
+	"tokenizer-type": {kind: mapped, takesValue: true, usage: "GPT2BPETokenizer sets data.tokenizer = gpt2; other tokenizers are a note (shardline's are built in)",
+		apply: func(l *loader, v string, o Origin) error {
+			if v == "GPT2BPETokenizer" {
+				f, _ := recipeSchema.Lookup("data.tokenizer")
+				l.set(f, "gpt2", o)
+				return nil
+			}
+			l.add(Diagnostic{Severity: SevNote, Code: "SL011", Origin: o,
+				Message: fmt.Sprintf("--tokenizer-type %s has no effect in shardline: its tokenizers are built in (data.tokenizer: byte, char or gpt2); model.vocab_size stays %d", v, l.res.Recipe.Model.VocabSize),
+				Help:    "set data.tokenizer in the recipe; GPT2BPETokenizer maps to gpt2"})
+			return nil
+		}},
+	"moe-router-load-balancing-type": {kind: mapped, takesValue: true, usage: "aux_loss (shardline's) is accepted; none sets model.moe.aux_loss_coeff = 0",
+		apply: func(l *loader, v string, o Origin) error {
+			switch v {
+			case "aux_loss":
+			case "none":
+				f, _ := recipeSchema.Lookup("model.moe.aux_loss_coeff")
+				l.set(f, 0.0, o)
+			default:
+				l.add(Diagnostic{Severity: SevError, Code: "SL010", Origin: o,
+					Message: fmt.Sprintf("--moe-router-load-balancing-type %s: shardline balances experts with Switch Transformer's auxiliary loss over the micro-batch (aux_loss), or not at all (none)", v),
+					Help:    "use aux_loss (with --moe-aux-loss-coeff) or none"})
+			}
+			return nil
+		}},
+	"rotary-percent": {kind: describes, takesValue: true, why: "shardline rotates the whole head (--rotary-percent 1.0)",
+		ok: func(v string) bool { f, err := strconv.ParseFloat(v, 64); return err == nil && f == 1 }, usage: "accepted as 1.0: RoPE on the whole head"},
+	// Sample-counted schedules: steps are samples over the global batch.
+	"train-samples":         {kind: mapped, takesValue: true, usage: "sets train.steps = train-samples / global batch", apply: samplesToSteps("train.steps", "train-samples")},
+	"lr-warmup-samples":     {kind: mapped, takesValue: true, usage: "sets train.warmup_steps = lr-warmup-samples / global batch", apply: samplesToSteps("train.warmup_steps", "lr-warmup-samples")},
+	"lr-decay-samples":      {kind: mapped, takesValue: true, usage: "sets train.lr_decay_steps = lr-decay-samples / global batch − warmup steps", apply: samplesToSteps("train.lr_decay_steps", "lr-decay-samples")},
+	"lr-decay-iters":        {kind: mapped, takesValue: true, usage: "sets train.lr_decay_steps = lr-decay-iters − warmup steps", apply: decayIters},
+	"decoupled-lr":          {kind: refused, takesValue: true, why: "shardline uses one learning rate for every parameter (no separate rate for the embedding and output layers)", usage: "refused: one learning rate"},
+	"decoupled-min-lr":      {kind: refused, takesValue: true, why: "shardline uses one learning rate for every parameter (no separate rate for the embedding and output layers)", usage: "refused: one learning rate"},
+	"fp8-format":            {kind: refused, takesValue: true, why: "FP8 training is not supported: shardline computes in bf16 (--bf16) or fp32", usage: "refused: no FP8"},
+	"fp8-recipe":            {kind: refused, takesValue: true, why: "FP8 training is not supported: shardline computes in bf16 (--bf16) or fp32", usage: "refused: no FP8"},
+	"fp8-param-gather":      {kind: refused, why: "FP8 training is not supported: shardline computes in bf16 (--bf16) or fp32", usage: "refused: no FP8"},
+	"fp8-amax-history-len":  {kind: refused, takesValue: true, why: "FP8 training is not supported: shardline computes in bf16 (--bf16) or fp32", usage: "refused: no FP8"},
+	"fp8-amax-compute-algo": {kind: refused, takesValue: true, why: "FP8 training is not supported: shardline computes in bf16 (--bf16) or fp32", usage: "refused: no FP8"},
+}
+
+// samplesToSteps maps a sample count onto a step key: samples over the global
+// batch (Megatron's own division, rounding down); for the decay, less the warmup.
+func samplesToSteps(key, arg string) func(l *loader, v string, o Origin) error {
+	return func(l *loader, v string, o Origin) error {
+		n, err := strconv.ParseInt(v, 10, 64)
+		gbs := int64(l.res.Recipe.Train.GlobalBatchSize)
+		if err != nil || n < 0 {
+			return fmt.Errorf("must be a whole number of samples")
+		}
+		steps := n / gbs
+		if key == "train.lr_decay_steps" {
+			steps -= int64(l.res.Recipe.Train.WarmupSteps)
+			if steps < 0 {
+				return fmt.Errorf("ends before warmup does (%d steps)", l.res.Recipe.Train.WarmupSteps)
+			}
+		}
+		if key == "train.steps" && steps < 1 {
+			return fmt.Errorf("is less than one global batch (%d sequences)", gbs)
+		}
+		if n%gbs != 0 {
+			l.add(Diagnostic{Severity: SevNote, Code: "SL011", Origin: o,
+				Message: fmt.Sprintf("--%s %d is not a whole number of global batches (%d): %s = %d", arg, n, gbs, key, steps),
+				Help:    "nothing to change; Megatron rounds down too"})
+		}
+		f, _ := recipeSchema.Lookup(key)
+		l.applyString(f, strconv.FormatInt(steps, 10), o)
+		return nil
+	}
+}
+
+// decayIters maps --lr-decay-iters (Megatron counts them from step 0, warmup
+// included) onto train.lr_decay_steps (counted after warmup).
+func decayIters(l *loader, v string, o Origin) error {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return fmt.Errorf("must be a whole number of steps")
+	}
+	w := l.res.Recipe.Train.WarmupSteps
+	if n < w {
+		return fmt.Errorf("ends before warmup does (%d steps)", w)
+	}
+	f, _ := recipeSchema.Lookup("train.lr_decay_steps")
+	l.set(f, n-w, o)
+	return nil
 }
 
 // MegatronArgs lists the Megatron arguments beyond the schema's flags, sorted, with
@@ -146,7 +262,7 @@ func MegatronArgs() []struct {
 
 // applyMegatronArg handles a Megatron argument beyond the schema's flags (false
 // when name is none); mapped ones are kept for after every override is in.
-func (l *loader) applyMegatronArg(name string, fv FlagValue, o Origin, later *[]func()) bool {
+func (l *loader) applyMegatronArg(name string, fv FlagValue, o Origin, later *[2][]func()) bool {
 	a, ok := megatronArgs[name]
 	if !ok {
 		return false
@@ -165,7 +281,11 @@ func (l *loader) applyMegatronArg(name string, fv FlagValue, o Origin, later *[]
 		l.add(Diagnostic{Severity: SevNote, Code: "SL011", Origin: o, Message: fmt.Sprintf("--%s has no effect in shardline: %s", name, a.why),
 			Help: "it can stay in a shared launch script; drop it from shardline's own"})
 	case mapped:
-		*later = append(*later, func() {
+		pass := 0
+		if strings.HasPrefix(name, "lr-decay-") {
+			pass = 1 // after the warmup it is counted from
+		}
+		later[pass] = append(later[pass], func() {
 			if err := a.apply(l, v, o); err != nil {
 				l.add(Diagnostic{Severity: SevError, Code: "SL007", Origin: o, Message: fmt.Sprintf("--%s %s %v", name, v, err),
 					Help: "fix the value as Megatron would require it"})

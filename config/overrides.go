@@ -95,10 +95,14 @@ func (l *loader) applyImported() {
 
 // applyFlags applies Megatron-style dashed flags.
 func (l *loader) applyFlags() {
-	var later []func() // Megatron arguments computed from the recipe once every flag is in
+	// Megatron arguments computed from the recipe once every flag is in: steps and
+	// warmup first, then the decay (counted after warmup).
+	var later [2][]func()
 	defer func() {
-		for _, f := range later {
-			f()
+		for _, pass := range later {
+			for _, f := range pass {
+				f()
+			}
 		}
 	}()
 	for _, fv := range l.opts.Flags {

@@ -98,13 +98,32 @@ func (v *shellVars) lexWords(line string) ([]string, error) {
 		case ch == '$':
 			end := expansionEnd(line, i)
 			ref := line[i:end]
-			if name, ok := arraySpread(ref); ok && !inWord {
-				words = append(words, v.spread(name)...)
+			i = end - 1
+			var val string
+			if name, ok := arraySpread(ref); ok {
+				val = strings.Join(v.spread(name), " ")
 			} else {
-				cur.WriteString(v.expand(ref))
+				val = v.expand(ref)
+			}
+			// Unquoted, an expansion is split into words at blanks, as bash does:
+			// ARGS=( "--fp8-format hybrid" ) spread as ${ARGS[@]} is two words.
+			fields := strings.Fields(val)
+			if len(fields) == 0 {
+				continue
+			}
+			if strings.TrimLeft(val, " \t\n") != val {
+				flush()
+			}
+			for k, f := range fields {
+				if k > 0 {
+					flush()
+				}
+				cur.WriteString(f)
 				inWord = true
 			}
-			i = end - 1
+			if strings.TrimRight(val, " \t\n") != val {
+				flush()
+			}
 		case ch == '\\' && i+1 < len(line):
 			cur.WriteByte(line[i+1])
 			inWord, i = true, i+1
@@ -179,7 +198,7 @@ func (v *shellVars) expand(s string) string {
 			val, set = strings.Join(arr, " "), true
 		}
 		if (!set || val == "") && hasDef {
-			val = v.expand(def)
+			val = v.expand(unquote(def))
 		}
 		if !v.spend(len(val)) {
 			return ""
@@ -190,35 +209,46 @@ func (v *shellVars) expand(s string) string {
 	return b.String()
 }
 
-// logicalLines joins continuation lines and splits the script into lines;
-// an array assignment spanning lines (NAME=( ... )) becomes one line.
-func logicalLines(src string) []string {
-	var out []string
+// logicalLine is one line of a script with continuations joined (and an array
+// assignment spanning lines, NAME=( ... ), as one line), and the line it starts on.
+type logicalLine struct {
+	text string
+	line int
+}
+
+// logicalLines joins continuation lines and splits the script into lines. A
+// comment ends its physical line (a backslash inside it continues nothing); whole-
+// line comments outside a continuation are kept, for the export's key list.
+func logicalLines(src string) []logicalLine {
+	var out []logicalLine
 	var cur strings.Builder
-	depth := 0
-	for _, raw := range strings.Split(strings.ReplaceAll(src, "\r\n", "\n"), "\n") {
-		line := raw
-		if t := strings.TrimSpace(line); strings.HasPrefix(t, "#") && cur.Len() == 0 {
-			out = append(out, t) // whole-line comments are kept for the export's key list
+	depth, start := 0, 0
+	for n, raw := range strings.Split(strings.ReplaceAll(src, "\r\n", "\n"), "\n") {
+		if cur.Len() == 0 {
+			start = n + 1
+		}
+		if t := strings.TrimSpace(raw); strings.HasPrefix(t, "#") && cur.Len() == 0 {
+			out = append(out, logicalLine{t, n + 1})
 			continue
 		}
-		if t := strings.TrimRight(line, " \t"); strings.HasSuffix(t, "\\") {
+		code := stripComment(raw)
+		if t := strings.TrimRight(code, " \t"); strings.HasSuffix(t, "\\") && !strings.HasSuffix(t, "\\\\") {
 			cur.WriteString(strings.TrimSuffix(t, "\\") + " ")
 			continue
 		}
-		code := stripComment(line)
-		depth += strings.Count(code, "(") - strings.Count(code, ")")
+		span := unquotedSpan(code)
+		depth += strings.Count(span, "(") - strings.Count(span, ")")
 		cur.WriteString(code)
 		if depth > 0 {
 			cur.WriteString(" ")
 			continue
 		}
 		depth = 0
-		out = append(out, cur.String())
+		out = append(out, logicalLine{cur.String(), start})
 		cur.Reset()
 	}
 	if cur.Len() > 0 {
-		out = append(out, cur.String())
+		out = append(out, logicalLine{cur.String(), start})
 	}
 	return out
 }
@@ -237,4 +267,127 @@ func stripComment(line string) string {
 		}
 	}
 	return line
+}
+
+// unquote removes one pair of matching quotes around s (a default such as
+// ${NAME:-"localhost"} means localhost).
+func unquote(s string) string {
+	if len(s) >= 2 && (s[0] == '"' || s[0] == '\'') && s[len(s)-1] == s[0] {
+		return s[1 : len(s)-1]
+	}
+	return s
+}
+
+// evalCond evaluates an if condition made of [ ] and [[ ]] string tests (-n, -z,
+// ==, =, !=, a bare word), !, && and ||, with the script's variables; known is
+// false for anything else (file tests, commands, regular expressions).
+func (v *shellVars) evalCond(cond string) (val, known bool) {
+	words, err := v.lexWords(cond)
+	if err != nil || len(words) == 0 {
+		return false, false
+	}
+	p := &condParser{words: words, known: true}
+	val = p.or()
+	if p.pos != len(p.words) {
+		return false, false
+	}
+	return val, p.known
+}
+
+type condParser struct {
+	words []string
+	pos   int
+	known bool
+}
+
+func (p *condParser) peek() string {
+	if p.pos < len(p.words) {
+		return p.words[p.pos]
+	}
+	return ""
+}
+
+func (p *condParser) or() bool {
+	v := p.and()
+	for p.peek() == "||" || p.peek() == "-o" {
+		p.pos++
+		r := p.and()
+		v = v || r
+	}
+	return v
+}
+
+func (p *condParser) and() bool {
+	v := p.not()
+	for p.peek() == "&&" || p.peek() == "-a" {
+		p.pos++
+		r := p.not()
+		v = v && r
+	}
+	return v
+}
+
+func (p *condParser) not() bool {
+	if p.peek() == "!" {
+		p.pos++
+		return !p.not()
+	}
+	return p.primary()
+}
+
+// primary is a bracketed test, or a test inside brackets.
+func (p *condParser) primary() bool {
+	switch w := p.peek(); w {
+	case "[[", "[":
+		closing := map[string]string{"[[": "]]", "[": "]"}[w]
+		p.pos++
+		v := p.or()
+		if p.peek() != closing {
+			p.known = false
+			p.pos = len(p.words)
+			return false
+		}
+		p.pos++
+		return v
+	}
+	if p.pos >= len(p.words) {
+		p.known = false
+		return false
+	}
+	// A test: -n X, -z X, X op Y, or X.
+	switch w := p.words[p.pos]; {
+	case w == "-n" || w == "-z":
+		p.pos++
+		x := p.operand()
+		return (x != "") == (w == "-n")
+	case strings.HasPrefix(w, "-") && len(w) == 2:
+		p.known = false // -f, -d, -e, ...: the file system, not the script
+		p.pos = len(p.words)
+		return false
+	}
+	x := p.operand()
+	switch op := p.peek(); op {
+	case "==", "=", "!=":
+		p.pos++
+		y := p.operand()
+		return (x == y) == (op != "!=")
+	case "=~", "<", ">", "-eq", "-ne", "-lt", "-le", "-gt", "-ge":
+		p.known = false
+		p.pos = len(p.words)
+		return false
+	}
+	return x != ""
+}
+
+func (p *condParser) operand() string {
+	if p.pos >= len(p.words) {
+		return ""
+	}
+	switch w := p.words[p.pos]; w {
+	case "]]", "]", "&&", "||":
+		return "" // an unquoted empty expansion left no word
+	default:
+		p.pos++
+		return w
+	}
 }

@@ -120,14 +120,19 @@ error: nothing is printed and the exit status is 1, since the recipe would not b
 the model the job trains); what has no effect here is a note (SL011). The recipe
 is then linted, so what lint would say about it is reported too.
 
-megatron FILE reads a Megatron-LM launch script — bash with comments,
-continuations, quotes, variables (${VAR:-default}), arrays spread with
-"${ARR[@]}", torchrun or python in front of pretrain_gpt.py — or a plain file of
-arguments, and resolves the arguments onto shardline's defaults, with Megatron's
-own defaults where an argument is absent: embeddings tied unless
---untie-embeddings-and-output-weights; a GeLU MLP, LayerNorm, learned positions,
-biases and 10% dropout are refused, each naming the argument that says otherwise.
-A script written by recipe export megatron imports back to the same fingerprint.
+megatron FILE reads a Megatron-LM launch script as bash would run it, as far as
+that goes: comments, continuations, quotes, variables and positional defaults
+(${1:-x}, ${VAR:-default}), arrays (=, +=) spread with "${ARR[@]}" or split
+unquoted, if/elif/else on string tests of the script's own variables, and
+torchrun (its --nproc_per_node × --nnodes give the world size), python or srun
+in front of pretrain_gpt.py. A line that sets a variable inside a loop or a
+condition it cannot evaluate (a file test, a command) is refused with both line
+numbers. A plain file of arguments works too. Megatron's own defaults apply where
+an argument is absent: embeddings tied, no Megatron-FSDP, no distributed
+optimizer, linear decay without warmup, weight decay 0.01, beta2 0.999, experts as
+wide as the dense MLP, GPUs; a GeLU MLP, LayerNorm, learned positions, biases and
+10% dropout are refused, each naming the argument that says otherwise. A script
+written by recipe export megatron imports back to the same fingerprint.
 
 torchtitan FILE reads a torchtitan job file (TOML, as torchtitan used until its
 2026 move to Python configs; 2024's layout too): [model] name and flavor from
@@ -175,11 +180,7 @@ schedule with a stable phase and llama4's sigmoid router are refused.`,
 		}
 		diags.Sort()
 		if len(diags) > 0 {
-			sources := map[string][]byte{file: src}
-			if format == "megatron" {
-				sources = nil // positions name the script, not lines of it
-			}
-			_ = config.RenderText(a.stderr, diags, sources)
+			_ = config.RenderText(a.stderr, diags, map[string][]byte{file: src})
 		}
 		if diags.HasErrors() {
 			return &exitError{code: exitFindings}
