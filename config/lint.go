@@ -165,92 +165,26 @@ func (c *checker) dataParallel() int {
 	return p.WorldSize / mp
 }
 
+// parallelShape reports the shape rules (ShapeProblems, shared with the plan
+// compiler) and what the trainer does not run at all: pipeline schedules and
+// expert tensor parallelism.
 func (c *checker) parallelShape() {
-	p, m, t := c.rc.Parallel, c.rc.Model, c.rc.Train
-	mp := p.TensorParallel * p.ContextParallel * p.PipelineParallel
-	if p.WorldSize%mp != 0 {
-		c.report(SevError, "SL201", fmt.Sprintf("parallel.world_size (%d) must be divisible by tensor_parallel × context_parallel × pipeline_parallel (%d×%d×%d = %d)",
-			p.WorldSize, p.TensorParallel, p.ContextParallel, p.PipelineParallel, mp),
-			fmt.Sprintf("use a world size that is a multiple of %d, or lower the tp/cp/pp degrees", mp),
-			"parallel.world_size", "parallel.tensor_parallel", "parallel.context_parallel", "parallel.pipeline_parallel")
-	}
-	if m.Heads%p.TensorParallel != 0 {
-		c.report(SevError, "SL202", fmt.Sprintf("parallel.tensor_parallel (%d) must divide model.heads (%d)", p.TensorParallel, m.Heads),
-			"choose a tensor-parallel degree that divides the number of heads", "parallel.tensor_parallel", "model.heads")
-	}
-	if kv := m.EffectiveKVHeads(); kv%p.TensorParallel != 0 {
-		c.report(SevError, "SL202", fmt.Sprintf("parallel.tensor_parallel (%d) must divide model.kv_heads (%d)", p.TensorParallel, kv),
-			"choose a tensor-parallel degree that divides the number of key/value heads", "parallel.tensor_parallel", "model.kv_heads")
-	}
-	if m.FFNHidden%p.TensorParallel != 0 {
-		c.report(SevError, "SL210", fmt.Sprintf("parallel.tensor_parallel (%d) must divide model.ffn_hidden (%d)", p.TensorParallel, m.FFNHidden),
-			"choose an ffn_hidden that is a multiple of the tensor-parallel degree", "model.ffn_hidden", "parallel.tensor_parallel")
+	p := c.rc.Parallel
+	for _, sp := range ShapeProblems(c.rc) {
+		c.report(SevError, sp.Code, sp.Msg, sp.Help, sp.Keys...)
 	}
 	if p.PipelineParallel > 1 {
 		c.report(SevError, "SL209", fmt.Sprintf("parallel.pipeline_parallel (%d) is not supported yet: shardline's trainer runs no pipeline schedule", p.PipelineParallel),
 			"set pipeline_parallel = 1 and use FSDP (optim_grads_params), tensor or expert parallelism to fit the model", "parallel.pipeline_parallel")
 	}
-	if p.ContextParallel > 1 && m.SeqLen%(2*p.ContextParallel) != 0 {
-		c.report(SevError, "SL205", fmt.Sprintf("model.seq_len (%d) must be divisible by 2 × parallel.context_parallel (%d) for load-balanced causal attention", m.SeqLen, 2*p.ContextParallel),
-			fmt.Sprintf("use a sequence length that is a multiple of %d", 2*p.ContextParallel), "model.seq_len", "parallel.context_parallel")
-	}
-	if dp := c.dataParallel(); dp > 0 && t.GlobalBatchSize%(t.MicroBatchSize*dp) != 0 {
-		c.report(SevError, "SL206", fmt.Sprintf("train.global_batch_size (%d) must be divisible by micro_batch_size × data-parallel size (%d × %d = %d)",
-			t.GlobalBatchSize, t.MicroBatchSize, dp, t.MicroBatchSize*dp),
-			fmt.Sprintf("set global_batch_size to a multiple of %d", t.MicroBatchSize*dp), "train.global_batch_size", "train.micro_batch_size", "parallel.world_size")
-	}
-	moe := m.MoE
-	if moe.NumExperts == 0 {
-		if p.ExpertParallel > 1 || p.ExpertTensorParallel > 1 {
-			c.report(SevError, "SL208", fmt.Sprintf("parallel.expert_parallel (%d) and expert_tensor_parallel (%d) need an MoE model (model.moe.num_experts > 0)", p.ExpertParallel, p.ExpertTensorParallel),
-				"set expert_parallel = 1 and expert_tensor_parallel = 1, or give the model experts", "parallel.expert_parallel", "parallel.expert_tensor_parallel")
-		}
-		return
-	}
-	if moe.NumExperts%p.ExpertParallel != 0 {
-		c.report(SevError, "SL203", fmt.Sprintf("parallel.expert_parallel (%d) must divide model.moe.num_experts (%d)", p.ExpertParallel, moe.NumExperts),
-			"choose an expert-parallel degree that divides the number of experts", "parallel.expert_parallel", "model.moe.num_experts")
-	}
-	if stage := p.WorldSize / p.PipelineParallel; stage%(p.ExpertParallel*p.ExpertTensorParallel) != 0 {
-		c.report(SevError, "SL204", fmt.Sprintf("expert_parallel × expert_tensor_parallel (%d×%d = %d) must divide the %d ranks of a pipeline stage (world_size / pipeline_parallel)",
-			p.ExpertParallel, p.ExpertTensorParallel, p.ExpertParallel*p.ExpertTensorParallel, stage),
-			"lower expert_parallel or expert_tensor_parallel, or raise the world size", "parallel.expert_parallel", "parallel.expert_tensor_parallel", "parallel.world_size")
-	}
-	if moe.TopK > moe.NumExperts {
-		c.report(SevError, "SL207", fmt.Sprintf("model.moe.top_k (%d) must be ≤ model.moe.num_experts (%d)", moe.TopK, moe.NumExperts),
-			fmt.Sprintf("set top_k to at most %d", moe.NumExperts), "model.moe.top_k", "model.moe.num_experts")
-	}
-	if p.ExpertTensorParallel > 1 {
+	if c.rc.Model.MoE.NumExperts > 0 && p.ExpertTensorParallel > 1 {
 		c.report(SevError, "SL211", fmt.Sprintf("parallel.expert_tensor_parallel (%d) is not supported yet: shardline splits experts over ranks (expert_parallel), not within an expert", p.ExpertTensorParallel),
 			"set expert_tensor_parallel = 1 and raise expert_parallel instead (`shardline plan --sweep parallel.expert_parallel=...` compares)", "parallel.expert_tensor_parallel")
-	}
-	if moe.ExpertFFNHidden%p.ExpertTensorParallel != 0 {
-		c.report(SevError, "SL210", fmt.Sprintf("parallel.expert_tensor_parallel (%d) must divide model.moe.expert_ffn_hidden (%d)", p.ExpertTensorParallel, moe.ExpertFFNHidden),
-			"choose an expert ffn size that is a multiple of the expert tensor-parallel degree", "model.moe.expert_ffn_hidden", "parallel.expert_tensor_parallel")
-	}
-	if moe.LayerFreq > m.Layers {
-		c.report(SevError, "SL304", fmt.Sprintf("model.moe.layer_freq (%d) exceeds model.layers (%d): no layer would be MoE", moe.LayerFreq, m.Layers),
-			"set layer_freq = 1 for all-MoE layers, or set num_experts = 0 for a dense model", "model.moe.layer_freq")
 	}
 }
 
 func (c *checker) model() {
 	m := c.rc.Model
-	switch {
-	case m.HeadDim > 0 && m.HeadDim%2 != 0:
-		c.report(SevError, "SL303", fmt.Sprintf("model.head_dim (%d) must be even for rotary embeddings", m.HeadDim),
-			"pick an even head size", "model.head_dim")
-	case m.HeadDim == 0 && m.Hidden%m.Heads != 0:
-		c.report(SevError, "SL303", fmt.Sprintf("model.heads (%d) must divide model.hidden (%d)", m.Heads, m.Hidden),
-			"pick hidden = heads × head size, or set model.head_dim (Megatron's --kv-channels)", "model.heads", "model.hidden")
-	case m.HeadDim == 0 && (m.Hidden/m.Heads)%2 != 0:
-		c.report(SevError, "SL303", fmt.Sprintf("head size model.hidden / model.heads (%d / %d = %d) must be even for rotary embeddings", m.Hidden, m.Heads, m.Hidden/m.Heads),
-			"pick an even head size", "model.heads", "model.hidden")
-	}
-	if kv := m.EffectiveKVHeads(); m.Heads%kv != 0 {
-		c.report(SevError, "SL303", fmt.Sprintf("model.kv_heads (%d) must divide model.heads (%d) for grouped-query attention", kv, m.Heads),
-			"pick kv_heads among the divisors of heads (kv_heads = heads is plain multi-head attention)", "model.kv_heads", "model.heads")
-	}
 	if tok := c.rc.Data.Tokenizer; tokenizerVocab[tok] > m.VocabSize {
 		c.report(SevError, "SL305", fmt.Sprintf("model.vocab_size (%d) is smaller than the %s tokenizer's %d tokens", m.VocabSize, tok, tokenizerVocab[tok]),
 			fmt.Sprintf("set vocab_size = %d (or more)", tokenizerVocab[tok]), "model.vocab_size", "data.tokenizer")

@@ -57,7 +57,7 @@ func Compile(r *config.Recipe, topo Topology) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := checkShapes(r, m); err != nil {
+	if err := checkShapes(r); err != nil {
 		return nil, err
 	}
 	if err := checkSizes(r, m); err != nil {
@@ -100,22 +100,11 @@ func Compile(r *config.Recipe, topo Topology) (*Plan, error) {
 	return p, nil
 }
 
-// checkShapes refuses shapes the layout cannot represent, naming the key.
-func checkShapes(r *config.Recipe, m Mesh) error {
-	mo := r.Model
-	switch {
-	case mo.Heads%m.TP != 0 || mo.EffectiveKVHeads()%m.TP != 0:
-		return &KeyError{Key: "parallel.tensor_parallel", Msg: fmt.Sprintf("tp %d must divide heads %d and kv_heads %d", m.TP, mo.Heads, mo.EffectiveKVHeads())}
-	case mo.FFNHidden%m.TP != 0 || mo.VocabSize%m.TP != 0:
-		return &KeyError{Key: "parallel.tensor_parallel", Msg: fmt.Sprintf("tp %d must divide ffn_hidden %d and vocab_size %d", m.TP, mo.FFNHidden, mo.VocabSize)}
-	case mo.MoE.NumExperts > 0 && mo.MoE.NumExperts%m.EP != 0:
-		return &KeyError{Key: "parallel.expert_parallel", Msg: fmt.Sprintf("ep %d must divide num_experts %d", m.EP, mo.MoE.NumExperts)}
-	case mo.MoE.NumExperts > 0 && (mo.MoE.ExpertFFNHidden%m.ETP != 0 || mo.MoE.ExpertFFNHidden%m.TP != 0):
-		return &KeyError{Key: "model.moe.expert_ffn_hidden", Msg: fmt.Sprintf("expert_ffn_hidden %d must be divisible by etp %d and tp %d", mo.MoE.ExpertFFNHidden, m.ETP, m.TP)}
-	case mo.MoE.NumExperts == 0 && (m.EP > 1 || m.ETP > 1):
-		return &KeyError{Key: "parallel.expert_parallel", Msg: "expert parallelism needs model.moe.num_experts > 0"}
-	case mo.SeqLen%m.CP != 0:
-		return &KeyError{Key: "model.seq_len", Msg: fmt.Sprintf("seq_len %d must be divisible by cp %d", mo.SeqLen, m.CP)}
+// checkShapes refuses a shape the layout cannot represent by the first of
+// config.ShapeProblems (the rules lint reports), naming its key and the fix.
+func checkShapes(r *config.Recipe) error {
+	if ps := config.ShapeProblems(r); len(ps) > 0 {
+		return &KeyError{Key: ps[0].Keys[0], Msg: ps[0].Msg + "; " + ps[0].Help}
 	}
 	return nil
 }

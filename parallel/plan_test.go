@@ -189,7 +189,7 @@ func TestInvariantsRandomShapes(t *testing.T) {
 		r.Model.MoE.TopK = pick(1, 2, 4)
 		r.Model.MoE.ExpertFFNHidden = pick(64, 100, 256)
 		r.Model.MoE.SharedExperts = pick(0, 1)
-		r.Model.MoE.LayerFreq = pick(1, 1, 2)
+		r.Model.MoE.LayerFreq = min(pick(1, 1, 2), r.Model.Layers)
 		r.Parallel.WorldSize = pick(8, 16, 32)
 		r.Train.MicroBatchSize, r.Train.GlobalBatchSize = 1, 64
 		r.Precision.BF16 = rng.Intn(2) == 0
@@ -357,4 +357,36 @@ func TestCustomDevice(t *testing.T) {
 	want := Profiles["h100-80gb"]
 	want.PeakFLOPS = 500e12
 	require.Equal(t, want, topo.Device)
+}
+
+// TestPlanRefusesWhatLintRefuses: the plan compiler and lint share one set of shape
+// rules (config.ShapeProblems): a shape lint refuses is one Compile refuses, under
+// the same key. Before, the plan accepted a sequence split into cp chunks where
+// lint required 2·cp, and a vocabulary tensor parallelism cannot split.
+func TestPlanRefusesWhatLintRefuses(t *testing.T) {
+	for _, c := range []struct {
+		name, key string
+		sets      []string
+	}{
+		{"seq by 2cp", "model.seq_len", []string{"model.seq_len=130", "parallel.world_size=2", "parallel.context_parallel=2"}},
+		{"vocab by tp", "parallel.tensor_parallel", []string{"model.vocab_size=257", "parallel.world_size=2", "parallel.tensor_parallel=2"}},
+		{"batch", "train.global_batch_size", []string{"parallel.world_size=4", "train.micro_batch_size=3", "train.global_batch_size=16"}},
+		{"shared experts by tp", "model.moe.expert_ffn_hidden", []string{"model.moe.num_experts=4", "model.moe.shared_experts=1", "model.moe.expert_ffn_hidden=33",
+			"parallel.world_size=2", "parallel.tensor_parallel=2", "train.global_batch_size=16"}},
+	} {
+		res := load(t, "../recipes/tiny.toml", c.sets...)
+		var lintKeys []string
+		for _, d := range config.Lint(res, nil) {
+			if d.Severity == config.SevError {
+				lintKeys = append(lintKeys, d.Key)
+			}
+		}
+		require.Contains(t, lintKeys, c.key, c.name)
+		topo, err := TopologyOf(res.Recipe.Parallel)
+		require.NoError(t, err)
+		_, err = Compile(&res.Recipe, topo)
+		var ke *KeyError
+		require.ErrorAs(t, err, &ke, c.name)
+		require.Equal(t, c.key, ke.Key, "%s: %v", c.name, err)
+	}
 }

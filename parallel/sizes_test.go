@@ -18,7 +18,7 @@ func TestOversizedModelsAreRefused(t *testing.T) {
 		edit      func(hidden, vocab, seq *int)
 	}{
 		{"hidden and vocab 2^62", "model.hidden", nil, func(h, v, s *int) { *h, *v = 1<<62, 1<<62 }},
-		{"seq_len at its bound with long attention", "model.seq_len", []string{"model.seq_len=16777216", "train.micro_batch_size=64"}, nil},
+		{"seq_len at its bound with long attention", "model.seq_len", []string{"model.seq_len=16777216", "train.micro_batch_size=64", "train.global_batch_size=64"}, nil},
 		{"vocab and seq_len at their bounds", "model.vocab_size", []string{"model.seq_len=4096", "model.vocab_size=16777216", "train.micro_batch_size=1048576", "train.global_batch_size=1048576"}, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
