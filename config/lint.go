@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 )
 
@@ -10,8 +11,18 @@ import (
 // sorted by position. env is the environment (os.Environ() form): a few rules read
 // variables that change how CUDA and NCCL behave. Lint reads the file system only to
 // warn about data paths that do not exist.
-func Lint(r *Resolved, env []string) Diagnostics {
-	c := &checker{r: r, rc: &r.Recipe, env: EnvMap(env)}
+func Lint(r *Resolved, env []string) Diagnostics { return LintWith(r, env, LintOptions{}) }
+
+// LintOptions are the CLI settings lint needs to judge a recipe as run would.
+type LintOptions struct {
+	// DataRoot is the directory a relative data.path is read from (the data_root
+	// setting); empty means the working directory.
+	DataRoot string
+}
+
+// LintWith is Lint with the CLI's settings.
+func LintWith(r *Resolved, env []string, o LintOptions) Diagnostics {
+	c := &checker{r: r, rc: &r.Recipe, env: EnvMap(env), opts: o}
 	c.megatronFSDP()
 	c.parallelShape()
 	c.model()
@@ -28,6 +39,7 @@ type checker struct {
 	r     *Resolved
 	rc    *Recipe
 	env   map[string]string
+	opts  LintOptions
 	diags Diagnostics
 }
 
@@ -290,8 +302,13 @@ func (c *checker) files() {
 			"set the variable, or give a literal path with --set data.path=/path/to/text", "data.path")
 		return
 	}
+	where := ""
+	if c.opts.DataRoot != "" && !filepath.IsAbs(expanded) {
+		expanded = filepath.Join(c.opts.DataRoot, expanded)
+		where = ", under the data_root setting"
+	}
 	if _, err := os.Stat(expanded); err != nil {
-		c.report(SevWarning, "SL401", fmt.Sprintf("data.path (%q) does not exist here (%s)", path, expanded),
+		c.report(SevWarning, "SL401", fmt.Sprintf("data.path (%q) does not exist here (%s%s)", path, expanded, where),
 			"fix the path, or override it on this machine with --set data.path=/path/to/text", "data.path")
 	}
 }

@@ -532,6 +532,13 @@ func TestSettings(t *testing.T) {
 	code, out, _ = shardline(t, nil, "lint", "--explain", "run.output_dir", recipe)
 	require.Equal(t, 0, code)
 	assert.Contains(t, out, "from setting runs_dir in "+filepath.Join(root, "shardline.toml"))
+	// Lint finds the data where run reads it: under data_root.
+	code, out, _ = shardline(t, nil, "lint", recipe, "--set", "data.path=t.txt")
+	require.Equal(t, 0, code)
+	assert.NotContains(t, out, "SL401", "t.txt is under data_root")
+	code, out, _ = shardline(t, nil, "lint", recipe, "--set", "data.path=missing.txt")
+	require.Equal(t, 0, code, "a warning")
+	assert.Contains(t, out, "data.path (\"missing.txt\") does not exist here ("+filepath.Join(root, "data", "missing.txt")+", under the data_root setting)")
 
 	code, out, errs = shardline(t, []string{"SHARDLINE_RUNS_DIR=" + filepath.Join(root, "env")}, args...)
 	require.Equal(t, 0, code, errs)

@@ -126,6 +126,14 @@ func (rf *recipeFlags) options(env []string) config.Options {
 	return opts
 }
 
+// lintOptions are the settings lint judges a recipe by, as run will use them.
+func (a *app) lintOptions() config.LintOptions {
+	if a.settings == nil {
+		return config.LintOptions{}
+	}
+	return config.LintOptions{DataRoot: a.settings.DataRoot}
+}
+
 // loadRecipe loads and lints one recipe file. A file that cannot be read is a
 // "could not run" error; everything else comes back as diagnostics.
 func (a *app) loadRecipe(path string, rf *recipeFlags) (*config.Resolved, config.Diagnostics, error) {
@@ -138,7 +146,7 @@ func (a *app) loadRecipe(path string, rf *recipeFlags) (*config.Resolved, config
 	}
 	res, diags := config.Load(path, opts)
 	if res != nil && !diags.HasErrors() {
-		diags = append(diags, config.Lint(res, a.env)...)
+		diags = append(diags, config.LintWith(res, a.env, a.lintOptions())...)
 	}
 	if res != nil && !diags.HasErrors() {
 		// Lint compiles the plan too: a recipe that cannot be laid out, or does not

@@ -176,7 +176,7 @@ schedule with a stable phase and llama4's sigmoid router are refused.`,
 			res, diags = config.ImportTorchtitan(file, src, worldSize)
 		}
 		if res != nil && !diags.HasErrors() {
-			diags = append(diags, config.Lint(res, a.env)...)
+			diags = append(diags, config.LintWith(res, a.env, a.lintOptions())...)
 		}
 		diags.Sort()
 		if len(diags) > 0 {
