@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"net"
+	"os"
 	"strconv"
 	"time"
 
@@ -20,6 +21,9 @@ type jobEnv struct {
 	master      string
 	token       string
 	from        string // which launcher's variables were used
+	// rendezvousFD is the bound rendezvous socket rank 0 inherited from shardline
+	// launch (SHARDLINE_RENDEZVOUS_FD); 0 binds MASTER_PORT itself.
+	rendezvousFD int
 }
 
 // detectJob returns nil when the environment names no multi-process job.
@@ -46,14 +50,32 @@ func detectJob(env map[string]string) (*jobEnv, error) {
 		if token == "" {
 			return nil, usageErr("SHARDLINE_JOB_TOKEN is not set: give every rank of the job the same secret (shardline launch does)")
 		}
-		return &jobEnv{rank: rank, world: world, master: net.JoinHostPort(addr, port), token: token, from: v[2]}, nil
+		j := &jobEnv{rank: rank, world: world, master: net.JoinHostPort(addr, port), token: token, from: v[2]}
+		if fd := env["SHARDLINE_RENDEZVOUS_FD"]; fd != "" && rank == 0 {
+			n, err := strconv.Atoi(fd)
+			if err != nil || n < 3 {
+				return nil, usageErr("SHARDLINE_RENDEZVOUS_FD=%q is not an inherited file descriptor (3 or more); shardline launch sets it, leave it unset otherwise", fd)
+			}
+			j.rendezvousFD = n
+		}
+		return j, nil
 	}
 	return nil, nil
 }
 
 // joinJob connects this process to the job over TCP.
 func joinJob(j *jobEnv, timeout time.Duration) (*trainer.Process, func(), error) {
-	c, err := comm.DialTCP(comm.TCPConfig{Rank: j.rank, World: j.world, MasterAddr: j.master, Token: j.token, Timeout: timeout})
+	cfg := comm.TCPConfig{Rank: j.rank, World: j.world, MasterAddr: j.master, Token: j.token, Timeout: timeout}
+	if j.rendezvousFD > 0 {
+		f := os.NewFile(uintptr(j.rendezvousFD), "rendezvous")
+		ln, err := net.FileListener(f)
+		f.Close() // the listener holds its own copy
+		if err != nil {
+			return nil, nil, fmt.Errorf("rank 0: the rendezvous socket passed down as file descriptor %d: %w", j.rendezvousFD, err)
+		}
+		cfg.Listener = ln
+	}
+	c, err := comm.DialTCP(cfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("rank %d joining the job at %s: %w", j.rank, j.master, err)
 	}

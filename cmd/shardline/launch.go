@@ -51,7 +51,7 @@ and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 	fs.IntVar(&nnodes, "nnodes", 1, "nodes in the job")
 	fs.IntVar(&nodeRank, "node-rank", 0, "this node's index, 0..nnodes-1")
 	fs.StringVar(&masterAddr, "master-addr", "127.0.0.1", "host of rank 0's rendezvous")
-	fs.IntVar(&masterPort, "master-port", 0, "port of rank 0's rendezvous (0: a free port, one node only)")
+	fs.IntVar(&masterPort, "master-port", 0, "port of rank 0's rendezvous (0: a free port, bound by the launcher and handed to rank 0; one node only)")
 	fs.DurationVar(&grace, "grace", 10*time.Second, "how long stopped ranks get to exit before SIGKILL")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		if nproc < 1 || nnodes < 1 || nodeRank < 0 || nodeRank >= nnodes {
@@ -75,13 +75,23 @@ and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 			}
 			token = hex.EncodeToString(b)
 		}
+		// With no --master-port the launcher binds a free port and hands the bound
+		// socket to rank 0 (file descriptor 3, named by SHARDLINE_RENDEZVOUS_FD), so
+		// no other process can take the port before rank 0 hosts on it.
+		var rendezvous *os.File
 		if masterPort == 0 {
 			l, err := net.Listen("tcp", net.JoinHostPort(masterAddr, "0"))
 			if err != nil {
 				return usageErr("--master-addr %s: %v", masterAddr, err)
 			}
 			masterPort = l.Addr().(*net.TCPAddr).Port
+			if nodeRank == 0 {
+				rendezvous, err = l.(*net.TCPListener).File()
+			}
 			l.Close()
+			if err != nil {
+				return fmt.Errorf("passing the rendezvous socket to rank 0: %w", err)
+			}
 		}
 		exe, err := os.Executable()
 		if err != nil {
@@ -97,12 +107,20 @@ and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 				"RANK="+strconv.Itoa(nodeRank*nproc+i), "WORLD_SIZE="+strconv.Itoa(world), "LOCAL_RANK="+strconv.Itoa(i),
 				"LOCAL_WORLD_SIZE="+strconv.Itoa(nproc), "MASTER_ADDR="+masterAddr, "MASTER_PORT="+strconv.Itoa(masterPort),
 				"SHARDLINE_JOB_TOKEN="+token)
+			if i == 0 && rendezvous != nil {
+				c.ExtraFiles = []*os.File{rendezvous}
+				c.Env = append(c.Env, "SHARDLINE_RENDEZVOUS_FD=3")
+			}
 			out, err := &lineWriter{mu: &mu, w: a.stdout}, &lineWriter{mu: &mu, w: a.stderr}
 			c.Stdout, c.Stderr = out, err
 			flush = append(flush, out.flush, err.flush)
 			procs[i] = c
 		}
-		err = superviseRanks(procs, nodeRank*nproc, grace)
+		err = superviseRanks(procs, nodeRank*nproc, grace, func() {
+			if rendezvous != nil {
+				rendezvous.Close() // rank 0 holds its own copy
+			}
+		})
 		for _, f := range flush {
 			f()
 		}
@@ -111,17 +129,20 @@ and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 	return cmd
 }
 
-// superviseRanks starts the processes and waits for them. The first to fail stops
+// superviseRanks starts the processes (then calls started, which releases what
+// only the children need) and waits for them. The first to fail stops
 // the rest; Ctrl-C (SIGINT or SIGTERM to the launcher) is passed on to every rank.
-func superviseRanks(procs []*exec.Cmd, firstRank int, grace time.Duration) error {
+func superviseRanks(procs []*exec.Cmd, firstRank int, grace time.Duration, started func()) error {
 	for i, c := range procs {
 		if err := c.Start(); err != nil {
 			for _, p := range procs[:i] {
 				p.Process.Kill()
 			}
+			started()
 			return fmt.Errorf("starting rank %d: %w", firstRank+i, err)
 		}
 	}
+	started()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	type exit struct {

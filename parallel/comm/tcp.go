@@ -27,6 +27,11 @@ type TCPConfig struct {
 	Timeout time.Duration
 	// ListenHost is the address this rank accepts peers on (default 127.0.0.1).
 	ListenHost string
+	// Listener, for rank 0, is the rendezvous socket already bound at MasterAddr
+	// (shardline launch binds it and passes it down, so no other process can take
+	// the port between choosing it and hosting on it); nil binds MasterAddr here.
+	// The rendezvous closes it.
+	Listener net.Listener
 }
 
 // ErrRefused marks a peer turned away at the rendezvous (wrong token or world).
@@ -346,11 +351,17 @@ func hostRendezvous(cfg TCPConfig, self string, deadline time.Time) ([]string, e
 	addrs := make([]string, cfg.World)
 	addrs[0] = self
 	if cfg.World == 1 {
+		if cfg.Listener != nil {
+			cfg.Listener.Close()
+		}
 		return addrs, nil
 	}
-	ln, err := net.Listen("tcp", cfg.MasterAddr)
-	if err != nil {
-		return nil, fmt.Errorf("comm: rank 0 cannot host the rendezvous at %s: %w", cfg.MasterAddr, err)
+	ln := cfg.Listener
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", cfg.MasterAddr); err != nil {
+			return nil, fmt.Errorf("comm: rank 0 cannot host the rendezvous at %s: %w", cfg.MasterAddr, err)
+		}
 	}
 	defer ln.Close() // ends the accept loop below
 	conns := make([]net.Conn, cfg.World)

@@ -23,12 +23,20 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// tcpRanks joins n ranks over loopback and runs f on each.
+// tcpRanks joins n ranks over loopback and runs f on each. Rank 0 hosts the
+// rendezvous on a socket bound here (as shardline launch passes one down), so no
+// other process can take the port in between.
 func tcpRanks(t *testing.T, n int, timeout time.Duration, f func(c *TCP) error) []error {
 	t.Helper()
-	addr := freeAddr(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
 	return concurrently(n, func(r int) error {
-		c, err := DialTCP(TCPConfig{Rank: r, World: n, MasterAddr: addr, Token: "job-1", Timeout: timeout})
+		cfg := TCPConfig{Rank: r, World: n, MasterAddr: addr, Token: "job-1", Timeout: timeout}
+		if r == 0 {
+			cfg.Listener = ln
+		}
+		c, err := DialTCP(cfg)
 		if err != nil {
 			return err
 		}
@@ -392,4 +400,31 @@ func errorOf(err error) *RankError {
 	var re *RankError
 	errors.As(err, &re)
 	return re
+}
+
+// TestRendezvousOnInheritedListener: rank 0 hosts on the socket it is given (the
+// port stays bound throughout, so binding it again would fail with "address already
+// in use"), and closes it when the rendezvous is done.
+func TestRendezvousOnInheritedListener(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	errs := concurrently(3, func(r int) error {
+		cfg := TCPConfig{Rank: r, World: 3, MasterAddr: addr, Token: "job-2", Timeout: 10 * time.Second}
+		if r == 0 {
+			cfg.Listener = ln
+		}
+		c, err := DialTCP(cfg)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		x := []float32{float32(r)}
+		return c.AllReduce(x)
+	})
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	_, err = ln.Accept()
+	require.Error(t, err, "the rendezvous closed the listener it was given")
 }
