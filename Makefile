@@ -25,6 +25,7 @@ vet: ## go vet
 bench: bench-deps ## speed benchmarks, each printed against its budget or reference
 	./scripts/bench-lint.sh
 	./scripts/bench-plan.sh
+	./scripts/bench-plan-fidelity.sh
 	./scripts/bench-gemm.sh
 	./scripts/bench-train.sh
 	./scripts/bench-ep.sh

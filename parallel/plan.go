@@ -41,9 +41,12 @@ type Plan struct {
 	ComputeS              float64
 	// OptimizerS is the optimizer step, memory-bound: every owned element's main
 	// weight, moments and gradient read and written once, at HBM bandwidth.
-	OptimizerS          float64
-	ExposedCommS        float64
-	StepTimeS           float64
+	OptimizerS   float64
+	ExposedCommS float64
+	StepTimeS    float64
+	// TimeModel says how the step was timed: per operation from a calibration,
+	// or FLOPs at a fraction of the device's peak.
+	TimeModel           string
 	TokensPerSPerDevice float64
 	MFU                 float64
 	Fingerprint         string
@@ -177,13 +180,20 @@ func (p *Plan) timing(r *config.Recipe) {
 	}
 	p.ExecFLOPs = exec * tokens
 	dev := p.Topology.Device
-	p.ComputeS = p.ExecFLOPs / float64(p.Mesh.World) / (dev.PeakFLOPS * dev.Achievable)
-	var exposed, overlappable float64
-	for _, c := range p.Comm {
-		exposed += c.TimeS - c.OverlapS
-		overlappable += c.OverlapS
+	if cal := p.Topology.Calibration; cal != nil {
+		b := stepModel(r, p, cal)
+		p.TimeModel = fmt.Sprintf("per operation, calibrated on %s (%s)", cal.Host, cal.Date)
+		p.ComputeS, p.OptimizerS, p.ExposedCommS = b.GEMM+b.Attention+b.Stream, b.Optimizer, b.Comm
+	} else {
+		p.TimeModel = fmt.Sprintf("FLOPs at %.0f%% of %s's peak", 100*dev.Achievable, dev.Name)
+		p.ComputeS = p.ExecFLOPs / float64(p.Mesh.World) / (dev.PeakFLOPS * dev.Achievable)
+		var exposed, overlappable float64
+		for _, c := range p.Comm {
+			exposed += c.TimeS - c.OverlapS
+			overlappable += c.OverlapS
+		}
+		p.ExposedCommS = exposed + math.Max(0, overlappable-p.ComputeS)
 	}
-	p.ExposedCommS = exposed + math.Max(0, overlappable-p.ComputeS)
 	p.StepTimeS = p.ComputeS + p.OptimizerS + p.ExposedCommS
 	p.TokensPerSPerDevice = tokens / p.StepTimeS / float64(p.Mesh.World)
 	p.MFU = p.ModelFLOPs / float64(p.Mesh.World) / (p.StepTimeS * dev.PeakFLOPS)

@@ -153,6 +153,7 @@ func (p *Plan) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintf(&b, "\nstep: compute %s + optimizer %s + exposed communication %s = %s; %.0f tokens/s per device; MFU %.1f%%\n",
 		formatSeconds(p.ComputeS), formatSeconds(p.OptimizerS), formatSeconds(p.ExposedCommS), formatSeconds(p.StepTimeS), p.TokensPerSPerDevice, 100*p.MFU)
+	fmt.Fprintf(&b, "time model: %s\n", p.TimeModel)
 	_, err := io.WriteString(w, b.String())
 	return err
 }
@@ -187,6 +188,7 @@ type JSONPlan struct {
 	OptimizerS    float64           `json:"optimizer_s"`
 	ExposedCommS  float64           `json:"exposed_comm_s"`
 	StepTimeS     float64           `json:"step_time_s"`
+	TimeModel     string            `json:"time_model"`
 	TokensPerS    float64           `json:"tokens_per_s_per_device"`
 	MFU           float64           `json:"mfu"`
 	Rank          *JSONRank         `json:"rank,omitempty"`
@@ -225,7 +227,7 @@ func (p *Plan) JSON(rank int) (*JSONPlan, error) {
 	}
 	j := &JSONPlan{Fingerprint: p.Fingerprint, Name: p.Name, Strategy: p.Strategy, Device: p.Topology.Device.Name,
 		WorldSize: p.Mesh.World, GPUsPerNode: p.Topology.GPUsPerNode, MicroBatches: p.MicroBatches,
-		ComputeS: p.ComputeS, OptimizerS: p.OptimizerS, ExposedCommS: p.ExposedCommS, StepTimeS: p.StepTimeS, TokensPerS: p.TokensPerSPerDevice, MFU: p.MFU,
+		ComputeS: p.ComputeS, OptimizerS: p.OptimizerS, ExposedCommS: p.ExposedCommS, StepTimeS: p.StepTimeS, TimeModel: p.TimeModel, TokensPerS: p.TokensPerSPerDevice, MFU: p.MFU,
 		Collectives: p.Collectives, Communication: map[Axis]AxisComm{}}
 	m := p.Mesh
 	j.Mesh.TP, j.Mesh.CP, j.Mesh.DP, j.Mesh.PP, j.Mesh.ETP, j.Mesh.EP, j.Mesh.EDP = m.TP, m.CP, m.DP, m.PP, m.ETP, m.EP, m.EDP

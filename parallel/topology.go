@@ -83,6 +83,9 @@ type Topology struct {
 	WorldSize   int
 	GPUsPerNode int // ranks per node; ≥ 1
 	Device      DeviceProfile
+	// Calibration, when set, times the step operation by operation (stepModel)
+	// from measurements of this device; nil times it from the profile's peak.
+	Calibration *Calibration
 }
 
 // Nodes is the number of nodes the world spans.
@@ -135,7 +138,12 @@ func TopologyOf(p config.Parallel) (Topology, error) {
 	if g <= 0 || g > p.WorldSize {
 		g = p.WorldSize
 	}
-	return Topology{WorldSize: p.WorldSize, GPUsPerNode: g, Device: prof}, nil
+	topo := Topology{WorldSize: p.WorldSize, GPUsPerNode: g, Device: prof}
+	described := p.DeviceMemoryGBps > 0 || p.DevicePeakTFLOPS > 0 || p.DeviceIntraNodeGBps > 0 || p.DeviceInterNodeGBps > 0
+	if c := CalibrationFor(name); c != nil && p.Device == "cpu" && !described {
+		topo.Calibration = c // the measured engine, unless the recipe describes another device
+	}
+	return topo, nil
 }
 
 // KeyError is a compile error caused by one recipe key, so lint can position it.

@@ -12,6 +12,8 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/shardline/shardline/parallel"
 )
 
 // shardline runs the CLI in-process with an empty environment.
@@ -789,4 +791,38 @@ func TestRecipeImportTorchtitan(t *testing.T) {
 	code, _, errs = shardline(t, nil, "recipe", "import", "titan", job)
 	assert.Equal(t, exitUsage, code)
 	assert.Contains(t, errs, `recipe import "titan": the formats are megatron`)
+}
+
+// TestCalibrationSetting: the calibration setting (shardline.toml or
+// SHARDLINE_CALIBRATION) replaces the CPU table the plan times steps from; a file
+// that is not a calibration is refused naming the setting, and the next command
+// without the setting plans from shardline's own table again.
+func TestCalibrationSetting(t *testing.T) {
+	dir := t.TempDir()
+	shipped := parallel.CalibrationFor("cpu")
+	require.NotNil(t, shipped)
+	mine := *shipped
+	mine.Host, mine.InStep = "the test's machine", 2*shipped.InStep
+	b, err := json.Marshal(&mine)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "cal.json"), b, 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "shardline.toml"), []byte("calibration = \"cal.json\"\n"), 0o644))
+	tiny := filepath.Join(recipesDir, "tiny.toml")
+	code, out, errs := shardline(t, nil, "plan", tiny, "--config", filepath.Join(dir, "shardline.toml"))
+	require.Equal(t, 0, code, errs)
+	assert.Contains(t, out, "time model: per operation, calibrated on the test's machine")
+
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "bad.json"), []byte("{\"profile\": \"cpu\"}"), 0o644))
+	code, _, errs = shardline(t, []string{"SHARDLINE_CALIBRATION=" + filepath.Join(dir, "bad.json")}, "plan", tiny)
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, errs, "SHARDLINE_CALIBRATION")
+	assert.Contains(t, errs, "a calibration names its profile, date and source; write one with shardline calibrate -o FILE")
+
+	code, out, errs = shardline(t, nil, "plan", tiny)
+	require.Equal(t, 0, code, errs)
+	assert.Contains(t, out, "time model: per operation, calibrated on "+shipped.Host)
+
+	code, _, errs = shardline(t, nil, "calibrate", "--min-time", "0s")
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, errs, "--min-time 0s: give a duration in (0, 1m]")
 }

@@ -86,11 +86,14 @@ plan never touch a device: they run anywhere, in milliseconds.`,
 		PersistentPreRunE: func(*cobra.Command, []string) error {
 			s, err := loadSettings(a.configPath, config.EnvMap(a.env))
 			a.settings = s
-			return err
+			if err != nil {
+				return err
+			}
+			return s.useCalibration(config.EnvMap(a.env))
 		},
 	}
-	root.PersistentFlags().StringVar(&a.configPath, "config", "", "CLI settings file (default: shardline.toml in the working directory or its nearest parent that has one): runs_dir, data_root, cache_dir, device_profile, comm_timeout, grace; SHARDLINE_<SETTING> variables override it, flags override both")
-	root.AddCommand(a.runCmd(), a.launchCmd(), a.sampleCmd(), a.dataCmd(), a.lintCmd(), a.planCmd(), a.recipeCmd(), a.ckptCmd(), a.diffCmd(), a.versionCmd())
+	root.PersistentFlags().StringVar(&a.configPath, "config", "", "CLI settings file (default: shardline.toml in the working directory or its nearest parent that has one): runs_dir, data_root, cache_dir, device_profile, comm_timeout, grace, calibration; SHARDLINE_<SETTING> variables override it, flags override both")
+	root.AddCommand(a.runCmd(), a.launchCmd(), a.sampleCmd(), a.dataCmd(), a.lintCmd(), a.planCmd(), a.recipeCmd(), a.ckptCmd(), a.diffCmd(), a.calibrateCmd(), a.versionCmd())
 	return root
 }
 

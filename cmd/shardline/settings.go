@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/fileio"
+	"github.com/shardline/shardline/parallel"
 	"github.com/spf13/viper"
 )
 
@@ -35,11 +37,14 @@ type settings struct {
 	Device        map[string]string
 	// CommTimeout and Grace are the defaults of --comm-timeout and --grace.
 	CommTimeout, Grace time.Duration
-	pos                map[string]config.Pos // where each key stands in the file
+	// Calibration is a file written by shardline calibrate: the plan times steps
+	// on the CPU from it instead of the table shardline ships.
+	Calibration string
+	pos         map[string]config.Pos // where each key stands in the file
 }
 
 // settingKeys are the keys of shardline.toml, and of SHARDLINE_<KEY>.
-var settingKeys = append([]string{"runs_dir", "data_root", "cache_dir", "device_profile", "comm_timeout", "grace"}, deviceSettings...)
+var settingKeys = append([]string{"runs_dir", "data_root", "cache_dir", "device_profile", "comm_timeout", "grace", "calibration"}, deviceSettings...)
 
 // deviceSettings describe the machine's device (parallel.device_* in a recipe,
 // which wins): the figures of a custom device_profile, or overrides of a named one.
@@ -107,6 +112,7 @@ func loadSettings(path string, env map[string]string) (*settings, error) {
 		return nil, err
 	}
 	s.RunsDir, s.DataRoot, s.CacheDir, s.DeviceProfile = v.GetString("runs_dir"), v.GetString("data_root"), v.GetString("cache_dir"), v.GetString("device_profile")
+	s.Calibration = v.GetString("calibration")
 	s.Device = map[string]string{}
 	for _, key := range deviceSettings {
 		if v.IsSet(key) {
@@ -116,7 +122,7 @@ func loadSettings(path string, env map[string]string) (*settings, error) {
 	// Relative directories in the file are relative to the file (an experiment
 	// repository's root), wherever the command runs; from a variable, to the
 	// working directory.
-	for key, dst := range map[string]*string{"runs_dir": &s.RunsDir, "data_root": &s.DataRoot, "cache_dir": &s.CacheDir} {
+	for key, dst := range map[string]*string{"runs_dir": &s.RunsDir, "data_root": &s.DataRoot, "cache_dir": &s.CacheDir, "calibration": &s.Calibration} {
 		if _, env := fromEnv[key]; !env && *dst != "" && !filepath.IsAbs(*dst) && s.file != "" {
 			*dst = filepath.Join(filepath.Dir(s.file), *dst)
 		}
@@ -133,6 +139,30 @@ func loadSettings(path string, env map[string]string) (*settings, error) {
 		*dst = d
 	}
 	return s, nil
+}
+
+// useCalibration makes the calibration setting's file the CPU's for this command
+// (shardline's own table when the setting is empty).
+func (s *settings) useCalibration(env map[string]string) error {
+	parallel.ResetCalibrations()
+	if s == nil || s.Calibration == "" {
+		return nil
+	}
+	b, err := fileio.ReadRegular(s.Calibration, 16<<20)
+	if err == nil {
+		var c *parallel.Calibration
+		if c, err = parallel.ParseCalibration(b); err == nil {
+			parallel.UseCalibration(c)
+			return nil
+		}
+	}
+	where := "setting calibration"
+	if _, ok := env["SHARDLINE_CALIBRATION"]; ok {
+		where = "SHARDLINE_CALIBRATION"
+	} else if p, ok := s.pos["calibration"]; ok {
+		where = p.String() + ": setting calibration"
+	}
+	return usageErr("%s (%q): %v; write one with shardline calibrate -o FILE", where, s.Calibration, unwrap(err))
 }
 
 // where names a setting's source for messages: its variable, or its file position.

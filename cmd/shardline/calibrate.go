@@ -1,0 +1,59 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/shardline/shardline/fileio"
+	"github.com/shardline/shardline/tensor/cpu"
+	"github.com/shardline/shardline/trainer"
+)
+
+func (a *app) calibrateCmd() *cobra.Command {
+	var out string
+	var minTime time.Duration
+	cmd := &cobra.Command{
+		Use:   "calibrate [-o FILE]",
+		Short: "Measure this machine's kernels for the plan's time model",
+		Long: `Calibrate times the CPU engine's own kernels on this machine: matmuls forward and
+backward over a grid of shapes, causal attention (the plain and the flash kernel)
+by sequence length and head size, the memory-bound kernels (norms, RoPE, SwiGLU,
+embedding, cross-entropy, the optimizer, ...) and the in-process collectives. It
+writes them as JSON with the machine, date and version. The plan's per-operation
+time model reads them (docs/plan.md): shardline ships the table measured on the
+machine that built it; set calibration = "FILE" in shardline.toml (or
+SHARDLINE_CALIBRATION) to plan with your machine's. It takes a minute or two.`,
+		Example: `  shardline calibrate -o cpu-calibration.json`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if minTime <= 0 || minTime > time.Minute {
+				return usageErr("--min-time %s: give a duration in (0, 1m]", minTime)
+			}
+			c, err := trainer.Calibrate(cpu.Backend{}, trainer.DefaultCalibrationGrid, minTime, a.stderr)
+			if err != nil {
+				return err
+			}
+			c.Source = "shardline calibrate " + version
+			b, err := json.MarshalIndent(c, "", " ")
+			if err != nil {
+				return err
+			}
+			b = append(b, '\n')
+			if out == "" {
+				_, err = a.stdout.Write(b)
+				return err
+			}
+			if err := fileio.WriteAtomic(out, b); err != nil {
+				return usageErr("-o %s: %v", out, unwrap(err))
+			}
+			fmt.Fprintf(a.stderr, "wrote %s\n", out)
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&out, "output", "o", "", "write the calibration to this file instead of standard output")
+	cmd.Flags().DurationVar(&minTime, "min-time", 20*time.Millisecond, "time each shape for at least this long (its median call is kept)")
+	return cmd
+}

@@ -1,0 +1,359 @@
+package parallel
+
+import (
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"math"
+	"sort"
+	"sync"
+)
+
+// shippedCPU is the CPU engine measured by `shardline calibrate` on the machine
+// named inside (its host, date and version); it stands for "cpu" until
+// UseCalibration replaces it with the user's machine's.
+//
+//go:embed calibration/cpu.json
+var shippedCPU []byte
+
+var (
+	calMu        sync.Mutex
+	calibrations map[string]*Calibration
+)
+
+// CalibrationFor returns the calibration used for a device profile (nil: none,
+// the plan times the step from the profile's peak).
+func CalibrationFor(profile string) *Calibration {
+	calMu.Lock()
+	defer calMu.Unlock()
+	if calibrations == nil {
+		calibrations = map[string]*Calibration{}
+		if c, err := ParseCalibration(shippedCPU); err == nil {
+			calibrations[c.Profile] = c
+		}
+	}
+	return calibrations[profile]
+}
+
+// ResetCalibrations returns to the calibrations shardline ships.
+func ResetCalibrations() {
+	calMu.Lock()
+	defer calMu.Unlock()
+	calibrations = nil
+}
+
+// UseCalibration makes c the calibration of its profile for every plan after it
+// (the CLI's calibration setting).
+func UseCalibration(c *Calibration) {
+	CalibrationFor(c.Profile) // load the shipped ones first
+	calMu.Lock()
+	defer calMu.Unlock()
+	calibrations[c.Profile] = c
+}
+
+// Calibration is what `shardline calibrate` measured on one device: the time the
+// engine's own kernels take at a grid of shapes. The plan's per-operation time
+// model (stepModel) reads its figures from here instead of assuming a fraction of
+// the data-sheet peak. Every figure is a measurement; Host, Threads, Date and
+// Source say where and when it was taken.
+type Calibration struct {
+	// Profile is the device profile the figures apply to ("cpu").
+	Profile string `json:"profile"`
+	Host    string `json:"host"`    // the machine: CPU model and instruction set
+	Threads int    `json:"threads"` // the worker threads the kernels ran on (GOMAXPROCS)
+	Date    string `json:"date"`    // when it was measured (RFC 3339)
+	Source  string `json:"source"`  // the command and version that measured it
+	// GEMM is Matmul and MatmulBackward at (M rows, K inputs, N outputs): the
+	// grid's M, K and N values are each sorted powers of two.
+	GEMM []GEMMPoint `json:"gemm"`
+	// Attention is causal attention forward and backward at (T, head size), for the
+	// plain kernel (Flash false) and the flash kernel.
+	Attention []AttentionPoint `json:"attention"`
+	// Stream is the memory-bound kernels: seconds per call plus seconds per element.
+	Stream map[string]Linear `json:"stream"`
+	// Collectives are the in-process collectives by kind and group size: seconds
+	// per call plus seconds per byte one rank sends.
+	Collectives map[string]Linear `json:"collectives"`
+	// InStep and PerCall say how kernels behave inside a training step rather
+	// than alone: InStep scales their time (operands come from memory the other
+	// kernels filled, not from a cache the previous call warmed) and PerCall adds
+	// seconds per kernel launched (the workers wake for each). Both are fitted by
+	// least squares to whole forward and backward passes (InStepSamples):
+	// measured ≈ InStep·tables + PerCall·calls.
+	InStep        float64        `json:"in_step_factor"`
+	PerCall       float64        `json:"per_call_s"`
+	InStepSamples []InStepSample `json:"in_step_samples"`
+}
+
+// InStepSample is one model step measured whole beside the tables' prediction.
+type InStepSample struct {
+	Model    string  `json:"model"`
+	Measured float64 `json:"measured_s"`
+	Tables   float64 `json:"tables_s"`
+	Calls    float64 `json:"kernel_calls"`
+}
+
+// FitInStep sets InStep and PerCall from the samples by least squares (both at
+// least 0; with one sample, or a negative per-call cost, the factor alone).
+func (c *Calibration) FitInStep() {
+	var stt, stc, scc, smt, smc float64
+	for _, s := range c.InStepSamples {
+		stt += s.Tables * s.Tables
+		stc += s.Tables * s.Calls
+		scc += s.Calls * s.Calls
+		smt += s.Measured * s.Tables
+		smc += s.Measured * s.Calls
+	}
+	det := stt*scc - stc*stc
+	if len(c.InStepSamples) >= 2 && det > 0 {
+		k := (smt*scc - smc*stc) / det
+		l := (stt*smc - stc*smt) / det
+		if k > 0 && l >= 0 {
+			c.InStep, c.PerCall = k, l
+			return
+		}
+	}
+	if stt > 0 {
+		c.InStep, c.PerCall = smt/stt, 0
+	}
+}
+
+// GEMMPoint is one measured matmul shape: seconds per call, forward and backward
+// (the backward computes both the input and the weight gradient).
+type GEMMPoint struct {
+	M, K, N  int
+	Fwd, Bwd float64
+}
+
+// AttentionPoint is causal attention over one (batch, head) pair of length T and
+// head size HD: seconds per (batch, head), forward and backward.
+type AttentionPoint struct {
+	Flash    bool
+	T, HD    int
+	Fwd, Bwd float64
+}
+
+// Linear is a fitted cost: Fixed seconds per call plus PerUnit seconds per element
+// (or byte).
+type Linear struct {
+	Fixed   float64 `json:"fixed_s"`
+	PerUnit float64 `json:"per_unit_s"`
+}
+
+// Time is the cost of one call over n units.
+func (l Linear) Time(n float64) float64 { return l.Fixed + l.PerUnit*n }
+
+// Stream kernel kinds, each counted in the elements its doc names.
+const (
+	StreamRMSNorm        = "rmsnorm"          // rows × width
+	StreamRMSNormBwd     = "rmsnorm_bwd"      // rows × width
+	StreamRope           = "rope"             // rows × heads × head size
+	StreamRopeBwd        = "rope_bwd"         // rows × heads × head size
+	StreamSwiGLU         = "swiglu"           // rows × ffn
+	StreamSwiGLUBwd      = "swiglu_bwd"       // rows × ffn
+	StreamEmbedding      = "embedding"        // rows × width
+	StreamEmbeddingBwd   = "embedding_bwd"    // rows × width
+	StreamCrossEntropy   = "crossentropy"     // rows × vocabulary
+	StreamCrossEntropyBw = "crossentropy_bwd" // rows × vocabulary
+	StreamAdamW          = "adamw"            // parameters
+	StreamSumSquares     = "sumsquares"       // elements
+	StreamAdd            = "add"              // elements (gradient accumulation, residuals)
+	StreamCopy           = "copy"             // elements (gathers and scatters of token rows)
+	StreamRouter         = "router"           // rows × experts
+	StreamRouterBwd      = "router_bwd"       // rows × experts
+)
+
+// StreamKinds lists the kinds a calibration must measure.
+var StreamKinds = []string{StreamRMSNorm, StreamRMSNormBwd, StreamRope, StreamRopeBwd, StreamSwiGLU, StreamSwiGLUBwd,
+	StreamEmbedding, StreamEmbeddingBwd, StreamCrossEntropy, StreamCrossEntropyBw, StreamAdamW, StreamSumSquares, StreamAdd, StreamCopy,
+	StreamRouter, StreamRouterBwd}
+
+// CollectiveKey names a calibrated collective: its kind and group size.
+func CollectiveKey(kind string, size int) string { return fmt.Sprintf("%s/%d", kind, size) }
+
+// ParseCalibration reads a calibration file and checks it is complete.
+func ParseCalibration(b []byte) (*Calibration, error) {
+	var c Calibration
+	if err := json.Unmarshal(b, &c); err != nil {
+		return nil, fmt.Errorf("not a calibration file: %w", err)
+	}
+	switch {
+	case c.Profile == "" || c.Date == "" || c.Source == "":
+		return nil, fmt.Errorf("a calibration names its profile, date and source")
+	case len(c.GEMM) == 0 || len(c.Attention) == 0:
+		return nil, fmt.Errorf("a calibration has GEMM and attention measurements")
+	}
+	for _, k := range StreamKinds {
+		if _, ok := c.Stream[k]; !ok {
+			return nil, fmt.Errorf("a calibration measures every stream kernel: %s is missing", k)
+		}
+	}
+	for _, p := range c.GEMM {
+		if p.M < 1 || p.K < 1 || p.N < 1 || !(p.Fwd > 0) || !(p.Bwd > 0) {
+			return nil, fmt.Errorf("GEMM point %+v: shapes and times must be positive", p)
+		}
+	}
+	for _, p := range c.Attention {
+		if p.T < 1 || p.HD < 1 || !(p.Fwd > 0) || !(p.Bwd > 0) {
+			return nil, fmt.Errorf("attention point %+v: shapes and times must be positive", p)
+		}
+	}
+	return &c, nil
+}
+
+// gemmTime predicts Matmul (bwd false) or MatmulBackward at (m, k, n): the
+// measured throughput (FLOP/s) interpolated between the grid's neighbours in
+// log2 of each dimension, clamped at the grid's edges, times this call's FLOPs.
+func (c *Calibration) gemmTime(m, k, n int, bwd bool) float64 {
+	if m <= 0 || k <= 0 || n <= 0 {
+		return 0
+	}
+	rate := func(p GEMMPoint) float64 {
+		f := 2 * float64(p.M) * float64(p.K) * float64(p.N)
+		if bwd {
+			return 2 * f / p.Bwd
+		}
+		return f / p.Fwd
+	}
+	ms, ks, ns := axis(c.GEMM, func(p GEMMPoint) int { return p.M }), axis(c.GEMM, func(p GEMMPoint) int { return p.K }), axis(c.GEMM, func(p GEMMPoint) int { return p.N })
+	at := map[[3]int]GEMMPoint{}
+	for _, p := range c.GEMM {
+		at[[3]int{p.M, p.K, p.N}] = p
+	}
+	mi, mf := bracket(ms, m)
+	ki, kf := bracket(ks, k)
+	ni, nf := bracket(ns, n)
+	var logRate float64
+	for dm := 0; dm < 2; dm++ {
+		for dk := 0; dk < 2; dk++ {
+			for dn := 0; dn < 2; dn++ {
+				w := weight(mf, dm) * weight(kf, dk) * weight(nf, dn)
+				if w == 0 {
+					continue
+				}
+				p, ok := at[[3]int{ms[min(mi+dm, len(ms)-1)], ks[min(ki+dk, len(ks)-1)], ns[min(ni+dn, len(ns)-1)]}]
+				if !ok {
+					return math.NaN() // an incomplete grid: ParseCalibration's callers measured it whole
+				}
+				logRate += w * math.Log(rate(p))
+			}
+		}
+	}
+	flops := 2 * float64(m) * float64(k) * float64(n)
+	if bwd {
+		flops *= 2
+	}
+	return flops / math.Exp(logRate)
+}
+
+// attentionTime predicts causal attention over bh (batch, head) pairs of length t
+// and head size hd: seconds per pair interpolated in log2 of t and hd (per-pair
+// time scaled by the measured rate, which holds T²·HD work), clamped at the grid.
+func (c *Calibration) attentionTime(flash bool, bh, t, hd int, bwd bool) float64 {
+	var pts []AttentionPoint
+	for _, p := range c.Attention {
+		if p.Flash == flash {
+			pts = append(pts, p)
+		}
+	}
+	if len(pts) == 0 || bh <= 0 || t <= 0 {
+		return 0
+	}
+	rate := func(p AttentionPoint) float64 {
+		s := p.Fwd
+		if bwd {
+			s = p.Bwd
+		}
+		return float64(p.T) * float64(p.T) * float64(p.HD) / s
+	}
+	ts, hs := axis(pts, func(p AttentionPoint) int { return p.T }), axis(pts, func(p AttentionPoint) int { return p.HD })
+	at := map[[2]int]AttentionPoint{}
+	for _, p := range pts {
+		at[[2]int{p.T, p.HD}] = p
+	}
+	ti, tf := bracket(ts, t)
+	hi, hf := bracket(hs, hd)
+	var logRate float64
+	for dt := 0; dt < 2; dt++ {
+		for dh := 0; dh < 2; dh++ {
+			w := weight(tf, dt) * weight(hf, dh)
+			if w == 0 {
+				continue
+			}
+			p, ok := at[[2]int{ts[min(ti+dt, len(ts)-1)], hs[min(hi+dh, len(hs)-1)]}]
+			if !ok {
+				return math.NaN()
+			}
+			logRate += w * math.Log(rate(p))
+		}
+	}
+	return float64(bh) * float64(t) * float64(t) * float64(hd) / math.Exp(logRate)
+}
+
+// collective is the calibrated cost of a collective kind in a group of size
+// ranks: the size measured, else the nearest larger one measured, else the
+// largest (false when the kind was not measured at all).
+func (c *Calibration) collective(kind string, size int) (Linear, bool) {
+	best, bestSize := Linear{}, 0
+	for s := 2; s <= 1<<20; s *= 2 {
+		l, ok := c.Collectives[CollectiveKey(kind, s)]
+		if !ok {
+			continue
+		}
+		best, bestSize = l, s
+		if s >= size {
+			break
+		}
+	}
+	if l, ok := c.Collectives[CollectiveKey(kind, size)]; ok {
+		return l, true
+	}
+	return best, bestSize > 0
+}
+
+// stream is a memory-bound kernel's time over n elements.
+func (c *Calibration) stream(kind string, n float64) float64 {
+	if n <= 0 {
+		return 0
+	}
+	return c.Stream[kind].Time(n)
+}
+
+// axis is the sorted distinct values of one coordinate.
+func axis[P any](ps []P, f func(P) int) []int {
+	seen := map[int]bool{}
+	var out []int
+	for _, p := range ps {
+		if v := f(p); !seen[v] {
+			seen[v] = true
+			out = append(out, v)
+		}
+	}
+	sort.Ints(out)
+	return out
+}
+
+// bracket finds v between grid[i] and grid[i+1], and the fraction of the way (in
+// log2) from the first to the second; outside the grid it clamps (fraction 0 at
+// the nearest end).
+func bracket(grid []int, v int) (int, float64) {
+	if v <= grid[0] {
+		return 0, 0
+	}
+	last := len(grid) - 1
+	if v >= grid[last] {
+		return last, 0
+	}
+	i := sort.SearchInts(grid, v) - 1
+	lo, hi := math.Log2(float64(grid[i])), math.Log2(float64(grid[i+1]))
+	return i, (math.Log2(float64(v)) - lo) / (hi - lo)
+}
+
+// weight is the linear-interpolation weight of the lower (d = 0) or upper (d = 1)
+// neighbour at fraction f.
+func weight(f float64, d int) float64 {
+	if d == 0 {
+		return 1 - f
+	}
+	return f
+}

@@ -1,0 +1,80 @@
+package parallel
+
+import (
+	"encoding/json"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestShippedCalibration: the CPU table shardline ships says where, when and by
+// what it was measured, and is complete.
+func TestShippedCalibration(t *testing.T) {
+	c := CalibrationFor("cpu")
+	require.NotNil(t, c)
+	assert.NotEmpty(t, c.Host)
+	assert.NotEmpty(t, c.Date)
+	assert.True(t, strings.HasPrefix(c.Source, "shardline calibrate"), c.Source)
+	assert.Greater(t, c.InStep, 0.0)
+	assert.Len(t, c.InStepSamples, 5)
+	assert.Nil(t, CalibrationFor("h100-80gb"), "GPU profiles are timed from their peak until measured")
+
+	// An incomplete file is refused, naming what is missing.
+	var raw map[string]any
+	require.NoError(t, json.Unmarshal(shippedCPU, &raw))
+	delete(raw["stream"].(map[string]any), StreamAdamW)
+	b, _ := json.Marshal(raw)
+	_, err := ParseCalibration(b)
+	require.ErrorContains(t, err, "adamw is missing")
+	_, err = ParseCalibration([]byte("{"))
+	require.ErrorContains(t, err, "not a calibration file")
+}
+
+// TestCalibrationInterpolation: at a measured shape the model gives the
+// measurement back (to 1e-9 relative: exp(log(x)) rounding); between two measured
+// row counts the throughput lies between theirs; outside the grid it is the edge's.
+func TestCalibrationInterpolation(t *testing.T) {
+	c := CalibrationFor("cpu")
+	for _, p := range c.GEMM[:20] {
+		assert.InEpsilon(t, p.Fwd, c.gemmTime(p.M, p.K, p.N, false), 1e-9)
+		assert.InEpsilon(t, p.Bwd, c.gemmTime(p.M, p.K, p.N, true), 1e-9)
+	}
+	rate := func(m int) float64 { return 2 * float64(m) * 256 * 256 / c.gemmTime(m, 256, 256, false) }
+	lo, hi := rate(1024), rate(4096)
+	mid := rate(2048)
+	assert.GreaterOrEqual(t, mid, math.Min(lo, hi))
+	assert.LessOrEqual(t, mid, math.Max(lo, hi))
+	assert.InEpsilon(t, rate(8192), rate(1<<20), 1e-9, "clamped at the largest row count")
+	for _, p := range c.Attention[:4] {
+		assert.InEpsilon(t, p.Fwd*3, c.attentionTime(p.Flash, 3, p.T, p.HD, false), 1e-9)
+	}
+}
+
+// TestCalibratedStep: on the CPU the plan times a step operation by operation
+// from the calibration; ranks on one host share its cores; a recipe that describes
+// another device, or a GPU, is timed from the peak.
+func TestCalibratedStep(t *testing.T) {
+	one := compile(t, &load(t, "../recipes/tiny.toml").Recipe)
+	c := CalibrationFor("cpu")
+	require.True(t, strings.HasPrefix(one.TimeModel, "per operation, calibrated on "+c.Host), one.TimeModel)
+	res := load(t, "../recipes/tiny.toml")
+	tables, calls := MicroCompute(res.Recipe.Model, res.Recipe.Train.MicroBatchSize, "none", c)
+	want := c.InStep*tables + c.PerCall*calls
+	assert.InEpsilon(t, want, one.ComputeS-c.stream(StreamSumSquares, float64(one.Memory.Grads)/4), 1e-9,
+		"compute is the micro-batch's kernels × the in-step factor, their launches, and the gradient norm")
+	assert.InEpsilon(t, one.ComputeS+one.OptimizerS+one.ExposedCommS, one.StepTimeS, 1e-12)
+
+	four := compile(t, &load(t, "../recipes/tiny.toml", "parallel.world_size=4", "train.global_batch_size=64").Recipe)
+	// Four ranks with a micro-batch each share one host's cores: four times the
+	// kernels (to 1%: the gradient norm then runs over a quarter of the gradients).
+	assert.InEpsilon(t, 4*one.ComputeS, four.ComputeS, 0.01)
+	assert.Greater(t, four.ExposedCommS, 0.0)
+
+	other := compile(t, &load(t, "../recipes/tiny.toml", "parallel.device_peak_tflops=1").Recipe)
+	assert.True(t, strings.HasPrefix(other.TimeModel, "FLOPs at"), other.TimeModel)
+	gpu := compile(t, &load(t, "../recipes/tiny.toml", "parallel.device=cuda").Recipe)
+	assert.Equal(t, "FLOPs at 80% of h100-80gb's peak", gpu.TimeModel)
+}

@@ -1,0 +1,168 @@
+package parallel
+
+import (
+	"github.com/shardline/shardline/config"
+)
+
+// StepBreakdown is the per-operation model's account of one rank's step, in
+// seconds, by kind of work.
+type StepBreakdown struct {
+	GEMM, Attention, Stream, Optimizer, Comm float64
+	// HostShare is how many ranks share one host's cores (in-process or local
+	// ranks on the CPU): each rank's kernels get 1/HostShare of the machine the
+	// calibration measured.
+	HostShare int
+}
+
+// stepModel predicts one rank's step on a calibrated device from the operations the
+// engine runs (trainer/model: per layer RMSNorm, the q/k/v projections, RoPE,
+// causal attention — the plain kernel below config.CPUFlashAttentionFrom tokens,
+// flash above —, the output projection, RMSNorm, the SwiGLU MLP or the MoE layer's
+// router, dispatch, experts and combine; the embedding, the final norm, the output
+// head and cross-entropy; each with its backward; recomputation as it repeats
+// work), each timed by the calibration at its shape: matmuls by the throughput
+// measured at the neighbouring shapes, attention by (length, head size), memory-bound
+// kernels by their fitted per-call and per-element cost. The optimizer step and the
+// gradient norm stream over the rank's shard; collectives cost their calibrated
+// per-call and per-byte time and are not overlapped (on the CPU the copies run on
+// the cores the compute needs). Ranks sharing a host divide its throughput.
+func stepModel(r *config.Recipe, p *Plan, c *Calibration) StepBreakdown {
+	m := p.Mesh
+	mo := r.Model
+	var b StepBreakdown
+	b.HostShare = max(p.Topology.GPUsPerNode, 1) // ranks per node, at most the world
+	tk := tokensOf(r, m)
+	g, a, s, calls := microCompute(mo, microShape{B: r.Train.MicroBatchSize, T: mo.SeqLen / m.CP, TP: m.TP, EP: m.EP, ETP: m.ETP,
+		Routed: int(tk.routed), Mode: r.ActivationCheckpoint.Mode}, c)
+	if f := c.InStep; f > 0 {
+		g, a, s = g*f, a*f, s*f
+	}
+	s += calls * c.PerCall // waking the workers for each kernel, inside a step
+	micro := float64(p.MicroBatches)
+	b.GEMM, b.Attention, b.Stream = g*micro, a*micro, s*micro
+	// Per step: the gradient norm over the rank's gradients, and the optimizer over
+	// its shard of the main weights.
+	var owned, grads float64
+	for i := range p.Groups {
+		owned += float64(p.Groups[i].ShardNumel())
+		grads += float64(p.Groups[i].Padded)
+	}
+	if p.Memory.Grads > 0 {
+		grads = float64(p.Memory.Grads) / 4
+	}
+	b.Stream += c.stream(StreamSumSquares, grads)
+	if micro > 1 {
+		b.Stream += (micro - 1) * c.stream(StreamAdd, grads) // accumulating micro-batches' gradients
+	}
+	b.Optimizer = c.stream(StreamAdamW, owned)
+	for _, col := range p.Collectives {
+		size := m.Size(col.Axis)
+		if size <= 1 {
+			continue
+		}
+		cost, ok := c.collective(col.Kind, size)
+		if !ok {
+			continue
+		}
+		b.Comm += float64(col.Calls)*cost.Fixed + cost.PerUnit*col.rankBytes(size) // rankBytes: the whole step's
+	}
+	share := float64(b.HostShare)
+	b.GEMM, b.Attention, b.Stream, b.Optimizer = b.GEMM*share, b.Attention*share, b.Stream*share, b.Optimizer*share
+	return b
+}
+
+// microShape is one rank's share of a micro-batch: B sequences of T tokens, the
+// tensor, expert and expert-tensor parallel degrees, the routed copies the rank
+// sends (and, balanced, receives), and the recompute mode.
+type microShape struct {
+	B, T, TP, EP, ETP int
+	Routed            int
+	Mode              string
+}
+
+// microCompute is the kernel time of one micro-batch's forward and backward on one
+// rank, by the calibration's tables (GEMM, attention, memory-bound kernels), before
+// the in-step factor.
+func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, calls float64) {
+	BT, B, T := sh.B*sh.T, sh.B, sh.T
+	C, HD := mo.Hidden, mo.HeadSize()
+	NH, NKV := mo.Heads/sh.TP, mo.EffectiveKVHeads()/sh.TP
+	Q, KV := NH*HD, NKV*HD
+	FF, V := mo.FFNHidden/sh.TP, mo.VocabSize/sh.TP
+	flash := mo.SeqLen >= config.CPUFlashAttentionFrom
+	// calls counts the kernels launched, for the per-call cost a step adds (workers
+	// woken for each kernel); each helper counts its own.
+	gemm := func(rows, k, n int) float64 {
+		calls += 2
+		return c.gemmTime(rows, k, n, false) + c.gemmTime(rows, k, n, true)
+	}
+	stream := func(kind string, n float64) float64 { calls++; return c.stream(kind, n) }
+	attnFwd := c.attentionTime(flash, B*NH, T, HD, false)
+	attnBwd := c.attentionTime(flash, B*NH, T, HD, true)
+	s += stream(StreamEmbedding, float64(BT*C)) + stream(StreamEmbeddingBwd, float64(BT*C))
+	s += stream(StreamRMSNorm, float64(BT*C)) + stream(StreamRMSNormBwd, float64(BT*C))
+	g += gemm(BT, C, V)
+	s += stream(StreamCrossEntropy, float64(BT*V)) + stream(StreamCrossEntropyBw, float64(BT*V))
+	for l := 0; l < mo.Layers; l++ {
+		var lg, la, ls float64
+		ls += 2 * (stream(StreamRMSNorm, float64(BT*C)) + stream(StreamRMSNormBwd, float64(BT*C)))
+		lg += gemm(BT, C, Q) + 2*gemm(BT, C, KV) + gemm(BT, Q, C)
+		ls += stream(StreamRope, float64(BT*Q)) + stream(StreamRope, float64(BT*KV))
+		ls += stream(StreamRopeBwd, float64(BT*Q)) + stream(StreamRopeBwd, float64(BT*KV))
+		la += attnFwd + attnBwd
+		calls += 2
+		// What recomputation repeats in backward.
+		fa := attnFwd // (its launch is counted with the recompute below)
+		fg := c.gemmTime(BT, C, Q, false) + 2*c.gemmTime(BT, C, KV, false) + c.gemmTime(BT, Q, C, false)
+		fs := 2*c.stream(StreamRMSNorm, float64(BT*C)) + c.stream(StreamRope, float64(BT*Q)) + c.stream(StreamRope, float64(BT*KV))
+		if mo.MoE.NumExperts > 0 && (l+1)%mo.MoE.LayerFreq == 0 {
+			E, EF := mo.MoE.NumExperts, mo.MoE.ExpertFFNHidden/sh.ETP
+			lg += gemm(BT, C, E)
+			fg += c.gemmTime(BT, C, E, false)
+			ls += stream(StreamRouter, float64(BT*E)) + stream(StreamRouterBwd, float64(BT*E))
+			fs += c.stream(StreamRouter, float64(BT*E))
+			ls += 4 * stream(StreamCopy, float64(sh.Routed*C)) // dispatch and combine, forward and backward
+			fs += 2 * c.stream(StreamCopy, float64(sh.Routed*C))
+			local := max(E/sh.EP, 1)
+			rows := (sh.Routed + local - 1) / local // per local expert, balanced
+			for e := 0; e < local; e++ {            // each local expert launches its own kernels
+				lg += 2*gemm(rows, C, EF) + gemm(rows, EF, C)
+				ls += stream(StreamSwiGLU, float64(rows*EF)) + stream(StreamSwiGLUBwd, float64(rows*EF))
+			}
+			fg += float64(local) * (2*c.gemmTime(rows, C, EF, false) + c.gemmTime(rows, EF, C, false))
+			fs += float64(local) * c.stream(StreamSwiGLU, float64(rows*EF))
+			if k := float64(mo.MoE.SharedExperts); k > 0 {
+				SF := mo.MoE.ExpertFFNHidden / sh.TP
+				lg += k * (2*gemm(BT, C, SF) + gemm(BT, SF, C))
+				fg += k * (2*c.gemmTime(BT, C, SF, false) + c.gemmTime(BT, SF, C, false))
+				ls += k * (stream(StreamSwiGLU, float64(BT*SF)) + stream(StreamSwiGLUBwd, float64(BT*SF)))
+				fs += k * c.stream(StreamSwiGLU, float64(BT*SF))
+			}
+		} else {
+			lg += 2*gemm(BT, C, FF) + gemm(BT, FF, C)
+			fg += 2*c.gemmTime(BT, C, FF, false) + c.gemmTime(BT, FF, C, false)
+			ls += stream(StreamSwiGLU, float64(BT*FF)) + stream(StreamSwiGLUBwd, float64(BT*FF))
+			fs += c.stream(StreamSwiGLU, float64(BT*FF))
+		}
+		switch sh.Mode {
+		case "full":
+			lg, la, ls = lg+fg, la+fa, ls+fs
+		case "selective":
+			la += fa
+		}
+		g, a, s = g+lg, a+la, s+ls
+	}
+	return g, a, s, calls
+}
+
+// MicroCompute is microCompute for one rank holding the whole model (no tensor or
+// expert parallelism): the tables' time and the kernels launched, which the
+// calibration's in-step factor and per-call cost are fitted against.
+func MicroCompute(mo config.Model, batch int, mode string, c *Calibration) (tables, calls float64) {
+	routed := 0
+	if mo.MoE.NumExperts > 0 {
+		routed = batch * mo.SeqLen * mo.MoE.TopK
+	}
+	g, a, s, calls := microCompute(mo, microShape{B: batch, T: mo.SeqLen, TP: 1, EP: 1, ETP: 1, Routed: routed, Mode: mode}, c)
+	return g + a + s, calls
+}

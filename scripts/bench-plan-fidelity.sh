@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The plan against the trainer on this machine's CPU backend: for tiny, moe-tiny,
+# nanoGPT's Shakespeare-char shape and two larger dense shapes, at 1, 2 and 4
+# in-process ranks (each rank a micro-batch of the recipe's size, so the global
+# batch grows with the ranks), `shardline run` trains a few steps and `shardline
+# plan --against` compares the measured median step time and memory with the plan.
+# Prints the planned and measured step, their ratio, and the memory ratio. The plan
+# times the CPU from `shardline calibrate`'s table (docs/plan.md): this compares
+# that model with the machine, so the machine's load shows in it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+go build -o bin/shardline ./cmd/shardline
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+text="$(go env GOROOT)/src/testdata/Isaac.Newton-Opticks.txt"
+nano="bench/shakespeare-char.toml --set data.path=$text"
+if [ -f ../shared/data/tinyshakespeare.txt ]; then
+	nano="bench/shakespeare-char.toml --set data.path=$(realpath ../shared/data/tinyshakespeare.txt)"
+else
+	nano="$nano --set data.tokenizer=byte --set model.vocab_size=256"
+	echo "note: Opticks with the byte tokenizer stands in for tinyshakespeare (absent)" >&2
+fi
+shapes=(
+	"tiny|recipes/tiny.toml|16"
+	"moe-tiny|recipes/moe-tiny.toml|16"
+	"nanogpt|$nano|12"
+	"dense-6x256|recipes/tiny.toml --num-layers 6 --hidden-size 256 --num-attention-heads 8 --num-query-groups 8 --ffn-hidden-size 768 --seq-length 256|8"
+	"dense-4x512|recipes/tiny.toml --num-layers 4 --hidden-size 512 --num-attention-heads 8 --num-query-groups 8 --ffn-hidden-size 1408 --seq-length 256|4"
+)
+printf '%-12s %5s  %12s %12s %9s  %9s\n' shape ranks planned measured step×     memory×
+worst=0
+for s in "${shapes[@]}"; do
+	IFS='|' read -r name recipe mb <<<"$s"
+	for world in 1 2 4; do
+		run="$name-$world"
+		# shellcheck disable=SC2086
+		./bin/shardline run $recipe --train-iters 6 --set train.eval_interval=0 --micro-batch-size "$mb" \
+			--global-batch-size $((mb * world)) --set parallel.world_size="$world" --set run.output_dir="$out" --set run.name="$run" \
+			--set logging.progress=false >/dev/null 2>"$out/$run.err" || { cat "$out/$run.err" >&2; exit 1; }
+		./bin/shardline plan --against "$out/$run" --format json >"$out/$run.json"
+		python3 - "$out/$run.json" "$name" "$world" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+row = {c["what"]: c for c in j["comparison"]}
+st, mem = row["step time"], row["total"]
+print(f'{sys.argv[2]:<12} {sys.argv[3]:>5}  {st["planned"]*1e3:10.1f}ms {st["measured"]*1e3:10.1f}ms {st["ratio"]:9.3f}  {mem["ratio"]:9.3f}')
+PY
+	done
+done

@@ -1,0 +1,344 @@
+package trainer
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"runtime"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/parallel/comm"
+	"github.com/shardline/shardline/tensor"
+	"github.com/shardline/shardline/trainer/model"
+)
+
+// CalibrationGrid is the set of shapes Calibrate measures. Matmuls cover the row
+// counts of micro-batches and expert slices and the widths of small to mid-size
+// models; attention the sequence lengths and head sizes a CPU trains.
+type CalibrationGrid struct {
+	GEMMRows, GEMMDims []int
+	AttnT, AttnHD      []int
+	CollectiveSizes    []int
+}
+
+// DefaultCalibrationGrid is the grid `shardline calibrate` measures.
+var DefaultCalibrationGrid = CalibrationGrid{
+	GEMMRows:        []int{16, 64, 256, 1024, 4096, 8192},
+	GEMMDims:        []int{16, 32, 64, 128, 256, 512, 1024, 2048},
+	AttnT:           []int{64, 256, 1024, 4096},
+	AttnHD:          []int{16, 32, 64, 128},
+	CollectiveSizes: []int{2, 4},
+}
+
+// Calibrate measures the backend's kernels over grid: each matmul, attention and
+// memory-bound kernel of the engine, and the in-process collectives. A shape is
+// timed by the median of repeated calls totalling at least minTime (one call for
+// shapes longer than that). progress, if not nil, gets a line per table.
+func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, progress io.Writer) (*parallel.Calibration, error) {
+	m := thisMachine()
+	c := &parallel.Calibration{Profile: "cpu", Threads: runtime.GOMAXPROCS(0), Date: time.Now().UTC().Format(time.RFC3339),
+		Host: fmt.Sprintf("%s, %d CPUs, %s kernels", m.CPU, m.CPUs, be.Name()), Stream: map[string]parallel.Linear{}, Collectives: map[string]parallel.Linear{}}
+	say := func(format string, a ...any) {
+		if progress != nil {
+			fmt.Fprintf(progress, format+"\n", a...)
+		}
+	}
+	timeIt := func(f func()) float64 { return medianTime(f, minTime) }
+
+	// Matmuls: forward, and backward (input and weight gradients).
+	say("matmul: %d shapes", len(grid.GEMMRows)*len(grid.GEMMDims)*len(grid.GEMMDims))
+	for _, m := range grid.GEMMRows {
+		for _, k := range grid.GEMMDims {
+			for _, n := range grid.GEMMDims {
+				inp, w, out := filled(m*k), filled(n*k), make([]float32, m*n)
+				dinp, dw := make([]float32, m*k), make([]float32, n*k)
+				fwd := timeIt(func() { be.Matmul(out, inp, w, m, k, n, false) })
+				bwd := timeIt(func() { be.MatmulBackward(dinp, dw, out, inp, w, m, k, n, false) })
+				c.GEMM = append(c.GEMM, parallel.GEMMPoint{M: m, K: k, N: n, Fwd: fwd, Bwd: bwd})
+			}
+		}
+	}
+	// Attention, causal, one (batch, head) pair scaled up to enough work to time.
+	say("attention: %d shapes, plain and flash", 2*len(grid.AttnT)*len(grid.AttnHD))
+	for _, flash := range []bool{false, true} {
+		for _, t := range grid.AttnT {
+			for _, hd := range grid.AttnHD {
+				bh := max(1, min(64, (1<<22)/(t*t*hd/16+1)))
+				if !flash && t*t*bh > 1<<26 {
+					bh = max(1, (1<<26)/(t*t)) // the plain kernel holds (B·NH, T, T) probabilities
+				}
+				q, k, v := filled(bh*t*hd), filled(bh*t*hd), filled(bh*t*hd)
+				out, dout := make([]float32, bh*t*hd), filled(bh*t*hd)
+				dq, dk, dv := make([]float32, bh*t*hd), make([]float32, bh*t*hd), make([]float32, bh*t*hd)
+				var fwd, bwd float64
+				if flash {
+					lse := make([]float32, bh*t)
+					s := tensor.AttentionShape{B: bh, Tq: t, Tk: t, NH: 1, NKV: 1, HD: hd, Causal: true}
+					fwd = timeIt(func() { be.FlashAttention(out, lse, q, k, v, s) })
+					bwd = timeIt(func() { be.FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, s) })
+				} else {
+					att := make([]float32, bh*t*t)
+					fwd = timeIt(func() { be.Attention(out, att, q, k, v, bh, t, 1, 1, hd) })
+					bwd = timeIt(func() { be.AttentionBackward(dq, dk, dv, dout, att, q, k, v, bh, t, 1, 1, hd) })
+				}
+				c.Attention = append(c.Attention, parallel.AttentionPoint{Flash: flash, T: t, HD: hd, Fwd: fwd / float64(bh), Bwd: bwd / float64(bh)})
+			}
+		}
+	}
+	// Memory-bound kernels: a small and a large call give the per-call and the
+	// per-element cost.
+	say("memory-bound kernels: %d", len(parallel.StreamKinds))
+	for _, kind := range parallel.StreamKinds {
+		var pts [2][2]float64
+		for i, n := range []int{1 << 12, 1 << 22} {
+			f := streamKernel(be, kind, n)
+			pts[i] = [2]float64{float64(n), timeIt(f)}
+		}
+		per := (pts[1][1] - pts[0][1]) / (pts[1][0] - pts[0][0])
+		c.Stream[kind] = parallel.Linear{Fixed: math.Max(0, pts[0][1]-per*pts[0][0]), PerUnit: math.Max(per, 0)}
+	}
+	// In-process collectives: per call and per byte a rank sends.
+	say("collectives: group sizes %v", grid.CollectiveSizes)
+	for _, size := range grid.CollectiveSizes {
+		for _, kind := range []string{parallel.AllGather, parallel.ReduceScatter, parallel.AllReduce, parallel.AllToAll} {
+			var pts [2][2]float64
+			for i, n := range []int{1 << 10, 1 << 22} { // elements of the full buffer
+				t, err := collectiveTime(kind, size, n, minTime)
+				if err != nil {
+					return nil, err
+				}
+				f := float64(size-1) / float64(size)
+				if kind == parallel.AllReduce {
+					f *= 2
+				}
+				pts[i] = [2]float64{4 * float64(n) * f, t}
+			}
+			per := (pts[1][1] - pts[0][1]) / (pts[1][0] - pts[0][0])
+			c.Collectives[parallel.CollectiveKey(kind, size)] = parallel.Linear{Fixed: math.Max(0, pts[0][1]-per*pts[0][0]), PerUnit: math.Max(per, 0)}
+		}
+	}
+	// The in-step factor: whole forward and backward passes of small models, beside
+	// what the tables above predict for them.
+	say("in-step factor: %d models", len(calibrationModels))
+	for _, cm := range calibrationModels {
+		measured, err := stepTime(be, cm.model, cm.batch, minTime)
+		if err != nil {
+			return nil, err
+		}
+		tables, calls := parallel.MicroCompute(cm.model, cm.batch, "none", c)
+		c.InStepSamples = append(c.InStepSamples, parallel.InStepSample{Model: cm.name, Measured: measured, Tables: tables, Calls: calls})
+	}
+	c.FitInStep()
+	return c, nil
+}
+
+// calibrationModels are the models whose steps fit the in-step factor: unlike the
+// recipes the plan is checked against (tiny, moe-tiny, the nanoGPT shape), so the
+// check tests the model rather than the fit.
+var calibrationModels = func() []struct {
+	name  string
+	model config.Model
+	batch int
+} {
+	mk := func(layers, hidden, heads, ffn, seq, vocab, experts, expertFFN int) config.Model {
+		m := config.Default().Model
+		m.Layers, m.Hidden, m.Heads, m.FFNHidden, m.SeqLen, m.VocabSize = layers, hidden, heads, ffn, seq, vocab
+		m.MoE.NumExperts, m.MoE.TopK, m.MoE.ExpertFFNHidden = experts, 2, expertFFN
+		return m
+	}
+	return []struct {
+		name  string
+		model config.Model
+		batch int
+	}{
+		{"dense 2×192, ffn 512, seq 128, vocab 512, batch 8", mk(2, 192, 6, 512, 128, 512, 0, 0), 8},
+		{"dense 2×384, ffn 1024, seq 256, vocab 256, batch 4", mk(2, 384, 6, 1024, 256, 256, 0, 0), 4},
+		{"moe 2×160, 4 experts top-2 of 256, seq 128, batch 8", mk(2, 160, 5, 448, 128, 256, 4, 256), 8},
+		{"dense 2×96, ffn 256, seq 64, vocab 128, batch 8", mk(2, 96, 3, 256, 64, 128, 0, 0), 8},
+		{"moe 2×96, 16 experts top-2 of 64, seq 64, batch 8", mk(2, 96, 3, 256, 64, 128, 16, 64), 8},
+	}
+}()
+
+// stepTime is the median seconds of one forward and backward pass of a model
+// with batch sequences of its full length.
+func stepTime(be tensor.Backend, cfg config.Model, batch int, minTime time.Duration) (float64, error) {
+	table, err := parallel.ParamTable(cfg, 1, 1)
+	if err != nil {
+		return 0, err
+	}
+	w, g := make([][]float32, len(table)), make([][]float32, len(table))
+	for i := range table {
+		w[i], g[i] = make([]float32, table[i].LocalNumel()), make([]float32, table[i].LocalNumel())
+		model.InitParam(w[i], &table[i], 0, 1, cfg.InitStd, cfg.Layers)
+	}
+	m, err := model.New[float32](cfg, table, w, g, be, batch, cfg.SeqLen)
+	if err != nil {
+		return 0, err
+	}
+	n := batch * cfg.SeqLen
+	tokens, targets := make([]int32, n), make([]int32, n)
+	for i := range tokens {
+		tokens[i], targets[i] = int32(i*7%cfg.VocabSize), int32((i*7+3)%cfg.VocabSize)
+	}
+	return medianTime(func() {
+		m.Forward(tokens, targets)
+		m.Backward(tokens, targets, 1/float64(n))
+	}, max(minTime, 200*time.Millisecond)), nil
+}
+
+// medianTime is the median seconds of f over repeated calls totalling minTime (at
+// least three calls), after one warm-up call.
+func medianTime(f func(), minTime time.Duration) float64 {
+	f()
+	var ts []float64
+	start := time.Now()
+	for len(ts) < 3 || time.Since(start) < minTime {
+		t0 := time.Now()
+		f()
+		ts = append(ts, time.Since(t0).Seconds())
+		if len(ts) >= 1000 {
+			break
+		}
+	}
+	sort.Float64s(ts)
+	return ts[len(ts)/2]
+}
+
+// filled is n deterministic values in [-1, 1).
+func filled(n int) []float32 {
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(i%251)/125.5 - 1
+	}
+	return x
+}
+
+// streamKernel is the memory-bound kernel of kind over n elements, ready to time.
+func streamKernel(be tensor.Backend, kind string, n int) func() {
+	const C = 256
+	rows := max(n/C, 1)
+	a, b, o := filled(n), filled(n), make([]float32, n)
+	switch kind {
+	case parallel.StreamRMSNorm:
+		rstd, w := make([]float32, rows), filled(C)
+		return func() { be.RMSNorm(o, rstd, a, w, rows, C, 1e-5) }
+	case parallel.StreamRMSNormBwd:
+		rstd, w, dw := filled(rows), filled(C), make([]float32, C)
+		return func() { be.RMSNormBackward(o, dw, b, a, w, rstd, rows, C) }
+	case parallel.StreamRope, parallel.StreamRopeBwd:
+		const HD = 64
+		T := max(n/HD, 1) // one sequence of n elements, one head
+		cos, sin := make([]float32, T*HD/2), make([]float32, T*HD/2)
+		be.RopeTables(cos, sin, T, tensor.RopeInvFreq(HD, 10000, "none", 1))
+		x := filled(T * HD)
+		if kind == parallel.StreamRope {
+			return func() { be.Rope(x, cos, sin, 1, T, 1, HD) }
+		}
+		return func() { be.RopeBackward(x, cos, sin, 1, T, 1, HD) }
+	case parallel.StreamSwiGLU:
+		return func() { be.SwiGLU(o, a, b, n) }
+	case parallel.StreamSwiGLUBwd:
+		d1, d2 := make([]float32, n), make([]float32, n)
+		return func() { be.SwiGLUBackward(d1, d2, o, a, b, n, false) }
+	case parallel.StreamEmbedding, parallel.StreamEmbeddingBwd:
+		const V = 1024
+		tok := make([]int32, rows)
+		for i := range tok {
+			tok[i] = int32(i % V)
+		}
+		wte := filled(V * C)
+		if kind == parallel.StreamEmbedding {
+			return func() { be.Embedding(o, tok, wte, rows, C) }
+		}
+		return func() { be.EmbeddingBackward(wte, b, tok, rows, C) }
+	case parallel.StreamCrossEntropy, parallel.StreamCrossEntropyBw:
+		const V = 256
+		bt := max(n/V, 1)
+		tgt := make([]int32, bt)
+		for i := range tgt {
+			tgt[i] = int32(i % V)
+		}
+		losses, dloss := make([]float32, bt), filled(bt)
+		if kind == parallel.StreamCrossEntropy {
+			return func() { be.CrossEntropy(losses, o, a, tgt, bt, V) }
+		}
+		return func() { be.CrossEntropyBackward(b, dloss, o, tgt, bt, V) }
+	case parallel.StreamAdamW:
+		m, v := make([]float32, n), make([]float32, n)
+		return func() { be.AdamW(a, b, m, v, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1) }
+	case parallel.StreamSumSquares:
+		return func() { _ = be.SumSquares(a) }
+	case parallel.StreamAdd:
+		return func() { be.AddInto(o, a, n) }
+	case parallel.StreamCopy:
+		return func() { copy(o, a) }
+	case parallel.StreamRouter, parallel.StreamRouterBwd:
+		const E, K = 8, 2
+		bt := max(n/E, 1)
+		s := tensor.MoEShape{BT: bt, E: E, K: K, C: 1, Capacity: bt * K}
+		probs, logits, gates := make([]float32, bt*E), filled(bt*E), make([]float32, bt*K)
+		idx := make([]int32, bt*K)
+		be.Router(probs, idx, gates, logits, s)
+		if kind == parallel.StreamRouter {
+			return func() { be.Router(probs, idx, gates, logits, s) }
+		}
+		dlogits, dgates, dprobs := make([]float32, bt*E), filled(bt*K), filled(bt*E)
+		return func() { be.RouterBackward(dlogits, dgates, dprobs, gates, probs, idx, s) }
+	}
+	panic("calibrate: no kernel for stream kind " + kind) // StreamKinds and this switch are kept together
+}
+
+// collectiveTime is the median seconds of one in-process collective over a full
+// buffer of n float32 elements in a group of size ranks.
+func collectiveTime(kind string, size, n int, minTime time.Duration) (float64, error) {
+	n = n / size * size
+	w := comm.NewWorld(size, time.Minute)
+	members := make([]comm.Communicator, size)
+	for r := range members {
+		members[r] = w.Rank(r)
+	}
+	type bufs struct{ full, part, out []float32 }
+	b := make([]bufs, size)
+	for r := range b {
+		b[r] = bufs{filled(n), filled(n / size), make([]float32, n)}
+	}
+	counts := make([]int, size)
+	for i := range counts {
+		counts[i] = n / size
+	}
+	var firstErr error
+	var mu sync.Mutex
+	call := func() {
+		var wg sync.WaitGroup
+		for r, c := range members {
+			wg.Add(1)
+			go func(r int, c comm.Communicator) {
+				defer wg.Done()
+				full, part := b[r].full, b[r].part
+				var err error
+				switch kind {
+				case parallel.AllGather:
+					err = c.AllGather(full, part)
+				case parallel.ReduceScatter:
+					err = c.ReduceScatter(part, full)
+				case parallel.AllReduce:
+					err = c.AllReduce(full)
+				case parallel.AllToAll:
+					err = c.AllToAll(b[r].out, full, counts, counts)
+				}
+				if err != nil {
+					mu.Lock()
+					firstErr = err
+					mu.Unlock()
+				}
+			}(r, c)
+		}
+		wg.Wait()
+	}
+	t := medianTime(call, minTime)
+	return t, firstErr
+}
