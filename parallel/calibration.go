@@ -83,6 +83,52 @@ type Calibration struct {
 	InStep        float64        `json:"in_step_factor"`
 	PerCall       float64        `json:"per_call_s"`
 	InStepSamples []InStepSample `json:"in_step_samples"`
+
+	idx *calIndex // the grids, built by Index
+}
+
+// calIndex is the tables arranged for lookup.
+type calIndex struct {
+	ms, ks, ns []int
+	gemm       map[[3]int]GEMMPoint
+	attn       [2]attnIndex // plain, flash
+}
+
+type attnIndex struct {
+	ts, hs []int
+	at     map[[2]int]AttentionPoint
+}
+
+// Index arranges the tables for lookup; ParseCalibration calls it, and so must
+// whoever fills a Calibration in code before timing with it.
+func (c *Calibration) Index() {
+	x := &calIndex{gemm: map[[3]int]GEMMPoint{}}
+	x.ms, x.ks, x.ns = axis(c.GEMM, func(p GEMMPoint) int { return p.M }), axis(c.GEMM, func(p GEMMPoint) int { return p.K }), axis(c.GEMM, func(p GEMMPoint) int { return p.N })
+	for _, p := range c.GEMM {
+		x.gemm[[3]int{p.M, p.K, p.N}] = p
+	}
+	for i, flash := range []bool{false, true} {
+		var pts []AttentionPoint
+		for _, p := range c.Attention {
+			if p.Flash == flash {
+				pts = append(pts, p)
+			}
+		}
+		a := attnIndex{at: map[[2]int]AttentionPoint{}}
+		a.ts, a.hs = axis(pts, func(p AttentionPoint) int { return p.T }), axis(pts, func(p AttentionPoint) int { return p.HD })
+		for _, p := range pts {
+			a.at[[2]int{p.T, p.HD}] = p
+		}
+		x.attn[i] = a
+	}
+	c.idx = x
+}
+
+func (c *Calibration) index() *calIndex {
+	if c.idx == nil {
+		c.Index()
+	}
+	return c.idx
 }
 
 // InStepSample is one model step measured whole beside the tables' prediction.
@@ -198,6 +244,7 @@ func ParseCalibration(b []byte) (*Calibration, error) {
 			return nil, fmt.Errorf("attention point %+v: shapes and times must be positive", p)
 		}
 	}
+	c.Index()
 	return &c, nil
 }
 
@@ -215,11 +262,8 @@ func (c *Calibration) gemmTime(m, k, n int, bwd bool) float64 {
 		}
 		return f / p.Fwd
 	}
-	ms, ks, ns := axis(c.GEMM, func(p GEMMPoint) int { return p.M }), axis(c.GEMM, func(p GEMMPoint) int { return p.K }), axis(c.GEMM, func(p GEMMPoint) int { return p.N })
-	at := map[[3]int]GEMMPoint{}
-	for _, p := range c.GEMM {
-		at[[3]int{p.M, p.K, p.N}] = p
-	}
+	x := c.index()
+	ms, ks, ns, at := x.ms, x.ks, x.ns, x.gemm
 	mi, mf := bracket(ms, m)
 	ki, kf := bracket(ks, k)
 	ni, nf := bracket(ns, n)
@@ -250,13 +294,11 @@ func (c *Calibration) gemmTime(m, k, n int, bwd bool) float64 {
 // and head size hd: seconds per pair interpolated in log2 of t and hd (per-pair
 // time scaled by the measured rate, which holds T²·HD work), clamped at the grid.
 func (c *Calibration) attentionTime(flash bool, bh, t, hd int, bwd bool) float64 {
-	var pts []AttentionPoint
-	for _, p := range c.Attention {
-		if p.Flash == flash {
-			pts = append(pts, p)
-		}
+	x := c.index().attn[0]
+	if flash {
+		x = c.index().attn[1]
 	}
-	if len(pts) == 0 || bh <= 0 || t <= 0 {
+	if len(x.ts) == 0 || bh <= 0 || t <= 0 {
 		return 0
 	}
 	rate := func(p AttentionPoint) float64 {
@@ -266,11 +308,7 @@ func (c *Calibration) attentionTime(flash bool, bh, t, hd int, bwd bool) float64
 		}
 		return float64(p.T) * float64(p.T) * float64(p.HD) / s
 	}
-	ts, hs := axis(pts, func(p AttentionPoint) int { return p.T }), axis(pts, func(p AttentionPoint) int { return p.HD })
-	at := map[[2]int]AttentionPoint{}
-	for _, p := range pts {
-		at[[2]int{p.T, p.HD}] = p
-	}
+	ts, hs, at := x.ts, x.hs, x.at
 	ti, tf := bracket(ts, t)
 	hi, hf := bracket(hs, hd)
 	var logRate float64

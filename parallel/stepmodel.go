@@ -125,10 +125,14 @@ func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, call
 			fs += 2 * c.stream(StreamCopy, float64(sh.Routed*C))
 			local := max(E/sh.EP, 1)
 			rows := (sh.Routed + local - 1) / local // per local expert, balanced
-			for e := 0; e < local; e++ {            // each local expert launches its own kernels
-				lg += 2*gemm(rows, C, EF) + gemm(rows, EF, C)
-				ls += stream(StreamSwiGLU, float64(rows*EF)) + stream(StreamSwiGLUBwd, float64(rows*EF))
-			}
+			// Each local expert launches its own kernels; balanced, they are alike,
+			// so one is timed and counted, times the local experts.
+			before := calls
+			eg := 2*gemm(rows, C, EF) + gemm(rows, EF, C)
+			es := stream(StreamSwiGLU, float64(rows*EF)) + stream(StreamSwiGLUBwd, float64(rows*EF))
+			calls = before + float64(local)*(calls-before)
+			lg += float64(local) * eg
+			ls += float64(local) * es
 			fg += float64(local) * (2*c.gemmTime(rows, C, EF, false) + c.gemmTime(rows, EF, C, false))
 			fs += float64(local) * c.stream(StreamSwiGLU, float64(rows*EF))
 			if k := float64(mo.MoE.SharedExperts); k > 0 {

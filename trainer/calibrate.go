@@ -123,6 +123,7 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 	}
 	// The in-step factor: whole forward and backward passes of small models, beside
 	// what the tables above predict for them.
+	c.Index()
 	say("in-step factor: %d models", len(calibrationModels))
 	for _, cm := range calibrationModels {
 		measured, err := stepTime(be, cm.model, cm.batch, minTime)
