@@ -152,7 +152,7 @@ func shardedMemory(t *testing.T, strategy string) {
 // one-rank initialisation bit for bit, at every world size from 1 to 8.
 func TestShardedInitEqualsFullInit(t *testing.T) {
 	initial := func(n int) [][]float32 {
-		res, _ := tinyRun(t, fmt.Sprintf("parallel.world_size=%d", n), "train.global_batch_size=8", "train.micro_batch_size=1",
+		res, _ := tinyRun(t, fmt.Sprintf("parallel.world_size=%d", n), fmt.Sprintf("train.global_batch_size=%d", n), "train.micro_batch_size=1",
 			"fsdp.init_model_with_meta_device=true")
 		r := &res.Recipe
 		topo, err := parallel.TopologyOf(r.Parallel)
