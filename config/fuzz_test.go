@@ -10,6 +10,21 @@ import (
 	"time"
 )
 
+// panicIfHung panics, naming the input, if the returned stop is not called within
+// 3 s: a fuzz input that hangs the loader is a failure the fuzzer reports, not a
+// stalled worker.
+func panicIfHung(src []byte) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-done:
+		case <-time.After(3 * time.Second):
+			panic(fmt.Sprintf("HANG on %q", src))
+		}
+	}()
+	return func() { close(done) }
+}
+
 // FuzzLoadLint feeds arbitrary bytes to the loader and linter: nothing may panic,
 // and every finding must be positioned (a file position, a flag or a variable) with
 // a registered code and a fix. The seed corpus is every recipe shipped and every bad
@@ -27,15 +42,7 @@ func FuzzLoadLint(f *testing.F) {
 	f.Add([]byte("a.b.c = [1, [2, \"x\"], {y = 1}]\n[[x]]\n"))
 	f.Add([]byte("[model]\nlayers = 99999999999999999999\n"))
 	f.Fuzz(func(t *testing.T, src []byte) {
-		done := make(chan struct{})
-		defer close(done)
-		go func() {
-			select {
-			case <-done:
-			case <-time.After(3 * time.Second):
-				panic(fmt.Sprintf("HANG on %q", src))
-			}
-		}()
+		defer panicIfHung(src)()
 		// A path in a fresh directory: extends may point anywhere, and must not find
 		// this recipe's neighbours.
 		path := filepath.Join(t.TempDir(), "fuzz.toml")
@@ -79,15 +86,7 @@ func FuzzImport(f *testing.F) {
 	f.Add([]byte("A=( --num-layers 2 )\npython pretrain_gpt.py \"${A[@]}\" --swiglu ${X:-\"a b\"} \\\n --lr 1e-3\n"), true)
 	f.Add([]byte("[parallelism]\ndata_parallel_shard_degree = -1\ntensor_parallel_degree = 9223372036854775807\n"), false)
 	f.Fuzz(func(t *testing.T, src []byte, megatron bool) {
-		done := make(chan struct{})
-		defer close(done)
-		go func() {
-			select {
-			case <-done:
-			case <-time.After(3 * time.Second):
-				panic(fmt.Sprintf("HANG on %q", src))
-			}
-		}()
+		defer panicIfHung(src)()
 		var res *Resolved
 		var diags Diagnostics
 		if megatron {

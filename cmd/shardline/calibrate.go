@@ -2,12 +2,10 @@ package main
 
 import (
 	"encoding/json"
-	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/shardline/shardline/fileio"
 	"github.com/shardline/shardline/tensor/cpu"
 	"github.com/shardline/shardline/trainer"
 )
@@ -41,16 +39,7 @@ SHARDLINE_CALIBRATION) to plan with your machine's. It takes a minute or two.`,
 			if err != nil {
 				return err
 			}
-			b = append(b, '\n')
-			if out == "" {
-				_, err = a.stdout.Write(b)
-				return err
-			}
-			if err := fileio.WriteAtomic(out, b); err != nil {
-				return usageErr("-o %s: %v", out, unwrap(err))
-			}
-			fmt.Fprintf(a.stderr, "wrote %s\n", out)
-			return nil
+			return a.writeOutput(out, append(b, '\n'))
 		},
 	}
 	cmd.Flags().StringVarP(&out, "output", "o", "", "write the calibration to this file instead of standard output")

@@ -189,15 +189,21 @@ schedule with a stable phase and llama4's sigmoid router are refused.`,
 		if err != nil {
 			return err
 		}
-		if out == "" {
-			_, err = a.stdout.Write(body)
-			return err
-		}
-		if err := fileio.WriteAtomic(out, body); err != nil {
-			return usageErr("-o %s: %v", out, unwrap(err))
-		}
-		fmt.Fprintf(a.stderr, "wrote %s\n", out)
-		return nil
+		return a.writeOutput(out, body)
 	}
 	return cmd
+}
+
+// writeOutput writes a command's result to standard output, or with -o FILE to
+// that file (atomically), saying so on standard error.
+func (a *app) writeOutput(out string, body []byte) error {
+	if out == "" {
+		_, err := a.stdout.Write(body)
+		return err
+	}
+	if err := fileio.WriteAtomic(out, body); err != nil {
+		return usageErr("-o %s: %v", out, unwrap(err))
+	}
+	fmt.Fprintf(a.stderr, "wrote %s\n", out)
+	return nil
 }

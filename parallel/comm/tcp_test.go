@@ -30,6 +30,11 @@ func tcpRanks(t *testing.T, n int, timeout time.Duration, f func(c *TCP) error) 
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
+	return tcpRanksOn(ln, n, timeout, f)
+}
+
+// tcpRanksOn is tcpRanks with rank 0 hosting on ln.
+func tcpRanksOn(ln net.Listener, n int, timeout time.Duration, f func(c *TCP) error) []error {
 	addr := ln.Addr().String()
 	return concurrently(n, func(r int) error {
 		cfg := TCPConfig{Rank: r, World: n, MasterAddr: addr, Token: "job-1", Timeout: timeout}
@@ -408,19 +413,8 @@ func errorOf(err error) *RankError {
 func TestRendezvousOnInheritedListener(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	addr := ln.Addr().String()
-	errs := concurrently(3, func(r int) error {
-		cfg := TCPConfig{Rank: r, World: 3, MasterAddr: addr, Token: "job-2", Timeout: 10 * time.Second}
-		if r == 0 {
-			cfg.Listener = ln
-		}
-		c, err := DialTCP(cfg)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		x := []float32{float32(r)}
-		return c.AllReduce(x)
+	errs := tcpRanksOn(ln, 3, 10*time.Second, func(c *TCP) error {
+		return c.AllReduce([]float32{float32(c.Rank())})
 	})
 	for _, err := range errs {
 		require.NoError(t, err)
