@@ -346,6 +346,11 @@ func (c *Calibration) collective(kind string, size int) (Linear, bool) {
 	if l, ok := c.Collectives[CollectiveKey(kind, size)]; ok {
 		return l, true
 	}
+	if bestSize == 0 && kind == SendRecv {
+		// A table from before send/recv was measured: a ring step moves, per rank,
+		// what a two-rank all-gather does (one block out, one in).
+		return c.collective(AllGather, 2)
+	}
 	return best, bestSize > 0
 }
 

@@ -10,12 +10,15 @@ const (
 	ReduceScatter = "reduce_scatter"
 	AllReduce     = "all_reduce"
 	AllToAll      = "all_to_all"
+	// SendRecv is a ring step: every rank sends Bytes to its next neighbour and
+	// receives as much from its previous one.
+	SendRecv = "send_recv"
 )
 
 // Collective is one kind of collective a step issues on one group kind. Bytes is the
 // full buffer of one call (nccl-tests' "size"); a rank moves Bytes·factor of it,
 // with factor (n-1)/n for all-gather, reduce-scatter and all-to-all, 2(n-1)/n for
-// all-reduce.
+// all-reduce, and 1 for a send/recv ring step (Bytes is what each rank sends).
 type Collective struct {
 	Kind  string `json:"kind"`
 	Axis  Axis   `json:"group"`
@@ -33,8 +36,11 @@ func (c Collective) StepBytes() int64 { return c.Bytes * c.Calls }
 // rankBytes is what one rank sends per step in a group of n.
 func (c Collective) rankBytes(n int) float64 {
 	f := float64(n-1) / float64(n)
-	if c.Kind == AllReduce {
+	switch c.Kind {
+	case AllReduce:
 		f *= 2
+	case SendRecv:
+		f = 1
 	}
 	return float64(c.StepBytes()) * f
 }
@@ -108,11 +114,21 @@ func modelCollectives(r *config.Recipe, m Mesh, t tokens, micro int64, d dtypes)
 		// + reduce-scatter under sequence parallelism: the bytes of an all-reduce.
 		out = append(out, Collective{AllReduce, AxisTP, "activations", dt, t.local * h * d.compute, 2 * passes * layers * micro, false})
 	}
-	if m.CP > 1 {
-		kv := 2 * t.local * int64(mo.EffectiveKVHeads()) * int64(mo.HeadSize()) / int64(m.TP) * int64(m.CP) * d.compute
+	if cp := int64(m.CP); cp > 1 {
+		// Ring attention (trainer/model/cp.go): each forward pass passes the rank's
+		// K/V block cp−1 steps along the ring; backward passes K/V again (cp−1
+		// steps) and the dK/dV accumulators (cp steps, the last one home). Each step
+		// runs beside a block of attention compute.
+		kv := 2 * t.local * int64(mo.EffectiveKVHeads()) * int64(mo.HeadSize()) / int64(m.TP) * d.compute
 		out = append(out,
-			Collective{AllGather, AxisCP, "keys/values", dt, kv, (passes - 1) * layers * micro, false},
-			Collective{ReduceScatter, AxisCP, "key/value grads", dt, kv, layers * micro, false})
+			Collective{SendRecv, AxisCP, "keys/values", dt, kv, (cp - 1) * (passes - 1) * layers * micro, true},
+			Collective{SendRecv, AxisCP, "keys/values bwd", dt, kv, (cp - 1) * layers * micro, true},
+			Collective{SendRecv, AxisCP, "key/value grads", dt, kv, cp * layers * micro, true})
+		if mo.MoE.NumExperts > 0 && moeLayers > 0 {
+			// The router's per-expert counts and probability sums, so the
+			// load-balancing loss is the whole sequence's.
+			out = append(out, Collective{AllReduce, AxisCP, "router statistics", "fp32", 2 * int64(mo.MoE.NumExperts) * 4, (passes - 1) * moeLayers * micro, false})
+		}
 	}
 	if m.EP > 1 && moeLayers > 0 {
 		// Dispatch and combine each pass; each carries the routed copies of a rank.

@@ -170,13 +170,14 @@ func activationBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
 	mode := r.ActivationCheckpoint.Mode
 	attn := 2*t.local*h + 2*t.local*int64(mo.Heads)*dh + 2*t.local*g*dh // resid, norm; q, output; k, v
 	// The CPU attention keeps, per layer, either its (T,T) probabilities or, from
-	// config.CPUFlashAttentionFrom tokens on, each row's log-sum-exp. Under full
+	// config.CPUFlashAttentionFrom tokens on and under context parallelism, each
+	// row's log-sum-exp. Under full
 	// recompute one layer's worth is shared (refilled before each layer's
 	// backward); selective recompute remakes the probabilities into a shared slot
 	// and keeps the log-sum-exps per layer.
 	var stats int64
 	cpu := r.Parallel.Device == "cpu"
-	flash := mo.SeqLen >= config.CPUFlashAttentionFrom
+	flash := mo.SeqLen >= config.CPUFlashAttentionFrom || m.CP > 1 // ring attention is flash attention
 	switch {
 	case cpu && !flash:
 		stats = int64(mo.Heads) * t.local * t.context

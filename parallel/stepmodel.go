@@ -32,7 +32,7 @@ func stepModel(r *config.Recipe, p *Plan, c *Calibration) StepBreakdown {
 	var b StepBreakdown
 	b.HostShare = max(p.Topology.GPUsPerNode, 1) // ranks per node, at most the world
 	tk := tokensOf(r, m)
-	g, a, s, calls := microCompute(mo, microShape{B: r.Train.MicroBatchSize, T: mo.SeqLen / m.CP, TP: m.TP, EP: m.EP, ETP: m.ETP,
+	g, a, s, calls := microCompute(mo, microShape{B: r.Train.MicroBatchSize, T: mo.SeqLen / m.CP, CP: m.CP, TP: m.TP, EP: m.EP, ETP: m.ETP,
 		Routed: int(tk.routed), Mode: r.ActivationCheckpoint.Mode}, c)
 	if f := c.InStep; f > 0 {
 		g, a, s = g*f, a*f, s*f
@@ -71,13 +71,14 @@ func stepModel(r *config.Recipe, p *Plan, c *Calibration) StepBreakdown {
 	return b
 }
 
-// microShape is one rank's share of a micro-batch: B sequences of T tokens, the
-// tensor, expert and expert-tensor parallel degrees, the routed copies the rank
-// sends (and, balanced, receives), and the recompute mode.
+// microShape is one rank's share of a micro-batch: B sequences of T tokens (T/cp
+// of each sequence under context parallelism), the context, tensor, expert and
+// expert-tensor parallel degrees, the routed copies the rank sends (and,
+// balanced, receives), and the recompute mode.
 type microShape struct {
-	B, T, TP, EP, ETP int
-	Routed            int
-	Mode              string
+	B, T, CP, TP, EP, ETP int
+	Routed                int
+	Mode                  string
 }
 
 // microCompute is the kernel time of one micro-batch's forward and backward on one
@@ -89,7 +90,7 @@ func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, call
 	NH, NKV := mo.Heads/sh.TP, mo.EffectiveKVHeads()/sh.TP
 	Q, KV := NH*HD, NKV*HD
 	FF, V := mo.FFNHidden/sh.TP, mo.VocabSize/sh.TP
-	flash := mo.SeqLen >= config.CPUFlashAttentionFrom
+	flash := mo.SeqLen >= config.CPUFlashAttentionFrom || sh.CP > 1
 	// calls counts the kernels launched, for the per-call cost a step adds (workers
 	// woken for each kernel); each helper counts its own.
 	gemm := func(rows, k, n int) float64 {
@@ -99,6 +100,17 @@ func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, call
 	stream := func(kind string, n float64) float64 { calls++; return c.stream(kind, n) }
 	attnFwd := c.attentionTime(flash, B*NH, T, HD, false)
 	attnBwd := c.attentionTime(flash, B*NH, T, HD, true)
+	if P := sh.CP; P > 1 {
+		// Ring attention: the rank's two chunks of T/2 queries meet 2P+1 key chunks
+		// of T/2, one sequence per kernel: 2 causal blocks on the diagonal and 2P−1
+		// full ones, a full block about twice a causal one; and each forward block's
+		// result is merged into the running output.
+		blocks := float64(4 * P)
+		attnFwd = blocks * c.attentionTime(true, NH, T/2, HD, false) * float64(B)
+		attnBwd = blocks * c.attentionTime(true, NH, T/2, HD, true) * float64(B)
+		attnFwd += c.stream(StreamAdd, float64((2*P+1)*B*T/2*Q))
+		calls += float64(2 * (2*P + 1) * B)
+	}
 	s += stream(StreamEmbedding, float64(BT*C)) + stream(StreamEmbeddingBwd, float64(BT*C))
 	s += stream(StreamRMSNorm, float64(BT*C)) + stream(StreamRMSNormBwd, float64(BT*C))
 	g += gemm(BT, C, V)

@@ -4,6 +4,8 @@
 # in-process ranks (each rank a micro-batch of the recipe's size, so the global
 # batch grows with the ranks), `shardline run` trains a few steps and `shardline
 # plan --against` compares the measured median step time and memory with the plan.
+# Then context parallelism: tiny and the 6x256 shape with every sequence split over
+# cp 2 and 4 ranks (the same global batch as one rank).
 # Prints the planned and measured step, their ratio, and the memory ratio. The plan
 # times the CPU from `shardline calibrate`'s table (docs/plan.md): this compares
 # that model with the machine, so the machine's load shows in it.
@@ -27,8 +29,16 @@ shapes=(
 	"dense-6x256|recipes/tiny.toml --num-layers 6 --hidden-size 256 --num-attention-heads 8 --num-query-groups 8 --ffn-hidden-size 768 --seq-length 256|8"
 	"dense-4x512|recipes/tiny.toml --num-layers 4 --hidden-size 512 --num-attention-heads 8 --num-query-groups 8 --ffn-hidden-size 1408 --seq-length 256|4"
 )
+row() {
+	python3 - "$@" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+row = {c["what"]: c for c in j["comparison"]}
+st, mem = row["step time"], row["total"]
+print(f'{sys.argv[2]:<12} {sys.argv[3]:>5}  {st["planned"]*1e3:10.1f}ms {st["measured"]*1e3:10.1f}ms {st["ratio"]:9.3f}  {mem["ratio"]:9.3f}')
+PY
+}
 printf '%-12s %5s  %12s %12s %9s  %9s\n' shape ranks planned measured step×     memory×
-worst=0
 for s in "${shapes[@]}"; do
 	IFS='|' read -r name recipe mb <<<"$s"
 	for world in 1 2 4; do
@@ -38,12 +48,18 @@ for s in "${shapes[@]}"; do
 			--global-batch-size $((mb * world)) --set parallel.world_size="$world" --set run.output_dir="$out" --set run.name="$run" \
 			--set logging.progress=false >/dev/null 2>"$out/$run.err" || { cat "$out/$run.err" >&2; exit 1; }
 		./bin/shardline plan --against "$out/$run" --format json >"$out/$run.json"
-		python3 - "$out/$run.json" "$name" "$world" <<'PY'
-import json, sys
-j = json.load(open(sys.argv[1]))
-row = {c["what"]: c for c in j["comparison"]}
-st, mem = row["step time"], row["total"]
-print(f'{sys.argv[2]:<12} {sys.argv[3]:>5}  {st["planned"]*1e3:10.1f}ms {st["measured"]*1e3:10.1f}ms {st["ratio"]:9.3f}  {mem["ratio"]:9.3f}')
-PY
+		row "$out/$run.json" "$name" "$world"
+	done
+done
+for s in "tiny|recipes/tiny.toml|16" "dense-6x256|recipes/tiny.toml --num-layers 6 --hidden-size 256 --num-attention-heads 8 --num-query-groups 8 --ffn-hidden-size 768 --seq-length 256|8"; do
+	IFS='|' read -r name recipe mb <<<"$s"
+	for cp in 2 4; do
+		run="$name-cp$cp"
+		# shellcheck disable=SC2086
+		./bin/shardline run $recipe --train-iters 6 --set train.eval_interval=0 --micro-batch-size "$mb" --global-batch-size "$mb" \
+			--set parallel.world_size="$cp" --context-parallel-size "$cp" --set run.output_dir="$out" --set run.name="$run" \
+			--set logging.progress=false >/dev/null 2>"$out/$run.err" || { cat "$out/$run.err" >&2; exit 1; }
+		./bin/shardline plan --against "$out/$run" --format json >"$out/$run.json"
+		row "$out/$run.json" "$name" "cp$cp"
 	done
 done

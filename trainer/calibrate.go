@@ -29,7 +29,7 @@ type CalibrationGrid struct {
 var DefaultCalibrationGrid = CalibrationGrid{
 	GEMMRows:        []int{16, 64, 256, 1024, 4096, 8192},
 	GEMMDims:        []int{16, 32, 64, 128, 256, 512, 1024, 2048},
-	AttnT:           []int{64, 256, 1024, 4096},
+	AttnT:           []int{16, 32, 64, 256, 1024, 4096}, // 16 and 32: context-parallel chunks of short sequences
 	AttnHD:          []int{16, 32, 64, 128},
 	CollectiveSizes: []int{2, 4},
 }
@@ -104,7 +104,7 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 	// In-process collectives: per call and per byte a rank sends.
 	say("collectives: group sizes %v", grid.CollectiveSizes)
 	for _, size := range grid.CollectiveSizes {
-		for _, kind := range []string{parallel.AllGather, parallel.ReduceScatter, parallel.AllReduce, parallel.AllToAll} {
+		for _, kind := range []string{parallel.AllGather, parallel.ReduceScatter, parallel.AllReduce, parallel.AllToAll, parallel.SendRecv} {
 			var pts [2][2]float64
 			for i, n := range []int{1 << 10, 1 << 22} { // elements of the full buffer
 				t, err := collectiveTime(kind, size, n, minTime)
@@ -112,8 +112,11 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 					return nil, err
 				}
 				f := float64(size-1) / float64(size)
-				if kind == parallel.AllReduce {
+				switch kind {
+				case parallel.AllReduce:
 					f *= 2
+				case parallel.SendRecv: // each rank sends n/size elements (a ring step)
+					f = 1 / float64(size)
 				}
 				pts[i] = [2]float64{4 * float64(n) * f, t}
 			}
@@ -330,6 +333,8 @@ func collectiveTime(kind string, size, n int, minTime time.Duration) (float64, e
 					err = c.AllReduce(full)
 				case parallel.AllToAll:
 					err = c.AllToAll(b[r].out, full, counts, counts)
+				case parallel.SendRecv:
+					err = c.SendRecv(b[r].out[:n/size], part, (r+1)%size, (r-1+size)%size)
 				}
 				if err != nil {
 					mu.Lock()

@@ -336,18 +336,19 @@ func makeRunDir(r *config.Recipe) (string, error) {
 }
 
 type run struct {
-	r     *config.Recipe
-	res   *config.Resolved
-	opts  Options
-	plan  *parallel.Plan
-	ds    *data.Dataset
-	dir   string
-	log   zerolog.Logger
-	rank  int
-	st    *state
-	rt    *unitRuntime // optim_grads_params only
-	trace *tracer
-	m     *model.Model[float32]
+	r       *config.Recipe
+	res     *config.Resolved
+	opts    Options
+	plan    *parallel.Plan
+	ds      *data.Dataset
+	dir     string
+	log     zerolog.Logger
+	rank    int
+	st      *state
+	rt      *unitRuntime // optim_grads_params only
+	trace   *tracer
+	m       *model.Model[float32]
+	evalErr error // a collective of the last evaluation failed; flush returns it
 	// deviceHeld is what a device engine held at the end (Options.Device runs).
 	deviceHeld Memory
 	metrics    *os.File
@@ -371,10 +372,10 @@ func runRanks(ctx context.Context, r *config.Recipe, res *config.Resolved, opts 
 	n := plan.Mesh.World
 	world := comm.NewWorld(n, worldTimeout)
 	groups := func(rank int, axis parallel.Axis) (comm.Communicator, error) {
-		if axis == parallel.AxisEP {
-			// The model's token exchanges run while the FSDP stream gathers and
-			// reduces: they need a communicator of their own.
-			return world.Tagged(rank, plan.Mesh.Group(axis, rank), "ep")
+		if tag := modelTag(axis); tag != "" {
+			// The model's token exchanges and K/V ring run while the FSDP stream
+			// gathers and reduces: they need communicators of their own.
+			return world.Tagged(rank, plan.Mesh.Group(axis, rank), tag)
 		}
 		return world.Group(rank, plan.Mesh.Group(axis, rank))
 	}
@@ -423,6 +424,19 @@ func runRanks(ctx context.Context, r *config.Recipe, res *config.Resolved, opts 
 	return results[0], nil
 }
 
+// modelTag names the communicators the model uses inside a pass (expert
+// parallelism's all-to-alls, context parallelism's ring): tagged apart from the
+// FSDP runtime's groups over the same ranks. Other axes have no tag.
+func modelTag(axis parallel.Axis) string {
+	switch axis {
+	case parallel.AxisEP:
+		return "ep"
+	case parallel.AxisCP:
+		return "cp"
+	}
+	return ""
+}
+
 // runProcess trains this process's rank of a multi-process job. Groups other than
 // the world are made from the world communicator (over TCP: meshes of their own).
 func runProcess(ctx context.Context, r *config.Recipe, res *config.Resolved, opts Options, plan *parallel.Plan, ds *data.Dataset, dir string, log zerolog.Logger) (*Result, error) {
@@ -432,10 +446,7 @@ func runProcess(ctx context.Context, r *config.Recipe, res *config.Resolved, opt
 		tr = &tracer{origin: time.Now()}
 	}
 	groups := func(rank int, axis parallel.Axis) (comm.Communicator, error) {
-		g, tag := plan.Mesh.Group(axis, rank), ""
-		if axis == parallel.AxisEP {
-			tag = "ep" // the model's token exchanges run beside the FSDP stream
-		}
+		g, tag := plan.Mesh.Group(axis, rank), modelTag(axis) // the model's exchanges run beside the FSDP stream
 		if len(g) == p.World && tag == "" {
 			return p.Comm, nil
 		}
@@ -515,6 +526,19 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	if t.st.epComm != nil {
 		mopts = append(mopts, model.WithExpertParallel(model.ExpertParallel{Comm: t.st.epComm, Rank: t.st.epRank, Size: t.st.epComm.Size()}))
 	}
+	if t.st.cpComm != nil {
+		cp := model.ContextParallel{Comm: t.st.cpComm, Rank: t.st.cpRank, Size: t.st.cpComm.Size()}
+		if t.trace != nil {
+			cp.Trace = func(name string, comm bool, start, end time.Time) {
+				cat, tid := "compute", 0
+				if comm {
+					cat, tid = "comm", 2 // a row of its own beside the FSDP stream's (1)
+				}
+				t.trace.span(name, cat, t.rank, tid, start, end)
+			}
+		}
+		mopts = append(mopts, model.WithContextParallel(cp))
+	}
 	t.m, err = model.New[float32](r.Model, t.plan.Params, t.st.wviews, t.st.gviews, t.opts.Backend, B, T, mopts...)
 	if err != nil {
 		return nil, fmt.Errorf("building the model: %w", err)
@@ -540,7 +564,10 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	micro, dp := t.plan.MicroBatches, t.plan.Mesh.DP
 	dpRank := t.plan.Mesh.Coords(t.rank).DP
 	global := micro * dp * B // sequences per step
+	cp, cpRank := t.plan.Mesh.CP, t.st.cpRank
+	// Each context-parallel rank holds T/cp tokens of every sequence of its batch.
 	tokens, targets := make([]int32, B*T), make([]int32, B*T)
+	local, localTargets := make([]int32, B*T/cp), make([]int32, B*T/cp)
 	var last Metrics // the last step recorded (rank 0)
 	var good Metrics // the last step whose loss and gradient were finite (every rank)
 	lastSkipped := false
@@ -599,12 +626,15 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		}
 		for mb := 0; mb < micro; mb++ {
 			data.Batch(tokens, targets, t.ds.Train, r.Run.Seed, step, (mb*dp+dpRank)*B, B, T)
-			s, n := t.m.Forward(tokens, targets)
-			t.m.Backward(tokens, targets, scale)
+			model.LocalTokens(local, tokens, B, T, cpRank, cp)
+			model.LocalTokens(localTargets, targets, B, T, cpRank, cp)
+			s, n := t.m.Forward(local, localTargets)
+			t.m.Backward(local, localTargets, scale)
 			if err := t.flush(); err != nil {
 				return nil, err
 			}
-			sum, count, aux = sum+s, count+n, aux+t.m.AuxLoss()/float64(micro*dp)
+			// Every context-parallel rank has its sequences' whole aux loss.
+			sum, count, aux = sum+s, count+n, aux+t.m.AuxLoss()/float64(micro*dp*cp)
 			dropped += t.m.Dropped()
 		}
 		stats[0], stats[1], stats[2], stats[3] = float32(sum), float32(count), float32(aux), float32(dropped)
@@ -771,14 +801,17 @@ func (t *run) nonFinite(err error) error {
 }
 
 // collectiveEval says whether evaluation needs every rank: under
-// optim_grads_params (units are gathered) and expert parallelism (tokens are
-// exchanged).
-func (t *run) collectiveEval() bool { return t.st.perUnit || t.st.epComm != nil }
+// optim_grads_params (units are gathered), expert parallelism (tokens are
+// exchanged) and context parallelism (K/V blocks travel the ring).
+func (t *run) collectiveEval() bool { return t.st.perUnit || t.st.epComm != nil || t.st.cpComm != nil }
 
 // flush ends a pass: it waits for the runtime's collectives in flight and returns
 // the first error of the pass (from the model's hooks or the flush).
 func (t *run) flush() error {
 	err := t.m.Err()
+	if err == nil {
+		err, t.evalErr = t.evalErr, nil
+	}
 	if t.rt != nil {
 		if ferr := t.rt.flush(); err == nil {
 			err = ferr
@@ -787,12 +820,30 @@ func (t *run) flush() error {
 	return err
 }
 
-// evaluate is the mean token loss over eval_steps fixed validation batches.
+// evaluate is the mean token loss over eval_steps fixed validation batches. Under
+// context parallelism each rank forwards its chunks of every sequence and the
+// sums and counts are added over the group.
 func (t *run) evaluate() float64 {
-	v, _ := t.evaluateWith(func(tokens, targets []int32) (float64, int, error) {
-		s, n := t.m.Forward(tokens, targets)
-		return s, n, nil
+	cp := t.plan.Mesh.CP
+	B, T := t.r.Train.MicroBatchSize, t.r.Model.SeqLen
+	local, localTargets := make([]int32, B*T/cp), make([]int32, B*T/cp)
+	v, err := t.evaluateWith(func(tokens, targets []int32) (float64, int, error) {
+		model.LocalTokens(local, tokens, B, T, t.st.cpRank, cp)
+		model.LocalTokens(localTargets, targets, B, T, t.st.cpRank, cp)
+		s, n := t.m.Forward(local, localTargets)
+		if t.st.cpComm == nil {
+			return s, n, nil
+		}
+		sums := []float32{float32(s), float32(n)}
+		if err := t.st.cpComm.AllReduce(sums); err != nil {
+			return 0, 0, err
+		}
+		return float64(sums[0]), int(sums[1]), nil
 	})
+	if err != nil && t.m.Err() == nil {
+		// Surfaced by the flush that follows every evaluation.
+		t.evalErr = err
+	}
 	return v
 }
 

@@ -54,6 +54,10 @@ type state struct {
 	// ep group (nil when ep = 1).
 	epRank, epLocal int
 	epComm          comm.Communicator
+	// Context parallelism: this rank's cp coordinate and the cp group (nil when
+	// cp = 1).
+	cpRank int
+	cpComm comm.Communicator
 
 	wviews, gviews [][]float32 // per parameter (table order): views of weights, grads
 }
@@ -82,6 +86,13 @@ func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, w
 			return nil, err
 		}
 		s.epRank, s.epLocal = c.EP, r.Model.MoE.NumExperts/p.Mesh.EP
+	}
+	if p.Mesh.CP > 1 {
+		var err error
+		if s.cpComm, err = groups(rank, parallel.AxisCP); err != nil {
+			return nil, err
+		}
+		s.cpRank = c.CP
 	}
 	for gi := range p.Groups {
 		g := &p.Groups[gi]

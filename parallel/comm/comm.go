@@ -23,6 +23,11 @@ type Communicator interface {
 	AllToAll(dst, src []float32, send, recv []int) error
 	// Broadcast copies root's buf to every rank.
 	Broadcast(buf []float32, root int) error
+	// SendRecv is a point-to-point step that every member takes together (a ring
+	// shift, as context parallelism passes K/V blocks): this member sends src to
+	// member to and receives dst from member from. Member to's from must be this
+	// member and the lengths must agree; dst and src must not overlap.
+	SendRecv(dst, src []float32, to, from int) error
 	// ReduceScatterBF16 is ReduceScatter over bf16 values (uint16 bit patterns):
 	// the sum is accumulated in fp32 and rounded to bf16 once.
 	ReduceScatterBF16(dst, src []uint16) error

@@ -93,6 +93,7 @@ type slot struct {
 	send     []int
 	recv     []int
 	root     int
+	from     int // send_recv: root is the member sent to
 	tempNeed int
 }
 
@@ -302,6 +303,26 @@ func (m *member) AllToAll(dst, src []float32, send, recv []int) error {
 				off += k
 			}
 		})
+}
+
+func (m *member) SendRecv(dst, src []float32, to, from int) error {
+	return m.run(slot{op: "send_recv", a: dst, b: src, root: to, from: from},
+		func(ss []slot) error {
+			n := len(ss)
+			for i, s := range ss {
+				if s.root < 0 || s.root >= n || s.from < 0 || s.from >= n {
+					return fmt.Errorf("member %d sends to %d and receives from %d in a group of %d", i, s.root, s.from, n)
+				}
+				if ss[s.root].from != i {
+					return fmt.Errorf("member %d sends to %d, which receives from %d", i, s.root, ss[s.root].from)
+				}
+				if len(s.b) != len(ss[s.root].a) {
+					return fmt.Errorf("member %d sends %d elements to %d, which expects %d", i, len(s.b), s.root, len(ss[s.root].a))
+				}
+			}
+			return nil
+		},
+		func(ss []slot) { copy(dst, ss[from].b) })
 }
 
 func sum(xs []int) int {

@@ -277,3 +277,53 @@ func TestAllGatherInPlace(t *testing.T) {
 		}
 	}
 }
+
+// ringShift passes every member's block one step around the ring, twice (so a
+// second step follows the first in order), and checks each member ends with the
+// block of the member two behind it.
+func ringShift(c Communicator) error {
+	n, r := c.Size(), c.Rank()
+	block := func(owner int) []float32 {
+		b := make([]float32, 5+owner%2) // lengths differ by owner: a mismatch would show
+		for i := range b {
+			b[i] = float32(100*owner + i)
+		}
+		return b
+	}
+	cur := block(r)
+	for s := 1; s <= 2; s++ {
+		from := (r - s + 2*n) % n
+		next := make([]float32, len(block(from)))
+		if err := c.SendRecv(next, cur, (r+1)%n, (r-1+n)%n); err != nil {
+			return err
+		}
+		if want := block(from); fmt.Sprint(next) != fmt.Sprint(want) {
+			return fmt.Errorf("rank %d step %d: got %v, want %v", r, s, next, want)
+		}
+		cur = next
+	}
+	return nil
+}
+
+// TestSendRecvRing: a ring shift at 1 to 4 members delivers each block to the
+// next member; a member that receives from the wrong peer, or a length the
+// sender does not send, is refused on every member.
+func TestSendRecvRing(t *testing.T) {
+	for _, n := range []int{1, 2, 3, 4} {
+		for r, err := range onRanks(n, 5*time.Second, ringShift) {
+			require.NoError(t, err, "n=%d rank %d", n, r)
+		}
+	}
+	errs := onRanks(3, time.Second, func(c Communicator) error {
+		return c.SendRecv(make([]float32, 2), make([]float32, 2), (c.Rank()+1)%3, (c.Rank()+1)%3)
+	})
+	for _, err := range errs {
+		assert.ErrorIs(t, err, ErrMismatch)
+	}
+	errs = onRanks(2, time.Second, func(c Communicator) error {
+		return c.SendRecv(make([]float32, 2), make([]float32, 2+c.Rank()), 1-c.Rank(), 1-c.Rank())
+	})
+	for _, err := range errs {
+		assert.ErrorIs(t, err, ErrMismatch)
+	}
+}

@@ -788,6 +788,27 @@ func (t *TCP) AllToAll(dst, src []float32, send, recv []int) error {
 	return nil
 }
 
+// SendRecv sends src to one peer while receiving dst from another. Every member
+// of the group takes the step (it has the group's next sequence number); a peer
+// that sends another length is named in the error.
+func (t *TCP) SendRecv(dst, src []float32, to, from int) error {
+	if to < 0 || to >= t.n || from < 0 || from >= t.n {
+		return &RankError{Op: "send_recv", Err: fmt.Errorf("%w: to %d, from %d in a group of %d", ErrMismatch, to, from, t.n)}
+	}
+	if err := t.begin(); err != nil {
+		return err
+	}
+	if to == t.rank || from == t.rank {
+		if to != from {
+			return t.end(&RankError{Op: "send_recv", Err: fmt.Errorf("%w: rank %d sends to %d but receives from %d", ErrMismatch, t.rank, to, from)})
+		}
+		t.seq++
+		copy(dst, src)
+		return nil
+	}
+	return t.end(t.exchange(t.peers[to], src, t.peers[from], dst))
+}
+
 // Broadcast: root sends to every other rank.
 func (t *TCP) Broadcast(buf []float32, root int) error {
 	if root < 0 || root >= t.n {

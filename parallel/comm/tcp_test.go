@@ -422,3 +422,18 @@ func TestRendezvousOnInheritedListener(t *testing.T) {
 	_, err = ln.Accept()
 	require.Error(t, err, "the rendezvous closed the listener it was given")
 }
+
+// TestTCPSendRecvRing: the ring shift of TestSendRecvRing over loopback, at 1 to 4
+// processes' worth of ranks; a length the sender does not send is an error.
+func TestTCPSendRecvRing(t *testing.T) {
+	for _, n := range []int{1, 2, 3, 4} {
+		for r, err := range tcpRanks(t, n, 10*time.Second, func(c *TCP) error { return ringShift(c) }) {
+			require.NoError(t, err, "n=%d rank %d", n, r)
+		}
+	}
+	errs := tcpRanks(t, 2, 5*time.Second, func(c *TCP) error {
+		return c.SendRecv(make([]float32, 2), make([]float32, 2+c.Rank()), 1-c.Rank(), 1-c.Rank())
+	})
+	assert.Error(t, errs[0])
+	assert.ErrorIs(t, errs[0], ErrMismatch)
+}

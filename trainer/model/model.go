@@ -50,7 +50,8 @@ type Model[F tensor.Float] struct {
 	recompute  string // none, selective or full
 	flash      bool   // flash attention (T ≥ config.CPUFlashAttentionFrom): acts.att holds log-sum-exps
 	ep         ExpertParallel
-	blocks     [][]int // FSDP units of each block, in forward order
+	cp         *cpState[F] // nil without context parallelism
+	blocks     [][]int     // FSDP units of each block, in forward order
 	hookErr    error
 	sin        []F
 	scratch    struct {
@@ -61,15 +62,13 @@ type Model[F tensor.Float] struct {
 	}
 }
 
-// New binds a model to its parameter and gradient views: weights[i] and grads[i]
-// hold parameter table[i] whole (the trainer gathers sharded units before use).
-// The table must come from parallel.ParamTable with tp = etp = 1.
 // Option adjusts a Model at construction.
 type Option func(*options)
 
 type options struct {
 	recompute string
 	ep        *ExpertParallel
+	cp        *ContextParallel
 	flash     *bool // tests: flash attention at any T
 }
 
@@ -98,6 +97,11 @@ func WithExpertParallel(ep ExpertParallel) Option { return func(o *options) { o.
 // serves every layer).
 func WithRecompute(mode string) Option { return func(o *options) { o.recompute = mode } }
 
+// New binds a model to its parameter and gradient views: weights[i] and grads[i]
+// hold parameter table[i] whole (the trainer gathers sharded units before use).
+// The table must come from parallel.ParamTable with tp = etp = 1. The model runs
+// B sequences of T tokens; under context parallelism it holds T/cp tokens of
+// each (LocalTokens picks them) and Forward and Backward take those.
 func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights, grads [][]F, be tensor.Kernels[F], B, T int, opt ...Option) (*Model[F], error) {
 	if T > cfg.SeqLen {
 		return nil, fmt.Errorf("model: sequence of %d tokens is longer than model.seq_len (%d)", T, cfg.SeqLen)
@@ -115,6 +119,11 @@ func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights, grad
 		m.recompute = o.recompute
 	default:
 		return nil, fmt.Errorf("model: recompute mode %q is not none, selective or full", o.recompute)
+	}
+	if o.cp != nil && o.cp.Size > 1 {
+		if err := m.setupCP(*o.cp, T); err != nil {
+			return nil, err
+		}
 	}
 	m.ep = ExpertParallel{Size: 1}
 	if o.ep != nil && o.ep.Size > 1 {
@@ -380,7 +389,13 @@ func (m *Model[F]) alloc() {
 	s.dff1, s.dff2, s.dsw = make([]F, BT*FF), make([]F, BT*FF), make([]F, BT*FF)
 	s.dlogits, s.dloss = make([]F, BT*V), make([]F, BT)
 	m.cos, m.sin = make([]F, m.T*HD/2), make([]F, m.T*HD/2)
-	m.be.RopeTables(m.cos, m.sin, m.T, tensor.RopeInvFreq(HD, m.Cfg.RopeTheta, m.Cfg.RopeScaling, m.Cfg.RopeScalingFactor))
+	invFreq := tensor.RopeInvFreq(HD, m.Cfg.RopeTheta, m.Cfg.RopeScaling, m.Cfg.RopeScalingFactor)
+	if m.cp != nil {
+		m.allocCP()
+		m.ropeTablesCP(invFreq)
+		return
+	}
+	m.be.RopeTables(m.cos, m.sin, m.T, invFreq)
 }
 
 // Forward runs the model on tokens (B·T) and, when targets is non-nil, the loss.
@@ -478,11 +493,19 @@ func (m *Model[F]) layerForward(l int, x, next []F) {
 	be.Matmul(a.q[l], a.ln1[l], lw.wq, BT, C, NH*HD, false)
 	be.Matmul(a.k[l], a.ln1[l], lw.wk, BT, C, NKV*HD, false)
 	be.Matmul(a.v[l], a.ln1[l], lw.wv, BT, C, NKV*HD, false)
-	be.Rope(a.q[l], m.cos, m.sin, m.B, m.T, NH, HD)
-	be.Rope(a.k[l], m.cos, m.sin, m.B, m.T, NKV, HD)
-	if m.flash {
-		be.FlashAttention(a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.attnShape())
+	if m.cp != nil {
+		m.rope(a.q[l], NH, false)
+		m.rope(a.k[l], NKV, false)
 	} else {
+		be.Rope(a.q[l], m.cos, m.sin, m.B, m.T, NH, HD)
+		be.Rope(a.k[l], m.cos, m.sin, m.B, m.T, NKV, HD)
+	}
+	switch {
+	case m.cp != nil:
+		m.ringAttention(a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l])
+	case m.flash:
+		be.FlashAttention(a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.attnShape())
+	default:
 		be.Attention(a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.B, m.T, NH, NKV, HD)
 	}
 	copy(a.mid[l], x)
@@ -553,8 +576,9 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 		if lw.moe != nil {
 			clear(s.dx)
 			// next = mid + MoE(ln2); the aux loss of this micro-batch is weighted by its
-			// share of the global batch's tokens (scale·BT).
-			m.moeBackward(s.dx, dres, a.ln2[l], *lw.moe, *lg.moe, a.moe[l], scale*float64(BT))
+			// share of the global batch's tokens (scale·BT, BT counting the whole
+			// sequences under context parallelism).
+			m.moeBackward(s.dx, dres, a.ln2[l], *lw.moe, *lg.moe, a.moe[l], scale*float64(BT*m.cpSize()))
 		} else {
 			// MLP: next = mid + w2·swiglu(w1·ln2, w3·ln2); dres flows to mid unchanged.
 			be.MatmulBackward(s.dsw, lg.w2, dres, a.sw[l], lw.w2, BT, FF, C, false)
@@ -568,13 +592,21 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 		clear(s.dq)
 		clear(s.dk)
 		clear(s.dv)
-		if m.flash {
+		switch {
+		case m.cp != nil:
+			m.ringAttentionBackward(s.dq, s.dk, s.dv, s.datty, a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l])
+		case m.flash:
 			be.FlashAttentionBackward(s.dq, s.dk, s.dv, s.datty, a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.attnShape())
-		} else {
+		default:
 			be.AttentionBackward(s.dq, s.dk, s.dv, s.datty, a.att[l], a.q[l], a.k[l], a.v[l], m.B, m.T, NH, NKV, HD)
 		}
-		be.RopeBackward(s.dq, m.cos, m.sin, m.B, m.T, NH, HD)
-		be.RopeBackward(s.dk, m.cos, m.sin, m.B, m.T, NKV, HD)
+		if m.cp != nil {
+			m.rope(s.dq, NH, true)
+			m.rope(s.dk, NKV, true)
+		} else {
+			be.RopeBackward(s.dq, m.cos, m.sin, m.B, m.T, NH, HD)
+			be.RopeBackward(s.dk, m.cos, m.sin, m.B, m.T, NKV, HD)
+		}
 		be.MatmulBackward(s.dx, lg.wq, s.dq, a.ln1[l], lw.wq, BT, C, NH*HD, false)
 		be.MatmulBackward(s.dx, lg.wk, s.dk, a.ln1[l], lw.wk, BT, C, NKV*HD, true)
 		be.MatmulBackward(s.dx, lg.wv, s.dv, a.ln1[l], lw.wv, BT, C, NKV*HD, true)

@@ -43,7 +43,8 @@ type moeActs[F any] struct {
 	sgate, sup    [][]F   // per shared expert (BT, EF)
 	ssw           [][]F
 	aux           float64
-	dropped       int // copies dropped past capacity in the last forward
+	stats         []float32 // (2E) per-expert copy counts, then router probability sums
+	dropped       int       // copies dropped past capacity in the last forward
 
 	// Expert parallelism (ep > 1): rows exchanged with each ep rank, per-expert
 	// counts, and the received tokens regrouped by local expert. Buffers start at
@@ -66,7 +67,7 @@ func newMoEActs[F any](c config.Model, BT, ep int) *moeActs[F] {
 	a := &moeActs[F]{
 		logits: make([]F, BT*E), probs: make([]F, BT*E), idx: make([]int32, BT*k), gates: make([]F, BT*k),
 		row: make([]int32, BT*k), tok: make([]int32, BT*k), offsets: make([]int32, E+1), cursor: make([]int32, E),
-		x: make([]F, BT*k*C), gate: make([]F, R*EF), up: make([]F, R*EF), sw: make([]F, R*EF), y: make([]F, BT*k*C),
+		stats: make([]float32, 2*E), x: make([]F, BT*k*C), gate: make([]F, R*EF), up: make([]F, R*EF), sw: make([]F, R*EF), y: make([]F, BT*k*C),
 	}
 	if ep > 1 {
 		El := E / ep
@@ -129,14 +130,23 @@ func (m *Model[F]) moeForward(out, x []F, p moeParams[F], a *moeActs[F]) {
 		be.SwiGLU(a.ssw[s], a.sgate[s], a.sup[s], BT*EF)
 		be.Matmul(out, a.ssw[s], w[2], BT, EF, C, true)
 	}
-	// Load-balancing loss.
+	// Load-balancing loss, over the whole sequences under context parallelism.
 	a.aux = 0
 	for e := 0; e < E; e++ {
 		var pe float64
 		for t := 0; t < BT; t++ {
 			pe += float64(a.probs[t*E+e])
 		}
+		a.stats[e], a.stats[E+e] = float32(a.count(e)), float32(pe)
 		a.aux += float64(E) * float64(a.count(e)) / float64(BT*k) * pe / float64(BT)
+	}
+	if m.cp != nil {
+		m.cpRouterStats(a.stats)
+		BTg := float64(BT * m.cp.Size)
+		a.aux = 0
+		for e := 0; e < E; e++ {
+			a.aux += float64(E) * float64(a.stats[e]) / (BTg * float64(k)) * float64(a.stats[E+e]) / BTg
+		}
 	}
 }
 
@@ -255,7 +265,11 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p, g moeParams[F], a *moeActs[F]
 	if coeff := auxScale * c.MoE.AuxLossCoeff; coeff != 0 {
 		dprobs = s.moeDprobs[:BT*E]
 		for e := 0; e < E; e++ {
-			d := F(coeff * float64(E) * float64(a.count(e)) / float64(BT*k) / float64(BT))
+			cnt, BTg := float64(a.count(e)), float64(BT)
+			if m.cp != nil { // f_e of the whole sequences (the forward's summed counts)
+				cnt, BTg = float64(a.stats[e]), float64(BT*m.cp.Size)
+			}
+			d := F(coeff * float64(E) * cnt / (BTg * float64(k)) / BTg)
 			for t := 0; t < BT; t++ {
 				dprobs[t*E+e] = d
 			}

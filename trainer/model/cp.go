@@ -1,0 +1,312 @@
+package model
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/shardline/shardline/tensor"
+)
+
+// Context parallelism: every sequence of T tokens is cut into 2·Size chunks of
+// T/(2·Size) tokens, and rank r holds chunks r and 2·Size−1−r, so that under the
+// causal mask every rank has the same attention work. The rank's tokens are laid
+// out chunk-major: chunk r of every sequence, then chunk 2·Size−1−r of every
+// sequence, so each half is a (B, T/(2·Size)) batch that one kernel call covers.
+// Everything but attention and RoPE is per token and runs on the rank's T/Size
+// tokens of each sequence unchanged; RoPE uses the chunks' true positions. Attention is a ring: each rank's K/V
+// block travels once around the context-parallel group (one SendRecv per step,
+// overlapped with the flash attention of the block already held), and each
+// query chunk's partial results (output and log-sum-exp) are merged by the
+// online-softmax rule. In backward the K/V blocks travel again, each carrying its
+// dK/dV accumulator, which ends back at the block's owner after Size steps.
+
+// CPComm is what context parallelism needs from the context-parallel group
+// (comm.Communicator has it): the ring step, and the sum of the MoE router's
+// statistics over the whole sequence.
+type CPComm interface {
+	SendRecv(dst, src []float32, to, from int) error
+	AllReduce(buf []float32) error
+}
+
+// ContextParallel splits every sequence over the Size ranks of a context-parallel
+// group; this rank is Rank. It needs float32 and T divisible by 2·Size.
+type ContextParallel struct {
+	Comm       CPComm
+	Rank, Size int
+	// Trace, when set, receives a span for every ring step's transfer (comm true)
+	// and every step's attention compute, to show how they overlap.
+	Trace func(name string, comm bool, start, end time.Time)
+}
+
+// WithContextParallel splits the model's sequences over a context-parallel group.
+// New's T is then the whole sequence; the model holds T/Size tokens of each.
+func WithContextParallel(cp ContextParallel) Option { return func(o *options) { o.cp = &cp } }
+
+// LocalTokens copies into dst (B·T/size) the tokens of src (B sequences of T)
+// that context-parallel rank holds, chunk-major: chunk rank of every sequence,
+// then chunk 2·size−1−rank of every sequence. With size 1 it copies src.
+func LocalTokens(dst, src []int32, B, T, rank, size int) {
+	if size <= 1 {
+		copy(dst, src)
+		return
+	}
+	c := T / (2 * size)
+	for i, g := range [2]int{rank, 2*size - 1 - rank} {
+		for b := 0; b < B; b++ {
+			copy(dst[(i*B+b)*c:(i*B+b+1)*c], src[b*T+g*c:b*T+(g+1)*c])
+		}
+	}
+}
+
+// cpState is a context-parallel model's ring: two blocks of [k | v | dk | dv]
+// (one held, one arriving), the partial dK/dV of the block held, and one half's
+// partial output and log-sum-exps (one key chunk's attention).
+type cpState[F tensor.Float] struct {
+	ContextParallel
+	ring      [2][]F
+	pd        []F
+	out, lse  []F
+	exchanged chan error
+}
+
+func (m *Model[F]) setupCP(cp ContextParallel, T int) error {
+	var z F
+	if _, ok := any(z).(float32); !ok || cp.Comm == nil || cp.Rank < 0 || cp.Rank >= cp.Size {
+		return fmt.Errorf("model: context parallelism needs float32, a communicator and a rank in 0..%d", cp.Size-1)
+	}
+	if T%(2*cp.Size) != 0 {
+		return fmt.Errorf("model: a sequence of %d tokens does not split into 2 × %d equal chunks", T, cp.Size)
+	}
+	m.cp = &cpState[F]{ContextParallel: cp, exchanged: make(chan error, 1)}
+	m.T = T / cp.Size
+	m.flash = true // queries attend to keys held elsewhere: offsets need flash attention
+	return nil
+}
+
+// cpSize is the context-parallel degree (1 without context parallelism).
+func (m *Model[F]) cpSize() int {
+	if m.cp == nil {
+		return 1
+	}
+	return m.cp.Size
+}
+
+func (m *Model[F]) allocCP() {
+	_, _, NH, NKV, HD, _, _ := m.dims()
+	n := m.B * m.T * NKV * HD
+	c := m.T / 2
+	p := m.cp
+	p.ring = [2][]F{make([]F, 4*n), make([]F, 4*n)}
+	p.pd = make([]F, 2*n)
+	p.out, p.lse = make([]F, m.B*c*NH*HD), make([]F, m.B*NH*c)
+}
+
+// ropeTablesCP fills the RoPE tables with the rows of the rank's chunks'
+// positions.
+func (m *Model[F]) ropeTablesCP(invFreq []float64) {
+	_, _, _, _, HD, _, _ := m.dims()
+	T := m.T * m.cp.Size
+	half := HD / 2
+	cos, sin := make([]F, T*half), make([]F, T*half)
+	m.be.RopeTables(cos, sin, T, invFreq)
+	c := m.T / 2
+	for i, g := range m.chunks(m.cp.Rank) {
+		copy(m.cos[i*c*half:(i+1)*c*half], cos[g*c*half:(g+1)*c*half])
+		copy(m.sin[i*c*half:(i+1)*c*half], sin[g*c*half:(g+1)*c*half])
+	}
+}
+
+// chunks are the global chunk indices rank holds, in its local order.
+func (m *Model[F]) chunks(rank int) [2]int { return [2]int{rank, 2*m.cp.Size - 1 - rank} }
+
+// exchange starts the ring step that sends src to the next rank and receives dst
+// from the previous one; wait ends it.
+func (m *Model[F]) exchange(name string, dst, src []F) {
+	p := m.cp
+	d, _ := any(dst).([]float32)
+	s, _ := any(src).([]float32)
+	go func() {
+		t0 := time.Now()
+		err := p.Comm.SendRecv(d, s, (p.Rank+1)%p.Size, (p.Rank-1+p.Size)%p.Size)
+		if p.Trace != nil {
+			p.Trace(name, true, t0, time.Now())
+		}
+		p.exchanged <- err
+	}()
+}
+
+// traced runs f and reports it as a compute span.
+func (m *Model[F]) traced(name string, f func()) {
+	if m.cp.Trace == nil {
+		f()
+		return
+	}
+	t0 := time.Now()
+	f()
+	m.cp.Trace(name, false, t0, time.Now())
+}
+
+func (m *Model[F]) wait() {
+	if err := <-m.cp.exchanged; err != nil && m.hookErr == nil {
+		m.hookErr = fmt.Errorf("context-parallel ring: %w", err)
+	}
+}
+
+// blockPairs calls f for every (local query half, key half of block src) that
+// causal attention computes: a key chunk at or before the query chunk. qo and ko
+// are the element offsets of the halves in (B·T, NH·HD) and (B·T, NKV·HD) tensors
+// (each half a (B, T/2) batch); lo is the offset of the query half's
+// log-sum-exps, (B, NH, T/2) per half.
+func (m *Model[F]) blockPairs(src int, f func(qo, ko, lo int, s tensor.AttentionShape)) {
+	_, _, NH, NKV, HD, _, _ := m.dims()
+	c := m.T / 2
+	for qi, gq := range m.chunks(m.cp.Rank) {
+		for kj, gk := range m.chunks(src) {
+			if gk > gq {
+				continue
+			}
+			s := tensor.AttentionShape{B: m.B, Tq: c, Tk: c, NH: NH, NKV: NKV, HD: HD, QOff: gq * c, KOff: gk * c, Causal: true}
+			f(qi*m.B*c*NH*HD, kj*m.B*c*NKV*HD, qi*m.B*NH*c, s)
+		}
+	}
+}
+
+// rope applies (or, backward, undoes the gradient of) RoPE to x (B·T, heads·HD):
+// each half at its chunk's positions.
+func (m *Model[F]) rope(x []F, heads int, backward bool) {
+	_, _, _, _, HD, _, _ := m.dims()
+	c, half, n := m.T/2, HD/2, m.B*m.T/2*heads*HD
+	for i := 0; i < 2; i++ {
+		xs, cos, sin := x[i*n:(i+1)*n], m.cos[i*c*half:(i+1)*c*half], m.sin[i*c*half:(i+1)*c*half]
+		if backward {
+			m.be.RopeBackward(xs, cos, sin, m.B, c, heads, HD)
+		} else {
+			m.be.Rope(xs, cos, sin, m.B, c, heads, HD)
+		}
+	}
+}
+
+// ringAttention is causal attention of the local queries over the whole
+// sequence: out (B·T, NH·HD) and lse, (B, NH, T/2) per half.
+func (m *Model[F]) ringAttention(out, lse, q, k, v []F) {
+	_, _, NH, NKV, HD, _, _ := m.dims()
+	p, be := m.cp, m.be
+	n := m.B * m.T * NKV * HD
+	c := m.T / 2
+	hq, hk, hl := m.B*c*NH*HD, m.B*c*NKV*HD, m.B*NH*c // one half of q (and out), of k or v, of lse
+	cur, nxt := p.ring[0], p.ring[1]
+	copy(cur[:n], k)
+	copy(cur[n:2*n], v)
+	clear(out)
+	for i := range lse {
+		lse[i] = F(math.Inf(-1))
+	}
+	for s := 0; s < p.Size; s++ {
+		if s < p.Size-1 {
+			m.exchange(fmt.Sprintf("cp send_recv K/V %d", s), nxt[:2*n], cur[:2*n])
+		}
+		src := (p.Rank - s + p.Size) % p.Size
+		m.traced(fmt.Sprintf("ring attention %d", s), func() {
+			m.blockPairs(src, func(qo, ko, lo int, sh tensor.AttentionShape) {
+				be.FlashAttention(p.out, p.lse, q[qo:qo+hq], cur[ko:ko+hk], cur[n+ko:n+ko+hk], sh)
+				mergeAttention(out[qo:qo+hq], lse[lo:lo+hl], p.out, p.lse, m.B, c, NH, HD)
+			})
+		})
+		if s < p.Size-1 {
+			m.wait()
+		}
+		cur, nxt = nxt, cur
+	}
+}
+
+// mergeAttention folds one key block's attention (outB, lseB) into the running
+// result (out, lse) of the same queries, (B, Tq, NH, HD) and (B, NH, Tq): with
+// l = logaddexp(lse, lseB), out = e^(lse−l)·out + e^(lseB−l)·outB. A row that saw
+// no key so far takes the block's result as it is.
+func mergeAttention[F tensor.Float](out, lse, outB, lseB []F, B, Tq, NH, HD int) {
+	for b := 0; b < B; b++ {
+		for h := 0; h < NH; h++ {
+			for t := 0; t < Tq; t++ {
+				li := (b*NH+h)*Tq + t
+				l1, l2 := float64(lse[li]), float64(lseB[li])
+				if math.IsInf(l2, -1) {
+					continue
+				}
+				row := ((b*Tq+t)*NH + h) * HD
+				o, ob := out[row:row+HD], outB[row:row+HD]
+				if math.IsInf(l1, -1) {
+					copy(o, ob)
+					lse[li] = F(l2)
+					continue
+				}
+				mx := math.Max(l1, l2)
+				l := mx + math.Log(math.Exp(l1-mx)+math.Exp(l2-mx))
+				w1, w2 := math.Exp(l1-l), math.Exp(l2-l)
+				for d := range o {
+					o[d] = F(w1*float64(o[d]) + w2*float64(ob[d]))
+				}
+				lse[li] = F(l)
+			}
+		}
+	}
+}
+
+// ringAttentionBackward accumulates dq, dk, dv of ringAttention from dout and its
+// out and lse. Step s computes the contributions of the block held (owner
+// rank−s) while the ring passes on that block's K/V and the dK/dV accumulator of
+// the block of the step before; after the last step each accumulator takes one
+// more step, home to its owner.
+func (m *Model[F]) ringAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v []F) {
+	_, _, NH, NKV, HD, _, _ := m.dims()
+	p, be := m.cp, m.be
+	n := m.B * m.T * NKV * HD
+	c := m.T / 2
+	hq, hk, hl := m.B*c*NH*HD, m.B*c*NKV*HD, m.B*NH*c // one half of q (and out), of k or v, of lse
+	cur, nxt := p.ring[0], p.ring[1]
+	copy(cur[:n], k)
+	copy(cur[n:2*n], v)
+	for s := 0; s < p.Size; s++ {
+		// What travels: K/V while another rank still needs them, and from the second
+		// step on the accumulator of the block before.
+		lo, hi := 0, 4*n
+		if s == p.Size-1 {
+			lo = 2 * n
+		}
+		if s == 0 {
+			hi = 2 * n
+		}
+		m.exchange(fmt.Sprintf("cp send_recv K/V+dK/dV %d", s), nxt[lo:hi], cur[lo:hi])
+		src := (p.Rank - s + p.Size) % p.Size
+		clear(p.pd)
+		m.traced(fmt.Sprintf("ring attention backward %d", s), func() {
+			m.blockPairs(src, func(qo, ko, lo int, sh tensor.AttentionShape) {
+				qs, os, ds := q[qo:qo+hq], out[qo:qo+hq], dout[qo:qo+hq]
+				be.FlashAttentionBackward(dq[qo:qo+hq], p.pd[ko:ko+hk], p.pd[n+ko:n+ko+hk],
+					ds, os, lse[lo:lo+hl], qs, cur[ko:ko+hk], cur[n+ko:n+ko+hk], sh)
+			})
+		})
+		m.wait()
+		acc := nxt[2*n : 4*n] // the accumulator of this step's block, from the previous rank
+		if s == 0 {
+			copy(acc, p.pd)
+		} else {
+			be.AddInto(acc, p.pd, 2*n)
+		}
+		cur, nxt = nxt, cur
+	}
+	m.exchange("cp send_recv dK/dV home", nxt[2*n:4*n], cur[2*n:4*n])
+	m.wait()
+	be.AddInto(dk, nxt[2*n:3*n], n)
+	be.AddInto(dv, nxt[3*n:4*n], n)
+}
+
+// cpRouterStats sums an MoE layer's per-expert copy counts and router
+// probability sums over the context-parallel group, so the load-balancing loss
+// is the whole sequence's (as one rank computes it). stats holds E counts then
+// E sums; an error is kept for Err.
+func (m *Model[F]) cpRouterStats(stats []float32) {
+	if err := m.cp.Comm.AllReduce(stats); err != nil && m.hookErr == nil {
+		m.hookErr = fmt.Errorf("context-parallel router statistics: %w", err)
+	}
+}
