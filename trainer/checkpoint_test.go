@@ -36,13 +36,15 @@ var moeSets = []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.mo
 // TestResumeIsBitExact: a run stopped at step 5 (checkpoints every 3 steps and on
 // the stop) and resumed equals the run that was never stopped, bit for bit: every
 // later loss, gradient norm and validation loss, and the final weights. Dense and
-// MoE, every strategy, 2 ranks (4 with expert parallelism 2).
+// MoE, every strategy, 2 ranks (4 with expert parallelism 2), and 2 ranks of
+// context parallelism.
 func TestResumeIsBitExact(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		sets []string
 	}{
 		{"dense", []string{"parallel.world_size=2"}},
+		{"dense-cp2", []string{"parallel.world_size=2", "parallel.context_parallel=2"}},
 		{"moe-ep2", append([]string{"parallel.world_size=4", "parallel.expert_parallel=2", "train.global_batch_size=16"}, moeSets...)},
 	} {
 		for _, strategy := range []string{"no_shard", "optim", "optim_grads", "optim_grads_params"} {
@@ -87,7 +89,8 @@ func b2f(b bool) float64 {
 
 // TestResumeReshards: a checkpoint saved by 2 ranks under optim_grads_params is
 // loaded by 4 ranks under optim and by 1 rank under no_shard (and, for MoE, by
-// expert parallelism 2 from 4 ranks of ep 1): the state each loads, saved again
+// expert parallelism 2 from 4 ranks of ep 1; by cp 2 × dp 2 from dp 2): the
+// state each loads, saved again
 // at once, holds exactly the values saved, tensor by tensor; and training goes on
 // along the curve of the run that was never stopped (the reduction order differs
 // with the world size: 1e-5 relative, the FSDP equivalence tolerance).
@@ -99,6 +102,7 @@ func TestResumeReshards(t *testing.T) {
 	}{
 		{"dense 2 to 4", []string{"parallel.world_size=2", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, []string{"parallel.world_size=4", "fsdp.data_parallel_sharding_strategy=optim"}, nil},
 		{"dense 2 to 1", []string{"parallel.world_size=2", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, []string{"parallel.world_size=1", "fsdp.data_parallel_sharding_strategy=no_shard", "fsdp.use_megatron_fsdp=false"}, nil},
+		{"dense dp 2 to cp2 x dp2", []string{"parallel.world_size=2", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, []string{"parallel.world_size=4", "parallel.context_parallel=2", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, nil},
 		{"moe ep1 to ep2", []string{"parallel.world_size=4", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, []string{"parallel.world_size=4", "parallel.expert_parallel=2", "fsdp.data_parallel_sharding_strategy=optim_grads"}, moeSets},
 	} {
 		t.Run(c.name, func(t *testing.T) {
