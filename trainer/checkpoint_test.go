@@ -88,12 +88,12 @@ func b2f(b bool) float64 {
 }
 
 // TestResumeReshards: a checkpoint saved by 2 ranks under optim_grads_params is
-// loaded by 4 ranks under optim and by 1 rank under no_shard (and, for MoE, by
-// expert parallelism 2 from 4 ranks of ep 1; by cp 2 × dp 2 from dp 2): the
-// state each loads, saved again
-// at once, holds exactly the values saved, tensor by tensor; and training goes on
-// along the curve of the run that was never stopped (the reduction order differs
-// with the world size: 1e-5 relative, the FSDP equivalence tolerance).
+// loaded by 4 ranks under optim, by 1 rank under no_shard and by cp 2 × dp 2 (and,
+// for MoE, by expert parallelism 2 from 4 ranks of ep 1): the state each loads,
+// saved again at once, holds exactly the values saved, tensor by tensor; and
+// training goes on along the curve of the run that was never stopped (the
+// reduction order differs with the world size: 1e-5 relative, the FSDP
+// equivalence tolerance).
 func TestResumeReshards(t *testing.T) {
 	for _, c := range []struct {
 		name      string
