@@ -172,6 +172,7 @@ var Rules = []Rule{
 	{"SL210", SevError, "FFN hidden size not divisible by tensor parallel"},
 	{"SL211", SevError, "expert tensor parallelism is not supported yet"},
 	{"SL212", SevError, "vocabulary size not divisible by tensor parallel"},
+	{"SL213", SevError, "a micro-batch's tokens per rank not divisible by tensor parallel"},
 	{"SL301", SevError, "fsdp_unit_modules names a module the model lacks"},
 	{"SL302", SevError, "expert weights double-sharded over the data-parallel group"},
 	{"SL303", SevError, "inconsistent attention shape"},

@@ -109,6 +109,7 @@ var ruleCases = []ruleCase{
 	{name: "expert tensor parallel", src: okData + "[model.moe]\nnum_experts = 4\n[parallel]\nworld_size = 2\nexpert_tensor_parallel = 2\n[train]\nglobal_batch_size = 32\n", code: "SL211", loc: "x.toml:7:1"},
 	{name: "pipeline", src: okData + "[parallel]\npipeline_parallel = 2\nworld_size = 2\n", code: "SL209", loc: "x.toml:4:1"},
 	{name: "ffn by tp", src: okData + "[model]\nffn_hidden = 383\n[parallel]\nworld_size = 2\ntensor_parallel = 2\n", code: "SL210", loc: "x.toml:4:1"},
+	{name: "tokens by tp", src: okData + "[model]\nseq_len = 9\n[parallel]\nworld_size = 2\ntensor_parallel = 2\n[train]\nmicro_batch_size = 1\nglobal_batch_size = 16\n", code: "SL213", loc: "x.toml:4:1", msg: "(1 × 9 / 1 = 9 tokens per rank)"},
 	{name: "vocab by tp", src: okData + "[model]\nvocab_size = 257\n[parallel]\nworld_size = 2\ntensor_parallel = 2\n", code: "SL212", loc: "x.toml:7:1", msg: "must divide model.vocab_size (257)"},
 
 	{name: "unit name", src: okData + "[fsdp]\nfsdp_unit_modules = [\"embeding\"]\n", code: "SL301", loc: "x.toml:4:1", msg: `did you mean "embedding"?`},

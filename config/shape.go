@@ -75,6 +75,12 @@ func ShapeProblems(r *Recipe) []ShapeProblem {
 		add("SL205", fmt.Sprintf("model.seq_len (%d) must be divisible by 2 × parallel.context_parallel (%d) for load-balanced causal attention", m.SeqLen, 2*cp),
 			fmt.Sprintf("use a sequence length that is a multiple of %d", 2*cp), "model.seq_len", "parallel.context_parallel")
 	}
+	// Sequence parallelism splits each rank's micro-batch rows over tp.
+	if cp := p.ContextParallel; tp > 1 && cp > 0 && m.SeqLen%cp == 0 && t.MicroBatchSize*(m.SeqLen/cp)%tp != 0 {
+		add("SL213", fmt.Sprintf("train.micro_batch_size × model.seq_len / context_parallel (%d × %d / %d = %d tokens per rank) must be divisible by parallel.tensor_parallel (%d): sequence parallelism splits them over the tp ranks",
+			t.MicroBatchSize, m.SeqLen, cp, t.MicroBatchSize*(m.SeqLen/cp), tp),
+			fmt.Sprintf("use a sequence length (or micro-batch size) that makes the tokens per rank a multiple of %d", tp), "model.seq_len", "train.micro_batch_size", "parallel.tensor_parallel")
+	}
 	// The batch.
 	if mp > 0 && p.WorldSize%mp == 0 {
 		if dp := p.WorldSize / mp; t.GlobalBatchSize%(t.MicroBatchSize*dp) != 0 {

@@ -30,7 +30,9 @@ func NotExecuted(r *Recipe) []Unexecuted {
 	add(gpu && r.Model.Heads > 0 && !slices.Contains([]int{32, 64, 128}, r.Model.HeadSize()), "model.heads", "the GPU attention kernels take head sizes (head_dim, or hidden/heads) of 32, 64 or 128", "choose heads (or head_dim) so that the head size is 32, 64 or 128")
 	add(gpu && c.Saves(), "checkpoint.interval", "cuda runs do not write checkpoints yet", `remove checkpoint.interval and checkpoint.dir, or set device = "cpu"`)
 	add(gpu && r.ActivationCheckpoint.Mode != "none", "activation_checkpoint.mode", "cuda runs keep every activation (recomputation is not wired on the GPU)", `set mode = "none"`)
-	add(p.TensorParallel != 1, "parallel.tensor_parallel", "the trainer runs data, context and expert parallelism so far (tensor parallelism is planned, not executed)", "set it to 1 (shardline plan shows what it would do)")
+	tp := p.TensorParallel != 1
+	add(tp && gpu, "parallel.tensor_parallel", "cuda runs train on one GPU so far (tensor parallelism runs on the CPU)", `set tensor_parallel = 1, or device = "cpu"`)
+	add(tp && c.Saves(), "parallel.tensor_parallel", "checkpoints of tensor-parallel runs are not written yet (a row-parallel slice is not one piece of its tensor)", "set tensor_parallel = 1, or remove checkpoint.interval and checkpoint.dir")
 	add(gpu && p.ContextParallel != 1, "parallel.context_parallel", "cuda runs train on one GPU so far (context parallelism runs on the CPU)", `set context_parallel = 1, or device = "cpu"`)
 	add(p.ExpertTensorParallel != 1, "parallel.expert_tensor_parallel", "the trainer splits experts over ranks, not within an expert", "set it to 1 and raise parallel.expert_parallel instead")
 	add(c.CkptFormat != "fsdp_dtensor" && c.Saves(), "checkpoint.ckpt_format", "shardline writes sharded checkpoints laid out as fsdp_dtensor's (each tensor's pieces at their global offsets); torch_dist and torch files are not written", `set ckpt_format = "fsdp_dtensor"`)

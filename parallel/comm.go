@@ -109,10 +109,26 @@ func modelCollectives(r *config.Recipe, m Mesh, t tokens, micro int64, d dtypes)
 		passes = 3
 	}
 	var out []Collective
-	if m.TP > 1 {
-		// Two per layer and pass (after attention and after the MLP), as all-gather
-		// + reduce-scatter under sequence parallelism: the bytes of an all-reduce.
-		out = append(out, Collective{AllReduce, AxisTP, "activations", dt, t.local * h * d.compute, 2 * passes * layers * micro, false})
+	if tp := int64(m.TP); tp > 1 {
+		// Sequence parallelism (trainer/model/tp.go), each call over all of the
+		// rank's B·T/cp rows: per layer and forward pass, the normed input is
+		// all-gathered before attention and before the MLP and the row-parallel
+		// outputs reduce-scattered after them; backward gathers the residual
+		// gradient and the normed input again for each, and reduce-scatters the
+		// input gradients. The embedding reduce-scatters its rows (backward
+		// gathers their gradient), the head gathers the final norm (again in
+		// backward, and reduce-scatters its input gradient); the vocabulary-parallel
+		// loss exchanges each row's log-sum-exp and target logit; the norm gains'
+		// gradients are summed over tp.
+		act := t.local * h * d.compute
+		fwd := passes - 1 // forward passes over a layer: 2 with full recompute
+		out = append(out,
+			Collective{AllGather, AxisTP, "normed activations", dt, act, ((2*fwd+2)*layers + 2) * micro, false},
+			Collective{ReduceScatter, AxisTP, "row-parallel outputs", dt, act, ((2*fwd+2)*layers + 2) * micro, false},
+			Collective{AllGather, AxisTP, "activation grads", dt, act, (2*layers + 1) * micro, false},
+			Collective{AllGather, AxisTP, "log-sum-exps", "fp32", tp * t.local * 4, micro, false},
+			Collective{AllReduce, AxisTP, "target logits", "fp32", t.local * 4, micro, false},
+			Collective{AllReduce, AxisTP, "norm gain grads", "fp32", h * 4, (2*layers + 1) * micro, false})
 	}
 	if cp := int64(m.CP); cp > 1 {
 		// Ring attention (trainer/model/cp.go): each forward pass passes the rank's

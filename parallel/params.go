@@ -48,6 +48,24 @@ type Module struct {
 	Path string
 }
 
+// GlobalIndex maps element i (row-major in LocalShape) of the slice that
+// tensor-parallel rank r holds to its index in the whole parameter (row-major in
+// Shape): a column-parallel split (TPSplit 0) holds consecutive rows, a
+// row-parallel one (TPSplit 1) a block of columns of every row.
+func (p *Param) GlobalIndex(i int64, r int) int64 {
+	if p.LocalNumel() == p.Numel() {
+		return i
+	}
+	switch p.TPSplit {
+	case 0:
+		return int64(r)*p.LocalNumel() + i
+	case 1:
+		cl := int64(p.LocalShape[1])
+		return i/cl*int64(p.Shape[1]) + int64(r)*cl + i%cl
+	}
+	return i
+}
+
 // IsExpert reports whether p is a routed-expert parameter.
 func (p *Param) IsExpert() bool { return p.Expert >= 0 }
 

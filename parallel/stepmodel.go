@@ -112,12 +112,13 @@ func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, call
 		calls += float64(2 * (2*P + 1) * B)
 	}
 	s += stream(StreamEmbedding, float64(BT*C)) + stream(StreamEmbeddingBwd, float64(BT*C))
-	s += stream(StreamRMSNorm, float64(BT*C)) + stream(StreamRMSNormBwd, float64(BT*C))
+	R := BT / sh.TP // the rows of the residual stream (sequence parallelism splits them over tp)
+	s += stream(StreamRMSNorm, float64(R*C)) + stream(StreamRMSNormBwd, float64(R*C))
 	g += gemm(BT, C, V)
 	s += stream(StreamCrossEntropy, float64(BT*V)) + stream(StreamCrossEntropyBw, float64(BT*V))
 	for l := 0; l < mo.Layers; l++ {
 		var lg, la, ls float64
-		ls += 2 * (stream(StreamRMSNorm, float64(BT*C)) + stream(StreamRMSNormBwd, float64(BT*C)))
+		ls += 2 * (stream(StreamRMSNorm, float64(R*C)) + stream(StreamRMSNormBwd, float64(R*C)))
 		lg += gemm(BT, C, Q) + 2*gemm(BT, C, KV) + gemm(BT, Q, C)
 		ls += stream(StreamRope, float64(BT*Q)) + stream(StreamRope, float64(BT*KV))
 		ls += stream(StreamRopeBwd, float64(BT*Q)) + stream(StreamRopeBwd, float64(BT*KV))
@@ -126,7 +127,7 @@ func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, call
 		// What recomputation repeats in backward.
 		fa := attnFwd // (its launch is counted with the recompute below)
 		fg := c.gemmTime(BT, C, Q, false) + 2*c.gemmTime(BT, C, KV, false) + c.gemmTime(BT, Q, C, false)
-		fs := 2*c.stream(StreamRMSNorm, float64(BT*C)) + c.stream(StreamRope, float64(BT*Q)) + c.stream(StreamRope, float64(BT*KV))
+		fs := 2*c.stream(StreamRMSNorm, float64(R*C)) + c.stream(StreamRope, float64(BT*Q)) + c.stream(StreamRope, float64(BT*KV))
 		if mo.MoE.NumExperts > 0 && (l+1)%mo.MoE.LayerFreq == 0 {
 			E, EF := mo.MoE.NumExperts, mo.MoE.ExpertFFNHidden/sh.ETP
 			lg += gemm(BT, C, E)

@@ -3,6 +3,7 @@ package trainer
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -241,6 +242,10 @@ func (s *state) load(rd *ckpt.Reader) error {
 // The parallel layout may differ: the state is resharded on load. The data is
 // compared by its tokens' fingerprint, so it may move to another path.
 func checkResumable(dir string, m *ckpt.Meta, p *parallel.Plan, r *config.Recipe, dataFP string) error {
+	if p.Mesh.TP > 1 {
+		return &KeyError{Key: "parallel.tensor_parallel", Value: r.Parallel.TensorParallel, Err: errors.New("a tensor-parallel run does not load checkpoints yet (its slices of the row-parallel weights are not pieces of the saved tensors)"),
+			Fix: "resume with tensor_parallel = 1 (any dp, cp or ep layout), or start with --init-from from an exported model"}
+	}
 	if m.DataFingerprint != dataFP {
 		return &KeyError{Key: "data.path", Value: r.Data.Path, Err: fmt.Errorf("its tokens (%s) are not those the checkpoint in %s was trained on (%s)", dataFP, dir, m.DataFingerprint),
 			Fix: "point data.path at the data the run was trained on"}

@@ -178,7 +178,7 @@ func assertSameState(t *testing.T, a, b string) {
 }
 
 // A checkpoint refuses a resume whose recipe changes the trajectory, naming the
-// key; a changed byte in a rank file is refused naming file, tensor and offset;
+// key, and a resume into a tensor-parallel run; a changed byte in a rank file is refused naming file, tensor and offset;
 // a save that never committed is not a checkpoint.
 func TestResumeRefusals(t *testing.T) {
 	res, _ := tinyRun(t, "train.steps=4", "train.eval_interval=0", "checkpoint.interval=2", "parallel.world_size=2")
@@ -194,6 +194,12 @@ func TestResumeRefusals(t *testing.T) {
 	var ke *KeyError
 	require.ErrorAs(t, err, &ke)
 	assert.Equal(t, "run.seed", ke.Key)
+
+	// A tensor-parallel run does not load checkpoints yet: refused by key.
+	tp, _ := tinyRun(t, "train.steps=4", "train.eval_interval=0", "parallel.world_size=2", "parallel.tensor_parallel=2")
+	_, err = Run(context.Background(), tp, o)
+	require.ErrorAs(t, err, &ke)
+	assert.Equal(t, "parallel.tensor_parallel", ke.Key)
 
 	changed := filepath.Join(dir, ckpt.RankFile(1))
 	b := must(os.ReadFile(changed))

@@ -153,6 +153,7 @@ func (t *run) trainDevice(ctx context.Context, out *Result) (*Result, error) {
 		return nil, err
 	}
 	t.deviceHeld = eng.Held()
+	t.finalTable, t.finalViews = t.plan.Params, t.st.wviews // one GPU: the whole model
 	return out, t.finish(out)
 }
 

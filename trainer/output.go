@@ -41,6 +41,10 @@ type runInfo struct {
 	Result            *resultInfo     `json:"result,omitempty"`
 	Failure           string          `json:"failure,omitempty"` // why the run stopped without a result
 	Memory            *memoryCompared `json:"memory,omitempty"`
+	// ModelCommSent is what rank 0 sent per training step on each model-parallel
+	// group (ep, cp, tp), by the ring algorithms' accounting (comm.Counted): the
+	// measured counterpart of the plan's sent-per-rank.
+	ModelCommSent map[string]int64 `json:"model_comm_sent_per_step,omitempty"`
 }
 
 // overrideInfo is a recipe key set by the environment or a flag, not the file.
@@ -157,13 +161,14 @@ func (t *run) writeHeader() error {
 // finish writes the weights, the loss curve, a sample and the final run.json. Weights
 // that are not all finite are refused first, and nothing else is written then.
 func (t *run) finish(out *Result) error {
-	for i, w := range t.st.wviews {
+	table, views := t.finalTable, t.finalViews
+	for i, w := range views {
 		if j := firstNonFinite(w); j >= 0 {
 			return t.nonFinite(fmt.Errorf("parameter %s holds %v at element %d: %w; %s; lower train.lr",
-				t.plan.Params[i].Name, w[j], j, ErrNonFinite, describeGood(t.goodAtEnd())))
+				table[i].Name, w[j], j, ErrNonFinite, describeGood(t.goodAtEnd())))
 		}
 	}
-	if err := saveWeights(filepath.Join(t.dir, "weights.bin"), t.plan.Params, t.st.wviews); err != nil {
+	if err := saveWeights(filepath.Join(t.dir, "weights.bin"), table, views); err != nil {
 		return fmt.Errorf("saving weights: %w", err)
 	}
 	if err := writeLossPNG(filepath.Join(t.dir, "loss.png"), t.curve); err != nil {
@@ -179,7 +184,7 @@ func (t *run) finish(out *Result) error {
 	if t.opts.Device != nil { // on the device: a CPU forward per token would take hours for a GPU-sized model
 		sample, err = generate(t.r.Model.SeqLen, t.ds.Tok, prompt, 300, 0.8, t.r.Run.Seed, t.opts.Device.Logits)
 	} else {
-		sample, err = Generate(t.r, t.opts.Backend, t.plan.Params, t.st.wviews, t.ds.Tok, prompt, 300, 0.8, t.r.Run.Seed)
+		sample, err = Generate(t.r, t.opts.Backend, table, views, t.ds.Tok, prompt, 300, 0.8, t.r.Run.Seed)
 	}
 	if err != nil {
 		return err
@@ -194,6 +199,12 @@ func (t *run) finish(out *Result) error {
 	info.Result = &resultInfo{Steps: out.Steps, FinalLoss: out.FinalLoss, FinalValLoss: out.FinalValLoss, UnigramLoss: out.UnigramBits, TokensPerS: out.TokensPerS, Interrupted: out.Interrupted}
 	p := t.plan.Memory
 	info.Memory = &memoryCompared{Held: out.Held, Predicted: p, PeakRSS: out.PeakRSS}
+	if t.modelSteps > 0 && len(t.modelSent) > 0 {
+		info.ModelCommSent = map[string]int64{}
+		for axis, n := range t.modelSent {
+			info.ModelCommSent[axis] = n / t.modelSteps
+		}
+	}
 	ev := t.log.Info().Int64("held_bytes", out.Held.Total).Int64("predicted_bytes", p.Total).Int64("peak_rss_bytes", out.PeakRSS)
 	if out.FinalValLoss != nil {
 		ev = ev.Float64("final_val_loss", round4(*out.FinalValLoss))

@@ -349,6 +349,14 @@ type run struct {
 	trace   *tracer
 	m       *model.Model[float32]
 	evalErr error // a collective of the last evaluation failed; flush returns it
+	// finalTable and finalViews are the whole model at the end (tensor-parallel
+	// slices assembled): what weights.bin and the sample are made from.
+	finalTable []parallel.Param
+	finalViews [][]float32
+	// modelSent is what this rank sent on each model-parallel group (ep, cp, tp)
+	// over modelSteps training steps (evaluation not counted).
+	modelSent  map[string]int64
+	modelSteps int64
 	// deviceHeld is what a device engine held at the end (Options.Device runs).
 	deviceHeld Memory
 	metrics    *os.File
@@ -425,7 +433,8 @@ func runRanks(ctx context.Context, r *config.Recipe, res *config.Resolved, opts 
 }
 
 // modelTag names the communicators the model uses inside a pass (expert
-// parallelism's all-to-alls, context parallelism's ring): tagged apart from the
+// parallelism's all-to-alls, context parallelism's ring, tensor parallelism's
+// gathers and reductions): tagged apart from the
 // FSDP runtime's groups over the same ranks. Other axes have no tag.
 func modelTag(axis parallel.Axis) string {
 	switch axis {
@@ -433,6 +442,8 @@ func modelTag(axis parallel.Axis) string {
 		return "ep"
 	case parallel.AxisCP:
 		return "cp"
+	case parallel.AxisTP:
+		return "tp"
 	}
 	return ""
 }
@@ -478,6 +489,7 @@ func runProcess(ctx context.Context, r *config.Recipe, res *config.Resolved, opt
 func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsFor) (*Result, error) {
 	r := t.r
 	out := &Result{Dir: t.dir, Predicted: t.plan.Memory, Fingerprint: t.plan.Fingerprint}
+	t.modelSent = map[string]int64{}
 	lead := t.rank == 0
 	if lead {
 		if err := t.writeHeader(); err != nil {
@@ -538,6 +550,9 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 			}
 		}
 		mopts = append(mopts, model.WithContextParallel(cp))
+	}
+	if t.st.tpComm != nil {
+		mopts = append(mopts, model.WithTensorParallel(model.TensorParallel{Comm: t.st.tpComm, Rank: t.st.tpRank, Size: t.st.tpComm.Size()}))
 	}
 	t.m, err = model.New[float32](r.Model, t.plan.Params, t.st.wviews, t.st.gviews, t.opts.Backend, B, T, mopts...)
 	if err != nil {
@@ -624,6 +639,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		if !r.FSDP.CalculatePerTokenLoss {
 			scale = 1 / float64(B*T) / float64(micro*dp) // mean of micro-batch means
 		}
+		sentBefore := t.st.sent()
 		for mb := 0; mb < micro; mb++ {
 			data.Batch(tokens, targets, t.ds.Train, r.Run.Seed, step, (mb*dp+dpRank)*B, B, T)
 			model.LocalTokens(local, tokens, B, T, cpRank, cp)
@@ -633,10 +649,17 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 			if err := t.flush(); err != nil {
 				return nil, err
 			}
-			// Every context-parallel rank has its sequences' whole aux loss.
-			sum, count, aux = sum+s, count+n, aux+t.m.AuxLoss()/float64(micro*dp*cp)
+			if t.st.tpRank > 0 {
+				s, n = 0, 0 // the tp group's first rank counts the group's tokens
+			}
+			// Every context- and tensor-parallel rank has its sequences' whole aux loss.
+			sum, count, aux = sum+s, count+n, aux+t.m.AuxLoss()/float64(micro*dp*cp*t.plan.Mesh.TP)
 			dropped += t.m.Dropped()
 		}
+		for axis, n := range t.st.sent() {
+			t.modelSent[string(axis)] += n - sentBefore[axis]
+		}
+		t.modelSteps++
 		stats[0], stats[1], stats[2], stats[3] = float32(sum), float32(count), float32(aux), float32(dropped)
 		if err := world.AllReduce(stats); err != nil {
 			return nil, err
@@ -748,6 +771,10 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	if err := t.st.gatherExperts(); err != nil {
 		return nil, err
 	}
+	// Tensor-parallel slices are put together for the weights file and the sample.
+	if t.finalTable, t.finalViews, err = t.st.gatherTP(r.Model); err != nil {
+		return nil, err
+	}
 	if !lead {
 		return out, nil
 	}
@@ -802,8 +829,11 @@ func (t *run) nonFinite(err error) error {
 
 // collectiveEval says whether evaluation needs every rank: under
 // optim_grads_params (units are gathered), expert parallelism (tokens are
-// exchanged) and context parallelism (K/V blocks travel the ring).
-func (t *run) collectiveEval() bool { return t.st.perUnit || t.st.epComm != nil || t.st.cpComm != nil }
+// exchanged), context parallelism (K/V blocks travel the ring) and tensor
+// parallelism (activations are gathered and reduced).
+func (t *run) collectiveEval() bool {
+	return t.st.perUnit || t.st.epComm != nil || t.st.cpComm != nil || t.st.tpComm != nil
+}
 
 // flush ends a pass: it waits for the runtime's collectives in flight and returns
 // the first error of the pass (from the model's hooks or the flush).

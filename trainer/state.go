@@ -58,8 +58,37 @@ type state struct {
 	// cp = 1).
 	cpRank int
 	cpComm comm.Communicator
+	// Tensor parallelism: this rank's tp coordinate and the tp group (nil when
+	// tp = 1). Parameters are this rank's tp slices (the plan's local shapes).
+	tpRank int
+	tpComm comm.Communicator
+	// counted are the model's communicators (ep, cp, tp), counting what this rank
+	// sends on each.
+	counted []countedComm
 
 	wviews, gviews [][]float32 // per parameter (table order): views of weights, grads
+}
+
+// countedComm is one model-parallel group's communicator, counting bytes sent.
+type countedComm struct {
+	axis parallel.Axis
+	c    *comm.Counted
+}
+
+// count wraps a model-parallel communicator so that what it sends is counted.
+func (s *state) count(axis parallel.Axis, c comm.Communicator) comm.Communicator {
+	cc := comm.NewCounted(c)
+	s.counted = append(s.counted, countedComm{axis, cc})
+	return cc
+}
+
+// sent is the bytes this rank has sent on each model-parallel group so far.
+func (s *state) sent() map[parallel.Axis]int64 {
+	out := make(map[parallel.Axis]int64, len(s.counted))
+	for _, c := range s.counted {
+		out[c.axis] = c.c.Sent()
+	}
+	return out
 }
 
 // segment is a parameter's part of a rank's shard: [lo, hi) relative to the shard.
@@ -85,6 +114,7 @@ func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, w
 		if s.epComm, err = groups(rank, parallel.AxisEP); err != nil {
 			return nil, err
 		}
+		s.epComm = s.count(parallel.AxisEP, s.epComm)
 		s.epRank, s.epLocal = c.EP, r.Model.MoE.NumExperts/p.Mesh.EP
 	}
 	if p.Mesh.CP > 1 {
@@ -92,7 +122,16 @@ func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, w
 		if s.cpComm, err = groups(rank, parallel.AxisCP); err != nil {
 			return nil, err
 		}
+		s.cpComm = s.count(parallel.AxisCP, s.cpComm)
 		s.cpRank = c.CP
+	}
+	if p.Mesh.TP > 1 {
+		var err error
+		if s.tpComm, err = groups(rank, parallel.AxisTP); err != nil {
+			return nil, err
+		}
+		s.tpComm = s.count(parallel.AxisTP, s.tpComm)
+		s.tpRank = c.TP
 	}
 	for gi := range p.Groups {
 		g := &p.Groups[gi]
@@ -179,26 +218,71 @@ func segmentsOf(p *parallel.Plan, gi int, lo, hi int64, decayAll bool) []segment
 }
 
 // init fills this rank's shard of every parameter from (seed, name, index) (no rank
-// ever initialises more than its shard), then gathers the compute weights.
+// ever initialises more than its shard; a tensor-parallel slice takes the values
+// of its places in the whole parameter), then gathers the compute weights.
 func (s *state) init(r *config.Recipe) error {
 	for gi := range s.plan.Groups {
 		for _, sg := range s.segs[gi] {
 			p := s.global(sg.param)
-			model.InitParam(s.main[gi][sg.lo:sg.hi], &s.plan.Params[p], sg.start, r.Run.Seed, r.Model.InitStd, r.Model.Layers)
+			model.InitParamTP(s.main[gi][sg.lo:sg.hi], &s.plan.Params[p], sg.start, s.tpRank, r.Run.Seed, r.Model.InitStd, r.Model.Layers)
 		}
 	}
 	return s.gather()
 }
 
-// initFrom replaces this rank's shard of the main weights with the given full
+// initFrom replaces this rank's shard of the main weights with the given whole
 // parameters (table order, global experts), then gathers the compute weights.
 func (s *state) initFrom(vals [][]float32) error {
 	for gi := range s.plan.Groups {
 		for _, sg := range s.segs[gi] {
-			copy(s.main[gi][sg.lo:sg.hi], vals[s.global(sg.param)][sg.start:sg.start+sg.hi-sg.lo])
+			p := s.global(sg.param)
+			dst, src := s.main[gi][sg.lo:sg.hi], vals[p]
+			if s.tpComm == nil {
+				copy(dst, src[sg.start:sg.start+sg.hi-sg.lo])
+				continue
+			}
+			for i := range dst {
+				dst[i] = src[s.plan.Params[p].GlobalIndex(sg.start+int64(i), s.tpRank)]
+			}
 		}
 	}
 	return s.gather()
+}
+
+// gatherTP assembles the whole parameters from the tensor-parallel slices every
+// tp rank holds (wviews, after gatherFull and gatherExperts): each slice is
+// all-gathered over the tp group and put at its places. It returns the table
+// without tensor parallelism and its views; without tensor parallelism, the
+// plan's table and wviews.
+func (s *state) gatherTP(m config.Model) ([]parallel.Param, [][]float32, error) {
+	if s.tpComm == nil {
+		return s.plan.Params, s.wviews, nil
+	}
+	full, err := parallel.ParamTable(m, 1, 1)
+	if err != nil {
+		return nil, nil, err
+	}
+	tp := s.tpComm.Size()
+	views := make([][]float32, len(full))
+	for i := range full {
+		p := &s.plan.Params[i]
+		if p.LocalNumel() == p.Numel() {
+			views[i] = s.wviews[i]
+			continue
+		}
+		n := p.LocalNumel()
+		all := make([]float32, int64(tp)*n)
+		if err := s.tpComm.AllGather(all, s.wviews[i]); err != nil {
+			return nil, nil, err
+		}
+		views[i] = make([]float32, p.Numel())
+		for r := 0; r < tp; r++ {
+			for j, v := range all[int64(r)*n : int64(r+1)*n] {
+				views[i][p.GlobalIndex(int64(j), r)] = v
+			}
+		}
+	}
+	return full, views, nil
 }
 
 // global maps a parameter of this rank's expert groups (laid out as the ep-rank-0
@@ -400,7 +484,7 @@ func (s *state) gradNorm() (float64, error) {
 		if s.plan.Groups[gi].Expert {
 			expert += s.be.SumSquares(g)
 		} else {
-			dense += s.be.SumSquares(g)
+			dense += s.sumSquaresOnce(gi, g)
 		}
 	}
 	ss := dense + expert
@@ -411,14 +495,42 @@ func (s *state) gradNorm() (float64, error) {
 			return 0, err
 		}
 		ss = float64(buf[0])
-	case !s.sharded && s.epComm != nil:
-		buf := []float32{float32(expert)}
-		if err := s.epComm.AllReduce(buf); err != nil {
-			return 0, err
+	case !s.sharded:
+		// Every rank holds its groups whole: the experts of its ep rank and the
+		// dense weights of its tp rank.
+		for _, part := range []struct {
+			c comm.Communicator
+			v *float64
+		}{{s.epComm, &expert}, {s.tpComm, &dense}} {
+			if part.c == nil {
+				continue
+			}
+			buf := []float32{float32(*part.v)}
+			if err := part.c.AllReduce(buf); err != nil {
+				return 0, err
+			}
+			*part.v = float64(buf[0])
 		}
-		ss = dense + float64(buf[0])
+		ss = dense + expert
 	}
 	return math.Sqrt(ss), nil
+}
+
+// sumSquaresOnce is Σ g² over dense group gi's gradient shard g, counting a
+// parameter that every tensor-parallel rank holds whole (a norm gain) on tp rank
+// 0 only, so that sums over ranks count each gradient element once.
+func (s *state) sumSquaresOnce(gi int, g []float32) float64 {
+	if s.tpComm == nil {
+		return s.be.SumSquares(g)
+	}
+	var ss float64
+	for _, sg := range s.segs[gi] {
+		if p := &s.plan.Params[sg.param]; p.TPSplit < 0 && s.tpRank > 0 {
+			continue
+		}
+		ss += s.be.SumSquares(g[sg.lo:sg.hi])
+	}
+	return ss
 }
 
 func (s *state) scaleGrads(f float64) {

@@ -238,6 +238,54 @@ func TestLaunchExpertParallel(t *testing.T) {
 	}
 }
 
+// meshShape is a launch test's layout: processes and the tp, cp and ep degrees.
+type meshShape struct{ world, tp, cp, ep string }
+
+// launchMatchesOneRank trains args once on one rank and then as TCP processes at
+// each shape, under optim_grads_params and no_shard, and holds every run's losses
+// within 1e-5 of one rank's and its final weights within wtol.
+func launchMatchesOneRank(t *testing.T, dir, name string, args []string, shapes []meshShape, wtol float64) {
+	t.Helper()
+	common := append(append([]string{}, args...), "--set", "run.output_dir="+dir)
+	code, _, errs := shardline(t, nil, append(append([]string{"run"}, common...), "--set", "run.name=one-"+name)...)
+	require.Equal(t, 0, code, errs)
+	refLoss := losses(t, filepath.Join(dir, "one-"+name))
+	refHeader, refW := weightsOf(t, filepath.Join(dir, "one-"+name))
+	for _, sh := range shapes {
+		for _, strategy := range []string{"optim_grads_params", "no_shard"} {
+			run := fmt.Sprintf("%s-world%s-tp%s-cp%s-ep%s-%s", name, sh.world, sh.tp, sh.cp, sh.ep, strategy)
+			code, _, errs := shardline(t, []string{"SHARDLINE_TEST_AS_CLI=1"}, append(append([]string{"launch", "--nproc", sh.world}, common...),
+				"--tensor-model-parallel-size", sh.tp, "--context-parallel-size", sh.cp, "--expert-model-parallel-size", sh.ep,
+				"--data-parallel-sharding-strategy", strategy, "--set", "run.name="+run)...)
+			require.Equal(t, 0, code, errs)
+			resolved, err := os.ReadFile(filepath.Join(dir, run, "resolved.toml"))
+			require.NoError(t, err)
+			for key, v := range map[string]string{"world_size": sh.world, "tensor_parallel": sh.tp, "context_parallel": sh.cp} {
+				assert.Contains(t, string(resolved), key+" = "+v, run)
+			}
+			l := losses(t, filepath.Join(dir, run))
+			require.Len(t, l, len(refLoss))
+			for i := range l {
+				assert.InDelta(t, refLoss[i], l[i], 1e-5*refLoss[i], "%s step %d", run, i+1)
+			}
+			header, w := weightsOf(t, filepath.Join(dir, run))
+			require.Equal(t, refHeader, header, run)
+			worst := 0.0
+			for i := range w {
+				worst = math.Max(worst, math.Abs(float64(w[i]-refW[i])))
+			}
+			assert.Less(t, worst, wtol, "%s: largest weight difference", run)
+		}
+	}
+}
+
+// smallModel is the launch tests' model: 2 layers, hidden 32, 4 heads.
+func smallModel(recipe, text string) []string {
+	return []string{filepath.Join(recipesDir, recipe), "--set", "data.path=" + text, "--num-layers", "2", "--hidden-size", "32",
+		"--num-attention-heads", "4", "--num-query-groups", "4", "--ffn-hidden-size", "64", "--seq-length", "16", "--micro-batch-size", "2",
+		"--global-batch-size", "8", "--train-iters", "4", "--set", "train.eval_interval=0"}
+}
+
 // TestLaunchContextParallel: context-parallel ranks as processes over TCP (the
 // K/V ring's SendRecv steps, FSDP over dp×cp) train the losses and final weights
 // of one rank within 1e-5: cp 2, cp 4, cp2×dp2, and MoE with cp2×ep2 on 2 and 4
@@ -245,46 +293,23 @@ func TestLaunchExpertParallel(t *testing.T) {
 func TestLaunchContextParallel(t *testing.T) {
 	dir := t.TempDir()
 	text := smallCorpus(t, dir)
-	for _, model := range []string{"dense", "moe"} {
-		common := []string{filepath.Join(recipesDir, "tiny.toml"), "--set", "data.path=" + text, "--num-layers", "2", "--hidden-size", "32",
-			"--num-attention-heads", "2", "--num-query-groups", "1", "--ffn-hidden-size", "64", "--seq-length", "16", "--micro-batch-size", "2",
-			"--global-batch-size", "8", "--train-iters", "4", "--set", "train.eval_interval=0", "--set", "run.output_dir=" + dir}
-		if model == "moe" {
-			common = append(common, "--num-experts", "4", "--moe-router-topk", "2", "--set", "model.moe.expert_ffn_hidden=32")
-		}
-		code, _, errs := shardline(t, nil, append(append([]string{"run"}, common...), "--set", "run.name=one-"+model)...)
-		require.Equal(t, 0, code, errs)
-		refLoss := losses(t, filepath.Join(dir, "one-"+model))
-		refHeader, refW := weightsOf(t, filepath.Join(dir, "one-"+model))
-		shapes := [][3]string{{"2", "2", "1"}, {"4", "4", "1"}, {"4", "2", "1"}}
-		if model == "moe" {
-			shapes = [][3]string{{"2", "2", "2"}, {"4", "2", "2"}}
-		}
-		for _, sh := range shapes {
-			for _, strategy := range []string{"optim_grads_params", "no_shard"} {
-				name := fmt.Sprintf("%s-world%s-cp%s-ep%s-%s", model, sh[0], sh[1], sh[2], strategy)
-				code, _, errs := shardline(t, []string{"SHARDLINE_TEST_AS_CLI=1"}, append(append([]string{"launch", "--nproc", sh[0]}, common...),
-					"--context-parallel-size", sh[1], "--expert-model-parallel-size", sh[2], "--data-parallel-sharding-strategy", strategy, "--set", "run.name="+name)...)
-				require.Equal(t, 0, code, errs)
-				resolved, err := os.ReadFile(filepath.Join(dir, name, "resolved.toml"))
-				require.NoError(t, err)
-				assert.Contains(t, string(resolved), "context_parallel = "+sh[1], name)
-				assert.Contains(t, string(resolved), "world_size = "+sh[0], name)
-				l := losses(t, filepath.Join(dir, name))
-				require.Len(t, l, len(refLoss))
-				for i := range l {
-					assert.InDelta(t, refLoss[i], l[i], 1e-5*refLoss[i], "%s step %d", name, i+1)
-				}
-				header, w := weightsOf(t, filepath.Join(dir, name))
-				require.Equal(t, refHeader, header, name)
-				worst := 0.0
-				for i := range w {
-					worst = math.Max(worst, math.Abs(float64(w[i]-refW[i])))
-				}
-				assert.Less(t, worst, 1e-5, "%s: largest weight difference", name)
-			}
-		}
-	}
+	launchMatchesOneRank(t, dir, "dense", smallModel("tiny.toml", text), []meshShape{{"2", "1", "2", "1"}, {"4", "1", "4", "1"}, {"4", "1", "2", "1"}}, 1e-5)
+	moe := append(smallModel("tiny.toml", text), "--num-experts", "4", "--moe-router-topk", "2", "--set", "model.moe.expert_ffn_hidden=32")
+	launchMatchesOneRank(t, dir, "moe", moe, []meshShape{{"2", "1", "2", "2"}, {"4", "1", "2", "2"}}, 1e-5)
+}
+
+// TestLaunchTensorParallel: tensor-parallel ranks as processes over TCP train the
+// losses of one rank within 1e-5 and its weights within 5e-5 (AdamW's steps on
+// near-zero gradients; see TestTensorParallelEquivalence): tp 2, tp 4, tp2×dp2,
+// tp2×cp2 and tp2×cp2×dp2 (8 processes), and MoE (with a shared expert) at tp2×ep2 on 2 and 4 processes, under
+// optim_grads_params and no_shard.
+func TestLaunchTensorParallel(t *testing.T) {
+	dir := t.TempDir()
+	text := smallCorpus(t, dir)
+	launchMatchesOneRank(t, dir, "tp", smallModel("tiny.toml", text), []meshShape{{"2", "2", "1", "1"}, {"4", "4", "1", "1"}, {"4", "2", "1", "1"}, {"4", "2", "2", "1"}, {"8", "2", "2", "1"}}, 5e-5)
+	moe := append(smallModel("tiny.toml", text), "--num-experts", "4", "--moe-router-topk", "2", "--set", "model.moe.expert_ffn_hidden=32",
+		"--set", "model.moe.shared_experts=1")
+	launchMatchesOneRank(t, dir, "tp-moe", moe, []meshShape{{"2", "2", "1", "2"}, {"4", "2", "1", "2"}}, 5e-5)
 }
 
 // TestLaunchResumeIsBitExact: over TCP processes (MoE, expert parallelism 2),

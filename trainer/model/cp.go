@@ -301,12 +301,18 @@ func (m *Model[F]) ringAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v []F
 	be.AddInto(dv, nxt[3*n:4*n], n)
 }
 
-// cpRouterStats sums an MoE layer's per-expert copy counts and router
-// probability sums over the context-parallel group, so the load-balancing loss
-// is the whole sequence's (as one rank computes it). stats holds E counts then
-// E sums; an error is kept for Err.
-func (m *Model[F]) cpRouterStats(stats []float32) {
-	if err := m.cp.Comm.AllReduce(stats); err != nil && m.hookErr == nil {
-		m.hookErr = fmt.Errorf("context-parallel router statistics: %w", err)
+// seqRouterStats sums an MoE layer's per-expert copy counts and router
+// probability sums over the ranks that split the micro-batch's tokens (the tp
+// group, then the cp group), so the load-balancing loss is the whole sequences'
+// (as one rank computes it). stats holds E counts then E sums; an error is kept
+// for Err.
+func (m *Model[F]) seqRouterStats(stats []float32) {
+	if m.tp != nil {
+		m.tpErr("router statistics", m.tp.Comm.AllReduce(stats))
+	}
+	if m.cp != nil {
+		if err := m.cp.Comm.AllReduce(stats); err != nil && m.hookErr == nil {
+			m.hookErr = fmt.Errorf("context-parallel router statistics: %w", err)
+		}
 	}
 }

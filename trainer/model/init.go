@@ -50,10 +50,19 @@ func InitStd(p *parallel.Param, std float64, layers int) float64 {
 }
 
 // InitParam fills dst with elements [start, start+len(dst)) of parameter p, in the
-// row-major order of its local shape. Elements are a pure function of (seed, name,
-// index), so shards initialise independently. Values are rounded to F (and to bf16
-// by the caller when it computes in bf16).
+// row-major order of its local shape, for a table without tensor parallelism (or
+// tensor-parallel rank 0). Elements are a pure function of (seed, name, index), so
+// shards initialise independently. Values are rounded to F (and to bf16 by the
+// caller when it computes in bf16).
 func InitParam[F tensor.Float](dst []F, p *parallel.Param, start int64, seed int64, std float64, layers int) {
+	InitParamTP(dst, p, start, 0, seed, std, layers)
+}
+
+// InitParamTP is InitParam for the slice tensor-parallel rank tpRank holds: each
+// element takes the value of its place in the whole parameter
+// (parallel.Param.GlobalIndex), so a tensor-parallel run starts from the weights
+// one rank starts from.
+func InitParamTP[F tensor.Float](dst []F, p *parallel.Param, start int64, tpRank int, seed int64, std float64, layers int) {
 	s := InitStd(p, std, layers)
 	if s == 0 {
 		for i := range dst {
@@ -63,6 +72,6 @@ func InitParam[F tensor.Float](dst []F, p *parallel.Param, start int64, seed int
 	}
 	key := paramKey(seed, p.Name)
 	for i := range dst {
-		dst[i] = F(s * normal(key, start+int64(i)))
+		dst[i] = F(s * normal(key, p.GlobalIndex(start+int64(i), tpRank)))
 	}
 }

@@ -51,6 +51,7 @@ type Model[F tensor.Float] struct {
 	flash      bool   // flash attention (T ≥ config.CPUFlashAttentionFrom): acts.att holds log-sum-exps
 	ep         ExpertParallel
 	cp         *cpState[F] // nil without context parallelism
+	tp         *tpState[F] // nil without tensor parallelism
 	blocks     [][]int     // FSDP units of each block, in forward order
 	hookErr    error
 	sin        []F
@@ -69,6 +70,7 @@ type options struct {
 	recompute string
 	ep        *ExpertParallel
 	cp        *ContextParallel
+	tp        *TensorParallel
 	flash     *bool // tests: flash attention at any T
 }
 
@@ -99,7 +101,9 @@ func WithRecompute(mode string) Option { return func(o *options) { o.recompute =
 
 // New binds a model to its parameter and gradient views: weights[i] and grads[i]
 // hold parameter table[i] whole (the trainer gathers sharded units before use).
-// The table must come from parallel.ParamTable with tp = etp = 1. The model runs
+// The table must come from parallel.ParamTable with etp = 1 and tp = 1, or the
+// tensor-parallel degree under WithTensorParallel (then the views are this rank's
+// slices). The model runs
 // B sequences of T tokens; under context parallelism it holds T/cp tokens of
 // each (LocalTokens picks them) and Forward and Backward take those.
 func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights, grads [][]F, be tensor.Kernels[F], B, T int, opt ...Option) (*Model[F], error) {
@@ -123,6 +127,14 @@ func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights, grad
 	if o.cp != nil && o.cp.Size > 1 {
 		if err := m.setupCP(*o.cp, T); err != nil {
 			return nil, err
+		}
+	}
+	if o.tp != nil && o.tp.Size > 1 {
+		if err := m.setupTP(*o.tp, B, m.T); err != nil {
+			return nil, err
+		}
+		if B*m.T%o.tp.Size != 0 {
+			return nil, fmt.Errorf("model: %d token rows per micro-batch (per rank) do not split over tp %d", B*m.T, o.tp.Size)
 		}
 	}
 	m.ep = ExpertParallel{Size: 1}
@@ -310,9 +322,12 @@ func (p *params[F]) bind(cfg config.Model, table []parallel.Param, views [][]F, 
 	return out, nil
 }
 
+// dims are the micro-batch's token rows on this rank and the widths this rank
+// computes: heads, kv heads, ffn and vocabulary are this rank's share under tensor
+// parallelism.
 func (m *Model[F]) dims() (BT, C, NH, NKV, HD, FF, V int) {
-	c := m.Cfg
-	return m.B * m.T, c.Hidden, c.Heads, c.EffectiveKVHeads(), c.HeadSize(), c.FFNHidden, c.VocabSize
+	c, tp := m.Cfg, m.tpSize()
+	return m.B * m.T, c.Hidden, c.Heads / tp, c.EffectiveKVHeads() / tp, c.HeadSize(), c.FFNHidden / tp, c.VocabSize / tp
 }
 
 func (m *Model[F]) alloc() {
@@ -341,8 +356,9 @@ func (m *Model[F]) alloc() {
 		per = shared
 	}
 	a := &m.a
-	a.resid = mk(BT * C) // every layer's input is always kept
-	a.ln1, a.mid, a.ln2 = per(BT*C), per(BT*C), per(BT*C)
+	R := m.rows()       // rows of the residual stream (B·T/tp under tensor parallelism)
+	a.resid = mk(R * C) // every layer's input is always kept
+	a.ln1, a.mid, a.ln2 = per(R*C), per(R*C), per(R*C)
 	a.q, a.atty = per(BT*NH*HD), per(BT*NH*HD)
 	a.k, a.v = per(BT*NKV*HD), per(BT*NKV*HD)
 	switch {
@@ -362,7 +378,7 @@ func (m *Model[F]) alloc() {
 		if m.Cfg.IsMoELayer(l) {
 			a.gate[l], a.up[l], a.sw[l] = nil, nil, nil // the experts' buffers replace the MLP's
 			if m.recompute != "full" || moeSlot == nil {
-				moeSlot = newMoEActs[F](m.Cfg, BT, m.ep.Size)
+				moeSlot = newMoEActs[F](m.Cfg, R, m.ep.Size, BT, m.tpSize())
 			}
 			a.moe[l] = moeSlot
 		}
@@ -370,20 +386,26 @@ func (m *Model[F]) alloc() {
 	if m.Cfg.MoE.NumExperts > 0 {
 		E, k, EF := m.Cfg.MoE.NumExperts, m.Cfg.MoE.TopK, m.Cfg.MoE.ExpertFFNHidden
 		s := &m.scratch
-		s.moeDlogits, s.moeDprobs, s.moeDgates = make([]F, BT*E), make([]F, BT*E), make([]F, BT*k)
-		s.moeDy, s.moeDx = make([]F, BT*k*C), make([]F, BT*k*C)
-		R := BT * k // grown with the exchange buffers under expert parallelism
-		s.moeDh, s.moeDg, s.moeDu = make([]F, R*EF), make([]F, R*EF), make([]F, R*EF)
+		// The router and the routed experts see this rank's rows of the residual
+		// stream; the shared experts, split like the MLP, all rows.
+		s.moeDlogits, s.moeDprobs, s.moeDgates = make([]F, R*E), make([]F, R*E), make([]F, R*k)
+		s.moeDy, s.moeDx = make([]F, R*k*C), make([]F, R*k*C)
+		copies := R * k // grown with the exchange buffers under expert parallelism
+		s.moeDh, s.moeDg, s.moeDu = make([]F, copies*EF), make([]F, copies*EF), make([]F, copies*EF)
 		if m.ep.Size > 1 {
-			s.moeEpA, s.moeEpB, s.moeEpC = make([]F, R*C), make([]F, R*C), make([]F, R*C)
+			s.moeEpA, s.moeEpB, s.moeEpC = make([]F, copies*C), make([]F, copies*C), make([]F, copies*C)
 		}
-		s.moeSh, s.moeSg, s.moeSu = make([]F, BT*EF), make([]F, BT*EF), make([]F, BT*EF)
+		SF := EF / m.tpSize()
+		s.moeSh, s.moeSg, s.moeSu = make([]F, BT*SF), make([]F, BT*SF), make([]F, BT*SF)
 	}
-	a.rstd1, a.rstd2 = per(BT), per(BT)
-	a.final, a.lnf, a.rstdf = make([]F, BT*C), make([]F, BT*C), make([]F, BT)
+	a.rstd1, a.rstd2 = per(R), per(R)
+	a.final, a.lnf, a.rstdf = make([]F, R*C), make([]F, R*C), make([]F, R)
 	a.logits, a.probs, a.losses = make([]F, BT*V), make([]F, BT*V), make([]F, BT)
 	s := &m.scratch
-	s.dres, s.dx = make([]F, BT*C), make([]F, BT*C)
+	s.dres, s.dx = make([]F, R*C), make([]F, R*C)
+	if m.tp != nil {
+		m.allocTP()
+	}
 	s.dq, s.datty = make([]F, BT*NH*HD), make([]F, BT*NH*HD)
 	s.dk, s.dv = make([]F, BT*NKV*HD), make([]F, BT*NKV*HD)
 	s.dff1, s.dff2, s.dsw = make([]F, BT*FF), make([]F, BT*FF), make([]F, BT*FF)
@@ -400,7 +422,9 @@ func (m *Model[F]) alloc() {
 
 // Forward runs the model on tokens (B·T) and, when targets is non-nil, the loss.
 // It returns the sum of the token losses and the number of tokens counted (targets
-// < 0 are ignored). Logits stay in Logits() for sampling.
+// < 0 are ignored); under tensor parallelism every rank of the tp group returns
+// the same sums. Logits stay in Logits() for sampling (this rank's vocabulary
+// rows under tensor parallelism).
 func (m *Model[F]) Forward(tokens, targets []int32) (lossSum float64, count int) {
 	be, a, w := m.be, &m.a, &m.w
 	BT, C, _, _, _, _, V := m.dims()
@@ -410,7 +434,7 @@ func (m *Model[F]) Forward(tokens, targets []int32) (lossSum float64, count int)
 		x = a.resid[0]
 	}
 	m.acquire(0, false)
-	be.Embedding(x, tokens, w.embed, BT, C)
+	m.embed(x, tokens)
 	m.release(0, false)
 	for l := range w.layers {
 		m.acquire(1+l, false)
@@ -424,13 +448,13 @@ func (m *Model[F]) Forward(tokens, targets []int32) (lossSum float64, count int)
 	}
 	last := len(m.blocks) - 1
 	m.acquire(last, false)
-	be.RMSNorm(a.lnf, a.rstdf, a.final, w.norm, BT, C, eps)
-	be.Matmul(a.logits, a.lnf, w.output, BT, C, V, false)
+	be.RMSNorm(a.lnf, a.rstdf, a.final, w.norm, m.rows(), C, eps)
+	be.Matmul(a.logits, m.gather(a.lnf), w.output, BT, C, V, false)
 	m.release(last, false)
 	if targets == nil {
 		return 0, 0
 	}
-	be.CrossEntropy(a.losses, a.probs, a.logits, targets, BT, V)
+	m.crossEntropy(a.losses, a.probs, a.logits, targets)
 	for i, t := range targets {
 		if t >= 0 {
 			lossSum += float64(a.losses[i])
@@ -489,10 +513,11 @@ func (m *Model[F]) layerForward(l int, x, next []F) {
 	lw := m.w.layers[l]
 	BT, C, NH, NKV, HD, FF, _ := m.dims()
 	eps := m.Cfg.NormEps
-	be.RMSNorm(a.ln1[l], a.rstd1[l], x, lw.attnNorm, BT, C, eps)
-	be.Matmul(a.q[l], a.ln1[l], lw.wq, BT, C, NH*HD, false)
-	be.Matmul(a.k[l], a.ln1[l], lw.wk, BT, C, NKV*HD, false)
-	be.Matmul(a.v[l], a.ln1[l], lw.wv, BT, C, NKV*HD, false)
+	be.RMSNorm(a.ln1[l], a.rstd1[l], x, lw.attnNorm, m.rows(), C, eps)
+	ln1 := m.gather(a.ln1[l])
+	be.Matmul(a.q[l], ln1, lw.wq, BT, C, NH*HD, false)
+	be.Matmul(a.k[l], ln1, lw.wk, BT, C, NKV*HD, false)
+	be.Matmul(a.v[l], ln1, lw.wv, BT, C, NKV*HD, false)
 	if m.cp != nil {
 		m.rope(a.q[l], NH, false)
 		m.rope(a.k[l], NKV, false)
@@ -509,17 +534,18 @@ func (m *Model[F]) layerForward(l int, x, next []F) {
 		be.Attention(a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.B, m.T, NH, NKV, HD)
 	}
 	copy(a.mid[l], x)
-	be.Matmul(a.mid[l], a.atty[l], lw.wo, BT, NH*HD, C, true) // mid = x + attention
-	be.RMSNorm(a.ln2[l], a.rstd2[l], a.mid[l], lw.mlpNorm, BT, C, eps)
+	m.rowParallel(a.mid[l], a.atty[l], lw.wo, NH*HD) // mid = x + attention
+	be.RMSNorm(a.ln2[l], a.rstd2[l], a.mid[l], lw.mlpNorm, m.rows(), C, eps)
 	copy(next, a.mid[l])
 	if lw.moe != nil {
 		m.moeForward(next, a.ln2[l], *lw.moe, a.moe[l]) // next = mid + MoE
 		return
 	}
-	be.Matmul(a.gate[l], a.ln2[l], lw.w1, BT, C, FF, false)
-	be.Matmul(a.up[l], a.ln2[l], lw.w3, BT, C, FF, false)
+	ln2 := m.gather(a.ln2[l])
+	be.Matmul(a.gate[l], ln2, lw.w1, BT, C, FF, false)
+	be.Matmul(a.up[l], ln2, lw.w3, BT, C, FF, false)
 	be.SwiGLU(a.sw[l], a.gate[l], a.up[l], BT*FF)
-	be.Matmul(next, a.sw[l], lw.w2, BT, FF, C, true) // next = mid + MLP
+	m.rowParallel(next, a.sw[l], lw.w2, FF) // next = mid + MLP
 }
 
 // Dropped is the number of routed token copies the last forward dropped past
@@ -548,13 +574,13 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 		s.dloss[i] = F(scale)
 	}
 	clear(s.dlogits)
-	be.CrossEntropyBackward(s.dlogits, s.dloss, a.probs, targets, BT, V)
+	m.crossEntropyBackward(s.dlogits, s.dloss, a.probs, targets)
 	last := len(m.blocks) - 1
 	m.acquire(last, true)
-	be.MatmulBackward(s.dx, g.output, s.dlogits, a.lnf, w.output, BT, C, V, false)
+	be.MatmulBackward(m.inputGrad(s.dx), g.output, s.dlogits, m.gather(a.lnf), w.output, BT, C, V, false)
 	dres := s.dres // gradient of the residual stream entering the current point
 	clear(dres)
-	be.RMSNormBackward(dres, g.norm, s.dx, a.final, w.norm, a.rstdf, BT, C)
+	m.normBackward(dres, g.norm, m.scatterGrad(s.dx), a.final, w.norm, a.rstdf)
 	m.release(last, true)
 	for l := len(w.layers) - 1; l >= 0; l-- {
 		m.acquire(1+l, true) // one gather serves the recompute and the backward
@@ -581,14 +607,16 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 			m.moeBackward(s.dx, dres, a.ln2[l], *lw.moe, *lg.moe, a.moe[l], scale*float64(BT*m.cpSize()))
 		} else {
 			// MLP: next = mid + w2·swiglu(w1·ln2, w3·ln2); dres flows to mid unchanged.
-			be.MatmulBackward(s.dsw, lg.w2, dres, a.sw[l], lw.w2, BT, FF, C, false)
+			be.MatmulBackward(s.dsw, lg.w2, m.gatherGrad(dres), a.sw[l], lw.w2, BT, FF, C, false)
 			be.SwiGLUBackward(s.dff1, s.dff2, s.dsw, a.gate[l], a.up[l], BT*FF, false)
-			be.MatmulBackward(s.dx, lg.w1, s.dff1, a.ln2[l], lw.w1, BT, C, FF, false)
-			be.MatmulBackward(s.dx, lg.w3, s.dff2, a.ln2[l], lw.w3, BT, C, FF, true)
+			ln2, dx := m.gather(a.ln2[l]), m.inputGrad(s.dx)
+			be.MatmulBackward(dx, lg.w1, s.dff1, ln2, lw.w1, BT, C, FF, false)
+			be.MatmulBackward(dx, lg.w3, s.dff2, ln2, lw.w3, BT, C, FF, true)
+			m.scatterGrad(s.dx)
 		}
-		be.RMSNormBackward(dres, lg.mlpNorm, s.dx, a.mid[l], lw.mlpNorm, a.rstd2[l], BT, C)
+		m.normBackward(dres, lg.mlpNorm, s.dx, a.mid[l], lw.mlpNorm, a.rstd2[l])
 		// Attention: mid = x + wo·attention(rope(wq·ln1), rope(wk·ln1), wv·ln1).
-		be.MatmulBackward(s.datty, lg.wo, dres, a.atty[l], lw.wo, BT, NH*HD, C, false)
+		be.MatmulBackward(s.datty, lg.wo, m.gatherGrad(dres), a.atty[l], lw.wo, BT, NH*HD, C, false)
 		clear(s.dq)
 		clear(s.dk)
 		clear(s.dv)
@@ -607,14 +635,15 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 			be.RopeBackward(s.dq, m.cos, m.sin, m.B, m.T, NH, HD)
 			be.RopeBackward(s.dk, m.cos, m.sin, m.B, m.T, NKV, HD)
 		}
-		be.MatmulBackward(s.dx, lg.wq, s.dq, a.ln1[l], lw.wq, BT, C, NH*HD, false)
-		be.MatmulBackward(s.dx, lg.wk, s.dk, a.ln1[l], lw.wk, BT, C, NKV*HD, true)
-		be.MatmulBackward(s.dx, lg.wv, s.dv, a.ln1[l], lw.wv, BT, C, NKV*HD, true)
-		be.RMSNormBackward(dres, lg.attnNorm, s.dx, a.resid[l], lw.attnNorm, a.rstd1[l], BT, C)
+		ln1, dx := m.gather(a.ln1[l]), m.inputGrad(s.dx)
+		be.MatmulBackward(dx, lg.wq, s.dq, ln1, lw.wq, BT, C, NH*HD, false)
+		be.MatmulBackward(dx, lg.wk, s.dk, ln1, lw.wk, BT, C, NKV*HD, true)
+		be.MatmulBackward(dx, lg.wv, s.dv, ln1, lw.wv, BT, C, NKV*HD, true)
+		m.normBackward(dres, lg.attnNorm, m.scatterGrad(s.dx), a.resid[l], lw.attnNorm, a.rstd1[l])
 		m.release(1+l, true)
 	}
 	m.acquire(0, true)
-	be.EmbeddingBackward(g.embed, dres, tokens, BT, C)
+	m.embedBackward(dres, tokens)
 	m.release(0, true)
 }
 

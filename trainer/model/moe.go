@@ -61,7 +61,11 @@ type moeActs[F any] struct {
 	xrecv, xloc, yloc  []F   // (rows, C)
 }
 
-func newMoEActs[F any](c config.Model, BT, ep int) *moeActs[F] {
+// newMoEActs sizes one MoE layer's activations for BT routed token rows (this
+// rank's rows of the residual stream) on ep expert-parallel ranks, and shared
+// experts over sharedRows rows (all of the micro-batch's rows under tensor
+// parallelism) with their ffn split over tp.
+func newMoEActs[F any](c config.Model, BT, ep, sharedRows, tp int) *moeActs[F] {
 	E, k, C, EF := c.MoE.NumExperts, c.MoE.TopK, c.Hidden, c.MoE.ExpertFFNHidden
 	R := BT * k
 	a := &moeActs[F]{
@@ -77,8 +81,9 @@ func newMoEActs[F any](c config.Model, BT, ep int) *moeActs[F] {
 		a.srcStart, a.locStart = make([]int, ep*El), make([]int, ep*El)
 		a.xrecv, a.xloc, a.yloc = make([]F, R*C), make([]F, R*C), make([]F, R*C)
 	}
+	SF := EF / tp
 	for s := 0; s < c.MoE.SharedExperts; s++ {
-		a.sgate, a.sup, a.ssw = append(a.sgate, make([]F, BT*EF)), append(a.sup, make([]F, BT*EF)), append(a.ssw, make([]F, BT*EF))
+		a.sgate, a.sup, a.ssw = append(a.sgate, make([]F, sharedRows*SF)), append(a.sup, make([]F, sharedRows*SF)), append(a.ssw, make([]F, sharedRows*SF))
 	}
 	return a
 }
@@ -106,8 +111,8 @@ func capacity(c config.Model, BT int) int {
 // moeForward adds the MoE block's output for input x (BT,C) into out (BT,C).
 func (m *Model[F]) moeForward(out, x []F, p moeParams[F], a *moeActs[F]) {
 	be, c := m.be, m.Cfg
-	BT, C := m.B*m.T, c.Hidden
-	E, k, EF := c.MoE.NumExperts, c.MoE.TopK, c.MoE.ExpertFFNHidden
+	BT, C := m.rows(), c.Hidden
+	E, k := c.MoE.NumExperts, c.MoE.TopK
 	be.Matmul(a.logits, x, p.router, BT, C, E, false)
 	s := tensor.MoEShape{BT: BT, E: E, K: k, C: C, Capacity: capacity(c, BT)}
 	be.Router(a.probs, a.idx, a.gates, a.logits, s)
@@ -124,13 +129,19 @@ func (m *Model[F]) moeForward(out, x []F, p moeParams[F], a *moeActs[F]) {
 		m.expertsForward(p, a, a.x, a.y, a.offsets)
 	}
 	be.Combine(out, a.y, a.gates, a.row, s)
-	for s, w := range p.shared {
-		be.Matmul(a.sgate[s], x, w[0], BT, C, EF, false)
-		be.Matmul(a.sup[s], x, w[1], BT, C, EF, false)
-		be.SwiGLU(a.ssw[s], a.sgate[s], a.sup[s], BT*EF)
-		be.Matmul(out, a.ssw[s], w[2], BT, EF, C, true)
+	if len(p.shared) > 0 {
+		// Shared experts are split like the dense MLP: over all rows, each rank's
+		// ffn columns, the outputs reduce-scattered into the rank's rows.
+		xs, rows, SF := m.gather(x), m.B*m.T, c.MoE.ExpertFFNHidden/m.tpSize()
+		for s, w := range p.shared {
+			be.Matmul(a.sgate[s], xs, w[0], rows, C, SF, false)
+			be.Matmul(a.sup[s], xs, w[1], rows, C, SF, false)
+			be.SwiGLU(a.ssw[s], a.sgate[s], a.sup[s], rows*SF)
+			m.rowParallel(out, a.ssw[s], w[2], SF)
+		}
 	}
-	// Load-balancing loss, over the whole sequences under context parallelism.
+	// Load-balancing loss, over the micro-batch's whole sequences when context or
+	// tensor parallelism spreads their tokens over ranks.
 	a.aux = 0
 	for e := 0; e < E; e++ {
 		var pe float64
@@ -140,9 +151,9 @@ func (m *Model[F]) moeForward(out, x []F, p moeParams[F], a *moeActs[F]) {
 		a.stats[e], a.stats[E+e] = float32(a.count(e)), float32(pe)
 		a.aux += float64(E) * float64(a.count(e)) / float64(BT*k) * pe / float64(BT)
 	}
-	if m.cp != nil {
-		m.cpRouterStats(a.stats)
-		BTg := float64(BT * m.cp.Size)
+	if g := m.cpSize() * m.tpSize(); g > 1 {
+		m.seqRouterStats(a.stats)
+		BTg := float64(BT * g)
 		a.aux = 0
 		for e := 0; e < E; e++ {
 			a.aux += float64(E) * float64(a.stats[e]) / (BTg * float64(k)) * float64(a.stats[E+e]) / BTg
@@ -254,8 +265,8 @@ func (m *Model[F]) epRegroup(a *moeActs[F], loc, recv []F, toLocal bool) {
 // gradient of dout·out + auxScale·aux_loss_coeff·aux.
 func (m *Model[F]) moeBackward(dx, dout, x []F, p, g moeParams[F], a *moeActs[F], auxScale float64) {
 	be, c := m.be, m.Cfg
-	BT, C := m.B*m.T, c.Hidden
-	E, k, EF := c.MoE.NumExperts, c.MoE.TopK, c.MoE.ExpertFFNHidden
+	BT, C := m.rows(), c.Hidden
+	E, k := c.MoE.NumExperts, c.MoE.TopK
 	s := &m.scratch
 	dy, dxp, dgates := s.moeDy[:a.n*C], s.moeDx[:a.n*C], s.moeDgates[:BT*k]
 	sh := tensor.MoEShape{BT: BT, E: E, K: k, C: C, Capacity: capacity(c, BT)}
@@ -266,8 +277,8 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p, g moeParams[F], a *moeActs[F]
 		dprobs = s.moeDprobs[:BT*E]
 		for e := 0; e < E; e++ {
 			cnt, BTg := float64(a.count(e)), float64(BT)
-			if m.cp != nil { // f_e of the whole sequences (the forward's summed counts)
-				cnt, BTg = float64(a.stats[e]), float64(BT*m.cp.Size)
+			if g := m.cpSize() * m.tpSize(); g > 1 { // f_e of the whole sequences (the forward's summed counts)
+				cnt, BTg = float64(a.stats[e]), float64(BT*g)
 			}
 			d := F(coeff * float64(E) * cnt / (BTg * float64(k)) / BTg)
 			for t := 0; t < BT; t++ {
@@ -278,7 +289,17 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p, g moeParams[F], a *moeActs[F]
 	dlogits := s.moeDlogits[:BT*E]
 	clear(dlogits)
 	be.RouterBackward(dlogits, dgates, dprobs, a.gates, a.probs, a.idx, sh)
-	be.MatmulBackward(dx, g.router, dlogits, x, p.router, BT, C, E, true)
+	if m.tp == nil {
+		be.MatmulBackward(dx, g.router, dlogits, x, p.router, BT, C, E, true)
+	} else {
+		// The router is replicated over tp and saw this rank's rows only: its
+		// gradient is summed over the tp group.
+		gr := m.tp.grouter
+		clear(gr)
+		be.MatmulBackward(dx, gr, dlogits, x, p.router, BT, C, E, true)
+		m.tpErr("all-reduce", m.tp.Comm.AllReduce(f32(gr)))
+		be.AddInto(g.router, gr, E*C)
+	}
 	if m.ep.Size > 1 {
 		// dy goes to the experts' owners, is regrouped like the forward's tokens, and
 		// the input gradients come back the same way.
@@ -293,13 +314,25 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p, g moeParams[F], a *moeActs[F]
 		m.expertsBackward(p, g, a, dy, a.x, dxp, a.offsets, a.n)
 	}
 	be.DispatchBackward(dx, dxp, a.tok, a.n, C)
+	if len(p.shared) == 0 {
+		return
+	}
+	// Shared experts: the transposes of the forward's gather and reduce-scatter.
+	rows, SF := m.B*m.T, c.MoE.ExpertFFNHidden/m.tpSize()
+	dfull, xs, dxf := m.gatherGrad(dout), m.gather(x), m.inputGrad(dx)
 	for sIdx, w := range p.shared {
 		gw := g.shared[sIdx]
-		h, hg, hu := s.moeSh[:BT*EF], s.moeSg[:BT*EF], s.moeSu[:BT*EF]
-		be.MatmulBackward(h, gw[2], dout, a.ssw[sIdx], w[2], BT, EF, C, false)
-		be.SwiGLUBackward(hg, hu, h, a.sgate[sIdx], a.sup[sIdx], BT*EF, false)
-		be.MatmulBackward(dx, gw[0], hg, x, w[0], BT, C, EF, true)
-		be.MatmulBackward(dx, gw[1], hu, x, w[1], BT, C, EF, true)
+		h, hg, hu := s.moeSh[:rows*SF], s.moeSg[:rows*SF], s.moeSu[:rows*SF]
+		be.MatmulBackward(h, gw[2], dfull, a.ssw[sIdx], w[2], rows, SF, C, false)
+		be.SwiGLUBackward(hg, hu, h, a.sgate[sIdx], a.sup[sIdx], rows*SF, false)
+		// Into dx itself without tensor parallelism; into the all-rows partial sum
+		// (started afresh by the first shared expert) with it.
+		be.MatmulBackward(dxf, gw[0], hg, xs, w[0], rows, C, SF, m.tp == nil || sIdx > 0)
+		be.MatmulBackward(dxf, gw[1], hu, xs, w[1], rows, C, SF, true)
+	}
+	if tp := m.tp; tp != nil {
+		m.tpErr("reduce-scatter", tp.Comm.ReduceScatter(f32(tp.red), f32(tp.px)))
+		be.AddInto(dx, tp.red, len(tp.red))
 	}
 }
 

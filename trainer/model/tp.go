@@ -1,0 +1,298 @@
+package model
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/shardline/shardline/tensor"
+)
+
+// Tensor parallelism, as Megatron runs it with sequence parallelism: the q, k, v,
+// gate and up projections are column-parallel (a rank holds heads/tp heads and
+// ffn/tp columns), the attention output and down projections row-parallel; the
+// residual stream, the norms and their inputs are split over the tp ranks by rows
+// (rank t holds rows t·BT/tp … of the B·T tokens). Before a column-parallel GEMM
+// the normed rows are all-gathered; after a row-parallel GEMM the partial sums are
+// reduce-scattered back to row shards; backward runs the transposes (all-gather of
+// the residual gradient, reduce-scatter of the input gradient), gathering the
+// normed input again rather than keeping it whole. The embedding and the output
+// head are vocabulary-parallel (a rank holds vocab/tp rows): the embedding's
+// partial rows are reduce-scattered, and the cross-entropy combines the ranks'
+// log-sum-exps and target logits, so the logits are never gathered. Norm gains are
+// replicated over tp and see only the rank's rows: their gradients are summed over
+// the tp group each pass, as are an MoE router's.
+
+// TPComm is what tensor parallelism needs from the tp group (comm.Communicator
+// has it).
+type TPComm interface {
+	AllGather(dst, src []float32) error
+	ReduceScatter(dst, src []float32) error
+	AllReduce(buf []float32) error
+}
+
+// TensorParallel splits the model's layers over the Size ranks of a
+// tensor-parallel group; this rank is Rank. It needs float32, the table
+// partitioned for tp = Size and B·T divisible by Size. MoE layers route this
+// rank's rows to whole experts (expert tensor parallelism is 1; the experts'
+// gradients are summed over the expert-data-parallel group, which holds the tp
+// ranks) and split their shared experts like the MLP.
+type TensorParallel struct {
+	Comm       TPComm
+	Rank, Size int
+}
+
+// WithTensorParallel splits the model over a tensor-parallel group.
+func WithTensorParallel(tp TensorParallel) Option { return func(o *options) { o.tp = &tp } }
+
+// tpState holds tensor parallelism's scratch: the gathered normed input (gx), the
+// gathered residual gradient (gd), a whole-rows partial sum before its
+// reduce-scatter (px) and its row shard (red), the norm-gain gradient being summed
+// (gnorm), and the cross-entropy's per-row log-sum-exps (local, every rank's,
+// global) and target logits.
+type tpState[F tensor.Float] struct {
+	TensorParallel
+	gx, gd, px, red []F
+	gnorm, grouter  []F
+	lse, lseAll     []F
+	glse, tlogit    []F
+}
+
+func (m *Model[F]) setupTP(tp TensorParallel, B, T int) error {
+	var z F
+	if _, ok := any(z).(float32); !ok || tp.Comm == nil || tp.Rank < 0 || tp.Rank >= tp.Size {
+		return fmt.Errorf("model: tensor parallelism needs float32, a communicator and a rank in 0..%d", tp.Size-1)
+	}
+	if moe := m.Cfg.MoE; moe.NumExperts > 0 && moe.SharedExperts > 0 && moe.ExpertFFNHidden%tp.Size != 0 {
+		return fmt.Errorf("model: shared experts' ffn %d must divide by tp %d", moe.ExpertFFNHidden, tp.Size)
+	}
+	if c := m.Cfg; c.Heads%tp.Size != 0 || c.EffectiveKVHeads()%tp.Size != 0 || c.FFNHidden%tp.Size != 0 || c.VocabSize%tp.Size != 0 {
+		return fmt.Errorf("model: heads %d, kv heads %d, ffn %d and vocabulary %d must all divide by tp %d", c.Heads, c.EffectiveKVHeads(), c.FFNHidden, c.VocabSize, tp.Size)
+	}
+	m.tp = &tpState[F]{TensorParallel: tp}
+	return nil
+}
+
+// tpSize is the tensor-parallel degree (1 without tensor parallelism).
+func (m *Model[F]) tpSize() int {
+	if m.tp == nil {
+		return 1
+	}
+	return m.tp.Size
+}
+
+// rows is how many of the micro-batch's B·T token rows this rank's residual
+// stream holds: all of them, or 1/tp under tensor (sequence) parallelism.
+func (m *Model[F]) rows() int { return m.B * m.T / m.tpSize() }
+
+func (m *Model[F]) allocTP() {
+	BT, C := m.B*m.T, m.Cfg.Hidden
+	p := m.tp
+	p.gx, p.gd, p.px, p.red = make([]F, BT*C), make([]F, BT*C), make([]F, BT*C), make([]F, m.rows()*C)
+	p.gnorm, p.grouter = make([]F, C), make([]F, m.Cfg.MoE.NumExperts*C)
+	p.lse, p.lseAll, p.glse, p.tlogit = make([]F, BT), make([]F, p.Size*BT), make([]F, BT), make([]F, BT)
+}
+
+// f32 views a float32 model's slice as []float32 for the communicator.
+func f32[F tensor.Float](x []F) []float32 {
+	v, _ := any(x).([]float32)
+	return v
+}
+
+func (m *Model[F]) tpErr(what string, err error) {
+	if err != nil && m.hookErr == nil {
+		m.hookErr = fmt.Errorf("tensor-parallel %s: %w", what, err)
+	}
+}
+
+// gather returns all B·T rows of a row-sharded (rows × C) activation: src itself
+// without tensor parallelism, else the tp group's all-gather into scratch.
+func (m *Model[F]) gather(src []F) []F {
+	if m.tp == nil {
+		return src
+	}
+	m.tpErr("all-gather", m.tp.Comm.AllGather(f32(m.tp.gx), f32(src)))
+	return m.tp.gx
+}
+
+// gatherGrad is gather for a gradient of the residual stream (its own scratch,
+// alive while the normed input is gathered again).
+func (m *Model[F]) gatherGrad(src []F) []F {
+	if m.tp == nil {
+		return src
+	}
+	m.tpErr("all-gather", m.tp.Comm.AllGather(f32(m.tp.gd), f32(src)))
+	return m.tp.gd
+}
+
+// rowParallel adds inp (B·T × K) · wᵀ (w is C × K, this rank's columns of a
+// row-parallel weight) into out, this rank's rows of the residual stream: without
+// tensor parallelism one accumulating matmul; with it, the matmul's partial sums
+// over all rows are reduce-scattered and the rank's rows added.
+func (m *Model[F]) rowParallel(out, inp, w []F, K int) {
+	BT, C := m.B*m.T, m.Cfg.Hidden
+	if m.tp == nil {
+		m.be.Matmul(out, inp, w, BT, K, C, true)
+		return
+	}
+	p := m.tp
+	m.be.Matmul(p.px, inp, w, BT, K, C, false)
+	m.tpErr("reduce-scatter", p.Comm.ReduceScatter(f32(p.red), f32(p.px)))
+	m.be.AddInto(out, p.red, len(p.red))
+}
+
+// inputGrad is the buffer a column-parallel GEMM's input gradient (all B·T rows,
+// partial over tp) is accumulated in: dx itself without tensor parallelism.
+func (m *Model[F]) inputGrad(dx []F) []F {
+	if m.tp == nil {
+		return dx
+	}
+	return m.tp.px
+}
+
+// scatterGrad sums the input gradient inputGrad returned over the tp group and
+// returns this rank's rows (in dx): dx itself without tensor parallelism.
+func (m *Model[F]) scatterGrad(dx []F) []F {
+	if m.tp == nil {
+		return dx
+	}
+	m.tpErr("reduce-scatter", m.tp.Comm.ReduceScatter(f32(dx), f32(m.tp.px)))
+	return dx
+}
+
+// normBackward is RMSNormBackward over this rank's rows; under tensor parallelism
+// the gain's gradient (from these rows only) is summed over the tp group before it
+// is added.
+func (m *Model[F]) normBackward(dinp, dw, dout, inp, w, rstd []F) {
+	R, C := m.rows(), m.Cfg.Hidden
+	if m.tp == nil {
+		m.be.RMSNormBackward(dinp, dw, dout, inp, w, rstd, R, C)
+		return
+	}
+	g := m.tp.gnorm
+	clear(g)
+	m.be.RMSNormBackward(dinp, g, dout, inp, w, rstd, R, C)
+	m.tpErr("all-reduce", m.tp.Comm.AllReduce(f32(g)))
+	m.be.AddInto(dw, g, C)
+}
+
+// vocabRange is the vocabulary rows this rank holds: [lo, lo+n).
+func (m *Model[F]) vocabRange() (lo, n int) {
+	n = m.Cfg.VocabSize / m.tpSize()
+	if m.tp != nil {
+		lo = m.tp.Rank * n
+	}
+	return lo, n
+}
+
+// embed writes the embedding of tokens (all B·T) into x, this rank's rows: under
+// tensor parallelism each rank looks up the tokens in its vocabulary rows (zeros
+// for the others) and the partial rows are reduce-scattered.
+func (m *Model[F]) embed(x []F, tokens []int32) {
+	BT, C := m.B*m.T, m.Cfg.Hidden
+	if m.tp == nil {
+		m.be.Embedding(x, tokens, m.w.embed, BT, C)
+		return
+	}
+	lo, n := m.vocabRange()
+	p := m.tp
+	for i, tok := range tokens[:BT] {
+		row := p.px[i*C : (i+1)*C]
+		if t := int(tok) - lo; t >= 0 && t < n {
+			copy(row, m.w.embed[t*C:(t+1)*C])
+		} else {
+			clear(row)
+		}
+	}
+	m.tpErr("reduce-scatter", p.Comm.ReduceScatter(f32(x), f32(p.px)))
+}
+
+// embedBackward accumulates the embedding's gradient from dres, the gradient of
+// this rank's rows of the residual stream.
+func (m *Model[F]) embedBackward(dres []F, tokens []int32) {
+	BT, C := m.B*m.T, m.Cfg.Hidden
+	if m.tp == nil {
+		m.be.EmbeddingBackward(m.g.embed, dres, tokens, BT, C)
+		return
+	}
+	d := m.gatherGrad(dres)
+	lo, n := m.vocabRange()
+	for i, tok := range tokens[:BT] {
+		if t := int(tok) - lo; t >= 0 && t < n {
+			m.be.AddInto(m.g.embed[t*C:(t+1)*C], d[i*C:(i+1)*C], C)
+		}
+	}
+}
+
+// crossEntropy computes every row's loss and this rank's softmax probabilities
+// from its logits (B·T × V/tp): each rank's log-sum-exp per row is all-gathered
+// and combined in rank order, and the target's logit comes from the rank holding
+// it (an all-reduce of rows that are zero elsewhere).
+func (m *Model[F]) crossEntropy(losses, probs, logits []F, targets []int32) {
+	BT := m.B * m.T
+	lo, V := m.vocabRange()
+	if m.tp == nil {
+		m.be.CrossEntropy(losses, probs, logits, targets, BT, V)
+		return
+	}
+	p := m.tp
+	for i := 0; i < BT; i++ {
+		row := logits[i*V : (i+1)*V]
+		mx := math.Inf(-1)
+		for _, x := range row {
+			mx = math.Max(mx, float64(x))
+		}
+		var s float64
+		for _, x := range row {
+			s += math.Exp(float64(x) - mx)
+		}
+		p.lse[i] = F(mx + math.Log(s))
+		p.tlogit[i] = 0
+		if t := int(targets[i]) - lo; targets[i] >= 0 && t >= 0 && t < V {
+			p.tlogit[i] = row[t]
+		}
+	}
+	m.tpErr("all-gather", p.Comm.AllGather(f32(p.lseAll), f32(p.lse)))
+	m.tpErr("all-reduce", p.Comm.AllReduce(f32(p.tlogit)))
+	for i := 0; i < BT; i++ {
+		mx := math.Inf(-1)
+		for r := 0; r < p.Size; r++ {
+			mx = math.Max(mx, float64(p.lseAll[r*BT+i]))
+		}
+		var s float64
+		for r := 0; r < p.Size; r++ {
+			s += math.Exp(float64(p.lseAll[r*BT+i]) - mx)
+		}
+		l := mx + math.Log(s)
+		p.glse[i] = F(l)
+		for j, x := range logits[i*V : (i+1)*V] {
+			probs[i*V+j] = F(math.Exp(float64(x) - l))
+		}
+		losses[i] = 0
+		if targets[i] >= 0 {
+			losses[i] = F(l - float64(p.tlogit[i]))
+		}
+	}
+}
+
+// crossEntropyBackward accumulates dlogits += (probs − onehot(target))·dloss over
+// this rank's vocabulary rows; ignored targets (< 0) add nothing.
+func (m *Model[F]) crossEntropyBackward(dlogits, dloss, probs []F, targets []int32) {
+	BT := m.B * m.T
+	lo, V := m.vocabRange()
+	if m.tp == nil {
+		m.be.CrossEntropyBackward(dlogits, dloss, probs, targets, BT, V)
+		return
+	}
+	for i := 0; i < BT; i++ {
+		if targets[i] < 0 {
+			continue
+		}
+		d, pr, g := dlogits[i*V:(i+1)*V], probs[i*V:(i+1)*V], dloss[i]
+		for j := range d {
+			d[j] += pr[j] * g
+		}
+		if t := int(targets[i]) - lo; t >= 0 && t < V {
+			d[t] -= g
+		}
+	}
+}
