@@ -32,7 +32,6 @@ func NotExecuted(r *Recipe) []Unexecuted {
 	add(gpu && r.ActivationCheckpoint.Mode != "none", "activation_checkpoint.mode", "cuda runs keep every activation (recomputation is not wired on the GPU)", `set mode = "none"`)
 	tp := p.TensorParallel != 1
 	add(tp && gpu, "parallel.tensor_parallel", "cuda runs train on one GPU so far (tensor parallelism runs on the CPU)", `set tensor_parallel = 1, or device = "cpu"`)
-	add(tp && c.Saves(), "parallel.tensor_parallel", "checkpoints of tensor-parallel runs are not written yet (a row-parallel slice is not one piece of its tensor)", "set tensor_parallel = 1, or remove checkpoint.interval and checkpoint.dir")
 	add(gpu && p.ContextParallel != 1, "parallel.context_parallel", "cuda runs train on one GPU so far (context parallelism runs on the CPU)", `set context_parallel = 1, or device = "cpu"`)
 	add(p.ExpertTensorParallel != 1, "parallel.expert_tensor_parallel", "the trainer splits experts over ranks, not within an expert", "set it to 1 and raise parallel.expert_parallel instead")
 	add(c.CkptFormat != "fsdp_dtensor" && c.Saves(), "checkpoint.ckpt_format", "shardline writes sharded checkpoints laid out as fsdp_dtensor's (each tensor's pieces at their global offsets); torch_dist and torch files are not written", `set ckpt_format = "fsdp_dtensor"`)

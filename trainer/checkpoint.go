@@ -3,7 +3,6 @@ package trainer
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -21,7 +20,8 @@ import (
 // only the group's rank of index 0 (its replicas hold the same values). Which
 // pieces a rank owns is a pure function of the plan (rankPieces), so rank 0 can
 // write the metadata of every rank's file, and a run on another world size,
-// strategy or expert-parallel degree can read exactly the ranges it now owns.
+// strategy, expert-, tensor- or context-parallel degree can read exactly the
+// ranges it now owns.
 //
 // A save is asynchronous: the rank copies its pieces into one buffer (the
 // snapshot, the only time training waits) and a goroutine writes the file. At the
@@ -29,28 +29,62 @@ import (
 // the step already makes; once every rank's file is written, the ranks exchange
 // their checksums and rank 0 commits metadata.json, then prunes to keep_last.
 
-// rankPiece is one piece a rank owns: segment seg of group gi, which is global
-// parameter param, at byte offset off of the rank's file.
+// rankPiece is one piece a rank owns: elements [lo, hi) of its shard of group gi,
+// which are elements start … of global parameter param, at byte offset off of the
+// rank's file.
 type rankPiece struct {
-	gi    int
-	seg   segment
-	param int
-	off   int64
+	gi     int
+	lo, hi int64
+	param  int
+	start  int64
+	off    int64
 }
 
-// rankPieces lists the pieces rank writes, in file order.
+// rankPieces lists the pieces rank writes, in file order. Under tensor
+// parallelism a rank's slice of a parameter is put at its places in the whole
+// tensor: one piece per row of a row-parallel slice; a parameter every tp rank
+// holds whole is written by tp rank 0 only.
 func rankPieces(p *parallel.Plan, rank, numExperts int) []rankPiece {
 	var out []rankPiece
 	var off int64
+	tpRank := p.Mesh.Coords(rank).TP
 	for gi := range p.Groups {
 		if p.Groups[gi].Shards == 1 && shardIndex(p, rank, gi) != 0 {
 			continue // a replica of what the group's rank of index 0 writes
 		}
 		lo, hi := shardOf(p, rank, gi)
 		for _, sg := range segmentsOf(p, gi, lo, hi, false) {
-			out = append(out, rankPiece{gi: gi, seg: sg, param: globalParam(p, rank, sg.param, numExperts), off: off})
-			off += int64(len(ckpt.States)) * 4 * (sg.hi - sg.lo)
+			par := &p.Params[sg.param]
+			if tpRank > 0 && par.TPSplit < 0 {
+				continue // replicated over tp: tp rank 0 writes it
+			}
+			for _, r := range tpRuns(par, sg.start, sg.hi-sg.lo, tpRank) {
+				out = append(out, rankPiece{gi: gi, lo: sg.lo + r.local, hi: sg.lo + r.local + r.n, param: globalParam(p, rank, sg.param, numExperts), start: r.global, off: off})
+				off += int64(len(ckpt.States)) * 4 * r.n
+			}
 		}
+	}
+	return out
+}
+
+// tpRun is n elements that are consecutive both in a rank's slice of a parameter
+// (from local, relative to the range asked for) and in the whole parameter (from
+// global).
+type tpRun struct{ local, global, n int64 }
+
+// tpRuns splits elements [start, start+n) of tensor-parallel rank r's slice of p
+// into runs consecutive in the whole parameter: one run unless p is split by
+// columns (row-parallel), which gives one per row.
+func tpRuns(p *parallel.Param, start, n int64, r int) []tpRun {
+	if p.TPSplit != 1 || p.LocalNumel() == p.Numel() {
+		return []tpRun{{0, p.GlobalIndex(start, r), n}}
+	}
+	cols := int64(p.LocalShape[1])
+	var out []tpRun
+	for i := int64(0); i < n; {
+		k := min(cols-(start+i)%cols, n-i)
+		out = append(out, tpRun{i, p.GlobalIndex(start+i, r), k})
+		i += k
 	}
 	return out
 }
@@ -102,12 +136,12 @@ func (t *run) startSave(step, optSteps int) {
 	pieces := rankPieces(t.plan, t.rank, t.r.Model.MoE.NumExperts)
 	var n int64
 	for _, rp := range pieces {
-		n += int64(len(ckpt.States)) * 4 * (rp.seg.hi - rp.seg.lo)
+		n += int64(len(ckpt.States)) * 4 * (rp.hi - rp.lo)
 	}
 	data := make([]byte, 0, n)
 	crcs := make([]uint32, 0, len(pieces)*len(ckpt.States))
 	for _, rp := range pieces {
-		lo, hi := rp.seg.lo, rp.seg.hi
+		lo, hi := rp.lo, rp.hi
 		for _, buf := range [][]float32{t.st.main[rp.gi][lo:hi], t.st.m[rp.gi][lo:hi], t.st.v[rp.gi][lo:hi]} {
 			at := len(data)
 			data = fileio.AppendFloat32s(data, buf)
@@ -175,9 +209,9 @@ func (t *run) commitSave(world comm.Communicator) error {
 				j := i*len(ckpt.States) + k
 				crc[k] = ckpt.FormatSum(uint32(theirs[2*j])<<16 | uint32(theirs[2*j+1]))
 			}
-			count := rp.seg.hi - rp.seg.lo
+			count := rp.hi - rp.lo
 			tn := &meta.Tensors[rp.param]
-			tn.Pieces = append(tn.Pieces, ckpt.Piece{Start: rp.seg.start, Count: count, File: ckpt.RankFile(r), Offset: rp.off, CRC: crc})
+			tn.Pieces = append(tn.Pieces, ckpt.Piece{Start: rp.start, Count: count, File: ckpt.RankFile(r), Offset: rp.off, CRC: crc})
 			size = rp.off + int64(len(ckpt.States))*4*count
 		}
 		if len(pieces) > 0 {
@@ -226,9 +260,12 @@ func (s *state) load(rd *ckpt.Reader) error {
 	for gi := range s.plan.Groups {
 		for _, sg := range s.segs[gi] {
 			name := s.plan.Params[s.global(sg.param)].Name
-			for k, dst := range [][]float32{s.main[gi][sg.lo:sg.hi], s.m[gi][sg.lo:sg.hi], s.v[gi][sg.lo:sg.hi]} {
-				if err := rd.Read(name, k, sg.start, dst); err != nil {
-					return err
+			for _, r := range tpRuns(&s.plan.Params[sg.param], sg.start, sg.hi-sg.lo, s.tpRank) {
+				lo, hi := sg.lo+r.local, sg.lo+r.local+r.n
+				for k, dst := range [][]float32{s.main[gi][lo:hi], s.m[gi][lo:hi], s.v[gi][lo:hi]} {
+					if err := rd.Read(name, k, r.global, dst); err != nil {
+						return err
+					}
 				}
 			}
 		}
@@ -242,10 +279,6 @@ func (s *state) load(rd *ckpt.Reader) error {
 // The parallel layout may differ: the state is resharded on load. The data is
 // compared by its tokens' fingerprint, so it may move to another path.
 func checkResumable(dir string, m *ckpt.Meta, p *parallel.Plan, r *config.Recipe, dataFP string) error {
-	if p.Mesh.TP > 1 {
-		return &KeyError{Key: "parallel.tensor_parallel", Value: r.Parallel.TensorParallel, Err: errors.New("a tensor-parallel run does not load checkpoints yet (its slices of the row-parallel weights are not pieces of the saved tensors)"),
-			Fix: "resume with tensor_parallel = 1 (any dp, cp or ep layout), or start with --init-from from an exported model"}
-	}
 	if m.DataFingerprint != dataFP {
 		return &KeyError{Key: "data.path", Value: r.Data.Path, Err: fmt.Errorf("its tokens (%s) are not those the checkpoint in %s was trained on (%s)", dataFP, dir, m.DataFingerprint),
 			Fix: "point data.path at the data the run was trained on"}

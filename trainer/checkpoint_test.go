@@ -37,7 +37,7 @@ var moeSets = []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.mo
 // the stop) and resumed equals the run that was never stopped, bit for bit: every
 // later loss, gradient norm and validation loss, and the final weights. Dense and
 // MoE, every strategy, 2 ranks (4 with expert parallelism 2), and 2 ranks of
-// context parallelism.
+// context or of tensor parallelism.
 func TestResumeIsBitExact(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -45,6 +45,7 @@ func TestResumeIsBitExact(t *testing.T) {
 	}{
 		{"dense", []string{"parallel.world_size=2"}},
 		{"dense-cp2", []string{"parallel.world_size=2", "parallel.context_parallel=2"}},
+		{"dense-tp2", []string{"parallel.world_size=2", "parallel.tensor_parallel=2", "model.heads=4", "model.kv_heads=4"}},
 		{"moe-ep2", append([]string{"parallel.world_size=4", "parallel.expert_parallel=2", "train.global_batch_size=16"}, moeSets...)},
 	} {
 		for _, strategy := range []string{"no_shard", "optim", "optim_grads", "optim_grads_params"} {
@@ -80,6 +81,9 @@ func TestResumeIsBitExact(t *testing.T) {
 	}
 }
 
+// tpSets give the test model heads and kv heads that 4 tensor-parallel ranks split.
+var tpSets = []string{"model.heads=4", "model.kv_heads=4"}
+
 func b2f(b bool) float64 {
 	if b {
 		return 1
@@ -88,8 +92,9 @@ func b2f(b bool) float64 {
 }
 
 // TestResumeReshards: a checkpoint saved by 2 ranks under optim_grads_params is
-// loaded by 4 ranks under optim, by 1 rank under no_shard and by cp 2 × dp 2 (and,
-// for MoE, by expert parallelism 2 from 4 ranks of ep 1): the state each loads,
+// loaded by 4 ranks under optim, by 1 rank under no_shard, by cp 2 × dp 2 and by
+// tp 2 × dp 2; one saved at tp 4 by tp 2 × cp 2 (and, for MoE, by expert
+// parallelism 2 from 4 ranks of ep 1, and by ep 2 from tp 2 × ep 2): the state each loads,
 // saved again at once, holds exactly the values saved, tensor by tensor; and
 // training goes on along the curve of the run that was never stopped (the
 // reduction order differs with the world size: 1e-5 relative, the FSDP
@@ -103,6 +108,9 @@ func TestResumeReshards(t *testing.T) {
 		{"dense 2 to 4", []string{"parallel.world_size=2", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, []string{"parallel.world_size=4", "fsdp.data_parallel_sharding_strategy=optim"}, nil},
 		{"dense 2 to 1", []string{"parallel.world_size=2", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, []string{"parallel.world_size=1", "fsdp.data_parallel_sharding_strategy=no_shard", "fsdp.use_megatron_fsdp=false"}, nil},
 		{"dense dp 2 to cp2 x dp2", []string{"parallel.world_size=2", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, []string{"parallel.world_size=4", "parallel.context_parallel=2", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, nil},
+		{"dense dp 2 to tp2 x dp2", []string{"parallel.world_size=2", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, []string{"parallel.world_size=4", "parallel.tensor_parallel=2", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, tpSets},
+		{"dense tp 4 to tp 2 x cp 2", []string{"parallel.world_size=4", "parallel.tensor_parallel=4", "fsdp.data_parallel_sharding_strategy=no_shard", "fsdp.use_megatron_fsdp=false"}, []string{"parallel.world_size=4", "parallel.tensor_parallel=2", "parallel.context_parallel=2", "fsdp.data_parallel_sharding_strategy=optim"}, tpSets},
+		{"moe tp 2 ep 2 to ep 2", []string{"parallel.world_size=4", "parallel.tensor_parallel=2", "parallel.expert_parallel=2", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, []string{"parallel.world_size=2", "parallel.expert_parallel=2", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, append(append([]string{}, tpSets...), moeSets...)},
 		{"moe ep1 to ep2", []string{"parallel.world_size=4", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, []string{"parallel.world_size=4", "parallel.expert_parallel=2", "fsdp.data_parallel_sharding_strategy=optim_grads"}, moeSets},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -178,7 +186,7 @@ func assertSameState(t *testing.T, a, b string) {
 }
 
 // A checkpoint refuses a resume whose recipe changes the trajectory, naming the
-// key, and a resume into a tensor-parallel run; a changed byte in a rank file is refused naming file, tensor and offset;
+// key; a changed byte in a rank file is refused naming file, tensor and offset;
 // a save that never committed is not a checkpoint.
 func TestResumeRefusals(t *testing.T) {
 	res, _ := tinyRun(t, "train.steps=4", "train.eval_interval=0", "checkpoint.interval=2", "parallel.world_size=2")
@@ -194,12 +202,6 @@ func TestResumeRefusals(t *testing.T) {
 	var ke *KeyError
 	require.ErrorAs(t, err, &ke)
 	assert.Equal(t, "run.seed", ke.Key)
-
-	// A tensor-parallel run does not load checkpoints yet: refused by key.
-	tp, _ := tinyRun(t, "train.steps=4", "train.eval_interval=0", "parallel.world_size=2", "parallel.tensor_parallel=2")
-	_, err = Run(context.Background(), tp, o)
-	require.ErrorAs(t, err, &ke)
-	assert.Equal(t, "parallel.tensor_parallel", ke.Key)
 
 	changed := filepath.Join(dir, ckpt.RankFile(1))
 	b := must(os.ReadFile(changed))

@@ -107,7 +107,6 @@ func TestRunBadInput(t *testing.T) {
 		{"vocabulary too small", []string{"model.vocab_size=8"}, "model.vocab_size", "has 28 tokens"},
 		{"corpus shorter than a sequence", []string{"model.seq_len=20000"}, "data.path", "fewer than one sequence"},
 		{"validation shorter than a sequence", []string{"model.seq_len=4096"}, "data.val_fraction", "validation split has"},
-		{"tensor parallel with checkpoints", []string{"parallel.world_size=2", "parallel.tensor_parallel=2", "checkpoint.interval=10"}, "parallel.tensor_parallel", "checkpoints of tensor-parallel runs are not written yet"},
 		{"unwritable output", []string{"run.output_dir=/proc/shardline"}, "run.output_dir", "writable"},
 		{"run name leaves the output directory", []string{"run.name=../escaped"}, "run.name", "path separator"},
 		{"run name is a directory", []string{"run.name=.."}, "run.name", "names a directory"},

@@ -288,27 +288,26 @@ func smallModel(recipe, text string) []string {
 
 // TestLaunchContextParallel: context-parallel ranks as processes over TCP (the
 // K/V ring's SendRecv steps, FSDP over dp×cp) train the losses and final weights
-// of one rank within 1e-5: cp 2, cp 4, cp2×dp2, and MoE with cp2×ep2 on 2 and 4
-// processes, under optim_grads_params and no_shard.
+// of one rank within 1e-5: cp 2, cp 4, cp2×dp2, and moe-tiny (8 experts) with
+// cp2×ep2 on 2 and 4 processes, under optim_grads_params and no_shard.
 func TestLaunchContextParallel(t *testing.T) {
 	dir := t.TempDir()
 	text := smallCorpus(t, dir)
 	launchMatchesOneRank(t, dir, "dense", smallModel("tiny.toml", text), []meshShape{{"2", "1", "2", "1"}, {"4", "1", "4", "1"}, {"4", "1", "2", "1"}}, 1e-5)
-	moe := append(smallModel("tiny.toml", text), "--num-experts", "4", "--moe-router-topk", "2", "--set", "model.moe.expert_ffn_hidden=32")
+	moe := append(smallModel("moe-tiny.toml", text), "--set", "model.moe.expert_ffn_hidden=32")
 	launchMatchesOneRank(t, dir, "moe", moe, []meshShape{{"2", "1", "2", "2"}, {"4", "1", "2", "2"}}, 1e-5)
 }
 
 // TestLaunchTensorParallel: tensor-parallel ranks as processes over TCP train the
 // losses of one rank within 1e-5 and its weights within 5e-5 (AdamW's steps on
 // near-zero gradients; see TestTensorParallelEquivalence): tp 2, tp 4, tp2×dp2,
-// tp2×cp2 and tp2×cp2×dp2 (8 processes), and MoE (with a shared expert) at tp2×ep2 on 2 and 4 processes, under
-// optim_grads_params and no_shard.
+// tp2×cp2 and tp2×cp2×dp2 (8 processes), and moe-tiny (with a shared expert) at
+// tp2×ep2 on 2 and 4 processes, under optim_grads_params and no_shard.
 func TestLaunchTensorParallel(t *testing.T) {
 	dir := t.TempDir()
 	text := smallCorpus(t, dir)
 	launchMatchesOneRank(t, dir, "tp", smallModel("tiny.toml", text), []meshShape{{"2", "2", "1", "1"}, {"4", "4", "1", "1"}, {"4", "2", "1", "1"}, {"4", "2", "2", "1"}, {"8", "2", "2", "1"}}, 5e-5)
-	moe := append(smallModel("tiny.toml", text), "--num-experts", "4", "--moe-router-topk", "2", "--set", "model.moe.expert_ffn_hidden=32",
-		"--set", "model.moe.shared_experts=1")
+	moe := append(smallModel("moe-tiny.toml", text), "--set", "model.moe.expert_ffn_hidden=32", "--set", "model.moe.shared_experts=1")
 	launchMatchesOneRank(t, dir, "tp-moe", moe, []meshShape{{"2", "2", "1", "2"}, {"4", "2", "1", "2"}}, 5e-5)
 }
 
