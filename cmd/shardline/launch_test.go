@@ -223,19 +223,27 @@ func TestLaunchExpertParallel(t *testing.T) {
 		require.NoError(t, err)
 		assert.Contains(t, string(resolved), "expert_parallel = "+shape[1], name)
 		assert.Contains(t, string(resolved), "world_size = "+shape[0], name)
-		l := losses(t, filepath.Join(dir, name))
-		require.Len(t, l, len(refLoss))
-		for i := range l {
-			assert.InDelta(t, refLoss[i], l[i], 1e-5*refLoss[i], "%s step %d", name, i+1)
-		}
-		header, w := weightsOf(t, filepath.Join(dir, name))
-		require.Equal(t, refHeader, header, name)
-		worst := 0.0
-		for i := range w {
-			worst = math.Max(worst, math.Abs(float64(w[i]-refW[i])))
-		}
-		assert.Less(t, worst, 1e-5, "%s: largest weight difference", name)
+		assertMatches(t, filepath.Join(dir, name), refLoss, refHeader, refW, 1e-5)
 	}
+}
+
+// assertMatches holds a run's losses within 1e-5 of refLoss (relative) and its
+// final weights within wtol of refW, with the same weights header.
+func assertMatches(t *testing.T, dir string, refLoss []float64, refHeader string, refW []float32, wtol float64) {
+	t.Helper()
+	name := filepath.Base(dir)
+	l := losses(t, dir)
+	require.Len(t, l, len(refLoss))
+	for i := range l {
+		assert.InDelta(t, refLoss[i], l[i], 1e-5*refLoss[i], "%s step %d", name, i+1)
+	}
+	header, w := weightsOf(t, dir)
+	require.Equal(t, refHeader, header, name)
+	worst := 0.0
+	for i := range w {
+		worst = math.Max(worst, math.Abs(float64(w[i]-refW[i])))
+	}
+	assert.Less(t, worst, wtol, "%s: largest weight difference", name)
 }
 
 // meshShape is a launch test's layout: processes and the tp, cp and ep degrees.
@@ -263,18 +271,7 @@ func launchMatchesOneRank(t *testing.T, dir, name string, args []string, shapes 
 			for key, v := range map[string]string{"world_size": sh.world, "tensor_parallel": sh.tp, "context_parallel": sh.cp} {
 				assert.Contains(t, string(resolved), key+" = "+v, run)
 			}
-			l := losses(t, filepath.Join(dir, run))
-			require.Len(t, l, len(refLoss))
-			for i := range l {
-				assert.InDelta(t, refLoss[i], l[i], 1e-5*refLoss[i], "%s step %d", run, i+1)
-			}
-			header, w := weightsOf(t, filepath.Join(dir, run))
-			require.Equal(t, refHeader, header, run)
-			worst := 0.0
-			for i := range w {
-				worst = math.Max(worst, math.Abs(float64(w[i]-refW[i])))
-			}
-			assert.Less(t, worst, wtol, "%s: largest weight difference", run)
+			assertMatches(t, filepath.Join(dir, run), refLoss, refHeader, refW, wtol)
 		}
 	}
 }

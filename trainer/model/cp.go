@@ -187,17 +187,32 @@ func (m *Model[F]) rope(x []F, heads int, backward bool) {
 	}
 }
 
+// ringSizes are a ring pass's sizes: n values in each of K, V, dK, dV of a block,
+// c tokens per chunk, and the elements of one half of q (and out), of k or v, and
+// of the log-sum-exps; and its two blocks, cur holding this rank's K/V.
+type ringSizes[F tensor.Float] struct {
+	n, c, hq, hk, hl, NH, HD int
+	cur, nxt                 []F
+}
+
+// ringStart loads this rank's K and V into the first ring block.
+func (m *Model[F]) ringStart(k, v []F) ringSizes[F] {
+	_, _, NH, NKV, HD, _, _ := m.dims()
+	c := m.T / 2
+	r := ringSizes[F]{n: m.B * m.T * NKV * HD, c: c, hq: m.B * c * NH * HD, hk: m.B * c * NKV * HD, hl: m.B * NH * c, NH: NH, HD: HD,
+		cur: m.cp.ring[0], nxt: m.cp.ring[1]}
+	copy(r.cur[:r.n], k)
+	copy(r.cur[r.n:2*r.n], v)
+	return r
+}
+
 // ringAttention is causal attention of the local queries over the whole
 // sequence: out (B·T, NH·HD) and lse, (B, NH, T/2) per half.
 func (m *Model[F]) ringAttention(out, lse, q, k, v []F) {
-	_, _, NH, NKV, HD, _, _ := m.dims()
 	p, be := m.cp, m.be
-	n := m.B * m.T * NKV * HD
-	c := m.T / 2
-	hq, hk, hl := m.B*c*NH*HD, m.B*c*NKV*HD, m.B*NH*c // one half of q (and out), of k or v, of lse
-	cur, nxt := p.ring[0], p.ring[1]
-	copy(cur[:n], k)
-	copy(cur[n:2*n], v)
+	r := m.ringStart(k, v)
+	n, c, hq, hk, hl, NH, HD := r.n, r.c, r.hq, r.hk, r.hl, r.NH, r.HD
+	cur, nxt := r.cur, r.nxt
 	clear(out)
 	for i := range lse {
 		lse[i] = F(math.Inf(-1))
@@ -258,14 +273,10 @@ func mergeAttention[F tensor.Float](out, lse, outB, lseB []F, B, Tq, NH, HD int)
 // the block of the step before; after the last step each accumulator takes one
 // more step, home to its owner.
 func (m *Model[F]) ringAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v []F) {
-	_, _, NH, NKV, HD, _, _ := m.dims()
 	p, be := m.cp, m.be
-	n := m.B * m.T * NKV * HD
-	c := m.T / 2
-	hq, hk, hl := m.B*c*NH*HD, m.B*c*NKV*HD, m.B*NH*c // one half of q (and out), of k or v, of lse
-	cur, nxt := p.ring[0], p.ring[1]
-	copy(cur[:n], k)
-	copy(cur[n:2*n], v)
+	r := m.ringStart(k, v)
+	n, hq, hk, hl := r.n, r.hq, r.hk, r.hl
+	cur, nxt := r.cur, r.nxt
 	for s := 0; s < p.Size; s++ {
 		// What travels: K/V while another rank still needs them, and from the second
 		// step on the accumulator of the block before.
