@@ -17,10 +17,11 @@ import (
 
 // meshPass runs one forward and backward of cfg over B sequences of T tokens on
 // tp × cp in-process ranks (tp fastest, as the mesh orders them) and returns the
-// loss sum and count of the whole micro-batch, and every parameter's gradient
-// assembled whole: tensor-parallel slices put back at their places
-// (parallel.Param.GlobalIndex) and summed over the cp ranks.
-func meshPass(t *testing.T, cfg config.Model, B, T, tp, cp int, recompute string, tokens, targets []int32) (float64, int, [][]float32) {
+// loss sum and count of the whole micro-batch, the aux loss (every rank must have
+// the whole micro-batch's), and every parameter's gradient assembled whole:
+// tensor-parallel slices put back at their places (parallel.Param.GlobalIndex)
+// and summed over the cp ranks (as FSDP's reduction over dp×cp sums them).
+func meshPass(t *testing.T, cfg config.Model, B, T, tp, cp int, recompute string, tokens, targets []int32) (float64, int, float64, [][]float32) {
 	t.Helper()
 	full, err := parallel.ParamTable(cfg, 1, 1)
 	require.NoError(t, err)
@@ -28,7 +29,7 @@ func meshPass(t *testing.T, cfg config.Model, B, T, tp, cp int, recompute string
 	require.NoError(t, err)
 	n := tp * cp
 	world := comm.NewWorld(n, 10*time.Second)
-	sums, counts := make([]float64, n), make([]int, n)
+	sums, counts, aux := make([]float64, n), make([]int, n), make([]float64, n)
 	grads := make([][][]float32, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -77,6 +78,7 @@ func meshPass(t *testing.T, cfg config.Model, B, T, tp, cp int, recompute string
 			LocalTokens(tok, tokens, B, T, cr, cp)
 			LocalTokens(tgt, targets, B, T, cr, cp)
 			sums[r], counts[r] = m.Forward(tok, tgt)
+			aux[r] = m.AuxLoss()
 			m.Backward(tok, tgt, 1.0/float64(B*T))
 			errs[r], grads[r] = m.Err(), g
 		}()
@@ -90,7 +92,8 @@ func meshPass(t *testing.T, cfg config.Model, B, T, tp, cp int, recompute string
 	var count int
 	for r := 0; r < n; r++ {
 		require.NoError(t, errs[r])
-		tr, cr := r%tp, r/tp
+		assert.InDelta(t, aux[0], aux[r], 1e-6, "every rank has the whole micro-batch's aux loss")
+		tr := r % tp
 		if tr == 0 { // every tp rank returns its group's whole sums
 			sum, count = sum+sums[r], count+counts[r]
 		}
@@ -103,9 +106,8 @@ func meshPass(t *testing.T, cfg config.Model, B, T, tp, cp int, recompute string
 				out[i][gi] += v
 			}
 		}
-		_ = cr
 	}
-	return sum, count, out
+	return sum, count, aux[0], out
 }
 
 // TestTensorParallelEqualsOneRank: the model split over tp 2 and 4 ranks
@@ -132,7 +134,7 @@ func TestTensorParallelEqualsOneRank(t *testing.T) {
 		}
 		targets[9] = -1
 		for _, recompute := range []string{"none", "selective", "full"} {
-			refSum, refCount, refGrad := meshPass(t, cfg, B, T, 1, 1, recompute, tokens, targets)
+			refSum, refCount, refAux, refGrad := meshPass(t, cfg, B, T, 1, 1, recompute, tokens, targets)
 			var gmax float64
 			for _, g := range refGrad {
 				for _, v := range g {
@@ -141,9 +143,10 @@ func TestTensorParallelEqualsOneRank(t *testing.T) {
 			}
 			for _, mesh := range [][2]int{{2, 1}, {4, 1}, {2, 2}} {
 				name := fmt.Sprintf("%s tp %d cp %d recompute %s", tied, mesh[0], mesh[1], recompute)
-				sum, count, grad := meshPass(t, cfg, B, T, mesh[0], mesh[1], recompute, tokens, targets)
+				sum, count, aux, grad := meshPass(t, cfg, B, T, mesh[0], mesh[1], recompute, tokens, targets)
 				assert.Equal(t, refCount, count, name)
 				assert.InDelta(t, refSum, sum, 1e-5*math.Abs(refSum), name)
+				assert.InDelta(t, refAux, aux, 1e-5*math.Abs(refAux)+1e-9, name)
 				var worst float64
 				for i := range grad {
 					for j := range grad[i] {
