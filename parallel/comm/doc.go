@@ -1,7 +1,8 @@
 // Package comm is shardline's collective communication: the Communicator interface
 // (all-gather, reduce-scatter, all-reduce, all-to-all with uneven splits,
-// broadcast, barrier) over float32 buffers and bf16 buffers (reduced in fp32), and
-// its implementations.
+// broadcast, barrier, and send/recv ring steps) over float32 buffers and bf16
+// buffers (reduced in fp32), and its implementations. Counted wraps any of them
+// and adds up the bytes a member sends.
 //
 // # In-process
 //
@@ -17,7 +18,7 @@
 // DialTCP joins ranks in separate processes (or machines): rank 0 hosts a
 // rendezvous that refuses peers without the job token, every pair of ranks
 // connects, and collectives run as rings (all-gather, reduce-scatter; all-reduce
-// is both) or pairwise exchanges (all-to-all), with a fixed order, so results
+// is both) or pairwise exchanges (all-to-all, send/recv), with a fixed order, so results
 // repeat bit for bit. Frames carry a sequence number and a length checked before
 // anything is allocated; every operation has a deadline, and a lost peer is named
 // in the error. Group(ranks, tag) builds a communicator over a subset: a mesh of

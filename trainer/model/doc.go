@@ -1,7 +1,12 @@
 // Package model is the Llama-style decoder with explicit Forward and Backward
-// passes over a tensor.Kernels backend. It is written for one device: parallelism
-// is applied by the trainer, which hands the model views of its parameter and
-// gradient buffers (laid out by the plan's parameter table).
+// passes over a tensor.Kernels backend. The trainer hands the model views of its
+// parameter and gradient buffers (laid out by the plan's parameter table); data
+// parallelism and FSDP stay outside it. The parallelisms that change what one pass
+// computes live here, each behind an option and a communicator: expert
+// parallelism (moe.go: token all-to-alls), context parallelism (cp.go: sequences
+// split into chunks, ring attention) and tensor parallelism (tp.go: Megatron's
+// column- and row-parallel layers with sequence parallelism, a
+// vocabulary-parallel embedding and loss).
 //
 // The forward pass reads like the math: embed, then for each layer RMSNorm →
 // attention with RoPE and grouped KV heads → residual → RMSNorm → SwiGLU MLP →
