@@ -558,6 +558,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	if err != nil {
 		return nil, fmt.Errorf("building the model: %w", err)
 	}
+	defer t.m.Close()
 	if t.st.unitGrads {
 		t.rt = newUnitRuntime(t.st, t.m, r.FSDP.OverlapParamGather, r.FSDP.OverlapGradReduce, r.FSDP.FSDPDoubleBuffer, r.FSDP.SuggestedCommunicationUnitSize, t.trace)
 		defer t.rt.close()

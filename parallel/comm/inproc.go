@@ -98,43 +98,59 @@ type slot struct {
 }
 
 func newGroup(w *World, ranks []int) *group {
-	g := &group{w: w, ranks: ranks, slots: make([]slot, len(ranks))}
-	g.bar = barrier{n: len(ranks), arrived: make([]bool, len(ranks)), ch: make(chan struct{})}
+	n := len(ranks)
+	g := &group{w: w, ranks: ranks, slots: make([]slot, n)}
+	g.bar = barrier{n: n, arrived: make([]bool, n), wake: make([]chan struct{}, n), timers: make([]*time.Timer, n)}
+	for i := range g.bar.wake {
+		g.bar.wake[i] = make(chan struct{}, 1)
+		g.bar.timers[i] = time.NewTimer(time.Hour)
+		g.bar.timers[i].Stop()
+	}
 	return g
 }
 
 // barrier releases its members when all have arrived; the last to arrive runs
-// onLast first. A member that waits past the timeout learns who is missing.
+// onLast first and wakes the others, each through a channel of its own. A member
+// that waits past the timeout learns who is missing. Channels and timers are made
+// once per group, so a collective allocates nothing.
 type barrier struct {
 	mu      sync.Mutex
 	n       int
 	count   int
 	arrived []bool
-	ch      chan struct{}
+	wake    []chan struct{} // per member, buffered: the last arriver's release
+	timers  []*time.Timer   // per member, reset for each wait
 }
 
 func (g *group) wait(rank int, op string, onLast func()) error {
 	b := &g.bar
+	select {
+	case <-b.wake[rank]: // a release left over from a wait that timed out
+	default:
+	}
 	b.mu.Lock()
-	ch := b.ch
 	b.arrived[rank] = true
 	b.count++
 	if b.count == b.n {
 		if onLast != nil {
 			onLast()
 		}
+		for i, waiting := range b.arrived {
+			if waiting && i != rank {
+				b.wake[i] <- struct{}{} // never blocks: one release per wait
+			}
+		}
 		b.count = 0
 		clear(b.arrived)
-		b.ch = make(chan struct{})
-		close(ch)
 		b.mu.Unlock()
 		return nil
 	}
 	b.mu.Unlock()
-	timer := time.NewTimer(g.w.timeout)
+	timer := b.timers[rank]
+	timer.Reset(g.w.timeout)
 	defer timer.Stop()
 	select {
-	case <-ch:
+	case <-b.wake[rank]:
 		return nil
 	case <-g.w.abort:
 		return &RankError{Op: op, Err: fmt.Errorf("world aborted: %w", g.w.why)}

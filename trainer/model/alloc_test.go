@@ -4,25 +4,20 @@ import (
 	"runtime"
 	"runtime/debug"
 	"testing"
+	"time"
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/parallel/comm"
 	"github.com/shardline/shardline/tensor/cpu"
 )
 
 // TestStepAllocatesNothing runs whole training steps (forward, backward, AdamW,
 // clearing the gradients) on the dense Shakespeare-char model and on an MoE model
-// (8 experts, top 2, one shared expert), and counts heap allocations in the whole
-// process over rounds of steps after the first: the steady state of a step must
-// allocate nothing. The kernels' buffers belong to the chunk of work they serve,
-// not to whichever goroutine ran it, so what a step allocates does not depend on
-// scheduling; the garbage collector is off so that it cannot allocate in the count.
-//
-// The runtime itself may allocate once in a while beside the step (a new OS
-// thread, when a goroutine yields and no idle thread is left to run another);
-// that is not the step's doing and it does not recur, so the test passes when one
-// of a few rounds allocates nothing. Anything a step allocates on every call fails
-// every round.
+// (8 experts, top 2, one shared expert): the steady state of a step must allocate
+// nothing (assertNoSteadyAllocs). The kernels' buffers belong to the chunk of work
+// they serve, not to whichever goroutine ran it, so what a step allocates does not
+// depend on scheduling.
 func TestStepAllocatesNothing(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates on its own; this test runs in the plain suite")
@@ -35,32 +30,124 @@ func TestStepAllocatesNothing(t *testing.T) {
 	}{{"dense", ShakespeareChar()}, {"moe", moe}} {
 		t.Run(tc.name, func(t *testing.T) {
 			step := newStepper(t, tc.cfg, 12, 64)
-			step() // the first step sizes every buffer
-			defer debug.SetGCPercent(debug.SetGCPercent(-1))
-			const rounds, steps = 4, 5
-			var counts []uint64
-			for range rounds {
-				var before, after runtime.MemStats
-				runtime.ReadMemStats(&before)
-				for range steps {
-					step()
-				}
-				runtime.ReadMemStats(&after)
-				n := after.Mallocs - before.Mallocs
-				if n == 0 {
-					return
-				}
-				counts = append(counts, n)
-			}
-			t.Fatalf("every round of %d steps allocated: %v objects; want a round with 0", steps, counts)
+			assertNoSteadyAllocs(t, step)
 		})
 	}
+}
+
+// TestMeshStepAllocatesNothing: the same for two in-process ranks running steps
+// together under tensor, context and expert parallelism (the collectives and the
+// ring reuse their channels, timers and goroutine; each rank is a goroutine that
+// lives through the test).
+func TestMeshStepAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates on its own; this test runs in the plain suite")
+	}
+	dense := ShakespeareChar()
+	dense.VocabSize = 64 // split over tp 2
+	moe := dense
+	moe.MoE = config.MoE{NumExperts: 8, TopK: 2, ExpertFFNHidden: 128, SharedExperts: 1, LayerFreq: 1, AuxLossCoeff: 0.01}
+	for _, tc := range []struct {
+		name       string
+		cfg        config.Model
+		tp, cp, ep int
+	}{{"tp2", dense, 2, 1, 1}, {"cp2", dense, 1, 2, 1}, {"ep2", moe, 1, 1, 2}, {"tp2-moe", moe, 2, 1, 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			world := comm.NewWorld(2, time.Minute)
+			steps := make([]func(), 2)
+			for r := range steps {
+				var opts []Option
+				if tc.tp > 1 {
+					opts = append(opts, WithTensorParallel(TensorParallel{Comm: tagged(t, world, r, "tp"), Rank: r, Size: 2}))
+				}
+				if tc.cp > 1 {
+					opts = append(opts, WithContextParallel(ContextParallel{Comm: tagged(t, world, r, "cp"), Rank: r, Size: 2}))
+				}
+				if tc.ep > 1 {
+					opts = append(opts, WithExpertParallel(ExpertParallel{Comm: tagged(t, world, r, "ep"), Rank: r, Size: 2}))
+				}
+				steps[r] = newRankStepper(t, tc.cfg, 12, 64, tc.tp, r%tc.tp, opts...)
+			}
+			// Each rank is a goroutine for the whole test, stepping on a signal.
+			start, done := [2]chan struct{}{make(chan struct{}), make(chan struct{})}, make(chan struct{}, 2)
+			for r := range steps {
+				go func() {
+					for range start[r] {
+						steps[r]()
+						done <- struct{}{}
+					}
+				}()
+			}
+			defer func() {
+				for r := range start {
+					close(start[r])
+				}
+			}()
+			assertNoSteadyAllocs(t, func() {
+				for r := range start {
+					start[r] <- struct{}{}
+				}
+				<-done
+				<-done
+			})
+		})
+	}
+}
+
+func tagged(t *testing.T, w *comm.World, r int, tag string) comm.Communicator {
+	t.Helper()
+	c, err := w.Tagged(r, []int{0, 1}, tag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// assertNoSteadyAllocs runs step once (which sizes every buffer) and then counts
+// heap allocations in the whole process over rounds of steps, with the garbage
+// collector off so that it cannot allocate in the count: some round must
+// allocate nothing.
+//
+// The runtime itself may allocate once in a while beside the step (a new OS
+// thread, when a goroutine yields and no idle thread is left to run another; a
+// goroutine's wait record when one blocks in a collective and its processor's
+// cache of them is empty); that is not the step's doing and it does not recur,
+// so the test passes when one of a few rounds allocates nothing. Anything a step
+// allocates on every call fails every round.
+func assertNoSteadyAllocs(t *testing.T, step func()) {
+	t.Helper()
+	step()
+	step() // a second step: buffers sized by the first pass of another shape
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	const rounds, steps = 10, 3
+	var counts []uint64
+	for range rounds {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		for range steps {
+			step()
+		}
+		runtime.ReadMemStats(&after)
+		n := after.Mallocs - before.Mallocs
+		if n == 0 {
+			return
+		}
+		counts = append(counts, n)
+	}
+	t.Fatalf("every round of %d steps allocated: %v objects; want a round with 0", steps, counts)
 }
 
 // newStepper builds a model of cfg with AdamW state and returns one training step.
 func newStepper(t *testing.T, cfg config.Model, B, T int) func() {
 	t.Helper()
-	table, err := parallel.ParamTable(cfg, 1, 1)
+	return newRankStepper(t, cfg, B, T, 1, 0)
+}
+
+// newRankStepper is newStepper for tensor-parallel rank tpRank of tp, with the
+// model's parallelism options.
+func newRankStepper(t *testing.T, cfg config.Model, B, T, tp, tpRank int, opt ...Option) func() {
+	t.Helper()
+	table, err := parallel.ParamTable(cfg, tp, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,14 +156,16 @@ func newStepper(t *testing.T, cfg config.Model, B, T int) func() {
 	for i := range table {
 		size := table[i].LocalNumel()
 		w[i], g[i], m1[i], m2[i] = make([]float32, size), make([]float32, size), make([]float32, size), make([]float32, size)
-		InitParam(w[i], &table[i], 0, 1, cfg.InitStd, cfg.Layers)
+		InitParamTP(w[i], &table[i], 0, tpRank, 1, cfg.InitStd, cfg.Layers)
 	}
 	be := cpu.Backend{}
-	m, err := New[float32](cfg, table, w, g, be, B, T)
+	m, err := New[float32](cfg, table, w, g, be, B, T, opt...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tokens, targets := make([]int32, B*T), make([]int32, B*T)
+	t.Cleanup(m.Close)
+	local := B * m.T // tokens this rank holds (B·T/cp under context parallelism)
+	tokens, targets := make([]int32, local), make([]int32, local)
 	for i := range tokens {
 		tokens[i], targets[i] = int32(i*7%cfg.VocabSize), int32((i*7+3)%cfg.VocabSize)
 	}

@@ -61,13 +61,50 @@ func LocalTokens(dst, src []int32, B, T, rank, size int) {
 
 // cpState is a context-parallel model's ring: two blocks of [k | v | dk | dv]
 // (one held, one arriving), the partial dK/dV of the block held, and one half's
-// partial output and log-sum-exps (one key chunk's attention).
+// partial output and log-sum-exps (one key chunk's attention). Ring steps run on
+// one goroutine of the model's (started with the first step, ended by Close):
+// requests go to it and results come back over channels made once, so a step
+// allocates nothing.
 type cpState[F tensor.Float] struct {
 	ContextParallel
 	ring      [2][]F
 	pd        []F
 	out, lse  []F
+	requests  chan ringStep
 	exchanged chan error
+	running   bool // the ring goroutine is started
+}
+
+// ringStep is one SendRecv for the ring's goroutine, with what the trace calls it.
+type ringStep struct {
+	what     ringWhat
+	step     int
+	dst, src []float32
+}
+
+// ringWhat names what a ring step carries, or which compute it overlaps.
+type ringWhat int
+
+const (
+	ringKV ringWhat = iota
+	ringKVGrads
+	ringGradsHome
+	ringAttn
+	ringAttnBwd
+)
+
+func (w ringWhat) name(step int) string {
+	switch w {
+	case ringKV:
+		return fmt.Sprintf("cp send_recv K/V %d", step)
+	case ringKVGrads:
+		return fmt.Sprintf("cp send_recv K/V+dK/dV %d", step)
+	case ringGradsHome:
+		return "cp send_recv dK/dV home"
+	case ringAttn:
+		return fmt.Sprintf("ring attention %d", step)
+	}
+	return fmt.Sprintf("ring attention backward %d", step)
 }
 
 func (m *Model[F]) setupCP(cp ContextParallel, T int) error {
@@ -78,7 +115,7 @@ func (m *Model[F]) setupCP(cp ContextParallel, T int) error {
 	if T%(2*cp.Size) != 0 {
 		return fmt.Errorf("model: a sequence of %d tokens does not split into 2 × %d equal chunks", T, cp.Size)
 	}
-	m.cp = &cpState[F]{ContextParallel: cp, exchanged: make(chan error, 1)}
+	m.cp = &cpState[F]{ContextParallel: cp, requests: make(chan ringStep, 1), exchanged: make(chan error, 1)}
 	m.T = T / cp.Size
 	m.flash = true // queries attend to keys held elsewhere: offsets need flash attention
 	return nil
@@ -122,29 +159,45 @@ func (m *Model[F]) chunks(rank int) [2]int { return [2]int{rank, 2*m.cp.Size - 1
 
 // exchange starts the ring step that sends src to the next rank and receives dst
 // from the previous one; wait ends it.
-func (m *Model[F]) exchange(name string, dst, src []F) {
+func (m *Model[F]) exchange(what ringWhat, step int, dst, src []F) {
 	p := m.cp
-	d, _ := any(dst).([]float32)
-	s, _ := any(src).([]float32)
-	go func() {
+	if !p.running {
+		p.running = true
+		go p.serve()
+	}
+	p.requests <- ringStep{what: what, step: step, dst: f32(dst), src: f32(src)}
+}
+
+// serve runs the ring steps asked of it, one at a time, until Close.
+func (p *cpState[F]) serve() {
+	for r := range p.requests {
 		t0 := time.Now()
-		err := p.Comm.SendRecv(d, s, (p.Rank+1)%p.Size, (p.Rank-1+p.Size)%p.Size)
+		err := p.Comm.SendRecv(r.dst, r.src, (p.Rank+1)%p.Size, (p.Rank-1+p.Size)%p.Size)
 		if p.Trace != nil {
-			p.Trace(name, true, t0, time.Now())
+			p.Trace(r.what.name(r.step), true, t0, time.Now())
 		}
 		p.exchanged <- err
-	}()
+	}
+}
+
+// Close ends the model's background work (context parallelism's ring
+// goroutine). The model must not run a pass after it.
+func (m *Model[F]) Close() {
+	if m.cp != nil && m.cp.running {
+		close(m.cp.requests)
+		m.cp.running = false
+	}
 }
 
 // traced runs f and reports it as a compute span.
-func (m *Model[F]) traced(name string, f func()) {
+func (m *Model[F]) traced(what ringWhat, step int, f func()) {
 	if m.cp.Trace == nil {
 		f()
 		return
 	}
 	t0 := time.Now()
 	f()
-	m.cp.Trace(name, false, t0, time.Now())
+	m.cp.Trace(what.name(step), false, t0, time.Now())
 }
 
 func (m *Model[F]) wait() {
@@ -219,10 +272,10 @@ func (m *Model[F]) ringAttention(out, lse, q, k, v []F) {
 	}
 	for s := 0; s < p.Size; s++ {
 		if s < p.Size-1 {
-			m.exchange(fmt.Sprintf("cp send_recv K/V %d", s), nxt[:2*n], cur[:2*n])
+			m.exchange(ringKV, s, nxt[:2*n], cur[:2*n])
 		}
 		src := (p.Rank - s + p.Size) % p.Size
-		m.traced(fmt.Sprintf("ring attention %d", s), func() {
+		m.traced(ringAttn, s, func() {
 			m.blockPairs(src, func(qo, ko, lo int, sh tensor.AttentionShape) {
 				be.FlashAttention(p.out, p.lse, q[qo:qo+hq], cur[ko:ko+hk], cur[n+ko:n+ko+hk], sh)
 				mergeAttention(out[qo:qo+hq], lse[lo:lo+hl], p.out, p.lse, m.B, c, NH, HD)
@@ -287,10 +340,10 @@ func (m *Model[F]) ringAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v []F
 		if s == 0 {
 			hi = 2 * n
 		}
-		m.exchange(fmt.Sprintf("cp send_recv K/V+dK/dV %d", s), nxt[lo:hi], cur[lo:hi])
+		m.exchange(ringKVGrads, s, nxt[lo:hi], cur[lo:hi])
 		src := (p.Rank - s + p.Size) % p.Size
 		clear(p.pd)
-		m.traced(fmt.Sprintf("ring attention backward %d", s), func() {
+		m.traced(ringAttnBwd, s, func() {
 			m.blockPairs(src, func(qo, ko, lo int, sh tensor.AttentionShape) {
 				qs, os, ds := q[qo:qo+hq], out[qo:qo+hq], dout[qo:qo+hq]
 				be.FlashAttentionBackward(dq[qo:qo+hq], p.pd[ko:ko+hk], p.pd[n+ko:n+ko+hk],
@@ -306,7 +359,7 @@ func (m *Model[F]) ringAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v []F
 		}
 		cur, nxt = nxt, cur
 	}
-	m.exchange("cp send_recv dK/dV home", nxt[2*n:4*n], cur[2*n:4*n])
+	m.exchange(ringGradsHome, 0, nxt[2*n:4*n], cur[2*n:4*n])
 	m.wait()
 	be.AddInto(dk, nxt[2*n:3*n], n)
 	be.AddInto(dv, nxt[3*n:4*n], n)

@@ -74,6 +74,7 @@ func meshPass(t *testing.T, cfg config.Model, B, T, tp, cp int, recompute string
 				errs[r] = err
 				return
 			}
+			defer m.Close()
 			tok, tgt := make([]int32, B*T/cp), make([]int32, B*T/cp)
 			LocalTokens(tok, tokens, B, T, cr, cp)
 			LocalTokens(tgt, targets, B, T, cr, cp)
