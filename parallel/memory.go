@@ -157,7 +157,9 @@ func tokensOf(r *config.Recipe, m Mesh) tokens {
 //	  product 3·t·f
 //	MoE: norm input and output 2·t·h; router logits and probabilities 2·t·E (fp32); permuted
 //	  tokens T·h; per routed copy 3·T·ef/etp; shared experts 3·t·ef each; combined
-//	  output t·h, with T routed copies on this rank
+//	  output t·h, with T routed copies on this rank (the CPU engine: the experts'
+//	  outputs T·h instead of the combined output, and under expert parallelism the
+//	  received tokens T·h)
 //
 // Everything is divided by tp (Megatron's sequence parallelism splits the h-sized
 // tensors too). Full recompute keeps each layer's input (t·h) plus one layer's full
@@ -194,7 +196,18 @@ func activationBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
 		}
 		ef := int64(mo.MoE.ExpertFFNHidden)
 		e := attn + 2*t.local*h + 2*t.local*int64(mo.MoE.NumExperts)*4/d.compute
-		e += t.routed*h + 3*t.routed*ef/int64(m.ETP) + 3*t.local*ef*int64(mo.MoE.SharedExperts) + t.local*h
+		e += t.routed*h + 3*t.routed*ef/int64(m.ETP) + 3*t.local*ef*int64(mo.MoE.SharedExperts)
+		if cpu {
+			// The CPU engine keeps the experts' outputs per routed copy (combined in
+			// backward) and, under expert parallelism, the received tokens in local
+			// expert order (the experts' inputs in backward).
+			e += t.routed * h
+			if m.EP > 1 {
+				e += t.routed * h
+			}
+		} else {
+			e += t.local * h // the combined output
+		}
 		return e / tp
 	}
 	var elems int64
@@ -217,13 +230,14 @@ func activationBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
 }
 
 // dispatchBytes is the all-to-all send and receive buffers of one MoE layer, reused
-// by every layer: 2 · T · h in the compute dtype.
-func dispatchBytes(r *config.Recipe, t tokens, d dtypes) (expected, worst int64) {
-	if r.Model.MoE.NumExperts == 0 {
+// by every layer: 2 · T · h / tp in the compute dtype. The CPU engine has none without
+// expert parallelism (nothing is exchanged).
+func dispatchBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) (expected, worst int64) {
+	if r.Model.MoE.NumExperts == 0 || (r.Parallel.Device == "cpu" && m.EP == 1) {
 		return 0, 0
 	}
-	h := int64(r.Model.Hidden)
-	return 2 * t.routed * h * d.compute, 2 * t.worst * h * d.compute
+	h, tp := int64(r.Model.Hidden), int64(m.TP) // sequence parallelism routes a rank's 1/tp of the tokens
+	return 2 * t.routed * h * d.compute / tp, 2 * t.worst * h * d.compute / tp
 }
 
 // logitsBytes: the output logits of one micro-batch (vocabulary split over tp) in the

@@ -131,7 +131,7 @@ func (p *Plan) memory(r *config.Recipe, d dtypes) {
 	mem.GatheredUnits, mem.GradReduceBuffers = unitBuffers(r, maxUnit, d)
 	t := tokensOf(r, p.Mesh)
 	mem.Activations = activationBytes(r, p.Mesh, t, d)
-	mem.MoEDispatch, p.MoEDispatchWorst = dispatchBytes(r, t, d)
+	mem.MoEDispatch, p.MoEDispatchWorst = dispatchBytes(r, p.Mesh, t, d)
 	mem.Logits = logitsBytes(r, p.Mesh, t, d)
 	if r.Parallel.Device == "cuda" && p.Mesh.World == 1 {
 		// One GPU runs in shardline-cuda's engine, whose buffers are known exactly;

@@ -304,7 +304,8 @@ func TestStrategiesCommunicate(t *testing.T) {
 }
 
 // TestMoETokensByHand checks the routed-token counts and dispatch buffers for
-// moe-tiny at 8 ranks, EP 4: 16×128 = 2,048 local tokens, top-2.
+// moe-tiny at 8 ranks, EP 4: 16×128 = 2,048 local tokens, top-2; and that the CPU
+// engine holds no dispatch buffers at EP 1.
 func TestMoETokensByHand(t *testing.T) {
 	res := load(t, "../recipes/moe-tiny.toml", "parallel.world_size=8", "parallel.expert_parallel=4", "train.global_batch_size=128")
 	m := compile(t, &res.Recipe).Mesh
@@ -313,9 +314,12 @@ func TestMoETokensByHand(t *testing.T) {
 	assert.EqualValues(t, 2048*2, tk.routed, "balanced: each rank receives what it sends, local × top_k")
 	assert.EqualValues(t, 4*2048*2, tk.worst, "every ep rank's copies land here: ep × local × min(top_k, E/ep = 2)")
 	d := dtypesOf(&res.Recipe)
-	exp, worst := dispatchBytes(&res.Recipe, tk, d)
+	exp, worst := dispatchBytes(&res.Recipe, m, tk, d)
 	assert.EqualValues(t, 2*4096*128*4, exp, "send + receive buffers of T×h fp32")
 	assert.EqualValues(t, 2*16384*128*4, worst)
+	one := compile(t, &load(t, "../recipes/moe-tiny.toml", "parallel.world_size=8", "train.global_batch_size=128").Recipe).Mesh
+	exp, _ = dispatchBytes(&res.Recipe, one, tk, d)
+	assert.Zero(t, exp, "the CPU engine exchanges nothing without expert parallelism")
 
 	res = load(t, "../recipes/moe-tiny.toml", "parallel.world_size=8", "parallel.expert_parallel=4", "train.global_batch_size=128", "model.moe.capacity_factor=1.25")
 	tk = tokensOf(&res.Recipe, m)

@@ -240,11 +240,11 @@ func (t *run) held() Memory {
 	}
 	w, main, g, o := t.st.bytes()
 	act, logits := t.m.ActivationBytes()
-	h := Memory{Weights: w, MainWeights: main, Grads: g, OptimizerState: o, Activations: act, Logits: logits}
+	h := Memory{Weights: w, MainWeights: main, Grads: g, OptimizerState: o, Activations: act, MoEDispatch: t.m.DispatchBytes(), Logits: logits}
 	if t.rt != nil {
 		h.GatheredUnits, h.GradReduceBuffers = t.rt.memory()
 	}
-	h.Total = w + main + g + o + act + logits + h.GatheredUnits + h.GradReduceBuffers
+	h.Total = w + main + g + o + act + h.MoEDispatch + logits + h.GatheredUnits + h.GradReduceBuffers
 	return h
 }
 

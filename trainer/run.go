@@ -177,6 +177,7 @@ type Memory struct {
 	GatheredUnits     int64 `json:"gathered_units"`      // peak of gathered unit weights
 	GradReduceBuffers int64 `json:"grad_reduce_buffers"` // peak of unit gradient buffers
 	Activations       int64 `json:"activations"`
+	MoEDispatch       int64 `json:"moe_dispatch"` // expert parallelism's exchange buffers
 	Logits            int64 `json:"logits"`
 	Total             int64 `json:"total"`
 }

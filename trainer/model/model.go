@@ -60,6 +60,7 @@ type Model[F tensor.Float] struct {
 		// MoE backward (sized for the largest MoE layer)
 		moeDlogits, moeDprobs, moeDgates, moeDy, moeDx, moeDh, moeDg, moeDu, moeSh, moeSg, moeSu []F
 		moeEpA, moeEpB, moeEpC                                                                   []F // expert parallelism
+		moeRecv, moeYloc                                                                         []F // the exchange's arrival-order rows, every layer's
 	}
 }
 
@@ -394,6 +395,7 @@ func (m *Model[F]) alloc() {
 		s.moeDh, s.moeDg, s.moeDu = make([]F, copies*EF), make([]F, copies*EF), make([]F, copies*EF)
 		if m.ep.Size > 1 {
 			s.moeEpA, s.moeEpB, s.moeEpC = make([]F, copies*C), make([]F, copies*C), make([]F, copies*C)
+			s.moeRecv, s.moeYloc = make([]F, copies*C), make([]F, copies*C)
 		}
 		SF := EF / m.tpSize()
 		s.moeSh, s.moeSg, s.moeSu = make([]F, BT*SF), make([]F, BT*SF), make([]F, BT*SF)
@@ -492,6 +494,18 @@ func (m *Model[F]) ActivationBytes() (activations, logits int64) {
 		}
 	}
 	return n * size, int64(len(a.logits)+len(a.probs)+len(a.losses)) * size
+}
+
+// DispatchBytes is what expert parallelism's token exchange holds beside the
+// layers' activations: the rows received in arrival order and the experts'
+// outputs before they go back (one pair, shared by every MoE layer), in bytes.
+func (m *Model[F]) DispatchBytes() int64 {
+	var zero F
+	size := int64(4)
+	if any(zero) == any(float64(0)) {
+		size = 8
+	}
+	return int64(len(m.scratch.moeRecv)+len(m.scratch.moeYloc)) * size
 }
 
 // AuxLoss is the load-balancing loss of the last forward pass, summed over MoE

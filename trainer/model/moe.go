@@ -47,10 +47,11 @@ type moeActs[F any] struct {
 	dropped       int       // copies dropped past capacity in the last forward
 
 	// Expert parallelism (ep > 1): rows exchanged with each ep rank, per-expert
-	// counts, and the received tokens regrouped by local expert. Buffers start at
-	// the balanced share (BT · k rows, what the plan budgets) and grow to the most
-	// rows a layer has received (at most ep · BT · min(k, E/ep), the worst case the
-	// plan states); they are reused by every layer and step.
+	// counts, and the received tokens regrouped by local expert (xloc, kept for
+	// backward; the exchange's arrival-order buffers are the model's, shared by
+	// every layer). Buffers start at the balanced share (BT · k rows, what the plan
+	// budgets) and grow to the most rows a layer has received (at most
+	// ep · BT · min(k, E/ep), the worst case the plan states).
 	sendRows, recvRows []int
 	sendEl, recvEl     []int   // the same counts in values (rows · C), for the all-to-alls
 	even               []int   // ep values of E/ep: the counts' all-to-all
@@ -58,7 +59,7 @@ type moeActs[F any] struct {
 	cntSend, cntRecv   []float32
 	srcStart, locStart []int // (source, local expert) → start row in recv order / in local order
 	total              int   // rows received
-	xrecv, xloc, yloc  []F   // (rows, C)
+	xloc               []F   // (rows, C)
 }
 
 // newMoEActs sizes one MoE layer's activations for BT routed token rows (this
@@ -79,7 +80,7 @@ func newMoEActs[F any](c config.Model, BT, ep, sharedRows, tp int) *moeActs[F] {
 		a.sendEl, a.recvEl, a.even, a.localOff = make([]int, ep), make([]int, ep), make([]int, ep), make([]int32, El+1)
 		a.cntSend, a.cntRecv = make([]float32, ep*El), make([]float32, ep*El)
 		a.srcStart, a.locStart = make([]int, ep*El), make([]int, ep*El)
-		a.xrecv, a.xloc, a.yloc = make([]F, R*C), make([]F, R*C), make([]F, R*C)
+		a.xloc = make([]F, R*C)
 	}
 	SF := EF / tp
 	for s := 0; s < c.MoE.SharedExperts; s++ {
@@ -89,8 +90,7 @@ func newMoEActs[F any](c config.Model, BT, ep, sharedRows, tp int) *moeActs[F] {
 }
 
 func (a *moeActs[F]) size() int64 {
-	n := len(a.logits) + len(a.probs) + len(a.gates) + len(a.x) + len(a.gate) + len(a.up) + len(a.sw) + len(a.y) +
-		len(a.xrecv) + len(a.xloc) + len(a.yloc)
+	n := len(a.logits) + len(a.probs) + len(a.gates) + len(a.x) + len(a.gate) + len(a.up) + len(a.sw) + len(a.y) + len(a.xloc)
 	for s := range a.sgate {
 		n += len(a.sgate[s]) + len(a.sup[s]) + len(a.ssw[s])
 	}
@@ -120,11 +120,11 @@ func (m *Model[F]) moeForward(out, x []F, p moeParams[F], a *moeActs[F]) {
 	a.dropped = BT*k - a.n
 	if m.ep.Size > 1 {
 		m.epExchange(a)
-		xin, yout := a.xloc, a.yloc
-		m.epRegroup(a, a.xloc, a.xrecv, true)
-		m.expertsForward(p, a, xin, yout, a.localOff)
-		m.epRegroup(a, a.yloc, a.xrecv, false) // back to arrival order, reusing xrecv
-		m.a2a(a.y[:a.n*C], a.xrecv[:a.total*C], a.recvEl, a.sendEl)
+		sc := &m.scratch
+		m.epRegroup(a, a.xloc, sc.moeRecv, true)
+		m.expertsForward(p, a, a.xloc, sc.moeYloc, a.localOff)
+		m.epRegroup(a, sc.moeYloc, sc.moeRecv, false) // back to arrival order, reusing the receive buffer
+		m.a2a(a.y[:a.n*C], sc.moeRecv[:a.total*C], a.recvEl, a.sendEl)
 	} else {
 		m.expertsForward(p, a, a.x, a.y, a.offsets)
 	}
@@ -189,7 +189,8 @@ func (m *Model[F]) a2a(dst, src []F, send, recv []int) {
 }
 
 // epExchange sends each ep rank its experts' token copies: first the per-expert
-// counts (an even all-to-all), then the rows (uneven), into xrecv in arrival order
+// counts (an even all-to-all), then the rows (uneven), into the model's receive
+// buffer in arrival order
 // (source rank, then its local expert).
 func (m *Model[F]) epExchange(a *moeActs[F]) {
 	ep, El, C := m.ep.Size, m.Cfg.MoE.NumExperts/m.ep.Size, m.Cfg.Hidden
@@ -225,23 +226,26 @@ func (m *Model[F]) epExchange(a *moeActs[F]) {
 	for i := 0; i < ep; i++ {
 		a.sendEl[i], a.recvEl[i] = a.sendRows[i]*C, a.recvRows[i]*C
 	}
-	m.a2a(a.xrecv[:a.total*C], a.x[:a.n*C], a.sendEl, a.recvEl)
+	m.a2a(m.scratch.moeRecv[:a.total*C], a.x[:a.n*C], a.sendEl, a.recvEl)
 }
 
 // growExchange makes the exchange and expert buffers hold rows rows (growing
 // them, rarely, past the balanced share they start at).
 func (m *Model[F]) growExchange(a *moeActs[F], rows int) {
 	C, EF := m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden
-	if rows*C <= len(a.xrecv) {
-		return
-	}
-	a.xrecv, a.xloc, a.yloc = make([]F, rows*C), make([]F, rows*C), make([]F, rows*C)
-	a.gate, a.up, a.sw = make([]F, rows*EF), make([]F, rows*EF), make([]F, rows*EF)
 	s := &m.scratch
+	if rows*C > len(s.moeRecv) {
+		s.moeRecv, s.moeYloc = make([]F, rows*C), make([]F, rows*C)
+	}
 	if len(s.moeEpA) < rows*C {
 		s.moeEpA, s.moeEpB, s.moeEpC = make([]F, rows*C), make([]F, rows*C), make([]F, rows*C)
 		s.moeDh, s.moeDg, s.moeDu = make([]F, rows*EF), make([]F, rows*EF), make([]F, rows*EF)
 	}
+	if rows*C <= len(a.xloc) {
+		return
+	}
+	a.xloc = make([]F, rows*C)
+	a.gate, a.up, a.sw = make([]F, rows*EF), make([]F, rows*EF), make([]F, rows*EF)
 }
 
 // epRegroup copies rows between arrival order (recv: source, then expert) and
