@@ -83,6 +83,11 @@ type Calibration struct {
 	InStep        float64        `json:"in_step_factor"`
 	PerCall       float64        `json:"per_call_s"`
 	InStepSamples []InStepSample `json:"in_step_samples"`
+	// InStepGEMM, when set, scales the matmuls' table time instead of InStep: the
+	// matmuls' own time inside the samples' passes (timed kernel by kernel) over
+	// what the tables predict for them. InStep and PerCall are then fitted to the
+	// rest of each pass.
+	InStepGEMM float64 `json:"in_step_gemm_factor,omitempty"`
 
 	idx *calIndex // the grids, built by Index
 }
@@ -131,24 +136,40 @@ func (c *Calibration) index() *calIndex {
 	return c.idx
 }
 
-// InStepSample is one model step measured whole beside the tables' prediction.
+// InStepSample is one model step measured whole beside the tables' prediction;
+// with GEMMTables set, also the matmuls' part of both (GEMMMeasured is their
+// time inside the pass, kernel by kernel).
 type InStepSample struct {
-	Model    string  `json:"model"`
-	Measured float64 `json:"measured_s"`
-	Tables   float64 `json:"tables_s"`
-	Calls    float64 `json:"kernel_calls"`
+	Model        string  `json:"model"`
+	Measured     float64 `json:"measured_s"`
+	Tables       float64 `json:"tables_s"`
+	Calls        float64 `json:"kernel_calls"`
+	GEMMMeasured float64 `json:"gemm_measured_s,omitempty"`
+	GEMMTables   float64 `json:"gemm_tables_s,omitempty"`
 }
 
 // FitInStep sets InStep and PerCall from the samples by least squares (both at
 // least 0; with one sample, or a negative per-call cost, the factor alone).
 func (c *Calibration) FitInStep() {
+	var gm, gt float64
+	for _, s := range c.InStepSamples {
+		gm, gt = gm+s.GEMMMeasured, gt+s.GEMMTables
+	}
+	c.InStepGEMM = 0
+	if gm > 0 && gt > 0 {
+		c.InStepGEMM = gm / gt
+	}
 	var stt, stc, scc, smt, smc float64
 	for _, s := range c.InStepSamples {
-		stt += s.Tables * s.Tables
-		stc += s.Tables * s.Calls
+		tables, measured := s.Tables, s.Measured
+		if c.InStepGEMM > 0 { // the rest of the pass
+			tables, measured = s.Tables-s.GEMMTables, s.Measured-s.GEMMMeasured
+		}
+		stt += tables * tables
+		stc += tables * s.Calls
 		scc += s.Calls * s.Calls
-		smt += s.Measured * s.Tables
-		smc += s.Measured * s.Calls
+		smt += measured * tables
+		smc += measured * s.Calls
 	}
 	det := stt*scc - stc*stc
 	if len(c.InStepSamples) >= 2 && det > 0 {

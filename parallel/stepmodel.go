@@ -34,8 +34,15 @@ func stepModel(r *config.Recipe, p *Plan, c *Calibration) StepBreakdown {
 	tk := tokensOf(r, m)
 	g, a, s, calls := microCompute(mo, microShape{B: r.Train.MicroBatchSize, T: mo.SeqLen / m.CP, CP: m.CP, TP: m.TP, EP: m.EP, ETP: m.ETP,
 		Routed: int(tk.routed), Mode: r.ActivationCheckpoint.Mode}, c)
+	gf := c.InStep
+	if c.InStepGEMM > 0 {
+		gf = c.InStepGEMM // the matmuls by their own in-step factor
+	}
+	if gf > 0 {
+		g *= gf
+	}
 	if f := c.InStep; f > 0 {
-		g, a, s = g*f, a*f, s*f
+		a, s = a*f, s*f
 	}
 	s += calls * c.PerCall // waking the workers for each kernel, inside a step
 	micro := float64(p.MicroBatches)
@@ -173,13 +180,14 @@ func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, call
 }
 
 // MicroCompute is microCompute for one rank holding the whole model (no tensor or
-// expert parallelism): the tables' time and the kernels launched, which the
-// calibration's in-step factor and per-call cost are fitted against.
-func MicroCompute(mo config.Model, batch int, mode string, c *Calibration) (tables, calls float64) {
+// expert parallelism): the tables' time (and the matmuls' part of it) and the
+// kernels launched, which the calibration's in-step factors and per-call cost are
+// fitted against.
+func MicroCompute(mo config.Model, batch int, mode string, c *Calibration) (tables, gemm, calls float64) {
 	routed := 0
 	if mo.MoE.NumExperts > 0 {
 		routed = batch * mo.SeqLen * mo.MoE.TopK
 	}
 	g, a, s, calls := microCompute(mo, microShape{B: batch, T: mo.SeqLen, TP: 1, EP: 1, ETP: 1, Routed: routed, Mode: mode}, c)
-	return g + a + s, calls
+	return g + a + s, g, calls
 }

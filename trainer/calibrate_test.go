@@ -14,7 +14,8 @@ import (
 // TestCalibrateSmallGrid: Calibrate over a small grid measures every table the
 // plan's step model reads (ParseCalibration accepts the result: every stream kernel,
 // matmul and attention point present and positive), says where it ran, and fits the
-// in-step factor to its five model passes.
+// in-step factors to its five model passes: the matmuls' from their own time
+// inside the passes, the rest by least squares.
 func TestCalibrateSmallGrid(t *testing.T) {
 	grid := CalibrationGrid{GEMMRows: []int{16, 64}, GEMMDims: []int{16, 32}, AttnT: []int{32, 64}, AttnHD: []int{16, 32}, CollectiveSizes: []int{2}}
 	c, err := Calibrate(cpu.Backend{}, grid, time.Millisecond, nil)
@@ -29,6 +30,13 @@ func TestCalibrateSmallGrid(t *testing.T) {
 	require.Len(t, back.InStepSamples, 5)
 	require.Greater(t, back.InStep, 0.0)
 	require.GreaterOrEqual(t, back.PerCall, 0.0)
+	require.Greater(t, back.InStepGEMM, 0.0, "the matmuls' own in-step factor")
+	for _, smp := range back.InStepSamples {
+		require.Greater(t, smp.GEMMMeasured, 0.0, smp.Model)
+		require.Less(t, smp.GEMMMeasured, smp.Measured, "%s: the matmuls are part of the pass", smp.Model)
+		require.Greater(t, smp.GEMMTables, 0.0, smp.Model)
+	}
+	require.Contains(t, back.Collectives, parallel.CollectiveKey(parallel.SendRecv, 2))
 	require.Contains(t, back.Host, "CPUs")
 	require.Contains(t, back.Collectives, parallel.CollectiveKey(parallel.AllGather, 2))
 }
