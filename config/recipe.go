@@ -172,9 +172,9 @@ type Train struct {
 type Parallel struct {
 	// Total number of ranks (processes or GPUs).
 	WorldSize int `toml:"world_size" min:"1" max:"1048576" flag:"world-size"`
-	// Tensor-parallel degree (tp).
+	// Tensor-parallel degree (tp): each layer's heads, MLP columns and vocabulary rows split over tp ranks, Megatron-style with sequence parallelism (docs/parallelism.md).
 	TensorParallel int `toml:"tensor_parallel" min:"1" max:"1048576" flag:"tensor-model-parallel-size"`
-	// Context-parallel degree (cp): the sequence is split over cp ranks.
+	// Context-parallel degree (cp): each sequence split over cp ranks, attention a ring passing K/V blocks between them (docs/parallelism.md).
 	ContextParallel int `toml:"context_parallel" min:"1" max:"1048576" flag:"context-parallel-size"`
 	// Expert-parallel degree (ep): experts are partitioned over ep ranks.
 	ExpertParallel int `toml:"expert_parallel" min:"1" max:"1048576" flag:"expert-model-parallel-size"`
