@@ -46,15 +46,15 @@ func WithTensorParallel(tp TensorParallel) Option { return func(o *options) { o.
 
 // tpState holds tensor parallelism's scratch: the gathered normed input (gx), the
 // gathered residual gradient (gd), a whole-rows partial sum before its
-// reduce-scatter (px) and its row shard (red), the norm-gain gradient being summed
-// (gnorm), and the cross-entropy's per-row log-sum-exps (local, every rank's,
-// global) and target logits.
+// reduce-scatter (px) and its row shard (red), the norm-gain and router gradients
+// being summed (gnorm, grouter), and the cross-entropy's per-row log-sum-exps
+// (this rank's, every rank's) and target logits.
 type tpState[F tensor.Float] struct {
 	TensorParallel
 	gx, gd, px, red []F
 	gnorm, grouter  []F
 	lse, lseAll     []F
-	glse, tlogit    []F
+	tlogit          []F
 }
 
 func (m *Model[F]) setupTP(tp TensorParallel, B, T int) error {
@@ -89,7 +89,7 @@ func (m *Model[F]) allocTP() {
 	p := m.tp
 	p.gx, p.gd, p.px, p.red = make([]F, BT*C), make([]F, BT*C), make([]F, BT*C), make([]F, m.rows()*C)
 	p.gnorm, p.grouter = make([]F, C), make([]F, m.Cfg.MoE.NumExperts*C)
-	p.lse, p.lseAll, p.glse, p.tlogit = make([]F, BT), make([]F, p.Size*BT), make([]F, BT), make([]F, BT)
+	p.lse, p.lseAll, p.tlogit = make([]F, BT), make([]F, p.Size*BT), make([]F, BT)
 }
 
 // f32 views a float32 model's slice as []float32 for the communicator.
@@ -237,15 +237,7 @@ func (m *Model[F]) crossEntropy(losses, probs, logits []F, targets []int32) {
 	p := m.tp
 	for i := 0; i < BT; i++ {
 		row := logits[i*V : (i+1)*V]
-		mx := math.Inf(-1)
-		for _, x := range row {
-			mx = math.Max(mx, float64(x))
-		}
-		var s float64
-		for _, x := range row {
-			s += math.Exp(float64(x) - mx)
-		}
-		p.lse[i] = F(mx + math.Log(s))
+		p.lse[i] = F(logSumExp(row, V, 1))
 		p.tlogit[i] = 0
 		if t := int(targets[i]) - lo; targets[i] >= 0 && t >= 0 && t < V {
 			p.tlogit[i] = row[t]
@@ -254,16 +246,7 @@ func (m *Model[F]) crossEntropy(losses, probs, logits []F, targets []int32) {
 	m.tpErr("all-gather", p.Comm.AllGather(f32(p.lseAll), f32(p.lse)))
 	m.tpErr("all-reduce", p.Comm.AllReduce(f32(p.tlogit)))
 	for i := 0; i < BT; i++ {
-		mx := math.Inf(-1)
-		for r := 0; r < p.Size; r++ {
-			mx = math.Max(mx, float64(p.lseAll[r*BT+i]))
-		}
-		var s float64
-		for r := 0; r < p.Size; r++ {
-			s += math.Exp(float64(p.lseAll[r*BT+i]) - mx)
-		}
-		l := mx + math.Log(s)
-		p.glse[i] = F(l)
+		l := logSumExp(p.lseAll[i:], p.Size, BT) // the ranks' row i, in rank order
 		for j, x := range logits[i*V : (i+1)*V] {
 			probs[i*V+j] = F(math.Exp(float64(x) - l))
 		}
@@ -272,6 +255,20 @@ func (m *Model[F]) crossEntropy(losses, probs, logits []F, targets []int32) {
 			losses[i] = F(l - float64(p.tlogit[i]))
 		}
 	}
+}
+
+// logSumExp is log Σ exp over n values of x taken every stride elements, in
+// float64.
+func logSumExp[F tensor.Float](x []F, n, stride int) float64 {
+	mx := math.Inf(-1)
+	for k := 0; k < n; k++ {
+		mx = math.Max(mx, float64(x[k*stride]))
+	}
+	var s float64
+	for k := 0; k < n; k++ {
+		s += math.Exp(float64(x[k*stride]) - mx)
+	}
+	return mx + math.Log(s)
 }
 
 // crossEntropyBackward accumulates dlogits += (probs − onehot(target))·dloss over
