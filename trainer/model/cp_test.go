@@ -29,24 +29,14 @@ func TestContextParallelEqualsOneRank(t *testing.T) {
 		targets[5] = -1 // ignored targets count on whichever rank holds them
 		for _, recompute := range []string{"none", "selective", "full"} {
 			refSum, refCount, refAux, refGrad := meshPass(t, cfg, B, T, 1, 1, recompute, tokens, targets)
-			var gmax float64
-			for _, g := range refGrad {
-				for _, v := range g {
-					gmax = math.Max(gmax, math.Abs(float64(v)))
-				}
-			}
+			gmax := largest(refGrad)
 			for _, cp := range []int{2, 4} {
 				name := fmt.Sprintf("experts %d cp %d recompute %s", cfg.MoE.NumExperts, cp, recompute)
 				sum, count, aux, grad := meshPass(t, cfg, B, T, 1, cp, recompute, tokens, targets)
 				assert.Equal(t, refCount, count, name)
 				assert.InDelta(t, refSum, sum, 1e-5*math.Abs(refSum), name)
 				assert.InDelta(t, refAux, aux, 1e-5*math.Abs(refAux)+1e-9, name)
-				var worst float64
-				for i := range grad {
-					for j := range grad[i] {
-						worst = math.Max(worst, math.Abs(float64(grad[i][j]-refGrad[i][j])))
-					}
-				}
+				worst := largestDiff(grad, refGrad)
 				t.Logf("%s: loss %.9g vs %.9g, aux %.6g vs %.6g, worst gradient difference %.3g of %.3g", name, sum, refSum, aux, refAux, worst, gmax)
 				assert.Less(t, worst, 1e-5*gmax, "%s: gradient difference %.3g of largest %.3g", name, worst, gmax)
 			}

@@ -136,29 +136,41 @@ func TestTensorParallelEqualsOneRank(t *testing.T) {
 		targets[9] = -1
 		for _, recompute := range []string{"none", "selective", "full"} {
 			refSum, refCount, refAux, refGrad := meshPass(t, cfg, B, T, 1, 1, recompute, tokens, targets)
-			var gmax float64
-			for _, g := range refGrad {
-				for _, v := range g {
-					gmax = math.Max(gmax, math.Abs(float64(v)))
-				}
-			}
+			gmax := largest(refGrad)
 			for _, mesh := range [][2]int{{2, 1}, {4, 1}, {2, 2}} {
 				name := fmt.Sprintf("%s tp %d cp %d recompute %s", tied, mesh[0], mesh[1], recompute)
 				sum, count, aux, grad := meshPass(t, cfg, B, T, mesh[0], mesh[1], recompute, tokens, targets)
 				assert.Equal(t, refCount, count, name)
 				assert.InDelta(t, refSum, sum, 1e-5*math.Abs(refSum), name)
 				assert.InDelta(t, refAux, aux, 1e-5*math.Abs(refAux)+1e-9, name)
-				var worst float64
-				for i := range grad {
-					for j := range grad[i] {
-						worst = math.Max(worst, math.Abs(float64(grad[i][j]-refGrad[i][j])))
-					}
-				}
+				worst := largestDiff(grad, refGrad)
 				t.Logf("%s: loss %.9g vs %.9g, worst gradient difference %.3g of %.3g", name, sum, refSum, worst, gmax)
 				assert.Less(t, worst, 1e-5*gmax, name)
 			}
 		}
 	}
+}
+
+// largest is the largest magnitude among the gradients.
+func largest(g [][]float32) float64 {
+	var m float64
+	for _, x := range g {
+		for _, v := range x {
+			m = math.Max(m, math.Abs(float64(v)))
+		}
+	}
+	return m
+}
+
+// largestDiff is the largest element-wise difference between two gradient sets.
+func largestDiff(a, b [][]float32) float64 {
+	var m float64
+	for i := range a {
+		for j := range a[i] {
+			m = math.Max(m, math.Abs(float64(a[i][j]-b[i][j])))
+		}
+	}
+	return m
 }
 
 // TestGlobalIndex: a column-parallel slice holds consecutive rows, a row-parallel
