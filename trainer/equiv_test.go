@@ -48,6 +48,32 @@ func trainedResult(t *testing.T, res *config.Resolved) (*Result, []float64, [][]
 	return out, losses, views
 }
 
+// reference is one rank's run of a recipe: its result, per-step losses and final
+// weights.
+type reference struct {
+	out    *Result
+	losses []float64
+	w      [][]float32
+}
+
+func oneRank(t *testing.T, res *config.Resolved) reference {
+	t.Helper()
+	out, l, w := trainedResult(t, res)
+	return reference{out, l, w}
+}
+
+// assertMatched trains res and holds its per-step losses and final validation
+// loss within 1e-5 (relative) of the reference's and its final weights within
+// wtol.
+func (r reference) assertMatched(t *testing.T, label string, res *config.Resolved, wtol float64) {
+	t.Helper()
+	out, l, w := trainedResult(t, res)
+	assert.Less(t, maxRelDiff(r.losses, l), 1e-5, "%s losses %v vs %v", label, l, r.losses)
+	assert.Less(t, maxAbsDiff(r.w, w), wtol, "%s weights", label)
+	require.NotNil(t, out.FinalValLoss, label)
+	assert.InDelta(t, *r.out.FinalValLoss, *out.FinalValLoss, 1e-5**r.out.FinalValLoss, "%s validation loss", label)
+}
+
 func maxRelDiff(a, b []float64) float64 {
 	var d float64
 	for i := range a {
@@ -396,7 +422,7 @@ func TestContextParallelEquivalence(t *testing.T) {
 	for name, shapes := range cases {
 		extra := map[string][]string{"dense": nil, "moe": moe}[name]
 		ref, _ := tinyRun(t, append(append(base, extra...), "parallel.world_size=1")...)
-		refOut, refLoss, refW := trainedResult(t, ref)
+		refRun := oneRank(t, ref)
 		for _, sh := range shapes {
 			strategies := []string{"optim_grads_params", "no_shard"}
 			if sh.world == 2 && name == "dense" {
@@ -406,11 +432,7 @@ func TestContextParallelEquivalence(t *testing.T) {
 				label := fmt.Sprintf("%s world %d cp %d ep %d %s", name, sh.world, sh.cp, sh.ep, strat)
 				res, _ := tinyRun(t, append(append(base, extra...), fmt.Sprintf("parallel.world_size=%d", sh.world), fmt.Sprintf("parallel.context_parallel=%d", sh.cp),
 					fmt.Sprintf("parallel.expert_parallel=%d", sh.ep), "fsdp.data_parallel_sharding_strategy="+strat)...)
-				out, l, w := trainedResult(t, res)
-				assert.Less(t, maxRelDiff(refLoss, l), 1e-5, "%s losses %v vs %v", label, l, refLoss)
-				assert.Less(t, maxAbsDiff(refW, w), 1e-5, "%s weights", label)
-				require.NotNil(t, out.FinalValLoss, label)
-				assert.InDelta(t, *refOut.FinalValLoss, *out.FinalValLoss, 1e-5**refOut.FinalValLoss, "%s validation loss", label)
+				refRun.assertMatched(t, label, res, 1e-5)
 			}
 		}
 	}
@@ -517,7 +539,7 @@ func TestTensorParallelEquivalence(t *testing.T) {
 			sets = append(sets, "train.lr=0.5")
 		}
 		ref, _ := tinyRun(t, append(sets, "parallel.world_size=1")...)
-		refOut, refLoss, refW := trainedResult(t, ref)
+		refRun := oneRank(t, ref)
 		for _, sh := range c.shapes {
 			strategies := []string{"optim_grads_params", "no_shard"}
 			if sh.world == 2 && c.tied == "false" {
@@ -527,11 +549,7 @@ func TestTensorParallelEquivalence(t *testing.T) {
 				label := fmt.Sprintf("tied %s %s world %d tp %d cp %d %s", c.tied, c.optimizer, sh.world, sh.tp, sh.cp, strat)
 				res, _ := tinyRun(t, append(sets, fmt.Sprintf("parallel.world_size=%d", sh.world), fmt.Sprintf("parallel.tensor_parallel=%d", sh.tp),
 					fmt.Sprintf("parallel.context_parallel=%d", sh.cp), "fsdp.data_parallel_sharding_strategy="+strat)...)
-				out, l, w := trainedResult(t, res)
-				assert.Less(t, maxRelDiff(refLoss, l), 1e-5, "%s losses %v vs %v", label, l, refLoss)
-				assert.Less(t, maxAbsDiff(refW, w), c.tol, "%s weights", label)
-				require.NotNil(t, out.FinalValLoss, label)
-				assert.InDelta(t, *refOut.FinalValLoss, *out.FinalValLoss, 1e-5**refOut.FinalValLoss, "%s validation loss", label)
+				refRun.assertMatched(t, label, res, c.tol)
 			}
 		}
 	}
@@ -576,17 +594,13 @@ func TestTensorParallelMoE(t *testing.T) {
 	base := []string{"train.steps=4", "train.micro_batch_size=2", "train.global_batch_size=8", "train.eval_interval=4", "train.warmup_steps=2",
 		"model.heads=4", "model.kv_heads=4", "model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32", "model.moe.shared_experts=1"}
 	ref, _ := tinyRun(t, append(base, "parallel.world_size=1")...)
-	refOut, refLoss, refW := trainedResult(t, ref)
+	refRun := oneRank(t, ref)
 	for _, sh := range []struct{ world, tp, cp, ep int }{{2, 2, 1, 2}, {4, 2, 1, 2}, {2, 2, 1, 1}, {4, 2, 2, 2}} {
 		for _, strat := range []string{"optim_grads_params", "no_shard"} {
 			label := fmt.Sprintf("world %d tp %d cp %d ep %d %s", sh.world, sh.tp, sh.cp, sh.ep, strat)
 			res, _ := tinyRun(t, append(base, fmt.Sprintf("parallel.world_size=%d", sh.world), fmt.Sprintf("parallel.tensor_parallel=%d", sh.tp),
 				fmt.Sprintf("parallel.context_parallel=%d", sh.cp), fmt.Sprintf("parallel.expert_parallel=%d", sh.ep), "fsdp.data_parallel_sharding_strategy="+strat)...)
-			out, l, w := trainedResult(t, res)
-			assert.Less(t, maxRelDiff(refLoss, l), 1e-5, "%s losses %v vs %v", label, l, refLoss)
-			assert.Less(t, maxAbsDiff(refW, w), 5e-5, "%s weights", label)
-			require.NotNil(t, out.FinalValLoss, label)
-			assert.InDelta(t, *refOut.FinalValLoss, *out.FinalValLoss, 1e-5**refOut.FinalValLoss, "%s validation loss", label)
+			refRun.assertMatched(t, label, res, 5e-5)
 		}
 	}
 }
@@ -625,5 +639,37 @@ func TestMoEActivationMemory(t *testing.T) {
 			t.Logf("%s: activations %.3f, dispatch %d of %d, total %.3f of the plan", name, float64(h.Activations)/float64(p.Activations),
 				h.MoEDispatch, p.MoEDispatch, float64(h.Total)/float64(p.Total))
 		}
+	}
+}
+
+// TestModelCommMatchesPlan: what each rank sends per step on the tp and cp groups,
+// counted by the trainer (run.json, model_comm_sent_per_step), equals the plan's
+// sent-per-rank on those groups to the byte, at tp2×cp2 and tp 4. (Expert
+// parallelism's token exchange depends on the routing, which the plan takes as
+// balanced; it is not compared here.)
+func TestModelCommMatchesPlan(t *testing.T) {
+	for _, sets := range [][]string{
+		{"parallel.world_size=4", "parallel.tensor_parallel=2", "parallel.context_parallel=2", "model.heads=4", "model.kv_heads=4"},
+		{"parallel.world_size=4", "parallel.tensor_parallel=4", "model.heads=4", "model.kv_heads=4"},
+	} {
+		res, _ := tinyRun(t, append([]string{"train.steps=2", "train.eval_interval=0", "train.global_batch_size=8"}, sets...)...)
+		out, err := Run(context.Background(), res, opts())
+		require.NoError(t, err)
+		var info struct {
+			Sent map[string]int64 `json:"model_comm_sent_per_step"`
+		}
+		require.NoError(t, json.Unmarshal(must(os.ReadFile(filepath.Join(out.Dir, "run.json"))), &info))
+		topo, err := parallel.TopologyOf(res.Recipe.Parallel)
+		require.NoError(t, err)
+		plan, err := parallel.Compile(&res.Recipe, topo)
+		require.NoError(t, err)
+		planned := map[string]int64{}
+		for _, a := range plan.Comm {
+			if a.Axis == parallel.AxisTP || a.Axis == parallel.AxisCP {
+				planned[string(a.Axis)] = a.RankBytes
+			}
+		}
+		require.NotEmpty(t, planned, "%v", sets)
+		assert.Equal(t, planned, info.Sent, "%v", sets)
 	}
 }

@@ -199,10 +199,10 @@ func (t *run) finish(out *Result) error {
 	info.Result = &resultInfo{Steps: out.Steps, FinalLoss: out.FinalLoss, FinalValLoss: out.FinalValLoss, UnigramLoss: out.UnigramBits, TokensPerS: out.TokensPerS, Interrupted: out.Interrupted}
 	p := t.plan.Memory
 	info.Memory = &memoryCompared{Held: out.Held, Predicted: p, PeakRSS: out.PeakRSS}
-	if t.modelSteps > 0 && len(t.modelSent) > 0 {
+	if t.modelSteps > 0 && len(t.st.counted) > 0 {
 		info.ModelCommSent = map[string]int64{}
-		for axis, n := range t.modelSent {
-			info.ModelCommSent[axis] = n / t.modelSteps
+		for _, c := range t.st.counted {
+			info.ModelCommSent[string(c.axis)] = c.train / t.modelSteps
 		}
 	}
 	ev := t.log.Info().Int64("held_bytes", out.Held.Total).Int64("predicted_bytes", p.Total).Int64("peak_rss_bytes", out.PeakRSS)

@@ -354,9 +354,8 @@ type run struct {
 	// slices assembled): what weights.bin and the sample are made from.
 	finalTable []parallel.Param
 	finalViews [][]float32
-	// modelSent is what this rank sent on each model-parallel group (ep, cp, tp)
-	// over modelSteps training steps (evaluation not counted).
-	modelSent  map[string]int64
+	// modelSteps is how many training steps the model-parallel groups' counts
+	// (state.counted) cover.
 	modelSteps int64
 	// deviceHeld is what a device engine held at the end (Options.Device runs).
 	deviceHeld Memory
@@ -490,7 +489,6 @@ func runProcess(ctx context.Context, r *config.Recipe, res *config.Resolved, opt
 func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsFor) (*Result, error) {
 	r := t.r
 	out := &Result{Dir: t.dir, Predicted: t.plan.Memory, Fingerprint: t.plan.Fingerprint}
-	t.modelSent = map[string]int64{}
 	lead := t.rank == 0
 	if lead {
 		if err := t.writeHeader(); err != nil {
@@ -641,7 +639,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		if !r.FSDP.CalculatePerTokenLoss {
 			scale = 1 / float64(B*T) / float64(micro*dp) // mean of micro-batch means
 		}
-		sentBefore := t.st.sent()
+		t.st.stepStarts()
 		for mb := 0; mb < micro; mb++ {
 			data.Batch(tokens, targets, t.ds.Train, r.Run.Seed, step, (mb*dp+dpRank)*B, B, T)
 			model.LocalTokens(local, tokens, B, T, cpRank, cp)
@@ -658,9 +656,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 			sum, count, aux = sum+s, count+n, aux+t.m.AuxLoss()/float64(micro*dp*cp*t.plan.Mesh.TP)
 			dropped += t.m.Dropped()
 		}
-		for axis, n := range t.st.sent() {
-			t.modelSent[string(axis)] += n - sentBefore[axis]
-		}
+		t.st.stepEnds()
 		t.modelSteps++
 		stats[0], stats[1], stats[2], stats[3] = float32(sum), float32(count), float32(aux), float32(dropped)
 		if err := world.AllReduce(stats); err != nil {
@@ -841,8 +837,11 @@ func (t *run) collectiveEval() bool {
 // the first error of the pass (from the model's hooks or the flush).
 func (t *run) flush() error {
 	err := t.m.Err()
-	if err == nil {
-		err, t.evalErr = t.evalErr, nil
+	if t.evalErr != nil {
+		if err == nil {
+			err = t.evalErr
+		}
+		t.evalErr = nil
 	}
 	if t.rt != nil {
 		if ferr := t.rt.flush(); err == nil {
@@ -872,8 +871,9 @@ func (t *run) evaluate() float64 {
 		}
 		return float64(sums[0]), int(sums[1]), nil
 	})
-	if err != nil && t.m.Err() == nil {
-		// Surfaced by the flush that follows every evaluation.
+	if err != nil && t.evalErr == nil {
+		// Surfaced by the flush that follows every evaluation (after the model's
+		// own error, if it has one).
 		t.evalErr = err
 	}
 	return v

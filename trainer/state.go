@@ -69,26 +69,35 @@ type state struct {
 	wviews, gviews [][]float32 // per parameter (table order): views of weights, grads
 }
 
-// countedComm is one model-parallel group's communicator, counting bytes sent.
+// countedComm is one model-parallel group's communicator, counting bytes sent;
+// train is what it sent in training steps (evaluation excluded), from mark, the
+// count when the current step began.
 type countedComm struct {
-	axis parallel.Axis
-	c    *comm.Counted
+	axis        parallel.Axis
+	c           *comm.Counted
+	mark, train int64
 }
 
 // count wraps a model-parallel communicator so that what it sends is counted.
 func (s *state) count(axis parallel.Axis, c comm.Communicator) comm.Communicator {
 	cc := comm.NewCounted(c)
-	s.counted = append(s.counted, countedComm{axis, cc})
+	s.counted = append(s.counted, countedComm{axis: axis, c: cc})
 	return cc
 }
 
-// sent is the bytes this rank has sent on each model-parallel group so far.
-func (s *state) sent() map[parallel.Axis]int64 {
-	out := make(map[parallel.Axis]int64, len(s.counted))
-	for _, c := range s.counted {
-		out[c.axis] = c.c.Sent()
+// stepStarts and stepEnds bracket a training step's passes: what each
+// model-parallel group sends in between is added to its training count.
+func (s *state) stepStarts() {
+	for i := range s.counted {
+		s.counted[i].mark = s.counted[i].c.Sent()
 	}
-	return out
+}
+
+func (s *state) stepEnds() {
+	for i := range s.counted {
+		c := &s.counted[i]
+		c.train += c.c.Sent() - c.mark
+	}
 }
 
 // segment is a parameter's part of a rank's shard: [lo, hi) relative to the shard.
@@ -237,12 +246,8 @@ func (s *state) initFrom(vals [][]float32) error {
 		for _, sg := range s.segs[gi] {
 			p := s.global(sg.param)
 			dst, src := s.main[gi][sg.lo:sg.hi], vals[p]
-			if s.tpComm == nil {
-				copy(dst, src[sg.start:sg.start+sg.hi-sg.lo])
-				continue
-			}
-			for i := range dst {
-				dst[i] = src[s.plan.Params[p].GlobalIndex(sg.start+int64(i), s.tpRank)]
+			for _, r := range tpRuns(&s.plan.Params[p], sg.start, sg.hi-sg.lo, s.tpRank) {
+				copy(dst[r.local:r.local+r.n], src[r.global:r.global+r.n])
 			}
 		}
 	}
@@ -277,8 +282,9 @@ func (s *state) gatherTP(m config.Model) ([]parallel.Param, [][]float32, error) 
 		}
 		views[i] = make([]float32, p.Numel())
 		for r := 0; r < tp; r++ {
-			for j, v := range all[int64(r)*n : int64(r+1)*n] {
-				views[i][p.GlobalIndex(int64(j), r)] = v
+			slice := all[int64(r)*n : int64(r+1)*n]
+			for _, run := range tpRuns(p, 0, n, r) {
+				copy(views[i][run.global:run.global+run.n], slice[run.local:run.local+run.n])
 			}
 		}
 	}

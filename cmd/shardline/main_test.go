@@ -477,7 +477,8 @@ func TestRerunAndDiff(t *testing.T) {
 
 // TestExportAndInitFrom: ckpt export writes a Hugging Face directory; run
 // --init-from starts from it (its first loss is the trained model's, well below a
-// fresh model's), and refuses a model of another shape, naming the tensor.
+// fresh model's, also on 2 tensor-parallel ranks), and refuses a model of another
+// shape, naming the tensor.
 func TestExportAndInitFrom(t *testing.T) {
 	dir := t.TempDir()
 	text := filepath.Join(dir, "t.txt")
@@ -505,6 +506,15 @@ func TestExportAndInitFrom(t *testing.T) {
 	require.Equal(t, 0, code, errs)
 	imported := curveLines(must(os.ReadFile(filepath.Join(dir, "tiny-4", "metrics.jsonl"))))
 	assert.Equal(t, trained[0], imported[0])
+
+	// Tensor-parallel ranks each take their slices of the exported tensors: the
+	// first loss is the one-rank start's (to the fp32 tolerance of the tp tests).
+	code, _, errs = shardline(t, nil, append(args, "--train-iters", "1", "--nproc", "2", "--tensor-model-parallel-size", "2", "--init-from", out)...)
+	require.Equal(t, 0, code, errs)
+	split := curveLines(must(os.ReadFile(filepath.Join(dir, "tiny-5", "metrics.jsonl"))))
+	var ls float64
+	fmt.Sscanf(strings.Fields(split[0])[1], "%g", &ls)
+	assert.InEpsilon(t, lt, ls, 1e-5, "tp 2 from the export")
 
 	code, _, errs = shardline(t, nil, append(args, "--train-iters", "1", "--hidden-size", "256", "--init-from", out)...)
 	assert.Equal(t, 1, code)
