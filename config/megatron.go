@@ -113,7 +113,7 @@ var megatronArgs = map[string]megatronArg{
 	"no-bias-swiglu-fusion":       {kind: noEffect, why: "a kernel fusion choice of Megatron's; shardline's kernels are its own", usage: "accepted, no effect"},
 	"no-bias-dropout-fusion":      {kind: noEffect, why: "a kernel fusion choice of Megatron's; shardline's kernels are its own", usage: "accepted, no effect"},
 	"no-rope-fusion":              {kind: noEffect, why: "a kernel fusion choice of Megatron's; shardline's kernels are its own", usage: "accepted, no effect"},
-	"sequence-parallel":           {kind: noEffect, why: "sequence parallelism pairs with tensor parallelism, which the plan lays out from tensor_parallel alone", usage: "accepted, no effect"},
+	"sequence-parallel":           {kind: noEffect, why: "shardline's tensor parallelism always runs with sequence parallelism (norms and residuals split over the tp ranks)", usage: "accepted, no effect"},
 	"distributed-backend":         {kind: noEffect, takesValue: true, why: "shardline picks its collectives (NCCL on GPUs, its own on the CPU)", usage: "accepted, no effect"},
 	"distributed-timeout-minutes": {kind: noEffect, takesValue: true, why: "use --comm-timeout (run and launch) or the comm_timeout setting", usage: "accepted, no effect: see --comm-timeout"},
 	"tensorboard-dir":             {kind: noEffect, takesValue: true, why: "shardline writes metrics.jsonl and loss.png in the run directory", usage: "accepted, no effect"},
