@@ -90,29 +90,6 @@ func staticMemory(strategy string, full, shard int64, d dtypes) Memory {
 	return m
 }
 
-// unitBuffers sizes the transient unit buffers: gathered weights under
-// optim_grads_params (two units with prefetch or the double buffer, else one), and
-// full-unit gradient buffers before reduce-scatter when gradients are sharded (two
-// with overlap_grad_reduce, so one reduces while the next fills).
-func unitBuffers(r *config.Recipe, maxUnitFull int64, d dtypes) (gathered, reduce int64) {
-	s := r.FSDP.DataParallelShardingStrategy
-	if s == "optim_grads_params" {
-		n := int64(1)
-		if r.FSDP.OverlapParamGather || r.FSDP.FSDPDoubleBuffer {
-			n = 2
-		}
-		gathered = n * maxUnitFull * d.compute
-	}
-	if s == "optim_grads" || s == "optim_grads_params" {
-		n := int64(1)
-		if r.FSDP.OverlapGradReduce {
-			n = 2
-		}
-		reduce = n * maxUnitFull * d.grad
-	}
-	return gathered, reduce
-}
-
 // tokens describes one micro-batch on one rank.
 type tokens struct {
 	local   int64 // b · seq/cp: tokens whose activations this rank holds (before tp)

@@ -29,6 +29,8 @@ type Plan struct {
 	// Padding is the elements added to this rank's buffers for alignment and equal
 	// shards, summed over groups (full buffers, before sharding).
 	Padding int64
+	// Buffers are the FSDP runtime's unit buffers, made before the first step.
+	Buffers UnitBuffers
 	Memory  Memory
 	// MoEDispatchWorst is the dispatch buffers' worst case when no capacity factor
 	// bounds routing (every token's copies landing on one rank).
@@ -87,10 +89,8 @@ func Compile(r *config.Recipe, topo Topology) (*Plan, error) {
 	if p.MicroBatches < 1 {
 		return nil, &KeyError{Key: "train.global_batch_size", Msg: fmt.Sprintf("global batch %d is smaller than micro batch × dp = %d", r.Train.GlobalBatchSize, int64(r.Train.MicroBatchSize)*dp)}
 	}
-	for gi := range groups {
-		for _, e := range groups[gi].Entries {
-			ps[e.Param].Unit = groups[gi].Unit
-		}
+	for i := range ps { // an expert this rank does not hold has its twins' unit
+		ps[i].Unit = unitOf[i]
 	}
 	p.memory(r, d)
 	// Owned elements: the main weights and moments this rank updates.
@@ -113,7 +113,7 @@ func checkShapes(r *config.Recipe) error {
 }
 
 func (p *Plan) memory(r *config.Recipe, d dtypes) {
-	var full, shard, maxUnit int64
+	var full, shard int64
 	unitFull := make([]int64, len(p.Units))
 	for i := range p.Groups {
 		g := &p.Groups[i]
@@ -124,11 +124,10 @@ func (p *Plan) memory(r *config.Recipe, d dtypes) {
 			unitFull[g.Unit] += g.Padded
 		}
 	}
-	for _, n := range unitFull {
-		maxUnit = max(maxUnit, n)
-	}
 	mem := staticMemory(p.Strategy, full, shard, d)
-	mem.GatheredUnits, mem.GradReduceBuffers = unitBuffers(r, maxUnit, d)
+	p.Buffers = unitBuffers(r, p, unitFull)
+	mem.GatheredUnits = int64(p.Buffers.Gather) * p.Buffers.Elems * d.compute
+	mem.GradReduceBuffers = int64(p.Buffers.Reduce) * p.Buffers.Elems * d.grad
 	t := tokensOf(r, p.Mesh)
 	mem.Activations = activationBytes(r, p.Mesh, t, d)
 	mem.MoEDispatch, p.MoEDispatchWorst = dispatchBytes(r, p.Mesh, t, d)

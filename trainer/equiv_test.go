@@ -181,6 +181,38 @@ func shardedMemory(t *testing.T, strategy string) {
 	}
 }
 
+// TestUnitBuffersFollowThePlan: the FSDP runtime makes the unit buffers the plan
+// counts before the first step and never needs another, so what it holds for
+// gathered weights and unit gradients equals the plan's to the byte: with and
+// without overlap, prefetch, the double buffer and a communication-unit cap, with
+// tied embeddings (the head block holds the embedding's unit too), and with MoE
+// experts sharded over edp beside the dense weights (8 ranks, ep 2).
+func TestUnitBuffersFollowThePlan(t *testing.T) {
+	base := []string{"train.steps=2", "train.micro_batch_size=1", "train.global_batch_size=8", "train.eval_interval=1", "parallel.world_size=4"}
+	off := []string{"fsdp.overlap_grad_reduce=false", "fsdp.overlap_param_gather=false"}
+	moe := []string{"parallel.world_size=8", "parallel.expert_parallel=2", "model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32"}
+	cases := map[string][]string{
+		"overlap":             nil,
+		"no overlap":          off,
+		"double buffer":       append(off, "fsdp.fsdp_double_buffer=true"),
+		"tied":                {"model.tie_embeddings=true"},
+		"tied, no overlap":    append(off, "model.tie_embeddings=true"),
+		"capped reductions":   {"fsdp.suggested_communication_unit_size=40000"},
+		"optim_grads":         {"fsdp.data_parallel_sharding_strategy=optim_grads", "model.tie_embeddings=true"},
+		"moe ep 2":            moe,
+		"moe ep 2, recompute": append(moe, "activation_checkpoint.mode=full"),
+	}
+	for name, sets := range cases {
+		res, _ := tinyRun(t, append(append([]string{}, base...), sets...)...)
+		out, err := Run(context.Background(), res, opts())
+		require.NoError(t, err, name)
+		h, p := out.Held, out.Predicted
+		assert.Equal(t, p.GatheredUnits, h.GatheredUnits, "%s: gathered units", name)
+		assert.Equal(t, p.GradReduceBuffers, h.GradReduceBuffers, "%s: unit gradient buffers", name)
+		assert.Positive(t, h.GradReduceBuffers, name)
+	}
+}
+
 // TestShardedInitEqualsFullInit: each rank initialises only its shard (no rank ever
 // holds the full model before the first gather), and the gathered weights equal a
 // one-rank initialisation bit for bit, at every world size from 1 to 8.

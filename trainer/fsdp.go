@@ -41,26 +41,31 @@ type unitRuntime struct {
 	// compute shard and the gradient shard, with nothing to gather or reduce.
 	resident []bool
 	direct   map[int]bool // groups bound straight to the shards
-	// Buffers: with fsdp_double_buffer, persistent buffers of the largest unit
-	// (two for weights and two for gradients in the usual case: the block in use and
-	// the one prefetched, or the unit filling and the one reducing; more only if a
-	// block holds several units), handed out and returned; otherwise each gather
-	// allocates its unit's buffer and drops it on release.
-	double       bool
+	// Buffers: persistent buffers of the largest unit, as many as the plan counts
+	// (parallel.UnitBuffers: the most in use at once under these rules), made
+	// before the first step and handed out and returned, so a step allocates
+	// nothing. Should a pass need one more than the plan counted, get makes it and
+	// memory reports it beside the plan's.
 	wfree, gfree [][]float32
+	most         int64       // the largest unit's buffer length
+	made         [2]int64    // bytes of weight and gradient buffers made
 	rs           [][]float32 // per group: reduce-scatter destination
 	stream       *comm.Stream
 	inflight     []flight
-	weights      bool // gather weights per unit (optim_grads_params); else they are whole
-	prefetch     bool // overlap_param_gather
-	async        bool // overlap_grad_reduce
+	// Per unit: its all-gather and its reduce-scatter as stream operations, made
+	// once, and the gradient buffer the reduce-scatter in flight reads.
+	gatherH, reduceH []*comm.Handle
+	reducing         [][]float32
+	gatherName       []string // trace span names
+	reduceName       []string
+	weights          bool // gather weights per unit (optim_grads_params); else they are whole
+	prefetch         bool // overlap_param_gather
+	async            bool // overlap_grad_reduce
 	// capBytes bounds the gradient bytes reducing in the background (from
 	// suggested_communication_unit_size); 0 means one unit.
 	capBytes int64
 	trace    *tracer
 	start    time.Time // current block's compute start
-	// live and peak bytes of gathered weights and of unit gradient buffers
-	liveW, peakW, liveG, peakG int64
 }
 
 // flight is an asynchronous reduce-scatter and the gradient buffer it reads.
@@ -69,15 +74,22 @@ type flight struct {
 	buf []float32
 }
 
-func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async, double bool, capElems int64, tr *tracer) *unitRuntime {
+func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, capElems int64, tr *tracer) *unitRuntime {
 	p := st.plan
 	u := &unitRuntime{st: st, m: m, stream: comm.NewStream(st.world), prefetch: prefetch && st.perUnit, async: async,
-		capBytes: 4 * capElems, trace: tr, double: double, weights: st.perUnit}
+		capBytes: 4 * capElems, trace: tr, weights: st.perUnit}
 	n := len(p.Units)
 	u.groups, u.offsets, u.length = make([][]int, n), make([][]int64, n), make([]int64, n)
 	u.wbuf, u.gbuf, u.ready = make([][]float32, n), make([][]float32, n), make([]*comm.Handle, n)
 	u.holds, u.left, u.uses = make([]int, n), make([]int, n), make([]int, n)
 	u.resident = make([]bool, n)
+	u.gatherH, u.reduceH, u.reducing = make([]*comm.Handle, n), make([]*comm.Handle, n), make([][]float32, n)
+	u.gatherName, u.reduceName = make([]string, n), make([]string, n)
+	u.inflight = make([]flight, 0, n)
+	for ui := range p.Units {
+		u.gatherH[ui], u.reduceH[ui] = comm.NewHandle(gatherOp{u, ui}), comm.NewHandle(reduceOp{u, ui})
+		u.gatherName[ui], u.reduceName[ui] = "all_gather "+p.Units[ui].Name, "reduce_scatter "+p.Units[ui].Name
+	}
 	// A unit's buffers hold only its sharded groups; unsharded groups (an expert
 	// group when edp = 1) are bound straight to the rank's compute and gradient
 	// shards, which already hold them whole (as the plan counts them).
@@ -115,33 +127,40 @@ func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async, double 
 	for gi := range p.Groups {
 		u.rs = append(u.rs, make([]float32, len(st.gshard[gi])))
 	}
+	// The buffers the plan budgets (parallel.UnitBuffers), made now.
+	u.most = p.Buffers.Elems
+	nw, ng := p.Buffers.Gather, p.Buffers.Reduce
+	for range nw {
+		u.wfree = append(u.wfree, u.newBuf(0))
+	}
+	for range ng {
+		u.gfree = append(u.gfree, u.newBuf(1))
+	}
 	return u
+}
+
+// newBuf makes a buffer of the largest unit, counted as a weight (kind 0) or
+// gradient (1) buffer.
+func (u *unitRuntime) newBuf(kind int) []float32 {
+	u.made[kind] += 4 * u.most
+	return make([]float32, u.most)
 }
 
 func (u *unitRuntime) close() { u.stream.Close() }
 
-// get returns a buffer of n elements from free (a persistent buffer of the
-// largest unit under fsdp_double_buffer, a fresh one otherwise); put gives it back.
-func (u *unitRuntime) get(free *[][]float32, n int64) []float32 {
-	if !u.double {
-		return make([]float32, n)
-	}
+// get returns a buffer of n elements from free, making one (counted in made[kind])
+// when none is free; put gives it back.
+func (u *unitRuntime) get(free *[][]float32, kind int, n int64) []float32 {
 	if k := len(*free); k > 0 {
 		b := (*free)[k-1]
 		*free = (*free)[:k-1]
 		return b[:n]
 	}
-	var most int64
-	for _, l := range u.length {
-		most = max(most, l)
-	}
-	return make([]float32, most)[:n]
+	return u.newBuf(kind)[:n]
 }
 
 func (u *unitRuntime) put(free *[][]float32, b []float32) {
-	if u.double {
-		*free = append(*free, b[:cap(b)])
-	}
+	*free = append(*free, b[:cap(b)])
 }
 
 // bind points the model's views of the unit's parameters at its buffers (nil when
@@ -167,26 +186,54 @@ func (u *unitRuntime) bind(ui int) {
 
 // startGather queues the unit's all-gather on the stream.
 func (u *unitRuntime) startGather(ui int) {
-	st := u.st
-	buf := u.get(&u.wfree, u.length[ui])
-	u.wbuf[ui] = buf
-	u.liveW += int64(len(buf)) * 4
-	u.peakW = max(u.peakW, u.liveW)
-	name := st.plan.Units[ui].Name
-	u.ready[ui] = u.stream.Go(func(comm.Communicator) error {
-		t0 := time.Now()
-		defer func() { u.trace.span("all_gather "+name, "comm", st.rank, 1, t0, time.Now()) }()
-		for k, gi := range u.groups[ui] {
-			g := &st.plan.Groups[gi]
-			dst := buf[u.offsets[ui][k] : u.offsets[ui][k]+g.Padded]
-			if st.comms[gi].Size() == 1 || g.Shards == 1 {
-				copy(dst, st.computeShard(gi))
-			} else if err := st.comms[gi].AllGather(dst, st.computeShard(gi)); err != nil {
-				return fmt.Errorf("gathering unit %s: %w", name, err)
-			}
+	u.wbuf[ui] = u.get(&u.wfree, 0, u.length[ui])
+	u.ready[ui] = u.gatherH[ui]
+	u.stream.Start(u.gatherH[ui])
+}
+
+// gatherOp all-gathers a unit's groups into its weight buffer (wbuf).
+type gatherOp struct {
+	u  *unitRuntime
+	ui int
+}
+
+func (o gatherOp) Run(comm.Communicator) error {
+	u, ui, st := o.u, o.ui, o.u.st
+	t0 := time.Now()
+	buf := u.wbuf[ui]
+	for k, gi := range u.groups[ui] {
+		g := &st.plan.Groups[gi]
+		dst := buf[u.offsets[ui][k] : u.offsets[ui][k]+g.Padded]
+		if st.comms[gi].Size() == 1 || g.Shards == 1 {
+			copy(dst, st.computeShard(gi))
+		} else if err := st.comms[gi].AllGather(dst, st.computeShard(gi)); err != nil {
+			return fmt.Errorf("gathering unit %s: %w", st.plan.Units[ui].Name, err)
 		}
-		return nil
-	})
+	}
+	u.trace.span(u.gatherName[ui], "comm", st.rank, 1, t0, time.Now())
+	return nil
+}
+
+// reduceOp reduce-scatters a unit's gradient buffer (reducing) into the rank's
+// gradient shards.
+type reduceOp struct {
+	u  *unitRuntime
+	ui int
+}
+
+func (o reduceOp) Run(comm.Communicator) error {
+	u, ui, st := o.u, o.ui, o.u.st
+	t0 := time.Now()
+	buf := u.reducing[ui]
+	for k, gi := range u.groups[ui] {
+		g := &st.plan.Groups[gi]
+		src := buf[u.offsets[ui][k] : u.offsets[ui][k]+g.Padded]
+		if err := st.reduceInto(gi, src, u.rs[gi]); err != nil {
+			return fmt.Errorf("reducing unit %s: %w", st.plan.Units[ui].Name, err)
+		}
+	}
+	u.trace.span(u.reduceName[ui], "comm", st.rank, 1, t0, time.Now())
+	return nil
 }
 
 // Acquire makes the block's units available: it waits for their gathers (queuing
@@ -208,11 +255,9 @@ func (u *unitRuntime) Acquire(block int, units []int, backward bool) error {
 			u.ready[ui] = nil
 		}
 		if backward && u.gbuf[ui] == nil {
-			buf := u.get(&u.gfree, u.length[ui])
+			buf := u.get(&u.gfree, 1, u.length[ui])
 			clear(buf)
 			u.gbuf[ui] = buf
-			u.liveG += int64(len(buf)) * 4
-			u.peakG = max(u.peakG, u.liveG)
 		}
 		u.holds[ui]++
 		u.bind(ui)
@@ -240,11 +285,13 @@ func (u *unitRuntime) Acquire(block int, units []int, backward bool) error {
 // the background when overlapping.
 func (u *unitRuntime) Release(block int, units []int, backward bool) error {
 	st := u.st
-	phase := "forward"
-	if backward {
-		phase = "backward"
+	if u.trace != nil {
+		phase := "forward"
+		if backward {
+			phase = "backward"
+		}
+		u.trace.span(fmt.Sprintf("%s block %d", phase, block), "compute", st.rank, 0, u.start, time.Now())
 	}
-	u.trace.span(fmt.Sprintf("%s block %d", phase, block), "compute", st.rank, 0, u.start, time.Now())
 	var first error
 	for _, ui := range units {
 		if u.resident[ui] {
@@ -255,20 +302,10 @@ func (u *unitRuntime) Release(block int, units []int, backward bool) error {
 			u.left[ui]--
 			if u.left[ui] == 0 {
 				u.left[ui] = u.uses[ui]
-				buf, name := u.gbuf[ui], st.plan.Units[ui].Name
-				u.gbuf[ui] = nil
-				h := u.stream.Go(func(comm.Communicator) error {
-					t0 := time.Now()
-					defer func() { u.trace.span("reduce_scatter "+name, "comm", st.rank, 1, t0, time.Now()) }()
-					for k, gi := range u.groups[ui] {
-						g := &st.plan.Groups[gi]
-						src := buf[u.offsets[ui][k] : u.offsets[ui][k]+g.Padded]
-						if err := st.reduceInto(gi, src, u.rs[gi]); err != nil {
-							return fmt.Errorf("reducing unit %s: %w", name, err)
-						}
-					}
-					return nil
-				})
+				buf := u.gbuf[ui]
+				u.gbuf[ui], u.reducing[ui] = nil, buf
+				h := u.reduceH[ui]
+				u.stream.Start(h)
 				u.inflight = append(u.inflight, flight{h, buf})
 				if err := u.bound(); err != nil && first == nil {
 					first = err
@@ -277,7 +314,6 @@ func (u *unitRuntime) Release(block int, units []int, backward bool) error {
 		}
 		if u.holds[ui] == 0 && u.wbuf[ui] != nil && u.ready[ui] == nil {
 			u.put(&u.wfree, u.wbuf[ui])
-			u.liveW -= int64(len(u.wbuf[ui])) * 4
 			u.wbuf[ui] = nil
 		}
 		u.bind(ui)
@@ -303,8 +339,8 @@ func (u *unitRuntime) bound() error {
 			first = err
 		}
 		u.put(&u.gfree, f.buf)
-		u.liveG -= int64(len(f.buf)) * 4
-		u.inflight = u.inflight[1:]
+		n := copy(u.inflight, u.inflight[1:]) // keep the slice's start: appends reuse it
+		u.inflight = u.inflight[:n]
 	}
 	return first
 }
@@ -318,7 +354,6 @@ func (u *unitRuntime) flush() error {
 			first = err
 		}
 		u.put(&u.gfree, f.buf)
-		u.liveG -= int64(len(f.buf)) * 4
 	}
 	u.inflight = u.inflight[:0]
 	for ui, h := range u.ready {
@@ -331,7 +366,6 @@ func (u *unitRuntime) flush() error {
 		u.ready[ui] = nil
 		if u.holds[ui] == 0 {
 			u.put(&u.wfree, u.wbuf[ui])
-			u.liveW -= int64(len(u.wbuf[ui])) * 4
 			u.wbuf[ui] = nil
 			u.bind(ui)
 		}
@@ -341,9 +375,9 @@ func (u *unitRuntime) flush() error {
 
 var _ model.Hooks = (*unitRuntime)(nil)
 
-// memory is what the runtime reports beside the plan's gathered-unit and
-// grad-reduce buffers: the peaks.
-func (u *unitRuntime) memory() (gathered, gradBuffers int64) { return u.peakW, u.peakG }
+// memory is what the runtime holds beside the plan's gathered-unit and
+// grad-reduce buffers: the bytes of the buffers it made.
+func (u *unitRuntime) memory() (gathered, gradBuffers int64) { return u.made[0], u.made[1] }
 
 // tracer collects Chrome trace events (viewable in Perfetto or chrome://tracing):
 // one process per rank, thread 0 compute and thread 1 communication. A nil tracer

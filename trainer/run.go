@@ -357,6 +357,7 @@ type run struct {
 	// modelSteps is how many training steps the model-parallel groups' counts
 	// (state.counted) cover.
 	modelSteps int64
+	bufs       *stepBufs // openModel makes them
 	// deviceHeld is what a device engine held at the end (Options.Device runs).
 	deviceHeld Memory
 	metrics    *os.File
@@ -379,14 +380,7 @@ const worldTimeout = 10 * time.Minute
 func runRanks(ctx context.Context, r *config.Recipe, res *config.Resolved, opts Options, plan *parallel.Plan, ds *data.Dataset, dir string, log zerolog.Logger) (*Result, error) {
 	n := plan.Mesh.World
 	world := comm.NewWorld(n, worldTimeout)
-	groups := func(rank int, axis parallel.Axis) (comm.Communicator, error) {
-		if tag := modelTag(axis); tag != "" {
-			// The model's token exchanges and K/V ring run while the FSDP stream
-			// gathers and reduces: they need communicators of their own.
-			return world.Tagged(rank, plan.Mesh.Group(axis, rank), tag)
-		}
-		return world.Group(rank, plan.Mesh.Group(axis, rank))
-	}
+	groups := inProcessGroups(world, plan)
 	var tr *tracer
 	if opts.TracePath != "" {
 		tr = &tracer{origin: time.Now()}
@@ -430,6 +424,18 @@ func runRanks(ctx context.Context, r *config.Recipe, res *config.Resolved, opts 
 		}
 	}
 	return results[0], nil
+}
+
+// inProcessGroups makes the plan's groups of a world of in-process ranks.
+func inProcessGroups(world *comm.World, plan *parallel.Plan) groupsFor {
+	return func(rank int, axis parallel.Axis) (comm.Communicator, error) {
+		if tag := modelTag(axis); tag != "" {
+			// The model's token exchanges and K/V ring run while the FSDP stream
+			// gathers and reduces: they need communicators of their own.
+			return world.Tagged(rank, plan.Mesh.Group(axis, rank), tag)
+		}
+		return world.Group(rank, plan.Mesh.Group(axis, rank))
+	}
 }
 
 // modelTag names the communicators the model uses inside a pass (expert
@@ -486,42 +492,43 @@ func runProcess(ctx context.Context, r *config.Recipe, res *config.Resolved, opt
 	return out, err
 }
 
-func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsFor) (*Result, error) {
+// openState builds this rank's FSDP state: initialised, resumed from a checkpoint,
+// or loaded from a Hugging Face directory. It returns the step and optimizer step
+// to continue from.
+func (t *run) openState(world comm.Communicator, groups groupsFor) (startStep, optSteps int, err error) {
 	r := t.r
-	out := &Result{Dir: t.dir, Predicted: t.plan.Memory, Fingerprint: t.plan.Fingerprint}
-	lead := t.rank == 0
-	if lead {
-		if err := t.writeHeader(); err != nil {
-			return nil, err
-		}
-	}
-	var err error
 	if t.st, err = newState(t.plan, r, t.opts.Backend, t.rank, world, groups); err != nil {
-		return nil, err
+		return 0, 0, err
 	}
-	startStep, optSteps := 0, 0
 	if m := t.opts.resume; m != nil {
 		rd := ckpt.NewReader(t.opts.Resume, m)
 		err := t.st.load(rd)
 		rd.Close()
 		if err != nil {
-			return nil, fmt.Errorf("resuming from %s: %w", t.opts.Resume, err)
+			return 0, 0, fmt.Errorf("resuming from %s: %w", t.opts.Resume, err)
 		}
-		startStep, optSteps = m.Step, m.OptimizerSteps
-	} else if err := t.st.init(r); err != nil {
-		return nil, err
-	} else if t.opts.InitFrom != "" {
+		return m.Step, m.OptimizerSteps, nil
+	}
+	if err := t.st.init(r); err != nil {
+		return 0, 0, err
+	}
+	if t.opts.InitFrom != "" {
 		vals, err := readHF(t.opts.InitFrom, r.Model, t.plan.Params)
 		if err != nil {
-			return nil, err
+			return 0, 0, err
 		}
 		if err := t.st.initFrom(vals); err != nil {
-			return nil, err
+			return 0, 0, err
 		}
 	}
-	if t.opts.Device != nil {
-		return t.trainDevice(ctx, out)
-	}
+	return 0, 0, nil
+}
+
+// openModel builds what the CPU engine steps with: the checkpointer, the model
+// over the state's views, the FSDP unit runtime (sharded gradients), this rank's
+// step buffers, and rank 0's metrics file. closeModel releases them.
+func (t *run) openModel(startStep int) error {
+	r := t.r
 	if r.Checkpoint.Saves() {
 		root := r.Checkpoint.Dir
 		if root == "" {
@@ -553,38 +560,68 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	if t.st.tpComm != nil {
 		mopts = append(mopts, model.WithTensorParallel(model.TensorParallel{Comm: t.st.tpComm, Rank: t.st.tpRank, Size: t.st.tpComm.Size()}))
 	}
+	var err error
 	t.m, err = model.New[float32](r.Model, t.plan.Params, t.st.wviews, t.st.gviews, t.opts.Backend, B, T, mopts...)
 	if err != nil {
-		return nil, fmt.Errorf("building the model: %w", err)
+		return fmt.Errorf("building the model: %w", err)
 	}
-	defer t.m.Close()
 	if t.st.unitGrads {
-		t.rt = newUnitRuntime(t.st, t.m, r.FSDP.OverlapParamGather, r.FSDP.OverlapGradReduce, r.FSDP.FSDPDoubleBuffer, r.FSDP.SuggestedCommunicationUnitSize, t.trace)
-		defer t.rt.close()
+		t.rt = newUnitRuntime(t.st, t.m, r.FSDP.OverlapParamGather, r.FSDP.OverlapGradReduce, r.FSDP.SuggestedCommunicationUnitSize, t.trace)
 		t.m.SetHooks(t.rt)
 	}
+	t.bufs = newStepBufs(B, T, t.plan.Mesh.CP)
+	if t.rank == 0 {
+		if t.metrics, err = t.openMetrics(startStep); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// closeModel releases what openModel built.
+func (t *run) closeModel() {
+	if t.metrics != nil {
+		t.metrics.Close()
+	}
+	if t.rt != nil {
+		t.rt.close()
+	}
+	if t.m != nil {
+		t.m.Close()
+	}
+}
+
+func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsFor) (*Result, error) {
+	r := t.r
+	out := &Result{Dir: t.dir, Predicted: t.plan.Memory, Fingerprint: t.plan.Fingerprint}
+	lead := t.rank == 0
+	if lead {
+		if err := t.writeHeader(); err != nil {
+			return nil, err
+		}
+	}
+	startStep, optSteps, err := t.openState(world, groups)
+	if err != nil {
+		return nil, err
+	}
+	if t.opts.Device != nil {
+		return t.trainDevice(ctx, out)
+	}
+	if err := t.openModel(startStep); err != nil {
+		return nil, err
+	}
+	defer t.closeModel()
 	if f := r.FSDP; lead && !t.st.unitGrads && world.Size() > 1 && (f.OverlapGradReduce || f.OverlapParamGather) {
 		t.log.Warn().Bool("overlap_grad_reduce", f.OverlapGradReduce).Bool("overlap_param_gather", f.OverlapParamGather).
 			Msg("no_shard and optim reduce gradients after the last micro-batch, so there is nothing to overlap; optim_grads and optim_grads_params overlap")
 	}
-	if lead {
-		if t.metrics, err = t.openMetrics(startStep); err != nil {
-			return nil, err
-		}
-		defer t.metrics.Close()
-	}
 	out.UnigramBits = unigramEntropy(t.ds.Train, t.ds.Tok.VocabSize())
 	sched := optim.Schedule{Peak: r.Train.LR, Warmup: r.Train.WarmupSteps, Steps: r.Train.Steps, MinFactor: r.Train.MinLRFactor, Decay: r.Train.LRSchedule,
 		DecaySteps: r.Train.LRDecaySteps}
-	micro, dp := t.plan.MicroBatches, t.plan.Mesh.DP
-	dpRank := t.plan.Mesh.Coords(t.rank).DP
-	global := micro * dp * B // sequences per step
-	cp, cpRank := t.plan.Mesh.CP, t.st.cpRank
-	// Each context-parallel rank holds T/cp tokens of every sequence of its batch.
-	tokens, targets := make([]int32, B*T), make([]int32, B*T)
-	local, localTargets := make([]int32, B*T/cp), make([]int32, B*T/cp)
-	var last Metrics // the last step recorded (rank 0)
-	var good Metrics // the last step whose loss and gradient were finite (every rank)
+	B, T := r.Train.MicroBatchSize, r.Model.SeqLen
+	global := t.plan.MicroBatches * t.plan.Mesh.DP * B // sequences per step
+	var last Metrics                                   // the last step recorded (rank 0)
+	var good Metrics                                   // the last step whose loss and gradient were finite (every rank)
 	lastSkipped := false
 	if len(t.curve) > 0 { // resumed: the steps before the checkpoint
 		last, good = t.curve[len(t.curve)-1], t.goodAtEnd()
@@ -596,7 +633,6 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	// flag: rank 0's interrupt; ranks whose pending checkpoint file is written;
 	// ranks whose write failed.
 	flag := make([]float32, 3)
-	stats := make([]float32, 4)
 	lastEvaluated := false // every rank tracks it: the final evaluation is collective
 	done := startStep      // steps completed
 	for step := startStep; step < r.Train.Steps; step++ {
@@ -632,46 +668,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		}
 		t0 := time.Now()
 		lr := sched.LR(step)
-		t.st.zeroGrads()
-		var sum, aux float64
-		var count, dropped int
-		scale := 1 / float64(global*T) // per-token mean over the global batch
-		if !r.FSDP.CalculatePerTokenLoss {
-			scale = 1 / float64(B*T) / float64(micro*dp) // mean of micro-batch means
-		}
-		t.st.stepStarts()
-		for mb := 0; mb < micro; mb++ {
-			data.Batch(tokens, targets, t.ds.Train, r.Run.Seed, step, (mb*dp+dpRank)*B, B, T)
-			model.LocalTokens(local, tokens, B, T, cpRank, cp)
-			model.LocalTokens(localTargets, targets, B, T, cpRank, cp)
-			s, n := t.m.Forward(local, localTargets)
-			t.m.Backward(local, localTargets, scale)
-			if err := t.flush(); err != nil {
-				return nil, err
-			}
-			if t.st.tpRank > 0 {
-				s, n = 0, 0 // the tp group's first rank counts the group's tokens
-			}
-			// Every context- and tensor-parallel rank has its sequences' whole aux loss.
-			sum, count, aux = sum+s, count+n, aux+t.m.AuxLoss()/float64(micro*dp*cp*t.plan.Mesh.TP)
-			dropped += t.m.Dropped()
-		}
-		t.st.stepEnds()
-		t.modelSteps++
-		stats[0], stats[1], stats[2], stats[3] = float32(sum), float32(count), float32(aux), float32(dropped)
-		if err := world.AllReduce(stats); err != nil {
-			return nil, err
-		}
-		if err := t.st.reduce(r.FSDP.GradReduceInBF16); err != nil {
-			return nil, err
-		}
-		// One rank keeps its float64 sums; several combine them through the float32
-		// all-reduce.
-		loss := sum / float64(count)
-		if world.Size() > 1 {
-			loss, aux, dropped = float64(stats[0])/float64(stats[1]), float64(stats[2]), int(stats[3])
-		}
-		norm, err := t.st.gradNorm()
+		loss, aux, dropped, norm, err := t.gradStep(step)
 		if err != nil {
 			return nil, err
 		}
@@ -693,9 +690,8 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 			t.log.Warn().Int("step", step+1).Float64("loss", loss).Msg("non-finite step skipped (train.skip_nonfinite)")
 		} else {
 			good, lastSkipped = met, false
-			t.st.scaleGrads(optim.ClipFactor(norm, r.Train.ClipGrad))
 			optSteps++
-			if err := t.st.step(r.Train, lr, optSteps); err != nil {
+			if err := t.update(norm, lr, optSteps); err != nil {
 				return nil, err
 			}
 		}
@@ -794,6 +790,78 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	}
 	out.TokensPerS = median(rates[min(1, max(len(rates)-1, 0)):]) // the first step warms caches up: left out unless alone
 	return out, t.finish(out)
+}
+
+// stepBufs are one rank's token buffers and collective scratch, made once and
+// reused by every step.
+type stepBufs struct {
+	tokens, targets     []int32 // a micro-batch's whole sequences
+	local, localTargets []int32 // the tokens this rank holds (T/cp of each sequence)
+	stats               []float32
+}
+
+func newStepBufs(B, T, cp int) *stepBufs {
+	return &stepBufs{tokens: make([]int32, B*T), targets: make([]int32, B*T),
+		local: make([]int32, B*T/cp), localTargets: make([]int32, B*T/cp), stats: make([]float32, 4)}
+}
+
+// gradStep runs step's micro-batches forward and backward, reduces the gradients
+// and returns the step's loss (the global batch's), aux loss, dropped token copies
+// and gradient norm. Every rank of the world calls it together.
+func (t *run) gradStep(step int) (loss, aux float64, dropped int, norm float64, err error) {
+	r, b := t.r, t.bufs
+	B, T := r.Train.MicroBatchSize, r.Model.SeqLen
+	micro, dp, cp := t.plan.MicroBatches, t.plan.Mesh.DP, t.plan.Mesh.CP
+	dpRank := t.plan.Mesh.Coords(t.rank).DP
+	t.st.zeroGrads()
+	var sum float64
+	var count int
+	scale := 1 / float64(micro*dp*B*T) // per-token mean over the global batch
+	if !r.FSDP.CalculatePerTokenLoss {
+		scale = 1 / float64(B*T) / float64(micro*dp) // mean of micro-batch means
+	}
+	t.st.stepStarts()
+	for mb := 0; mb < micro; mb++ {
+		data.Batch(b.tokens, b.targets, t.ds.Train, r.Run.Seed, step, (mb*dp+dpRank)*B, B, T)
+		model.LocalTokens(b.local, b.tokens, B, T, t.st.cpRank, cp)
+		model.LocalTokens(b.localTargets, b.targets, B, T, t.st.cpRank, cp)
+		s, n := t.m.Forward(b.local, b.localTargets)
+		t.m.Backward(b.local, b.localTargets, scale)
+		if err := t.flush(); err != nil {
+			return 0, 0, 0, 0, err
+		}
+		if t.st.tpRank > 0 {
+			s, n = 0, 0 // the tp group's first rank counts the group's tokens
+		}
+		// Every context- and tensor-parallel rank has its sequences' whole aux loss.
+		sum, count, aux = sum+s, count+n, aux+t.m.AuxLoss()/float64(micro*dp*cp*t.plan.Mesh.TP)
+		dropped += t.m.Dropped()
+	}
+	t.st.stepEnds()
+	t.modelSteps++
+	stats := b.stats
+	stats[0], stats[1], stats[2], stats[3] = float32(sum), float32(count), float32(aux), float32(dropped)
+	if err := t.st.world.AllReduce(stats); err != nil {
+		return 0, 0, 0, 0, err
+	}
+	if err := t.st.reduce(r.FSDP.GradReduceInBF16); err != nil {
+		return 0, 0, 0, 0, err
+	}
+	// One rank keeps its float64 sums; several combine them through the float32
+	// all-reduce.
+	loss = sum / float64(count)
+	if t.st.world.Size() > 1 {
+		loss, aux, dropped = float64(stats[0])/float64(stats[1]), float64(stats[2]), int(stats[3])
+	}
+	norm, err = t.st.gradNorm()
+	return loss, aux, dropped, norm, err
+}
+
+// update clips the gradients by their norm and takes optimizer step optStep at
+// learning rate lr.
+func (t *run) update(norm, lr float64, optStep int) error {
+	t.st.scaleGrads(optim.ClipFactor(norm, t.r.Train.ClipGrad))
+	return t.st.step(t.r.Train, lr, optStep)
 }
 
 // describeGood names the last step whose loss and gradient were finite.

@@ -3,8 +3,6 @@ package trainer
 import (
 	"fmt"
 	"math"
-	"runtime"
-	"sync"
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
@@ -49,6 +47,7 @@ type state struct {
 	segs           [][]segment
 	comms          []comm.Communicator // per group: its dp×cp or edp group
 	world          comm.Communicator
+	scalar         [1]float32 // a norm's partial sum, all-reduced
 	bsrc, bdst     [][]uint16 // bf16 reduction buffers, allocated on first use
 	// Expert parallelism: this rank's ep coordinate, experts per ep rank, and the
 	// ep group (nil when ep = 1).
@@ -496,30 +495,34 @@ func (s *state) gradNorm() (float64, error) {
 	ss := dense + expert
 	switch {
 	case s.sharded && s.world.Size() > 1:
-		buf := []float32{float32(ss)}
-		if err := s.world.AllReduce(buf); err != nil {
+		var err error
+		if ss, err = s.allReduceScalar(s.world, ss); err != nil {
 			return 0, err
 		}
-		ss = float64(buf[0])
 	case !s.sharded:
 		// Every rank holds its groups whole: the experts of its ep rank and the
 		// dense weights of its tp rank.
-		for _, part := range []struct {
-			c comm.Communicator
-			v *float64
-		}{{s.epComm, &expert}, {s.tpComm, &dense}} {
-			if part.c == nil {
-				continue
-			}
-			buf := []float32{float32(*part.v)}
-			if err := part.c.AllReduce(buf); err != nil {
-				return 0, err
-			}
-			*part.v = float64(buf[0])
+		var err error
+		if expert, err = s.allReduceScalar(s.epComm, expert); err != nil {
+			return 0, err
+		}
+		if dense, err = s.allReduceScalar(s.tpComm, dense); err != nil {
+			return 0, err
 		}
 		ss = dense + expert
 	}
 	return math.Sqrt(ss), nil
+}
+
+// allReduceScalar sums x over c's ranks in float32 (x itself when c is nil).
+func (s *state) allReduceScalar(c comm.Communicator, x float64) (float64, error) {
+	if c == nil {
+		return x, nil
+	}
+	buf := s.scalar[:]
+	buf[0] = float32(x)
+	err := c.AllReduce(buf)
+	return float64(buf[0]), err
 }
 
 // sumSquaresOnce is Σ g² over dense group gi's gradient shard g, counting a
@@ -551,42 +554,25 @@ func (s *state) scaleGrads(f float64) {
 // step applies the optimizer to this rank's shard and gathers the compute weights:
 // train.optimizer adamw or adam (Megatron's adam is AdamW with decoupled weight
 // decay) runs AdamW, sgd runs SGD with momentum train.beta1 (its buffer is the
-// first-moment buffer). Segments are updated on every core: each element's update
-// depends only on its own values, so the split changes no bit of the result.
+// first-moment buffer). Each segment's update runs on every core (the kernels
+// split it): each element's update depends only on its own values, so the split
+// changes no bit of the result.
 func (s *state) step(tr config.Train, lr float64, t int) error {
-	type job struct {
-		gi  int
-		seg segment
-	}
-	var jobs []job
 	for gi := range s.segs {
 		for _, sg := range s.segs[gi] {
-			jobs = append(jobs, job{gi, sg})
+			wd := tr.WeightDecay
+			if !sg.decay {
+				wd = 0
+			}
+			lo, hi := sg.lo, sg.hi
+			p, g, m, v := s.main[gi][lo:hi], s.gshard[gi][lo:hi], s.m[gi][lo:hi], s.v[gi][lo:hi]
+			if tr.Optimizer == "sgd" {
+				s.be.SGD(p, g, m, lr, tr.Beta1, wd)
+			} else {
+				s.be.AdamW(p, g, m, v, lr, tr.Beta1, tr.Beta2, tr.Eps, wd, t)
+			}
 		}
 	}
-	workers := runtime.GOMAXPROCS(0)
-	var wg sync.WaitGroup
-	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < len(jobs); i += workers {
-				j := jobs[i]
-				wd := tr.WeightDecay
-				if !j.seg.decay {
-					wd = 0
-				}
-				lo, hi := j.seg.lo, j.seg.hi
-				p, g, m, v := s.main[j.gi][lo:hi], s.gshard[j.gi][lo:hi], s.m[j.gi][lo:hi], s.v[j.gi][lo:hi]
-				if tr.Optimizer == "sgd" {
-					s.be.SGD(p, g, m, lr, tr.Beta1, wd)
-				} else {
-					s.be.AdamW(p, g, m, v, lr, tr.Beta1, tr.Beta2, tr.Eps, wd, t)
-				}
-			}
-		}()
-	}
-	wg.Wait()
 	return s.gather()
 }
 

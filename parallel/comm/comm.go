@@ -43,12 +43,23 @@ type Grouper interface {
 	Group(ranks []int, tag string) (Communicator, error)
 }
 
-// Handle is an operation in flight on a Stream.
+// Op is an operation a Stream runs: its collectives on the stream's communicator.
+type Op interface {
+	Run(c Communicator) error
+}
+
+// Handle is an operation to run on a Stream, made once (NewHandle) and started
+// any number of times, one run in flight at a time: a runtime that makes its
+// handles up front starts operations without allocating.
 type Handle struct {
+	op   Op
 	done chan error
 }
 
-// Wait blocks until the operation ends and returns its error.
+// NewHandle makes a handle for op.
+func NewHandle(op Op) *Handle { return &Handle{op: op, done: make(chan error, 1)} }
+
+// Wait blocks until the operation started last ends and returns its error.
 func (h *Handle) Wait() error { return <-h.done }
 
 // ErrTimeout marks a collective that did not complete in time.

@@ -420,26 +420,22 @@ func (m *member) Barrier() error {
 // order even when compute and communication overlap.
 type Stream struct {
 	c    Communicator
-	jobs chan func()
+	jobs chan *Handle
 }
 
 // NewStream starts a stream over c. Close ends it.
 func NewStream(c Communicator) *Stream {
-	s := &Stream{c: c, jobs: make(chan func(), 64)}
+	s := &Stream{c: c, jobs: make(chan *Handle, 64)}
 	go func() {
-		for j := range s.jobs {
-			j()
+		for h := range s.jobs {
+			h.done <- h.op.Run(s.c)
 		}
 	}()
 	return s
 }
 
-// Go queues op and returns a handle to wait on.
-func (s *Stream) Go(op func(Communicator) error) *Handle {
-	h := &Handle{done: make(chan error, 1)}
-	s.jobs <- func() { h.done <- op(s.c) }
-	return h
-}
+// Start queues h's operation; h.Wait returns its error. h must not be in flight.
+func (s *Stream) Start(h *Handle) { s.jobs <- h }
 
 // Close stops the stream after the queued operations.
 func (s *Stream) Close() { close(s.jobs) }

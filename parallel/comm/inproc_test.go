@@ -220,19 +220,27 @@ func TestBF16ReduceAccumulatesInFP32(t *testing.T) {
 }
 
 // TestStreamKeepsOrder: operations queued on a stream run in order on every rank,
-// so overlapped collectives cannot cross.
+// so overlapped collectives cannot cross; a handle runs again once waited on.
 func TestStreamKeepsOrder(t *testing.T) {
 	errs := onRanks(3, time.Second, func(c Communicator) error {
 		s := NewStream(c)
 		defer s.Close()
-		a, b := []float32{1}, []float32{10}
-		h1 := s.Go(func(c Communicator) error { return c.AllReduce(a) })
-		h2 := s.Go(func(c Communicator) error { return c.AllReduce(b) })
+		a, b := allReduceOp{1}, allReduceOp{10}
+		h1, h2 := NewHandle(a), NewHandle(b)
+		s.Start(h1)
+		s.Start(h2)
 		if err := errors.Join(h2.Wait(), h1.Wait()); err != nil {
 			return err
 		}
 		if a[0] != 3 || b[0] != 30 {
 			return fmt.Errorf("got %v %v", a, b)
+		}
+		s.Start(h1)
+		if err := h1.Wait(); err != nil {
+			return err
+		}
+		if a[0] != 9 {
+			return fmt.Errorf("the handle's second run: got %v, want 9", a[0])
 		}
 		return nil
 	})
@@ -240,6 +248,11 @@ func TestStreamKeepsOrder(t *testing.T) {
 		require.NoError(t, err)
 	}
 }
+
+// allReduceOp all-reduces its values in place.
+type allReduceOp []float32
+
+func (o allReduceOp) Run(c Communicator) error { return c.AllReduce(o) }
 
 func TestAbortEndsWaiting(t *testing.T) {
 	w := NewWorld(2, time.Minute)

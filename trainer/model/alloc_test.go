@@ -1,12 +1,11 @@
 package model
 
 import (
-	"runtime"
-	"runtime/debug"
 	"testing"
 	"time"
 
 	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/internal/allocs"
 	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/parallel/comm"
 	"github.com/shardline/shardline/tensor/cpu"
@@ -15,13 +14,10 @@ import (
 // TestStepAllocatesNothing runs whole training steps (forward, backward, AdamW,
 // clearing the gradients) on the dense Shakespeare-char model and on an MoE model
 // (8 experts, top 2, one shared expert): the steady state of a step must allocate
-// nothing (assertNoSteadyAllocs). The kernels' buffers belong to the chunk of work
+// nothing (allocs.AssertSteady). The kernels' buffers belong to the chunk of work
 // they serve, not to whichever goroutine ran it, so what a step allocates does not
 // depend on scheduling.
 func TestStepAllocatesNothing(t *testing.T) {
-	if raceEnabled {
-		t.Skip("the race detector allocates on its own; this test runs in the plain suite")
-	}
 	moe := ShakespeareChar()
 	moe.MoE = config.MoE{NumExperts: 8, TopK: 2, ExpertFFNHidden: 128, SharedExperts: 1, LayerFreq: 1, AuxLossCoeff: 0.01}
 	for _, tc := range []struct {
@@ -30,7 +26,7 @@ func TestStepAllocatesNothing(t *testing.T) {
 	}{{"dense", ShakespeareChar()}, {"moe", moe}} {
 		t.Run(tc.name, func(t *testing.T) {
 			step := newStepper(t, tc.cfg, 12, 64)
-			assertNoSteadyAllocs(t, step)
+			allocs.AssertSteady(t, step)
 		})
 	}
 }
@@ -40,9 +36,6 @@ func TestStepAllocatesNothing(t *testing.T) {
 // ring reuse their channels, timers and goroutine; each rank is a goroutine that
 // lives through the test).
 func TestMeshStepAllocatesNothing(t *testing.T) {
-	if raceEnabled {
-		t.Skip("the race detector allocates on its own; this test runs in the plain suite")
-	}
 	dense := ShakespeareChar()
 	dense.VocabSize = 64 // split over tp 2
 	moe := dense
@@ -83,7 +76,7 @@ func TestMeshStepAllocatesNothing(t *testing.T) {
 					close(start[r])
 				}
 			}()
-			assertNoSteadyAllocs(t, func() {
+			allocs.AssertSteady(t, func() {
 				for r := range start {
 					start[r] <- struct{}{}
 				}
@@ -101,40 +94,6 @@ func tagged(t *testing.T, w *comm.World, r int, tag string) comm.Communicator {
 		t.Fatal(err)
 	}
 	return c
-}
-
-// assertNoSteadyAllocs runs step once (which sizes every buffer) and then counts
-// heap allocations in the whole process over rounds of steps, with the garbage
-// collector off so that it cannot allocate in the count: some round must
-// allocate nothing.
-//
-// The runtime itself may allocate once in a while beside the step (a new OS
-// thread, when a goroutine yields and no idle thread is left to run another; a
-// goroutine's wait record when one blocks in a collective and its processor's
-// cache of them is empty); that is not the step's doing and it does not recur,
-// so the test passes when one of a few rounds allocates nothing. Anything a step
-// allocates on every call fails every round.
-func assertNoSteadyAllocs(t *testing.T, step func()) {
-	t.Helper()
-	step()
-	step() // a second step: buffers sized by the first pass of another shape
-	defer debug.SetGCPercent(debug.SetGCPercent(-1))
-	const rounds, steps = 10, 3
-	var counts []uint64
-	for range rounds {
-		var before, after runtime.MemStats
-		runtime.ReadMemStats(&before)
-		for range steps {
-			step()
-		}
-		runtime.ReadMemStats(&after)
-		n := after.Mallocs - before.Mallocs
-		if n == 0 {
-			return
-		}
-		counts = append(counts, n)
-	}
-	t.Fatalf("every round of %d steps allocated: %v objects; want a round with 0", steps, counts)
 }
 
 // newStepper builds a model of cfg with AdamW state and returns one training step.

@@ -3,7 +3,6 @@ package model
 import (
 	"fmt"
 	"math"
-	"slices"
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
@@ -154,7 +153,7 @@ func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights, grad
 	if m.gptr, err = m.g.bind(cfg, table, grads, local); err != nil {
 		return nil, err
 	}
-	m.blocks = blocksOf(cfg, table)
+	m.blocks = parallel.Blocks(cfg, table)
 	for i := range table {
 		if table[i].Name == "embed.weight" {
 			m.embedIdx = i
@@ -217,32 +216,6 @@ func (m *Model[F]) Bind(i int, w, g []F) {
 	if i == m.embedIdx && m.Cfg.TieEmbeddings {
 		m.w.output, m.g.output = w, g
 	}
-}
-
-// blocksOf groups the parameters' units by block: block 0 the embedding, 1..L the
-// layers, L+1 the final norm and head.
-func blocksOf(cfg config.Model, table []parallel.Param) [][]int {
-	blocks := make([][]int, cfg.Layers+2)
-	add := func(b, unit int) {
-		if !slices.Contains(blocks[b], unit) {
-			blocks[b] = append(blocks[b], unit)
-		}
-	}
-	for i := range table {
-		p := &table[i]
-		switch {
-		case p.Layer >= 0:
-			add(1+p.Layer, p.Unit)
-		case p.Name == "embed.weight":
-			add(0, p.Unit)
-			if cfg.TieEmbeddings {
-				add(cfg.Layers+1, p.Unit)
-			}
-		default:
-			add(cfg.Layers+1, p.Unit)
-		}
-	}
-	return blocks
 }
 
 // bind fills p from views (table order) and returns a pointer to each parameter's

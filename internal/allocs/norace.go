@@ -1,5 +1,5 @@
 //go:build !race
 
-package model
+package allocs
 
 const raceEnabled = false
