@@ -67,7 +67,7 @@ func BenchmarkMatmulBF16(b *testing.B) {
 	benchOnDevice(b, 6*float64(BT)*float64(C)*float64(OC), func() func() {
 		inp, w, out, dout := benchBuf(b, BF16, BT*C), benchBuf(b, BF16, OC*C), benchBuf(b, BF16, BT*OC), benchBuf(b, BF16, BT*OC)
 		dinp, dw := benchBuf(b, BF16, BT*C), benchBuf(b, F32, OC*C)
-		s := MatmulShape{BT, C, OC}
+		s := MatmulShape{BT: BT, C: C, OC: OC}
 		return func() {
 			dev.Matmul(out, inp, w, s, false)
 			dev.MatmulBackward(dinp, dw, dout, inp, w, s, false)

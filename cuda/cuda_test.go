@@ -164,14 +164,14 @@ func TestMatmul(t *testing.T) {
 		prev := roundTo(dt, randn(r, BT*OC, 1))
 		dw0 := randn(r, OC*C, 1)
 		want := append([]float32(nil), prev...)
-		cpu.Matmul(want, inp, w, BT, C, OC, true)
+		cpu.Matmul(want, inp, w, tensor.MatmulShape{BT: BT, C: C, OC: OC}, true)
 		wantDinp := make([]float32, BT*C)
 		wantDw := append([]float32(nil), dw0...)
-		cpu.MatmulBackward(wantDinp, wantDw, dout, inp, w, BT, C, OC, false)
+		cpu.MatmulBackward(wantDinp, wantDw, dout, inp, w, tensor.MatmulShape{BT: BT, C: C, OC: OC}, false)
 		wantFresh := make([]float32, BT*OC)
-		cpu.Matmul(wantFresh, inp, w, BT, C, OC, false)
+		cpu.Matmul(wantFresh, inp, w, tensor.MatmulShape{BT: BT, C: C, OC: OC}, false)
 		onDevice(t, func() {
-			s := MatmulShape{BT, C, OC}
+			s := MatmulShape{BT: BT, C: C, OC: OC}
 			bi, bw, bo, bd := put(t, dt, inp), put(t, dt, w), put(t, dt, prev), put(t, dt, dout)
 			fresh := poisoned(t, dt, BT*OC)
 			dev.Matmul(bo, bi, bw, s, true)
@@ -266,7 +266,7 @@ func TestHeadCrossEntropy(t *testing.T) {
 		}
 		targets[7] = -1
 		logits := make([]float32, BT*V)
-		cpu.Matmul(logits, x, w, BT, C, V, false)
+		cpu.Matmul(logits, x, w, tensor.MatmulShape{BT: BT, C: C, OC: V}, false)
 		losses, probs := make([]float32, BT), make([]float32, BT*V)
 		cpu.CrossEntropy(losses, probs, logits, targets, BT, V)
 		dloss := randn(r, BT, 1)
@@ -275,7 +275,7 @@ func TestHeadCrossEntropy(t *testing.T) {
 		dx0 := roundTo(dt, randn(r, BT*C, 1))
 		dx, dw0 := append([]float32(nil), dx0...), randn(r, V*C, 1)
 		dw := append([]float32(nil), dw0...)
-		cpu.MatmulBackward(dx, dw, dlogits, x, w, BT, C, V, true)
+		cpu.MatmulBackward(dx, dw, dlogits, x, w, tensor.MatmulShape{BT: BT, C: C, OC: V}, true)
 		onDevice(t, func() {
 			s := HeadShape{BT, C, V, chunk}
 			sc := HeadScratch{Logits: poisoned(t, F32, BT*chunk), DLogits: poisoned(t, dt, BT*chunk),
@@ -310,9 +310,9 @@ func TestElementwise(t *testing.T) {
 		inv := tensor.RopeInvFreq(HD, 10000, "none", 1)
 		cpu.RopeTables(cos, sin, T, inv)
 		rot := append([]float32(nil), x...)
-		cpu.Rope(rot, cos, sin, B, T, NH, HD)
+		cpu.Rope(rot, cos, sin, tensor.RopeShape{B: B, T: T, NH: NH, HD: HD})
 		back := append([]float32(nil), x...)
-		cpu.RopeBackward(back, cos, sin, B, T, NH, HD)
+		cpu.RopeBackward(back, cos, sin, tensor.RopeShape{B: B, T: T, NH: NH, HD: HD})
 		g, u, d := roundTo(dt, randn(r, n, 2)), roundTo(dt, randn(r, n, 1)), roundTo(dt, randn(r, n, 1))
 		sw := make([]float32, n)
 		cpu.SwiGLU(sw, g, u, n)
@@ -326,10 +326,10 @@ func TestElementwise(t *testing.T) {
 			dev.RopeTables(bc, bs, T, inv)
 			check(t, "rope tables", F32, get(bc), cos, 0)
 			bx := put(t, dt, x)
-			dev.Rope(bx, bc, bs, RopeShape{B, T, NH, HD}, false)
+			dev.Rope(bx, bc, bs, RopeShape{B: B, T: T, NH: NH, HD: HD}, false)
 			check(t, "rope", dt, get(bx), rot, 1e-6)
 			bx = put(t, dt, x)
-			dev.Rope(bx, bc, bs, RopeShape{B, T, NH, HD}, true)
+			dev.Rope(bx, bc, bs, RopeShape{B: B, T: T, NH: NH, HD: HD}, true)
 			check(t, "rope backward", dt, get(bx), back, 1e-6)
 			bg, bu, bd := put(t, dt, g), put(t, dt, u), put(t, dt, d)
 			bo := poisoned(t, dt, n)
@@ -451,9 +451,9 @@ func TestFlashAttention(t *testing.T) {
 			q, k, v := roundTo(dt, randn(r, B*T*NH*HD, 1)), roundTo(dt, randn(r, B*T*NKV*HD, 1)), roundTo(dt, randn(r, B*T*NKV*HD, 1))
 			dout := roundTo(dt, randn(r, B*T*NH*HD, 1))
 			out, att := make([]float32, B*T*NH*HD), make([]float32, B*NH*T*T)
-			cpu.Attention(out, att, q, k, v, B, T, NH, NKV, HD)
+			cpu.Attention(out, att, q, k, v, tensor.AttentionShape{B: B, Tq: T, Tk: T, NH: NH, NKV: NKV, HD: HD, Causal: true})
 			dq, dk, dv := make([]float32, len(q)), make([]float32, len(k)), make([]float32, len(v))
-			cpu.AttentionBackward(dq, dk, dv, dout, att, q, k, v, B, T, NH, NKV, HD)
+			cpu.AttentionBackward(dq, dk, dv, dout, att, q, k, v, tensor.AttentionShape{B: B, Tq: T, Tk: T, NH: NH, NKV: NKV, HD: HD, Causal: true})
 			name := fmt.Sprintf("flash HD=%d", HD)
 			onDevice(t, func() {
 				bq, bk, bv, bd := put(t, dt, q), put(t, dt, k), put(t, dt, v), put(t, dt, dout)

@@ -14,20 +14,17 @@ import (
 // key/value heads, HD head size). Every kernel takes its storage dtype from its
 // buffers (all fp32 or all bf16, except where a comment says fp32).
 
-// MatmulShape is out (BT,OC) = inp (BT,C) · weight (OC,C)ᵀ.
-type MatmulShape struct{ BT, C, OC int }
+// MatmulShape is out (BT,OC) = inp (BT,C) · weight (OC,C)ᵀ: the CPU backend's
+// shape, so the two backends' kernels take the same shapes.
+type MatmulShape = tensor.MatmulShape
 
 // AttentionShape describes q (B,Tq,NH,HD) against k, v (B,Tk,NKV,HD). Query i sits
 // at position QOff+i and key j at KOff+j; Causal lets a query see keys at its
-// position or before. HD is 32, 64 or 128.
-type AttentionShape struct {
-	B, Tq, Tk, NH, NKV, HD int
-	QOff, KOff             int
-	Causal                 bool
-}
+// position or before. HD is 32, 64 or 128 here.
+type AttentionShape = tensor.AttentionShape
 
 // RopeShape is x (B,T,NH,HD) rotated with (T,HD/2) fp32 tables.
-type RopeShape struct{ B, T, NH, HD int }
+type RopeShape = tensor.RopeShape
 
 // AdamWConfig is one AdamW step's hyper-parameters; Step is 1-based.
 type AdamWConfig struct {
@@ -303,7 +300,7 @@ func (d *Device) HeadCrossEntropy(losses, lse, x, w, targets Buffer, s HeadShape
 	for v0 := 0; v0 < s.V; v0 += s.Chunk {
 		vc := min(s.Chunk, s.V-v0)
 		L := sc.Logits.Slice(0, s.BT*vc)
-		d.Matmul(L, x, w.Slice(v0*s.C, (v0+vc)*s.C), MatmulShape{s.BT, s.C, vc}, false)
+		d.Matmul(L, x, w.Slice(v0*s.C, (v0+vc)*s.C), MatmulShape{BT: s.BT, C: s.C, OC: vc}, false)
 		d.launch("ce_chunk_fwd", s.BT, 1, 256, ptr(sc.M), ptr(sc.S), ptr(sc.Z), ptr(L), ptr(targets), i32(v0), i32(vc))
 	}
 	d.launch("ce_finish", d.grid(s.BT), 1, threads, ptr(losses), ptr(lse), ptr(sc.M), ptr(sc.S), ptr(sc.Z), ptr(targets), i32(s.BT))
@@ -321,9 +318,9 @@ func (d *Device) HeadCrossEntropyBackward(dx, dw, x, w, targets, dloss, lse Buff
 		vc := min(s.Chunk, s.V-v0)
 		L, dL := sc.Logits.Slice(0, s.BT*vc), sc.DLogits.Slice(0, s.BT*vc)
 		wc := w.Slice(v0*s.C, (v0+vc)*s.C)
-		d.Matmul(L, x, wc, MatmulShape{s.BT, s.C, vc}, false)
+		d.Matmul(L, x, wc, MatmulShape{BT: s.BT, C: s.C, OC: vc}, false)
 		d.launch("ce_chunk_bwd"+suffix(x.DType), d.grid(s.BT*vc), 1, threads, ptr(dL), ptr(L), ptr(lse), ptr(targets), ptr(dloss), i32(v0), i32(vc), i32(s.BT))
-		d.MatmulBackward(dx, dw.Slice(v0*s.C, (v0+vc)*s.C), dL, x, wc, MatmulShape{s.BT, s.C, vc}, accumulate || v0 > 0)
+		d.MatmulBackward(dx, dw.Slice(v0*s.C, (v0+vc)*s.C), dL, x, wc, MatmulShape{BT: s.BT, C: s.C, OC: vc}, accumulate || v0 > 0)
 	}
 }
 
@@ -474,10 +471,10 @@ func (d *Device) HeadCrossEntropyTrain(losses, lse, dx, dw, x, w, targets, dloss
 		n := min(rc, s.BT-r0)
 		L, dL := sc.Logits.Slice(0, n*s.V), sc.DLogits.Slice(0, n*s.V)
 		xr := x.Slice(r0*s.C, (r0+n)*s.C)
-		d.Matmul(L, xr, w, MatmulShape{n, s.C, s.V}, false)
+		d.Matmul(L, xr, w, MatmulShape{BT: n, C: s.C, OC: s.V}, false)
 		d.launch("ce_rows"+suffix(x.DType), n, 1, 1024, ptr(losses.Slice(r0, r0+n)), ptr(lse.Slice(r0, r0+n)), ptr(dL), ptr(L),
 			ptr(targets.Slice(r0, r0+n)), ptr(dloss.Slice(r0, r0+n)), i32(s.V))
-		d.MatmulBackward(dx.Slice(r0*s.C, (r0+n)*s.C), dw, dL, xr, w, MatmulShape{n, s.C, s.V}, accumulate)
+		d.MatmulBackward(dx.Slice(r0*s.C, (r0+n)*s.C), dw, dL, xr, w, MatmulShape{BT: n, C: s.C, OC: s.V}, accumulate)
 	}
 }
 
@@ -599,7 +596,8 @@ func (d *Device) attnCheck(what string, s AttentionShape, bufs ...Buffer) bool {
 	return false
 }
 
-func (s AttentionShape) tail() []arg {
+// attnTail is the attention kernels' trailing arguments.
+func attnTail(s AttentionShape) []arg {
 	return []arg{i32(s.Tq), i32(s.Tk), i32(s.NH), i32(s.NKV), i32(s.QOff), i32(s.KOff), flag(s.Causal), f32(1 / math.Sqrt(float64(s.HD)))}
 }
 
@@ -608,7 +606,7 @@ func (d *Device) FlashAttention(o, lse, q, k, v Buffer, s AttentionShape) {
 	if !d.attnCheck("flash attention", s, o, q, k, v) || !d.need("flash attention", lse, F32, s.B*s.NH*s.Tq) {
 		return
 	}
-	args := append([]arg{ptr(o), ptr(lse), ptr(q), ptr(k), ptr(v)}, s.tail()...)
+	args := append([]arg{ptr(o), ptr(lse), ptr(q), ptr(k), ptr(v)}, attnTail(s)...)
 	if q.DType == BF16 {
 		d.launch(fmt.Sprintf("flash_fwd_tc_%d", s.HD), (s.Tq+flashTCRows-1)/flashTCRows, s.B*s.NH, 128, args...)
 		return
@@ -626,9 +624,9 @@ func (d *Device) FlashAttentionBackward(dq, dk, dv, dout, o, lse, q, k, v Buffer
 	D := d.scratch(scratchDelta, s.B*s.NH*s.Tq)
 	rows := s.B * s.Tq * s.NH
 	d.launch("flash_delta"+sfx, (rows*32+threads-1)/threads, 1, threads, ptr(D), ptr(o), ptr(dout), i32(s.B), i32(s.Tq), i32(s.NH), i32(s.HD))
-	args := append([]arg{ptr(dq), ptr(dout), ptr(lse), ptr(D), ptr(q), ptr(k), ptr(v)}, s.tail()...)
+	args := append([]arg{ptr(dq), ptr(dout), ptr(lse), ptr(D), ptr(q), ptr(k), ptr(v)}, attnTail(s)...)
 	args = append(args, flag(accumulate))
-	kv := append([]arg{ptr(dk), ptr(dv), ptr(dout), ptr(lse), ptr(D), ptr(q), ptr(k), ptr(v)}, s.tail()...)
+	kv := append([]arg{ptr(dk), ptr(dv), ptr(dout), ptr(lse), ptr(D), ptr(q), ptr(k), ptr(v)}, attnTail(s)...)
 	kv = append(kv, flag(accumulate))
 	if q.DType == BF16 {
 		d.launch(fmt.Sprintf("flash_bwd_dq_tc_%d", s.HD), (s.Tq+flashTCRows-1)/flashTCRows, s.B*s.NH, 128, args...)

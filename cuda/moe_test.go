@@ -43,22 +43,23 @@ func TestMoE(t *testing.T) {
 		x := roundTo(dt, randn(r, BT*C, 1))
 		probs, idx, gates := make([]float32, BT*E), make([]int32, BT*K), make([]float32, BT*K)
 		ts := tensor.MoEShape{BT: BT, E: E, K: K, C: C, Capacity: capacity}
-		cpu.Router(probs, idx, gates, logits, ts)
 		row, tok, offsets, cursor := make([]int32, BT*K), make([]int32, BT*K), make([]int32, E+1), make([]int32, E)
+		crt := tensor.Routing{Idx: idx, Row: row, Tok: tok, Offsets: offsets, Cursor: cursor}
+		cpu.Router(probs, gates, logits, crt, ts)
 		xperm := make([]float32, BT*K*C)
-		n := cpu.Dispatch(xperm, row, tok, offsets, cursor, x, idx, ts)
+		n := cpu.Dispatch(xperm, x, crt, ts)
 		if n == BT*K {
 			t.Fatalf("capacity %d dropped nothing: the test would not cover drops", capacity)
 		}
 		y := roundTo(dt, randn(r, BT*K*C, 1))
 		out0 := roundTo(dt, randn(r, BT*C, 1))
 		out := append([]float32(nil), out0...)
-		cpu.Combine(out, y, gates, row, ts)
+		cpu.Combine(out, y, gates, crt, ts)
 		dout := roundTo(dt, randn(r, BT*C, 1))
 		dy, dgates := make([]float32, BT*K*C), make([]float32, BT*K)
-		cpu.CombineBackward(dy, dgates, dout, y, gates, row, ts)
+		cpu.CombineBackward(dy, dgates, dout, y, gates, crt, ts)
 		dx := make([]float32, BT*C)
-		cpu.DispatchBackward(dx, y, tok, n, C)
+		cpu.DispatchBackward(dx, y, crt, n, ts)
 		// aux loss and its gradient through the probabilities
 		var aux float64
 		daux := make([]float32, E)
@@ -78,7 +79,7 @@ func TestMoE(t *testing.T) {
 			copy(dprobs[tt*E:], daux)
 		}
 		dlogits := make([]float32, BT*E)
-		cpu.RouterBackward(dlogits, dgates, dprobs, gates, probs, idx, ts)
+		cpu.RouterBackward(dlogits, dgates, dprobs, gates, probs, crt, ts)
 
 		onDevice(t, func() {
 			s := MoEShape{MoEShape: ts}
@@ -158,8 +159,8 @@ func TestExpertsMatmul(t *testing.T) {
 		out, dinp, dw := make([]float32, E*rows*OC), make([]float32, E*rows*C), make([]float32, E*stride)
 		for e := 0; e < E; e++ {
 			we := w[e*stride : e*stride+OC*C]
-			cpu.Matmul(out[e*rows*OC:], inp[e*rows*C:], we, rows, C, OC, false)
-			cpu.MatmulBackward(dinp[e*rows*C:(e+1)*rows*C], dw[e*stride:e*stride+OC*C], dout[e*rows*OC:(e+1)*rows*OC], inp[e*rows*C:], we, rows, C, OC, false)
+			cpu.Matmul(out[e*rows*OC:], inp[e*rows*C:], we, tensor.MatmulShape{BT: rows, C: C, OC: OC}, false)
+			cpu.MatmulBackward(dinp[e*rows*C:(e+1)*rows*C], dw[e*stride:e*stride+OC*C], dout[e*rows*OC:(e+1)*rows*OC], inp[e*rows*C:], we, tensor.MatmulShape{BT: rows, C: C, OC: OC}, false)
 		}
 		onDevice(t, func() {
 			s := ExpertsShape{E: E, Rows: rows, C: C, OC: OC, WStride: stride}

@@ -23,10 +23,11 @@ type Kernels[F Float] interface {
 	// Name identifies the backend and its matmul kernel in logs.
 	Name() string
 
-	Matmul(out, inp, weight []F, BT, C, OC int, accumulate bool)
+	// Matmul is out (BT,OC) = inp (BT,C) · weight (OC,C)ᵀ (+= with accumulate).
+	Matmul(out, inp, weight []F, s MatmulShape, accumulate bool)
 	// MatmulBackward accumulates into dweight always, into dinp when accumulate
 	// is set (it overwrites dinp otherwise).
-	MatmulBackward(dinp, dweight, dout, inp, weight []F, BT, C, OC int, accumulate bool)
+	MatmulBackward(dinp, dweight, dout, inp, weight []F, s MatmulShape, accumulate bool)
 
 	Embedding(out []F, tokens []int32, wte []F, BT, C int)
 	EmbeddingBackward(dwte, dout []F, tokens []int32, BT, C int)
@@ -37,11 +38,13 @@ type Kernels[F Float] interface {
 	// RopeTables fills cos and sin (T, len(inv)) for positions 0..T−1 at the
 	// inverse frequencies inv (RopeInvFreq).
 	RopeTables(cos, sin []F, T int, inv []float64)
-	Rope(x, cos, sin []F, B, T, NH, HD int)
-	RopeBackward(dx, cos, sin []F, B, T, NH, HD int)
+	Rope(x, cos, sin []F, s RopeShape)
+	RopeBackward(dx, cos, sin []F, s RopeShape)
 
-	Attention(out, att, q, k, v []F, B, T, NH, NKV, HD int)
-	AttentionBackward(dq, dk, dv, dout, att, q, k, v []F, B, T, NH, NKV, HD int)
+	// Attention keeps the (B,NH,T,T) probabilities in att for backward; it takes
+	// the square causal case of s (T = Tq = Tk, no offsets).
+	Attention(out, att, q, k, v []F, s AttentionShape)
+	AttentionBackward(dq, dk, dv, dout, att, q, k, v []F, s AttentionShape)
 	// FlashAttention keeps only out and each row's log-sum-exp lse (B,NH,Tq), no
 	// (T,T) probabilities; FlashAttentionBackward remakes them block by block.
 	FlashAttention(out, lse, q, k, v []F, s AttentionShape)
@@ -57,13 +60,13 @@ type Kernels[F Float] interface {
 	AddInto(dst, src []F, n int)
 
 	// Mixture of experts: routing, expert-major permutation of token copies, and the
-	// gated combination. idx, gates and row are (BT,K); tok (BT·K); offsets (E+1).
-	Router(probs []F, idx []int32, gates, logits []F, s MoEShape)
-	RouterBackward(dlogits, dgates, dprobs, gates, probs []F, idx []int32, s MoEShape)
-	Dispatch(xperm []F, row, tok, offsets, cursor []int32, x []F, idx []int32, s MoEShape) int
-	DispatchBackward(dx, dxperm []F, tok []int32, n, C int)
-	Combine(out, y, gates []F, row []int32, s MoEShape)
-	CombineBackward(dy, dgates, dout, y, gates []F, row []int32, s MoEShape)
+	// gated combination. gates are (BT,K); the index arrays are r's (Routing).
+	Router(probs, gates, logits []F, r Routing, s MoEShape)
+	RouterBackward(dlogits, dgates, dprobs, gates, probs []F, r Routing, s MoEShape)
+	Dispatch(xperm, x []F, r Routing, s MoEShape) int
+	DispatchBackward(dx, dxperm []F, r Routing, n int, s MoEShape)
+	Combine(out, y, gates []F, r Routing, s MoEShape)
+	CombineBackward(dy, dgates, dout, y, gates []F, r Routing, s MoEShape)
 
 	// Optimizers on a flat slice of parameters (one rank's shard or a whole model).
 	AdamW(params, grads, m, v []F, lr, beta1, beta2, eps, wd float64, t int)
@@ -77,6 +80,12 @@ type Kernels[F Float] interface {
 	RoundBF16(x []F)
 }
 
+// MatmulShape is a product of BT rows of C inputs with an (OC,C) weight.
+type MatmulShape struct{ BT, C, OC int }
+
+// RopeShape is x (B,T,NH,HD): B sequences of T positions, NH heads of HD.
+type RopeShape struct{ B, T, NH, HD int }
+
 // AttentionShape is attention of queries q (B,Tq,NH,HD) over keys and values k, v
 // (B,Tk,NKV,HD). Query i sits at position QOff+i and key j at KOff+j; Causal lets
 // a query see the keys at its position or before (a block of queries can so
@@ -86,6 +95,15 @@ type AttentionShape struct {
 	B, Tq, Tk, NH, NKV, HD int
 	QOff, KOff             int
 	Causal                 bool
+}
+
+// Routing is one MoE layer's index arrays: Idx (BT,K) each token's chosen experts
+// (Router writes it); Row (BT,K) the permuted row of each copy, −1 when dropped
+// past capacity, Tok (BT·K) the token of each permuted row, and Offsets (E+1) the
+// start of each expert's segment (Dispatch writes them); Cursor (E) is Dispatch's
+// scratch.
+type Routing struct {
+	Idx, Row, Tok, Offsets, Cursor []int32
 }
 
 // MoEShape is one MoE layer's routing: BT tokens, E experts, the top K of them per

@@ -56,8 +56,8 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 			for _, n := range grid.GEMMDims {
 				inp, w, out := filled(m*k), filled(n*k), make([]float32, m*n)
 				dinp, dw := make([]float32, m*k), make([]float32, n*k)
-				fwd := timeIt(func() { be.Matmul(out, inp, w, m, k, n, false) })
-				bwd := timeIt(func() { be.MatmulBackward(dinp, dw, out, inp, w, m, k, n, false) })
+				fwd := timeIt(func() { be.Matmul(out, inp, w, tensor.MatmulShape{BT: m, C: k, OC: n}, false) })
+				bwd := timeIt(func() { be.MatmulBackward(dinp, dw, out, inp, w, tensor.MatmulShape{BT: m, C: k, OC: n}, false) })
 				c.GEMM = append(c.GEMM, parallel.GEMMPoint{M: m, K: k, N: n, Fwd: fwd, Bwd: bwd})
 			}
 		}
@@ -75,15 +75,15 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 				out, dout := make([]float32, bh*t*hd), filled(bh*t*hd)
 				dq, dk, dv := make([]float32, bh*t*hd), make([]float32, bh*t*hd), make([]float32, bh*t*hd)
 				var fwd, bwd float64
+				s := tensor.AttentionShape{B: bh, Tq: t, Tk: t, NH: 1, NKV: 1, HD: hd, Causal: true}
 				if flash {
 					lse := make([]float32, bh*t)
-					s := tensor.AttentionShape{B: bh, Tq: t, Tk: t, NH: 1, NKV: 1, HD: hd, Causal: true}
 					fwd = timeIt(func() { be.FlashAttention(out, lse, q, k, v, s) })
 					bwd = timeIt(func() { be.FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, s) })
 				} else {
 					att := make([]float32, bh*t*t)
-					fwd = timeIt(func() { be.Attention(out, att, q, k, v, bh, t, 1, 1, hd) })
-					bwd = timeIt(func() { be.AttentionBackward(dq, dk, dv, dout, att, q, k, v, bh, t, 1, 1, hd) })
+					fwd = timeIt(func() { be.Attention(out, att, q, k, v, s) })
+					bwd = timeIt(func() { be.AttentionBackward(dq, dk, dv, dout, att, q, k, v, s) })
 				}
 				c.Attention = append(c.Attention, parallel.AttentionPoint{Flash: flash, T: t, HD: hd, Fwd: fwd / float64(bh), Bwd: bwd / float64(bh)})
 			}
@@ -220,15 +220,15 @@ type gemmTimed struct {
 	spent time.Duration
 }
 
-func (b *gemmTimed) Matmul(out, inp, weight []float32, BT, C, OC int, acc bool) {
+func (b *gemmTimed) Matmul(out, inp, weight []float32, s tensor.MatmulShape, acc bool) {
 	t0 := time.Now()
-	b.Backend.Matmul(out, inp, weight, BT, C, OC, acc)
+	b.Backend.Matmul(out, inp, weight, s, acc)
 	b.spent += time.Since(t0)
 }
 
-func (b *gemmTimed) MatmulBackward(dinp, dweight, dout, inp, weight []float32, BT, C, OC int, acc bool) {
+func (b *gemmTimed) MatmulBackward(dinp, dweight, dout, inp, weight []float32, s tensor.MatmulShape, acc bool) {
 	t0 := time.Now()
-	b.Backend.MatmulBackward(dinp, dweight, dout, inp, weight, BT, C, OC, acc)
+	b.Backend.MatmulBackward(dinp, dweight, dout, inp, weight, s, acc)
 	b.spent += time.Since(t0)
 }
 
@@ -278,9 +278,9 @@ func streamKernel(be tensor.Backend, kind string, n int) func() {
 		be.RopeTables(cos, sin, T, tensor.RopeInvFreq(HD, 10000, "none", 1))
 		x := filled(T * HD)
 		if kind == parallel.StreamRope {
-			return func() { be.Rope(x, cos, sin, 1, T, 1, HD) }
+			return func() { be.Rope(x, cos, sin, tensor.RopeShape{B: 1, T: T, NH: 1, HD: HD}) }
 		}
-		return func() { be.RopeBackward(x, cos, sin, 1, T, 1, HD) }
+		return func() { be.RopeBackward(x, cos, sin, tensor.RopeShape{B: 1, T: T, NH: 1, HD: HD}) }
 	case parallel.StreamSwiGLU:
 		return func() { be.SwiGLU(o, a, b, n) }
 	case parallel.StreamSwiGLUBwd:
@@ -323,13 +323,13 @@ func streamKernel(be tensor.Backend, kind string, n int) func() {
 		bt := max(n/E, 1)
 		s := tensor.MoEShape{BT: bt, E: E, K: K, C: 1, Capacity: bt * K}
 		probs, logits, gates := make([]float32, bt*E), filled(bt*E), make([]float32, bt*K)
-		idx := make([]int32, bt*K)
-		be.Router(probs, idx, gates, logits, s)
+		rt := tensor.Routing{Idx: make([]int32, bt*K)}
+		be.Router(probs, gates, logits, rt, s)
 		if kind == parallel.StreamRouter {
-			return func() { be.Router(probs, idx, gates, logits, s) }
+			return func() { be.Router(probs, gates, logits, rt, s) }
 		}
 		dlogits, dgates, dprobs := make([]float32, bt*E), filled(bt*K), filled(bt*E)
-		return func() { be.RouterBackward(dlogits, dgates, dprobs, gates, probs, idx, s) }
+		return func() { be.RouterBackward(dlogits, dgates, dprobs, gates, probs, rt, s) }
 	}
 	panic("calibrate: no kernel for stream kind " + kind) // StreamKinds and this switch are kept together
 }

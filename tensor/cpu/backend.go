@@ -16,11 +16,11 @@ var (
 // Name reports the backend and its matmul micro-kernel.
 func (Kernels[F]) Name() string { return "cpu (" + KernelName() + ")" }
 
-func (Kernels[F]) Matmul(out, inp, weight []F, BT, C, OC int, accumulate bool) {
-	Matmul(out, inp, weight, BT, C, OC, accumulate)
+func (Kernels[F]) Matmul(out, inp, weight []F, s tensor.MatmulShape, accumulate bool) {
+	Matmul(out, inp, weight, s, accumulate)
 }
-func (Kernels[F]) MatmulBackward(dinp, dweight, dout, inp, weight []F, BT, C, OC int, accumulate bool) {
-	MatmulBackward(dinp, dweight, dout, inp, weight, BT, C, OC, accumulate)
+func (Kernels[F]) MatmulBackward(dinp, dweight, dout, inp, weight []F, s tensor.MatmulShape, accumulate bool) {
+	MatmulBackward(dinp, dweight, dout, inp, weight, s, accumulate)
 }
 func (Kernels[F]) Embedding(out []F, tokens []int32, wte []F, BT, C int) {
 	Embedding(out, tokens, wte, BT, C)
@@ -37,15 +37,13 @@ func (Kernels[F]) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd []F, BT
 func (Kernels[F]) RopeTables(cos, sin []F, T int, inv []float64) {
 	RopeTables(cos, sin, T, inv)
 }
-func (Kernels[F]) Rope(x, cos, sin []F, B, T, NH, HD int) { Rope(x, cos, sin, B, T, NH, HD) }
-func (Kernels[F]) RopeBackward(dx, cos, sin []F, B, T, NH, HD int) {
-	RopeBackward(dx, cos, sin, B, T, NH, HD)
+func (Kernels[F]) Rope(x, cos, sin []F, s tensor.RopeShape)          { Rope(x, cos, sin, s) }
+func (Kernels[F]) RopeBackward(dx, cos, sin []F, s tensor.RopeShape) { RopeBackward(dx, cos, sin, s) }
+func (Kernels[F]) Attention(out, att, q, k, v []F, s tensor.AttentionShape) {
+	Attention(out, att, q, k, v, s)
 }
-func (Kernels[F]) Attention(out, att, q, k, v []F, B, T, NH, NKV, HD int) {
-	Attention(out, att, q, k, v, B, T, NH, NKV, HD)
-}
-func (Kernels[F]) AttentionBackward(dq, dk, dv, dout, att, q, k, v []F, B, T, NH, NKV, HD int) {
-	AttentionBackward(dq, dk, dv, dout, att, q, k, v, B, T, NH, NKV, HD)
+func (Kernels[F]) AttentionBackward(dq, dk, dv, dout, att, q, k, v []F, s tensor.AttentionShape) {
+	AttentionBackward(dq, dk, dv, dout, att, q, k, v, s)
 }
 func (Kernels[F]) FlashAttention(out, lse, q, k, v []F, s tensor.AttentionShape) {
 	FlashAttention(out, lse, q, k, v, s)
@@ -65,23 +63,23 @@ func (Kernels[F]) CrossEntropyBackward(dlogits, dloss, probs []F, targets []int3
 }
 func (Kernels[F]) Add(out, a, b []F, n int)    { Add(out, a, b, n) }
 func (Kernels[F]) AddInto(dst, src []F, n int) { AddInto(dst, src, n) }
-func (Kernels[F]) Router(probs []F, idx []int32, gates, logits []F, s tensor.MoEShape) {
-	Router(probs, idx, gates, logits, s)
+func (Kernels[F]) Router(probs, gates, logits []F, r tensor.Routing, s tensor.MoEShape) {
+	Router(probs, gates, logits, r, s)
 }
-func (Kernels[F]) RouterBackward(dlogits, dgates, dprobs, gates, probs []F, idx []int32, s tensor.MoEShape) {
-	RouterBackward(dlogits, dgates, dprobs, gates, probs, idx, s)
+func (Kernels[F]) RouterBackward(dlogits, dgates, dprobs, gates, probs []F, r tensor.Routing, s tensor.MoEShape) {
+	RouterBackward(dlogits, dgates, dprobs, gates, probs, r, s)
 }
-func (Kernels[F]) Dispatch(xperm []F, row, tok, offsets, cursor []int32, x []F, idx []int32, s tensor.MoEShape) int {
-	return Dispatch(xperm, row, tok, offsets, cursor, x, idx, s)
+func (Kernels[F]) Dispatch(xperm, x []F, r tensor.Routing, s tensor.MoEShape) int {
+	return Dispatch(xperm, x, r, s)
 }
-func (Kernels[F]) DispatchBackward(dx, dxperm []F, tok []int32, n, C int) {
-	DispatchBackward(dx, dxperm, tok, n, C)
+func (Kernels[F]) DispatchBackward(dx, dxperm []F, r tensor.Routing, n int, s tensor.MoEShape) {
+	DispatchBackward(dx, dxperm, r, n, s)
 }
-func (Kernels[F]) Combine(out, y, gates []F, row []int32, s tensor.MoEShape) {
-	Combine(out, y, gates, row, s)
+func (Kernels[F]) Combine(out, y, gates []F, r tensor.Routing, s tensor.MoEShape) {
+	Combine(out, y, gates, r, s)
 }
-func (Kernels[F]) CombineBackward(dy, dgates, dout, y, gates []F, row []int32, s tensor.MoEShape) {
-	CombineBackward(dy, dgates, dout, y, gates, row, s)
+func (Kernels[F]) CombineBackward(dy, dgates, dout, y, gates []F, r tensor.Routing, s tensor.MoEShape) {
+	CombineBackward(dy, dgates, dout, y, gates, r, s)
 }
 func (Kernels[F]) AdamW(params, grads, m, v []F, lr, beta1, beta2, eps, wd float64, t int) {
 	AdamW(params, grads, m, v, lr, beta1, beta2, eps, wd, t)

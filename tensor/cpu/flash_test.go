@@ -104,9 +104,9 @@ func TestFlashAttention(t *testing.T) {
 		// the materialised kernel: forward and backward
 		dout := randF64(r, len(q))
 		ao, att := make([]float64, len(q)), make([]float64, s.B*s.NH*s.Tq*s.Tk)
-		Attention(ao, att, q, k, v, s.B, s.Tq, s.NH, s.NKV, s.HD)
+		Attention(ao, att, q, k, v, tensor.AttentionShape{B: s.B, Tq: s.Tq, Tk: s.Tq, NH: s.NH, NKV: s.NKV, HD: s.HD, Causal: true})
 		dq, dk, dv := make([]float64, len(q)), make([]float64, len(k)), make([]float64, len(v))
-		AttentionBackward(dq, dk, dv, dout, att, q, k, v, s.B, s.Tq, s.NH, s.NKV, s.HD)
+		AttentionBackward(dq, dk, dv, dout, att, q, k, v, tensor.AttentionShape{B: s.B, Tq: s.Tq, Tk: s.Tq, NH: s.NH, NKV: s.NKV, HD: s.HD, Causal: true})
 		fq, fk, fv := make([]float64, len(q)), make([]float64, len(k)), make([]float64, len(v))
 		FlashAttentionBackward(fq, fk, fv, dout, out, lse, q, k, v, s)
 		for name, p := range map[string][2][]float64{"out": {out, ao}, "dq": {fq, dq}, "dk": {fk, dk}, "dv": {fv, dv}} {
@@ -169,8 +169,8 @@ func BenchmarkAttention(b *testing.B) {
 		b.Run(fmt.Sprintf("materialised/T=%d", T), func(b *testing.B) {
 			att := make([]float32, s.B*s.NH*T*T)
 			for range b.N {
-				Attention(out, att, q, k, v, s.B, T, s.NH, s.NKV, s.HD)
-				AttentionBackward(dq, dk, dv, do, att, q, k, v, s.B, T, s.NH, s.NKV, s.HD)
+				Attention(out, att, q, k, v, tensor.AttentionShape{B: s.B, Tq: T, Tk: T, NH: s.NH, NKV: s.NKV, HD: s.HD, Causal: true})
+				AttentionBackward(dq, dk, dv, do, att, q, k, v, tensor.AttentionShape{B: s.B, Tq: T, Tk: T, NH: s.NH, NKV: s.NKV, HD: s.HD, Causal: true})
 			}
 		})
 		b.Run(fmt.Sprintf("flash/T=%d", T), func(b *testing.B) {

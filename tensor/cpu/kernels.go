@@ -17,7 +17,8 @@ type Float = tensor.Float
 
 // Matmul computes out (BT,OC) = inp (BT,C) · weight (OC,C)ᵀ, the layout of y = x·Wᵀ.
 // accumulate adds to out instead of overwriting it.
-func Matmul[F Float](out, inp, weight []F, BT, C, OC int, accumulate bool) {
+func Matmul[F Float](out, inp, weight []F, s tensor.MatmulShape, accumulate bool) {
+	BT, C, OC := s.BT, s.C, s.OC
 	beta := F(0)
 	if accumulate {
 		beta = 1
@@ -28,7 +29,8 @@ func Matmul[F Float](out, inp, weight []F, BT, C, OC int, accumulate bool) {
 // MatmulBackward: dinp (BT,C) += dout·weight (= when accumulate is false, which
 // spares the caller clearing dinp and the product reading it); dweight (OC,C) +=
 // doutᵀ·inp always. dinp may be nil when the input needs no gradient.
-func MatmulBackward[F Float](dinp, dweight, dout, inp, weight []F, BT, C, OC int, accumulate bool) {
+func MatmulBackward[F Float](dinp, dweight, dout, inp, weight []F, s tensor.MatmulShape, accumulate bool) {
+	BT, C, OC := s.BT, s.C, s.OC
 	if dinp != nil {
 		beta := F(0)
 		if accumulate {
@@ -256,20 +258,20 @@ func RopeTables[F Float](cos, sin []F, T int, inv []float64) {
 
 // Rope rotates x (B,T,NH,HD) in place, pairing element i with i + HD/2 (the
 // rotate-half convention of Llama's reference code).
-func Rope[F Float](x, cos, sin []F, B, T, NH, HD int) {
-	rope(x, cos, sin, B, T, NH, HD, 1)
+func Rope[F Float](x, cos, sin []F, s tensor.RopeShape) {
+	rope(x, cos, sin, s, 1)
 }
 
 // RopeBackward rotates the gradient dx (B,T,NH,HD) back in place: the transpose of
 // the forward rotation.
-func RopeBackward[F Float](dx, cos, sin []F, B, T, NH, HD int) {
-	rope(dx, cos, sin, B, T, NH, HD, -1)
+func RopeBackward[F Float](dx, cos, sin []F, s tensor.RopeShape) {
+	rope(dx, cos, sin, s, -1)
 }
 
-func rope[F Float](x, cos, sin []F, B, T, NH, HD int, dir F) {
+func rope[F Float](x, cos, sin []F, s tensor.RopeShape, dir F) {
 	j := getJob[ropeJob[F]]()
-	*j = ropeJob[F]{x, cos, sin, T, NH, HD, dir}
-	parallel(j, B*T, 3*NH*HD)
+	*j = ropeJob[F]{x, cos, sin, s.T, s.NH, s.HD, dir}
+	parallel(j, s.B*s.T, 3*s.NH*s.HD)
 	putJob(j)
 }
 
@@ -303,8 +305,10 @@ func (j *ropeJob[F]) rows(_, lo, hi int) {
 // q (B,T,NH,HD), k and v (B,T,NKV,HD), out (B,T,NH,HD); att (B,NH,T,T) keeps the
 // probabilities for backward (zero above the diagonal). Query head h reads key/value
 // head h / (NH/NKV). Per (batch, head) it is two GEMMs, S = Q·Kᵀ and O = P·V, with
-// the masked softmax between them.
-func Attention[F Float](out, att, q, k, v []F, B, T, NH, NKV, HD int) {
+// the masked softmax between them. It takes the square causal case of s (T = s.Tq
+// = s.Tk, no offsets); FlashAttention takes any.
+func Attention[F Float](out, att, q, k, v []F, s tensor.AttentionShape) {
+	B, T, NH, NKV, HD := s.B, s.Tq, s.NH, s.NKV, s.HD
 	j := getJob[attentionJob[F]]()
 	j.attentionArgs = attentionArgs[F]{out, att, q, k, v, B, T, NH, NKV, HD}
 	parallel(j, B*NH, 2*T*T*HD)
@@ -361,7 +365,8 @@ func (j *attentionJob[F]) rows(c, lo, hi int) {
 // probabilities P: dP = dO·Vᵀ, dV += Pᵀ·dO, dS = P∘(dP − rowsum(P∘dP))·scale,
 // dQ += dS·K, dK += dSᵀ·Q. Work is split by (batch, key/value head), so no two
 // goroutines write the same dk or dv row.
-func AttentionBackward[F Float](dq, dk, dv, dout, att, q, k, v []F, B, T, NH, NKV, HD int) {
+func AttentionBackward[F Float](dq, dk, dv, dout, att, q, k, v []F, s tensor.AttentionShape) {
+	B, T, NH, NKV, HD := s.B, s.Tq, s.NH, s.NKV, s.HD
 	j := getJob[attentionBackJob[F]]()
 	j.attentionBackArgs = attentionBackArgs[F]{dq, dk, dv, dout, att, q, k, v, B, T, NH, NKV, HD}
 	parallel(j, B*NKV, NH/NKV*5*T*T*HD)

@@ -58,20 +58,23 @@ func TestMatmulGrad(t *testing.T) {
 	BT, C, OC := 5, 7, 3
 	inp, w, R := randF64(r, BT*C), randF64(r, OC*C), randF64(r, BT*OC)
 	out := make([]float64, BT*OC)
-	loss := func() float64 { Matmul(out, inp, w, BT, C, OC, false); return dot(out, R) }
+	loss := func() float64 {
+		Matmul(out, inp, w, tensor.MatmulShape{BT: BT, C: C, OC: OC}, false)
+		return dot(out, R)
+	}
 	dinp, dw := make([]float64, BT*C), make([]float64, OC*C)
-	MatmulBackward(dinp, dw, R, inp, w, BT, C, OC, true)
+	MatmulBackward(dinp, dw, R, inp, w, tensor.MatmulShape{BT: BT, C: C, OC: OC}, true)
 	checkGrads(t, "matmul", map[string][]float64{"inp": inp, "w": w}, map[string][]float64{"inp": dinp, "w": dw}, loss)
 	// Without accumulate dinp is overwritten (whatever it held) and dweight still
 	// accumulates: exactly what the accumulating call gave on cleared buffers.
 	stale, dw2 := randF64(r, BT*C), make([]float64, OC*C)
-	MatmulBackward(stale, dw2, R, inp, w, BT, C, OC, false)
+	MatmulBackward(stale, dw2, R, inp, w, tensor.MatmulShape{BT: BT, C: C, OC: OC}, false)
 	for i := range stale {
 		if stale[i] != dinp[i] {
 			t.Fatalf("overwritten dinp[%d] = %v, want %v", i, stale[i], dinp[i])
 		}
 	}
-	MatmulBackward(stale, dw2, R, inp, w, BT, C, OC, false)
+	MatmulBackward(stale, dw2, R, inp, w, tensor.MatmulShape{BT: BT, C: C, OC: OC}, false)
 	for i := range dw2 {
 		if dw2[i] != 2*dw[i] {
 			t.Fatalf("dweight[%d] = %v after two calls, want %v", i, dw2[i], 2*dw[i])
@@ -110,13 +113,17 @@ func TestRopeGrad(t *testing.T) {
 	cos, sin := make([]float64, T*HD/2), make([]float64, T*HD/2)
 	RopeTables(cos, sin, T, tensor.RopeInvFreq(HD, 10000, "none", 1))
 	out := make([]float64, len(x))
-	loss := func() float64 { copy(out, x); Rope(out, cos, sin, B, T, NH, HD); return dot(out, R) }
+	loss := func() float64 {
+		copy(out, x)
+		Rope(out, cos, sin, tensor.RopeShape{B: B, T: T, NH: NH, HD: HD})
+		return dot(out, R)
+	}
 	dx := append([]float64(nil), R...)
-	RopeBackward(dx, cos, sin, B, T, NH, HD)
+	RopeBackward(dx, cos, sin, tensor.RopeShape{B: B, T: T, NH: NH, HD: HD})
 	checkGrads(t, "rope", map[string][]float64{"x": x}, map[string][]float64{"x": dx}, loss)
 	// Position 0 is not rotated; the rotation preserves norms.
 	copy(out, x)
-	Rope(out, cos, sin, B, T, NH, HD)
+	Rope(out, cos, sin, tensor.RopeShape{B: B, T: T, NH: NH, HD: HD})
 	for i := 0; i < NH*HD; i++ {
 		if out[i] != x[i] {
 			t.Fatalf("rope moved position 0")
@@ -131,10 +138,13 @@ func TestAttentionGrad(t *testing.T) {
 		q, k, v := randF64(r, B*T*NH*HD), randF64(r, B*T*NKV*HD), randF64(r, B*T*NKV*HD)
 		R := randF64(r, B*T*NH*HD)
 		out, att := make([]float64, len(q)), make([]float64, B*NH*T*T)
-		loss := func() float64 { Attention(out, att, q, k, v, B, T, NH, NKV, HD); return dot(out, R) }
+		loss := func() float64 {
+			Attention(out, att, q, k, v, tensor.AttentionShape{B: B, Tq: T, Tk: T, NH: NH, NKV: NKV, HD: HD, Causal: true})
+			return dot(out, R)
+		}
 		loss()
 		dq, dk, dv := make([]float64, len(q)), make([]float64, len(k)), make([]float64, len(v))
-		AttentionBackward(dq, dk, dv, R, att, q, k, v, B, T, NH, NKV, HD)
+		AttentionBackward(dq, dk, dv, R, att, q, k, v, tensor.AttentionShape{B: B, Tq: T, Tk: T, NH: NH, NKV: NKV, HD: HD, Causal: true})
 		checkGrads(t, "attention", map[string][]float64{"q": q, "k": k, "v": v}, map[string][]float64{"q": dq, "k": dk, "v": dv}, loss)
 	}
 }
@@ -144,13 +154,13 @@ func TestAttentionIsCausal(t *testing.T) {
 	B, T, NH, HD := 1, 6, 2, 4
 	q, k, v := randF64(r, T*NH*HD), randF64(r, T*NH*HD), randF64(r, T*NH*HD)
 	out1, att := make([]float64, len(q)), make([]float64, NH*T*T)
-	Attention(out1, att, q, k, v, B, T, NH, NH, HD)
+	Attention(out1, att, q, k, v, tensor.AttentionShape{B: B, Tq: T, Tk: T, NH: NH, NKV: NH, HD: HD, Causal: true})
 	// Changing the last position's key and value changes no earlier output.
 	for i := (T - 1) * NH * HD; i < len(k); i++ {
 		k[i], v[i] = k[i]+1, v[i]-1
 	}
 	out2 := make([]float64, len(q))
-	Attention(out2, att, q, k, v, B, T, NH, NH, HD)
+	Attention(out2, att, q, k, v, tensor.AttentionShape{B: B, Tq: T, Tk: T, NH: NH, NKV: NH, HD: HD, Causal: true})
 	for i := 0; i < (T-1)*NH*HD; i++ {
 		if out1[i] != out2[i] {
 			t.Fatalf("output %d saw the future", i)
@@ -200,9 +210,9 @@ func TestFloat32MatchesFloat64(t *testing.T) {
 		return y
 	}
 	out64, att64 := make([]float64, len(q64)), make([]float64, B*NH*T*T)
-	Attention(out64, att64, q64, k64, v64, B, T, NH, NKV, HD)
+	Attention(out64, att64, q64, k64, v64, tensor.AttentionShape{B: B, Tq: T, Tk: T, NH: NH, NKV: NKV, HD: HD, Causal: true})
 	out32, att32 := make([]float32, len(q64)), make([]float32, B*NH*T*T)
-	Attention(out32, att32, f32(q64), f32(k64), f32(v64), B, T, NH, NKV, HD)
+	Attention(out32, att32, f32(q64), f32(k64), f32(v64), tensor.AttentionShape{B: B, Tq: T, Tk: T, NH: NH, NKV: NKV, HD: HD, Causal: true})
 	for i := range out64 {
 		if math.Abs(float64(out32[i])-out64[i]) > 1e-4*(1+math.Abs(out64[i])) {
 			t.Fatalf("attention out[%d]: fp32 %v, fp64 %v", i, out32[i], out64[i])
@@ -211,8 +221,8 @@ func TestFloat32MatchesFloat64(t *testing.T) {
 	BT, C := B*T, NH*HD
 	w := randF64(r, C*C)
 	m64, m32 := make([]float64, BT*C), make([]float32, BT*C)
-	Matmul(m64, q64, w, BT, C, C, false)
-	Matmul(m32, f32(q64), f32(w), BT, C, C, false)
+	Matmul(m64, q64, w, tensor.MatmulShape{BT: BT, C: C, OC: C}, false)
+	Matmul(m32, f32(q64), f32(w), tensor.MatmulShape{BT: BT, C: C, OC: C}, false)
 	for i := range m64 {
 		if math.Abs(float64(m32[i])-m64[i]) > 1e-4*(1+math.Abs(m64[i])) {
 			t.Fatalf("matmul out[%d]: fp32 %v, fp64 %v", i, m32[i], m64[i])

@@ -7,15 +7,14 @@ import (
 )
 
 // MoE routing and token permutation. Shapes: BT tokens, E experts, K = top_k, C
-// channels. idx (BT,K) holds each token's chosen experts, gates (BT,K) their
-// weights, row (BT,K) the permuted row of each copy (−1 when dropped past capacity),
-// tok (BT·K) the token of each permuted row, offsets (E+1) the start of each
-// expert's segment.
+// channels; gates (BT,K) weigh each token's chosen experts; the index arrays are
+// tensor.Routing's.
 
 // Router computes probs (BT,E) = softmax(logits), picks each token's top K experts by
-// score (ties to the lower index) into idx, and sets gates to the softmax of the
+// score (ties to the lower index) into r.Idx, and sets gates to the softmax of the
 // selected scores.
-func Router[F Float](probs []F, idx []int32, gates []F, logits []F, s tensor.MoEShape) {
+func Router[F Float](probs, gates, logits []F, r tensor.Routing, s tensor.MoEShape) {
+	idx := r.Idx
 	BT, E, K := s.BT, s.E, s.K
 	for t := 0; t < BT; t++ {
 		l := logits[t*E : (t+1)*E]
@@ -42,7 +41,8 @@ func Router[F Float](probs []F, idx []int32, gates []F, logits []F, s tensor.MoE
 // RouterBackward accumulates into dlogits (BT,E) the gradient through the gates
 // (dgates, the gradient of the selected gates) and through the probabilities
 // (dprobs (BT,E), may be nil).
-func RouterBackward[F Float](dlogits, dgates, dprobs, gates, probs []F, idx []int32, s tensor.MoEShape) {
+func RouterBackward[F Float](dlogits, dgates, dprobs, gates, probs []F, r tensor.Routing, s tensor.MoEShape) {
+	idx := r.Idx
 	BT, E, K := s.BT, s.E, s.K
 	for t := 0; t < BT; t++ {
 		g, dg := gates[t*K:(t+1)*K], dgates[t*K:(t+1)*K]
@@ -69,9 +69,10 @@ func RouterBackward[F Float](dlogits, dgates, dprobs, gates, probs []F, idx []in
 
 // Dispatch assigns each copy (t, j) a row in expert-major order (tokens in order
 // within an expert), keeping at most s.Capacity copies per expert, and gathers the
-// tokens' rows of x (BT,C) into xperm. It fills row, tok and offsets and returns the
-// number of permuted rows; cursor (E) is scratch.
-func Dispatch[F Float](xperm []F, row, tok, offsets, cursor []int32, x []F, idx []int32, s tensor.MoEShape) int {
+// tokens' rows of x (BT,C) into xperm. It reads r.Idx, fills r.Row, r.Tok and
+// r.Offsets and returns the number of permuted rows; r.Cursor is scratch.
+func Dispatch[F Float](xperm, x []F, r tensor.Routing, s tensor.MoEShape) int {
+	row, tok, offsets, cursor, idx := r.Row, r.Tok, r.Offsets, r.Cursor, r.Idx
 	C, E, K, capacity := s.C, s.E, s.K, s.Capacity
 	for e := range offsets {
 		offsets[e] = 0
@@ -101,8 +102,9 @@ func Dispatch[F Float](xperm []F, row, tok, offsets, cursor []int32, x []F, idx 
 }
 
 // DispatchBackward accumulates the permuted rows' gradients dxperm back onto their
-// tokens: dx[tok[r]] += dxperm[r] for the n permuted rows.
-func DispatchBackward[F Float](dx, dxperm []F, tok []int32, n, C int) {
+// tokens: dx[r.Tok[i]] += dxperm[i] for the n permuted rows.
+func DispatchBackward[F Float](dx, dxperm []F, rt tensor.Routing, n int, s tensor.MoEShape) {
+	tok, C := rt.Tok, s.C
 	for r := 0; r < n; r++ {
 		d, s := dx[int(tok[r])*C:int(tok[r]+1)*C], dxperm[r*C:(r+1)*C]
 		for c := range d {
@@ -113,7 +115,8 @@ func DispatchBackward[F Float](dx, dxperm []F, tok []int32, n, C int) {
 
 // Combine adds each token's expert outputs with their gates: out[t] += Σ_j
 // gates[t,j] · y[row[t,j]] (dropped copies contribute nothing).
-func Combine[F Float](out, y, gates []F, row []int32, s tensor.MoEShape) {
+func Combine[F Float](out, y, gates []F, r tensor.Routing, s tensor.MoEShape) {
+	row := r.Row
 	j := getJob[combineJob[F]]()
 	*j = combineJob[F]{out: out, y: y, gates: gates, row: row, C: s.C, K: s.K}
 	parallel(j, s.BT, s.K*s.C)
@@ -151,7 +154,8 @@ func (j *combineJob[F]) rows(_, lo, hi int) {
 
 // CombineBackward sets dy[row[t,j]] = gates[t,j] · dout[t] (the rows of dropped
 // copies are left alone) and dgates[t,j] = dout[t] · y[row[t,j]] (0 if dropped).
-func CombineBackward[F Float](dy, dgates, dout, y, gates []F, row []int32, s tensor.MoEShape) {
+func CombineBackward[F Float](dy, dgates, dout, y, gates []F, r tensor.Routing, s tensor.MoEShape) {
+	row := r.Row
 	j := getJob[combineJob[F]]()
 	*j = combineJob[F]{out: dout, y: y, gates: gates, dy: dy, dgates: dgates, row: row, C: s.C, K: s.K, back: true}
 	parallel(j, s.BT, 2*s.K*s.C)

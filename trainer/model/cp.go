@@ -233,9 +233,9 @@ func (m *Model[F]) rope(x []F, heads int, backward bool) {
 	for i := 0; i < 2; i++ {
 		xs, cos, sin := x[i*n:(i+1)*n], m.cos[i*c*half:(i+1)*c*half], m.sin[i*c*half:(i+1)*c*half]
 		if backward {
-			m.be.RopeBackward(xs, cos, sin, m.B, c, heads, HD)
+			m.be.RopeBackward(xs, cos, sin, tensor.RopeShape{B: m.B, T: c, NH: heads, HD: HD})
 		} else {
-			m.be.Rope(xs, cos, sin, m.B, c, heads, HD)
+			m.be.Rope(xs, cos, sin, tensor.RopeShape{B: m.B, T: c, NH: heads, HD: HD})
 		}
 	}
 }

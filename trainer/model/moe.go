@@ -29,18 +29,14 @@ type moeParams[F any] struct {
 
 // moeActs are one MoE layer's saved activations.
 type moeActs[F any] struct {
-	logits, probs []F     // (BT,E) router scores and their softmax (for the aux loss)
-	idx           []int32 // (BT,k) chosen experts
-	gates         []F     // (BT,k) their gates
-	row           []int32 // (BT,k) the copy's row in the permuted buffers, −1 if dropped
-	tok           []int32 // (BT·k) permuted row → token
-	offsets       []int32 // (E+1) start of each expert's segment
-	cursor        []int32 // (E) scratch of Dispatch
-	n             int     // permuted rows in use
-	x             []F     // (BT·k, C) permuted inputs
-	gate, up, sw  []F     // (BT·k, EF)
-	y             []F     // (BT·k, C) expert outputs
-	sgate, sup    [][]F   // per shared expert (BT, EF)
+	logits, probs []F            // (BT,E) router scores and their softmax (for the aux loss)
+	gates         []F            // (BT,k) the chosen experts' gates
+	rt            tensor.Routing // chosen experts, permuted rows, segments
+	n             int            // permuted rows in use
+	x             []F            // (BT·k, C) permuted inputs
+	gate, up, sw  []F            // (BT·k, EF)
+	y             []F            // (BT·k, C) expert outputs
+	sgate, sup    [][]F          // per shared expert (BT, EF)
 	ssw           [][]F
 	aux           float64
 	stats         []float32 // (2E) per-expert copy counts, then router probability sums
@@ -70,8 +66,8 @@ func newMoEActs[F any](c config.Model, BT, ep, sharedRows, tp int) *moeActs[F] {
 	E, k, C, EF := c.MoE.NumExperts, c.MoE.TopK, c.Hidden, c.MoE.ExpertFFNHidden
 	R := BT * k
 	a := &moeActs[F]{
-		logits: make([]F, BT*E), probs: make([]F, BT*E), idx: make([]int32, BT*k), gates: make([]F, BT*k),
-		row: make([]int32, BT*k), tok: make([]int32, BT*k), offsets: make([]int32, E+1), cursor: make([]int32, E),
+		logits: make([]F, BT*E), probs: make([]F, BT*E), gates: make([]F, BT*k),
+		rt:    tensor.Routing{Idx: make([]int32, BT*k), Row: make([]int32, BT*k), Tok: make([]int32, BT*k), Offsets: make([]int32, E+1), Cursor: make([]int32, E)},
 		stats: make([]float32, 2*E), x: make([]F, BT*k*C), gate: make([]F, R*EF), up: make([]F, R*EF), sw: make([]F, R*EF), y: make([]F, BT*k*C),
 	}
 	if ep > 1 {
@@ -97,7 +93,7 @@ func (a *moeActs[F]) size() int64 {
 	return int64(n)
 }
 
-func (a *moeActs[F]) count(e int) int { return int(a.offsets[e+1] - a.offsets[e]) }
+func (a *moeActs[F]) count(e int) int { return int(a.rt.Offsets[e+1] - a.rt.Offsets[e]) }
 
 // capacity is the most copies one expert keeps: unlimited without a capacity factor.
 func capacity(c config.Model, BT int) int {
@@ -113,10 +109,10 @@ func (m *Model[F]) moeForward(out, x []F, p moeParams[F], a *moeActs[F]) {
 	be, c := m.be, m.Cfg
 	BT, C := m.rows(), c.Hidden
 	E, k := c.MoE.NumExperts, c.MoE.TopK
-	be.Matmul(a.logits, x, p.router, BT, C, E, false)
+	be.Matmul(a.logits, x, p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, false)
 	s := tensor.MoEShape{BT: BT, E: E, K: k, C: C, Capacity: capacity(c, BT)}
-	be.Router(a.probs, a.idx, a.gates, a.logits, s)
-	a.n = be.Dispatch(a.x, a.row, a.tok, a.offsets, a.cursor, x, a.idx, s)
+	be.Router(a.probs, a.gates, a.logits, a.rt, s)
+	a.n = be.Dispatch(a.x, x, a.rt, s)
 	a.dropped = BT*k - a.n
 	if m.ep.Size > 1 {
 		m.epExchange(a)
@@ -126,16 +122,16 @@ func (m *Model[F]) moeForward(out, x []F, p moeParams[F], a *moeActs[F]) {
 		m.epRegroup(a, sc.moeYloc, sc.moeRecv, false) // back to arrival order, reusing the receive buffer
 		m.a2a(a.y[:a.n*C], sc.moeRecv[:a.total*C], a.recvEl, a.sendEl)
 	} else {
-		m.expertsForward(p, a, a.x, a.y, a.offsets)
+		m.expertsForward(p, a, a.x, a.y, a.rt.Offsets)
 	}
-	be.Combine(out, a.y, a.gates, a.row, s)
+	be.Combine(out, a.y, a.gates, a.rt, s)
 	if len(p.shared) > 0 {
 		// Shared experts are split like the dense MLP: over all rows, each rank's
 		// ffn columns, the outputs reduce-scattered into the rank's rows.
 		xs, rows, SF := m.gather(x), m.B*m.T, c.MoE.ExpertFFNHidden/m.tpSize()
 		for s, w := range p.shared {
-			be.Matmul(a.sgate[s], xs, w[0], rows, C, SF, false)
-			be.Matmul(a.sup[s], xs, w[1], rows, C, SF, false)
+			be.Matmul(a.sgate[s], xs, w[0], tensor.MatmulShape{BT: rows, C: C, OC: SF}, false)
+			be.Matmul(a.sup[s], xs, w[1], tensor.MatmulShape{BT: rows, C: C, OC: SF}, false)
 			be.SwiGLU(a.ssw[s], a.sgate[s], a.sup[s], rows*SF)
 			m.rowParallel(out, a.ssw[s], w[2], SF)
 		}
@@ -171,10 +167,10 @@ func (m *Model[F]) expertsForward(p moeParams[F], a *moeActs[F], xin, yout []F, 
 			continue
 		}
 		xs, gs, us, ss, ys := xin[lo*C:(lo+n)*C], a.gate[lo*EF:(lo+n)*EF], a.up[lo*EF:(lo+n)*EF], a.sw[lo*EF:(lo+n)*EF], yout[lo*C:(lo+n)*C]
-		be.Matmul(gs, xs, w[0], n, C, EF, false)
-		be.Matmul(us, xs, w[1], n, C, EF, false)
+		be.Matmul(gs, xs, w[0], tensor.MatmulShape{BT: n, C: C, OC: EF}, false)
+		be.Matmul(us, xs, w[1], tensor.MatmulShape{BT: n, C: C, OC: EF}, false)
 		be.SwiGLU(ss, gs, us, n*EF)
-		be.Matmul(ys, ss, w[2], n, EF, C, false)
+		be.Matmul(ys, ss, w[2], tensor.MatmulShape{BT: n, C: EF, OC: C}, false)
 	}
 }
 
@@ -196,7 +192,7 @@ func (m *Model[F]) epExchange(a *moeActs[F]) {
 	ep, El, C := m.ep.Size, m.Cfg.MoE.NumExperts/m.ep.Size, m.Cfg.Hidden
 	for j := 0; j < ep; j++ {
 		a.even[j] = El
-		a.sendRows[j] = int(a.offsets[(j+1)*El] - a.offsets[j*El])
+		a.sendRows[j] = int(a.rt.Offsets[(j+1)*El] - a.rt.Offsets[j*El])
 		for q := 0; q < El; q++ {
 			a.cntSend[j*El+q] = float32(a.count(j*El + q))
 		}
@@ -274,7 +270,7 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p, g moeParams[F], a *moeActs[F]
 	s := &m.scratch
 	dy, dxp, dgates := s.moeDy[:a.n*C], s.moeDx[:a.n*C], s.moeDgates[:BT*k]
 	sh := tensor.MoEShape{BT: BT, E: E, K: k, C: C, Capacity: capacity(c, BT)}
-	be.CombineBackward(dy, dgates, dout, a.y, a.gates, a.row, sh)
+	be.CombineBackward(dy, dgates, dout, a.y, a.gates, a.rt, sh)
 	// The aux loss reaches the router through P: d aux / d P[t,e] = E·f_e/BT.
 	var dprobs []F
 	if coeff := auxScale * c.MoE.AuxLossCoeff; coeff != 0 {
@@ -292,15 +288,15 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p, g moeParams[F], a *moeActs[F]
 	}
 	dlogits := s.moeDlogits[:BT*E]
 	clear(dlogits)
-	be.RouterBackward(dlogits, dgates, dprobs, a.gates, a.probs, a.idx, sh)
+	be.RouterBackward(dlogits, dgates, dprobs, a.gates, a.probs, a.rt, sh)
 	if m.tp == nil {
-		be.MatmulBackward(dx, g.router, dlogits, x, p.router, BT, C, E, true)
+		be.MatmulBackward(dx, g.router, dlogits, x, p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, true)
 	} else {
 		// The router is replicated over tp and saw this rank's rows only: its
 		// gradient is summed over the tp group.
 		gr := m.tp.grouter
 		clear(gr)
-		be.MatmulBackward(dx, gr, dlogits, x, p.router, BT, C, E, true)
+		be.MatmulBackward(dx, gr, dlogits, x, p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, true)
 		m.tpErr("all-reduce", m.tp.Comm.AllReduce(f32(gr)))
 		be.AddInto(g.router, gr, E*C)
 	}
@@ -315,9 +311,9 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p, g moeParams[F], a *moeActs[F]
 		m.epRegroup(a, dxloc, dyin, false)
 		m.a2a(dxp, dyin, a.recvEl, a.sendEl)
 	} else {
-		m.expertsBackward(p, g, a, dy, a.x, dxp, a.offsets, a.n)
+		m.expertsBackward(p, g, a, dy, a.x, dxp, a.rt.Offsets, a.n)
 	}
-	be.DispatchBackward(dx, dxp, a.tok, a.n, C)
+	be.DispatchBackward(dx, dxp, a.rt, a.n, sh)
 	if len(p.shared) == 0 {
 		return
 	}
@@ -327,12 +323,12 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p, g moeParams[F], a *moeActs[F]
 	for sIdx, w := range p.shared {
 		gw := g.shared[sIdx]
 		h, hg, hu := s.moeSh[:rows*SF], s.moeSg[:rows*SF], s.moeSu[:rows*SF]
-		be.MatmulBackward(h, gw[2], dfull, a.ssw[sIdx], w[2], rows, SF, C, false)
+		be.MatmulBackward(h, gw[2], dfull, a.ssw[sIdx], w[2], tensor.MatmulShape{BT: rows, C: SF, OC: C}, false)
 		be.SwiGLUBackward(hg, hu, h, a.sgate[sIdx], a.sup[sIdx], rows*SF, false)
 		// Into dx itself without tensor parallelism; into the all-rows partial sum
 		// (started afresh by the first shared expert) with it.
-		be.MatmulBackward(dxf, gw[0], hg, xs, w[0], rows, C, SF, m.tp == nil || sIdx > 0)
-		be.MatmulBackward(dxf, gw[1], hu, xs, w[1], rows, C, SF, true)
+		be.MatmulBackward(dxf, gw[0], hg, xs, w[0], tensor.MatmulShape{BT: rows, C: C, OC: SF}, m.tp == nil || sIdx > 0)
+		be.MatmulBackward(dxf, gw[1], hu, xs, w[1], tensor.MatmulShape{BT: rows, C: C, OC: SF}, true)
 	}
 	if tp := m.tp; tp != nil {
 		m.tpErr("reduce-scatter", tp.Comm.ReduceScatter(f32(tp.red), f32(tp.px)))
@@ -354,9 +350,9 @@ func (m *Model[F]) expertsBackward(p, g moeParams[F], a *moeActs[F], dy, xin, dx
 		}
 		w, gw := p.experts[e], g.experts[e]
 		sl := func(b []F, width int) []F { return b[lo*width : (lo+n)*width] }
-		be.MatmulBackward(sl(dsw, EF), gw[2], sl(dy, C), sl(a.sw, EF), w[2], n, EF, C, false)
+		be.MatmulBackward(sl(dsw, EF), gw[2], sl(dy, C), sl(a.sw, EF), w[2], tensor.MatmulShape{BT: n, C: EF, OC: C}, false)
 		be.SwiGLUBackward(sl(dga, EF), sl(dup, EF), sl(dsw, EF), sl(a.gate, EF), sl(a.up, EF), n*EF, false)
-		be.MatmulBackward(sl(dxin, C), gw[0], sl(dga, EF), sl(xin, C), w[0], n, C, EF, false)
-		be.MatmulBackward(sl(dxin, C), gw[1], sl(dup, EF), sl(xin, C), w[1], n, C, EF, true)
+		be.MatmulBackward(sl(dxin, C), gw[0], sl(dga, EF), sl(xin, C), w[0], tensor.MatmulShape{BT: n, C: C, OC: EF}, false)
+		be.MatmulBackward(sl(dxin, C), gw[1], sl(dup, EF), sl(xin, C), w[1], tensor.MatmulShape{BT: n, C: C, OC: EF}, true)
 	}
 }

@@ -17,21 +17,21 @@ type timed struct {
 }
 
 func (k timed) rec(name string, start time.Time) { k.t[name] += time.Since(start) }
-func (k timed) Matmul(out, inp, weight []float32, BT, C, OC int, acc bool) {
+func (k timed) Matmul(out, inp, weight []float32, s tensor.MatmulShape, acc bool) {
 	defer k.rec("Matmul", time.Now())
-	k.Backend.Matmul(out, inp, weight, BT, C, OC, acc)
+	k.Backend.Matmul(out, inp, weight, s, acc)
 }
-func (k timed) MatmulBackward(dinp, dweight, dout, inp, weight []float32, BT, C, OC int, acc bool) {
+func (k timed) MatmulBackward(dinp, dweight, dout, inp, weight []float32, s tensor.MatmulShape, acc bool) {
 	defer k.rec("MatmulBackward", time.Now())
-	k.Backend.MatmulBackward(dinp, dweight, dout, inp, weight, BT, C, OC, acc)
+	k.Backend.MatmulBackward(dinp, dweight, dout, inp, weight, s, acc)
 }
-func (k timed) Attention(out, att, q, kk, v []float32, B, T, NH, NKV, HD int) {
+func (k timed) Attention(out, att, q, kk, v []float32, s tensor.AttentionShape) {
 	defer k.rec("Attention", time.Now())
-	k.Backend.Attention(out, att, q, kk, v, B, T, NH, NKV, HD)
+	k.Backend.Attention(out, att, q, kk, v, s)
 }
-func (k timed) AttentionBackward(dq, dk, dv, dout, att, q, kk, v []float32, B, T, NH, NKV, HD int) {
+func (k timed) AttentionBackward(dq, dk, dv, dout, att, q, kk, v []float32, s tensor.AttentionShape) {
 	defer k.rec("AttentionBackward", time.Now())
-	k.Backend.AttentionBackward(dq, dk, dv, dout, att, q, kk, v, B, T, NH, NKV, HD)
+	k.Backend.AttentionBackward(dq, dk, dv, dout, att, q, kk, v, s)
 }
 func (k timed) SwiGLU(out, g, u []float32, n int) {
 	defer k.rec("SwiGLU", time.Now())
@@ -49,13 +49,13 @@ func (k timed) RMSNormBackward(dinp, dw, dout, inp, w, rstd []float32, BT, C int
 	defer k.rec("RMSNormBackward", time.Now())
 	k.Backend.RMSNormBackward(dinp, dw, dout, inp, w, rstd, BT, C)
 }
-func (k timed) Rope(x, c, s []float32, B, T, NH, HD int) {
+func (k timed) Rope(x, c, sn []float32, s tensor.RopeShape) {
 	defer k.rec("Rope", time.Now())
-	k.Backend.Rope(x, c, s, B, T, NH, HD)
+	k.Backend.Rope(x, c, sn, s)
 }
-func (k timed) RopeBackward(x, c, s []float32, B, T, NH, HD int) {
+func (k timed) RopeBackward(x, c, sn []float32, s tensor.RopeShape) {
 	defer k.rec("Rope", time.Now())
-	k.Backend.RopeBackward(x, c, s, B, T, NH, HD)
+	k.Backend.RopeBackward(x, c, sn, s)
 }
 func (k timed) CrossEntropy(l, p, lg []float32, t []int32, BT, V int) {
 	defer k.rec("CrossEntropy", time.Now())

@@ -131,11 +131,11 @@ func (m *Model[F]) gatherGrad(src []F) []F {
 func (m *Model[F]) rowParallel(out, inp, w []F, K int) {
 	BT, C := m.B*m.T, m.Cfg.Hidden
 	if m.tp == nil {
-		m.be.Matmul(out, inp, w, BT, K, C, true)
+		m.be.Matmul(out, inp, w, tensor.MatmulShape{BT: BT, C: K, OC: C}, true)
 		return
 	}
 	p := m.tp
-	m.be.Matmul(p.px, inp, w, BT, K, C, false)
+	m.be.Matmul(p.px, inp, w, tensor.MatmulShape{BT: BT, C: K, OC: C}, false)
 	m.tpErr("reduce-scatter", p.Comm.ReduceScatter(f32(p.red), f32(p.px)))
 	m.be.AddInto(out, p.red, len(p.red))
 }
