@@ -88,6 +88,9 @@ type Calibration struct {
 	// what the tables predict for them. InStep and PerCall are then fitted to the
 	// rest of each pass.
 	InStepGEMM float64 `json:"in_step_gemm_factor,omitempty"`
+	// InStepAttention, when set, scales attention's table time the same way:
+	// attention's own time inside the passes over what the tables predict for it.
+	InStepAttention float64 `json:"in_step_attention_factor,omitempty"`
 
 	idx *calIndex // the grids, built by Index
 }
@@ -138,7 +141,7 @@ func (c *Calibration) index() *calIndex {
 
 // InStepSample is one model step measured whole beside the tables' prediction;
 // with GEMMTables set, also the matmuls' part of both (GEMMMeasured is their
-// time inside the pass, kernel by kernel).
+// time inside the pass, kernel by kernel), and with AttnTables set attention's.
 type InStepSample struct {
 	Model        string  `json:"model"`
 	Measured     float64 `json:"measured_s"`
@@ -146,24 +149,35 @@ type InStepSample struct {
 	Calls        float64 `json:"kernel_calls"`
 	GEMMMeasured float64 `json:"gemm_measured_s,omitempty"`
 	GEMMTables   float64 `json:"gemm_tables_s,omitempty"`
+	AttnMeasured float64 `json:"attention_measured_s,omitempty"`
+	AttnTables   float64 `json:"attention_tables_s,omitempty"`
 }
 
-// FitInStep sets InStep and PerCall from the samples by least squares (both at
-// least 0; with one sample, or a negative per-call cost, the factor alone).
+// FitInStep sets InStepGEMM and InStepAttention (each kind's measured time in the
+// passes over its tables' time, pooled over the samples), then InStep and PerCall
+// from the rest of the passes by least squares (both at least 0; with one sample,
+// or a negative per-call cost, the factor alone).
 func (c *Calibration) FitInStep() {
-	var gm, gt float64
+	var gm, gt, am, at float64
 	for _, s := range c.InStepSamples {
 		gm, gt = gm+s.GEMMMeasured, gt+s.GEMMTables
+		am, at = am+s.AttnMeasured, at+s.AttnTables
 	}
-	c.InStepGEMM = 0
+	c.InStepGEMM, c.InStepAttention = 0, 0
 	if gm > 0 && gt > 0 {
 		c.InStepGEMM = gm / gt
+	}
+	if am > 0 && at > 0 {
+		c.InStepAttention = am / at
 	}
 	var stt, stc, scc, smt, smc float64
 	for _, s := range c.InStepSamples {
 		tables, measured := s.Tables, s.Measured
 		if c.InStepGEMM > 0 { // the rest of the pass
-			tables, measured = s.Tables-s.GEMMTables, s.Measured-s.GEMMMeasured
+			tables, measured = tables-s.GEMMTables, measured-s.GEMMMeasured
+		}
+		if c.InStepAttention > 0 {
+			tables, measured = tables-s.AttnTables, measured-s.AttnMeasured
 		}
 		stt += tables * tables
 		stc += tables * s.Calls

@@ -62,14 +62,17 @@ func TestCalibratedStep(t *testing.T) {
 	c := CalibrationFor("cpu")
 	require.True(t, strings.HasPrefix(one.TimeModel, "per operation, calibrated on "+c.Host), one.TimeModel)
 	res := load(t, "../recipes/tiny.toml")
-	tables, gemm, calls := MicroCompute(res.Recipe.Model, res.Recipe.Train.MicroBatchSize, "none", c)
-	gf := c.InStep
+	tables, gemm, attn, calls := MicroCompute(res.Recipe.Model, res.Recipe.Train.MicroBatchSize, "none", c)
+	gf, af := c.InStep, c.InStep
 	if c.InStepGEMM > 0 {
 		gf = c.InStepGEMM
 	}
-	want := gf*gemm + c.InStep*(tables-gemm) + c.PerCall*calls
+	if c.InStepAttention > 0 {
+		af = c.InStepAttention
+	}
+	want := gf*gemm + af*attn + c.InStep*(tables-gemm-attn) + c.PerCall*calls
 	assert.InEpsilon(t, want, one.ComputeS-c.stream(StreamSumSquares, float64(one.Memory.Grads)/4), 1e-9,
-		"compute is the micro-batch's matmuls × their in-step factor, the other kernels × theirs, their launches, and the gradient norm")
+		"compute is the micro-batch's matmuls × their in-step factor, attention × its, the other kernels × theirs, their launches, and the gradient norm")
 	assert.InEpsilon(t, one.ComputeS+one.OptimizerS+one.ExposedCommS, one.StepTimeS, 1e-12)
 
 	four := compile(t, &load(t, "../recipes/tiny.toml", "parallel.world_size=4", "train.global_batch_size=64").Recipe)
@@ -84,19 +87,20 @@ func TestCalibratedStep(t *testing.T) {
 	assert.Equal(t, "FLOPs at 80% of h100-80gb's peak", gpu.TimeModel)
 }
 
-// TestFitInStepSplitsTheMatmuls: with the matmuls timed inside the passes, their
-// factor is their measured time over the tables' (pooled), and the in-step factor
-// and per-call cost are fitted to the rest: samples built from known factors give
-// them back.
+// TestFitInStepSplitsTheMatmuls: with the matmuls and attention timed inside the
+// passes, each one's factor is its measured time over the tables' (pooled), and
+// the in-step factor and per-call cost are fitted to the rest: samples built from
+// known factors give them back.
 func TestFitInStepSplitsTheMatmuls(t *testing.T) {
-	const gemmF, restF, perCall = 1.5, 1.1, 2e-5
+	const gemmF, attnF, restF, perCall = 1.5, 1.3, 1.1, 2e-5
 	c := &Calibration{}
-	for i, s := range []struct{ gemm, rest, calls float64 }{{0.02, 0.01, 50}, {0.1, 0.03, 60}, {0.005, 0.004, 200}, {0.05, 0.05, 100}} {
-		c.InStepSamples = append(c.InStepSamples, InStepSample{Model: fmt.Sprint(i), Tables: s.gemm + s.rest, GEMMTables: s.gemm, Calls: s.calls,
-			GEMMMeasured: gemmF * s.gemm, Measured: gemmF*s.gemm + restF*s.rest + perCall*s.calls})
+	for i, s := range []struct{ gemm, attn, rest, calls float64 }{{0.02, 0.004, 0.01, 50}, {0.1, 0.01, 0.03, 60}, {0.005, 0.003, 0.004, 200}, {0.05, 0.02, 0.05, 100}} {
+		c.InStepSamples = append(c.InStepSamples, InStepSample{Model: fmt.Sprint(i), Tables: s.gemm + s.attn + s.rest, GEMMTables: s.gemm, AttnTables: s.attn,
+			Calls: s.calls, GEMMMeasured: gemmF * s.gemm, AttnMeasured: attnF * s.attn, Measured: gemmF*s.gemm + attnF*s.attn + restF*s.rest + perCall*s.calls})
 	}
 	c.FitInStep()
 	assert.InDelta(t, gemmF, c.InStepGEMM, 1e-9)
+	assert.InDelta(t, attnF, c.InStepAttention, 1e-9)
 	assert.InDelta(t, restF, c.InStep, 1e-9)
 	assert.InDelta(t, perCall, c.PerCall, 1e-12)
 }

@@ -129,6 +129,9 @@ func (p *Plan) WriteTable(w io.Writer) error {
 	if p.MoEDispatchWorst > p.Memory.MoEDispatch {
 		fmt.Fprintf(&b, "  (MoE dispatch worst case without a capacity factor: %s)\n", FormatBytes(p.MoEDispatchWorst))
 	}
+	if u := p.Buffers; u.Gather+u.Reduce > 0 {
+		fmt.Fprintf(&b, "  (unit buffers of the largest unit, %d elements: %d gather, %d gradient)\n", u.Elems, u.Gather, u.Reduce)
+	}
 
 	b.WriteString("\ncommunication per step\n")
 	if len(p.Collectives) == 0 {
@@ -176,7 +179,9 @@ type JSONPlan struct {
 	} `json:"parameters"`
 	MicroBatches int        `json:"micro_batches"`
 	Units        []JSONUnit `json:"units"`
-	Memory       struct {
+	// Buffers are the FSDP runtime's unit buffers the memory counts.
+	Buffers UnitBuffers `json:"buffers"`
+	Memory  struct {
 		Memory
 		Device         int64 `json:"device"`
 		Fits           bool  `json:"fits"`
@@ -241,6 +246,7 @@ func (p *Plan) JSON(rank int) (*JSONPlan, error) {
 		j.Units = append(j.Units, ju)
 	}
 	j.Memory.Memory = p.Memory
+	j.Buffers = p.Buffers
 	j.Memory.Device = p.Topology.Device.MemoryBytes
 	j.Memory.Fits = p.Fits()
 	j.Memory.MoEDispatchMax = p.MoEDispatchWorst

@@ -41,8 +41,15 @@ func stepModel(r *config.Recipe, p *Plan, c *Calibration) StepBreakdown {
 	if gf > 0 {
 		g *= gf
 	}
+	af := c.InStep
+	if c.InStepAttention > 0 {
+		af = c.InStepAttention // attention by its own in-step factor
+	}
+	if af > 0 {
+		a *= af
+	}
 	if f := c.InStep; f > 0 {
-		a, s = a*f, s*f
+		s *= f
 	}
 	s += calls * c.PerCall // waking the workers for each kernel, inside a step
 	micro := float64(p.MicroBatches)
@@ -180,14 +187,15 @@ func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, call
 }
 
 // MicroCompute is microCompute for one rank holding the whole model (no tensor or
-// expert parallelism): the tables' time (and the matmuls' part of it) and the
+// expert parallelism): the tables' time (and the matmuls' and attention's parts
+// of it) and the
 // kernels launched, which the calibration's in-step factors and per-call cost are
 // fitted against.
-func MicroCompute(mo config.Model, batch int, mode string, c *Calibration) (tables, gemm, calls float64) {
+func MicroCompute(mo config.Model, batch int, mode string, c *Calibration) (tables, gemm, attention, calls float64) {
 	routed := 0
 	if mo.MoE.NumExperts > 0 {
 		routed = batch * mo.SeqLen * mo.MoE.TopK
 	}
 	g, a, s, calls := microCompute(mo, microShape{B: batch, T: mo.SeqLen, TP: 1, EP: 1, ETP: 1, Routed: routed, Mode: mode}, c)
-	return g + a + s, g, calls
+	return g + a + s, g, a, calls
 }

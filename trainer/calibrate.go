@@ -39,9 +39,8 @@ var DefaultCalibrationGrid = CalibrationGrid{
 // timed by the median of repeated calls totalling at least minTime (one call for
 // shapes longer than that). progress, if not nil, gets a line per table.
 func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, progress io.Writer) (*parallel.Calibration, error) {
-	m := thisMachine()
 	c := &parallel.Calibration{Profile: "cpu", Threads: runtime.GOMAXPROCS(0), Date: time.Now().UTC().Format(time.RFC3339),
-		Host: fmt.Sprintf("%s, %d CPUs, %s kernels", m.CPU, m.CPUs, be.Name()), Stream: map[string]parallel.Linear{}, Collectives: map[string]parallel.Linear{}}
+		Host: CalibrationHost(be), Stream: map[string]parallel.Linear{}, Collectives: map[string]parallel.Linear{}}
 	say := func(format string, a ...any) {
 		if progress != nil {
 			fmt.Fprintf(progress, format+"\n", a...)
@@ -129,13 +128,13 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 	c.Index()
 	say("in-step factor: %d models", len(calibrationModels))
 	for _, cm := range calibrationModels {
-		measured, gemm, err := stepTime(be, cm.model, cm.batch, minTime)
+		measured, gemm, attn, err := stepTime(be, cm.model, cm.batch, minTime)
 		if err != nil {
 			return nil, err
 		}
-		tables, gemmTables, calls := parallel.MicroCompute(cm.model, cm.batch, "none", c)
+		tables, gemmTables, attnTables, calls := parallel.MicroCompute(cm.model, cm.batch, "none", c)
 		c.InStepSamples = append(c.InStepSamples, parallel.InStepSample{Model: cm.name, Measured: measured, Tables: tables, Calls: calls,
-			GEMMMeasured: gemm, GEMMTables: gemmTables})
+			GEMMMeasured: gemm, GEMMTables: gemmTables, AttnMeasured: attn, AttnTables: attnTables})
 	}
 	c.FitInStep()
 	return c, nil
@@ -169,36 +168,37 @@ var calibrationModels = func() []struct {
 }()
 
 // stepTime is the median seconds of one forward and backward pass of a model
-// with batch sequences of its full length, and of the matmuls inside that pass
-// (timed call by call, in the pass whose whole time is the median).
-func stepTime(be tensor.Backend, cfg config.Model, batch int, minTime time.Duration) (whole, gemm float64, err error) {
+// with batch sequences of its full length, and of the matmuls and of attention
+// inside that pass (timed call by call, in the pass whose whole time is the
+// median).
+func stepTime(be tensor.Backend, cfg config.Model, batch int, minTime time.Duration) (whole, gemm, attn float64, err error) {
 	table, err := parallel.ParamTable(cfg, 1, 1)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	w, g := make([][]float32, len(table)), make([][]float32, len(table))
 	for i := range table {
 		w[i], g[i] = make([]float32, table[i].LocalNumel()), make([]float32, table[i].LocalNumel())
 		model.InitParam(w[i], &table[i], 0, 1, cfg.InitStd, cfg.Layers)
 	}
-	tb := &gemmTimed{Backend: be}
+	tb := &kernelTimed{Backend: be}
 	m, err := model.New[float32](cfg, table, w, g, tb, batch, cfg.SeqLen)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	n := batch * cfg.SeqLen
 	tokens, targets := make([]int32, n), make([]int32, n)
 	for i := range tokens {
 		tokens[i], targets[i] = int32(i*7%cfg.VocabSize), int32((i*7+3)%cfg.VocabSize)
 	}
-	type pass struct{ whole, gemm float64 }
+	type pass struct{ whole, gemm, attn float64 }
 	var passes []pass
 	pass1 := func() {
-		tb.spent = 0
+		tb.gemm, tb.attn = 0, 0
 		t0 := time.Now()
 		m.Forward(tokens, targets)
 		m.Backward(tokens, targets, 1/float64(n))
-		passes = append(passes, pass{time.Since(t0).Seconds(), tb.spent.Seconds()})
+		passes = append(passes, pass{time.Since(t0).Seconds(), tb.gemm.Seconds(), tb.attn.Seconds()})
 	}
 	pass1() // warm-up
 	passes = passes[:0]
@@ -211,25 +211,50 @@ func stepTime(be tensor.Backend, cfg config.Model, batch int, minTime time.Durat
 	}
 	sort.Slice(passes, func(i, j int) bool { return passes[i].whole < passes[j].whole })
 	mid := passes[len(passes)/2]
-	return mid.whole, mid.gemm, nil
+	return mid.whole, mid.gemm, mid.attn, nil
 }
 
-// gemmTimed is a backend that adds up the time its matmuls take.
-type gemmTimed struct {
+// kernelTimed is a backend that adds up the time its matmuls take, and apart the
+// time attention takes (either kernel, forward and backward).
+type kernelTimed struct {
 	tensor.Backend
-	spent time.Duration
+	gemm, attn time.Duration
 }
 
-func (b *gemmTimed) Matmul(out, inp, weight []float32, s tensor.MatmulShape, acc bool) {
+func (b *kernelTimed) Matmul(out, inp, weight []float32, s tensor.MatmulShape, acc bool) {
 	t0 := time.Now()
 	b.Backend.Matmul(out, inp, weight, s, acc)
-	b.spent += time.Since(t0)
+	b.gemm += time.Since(t0)
 }
 
-func (b *gemmTimed) MatmulBackward(dinp, dweight, dout, inp, weight []float32, s tensor.MatmulShape, acc bool) {
+func (b *kernelTimed) MatmulBackward(dinp, dweight, dout, inp, weight []float32, s tensor.MatmulShape, acc bool) {
 	t0 := time.Now()
 	b.Backend.MatmulBackward(dinp, dweight, dout, inp, weight, s, acc)
-	b.spent += time.Since(t0)
+	b.gemm += time.Since(t0)
+}
+
+func (b *kernelTimed) Attention(out, att, q, k, v []float32, s tensor.AttentionShape) {
+	t0 := time.Now()
+	b.Backend.Attention(out, att, q, k, v, s)
+	b.attn += time.Since(t0)
+}
+
+func (b *kernelTimed) AttentionBackward(dq, dk, dv, dout, att, q, k, v []float32, s tensor.AttentionShape) {
+	t0 := time.Now()
+	b.Backend.AttentionBackward(dq, dk, dv, dout, att, q, k, v, s)
+	b.attn += time.Since(t0)
+}
+
+func (b *kernelTimed) FlashAttention(out, lse, q, k, v []float32, s tensor.AttentionShape) {
+	t0 := time.Now()
+	b.Backend.FlashAttention(out, lse, q, k, v, s)
+	b.attn += time.Since(t0)
+}
+
+func (b *kernelTimed) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v []float32, s tensor.AttentionShape) {
+	t0 := time.Now()
+	b.Backend.FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, s)
+	b.attn += time.Since(t0)
 }
 
 // medianTime is the median seconds of f over repeated calls totalling minTime (at

@@ -31,10 +31,13 @@ func TestCalibrateSmallGrid(t *testing.T) {
 	require.Greater(t, back.InStep, 0.0)
 	require.GreaterOrEqual(t, back.PerCall, 0.0)
 	require.Greater(t, back.InStepGEMM, 0.0, "the matmuls' own in-step factor")
+	require.Greater(t, back.InStepAttention, 0.0, "attention's own in-step factor")
 	for _, smp := range back.InStepSamples {
 		require.Greater(t, smp.GEMMMeasured, 0.0, smp.Model)
-		require.Less(t, smp.GEMMMeasured, smp.Measured, "%s: the matmuls are part of the pass", smp.Model)
+		require.Greater(t, smp.AttnMeasured, 0.0, smp.Model)
+		require.Less(t, smp.GEMMMeasured+smp.AttnMeasured, smp.Measured, "%s: the matmuls and attention are part of the pass", smp.Model)
 		require.Greater(t, smp.GEMMTables, 0.0, smp.Model)
+		require.Greater(t, smp.AttnTables, 0.0, smp.Model)
 	}
 	require.Contains(t, back.Collectives, parallel.CollectiveKey(parallel.SendRecv, 2))
 	require.Contains(t, back.Host, "CPUs")

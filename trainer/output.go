@@ -114,6 +114,23 @@ func (t *run) info() runInfo {
 	return in
 }
 
+// CalibrationHost names this machine as a calibration records its host: the CPU
+// model, the CPU count and the backend's kernels. The plan's per-operation time is
+// this machine's when a calibration's host equals it.
+func CalibrationHost(be tensor.Backend) string {
+	return calibrationHost(thisMachine(), be.Name())
+}
+
+func calibrationHost(m machineInfo, backend string) string {
+	return CalibrationHostOf(m.CPU, m.CPUs, backend)
+}
+
+// CalibrationHostOf is CalibrationHost for a machine described by its CPU model,
+// CPU count and backend name (as run.json records them).
+func CalibrationHostOf(cpuModel string, cpus int, backend string) string {
+	return fmt.Sprintf("%s, %d CPUs, %s kernels", cpuModel, cpus, backend)
+}
+
 func thisMachine() machineInfo {
 	m := machineInfo{OS: runtime.GOOS, Arch: runtime.GOARCH, CPUs: runtime.NumCPU()}
 	m.Host, _ = os.Hostname()

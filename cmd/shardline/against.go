@@ -11,11 +11,16 @@ import (
 	"text/tabwriter"
 
 	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/trainer"
 )
 
 // runRecord is what plan --against reads from a run directory's run.json.
 type runRecord struct {
 	Backend string `json:"backend"`
+	Machine struct {
+		CPUs int    `json:"cpus"`
+		CPU  string `json:"cpu"`
+	} `json:"machine"`
 	Failure string `json:"failure"`
 	Result  *struct {
 		Steps      int     `json:"steps"`
@@ -66,6 +71,7 @@ func (a *app) planAgainst(dir string, rf *recipeFlags, format string) error {
 	if p == nil {
 		return &exitError{code: exitFindings, err: fmt.Errorf("the plan of %s could not be compiled", recipe)}
 	}
+	a.noteCalibration(p, trainer.CalibrationHostOf(rec.Machine.CPU, rec.Machine.CPUs, rec.Backend), "the run's machine")
 	r := &res.Recipe
 	tokens := float64(r.Train.GlobalBatchSize * r.Model.SeqLen)
 	var rows []comparison

@@ -8,6 +8,8 @@ import (
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/tensor/cpu"
+	"github.com/shardline/shardline/trainer"
 	"github.com/spf13/cobra"
 )
 
@@ -101,6 +103,7 @@ median step time and tokens/s, with the ratio measured/planned.`,
 		if rank >= p.Mesh.World {
 			return usageErr("--rank %d is outside the world of %d ranks (0..%d)", rank, p.Mesh.World, p.Mesh.World-1)
 		}
+		a.noteCalibration(p, trainer.CalibrationHost(cpu.Backend{}), "this machine")
 		if format == "json" {
 			return p.WriteJSON(a.stdout, rank)
 		}
@@ -162,7 +165,21 @@ func (a *app) sweep(path, spec string, rf *recipeFlags) error {
 		}
 		plans = append(plans, p)
 	}
+	a.noteCalibration(plans[0], trainer.CalibrationHost(cpu.Backend{}), "this machine")
 	return writeSweep(a, key, values, plans)
+}
+
+// noteCalibration tells, on stderr, when the plan timed a CPU step from a
+// calibration measured on another machine than host (what names it): kernel
+// speeds differ between CPUs by 2× and more, so the step time is that machine's.
+func (a *app) noteCalibration(p *parallel.Plan, host, what string) {
+	c := p.Topology.Calibration
+	if c == nil || c.Host == host {
+		return
+	}
+	fmt.Fprintf(a.stderr, "note: the step time is timed from a calibration measured on %s (%s), not on %s (%s); "+
+		"to time it on %s, run shardline calibrate -o FILE there and set SHARDLINE_CALIBRATION=FILE (or calibration = \"FILE\" in shardline.toml)\n",
+		c.Host, c.Date, what, host, what)
 }
 
 // hasLoadErrors reports errors other than the plan's own (SL5xx): a sweep still
