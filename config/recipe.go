@@ -237,9 +237,10 @@ type FSDP struct {
 	// Reduce gradients in bf16 (accumulating in fp32) instead of fp32, halving
 	// reduce-scatter bytes.
 	GradReduceInBF16 bool `toml:"grad_reduce_in_bf16" flag:"grad-reduce-in-bf16"`
-	// Keep at least two persistent gather buffers (the unit in use and the next one)
-	// even without overlap_param_gather, as NCCL user buffers need; without it the
-	// trainer makes as many as its schedule uses (one without prefetch).
+	// Size the persistent gather buffers for at least two of the largest unit (the
+	// unit in use and the next one) even without overlap_param_gather, as NCCL user
+	// buffers need; without it they hold what the schedule uses (one unit without
+	// prefetch).
 	FSDPDoubleBuffer bool `toml:"fsdp_double_buffer" flag:"fsdp-double-buffer"`
 	// Register communication buffers with NCCL user buffers (zero-copy collectives).
 	// Turns fsdp_double_buffer on.

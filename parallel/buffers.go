@@ -34,46 +34,60 @@ func Blocks(cfg config.Model, table []Param) [][]int {
 	return blocks
 }
 
-// UnitBuffers are the FSDP runtime's transient buffers, each the size of the
-// largest sharded unit: Gather hold all-gathered unit weights
-// (optim_grads_params), Reduce hold a unit's gradients until its reduce-scatter
-// has run (optim_grads and optim_grads_params). The trainer makes them before the
-// first step and hands them out and back, so a step allocates none.
+// UnitBuffers are the FSDP runtime's transient buffers, two arenas the runtime
+// carves unit buffers from (Arena, first fit): Gather holds all-gathered unit
+// weights (optim_grads_params), Reduce a unit's gradients until its reduce-scatter
+// has run (optim_grads and optim_grads_params). Their sizes, in elements, are
+// what the runtime's requests over a forward and a backward pass reach
+// (bufferPeaks). The trainer makes them before the first step, so a step
+// allocates none.
 type UnitBuffers struct {
-	Elems  int64 `json:"elems"` // the largest sharded unit's elements
-	Gather int   `json:"gather"`
-	Reduce int   `json:"reduce"`
+	Largest int64 `json:"largest_unit"` // the largest sharded unit's elements
+	Gather  int64 `json:"gather_elems"`
+	Reduce  int64 `json:"reduce_elems"`
+	// GatherSlot and ReduceSlot are each arena's slot size (Arena): the largest
+	// unit where slots make the arena smaller, else 0.
+	GatherSlot int64 `json:"gather_slot"`
+	ReduceSlot int64 `json:"reduce_slot"`
 }
 
-// unitBuffers counts the buffers the runtime needs: the most in use at once in a
-// forward and a backward pass (bufferPeaks), and at least two gather buffers with
-// fsdp_double_buffer.
+// unitBuffers sizes the runtime's arenas, each by plain first fit or in slots of
+// the largest unit, whichever needs less; with fsdp_double_buffer the gather
+// arena holds at least two of the largest unit.
 func unitBuffers(r *config.Recipe, p *Plan, unitFull []int64) UnitBuffers {
 	var b UnitBuffers
 	for _, n := range unitFull {
-		b.Elems = max(b.Elems, n)
+		b.Largest = max(b.Largest, n)
 	}
 	f := r.FSDP
 	s := f.DataParallelShardingStrategy
-	if b.Elems == 0 || (s != "optim_grads" && s != "optim_grads_params") {
+	if b.Largest == 0 || (s != "optim_grads" && s != "optim_grads_params") {
 		return b
 	}
-	sharded := make([]bool, len(unitFull))
-	for u, n := range unitFull {
-		sharded[u] = n > 0
-	}
 	weights := s == "optim_grads_params"
-	b.Gather, b.Reduce = bufferPeaks(Blocks(r.Model, p.Params), sharded, unitFull, weights, weights && f.OverlapParamGather,
-		f.OverlapGradReduce, 4*f.SuggestedCommunicationUnitSize)
+	blocks := Blocks(r.Model, p.Params)
+	peaks := func(slot int64) (int64, int64) {
+		return bufferPeaks(blocks, unitFull, weights, weights && f.OverlapParamGather, f.OverlapGradReduce, 4*f.SuggestedCommunicationUnitSize, slot)
+	}
+	// Plain first fit, or slots of the largest unit: whichever needs less, per arena.
+	b.Gather, b.Reduce = peaks(0)
+	g, red := peaks(b.Largest)
+	if g < b.Gather {
+		b.Gather, b.GatherSlot = g, b.Largest
+	}
+	if red < b.Reduce {
+		b.Reduce, b.ReduceSlot = red, b.Largest
+	}
 	if weights && f.FSDPDoubleBuffer {
-		b.Gather = max(b.Gather, 2)
+		b.Gather = max(b.Gather, 2*b.Largest) // room to spare: the same placement fits
 	}
 	return b
 }
 
 // bufferPeaks runs the trainer's FSDP unit runtime (trainer/fsdp.go) through one
-// forward and one backward pass by its rules and returns the most gather and
-// reduce buffers in use at once:
+// forward and one backward pass by its rules, placing its buffers in two unbounded
+// arenas of the given slot size, and returns the elements each reaches. length[u] is a unit's sharded
+// elements (0: nothing to gather or reduce). The rules:
 //   - a block acquires its sharded units, gathering those not held (weights);
 //     with prefetch it then gathers the next block's units not held;
 //   - a block's release frees a unit no block holds, unless it was prefetched and
@@ -81,10 +95,14 @@ func unitBuffers(r *config.Recipe, p *Plan, unitFull []int64) UnitBuffers {
 //   - in backward a unit gets a gradient buffer at its first block; after its last
 //     block it is reduce-scattered, and the oldest reductions in flight are waited
 //     on (freeing their buffers) until one is left, or (async) their bytes fit
-//     capBytes (4 bytes an element).
-func bufferPeaks(blocks [][]int, sharded []bool, length []int64, weights, prefetch, async bool, capBytes int64) (gather, reduce int) {
-	n := len(sharded)
+//     capBytes (4 bytes an element);
+//   - the end of a pass waits for every reduction and frees prefetched units no
+//     block used.
+func bufferPeaks(blocks [][]int, length []int64, weights, prefetch, async bool, capBytes, slot int64) (gather, reduce int64) {
+	n := len(length)
+	wa, ga := NewArena(-1, slot), NewArena(-1, slot)
 	held, pending := make([]bool, n), make([]bool, n)
+	woff, goff := make([]int64, n), make([]int64, n)
 	holds, uses, left := make([]int, n), make([]int, n), make([]int, n)
 	for _, b := range blocks {
 		for _, u := range b {
@@ -92,19 +110,16 @@ func bufferPeaks(blocks [][]int, sharded []bool, length []int64, weights, prefet
 		}
 	}
 	copy(left, uses)
-	live := 0
 	gatherAll := func(units []int, prefetched bool) {
 		for _, u := range units {
-			if sharded[u] && !held[u] {
+			if length[u] > 0 && !held[u] {
 				held[u], pending[u] = true, prefetched
-				live++
+				woff[u], _ = wa.Alloc(length[u])
 			}
 		}
-		gather = max(gather, live)
 	}
 	hasGrad := make([]bool, n)
 	var inflight []int
-	liveG := 0
 	pass := func(backward bool) {
 		for i := range blocks {
 			b := i
@@ -115,22 +130,21 @@ func bufferPeaks(blocks [][]int, sharded []bool, length []int64, weights, prefet
 				gatherAll(blocks[b], false)
 			}
 			for _, u := range blocks[b] {
-				if !sharded[u] {
+				if length[u] == 0 {
 					continue
 				}
 				pending[u] = false // waited on
 				holds[u]++
 				if backward && !hasGrad[u] {
 					hasGrad[u] = true
-					liveG++
+					goff[u], _ = ga.Alloc(length[u])
 				}
 			}
-			reduce = max(reduce, liveG)
 			if next := b + 1 - 2*btoi(backward); weights && prefetch && next >= 0 && next < len(blocks) {
 				gatherAll(blocks[next], true)
 			}
 			for _, u := range blocks[b] {
-				if !sharded[u] {
+				if length[u] == 0 {
 					continue
 				}
 				holds[u]--
@@ -146,30 +160,32 @@ func bufferPeaks(blocks [][]int, sharded []bool, length []int64, weights, prefet
 							if async && (len(inflight) == 1 || bytes <= capBytes) {
 								break
 							}
-							inflight, liveG = inflight[1:], liveG-1
+							ga.Free(goff[inflight[0]], length[inflight[0]])
+							inflight = inflight[1:]
 						}
 					}
 				}
 				if holds[u] == 0 && held[u] && !pending[u] {
 					held[u] = false
-					live--
+					wa.Free(woff[u], length[u])
 				}
 			}
 		}
-		liveG -= len(inflight) // flush
+		for _, u := range inflight { // the end of the pass
+			ga.Free(goff[u], length[u])
+		}
 		inflight = inflight[:0]
-		for u := range pending { // prefetched and unused: released by the flush
+		for u := range pending { // prefetched and unused: released
 			if pending[u] && holds[u] == 0 {
 				held[u], pending[u] = false, false
-				live--
+				wa.Free(woff[u], length[u])
 			}
 		}
 	}
 	pass(false)
 	pass(true)
-	return gather, reduce
+	return wa.High(), ga.High()
 }
-
 func btoi(b bool) int {
 	if b {
 		return 1

@@ -126,8 +126,8 @@ func (p *Plan) memory(r *config.Recipe, d dtypes) {
 	}
 	mem := staticMemory(p.Strategy, full, shard, d)
 	p.Buffers = unitBuffers(r, p, unitFull)
-	mem.GatheredUnits = int64(p.Buffers.Gather) * p.Buffers.Elems * d.compute
-	mem.GradReduceBuffers = int64(p.Buffers.Reduce) * p.Buffers.Elems * d.grad
+	mem.GatheredUnits = p.Buffers.Gather * d.compute
+	mem.GradReduceBuffers = p.Buffers.Reduce * d.grad
 	t := tokensOf(r, p.Mesh)
 	mem.Activations = activationBytes(r, p.Mesh, t, d)
 	mem.MoEDispatch, p.MoEDispatchWorst = dispatchBytes(r, p.Mesh, t, d)

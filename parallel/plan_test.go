@@ -101,8 +101,14 @@ func TestTinyByHand(t *testing.T) {
 	assert.EqualValues(t, 0, m.MainWeights, "fp32 compute: the weights are the main weights")
 	assert.EqualValues(t, shard*4, m.Grads, "fp32 gradient shard")
 	assert.EqualValues(t, shard*8, m.OptimizerState, "two fp32 AdamW moments per owned element")
+	// The arenas: prefetch keeps two layers' weights at once, and
+	// overlap_grad_reduce one layer's gradients reducing beside the next's. Plain
+	// first fit would need a head more (in backward the head's buffer, taken first
+	// at offset 0, leaves a range below the layers that none fits); in slots of a
+	// layer the head shares a slot, so the slots win.
 	assert.EqualValues(t, 2*layer*4, m.GatheredUnits, "prefetch: two gathered layers")
 	assert.EqualValues(t, 2*layer*4, m.GradReduceBuffers, "overlap_grad_reduce: two unit grad buffers")
+	assert.Equal(t, UnitBuffers{Largest: layer, Gather: 2 * layer, Reduce: 2 * layer, GatherSlot: layer, ReduceSlot: layer}, p.Buffers)
 	assert.EqualValues(t, (L*(attn+mlp)+2*tokens*H)*4, m.Activations)
 	assert.EqualValues(t, tokens*V*(4+4), m.Logits)
 	assert.EqualValues(t, 0, m.MoEDispatch)

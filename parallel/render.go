@@ -130,7 +130,8 @@ func (p *Plan) WriteTable(w io.Writer) error {
 		fmt.Fprintf(&b, "  (MoE dispatch worst case without a capacity factor: %s)\n", FormatBytes(p.MoEDispatchWorst))
 	}
 	if u := p.Buffers; u.Gather+u.Reduce > 0 {
-		fmt.Fprintf(&b, "  (unit buffers of the largest unit, %d elements: %d gather, %d gradient)\n", u.Elems, u.Gather, u.Reduce)
+		fmt.Fprintf(&b, "  (FSDP buffer arenas: gather %s, gradient %s elements; the largest unit %s)\n",
+			formatCount(u.Gather), formatCount(u.Reduce), formatCount(u.Largest))
 	}
 
 	b.WriteString("\ncommunication per step\n")

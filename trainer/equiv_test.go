@@ -181,26 +181,28 @@ func shardedMemory(t *testing.T, strategy string) {
 	}
 }
 
-// TestUnitBuffersFollowThePlan: the FSDP runtime makes the unit buffers the plan
-// counts before the first step and never needs another, so what it holds for
-// gathered weights and unit gradients equals the plan's to the byte: with and
-// without overlap, prefetch, the double buffer and a communication-unit cap, with
-// tied embeddings (the head block holds the embedding's unit too), and with MoE
-// experts sharded over edp beside the dense weights (8 ranks, ep 2).
+// TestUnitBuffersFollowThePlan: the FSDP runtime carves its unit buffers from the
+// two arenas the plan sized, made before the first step, and never needs more, so
+// what it holds for gathered weights and unit gradients equals the plan's to the
+// byte: with and without overlap, prefetch, the double buffer and a
+// communication-unit cap, with tied embeddings (the head block holds the
+// embedding's unit too), an embedding larger than a layer, and MoE experts
+// sharded over edp beside the dense weights (8 ranks, ep 2).
 func TestUnitBuffersFollowThePlan(t *testing.T) {
 	base := []string{"train.steps=2", "train.micro_batch_size=1", "train.global_batch_size=8", "train.eval_interval=1", "parallel.world_size=4"}
 	off := []string{"fsdp.overlap_grad_reduce=false", "fsdp.overlap_param_gather=false"}
 	moe := []string{"parallel.world_size=8", "parallel.expert_parallel=2", "model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32"}
 	cases := map[string][]string{
-		"overlap":             nil,
-		"no overlap":          off,
-		"double buffer":       append(off, "fsdp.fsdp_double_buffer=true"),
-		"tied":                {"model.tie_embeddings=true"},
-		"tied, no overlap":    append(off, "model.tie_embeddings=true"),
-		"capped reductions":   {"fsdp.suggested_communication_unit_size=40000"},
-		"optim_grads":         {"fsdp.data_parallel_sharding_strategy=optim_grads", "model.tie_embeddings=true"},
-		"moe ep 2":            moe,
-		"moe ep 2, recompute": append(moe, "activation_checkpoint.mode=full"),
+		"overlap":                nil,
+		"no overlap":             off,
+		"double buffer":          append(off, "fsdp.fsdp_double_buffer=true"),
+		"tied":                   {"model.tie_embeddings=true"},
+		"tied, no overlap":       append(off, "model.tie_embeddings=true"),
+		"tied, large vocabulary": {"model.tie_embeddings=true", "model.vocab_size=512"},
+		"capped reductions":      {"fsdp.suggested_communication_unit_size=40000"},
+		"optim_grads":            {"fsdp.data_parallel_sharding_strategy=optim_grads", "model.tie_embeddings=true"},
+		"moe ep 2":               moe,
+		"moe ep 2, recompute":    append(moe, "activation_checkpoint.mode=full"),
 	}
 	for name, sets := range cases {
 		res, _ := tinyRun(t, append(append([]string{}, base...), sets...)...)

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/parallel/comm"
 	"github.com/shardline/shardline/trainer/model"
 )
@@ -41,14 +42,12 @@ type unitRuntime struct {
 	// compute shard and the gradient shard, with nothing to gather or reduce.
 	resident []bool
 	direct   map[int]bool // groups bound straight to the shards
-	// Buffers: persistent buffers of the largest unit, as many as the plan counts
-	// (parallel.UnitBuffers: the most in use at once under these rules), made
-	// before the first step and handed out and returned, so a step allocates
-	// nothing. Should a pass need one more than the plan counted, get makes it and
-	// memory reports it beside the plan's.
-	wfree, gfree [][]float32
-	most         int64       // the largest unit's buffer length
-	made         [2]int64    // bytes of weight and gradient buffers made
+	// Buffers: weight and gradient buffers are carved from two arenas of the sizes
+	// the plan computed by running these rules (parallel.UnitBuffers), made before
+	// the first step, so a step allocates nothing. woff is each gathered unit's
+	// offset in its arena.
+	wpool, gpool *unitPool
+	woff, goff   []int64
 	rs           [][]float32 // per group: reduce-scatter destination
 	stream       *comm.Stream
 	inflight     []flight
@@ -68,10 +67,12 @@ type unitRuntime struct {
 	start    time.Time // current block's compute start
 }
 
-// flight is an asynchronous reduce-scatter and the gradient buffer it reads.
+// flight is an asynchronous reduce-scatter and the gradient buffer it reads (at
+// off in the gradient arena).
 type flight struct {
 	h   *comm.Handle
 	buf []float32
+	off int64
 }
 
 func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, capElems int64, tr *tracer) *unitRuntime {
@@ -127,41 +128,45 @@ func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, ca
 	for gi := range p.Groups {
 		u.rs = append(u.rs, make([]float32, len(st.gshard[gi])))
 	}
-	// The buffers the plan budgets (parallel.UnitBuffers), made now.
-	u.most = p.Buffers.Elems
-	nw, ng := p.Buffers.Gather, p.Buffers.Reduce
-	for range nw {
-		u.wfree = append(u.wfree, u.newBuf(0))
-	}
-	for range ng {
-		u.gfree = append(u.gfree, u.newBuf(1))
-	}
+	// The arenas the plan budgets (parallel.UnitBuffers), made now.
+	u.wpool, u.gpool = newUnitPool(p.Buffers.Gather, p.Buffers.GatherSlot), newUnitPool(p.Buffers.Reduce, p.Buffers.ReduceSlot)
+	u.woff, u.goff = make([]int64, n), make([]int64, n)
 	return u
 }
 
-// newBuf makes a buffer of the largest unit, counted as a weight (kind 0) or
-// gradient (1) buffer.
-func (u *unitRuntime) newBuf(kind int) []float32 {
-	u.made[kind] += 4 * u.most
-	return make([]float32, u.most)
+// unitPool hands out unit buffers carved from one arena (parallel.Arena, the
+// plan's first fit), and makes a buffer apart, counted in extra, for a request the
+// arena cannot hold (the plan did not foresee it: memory reports it).
+type unitPool struct {
+	mem   []float32
+	arena *parallel.Arena
+	extra int64 // elements made apart
 }
+
+func newUnitPool(n, slot int64) *unitPool {
+	return &unitPool{mem: make([]float32, n), arena: parallel.NewArena(n, slot)}
+}
+
+// get returns n elements and their offset in the arena (−1: made apart).
+func (p *unitPool) get(n int64) ([]float32, int64) {
+	if off, ok := p.arena.Alloc(n); ok {
+		return p.mem[off : off+n : off+n], off
+	}
+	p.extra += n
+	return make([]float32, n), -1
+}
+
+// put returns a buffer get handed out at off.
+func (p *unitPool) put(off int64, b []float32) {
+	if off >= 0 {
+		p.arena.Free(off, int64(len(b)))
+	}
+}
+
+// bytes is what the pool holds: its arena and what it made apart.
+func (p *unitPool) bytes() int64 { return 4 * (int64(len(p.mem)) + p.extra) }
 
 func (u *unitRuntime) close() { u.stream.Close() }
-
-// get returns a buffer of n elements from free, making one (counted in made[kind])
-// when none is free; put gives it back.
-func (u *unitRuntime) get(free *[][]float32, kind int, n int64) []float32 {
-	if k := len(*free); k > 0 {
-		b := (*free)[k-1]
-		*free = (*free)[:k-1]
-		return b[:n]
-	}
-	return u.newBuf(kind)[:n]
-}
-
-func (u *unitRuntime) put(free *[][]float32, b []float32) {
-	*free = append(*free, b[:cap(b)])
-}
 
 // bind points the model's views of the unit's parameters at its buffers (nil when
 // a buffer is not held).
@@ -186,7 +191,7 @@ func (u *unitRuntime) bind(ui int) {
 
 // startGather queues the unit's all-gather on the stream.
 func (u *unitRuntime) startGather(ui int) {
-	u.wbuf[ui] = u.get(&u.wfree, 0, u.length[ui])
+	u.wbuf[ui], u.woff[ui] = u.wpool.get(u.length[ui])
 	u.ready[ui] = u.gatherH[ui]
 	u.stream.Start(u.gatherH[ui])
 }
@@ -255,7 +260,8 @@ func (u *unitRuntime) Acquire(block int, units []int, backward bool) error {
 			u.ready[ui] = nil
 		}
 		if backward && u.gbuf[ui] == nil {
-			buf := u.get(&u.gfree, 1, u.length[ui])
+			buf, off := u.gpool.get(u.length[ui])
+			u.goff[ui] = off
 			clear(buf)
 			u.gbuf[ui] = buf
 		}
@@ -306,14 +312,14 @@ func (u *unitRuntime) Release(block int, units []int, backward bool) error {
 				u.gbuf[ui], u.reducing[ui] = nil, buf
 				h := u.reduceH[ui]
 				u.stream.Start(h)
-				u.inflight = append(u.inflight, flight{h, buf})
+				u.inflight = append(u.inflight, flight{h, buf, u.goff[ui]})
 				if err := u.bound(); err != nil && first == nil {
 					first = err
 				}
 			}
 		}
 		if u.holds[ui] == 0 && u.wbuf[ui] != nil && u.ready[ui] == nil {
-			u.put(&u.wfree, u.wbuf[ui])
+			u.wpool.put(u.woff[ui], u.wbuf[ui])
 			u.wbuf[ui] = nil
 		}
 		u.bind(ui)
@@ -338,7 +344,7 @@ func (u *unitRuntime) bound() error {
 		if err := f.h.Wait(); err != nil && first == nil {
 			first = err
 		}
-		u.put(&u.gfree, f.buf)
+		u.gpool.put(f.off, f.buf)
 		n := copy(u.inflight, u.inflight[1:]) // keep the slice's start: appends reuse it
 		u.inflight = u.inflight[:n]
 	}
@@ -353,7 +359,7 @@ func (u *unitRuntime) flush() error {
 		if err := f.h.Wait(); err != nil && first == nil {
 			first = err
 		}
-		u.put(&u.gfree, f.buf)
+		u.gpool.put(f.off, f.buf)
 	}
 	u.inflight = u.inflight[:0]
 	for ui, h := range u.ready {
@@ -365,7 +371,7 @@ func (u *unitRuntime) flush() error {
 		}
 		u.ready[ui] = nil
 		if u.holds[ui] == 0 {
-			u.put(&u.wfree, u.wbuf[ui])
+			u.wpool.put(u.woff[ui], u.wbuf[ui])
 			u.wbuf[ui] = nil
 			u.bind(ui)
 		}
@@ -376,8 +382,8 @@ func (u *unitRuntime) flush() error {
 var _ model.Hooks = (*unitRuntime)(nil)
 
 // memory is what the runtime holds beside the plan's gathered-unit and
-// grad-reduce buffers: the bytes of the buffers it made.
-func (u *unitRuntime) memory() (gathered, gradBuffers int64) { return u.made[0], u.made[1] }
+// grad-reduce buffers: its arenas and anything made apart.
+func (u *unitRuntime) memory() (gathered, gradBuffers int64) { return u.wpool.bytes(), u.gpool.bytes() }
 
 // tracer collects Chrome trace events (viewable in Perfetto or chrome://tracing):
 // one process per rank, thread 0 compute and thread 1 communication. A nil tracer
