@@ -1,24 +1,34 @@
 package parallel
 
 import (
-	_ "embed"
+	"embed"
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"math"
 	"sort"
 	"sync"
 )
 
-// shippedCPU is the CPU engine measured by `shardline calibrate` on the machine
-// named inside (its host, date and version); it stands for "cpu" until
-// UseCalibration replaces it with the user's machine's.
+// shipped are the CPU engine's tables measured by `shardline calibrate`, each on
+// the machine named inside (its host, date and version): calibration/cpu.json
+// stands for "cpu" by default, and a table measured on this machine's kind of
+// CPU (PreferHost) stands instead, until UseCalibration replaces it with the
+// user's own.
 //
-//go:embed calibration/cpu.json
-var shippedCPU []byte
+//go:embed calibration/*.json
+var shipped embed.FS
+
+// shippedCPU is the default table's file.
+var shippedCPU = func() []byte {
+	b, _ := shipped.ReadFile("calibration/cpu.json")
+	return b
+}()
 
 var (
 	calMu        sync.Mutex
 	calibrations map[string]*Calibration
+	preferHost   string
 )
 
 // CalibrationFor returns the calibration used for a device profile (nil: none,
@@ -31,8 +41,26 @@ func CalibrationFor(profile string) *Calibration {
 		if c, err := ParseCalibration(shippedCPU); err == nil {
 			calibrations[c.Profile] = c
 		}
+		if preferHost != "" {
+			names, _ := fs.Glob(shipped, "calibration/*.json")
+			for _, name := range names {
+				b, _ := shipped.ReadFile(name)
+				if c, err := ParseCalibration(b); err == nil && c.Host == preferHost {
+					calibrations[c.Profile] = c
+				}
+			}
+		}
 	}
 	return calibrations[profile]
+}
+
+// PreferHost makes a shipped table measured on host (as trainer.CalibrationHost
+// names a machine) the one CalibrationFor returns for its profile; without such
+// a table the default stands. The CLI names this machine when it starts.
+func PreferHost(host string) {
+	calMu.Lock()
+	defer calMu.Unlock()
+	preferHost, calibrations = host, nil
 }
 
 // ResetCalibrations returns to the calibrations shardline ships.

@@ -3,6 +3,7 @@ package parallel
 import (
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"math"
 	"strings"
 	"testing"
@@ -32,6 +33,24 @@ func TestShippedCalibration(t *testing.T) {
 	require.ErrorContains(t, err, "adamw is missing")
 	_, err = ParseCalibration([]byte("{"))
 	require.ErrorContains(t, err, "not a calibration file")
+
+	// Every shipped table parses and names its machine; one measured on this
+	// machine's kind of CPU stands in for the default.
+	names, err := fs.Glob(shipped, "calibration/*.json")
+	require.NoError(t, err)
+	require.Greater(t, len(names), 1)
+	t.Cleanup(func() { PreferHost("") })
+	for _, name := range names {
+		b, err := shipped.ReadFile(name)
+		require.NoError(t, err)
+		other, err := ParseCalibration(b)
+		require.NoError(t, err, name)
+		require.NotEmpty(t, other.Host, name)
+		PreferHost(other.Host)
+		assert.Equal(t, other.Host, CalibrationFor("cpu").Host, name)
+	}
+	PreferHost("a machine nobody measured")
+	assert.Equal(t, c.Host, CalibrationFor("cpu").Host, "the default stands")
 }
 
 // TestCalibrationInterpolation: at a measured shape the model gives the

@@ -811,6 +811,7 @@ func TestRecipeImportTorchtitan(t *testing.T) {
 // without the setting plans from shardline's own table again.
 func TestCalibrationSetting(t *testing.T) {
 	dir := t.TempDir()
+	parallel.PreferHost(trainer.CalibrationHost(cpu.Backend{})) // as every command does
 	shipped := parallel.CalibrationFor("cpu")
 	require.NotNil(t, shipped)
 	mine := *shipped

@@ -8,6 +8,9 @@ import (
 	"runtime/debug"
 
 	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/tensor/cpu"
+	"github.com/shardline/shardline/trainer"
 	"github.com/spf13/cobra"
 )
 
@@ -89,6 +92,7 @@ plan never touch a device: they run anywhere, in milliseconds.`,
 			if err != nil {
 				return err
 			}
+			parallel.PreferHost(trainer.CalibrationHost(cpu.Backend{})) // a shipped table of this machine's CPU, if any
 			return s.useCalibration(config.EnvMap(a.env))
 		},
 	}
