@@ -88,7 +88,7 @@ func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, ca
 	u.gatherName, u.reduceName = make([]string, n), make([]string, n)
 	u.inflight = make([]flight, 0, n)
 	for ui := range p.Units {
-		u.gatherH[ui], u.reduceH[ui] = comm.NewHandle(gatherOp{u, ui}), comm.NewHandle(reduceOp{u, ui})
+		u.gatherH[ui], u.reduceH[ui] = comm.NewHandle(unitOp{u, ui, false}), comm.NewHandle(unitOp{u, ui, true})
 		u.gatherName[ui], u.reduceName[ui] = "all_gather "+p.Units[ui].Name, "reduce_scatter "+p.Units[ui].Name
 	}
 	// A unit's buffers hold only its sharded groups; unsharded groups (an expert
@@ -196,48 +196,39 @@ func (u *unitRuntime) startGather(ui int) {
 	u.stream.Start(u.gatherH[ui])
 }
 
-// gatherOp all-gathers a unit's groups into its weight buffer (wbuf).
-type gatherOp struct {
-	u  *unitRuntime
-	ui int
+// unitOp is a unit's all-gather into its weight buffer (wbuf) or, with reduce,
+// the reduce-scatter of its gradient buffer (reducing) into the rank's gradient
+// shards, as a stream operation.
+type unitOp struct {
+	u      *unitRuntime
+	ui     int
+	reduce bool
 }
 
-func (o gatherOp) Run(comm.Communicator) error {
+func (o unitOp) Run(comm.Communicator) error {
 	u, ui, st := o.u, o.ui, o.u.st
 	t0 := time.Now()
-	buf := u.wbuf[ui]
+	buf, name, what := u.wbuf[ui], u.gatherName[ui], "gathering"
+	if o.reduce {
+		buf, name, what = u.reducing[ui], u.reduceName[ui], "reducing"
+	}
 	for k, gi := range u.groups[ui] {
 		g := &st.plan.Groups[gi]
-		dst := buf[u.offsets[ui][k] : u.offsets[ui][k]+g.Padded]
-		if st.comms[gi].Size() == 1 || g.Shards == 1 {
-			copy(dst, st.computeShard(gi))
-		} else if err := st.comms[gi].AllGather(dst, st.computeShard(gi)); err != nil {
-			return fmt.Errorf("gathering unit %s: %w", st.plan.Units[ui].Name, err)
+		part := buf[u.offsets[ui][k] : u.offsets[ui][k]+g.Padded]
+		var err error
+		switch {
+		case o.reduce:
+			err = st.reduceInto(gi, part, u.rs[gi])
+		case st.comms[gi].Size() == 1 || g.Shards == 1:
+			copy(part, st.computeShard(gi))
+		default:
+			err = st.comms[gi].AllGather(part, st.computeShard(gi))
+		}
+		if err != nil {
+			return fmt.Errorf("%s unit %s: %w", what, st.plan.Units[ui].Name, err)
 		}
 	}
-	u.trace.span(u.gatherName[ui], "comm", st.rank, 1, t0, time.Now())
-	return nil
-}
-
-// reduceOp reduce-scatters a unit's gradient buffer (reducing) into the rank's
-// gradient shards.
-type reduceOp struct {
-	u  *unitRuntime
-	ui int
-}
-
-func (o reduceOp) Run(comm.Communicator) error {
-	u, ui, st := o.u, o.ui, o.u.st
-	t0 := time.Now()
-	buf := u.reducing[ui]
-	for k, gi := range u.groups[ui] {
-		g := &st.plan.Groups[gi]
-		src := buf[u.offsets[ui][k] : u.offsets[ui][k]+g.Padded]
-		if err := st.reduceInto(gi, src, u.rs[gi]); err != nil {
-			return fmt.Errorf("reducing unit %s: %w", st.plan.Units[ui].Name, err)
-		}
-	}
-	u.trace.span(u.reduceName[ui], "comm", st.rank, 1, t0, time.Now())
+	u.trace.span(name, "comm", st.rank, 1, t0, time.Now())
 	return nil
 }
 
