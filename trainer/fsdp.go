@@ -135,12 +135,12 @@ func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, ca
 }
 
 // unitPool hands out unit buffers carved from one arena (parallel.Arena, the
-// plan's first fit), and makes a buffer apart, counted in extra, for a request the
-// arena cannot hold (the plan did not foresee it: memory reports it).
+// plan's first fit), and makes a buffer apart for a request the arena cannot hold
+// (the plan did not foresee it: memory reports the most held apart at once).
 type unitPool struct {
-	mem   []float32
-	arena *parallel.Arena
-	extra int64 // elements made apart
+	mem          []float32
+	arena        *parallel.Arena
+	apart, extra int64 // elements held apart now, and at most
 }
 
 func newUnitPool(n, slot int64) *unitPool {
@@ -152,7 +152,8 @@ func (p *unitPool) get(n int64) ([]float32, int64) {
 	if off, ok := p.arena.Alloc(n); ok {
 		return p.mem[off : off+n : off+n], off
 	}
-	p.extra += n
+	p.apart += n
+	p.extra = max(p.extra, p.apart)
 	return make([]float32, n), -1
 }
 
@@ -160,10 +161,12 @@ func (p *unitPool) get(n int64) ([]float32, int64) {
 func (p *unitPool) put(off int64, b []float32) {
 	if off >= 0 {
 		p.arena.Free(off, int64(len(b)))
+	} else {
+		p.apart -= int64(len(b))
 	}
 }
 
-// bytes is what the pool holds: its arena and what it made apart.
+// bytes is what the pool holds: its arena and the most it held apart.
 func (p *unitPool) bytes() int64 { return 4 * (int64(len(p.mem)) + p.extra) }
 
 func (u *unitRuntime) close() { u.stream.Close() }
