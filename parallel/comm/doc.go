@@ -18,8 +18,9 @@
 // DialTCP joins ranks in separate processes (or machines): rank 0 hosts a
 // rendezvous that refuses peers without the job token, every pair of ranks
 // connects, and collectives run as rings (all-gather, reduce-scatter; all-reduce
-// is both) or pairwise exchanges (all-to-all, send/recv), with a fixed order, so results
-// repeat bit for bit. Frames carry a sequence number and a length checked before
+// is both) or pairwise exchanges (all-to-all, send/recv, and the bf16 collectives,
+// which carry 2 bytes a value and sum a bf16 reduce-scatter's chunks in rank order
+// like the in-process one), with a fixed order, so results repeat bit for bit. Frames carry a sequence number and a length checked before
 // anything is allocated; every operation has a deadline, and a lost peer is named
 // in the error. Group(ranks, tag) builds a communicator over a subset: a mesh of
 // connections of its own (peers' connections are filed by group as they arrive,

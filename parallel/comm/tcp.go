@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 )
@@ -68,6 +69,8 @@ type TCP struct {
 	seq      uint64
 	rsBuf    [2][]float32 // reduce-scatter partial sums, kept between calls
 	arBuf    []float32    // all-reduce's padded copy and its chunk
+	bfBuf    []uint16     // bf16 reduce-scatter's received chunks
+	sent     atomic.Int64 // bytes written to peers, frame headers included
 }
 
 type peerConn struct {
@@ -557,8 +560,13 @@ func (t *TCP) send(p *peerConn, seq uint64, payload []byte) error {
 	if err := p.w.Flush(); err != nil {
 		return t.lost(p, err)
 	}
+	t.sent.Add(int64(len(hdr) + len(payload)))
 	return nil
 }
+
+// WireBytes is what this communicator has written to its peers, frame headers
+// included.
+func (t *TCP) WireBytes() int64 { return t.sent.Load() }
 
 func (t *TCP) recv(p *peerConn, seq uint64, into []byte) error {
 	p.c.SetReadDeadline(t.deadline)
@@ -833,42 +841,118 @@ func (t *TCP) Broadcast(buf []float32, root int) error {
 	return nil
 }
 
-// ReduceScatterBF16 reduces in fp32 (the values travel as fp32) and rounds once.
+// ReduceScatterBF16 sends every peer its chunk in bf16 (2 bytes a value on the
+// wire, all peers at once) and sums the n chunks it receives in fp32, in rank
+// order, rounding once: what the in-process communicator computes, bit for bit.
 func (t *TCP) ReduceScatterBF16(dst, src []uint16) error {
-	s := make([]float32, len(src))
-	for i, h := range src {
-		s[i] = bf16ToF32(h)
+	L := len(dst)
+	if len(src) != t.n*L {
+		return &RankError{Op: "reduce_scatter_bf16", Err: fmt.Errorf("%w: src %d elements, want %d × %d", ErrMismatch, len(src), t.n, L)}
 	}
-	d := make([]float32, len(dst))
 	if err := t.begin(); err != nil {
 		return err
 	}
-	if err := t.reduceScatter(d, s); err != nil {
+	if cap(t.bfBuf) < t.n*L {
+		t.bfBuf = make([]uint16, t.n*L)
+	}
+	got := t.bfBuf[:t.n*L]
+	err := t.pairwise(func(j int) ([]byte, []byte) {
+		return u16wire(src[j*L : (j+1)*L]), u16view(got[j*L : (j+1)*L])
+	})
+	if err != nil {
 		return t.end(err)
 	}
-	for i, v := range d {
-		dst[i] = f32ToBF16(v)
+	for j := 0; j < t.n; j++ {
+		fromWire16(got[j*L : (j+1)*L])
+	}
+	copy(got[t.rank*L:(t.rank+1)*L], src[t.rank*L:(t.rank+1)*L])
+	for i := range dst {
+		var acc float32
+		for r := 0; r < t.n; r++ {
+			acc += bf16ToF32(got[r*L+i])
+		}
+		dst[i] = f32ToBF16(acc)
 	}
 	return nil
 }
 
-// AllGatherBF16 gathers bf16 values (as fp32 on the wire).
+// AllGatherBF16 gathers bf16 values, 2 bytes a value on the wire, every peer's
+// chunk at once.
 func (t *TCP) AllGatherBF16(dst, src []uint16) error {
-	s := make([]float32, len(src))
-	for i, h := range src {
-		s[i] = bf16ToF32(h)
+	L := len(src)
+	if len(dst) != t.n*L {
+		return &RankError{Op: "all_gather_bf16", Err: fmt.Errorf("%w: dst %d elements, want %d × %d", ErrMismatch, len(dst), t.n, L)}
 	}
-	d := make([]float32, len(dst))
 	if err := t.begin(); err != nil {
 		return err
 	}
-	if err := t.allGather(d, s); err != nil {
+	out := u16wire(src)
+	err := t.pairwise(func(j int) ([]byte, []byte) { return out, u16view(dst[j*L : (j+1)*L]) })
+	if err != nil {
 		return t.end(err)
 	}
-	for i, v := range d {
-		dst[i] = f32ToBF16(v)
+	fromWire16(dst)
+	copy(dst[t.rank*L:(t.rank+1)*L], src)
+	return nil
+}
+
+// pairwise sends out(j) to every peer j while receiving in(j) from it, all peers
+// at once, as one collective (one sequence number).
+func (t *TCP) pairwise(bufs func(j int) (out, in []byte)) error {
+	seq := t.seq
+	t.seq++
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*t.n)
+	for j := 0; j < t.n; j++ {
+		if j == t.rank {
+			continue
+		}
+		out, in := bufs(j)
+		p := t.peers[j]
+		wg.Add(2)
+		go func() { defer wg.Done(); errs <- t.sendFrames(p, seq, out) }()
+		go func() { defer wg.Done(); errs <- t.recvFrames(p, seq, in) }()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// The wire carries little-endian bf16 bit patterns. u16view is x's bytes in place
+// (what a receive fills); u16wire is x as wire bytes (a view on a little-endian
+// machine, else a converted copy); fromWire16 turns received bytes into native
+// values in place (nothing to do on a little-endian machine).
+func u16view(x []uint16) []byte {
+	if len(x) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&x[0])), 2*len(x))
+}
+
+func u16wire(x []uint16) []byte {
+	if littleEndian {
+		return u16view(x)
+	}
+	b := make([]byte, 2*len(x))
+	for i, v := range x {
+		binary.LittleEndian.PutUint16(b[2*i:], v)
+	}
+	return b
+}
+
+func fromWire16(x []uint16) {
+	if littleEndian {
+		return
+	}
+	b := u16view(x)
+	for i := range x {
+		x[i] = binary.LittleEndian.Uint16(b[2*i:]) // reads element i's two bytes before writing them
+	}
 }
 
 func (t *TCP) Barrier() error { return t.AllReduce(make([]float32, 1)) }

@@ -126,6 +126,54 @@ func TestTCPCollectives(t *testing.T) {
 
 func sum2(xs []int) int { return sum(xs) }
 
+// TestTCPBF16: the bf16 reduce-scatter and all-gather carry 2 bytes a value on the
+// wire (one frame per peer here) and give what the in-process communicator gives,
+// bit for bit: the chunks summed in fp32 in rank order, rounded once.
+func TestTCPBF16(t *testing.T) {
+	for _, n := range []int{2, 3, 4} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			const L = 37
+			rng := rand.New(rand.NewSource(int64(n)))
+			in := make([][]uint16, n)
+			for r := range in {
+				in[r] = make([]uint16, n*L)
+				for i, v := range values(rng, n*L) {
+					in[r][i] = f32ToBF16(v)
+				}
+			}
+			want, wantG := make([][]uint16, n), make([][]uint16, n)
+			for r, err := range onRanks(n, 10*time.Second, func(c Communicator) error {
+				r := c.Rank()
+				want[r], wantG[r] = make([]uint16, L), make([]uint16, n*L)
+				if err := c.ReduceScatterBF16(want[r], in[r]); err != nil {
+					return err
+				}
+				return c.AllGatherBF16(wantG[r], in[r][:L])
+			}) {
+				require.NoError(t, err, "in process, rank %d", r)
+			}
+			got, gotG, wire := make([][]uint16, n), make([][]uint16, n), make([]int64, n)
+			for _, err := range tcpRanks(t, n, 10*time.Second, func(c *TCP) error {
+				r := c.Rank()
+				got[r], gotG[r] = make([]uint16, L), make([]uint16, n*L)
+				before := c.WireBytes()
+				if err := c.ReduceScatterBF16(got[r], in[r]); err != nil {
+					return err
+				}
+				wire[r] = c.WireBytes() - before
+				return c.AllGatherBF16(gotG[r], in[r][:L])
+			}) {
+				require.NoError(t, err)
+			}
+			for r := 0; r < n; r++ {
+				assert.Equal(t, want[r], got[r], "rank %d: reduce-scatter", r)
+				assert.Equal(t, wantG[r], gotG[r], "rank %d: all-gather", r)
+				assert.Equal(t, int64((n-1)*(2*L+20)), wire[r], "rank %d: bytes on the wire, a 20-byte header per frame", r)
+			}
+		})
+	}
+}
+
 func TestTCPWrongTokenRefused(t *testing.T) {
 	addr := freeAddr(t)
 	var wg sync.WaitGroup
