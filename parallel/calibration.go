@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
+	"slices"
 	"sort"
 	"sync"
 )
@@ -270,12 +271,21 @@ const (
 	StreamCopy           = "copy"             // elements (gathers and scatters of token rows)
 	StreamRouter         = "router"           // rows × experts
 	StreamRouterBwd      = "router_bwd"       // rows × experts
+	StreamDispatch       = "dispatch"         // routed copies × width
+	StreamDispatchBwd    = "dispatch_bwd"     // routed copies × width
+	StreamCombine        = "combine"          // routed copies × width
+	StreamCombineBwd     = "combine_bwd"      // routed copies × width
 )
 
 // StreamKinds lists the kinds a calibration must measure.
 var StreamKinds = []string{StreamRMSNorm, StreamRMSNormBwd, StreamRope, StreamRopeBwd, StreamSwiGLU, StreamSwiGLUBwd,
 	StreamEmbedding, StreamEmbeddingBwd, StreamCrossEntropy, StreamCrossEntropyBw, StreamAdamW, StreamSumSquares, StreamAdd, StreamCopy,
 	StreamRouter, StreamRouterBwd}
+
+// LaterStreamKinds are kinds calibrate measures that tables written before them
+// lack: the MoE permutation kernels, timed as plain copies (StreamCopy) from
+// such a table.
+var LaterStreamKinds = []string{StreamDispatch, StreamDispatchBwd, StreamCombine, StreamCombineBwd}
 
 // CollectiveKey names a calibrated collective: its kind and group size.
 func CollectiveKey(kind string, size int) string { return fmt.Sprintf("%s/%d", kind, size) }
@@ -422,7 +432,11 @@ func (c *Calibration) stream(kind string, n float64) float64 {
 	if n <= 0 {
 		return 0
 	}
-	return c.Stream[kind].Time(n)
+	l, ok := c.Stream[kind]
+	if !ok && slices.Contains(LaterStreamKinds, kind) {
+		l = c.Stream[StreamCopy] // a table from before the kind was measured
+	}
+	return l.Time(n)
 }
 
 // axis is the sorted distinct values of one coordinate.

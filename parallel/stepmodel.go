@@ -148,8 +148,9 @@ func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, call
 			fg += c.gemmTime(BT, C, E, false)
 			ls += stream(StreamRouter, float64(BT*E)) + stream(StreamRouterBwd, float64(BT*E))
 			fs += c.stream(StreamRouter, float64(BT*E))
-			ls += 4 * stream(StreamCopy, float64(sh.Routed*C)) // dispatch and combine, forward and backward
-			fs += 2 * c.stream(StreamCopy, float64(sh.Routed*C))
+			rc := float64(sh.Routed * C)
+			ls += stream(StreamDispatch, rc) + stream(StreamDispatchBwd, rc) + stream(StreamCombine, rc) + stream(StreamCombineBwd, rc)
+			fs += c.stream(StreamDispatch, rc) + c.stream(StreamCombine, rc)
 			local := max(E/sh.EP, 1)
 			rows := (sh.Routed + local - 1) / local // per local expert, balanced
 			// Each local expert launches its own kernels; balanced, they are alike,

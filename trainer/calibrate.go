@@ -5,6 +5,7 @@ import (
 	"io"
 	"math"
 	"runtime"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -90,8 +91,9 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 	}
 	// Memory-bound kernels: a small and a large call give the per-call and the
 	// per-element cost.
-	say("memory-bound kernels: %d", len(parallel.StreamKinds))
-	for _, kind := range parallel.StreamKinds {
+	kinds := append(slices.Clone(parallel.StreamKinds), parallel.LaterStreamKinds...)
+	say("memory-bound kernels: %d", len(kinds))
+	for _, kind := range kinds {
 		var pts [2][2]float64
 		for i, n := range []int{1 << 12, 1 << 22} {
 			f := streamKernel(be, kind, n)
@@ -343,6 +345,29 @@ func streamKernel(be tensor.Backend, kind string, n int) func() {
 		return func() { be.AddInto(o, a, n) }
 	case parallel.StreamCopy:
 		return func() { copy(o, a) }
+	case parallel.StreamDispatch, parallel.StreamDispatchBwd, parallel.StreamCombine, parallel.StreamCombineBwd:
+		// n elements of routed copies: 8 experts, top 2, rows of C; every expert
+		// keeps every copy (no capacity limit).
+		const E, K = 8, 2
+		bt := max(n/(K*C), 1)
+		s := tensor.MoEShape{BT: bt, E: E, K: K, C: C, Capacity: bt * K}
+		rt := tensor.Routing{Idx: make([]int32, bt*K), Row: make([]int32, bt*K), Tok: make([]int32, bt*K),
+			Offsets: make([]int32, E+1), Cursor: make([]int32, E)}
+		for t := 0; t < bt; t++ {
+			rt.Idx[t*K], rt.Idx[t*K+1] = int32(t%E), int32((t+3)%E)
+		}
+		x, xperm, gates := filled(bt*C), make([]float32, bt*K*C), filled(bt*K)
+		rows := be.Dispatch(xperm, x, rt, s)
+		switch kind {
+		case parallel.StreamDispatch:
+			return func() { be.Dispatch(xperm, x, rt, s) }
+		case parallel.StreamDispatchBwd:
+			return func() { be.DispatchBackward(x, xperm, rt, rows, s) }
+		case parallel.StreamCombine:
+			return func() { be.Combine(x, xperm, gates, rt, s) }
+		}
+		dy, dgates := make([]float32, bt*K*C), make([]float32, bt*K)
+		return func() { be.CombineBackward(dy, dgates, x, xperm, gates, rt, s) }
 	case parallel.StreamRouter, parallel.StreamRouterBwd:
 		const E, K = 8, 2
 		bt := max(n/E, 1)

@@ -2,6 +2,7 @@ package trainer
 
 import (
 	"encoding/json"
+	"slices"
 	"testing"
 	"time"
 
@@ -32,6 +33,9 @@ func TestCalibrateSmallGrid(t *testing.T) {
 	require.GreaterOrEqual(t, back.PerCall, 0.0)
 	require.Greater(t, back.InStepGEMM, 0.0, "the matmuls' own in-step factor")
 	require.Greater(t, back.InStepAttention, 0.0, "attention's own in-step factor")
+	for _, k := range append(slices.Clone(parallel.StreamKinds), parallel.LaterStreamKinds...) {
+		require.Contains(t, back.Stream, k, "every memory-bound kernel is measured")
+	}
 	for _, smp := range back.InStepSamples {
 		require.Greater(t, smp.GEMMMeasured, 0.0, smp.Model)
 		require.Greater(t, smp.AttnMeasured, 0.0, smp.Model)
