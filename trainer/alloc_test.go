@@ -1,6 +1,7 @@
 package trainer
 
 import (
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -38,15 +39,27 @@ func TestMultiRankStepAllocatesNothing(t *testing.T) {
 	for name, sets := range cases {
 		t.Run(name, func(t *testing.T) {
 			res, dir := tinyRun(t, append(append([]string{}, base...), sets...)...)
-			allocs.AssertSteady(t, rankSteps(t, res, dir))
+			allocs.AssertSteady(t, rankSteps(t, res, dir, false))
+		})
+	}
+	// Ranks joined over TCP (loopback), as shardline launch joins processes.
+	for name, sets := range map[string][]string{
+		"tcp optim_grads_params":  nil,
+		"tcp no_shard bf16":       {"fsdp.data_parallel_sharding_strategy=no_shard", "precision.bf16=true", "fsdp.grad_reduce_in_bf16=true"},
+		"tcp optim_grads ep2 tp2": append([]string{"fsdp.data_parallel_sharding_strategy=optim_grads", "parallel.world_size=4", "train.global_batch_size=4", "train.micro_batch_size=2", "parallel.tensor_parallel=2"}, append([]string{"parallel.expert_parallel=2"}, moe...)...),
+	} {
+		t.Run(name, func(t *testing.T) {
+			res, dir := tinyRun(t, append(append([]string{}, base...), sets...)...)
+			allocs.AssertSteady(t, rankSteps(t, res, dir, true))
 		})
 	}
 }
 
-// rankSteps sets up every rank of res's plan in process, each a goroutine that
-// lives through the test, and returns a function that runs one training step on
-// all of them (gradStep and update, as the training loop does).
-func rankSteps(t *testing.T, res *config.Resolved, dir string) func() {
+// rankSteps sets up every rank of res's plan, each a goroutine that lives
+// through the test, joined in process or (overTCP) by TCP over loopback, and
+// returns a function that runs one training step on all of them (gradStep and
+// update, as the training loop does).
+func rankSteps(t *testing.T, res *config.Resolved, dir string, overTCP bool) func() {
 	t.Helper()
 	r := &res.Recipe
 	topo, err := parallel.TopologyOf(r.Parallel)
@@ -58,6 +71,23 @@ func rankSteps(t *testing.T, res *config.Resolved, dir string) func() {
 	n := plan.Mesh.World
 	world := comm.NewWorld(n, time.Minute)
 	groups := inProcessGroups(world, plan)
+	worldOf := func(rank int) (comm.Communicator, groupsFor, error) { return world.Rank(rank), groups, nil }
+	if overTCP {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		worldOf = func(rank int) (comm.Communicator, groupsFor, error) {
+			cfg := comm.TCPConfig{Rank: rank, World: n, MasterAddr: ln.Addr().String(), Token: "alloc-test", Timeout: time.Minute}
+			if rank == 0 {
+				cfg.Listener = ln
+			}
+			c, err := comm.DialTCP(cfg)
+			if err != nil {
+				return nil, nil, err
+			}
+			t.Cleanup(func() { c.Close() })
+			return c, processGroups(plan, c), nil
+		}
+	}
 	start, done := make([]chan int, n), make(chan error, n)
 	var ready sync.WaitGroup
 	ready.Add(n)
@@ -66,7 +96,10 @@ func rankSteps(t *testing.T, res *config.Resolved, dir string) func() {
 		start[rank] = make(chan int)
 		go func() {
 			tr := &run{r: r, res: res, opts: opts(), plan: plan, ds: ds, dir: dir, log: zerolog.Nop(), rank: rank}
-			_, _, err := tr.openState(world.Rank(rank), groups)
+			w, g, err := worldOf(rank)
+			if err == nil {
+				_, _, err = tr.openState(w, g)
+			}
 			if err == nil {
 				err = tr.openModel(0)
 			}

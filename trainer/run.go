@@ -454,6 +454,22 @@ func modelTag(axis parallel.Axis) string {
 	return ""
 }
 
+// processGroups makes the plan's groups from the world communicator of a
+// multi-process job (over TCP: meshes of their own).
+func processGroups(plan *parallel.Plan, world comm.Communicator) groupsFor {
+	return func(rank int, axis parallel.Axis) (comm.Communicator, error) {
+		g, tag := plan.Mesh.Group(axis, rank), modelTag(axis) // the model's exchanges run beside the FSDP stream
+		if len(g) == world.Size() && tag == "" {
+			return world, nil
+		}
+		gr, ok := world.(comm.Grouper)
+		if !ok {
+			return nil, fmt.Errorf("group %s %v: this job's communicator cannot make groups", axis, g)
+		}
+		return gr.Group(g, tag)
+	}
+}
+
 // runProcess trains this process's rank of a multi-process job. Groups other than
 // the world are made from the world communicator (over TCP: meshes of their own).
 func runProcess(ctx context.Context, r *config.Recipe, res *config.Resolved, opts Options, plan *parallel.Plan, ds *data.Dataset, dir string, log zerolog.Logger) (*Result, error) {
@@ -462,17 +478,7 @@ func runProcess(ctx context.Context, r *config.Recipe, res *config.Resolved, opt
 	if opts.TracePath != "" && p.Rank == 0 {
 		tr = &tracer{origin: time.Now()}
 	}
-	groups := func(rank int, axis parallel.Axis) (comm.Communicator, error) {
-		g, tag := plan.Mesh.Group(axis, rank), modelTag(axis) // the model's exchanges run beside the FSDP stream
-		if len(g) == p.World && tag == "" {
-			return p.Comm, nil
-		}
-		gr, ok := p.Comm.(comm.Grouper)
-		if !ok {
-			return nil, fmt.Errorf("group %s %v: this job's communicator cannot make groups", axis, g)
-		}
-		return gr.Group(g, tag)
-	}
+	groups := processGroups(plan, p.Comm)
 	if p.Rank != 0 {
 		opts.Progress = nil
 	}

@@ -71,6 +71,7 @@ type TCP struct {
 	arBuf    []float32    // all-reduce's padded copy and its chunk
 	bfBuf    []uint16     // bf16 reduce-scatter's received chunks
 	sent     atomic.Int64 // bytes written to peers, frame headers included
+	barrier  [1]float32
 }
 
 type peerConn struct {
@@ -78,7 +79,51 @@ type peerConn struct {
 	c    net.Conn
 	r    *bufio.Reader
 	w    *bufio.Writer
+	// Frame headers being written and read: one send and one receive at a time
+	// per peer, so they need no allocation per frame.
+	whdr, rhdr [20]byte
+	// The peer's sender: a goroutine (started at its first send, ended by
+	// closePeers) that writes each job's payload and reports on done, so a
+	// collective sends to several peers at once without starting a goroutine.
+	// mu orders starting it and sending to it against closing it.
+	mu     sync.Mutex
+	jobs   chan sendJob
+	done   chan error
+	closed bool
 }
+
+// sendJob is one payload for a peer's sender.
+type sendJob struct {
+	t   *TCP
+	seq uint64
+	b   []byte
+}
+
+// sendAsync starts sending b to p on p's sender; p.wait returns the result (a
+// closed connection's error once closePeers ran). A collective waits for every
+// send it started before it returns, so at most one is in flight per peer and
+// handing it over never blocks.
+func (t *TCP) sendAsync(p *peerConn, seq uint64, b []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.jobs == nil {
+		p.jobs, p.done = make(chan sendJob, 1), make(chan error, 1)
+		if !p.closed {
+			go func() {
+				for j := range p.jobs {
+					p.done <- j.t.sendFrames(p, j.seq, j.b)
+				}
+			}()
+		}
+	}
+	if p.closed {
+		p.done <- t.lost(p, net.ErrClosed)
+		return
+	}
+	p.jobs <- sendJob{t, seq, b}
+}
+
+func (p *peerConn) wait() error { return <-p.done }
 
 // node is what one process's communicators share: its listener, every rank's
 // address, the job token, and the connections peers have opened to it, filed by
@@ -273,6 +318,12 @@ func (t *TCP) closePeers() {
 	for _, p := range t.peers {
 		if p != nil {
 			p.c.Close()
+			p.mu.Lock()
+			if !p.closed && p.jobs != nil {
+				close(p.jobs) // the sender ends after the send in flight, if any
+			}
+			p.closed = true
+			p.mu.Unlock()
 		}
 	}
 }
@@ -547,7 +598,7 @@ func (t *TCP) end(err error) error {
 
 func (t *TCP) send(p *peerConn, seq uint64, payload []byte) error {
 	p.c.SetWriteDeadline(t.deadline)
-	var hdr [20]byte
+	hdr := &p.whdr
 	binary.LittleEndian.PutUint32(hdr[0:], frameMagic)
 	binary.LittleEndian.PutUint64(hdr[4:], seq)
 	binary.LittleEndian.PutUint64(hdr[12:], uint64(len(payload)))
@@ -570,7 +621,7 @@ func (t *TCP) WireBytes() int64 { return t.sent.Load() }
 
 func (t *TCP) recv(p *peerConn, seq uint64, into []byte) error {
 	p.c.SetReadDeadline(t.deadline)
-	var hdr [20]byte
+	hdr := &p.rhdr
 	if _, err := io.ReadFull(p.r, hdr[:]); err != nil {
 		return t.lost(p, err)
 	}
@@ -607,10 +658,9 @@ const maxFrame = 1 << 20
 func (t *TCP) exchange(to *peerConn, out []float32, from *peerConn, in []float32) error {
 	seq := t.seq
 	t.seq++
-	errc := make(chan error, 1)
-	go func() { errc <- t.sendFrames(to, seq, f32bytes(out)) }()
+	t.sendAsync(to, seq, f32bytes(out))
 	rerr := t.recvF32(from, seq, in)
-	serr := <-errc
+	serr := to.wait()
 	if rerr != nil {
 		return rerr
 	}
@@ -771,29 +821,48 @@ func (t *TCP) AllToAll(dst, src []float32, send, recv []int) error {
 	}
 	seq := t.seq
 	t.seq++
-	soff, roff := 0, 0
-	var wg sync.WaitGroup
-	errs := make(chan error, 2*t.n)
+	// Every send starts at once on its peer's sender; the receives follow in rank
+	// order (a sender blocked on a full socket holds up no one else).
+	var own []float32
+	soff := 0
 	for j := 0; j < t.n; j++ {
-		s, r := src[soff:soff+send[j]], dst[roff:roff+recv[j]]
-		soff, roff = soff+send[j], roff+recv[j]
+		s := src[soff : soff+send[j]]
+		soff += send[j]
 		if j == t.rank {
-			copy(r, s)
+			own = s
+		} else {
+			t.sendAsync(t.peers[j], seq, f32bytes(s))
+		}
+	}
+	return t.end(t.finishPairwise(func(j int) error {
+		r := dst[sum(recv[:j]) : sum(recv[:j])+recv[j]]
+		if j == t.rank {
+			copy(r, own)
+			return nil
+		}
+		return t.recvF32(t.peers[j], seq, r)
+	}))
+}
+
+// finishPairwise runs recv(j) for every rank j in order (the receives of a
+// collective whose sends sendAsync started to every peer), then waits for the
+// sends, and returns the first error.
+func (t *TCP) finishPairwise(recv func(j int) error) error {
+	var first error
+	for j := 0; j < t.n; j++ {
+		if err := recv(j); err != nil && first == nil {
+			first = err
+		}
+	}
+	for j, p := range t.peers {
+		if j == t.rank {
 			continue
 		}
-		p := t.peers[j]
-		wg.Add(2)
-		go func() { defer wg.Done(); errs <- t.sendFrames(p, seq, f32bytes(s)) }()
-		go func() { defer wg.Done(); errs <- t.recvF32(p, seq, r) }()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			return t.end(err)
+		if err := p.wait(); err != nil && first == nil {
+			first = err
 		}
 	}
-	return nil
+	return first
 }
 
 // SendRecv sends src to one peer while receiving dst from another. Every member
@@ -901,26 +970,19 @@ func (t *TCP) AllGatherBF16(dst, src []uint16) error {
 func (t *TCP) pairwise(bufs func(j int) (out, in []byte)) error {
 	seq := t.seq
 	t.seq++
-	var wg sync.WaitGroup
-	errs := make(chan error, 2*t.n)
 	for j := 0; j < t.n; j++ {
+		if j != t.rank {
+			out, _ := bufs(j)
+			t.sendAsync(t.peers[j], seq, out)
+		}
+	}
+	return t.finishPairwise(func(j int) error {
 		if j == t.rank {
-			continue
+			return nil
 		}
-		out, in := bufs(j)
-		p := t.peers[j]
-		wg.Add(2)
-		go func() { defer wg.Done(); errs <- t.sendFrames(p, seq, out) }()
-		go func() { defer wg.Done(); errs <- t.recvFrames(p, seq, in) }()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+		_, in := bufs(j)
+		return t.recvFrames(t.peers[j], seq, in)
+	})
 }
 
 // The wire carries little-endian bf16 bit patterns. u16view is x's bytes in place
@@ -955,6 +1017,6 @@ func fromWire16(x []uint16) {
 	}
 }
 
-func (t *TCP) Barrier() error { return t.AllReduce(make([]float32, 1)) }
+func (t *TCP) Barrier() error { return t.AllReduce(t.barrier[:]) }
 
 var _ Communicator = (*TCP)(nil)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardline/shardline/internal/allocs"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -484,4 +485,71 @@ func TestTCPSendRecvRing(t *testing.T) {
 	})
 	assert.Error(t, errs[0])
 	assert.ErrorIs(t, errs[0], ErrMismatch)
+}
+
+// TestTCPCollectivesAllocateNothing: over loopback, rounds of every collective
+// (ring all-gather, reduce-scatter and all-reduce; all-to-all; send/recv; the
+// bf16 reduce-scatter and all-gather; a barrier) allocate nothing once their
+// buffers exist: each peer's sender goroutine is started once and reused. Three
+// ranks, each a goroutine stepping on a signal.
+func TestTCPCollectivesAllocateNothing(t *testing.T) {
+	const n, L = 3, 64
+	start, done := make([]chan struct{}, n), make(chan error, n)
+	for r := range start {
+		start[r] = make(chan struct{})
+	}
+	finished := make(chan []error, 1)
+	go func() {
+		finished <- tcpRanks(t, n, 30*time.Second, func(c *TCP) error {
+			r := c.Rank()
+			gathered, full, part := make([]float32, n*L), constant(n*L, 1), make([]float32, L)
+			h, hg := make([]uint16, n*L), make([]uint16, n*L)
+			send, recv := []int{L, L, L}, []int{L, L, L}
+			a2a := make([]float32, n*L)
+			for range start[r] {
+				err := c.AllGather(gathered, full[:L])
+				if err == nil {
+					err = c.ReduceScatter(part, full)
+				}
+				if err == nil {
+					err = c.AllReduce(full)
+				}
+				if err == nil {
+					err = c.AllToAll(a2a, full, send, recv)
+				}
+				if err == nil {
+					err = c.SendRecv(part, full[:L], (r+1)%n, (r+n-1)%n)
+				}
+				if err == nil {
+					err = c.ReduceScatterBF16(h[:L], hg)
+				}
+				if err == nil {
+					err = c.AllGatherBF16(hg, h[:L])
+				}
+				if err == nil {
+					err = c.Barrier()
+				}
+				clear(full)
+				done <- err
+			}
+			return nil
+		})
+	}()
+	step := func() {
+		for _, c := range start {
+			c <- struct{}{}
+		}
+		for range n {
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	allocs.AssertSteady(t, step)
+	for _, c := range start {
+		close(c)
+	}
+	for _, err := range <-finished {
+		require.NoError(t, err)
+	}
 }
