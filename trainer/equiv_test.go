@@ -143,6 +143,26 @@ func TestBF16NearFP32(t *testing.T) {
 	assert.NotEqual(t, lf[last], lh[last], "bf16 must actually change the arithmetic")
 }
 
+// TestNoShardReducesInBF16: under no_shard, grad_reduce_in_bf16 all-reduces the
+// gradients in bf16 (a bf16 reduce-scatter and all-gather, summed in fp32 and
+// rounded once), so every rank applies what optim's bf16 reduce-scatter gives
+// each shard: 2-rank no_shard and optim runs train the same losses, within 1e-6
+// (only the gradient norm's summation order differs), and not the losses of the
+// no_shard run that reduces in fp32.
+func TestNoShardReducesInBF16(t *testing.T) {
+	sets := []string{"train.steps=6", "train.micro_batch_size=2", "train.global_batch_size=8", "train.eval_interval=0", "parallel.world_size=2"}
+	run := func(extra ...string) []float64 {
+		res, _ := tinyRun(t, append(append([]string{}, sets...), extra...)...)
+		l, _ := trained(t, res)
+		return l
+	}
+	noShard := run("fsdp.data_parallel_sharding_strategy=no_shard", "fsdp.grad_reduce_in_bf16=true")
+	optim := run("fsdp.data_parallel_sharding_strategy=optim", "fsdp.grad_reduce_in_bf16=true")
+	fp32 := run("fsdp.data_parallel_sharding_strategy=no_shard")
+	assert.Less(t, maxRelDiff(optim, noShard), 1e-6, "no_shard %v, optim %v", noShard, optim)
+	assert.NotEqual(t, fp32, noShard, "the bf16 reduction changes the arithmetic")
+}
+
 // TestShardedMemoryFollowsThePlan: under optim_grads_params on 1, 2 and 4 ranks,
 // what a rank holds for weights, gradients and optimizer state falls as 1/N and
 // equals the plan's prediction (to the padding, which the plan counts the same

@@ -49,6 +49,7 @@ type state struct {
 	world          comm.Communicator
 	scalar         [1]float32 // a norm's partial sum, all-reduced
 	bsrc, bdst     [][]uint16 // bf16 reduction buffers, allocated on first use
+	arSrc, arPart  [][]uint16 // bf16 all-reduce buffers (no_shard), likewise
 	// Expert parallelism: this rank's ep coordinate, experts per ep rank, and the
 	// ep group (nil when ep = 1).
 	epRank, epLocal int
@@ -438,6 +439,33 @@ func (s *state) gatherFull() error {
 	return nil
 }
 
+// allReduceBF16 sums group gi's whole gradients over its ranks in bf16 (each
+// rank's values rounded to bf16, summed in fp32 in rank order, the sum rounded
+// once): a bf16 reduce-scatter over n equal chunks (the buffer padded to a
+// multiple of n) and a bf16 all-gather, as a ring all-reduce runs.
+func (s *state) allReduceBF16(gi int) error {
+	g, c := s.grads[gi], s.comms[gi]
+	n := c.Size()
+	L := (len(g) + n - 1) / n
+	if s.arSrc == nil {
+		s.arSrc, s.arPart = make([][]uint16, len(s.grads)), make([][]uint16, len(s.grads))
+	}
+	if len(s.arSrc[gi]) != n*L {
+		s.arSrc[gi], s.arPart[gi] = make([]uint16, n*L), make([]uint16, L)
+	}
+	all, part := s.arSrc[gi], s.arPart[gi]
+	tensor.CastToBF16(unsafeBF16(all[:len(g)]), g)
+	clear(all[len(g):])
+	if err := c.ReduceScatterBF16(part, all); err != nil {
+		return err
+	}
+	if err := c.AllGatherBF16(all, part); err != nil {
+		return err
+	}
+	tensor.CastToFloat32(g, unsafeBF16(all[:len(g)]))
+	return nil
+}
+
 // reduce sums the gradients over each group's ranks: all-reduce under no_shard,
 // reduce-scatter into this rank's shard otherwise, in bf16 (accumulated in fp32)
 // when inBF16.
@@ -455,6 +483,8 @@ func (s *state) reduce(inBF16 bool) error {
 		}
 		var err error
 		switch {
+		case (!s.sharded || g.Shards == 1) && inBF16:
+			err = s.allReduceBF16(gi)
 		case !s.sharded || g.Shards == 1:
 			err = s.comms[gi].AllReduce(s.grads[gi])
 		case inBF16:
