@@ -211,9 +211,14 @@ type unitOp struct {
 func (o unitOp) Run(comm.Communicator) error {
 	u, ui, st := o.u, o.ui, o.u.st
 	t0 := time.Now()
-	buf, name, what := u.wbuf[ui], u.gatherName[ui], "gathering"
+	// Each op reads only its own buffer: the weights of a unit reducing may be
+	// released meanwhile.
+	var buf []float32
+	name, what := u.gatherName[ui], "gathering"
 	if o.reduce {
 		buf, name, what = u.reducing[ui], u.reduceName[ui], "reducing"
+	} else {
+		buf = u.wbuf[ui]
 	}
 	for k, gi := range u.groups[ui] {
 		g := &st.plan.Groups[gi]
