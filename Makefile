@@ -45,10 +45,7 @@ FUZZ_TARGETS := ./config:FuzzLoadLint ./config:FuzzImport ./parallel:FuzzLoadLin
 FUZZTIME ?= 60s
 
 fuzz: ## fuzz every reader users reach: recipes, lint, plan, shards, tokenizers, text, weights (FUZZTIME each, 60s)
-	@for t in $(FUZZ_TARGETS); do \
-		pkg=$${t%%:*}; name=$${t##*:}; echo "fuzz $$name in $$pkg for $(FUZZTIME)"; \
-		$(GO) test $$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) || exit 1; \
-	done
+	@GO="$(GO)" ./scripts/fuzz.sh $(FUZZTIME) $(FUZZ_TARGETS)
 
 # The SARIF 2.1.0 schema, for TestLintSARIFValidates: Microsoft publishes it in the
 # npm package @microsoft/jest-sarif; it is fetched, checked against its digest and
