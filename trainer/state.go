@@ -48,8 +48,7 @@ type state struct {
 	comms          []comm.Communicator // per group: its dp×cp or edp group
 	world          comm.Communicator
 	scalar         [1]float32 // a norm's partial sum, all-reduced
-	bsrc, bdst     [][]uint16 // bf16 reduction buffers, allocated on first use
-	arSrc, arPart  [][]uint16 // bf16 all-reduce buffers (no_shard), likewise
+	bsrc, bdst     [][]uint16 // per group: bf16 reduction buffers (bf16Scratch)
 	// Expert parallelism: this rank's ep coordinate, experts per ep rank, and the
 	// ep group (nil when ep = 1).
 	epRank, epLocal int
@@ -398,17 +397,9 @@ func (s *state) reduceInto(gi int, src, tmp []float32) error {
 		return nil
 	}
 	if s.reduceBF16 {
-		if s.bsrc == nil {
-			s.bsrc, s.bdst = make([][]uint16, len(s.gshard)), make([][]uint16, len(s.gshard))
-		}
-		if len(s.bsrc[gi]) != len(src) {
-			s.bsrc[gi], s.bdst[gi] = make([]uint16, len(src)), make([]uint16, len(dst))
-		}
-		tensor.CastToBF16(unsafeBF16(s.bsrc[gi]), src)
-		if err := s.comms[gi].ReduceScatterBF16(s.bdst[gi], s.bsrc[gi]); err != nil {
+		if err := s.reduceScatterBF16(gi, tmp, src); err != nil {
 			return err
 		}
-		tensor.CastToFloat32(tmp, unsafeBF16(s.bdst[gi]))
 	} else if err := s.comms[gi].ReduceScatter(tmp, src); err != nil {
 		return err
 	}
@@ -439,6 +430,32 @@ func (s *state) gatherFull() error {
 	return nil
 }
 
+// bf16Scratch returns group gi's two bf16 reduction buffers, of na and nb
+// elements, made on first use (a group always takes the same reduction, so they
+// keep their sizes).
+func (s *state) bf16Scratch(gi, na, nb int) (a, b []uint16) {
+	if s.bsrc == nil {
+		s.bsrc, s.bdst = make([][]uint16, len(s.plan.Groups)), make([][]uint16, len(s.plan.Groups))
+	}
+	if len(s.bsrc[gi]) != na || len(s.bdst[gi]) != nb {
+		s.bsrc[gi], s.bdst[gi] = make([]uint16, na), make([]uint16, nb)
+	}
+	return s.bsrc[gi], s.bdst[gi]
+}
+
+// reduceScatterBF16 reduce-scatters group gi's full gradients src in bf16 (each
+// value rounded to bf16, summed in fp32, the sum rounded once) and writes this
+// rank's shard of the sum to dst, in fp32.
+func (s *state) reduceScatterBF16(gi int, dst, src []float32) error {
+	a, b := s.bf16Scratch(gi, len(src), len(dst))
+	tensor.CastToBF16(unsafeBF16(a), src)
+	if err := s.comms[gi].ReduceScatterBF16(b, a); err != nil {
+		return err
+	}
+	tensor.CastToFloat32(dst, unsafeBF16(b))
+	return nil
+}
+
 // allReduceBF16 sums group gi's whole gradients over its ranks in bf16 (each
 // rank's values rounded to bf16, summed in fp32 in rank order, the sum rounded
 // once): a bf16 reduce-scatter over n equal chunks (the buffer padded to a
@@ -447,13 +464,7 @@ func (s *state) allReduceBF16(gi int) error {
 	g, c := s.grads[gi], s.comms[gi]
 	n := c.Size()
 	L := (len(g) + n - 1) / n
-	if s.arSrc == nil {
-		s.arSrc, s.arPart = make([][]uint16, len(s.grads)), make([][]uint16, len(s.grads))
-	}
-	if len(s.arSrc[gi]) != n*L {
-		s.arSrc[gi], s.arPart[gi] = make([]uint16, n*L), make([]uint16, L)
-	}
-	all, part := s.arSrc[gi], s.arPart[gi]
+	all, part := s.bf16Scratch(gi, n*L, L)
 	tensor.CastToBF16(unsafeBF16(all[:len(g)]), g)
 	clear(all[len(g):])
 	if err := c.ReduceScatterBF16(part, all); err != nil {
@@ -488,16 +499,7 @@ func (s *state) reduce(inBF16 bool) error {
 		case !s.sharded || g.Shards == 1:
 			err = s.comms[gi].AllReduce(s.grads[gi])
 		case inBF16:
-			if s.bsrc == nil {
-				s.bsrc, s.bdst = make([][]uint16, len(s.grads)), make([][]uint16, len(s.grads))
-			}
-			if s.bsrc[gi] == nil {
-				s.bsrc[gi], s.bdst[gi] = make([]uint16, len(s.grads[gi])), make([]uint16, len(s.gshard[gi]))
-			}
-			tensor.CastToBF16(unsafeBF16(s.bsrc[gi]), s.grads[gi])
-			if err = s.comms[gi].ReduceScatterBF16(s.bdst[gi], s.bsrc[gi]); err == nil {
-				tensor.CastToFloat32(s.gshard[gi], unsafeBF16(s.bdst[gi]))
-			}
+			err = s.reduceScatterBF16(gi, s.gshard[gi], s.grads[gi])
 		default:
 			err = s.comms[gi].ReduceScatter(s.gshard[gi], s.grads[gi])
 		}

@@ -834,8 +834,10 @@ func (t *TCP) AllToAll(dst, src []float32, send, recv []int) error {
 			t.sendAsync(t.peers[j], seq, f32bytes(s))
 		}
 	}
-	return t.end(t.finishPairwise(func(j int) error {
-		r := dst[sum(recv[:j]) : sum(recv[:j])+recv[j]]
+	roff := 0
+	return t.end(t.finishPairwise(func(j int) error { // j = 0, 1, … in order
+		r := dst[roff : roff+recv[j]]
+		roff += recv[j]
 		if j == t.rank {
 			copy(r, own)
 			return nil
