@@ -8,8 +8,6 @@ import (
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
-	"github.com/shardline/shardline/tensor/cpu"
-	"github.com/shardline/shardline/trainer"
 	"github.com/spf13/cobra"
 )
 
@@ -103,7 +101,7 @@ median step time and tokens/s, with the ratio measured/planned.`,
 		if rank >= p.Mesh.World {
 			return usageErr("--rank %d is outside the world of %d ranks (0..%d)", rank, p.Mesh.World, p.Mesh.World-1)
 		}
-		a.noteCalibration(p, trainer.CalibrationHost(cpu.Backend{}), "this machine")
+		a.noteCalibration(p, a.host, "this machine")
 		if format == "json" {
 			return p.WriteJSON(a.stdout, rank)
 		}
@@ -165,7 +163,7 @@ func (a *app) sweep(path, spec string, rf *recipeFlags) error {
 		}
 		plans = append(plans, p)
 	}
-	a.noteCalibration(plans[0], trainer.CalibrationHost(cpu.Backend{}), "this machine")
+	a.noteCalibration(plans[0], a.host, "this machine")
 	return writeSweep(a, key, values, plans)
 }
 

@@ -49,6 +49,7 @@ type app struct {
 	env            []string
 	configPath     string    // --config
 	settings       *settings // loaded before a command runs
+	host           string    // this machine as a calibration names it, found before a command runs
 }
 
 // Main runs the CLI with args (without the program name) and returns the exit code.
@@ -92,7 +93,8 @@ plan never touch a device: they run anywhere, in milliseconds.`,
 			if err != nil {
 				return err
 			}
-			parallel.PreferHost(trainer.CalibrationHost(cpu.Backend{})) // a shipped table of this machine's CPU, if any
+			a.host = trainer.CalibrationHost(cpu.Backend{})
+			parallel.PreferHost(a.host) // a shipped table of this machine's CPU, if any
 			return s.useCalibration(config.EnvMap(a.env))
 		},
 	}
