@@ -118,11 +118,8 @@ func (t *run) info() runInfo {
 // model, the CPU count and the backend's kernels. The plan's per-operation time is
 // this machine's when a calibration's host equals it.
 func CalibrationHost(be tensor.Backend) string {
-	return calibrationHost(thisMachine(), be.Name())
-}
-
-func calibrationHost(m machineInfo, backend string) string {
-	return CalibrationHostOf(m.CPU, m.CPUs, backend)
+	m := thisMachine()
+	return CalibrationHostOf(m.CPU, m.CPUs, be.Name())
 }
 
 // CalibrationHostOf is CalibrationHost for a machine described by its CPU model,
