@@ -9,6 +9,8 @@ type Backend = Kernels[float32]
 
 // Kernels is the kernel set of a Llama-style decoder over element type F. Argument
 // order: outputs, saved statistics, inputs, weights, sizes (or a shape struct).
+// Weights a kernel reads are Weights views, F values or bf16 storage widened as
+// read; every kernel computes and accumulates in F.
 // Shapes: BT tokens, C channels, OC output channels, V vocabulary, NH/NKV
 // query/key-value heads, HD head size.
 //
@@ -24,16 +26,16 @@ type Kernels[F Float] interface {
 	Name() string
 
 	// Matmul is out (BT,OC) = inp (BT,C) · weight (OC,C)ᵀ (+= with accumulate).
-	Matmul(out, inp, weight []F, s MatmulShape, accumulate bool)
+	Matmul(out, inp []F, weight Weights[F], s MatmulShape, accumulate bool)
 	// MatmulBackward accumulates into dweight always, into dinp when accumulate
 	// is set (it overwrites dinp otherwise).
-	MatmulBackward(dinp, dweight, dout, inp, weight []F, s MatmulShape, accumulate bool)
+	MatmulBackward(dinp, dweight, dout, inp []F, weight Weights[F], s MatmulShape, accumulate bool)
 
-	Embedding(out []F, tokens []int32, wte []F, BT, C int)
+	Embedding(out []F, tokens []int32, wte Weights[F], BT, C int)
 	EmbeddingBackward(dwte, dout []F, tokens []int32, BT, C int)
 
-	RMSNorm(out, rstd, inp, weight []F, BT, C int, eps float64)
-	RMSNormBackward(dinp, dweight, dout, inp, weight, rstd []F, BT, C int)
+	RMSNorm(out, rstd, inp []F, weight Weights[F], BT, C int, eps float64)
+	RMSNormBackward(dinp, dweight, dout, inp []F, weight Weights[F], rstd []F, BT, C int)
 
 	// RopeTables fills cos and sin (T, len(inv)) for positions 0..T−1 at the
 	// inverse frequencies inv (RopeInvFreq).
@@ -75,9 +77,9 @@ type Kernels[F Float] interface {
 	// cores; Scale multiplies x by f in place (gradient clipping).
 	SumSquares(x []F) float64
 	Scale(x []F, f float64)
-	// RoundBF16 rounds values to bf16 precision in place (compute weights of a bf16
-	// run, kept in F for the kernels).
-	RoundBF16(x []F)
+	// ToBF16 rounds src to bf16 into dst (same length): the compute weights of a
+	// bf16 run, stored in bf16.
+	ToBF16(dst []BF16, src []F)
 }
 
 // MatmulShape is a product of BT rows of C inputs with an (OC,C) weight.

@@ -38,3 +38,75 @@ func RoundBF16(x []float32) {
 		x[i] = ToBF16(v).Float32()
 	}
 }
+
+// Weights is a view of compute weights as kernels read them: F values, or bf16
+// values (bf16 storage) that kernels widen to F as they read them, accumulating
+// in F. At most one of F and BF16 is set; neither is an empty view (a parameter a
+// runtime binds later).
+type Weights[F Float] struct {
+	F    []F
+	BF16 []BF16
+}
+
+// FloatWeights views F values as weights.
+func FloatWeights[F Float](x []F) Weights[F] { return Weights[F]{F: x} }
+
+// BF16Weights views bf16 values as weights of element type F.
+func BF16Weights[F Float](x []BF16) Weights[F] { return Weights[F]{BF16: x} }
+
+// WeightViews views each slice of x as weights.
+func WeightViews[F Float](x [][]F) []Weights[F] {
+	out := make([]Weights[F], len(x))
+	for i, v := range x {
+		out[i] = Weights[F]{F: v}
+	}
+	return out
+}
+
+// Len is the view's element count.
+func (w Weights[F]) Len() int {
+	if w.BF16 != nil {
+		return len(w.BF16)
+	}
+	return len(w.F)
+}
+
+// Slice is elements [lo, hi) of the view, in its dtype.
+func (w Weights[F]) Slice(lo, hi int) Weights[F] {
+	if w.BF16 != nil {
+		return Weights[F]{BF16: w.BF16[lo:hi:hi]}
+	}
+	if w.F == nil {
+		return w
+	}
+	return Weights[F]{F: w.F[lo:hi:hi]}
+}
+
+// Bytes is what the view's elements occupy.
+func (w Weights[F]) Bytes() int64 {
+	if w.BF16 != nil {
+		return 2 * int64(len(w.BF16))
+	}
+	var z F
+	return int64(len(w.F)) * int64(sizeOf(z))
+}
+
+// Widen writes elements [lo, lo+len(dst)) of the view into dst as F values
+// (exact: every bf16 is a float32).
+func (w Weights[F]) Widen(dst []F, lo int) {
+	if w.BF16 == nil {
+		copy(dst, w.F[lo:])
+		return
+	}
+	src := w.BF16[lo : lo+len(dst)]
+	for i, v := range src {
+		dst[i] = F(math.Float32frombits(uint32(v) << 16))
+	}
+}
+
+func sizeOf[F Float](z F) int {
+	if _, ok := any(z).(float32); ok {
+		return 4
+	}
+	return 8
+}

@@ -18,7 +18,8 @@ import (
 // (micro-batches forward and backward through the FSDP runtime, the gradient
 // reduction, the norm, clipping and AdamW) allocate nothing in the steady state,
 // under every sharding strategy, with and without overlap and the double buffer,
-// in bf16 with bf16 reduction, and under expert, tensor and context parallelism.
+// in bf16 (bf16 storage gathered in bf16) with and without bf16 reduction, and
+// under expert, tensor and context parallelism.
 // Recording a step's metrics (rank 0's JSON line) is outside the step.
 func TestMultiRankStepAllocatesNothing(t *testing.T) {
 	base := []string{"train.micro_batch_size=2", "train.global_batch_size=8", "parallel.world_size=2"}
@@ -31,6 +32,8 @@ func TestMultiRankStepAllocatesNothing(t *testing.T) {
 		"optim":                      {"fsdp.data_parallel_sharding_strategy=optim"},
 		"no_shard":                   {"fsdp.data_parallel_sharding_strategy=no_shard"},
 		"bf16":                       {"precision.bf16=true", "fsdp.grad_reduce_in_bf16=true"},
+		"bf16-optim":                 {"precision.bf16=true", "fsdp.data_parallel_sharding_strategy=optim"},
+		"bf16-moe-ep2":               append([]string{"parallel.expert_parallel=2", "precision.bf16=true"}, moe...),
 		"moe-ep2":                    append([]string{"parallel.expert_parallel=2"}, moe...),
 		"tp2":                        {"parallel.tensor_parallel=2"},
 		"cp2":                        {"parallel.context_parallel=2"},
@@ -44,9 +47,10 @@ func TestMultiRankStepAllocatesNothing(t *testing.T) {
 	}
 	// Ranks joined over TCP (loopback), as shardline launch joins processes.
 	for name, sets := range map[string][]string{
-		"tcp optim_grads_params":  nil,
-		"tcp no_shard bf16":       {"fsdp.data_parallel_sharding_strategy=no_shard", "precision.bf16=true", "fsdp.grad_reduce_in_bf16=true"},
-		"tcp optim_grads ep2 tp2": append([]string{"fsdp.data_parallel_sharding_strategy=optim_grads", "parallel.world_size=4", "train.global_batch_size=4", "train.micro_batch_size=2", "parallel.tensor_parallel=2"}, append([]string{"parallel.expert_parallel=2"}, moe...)...),
+		"tcp optim_grads_params":      nil,
+		"tcp optim_grads_params bf16": {"precision.bf16=true"},
+		"tcp no_shard bf16":           {"fsdp.data_parallel_sharding_strategy=no_shard", "precision.bf16=true", "fsdp.grad_reduce_in_bf16=true"},
+		"tcp optim_grads ep2 tp2":     append([]string{"fsdp.data_parallel_sharding_strategy=optim_grads", "parallel.world_size=4", "train.global_batch_size=4", "train.micro_batch_size=2", "parallel.tensor_parallel=2"}, append([]string{"parallel.expert_parallel=2"}, moe...)...),
 	} {
 		t.Run(name, func(t *testing.T) {
 			res, dir := tinyRun(t, append(append([]string{}, base...), sets...)...)

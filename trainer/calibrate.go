@@ -56,8 +56,9 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 			for _, n := range grid.GEMMDims {
 				inp, w, out := filled(m*k), filled(n*k), make([]float32, m*n)
 				dinp, dw := make([]float32, m*k), make([]float32, n*k)
-				fwd := timeIt(func() { be.Matmul(out, inp, w, tensor.MatmulShape{BT: m, C: k, OC: n}, false) })
-				bwd := timeIt(func() { be.MatmulBackward(dinp, dw, out, inp, w, tensor.MatmulShape{BT: m, C: k, OC: n}, false) })
+				wv := tensor.FloatWeights(w)
+				fwd := timeIt(func() { be.Matmul(out, inp, wv, tensor.MatmulShape{BT: m, C: k, OC: n}, false) })
+				bwd := timeIt(func() { be.MatmulBackward(dinp, dw, out, inp, wv, tensor.MatmulShape{BT: m, C: k, OC: n}, false) })
 				c.GEMM = append(c.GEMM, parallel.GEMMPoint{M: m, K: k, N: n, Fwd: fwd, Bwd: bwd})
 			}
 		}
@@ -184,7 +185,7 @@ func stepTime(be tensor.Backend, cfg config.Model, batch int, minTime time.Durat
 		model.InitParam(w[i], &table[i], 0, 1, cfg.InitStd, cfg.Layers)
 	}
 	tb := &kernelTimed{Backend: be}
-	m, err := model.New[float32](cfg, table, w, g, tb, batch, cfg.SeqLen)
+	m, err := model.New[float32](cfg, table, tensor.WeightViews(w), g, tb, batch, cfg.SeqLen)
 	if err != nil {
 		return 0, 0, 0, err
 	}
@@ -223,13 +224,13 @@ type kernelTimed struct {
 	gemm, attn time.Duration
 }
 
-func (b *kernelTimed) Matmul(out, inp, weight []float32, s tensor.MatmulShape, acc bool) {
+func (b *kernelTimed) Matmul(out, inp []float32, weight tensor.Weights[float32], s tensor.MatmulShape, acc bool) {
 	t0 := time.Now()
 	b.Backend.Matmul(out, inp, weight, s, acc)
 	b.gemm += time.Since(t0)
 }
 
-func (b *kernelTimed) MatmulBackward(dinp, dweight, dout, inp, weight []float32, s tensor.MatmulShape, acc bool) {
+func (b *kernelTimed) MatmulBackward(dinp, dweight, dout, inp []float32, weight tensor.Weights[float32], s tensor.MatmulShape, acc bool) {
 	t0 := time.Now()
 	b.Backend.MatmulBackward(dinp, dweight, dout, inp, weight, s, acc)
 	b.gemm += time.Since(t0)
@@ -293,10 +294,10 @@ func streamKernel(be tensor.Backend, kind string, n int) func() {
 	a, b, o := filled(n), filled(n), make([]float32, n)
 	switch kind {
 	case parallel.StreamRMSNorm:
-		rstd, w := make([]float32, rows), filled(C)
+		rstd, w := make([]float32, rows), tensor.FloatWeights(filled(C))
 		return func() { be.RMSNorm(o, rstd, a, w, rows, C, 1e-5) }
 	case parallel.StreamRMSNormBwd:
-		rstd, w, dw := filled(rows), filled(C), make([]float32, C)
+		rstd, w, dw := filled(rows), tensor.FloatWeights(filled(C)), make([]float32, C)
 		return func() { be.RMSNormBackward(o, dw, b, a, w, rstd, rows, C) }
 	case parallel.StreamRope, parallel.StreamRopeBwd:
 		const HD = 64
@@ -321,7 +322,7 @@ func streamKernel(be tensor.Backend, kind string, n int) func() {
 		}
 		wte := filled(V * C)
 		if kind == parallel.StreamEmbedding {
-			return func() { be.Embedding(o, tok, wte, rows, C) }
+			return func() { be.Embedding(o, tok, tensor.FloatWeights(wte), rows, C) }
 		}
 		return func() { be.EmbeddingBackward(wte, b, tok, rows, C) }
 	case parallel.StreamCrossEntropy, parallel.StreamCrossEntropyBw:

@@ -59,7 +59,8 @@ func (t *run) trainDevice(ctx context.Context, out *Result) (*Result, error) {
 		}
 	}
 	B, T := r.Train.MicroBatchSize, r.Model.SeqLen
-	if err := eng.Start(r, t.plan.Params, t.st.wviews, B, T); err != nil {
+	views := t.st.floatViews() // the engine takes fp32 values and keeps its own storage
+	if err := eng.Start(r, t.plan.Params, views, B, T); err != nil {
 		return nil, err
 	}
 	defer eng.Close()
@@ -149,11 +150,11 @@ func (t *run) trainDevice(ctx context.Context, out *Result) (*Result, error) {
 	if len(rates) > 0 {
 		out.TokensPerS = median(rates[min(1, len(rates)-1):])
 	}
-	if err := eng.Weights(t.st.wviews); err != nil {
+	if err := eng.Weights(views); err != nil {
 		return nil, err
 	}
 	t.deviceHeld = eng.Held()
-	t.finalTable, t.finalViews = t.plan.Params, t.st.wviews // one GPU: the whole model
+	t.finalTable, t.finalViews = t.plan.Params, views // one GPU: the whole model
 	return out, t.finish(out)
 }
 

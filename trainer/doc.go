@@ -24,8 +24,11 @@
 // compute; with overlap_grad_reduce a unit's reduce-scatter runs behind the next
 // unit's backward, bounded by suggested_communication_unit_size. Under activation
 // recompute one gather serves both the recompute and the backward. Gradients are
-// reduced in bf16 (accumulated in fp32) with grad_reduce_in_bf16; compute weights
-// are bf16 values rounded from the fp32 main weights when precision.bf16.
+// reduced in bf16 (accumulated in fp32) with grad_reduce_in_bf16. With
+// precision.bf16 the compute weights are stored in bf16 (2 bytes a value), each
+// rank rounding its shard of the fp32 main weights after every step; they are
+// gathered in bf16 and the kernels widen them as they read them
+// (tensor.Weights).
 //
 // # Run directory
 //

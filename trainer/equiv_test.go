@@ -223,6 +223,9 @@ func TestUnitBuffersFollowThePlan(t *testing.T) {
 		"optim_grads":            {"fsdp.data_parallel_sharding_strategy=optim_grads", "model.tie_embeddings=true"},
 		"moe ep 2":               moe,
 		"moe ep 2, recompute":    append(moe, "activation_checkpoint.mode=full"),
+		"bf16":                   {"precision.bf16=true"},
+		"bf16 moe ep 2":          append(append([]string{}, moe...), "precision.bf16=true"),
+		"bf16 optim_grads":       {"precision.bf16=true", "fsdp.data_parallel_sharding_strategy=optim_grads"},
 	}
 	for name, sets := range cases {
 		res, _ := tinyRun(t, append(append([]string{}, base...), sets...)...)
@@ -231,6 +234,7 @@ func TestUnitBuffersFollowThePlan(t *testing.T) {
 		h, p := out.Held, out.Predicted
 		assert.Equal(t, p.GatheredUnits, h.GatheredUnits, "%s: gathered units", name)
 		assert.Equal(t, p.GradReduceBuffers, h.GradReduceBuffers, "%s: unit gradient buffers", name)
+		assert.Equal(t, p.Weights, h.Weights, "%s: compute weights", name)
 		assert.Positive(t, h.GradReduceBuffers, name)
 	}
 }
@@ -268,7 +272,7 @@ func TestShardedInitEqualsFullInit(t *testing.T) {
 		for i := 0; i < n; i++ {
 			require.NoError(t, <-errs)
 		}
-		return states[n-1].wviews
+		return states[n-1].floatViews()
 	}
 	want := initial(1)
 	for n := 2; n <= 8; n++ {

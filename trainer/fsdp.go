@@ -4,9 +4,11 @@ import (
 	"fmt"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/parallel/comm"
+	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/trainer/model"
 )
 
@@ -29,10 +31,10 @@ import (
 type unitRuntime struct {
 	st      *state
 	m       *model.Model[float32]
-	groups  [][]int   // unit → its groups
-	offsets [][]int64 // unit → offset of each group in the unit's buffer
-	length  []int64   // unit → buffer length
-	wbuf    [][]float32
+	groups  [][]int                   // unit → its groups
+	offsets [][]int64                 // unit → offset of each group in the unit's buffer
+	length  []int64                   // unit → buffer length
+	wbuf    []tensor.Weights[float32] // unit → its gathered weights (empty: not held)
 	gbuf    [][]float32
 	ready   []*comm.Handle // unit → its gather in flight
 	holds   []int          // blocks holding the unit's weights now
@@ -45,8 +47,10 @@ type unitRuntime struct {
 	// Buffers: weight and gradient buffers are carved from two arenas of the sizes
 	// the plan computed by running these rules (parallel.UnitBuffers), made before
 	// the first step, so a step allocates nothing. woff is each gathered unit's
-	// offset in its arena.
-	wpool, gpool *unitPool
+	// offset in its arena. Gathered weights are in the compute dtype: wpool's
+	// fp32 arena, or hpool's bf16 arena in a bf16 run (the other is nil).
+	wpool, gpool *unitPool[float32]
+	hpool        *unitPool[tensor.BF16]
 	woff, goff   []int64
 	rs           [][]float32 // per group: reduce-scatter destination
 	stream       *comm.Stream
@@ -81,7 +85,7 @@ func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, ca
 		capBytes: 4 * capElems, trace: tr, weights: st.perUnit}
 	n := len(p.Units)
 	u.groups, u.offsets, u.length = make([][]int, n), make([][]int64, n), make([]int64, n)
-	u.wbuf, u.gbuf, u.ready = make([][]float32, n), make([][]float32, n), make([]*comm.Handle, n)
+	u.wbuf, u.gbuf, u.ready = make([]tensor.Weights[float32], n), make([][]float32, n), make([]*comm.Handle, n)
 	u.holds, u.left, u.uses = make([]int, n), make([]int, n), make([]int, n)
 	u.resident = make([]bool, n)
 	u.gatherH, u.reduceH, u.reducing = make([]*comm.Handle, n), make([]*comm.Handle, n), make([][]float32, n)
@@ -107,7 +111,7 @@ func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, ca
 				u.direct[gi] = true
 				w, g := st.computeShard(gi), st.gshard[gi]
 				for _, e := range p.Groups[gi].Entries {
-					wv := w[e.Offset : e.Offset+e.Numel]
+					wv := w.Slice(int(e.Offset), int(e.Offset+e.Numel))
 					if !st.perUnit {
 						wv = st.wviews[e.Param]
 					}
@@ -129,36 +133,42 @@ func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, ca
 		u.rs = append(u.rs, make([]float32, len(st.gshard[gi])))
 	}
 	// The arenas the plan budgets (parallel.UnitBuffers), made now.
-	u.wpool, u.gpool = newUnitPool(p.Buffers.Gather, p.Buffers.GatherSlot), newUnitPool(p.Buffers.Reduce, p.Buffers.ReduceSlot)
+	if st.bf16 {
+		u.hpool = newUnitPool[tensor.BF16](p.Buffers.Gather, p.Buffers.GatherSlot)
+	} else {
+		u.wpool = newUnitPool[float32](p.Buffers.Gather, p.Buffers.GatherSlot)
+	}
+	u.gpool = newUnitPool[float32](p.Buffers.Reduce, p.Buffers.ReduceSlot)
 	u.woff, u.goff = make([]int64, n), make([]int64, n)
 	return u
 }
 
-// unitPool hands out unit buffers carved from one arena (parallel.Arena, the
-// plan's first fit), and makes a buffer apart for a request the arena cannot hold
-// (the plan did not foresee it: memory reports the most held apart at once).
-type unitPool struct {
-	mem          []float32
+// unitPool hands out unit buffers of element type E carved from one arena
+// (parallel.Arena, the plan's first fit), and makes a buffer apart for a request
+// the arena cannot hold (the plan did not foresee it: memory reports the most
+// held apart at once).
+type unitPool[E float32 | tensor.BF16] struct {
+	mem          []E
 	arena        *parallel.Arena
 	apart, extra int64 // elements held apart now, and at most
 }
 
-func newUnitPool(n, slot int64) *unitPool {
-	return &unitPool{mem: make([]float32, n), arena: parallel.NewArena(n, slot)}
+func newUnitPool[E float32 | tensor.BF16](n, slot int64) *unitPool[E] {
+	return &unitPool[E]{mem: make([]E, n), arena: parallel.NewArena(n, slot)}
 }
 
 // get returns n elements and their offset in the arena (−1: made apart).
-func (p *unitPool) get(n int64) ([]float32, int64) {
+func (p *unitPool[E]) get(n int64) ([]E, int64) {
 	if off, ok := p.arena.Alloc(n); ok {
 		return p.mem[off : off+n : off+n], off
 	}
 	p.apart += n
 	p.extra = max(p.extra, p.apart)
-	return make([]float32, n), -1
+	return make([]E, n), -1
 }
 
 // put returns a buffer get handed out at off.
-func (p *unitPool) put(off int64, b []float32) {
+func (p *unitPool[E]) put(off int64, b []E) {
 	if off >= 0 {
 		p.arena.Free(off, int64(len(b)))
 	} else {
@@ -166,8 +176,36 @@ func (p *unitPool) put(off int64, b []float32) {
 	}
 }
 
-// bytes is what the pool holds: its arena and the most it held apart.
-func (p *unitPool) bytes() int64 { return 4 * (int64(len(p.mem)) + p.extra) }
+// bytes is what the pool holds: its arena and the most it held apart (nothing
+// for a nil pool).
+func (p *unitPool[E]) bytes() int64 {
+	if p == nil {
+		return 0
+	}
+	var z E
+	return int64(unsafe.Sizeof(z)) * (int64(len(p.mem)) + p.extra)
+}
+
+// getWeights returns a gathered unit's buffer of n elements in the compute
+// dtype, and its offset in the arena.
+func (u *unitRuntime) getWeights(n int64) (tensor.Weights[float32], int64) {
+	if u.hpool != nil {
+		b, off := u.hpool.get(n)
+		return tensor.BF16Weights[float32](b), off
+	}
+	b, off := u.wpool.get(n)
+	return tensor.FloatWeights(b), off
+}
+
+// putWeights releases unit ui's gathered weights.
+func (u *unitRuntime) putWeights(ui int) {
+	if w := u.wbuf[ui]; w.BF16 != nil {
+		u.hpool.put(u.woff[ui], w.BF16)
+	} else {
+		u.wpool.put(u.woff[ui], w.F)
+	}
+	u.wbuf[ui] = tensor.Weights[float32]{}
+}
 
 func (u *unitRuntime) close() { u.stream.Close() }
 
@@ -178,11 +216,12 @@ func (u *unitRuntime) bind(ui int) {
 	for k, gi := range u.groups[ui] {
 		off := u.offsets[ui][k]
 		for _, e := range p.Groups[gi].Entries {
-			var w, g []float32
+			var w tensor.Weights[float32]
+			var g []float32
 			if !u.weights {
 				w = u.st.wviews[e.Param]
-			} else if b := u.wbuf[ui]; b != nil {
-				w = b[off+e.Offset : off+e.Offset+e.Numel]
+			} else if b := u.wbuf[ui]; b.Len() > 0 {
+				w = b.Slice(int(off+e.Offset), int(off+e.Offset+e.Numel))
 			}
 			if b := u.gbuf[ui]; b != nil {
 				g = b[off+e.Offset : off+e.Offset+e.Numel]
@@ -194,7 +233,7 @@ func (u *unitRuntime) bind(ui int) {
 
 // startGather queues the unit's all-gather on the stream.
 func (u *unitRuntime) startGather(ui int) {
-	u.wbuf[ui], u.woff[ui] = u.wpool.get(u.length[ui])
+	u.wbuf[ui], u.woff[ui] = u.getWeights(u.length[ui])
 	u.ready[ui] = u.gatherH[ui]
 	u.stream.Start(u.gatherH[ui])
 }
@@ -213,24 +252,21 @@ func (o unitOp) Run(comm.Communicator) error {
 	t0 := time.Now()
 	// Each op reads only its own buffer: the weights of a unit reducing may be
 	// released meanwhile.
-	var buf []float32
 	name, what := u.gatherName[ui], "gathering"
 	if o.reduce {
-		buf, name, what = u.reducing[ui], u.reduceName[ui], "reducing"
-	} else {
-		buf = u.wbuf[ui]
+		name, what = u.reduceName[ui], "reducing"
 	}
 	for k, gi := range u.groups[ui] {
 		g := &st.plan.Groups[gi]
-		part := buf[u.offsets[ui][k] : u.offsets[ui][k]+g.Padded]
+		lo, hi := u.offsets[ui][k], u.offsets[ui][k]+g.Padded
 		var err error
 		switch {
 		case o.reduce:
-			err = st.reduceInto(gi, part, u.rs[gi])
+			err = st.reduceInto(gi, u.reducing[ui][lo:hi], u.rs[gi])
 		case st.comms[gi].Size() == 1 || g.Shards == 1:
-			copy(part, st.computeShard(gi))
+			copyWeights(u.wbuf[ui].Slice(int(lo), int(hi)), st.computeShard(gi))
 		default:
-			err = st.comms[gi].AllGather(part, st.computeShard(gi))
+			err = allGatherWeights(st.comms[gi], u.wbuf[ui].Slice(int(lo), int(hi)), st.computeShard(gi))
 		}
 		if err != nil {
 			return fmt.Errorf("%s unit %s: %w", what, st.plan.Units[ui].Name, err)
@@ -249,7 +285,7 @@ func (u *unitRuntime) Acquire(block int, units []int, backward bool) error {
 		if u.resident[ui] {
 			continue
 		}
-		if u.weights && u.wbuf[ui] == nil {
+		if u.weights && u.wbuf[ui].Len() == 0 {
 			u.startGather(ui)
 		}
 		if h := u.ready[ui]; h != nil {
@@ -275,7 +311,7 @@ func (u *unitRuntime) Acquire(block int, units []int, backward bool) error {
 		}
 		if blocks := u.m.Blocks(); next >= 0 && next < len(blocks) {
 			for _, ui := range blocks[next] {
-				if !u.resident[ui] && u.wbuf[ui] == nil {
+				if !u.resident[ui] && u.wbuf[ui].Len() == 0 {
 					u.startGather(ui)
 				}
 			}
@@ -317,9 +353,8 @@ func (u *unitRuntime) Release(block int, units []int, backward bool) error {
 				}
 			}
 		}
-		if u.holds[ui] == 0 && u.wbuf[ui] != nil && u.ready[ui] == nil {
-			u.wpool.put(u.woff[ui], u.wbuf[ui])
-			u.wbuf[ui] = nil
+		if u.holds[ui] == 0 && u.wbuf[ui].Len() > 0 && u.ready[ui] == nil {
+			u.putWeights(ui)
 		}
 		u.bind(ui)
 	}
@@ -370,8 +405,7 @@ func (u *unitRuntime) flush() error {
 		}
 		u.ready[ui] = nil
 		if u.holds[ui] == 0 {
-			u.wpool.put(u.woff[ui], u.wbuf[ui])
-			u.wbuf[ui] = nil
+			u.putWeights(ui)
 			u.bind(ui)
 		}
 	}
@@ -382,7 +416,9 @@ var _ model.Hooks = (*unitRuntime)(nil)
 
 // memory is what the runtime holds beside the plan's gathered-unit and
 // grad-reduce buffers: its arenas and anything made apart.
-func (u *unitRuntime) memory() (gathered, gradBuffers int64) { return u.wpool.bytes(), u.gpool.bytes() }
+func (u *unitRuntime) memory() (gathered, gradBuffers int64) {
+	return u.wpool.bytes() + u.hpool.bytes(), u.gpool.bytes()
+}
 
 // tracer collects Chrome trace events (viewable in Perfetto or chrome://tracing):
 // one process per rank, thread 0 compute and thread 1 communication. A nil tracer

@@ -295,7 +295,7 @@ func Generate(r *config.Recipe, be tensor.Backend, table []parallel.Param, weigh
 	for i := range grads {
 		grads[i] = weights[i][:len(weights[i]):len(weights[i])]
 	}
-	m, err := model.New[float32](r.Model, table, weights, grads, be, 1, T)
+	m, err := model.New[float32](r.Model, table, tensor.WeightViews(weights), grads, be, 1, T)
 	if err != nil {
 		return "", err
 	}
@@ -430,7 +430,7 @@ func RunLogits(be tensor.Backend, dir string, tokens []int32) ([]float32, error)
 	for i := range grads {
 		grads[i] = fr.weights[i][:len(fr.weights[i]):len(fr.weights[i])]
 	}
-	m, err := model.New[float32](fr.recipe.Model, fr.table, fr.weights, grads, be, 1, T)
+	m, err := model.New[float32](fr.recipe.Model, fr.table, tensor.WeightViews(fr.weights), grads, be, 1, T)
 	if err != nil {
 		return nil, err
 	}

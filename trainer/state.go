@@ -38,17 +38,20 @@ type state struct {
 	reduceBF16 bool
 	be         tensor.Backend
 
-	weights, grads [][]float32 // per group: full (Padded)
-	main           [][]float32 // per group: this rank's shard of the fp32 main weights
-	gshard         [][]float32 // per group: this rank's shard of the reduced gradients
-	wshard         [][]float32 // per group: bf16-rounded shard to gather (bf16 only)
-	m, v           [][]float32
-	lo             []int64 // per group: start of this rank's shard
-	segs           [][]segment
-	comms          []comm.Communicator // per group: its dp×cp or edp group
-	world          comm.Communicator
-	scalar         [1]float32 // a norm's partial sum, all-reduced
-	bsrc, bdst     [][]uint16 // per group: bf16 reduction buffers (bf16Scratch)
+	// weights are the full compute weights per group (Padded; nil under
+	// optim_grads_params): fp32, or bf16 storage in a bf16 run.
+	weights    []tensor.Weights[float32]
+	grads      [][]float32     // per group: full gradients (Padded), fp32
+	main       [][]float32     // per group: this rank's shard of the fp32 main weights
+	gshard     [][]float32     // per group: this rank's shard of the reduced gradients
+	wshard     [][]tensor.BF16 // per group: this rank's bf16 compute shard, to gather (bf16 only)
+	m, v       [][]float32
+	lo         []int64 // per group: start of this rank's shard
+	segs       [][]segment
+	comms      []comm.Communicator // per group: its dp×cp or edp group
+	world      comm.Communicator
+	scalar     [1]float32 // a norm's partial sum, all-reduced
+	bsrc, bdst [][]uint16 // per group: bf16 reduction buffers (bf16Scratch)
 	// Expert parallelism: this rank's ep coordinate, experts per ep rank, and the
 	// ep group (nil when ep = 1).
 	epRank, epLocal int
@@ -65,7 +68,8 @@ type state struct {
 	// sends on each.
 	counted []countedComm
 
-	wviews, gviews [][]float32 // per parameter (table order): views of weights, grads
+	wviews []tensor.Weights[float32] // per parameter (table order): views of the compute weights
+	gviews [][]float32               // and of the gradients
 }
 
 // countedComm is one model-parallel group's communicator, counting bytes sent;
@@ -115,7 +119,7 @@ func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, w
 		sharded:   r.FSDP.DataParallelShardingStrategy != "no_shard",
 		perUnit:   r.FSDP.DataParallelShardingStrategy == "optim_grads_params",
 		unitGrads: r.FSDP.DataParallelShardingStrategy == "optim_grads_params" || r.FSDP.DataParallelShardingStrategy == "optim_grads",
-		wviews:    make([][]float32, len(p.Params)), gviews: make([][]float32, len(p.Params))}
+		wviews:    make([]tensor.Weights[float32], len(p.Params)), gviews: make([][]float32, len(p.Params))}
 	c := p.Mesh.Coords(rank)
 	if p.Mesh.EP > 1 {
 		var err error
@@ -143,9 +147,10 @@ func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, w
 	}
 	for gi := range p.Groups {
 		g := &p.Groups[gi]
-		var w, gr []float32
+		var w tensor.Weights[float32]
+		var gr []float32
 		if !s.perUnit {
-			w = make([]float32, g.Padded)
+			w = s.newWeights(g.Padded)
 		}
 		if !s.unitGrads {
 			gr = make([]float32, g.Padded)
@@ -160,14 +165,14 @@ func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, w
 		s.lo = append(s.lo, lo)
 		n := hi - lo
 		var main []float32
-		if s.perUnit {
+		switch {
+		case s.bf16:
 			main = make([]float32, n)
-		} else {
-			main = w[lo:hi] // fp32 compute: the main weights are the weights themselves
-		}
-		if s.bf16 {
+			s.wshard = append(s.wshard, make([]tensor.BF16, n))
+		case s.perUnit:
 			main = make([]float32, n)
-			s.wshard = append(s.wshard, make([]float32, n))
+		default:
+			main = w.F[lo:hi] // fp32 compute: the main weights are the weights themselves
 		}
 		s.main = append(s.main, main)
 		var gs []float32
@@ -180,7 +185,7 @@ func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, w
 		s.m, s.v = append(s.m, make([]float32, n)), append(s.v, make([]float32, n))
 		for _, e := range g.Entries {
 			if !s.perUnit {
-				s.wviews[e.Param] = w[e.Offset : e.Offset+e.Numel]
+				s.wviews[e.Param] = w.Slice(int(e.Offset), int(e.Offset+e.Numel))
 			}
 			if !s.unitGrads {
 				s.gviews[e.Param] = gr[e.Offset : e.Offset+e.Numel]
@@ -253,14 +258,30 @@ func (s *state) initFrom(vals [][]float32) error {
 	return s.gather()
 }
 
-// gatherTP assembles the whole parameters from the tensor-parallel slices every
-// tp rank holds (wviews, after gatherFull and gatherExperts): each slice is
-// all-gathered over the tp group and put at its places. It returns the table
-// without tensor parallelism and its views; without tensor parallelism, the
-// plan's table and wviews.
+// floatViews returns the compute weights' views (wviews) as fp32 values: the
+// views themselves in an fp32 run, widened copies of the bf16 values otherwise.
+func (s *state) floatViews() [][]float32 {
+	out := make([][]float32, len(s.wviews))
+	for i, w := range s.wviews {
+		if w.BF16 == nil {
+			out[i] = w.F
+			continue
+		}
+		out[i] = make([]float32, w.Len())
+		w.Widen(out[i], 0)
+	}
+	return out
+}
+
+// gatherTP assembles the whole parameters, in fp32, from the tensor-parallel
+// slices every tp rank holds (wviews, after gatherFull and gatherExperts): each
+// slice is all-gathered over the tp group and put at its places. It returns the
+// table without tensor parallelism and its views; without tensor parallelism,
+// the plan's table and wviews (floatViews).
 func (s *state) gatherTP(m config.Model) ([]parallel.Param, [][]float32, error) {
+	fv := s.floatViews()
 	if s.tpComm == nil {
-		return s.plan.Params, s.wviews, nil
+		return s.plan.Params, fv, nil
 	}
 	full, err := parallel.ParamTable(m, 1, 1)
 	if err != nil {
@@ -271,12 +292,12 @@ func (s *state) gatherTP(m config.Model) ([]parallel.Param, [][]float32, error) 
 	for i := range full {
 		p := &s.plan.Params[i]
 		if p.LocalNumel() == p.Numel() {
-			views[i] = s.wviews[i]
+			views[i] = fv[i]
 			continue
 		}
 		n := p.LocalNumel()
 		all := make([]float32, int64(tp)*n)
-		if err := s.tpComm.AllGather(all, s.wviews[i]); err != nil {
+		if err := s.tpComm.AllGather(all, fv[i]); err != nil {
 			return nil, nil, err
 		}
 		views[i] = make([]float32, p.Numel())
@@ -322,48 +343,73 @@ func (s *state) gatherExperts() error {
 		if !g.Expert {
 			continue
 		}
-		all := make([]float32, int64(ep)*g.Padded)
-		if err := s.epComm.AllGather(all, s.weights[gi]); err != nil {
+		all := s.newWeights(int64(ep) * g.Padded)
+		if err := allGatherWeights(s.epComm, all, s.weights[gi]); err != nil {
 			return err
 		}
 		for j := 0; j < ep; j++ {
-			buf := all[int64(j)*g.Padded : int64(j+1)*g.Padded]
+			base := int64(j) * g.Padded
 			for _, e := range g.Entries {
-				s.wviews[e.Param+3*j*s.epLocal] = buf[e.Offset : e.Offset+e.Numel]
+				s.wviews[e.Param+3*j*s.epLocal] = all.Slice(int(base+e.Offset), int(base+e.Offset+e.Numel))
 			}
 		}
 	}
 	return nil
 }
 
-// gather refreshes the full compute weights from every rank's main shard (rounded
-// to bf16 first when computing in bf16).
+// gather refreshes the full compute weights from every rank's main shard: in a
+// bf16 run each rank rounds its shard to bf16 storage and the bf16 values are
+// gathered (2 bytes a value).
 func (s *state) gather() error {
-	if s.perUnit {
+	if s.bf16 {
 		for gi := range s.plan.Groups {
-			if s.bf16 {
-				copy(s.wshard[gi], s.main[gi])
-				s.be.RoundBF16(s.wshard[gi])
-			}
+			s.be.ToBF16(s.wshard[gi], s.main[gi])
 		}
+	}
+	if s.perUnit {
 		return nil // units are gathered when blocks need them
 	}
 	for gi := range s.plan.Groups {
-		src := s.main[gi]
-		if s.bf16 {
-			copy(s.wshard[gi], src)
-			s.be.RoundBF16(s.wshard[gi])
-			src = s.wshard[gi]
-		}
+		src := s.computeShard(gi)
 		if !s.sharded || s.plan.Groups[gi].Shards == 1 {
-			copy(s.weights[gi], src)
+			copyWeights(s.weights[gi], src) // fp32: the same memory, nothing to copy
 			continue
 		}
-		if err := s.comms[gi].AllGather(s.weights[gi], src); err != nil {
+		if err := allGatherWeights(s.comms[gi], s.weights[gi], src); err != nil {
 			return fmt.Errorf("all-gathering group %d: %w", gi, err)
 		}
 	}
 	return nil
+}
+
+// newWeights makes n compute-weight elements in the run's compute dtype.
+func (s *state) newWeights(n int64) tensor.Weights[float32] {
+	if s.bf16 {
+		return tensor.BF16Weights[float32](make([]tensor.BF16, n))
+	}
+	return tensor.FloatWeights(make([]float32, n))
+}
+
+// copyWeights copies src into dst (same dtype and length); nothing when they are
+// the same memory (an fp32 run's unsharded main weights are its compute weights).
+func copyWeights(dst, src tensor.Weights[float32]) {
+	if dst.BF16 != nil {
+		copy(dst.BF16, src.BF16)
+		return
+	}
+	if len(dst.F) > 0 && len(src.F) > 0 && &dst.F[0] == &src.F[0] {
+		return
+	}
+	copy(dst.F, src.F)
+}
+
+// allGatherWeights all-gathers compute weights over c in their dtype: bf16
+// storage travels as bf16.
+func allGatherWeights(c comm.Communicator, dst, src tensor.Weights[float32]) error {
+	if dst.BF16 != nil {
+		return c.AllGatherBF16(bf16Bits(dst.BF16), bf16Bits(src.BF16))
+	}
+	return c.AllGather(dst.F, src.F)
 }
 
 func (s *state) zeroGrads() {
@@ -378,12 +424,13 @@ func (s *state) zeroGrads() {
 	}
 }
 
-// computeShard is the shard of group gi's compute weights other ranks gather.
-func (s *state) computeShard(gi int) []float32 {
+// computeShard is the shard of group gi's compute weights other ranks gather:
+// the bf16 shard in a bf16 run, the main weights otherwise.
+func (s *state) computeShard(gi int) tensor.Weights[float32] {
 	if s.bf16 {
-		return s.wshard[gi]
+		return tensor.BF16Weights[float32](s.wshard[gi])
 	}
-	return s.main[gi]
+	return tensor.FloatWeights(s.main[gi])
 }
 
 // reduceInto reduce-scatters one unit's full gradients of group gi (src) and adds
@@ -415,16 +462,16 @@ func (s *state) reduceInto(gi int, src, tmp []float32) error {
 func (s *state) gatherFull() error {
 	for gi := range s.plan.Groups {
 		g := &s.plan.Groups[gi]
-		if s.weights[gi] == nil {
-			s.weights[gi] = make([]float32, g.Padded)
+		if s.weights[gi].Len() == 0 {
+			s.weights[gi] = s.newWeights(g.Padded)
 		}
 		if s.comms[gi].Size() == 1 || g.Shards == 1 {
-			copy(s.weights[gi], s.computeShard(gi))
-		} else if err := s.comms[gi].AllGather(s.weights[gi], s.computeShard(gi)); err != nil {
+			copyWeights(s.weights[gi], s.computeShard(gi))
+		} else if err := allGatherWeights(s.comms[gi], s.weights[gi], s.computeShard(gi)); err != nil {
 			return err
 		}
 		for _, e := range g.Entries {
-			s.wviews[e.Param] = s.weights[gi][e.Offset : e.Offset+e.Numel]
+			s.wviews[e.Param] = s.weights[gi].Slice(int(e.Offset), int(e.Offset+e.Numel))
 		}
 	}
 	return nil
@@ -612,9 +659,9 @@ func (s *state) step(tr config.Train, lr float64, t int) error {
 func (s *state) bytes() (weights, main, grads, optState int64) {
 	for gi := range s.weights {
 		if s.perUnit {
-			weights += int64(len(s.computeShard(gi))) * 4 // the shard; gathered units are counted apart
+			weights += s.computeShard(gi).Bytes() // the shard; gathered units are counted apart
 		} else {
-			weights += int64(len(s.weights[gi])) * 4
+			weights += s.weights[gi].Bytes()
 		}
 		if s.unitGrads {
 			grads += int64(len(s.gshard[gi])) * 4 // unit gradient buffers are counted apart

@@ -16,22 +16,22 @@ var (
 // Name reports the backend and its matmul micro-kernel.
 func (Kernels[F]) Name() string { return "cpu (" + KernelName() + ")" }
 
-func (Kernels[F]) Matmul(out, inp, weight []F, s tensor.MatmulShape, accumulate bool) {
+func (Kernels[F]) Matmul(out, inp []F, weight tensor.Weights[F], s tensor.MatmulShape, accumulate bool) {
 	Matmul(out, inp, weight, s, accumulate)
 }
-func (Kernels[F]) MatmulBackward(dinp, dweight, dout, inp, weight []F, s tensor.MatmulShape, accumulate bool) {
+func (Kernels[F]) MatmulBackward(dinp, dweight, dout, inp []F, weight tensor.Weights[F], s tensor.MatmulShape, accumulate bool) {
 	MatmulBackward(dinp, dweight, dout, inp, weight, s, accumulate)
 }
-func (Kernels[F]) Embedding(out []F, tokens []int32, wte []F, BT, C int) {
+func (Kernels[F]) Embedding(out []F, tokens []int32, wte tensor.Weights[F], BT, C int) {
 	Embedding(out, tokens, wte, BT, C)
 }
 func (Kernels[F]) EmbeddingBackward(dwte, dout []F, tokens []int32, BT, C int) {
 	EmbeddingBackward(dwte, dout, tokens, BT, C)
 }
-func (Kernels[F]) RMSNorm(out, rstd, inp, weight []F, BT, C int, eps float64) {
+func (Kernels[F]) RMSNorm(out, rstd, inp []F, weight tensor.Weights[F], BT, C int, eps float64) {
 	RMSNorm(out, rstd, inp, weight, BT, C, eps)
 }
-func (Kernels[F]) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd []F, BT, C int) {
+func (Kernels[F]) RMSNormBackward(dinp, dweight, dout, inp []F, weight tensor.Weights[F], rstd []F, BT, C int) {
 	RMSNormBackward(dinp, dweight, dout, inp, weight, rstd, BT, C)
 }
 func (Kernels[F]) RopeTables(cos, sin []F, T int, inv []float64) {
@@ -87,6 +87,6 @@ func (Kernels[F]) AdamW(params, grads, m, v []F, lr, beta1, beta2, eps, wd float
 func (Kernels[F]) SGD(params, grads, buf []F, lr, momentum, wd float64) {
 	SGD(params, grads, buf, lr, momentum, wd)
 }
-func (Kernels[F]) RoundBF16(x []F)          { RoundBF16(x) }
-func (Kernels[F]) SumSquares(x []F) float64 { return SumSquares(x) }
-func (Kernels[F]) Scale(x []F, f float64)   { Scale(x, f) }
+func (Kernels[F]) ToBF16(dst []tensor.BF16, src []F) { ToBF16(dst, src) }
+func (Kernels[F]) SumSquares(x []F) float64          { return SumSquares(x) }
+func (Kernels[F]) Scale(x []F, f float64)            { Scale(x, f) }

@@ -1,7 +1,10 @@
 package cpu
 
 import (
+	"math"
 	"runtime"
+
+	"github.com/shardline/shardline/tensor"
 )
 
 // Sgemm computes C = alpha·op(A)·op(B) + beta·C for row-major matrices: op(A) is
@@ -22,6 +25,24 @@ func Sgemm(transA, transB bool, M, N, K int, alpha float32, A []float32, lda int
 	g.gemmCall = c
 	g.run()
 	g.gemmCall = gemmCall{} // hold no matrix alive
+	gemmPool.put(g)
+}
+
+// SgemmBF16 is Sgemm with B stored in bf16: each value is widened to float32
+// (exactly) as B is packed into panels, so the micro-kernel and the
+// accumulation run in float32 as for a float32 B, and the product equals Sgemm's
+// on B's widened values bit for bit. B is always packed (a float32 B is read in
+// place where it can be), which costs K·N widening moves per part of the product.
+func SgemmBF16(transA, transB bool, M, N, K int, alpha float32, A []float32, lda int, B []tensor.BF16, ldb int, beta float32, C []float32, ldc int) {
+	c, ok := newGemm(transA, transB, M, N, K, alpha, A, lda, nil, ldb, beta, C, ldc)
+	if !ok {
+		return
+	}
+	c.Bh = B
+	g := gemmPool.get()
+	g.gemmCall = c
+	g.run()
+	g.gemmCall = gemmCall{}
 	gemmPool.put(g)
 }
 
@@ -92,6 +113,7 @@ type gemmCall struct {
 	A              []float32
 	lda            int
 	B              []float32
+	Bh             []tensor.BF16 // B in bf16 (SgemmBF16), B nil
 	ldb            int
 	C              []float32
 	ldc            int
@@ -224,7 +246,7 @@ func (g *gemmCall) rowBlocks(bp, apBuf []float32, lo, hi, pc, kcur, jc, ncur int
 		for jr := 0; jr < ncur; jr += nr {
 			bpanel, ldb := bp[jr*kcur:jr*kcur+nr*kcur], nr
 			nrCur := min(nr, ncur-jr)
-			if !g.transB && nrCur == nr { // read in place (see packB)
+			if !g.transB && nrCur == nr && g.Bh == nil { // read in place (see packB)
 				bpanel, ldb = g.B[pc*g.ldb+jc+jr:], g.ldb
 			}
 			for ir := 0; ir < mcur; ir += mr {
@@ -286,6 +308,8 @@ func (g *gemmCall) packB(bp []float32, pc, kcur, jc, ncur int) {
 		panel := bp[jr*kcur : jr*kcur+nr*kcur]
 		w := min(nr, ncur-jr)
 		switch {
+		case g.Bh != nil:
+			g.packBH(panel, pc, kcur, jc+jr, w)
 		case !g.transB && w == nr:
 			// read in place
 		case !g.transB:
@@ -314,6 +338,57 @@ func (g *gemmCall) packB(bp []float32, pc, kcur, jc, ncur int) {
 				}
 			}
 		}
+	}
+}
+
+// packBH is packB's panel of a bf16 B: columns [j0, j0+w) of op(B)'s rows
+// [pc, pc+kcur), widened to float32, zero-padded to NR columns.
+func (g *gemmCall) packBH(panel []float32, pc, kcur, j0, w int) {
+	if !g.transB {
+		for p := 0; p < kcur; p++ {
+			dst := panel[p*nr : p*nr+nr]
+			k := pc + p
+			src := g.Bh[k*g.ldb+j0 : k*g.ldb+j0+w]
+			for j, v := range src {
+				dst[j] = math.Float32frombits(uint32(v) << 16)
+			}
+			clear(dst[w:])
+		}
+		return
+	}
+	if w == nr {
+		b := g.Bh[j0*g.ldb+pc:]
+		packCols16BF16(panel, b, g.ldb, kcur)
+		packCols16BF16(panel[16:], b[16*g.ldb:], g.ldb, kcur)
+		return
+	}
+	for j := 0; j < nr; j++ {
+		if j >= w {
+			for p := 0; p < kcur; p++ {
+				panel[p*nr+j] = 0
+			}
+			continue
+		}
+		row := g.Bh[(j0+j)*g.ldb+pc : (j0+j)*g.ldb+pc+kcur]
+		for p, v := range row {
+			panel[p*nr+j] = math.Float32frombits(uint32(v) << 16)
+		}
+	}
+}
+
+// packCols16BF16 is packCols16 reading bf16 rows, widening each value.
+func packCols16BF16(panel []float32, b []tensor.BF16, ldb, kcur int) {
+	var rows [16][]tensor.BF16
+	for i := range rows {
+		rows[i] = b[i*ldb : i*ldb+kcur : i*ldb+kcur]
+	}
+	f := func(v tensor.BF16) float32 { return math.Float32frombits(uint32(v) << 16) }
+	for p := 0; p < kcur; p++ {
+		d := (*[16]float32)(panel[p*nr : p*nr+16])
+		d[0], d[1], d[2], d[3] = f(rows[0][p]), f(rows[1][p]), f(rows[2][p]), f(rows[3][p])
+		d[4], d[5], d[6], d[7] = f(rows[4][p]), f(rows[5][p]), f(rows[6][p]), f(rows[7][p])
+		d[8], d[9], d[10], d[11] = f(rows[8][p]), f(rows[9][p]), f(rows[10][p]), f(rows[11][p])
+		d[12], d[13], d[14], d[15] = f(rows[12][p]), f(rows[13][p]), f(rows[14][p]), f(rows[15][p])
 	}
 }
 

@@ -17,28 +17,45 @@ type Float = tensor.Float
 
 // Matmul computes out (BT,OC) = inp (BT,C) · weight (OC,C)ᵀ, the layout of y = x·Wᵀ.
 // accumulate adds to out instead of overwriting it.
-func Matmul[F Float](out, inp, weight []F, s tensor.MatmulShape, accumulate bool) {
+func Matmul[F Float](out, inp []F, weight tensor.Weights[F], s tensor.MatmulShape, accumulate bool) {
 	BT, C, OC := s.BT, s.C, s.OC
 	beta := F(0)
 	if accumulate {
 		beta = 1
 	}
-	gemm(nil, false, true, BT, OC, C, inp, C, weight, C, beta, out, OC)
+	gemmW(false, true, BT, OC, C, inp, C, weight, C, beta, out, OC)
 }
 
 // MatmulBackward: dinp (BT,C) += dout·weight (= when accumulate is false, which
 // spares the caller clearing dinp and the product reading it); dweight (OC,C) +=
 // doutᵀ·inp always. dinp may be nil when the input needs no gradient.
-func MatmulBackward[F Float](dinp, dweight, dout, inp, weight []F, s tensor.MatmulShape, accumulate bool) {
+func MatmulBackward[F Float](dinp, dweight, dout, inp []F, weight tensor.Weights[F], s tensor.MatmulShape, accumulate bool) {
 	BT, C, OC := s.BT, s.C, s.OC
 	if dinp != nil {
 		beta := F(0)
 		if accumulate {
 			beta = 1
 		}
-		gemm(nil, false, false, BT, C, OC, dout, OC, weight, C, beta, dinp, C)
+		gemmW(false, false, BT, C, OC, dout, OC, weight, C, beta, dinp, C)
 	}
 	gemm(nil, true, false, OC, C, BT, dout, OC, inp, C, 1, dweight, C)
+}
+
+// gemmW is gemm with B a weights view: bf16 weights are widened while the
+// float32 product packs them (SgemmBF16); a float64 product (the gradient checks)
+// widens them first.
+func gemmW[F Float](tA, tB bool, M, N, K int, A []F, lda int, B tensor.Weights[F], ldb int, beta F, C []F, ldc int) {
+	if B.BF16 == nil {
+		gemm(nil, tA, tB, M, N, K, A, lda, B.F, ldb, beta, C, ldc)
+		return
+	}
+	if a, ok := any(A).([]float32); ok {
+		SgemmBF16(tA, tB, M, N, K, 1, a, lda, B.BF16, ldb, float32(beta), any(C).([]float32), ldc)
+		return
+	}
+	w := make([]F, len(B.BF16))
+	B.Widen(w, 0)
+	gemm(nil, tA, tB, M, N, K, A, lda, w, ldb, beta, C, ldc)
 }
 
 // gemm dispatches float32 to Sgemm and float64 (the gradient checks) to a plain
@@ -79,9 +96,9 @@ func gemmTri[F Float](b *gemmBufs, tri triangle, tA, tB bool, M, N, K int, A []F
 }
 
 // Embedding: out (BT,C) = wte[tokens] (wte is (V,C)).
-func Embedding[F Float](out []F, tokens []int32, wte []F, BT, C int) {
+func Embedding[F Float](out []F, tokens []int32, wte tensor.Weights[F], BT, C int) {
 	for i := 0; i < BT; i++ {
-		copy(out[i*C:(i+1)*C], wte[int(tokens[i])*C:(int(tokens[i])+1)*C])
+		wte.Widen(out[i*C:(i+1)*C], int(tokens[i])*C)
 	}
 }
 
@@ -97,11 +114,40 @@ func EmbeddingBackward[F Float](dwte, dout []F, tokens []int32, BT, C int) {
 
 // RMSNorm: out = inp · rstd · weight, rstd (BT) = 1/sqrt(mean(inp²) + eps), saved for
 // backward.
-func RMSNorm[F Float](out, rstd, inp, weight []F, BT, C int, eps float64) {
+func RMSNorm[F Float](out, rstd, inp []F, weight tensor.Weights[F], BT, C int, eps float64) {
+	g := getGain(weight, C)
 	j := getJob[rmsNormJob[F]]()
-	*j = rmsNormJob[F]{out, rstd, inp, weight, C, eps}
+	*j = rmsNormJob[F]{out, rstd, inp, g.vals, C, eps}
 	parallel(j, BT, 3*C)
 	putJob(j)
+	g.put()
+}
+
+// gain is a norm's weights as F values: the view's own when it holds F, else
+// bf16 weights widened into a recycled buffer (no allocation in the steady
+// state).
+type gain[F Float] struct {
+	vals []F
+	buf  []F
+}
+
+func getGain[F Float](w tensor.Weights[F], C int) *gain[F] {
+	g := listOf[gain[F]]().get()
+	if w.BF16 == nil {
+		g.vals = w.F
+		return g
+	}
+	if cap(g.buf) < C {
+		g.buf = make([]F, C)
+	}
+	g.vals = g.buf[:C]
+	w.Widen(g.vals, 0)
+	return g
+}
+
+func (g *gain[F]) put() {
+	g.vals = nil
+	listOf[gain[F]]().put(g)
 }
 
 type rmsNormJob[F Float] struct {
@@ -133,9 +179,11 @@ func rmsNormRows[F Float](out, rstd, inp, weight []F, lo, hi, C int, eps float64
 // block summing its own part of dweight, and the parts are added in block order.
 // The blocks depend on BT alone, never on the number of cores or on timing, so the
 // result is the same on any machine.
-func RMSNormBackward[F Float](dinp, dweight, dout, inp, weight, rstd []F, BT, C int) {
+func RMSNormBackward[F Float](dinp, dweight, dout, inp []F, weight tensor.Weights[F], rstd []F, BT, C int) {
+	g := getGain(weight, C)
+	defer g.put()
 	j := getJob[rmsNormBackJob[F]]()
-	j.rmsNormBackArgs = rmsNormBackArgs[F]{dinp, dweight, dout, inp, weight, rstd, C}
+	j.rmsNormBackArgs = rmsNormBackArgs[F]{dinp, dweight, dout, inp, g.vals, rstd, C}
 	chunks := run(j, BT, rmsBlock)
 	dw := dweight[:C]
 	for c := range chunks {

@@ -59,22 +59,22 @@ func TestMatmulGrad(t *testing.T) {
 	inp, w, R := randF64(r, BT*C), randF64(r, OC*C), randF64(r, BT*OC)
 	out := make([]float64, BT*OC)
 	loss := func() float64 {
-		Matmul(out, inp, w, tensor.MatmulShape{BT: BT, C: C, OC: OC}, false)
+		Matmul(out, inp, tensor.FloatWeights(w), tensor.MatmulShape{BT: BT, C: C, OC: OC}, false)
 		return dot(out, R)
 	}
 	dinp, dw := make([]float64, BT*C), make([]float64, OC*C)
-	MatmulBackward(dinp, dw, R, inp, w, tensor.MatmulShape{BT: BT, C: C, OC: OC}, true)
+	MatmulBackward(dinp, dw, R, inp, tensor.FloatWeights(w), tensor.MatmulShape{BT: BT, C: C, OC: OC}, true)
 	checkGrads(t, "matmul", map[string][]float64{"inp": inp, "w": w}, map[string][]float64{"inp": dinp, "w": dw}, loss)
 	// Without accumulate dinp is overwritten (whatever it held) and dweight still
 	// accumulates: exactly what the accumulating call gave on cleared buffers.
 	stale, dw2 := randF64(r, BT*C), make([]float64, OC*C)
-	MatmulBackward(stale, dw2, R, inp, w, tensor.MatmulShape{BT: BT, C: C, OC: OC}, false)
+	MatmulBackward(stale, dw2, R, inp, tensor.FloatWeights(w), tensor.MatmulShape{BT: BT, C: C, OC: OC}, false)
 	for i := range stale {
 		if stale[i] != dinp[i] {
 			t.Fatalf("overwritten dinp[%d] = %v, want %v", i, stale[i], dinp[i])
 		}
 	}
-	MatmulBackward(stale, dw2, R, inp, w, tensor.MatmulShape{BT: BT, C: C, OC: OC}, false)
+	MatmulBackward(stale, dw2, R, inp, tensor.FloatWeights(w), tensor.MatmulShape{BT: BT, C: C, OC: OC}, false)
 	for i := range dw2 {
 		if dw2[i] != 2*dw[i] {
 			t.Fatalf("dweight[%d] = %v after two calls, want %v", i, dw2[i], 2*dw[i])
@@ -88,7 +88,7 @@ func TestEmbeddingGrad(t *testing.T) {
 	tokens := []int32{0, 3, 3, 4, 1, 0}
 	wte, R := randF64(r, V*C), randF64(r, BT*C)
 	out := make([]float64, BT*C)
-	loss := func() float64 { Embedding(out, tokens, wte, BT, C); return dot(out, R) }
+	loss := func() float64 { Embedding(out, tokens, tensor.FloatWeights(wte), BT, C); return dot(out, R) }
 	dwte := make([]float64, V*C)
 	EmbeddingBackward(dwte, R, tokens, BT, C)
 	checkGrads(t, "embedding", map[string][]float64{"wte": wte}, map[string][]float64{"wte": dwte}, loss)
@@ -99,10 +99,10 @@ func TestRMSNormGrad(t *testing.T) {
 	BT, C := 4, 8
 	inp, w, R := randF64(r, BT*C), randF64(r, C), randF64(r, BT*C)
 	out, rstd := make([]float64, BT*C), make([]float64, BT)
-	loss := func() float64 { RMSNorm(out, rstd, inp, w, BT, C, 1e-5); return dot(out, R) }
+	loss := func() float64 { RMSNorm(out, rstd, inp, tensor.FloatWeights(w), BT, C, 1e-5); return dot(out, R) }
 	loss()
 	dinp, dw := make([]float64, BT*C), make([]float64, C)
-	RMSNormBackward(dinp, dw, R, inp, w, rstd, BT, C)
+	RMSNormBackward(dinp, dw, R, inp, tensor.FloatWeights(w), rstd, BT, C)
 	checkGrads(t, "rmsnorm", map[string][]float64{"inp": inp, "w": w}, map[string][]float64{"inp": dinp, "w": dw}, loss)
 }
 
@@ -221,8 +221,8 @@ func TestFloat32MatchesFloat64(t *testing.T) {
 	BT, C := B*T, NH*HD
 	w := randF64(r, C*C)
 	m64, m32 := make([]float64, BT*C), make([]float32, BT*C)
-	Matmul(m64, q64, w, tensor.MatmulShape{BT: BT, C: C, OC: C}, false)
-	Matmul(m32, f32(q64), f32(w), tensor.MatmulShape{BT: BT, C: C, OC: C}, false)
+	Matmul(m64, q64, tensor.FloatWeights(w), tensor.MatmulShape{BT: BT, C: C, OC: C}, false)
+	Matmul(m32, f32(q64), tensor.FloatWeights(f32(w)), tensor.MatmulShape{BT: BT, C: C, OC: C}, false)
 	for i := range m64 {
 		if math.Abs(float64(m32[i])-m64[i]) > 1e-4*(1+math.Abs(m64[i])) {
 			t.Fatalf("matmul out[%d]: fp32 %v, fp64 %v", i, m32[i], m64[i])
@@ -343,11 +343,11 @@ func TestRMSNormBackwardSameOnAnyCores(t *testing.T) {
 	BT, C := 300, 48
 	inp, w, dout := randSlice(r, BT*C), randSlice(r, C), randSlice(r, BT*C)
 	out, rstd := make([]float32, BT*C), make([]float32, BT)
-	RMSNorm(out, rstd, inp, w, BT, C, 1e-5)
+	RMSNorm(out, rstd, inp, tensor.FloatWeights(w), BT, C, 1e-5)
 	grads := func(procs int) ([]float32, []float32) {
 		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
 		dinp, dw := make([]float32, BT*C), make([]float32, C)
-		RMSNormBackward(dinp, dw, dout, inp, w, rstd, BT, C)
+		RMSNormBackward(dinp, dw, dout, inp, tensor.FloatWeights(w), rstd, BT, C)
 		return dinp, dw
 	}
 	dinp1, dw1 := grads(1)

@@ -257,10 +257,11 @@ func (j *optimJob[F]) rows(_, lo, hi int) {
 	}
 }
 
-// RoundBF16 rounds every value to the nearest bf16 (ties to even), in place.
-func RoundBF16[F Float](x []F) {
-	for i, v := range x {
-		x[i] = F(tensor.ToBF16(float32(v)).Float32())
+// ToBF16 rounds src to the nearest bf16 values (ties to even) into dst.
+func ToBF16[F Float](dst []tensor.BF16, src []F) {
+	dst = dst[:len(src)]
+	for i, v := range src {
+		dst[i] = tensor.ToBF16(float32(v))
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/cuda"
 	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/tensor/cpu"
 	"github.com/shardline/shardline/trainer/model"
 	"github.com/stretchr/testify/require"
@@ -111,7 +112,7 @@ func tracksCPU(t *testing.T, recipe string, tol float64) {
 	for i := range w {
 		cw[i] = append([]float32(nil), w[i]...)
 	}
-	cm, err := model.New[float32](cfg, table, cw, grads, cpu.Backend{}, B, T)
+	cm, err := model.New[float32](cfg, table, tensor.WeightViews(cw), grads, cpu.Backend{}, B, T)
 	require.NoError(t, err)
 	mv := make([][2][]float32, len(w))
 	for i := range mv {
@@ -199,7 +200,7 @@ func TestGradientsMatchCPU(t *testing.T) {
 			for i := range grads {
 				grads[i] = make([]float32, len(w[i]))
 			}
-			cm, err := model.New[float32](r.Model, table, w, grads, cpu.Backend{}, B, T)
+			cm, err := model.New[float32](r.Model, table, tensor.WeightViews(w), grads, cpu.Backend{}, B, T)
 			require.NoError(t, err)
 			gm, err := New(dev, r.Model, table, w, B, T, Options{Compute: cuda.F32, HeadChunk: 100})
 			require.NoError(t, err)
@@ -328,7 +329,7 @@ func TestLogitsMatchCPU(t *testing.T) {
 	require.NoError(t, err)
 	B, T := 2, 64
 	w := initWeights(r, table)
-	cm, err := model.New[float32](r.Model, table, w, w, cpu.Backend{}, B, T)
+	cm, err := model.New[float32](r.Model, table, tensor.WeightViews(w), w, cpu.Backend{}, B, T)
 	require.NoError(t, err)
 	tokens, _ := opticks(t, B, T, 3)
 	cm.Forward(tokens, nil)

@@ -8,6 +8,7 @@ import (
 	"github.com/shardline/shardline/internal/allocs"
 	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/parallel/comm"
+	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/tensor/cpu"
 )
 
@@ -118,7 +119,7 @@ func newRankStepper(t *testing.T, cfg config.Model, B, T, tp, tpRank int, opt ..
 		InitParamTP(w[i], &table[i], 0, tpRank, 1, cfg.InitStd, cfg.Layers)
 	}
 	be := cpu.Backend{}
-	m, err := New[float32](cfg, table, w, g, be, B, T, opt...)
+	m, err := New[float32](cfg, table, tensor.WeightViews(w), g, be, B, T, opt...)
 	if err != nil {
 		t.Fatal(err)
 	}

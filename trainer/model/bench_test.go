@@ -5,6 +5,7 @@ import (
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/tensor/cpu"
 )
 
@@ -31,7 +32,7 @@ func BenchmarkTrainStep(b *testing.B) {
 		w[i], g[i] = make([]float32, table[i].LocalNumel()), make([]float32, table[i].LocalNumel())
 		InitParam(w[i], &table[i], 0, 1, cfg.InitStd, cfg.Layers)
 	}
-	m, err := New[float32](cfg, table, w, g, cpu.Backend{}, B, T)
+	m, err := New[float32](cfg, table, tensor.WeightViews(w), g, cpu.Backend{}, B, T)
 	if err != nil {
 		b.Fatal(err)
 	}

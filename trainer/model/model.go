@@ -9,16 +9,17 @@ import (
 	"github.com/shardline/shardline/tensor"
 )
 
-// layerParams are one dense layer's weight (or gradient) views.
-type layerParams[F tensor.Float] struct {
-	attnNorm, wq, wk, wv, wo, mlpNorm, w1, w3, w2 []F
-	moe                                           *moeParams[F] // MoE layers; w1, w3, w2 are then nil
+// layerParams are one dense layer's weight (tensor.Weights) or gradient ([]F)
+// views.
+type layerParams[S any] struct {
+	attnNorm, wq, wk, wv, wo, mlpNorm, w1, w3, w2 S
+	moe                                           *moeParams[S] // MoE layers; w1, w3, w2 are then empty
 }
 
 // params are the views of every parameter, in the model's own terms.
-type params[F tensor.Float] struct {
-	embed, norm, output []F // output aliases embed when embeddings are tied
-	layers              []layerParams[F]
+type params[S any] struct {
+	embed, norm, output S // output aliases embed when embeddings are tied
+	layers              []layerParams[S]
 }
 
 // acts are the activations of one forward pass kept for backward. Shapes per layer:
@@ -38,23 +39,25 @@ type Model[F tensor.Float] struct {
 	Cfg  config.Model
 	B, T int
 	be   tensor.Kernels[F]
-	w, g params[F]
+	w    params[tensor.Weights[F]]
+	g    params[[]F]
 	a    acts[F]
 	cos  []F // RoPE tables (T, HD/2)
 	// wptr and gptr point at each parameter's weight and gradient view (table
 	// order), so a runtime that gathers units into changing buffers can rebind them.
-	wptr, gptr []*[]F
-	embedIdx   int // table index of embed.weight
-	hooks      Hooks
-	recompute  string // none, selective or full
-	flash      bool   // flash attention (T ≥ config.CPUFlashAttentionFrom): acts.att holds log-sum-exps
-	ep         ExpertParallel
-	cp         *cpState[F] // nil without context parallelism
-	tp         *tpState[F] // nil without tensor parallelism
-	blocks     [][]int     // FSDP units of each block, in forward order
-	hookErr    error
-	sin        []F
-	scratch    struct {
+	wptr      []*tensor.Weights[F]
+	gptr      []*[]F
+	embedIdx  int // table index of embed.weight
+	hooks     Hooks
+	recompute string // none, selective or full
+	flash     bool   // flash attention (T ≥ config.CPUFlashAttentionFrom): acts.att holds log-sum-exps
+	ep        ExpertParallel
+	cp        *cpState[F] // nil without context parallelism
+	tp        *tpState[F] // nil without tensor parallelism
+	blocks    [][]int     // FSDP units of each block, in forward order
+	hookErr   error
+	sin       []F
+	scratch   struct {
 		dres, dx, dq, dk, dv, datty, dff1, dff2, dsw, dlogits, dloss []F
 		// MoE backward (sized for the largest MoE layer)
 		moeDlogits, moeDprobs, moeDgates, moeDy, moeDx, moeDh, moeDg, moeDu, moeSh, moeSg, moeSu []F
@@ -100,13 +103,13 @@ func WithExpertParallel(ep ExpertParallel) Option { return func(o *options) { o.
 func WithRecompute(mode string) Option { return func(o *options) { o.recompute = mode } }
 
 // New binds a model to its parameter and gradient views: weights[i] and grads[i]
-// hold parameter table[i] whole (the trainer gathers sharded units before use).
+// hold parameter table[i] whole (weights in F or in bf16 storage) (the trainer gathers sharded units before use).
 // The table must come from parallel.ParamTable with etp = 1 and tp = 1, or the
 // tensor-parallel degree under WithTensorParallel (then the views are this rank's
 // slices). The model runs
 // B sequences of T tokens; under context parallelism it holds T/cp tokens of
 // each (LocalTokens picks them) and Forward and Backward take those.
-func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights, grads [][]F, be tensor.Kernels[F], B, T int, opt ...Option) (*Model[F], error) {
+func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights []tensor.Weights[F], grads [][]F, be tensor.Kernels[F], B, T int, opt ...Option) (*Model[F], error) {
 	if T > cfg.SeqLen {
 		return nil, fmt.Errorf("model: sequence of %d tokens is longer than model.seq_len (%d)", T, cfg.SeqLen)
 	}
@@ -147,10 +150,10 @@ func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights, grad
 	}
 	var err error
 	local := cfg.MoE.NumExperts / m.ep.Size
-	if m.wptr, err = m.w.bind(cfg, table, weights, local); err != nil {
+	if m.wptr, err = bind(&m.w, cfg, table, weights, tensor.Weights[F].Len, local); err != nil {
 		return nil, err
 	}
-	if m.gptr, err = m.g.bind(cfg, table, grads, local); err != nil {
+	if m.gptr, err = bind(&m.g, cfg, table, grads, func(g []F) int { return len(g) }, local); err != nil {
 		return nil, err
 	}
 	m.blocks = parallel.Blocks(cfg, table)
@@ -208,7 +211,7 @@ func (m *Model[F]) release(block int, backward bool) {
 
 // Bind points parameter i (table order) at new weight and gradient views; a tied
 // output head follows the embedding.
-func (m *Model[F]) Bind(i int, w, g []F) {
+func (m *Model[F]) Bind(i int, w tensor.Weights[F], g []F) {
 	if m.wptr[i] == nil {
 		return // an expert of another expert-parallel rank
 	}
@@ -218,22 +221,23 @@ func (m *Model[F]) Bind(i int, w, g []F) {
 	}
 }
 
-// bind fills p from views (table order) and returns a pointer to each parameter's
-// view inside p. An empty view is allowed: a runtime with hooks binds it later.
-// Only the first local experts have places: the plan lays out an expert-parallel
-// rank's experts as experts 0..local−1 of its expert groups.
-func (p *params[F]) bind(cfg config.Model, table []parallel.Param, views [][]F, local int) ([]*[]F, error) {
+// bind fills p from views (table order; size counts a view's elements) and
+// returns a pointer to each parameter's view inside p. An empty view is allowed:
+// a runtime with hooks binds it later. Only the first local experts have places:
+// the plan lays out an expert-parallel rank's experts as experts 0..local−1 of
+// its expert groups.
+func bind[S any](p *params[S], cfg config.Model, table []parallel.Param, views []S, size func(S) int, local int) ([]*S, error) {
 	if len(views) != len(table) {
 		return nil, fmt.Errorf("model: %d views for %d parameters", len(views), len(table))
 	}
-	byName := make(map[string][]F, len(table))
+	byName := make(map[string]S, len(table))
 	for i := range table {
-		if n := int64(len(views[i])); n != table[i].LocalNumel() && n != 0 {
-			return nil, fmt.Errorf("model: %s has %d elements, its view %d", table[i].Name, table[i].LocalNumel(), len(views[i]))
+		if n := int64(size(views[i])); n != table[i].LocalNumel() && n != 0 {
+			return nil, fmt.Errorf("model: %s has %d elements, its view %d", table[i].Name, table[i].LocalNumel(), n)
 		}
 		byName[table[i].Name] = views[i]
 	}
-	get := func(name string) []F { return byName[name] }
+	get := func(name string) S { return byName[name] }
 	p.embed, p.norm = get("embed.weight"), get("norm.weight")
 	p.output = get("output.weight")
 	if cfg.TieEmbeddings {
@@ -241,13 +245,13 @@ func (p *params[F]) bind(cfg config.Model, table []parallel.Param, views [][]F, 
 	}
 	for l := 0; l < cfg.Layers; l++ {
 		pre := fmt.Sprintf("layers.%d.", l)
-		lp := layerParams[F]{
+		lp := layerParams[S]{
 			attnNorm: get(pre + "attn_norm.weight"), wq: get(pre + "attn.wq"), wk: get(pre + "attn.wk"), wv: get(pre + "attn.wv"),
 			wo: get(pre + "attn.wo"), mlpNorm: get(pre + "mlp_norm.weight"), w1: get(pre + "mlp.w1"), w3: get(pre + "mlp.w3"), w2: get(pre + "mlp.w2"),
 		}
 		if cfg.IsMoELayer(l) {
-			mp := &moeParams[F]{router: get(pre + "moe.router")}
-			three := func(q string) [3][]F { return [3][]F{get(q + ".w1"), get(q + ".w3"), get(q + ".w2")} }
+			mp := &moeParams[S]{router: get(pre + "moe.router")}
+			three := func(q string) [3]S { return [3]S{get(q + ".w1"), get(q + ".w3"), get(q + ".w2")} }
 			for s := 0; s < cfg.MoE.SharedExperts; s++ {
 				mp.shared = append(mp.shared, three(fmt.Sprintf("%smoe.shared.%d", pre, s)))
 			}
@@ -258,14 +262,14 @@ func (p *params[F]) bind(cfg config.Model, table []parallel.Param, views [][]F, 
 		}
 		p.layers = append(p.layers, lp)
 	}
-	ptrs := map[string]*[]F{"embed.weight": &p.embed, "norm.weight": &p.norm}
+	ptrs := map[string]*S{"embed.weight": &p.embed, "norm.weight": &p.norm}
 	if !cfg.TieEmbeddings {
 		ptrs["output.weight"] = &p.output
 	}
 	for l := range p.layers {
 		lp := &p.layers[l]
 		pre := fmt.Sprintf("layers.%d.", l)
-		for name, ptr := range map[string]*[]F{"attn_norm.weight": &lp.attnNorm, "attn.wq": &lp.wq, "attn.wk": &lp.wk, "attn.wv": &lp.wv,
+		for name, ptr := range map[string]*S{"attn_norm.weight": &lp.attnNorm, "attn.wq": &lp.wq, "attn.wk": &lp.wk, "attn.wv": &lp.wv,
 			"attn.wo": &lp.wo, "mlp_norm.weight": &lp.mlpNorm, "mlp.w1": &lp.w1, "mlp.w3": &lp.w3, "mlp.w2": &lp.w2} {
 			ptrs[pre+name] = ptr
 		}
@@ -283,7 +287,7 @@ func (p *params[F]) bind(cfg config.Model, table []parallel.Param, views [][]F, 
 			}
 		}
 	}
-	out := make([]*[]F, len(table))
+	out := make([]*S, len(table))
 	for i := range table {
 		out[i] = ptrs[table[i].Name]
 		if out[i] == nil && table[i].Expert >= local {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/tensor/cpu"
 	"github.com/stretchr/testify/require"
 )
@@ -34,7 +35,7 @@ func build[F float32 | float64](t *testing.T, cfg config.Model, B, T int, opt ..
 		w[i], g[i] = make([]F, table[i].LocalNumel()), make([]F, table[i].LocalNumel())
 		InitParam(w[i], &table[i], 0, 42, 0.3, cfg.Layers) // large std: gradients well above rounding
 	}
-	m, err := New[F](cfg, table, w, g, cpu.Kernels[F]{}, B, T, opt...)
+	m, err := New[F](cfg, table, tensor.WeightViews(w), g, cpu.Kernels[F]{}, B, T, opt...)
 	require.NoError(t, err)
 	return m, w, g, table
 }
@@ -190,4 +191,51 @@ func TestInitStatistics(t *testing.T) {
 		}
 	}
 	require.NotEqual(t, wq0[:8], wq1[:8])
+}
+
+// TestBF16Weights: a model bound to bf16 weight views computes exactly what the
+// same model computes on the fp32 widening of those weights (every kernel widens
+// exactly, then runs as for fp32), for the loss and every gradient: dense, tied,
+// MoE with shared experts, flash attention and full recompute.
+func TestBF16Weights(t *testing.T) {
+	cases := map[string]struct {
+		cfg  config.Model
+		opts []Option
+	}{
+		"dense": {cfg: tinyConfig(false)}, "tied": {cfg: tinyConfig(true)},
+		"moe":        {cfg: tinyMoE(1, 0, 1)},
+		"flash-full": {cfg: tinyMoE(1, 0, 2), opts: []Option{WithRecompute("full"), withFlash(true)}},
+	}
+	for name, tc := range cases {
+		table, err := parallel.ParamTable(tc.cfg, 1, 1)
+		require.NoError(t, err)
+		w32, hv := make([][]float32, len(table)), make([]tensor.Weights[float32], len(table))
+		g32, gh := make([][]float32, len(table)), make([][]float32, len(table))
+		for i := range table {
+			n := table[i].LocalNumel()
+			w := make([]float32, n)
+			InitParam(w, &table[i], 0, 42, 0.3, tc.cfg.Layers)
+			h := make([]tensor.BF16, n)
+			tensor.CastToBF16(h, w)
+			tensor.CastToFloat32(w, h) // the fp32 model runs on the widened bf16 values
+			w32[i], hv[i] = w, tensor.BF16Weights[float32](h)
+			g32[i], gh[i] = make([]float32, n), make([]float32, n)
+		}
+		B, T := 2, 5
+		a, err := New[float32](tc.cfg, table, tensor.WeightViews(w32), g32, cpu.Backend{}, B, T, tc.opts...)
+		require.NoError(t, err)
+		b, err := New[float32](tc.cfg, table, hv, gh, cpu.Backend{}, B, T, tc.opts...)
+		require.NoError(t, err)
+		tokens := []int32{1, 4, 2, 9, 0, 3, 3, 10, 5, 6}
+		targets := []int32{4, 2, 9, 0, 7, 3, 10, -1, 6, 1}
+		la, na := a.Forward(tokens, targets)
+		lb, nb := b.Forward(tokens, targets)
+		require.Equal(t, na, nb, name)
+		require.Equal(t, la, lb, "%s: loss", name)
+		a.Backward(tokens, targets, 1/float64(na))
+		b.Backward(tokens, targets, 1/float64(nb))
+		for i := range table {
+			require.Equal(t, g32[i], gh[i], "%s: gradient of %s", name, table[i].Name)
+		}
+	}
 }

@@ -20,11 +20,11 @@ import (
 // the fraction of routed copies that went to expert e and P_e the mean router
 // probability of e; its gradient flows through P (f is a count).
 
-// moeParams are one MoE layer's views.
-type moeParams[F any] struct {
-	router  []F
-	shared  [][3][]F // w1, w3, w2 of each shared expert
-	experts [][3][]F // w1, w3, w2 of each routed expert
+// moeParams are one MoE layer's weight or gradient views.
+type moeParams[S any] struct {
+	router  S
+	shared  [][3]S // w1, w3, w2 of each shared expert
+	experts [][3]S // w1, w3, w2 of each routed expert
 }
 
 // moeActs are one MoE layer's saved activations.
@@ -105,7 +105,7 @@ func capacity(c config.Model, BT int) int {
 }
 
 // moeForward adds the MoE block's output for input x (BT,C) into out (BT,C).
-func (m *Model[F]) moeForward(out, x []F, p moeParams[F], a *moeActs[F]) {
+func (m *Model[F]) moeForward(out, x []F, p moeParams[tensor.Weights[F]], a *moeActs[F]) {
 	be, c := m.be, m.Cfg
 	BT, C := m.rows(), c.Hidden
 	E, k := c.MoE.NumExperts, c.MoE.TopK
@@ -159,7 +159,7 @@ func (m *Model[F]) moeForward(out, x []F, p moeParams[F], a *moeActs[F]) {
 
 // expertsForward runs each local expert's SwiGLU over its segment of xin (segment
 // e spans rows offsets[e]..offsets[e+1]) into yout.
-func (m *Model[F]) expertsForward(p moeParams[F], a *moeActs[F], xin, yout []F, offsets []int32) {
+func (m *Model[F]) expertsForward(p moeParams[tensor.Weights[F]], a *moeActs[F], xin, yout []F, offsets []int32) {
 	be, C, EF := m.be, m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden
 	for e, w := range p.experts {
 		lo, n := int(offsets[e]), int(offsets[e+1]-offsets[e])
@@ -263,7 +263,7 @@ func (m *Model[F]) epRegroup(a *moeActs[F], loc, recv []F, toLocal bool) {
 
 // moeBackward accumulates into dx (BT,C) and the parameter gradients g the
 // gradient of dout·out + auxScale·aux_loss_coeff·aux.
-func (m *Model[F]) moeBackward(dx, dout, x []F, p, g moeParams[F], a *moeActs[F], auxScale float64) {
+func (m *Model[F]) moeBackward(dx, dout, x []F, p moeParams[tensor.Weights[F]], g moeParams[[]F], a *moeActs[F], auxScale float64) {
 	be, c := m.be, m.Cfg
 	BT, C := m.rows(), c.Hidden
 	E, k := c.MoE.NumExperts, c.MoE.TopK
@@ -340,7 +340,7 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p, g moeParams[F], a *moeActs[F]
 // are the output gradients and inputs (rows offsets[e]..offsets[e+1]); the input
 // gradients go to dxin (overwritten: the segments tile rows 0..rows) and the weight
 // gradients accumulate.
-func (m *Model[F]) expertsBackward(p, g moeParams[F], a *moeActs[F], dy, xin, dxin []F, offsets []int32, rows int) {
+func (m *Model[F]) expertsBackward(p moeParams[tensor.Weights[F]], g moeParams[[]F], a *moeActs[F], dy, xin, dxin []F, offsets []int32, rows int) {
 	be, C, EF, s := m.be, m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden, &m.scratch
 	dsw, dga, dup := s.moeDh[:rows*EF], s.moeDg[:rows*EF], s.moeDu[:rows*EF]
 	for e := range p.experts {

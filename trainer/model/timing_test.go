@@ -17,11 +17,11 @@ type timed struct {
 }
 
 func (k timed) rec(name string, start time.Time) { k.t[name] += time.Since(start) }
-func (k timed) Matmul(out, inp, weight []float32, s tensor.MatmulShape, acc bool) {
+func (k timed) Matmul(out, inp []float32, weight tensor.Weights[float32], s tensor.MatmulShape, acc bool) {
 	defer k.rec("Matmul", time.Now())
 	k.Backend.Matmul(out, inp, weight, s, acc)
 }
-func (k timed) MatmulBackward(dinp, dweight, dout, inp, weight []float32, s tensor.MatmulShape, acc bool) {
+func (k timed) MatmulBackward(dinp, dweight, dout, inp []float32, weight tensor.Weights[float32], s tensor.MatmulShape, acc bool) {
 	defer k.rec("MatmulBackward", time.Now())
 	k.Backend.MatmulBackward(dinp, dweight, dout, inp, weight, s, acc)
 }
@@ -41,11 +41,11 @@ func (k timed) SwiGLUBackward(dg, du, do, g, u []float32, n int, acc bool) {
 	defer k.rec("SwiGLUBackward", time.Now())
 	k.Backend.SwiGLUBackward(dg, du, do, g, u, n, acc)
 }
-func (k timed) RMSNorm(out, rstd, inp, w []float32, BT, C int, eps float64) {
+func (k timed) RMSNorm(out, rstd, inp []float32, w tensor.Weights[float32], BT, C int, eps float64) {
 	defer k.rec("RMSNorm", time.Now())
 	k.Backend.RMSNorm(out, rstd, inp, w, BT, C, eps)
 }
-func (k timed) RMSNormBackward(dinp, dw, dout, inp, w, rstd []float32, BT, C int) {
+func (k timed) RMSNormBackward(dinp, dw, dout, inp []float32, w tensor.Weights[float32], rstd []float32, BT, C int) {
 	defer k.rec("RMSNormBackward", time.Now())
 	k.Backend.RMSNormBackward(dinp, dw, dout, inp, w, rstd, BT, C)
 }
@@ -78,7 +78,7 @@ func BenchmarkStepBreakdown(b *testing.B) {
 		InitParam(w[i], &table[i], 0, 1, cfg.InitStd, cfg.Layers)
 	}
 	k := timed{cpu.Backend{}, map[string]time.Duration{}}
-	m, err := New[float32](cfg, table, w, g, k, B, T)
+	m, err := New[float32](cfg, table, tensor.WeightViews(w), g, k, B, T)
 	if err != nil {
 		b.Fatal(err)
 	}

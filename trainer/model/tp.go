@@ -128,7 +128,7 @@ func (m *Model[F]) gatherGrad(src []F) []F {
 // row-parallel weight) into out, this rank's rows of the residual stream: without
 // tensor parallelism one accumulating matmul; with it, the matmul's partial sums
 // over all rows are reduce-scattered and the rank's rows added.
-func (m *Model[F]) rowParallel(out, inp, w []F, K int) {
+func (m *Model[F]) rowParallel(out, inp []F, w tensor.Weights[F], K int) {
 	BT, C := m.B*m.T, m.Cfg.Hidden
 	if m.tp == nil {
 		m.be.Matmul(out, inp, w, tensor.MatmulShape{BT: BT, C: K, OC: C}, true)
@@ -162,7 +162,7 @@ func (m *Model[F]) scatterGrad(dx []F) []F {
 // normBackward is RMSNormBackward over this rank's rows; under tensor parallelism
 // the gain's gradient (from these rows only) is summed over the tp group before it
 // is added.
-func (m *Model[F]) normBackward(dinp, dw, dout, inp, w, rstd []F) {
+func (m *Model[F]) normBackward(dinp, dw, dout, inp []F, w tensor.Weights[F], rstd []F) {
 	R, C := m.rows(), m.Cfg.Hidden
 	if m.tp == nil {
 		m.be.RMSNormBackward(dinp, dw, dout, inp, w, rstd, R, C)
@@ -198,7 +198,7 @@ func (m *Model[F]) embed(x []F, tokens []int32) {
 	for i, tok := range tokens[:BT] {
 		row := p.px[i*C : (i+1)*C]
 		if t := int(tok) - lo; t >= 0 && t < n {
-			copy(row, m.w.embed[t*C:(t+1)*C])
+			m.w.embed.Widen(row, t*C)
 		} else {
 			clear(row)
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/parallel/comm"
+	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/tensor/cpu"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -69,7 +70,7 @@ func meshPass(t *testing.T, cfg config.Model, B, T, tp, cp int, recompute string
 				}
 				opts = append(opts, WithContextParallel(ContextParallel{Comm: c, Rank: cr, Size: cp}))
 			}
-			m, err := New[float32](cfg, table, w, g, cpu.Kernels[float32]{}, B, T, opts...)
+			m, err := New[float32](cfg, table, tensor.WeightViews(w), g, cpu.Kernels[float32]{}, B, T, opts...)
 			if err != nil {
 				errs[r] = err
 				return

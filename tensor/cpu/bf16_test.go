@@ -1,0 +1,136 @@
+package cpu
+
+import (
+	"fmt"
+	"math/rand"
+	"slices"
+	"testing"
+
+	"github.com/shardline/shardline/tensor"
+)
+
+// bf16Of rounds x to bf16 storage and returns it with its exact float32 widening.
+func bf16Of(x []float32) ([]tensor.BF16, []float32) {
+	h := make([]tensor.BF16, len(x))
+	tensor.CastToBF16(h, x)
+	w := make([]float32, len(x))
+	tensor.CastToFloat32(w, h)
+	return h, w
+}
+
+// TestSgemmBF16 holds SgemmBF16 to Sgemm on the widened B, bit for bit: widening
+// is exact and the packed panels then hold the same float32 values, so the
+// micro-kernels run the same sums in the same order. Shapes cover partial panels
+// (N not a multiple of 32), several K blocks (K > 512), both layouts of B, beta
+// 0 and 1, and products shared among the cores.
+func TestSgemmBF16(t *testing.T) {
+	r := rand.New(rand.NewSource(7))
+	shapes := [][3]int{{1, 1, 1}, {7, 33, 5}, {13, 70, 300}, {768, 384, 128}, {128, 768, 700}, {100, 1, 64}, {2, 3100, 17}}
+	for _, s := range shapes {
+		for _, tA := range []bool{false, true} {
+			for _, tB := range []bool{false, true} {
+				for _, beta := range []float32{0, 1} {
+					M, N, K := s[0], s[1], s[2]
+					name := fmt.Sprintf("%dx%dx%d/tA=%v/tB=%v/beta=%v", M, N, K, tA, tB, beta)
+					lda, ldb, ldc := K+3, N+1, N+2
+					rowsA, rowsB := M, K
+					if tA {
+						lda, rowsA = M+3, K
+					}
+					if tB {
+						ldb, rowsB = K+1, N
+					}
+					A, C := randSlice(r, rowsA*lda), randSlice(r, M*ldc)
+					Bh, Bw := bf16Of(randSlice(r, rowsB*ldb))
+					want := slices.Clone(C)
+					Sgemm(tA, tB, M, N, K, 1, A, lda, Bw, ldb, beta, want, ldc)
+					SgemmBF16(tA, tB, M, N, K, 1, A, lda, Bh, ldb, beta, C, ldc)
+					if !slices.Equal(want, C) {
+						t.Fatalf("%s: the bf16 product differs from the float32 product of the widened B", name)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestBF16WeightKernels runs every kernel that reads weights on a bf16 view and
+// on the float32 view of the same (widened) values: the outputs must agree bit
+// for bit, since each kernel widens exactly and then computes as for float32.
+func TestBF16WeightKernels(t *testing.T) {
+	r := rand.New(rand.NewSource(8))
+	const BT, C, OC, V = 37, 96, 130, 50
+	inp, dout := randSlice(r, BT*C), randSlice(r, BT*OC)
+	wh, ww := bf16Of(randSlice(r, OC*C))
+	gh, gw := bf16Of(randSlice(r, C))
+	eh, ew := bf16Of(randSlice(r, V*C))
+	tokens := make([]int32, BT)
+	for i := range tokens {
+		tokens[i] = int32(r.Intn(V))
+	}
+	type outs struct{ mm, dinp, dw, emb, norm, rstd, dnorm, dgain []float32 }
+	run := func(w, g, e tensor.Weights[float32]) outs {
+		o := outs{mm: make([]float32, BT*OC), dinp: make([]float32, BT*C), dw: make([]float32, OC*C), emb: make([]float32, BT*C),
+			norm: make([]float32, BT*C), rstd: make([]float32, BT), dnorm: make([]float32, BT*C), dgain: make([]float32, C)}
+		s := tensor.MatmulShape{BT: BT, C: C, OC: OC}
+		Matmul(o.mm, inp, w, s, false)
+		MatmulBackward(o.dinp, o.dw, dout, inp, w, s, false)
+		Embedding(o.emb, tokens, e, BT, C)
+		RMSNorm(o.norm, o.rstd, inp, g, BT, C, 1e-5)
+		RMSNormBackward(o.dnorm, o.dgain, o.norm, inp, g, o.rstd, BT, C)
+		return o
+	}
+	a := run(tensor.BF16Weights[float32](wh), tensor.BF16Weights[float32](gh), tensor.BF16Weights[float32](eh))
+	b := run(tensor.FloatWeights(ww), tensor.FloatWeights(gw), tensor.FloatWeights(ew))
+	for name, pair := range map[string][2][]float32{"matmul": {a.mm, b.mm}, "dinp": {a.dinp, b.dinp}, "dweight": {a.dw, b.dw},
+		"embedding": {a.emb, b.emb}, "rmsnorm": {a.norm, b.norm}, "rmsnorm dinp": {a.dnorm, b.dnorm}, "rmsnorm dweight": {a.dgain, b.dgain}} {
+		if !slices.Equal(pair[0], pair[1]) {
+			t.Errorf("%s: bf16 weights differ from their float32 widening", name)
+		}
+	}
+	// float64 kernels (the gradient checks) widen bf16 weights too.
+	m64 := make([]float64, BT*OC)
+	Matmul(m64, f64(inp), tensor.BF16Weights[float64](wh), tensor.MatmulShape{BT: BT, C: C, OC: OC}, false)
+	for i, v := range m64 {
+		if d := v - float64(b.mm[i]); d > 1e-3 || d < -1e-3 { // float32 vs float64 sums of 96 unit-size products
+			t.Fatalf("float64 matmul on bf16 weights: element %d is %v, float32 gives %v", i, v, b.mm[i])
+		}
+	}
+}
+
+func f64(x []float32) []float64 {
+	out := make([]float64, len(x))
+	for i, v := range x {
+		out[i] = float64(v)
+	}
+	return out
+}
+
+// BenchmarkMatmulBF16 runs the products that read weights (forward and the
+// input gradient) with float32 and with bf16 weights, on the nanoGPT shape's
+// projections (768 tokens, C = 128 and 384, FFN 512) and llama-style 2048 tokens
+// of C = 512: bf16 storage must not slow the step (the widening rides on packing).
+func BenchmarkMatmulBF16(b *testing.B) {
+	for _, s := range []struct {
+		name      string
+		BT, C, OC int
+	}{{"768x128x384", 768, 128, 384}, {"768x512x128", 768, 512, 128}, {"2048x512x1536", 2048, 512, 1536}} {
+		r := rand.New(rand.NewSource(3))
+		inp, dout := randSlice(r, s.BT*s.C), randSlice(r, s.BT*s.OC)
+		wh, ww := bf16Of(randSlice(r, s.OC*s.C))
+		out, dinp := make([]float32, s.BT*s.OC), make([]float32, s.BT*s.C)
+		sh := tensor.MatmulShape{BT: s.BT, C: s.C, OC: s.OC}
+		for _, v := range []struct {
+			dtype string
+			w     tensor.Weights[float32]
+		}{{"fp32", tensor.FloatWeights(ww)}, {"bf16", tensor.BF16Weights[float32](wh)}} {
+			b.Run(fmt.Sprintf("%s/%s", s.name, v.dtype), func(b *testing.B) {
+				for i := 0; i < b.N; i++ {
+					Matmul(out, inp, v.w, sh, false)
+					gemmW(false, false, s.BT, s.C, s.OC, dout, s.OC, v.w, s.C, 0, dinp, s.C)
+				}
+				b.ReportMetric(4*float64(s.BT*s.C*s.OC)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+			})
+		}
+	}
+}
