@@ -345,6 +345,10 @@ func (g *gemmCall) packB(bp []float32, pc, kcur, jc, ncur int) {
 // [pc, pc+kcur), widened to float32, zero-padded to NR columns.
 func (g *gemmCall) packBH(panel []float32, pc, kcur, j0, w int) {
 	if !g.transB {
+		if w == nr {
+			widenPanel(panel, g.Bh[pc*g.ldb+j0:], g.ldb, kcur)
+			return
+		}
 		for p := 0; p < kcur; p++ {
 			dst := panel[p*nr : p*nr+nr]
 			k := pc + p
@@ -372,6 +376,16 @@ func (g *gemmCall) packBH(panel []float32, pc, kcur, j0, w int) {
 		row := g.Bh[(j0+j)*g.ldb+pc : (j0+j)*g.ldb+pc+kcur]
 		for p, v := range row {
 			panel[p*nr+j] = math.Float32frombits(uint32(v) << 16)
+		}
+	}
+}
+
+// widenPanelGo is widenPanel in Go.
+func widenPanelGo(dst []float32, src []tensor.BF16, ldb, k int) {
+	for p := 0; p < k; p++ {
+		d, s := (*[nr]float32)(dst[p*nr:p*nr+nr]), (*[nr]tensor.BF16)(src[p*ldb:p*ldb+nr])
+		for j, v := range s {
+			d[j] = math.Float32frombits(uint32(v) << 16)
 		}
 	}
 }

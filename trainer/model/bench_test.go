@@ -19,8 +19,14 @@ func ShakespeareChar() config.Model {
 }
 
 // BenchmarkTrainStep is one forward and backward pass of a batch of 12×64 tokens;
-// tokens/s is what `make bench` compares with PyTorch on the same model.
+// tokens/s is what `make bench` compares with PyTorch on the same model. fp32 and
+// bf16 are the weights' storage (the arithmetic is fp32 in both).
 func BenchmarkTrainStep(b *testing.B) {
+	b.Run("fp32", func(b *testing.B) { benchTrainStep(b, false) })
+	b.Run("bf16", func(b *testing.B) { benchTrainStep(b, true) })
+}
+
+func benchTrainStep(b *testing.B, bf16 bool) {
 	cfg := ShakespeareChar()
 	B, T := 12, 64
 	table, err := parallel.ParamTable(cfg, 1, 1)
@@ -32,7 +38,15 @@ func BenchmarkTrainStep(b *testing.B) {
 		w[i], g[i] = make([]float32, table[i].LocalNumel()), make([]float32, table[i].LocalNumel())
 		InitParam(w[i], &table[i], 0, 1, cfg.InitStd, cfg.Layers)
 	}
-	m, err := New[float32](cfg, table, tensor.WeightViews(w), g, cpu.Backend{}, B, T)
+	views := tensor.WeightViews(w)
+	if bf16 {
+		for i := range w {
+			h := make([]tensor.BF16, len(w[i]))
+			tensor.CastToBF16(h, w[i])
+			views[i] = tensor.BF16Weights[float32](h)
+		}
+	}
+	m, err := New[float32](cfg, table, views, g, cpu.Backend{}, B, T)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -1,0 +1,23 @@
+//go:build amd64 && !purego
+
+package cpu
+
+import "github.com/shardline/shardline/tensor"
+
+//go:noescape
+func widenPanelAVX512(dst *float32, src *tensor.BF16, ldb, k int)
+
+// widenPanel writes dst[p*NR+j] = src[p*ldb+j] widened to float32, for p < k and
+// j < NR: a full panel of an untransposed bf16 B.
+func widenPanel(dst []float32, src []tensor.BF16, ldb, k int) {
+	if k == 0 {
+		return
+	}
+	_ = dst[k*nr-1]
+	_ = src[(k-1)*ldb+nr-1]
+	if hasAVX512 {
+		widenPanelAVX512(&dst[0], &src[0], ldb, k)
+		return
+	}
+	widenPanelGo(dst, src, ldb, k)
+}
