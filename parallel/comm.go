@@ -94,7 +94,7 @@ func fsdpCollectives(r *config.Recipe, groups []Group, m Mesh, micro int64, d dt
 func modelCollectives(r *config.Recipe, m Mesh, t tokens, micro int64, d dtypes) []Collective {
 	mo := r.Model
 	h := int64(mo.Hidden)
-	dt := dtypeName(d.compute)
+	dt := dtypeName(d.act) // activations travel in the dtype the engine keeps them in
 	layers := int64(mo.Layers)
 	var moeLayers int64
 	for l := 0; l < mo.Layers; l++ {
@@ -120,7 +120,7 @@ func modelCollectives(r *config.Recipe, m Mesh, t tokens, micro int64, d dtypes)
 		// backward, and reduce-scatters its input gradient); the vocabulary-parallel
 		// loss exchanges each row's log-sum-exp and target logit; the norm gains'
 		// gradients are summed over tp.
-		act := t.local * h * d.compute
+		act := t.local * h * d.act
 		fwd := passes - 1 // forward passes over a layer: 2 with full recompute
 		out = append(out,
 			Collective{AllGather, AxisTP, "normed activations", dt, act, ((2*fwd+2)*layers + 2) * micro, false},
@@ -135,7 +135,7 @@ func modelCollectives(r *config.Recipe, m Mesh, t tokens, micro int64, d dtypes)
 		// K/V block cp−1 steps along the ring; backward passes K/V again (cp−1
 		// steps) and the dK/dV accumulators (cp steps, the last one home). Each step
 		// runs beside a block of attention compute.
-		kv := 2 * t.local * int64(mo.EffectiveKVHeads()) * int64(mo.HeadSize()) / int64(m.TP) * d.compute
+		kv := 2 * t.local * int64(mo.EffectiveKVHeads()) * int64(mo.HeadSize()) / int64(m.TP) * d.act
 		out = append(out,
 			Collective{SendRecv, AxisCP, "keys/values", dt, kv, (cp - 1) * (passes - 1) * layers * micro, true},
 			Collective{SendRecv, AxisCP, "keys/values bwd", dt, kv, (cp - 1) * layers * micro, true},
@@ -148,10 +148,10 @@ func modelCollectives(r *config.Recipe, m Mesh, t tokens, micro int64, d dtypes)
 	}
 	if m.EP > 1 && moeLayers > 0 {
 		// Dispatch and combine each pass; each carries the routed copies of a rank.
-		out = append(out, Collective{AllToAll, AxisEP, "tokens", dt, t.routed * h * d.compute, 2 * passes * moeLayers * micro, false})
+		out = append(out, Collective{AllToAll, AxisEP, "tokens", dt, t.routed * h * d.act, 2 * passes * moeLayers * micro, false})
 	}
 	if m.ETP > 1 && moeLayers > 0 {
-		out = append(out, Collective{AllReduce, AxisETP, "expert outputs", dt, t.routed * h * d.compute, passes * moeLayers * micro, false})
+		out = append(out, Collective{AllReduce, AxisETP, "expert outputs", dt, t.routed * h * d.act, passes * moeLayers * micro, false})
 	}
 	return out
 }

@@ -38,9 +38,12 @@ func (m Memory) Components() []struct {
 	}
 }
 
-// dtypes of a recipe, in bytes per element.
+// dtypes of a recipe, in bytes per element: compute weights, main weights,
+// gradients as reduced (the wire), optimizer state per element; and what the
+// engine holds: activations (act) and gradient buffers (gradHeld).
 type dtypes struct {
 	compute, main, grad, optim int64
+	act, gradHeld              int64
 	separateMain               bool
 }
 
@@ -60,6 +63,13 @@ func dtypesOf(r *config.Recipe) dtypes {
 	}
 	if r.Train.Optimizer == "sgd" {
 		d.optim = 4 // momentum only
+	}
+	d.act, d.gradHeld = d.compute, d.grad
+	if r.Parallel.Device == "cpu" {
+		// The CPU engine stores compute weights in bf16 when the recipe says so,
+		// but computes and keeps activations in fp32 and accumulates gradients in
+		// fp32 (reducing them in bf16 on the wire): docs/engine.md.
+		d.act, d.gradHeld = 4, 4
 	}
 	return d
 }
@@ -83,9 +93,9 @@ func staticMemory(strategy string, full, shard int64, d dtypes) Memory {
 		m.MainWeights = owned * d.main
 	}
 	m.OptimizerState = owned * d.optim
-	m.Grads = full * d.grad
+	m.Grads = full * d.gradHeld
 	if gradSharded {
-		m.Grads = shard * d.grad
+		m.Grads = shard * d.gradHeld
 	}
 	return m
 }
@@ -172,7 +182,7 @@ func activationBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
 			return (attn + 2*t.local*h + 3*t.local*f) / tp
 		}
 		ef := int64(mo.MoE.ExpertFFNHidden)
-		e := attn + 2*t.local*h + 2*t.local*int64(mo.MoE.NumExperts)*4/d.compute
+		e := attn + 2*t.local*h + 2*t.local*int64(mo.MoE.NumExperts)*4/d.act
 		e += t.routed*h + 3*t.routed*ef/int64(m.ETP) + 3*t.local*ef*int64(mo.MoE.SharedExperts)
 		if cpu {
 			// The CPU engine keeps the experts' outputs per routed copy (combined in
@@ -203,7 +213,7 @@ func activationBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
 		elems += stats / tp
 	}
 	elems += 2 * t.local * h / tp
-	return elems * d.compute
+	return elems * d.act
 }
 
 // dispatchBytes is the all-to-all send and receive buffers of one MoE layer, reused
@@ -214,11 +224,11 @@ func dispatchBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) (expected, wors
 		return 0, 0
 	}
 	h, tp := int64(r.Model.Hidden), int64(m.TP) // sequence parallelism routes a rank's 1/tp of the tokens
-	return 2 * t.routed * h * d.compute / tp, 2 * t.worst * h * d.compute / tp
+	return 2 * t.routed * h * d.act / tp, 2 * t.worst * h * d.act / tp
 }
 
 // logitsBytes: the output logits of one micro-batch (vocabulary split over tp) in the
 // compute dtype, plus the fp32 softmax the fused cross-entropy keeps for backward.
 func logitsBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
-	return t.local * int64(r.Model.VocabSize/m.TP) * (d.compute + 4)
+	return t.local * int64(r.Model.VocabSize/m.TP) * (d.act + 4)
 }

@@ -95,7 +95,7 @@ func Compile(r *config.Recipe, topo Topology) (*Plan, error) {
 	p.memory(r, d)
 	// Owned elements: the main weights and moments this rank updates.
 	owned := (p.Memory.OptimizerState / d.optim)
-	p.OptimizerS = float64(2*owned*(d.main+d.optim+d.grad+d.compute)) / topo.Device.HBMBandwidth
+	p.OptimizerS = float64(2*owned*(d.main+d.optim+d.gradHeld+d.compute)) / topo.Device.HBMBandwidth
 	p.Collectives = append(fsdpCollectives(r, groups, m, int64(p.MicroBatches), d), modelCollectives(r, m, tokensOf(r, m), int64(p.MicroBatches), d)...)
 	p.Comm = summarize(p.Collectives, m, topo)
 	p.timing(r)
@@ -127,7 +127,7 @@ func (p *Plan) memory(r *config.Recipe, d dtypes) {
 	mem := staticMemory(p.Strategy, full, shard, d)
 	p.Buffers = unitBuffers(r, p, unitFull)
 	mem.GatheredUnits = p.Buffers.Gather * d.compute
-	mem.GradReduceBuffers = p.Buffers.Reduce * d.grad
+	mem.GradReduceBuffers = p.Buffers.Reduce * d.gradHeld
 	t := tokensOf(r, p.Mesh)
 	mem.Activations = activationBytes(r, p.Mesh, t, d)
 	mem.MoEDispatch, p.MoEDispatchWorst = dispatchBytes(r, p.Mesh, t, d)

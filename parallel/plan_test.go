@@ -117,10 +117,11 @@ func TestTinyByHand(t *testing.T) {
 }
 
 // TestStrategyTable checks what each strategy keeps whole or sharded (bf16 compute,
-// fp32 main weights, bf16 gradient reduction), for 8 ranks.
+// fp32 main weights, bf16 gradients as Megatron-FSDP holds them on GPUs), for 8
+// ranks.
 func TestStrategyTable(t *testing.T) {
 	full, shard := int64(800), int64(100)
-	d := dtypes{compute: 2, main: 4, grad: 2, optim: 8, separateMain: true}
+	d := dtypes{compute: 2, main: 4, grad: 2, optim: 8, act: 2, gradHeld: 2, separateMain: true}
 	for _, tc := range []struct {
 		strategy                    string
 		weights, main, grads, optim int64
@@ -399,4 +400,31 @@ func TestPlanRefusesWhatLintRefuses(t *testing.T) {
 		require.ErrorAs(t, err, &ke, c.name)
 		require.Equal(t, c.key, ke.Key, "%s: %v", c.name, err)
 	}
+}
+
+// TestEngineDtypes: a bf16 plan counts compute weights at 2 bytes on any device;
+// on the CPU, whose engine keeps activations and gradients in fp32 (docs/engine.md),
+// those are counted at 4 bytes, the same as an fp32 plan's, while a plan of
+// several GPUs counts Megatron-FSDP's bf16 activations and gradients.
+func TestEngineDtypes(t *testing.T) {
+	mem := func(sets ...string) Memory {
+		res := load(t, "../recipes/tiny.toml", append([]string{"parallel.world_size=2", "train.global_batch_size=32"}, sets...)...)
+		topo, err := TopologyOf(res.Recipe.Parallel)
+		require.NoError(t, err)
+		p, err := Compile(&res.Recipe, topo)
+		require.NoError(t, err)
+		return p.Memory
+	}
+	fp32 := mem()
+	cpu := mem("precision.bf16=true", "fsdp.grad_reduce_in_bf16=true")
+	assert.Equal(t, fp32.Weights/2, cpu.Weights)
+	assert.Equal(t, fp32.GatheredUnits/2, cpu.GatheredUnits)
+	assert.Equal(t, fp32.Grads, cpu.Grads)
+	assert.Equal(t, fp32.GradReduceBuffers, cpu.GradReduceBuffers)
+	assert.Equal(t, fp32.Activations, cpu.Activations)
+	assert.Equal(t, fp32.Logits, cpu.Logits)
+	gpu := mem("parallel.device=\"cuda\"", "precision.bf16=true", "fsdp.grad_reduce_in_bf16=true")
+	gpu32 := mem("parallel.device=\"cuda\"")
+	assert.Equal(t, gpu32.Grads/2, gpu.Grads)
+	assert.Equal(t, gpu32.Activations/2, gpu.Activations)
 }
