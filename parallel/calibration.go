@@ -117,6 +117,14 @@ type Calibration struct {
 	// what the tables predict for them. InStep and PerCall are then fitted to the
 	// rest of each pass.
 	InStepGEMM float64 `json:"in_step_gemm_factor,omitempty"`
+	// InStepGEMMPerByte, when set, adds seconds per byte of the matmuls' operands
+	// (both inputs and the output, each product of forward and backward) to their
+	// time inside a step: the tables time each shape called again and again, its
+	// operands warm in cache, while inside a step they come from memory, which
+	// costs small and skinny products (few FLOPs per byte) most. With it,
+	// InStepGEMM is the least-squares α of matmuls ≈ α·tables + β·bytes over the
+	// samples (relative errors); without it, the pooled ratio alone.
+	InStepGEMMPerByte float64 `json:"in_step_gemm_s_per_byte,omitempty"`
 	// InStepAttention, when set, scales attention's table time the same way:
 	// attention's own time inside the passes over what the tables predict for it.
 	InStepAttention float64 `json:"in_step_attention_factor,omitempty"`
@@ -180,21 +188,29 @@ type InStepSample struct {
 	GEMMTables   float64 `json:"gemm_tables_s,omitempty"`
 	AttnMeasured float64 `json:"attention_measured_s,omitempty"`
 	AttnTables   float64 `json:"attention_tables_s,omitempty"`
+	// GEMMBytes is the operand bytes of the pass's matmuls (MicroCompute): a
+	// property of the model's shapes, not a measurement.
+	GEMMBytes float64 `json:"gemm_bytes,omitempty"`
 }
 
 // FitInStep sets InStepGEMM and InStepAttention (each kind's measured time in the
-// passes over its tables' time, pooled over the samples), then InStep and PerCall
-// from the rest of the passes by least squares (both at least 0; with one sample,
-// or a negative per-call cost, the factor alone).
+// passes over its tables' time, pooled over the samples; for the matmuls, with
+// every sample's operand bytes known, α and β of matmuls ≈ α·tables + β·bytes
+// instead, fitted to relative errors, when both come out positive), then InStep
+// and PerCall from the rest of the passes by least squares (both at least 0;
+// with one sample, or a negative per-call cost, the factor alone).
 func (c *Calibration) FitInStep() {
 	var gm, gt, am, at float64
 	for _, s := range c.InStepSamples {
 		gm, gt = gm+s.GEMMMeasured, gt+s.GEMMTables
 		am, at = am+s.AttnMeasured, at+s.AttnTables
 	}
-	c.InStepGEMM, c.InStepAttention = 0, 0
+	c.InStepGEMM, c.InStepGEMMPerByte, c.InStepAttention = 0, 0, 0
 	if gm > 0 && gt > 0 {
 		c.InStepGEMM = gm / gt
+		if a, b, ok := fitGEMMTraffic(c.InStepSamples); ok {
+			c.InStepGEMM, c.InStepGEMMPerByte = a, b
+		}
 	}
 	if am > 0 && at > 0 {
 		c.InStepAttention = am / at
@@ -226,6 +242,31 @@ func (c *Calibration) FitInStep() {
 	if stt > 0 {
 		c.InStep, c.PerCall = smt/stt, 0
 	}
+}
+
+// fitGEMMTraffic fits measured ≈ a·tables + b·bytes to the samples' matmuls,
+// each sample weighted by 1/measured² (so relative errors count alike for small
+// and large models). ok is false with fewer than two samples, a sample without
+// its bytes or matmul times, or a fit with a ≤ 0 or b < 0.
+func fitGEMMTraffic(samples []InStepSample) (a, b float64, ok bool) {
+	if len(samples) < 2 {
+		return 0, 0, false
+	}
+	var stt, stb, sbb, syt, syb float64
+	for _, s := range samples {
+		if s.GEMMBytes <= 0 || s.GEMMMeasured <= 0 || s.GEMMTables <= 0 {
+			return 0, 0, false
+		}
+		w := 1 / (s.GEMMMeasured * s.GEMMMeasured)
+		t, x, y := s.GEMMTables, s.GEMMBytes, s.GEMMMeasured
+		stt, stb, sbb, syt, syb = stt+w*t*t, stb+w*t*x, sbb+w*x*x, syt+w*y*t, syb+w*y*x
+	}
+	det := stt*sbb - stb*stb
+	if det <= 0 {
+		return 0, 0, false
+	}
+	a, b = (syt*sbb-syb*stb)/det, (stt*syb-stb*syt)/det
+	return a, b, a > 0 && b >= 0
 }
 
 // GEMMPoint is one measured matmul shape: seconds per call, forward and backward

@@ -81,7 +81,7 @@ func TestCalibratedStep(t *testing.T) {
 	c := CalibrationFor("cpu")
 	require.True(t, strings.HasPrefix(one.TimeModel, "per operation, calibrated on "+c.Host), one.TimeModel)
 	res := load(t, "../recipes/tiny.toml")
-	tables, gemm, attn, calls := MicroCompute(res.Recipe.Model, res.Recipe.Train.MicroBatchSize, "none", c)
+	tables, gemm, attn, calls, gemmBytes := MicroCompute(res.Recipe.Model, res.Recipe.Train.MicroBatchSize, "none", c)
 	gf, af := c.InStep, c.InStep
 	if c.InStepGEMM > 0 {
 		gf = c.InStepGEMM
@@ -89,9 +89,15 @@ func TestCalibratedStep(t *testing.T) {
 	if c.InStepAttention > 0 {
 		af = c.InStepAttention
 	}
-	want := gf*gemm + af*attn + c.InStep*(tables-gemm-attn) + c.PerCall*calls
+	want := gf*gemm + c.InStepGEMMPerByte*gemmBytes + af*attn + c.InStep*(tables-gemm-attn) + c.PerCall*calls
 	assert.InEpsilon(t, want, one.ComputeS-c.stream(StreamSumSquares, float64(one.Memory.Grads)/4), 1e-9,
-		"compute is the micro-batch's matmuls × their in-step factor, attention × its, the other kernels × theirs, their launches, and the gradient norm")
+		"compute is the micro-batch's matmuls × their in-step factor plus their operands' traffic, attention × its factor, the other kernels × theirs, their launches, and the gradient norm")
+	// The tiny recipe's matmuls: per layer q, k, v, o (128×128) and the MLP
+	// (128×384 twice, 384×128) on 16·128 rows, and the head (128×256); each
+	// product's operands counted once forward and twice backward.
+	BT := 16 * 128.0
+	op := func(k, n float64) float64 { return 3 * 4 * (BT*k + k*n + BT*n) }
+	assert.InEpsilon(t, 4*(4*op(128, 128)+2*op(128, 384)+op(384, 128))+op(128, 256), gemmBytes, 1e-12)
 	assert.InEpsilon(t, one.ComputeS+one.OptimizerS+one.ExposedCommS, one.StepTimeS, 1e-12)
 
 	four := compile(t, &load(t, "../recipes/tiny.toml", "parallel.world_size=4", "train.global_batch_size=64").Recipe)
@@ -122,4 +128,28 @@ func TestFitInStepSplitsTheMatmuls(t *testing.T) {
 	assert.InDelta(t, attnF, c.InStepAttention, 1e-9)
 	assert.InDelta(t, restF, c.InStep, 1e-9)
 	assert.InDelta(t, perCall, c.PerCall, 1e-12)
+	assert.Zero(t, c.InStepGEMMPerByte, "no operand bytes in the samples: the pooled factor alone")
+}
+
+// TestFitInStepTraffic: with each sample's matmul operand bytes known, the
+// matmuls' in-step time is fitted as α·tables + β·bytes: samples made from known
+// α and β (small models moving many bytes per FLOP, large ones few) give them
+// back, and the plan's matmul time follows.
+func TestFitInStepTraffic(t *testing.T) {
+	const alpha, beta = 0.95, 60e-12
+	c := &Calibration{}
+	for i, s := range []struct{ gemm, bytes float64 }{{0.018, 110e6}, {0.078, 230e6}, {0.014, 117e6}, {0.0025, 27e6}, {0.0032, 31e6}} {
+		m := alpha*s.gemm + beta*s.bytes
+		c.InStepSamples = append(c.InStepSamples, InStepSample{Model: fmt.Sprint(i), Tables: 2 * s.gemm, GEMMTables: s.gemm, GEMMMeasured: m,
+			GEMMBytes: s.bytes, Calls: 50, Measured: m + s.gemm})
+	}
+	c.FitInStep()
+	assert.InDelta(t, alpha, c.InStepGEMM, 1e-9)
+	assert.InDelta(t, beta, c.InStepGEMMPerByte, 1e-18)
+	// A sample without its bytes (a table calibrated before they were recorded)
+	// falls back to the pooled factor.
+	c.InStepSamples[2].GEMMBytes = 0
+	c.FitInStep()
+	assert.Zero(t, c.InStepGEMMPerByte)
+	assert.Greater(t, c.InStepGEMM, 1.0)
 }

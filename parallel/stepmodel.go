@@ -32,7 +32,7 @@ func stepModel(r *config.Recipe, p *Plan, c *Calibration) StepBreakdown {
 	var b StepBreakdown
 	b.HostShare = max(p.Topology.GPUsPerNode, 1) // ranks per node, at most the world
 	tk := tokensOf(r, m)
-	g, a, s, calls := microCompute(mo, microShape{B: r.Train.MicroBatchSize, T: mo.SeqLen / m.CP, CP: m.CP, TP: m.TP, EP: m.EP, ETP: m.ETP,
+	g, a, s, calls, gb := microCompute(mo, microShape{B: r.Train.MicroBatchSize, T: mo.SeqLen / m.CP, CP: m.CP, TP: m.TP, EP: m.EP, ETP: m.ETP,
 		Routed: int(tk.routed), Mode: r.ActivationCheckpoint.Mode}, c)
 	gf := c.InStep
 	if c.InStepGEMM > 0 {
@@ -41,6 +41,7 @@ func stepModel(r *config.Recipe, p *Plan, c *Calibration) StepBreakdown {
 	if gf > 0 {
 		g *= gf
 	}
+	g += c.InStepGEMMPerByte * gb // and their operands' traffic
 	af := c.InStep
 	if c.InStepAttention > 0 {
 		af = c.InStepAttention // attention by its own in-step factor
@@ -97,8 +98,9 @@ type microShape struct {
 
 // microCompute is the kernel time of one micro-batch's forward and backward on one
 // rank, by the calibration's tables (GEMM, attention, memory-bound kernels), before
-// the in-step factor.
-func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, calls float64) {
+// the in-step factor, and the bytes of the matmuls' operands (gb: inputs and
+// output of every product, forward and backward, recomputation included).
+func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, calls, gb float64) {
 	BT, B, T := sh.B*sh.T, sh.B, sh.T
 	C, HD := mo.Hidden, mo.HeadSize()
 	NH, NKV := mo.Heads/sh.TP, mo.EffectiveKVHeads()/sh.TP
@@ -107,9 +109,18 @@ func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, call
 	flash := mo.SeqLen >= config.CPUFlashAttentionFrom || sh.CP > 1
 	// calls counts the kernels launched, for the per-call cost a step adds (workers
 	// woken for each kernel); each helper counts its own.
+	// A product's operands: forward reads x (rows,k) and W (n,k) and writes
+	// (rows,n); backward's two products move as much each.
+	opBytes := func(rows, k, n int) float64 { return 4 * float64(rows*k+k*n+rows*n) }
 	gemm := func(rows, k, n int) float64 {
 		calls += 2
+		gb += 3 * opBytes(rows, k, n)
 		return c.gemmTime(rows, k, n, false) + c.gemmTime(rows, k, n, true)
+	}
+	var fgb float64 // the current layer's forward matmul bytes, which full recompute repeats
+	fwd := func(rows, k, n int) float64 {
+		fgb += opBytes(rows, k, n)
+		return c.gemmTime(rows, k, n, false)
 	}
 	stream := func(kind string, n float64) float64 { calls++; return c.stream(kind, n) }
 	attnFwd := c.attentionTime(flash, B*NH, T, HD, false)
@@ -133,19 +144,20 @@ func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, call
 	for l := 0; l < mo.Layers; l++ {
 		var lg, la, ls float64
 		ls += 2 * (stream(StreamRMSNorm, float64(R*C)) + stream(StreamRMSNormBwd, float64(R*C)))
-		lg += gemm(BT, C, Q) + 2*gemm(BT, C, KV) + gemm(BT, Q, C)
+		lg += gemm(BT, C, Q) + gemm(BT, C, KV) + gemm(BT, C, KV) + gemm(BT, Q, C)
 		ls += stream(StreamRope, float64(BT*Q)) + stream(StreamRope, float64(BT*KV))
 		ls += stream(StreamRopeBwd, float64(BT*Q)) + stream(StreamRopeBwd, float64(BT*KV))
 		la += attnFwd + attnBwd
 		calls += 2
 		// What recomputation repeats in backward.
 		fa := attnFwd // (its launch is counted with the recompute below)
-		fg := c.gemmTime(BT, C, Q, false) + 2*c.gemmTime(BT, C, KV, false) + c.gemmTime(BT, Q, C, false)
+		fgb = 0
+		fg := fwd(BT, C, Q) + fwd(BT, C, KV) + fwd(BT, C, KV) + fwd(BT, Q, C)
 		fs := 2*c.stream(StreamRMSNorm, float64(R*C)) + c.stream(StreamRope, float64(BT*Q)) + c.stream(StreamRope, float64(BT*KV))
 		if mo.MoE.NumExperts > 0 && (l+1)%mo.MoE.LayerFreq == 0 {
 			E, EF := mo.MoE.NumExperts, mo.MoE.ExpertFFNHidden/sh.ETP
 			lg += gemm(BT, C, E)
-			fg += c.gemmTime(BT, C, E, false)
+			fg += fwd(BT, C, E)
 			ls += stream(StreamRouter, float64(BT*E)) + stream(StreamRouterBwd, float64(BT*E))
 			fs += c.stream(StreamRouter, float64(BT*E))
 			rc := float64(sh.Routed * C)
@@ -155,36 +167,41 @@ func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, call
 			rows := (sh.Routed + local - 1) / local // per local expert, balanced
 			// Each local expert launches its own kernels; balanced, they are alike,
 			// so one is timed and counted, times the local experts.
-			before := calls
-			eg := 2*gemm(rows, C, EF) + gemm(rows, EF, C)
+			before, beforeB, beforeF := calls, gb, fgb
+			eg := gemm(rows, C, EF) + gemm(rows, C, EF) + gemm(rows, EF, C)
 			es := stream(StreamSwiGLU, float64(rows*EF)) + stream(StreamSwiGLUBwd, float64(rows*EF))
+			efg := fwd(rows, C, EF) + fwd(rows, C, EF) + fwd(rows, EF, C)
 			calls = before + float64(local)*(calls-before)
+			gb, fgb = beforeB+float64(local)*(gb-beforeB), beforeF+float64(local)*(fgb-beforeF)
 			lg += float64(local) * eg
 			ls += float64(local) * es
-			fg += float64(local) * (2*c.gemmTime(rows, C, EF, false) + c.gemmTime(rows, EF, C, false))
+			fg += float64(local) * efg
 			fs += float64(local) * c.stream(StreamSwiGLU, float64(rows*EF))
 			if k := float64(mo.MoE.SharedExperts); k > 0 {
 				SF := mo.MoE.ExpertFFNHidden / sh.TP
-				lg += k * (2*gemm(BT, C, SF) + gemm(BT, SF, C))
-				fg += k * (2*c.gemmTime(BT, C, SF, false) + c.gemmTime(BT, SF, C, false))
+				before, beforeB, beforeF := calls, gb, fgb
+				lg += k * (gemm(BT, C, SF) + gemm(BT, C, SF) + gemm(BT, SF, C))
+				fg += k * (fwd(BT, C, SF) + fwd(BT, C, SF) + fwd(BT, SF, C))
 				ls += k * (stream(StreamSwiGLU, float64(BT*SF)) + stream(StreamSwiGLUBwd, float64(BT*SF)))
+				calls, gb, fgb = before+k*(calls-before), beforeB+k*(gb-beforeB), beforeF+k*(fgb-beforeF)
 				fs += k * c.stream(StreamSwiGLU, float64(BT*SF))
 			}
 		} else {
-			lg += 2*gemm(BT, C, FF) + gemm(BT, FF, C)
-			fg += 2*c.gemmTime(BT, C, FF, false) + c.gemmTime(BT, FF, C, false)
+			lg += gemm(BT, C, FF) + gemm(BT, C, FF) + gemm(BT, FF, C)
+			fg += fwd(BT, C, FF) + fwd(BT, C, FF) + fwd(BT, FF, C)
 			ls += stream(StreamSwiGLU, float64(BT*FF)) + stream(StreamSwiGLUBwd, float64(BT*FF))
 			fs += c.stream(StreamSwiGLU, float64(BT*FF))
 		}
 		switch sh.Mode {
 		case "full":
 			lg, la, ls = lg+fg, la+fa, ls+fs
+			gb += fgb
 		case "selective":
 			la += fa
 		}
 		g, a, s = g+lg, a+la, s+ls
 	}
-	return g, a, s, calls
+	return g, a, s, calls, gb
 }
 
 // MicroCompute is microCompute for one rank holding the whole model (no tensor or
@@ -192,11 +209,11 @@ func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, call
 // of it) and the
 // kernels launched, which the calibration's in-step factors and per-call cost are
 // fitted against.
-func MicroCompute(mo config.Model, batch int, mode string, c *Calibration) (tables, gemm, attention, calls float64) {
+func MicroCompute(mo config.Model, batch int, mode string, c *Calibration) (tables, gemm, attention, calls, gemmBytes float64) {
 	routed := 0
 	if mo.MoE.NumExperts > 0 {
 		routed = batch * mo.SeqLen * mo.MoE.TopK
 	}
-	g, a, s, calls := microCompute(mo, microShape{B: batch, T: mo.SeqLen, TP: 1, EP: 1, ETP: 1, Routed: routed, Mode: mode}, c)
-	return g + a + s, g, a, calls
+	g, a, s, calls, gb := microCompute(mo, microShape{B: batch, T: mo.SeqLen, TP: 1, EP: 1, ETP: 1, Routed: routed, Mode: mode}, c)
+	return g + a + s, g, a, calls, gb
 }

@@ -135,12 +135,38 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 		if err != nil {
 			return nil, err
 		}
-		tables, gemmTables, attnTables, calls := parallel.MicroCompute(cm.model, cm.batch, "none", c)
+		tables, gemmTables, attnTables, calls, gemmBytes := parallel.MicroCompute(cm.model, cm.batch, "none", c)
 		c.InStepSamples = append(c.InStepSamples, parallel.InStepSample{Model: cm.name, Measured: measured, Tables: tables, Calls: calls,
-			GEMMMeasured: gemm, GEMMTables: gemmTables, AttnMeasured: attn, AttnTables: attnTables})
+			GEMMMeasured: gemm, GEMMTables: gemmTables, AttnMeasured: attn, AttnTables: attnTables, GEMMBytes: gemmBytes})
 	}
 	c.FitInStep()
 	return c, nil
+}
+
+// Refit redoes a calibration's in-step fit without measuring anything: each
+// sample's model-derived figures (the tables' time, the kernels launched, the
+// matmuls' operand bytes) are computed again from its model, by the current step
+// model over the calibration's own tables, and FitInStep runs on them beside the
+// measured times. It is how a table measured before a change of the step model
+// is brought up to it. A sample of a model Calibrate does not time is an error.
+func Refit(c *parallel.Calibration) error {
+	c.Index()
+	for i := range c.InStepSamples {
+		smp := &c.InStepSamples[i]
+		found := false
+		for _, cm := range calibrationModels {
+			if cm.name != smp.Model {
+				continue
+			}
+			found = true
+			smp.Tables, smp.GEMMTables, smp.AttnTables, smp.Calls, smp.GEMMBytes = parallel.MicroCompute(cm.model, cm.batch, "none", c)
+		}
+		if !found {
+			return fmt.Errorf("in-step sample %q: not a model shardline calibrate times; measure the table again", smp.Model)
+		}
+	}
+	c.FitInStep()
+	return nil
 }
 
 // calibrationModels are the models whose steps fit the in-step factor: unlike the

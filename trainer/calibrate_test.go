@@ -42,8 +42,38 @@ func TestCalibrateSmallGrid(t *testing.T) {
 		require.Less(t, smp.GEMMMeasured+smp.AttnMeasured, smp.Measured, "%s: the matmuls and attention are part of the pass", smp.Model)
 		require.Greater(t, smp.GEMMTables, 0.0, smp.Model)
 		require.Greater(t, smp.AttnTables, 0.0, smp.Model)
+		require.Greater(t, smp.GEMMBytes, 0.0, "%s: the matmuls' operand bytes", smp.Model)
 	}
 	require.Contains(t, back.Collectives, parallel.CollectiveKey(parallel.SendRecv, 2))
 	require.Contains(t, back.Host, "CPUs")
 	require.Contains(t, back.Collectives, parallel.CollectiveKey(parallel.AllGather, 2))
+}
+
+// TestRefit: redoing the in-step fit of a shipped table keeps every measured time,
+// recomputes each sample's model-derived figures (the same as the table's, which
+// a refit wrote) and fits the matmuls' traffic term; a sample of a model
+// Calibrate does not time is refused by name.
+func TestRefit(t *testing.T) {
+	shipped := parallel.CalibrationFor("cpu")
+	b, err := json.Marshal(shipped)
+	require.NoError(t, err)
+	c, err := parallel.ParseCalibration(b)
+	require.NoError(t, err)
+	for i := range c.InStepSamples {
+		c.InStepSamples[i].GEMMBytes, c.InStepSamples[i].Tables = 0, 0
+	}
+	require.NoError(t, Refit(c))
+	for i, smp := range c.InStepSamples {
+		want := shipped.InStepSamples[i]
+		require.Equal(t, want.Measured, smp.Measured, "measured times are kept")
+		require.Equal(t, want.GEMMMeasured, smp.GEMMMeasured)
+		require.InEpsilon(t, want.GEMMBytes, smp.GEMMBytes, 1e-12, smp.Model)
+		require.InEpsilon(t, want.Tables, smp.Tables, 1e-9, smp.Model)
+	}
+	require.InEpsilon(t, shipped.InStepGEMM, c.InStepGEMM, 1e-9)
+	require.InEpsilon(t, shipped.InStepGEMMPerByte, c.InStepGEMMPerByte, 1e-9)
+	require.Greater(t, c.InStepGEMMPerByte, 0.0, "the shipped table's matmuls pay for their operands' traffic")
+
+	c.InStepSamples[0].Model = "a model of another shardline"
+	require.ErrorContains(t, Refit(c), `"a model of another shardline"`)
 }

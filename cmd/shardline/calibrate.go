@@ -2,16 +2,19 @@ package main
 
 import (
 	"encoding/json"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/tensor/cpu"
 	"github.com/shardline/shardline/trainer"
 )
 
 func (a *app) calibrateCmd() *cobra.Command {
-	var out string
+	var out, refit string
 	var minTime time.Duration
 	cmd := &cobra.Command{
 		Use:   "calibrate [-o FILE]",
@@ -23,10 +26,35 @@ embedding, cross-entropy, the optimizer, ...) and the in-process collectives. It
 writes them as JSON with the machine, date and version. The plan's per-operation
 time model reads them (docs/plan.md): shardline ships the table measured on the
 machine that built it; set calibration = "FILE" in shardline.toml (or
-SHARDLINE_CALIBRATION) to plan with your machine's. It takes a minute or two.`,
-		Example: `  shardline calibrate -o cpu-calibration.json`,
-		Args:    cobra.NoArgs,
+SHARDLINE_CALIBRATION) to plan with your machine's. It takes a minute or two.
+
+With --refit FILE it measures nothing: it reads a calibration and redoes its
+in-step fit (the factors relating the tables to whole training passes) with the
+current step model, keeping every measured time; this brings a table measured by
+an older shardline up to a newer time model.`,
+		Example: `  shardline calibrate -o cpu-calibration.json
+  shardline calibrate --refit cpu-calibration.json -o cpu-calibration.json`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if refit != "" {
+				b, err := os.ReadFile(refit)
+				if err != nil {
+					return usageErr("--refit %s: %v", refit, err)
+				}
+				c, err := parallel.ParseCalibration(b)
+				if err != nil {
+					return usageErr("--refit %s: %v; give a file shardline calibrate wrote", refit, err)
+				}
+				if err := trainer.Refit(c); err != nil {
+					return usageErr("--refit %s: %v", refit, err)
+				}
+				c.Source = strings.TrimSuffix(c.Source, refitNote) + refitNote
+				b, err = json.MarshalIndent(c, "", " ")
+				if err != nil {
+					return err
+				}
+				return a.writeOutput(out, append(b, '\n'))
+			}
 			if minTime <= 0 || minTime > time.Minute {
 				return usageErr("--min-time %s: give a duration in (0, 1m]", minTime)
 			}
@@ -43,6 +71,10 @@ SHARDLINE_CALIBRATION) to plan with your machine's. It takes a minute or two.`,
 		},
 	}
 	cmd.Flags().StringVarP(&out, "output", "o", "", "write the calibration to this file instead of standard output")
+	cmd.Flags().StringVar(&refit, "refit", "", "redo the in-step fit of this calibration file with the current step model (measures nothing)")
 	cmd.Flags().DurationVar(&minTime, "min-time", 20*time.Millisecond, "time each shape for at least this long (its median call is kept)")
 	return cmd
 }
+
+// refitNote marks a calibration whose in-step fit --refit redid.
+const refitNote = "; in-step fit redone by shardline calibrate --refit"
