@@ -36,14 +36,17 @@ var moeSets = []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.mo
 // TestResumeIsBitExact: a run stopped at step 5 (checkpoints every 3 steps and on
 // the stop) and resumed equals the run that was never stopped, bit for bit: every
 // later loss, gradient norm and validation loss, and the final weights. Dense and
-// MoE, every strategy, 2 ranks (4 with expert parallelism 2), and 2 ranks of
-// context or of tensor parallelism.
+// MoE, every strategy, 2 ranks (4 with expert parallelism 2), 2 ranks of
+// context or of tensor parallelism, and bf16 storage with bf16 reduction (the
+// resumed run rounds the loaded fp32 main weights to the same bf16 compute
+// weights).
 func TestResumeIsBitExact(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		sets []string
 	}{
 		{"dense", []string{"parallel.world_size=2"}},
+		{"dense-bf16", []string{"parallel.world_size=2", "precision.bf16=true", "fsdp.grad_reduce_in_bf16=true"}},
 		{"dense-cp2", []string{"parallel.world_size=2", "parallel.context_parallel=2"}},
 		{"dense-tp2", []string{"parallel.world_size=2", "parallel.tensor_parallel=2", "model.heads=4", "model.kv_heads=4"}},
 		{"moe-ep2", append([]string{"parallel.world_size=4", "parallel.expert_parallel=2", "train.global_batch_size=16"}, moeSets...)},
