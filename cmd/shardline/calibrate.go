@@ -39,7 +39,7 @@ an older shardline up to a newer time model.`,
 			if refit != "" {
 				b, err := os.ReadFile(refit)
 				if err != nil {
-					return usageErr("--refit %s: %v", refit, err)
+					return usageErr("--refit %s: %v; give a calibration file (shardline calibrate -o FILE writes one)", refit, err)
 				}
 				c, err := parallel.ParseCalibration(b)
 				if err != nil {

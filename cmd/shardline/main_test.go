@@ -850,4 +850,19 @@ func TestCalibrationSetting(t *testing.T) {
 	code, _, errs = shardline(t, nil, "calibrate", "--min-time", "0s")
 	assert.Equal(t, exitUsage, code)
 	assert.Contains(t, errs, "--min-time 0s: give a duration in (0, 1m]")
+
+	// --refit redoes a table's in-step fit, keeping its measurements, and writes
+	// a table the plan reads; a file that is not a calibration is refused.
+	code, _, errs = shardline(t, nil, "calibrate", "--refit", filepath.Join(dir, "here.json"), "-o", filepath.Join(dir, "refit.json"))
+	require.Equal(t, 0, code, errs)
+	back, err := parallel.ParseCalibration(must(os.ReadFile(filepath.Join(dir, "refit.json"))))
+	require.NoError(t, err)
+	assert.Equal(t, shipped.GEMM, back.GEMM, "the measured tables are kept")
+	assert.Contains(t, back.Source, "in-step fit redone by shardline calibrate --refit")
+	code, _, errs = shardline(t, nil, "calibrate", "--refit", filepath.Join(dir, "bad.json"))
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, errs, "--refit "+filepath.Join(dir, "bad.json"))
+	code, _, errs = shardline(t, nil, "calibrate", "--refit", filepath.Join(dir, "missing.json"))
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, errs, "--refit "+filepath.Join(dir, "missing.json"))
 }
