@@ -32,12 +32,7 @@ func trainedResult(t *testing.T, res *config.Resolved) (*Result, []float64, [][]
 	t.Helper()
 	out, err := Run(context.Background(), res, opts())
 	require.NoError(t, err)
-	var losses []float64
-	for _, line := range bytes.Split(bytes.TrimSpace(must(os.ReadFile(filepath.Join(out.Dir, "metrics.jsonl")))), []byte("\n")) {
-		var m Metrics
-		require.NoError(t, json.Unmarshal(line, &m))
-		losses = append(losses, m.Loss)
-	}
+	losses := lossesOf(t, out.Dir)
 	table, err := parallel.ParamTable(res.Recipe.Model, 1, 1)
 	require.NoError(t, err)
 	views := make([][]float32, len(table))

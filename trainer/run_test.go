@@ -377,13 +377,7 @@ func TestBF16TracksFP32(t *testing.T) {
 		o.Env = map[string]string{"GOROOT": runtime.GOROOT()}
 		out, err := Run(context.Background(), res, o)
 		require.NoError(t, err)
-		var losses []float64
-		for _, line := range bytes.Split(bytes.TrimSpace(must(os.ReadFile(filepath.Join(out.Dir, "metrics.jsonl")))), []byte("\n")) {
-			var m Metrics
-			require.NoError(t, json.Unmarshal(line, &m))
-			losses = append(losses, m.Loss)
-		}
-		return out, losses
+		return out, lossesOf(t, out.Dir)
 	}
 	f32, lf := curve(false)
 	b16, lb := curve(true)
