@@ -111,6 +111,36 @@ func TestDataParallelEquivalence(t *testing.T) {
 	}
 }
 
+// TestBF16DataParallelEquivalence: with bf16 storage of the compute weights, 4
+// ranks under every strategy (and MoE with expert parallelism 2) train the losses
+// one rank trains. Each rank rounds its shard of the same fp32 main weights and
+// the bf16 values are gathered, so every strategy computes on the same bf16
+// weights; what differs is the order of the gradient sums, which moves the main
+// weights by about 1e-7 and now and then flips a bf16 rounding (one bf16 step,
+// 2⁻⁸ relative, of one weight). Tolerance 1e-4 relative on every loss; measured
+// at most 2e-6 here; a weight read from a wrong shard or in the wrong
+// dtype moves the loss by 1e-2 or more.
+func TestBF16DataParallelEquivalence(t *testing.T) {
+	base := []string{"train.steps=8", "train.micro_batch_size=1", "train.global_batch_size=8", "train.eval_interval=0", "train.warmup_steps=2", "precision.bf16=true"}
+	moe := []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32"}
+	ref, _ := tinyRun(t, append(base, "parallel.world_size=1")...)
+	refLoss, _ := trained(t, ref)
+	worst := 0.0
+	for _, strat := range []string{"no_shard", "optim", "optim_grads", "optim_grads_params"} {
+		res, _ := tinyRun(t, append(base, "parallel.world_size=4", "fsdp.data_parallel_sharding_strategy="+strat)...)
+		l, _ := trained(t, res)
+		worst = max(worst, maxRelDiff(refLoss, l))
+		assert.Less(t, maxRelDiff(refLoss, l), 1e-4, "bf16 n=4 %s losses", strat)
+	}
+	mref, _ := tinyRun(t, append(append(base, moe...), "parallel.world_size=1")...)
+	mLoss, _ := trained(t, mref)
+	res, _ := tinyRun(t, append(append(base, moe...), "parallel.world_size=4", "parallel.expert_parallel=2")...)
+	l, _ := trained(t, res)
+	worst = max(worst, maxRelDiff(mLoss, l))
+	assert.Less(t, maxRelDiff(mLoss, l), 1e-4, "bf16 moe ep 2 losses")
+	t.Logf("worst relative loss difference %.2g", worst)
+}
+
 // TestMultiRankRerunIsBitIdentical: reductions run in rank order, so the same
 // 4-rank run twice gives the same bits.
 func TestMultiRankRerunIsBitIdentical(t *testing.T) {
