@@ -21,3 +21,21 @@ func widenPanel(dst []float32, src []tensor.BF16, ldb, k int) {
 	}
 	widenPanelGo(dst, src, ldb, k)
 }
+
+//go:noescape
+func toBF16AVX512(dst *tensor.BF16, src *float32, n int)
+
+// toBF16Rows rounds src to bf16 into dst (same length) on the calling goroutine.
+func toBF16Rows(dst []tensor.BF16, src []float32) {
+	n := len(src)
+	bulk := n &^ 15
+	if hasAVX512 && bulk > 0 {
+		_ = dst[n-1]
+		toBF16AVX512(&dst[0], &src[0], bulk)
+	} else {
+		bulk = 0
+	}
+	for i := bulk; i < n; i++ {
+		dst[i] = tensor.ToBF16(src[i])
+	}
+}
