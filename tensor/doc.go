@@ -2,9 +2,11 @@
 // values, computed in fp32) and the Backend interface, the kernels the model needs,
 // each Forward with its Backward, outputs first in every argument list.
 //
-// Buffers are float32 slices in host memory. The CUDA backend (build tag cuda) will
-// need device-resident buffers; that choice belongs to the GPU issue and will extend
-// this interface, not fork it.
+// Buffers are slices in host memory: activations and gradients of the kernels'
+// element type, compute weights as Weights views, which carry their dtype (F, or
+// bf16 storage the kernels widen as they read it). The GPU backend (package cuda,
+// build tag cuda) holds device buffers of its own; one buffer type for both is the
+// device-ready engine's next step (docs/engine.md).
 //
 // It imports nothing from shardline. tensor/cpu is the reference implementation.
 package tensor
