@@ -1,13 +1,23 @@
 #!/usr/bin/env bash
-# Sgemm against PyTorch's matmul (OpenBLAS) on the model's own shapes, in one run.
+# Sgemm against PyTorch's matmul (OpenBLAS) on the model's own shapes, in one run;
+# then products on bf16 weights against the same on fp32 weights.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 go test ./tensor/cpu -run '^$' -bench Sgemm -count 1 | awk '/GFLOP/ {n=$1; sub(/^BenchmarkSgemm\//, "", n); sub(/-[0-9]+$/, "", n); print n, $(NF-1)}' > /tmp/shardline-gemm-go.txt
 if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
 	sed 's/^/sgemm /; s/$/ GFLOP\/s (PyTorch missing: make bench-deps)/' /tmp/shardline-gemm-go.txt
-	exit 0
+else
+	/usr/bin/python3 bench/torch_mm.py > /tmp/shardline-gemm-torch.txt
+	awk 'NR==FNR {t[$1]=$2; next} ($1 in t) {printf "sgemm %-18s shardline %6.1f GFLOP/s, PyTorch/OpenBLAS %6.1f: %.2fx\n", $1, $2, t[$1], $2/t[$1]}' \
+		/tmp/shardline-gemm-torch.txt /tmp/shardline-gemm-go.txt
 fi
-/usr/bin/python3 bench/torch_mm.py > /tmp/shardline-gemm-torch.txt
 
-awk 'NR==FNR {t[$1]=$2; next} ($1 in t) {printf "sgemm %-18s shardline %6.1f GFLOP/s, PyTorch/OpenBLAS %6.1f: %.2fx\n", $1, $2, t[$1], $2/t[$1]}' \
-	/tmp/shardline-gemm-torch.txt /tmp/shardline-gemm-go.txt
+# bf16 weights (precision.bf16) against fp32 weights, the same products in one run:
+# the forward and the input gradient, the two that read a weight. Storage in bf16
+# must not slow them (the widening rides on packing B).
+go test ./tensor/cpu -run '^$' -bench MatmulBF16 -count 1 | awk '/GFLOP/ {
+	n=$1; sub(/^BenchmarkMatmulBF16\//, "", n); sub(/-[0-9]+$/, "", n)
+	split(n, p, "/"); g[p[1] "," p[2]] = $(NF-1); if (!(p[1] in seen)) { seen[p[1]] = 1; order[++k] = p[1] }
+} END {
+	for (i = 1; i <= k; i++) { s = order[i]; printf "matmul bf16 weights %-14s %6.1f GFLOP/s, fp32 weights %6.1f: %.2fx\n", s, g[s ",bf16"], g[s ",fp32"], g[s ",bf16"] / g[s ",fp32"] }
+}'
