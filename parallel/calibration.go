@@ -358,6 +358,21 @@ func ParseCalibration(b []byte) (*Calibration, error) {
 			return nil, fmt.Errorf("attention point %+v: shapes and times must be positive", p)
 		}
 	}
+	// The fitted figures scale or add to times: a negative one (a hand-edited
+	// file) would plan negative steps. 0 means not fitted.
+	for name, v := range map[string]float64{"in_step_factor": c.InStep, "per_call_s": c.PerCall, "in_step_gemm_factor": c.InStepGEMM,
+		"in_step_gemm_s_per_byte": c.InStepGEMMPerByte, "in_step_attention_factor": c.InStepAttention} {
+		if !(v >= 0) || math.IsInf(v, 0) {
+			return nil, fmt.Errorf("%s is %v: fitted figures are finite and at least 0", name, v)
+		}
+	}
+	for _, costs := range []map[string]Linear{c.Stream, c.Collectives} {
+		for k, l := range costs {
+			if !(l.Fixed >= 0) || !(l.PerUnit >= 0) || math.IsInf(l.Fixed+l.PerUnit, 0) {
+				return nil, fmt.Errorf("cost %s %+v: seconds per call and per unit are finite and at least 0", k, l)
+			}
+		}
+	}
 	c.Index()
 	return &c, nil
 }

@@ -33,6 +33,19 @@ func TestShippedCalibration(t *testing.T) {
 	require.ErrorContains(t, err, "adamw is missing")
 	_, err = ParseCalibration([]byte("{"))
 	require.ErrorContains(t, err, "not a calibration file")
+	// Fitted figures and costs below 0 (a hand-edited file) are refused by name.
+	for key, val := range map[string]any{"in_step_gemm_s_per_byte": -1e-11, "per_call_s": -1.0, "in_step_factor": -0.5} {
+		require.NoError(t, json.Unmarshal(shippedCPU, &raw))
+		raw[key] = val
+		b, _ = json.Marshal(raw)
+		_, err = ParseCalibration(b)
+		require.ErrorContains(t, err, key+" is ", key)
+	}
+	require.NoError(t, json.Unmarshal(shippedCPU, &raw))
+	raw["stream"].(map[string]any)[StreamAdamW] = map[string]any{"fixed_s": 1e-6, "per_unit_s": -1e-9}
+	b, _ = json.Marshal(raw)
+	_, err = ParseCalibration(b)
+	require.ErrorContains(t, err, "cost adamw")
 
 	// Every shipped table parses and names its machine; one measured on this
 	// machine's kind of CPU stands in for the default.
