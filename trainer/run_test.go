@@ -222,6 +222,19 @@ func TestBF16Compute(t *testing.T) {
 			require.Equal(t, tensor.ToBF16(v), w.BF16[i], "compute weight %d of group %d is not its main weight rounded", i, gi)
 		}
 	}
+	// Holding full weights (optim), a rank's bf16 shard is its part of them, not a
+	// second copy (which state.bytes would not count).
+	ro := *r
+	ro.FSDP.DataParallelShardingStrategy = "optim"
+	po, err := parallel.Compile(&ro, topo)
+	require.NoError(t, err)
+	so, err := newState(po, &ro, cpu.Backend{}, 0, world.Rank(0), func(rank int, axis parallel.Axis) (comm.Communicator, error) {
+		return world.Group(rank, po.Mesh.Group(axis, rank))
+	})
+	require.NoError(t, err)
+	for gi := range so.plan.Groups {
+		require.Same(t, &so.weights[gi].BF16[so.lo[gi]], &so.wshard[gi][0], "group %d's bf16 shard aliases its full weights", gi)
+	}
 	out, err := Run(context.Background(), res, opts())
 	require.NoError(t, err)
 	assert.Less(t, *out.FinalValLoss, out.UnigramBits)

@@ -44,7 +44,7 @@ type state struct {
 	grads      [][]float32     // per group: full gradients (Padded), fp32
 	main       [][]float32     // per group: this rank's shard of the fp32 main weights
 	gshard     [][]float32     // per group: this rank's shard of the reduced gradients
-	wshard     [][]tensor.BF16 // per group: this rank's bf16 compute shard, to gather (bf16 only)
+	wshard     [][]tensor.BF16 // per group: this rank's bf16 compute shard, to gather (bf16 only; its part of weights unless optim_grads_params)
 	m, v       [][]float32
 	lo         []int64 // per group: start of this rank's shard
 	segs       [][]segment
@@ -166,9 +166,15 @@ func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, w
 		n := hi - lo
 		var main []float32
 		switch {
-		case s.bf16:
+		case s.bf16 && s.perUnit:
 			main = make([]float32, n)
 			s.wshard = append(s.wshard, make([]tensor.BF16, n))
+		case s.bf16:
+			// The rank's bf16 shard is its part of the full compute weights, as
+			// Megatron-FSDP's parameter buffer holds it: rounded there in place,
+			// then gathered around it.
+			main = make([]float32, n)
+			s.wshard = append(s.wshard, w.BF16[lo:hi:hi])
 		case s.perUnit:
 			main = make([]float32, n)
 		default:
