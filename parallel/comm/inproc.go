@@ -406,6 +406,10 @@ func (m *member) AllGatherBF16(dst, src []uint16) error {
 		func(ss []slot) {
 			L := len(src)
 			for i, s := range ss {
+				// In place (src is this rank's chunk of dst), as AllGather.
+				if i == m.rank && L > 0 && &dst[i*L] == &s.hb[0] {
+					continue
+				}
 				copy(dst[i*L:(i+1)*L], s.hb)
 			}
 		})

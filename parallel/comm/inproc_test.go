@@ -291,6 +291,41 @@ func TestAllGatherInPlace(t *testing.T) {
 	}
 }
 
+// TestAllGatherBF16InPlace: the bf16 all-gather with each rank's source its own
+// chunk of the destination (a bf16 run's shard inside its full weights), in
+// process and over TCP; run with -race.
+func TestAllGatherBF16InPlace(t *testing.T) {
+	n, L := 3, 16
+	check := func(bufs [][]uint16) {
+		for r := range bufs {
+			for i := 0; i < n; i++ {
+				assert.Equal(t, uint16(i*100+3), bufs[r][i*L+3], "rank %d, chunk %d", r, i)
+			}
+		}
+	}
+	fill := func(bufs [][]uint16, r int) []uint16 {
+		bufs[r] = make([]uint16, n*L)
+		for j := 0; j < L; j++ {
+			bufs[r][r*L+j] = uint16(r*100 + j)
+		}
+		return bufs[r][r*L : (r+1)*L]
+	}
+	bufs := make([][]uint16, n)
+	for _, err := range onRanks(n, time.Second, func(c Communicator) error {
+		return c.AllGatherBF16(bufs[c.Rank()], fill(bufs, c.Rank()))
+	}) {
+		require.NoError(t, err)
+	}
+	check(bufs)
+	tb := make([][]uint16, n)
+	for _, err := range tcpRanks(t, n, 10*time.Second, func(c *TCP) error {
+		return c.AllGatherBF16(tb[c.Rank()], fill(tb, c.Rank()))
+	}) {
+		require.NoError(t, err)
+	}
+	check(tb)
+}
+
 // ringShift passes every member's block one step around the ring, twice (so a
 // second step follows the first in order), and checks each member ends with the
 // block of the member two behind it.

@@ -962,8 +962,14 @@ func (t *TCP) AllGatherBF16(dst, src []uint16) error {
 	if err != nil {
 		return t.end(err)
 	}
-	fromWire16(dst)
-	copy(dst[t.rank*L:(t.rank+1)*L], src)
+	for j := 0; j < t.n; j++ { // the peers' chunks came in wire order; src may be dst's own chunk (in place)
+		if j != t.rank {
+			fromWire16(dst[j*L : (j+1)*L])
+		}
+	}
+	if L > 0 && &dst[t.rank*L] != &src[0] {
+		copy(dst[t.rank*L:(t.rank+1)*L], src)
+	}
 	return nil
 }
 
