@@ -28,3 +28,22 @@ func vexpOrSigmoid(dst, src []float32, sigmoid bool) {
 		}
 	}
 }
+
+//go:noescape
+func vmax32AVX512(x *float32, n int) float32
+
+// maxOf is the largest value of x (not empty), sixteen at a time where the CPU
+// has AVX-512; for finite values the same as a scalar scan.
+func maxOf[F Float](x []F) F {
+	if x32, ok := any(x).([]float32); ok && hasAVX512 && len(x32) >= 16 {
+		bulk := len(x32) &^ 15
+		mx := vmax32AVX512(&x32[0], bulk)
+		for _, v := range x32[bulk:] {
+			if v > mx {
+				mx = v
+			}
+		}
+		return F(mx)
+	}
+	return maxScan(x)
+}

@@ -76,3 +76,34 @@ store:
 done:
 	VZEROUPPER
 	RET
+
+// func vmax32AVX512(x *float32, n int) float32
+//
+// The largest of x[0..n), n a positive multiple of 16: sixteen running maxima,
+// then folded in halves. For finite values it is exactly the largest (max is
+// exact and order-free); NaNs are not ordered (VMAXPS keeps its second operand).
+TEXT ·vmax32AVX512(SB), NOSPLIT, $0-20
+	MOVQ x+0(FP), SI
+	MOVQ n+8(FP), CX
+	VMOVUPS (SI), Z0
+	ADDQ $64, SI
+	SUBQ $16, CX
+mloop:
+	TESTQ CX, CX
+	JEQ mfold
+	VMAXPS (SI), Z0, Z0
+	ADDQ $64, SI
+	SUBQ $16, CX
+	JMP mloop
+mfold:
+	VEXTRACTF32X8 $1, Z0, Y1
+	VMAXPS Y1, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VMAXPS X1, X0, X0
+	VPERMILPS $0x4e, X0, X1
+	VMAXPS X1, X0, X0
+	VPERMILPS $0xb1, X0, X1
+	VMAXPS X1, X0, X0
+	VZEROUPPER
+	MOVSS X0, ret+16(FP)
+	RET

@@ -15,3 +15,6 @@ func vsigmoid32(dst, src []float32) {
 		dst[i] = 1 / (1 + exp32(-x))
 	}
 }
+
+// maxOf is the largest value of x (not empty).
+func maxOf[F Float](x []F) F { return maxScan(x) }

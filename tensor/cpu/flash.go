@@ -102,10 +102,7 @@ func (j *flashJob[F]) rows(c, lo, hi int) {
 					clear(row)
 					continue
 				}
-				mx := row[0]
-				for _, x := range row[:live] {
-					mx = max(mx, x)
-				}
+				mx := maxOf(row[:live])
 				mnew := max(m[r], F(scale)*mx)
 				for t, x := range row[:live] {
 					row[t] = F(scale)*x - mnew
@@ -187,4 +184,16 @@ func (j *flashJob[F]) backward(c, lo, hi int) {
 			}
 		}
 	}
+}
+
+// maxScan is the largest value of x (not empty) by one scan; not the builtin
+// max, whose NaN and ±0 rules cost a branchy sequence per value.
+func maxScan[F Float](x []F) F {
+	mx := x[0]
+	for _, v := range x {
+		if v > mx {
+			mx = v
+		}
+	}
+	return mx
 }

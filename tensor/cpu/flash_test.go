@@ -182,3 +182,29 @@ func BenchmarkAttention(b *testing.B) {
 		})
 	}
 }
+
+// TestMaxOf: the vectorised maximum equals a scalar scan on every length from 1
+// to 100 (bulk of sixteen plus tails), with negative values, -Inf (masked scores)
+// and the maximum at either end.
+func TestMaxOf(t *testing.T) {
+	r := rand.New(rand.NewSource(5))
+	for n := 1; n <= 100; n++ {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = float32(r.NormFloat64()*10 - 20)
+			if r.Intn(7) == 0 {
+				x[i] = float32(math.Inf(-1))
+			}
+		}
+		for _, at := range []int{0, n - 1, r.Intn(n)} {
+			y := append([]float32(nil), x...)
+			y[at] = 99
+			if got, want := maxOf(y), maxScan(y); got != want || got != 99 {
+				t.Fatalf("n=%d, max at %d: got %v, want %v", n, at, got, want)
+			}
+		}
+		if got, want := maxOf(x), maxScan(x); got != want {
+			t.Fatalf("n=%d: got %v, want %v", n, got, want)
+		}
+	}
+}

@@ -389,12 +389,7 @@ func (j *attentionJob[F]) rows(c, lo, hi int) {
 			live := row[:t+1]
 			// softmax(scale·s) over the causal prefix; scale > 0, so the largest
 			// score is found before scaling, and scaling and shifting are one pass.
-			maxv := live[0]
-			for _, x := range live {
-				if x > maxv {
-					maxv = x
-				}
-			}
+			maxv := maxOf(live)
 			for t2, x := range live {
 				live[t2] = (x - maxv) * F(scale)
 			}
