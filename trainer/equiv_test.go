@@ -112,8 +112,8 @@ func TestDataParallelEquivalence(t *testing.T) {
 }
 
 // TestBF16DataParallelEquivalence: with bf16 storage of the compute weights, 4
-// ranks under every strategy (and MoE with expert parallelism 2) train the losses
-// one rank trains. Each rank rounds its shard of the same fp32 main weights and
+// ranks under every strategy, 2 ranks of tensor or of context parallelism, and
+// MoE with expert parallelism 2 train the losses one rank trains. Each rank rounds its shard of the same fp32 main weights and
 // the bf16 values are gathered, so every strategy computes on the same bf16
 // weights; what differs is the order of the gradient sums, which moves the main
 // weights by about 1e-7 and now and then flips a bf16 rounding (one bf16 step,
@@ -131,6 +131,14 @@ func TestBF16DataParallelEquivalence(t *testing.T) {
 		l, _ := trained(t, res)
 		worst = max(worst, maxRelDiff(refLoss, l))
 		assert.Less(t, maxRelDiff(refLoss, l), 1e-4, "bf16 n=4 %s losses", strat)
+	}
+	// Tensor and context parallelism split the products and the attention over 2
+	// ranks: the same bf16 weights, sums in another order.
+	for name, sets := range map[string][]string{"tp2": {"parallel.world_size=2", "parallel.tensor_parallel=2"}, "cp2": {"parallel.world_size=2", "parallel.context_parallel=2"}} {
+		res, _ := tinyRun(t, append(append([]string{}, base...), sets...)...)
+		l, _ := trained(t, res)
+		worst = max(worst, maxRelDiff(refLoss, l))
+		assert.Less(t, maxRelDiff(refLoss, l), 1e-4, "bf16 %s losses", name)
 	}
 	mref, _ := tinyRun(t, append(append(base, moe...), "parallel.world_size=1")...)
 	mLoss, _ := trained(t, mref)
