@@ -109,7 +109,7 @@ func (j *flashJob[F]) rows(c, lo, hi int) {
 				}
 				expInPlace(row[:live])
 				clear(row[live:])
-				corr := F(math.Exp(float64(m[r] - mnew))) // 0 while m is −Inf
+				corr := expF(m[r] - mnew) // 0 while m is −Inf
 				l[r] = l[r]*corr + sum4(row[:live])
 				m[r] = mnew
 				if corr != 1 {
@@ -196,4 +196,13 @@ func maxScan[F Float](x []F) F {
 		}
 	}
 	return mx
+}
+
+// expF is e^x: exp32 for float32 (the kernels' exponential), math.Exp for
+// float64 (the gradient checks).
+func expF[F Float](x F) F {
+	if v, ok := any(x).(float32); ok {
+		return F(exp32(v))
+	}
+	return F(math.Exp(float64(x)))
 }
