@@ -47,3 +47,36 @@ func maxOf[F Float](x []F) F {
 	}
 	return maxScan(x)
 }
+
+//go:noescape
+func vaffine32AVX512(x *float32, n int, a, b float32)
+
+//go:noescape
+func vdsoftmax32AVX512(d, p *float32, n int, dot, scale float32)
+
+// affine sets x[i] = a·x[i] + b, sixteen at a time where the CPU has AVX-512 (the
+// same roundings as the scalar expression).
+func affine[F Float](x []F, a, b F) {
+	bulk := 0
+	if x32, ok := any(x).([]float32); ok && hasAVX512 && len(x32) >= 16 {
+		bulk = len(x32) &^ 15
+		vaffine32AVX512(&x32[0], bulk, float32(a), float32(b))
+	}
+	for i := bulk; i < len(x); i++ {
+		x[i] = a*x[i] + b
+	}
+}
+
+// dsoftmax sets d[i] = p[i]·(d[i] − dot)·scale (len(p) ≥ len(d)), sixteen at a
+// time where the CPU has AVX-512, rounded as the scalar expression is.
+func dsoftmax[F Float](d, p []F, dot, scale F) {
+	bulk := 0
+	if d32, ok := any(d).([]float32); ok && hasAVX512 && len(d32) >= 16 {
+		p32 := any(p).([]float32)[:len(d32)]
+		bulk = len(d32) &^ 15
+		vdsoftmax32AVX512(&d32[0], &p32[0], bulk, float32(dot), float32(scale))
+	}
+	for i := bulk; i < len(d); i++ {
+		d[i] = p[i] * (d[i] - dot) * scale
+	}
+}

@@ -107,3 +107,52 @@ mfold:
 	VZEROUPPER
 	MOVSS X0, ret+16(FP)
 	RET
+
+// func vaffine32AVX512(x *float32, n int, a, b float32)
+//
+// x[i] = a·x[i] + b for i < n, a multiple of 16, rounded after the product and
+// after the sum, as the scalar expression is.
+TEXT ·vaffine32AVX512(SB), NOSPLIT, $0-24
+	MOVQ x+0(FP), SI
+	MOVQ n+8(FP), CX
+	VBROADCASTSS a+16(FP), Z1
+	VBROADCASTSS b+20(FP), Z2
+aloop:
+	TESTQ CX, CX
+	JEQ adone
+	VMOVUPS (SI), Z0
+	VMULPS Z1, Z0, Z0
+	VADDPS Z2, Z0, Z0
+	VMOVUPS Z0, (SI)
+	ADDQ $64, SI
+	SUBQ $16, CX
+	JMP aloop
+adone:
+	VZEROUPPER
+	RET
+
+// func vdsoftmax32AVX512(d, p *float32, n int, dot, scale float32)
+//
+// d[i] = p[i]·(d[i] − dot)·scale for i < n, a multiple of 16: the softmax
+// backward's dS from dP, in the order the scalar loop rounds it.
+TEXT ·vdsoftmax32AVX512(SB), NOSPLIT, $0-32
+	MOVQ d+0(FP), DI
+	MOVQ p+8(FP), SI
+	MOVQ n+16(FP), CX
+	VBROADCASTSS dot+24(FP), Z1
+	VBROADCASTSS scale+28(FP), Z2
+dloop:
+	TESTQ CX, CX
+	JEQ ddone
+	VMOVUPS (DI), Z0
+	VSUBPS Z1, Z0, Z0 // d − dot
+	VMULPS (SI), Z0, Z0 // ·p
+	VMULPS Z2, Z0, Z0 // ·scale
+	VMOVUPS Z0, (DI)
+	ADDQ $64, DI
+	ADDQ $64, SI
+	SUBQ $16, CX
+	JMP dloop
+ddone:
+	VZEROUPPER
+	RET

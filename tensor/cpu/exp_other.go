@@ -18,3 +18,17 @@ func vsigmoid32(dst, src []float32) {
 
 // maxOf is the largest value of x (not empty).
 func maxOf[F Float](x []F) F { return maxScan(x) }
+
+// affine sets x[i] = a·x[i] + b.
+func affine[F Float](x []F, a, b F) {
+	for i := range x {
+		x[i] = a*x[i] + b
+	}
+}
+
+// dsoftmax sets d[i] = p[i]·(d[i] − dot)·scale (len(p) ≥ len(d)).
+func dsoftmax[F Float](d, p []F, dot, scale F) {
+	for i := range d {
+		d[i] = p[i] * (d[i] - dot) * scale
+	}
+}

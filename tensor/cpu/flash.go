@@ -104,9 +104,7 @@ func (j *flashJob[F]) rows(c, lo, hi int) {
 				}
 				mx := maxOf(row[:live])
 				mnew := max(m[r], F(scale)*mx)
-				for t, x := range row[:live] {
-					row[t] = F(scale)*x - mnew
-				}
+				affine(row[:live], F(scale), -mnew)
 				expInPlace(row[:live])
 				clear(row[live:])
 				corr := expF(m[r] - mnew) // 0 while m is −Inf
@@ -164,19 +162,14 @@ func (j *flashJob[F]) backward(c, lo, hi int) {
 					for r := 0; r < nr; r++ {
 						row := P[r*nc : (r+1)*nc]
 						live := keysFor(s, s.QOff+i0+r, j0, nc)
-						for t, x := range row[:live] {
-							row[t] = scale*x - lrow[r]
-						}
+						affine(row[:live], scale, -lrow[r])
 						expInPlace(row[:live])
 						clear(row[live:])
 					}
 					gemm(gb, true, false, nc, HD, nr, P, nc, doh, qs, 1, dvv[j0*ks:], ks) // dV += Pᵀ·dO
 					gemm(gb, false, true, nr, nc, HD, doh, qs, vv[j0*ks:], ks, 0, dP, nc) // dP = dO·Vᵀ
 					for r := 0; r < nr; r++ {
-						p, d := P[r*nc:(r+1)*nc], dP[r*nc:(r+1)*nc]
-						for t := range d {
-							d[t] = p[t] * (d[t] - D[r]) * scale // dS (0 where P is)
-						}
+						dsoftmax(dP[r*nc:(r+1)*nc], P[r*nc:(r+1)*nc], D[r], scale) // dS (0 where P is)
 					}
 					gemm(gb, false, false, nr, HD, nc, dP, nc, kk[j0*ks:], ks, 1, dqh, qs) // dQ += dS·K
 					gemm(gb, true, false, nc, HD, nr, dP, nc, qh, qs, 1, dkk[j0*ks:], ks)  // dK += dSᵀ·Q
