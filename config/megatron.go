@@ -106,7 +106,7 @@ var megatronArgs = map[string]megatronArg{
 	"num-layers-per-virtual-pipeline-stage": {kind: refused, takesValue: true, why: "pipeline schedules are not executed (pipeline parallelism is not supported yet)", usage: "refused: no pipeline schedules"},
 	// What changes nothing here.
 	"use-mcore-models":            {kind: noEffect, why: "shardline has one model implementation", usage: "accepted, no effect"},
-	"use-flash-attn":              {kind: noEffect, why: "attention is flash attention on GPUs already (and on the CPU from 2048 tokens)", usage: "accepted, no effect"},
+	"use-flash-attn":              {kind: noEffect, why: "attention is flash attention on GPUs already (and on the CPU from 512 tokens)", usage: "accepted, no effect"},
 	"transformer-impl":            {kind: noEffect, takesValue: true, why: "shardline has one transformer implementation", usage: "accepted, no effect"},
 	"no-masked-softmax-fusion":    {kind: noEffect, why: "a kernel fusion choice of Megatron's; shardline's kernels are its own", usage: "accepted, no effect"},
 	"no-bias-gelu-fusion":         {kind: noEffect, why: "a kernel fusion choice of Megatron's; shardline's kernels are its own", usage: "accepted, no effect"},
