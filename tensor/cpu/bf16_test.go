@@ -91,47 +91,10 @@ func TestBF16WeightKernels(t *testing.T) {
 	}
 	// float64 kernels (the gradient checks) widen bf16 weights too.
 	m64 := make([]float64, BT*OC)
-	Matmul(m64, f64(inp), tensor.BF16Weights[float64](wh), tensor.MatmulShape{BT: BT, C: C, OC: OC}, false)
+	Matmul(m64, toF64(inp), tensor.BF16Weights[float64](wh), tensor.MatmulShape{BT: BT, C: C, OC: OC}, false)
 	for i, v := range m64 {
 		if d := v - float64(b.mm[i]); d > 1e-3 || d < -1e-3 { // float32 vs float64 sums of 96 unit-size products
 			t.Fatalf("float64 matmul on bf16 weights: element %d is %v, float32 gives %v", i, v, b.mm[i])
-		}
-	}
-}
-
-func f64(x []float32) []float64 {
-	out := make([]float64, len(x))
-	for i, v := range x {
-		out[i] = float64(v)
-	}
-	return out
-}
-
-// BenchmarkMatmulBF16 runs the products that read weights (forward and the
-// input gradient) with float32 and with bf16 weights, on the nanoGPT shape's
-// projections (768 tokens, C = 128 and 384, FFN 512) and llama-style 2048 tokens
-// of C = 512: bf16 storage must not slow the step (the widening rides on packing).
-func BenchmarkMatmulBF16(b *testing.B) {
-	for _, s := range []struct {
-		name      string
-		BT, C, OC int
-	}{{"768x128x384", 768, 128, 384}, {"768x512x128", 768, 512, 128}, {"2048x512x1536", 2048, 512, 1536}} {
-		r := rand.New(rand.NewSource(3))
-		inp, dout := randSlice(r, s.BT*s.C), randSlice(r, s.BT*s.OC)
-		wh, ww := bf16Of(randSlice(r, s.OC*s.C))
-		out, dinp := make([]float32, s.BT*s.OC), make([]float32, s.BT*s.C)
-		sh := tensor.MatmulShape{BT: s.BT, C: s.C, OC: s.OC}
-		for _, v := range []struct {
-			dtype string
-			w     tensor.Weights[float32]
-		}{{"fp32", tensor.FloatWeights(ww)}, {"bf16", tensor.BF16Weights[float32](wh)}} {
-			b.Run(fmt.Sprintf("%s/%s", s.name, v.dtype), func(b *testing.B) {
-				for i := 0; i < b.N; i++ {
-					Matmul(out, inp, v.w, sh, false)
-					gemmW(false, false, s.BT, s.C, s.OC, dout, s.OC, v.w, s.C, 0, dinp, s.C)
-				}
-				b.ReportMetric(4*float64(s.BT*s.C*s.OC)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
-			})
 		}
 	}
 }
