@@ -128,6 +128,17 @@ type Calibration struct {
 	// InStepAttention, when set, scales attention's table time the same way:
 	// attention's own time inside the passes over what the tables predict for it.
 	InStepAttention float64 `json:"in_step_attention_factor,omitempty"`
+	// HostShare says how ranks that share the cores (in-process or local ranks)
+	// divide them. The plan used to give each of S such ranks 1/S of the machine,
+	// so a step S times as long as alone; but one rank alone leaves cores idle
+	// (kernels too small to split, the join at the end of each parallel region,
+	// the other core descheduled by the hypervisor), and other ranks' kernels fill
+	// that time. A point says that a rank among Ranks takes Ranks·Efficiency times
+	// its time alone in compute; FitHostShare fits them to HostShareSamples, steps
+	// of calibration models trained by in-process ranks. Without points the plan
+	// keeps Efficiency 1.
+	HostShare        []HostSharePoint  `json:"host_share,omitempty"`
+	HostShareSamples []HostShareSample `json:"host_share_samples,omitempty"`
 
 	idx *calIndex // the grids, built by Index
 }
@@ -136,7 +147,7 @@ type Calibration struct {
 type calIndex struct {
 	ms, ks, ns []int
 	gemm       map[[3]int]GEMMPoint
-	attn       [2]attnIndex // plain, flash
+	attn       [3]attnIndex // plain, flash, flash without the causal mask
 }
 
 type attnIndex struct {
@@ -152,10 +163,10 @@ func (c *Calibration) Index() {
 	for _, p := range c.GEMM {
 		x.gemm[[3]int{p.M, p.K, p.N}] = p
 	}
-	for i, flash := range []bool{false, true} {
+	for i, kind := range [][2]bool{{false, false}, {true, false}, {true, true}} {
 		var pts []AttentionPoint
 		for _, p := range c.Attention {
-			if p.Flash == flash {
+			if p.Flash == kind[0] && p.Full == kind[1] {
 				pts = append(pts, p)
 			}
 		}
@@ -244,6 +255,90 @@ func (c *Calibration) FitInStep() {
 	}
 }
 
+// HostSharePoint is the fitted efficiency of Ranks ranks sharing one host's cores
+// (HostShare).
+type HostSharePoint struct {
+	Ranks      int     `json:"ranks"`
+	Efficiency float64 `json:"efficiency"`
+}
+
+// HostShareSample is one calibration model trained for a few steps by Ranks
+// in-process ranks, each a micro-batch of the model's batch: the median step
+// time measured, and what the plan (with Efficiency 1) puts in compute (kernels
+// and optimizer) and in exposed communication for that run.
+type HostShareSample struct {
+	Model    string  `json:"model"`
+	Ranks    int     `json:"ranks"`
+	Measured float64 `json:"measured_s"`
+	Compute  float64 `json:"planned_compute_s"`
+	Comm     float64 `json:"planned_comm_s"`
+}
+
+// FitHostShare sets HostShare from HostShareSamples. A sample's ratio is its
+// measured step less the planned communication, over the planned compute; a
+// model's ratio at a rank count is the median of its samples' there. A rank
+// count's efficiency is the median over models of their ratio there over their
+// ratio at 1 rank (so each model's own error at one rank cancels). A model
+// without a 1-rank sample, or a non-positive ratio, is left out; a rank count no
+// model measured gets no point.
+func (c *Calibration) FitHostShare() {
+	c.HostShare = nil
+	type key struct {
+		model string
+		ranks int
+	}
+	ratios := map[key][]float64{}
+	for _, s := range c.HostShareSamples {
+		if s.Compute > 0 && s.Measured > s.Comm {
+			k := key{s.Model, s.Ranks}
+			ratios[k] = append(ratios[k], (s.Measured-s.Comm)/s.Compute)
+		}
+	}
+	by := map[int][]float64{}
+	for k, rs := range ratios {
+		if k.ranks < 2 {
+			continue
+		}
+		if alone, ok := ratios[key{k.model, 1}]; ok {
+			by[k.ranks] = append(by[k.ranks], medianOf(rs)/medianOf(alone))
+		}
+	}
+	for ranks, effs := range by {
+		c.HostShare = append(c.HostShare, HostSharePoint{Ranks: ranks, Efficiency: medianOf(effs)})
+	}
+	sort.Slice(c.HostShare, func(i, j int) bool { return c.HostShare[i].Ranks < c.HostShare[j].Ranks })
+}
+
+// medianOf is the median of xs (the mean of the middle two for an even count),
+// sorting xs in place; xs is not empty.
+func medianOf(xs []float64) float64 {
+	sort.Float64s(xs)
+	n := len(xs)
+	if n%2 == 1 {
+		return xs[n/2]
+	}
+	return (xs[n/2-1] + xs[n/2]) / 2
+}
+
+// shareEfficiency is the efficiency of ranks ranks sharing a host (HostShare):
+// 1 for one rank, interpolated linearly in the rank count between measured
+// points (from 1 at one rank), the largest measured point's beyond it, and 1
+// without points.
+func (c *Calibration) shareEfficiency(ranks int) float64 {
+	lo, elo := 1, 1.0
+	for _, p := range c.HostShare {
+		if p.Ranks <= lo {
+			continue
+		}
+		if ranks <= p.Ranks {
+			f := float64(ranks-lo) / float64(p.Ranks-lo)
+			return elo + f*(p.Efficiency-elo)
+		}
+		lo, elo = p.Ranks, p.Efficiency
+	}
+	return elo
+}
+
 // fitGEMMTraffic fits measured ≈ a·tables + b·bytes to the samples' matmuls,
 // each sample weighted by 1/measured² (so relative errors count alike for small
 // and large models). ok is false with fewer than two samples, a sample without
@@ -277,9 +372,13 @@ type GEMMPoint struct {
 }
 
 // AttentionPoint is causal attention over one (batch, head) pair of length T and
-// head size HD: seconds per (batch, head), forward and backward.
+// head size HD: seconds per (batch, head), forward and backward. Full marks the
+// flash kernel without the causal mask (T queries over T keys that all precede
+// them: the off-diagonal blocks of context parallelism's ring); tables measured
+// before 2026-11-24 lack it, and a full block is then timed as two causal ones.
 type AttentionPoint struct {
 	Flash    bool
+	Full     bool `json:",omitempty"`
 	T, HD    int
 	Fwd, Bwd float64
 }
@@ -316,6 +415,7 @@ const (
 	StreamDispatchBwd    = "dispatch_bwd"     // routed copies × width
 	StreamCombine        = "combine"          // routed copies × width
 	StreamCombineBwd     = "combine_bwd"      // routed copies × width
+	StreamAttnMerge      = "attention_merge"  // rows × heads × head size (a ring block's output)
 )
 
 // StreamKinds lists the kinds a calibration must measure.
@@ -325,8 +425,9 @@ var StreamKinds = []string{StreamRMSNorm, StreamRMSNormBwd, StreamRope, StreamRo
 
 // LaterStreamKinds are kinds calibrate measures that tables written before them
 // lack: the MoE permutation kernels, timed as plain copies (StreamCopy) from
-// such a table.
-var LaterStreamKinds = []string{StreamDispatch, StreamDispatchBwd, StreamCombine, StreamCombineBwd}
+// such a table, and the ring's merge of a block's attention into the running
+// output, timed as an addition (StreamAdd).
+var LaterStreamKinds = []string{StreamDispatch, StreamDispatchBwd, StreamCombine, StreamCombineBwd, StreamAttnMerge}
 
 // CollectiveKey names a calibrated collective: its kind and group size.
 func CollectiveKey(kind string, size int) string { return fmt.Sprintf("%s/%d", kind, size) }
@@ -364,6 +465,11 @@ func ParseCalibration(b []byte) (*Calibration, error) {
 		"in_step_gemm_s_per_byte": c.InStepGEMMPerByte, "in_step_attention_factor": c.InStepAttention} {
 		if !(v >= 0) || math.IsInf(v, 0) {
 			return nil, fmt.Errorf("%s is %v: fitted figures are finite and at least 0", name, v)
+		}
+	}
+	for _, p := range c.HostShare {
+		if p.Ranks < 2 || !(p.Efficiency > 0) || math.IsInf(p.Efficiency, 0) {
+			return nil, fmt.Errorf("host_share point %+v: a rank count of at least 2 and a finite efficiency above 0", p)
 		}
 	}
 	for _, costs := range []map[string]Linear{c.Stream, c.Collectives} {
@@ -423,10 +529,26 @@ func (c *Calibration) gemmTime(m, k, n int, bwd bool) float64 {
 // and head size hd: seconds per pair interpolated in log2 of t and hd (per-pair
 // time scaled by the measured rate, which holds T²·HD work), clamped at the grid.
 func (c *Calibration) attentionTime(flash bool, bh, t, hd int, bwd bool) float64 {
-	x := c.index().attn[0]
+	kind := 0
 	if flash {
-		x = c.index().attn[1]
+		kind = 1
 	}
+	return c.attentionKindTime(kind, bh, t, hd, bwd)
+}
+
+// attentionFullTime is attentionTime for the flash kernel without the causal
+// mask (t queries over t keys that all precede them), from its own table, or as
+// two causal blocks from a table without one.
+func (c *Calibration) attentionFullTime(bh, t, hd int, bwd bool) float64 {
+	if len(c.index().attn[2].ts) == 0 {
+		return 2 * c.attentionTime(true, bh, t, hd, bwd)
+	}
+	return c.attentionKindTime(2, bh, t, hd, bwd)
+}
+
+// attentionKindTime is attentionTime over the table of kind (calIndex.attn).
+func (c *Calibration) attentionKindTime(kind, bh, t, hd int, bwd bool) float64 {
+	x := c.index().attn[kind]
 	if len(x.ts) == 0 || bh <= 0 || t <= 0 {
 		return 0
 	}
@@ -491,6 +613,9 @@ func (c *Calibration) stream(kind string, n float64) float64 {
 	l, ok := c.Stream[kind]
 	if !ok && slices.Contains(LaterStreamKinds, kind) {
 		l = c.Stream[StreamCopy] // a table from before the kind was measured
+		if kind == StreamAttnMerge {
+			l = c.Stream[StreamAdd]
+		}
 	}
 	return l.Time(n)
 }

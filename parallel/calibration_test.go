@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 
@@ -84,6 +85,24 @@ func TestCalibrationInterpolation(t *testing.T) {
 	for _, p := range c.Attention[:4] {
 		assert.InEpsilon(t, p.Fwd*3, c.attentionTime(p.Flash, 3, p.T, p.HD, false), 1e-9)
 	}
+	// Flash without the causal mask (the ring's off-diagonal blocks): from its own
+	// table where the calibration has one, else two causal blocks.
+	var full *AttentionPoint
+	for i := range c.Attention {
+		if c.Attention[i].Full {
+			full = &c.Attention[i]
+		}
+	}
+	if full == nil {
+		assert.InEpsilon(t, 2*c.attentionTime(true, 3, 64, 32, true), c.attentionFullTime(3, 64, 32, true), 1e-12)
+		with := *c
+		with.Attention = append(slices.Clone(c.Attention), AttentionPoint{Flash: true, Full: true, T: 64, HD: 32, Fwd: 1e-5, Bwd: 3e-5})
+		with.Index()
+		full = &with.Attention[len(with.Attention)-1]
+		c = &with
+	}
+	assert.InEpsilon(t, 5*full.Bwd, c.attentionFullTime(5, full.T, full.HD, true), 1e-9)
+	assert.InEpsilon(t, 5*full.Fwd, c.attentionFullTime(5, full.T, full.HD, false), 1e-9)
 }
 
 // TestCalibratedStep: on the CPU the plan times a step operation by operation
@@ -115,8 +134,18 @@ func TestCalibratedStep(t *testing.T) {
 
 	four := compile(t, &load(t, "../recipes/tiny.toml", "parallel.world_size=4", "train.global_batch_size=64").Recipe)
 	// Four ranks with a micro-batch each share one host's cores: four times the
-	// kernels (to 1%: the gradient norm then runs over a quarter of the gradients).
-	assert.InEpsilon(t, 4*one.ComputeS, four.ComputeS, 0.01)
+	// kernels at the table's efficiency for four ranks (to 1%: the gradient norm
+	// then runs over a quarter of the gradients).
+	assert.InEpsilon(t, 4*c.shareEfficiency(4)*one.ComputeS, four.ComputeS, 0.01)
+	// With a measured efficiency, the ranks' compute scales by it.
+	shared := *c
+	shared.HostShare = []HostSharePoint{{Ranks: 2, Efficiency: 1.1}, {Ranks: 4, Efficiency: 0.8}}
+	UseCalibration(&shared)
+	defer ResetCalibrations()
+	fourShared := compile(t, &load(t, "../recipes/tiny.toml", "parallel.world_size=4", "train.global_batch_size=64").Recipe)
+	assert.InEpsilon(t, 0.8/c.shareEfficiency(4)*(four.ComputeS+four.OptimizerS), fourShared.ComputeS+fourShared.OptimizerS, 1e-9)
+	assert.InEpsilon(t, four.ExposedCommS, fourShared.ExposedCommS, 1e-12, "communication is not shared compute")
+	ResetCalibrations()
 	assert.Greater(t, four.ExposedCommS, 0.0)
 
 	other := compile(t, &load(t, "../recipes/tiny.toml", "parallel.device_peak_tflops=1").Recipe)
@@ -165,4 +194,51 @@ func TestFitInStepTraffic(t *testing.T) {
 	c.FitInStep()
 	assert.Zero(t, c.InStepGEMMPerByte)
 	assert.Greater(t, c.InStepGEMM, 1.0)
+}
+
+// TestFitHostShare: a rank count's efficiency is the median over models of their
+// step ratio (measured less planned communication, over planned compute; each a
+// median of its samples) there, over their ratio at one rank; a model without a
+// one-rank sample is left out. Between measured rank counts the efficiency is
+// interpolated from 1 at one rank, and held beyond the last.
+func TestFitHostShare(t *testing.T) {
+	c := &Calibration{}
+	add := func(model string, ranks int, measured, compute, comm float64) {
+		c.HostShareSamples = append(c.HostShareSamples, HostShareSample{Model: model, Ranks: ranks, Measured: measured, Compute: compute, Comm: comm})
+	}
+	// Model a: 1.2 alone; 2 ranks (median of 1.2·0.9, 1.2·1.0, 1.2·1.5) 1.2; 4 ranks 0.96.
+	add("a", 1, 0.12, 0.1, 0)
+	add("a", 2, 0.216+0.01, 0.2, 0.01)
+	add("a", 2, 0.24+0.01, 0.2, 0.01)
+	add("a", 2, 0.36+0.01, 0.2, 0.01)
+	add("a", 4, 0.384+0.02, 0.4, 0.02)
+	// Model b: 0.9 alone; 2 ranks 0.9·1.1; 4 ranks 0.9·0.7.
+	add("b", 1, 0.09, 0.1, 0)
+	add("b", 2, 0.198, 0.2, 0)
+	add("b", 4, 0.252, 0.4, 0)
+	// Model c has no one-rank sample: left out.
+	add("c", 2, 10, 0.2, 0)
+	c.FitHostShare()
+	require.Len(t, c.HostShare, 2)
+	assert.Equal(t, 2, c.HostShare[0].Ranks)
+	assert.InDelta(t, 1.05, c.HostShare[0].Efficiency, 1e-9, "the median of 1.0 and 1.1")
+	assert.Equal(t, 4, c.HostShare[1].Ranks)
+	assert.InDelta(t, 0.75, c.HostShare[1].Efficiency, 1e-9, "the median of 0.8 and 0.7")
+
+	assert.Equal(t, 1.0, c.shareEfficiency(1))
+	assert.InDelta(t, 1.05, c.shareEfficiency(2), 1e-12)
+	assert.InDelta(t, 0.9, c.shareEfficiency(3), 1e-12, "halfway between 2 and 4 ranks")
+	assert.InDelta(t, 0.75, c.shareEfficiency(8), 1e-12, "beyond the last point, the last point's")
+	assert.Equal(t, 1.0, (&Calibration{}).shareEfficiency(4), "no points: ranks divide the cores evenly")
+
+	// A hand-edited point that would plan a zero or negative step is refused.
+	b, err := json.Marshal(CalibrationFor("cpu"))
+	require.NoError(t, err)
+	var raw map[string]any
+	require.NoError(t, json.Unmarshal(b, &raw))
+	raw["host_share"] = []map[string]any{{"ranks": 2, "efficiency": 0}}
+	b, err = json.Marshal(raw)
+	require.NoError(t, err)
+	_, err = ParseCalibration(b)
+	require.ErrorContains(t, err, "host_share")
 }

@@ -9,9 +9,10 @@ import (
 type StepBreakdown struct {
 	GEMM, Attention, Stream, Optimizer, Comm float64
 	// HostShare is how many ranks share one host's cores (in-process or local
-	// ranks on the CPU): each rank's kernels get 1/HostShare of the machine the
-	// calibration measured.
-	HostShare int
+	// ranks on the CPU): each rank's kernels take HostShare·ShareEfficiency times
+	// as long as on the machine the calibration measured alone.
+	HostShare       int
+	ShareEfficiency float64
 }
 
 // stepModel predicts one rank's step on a calibrated device from the operations the
@@ -25,7 +26,8 @@ type StepBreakdown struct {
 // kernels by their fitted per-call and per-element cost. The optimizer step and the
 // gradient norm stream over the rank's shard; collectives cost their calibrated
 // per-call and per-byte time and are not overlapped (on the CPU the copies run on
-// the cores the compute needs). Ranks sharing a host divide its throughput.
+// the cores the compute needs). Ranks sharing a host divide its throughput, at the
+// efficiency the calibration measured for that many ranks (Calibration.HostShare).
 func stepModel(r *config.Recipe, p *Plan, c *Calibration) StepBreakdown {
 	m := p.Mesh
 	mo := r.Model
@@ -81,7 +83,11 @@ func stepModel(r *config.Recipe, p *Plan, c *Calibration) StepBreakdown {
 		}
 		b.Comm += float64(col.Calls)*cost.Fixed + cost.PerUnit*col.rankBytes(size) // rankBytes: the whole step's
 	}
-	share := float64(b.HostShare)
+	b.ShareEfficiency = 1
+	if b.HostShare > 1 {
+		b.ShareEfficiency = c.shareEfficiency(b.HostShare)
+	}
+	share := float64(b.HostShare) * b.ShareEfficiency
 	b.GEMM, b.Attention, b.Stream, b.Optimizer = b.GEMM*share, b.Attention*share, b.Stream*share, b.Optimizer*share
 	return b
 }
@@ -125,16 +131,21 @@ func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, call
 	stream := func(kind string, n float64) float64 { calls++; return c.stream(kind, n) }
 	attnFwd := c.attentionTime(flash, B*NH, T, HD, false)
 	attnBwd := c.attentionTime(flash, B*NH, T, HD, true)
+	attnCalls := 2.0
 	if P := sh.CP; P > 1 {
-		// Ring attention: the rank's two chunks of T/2 queries meet 2P+1 key chunks
-		// of T/2, one sequence per kernel: 2 causal blocks on the diagonal and 2P−1
-		// full ones, a full block about twice a causal one; and each forward block's
-		// result is merged into the running output.
-		blocks := float64(4 * P)
-		attnFwd = blocks * c.attentionTime(true, NH, T/2, HD, false) * float64(B)
-		attnBwd = blocks * c.attentionTime(true, NH, T/2, HD, true) * float64(B)
-		attnFwd += c.stream(StreamAdd, float64((2*P+1)*B*T/2*Q))
-		calls += float64(2 * (2*P + 1) * B)
+		// Ring attention (trainer/model/cp.go): the rank's two chunks of T/2 queries
+		// meet 2P+1 key chunks of T/2, each pair one kernel over the micro-batch: 2
+		// causal blocks on the diagonal and 2P−1 full ones (all keys before the
+		// queries). Forward merges each block's result into the running output;
+		// backward adds each block's dK/dV into the accumulator that travels with
+		// it (P times, 2·B·T·KV values: dK and dV of the rank's tokens) and the
+		// accumulator home into dK and dV.
+		half, pairs := T/2, float64(2*P+1)
+		attnFwd = 2*c.attentionTime(true, B*NH, half, HD, false) + float64(2*P-1)*c.attentionFullTime(B*NH, half, HD, false)
+		attnBwd = 2*c.attentionTime(true, B*NH, half, HD, true) + float64(2*P-1)*c.attentionFullTime(B*NH, half, HD, true)
+		attnFwd += pairs * c.stream(StreamAttnMerge, float64(B*half*Q))
+		attnBwd += float64(P)*c.stream(StreamAdd, float64(2*B*T*KV)) + 2*c.stream(StreamAdd, float64(B*T*KV))
+		attnCalls = 2*pairs + pairs + float64(P) + 2
 	}
 	s += stream(StreamEmbedding, float64(BT*C)) + stream(StreamEmbeddingBwd, float64(BT*C))
 	R := BT / sh.TP // the rows of the residual stream (sequence parallelism splits them over tp)
@@ -148,7 +159,7 @@ func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, call
 		ls += stream(StreamRope, float64(BT*Q)) + stream(StreamRope, float64(BT*KV))
 		ls += stream(StreamRopeBwd, float64(BT*Q)) + stream(StreamRopeBwd, float64(BT*KV))
 		la += attnFwd + attnBwd
-		calls += 2
+		calls += attnCalls
 		// What recomputation repeats in backward.
 		fa := attnFwd // (its launch is counted with the recompute below)
 		fgb = 0

@@ -1,12 +1,16 @@
 package trainer
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"math"
+	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,6 +28,15 @@ type CalibrationGrid struct {
 	GEMMRows, GEMMDims []int
 	AttnT, AttnHD      []int
 	CollectiveSizes    []int
+	// ShareModels name the calibration models trained by in-process ranks to fit
+	// how ranks sharing the cores divide them (Calibration.HostShare), at 1 and
+	// ShareRanks ranks, ShareSteps steps a run, every run repeated ShareRounds
+	// times (the runs interleaved, so that a drift of the machine's speed reaches
+	// every rank count alike). No models: no host-share fit.
+	ShareModels []string
+	ShareRanks  []int
+	ShareSteps  int
+	ShareRounds int
 }
 
 // DefaultCalibrationGrid is the grid `shardline calibrate` measures.
@@ -33,6 +46,11 @@ var DefaultCalibrationGrid = CalibrationGrid{
 	AttnT:           []int{16, 32, 64, 256, 1024, 4096}, // 16 and 32: context-parallel chunks of short sequences
 	AttnHD:          []int{16, 32, 64, 128},
 	CollectiveSizes: []int{2, 4},
+	ShareModels: []string{"dense 2×192, ffn 512, seq 128, vocab 512, batch 8", "dense 2×384, ffn 1024, seq 256, vocab 256, batch 4",
+		"moe 2×160, 4 experts top-2 of 256, seq 128, batch 8"},
+	ShareRanks:  []int{2, 4},
+	ShareSteps:  10,
+	ShareRounds: 2,
 }
 
 // Calibrate measures the backend's kernels over grid: each matmul, attention and
@@ -64,8 +82,9 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 		}
 	}
 	// Attention, causal, one (batch, head) pair scaled up to enough work to time.
-	say("attention: %d shapes, plain and flash", 2*len(grid.AttnT)*len(grid.AttnHD))
-	for _, flash := range []bool{false, true} {
+	say("attention: %d shapes, plain, flash, and flash without the causal mask", 3*len(grid.AttnT)*len(grid.AttnHD))
+	for _, kind := range [][2]bool{{false, false}, {true, false}, {true, true}} {
+		flash, full := kind[0], kind[1]
 		for _, t := range grid.AttnT {
 			for _, hd := range grid.AttnHD {
 				bh := max(1, min(64, (1<<22)/(t*t*hd/16+1)))
@@ -76,7 +95,7 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 				out, dout := make([]float32, bh*t*hd), filled(bh*t*hd)
 				dq, dk, dv := make([]float32, bh*t*hd), make([]float32, bh*t*hd), make([]float32, bh*t*hd)
 				var fwd, bwd float64
-				s := tensor.AttentionShape{B: bh, Tq: t, Tk: t, NH: 1, NKV: 1, HD: hd, Causal: true}
+				s := tensor.AttentionShape{B: bh, Tq: t, Tk: t, NH: 1, NKV: 1, HD: hd, Causal: !full}
 				if flash {
 					lse := make([]float32, bh*t)
 					fwd = timeIt(func() { be.FlashAttention(out, lse, q, k, v, s) })
@@ -86,7 +105,7 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 					fwd = timeIt(func() { be.Attention(out, att, q, k, v, s) })
 					bwd = timeIt(func() { be.AttentionBackward(dq, dk, dv, dout, att, q, k, v, s) })
 				}
-				c.Attention = append(c.Attention, parallel.AttentionPoint{Flash: flash, T: t, HD: hd, Fwd: fwd / float64(bh), Bwd: bwd / float64(bh)})
+				c.Attention = append(c.Attention, parallel.AttentionPoint{Flash: flash, Full: full, T: t, HD: hd, Fwd: fwd / float64(bh), Bwd: bwd / float64(bh)})
 			}
 		}
 	}
@@ -140,7 +159,123 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 			GEMMMeasured: gemm, GEMMTables: gemmTables, AttnMeasured: attn, AttnTables: attnTables, GEMMBytes: gemmBytes})
 	}
 	c.FitInStep()
+	if len(grid.ShareModels) > 0 {
+		say("ranks sharing the cores: %d models at 1 and %v ranks, %d rounds", len(grid.ShareModels), grid.ShareRanks, grid.ShareRounds)
+	}
+	for round := 0; round < grid.ShareRounds; round++ {
+		for _, name := range grid.ShareModels {
+			for _, ranks := range append([]int{1}, grid.ShareRanks...) {
+				smp, err := hostShareStep(be, name, ranks, grid.ShareSteps, c)
+				if err != nil {
+					return nil, err
+				}
+				c.HostShareSamples = append(c.HostShareSamples, smp)
+			}
+		}
+	}
+	c.FitHostShare()
 	return c, nil
+}
+
+// hostShareStep trains the calibration model called name with ranks in-process
+// ranks for steps steps, each rank a micro-batch of the model's batch
+// (optim_grads_params, on a generated text in a temporary directory), and returns
+// its median step time beside what the plan under c, with its HostShare cleared,
+// puts in compute and in exposed communication for that run.
+func hostShareStep(be tensor.Backend, name string, ranks, steps int, c *parallel.Calibration) (parallel.HostShareSample, error) {
+	res, dir, err := hostShareRecipe(name, ranks, max(steps, 2))
+	if dir != "" {
+		defer os.RemoveAll(dir)
+	}
+	if err != nil {
+		return parallel.HostShareSample{}, err
+	}
+	compute, comm, err := planShare(&res.Recipe, c)
+	if err != nil {
+		return parallel.HostShareSample{}, err
+	}
+	out, err := Run(context.Background(), res, Options{Backend: be, Version: "calibrate"})
+	if err != nil {
+		return parallel.HostShareSample{}, fmt.Errorf("calibrating %d ranks on %q: %w", ranks, name, err)
+	}
+	tokens := float64(res.Recipe.Train.GlobalBatchSize * res.Recipe.Model.SeqLen)
+	return parallel.HostShareSample{Model: name, Ranks: ranks, Measured: tokens / out.TokensPerS, Compute: compute, Comm: comm}, nil
+}
+
+// hostSharePlanned is what the plan under c (HostShare cleared) puts in compute
+// and in exposed communication for hostShareStep's run.
+func hostSharePlanned(name string, ranks int, c *parallel.Calibration) (compute, comm float64, err error) {
+	res, dir, err := hostShareRecipe(name, ranks, 2)
+	if dir != "" {
+		defer os.RemoveAll(dir)
+	}
+	if err != nil {
+		return 0, 0, err
+	}
+	return planShare(&res.Recipe, c)
+}
+
+// planShare compiles r's plan timed by c with HostShare cleared, and returns its
+// compute (kernels and optimizer) and exposed communication.
+func planShare(r *config.Recipe, c *parallel.Calibration) (compute, comm float64, err error) {
+	topo, err := parallel.TopologyOf(r.Parallel)
+	if err != nil {
+		return 0, 0, err
+	}
+	plain := *c
+	plain.HostShare = nil
+	topo.Calibration = &plain
+	plan, err := parallel.Compile(r, topo)
+	if err != nil {
+		return 0, 0, err
+	}
+	return plan.ComputeS + plan.OptimizerS, plan.ExposedCommS, nil
+}
+
+// hostShareRecipe is the recipe hostShareStep trains for steps steps, with the
+// temporary directory holding its text and run directory.
+func hostShareRecipe(name string, ranks, steps int) (*config.Resolved, string, error) {
+	var cm *calibrationModel
+	for i := range calibrationModels {
+		if calibrationModels[i].name == name {
+			cm = &calibrationModels[i]
+		}
+	}
+	if cm == nil {
+		return nil, "", fmt.Errorf("host-share sample %q: not a model shardline calibrate trains; measure the table again", name)
+	}
+	dir, err := os.MkdirTemp("", "shardline-calibrate-")
+	if err != nil {
+		return nil, "", err
+	}
+	// A text of 64 KiB over 27 characters, the same for every run.
+	var b strings.Builder
+	x := uint32(12345)
+	for b.Len() < 1<<16 {
+		x = x*1664525 + 1013904223
+		b.WriteByte("abcdefghijklmnopqrstuvwxyz "[(x>>16)%27])
+	}
+	text := filepath.Join(dir, "text.txt")
+	if err := os.WriteFile(text, []byte(b.String()), 0o644); err != nil {
+		return nil, dir, err
+	}
+	mo := cm.model
+	sets := []string{"data.path=" + text, "data.tokenizer=char", "data.val_fraction=0",
+		fmt.Sprintf("model.layers=%d", mo.Layers), fmt.Sprintf("model.hidden=%d", mo.Hidden), fmt.Sprintf("model.heads=%d", mo.Heads),
+		fmt.Sprintf("model.kv_heads=%d", mo.Heads), fmt.Sprintf("model.ffn_hidden=%d", mo.FFNHidden), fmt.Sprintf("model.seq_len=%d", mo.SeqLen),
+		fmt.Sprintf("model.vocab_size=%d", mo.VocabSize),
+		fmt.Sprintf("train.steps=%d", steps), "train.eval_interval=0", fmt.Sprintf("train.micro_batch_size=%d", cm.batch),
+		fmt.Sprintf("train.global_batch_size=%d", cm.batch*ranks), fmt.Sprintf("parallel.world_size=%d", ranks),
+		"logging.progress=false", "run.output_dir=" + filepath.Join(dir, "runs"), "run.name=share"}
+	if e := mo.MoE.NumExperts; e > 0 {
+		sets = append(sets, fmt.Sprintf("model.moe.num_experts=%d", e), fmt.Sprintf("model.moe.top_k=%d", mo.MoE.TopK),
+			fmt.Sprintf("model.moe.expert_ffn_hidden=%d", mo.MoE.ExpertFFNHidden))
+	}
+	res, diags := config.LoadBytes(filepath.Join(dir, "calibrate.toml"), nil, config.Options{Sets: sets})
+	if diags.HasErrors() {
+		return nil, dir, fmt.Errorf("the host-share recipe of %q: %v", name, diags)
+	}
+	return res, dir, nil
 }
 
 // Refit redoes a calibration's in-step fit without measuring anything: each
@@ -166,28 +301,28 @@ func Refit(c *parallel.Calibration) error {
 		}
 	}
 	c.FitInStep()
+	for i := range c.HostShareSamples {
+		smp := &c.HostShareSamples[i]
+		var err error
+		if smp.Compute, smp.Comm, err = hostSharePlanned(smp.Model, smp.Ranks, c); err != nil {
+			return err
+		}
+	}
+	c.FitHostShare()
 	return nil
 }
 
 // calibrationModels are the models whose steps fit the in-step factor: unlike the
 // recipes the plan is checked against (tiny, moe-tiny, the nanoGPT shape), so the
 // check tests the model rather than the fit.
-var calibrationModels = func() []struct {
-	name  string
-	model config.Model
-	batch int
-} {
+var calibrationModels = func() []calibrationModel {
 	mk := func(layers, hidden, heads, ffn, seq, vocab, experts, expertFFN int) config.Model {
 		m := config.Default().Model
 		m.Layers, m.Hidden, m.Heads, m.FFNHidden, m.SeqLen, m.VocabSize = layers, hidden, heads, ffn, seq, vocab
 		m.MoE.NumExperts, m.MoE.TopK, m.MoE.ExpertFFNHidden = experts, 2, expertFFN
 		return m
 	}
-	return []struct {
-		name  string
-		model config.Model
-		batch int
-	}{
+	return []calibrationModel{
 		{"dense 2×192, ffn 512, seq 128, vocab 512, batch 8", mk(2, 192, 6, 512, 128, 512, 0, 0), 8},
 		{"dense 2×384, ffn 1024, seq 256, vocab 256, batch 4", mk(2, 384, 6, 1024, 256, 256, 0, 0), 4},
 		{"moe 2×160, 4 experts top-2 of 256, seq 128, batch 8", mk(2, 160, 5, 448, 128, 256, 4, 256), 8},
@@ -195,6 +330,13 @@ var calibrationModels = func() []struct {
 		{"moe 2×96, 16 experts top-2 of 64, seq 64, batch 8", mk(2, 96, 3, 256, 64, 128, 16, 64), 8},
 	}
 }()
+
+// calibrationModel is a model Calibrate times, with its batch.
+type calibrationModel struct {
+	name  string
+	model config.Model
+	batch int
+}
 
 // stepTime is the median seconds of one forward and backward pass of a model
 // with batch sequences of its full length, and of the matmuls and of attention
@@ -395,6 +537,12 @@ func streamKernel(be tensor.Backend, kind string, n int) func() {
 		}
 		dy, dgates := make([]float32, bt*K*C), make([]float32, bt*K)
 		return func() { be.CombineBackward(dy, dgates, x, xperm, gates, rt, s) }
+	case parallel.StreamAttnMerge:
+		// n elements of one head's rows of 64 values, with finite log-sum-exps.
+		const HD = 64
+		T := max(n/HD, 1)
+		out, outB, lse, lseB := filled(T*HD), filled(T*HD), filled(T), filled(T)
+		return func() { model.MergeAttention(out, lse, outB, lseB, 1, T, 1, HD) }
 	case parallel.StreamRouter, parallel.StreamRouterBwd:
 		const E, K = 8, 2
 		bt := max(n/E, 1)

@@ -18,7 +18,8 @@ import (
 // in-step factors to its five model passes: the matmuls' from their own time
 // inside the passes, the rest by least squares.
 func TestCalibrateSmallGrid(t *testing.T) {
-	grid := CalibrationGrid{GEMMRows: []int{16, 64}, GEMMDims: []int{16, 32}, AttnT: []int{32, 64}, AttnHD: []int{16, 32}, CollectiveSizes: []int{2}}
+	grid := CalibrationGrid{GEMMRows: []int{16, 64}, GEMMDims: []int{16, 32}, AttnT: []int{32, 64}, AttnHD: []int{16, 32}, CollectiveSizes: []int{2},
+		ShareModels: []string{"dense 2×96, ffn 256, seq 64, vocab 128, batch 8"}, ShareRanks: []int{2}, ShareSteps: 3, ShareRounds: 1}
 	c, err := Calibrate(cpu.Backend{}, grid, time.Millisecond, nil)
 	require.NoError(t, err)
 	c.Source = "shardline calibrate test"
@@ -27,7 +28,15 @@ func TestCalibrateSmallGrid(t *testing.T) {
 	back, err := parallel.ParseCalibration(b)
 	require.NoError(t, err)
 	require.Len(t, back.GEMM, 8)
-	require.Len(t, back.Attention, 8)
+	require.Len(t, back.Attention, 12, "plain, flash, and flash without the causal mask")
+	full := 0
+	for _, p := range back.Attention {
+		if p.Full {
+			require.True(t, p.Flash, "only the flash kernel runs full blocks (context parallelism's ring)")
+			full++
+		}
+	}
+	require.Equal(t, 4, full)
 	require.Len(t, back.InStepSamples, 5)
 	require.Greater(t, back.InStep, 0.0)
 	require.GreaterOrEqual(t, back.PerCall, 0.0)
@@ -46,6 +55,19 @@ func TestCalibrateSmallGrid(t *testing.T) {
 	}
 	require.Contains(t, back.Collectives, parallel.CollectiveKey(parallel.SendRecv, 2))
 	require.Contains(t, back.Host, "CPUs")
+	// Ranks sharing the cores: the model trained at 1 and 2 in-process ranks, and
+	// the efficiency of 2 fitted from the two runs.
+	require.Len(t, back.HostShareSamples, 2)
+	for i, smp := range back.HostShareSamples {
+		require.Equal(t, []int{1, 2}[i], smp.Ranks)
+		require.Greater(t, smp.Measured, 0.0)
+		require.Greater(t, smp.Compute, 0.0)
+	}
+	require.Zero(t, back.HostShareSamples[0].Comm, "one rank communicates nothing")
+	require.Greater(t, back.HostShareSamples[1].Comm, 0.0, "two ranks gather and reduce")
+	require.Len(t, back.HostShare, 1)
+	s1, s2 := back.HostShareSamples[0], back.HostShareSamples[1]
+	require.InEpsilon(t, ((s2.Measured-s2.Comm)/s2.Compute)/(s1.Measured/s1.Compute), back.HostShare[0].Efficiency, 1e-12)
 	require.Contains(t, back.Collectives, parallel.CollectiveKey(parallel.AllGather, 2))
 }
 
@@ -75,5 +97,29 @@ func TestRefit(t *testing.T) {
 	require.Greater(t, c.InStepGEMMPerByte, 0.0, "the shipped table's matmuls pay for their operands' traffic")
 
 	c.InStepSamples[0].Model = "a model of another shardline"
+	require.ErrorContains(t, Refit(c), `"a model of another shardline"`)
+}
+
+// TestRefitHostShare: a refit recomputes the host-share samples' planned compute
+// and communication with the current step model (the measured times kept) and
+// fits the efficiency again; a sample of a model Calibrate does not train is
+// refused by name.
+func TestRefitHostShare(t *testing.T) {
+	b, err := json.Marshal(parallel.CalibrationFor("cpu"))
+	require.NoError(t, err)
+	c, err := parallel.ParseCalibration(b)
+	require.NoError(t, err)
+	const model = "dense 2×192, ffn 512, seq 128, vocab 512, batch 8"
+	c.HostShareSamples = []parallel.HostShareSample{{Model: model, Ranks: 1, Measured: 0.04}, {Model: model, Ranks: 4, Measured: 0.15}}
+	require.NoError(t, Refit(c))
+	s1, s4 := c.HostShareSamples[0], c.HostShareSamples[1]
+	require.Equal(t, 0.04, s1.Measured)
+	require.Greater(t, s1.Compute, 0.0)
+	require.Greater(t, s4.Compute, 3.5*s1.Compute, "four ranks, each a micro-batch, on the same cores")
+	require.Greater(t, s4.Comm, 0.0)
+	require.Len(t, c.HostShare, 1)
+	require.InEpsilon(t, ((0.15-s4.Comm)/s4.Compute)/(0.04/s1.Compute), c.HostShare[0].Efficiency, 1e-12)
+
+	c.HostShareSamples[1].Model = "a model of another shardline"
 	require.ErrorContains(t, Refit(c), `"a model of another shardline"`)
 }

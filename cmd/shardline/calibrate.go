@@ -22,16 +22,20 @@ func (a *app) calibrateCmd() *cobra.Command {
 		Long: `Calibrate times the CPU engine's own kernels on this machine: matmuls forward and
 backward over a grid of shapes, causal attention (the plain and the flash kernel)
 by sequence length and head size, the memory-bound kernels (norms, RoPE, SwiGLU,
-embedding, cross-entropy, the optimizer, ...) and the in-process collectives. It
-writes them as JSON with the machine, date and version. The plan's per-operation
-time model reads them (docs/plan.md): shardline ships the table measured on the
-machine that built it; set calibration = "FILE" in shardline.toml (or
-SHARDLINE_CALIBRATION) to plan with your machine's. It takes a minute or two.
+embedding, cross-entropy, the optimizer, ...) and the in-process collectives;
+then whole training passes of five small models (how kernels behave inside a
+step), and three of them trained for a few steps by 1, 2 and 4 in-process ranks
+(how ranks sharing the cores divide them). It writes them as JSON with the
+machine, date and version. The plan's per-operation time model reads them
+(docs/plan.md): shardline ships the table measured on the machine that built
+it; set calibration = "FILE" in shardline.toml (or SHARDLINE_CALIBRATION) to
+plan with your machine's. It takes about two minutes.
 
 With --refit FILE it measures nothing: it reads a calibration and redoes its
-in-step fit (the factors relating the tables to whole training passes) with the
-current step model, keeping every measured time; this brings a table measured by
-an older shardline up to a newer time model.`,
+in-step and host-share fits (the factors relating the tables to whole training
+passes and to ranks sharing the cores) with the current step model, keeping
+every measured time; this brings a table measured by an older shardline up to a
+newer time model.`,
 		Example: `  shardline calibrate -o cpu-calibration.json
   shardline calibrate --refit cpu-calibration.json -o cpu-calibration.json`,
 		Args: cobra.NoArgs,

@@ -278,7 +278,7 @@ func (m *Model[F]) ringAttention(out, lse, q, k, v []F) {
 		m.traced(ringAttn, s, func() {
 			m.blockPairs(src, func(qo, ko, lo int, sh tensor.AttentionShape) {
 				be.FlashAttention(p.out, p.lse, q[qo:qo+hq], cur[ko:ko+hk], cur[n+ko:n+ko+hk], sh)
-				mergeAttention(out[qo:qo+hq], lse[lo:lo+hl], p.out, p.lse, m.B, c, NH, HD)
+				MergeAttention(out[qo:qo+hq], lse[lo:lo+hl], p.out, p.lse, m.B, c, NH, HD)
 			})
 		})
 		if s < p.Size-1 {
@@ -288,11 +288,11 @@ func (m *Model[F]) ringAttention(out, lse, q, k, v []F) {
 	}
 }
 
-// mergeAttention folds one key block's attention (outB, lseB) into the running
+// MergeAttention folds one key block's attention (outB, lseB) into the running
 // result (out, lse) of the same queries, (B, Tq, NH, HD) and (B, NH, Tq): with
 // l = logaddexp(lse, lseB), out = e^(lse−l)·out + e^(lseB−l)·outB. A row that saw
 // no key so far takes the block's result as it is.
-func mergeAttention[F tensor.Float](out, lse, outB, lseB []F, B, Tq, NH, HD int) {
+func MergeAttention[F tensor.Float](out, lse, outB, lseB []F, B, Tq, NH, HD int) {
 	for b := 0; b < B; b++ {
 		for h := 0; h < NH; h++ {
 			for t := 0; t < Tq; t++ {
