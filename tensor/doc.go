@@ -4,7 +4,7 @@
 //
 // Buffers are slices in host memory: activations and gradients of the kernels'
 // element type, compute weights as Weights views, which carry their dtype (F, or
-// bf16 storage the kernels widen as they read it). The GPU backend (package cuda,
+// bf16 storage the kernels read as bf16 or widen to F, as the backend decides). The GPU backend (package cuda,
 // build tag cuda) holds device buffers of its own; one buffer type for both is the
 // device-ready engine's next step (docs/engine.md).
 //

@@ -59,6 +59,7 @@ func TestSgemmBF16(t *testing.T) {
 // on the float32 view of the same (widened) values: the outputs must agree bit
 // for bit, since each kernel widens exactly and then computes as for float32.
 func TestBF16WeightKernels(t *testing.T) {
+	defer SetBF16Dot(false)() // the widening path; TestBF16DotKernels covers the other
 	r := rand.New(rand.NewSource(8))
 	const BT, C, OC, V = 37, 96, 130, 50
 	inp, dout := randSlice(r, BT*C), randSlice(r, BT*OC)
@@ -99,6 +100,124 @@ func TestBF16WeightKernels(t *testing.T) {
 	}
 }
 
+// TestSgemmDotBF16 holds the bf16 dot-product GEMM, in AVX-512 BF16 where the
+// CPU has it and in Go, to the float64 product of op(A)'s values rounded to bf16
+// (after alpha) and B's: every product of two bf16 values is exact in float32, so
+// the only error is float32 accumulation, bounded here by (K+2)·2⁻²² of the sum
+// of the terms' magnitudes (a float32 sum of K terms errs by at most about
+// K·2⁻²⁴ of it; the factor 4 is slack). That bound is far below A's rounding
+// (2⁻⁹ of a value), so a product that left A unrounded fails. Shapes as
+// TestSgemmBF16's, odd K included (the last pair padded with zero).
+func TestSgemmDotBF16(t *testing.T) {
+	kernels := []bool{false}
+	if hasBF16Dot {
+		kernels = append(kernels, true)
+	}
+	defer func(h bool) { hasBF16Dot = h }(hasBF16Dot)
+	r := rand.New(rand.NewSource(17))
+	shapes := [][3]int{{1, 1, 1}, {7, 33, 5}, {13, 70, 300}, {200, 160, 96}, {100, 96, 131}, {100, 1, 64}, {2, 3100, 17}, {30, 64, 1030}}
+	t.Logf("AVX-512 BF16 kernel: %v", hasBF16Dot)
+	for _, asm := range kernels {
+		hasBF16Dot = asm
+		for _, s := range shapes {
+			for _, tA := range []bool{false, true} {
+				for _, tB := range []bool{false, true} {
+					for _, ab := range [][2]float32{{1, 0}, {1, 1}, {0.5, 1}} {
+						M, N, K := s[0], s[1], s[2]
+						alpha, beta := ab[0], ab[1]
+						name := fmt.Sprintf("asm=%v/%dx%dx%d/tA=%v/tB=%v/alpha=%v/beta=%v", asm, M, N, K, tA, tB, alpha, beta)
+						lda, ldb, ldc := K+3, N+1, N+2
+						rowsA, rowsB := M, K
+						if tA {
+							lda, rowsA = M+3, K
+						}
+						if tB {
+							ldb, rowsB = K+1, N
+						}
+						A, C := randSlice(r, rowsA*lda), randSlice(r, M*ldc)
+						Bh, Bw := bf16Of(randSlice(r, rowsB*ldb))
+						C0 := slices.Clone(C)
+						SgemmDotBF16(tA, tB, M, N, K, alpha, A, lda, Bh, ldb, beta, C, ldc)
+						for i := 0; i < M; i++ {
+							for j := 0; j < N; j++ {
+								var sum, mag float64
+								for p := 0; p < K; p++ {
+									ai, bi := i*lda+p, p*ldb+j
+									if tA {
+										ai = p*lda + i
+									}
+									if tB {
+										bi = j*ldb + p
+									}
+									a := float64(tensor.ToBF16(alpha * A[ai]).Float32())
+									sum += a * float64(Bw[bi])
+									mag += math.Abs(a * float64(Bw[bi]))
+								}
+								want := sum + float64(beta)*float64(C0[i*ldc+j])
+								mag += math.Abs(float64(beta) * float64(C0[i*ldc+j]))
+								if d := math.Abs(float64(C[i*ldc+j]) - want); d > float64(K+2)*math.Pow(2, -22)*mag {
+									t.Fatalf("%s: C[%d][%d] = %v, want %v (error %.3g of the terms' %.3g)", name, i, j, C[i*ldc+j], want, d, mag)
+								}
+							}
+						}
+						// Columns past N (the row padding of C) are untouched.
+						for i := 0; i < M; i++ {
+							for j := N; j < ldc; j++ {
+								if C[i*ldc+j] != C0[i*ldc+j] {
+									t.Fatalf("%s: C[%d][%d] past N was written", name, i, j)
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestBF16DotKernels: Matmul and MatmulBackward on bf16 weights, on the
+// dot-product path, equal the widening path's products of the same weights with
+// the input rounded to bf16 (the same float32 sums up to their order: to 1e-5
+// of the largest output, 96 and 130 terms of unit size), and the weight gradient,
+// which multiplies two float32 activations, bit for bit.
+func TestBF16DotKernels(t *testing.T) {
+	r := rand.New(rand.NewSource(18))
+	const BT, C, OC = 37, 96, 130
+	inp, dout := randSlice(r, BT*C), randSlice(r, BT*OC)
+	wh, _ := bf16Of(randSlice(r, OC*C))
+	_, inpR := bf16Of(inp)
+	_, doutR := bf16Of(dout)
+	s := tensor.MatmulShape{BT: BT, C: C, OC: OC}
+	w := tensor.BF16Weights[float32](wh)
+	dot := func(on bool, in, dy []float32) (mm, dinp, dw []float32) {
+		defer SetBF16Dot(on)()
+		mm, dinp, dw = make([]float32, BT*OC), make([]float32, BT*C), make([]float32, OC*C)
+		Matmul(mm, in, w, s, false)
+		MatmulBackward(dinp, dw, dy, inp, w, s, false)
+		return
+	}
+	mm, dinp, dw := dot(true, inp, dout)
+	mmR, _, _ := dot(false, inpR, dout)
+	_, dinpR, _ := dot(false, inp, doutR)
+	close := func(name string, got, want []float32) {
+		var top float64
+		for _, v := range want {
+			top = math.Max(top, math.Abs(float64(v)))
+		}
+		for i := range got {
+			if d := math.Abs(float64(got[i] - want[i])); d > 1e-5*top {
+				t.Fatalf("%s: element %d is %v, the widening path on rounded inputs gives %v", name, i, got[i], want[i])
+			}
+		}
+	}
+	close("matmul", mm, mmR)
+	close("dinp", dinp, dinpR)
+	_, _, dwF := dot(false, inp, dout)
+	if !slices.Equal(dw, dwF) {
+		t.Fatal("dweight: the weight gradient (two float32 activations) left the float32 path")
+	}
+}
+
 // TestToBF16 holds the ToBF16 kernel (AVX-512 where the CPU has it, blocks on
 // the cores) to tensor.ToBF16 bit for bit: random values over many binades,
 // ties (exactly half a bf16 step, odd and even), the largest finites that round
@@ -127,6 +246,42 @@ func TestToBF16(t *testing.T) {
 			if want := tensor.ToBF16(v); got[i] != want {
 				t.Fatalf("n=%d: %#08x rounds to %#04x, want %#04x", n, math.Float32bits(v), got[i], want)
 			}
+		}
+	}
+}
+
+// BenchmarkMatmulBF16 runs the products that read weights (forward and the
+// input gradient) with float32 weights, with bf16 weights widened while packed
+// (bf16), and with bf16 weights on the dot-product path (dot: the input rounded
+// to bf16, VDPBF16PS where the CPU has it, else a portable kernel that is not
+// worth timing), on the nanoGPT shape's projections (768 tokens, C = 128 and 384,
+// FFN 512) and llama-style 2048 tokens of C = 512.
+func BenchmarkMatmulBF16(b *testing.B) {
+	for _, s := range []struct {
+		name      string
+		BT, C, OC int
+	}{{"768x128x384", 768, 128, 384}, {"768x512x128", 768, 512, 128}, {"2048x512x1536", 2048, 512, 1536}} {
+		r := rand.New(rand.NewSource(3))
+		inp, dout := randSlice(r, s.BT*s.C), randSlice(r, s.BT*s.OC)
+		wh, ww := bf16Of(randSlice(r, s.OC*s.C))
+		out, dinp := make([]float32, s.BT*s.OC), make([]float32, s.BT*s.C)
+		sh := tensor.MatmulShape{BT: s.BT, C: s.C, OC: s.OC}
+		for _, v := range []struct {
+			name string
+			w    tensor.Weights[float32]
+			dot  bool
+		}{{"fp32", tensor.FloatWeights(ww), false}, {"bf16", tensor.BF16Weights[float32](wh), false}, {"dot", tensor.BF16Weights[float32](wh), true}} {
+			if v.dot && !hasBF16Dot {
+				continue
+			}
+			b.Run(fmt.Sprintf("%s/%s", s.name, v.name), func(b *testing.B) {
+				defer SetBF16Dot(v.dot)()
+				for i := 0; i < b.N; i++ {
+					Matmul(out, inp, v.w, sh, false)
+					gemmW(false, false, s.BT, s.C, s.OC, dout, s.OC, v.w, s.C, 0, dinp, s.C)
+				}
+				b.ReportMetric(4*float64(s.BT*s.C*s.OC)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+			})
 		}
 	}
 }

@@ -117,8 +117,11 @@ type gemmCall struct {
 	ldb            int
 	C              []float32
 	ldc            int
-	set            bool     // the first K block overwrites C (beta 0)
-	tri            triangle // op(A)'s known zeros
+	set            bool          // the first K block overwrites C (beta 0)
+	tri            triangle      // op(A)'s known zeros
+	dot            bool          // the bf16 dot-product path (SgemmDotBF16)
+	ah             []tensor.BF16 // its op(A) in bf16 rows (gemmArgs.roundA)
+	ldah           int
 }
 
 // gemmBufs are the packing buffers of one part of a product. A part always
@@ -126,8 +129,9 @@ type gemmCall struct {
 // what is allocated (only on a part's first use of a larger shape) never depends
 // on scheduling.
 type gemmBufs struct {
-	b []float32 // B panels: at most KC×(NC+NR), sized to the product
-	a []float32 // A panels (MC×KC) and an MR×NR edge tile
+	b   []float32 // B panels: at most KC×(NC+NR), sized to the product
+	a   []float32 // A panels (MC×KC) and an MR×NR edge tile
+	dot dotBufs   // the bf16 dot-product path's
 }
 
 func (b *gemmBufs) panelsB(need int) []float32 {
@@ -152,6 +156,7 @@ type gemmArgs struct {
 	splitN bool
 	per    int
 	bufs   [maxChunks]gemmBufs
+	dotA   []tensor.BF16 // op(A) rounded to bf16 (SgemmDotBF16)
 }
 
 // gemmPool recycles gemmArgs with their buffers: one per goroutine calling
@@ -177,6 +182,7 @@ func (g *gemmArgs) run() {
 	// Only where A is read in place: packing a transposed A costs about as much
 	// as the products it feeds here, and by columns every part would pack all of it.
 	direct, _ := g.aInPlace()
+	direct = direct || g.dot // the dot-product path reads its bf16 rows of A in place
 	g.splitN = direct && byCols < byRows
 	unit, span := mr, tiles
 	if g.splitN {
@@ -207,6 +213,10 @@ func (g *gemmArgs) rows(_, lo, hi int) {
 
 // part computes C[r0:r1, c0:c1], packing into b.
 func (g *gemmCall) part(b *gemmBufs, r0, r1, c0, c1 int) {
+	if g.dot {
+		g.partDot(&b.dot, r0, r1, c0, c1)
+		return
+	}
 	bp := b.panelsB(min(kc, g.K) * (min(nc, c1-c0) + nr))
 	ap := b.panelsA()
 	for jc := c0; jc < c1; jc += nc {
@@ -224,7 +234,7 @@ func (g *gemmCall) part(b *gemmBufs, r0, r1, c0, c1 int) {
 // transposed (directT) by the panel kernel, whose k-th MR values are adjacent in
 // A, at stride lda.
 func (g *gemmCall) aInPlace() (direct, directT bool) {
-	ok := hasStrided && g.alpha == 1
+	ok := hasStrided && g.alpha == 1 && !g.dot // the dot-product path packs A into bf16 pairs
 	return ok && !g.transA, ok && g.transA
 }
 

@@ -41,16 +41,21 @@ func MatmulBackward[F Float](dinp, dweight, dout, inp []F, weight tensor.Weights
 	gemm(nil, true, false, OC, C, BT, dout, OC, inp, C, 1, dweight, C)
 }
 
-// gemmW is gemm with B a weights view: bf16 weights are widened while the
-// float32 product packs them (SgemmBF16); a float64 product (the gradient checks)
-// widens them first.
+// gemmW is gemm with B a weights view. A float32 product with bf16 weights runs
+// on the dot-product path where it is on (BF16Dot: A rounded to bf16, pairs
+// multiplied by VDPBF16PS), else widens the weights while packing them
+// (SgemmBF16); a float64 product (the gradient checks) widens them first.
 func gemmW[F Float](tA, tB bool, M, N, K int, A []F, lda int, B tensor.Weights[F], ldb int, beta F, C []F, ldc int) {
 	if B.BF16 == nil {
 		gemm(nil, tA, tB, M, N, K, A, lda, B.F, ldb, beta, C, ldc)
 		return
 	}
 	if a, ok := any(A).([]float32); ok {
-		SgemmBF16(tA, tB, M, N, K, 1, a, lda, B.BF16, ldb, float32(beta), any(C).([]float32), ldc)
+		sgemm := SgemmBF16
+		if bf16Dot {
+			sgemm = SgemmDotBF16
+		}
+		sgemm(tA, tB, M, N, K, 1, a, lda, B.BF16, ldb, float32(beta), any(C).([]float32), ldc)
 		return
 	}
 	w := make([]F, len(B.BF16))
