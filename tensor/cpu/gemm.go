@@ -291,20 +291,25 @@ func (g *gemmCall) rowBlocks(bp, apBuf []float32, lo, hi, pc, kcur, jc, ncur int
 				default:
 					kernel(kn, ap[ir*kcur+k0*mr:ir*kcur+mr*kcur], mr, bk, ldb, c, ldc, tile)
 				}
-				if nrCur == nr && mrCur == mr {
-					continue
-				}
-				for i := 0; i < mrCur; i++ {
-					crow := g.C[ci+i*g.ldc : ci+i*g.ldc+nrCur]
-					if !add {
-						copy(crow, edge[i*nr:i*nr+nrCur])
-						continue
-					}
-					for j := range crow {
-						crow[j] += edge[i*nr+j]
-					}
+				if nrCur < nr || mrCur < mr {
+					g.storeEdge(edge, ci, mrCur, nrCur, add)
 				}
 			}
+		}
+	}
+}
+
+// storeEdge moves the rows × cols corner of an edge tile (rows of NR) into C at
+// element ci: added to C when add is set, over it otherwise.
+func (g *gemmCall) storeEdge(edge []float32, ci, rows, cols int, add bool) {
+	for i := 0; i < rows; i++ {
+		crow := g.C[ci+i*g.ldc : ci+i*g.ldc+cols]
+		if !add {
+			copy(crow, edge[i*nr:i*nr+cols])
+			continue
+		}
+		for j := range crow {
+			crow[j] += edge[i*nr+j]
 		}
 	}
 }

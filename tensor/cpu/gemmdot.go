@@ -132,16 +132,7 @@ func (g *gemmCall) partDot(b *dotBufs, r0, r1, c0, c1 int) {
 							continue
 						}
 						kernelDot(kp, a, g.ldah, bpanel, edge, nr, false)
-						for i := 0; i < mrCur; i++ {
-							crow := g.C[ci+i*g.ldc : ci+i*g.ldc+nrCur]
-							if !add {
-								copy(crow, edge[i*nr:i*nr+nrCur])
-								continue
-							}
-							for j := range crow {
-								crow[j] += edge[i*nr+j]
-							}
-						}
+						g.storeEdge(edge, ci, mrCur, nrCur, add)
 					}
 				}
 			}

@@ -6,7 +6,7 @@ python3 gen_dot.py > gemmdot_amd64.s (the Go toolchain assembles the output).
 The Go assembler does not know VDPBF16PS, so each one is written as its bytes;
 vdpbf16ps() below encodes the one form used (a 512-bit register operand and a
 32-bit memory broadcast). Its encodings were checked against GNU as 2.40."""
-MR = 12
+from gen_common import MR, store
 
 REGS = {'AX': 0, 'CX': 1, 'DX': 2, 'BX': 3, 'SP': 4, 'BP': 5, 'SI': 6, 'DI': 7,
         'R8': 8, 'R9': 9, 'R10': 10, 'R11': 11, 'R12': 12, 'R13': 13, 'R14': 14, 'R15': 15}
@@ -30,28 +30,6 @@ def vdpbf16ps(dst, src1, base, index=None, scale=1):
         assert x != 4, 'SP is no index'
         out += [((dst & 7) << 3) | 4, ({1: 0, 2: 1, 4: 2, 8: 3}[scale] << 6) | ((x & 7) << 3) | (b & 7)]  # SIB
     return 'BYTE ' + '; BYTE '.join(f'${v:#04x}' for v in out)
-
-
-def store(flag, p):
-    """The tile's epilogue: add the accumulators to c (flag set) or store them."""
-    print(f'''\tMOVBQZX {flag}, AX
-\tTESTQ AX, AX
-\tJEQ {p}set''')
-    for i in range(MR):
-        print(f'\tVADDPS (DX), Z{2 * i}, Z{2 * i}')
-        print(f'\tVMOVUPS Z{2 * i}, (DX)')
-        print(f'\tVADDPS 64(DX), Z{2 * i + 1}, Z{2 * i + 1}')
-        print(f'\tVMOVUPS Z{2 * i + 1}, 64(DX)')
-        if i < MR - 1:
-            print('\tADDQ R8, DX')
-    print('\tVZEROUPPER\n\tRET')
-    print(f'{p}set:')
-    for i in range(MR):
-        print(f'\tVMOVUPS Z{2 * i}, (DX)')
-        print(f'\tVMOVUPS Z{2 * i + 1}, 64(DX)')
-        if i < MR - 1:
-            print('\tADDQ R8, DX')
-    print('\tVZEROUPPER\n\tRET')
 
 
 # Row i of A: four base registers a row apart by 3 (SI, R9, R10, R11), plus 0, 1

@@ -2,29 +2,7 @@
 """Writes gemm_amd64.s: the AVX-512 GEMM micro-kernel, MR rows × 32 columns, fully
 unrolled over the rows. Run from this directory: python3 gen_kernel.py > gemm_amd64.s
 (the Go toolchain assembles the output; no other tool is needed)."""
-MR = 12
-
-
-def store(flag, p):
-    """The tile's epilogue: add the accumulators to c (flag set) or store them."""
-    print(f'''\tMOVBQZX {flag}, AX
-\tTESTQ AX, AX
-\tJEQ {p}set''')
-    for i in range(MR):
-        print(f'\tVADDPS (DX), Z{2 * i}, Z{2 * i}')
-        print(f'\tVMOVUPS Z{2 * i}, (DX)')
-        print(f'\tVADDPS 64(DX), Z{2 * i + 1}, Z{2 * i + 1}')
-        print(f'\tVMOVUPS Z{2 * i + 1}, 64(DX)')
-        if i < MR - 1:
-            print('\tADDQ R8, DX')
-    print('\tVZEROUPPER\n\tRET')
-    print(f'{p}set:')
-    for i in range(MR):
-        print(f'\tVMOVUPS Z{2 * i}, (DX)')
-        print(f'\tVMOVUPS Z{2 * i + 1}, 64(DX)')
-        if i < MR - 1:
-            print('\tADDQ R8, DX')
-    print('\tVZEROUPPER\n\tRET')
+from gen_common import MR, store
 
 
 print(f'''//go:build amd64 && !purego
