@@ -95,6 +95,13 @@ type Calibration struct {
 	// GEMM is Matmul and MatmulBackward at (M rows, K inputs, N outputs): the
 	// grid's M, K and N values are each sorted powers of two.
 	GEMM []GEMMPoint `json:"gemm"`
+	// GEMMBF16 is the same grid with the weight in bf16 (precision.bf16): the
+	// forward product and the input gradient read it as the CPU does by default
+	// (bf16 pairs by AVX-512 BF16 where it has them, BF16Matmul "dot"; widened
+	// to fp32 elsewhere, "widened"), the weight gradient stays fp32. Tables
+	// measured before 2026-11-24 lack it, and plan bf16 runs' matmuls from GEMM.
+	GEMMBF16   []GEMMPoint `json:"gemm_bf16,omitempty"`
+	BF16Matmul string      `json:"bf16_matmul,omitempty"`
 	// Attention is causal attention forward and backward at (T, head size), for the
 	// plain kernel (Flash false) and the flash kernel.
 	Attention []AttentionPoint `json:"attention"`
@@ -125,6 +132,13 @@ type Calibration struct {
 	// InStepGEMM is the least-squares α of matmuls ≈ α·tables + β·bytes over the
 	// samples (relative errors); without it, the pooled ratio alone.
 	InStepGEMMPerByte float64 `json:"in_step_gemm_s_per_byte,omitempty"`
+	// InStepGEMMBF16 and InStepGEMMPerByteBF16 are InStepGEMM and
+	// InStepGEMMPerByte for matmuls with bf16 weights (GEMMBF16), fitted to the
+	// samples run with bf16 weights: inside a step those products also round
+	// their cold activations to bf16, which the tables' warm calls hide. A table
+	// without them times bf16 matmuls by the fp32 figures.
+	InStepGEMMBF16        float64 `json:"in_step_gemm_bf16_factor,omitempty"`
+	InStepGEMMPerByteBF16 float64 `json:"in_step_gemm_bf16_s_per_byte,omitempty"`
 	// InStepAttention, when set, scales attention's table time the same way:
 	// attention's own time inside the passes over what the tables predict for it.
 	InStepAttention float64 `json:"in_step_attention_factor,omitempty"`
@@ -145,9 +159,13 @@ type Calibration struct {
 
 // calIndex is the tables arranged for lookup.
 type calIndex struct {
+	gemm [2]gemmIndex // fp32 weights, bf16 weights
+	attn [3]attnIndex // plain, flash, flash without the causal mask
+}
+
+type gemmIndex struct {
 	ms, ks, ns []int
-	gemm       map[[3]int]GEMMPoint
-	attn       [3]attnIndex // plain, flash, flash without the causal mask
+	at         map[[3]int]GEMMPoint
 }
 
 type attnIndex struct {
@@ -158,10 +176,14 @@ type attnIndex struct {
 // Index arranges the tables for lookup; ParseCalibration calls it, and so must
 // whoever fills a Calibration in code before timing with it.
 func (c *Calibration) Index() {
-	x := &calIndex{gemm: map[[3]int]GEMMPoint{}}
-	x.ms, x.ks, x.ns = axis(c.GEMM, func(p GEMMPoint) int { return p.M }), axis(c.GEMM, func(p GEMMPoint) int { return p.K }), axis(c.GEMM, func(p GEMMPoint) int { return p.N })
-	for _, p := range c.GEMM {
-		x.gemm[[3]int{p.M, p.K, p.N}] = p
+	x := &calIndex{}
+	for i, pts := range [][]GEMMPoint{c.GEMM, c.GEMMBF16} {
+		g := gemmIndex{at: map[[3]int]GEMMPoint{}}
+		g.ms, g.ks, g.ns = axis(pts, func(p GEMMPoint) int { return p.M }), axis(pts, func(p GEMMPoint) int { return p.K }), axis(pts, func(p GEMMPoint) int { return p.N })
+		for _, p := range pts {
+			g.at[[3]int{p.M, p.K, p.N}] = p
+		}
+		x.gemm[i] = g
 	}
 	for i, kind := range [][2]bool{{false, false}, {true, false}, {true, true}} {
 		var pts []AttentionPoint
@@ -192,6 +214,7 @@ func (c *Calibration) index() *calIndex {
 // time inside the pass, kernel by kernel), and with AttnTables set attention's.
 type InStepSample struct {
 	Model        string  `json:"model"`
+	BF16         bool    `json:"bf16,omitempty"` // the pass ran with bf16 weights
 	Measured     float64 `json:"measured_s"`
 	Tables       float64 `json:"tables_s"`
 	Calls        float64 `json:"kernel_calls"`
@@ -209,17 +232,58 @@ type InStepSample struct {
 // every sample's operand bytes known, α and β of matmuls ≈ α·tables + β·bytes
 // instead, fitted to relative errors, when both come out positive), then InStep
 // and PerCall from the rest of the passes by least squares (both at least 0;
-// with one sample, or a negative per-call cost, the factor alone).
+// with one sample, or a negative per-call cost, the factor alone), all over the
+// samples run with fp32 weights; then InStepGEMMBF16 and InStepGEMMPerByteBF16
+// the same way from the matmuls of the samples run with bf16 weights.
 func (c *Calibration) FitInStep() {
-	var gm, gt, am, at float64
+	var fp32, bf16 []InStepSample
 	for _, s := range c.InStepSamples {
+		if s.BF16 {
+			bf16 = append(bf16, s)
+		} else {
+			fp32 = append(fp32, s)
+		}
+	}
+	c.fitInStep(fp32)
+	c.InStepGEMMBF16, c.InStepGEMMPerByteBF16 = 0, 0
+	if len(bf16) > 0 {
+		var gm, gt float64
+		for _, s := range bf16 {
+			gm, gt = gm+s.GEMMMeasured, gt+s.GEMMTables
+		}
+		if gm > 0 && gt > 0 {
+			c.InStepGEMMBF16 = gm / gt
+			if a, b, ok := fitGEMMTraffic(bf16); ok {
+				c.InStepGEMMBF16, c.InStepGEMMPerByteBF16 = a, b
+			}
+		}
+	}
+}
+
+// inStepGEMM is the matmuls' in-step factor and seconds per operand byte, for
+// bf16 weights where the table fitted them, else the fp32 ones (InStep when the
+// matmuls have no factor of their own).
+func (c *Calibration) inStepGEMM(bf16 bool) (factor, perByte float64) {
+	if bf16 && c.InStepGEMMBF16 > 0 {
+		return c.InStepGEMMBF16, c.InStepGEMMPerByteBF16
+	}
+	if c.InStepGEMM > 0 {
+		return c.InStepGEMM, c.InStepGEMMPerByte
+	}
+	return c.InStep, c.InStepGEMMPerByte
+}
+
+// fitInStep is FitInStep over the fp32 samples.
+func (c *Calibration) fitInStep(samples []InStepSample) {
+	var gm, gt, am, at float64
+	for _, s := range samples {
 		gm, gt = gm+s.GEMMMeasured, gt+s.GEMMTables
 		am, at = am+s.AttnMeasured, at+s.AttnTables
 	}
 	c.InStepGEMM, c.InStepGEMMPerByte, c.InStepAttention = 0, 0, 0
 	if gm > 0 && gt > 0 {
 		c.InStepGEMM = gm / gt
-		if a, b, ok := fitGEMMTraffic(c.InStepSamples); ok {
+		if a, b, ok := fitGEMMTraffic(samples); ok {
 			c.InStepGEMM, c.InStepGEMMPerByte = a, b
 		}
 	}
@@ -227,7 +291,7 @@ func (c *Calibration) FitInStep() {
 		c.InStepAttention = am / at
 	}
 	var stt, stc, scc, smt, smc float64
-	for _, s := range c.InStepSamples {
+	for _, s := range samples {
 		tables, measured := s.Tables, s.Measured
 		if c.InStepGEMM > 0 { // the rest of the pass
 			tables, measured = tables-s.GEMMTables, measured-s.GEMMMeasured
@@ -242,7 +306,7 @@ func (c *Calibration) FitInStep() {
 		smc += measured * s.Calls
 	}
 	det := stt*scc - stc*stc
-	if len(c.InStepSamples) >= 2 && det > 0 {
+	if len(samples) >= 2 && det > 0 {
 		k := (smt*scc - smc*stc) / det
 		l := (stt*smc - stc*smt) / det
 		if k > 0 && l >= 0 {
@@ -449,10 +513,13 @@ func ParseCalibration(b []byte) (*Calibration, error) {
 			return nil, fmt.Errorf("a calibration measures every stream kernel: %s is missing", k)
 		}
 	}
-	for _, p := range c.GEMM {
+	for _, p := range append(slices.Clone(c.GEMM), c.GEMMBF16...) {
 		if p.M < 1 || p.K < 1 || p.N < 1 || !(p.Fwd > 0) || !(p.Bwd > 0) {
 			return nil, fmt.Errorf("GEMM point %+v: shapes and times must be positive", p)
 		}
+	}
+	if len(c.GEMMBF16) > 0 && len(c.GEMMBF16) != len(c.GEMM) {
+		return nil, fmt.Errorf("gemm_bf16 has %d points and gemm %d: a calibration measures both over one grid", len(c.GEMMBF16), len(c.GEMM))
 	}
 	for _, p := range c.Attention {
 		if p.T < 1 || p.HD < 1 || !(p.Fwd > 0) || !(p.Bwd > 0) {
@@ -462,7 +529,8 @@ func ParseCalibration(b []byte) (*Calibration, error) {
 	// The fitted figures scale or add to times: a negative one (a hand-edited
 	// file) would plan negative steps. 0 means not fitted.
 	for name, v := range map[string]float64{"in_step_factor": c.InStep, "per_call_s": c.PerCall, "in_step_gemm_factor": c.InStepGEMM,
-		"in_step_gemm_s_per_byte": c.InStepGEMMPerByte, "in_step_attention_factor": c.InStepAttention} {
+		"in_step_gemm_s_per_byte": c.InStepGEMMPerByte, "in_step_attention_factor": c.InStepAttention,
+		"in_step_gemm_bf16_factor": c.InStepGEMMBF16, "in_step_gemm_bf16_s_per_byte": c.InStepGEMMPerByteBF16} {
 		if !(v >= 0) || math.IsInf(v, 0) {
 			return nil, fmt.Errorf("%s is %v: fitted figures are finite and at least 0", name, v)
 		}
@@ -483,12 +551,23 @@ func ParseCalibration(b []byte) (*Calibration, error) {
 	return &c, nil
 }
 
-// gemmTime predicts Matmul (bwd false) or MatmulBackward at (m, k, n): the
-// measured throughput (FLOP/s) interpolated between the grid's neighbours in
-// log2 of each dimension, clamped at the grid's edges, times this call's FLOPs.
+// gemmTime predicts Matmul (bwd false) or MatmulBackward at (m, k, n) with fp32
+// weights: the measured throughput (FLOP/s) interpolated between the grid's
+// neighbours in log2 of each dimension, clamped at the grid's edges, times this
+// call's FLOPs.
 func (c *Calibration) gemmTime(m, k, n int, bwd bool) float64 {
+	return c.gemmTimeOf(false, m, k, n, bwd)
+}
+
+// gemmTimeOf is gemmTime with bf16 weights when bf16 is set, from GEMMBF16, or
+// from GEMM for a table without it.
+func (c *Calibration) gemmTimeOf(bf16 bool, m, k, n int, bwd bool) float64 {
 	if m <= 0 || k <= 0 || n <= 0 {
 		return 0
+	}
+	x := c.index().gemm[0]
+	if bf16 && len(c.index().gemm[1].ms) > 0 {
+		x = c.index().gemm[1]
 	}
 	rate := func(p GEMMPoint) float64 {
 		f := 2 * float64(p.M) * float64(p.K) * float64(p.N)
@@ -497,8 +576,7 @@ func (c *Calibration) gemmTime(m, k, n int, bwd bool) float64 {
 		}
 		return f / p.Fwd
 	}
-	x := c.index()
-	ms, ks, ns, at := x.ms, x.ks, x.ns, x.gemm
+	ms, ks, ns, at := x.ms, x.ks, x.ns, x.at
 	mi, mf := bracket(ms, m)
 	ki, kf := bracket(ks, k)
 	ni, nf := bracket(ns, n)

@@ -113,7 +113,7 @@ func TestCalibratedStep(t *testing.T) {
 	c := CalibrationFor("cpu")
 	require.True(t, strings.HasPrefix(one.TimeModel, "per operation, calibrated on "+c.Host), one.TimeModel)
 	res := load(t, "../recipes/tiny.toml")
-	tables, gemm, attn, calls, gemmBytes := MicroCompute(res.Recipe.Model, res.Recipe.Train.MicroBatchSize, "none", c)
+	tables, gemm, attn, calls, gemmBytes := MicroCompute(res.Recipe.Model, res.Recipe.Train.MicroBatchSize, "none", false, c)
 	gf, af := c.InStep, c.InStep
 	if c.InStepGEMM > 0 {
 		gf = c.InStepGEMM
@@ -194,6 +194,27 @@ func TestFitInStepTraffic(t *testing.T) {
 	c.FitInStep()
 	assert.Zero(t, c.InStepGEMMPerByte)
 	assert.Greater(t, c.InStepGEMM, 1.0)
+
+	// Samples run with bf16 weights fit the bf16 matmuls' own α and β and leave
+	// the fp32 fit alone; a bf16 recipe's matmuls then use them.
+	c.InStepSamples[2].GEMMBytes = 117e6
+	c.FitInStep()
+	fp32GEMM, fp32Byte := c.InStepGEMM, c.InStepGEMMPerByte
+	const alphaH, betaH = 1.2, 80e-12
+	for i, s := range []struct{ gemm, bytes float64 }{{0.01, 100e6}, {0.05, 200e6}, {0.002, 30e6}} {
+		m := alphaH*s.gemm + betaH*s.bytes
+		c.InStepSamples = append(c.InStepSamples, InStepSample{Model: fmt.Sprint("bf16 ", i), BF16: true, Tables: 9, GEMMTables: s.gemm,
+			GEMMMeasured: m, GEMMBytes: s.bytes, Calls: 50, Measured: 100})
+	}
+	c.FitInStep()
+	assert.InDelta(t, fp32GEMM, c.InStepGEMM, 1e-12, "the bf16 samples leave the fp32 fit alone")
+	assert.InDelta(t, fp32Byte, c.InStepGEMMPerByte, 1e-24)
+	assert.InDelta(t, alphaH, c.InStepGEMMBF16, 1e-9)
+	assert.InDelta(t, betaH, c.InStepGEMMPerByteBF16, 1e-18)
+	f, b := c.inStepGEMM(true)
+	assert.Equal(t, [2]float64{alphaH, betaH}, [2]float64{math.Round(f*1e9) / 1e9, math.Round(b*1e21) / 1e21})
+	f, b = c.inStepGEMM(false)
+	assert.Equal(t, [2]float64{fp32GEMM, fp32Byte}, [2]float64{f, b})
 }
 
 // TestFitHostShare: a rank count's efficiency is the median over models of their
@@ -241,4 +262,45 @@ func TestFitHostShare(t *testing.T) {
 	require.NoError(t, err)
 	_, err = ParseCalibration(b)
 	require.ErrorContains(t, err, "host_share")
+}
+
+// TestBF16GEMMTable: a bf16 recipe's matmuls are timed from the table measured
+// with bf16 weights where the calibration has one (a table without it times them
+// from the fp32 one), and every other part of the step is unchanged; a table whose
+// two grids differ is refused.
+func TestBF16GEMMTable(t *testing.T) {
+	c := CalibrationFor("cpu")
+	res := load(t, "../recipes/tiny.toml", "precision.bf16=true")
+	plain := compile(t, &load(t, "../recipes/tiny.toml").Recipe)
+	without := compile(t, &res.Recipe)
+	if len(c.GEMMBF16) == 0 {
+		assert.InEpsilon(t, plain.ComputeS, without.ComputeS, 1e-12, "no bf16 table: the fp32 one")
+	}
+	half := *c
+	half.GEMMBF16 = nil
+	for _, p := range c.GEMM {
+		half.GEMMBF16 = append(half.GEMMBF16, GEMMPoint{M: p.M, K: p.K, N: p.N, Fwd: p.Fwd / 2, Bwd: p.Bwd / 2})
+	}
+	half.Index()
+	assert.InEpsilon(t, c.gemmTime(256, 128, 384, true)/2, half.gemmTimeOf(true, 256, 128, 384, true), 1e-9)
+	assert.InEpsilon(t, c.gemmTime(256, 128, 384, true), half.gemmTimeOf(false, 256, 128, 384, true), 1e-12)
+	_, gemm, _, _, _ := MicroCompute(res.Recipe.Model, res.Recipe.Train.MicroBatchSize, "none", false, c)
+	gf := c.InStep
+	if c.InStepGEMM > 0 {
+		gf = c.InStepGEMM
+	}
+	UseCalibration(&half)
+	defer ResetCalibrations()
+	halved := compile(t, &res.Recipe)
+	assert.InEpsilon(t, plain.ComputeS-gf*gemm/2, halved.ComputeS, 1e-9, "the matmuls' table time halves, the rest stays")
+
+	b, err := json.Marshal(&half)
+	require.NoError(t, err)
+	var raw map[string]any
+	require.NoError(t, json.Unmarshal(b, &raw))
+	raw["gemm_bf16"] = raw["gemm_bf16"].([]any)[:3]
+	b, err = json.Marshal(raw)
+	require.NoError(t, err)
+	_, err = ParseCalibration(b)
+	require.ErrorContains(t, err, "gemm_bf16")
 }

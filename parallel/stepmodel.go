@@ -35,15 +35,12 @@ func stepModel(r *config.Recipe, p *Plan, c *Calibration) StepBreakdown {
 	b.HostShare = max(p.Topology.GPUsPerNode, 1) // ranks per node, at most the world
 	tk := tokensOf(r, m)
 	g, a, s, calls, gb := microCompute(mo, microShape{B: r.Train.MicroBatchSize, T: mo.SeqLen / m.CP, CP: m.CP, TP: m.TP, EP: m.EP, ETP: m.ETP,
-		Routed: int(tk.routed), Mode: r.ActivationCheckpoint.Mode}, c)
-	gf := c.InStep
-	if c.InStepGEMM > 0 {
-		gf = c.InStepGEMM // the matmuls by their own in-step factor
-	}
+		Routed: int(tk.routed), Mode: r.ActivationCheckpoint.Mode, BF16: r.Precision.BF16}, c)
+	gf, gPerByte := c.inStepGEMM(r.Precision.BF16)
 	if gf > 0 {
 		g *= gf
 	}
-	g += c.InStepGEMMPerByte * gb // and their operands' traffic
+	g += gPerByte * gb // and their operands' traffic
 	af := c.InStep
 	if c.InStepAttention > 0 {
 		af = c.InStepAttention // attention by its own in-step factor
@@ -95,11 +92,13 @@ func stepModel(r *config.Recipe, p *Plan, c *Calibration) StepBreakdown {
 // microShape is one rank's share of a micro-batch: B sequences of T tokens (T/cp
 // of each sequence under context parallelism), the context, tensor, expert and
 // expert-tensor parallel degrees, the routed copies the rank sends (and,
-// balanced, receives), and the recompute mode.
+// balanced, receives), the recompute mode, and whether the weights are bf16
+// (every matmul then times from the bf16-weight table).
 type microShape struct {
 	B, T, CP, TP, EP, ETP int
 	Routed                int
 	Mode                  string
+	BF16                  bool
 }
 
 // microCompute is the kernel time of one micro-batch's forward and backward on one
@@ -121,12 +120,12 @@ func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, call
 	gemm := func(rows, k, n int) float64 {
 		calls += 2
 		gb += 3 * opBytes(rows, k, n)
-		return c.gemmTime(rows, k, n, false) + c.gemmTime(rows, k, n, true)
+		return c.gemmTimeOf(sh.BF16, rows, k, n, false) + c.gemmTimeOf(sh.BF16, rows, k, n, true)
 	}
 	var fgb float64 // the current layer's forward matmul bytes, which full recompute repeats
 	fwd := func(rows, k, n int) float64 {
 		fgb += opBytes(rows, k, n)
-		return c.gemmTime(rows, k, n, false)
+		return c.gemmTimeOf(sh.BF16, rows, k, n, false)
 	}
 	stream := func(kind string, n float64) float64 { calls++; return c.stream(kind, n) }
 	attnFwd := c.attentionTime(flash, B*NH, T, HD, false)
@@ -216,15 +215,15 @@ func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, call
 }
 
 // MicroCompute is microCompute for one rank holding the whole model (no tensor or
-// expert parallelism): the tables' time (and the matmuls' and attention's parts
+// expert parallelism), with fp32 or bf16 weights: the tables' time (and the matmuls' and attention's parts
 // of it) and the
 // kernels launched, which the calibration's in-step factors and per-call cost are
 // fitted against.
-func MicroCompute(mo config.Model, batch int, mode string, c *Calibration) (tables, gemm, attention, calls, gemmBytes float64) {
+func MicroCompute(mo config.Model, batch int, mode string, bf16 bool, c *Calibration) (tables, gemm, attention, calls, gemmBytes float64) {
 	routed := 0
 	if mo.MoE.NumExperts > 0 {
 		routed = batch * mo.SeqLen * mo.MoE.TopK
 	}
-	g, a, s, calls, gb := microCompute(mo, microShape{B: batch, T: mo.SeqLen, TP: 1, EP: 1, ETP: 1, Routed: routed, Mode: mode}, c)
+	g, a, s, calls, gb := microCompute(mo, microShape{B: batch, T: mo.SeqLen, TP: 1, EP: 1, ETP: 1, Routed: routed, Mode: mode, BF16: bf16}, c)
 	return g + a + s, g, a, calls, gb
 }

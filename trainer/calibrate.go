@@ -67,17 +67,28 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 	}
 	timeIt := func(f func()) float64 { return medianTime(f, minTime) }
 
-	// Matmuls: forward, and backward (input and weight gradients).
-	say("matmul: %d shapes", len(grid.GEMMRows)*len(grid.GEMMDims)*len(grid.GEMMDims))
+	// Matmuls: forward, and backward (input and weight gradients), with fp32 and
+	// with bf16 weights.
+	if b, ok := be.(interface{ BF16Matmul() string }); ok {
+		c.BF16Matmul = b.BF16Matmul()
+	}
+	say("matmul: %d shapes, fp32 and bf16 weights", len(grid.GEMMRows)*len(grid.GEMMDims)*len(grid.GEMMDims))
 	for _, m := range grid.GEMMRows {
 		for _, k := range grid.GEMMDims {
 			for _, n := range grid.GEMMDims {
 				inp, w, out := filled(m*k), filled(n*k), make([]float32, m*n)
 				dinp, dw := make([]float32, m*k), make([]float32, n*k)
-				wv := tensor.FloatWeights(w)
-				fwd := timeIt(func() { be.Matmul(out, inp, wv, tensor.MatmulShape{BT: m, C: k, OC: n}, false) })
-				bwd := timeIt(func() { be.MatmulBackward(dinp, dw, out, inp, wv, tensor.MatmulShape{BT: m, C: k, OC: n}, false) })
-				c.GEMM = append(c.GEMM, parallel.GEMMPoint{M: m, K: k, N: n, Fwd: fwd, Bwd: bwd})
+				wh := make([]tensor.BF16, n*k)
+				tensor.CastToBF16(wh, w)
+				s := tensor.MatmulShape{BT: m, C: k, OC: n}
+				for _, v := range []struct {
+					w   tensor.Weights[float32]
+					out *[]parallel.GEMMPoint
+				}{{tensor.FloatWeights(w), &c.GEMM}, {tensor.BF16Weights[float32](wh), &c.GEMMBF16}} {
+					fwd := timeIt(func() { be.Matmul(out, inp, v.w, s, false) })
+					bwd := timeIt(func() { be.MatmulBackward(dinp, dw, out, inp, v.w, s, false) })
+					*v.out = append(*v.out, parallel.GEMMPoint{M: m, K: k, N: n, Fwd: fwd, Bwd: bwd})
+				}
 			}
 		}
 	}
@@ -148,15 +159,17 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 	// The in-step factor: whole forward and backward passes of small models, beside
 	// what the tables above predict for them.
 	c.Index()
-	say("in-step factor: %d models", len(calibrationModels))
-	for _, cm := range calibrationModels {
-		measured, gemm, attn, err := stepTime(be, cm.model, cm.batch, minTime)
-		if err != nil {
-			return nil, err
+	say("in-step factors: %d models, fp32 and bf16 weights", len(calibrationModels))
+	for _, bf16 := range []bool{false, true} {
+		for _, cm := range calibrationModels {
+			measured, gemm, attn, err := stepTime(be, cm.model, cm.batch, minTime, bf16)
+			if err != nil {
+				return nil, err
+			}
+			tables, gemmTables, attnTables, calls, gemmBytes := parallel.MicroCompute(cm.model, cm.batch, "none", bf16, c)
+			c.InStepSamples = append(c.InStepSamples, parallel.InStepSample{Model: cm.name, BF16: bf16, Measured: measured, Tables: tables, Calls: calls,
+				GEMMMeasured: gemm, GEMMTables: gemmTables, AttnMeasured: attn, AttnTables: attnTables, GEMMBytes: gemmBytes})
 		}
-		tables, gemmTables, attnTables, calls, gemmBytes := parallel.MicroCompute(cm.model, cm.batch, "none", c)
-		c.InStepSamples = append(c.InStepSamples, parallel.InStepSample{Model: cm.name, Measured: measured, Tables: tables, Calls: calls,
-			GEMMMeasured: gemm, GEMMTables: gemmTables, AttnMeasured: attn, AttnTables: attnTables, GEMMBytes: gemmBytes})
 	}
 	c.FitInStep()
 	if len(grid.ShareModels) > 0 {
@@ -294,7 +307,7 @@ func Refit(c *parallel.Calibration) error {
 				continue
 			}
 			found = true
-			smp.Tables, smp.GEMMTables, smp.AttnTables, smp.Calls, smp.GEMMBytes = parallel.MicroCompute(cm.model, cm.batch, "none", c)
+			smp.Tables, smp.GEMMTables, smp.AttnTables, smp.Calls, smp.GEMMBytes = parallel.MicroCompute(cm.model, cm.batch, "none", smp.BF16, c)
 		}
 		if !found {
 			return fmt.Errorf("in-step sample %q: not a model shardline calibrate times; measure the table again", smp.Model)
@@ -339,10 +352,10 @@ type calibrationModel struct {
 }
 
 // stepTime is the median seconds of one forward and backward pass of a model
-// with batch sequences of its full length, and of the matmuls and of attention
-// inside that pass (timed call by call, in the pass whose whole time is the
-// median).
-func stepTime(be tensor.Backend, cfg config.Model, batch int, minTime time.Duration) (whole, gemm, attn float64, err error) {
+// with batch sequences of its full length, its weights in fp32 or (bf16) in
+// bf16, and of the matmuls and of attention inside that pass (timed call by call,
+// in the pass whose whole time is the median).
+func stepTime(be tensor.Backend, cfg config.Model, batch int, minTime time.Duration, bf16 bool) (whole, gemm, attn float64, err error) {
 	table, err := parallel.ParamTable(cfg, 1, 1)
 	if err != nil {
 		return 0, 0, 0, err
@@ -352,8 +365,16 @@ func stepTime(be tensor.Backend, cfg config.Model, batch int, minTime time.Durat
 		w[i], g[i] = make([]float32, table[i].LocalNumel()), make([]float32, table[i].LocalNumel())
 		model.InitParam(w[i], &table[i], 0, 1, cfg.InitStd, cfg.Layers)
 	}
+	views := tensor.WeightViews(w)
+	if bf16 {
+		for i := range w {
+			h := make([]tensor.BF16, len(w[i]))
+			tensor.CastToBF16(h, w[i])
+			views[i] = tensor.BF16Weights[float32](h)
+		}
+	}
 	tb := &kernelTimed{Backend: be}
-	m, err := model.New[float32](cfg, table, tensor.WeightViews(w), g, tb, batch, cfg.SeqLen)
+	m, err := model.New[float32](cfg, table, views, g, tb, batch, cfg.SeqLen)
 	if err != nil {
 		return 0, 0, 0, err
 	}

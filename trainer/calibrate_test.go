@@ -28,6 +28,8 @@ func TestCalibrateSmallGrid(t *testing.T) {
 	back, err := parallel.ParseCalibration(b)
 	require.NoError(t, err)
 	require.Len(t, back.GEMM, 8)
+	require.Len(t, back.GEMMBF16, 8, "the same grid with bf16 weights")
+	require.Contains(t, []string{"dot", "widened"}, back.BF16Matmul)
 	require.Len(t, back.Attention, 12, "plain, flash, and flash without the causal mask")
 	full := 0
 	for _, p := range back.Attention {
@@ -37,7 +39,8 @@ func TestCalibrateSmallGrid(t *testing.T) {
 		}
 	}
 	require.Equal(t, 4, full)
-	require.Len(t, back.InStepSamples, 5)
+	require.Len(t, back.InStepSamples, 10, "five models, with fp32 and with bf16 weights")
+	require.Greater(t, back.InStepGEMMBF16, 0.0, "bf16 matmuls' own in-step factor")
 	require.Greater(t, back.InStep, 0.0)
 	require.GreaterOrEqual(t, back.PerCall, 0.0)
 	require.Greater(t, back.InStepGEMM, 0.0, "the matmuls' own in-step factor")

@@ -16,6 +16,15 @@ var (
 // Name reports the backend and its matmul micro-kernel.
 func (Kernels[F]) Name() string { return "cpu (" + KernelName() + ")" }
 
+// BF16Matmul says how products with bf16 weights run: "dot" (bf16 pairs,
+// AVX-512 BF16) or "widened" (the weights widened to float32).
+func (Kernels[F]) BF16Matmul() string {
+	if BF16Dot() {
+		return "dot"
+	}
+	return "widened"
+}
+
 func (Kernels[F]) Matmul(out, inp []F, weight tensor.Weights[F], s tensor.MatmulShape, accumulate bool) {
 	Matmul(out, inp, weight, s, accumulate)
 }
