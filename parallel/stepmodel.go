@@ -9,10 +9,10 @@ import (
 type StepBreakdown struct {
 	GEMM, Attention, Stream, Optimizer, Comm float64
 	// HostShare is how many ranks share one host's cores (in-process or local
-	// ranks on the CPU): each rank's kernels take HostShare·ShareEfficiency times
-	// as long as on the machine the calibration measured alone.
-	HostShare       int
-	ShareEfficiency float64
+	// ranks on the CPU): each rank's kernels take HostShare times as long as on
+	// the machine the calibration measured alone, times the efficiency measured
+	// for that many ranks.
+	HostShare int
 }
 
 // stepModel predicts one rank's step on a calibrated device from the operations the
@@ -80,11 +80,7 @@ func stepModel(r *config.Recipe, p *Plan, c *Calibration) StepBreakdown {
 		}
 		b.Comm += float64(col.Calls)*cost.Fixed + cost.PerUnit*col.rankBytes(size) // rankBytes: the whole step's
 	}
-	b.ShareEfficiency = 1
-	if b.HostShare > 1 {
-		b.ShareEfficiency = c.shareEfficiency(b.HostShare)
-	}
-	share := float64(b.HostShare) * b.ShareEfficiency
+	share := float64(b.HostShare) * c.shareEfficiency(b.HostShare)
 	b.GEMM, b.Attention, b.Stream, b.Optimizer = b.GEMM*share, b.Attention*share, b.Stream*share, b.Optimizer*share
 	return b
 }

@@ -18,7 +18,7 @@
 # Prints the planned and measured step, their ratio (measured ÷ planned), and the
 # memory ratio. The plan times the CPU from `shardline calibrate`'s table
 # (docs/plan.md): the one shardline ships. The last column is the step ratio with a
-# table calibrated at the start of this script (about a minute and a half): the difference
+# table calibrated at the start of this script (about two minutes): the difference
 # between the two columns is how much the calibration itself moves between runs on
 # this machine. The summary line counts the rows within 15% with that table.
 set -euo pipefail
@@ -39,7 +39,7 @@ fi
 if [ -n "${FIDELITY_CALIBRATION:-}" ]; then
 	cp "$FIDELITY_CALIBRATION" "$out/calibration.json"
 else
-	echo "calibrating this machine (shardline calibrate, about a minute and a half)..." >&2
+	echo "calibrating this machine (shardline calibrate, about two minutes)..." >&2
 	./bin/shardline calibrate -o "$out/calibration.json" 2>/dev/null
 fi
 d6="recipes/tiny.toml --num-layers 6 --hidden-size 256 --num-attention-heads 8 --num-query-groups 8 --ffn-hidden-size 768 --seq-length 256"
