@@ -127,7 +127,10 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 	for _, kind := range kinds {
 		var pts [2][2]float64
 		for i, n := range []int{1 << 12, 1 << 22} {
-			f := streamKernel(be, kind, n)
+			f, err := streamKernel(be, kind, n)
+			if err != nil {
+				return nil, err
+			}
 			pts[i] = [2]float64{float64(n), timeIt(f)}
 		}
 		per := (pts[1][1] - pts[0][1]) / (pts[1][0] - pts[0][0])
@@ -476,18 +479,20 @@ func filled(n int) []float32 {
 	return x
 }
 
-// streamKernel is the memory-bound kernel of kind over n elements, ready to time.
-func streamKernel(be tensor.Backend, kind string, n int) func() {
+// streamKernel is the memory-bound kernel of kind over n elements, ready to time;
+// a kind it has no kernel for is an error (parallel.StreamKinds and this switch
+// are kept together).
+func streamKernel(be tensor.Backend, kind string, n int) (func(), error) {
 	const C = 256
 	rows := max(n/C, 1)
 	a, b, o := filled(n), filled(n), make([]float32, n)
 	switch kind {
 	case parallel.StreamRMSNorm:
 		rstd, w := make([]float32, rows), tensor.FloatWeights(filled(C))
-		return func() { be.RMSNorm(o, rstd, a, w, rows, C, 1e-5) }
+		return func() { be.RMSNorm(o, rstd, a, w, rows, C, 1e-5) }, nil
 	case parallel.StreamRMSNormBwd:
 		rstd, w, dw := filled(rows), tensor.FloatWeights(filled(C)), make([]float32, C)
-		return func() { be.RMSNormBackward(o, dw, b, a, w, rstd, rows, C) }
+		return func() { be.RMSNormBackward(o, dw, b, a, w, rstd, rows, C) }, nil
 	case parallel.StreamRope, parallel.StreamRopeBwd:
 		const HD = 64
 		T := max(n/HD, 1) // one sequence of n elements, one head
@@ -495,14 +500,14 @@ func streamKernel(be tensor.Backend, kind string, n int) func() {
 		be.RopeTables(cos, sin, T, tensor.RopeInvFreq(HD, 10000, "none", 1))
 		x := filled(T * HD)
 		if kind == parallel.StreamRope {
-			return func() { be.Rope(x, cos, sin, tensor.RopeShape{B: 1, T: T, NH: 1, HD: HD}) }
+			return func() { be.Rope(x, cos, sin, tensor.RopeShape{B: 1, T: T, NH: 1, HD: HD}) }, nil
 		}
-		return func() { be.RopeBackward(x, cos, sin, tensor.RopeShape{B: 1, T: T, NH: 1, HD: HD}) }
+		return func() { be.RopeBackward(x, cos, sin, tensor.RopeShape{B: 1, T: T, NH: 1, HD: HD}) }, nil
 	case parallel.StreamSwiGLU:
-		return func() { be.SwiGLU(o, a, b, n) }
+		return func() { be.SwiGLU(o, a, b, n) }, nil
 	case parallel.StreamSwiGLUBwd:
 		d1, d2 := make([]float32, n), make([]float32, n)
-		return func() { be.SwiGLUBackward(d1, d2, o, a, b, n, false) }
+		return func() { be.SwiGLUBackward(d1, d2, o, a, b, n, false) }, nil
 	case parallel.StreamEmbedding, parallel.StreamEmbeddingBwd:
 		const V = 1024
 		tok := make([]int32, rows)
@@ -511,9 +516,9 @@ func streamKernel(be tensor.Backend, kind string, n int) func() {
 		}
 		wte := filled(V * C)
 		if kind == parallel.StreamEmbedding {
-			return func() { be.Embedding(o, tok, tensor.FloatWeights(wte), rows, C) }
+			return func() { be.Embedding(o, tok, tensor.FloatWeights(wte), rows, C) }, nil
 		}
-		return func() { be.EmbeddingBackward(wte, b, tok, rows, C) }
+		return func() { be.EmbeddingBackward(wte, b, tok, rows, C) }, nil
 	case parallel.StreamCrossEntropy, parallel.StreamCrossEntropyBw:
 		const V = 256
 		bt := max(n/V, 1)
@@ -523,18 +528,18 @@ func streamKernel(be tensor.Backend, kind string, n int) func() {
 		}
 		losses, dloss := make([]float32, bt), filled(bt)
 		if kind == parallel.StreamCrossEntropy {
-			return func() { be.CrossEntropy(losses, o, a, tgt, bt, V) }
+			return func() { be.CrossEntropy(losses, o, a, tgt, bt, V) }, nil
 		}
-		return func() { be.CrossEntropyBackward(b, dloss, o, tgt, bt, V) }
+		return func() { be.CrossEntropyBackward(b, dloss, o, tgt, bt, V) }, nil
 	case parallel.StreamAdamW:
 		m, v := make([]float32, n), make([]float32, n)
-		return func() { be.AdamW(a, b, m, v, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1) }
+		return func() { be.AdamW(a, b, m, v, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1) }, nil
 	case parallel.StreamSumSquares:
-		return func() { _ = be.SumSquares(a) }
+		return func() { _ = be.SumSquares(a) }, nil
 	case parallel.StreamAdd:
-		return func() { be.AddInto(o, a, n) }
+		return func() { be.AddInto(o, a, n) }, nil
 	case parallel.StreamCopy:
-		return func() { copy(o, a) }
+		return func() { copy(o, a) }, nil
 	case parallel.StreamDispatch, parallel.StreamDispatchBwd, parallel.StreamCombine, parallel.StreamCombineBwd:
 		// n elements of routed copies: 8 experts, top 2, rows of C; every expert
 		// keeps every copy (no capacity limit).
@@ -550,20 +555,20 @@ func streamKernel(be tensor.Backend, kind string, n int) func() {
 		rows := be.Dispatch(xperm, x, rt, s)
 		switch kind {
 		case parallel.StreamDispatch:
-			return func() { be.Dispatch(xperm, x, rt, s) }
+			return func() { be.Dispatch(xperm, x, rt, s) }, nil
 		case parallel.StreamDispatchBwd:
-			return func() { be.DispatchBackward(x, xperm, rt, rows, s) }
+			return func() { be.DispatchBackward(x, xperm, rt, rows, s) }, nil
 		case parallel.StreamCombine:
-			return func() { be.Combine(x, xperm, gates, rt, s) }
+			return func() { be.Combine(x, xperm, gates, rt, s) }, nil
 		}
 		dy, dgates := make([]float32, bt*K*C), make([]float32, bt*K)
-		return func() { be.CombineBackward(dy, dgates, x, xperm, gates, rt, s) }
+		return func() { be.CombineBackward(dy, dgates, x, xperm, gates, rt, s) }, nil
 	case parallel.StreamAttnMerge:
 		// n elements of one head's rows of 64 values, with finite log-sum-exps.
 		const HD = 64
 		T := max(n/HD, 1)
 		out, outB, lse, lseB := filled(T*HD), filled(T*HD), filled(T), filled(T)
-		return func() { model.MergeAttention(out, lse, outB, lseB, 1, T, 1, HD) }
+		return func() { model.MergeAttention(out, lse, outB, lseB, 1, T, 1, HD) }, nil
 	case parallel.StreamRouter, parallel.StreamRouterBwd:
 		const E, K = 8, 2
 		bt := max(n/E, 1)
@@ -572,12 +577,12 @@ func streamKernel(be tensor.Backend, kind string, n int) func() {
 		rt := tensor.Routing{Idx: make([]int32, bt*K)}
 		be.Router(probs, gates, logits, rt, s)
 		if kind == parallel.StreamRouter {
-			return func() { be.Router(probs, gates, logits, rt, s) }
+			return func() { be.Router(probs, gates, logits, rt, s) }, nil
 		}
 		dlogits, dgates, dprobs := make([]float32, bt*E), filled(bt*K), filled(bt*E)
-		return func() { be.RouterBackward(dlogits, dgates, dprobs, gates, probs, rt, s) }
+		return func() { be.RouterBackward(dlogits, dgates, dprobs, gates, probs, rt, s) }, nil
 	}
-	panic("calibrate: no kernel for stream kind " + kind) // StreamKinds and this switch are kept together
+	return nil, fmt.Errorf("calibrate: no kernel times the stream kind %q; a shardline bug", kind)
 }
 
 // collectiveTime is the median seconds of one in-process collective over a full

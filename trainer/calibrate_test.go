@@ -126,3 +126,10 @@ func TestRefitHostShare(t *testing.T) {
 	c.HostShareSamples[1].Model = "a model of another shardline"
 	require.ErrorContains(t, Refit(c), `"a model of another shardline"`)
 }
+
+// TestStreamKernelUnknownKind: a stream kind calibrate has no kernel for is an
+// error naming it, not a crash.
+func TestStreamKernelUnknownKind(t *testing.T) {
+	_, err := streamKernel(cpu.Backend{}, "no-such-kernel", 1024)
+	require.ErrorContains(t, err, `"no-such-kernel"`)
+}
