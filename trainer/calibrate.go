@@ -53,10 +53,13 @@ var DefaultCalibrationGrid = CalibrationGrid{
 	ShareRounds: 2,
 }
 
-// Calibrate measures the backend's kernels over grid: each matmul, attention and
-// memory-bound kernel of the engine, and the in-process collectives. A shape is
-// timed by the median of repeated calls totalling at least minTime (one call for
-// shapes longer than that). progress, if not nil, gets a line per table.
+// Calibrate measures the backend's kernels over grid: each matmul (with fp32 and
+// with bf16 weights), attention and memory-bound kernel of the engine, and the
+// in-process collectives; then it fits the in-step factors to whole passes of its
+// models (fp32 and bf16 weights) and the host-share efficiencies to its models
+// trained by in-process ranks. A shape is timed by the median of repeated calls
+// totalling at least minTime (one call for shapes longer than that). progress, if
+// not nil, gets a line per table.
 func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, progress io.Writer) (*parallel.Calibration, error) {
 	c := &parallel.Calibration{Profile: "cpu", Threads: runtime.GOMAXPROCS(0), Date: time.Now().UTC().Format(time.RFC3339),
 		Host: CalibrationHost(be), Stream: map[string]parallel.Linear{}, Collectives: map[string]parallel.Linear{}}
