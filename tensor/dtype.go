@@ -63,6 +63,17 @@ func WeightViews[F Float](x [][]F) []Weights[F] {
 	return out
 }
 
+// BF16Views rounds each slice of x to new bf16 storage and views it as weights.
+func BF16Views[F Float](x [][]float32) []Weights[F] {
+	out := make([]Weights[F], len(x))
+	for i, v := range x {
+		h := make([]BF16, len(v))
+		CastToBF16(h, v)
+		out[i] = Weights[F]{BF16: h}
+	}
+	return out
+}
+
 // Len is the view's element count.
 func (w Weights[F]) Len() int {
 	if w.BF16 != nil {

@@ -32,3 +32,26 @@ func TestBF16(t *testing.T) {
 		}
 	}
 }
+
+// TestBF16Views: each view holds its slice rounded to bf16 (fresh storage: the
+// float32 source is untouched), for a float32 and a float64 view type.
+func TestBF16Views(t *testing.T) {
+	x := [][]float32{{1.2345678, -3.14159}, {}, {1e-20}}
+	v32, v64 := BF16Views[float32](x), BF16Views[float64](x)
+	if len(v32) != 3 || len(v64) != 3 {
+		t.Fatalf("%d and %d views of 3 slices", len(v32), len(v64))
+	}
+	for i, s := range x {
+		if v32[i].Len() != len(s) || v64[i].Len() != len(s) || v32[i].F != nil {
+			t.Fatalf("view %d: lengths %d, %d of %d, float storage %v", i, v32[i].Len(), v64[i].Len(), len(s), v32[i].F)
+		}
+		for j, f := range s {
+			if v32[i].BF16[j] != ToBF16(f) || v64[i].BF16[j] != ToBF16(f) {
+				t.Errorf("view %d[%d] holds %#04x, want %#04x", i, j, v32[i].BF16[j], ToBF16(f))
+			}
+		}
+	}
+	if x[0][0] != 1.2345678 {
+		t.Error("the float32 source was rounded in place")
+	}
+}

@@ -373,11 +373,7 @@ func stepTime(be tensor.Backend, cfg config.Model, batch int, minTime time.Durat
 	}
 	views := tensor.WeightViews(w)
 	if bf16 {
-		for i := range w {
-			h := make([]tensor.BF16, len(w[i]))
-			tensor.CastToBF16(h, w[i])
-			views[i] = tensor.BF16Weights[float32](h)
-		}
+		views = tensor.BF16Views[float32](w)
 	}
 	tb := &kernelTimed{Backend: be}
 	m, err := model.New[float32](cfg, table, views, g, tb, batch, cfg.SeqLen)

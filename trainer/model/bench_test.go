@@ -50,11 +50,7 @@ func benchTrainStep(b *testing.B, bf16 bool) {
 	}
 	views := tensor.WeightViews(w)
 	if bf16 {
-		for i := range w {
-			h := make([]tensor.BF16, len(w[i]))
-			tensor.CastToBF16(h, w[i])
-			views[i] = tensor.BF16Weights[float32](h)
-		}
+		views = tensor.BF16Views[float32](w)
 	}
 	m, err := New[float32](cfg, table, views, g, cpu.Backend{}, B, T)
 	if err != nil {
