@@ -33,14 +33,7 @@ func TestSgemmBF16(t *testing.T) {
 				for _, beta := range []float32{0, 1} {
 					M, N, K := s[0], s[1], s[2]
 					name := fmt.Sprintf("%dx%dx%d/tA=%v/tB=%v/beta=%v", M, N, K, tA, tB, beta)
-					lda, ldb, ldc := K+3, N+1, N+2
-					rowsA, rowsB := M, K
-					if tA {
-						lda, rowsA = M+3, K
-					}
-					if tB {
-						ldb, rowsB = K+1, N
-					}
+					lda, ldb, ldc, rowsA, rowsB := gemmLayout(M, N, K, tA, tB)
 					A, C := randSlice(r, rowsA*lda), randSlice(r, M*ldc)
 					Bh, Bw := bf16Of(randSlice(r, rowsB*ldb))
 					want := slices.Clone(C)
@@ -126,37 +119,32 @@ func TestSgemmDotBF16(t *testing.T) {
 						M, N, K := s[0], s[1], s[2]
 						alpha, beta := ab[0], ab[1]
 						name := fmt.Sprintf("asm=%v/%dx%dx%d/tA=%v/tB=%v/alpha=%v/beta=%v", asm, M, N, K, tA, tB, alpha, beta)
-						lda, ldb, ldc := K+3, N+1, N+2
-						rowsA, rowsB := M, K
-						if tA {
-							lda, rowsA = M+3, K
-						}
-						if tB {
-							ldb, rowsB = K+1, N
-						}
+						lda, ldb, ldc, rowsA, rowsB := gemmLayout(M, N, K, tA, tB)
 						A, C := randSlice(r, rowsA*lda), randSlice(r, M*ldc)
 						Bh, Bw := bf16Of(randSlice(r, rowsB*ldb))
 						C0 := slices.Clone(C)
 						SgemmDotBF16(tA, tB, M, N, K, alpha, A, lda, Bh, ldb, beta, C, ldc)
+						// The reference multiplies alpha·A's bf16 values by B's; the
+						// same product of their magnitudes is the terms' size.
+						ar, aAbs := make([]float32, len(A)), make([]float32, len(A))
+						for i, v := range A {
+							ar[i] = tensor.ToBF16(alpha * v).Float32()
+							aAbs[i] = float32(math.Abs(float64(ar[i])))
+						}
+						bAbs, cAbs := slices.Clone(Bw), slices.Clone(C0)
+						for i := range bAbs {
+							bAbs[i] = float32(math.Abs(float64(bAbs[i])))
+						}
+						for i := range cAbs {
+							cAbs[i] = float32(math.Abs(float64(cAbs[i])))
+						}
+						want := refGemm(tA, tB, M, N, K, 1, ar, lda, Bw, ldb, beta, C0, ldc)
+						mag := refGemm(tA, tB, M, N, K, 1, aAbs, lda, bAbs, ldb, float32(math.Abs(float64(beta))), cAbs, ldc)
 						for i := 0; i < M; i++ {
 							for j := 0; j < N; j++ {
-								var sum, mag float64
-								for p := 0; p < K; p++ {
-									ai, bi := i*lda+p, p*ldb+j
-									if tA {
-										ai = p*lda + i
-									}
-									if tB {
-										bi = j*ldb + p
-									}
-									a := float64(tensor.ToBF16(alpha * A[ai]).Float32())
-									sum += a * float64(Bw[bi])
-									mag += math.Abs(a * float64(Bw[bi]))
-								}
-								want := sum + float64(beta)*float64(C0[i*ldc+j])
-								mag += math.Abs(float64(beta) * float64(C0[i*ldc+j]))
-								if d := math.Abs(float64(C[i*ldc+j]) - want); d > float64(K+2)*math.Pow(2, -22)*mag {
-									t.Fatalf("%s: C[%d][%d] = %v, want %v (error %.3g of the terms' %.3g)", name, i, j, C[i*ldc+j], want, d, mag)
+								k := i*ldc + j
+								if d := math.Abs(float64(C[k]) - want[k]); d > float64(K+2)*math.Pow(2, -22)*mag[k] {
+									t.Fatalf("%s: C[%d][%d] = %v, want %v (error %.3g of the terms' %.3g)", name, i, j, C[k], want[k], d, mag[k])
 								}
 							}
 						}

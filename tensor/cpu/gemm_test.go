@@ -31,6 +31,21 @@ func refGemm(transA, transB bool, M, N, K int, alpha float32, A []float32, lda i
 	return out
 }
 
+// gemmLayout is the tests' layout of a product's operands, each row padded
+// past its last column (so a kernel that writes or reads past it is caught): the
+// row strides of A, B and C and the rows A and B hold, for op(A) M×K and op(B)
+// K×N stored transposed or not.
+func gemmLayout(M, N, K int, tA, tB bool) (lda, ldb, ldc, rowsA, rowsB int) {
+	lda, ldb, ldc, rowsA, rowsB = K+3, N+1, N+2, M, K
+	if tA {
+		lda, rowsA = M+3, K
+	}
+	if tB {
+		ldb, rowsB = K+1, N
+	}
+	return
+}
+
 func randSlice(r *rand.Rand, n int) []float32 {
 	s := make([]float32, n)
 	for i := range s {
@@ -52,20 +67,7 @@ func TestSgemm(t *testing.T) {
 				for _, ab := range [][2]float32{{1, 0}, {1, 1}, {0.5, -2}} {
 					M, N, K := s[0], s[1], s[2]
 					name := fmt.Sprintf("%dx%dx%d/tA=%v/tB=%v/a=%v/b=%v", M, N, K, tA, tB, ab[0], ab[1])
-					lda, ldb, ldc := K+3, N+1, N+2
-					if tA {
-						lda = M + 3
-					}
-					if tB {
-						ldb = K + 1
-					}
-					rowsA, rowsB := M, K
-					if tA {
-						rowsA = K
-					}
-					if tB {
-						rowsB = N
-					}
+					lda, ldb, ldc, rowsA, rowsB := gemmLayout(M, N, K, tA, tB)
 					A, B, C := randSlice(r, rowsA*lda), randSlice(r, rowsB*ldb), randSlice(r, M*ldc)
 					want := refGemm(tA, tB, M, N, K, ab[0], A, lda, B, ldb, ab[1], C, ldc)
 					before := append([]float32(nil), C...)
