@@ -44,6 +44,7 @@ func (m Memory) Components() []struct {
 type dtypes struct {
 	compute, main, grad, optim int64
 	act, gradHeld              int64
+	kept                       int64 // activations saved for backward (the CPU's bf16 stores)
 	separateMain               bool
 }
 
@@ -67,9 +68,14 @@ func dtypesOf(r *config.Recipe) dtypes {
 	d.act, d.gradHeld = d.compute, d.grad
 	if r.Parallel.Device == "cpu" {
 		// The CPU engine stores compute weights in bf16 when the recipe says so,
-		// but computes and keeps activations in fp32 and accumulates gradients in
-		// fp32 (reducing them in bf16 on the wire): docs/engine.md.
+		// computes activations in fp32 and keeps what the layers save for backward
+		// in bf16, and accumulates gradients in fp32 (reducing them in bf16 on the
+		// wire): docs/engine.md.
 		d.act, d.gradHeld = 4, 4
+	}
+	d.kept = d.act
+	if r.Parallel.Device == "cpu" && r.Precision.BF16 {
+		d.kept = 2
 	}
 	return d
 }
@@ -142,7 +148,8 @@ func tokensOf(r *config.Recipe, m Mesh) tokens {
 //	  dropped by selective recompute
 //	dense MLP: norm input and output 2·t·h; w1 and w3 outputs and the SwiGLU
 //	  product 3·t·f
-//	MoE: norm input and output 2·t·h; router logits and probabilities 2·t·E (fp32); permuted
+//	MoE: norm input and output 2·t·h; router logits and probabilities 2·t·E (fp32;
+//	  the CPU engine also keeps the gates, t·k); permuted
 //	  tokens T·h; per routed copy 3·T·ef/etp; shared experts 3·t·ef each; combined
 //	  output t·h, with T routed copies on this rank (the CPU engine: the experts'
 //	  outputs T·h instead of the combined output, and under expert parallelism the
@@ -150,7 +157,16 @@ func tokensOf(r *config.Recipe, m Mesh) tokens {
 //
 // Everything is divided by tp (Megatron's sequence parallelism splits the h-sized
 // tensors too). Full recompute keeps each layer's input (t·h) plus one layer's full
-// set while that layer is recomputed. The final norm keeps 2·t·h.
+// set while that layer is recomputed. The final norm keeps 2·t·h. The router's
+// outputs, flash attention's log-sum-exps and the final norm's are fp32; the rest
+// is in the activation dtype.
+//
+// The CPU engine in a bf16 run (d.kept = 2) keeps what each layer saves in bf16
+// stores and computes in one fp32 work set that every layer shares: the attention
+// block's buffers, the dense MLP's if a layer is dense, the experts' if a layer is
+// MoE, and two residual-stream buffers (a layer reads one and writes the other);
+// under full recompute the stores hold only the layers' inputs, and the work set
+// is the one layer's full set recomputed (docs/engine.md).
 func activationBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
 	mo := r.Model
 	h, f := int64(mo.Hidden), int64(mo.FFNHidden)
@@ -174,46 +190,78 @@ func activationBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
 		stats = int64(mo.Heads) * t.local
 	}
 	perLayerStats := mode == "none" || (mode == "selective" && flash)
-	if perLayerStats {
-		attn += stats
+	var keptStats, f32Stats int64 // per layer: probabilities in the activation dtype, log-sum-exps in fp32
+	if perLayerStats && flash {
+		f32Stats = stats
+	} else if perLayerStats {
+		keptStats = stats
 	}
-	perLayer := func(l int) int64 {
-		if !mo.IsMoELayer(l) {
-			return (attn + 2*t.local*h + 3*t.local*f) / tp
+	ef := int64(mo.MoE.ExpertFFNHidden)
+	dense := 2*t.local*h + 3*t.local*f // the MLP's norm input and output; w1, w3 outputs, SwiGLU
+	moe := 2*t.local*h + t.routed*h + 3*t.routed*ef/int64(m.ETP) + 3*t.local*ef*int64(mo.MoE.SharedExperts)
+	if cpu {
+		// The CPU engine keeps the experts' outputs per routed copy (combined in
+		// backward) and, under expert parallelism, the received tokens in local
+		// expert order (the experts' inputs in backward).
+		moe += t.routed * h
+		if m.EP > 1 {
+			moe += t.routed * h
 		}
-		ef := int64(mo.MoE.ExpertFFNHidden)
-		e := attn + 2*t.local*h + 2*t.local*int64(mo.MoE.NumExperts)*4/d.act
-		e += t.routed*h + 3*t.routed*ef/int64(m.ETP) + 3*t.local*ef*int64(mo.MoE.SharedExperts)
-		if cpu {
-			// The CPU engine keeps the experts' outputs per routed copy (combined in
-			// backward) and, under expert parallelism, the received tokens in local
-			// expert order (the experts' inputs in backward).
-			e += t.routed * h
-			if m.EP > 1 {
-				e += t.routed * h
-			}
-		} else {
-			e += t.local * h // the combined output
-		}
-		return e / tp
-	}
-	var elems int64
-	if mode == "full" {
-		var worst int64
-		for l := 0; l < mo.Layers; l++ {
-			worst = max(worst, perLayer(l))
-		}
-		elems = int64(mo.Layers)*t.local*h/tp + worst
 	} else {
-		for l := 0; l < mo.Layers; l++ {
-			elems += perLayer(l)
+		moe += t.local * h // the combined output
+	}
+	router := 2 * t.local * int64(mo.MoE.NumExperts) // logits and probabilities, fp32
+	if cpu {
+		router += t.local * int64(mo.MoE.TopK) // and the chosen experts' gates
+	}
+	// kept and f32: a layer's elements in the activation dtype and in fp32.
+	perLayer := func(l int) (kept, f32 int64) {
+		if !mo.IsMoELayer(l) {
+			return (attn + keptStats + dense) / tp, f32Stats / tp
 		}
+		return (attn + keptStats + moe) / tp, (f32Stats + router) / tp
+	}
+	var keptSum, f32Sum, worst int64 // worst: the largest layer, in bytes at the activation dtype
+	anyDense, anyMoE := false, false
+	for l := 0; l < mo.Layers; l++ {
+		k, f32 := perLayer(l)
+		keptSum, f32Sum = keptSum+k, f32Sum+f32
+		worst = max(worst, k*d.act+f32*4)
+		anyDense, anyMoE = anyDense || !mo.IsMoELayer(l), anyMoE || mo.IsMoELayer(l)
+	}
+	inputs := int64(mo.Layers) * t.local * h / tp // every layer's input
+	var bytes int64
+	switch {
+	case mode == "full" && d.kept != d.act:
+		bytes = inputs*d.kept + worst + t.local*h/tp*d.act
+	case mode == "full":
+		bytes = inputs*d.act + worst
+	case d.kept != d.act:
+		work := attn + t.local*h + keptStats
+		if anyDense {
+			work += dense
+		}
+		if anyMoE {
+			work += moe
+		}
+		bytes = keptSum*d.kept + f32Sum*4 + work/tp*d.act
+	default:
+		bytes = keptSum*d.act + f32Sum*4
 	}
 	if !perLayerStats {
-		elems += stats / tp
+		bytes += stats / tp * d.act // one shared slot (the CPU's: F buffers)
 	}
-	elems += 2 * t.local * h / tp
-	return elems * d.act
+	if cpu {
+		// The CPU's norms keep each row's reciprocal RMS (fp32): two per layer
+		// (one layer's under full recompute) and the final norm's.
+		rows := t.local / tp
+		if mode == "full" {
+			bytes += 3 * rows * 4
+		} else {
+			bytes += (2*int64(mo.Layers) + 1) * rows * 4
+		}
+	}
+	return bytes + 2*t.local*h/tp*d.act
 }
 
 // dispatchBytes is the all-to-all send and receive buffers of one MoE layer, reused
@@ -228,7 +276,12 @@ func dispatchBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) (expected, wors
 }
 
 // logitsBytes: the output logits of one micro-batch (vocabulary split over tp) in the
-// compute dtype, plus the fp32 softmax the fused cross-entropy keeps for backward.
+// compute dtype, plus the fp32 softmax the fused cross-entropy keeps for backward
+// (and on the CPU the token losses).
 func logitsBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
-	return t.local * int64(r.Model.VocabSize/m.TP) * (d.act + 4)
+	b := t.local * int64(r.Model.VocabSize/m.TP) * (d.act + 4)
+	if r.Parallel.Device == "cpu" {
+		b += t.local * 4 // and each token's loss
+	}
+	return b
 }

@@ -109,8 +109,8 @@ func TestTinyByHand(t *testing.T) {
 	assert.EqualValues(t, 2*layer*4, m.GatheredUnits, "prefetch: two gathered layers")
 	assert.EqualValues(t, 2*layer*4, m.GradReduceBuffers, "overlap_grad_reduce: two unit grad buffers")
 	assert.Equal(t, UnitBuffers{Largest: layer, Gather: 2 * layer, Reduce: 2 * layer, GatherSlot: layer, ReduceSlot: layer}, p.Buffers)
-	assert.EqualValues(t, (L*(attn+mlp)+2*tokens*H)*4, m.Activations)
-	assert.EqualValues(t, tokens*V*(4+4), m.Logits)
+	assert.EqualValues(t, (L*(attn+mlp)+2*tokens*H)*4+(2*L+1)*tokens*4, m.Activations, "and the norms' reciprocal RMS per row")
+	assert.EqualValues(t, tokens*V*(4+4)+tokens*4, m.Logits, "logits, probabilities, token losses")
 	assert.EqualValues(t, 0, m.MoEDispatch)
 	assert.Equal(t, m.Weights+m.Grads+m.OptimizerState+m.GatheredUnits+m.GradReduceBuffers+m.Activations+m.Logits, m.Total)
 	assert.Equal(t, 1, p.MicroBatches)
@@ -403,9 +403,11 @@ func TestPlanRefusesWhatLintRefuses(t *testing.T) {
 }
 
 // TestEngineDtypes: a bf16 plan counts compute weights at 2 bytes on any device;
-// on the CPU, whose engine keeps activations and gradients in fp32 (docs/engine.md),
-// those are counted at 4 bytes, the same as an fp32 plan's, while a plan of
-// several GPUs counts Megatron-FSDP's bf16 activations and gradients.
+// on the CPU, whose engine accumulates gradients in fp32 and computes activations
+// in fp32 but keeps what layers save in bf16 (docs/engine.md), gradients are
+// counted at 4 bytes and activations as bf16 stores beside one fp32 work set,
+// while a plan of several GPUs counts Megatron-FSDP's bf16 activations and
+// gradients.
 func TestEngineDtypes(t *testing.T) {
 	mem := func(sets ...string) Memory {
 		res := load(t, "../recipes/tiny.toml", append([]string{"parallel.world_size=2", "train.global_batch_size=32"}, sets...)...)
@@ -421,7 +423,12 @@ func TestEngineDtypes(t *testing.T) {
 	assert.Equal(t, fp32.GatheredUnits/2, cpu.GatheredUnits)
 	assert.Equal(t, fp32.Grads, cpu.Grads)
 	assert.Equal(t, fp32.GradReduceBuffers, cpu.GradReduceBuffers)
-	assert.Equal(t, fp32.Activations, cpu.Activations)
+	// tiny, per token: a layer keeps 2688 values (attention 768, probabilities 4·128,
+	// MLP 1408), the final norm 256, the norms' reciprocal RMS 9 (fp32 in both).
+	// fp32: 4·2688·4 + 256·4 + 9·4 = 44068 bytes. bf16: four layers' stores
+	// 4·2688·2, the work set (one layer and a second residual buffer, 2816
+	// values) ·4, the final norm ·4, the reciprocal RMS ·4: 33828 bytes.
+	assert.Equal(t, fp32.Activations/44068*33828, cpu.Activations)
 	assert.Equal(t, fp32.Logits, cpu.Logits)
 	gpu := mem("parallel.device=\"cuda\"", "precision.bf16=true", "fsdp.grad_reduce_in_bf16=true")
 	gpu32 := mem("parallel.device=\"cuda\"")

@@ -78,8 +78,11 @@ type Kernels[F Float] interface {
 	SumSquares(x []F) float64
 	Scale(x []F, f float64)
 	// ToBF16 rounds src to bf16 into dst (same length): the compute weights of a
-	// bf16 run, stored in bf16.
+	// bf16 run, and the activations its layers keep for backward, stored in bf16.
 	ToBF16(dst []BF16, src []F)
+	// FromBF16 widens src into dst (same length), exactly: a bf16 run's saved
+	// activations, brought back for a layer's backward.
+	FromBF16(dst []F, src []BF16)
 }
 
 // MatmulShape is a product of BT rows of C inputs with an (OC,C) weight.

@@ -358,8 +358,8 @@ type calibrationModel struct {
 }
 
 // stepTime is the median seconds of one forward and backward pass of a model
-// with batch sequences of its full length, its weights in fp32 or (bf16) in
-// bf16, and of the matmuls and of attention inside that pass (timed call by call,
+// with batch sequences of its full length, its weights and saved activations in
+// fp32 or (bf16) in bf16 (as a bf16 run keeps them), and of the matmuls and of attention inside that pass (timed call by call,
 // in the pass whose whole time is the median).
 func stepTime(be tensor.Backend, cfg config.Model, batch int, minTime time.Duration, bf16 bool) (whole, gemm, attn float64, err error) {
 	table, err := parallel.ParamTable(cfg, 1, 1)
@@ -372,11 +372,13 @@ func stepTime(be tensor.Backend, cfg config.Model, batch int, minTime time.Durat
 		model.InitParam(w[i], &table[i], 0, 1, cfg.InitStd, cfg.Layers)
 	}
 	views := tensor.WeightViews(w)
+	var opts []model.Option
 	if bf16 {
 		views = tensor.BF16Views[float32](w)
+		opts = append(opts, model.WithBF16Activations())
 	}
 	tb := &kernelTimed{Backend: be}
-	m, err := model.New[float32](cfg, table, views, g, tb, batch, cfg.SeqLen)
+	m, err := model.New[float32](cfg, table, views, g, tb, batch, cfg.SeqLen, opts...)
 	if err != nil {
 		return 0, 0, 0, err
 	}

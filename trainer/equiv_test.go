@@ -115,11 +115,13 @@ func TestDataParallelEquivalence(t *testing.T) {
 // ranks under every strategy, 2 ranks of tensor or of context parallelism, and
 // MoE with expert parallelism 2 train the losses one rank trains. Each rank rounds its shard of the same fp32 main weights and
 // the bf16 values are gathered, so every strategy computes on the same bf16
-// weights; what differs is the order of the gradient sums, which moves the main
-// weights by about 1e-7 and now and then flips a bf16 rounding (one bf16 step,
-// 2⁻⁸ relative, of one weight). Tolerance 1e-4 relative on every loss; measured
-// at most 2e-6 here; a weight read from a wrong shard or in the wrong
-// dtype moves the loss by 1e-2 or more.
+// weights; what differs is the order of sums (gradients over ranks, products
+// and attention split over tp and cp ranks), which moves values by about 1e-7
+// and now and then flips a bf16 rounding (one bf16 step, 2⁻⁸ relative) of a
+// weight or of a saved activation, and activations are many. Tolerance 1e-3
+// relative on every loss; measured at most 2e-6 with bf16 weights alone and
+// 1.8e-4 (cp 2) with bf16 activations too; a weight read from a wrong shard or
+// in the wrong dtype moves the loss by 1e-2 or more.
 func TestBF16DataParallelEquivalence(t *testing.T) {
 	base := []string{"train.steps=8", "train.micro_batch_size=1", "train.global_batch_size=8", "train.eval_interval=0", "train.warmup_steps=2", "precision.bf16=true"}
 	moe := []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32"}
@@ -130,7 +132,7 @@ func TestBF16DataParallelEquivalence(t *testing.T) {
 		res, _ := tinyRun(t, append(base, "parallel.world_size=4", "fsdp.data_parallel_sharding_strategy="+strat)...)
 		l, _ := trained(t, res)
 		worst = max(worst, maxRelDiff(refLoss, l))
-		assert.Less(t, maxRelDiff(refLoss, l), 1e-4, "bf16 n=4 %s losses", strat)
+		assert.Less(t, maxRelDiff(refLoss, l), 1e-3, "bf16 n=4 %s losses", strat)
 	}
 	// Tensor and context parallelism split the products and the attention over 2
 	// ranks: the same bf16 weights, sums in another order.
@@ -138,14 +140,14 @@ func TestBF16DataParallelEquivalence(t *testing.T) {
 		res, _ := tinyRun(t, append(append([]string{}, base...), sets...)...)
 		l, _ := trained(t, res)
 		worst = max(worst, maxRelDiff(refLoss, l))
-		assert.Less(t, maxRelDiff(refLoss, l), 1e-4, "bf16 %s losses", name)
+		assert.Less(t, maxRelDiff(refLoss, l), 1e-3, "bf16 %s losses", name)
 	}
 	mref, _ := tinyRun(t, append(append(base, moe...), "parallel.world_size=1")...)
 	mLoss, _ := trained(t, mref)
 	res, _ := tinyRun(t, append(append(base, moe...), "parallel.world_size=4", "parallel.expert_parallel=2")...)
 	l, _ := trained(t, res)
 	worst = max(worst, maxRelDiff(mLoss, l))
-	assert.Less(t, maxRelDiff(mLoss, l), 1e-4, "bf16 moe ep 2 losses")
+	assert.Less(t, maxRelDiff(mLoss, l), 1e-3, "bf16 moe ep 2 losses")
 	t.Logf("worst relative loss difference %.2g", worst)
 }
 
@@ -161,13 +163,16 @@ func TestMultiRankRerunIsBitIdentical(t *testing.T) {
 	assert.Equal(t, wa, wb)
 }
 
-// TestBF16NearFP32: bf16 compute weights and bf16 gradient reduction (2 ranks)
-// against fp32 over 50 steps. bf16 keeps 8 significant bits (relative rounding
-// 2^-9 ≈ 0.2%); the mean loss of the last 10 steps stays within 2% of fp32's.
-// (One step's loss is a poor measure here: the model nearly memorises the short
-// corpus, and at a loss near 0.12 two trajectories differ by 2% in a single step
-// and not in the mean; with the bf16 dot-product matmuls the means differed by
-// 0.1% and the last step's losses by 2.1%.)
+// TestBF16NearFP32: bf16 compute weights, bf16 saved activations and bf16
+// gradient reduction (2 ranks) against fp32 over 50 steps. bf16 keeps 8
+// significant bits (relative rounding 2^-9 ≈ 0.2%); the mean loss of the last 10
+// steps stays within 5% of fp32's. (One step's loss is a poor measure here: the
+// model nearly memorises the short corpus, and at a loss near 0.13 two
+// trajectories differ by 2% in a single step and not in the mean. With bf16
+// weights alone the means differed by 0.1%; with the residual stream and saved
+// activations rounded too, bf16 ends 2.9% (0.004 nats) above fp32, and was
+// within 0.3% over the first 20 steps. TestBF16TracksFP32 holds 200 steps at
+// batch 4, away from memorisation, to 1%.)
 func TestBF16NearFP32(t *testing.T) {
 	sets := []string{"train.steps=50", "train.micro_batch_size=2", "train.global_batch_size=8", "train.eval_interval=0", "parallel.world_size=2"}
 	f, _ := tinyRun(t, sets...)
@@ -182,7 +187,7 @@ func TestBF16NearFP32(t *testing.T) {
 		return s / 10
 	}
 	t.Logf("last 10 steps' mean loss fp32 %.5f, bf16 %.5f", mean(lf), mean(lh))
-	assert.InEpsilon(t, mean(lf), mean(lh), 0.02)
+	assert.InEpsilon(t, mean(lf), mean(lh), 0.05)
 	assert.NotEqual(t, lf[len(lf)-1], lh[len(lh)-1], "bf16 must actually change the arithmetic")
 }
 

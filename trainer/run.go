@@ -547,6 +547,9 @@ func (t *run) openModel(startStep int) error {
 	}
 	B, T := r.Train.MicroBatchSize, r.Model.SeqLen
 	mopts := []model.Option{model.WithRecompute(r.ActivationCheckpoint.Mode)}
+	if r.Precision.BF16 {
+		mopts = append(mopts, model.WithBF16Activations())
+	}
 	if t.st.epComm != nil {
 		mopts = append(mopts, model.WithExpertParallel(model.ExpertParallel{Comm: t.st.epComm, Rank: t.st.epRank, Size: t.st.epComm.Size()}))
 	}

@@ -240,8 +240,8 @@ func TestBF16Compute(t *testing.T) {
 	assert.Less(t, *out.FinalValLoss, out.UnigramBits)
 	assert.Greater(t, out.Held.MainWeights, int64(0))
 	// Every component as the plan has it: compute weights and gathered units at 2
-	// bytes; activations and gradients at 4, as the CPU engine keeps them (the
-	// gradients reduced in bf16 on the wire).
+	// bytes; gradients at 4, as the CPU engine keeps them (reduced in bf16 on the
+	// wire); saved activations in bf16 stores beside an fp32 work set.
 	h, p := out.Held, out.Predicted
 	assert.Equal(t, p.Weights, h.Weights, "compute weights at 2 bytes")
 	assert.Equal(t, p.GatheredUnits, h.GatheredUnits, "gathered units at 2 bytes")
@@ -249,8 +249,8 @@ func TestBF16Compute(t *testing.T) {
 	assert.Equal(t, p.Grads, h.Grads, "gradient shards, fp32")
 	assert.Equal(t, p.GradReduceBuffers, h.GradReduceBuffers, "unit gradient buffers, fp32")
 	assert.Equal(t, p.OptimizerState, h.OptimizerState)
-	assert.InEpsilon(t, p.Activations, h.Activations, 0.05, "activations, fp32")
-	assert.InEpsilon(t, p.Logits, h.Logits, 0.05, "logits, fp32")
+	assert.InEpsilon(t, p.Activations, h.Activations, 0.01, "activations")
+	assert.InEpsilon(t, p.Logits, h.Logits, 0.01, "logits, fp32")
 	t.Logf("held/planned: activations %d/%d, logits %d/%d", h.Activations, p.Activations, h.Logits, p.Logits)
 }
 
@@ -419,4 +419,47 @@ func mean(x []float64) float64 {
 		s += v
 	}
 	return s / float64(len(x))
+}
+
+// TestBF16ActivationsFollowThePlan: a bf16 run keeps its layers' saved
+// activations in bf16 stores beside one fp32 work set, and holds what the plan
+// says it will within 1% (activations, logits) under each recompute mode, with
+// kept probabilities (32 tokens) and flash attention (512), MoE at ep 2 with a
+// capacity factor (bounded exchange), tp 2 and cp 2; and at 4 layers it holds
+// under 80% of the fp32 run's activations (four bf16 stores and one fp32 set:
+// 6/8 of fp32, plus the fp32 statistics). Measured: held equals planned to the
+// byte in every case; bf16 held 0.774 of fp32.
+func TestBF16ActivationsFollowThePlan(t *testing.T) {
+	base := []string{"train.steps=2", "train.eval_interval=0", "train.micro_batch_size=2", "train.global_batch_size=4", "parallel.world_size=2",
+		"model.layers=4", "precision.bf16=true", "fsdp.overlap_grad_reduce=false", "fsdp.overlap_param_gather=false"}
+	moe := []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32", "model.moe.capacity_factor=1.0"}
+	for _, c := range []struct {
+		name string
+		sets []string
+	}{
+		{"none", nil},
+		{"selective", []string{"activation_checkpoint.mode=selective"}},
+		{"full", []string{"activation_checkpoint.mode=full"}},
+		{"flash", []string{"model.seq_len=512", "data.val_fraction=0.3"}},
+		{"flash selective", []string{"model.seq_len=512", "data.val_fraction=0.3", "activation_checkpoint.mode=selective"}},
+		{"moe ep2", append([]string{"parallel.expert_parallel=2"}, moe...)},
+		{"moe full", append([]string{"activation_checkpoint.mode=full"}, moe...)},
+		{"tp2", []string{"parallel.tensor_parallel=2", "train.global_batch_size=2"}},
+		{"cp2", []string{"parallel.context_parallel=2", "train.global_batch_size=2"}},
+	} {
+		res, _ := tinyRun(t, append(append([]string{}, base...), c.sets...)...)
+		out, err := Run(context.Background(), res, opts())
+		require.NoError(t, err, c.name)
+		h, p := out.Held, out.Predicted
+		assert.InEpsilon(t, p.Activations, h.Activations, 0.01, c.name)
+		assert.InEpsilon(t, p.Logits, h.Logits, 0.01, c.name)
+		t.Logf("%s: activations held %d, planned %d (%.4f)", c.name, h.Activations, p.Activations, float64(h.Activations)/float64(p.Activations))
+		if c.name == "none" {
+			res32, _ := tinyRun(t, append(append([]string{}, base...), "precision.bf16=false")...)
+			out32, err := Run(context.Background(), res32, opts())
+			require.NoError(t, err)
+			assert.Less(t, h.Activations, out32.Held.Activations*8/10, "bf16 stores hold less than fp32 activations")
+			t.Logf("fp32 run: activations held %d; bf16/fp32 %.3f", out32.Held.Activations, float64(h.Activations)/float64(out32.Held.Activations))
+		}
+	}
 }

@@ -96,6 +96,7 @@ func (Kernels[F]) AdamW(params, grads, m, v []F, lr, beta1, beta2, eps, wd float
 func (Kernels[F]) SGD(params, grads, buf []F, lr, momentum, wd float64) {
 	SGD(params, grads, buf, lr, momentum, wd)
 }
-func (Kernels[F]) ToBF16(dst []tensor.BF16, src []F) { ToBF16(dst, src) }
-func (Kernels[F]) SumSquares(x []F) float64          { return SumSquares(x) }
-func (Kernels[F]) Scale(x []F, f float64)            { Scale(x, f) }
+func (Kernels[F]) ToBF16(dst []tensor.BF16, src []F)   { ToBF16(dst, src) }
+func (Kernels[F]) FromBF16(dst []F, src []tensor.BF16) { FromBF16(dst, src) }
+func (Kernels[F]) SumSquares(x []F) float64            { return SumSquares(x) }
+func (Kernels[F]) Scale(x []F, f float64)              { Scale(x, f) }

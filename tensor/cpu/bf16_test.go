@@ -238,6 +238,35 @@ func TestToBF16(t *testing.T) {
 	}
 }
 
+// TestFromBF16 widens every bf16 bit pattern, at lengths that leave tails in a
+// panel and in a block, and checks each value against tensor.BF16.Float32 bit for
+// bit (the widening is exact, NaN payloads included).
+func TestFromBF16(t *testing.T) {
+	for _, n := range []int{0, 1, 31, 32, 33, 4096 + 40, 1 << 16, 1<<16 + 4096*2 + 5} {
+		src := make([]tensor.BF16, n)
+		for i := range src {
+			src[i] = tensor.BF16(i * 40503) // every pattern once at n = 1<<16, scrambled
+		}
+		got := make([]float32, n)
+		for i := range got {
+			got[i] = float32(math.NaN())
+		}
+		FromBF16(got, src)
+		for i, h := range src {
+			if math.Float32bits(got[i]) != math.Float32bits(h.Float32()) {
+				t.Fatalf("n=%d: bf16 %#04x widened to %#08x, want %#08x", n, h, math.Float32bits(got[i]), math.Float32bits(h.Float32()))
+			}
+		}
+		got64 := make([]float64, n)
+		FromBF16(got64, src)
+		for i, h := range src {
+			if v := float64(h.Float32()); got64[i] != v && !(math.IsNaN(v) && math.IsNaN(got64[i])) {
+				t.Fatalf("n=%d float64: bf16 %#04x widened to %v, want %v", n, h, got64[i], v)
+			}
+		}
+	}
+}
+
 // BenchmarkMatmulBF16 runs the products that read weights (forward and the
 // input gradient) with float32 weights, with bf16 weights widened while packed
 // (bf16), and with bf16 weights on the dot-product path (dot: the input rounded

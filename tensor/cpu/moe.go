@@ -287,6 +287,35 @@ func (j *toBF16Job) rows(_, lo, hi int) {
 	toBF16Rows(j.dst[a:b], j.src[a:b])
 }
 
+// FromBF16 widens src into dst (same length), exactly: float32 a 32-value panel
+// at a time where the CPU has AVX-512, blocks shared among the cores.
+func FromBF16[F Float](dst []F, src []tensor.BF16) {
+	dst = dst[:len(src)]
+	if x, ok := any(dst).([]float32); ok {
+		j := getJob[fromBF16Job]()
+		j.dst, j.src = x, src
+		parallel(j, (len(x)+bf16Block-1)/bf16Block, 2*bf16Block)
+		putJob(j)
+		return
+	}
+	for i, v := range src {
+		dst[i] = F(v.Float32())
+	}
+}
+
+type fromBF16Job struct {
+	dst []float32
+	src []tensor.BF16
+}
+
+func (j *fromBF16Job) rows(_, lo, hi int) {
+	a, b := lo*bf16Block, min(hi*bf16Block, len(j.src))
+	dst, src := j.dst[a:b], j.src[a:b]
+	bulk := len(src) / nr * nr // bf16Block is a multiple of nr: only the last block has a tail
+	widenPanel(dst, src, nr, bulk/nr)
+	tensor.CastToFloat32(dst[bulk:], src[bulk:])
+}
+
 // SumSquares is Σ x² in float64: fixed blocks of the slice (their size depends on
 // its length alone) are summed on the cores, and the block sums added in order,
 // so the result is the same on any number of cores.

@@ -14,8 +14,8 @@ import (
 
 // TestStepAllocatesNothing runs whole training steps (forward, backward, AdamW,
 // clearing the gradients) on the dense Shakespeare-char model and on an MoE model
-// (8 experts, top 2, one shared expert): the steady state of a step must allocate
-// nothing (allocs.AssertSteady). The kernels' buffers belong to the chunk of work
+// (8 experts, top 2, one shared expert), each also with bf16 storage of the saved
+// activations: the steady state of a step must allocate nothing (allocs.AssertSteady). The kernels' buffers belong to the chunk of work
 // they serve, not to whichever goroutine ran it, so what a step allocates does not
 // depend on scheduling.
 func TestStepAllocatesNothing(t *testing.T) {
@@ -24,9 +24,12 @@ func TestStepAllocatesNothing(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		cfg  config.Model
-	}{{"dense", ShakespeareChar()}, {"moe", moe}} {
+		opt  []Option
+	}{{"dense", ShakespeareChar(), nil}, {"moe", moe, nil},
+		{"dense-bf16-activations", ShakespeareChar(), []Option{WithBF16Activations()}},
+		{"moe-bf16-activations", moe, []Option{WithBF16Activations()}}} {
 		t.Run(tc.name, func(t *testing.T) {
-			step := newStepper(t, tc.cfg, 12, 64)
+			step := newRankStepper(t, tc.cfg, 12, 64, 1, 0, tc.opt...)
 			allocs.AssertSteady(t, step)
 		})
 	}

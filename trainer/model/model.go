@@ -54,6 +54,7 @@ type Model[F tensor.Float] struct {
 	ep        ExpertParallel
 	cp        *cpState[F] // nil without context parallelism
 	tp        *tpState[F] // nil without tensor parallelism
+	st        *stash[F]   // bf16 stores of saved activations; nil without WithBF16Activations
 	blocks    [][]int     // FSDP units of each block, in forward order
 	hookErr   error
 	sin       []F
@@ -75,6 +76,7 @@ type options struct {
 	cp        *ContextParallel
 	tp        *TensorParallel
 	flash     *bool // tests: flash attention at any T
+	bf16Acts  bool
 }
 
 // AllToAll is the collective expert parallelism needs (comm.Communicator has it).
@@ -139,6 +141,13 @@ func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights []ten
 		if B*m.T%o.tp.Size != 0 {
 			return nil, fmt.Errorf("model: %d token rows per micro-batch (per rank) do not split over tp %d", B*m.T, o.tp.Size)
 		}
+	}
+	if o.bf16Acts {
+		var z F
+		if _, ok := any(z).(float32); !ok {
+			return nil, fmt.Errorf("model: bf16 activations need float32")
+		}
+		m.st = &stash[F]{}
 	}
 	m.ep = ExpertParallel{Size: 1}
 	if o.ep != nil && o.ep.Size > 1 {
@@ -329,23 +338,38 @@ func (m *Model[F]) alloc() {
 		}
 		return out
 	}
-	per := mk
+	// per: what a layer keeps for backward; stats: its F statistics (reciprocal
+	// RMS, log-sum-exps). Under full recompute one layer's set serves all; with
+	// bf16 storage one set of F buffers is the work set and each layer keeps bf16
+	// stores (stash.go).
+	per, stats := mk, mk
 	if m.recompute == "full" {
+		per, stats = shared, shared
+	}
+	if m.st != nil {
 		per = shared
 	}
 	a := &m.a
-	R := m.rows()       // rows of the residual stream (B·T/tp under tensor parallelism)
-	a.resid = mk(R * C) // every layer's input is always kept
+	R := m.rows() // rows of the residual stream (B·T/tp under tensor parallelism)
+	if m.st != nil {
+		// Layer l reads resid[l] and writes resid[l+1]: two F buffers take turns,
+		// every layer's input is kept in its bf16 store.
+		two := [2][]F{make([]F, R*C), make([]F, R*C)}
+		a.resid = make([][]F, L)
+		for l := range a.resid {
+			a.resid[l] = two[l%2]
+		}
+	} else {
+		a.resid = mk(R * C) // every layer's input is always kept
+	}
 	a.ln1, a.mid, a.ln2 = per(R*C), per(R*C), per(R*C)
 	a.q, a.atty = per(BT*NH*HD), per(BT*NH*HD)
 	a.k, a.v = per(BT*NKV*HD), per(BT*NKV*HD)
 	switch {
-	case m.flash && m.recompute == "full":
-		a.att = shared(m.B * NH * m.T) // remade with the layer before its backward
 	case m.flash:
-		a.att = mk(m.B * NH * m.T) // log-sum-exps: nothing to recompute
+		a.att = stats(m.B * NH * m.T) // log-sum-exps: remade only with the whole layer
 	case m.recompute == "none":
-		a.att = mk(m.B * NH * m.T * m.T)
+		a.att = per(m.B * NH * m.T * m.T)
 	default:
 		a.att = shared(m.B * NH * m.T * m.T) // recomputed before each layer's backward
 	}
@@ -355,8 +379,14 @@ func (m *Model[F]) alloc() {
 	for l := 0; l < L; l++ {
 		if m.Cfg.IsMoELayer(l) {
 			a.gate[l], a.up[l], a.sw[l] = nil, nil, nil // the experts' buffers replace the MLP's
-			if m.recompute != "full" || moeSlot == nil {
-				moeSlot = newMoEActs[F](m.Cfg, R, m.ep.Size, BT, m.tpSize())
+			switch {
+			case m.recompute == "full" && moeSlot != nil:
+			case m.st != nil && moeSlot != nil:
+				// The layer's own routing and statistics; the work set's F buffers.
+				a.moe[l] = newMoEActs[F](m.Cfg, R, m.ep.Size, BT, m.tpSize(), moeSlot)
+				continue
+			default:
+				moeSlot = newMoEActs[F](m.Cfg, R, m.ep.Size, BT, m.tpSize(), nil)
 			}
 			a.moe[l] = moeSlot
 		}
@@ -377,7 +407,10 @@ func (m *Model[F]) alloc() {
 		SF := EF / m.tpSize()
 		s.moeSh, s.moeSg, s.moeSu = make([]F, BT*SF), make([]F, BT*SF), make([]F, BT*SF)
 	}
-	a.rstd1, a.rstd2 = per(R), per(R)
+	a.rstd1, a.rstd2 = stats(R), stats(R)
+	if m.st != nil {
+		m.allocStash()
+	}
 	a.final, a.lnf, a.rstdf = make([]F, R*C), make([]F, R*C), make([]F, R)
 	a.logits, a.probs, a.losses = make([]F, BT*V), make([]F, BT*V), make([]F, BT)
 	s := &m.scratch
@@ -421,7 +454,13 @@ func (m *Model[F]) Forward(tokens, targets []int32) (lossSum float64, count int)
 		if l+1 < len(w.layers) {
 			next = a.resid[l+1]
 		}
+		if m.st != nil {
+			m.roundInput(l, x)
+		}
 		m.layerForward(l, x, next)
+		if m.st != nil {
+			m.pack(l)
+		}
 		x = next
 		m.release(1+l, false)
 	}
@@ -444,45 +483,55 @@ func (m *Model[F]) Forward(tokens, targets []int32) (lossSum float64, count int)
 }
 
 // ActivationBytes is what the model holds for backward (per layer activations, the
-// final norm) and for the output (logits and probabilities), in bytes.
+// final norm, and with bf16 storage the work set and the layers' bf16 stores) and
+// for the output (logits and probabilities), in bytes.
 func (m *Model[F]) ActivationBytes() (activations, logits int64) {
-	var zero F
-	size := int64(4)
-	if any(zero) == any(float64(0)) {
-		size = 8
-	}
+	size := elemBytes[F]()
 	var n int64
 	a := &m.a
-	seen := map[*F]bool{} // buffers shared by layers under recompute count once
+	seen := map[*F]bool{} // buffers shared by layers (recompute, the bf16 work set) count once
+	count := func(x []F) {
+		if len(x) > 0 && !seen[&x[0]] {
+			seen[&x[0]] = true
+			n += int64(len(x))
+		}
+	}
 	for _, set := range [][][]F{a.resid, a.ln1, a.q, a.k, a.v, a.att, a.atty, a.mid, a.ln2, a.gate, a.up, a.sw, a.rstd1, a.rstd2} {
 		for _, x := range set {
-			if len(x) > 0 && !seen[&x[0]] {
-				seen[&x[0]] = true
-				n += int64(len(x))
+			count(x)
+		}
+	}
+	for _, x := range [][]F{a.final, a.lnf, a.rstdf} {
+		count(x)
+	}
+	for _, ma := range a.moe {
+		if ma != nil {
+			for _, x := range ma.floats() {
+				count(*x)
 			}
 		}
 	}
-	n += int64(len(a.final) + len(a.lnf) + len(a.rstdf))
-	seenMoE := map[*moeActs[F]]bool{}
-	for _, ma := range a.moe {
-		if ma != nil && !seenMoE[ma] {
-			seenMoE[ma] = true
-			n += ma.size()
-		}
+	activations = n * size
+	if m.st != nil {
+		activations += m.st.bytes()
 	}
-	return n * size, int64(len(a.logits)+len(a.probs)+len(a.losses)) * size
+	return activations, int64(len(a.logits)+len(a.probs)+len(a.losses)) * size
+}
+
+// elemBytes is the size of one F.
+func elemBytes[F tensor.Float]() int64 {
+	var zero F
+	if any(zero) == any(float64(0)) {
+		return 8
+	}
+	return 4
 }
 
 // DispatchBytes is what expert parallelism's token exchange holds beside the
 // layers' activations: the rows received in arrival order and the experts'
 // outputs before they go back (one pair, shared by every MoE layer), in bytes.
 func (m *Model[F]) DispatchBytes() int64 {
-	var zero F
-	size := int64(4)
-	if any(zero) == any(float64(0)) {
-		size = 8
-	}
-	return int64(len(m.scratch.moeRecv)+len(m.scratch.moeYloc)) * size
+	return int64(len(m.scratch.moeRecv)+len(m.scratch.moeYloc)) * elemBytes[F]()
 }
 
 // AuxLoss is the load-balancing loss of the last forward pass, summed over MoE
@@ -575,6 +624,9 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 	m.release(last, true)
 	for l := len(w.layers) - 1; l >= 0; l-- {
 		m.acquire(1+l, true) // one gather serves the recompute and the backward
+		if m.st != nil {
+			m.unpack(l, a.resid[l])
+		}
 		switch m.recompute {
 		case "full":
 			// Rebuild the layer's intermediates from its saved input. Writing its

@@ -61,14 +61,16 @@ type moeActs[F any] struct {
 // newMoEActs sizes one MoE layer's activations for BT routed token rows (this
 // rank's rows of the residual stream) on ep expert-parallel ranks, and shared
 // experts over sharedRows rows (all of the micro-batch's rows under tensor
-// parallelism) with their ffn split over tp.
-func newMoEActs[F any](c config.Model, BT, ep, sharedRows, tp int) *moeActs[F] {
+// parallelism) with their ffn split over tp. With work set, the layer's routing
+// and router outputs are its own but the buffers bf16 storage keeps (stash.go)
+// are work's.
+func newMoEActs[F any](c config.Model, BT, ep, sharedRows, tp int, work *moeActs[F]) *moeActs[F] {
 	E, k, C, EF := c.MoE.NumExperts, c.MoE.TopK, c.Hidden, c.MoE.ExpertFFNHidden
 	R := BT * k
 	a := &moeActs[F]{
 		logits: make([]F, BT*E), probs: make([]F, BT*E), gates: make([]F, BT*k),
 		rt:    tensor.Routing{Idx: make([]int32, BT*k), Row: make([]int32, BT*k), Tok: make([]int32, BT*k), Offsets: make([]int32, E+1), Cursor: make([]int32, E)},
-		stats: make([]float32, 2*E), x: make([]F, BT*k*C), gate: make([]F, R*EF), up: make([]F, R*EF), sw: make([]F, R*EF), y: make([]F, BT*k*C),
+		stats: make([]float32, 2*E),
 	}
 	if ep > 1 {
 		El := E / ep
@@ -76,6 +78,14 @@ func newMoEActs[F any](c config.Model, BT, ep, sharedRows, tp int) *moeActs[F] {
 		a.sendEl, a.recvEl, a.even, a.localOff = make([]int, ep), make([]int, ep), make([]int, ep), make([]int32, El+1)
 		a.cntSend, a.cntRecv = make([]float32, ep*El), make([]float32, ep*El)
 		a.srcStart, a.locStart = make([]int, ep*El), make([]int, ep*El)
+	}
+	if work != nil {
+		a.x, a.gate, a.up, a.sw, a.y, a.xloc = work.x, work.gate, work.up, work.sw, work.y, work.xloc
+		a.sgate, a.sup, a.ssw = work.sgate, work.sup, work.ssw
+		return a
+	}
+	a.x, a.gate, a.up, a.sw, a.y = make([]F, BT*k*C), make([]F, R*EF), make([]F, R*EF), make([]F, R*EF), make([]F, BT*k*C)
+	if ep > 1 {
 		a.xloc = make([]F, R*C)
 	}
 	SF := EF / tp
@@ -85,13 +95,22 @@ func newMoEActs[F any](c config.Model, BT, ep, sharedRows, tp int) *moeActs[F] {
 	return a
 }
 
-func (a *moeActs[F]) size() int64 {
-	n := len(a.logits) + len(a.probs) + len(a.gates) + len(a.x) + len(a.gate) + len(a.up) + len(a.sw) + len(a.y) + len(a.xloc)
-	for s := range a.sgate {
-		n += len(a.sgate[s]) + len(a.sup[s]) + len(a.ssw[s])
+// kept lists the layer's buffers that bf16 storage keeps in bf16: the permuted
+// inputs, the experts' intermediates and outputs, the received tokens under
+// expert parallelism, the shared experts' intermediates.
+func (a *moeActs[F]) kept() []*[]F {
+	out := []*[]F{&a.x, &a.gate, &a.up, &a.sw, &a.y}
+	if a.xloc != nil {
+		out = append(out, &a.xloc)
 	}
-	return int64(n)
+	for s := range a.sgate {
+		out = append(out, &a.sgate[s], &a.sup[s], &a.ssw[s])
+	}
+	return out
 }
+
+// floats lists every F buffer of the layer's activations.
+func (a *moeActs[F]) floats() []*[]F { return append(a.kept(), &a.logits, &a.probs, &a.gates) }
 
 func (a *moeActs[F]) count(e int) int { return int(a.rt.Offsets[e+1] - a.rt.Offsets[e]) }
 
