@@ -480,6 +480,8 @@ const (
 	StreamCombine        = "combine"          // routed copies × width
 	StreamCombineBwd     = "combine_bwd"      // routed copies × width
 	StreamAttnMerge      = "attention_merge"  // rows × heads × head size (a ring block's output)
+	StreamToBF16         = "to_bf16"          // elements (a layer's saved activations into bf16 stores)
+	StreamFromBF16       = "from_bf16"        // elements (the stores back into the work set)
 )
 
 // StreamKinds lists the kinds a calibration must measure.
@@ -488,10 +490,11 @@ var StreamKinds = []string{StreamRMSNorm, StreamRMSNormBwd, StreamRope, StreamRo
 	StreamRouter, StreamRouterBwd}
 
 // LaterStreamKinds are kinds calibrate measures that tables written before them
-// lack: the MoE permutation kernels, timed as plain copies (StreamCopy) from
-// such a table, and the ring's merge of a block's attention into the running
-// output, timed as an addition (StreamAdd).
-var LaterStreamKinds = []string{StreamDispatch, StreamDispatchBwd, StreamCombine, StreamCombineBwd, StreamAttnMerge}
+// lack: the MoE permutation kernels and the bf16 conversions of saved
+// activations, timed as plain copies (StreamCopy) from such a table, and the
+// ring's merge of a block's attention into the running output, timed as an
+// addition (StreamAdd).
+var LaterStreamKinds = []string{StreamDispatch, StreamDispatchBwd, StreamCombine, StreamCombineBwd, StreamAttnMerge, StreamToBF16, StreamFromBF16}
 
 // CollectiveKey names a calibrated collective: its kind and group size.
 func CollectiveKey(kind string, size int) string { return fmt.Sprintf("%s/%d", kind, size) }

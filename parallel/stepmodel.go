@@ -35,7 +35,8 @@ func stepModel(r *config.Recipe, p *Plan, c *Calibration) StepBreakdown {
 	b.HostShare = max(p.Topology.GPUsPerNode, 1) // ranks per node, at most the world
 	tk := tokensOf(r, m)
 	g, a, s, calls, gb := microCompute(mo, microShape{B: r.Train.MicroBatchSize, T: mo.SeqLen / m.CP, CP: m.CP, TP: m.TP, EP: m.EP, ETP: m.ETP,
-		Routed: int(tk.routed), Mode: r.ActivationCheckpoint.Mode, BF16: r.Precision.BF16}, c)
+		Routed: int(tk.routed), Mode: r.ActivationCheckpoint.Mode, BF16: r.Precision.BF16,
+		Stash: r.Precision.BF16 && r.Parallel.Device == "cpu"}, c)
 	gf, gPerByte := c.inStepGEMM(r.Precision.BF16)
 	if gf > 0 {
 		g *= gf
@@ -88,13 +89,15 @@ func stepModel(r *config.Recipe, p *Plan, c *Calibration) StepBreakdown {
 // microShape is one rank's share of a micro-batch: B sequences of T tokens (T/cp
 // of each sequence under context parallelism), the context, tensor, expert and
 // expert-tensor parallel degrees, the routed copies the rank sends (and,
-// balanced, receives), the recompute mode, and whether the weights are bf16
-// (every matmul then times from the bf16-weight table).
+// balanced, receives), the recompute mode, whether the weights are bf16 (every
+// matmul then times from the bf16-weight table), and whether the engine converts
+// saved activations to and from bf16 stores (the CPU's bf16 runs).
 type microShape struct {
 	B, T, CP, TP, EP, ETP int
 	Routed                int
 	Mode                  string
 	BF16                  bool
+	Stash                 bool
 }
 
 // microCompute is the kernel time of one micro-batch's forward and backward on one
@@ -205,21 +208,54 @@ func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, call
 		case "selective":
 			la += fa
 		}
+		if sh.Stash {
+			// bf16 stores (trainer/model/stash.go): the layer's input is rounded in
+			// place (to and from bf16) and widened again before its backward; unless
+			// full recompute remakes them, what the layer keeps goes into its stores
+			// after the forward and comes back before the backward, one call each.
+			ls += stream(StreamToBF16, float64(R*C)) + 2*stream(StreamFromBF16, float64(R*C))
+			if sh.Mode != "full" {
+				kept := 3*R*C + BT*(2*Q+2*KV) // norms' outputs, mid; q, attention output; k, v
+				slots := 7
+				if !flash && sh.Mode == "none" {
+					kept += B * NH * T * T // the kept probabilities
+					slots++
+				}
+				if mo.MoE.NumExperts > 0 && (l+1)%mo.MoE.LayerFreq == 0 {
+					EF := mo.MoE.ExpertFFNHidden / sh.ETP
+					kept += 2*sh.Routed*C + 3*sh.Routed*EF // permuted inputs, outputs; the experts' intermediates
+					slots += 5
+					if sh.EP > 1 {
+						kept += sh.Routed * C // received tokens
+						slots++
+					}
+					k := mo.MoE.SharedExperts
+					kept += 3 * k * BT * (mo.MoE.ExpertFFNHidden / sh.TP)
+					slots += 3 * k
+				} else {
+					kept += 3 * BT * FF
+					slots += 3
+				}
+				per := float64(kept) / float64(slots) // one call per slot each way, timed at the mean size
+				ls += float64(slots) * (c.stream(StreamToBF16, per) + c.stream(StreamFromBF16, per))
+				calls += 2 * float64(slots)
+			}
+		}
 		g, a, s = g+lg, a+la, s+ls
 	}
 	return g, a, s, calls, gb
 }
 
 // MicroCompute is microCompute for one rank holding the whole model (no tensor or
-// expert parallelism), with fp32 or bf16 weights: the tables' time (and the matmuls' and attention's parts
-// of it) and the
-// kernels launched, which the calibration's in-step factors and per-call cost are
-// fitted against.
+// expert parallelism), in fp32 or in bf16 (bf16 weights, and the CPU's bf16
+// stores of saved activations): the tables' time (and the matmuls' and
+// attention's parts of it) and the kernels launched, which the calibration's
+// in-step factors and per-call cost are fitted against.
 func MicroCompute(mo config.Model, batch int, mode string, bf16 bool, c *Calibration) (tables, gemm, attention, calls, gemmBytes float64) {
 	routed := 0
 	if mo.MoE.NumExperts > 0 {
 		routed = batch * mo.SeqLen * mo.MoE.TopK
 	}
-	g, a, s, calls, gb := microCompute(mo, microShape{B: batch, T: mo.SeqLen, TP: 1, EP: 1, ETP: 1, Routed: routed, Mode: mode, BF16: bf16}, c)
+	g, a, s, calls, gb := microCompute(mo, microShape{B: batch, T: mo.SeqLen, TP: 1, EP: 1, ETP: 1, Routed: routed, Mode: mode, BF16: bf16, Stash: bf16}, c)
 	return g + a + s, g, a, calls, gb
 }

@@ -13,7 +13,9 @@
 # column is the row's (max - min) / median over its runs.
 # FIDELITY_ONLY=REGEX keeps the rows whose "shape ranks" label matches (e.g.
 # FIDELITY_ONLY='cp' or 'moe-tiny 2'); FIDELITY_CALIBRATION=FILE stands for the
-# table calibrated at the start (to compare several runs against one table).
+# table calibrated at the start (to compare several runs against one table);
+# FIDELITY_SET='KEY=VALUE ...' adds settings to every run (e.g.
+# FIDELITY_SET=precision.bf16=true compares bf16 runs).
 #
 # Prints the planned and measured step, their ratio (measured ÷ planned), and the
 # memory ratio. The plan times the CPU from `shardline calibrate`'s table
@@ -28,6 +30,8 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 repeat=${FIDELITY_REPEAT:-3}
 only=${FIDELITY_ONLY:-.}
+extra=()
+for kv in ${FIDELITY_SET:-}; do extra+=(--set "$kv"); done
 text="$(go env GOROOT)/src/testdata/Isaac.Newton-Opticks.txt"
 nano="bench/shakespeare-char.toml --set data.path=$text"
 if [ -f ../shared/data/tinyshakespeare.txt ]; then
@@ -72,7 +76,7 @@ for ((i = 1; i <= repeat; i++)); do
 		./bin/shardline run $recipe --train-iters 6 --set train.eval_interval=0 --micro-batch-size "$mb" \
 			--global-batch-size "$global" --set parallel.world_size="$world" --context-parallel-size "$cp" \
 			--set run.output_dir="$out" --set run.name="$run" \
-			--set logging.progress=false >/dev/null 2>"$out/$run.err" || { cat "$out/$run.err" >&2; exit 1; }
+			--set logging.progress=false ${extra[@]+"${extra[@]}"} >/dev/null 2>"$out/$run.err" || { cat "$out/$run.err" >&2; exit 1; }
 		env -u SHARDLINE_CALIBRATION ./bin/shardline plan --against "$out/$run" --format json >"$out/$run.json"
 		SHARDLINE_CALIBRATION="$out/calibration.json" ./bin/shardline plan --against "$out/$run" --format json >"$out/$run.now.json"
 	done

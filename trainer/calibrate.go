@@ -541,6 +541,13 @@ func streamKernel(be tensor.Backend, kind string, n int) (func(), error) {
 		return func() { be.AddInto(o, a, n) }, nil
 	case parallel.StreamCopy:
 		return func() { copy(o, a) }, nil
+	case parallel.StreamToBF16:
+		h := make([]tensor.BF16, n)
+		return func() { be.ToBF16(h, a) }, nil
+	case parallel.StreamFromBF16:
+		h := make([]tensor.BF16, n)
+		be.ToBF16(h, a)
+		return func() { be.FromBF16(o, h) }, nil
 	case parallel.StreamDispatch, parallel.StreamDispatchBwd, parallel.StreamCombine, parallel.StreamCombineBwd:
 		// n elements of routed copies: 8 experts, top 2, rows of C; every expert
 		// keeps every copy (no capacity limit).

@@ -34,9 +34,11 @@ func BenchmarkTrainStep(b *testing.B) {
 	if dot {
 		b.Run("bf16-dot", func(b *testing.B) { benchTrainStep(b, true) })
 	}
+	// What a bf16 run does: bf16 weights and bf16 stores of the saved activations.
+	b.Run("bf16-run", func(b *testing.B) { benchTrainStep(b, true, WithBF16Activations()) })
 }
 
-func benchTrainStep(b *testing.B, bf16 bool) {
+func benchTrainStep(b *testing.B, bf16 bool, opt ...Option) {
 	cfg := ShakespeareChar()
 	B, T := 12, 64
 	table, err := parallel.ParamTable(cfg, 1, 1)
@@ -52,7 +54,7 @@ func benchTrainStep(b *testing.B, bf16 bool) {
 	if bf16 {
 		views = tensor.BF16Views[float32](w)
 	}
-	m, err := New[float32](cfg, table, views, g, cpu.Backend{}, B, T)
+	m, err := New[float32](cfg, table, views, g, cpu.Backend{}, B, T, opt...)
 	if err != nil {
 		b.Fatal(err)
 	}
