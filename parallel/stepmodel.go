@@ -212,16 +212,27 @@ func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, call
 			// bf16 stores (trainer/model/stash.go): the layer's input is rounded in
 			// place (to and from bf16) and widened again before its backward; unless
 			// full recompute remakes them, what the layer keeps goes into its stores
-			// after the forward and comes back before the backward, one call each.
+			// once, one call each, and comes back before the backward, except what
+			// the products read from the stores (without tensor parallelism: the
+			// normed inputs of a dense layer, its SwiGLU product, and the attention
+			// output where attention's backward does not read it).
 			ls += stream(StreamToBF16, float64(R*C)) + 2*stream(StreamFromBF16, float64(R*C))
 			if sh.Mode != "full" {
+				moe := mo.MoE.NumExperts > 0 && (l+1)%mo.MoE.LayerFreq == 0
 				kept := 3*R*C + BT*(2*Q+2*KV) // norms' outputs, mid; q, attention output; k, v
 				slots := 7
 				if !flash && sh.Mode == "none" {
 					kept += B * NH * T * T // the kept probabilities
 					slots++
 				}
-				if mo.MoE.NumExperts > 0 && (l+1)%mo.MoE.LayerFreq == 0 {
+				var direct, directSlots int
+				if sh.TP == 1 {
+					direct, directSlots = R*C, 1 // the attention's normed input
+					if !flash {
+						direct, directSlots = direct+BT*Q, directSlots+1
+					}
+				}
+				if moe {
 					EF := mo.MoE.ExpertFFNHidden / sh.ETP
 					kept += 2*sh.Routed*C + 3*sh.Routed*EF // permuted inputs, outputs; the experts' intermediates
 					slots += 5
@@ -235,10 +246,15 @@ func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, call
 				} else {
 					kept += 3 * BT * FF
 					slots += 3
+					if sh.TP == 1 {
+						direct, directSlots = direct+R*C+BT*FF, directSlots+2 // the MLP's normed input, the SwiGLU product
+					}
 				}
-				per := float64(kept) / float64(slots) // one call per slot each way, timed at the mean size
-				ls += float64(slots) * (c.stream(StreamToBF16, per) + c.stream(StreamFromBF16, per))
-				calls += 2 * float64(slots)
+				ls += float64(slots) * c.stream(StreamToBF16, float64(kept)/float64(slots)) // timed at the mean size
+				if back := slots - directSlots; back > 0 {
+					ls += float64(back) * c.stream(StreamFromBF16, float64(kept-direct)/float64(back))
+				}
+				calls += float64(2*slots - directSlots)
 			}
 		}
 		g, a, s = g+lg, a+la, s+ls

@@ -9,8 +9,8 @@ type Backend = Kernels[float32]
 
 // Kernels is the kernel set of a Llama-style decoder over element type F. Argument
 // order: outputs, saved statistics, inputs, weights, sizes (or a shape struct).
-// Weights a kernel reads are Weights views, F values or bf16 storage widened as
-// read; every kernel computes and accumulates in F.
+// Weights a kernel reads, and the matmuls' inputs, are Weights views: F values
+// or bf16 storage widened as read; every kernel computes and accumulates in F.
 // Shapes: BT tokens, C channels, OC output channels, V vocabulary, NH/NKV
 // query/key-value heads, HD head size.
 //
@@ -26,10 +26,12 @@ type Kernels[F Float] interface {
 	Name() string
 
 	// Matmul is out (BT,OC) = inp (BT,C) · weight (OC,C)ᵀ (+= with accumulate).
-	Matmul(out, inp []F, weight Weights[F], s MatmulShape, accumulate bool)
+	// inp is a view too: a bf16 run's saved activation is read from its bf16
+	// store.
+	Matmul(out []F, inp, weight Weights[F], s MatmulShape, accumulate bool)
 	// MatmulBackward accumulates into dweight always, into dinp when accumulate
 	// is set (it overwrites dinp otherwise).
-	MatmulBackward(dinp, dweight, dout, inp []F, weight Weights[F], s MatmulShape, accumulate bool)
+	MatmulBackward(dinp, dweight, dout []F, inp, weight Weights[F], s MatmulShape, accumulate bool)
 
 	Embedding(out []F, tokens []int32, wte Weights[F], BT, C int)
 	EmbeddingBackward(dwte, dout []F, tokens []int32, BT, C int)

@@ -39,9 +39,9 @@ func RoundBF16(x []float32) {
 	}
 }
 
-// Weights is a view of compute weights as kernels read them: F values, or bf16
-// values (bf16 storage) that kernels widen to F as they read them, accumulating
-// in F. At most one of F and BF16 is set; neither is an empty view (a parameter a
+// Weights is a view of compute weights as kernels read them (and of a matmul's
+// input: a bf16 run's saved activation): F values, or bf16 values (bf16
+// storage) that kernels widen to F as they read them, accumulating in F. At most one of F and BF16 is set; neither is an empty view (a parameter a
 // runtime binds later).
 type Weights[F Float] struct {
 	F    []F

@@ -81,15 +81,17 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 			for _, n := range grid.GEMMDims {
 				inp, w, out := filled(m*k), filled(n*k), make([]float32, m*n)
 				dinp, dw := make([]float32, m*k), make([]float32, n*k)
-				wh := make([]tensor.BF16, n*k)
+				wh, ih := make([]tensor.BF16, n*k), make([]tensor.BF16, m*k)
 				tensor.CastToBF16(wh, w)
+				tensor.CastToBF16(ih, inp)
 				s := tensor.MatmulShape{BT: m, C: k, OC: n}
+				// bf16: the weights and the input (a bf16 run's saved activation) in bf16.
 				for _, v := range []struct {
-					w   tensor.Weights[float32]
-					out *[]parallel.GEMMPoint
-				}{{tensor.FloatWeights(w), &c.GEMM}, {tensor.BF16Weights[float32](wh), &c.GEMMBF16}} {
-					fwd := timeIt(func() { be.Matmul(out, inp, v.w, s, false) })
-					bwd := timeIt(func() { be.MatmulBackward(dinp, dw, out, inp, v.w, s, false) })
+					inp, w tensor.Weights[float32]
+					out    *[]parallel.GEMMPoint
+				}{{tensor.FloatWeights(inp), tensor.FloatWeights(w), &c.GEMM}, {tensor.BF16Weights[float32](ih), tensor.BF16Weights[float32](wh), &c.GEMMBF16}} {
+					fwd := timeIt(func() { be.Matmul(out, v.inp, v.w, s, false) })
+					bwd := timeIt(func() { be.MatmulBackward(dinp, dw, out, v.inp, v.w, s, false) })
 					*v.out = append(*v.out, parallel.GEMMPoint{M: m, K: k, N: n, Fwd: fwd, Bwd: bwd})
 				}
 			}
@@ -417,13 +419,13 @@ type kernelTimed struct {
 	gemm, attn time.Duration
 }
 
-func (b *kernelTimed) Matmul(out, inp []float32, weight tensor.Weights[float32], s tensor.MatmulShape, acc bool) {
+func (b *kernelTimed) Matmul(out []float32, inp, weight tensor.Weights[float32], s tensor.MatmulShape, acc bool) {
 	t0 := time.Now()
 	b.Backend.Matmul(out, inp, weight, s, acc)
 	b.gemm += time.Since(t0)
 }
 
-func (b *kernelTimed) MatmulBackward(dinp, dweight, dout, inp []float32, weight tensor.Weights[float32], s tensor.MatmulShape, acc bool) {
+func (b *kernelTimed) MatmulBackward(dinp, dweight, dout []float32, inp, weight tensor.Weights[float32], s tensor.MatmulShape, acc bool) {
 	t0 := time.Now()
 	b.Backend.MatmulBackward(dinp, dweight, dout, inp, weight, s, acc)
 	b.gemm += time.Since(t0)

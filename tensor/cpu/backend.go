@@ -25,10 +25,10 @@ func (Kernels[F]) BF16Matmul() string {
 	return "widened"
 }
 
-func (Kernels[F]) Matmul(out, inp []F, weight tensor.Weights[F], s tensor.MatmulShape, accumulate bool) {
+func (Kernels[F]) Matmul(out []F, inp, weight tensor.Weights[F], s tensor.MatmulShape, accumulate bool) {
 	Matmul(out, inp, weight, s, accumulate)
 }
-func (Kernels[F]) MatmulBackward(dinp, dweight, dout, inp []F, weight tensor.Weights[F], s tensor.MatmulShape, accumulate bool) {
+func (Kernels[F]) MatmulBackward(dinp, dweight, dout []F, inp, weight tensor.Weights[F], s tensor.MatmulShape, accumulate bool) {
 	MatmulBackward(dinp, dweight, dout, inp, weight, s, accumulate)
 }
 func (Kernels[F]) Embedding(out []F, tokens []int32, wte tensor.Weights[F], BT, C int) {

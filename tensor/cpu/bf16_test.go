@@ -68,8 +68,8 @@ func TestBF16WeightKernels(t *testing.T) {
 		o := outs{mm: make([]float32, BT*OC), dinp: make([]float32, BT*C), dw: make([]float32, OC*C), emb: make([]float32, BT*C),
 			norm: make([]float32, BT*C), rstd: make([]float32, BT), dnorm: make([]float32, BT*C), dgain: make([]float32, C)}
 		s := tensor.MatmulShape{BT: BT, C: C, OC: OC}
-		Matmul(o.mm, inp, w, s, false)
-		MatmulBackward(o.dinp, o.dw, dout, inp, w, s, false)
+		Matmul(o.mm, tensor.FloatWeights(inp), w, s, false)
+		MatmulBackward(o.dinp, o.dw, dout, tensor.FloatWeights(inp), w, s, false)
 		Embedding(o.emb, tokens, e, BT, C)
 		RMSNorm(o.norm, o.rstd, inp, g, BT, C, 1e-5)
 		RMSNormBackward(o.dnorm, o.dgain, o.norm, inp, g, o.rstd, BT, C)
@@ -85,7 +85,7 @@ func TestBF16WeightKernels(t *testing.T) {
 	}
 	// float64 kernels (the gradient checks) widen bf16 weights too.
 	m64 := make([]float64, BT*OC)
-	Matmul(m64, toF64(inp), tensor.BF16Weights[float64](wh), tensor.MatmulShape{BT: BT, C: C, OC: OC}, false)
+	Matmul(m64, tensor.FloatWeights(toF64(inp)), tensor.BF16Weights[float64](wh), tensor.MatmulShape{BT: BT, C: C, OC: OC}, false)
 	for i, v := range m64 {
 		if d := v - float64(b.mm[i]); d > 1e-3 || d < -1e-3 { // float32 vs float64 sums of 96 unit-size products
 			t.Fatalf("float64 matmul on bf16 weights: element %d is %v, float32 gives %v", i, v, b.mm[i])
@@ -180,8 +180,8 @@ func TestBF16DotKernels(t *testing.T) {
 	dot := func(on bool, in, dy []float32) (mm, dinp, dw []float32) {
 		defer SetBF16Dot(on)()
 		mm, dinp, dw = make([]float32, BT*OC), make([]float32, BT*C), make([]float32, OC*C)
-		Matmul(mm, in, w, s, false)
-		MatmulBackward(dinp, dw, dy, inp, w, s, false)
+		Matmul(mm, tensor.FloatWeights(in), w, s, false)
+		MatmulBackward(dinp, dw, dy, tensor.FloatWeights(inp), w, s, false)
 		return
 	}
 	mm, dinp, dw := dot(true, inp, dout)
@@ -294,11 +294,62 @@ func BenchmarkMatmulBF16(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/%s", s.name, v.name), func(b *testing.B) {
 				defer SetBF16Dot(v.dot)()
 				for i := 0; i < b.N; i++ {
-					Matmul(out, inp, v.w, sh, false)
+					Matmul(out, tensor.FloatWeights(inp), v.w, sh, false)
 					gemmW(false, false, s.BT, s.C, s.OC, dout, s.OC, v.w, s.C, 0, dinp, s.C)
 				}
 				b.ReportMetric(4*float64(s.BT*s.C*s.OC)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 			})
+		}
+	}
+}
+
+// TestBF16Inputs: a matmul whose input is bf16 storage (a bf16 run's saved
+// activation) computes, bit for bit, what it computes on the float32 widening of
+// that input: forward on both paths (the dot-product path reads the rows as
+// they are, or copies them where a tile of rows or an odd row length needs it),
+// the weight gradient (the input widened as it is packed), float64 too.
+func TestBF16Inputs(t *testing.T) {
+	r := rand.New(rand.NewSource(21))
+	for _, sh := range []tensor.MatmulShape{{BT: 48, C: 64, OC: 40}, {BT: 37, C: 33, OC: 70}, {BT: 12, C: 520, OC: 33}} {
+		ih, iw := bf16Of(randSlice(r, sh.BT*sh.C))
+		wh, _ := bf16Of(randSlice(r, sh.OC*sh.C))
+		dout := randSlice(r, sh.BT*sh.OC)
+		w := tensor.BF16Weights[float32](wh)
+		for _, dot := range []bool{false, true} {
+			restore := SetBF16Dot(dot)
+			run := func(in tensor.Weights[float32]) (mm, dinp, dw []float32) {
+				mm, dinp, dw = make([]float32, sh.BT*sh.OC), make([]float32, sh.BT*sh.C), make([]float32, sh.OC*sh.C)
+				for i := range mm {
+					mm[i] = 0.5 // accumulate onto something
+				}
+				Matmul(mm, in, w, sh, true)
+				MatmulBackward(dinp, dw, dout, in, w, sh, false)
+				return
+			}
+			a, ad, aw := run(tensor.BF16Weights[float32](ih))
+			b, bd, bw := run(tensor.FloatWeights(iw))
+			restore()
+			if !slices.Equal(b, a) {
+				t.Fatalf("%v dot=%v: forward differs from the widened input", sh, dot)
+			}
+			if !slices.Equal(bd, ad) {
+				t.Fatalf("%v dot=%v: input gradient differs from the widened input", sh, dot)
+			}
+			if !slices.Equal(bw, aw) {
+				t.Fatalf("%v dot=%v: weight gradient differs from the widened input", sh, dot)
+			}
+		}
+		m64, w64 := make([]float64, sh.BT*sh.OC), make([]float64, sh.BT*sh.OC)
+		dw64, dwW := make([]float64, sh.OC*sh.C), make([]float64, sh.OC*sh.C)
+		Matmul(m64, tensor.BF16Weights[float64](ih), tensor.BF16Weights[float64](wh), sh, false)
+		Matmul(w64, tensor.FloatWeights(toF64(iw)), tensor.BF16Weights[float64](wh), sh, false)
+		MatmulBackward(nil, dw64, toF64(dout), tensor.BF16Weights[float64](ih), tensor.BF16Weights[float64](wh), sh, false)
+		MatmulBackward(nil, dwW, toF64(dout), tensor.FloatWeights(toF64(iw)), tensor.BF16Weights[float64](wh), sh, false)
+		if !slices.Equal(w64, m64) {
+			t.Fatalf("%v float64 forward differs from the widened input", sh)
+		}
+		if !slices.Equal(dwW, dw64) {
+			t.Fatalf("%v float64 weight gradient differs from the widened input", sh)
 		}
 	}
 }

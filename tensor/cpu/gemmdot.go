@@ -57,6 +57,42 @@ func SgemmDotBF16(transA, transB bool, M, N, K int, alpha float32, A []float32, 
 	gemmPool.put(g)
 }
 
+// sgemmDotBF16A is SgemmDotBF16 with A (M,K) already bf16, untransposed, and
+// alpha 1: its rows are the product's operand as they are where they have the
+// dot kernel's layout (an even row length and whole tiles of rows), else they
+// are copied into that layout; nothing is rounded.
+func sgemmDotBF16A(M, N, K int, A []tensor.BF16, lda int, transB bool, B []tensor.BF16, ldb int, beta float32, C []float32, ldc int) {
+	c, ok := newGemm(false, transB, M, N, K, 1, nil, lda, nil, ldb, beta, C, ldc)
+	if !ok {
+		return
+	}
+	c.Bh, c.dot = B, true
+	g := gemmPool.get()
+	ld := (K + 1) &^ 1
+	if lda == ld && M%mr == 0 {
+		c.ah, c.ldah = A[:M*ld], ld
+	} else {
+		rows := ceilDiv(M, mr) * mr
+		if cap(g.dotA) < rows*ld {
+			g.dotA = make([]tensor.BF16, rows*ld)
+		}
+		ah := g.dotA[:rows*ld]
+		for i := 0; i < M; i++ {
+			row := ah[i*ld : i*ld+ld]
+			copy(row, A[i*lda:i*lda+K])
+			if ld > K {
+				row[K] = 0
+			}
+		}
+		clear(ah[M*ld:])
+		c.ah, c.ldah = ah, ld
+	}
+	g.gemmCall = c
+	g.run()
+	g.gemmCall = gemmCall{}
+	gemmPool.put(g)
+}
+
 // roundA rounds alpha·op(A) to bf16 rows in g's buffer: M rows, padded with zero
 // rows to a multiple of MR, of K values padded with a zero to an even count,
 // which it returns with that row length.

@@ -16,20 +16,33 @@ type Float = tensor.Float
 // alike; the caller zeroes gradient buffers before a backward pass.
 
 // Matmul computes out (BT,OC) = inp (BT,C) · weight (OC,C)ᵀ, the layout of y = x·Wᵀ.
-// accumulate adds to out instead of overwriting it.
-func Matmul[F Float](out, inp []F, weight tensor.Weights[F], s tensor.MatmulShape, accumulate bool) {
+// accumulate adds to out instead of overwriting it. A bf16 inp (a bf16 run's
+// saved activation) is read as stored: on the dot-product path its rows are the
+// product's bf16 operand as they are; otherwise it is widened first.
+func Matmul[F Float](out []F, inp, weight tensor.Weights[F], s tensor.MatmulShape, accumulate bool) {
 	BT, C, OC := s.BT, s.C, s.OC
 	beta := F(0)
 	if accumulate {
 		beta = 1
 	}
-	gemmW(false, true, BT, OC, C, inp, C, weight, C, beta, out, OC)
+	if inp.BF16 == nil {
+		gemmW(false, true, BT, OC, C, inp.F, C, weight, C, beta, out, OC)
+		return
+	}
+	if o, ok := any(out).([]float32); ok && bf16Dot && weight.BF16 != nil {
+		sgemmDotBF16A(BT, OC, C, inp.BF16, C, true, weight.BF16, C, float32(beta), o, OC)
+		return
+	}
+	w := widened(inp, BT*C)
+	gemmW(false, true, BT, OC, C, w.buf, C, weight, C, beta, out, OC)
+	listOf[widenBuf[F]]().put(w)
 }
 
 // MatmulBackward: dinp (BT,C) += dout·weight (= when accumulate is false, which
 // spares the caller clearing dinp and the product reading it); dweight (OC,C) +=
-// doutᵀ·inp always. dinp may be nil when the input needs no gradient.
-func MatmulBackward[F Float](dinp, dweight, dout, inp []F, weight tensor.Weights[F], s tensor.MatmulShape, accumulate bool) {
+// doutᵀ·inp always, a bf16 inp widened as the product packs it. dinp may be nil
+// when the input needs no gradient.
+func MatmulBackward[F Float](dinp, dweight, dout []F, inp, weight tensor.Weights[F], s tensor.MatmulShape, accumulate bool) {
 	BT, C, OC := s.BT, s.C, s.OC
 	if dinp != nil {
 		beta := F(0)
@@ -38,7 +51,32 @@ func MatmulBackward[F Float](dinp, dweight, dout, inp []F, weight tensor.Weights
 		}
 		gemmW(false, false, BT, C, OC, dout, OC, weight, C, beta, dinp, C)
 	}
-	gemm(nil, true, false, OC, C, BT, dout, OC, inp, C, 1, dweight, C)
+	if inp.BF16 == nil {
+		gemm(nil, true, false, OC, C, BT, dout, OC, inp.F, C, 1, dweight, C)
+		return
+	}
+	if d, ok := any(dout).([]float32); ok {
+		SgemmBF16(true, false, OC, C, BT, 1, d, OC, inp.BF16, C, 1, any(dweight).([]float32), C)
+		return
+	}
+	w := widened(inp, BT*C)
+	gemm(nil, true, false, OC, C, BT, dout, OC, w.buf, C, 1, dweight, C)
+	listOf[widenBuf[F]]().put(w)
+}
+
+// widenBuf is recycled scratch for a bf16 operand widened to F.
+type widenBuf[F Float] struct{ buf []F }
+
+// widened returns a recycled buffer holding the first n values of x widened to F;
+// the caller puts it back on its list.
+func widened[F Float](x tensor.Weights[F], n int) *widenBuf[F] {
+	w := listOf[widenBuf[F]]().get()
+	if cap(w.buf) < n {
+		w.buf = make([]F, n)
+	}
+	w.buf = w.buf[:n]
+	FromBF16(w.buf, x.BF16[:n])
+	return w
 }
 
 // gemmW is gemm with B a weights view. A float32 product with bf16 weights runs

@@ -59,22 +59,22 @@ func TestMatmulGrad(t *testing.T) {
 	inp, w, R := randF64(r, BT*C), randF64(r, OC*C), randF64(r, BT*OC)
 	out := make([]float64, BT*OC)
 	loss := func() float64 {
-		Matmul(out, inp, tensor.FloatWeights(w), tensor.MatmulShape{BT: BT, C: C, OC: OC}, false)
+		Matmul(out, tensor.FloatWeights(inp), tensor.FloatWeights(w), tensor.MatmulShape{BT: BT, C: C, OC: OC}, false)
 		return dot(out, R)
 	}
 	dinp, dw := make([]float64, BT*C), make([]float64, OC*C)
-	MatmulBackward(dinp, dw, R, inp, tensor.FloatWeights(w), tensor.MatmulShape{BT: BT, C: C, OC: OC}, true)
+	MatmulBackward(dinp, dw, R, tensor.FloatWeights(inp), tensor.FloatWeights(w), tensor.MatmulShape{BT: BT, C: C, OC: OC}, true)
 	checkGrads(t, "matmul", map[string][]float64{"inp": inp, "w": w}, map[string][]float64{"inp": dinp, "w": dw}, loss)
 	// Without accumulate dinp is overwritten (whatever it held) and dweight still
 	// accumulates: exactly what the accumulating call gave on cleared buffers.
 	stale, dw2 := randF64(r, BT*C), make([]float64, OC*C)
-	MatmulBackward(stale, dw2, R, inp, tensor.FloatWeights(w), tensor.MatmulShape{BT: BT, C: C, OC: OC}, false)
+	MatmulBackward(stale, dw2, R, tensor.FloatWeights(inp), tensor.FloatWeights(w), tensor.MatmulShape{BT: BT, C: C, OC: OC}, false)
 	for i := range stale {
 		if stale[i] != dinp[i] {
 			t.Fatalf("overwritten dinp[%d] = %v, want %v", i, stale[i], dinp[i])
 		}
 	}
-	MatmulBackward(stale, dw2, R, inp, tensor.FloatWeights(w), tensor.MatmulShape{BT: BT, C: C, OC: OC}, false)
+	MatmulBackward(stale, dw2, R, tensor.FloatWeights(inp), tensor.FloatWeights(w), tensor.MatmulShape{BT: BT, C: C, OC: OC}, false)
 	for i := range dw2 {
 		if dw2[i] != 2*dw[i] {
 			t.Fatalf("dweight[%d] = %v after two calls, want %v", i, dw2[i], 2*dw[i])
@@ -221,8 +221,8 @@ func TestFloat32MatchesFloat64(t *testing.T) {
 	BT, C := B*T, NH*HD
 	w := randF64(r, C*C)
 	m64, m32 := make([]float64, BT*C), make([]float32, BT*C)
-	Matmul(m64, q64, tensor.FloatWeights(w), tensor.MatmulShape{BT: BT, C: C, OC: C}, false)
-	Matmul(m32, f32(q64), tensor.FloatWeights(f32(w)), tensor.MatmulShape{BT: BT, C: C, OC: C}, false)
+	Matmul(m64, tensor.FloatWeights(q64), tensor.FloatWeights(w), tensor.MatmulShape{BT: BT, C: C, OC: C}, false)
+	Matmul(m32, tensor.FloatWeights(f32(q64)), tensor.FloatWeights(f32(w)), tensor.MatmulShape{BT: BT, C: C, OC: C}, false)
 	for i := range m64 {
 		if math.Abs(float64(m32[i])-m64[i]) > 1e-4*(1+math.Abs(m64[i])) {
 			t.Fatalf("matmul out[%d]: fp32 %v, fp64 %v", i, m32[i], m64[i])

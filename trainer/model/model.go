@@ -467,7 +467,7 @@ func (m *Model[F]) Forward(tokens, targets []int32) (lossSum float64, count int)
 	last := len(m.blocks) - 1
 	m.acquire(last, false)
 	be.RMSNorm(a.lnf, a.rstdf, a.final, w.norm, m.rows(), C, eps)
-	be.Matmul(a.logits, m.gather(a.lnf), w.output, tensor.MatmulShape{BT: BT, C: C, OC: V}, false)
+	be.Matmul(a.logits, tensor.FloatWeights(m.gather(a.lnf)), w.output, tensor.MatmulShape{BT: BT, C: C, OC: V}, false)
 	m.release(last, false)
 	if targets == nil {
 		return 0, 0
@@ -554,7 +554,7 @@ func (m *Model[F]) layerForward(l int, x, next []F) {
 	BT, C, NH, NKV, HD, FF, _ := m.dims()
 	eps := m.Cfg.NormEps
 	be.RMSNorm(a.ln1[l], a.rstd1[l], x, lw.attnNorm, m.rows(), C, eps)
-	ln1 := m.gather(a.ln1[l])
+	ln1 := m.input(l, inLn1, a.ln1[l], true)
 	be.Matmul(a.q[l], ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
 	be.Matmul(a.k[l], ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
 	be.Matmul(a.v[l], ln1, lw.wv, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
@@ -574,18 +574,18 @@ func (m *Model[F]) layerForward(l int, x, next []F) {
 		be.Attention(a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.attnShape())
 	}
 	copy(a.mid[l], x)
-	m.rowParallel(a.mid[l], a.atty[l], lw.wo, NH*HD) // mid = x + attention
+	m.rowParallel(a.mid[l], m.input(l, inAtty, a.atty[l], true), lw.wo, NH*HD) // mid = x + attention
 	be.RMSNorm(a.ln2[l], a.rstd2[l], a.mid[l], lw.mlpNorm, m.rows(), C, eps)
 	copy(next, a.mid[l])
 	if lw.moe != nil {
 		m.moeForward(next, a.ln2[l], *lw.moe, a.moe[l]) // next = mid + MoE
 		return
 	}
-	ln2 := m.gather(a.ln2[l])
+	ln2 := m.input(l, inLn2, a.ln2[l], true)
 	be.Matmul(a.gate[l], ln2, lw.w1, tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
 	be.Matmul(a.up[l], ln2, lw.w3, tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
 	be.SwiGLU(a.sw[l], a.gate[l], a.up[l], BT*FF)
-	m.rowParallel(next, a.sw[l], lw.w2, FF) // next = mid + MLP
+	m.rowParallel(next, m.input(l, inSw, a.sw[l], true), lw.w2, FF) // next = mid + MLP
 }
 
 // Dropped is the number of routed token copies the last forward dropped past
@@ -617,7 +617,7 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 	m.crossEntropyBackward(s.dlogits, s.dloss, a.probs, targets)
 	last := len(m.blocks) - 1
 	m.acquire(last, true)
-	be.MatmulBackward(m.inputGrad(s.dx), g.output, s.dlogits, m.gather(a.lnf), w.output, tensor.MatmulShape{BT: BT, C: C, OC: V}, false)
+	be.MatmulBackward(m.inputGrad(s.dx), g.output, s.dlogits, tensor.FloatWeights(m.gather(a.lnf)), w.output, tensor.MatmulShape{BT: BT, C: C, OC: V}, false)
 	dres := s.dres // gradient of the residual stream entering the current point
 	clear(dres)
 	m.normBackward(dres, g.norm, m.scatterGrad(s.dx), a.final, w.norm, a.rstdf)
@@ -650,16 +650,16 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 			m.moeBackward(s.dx, dres, a.ln2[l], *lw.moe, *lg.moe, a.moe[l], scale*float64(BT*m.cpSize()))
 		} else {
 			// MLP: next = mid + w2·swiglu(w1·ln2, w3·ln2); dres flows to mid unchanged.
-			be.MatmulBackward(s.dsw, lg.w2, m.gatherGrad(dres), a.sw[l], lw.w2, tensor.MatmulShape{BT: BT, C: FF, OC: C}, false)
+			be.MatmulBackward(s.dsw, lg.w2, m.gatherGrad(dres), m.input(l, inSw, a.sw[l], false), lw.w2, tensor.MatmulShape{BT: BT, C: FF, OC: C}, false)
 			be.SwiGLUBackward(s.dff1, s.dff2, s.dsw, a.gate[l], a.up[l], BT*FF, false)
-			ln2, dx := m.gather(a.ln2[l]), m.inputGrad(s.dx)
+			ln2, dx := m.input(l, inLn2, a.ln2[l], false), m.inputGrad(s.dx)
 			be.MatmulBackward(dx, lg.w1, s.dff1, ln2, lw.w1, tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
 			be.MatmulBackward(dx, lg.w3, s.dff2, ln2, lw.w3, tensor.MatmulShape{BT: BT, C: C, OC: FF}, true)
 			m.scatterGrad(s.dx)
 		}
 		m.normBackward(dres, lg.mlpNorm, s.dx, a.mid[l], lw.mlpNorm, a.rstd2[l])
 		// Attention: mid = x + wo·attention(rope(wq·ln1), rope(wk·ln1), wv·ln1).
-		be.MatmulBackward(s.datty, lg.wo, m.gatherGrad(dres), a.atty[l], lw.wo, tensor.MatmulShape{BT: BT, C: NH * HD, OC: C}, false)
+		be.MatmulBackward(s.datty, lg.wo, m.gatherGrad(dres), m.input(l, inAtty, a.atty[l], false), lw.wo, tensor.MatmulShape{BT: BT, C: NH * HD, OC: C}, false)
 		clear(s.dq)
 		clear(s.dk)
 		clear(s.dv)
@@ -678,7 +678,7 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 			be.RopeBackward(s.dq, m.cos, m.sin, tensor.RopeShape{B: m.B, T: m.T, NH: NH, HD: HD})
 			be.RopeBackward(s.dk, m.cos, m.sin, tensor.RopeShape{B: m.B, T: m.T, NH: NKV, HD: HD})
 		}
-		ln1, dx := m.gather(a.ln1[l]), m.inputGrad(s.dx)
+		ln1, dx := m.input(l, inLn1, a.ln1[l], false), m.inputGrad(s.dx)
 		be.MatmulBackward(dx, lg.wq, s.dq, ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
 		be.MatmulBackward(dx, lg.wk, s.dk, ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
 		be.MatmulBackward(dx, lg.wv, s.dv, ln1, lw.wv, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)

@@ -128,7 +128,7 @@ func (m *Model[F]) moeForward(out, x []F, p moeParams[tensor.Weights[F]], a *moe
 	be, c := m.be, m.Cfg
 	BT, C := m.rows(), c.Hidden
 	E, k := c.MoE.NumExperts, c.MoE.TopK
-	be.Matmul(a.logits, x, p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, false)
+	be.Matmul(a.logits, tensor.FloatWeights(x), p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, false)
 	s := tensor.MoEShape{BT: BT, E: E, K: k, C: C, Capacity: capacity(c, BT)}
 	be.Router(a.probs, a.gates, a.logits, a.rt, s)
 	a.n = be.Dispatch(a.x, x, a.rt, s)
@@ -149,10 +149,10 @@ func (m *Model[F]) moeForward(out, x []F, p moeParams[tensor.Weights[F]], a *moe
 		// ffn columns, the outputs reduce-scattered into the rank's rows.
 		xs, rows, SF := m.gather(x), m.B*m.T, c.MoE.ExpertFFNHidden/m.tpSize()
 		for s, w := range p.shared {
-			be.Matmul(a.sgate[s], xs, w[0], tensor.MatmulShape{BT: rows, C: C, OC: SF}, false)
-			be.Matmul(a.sup[s], xs, w[1], tensor.MatmulShape{BT: rows, C: C, OC: SF}, false)
+			be.Matmul(a.sgate[s], tensor.FloatWeights(xs), w[0], tensor.MatmulShape{BT: rows, C: C, OC: SF}, false)
+			be.Matmul(a.sup[s], tensor.FloatWeights(xs), w[1], tensor.MatmulShape{BT: rows, C: C, OC: SF}, false)
 			be.SwiGLU(a.ssw[s], a.sgate[s], a.sup[s], rows*SF)
-			m.rowParallel(out, a.ssw[s], w[2], SF)
+			m.rowParallel(out, tensor.FloatWeights(a.ssw[s]), w[2], SF)
 		}
 	}
 	// Load-balancing loss, over the micro-batch's whole sequences when context or
@@ -186,10 +186,10 @@ func (m *Model[F]) expertsForward(p moeParams[tensor.Weights[F]], a *moeActs[F],
 			continue
 		}
 		xs, gs, us, ss, ys := xin[lo*C:(lo+n)*C], a.gate[lo*EF:(lo+n)*EF], a.up[lo*EF:(lo+n)*EF], a.sw[lo*EF:(lo+n)*EF], yout[lo*C:(lo+n)*C]
-		be.Matmul(gs, xs, w[0], tensor.MatmulShape{BT: n, C: C, OC: EF}, false)
-		be.Matmul(us, xs, w[1], tensor.MatmulShape{BT: n, C: C, OC: EF}, false)
+		be.Matmul(gs, tensor.FloatWeights(xs), w[0], tensor.MatmulShape{BT: n, C: C, OC: EF}, false)
+		be.Matmul(us, tensor.FloatWeights(xs), w[1], tensor.MatmulShape{BT: n, C: C, OC: EF}, false)
 		be.SwiGLU(ss, gs, us, n*EF)
-		be.Matmul(ys, ss, w[2], tensor.MatmulShape{BT: n, C: EF, OC: C}, false)
+		be.Matmul(ys, tensor.FloatWeights(ss), w[2], tensor.MatmulShape{BT: n, C: EF, OC: C}, false)
 	}
 }
 
@@ -309,13 +309,13 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p moeParams[tensor.Weights[F]], 
 	clear(dlogits)
 	be.RouterBackward(dlogits, dgates, dprobs, a.gates, a.probs, a.rt, sh)
 	if m.tp == nil {
-		be.MatmulBackward(dx, g.router, dlogits, x, p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, true)
+		be.MatmulBackward(dx, g.router, dlogits, tensor.FloatWeights(x), p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, true)
 	} else {
 		// The router is replicated over tp and saw this rank's rows only: its
 		// gradient is summed over the tp group.
 		gr := m.tp.grouter
 		clear(gr)
-		be.MatmulBackward(dx, gr, dlogits, x, p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, true)
+		be.MatmulBackward(dx, gr, dlogits, tensor.FloatWeights(x), p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, true)
 		m.tpErr("all-reduce", m.tp.Comm.AllReduce(f32(gr)))
 		be.AddInto(g.router, gr, E*C)
 	}
@@ -342,12 +342,12 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p moeParams[tensor.Weights[F]], 
 	for sIdx, w := range p.shared {
 		gw := g.shared[sIdx]
 		h, hg, hu := s.moeSh[:rows*SF], s.moeSg[:rows*SF], s.moeSu[:rows*SF]
-		be.MatmulBackward(h, gw[2], dfull, a.ssw[sIdx], w[2], tensor.MatmulShape{BT: rows, C: SF, OC: C}, false)
+		be.MatmulBackward(h, gw[2], dfull, tensor.FloatWeights(a.ssw[sIdx]), w[2], tensor.MatmulShape{BT: rows, C: SF, OC: C}, false)
 		be.SwiGLUBackward(hg, hu, h, a.sgate[sIdx], a.sup[sIdx], rows*SF, false)
 		// Into dx itself without tensor parallelism; into the all-rows partial sum
 		// (started afresh by the first shared expert) with it.
-		be.MatmulBackward(dxf, gw[0], hg, xs, w[0], tensor.MatmulShape{BT: rows, C: C, OC: SF}, m.tp == nil || sIdx > 0)
-		be.MatmulBackward(dxf, gw[1], hu, xs, w[1], tensor.MatmulShape{BT: rows, C: C, OC: SF}, true)
+		be.MatmulBackward(dxf, gw[0], hg, tensor.FloatWeights(xs), w[0], tensor.MatmulShape{BT: rows, C: C, OC: SF}, m.tp == nil || sIdx > 0)
+		be.MatmulBackward(dxf, gw[1], hu, tensor.FloatWeights(xs), w[1], tensor.MatmulShape{BT: rows, C: C, OC: SF}, true)
 	}
 	if tp := m.tp; tp != nil {
 		m.tpErr("reduce-scatter", tp.Comm.ReduceScatter(f32(tp.red), f32(tp.px)))
@@ -369,9 +369,9 @@ func (m *Model[F]) expertsBackward(p moeParams[tensor.Weights[F]], g moeParams[[
 		}
 		w, gw := p.experts[e], g.experts[e]
 		sl := func(b []F, width int) []F { return b[lo*width : (lo+n)*width] }
-		be.MatmulBackward(sl(dsw, EF), gw[2], sl(dy, C), sl(a.sw, EF), w[2], tensor.MatmulShape{BT: n, C: EF, OC: C}, false)
+		be.MatmulBackward(sl(dsw, EF), gw[2], sl(dy, C), tensor.FloatWeights(sl(a.sw, EF)), w[2], tensor.MatmulShape{BT: n, C: EF, OC: C}, false)
 		be.SwiGLUBackward(sl(dga, EF), sl(dup, EF), sl(dsw, EF), sl(a.gate, EF), sl(a.up, EF), n*EF, false)
-		be.MatmulBackward(sl(dxin, C), gw[0], sl(dga, EF), sl(xin, C), w[0], tensor.MatmulShape{BT: n, C: C, OC: EF}, false)
-		be.MatmulBackward(sl(dxin, C), gw[1], sl(dup, EF), sl(xin, C), w[1], tensor.MatmulShape{BT: n, C: C, OC: EF}, true)
+		be.MatmulBackward(sl(dxin, C), gw[0], sl(dga, EF), tensor.FloatWeights(sl(xin, C)), w[0], tensor.MatmulShape{BT: n, C: C, OC: EF}, false)
+		be.MatmulBackward(sl(dxin, C), gw[1], sl(dup, EF), tensor.FloatWeights(sl(xin, C)), w[1], tensor.MatmulShape{BT: n, C: C, OC: EF}, true)
 	}
 }

@@ -23,16 +23,51 @@ import "github.com/shardline/shardline/tensor"
 
 // stashSlot is one saved activation of one layer: its F buffer in the work set
 // (through a pointer: expert parallelism may grow a buffer) and its bf16 store.
+// An early slot is a matmul's input, rounded into its store as soon as it is
+// made so that the products read the store (input); a direct one is read from
+// its store in backward too (by the weight gradient's product) and never
+// widened back.
 type stashSlot[F tensor.Float] struct {
-	work  *[]F
-	store []tensor.BF16
+	work          *[]F
+	store         []tensor.BF16
+	early, direct bool
 }
 
 // stash holds every layer's bf16 stores: resid[l] is layer l's input, slots[l]
-// the rest of what it keeps.
+// the rest of what it keeps, in[l] the stores its products read (nil where the
+// products read F buffers).
 type stash[F tensor.Float] struct {
 	resid [][]tensor.BF16
 	slots [][]stashSlot[F]
+	in    [][numInputs][]tensor.BF16
+}
+
+// The saved activations a dense layer's products read: the attention's input
+// (normed), the attention output, the MLP's input (normed), the SwiGLU product.
+const (
+	inLn1 = iota
+	inAtty
+	inLn2
+	inSw
+	numInputs
+)
+
+// input is what layer l's products read for activation x (its input of kind
+// which): without bf16 stores x itself, gathered over the tensor-parallel group
+// where it is row-sharded (the normed inputs); with them its store, which
+// fresh (in the forward) rounds x into first.
+func (m *Model[F]) input(l, which int, x []F, fresh bool) tensor.Weights[F] {
+	if m.st != nil && m.st.in[l][which] != nil {
+		h := m.st.in[l][which]
+		if fresh {
+			m.be.ToBF16(h, x)
+		}
+		return tensor.BF16Weights[F](h)
+	}
+	if which == inLn1 || which == inLn2 {
+		x = m.gather(x)
+	}
+	return tensor.FloatWeights(x)
 }
 
 // WithBF16Activations keeps each layer's saved activations in bf16 storage (see
@@ -44,15 +79,32 @@ func WithBF16Activations() Option { return func(o *options) { o.bf16Acts = true 
 func (m *Model[F]) allocStash() {
 	a, L := &m.a, m.Cfg.Layers
 	s := m.st
-	s.resid, s.slots = make([][]tensor.BF16, L), make([][]stashSlot[F], L)
+	s.resid, s.slots, s.in = make([][]tensor.BF16, L), make([][]stashSlot[F], L), make([][numInputs][]tensor.BF16, L)
 	for l := 0; l < L; l++ {
 		s.resid[l] = make([]tensor.BF16, len(a.resid[l]))
 		if m.recompute == "full" {
 			continue
 		}
-		for _, w := range []*[]F{&a.ln1[l], &a.q[l], &a.k[l], &a.v[l], &a.atty[l], &a.mid[l], &a.ln2[l], &a.gate[l], &a.up[l], &a.sw[l]} {
+		for _, w := range []*[]F{&a.q[l], &a.k[l], &a.v[l], &a.mid[l], &a.gate[l], &a.up[l]} {
 			if len(*w) > 0 { // an MoE layer has no MLP buffers
 				s.keep(l, w)
+			}
+		}
+		// The products read their inputs from the stores, except under tensor
+		// parallelism (the normed inputs are gathered) and in an MoE layer's
+		// block (its input is dispatched). Backward widens the attention output
+		// all the same where attention's backward reads it (flash, the ring).
+		direct := m.tp == nil
+		for which, w := range [numInputs]*[]F{inLn1: &a.ln1[l], inAtty: &a.atty[l], inLn2: &a.ln2[l], inSw: &a.sw[l]} {
+			if len(*w) == 0 {
+				continue
+			}
+			d := direct && !(which == inLn2 && a.moe[l] != nil)
+			s.keep(l, w)
+			sl := &s.slots[l][len(s.slots[l])-1]
+			sl.early, sl.direct = d, d && !(which == inAtty && (m.flash || m.cp != nil))
+			if d {
+				s.in[l][which] = sl.store
 			}
 		}
 		if !m.flash && m.recompute == "none" {
@@ -83,6 +135,9 @@ func (m *Model[F]) roundInput(l int, x []F) {
 func (m *Model[F]) pack(l int) {
 	for i := range m.st.slots[l] {
 		sl := &m.st.slots[l][i]
+		if sl.early {
+			continue // rounded into its store when it was made
+		}
 		w := *sl.work
 		if len(w) > len(sl.store) {
 			sl.store = make([]tensor.BF16, len(w)) // an expert buffer grown past its start
@@ -96,6 +151,9 @@ func (m *Model[F]) pack(l int) {
 func (m *Model[F]) unpack(l int, x []F) {
 	m.be.FromBF16(x, m.st.resid[l])
 	for _, sl := range m.st.slots[l] {
+		if sl.direct {
+			continue // backward reads the store
+		}
 		w := *sl.work
 		m.be.FromBF16(w, sl.store[:len(w)])
 	}

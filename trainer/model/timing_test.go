@@ -17,11 +17,11 @@ type timed struct {
 }
 
 func (k timed) rec(name string, start time.Time) { k.t[name] += time.Since(start) }
-func (k timed) Matmul(out, inp []float32, weight tensor.Weights[float32], s tensor.MatmulShape, acc bool) {
+func (k timed) Matmul(out []float32, inp, weight tensor.Weights[float32], s tensor.MatmulShape, acc bool) {
 	defer k.rec("Matmul", time.Now())
 	k.Backend.Matmul(out, inp, weight, s, acc)
 }
-func (k timed) MatmulBackward(dinp, dweight, dout, inp []float32, weight tensor.Weights[float32], s tensor.MatmulShape, acc bool) {
+func (k timed) MatmulBackward(dinp, dweight, dout []float32, inp, weight tensor.Weights[float32], s tensor.MatmulShape, acc bool) {
 	defer k.rec("MatmulBackward", time.Now())
 	k.Backend.MatmulBackward(dinp, dweight, dout, inp, weight, s, acc)
 }

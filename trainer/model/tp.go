@@ -128,7 +128,7 @@ func (m *Model[F]) gatherGrad(src []F) []F {
 // row-parallel weight) into out, this rank's rows of the residual stream: without
 // tensor parallelism one accumulating matmul; with it, the matmul's partial sums
 // over all rows are reduce-scattered and the rank's rows added.
-func (m *Model[F]) rowParallel(out, inp []F, w tensor.Weights[F], K int) {
+func (m *Model[F]) rowParallel(out []F, inp, w tensor.Weights[F], K int) {
 	BT, C := m.B*m.T, m.Cfg.Hidden
 	if m.tp == nil {
 		m.be.Matmul(out, inp, w, tensor.MatmulShape{BT: BT, C: K, OC: C}, true)
