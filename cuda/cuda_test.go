@@ -164,12 +164,12 @@ func TestMatmul(t *testing.T) {
 		prev := roundTo(dt, randn(r, BT*OC, 1))
 		dw0 := randn(r, OC*C, 1)
 		want := append([]float32(nil), prev...)
-		cpu.Matmul(want, inp, tensor.FloatWeights(w), tensor.MatmulShape{BT: BT, C: C, OC: OC}, true)
+		cpu.Matmul(want, tensor.FloatWeights(inp), tensor.FloatWeights(w), tensor.MatmulShape{BT: BT, C: C, OC: OC}, true)
 		wantDinp := make([]float32, BT*C)
 		wantDw := append([]float32(nil), dw0...)
-		cpu.MatmulBackward(wantDinp, wantDw, dout, inp, tensor.FloatWeights(w), tensor.MatmulShape{BT: BT, C: C, OC: OC}, false)
+		cpu.MatmulBackward(wantDinp, wantDw, dout, tensor.FloatWeights(inp), tensor.FloatWeights(w), tensor.MatmulShape{BT: BT, C: C, OC: OC}, false)
 		wantFresh := make([]float32, BT*OC)
-		cpu.Matmul(wantFresh, inp, tensor.FloatWeights(w), tensor.MatmulShape{BT: BT, C: C, OC: OC}, false)
+		cpu.Matmul(wantFresh, tensor.FloatWeights(inp), tensor.FloatWeights(w), tensor.MatmulShape{BT: BT, C: C, OC: OC}, false)
 		onDevice(t, func() {
 			s := MatmulShape{BT: BT, C: C, OC: OC}
 			bi, bw, bo, bd := put(t, dt, inp), put(t, dt, w), put(t, dt, prev), put(t, dt, dout)
@@ -266,7 +266,7 @@ func TestHeadCrossEntropy(t *testing.T) {
 		}
 		targets[7] = -1
 		logits := make([]float32, BT*V)
-		cpu.Matmul(logits, x, tensor.FloatWeights(w), tensor.MatmulShape{BT: BT, C: C, OC: V}, false)
+		cpu.Matmul(logits, tensor.FloatWeights(x), tensor.FloatWeights(w), tensor.MatmulShape{BT: BT, C: C, OC: V}, false)
 		losses, probs := make([]float32, BT), make([]float32, BT*V)
 		cpu.CrossEntropy(losses, probs, logits, targets, BT, V)
 		dloss := randn(r, BT, 1)
@@ -275,7 +275,7 @@ func TestHeadCrossEntropy(t *testing.T) {
 		dx0 := roundTo(dt, randn(r, BT*C, 1))
 		dx, dw0 := append([]float32(nil), dx0...), randn(r, V*C, 1)
 		dw := append([]float32(nil), dw0...)
-		cpu.MatmulBackward(dx, dw, dlogits, x, tensor.FloatWeights(w), tensor.MatmulShape{BT: BT, C: C, OC: V}, true)
+		cpu.MatmulBackward(dx, dw, dlogits, tensor.FloatWeights(x), tensor.FloatWeights(w), tensor.MatmulShape{BT: BT, C: C, OC: V}, true)
 		onDevice(t, func() {
 			s := HeadShape{BT, C, V, chunk}
 			sc := HeadScratch{Logits: poisoned(t, F32, BT*chunk), DLogits: poisoned(t, dt, BT*chunk),

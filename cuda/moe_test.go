@@ -159,8 +159,8 @@ func TestExpertsMatmul(t *testing.T) {
 		out, dinp, dw := make([]float32, E*rows*OC), make([]float32, E*rows*C), make([]float32, E*stride)
 		for e := 0; e < E; e++ {
 			we := w[e*stride : e*stride+OC*C]
-			cpu.Matmul(out[e*rows*OC:], inp[e*rows*C:], tensor.FloatWeights(we), tensor.MatmulShape{BT: rows, C: C, OC: OC}, false)
-			cpu.MatmulBackward(dinp[e*rows*C:(e+1)*rows*C], dw[e*stride:e*stride+OC*C], dout[e*rows*OC:(e+1)*rows*OC], inp[e*rows*C:], tensor.FloatWeights(we), tensor.MatmulShape{BT: rows, C: C, OC: OC}, false)
+			cpu.Matmul(out[e*rows*OC:], tensor.FloatWeights(inp[e*rows*C:]), tensor.FloatWeights(we), tensor.MatmulShape{BT: rows, C: C, OC: OC}, false)
+			cpu.MatmulBackward(dinp[e*rows*C:(e+1)*rows*C], dw[e*stride:e*stride+OC*C], dout[e*rows*OC:(e+1)*rows*OC], tensor.FloatWeights(inp[e*rows*C:]), tensor.FloatWeights(we), tensor.MatmulShape{BT: rows, C: C, OC: OC}, false)
 		}
 		onDevice(t, func() {
 			s := ExpertsShape{E: E, Rows: rows, C: C, OC: OC, WStride: stride}
