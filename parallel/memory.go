@@ -153,7 +153,8 @@ func tokensOf(r *config.Recipe, m Mesh) tokens {
 //	  tokens T·h; per routed copy 3·T·ef/etp; shared experts 3·t·ef each; combined
 //	  output t·h, with T routed copies on this rank (the CPU engine: the experts'
 //	  outputs T·h instead of the combined output, and under expert parallelism the
-//	  received tokens T·h)
+//	  received tokens T·h instead of the permuted tokens, which it only sends,
+//	  from one buffer every layer shares)
 //
 // Everything is divided by tp (Megatron's sequence parallelism splits the h-sized
 // tensors too). Full recompute keeps each layer's input (t·h) plus one layer's full
@@ -199,13 +200,15 @@ func activationBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
 	ef := int64(mo.MoE.ExpertFFNHidden)
 	dense := 2*t.local*h + 3*t.local*f // the MLP's norm input and output; w1, w3 outputs, SwiGLU
 	moe := 2*t.local*h + t.routed*h + 3*t.routed*ef/int64(m.ETP) + 3*t.local*ef*int64(mo.MoE.SharedExperts)
+	var sent int64 // one buffer every MoE layer shares
 	if cpu {
 		// The CPU engine keeps the experts' outputs per routed copy (combined in
 		// backward) and, under expert parallelism, the received tokens in local
-		// expert order (the experts' inputs in backward).
+		// expert order (the experts' inputs in backward) in place of the
+		// permuted tokens, which are only sent: one buffer serves every layer.
 		moe += t.routed * h
 		if m.EP > 1 {
-			moe += t.routed * h
+			sent = t.routed * h / tp
 		}
 	} else {
 		moe += t.local * h // the combined output
@@ -250,6 +253,9 @@ func activationBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
 	}
 	if !perLayerStats {
 		bytes += stats / tp * d.act // one shared slot (the CPU's: F buffers)
+	}
+	if anyMoE {
+		bytes += sent * d.act
 	}
 	if cpu {
 		// The CPU's norms keep each row's reciprocal RMS (fp32): two per layer

@@ -234,12 +234,8 @@ func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, call
 				}
 				if moe {
 					EF := mo.MoE.ExpertFFNHidden / sh.ETP
-					kept += 2*sh.Routed*C + 3*sh.Routed*EF // permuted inputs, outputs; the experts' intermediates
+					kept += 2*sh.Routed*C + 3*sh.Routed*EF // the experts' inputs (permuted or received) and outputs; intermediates
 					slots += 5
-					if sh.EP > 1 {
-						kept += sh.Routed * C // received tokens
-						slots++
-					}
 					k := mo.MoE.SharedExperts
 					kept += 3 * k * BT * (mo.MoE.ExpertFFNHidden / sh.TP)
 					slots += 3 * k

@@ -376,6 +376,7 @@ func (m *Model[F]) alloc() {
 	a.gate, a.up, a.sw = per(BT*FF), per(BT*FF), per(BT*FF)
 	a.moe = make([]*moeActs[F], L)
 	var moeSlot *moeActs[F]
+	var sent []F
 	for l := 0; l < L; l++ {
 		if m.Cfg.IsMoELayer(l) {
 			a.gate[l], a.up[l], a.sw[l] = nil, nil, nil // the experts' buffers replace the MLP's
@@ -387,6 +388,15 @@ func (m *Model[F]) alloc() {
 				continue
 			default:
 				moeSlot = newMoEActs[F](m.Cfg, R, m.ep.Size, BT, m.tpSize(), nil)
+				if m.ep.Size > 1 {
+					// Under expert parallelism the permuted tokens are only sent (the
+					// experts' inputs in backward are the received tokens): one
+					// buffer serves every layer.
+					if sent == nil {
+						sent = moeSlot.x
+					}
+					moeSlot.x = sent
+				}
 			}
 			a.moe[l] = moeSlot
 		}

@@ -33,7 +33,7 @@ type moeActs[F any] struct {
 	gates         []F            // (BT,k) the chosen experts' gates
 	rt            tensor.Routing // chosen experts, permuted rows, segments
 	n             int            // permuted rows in use
-	x             []F            // (BT·k, C) permuted inputs
+	x             []F            // (BT·k, C) permuted inputs (under expert parallelism only sent: one buffer for every layer)
 	gate, up, sw  []F            // (BT·k, EF)
 	y             []F            // (BT·k, C) expert outputs
 	sgate, sup    [][]F          // per shared expert (BT, EF)
@@ -96,12 +96,15 @@ func newMoEActs[F any](c config.Model, BT, ep, sharedRows, tp int, work *moeActs
 }
 
 // kept lists the layer's buffers that bf16 storage keeps in bf16: the permuted
-// inputs, the experts' intermediates and outputs, the received tokens under
-// expert parallelism, the shared experts' intermediates.
+// inputs (under expert parallelism the received tokens instead: the permuted
+// ones are only sent), the experts' intermediates and outputs, the shared
+// experts' intermediates.
 func (a *moeActs[F]) kept() []*[]F {
-	out := []*[]F{&a.x, &a.gate, &a.up, &a.sw, &a.y}
+	out := []*[]F{&a.gate, &a.up, &a.sw, &a.y}
 	if a.xloc != nil {
 		out = append(out, &a.xloc)
+	} else {
+		out = append(out, &a.x)
 	}
 	for s := range a.sgate {
 		out = append(out, &a.sgate[s], &a.sup[s], &a.ssw[s])
@@ -110,7 +113,13 @@ func (a *moeActs[F]) kept() []*[]F {
 }
 
 // floats lists every F buffer of the layer's activations.
-func (a *moeActs[F]) floats() []*[]F { return append(a.kept(), &a.logits, &a.probs, &a.gates) }
+func (a *moeActs[F]) floats() []*[]F {
+	out := append(a.kept(), &a.logits, &a.probs, &a.gates)
+	if a.xloc != nil {
+		out = append(out, &a.x) // the permuted tokens, sent under expert parallelism
+	}
+	return out
+}
 
 func (a *moeActs[F]) count(e int) int { return int(a.rt.Offsets[e+1] - a.rt.Offsets[e]) }
 
