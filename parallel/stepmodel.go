@@ -215,7 +215,8 @@ func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, call
 			// once, one call each, and comes back before the backward, except what
 			// the products read from the stores (without tensor parallelism: the
 			// normed inputs of a dense layer, its SwiGLU product, and the attention
-			// output where attention's backward does not read it).
+			// output where attention's backward does not read it; the experts'
+			// inputs and SwiGLU products).
 			ls += stream(StreamToBF16, float64(R*C)) + 2*stream(StreamFromBF16, float64(R*C))
 			if sh.Mode != "full" {
 				moe := mo.MoE.NumExperts > 0 && (l+1)%mo.MoE.LayerFreq == 0
@@ -236,6 +237,7 @@ func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, call
 					EF := mo.MoE.ExpertFFNHidden / sh.ETP
 					kept += 2*sh.Routed*C + 3*sh.Routed*EF // the experts' inputs (permuted or received) and outputs; intermediates
 					slots += 5
+					direct, directSlots = direct+sh.Routed*(C+EF), directSlots+2 // the experts' products read their inputs and SwiGLU products
 					k := mo.MoE.SharedExperts
 					kept += 3 * k * BT * (mo.MoE.ExpertFFNHidden / sh.TP)
 					slots += 3 * k

@@ -28,7 +28,7 @@ type moeParams[S any] struct {
 }
 
 // moeActs are one MoE layer's saved activations.
-type moeActs[F any] struct {
+type moeActs[F tensor.Float] struct {
 	logits, probs []F            // (BT,E) router scores and their softmax (for the aux loss)
 	gates         []F            // (BT,k) the chosen experts' gates
 	rt            tensor.Routing // chosen experts, permuted rows, segments
@@ -56,6 +56,11 @@ type moeActs[F any] struct {
 	srcStart, locStart []int // (source, local expert) → start row in recv order / in local order
 	total              int   // rows received
 	xloc               []F   // (rows, C)
+
+	// With bf16 stores (stash.go): the slots of the experts' inputs (the permuted
+	// tokens, or the received ones) and SwiGLU products, which the experts'
+	// products read from the stores; nil otherwise.
+	xs, sws *stashSlot[F]
 }
 
 // newMoEActs sizes one MoE layer's activations for BT routed token rows (this
@@ -64,7 +69,7 @@ type moeActs[F any] struct {
 // parallelism) with their ffn split over tp. With work set, the layer's routing
 // and router outputs are its own but the buffers bf16 storage keeps (stash.go)
 // are work's.
-func newMoEActs[F any](c config.Model, BT, ep, sharedRows, tp int, work *moeActs[F]) *moeActs[F] {
+func newMoEActs[F tensor.Float](c config.Model, BT, ep, sharedRows, tp int, work *moeActs[F]) *moeActs[F] {
 	E, k, C, EF := c.MoE.NumExperts, c.MoE.TopK, c.Hidden, c.MoE.ExpertFFNHidden
 	R := BT * k
 	a := &moeActs[F]{
@@ -146,10 +151,12 @@ func (m *Model[F]) moeForward(out, x []F, p moeParams[tensor.Weights[F]], a *moe
 		m.epExchange(a)
 		sc := &m.scratch
 		m.epRegroup(a, a.xloc, sc.moeRecv, true)
+		m.expertIn(a.xs, a.xloc, 0, a.total*C, true)
 		m.expertsForward(p, a, a.xloc, sc.moeYloc, a.localOff)
 		m.epRegroup(a, sc.moeYloc, sc.moeRecv, false) // back to arrival order, reusing the receive buffer
 		m.a2a(a.y[:a.n*C], sc.moeRecv[:a.total*C], a.recvEl, a.sendEl)
 	} else {
+		m.expertIn(a.xs, a.x, 0, a.n*C, true)
 		m.expertsForward(p, a, a.x, a.y, a.rt.Offsets)
 	}
 	be.Combine(out, a.y, a.gates, a.rt, s)
@@ -194,11 +201,12 @@ func (m *Model[F]) expertsForward(p moeParams[tensor.Weights[F]], a *moeActs[F],
 		if n == 0 {
 			continue
 		}
-		xs, gs, us, ss, ys := xin[lo*C:(lo+n)*C], a.gate[lo*EF:(lo+n)*EF], a.up[lo*EF:(lo+n)*EF], a.sw[lo*EF:(lo+n)*EF], yout[lo*C:(lo+n)*C]
-		be.Matmul(gs, tensor.FloatWeights(xs), w[0], tensor.MatmulShape{BT: n, C: C, OC: EF}, false)
-		be.Matmul(us, tensor.FloatWeights(xs), w[1], tensor.MatmulShape{BT: n, C: C, OC: EF}, false)
+		gs, us, ss, ys := a.gate[lo*EF:(lo+n)*EF], a.up[lo*EF:(lo+n)*EF], a.sw[lo*EF:(lo+n)*EF], yout[lo*C:(lo+n)*C]
+		xs := m.expertIn(a.xs, xin, lo*C, (lo+n)*C, false)
+		be.Matmul(gs, xs, w[0], tensor.MatmulShape{BT: n, C: C, OC: EF}, false)
+		be.Matmul(us, xs, w[1], tensor.MatmulShape{BT: n, C: C, OC: EF}, false)
 		be.SwiGLU(ss, gs, us, n*EF)
-		be.Matmul(ys, tensor.FloatWeights(ss), w[2], tensor.MatmulShape{BT: n, C: EF, OC: C}, false)
+		be.Matmul(ys, m.expertIn(a.sws, a.sw, lo*EF, (lo+n)*EF, true), w[2], tensor.MatmulShape{BT: n, C: EF, OC: C}, false)
 	}
 }
 
@@ -378,9 +386,10 @@ func (m *Model[F]) expertsBackward(p moeParams[tensor.Weights[F]], g moeParams[[
 		}
 		w, gw := p.experts[e], g.experts[e]
 		sl := func(b []F, width int) []F { return b[lo*width : (lo+n)*width] }
-		be.MatmulBackward(sl(dsw, EF), gw[2], sl(dy, C), tensor.FloatWeights(sl(a.sw, EF)), w[2], tensor.MatmulShape{BT: n, C: EF, OC: C}, false)
+		be.MatmulBackward(sl(dsw, EF), gw[2], sl(dy, C), m.expertIn(a.sws, a.sw, lo*EF, (lo+n)*EF, false), w[2], tensor.MatmulShape{BT: n, C: EF, OC: C}, false)
 		be.SwiGLUBackward(sl(dga, EF), sl(dup, EF), sl(dsw, EF), sl(a.gate, EF), sl(a.up, EF), n*EF, false)
-		be.MatmulBackward(sl(dxin, C), gw[0], sl(dga, EF), tensor.FloatWeights(sl(xin, C)), w[0], tensor.MatmulShape{BT: n, C: C, OC: EF}, false)
-		be.MatmulBackward(sl(dxin, C), gw[1], sl(dup, EF), tensor.FloatWeights(sl(xin, C)), w[1], tensor.MatmulShape{BT: n, C: C, OC: EF}, true)
+		xs := m.expertIn(a.xs, xin, lo*C, (lo+n)*C, false)
+		be.MatmulBackward(sl(dxin, C), gw[0], sl(dga, EF), xs, w[0], tensor.MatmulShape{BT: n, C: C, OC: EF}, false)
+		be.MatmulBackward(sl(dxin, C), gw[1], sl(dup, EF), xs, w[1], tensor.MatmulShape{BT: n, C: C, OC: EF}, true)
 	}
 }

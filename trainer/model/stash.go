@@ -114,6 +114,20 @@ func (m *Model[F]) allocStash() {
 			for _, w := range ma.kept() {
 				s.keep(l, w)
 			}
+			// The experts' products read their inputs and SwiGLU products from the
+			// stores (expertIn), rounded as they are made; nothing widens them back.
+			in := &ma.x
+			if ma.xloc != nil {
+				in = &ma.xloc
+			}
+			for i := range s.slots[l] {
+				switch sl := &s.slots[l][i]; sl.work {
+				case in:
+					sl.early, sl.direct, ma.xs = true, true, sl
+				case &ma.sw:
+					sl.early, sl.direct, ma.sws = true, true, sl
+				}
+			}
 		}
 	}
 }
@@ -121,6 +135,23 @@ func (m *Model[F]) allocStash() {
 // keep adds work (layer l's buffer) to the layer's slots, with a store of its length.
 func (s *stash[F]) keep(l int, work *[]F) {
 	s.slots[l] = append(s.slots[l], stashSlot[F]{work: work, store: make([]tensor.BF16, len(*work))})
+}
+
+// expertIn is what an expert's product reads for elements [lo, hi) of x (the
+// experts' inputs or SwiGLU products, whose slot is sl): x itself without bf16
+// stores, else the slot's store, into which fresh first rounds those elements.
+func (m *Model[F]) expertIn(sl *stashSlot[F], x []F, lo, hi int, fresh bool) tensor.Weights[F] {
+	if sl == nil {
+		return tensor.FloatWeights(x[lo:hi])
+	}
+	if len(sl.store) < len(x) {
+		sl.store = make([]tensor.BF16, len(x)) // x grew with the tokens received (expert parallelism)
+	}
+	h := sl.store[lo:hi]
+	if fresh {
+		m.be.ToBF16(h, x[lo:hi])
+	}
+	return tensor.BF16Weights[F](h)
 }
 
 // roundInput rounds x, layer l's input, to bf16 in place and keeps it in the
