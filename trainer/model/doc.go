@@ -13,7 +13,9 @@
 // attention with RoPE and grouped KV heads → residual → RMSNorm → SwiGLU MLP →
 // residual, then the final RMSNorm, the output head and the cross-entropy.
 // Backward is the same list reversed. Activations are allocated once per
-// (batch, sequence) shape and reused every step.
+// (batch, sequence) shape and reused every step; with WithBF16Activations (a bf16
+// run) what the layers save for backward is kept in bf16 stores beside one F
+// work set (stash.go).
 //
 // Initialisation (init.go) draws each element from a counter-based generator keyed
 // by (seed, parameter name, element index): any shard can be initialised alone and

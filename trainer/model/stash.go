@@ -6,17 +6,19 @@ import "github.com/shardline/shardline/tensor"
 // saves for its backward in bf16: the layer's input (the residual stream), its
 // norms' outputs, q, k, v, the attention output, the residual after attention,
 // the MLP's gate, up and product, attention probabilities where they are kept,
-// and an MoE layer's permuted inputs, expert intermediates and outputs. The
-// kernels still compute in F: one layer's set of F buffers (the work set) serves
-// every layer, the layer's forward writes into it, and right after the layer the
-// set is rounded into that layer's bf16 store; before the layer's backward the
-// store is widened back into the work set. What stays in F, per layer: the
-// norms' reciprocal RMS, flash attention's log-sum-exps (a bf16 log-sum-exp
-// would move every remade probability by up to 2⁻⁸ of its logit), the MoE
-// router's logits, probabilities and gates. The residual stream a layer reads is
-// itself rounded to bf16 before the layer runs, so a layer's backward sees the
-// input its forward saw; within a layer, a kernel reads the F values the kernel
-// before it wrote (the stores hold those values rounded).
+// and an MoE layer's experts' inputs (permuted or received tokens),
+// intermediates and outputs. The kernels still compute in F: one layer's set of
+// F buffers (the work set) serves every layer and the layer's forward writes
+// into it. The inputs of the layer's products (input, expertIn) are rounded into
+// their stores as soon as they are made and the products read the stores, in
+// forward and in backward; the rest of the set is rounded into the layer's
+// stores right after its forward (pack) and widened back into the work set
+// before its backward (unpack). What stays in F, per layer: the norms'
+// reciprocal RMS, flash attention's log-sum-exps (a bf16 log-sum-exp would move
+// every remade probability by up to 2⁻⁸ of its logit), the MoE router's logits,
+// probabilities and gates. The residual stream a layer reads is itself rounded
+// to bf16 before the layer runs, so a layer's backward sees the input its
+// forward saw.
 //
 // Under full recompute only the residual stream is stored (in bf16); everything
 // else is remade from it, in F, as without bf16 storage.
@@ -190,7 +192,7 @@ func (m *Model[F]) unpack(l int, x []F) {
 	}
 }
 
-// stashBytes is what the stores hold, in bytes.
+// bytes is what the stores hold, in bytes.
 func (s *stash[F]) bytes() int64 {
 	var n int64
 	for l := range s.resid {
