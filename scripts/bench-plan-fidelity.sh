@@ -17,8 +17,10 @@
 # FIDELITY_SET='KEY=VALUE ...' adds settings to every run (e.g.
 # FIDELITY_SET=precision.bf16=true compares bf16 runs).
 #
-# Prints the planned and measured step, their ratio (measured ÷ planned), and the
-# memory ratio. The plan times the CPU from `shardline calibrate`'s table
+# Prints the planned and measured step, their ratio (measured ÷ planned), that
+# ratio divided by how much slower the host was right after each run than when
+# the shipped table was measured (host-adj: `plan --against --host-probe`, the
+# median over the row's runs), and the memory ratio. The plan times the CPU from `shardline calibrate`'s table
 # (docs/plan.md): the one shardline ships. The last column is the step ratio with a
 # table calibrated at the start of this script (about two minutes): the difference
 # between the two columns is how much the calibration itself moves between runs on
@@ -77,7 +79,7 @@ for ((i = 1; i <= repeat; i++)); do
 			--global-batch-size "$global" --set parallel.world_size="$world" --context-parallel-size "$cp" \
 			--set run.output_dir="$out" --set run.name="$run" \
 			--set logging.progress=false ${extra[@]+"${extra[@]}"} >/dev/null 2>"$out/$run.err" || { cat "$out/$run.err" >&2; exit 1; }
-		env -u SHARDLINE_CALIBRATION ./bin/shardline plan --against "$out/$run" --format json >"$out/$run.json"
+		env -u SHARDLINE_CALIBRATION ./bin/shardline plan --against "$out/$run" --host-probe --format json >"$out/$run.json"
 		SHARDLINE_CALIBRATION="$out/calibration.json" ./bin/shardline plan --against "$out/$run" --format json >"$out/$run.now.json"
 	done
 done
@@ -90,7 +92,9 @@ import json, statistics, sys
 repeat = int(sys.argv[1])
 def rows(path):
     return {c["what"]: c for c in json.load(open(path))["comparison"]}
-print(f'{"shape":<12} {"ranks":>5}  {"planned":>10} {"measured":>10} {"spread":>7} {"step×":>7} {"memory×":>8} {"step× now":>10}')
+def adjusted(path):
+    return json.load(open(path))["host_probe"]["step_ratio_adjusted"]
+print(f'{"shape":<12} {"ranks":>5}  {"planned":>10} {"measured":>10} {"spread":>7} {"step×":>7} {"host-adj":>8} {"memory×":>8} {"step× now":>10}')
 within = total = 0
 for line in open(sys.argv[2]):
     label, base = line.strip().split("|")
@@ -100,10 +104,11 @@ for line in open(sys.argv[2]):
     m = statistics.median(meas)
     planned, planned_now = shipped[0]["step time"]["planned"], now[0]["step time"]["planned"]
     mem = statistics.median(r["total"]["ratio"] for r in shipped)
+    adj = statistics.median(adjusted(f"{base}-{i}.json") for i in range(1, repeat + 1))
     name, ranks = label.rsplit(" ", 1)
     ratio_now = m / planned_now
     total += 1
     within += abs(ratio_now - 1) <= 0.15
-    print(f'{name:<12} {ranks:>5}  {planned*1e3:8.1f}ms {m*1e3:8.1f}ms {(max(meas)-min(meas))/m:7.2f} {m/planned:7.3f} {mem:8.3f} {ratio_now:10.3f}')
+    print(f'{name:<12} {ranks:>5}  {planned*1e3:8.1f}ms {m*1e3:8.1f}ms {(max(meas)-min(meas))/m:7.2f} {m/planned:7.3f} {adj:8.3f} {mem:8.3f} {ratio_now:10.3f}')
 print(f"{within} of {total} rows within 15% of the plan with this session's table")
 PY

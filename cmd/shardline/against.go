@@ -9,8 +9,10 @@ import (
 	"path/filepath"
 	"slices"
 	"text/tabwriter"
+	"time"
 
 	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/tensor/cpu"
 	"github.com/shardline/shardline/trainer"
 )
 
@@ -41,9 +43,18 @@ type comparison struct {
 	Ratio    *float64 `json:"ratio,omitempty"`
 }
 
+// hostProbe is what --host-probe measured: the calibration's passes now over
+// then on this host, how many, and the step ratio divided by it.
+type hostProbe struct {
+	Slowdown      float64 `json:"slowdown"`
+	Passes        int     `json:"passes"`
+	StepRatioHost float64 `json:"step_ratio_adjusted"`
+}
+
 // planAgainst compiles the plan of a finished run from its resolved.toml (flags
-// such as --device still apply) and compares it with the run's run.json.
-func (a *app) planAgainst(dir string, rf *recipeFlags, format string) error {
+// such as --device still apply) and compares it with the run's run.json; with
+// probe, it also times the calibration's own passes on this host (HostSpeed).
+func (a *app) planAgainst(dir string, rf *recipeFlags, format string, probe bool) error {
 	recipe := filepath.Join(dir, "resolved.toml")
 	if !fileExists(recipe) {
 		return usageErr("--against %s: no resolved.toml there; give a run directory (shardline run writes one under run.output_dir)", dir)
@@ -97,11 +108,27 @@ func (a *app) planAgainst(dir string, rf *recipeFlags, format string) error {
 	}
 	add("step time", "s", p.StepTimeS, measuredStep)
 	add("tokens/s", "tokens/s", p.TokensPerSPerDevice*float64(p.Mesh.World), measuredTPS)
+	var hp *hostProbe
+	if probe {
+		c := p.Topology.Calibration
+		if c == nil || r.Parallel.Device != "cpu" {
+			return usageErr("--host-probe: the plan of %s is not timed from a CPU calibration; it probes CPU runs only", dir)
+		}
+		slow, n, err := trainer.HostSpeed(cpu.Backend{}, c, r.Precision.BF16, 200*time.Millisecond)
+		if err != nil {
+			return &exitError{code: exitFindings, err: err}
+		}
+		hp = &hostProbe{Slowdown: slow, Passes: n, StepRatioHost: measuredStep / p.StepTimeS / slow}
+	}
 	if format == "json" {
 		enc := json.NewEncoder(a.stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(map[string]any{"run": dir, "backend": rec.Backend, "steps": rec.Result.Steps, "device_profile": p.Topology.Device.Name,
-			"comparison": slices.Clip(rows)})
+		out := map[string]any{"run": dir, "backend": rec.Backend, "steps": rec.Result.Steps, "device_profile": p.Topology.Device.Name,
+			"comparison": slices.Clip(rows)}
+		if hp != nil {
+			out["host_probe"] = hp
+		}
+		return enc.Encode(out)
 	}
 	w := bufio.NewWriter(a.stdout)
 	fmt.Fprintf(w, "plan of %s (device profile %s) against what the run measured (%s, %d steps)\n\n", recipe, p.Topology.Device.Name, rec.Backend, rec.Result.Steps)
@@ -119,6 +146,11 @@ func (a *app) planAgainst(dir string, rf *recipeFlags, format string) error {
 	}
 	if rec.Memory == nil {
 		fmt.Fprintln(w, "\n(run.json has no memory figures: the run ended before writing them)")
+	}
+	if hp != nil {
+		c := p.Topology.Calibration
+		fmt.Fprintf(w, "\nhost now: the calibration's %d passes take %.3f× as long as when it was measured (%s, %s);\n"+
+			"step time measured/planned adjusted for that: %.3f\n", hp.Passes, hp.Slowdown, c.Host, c.Date, hp.StepRatioHost)
 	}
 	return w.Flush()
 }

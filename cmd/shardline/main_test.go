@@ -661,6 +661,39 @@ func TestPlanAgainstRun(t *testing.T) {
 	}
 	assert.True(t, found)
 
+	// --host-probe reruns the calibration's passes here and divides the step
+	// ratio by how much slower the host is now (the ratio is the run's; the
+	// adjustment is exactly that division).
+	code, out, errs = shardline(t, nil, "plan", "--against", run, "--host-probe", "--format", "json")
+	require.Equal(t, 0, code, errs)
+	var probed struct {
+		Comparison []struct {
+			What  string
+			Ratio *float64
+		}
+		HostProbe *struct {
+			Slowdown          float64
+			Passes            int
+			StepRatioAdjusted float64 `json:"step_ratio_adjusted"`
+		} `json:"host_probe"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &probed))
+	require.NotNil(t, probed.HostProbe)
+	assert.Greater(t, probed.HostProbe.Passes, 0)
+	assert.Greater(t, probed.HostProbe.Slowdown, 0.0)
+	for _, c := range probed.Comparison {
+		if c.What == "step time" {
+			require.NotNil(t, c.Ratio)
+			assert.InEpsilon(t, *c.Ratio/probed.HostProbe.Slowdown, probed.HostProbe.StepRatioAdjusted, 1e-12)
+		}
+	}
+	code, out, errs = shardline(t, nil, "plan", "--against", run, "--host-probe")
+	require.Equal(t, 0, code, errs)
+	assert.Contains(t, out, "step time measured/planned adjusted for that:")
+	code, _, errs = shardline(t, nil, "plan", filepath.Join(recipesDir, "tiny.toml"), "--host-probe")
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, errs, "--host-probe adjusts a comparison with a finished run: give --against RUN_DIR")
+
 	code, _, errs = shardline(t, nil, "plan", filepath.Join(recipesDir, "tiny.toml"), "--against", run)
 	assert.Equal(t, exitUsage, code)
 	assert.Contains(t, errs, "give no RECIPE")

@@ -17,6 +17,7 @@ func (a *app) planCmd() *cobra.Command {
 		device, format string
 		sweep          string
 		against        string
+		hostProbe      bool
 	)
 	cmd := &cobra.Command{
 		Use:   "plan [flags] RECIPE",
@@ -30,7 +31,13 @@ tokens/s per device and MFU. Nothing touches a device.
 
 --against RUN_DIR plans a finished run from its resolved recipe and prints, beside
 each prediction, what the run measured (run.json): memory per component, the
-median step time and tokens/s, with the ratio measured/planned.`,
+median step time and tokens/s, with the ratio measured/planned.
+
+--host-probe (with --against, on the CPU) reruns the calibration's own
+in-step passes on this host (about a second) and reports how much slower or
+faster the host is now than when the calibration was measured, with the step
+ratio divided by that: on a host whose speed drifts, it separates the plan's
+error from the host's. Run it right after the run, on the run's host.`,
 		Example: `  shardline plan recipes/tiny.toml --world-size 4
   shardline plan recipes/llama4-3bx128e.toml --sweep parallel.expert_parallel=1,2,4,8
   shardline plan recipes/llama-1b.toml --nodes 2 --gpus-per-node 8 --device h200-141gb --format json --rank 9
@@ -45,6 +52,7 @@ median step time and tokens/s, with the ratio measured/planned.`,
 	fs.StringVar(&format, "format", "table", "table or json")
 	fs.StringVar(&sweep, "sweep", "", "compare variants: KEY=V1,V2,... (any recipe key)")
 	fs.StringVar(&against, "against", "", "compare the plan of a finished run (RUN_DIR, planned from its resolved.toml) with what it measured")
+	fs.BoolVar(&hostProbe, "host-probe", false, "with --against on the CPU: time the calibration's own passes on this host now and adjust the step ratio for the host's drift since calibration")
 	_ = cmd.RegisterFlagCompletionFunc("device", cobra.FixedCompletions(parallel.ProfileNames(), cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("format", cobra.FixedCompletions([]string{"table", "json"}, cobra.ShellCompDirectiveNoFileComp))
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
@@ -60,7 +68,10 @@ median step time and tokens/s, with the ratio measured/planned.`,
 			if sweep != "" || rank >= 0 {
 				return usageErr("--against compares one plan with one run: not with --sweep or --rank")
 			}
-			return a.planAgainst(against, rf, format)
+			return a.planAgainst(against, rf, format, hostProbe)
+		}
+		if hostProbe {
+			return usageErr("--host-probe adjusts a comparison with a finished run: give --against RUN_DIR")
 		}
 		if nodes < 0 {
 			return usageErr("--nodes %d must be positive", nodes)
