@@ -159,8 +159,8 @@ func tokensOf(r *config.Recipe, m Mesh) tokens {
 // Everything is divided by tp (Megatron's sequence parallelism splits the h-sized
 // tensors too). Full recompute keeps each layer's input (t·h) plus one layer's full
 // set while that layer is recomputed. The final norm keeps 2·t·h. The router's
-// outputs, flash attention's log-sum-exps and the final norm's are fp32; the rest
-// is in the activation dtype.
+// outputs, flash attention's log-sum-exps and (on the CPU) the norms' reciprocal
+// RMS are fp32; the rest is in the activation dtype.
 //
 // The CPU engine in a bf16 run (d.kept = 2) keeps what each layer saves in bf16
 // stores and computes in one fp32 work set that every layer shares: the attention
