@@ -20,11 +20,12 @@ func (a *app) calibrateCmd() *cobra.Command {
 		Use:   "calibrate [-o FILE]",
 		Short: "Measure this machine's kernels for the plan's time model",
 		Long: `Calibrate times the CPU engine's own kernels on this machine: matmuls forward and
-backward over a grid of shapes (fp32 and bf16 weights), causal attention (the
-plain and the flash kernel) by sequence length and head size, the memory-bound
-kernels (norms, RoPE, SwiGLU, embedding, cross-entropy, the optimizer, ...) and
-the in-process collectives; then whole training passes of five small models
-with fp32 and with bf16 weights (how kernels behave inside a step), and three of
+backward over a grid of shapes (fp32, and bf16 weights and inputs), causal
+attention (the plain and the flash kernel) by sequence length and head size, the
+memory-bound kernels (norms, RoPE, SwiGLU, embedding, cross-entropy, the
+optimizer, the bf16 conversions of saved activations, ...) and the in-process
+collectives; then whole training passes of five small models in fp32 and in
+bf16, as a bf16 run keeps them (how kernels behave inside a step), and three of
 them trained for a few steps by 1, 2 and 4 in-process ranks (how ranks sharing
 the cores divide them). It writes them as JSON with the machine, date and
 version. The plan's per-operation time model reads them (docs/plan.md):
