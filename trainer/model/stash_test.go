@@ -84,13 +84,7 @@ func TestBF16Activations(t *testing.T) {
 			require.InEpsilon(t, l32, lh, 0.01, "loss")
 			var worst float64
 			for i := range table {
-				var diff, norm float64
-				for j, v := range g32[i] {
-					d := float64(gh[i][j] - v)
-					diff, norm = diff+d*d, norm+float64(v)*float64(v)
-				}
-				if norm > 0 {
-					r := math.Sqrt(diff / norm)
+				if r, ok := relL2(gh[i], g32[i]); ok {
 					worst = max(worst, r)
 					require.Less(t, r, 0.06, "gradient of %s", table[i].Name)
 				}
