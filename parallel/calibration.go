@@ -153,6 +153,14 @@ type Calibration struct {
 	// keeps Efficiency 1.
 	HostShare        []HostSharePoint  `json:"host_share,omitempty"`
 	HostShareSamples []HostShareSample `json:"host_share_samples,omitempty"`
+	// RingShare says how much longer ranks take in compute when they split every
+	// sequence over a context-parallel ring of Ranks (the points' rank count is
+	// the cp degree) than the same number of ranks splitting the batch: every ring
+	// step waits for the slowest rank of the ring, and ranks sharing the cores
+	// reach the steps unevenly. A point's Efficiency multiplies such a step's
+	// compute; FitHostShare fits it to HostShareSamples with CP set, over the same
+	// model at as many data-parallel ranks. Without points the plan keeps 1.
+	RingShare []HostSharePoint `json:"ring_share,omitempty"`
 
 	idx *calIndex // the grids, built by Index
 }
@@ -333,6 +341,7 @@ type HostSharePoint struct {
 type HostShareSample struct {
 	Model    string  `json:"model"`
 	Ranks    int     `json:"ranks"`
+	CP       int     `json:"cp,omitempty"` // the ranks split every sequence over a ring of CP (= Ranks); else the batch
 	Measured float64 `json:"measured_s"`
 	Compute  float64 `json:"planned_compute_s"`
 	Comm     float64 `json:"planned_comm_s"`
@@ -344,33 +353,45 @@ type HostShareSample struct {
 // count's efficiency is the median over models of their ratio there over their
 // ratio at 1 rank (so each model's own error at one rank cancels). A model
 // without a 1-rank sample, or a non-positive ratio, is left out; a rank count no
-// model measured gets no point.
+// model measured gets no point. RingShare is fitted the same way from the
+// samples with CP set, each model's ratio over a ring of cp ranks over its ratio
+// at cp data-parallel ranks.
 func (c *Calibration) FitHostShare() {
-	c.HostShare = nil
 	type key struct {
-		model string
-		ranks int
+		model     string
+		ranks, cp int
 	}
 	ratios := map[key][]float64{}
 	for _, s := range c.HostShareSamples {
 		if s.Compute > 0 && s.Measured > s.Comm {
-			k := key{s.Model, s.Ranks}
+			k := key{s.Model, s.Ranks, max(s.CP, 1)}
 			ratios[k] = append(ratios[k], (s.Measured-s.Comm)/s.Compute)
 		}
 	}
-	by := map[int][]float64{}
+	share, ring := map[int][]float64{}, map[int][]float64{}
 	for k, rs := range ratios {
-		if k.ranks < 2 {
-			continue
-		}
-		if alone, ok := ratios[key{k.model, 1}]; ok {
-			by[k.ranks] = append(by[k.ranks], medianOf(rs)/medianOf(alone))
+		switch {
+		case k.cp > 1:
+			if dp, ok := ratios[key{k.model, k.ranks, 1}]; ok {
+				ring[k.cp] = append(ring[k.cp], medianOf(rs)/medianOf(dp))
+			}
+		case k.ranks > 1:
+			if alone, ok := ratios[key{k.model, 1, 1}]; ok {
+				share[k.ranks] = append(share[k.ranks], medianOf(rs)/medianOf(alone))
+			}
 		}
 	}
-	for ranks, effs := range by {
-		c.HostShare = append(c.HostShare, HostSharePoint{Ranks: ranks, Efficiency: medianOf(effs)})
+	c.HostShare, c.RingShare = points(share), points(ring)
+}
+
+// points are the medians of effs by rank count, in rank order.
+func points(effs map[int][]float64) []HostSharePoint {
+	var out []HostSharePoint
+	for ranks, e := range effs {
+		out = append(out, HostSharePoint{Ranks: ranks, Efficiency: medianOf(e)})
 	}
-	sort.Slice(c.HostShare, func(i, j int) bool { return c.HostShare[i].Ranks < c.HostShare[j].Ranks })
+	sort.Slice(out, func(i, j int) bool { return out[i].Ranks < out[j].Ranks })
+	return out
 }
 
 // medianOf is the median of xs (the mean of the middle two for an even count),
@@ -388,9 +409,17 @@ func medianOf(xs []float64) float64 {
 // 1 for one rank, interpolated linearly in the rank count between measured
 // points (from 1 at one rank), the largest measured point's beyond it, and 1
 // without points.
-func (c *Calibration) shareEfficiency(ranks int) float64 {
+func (c *Calibration) shareEfficiency(ranks int) float64 { return interpolate(c.HostShare, ranks) }
+
+// ringEfficiency is RingShare's factor on the compute of ranks in a
+// context-parallel ring of cp, interpolated as shareEfficiency is.
+func (c *Calibration) ringEfficiency(cp int) float64 { return interpolate(c.RingShare, cp) }
+
+// interpolate is 1 at one rank, linear in the rank count between pts (from 1 at
+// one rank), the largest point's beyond it, and 1 without points.
+func interpolate(pts []HostSharePoint, ranks int) float64 {
 	lo, elo := 1, 1.0
-	for _, p := range c.HostShare {
+	for _, p := range pts {
 		if p.Ranks <= lo {
 			continue
 		}
@@ -538,9 +567,11 @@ func ParseCalibration(b []byte) (*Calibration, error) {
 			return nil, fmt.Errorf("%s is %v: fitted figures are finite and at least 0", name, v)
 		}
 	}
-	for _, p := range c.HostShare {
-		if p.Ranks < 2 || !(p.Efficiency > 0) || math.IsInf(p.Efficiency, 0) {
-			return nil, fmt.Errorf("host_share point %+v: a rank count of at least 2 and a finite efficiency above 0", p)
+	for name, pts := range map[string][]HostSharePoint{"host_share": c.HostShare, "ring_share": c.RingShare} {
+		for _, p := range pts {
+			if p.Ranks < 2 || !(p.Efficiency > 0) || math.IsInf(p.Efficiency, 0) {
+				return nil, fmt.Errorf("%s point %+v: a rank count of at least 2 and a finite efficiency above 0", name, p)
+			}
 		}
 	}
 	for _, costs := range []map[string]Linear{c.Stream, c.Collectives} {

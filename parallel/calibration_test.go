@@ -252,16 +252,40 @@ func TestFitHostShare(t *testing.T) {
 	assert.InDelta(t, 0.75, c.shareEfficiency(8), 1e-12, "beyond the last point, the last point's")
 	assert.Equal(t, 1.0, (&Calibration{}).shareEfficiency(4), "no points: ranks divide the cores evenly")
 
+	// Rings: a model's ratio over a ring of cp ranks over its ratio at cp
+	// data-parallel ranks. a at cp 2: 1.2·1.25 over a's 1.2 at 2 ranks; b at cp 2:
+	// 0.99·1.15 over 0.99; b at cp 4: 0.63·1.5 over 0.63.
+	ring := func(model string, cp int, measured, compute, comm float64) {
+		c.HostShareSamples = append(c.HostShareSamples, HostShareSample{Model: model, Ranks: cp, CP: cp, Measured: measured, Compute: compute, Comm: comm})
+	}
+	ring("a", 2, 0.3+0.01, 0.2, 0.01)
+	ring("b", 2, 0.198*1.15, 0.2, 0)
+	ring("b", 4, 0.252*1.5, 0.4, 0)
+	ring("d", 4, 1, 0.4, 0) // no data-parallel sample of d: left out
+	c.FitHostShare()
+	require.Len(t, c.HostShare, 2, "ring samples leave the host-share fit as it was")
+	assert.InDelta(t, 1.05, c.HostShare[0].Efficiency, 1e-9)
+	assert.InDelta(t, 0.75, c.HostShare[1].Efficiency, 1e-9)
+	require.Len(t, c.RingShare, 2)
+	assert.Equal(t, 2, c.RingShare[0].Ranks)
+	assert.InDelta(t, 1.2, c.RingShare[0].Efficiency, 1e-9, "the median of 1.25 and 1.15")
+	assert.Equal(t, 4, c.RingShare[1].Ranks)
+	assert.InDelta(t, 1.5, c.RingShare[1].Efficiency, 1e-9)
+	assert.InDelta(t, 1.35, c.ringEfficiency(3), 1e-12, "halfway between cp 2 and 4")
+	assert.Equal(t, 1.0, (&Calibration{}).ringEfficiency(4), "no points: no ring cost")
+
 	// A hand-edited point that would plan a zero or negative step is refused.
-	b, err := json.Marshal(CalibrationFor("cpu"))
-	require.NoError(t, err)
-	var raw map[string]any
-	require.NoError(t, json.Unmarshal(b, &raw))
-	raw["host_share"] = []map[string]any{{"ranks": 2, "efficiency": 0}}
-	b, err = json.Marshal(raw)
-	require.NoError(t, err)
-	_, err = ParseCalibration(b)
-	require.ErrorContains(t, err, "host_share")
+	for _, key := range []string{"host_share", "ring_share"} {
+		b, err := json.Marshal(CalibrationFor("cpu"))
+		require.NoError(t, err)
+		var raw map[string]any
+		require.NoError(t, json.Unmarshal(b, &raw))
+		raw[key] = []map[string]any{{"ranks": 2, "efficiency": 0}}
+		b, err = json.Marshal(raw)
+		require.NoError(t, err)
+		_, err = ParseCalibration(b)
+		require.ErrorContains(t, err, key)
+	}
 }
 
 // TestBF16GEMMTable: a bf16 recipe's matmuls are timed from the table measured
@@ -305,4 +329,26 @@ func TestBF16GEMMTable(t *testing.T) {
 	require.NoError(t, err)
 	_, err = ParseCalibration(b)
 	require.ErrorContains(t, err, "gemm_bf16")
+}
+
+// TestRingShare: a plan under context parallelism multiplies its compute (not
+// the optimizer, not communication) by the calibration's ring efficiency at its
+// cp degree; a plan without cp is untouched.
+func TestRingShare(t *testing.T) {
+	c := *CalibrationFor("cpu")
+	c.RingShare = nil
+	with := c
+	with.RingShare = []HostSharePoint{{Ranks: 2, Efficiency: 1.2}}
+	plan := func(cal *Calibration, sets ...string) *Plan {
+		UseCalibration(cal)
+		defer ResetCalibrations()
+		return compile(t, &load(t, "../recipes/tiny.toml", sets...).Recipe)
+	}
+	cp := []string{"parallel.world_size=2", "parallel.context_parallel=2", "train.global_batch_size=16"}
+	a, b := plan(&c, cp...), plan(&with, cp...)
+	assert.InEpsilon(t, 1.2*a.ComputeS, b.ComputeS, 1e-9)
+	assert.Equal(t, a.OptimizerS, b.OptimizerS)
+	assert.Equal(t, a.ExposedCommS, b.ExposedCommS)
+	dp := []string{"parallel.world_size=2", "train.global_batch_size=32"}
+	assert.Equal(t, plan(&c, dp...).ComputeS, plan(&with, dp...).ComputeS)
 }

@@ -27,7 +27,9 @@ type StepBreakdown struct {
 // gradient norm stream over the rank's shard; collectives cost their calibrated
 // per-call and per-byte time and are not overlapped (on the CPU the copies run on
 // the cores the compute needs). Ranks sharing a host divide its throughput, at the
-// efficiency the calibration measured for that many ranks (Calibration.HostShare).
+// efficiency the calibration measured for that many ranks (Calibration.HostShare),
+// and ranks in a context-parallel ring take as much longer as the calibration
+// measured for rings of that size (Calibration.RingShare).
 func stepModel(r *config.Recipe, p *Plan, c *Calibration) StepBreakdown {
 	m := p.Mesh
 	mo := r.Model
@@ -83,6 +85,11 @@ func stepModel(r *config.Recipe, p *Plan, c *Calibration) StepBreakdown {
 	}
 	share := float64(b.HostShare) * c.shareEfficiency(b.HostShare)
 	b.GEMM, b.Attention, b.Stream, b.Optimizer = b.GEMM*share, b.Attention*share, b.Stream*share, b.Optimizer*share
+	if m.CP > 1 {
+		// A context-parallel ring's steps wait for its slowest rank.
+		ring := c.ringEfficiency(m.CP)
+		b.GEMM, b.Attention, b.Stream = b.GEMM*ring, b.Attention*ring, b.Stream*ring
+	}
 	return b
 }
 

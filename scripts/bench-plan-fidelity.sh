@@ -22,7 +22,7 @@
 # the shipped table was measured (host-adj: `plan --against --host-probe`, the
 # median over the row's runs), and the memory ratio. The plan times the CPU from `shardline calibrate`'s table
 # (docs/plan.md): the one shardline ships. The last column is the step ratio with a
-# table calibrated at the start of this script (about two minutes): the difference
+# table calibrated at the start of this script (about three minutes): the difference
 # between the two columns is how much the calibration itself moves between runs on
 # this machine. The summary line counts the rows within 15% with that table.
 set -euo pipefail
@@ -45,7 +45,7 @@ fi
 if [ -n "${FIDELITY_CALIBRATION:-}" ]; then
 	cp "$FIDELITY_CALIBRATION" "$out/calibration.json"
 else
-	echo "calibrating this machine (shardline calibrate, about two minutes)..." >&2
+	echo "calibrating this machine (shardline calibrate, about three minutes)..." >&2
 	./bin/shardline calibrate -o "$out/calibration.json" 2>/dev/null
 fi
 d6="recipes/tiny.toml --num-layers 6 --hidden-size 256 --num-attention-heads 8 --num-query-groups 8 --ffn-hidden-size 768 --seq-length 256"

@@ -37,6 +37,11 @@ type CalibrationGrid struct {
 	ShareRanks  []int
 	ShareSteps  int
 	ShareRounds int
+	// RingCP are the context-parallel degrees the ShareModels are also trained at
+	// (every sequence split over a ring of that many ranks; each degree must be
+	// among ShareRanks, whose data-parallel runs it is compared with) to fit how
+	// much longer ring steps take (Calibration.RingShare). None: no ring fit.
+	RingCP []int
 }
 
 // DefaultCalibrationGrid is the grid `shardline calibrate` measures.
@@ -51,13 +56,15 @@ var DefaultCalibrationGrid = CalibrationGrid{
 	ShareRanks:  []int{2, 4},
 	ShareSteps:  10,
 	ShareRounds: 2,
+	RingCP:      []int{2, 4},
 }
 
 // Calibrate measures the backend's kernels over grid: each matmul (with fp32 and
 // with bf16 weights), attention and memory-bound kernel of the engine, and the
 // in-process collectives; then it fits the in-step factors to whole passes of its
-// models (fp32 and bf16 weights) and the host-share efficiencies to its models
-// trained by in-process ranks. A shape is timed by the median of repeated calls
+// models (fp32 and bf16 weights), and the host-share and ring efficiencies to its
+// models trained by in-process ranks splitting the batch and by context-parallel
+// rings. A shape is timed by the median of repeated calls
 // totalling at least minTime (one call for shapes longer than that). progress, if
 // not nil, gets a line per table.
 func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, progress io.Writer) (*parallel.Calibration, error) {
@@ -183,10 +190,20 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 	if len(grid.ShareModels) > 0 {
 		say("ranks sharing the cores: %d models at 1 and %v ranks, %d rounds", len(grid.ShareModels), grid.ShareRanks, grid.ShareRounds)
 	}
+	if len(grid.RingCP) > 0 && len(grid.ShareModels) > 0 {
+		say("context-parallel rings: the same models at cp %v", grid.RingCP)
+	}
 	for round := 0; round < grid.ShareRounds; round++ {
 		for _, name := range grid.ShareModels {
 			for _, ranks := range append([]int{1}, grid.ShareRanks...) {
-				smp, err := hostShareStep(be, name, ranks, grid.ShareSteps, c)
+				smp, err := hostShareStep(be, name, ranks, 1, grid.ShareSteps, c)
+				if err != nil {
+					return nil, err
+				}
+				c.HostShareSamples = append(c.HostShareSamples, smp)
+			}
+			for _, cp := range grid.RingCP {
+				smp, err := hostShareStep(be, name, cp, cp, grid.ShareSteps, c)
 				if err != nil {
 					return nil, err
 				}
@@ -199,12 +216,14 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 }
 
 // hostShareStep trains the calibration model called name with ranks in-process
-// ranks for steps steps, each rank a micro-batch of the model's batch
-// (optim_grads_params, on a generated text in a temporary directory), and returns
-// its median step time beside what the plan under c, with its HostShare cleared,
-// puts in compute and in exposed communication for that run.
-func hostShareStep(be tensor.Backend, name string, ranks, steps int, c *parallel.Calibration) (parallel.HostShareSample, error) {
-	res, dir, err := hostShareRecipe(name, ranks, max(steps, 2))
+// ranks for steps steps, each rank a micro-batch of the model's batch, or with
+// cp > 1 the ranks splitting every sequence of one micro-batch over a
+// context-parallel ring (optim_grads_params, on a generated text in a temporary
+// directory), and returns its median step time beside what the plan under c,
+// with its HostShare and RingShare cleared, puts in compute and in exposed
+// communication for that run.
+func hostShareStep(be tensor.Backend, name string, ranks, cp, steps int, c *parallel.Calibration) (parallel.HostShareSample, error) {
+	res, dir, err := hostShareRecipe(name, ranks, cp, max(steps, 2))
 	if dir != "" {
 		defer os.RemoveAll(dir)
 	}
@@ -220,13 +239,17 @@ func hostShareStep(be tensor.Backend, name string, ranks, steps int, c *parallel
 		return parallel.HostShareSample{}, fmt.Errorf("calibrating %d ranks on %q: %w", ranks, name, err)
 	}
 	tokens := float64(res.Recipe.Train.GlobalBatchSize * res.Recipe.Model.SeqLen)
-	return parallel.HostShareSample{Model: name, Ranks: ranks, Measured: tokens / out.TokensPerS, Compute: compute, Comm: comm}, nil
+	smp := parallel.HostShareSample{Model: name, Ranks: ranks, Measured: tokens / out.TokensPerS, Compute: compute, Comm: comm}
+	if cp > 1 {
+		smp.CP = cp
+	}
+	return smp, nil
 }
 
 // hostSharePlanned is what the plan under c (HostShare cleared) puts in compute
 // and in exposed communication for hostShareStep's run.
-func hostSharePlanned(name string, ranks int, c *parallel.Calibration) (compute, comm float64, err error) {
-	res, dir, err := hostShareRecipe(name, ranks, 2)
+func hostSharePlanned(name string, ranks, cp int, c *parallel.Calibration) (compute, comm float64, err error) {
+	res, dir, err := hostShareRecipe(name, ranks, cp, 2)
 	if dir != "" {
 		defer os.RemoveAll(dir)
 	}
@@ -236,15 +259,15 @@ func hostSharePlanned(name string, ranks int, c *parallel.Calibration) (compute,
 	return planShare(&res.Recipe, c)
 }
 
-// planShare compiles r's plan timed by c with HostShare cleared, and returns its
-// compute (kernels and optimizer) and exposed communication.
+// planShare compiles r's plan timed by c with HostShare and RingShare cleared,
+// and returns its compute (kernels and optimizer) and exposed communication.
 func planShare(r *config.Recipe, c *parallel.Calibration) (compute, comm float64, err error) {
 	topo, err := parallel.TopologyOf(r.Parallel)
 	if err != nil {
 		return 0, 0, err
 	}
 	plain := *c
-	plain.HostShare = nil
+	plain.HostShare, plain.RingShare = nil, nil
 	topo.Calibration = &plain
 	plan, err := parallel.Compile(r, topo)
 	if err != nil {
@@ -253,9 +276,10 @@ func planShare(r *config.Recipe, c *parallel.Calibration) (compute, comm float64
 	return plan.ComputeS + plan.OptimizerS, plan.ExposedCommS, nil
 }
 
-// hostShareRecipe is the recipe hostShareStep trains for steps steps, with the
-// temporary directory holding its text and run directory.
-func hostShareRecipe(name string, ranks, steps int) (*config.Resolved, string, error) {
+// hostShareRecipe is the recipe hostShareStep trains for steps steps (over a
+// context-parallel ring of cp when cp > 1), with the temporary directory holding
+// its text and run directory.
+func hostShareRecipe(name string, ranks, cp, steps int) (*config.Resolved, string, error) {
 	var cm *calibrationModel
 	for i := range calibrationModels {
 		if calibrationModels[i].name == name {
@@ -286,7 +310,8 @@ func hostShareRecipe(name string, ranks, steps int) (*config.Resolved, string, e
 		fmt.Sprintf("model.kv_heads=%d", mo.Heads), fmt.Sprintf("model.ffn_hidden=%d", mo.FFNHidden), fmt.Sprintf("model.seq_len=%d", mo.SeqLen),
 		fmt.Sprintf("model.vocab_size=%d", mo.VocabSize),
 		fmt.Sprintf("train.steps=%d", steps), "train.eval_interval=0", fmt.Sprintf("train.micro_batch_size=%d", cm.batch),
-		fmt.Sprintf("train.global_batch_size=%d", cm.batch*ranks), fmt.Sprintf("parallel.world_size=%d", ranks),
+		fmt.Sprintf("train.global_batch_size=%d", cm.batch*ranks/max(cp, 1)), fmt.Sprintf("parallel.world_size=%d", ranks),
+		fmt.Sprintf("parallel.context_parallel=%d", max(cp, 1)),
 		"logging.progress=false", "run.output_dir=" + filepath.Join(dir, "runs"), "run.name=share"}
 	if e := mo.MoE.NumExperts; e > 0 {
 		sets = append(sets, fmt.Sprintf("model.moe.num_experts=%d", e), fmt.Sprintf("model.moe.top_k=%d", mo.MoE.TopK),
@@ -325,7 +350,7 @@ func Refit(c *parallel.Calibration) error {
 	for i := range c.HostShareSamples {
 		smp := &c.HostShareSamples[i]
 		var err error
-		if smp.Compute, smp.Comm, err = hostSharePlanned(smp.Model, smp.Ranks, c); err != nil {
+		if smp.Compute, smp.Comm, err = hostSharePlanned(smp.Model, smp.Ranks, smp.CP, c); err != nil {
 			return err
 		}
 	}

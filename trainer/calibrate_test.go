@@ -19,7 +19,7 @@ import (
 // inside the passes, the rest by least squares.
 func TestCalibrateSmallGrid(t *testing.T) {
 	grid := CalibrationGrid{GEMMRows: []int{16, 64}, GEMMDims: []int{16, 32}, AttnT: []int{32, 64}, AttnHD: []int{16, 32}, CollectiveSizes: []int{2},
-		ShareModels: []string{"dense 2×96, ffn 256, seq 64, vocab 128, batch 8"}, ShareRanks: []int{2}, ShareSteps: 3, ShareRounds: 1}
+		ShareModels: []string{"dense 2×96, ffn 256, seq 64, vocab 128, batch 8"}, ShareRanks: []int{2}, ShareSteps: 3, ShareRounds: 1, RingCP: []int{2}}
 	c, err := Calibrate(cpu.Backend{}, grid, time.Millisecond, nil)
 	require.NoError(t, err)
 	c.Source = "shardline calibrate test"
@@ -59,13 +59,18 @@ func TestCalibrateSmallGrid(t *testing.T) {
 	require.Contains(t, back.Collectives, parallel.CollectiveKey(parallel.SendRecv, 2))
 	require.Contains(t, back.Host, "CPUs")
 	// Ranks sharing the cores: the model trained at 1 and 2 in-process ranks, and
-	// the efficiency of 2 fitted from the two runs.
-	require.Len(t, back.HostShareSamples, 2)
+	// the efficiency of 2 fitted from the two runs; then at 2 ranks splitting each
+	// sequence over a ring, and the ring's factor fitted against the 2-rank run.
+	require.Len(t, back.HostShareSamples, 3)
 	for i, smp := range back.HostShareSamples {
-		require.Equal(t, []int{1, 2}[i], smp.Ranks)
+		require.Equal(t, []int{1, 2, 2}[i], smp.Ranks)
+		require.Equal(t, []int{0, 0, 2}[i], smp.CP)
 		require.Greater(t, smp.Measured, 0.0)
 		require.Greater(t, smp.Compute, 0.0)
 	}
+	require.Len(t, back.RingShare, 1)
+	s2, r2 := back.HostShareSamples[1], back.HostShareSamples[2]
+	require.InEpsilon(t, ((r2.Measured-r2.Comm)/r2.Compute)/((s2.Measured-s2.Comm)/s2.Compute), back.RingShare[0].Efficiency, 1e-12)
 	require.Zero(t, back.HostShareSamples[0].Comm, "one rank communicates nothing")
 	require.Greater(t, back.HostShareSamples[1].Comm, 0.0, "two ranks gather and reduce")
 	require.Len(t, back.HostShare, 1)

@@ -27,11 +27,12 @@ optimizer, the bf16 conversions of saved activations, ...) and the in-process
 collectives; then whole training passes of five small models in fp32 and in
 bf16, as a bf16 run keeps them (how kernels behave inside a step), and three of
 them trained for a few steps by 1, 2 and 4 in-process ranks (how ranks sharing
-the cores divide them). It writes them as JSON with the machine, date and
+the cores divide them) and by context-parallel rings of 2 and 4 (how long ring
+steps wait for the slowest rank). It writes them as JSON with the machine, date and
 version. The plan's per-operation time model reads them (docs/plan.md):
 shardline ships the table measured on the machine that built it; set
 calibration = "FILE" in shardline.toml (or SHARDLINE_CALIBRATION) to plan with
-your machine's. It takes about two minutes.
+your machine's. It takes about three minutes.
 
 With --refit FILE it measures nothing: it reads a calibration and redoes its
 in-step and host-share fits (the factors relating the tables to whole training
