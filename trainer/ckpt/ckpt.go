@@ -65,6 +65,26 @@ func (t *Tensor) Numel() int64 {
 	return n
 }
 
+// numel is the element count of shape, false when more elements than a file
+// can hold (a float32 per state kind each, in at most math.MaxInt64 bytes): such
+// a table is corrupt.
+func numel(shape []int) (int64, bool) {
+	most := int64(math.MaxInt64) / int64(4*len(States))
+	n := int64(1)
+	for _, d := range shape {
+		if d == 0 {
+			return 0, true
+		}
+	}
+	for _, d := range shape {
+		if int64(d) > most/n {
+			return 0, false
+		}
+		n *= int64(d)
+	}
+	return n, true
+}
+
 // Piece is elements [Start, Start+Count) of a tensor, stored in File at byte
 // Offset: Count float32 values per state kind, kinds in States order, each with
 // the CRC-32C in CRC (hex, one per kind).
@@ -176,7 +196,15 @@ func (m *Meta) check(dir string) error {
 	kinds := int64(len(States))
 	for i := range m.Tensors {
 		t := &m.Tensors[i]
-		n := t.Numel()
+		for _, d := range t.Shape {
+			if d < 0 {
+				return fmt.Errorf("tensor %s: shape %v has a negative dimension", t.Name, t.Shape)
+			}
+		}
+		n, ok := numel(t.Shape)
+		if !ok {
+			return fmt.Errorf("tensor %s: shape %v has more elements than a file can hold", t.Name, t.Shape)
+		}
 		ps := append([]Piece(nil), t.Pieces...)
 		sort.Slice(ps, func(a, b int) bool { return ps[a].Start < ps[b].Start })
 		var next int64
@@ -187,7 +215,7 @@ func (m *Meta) check(dir string) error {
 				return fmt.Errorf("tensor %s: piece in unknown file %q", t.Name, p.File)
 			case p.Start != next || p.Count <= 0:
 				return fmt.Errorf("tensor %s: pieces do not cover it exactly once (a piece starts at element %d, expected %d)", t.Name, p.Start, next)
-			case p.Offset < 0 || p.Offset+4*kinds*p.Count > fsz:
+			case p.Offset < 0 || p.Offset > fsz || p.Count > (fsz-p.Offset)/(4*kinds):
 				return fmt.Errorf("tensor %s: piece at byte %d of %s runs past the file's %d bytes", t.Name, p.Offset, p.File, fsz)
 			case len(p.CRC) != len(States):
 				return fmt.Errorf("tensor %s: piece at byte %d of %s has %d checksums, want %d", t.Name, p.Offset, p.File, len(p.CRC), len(States))
