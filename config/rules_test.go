@@ -87,6 +87,8 @@ var ruleCases = []ruleCase{
 	{name: "nccl ub with double buffer off", src: okData + "[fsdp]\nuse_nccl_ub = true\nfsdp_double_buffer = false\n", code: "SL106", loc: "x.toml:5:1"},
 	{name: "run name leaves the output directory", src: okData + "[run]\nname = \"../../etc\"\n", code: "SL009", sev: SevError, loc: "x.toml:4:1", msg: "must be one directory name: it holds a path separator"},
 	{name: "checkpoints kept but none written", src: okData + "[checkpoint]\nkeep_last = 3\n", code: "SL114", sev: SevNote, loc: "x.toml:4:1", msg: "so there are none to keep"},
+	{name: "selective under flash attention", src: okData + "[activation_checkpoint]\nmode = \"selective\"\n[model]\nseq_len = 512\n", code: "SL114", sev: SevNote, loc: "x.toml:4:1", msg: "selective would train exactly as none"},
+	{name: "selective under context parallelism", src: okData + "[activation_checkpoint]\nmode = \"selective\"\n[parallel]\nworld_size = 2\ncontext_parallel = 2\n", code: "SL114", sev: SevNote, loc: "x.toml:4:1", msg: "keeps none"},
 	{name: "nccl ub implies double buffer", src: okData + "[fsdp]\nuse_nccl_ub = true\n", code: "SL106", sev: SevNote, loc: "x.toml:4:1", msg: "turns fsdp.fsdp_double_buffer on"},
 	{name: "nccl ub with expandable segments", src: okData + "[fsdp]\nuse_nccl_ub = true\n[parallel]\ncuda_expandable_segments = true\n", code: "SL107", loc: "x.toml:6:1"},
 	{name: "nccl ub with alloc conf", src: okData + "[fsdp]\nuse_nccl_ub = true\n[parallel]\ndevice = \"cuda\"\n",

@@ -100,6 +100,9 @@ func suggestFits(r *config.Recipe, topo Topology, p *Plan) string {
 		c := *r
 		c.FSDP.FSDPUnitModules = append([]string(nil), r.FSDP.FSDPUnitModules...)
 		v.apply(&c)
+		if refusesMore(r, &c) {
+			continue // a change shardline run would refuse is no way out
+		}
 		if c.Train.GlobalBatchSize%(c.Train.MicroBatchSize*max(1, topo.WorldSize/(c.Parallel.TensorParallel*c.Parallel.ContextParallel*c.Parallel.PipelineParallel))) != 0 {
 			continue
 		}
@@ -128,4 +131,19 @@ func suggestFits(r *config.Recipe, topo Topology, p *Plan) string {
 		parts = append(parts, fmt.Sprintf("%s (%s)", x.desc, FormatBytes(x.total)))
 	}
 	return fmt.Sprintf("%s: %s; or more ranks or a larger device", lead, strings.Join(parts, "; "))
+}
+
+// refusesMore says whether shardline run refuses a setting of c that it does not
+// refuse in r (config.NotExecuted).
+func refusesMore(r, c *config.Recipe) bool {
+	before := map[string]bool{}
+	for _, u := range config.NotExecuted(r) {
+		before[u.Key] = true
+	}
+	for _, u := range config.NotExecuted(c) {
+		if !before[u.Key] {
+			return true
+		}
+	}
+	return false
 }

@@ -266,6 +266,16 @@ func TestCheck(t *testing.T) {
 	assert.Contains(t, ds[0].Message, "logits")
 	assert.Contains(t, ds[0].Help, `activation_checkpoint.mode = "full"`)
 
+	// A change run would refuse is not suggested: selective recompute where the
+	// CPU runs flash attention (it would train exactly as none).
+	res, diags = config.Load("../recipes/tiny.toml", config.Options{Sets: []string{"model.seq_len=512"}})
+	require.False(t, diags.HasErrors(), "%v", diags)
+	sel, full := res.Recipe, res.Recipe
+	sel.ActivationCheckpoint.Mode, full.ActivationCheckpoint.Mode = "selective", "full"
+	assert.True(t, refusesMore(&res.Recipe, &sel))
+	assert.False(t, refusesMore(&res.Recipe, &full))
+	assert.False(t, refusesMore(&sel, &sel), "a setting the recipe already has is no new refusal")
+
 	// Cannot compile: vocabulary not divisible by tp.
 	res, diags = config.Load("../recipes/tiny.toml", config.Options{Sets: []string{"model.vocab_size=257", "parallel.world_size=2", "parallel.tensor_parallel=2"}})
 	require.False(t, diags.HasErrors(), "%v", diags)

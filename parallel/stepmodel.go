@@ -213,7 +213,9 @@ func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, call
 			lg, la, ls = lg+fg, la+fa, ls+fs
 			gb += fgb
 		case "selective":
-			la += fa
+			if !flash { // flash attention keeps no probabilities: nothing to remake
+				la += fa
+			}
 		}
 		if sh.Stash {
 			// bf16 stores (trainer/model/stash.go): the layer's input is rounded in
