@@ -1,14 +1,5 @@
 package config
 
-// CPUFlashAttentionFrom is the sequence length from which the CPU trainer runs
-// flash attention (each row's log-sum-exp kept, the probabilities remade in
-// backward: memory linear in T) instead of keeping the (T,T) probabilities for
-// backward, which are faster below it (forward and backward, 2026-11-24: kept
-// probabilities 1.3x faster at 128 tokens and 1.14x at 256; level at 512 and 1024,
-// flash 0.94-1.05x; flash faster from 2048). The plan's memory model and the model
-// both read it.
-const CPUFlashAttentionFrom = 512
-
 // GPUHeadChunk is the vocabulary columns (or, in training, the whole rows that fit
 // in as many values) the GPU engine's output head makes at a time; the plan's
 // memory model of one-GPU runs reads it too.

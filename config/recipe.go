@@ -274,9 +274,9 @@ type Precision struct {
 // ActivationCheckpoint configures activation recomputation.
 type ActivationCheckpoint struct {
 	// none keeps every activation; selective recomputes the attention
-	// probabilities (run refuses it where the CPU runs flash attention, from 512
-	// tokens and under context parallelism, which keeps none); full keeps only
-	// each layer's input and recomputes the layer in backward.
+	// probabilities (Megatron's; run refuses it on the CPU, whose flash attention
+	// keeps none); full keeps only each layer's input and recomputes the layer in
+	// backward.
 	Mode string `toml:"mode" enum:"none,selective,full" flag:"recompute-granularity"`
 }
 

@@ -33,12 +33,11 @@ func NotExecuted(r *Recipe) []Unexecuted {
 	tp := p.TensorParallel != 1
 	add(tp && gpu, "parallel.tensor_parallel", "cuda runs train on one GPU so far (tensor parallelism runs on the CPU)", `set tensor_parallel = 1, or device = "cpu"`)
 	add(gpu && p.ContextParallel != 1, "parallel.context_parallel", "cuda runs train on one GPU so far (context parallelism runs on the CPU)", `set context_parallel = 1, or device = "cpu"`)
-	// selective recomputes the attention probabilities; the CPU's flash attention
-	// (from CPUFlashAttentionFrom tokens, and ring attention under context
-	// parallelism) keeps none, so it would train exactly as none does.
-	flash := r.Model.SeqLen >= CPUFlashAttentionFrom || p.ContextParallel > 1
-	add(!gpu && flash && r.ActivationCheckpoint.Mode == "selective", "activation_checkpoint.mode",
-		fmt.Sprintf("selective recomputes the attention probabilities, and the CPU's flash attention (seq_len ≥ %d, or context parallelism) keeps none, only each row's log-sum-exp: selective would train exactly as none", CPUFlashAttentionFrom),
+	// selective recomputes the attention probabilities (Megatron's core
+	// attention); the CPU's flash attention keeps none, so it would train exactly
+	// as none does.
+	add(!gpu && r.ActivationCheckpoint.Mode == "selective", "activation_checkpoint.mode",
+		"selective recomputes the attention probabilities, and the CPU's flash attention keeps none, only each row's log-sum-exp: selective would train exactly as none",
 		`set mode = "none" (the same memory), or "full" to save memory`)
 	add(p.ExpertTensorParallel != 1, "parallel.expert_tensor_parallel", "the trainer splits experts over ranks, not within an expert", "set it to 1 and raise parallel.expert_parallel instead")
 	add(c.CkptFormat != "fsdp_dtensor" && c.Saves(), "checkpoint.ckpt_format", "shardline writes sharded checkpoints laid out as fsdp_dtensor's (each tensor's pieces at their global offsets); torch_dist and torch files are not written", `set ckpt_format = "fsdp_dtensor"`)

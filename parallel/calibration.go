@@ -102,8 +102,10 @@ type Calibration struct {
 	// measured before 2026-11-24 lack it, and plan bf16 runs' matmuls from GEMM.
 	GEMMBF16   []GEMMPoint `json:"gemm_bf16,omitempty"`
 	BF16Matmul string      `json:"bf16_matmul,omitempty"`
-	// Attention is causal attention forward and backward at (T, head size), for the
-	// plain kernel (Flash false) and the flash kernel.
+	// Attention is flash attention forward and backward at (T, head size), causal
+	// and (Full) without the mask. Tables measured before 2026-11-25 also hold the
+	// materialised kernel's points (Flash false), which the engine no longer runs:
+	// the plan reads only the flash points.
 	Attention []AttentionPoint `json:"attention"`
 	// Stream is the memory-bound kernels: seconds per call plus seconds per element.
 	Stream map[string]Linear `json:"stream"`
@@ -168,7 +170,7 @@ type Calibration struct {
 // calIndex is the tables arranged for lookup.
 type calIndex struct {
 	gemm [2]gemmIndex // fp32 weights, bf16 weights
-	attn [3]attnIndex // plain, flash, flash without the causal mask
+	attn [2]attnIndex // flash, flash without the causal mask
 }
 
 type gemmIndex struct {
@@ -193,10 +195,10 @@ func (c *Calibration) Index() {
 		}
 		x.gemm[i] = g
 	}
-	for i, kind := range [][2]bool{{false, false}, {true, false}, {true, true}} {
+	for i, full := range []bool{false, true} {
 		var pts []AttentionPoint
 		for _, p := range c.Attention {
-			if p.Flash == kind[0] && p.Full == kind[1] {
+			if p.Flash && p.Full == full {
 				pts = append(pts, p)
 			}
 		}
@@ -465,8 +467,8 @@ type GEMMPoint struct {
 }
 
 // AttentionPoint is causal attention over one (batch, head) pair of length T and
-// head size HD: seconds per (batch, head), forward and backward. Full marks the
-// flash kernel without the causal mask (T queries over T keys that all precede
+// head size HD: seconds per (batch, head), forward and backward. Flash marks the
+// flash kernel (the plan reads only its points); Full marks it without the causal mask (T queries over T keys that all precede
 // them: the off-diagonal blocks of context parallelism's ring); tables measured
 // before 2026-11-24 lack it, and a full block is then timed as two causal ones.
 type AttentionPoint struct {
@@ -537,8 +539,8 @@ func ParseCalibration(b []byte) (*Calibration, error) {
 	switch {
 	case c.Profile == "" || c.Date == "" || c.Source == "":
 		return nil, fmt.Errorf("a calibration names its profile, date and source")
-	case len(c.GEMM) == 0 || len(c.Attention) == 0:
-		return nil, fmt.Errorf("a calibration has GEMM and attention measurements")
+	case len(c.GEMM) == 0 || !slices.ContainsFunc(c.Attention, func(p AttentionPoint) bool { return p.Flash && !p.Full }):
+		return nil, fmt.Errorf("a calibration has GEMM and (causal, flash) attention measurements")
 	}
 	for _, k := range StreamKinds {
 		if _, ok := c.Stream[k]; !ok {
@@ -637,25 +639,22 @@ func (c *Calibration) gemmTimeOf(bf16 bool, m, k, n int, bwd bool) float64 {
 	return flops / math.Exp(logRate)
 }
 
-// attentionTime predicts causal attention over bh (batch, head) pairs of length t
-// and head size hd: seconds per pair interpolated in log2 of t and hd (per-pair
-// time scaled by the measured rate, which holds T²·HD work), clamped at the grid.
-func (c *Calibration) attentionTime(flash bool, bh, t, hd int, bwd bool) float64 {
-	kind := 0
-	if flash {
-		kind = 1
-	}
-	return c.attentionKindTime(kind, bh, t, hd, bwd)
+// attentionTime predicts causal flash attention over bh (batch, head) pairs of
+// length t and head size hd: seconds per pair interpolated in log2 of t and hd
+// (per-pair time scaled by the measured rate, which holds T²·HD work), clamped at
+// the grid.
+func (c *Calibration) attentionTime(bh, t, hd int, bwd bool) float64 {
+	return c.attentionKindTime(0, bh, t, hd, bwd)
 }
 
 // attentionFullTime is attentionTime for the flash kernel without the causal
 // mask (t queries over t keys that all precede them), from its own table, or as
 // two causal blocks from a table without one.
 func (c *Calibration) attentionFullTime(bh, t, hd int, bwd bool) float64 {
-	if len(c.index().attn[2].ts) == 0 {
-		return 2 * c.attentionTime(true, bh, t, hd, bwd)
+	if len(c.index().attn[1].ts) == 0 {
+		return 2 * c.attentionTime(bh, t, hd, bwd)
 	}
-	return c.attentionKindTime(2, bh, t, hd, bwd)
+	return c.attentionKindTime(1, bh, t, hd, bwd)
 }
 
 // attentionKindTime is attentionTime over the table of kind (calIndex.attn).

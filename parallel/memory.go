@@ -144,8 +144,8 @@ func tokensOf(r *config.Recipe, m Mesh) tokens {
 // Models", §4, adapted to Llama: RMSNorm, SwiGLU, GQA, no dropout):
 //
 //	attention block: norm input, norm output, q, attention output: 4·t·h; k, v: 2·t·g·d
-//	attention probabilities (CPU only; GPUs run flash attention): heads·t·seq,
-//	  dropped by selective recompute
+//	flash attention's log-sum-exps: heads·t (fp32; counted on the CPU, whose
+//	  engine is the one measured against the plan); no (T,T) probabilities
 //	dense MLP: norm input and output 2·t·h; w1 and w3 outputs and the SwiGLU
 //	  product 3·t·f
 //	MoE: norm input and output 2·t·h; router logits and probabilities 2·t·E (fp32;
@@ -175,27 +175,18 @@ func activationBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
 	tp := int64(m.TP)
 	mode := r.ActivationCheckpoint.Mode
 	attn := 2*t.local*h + 2*t.local*int64(mo.Heads)*dh + 2*t.local*g*dh // resid, norm; q, output; k, v
-	// The CPU attention keeps, per layer, either its (T,T) probabilities or, from
-	// config.CPUFlashAttentionFrom tokens on and under context parallelism, each
-	// row's log-sum-exp. Under full
-	// recompute one layer's worth is shared (refilled before each layer's
-	// backward); selective recompute remakes the probabilities into a shared slot
-	// and keeps the log-sum-exps per layer.
+	// The CPU's flash attention keeps each row's log-sum-exp (fp32), per layer,
+	// or one layer's worth under full recompute (refilled before each layer's
+	// backward). No (T,T) probabilities exist.
 	var stats int64
 	cpu := r.Parallel.Device == "cpu"
-	flash := mo.SeqLen >= config.CPUFlashAttentionFrom || m.CP > 1 // ring attention is flash attention
-	switch {
-	case cpu && !flash:
-		stats = int64(mo.Heads) * t.local * t.context
-	case cpu:
+	if cpu {
 		stats = int64(mo.Heads) * t.local
 	}
-	perLayerStats := mode == "none" || (mode == "selective" && flash)
-	var keptStats, f32Stats int64 // per layer: probabilities in the activation dtype, log-sum-exps in fp32
-	if perLayerStats && flash {
+	perLayerStats := mode != "full"
+	var f32Stats int64 // per layer: log-sum-exps in fp32
+	if perLayerStats {
 		f32Stats = stats
-	} else if perLayerStats {
-		keptStats = stats
 	}
 	ef := int64(mo.MoE.ExpertFFNHidden)
 	dense := 2*t.local*h + 3*t.local*f // the MLP's norm input and output; w1, w3 outputs, SwiGLU
@@ -220,9 +211,9 @@ func activationBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
 	// kept and f32: a layer's elements in the activation dtype and in fp32.
 	perLayer := func(l int) (kept, f32 int64) {
 		if !mo.IsMoELayer(l) {
-			return (attn + keptStats + dense) / tp, f32Stats / tp
+			return (attn + dense) / tp, f32Stats / tp
 		}
-		return (attn + keptStats + moe) / tp, (f32Stats + router) / tp
+		return (attn + moe) / tp, (f32Stats + router) / tp
 	}
 	var keptSum, f32Sum, worst int64 // worst: the largest layer, in bytes at the activation dtype
 	anyDense, anyMoE := false, false
@@ -240,7 +231,7 @@ func activationBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
 	case mode == "full":
 		bytes = inputs*d.act + worst
 	case d.kept != d.act:
-		work := attn + t.local*h + keptStats
+		work := attn + t.local*h
 		if anyDense {
 			work += dense
 		}
@@ -252,7 +243,7 @@ func activationBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
 		bytes = keptSum*d.act + f32Sum*4
 	}
 	if !perLayerStats {
-		bytes += stats / tp * d.act // one shared slot (the CPU's: F buffers)
+		bytes += stats / tp * 4 // one shared slot of log-sum-exps (fp32)
 	}
 	if anyMoE {
 		bytes += sent * d.act

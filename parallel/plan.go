@@ -148,8 +148,8 @@ func (p *Plan) memory(r *config.Recipe, d dtypes) {
 // plus causal attention's 2·seq·w per layer, w = heads·head size, the attention
 // width (hidden unless head_dim decouples it) (QKᵀ and PV, each 2·seq·w, halved by the
 // causal mask). A step is 3× forward (backward is twice forward); full recompute
-// adds a forward of the layers, selective the attention part (not where the CPU
-// runs flash attention, which keeps nothing to remake). Compute time is the
+// adds a forward of the layers, selective the attention part (not on the CPU,
+// whose flash attention keeps nothing to remake). Compute time is the
 // executed FLOPs of one rank (all ranks share the work evenly) over the achievable
 // throughput. Communication on tp/cp/ep/etp is exposed; FSDP's overlappable part
 // hides behind compute, except what exceeds it.
@@ -176,9 +176,9 @@ func (p *Plan) timing(r *config.Recipe) {
 	case "full":
 		exec += fwd
 	case "selective":
-		// The attention core again, except where the CPU runs flash attention,
-		// which keeps no probabilities to remake (and run refuses selective).
-		if r.Parallel.Device != "cpu" || (mo.SeqLen < config.CPUFlashAttentionFrom && r.Parallel.ContextParallel == 1) {
+		// The attention core again (Megatron's); the CPU's flash attention keeps
+		// no probabilities to remake, and run refuses selective there.
+		if r.Parallel.Device != "cpu" {
 			exec += attn
 		}
 	}

@@ -81,13 +81,13 @@ func TestTinyByHand(t *testing.T) {
 	p := compile(t, &res.Recipe)
 	const (
 		V, H, F, L, heads, seq, mb = 256, 128, 384, 4, 4, 128, 16
-		embed                      = V * H                                      // 32,768
-		layer                      = 2*H + 4*H*H + 3*H*F                        // norms + q,k,v,o + w1,w3,w2 = 213,248
-		output                     = H + V*H                                    // final norm + head = 32,896
-		total                      = embed + L*layer + output                   // 918,656
-		shard                      = total / 4                                  // every buffer is a multiple of 4·16: no padding
-		tokens                     = mb * seq                                   // 2,048 tokens per micro-batch
-		attn                       = 4*tokens*H + 2*tokens*H + heads*tokens*seq // incl. CPU attention probabilities
+		embed                      = V * H                    // 32,768
+		layer                      = 2*H + 4*H*H + 3*H*F      // norms + q,k,v,o + w1,w3,w2 = 213,248
+		output                     = H + V*H                  // final norm + head = 32,896
+		total                      = embed + L*layer + output // 918,656
+		shard                      = total / 4                // every buffer is a multiple of 4·16: no padding
+		tokens                     = mb * seq                 // 2,048 tokens per micro-batch
+		attn                       = 4*tokens*H + 2*tokens*H
 		mlp                        = 2*tokens*H + 3*tokens*F
 	)
 	assert.EqualValues(t, total, p.ParamsTotal)
@@ -109,7 +109,7 @@ func TestTinyByHand(t *testing.T) {
 	assert.EqualValues(t, 2*layer*4, m.GatheredUnits, "prefetch: two gathered layers")
 	assert.EqualValues(t, 2*layer*4, m.GradReduceBuffers, "overlap_grad_reduce: two unit grad buffers")
 	assert.Equal(t, UnitBuffers{Largest: layer, Gather: 2 * layer, Reduce: 2 * layer, GatherSlot: layer, ReduceSlot: layer}, p.Buffers)
-	assert.EqualValues(t, (L*(attn+mlp)+2*tokens*H)*4+(2*L+1)*tokens*4, m.Activations, "and the norms' reciprocal RMS per row")
+	assert.EqualValues(t, (L*(attn+mlp)+2*tokens*H)*4+(2*L+1)*tokens*4+L*heads*tokens*4, m.Activations, "and the norms' reciprocal RMS per row, and flash attention's log-sum-exps")
 	assert.EqualValues(t, tokens*V*(4+4)+tokens*4, m.Logits, "logits, probabilities, token losses")
 	assert.EqualValues(t, 0, m.MoEDispatch)
 	assert.Equal(t, m.Weights+m.Grads+m.OptimizerState+m.GatheredUnits+m.GradReduceBuffers+m.Activations+m.Logits, m.Total)
@@ -433,12 +433,13 @@ func TestEngineDtypes(t *testing.T) {
 	assert.Equal(t, fp32.GatheredUnits/2, cpu.GatheredUnits)
 	assert.Equal(t, fp32.Grads, cpu.Grads)
 	assert.Equal(t, fp32.GradReduceBuffers, cpu.GradReduceBuffers)
-	// tiny, per token: a layer keeps 2688 values (attention 768, probabilities 4·128,
-	// MLP 1408), the final norm 256, the norms' reciprocal RMS 9 (fp32 in both).
-	// fp32: 4·2688·4 + 256·4 + 9·4 = 44068 bytes. bf16: four layers' stores
-	// 4·2688·2, the work set (one layer and a second residual buffer, 2816
-	// values) ·4, the final norm ·4, the reciprocal RMS ·4: 33828 bytes.
-	assert.Equal(t, fp32.Activations/44068*33828, cpu.Activations)
+	// tiny, per token: a layer keeps 2176 values (attention 768, MLP 1408) and
+	// flash attention's 4 log-sum-exps, the final norm 256, the norms' reciprocal
+	// RMS 9 (log-sum-exps and reciprocal RMS fp32 in both). fp32: 4·2176·4 +
+	// 256·4 + 9·4 + 4·4·4 = 35940 bytes. bf16: four layers' stores 4·2176·2, the
+	// work set (one layer and a second residual buffer, 2304 values) ·4, the
+	// final norm ·4, the reciprocal RMS and log-sum-exps ·4: 27748 bytes.
+	assert.Equal(t, fp32.Activations/35940*27748, cpu.Activations)
 	assert.Equal(t, fp32.Logits, cpu.Logits)
 	gpu := mem("parallel.device=\"cuda\"", "precision.bf16=true", "fsdp.grad_reduce_in_bf16=true")
 	gpu32 := mem("parallel.device=\"cuda\"")

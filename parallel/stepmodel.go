@@ -17,8 +17,7 @@ type StepBreakdown struct {
 
 // stepModel predicts one rank's step on a calibrated device from the operations the
 // engine runs (trainer/model: per layer RMSNorm, the q/k/v projections, RoPE,
-// causal attention — the plain kernel below config.CPUFlashAttentionFrom tokens,
-// flash above —, the output projection, RMSNorm, the SwiGLU MLP or the MoE layer's
+// causal flash attention, the output projection, RMSNorm, the SwiGLU MLP or the MoE layer's
 // router, dispatch, experts and combine; the embedding, the final norm, the output
 // head and cross-entropy; each with its backward; recomputation as it repeats
 // work), each timed by the calibration at its shape: matmuls by the throughput
@@ -117,7 +116,6 @@ func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, call
 	NH, NKV := mo.Heads/sh.TP, mo.EffectiveKVHeads()/sh.TP
 	Q, KV := NH*HD, NKV*HD
 	FF, V := mo.FFNHidden/sh.TP, mo.VocabSize/sh.TP
-	flash := mo.SeqLen >= config.CPUFlashAttentionFrom || sh.CP > 1
 	// calls counts the kernels launched, for the per-call cost a step adds (workers
 	// woken for each kernel); each helper counts its own.
 	// A product's operands: forward reads x (rows,k) and W (n,k) and writes
@@ -134,8 +132,8 @@ func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, call
 		return c.gemmTimeOf(sh.BF16, rows, k, n, false)
 	}
 	stream := func(kind string, n float64) float64 { calls++; return c.stream(kind, n) }
-	attnFwd := c.attentionTime(flash, B*NH, T, HD, false)
-	attnBwd := c.attentionTime(flash, B*NH, T, HD, true)
+	attnFwd := c.attentionTime(B*NH, T, HD, false)
+	attnBwd := c.attentionTime(B*NH, T, HD, true)
 	attnCalls := 2.0
 	if P := sh.CP; P > 1 {
 		// Ring attention (trainer/model/cp.go): the rank's two chunks of T/2 queries
@@ -146,8 +144,8 @@ func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, call
 		// it (P times, 2·B·T·KV values: dK and dV of the rank's tokens) and the
 		// accumulator home into dK and dV.
 		half, pairs := T/2, float64(2*P+1)
-		attnFwd = 2*c.attentionTime(true, B*NH, half, HD, false) + float64(2*P-1)*c.attentionFullTime(B*NH, half, HD, false)
-		attnBwd = 2*c.attentionTime(true, B*NH, half, HD, true) + float64(2*P-1)*c.attentionFullTime(B*NH, half, HD, true)
+		attnFwd = 2*c.attentionTime(B*NH, half, HD, false) + float64(2*P-1)*c.attentionFullTime(B*NH, half, HD, false)
+		attnBwd = 2*c.attentionTime(B*NH, half, HD, true) + float64(2*P-1)*c.attentionFullTime(B*NH, half, HD, true)
 		attnFwd += pairs * c.stream(StreamAttnMerge, float64(B*half*Q))
 		attnBwd += float64(P)*c.stream(StreamAdd, float64(2*B*T*KV)) + 2*c.stream(StreamAdd, float64(B*T*KV))
 		attnCalls = 2*pairs + pairs + float64(P) + 2
@@ -208,14 +206,9 @@ func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, call
 			ls += stream(StreamSwiGLU, float64(BT*FF)) + stream(StreamSwiGLUBwd, float64(BT*FF))
 			fs += c.stream(StreamSwiGLU, float64(BT*FF))
 		}
-		switch sh.Mode {
-		case "full":
+		if sh.Mode == "full" { // (flash attention leaves selective nothing to remake)
 			lg, la, ls = lg+fg, la+fa, ls+fs
 			gb += fgb
-		case "selective":
-			if !flash { // flash attention keeps no probabilities: nothing to remake
-				la += fa
-			}
 		}
 		if sh.Stash {
 			// bf16 stores (trainer/model/stash.go): the layer's input is rounded in
@@ -223,24 +216,17 @@ func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, call
 			// full recompute remakes them, what the layer keeps goes into its stores
 			// once, one call each, and comes back before the backward, except what
 			// the products read from the stores (without tensor parallelism: the
-			// normed inputs of a dense layer, its SwiGLU product, and the attention
-			// output where attention's backward does not read it; the experts'
-			// inputs and SwiGLU products).
+			// normed inputs of a dense layer and its SwiGLU product; the experts'
+			// inputs and SwiGLU products; the attention output comes back, for
+			// attention's backward reads it).
 			ls += stream(StreamToBF16, float64(R*C)) + 2*stream(StreamFromBF16, float64(R*C))
 			if sh.Mode != "full" {
 				moe := mo.MoE.NumExperts > 0 && (l+1)%mo.MoE.LayerFreq == 0
 				kept := 3*R*C + BT*(2*Q+2*KV) // norms' outputs, mid; q, attention output; k, v
 				slots := 7
-				if !flash && sh.Mode == "none" {
-					kept += B * NH * T * T // the kept probabilities
-					slots++
-				}
 				var direct, directSlots int
 				if sh.TP == 1 {
 					direct, directSlots = R*C, 1 // the attention's normed input
-					if !flash {
-						direct, directSlots = direct+BT*Q, directSlots+1
-					}
 				}
 				if moe {
 					EF := mo.MoE.ExpertFFNHidden / sh.ETP

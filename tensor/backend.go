@@ -45,12 +45,10 @@ type Kernels[F Float] interface {
 	Rope(x, cos, sin []F, s RopeShape)
 	RopeBackward(dx, cos, sin []F, s RopeShape)
 
-	// Attention keeps the (B,NH,T,T) probabilities in att for backward; it takes
-	// the square causal case of s (T = Tq = Tk, no offsets).
-	Attention(out, att, q, k, v []F, s AttentionShape)
-	AttentionBackward(dq, dk, dv, dout, att, q, k, v []F, s AttentionShape)
 	// FlashAttention keeps only out and each row's log-sum-exp lse (B,NH,Tq), no
 	// (T,T) probabilities; FlashAttentionBackward remakes them block by block.
+	// It is the only attention the kernel set has: no (T,T) buffer exists at any
+	// sequence length.
 	FlashAttention(out, lse, q, k, v []F, s AttentionShape)
 	FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v []F, s AttentionShape)
 

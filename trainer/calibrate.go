@@ -104,31 +104,21 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 			}
 		}
 	}
-	// Attention, causal, one (batch, head) pair scaled up to enough work to time.
-	say("attention: %d shapes, plain, flash, and flash without the causal mask", 3*len(grid.AttnT)*len(grid.AttnHD))
-	for _, kind := range [][2]bool{{false, false}, {true, false}, {true, true}} {
-		flash, full := kind[0], kind[1]
+	// Flash attention (the engine's only attention), causal and without the mask,
+	// one (batch, head) pair scaled up to enough work to time.
+	say("attention: %d shapes, flash with and without the causal mask", 2*len(grid.AttnT)*len(grid.AttnHD))
+	for _, full := range []bool{false, true} {
 		for _, t := range grid.AttnT {
 			for _, hd := range grid.AttnHD {
 				bh := max(1, min(64, (1<<22)/(t*t*hd/16+1)))
-				if !flash && t*t*bh > 1<<26 {
-					bh = max(1, (1<<26)/(t*t)) // the plain kernel holds (B·NH, T, T) probabilities
-				}
 				q, k, v := filled(bh*t*hd), filled(bh*t*hd), filled(bh*t*hd)
 				out, dout := make([]float32, bh*t*hd), filled(bh*t*hd)
 				dq, dk, dv := make([]float32, bh*t*hd), make([]float32, bh*t*hd), make([]float32, bh*t*hd)
-				var fwd, bwd float64
+				lse := make([]float32, bh*t)
 				s := tensor.AttentionShape{B: bh, Tq: t, Tk: t, NH: 1, NKV: 1, HD: hd, Causal: !full}
-				if flash {
-					lse := make([]float32, bh*t)
-					fwd = timeIt(func() { be.FlashAttention(out, lse, q, k, v, s) })
-					bwd = timeIt(func() { be.FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, s) })
-				} else {
-					att := make([]float32, bh*t*t)
-					fwd = timeIt(func() { be.Attention(out, att, q, k, v, s) })
-					bwd = timeIt(func() { be.AttentionBackward(dq, dk, dv, dout, att, q, k, v, s) })
-				}
-				c.Attention = append(c.Attention, parallel.AttentionPoint{Flash: flash, Full: full, T: t, HD: hd, Fwd: fwd / float64(bh), Bwd: bwd / float64(bh)})
+				fwd := timeIt(func() { be.FlashAttention(out, lse, q, k, v, s) })
+				bwd := timeIt(func() { be.FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, s) })
+				c.Attention = append(c.Attention, parallel.AttentionPoint{Flash: true, Full: full, T: t, HD: hd, Fwd: fwd / float64(bh), Bwd: bwd / float64(bh)})
 			}
 		}
 	}
@@ -438,7 +428,7 @@ func stepTime(be tensor.Backend, cfg config.Model, batch int, minTime time.Durat
 }
 
 // kernelTimed is a backend that adds up the time its matmuls take, and apart the
-// time attention takes (either kernel, forward and backward).
+// time attention takes (forward and backward).
 type kernelTimed struct {
 	tensor.Backend
 	gemm, attn time.Duration
@@ -454,18 +444,6 @@ func (b *kernelTimed) MatmulBackward(dinp, dweight, dout []float32, inp, weight 
 	t0 := time.Now()
 	b.Backend.MatmulBackward(dinp, dweight, dout, inp, weight, s, acc)
 	b.gemm += time.Since(t0)
-}
-
-func (b *kernelTimed) Attention(out, att, q, k, v []float32, s tensor.AttentionShape) {
-	t0 := time.Now()
-	b.Backend.Attention(out, att, q, k, v, s)
-	b.attn += time.Since(t0)
-}
-
-func (b *kernelTimed) AttentionBackward(dq, dk, dv, dout, att, q, k, v []float32, s tensor.AttentionShape) {
-	t0 := time.Now()
-	b.Backend.AttentionBackward(dq, dk, dv, dout, att, q, k, v, s)
-	b.attn += time.Since(t0)
 }
 
 func (b *kernelTimed) FlashAttention(out, lse, q, k, v []float32, s tensor.AttentionShape) {

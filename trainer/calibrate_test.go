@@ -2,6 +2,7 @@ package trainer
 
 import (
 	"encoding/json"
+	"os"
 	"slices"
 	"testing"
 	"time"
@@ -30,11 +31,11 @@ func TestCalibrateSmallGrid(t *testing.T) {
 	require.Len(t, back.GEMM, 8)
 	require.Len(t, back.GEMMBF16, 8, "the same grid with bf16 weights")
 	require.Contains(t, []string{"dot", "widened"}, back.BF16Matmul)
-	require.Len(t, back.Attention, 12, "plain, flash, and flash without the causal mask")
+	require.Len(t, back.Attention, 8, "flash, with and without the causal mask")
 	full := 0
 	for _, p := range back.Attention {
+		require.True(t, p.Flash, "flash attention is the engine's only attention")
 		if p.Full {
-			require.True(t, p.Flash, "only the flash kernel runs full blocks (context parallelism's ring)")
 			full++
 		}
 	}
@@ -84,8 +85,12 @@ func TestCalibrateSmallGrid(t *testing.T) {
 // a refit wrote) and fits the matmuls' traffic term; a sample of a model
 // Calibrate does not time is refused by name.
 func TestRefit(t *testing.T) {
-	shipped := parallel.CalibrationFor("cpu")
-	b, err := json.Marshal(shipped)
+	// The AMD table: measured by this version's calibrate (the Intel default
+	// predates flash attention at every length, so its fits are not this
+	// version's fixed point).
+	b, err := os.ReadFile("../parallel/calibration/cpu-amd-epyc.json")
+	require.NoError(t, err)
+	shipped, err := parallel.ParseCalibration(b)
 	require.NoError(t, err)
 	c, err := parallel.ParseCalibration(b)
 	require.NoError(t, err)

@@ -386,7 +386,7 @@ func TestDoubleBufferAndTiedUnits(t *testing.T) {
 	}
 }
 
-// TestRecompute: full and selective recomputation train bit-identical losses and
+// TestRecompute: full recomputation trains bit-identical losses and
 // weights to keeping every activation (the recomputed values are the same
 // computation), hold less activation memory, and match the plan within 10%.
 func TestRecompute(t *testing.T) {
@@ -395,7 +395,7 @@ func TestRecompute(t *testing.T) {
 	ref, _ := tinyRun(t, base...)
 	refLoss, refW := trained(t, ref)
 	var none int64
-	for _, mode := range []string{"none", "selective", "full"} {
+	for _, mode := range []string{"none", "full"} {
 		res, _ := tinyRun(t, append(base, "activation_checkpoint.mode="+mode)...)
 		out, err := Run(context.Background(), res, opts())
 		require.NoError(t, err)
@@ -548,7 +548,7 @@ func TestContextParallelEquivalence(t *testing.T) {
 // the plan's prediction: activations within 1% and logits within 2% (T/cp tokens
 // of each sequence; ring attention keeps log-sum-exps, not probabilities; the
 // plan leaves out the per-token norm statistics and losses, 0.4% and 1.6% here
-// at every cp), the whole within 10%; activations halve from cp 2 to cp 4.
+// at every cp), the whole within 10%; activations halve with each doubling of cp.
 func TestContextParallelMemory(t *testing.T) {
 	acts := map[int]int64{}
 	for _, cp := range []int{1, 2, 4} {
@@ -564,7 +564,7 @@ func TestContextParallelMemory(t *testing.T) {
 		acts[cp] = h.Activations
 	}
 	assert.Equal(t, acts[2]/2, acts[4], "activations from cp 2 to 4")
-	assert.Less(t, acts[2], acts[1]/2, "cp 2 holds less than half of one rank's activations (no T×T probabilities)")
+	assert.Equal(t, acts[1]/2, acts[2], "cp 2 holds half of one rank's activations (flash attention at every cp: nothing grows with T²)")
 	t.Logf("activations per rank: %v", acts)
 }
 

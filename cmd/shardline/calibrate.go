@@ -20,8 +20,8 @@ func (a *app) calibrateCmd() *cobra.Command {
 		Use:   "calibrate [-o FILE]",
 		Short: "Measure this machine's kernels for the plan's time model",
 		Long: `Calibrate times the CPU engine's own kernels on this machine: matmuls forward and
-backward over a grid of shapes (fp32, and bf16 weights and inputs), causal
-attention (the plain and the flash kernel) by sequence length and head size, the
+backward over a grid of shapes (fp32, and bf16 weights and inputs), flash
+attention (causal, and unmasked as ring blocks) by sequence length and head size, the
 memory-bound kernels (norms, RoPE, SwiGLU, embedding, cross-entropy, the
 optimizer, the bf16 conversions of saved activations, ...) and the in-process
 collectives; then whole training passes of five small models in fp32 and in

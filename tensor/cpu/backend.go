@@ -48,12 +48,6 @@ func (Kernels[F]) RopeTables(cos, sin []F, T int, inv []float64) {
 }
 func (Kernels[F]) Rope(x, cos, sin []F, s tensor.RopeShape)          { Rope(x, cos, sin, s) }
 func (Kernels[F]) RopeBackward(dx, cos, sin []F, s tensor.RopeShape) { RopeBackward(dx, cos, sin, s) }
-func (Kernels[F]) Attention(out, att, q, k, v []F, s tensor.AttentionShape) {
-	Attention(out, att, q, k, v, s)
-}
-func (Kernels[F]) AttentionBackward(dq, dk, dv, dout, att, q, k, v []F, s tensor.AttentionShape) {
-	AttentionBackward(dq, dk, dv, dout, att, q, k, v, s)
-}
 func (Kernels[F]) FlashAttention(out, lse, q, k, v []F, s tensor.AttentionShape) {
 	FlashAttention(out, lse, q, k, v, s)
 }

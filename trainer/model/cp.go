@@ -117,7 +117,6 @@ func (m *Model[F]) setupCP(cp ContextParallel, T int) error {
 	}
 	m.cp = &cpState[F]{ContextParallel: cp, requests: make(chan ringStep, 1), exchanged: make(chan error, 1)}
 	m.T = T / cp.Size
-	m.flash = true // queries attend to keys held elsewhere: offsets need flash attention
 	return nil
 }
 

@@ -24,9 +24,8 @@ type params[S any] struct {
 
 // acts are the activations of one forward pass kept for backward. Shapes per layer:
 // (BT,C) for residuals and norms, (BT,NH·HD) for q and the attention output,
-// (BT,NKV·HD) for k and v, (B,NH,T,T) for attention probabilities or, with flash
-// attention, (B,NH,T) for their rows' log-sum-exps, (BT,F) for the MLP's gate, up
-// and product.
+// (BT,NKV·HD) for k and v, (B,NH,T) for flash attention's rows' log-sum-exps (no
+// (T,T) probabilities exist), (BT,F) for the MLP's gate, up and product.
 type acts[F tensor.Float] struct {
 	resid, ln1, q, k, v, att, atty, mid, ln2, gate, up, sw [][]F
 	rstd1, rstd2                                           [][]F
@@ -49,8 +48,7 @@ type Model[F tensor.Float] struct {
 	gptr      []*[]F
 	embedIdx  int // table index of embed.weight
 	hooks     Hooks
-	recompute string // none, selective or full
-	flash     bool   // flash attention (T ≥ config.CPUFlashAttentionFrom): acts.att holds log-sum-exps
+	recompute string // none or full
 	ep        ExpertParallel
 	cp        *cpState[F] // nil without context parallelism
 	tp        *tpState[F] // nil without tensor parallelism
@@ -75,7 +73,6 @@ type options struct {
 	ep        *ExpertParallel
 	cp        *ContextParallel
 	tp        *TensorParallel
-	flash     *bool // tests: flash attention at any T
 	bf16Acts  bool
 }
 
@@ -96,12 +93,10 @@ type ExpertParallel struct {
 func WithExpertParallel(ep ExpertParallel) Option { return func(o *options) { o.ep = &ep } }
 
 // WithRecompute sets activation recomputation: "none" keeps every activation;
-// "selective" keeps every activation but the attention probabilities, which one
-// shared slot holds and backward remakes layer by layer (Megatron's selective
-// recomputation of the attention core; with flash attention there is nothing to
-// remake, and each layer keeps its log-sum-exps); "full" keeps only each layer's
-// input and recomputes the whole layer in backward (one set of intermediates
-// serves every layer).
+// "full" keeps only each layer's input and recomputes the whole layer in backward
+// (one set of intermediates serves every layer). There is no "selective"
+// (Megatron's recomputation of the attention core): flash attention keeps no
+// probabilities to remake, only each row's log-sum-exp.
 func WithRecompute(mode string) Option { return func(o *options) { o.recompute = mode } }
 
 // New binds a model to its parameter and gradient views: weights[i] and grads[i]
@@ -115,19 +110,16 @@ func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights []ten
 	if T > cfg.SeqLen {
 		return nil, fmt.Errorf("model: sequence of %d tokens is longer than model.seq_len (%d)", T, cfg.SeqLen)
 	}
-	m := &Model[F]{Cfg: cfg, B: B, T: T, be: be, flash: T >= config.CPUFlashAttentionFrom}
+	m := &Model[F]{Cfg: cfg, B: B, T: T, be: be}
 	o := options{recompute: "none"}
 	for _, f := range opt {
 		f(&o)
 	}
-	if o.flash != nil {
-		m.flash = *o.flash
-	}
 	switch o.recompute {
-	case "none", "selective", "full":
+	case "none", "full":
 		m.recompute = o.recompute
 	default:
-		return nil, fmt.Errorf("model: recompute mode %q is not none, selective or full", o.recompute)
+		return nil, fmt.Errorf("model: recompute mode %q is not none or full (flash attention leaves selective nothing to remake)", o.recompute)
 	}
 	if o.cp != nil && o.cp.Size > 1 {
 		if err := m.setupCP(*o.cp, T); err != nil {
@@ -365,14 +357,7 @@ func (m *Model[F]) alloc() {
 	a.ln1, a.mid, a.ln2 = per(R*C), per(R*C), per(R*C)
 	a.q, a.atty = per(BT*NH*HD), per(BT*NH*HD)
 	a.k, a.v = per(BT*NKV*HD), per(BT*NKV*HD)
-	switch {
-	case m.flash:
-		a.att = stats(m.B * NH * m.T) // log-sum-exps: remade only with the whole layer
-	case m.recompute == "none":
-		a.att = per(m.B * NH * m.T * m.T)
-	default:
-		a.att = shared(m.B * NH * m.T * m.T) // recomputed before each layer's backward
-	}
+	a.att = stats(m.B * NH * m.T) // log-sum-exps: remade only with the whole layer
 	a.gate, a.up, a.sw = per(BT*FF), per(BT*FF), per(BT*FF)
 	a.moe = make([]*moeActs[F], L)
 	var moeSlot *moeActs[F]
@@ -575,13 +560,10 @@ func (m *Model[F]) layerForward(l int, x, next []F) {
 		be.Rope(a.q[l], m.cos, m.sin, tensor.RopeShape{B: m.B, T: m.T, NH: NH, HD: HD})
 		be.Rope(a.k[l], m.cos, m.sin, tensor.RopeShape{B: m.B, T: m.T, NH: NKV, HD: HD})
 	}
-	switch {
-	case m.cp != nil:
+	if m.cp != nil {
 		m.ringAttention(a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l])
-	case m.flash:
+	} else {
 		be.FlashAttention(a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.attnShape())
-	default:
-		be.Attention(a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.attnShape())
 	}
 	copy(a.mid[l], x)
 	m.rowParallel(a.mid[l], m.input(l, inAtty, a.atty[l], true), lw.wo, NH*HD) // mid = x + attention
@@ -637,8 +619,7 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 		if m.st != nil {
 			m.unpack(l, a.resid[l])
 		}
-		switch m.recompute {
-		case "full":
+		if m.recompute == "full" {
 			// Rebuild the layer's intermediates from its saved input. Writing its
 			// output again is harmless: the next layer's backward has run.
 			next := a.final
@@ -646,10 +627,6 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 				next = a.resid[l+1]
 			}
 			m.layerForward(l, a.resid[l], next)
-		case "selective":
-			if !m.flash { // flash attention kept its log-sum-exps: nothing to remake
-				be.Attention(a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.attnShape())
-			}
 		}
 		lw, lg := w.layers[l], g.layers[l]
 		if lw.moe != nil {
@@ -673,13 +650,10 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 		clear(s.dq)
 		clear(s.dk)
 		clear(s.dv)
-		switch {
-		case m.cp != nil:
+		if m.cp != nil {
 			m.ringAttentionBackward(s.dq, s.dk, s.dv, s.datty, a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l])
-		case m.flash:
+		} else {
 			be.FlashAttentionBackward(s.dq, s.dk, s.dv, s.datty, a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.attnShape())
-		default:
-			be.AttentionBackward(s.dq, s.dk, s.dv, s.datty, a.att[l], a.q[l], a.k[l], a.v[l], m.attnShape())
 		}
 		if m.cp != nil {
 			m.rope(s.dq, NH, true)

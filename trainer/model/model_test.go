@@ -48,25 +48,22 @@ func TestModelGradient(t *testing.T) {
 	type gradCase struct {
 		cfg       config.Model
 		recompute string
-		flash     bool
 	}
+	// Attention is flash attention throughout (the engine's only kernel).
 	cases := map[string]gradCase{
-		"dense": {tinyConfig(false), "none", false}, "tied": {tinyConfig(true), "none", false},
+		"dense": {tinyConfig(false), "none"}, "tied": {tinyConfig(true), "none"},
 		// MoE with shared experts; MoE every other layer; a capacity that drops copies.
-		"moe": {tinyMoE(1, 0, 1), "none", false}, "moe-interleaved": {tinyMoE(0, 0, 2), "none", false}, "moe-capacity": {tinyMoE(0, 0.6, 1), "none", false},
+		"moe": {tinyMoE(1, 0, 1), "none"}, "moe-interleaved": {tinyMoE(0, 0, 2), "none"}, "moe-capacity": {tinyMoE(0, 0.6, 1), "none"},
 		// Recompute must not change a single gradient.
-		"full-recompute": {tinyConfig(false), "full", false}, "selective-recompute": {tinyConfig(true), "selective", false},
-		"moe-full-recompute": {tinyMoE(1, 0, 2), "full", false},
-		// Flash attention (the CPU runs it from config.CPUFlashAttentionFrom tokens).
-		"flash": {tinyConfig(false), "none", true}, "flash-selective": {tinyConfig(true), "selective", true},
-		"flash-moe-full": {tinyMoE(1, 0, 2), "full", true},
+		"full-recompute": {tinyConfig(false), "full"}, "tied-full-recompute": {tinyConfig(true), "full"},
+		"moe-full-recompute": {tinyMoE(1, 0, 2), "full"},
 		// A head size other than hidden/heads (Megatron's --kv-channels).
-		"head-dim": {headDim(tinyConfig(false), 6), "none", false}, "head-dim-flash": {headDim(tinyConfig(true), 6), "none", true},
+		"head-dim": {headDim(tinyConfig(false), 6), "none"}, "tied-head-dim": {headDim(tinyConfig(true), 6), "none"},
 	}
 	for name, tc := range cases {
 		cfg, tied := tc.cfg, name
 		B, T := 2, 5
-		m, w, g, table := build[float64](t, cfg, B, T, WithRecompute(tc.recompute), withFlash(tc.flash))
+		m, w, g, table := build[float64](t, cfg, B, T, WithRecompute(tc.recompute))
 		tokens := []int32{1, 4, 2, 9, 0, 3, 3, 10, 5, 6}
 		targets := []int32{4, 2, 9, 0, 7, 3, 10, -1, 6, 1}
 		// The objective Backward(scale = 1/n) differentiates: the mean token loss plus
@@ -99,33 +96,6 @@ func TestModelGradient(t *testing.T) {
 // headDim sets model.head_dim (the attention width heads·head_dim then differs from
 // hidden).
 func headDim(m config.Model, d int) config.Model { m.HeadDim = d; return m }
-
-// withFlash sets whether the model runs flash attention, whatever its T.
-func withFlash(on bool) Option { return func(o *options) { o.flash = &on } }
-
-// TestFlashEqualsMaterialised: the model's loss and every gradient are the same
-// with flash attention as with the kept probabilities (float64, 1e-12: only the
-// summation order differs).
-func TestFlashEqualsMaterialised(t *testing.T) {
-	cfg := tinyConfig(false)
-	B, T := 2, 5
-	tokens := []int32{1, 4, 2, 9, 0, 3, 3, 10, 5, 6}
-	targets := []int32{4, 2, 9, 0, 7, 3, 10, -1, 6, 1}
-	var losses []float64
-	var grads [][][]float64
-	for _, flash := range []bool{false, true} {
-		m, _, g, _ := build[float64](t, cfg, B, T, withFlash(flash))
-		s, n := m.Forward(tokens, targets)
-		m.Backward(tokens, targets, 1/float64(n))
-		losses, grads = append(losses, s), append(grads, g)
-	}
-	require.InDelta(t, losses[0], losses[1], 1e-12*math.Abs(losses[0]))
-	for i := range grads[0] {
-		for j := range grads[0][i] {
-			require.InDelta(t, grads[0][i][j], grads[1][i][j], 1e-12*(1+math.Abs(grads[0][i][j])), "parameter %d[%d]", i, j)
-		}
-	}
-}
 
 // TestShardedInitEqualsFull: initialising any slice of a parameter alone gives the
 // same bits as the same slice of a full initialisation.
@@ -196,7 +166,7 @@ func TestInitStatistics(t *testing.T) {
 // TestBF16Weights: a model bound to bf16 weight views computes exactly what the
 // same model computes on the fp32 widening of those weights (every kernel widens
 // exactly, then runs as for fp32), for the loss and every gradient: dense, tied,
-// MoE with shared experts, flash attention and full recompute. On the bf16
+// MoE with shared experts and full recompute. On the bf16
 // dot-product path (cpu.BF16Dot: the matmuls that read a weight round their other
 // operand to bf16, as on a GPU) the loss stays within 0.1% of the widened
 // model's and every gradient within 6% (relative L2 norm) of its gradient:
@@ -209,8 +179,8 @@ func TestBF16Weights(t *testing.T) {
 		opts []Option
 	}{
 		"dense": {cfg: tinyConfig(false)}, "tied": {cfg: tinyConfig(true)},
-		"moe":        {cfg: tinyMoE(1, 0, 1)},
-		"flash-full": {cfg: tinyMoE(1, 0, 2), opts: []Option{WithRecompute("full"), withFlash(true)}},
+		"moe":      {cfg: tinyMoE(1, 0, 1)},
+		"moe-full": {cfg: tinyMoE(1, 0, 2), opts: []Option{WithRecompute("full")}},
 	}
 	for name, tc := range cases {
 		table, err := parallel.ParamTable(tc.cfg, 1, 1)

@@ -95,7 +95,7 @@ func (m *Model[F]) allocStash() {
 		// The products read their inputs from the stores, except under tensor
 		// parallelism (the normed inputs are gathered) and in an MoE layer's
 		// block (its input is dispatched). Backward widens the attention output
-		// all the same where attention's backward reads it (flash, the ring).
+		// all the same: attention's backward reads it (flash, the ring).
 		direct := m.tp == nil
 		for which, w := range [numInputs]*[]F{inLn1: &a.ln1[l], inAtty: &a.atty[l], inLn2: &a.ln2[l], inSw: &a.sw[l]} {
 			if len(*w) == 0 {
@@ -104,13 +104,10 @@ func (m *Model[F]) allocStash() {
 			d := direct && !(which == inLn2 && a.moe[l] != nil)
 			s.keep(l, w)
 			sl := &s.slots[l][len(s.slots[l])-1]
-			sl.early, sl.direct = d, d && !(which == inAtty && (m.flash || m.cp != nil))
+			sl.early, sl.direct = d, d && which != inAtty
 			if d {
 				s.in[l][which] = sl.store
 			}
-		}
-		if !m.flash && m.recompute == "none" {
-			s.keep(l, &a.att[l]) // the attention probabilities
 		}
 		if ma := a.moe[l]; ma != nil {
 			for _, w := range ma.kept() {

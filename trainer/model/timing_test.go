@@ -25,13 +25,13 @@ func (k timed) MatmulBackward(dinp, dweight, dout []float32, inp, weight tensor.
 	defer k.rec("MatmulBackward", time.Now())
 	k.Backend.MatmulBackward(dinp, dweight, dout, inp, weight, s, acc)
 }
-func (k timed) Attention(out, att, q, kk, v []float32, s tensor.AttentionShape) {
-	defer k.rec("Attention", time.Now())
-	k.Backend.Attention(out, att, q, kk, v, s)
+func (k timed) FlashAttention(out, lse, q, kk, v []float32, s tensor.AttentionShape) {
+	defer k.rec("FlashAttention", time.Now())
+	k.Backend.FlashAttention(out, lse, q, kk, v, s)
 }
-func (k timed) AttentionBackward(dq, dk, dv, dout, att, q, kk, v []float32, s tensor.AttentionShape) {
-	defer k.rec("AttentionBackward", time.Now())
-	k.Backend.AttentionBackward(dq, dk, dv, dout, att, q, kk, v, s)
+func (k timed) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, kk, v []float32, s tensor.AttentionShape) {
+	defer k.rec("FlashAttentionBackward", time.Now())
+	k.Backend.FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, kk, v, s)
 }
 func (k timed) SwiGLU(out, g, u []float32, n int) {
 	defer k.rec("SwiGLU", time.Now())
