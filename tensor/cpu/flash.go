@@ -116,7 +116,7 @@ func (j *flashJob[F]) rows(c, lo, hi int) {
 					}
 				}
 			}
-			gemm(gb, false, false, nr, HD, nc, S, nc, vv[j0*ks:], ks, 1, acc, HD)
+			gemmTri(gb, diagonal(s, i0, j0), false, false, nr, HD, nc, S, nc, vv[j0*ks:], ks, 1, acc, HD)
 		}
 		for r := 0; r < nr; r++ {
 			o := j.out[(b*s.Tq+i0+r)*qs+h*HD : (b*s.Tq+i0+r)*qs+h*HD+HD]
@@ -166,17 +166,40 @@ func (j *flashJob[F]) backward(c, lo, hi int) {
 						expInPlace(row[:live])
 						clear(row[live:])
 					}
-					gemm(gb, true, false, nc, HD, nr, P, nc, doh, qs, 1, dvv[j0*ks:], ks) // dV += Pᵀ·dO
-					gemm(gb, false, true, nr, nc, HD, doh, qs, vv[j0*ks:], ks, 0, dP, nc) // dP = dO·Vᵀ
+					tri := diagonal(s, i0, j0)                                                                // P and dS: lower triangular on the diagonal
+					gemmTri(gb, transposed(tri), true, false, nc, HD, nr, P, nc, doh, qs, 1, dvv[j0*ks:], ks) // dV += Pᵀ·dO
+					gemm(gb, false, true, nr, nc, HD, doh, qs, vv[j0*ks:], ks, 0, dP, nc)                     // dP = dO·Vᵀ
 					for r := 0; r < nr; r++ {
 						dsoftmax(dP[r*nc:(r+1)*nc], P[r*nc:(r+1)*nc], D[r], scale) // dS (0 where P is)
 					}
-					gemm(gb, false, false, nr, HD, nc, dP, nc, kk[j0*ks:], ks, 1, dqh, qs) // dQ += dS·K
-					gemm(gb, true, false, nc, HD, nr, dP, nc, qh, qs, 1, dkk[j0*ks:], ks)  // dK += dSᵀ·Q
+					gemmTri(gb, tri, false, false, nr, HD, nc, dP, nc, kk[j0*ks:], ks, 1, dqh, qs)            // dQ += dS·K
+					gemmTri(gb, transposed(tri), true, false, nc, HD, nr, dP, nc, qh, qs, 1, dkk[j0*ks:], ks) // dK += dSᵀ·Q
 				}
 			}
 		}
 	}
+}
+
+// diagonal is lower for a causal block whose first query and first key sit at
+// the same position (the diagonal block: row r sees keys 0..r, so P, and dS,
+// are zero above the diagonal and the products that read them skip those zeros,
+// as the materialised kernel does), full otherwise.
+func diagonal(s tensor.AttentionShape, i0, j0 int) triangle {
+	if s.Causal && s.QOff+i0 == s.KOff+j0 {
+		return lower
+	}
+	return full
+}
+
+// transposed is what tri says of a matrix once transposed.
+func transposed(tri triangle) triangle {
+	switch tri {
+	case lower:
+		return upper
+	case upper:
+		return lower
+	}
+	return full
 }
 
 // maxScan is the largest value of x (not empty) by one scan; not the builtin

@@ -160,7 +160,7 @@ func toF64(x []float32) []float64 {
 // forward and backward, at the tiny recipe's head shape (4 heads of 32) for
 // several sequence lengths (B·T = 8192 tokens each).
 func BenchmarkAttention(b *testing.B) {
-	for _, T := range []int{128, 256, 512, 1024, 2048} {
+	for _, T := range []int{64, 128, 256, 512, 1024, 2048} {
 		s := tensor.AttentionShape{B: 8192 / T, Tq: T, Tk: T, NH: 4, NKV: 4, HD: 32, Causal: true}
 		n := s.B * T * s.NH * s.HD
 		r := rand.New(rand.NewSource(1))
