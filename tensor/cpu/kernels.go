@@ -263,10 +263,17 @@ func (j *rmsNormBackJob[F]) rows(c, lo, hi int) {
 		d, dx, dw := d[:len(x)], dx[:len(x)], dw[:len(x)]
 		r := j.rstd[i]
 		k := dot3(d, weight, x) / F(C) * r * r * r
-		for c, xc := range x {
-			dx[c] += r*d[c]*weight[c] - xc*k
-			dw[c] += d[c] * xc * r
-		}
+		rmsBackRow(dx, dw, d, weight, x, r, k)
+	}
+}
+
+// rmsBackRowScalar is one row of RMSNorm's backward: dx[c] += r·d[c]·w[c] −
+// x[c]·k and dw[c] += d[c]·x[c]·r.
+func rmsBackRowScalar[F Float](dx, dw, d, w, x []F, r, k F) {
+	dx, dw, d, w = dx[:len(x)], dw[:len(x)], d[:len(x)], w[:len(x)]
+	for c, xc := range x {
+		dx[c] += r*d[c]*w[c] - xc*k
+		dw[c] += d[c] * xc * r
 	}
 }
 
@@ -437,11 +444,15 @@ func (j *swigluJob[F]) rows(_, lo, hi int) {
 		m := min(len(s), hi-b)
 		g := gate[b : b+m]
 		sigmoid(s[:m], g)
-		o, u := out[b:b+m], up[b:b+m]
-		o, u = o[:len(g)], u[:len(g)]
-		for i, x := range g {
-			o[i] = x * s[i] * u[i]
-		}
+		swigluRow(out[b:b+m], g, up[b:b+m], s[:m])
+	}
+}
+
+// swigluRowScalar sets o[i] = g[i]·s[i]·u[i] (s = σ(g)): SwiGLU's product.
+func swigluRowScalar[F Float](o, g, u, s []F) {
+	o, u, s = o[:len(g)], u[:len(g)], s[:len(g)]
+	for i, x := range g {
+		o[i] = x * s[i] * u[i]
 	}
 }
 
@@ -466,21 +477,26 @@ func (j *swigluBackJob[F]) rows(_, lo, hi int) {
 		m := min(len(sg), hi-b)
 		g := gate[b : b+m]
 		sigmoid(sg[:m], g)
-		dg, du, do, u := dgate[b:b+m], dup[b:b+m], dout[b:b+m], up[b:b+m]
-		dg, du, do, u = dg[:len(g)], du[:len(g)], do[:len(g)], u[:len(g)]
-		if !j.accumulate {
-			for i, x := range g {
-				s := sg[i]
-				dg[i] = do[i] * u[i] * s * (1 + x*(1-s))
-				du[i] = do[i] * x * s
-			}
-			continue
-		}
+		swigluBackRow(dgate[b:b+m], dup[b:b+m], dout[b:b+m], g, up[b:b+m], sg[:m], j.accumulate)
+	}
+}
+
+// swigluBackRowScalar sets dg[i] = do[i]·u[i]·s[i]·(1 + g[i]·(1 − s[i])) and
+// du[i] = do[i]·g[i]·s[i] (s = σ(g)), or adds them with acc.
+func swigluBackRowScalar[F Float](dg, du, do, g, u, s []F, acc bool) {
+	dg, du, do, u, s = dg[:len(g)], du[:len(g)], do[:len(g)], u[:len(g)], s[:len(g)]
+	if !acc {
 		for i, x := range g {
-			s := sg[i]
-			dg[i] += do[i] * u[i] * s * (1 + x*(1-s))
-			du[i] += do[i] * x * s
+			s := s[i]
+			dg[i] = do[i] * u[i] * s * (1 + x*(1-s))
+			du[i] = do[i] * x * s
 		}
+		return
+	}
+	for i, x := range g {
+		s := s[i]
+		dg[i] += do[i] * u[i] * s * (1 + x*(1-s))
+		du[i] += do[i] * x * s
 	}
 }
 
