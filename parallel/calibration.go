@@ -548,44 +548,57 @@ func ParseCalibration(b []byte) (*Calibration, error) {
 		}
 	}
 	for _, p := range append(slices.Clone(c.GEMM), c.GEMMBF16...) {
-		if p.M < 1 || p.K < 1 || p.N < 1 || !(p.Fwd > 0) || !(p.Bwd > 0) {
-			return nil, fmt.Errorf("GEMM point %+v: shapes and times must be positive", p)
+		if !shape(p.M) || !shape(p.K) || !shape(p.N) || !measured(p.Fwd) || !measured(p.Bwd) {
+			return nil, fmt.Errorf("GEMM point %+v: %s", p, plausible)
 		}
 	}
 	if len(c.GEMMBF16) > 0 && len(c.GEMMBF16) != len(c.GEMM) {
 		return nil, fmt.Errorf("gemm_bf16 has %d points and gemm %d: a calibration measures both over one grid", len(c.GEMMBF16), len(c.GEMM))
 	}
 	for _, p := range c.Attention {
-		if p.T < 1 || p.HD < 1 || !(p.Fwd > 0) || !(p.Bwd > 0) {
-			return nil, fmt.Errorf("attention point %+v: shapes and times must be positive", p)
+		if !shape(p.T) || !shape(p.HD) || !measured(p.Fwd) || !measured(p.Bwd) {
+			return nil, fmt.Errorf("attention point %+v: %s", p, plausible)
 		}
 	}
 	// The fitted figures scale or add to times: a negative one (a hand-edited
-	// file) would plan negative steps. 0 means not fitted.
+	// file) would plan negative steps, a huge one infinite steps. 0 means not
+	// fitted.
 	for name, v := range map[string]float64{"in_step_factor": c.InStep, "per_call_s": c.PerCall, "in_step_gemm_factor": c.InStepGEMM,
 		"in_step_gemm_s_per_byte": c.InStepGEMMPerByte, "in_step_attention_factor": c.InStepAttention,
 		"in_step_gemm_bf16_factor": c.InStepGEMMBF16, "in_step_gemm_bf16_s_per_byte": c.InStepGEMMPerByteBF16} {
-		if !(v >= 0) || math.IsInf(v, 0) {
-			return nil, fmt.Errorf("%s is %v: fitted figures are finite and at least 0", name, v)
+		if !(v >= 0 && v <= maxFigure) {
+			return nil, fmt.Errorf("%s is %v: fitted figures lie in [0, %g]", name, v, maxFigure)
 		}
 	}
 	for name, pts := range map[string][]HostSharePoint{"host_share": c.HostShare, "ring_share": c.RingShare} {
 		for _, p := range pts {
-			if p.Ranks < 2 || !(p.Efficiency > 0) || math.IsInf(p.Efficiency, 0) {
-				return nil, fmt.Errorf("%s point %+v: a rank count of at least 2 and a finite efficiency above 0", name, p)
+			if p.Ranks < 2 || p.Ranks > 1<<20 || !(p.Efficiency > 0 && p.Efficiency <= maxFigure) {
+				return nil, fmt.Errorf("%s point %+v: a rank count from 2 to 2^20 and an efficiency in (0, %g]", name, p, maxFigure)
 			}
 		}
 	}
 	for _, costs := range []map[string]Linear{c.Stream, c.Collectives} {
 		for k, l := range costs {
-			if !(l.Fixed >= 0) || !(l.PerUnit >= 0) || math.IsInf(l.Fixed+l.PerUnit, 0) {
-				return nil, fmt.Errorf("cost %s %+v: seconds per call and per unit are finite and at least 0", k, l)
+			if !(l.Fixed >= 0 && l.Fixed <= maxFigure) || !(l.PerUnit >= 0 && l.PerUnit <= maxFigure) {
+				return nil, fmt.Errorf("cost %s %+v: seconds per call and per unit lie in [0, %g]", k, l, maxFigure)
 			}
 		}
 	}
 	c.Index()
 	return &c, nil
 }
+
+// What ParseCalibration takes as plausible: a measured kernel call between a
+// picosecond and maxFigure seconds, at a shape of 1 to 2^24 in each dimension;
+// fitted factors, costs and efficiencies up to maxFigure. Beyond these a
+// hand-edited or corrupt table would plan zero or infinite steps.
+const (
+	maxFigure = 1e3
+	plausible = "shapes lie in [1, 2^24] and times in [1e-12, 1000] seconds"
+)
+
+func measured(s float64) bool { return s >= 1e-12 && s <= maxFigure }
+func shape(n int) bool        { return n >= 1 && n <= 1<<24 }
 
 // gemmTime predicts Matmul (bwd false) or MatmulBackward at (m, k, n) with fp32
 // weights: the measured throughput (FLOP/s) interpolated between the grid's

@@ -47,6 +47,25 @@ func TestShippedCalibration(t *testing.T) {
 	b, _ = json.Marshal(raw)
 	_, err = ParseCalibration(b)
 	require.ErrorContains(t, err, "cost adamw")
+	// Implausibly large figures would plan infinite steps (a GEMM point of 1e308
+	// seconds did), and zero or denormal times infinite throughputs: refused.
+	for name, edit := range map[string]func(raw map[string]any){
+		"huge gemm time": func(raw map[string]any) { raw["gemm"].([]any)[0].(map[string]any)["Fwd"] = 1e308 },
+		"zero attention": func(raw map[string]any) { raw["attention"].([]any)[0].(map[string]any)["Bwd"] = 0 },
+		"denormal time":  func(raw map[string]any) { raw["gemm"].([]any)[0].(map[string]any)["Bwd"] = 5e-324 },
+		"huge shape":     func(raw map[string]any) { raw["gemm"].([]any)[0].(map[string]any)["M"] = 1 << 40 },
+		"huge factor":    func(raw map[string]any) { raw["in_step_factor"] = 1e9 },
+		"huge cost": func(raw map[string]any) {
+			raw["stream"].(map[string]any)[StreamAdamW] = map[string]any{"fixed_s": 1e300}
+		},
+		"huge share": func(raw map[string]any) { raw["host_share"] = []any{map[string]any{"ranks": 2, "efficiency": 1e300}} },
+	} {
+		require.NoError(t, json.Unmarshal(shippedCPU, &raw))
+		edit(raw)
+		b, _ = json.Marshal(raw)
+		_, err = ParseCalibration(b)
+		require.Error(t, err, name)
+	}
 
 	// Every shipped table parses and names its machine; one measured on this
 	// machine's kind of CPU stands in for the default.

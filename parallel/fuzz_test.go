@@ -1,7 +1,9 @@
 package parallel
 
 import (
+	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"testing"
@@ -57,6 +59,67 @@ func FuzzLoadLintPlan(f *testing.F) {
 		}
 		if p != nil && (p.Memory.Total < 0 || p.ParamsTotal < 0) {
 			t.Fatalf("negative sizes (an overflow): memory %d, parameters %d", p.Memory.Total, p.ParamsTotal)
+		}
+	})
+}
+
+// FuzzParseCalibration: any bytes given as a calibration file (the calibration
+// setting, SHARDLINE_CALIBRATION) are refused with an error, or plan a dense, an
+// MoE, a bf16 and a context-parallel recipe with a finite, non-negative step time:
+// never a panic, a hang, NaN or a negative time. Seeds: the shipped tables and a
+// minimal one.
+func FuzzParseCalibration(f *testing.F) {
+	files, _ := filepath.Glob("calibration/*.json")
+	for _, p := range files {
+		if b, err := os.ReadFile(p); err == nil {
+			f.Add(b)
+		}
+	}
+	// The smallest table ParseCalibration takes: one point of each grid.
+	if c := CalibrationFor("cpu"); c != nil {
+		small := Calibration{Profile: c.Profile, Date: c.Date, Source: c.Source, GEMM: c.GEMM[:1], Stream: c.Stream,
+			Attention: []AttentionPoint{{Flash: true, T: 16, HD: 16, Fwd: 1e-6, Bwd: 2e-6}}}
+		if b, err := json.Marshal(&small); err == nil {
+			if _, err := ParseCalibration(b); err != nil {
+				f.Fatalf("the minimal seed is refused: %v", err)
+			}
+			f.Add(b)
+		}
+	}
+	recipes := []*config.Recipe{
+		&load(f, "../recipes/tiny.toml").Recipe,
+		&load(f, "../recipes/moe-tiny.toml", "parallel.world_size=2", "parallel.expert_parallel=2", "train.global_batch_size=32").Recipe,
+		&load(f, "../recipes/tiny.toml", "precision.bf16=true", "parallel.world_size=2", "parallel.context_parallel=2").Recipe,
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		done := make(chan struct{})
+		defer close(done)
+		go func() {
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				panic("HANG planning with a fuzzed calibration")
+			}
+		}()
+		c, err := ParseCalibration(b)
+		if err != nil {
+			return
+		}
+		for _, r := range recipes {
+			topo, err := TopologyOf(r.Parallel)
+			if err != nil {
+				t.Fatal(err)
+			}
+			topo.Calibration = c
+			p, err := Compile(r, topo)
+			if err != nil {
+				continue
+			}
+			for name, v := range map[string]float64{"compute": p.ComputeS, "optimizer": p.OptimizerS, "communication": p.ExposedCommS, "step": p.StepTimeS} {
+				if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+					t.Fatalf("%s time %v planning %s with a calibration ParseCalibration accepted", name, v, r.Run.Name)
+				}
+			}
 		}
 	})
 }
