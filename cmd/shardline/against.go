@@ -5,12 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"os"
 	"path/filepath"
 	"slices"
 	"text/tabwriter"
 	"time"
 
+	"github.com/shardline/shardline/fileio"
 	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/tensor/cpu"
 	"github.com/shardline/shardline/trainer"
@@ -43,6 +43,24 @@ type comparison struct {
 	Ratio    *float64 `json:"ratio,omitempty"`
 }
 
+// MarshalJSON writes a figure the run did not measure (NaN: no throughput) as
+// null, with no ratio, where encoding/json would refuse the NaN.
+func (c comparison) MarshalJSON() ([]byte, error) {
+	type plain comparison
+	out := struct {
+		plain
+		Measured *float64 `json:"measured"`
+	}{plain: plain(c)}
+	if !math.IsNaN(c.Measured) && !math.IsInf(c.Measured, 0) {
+		m := c.Measured
+		out.Measured = &m
+	}
+	if r := c.Ratio; r != nil && (math.IsNaN(*r) || math.IsInf(*r, 0)) {
+		out.plain.Ratio = nil
+	}
+	return json.Marshal(out)
+}
+
 // hostProbe is what --host-probe measured: the calibration's passes now over
 // then on this host, how many, and the step ratio divided by it.
 type hostProbe struct {
@@ -59,7 +77,7 @@ func (a *app) planAgainst(dir string, rf *recipeFlags, format string, probe bool
 	if !fileExists(recipe) {
 		return usageErr("--against %s: no resolved.toml there; give a run directory (shardline run writes one under run.output_dir)", dir)
 	}
-	raw, err := os.ReadFile(filepath.Join(dir, "run.json"))
+	raw, err := fileio.ReadRegular(filepath.Join(dir, "run.json"), 1<<20)
 	if err != nil {
 		return usageErr("--against %s: %v; give a finished run's directory", dir, unwrap(err))
 	}

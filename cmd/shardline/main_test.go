@@ -708,6 +708,28 @@ func TestPlanAgainstRun(t *testing.T) {
 	code, _, errs = shardline(t, nil, "plan", "--against", failed)
 	assert.Equal(t, exitFindings, code)
 	assert.Contains(t, errs, "the run has no result to compare (it failed: step 3: non-finite loss)")
+	// A result without a throughput (a run stopped before its first timed step):
+	// the step time is unmeasured, "-" in text and null in JSON, not an error.
+	require.NoError(t, os.WriteFile(filepath.Join(failed, "run.json"), []byte(`{"result": {"steps": 0, "tokens_per_s_median": 0}}`), 0o644))
+	code, out, errs = shardline(t, nil, "plan", "--against", failed, "--format", "json")
+	require.Equal(t, 0, code, errs)
+	var partial struct {
+		Comparison []struct {
+			What     string
+			Measured *float64
+			Ratio    *float64
+		}
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &partial))
+	for _, c := range partial.Comparison {
+		if c.What == "step time" {
+			assert.Nil(t, c.Measured)
+			assert.Nil(t, c.Ratio)
+		}
+	}
+	code, out, errs = shardline(t, nil, "plan", "--against", failed)
+	require.Equal(t, 0, code, errs)
+	assert.Regexp(t, `(?m)^\s*step time\s.*-\s+-\s*$`, out)
 }
 
 // TestLintMegatronLlamaArguments: the model and training arguments of a Megatron-LM
