@@ -30,15 +30,7 @@ func FuzzLoadLintPlan(f *testing.F) {
 	f.Add([]byte("[model]\nlayers = 4096\n[model.moe]\nnum_experts = 4096\ntop_k = 1\n"))
 	f.Add([]byte("[parallel]\nworld_size = 1048576\nexpert_parallel = 1048576\n"))
 	f.Fuzz(func(t *testing.T, src []byte) {
-		done := make(chan struct{})
-		defer close(done)
-		go func() {
-			select {
-			case <-done:
-			case <-time.After(5 * time.Second):
-				panic(fmt.Sprintf("HANG on %q", src))
-			}
-		}()
+		defer hangGuard(5*time.Second, func() string { return fmt.Sprintf("on %q", src) })()
 		path := filepath.Join(t.TempDir(), "fuzz.toml")
 		res, diags := config.LoadBytes(path, src, config.Options{})
 		if res == nil || diags.HasErrors() {
@@ -92,15 +84,7 @@ func FuzzParseCalibration(f *testing.F) {
 		&load(f, "../recipes/tiny.toml", "precision.bf16=true", "parallel.world_size=2", "parallel.context_parallel=2").Recipe,
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		done := make(chan struct{})
-		defer close(done)
-		go func() {
-			select {
-			case <-done:
-			case <-time.After(5 * time.Second):
-				panic("HANG planning with a fuzzed calibration")
-			}
-		}()
+		defer hangGuard(5*time.Second, func() string { return "planning with a fuzzed calibration" })()
 		c, err := ParseCalibration(b)
 		if err != nil {
 			return
@@ -122,4 +106,18 @@ func FuzzParseCalibration(f *testing.F) {
 			}
 		}
 	})
+}
+
+// hangGuard panics ("HANG " and what()) if the fuzz input is still running after
+// limit; the returned function, deferred, stops the guard.
+func hangGuard(limit time.Duration, what func() string) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-done:
+		case <-time.After(limit):
+			panic("HANG " + what())
+		}
+	}()
+	return func() { close(done) }
 }
