@@ -260,7 +260,6 @@ func (j *rmsNormBackJob[F]) rows(c, lo, hi int) {
 	for i := lo; i < hi; i++ {
 		x := j.inp[i*C : (i+1)*C]
 		d, dx := j.dout[i*C:(i+1)*C], j.dinp[i*C:(i+1)*C]
-		d, dx, dw := d[:len(x)], dx[:len(x)], dw[:len(x)]
 		r := j.rstd[i]
 		k := dot3(d, weight, x) / F(C) * r * r * r
 		rmsBackRow(dx, dw, d, weight, x, r, k)
