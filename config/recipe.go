@@ -163,7 +163,10 @@ type Train struct {
 	EvalInterval int `toml:"eval_interval" min:"0" flag:"eval-interval"`
 	// Validation batches per evaluation.
 	EvalSteps int `toml:"eval_steps" min:"1" max:"1000000" flag:"eval-iters"`
-	// Skip a step whose loss or gradient norm is NaN or Inf instead of stopping the run.
+	// Skip a step whose loss or gradient norm is NaN or Inf instead of stopping the
+	// run. Such a step's update is never applied; the trainer learns of it when it
+	// reads the step statistics back (every logging.interval steps, before a
+	// checkpoint and at the end), and without skip_nonfinite the run stops there.
 	SkipNonfinite bool `toml:"skip_nonfinite"`
 }
 
@@ -306,7 +309,10 @@ type Logging struct {
 	Level string `toml:"level" enum:"debug,info,warn,error"`
 	// Console format: auto (readable on a terminal, JSON otherwise), console, or json.
 	Format string `toml:"format" enum:"auto,console,json"`
-	// Log and record metrics every interval steps.
+	// Log every interval steps. The step statistics (loss, gradient norm, MoE
+	// counts) stay in the backend's memory and are read back once per interval
+	// (on a GPU each read-back waits for the device), then every step is recorded
+	// in metrics.jsonl.
 	Interval int `toml:"interval" min:"1" flag:"log-interval"`
 	// Show a progress bar with ETA on a terminal.
 	Progress bool `toml:"progress"`

@@ -11,24 +11,15 @@ import (
 	"gorgonia.org/cu"
 )
 
-// DType is a buffer's element type.
-type DType uint8
+// DType is a buffer's element type: tensor's, which the CPU backend's buffers
+// carry too. The device kernels take F32, BF16 and I32.
+type DType = tensor.DType
 
 const (
-	F32  DType = iota // float32
-	BF16              // bfloat16
-	I32               // int32 (token ids, targets)
+	F32  = tensor.Float32  // float32
+	BF16 = tensor.BFloat16 // bfloat16
+	I32  = tensor.Int32    // int32 (token ids, targets)
 )
-
-// Size is the bytes per element.
-func (t DType) Size() int {
-	if t == BF16 {
-		return 2
-	}
-	return 4
-}
-
-func (t DType) String() string { return [...]string{"f32", "bf16", "i32"}[t] }
 
 // Buffer is device memory: N elements of DType at ptr. Slice views share memory.
 type Buffer struct {

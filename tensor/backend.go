@@ -24,6 +24,9 @@ type Backend = Kernels[float32]
 type Kernels[F Float] interface {
 	// Name identifies the backend and its matmul kernel in logs.
 	Name() string
+	// NewMemory returns a memory of the backend's, with the stream its work is
+	// issued on: one per rank.
+	NewMemory() Memory
 
 	// Matmul is out (BT,OC) = inp (BT,C) · weight (OC,C)ᵀ (+= with accumulate).
 	// inp is a view too: a bf16 run's saved activation is read from its bf16
@@ -70,19 +73,61 @@ type Kernels[F Float] interface {
 	Combine(out, y, gates []F, r Routing, s MoEShape)
 	CombineBackward(dy, dgates, dout, y, gates []F, r Routing, s MoEShape)
 
-	// Optimizers on a flat slice of parameters (one rank's shard or a whole model).
-	AdamW(params, grads, m, v []F, lr, beta1, beta2, eps, wd float64, t int)
-	SGD(params, grads, buf []F, lr, momentum, wd float64)
-	// SumSquares is Σ x² in float64 (gradient norms), the same on any number of
-	// cores; Scale multiplies x by f in place (gradient clipping).
-	SumSquares(x []F) float64
-	Scale(x []F, f float64)
+	// A step's statistics live in an f64 buffer of the backend's (NumStats
+	// elements, laid out by the Stat constants): the kernels below write and read
+	// them there, so a step needs no value on the host, and the trainer reads
+	// them back once per logging interval (Memory.Read).
+	//
+	// LossSum sets dst[0] to Σ losses[i] over the tokens whose target is ≥ 0, in
+	// float64 and token order (adds it with accumulate).
+	LossSum(dst Buffer, losses []F, targets []int32, accumulate bool)
+	// SumSquares sets dst[0] to Σ x² in float64 (adds it with accumulate),
+	// the same on any number of cores (gradient norms).
+	SumSquares(dst Buffer, x []F, accumulate bool)
+	// CloseStep finishes a step's statistics once its gradients are reduced and
+	// their squares summed: the norm √(stats[StatSumSq] + stats[StatExpertSumSq]),
+	// the factor that clips it to maxNorm (0: off), whether the step is applied
+	// (its loss Σ/tokens and norm are finite), and the optimizer steps applied.
+	CloseStep(stats Buffer, maxNorm float64)
+	// Scale multiplies x by stats[StatClip] in place when the step is applied
+	// (gradient clipping).
+	Scale(x []F, stats Buffer)
+	// Optimizers on a flat slice of parameters (one rank's shard or a whole
+	// model). They update only when stats[StatApplied] is set, at optimizer step
+	// stats[StatOptSteps] (AdamW's bias correction).
+	AdamW(params, grads, m, v []F, lr, beta1, beta2, eps, wd float64, stats Buffer)
+	SGD(params, grads, buf []F, lr, momentum, wd float64, stats Buffer)
 	// ToBF16 rounds src to bf16 into dst (same length): the compute weights of a
 	// bf16 run, and the activations its layers keep for backward, stored in bf16.
 	ToBF16(dst []BF16, src []F)
 	// FromBF16 widens src into dst (same length), exactly: a bf16 run's saved
 	// activations, brought back for a layer's backward.
 	FromBF16(dst []F, src []BF16)
+}
+
+// The layout of a step's statistics buffer (f64): what CloseStep reads and
+// writes, and what the trainer reads back.
+const (
+	StatLoss        = iota // Σ token losses (this rank's, or the world's after the trainer's all-reduce)
+	StatTokens             // tokens counted in StatLoss
+	StatAux                // MoE load-balancing loss, the step's mean
+	StatDropped            // routed copies dropped past expert capacity
+	StatSumSq              // Σ g² of the gradients (the dense ones, when StatExpertSumSq is apart)
+	StatExpertSumSq        // Σ g² of the expert gradients, when summed apart
+	StatNorm               // the gradients' global L2 norm before clipping
+	StatClip               // the factor they are scaled by (1: not clipped)
+	StatApplied            // 1 when the step's loss and norm are finite and its update applies, else 0
+	StatOptSteps           // optimizer steps applied so far (kept across steps)
+	NumStats
+)
+
+// ClipFactor is the factor that clips a gradient of norm norm to maxNorm (0:
+// off): maxNorm/(norm+1e-6) above it, 1 otherwise.
+func ClipFactor(norm, maxNorm float64) float64 {
+	if maxNorm <= 0 || norm <= maxNorm || norm == 0 {
+		return 1
+	}
+	return maxNorm / (norm + 1e-6)
 }
 
 // MatmulShape is a product of BT rows of C inputs with an (OC,C) weight.

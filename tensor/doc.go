@@ -2,11 +2,17 @@
 // values, computed in fp32) and the Backend interface, the kernels the model needs,
 // each Forward with its Backward, outputs first in every argument list.
 //
-// Buffers are slices in host memory: activations and gradients of the kernels'
-// element type, compute weights as Weights views, which carry their dtype (F, or
-// bf16 storage the kernels read as bf16 or widen to F, as the backend decides). The GPU backend (package cuda,
-// build tag cuda) holds device buffers of its own; one buffer type for both is the
-// device-ready engine's next step (docs/engine.md).
+// Memory is a backend's: Buffer is an opaque view of it (dtype, element
+// offset and count), and Memory allocates, copies, fills and reads it back,
+// counting read-backs, with errors kept until checked once a step. A step's
+// statistics (loss sums, gradient norm, clip factor, whether the update
+// applies) live in such a buffer, so a step needs no value on the host. The
+// kernels still take activations and gradients as slices of the kernels'
+// element type, and compute weights as Weights views, which carry their dtype
+// (F, or bf16 storage the kernels read as bf16 or widen to F, as the backend
+// decides); moving those onto buffers is the device-ready engine's next step
+// (docs/engine.md). The GPU backend (package cuda, build tag cuda) shares
+// DType and the shape structs.
 //
 // It imports nothing from shardline. tensor/cpu is the reference implementation.
 package tensor

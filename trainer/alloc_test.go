@@ -42,7 +42,8 @@ func TestMultiRankStepAllocatesNothing(t *testing.T) {
 	for name, sets := range cases {
 		t.Run(name, func(t *testing.T) {
 			res, dir := tinyRun(t, append(append([]string{}, base...), sets...)...)
-			allocs.AssertSteady(t, rankSteps(t, res, dir, false))
+			step, _ := rankSteps(t, res, dir, false)
+			allocs.AssertSteady(t, step)
 		})
 	}
 	// Ranks joined over TCP (loopback), as shardline launch joins processes.
@@ -54,7 +55,8 @@ func TestMultiRankStepAllocatesNothing(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			res, dir := tinyRun(t, append(append([]string{}, base...), sets...)...)
-			allocs.AssertSteady(t, rankSteps(t, res, dir, true))
+			step, _ := rankSteps(t, res, dir, true)
+			allocs.AssertSteady(t, step)
 		})
 	}
 }
@@ -62,8 +64,8 @@ func TestMultiRankStepAllocatesNothing(t *testing.T) {
 // rankSteps sets up every rank of res's plan, each a goroutine that lives
 // through the test, joined in process or (overTCP) by TCP over loopback, and
 // returns a function that runs one training step on all of them (gradStep and
-// update, as the training loop does).
-func rankSteps(t *testing.T, res *config.Resolved, dir string, overTCP bool) func() {
+// update, as the training loop does), and the ranks.
+func rankSteps(t *testing.T, res *config.Resolved, dir string, overTCP bool) (func(), []*run) {
 	t.Helper()
 	r := &res.Recipe
 	topo, err := parallel.TopologyOf(r.Parallel)
@@ -92,7 +94,7 @@ func rankSteps(t *testing.T, res *config.Resolved, dir string, overTCP bool) fun
 			return c, processGroups(plan, c), nil
 		}
 	}
-	start, done := make([]chan int, n), make(chan error, n)
+	start, done, runs := make([]chan int, n), make(chan error, n), make([]*run, n)
 	var ready sync.WaitGroup
 	ready.Add(n)
 	setupErr := make([]error, n)
@@ -100,6 +102,7 @@ func rankSteps(t *testing.T, res *config.Resolved, dir string, overTCP bool) fun
 		start[rank] = make(chan int)
 		go func() {
 			tr := &run{r: r, res: res, opts: opts(), plan: plan, ds: ds, dir: dir, log: zerolog.Nop(), rank: rank}
+			runs[rank] = tr
 			w, g, err := worldOf(rank)
 			if err == nil {
 				_, _, err = tr.openState(w, g)
@@ -111,9 +114,9 @@ func rankSteps(t *testing.T, res *config.Resolved, dir string, overTCP bool) fun
 			ready.Done()
 			defer tr.closeModel()
 			for step := range start[rank] {
-				_, _, _, norm, err := tr.gradStep(step)
+				err := tr.gradStep(step)
 				if err == nil {
-					err = tr.update(norm, r.Train.LR, step+1)
+					err = tr.update(r.Train.LR)
 				}
 				done <- err
 			}
@@ -139,5 +142,5 @@ func rankSteps(t *testing.T, res *config.Resolved, dir string, overTCP bool) fun
 			}
 		}
 		step++
-	}
+	}, runs
 }

@@ -406,10 +406,11 @@ func stepTime(be tensor.Backend, cfg config.Model, batch int, minTime time.Durat
 	}
 	type pass struct{ whole, gemm, attn float64 }
 	var passes []pass
+	loss := be.NewMemory().Alloc(tensor.Float64, 1)
 	pass1 := func() {
 		tb.gemm, tb.attn = 0, 0
 		t0 := time.Now()
-		m.Forward(tokens, targets)
+		m.Forward(tokens, targets, loss, false)
 		m.Backward(tokens, targets, 1/float64(n))
 		passes = append(passes, pass{time.Since(t0).Seconds(), tb.gemm.Seconds(), tb.attn.Seconds()})
 	}
@@ -485,6 +486,15 @@ func filled(n int) []float32 {
 	return x
 }
 
+// appliedStats is a statistics buffer of be's whose step applies, at optimizer
+// step 1: what an optimizer kernel timed alone reads.
+func appliedStats(be tensor.Backend) tensor.Buffer {
+	mem := be.NewMemory()
+	st := mem.Alloc(tensor.Float64, tensor.NumStats)
+	mem.Write(st.Slice(tensor.StatApplied, tensor.NumStats), []float64{1, 1})
+	return st
+}
+
 // streamKernel is the memory-bound kernel of kind over n elements, ready to time;
 // a kind it has no kernel for is an error (parallel.StreamKinds and this switch
 // are kept together).
@@ -539,9 +549,11 @@ func streamKernel(be tensor.Backend, kind string, n int) (func(), error) {
 		return func() { be.CrossEntropyBackward(b, dloss, o, tgt, bt, V) }, nil
 	case parallel.StreamAdamW:
 		m, v := make([]float32, n), make([]float32, n)
-		return func() { be.AdamW(a, b, m, v, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1) }, nil
+		st := appliedStats(be)
+		return func() { be.AdamW(a, b, m, v, 1e-3, 0.9, 0.95, 1e-8, 0.1, st) }, nil
 	case parallel.StreamSumSquares:
-		return func() { _ = be.SumSquares(a) }, nil
+		st := be.NewMemory().Alloc(tensor.Float64, 1)
+		return func() { be.SumSquares(st, a, false) }, nil
 	case parallel.StreamAdd:
 		return func() { be.AddInto(o, a, n) }, nil
 	case parallel.StreamCopy:

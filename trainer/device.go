@@ -123,8 +123,11 @@ func (t *run) trainDevice(ctx context.Context, out *Result) (*Result, error) {
 			}
 			met.ValLoss, lastEvaluated = &v, true
 		}
-		if err := t.record(met, step, start); err != nil {
+		if err := t.record(met); err != nil {
 			return nil, err
+		}
+		if t.opts.Progress != nil {
+			t.showProgress(step+1, met.Loss, start)
 		}
 		last = met
 	}
@@ -159,4 +162,17 @@ func (t *run) trainDevice(ctx context.Context, out *Result) (*Result, error) {
 }
 
 // evaluateDevice is evaluate on the device.
-func (t *run) evaluateDevice() (float64, error) { return t.evaluateWith(t.opts.Device.Eval) }
+func (t *run) evaluateDevice() (float64, error) {
+	var sum float64
+	var count int
+	var err error
+	t.evalBatches(func(_ int, tokens, targets []int32) {
+		if err == nil {
+			var s float64
+			var n int
+			s, n, err = t.opts.Device.Eval(tokens, targets)
+			sum, count = sum+s, count+n
+		}
+	})
+	return sum / float64(count), err
+}

@@ -5,6 +5,9 @@
 // loop (gradient accumulation over micro-batches, per-token loss over the global
 // batch, global-norm clipping from shard norms, AdamW or SGD on the fp32 main-weight
 // shard, evaluation, metrics, the final weights, a loss-curve PNG and a sample).
+// A step's statistics (loss, norm, clip factor, whether its update applies) stay
+// in the backend's memory and are read back once per logging interval
+// (docs/engine.md, "What a step reads back").
 //
 // # Strategies (Megatron-FSDP's table, as executed here)
 //

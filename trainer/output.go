@@ -301,7 +301,7 @@ func Generate(r *config.Recipe, be tensor.Backend, table []parallel.Param, weigh
 	}
 	V := r.Model.VocabSize
 	return generate(T, tok, prompt, n, temperature, seed, func(window []int32, k int) ([]float32, error) {
-		m.Forward(window, nil)
+		m.Forward(window, nil, tensor.Buffer{}, false)
 		return m.Logits()[(k-1)*V : k*V], nil
 	})
 }
@@ -436,7 +436,7 @@ func RunLogits(be tensor.Backend, dir string, tokens []int32) ([]float32, error)
 	}
 	window := make([]int32, T)
 	copy(window, tokens)
-	m.Forward(window, nil)
+	m.Forward(window, nil, tensor.Buffer{}, false)
 	return append([]float32(nil), m.Logits()[:len(tokens)*V]...), nil
 }
 

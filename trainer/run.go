@@ -546,7 +546,7 @@ func (t *run) openModel(startStep int) error {
 		}
 	}
 	B, T := r.Train.MicroBatchSize, r.Model.SeqLen
-	mopts := []model.Option{model.WithRecompute(r.ActivationCheckpoint.Mode)}
+	mopts := []model.Option{model.WithRecompute(r.ActivationCheckpoint.Mode), model.WithMemory(t.st.mem)}
 	if r.Precision.BF16 {
 		mopts = append(mopts, model.WithBF16Activations())
 	}
@@ -578,7 +578,7 @@ func (t *run) openModel(startStep int) error {
 		t.rt = newUnitRuntime(t.st, t.m, r.FSDP.OverlapParamGather, r.FSDP.OverlapGradReduce, r.FSDP.SuggestedCommunicationUnitSize, t.trace)
 		t.m.SetHooks(t.rt)
 	}
-	t.bufs = newStepBufs(B, T, t.plan.Mesh.CP)
+	t.bufs = newStepBufs(B, T, t.plan.Mesh.CP, t.st.mem, historyRows(r))
 	if t.rank == 0 {
 		if t.metrics, err = t.openMetrics(startStep); err != nil {
 			return err
@@ -644,6 +644,46 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	flag := make([]float32, 3)
 	lastEvaluated := false // every rank tracks it: the final evaluation is collective
 	done := startStep      // steps completed
+	t.st.mem.Write(t.st.stats.At(tensor.StatOptSteps), []float64{float64(optSteps)})
+	// drain reads the pending steps' statistics back and handles them in order:
+	// a step whose loss or gradient norm is not finite was not applied (the
+	// kernels skip its update); it ends the run unless train.skip_nonfinite, and
+	// rank 0 records every step. val is the last step's validation loss.
+	drain := func(val *float64) error {
+		steps, applied, err := t.readStats()
+		if err != nil {
+			return err
+		}
+		optSteps = applied
+		for i := range steps {
+			met := steps[i]
+			if i == len(steps)-1 {
+				met.ValLoss = val
+			}
+			if met.Skipped {
+				if !r.Train.SkipNonfinite {
+					// Every rank meets the same all-reduced loss here: a save of an earlier,
+					// finite step still in flight is finished first.
+					if err := t.finishSave(world); err != nil {
+						return err
+					}
+					return t.nonFinite(fmt.Errorf("step %d: %w (loss %v, grad_norm %v); %s; lower train.lr or set train.skip_nonfinite = true",
+						met.Step, ErrNonFinite, met.Loss, met.GradNorm, describeGood(good)))
+				}
+				lastSkipped = true
+				t.log.Warn().Int("step", met.Step).Float64("loss", met.Loss).Msg("non-finite step skipped (train.skip_nonfinite)")
+			} else {
+				good, lastSkipped = met, false
+			}
+			if lead {
+				if err := t.record(met); err != nil {
+					return err
+				}
+				last = met
+			}
+		}
+		return nil
+	}
 	for step := startStep; step < r.Train.Steps; step++ {
 		// Every rank stops at the same step: rank 0's interrupt is all-reduced.
 		flag[0], flag[1], flag[2] = 0, 0, 0
@@ -677,61 +717,52 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		}
 		t0 := time.Now()
 		lr := sched.LR(step)
-		loss, aux, dropped, norm, err := t.gradStep(step)
-		if err != nil {
+		if err := t.gradStep(step); err != nil {
 			return nil, err
 		}
-		met := Metrics{Step: step + 1, Loss: loss, LR: lr, GradNorm: norm, MemHeld: t.held().Total, MemPlan: t.plan.Memory.Total}
-		if r.Model.MoE.NumExperts > 0 {
-			met.AuxLoss, met.Dropped = &aux, &dropped
-		}
-		if math.IsNaN(loss) || math.IsInf(loss, 0) || math.IsNaN(norm) || math.IsInf(norm, 0) {
-			if !r.Train.SkipNonfinite {
-				// Every rank meets the same all-reduced loss here: a save of an earlier,
-				// finite step still in flight is finished first.
-				if err := t.finishSave(world); err != nil {
-					return nil, err
-				}
-				return nil, t.nonFinite(fmt.Errorf("step %d: %w (loss %v, grad_norm %v); %s; lower train.lr or set train.skip_nonfinite = true",
-					step+1, ErrNonFinite, loss, norm, describeGood(good)))
-			}
-			met.Skipped, lastSkipped = true, true
-			t.log.Warn().Int("step", step+1).Float64("loss", loss).Msg("non-finite step skipped (train.skip_nonfinite)")
-		} else {
-			good, lastSkipped = met, false
-			optSteps++
-			if err := t.update(norm, lr, optSteps); err != nil {
-				return nil, err
-			}
+		if err := t.update(lr); err != nil {
+			return nil, err
 		}
 		dt := time.Since(t0).Seconds()
-		met.TokensPerS = float64(global*T) / dt
+		met := Metrics{Step: step + 1, LR: lr, MemHeld: t.held().Total, MemPlan: t.plan.Memory.Total, TokensPerS: float64(global*T) / dt}
 		rates = append(rates, met.TokensPerS)
+		t.keepStats(met)
 		// Evaluation gathers units under optim_grads_params and exchanges tokens under
 		// expert parallelism, so then every rank runs it.
 		lastEvaluated = false
+		var val *float64
 		if ev := r.Train.EvalInterval; ev > 0 && ((step+1)%ev == 0 || step+1 == r.Train.Steps) && (lead || t.collectiveEval()) {
 			lastEvaluated = true
 			v := t.evaluate()
 			if err := t.flush(); err != nil {
 				return nil, err
 			}
-			met.ValLoss = &v
+			val = &v
 		}
 		done = step + 1
-		if c := t.ckpt; c != nil && c.interval > 0 && done%c.interval == 0 && !met.Skipped {
+		save := t.ckpt != nil && t.ckpt.interval > 0 && done%t.ckpt.interval == 0
+		// The statistics come back once per logging interval, and before an
+		// evaluation is recorded, a checkpoint is saved or the run ends: every
+		// rank reads the same all-reduced values, so every rank stops alike.
+		if len(t.bufs.pending) == cap(t.bufs.pending) || done%r.Logging.Interval == 0 || done == r.Train.Steps || val != nil || save {
+			if err := drain(val); err != nil {
+				return nil, err
+			}
+		}
+		if save && !lastSkipped {
 			if err := t.finishSave(world); err != nil { // a save still in flight: wait for it
 				return nil, err
 			}
 			t.startSave(done, optSteps)
 		}
-		if !lead {
-			continue
+		if lead && t.opts.Progress != nil {
+			t.showProgress(done, last.Loss, start)
 		}
-		if err := t.record(met, step, start); err != nil {
+	}
+	if len(t.bufs.pending) > 0 { // interrupted, or stopped early
+		if err := drain(nil); err != nil {
 			return nil, err
 		}
-		last = met
 	}
 	if lastSkipped {
 		// Every rank saw the same all-reduced loss and norm, so every rank stops here
@@ -801,76 +832,148 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	return out, t.finish(out)
 }
 
-// stepBufs are one rank's token buffers and collective scratch, made once and
+// stepBufs are one rank's token buffers and statistics scratch, made once and
 // reused by every step.
 type stepBufs struct {
 	tokens, targets     []int32 // a micro-batch's whole sequences
 	local, localTargets []int32 // the tokens this rank holds (T/cp of each sequence)
-	stats               []float32
+	counts              [3]float64
+	// discard takes the loss sum of a tensor-parallel rank other than the
+	// first (its group's first rank counts the group's tokens); eval sums an
+	// evaluation's losses.
+	discard, eval tensor.Buffer
+	// history holds the statistics of the steps since the last read-back
+	// (historyRows rows of tensor.NumStats), hostHistory their copy on the host.
+	history     tensor.Buffer
+	hostHistory []float64
+	pending     []Metrics // those steps' host-side metrics, completed at the read-back
 }
 
-func newStepBufs(B, T, cp int) *stepBufs {
+func newStepBufs(B, T, cp int, mem tensor.Memory, rows int) *stepBufs {
 	return &stepBufs{tokens: make([]int32, B*T), targets: make([]int32, B*T),
-		local: make([]int32, B*T/cp), localTargets: make([]int32, B*T/cp), stats: make([]float32, 4)}
+		local: make([]int32, B*T/cp), localTargets: make([]int32, B*T/cp),
+		discard: mem.Alloc(tensor.Float64, 1), eval: mem.Alloc(tensor.Float64, 1),
+		history: mem.Alloc(tensor.Float64, rows*tensor.NumStats), hostHistory: make([]float64, rows*tensor.NumStats),
+		pending: make([]Metrics, 0, rows)}
 }
+
+// historyRows is how many steps' statistics wait on the backend for their
+// read-back: a logging interval's, at most maxHistory.
+func historyRows(r *config.Recipe) int {
+	return max(1, min(r.Logging.Interval, r.Train.Steps, maxHistory))
+}
+
+// maxHistory bounds the steps between two read-backs of the statistics.
+const maxHistory = 1000
 
 // gradStep runs step's micro-batches forward and backward, reduces the gradients
-// and returns the step's loss (the global batch's), aux loss, dropped token copies
-// and gradient norm. Every rank of the world calls it together.
-func (t *run) gradStep(step int) (loss, aux float64, dropped int, norm float64, err error) {
-	r, b := t.r, t.bufs
+// and leaves the step's statistics in the backend's buffer (state.stats): the
+// global batch's loss and token sums, aux loss and dropped copies, the gradient
+// norm and clip factor, and whether the update applies. Nothing is read back.
+// Every rank of the world calls it together.
+func (t *run) gradStep(step int) error {
+	r, b, st := t.r, t.bufs, t.st
 	B, T := r.Train.MicroBatchSize, r.Model.SeqLen
 	micro, dp, cp := t.plan.MicroBatches, t.plan.Mesh.DP, t.plan.Mesh.CP
 	dpRank := t.plan.Mesh.Coords(t.rank).DP
-	t.st.zeroGrads()
-	var sum float64
-	var count int
+	st.zeroGrads()
+	st.mem.Zero(st.stats.Slice(0, tensor.StatOptSteps))
+	var count, dropped int
+	var aux float64
 	scale := 1 / float64(micro*dp*B*T) // per-token mean over the global batch
 	if !r.FSDP.CalculatePerTokenLoss {
 		scale = 1 / float64(B*T) / float64(micro*dp) // mean of micro-batch means
 	}
-	t.st.stepStarts()
+	loss := st.stats.At(tensor.StatLoss)
+	if st.tpRank > 0 {
+		loss = b.discard // the tp group's first rank counts the group's tokens
+	}
+	st.stepStarts()
 	for mb := 0; mb < micro; mb++ {
 		data.Batch(b.tokens, b.targets, t.ds.Train, r.Run.Seed, step, (mb*dp+dpRank)*B, B, T)
-		model.LocalTokens(b.local, b.tokens, B, T, t.st.cpRank, cp)
-		model.LocalTokens(b.localTargets, b.targets, B, T, t.st.cpRank, cp)
-		s, n := t.m.Forward(b.local, b.localTargets)
+		model.LocalTokens(b.local, b.tokens, B, T, st.cpRank, cp)
+		model.LocalTokens(b.localTargets, b.targets, B, T, st.cpRank, cp)
+		n := t.m.Forward(b.local, b.localTargets, loss, mb > 0)
 		t.m.Backward(b.local, b.localTargets, scale)
 		if err := t.flush(); err != nil {
-			return 0, 0, 0, 0, err
+			return err
 		}
-		if t.st.tpRank > 0 {
-			s, n = 0, 0 // the tp group's first rank counts the group's tokens
+		if st.tpRank == 0 {
+			count += n
 		}
-		// Every context- and tensor-parallel rank has its sequences' whole aux loss.
-		sum, count, aux = sum+s, count+n, aux+t.m.AuxLoss()/float64(micro*dp*cp*t.plan.Mesh.TP)
+		// Every context- and tensor-parallel rank has its sequences' whole aux
+		// loss. AuxLoss and Dropped are host values: the CPU MoE routes on the
+		// host, after its one counted synchronisation per layer.
+		aux += t.m.AuxLoss() / float64(micro*dp*cp*t.plan.Mesh.TP)
 		dropped += t.m.Dropped()
 	}
-	t.st.stepEnds()
+	st.stepEnds()
 	t.modelSteps++
-	stats := b.stats
-	stats[0], stats[1], stats[2], stats[3] = float32(sum), float32(count), float32(aux), float32(dropped)
-	if err := t.st.world.AllReduce(stats); err != nil {
-		return 0, 0, 0, 0, err
+	b.counts = [3]float64{float64(count), aux, float64(dropped)}
+	st.mem.Write(st.stats.Slice(tensor.StatTokens, tensor.StatSumSq), b.counts[:])
+	// One rank keeps its float64 sums; several add them in float32.
+	if st.world.Size() > 1 {
+		if err := st.allReduceStats(st.world, tensor.StatLoss, tensor.StatSumSq); err != nil {
+			return err
+		}
 	}
-	if err := t.st.reduce(r.FSDP.GradReduceInBF16); err != nil {
-		return 0, 0, 0, 0, err
+	if err := st.reduce(r.FSDP.GradReduceInBF16); err != nil {
+		return err
 	}
-	// One rank keeps its float64 sums; several combine them through the float32
-	// all-reduce.
-	loss = sum / float64(count)
-	if t.st.world.Size() > 1 {
-		loss, aux, dropped = float64(stats[0])/float64(stats[1]), float64(stats[2]), int(stats[3])
+	if err := st.sumSquares(); err != nil {
+		return err
 	}
-	norm, err = t.st.gradNorm()
-	return loss, aux, dropped, norm, err
+	t.opts.Backend.CloseStep(st.stats, r.Train.ClipGrad)
+	return st.mem.Err()
 }
 
-// update clips the gradients by their norm and takes optimizer step optStep at
-// learning rate lr.
-func (t *run) update(norm, lr float64, optStep int) error {
-	t.st.scaleGrads(optim.ClipFactor(norm, t.r.Train.ClipGrad))
-	return t.st.step(t.r.Train, lr, optStep)
+// update clips the gradients by their norm and takes an optimizer step at
+// learning rate lr; the kernels skip both when the step's loss or norm is not
+// finite (state.stats).
+func (t *run) update(lr float64) error {
+	t.st.scaleGrads()
+	if err := t.st.step(t.r.Train, lr); err != nil {
+		return err
+	}
+	return t.st.mem.Err()
+}
+
+// keepStats copies the step's statistics into the next row of the history, to be
+// read back with the others of the logging interval; met is the step's host-side
+// metrics, which the read-back completes.
+func (t *run) keepStats(met Metrics) {
+	b, st := t.bufs, t.st
+	row := len(b.pending)
+	st.mem.Copy(b.history.Slice(row*tensor.NumStats, (row+1)*tensor.NumStats), st.stats)
+	b.pending = append(b.pending, met)
+}
+
+// readStats reads the pending steps' statistics back (one read-back) and
+// completes their metrics: loss, gradient norm, MoE aux loss and dropped copies,
+// and whether the step was skipped (its update not applied); optSteps is the
+// optimizer steps applied by the end of the last of them.
+func (t *run) readStats() (steps []Metrics, optSteps int, err error) {
+	b, st := t.bufs, t.st
+	rows := len(b.pending)
+	host := b.hostHistory[:rows*tensor.NumStats]
+	st.mem.Read(host, b.history.Slice(0, rows*tensor.NumStats))
+	if err := st.mem.Err(); err != nil {
+		return nil, 0, err
+	}
+	moe := t.r.Model.MoE.NumExperts > 0
+	for i := range b.pending {
+		s, met := host[i*tensor.NumStats:(i+1)*tensor.NumStats], &b.pending[i]
+		met.Loss, met.GradNorm = s[tensor.StatLoss]/s[tensor.StatTokens], s[tensor.StatNorm]
+		met.Skipped = s[tensor.StatApplied] == 0
+		optSteps = int(s[tensor.StatOptSteps])
+		if moe {
+			aux, dropped := s[tensor.StatAux], int(s[tensor.StatDropped])
+			met.AuxLoss, met.Dropped = &aux, &dropped
+		}
+	}
+	steps = b.pending
+	b.pending = b.pending[:0:cap(b.pending)]
+	return steps, optSteps, nil
 }
 
 // describeGood names the last step whose loss and gradient were finite.
@@ -928,54 +1031,57 @@ func (t *run) flush() error {
 	return err
 }
 
-// evaluate is the mean token loss over eval_steps fixed validation batches. Under
-// context parallelism each rank forwards its chunks of every sequence and the
-// sums and counts are added over the group.
+// evaluate is the mean token loss over eval_steps fixed validation batches: the
+// losses are summed in the backend's buffer (bufs.eval) and read back once.
+// Under context parallelism each rank forwards its chunks of every sequence and
+// the sums and counts are added over the group.
 func (t *run) evaluate() float64 {
-	cp := t.plan.Mesh.CP
+	cp, st, buf := t.plan.Mesh.CP, t.st, t.bufs.eval
 	B, T := t.r.Train.MicroBatchSize, t.r.Model.SeqLen
 	local, localTargets := make([]int32, B*T/cp), make([]int32, B*T/cp)
-	v, err := t.evaluateWith(func(tokens, targets []int32) (float64, int, error) {
-		model.LocalTokens(local, tokens, B, T, t.st.cpRank, cp)
-		model.LocalTokens(localTargets, targets, B, T, t.st.cpRank, cp)
-		s, n := t.m.Forward(local, localTargets)
-		if t.st.cpComm == nil {
-			return s, n, nil
-		}
-		sums := []float32{float32(s), float32(n)}
-		if err := t.st.cpComm.AllReduce(sums); err != nil {
-			return 0, 0, err
-		}
-		return float64(sums[0]), int(sums[1]), nil
+	count := 0
+	t.evalBatches(func(i int, tokens, targets []int32) {
+		model.LocalTokens(local, tokens, B, T, st.cpRank, cp)
+		model.LocalTokens(localTargets, targets, B, T, st.cpRank, cp)
+		count += t.m.Forward(local, localTargets, buf, i > 0)
 	})
-	if err != nil && t.evalErr == nil {
-		// Surfaced by the flush that follows every evaluation (after the model's
-		// own error, if it has one).
-		t.evalErr = err
+	var sum [2]float64
+	if st.cpComm != nil {
+		// Through the statistics' f32 wire: the sum, then the count.
+		st.mem.Copy(st.wire.At(0), buf)
+		st.mem.Write(st.wire.At(1), []float64{float64(count)})
+		err := st.mem.Err()
+		if err == nil {
+			err = st.cpComm.AllReduce(st.wireHost[:2])
+		}
+		if err != nil && t.evalErr == nil {
+			// Surfaced by the flush that follows every evaluation (after the model's
+			// own error, if it has one).
+			t.evalErr = err
+		}
+		st.mem.Read(sum[:], st.wire.Slice(0, 2))
+	} else {
+		st.mem.Read(sum[:1], buf)
+		sum[1] = float64(count)
 	}
-	return v
+	return sum[0] / sum[1]
 }
 
-// evaluateWith is the mean token loss that forward (a loss sum and token count per
-// batch) gives over eval_steps fixed validation batches.
-func (t *run) evaluateWith(forward func(tokens, targets []int32) (float64, int, error)) (float64, error) {
+// evalBatches calls each with the eval_steps fixed validation batches, in order
+// (step −1 of the data order: the same batches every time).
+func (t *run) evalBatches(each func(i int, tokens, targets []int32)) {
 	r := t.r
 	B, T := r.Train.MicroBatchSize, r.Model.SeqLen
 	tokens, targets := make([]int32, B*T), make([]int32, B*T)
-	var sum float64
-	var count int
 	for i := 0; i < r.Train.EvalSteps; i++ {
-		data.Batch(tokens, targets, t.ds.Val, r.Run.Seed, -1, i*B, B, T) // step −1: the same batches every time
-		s, n, err := forward(tokens, targets)
-		if err != nil {
-			return 0, err
-		}
-		sum, count = sum+s, count+n
+		data.Batch(tokens, targets, t.ds.Val, r.Run.Seed, -1, i*B, B, T)
+		each(i, tokens, targets)
 	}
-	return sum / float64(count), nil
 }
 
-func (t *run) record(met Metrics, step int, start time.Time) error {
+// record writes a step's metrics line and logs it at the logging interval, at
+// the last step and with a validation loss (rank 0).
+func (t *run) record(met Metrics) error {
 	b, err := json.Marshal(met)
 	if err != nil {
 		return fmt.Errorf("encoding metrics of step %d: %w", met.Step, err)
@@ -985,7 +1091,7 @@ func (t *run) record(met Metrics, step int, start time.Time) error {
 	}
 	t.curve = append(t.curve, met)
 	r := t.r
-	done := step + 1
+	done := met.Step
 	if done%r.Logging.Interval == 0 || done == r.Train.Steps || met.ValLoss != nil {
 		ev := t.log.Info().Int("step", done).Float64("loss", round4(met.Loss)).Float64("lr", met.LR).
 			Float64("grad_norm", round4(met.GradNorm)).Float64("tokens_per_s", math.Round(met.TokensPerS))
@@ -997,16 +1103,20 @@ func (t *run) record(met Metrics, step int, start time.Time) error {
 		}
 		ev.Msg("step")
 	}
-	if t.opts.Progress != nil {
-		elapsed := time.Since(start)
-		eta := time.Duration(float64(elapsed) / float64(done) * float64(r.Train.Steps-done))
-		const width = 30
-		filled := width * done / r.Train.Steps
-		fmt.Fprintf(t.opts.Progress, "\r\033[K[%s%s] %d/%d  loss %.4f  %s elapsed, ETA %s",
-			strings.Repeat("=", filled), strings.Repeat(" ", width-filled), done, r.Train.Steps, met.Loss,
-			elapsed.Round(time.Second), eta.Round(time.Second))
-	}
 	return nil
+}
+
+// showProgress draws the progress bar after step done, with the last loss read
+// back (the statistics come back once per logging interval).
+func (t *run) showProgress(done int, loss float64, start time.Time) {
+	r := t.r
+	elapsed := time.Since(start)
+	eta := time.Duration(float64(elapsed) / float64(done) * float64(r.Train.Steps-done))
+	const width = 30
+	filled := width * done / r.Train.Steps
+	fmt.Fprintf(t.opts.Progress, "\r\033[K[%s%s] %d/%d  loss %.4f  %s elapsed, ETA %s",
+		strings.Repeat("=", filled), strings.Repeat(" ", width-filled), done, r.Train.Steps, loss,
+		elapsed.Round(time.Second), eta.Round(time.Second))
 }
 
 func round4(x float64) float64 { return math.Round(x*1e4) / 1e4 }

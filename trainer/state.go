@@ -2,7 +2,6 @@ package trainer
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
@@ -40,17 +39,26 @@ type state struct {
 
 	// weights are the full compute weights per group (Padded; nil under
 	// optim_grads_params): fp32, or bf16 storage in a bf16 run.
-	weights    []tensor.Weights[float32]
-	grads      [][]float32     // per group: full gradients (Padded), fp32
-	main       [][]float32     // per group: this rank's shard of the fp32 main weights
-	gshard     [][]float32     // per group: this rank's shard of the reduced gradients
-	wshard     [][]tensor.BF16 // per group: this rank's bf16 compute shard, to gather (bf16 only; its part of weights unless optim_grads_params)
-	m, v       [][]float32
-	lo         []int64 // per group: start of this rank's shard
-	segs       [][]segment
-	comms      []comm.Communicator // per group: its dp×cp or edp group
-	world      comm.Communicator
-	scalar     [1]float32 // a norm's partial sum, all-reduced
+	weights []tensor.Weights[float32]
+	grads   [][]float32     // per group: full gradients (Padded), fp32
+	main    [][]float32     // per group: this rank's shard of the fp32 main weights
+	gshard  [][]float32     // per group: this rank's shard of the reduced gradients
+	wshard  [][]tensor.BF16 // per group: this rank's bf16 compute shard, to gather (bf16 only; its part of weights unless optim_grads_params)
+	m, v    [][]float32
+	lo      []int64 // per group: start of this rank's shard
+	segs    [][]segment
+	comms   []comm.Communicator // per group: its dp×cp or edp group
+	world   comm.Communicator
+	// mem is the backend's memory of this rank; stats is the step's statistics
+	// buffer there (tensor.NumStats, f64: loss and token sums, square sums,
+	// norm, clip factor, whether the update applies, optimizer steps), written
+	// and read by kernels so that a step reads nothing back; wire is the f32
+	// buffer statistics are all-reduced through (wireHost its elements, which
+	// the host-memory communicators take in place).
+	mem        tensor.Memory
+	stats      tensor.Buffer
+	wire       tensor.Buffer
+	wireHost   []float32
 	bsrc, bdst [][]uint16 // per group: bf16 reduction buffers (bf16Scratch)
 	// Expert parallelism: this rank's ep coordinate, experts per ep rank, and the
 	// ep group (nil when ep = 1).
@@ -120,6 +128,9 @@ func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, w
 		perUnit:   r.FSDP.DataParallelShardingStrategy == "optim_grads_params",
 		unitGrads: r.FSDP.DataParallelShardingStrategy == "optim_grads_params" || r.FSDP.DataParallelShardingStrategy == "optim_grads",
 		wviews:    make([]tensor.Weights[float32], len(p.Params)), gviews: make([][]float32, len(p.Params))}
+	if err := s.openMemory(); err != nil {
+		return nil, err
+	}
 	c := p.Mesh.Coords(rank)
 	if p.Mesh.EP > 1 {
 		var err error
@@ -200,6 +211,40 @@ func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, w
 		s.segs = append(s.segs, segmentsOf(p, gi, lo, hi, r.Train.DecayNormsAndEmbeddings))
 	}
 	return s, nil
+}
+
+// openMemory makes the rank's backend memory and its statistics buffers.
+func (s *state) openMemory() error {
+	s.mem = s.be.NewMemory()
+	s.stats, s.wire = s.mem.Alloc(tensor.Float64, tensor.NumStats), s.mem.Alloc(tensor.Float32, wireLen)
+	host, ok := s.mem.(tensor.HostMemory)
+	if !ok {
+		return fmt.Errorf("the %s backend's memory is not host memory, and the CPU trainer's collectives (in process, TCP) run over host memory", s.be.Name())
+	}
+	s.wireHost = host.Float32s(s.wire)
+	return s.mem.Err()
+}
+
+// wireLen is the most statistics one all-reduce carries (loss, tokens, aux,
+// dropped).
+const wireLen = 4
+
+// allReduceStats sums stats elements [lo, hi) over c's ranks through the f32
+// wire buffer (nothing when c is nil: the values keep their float64 precision).
+func (s *state) allReduceStats(c comm.Communicator, lo, hi int) error {
+	if c == nil {
+		return nil
+	}
+	n := hi - lo
+	s.mem.Copy(s.wire.Slice(0, n), s.stats.Slice(lo, hi))
+	if err := s.mem.Err(); err != nil {
+		return err
+	}
+	if err := c.AllReduce(s.wireHost[:n]); err != nil {
+		return err
+	}
+	s.mem.Copy(s.stats.Slice(lo, hi), s.wire.Slice(0, n))
+	return nil
 }
 
 // shardIndex is rank's index in group gi's sharding axis (dp×cp for dense
@@ -563,86 +608,74 @@ func (s *state) reduce(inBF16 bool) error {
 	return nil
 }
 
-// gradNorm is the global L2 norm of the reduced gradients. Sharded, each rank's
-// shards are disjoint over the world, so the squares are summed over the world.
-// Under no_shard every rank holds all dense gradients, but only its own ep rank's
-// experts: the experts' squares are summed over the ep group. Every rank then
-// gets the same norm, so replicas clip alike.
-func (s *state) gradNorm() (float64, error) {
-	var dense, expert float64
+// sumSquares leaves in the statistics buffer the squares of the reduced
+// gradients, summed so that CloseStep's norm is their global L2 norm. Sharded,
+// each rank's shards are disjoint over the world, so one sum is all-reduced over
+// the world. Under no_shard every rank holds all dense gradients, but only its
+// own ep rank's experts: the experts' squares are summed apart, over the ep
+// group, the dense ones over the tp group. Every rank then has the same norm,
+// so replicas clip alike.
+func (s *state) sumSquares() error {
+	sum, expert := s.stats.At(tensor.StatSumSq), s.stats.At(tensor.StatExpertSumSq)
+	s.mem.Zero(s.stats.Slice(tensor.StatSumSq, tensor.StatExpertSumSq+1))
+	oneSum := s.sharded && s.world.Size() > 1
+	if oneSum {
+		expert = sum
+	}
 	for gi, g := range s.gshard {
 		if s.plan.Groups[gi].Expert {
-			expert += s.be.SumSquares(g)
+			s.be.SumSquares(expert, g, true)
 		} else {
-			dense += s.sumSquaresOnce(gi, g)
+			s.sumSquaresOnce(sum, gi, g)
 		}
 	}
-	ss := dense + expert
 	switch {
-	case s.sharded && s.world.Size() > 1:
-		var err error
-		if ss, err = s.allReduceScalar(s.world, ss); err != nil {
-			return 0, err
-		}
+	case oneSum:
+		return s.allReduceStats(s.world, tensor.StatSumSq, tensor.StatSumSq+1)
 	case !s.sharded:
 		// Every rank holds its groups whole: the experts of its ep rank and the
 		// dense weights of its tp rank.
-		var err error
-		if expert, err = s.allReduceScalar(s.epComm, expert); err != nil {
-			return 0, err
+		if err := s.allReduceStats(s.epComm, tensor.StatExpertSumSq, tensor.StatExpertSumSq+1); err != nil {
+			return err
 		}
-		if dense, err = s.allReduceScalar(s.tpComm, dense); err != nil {
-			return 0, err
-		}
-		ss = dense + expert
+		return s.allReduceStats(s.tpComm, tensor.StatSumSq, tensor.StatSumSq+1)
 	}
-	return math.Sqrt(ss), nil
+	return nil
 }
 
-// allReduceScalar sums x over c's ranks in float32 (x itself when c is nil).
-func (s *state) allReduceScalar(c comm.Communicator, x float64) (float64, error) {
-	if c == nil {
-		return x, nil
-	}
-	buf := s.scalar[:]
-	buf[0] = float32(x)
-	err := c.AllReduce(buf)
-	return float64(buf[0]), err
-}
-
-// sumSquaresOnce is Σ g² over dense group gi's gradient shard g, counting a
-// parameter that every tensor-parallel rank holds whole (a norm gain) on tp rank
-// 0 only, so that sums over ranks count each gradient element once.
-func (s *state) sumSquaresOnce(gi int, g []float32) float64 {
+// sumSquaresOnce adds Σ g² over dense group gi's gradient shard g into dst,
+// counting a parameter that every tensor-parallel rank holds whole (a norm gain)
+// on tp rank 0 only, so that sums over ranks count each gradient element once.
+func (s *state) sumSquaresOnce(dst tensor.Buffer, gi int, g []float32) {
 	if s.tpComm == nil {
-		return s.be.SumSquares(g)
+		s.be.SumSquares(dst, g, true)
+		return
 	}
-	var ss float64
 	for _, sg := range s.segs[gi] {
 		if p := &s.plan.Params[sg.param]; p.TPSplit < 0 && s.tpRank > 0 {
 			continue
 		}
-		ss += s.be.SumSquares(g[sg.lo:sg.hi])
+		s.be.SumSquares(dst, g[sg.lo:sg.hi], true)
 	}
-	return ss
 }
 
-func (s *state) scaleGrads(f float64) {
-	if f == 1 {
-		return
-	}
+// scaleGrads clips the gradients by the factor CloseStep left in the
+// statistics (when the step applies).
+func (s *state) scaleGrads() {
 	for _, g := range s.gshard {
-		s.be.Scale(g, f)
+		s.be.Scale(g, s.stats)
 	}
 }
 
-// step applies the optimizer to this rank's shard and gathers the compute weights:
+// step applies the optimizer to this rank's shard and gathers the compute
+// weights; the kernels update only when the statistics say the step applies, at
+// the optimizer step they count:
 // train.optimizer adamw or adam (Megatron's adam is AdamW with decoupled weight
 // decay) runs AdamW, sgd runs SGD with momentum train.beta1 (its buffer is the
 // first-moment buffer). Each segment's update runs on every core (the kernels
 // split it): each element's update depends only on its own values, so the split
 // changes no bit of the result.
-func (s *state) step(tr config.Train, lr float64, t int) error {
+func (s *state) step(tr config.Train, lr float64) error {
 	for gi := range s.segs {
 		for _, sg := range s.segs[gi] {
 			wd := tr.WeightDecay
@@ -652,9 +685,9 @@ func (s *state) step(tr config.Train, lr float64, t int) error {
 			lo, hi := sg.lo, sg.hi
 			p, g, m, v := s.main[gi][lo:hi], s.gshard[gi][lo:hi], s.m[gi][lo:hi], s.v[gi][lo:hi]
 			if tr.Optimizer == "sgd" {
-				s.be.SGD(p, g, m, lr, tr.Beta1, wd)
+				s.be.SGD(p, g, m, lr, tr.Beta1, wd, s.stats)
 			} else {
-				s.be.AdamW(p, g, m, v, lr, tr.Beta1, tr.Beta2, tr.Eps, wd, t)
+				s.be.AdamW(p, g, m, v, lr, tr.Beta1, tr.Beta2, tr.Eps, wd, s.stats)
 			}
 		}
 	}

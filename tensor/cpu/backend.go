@@ -11,10 +11,14 @@ type Backend = Kernels[float32]
 var (
 	_ tensor.Backend          = Backend{}
 	_ tensor.Kernels[float64] = Kernels[float64]{}
+	_ tensor.HostMemory       = (*Memory)(nil)
 )
 
 // Name reports the backend and its matmul micro-kernel.
 func (Kernels[F]) Name() string { return "cpu (" + KernelName() + ")" }
+
+// NewMemory returns a new CPU memory (Memory).
+func (Kernels[F]) NewMemory() tensor.Memory { return NewMemory() }
 
 // BF16Matmul says how products with bf16 weights run: "dot" (bf16 pairs,
 // AVX-512 BF16) or "widened" (the weights widened to float32).
@@ -84,13 +88,19 @@ func (Kernels[F]) Combine(out, y, gates []F, r tensor.Routing, s tensor.MoEShape
 func (Kernels[F]) CombineBackward(dy, dgates, dout, y, gates []F, r tensor.Routing, s tensor.MoEShape) {
 	CombineBackward(dy, dgates, dout, y, gates, r, s)
 }
-func (Kernels[F]) AdamW(params, grads, m, v []F, lr, beta1, beta2, eps, wd float64, t int) {
-	AdamW(params, grads, m, v, lr, beta1, beta2, eps, wd, t)
+func (Kernels[F]) AdamW(params, grads, m, v []F, lr, beta1, beta2, eps, wd float64, st tensor.Buffer) {
+	AdamWStep(params, grads, m, v, lr, beta1, beta2, eps, wd, st)
 }
-func (Kernels[F]) SGD(params, grads, buf []F, lr, momentum, wd float64) {
-	SGD(params, grads, buf, lr, momentum, wd)
+func (Kernels[F]) SGD(params, grads, buf []F, lr, momentum, wd float64, st tensor.Buffer) {
+	SGDStep(params, grads, buf, lr, momentum, wd, st)
 }
-func (Kernels[F]) ToBF16(dst []tensor.BF16, src []F)   { ToBF16(dst, src) }
-func (Kernels[F]) FromBF16(dst []F, src []tensor.BF16) { FromBF16(dst, src) }
-func (Kernels[F]) SumSquares(x []F) float64            { return SumSquares(x) }
-func (Kernels[F]) Scale(x []F, f float64)              { Scale(x, f) }
+func (Kernels[F]) LossSum(dst tensor.Buffer, losses []F, targets []int32, accumulate bool) {
+	LossSum(dst, losses, targets, accumulate)
+}
+func (Kernels[F]) SumSquares(dst tensor.Buffer, x []F, accumulate bool) {
+	SumSquaresInto(dst, x, accumulate)
+}
+func (Kernels[F]) CloseStep(st tensor.Buffer, maxNorm float64) { CloseStep(st, maxNorm) }
+func (Kernels[F]) Scale(x []F, st tensor.Buffer)               { ScaleBy(x, st) }
+func (Kernels[F]) ToBF16(dst []tensor.BF16, src []F)           { ToBF16(dst, src) }
+func (Kernels[F]) FromBF16(dst []F, src []tensor.BF16)         { FromBF16(dst, src) }

@@ -129,7 +129,7 @@ func tracksCPU(t *testing.T, recipe string, tol float64) {
 		for _, g := range grads {
 			clear(g)
 		}
-		sum, n := cm.Forward(tokens, targets)
+		sum, n := cm.Loss(cpu.NewMemory(), tokens, targets)
 		cm.Backward(tokens, targets, 1/float64(n))
 		var sq float64
 		for _, g := range grads {
@@ -210,7 +210,7 @@ func TestGradientsMatchCPU(t *testing.T) {
 				for _, g := range grads {
 					clear(g)
 				}
-				sum, n := cm.Forward(tokens, targets)
+				sum, n := cm.Loss(cpu.NewMemory(), tokens, targets)
 				cm.Backward(tokens, targets, 1/float64(n))
 				var got [][]float32
 				var met Metrics
@@ -332,7 +332,7 @@ func TestLogitsMatchCPU(t *testing.T) {
 	cm, err := model.New[float32](r.Model, table, tensor.WeightViews(w), w, cpu.Backend{}, B, T)
 	require.NoError(t, err)
 	tokens, _ := opticks(t, B, T, 3)
-	cm.Forward(tokens, nil)
+	cm.Forward(tokens, nil, tensor.Buffer{}, false)
 	gm, err := New(dev, r.Model, table, w, B, T, Options{Compute: cuda.F32})
 	require.NoError(t, err)
 	defer gm.Close()

@@ -132,16 +132,16 @@ func newRankStepper(t *testing.T, cfg config.Model, B, T, tp, tpRank int, opt ..
 	for i := range tokens {
 		tokens[i], targets[i] = int32(i*7%cfg.VocabSize), int32((i*7+3)%cfg.VocabSize)
 	}
-	it := 0
+	it, loss := 0, lossBuffer()
 	return func() {
 		it++
 		for i := range g {
 			clear(g[i])
 		}
-		m.Forward(tokens, targets)
+		m.Forward(tokens, targets, loss, false)
 		m.Backward(tokens, targets, 1/float64(B*T))
 		for i := range w {
-			be.AdamW(w[i], g[i], m1[i], m2[i], 1e-3, 0.9, 0.95, 1e-8, 0.1, it)
+			cpu.AdamW(w[i], g[i], m1[i], m2[i], 1e-3, 0.9, 0.95, 1e-8, 0.1, it)
 		}
 	}
 }

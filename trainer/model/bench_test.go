@@ -63,9 +63,10 @@ func benchTrainStep(b *testing.B, bf16 bool, opt ...Option) {
 		tokens[i], targets[i] = int32(i*7%65), int32((i*7+3)%65)
 	}
 	b.ReportAllocs()
+	loss := lossBuffer()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		m.Forward(tokens, targets)
+		m.Forward(tokens, targets, loss, false)
 		m.Backward(tokens, targets, 1/float64(B*T))
 	}
 	b.ReportMetric(float64(B*T)*float64(b.N)/b.Elapsed().Seconds(), "tokens/s")

@@ -55,6 +55,7 @@ type Model[F tensor.Float] struct {
 	st        *stash[F]   // bf16 stores of saved activations; nil without WithBF16Activations
 	blocks    [][]int     // FSDP units of each block, in forward order
 	hookErr   error
+	mem       tensor.Memory // nil: host reads go uncounted (tests of the model alone)
 	sin       []F
 	scratch   struct {
 		dres, dx, dq, dk, dv, datty, dff1, dff2, dsw, dlogits, dloss []F
@@ -74,6 +75,7 @@ type options struct {
 	cp        *ContextParallel
 	tp        *TensorParallel
 	bf16Acts  bool
+	mem       tensor.Memory
 }
 
 // AllToAll is the collective expert parallelism needs (comm.Communicator has it).
@@ -91,6 +93,11 @@ type ExpertParallel struct {
 
 // WithExpertParallel spreads the experts over an expert-parallel group.
 func WithExpertParallel(ep ExpertParallel) Option { return func(o *options) { o.ep = &ep } }
+
+// WithMemory names the backend memory whose stream the model's work is on, so
+// that the host reads the model makes (the CPU MoE's routing) are counted as
+// synchronisations (tensor.Memory.Sync). The trainer always sets it.
+func WithMemory(mem tensor.Memory) Option { return func(o *options) { o.mem = mem } }
 
 // WithRecompute sets activation recomputation: "none" keeps every activation;
 // "full" keeps only each layer's input and recomputes the whole layer in backward
@@ -115,6 +122,7 @@ func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights []ten
 	for _, f := range opt {
 		f(&o)
 	}
+	m.mem = o.mem
 	switch o.recompute {
 	case "none", "full":
 		m.recompute = o.recompute
@@ -427,12 +435,15 @@ func (m *Model[F]) alloc() {
 	m.be.RopeTables(m.cos, m.sin, m.T, invFreq)
 }
 
-// Forward runs the model on tokens (B·T) and, when targets is non-nil, the loss.
-// It returns the sum of the token losses and the number of tokens counted (targets
-// < 0 are ignored); under tensor parallelism every rank of the tp group returns
-// the same sums. Logits stay in Logits() for sampling (this rank's vocabulary
-// rows under tensor parallelism).
-func (m *Model[F]) Forward(tokens, targets []int32) (lossSum float64, count int) {
+// Forward runs the model on tokens (B·T) and, when targets is non-nil, the loss:
+// it sets loss[0], an f64 buffer of the backend's, to the sum of the token
+// losses (adds it with accumulate: micro-batches, evaluation batches), and
+// returns the number of tokens counted (targets < 0 are ignored; the count
+// comes from the host's targets, the sum stays in the backend's buffer). Under
+// tensor parallelism every rank of the tp group writes the same sum. Logits stay
+// in Logits() for sampling (this rank's vocabulary rows under tensor
+// parallelism).
+func (m *Model[F]) Forward(tokens, targets []int32, loss tensor.Buffer, accumulate bool) (count int) {
 	be, a, w := m.be, &m.a, &m.w
 	BT, C, _, _, _, _, V := m.dims()
 	eps := m.Cfg.NormEps
@@ -465,16 +476,29 @@ func (m *Model[F]) Forward(tokens, targets []int32) (lossSum float64, count int)
 	be.Matmul(a.logits, tensor.FloatWeights(m.gather(a.lnf)), w.output, tensor.MatmulShape{BT: BT, C: C, OC: V}, false)
 	m.release(last, false)
 	if targets == nil {
-		return 0, 0
+		return 0
 	}
 	m.crossEntropy(a.losses, a.probs, a.logits, targets)
-	for i, t := range targets {
+	be.LossSum(loss, a.losses, targets, accumulate)
+	for _, t := range targets {
 		if t >= 0 {
-			lossSum += float64(a.losses[i])
 			count++
 		}
 	}
-	return lossSum, count
+	return count
+}
+
+// Loss runs Forward on tokens and targets and reads the loss sum back from a
+// buffer of mem's (a counted read-back): the sum and the tokens counted, for
+// code that wants one batch's loss on the host (tests, checks against another
+// engine), not for training steps.
+func (m *Model[F]) Loss(mem tensor.Memory, tokens, targets []int32) (sum float64, count int) {
+	buf := mem.Alloc(tensor.Float64, 1)
+	defer mem.Free(buf)
+	count = m.Forward(tokens, targets, buf, false)
+	var s [1]float64
+	mem.Read(s[:], buf)
+	return s[0], count
 }
 
 // ActivationBytes is what the model holds for backward (per layer activations, the

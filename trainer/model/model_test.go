@@ -70,10 +70,10 @@ func TestModelGradient(t *testing.T) {
 		// the load-balancing loss weighted by the micro-batch's share of the counted
 		// tokens, scale·B·T (10/9 here: one target is ignored).
 		loss := func() float64 {
-			s, n := m.Forward(tokens, targets)
+			s, n := lossOf(m, tokens, targets)
 			return s/float64(n) + m.AuxLoss()*float64(B*T)/float64(n)
 		}
-		_, n := m.Forward(tokens, targets)
+		_, n := lossOf(m, tokens, targets)
 		m.Backward(tokens, targets, 1/float64(n))
 		const h = 1e-5
 		for i := range table {
@@ -207,7 +207,7 @@ func TestBF16Weights(t *testing.T) {
 			}
 			m, err := New[float32](tc.cfg, table, w, g, cpu.Backend{}, B, T, tc.opts...)
 			require.NoError(t, err)
-			loss, n := m.Forward(tokens, targets)
+			loss, n := lossOf(m, tokens, targets)
 			require.Equal(t, 9, n, name)
 			m.Backward(tokens, targets, 1/float64(n))
 			return loss

@@ -146,6 +146,14 @@ func (m *Model[F]) moeForward(out, x []F, p moeParams[tensor.Weights[F]], a *moe
 	s := tensor.MoEShape{BT: BT, E: E, K: k, C: C, Capacity: capacity(c, BT)}
 	be.Router(a.probs, a.gates, a.logits, a.rt, s)
 	a.n = be.Dispatch(a.x, x, a.rt, s)
+	// The CPU routes on the host: what follows reads the routing's counts and
+	// offsets (the experts' segments, the exchange's split sizes, the aux loss)
+	// where the kernels left them. That is this layer's one synchronisation,
+	// counted as such; a device backend routes into padded segments instead
+	// (trainer/gpu) and needs none.
+	if m.mem != nil {
+		m.mem.Sync()
+	}
 	a.dropped = BT*k - a.n
 	if m.ep.Size > 1 {
 		m.epExchange(a)

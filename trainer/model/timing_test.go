@@ -83,9 +83,10 @@ func BenchmarkStepBreakdown(b *testing.B) {
 		b.Fatal(err)
 	}
 	tokens := make([]int32, B*T)
+	loss := lossBuffer()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		m.Forward(tokens, tokens)
+		m.Forward(tokens, tokens, loss, false)
 		m.Backward(tokens, tokens, 1/float64(B*T))
 	}
 	var names []string

@@ -1,6 +1,7 @@
-// Package optim holds the learning-rate schedule and gradient-norm clipping. The
-// update rules themselves (AdamW, SGD) are backend kernels (tensor.Kernels), so a
-// GPU backend runs them where the parameters live.
+// Package optim holds the learning-rate schedule. The update rules (AdamW, SGD)
+// and gradient-norm clipping are backend kernels (tensor.Kernels: CloseStep,
+// Scale), so a GPU backend runs them where the parameters and the step's
+// statistics live.
 //
 // It imports nothing from shardline.
 package optim

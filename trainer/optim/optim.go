@@ -36,32 +36,3 @@ func (s Schedule) LR(step int) float64 {
 		return minLR + 0.5*(s.Peak-minLR)*(1+math.Cos(math.Pi*p))
 	}
 }
-
-// SquaredNorm is Σ g², accumulated in float64.
-func SquaredNorm(g []float32) float64 {
-	var s float64
-	for _, x := range g {
-		s += float64(x) * float64(x)
-	}
-	return s
-}
-
-// ClipFactor is the factor that scales gradients of global L2 norm `norm` to at most
-// maxNorm (1 when clipping is off or not needed).
-func ClipFactor(norm, maxNorm float64) float64 {
-	if maxNorm <= 0 || norm <= maxNorm || norm == 0 {
-		return 1
-	}
-	return maxNorm / (norm + 1e-6)
-}
-
-// Scale multiplies g by f.
-func Scale(g []float32, f float64) {
-	if f == 1 {
-		return
-	}
-	ff := float32(f)
-	for i := range g {
-		g[i] *= ff
-	}
-}

@@ -59,14 +59,3 @@ func TestScheduleDecaySteps(t *testing.T) {
 	assert.Equal(t, 0.5, s.LR(50))
 	assert.Equal(t, 0.5, s.LR(99))
 }
-
-func TestClip(t *testing.T) {
-	g := []float32{3, 4}
-	n := math.Sqrt(SquaredNorm(g))
-	assert.Equal(t, 5.0, n)
-	f := ClipFactor(n, 1)
-	Scale(g, f)
-	assert.InDelta(t, 1, math.Sqrt(SquaredNorm(g)), 1e-6)
-	assert.Equal(t, 1.0, ClipFactor(0.5, 1))
-	assert.Equal(t, 1.0, ClipFactor(10, 0))
-}

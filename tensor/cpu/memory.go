@@ -1,0 +1,276 @@
+package cpu
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/shardline/shardline/tensor"
+)
+
+// Memory is the CPU backend's memory (tensor.Memory): buffers are Go slices the
+// backend keeps to itself, and the stream runs synchronously, on the calling
+// goroutine. It counts read-backs as a GPU backend must (each would wait for the
+// device), so the CPU trainer is held to the same rule: none inside a step. One
+// Memory serves one rank; its methods may be called from several goroutines.
+type Memory struct {
+	readbacks atomic.Int64
+	mu        sync.Mutex
+	err       error
+	held      int64 // bytes allocated and not freed
+}
+
+var _ tensor.Memory = (*Memory)(nil)
+
+// NewMemory returns an empty CPU memory.
+func NewMemory() *Memory { return &Memory{} }
+
+// store is one CPU allocation: exactly one slice is set, by dtype.
+type store struct {
+	mem   *Memory
+	dt    tensor.DType
+	n     int
+	f32   []float32
+	bf16  []tensor.BF16
+	i32   []int32
+	f64   []float64
+	freed bool
+}
+
+func (s *store) DType() tensor.DType { return s.dt }
+func (s *store) Len() int            { return s.n }
+func (s *store) Backend() string     { return "cpu" }
+
+// Alloc returns n zeroed elements of dtype t.
+func (m *Memory) Alloc(t tensor.DType, n int) tensor.Buffer {
+	if n < 0 || t > tensor.Float64 {
+		m.fail(fmt.Errorf("cpu: allocating %d elements of %v: want a count ≥ 0 of f32, bf16, i32 or f64", n, t))
+		return tensor.Buffer{}
+	}
+	s := &store{mem: m, dt: t, n: n}
+	switch t {
+	case tensor.Float32:
+		s.f32 = make([]float32, n)
+	case tensor.BFloat16:
+		s.bf16 = make([]tensor.BF16, n)
+	case tensor.Int32:
+		s.i32 = make([]int32, n)
+	case tensor.Float64:
+		s.f64 = make([]float64, n)
+	}
+	m.mu.Lock()
+	m.held += int64(n) * int64(t.Size())
+	m.mu.Unlock()
+	return tensor.NewBuffer(s, 0, n)
+}
+
+// Free gives b's storage back; b must be a whole allocation of this memory.
+func (m *Memory) Free(b tensor.Buffer) {
+	s, ok := m.own("free", b)
+	if !ok {
+		return
+	}
+	if b.Offset() != 0 || b.Len() != s.n {
+		m.fail(fmt.Errorf("cpu: freeing elements [%d, %d) of an allocation of %d: free whole allocations", b.Offset(), b.Offset()+b.Len(), s.n))
+		return
+	}
+	m.mu.Lock()
+	m.held -= int64(s.n) * int64(s.dt.Size())
+	m.mu.Unlock()
+	s.freed, s.f32, s.bf16, s.i32, s.f64 = true, nil, nil, nil, nil
+}
+
+// Held is the bytes allocated and not freed.
+func (m *Memory) Held() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.held
+}
+
+// Write copies src into dst, converting to dst's dtype.
+func (m *Memory) Write(dst tensor.Buffer, src []float64) {
+	s, ok := m.own("write", dst)
+	if !ok || !m.sameLen("write", dst.Len(), len(src)) {
+		return
+	}
+	lo := dst.Offset()
+	for i, v := range src {
+		s.set(lo+i, v)
+	}
+}
+
+// Read copies src into dst (a read-back, counted).
+func (m *Memory) Read(dst []float64, src tensor.Buffer) {
+	m.readbacks.Add(1)
+	s, ok := m.own("read", src)
+	if !ok || !m.sameLen("read", len(dst), src.Len()) {
+		return
+	}
+	lo := src.Offset()
+	for i := range dst {
+		dst[i] = s.get(lo + i)
+	}
+}
+
+// Copy copies src into dst, converting between float dtypes (float32(x) and
+// tensor.ToBF16 round to nearest, ties to even); i32 copies only to i32.
+func (m *Memory) Copy(dst, src tensor.Buffer) {
+	d, ok := m.own("copy to", dst)
+	if !ok {
+		return
+	}
+	s, ok := m.own("copy from", src)
+	if !ok || !m.sameLen("copy", dst.Len(), src.Len()) {
+		return
+	}
+	if (d.dt == tensor.Int32) != (s.dt == tensor.Int32) {
+		m.fail(fmt.Errorf("cpu: copying %v into %v: integers copy only to integers", s.dt, d.dt))
+		return
+	}
+	dl, sl, n := dst.Offset(), src.Offset(), dst.Len()
+	switch {
+	case d.dt == s.dt && d.dt == tensor.Float32:
+		copy(d.f32[dl:dl+n], s.f32[sl:sl+n])
+	case d.dt == s.dt && d.dt == tensor.BFloat16:
+		copy(d.bf16[dl:dl+n], s.bf16[sl:sl+n])
+	case d.dt == s.dt && d.dt == tensor.Int32:
+		copy(d.i32[dl:dl+n], s.i32[sl:sl+n])
+	case d.dt == s.dt && d.dt == tensor.Float64:
+		copy(d.f64[dl:dl+n], s.f64[sl:sl+n])
+	case d.dt == tensor.BFloat16 && s.dt == tensor.Float32:
+		ToBF16(d.bf16[dl:dl+n], s.f32[sl:sl+n])
+	case d.dt == tensor.Float32 && s.dt == tensor.BFloat16:
+		FromBF16(d.f32[dl:dl+n], s.bf16[sl:sl+n])
+	default: // through float64, which holds every f32 and bf16 value exactly
+		for i := 0; i < n; i++ {
+			d.set(dl+i, s.get(sl+i))
+		}
+	}
+}
+
+// Zero sets b's elements to 0.
+func (m *Memory) Zero(b tensor.Buffer) { m.Fill(b, 0) }
+
+// Fill sets b's elements to v (rounded to b's dtype).
+func (m *Memory) Fill(b tensor.Buffer, v float64) {
+	s, ok := m.own("fill", b)
+	if !ok {
+		return
+	}
+	lo, n := b.Offset(), b.Len()
+	switch s.dt {
+	case tensor.Float32:
+		f := s.f32[lo : lo+n]
+		for i := range f {
+			f[i] = float32(v)
+		}
+	default:
+		for i := 0; i < n; i++ {
+			s.set(lo+i, v)
+		}
+	}
+}
+
+// Sync counts a synchronisation: the stream is synchronous, so the host may
+// already use what it wrote.
+func (m *Memory) Sync() { m.readbacks.Add(1) }
+
+// Readbacks is the number of Read and Sync calls so far.
+func (m *Memory) Readbacks() int64 { return m.readbacks.Load() }
+
+// Err is the first failure, nil if none.
+func (m *Memory) Err() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.err
+}
+
+// Float32s is an f32 buffer's elements in place, for collectives over host
+// memory (the in-process and TCP communicators): nothing is copied and nothing
+// leaves the backend's memory, as when NCCL is handed a device pointer. It is
+// nil, with the failure kept, for any other buffer.
+func (m *Memory) Float32s(b tensor.Buffer) []float32 {
+	s, ok := m.own("view", b)
+	if !ok {
+		return nil
+	}
+	if s.dt != tensor.Float32 {
+		m.fail(fmt.Errorf("cpu: a %v buffer viewed as float32", s.dt))
+		return nil
+	}
+	return s.f32[b.Offset() : b.Offset()+b.Len() : b.Offset()+b.Len()]
+}
+
+func (m *Memory) fail(err error) {
+	m.mu.Lock()
+	if m.err == nil {
+		m.err = err
+	}
+	m.mu.Unlock()
+}
+
+// errForeign is the failure for a buffer that is not this memory's.
+var errForeign = errors.New("the buffer is not this CPU memory's (another backend's, another rank's, or empty)")
+
+// own is b's storage when b is a live buffer of this memory; otherwise the
+// failure is kept.
+func (m *Memory) own(op string, b tensor.Buffer) (*store, bool) {
+	s, ok := b.Storage().(*store)
+	switch {
+	case !ok || s.mem != m:
+		m.fail(fmt.Errorf("cpu: %s: %w", op, errForeign))
+		return nil, false
+	case s.freed:
+		m.fail(fmt.Errorf("cpu: %s: the buffer was freed", op))
+		return nil, false
+	case m.Err() != nil: // sticky: work after a failure is skipped
+		return nil, false
+	}
+	return s, true
+}
+
+func (m *Memory) sameLen(op string, a, b int) bool {
+	if a != b {
+		m.fail(fmt.Errorf("cpu: %s of %d elements into %d: lengths differ", op, b, a))
+		return false
+	}
+	return true
+}
+
+// get is element i of s as a float64 (exact for every dtype).
+func (s *store) get(i int) float64 {
+	switch s.dt {
+	case tensor.Float32:
+		return float64(s.f32[i])
+	case tensor.BFloat16:
+		return float64(s.bf16[i].Float32())
+	case tensor.Int32:
+		return float64(s.i32[i])
+	}
+	return s.f64[i]
+}
+
+// set stores v in element i of s, rounded to its dtype (integers truncate).
+func (s *store) set(i int, v float64) {
+	switch s.dt {
+	case tensor.Float32:
+		s.f32[i] = float32(v)
+	case tensor.BFloat16:
+		s.bf16[i] = tensor.ToBF16(float32(v))
+	case tensor.Int32:
+		s.i32[i] = int32(v)
+	default:
+		s.f64[i] = v
+	}
+}
+
+// f64s is a CPU f64 buffer's elements in place (nil for any other buffer: a
+// kernel skips it). Kernels read and write the statistics buffers through it.
+func f64s(b tensor.Buffer) []float64 {
+	s, ok := b.Storage().(*store)
+	if !ok || s.dt != tensor.Float64 || s.freed {
+		return nil
+	}
+	return s.f64[b.Offset() : b.Offset()+b.Len() : b.Offset()+b.Len()]
+}

@@ -1,0 +1,108 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/shardline/shardline/tensor"
+)
+
+// The step statistics kernels (tensor.Kernels' LossSum, SumSquares, CloseStep,
+// Scale and the optimizers' gate) read and write an f64 buffer of this
+// backend's memory in place: nothing goes back to the caller.
+
+// stats is the f64 view of b with at least n elements, or nil after keeping a
+// failure (on b's memory when b is a CPU buffer): the kernel is then skipped.
+func stats(op string, b tensor.Buffer, n int) []float64 {
+	x := f64s(b)
+	if x != nil && len(x) >= n {
+		return x
+	}
+	if s, ok := b.Storage().(*store); ok {
+		s.mem.fail(fmt.Errorf("cpu: %s: want an f64 buffer of at least %d elements, got %d %v values", op, n, b.Len(), b.DType()))
+	}
+	return nil
+}
+
+// LossSum sets dst[0] to Σ losses[i] over the tokens whose target is ≥ 0, in
+// float64 and token order (adds it with accumulate).
+func LossSum[F Float](dst tensor.Buffer, losses []F, targets []int32, accumulate bool) {
+	d := stats("LossSum", dst, 1)
+	if d == nil {
+		return
+	}
+	var s float64
+	for i, t := range targets {
+		if t >= 0 {
+			s += float64(losses[i])
+		}
+	}
+	if accumulate {
+		s += d[0]
+	}
+	d[0] = s
+}
+
+// SumSquaresInto sets dst[0] to SumSquares(x) (adds it with accumulate).
+func SumSquaresInto[F Float](dst tensor.Buffer, x []F, accumulate bool) {
+	d := stats("SumSquares", dst, 1)
+	if d == nil {
+		return
+	}
+	s := SumSquares(x)
+	if accumulate {
+		s = d[0] + s
+	}
+	d[0] = s
+}
+
+// CloseStep finishes a step's statistics (tensor.Kernels.CloseStep).
+func CloseStep(st tensor.Buffer, maxNorm float64) {
+	s := stats("CloseStep", st, tensor.NumStats)
+	if s == nil {
+		return
+	}
+	norm := math.Sqrt(s[tensor.StatSumSq] + s[tensor.StatExpertSumSq])
+	loss := s[tensor.StatLoss] / s[tensor.StatTokens]
+	s[tensor.StatNorm], s[tensor.StatClip] = norm, tensor.ClipFactor(norm, maxNorm)
+	s[tensor.StatApplied] = 0
+	if finite(loss) && finite(norm) {
+		s[tensor.StatApplied] = 1
+		s[tensor.StatOptSteps]++
+	}
+}
+
+func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
+
+// applied is whether the step in st applies its update, and at which optimizer step.
+func applied(op string, st tensor.Buffer) (bool, int) {
+	s := stats(op, st, tensor.NumStats)
+	if s == nil || s[tensor.StatApplied] == 0 {
+		return false, 0
+	}
+	return true, int(s[tensor.StatOptSteps])
+}
+
+// ScaleBy multiplies x by st[StatClip] when the step applies and the factor is not 1.
+func ScaleBy[F Float](x []F, st tensor.Buffer) {
+	if ok, _ := applied("Scale", st); !ok {
+		return
+	}
+	if f := f64s(st)[tensor.StatClip]; f != 1 {
+		Scale(x, f)
+	}
+}
+
+// AdamWStep is AdamW at optimizer step st[StatOptSteps], when the step applies.
+func AdamWStep[F Float](params, grads, m, v []F, lr, beta1, beta2, eps, wd float64, st tensor.Buffer) {
+	if ok, t := applied("AdamW", st); ok {
+		AdamW(params, grads, m, v, lr, beta1, beta2, eps, wd, t)
+	}
+}
+
+// SGDStep is SGD when the step applies.
+func SGDStep[F Float](params, grads, buf []F, lr, momentum, wd float64, st tensor.Buffer) {
+	if ok, _ := applied("SGD", st); ok {
+		SGD(params, grads, buf, lr, momentum, wd)
+	}
+}

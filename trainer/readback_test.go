@@ -1,0 +1,113 @@
+package trainer
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/shardline/shardline/tensor"
+	"github.com/shardline/shardline/tensor/cpu"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestStepReadsNothingBack: a training step (micro-batches forward and backward,
+// gradient reduction, norm, clipping, optimizer) reads no buffer of the
+// backend's back to the host, under every sharding strategy and bf16, tensor,
+// context and expert parallelism, in process and over TCP: the loss and token
+// sums, the norm, the clip factor and whether the update applies stay in the
+// backend's statistics buffer, counted through the backend's memory
+// (tensor.Memory.Readbacks). The one exception is declared and counted: the CPU
+// MoE routes on the host, one synchronisation per MoE layer and forward
+// (twice under full recompute, which runs the layer's forward again).
+func TestStepReadsNothingBack(t *testing.T) {
+	base := []string{"train.micro_batch_size=2", "train.global_batch_size=8", "parallel.world_size=2"}
+	moe := []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32"}
+	cases := []struct {
+		name    string
+		sets    []string
+		overTCP bool
+		syncs   int // per step and rank: MoE layers × micro-batches × forwards
+	}{
+		{"optim_grads_params", []string{"fsdp.data_parallel_sharding_strategy=optim_grads_params"}, false, 0},
+		{"optim_grads", []string{"fsdp.data_parallel_sharding_strategy=optim_grads"}, false, 0},
+		{"optim", []string{"fsdp.data_parallel_sharding_strategy=optim"}, false, 0},
+		{"no_shard", []string{"fsdp.data_parallel_sharding_strategy=no_shard"}, false, 0},
+		{"bf16", []string{"precision.bf16=true", "fsdp.grad_reduce_in_bf16=true"}, false, 0},
+		{"tp2", []string{"parallel.tensor_parallel=2"}, false, 0},
+		{"cp2", []string{"parallel.context_parallel=2"}, false, 0},
+		{"tcp no_shard", []string{"fsdp.data_parallel_sharding_strategy=no_shard"}, true, 0},
+		// 2 MoE layers; 8 sequences over 2 ranks of 2 per micro-batch: 2 micro-batches.
+		{"moe-ep2", append([]string{"parallel.expert_parallel=2"}, moe...), false, 2 * 2},
+		{"moe-ep2 full recompute", append([]string{"parallel.expert_parallel=2", "activation_checkpoint.mode=full"}, moe...), false, 2 * 2 * 2},
+		{"moe one rank", append([]string{"parallel.world_size=1", "train.global_batch_size=4"}, moe...), false, 2 * 2},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			res, dir := tinyRun(t, append(append([]string{}, base...), c.sets...)...)
+			step, runs := rankSteps(t, res, dir, c.overTCP)
+			step() // the first step may set things up
+			before := make([]int64, len(runs))
+			for i, r := range runs {
+				before[i] = r.st.mem.Readbacks()
+			}
+			const steps = 3
+			for range steps {
+				step()
+			}
+			for i, r := range runs {
+				assert.Equal(t, int64(steps*c.syncs), r.st.mem.Readbacks()-before[i], "rank %d: read-backs in %d steps", i, steps)
+			}
+		})
+	}
+}
+
+// countingBackend is the CPU backend, keeping every memory it makes so that a
+// test can count their read-backs.
+type countingBackend struct {
+	cpu.Backend
+	mu   sync.Mutex
+	mems []tensor.Memory
+}
+
+func (b *countingBackend) NewMemory() tensor.Memory {
+	m := b.Backend.NewMemory()
+	b.mu.Lock()
+	b.mems = append(b.mems, m)
+	b.mu.Unlock()
+	return m
+}
+
+// TestRunReadsBackOncePerLoggingInterval: a whole run reads the step statistics
+// back once per logging interval (and at the last step), plus once per
+// evaluation, and records every step's loss all the same; on two ranks each rank
+// reads back as often.
+func TestRunReadsBackOncePerLoggingInterval(t *testing.T) {
+	for _, c := range []struct {
+		name               string
+		sets               []string
+		readbacks, records int
+	}{
+		// 10 steps at interval 4: steps 4, 8 and 10; the final evaluation.
+		{"interval 4", []string{"logging.interval=4", "train.steps=10", "train.eval_interval=0"}, 3 + 1, 10},
+		// interval 5 and evaluation at step 5: steps 5 and 10 (which is evaluated too),
+		// and two evaluations.
+		{"interval 5 eval 5", []string{"logging.interval=5", "train.steps=10", "train.eval_interval=5"}, 2 + 2, 10},
+		{"interval 1", []string{"logging.interval=1", "train.steps=6", "train.eval_interval=0"}, 6 + 1, 6},
+		{"two ranks", []string{"logging.interval=4", "train.steps=10", "train.eval_interval=0", "parallel.world_size=2"}, 3 + 1, 10},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			res, _ := tinyRun(t, c.sets...)
+			be := &countingBackend{}
+			o := opts()
+			o.Backend = be
+			out, err := Run(context.Background(), res, o)
+			require.NoError(t, err)
+			require.Equal(t, c.records, out.Steps)
+			require.NotEmpty(t, be.mems)
+			for i, m := range be.mems {
+				assert.Equal(t, int64(c.readbacks), m.Readbacks(), "rank %d", i)
+			}
+		})
+	}
+}
