@@ -68,10 +68,29 @@ type Kernels[F Float] interface {
 	// gated combination. gates are (BT,K); the index arrays are r's (Routing).
 	Router(probs, gates, logits []F, r Routing, s MoEShape)
 	RouterBackward(dlogits, dgates, dprobs, gates, probs []F, r Routing, s MoEShape)
-	Dispatch(xperm, x []F, r Routing, s MoEShape) int
-	DispatchBackward(dx, dxperm []F, r Routing, n int, s MoEShape)
+	// Dispatch writes r.Offsets, which the kernels that follow read: the count of
+	// kept copies and the experts' segments never go back to the caller.
+	Dispatch(xperm, x []F, r Routing, s MoEShape)
+	DispatchBackward(dx, dxperm []F, r Routing, s MoEShape)
 	Combine(out, y, gates []F, r Routing, s MoEShape)
 	CombineBackward(dy, dgates, dout, y, gates []F, r Routing, s MoEShape)
+	// The routed experts, each over its segment of the permuted rows (expert e
+	// of w: rows offsets[e]..offsets[e+1], read by the kernel): products (dinp
+	// overwritten unless accumulate, dw accumulated) and SwiGLU over the rows
+	// of all segments.
+	ExpertsMatmul(out []F, inp Weights[F], w []Weights[F], offsets []int32, s ExpertsShape, accumulate bool)
+	ExpertsMatmulBackward(dinp []F, dw [][]F, dout []F, inp Weights[F], w []Weights[F], offsets []int32, s ExpertsShape, accumulate bool)
+	ExpertsSwiGLU(out, gate, up []F, offsets []int32, width int)
+	ExpertsSwiGLUBackward(dgate, dup, dout, gate, up []F, offsets []int32, width int, accumulate bool)
+	// RouterStats sets stats (2E) to each expert's kept copies, then its router
+	// probabilities summed over the tokens. AuxLoss sets dst[0] (f64) to the
+	// load-balancing loss E·Σ_e f_e·P_e those stats give over tokens tokens and
+	// dst[1] to the copies dropped past capacity (adds with accumulate);
+	// AuxLossBackward sets dprobs (BT,E) to coeff times its gradient through the
+	// probabilities.
+	RouterStats(stats, probs []F, r Routing, s MoEShape)
+	AuxLoss(dst Buffer, stats []F, r Routing, s MoEShape, tokens int, accumulate bool)
+	AuxLossBackward(dprobs, stats []F, s MoEShape, tokens int, coeff float64)
 
 	// A step's statistics live in an f64 buffer of the backend's (NumStats
 	// elements, laid out by the Stat constants): the kernels below write and read
@@ -89,6 +108,8 @@ type Kernels[F Float] interface {
 	// the factor that clips it to maxNorm (0: off), whether the step is applied
 	// (its loss Σ/tokens and norm are finite), and the optimizer steps applied.
 	CloseStep(stats Buffer, maxNorm float64)
+	// Axpy adds a·src into dst (f64 buffers of one length).
+	Axpy(dst, src Buffer, a float64)
 	// Scale multiplies x by stats[StatClip] in place when the step is applied
 	// (gradient clipping).
 	Scale(x []F, stats Buffer)
@@ -155,6 +176,9 @@ type AttentionShape struct {
 type Routing struct {
 	Idx, Row, Tok, Offsets, Cursor []int32
 }
+
+// ExpertsShape is each routed expert's product: C inputs, OC outputs.
+type ExpertsShape struct{ C, OC int }
 
 // MoEShape is one MoE layer's routing: BT tokens, E experts, the top K of them per
 // token, C channels, and at most Capacity copies kept per expert (BT·K keeps every

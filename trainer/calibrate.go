@@ -577,12 +577,12 @@ func streamKernel(be tensor.Backend, kind string, n int) (func(), error) {
 			rt.Idx[t*K], rt.Idx[t*K+1] = int32(t%E), int32((t+3)%E)
 		}
 		x, xperm, gates := filled(bt*C), make([]float32, bt*K*C), filled(bt*K)
-		rows := be.Dispatch(xperm, x, rt, s)
+		be.Dispatch(xperm, x, rt, s)
 		switch kind {
 		case parallel.StreamDispatch:
 			return func() { be.Dispatch(xperm, x, rt, s) }, nil
 		case parallel.StreamDispatchBwd:
-			return func() { be.DispatchBackward(x, xperm, rt, rows, s) }, nil
+			return func() { be.DispatchBackward(x, xperm, rt, s) }, nil
 		case parallel.StreamCombine:
 			return func() { be.Combine(x, xperm, gates, rt, s) }, nil
 		}

@@ -17,9 +17,12 @@ import (
 // context and expert parallelism, in process and over TCP: the loss and token
 // sums, the norm, the clip factor and whether the update applies stay in the
 // backend's statistics buffer, counted through the backend's memory
-// (tensor.Memory.Readbacks). The one exception is declared and counted: the CPU
-// MoE routes on the host, one synchronisation per MoE layer and forward
-// (twice under full recompute, which runs the layer's forward again).
+// (tensor.Memory.Readbacks). MoE layers route on the backend too: the kept
+// copies, the experts' segments, the aux loss and the dropped copies never come
+// back, with or without a capacity factor. The one exception is declared and
+// counted: expert parallelism's all-to-all takes its split sizes from the host,
+// one synchronisation per MoE layer and forward (twice under full recompute,
+// which runs the layer's forward again).
 func TestStepReadsNothingBack(t *testing.T) {
 	base := []string{"train.micro_batch_size=2", "train.global_batch_size=8", "parallel.world_size=2"}
 	moe := []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32"}
@@ -40,7 +43,10 @@ func TestStepReadsNothingBack(t *testing.T) {
 		// 2 MoE layers; 8 sequences over 2 ranks of 2 per micro-batch: 2 micro-batches.
 		{"moe-ep2", append([]string{"parallel.expert_parallel=2"}, moe...), false, 2 * 2},
 		{"moe-ep2 full recompute", append([]string{"parallel.expert_parallel=2", "activation_checkpoint.mode=full"}, moe...), false, 2 * 2 * 2},
-		{"moe one rank", append([]string{"parallel.world_size=1", "train.global_batch_size=4"}, moe...), false, 2 * 2},
+		{"moe one rank", append([]string{"parallel.world_size=1", "train.global_batch_size=4"}, moe...), false, 0},
+		{"moe capacity", append([]string{"model.moe.capacity_factor=1.0"}, moe...), false, 0},
+		{"moe tp2 cp2 full recompute", append([]string{"parallel.world_size=4", "train.global_batch_size=4", "parallel.tensor_parallel=2",
+			"parallel.context_parallel=2", "activation_checkpoint.mode=full"}, moe...), false, 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -104,8 +110,10 @@ func TestRunReadsBackOncePerLoggingInterval(t *testing.T) {
 			out, err := Run(context.Background(), res, o)
 			require.NoError(t, err)
 			require.Equal(t, c.records, out.Steps)
-			require.NotEmpty(t, be.mems)
-			for i, m := range be.mems {
+			// The ranks' memories come first (made as each rank opens its state).
+			world := res.Recipe.Parallel.WorldSize
+			require.GreaterOrEqual(t, len(be.mems), world)
+			for i, m := range be.mems[:world] {
 				assert.Equal(t, int64(c.readbacks), m.Readbacks(), "rank %d", i)
 			}
 		})

@@ -835,9 +835,9 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 // stepBufs are one rank's token buffers and statistics scratch, made once and
 // reused by every step.
 type stepBufs struct {
-	tokens, targets     []int32 // a micro-batch's whole sequences
-	local, localTargets []int32 // the tokens this rank holds (T/cp of each sequence)
-	counts              [3]float64
+	tokens, targets     []int32    // a micro-batch's whole sequences
+	local, localTargets []int32    // the tokens this rank holds (T/cp of each sequence)
+	count               [1]float64 // the tokens counted, from the host's targets
 	// discard takes the loss sum of a tensor-parallel rank other than the
 	// first (its group's first rank counts the group's tokens); eval sums an
 	// evaluation's losses.
@@ -878,8 +878,8 @@ func (t *run) gradStep(step int) error {
 	dpRank := t.plan.Mesh.Coords(t.rank).DP
 	st.zeroGrads()
 	st.mem.Zero(st.stats.Slice(0, tensor.StatOptSteps))
-	var count, dropped int
-	var aux float64
+	count := 0
+	auxScale := r.Model.MoE.AuxLossCoeff / float64(micro*dp*cp*t.plan.Mesh.TP)
 	scale := 1 / float64(micro*dp*B*T) // per-token mean over the global batch
 	if !r.FSDP.CalculatePerTokenLoss {
 		scale = 1 / float64(B*T) / float64(micro*dp) // mean of micro-batch means
@@ -902,15 +902,17 @@ func (t *run) gradStep(step int) error {
 			count += n
 		}
 		// Every context- and tensor-parallel rank has its sequences' whole aux
-		// loss. AuxLoss and Dropped are host values: the CPU MoE routes on the
-		// host, after its one counted synchronisation per layer.
-		aux += t.m.AuxLoss() / float64(micro*dp*cp*t.plan.Mesh.TP)
-		dropped += t.m.Dropped()
+		// loss: the world's sum, scaled, is the mean. Dropped copies are each
+		// rank's own.
+		if sums := t.m.MoESums(); sums.Len() == 2 {
+			t.opts.Backend.Axpy(st.stats.At(tensor.StatAux), sums.At(0), auxScale)
+			t.opts.Backend.Axpy(st.stats.At(tensor.StatDropped), sums.At(1), 1)
+		}
 	}
 	st.stepEnds()
 	t.modelSteps++
-	b.counts = [3]float64{float64(count), aux, float64(dropped)}
-	st.mem.Write(st.stats.Slice(tensor.StatTokens, tensor.StatSumSq), b.counts[:])
+	b.count[0] = float64(count)
+	st.mem.Write(st.stats.At(tensor.StatTokens), b.count[:])
 	// One rank keeps its float64 sums; several add them in float32.
 	if st.world.Size() > 1 {
 		if err := st.allReduceStats(st.world, tensor.StatLoss, tensor.StatSumSq); err != nil {

@@ -76,12 +76,34 @@ func (Kernels[F]) Router(probs, gates, logits []F, r tensor.Routing, s tensor.Mo
 func (Kernels[F]) RouterBackward(dlogits, dgates, dprobs, gates, probs []F, r tensor.Routing, s tensor.MoEShape) {
 	RouterBackward(dlogits, dgates, dprobs, gates, probs, r, s)
 }
-func (Kernels[F]) Dispatch(xperm, x []F, r tensor.Routing, s tensor.MoEShape) int {
-	return Dispatch(xperm, x, r, s)
+func (Kernels[F]) Dispatch(xperm, x []F, r tensor.Routing, s tensor.MoEShape) {
+	Dispatch(xperm, x, r, s)
 }
-func (Kernels[F]) DispatchBackward(dx, dxperm []F, r tensor.Routing, n int, s tensor.MoEShape) {
-	DispatchBackward(dx, dxperm, r, n, s)
+func (Kernels[F]) DispatchBackward(dx, dxperm []F, r tensor.Routing, s tensor.MoEShape) {
+	DispatchBackward(dx, dxperm, r, s)
 }
+func (Kernels[F]) ExpertsMatmul(out []F, inp tensor.Weights[F], w []tensor.Weights[F], offsets []int32, s tensor.ExpertsShape, accumulate bool) {
+	ExpertsMatmul(out, inp, w, offsets, s, accumulate)
+}
+func (Kernels[F]) ExpertsMatmulBackward(dinp []F, dw [][]F, dout []F, inp tensor.Weights[F], w []tensor.Weights[F], offsets []int32, s tensor.ExpertsShape, accumulate bool) {
+	ExpertsMatmulBackward(dinp, dw, dout, inp, w, offsets, s, accumulate)
+}
+func (Kernels[F]) ExpertsSwiGLU(out, gate, up []F, offsets []int32, width int) {
+	ExpertsSwiGLU(out, gate, up, offsets, width)
+}
+func (Kernels[F]) ExpertsSwiGLUBackward(dgate, dup, dout, gate, up []F, offsets []int32, width int, accumulate bool) {
+	ExpertsSwiGLUBackward(dgate, dup, dout, gate, up, offsets, width, accumulate)
+}
+func (Kernels[F]) RouterStats(stats, probs []F, r tensor.Routing, s tensor.MoEShape) {
+	RouterStats(stats, probs, r, s)
+}
+func (Kernels[F]) AuxLoss(dst tensor.Buffer, stats []F, r tensor.Routing, s tensor.MoEShape, tokens int, accumulate bool) {
+	AuxLoss(dst, stats, r, s, tokens, accumulate)
+}
+func (Kernels[F]) AuxLossBackward(dprobs, stats []F, s tensor.MoEShape, tokens int, coeff float64) {
+	AuxLossBackward(dprobs, stats, s, tokens, coeff)
+}
+func (Kernels[F]) Axpy(dst, src tensor.Buffer, a float64) { Axpy(dst, src, a) }
 func (Kernels[F]) Combine(out, y, gates []F, r tensor.Routing, s tensor.MoEShape) {
 	Combine(out, y, gates, r, s)
 }

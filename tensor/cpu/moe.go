@@ -69,9 +69,9 @@ func RouterBackward[F Float](dlogits, dgates, dprobs, gates, probs []F, r tensor
 
 // Dispatch assigns each copy (t, j) a row in expert-major order (tokens in order
 // within an expert), keeping at most s.Capacity copies per expert, and gathers the
-// tokens' rows of x (BT,C) into xperm. It reads r.Idx, fills r.Row, r.Tok and
-// r.Offsets and returns the number of permuted rows; r.Cursor is scratch.
-func Dispatch[F Float](xperm, x []F, r tensor.Routing, s tensor.MoEShape) int {
+// tokens' rows of x (BT,C) into xperm. It reads r.Idx and fills r.Row, r.Tok and
+// r.Offsets (the rows in use are 0..Offsets[E]); r.Cursor is scratch.
+func Dispatch[F Float](xperm, x []F, r tensor.Routing, s tensor.MoEShape) {
 	row, tok, offsets, cursor, idx := r.Row, r.Tok, r.Offsets, r.Cursor, r.Idx
 	C, E, K, capacity := s.C, s.E, s.K, s.Capacity
 	for e := range offsets {
@@ -98,14 +98,13 @@ func Dispatch[F Float](xperm, x []F, r tensor.Routing, s tensor.MoEShape) int {
 		row[i], tok[r] = r, int32(i/K)
 		copy(xperm[int(r)*C:int(r+1)*C], x[(i/K)*C:(i/K+1)*C])
 	}
-	return int(offsets[E])
 }
 
 // DispatchBackward accumulates the permuted rows' gradients dxperm back onto their
-// tokens: dx[r.Tok[i]] += dxperm[i] for the n permuted rows.
-func DispatchBackward[F Float](dx, dxperm []F, rt tensor.Routing, n int, s tensor.MoEShape) {
+// tokens: dx[r.Tok[i]] += dxperm[i] for the permuted rows 0..r.Offsets[E].
+func DispatchBackward[F Float](dx, dxperm []F, rt tensor.Routing, s tensor.MoEShape) {
 	tok, C := rt.Tok, s.C
-	for r := 0; r < n; r++ {
+	for r := 0; r < int(rt.Offsets[s.E]); r++ {
 		d, s := dx[int(tok[r])*C:int(tok[r]+1)*C], dxperm[r*C:(r+1)*C]
 		for c := range d {
 			d[c] += s[c]
@@ -360,5 +359,98 @@ type scaleJob[F Float] struct {
 func (j *scaleJob[F]) rows(_, lo, hi int) {
 	for i := range j.x[lo:hi] {
 		j.x[lo+i] *= j.f
+	}
+}
+
+// The experts' products run over the segments a routing leaves: expert e's rows
+// are offsets[e]..offsets[e+1] of the permuted buffers, read here, by the
+// backend, so that no count goes back to the caller (a GPU runs them as grouped
+// products the same way).
+
+// ExpertsMatmul is out_e (n_e,OC) = inp_e (n_e,C) · w[e] (OC,C)ᵀ for each expert e
+// of w over its segment (+= with accumulate); rows outside the segments are
+// left alone.
+func ExpertsMatmul[F Float](out []F, inp tensor.Weights[F], w []tensor.Weights[F], offsets []int32, s tensor.ExpertsShape, accumulate bool) {
+	C, OC := s.C, s.OC
+	for e := range w {
+		lo, hi := int(offsets[e]), int(offsets[e+1])
+		if hi == lo {
+			continue
+		}
+		Matmul(out[lo*OC:hi*OC], inp.Slice(lo*C, hi*C), w[e], tensor.MatmulShape{BT: hi - lo, C: C, OC: OC}, accumulate)
+	}
+}
+
+// ExpertsMatmulBackward is MatmulBackward per expert over its segment: dw[e]
+// accumulates; dinp's segments are overwritten unless accumulate.
+func ExpertsMatmulBackward[F Float](dinp []F, dw [][]F, dout []F, inp tensor.Weights[F], w []tensor.Weights[F], offsets []int32, s tensor.ExpertsShape, accumulate bool) {
+	C, OC := s.C, s.OC
+	for e := range w {
+		lo, hi := int(offsets[e]), int(offsets[e+1])
+		if hi == lo {
+			continue
+		}
+		MatmulBackward(dinp[lo*C:hi*C], dw[e], dout[lo*OC:hi*OC], inp.Slice(lo*C, hi*C), w[e], tensor.MatmulShape{BT: hi - lo, C: C, OC: OC}, accumulate)
+	}
+}
+
+// ExpertsSwiGLU is SwiGLU over the rows of width values in the segments, rows
+// offsets[0]..offsets[len(offsets)−1].
+func ExpertsSwiGLU[F Float](out, gate, up []F, offsets []int32, width int) {
+	lo, hi := int(offsets[0])*width, int(offsets[len(offsets)-1])*width
+	SwiGLU(out[lo:hi], gate[lo:hi], up[lo:hi], hi-lo)
+}
+
+// ExpertsSwiGLUBackward is SwiGLUBackward over the same rows.
+func ExpertsSwiGLUBackward[F Float](dgate, dup, dout, gate, up []F, offsets []int32, width int, accumulate bool) {
+	lo, hi := int(offsets[0])*width, int(offsets[len(offsets)-1])*width
+	SwiGLUBackward(dgate[lo:hi], dup[lo:hi], dout[lo:hi], gate[lo:hi], up[lo:hi], hi-lo, accumulate)
+}
+
+// RouterStats sets stats (2E) to each expert's kept copies (from r.Offsets), then
+// each expert's router probability summed over the BT tokens (in float64, token
+// order): what the load-balancing loss needs, and what the ranks that split a
+// sequence's tokens add up.
+func RouterStats[F Float](stats, probs []F, r tensor.Routing, s tensor.MoEShape) {
+	E := s.E
+	for e := 0; e < E; e++ {
+		var pe float64
+		for t := 0; t < s.BT; t++ {
+			pe += float64(probs[t*E+e])
+		}
+		stats[e], stats[E+e] = F(r.Offsets[e+1]-r.Offsets[e]), F(pe)
+	}
+}
+
+// AuxLoss sets dst[0] to Switch Transformer's load-balancing loss E·Σ_e f_e·P_e
+// from stats (RouterStats', over tokens tokens: f_e = stats[e]/(tokens·K), P_e =
+// stats[E+e]/tokens) and dst[1] to the copies this routing dropped past capacity
+// (BT·K − r.Offsets[E]); both are added with accumulate.
+func AuxLoss[F Float](dst tensor.Buffer, stats []F, r tensor.Routing, s tensor.MoEShape, tokens int, accumulate bool) {
+	d := statsView("AuxLoss", dst, 2)
+	if d == nil {
+		return
+	}
+	E, K, n := s.E, s.K, float64(tokens)
+	var aux float64
+	for e := 0; e < E; e++ {
+		aux += float64(E) * float64(stats[e]) / (n * float64(K)) * float64(stats[E+e]) / n
+	}
+	dropped := float64(s.BT*K) - float64(r.Offsets[E])
+	if accumulate {
+		aux, dropped = d[0]+aux, d[1]+dropped
+	}
+	d[0], d[1] = aux, dropped
+}
+
+// AuxLossBackward sets dprobs (BT,E) to the gradient of coeff·aux through the
+// router probabilities: coeff·E·f_e/tokens for every token (f is a count).
+func AuxLossBackward[F Float](dprobs, stats []F, s tensor.MoEShape, tokens int, coeff float64) {
+	E, K, n := s.E, s.K, float64(tokens)
+	for e := 0; e < E; e++ {
+		d := F(coeff * float64(E) * float64(stats[e]) / (n * float64(K)) / n)
+		for t := 0; t < s.BT; t++ {
+			dprobs[t*E+e] = d
+		}
 	}
 }

@@ -11,9 +11,9 @@ import (
 // Scale and the optimizers' gate) read and write an f64 buffer of this
 // backend's memory in place: nothing goes back to the caller.
 
-// stats is the f64 view of b with at least n elements, or nil after keeping a
+// statsView is the f64 view of b with at least n elements, or nil after keeping a
 // failure (on b's memory when b is a CPU buffer): the kernel is then skipped.
-func stats(op string, b tensor.Buffer, n int) []float64 {
+func statsView(op string, b tensor.Buffer, n int) []float64 {
 	x := f64s(b)
 	if x != nil && len(x) >= n {
 		return x
@@ -27,7 +27,7 @@ func stats(op string, b tensor.Buffer, n int) []float64 {
 // LossSum sets dst[0] to Σ losses[i] over the tokens whose target is ≥ 0, in
 // float64 and token order (adds it with accumulate).
 func LossSum[F Float](dst tensor.Buffer, losses []F, targets []int32, accumulate bool) {
-	d := stats("LossSum", dst, 1)
+	d := statsView("LossSum", dst, 1)
 	if d == nil {
 		return
 	}
@@ -45,7 +45,7 @@ func LossSum[F Float](dst tensor.Buffer, losses []F, targets []int32, accumulate
 
 // SumSquaresInto sets dst[0] to SumSquares(x) (adds it with accumulate).
 func SumSquaresInto[F Float](dst tensor.Buffer, x []F, accumulate bool) {
-	d := stats("SumSquares", dst, 1)
+	d := statsView("SumSquares", dst, 1)
 	if d == nil {
 		return
 	}
@@ -58,7 +58,7 @@ func SumSquaresInto[F Float](dst tensor.Buffer, x []F, accumulate bool) {
 
 // CloseStep finishes a step's statistics (tensor.Kernels.CloseStep).
 func CloseStep(st tensor.Buffer, maxNorm float64) {
-	s := stats("CloseStep", st, tensor.NumStats)
+	s := statsView("CloseStep", st, tensor.NumStats)
 	if s == nil {
 		return
 	}
@@ -76,7 +76,7 @@ func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
 
 // applied is whether the step in st applies its update, and at which optimizer step.
 func applied(op string, st tensor.Buffer) (bool, int) {
-	s := stats(op, st, tensor.NumStats)
+	s := statsView(op, st, tensor.NumStats)
 	if s == nil || s[tensor.StatApplied] == 0 {
 		return false, 0
 	}
@@ -104,5 +104,23 @@ func AdamWStep[F Float](params, grads, m, v []F, lr, beta1, beta2, eps, wd float
 func SGDStep[F Float](params, grads, buf []F, lr, momentum, wd float64, st tensor.Buffer) {
 	if ok, _ := applied("SGD", st); ok {
 		SGD(params, grads, buf, lr, momentum, wd)
+	}
+}
+
+// Axpy adds a·src[i] to dst[i] (f64 buffers of the same length): statistics
+// moved from one buffer into another, scaled.
+func Axpy(dst, src tensor.Buffer, a float64) {
+	d, x := statsView("Axpy", dst, dst.Len()), statsView("Axpy", src, src.Len())
+	if d == nil || x == nil {
+		return
+	}
+	if len(d) != len(x) {
+		if s, ok := dst.Storage().(*store); ok {
+			s.mem.fail(fmt.Errorf("cpu: Axpy of %d values into %d", len(x), len(d)))
+		}
+		return
+	}
+	for i, v := range x {
+		d[i] += a * v
 	}
 }

@@ -55,14 +55,24 @@ type Model[F tensor.Float] struct {
 	st        *stash[F]   // bf16 stores of saved activations; nil without WithBF16Activations
 	blocks    [][]int     // FSDP units of each block, in forward order
 	hookErr   error
-	mem       tensor.Memory // nil: host reads go uncounted (tests of the model alone)
-	sin       []F
-	scratch   struct {
+	// mem is the memory of the model's stream (WithMemory, or for an MoE model
+	// without it a new one of the backend's; nil for a dense model without it);
+	// moeSums its buffer of the last forward's MoE sums (MoESums);
+	// moeLayersRun counts the MoE layers the current forward has run, and
+	// recomputing is set while backward runs a layer's forward again.
+	mem          tensor.Memory
+	moeSums      tensor.Buffer
+	moeLayersRun int
+	recomputing  bool
+	sin          []F
+	scratch      struct {
 		dres, dx, dq, dk, dv, datty, dff1, dff2, dsw, dlogits, dloss []F
 		// MoE backward (sized for the largest MoE layer)
 		moeDlogits, moeDprobs, moeDgates, moeDy, moeDx, moeDh, moeDg, moeDu, moeSh, moeSg, moeSu []F
 		moeEpA, moeEpB, moeEpC                                                                   []F // expert parallelism
 		moeRecv, moeYloc                                                                         []F // the exchange's arrival-order rows, every layer's
+		expertW                                                                                  [3][]tensor.Weights[F]
+		expertG                                                                                  [3][][]F
 	}
 }
 
@@ -94,9 +104,10 @@ type ExpertParallel struct {
 // WithExpertParallel spreads the experts over an expert-parallel group.
 func WithExpertParallel(ep ExpertParallel) Option { return func(o *options) { o.ep = &ep } }
 
-// WithMemory names the backend memory whose stream the model's work is on, so
-// that the host reads the model makes (the CPU MoE's routing) are counted as
-// synchronisations (tensor.Memory.Sync). The trainer always sets it.
+// WithMemory names the backend memory whose stream the model's work is on (the
+// rank's), so that the model's read-backs and synchronisations (expert
+// parallelism's split sizes) are counted with the trainer's. Without it an MoE
+// model makes a memory of its backend's for its sums.
 func WithMemory(mem tensor.Memory) Option { return func(o *options) { o.mem = mem } }
 
 // WithRecompute sets activation recomputation: "none" keeps every activation;
@@ -122,7 +133,12 @@ func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights []ten
 	for _, f := range opt {
 		f(&o)
 	}
-	m.mem = o.mem
+	if m.mem = o.mem; cfg.MoE.NumExperts > 0 {
+		if m.mem == nil {
+			m.mem = be.NewMemory()
+		}
+		m.moeSums = m.mem.Alloc(tensor.Float64, 2)
+	}
 	switch o.recompute {
 	case "none", "full":
 		m.recompute = o.recompute
@@ -451,6 +467,7 @@ func (m *Model[F]) Forward(tokens, targets []int32, loss tensor.Buffer, accumula
 	if len(w.layers) > 0 {
 		x = a.resid[0]
 	}
+	m.moeLayersRun = 0
 	m.acquire(0, false)
 	m.embed(x, tokens)
 	m.release(0, false)
@@ -553,16 +570,27 @@ func (m *Model[F]) DispatchBytes() int64 {
 	return int64(len(m.scratch.moeRecv)+len(m.scratch.moeYloc)) * elemBytes[F]()
 }
 
-// AuxLoss is the load-balancing loss of the last forward pass, summed over MoE
-// layers and multiplied by model.moe.aux_loss_coeff (0 for dense models).
-func (m *Model[F]) AuxLoss() float64 {
-	var s float64
-	for _, a := range m.a.moe {
-		if a != nil {
-			s += a.aux
-		}
+// MoESums is the f64 buffer (2 values) where the last forward pass left, summed
+// over its MoE layers, the load-balancing loss (without model.moe.aux_loss_coeff)
+// and the routed copies dropped past expert capacity; the empty Buffer for a
+// dense model. The trainer adds it into its step statistics on the backend.
+func (m *Model[F]) MoESums() tensor.Buffer { return m.moeSums }
+
+// AuxLoss reads back the load-balancing loss of the last forward pass, summed
+// over MoE layers and multiplied by model.moe.aux_loss_coeff (0 for dense
+// models): one counted read-back, for checks and tests (training adds MoESums
+// on the backend instead).
+func (m *Model[F]) AuxLoss() float64 { return m.readMoESums()[0] * m.Cfg.MoE.AuxLossCoeff }
+
+// Dropped reads back the routed token copies the last forward dropped past
+// expert capacity, over all MoE layers (as AuxLoss).
+func (m *Model[F]) Dropped() int { return int(m.readMoESums()[1]) }
+
+func (m *Model[F]) readMoESums() (v [2]float64) {
+	if m.moeSums.Len() == 2 {
+		m.mem.Read(v[:], m.moeSums)
 	}
-	return s * m.Cfg.MoE.AuxLossCoeff
+	return v
 }
 
 // layerForward runs layer l from its input x into next (the next layer's input):
@@ -604,19 +632,6 @@ func (m *Model[F]) layerForward(l int, x, next []F) {
 	m.rowParallel(next, m.input(l, inSw, a.sw[l], true), lw.w2, FF) // next = mid + MLP
 }
 
-// Dropped is the number of routed token copies the last forward dropped past
-// expert capacity, over all MoE layers.
-func (m *Model[F]) Dropped() int {
-	n, seen := 0, map[*moeActs[F]]bool{}
-	for _, a := range m.a.moe {
-		if a != nil && !seen[a] {
-			seen[a] = true
-			n += a.dropped
-		}
-	}
-	return n
-}
-
 // Logits returns the last forward pass's logits (B·T, V).
 func (m *Model[F]) Logits() []F { return m.a.logits }
 
@@ -650,7 +665,9 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 			if l+1 < len(w.layers) {
 				next = a.resid[l+1]
 			}
+			m.recomputing = true // the MoE sums keep the forward's
 			m.layerForward(l, a.resid[l], next)
+			m.recomputing = false
 		}
 		lw, lg := w.layers[l], g.layers[l]
 		if lw.moe != nil {

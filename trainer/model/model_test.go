@@ -240,3 +240,47 @@ func relL2(got, want []float32) (float64, bool) {
 	}
 	return math.Sqrt(diff / norm), true
 }
+
+// TestMoESums: the MoE sums a forward leaves on the backend (the load-balancing
+// loss over layers, the copies dropped past capacity) equal the host's
+// computation of Switch Transformer's loss from the routing each layer made, and
+// full recompute, which runs every layer's forward again in backward, leaves
+// them as the forward made them (it once left the last recomputed layer's).
+// Relative 1e-12: the same float64 sums in the same order, the probability
+// sums rounded to F as RouterStats keeps them.
+func TestMoESums(t *testing.T) {
+	cfg := tinyMoE(0, 0.6, 1) // every layer MoE, a capacity that drops copies
+	cfg.Layers = 3
+	B, T := 3, 6
+	tokens, targets := make([]int32, B*T), make([]int32, B*T)
+	for i := range tokens {
+		tokens[i], targets[i] = int32(i*5%cfg.VocabSize), int32((i*5+1)%cfg.VocabSize)
+	}
+	sums := map[string][2]float64{}
+	for _, mode := range []string{"none", "full"} {
+		m, _, _, _ := build[float32](t, cfg, B, T, WithRecompute(mode))
+		_, n := lossOf(m, tokens, targets)
+		if mode == "none" { // every layer keeps its own routing
+			var aux float64
+			dropped := 0
+			E, k, BT := cfg.MoE.NumExperts, cfg.MoE.TopK, B*T
+			for _, a := range m.a.moe {
+				for e := 0; e < E; e++ {
+					var pe float64
+					for tk := 0; tk < BT; tk++ {
+						pe += float64(a.probs[tk*E+e])
+					}
+					aux += float64(E) * float64(a.count(e)) / float64(BT*k) * float64(float32(pe)) / float64(BT)
+				}
+				dropped += BT*k - int(a.rt.Offsets[E])
+			}
+			require.Greater(t, dropped, 0, "the capacity should drop copies")
+			require.InEpsilon(t, aux*cfg.MoE.AuxLossCoeff, m.AuxLoss(), 1e-12)
+			require.Equal(t, dropped, m.Dropped())
+		}
+		m.Backward(tokens, targets, 1/float64(n))
+		sums[mode] = [2]float64{m.AuxLoss(), float64(m.Dropped())}
+		m.Close()
+	}
+	require.Equal(t, sums["none"], sums["full"], "full recompute keeps the forward's sums")
+}

@@ -32,15 +32,13 @@ type moeActs[F tensor.Float] struct {
 	logits, probs []F            // (BT,E) router scores and their softmax (for the aux loss)
 	gates         []F            // (BT,k) the chosen experts' gates
 	rt            tensor.Routing // chosen experts, permuted rows, segments
-	n             int            // permuted rows in use
+	n             int            // permuted rows the buffers span for the host: BT·k, or under expert parallelism the kept copies
 	x             []F            // (BT·k, C) permuted inputs (under expert parallelism only sent: one buffer for every layer)
 	gate, up, sw  []F            // (BT·k, EF)
 	y             []F            // (BT·k, C) expert outputs
 	sgate, sup    [][]F          // per shared expert (BT, EF)
 	ssw           [][]F
-	aux           float64
-	stats         []float32 // (2E) per-expert copy counts, then router probability sums
-	dropped       int       // copies dropped past capacity in the last forward
+	stats         []F // (2E) per-expert kept copies, then router probability sums (RouterStats)
 
 	// Expert parallelism (ep > 1): rows exchanged with each ep rank, per-expert
 	// counts, and the received tokens regrouped by local expert (xloc, kept for
@@ -75,7 +73,7 @@ func newMoEActs[F tensor.Float](c config.Model, BT, ep, sharedRows, tp int, work
 	a := &moeActs[F]{
 		logits: make([]F, BT*E), probs: make([]F, BT*E), gates: make([]F, BT*k),
 		rt:    tensor.Routing{Idx: make([]int32, BT*k), Row: make([]int32, BT*k), Tok: make([]int32, BT*k), Offsets: make([]int32, E+1), Cursor: make([]int32, E)},
-		stats: make([]float32, 2*E),
+		stats: make([]F, 2*E),
 	}
 	if ep > 1 {
 		El := E / ep
@@ -126,6 +124,8 @@ func (a *moeActs[F]) floats() []*[]F {
 	return out
 }
 
+// count is expert e's kept copies, read on the host: only after the layer's
+// synchronisation (expert parallelism).
 func (a *moeActs[F]) count(e int) int { return int(a.rt.Offsets[e+1] - a.rt.Offsets[e]) }
 
 // capacity is the most copies one expert keeps: unlimited without a capacity factor.
@@ -137,7 +137,9 @@ func capacity(c config.Model, BT int) int {
 	return BT * k
 }
 
-// moeForward adds the MoE block's output for input x (BT,C) into out (BT,C).
+// moeForward adds the MoE block's output for input x (BT,C) into out (BT,C), and
+// (unless it is a recompute) the layer's load-balancing loss and dropped copies
+// into the model's MoE sums.
 func (m *Model[F]) moeForward(out, x []F, p moeParams[tensor.Weights[F]], a *moeActs[F]) {
 	be, c := m.be, m.Cfg
 	BT, C := m.rows(), c.Hidden
@@ -145,27 +147,26 @@ func (m *Model[F]) moeForward(out, x []F, p moeParams[tensor.Weights[F]], a *moe
 	be.Matmul(a.logits, tensor.FloatWeights(x), p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, false)
 	s := tensor.MoEShape{BT: BT, E: E, K: k, C: C, Capacity: capacity(c, BT)}
 	be.Router(a.probs, a.gates, a.logits, a.rt, s)
-	a.n = be.Dispatch(a.x, x, a.rt, s)
-	// The CPU routes on the host: what follows reads the routing's counts and
-	// offsets (the experts' segments, the exchange's split sizes, the aux loss)
-	// where the kernels left them. That is this layer's one synchronisation,
-	// counted as such; a device backend routes into padded segments instead
-	// (trainer/gpu) and needs none.
-	if m.mem != nil {
-		m.mem.Sync()
-	}
-	a.dropped = BT*k - a.n
+	be.Dispatch(a.x, x, a.rt, s)
+	// The kernels that follow read the kept copies and the experts' segments from
+	// the routing (r.Offsets); the host only knows their bound, BT·k.
+	a.n = BT * k
 	if m.ep.Size > 1 {
+		// The exchange's split sizes must reach the host, which the all-to-all
+		// takes them from: the layer's one synchronisation (counted), after which
+		// the host reads the routing's counts.
+		m.mem.Sync()
+		a.n = int(a.rt.Offsets[E])
 		m.epExchange(a)
 		sc := &m.scratch
 		m.epRegroup(a, a.xloc, sc.moeRecv, true)
 		m.expertIn(a.xs, a.xloc, 0, a.total*C, true)
-		m.expertsForward(p, a, a.xloc, sc.moeYloc, a.localOff)
+		m.expertsForward(p, a, a.xloc, sc.moeYloc, a.localOff, a.total)
 		m.epRegroup(a, sc.moeYloc, sc.moeRecv, false) // back to arrival order, reusing the receive buffer
 		m.a2a(a.y[:a.n*C], sc.moeRecv[:a.total*C], a.recvEl, a.sendEl)
 	} else {
 		m.expertIn(a.xs, a.x, 0, a.n*C, true)
-		m.expertsForward(p, a, a.x, a.y, a.rt.Offsets)
+		m.expertsForward(p, a, a.x, a.y, a.rt.Offsets, a.n)
 	}
 	be.Combine(out, a.y, a.gates, a.rt, s)
 	if len(p.shared) > 0 {
@@ -181,41 +182,62 @@ func (m *Model[F]) moeForward(out, x []F, p moeParams[tensor.Weights[F]], a *moe
 	}
 	// Load-balancing loss, over the micro-batch's whole sequences when context or
 	// tensor parallelism spreads their tokens over ranks.
-	a.aux = 0
-	for e := 0; e < E; e++ {
-		var pe float64
-		for t := 0; t < BT; t++ {
-			pe += float64(a.probs[t*E+e])
-		}
-		a.stats[e], a.stats[E+e] = float32(a.count(e)), float32(pe)
-		a.aux += float64(E) * float64(a.count(e)) / float64(BT*k) * pe / float64(BT)
-	}
-	if g := m.cpSize() * m.tpSize(); g > 1 {
-		m.seqRouterStats(a.stats)
-		BTg := float64(BT * g)
-		a.aux = 0
-		for e := 0; e < E; e++ {
-			a.aux += float64(E) * float64(a.stats[e]) / (BTg * float64(k)) * float64(a.stats[E+e]) / BTg
-		}
+	be.RouterStats(a.stats, a.probs, a.rt, s)
+	tokens := m.routedTokens(a) // a recompute's backward needs the summed statistics too
+	if !m.recomputing {
+		be.AuxLoss(m.moeSums, a.stats, a.rt, s, tokens, m.moeLayersRun > 0)
+		m.moeLayersRun++
 	}
 }
 
-// expertsForward runs each local expert's SwiGLU over its segment of xin (segment
-// e spans rows offsets[e]..offsets[e+1]) into yout.
-func (m *Model[F]) expertsForward(p moeParams[tensor.Weights[F]], a *moeActs[F], xin, yout []F, offsets []int32) {
-	be, C, EF := m.be, m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden
-	for e, w := range p.experts {
-		lo, n := int(offsets[e]), int(offsets[e+1]-offsets[e])
-		if n == 0 {
-			continue
-		}
-		gs, us, ss, ys := a.gate[lo*EF:(lo+n)*EF], a.up[lo*EF:(lo+n)*EF], a.sw[lo*EF:(lo+n)*EF], yout[lo*C:(lo+n)*C]
-		xs := m.expertIn(a.xs, xin, lo*C, (lo+n)*C, false)
-		be.Matmul(gs, xs, w[0], tensor.MatmulShape{BT: n, C: C, OC: EF}, false)
-		be.Matmul(us, xs, w[1], tensor.MatmulShape{BT: n, C: C, OC: EF}, false)
-		be.SwiGLU(ss, gs, us, n*EF)
-		be.Matmul(ys, m.expertIn(a.sws, a.sw, lo*EF, (lo+n)*EF, true), w[2], tensor.MatmulShape{BT: n, C: EF, OC: C}, false)
+// routedTokens is the tokens the layer's router statistics cover: this rank's
+// rows, or, when context or tensor parallelism spreads the micro-batch's
+// sequences over ranks, theirs, after summing the statistics over those ranks
+// (the loss is then the whole sequences', as one rank computes it).
+func (m *Model[F]) routedTokens(a *moeActs[F]) int {
+	g := m.cpSize() * m.tpSize()
+	if g > 1 {
+		m.seqRouterStats(f32(a.stats))
 	}
+	return m.rows() * g
+}
+
+// expertsForward runs the local experts' SwiGLU over their segments of xin (rows
+// offsets[e]..offsets[e+1], of the rows the buffers span) into yout.
+func (m *Model[F]) expertsForward(p moeParams[tensor.Weights[F]], a *moeActs[F], xin, yout []F, offsets []int32, rows int) {
+	be, C, EF := m.be, m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden
+	w := m.expertWeights(p)
+	xs := m.expertIn(a.xs, xin, 0, rows*C, false)
+	be.ExpertsMatmul(a.gate, xs, w[0], offsets, tensor.ExpertsShape{C: C, OC: EF}, false)
+	be.ExpertsMatmul(a.up, xs, w[1], offsets, tensor.ExpertsShape{C: C, OC: EF}, false)
+	be.ExpertsSwiGLU(a.sw, a.gate, a.up, offsets, EF)
+	be.ExpertsMatmul(yout, m.expertIn(a.sws, a.sw, 0, rows*EF, true), w[2], offsets, tensor.ExpertsShape{C: EF, OC: C}, false)
+}
+
+// expertWeights lists the routed experts' w1, w3 and w2 views as the grouped
+// kernels take them (into the model's scratch lists: the views change as the
+// FSDP runtime gathers units).
+func (m *Model[F]) expertWeights(p moeParams[tensor.Weights[F]]) *[3][]tensor.Weights[F] {
+	ws := &m.scratch.expertW
+	for i := range ws {
+		ws[i] = ws[i][:0]
+		for _, e := range p.experts {
+			ws[i] = append(ws[i], e[i])
+		}
+	}
+	return ws
+}
+
+// expertGrads is expertWeights for the gradient views.
+func (m *Model[F]) expertGrads(g moeParams[[]F]) *[3][][]F {
+	gs := &m.scratch.expertG
+	for i := range gs {
+		gs[i] = gs[i][:0]
+		for _, e := range g.experts {
+			gs[i] = append(gs[i], e[i])
+		}
+	}
+	return gs
 }
 
 // a2a is the ep group's all-to-all (F is float32 under expert parallelism); an
@@ -315,20 +337,12 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p moeParams[tensor.Weights[F]], 
 	dy, dxp, dgates := s.moeDy[:a.n*C], s.moeDx[:a.n*C], s.moeDgates[:BT*k]
 	sh := tensor.MoEShape{BT: BT, E: E, K: k, C: C, Capacity: capacity(c, BT)}
 	be.CombineBackward(dy, dgates, dout, a.y, a.gates, a.rt, sh)
-	// The aux loss reaches the router through P: d aux / d P[t,e] = E·f_e/BT.
+	// The aux loss reaches the router through P: d aux / d P[t,e] = E·f_e/BT
+	// (of the whole sequences: the forward's summed statistics).
 	var dprobs []F
 	if coeff := auxScale * c.MoE.AuxLossCoeff; coeff != 0 {
 		dprobs = s.moeDprobs[:BT*E]
-		for e := 0; e < E; e++ {
-			cnt, BTg := float64(a.count(e)), float64(BT)
-			if g := m.cpSize() * m.tpSize(); g > 1 { // f_e of the whole sequences (the forward's summed counts)
-				cnt, BTg = float64(a.stats[e]), float64(BT*g)
-			}
-			d := F(coeff * float64(E) * cnt / (BTg * float64(k)) / BTg)
-			for t := 0; t < BT; t++ {
-				dprobs[t*E+e] = d
-			}
-		}
+		be.AuxLossBackward(dprobs, a.stats, sh, BT*m.cpSize()*m.tpSize(), coeff)
 	}
 	dlogits := s.moeDlogits[:BT*E]
 	clear(dlogits)
@@ -357,7 +371,7 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p moeParams[tensor.Weights[F]], 
 	} else {
 		m.expertsBackward(p, g, a, dy, a.x, dxp, a.rt.Offsets, a.n)
 	}
-	be.DispatchBackward(dx, dxp, a.rt, a.n, sh)
+	be.DispatchBackward(dx, dxp, a.rt, sh)
 	if len(p.shared) == 0 {
 		return
 	}
@@ -380,24 +394,17 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p moeParams[tensor.Weights[F]], 
 	}
 }
 
-// expertsBackward runs each local expert's backward over its segment: dy and xin
-// are the output gradients and inputs (rows offsets[e]..offsets[e+1]); the input
-// gradients go to dxin (overwritten: the segments tile rows 0..rows) and the weight
-// gradients accumulate.
+// expertsBackward runs the local experts' backward over their segments: dy and
+// xin are the output gradients and inputs (rows offsets[e]..offsets[e+1], of the
+// rows the buffers span); the input gradients go to dxin (overwritten in the
+// segments) and the weight gradients accumulate.
 func (m *Model[F]) expertsBackward(p moeParams[tensor.Weights[F]], g moeParams[[]F], a *moeActs[F], dy, xin, dxin []F, offsets []int32, rows int) {
 	be, C, EF, s := m.be, m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden, &m.scratch
 	dsw, dga, dup := s.moeDh[:rows*EF], s.moeDg[:rows*EF], s.moeDu[:rows*EF]
-	for e := range p.experts {
-		lo, n := int(offsets[e]), int(offsets[e+1]-offsets[e])
-		if n == 0 {
-			continue
-		}
-		w, gw := p.experts[e], g.experts[e]
-		sl := func(b []F, width int) []F { return b[lo*width : (lo+n)*width] }
-		be.MatmulBackward(sl(dsw, EF), gw[2], sl(dy, C), m.expertIn(a.sws, a.sw, lo*EF, (lo+n)*EF, false), w[2], tensor.MatmulShape{BT: n, C: EF, OC: C}, false)
-		be.SwiGLUBackward(sl(dga, EF), sl(dup, EF), sl(dsw, EF), sl(a.gate, EF), sl(a.up, EF), n*EF, false)
-		xs := m.expertIn(a.xs, xin, lo*C, (lo+n)*C, false)
-		be.MatmulBackward(sl(dxin, C), gw[0], sl(dga, EF), xs, w[0], tensor.MatmulShape{BT: n, C: C, OC: EF}, false)
-		be.MatmulBackward(sl(dxin, C), gw[1], sl(dup, EF), xs, w[1], tensor.MatmulShape{BT: n, C: C, OC: EF}, true)
-	}
+	w, gw := m.expertWeights(p), m.expertGrads(g)
+	be.ExpertsMatmulBackward(dsw, gw[2], dy, m.expertIn(a.sws, a.sw, 0, rows*EF, false), w[2], offsets, tensor.ExpertsShape{C: EF, OC: C}, false)
+	be.ExpertsSwiGLUBackward(dga, dup, dsw, a.gate, a.up, offsets, EF, false)
+	xs := m.expertIn(a.xs, xin, 0, rows*C, false)
+	be.ExpertsMatmulBackward(dxin, gw[0], dga, xs, w[0], offsets, tensor.ExpertsShape{C: C, OC: EF}, false)
+	be.ExpertsMatmulBackward(dxin, gw[1], dup, xs, w[1], offsets, tensor.ExpertsShape{C: C, OC: EF}, true)
 }
