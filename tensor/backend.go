@@ -113,11 +113,12 @@ type Kernels[F Float] interface {
 	// Scale multiplies x by stats[StatClip] in place when the step is applied
 	// (gradient clipping).
 	Scale(x []F, stats Buffer)
-	// Optimizers on a flat slice of parameters (one rank's shard or a whole
-	// model). They update only when stats[StatApplied] is set, at optimizer step
-	// stats[StatOptSteps] (AdamW's bias correction).
-	AdamW(params, grads, m, v []F, lr, beta1, beta2, eps, wd float64, stats Buffer)
-	SGD(params, grads, buf []F, lr, momentum, wd float64, stats Buffer)
+	// Optimizers on buffers of F (one rank's shard of the main weights, its
+	// gradients and the moments, or a whole model's). They update only when
+	// stats[StatApplied] is set, at optimizer step stats[StatOptSteps] (AdamW's
+	// bias correction).
+	AdamW(params, grads, m, v Buffer, lr, beta1, beta2, eps, wd float64, stats Buffer)
+	SGD(params, grads, buf Buffer, lr, momentum, wd float64, stats Buffer)
 	// ToBF16 rounds src to bf16 into dst (same length): the compute weights of a
 	// bf16 run, and the activations its layers keep for backward, stored in bf16.
 	ToBF16(dst []BF16, src []F)

@@ -106,12 +106,13 @@ type Memory interface {
 	Alloc(t DType, n int) Buffer
 	// Free gives a buffer's storage back (b must be a whole allocation).
 	Free(b Buffer)
-	// Write copies host values into dst (same length): an upload, not a read-back.
-	Write(dst Buffer, src []float64)
-	// Read copies src's values into host memory (same length), after the stream's
-	// work so far: a read-back, which on a GPU waits for the device. Readbacks
-	// counts them.
-	Read(dst []float64, src Buffer)
+	// Write copies host values (a []float64, []float32, []BF16 or []int32) into
+	// dst (same length), converting to dst's dtype: an upload, not a read-back.
+	Write(dst Buffer, src any)
+	// Read copies src's values into a host slice as Write takes (same length),
+	// converting to its type, after the stream's work so far: a read-back, which
+	// on a GPU waits for the device. Readbacks counts them.
+	Read(dst any, src Buffer)
 	// Copy copies src into dst (same length), converting between float dtypes
 	// (to the nearest value, ties to even).
 	Copy(dst, src Buffer)
@@ -132,9 +133,10 @@ type Memory interface {
 // HostMemory is a Memory whose buffers lie in host memory, so that collectives
 // over host memory (the in-process and TCP communicators) can take an f32
 // buffer's elements in place: no copy, no read-back, as NCCL takes a device
-// pointer. Float32s is nil, with the failure kept for Err, for a buffer that is
-// not an f32 buffer of this memory.
+// pointer. Float32s (BF16s) is nil, with the failure kept for Err, for a buffer
+// that is not an f32 (bf16) buffer of this memory.
 type HostMemory interface {
 	Memory
 	Float32s(b Buffer) []float32
+	BF16s(b Buffer) []BF16
 }

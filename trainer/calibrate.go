@@ -548,9 +548,12 @@ func streamKernel(be tensor.Backend, kind string, n int) (func(), error) {
 		}
 		return func() { be.CrossEntropyBackward(b, dloss, o, tgt, bt, V) }, nil
 	case parallel.StreamAdamW:
-		m, v := make([]float32, n), make([]float32, n)
+		mem := be.NewMemory()
+		pb, gb, mb, vb := mem.Alloc(tensor.Float32, n), mem.Alloc(tensor.Float32, n), mem.Alloc(tensor.Float32, n), mem.Alloc(tensor.Float32, n)
+		mem.Write(pb, a)
+		mem.Write(gb, b)
 		st := appliedStats(be)
-		return func() { be.AdamW(a, b, m, v, 1e-3, 0.9, 0.95, 1e-8, 0.1, st) }, nil
+		return func() { be.AdamW(pb, gb, mb, vb, 1e-3, 0.9, 0.95, 1e-8, 0.1, st) }, mem.Err()
 	case parallel.StreamSumSquares:
 		st := be.NewMemory().Alloc(tensor.Float64, 1)
 		return func() { be.SumSquares(st, a, false) }, nil

@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/fileio"
 	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/parallel/comm"
+	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/trainer/ckpt"
 )
 
@@ -140,13 +142,22 @@ func (t *run) startSave(step, optSteps int) {
 	}
 	data := make([]byte, 0, n)
 	crcs := make([]uint32, 0, len(pieces)*len(ckpt.States))
+	var host []float32 // each piece, read back from the backend (a checkpoint's read-backs)
+	st := t.st
 	for _, rp := range pieces {
-		lo, hi := rp.lo, rp.hi
-		for _, buf := range [][]float32{t.st.main[rp.gi][lo:hi], t.st.m[rp.gi][lo:hi], t.st.v[rp.gi][lo:hi]} {
+		lo, hi := int(rp.lo), int(rp.hi)
+		host = slices.Grow(host[:0], hi-lo)[:hi-lo]
+		for _, buf := range []tensor.Buffer{st.mainB[rp.gi], st.mB[rp.gi], st.vB[rp.gi]} {
+			st.mem.Read(host, buf.Slice(lo, hi))
 			at := len(data)
-			data = fileio.AppendFloat32s(data, buf)
+			data = fileio.AppendFloat32s(data, host)
 			crcs = append(crcs, ckpt.Checksum(data[at:]))
 		}
+	}
+	if err := st.mem.Err(); err != nil {
+		p := &pendingSave{step: step, optSteps: optSteps, dir: ckpt.StepDir(c.root, step), finished: true, err: err}
+		c.pending, c.saved = p, step
+		return
 	}
 	p := &pendingSave{step: step, optSteps: optSteps, dir: ckpt.StepDir(c.root, step), crcs: crcs, done: make(chan error, 1)}
 	if len(pieces) == 0 {
@@ -257,18 +268,24 @@ func saveFailed(p *pendingSave) error {
 // checkpoint, reading only the pieces that overlap what it owns now, then
 // gathers the compute weights.
 func (s *state) load(rd *ckpt.Reader) error {
+	var host []float32 // each piece, read from the file, then written to the backend
 	for gi := range s.plan.Groups {
 		for _, sg := range s.segs[gi] {
 			name := s.plan.Params[s.global(sg.param)].Name
 			for _, r := range tpRuns(&s.plan.Params[sg.param], sg.start, sg.hi-sg.lo, s.tpRank) {
-				lo, hi := sg.lo+r.local, sg.lo+r.local+r.n
-				for k, dst := range [][]float32{s.main[gi][lo:hi], s.m[gi][lo:hi], s.v[gi][lo:hi]} {
-					if err := rd.Read(name, k, r.global, dst); err != nil {
+				lo, hi := int(sg.lo+r.local), int(sg.lo+r.local+r.n)
+				host = slices.Grow(host[:0], hi-lo)[:hi-lo]
+				for k, dst := range []tensor.Buffer{s.mainB[gi], s.mB[gi], s.vB[gi]} {
+					if err := rd.Read(name, k, r.global, host); err != nil {
 						return err
 					}
+					s.mem.Write(dst.Slice(lo, hi), host)
 				}
 			}
 		}
+	}
+	if err := s.mem.Err(); err != nil {
+		return err
 	}
 	return s.gather()
 }

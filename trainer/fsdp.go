@@ -132,13 +132,14 @@ func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, ca
 	for gi := range p.Groups {
 		u.rs = append(u.rs, make([]float32, len(st.gshard[gi])))
 	}
-	// The arenas the plan budgets (parallel.UnitBuffers), made now.
+	// The arenas the plan budgets (parallel.UnitBuffers), made now in the rank's
+	// backend memory.
 	if st.bf16 {
-		u.hpool = newUnitPool[tensor.BF16](p.Buffers.Gather, p.Buffers.GatherSlot)
+		u.hpool = newUnitPool(st.host.BF16s(st.mem.Alloc(tensor.BFloat16, int(p.Buffers.Gather))), p.Buffers.GatherSlot)
 	} else {
-		u.wpool = newUnitPool[float32](p.Buffers.Gather, p.Buffers.GatherSlot)
+		u.wpool = newUnitPool(st.host.Float32s(st.mem.Alloc(tensor.Float32, int(p.Buffers.Gather))), p.Buffers.GatherSlot)
 	}
-	u.gpool = newUnitPool[float32](p.Buffers.Reduce, p.Buffers.ReduceSlot)
+	u.gpool = newUnitPool(st.host.Float32s(st.mem.Alloc(tensor.Float32, int(p.Buffers.Reduce))), p.Buffers.ReduceSlot)
 	u.woff, u.goff = make([]int64, n), make([]int64, n)
 	return u
 }
@@ -153,8 +154,10 @@ type unitPool[E float32 | tensor.BF16] struct {
 	apart, extra int64 // elements held apart now, and at most
 }
 
-func newUnitPool[E float32 | tensor.BF16](n, slot int64) *unitPool[E] {
-	return &unitPool[E]{mem: make([]E, n), arena: parallel.NewArena(n, slot)}
+// newUnitPool carves unit buffers from mem, an arena's elements (a view of
+// the rank's backend memory).
+func newUnitPool[E float32 | tensor.BF16](mem []E, slot int64) *unitPool[E] {
+	return &unitPool[E]{mem: mem, arena: parallel.NewArena(int64(len(mem)), slot)}
 }
 
 // get returns n elements and their offset in the arena (−1: made apart).

@@ -835,9 +835,13 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 // stepBufs are one rank's token buffers and statistics scratch, made once and
 // reused by every step.
 type stepBufs struct {
-	tokens, targets     []int32    // a micro-batch's whole sequences
-	local, localTargets []int32    // the tokens this rank holds (T/cp of each sequence)
-	count               [1]float64 // the tokens counted, from the host's targets
+	tokens, targets     []int32 // a micro-batch's whole sequences
+	local, localTargets []int32 // the tokens this rank holds (T/cp of each sequence)
+	// count is the tokens a step counted, from the host's targets, and
+	// countHost the same slice as Memory.Write takes it, boxed once (boxing a
+	// slice on every step would allocate).
+	count     []float64
+	countHost any
 	// discard takes the loss sum of a tensor-parallel rank other than the
 	// first (its group's first rank counts the group's tokens); eval sums an
 	// evaluation's losses.
@@ -850,7 +854,8 @@ type stepBufs struct {
 }
 
 func newStepBufs(B, T, cp int, mem tensor.Memory, rows int) *stepBufs {
-	return &stepBufs{tokens: make([]int32, B*T), targets: make([]int32, B*T),
+	count := make([]float64, 1)
+	return &stepBufs{tokens: make([]int32, B*T), targets: make([]int32, B*T), count: count, countHost: count,
 		local: make([]int32, B*T/cp), localTargets: make([]int32, B*T/cp),
 		discard: mem.Alloc(tensor.Float64, 1), eval: mem.Alloc(tensor.Float64, 1),
 		history: mem.Alloc(tensor.Float64, rows*tensor.NumStats), hostHistory: make([]float64, rows*tensor.NumStats),
@@ -912,7 +917,7 @@ func (t *run) gradStep(step int) error {
 	st.stepEnds()
 	t.modelSteps++
 	b.count[0] = float64(count)
-	st.mem.Write(st.stats.At(tensor.StatTokens), b.count[:])
+	st.mem.Write(st.stats.At(tensor.StatTokens), b.countHost)
 	// One rank keeps its float64 sums; several add them in float32.
 	if st.world.Size() > 1 {
 		if err := st.allReduceStats(st.world, tensor.StatLoss, tensor.StatSumSq); err != nil {

@@ -44,11 +44,16 @@ type state struct {
 	main    [][]float32     // per group: this rank's shard of the fp32 main weights
 	gshard  [][]float32     // per group: this rank's shard of the reduced gradients
 	wshard  [][]tensor.BF16 // per group: this rank's bf16 compute shard, to gather (bf16 only; its part of weights unless optim_grads_params)
-	m, v    [][]float32
-	lo      []int64 // per group: start of this rank's shard
-	segs    [][]segment
-	comms   []comm.Communicator // per group: its dp×cp or edp group
-	world   comm.Communicator
+	// The same as backend buffers: the optimizer's operands (mainB, gshardB, and
+	// the moments mB, vB, which nothing else reads), and the gradient
+	// components whole (gradsAll without unit gradients, gshardAll the shards
+	// that are not views of it), which a step zeroes.
+	mainB, gshardB, mB, vB []tensor.Buffer
+	gradsAll, gshardAll    tensor.Buffer
+	lo                     []int64 // per group: start of this rank's shard
+	segs                   [][]segment
+	comms                  []comm.Communicator // per group: its dp×cp or edp group
+	world                  comm.Communicator
 	// mem is the backend's memory of this rank; stats is the step's statistics
 	// buffer there (tensor.NumStats, f64: loss and token sums, square sums,
 	// norm, clip factor, whether the update applies, optimizer steps), written
@@ -56,6 +61,7 @@ type state struct {
 	// buffer statistics are all-reduced through (wireHost its elements, which
 	// the host-memory communicators take in place).
 	mem        tensor.Memory
+	host       tensor.HostMemory // mem, whose buffers the model and collectives view in place
 	stats      tensor.Buffer
 	wire       tensor.Buffer
 	wireHost   []float32
@@ -156,59 +162,15 @@ func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, w
 		s.tpComm = s.count(parallel.AxisTP, s.tpComm)
 		s.tpRank = c.TP
 	}
+	if err := s.allocate(r); err != nil {
+		return nil, err
+	}
 	for gi := range p.Groups {
-		g := &p.Groups[gi]
-		var w tensor.Weights[float32]
-		var gr []float32
-		if !s.perUnit {
-			w = s.newWeights(g.Padded)
-		}
-		if !s.unitGrads {
-			gr = make([]float32, g.Padded)
-		}
-		s.weights, s.grads = append(s.weights, w), append(s.grads, gr)
-		cm, err := groups(rank, g.Axis)
+		cm, err := groups(rank, p.Groups[gi].Axis)
 		if err != nil {
 			return nil, err
 		}
 		s.comms = append(s.comms, cm)
-		lo, hi := shardOf(p, rank, gi)
-		s.lo = append(s.lo, lo)
-		n := hi - lo
-		var main []float32
-		switch {
-		case s.bf16 && s.perUnit:
-			main = make([]float32, n)
-			s.wshard = append(s.wshard, make([]tensor.BF16, n))
-		case s.bf16:
-			// The rank's bf16 shard is its part of the full compute weights, as
-			// Megatron-FSDP's parameter buffer holds it: rounded there in place,
-			// then gathered around it.
-			main = make([]float32, n)
-			s.wshard = append(s.wshard, w.BF16[lo:hi:hi])
-		case s.perUnit:
-			main = make([]float32, n)
-		default:
-			main = w.F[lo:hi] // fp32 compute: the main weights are the weights themselves
-		}
-		s.main = append(s.main, main)
-		var gs []float32
-		if g.Shards > 1 || s.unitGrads {
-			gs = make([]float32, n)
-		} else {
-			gs = gr[lo:hi]
-		}
-		s.gshard = append(s.gshard, gs)
-		s.m, s.v = append(s.m, make([]float32, n)), append(s.v, make([]float32, n))
-		for _, e := range g.Entries {
-			if !s.perUnit {
-				s.wviews[e.Param] = w.Slice(int(e.Offset), int(e.Offset+e.Numel))
-			}
-			if !s.unitGrads {
-				s.gviews[e.Param] = gr[e.Offset : e.Offset+e.Numel]
-			}
-		}
-		s.segs = append(s.segs, segmentsOf(p, gi, lo, hi, r.Train.DecayNormsAndEmbeddings))
 	}
 	return s, nil
 }
@@ -221,8 +183,117 @@ func (s *state) openMemory() error {
 	if !ok {
 		return fmt.Errorf("the %s backend's memory is not host memory, and the CPU trainer's collectives (in process, TCP) run over host memory", s.be.Name())
 	}
+	s.host = host
 	s.wireHost = host.Float32s(s.wire)
 	return s.mem.Err()
+}
+
+// allocate lays out the rank's state in its backend memory: one allocation per
+// plan memory component (compute weights, gradients, main weights, gradient
+// shards, optimizer state), made before the first step and carved into the
+// groups' buffers, so the steady state allocates nothing and what the state
+// holds is what the backend holds. The model and the FSDP runtime read the
+// weights and gradients through host views of them (HostMemory), the
+// optimizer through the buffers.
+func (s *state) allocate(r *config.Recipe) error {
+	p := s.plan
+	var full, shard int64 // Σ over groups of padded lengths and of this rank's shard lengths
+	var gradShards int64
+	for gi := range p.Groups {
+		g := &p.Groups[gi]
+		lo, hi := shardOf(p, s.rank, gi)
+		full, shard = full+g.Padded, shard+hi-lo
+		if g.Shards > 1 || s.unitGrads {
+			gradShards += hi - lo
+		}
+	}
+	wdt := tensor.Float32
+	if s.bf16 {
+		wdt = tensor.BFloat16
+	}
+	var weights, grads, main, wshard tensor.Buffer
+	if !s.perUnit {
+		weights = s.mem.Alloc(wdt, int(full))
+	}
+	if !s.unitGrads {
+		grads = s.mem.Alloc(tensor.Float32, int(full))
+	}
+	if s.bf16 || s.perUnit { // otherwise the main weights are the fp32 compute weights
+		main = s.mem.Alloc(tensor.Float32, int(shard))
+	}
+	if s.bf16 && s.perUnit {
+		wshard = s.mem.Alloc(tensor.BFloat16, int(shard))
+	}
+	gshard := s.mem.Alloc(tensor.Float32, int(gradShards))
+	opt := s.mem.Alloc(tensor.Float32, 2*int(shard))
+	if err := s.mem.Err(); err != nil {
+		return fmt.Errorf("allocating rank %d's state (%d parameters, %d in its shards): %w", s.rank, full, shard, err)
+	}
+	s.gradsAll, s.gshardAll = grads, gshard
+	var fo, so, gso int // offsets into the full, shard and gradient-shard components
+	for gi := range p.Groups {
+		g := &p.Groups[gi]
+		lo, hi := shardOf(p, s.rank, gi)
+		n := int(hi - lo)
+		var w tensor.Weights[float32]
+		var gr []float32
+		if !s.perUnit {
+			w = s.weightsView(weights.Slice(fo, fo+int(g.Padded)))
+		}
+		var grB tensor.Buffer
+		if !s.unitGrads {
+			grB = grads.Slice(fo, fo+int(g.Padded))
+			gr = s.host.Float32s(grB)
+		}
+		s.weights, s.grads = append(s.weights, w), append(s.grads, gr)
+		s.lo = append(s.lo, lo)
+		var mainB tensor.Buffer
+		switch {
+		case s.bf16 && s.perUnit:
+			mainB = main.Slice(so, so+n)
+			s.wshard = append(s.wshard, s.host.BF16s(wshard.Slice(so, so+n)))
+		case s.bf16:
+			// The rank's bf16 shard is its part of the full compute weights, as
+			// Megatron-FSDP's parameter buffer holds it: rounded there in place,
+			// then gathered around it.
+			mainB = main.Slice(so, so+n)
+			s.wshard = append(s.wshard, w.BF16[lo:hi:hi])
+		case s.perUnit:
+			mainB = main.Slice(so, so+n)
+		default:
+			mainB = weights.Slice(fo+int(lo), fo+int(hi)) // fp32 compute: the main weights are the weights themselves
+		}
+		s.mainB, s.main = append(s.mainB, mainB), append(s.main, s.host.Float32s(mainB))
+		var gsB tensor.Buffer
+		if g.Shards > 1 || s.unitGrads {
+			gsB = gshard.Slice(gso, gso+n)
+			gso += n
+		} else {
+			gsB = grB.Slice(int(lo), int(hi))
+		}
+		s.gshardB, s.gshard = append(s.gshardB, gsB), append(s.gshard, s.host.Float32s(gsB))
+		mB, vB := opt.Slice(2*so, 2*so+n), opt.Slice(2*so+n, 2*so+2*n)
+		s.mB, s.vB = append(s.mB, mB), append(s.vB, vB)
+		for _, e := range g.Entries {
+			if !s.perUnit {
+				s.wviews[e.Param] = w.Slice(int(e.Offset), int(e.Offset+e.Numel))
+			}
+			if !s.unitGrads {
+				s.gviews[e.Param] = gr[e.Offset : e.Offset+e.Numel]
+			}
+		}
+		s.segs = append(s.segs, segmentsOf(p, gi, lo, hi, r.Train.DecayNormsAndEmbeddings))
+		fo, so = fo+int(g.Padded), so+n
+	}
+	return s.mem.Err()
+}
+
+// weightsView is the compute weights' view of b (bf16 or fp32 values).
+func (s *state) weightsView(b tensor.Buffer) tensor.Weights[float32] {
+	if b.DType() == tensor.BFloat16 {
+		return tensor.BF16Weights[float32](s.host.BF16s(b))
+	}
+	return tensor.FloatWeights(s.host.Float32s(b))
 }
 
 // wireLen is the most statistics one all-reduce carries (loss, tokens, aux,
@@ -433,12 +504,13 @@ func (s *state) gather() error {
 	return nil
 }
 
-// newWeights makes n compute-weight elements in the run's compute dtype.
+// newWeights makes n compute-weight elements in the run's compute dtype (in the
+// backend's memory).
 func (s *state) newWeights(n int64) tensor.Weights[float32] {
 	if s.bf16 {
-		return tensor.BF16Weights[float32](make([]tensor.BF16, n))
+		return s.weightsView(s.mem.Alloc(tensor.BFloat16, int(n)))
 	}
-	return tensor.FloatWeights(make([]float32, n))
+	return s.weightsView(s.mem.Alloc(tensor.Float32, int(n)))
 }
 
 // copyWeights copies src into dst (same dtype and length); nothing when they are
@@ -465,14 +537,10 @@ func allGatherWeights(c comm.Communicator, dst, src tensor.Weights[float32]) err
 
 func (s *state) zeroGrads() {
 	if s.unitGrads {
-		for _, g := range s.gshard {
-			clear(g)
-		}
+		s.mem.Zero(s.gshardAll)
 		return
 	}
-	for _, g := range s.grads {
-		clear(g)
-	}
+	s.mem.Zero(s.gradsAll) // the gradient shards are views of it, or (sharded) set by the reduction
 }
 
 // computeShard is the shard of group gi's compute weights other ranks gather:
@@ -682,8 +750,8 @@ func (s *state) step(tr config.Train, lr float64) error {
 			if !sg.decay {
 				wd = 0
 			}
-			lo, hi := sg.lo, sg.hi
-			p, g, m, v := s.main[gi][lo:hi], s.gshard[gi][lo:hi], s.m[gi][lo:hi], s.v[gi][lo:hi]
+			lo, hi := int(sg.lo), int(sg.hi)
+			p, g, m, v := s.mainB[gi].Slice(lo, hi), s.gshardB[gi].Slice(lo, hi), s.mB[gi].Slice(lo, hi), s.vB[gi].Slice(lo, hi)
 			if tr.Optimizer == "sgd" {
 				s.be.SGD(p, g, m, lr, tr.Beta1, wd, s.stats)
 			} else {
@@ -710,7 +778,7 @@ func (s *state) bytes() (weights, main, grads, optState int64) {
 				grads += int64(len(s.gshard[gi])) * 4
 			}
 		}
-		optState += int64(len(s.m[gi])+len(s.v[gi])) * 4
+		optState += s.mB[gi].Bytes() + s.vB[gi].Bytes()
 		if s.bf16 {
 			main += int64(len(s.main[gi])) * 4
 		}

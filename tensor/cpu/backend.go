@@ -110,11 +110,17 @@ func (Kernels[F]) Combine(out, y, gates []F, r tensor.Routing, s tensor.MoEShape
 func (Kernels[F]) CombineBackward(dy, dgates, dout, y, gates []F, r tensor.Routing, s tensor.MoEShape) {
 	CombineBackward(dy, dgates, dout, y, gates, r, s)
 }
-func (Kernels[F]) AdamW(params, grads, m, v []F, lr, beta1, beta2, eps, wd float64, st tensor.Buffer) {
-	AdamWStep(params, grads, m, v, lr, beta1, beta2, eps, wd, st)
+func (Kernels[F]) AdamW(params, grads, m, v tensor.Buffer, lr, beta1, beta2, eps, wd float64, st tensor.Buffer) {
+	p, g, mm, vv := floats[F]("AdamW", params), floats[F]("AdamW", grads), floats[F]("AdamW", m), floats[F]("AdamW", v)
+	if p != nil && g != nil && mm != nil && vv != nil {
+		AdamWStep(p, g, mm, vv, lr, beta1, beta2, eps, wd, st)
+	}
 }
-func (Kernels[F]) SGD(params, grads, buf []F, lr, momentum, wd float64, st tensor.Buffer) {
-	SGDStep(params, grads, buf, lr, momentum, wd, st)
+func (Kernels[F]) SGD(params, grads, buf tensor.Buffer, lr, momentum, wd float64, st tensor.Buffer) {
+	p, g, b := floats[F]("SGD", params), floats[F]("SGD", grads), floats[F]("SGD", buf)
+	if p != nil && g != nil && b != nil {
+		SGDStep(p, g, b, lr, momentum, wd, st)
+	}
 }
 func (Kernels[F]) LossSum(dst tensor.Buffer, losses []F, targets []int32, accumulate bool) {
 	LossSum(dst, losses, targets, accumulate)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/shardline/shardline/tensor"
 )
@@ -88,29 +89,101 @@ func (m *Memory) Held() int64 {
 	return m.held
 }
 
-// Write copies src into dst, converting to dst's dtype.
-func (m *Memory) Write(dst tensor.Buffer, src []float64) {
+// Write copies src, a host slice ([]float64, []float32, []tensor.BF16 or
+// []int32), into dst (same length), converting to dst's dtype.
+func (m *Memory) Write(dst tensor.Buffer, src any) {
 	s, ok := m.own("write", dst)
-	if !ok || !m.sameLen("write", dst.Len(), len(src)) {
+	if !ok {
+		return
+	}
+	n, ok := m.hostLen("write", src)
+	if !ok || !m.sameLen("write", dst.Len(), n) {
 		return
 	}
 	lo := dst.Offset()
-	for i, v := range src {
-		s.set(lo+i, v)
+	switch v := src.(type) {
+	case []float32:
+		if s.dt == tensor.Float32 {
+			copy(s.f32[lo:lo+n], v)
+			return
+		}
+		for i, x := range v {
+			s.set(lo+i, float64(x))
+		}
+	case []tensor.BF16:
+		if s.dt == tensor.BFloat16 {
+			copy(s.bf16[lo:lo+n], v)
+			return
+		}
+		for i, x := range v {
+			s.set(lo+i, float64(x.Float32()))
+		}
+	case []int32:
+		for i, x := range v {
+			s.set(lo+i, float64(x))
+		}
+	case []float64:
+		for i, x := range v {
+			s.set(lo+i, x)
+		}
 	}
 }
 
-// Read copies src into dst (a read-back, counted).
-func (m *Memory) Read(dst []float64, src tensor.Buffer) {
+// Read copies src into dst, a host slice as Write takes (same length),
+// converting to its type: a read-back, counted.
+func (m *Memory) Read(dst any, src tensor.Buffer) {
 	m.readbacks.Add(1)
 	s, ok := m.own("read", src)
-	if !ok || !m.sameLen("read", len(dst), src.Len()) {
+	if !ok {
+		return
+	}
+	n, ok := m.hostLen("read", dst)
+	if !ok || !m.sameLen("read", n, src.Len()) {
 		return
 	}
 	lo := src.Offset()
-	for i := range dst {
-		dst[i] = s.get(lo + i)
+	switch v := dst.(type) {
+	case []float32:
+		if s.dt == tensor.Float32 {
+			copy(v, s.f32[lo:lo+n])
+			return
+		}
+		for i := range v {
+			v[i] = float32(s.get(lo + i))
+		}
+	case []tensor.BF16:
+		if s.dt == tensor.BFloat16 {
+			copy(v, s.bf16[lo:lo+n])
+			return
+		}
+		for i := range v {
+			v[i] = tensor.ToBF16(float32(s.get(lo + i)))
+		}
+	case []int32:
+		for i := range v {
+			v[i] = int32(s.get(lo + i))
+		}
+	case []float64:
+		for i := range v {
+			v[i] = s.get(lo + i)
+		}
 	}
+}
+
+// hostLen is the length of a host slice Write and Read take.
+func (m *Memory) hostLen(op string, x any) (int, bool) {
+	switch v := x.(type) {
+	case []float64:
+		return len(v), true
+	case []float32:
+		return len(v), true
+	case []tensor.BF16:
+		return len(v), true
+	case []int32:
+		return len(v), true
+	}
+	m.fail(fmt.Errorf("cpu: %s of a %T: host values are []float64, []float32, []tensor.BF16 or []int32", op, x))
+	return 0, false
 }
 
 // Copy copies src into dst, converting between float dtypes (float32(x) and
@@ -184,6 +257,19 @@ func (m *Memory) Err() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.err
+}
+
+// BF16s is a bf16 buffer's elements in place, as Float32s.
+func (m *Memory) BF16s(b tensor.Buffer) []tensor.BF16 {
+	s, ok := m.own("view", b)
+	if !ok {
+		return nil
+	}
+	if s.dt != tensor.BFloat16 {
+		m.fail(fmt.Errorf("cpu: a %v buffer viewed as bf16", s.dt))
+		return nil
+	}
+	return s.bf16[b.Offset() : b.Offset()+b.Len() : b.Offset()+b.Len()]
 }
 
 // Float32s is an f32 buffer's elements in place, for collectives over host
@@ -273,4 +359,28 @@ func f64s(b tensor.Buffer) []float64 {
 		return nil
 	}
 	return s.f64[b.Offset() : b.Offset()+b.Len() : b.Offset()+b.Len()]
+}
+
+// floats is a CPU buffer's elements as F values in place: an f32 buffer for
+// float32 kernels, an f64 buffer for float64 ones (the gradient checks). It is
+// nil for any other buffer, after keeping the failure when the buffer is a CPU
+// one. (The view is made with unsafe.Slice, of a slice whose element type the
+// dtype has just matched: a conversion through an interface would allocate.)
+func floats[F Float](op string, b tensor.Buffer) []F {
+	s, ok := b.Storage().(*store)
+	if !ok || s.freed {
+		return nil
+	}
+	var z F
+	lo, n := b.Offset(), b.Len()
+	switch {
+	case n == 0:
+		return []F{}
+	case unsafe.Sizeof(z) == 4 && s.dt == tensor.Float32:
+		return unsafe.Slice((*F)(unsafe.Pointer(&s.f32[lo])), n)
+	case unsafe.Sizeof(z) == 8 && s.dt == tensor.Float64:
+		return unsafe.Slice((*F)(unsafe.Pointer(&s.f64[lo])), n)
+	}
+	s.mem.fail(fmt.Errorf("cpu: %s: a %v buffer where the kernels run in %T", op, s.dt, z))
+	return nil
 }

@@ -126,9 +126,17 @@ func TestStepStatistics(t *testing.T) {
 	p, mm, v := []float32{1, 2, 3}, make([]float32, 3), make([]float32, 3)
 	pw, mw, vw := []float32{1, 2, 3}, make([]float32, 3), make([]float32, 3)
 	AdamW(pw, want, mw, vw, 0.1, 0.9, 0.95, 1e-8, 0.01, 1)
-	AdamWStep(p, g, mm, v, 0.1, 0.9, 0.95, 1e-8, 0.01, st)
+	// The backend's AdamW on buffers: the same values, read back as float32.
+	pb, gb, mb, vb := m.Alloc(tensor.Float32, 3), m.Alloc(tensor.Float32, 3), m.Alloc(tensor.Float32, 3), m.Alloc(tensor.Float32, 3)
+	m.Write(pb, p)
+	m.Write(gb, g)
+	Backend{}.AdamW(pb, gb, mb, vb, 0.1, 0.9, 0.95, 1e-8, 0.01, st)
+	m.Read(p, pb)
+	m.Read(mm, mb)
+	m.Read(v, vb)
 	assert.Equal(t, pw, p)
 	assert.Equal(t, mw, mm)
+	assert.Equal(t, vw, v)
 
 	// A non-finite loss: not applied, the optimizer step count kept, nothing moves.
 	m.Write(st.At(tensor.StatLoss), []float64{math.NaN()})
@@ -146,4 +154,11 @@ func TestStepStatistics(t *testing.T) {
 	m.Read(got, st)
 	assert.Equal(t, []float64{1, 1, 2}, got[tensor.StatClip:tensor.NumStats])
 	require.NoError(t, m.Err())
+	// float64 kernels take f64 buffers (the gradient checks); an f32 buffer is
+	// refused, the failure kept.
+	d := m.Alloc(tensor.Float64, 3)
+	Kernels[float64]{}.SGD(d, d, d, 0.1, 0, 0, st)
+	require.NoError(t, m.Err())
+	Kernels[float64]{}.SGD(d, pb, d, 0.1, 0, 0, st)
+	require.ErrorContains(t, m.Err(), "f32 buffer where the kernels run in float64")
 }
