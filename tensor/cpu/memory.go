@@ -3,6 +3,7 @@ package cpu
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -232,8 +233,10 @@ func (m *Memory) Fill(b tensor.Buffer, v float64) {
 		return
 	}
 	lo, n := b.Offset(), b.Len()
-	switch s.dt {
-	case tensor.Float32:
+	switch {
+	case v == 0 && !math.Signbit(v):
+		s.clear(lo, lo+n)
+	case s.dt == tensor.Float32:
 		f := s.f32[lo : lo+n]
 		for i := range f {
 			f[i] = float32(v)
@@ -322,6 +325,20 @@ func (m *Memory) sameLen(op string, a, b int) bool {
 		return false
 	}
 	return true
+}
+
+// clear zeroes elements [lo, hi) of s.
+func (s *store) clear(lo, hi int) {
+	switch s.dt {
+	case tensor.Float32:
+		clear(s.f32[lo:hi])
+	case tensor.BFloat16:
+		clear(s.bf16[lo:hi])
+	case tensor.Int32:
+		clear(s.i32[lo:hi])
+	default:
+		clear(s.f64[lo:hi])
+	}
 }
 
 // get is element i of s as a float64 (exact for every dtype).
