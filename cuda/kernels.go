@@ -324,22 +324,10 @@ func (d *Device) HeadCrossEntropyBackward(dx, dw, x, w, targets, dloss, lse Buff
 	}
 }
 
-// MoEShape is one MoE layer's routing (tensor.MoEShape: BT tokens, E experts, at
-// most 1024 here, top K, at most 32, C channels, at most Capacity copies per
-// expert). Padded puts expert e's segment at rows e·Capacity.. (static shapes for
-// ExpertsMatmul); otherwise segments are packed in expert order, as the CPU's.
-type MoEShape struct {
-	tensor.MoEShape
-	Padded bool
-}
-
-// Rows is the number of permuted rows the layer's buffers need.
-func (s MoEShape) Rows() int {
-	if s.Padded {
-		return s.E * s.Capacity
-	}
-	return min(s.BT*s.K, s.E*s.Capacity)
-}
+// MoEShape is tensor's (the kernels here take up to 1024 experts, top 32): with
+// Padded, expert e's segment sits at rows e·Capacity.. (static shapes for
+// ExpertsMatmul); otherwise segments are packed in expert order.
+type MoEShape = tensor.MoEShape
 
 // MoERouting is one layer's routing state, all on the device: Probs (BT,E) and
 // Gates (BT,K) fp32; Idx, Row, Rank (BT,K), Tok (Rows), Counts (E) and Offsets (E+1)

@@ -83,7 +83,7 @@ func TestMoE(t *testing.T) {
 		cpu.RouterBackward(dlogits, dgates, dprobs, gates, probs, crt, ts)
 
 		onDevice(t, func() {
-			s := MoEShape{MoEShape: ts}
+			s := ts
 			rt := moeRouting(t, s)
 			dev.Router(rt, put(t, dt, logits), s)
 			check(t, "router probs", F32, get(rt.Probs), probs, 1e-6)

@@ -1,6 +1,10 @@
 package parallel
 
-import "github.com/shardline/shardline/config"
+import (
+	"math"
+
+	"github.com/shardline/shardline/config"
+)
 
 // Memory is the per-rank memory of a plan, in bytes, by component. Every rank of a
 // plan holds the same amounts (groups are padded to equal shards and experts split
@@ -126,7 +130,15 @@ func tokensOf(r *config.Recipe, m Mesh) tokens {
 		k := int64(mo.MoE.TopK)
 		t.routed = t.local * k
 		if cf := mo.MoE.CapacityFactor; cf > 0 {
-			t.routed = int64(cf*float64(t.local*k) + 0.999999)
+			// At most E · ⌈cf · local · k / E⌉ copies are kept. Under expert
+			// parallelism every expert's segment is padded to that capacity (static
+			// splits), so the rows are exactly that many; otherwise the kept copies
+			// are packed into at most local · k rows.
+			E := int64(mo.MoE.NumExperts)
+			t.routed = E * int64(math.Ceil(cf*float64(t.local*k)/float64(E)))
+			if m.EP == 1 {
+				t.routed = min(t.routed, t.local*k)
+			}
 		}
 		t.worst = int64(m.EP) * t.local * min(k, int64(mo.MoE.NumExperts/m.EP))
 		if cf := mo.MoE.CapacityFactor; cf > 0 {

@@ -15,12 +15,15 @@ type Backend = Kernels[float32]
 // query/key-value heads, HD head size.
 //
 // The overwrite/accumulate rule, stated here once: forward kernels overwrite
-// their outputs, except Matmul with accumulate set and Combine, which add (+=).
-// Backward kernels add (+=) into every gradient, parameters' and activations'
-// alike, so the caller clears gradient buffers before a backward pass; the
-// exceptions say so in their names' arguments: MatmulBackward's dinp and
-// SwiGLUBackward's dgate and dup are overwritten unless accumulate is set (which
-// spares clearing them), and CombineBackward sets dy's rows and dgates.
+// their outputs, except Matmul and ExpertsMatmul with accumulate set and
+// Combine, which add (+=), and the statistics kernels (LossSum, SumSquares,
+// AuxLoss), which add with accumulate. Backward kernels add (+=) into every
+// gradient, parameters' and activations' alike, so the caller clears gradient
+// buffers before a backward pass; the exceptions say so in their arguments:
+// MatmulBackward's and ExpertsMatmulBackward's dinp and SwiGLUBackward's and
+// ExpertsSwiGLUBackward's dgate and dup are overwritten unless accumulate is
+// set (which spares clearing them), CombineBackward sets dy's rows and dgates,
+// and AuxLossBackward sets dprobs.
 type Kernels[F Float] interface {
 	// Name identifies the backend and its matmul kernel in logs.
 	Name() string
@@ -183,5 +186,19 @@ type ExpertsShape struct{ C, OC int }
 
 // MoEShape is one MoE layer's routing: BT tokens, E experts, the top K of them per
 // token, C channels, and at most Capacity copies kept per expert (BT·K keeps every
-// copy).
-type MoEShape struct{ BT, E, K, C, Capacity int }
+// copy). Packed (Padded false), the kept copies fill rows 0..Offsets[E] in expert
+// order; Padded, expert e's segment is rows e·Capacity..(e+1)·Capacity whatever
+// its count, the unused rows zero: static shapes, so that the experts' products
+// and expert parallelism's exchange need no count on the host.
+type MoEShape struct {
+	BT, E, K, C, Capacity int
+	Padded                bool
+}
+
+// Rows is the number of permuted rows the layer's buffers need.
+func (s MoEShape) Rows() int {
+	if s.Padded {
+		return s.E * s.Capacity
+	}
+	return min(s.BT*s.K, s.E*s.Capacity)
+}

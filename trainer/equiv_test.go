@@ -459,6 +459,51 @@ func TestExpertParallelEquivalence(t *testing.T) {
 	}
 }
 
+// TestExpertParallelCapacityEquivalence: with a capacity factor, expert
+// parallelism pads every expert's segment to its capacity and exchanges static
+// splits (no count reaches the host), while one rank packs the kept copies; both
+// keep the same copies (each rank's capacity is over its own micro-batch, as
+// Megatron applies it) and train the same losses and weights, dropped copies
+// included (capacity 0.75 drops some), aux loss and dropped counts as one rank
+// reports them. EP 2 on 2 ranks, EP 4 on 4 and EP 2 on 4 (edp 2). Tolerance as
+// TestDataParallelEquivalence.
+func TestExpertParallelCapacityEquivalence(t *testing.T) {
+	base := []string{"train.steps=4", "train.micro_batch_size=1", "train.global_batch_size=8", "train.eval_interval=4",
+		"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32", "model.moe.capacity_factor=0.75"}
+	ref, _ := tinyRun(t, append(base, "parallel.world_size=1")...)
+	refLoss, refW := trained(t, ref)
+	refOut, err := Run(context.Background(), ref, opts())
+	require.NoError(t, err)
+	refMet := lastMetrics(t, refOut.Dir)
+	require.Positive(t, *refMet.Dropped, "the capacity should drop copies")
+	for _, shape := range [][2]int{{2, 2}, {4, 4}, {4, 2}} {
+		for _, strategy := range []string{"no_shard", "optim_grads_params"} {
+			name := fmt.Sprintf("world %d ep %d %s", shape[0], shape[1], strategy)
+			res, _ := tinyRun(t, append(base, fmt.Sprintf("parallel.world_size=%d", shape[0]), fmt.Sprintf("parallel.expert_parallel=%d", shape[1]),
+				"fsdp.data_parallel_sharding_strategy="+strategy)...)
+			l, w := trained(t, res)
+			assert.Less(t, maxRelDiff(refLoss, l), 1e-5, "%s losses", name)
+			assert.Less(t, maxAbsDiff(refW, w), 1e-5, "%s weights", name)
+			out, err := Run(context.Background(), res, opts())
+			require.NoError(t, err)
+			met := lastMetrics(t, out.Dir)
+			assert.Equal(t, *refMet.Dropped, *met.Dropped, "%s dropped copies", name)
+			assert.InEpsilon(t, *refMet.AuxLoss, *met.AuxLoss, 1e-5, "%s aux loss", name)
+		}
+	}
+}
+
+// lastMetrics is the last line of a run's metrics.jsonl.
+func lastMetrics(t *testing.T, dir string) Metrics {
+	t.Helper()
+	var m Metrics
+	lines := bytes.Split(bytes.TrimSpace(must(os.ReadFile(filepath.Join(dir, "metrics.jsonl")))), []byte("\n"))
+	require.NoError(t, json.Unmarshal(lines[len(lines)-1], &m))
+	require.NotNil(t, m.Dropped)
+	require.NotNil(t, m.AuxLoss)
+	return m
+}
+
 // TestTokenDropsReported: with a capacity factor below 1 some copies are dropped
 // and metrics.jsonl says how many; without one none are.
 func TestTokenDropsReported(t *testing.T) {
@@ -467,10 +512,7 @@ func TestTokenDropsReported(t *testing.T) {
 			"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.capacity_factor="+cf)
 		out, err := Run(context.Background(), res, opts())
 		require.NoError(t, err)
-		var m Metrics
-		lines := bytes.Split(bytes.TrimSpace(must(os.ReadFile(filepath.Join(out.Dir, "metrics.jsonl")))), []byte("\n"))
-		require.NoError(t, json.Unmarshal(lines[len(lines)-1], &m))
-		require.NotNil(t, m.Dropped)
+		m := lastMetrics(t, out.Dir)
 		assert.Equal(t, want, *m.Dropped > 0, "capacity %s dropped %d", cf, *m.Dropped)
 	}
 }

@@ -20,9 +20,10 @@ import (
 // (tensor.Memory.Readbacks). MoE layers route on the backend too: the kept
 // copies, the experts' segments, the aux loss and the dropped copies never come
 // back, with or without a capacity factor. The one exception is declared and
-// counted: expert parallelism's all-to-all takes its split sizes from the host,
-// one synchronisation per MoE layer and forward (twice under full recompute,
-// which runs the layer's forward again).
+// counted: dropless expert parallelism's all-to-all takes its split sizes from
+// the host, one synchronisation per MoE layer and forward (twice under full
+// recompute, which runs the layer's forward again); with a capacity factor the
+// segments are padded and the splits static, so there is none.
 func TestStepReadsNothingBack(t *testing.T) {
 	base := []string{"train.micro_batch_size=2", "train.global_batch_size=8", "parallel.world_size=2"}
 	moe := []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32"}
@@ -45,6 +46,11 @@ func TestStepReadsNothingBack(t *testing.T) {
 		{"moe-ep2 full recompute", append([]string{"parallel.expert_parallel=2", "activation_checkpoint.mode=full"}, moe...), false, 2 * 2 * 2},
 		{"moe one rank", append([]string{"parallel.world_size=1", "train.global_batch_size=4"}, moe...), false, 0},
 		{"moe capacity", append([]string{"model.moe.capacity_factor=1.0"}, moe...), false, 0},
+		// A capacity factor pads the experts' segments: the exchange's splits are
+		// static, and expert parallelism reads nothing back either.
+		{"moe-ep2 capacity", append([]string{"parallel.expert_parallel=2", "model.moe.capacity_factor=1.25"}, moe...), false, 0},
+		{"tcp moe-ep2 capacity full recompute", append([]string{"parallel.expert_parallel=2", "model.moe.capacity_factor=1.0",
+			"activation_checkpoint.mode=full"}, moe...), true, 0},
 		{"moe tp2 cp2 full recompute", append([]string{"parallel.world_size=4", "train.global_batch_size=4", "parallel.tensor_parallel=2",
 			"parallel.context_parallel=2", "activation_checkpoint.mode=full"}, moe...), false, 0},
 	}

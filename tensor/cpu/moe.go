@@ -69,8 +69,11 @@ func RouterBackward[F Float](dlogits, dgates, dprobs, gates, probs []F, r tensor
 
 // Dispatch assigns each copy (t, j) a row in expert-major order (tokens in order
 // within an expert), keeping at most s.Capacity copies per expert, and gathers the
-// tokens' rows of x (BT,C) into xperm. It reads r.Idx and fills r.Row, r.Tok and
-// r.Offsets (the rows in use are 0..Offsets[E]); r.Cursor is scratch.
+// tokens' rows of x (BT,C) into xperm. It reads r.Idx and fills r.Row and
+// r.Offsets, the cumulative counts of kept copies (Offsets[E] of them); r.Cursor
+// is scratch. Packed, the kept copies are rows 0..Offsets[E] and r.Tok names
+// each row's token; with s.Padded, expert e's copies start at row e·Capacity,
+// the segments' unused rows are zeroed, and r.Tok is not written.
 func Dispatch[F Float](xperm, x []F, r tensor.Routing, s tensor.MoEShape) {
 	row, tok, offsets, cursor, idx := r.Row, r.Tok, r.Offsets, r.Cursor, r.Idx
 	C, E, K, capacity := s.C, s.E, s.K, s.Capacity
@@ -85,25 +88,51 @@ func Dispatch[F Float](xperm, x []F, r tensor.Routing, s tensor.MoEShape) {
 			row[i] = -1
 		}
 	}
+	if s.Padded {
+		for e := 0; e < E; e++ {
+			cursor[e] = int32(e * capacity)
+			clear(xperm[(e*capacity+int(offsets[e+1]))*C : (e+1)*capacity*C]) // the segment's unused rows
+		}
+	}
 	for e := 0; e < E; e++ {
 		offsets[e+1] += offsets[e]
 	}
-	copy(cursor, offsets[:E])
+	if !s.Padded {
+		copy(cursor, offsets[:E])
+	}
 	for i, e := range idx {
 		if row[i] < 0 {
 			continue
 		}
 		r := cursor[e]
 		cursor[e]++
-		row[i], tok[r] = r, int32(i/K)
+		row[i] = r
+		if !s.Padded {
+			tok[r] = int32(i / K)
+		}
 		copy(xperm[int(r)*C:int(r+1)*C], x[(i/K)*C:(i/K+1)*C])
 	}
 }
 
 // DispatchBackward accumulates the permuted rows' gradients dxperm back onto their
-// tokens: dx[r.Tok[i]] += dxperm[i] for the permuted rows 0..r.Offsets[E].
+// tokens: dx[t] += dxperm[row] for each kept copy. Packed it runs over the rows
+// 0..r.Offsets[E] in order; Padded over each token's copies in order.
 func DispatchBackward[F Float](dx, dxperm []F, rt tensor.Routing, s tensor.MoEShape) {
-	tok, C := rt.Tok, s.C
+	C := s.C
+	if s.Padded {
+		for i, r := range rt.Row {
+			if r < 0 {
+				continue
+			}
+			t := i / s.K
+			d, src := dx[t*C:(t+1)*C], dxperm[int(r)*C:int(r+1)*C]
+			for c := range d {
+				d[c] += src[c]
+			}
+		}
+		return
+	}
+	tok := rt.Tok
 	for r := 0; r < int(rt.Offsets[s.E]); r++ {
 		d, s := dx[int(tok[r])*C:int(tok[r]+1)*C], dxperm[r*C:(r+1)*C]
 		for c := range d {
@@ -151,10 +180,15 @@ func (j *combineJob[F]) rows(_, lo, hi int) {
 	}
 }
 
-// CombineBackward sets dy[row[t,j]] = gates[t,j] · dout[t] (the rows of dropped
-// copies are left alone) and dgates[t,j] = dout[t] · y[row[t,j]] (0 if dropped).
+// CombineBackward sets dy[row[t,j]] = gates[t,j] · dout[t] and dgates[t,j] =
+// dout[t] · y[row[t,j]] (0 if dropped). Packed, the rows no kept copy has are
+// left alone; Padded, they are zeroed (the experts' backward runs over whole
+// segments).
 func CombineBackward[F Float](dy, dgates, dout, y, gates []F, r tensor.Routing, s tensor.MoEShape) {
 	row := r.Row
+	if s.Padded {
+		clear(dy[:s.Rows()*s.C])
+	}
 	j := getJob[combineJob[F]]()
 	*j = combineJob[F]{out: dout, y: y, gates: gates, dy: dy, dgates: dgates, row: row, C: s.C, K: s.K, back: true}
 	parallel(j, s.BT, 2*s.K*s.C)

@@ -451,5 +451,5 @@ func (m *Model) moeShape() cuda.MoEShape {
 	if c.CapacityFactor > 0 {
 		capacity = int(math.Ceil(c.CapacityFactor * float64(BT*c.TopK) / float64(c.NumExperts)))
 	}
-	return cuda.MoEShape{MoEShape: tensor.MoEShape{BT: BT, E: c.NumExperts, K: c.TopK, C: m.Cfg.Hidden, Capacity: capacity}, Padded: true}
+	return tensor.MoEShape{BT: BT, E: c.NumExperts, K: c.TopK, C: m.Cfg.Hidden, Capacity: capacity, Padded: true}
 }

@@ -64,6 +64,7 @@ type Model[F tensor.Float] struct {
 	moeSums      tensor.Buffer
 	moeLayersRun int
 	recomputing  bool
+	padSeg       []int32 // the padded experts' static segments (E+1), with a capacity factor
 	sin          []F
 	scratch      struct {
 		dres, dx, dq, dk, dv, datty, dff1, dff2, dsw, dlogits, dloss []F
@@ -416,8 +417,14 @@ func (m *Model[F]) alloc() {
 		// The router and the routed experts see this rank's rows of the residual
 		// stream; the shared experts, split like the MLP, all rows.
 		s.moeDlogits, s.moeDprobs, s.moeDgates = make([]F, R*E), make([]F, R*E), make([]F, R*k)
-		s.moeDy, s.moeDx = make([]F, R*k*C), make([]F, R*k*C)
-		copies := R * k // grown with the exchange buffers under expert parallelism
+		copies := moeShape(m.Cfg, R, m.ep.Size).Rows() // dropless, grown with the exchange buffers under expert parallelism
+		s.moeDy, s.moeDx = make([]F, copies*C), make([]F, copies*C)
+		if sh := moeShape(m.Cfg, R, m.ep.Size); sh.Padded {
+			m.padSeg = make([]int32, E+1)
+			for e := range m.padSeg {
+				m.padSeg[e] = int32(e * sh.Capacity)
+			}
+		}
 		s.moeDh, s.moeDg, s.moeDu = make([]F, copies*EF), make([]F, copies*EF), make([]F, copies*EF)
 		if m.ep.Size > 1 {
 			s.moeEpA, s.moeEpB, s.moeEpC = make([]F, copies*C), make([]F, copies*C), make([]F, copies*C)

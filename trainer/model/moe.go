@@ -69,7 +69,7 @@ type moeActs[F tensor.Float] struct {
 // are work's.
 func newMoEActs[F tensor.Float](c config.Model, BT, ep, sharedRows, tp int, work *moeActs[F]) *moeActs[F] {
 	E, k, C, EF := c.MoE.NumExperts, c.MoE.TopK, c.Hidden, c.MoE.ExpertFFNHidden
-	R := BT * k
+	R := moeShape(c, BT, ep).Rows() // padded: E·capacity, also what expert parallelism receives
 	a := &moeActs[F]{
 		logits: make([]F, BT*E), probs: make([]F, BT*E), gates: make([]F, BT*k),
 		rt:    tensor.Routing{Idx: make([]int32, BT*k), Row: make([]int32, BT*k), Tok: make([]int32, BT*k), Offsets: make([]int32, E+1), Cursor: make([]int32, E)},
@@ -87,7 +87,7 @@ func newMoEActs[F tensor.Float](c config.Model, BT, ep, sharedRows, tp int, work
 		a.sgate, a.sup, a.ssw = work.sgate, work.sup, work.ssw
 		return a
 	}
-	a.x, a.gate, a.up, a.sw, a.y = make([]F, BT*k*C), make([]F, R*EF), make([]F, R*EF), make([]F, R*EF), make([]F, BT*k*C)
+	a.x, a.gate, a.up, a.sw, a.y = make([]F, R*C), make([]F, R*EF), make([]F, R*EF), make([]F, R*EF), make([]F, R*C)
 	if ep > 1 {
 		a.xloc = make([]F, R*C)
 	}
@@ -137,27 +137,51 @@ func capacity(c config.Model, BT int) int {
 	return BT * k
 }
 
+// moeShape is an MoE layer's routing over BT token rows on ep expert-parallel
+// ranks. Under expert parallelism a capacity factor pads every expert's segment
+// to its capacity (tensor.MoEShape.Padded): static shapes, so that the
+// exchange's split sizes need no count on the host. Otherwise the kept copies
+// are packed: the grouped kernels read the segments from the routing, and no
+// padding row is computed.
+func moeShape(c config.Model, BT, ep int) tensor.MoEShape {
+	return tensor.MoEShape{BT: BT, E: c.MoE.NumExperts, K: c.MoE.TopK, C: c.Hidden, Capacity: capacity(c, BT),
+		Padded: c.MoE.CapacityFactor > 0 && ep > 1}
+}
+
+// segments is where the layer's experts' rows lie for the grouped kernels: the
+// static padded segments, or the routing's packed offsets.
+func (m *Model[F]) segments(a *moeActs[F], s tensor.MoEShape) []int32 {
+	if s.Padded {
+		return m.padSeg
+	}
+	return a.rt.Offsets
+}
+
 // moeForward adds the MoE block's output for input x (BT,C) into out (BT,C), and
 // (unless it is a recompute) the layer's load-balancing loss and dropped copies
 // into the model's MoE sums.
 func (m *Model[F]) moeForward(out, x []F, p moeParams[tensor.Weights[F]], a *moeActs[F]) {
 	be, c := m.be, m.Cfg
 	BT, C := m.rows(), c.Hidden
-	E, k := c.MoE.NumExperts, c.MoE.TopK
+	E := c.MoE.NumExperts
 	be.Matmul(a.logits, tensor.FloatWeights(x), p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, false)
-	s := tensor.MoEShape{BT: BT, E: E, K: k, C: C, Capacity: capacity(c, BT)}
+	s := moeShape(c, BT, m.ep.Size)
 	be.Router(a.probs, a.gates, a.logits, a.rt, s)
 	be.Dispatch(a.x, x, a.rt, s)
 	// The kernels that follow read the kept copies and the experts' segments from
-	// the routing (r.Offsets); the host only knows their bound, BT·k.
-	a.n = BT * k
+	// the routing (r.Offsets), or use the static padded ones; the host only knows
+	// the rows the buffers span.
+	a.n = s.Rows()
 	if m.ep.Size > 1 {
-		// The exchange's split sizes must reach the host, which the all-to-all
-		// takes them from: the layer's one synchronisation (counted), after which
-		// the host reads the routing's counts.
-		m.mem.Sync()
-		a.n = int(a.rt.Offsets[E])
-		m.epExchange(a)
+		if !s.Padded {
+			// Dropless, the exchange's split sizes must reach the host, which the
+			// all-to-all takes them from: the layer's one synchronisation
+			// (counted), after which the host reads the routing's counts. Padded,
+			// they are static.
+			m.mem.Sync()
+			a.n = int(a.rt.Offsets[E])
+		}
+		m.epExchange(a, s)
 		sc := &m.scratch
 		m.epRegroup(a, a.xloc, sc.moeRecv, true)
 		m.expertIn(a.xs, a.xloc, 0, a.total*C, true)
@@ -166,7 +190,7 @@ func (m *Model[F]) moeForward(out, x []F, p moeParams[tensor.Weights[F]], a *moe
 		m.a2a(a.y[:a.n*C], sc.moeRecv[:a.total*C], a.recvEl, a.sendEl)
 	} else {
 		m.expertIn(a.xs, a.x, 0, a.n*C, true)
-		m.expertsForward(p, a, a.x, a.y, a.rt.Offsets, a.n)
+		m.expertsForward(p, a, a.x, a.y, m.segments(a, s), a.n)
 	}
 	be.Combine(out, a.y, a.gates, a.rt, s)
 	if len(p.shared) > 0 {
@@ -252,19 +276,28 @@ func (m *Model[F]) a2a(dst, src []F, send, recv []int) {
 
 // epExchange sends each ep rank its experts' token copies: first the per-expert
 // counts (an even all-to-all), then the rows (uneven), into the model's receive
-// buffer in arrival order
-// (source rank, then its local expert).
-func (m *Model[F]) epExchange(a *moeActs[F]) {
+// buffer in arrival order (source rank, then its local expert). Padded, every
+// expert's segment is its capacity: the counts are static and not exchanged.
+func (m *Model[F]) epExchange(a *moeActs[F], s tensor.MoEShape) {
 	ep, El, C := m.ep.Size, m.Cfg.MoE.NumExperts/m.ep.Size, m.Cfg.Hidden
 	for j := 0; j < ep; j++ {
 		a.even[j] = El
+		if s.Padded {
+			a.sendRows[j] = El * s.Capacity
+			for q := 0; q < El; q++ {
+				a.cntRecv[j*El+q] = float32(s.Capacity)
+			}
+			continue
+		}
 		a.sendRows[j] = int(a.rt.Offsets[(j+1)*El] - a.rt.Offsets[j*El])
 		for q := 0; q < El; q++ {
 			a.cntSend[j*El+q] = float32(a.count(j*El + q))
 		}
 	}
-	if err := m.ep.Comm.AllToAll(a.cntRecv, a.cntSend, a.even, a.even); err != nil && m.hookErr == nil {
-		m.hookErr = fmt.Errorf("expert all-to-all of counts: %w", err)
+	if !s.Padded {
+		if err := m.ep.Comm.AllToAll(a.cntRecv, a.cntSend, a.even, a.even); err != nil && m.hookErr == nil {
+			m.hookErr = fmt.Errorf("expert all-to-all of counts: %w", err)
+		}
 	}
 	a.total = 0
 	for i := 0; i < ep; i++ {
@@ -335,7 +368,7 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p moeParams[tensor.Weights[F]], 
 	E, k := c.MoE.NumExperts, c.MoE.TopK
 	s := &m.scratch
 	dy, dxp, dgates := s.moeDy[:a.n*C], s.moeDx[:a.n*C], s.moeDgates[:BT*k]
-	sh := tensor.MoEShape{BT: BT, E: E, K: k, C: C, Capacity: capacity(c, BT)}
+	sh := moeShape(c, BT, m.ep.Size)
 	be.CombineBackward(dy, dgates, dout, a.y, a.gates, a.rt, sh)
 	// The aux loss reaches the router through P: d aux / d P[t,e] = E·f_e/BT
 	// (of the whole sequences: the forward's summed statistics).
@@ -369,7 +402,7 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p moeParams[tensor.Weights[F]], 
 		m.epRegroup(a, dxloc, dyin, false)
 		m.a2a(dxp, dyin, a.recvEl, a.sendEl)
 	} else {
-		m.expertsBackward(p, g, a, dy, a.x, dxp, a.rt.Offsets, a.n)
+		m.expertsBackward(p, g, a, dy, a.x, dxp, m.segments(a, sh), a.n)
 	}
 	be.DispatchBackward(dx, dxp, a.rt, sh)
 	if len(p.shared) == 0 {
