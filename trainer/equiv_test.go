@@ -446,15 +446,26 @@ func TestExpertParallelEquivalence(t *testing.T) {
 	base := []string{"train.steps=4", "train.micro_batch_size=1", "train.global_batch_size=8", "train.eval_interval=4",
 		"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32", "model.moe.shared_experts=1"}
 	ref, _ := tinyRun(t, append(base, "parallel.world_size=1")...)
+	expertMeshes(t, base, ref, []string{"no_shard", "optim", "optim_grads", "optim_grads_params"}, nil)
+}
+
+// expertMeshes trains base at EP 2 on 2 ranks, EP 4 on 4 and EP 2 on 4 (edp 2)
+// under each strategy and requires ref's losses and weights (tolerance as
+// TestDataParallelEquivalence); each, when set, checks more of a mesh's run.
+func expertMeshes(t *testing.T, base []string, ref *config.Resolved, strategies []string, each func(name string, res *config.Resolved)) {
+	t.Helper()
 	refLoss, refW := trained(t, ref)
 	for _, shape := range [][2]int{{2, 2}, {4, 4}, {4, 2}} {
-		for _, strategy := range []string{"no_shard", "optim", "optim_grads", "optim_grads_params"} {
+		for _, strategy := range strategies {
 			name := fmt.Sprintf("world %d ep %d %s", shape[0], shape[1], strategy)
 			res, _ := tinyRun(t, append(base, fmt.Sprintf("parallel.world_size=%d", shape[0]), fmt.Sprintf("parallel.expert_parallel=%d", shape[1]),
 				"fsdp.data_parallel_sharding_strategy="+strategy)...)
 			l, w := trained(t, res)
 			assert.Less(t, maxRelDiff(refLoss, l), 1e-5, "%s losses", name)
 			assert.Less(t, maxAbsDiff(refW, w), 1e-5, "%s weights", name)
+			if each != nil {
+				each(name, res)
+			}
 		}
 	}
 }
@@ -471,26 +482,17 @@ func TestExpertParallelCapacityEquivalence(t *testing.T) {
 	base := []string{"train.steps=4", "train.micro_batch_size=1", "train.global_batch_size=8", "train.eval_interval=4",
 		"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32", "model.moe.capacity_factor=0.75"}
 	ref, _ := tinyRun(t, append(base, "parallel.world_size=1")...)
-	refLoss, refW := trained(t, ref)
 	refOut, err := Run(context.Background(), ref, opts())
 	require.NoError(t, err)
 	refMet := lastMetrics(t, refOut.Dir)
 	require.Positive(t, *refMet.Dropped, "the capacity should drop copies")
-	for _, shape := range [][2]int{{2, 2}, {4, 4}, {4, 2}} {
-		for _, strategy := range []string{"no_shard", "optim_grads_params"} {
-			name := fmt.Sprintf("world %d ep %d %s", shape[0], shape[1], strategy)
-			res, _ := tinyRun(t, append(base, fmt.Sprintf("parallel.world_size=%d", shape[0]), fmt.Sprintf("parallel.expert_parallel=%d", shape[1]),
-				"fsdp.data_parallel_sharding_strategy="+strategy)...)
-			l, w := trained(t, res)
-			assert.Less(t, maxRelDiff(refLoss, l), 1e-5, "%s losses", name)
-			assert.Less(t, maxAbsDiff(refW, w), 1e-5, "%s weights", name)
-			out, err := Run(context.Background(), res, opts())
-			require.NoError(t, err)
-			met := lastMetrics(t, out.Dir)
-			assert.Equal(t, *refMet.Dropped, *met.Dropped, "%s dropped copies", name)
-			assert.InEpsilon(t, *refMet.AuxLoss, *met.AuxLoss, 1e-5, "%s aux loss", name)
-		}
-	}
+	expertMeshes(t, base, ref, []string{"no_shard", "optim_grads_params"}, func(name string, res *config.Resolved) {
+		out, err := Run(context.Background(), res, opts())
+		require.NoError(t, err)
+		met := lastMetrics(t, out.Dir)
+		assert.Equal(t, *refMet.Dropped, *met.Dropped, "%s dropped copies", name)
+		assert.InEpsilon(t, *refMet.AuxLoss, *met.AuxLoss, 1e-5, "%s aux loss", name)
+	})
 }
 
 // lastMetrics is the last line of a run's metrics.jsonl.

@@ -242,26 +242,24 @@ func (m *Model[F]) expertsForward(p moeParams[tensor.Weights[F]], a *moeActs[F],
 // kernels take them (into the model's scratch lists: the views change as the
 // FSDP runtime gathers units).
 func (m *Model[F]) expertWeights(p moeParams[tensor.Weights[F]]) *[3][]tensor.Weights[F] {
-	ws := &m.scratch.expertW
-	for i := range ws {
-		ws[i] = ws[i][:0]
-		for _, e := range p.experts {
-			ws[i] = append(ws[i], e[i])
-		}
-	}
-	return ws
+	return byProjection(&m.scratch.expertW, p.experts)
 }
 
 // expertGrads is expertWeights for the gradient views.
 func (m *Model[F]) expertGrads(g moeParams[[]F]) *[3][][]F {
-	gs := &m.scratch.expertG
-	for i := range gs {
-		gs[i] = gs[i][:0]
-		for _, e := range g.experts {
-			gs[i] = append(gs[i], e[i])
+	return byProjection(&m.scratch.expertG, g.experts)
+}
+
+// byProjection fills dst[i] with every expert's i-th view (w1, w3, w2), reusing
+// its lists' storage.
+func byProjection[S any](dst *[3][]S, experts [][3]S) *[3][]S {
+	for i := range dst {
+		dst[i] = dst[i][:0]
+		for _, e := range experts {
+			dst[i] = append(dst[i], e[i])
 		}
 	}
-	return gs
+	return dst
 }
 
 // a2a is the ep group's all-to-all (F is float32 under expert parallelism); an
