@@ -19,6 +19,7 @@ type Memory struct {
 	Activations       int64 `json:"activations"`         // saved for backward, one micro-batch
 	MoEDispatch       int64 `json:"moe_dispatch"`        // all-to-all send+receive token buffers
 	Logits            int64 `json:"logits"`              // output logits and the loss's fp32 softmax
+	Scratch           int64 `json:"scratch"`             // backward's work buffers and parallelism's gather/ring buffers (the CPU engine's)
 	Total             int64 `json:"total"`
 }
 
@@ -37,7 +38,7 @@ func (m Memory) Components() []struct {
 	}{
 		{"weights", m.Weights}, {"main_weights", m.MainWeights}, {"grads", m.Grads},
 		{"optimizer_state", m.OptimizerState}, {"gathered_units", m.GatheredUnits},
-		{"grad_reduce_buffers", m.GradReduceBuffers}, {"activations", m.Activations},
+		{"grad_reduce_buffers", m.GradReduceBuffers}, {"activations", m.Activations}, {"scratch", m.Scratch},
 		{"moe_dispatch", m.MoEDispatch}, {"logits", m.Logits},
 	}
 }
@@ -282,6 +283,63 @@ func dispatchBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) (expected, wors
 	}
 	h, tp := int64(r.Model.Hidden), int64(m.TP) // sequence parallelism routes a rank's 1/tp of the tokens
 	return 2 * t.routed * h * d.act / tp, 2 * t.worst * h * d.act / tp
+}
+
+// scratchBytes is what the CPU engine holds beside activations, logits and
+// dispatch buffers, in fp32 (trainer/model's ScratchBytes): backward's work
+// buffers for one layer (the residual stream's gradient and its scratch, R·h
+// each; q, attention-output, k and v gradients over the local rows' heads;
+// the MLP's three ffn gradients; the logits' gradient and the per-token loss
+// gradient) and the RoPE tables; under tensor parallelism the sequence
+// gathers (three of the local rows, one of this rank's), the replicated norm
+// and router gradients and the vocabulary-parallel loss's row statistics;
+// under context parallelism the ring's double K/V buffers (and their
+// gradients) and a chunk's partial output and log-sum-exps; with MoE the
+// router's, gates' and experts' gradients over the layer's permuted rows, the
+// exchange's three scratch buffers under expert parallelism and the shared
+// experts' three. Other engines count their own (the one-GPU engine's
+// buffers are exact in engineMemory); 0 for them here.
+func scratchBytes(r *config.Recipe, m Mesh) int64 {
+	if r.Parallel.Device != "cpu" {
+		return 0
+	}
+	mo := r.Model
+	b, tp, cp := int64(r.Train.MicroBatchSize), int64(m.TP), int64(m.CP)
+	T := int64(mo.SeqLen) / cp
+	BT := b * T  // rows attention and the MLP see (all of the rank's rows)
+	R := BT / tp // rows of the residual stream (sequence parallelism)
+	C, HD := int64(mo.Hidden), int64(mo.HeadSize())
+	NH, NKV := int64(mo.Heads)/tp, int64(mo.EffectiveKVHeads())/tp
+	FF, V := int64(mo.FFNHidden)/tp, int64(mo.VocabSize)/tp
+	n := 2*R*C + 2*BT*NH*HD + 2*BT*NKV*HD + 3*BT*FF + BT*V + BT + T*HD
+	E := int64(mo.MoE.NumExperts)
+	if tp > 1 {
+		n += 3*BT*C + R*C + C + E*C + 2*BT + tp*BT
+	}
+	if cp > 1 {
+		kv, c := BT*NKV*HD, T/2
+		n += 8*kv + 2*kv + b*c*NH*HD + b*NH*c
+	}
+	if E > 0 {
+		k, EF := int64(mo.MoE.TopK), int64(mo.MoE.ExpertFFNHidden)
+		copies := R * k // the packed layout's bound (dropless: what the buffers start at)
+		if cf := mo.MoE.CapacityFactor; cf > 0 {
+			cpe := int64(math.Ceil(cf * float64(R*k) / float64(E))) // the capacity per expert, over this rank's rows
+			if m.EP > 1 {
+				copies = E * cpe // padded
+			} else {
+				copies = min(copies, E*cpe)
+			}
+		}
+		n += 2*R*E + R*k + 2*copies*C + 3*copies*EF
+		if m.EP > 1 {
+			n += 3 * copies * C
+		}
+		if mo.MoE.SharedExperts > 0 {
+			n += 3 * BT * (EF / tp)
+		}
+	}
+	return n * 4
 }
 
 // logitsBytes: the output logits of one micro-batch (vocabulary split over tp) in the

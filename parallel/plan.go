@@ -132,6 +132,7 @@ func (p *Plan) memory(r *config.Recipe, d dtypes) {
 	mem.Activations = activationBytes(r, p.Mesh, t, d)
 	mem.MoEDispatch, p.MoEDispatchWorst = dispatchBytes(r, p.Mesh, t, d)
 	mem.Logits = logitsBytes(r, p.Mesh, t, d)
+	mem.Scratch = scratchBytes(r, p.Mesh)
 	if r.Parallel.Device == "cuda" && p.Mesh.World == 1 {
 		// One GPU runs in shardline-cuda's engine, whose buffers are known exactly;
 		// several GPUs keep the Megatron-FSDP model above.

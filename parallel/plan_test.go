@@ -112,7 +112,12 @@ func TestTinyByHand(t *testing.T) {
 	assert.EqualValues(t, (L*(attn+mlp)+2*tokens*H)*4+(2*L+1)*tokens*4+L*heads*tokens*4, m.Activations, "and the norms' reciprocal RMS per row, and flash attention's log-sum-exps")
 	assert.EqualValues(t, tokens*V*(4+4)+tokens*4, m.Logits, "logits, probabilities, token losses")
 	assert.EqualValues(t, 0, m.MoEDispatch)
-	assert.Equal(t, m.Weights+m.Grads+m.OptimizerState+m.GatheredUnits+m.GradReduceBuffers+m.Activations+m.Logits, m.Total)
+	// Backward's work buffers: the residual gradient and its scratch, the q,
+	// attention-output, k and v gradients (4 heads of 32, no GQA), the MLP's three
+	// ffn gradients, the logits' gradient, the per-token loss gradient, and the
+	// RoPE tables (seq × head size).
+	assert.EqualValues(t, (2*tokens*H+4*tokens*H+3*tokens*F+tokens*V+tokens+seq*(H/heads))*4, m.Scratch, "backward's work buffers")
+	assert.Equal(t, m.Weights+m.Grads+m.OptimizerState+m.GatheredUnits+m.GradReduceBuffers+m.Activations+m.Logits+m.Scratch, m.Total)
 	assert.Equal(t, 1, p.MicroBatches)
 }
 

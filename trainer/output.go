@@ -254,11 +254,12 @@ func (t *run) held() Memory {
 	}
 	w, main, g, o := t.st.bytes()
 	act, logits := t.m.ActivationBytes()
-	h := Memory{Weights: w, MainWeights: main, Grads: g, OptimizerState: o, Activations: act, MoEDispatch: t.m.DispatchBytes(), Logits: logits}
+	h := Memory{Weights: w, MainWeights: main, Grads: g, OptimizerState: o, Activations: act, MoEDispatch: t.m.DispatchBytes(), Logits: logits,
+		Scratch: t.m.ScratchBytes()}
 	if t.rt != nil {
 		h.GatheredUnits, h.GradReduceBuffers = t.rt.memory()
 	}
-	h.Total = w + main + g + o + act + h.MoEDispatch + logits + h.GatheredUnits + h.GradReduceBuffers
+	h.Total = w + main + g + o + act + h.MoEDispatch + logits + h.Scratch + h.GatheredUnits + h.GradReduceBuffers
 	return h
 }
 

@@ -170,3 +170,37 @@ func TestStateLivesInBackendMemory(t *testing.T) {
 		})
 	}
 }
+
+// TestScratchFollowsThePlan: the CPU engine's scratch (backward's work buffers,
+// tensor and context parallelism's gather and ring buffers, the MoE gradients'
+// buffers, the RoPE tables), which both the plan and run.json once left out
+// (17 MiB beside tiny's 88 MiB), is what the plan predicts, to the byte: dense,
+// GQA, tp, cp, tp×cp, MoE dropless and with a capacity factor (padded under
+// expert parallelism), shared experts, bf16 and full recompute.
+func TestScratchFollowsThePlan(t *testing.T) {
+	base := []string{"train.steps=1", "train.eval_interval=0", "train.micro_batch_size=2", "train.global_batch_size=8"}
+	moe := []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32"}
+	for name, sets := range map[string][]string{
+		"dense":               nil,
+		"gqa":                 {"model.heads=4", "model.kv_heads=2"},
+		"tp2":                 {"parallel.world_size=2", "parallel.tensor_parallel=2"},
+		"cp2":                 {"parallel.world_size=2", "parallel.context_parallel=2"},
+		"tp2 cp2":             {"parallel.world_size=4", "parallel.tensor_parallel=2", "parallel.context_parallel=2", "train.global_batch_size=4"},
+		"bf16 full recompute": {"precision.bf16=true", "activation_checkpoint.mode=full"},
+		"moe":                 moe,
+		"moe capacity":        append([]string{"model.moe.capacity_factor=1.25"}, moe...),
+		"moe shared tp2":      append([]string{"model.moe.shared_experts=1", "parallel.world_size=2", "parallel.tensor_parallel=2"}, moe...),
+		"moe ep2 capacity":    append([]string{"parallel.world_size=2", "parallel.expert_parallel=2", "model.moe.capacity_factor=1.0"}, moe...),
+		"moe ep2 cp2":         append([]string{"parallel.world_size=2", "parallel.expert_parallel=2", "parallel.context_parallel=2", "model.moe.capacity_factor=1.0", "train.global_batch_size=4"}, moe...),
+	} {
+		t.Run(name, func(t *testing.T) {
+			res, _ := tinyRun(t, append(append([]string{}, base...), sets...)...)
+			out, err := Run(context.Background(), res, opts())
+			require.NoError(t, err)
+			require.Positive(t, out.Predicted.Scratch)
+			assert.Equal(t, out.Predicted.Scratch, out.Held.Scratch, "scratch: plan %d, held %d", out.Predicted.Scratch, out.Held.Scratch)
+			assert.Equal(t, out.Predicted.Total, out.Held.Total-out.Held.Activations+out.Predicted.Activations-out.Held.GatheredUnits+out.Predicted.GatheredUnits-
+				out.Held.GradReduceBuffers+out.Predicted.GradReduceBuffers-out.Held.MoEDispatch+out.Predicted.MoEDispatch, "the totals differ only where the components do")
+		})
+	}
+}

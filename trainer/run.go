@@ -179,6 +179,7 @@ type Memory struct {
 	Activations       int64 `json:"activations"`
 	MoEDispatch       int64 `json:"moe_dispatch"` // expert parallelism's exchange buffers
 	Logits            int64 `json:"logits"`
+	Scratch           int64 `json:"scratch"` // backward's work buffers, parallelism's gather and ring buffers
 	Total             int64 `json:"total"`
 }
 

@@ -430,8 +430,10 @@ func (m *Model[F]) alloc() {
 			s.moeEpA, s.moeEpB, s.moeEpC = make([]F, copies*C), make([]F, copies*C), make([]F, copies*C)
 			s.moeRecv, s.moeYloc = make([]F, copies*C), make([]F, copies*C)
 		}
-		SF := EF / m.tpSize()
-		s.moeSh, s.moeSg, s.moeSu = make([]F, BT*SF), make([]F, BT*SF), make([]F, BT*SF)
+		if m.Cfg.MoE.SharedExperts > 0 {
+			SF := EF / m.tpSize()
+			s.moeSh, s.moeSg, s.moeSu = make([]F, BT*SF), make([]F, BT*SF), make([]F, BT*SF)
+		}
 	}
 	a.rstd1, a.rstd2 = stats(R), stats(R)
 	if m.st != nil {
@@ -568,6 +570,28 @@ func elemBytes[F tensor.Float]() int64 {
 		return 8
 	}
 	return 4
+}
+
+// ScratchBytes is what the model holds beside its activations, logits and
+// dispatch buffers: backward's work buffers (one layer's activation gradients,
+// the logits' gradient), tensor and context parallelism's gather and ring
+// buffers, and the RoPE tables, in bytes (parallel's scratch component).
+func (m *Model[F]) ScratchBytes() int64 {
+	s := &m.scratch
+	bufs := [][]F{s.dres, s.dx, s.dq, s.dk, s.dv, s.datty, s.dff1, s.dff2, s.dsw, s.dlogits, s.dloss,
+		s.moeDlogits, s.moeDprobs, s.moeDgates, s.moeDy, s.moeDx, s.moeDh, s.moeDg, s.moeDu, s.moeSh, s.moeSg, s.moeSu,
+		s.moeEpA, s.moeEpB, s.moeEpC, m.cos, m.sin}
+	if p := m.tp; p != nil {
+		bufs = append(bufs, p.gx, p.gd, p.px, p.red, p.gnorm, p.grouter, p.lse, p.lseAll, p.tlogit)
+	}
+	if p := m.cp; p != nil {
+		bufs = append(bufs, p.ring[0], p.ring[1], p.pd, p.out, p.lse)
+	}
+	var n int64
+	for _, b := range bufs {
+		n += int64(len(b))
+	}
+	return n * elemBytes[F]()
 }
 
 // DispatchBytes is what expert parallelism's token exchange holds beside the
