@@ -1,10 +1,6 @@
 package parallel
 
-import (
-	"math"
-
-	"github.com/shardline/shardline/config"
-)
+import "github.com/shardline/shardline/config"
 
 // engineMemory is what the one-GPU engine (trainer/gpu, run by shardline-cuda)
 // allocates for a recipe, by the plan's components: the model's buffers are made
@@ -39,11 +35,7 @@ func engineMemory(r *config.Recipe, params []Param) Memory {
 	E, K, EF := int64(mo.MoE.NumExperts), int64(mo.MoE.TopK), int64(mo.MoE.ExpertFFNHidden)
 	var R int64 // permuted rows of a MoE layer
 	if E > 0 {
-		capacity := BT * K
-		if cf := mo.MoE.CapacityFactor; cf > 0 {
-			capacity = int64(math.Ceil(cf * float64(BT*K) / float64(E)))
-		}
-		R = E * capacity
+		R = E * ExpertCapacity(mo, BT) // padded segments
 	}
 	for l := 0; l < mo.Layers; l++ {
 		act += (4*BT*C + 2*BT*NH*HD + 2*BT*NKV*HD) * dt // resid, ln1, mid, ln2; q, atty; k, v

@@ -119,6 +119,39 @@ type tokens struct {
 	context int64 // keys each query attends to (seq)
 }
 
+// ExpertCapacity is the most routed copies one expert keeps of rows tokens:
+// ⌈capacity_factor · rows · top_k / E⌉, or every copy (rows · top_k) without a
+// capacity factor. The engines (trainer/model, trainer/gpu) and the plan take
+// it from here.
+func ExpertCapacity(mo config.Model, rows int64) int64 {
+	k := rows * int64(mo.MoE.TopK)
+	if cf := mo.MoE.CapacityFactor; cf > 0 {
+		return int64(math.Ceil(cf * float64(k) / float64(mo.MoE.NumExperts)))
+	}
+	return k
+}
+
+// MoELayout is how the CPU engine lays an MoE layer's permuted rows out for rows
+// tokens on ep expert-parallel ranks: the capacity per expert, and whether every
+// expert's segment is padded to it. It pads under expert parallelism with a
+// capacity factor, so the exchange's splits are static; otherwise it packs the
+// kept copies.
+func MoELayout(mo config.Model, rows int64, ep int) (capacity int64, padded bool) {
+	return ExpertCapacity(mo, rows), mo.MoE.CapacityFactor > 0 && ep > 1
+}
+
+// RoutedRows is the permuted rows an MoE layer's buffers hold for rows tokens
+// on ep ranks (MoELayout; tensor.MoEShape.Rows states the same): E · capacity
+// when padded, else at most every copy, min(rows · top_k, E · capacity).
+func RoutedRows(mo config.Model, rows int64, ep int) int64 {
+	capacity, padded := MoELayout(mo, rows, ep)
+	E := int64(mo.MoE.NumExperts)
+	if padded {
+		return E * capacity
+	}
+	return min(rows*int64(mo.MoE.TopK), E*capacity)
+}
+
 // tokensOf computes the token counts. Routing is balanced in expectation: each rank
 // sends local·top_k copies and receives as many. A capacity factor bounds what one
 // rank receives at capacity_factor × the balanced share. Without it the worst case
@@ -129,18 +162,10 @@ func tokensOf(r *config.Recipe, m Mesh) tokens {
 	t := tokens{local: int64(r.Train.MicroBatchSize) * int64(mo.SeqLen/m.CP), context: int64(mo.SeqLen)}
 	if mo.MoE.NumExperts > 0 {
 		k := int64(mo.MoE.TopK)
-		t.routed = t.local * k
-		if cf := mo.MoE.CapacityFactor; cf > 0 {
-			// At most E · ⌈cf · local · k / E⌉ copies are kept. Under expert
-			// parallelism every expert's segment is padded to that capacity (static
-			// splits), so the rows are exactly that many; otherwise the kept copies
-			// are packed into at most local · k rows.
-			E := int64(mo.MoE.NumExperts)
-			t.routed = E * int64(math.Ceil(cf*float64(t.local*k)/float64(E)))
-			if m.EP == 1 {
-				t.routed = min(t.routed, t.local*k)
-			}
-		}
+		// Under expert parallelism with a capacity factor every expert's segment
+		// is padded to its capacity (static splits); otherwise the kept copies are
+		// packed.
+		t.routed = RoutedRows(mo, t.local, m.EP)
 		t.worst = int64(m.EP) * t.local * min(k, int64(mo.MoE.NumExperts/m.EP))
 		if cf := mo.MoE.CapacityFactor; cf > 0 {
 			t.worst = t.routed
@@ -322,15 +347,7 @@ func scratchBytes(r *config.Recipe, m Mesh) int64 {
 	}
 	if E > 0 {
 		k, EF := int64(mo.MoE.TopK), int64(mo.MoE.ExpertFFNHidden)
-		copies := R * k // the packed layout's bound (dropless: what the buffers start at)
-		if cf := mo.MoE.CapacityFactor; cf > 0 {
-			cpe := int64(math.Ceil(cf * float64(R*k) / float64(E))) // the capacity per expert, over this rank's rows
-			if m.EP > 1 {
-				copies = E * cpe // padded
-			} else {
-				copies = min(copies, E*cpe)
-			}
-		}
+		copies := RoutedRows(mo, R, m.EP) // over this rank's rows; dropless, what the buffers start at
 		n += 2*R*E + R*k + 2*copies*C + 3*copies*EF
 		if m.EP > 1 {
 			n += 3 * copies * C

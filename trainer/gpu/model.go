@@ -4,7 +4,6 @@ package gpu
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/cuda"
@@ -447,9 +446,6 @@ func (m *Model) anyDense() bool {
 func (m *Model) moeShape() cuda.MoEShape {
 	c := m.Cfg.MoE
 	BT := m.B * m.T
-	capacity := BT * c.TopK
-	if c.CapacityFactor > 0 {
-		capacity = int(math.Ceil(c.CapacityFactor * float64(BT*c.TopK) / float64(c.NumExperts)))
-	}
+	capacity := int(parallel.ExpertCapacity(m.Cfg, int64(BT)))
 	return tensor.MoEShape{BT: BT, E: c.NumExperts, K: c.TopK, C: m.Cfg.Hidden, Capacity: capacity, Padded: true}
 }

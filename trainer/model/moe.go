@@ -2,9 +2,9 @@ package model
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/tensor"
 )
 
@@ -128,24 +128,16 @@ func (a *moeActs[F]) floats() []*[]F {
 // synchronisation (expert parallelism).
 func (a *moeActs[F]) count(e int) int { return int(a.rt.Offsets[e+1] - a.rt.Offsets[e]) }
 
-// capacity is the most copies one expert keeps: unlimited without a capacity factor.
-func capacity(c config.Model, BT int) int {
-	k, E := c.MoE.TopK, c.MoE.NumExperts
-	if cf := c.MoE.CapacityFactor; cf > 0 {
-		return int(math.Ceil(cf * float64(BT*k) / float64(E)))
-	}
-	return BT * k
-}
-
 // moeShape is an MoE layer's routing over BT token rows on ep expert-parallel
-// ranks. Under expert parallelism a capacity factor pads every expert's segment
-// to its capacity (tensor.MoEShape.Padded): static shapes, so that the
-// exchange's split sizes need no count on the host. Otherwise the kept copies
-// are packed: the grouped kernels read the segments from the routing, and no
-// padding row is computed.
+// ranks, laid out as parallel.MoELayout says (the plan counts the same): under
+// expert parallelism a capacity factor pads every expert's segment to its
+// capacity (tensor.MoEShape.Padded), static shapes, so that the exchange's
+// split sizes need no count on the host. Otherwise the kept copies are packed:
+// the grouped kernels read the segments from the routing, and no padding row
+// is computed.
 func moeShape(c config.Model, BT, ep int) tensor.MoEShape {
-	return tensor.MoEShape{BT: BT, E: c.MoE.NumExperts, K: c.MoE.TopK, C: c.Hidden, Capacity: capacity(c, BT),
-		Padded: c.MoE.CapacityFactor > 0 && ep > 1}
+	capacity, padded := parallel.MoELayout(c, int64(BT), ep)
+	return tensor.MoEShape{BT: BT, E: c.MoE.NumExperts, K: c.MoE.TopK, C: c.Hidden, Capacity: int(capacity), Padded: padded}
 }
 
 // segments is where the layer's experts' rows lie for the grouped kernels: the
