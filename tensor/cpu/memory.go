@@ -368,16 +368,6 @@ func (s *store) set(i int, v float64) {
 	}
 }
 
-// f64s is a CPU f64 buffer's elements in place (nil for any other buffer: a
-// kernel skips it). Kernels read and write the statistics buffers through it.
-func f64s(b tensor.Buffer) []float64 {
-	s, ok := b.Storage().(*store)
-	if !ok || s.dt != tensor.Float64 || s.freed {
-		return nil
-	}
-	return s.f64[b.Offset() : b.Offset()+b.Len() : b.Offset()+b.Len()]
-}
-
 // floats is a CPU buffer's elements as F values in place: an f32 buffer for
 // float32 kernels, an f64 buffer for float64 ones (the gradient checks). It is
 // nil for any other buffer, after keeping the failure when the buffer is a CPU

@@ -11,10 +11,11 @@ import (
 // Scale and the optimizers' gate) read and write an f64 buffer of this
 // backend's memory in place: nothing goes back to the caller.
 
-// statsView is the f64 view of b with at least n elements, or nil after keeping a
-// failure (on b's memory when b is a CPU buffer): the kernel is then skipped.
+// statsView is the f64 view of b (floats) with at least n elements, or nil
+// after keeping a failure (on b's memory when b is a CPU buffer): the kernel is
+// then skipped.
 func statsView(op string, b tensor.Buffer, n int) []float64 {
-	x := f64s(b)
+	x := floats[float64](op, b)
 	if x != nil && len(x) >= n {
 		return x
 	}
@@ -88,7 +89,7 @@ func ScaleBy[F Float](x []F, st tensor.Buffer) {
 	if ok, _ := applied("Scale", st); !ok {
 		return
 	}
-	if f := f64s(st)[tensor.StatClip]; f != 1 {
+	if f := statsView("Scale", st, tensor.NumStats)[tensor.StatClip]; f != 1 {
 		Scale(x, f)
 	}
 }
