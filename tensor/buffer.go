@@ -133,10 +133,11 @@ type Memory interface {
 // HostMemory is a Memory whose buffers lie in host memory, so that collectives
 // over host memory (the in-process and TCP communicators) can take an f32
 // buffer's elements in place: no copy, no read-back, as NCCL takes a device
-// pointer. Float32s (BF16s) is nil, with the failure kept for Err, for a buffer
-// that is not an f32 (bf16) buffer of this memory.
+// pointer. Float32s (BF16s, Float64s) is nil, with the failure kept for Err, for
+// a buffer that is not an f32 (bf16, f64) buffer of this memory.
 type HostMemory interface {
 	Memory
 	Float32s(b Buffer) []float32
 	BF16s(b Buffer) []BF16
+	Float64s(b Buffer) []float64
 }

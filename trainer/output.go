@@ -301,9 +301,11 @@ func Generate(r *config.Recipe, be tensor.Backend, table []parallel.Param, weigh
 		return "", err
 	}
 	V := r.Model.VocabSize
+	logits := make([]float32, V)
 	return generate(T, tok, prompt, n, temperature, seed, func(window []int32, k int) ([]float32, error) {
 		m.Forward(window, nil, tensor.Buffer{}, false)
-		return m.Logits()[(k-1)*V : k*V], nil
+		m.ReadLogits(logits, (k-1)*V) // one read-back per sampled token
+		return logits, nil
 	})
 }
 
@@ -438,7 +440,9 @@ func RunLogits(be tensor.Backend, dir string, tokens []int32) ([]float32, error)
 	window := make([]int32, T)
 	copy(window, tokens)
 	m.Forward(window, nil, tensor.Buffer{}, false)
-	return append([]float32(nil), m.Logits()[:len(tokens)*V]...), nil
+	logits := make([]float32, len(tokens)*V)
+	m.ReadLogits(logits, 0)
+	return logits, nil
 }
 
 // ExportHF writes a finished run's final weights (dir holds weights.bin) as a

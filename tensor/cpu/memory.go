@@ -291,6 +291,19 @@ func (m *Memory) Float32s(b tensor.Buffer) []float32 {
 	return s.f32[b.Offset() : b.Offset()+b.Len() : b.Offset()+b.Len()]
 }
 
+// Float64s is an f64 buffer's elements in place, as Float32s.
+func (m *Memory) Float64s(b tensor.Buffer) []float64 {
+	s, ok := m.own("view", b)
+	if !ok {
+		return nil
+	}
+	if s.dt != tensor.Float64 {
+		m.fail(fmt.Errorf("cpu: a %v buffer viewed as float64", s.dt))
+		return nil
+	}
+	return s.f64[b.Offset() : b.Offset()+b.Len() : b.Offset()+b.Len()]
+}
+
 func (m *Memory) fail(err error) {
 	m.mu.Lock()
 	if m.err == nil {

@@ -67,9 +67,9 @@ func LocalTokens(dst, src []int32, B, T, rank, size int) {
 // allocates nothing.
 type cpState[F tensor.Float] struct {
 	ContextParallel
-	ring      [2][]F
-	pd        []F
-	out, lse  []F
+	ring      [2]tensor.Buffer
+	pd        tensor.Buffer
+	out, lse  tensor.Buffer
 	requests  chan ringStep
 	exchanged chan error
 	running   bool // the ring goroutine is started
@@ -133,9 +133,9 @@ func (m *Model[F]) allocCP() {
 	n := m.B * m.T * NKV * HD
 	c := m.T / 2
 	p := m.cp
-	p.ring = [2][]F{make([]F, 4*n), make([]F, 4*n)}
-	p.pd = make([]F, 2*n)
-	p.out, p.lse = make([]F, m.B*c*NH*HD), make([]F, m.B*NH*c)
+	p.ring = [2]tensor.Buffer{m.alloc1(4 * n), m.alloc1(4 * n)}
+	p.pd = m.alloc1(2 * n)
+	p.out, p.lse = m.alloc1(m.B*c*NH*HD), m.alloc1(m.B*NH*c)
 }
 
 // ropeTablesCP fills the RoPE tables with the rows of the rank's chunks'
@@ -144,13 +144,15 @@ func (m *Model[F]) ropeTablesCP(invFreq []float64) {
 	_, _, _, _, HD, _, _ := m.dims()
 	T := m.T * m.cp.Size
 	half := HD / 2
-	cos, sin := make([]F, T*half), make([]F, T*half)
-	m.be.RopeTables(cos, sin, T, invFreq)
+	cos, sin := m.alloc1(T*half), m.alloc1(T*half) // the whole sequence's, freed once the rank's rows are copied
+	m.be.RopeTables(m.view(cos), m.view(sin), T, invFreq)
 	c := m.T / 2
 	for i, g := range m.chunks(m.cp.Rank) {
-		copy(m.cos[i*c*half:(i+1)*c*half], cos[g*c*half:(g+1)*c*half])
-		copy(m.sin[i*c*half:(i+1)*c*half], sin[g*c*half:(g+1)*c*half])
+		m.mem.Copy(rowsOf(m.cos, i*c, (i+1)*c, half), rowsOf(cos, g*c, (g+1)*c, half))
+		m.mem.Copy(rowsOf(m.sin, i*c, (i+1)*c, half), rowsOf(sin, g*c, (g+1)*c, half))
 	}
+	m.mem.Free(cos)
+	m.mem.Free(sin)
 }
 
 // chunks are the global chunk indices rank holds, in its local order.
@@ -158,13 +160,13 @@ func (m *Model[F]) chunks(rank int) [2]int { return [2]int{rank, 2*m.cp.Size - 1
 
 // exchange starts the ring step that sends src to the next rank and receives dst
 // from the previous one; wait ends it.
-func (m *Model[F]) exchange(what ringWhat, step int, dst, src []F) {
+func (m *Model[F]) exchange(what ringWhat, step int, dst, src tensor.Buffer) {
 	p := m.cp
 	if !p.running {
 		p.running = true
 		go p.serve()
 	}
-	p.requests <- ringStep{what: what, step: step, dst: f32(dst), src: f32(src)}
+	p.requests <- ringStep{what: what, step: step, dst: m.f32(dst), src: m.f32(src)}
 }
 
 // serve runs the ring steps asked of it, one at a time, until Close.
@@ -226,11 +228,11 @@ func (m *Model[F]) blockPairs(src int, f func(qo, ko, lo int, s tensor.Attention
 
 // rope applies (or, backward, undoes the gradient of) RoPE to x (B·T, heads·HD):
 // each half at its chunk's positions.
-func (m *Model[F]) rope(x []F, heads int, backward bool) {
+func (m *Model[F]) rope(xb tensor.Buffer, heads int, backward bool) {
 	_, _, _, _, HD, _, _ := m.dims()
 	c, half, n := m.T/2, HD/2, m.B*m.T/2*heads*HD
 	for i := 0; i < 2; i++ {
-		xs, cos, sin := x[i*n:(i+1)*n], m.cos[i*c*half:(i+1)*c*half], m.sin[i*c*half:(i+1)*c*half]
+		xs, cos, sin := m.view(xb.Slice(i*n, (i+1)*n)), m.view(rowsOf(m.cos, i*c, (i+1)*c, half)), m.view(rowsOf(m.sin, i*c, (i+1)*c, half))
 		if backward {
 			m.be.RopeBackward(xs, cos, sin, tensor.RopeShape{B: m.B, T: c, NH: heads, HD: HD})
 		} else {
@@ -242,42 +244,40 @@ func (m *Model[F]) rope(x []F, heads int, backward bool) {
 // ringSizes are a ring pass's sizes: n values in each of K, V, dK, dV of a block,
 // c tokens per chunk, and the elements of one half of q (and out), of k or v, and
 // of the log-sum-exps; and its two blocks, cur holding this rank's K/V.
-type ringSizes[F tensor.Float] struct {
+type ringSizes struct {
 	n, c, hq, hk, hl, NH, HD int
-	cur, nxt                 []F
+	cur, nxt                 tensor.Buffer
 }
 
 // ringStart loads this rank's K and V into the first ring block.
-func (m *Model[F]) ringStart(k, v []F) ringSizes[F] {
+func (m *Model[F]) ringStart(k, v tensor.Buffer) ringSizes {
 	_, _, NH, NKV, HD, _, _ := m.dims()
 	c := m.T / 2
-	r := ringSizes[F]{n: m.B * m.T * NKV * HD, c: c, hq: m.B * c * NH * HD, hk: m.B * c * NKV * HD, hl: m.B * NH * c, NH: NH, HD: HD,
+	r := ringSizes{n: m.B * m.T * NKV * HD, c: c, hq: m.B * c * NH * HD, hk: m.B * c * NKV * HD, hl: m.B * NH * c, NH: NH, HD: HD,
 		cur: m.cp.ring[0], nxt: m.cp.ring[1]}
-	copy(r.cur[:r.n], k)
-	copy(r.cur[r.n:2*r.n], v)
+	m.mem.Copy(r.cur.Slice(0, r.n), k)
+	m.mem.Copy(r.cur.Slice(r.n, 2*r.n), v)
 	return r
 }
 
 // ringAttention is causal attention of the local queries over the whole
 // sequence: out (B·T, NH·HD) and lse, (B, NH, T/2) per half.
-func (m *Model[F]) ringAttention(out, lse, q, k, v []F) {
-	p, be := m.cp, m.be
+func (m *Model[F]) ringAttention(out, lse, q, k, v tensor.Buffer) {
+	p, be, vw := m.cp, m.be, m.view
 	r := m.ringStart(k, v)
 	n, c, hq, hk, hl, NH, HD := r.n, r.c, r.hq, r.hk, r.hl, r.NH, r.HD
 	cur, nxt := r.cur, r.nxt
-	clear(out)
-	for i := range lse {
-		lse[i] = F(math.Inf(-1))
-	}
+	m.mem.Zero(out)
+	m.mem.Fill(lse, math.Inf(-1))
 	for s := 0; s < p.Size; s++ {
 		if s < p.Size-1 {
-			m.exchange(ringKV, s, nxt[:2*n], cur[:2*n])
+			m.exchange(ringKV, s, nxt.Slice(0, 2*n), cur.Slice(0, 2*n))
 		}
 		src := (p.Rank - s + p.Size) % p.Size
 		m.traced(ringAttn, s, func() {
 			m.blockPairs(src, func(qo, ko, lo int, sh tensor.AttentionShape) {
-				be.FlashAttention(p.out, p.lse, q[qo:qo+hq], cur[ko:ko+hk], cur[n+ko:n+ko+hk], sh)
-				MergeAttention(out[qo:qo+hq], lse[lo:lo+hl], p.out, p.lse, m.B, c, NH, HD)
+				be.FlashAttention(vw(p.out), vw(p.lse), vw(q.Slice(qo, qo+hq)), vw(cur.Slice(ko, ko+hk)), vw(cur.Slice(n+ko, n+ko+hk)), sh)
+				MergeAttention(vw(out.Slice(qo, qo+hq)), vw(lse.Slice(lo, lo+hl)), vw(p.out), vw(p.lse), m.B, c, NH, HD)
 			})
 		})
 		if s < p.Size-1 {
@@ -324,8 +324,8 @@ func MergeAttention[F tensor.Float](out, lse, outB, lseB []F, B, Tq, NH, HD int)
 // rank−s) while the ring passes on that block's K/V and the dK/dV accumulator of
 // the block of the step before; after the last step each accumulator takes one
 // more step, home to its owner.
-func (m *Model[F]) ringAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v []F) {
-	p, be := m.cp, m.be
+func (m *Model[F]) ringAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v tensor.Buffer) {
+	p, be, vw := m.cp, m.be, m.view
 	r := m.ringStart(k, v)
 	n, hq, hk, hl := r.n, r.hq, r.hk, r.hl
 	cur, nxt := r.cur, r.nxt
@@ -339,29 +339,29 @@ func (m *Model[F]) ringAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v []F
 		if s == 0 {
 			hi = 2 * n
 		}
-		m.exchange(ringKVGrads, s, nxt[lo:hi], cur[lo:hi])
+		m.exchange(ringKVGrads, s, nxt.Slice(lo, hi), cur.Slice(lo, hi))
 		src := (p.Rank - s + p.Size) % p.Size
-		clear(p.pd)
+		m.mem.Zero(p.pd)
 		m.traced(ringAttnBwd, s, func() {
 			m.blockPairs(src, func(qo, ko, lo int, sh tensor.AttentionShape) {
-				qs, os, ds := q[qo:qo+hq], out[qo:qo+hq], dout[qo:qo+hq]
-				be.FlashAttentionBackward(dq[qo:qo+hq], p.pd[ko:ko+hk], p.pd[n+ko:n+ko+hk],
-					ds, os, lse[lo:lo+hl], qs, cur[ko:ko+hk], cur[n+ko:n+ko+hk], sh)
+				qs, os, ds := q.Slice(qo, qo+hq), out.Slice(qo, qo+hq), dout.Slice(qo, qo+hq)
+				be.FlashAttentionBackward(vw(dq.Slice(qo, qo+hq)), vw(p.pd.Slice(ko, ko+hk)), vw(p.pd.Slice(n+ko, n+ko+hk)),
+					vw(ds), vw(os), vw(lse.Slice(lo, lo+hl)), vw(qs), vw(cur.Slice(ko, ko+hk)), vw(cur.Slice(n+ko, n+ko+hk)), sh)
 			})
 		})
 		m.wait()
-		acc := nxt[2*n : 4*n] // the accumulator of this step's block, from the previous rank
+		acc := nxt.Slice(2*n, 4*n) // the accumulator of this step's block, from the previous rank
 		if s == 0 {
-			copy(acc, p.pd)
+			m.mem.Copy(acc, p.pd)
 		} else {
-			be.AddInto(acc, p.pd, 2*n)
+			be.AddInto(vw(acc), vw(p.pd), 2*n)
 		}
 		cur, nxt = nxt, cur
 	}
-	m.exchange(ringGradsHome, 0, nxt[2*n:4*n], cur[2*n:4*n])
+	m.exchange(ringGradsHome, 0, nxt.Slice(2*n, 4*n), cur.Slice(2*n, 4*n))
 	m.wait()
-	be.AddInto(dk, nxt[2*n:3*n], n)
-	be.AddInto(dv, nxt[3*n:4*n], n)
+	be.AddInto(vw(dk), vw(nxt.Slice(2*n, 3*n)), n)
+	be.AddInto(vw(dv), vw(nxt.Slice(3*n, 4*n)), n)
 }
 
 // seqRouterStats sums an MoE layer's per-expert copy counts and router
@@ -369,7 +369,8 @@ func (m *Model[F]) ringAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v []F
 // group, then the cp group), so the load-balancing loss is the whole sequences'
 // (as one rank computes it). stats holds E counts then E sums; an error is kept
 // for Err.
-func (m *Model[F]) seqRouterStats(stats []float32) {
+func (m *Model[F]) seqRouterStats(statsB tensor.Buffer) {
+	stats := m.f32(statsB)
 	if m.tp != nil {
 		m.tpErr("router statistics", m.tp.Comm.AllReduce(stats))
 	}

@@ -12,8 +12,9 @@
 // The forward pass reads like the math: embed, then for each layer RMSNorm →
 // attention with RoPE and grouped KV heads → residual → RMSNorm → SwiGLU MLP →
 // residual, then the final RMSNorm, the output head and the cross-entropy.
-// Backward is the same list reversed. Activations are allocated once per
-// (batch, sequence) shape and reused every step; with WithBF16Activations (a bf16
+// Backward is the same list reversed. Activations and every other buffer the
+// model holds are allocated once per (batch, sequence) shape in the backend's
+// memory (buffers.go) and reused every step; with WithBF16Activations (a bf16
 // run) what the layers save for backward is kept in bf16 stores beside one F
 // work set (stash.go).
 //

@@ -22,14 +22,16 @@ type params[S any] struct {
 	layers              []layerParams[S]
 }
 
-// acts are the activations of one forward pass kept for backward. Shapes per layer:
-// (BT,C) for residuals and norms, (BT,NH·HD) for q and the attention output,
-// (BT,NKV·HD) for k and v, (B,NH,T) for flash attention's rows' log-sum-exps (no
-// (T,T) probabilities exist), (BT,F) for the MLP's gate, up and product.
+// acts are the activations of one forward pass kept for backward, buffers of the
+// model's memory. Shapes per layer: (BT,C) for residuals and norms, (BT,NH·HD)
+// for q and the attention output, (BT,NKV·HD) for k and v, (B,NH,T) for flash
+// attention's rows' log-sum-exps (no (T,T) probabilities exist), (BT,F) for the
+// MLP's gate, up and product. Layers that share a slot (recompute, the bf16 work
+// set) hold the same buffer.
 type acts[F tensor.Float] struct {
-	resid, ln1, q, k, v, att, atty, mid, ln2, gate, up, sw [][]F
-	rstd1, rstd2                                           [][]F
-	final, lnf, rstdf, logits, probs, losses               []F
+	resid, ln1, q, k, v, att, atty, mid, ln2, gate, up, sw []tensor.Buffer
+	rstd1, rstd2                                           []tensor.Buffer
+	final, lnf, rstdf, logits, probs, losses               tensor.Buffer
 	moe                                                    []*moeActs[F] // per layer; nil for dense layers
 }
 
@@ -41,7 +43,7 @@ type Model[F tensor.Float] struct {
 	w    params[tensor.Weights[F]]
 	g    params[[]F]
 	a    acts[F]
-	cos  []F // RoPE tables (T, HD/2)
+	cos  tensor.Buffer // RoPE tables (T, HD/2)
 	// wptr and gptr point at each parameter's weight and gradient view (table
 	// order), so a runtime that gathers units into changing buffers can rebind them.
 	wptr      []*tensor.Weights[F]
@@ -52,26 +54,28 @@ type Model[F tensor.Float] struct {
 	ep        ExpertParallel
 	cp        *cpState[F] // nil without context parallelism
 	tp        *tpState[F] // nil without tensor parallelism
-	st        *stash[F]   // bf16 stores of saved activations; nil without WithBF16Activations
+	st        *stash      // bf16 stores of saved activations; nil without WithBF16Activations
 	blocks    [][]int     // FSDP units of each block, in forward order
 	hookErr   error
-	// mem is the memory of the model's stream (WithMemory, or for an MoE model
-	// without it a new one of the backend's; nil for a dense model without it);
-	// moeSums its buffer of the last forward's MoE sums (MoESums);
+	// mem is the memory of the model's stream (WithMemory, or a new one of the
+	// backend's), which holds every buffer of the model's (buffers.go), and host
+	// the same memory's host views; moeSums its buffer of the last forward's
+	// MoE sums (MoESums);
 	// moeLayersRun counts the MoE layers the current forward has run, and
 	// recomputing is set while backward runs a layer's forward again.
 	mem          tensor.Memory
+	host         tensor.HostMemory
 	moeSums      tensor.Buffer
 	moeLayersRun int
 	recomputing  bool
 	padSeg       []int32 // the padded experts' static segments (E+1), with a capacity factor
-	sin          []F
+	sin          tensor.Buffer
 	scratch      struct {
-		dres, dx, dq, dk, dv, datty, dff1, dff2, dsw, dlogits, dloss []F
+		dres, dx, dq, dk, dv, datty, dff1, dff2, dsw, dlogits, dloss tensor.Buffer
 		// MoE backward (sized for the largest MoE layer)
-		moeDlogits, moeDprobs, moeDgates, moeDy, moeDx, moeDh, moeDg, moeDu, moeSh, moeSg, moeSu []F
-		moeEpA, moeEpB, moeEpC                                                                   []F // expert parallelism
-		moeRecv, moeYloc                                                                         []F // the exchange's arrival-order rows, every layer's
+		moeDlogits, moeDprobs, moeDgates, moeDy, moeDx, moeDh, moeDg, moeDu, moeSh, moeSg, moeSu tensor.Buffer
+		moeEpA, moeEpB, moeEpC                                                                   tensor.Buffer // expert parallelism
+		moeRecv, moeYloc                                                                         tensor.Buffer // the exchange's arrival-order rows, every layer's
 		expertW                                                                                  [3][]tensor.Weights[F]
 		expertG                                                                                  [3][][]F
 	}
@@ -106,9 +110,11 @@ type ExpertParallel struct {
 func WithExpertParallel(ep ExpertParallel) Option { return func(o *options) { o.ep = &ep } }
 
 // WithMemory names the backend memory whose stream the model's work is on (the
-// rank's), so that the model's read-backs and synchronisations (expert
-// parallelism's split sizes) are counted with the trainer's. Without it an MoE
-// model makes a memory of its backend's for its sums.
+// rank's): the model's buffers are allocated there, so that its bytes and its
+// read-backs and synchronisations (expert parallelism's split sizes) are
+// counted with the trainer's. Without it the model makes a memory of its
+// backend's. Until the kernels take buffers it must be host memory
+// (tensor.HostMemory).
 func WithMemory(mem tensor.Memory) Option { return func(o *options) { o.mem = mem } }
 
 // WithRecompute sets activation recomputation: "none" keeps every activation;
@@ -134,10 +140,15 @@ func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights []ten
 	for _, f := range opt {
 		f(&o)
 	}
-	if m.mem = o.mem; cfg.MoE.NumExperts > 0 {
-		if m.mem == nil {
-			m.mem = be.NewMemory()
-		}
+	if m.mem = o.mem; m.mem == nil {
+		m.mem = be.NewMemory()
+	}
+	host, ok := m.mem.(tensor.HostMemory)
+	if !ok {
+		return nil, fmt.Errorf("model: memory %T is not host memory: the kernels still take host slices", m.mem)
+	}
+	m.host = host
+	if cfg.MoE.NumExperts > 0 {
 		m.moeSums = m.mem.Alloc(tensor.Float64, 2)
 	}
 	switch o.recompute {
@@ -164,7 +175,7 @@ func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights []ten
 		if _, ok := any(z).(float32); !ok {
 			return nil, fmt.Errorf("model: bf16 activations need float32")
 		}
-		m.st = &stash[F]{}
+		m.st = &stash{}
 	}
 	m.ep = ExpertParallel{Size: 1}
 	if o.ep != nil && o.ep.Size > 1 {
@@ -188,7 +199,9 @@ func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights []ten
 			m.embedIdx = i
 		}
 	}
-	m.alloc()
+	if err := m.alloc(); err != nil {
+		return nil, err
+	}
 	return m, nil
 }
 
@@ -334,21 +347,17 @@ func (m *Model[F]) dims() (BT, C, NH, NKV, HD, FF, V int) {
 	return m.B * m.T, c.Hidden, c.Heads / tp, c.EffectiveKVHeads() / tp, c.HeadSize(), c.FFNHidden / tp, c.VocabSize / tp
 }
 
-func (m *Model[F]) alloc() {
+// alloc makes the model's buffers in its memory: a failure (an allocation the
+// backend cannot make) is the memory's kept error, returned.
+func (m *Model[F]) alloc() error {
 	BT, C, NH, NKV, HD, FF, V := m.dims()
 	L := m.Cfg.Layers
+	mk := func(n int) []tensor.Buffer { return m.allocN(L, n) }
 	// shared layers' buffers alias one slot: recomputed in backward, not kept.
-	mk := func(n int) [][]F {
-		out := make([][]F, L)
-		for i := range out {
-			out[i] = make([]F, n)
-		}
-		return out
-	}
-	shared := func(n int) [][]F {
-		out := make([][]F, L)
+	shared := func(n int) []tensor.Buffer {
+		out := make([]tensor.Buffer, L)
 		if L > 0 {
-			one := make([]F, n)
+			one := m.alloc1(n)
 			for i := range out {
 				out[i] = one
 			}
@@ -371,8 +380,8 @@ func (m *Model[F]) alloc() {
 	if m.st != nil {
 		// Layer l reads resid[l] and writes resid[l+1]: two F buffers take turns,
 		// every layer's input is kept in its bf16 store.
-		two := [2][]F{make([]F, R*C), make([]F, R*C)}
-		a.resid = make([][]F, L)
+		two := m.allocN(2, R*C)
+		a.resid = make([]tensor.Buffer, L)
 		for l := range a.resid {
 			a.resid[l] = two[l%2]
 		}
@@ -382,28 +391,46 @@ func (m *Model[F]) alloc() {
 	a.ln1, a.mid, a.ln2 = per(R*C), per(R*C), per(R*C)
 	a.q, a.atty = per(BT*NH*HD), per(BT*NH*HD)
 	a.k, a.v = per(BT*NKV*HD), per(BT*NKV*HD)
-	a.att = stats(m.B * NH * m.T) // log-sum-exps: remade only with the whole layer
-	a.gate, a.up, a.sw = per(BT*FF), per(BT*FF), per(BT*FF)
+	a.att = stats(m.B * NH * m.T)          // log-sum-exps: remade only with the whole layer
+	dense := func(n int) []tensor.Buffer { // the MLP's buffers: the experts' replace them in MoE layers
+		out := make([]tensor.Buffer, L)
+		var one tensor.Buffer
+		for l := range out {
+			switch {
+			case m.Cfg.IsMoELayer(l):
+			case m.recompute == "full" || m.st != nil:
+				if one.Storage() == nil {
+					one = m.alloc1(n)
+				}
+				out[l] = one
+			default:
+				out[l] = m.alloc1(n)
+			}
+		}
+		return out
+	}
+	a.gate, a.up, a.sw = dense(BT*FF), dense(BT*FF), dense(BT*FF)
 	a.moe = make([]*moeActs[F], L)
 	var moeSlot *moeActs[F]
-	var sent []F
+	var sent tensor.Buffer
 	for l := 0; l < L; l++ {
 		if m.Cfg.IsMoELayer(l) {
-			a.gate[l], a.up[l], a.sw[l] = nil, nil, nil // the experts' buffers replace the MLP's
 			switch {
 			case m.recompute == "full" && moeSlot != nil:
 			case m.st != nil && moeSlot != nil:
 				// The layer's own routing and statistics; the work set's F buffers.
-				a.moe[l] = newMoEActs[F](m.Cfg, R, m.ep.Size, BT, m.tpSize(), moeSlot)
+				a.moe[l] = m.newMoEActs(R, BT, moeSlot)
 				continue
 			default:
-				moeSlot = newMoEActs[F](m.Cfg, R, m.ep.Size, BT, m.tpSize(), nil)
+				moeSlot = m.newMoEActs(R, BT, nil)
 				if m.ep.Size > 1 {
 					// Under expert parallelism the permuted tokens are only sent (the
 					// experts' inputs in backward are the received tokens): one
 					// buffer serves every layer.
-					if sent == nil {
+					if sent.Storage() == nil {
 						sent = moeSlot.x
+					} else {
+						m.mem.Free(moeSlot.x)
 					}
 					moeSlot.x = sent
 				}
@@ -416,48 +443,52 @@ func (m *Model[F]) alloc() {
 		s := &m.scratch
 		// The router and the routed experts see this rank's rows of the residual
 		// stream; the shared experts, split like the MLP, all rows.
-		s.moeDlogits, s.moeDprobs, s.moeDgates = make([]F, R*E), make([]F, R*E), make([]F, R*k)
+		s.moeDlogits, s.moeDprobs, s.moeDgates = m.alloc1(R*E), m.alloc1(R*E), m.alloc1(R*k)
 		copies := moeShape(m.Cfg, R, m.ep.Size).Rows() // dropless, grown with the exchange buffers under expert parallelism
-		s.moeDy, s.moeDx = make([]F, copies*C), make([]F, copies*C)
+		s.moeDy, s.moeDx = m.alloc1(copies*C), m.alloc1(copies*C)
 		if sh := moeShape(m.Cfg, R, m.ep.Size); sh.Padded {
 			m.padSeg = make([]int32, E+1)
 			for e := range m.padSeg {
 				m.padSeg[e] = int32(e * sh.Capacity)
 			}
 		}
-		s.moeDh, s.moeDg, s.moeDu = make([]F, copies*EF), make([]F, copies*EF), make([]F, copies*EF)
+		s.moeDh, s.moeDg, s.moeDu = m.alloc1(copies*EF), m.alloc1(copies*EF), m.alloc1(copies*EF)
 		if m.ep.Size > 1 {
-			s.moeEpA, s.moeEpB, s.moeEpC = make([]F, copies*C), make([]F, copies*C), make([]F, copies*C)
-			s.moeRecv, s.moeYloc = make([]F, copies*C), make([]F, copies*C)
+			s.moeEpA, s.moeEpB, s.moeEpC = m.alloc1(copies*C), m.alloc1(copies*C), m.alloc1(copies*C)
+			s.moeRecv, s.moeYloc = m.alloc1(copies*C), m.alloc1(copies*C)
 		}
 		if m.Cfg.MoE.SharedExperts > 0 {
 			SF := EF / m.tpSize()
-			s.moeSh, s.moeSg, s.moeSu = make([]F, BT*SF), make([]F, BT*SF), make([]F, BT*SF)
+			s.moeSh, s.moeSg, s.moeSu = m.alloc1(BT*SF), m.alloc1(BT*SF), m.alloc1(BT*SF)
 		}
 	}
 	a.rstd1, a.rstd2 = stats(R), stats(R)
 	if m.st != nil {
 		m.allocStash()
 	}
-	a.final, a.lnf, a.rstdf = make([]F, R*C), make([]F, R*C), make([]F, R)
-	a.logits, a.probs, a.losses = make([]F, BT*V), make([]F, BT*V), make([]F, BT)
+	a.final, a.lnf, a.rstdf = m.alloc1(R*C), m.alloc1(R*C), m.alloc1(R)
+	a.logits, a.probs, a.losses = m.alloc1(BT*V), m.alloc1(BT*V), m.alloc1(BT)
 	s := &m.scratch
-	s.dres, s.dx = make([]F, R*C), make([]F, R*C)
+	s.dres, s.dx = m.alloc1(R*C), m.alloc1(R*C)
 	if m.tp != nil {
 		m.allocTP()
 	}
-	s.dq, s.datty = make([]F, BT*NH*HD), make([]F, BT*NH*HD)
-	s.dk, s.dv = make([]F, BT*NKV*HD), make([]F, BT*NKV*HD)
-	s.dff1, s.dff2, s.dsw = make([]F, BT*FF), make([]F, BT*FF), make([]F, BT*FF)
-	s.dlogits, s.dloss = make([]F, BT*V), make([]F, BT)
-	m.cos, m.sin = make([]F, m.T*HD/2), make([]F, m.T*HD/2)
+	s.dq, s.datty = m.alloc1(BT*NH*HD), m.alloc1(BT*NH*HD)
+	s.dk, s.dv = m.alloc1(BT*NKV*HD), m.alloc1(BT*NKV*HD)
+	s.dff1, s.dff2, s.dsw = m.alloc1(BT*FF), m.alloc1(BT*FF), m.alloc1(BT*FF)
+	s.dlogits, s.dloss = m.alloc1(BT*V), m.alloc1(BT)
+	m.cos, m.sin = m.alloc1(m.T*HD/2), m.alloc1(m.T*HD/2)
 	invFreq := tensor.RopeInvFreq(HD, m.Cfg.RopeTheta, m.Cfg.RopeScaling, m.Cfg.RopeScalingFactor)
 	if m.cp != nil {
 		m.allocCP()
 		m.ropeTablesCP(invFreq)
-		return
+	} else {
+		m.be.RopeTables(m.view(m.cos), m.view(m.sin), m.T, invFreq)
 	}
-	m.be.RopeTables(m.cos, m.sin, m.T, invFreq)
+	if err := m.mem.Err(); err != nil {
+		return fmt.Errorf("model: allocating its buffers: %w", err)
+	}
+	return nil
 }
 
 // Forward runs the model on tokens (B·T) and, when targets is non-nil, the loss:
@@ -498,14 +529,14 @@ func (m *Model[F]) Forward(tokens, targets []int32, loss tensor.Buffer, accumula
 	}
 	last := len(m.blocks) - 1
 	m.acquire(last, false)
-	be.RMSNorm(a.lnf, a.rstdf, a.final, w.norm, m.rows(), C, eps)
-	be.Matmul(a.logits, tensor.FloatWeights(m.gather(a.lnf)), w.output, tensor.MatmulShape{BT: BT, C: C, OC: V}, false)
+	be.RMSNorm(m.view(a.lnf), m.view(a.rstdf), m.view(a.final), w.norm, m.rows(), C, eps)
+	be.Matmul(m.view(a.logits), tensor.FloatWeights(m.view(m.gather(a.lnf))), w.output, tensor.MatmulShape{BT: BT, C: C, OC: V}, false)
 	m.release(last, false)
 	if targets == nil {
 		return 0
 	}
 	m.crossEntropy(a.losses, a.probs, a.logits, targets)
-	be.LossSum(loss, a.losses, targets, accumulate)
+	be.LossSum(loss, m.view(a.losses), targets, accumulate)
 	for _, t := range targets {
 		if t >= 0 {
 			count++
@@ -532,35 +563,23 @@ func (m *Model[F]) Loss(mem tensor.Memory, tokens, targets []int32) (sum float64
 // for the output (logits and probabilities), in bytes.
 func (m *Model[F]) ActivationBytes() (activations, logits int64) {
 	size := elemBytes[F]()
-	var n int64
 	a := &m.a
-	seen := map[*F]bool{} // buffers shared by layers (recompute, the bf16 work set) count once
-	count := func(x []F) {
-		if len(x) > 0 && !seen[&x[0]] {
-			seen[&x[0]] = true
-			n += int64(len(x))
-		}
+	seen := map[tensor.Storage]bool{} // buffers shared by layers (recompute, the bf16 work set) count once
+	var n int64
+	for _, set := range [][]tensor.Buffer{a.resid, a.ln1, a.q, a.k, a.v, a.att, a.atty, a.mid, a.ln2, a.gate, a.up, a.sw, a.rstd1, a.rstd2} {
+		n += held(seen, set...)
 	}
-	for _, set := range [][][]F{a.resid, a.ln1, a.q, a.k, a.v, a.att, a.atty, a.mid, a.ln2, a.gate, a.up, a.sw, a.rstd1, a.rstd2} {
-		for _, x := range set {
-			count(x)
-		}
-	}
-	for _, x := range [][]F{a.final, a.lnf, a.rstdf} {
-		count(x)
-	}
+	n += held(seen, a.final, a.lnf, a.rstdf)
 	for _, ma := range a.moe {
 		if ma != nil {
-			for _, x := range ma.floats() {
-				count(*x)
-			}
+			n += held(seen, ma.floats()...)
 		}
 	}
 	activations = n * size
 	if m.st != nil {
 		activations += m.st.bytes()
 	}
-	return activations, int64(len(a.logits)+len(a.probs)+len(a.losses)) * size
+	return activations, held(seen, a.logits, a.probs, a.losses) * size
 }
 
 // elemBytes is the size of one F.
@@ -578,7 +597,7 @@ func elemBytes[F tensor.Float]() int64 {
 // buffers, and the RoPE tables, in bytes (parallel's scratch component).
 func (m *Model[F]) ScratchBytes() int64 {
 	s := &m.scratch
-	bufs := [][]F{s.dres, s.dx, s.dq, s.dk, s.dv, s.datty, s.dff1, s.dff2, s.dsw, s.dlogits, s.dloss,
+	bufs := []tensor.Buffer{s.dres, s.dx, s.dq, s.dk, s.dv, s.datty, s.dff1, s.dff2, s.dsw, s.dlogits, s.dloss,
 		s.moeDlogits, s.moeDprobs, s.moeDgates, s.moeDy, s.moeDx, s.moeDh, s.moeDg, s.moeDu, s.moeSh, s.moeSg, s.moeSu,
 		s.moeEpA, s.moeEpB, s.moeEpC, m.cos, m.sin}
 	if p := m.tp; p != nil {
@@ -587,18 +606,14 @@ func (m *Model[F]) ScratchBytes() int64 {
 	if p := m.cp; p != nil {
 		bufs = append(bufs, p.ring[0], p.ring[1], p.pd, p.out, p.lse)
 	}
-	var n int64
-	for _, b := range bufs {
-		n += int64(len(b))
-	}
-	return n * elemBytes[F]()
+	return held(map[tensor.Storage]bool{}, bufs...) * elemBytes[F]()
 }
 
 // DispatchBytes is what expert parallelism's token exchange holds beside the
 // layers' activations: the rows received in arrival order and the experts'
 // outputs before they go back (one pair, shared by every MoE layer), in bytes.
 func (m *Model[F]) DispatchBytes() int64 {
-	return int64(len(m.scratch.moeRecv)+len(m.scratch.moeYloc)) * elemBytes[F]()
+	return held(map[tensor.Storage]bool{}, m.scratch.moeRecv, m.scratch.moeYloc) * elemBytes[F]()
 }
 
 // MoESums is the f64 buffer (2 values) where the last forward pass left, summed
@@ -626,62 +641,64 @@ func (m *Model[F]) readMoESums() (v [2]float64) {
 
 // layerForward runs layer l from its input x into next (the next layer's input):
 // next = mid + MLP(norm(mid)), mid = x + attention(norm(x)).
-func (m *Model[F]) layerForward(l int, x, next []F) {
-	be, a := m.be, &m.a
+func (m *Model[F]) layerForward(l int, x, next tensor.Buffer) {
+	be, a, v := m.be, &m.a, m.view
 	lw := m.w.layers[l]
 	BT, C, NH, NKV, HD, FF, _ := m.dims()
 	eps := m.Cfg.NormEps
-	be.RMSNorm(a.ln1[l], a.rstd1[l], x, lw.attnNorm, m.rows(), C, eps)
+	be.RMSNorm(v(a.ln1[l]), v(a.rstd1[l]), v(x), lw.attnNorm, m.rows(), C, eps)
 	ln1 := m.input(l, inLn1, a.ln1[l], true)
-	be.Matmul(a.q[l], ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
-	be.Matmul(a.k[l], ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
-	be.Matmul(a.v[l], ln1, lw.wv, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
+	be.Matmul(v(a.q[l]), ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
+	be.Matmul(v(a.k[l]), ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
+	be.Matmul(v(a.v[l]), ln1, lw.wv, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
 	if m.cp != nil {
 		m.rope(a.q[l], NH, false)
 		m.rope(a.k[l], NKV, false)
 	} else {
-		be.Rope(a.q[l], m.cos, m.sin, tensor.RopeShape{B: m.B, T: m.T, NH: NH, HD: HD})
-		be.Rope(a.k[l], m.cos, m.sin, tensor.RopeShape{B: m.B, T: m.T, NH: NKV, HD: HD})
+		be.Rope(v(a.q[l]), v(m.cos), v(m.sin), tensor.RopeShape{B: m.B, T: m.T, NH: NH, HD: HD})
+		be.Rope(v(a.k[l]), v(m.cos), v(m.sin), tensor.RopeShape{B: m.B, T: m.T, NH: NKV, HD: HD})
 	}
 	if m.cp != nil {
 		m.ringAttention(a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l])
 	} else {
-		be.FlashAttention(a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.attnShape())
+		be.FlashAttention(v(a.atty[l]), v(a.att[l]), v(a.q[l]), v(a.k[l]), v(a.v[l]), m.attnShape())
 	}
-	copy(a.mid[l], x)
+	m.mem.Copy(a.mid[l], x)
 	m.rowParallel(a.mid[l], m.input(l, inAtty, a.atty[l], true), lw.wo, NH*HD) // mid = x + attention
-	be.RMSNorm(a.ln2[l], a.rstd2[l], a.mid[l], lw.mlpNorm, m.rows(), C, eps)
-	copy(next, a.mid[l])
+	be.RMSNorm(v(a.ln2[l]), v(a.rstd2[l]), v(a.mid[l]), lw.mlpNorm, m.rows(), C, eps)
+	m.mem.Copy(next, a.mid[l])
 	if lw.moe != nil {
 		m.moeForward(next, a.ln2[l], *lw.moe, a.moe[l]) // next = mid + MoE
 		return
 	}
 	ln2 := m.input(l, inLn2, a.ln2[l], true)
-	be.Matmul(a.gate[l], ln2, lw.w1, tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
-	be.Matmul(a.up[l], ln2, lw.w3, tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
-	be.SwiGLU(a.sw[l], a.gate[l], a.up[l], BT*FF)
+	be.Matmul(v(a.gate[l]), ln2, lw.w1, tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
+	be.Matmul(v(a.up[l]), ln2, lw.w3, tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
+	be.SwiGLU(v(a.sw[l]), v(a.gate[l]), v(a.up[l]), BT*FF)
 	m.rowParallel(next, m.input(l, inSw, a.sw[l], true), lw.w2, FF) // next = mid + MLP
 }
 
-// Logits returns the last forward pass's logits (B·T, V).
-func (m *Model[F]) Logits() []F { return m.a.logits }
+// ReadLogits reads back len(dst) of the last forward pass's logits (B·T, V: this
+// rank's vocabulary rows under tensor parallelism) from element off: a counted
+// read-back, for sampling and checks, not for training steps.
+func (m *Model[F]) ReadLogits(dst []F, off int) {
+	m.mem.Read(dst, m.a.logits.Slice(off, off+len(dst)))
+}
 
 // Backward accumulates into the gradient views the gradient of scale · Σ token
 // losses of the last Forward (scale = 1/global token count gives the per-token
 // mean over the whole global batch). Forward must have run with the same targets.
 func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
-	be, a, w, g, s := m.be, &m.a, &m.w, &m.g, &m.scratch
+	be, a, w, g, s, v := m.be, &m.a, &m.w, &m.g, &m.scratch, m.view
 	BT, C, NH, NKV, HD, FF, V := m.dims()
-	for i := range s.dloss {
-		s.dloss[i] = F(scale)
-	}
-	clear(s.dlogits)
+	m.mem.Fill(s.dloss, scale)
+	m.mem.Zero(s.dlogits)
 	m.crossEntropyBackward(s.dlogits, s.dloss, a.probs, targets)
 	last := len(m.blocks) - 1
 	m.acquire(last, true)
-	be.MatmulBackward(m.inputGrad(s.dx), g.output, s.dlogits, tensor.FloatWeights(m.gather(a.lnf)), w.output, tensor.MatmulShape{BT: BT, C: C, OC: V}, false)
+	be.MatmulBackward(v(m.inputGrad(s.dx)), g.output, v(s.dlogits), tensor.FloatWeights(v(m.gather(a.lnf))), w.output, tensor.MatmulShape{BT: BT, C: C, OC: V}, false)
 	dres := s.dres // gradient of the residual stream entering the current point
-	clear(dres)
+	m.mem.Zero(dres)
 	m.normBackward(dres, g.norm, m.scatterGrad(s.dx), a.final, w.norm, a.rstdf)
 	m.release(last, true)
 	for l := len(w.layers) - 1; l >= 0; l-- {
@@ -702,42 +719,42 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 		}
 		lw, lg := w.layers[l], g.layers[l]
 		if lw.moe != nil {
-			clear(s.dx)
+			m.mem.Zero(s.dx)
 			// next = mid + MoE(ln2); the aux loss of this micro-batch is weighted by its
 			// share of the global batch's tokens (scale·BT, BT counting the whole
 			// sequences under context parallelism).
 			m.moeBackward(s.dx, dres, a.ln2[l], *lw.moe, *lg.moe, a.moe[l], scale*float64(BT*m.cpSize()))
 		} else {
 			// MLP: next = mid + w2·swiglu(w1·ln2, w3·ln2); dres flows to mid unchanged.
-			be.MatmulBackward(s.dsw, lg.w2, m.gatherGrad(dres), m.input(l, inSw, a.sw[l], false), lw.w2, tensor.MatmulShape{BT: BT, C: FF, OC: C}, false)
-			be.SwiGLUBackward(s.dff1, s.dff2, s.dsw, a.gate[l], a.up[l], BT*FF, false)
-			ln2, dx := m.input(l, inLn2, a.ln2[l], false), m.inputGrad(s.dx)
-			be.MatmulBackward(dx, lg.w1, s.dff1, ln2, lw.w1, tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
-			be.MatmulBackward(dx, lg.w3, s.dff2, ln2, lw.w3, tensor.MatmulShape{BT: BT, C: C, OC: FF}, true)
+			be.MatmulBackward(v(s.dsw), lg.w2, v(m.gatherGrad(dres)), m.input(l, inSw, a.sw[l], false), lw.w2, tensor.MatmulShape{BT: BT, C: FF, OC: C}, false)
+			be.SwiGLUBackward(v(s.dff1), v(s.dff2), v(s.dsw), v(a.gate[l]), v(a.up[l]), BT*FF, false)
+			ln2, dx := m.input(l, inLn2, a.ln2[l], false), v(m.inputGrad(s.dx))
+			be.MatmulBackward(dx, lg.w1, v(s.dff1), ln2, lw.w1, tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
+			be.MatmulBackward(dx, lg.w3, v(s.dff2), ln2, lw.w3, tensor.MatmulShape{BT: BT, C: C, OC: FF}, true)
 			m.scatterGrad(s.dx)
 		}
 		m.normBackward(dres, lg.mlpNorm, s.dx, a.mid[l], lw.mlpNorm, a.rstd2[l])
 		// Attention: mid = x + wo·attention(rope(wq·ln1), rope(wk·ln1), wv·ln1).
-		be.MatmulBackward(s.datty, lg.wo, m.gatherGrad(dres), m.input(l, inAtty, a.atty[l], false), lw.wo, tensor.MatmulShape{BT: BT, C: NH * HD, OC: C}, false)
-		clear(s.dq)
-		clear(s.dk)
-		clear(s.dv)
+		be.MatmulBackward(v(s.datty), lg.wo, v(m.gatherGrad(dres)), m.input(l, inAtty, a.atty[l], false), lw.wo, tensor.MatmulShape{BT: BT, C: NH * HD, OC: C}, false)
+		m.mem.Zero(s.dq)
+		m.mem.Zero(s.dk)
+		m.mem.Zero(s.dv)
 		if m.cp != nil {
 			m.ringAttentionBackward(s.dq, s.dk, s.dv, s.datty, a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l])
 		} else {
-			be.FlashAttentionBackward(s.dq, s.dk, s.dv, s.datty, a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.attnShape())
+			be.FlashAttentionBackward(v(s.dq), v(s.dk), v(s.dv), v(s.datty), v(a.atty[l]), v(a.att[l]), v(a.q[l]), v(a.k[l]), v(a.v[l]), m.attnShape())
 		}
 		if m.cp != nil {
 			m.rope(s.dq, NH, true)
 			m.rope(s.dk, NKV, true)
 		} else {
-			be.RopeBackward(s.dq, m.cos, m.sin, tensor.RopeShape{B: m.B, T: m.T, NH: NH, HD: HD})
-			be.RopeBackward(s.dk, m.cos, m.sin, tensor.RopeShape{B: m.B, T: m.T, NH: NKV, HD: HD})
+			be.RopeBackward(v(s.dq), v(m.cos), v(m.sin), tensor.RopeShape{B: m.B, T: m.T, NH: NH, HD: HD})
+			be.RopeBackward(v(s.dk), v(m.cos), v(m.sin), tensor.RopeShape{B: m.B, T: m.T, NH: NKV, HD: HD})
 		}
-		ln1, dx := m.input(l, inLn1, a.ln1[l], false), m.inputGrad(s.dx)
-		be.MatmulBackward(dx, lg.wq, s.dq, ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
-		be.MatmulBackward(dx, lg.wk, s.dk, ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
-		be.MatmulBackward(dx, lg.wv, s.dv, ln1, lw.wv, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
+		ln1, dx := m.input(l, inLn1, a.ln1[l], false), v(m.inputGrad(s.dx))
+		be.MatmulBackward(dx, lg.wq, v(s.dq), ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
+		be.MatmulBackward(dx, lg.wk, v(s.dk), ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
+		be.MatmulBackward(dx, lg.wv, v(s.dv), ln1, lw.wv, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
 		m.normBackward(dres, lg.attnNorm, m.scatterGrad(s.dx), a.resid[l], lw.attnNorm, a.rstd1[l])
 		m.release(1+l, true)
 	}

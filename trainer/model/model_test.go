@@ -265,10 +265,11 @@ func TestMoESums(t *testing.T) {
 			dropped := 0
 			E, k, BT := cfg.MoE.NumExperts, cfg.MoE.TopK, B*T
 			for _, a := range m.a.moe {
+				probs := m.view(a.probs)
 				for e := 0; e < E; e++ {
 					var pe float64
 					for tk := 0; tk < BT; tk++ {
-						pe += float64(a.probs[tk*E+e])
+						pe += float64(probs[tk*E+e])
 					}
 					aux += float64(E) * float64(a.count(e)) / float64(BT*k) * float64(float32(pe)) / float64(BT)
 				}

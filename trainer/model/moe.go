@@ -29,16 +29,16 @@ type moeParams[S any] struct {
 
 // moeActs are one MoE layer's saved activations.
 type moeActs[F tensor.Float] struct {
-	logits, probs []F            // (BT,E) router scores and their softmax (for the aux loss)
-	gates         []F            // (BT,k) the chosen experts' gates
-	rt            tensor.Routing // chosen experts, permuted rows, segments
-	n             int            // permuted rows the buffers span for the host: BT·k, or under expert parallelism the kept copies
-	x             []F            // (BT·k, C) permuted inputs (under expert parallelism only sent: one buffer for every layer)
-	gate, up, sw  []F            // (BT·k, EF)
-	y             []F            // (BT·k, C) expert outputs
-	sgate, sup    [][]F          // per shared expert (BT, EF)
-	ssw           [][]F
-	stats         []F // (2E) per-expert kept copies, then router probability sums (RouterStats)
+	logits, probs tensor.Buffer   // (BT,E) router scores and their softmax (for the aux loss)
+	gates         tensor.Buffer   // (BT,k) the chosen experts' gates
+	rt            tensor.Routing  // chosen experts, permuted rows, segments
+	n             int             // permuted rows the buffers span for the host: BT·k, or under expert parallelism the kept copies
+	x             tensor.Buffer   // (BT·k, C) permuted inputs (under expert parallelism only sent: one buffer for every layer)
+	gate, up, sw  tensor.Buffer   // (BT·k, EF)
+	y             tensor.Buffer   // (BT·k, C) expert outputs
+	sgate, sup    []tensor.Buffer // per shared expert (BT, EF)
+	ssw           []tensor.Buffer
+	stats         tensor.Buffer // (2E) per-expert kept copies, then router probability sums (RouterStats)
 
 	// Expert parallelism (ep > 1): rows exchanged with each ep rank, per-expert
 	// counts, and the received tokens regrouped by local expert (xloc, kept for
@@ -51,29 +51,30 @@ type moeActs[F tensor.Float] struct {
 	even               []int   // ep values of E/ep: the counts' all-to-all
 	localOff           []int32 // (E/ep + 1) each local expert's segment in local order
 	cntSend, cntRecv   []float32
-	srcStart, locStart []int // (source, local expert) → start row in recv order / in local order
-	total              int   // rows received
-	xloc               []F   // (rows, C)
+	srcStart, locStart []int         // (source, local expert) → start row in recv order / in local order
+	total              int           // rows received
+	xloc               tensor.Buffer // (rows, C)
 
 	// With bf16 stores (stash.go): the slots of the experts' inputs (the permuted
 	// tokens, or the received ones) and SwiGLU products, which the experts'
 	// products read from the stores; nil otherwise.
-	xs, sws *stashSlot[F]
+	xs, sws *stashSlot
 }
 
 // newMoEActs sizes one MoE layer's activations for BT routed token rows (this
-// rank's rows of the residual stream) on ep expert-parallel ranks, and shared
-// experts over sharedRows rows (all of the micro-batch's rows under tensor
-// parallelism) with their ffn split over tp. With work set, the layer's routing
-// and router outputs are its own but the buffers bf16 storage keeps (stash.go)
-// are work's.
-func newMoEActs[F tensor.Float](c config.Model, BT, ep, sharedRows, tp int, work *moeActs[F]) *moeActs[F] {
+// rank's rows of the residual stream) on the model's ep expert-parallel ranks,
+// and shared experts over sharedRows rows (all of the micro-batch's rows under
+// tensor parallelism) with their ffn split over tp. With work set, the layer's
+// routing and router outputs are its own but the buffers bf16 storage keeps
+// (stash.go) are work's.
+func (m *Model[F]) newMoEActs(BT, sharedRows int, work *moeActs[F]) *moeActs[F] {
+	c, ep, tp := m.Cfg, m.ep.Size, m.tpSize()
 	E, k, C, EF := c.MoE.NumExperts, c.MoE.TopK, c.Hidden, c.MoE.ExpertFFNHidden
 	R := moeShape(c, BT, ep).Rows() // padded: E·capacity, also what expert parallelism receives
 	a := &moeActs[F]{
-		logits: make([]F, BT*E), probs: make([]F, BT*E), gates: make([]F, BT*k),
+		logits: m.alloc1(BT * E), probs: m.alloc1(BT * E), gates: m.alloc1(BT * k),
 		rt:    tensor.Routing{Idx: make([]int32, BT*k), Row: make([]int32, BT*k), Tok: make([]int32, BT*k), Offsets: make([]int32, E+1), Cursor: make([]int32, E)},
-		stats: make([]F, 2*E),
+		stats: m.alloc1(2 * E),
 	}
 	if ep > 1 {
 		El := E / ep
@@ -87,13 +88,13 @@ func newMoEActs[F tensor.Float](c config.Model, BT, ep, sharedRows, tp int, work
 		a.sgate, a.sup, a.ssw = work.sgate, work.sup, work.ssw
 		return a
 	}
-	a.x, a.gate, a.up, a.sw, a.y = make([]F, R*C), make([]F, R*EF), make([]F, R*EF), make([]F, R*EF), make([]F, R*C)
+	a.x, a.gate, a.up, a.sw, a.y = m.alloc1(R*C), m.alloc1(R*EF), m.alloc1(R*EF), m.alloc1(R*EF), m.alloc1(R*C)
 	if ep > 1 {
-		a.xloc = make([]F, R*C)
+		a.xloc = m.alloc1(R * C)
 	}
 	SF := EF / tp
 	for s := 0; s < c.MoE.SharedExperts; s++ {
-		a.sgate, a.sup, a.ssw = append(a.sgate, make([]F, sharedRows*SF)), append(a.sup, make([]F, sharedRows*SF)), append(a.ssw, make([]F, sharedRows*SF))
+		a.sgate, a.sup, a.ssw = append(a.sgate, m.alloc1(sharedRows*SF)), append(a.sup, m.alloc1(sharedRows*SF)), append(a.ssw, m.alloc1(sharedRows*SF))
 	}
 	return a
 }
@@ -102,9 +103,9 @@ func newMoEActs[F tensor.Float](c config.Model, BT, ep, sharedRows, tp int, work
 // inputs (under expert parallelism the received tokens instead: the permuted
 // ones are only sent), the experts' intermediates and outputs, the shared
 // experts' intermediates.
-func (a *moeActs[F]) kept() []*[]F {
-	out := []*[]F{&a.gate, &a.up, &a.sw, &a.y}
-	if a.xloc != nil {
+func (a *moeActs[F]) kept() []*tensor.Buffer {
+	out := []*tensor.Buffer{&a.gate, &a.up, &a.sw, &a.y}
+	if a.xloc.Storage() != nil {
 		out = append(out, &a.xloc)
 	} else {
 		out = append(out, &a.x)
@@ -116,10 +117,14 @@ func (a *moeActs[F]) kept() []*[]F {
 }
 
 // floats lists every F buffer of the layer's activations.
-func (a *moeActs[F]) floats() []*[]F {
-	out := append(a.kept(), &a.logits, &a.probs, &a.gates)
-	if a.xloc != nil {
-		out = append(out, &a.x) // the permuted tokens, sent under expert parallelism
+func (a *moeActs[F]) floats() []tensor.Buffer {
+	var out []tensor.Buffer
+	for _, b := range a.kept() {
+		out = append(out, *b)
+	}
+	out = append(out, a.logits, a.probs, a.gates)
+	if a.xloc.Storage() != nil {
+		out = append(out, a.x) // the permuted tokens, sent under expert parallelism
 	}
 	return out
 }
@@ -152,14 +157,14 @@ func (m *Model[F]) segments(a *moeActs[F], s tensor.MoEShape) []int32 {
 // moeForward adds the MoE block's output for input x (BT,C) into out (BT,C), and
 // (unless it is a recompute) the layer's load-balancing loss and dropped copies
 // into the model's MoE sums.
-func (m *Model[F]) moeForward(out, x []F, p moeParams[tensor.Weights[F]], a *moeActs[F]) {
-	be, c := m.be, m.Cfg
+func (m *Model[F]) moeForward(out, x tensor.Buffer, p moeParams[tensor.Weights[F]], a *moeActs[F]) {
+	be, c, v := m.be, m.Cfg, m.view
 	BT, C := m.rows(), c.Hidden
 	E := c.MoE.NumExperts
-	be.Matmul(a.logits, tensor.FloatWeights(x), p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, false)
+	be.Matmul(v(a.logits), tensor.FloatWeights(v(x)), p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, false)
 	s := moeShape(c, BT, m.ep.Size)
-	be.Router(a.probs, a.gates, a.logits, a.rt, s)
-	be.Dispatch(a.x, x, a.rt, s)
+	be.Router(v(a.probs), v(a.gates), v(a.logits), a.rt, s)
+	be.Dispatch(v(a.x), v(x), a.rt, s)
 	// The kernels that follow read the kept copies and the experts' segments from
 	// the routing (r.Offsets), or use the static padded ones; the host only knows
 	// the rows the buffers span.
@@ -179,29 +184,29 @@ func (m *Model[F]) moeForward(out, x []F, p moeParams[tensor.Weights[F]], a *moe
 		m.expertIn(a.xs, a.xloc, 0, a.total*C, true)
 		m.expertsForward(p, a, a.xloc, sc.moeYloc, a.localOff, a.total)
 		m.epRegroup(a, sc.moeYloc, sc.moeRecv, false) // back to arrival order, reusing the receive buffer
-		m.a2a(a.y[:a.n*C], sc.moeRecv[:a.total*C], a.recvEl, a.sendEl)
+		m.a2a(a.y.Slice(0, a.n*C), sc.moeRecv.Slice(0, a.total*C), a.recvEl, a.sendEl)
 	} else {
 		m.expertIn(a.xs, a.x, 0, a.n*C, true)
 		m.expertsForward(p, a, a.x, a.y, m.segments(a, s), a.n)
 	}
-	be.Combine(out, a.y, a.gates, a.rt, s)
+	be.Combine(v(out), v(a.y), v(a.gates), a.rt, s)
 	if len(p.shared) > 0 {
 		// Shared experts are split like the dense MLP: over all rows, each rank's
 		// ffn columns, the outputs reduce-scattered into the rank's rows.
-		xs, rows, SF := m.gather(x), m.B*m.T, c.MoE.ExpertFFNHidden/m.tpSize()
+		xs, rows, SF := tensor.FloatWeights(v(m.gather(x))), m.B*m.T, c.MoE.ExpertFFNHidden/m.tpSize()
 		for s, w := range p.shared {
-			be.Matmul(a.sgate[s], tensor.FloatWeights(xs), w[0], tensor.MatmulShape{BT: rows, C: C, OC: SF}, false)
-			be.Matmul(a.sup[s], tensor.FloatWeights(xs), w[1], tensor.MatmulShape{BT: rows, C: C, OC: SF}, false)
-			be.SwiGLU(a.ssw[s], a.sgate[s], a.sup[s], rows*SF)
-			m.rowParallel(out, tensor.FloatWeights(a.ssw[s]), w[2], SF)
+			be.Matmul(v(a.sgate[s]), xs, w[0], tensor.MatmulShape{BT: rows, C: C, OC: SF}, false)
+			be.Matmul(v(a.sup[s]), xs, w[1], tensor.MatmulShape{BT: rows, C: C, OC: SF}, false)
+			be.SwiGLU(v(a.ssw[s]), v(a.sgate[s]), v(a.sup[s]), rows*SF)
+			m.rowParallel(out, tensor.FloatWeights(v(a.ssw[s])), w[2], SF)
 		}
 	}
 	// Load-balancing loss, over the micro-batch's whole sequences when context or
 	// tensor parallelism spreads their tokens over ranks.
-	be.RouterStats(a.stats, a.probs, a.rt, s)
+	be.RouterStats(v(a.stats), v(a.probs), a.rt, s)
 	tokens := m.routedTokens(a) // a recompute's backward needs the summed statistics too
 	if !m.recomputing {
-		be.AuxLoss(m.moeSums, a.stats, a.rt, s, tokens, m.moeLayersRun > 0)
+		be.AuxLoss(m.moeSums, v(a.stats), a.rt, s, tokens, m.moeLayersRun > 0)
 		m.moeLayersRun++
 	}
 }
@@ -213,21 +218,21 @@ func (m *Model[F]) moeForward(out, x []F, p moeParams[tensor.Weights[F]], a *moe
 func (m *Model[F]) routedTokens(a *moeActs[F]) int {
 	g := m.cpSize() * m.tpSize()
 	if g > 1 {
-		m.seqRouterStats(f32(a.stats))
+		m.seqRouterStats(a.stats)
 	}
 	return m.rows() * g
 }
 
 // expertsForward runs the local experts' SwiGLU over their segments of xin (rows
 // offsets[e]..offsets[e+1], of the rows the buffers span) into yout.
-func (m *Model[F]) expertsForward(p moeParams[tensor.Weights[F]], a *moeActs[F], xin, yout []F, offsets []int32, rows int) {
-	be, C, EF := m.be, m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden
+func (m *Model[F]) expertsForward(p moeParams[tensor.Weights[F]], a *moeActs[F], xin, yout tensor.Buffer, offsets []int32, rows int) {
+	be, C, EF, v := m.be, m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden, m.view
 	w := m.expertWeights(p)
 	xs := m.expertIn(a.xs, xin, 0, rows*C, false)
-	be.ExpertsMatmul(a.gate, xs, w[0], offsets, tensor.ExpertsShape{C: C, OC: EF}, false)
-	be.ExpertsMatmul(a.up, xs, w[1], offsets, tensor.ExpertsShape{C: C, OC: EF}, false)
-	be.ExpertsSwiGLU(a.sw, a.gate, a.up, offsets, EF)
-	be.ExpertsMatmul(yout, m.expertIn(a.sws, a.sw, 0, rows*EF, true), w[2], offsets, tensor.ExpertsShape{C: EF, OC: C}, false)
+	be.ExpertsMatmul(v(a.gate), xs, w[0], offsets, tensor.ExpertsShape{C: C, OC: EF}, false)
+	be.ExpertsMatmul(v(a.up), xs, w[1], offsets, tensor.ExpertsShape{C: C, OC: EF}, false)
+	be.ExpertsSwiGLU(v(a.sw), v(a.gate), v(a.up), offsets, EF)
+	be.ExpertsMatmul(v(yout), m.expertIn(a.sws, a.sw, 0, rows*EF, true), w[2], offsets, tensor.ExpertsShape{C: EF, OC: C}, false)
 }
 
 // expertWeights lists the routed experts' w1, w3 and w2 views as the grouped
@@ -256,10 +261,8 @@ func byProjection[S any](dst *[3][]S, experts [][3]S) *[3][]S {
 
 // a2a is the ep group's all-to-all (F is float32 under expert parallelism); an
 // error is kept for Err.
-func (m *Model[F]) a2a(dst, src []F, send, recv []int) {
-	d, _ := any(dst).([]float32)
-	s, _ := any(src).([]float32)
-	if err := m.ep.Comm.AllToAll(d, s, send, recv); err != nil && m.hookErr == nil {
+func (m *Model[F]) a2a(dst, src tensor.Buffer, send, recv []int) {
+	if err := m.ep.Comm.AllToAll(m.f32(dst), m.f32(src), send, recv); err != nil && m.hookErr == nil {
 		m.hookErr = fmt.Errorf("expert all-to-all: %w", err)
 	}
 }
@@ -311,40 +314,64 @@ func (m *Model[F]) epExchange(a *moeActs[F], s tensor.MoEShape) {
 	for i := 0; i < ep; i++ {
 		a.sendEl[i], a.recvEl[i] = a.sendRows[i]*C, a.recvRows[i]*C
 	}
-	m.a2a(m.scratch.moeRecv[:a.total*C], a.x[:a.n*C], a.sendEl, a.recvEl)
+	m.a2a(m.scratch.moeRecv.Slice(0, a.total*C), a.x.Slice(0, a.n*C), a.sendEl, a.recvEl)
 }
 
 // growExchange makes the exchange and expert buffers hold rows rows (growing
-// them, rarely, past the balanced share they start at).
+// them, rarely, past the balanced share they start at): a new buffer of the
+// model's memory replaces the old one wherever the model holds it (the layers
+// that share the bf16 work set share it still), and the old one is freed.
 func (m *Model[F]) growExchange(a *moeActs[F], rows int) {
 	C, EF := m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden
 	s := &m.scratch
-	if rows*C > len(s.moeRecv) {
-		s.moeRecv, s.moeYloc = make([]F, rows*C), make([]F, rows*C)
+	if rows*C > s.moeRecv.Len() {
+		m.regrow(rows*C, &s.moeRecv, &s.moeYloc)
 	}
-	if len(s.moeEpA) < rows*C {
-		s.moeEpA, s.moeEpB, s.moeEpC = make([]F, rows*C), make([]F, rows*C), make([]F, rows*C)
-		s.moeDh, s.moeDg, s.moeDu = make([]F, rows*EF), make([]F, rows*EF), make([]F, rows*EF)
+	if s.moeEpA.Len() < rows*C {
+		m.regrow(rows*C, &s.moeEpA, &s.moeEpB, &s.moeEpC)
+		m.regrow(rows*EF, &s.moeDh, &s.moeDg, &s.moeDu)
 	}
-	if rows*C <= len(a.xloc) {
+	if rows*C <= a.xloc.Len() {
 		return
 	}
-	a.xloc = make([]F, rows*C)
-	a.gate, a.up, a.sw = make([]F, rows*EF), make([]F, rows*EF), make([]F, rows*EF)
+	m.regrow(rows*C, &a.xloc)
+	m.regrow(rows*EF, &a.gate, &a.up, &a.sw)
+}
+
+// regrow replaces each of bufs by a new buffer of n elements, in every MoE
+// layer that holds the old one, and frees the old one.
+func (m *Model[F]) regrow(n int, bufs ...*tensor.Buffer) {
+	for _, b := range bufs {
+		old, nb := b.Storage(), m.alloc1(n)
+		*b = nb
+		for _, ma := range m.a.moe {
+			if ma == nil {
+				continue
+			}
+			for _, f := range []*tensor.Buffer{&ma.x, &ma.gate, &ma.up, &ma.sw, &ma.y, &ma.xloc} {
+				if old != nil && f.Storage() == old {
+					*f = nb
+				}
+			}
+		}
+		if old != nil {
+			m.mem.Free(tensor.NewBuffer(old, 0, old.Len()))
+		}
+	}
 }
 
 // epRegroup copies rows between arrival order (recv: source, then expert) and
 // local order (loc: expert, then source); toLocal picks the direction.
-func (m *Model[F]) epRegroup(a *moeActs[F], loc, recv []F, toLocal bool) {
+func (m *Model[F]) epRegroup(a *moeActs[F], loc, recv tensor.Buffer, toLocal bool) {
 	ep, El, C := m.ep.Size, m.Cfg.MoE.NumExperts/m.ep.Size, m.Cfg.Hidden
 	for i := 0; i < ep; i++ {
 		for q := 0; q < El; q++ {
 			n := int(a.cntRecv[i*El+q])
 			r, l := a.srcStart[i*El+q], a.locStart[q*ep+i]
 			if toLocal {
-				copy(loc[l*C:(l+n)*C], recv[r*C:(r+n)*C])
+				m.mem.Copy(rowsOf(loc, l, l+n, C), rowsOf(recv, r, r+n, C))
 			} else {
-				copy(recv[r*C:(r+n)*C], loc[l*C:(l+n)*C])
+				m.mem.Copy(rowsOf(recv, r, r+n, C), rowsOf(loc, l, l+n, C))
 			}
 		}
 	}
@@ -352,40 +379,40 @@ func (m *Model[F]) epRegroup(a *moeActs[F], loc, recv []F, toLocal bool) {
 
 // moeBackward accumulates into dx (BT,C) and the parameter gradients g the
 // gradient of dout·out + auxScale·aux_loss_coeff·aux.
-func (m *Model[F]) moeBackward(dx, dout, x []F, p moeParams[tensor.Weights[F]], g moeParams[[]F], a *moeActs[F], auxScale float64) {
-	be, c := m.be, m.Cfg
+func (m *Model[F]) moeBackward(dx, dout, x tensor.Buffer, p moeParams[tensor.Weights[F]], g moeParams[[]F], a *moeActs[F], auxScale float64) {
+	be, c, v := m.be, m.Cfg, m.view
 	BT, C := m.rows(), c.Hidden
 	E, k := c.MoE.NumExperts, c.MoE.TopK
 	s := &m.scratch
-	dy, dxp, dgates := s.moeDy[:a.n*C], s.moeDx[:a.n*C], s.moeDgates[:BT*k]
+	dy, dxp, dgates := s.moeDy.Slice(0, a.n*C), s.moeDx.Slice(0, a.n*C), s.moeDgates.Slice(0, BT*k)
 	sh := moeShape(c, BT, m.ep.Size)
-	be.CombineBackward(dy, dgates, dout, a.y, a.gates, a.rt, sh)
+	be.CombineBackward(v(dy), v(dgates), v(dout), v(a.y), v(a.gates), a.rt, sh)
 	// The aux loss reaches the router through P: d aux / d P[t,e] = E·f_e/BT
 	// (of the whole sequences: the forward's summed statistics).
 	var dprobs []F
 	if coeff := auxScale * c.MoE.AuxLossCoeff; coeff != 0 {
-		dprobs = s.moeDprobs[:BT*E]
-		be.AuxLossBackward(dprobs, a.stats, sh, BT*m.cpSize()*m.tpSize(), coeff)
+		dprobs = v(s.moeDprobs.Slice(0, BT*E))
+		be.AuxLossBackward(dprobs, v(a.stats), sh, BT*m.cpSize()*m.tpSize(), coeff)
 	}
-	dlogits := s.moeDlogits[:BT*E]
-	clear(dlogits)
-	be.RouterBackward(dlogits, dgates, dprobs, a.gates, a.probs, a.rt, sh)
+	dlogits := s.moeDlogits.Slice(0, BT*E)
+	m.mem.Zero(dlogits)
+	be.RouterBackward(v(dlogits), v(dgates), dprobs, v(a.gates), v(a.probs), a.rt, sh)
 	if m.tp == nil {
-		be.MatmulBackward(dx, g.router, dlogits, tensor.FloatWeights(x), p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, true)
+		be.MatmulBackward(v(dx), g.router, v(dlogits), tensor.FloatWeights(v(x)), p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, true)
 	} else {
 		// The router is replicated over tp and saw this rank's rows only: its
 		// gradient is summed over the tp group.
 		gr := m.tp.grouter
-		clear(gr)
-		be.MatmulBackward(dx, gr, dlogits, tensor.FloatWeights(x), p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, true)
-		m.tpErr("all-reduce", m.tp.Comm.AllReduce(f32(gr)))
-		be.AddInto(g.router, gr, E*C)
+		m.mem.Zero(gr)
+		be.MatmulBackward(v(dx), v(gr), v(dlogits), tensor.FloatWeights(v(x)), p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, true)
+		m.tpErr("all-reduce", m.tp.Comm.AllReduce(m.f32(gr)))
+		be.AddInto(g.router, v(gr), E*C)
 	}
 	if m.ep.Size > 1 {
 		// dy goes to the experts' owners, is regrouped like the forward's tokens, and
 		// the input gradients come back the same way.
 		R := a.total
-		dyin, dyloc, dxloc := s.moeEpA[:R*C], s.moeEpB[:R*C], s.moeEpC[:R*C]
+		dyin, dyloc, dxloc := s.moeEpA.Slice(0, R*C), s.moeEpB.Slice(0, R*C), s.moeEpC.Slice(0, R*C)
 		m.a2a(dyin, dy, a.sendEl, a.recvEl)
 		m.epRegroup(a, dyloc, dyin, true)
 		m.expertsBackward(p, g, a, dyloc, a.xloc, dxloc, a.localOff, R)
@@ -394,26 +421,26 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p moeParams[tensor.Weights[F]], 
 	} else {
 		m.expertsBackward(p, g, a, dy, a.x, dxp, m.segments(a, sh), a.n)
 	}
-	be.DispatchBackward(dx, dxp, a.rt, sh)
+	be.DispatchBackward(v(dx), v(dxp), a.rt, sh)
 	if len(p.shared) == 0 {
 		return
 	}
 	// Shared experts: the transposes of the forward's gather and reduce-scatter.
 	rows, SF := m.B*m.T, c.MoE.ExpertFFNHidden/m.tpSize()
-	dfull, xs, dxf := m.gatherGrad(dout), m.gather(x), m.inputGrad(dx)
+	dfull, xs, dxf := v(m.gatherGrad(dout)), tensor.FloatWeights(v(m.gather(x))), v(m.inputGrad(dx))
 	for sIdx, w := range p.shared {
 		gw := g.shared[sIdx]
-		h, hg, hu := s.moeSh[:rows*SF], s.moeSg[:rows*SF], s.moeSu[:rows*SF]
-		be.MatmulBackward(h, gw[2], dfull, tensor.FloatWeights(a.ssw[sIdx]), w[2], tensor.MatmulShape{BT: rows, C: SF, OC: C}, false)
-		be.SwiGLUBackward(hg, hu, h, a.sgate[sIdx], a.sup[sIdx], rows*SF, false)
+		h, hg, hu := v(s.moeSh.Slice(0, rows*SF)), v(s.moeSg.Slice(0, rows*SF)), v(s.moeSu.Slice(0, rows*SF))
+		be.MatmulBackward(h, gw[2], dfull, tensor.FloatWeights(v(a.ssw[sIdx])), w[2], tensor.MatmulShape{BT: rows, C: SF, OC: C}, false)
+		be.SwiGLUBackward(hg, hu, h, v(a.sgate[sIdx]), v(a.sup[sIdx]), rows*SF, false)
 		// Into dx itself without tensor parallelism; into the all-rows partial sum
 		// (started afresh by the first shared expert) with it.
-		be.MatmulBackward(dxf, gw[0], hg, tensor.FloatWeights(xs), w[0], tensor.MatmulShape{BT: rows, C: C, OC: SF}, m.tp == nil || sIdx > 0)
-		be.MatmulBackward(dxf, gw[1], hu, tensor.FloatWeights(xs), w[1], tensor.MatmulShape{BT: rows, C: C, OC: SF}, true)
+		be.MatmulBackward(dxf, gw[0], hg, xs, w[0], tensor.MatmulShape{BT: rows, C: C, OC: SF}, m.tp == nil || sIdx > 0)
+		be.MatmulBackward(dxf, gw[1], hu, xs, w[1], tensor.MatmulShape{BT: rows, C: C, OC: SF}, true)
 	}
 	if tp := m.tp; tp != nil {
-		m.tpErr("reduce-scatter", tp.Comm.ReduceScatter(f32(tp.red), f32(tp.px)))
-		be.AddInto(dx, tp.red, len(tp.red))
+		m.tpErr("reduce-scatter", tp.Comm.ReduceScatter(m.f32(tp.red), m.f32(tp.px)))
+		be.AddInto(v(dx), v(tp.red), tp.red.Len())
 	}
 }
 
@@ -421,13 +448,13 @@ func (m *Model[F]) moeBackward(dx, dout, x []F, p moeParams[tensor.Weights[F]], 
 // xin are the output gradients and inputs (rows offsets[e]..offsets[e+1], of the
 // rows the buffers span); the input gradients go to dxin (overwritten in the
 // segments) and the weight gradients accumulate.
-func (m *Model[F]) expertsBackward(p moeParams[tensor.Weights[F]], g moeParams[[]F], a *moeActs[F], dy, xin, dxin []F, offsets []int32, rows int) {
-	be, C, EF, s := m.be, m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden, &m.scratch
-	dsw, dga, dup := s.moeDh[:rows*EF], s.moeDg[:rows*EF], s.moeDu[:rows*EF]
+func (m *Model[F]) expertsBackward(p moeParams[tensor.Weights[F]], g moeParams[[]F], a *moeActs[F], dy, xin, dxin tensor.Buffer, offsets []int32, rows int) {
+	be, C, EF, s, v := m.be, m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden, &m.scratch, m.view
+	dsw, dga, dup := v(s.moeDh.Slice(0, rows*EF)), v(s.moeDg.Slice(0, rows*EF)), v(s.moeDu.Slice(0, rows*EF))
 	w, gw := m.expertWeights(p), m.expertGrads(g)
-	be.ExpertsMatmulBackward(dsw, gw[2], dy, m.expertIn(a.sws, a.sw, 0, rows*EF, false), w[2], offsets, tensor.ExpertsShape{C: EF, OC: C}, false)
-	be.ExpertsSwiGLUBackward(dga, dup, dsw, a.gate, a.up, offsets, EF, false)
+	be.ExpertsMatmulBackward(dsw, gw[2], v(dy), m.expertIn(a.sws, a.sw, 0, rows*EF, false), w[2], offsets, tensor.ExpertsShape{C: EF, OC: C}, false)
+	be.ExpertsSwiGLUBackward(dga, dup, dsw, v(a.gate), v(a.up), offsets, EF, false)
 	xs := m.expertIn(a.xs, xin, 0, rows*C, false)
-	be.ExpertsMatmulBackward(dxin, gw[0], dga, xs, w[0], offsets, tensor.ExpertsShape{C: C, OC: EF}, false)
-	be.ExpertsMatmulBackward(dxin, gw[1], dup, xs, w[1], offsets, tensor.ExpertsShape{C: C, OC: EF}, true)
+	be.ExpertsMatmulBackward(v(dxin), gw[0], dga, xs, w[0], offsets, tensor.ExpertsShape{C: C, OC: EF}, false)
+	be.ExpertsMatmulBackward(v(dxin), gw[1], dup, xs, w[1], offsets, tensor.ExpertsShape{C: C, OC: EF}, true)
 }

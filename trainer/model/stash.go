@@ -29,19 +29,19 @@ import "github.com/shardline/shardline/tensor"
 // made so that the products read the store (input); a direct one is read from
 // its store in backward too (by the weight gradient's product) and never
 // widened back.
-type stashSlot[F tensor.Float] struct {
-	work          *[]F
-	store         []tensor.BF16
+type stashSlot struct {
+	work          *tensor.Buffer
+	store         tensor.Buffer
 	early, direct bool
 }
 
-// stash holds every layer's bf16 stores: resid[l] is layer l's input, slots[l]
-// the rest of what it keeps, in[l] the stores its products read (nil where the
-// products read F buffers).
-type stash[F tensor.Float] struct {
-	resid [][]tensor.BF16
-	slots [][]stashSlot[F]
-	in    [][numInputs][]tensor.BF16
+// stash holds every layer's bf16 stores, bf16 buffers of the model's memory:
+// resid[l] is layer l's input, slots[l] the rest of what it keeps, in[l] the
+// stores its products read (empty where the products read F buffers).
+type stash struct {
+	resid []tensor.Buffer
+	slots [][]stashSlot
+	in    [][numInputs]tensor.Buffer
 }
 
 // The saved activations a dense layer's products read: the attention's input
@@ -58,18 +58,18 @@ const (
 // which): without bf16 stores x itself, gathered over the tensor-parallel group
 // where it is row-sharded (the normed inputs); with them its store, which
 // fresh (in the forward) rounds x into first.
-func (m *Model[F]) input(l, which int, x []F, fresh bool) tensor.Weights[F] {
-	if m.st != nil && m.st.in[l][which] != nil {
+func (m *Model[F]) input(l, which int, x tensor.Buffer, fresh bool) tensor.Weights[F] {
+	if m.st != nil && m.st.in[l][which].Storage() != nil {
 		h := m.st.in[l][which]
 		if fresh {
-			m.be.ToBF16(h, x)
+			m.mem.Copy(h, x)
 		}
-		return tensor.BF16Weights[F](h)
+		return tensor.BF16Weights[F](m.bf16(h))
 	}
 	if which == inLn1 || which == inLn2 {
 		x = m.gather(x)
 	}
-	return tensor.FloatWeights(x)
+	return tensor.FloatWeights(m.view(x))
 }
 
 // WithBF16Activations keeps each layer's saved activations in bf16 storage (see
@@ -81,15 +81,15 @@ func WithBF16Activations() Option { return func(o *options) { o.bf16Acts = true 
 func (m *Model[F]) allocStash() {
 	a, L := &m.a, m.Cfg.Layers
 	s := m.st
-	s.resid, s.slots, s.in = make([][]tensor.BF16, L), make([][]stashSlot[F], L), make([][numInputs][]tensor.BF16, L)
+	s.resid, s.slots, s.in = make([]tensor.Buffer, L), make([][]stashSlot, L), make([][numInputs]tensor.Buffer, L)
 	for l := 0; l < L; l++ {
-		s.resid[l] = make([]tensor.BF16, len(a.resid[l]))
+		s.resid[l] = m.mem.Alloc(tensor.BFloat16, a.resid[l].Len())
 		if m.recompute == "full" {
 			continue
 		}
-		for _, w := range []*[]F{&a.q[l], &a.k[l], &a.v[l], &a.mid[l], &a.gate[l], &a.up[l]} {
-			if len(*w) > 0 { // an MoE layer has no MLP buffers
-				s.keep(l, w)
+		for _, w := range []*tensor.Buffer{&a.q[l], &a.k[l], &a.v[l], &a.mid[l], &a.gate[l], &a.up[l]} {
+			if w.Len() > 0 { // an MoE layer has no MLP buffers
+				m.keep(l, w)
 			}
 		}
 		// The products read their inputs from the stores, except under tensor
@@ -97,12 +97,12 @@ func (m *Model[F]) allocStash() {
 		// block (its input is dispatched). Backward widens the attention output
 		// all the same: attention's backward reads it (flash, the ring).
 		direct := m.tp == nil
-		for which, w := range [numInputs]*[]F{inLn1: &a.ln1[l], inAtty: &a.atty[l], inLn2: &a.ln2[l], inSw: &a.sw[l]} {
-			if len(*w) == 0 {
+		for which, w := range [numInputs]*tensor.Buffer{inLn1: &a.ln1[l], inAtty: &a.atty[l], inLn2: &a.ln2[l], inSw: &a.sw[l]} {
+			if w.Len() == 0 {
 				continue
 			}
 			d := direct && !(which == inLn2 && a.moe[l] != nil)
-			s.keep(l, w)
+			m.keep(l, w)
 			sl := &s.slots[l][len(s.slots[l])-1]
 			sl.early, sl.direct = d, d && which != inAtty
 			if d {
@@ -111,12 +111,12 @@ func (m *Model[F]) allocStash() {
 		}
 		if ma := a.moe[l]; ma != nil {
 			for _, w := range ma.kept() {
-				s.keep(l, w)
+				m.keep(l, w)
 			}
 			// The experts' products read their inputs and SwiGLU products from the
 			// stores (expertIn), rounded as they are made; nothing widens them back.
 			in := &ma.x
-			if ma.xloc != nil {
+			if ma.xloc.Storage() != nil {
 				in = &ma.xloc
 			}
 			for i := range s.slots[l] {
@@ -132,33 +132,40 @@ func (m *Model[F]) allocStash() {
 }
 
 // keep adds work (layer l's buffer) to the layer's slots, with a store of its length.
-func (s *stash[F]) keep(l int, work *[]F) {
-	s.slots[l] = append(s.slots[l], stashSlot[F]{work: work, store: make([]tensor.BF16, len(*work))})
+func (m *Model[F]) keep(l int, work *tensor.Buffer) {
+	m.st.slots[l] = append(m.st.slots[l], stashSlot{work: work, store: m.mem.Alloc(tensor.BFloat16, work.Len())})
+}
+
+// fit makes sl's store hold n values (a new store in place of the old: an
+// expert buffer grown with the tokens received under expert parallelism).
+func (m *Model[F]) fit(sl *stashSlot, n int) {
+	if sl.store.Len() < n {
+		m.mem.Free(sl.store)
+		sl.store = m.mem.Alloc(tensor.BFloat16, n)
+	}
 }
 
 // expertIn is what an expert's product reads for elements [lo, hi) of x (the
 // experts' inputs or SwiGLU products, whose slot is sl): x itself without bf16
 // stores, else the slot's store, into which fresh first rounds those elements.
-func (m *Model[F]) expertIn(sl *stashSlot[F], x []F, lo, hi int, fresh bool) tensor.Weights[F] {
+func (m *Model[F]) expertIn(sl *stashSlot, x tensor.Buffer, lo, hi int, fresh bool) tensor.Weights[F] {
 	if sl == nil {
-		return tensor.FloatWeights(x[lo:hi])
+		return tensor.FloatWeights(m.view(x.Slice(lo, hi)))
 	}
-	if len(sl.store) < len(x) {
-		sl.store = make([]tensor.BF16, len(x)) // x grew with the tokens received (expert parallelism)
-	}
-	h := sl.store[lo:hi]
+	m.fit(sl, x.Len())
+	h := sl.store.Slice(lo, hi)
 	if fresh {
-		m.be.ToBF16(h, x[lo:hi])
+		m.mem.Copy(h, x.Slice(lo, hi))
 	}
-	return tensor.BF16Weights[F](h)
+	return tensor.BF16Weights[F](m.bf16(h))
 }
 
 // roundInput rounds x, layer l's input, to bf16 in place and keeps it in the
 // layer's store.
-func (m *Model[F]) roundInput(l int, x []F) {
+func (m *Model[F]) roundInput(l int, x tensor.Buffer) {
 	h := m.st.resid[l]
-	m.be.ToBF16(h, x)
-	m.be.FromBF16(x, h)
+	m.mem.Copy(h, x)
+	m.mem.Copy(x, h)
 }
 
 // pack rounds layer l's saved activations into its stores (after its forward).
@@ -169,33 +176,33 @@ func (m *Model[F]) pack(l int) {
 			continue // rounded into its store when it was made
 		}
 		w := *sl.work
-		if len(w) > len(sl.store) {
-			sl.store = make([]tensor.BF16, len(w)) // an expert buffer grown past its start
-		}
-		m.be.ToBF16(sl.store[:len(w)], w)
+		m.fit(sl, w.Len())
+		m.mem.Copy(sl.store.Slice(0, w.Len()), w)
 	}
 }
 
 // unpack widens layer l's stores into the work set (before its backward); x is
-// the layer's input buffer.
-func (m *Model[F]) unpack(l int, x []F) {
-	m.be.FromBF16(x, m.st.resid[l])
+// the layer's input buffer. A work buffer that grew after the layer's forward
+// (expert parallelism: a later layer received more tokens) is longer than the
+// layer's store, whose values it takes from the start.
+func (m *Model[F]) unpack(l int, x tensor.Buffer) {
+	m.mem.Copy(x, m.st.resid[l])
 	for _, sl := range m.st.slots[l] {
 		if sl.direct {
 			continue // backward reads the store
 		}
-		w := *sl.work
-		m.be.FromBF16(w, sl.store[:len(w)])
+		n := min(sl.work.Len(), sl.store.Len())
+		m.mem.Copy(sl.work.Slice(0, n), sl.store.Slice(0, n))
 	}
 }
 
 // bytes is what the stores hold, in bytes.
-func (s *stash[F]) bytes() int64 {
+func (s *stash) bytes() int64 {
 	var n int64
 	for l := range s.resid {
-		n += int64(len(s.resid[l]))
+		n += int64(s.resid[l].Len())
 		for _, sl := range s.slots[l] {
-			n += int64(len(sl.store))
+			n += int64(sl.store.Len())
 		}
 	}
 	return 2 * n

@@ -51,10 +51,10 @@ func WithTensorParallel(tp TensorParallel) Option { return func(o *options) { o.
 // (this rank's, every rank's) and target logits.
 type tpState[F tensor.Float] struct {
 	TensorParallel
-	gx, gd, px, red []F
-	gnorm, grouter  []F
-	lse, lseAll     []F
-	tlogit          []F
+	gx, gd, px, red tensor.Buffer
+	gnorm, grouter  tensor.Buffer
+	lse, lseAll     tensor.Buffer
+	tlogit          tensor.Buffer
 }
 
 func (m *Model[F]) setupTP(tp TensorParallel, B, T int) error {
@@ -87,15 +87,9 @@ func (m *Model[F]) rows() int { return m.B * m.T / m.tpSize() }
 func (m *Model[F]) allocTP() {
 	BT, C := m.B*m.T, m.Cfg.Hidden
 	p := m.tp
-	p.gx, p.gd, p.px, p.red = make([]F, BT*C), make([]F, BT*C), make([]F, BT*C), make([]F, m.rows()*C)
-	p.gnorm, p.grouter = make([]F, C), make([]F, m.Cfg.MoE.NumExperts*C)
-	p.lse, p.lseAll, p.tlogit = make([]F, BT), make([]F, p.Size*BT), make([]F, BT)
-}
-
-// f32 views a float32 model's slice as []float32 for the communicator.
-func f32[F tensor.Float](x []F) []float32 {
-	v, _ := any(x).([]float32)
-	return v
+	p.gx, p.gd, p.px, p.red = m.alloc1(BT*C), m.alloc1(BT*C), m.alloc1(BT*C), m.alloc1(m.rows()*C)
+	p.gnorm, p.grouter = m.alloc1(C), m.alloc1(m.Cfg.MoE.NumExperts*C)
+	p.lse, p.lseAll, p.tlogit = m.alloc1(BT), m.alloc1(p.Size*BT), m.alloc1(BT)
 }
 
 func (m *Model[F]) tpErr(what string, err error) {
@@ -106,21 +100,21 @@ func (m *Model[F]) tpErr(what string, err error) {
 
 // gather returns all B·T rows of a row-sharded (rows × C) activation: src itself
 // without tensor parallelism, else the tp group's all-gather into scratch.
-func (m *Model[F]) gather(src []F) []F {
+func (m *Model[F]) gather(src tensor.Buffer) tensor.Buffer {
 	if m.tp == nil {
 		return src
 	}
-	m.tpErr("all-gather", m.tp.Comm.AllGather(f32(m.tp.gx), f32(src)))
+	m.tpErr("all-gather", m.tp.Comm.AllGather(m.f32(m.tp.gx), m.f32(src)))
 	return m.tp.gx
 }
 
 // gatherGrad is gather for a gradient of the residual stream (its own scratch,
 // alive while the normed input is gathered again).
-func (m *Model[F]) gatherGrad(src []F) []F {
+func (m *Model[F]) gatherGrad(src tensor.Buffer) tensor.Buffer {
 	if m.tp == nil {
 		return src
 	}
-	m.tpErr("all-gather", m.tp.Comm.AllGather(f32(m.tp.gd), f32(src)))
+	m.tpErr("all-gather", m.tp.Comm.AllGather(m.f32(m.tp.gd), m.f32(src)))
 	return m.tp.gd
 }
 
@@ -128,21 +122,21 @@ func (m *Model[F]) gatherGrad(src []F) []F {
 // row-parallel weight) into out, this rank's rows of the residual stream: without
 // tensor parallelism one accumulating matmul; with it, the matmul's partial sums
 // over all rows are reduce-scattered and the rank's rows added.
-func (m *Model[F]) rowParallel(out []F, inp, w tensor.Weights[F], K int) {
+func (m *Model[F]) rowParallel(out tensor.Buffer, inp, w tensor.Weights[F], K int) {
 	BT, C := m.B*m.T, m.Cfg.Hidden
 	if m.tp == nil {
-		m.be.Matmul(out, inp, w, tensor.MatmulShape{BT: BT, C: K, OC: C}, true)
+		m.be.Matmul(m.view(out), inp, w, tensor.MatmulShape{BT: BT, C: K, OC: C}, true)
 		return
 	}
 	p := m.tp
-	m.be.Matmul(p.px, inp, w, tensor.MatmulShape{BT: BT, C: K, OC: C}, false)
-	m.tpErr("reduce-scatter", p.Comm.ReduceScatter(f32(p.red), f32(p.px)))
-	m.be.AddInto(out, p.red, len(p.red))
+	m.be.Matmul(m.view(p.px), inp, w, tensor.MatmulShape{BT: BT, C: K, OC: C}, false)
+	m.tpErr("reduce-scatter", p.Comm.ReduceScatter(m.f32(p.red), m.f32(p.px)))
+	m.be.AddInto(m.view(out), m.view(p.red), p.red.Len())
 }
 
 // inputGrad is the buffer a column-parallel GEMM's input gradient (all B·T rows,
 // partial over tp) is accumulated in: dx itself without tensor parallelism.
-func (m *Model[F]) inputGrad(dx []F) []F {
+func (m *Model[F]) inputGrad(dx tensor.Buffer) tensor.Buffer {
 	if m.tp == nil {
 		return dx
 	}
@@ -151,28 +145,28 @@ func (m *Model[F]) inputGrad(dx []F) []F {
 
 // scatterGrad sums the input gradient inputGrad returned over the tp group and
 // returns this rank's rows (in dx): dx itself without tensor parallelism.
-func (m *Model[F]) scatterGrad(dx []F) []F {
+func (m *Model[F]) scatterGrad(dx tensor.Buffer) tensor.Buffer {
 	if m.tp == nil {
 		return dx
 	}
-	m.tpErr("reduce-scatter", m.tp.Comm.ReduceScatter(f32(dx), f32(m.tp.px)))
+	m.tpErr("reduce-scatter", m.tp.Comm.ReduceScatter(m.f32(dx), m.f32(m.tp.px)))
 	return dx
 }
 
 // normBackward is RMSNormBackward over this rank's rows; under tensor parallelism
 // the gain's gradient (from these rows only) is summed over the tp group before it
 // is added.
-func (m *Model[F]) normBackward(dinp, dw, dout, inp []F, w tensor.Weights[F], rstd []F) {
-	R, C := m.rows(), m.Cfg.Hidden
+func (m *Model[F]) normBackward(dinp tensor.Buffer, dw []F, dout, inp tensor.Buffer, w tensor.Weights[F], rstd tensor.Buffer) {
+	R, C, v := m.rows(), m.Cfg.Hidden, m.view
 	if m.tp == nil {
-		m.be.RMSNormBackward(dinp, dw, dout, inp, w, rstd, R, C)
+		m.be.RMSNormBackward(v(dinp), dw, v(dout), v(inp), w, v(rstd), R, C)
 		return
 	}
 	g := m.tp.gnorm
-	clear(g)
-	m.be.RMSNormBackward(dinp, g, dout, inp, w, rstd, R, C)
-	m.tpErr("all-reduce", m.tp.Comm.AllReduce(f32(g)))
-	m.be.AddInto(dw, g, C)
+	m.mem.Zero(g)
+	m.be.RMSNormBackward(v(dinp), v(g), v(dout), v(inp), w, v(rstd), R, C)
+	m.tpErr("all-reduce", m.tp.Comm.AllReduce(m.f32(g)))
+	m.be.AddInto(dw, v(g), C)
 }
 
 // vocabRange is the vocabulary rows this rank holds: [lo, lo+n).
@@ -187,34 +181,35 @@ func (m *Model[F]) vocabRange() (lo, n int) {
 // embed writes the embedding of tokens (all B·T) into x, this rank's rows: under
 // tensor parallelism each rank looks up the tokens in its vocabulary rows (zeros
 // for the others) and the partial rows are reduce-scattered.
-func (m *Model[F]) embed(x []F, tokens []int32) {
+func (m *Model[F]) embed(x tensor.Buffer, tokens []int32) {
 	BT, C := m.B*m.T, m.Cfg.Hidden
 	if m.tp == nil {
-		m.be.Embedding(x, tokens, m.w.embed, BT, C)
+		m.be.Embedding(m.view(x), tokens, m.w.embed, BT, C)
 		return
 	}
 	lo, n := m.vocabRange()
 	p := m.tp
+	px := m.view(p.px)
 	for i, tok := range tokens[:BT] {
-		row := p.px[i*C : (i+1)*C]
+		row := px[i*C : (i+1)*C]
 		if t := int(tok) - lo; t >= 0 && t < n {
 			m.w.embed.Widen(row, t*C)
 		} else {
 			clear(row)
 		}
 	}
-	m.tpErr("reduce-scatter", p.Comm.ReduceScatter(f32(x), f32(p.px)))
+	m.tpErr("reduce-scatter", p.Comm.ReduceScatter(m.f32(x), m.f32(p.px)))
 }
 
 // embedBackward accumulates the embedding's gradient from dres, the gradient of
 // this rank's rows of the residual stream.
-func (m *Model[F]) embedBackward(dres []F, tokens []int32) {
+func (m *Model[F]) embedBackward(dres tensor.Buffer, tokens []int32) {
 	BT, C := m.B*m.T, m.Cfg.Hidden
 	if m.tp == nil {
-		m.be.EmbeddingBackward(m.g.embed, dres, tokens, BT, C)
+		m.be.EmbeddingBackward(m.g.embed, m.view(dres), tokens, BT, C)
 		return
 	}
-	d := m.gatherGrad(dres)
+	d := m.view(m.gatherGrad(dres))
 	lo, n := m.vocabRange()
 	for i, tok := range tokens[:BT] {
 		if t := int(tok) - lo; t >= 0 && t < n {
@@ -227,32 +222,34 @@ func (m *Model[F]) embedBackward(dres []F, tokens []int32) {
 // from its logits (B·T × V/tp): each rank's log-sum-exp per row is all-gathered
 // and combined in rank order, and the target's logit comes from the rank holding
 // it (an all-reduce of rows that are zero elsewhere).
-func (m *Model[F]) crossEntropy(losses, probs, logits []F, targets []int32) {
+func (m *Model[F]) crossEntropy(lossesB, probsB, logitsB tensor.Buffer, targets []int32) {
 	BT := m.B * m.T
 	lo, V := m.vocabRange()
+	losses, probs, logits := m.view(lossesB), m.view(probsB), m.view(logitsB)
 	if m.tp == nil {
 		m.be.CrossEntropy(losses, probs, logits, targets, BT, V)
 		return
 	}
 	p := m.tp
+	lse, lseAll, tlogit := m.view(p.lse), m.view(p.lseAll), m.view(p.tlogit)
 	for i := 0; i < BT; i++ {
 		row := logits[i*V : (i+1)*V]
-		p.lse[i] = F(logSumExp(row, V, 1))
-		p.tlogit[i] = 0
+		lse[i] = F(logSumExp(row, V, 1))
+		tlogit[i] = 0
 		if t := int(targets[i]) - lo; targets[i] >= 0 && t >= 0 && t < V {
-			p.tlogit[i] = row[t]
+			tlogit[i] = row[t]
 		}
 	}
-	m.tpErr("all-gather", p.Comm.AllGather(f32(p.lseAll), f32(p.lse)))
-	m.tpErr("all-reduce", p.Comm.AllReduce(f32(p.tlogit)))
+	m.tpErr("all-gather", p.Comm.AllGather(m.f32(p.lseAll), m.f32(p.lse)))
+	m.tpErr("all-reduce", p.Comm.AllReduce(m.f32(p.tlogit)))
 	for i := 0; i < BT; i++ {
-		l := logSumExp(p.lseAll[i:], p.Size, BT) // the ranks' row i, in rank order
+		l := logSumExp(lseAll[i:], p.Size, BT) // the ranks' row i, in rank order
 		for j, x := range logits[i*V : (i+1)*V] {
 			probs[i*V+j] = F(math.Exp(float64(x) - l))
 		}
 		losses[i] = 0
 		if targets[i] >= 0 {
-			losses[i] = F(l - float64(p.tlogit[i]))
+			losses[i] = F(l - float64(tlogit[i]))
 		}
 	}
 }
@@ -273,9 +270,10 @@ func logSumExp[F tensor.Float](x []F, n, stride int) float64 {
 
 // crossEntropyBackward accumulates dlogits += (probs − onehot(target))·dloss over
 // this rank's vocabulary rows; ignored targets (< 0) add nothing.
-func (m *Model[F]) crossEntropyBackward(dlogits, dloss, probs []F, targets []int32) {
+func (m *Model[F]) crossEntropyBackward(dlogitsB, dlossB, probsB tensor.Buffer, targets []int32) {
 	BT := m.B * m.T
 	lo, V := m.vocabRange()
+	dlogits, dloss, probs := m.view(dlogitsB), m.view(dlossB), m.view(probsB)
 	if m.tp == nil {
 		m.be.CrossEntropyBackward(dlogits, dloss, probs, targets, BT, V)
 		return

@@ -1,0 +1,87 @@
+package model
+
+import (
+	"unsafe"
+
+	"github.com/shardline/shardline/tensor"
+)
+
+// The model's memory. Every buffer the model holds (its activations, its
+// backward's work buffers, the RoPE tables, tensor and context parallelism's
+// gathers and ring, expert parallelism's exchange) is a tensor.Buffer of the
+// memory of its stream (m.mem), allocated when the model is built: the model
+// makes, copies, clears and fills none of them itself, it asks the memory.
+// What still reaches their elements on the host is the kernels' arguments, which
+// are host slices until the kernel set takes buffers: view is that one place,
+// and the collectives' arguments (f32), which take host memory in place as NCCL
+// takes device pointers.
+
+// dtypeOf is the buffer dtype of F.
+func dtypeOf[F tensor.Float]() tensor.DType {
+	if elemBytes[F]() == 8 {
+		return tensor.Float64
+	}
+	return tensor.Float32
+}
+
+// alloc1 is n zeroed F elements of the model's memory.
+func (m *Model[F]) alloc1(n int) tensor.Buffer { return m.mem.Alloc(dtypeOf[F](), n) }
+
+// allocN is n buffers of size elements each.
+func (m *Model[F]) allocN(n, size int) []tensor.Buffer {
+	out := make([]tensor.Buffer, n)
+	for i := range out {
+		out[i] = m.alloc1(size)
+	}
+	return out
+}
+
+// view is b's elements as F values in place, for the kernels that still take
+// host slices (nil for the empty Buffer). The view is made with unsafe.Slice of
+// the host memory's own f32 or f64 view: F is one of the two, and converting
+// through an interface would allocate.
+func (m *Model[F]) view(b tensor.Buffer) []F {
+	if b.Storage() == nil {
+		return nil
+	}
+	if dtypeOf[F]() == tensor.Float64 {
+		s := m.host.Float64s(b)
+		return unsafe.Slice((*F)(unsafe.Pointer(unsafe.SliceData(s))), len(s))
+	}
+	s := m.host.Float32s(b)
+	return unsafe.Slice((*F)(unsafe.Pointer(unsafe.SliceData(s))), len(s))
+}
+
+// f32 is an f32 buffer's elements in place, for the communicators (float32
+// only: the parallelisms that exchange activations need float32).
+func (m *Model[F]) f32(b tensor.Buffer) []float32 {
+	if b.Storage() == nil {
+		return nil
+	}
+	return m.host.Float32s(b)
+}
+
+// bf16 is a bf16 buffer's elements in place (the bf16 stores, read by the
+// matmuls as tensor.Weights).
+func (m *Model[F]) bf16(b tensor.Buffer) []tensor.BF16 {
+	if b.Storage() == nil {
+		return nil
+	}
+	return m.host.BF16s(b)
+}
+
+// rowsOf is rows [lo, hi) of b, rows of width elements.
+func rowsOf(b tensor.Buffer, lo, hi, width int) tensor.Buffer { return b.Slice(lo*width, hi*width) }
+
+// held counts the distinct storage of bufs (buffers that share one, the layers'
+// shared slots, count once) in elements.
+func held(seen map[tensor.Storage]bool, bufs ...tensor.Buffer) int64 {
+	var n int64
+	for _, b := range bufs {
+		if s := b.Storage(); s != nil && !seen[s] {
+			seen[s] = true
+			n += int64(s.Len())
+		}
+	}
+	return n
+}
