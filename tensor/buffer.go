@@ -141,3 +141,20 @@ type HostMemory interface {
 	BF16s(b Buffer) []BF16
 	Float64s(b Buffer) []float64
 }
+
+// HostValue is an element type Memory.Write takes host slices of.
+type HostValue interface {
+	float32 | float64 | BF16 | int32
+}
+
+// Upload allocates one buffer of dtype t in mem for each host slice of xs and
+// writes the slice there (converting to t): parameters held on the host
+// (a weights file, a test's values) made into the buffers a model takes.
+func Upload[E HostValue](mem Memory, t DType, xs [][]E) []Buffer {
+	out := make([]Buffer, len(xs))
+	for i, x := range xs {
+		out[i] = mem.Alloc(t, len(x))
+		mem.Write(out[i], x)
+	}
+	return out
+}

@@ -383,19 +383,19 @@ func stepTime(be tensor.Backend, cfg config.Model, batch int, minTime time.Durat
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	w, g := make([][]float32, len(table)), make([][]float32, len(table))
+	w, g := make([][]float32, len(table)), make([]tensor.Buffer, len(table))
+	mem := be.NewMemory()
 	for i := range table {
-		w[i], g[i] = make([]float32, table[i].LocalNumel()), make([]float32, table[i].LocalNumel())
+		w[i], g[i] = make([]float32, table[i].LocalNumel()), mem.Alloc(tensor.Float32, int(table[i].LocalNumel()))
 		model.InitParam(w[i], &table[i], 0, 1, cfg.InitStd, cfg.Layers)
 	}
-	views := tensor.WeightViews(w)
-	var opts []model.Option
+	wdt, opts := tensor.Float32, []model.Option{model.WithMemory(mem)}
 	if bf16 {
-		views = tensor.BF16Views[float32](w)
+		wdt = tensor.BFloat16
 		opts = append(opts, model.WithBF16Activations())
 	}
 	tb := &kernelTimed{Backend: be}
-	m, err := model.New[float32](cfg, table, views, g, tb, batch, cfg.SeqLen, opts...)
+	m, err := model.New[float32](cfg, table, tensor.Upload(mem, wdt, w), g, tb, batch, cfg.SeqLen, opts...)
 	if err != nil {
 		return 0, 0, 0, err
 	}
@@ -406,7 +406,7 @@ func stepTime(be tensor.Backend, cfg config.Model, batch int, minTime time.Durat
 	}
 	type pass struct{ whole, gemm, attn float64 }
 	var passes []pass
-	loss := be.NewMemory().Alloc(tensor.Float64, 1)
+	loss := mem.Alloc(tensor.Float64, 1)
 	pass1 := func() {
 		tb.gemm, tb.attn = 0, 0
 		t0 := time.Now()

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"sync"
 	"time"
-	"unsafe"
 
 	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/parallel/comm"
@@ -31,15 +30,15 @@ import (
 type unitRuntime struct {
 	st      *state
 	m       *model.Model[float32]
-	groups  [][]int                   // unit → its groups
-	offsets [][]int64                 // unit → offset of each group in the unit's buffer
-	length  []int64                   // unit → buffer length
-	wbuf    []tensor.Weights[float32] // unit → its gathered weights (empty: not held)
-	gbuf    [][]float32
-	ready   []*comm.Handle // unit → its gather in flight
-	holds   []int          // blocks holding the unit's weights now
-	left    []int          // backward: blocks still to run that use the unit
-	uses    []int          // blocks that use the unit
+	groups  [][]int         // unit → its groups
+	offsets [][]int64       // unit → offset of each group in the unit's buffer
+	length  []int64         // unit → buffer length
+	wbuf    []tensor.Buffer // unit → its gathered weights (empty: not held)
+	gbuf    []tensor.Buffer // unit → its gradient buffer in backward (empty: not held)
+	ready   []*comm.Handle  // unit → its gather in flight
+	holds   []int           // blocks holding the unit's weights now
+	left    []int           // backward: blocks still to run that use the unit
+	uses    []int           // blocks that use the unit
 	// resident units have only unsharded groups: their views point straight at the
 	// compute shard and the gradient shard, with nothing to gather or reduce.
 	resident []bool
@@ -49,8 +48,8 @@ type unitRuntime struct {
 	// the first step, so a step allocates nothing. woff is each gathered unit's
 	// offset in its arena. Gathered weights are in the compute dtype: wpool's
 	// fp32 arena, or hpool's bf16 arena in a bf16 run (the other is nil).
-	wpool, gpool *unitPool[float32]
-	hpool        *unitPool[tensor.BF16]
+	wpool, gpool *unitPool
+	hpool        *unitPool
 	woff, goff   []int64
 	rs           [][]float32 // per group: reduce-scatter destination
 	stream       *comm.Stream
@@ -58,7 +57,7 @@ type unitRuntime struct {
 	// Per unit: its all-gather and its reduce-scatter as stream operations, made
 	// once, and the gradient buffer the reduce-scatter in flight reads.
 	gatherH, reduceH []*comm.Handle
-	reducing         [][]float32
+	reducing         []tensor.Buffer
 	gatherName       []string // trace span names
 	reduceName       []string
 	weights          bool // gather weights per unit (optim_grads_params); else they are whole
@@ -75,7 +74,7 @@ type unitRuntime struct {
 // off in the gradient arena).
 type flight struct {
 	h   *comm.Handle
-	buf []float32
+	buf tensor.Buffer
 	off int64
 }
 
@@ -85,10 +84,10 @@ func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, ca
 		capBytes: 4 * capElems, trace: tr, weights: st.perUnit}
 	n := len(p.Units)
 	u.groups, u.offsets, u.length = make([][]int, n), make([][]int64, n), make([]int64, n)
-	u.wbuf, u.gbuf, u.ready = make([]tensor.Weights[float32], n), make([][]float32, n), make([]*comm.Handle, n)
+	u.wbuf, u.gbuf, u.ready = make([]tensor.Buffer, n), make([]tensor.Buffer, n), make([]*comm.Handle, n)
 	u.holds, u.left, u.uses = make([]int, n), make([]int, n), make([]int, n)
 	u.resident = make([]bool, n)
-	u.gatherH, u.reduceH, u.reducing = make([]*comm.Handle, n), make([]*comm.Handle, n), make([][]float32, n)
+	u.gatherH, u.reduceH, u.reducing = make([]*comm.Handle, n), make([]*comm.Handle, n), make([]tensor.Buffer, n)
 	u.gatherName, u.reduceName = make([]string, n), make([]string, n)
 	u.inflight = make([]flight, 0, n)
 	for ui := range p.Units {
@@ -109,13 +108,13 @@ func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, ca
 				u.length[ui] += p.Groups[gi].Padded
 			} else {
 				u.direct[gi] = true
-				w, g := st.computeShard(gi), st.gshard[gi]
+				w, g := st.computeShardBuffer(gi), st.gshardB[gi]
 				for _, e := range p.Groups[gi].Entries {
 					wv := w.Slice(int(e.Offset), int(e.Offset+e.Numel))
 					if !st.perUnit {
 						wv = st.wviews[e.Param]
 					}
-					m.Bind(e.Param, wv, g[e.Offset:e.Offset+e.Numel])
+					m.Bind(e.Param, wv, g.Slice(int(e.Offset), int(e.Offset+e.Numel)))
 				}
 			}
 		}
@@ -135,79 +134,78 @@ func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, ca
 	// The arenas the plan budgets (parallel.UnitBuffers), made now in the rank's
 	// backend memory.
 	if st.bf16 {
-		u.hpool = newUnitPool(st.host.BF16s(st.mem.Alloc(tensor.BFloat16, int(p.Buffers.Gather))), p.Buffers.GatherSlot)
+		u.hpool = newUnitPool(st.mem, tensor.BFloat16, p.Buffers.Gather, p.Buffers.GatherSlot)
 	} else {
-		u.wpool = newUnitPool(st.host.Float32s(st.mem.Alloc(tensor.Float32, int(p.Buffers.Gather))), p.Buffers.GatherSlot)
+		u.wpool = newUnitPool(st.mem, tensor.Float32, p.Buffers.Gather, p.Buffers.GatherSlot)
 	}
-	u.gpool = newUnitPool(st.host.Float32s(st.mem.Alloc(tensor.Float32, int(p.Buffers.Reduce))), p.Buffers.ReduceSlot)
+	u.gpool = newUnitPool(st.mem, tensor.Float32, p.Buffers.Reduce, p.Buffers.ReduceSlot)
 	u.woff, u.goff = make([]int64, n), make([]int64, n)
 	return u
 }
 
-// unitPool hands out unit buffers of element type E carved from one arena
-// (parallel.Arena, the plan's first fit), and makes a buffer apart for a request
-// the arena cannot hold (the plan did not foresee it: memory reports the most
-// held apart at once).
-type unitPool[E float32 | tensor.BF16] struct {
-	mem          []E
-	arena        *parallel.Arena
+// unitPool hands out unit buffers of one dtype carved from one arena of the
+// rank's backend memory (parallel.Arena, the plan's first fit), and allocates a
+// buffer apart for a request the arena cannot hold (the plan did not foresee
+// it: memory reports the most held apart at once).
+type unitPool struct {
+	mem          tensor.Memory
+	arena        tensor.Buffer
+	fit          *parallel.Arena
 	apart, extra int64 // elements held apart now, and at most
 }
 
-// newUnitPool carves unit buffers from mem, an arena's elements (a view of
-// the rank's backend memory).
-func newUnitPool[E float32 | tensor.BF16](mem []E, slot int64) *unitPool[E] {
-	return &unitPool[E]{mem: mem, arena: parallel.NewArena(int64(len(mem)), slot)}
+// newUnitPool allocates an arena of n elements of dtype t in mem, handed out
+// in slots of slot elements.
+func newUnitPool(mem tensor.Memory, t tensor.DType, n, slot int64) *unitPool {
+	return &unitPool{mem: mem, arena: mem.Alloc(t, int(n)), fit: parallel.NewArena(n, slot)}
 }
 
-// get returns n elements and their offset in the arena (−1: made apart).
-func (p *unitPool[E]) get(n int64) ([]E, int64) {
-	if off, ok := p.arena.Alloc(n); ok {
-		return p.mem[off : off+n : off+n], off
+// get returns n elements and their offset in the arena (−1: allocated apart).
+func (p *unitPool) get(n int64) (tensor.Buffer, int64) {
+	if off, ok := p.fit.Alloc(n); ok {
+		return p.arena.Slice(int(off), int(off+n)), off
 	}
 	p.apart += n
 	p.extra = max(p.extra, p.apart)
-	return make([]E, n), -1
+	return p.mem.Alloc(p.arena.DType(), int(n)), -1
 }
 
 // put returns a buffer get handed out at off.
-func (p *unitPool[E]) put(off int64, b []E) {
+func (p *unitPool) put(off int64, b tensor.Buffer) {
 	if off >= 0 {
-		p.arena.Free(off, int64(len(b)))
+		p.fit.Free(off, int64(b.Len()))
 	} else {
-		p.apart -= int64(len(b))
+		p.apart -= int64(b.Len())
+		p.mem.Free(b)
 	}
 }
 
 // bytes is what the pool holds: its arena and the most it held apart (nothing
 // for a nil pool).
-func (p *unitPool[E]) bytes() int64 {
+func (p *unitPool) bytes() int64 {
 	if p == nil {
 		return 0
 	}
-	var z E
-	return int64(unsafe.Sizeof(z)) * (int64(len(p.mem)) + p.extra)
+	return int64(p.arena.DType().Size()) * (int64(p.arena.Len()) + p.extra)
 }
 
 // getWeights returns a gathered unit's buffer of n elements in the compute
 // dtype, and its offset in the arena.
-func (u *unitRuntime) getWeights(n int64) (tensor.Weights[float32], int64) {
+func (u *unitRuntime) getWeights(n int64) (tensor.Buffer, int64) {
 	if u.hpool != nil {
-		b, off := u.hpool.get(n)
-		return tensor.BF16Weights[float32](b), off
+		return u.hpool.get(n)
 	}
-	b, off := u.wpool.get(n)
-	return tensor.FloatWeights(b), off
+	return u.wpool.get(n)
 }
 
 // putWeights releases unit ui's gathered weights.
 func (u *unitRuntime) putWeights(ui int) {
-	if w := u.wbuf[ui]; w.BF16 != nil {
-		u.hpool.put(u.woff[ui], w.BF16)
+	if u.hpool != nil {
+		u.hpool.put(u.woff[ui], u.wbuf[ui])
 	} else {
-		u.wpool.put(u.woff[ui], w.F)
+		u.wpool.put(u.woff[ui], u.wbuf[ui])
 	}
-	u.wbuf[ui] = tensor.Weights[float32]{}
+	u.wbuf[ui] = tensor.Buffer{}
 }
 
 func (u *unitRuntime) close() { u.stream.Close() }
@@ -219,15 +217,14 @@ func (u *unitRuntime) bind(ui int) {
 	for k, gi := range u.groups[ui] {
 		off := u.offsets[ui][k]
 		for _, e := range p.Groups[gi].Entries {
-			var w tensor.Weights[float32]
-			var g []float32
+			var w, g tensor.Buffer
 			if !u.weights {
 				w = u.st.wviews[e.Param]
 			} else if b := u.wbuf[ui]; b.Len() > 0 {
 				w = b.Slice(int(off+e.Offset), int(off+e.Offset+e.Numel))
 			}
-			if b := u.gbuf[ui]; b != nil {
-				g = b[off+e.Offset : off+e.Offset+e.Numel]
+			if b := u.gbuf[ui]; b.Len() > 0 {
+				g = b.Slice(int(off+e.Offset), int(off+e.Offset+e.Numel))
 			}
 			u.m.Bind(e.Param, w, g)
 		}
@@ -265,11 +262,11 @@ func (o unitOp) Run(comm.Communicator) error {
 		var err error
 		switch {
 		case o.reduce:
-			err = st.reduceInto(gi, u.reducing[ui][lo:hi], u.rs[gi])
+			err = st.reduceInto(gi, st.host.Float32s(u.reducing[ui].Slice(int(lo), int(hi))), u.rs[gi])
 		case st.comms[gi].Size() == 1 || g.Shards == 1:
-			copyWeights(u.wbuf[ui].Slice(int(lo), int(hi)), st.computeShard(gi))
+			copyWeights(st.weightsView(u.wbuf[ui].Slice(int(lo), int(hi))), st.computeShard(gi))
 		default:
-			err = allGatherWeights(st.comms[gi], u.wbuf[ui].Slice(int(lo), int(hi)), st.computeShard(gi))
+			err = allGatherWeights(st.comms[gi], st.weightsView(u.wbuf[ui].Slice(int(lo), int(hi))), st.computeShard(gi))
 		}
 		if err != nil {
 			return fmt.Errorf("%s unit %s: %w", what, st.plan.Units[ui].Name, err)
@@ -297,10 +294,10 @@ func (u *unitRuntime) Acquire(block int, units []int, backward bool) error {
 			}
 			u.ready[ui] = nil
 		}
-		if backward && u.gbuf[ui] == nil {
+		if backward && u.gbuf[ui].Len() == 0 {
 			buf, off := u.gpool.get(u.length[ui])
 			u.goff[ui] = off
-			clear(buf)
+			u.st.mem.Zero(buf)
 			u.gbuf[ui] = buf
 		}
 		u.holds[ui]++
@@ -347,7 +344,7 @@ func (u *unitRuntime) Release(block int, units []int, backward bool) error {
 			if u.left[ui] == 0 {
 				u.left[ui] = u.uses[ui]
 				buf := u.gbuf[ui]
-				u.gbuf[ui], u.reducing[ui] = nil, buf
+				u.gbuf[ui], u.reducing[ui] = tensor.Buffer{}, buf
 				h := u.reduceH[ui]
 				u.stream.Start(h)
 				u.inflight = append(u.inflight, flight{h, buf, u.goff[ui]})
@@ -372,7 +369,7 @@ func (u *unitRuntime) bound() error {
 	for len(u.inflight) > 0 {
 		var bytes int64
 		for _, f := range u.inflight {
-			bytes += int64(len(f.buf)) * 4
+			bytes += int64(f.buf.Len()) * 4
 		}
 		if u.async && (len(u.inflight) == 1 || bytes <= u.capBytes) {
 			break

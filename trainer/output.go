@@ -292,11 +292,10 @@ func Generate(r *config.Recipe, be tensor.Backend, table []parallel.Param, weigh
 		return "", fmt.Errorf("prompt: %w", err)
 	}
 	T := min(r.Model.SeqLen, max(len(enc), 1)+n)
-	grads := make([][]float32, len(weights)) // the sampler never runs backward
-	for i := range grads {
-		grads[i] = weights[i][:len(weights[i]):len(weights[i])]
-	}
-	m, err := model.New[float32](r.Model, table, tensor.WeightViews(weights), grads, be, 1, T)
+	// The sampler never runs backward: the gradient buffers are the weights'.
+	mem := be.NewMemory()
+	w := tensor.Upload(mem, tensor.Float32, weights)
+	m, err := model.New[float32](r.Model, table, w, w, be, 1, T, model.WithMemory(mem))
 	if err != nil {
 		return "", err
 	}
@@ -429,11 +428,9 @@ func RunLogits(be tensor.Backend, dir string, tokens []int32) ([]float32, error)
 			return nil, fmt.Errorf("token %d outside the vocabulary of %d", t, V)
 		}
 	}
-	grads := make([][]float32, len(fr.weights)) // no backward: the gradients alias the weights
-	for i := range grads {
-		grads[i] = fr.weights[i][:len(fr.weights[i]):len(fr.weights[i])]
-	}
-	m, err := model.New[float32](fr.recipe.Model, fr.table, tensor.WeightViews(fr.weights), grads, be, 1, T)
+	mem := be.NewMemory() // no backward: the gradient buffers are the weights'
+	w := tensor.Upload(mem, tensor.Float32, fr.weights)
+	m, err := model.New[float32](fr.recipe.Model, fr.table, w, w, be, 1, T, model.WithMemory(mem))
 	if err != nil {
 		return nil, err
 	}

@@ -800,7 +800,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		}
 		t.m.SetHooks(nil)
 		for i, w := range t.st.wviews {
-			t.m.Bind(i, w, nil)
+			t.m.Bind(i, w, tensor.Buffer{})
 		}
 	}
 	if err := t.st.gatherExperts(); err != nil {

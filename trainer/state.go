@@ -37,13 +37,14 @@ type state struct {
 	reduceBF16 bool
 	be         tensor.Backend
 
-	// weights are the full compute weights per group (Padded; nil under
-	// optim_grads_params): fp32, or bf16 storage in a bf16 run.
-	weights []tensor.Weights[float32]
+	// weights are the full compute weights per group (Padded; empty under
+	// optim_grads_params until gatherFull): fp32, or bf16 storage in a bf16 run.
+	weights []tensor.Buffer
 	grads   [][]float32     // per group: full gradients (Padded), fp32
 	main    [][]float32     // per group: this rank's shard of the fp32 main weights
 	gshard  [][]float32     // per group: this rank's shard of the reduced gradients
 	wshard  [][]tensor.BF16 // per group: this rank's bf16 compute shard, to gather (bf16 only; its part of weights unless optim_grads_params)
+	wshardB []tensor.Buffer // the same as buffers
 	// The same as backend buffers: the optimizer's operands (mainB, gshardB, and
 	// the moments mB, vB, which nothing else reads), and the gradient
 	// components whole (gradsAll without unit gradients, gshardAll the shards
@@ -82,8 +83,8 @@ type state struct {
 	// sends on each.
 	counted []countedComm
 
-	wviews []tensor.Weights[float32] // per parameter (table order): views of the compute weights
-	gviews [][]float32               // and of the gradients
+	wviews []tensor.Buffer // per parameter (table order): the compute weights' buffers, what the model binds
+	gviews []tensor.Buffer // and the gradients'
 }
 
 // countedComm is one model-parallel group's communicator, counting bytes sent;
@@ -133,7 +134,7 @@ func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, w
 		sharded:   r.FSDP.DataParallelShardingStrategy != "no_shard",
 		perUnit:   r.FSDP.DataParallelShardingStrategy == "optim_grads_params",
 		unitGrads: r.FSDP.DataParallelShardingStrategy == "optim_grads_params" || r.FSDP.DataParallelShardingStrategy == "optim_grads",
-		wviews:    make([]tensor.Weights[float32], len(p.Params)), gviews: make([][]float32, len(p.Params))}
+		wviews:    make([]tensor.Buffer, len(p.Params)), gviews: make([]tensor.Buffer, len(p.Params))}
 	if err := s.openMemory(); err != nil {
 		return nil, err
 	}
@@ -192,9 +193,9 @@ func (s *state) openMemory() error {
 // plan memory component (compute weights, gradients, main weights, gradient
 // shards, optimizer state), made before the first step and carved into the
 // groups' buffers, so the steady state allocates nothing and what the state
-// holds is what the backend holds. The model and the FSDP runtime read the
-// weights and gradients through host views of them (HostMemory), the
-// optimizer through the buffers.
+// holds is what the backend holds. The model and the FSDP runtime take the
+// weights' and gradients' buffers (the runtime's collectives reach them
+// through host views, HostMemory), the optimizer too.
 func (s *state) allocate(r *config.Recipe) error {
 	p := s.plan
 	var full, shard int64 // Σ over groups of padded lengths and of this rank's shard lengths
@@ -235,10 +236,10 @@ func (s *state) allocate(r *config.Recipe) error {
 		g := &p.Groups[gi]
 		lo, hi := shardOf(p, s.rank, gi)
 		n := int(hi - lo)
-		var w tensor.Weights[float32]
+		var w tensor.Buffer
 		var gr []float32
 		if !s.perUnit {
-			w = s.weightsView(weights.Slice(fo, fo+int(g.Padded)))
+			w = weights.Slice(fo, fo+int(g.Padded))
 		}
 		var grB tensor.Buffer
 		if !s.unitGrads {
@@ -251,17 +252,20 @@ func (s *state) allocate(r *config.Recipe) error {
 		switch {
 		case s.bf16 && s.perUnit:
 			mainB = main.Slice(so, so+n)
-			s.wshard = append(s.wshard, s.host.BF16s(wshard.Slice(so, so+n)))
+			s.wshardB = append(s.wshardB, wshard.Slice(so, so+n))
 		case s.bf16:
 			// The rank's bf16 shard is its part of the full compute weights, as
 			// Megatron-FSDP's parameter buffer holds it: rounded there in place,
 			// then gathered around it.
 			mainB = main.Slice(so, so+n)
-			s.wshard = append(s.wshard, w.BF16[lo:hi:hi])
+			s.wshardB = append(s.wshardB, w.Slice(int(lo), int(hi)))
 		case s.perUnit:
 			mainB = main.Slice(so, so+n)
 		default:
 			mainB = weights.Slice(fo+int(lo), fo+int(hi)) // fp32 compute: the main weights are the weights themselves
+		}
+		if s.bf16 {
+			s.wshard = append(s.wshard, s.host.BF16s(s.wshardB[gi]))
 		}
 		s.mainB, s.main = append(s.mainB, mainB), append(s.main, s.host.Float32s(mainB))
 		var gsB tensor.Buffer
@@ -279,7 +283,7 @@ func (s *state) allocate(r *config.Recipe) error {
 				s.wviews[e.Param] = w.Slice(int(e.Offset), int(e.Offset+e.Numel))
 			}
 			if !s.unitGrads {
-				s.gviews[e.Param] = gr[e.Offset : e.Offset+e.Numel]
+				s.gviews[e.Param] = grB.Slice(int(e.Offset), int(e.Offset+e.Numel))
 			}
 		}
 		s.segs = append(s.segs, segmentsOf(p, gi, lo, hi, r.Train.DecayNormsAndEmbeddings))
@@ -384,7 +388,8 @@ func (s *state) initFrom(vals [][]float32) error {
 // views themselves in an fp32 run, widened copies of the bf16 values otherwise.
 func (s *state) floatViews() [][]float32 {
 	out := make([][]float32, len(s.wviews))
-	for i, w := range s.wviews {
+	for i, b := range s.wviews {
+		w := s.weightsView(b)
 		if w.BF16 == nil {
 			out[i] = w.F
 			continue
@@ -466,7 +471,7 @@ func (s *state) gatherExperts() error {
 			continue
 		}
 		all := s.newWeights(int64(ep) * g.Padded)
-		if err := allGatherWeights(s.epComm, all, s.weights[gi]); err != nil {
+		if err := allGatherWeights(s.epComm, s.weightsView(all), s.weightsView(s.weights[gi])); err != nil {
 			return err
 		}
 		for j := 0; j < ep; j++ {
@@ -494,10 +499,10 @@ func (s *state) gather() error {
 	for gi := range s.plan.Groups {
 		src := s.computeShard(gi)
 		if !s.sharded || s.plan.Groups[gi].Shards == 1 {
-			copyWeights(s.weights[gi], src) // fp32: the same memory, nothing to copy
+			copyWeights(s.weightsView(s.weights[gi]), src) // fp32: the same memory, nothing to copy
 			continue
 		}
-		if err := allGatherWeights(s.comms[gi], s.weights[gi], src); err != nil {
+		if err := allGatherWeights(s.comms[gi], s.weightsView(s.weights[gi]), src); err != nil {
 			return fmt.Errorf("all-gathering group %d: %w", gi, err)
 		}
 	}
@@ -506,11 +511,11 @@ func (s *state) gather() error {
 
 // newWeights makes n compute-weight elements in the run's compute dtype (in the
 // backend's memory).
-func (s *state) newWeights(n int64) tensor.Weights[float32] {
+func (s *state) newWeights(n int64) tensor.Buffer {
 	if s.bf16 {
-		return s.weightsView(s.mem.Alloc(tensor.BFloat16, int(n)))
+		return s.mem.Alloc(tensor.BFloat16, int(n))
 	}
-	return s.weightsView(s.mem.Alloc(tensor.Float32, int(n)))
+	return s.mem.Alloc(tensor.Float32, int(n))
 }
 
 // copyWeights copies src into dst (same dtype and length); nothing when they are
@@ -546,10 +551,15 @@ func (s *state) zeroGrads() {
 // computeShard is the shard of group gi's compute weights other ranks gather:
 // the bf16 shard in a bf16 run, the main weights otherwise.
 func (s *state) computeShard(gi int) tensor.Weights[float32] {
+	return s.weightsView(s.computeShardBuffer(gi))
+}
+
+// computeShardBuffer is computeShard's buffer.
+func (s *state) computeShardBuffer(gi int) tensor.Buffer {
 	if s.bf16 {
-		return tensor.BF16Weights[float32](s.wshard[gi])
+		return s.wshardB[gi]
 	}
-	return tensor.FloatWeights(s.main[gi])
+	return s.mainB[gi]
 }
 
 // reduceInto reduce-scatters one unit's full gradients of group gi (src) and adds
@@ -585,8 +595,8 @@ func (s *state) gatherFull() error {
 			s.weights[gi] = s.newWeights(g.Padded)
 		}
 		if s.comms[gi].Size() == 1 || g.Shards == 1 {
-			copyWeights(s.weights[gi], s.computeShard(gi))
-		} else if err := allGatherWeights(s.comms[gi], s.weights[gi], s.computeShard(gi)); err != nil {
+			copyWeights(s.weightsView(s.weights[gi]), s.computeShard(gi))
+		} else if err := allGatherWeights(s.comms[gi], s.weightsView(s.weights[gi]), s.computeShard(gi)); err != nil {
 			return err
 		}
 		for _, e := range g.Entries {

@@ -45,6 +45,29 @@ func loadRecipe(t testing.TB, name string, sets ...string) config.Recipe {
 }
 
 // initWeights draws every parameter as the trainer does (seed, name, index).
+// cpuModel builds the CPU reference model on w and grads (nil: the weights'
+// buffers serve, for a model that runs no backward), moved into a CPU memory:
+// w[i] and grads[i] become views of its buffers in place, so the test updates
+// the weights and reads the gradients through them.
+func cpuModel(t *testing.T, cfg config.Model, table []parallel.Param, w, grads [][]float32, B, T int) *model.Model[float32] {
+	t.Helper()
+	mem := cpu.NewMemory()
+	wb := tensor.Upload(mem, tensor.Float32, w)
+	gb := wb
+	if grads != nil {
+		gb = tensor.Upload(mem, tensor.Float32, grads)
+	}
+	for i := range w {
+		w[i] = mem.Float32s(wb[i])
+		if grads != nil {
+			grads[i] = mem.Float32s(gb[i])
+		}
+	}
+	m, err := model.New[float32](cfg, table, wb, gb, cpu.Backend{}, B, T, model.WithMemory(mem))
+	require.NoError(t, err)
+	return m
+}
+
 func initWeights(r config.Recipe, table []parallel.Param) [][]float32 {
 	w := make([][]float32, len(table))
 	for i := range table {
@@ -112,8 +135,7 @@ func tracksCPU(t *testing.T, recipe string, tol float64) {
 	for i := range w {
 		cw[i] = append([]float32(nil), w[i]...)
 	}
-	cm, err := model.New[float32](cfg, table, tensor.WeightViews(cw), grads, cpu.Backend{}, B, T)
-	require.NoError(t, err)
+	cm := cpuModel(t, cfg, table, cw, grads, B, T)
 	mv := make([][2][]float32, len(w))
 	for i := range mv {
 		mv[i] = [2][]float32{make([]float32, len(w[i])), make([]float32, len(w[i]))}
@@ -200,8 +222,7 @@ func TestGradientsMatchCPU(t *testing.T) {
 			for i := range grads {
 				grads[i] = make([]float32, len(w[i]))
 			}
-			cm, err := model.New[float32](r.Model, table, tensor.WeightViews(w), grads, cpu.Backend{}, B, T)
-			require.NoError(t, err)
+			cm := cpuModel(t, r.Model, table, w, grads, B, T)
 			gm, err := New(dev, r.Model, table, w, B, T, Options{Compute: cuda.F32, HeadChunk: 100})
 			require.NoError(t, err)
 			defer gm.Close()
@@ -329,8 +350,7 @@ func TestLogitsMatchCPU(t *testing.T) {
 	require.NoError(t, err)
 	B, T := 2, 64
 	w := initWeights(r, table)
-	cm, err := model.New[float32](r.Model, table, tensor.WeightViews(w), w, cpu.Backend{}, B, T)
-	require.NoError(t, err)
+	cm := cpuModel(t, r.Model, table, w, nil, B, T)
 	tokens, _ := opticks(t, B, T, 3)
 	cm.Forward(tokens, nil, tensor.Buffer{}, false)
 	gm, err := New(dev, r.Model, table, w, B, T, Options{Compute: cuda.F32})

@@ -8,7 +8,6 @@ import (
 	"github.com/shardline/shardline/internal/allocs"
 	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/parallel/comm"
-	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/tensor/cpu"
 )
 
@@ -122,7 +121,8 @@ func newRankStepper(t *testing.T, cfg config.Model, B, T, tp, tpRank int, opt ..
 		InitParamTP(w[i], &table[i], 0, tpRank, 1, cfg.InitStd, cfg.Layers)
 	}
 	be := cpu.Backend{}
-	m, err := New[float32](cfg, table, tensor.WeightViews(w), g, be, B, T, opt...)
+	mem, wb, gb := onMemory(w, g, false)
+	m, err := New[float32](cfg, table, wb, gb, be, B, T, append([]Option{WithMemory(mem)}, opt...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,6 @@ import (
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
-	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/tensor/cpu"
 )
 
@@ -50,11 +49,8 @@ func benchTrainStep(b *testing.B, bf16 bool, opt ...Option) {
 		w[i], g[i] = make([]float32, table[i].LocalNumel()), make([]float32, table[i].LocalNumel())
 		InitParam(w[i], &table[i], 0, 1, cfg.InitStd, cfg.Layers)
 	}
-	views := tensor.WeightViews(w)
-	if bf16 {
-		views = tensor.BF16Views[float32](w)
-	}
-	m, err := New[float32](cfg, table, views, g, cpu.Backend{}, B, T, opt...)
+	mem, wb, gb := onMemory(w, g, bf16)
+	m, err := New[float32](cfg, table, wb, gb, cpu.Backend{}, B, T, append([]Option{WithMemory(mem)}, opt...)...)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -52,6 +52,15 @@ func (m *Model[F]) view(b tensor.Buffer) []F {
 	return unsafe.Slice((*F)(unsafe.Pointer(unsafe.SliceData(s))), len(s))
 }
 
+// wv is a weight buffer (F or bf16) as the kernels read weights: its elements
+// in place (the empty Weights for the empty Buffer: a parameter not held now).
+func (m *Model[F]) wv(b tensor.Buffer) tensor.Weights[F] {
+	if b.DType() == tensor.BFloat16 && b.Storage() != nil {
+		return tensor.BF16Weights[F](m.host.BF16s(b))
+	}
+	return tensor.FloatWeights(m.view(b))
+}
+
 // f32 is an f32 buffer's elements in place, for the communicators (float32
 // only: the parallelisms that exchange activations need float32).
 func (m *Model[F]) f32(b tensor.Buffer) []float32 {

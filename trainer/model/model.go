@@ -9,14 +9,14 @@ import (
 	"github.com/shardline/shardline/tensor"
 )
 
-// layerParams are one dense layer's weight (tensor.Weights) or gradient ([]F)
-// views.
+// layerParams are one layer's weight or gradient buffers (the trainer's
+// views of its memory: weights in F or bf16, gradients in F).
 type layerParams[S any] struct {
 	attnNorm, wq, wk, wv, wo, mlpNorm, w1, w3, w2 S
 	moe                                           *moeParams[S] // MoE layers; w1, w3, w2 are then empty
 }
 
-// params are the views of every parameter, in the model's own terms.
+// params are the buffers of every parameter, in the model's own terms.
 type params[S any] struct {
 	embed, norm, output S // output aliases embed when embeddings are tied
 	layers              []layerParams[S]
@@ -40,14 +40,14 @@ type Model[F tensor.Float] struct {
 	Cfg  config.Model
 	B, T int
 	be   tensor.Kernels[F]
-	w    params[tensor.Weights[F]]
-	g    params[[]F]
+	w    params[tensor.Buffer]
+	g    params[tensor.Buffer]
 	a    acts[F]
 	cos  tensor.Buffer // RoPE tables (T, HD/2)
-	// wptr and gptr point at each parameter's weight and gradient view (table
+	// wptr and gptr point at each parameter's weight and gradient buffer (table
 	// order), so a runtime that gathers units into changing buffers can rebind them.
-	wptr      []*tensor.Weights[F]
-	gptr      []*[]F
+	wptr      []*tensor.Buffer
+	gptr      []*tensor.Buffer
 	embedIdx  int // table index of embed.weight
 	hooks     Hooks
 	recompute string // none or full
@@ -74,9 +74,9 @@ type Model[F tensor.Float] struct {
 		dres, dx, dq, dk, dv, datty, dff1, dff2, dsw, dlogits, dloss tensor.Buffer
 		// MoE backward (sized for the largest MoE layer)
 		moeDlogits, moeDprobs, moeDgates, moeDy, moeDx, moeDh, moeDg, moeDu, moeSh, moeSg, moeSu tensor.Buffer
-		moeEpA, moeEpB, moeEpC                                                                   tensor.Buffer // expert parallelism
-		moeRecv, moeYloc                                                                         tensor.Buffer // the exchange's arrival-order rows, every layer's
-		expertW                                                                                  [3][]tensor.Weights[F]
+		moeEpA, moeEpB, moeEpC                                                                   tensor.Buffer          // expert parallelism
+		moeRecv, moeYloc                                                                         tensor.Buffer          // the exchange's arrival-order rows, every layer's
+		expertW                                                                                  [3][]tensor.Weights[F] // the routed experts' views, as the grouped kernels take them
 		expertG                                                                                  [3][][]F
 	}
 }
@@ -124,14 +124,15 @@ func WithMemory(mem tensor.Memory) Option { return func(o *options) { o.mem = me
 // probabilities to remake, only each row's log-sum-exp.
 func WithRecompute(mode string) Option { return func(o *options) { o.recompute = mode } }
 
-// New binds a model to its parameter and gradient views: weights[i] and grads[i]
-// hold parameter table[i] whole (weights in F or in bf16 storage) (the trainer gathers sharded units before use).
+// New binds a model to its parameter and gradient buffers, of mem's
+// (WithMemory): weights[i] and grads[i] hold parameter table[i] whole (weights
+// in F or bf16, gradients in F; the trainer gathers sharded units before use).
 // The table must come from parallel.ParamTable with etp = 1 and tp = 1, or the
 // tensor-parallel degree under WithTensorParallel (then the views are this rank's
 // slices). The model runs
 // B sequences of T tokens; under context parallelism it holds T/cp tokens of
 // each (LocalTokens picks them) and Forward and Backward take those.
-func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights []tensor.Weights[F], grads [][]F, be tensor.Kernels[F], B, T int, opt ...Option) (*Model[F], error) {
+func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights, grads []tensor.Buffer, be tensor.Kernels[F], B, T int, opt ...Option) (*Model[F], error) {
 	if T > cfg.SeqLen {
 		return nil, fmt.Errorf("model: sequence of %d tokens is longer than model.seq_len (%d)", T, cfg.SeqLen)
 	}
@@ -187,10 +188,10 @@ func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights []ten
 	}
 	var err error
 	local := cfg.MoE.NumExperts / m.ep.Size
-	if m.wptr, err = bind(&m.w, cfg, table, weights, tensor.Weights[F].Len, local); err != nil {
+	if m.wptr, err = bind(&m.w, cfg, table, weights, tensor.Buffer.Len, local); err != nil {
 		return nil, err
 	}
-	if m.gptr, err = bind(&m.g, cfg, table, grads, func(g []F) int { return len(g) }, local); err != nil {
+	if m.gptr, err = bind(&m.g, cfg, table, grads, tensor.Buffer.Len, local); err != nil {
 		return nil, err
 	}
 	m.blocks = parallel.Blocks(cfg, table)
@@ -248,9 +249,9 @@ func (m *Model[F]) release(block int, backward bool) {
 	}
 }
 
-// Bind points parameter i (table order) at new weight and gradient views; a tied
-// output head follows the embedding.
-func (m *Model[F]) Bind(i int, w tensor.Weights[F], g []F) {
+// Bind points parameter i (table order) at new weight and gradient buffers (the
+// empty Buffer: not held now); a tied output head follows the embedding.
+func (m *Model[F]) Bind(i int, w, g tensor.Buffer) {
 	if m.wptr[i] == nil {
 		return // an expert of another expert-parallel rank
 	}
@@ -529,8 +530,8 @@ func (m *Model[F]) Forward(tokens, targets []int32, loss tensor.Buffer, accumula
 	}
 	last := len(m.blocks) - 1
 	m.acquire(last, false)
-	be.RMSNorm(m.view(a.lnf), m.view(a.rstdf), m.view(a.final), w.norm, m.rows(), C, eps)
-	be.Matmul(m.view(a.logits), tensor.FloatWeights(m.view(m.gather(a.lnf))), w.output, tensor.MatmulShape{BT: BT, C: C, OC: V}, false)
+	be.RMSNorm(m.view(a.lnf), m.view(a.rstdf), m.view(a.final), m.wv(w.norm), m.rows(), C, eps)
+	be.Matmul(m.view(a.logits), tensor.FloatWeights(m.view(m.gather(a.lnf))), m.wv(w.output), tensor.MatmulShape{BT: BT, C: C, OC: V}, false)
 	m.release(last, false)
 	if targets == nil {
 		return 0
@@ -646,11 +647,11 @@ func (m *Model[F]) layerForward(l int, x, next tensor.Buffer) {
 	lw := m.w.layers[l]
 	BT, C, NH, NKV, HD, FF, _ := m.dims()
 	eps := m.Cfg.NormEps
-	be.RMSNorm(v(a.ln1[l]), v(a.rstd1[l]), v(x), lw.attnNorm, m.rows(), C, eps)
+	be.RMSNorm(v(a.ln1[l]), v(a.rstd1[l]), v(x), m.wv(lw.attnNorm), m.rows(), C, eps)
 	ln1 := m.input(l, inLn1, a.ln1[l], true)
-	be.Matmul(v(a.q[l]), ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
-	be.Matmul(v(a.k[l]), ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
-	be.Matmul(v(a.v[l]), ln1, lw.wv, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
+	be.Matmul(v(a.q[l]), ln1, m.wv(lw.wq), tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
+	be.Matmul(v(a.k[l]), ln1, m.wv(lw.wk), tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
+	be.Matmul(v(a.v[l]), ln1, m.wv(lw.wv), tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
 	if m.cp != nil {
 		m.rope(a.q[l], NH, false)
 		m.rope(a.k[l], NKV, false)
@@ -665,15 +666,15 @@ func (m *Model[F]) layerForward(l int, x, next tensor.Buffer) {
 	}
 	m.mem.Copy(a.mid[l], x)
 	m.rowParallel(a.mid[l], m.input(l, inAtty, a.atty[l], true), lw.wo, NH*HD) // mid = x + attention
-	be.RMSNorm(v(a.ln2[l]), v(a.rstd2[l]), v(a.mid[l]), lw.mlpNorm, m.rows(), C, eps)
+	be.RMSNorm(v(a.ln2[l]), v(a.rstd2[l]), v(a.mid[l]), m.wv(lw.mlpNorm), m.rows(), C, eps)
 	m.mem.Copy(next, a.mid[l])
 	if lw.moe != nil {
 		m.moeForward(next, a.ln2[l], *lw.moe, a.moe[l]) // next = mid + MoE
 		return
 	}
 	ln2 := m.input(l, inLn2, a.ln2[l], true)
-	be.Matmul(v(a.gate[l]), ln2, lw.w1, tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
-	be.Matmul(v(a.up[l]), ln2, lw.w3, tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
+	be.Matmul(v(a.gate[l]), ln2, m.wv(lw.w1), tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
+	be.Matmul(v(a.up[l]), ln2, m.wv(lw.w3), tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
 	be.SwiGLU(v(a.sw[l]), v(a.gate[l]), v(a.up[l]), BT*FF)
 	m.rowParallel(next, m.input(l, inSw, a.sw[l], true), lw.w2, FF) // next = mid + MLP
 }
@@ -696,7 +697,7 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 	m.crossEntropyBackward(s.dlogits, s.dloss, a.probs, targets)
 	last := len(m.blocks) - 1
 	m.acquire(last, true)
-	be.MatmulBackward(v(m.inputGrad(s.dx)), g.output, v(s.dlogits), tensor.FloatWeights(v(m.gather(a.lnf))), w.output, tensor.MatmulShape{BT: BT, C: C, OC: V}, false)
+	be.MatmulBackward(v(m.inputGrad(s.dx)), v(g.output), v(s.dlogits), tensor.FloatWeights(v(m.gather(a.lnf))), m.wv(w.output), tensor.MatmulShape{BT: BT, C: C, OC: V}, false)
 	dres := s.dres // gradient of the residual stream entering the current point
 	m.mem.Zero(dres)
 	m.normBackward(dres, g.norm, m.scatterGrad(s.dx), a.final, w.norm, a.rstdf)
@@ -726,16 +727,16 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 			m.moeBackward(s.dx, dres, a.ln2[l], *lw.moe, *lg.moe, a.moe[l], scale*float64(BT*m.cpSize()))
 		} else {
 			// MLP: next = mid + w2·swiglu(w1·ln2, w3·ln2); dres flows to mid unchanged.
-			be.MatmulBackward(v(s.dsw), lg.w2, v(m.gatherGrad(dres)), m.input(l, inSw, a.sw[l], false), lw.w2, tensor.MatmulShape{BT: BT, C: FF, OC: C}, false)
+			be.MatmulBackward(v(s.dsw), v(lg.w2), v(m.gatherGrad(dres)), m.input(l, inSw, a.sw[l], false), m.wv(lw.w2), tensor.MatmulShape{BT: BT, C: FF, OC: C}, false)
 			be.SwiGLUBackward(v(s.dff1), v(s.dff2), v(s.dsw), v(a.gate[l]), v(a.up[l]), BT*FF, false)
 			ln2, dx := m.input(l, inLn2, a.ln2[l], false), v(m.inputGrad(s.dx))
-			be.MatmulBackward(dx, lg.w1, v(s.dff1), ln2, lw.w1, tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
-			be.MatmulBackward(dx, lg.w3, v(s.dff2), ln2, lw.w3, tensor.MatmulShape{BT: BT, C: C, OC: FF}, true)
+			be.MatmulBackward(dx, v(lg.w1), v(s.dff1), ln2, m.wv(lw.w1), tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
+			be.MatmulBackward(dx, v(lg.w3), v(s.dff2), ln2, m.wv(lw.w3), tensor.MatmulShape{BT: BT, C: C, OC: FF}, true)
 			m.scatterGrad(s.dx)
 		}
 		m.normBackward(dres, lg.mlpNorm, s.dx, a.mid[l], lw.mlpNorm, a.rstd2[l])
 		// Attention: mid = x + wo·attention(rope(wq·ln1), rope(wk·ln1), wv·ln1).
-		be.MatmulBackward(v(s.datty), lg.wo, v(m.gatherGrad(dres)), m.input(l, inAtty, a.atty[l], false), lw.wo, tensor.MatmulShape{BT: BT, C: NH * HD, OC: C}, false)
+		be.MatmulBackward(v(s.datty), v(lg.wo), v(m.gatherGrad(dres)), m.input(l, inAtty, a.atty[l], false), m.wv(lw.wo), tensor.MatmulShape{BT: BT, C: NH * HD, OC: C}, false)
 		m.mem.Zero(s.dq)
 		m.mem.Zero(s.dk)
 		m.mem.Zero(s.dv)
@@ -752,9 +753,9 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 			be.RopeBackward(v(s.dk), v(m.cos), v(m.sin), tensor.RopeShape{B: m.B, T: m.T, NH: NKV, HD: HD})
 		}
 		ln1, dx := m.input(l, inLn1, a.ln1[l], false), v(m.inputGrad(s.dx))
-		be.MatmulBackward(dx, lg.wq, v(s.dq), ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
-		be.MatmulBackward(dx, lg.wk, v(s.dk), ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
-		be.MatmulBackward(dx, lg.wv, v(s.dv), ln1, lw.wv, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
+		be.MatmulBackward(dx, v(lg.wq), v(s.dq), ln1, m.wv(lw.wq), tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
+		be.MatmulBackward(dx, v(lg.wk), v(s.dk), ln1, m.wv(lw.wk), tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
+		be.MatmulBackward(dx, v(lg.wv), v(s.dv), ln1, m.wv(lw.wv), tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
 		m.normBackward(dres, lg.attnNorm, m.scatterGrad(s.dx), a.resid[l], lw.attnNorm, a.rstd1[l])
 		m.release(1+l, true)
 	}

@@ -35,7 +35,8 @@ func build[F float32 | float64](t *testing.T, cfg config.Model, B, T int, opt ..
 		w[i], g[i] = make([]F, table[i].LocalNumel()), make([]F, table[i].LocalNumel())
 		InitParam(w[i], &table[i], 0, 42, 0.3, cfg.Layers) // large std: gradients well above rounding
 	}
-	m, err := New[F](cfg, table, tensor.WeightViews(w), g, cpu.Kernels[F]{}, B, T, opt...)
+	mem, wb, gb := onMemory(w, g, false)
+	m, err := New[F](cfg, table, wb, gb, cpu.Kernels[F]{}, B, T, append([]Option{WithMemory(mem)}, opt...)...)
 	require.NoError(t, err)
 	return m, w, g, table
 }
@@ -185,7 +186,7 @@ func TestBF16Weights(t *testing.T) {
 	for name, tc := range cases {
 		table, err := parallel.ParamTable(tc.cfg, 1, 1)
 		require.NoError(t, err)
-		w32, hv := make([][]float32, len(table)), make([]tensor.Weights[float32], len(table))
+		w32, hv := make([][]float32, len(table)), make([][]tensor.BF16, len(table))
 		g32, gh := make([][]float32, len(table)), make([][]float32, len(table))
 		for i := range table {
 			n := table[i].LocalNumel()
@@ -194,31 +195,36 @@ func TestBF16Weights(t *testing.T) {
 			h := make([]tensor.BF16, n)
 			tensor.CastToBF16(h, w)
 			tensor.CastToFloat32(w, h) // the fp32 model runs on the widened bf16 values
-			w32[i], hv[i] = w, tensor.BF16Weights[float32](h)
+			w32[i], hv[i] = w, h
 			g32[i], gh[i] = make([]float32, n), make([]float32, n)
 		}
 		B, T := 2, 5
 		tokens := []int32{1, 4, 2, 9, 0, 3, 3, 10, 5, 6}
 		targets := []int32{4, 2, 9, 0, 7, 3, 10, -1, 6, 1}
-		step := func(w []tensor.Weights[float32], g [][]float32, dot bool) float64 {
+		mem := cpu.NewMemory()
+		w32b, hvb := tensor.Upload(mem, tensor.Float32, w32), tensor.Upload(mem, tensor.BFloat16, hv)
+		step := func(w []tensor.Buffer, g [][]float32, dot bool) float64 {
 			defer cpu.SetBF16Dot(dot)()
-			for _, x := range g {
-				clear(x)
+			gb := tensor.Upload(mem, tensor.Float32, g)
+			for i := range g {
+				clear(g[i])
+				mem.Write(gb[i], g[i])
+				g[i] = mem.Float32s(gb[i])
 			}
-			m, err := New[float32](tc.cfg, table, w, g, cpu.Backend{}, B, T, tc.opts...)
+			m, err := New[float32](tc.cfg, table, w, gb, cpu.Backend{}, B, T, append([]Option{WithMemory(mem)}, tc.opts...)...)
 			require.NoError(t, err)
 			loss, n := lossOf(m, tokens, targets)
 			require.Equal(t, 9, n, name)
 			m.Backward(tokens, targets, 1/float64(n))
 			return loss
 		}
-		la := step(tensor.WeightViews(w32), g32, false)
-		lb := step(hv, gh, false)
+		la := step(w32b, g32, false)
+		lb := step(hvb, gh, false)
 		require.Equal(t, la, lb, "%s: loss", name)
 		for i := range table {
 			require.Equal(t, g32[i], gh[i], "%s: gradient of %s", name, table[i].Name)
 		}
-		ld := step(hv, gh, true)
+		ld := step(hvb, gh, true)
 		require.InEpsilon(t, la, ld, 1e-3, "%s: loss on the dot-product path", name)
 		for i := range table {
 			if r, ok := relL2(gh[i], g32[i]); ok {

@@ -157,11 +157,11 @@ func (m *Model[F]) segments(a *moeActs[F], s tensor.MoEShape) []int32 {
 // moeForward adds the MoE block's output for input x (BT,C) into out (BT,C), and
 // (unless it is a recompute) the layer's load-balancing loss and dropped copies
 // into the model's MoE sums.
-func (m *Model[F]) moeForward(out, x tensor.Buffer, p moeParams[tensor.Weights[F]], a *moeActs[F]) {
+func (m *Model[F]) moeForward(out, x tensor.Buffer, p moeParams[tensor.Buffer], a *moeActs[F]) {
 	be, c, v := m.be, m.Cfg, m.view
 	BT, C := m.rows(), c.Hidden
 	E := c.MoE.NumExperts
-	be.Matmul(v(a.logits), tensor.FloatWeights(v(x)), p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, false)
+	be.Matmul(v(a.logits), tensor.FloatWeights(v(x)), m.wv(p.router), tensor.MatmulShape{BT: BT, C: C, OC: E}, false)
 	s := moeShape(c, BT, m.ep.Size)
 	be.Router(v(a.probs), v(a.gates), v(a.logits), a.rt, s)
 	be.Dispatch(v(a.x), v(x), a.rt, s)
@@ -195,8 +195,8 @@ func (m *Model[F]) moeForward(out, x tensor.Buffer, p moeParams[tensor.Weights[F
 		// ffn columns, the outputs reduce-scattered into the rank's rows.
 		xs, rows, SF := tensor.FloatWeights(v(m.gather(x))), m.B*m.T, c.MoE.ExpertFFNHidden/m.tpSize()
 		for s, w := range p.shared {
-			be.Matmul(v(a.sgate[s]), xs, w[0], tensor.MatmulShape{BT: rows, C: C, OC: SF}, false)
-			be.Matmul(v(a.sup[s]), xs, w[1], tensor.MatmulShape{BT: rows, C: C, OC: SF}, false)
+			be.Matmul(v(a.sgate[s]), xs, m.wv(w[0]), tensor.MatmulShape{BT: rows, C: C, OC: SF}, false)
+			be.Matmul(v(a.sup[s]), xs, m.wv(w[1]), tensor.MatmulShape{BT: rows, C: C, OC: SF}, false)
 			be.SwiGLU(v(a.ssw[s]), v(a.sgate[s]), v(a.sup[s]), rows*SF)
 			m.rowParallel(out, tensor.FloatWeights(v(a.ssw[s])), w[2], SF)
 		}
@@ -225,7 +225,7 @@ func (m *Model[F]) routedTokens(a *moeActs[F]) int {
 
 // expertsForward runs the local experts' SwiGLU over their segments of xin (rows
 // offsets[e]..offsets[e+1], of the rows the buffers span) into yout.
-func (m *Model[F]) expertsForward(p moeParams[tensor.Weights[F]], a *moeActs[F], xin, yout tensor.Buffer, offsets []int32, rows int) {
+func (m *Model[F]) expertsForward(p moeParams[tensor.Buffer], a *moeActs[F], xin, yout tensor.Buffer, offsets []int32, rows int) {
 	be, C, EF, v := m.be, m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden, m.view
 	w := m.expertWeights(p)
 	xs := m.expertIn(a.xs, xin, 0, rows*C, false)
@@ -235,25 +235,27 @@ func (m *Model[F]) expertsForward(p moeParams[tensor.Weights[F]], a *moeActs[F],
 	be.ExpertsMatmul(v(yout), m.expertIn(a.sws, a.sw, 0, rows*EF, true), w[2], offsets, tensor.ExpertsShape{C: EF, OC: C}, false)
 }
 
-// expertWeights lists the routed experts' w1, w3 and w2 views as the grouped
-// kernels take them (into the model's scratch lists: the views change as the
-// FSDP runtime gathers units).
-func (m *Model[F]) expertWeights(p moeParams[tensor.Weights[F]]) *[3][]tensor.Weights[F] {
-	return byProjection(&m.scratch.expertW, p.experts)
-}
-
-// expertGrads is expertWeights for the gradient views.
-func (m *Model[F]) expertGrads(g moeParams[[]F]) *[3][][]F {
-	return byProjection(&m.scratch.expertG, g.experts)
-}
-
-// byProjection fills dst[i] with every expert's i-th view (w1, w3, w2), reusing
-// its lists' storage.
-func byProjection[S any](dst *[3][]S, experts [][3]S) *[3][]S {
+// expertWeights lists the routed experts' w1, w3 and w2 as the grouped kernels
+// take them (views, into the model's scratch lists, made afresh each pass: the
+// buffers change as the FSDP runtime gathers units).
+func (m *Model[F]) expertWeights(p moeParams[tensor.Buffer]) *[3][]tensor.Weights[F] {
+	dst := &m.scratch.expertW
 	for i := range dst {
 		dst[i] = dst[i][:0]
-		for _, e := range experts {
-			dst[i] = append(dst[i], e[i])
+		for _, e := range p.experts {
+			dst[i] = append(dst[i], m.wv(e[i]))
+		}
+	}
+	return dst
+}
+
+// expertGrads is expertWeights for the gradients.
+func (m *Model[F]) expertGrads(g moeParams[tensor.Buffer]) *[3][][]F {
+	dst := &m.scratch.expertG
+	for i := range dst {
+		dst[i] = dst[i][:0]
+		for _, e := range g.experts {
+			dst[i] = append(dst[i], m.view(e[i]))
 		}
 	}
 	return dst
@@ -379,7 +381,7 @@ func (m *Model[F]) epRegroup(a *moeActs[F], loc, recv tensor.Buffer, toLocal boo
 
 // moeBackward accumulates into dx (BT,C) and the parameter gradients g the
 // gradient of dout·out + auxScale·aux_loss_coeff·aux.
-func (m *Model[F]) moeBackward(dx, dout, x tensor.Buffer, p moeParams[tensor.Weights[F]], g moeParams[[]F], a *moeActs[F], auxScale float64) {
+func (m *Model[F]) moeBackward(dx, dout, x tensor.Buffer, p moeParams[tensor.Buffer], g moeParams[tensor.Buffer], a *moeActs[F], auxScale float64) {
 	be, c, v := m.be, m.Cfg, m.view
 	BT, C := m.rows(), c.Hidden
 	E, k := c.MoE.NumExperts, c.MoE.TopK
@@ -398,15 +400,15 @@ func (m *Model[F]) moeBackward(dx, dout, x tensor.Buffer, p moeParams[tensor.Wei
 	m.mem.Zero(dlogits)
 	be.RouterBackward(v(dlogits), v(dgates), dprobs, v(a.gates), v(a.probs), a.rt, sh)
 	if m.tp == nil {
-		be.MatmulBackward(v(dx), g.router, v(dlogits), tensor.FloatWeights(v(x)), p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, true)
+		be.MatmulBackward(v(dx), v(g.router), v(dlogits), tensor.FloatWeights(v(x)), m.wv(p.router), tensor.MatmulShape{BT: BT, C: C, OC: E}, true)
 	} else {
 		// The router is replicated over tp and saw this rank's rows only: its
 		// gradient is summed over the tp group.
 		gr := m.tp.grouter
 		m.mem.Zero(gr)
-		be.MatmulBackward(v(dx), v(gr), v(dlogits), tensor.FloatWeights(v(x)), p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, true)
+		be.MatmulBackward(v(dx), v(gr), v(dlogits), tensor.FloatWeights(v(x)), m.wv(p.router), tensor.MatmulShape{BT: BT, C: C, OC: E}, true)
 		m.tpErr("all-reduce", m.tp.Comm.AllReduce(m.f32(gr)))
-		be.AddInto(g.router, v(gr), E*C)
+		be.AddInto(v(g.router), v(gr), E*C)
 	}
 	if m.ep.Size > 1 {
 		// dy goes to the experts' owners, is regrouped like the forward's tokens, and
@@ -431,12 +433,12 @@ func (m *Model[F]) moeBackward(dx, dout, x tensor.Buffer, p moeParams[tensor.Wei
 	for sIdx, w := range p.shared {
 		gw := g.shared[sIdx]
 		h, hg, hu := v(s.moeSh.Slice(0, rows*SF)), v(s.moeSg.Slice(0, rows*SF)), v(s.moeSu.Slice(0, rows*SF))
-		be.MatmulBackward(h, gw[2], dfull, tensor.FloatWeights(v(a.ssw[sIdx])), w[2], tensor.MatmulShape{BT: rows, C: SF, OC: C}, false)
+		be.MatmulBackward(h, v(gw[2]), dfull, tensor.FloatWeights(v(a.ssw[sIdx])), m.wv(w[2]), tensor.MatmulShape{BT: rows, C: SF, OC: C}, false)
 		be.SwiGLUBackward(hg, hu, h, v(a.sgate[sIdx]), v(a.sup[sIdx]), rows*SF, false)
 		// Into dx itself without tensor parallelism; into the all-rows partial sum
 		// (started afresh by the first shared expert) with it.
-		be.MatmulBackward(dxf, gw[0], hg, xs, w[0], tensor.MatmulShape{BT: rows, C: C, OC: SF}, m.tp == nil || sIdx > 0)
-		be.MatmulBackward(dxf, gw[1], hu, xs, w[1], tensor.MatmulShape{BT: rows, C: C, OC: SF}, true)
+		be.MatmulBackward(dxf, v(gw[0]), hg, xs, m.wv(w[0]), tensor.MatmulShape{BT: rows, C: C, OC: SF}, m.tp == nil || sIdx > 0)
+		be.MatmulBackward(dxf, v(gw[1]), hu, xs, m.wv(w[1]), tensor.MatmulShape{BT: rows, C: C, OC: SF}, true)
 	}
 	if tp := m.tp; tp != nil {
 		m.tpErr("reduce-scatter", tp.Comm.ReduceScatter(m.f32(tp.red), m.f32(tp.px)))
@@ -448,7 +450,7 @@ func (m *Model[F]) moeBackward(dx, dout, x tensor.Buffer, p moeParams[tensor.Wei
 // xin are the output gradients and inputs (rows offsets[e]..offsets[e+1], of the
 // rows the buffers span); the input gradients go to dxin (overwritten in the
 // segments) and the weight gradients accumulate.
-func (m *Model[F]) expertsBackward(p moeParams[tensor.Weights[F]], g moeParams[[]F], a *moeActs[F], dy, xin, dxin tensor.Buffer, offsets []int32, rows int) {
+func (m *Model[F]) expertsBackward(p moeParams[tensor.Buffer], g moeParams[tensor.Buffer], a *moeActs[F], dy, xin, dxin tensor.Buffer, offsets []int32, rows int) {
 	be, C, EF, s, v := m.be, m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden, &m.scratch, m.view
 	dsw, dga, dup := v(s.moeDh.Slice(0, rows*EF)), v(s.moeDg.Slice(0, rows*EF)), v(s.moeDu.Slice(0, rows*EF))
 	w, gw := m.expertWeights(p), m.expertGrads(g)

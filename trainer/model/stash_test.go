@@ -6,7 +6,6 @@ import (
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
-	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/tensor/cpu"
 	"github.com/stretchr/testify/require"
 )
@@ -40,13 +39,10 @@ func TestBF16Activations(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			table, err := parallel.ParamTable(c.cfg, 1, 1)
 			require.NoError(t, err)
-			hv := make([]tensor.Weights[float32], len(table))
+			hv := make([][]float32, len(table))
 			for i := range table {
-				w := make([]float32, table[i].LocalNumel())
-				InitParam(w, &table[i], 0, 42, 0.3, c.cfg.Layers)
-				h := make([]tensor.BF16, len(w))
-				tensor.CastToBF16(h, w)
-				hv[i] = tensor.BF16Weights[float32](h)
+				hv[i] = make([]float32, table[i].LocalNumel())
+				InitParam(hv[i], &table[i], 0, 42, 0.3, c.cfg.Layers)
 			}
 			B := 2
 			tokens, targets := make([]int32, B*c.T), make([]int32, B*c.T)
@@ -59,8 +55,9 @@ func TestBF16Activations(t *testing.T) {
 				for i := range g {
 					g[i] = make([]float32, table[i].LocalNumel())
 				}
-				opts = append(opts, WithRecompute(c.mode))
-				m, err := New[float32](c.cfg, table, hv, g, cpu.Backend{}, B, c.T, opts...)
+				mem, wb, gb := onMemory(hv, g, true) // the weights in bf16
+				opts = append(opts, WithRecompute(c.mode), WithMemory(mem))
+				m, err := New[float32](c.cfg, table, wb, gb, cpu.Backend{}, B, c.T, opts...)
 				require.NoError(t, err)
 				var loss float64
 				for range 2 { // a second pass starts from whatever the first left in the work set
@@ -105,6 +102,7 @@ func TestBF16ActivationsNeedFloat32(t *testing.T) {
 	for i := range table {
 		w[i], g[i] = make([]float64, table[i].LocalNumel()), make([]float64, table[i].LocalNumel())
 	}
-	_, err = New[float64](cfg, table, tensor.WeightViews(w), g, cpu.Kernels[float64]{}, 1, 4, WithBF16Activations())
+	mem, wb, gb := onMemory(w, g, false)
+	_, err = New[float64](cfg, table, wb, gb, cpu.Kernels[float64]{}, 1, 4, WithBF16Activations(), WithMemory(mem))
 	require.ErrorContains(t, err, "bf16 activations need float32")
 }

@@ -78,7 +78,8 @@ func BenchmarkStepBreakdown(b *testing.B) {
 		InitParam(w[i], &table[i], 0, 1, cfg.InitStd, cfg.Layers)
 	}
 	k := timed{cpu.Backend{}, map[string]time.Duration{}}
-	m, err := New[float32](cfg, table, tensor.WeightViews(w), g, k, B, T)
+	mem, wb, gb := onMemory(w, g, false)
+	m, err := New[float32](cfg, table, wb, gb, k, B, T, WithMemory(mem))
 	if err != nil {
 		b.Fatal(err)
 	}

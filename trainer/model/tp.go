@@ -122,7 +122,8 @@ func (m *Model[F]) gatherGrad(src tensor.Buffer) tensor.Buffer {
 // row-parallel weight) into out, this rank's rows of the residual stream: without
 // tensor parallelism one accumulating matmul; with it, the matmul's partial sums
 // over all rows are reduce-scattered and the rank's rows added.
-func (m *Model[F]) rowParallel(out tensor.Buffer, inp, w tensor.Weights[F], K int) {
+func (m *Model[F]) rowParallel(out tensor.Buffer, inp tensor.Weights[F], wb tensor.Buffer, K int) {
+	w := m.wv(wb)
 	BT, C := m.B*m.T, m.Cfg.Hidden
 	if m.tp == nil {
 		m.be.Matmul(m.view(out), inp, w, tensor.MatmulShape{BT: BT, C: K, OC: C}, true)
@@ -156,8 +157,9 @@ func (m *Model[F]) scatterGrad(dx tensor.Buffer) tensor.Buffer {
 // normBackward is RMSNormBackward over this rank's rows; under tensor parallelism
 // the gain's gradient (from these rows only) is summed over the tp group before it
 // is added.
-func (m *Model[F]) normBackward(dinp tensor.Buffer, dw []F, dout, inp tensor.Buffer, w tensor.Weights[F], rstd tensor.Buffer) {
+func (m *Model[F]) normBackward(dinp, dwb, dout, inp, wb, rstd tensor.Buffer) {
 	R, C, v := m.rows(), m.Cfg.Hidden, m.view
+	dw, w := v(dwb), m.wv(wb)
 	if m.tp == nil {
 		m.be.RMSNormBackward(v(dinp), dw, v(dout), v(inp), w, v(rstd), R, C)
 		return
@@ -184,16 +186,16 @@ func (m *Model[F]) vocabRange() (lo, n int) {
 func (m *Model[F]) embed(x tensor.Buffer, tokens []int32) {
 	BT, C := m.B*m.T, m.Cfg.Hidden
 	if m.tp == nil {
-		m.be.Embedding(m.view(x), tokens, m.w.embed, BT, C)
+		m.be.Embedding(m.view(x), tokens, m.wv(m.w.embed), BT, C)
 		return
 	}
 	lo, n := m.vocabRange()
 	p := m.tp
-	px := m.view(p.px)
+	px, wte := m.view(p.px), m.wv(m.w.embed)
 	for i, tok := range tokens[:BT] {
 		row := px[i*C : (i+1)*C]
 		if t := int(tok) - lo; t >= 0 && t < n {
-			m.w.embed.Widen(row, t*C)
+			wte.Widen(row, t*C)
 		} else {
 			clear(row)
 		}
@@ -206,14 +208,14 @@ func (m *Model[F]) embed(x tensor.Buffer, tokens []int32) {
 func (m *Model[F]) embedBackward(dres tensor.Buffer, tokens []int32) {
 	BT, C := m.B*m.T, m.Cfg.Hidden
 	if m.tp == nil {
-		m.be.EmbeddingBackward(m.g.embed, m.view(dres), tokens, BT, C)
+		m.be.EmbeddingBackward(m.view(m.g.embed), m.view(dres), tokens, BT, C)
 		return
 	}
-	d := m.view(m.gatherGrad(dres))
+	d, dwte := m.view(m.gatherGrad(dres)), m.view(m.g.embed)
 	lo, n := m.vocabRange()
 	for i, tok := range tokens[:BT] {
 		if t := int(tok) - lo; t >= 0 && t < n {
-			m.be.AddInto(m.g.embed[t*C:(t+1)*C], d[i*C:(i+1)*C], C)
+			m.be.AddInto(dwte[t*C:(t+1)*C], d[i*C:(i+1)*C], C)
 		}
 	}
 }

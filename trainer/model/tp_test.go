@@ -10,7 +10,6 @@ import (
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/parallel/comm"
-	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/tensor/cpu"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -70,7 +69,8 @@ func meshPass(t *testing.T, cfg config.Model, B, T, tp, cp int, recompute string
 				}
 				opts = append(opts, WithContextParallel(ContextParallel{Comm: c, Rank: cr, Size: cp}))
 			}
-			m, err := New[float32](cfg, table, tensor.WeightViews(w), g, cpu.Kernels[float32]{}, B, T, opts...)
+			mem, wb, gb := onMemory(w, g, false)
+			m, err := New[float32](cfg, table, wb, gb, cpu.Kernels[float32]{}, B, T, append(opts, WithMemory(mem))...)
 			if err != nil {
 				errs[r] = err
 				return
