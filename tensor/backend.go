@@ -7,12 +7,17 @@ type Float interface{ ~float32 | ~float64 }
 // Backend is the kernel set training runs: float32.
 type Backend = Kernels[float32]
 
-// Kernels is the kernel set of a Llama-style decoder over element type F. Argument
-// order: outputs, saved statistics, inputs, weights, sizes (or a shape struct).
-// Weights a kernel reads, and the matmuls' inputs, are Weights views: F values
-// or bf16 storage widened as read; every kernel computes and accumulates in F.
-// Shapes: BT tokens, C channels, OC output channels, V vocabulary, NH/NKV
-// query/key-value heads, HD head size.
+// Kernels is the kernel set of a Llama-style decoder over element type F. Every
+// operand is a Buffer of the backend's memory, so that the same model drives
+// host and device memory. Argument order: outputs, saved statistics, inputs,
+// weights, sizes (or a shape struct). Activations and gradients are F buffers;
+// weights, and the matmuls' inputs, are F or bf16 buffers (a bf16 run's
+// compute weights and saved activations), widened as read; every kernel
+// computes and accumulates in F. Shapes: BT tokens, C channels, OC output
+// channels, V vocabulary, NH/NKV query/key-value heads, HD head size. Token
+// ids, targets and an MoE layer's routing (Routing) are still host int32
+// slices. A kernel handed a buffer that is not its backend's, or not of the
+// dtype it reads, keeps the failure in that buffer's memory and does nothing.
 //
 // The overwrite/accumulate rule, stated here once: forward kernels overwrite
 // their outputs, except Matmul and ExpertsMatmul with accumulate set and
@@ -32,68 +37,68 @@ type Kernels[F Float] interface {
 	NewMemory() Memory
 
 	// Matmul is out (BT,OC) = inp (BT,C) · weight (OC,C)ᵀ (+= with accumulate).
-	// inp is a view too: a bf16 run's saved activation is read from its bf16
-	// store.
-	Matmul(out []F, inp, weight Weights[F], s MatmulShape, accumulate bool)
+	Matmul(out, inp, weight Buffer, s MatmulShape, accumulate bool)
 	// MatmulBackward accumulates into dweight always, into dinp when accumulate
 	// is set (it overwrites dinp otherwise).
-	MatmulBackward(dinp, dweight, dout []F, inp, weight Weights[F], s MatmulShape, accumulate bool)
+	MatmulBackward(dinp, dweight, dout, inp, weight Buffer, s MatmulShape, accumulate bool)
 
-	Embedding(out []F, tokens []int32, wte Weights[F], BT, C int)
-	EmbeddingBackward(dwte, dout []F, tokens []int32, BT, C int)
+	Embedding(out Buffer, tokens []int32, wte Buffer, BT, C int)
+	EmbeddingBackward(dwte, dout Buffer, tokens []int32, BT, C int)
 
-	RMSNorm(out, rstd, inp []F, weight Weights[F], BT, C int, eps float64)
-	RMSNormBackward(dinp, dweight, dout, inp []F, weight Weights[F], rstd []F, BT, C int)
+	RMSNorm(out, rstd, inp, weight Buffer, BT, C int, eps float64)
+	RMSNormBackward(dinp, dweight, dout, inp, weight, rstd Buffer, BT, C int)
 
 	// RopeTables fills cos and sin (T, len(inv)) for positions 0..T−1 at the
 	// inverse frequencies inv (RopeInvFreq).
-	RopeTables(cos, sin []F, T int, inv []float64)
-	Rope(x, cos, sin []F, s RopeShape)
-	RopeBackward(dx, cos, sin []F, s RopeShape)
+	RopeTables(cos, sin Buffer, T int, inv []float64)
+	Rope(x, cos, sin Buffer, s RopeShape)
+	RopeBackward(dx, cos, sin Buffer, s RopeShape)
 
 	// FlashAttention keeps only out and each row's log-sum-exp lse (B,NH,Tq), no
 	// (T,T) probabilities; FlashAttentionBackward remakes them block by block.
 	// It is the only attention the kernel set has: no (T,T) buffer exists at any
 	// sequence length.
-	FlashAttention(out, lse, q, k, v []F, s AttentionShape)
-	FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v []F, s AttentionShape)
+	FlashAttention(out, lse, q, k, v Buffer, s AttentionShape)
+	FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v Buffer, s AttentionShape)
 
-	SwiGLU(out, gate, up []F, n int)
-	SwiGLUBackward(dgate, dup, dout, gate, up []F, n int, accumulate bool) // overwrites dgate, dup unless accumulate
+	SwiGLU(out, gate, up Buffer, n int)
+	SwiGLUBackward(dgate, dup, dout, gate, up Buffer, n int, accumulate bool) // overwrites dgate, dup unless accumulate
 
-	CrossEntropy(losses, probs, logits []F, targets []int32, BT, V int)
-	CrossEntropyBackward(dlogits, dloss, probs []F, targets []int32, BT, V int)
+	CrossEntropy(losses, probs, logits Buffer, targets []int32, BT, V int)
+	CrossEntropyBackward(dlogits, dloss, probs Buffer, targets []int32, BT, V int)
 
-	Add(out, a, b []F, n int)
-	AddInto(dst, src []F, n int)
+	Add(out, a, b Buffer, n int)
+	AddInto(dst, src Buffer, n int)
 
 	// Mixture of experts: routing, expert-major permutation of token copies, and the
 	// gated combination. gates are (BT,K); the index arrays are r's (Routing).
-	Router(probs, gates, logits []F, r Routing, s MoEShape)
-	RouterBackward(dlogits, dgates, dprobs, gates, probs []F, r Routing, s MoEShape)
+	Router(probs, gates, logits Buffer, r Routing, s MoEShape)
+	// RouterBackward takes dprobs empty (the zero Buffer) when no aux loss
+	// reaches the probabilities.
+	RouterBackward(dlogits, dgates, dprobs, gates, probs Buffer, r Routing, s MoEShape)
 	// Dispatch writes r.Offsets, which the kernels that follow read: the count of
 	// kept copies and the experts' segments never go back to the caller.
-	Dispatch(xperm, x []F, r Routing, s MoEShape)
-	DispatchBackward(dx, dxperm []F, r Routing, s MoEShape)
-	Combine(out, y, gates []F, r Routing, s MoEShape)
-	CombineBackward(dy, dgates, dout, y, gates []F, r Routing, s MoEShape)
+	Dispatch(xperm, x Buffer, r Routing, s MoEShape)
+	DispatchBackward(dx, dxperm Buffer, r Routing, s MoEShape)
+	Combine(out, y, gates Buffer, r Routing, s MoEShape)
+	CombineBackward(dy, dgates, dout, y, gates Buffer, r Routing, s MoEShape)
 	// The routed experts, each over its segment of the permuted rows (expert e
 	// of w: rows offsets[e]..offsets[e+1], read by the kernel): products (dinp
 	// overwritten unless accumulate, dw accumulated) and SwiGLU over the rows
 	// of all segments.
-	ExpertsMatmul(out []F, inp Weights[F], w []Weights[F], offsets []int32, s ExpertsShape, accumulate bool)
-	ExpertsMatmulBackward(dinp []F, dw [][]F, dout []F, inp Weights[F], w []Weights[F], offsets []int32, s ExpertsShape, accumulate bool)
-	ExpertsSwiGLU(out, gate, up []F, offsets []int32, width int)
-	ExpertsSwiGLUBackward(dgate, dup, dout, gate, up []F, offsets []int32, width int, accumulate bool)
+	ExpertsMatmul(out, inp Buffer, w []Buffer, offsets []int32, s ExpertsShape, accumulate bool)
+	ExpertsMatmulBackward(dinp Buffer, dw []Buffer, dout, inp Buffer, w []Buffer, offsets []int32, s ExpertsShape, accumulate bool)
+	ExpertsSwiGLU(out, gate, up Buffer, offsets []int32, width int)
+	ExpertsSwiGLUBackward(dgate, dup, dout, gate, up Buffer, offsets []int32, width int, accumulate bool)
 	// RouterStats sets stats (2E) to each expert's kept copies, then its router
 	// probabilities summed over the tokens. AuxLoss sets dst[0] (f64) to the
 	// load-balancing loss E·Σ_e f_e·P_e those stats give over tokens tokens and
 	// dst[1] to the copies dropped past capacity (adds with accumulate);
 	// AuxLossBackward sets dprobs (BT,E) to coeff times its gradient through the
 	// probabilities.
-	RouterStats(stats, probs []F, r Routing, s MoEShape)
-	AuxLoss(dst Buffer, stats []F, r Routing, s MoEShape, tokens int, accumulate bool)
-	AuxLossBackward(dprobs, stats []F, s MoEShape, tokens int, coeff float64)
+	RouterStats(stats, probs Buffer, r Routing, s MoEShape)
+	AuxLoss(dst, stats Buffer, r Routing, s MoEShape, tokens int, accumulate bool)
+	AuxLossBackward(dprobs, stats Buffer, s MoEShape, tokens int, coeff float64)
 
 	// A step's statistics live in an f64 buffer of the backend's (NumStats
 	// elements, laid out by the Stat constants): the kernels below write and read
@@ -102,10 +107,10 @@ type Kernels[F Float] interface {
 	//
 	// LossSum sets dst[0] to Σ losses[i] over the tokens whose target is ≥ 0, in
 	// float64 and token order (adds it with accumulate).
-	LossSum(dst Buffer, losses []F, targets []int32, accumulate bool)
+	LossSum(dst, losses Buffer, targets []int32, accumulate bool)
 	// SumSquares sets dst[0] to Σ x² in float64 (adds it with accumulate),
 	// the same on any number of cores (gradient norms).
-	SumSquares(dst Buffer, x []F, accumulate bool)
+	SumSquares(dst, x Buffer, accumulate bool)
 	// CloseStep finishes a step's statistics once its gradients are reduced and
 	// their squares summed: the norm √(stats[StatSumSq] + stats[StatExpertSumSq]),
 	// the factor that clips it to maxNorm (0: off), whether the step is applied
@@ -115,19 +120,13 @@ type Kernels[F Float] interface {
 	Axpy(dst, src Buffer, a float64)
 	// Scale multiplies x by stats[StatClip] in place when the step is applied
 	// (gradient clipping).
-	Scale(x []F, stats Buffer)
+	Scale(x, stats Buffer)
 	// Optimizers on buffers of F (one rank's shard of the main weights, its
 	// gradients and the moments, or a whole model's). They update only when
 	// stats[StatApplied] is set, at optimizer step stats[StatOptSteps] (AdamW's
 	// bias correction).
 	AdamW(params, grads, m, v Buffer, lr, beta1, beta2, eps, wd float64, stats Buffer)
 	SGD(params, grads, buf Buffer, lr, momentum, wd float64, stats Buffer)
-	// ToBF16 rounds src to bf16 into dst (same length): the compute weights of a
-	// bf16 run, and the activations its layers keep for backward, stored in bf16.
-	ToBF16(dst []BF16, src []F)
-	// FromBF16 widens src into dst (same length), exactly: a bf16 run's saved
-	// activations, brought back for a layer's backward.
-	FromBF16(dst []F, src []BF16)
 }
 
 // The layout of a step's statistics buffer (f64): what CloseStep reads and

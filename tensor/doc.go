@@ -7,12 +7,12 @@
 // counting read-backs, with errors kept until checked once a step. A step's
 // statistics (loss sums, gradient norm, clip factor, whether the update
 // applies) live in such a buffer, so a step needs no value on the host. The
-// kernels still take activations and gradients as slices of the kernels'
-// element type, and compute weights as Weights views, which carry their dtype
-// (F, or bf16 storage the kernels read as bf16 or widen to F, as the backend
-// decides); moving those onto buffers is the device-ready engine's next step
-// (docs/engine.md). The GPU backend (package cuda, build tag cuda) shares
-// DType and the shape structs.
+// kernels take every operand as a Buffer: activations and gradients in the
+// kernels' element type F, compute weights and the matmuls' inputs in F or
+// bf16 (read as bf16 or widened to F, as the backend decides). Weights is the
+// host view a CPU kernel reads a weight through. Token ids, targets and MoE
+// routing indices are still host slices (docs/engine.md). The GPU backend
+// (package cuda, build tag cuda) shares DType and the shape structs.
 //
 // It imports nothing from shardline. tensor/cpu is the reference implementation.
 package tensor

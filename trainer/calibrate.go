@@ -86,20 +86,24 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 	for _, m := range grid.GEMMRows {
 		for _, k := range grid.GEMMDims {
 			for _, n := range grid.GEMMDims {
-				inp, w, out := filled(m*k), filled(n*k), make([]float32, m*n)
-				dinp, dw := make([]float32, m*k), make([]float32, n*k)
-				wh, ih := make([]tensor.BF16, n*k), make([]tensor.BF16, m*k)
-				tensor.CastToBF16(wh, w)
-				tensor.CastToBF16(ih, inp)
+				mem := be.NewMemory() // the shape's operands; dropped with it
+				inp, w, out := upload(mem, filled(m*k)), upload(mem, filled(n*k)), mem.Alloc(tensor.Float32, m*n)
+				dinp, dw := mem.Alloc(tensor.Float32, m*k), mem.Alloc(tensor.Float32, n*k)
+				wh, ih := mem.Alloc(tensor.BFloat16, n*k), mem.Alloc(tensor.BFloat16, m*k)
+				mem.Copy(wh, w)
+				mem.Copy(ih, inp)
 				s := tensor.MatmulShape{BT: m, C: k, OC: n}
 				// bf16: the weights and the input (a bf16 run's saved activation) in bf16.
 				for _, v := range []struct {
-					inp, w tensor.Weights[float32]
+					inp, w tensor.Buffer
 					out    *[]parallel.GEMMPoint
-				}{{tensor.FloatWeights(inp), tensor.FloatWeights(w), &c.GEMM}, {tensor.BF16Weights[float32](ih), tensor.BF16Weights[float32](wh), &c.GEMMBF16}} {
+				}{{inp, w, &c.GEMM}, {ih, wh, &c.GEMMBF16}} {
 					fwd := timeIt(func() { be.Matmul(out, v.inp, v.w, s, false) })
 					bwd := timeIt(func() { be.MatmulBackward(dinp, dw, out, v.inp, v.w, s, false) })
 					*v.out = append(*v.out, parallel.GEMMPoint{M: m, K: k, N: n, Fwd: fwd, Bwd: bwd})
+				}
+				if err := mem.Err(); err != nil {
+					return nil, err
 				}
 			}
 		}
@@ -111,13 +115,18 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 		for _, t := range grid.AttnT {
 			for _, hd := range grid.AttnHD {
 				bh := max(1, min(64, (1<<22)/(t*t*hd/16+1)))
-				q, k, v := filled(bh*t*hd), filled(bh*t*hd), filled(bh*t*hd)
-				out, dout := make([]float32, bh*t*hd), filled(bh*t*hd)
-				dq, dk, dv := make([]float32, bh*t*hd), make([]float32, bh*t*hd), make([]float32, bh*t*hd)
-				lse := make([]float32, bh*t)
+				mem := be.NewMemory()
+				n := bh * t * hd
+				q, k, v := upload(mem, filled(n)), upload(mem, filled(n)), upload(mem, filled(n))
+				out, dout := mem.Alloc(tensor.Float32, n), upload(mem, filled(n))
+				dq, dk, dv := mem.Alloc(tensor.Float32, n), mem.Alloc(tensor.Float32, n), mem.Alloc(tensor.Float32, n)
+				lse := mem.Alloc(tensor.Float32, bh*t)
 				s := tensor.AttentionShape{B: bh, Tq: t, Tk: t, NH: 1, NKV: 1, HD: hd, Causal: !full}
 				fwd := timeIt(func() { be.FlashAttention(out, lse, q, k, v, s) })
 				bwd := timeIt(func() { be.FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, s) })
+				if err := mem.Err(); err != nil {
+					return nil, err
+				}
 				c.Attention = append(c.Attention, parallel.AttentionPoint{Flash: true, Full: full, T: t, HD: hd, Fwd: fwd / float64(bh), Bwd: bwd / float64(bh)})
 			}
 		}
@@ -435,25 +444,25 @@ type kernelTimed struct {
 	gemm, attn time.Duration
 }
 
-func (b *kernelTimed) Matmul(out []float32, inp, weight tensor.Weights[float32], s tensor.MatmulShape, acc bool) {
+func (b *kernelTimed) Matmul(out, inp, weight tensor.Buffer, s tensor.MatmulShape, acc bool) {
 	t0 := time.Now()
 	b.Backend.Matmul(out, inp, weight, s, acc)
 	b.gemm += time.Since(t0)
 }
 
-func (b *kernelTimed) MatmulBackward(dinp, dweight, dout []float32, inp, weight tensor.Weights[float32], s tensor.MatmulShape, acc bool) {
+func (b *kernelTimed) MatmulBackward(dinp, dweight, dout, inp, weight tensor.Buffer, s tensor.MatmulShape, acc bool) {
 	t0 := time.Now()
 	b.Backend.MatmulBackward(dinp, dweight, dout, inp, weight, s, acc)
 	b.gemm += time.Since(t0)
 }
 
-func (b *kernelTimed) FlashAttention(out, lse, q, k, v []float32, s tensor.AttentionShape) {
+func (b *kernelTimed) FlashAttention(out, lse, q, k, v tensor.Buffer, s tensor.AttentionShape) {
 	t0 := time.Now()
 	b.Backend.FlashAttention(out, lse, q, k, v, s)
 	b.attn += time.Since(t0)
 }
 
-func (b *kernelTimed) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v []float32, s tensor.AttentionShape) {
+func (b *kernelTimed) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v tensor.Buffer, s tensor.AttentionShape) {
 	t0 := time.Now()
 	b.Backend.FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, s)
 	b.attn += time.Since(t0)
@@ -486,10 +495,9 @@ func filled(n int) []float32 {
 	return x
 }
 
-// appliedStats is a statistics buffer of be's whose step applies, at optimizer
+// appliedStats is a statistics buffer of mem's whose step applies, at optimizer
 // step 1: what an optimizer kernel timed alone reads.
-func appliedStats(be tensor.Backend) tensor.Buffer {
-	mem := be.NewMemory()
+func appliedStats(mem tensor.Memory) tensor.Buffer {
 	st := mem.Alloc(tensor.Float64, tensor.NumStats)
 	mem.Write(st.Slice(tensor.StatApplied, tensor.NumStats), []float64{1, 1})
 	return st
@@ -497,44 +505,47 @@ func appliedStats(be tensor.Backend) tensor.Buffer {
 
 // streamKernel is the memory-bound kernel of kind over n elements, ready to time;
 // a kind it has no kernel for is an error (parallel.StreamKinds and this switch
-// are kept together).
+// are kept together). Its operands are buffers of a memory of be's.
 func streamKernel(be tensor.Backend, kind string, n int) (func(), error) {
 	const C = 256
 	rows := max(n/C, 1)
-	a, b, o := filled(n), filled(n), make([]float32, n)
+	mem := be.NewMemory()
+	up := func(x []float32) tensor.Buffer { return upload(mem, x) }
+	zeros := func(n int) tensor.Buffer { return mem.Alloc(tensor.Float32, n) }
+	a, b, o := up(filled(n)), up(filled(n)), zeros(n)
 	switch kind {
 	case parallel.StreamRMSNorm:
-		rstd, w := make([]float32, rows), tensor.FloatWeights(filled(C))
-		return func() { be.RMSNorm(o, rstd, a, w, rows, C, 1e-5) }, nil
+		rstd, w := zeros(rows), up(filled(C))
+		return func() { be.RMSNorm(o, rstd, a, w, rows, C, 1e-5) }, mem.Err()
 	case parallel.StreamRMSNormBwd:
-		rstd, w, dw := filled(rows), tensor.FloatWeights(filled(C)), make([]float32, C)
-		return func() { be.RMSNormBackward(o, dw, b, a, w, rstd, rows, C) }, nil
+		rstd, w, dw := up(filled(rows)), up(filled(C)), zeros(C)
+		return func() { be.RMSNormBackward(o, dw, b, a, w, rstd, rows, C) }, mem.Err()
 	case parallel.StreamRope, parallel.StreamRopeBwd:
 		const HD = 64
 		T := max(n/HD, 1) // one sequence of n elements, one head
-		cos, sin := make([]float32, T*HD/2), make([]float32, T*HD/2)
+		cos, sin := zeros(T*HD/2), zeros(T*HD/2)
 		be.RopeTables(cos, sin, T, tensor.RopeInvFreq(HD, 10000, "none", 1))
-		x := filled(T * HD)
+		x := up(filled(T * HD))
 		if kind == parallel.StreamRope {
-			return func() { be.Rope(x, cos, sin, tensor.RopeShape{B: 1, T: T, NH: 1, HD: HD}) }, nil
+			return func() { be.Rope(x, cos, sin, tensor.RopeShape{B: 1, T: T, NH: 1, HD: HD}) }, mem.Err()
 		}
-		return func() { be.RopeBackward(x, cos, sin, tensor.RopeShape{B: 1, T: T, NH: 1, HD: HD}) }, nil
+		return func() { be.RopeBackward(x, cos, sin, tensor.RopeShape{B: 1, T: T, NH: 1, HD: HD}) }, mem.Err()
 	case parallel.StreamSwiGLU:
-		return func() { be.SwiGLU(o, a, b, n) }, nil
+		return func() { be.SwiGLU(o, a, b, n) }, mem.Err()
 	case parallel.StreamSwiGLUBwd:
-		d1, d2 := make([]float32, n), make([]float32, n)
-		return func() { be.SwiGLUBackward(d1, d2, o, a, b, n, false) }, nil
+		d1, d2 := zeros(n), zeros(n)
+		return func() { be.SwiGLUBackward(d1, d2, o, a, b, n, false) }, mem.Err()
 	case parallel.StreamEmbedding, parallel.StreamEmbeddingBwd:
 		const V = 1024
 		tok := make([]int32, rows)
 		for i := range tok {
 			tok[i] = int32(i % V)
 		}
-		wte := filled(V * C)
+		wte := up(filled(V * C))
 		if kind == parallel.StreamEmbedding {
-			return func() { be.Embedding(o, tok, tensor.FloatWeights(wte), rows, C) }, nil
+			return func() { be.Embedding(o.Slice(0, rows*C), tok, wte, rows, C) }, mem.Err()
 		}
-		return func() { be.EmbeddingBackward(wte, b, tok, rows, C) }, nil
+		return func() { be.EmbeddingBackward(wte, b.Slice(0, rows*C), tok, rows, C) }, mem.Err()
 	case parallel.StreamCrossEntropy, parallel.StreamCrossEntropyBw:
 		const V = 256
 		bt := max(n/V, 1)
@@ -542,32 +553,29 @@ func streamKernel(be tensor.Backend, kind string, n int) (func(), error) {
 		for i := range tgt {
 			tgt[i] = int32(i % V)
 		}
-		losses, dloss := make([]float32, bt), filled(bt)
+		losses, dloss := zeros(bt), up(filled(bt))
 		if kind == parallel.StreamCrossEntropy {
-			return func() { be.CrossEntropy(losses, o, a, tgt, bt, V) }, nil
+			return func() { be.CrossEntropy(losses, o, a, tgt, bt, V) }, mem.Err()
 		}
-		return func() { be.CrossEntropyBackward(b, dloss, o, tgt, bt, V) }, nil
+		return func() { be.CrossEntropyBackward(b, dloss, o, tgt, bt, V) }, mem.Err()
 	case parallel.StreamAdamW:
-		mem := be.NewMemory()
-		pb, gb, mb, vb := mem.Alloc(tensor.Float32, n), mem.Alloc(tensor.Float32, n), mem.Alloc(tensor.Float32, n), mem.Alloc(tensor.Float32, n)
-		mem.Write(pb, a)
-		mem.Write(gb, b)
-		st := appliedStats(be)
-		return func() { be.AdamW(pb, gb, mb, vb, 1e-3, 0.9, 0.95, 1e-8, 0.1, st) }, mem.Err()
+		mb, vb := zeros(n), zeros(n)
+		st := appliedStats(mem)
+		return func() { be.AdamW(a, b, mb, vb, 1e-3, 0.9, 0.95, 1e-8, 0.1, st) }, mem.Err()
 	case parallel.StreamSumSquares:
-		st := be.NewMemory().Alloc(tensor.Float64, 1)
-		return func() { be.SumSquares(st, a, false) }, nil
+		st := mem.Alloc(tensor.Float64, 1)
+		return func() { be.SumSquares(st, a, false) }, mem.Err()
 	case parallel.StreamAdd:
-		return func() { be.AddInto(o, a, n) }, nil
+		return func() { be.AddInto(o, a, n) }, mem.Err()
 	case parallel.StreamCopy:
-		return func() { copy(o, a) }, nil
+		return func() { mem.Copy(o, a) }, mem.Err()
 	case parallel.StreamToBF16:
-		h := make([]tensor.BF16, n)
-		return func() { be.ToBF16(h, a) }, nil
+		h := mem.Alloc(tensor.BFloat16, n)
+		return func() { mem.Copy(h, a) }, mem.Err()
 	case parallel.StreamFromBF16:
-		h := make([]tensor.BF16, n)
-		be.ToBF16(h, a)
-		return func() { be.FromBF16(o, h) }, nil
+		h := mem.Alloc(tensor.BFloat16, n)
+		mem.Copy(h, a)
+		return func() { mem.Copy(o, h) }, mem.Err()
 	case parallel.StreamDispatch, parallel.StreamDispatchBwd, parallel.StreamCombine, parallel.StreamCombineBwd:
 		// n elements of routed copies: 8 experts, top 2, rows of C; every expert
 		// keeps every copy (no capacity limit).
@@ -579,20 +587,21 @@ func streamKernel(be tensor.Backend, kind string, n int) (func(), error) {
 		for t := 0; t < bt; t++ {
 			rt.Idx[t*K], rt.Idx[t*K+1] = int32(t%E), int32((t+3)%E)
 		}
-		x, xperm, gates := filled(bt*C), make([]float32, bt*K*C), filled(bt*K)
+		x, xperm, gates := up(filled(bt*C)), zeros(bt*K*C), up(filled(bt*K))
 		be.Dispatch(xperm, x, rt, s)
 		switch kind {
 		case parallel.StreamDispatch:
-			return func() { be.Dispatch(xperm, x, rt, s) }, nil
+			return func() { be.Dispatch(xperm, x, rt, s) }, mem.Err()
 		case parallel.StreamDispatchBwd:
-			return func() { be.DispatchBackward(x, xperm, rt, s) }, nil
+			return func() { be.DispatchBackward(x, xperm, rt, s) }, mem.Err()
 		case parallel.StreamCombine:
-			return func() { be.Combine(x, xperm, gates, rt, s) }, nil
+			return func() { be.Combine(x, xperm, gates, rt, s) }, mem.Err()
 		}
-		dy, dgates := make([]float32, bt*K*C), make([]float32, bt*K)
-		return func() { be.CombineBackward(dy, dgates, x, xperm, gates, rt, s) }, nil
+		dy, dgates := zeros(bt*K*C), zeros(bt*K)
+		return func() { be.CombineBackward(dy, dgates, x, xperm, gates, rt, s) }, mem.Err()
 	case parallel.StreamAttnMerge:
-		// n elements of one head's rows of 64 values, with finite log-sum-exps.
+		// n elements of one head's rows of 64 values, with finite log-sum-exps
+		// (the merge is still a host loop of the model's).
 		const HD = 64
 		T := max(n/HD, 1)
 		out, outB, lse, lseB := filled(T*HD), filled(T*HD), filled(T), filled(T)
@@ -601,16 +610,23 @@ func streamKernel(be tensor.Backend, kind string, n int) (func(), error) {
 		const E, K = 8, 2
 		bt := max(n/E, 1)
 		s := tensor.MoEShape{BT: bt, E: E, K: K, C: 1, Capacity: bt * K}
-		probs, logits, gates := make([]float32, bt*E), filled(bt*E), make([]float32, bt*K)
+		probs, logits, gates := zeros(bt*E), up(filled(bt*E)), zeros(bt*K)
 		rt := tensor.Routing{Idx: make([]int32, bt*K)}
 		be.Router(probs, gates, logits, rt, s)
 		if kind == parallel.StreamRouter {
-			return func() { be.Router(probs, gates, logits, rt, s) }, nil
+			return func() { be.Router(probs, gates, logits, rt, s) }, mem.Err()
 		}
-		dlogits, dgates, dprobs := make([]float32, bt*E), filled(bt*K), filled(bt*E)
-		return func() { be.RouterBackward(dlogits, dgates, dprobs, gates, probs, rt, s) }, nil
+		dlogits, dgates, dprobs := zeros(bt*E), up(filled(bt*K)), up(filled(bt*E))
+		return func() { be.RouterBackward(dlogits, dgates, dprobs, gates, probs, rt, s) }, mem.Err()
 	}
 	return nil, fmt.Errorf("calibrate: no kernel times the stream kind %q; a shardline bug", kind)
+}
+
+// upload is host values x in a new f32 buffer of mem's.
+func upload(mem tensor.Memory, x []float32) tensor.Buffer {
+	b := mem.Alloc(tensor.Float32, len(x))
+	mem.Write(b, x)
+	return b
 }
 
 // collectiveTime is the median seconds of one in-process collective over a full

@@ -30,7 +30,7 @@
 // reduced in bf16 (accumulated in fp32) with grad_reduce_in_bf16. With
 // precision.bf16 the compute weights are stored in bf16 (2 bytes a value), each
 // rank rounding its shard of the fp32 main weights after every step; they are
-// gathered in bf16 and the kernels read them as such (tensor.Weights): the
+// gathered in bf16 and the kernels read them as such (bf16 buffers): the
 // matmuls multiply bf16 pairs where the CPU has AVX-512 BF16, else widen them;
 // the model keeps its saved activations in bf16 (model.WithBF16Activations).
 //

@@ -490,7 +490,7 @@ func (s *state) gatherExperts() error {
 func (s *state) gather() error {
 	if s.bf16 {
 		for gi := range s.plan.Groups {
-			s.be.ToBF16(s.wshard[gi], s.main[gi])
+			s.mem.Copy(s.wshardB[gi], s.mainB[gi]) // rounded to nearest, ties to even
 		}
 	}
 	if s.perUnit {
@@ -700,7 +700,7 @@ func (s *state) sumSquares() error {
 	if oneSum {
 		expert = sum
 	}
-	for gi, g := range s.gshard {
+	for gi, g := range s.gshardB {
 		if s.plan.Groups[gi].Expert {
 			s.be.SumSquares(expert, g, true)
 		} else {
@@ -724,7 +724,7 @@ func (s *state) sumSquares() error {
 // sumSquaresOnce adds Σ g² over dense group gi's gradient shard g into dst,
 // counting a parameter that every tensor-parallel rank holds whole (a norm gain)
 // on tp rank 0 only, so that sums over ranks count each gradient element once.
-func (s *state) sumSquaresOnce(dst tensor.Buffer, gi int, g []float32) {
+func (s *state) sumSquaresOnce(dst tensor.Buffer, gi int, g tensor.Buffer) {
 	if s.tpComm == nil {
 		s.be.SumSquares(dst, g, true)
 		return
@@ -733,14 +733,14 @@ func (s *state) sumSquaresOnce(dst tensor.Buffer, gi int, g []float32) {
 		if p := &s.plan.Params[sg.param]; p.TPSplit < 0 && s.tpRank > 0 {
 			continue
 		}
-		s.be.SumSquares(dst, g[sg.lo:sg.hi], true)
+		s.be.SumSquares(dst, g.Slice(int(sg.lo), int(sg.hi)), true)
 	}
 }
 
 // scaleGrads clips the gradients by the factor CloseStep left in the
 // statistics (when the step applies).
 func (s *state) scaleGrads() {
-	for _, g := range s.gshard {
+	for _, g := range s.gshardB {
 		s.be.Scale(g, s.stats)
 	}
 }

@@ -29,106 +29,293 @@ func (Kernels[F]) BF16Matmul() string {
 	return "widened"
 }
 
-func (Kernels[F]) Matmul(out []F, inp, weight tensor.Weights[F], s tensor.MatmulShape, accumulate bool) {
-	Matmul(out, inp, weight, s, accumulate)
+// views reaches the elements of a kernel's buffers in place (floats, or for a
+// weight an F or bf16 buffer as tensor.Weights); bad is set when one of them
+// is not a live CPU buffer of the kernel's element type (the failure is kept
+// in its memory), and the kernel then does nothing: work after a failure is
+// skipped, as a GPU stream skips it.
+type views[F Float] struct{ bad bool }
+
+func (v *views[F]) f(op string, b tensor.Buffer) []F {
+	x := floats[F](op, b)
+	if x == nil && b.Len() > 0 {
+		v.bad = true
+	}
+	return x
 }
-func (Kernels[F]) MatmulBackward(dinp, dweight, dout []F, inp, weight tensor.Weights[F], s tensor.MatmulShape, accumulate bool) {
-	MatmulBackward(dinp, dweight, dout, inp, weight, s, accumulate)
+
+func (v *views[F]) w(op string, b tensor.Buffer) tensor.Weights[F] {
+	if b.DType() == tensor.BFloat16 && b.Storage() != nil {
+		h := bf16s(op, b)
+		if h == nil && b.Len() > 0 {
+			v.bad = true
+		}
+		return tensor.BF16Weights[F](h)
+	}
+	return tensor.FloatWeights(v.f(op, b))
 }
-func (Kernels[F]) Embedding(out []F, tokens []int32, wte tensor.Weights[F], BT, C int) {
-	Embedding(out, tokens, wte, BT, C)
+
+func (Kernels[F]) Matmul(out, inp, weight tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
+	var v views[F]
+	o, x, w := v.f("Matmul", out), v.w("Matmul", inp), v.w("Matmul", weight)
+	if !v.bad {
+		Matmul(o, x, w, s, accumulate)
+	}
 }
-func (Kernels[F]) EmbeddingBackward(dwte, dout []F, tokens []int32, BT, C int) {
-	EmbeddingBackward(dwte, dout, tokens, BT, C)
+func (Kernels[F]) MatmulBackward(dinp, dweight, dout, inp, weight tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
+	var v views[F]
+	dx, dw, dy, x, w := v.f("MatmulBackward", dinp), v.f("MatmulBackward", dweight), v.f("MatmulBackward", dout), v.w("MatmulBackward", inp), v.w("MatmulBackward", weight)
+	if !v.bad {
+		MatmulBackward(dx, dw, dy, x, w, s, accumulate)
+	}
 }
-func (Kernels[F]) RMSNorm(out, rstd, inp []F, weight tensor.Weights[F], BT, C int, eps float64) {
-	RMSNorm(out, rstd, inp, weight, BT, C, eps)
+func (Kernels[F]) Embedding(out tensor.Buffer, tokens []int32, wte tensor.Buffer, BT, C int) {
+	var v views[F]
+	o, w := v.f("Embedding", out), v.w("Embedding", wte)
+	if !v.bad {
+		Embedding(o, tokens, w, BT, C)
+	}
 }
-func (Kernels[F]) RMSNormBackward(dinp, dweight, dout, inp []F, weight tensor.Weights[F], rstd []F, BT, C int) {
-	RMSNormBackward(dinp, dweight, dout, inp, weight, rstd, BT, C)
+func (Kernels[F]) EmbeddingBackward(dwte, dout tensor.Buffer, tokens []int32, BT, C int) {
+	var v views[F]
+	dw, dy := v.f("EmbeddingBackward", dwte), v.f("EmbeddingBackward", dout)
+	if !v.bad {
+		EmbeddingBackward(dw, dy, tokens, BT, C)
+	}
 }
-func (Kernels[F]) RopeTables(cos, sin []F, T int, inv []float64) {
-	RopeTables(cos, sin, T, inv)
+func (Kernels[F]) RMSNorm(out, rstd, inp, weight tensor.Buffer, BT, C int, eps float64) {
+	var v views[F]
+	o, r, x, w := v.f("RMSNorm", out), v.f("RMSNorm", rstd), v.f("RMSNorm", inp), v.w("RMSNorm", weight)
+	if !v.bad {
+		RMSNorm(o, r, x, w, BT, C, eps)
+	}
 }
-func (Kernels[F]) Rope(x, cos, sin []F, s tensor.RopeShape)          { Rope(x, cos, sin, s) }
-func (Kernels[F]) RopeBackward(dx, cos, sin []F, s tensor.RopeShape) { RopeBackward(dx, cos, sin, s) }
-func (Kernels[F]) FlashAttention(out, lse, q, k, v []F, s tensor.AttentionShape) {
-	FlashAttention(out, lse, q, k, v, s)
+func (Kernels[F]) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd tensor.Buffer, BT, C int) {
+	var v views[F]
+	dx, dw, dy, x, w, r := v.f("RMSNormBackward", dinp), v.f("RMSNormBackward", dweight), v.f("RMSNormBackward", dout),
+		v.f("RMSNormBackward", inp), v.w("RMSNormBackward", weight), v.f("RMSNormBackward", rstd)
+	if !v.bad {
+		RMSNormBackward(dx, dw, dy, x, w, r, BT, C)
+	}
 }
-func (Kernels[F]) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v []F, s tensor.AttentionShape) {
-	FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, s)
+func (Kernels[F]) RopeTables(cos, sin tensor.Buffer, T int, inv []float64) {
+	var v views[F]
+	c, s := v.f("RopeTables", cos), v.f("RopeTables", sin)
+	if !v.bad {
+		RopeTables(c, s, T, inv)
+	}
 }
-func (Kernels[F]) SwiGLU(out, gate, up []F, n int) { SwiGLU(out, gate, up, n) }
-func (Kernels[F]) SwiGLUBackward(dgate, dup, dout, gate, up []F, n int, accumulate bool) {
-	SwiGLUBackward(dgate, dup, dout, gate, up, n, accumulate)
+func (Kernels[F]) Rope(x, cos, sin tensor.Buffer, s tensor.RopeShape) {
+	var v views[F]
+	xs, c, sn := v.f("Rope", x), v.f("Rope", cos), v.f("Rope", sin)
+	if !v.bad {
+		Rope(xs, c, sn, s)
+	}
 }
-func (Kernels[F]) CrossEntropy(losses, probs, logits []F, targets []int32, BT, V int) {
-	CrossEntropy(losses, probs, logits, targets, BT, V)
+func (Kernels[F]) RopeBackward(dx, cos, sin tensor.Buffer, s tensor.RopeShape) {
+	var v views[F]
+	d, c, sn := v.f("RopeBackward", dx), v.f("RopeBackward", cos), v.f("RopeBackward", sin)
+	if !v.bad {
+		RopeBackward(d, c, sn, s)
+	}
 }
-func (Kernels[F]) CrossEntropyBackward(dlogits, dloss, probs []F, targets []int32, BT, V int) {
-	CrossEntropyBackward(dlogits, dloss, probs, targets, BT, V)
+func (Kernels[F]) FlashAttention(out, lse, q, k, v tensor.Buffer, s tensor.AttentionShape) {
+	var a views[F]
+	o, l, qs, ks, vs := a.f("FlashAttention", out), a.f("FlashAttention", lse), a.f("FlashAttention", q), a.f("FlashAttention", k), a.f("FlashAttention", v)
+	if !a.bad {
+		FlashAttention(o, l, qs, ks, vs, s)
+	}
 }
-func (Kernels[F]) Add(out, a, b []F, n int)    { Add(out, a, b, n) }
-func (Kernels[F]) AddInto(dst, src []F, n int) { AddInto(dst, src, n) }
-func (Kernels[F]) Router(probs, gates, logits []F, r tensor.Routing, s tensor.MoEShape) {
-	Router(probs, gates, logits, r, s)
+func (Kernels[F]) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v tensor.Buffer, s tensor.AttentionShape) {
+	var a views[F]
+	const op = "FlashAttentionBackward"
+	dqs, dks, dvs, dos := a.f(op, dq), a.f(op, dk), a.f(op, dv), a.f(op, dout)
+	o, l, qs, ks, vs := a.f(op, out), a.f(op, lse), a.f(op, q), a.f(op, k), a.f(op, v)
+	if !a.bad {
+		FlashAttentionBackward(dqs, dks, dvs, dos, o, l, qs, ks, vs, s)
+	}
 }
-func (Kernels[F]) RouterBackward(dlogits, dgates, dprobs, gates, probs []F, r tensor.Routing, s tensor.MoEShape) {
-	RouterBackward(dlogits, dgates, dprobs, gates, probs, r, s)
+func (Kernels[F]) SwiGLU(out, gate, up tensor.Buffer, n int) {
+	var v views[F]
+	o, g, u := v.f("SwiGLU", out), v.f("SwiGLU", gate), v.f("SwiGLU", up)
+	if !v.bad {
+		SwiGLU(o, g, u, n)
+	}
 }
-func (Kernels[F]) Dispatch(xperm, x []F, r tensor.Routing, s tensor.MoEShape) {
-	Dispatch(xperm, x, r, s)
+func (Kernels[F]) SwiGLUBackward(dgate, dup, dout, gate, up tensor.Buffer, n int, accumulate bool) {
+	var v views[F]
+	const op = "SwiGLUBackward"
+	dg, du, dy, g, u := v.f(op, dgate), v.f(op, dup), v.f(op, dout), v.f(op, gate), v.f(op, up)
+	if !v.bad {
+		SwiGLUBackward(dg, du, dy, g, u, n, accumulate)
+	}
 }
-func (Kernels[F]) DispatchBackward(dx, dxperm []F, r tensor.Routing, s tensor.MoEShape) {
-	DispatchBackward(dx, dxperm, r, s)
+func (Kernels[F]) CrossEntropy(losses, probs, logits tensor.Buffer, targets []int32, BT, V int) {
+	var v views[F]
+	l, p, z := v.f("CrossEntropy", losses), v.f("CrossEntropy", probs), v.f("CrossEntropy", logits)
+	if !v.bad {
+		CrossEntropy(l, p, z, targets, BT, V)
+	}
 }
-func (Kernels[F]) ExpertsMatmul(out []F, inp tensor.Weights[F], w []tensor.Weights[F], offsets []int32, s tensor.ExpertsShape, accumulate bool) {
-	ExpertsMatmul(out, inp, w, offsets, s, accumulate)
+func (Kernels[F]) CrossEntropyBackward(dlogits, dloss, probs tensor.Buffer, targets []int32, BT, V int) {
+	var v views[F]
+	dz, dl, p := v.f("CrossEntropyBackward", dlogits), v.f("CrossEntropyBackward", dloss), v.f("CrossEntropyBackward", probs)
+	if !v.bad {
+		CrossEntropyBackward(dz, dl, p, targets, BT, V)
+	}
 }
-func (Kernels[F]) ExpertsMatmulBackward(dinp []F, dw [][]F, dout []F, inp tensor.Weights[F], w []tensor.Weights[F], offsets []int32, s tensor.ExpertsShape, accumulate bool) {
-	ExpertsMatmulBackward(dinp, dw, dout, inp, w, offsets, s, accumulate)
+func (Kernels[F]) Add(out, a, b tensor.Buffer, n int) {
+	var v views[F]
+	o, x, y := v.f("Add", out), v.f("Add", a), v.f("Add", b)
+	if !v.bad {
+		Add(o, x, y, n)
+	}
 }
-func (Kernels[F]) ExpertsSwiGLU(out, gate, up []F, offsets []int32, width int) {
-	ExpertsSwiGLU(out, gate, up, offsets, width)
+func (Kernels[F]) AddInto(dst, src tensor.Buffer, n int) {
+	var v views[F]
+	d, x := v.f("AddInto", dst), v.f("AddInto", src)
+	if !v.bad {
+		AddInto(d, x, n)
+	}
 }
-func (Kernels[F]) ExpertsSwiGLUBackward(dgate, dup, dout, gate, up []F, offsets []int32, width int, accumulate bool) {
-	ExpertsSwiGLUBackward(dgate, dup, dout, gate, up, offsets, width, accumulate)
+func (Kernels[F]) Router(probs, gates, logits tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
+	var v views[F]
+	p, g, z := v.f("Router", probs), v.f("Router", gates), v.f("Router", logits)
+	if !v.bad {
+		Router(p, g, z, r, s)
+	}
 }
-func (Kernels[F]) RouterStats(stats, probs []F, r tensor.Routing, s tensor.MoEShape) {
-	RouterStats(stats, probs, r, s)
+func (Kernels[F]) RouterBackward(dlogits, dgates, dprobs, gates, probs tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
+	var v views[F]
+	const op = "RouterBackward"
+	dz, dg, dp, g, p := v.f(op, dlogits), v.f(op, dgates), v.f(op, dprobs), v.f(op, gates), v.f(op, probs)
+	if !v.bad {
+		RouterBackward(dz, dg, dp, g, p, r, s)
+	}
 }
-func (Kernels[F]) AuxLoss(dst tensor.Buffer, stats []F, r tensor.Routing, s tensor.MoEShape, tokens int, accumulate bool) {
-	AuxLoss(dst, stats, r, s, tokens, accumulate)
+func (Kernels[F]) Dispatch(xperm, x tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
+	var v views[F]
+	xp, xs := v.f("Dispatch", xperm), v.f("Dispatch", x)
+	if !v.bad {
+		Dispatch(xp, xs, r, s)
+	}
 }
-func (Kernels[F]) AuxLossBackward(dprobs, stats []F, s tensor.MoEShape, tokens int, coeff float64) {
-	AuxLossBackward(dprobs, stats, s, tokens, coeff)
+func (Kernels[F]) DispatchBackward(dx, dxperm tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
+	var v views[F]
+	d, dp := v.f("DispatchBackward", dx), v.f("DispatchBackward", dxperm)
+	if !v.bad {
+		DispatchBackward(d, dp, r, s)
+	}
+}
+
+// ExpertsMatmul runs Matmul over each expert's segment (the per-expert loop of
+// the package's ExpertsMatmul, over buffers).
+func (Kernels[F]) ExpertsMatmul(out, inp tensor.Buffer, w []tensor.Buffer, offsets []int32, s tensor.ExpertsShape, accumulate bool) {
+	var v views[F]
+	o, x := v.f("ExpertsMatmul", out), v.w("ExpertsMatmul", inp)
+	C, OC := s.C, s.OC
+	for e := range w {
+		lo, hi := int(offsets[e]), int(offsets[e+1])
+		if we := v.w("ExpertsMatmul", w[e]); hi > lo && !v.bad {
+			Matmul(o[lo*OC:hi*OC], x.Slice(lo*C, hi*C), we, tensor.MatmulShape{BT: hi - lo, C: C, OC: OC}, accumulate)
+		}
+	}
+}
+
+// ExpertsMatmulBackward runs MatmulBackward over each expert's segment.
+func (Kernels[F]) ExpertsMatmulBackward(dinp tensor.Buffer, dw []tensor.Buffer, dout, inp tensor.Buffer, w []tensor.Buffer, offsets []int32, s tensor.ExpertsShape, accumulate bool) {
+	var v views[F]
+	const op = "ExpertsMatmulBackward"
+	dx, dy, x := v.f(op, dinp), v.f(op, dout), v.w(op, inp)
+	C, OC := s.C, s.OC
+	for e := range w {
+		lo, hi := int(offsets[e]), int(offsets[e+1])
+		if we, dwe := v.w(op, w[e]), v.f(op, dw[e]); hi > lo && !v.bad {
+			MatmulBackward(dx[lo*C:hi*C], dwe, dy[lo*OC:hi*OC], x.Slice(lo*C, hi*C), we, tensor.MatmulShape{BT: hi - lo, C: C, OC: OC}, accumulate)
+		}
+	}
+}
+func (Kernels[F]) ExpertsSwiGLU(out, gate, up tensor.Buffer, offsets []int32, width int) {
+	var v views[F]
+	o, g, u := v.f("ExpertsSwiGLU", out), v.f("ExpertsSwiGLU", gate), v.f("ExpertsSwiGLU", up)
+	if !v.bad {
+		ExpertsSwiGLU(o, g, u, offsets, width)
+	}
+}
+func (Kernels[F]) ExpertsSwiGLUBackward(dgate, dup, dout, gate, up tensor.Buffer, offsets []int32, width int, accumulate bool) {
+	var v views[F]
+	const op = "ExpertsSwiGLUBackward"
+	dg, du, dy, g, u := v.f(op, dgate), v.f(op, dup), v.f(op, dout), v.f(op, gate), v.f(op, up)
+	if !v.bad {
+		ExpertsSwiGLUBackward(dg, du, dy, g, u, offsets, width, accumulate)
+	}
+}
+func (Kernels[F]) RouterStats(stats, probs tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
+	var v views[F]
+	st, p := v.f("RouterStats", stats), v.f("RouterStats", probs)
+	if !v.bad {
+		RouterStats(st, p, r, s)
+	}
+}
+func (Kernels[F]) AuxLoss(dst, stats tensor.Buffer, r tensor.Routing, s tensor.MoEShape, tokens int, accumulate bool) {
+	var v views[F]
+	if st := v.f("AuxLoss", stats); !v.bad {
+		AuxLoss(dst, st, r, s, tokens, accumulate)
+	}
+}
+func (Kernels[F]) AuxLossBackward(dprobs, stats tensor.Buffer, s tensor.MoEShape, tokens int, coeff float64) {
+	var v views[F]
+	dp, st := v.f("AuxLossBackward", dprobs), v.f("AuxLossBackward", stats)
+	if !v.bad {
+		AuxLossBackward(dp, st, s, tokens, coeff)
+	}
 }
 func (Kernels[F]) Axpy(dst, src tensor.Buffer, a float64) { Axpy(dst, src, a) }
-func (Kernels[F]) Combine(out, y, gates []F, r tensor.Routing, s tensor.MoEShape) {
-	Combine(out, y, gates, r, s)
+func (Kernels[F]) Combine(out, y, gates tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
+	var v views[F]
+	o, ys, g := v.f("Combine", out), v.f("Combine", y), v.f("Combine", gates)
+	if !v.bad {
+		Combine(o, ys, g, r, s)
+	}
 }
-func (Kernels[F]) CombineBackward(dy, dgates, dout, y, gates []F, r tensor.Routing, s tensor.MoEShape) {
-	CombineBackward(dy, dgates, dout, y, gates, r, s)
+func (Kernels[F]) CombineBackward(dy, dgates, dout, y, gates tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
+	var v views[F]
+	const op = "CombineBackward"
+	d, dg, do, ys, g := v.f(op, dy), v.f(op, dgates), v.f(op, dout), v.f(op, y), v.f(op, gates)
+	if !v.bad {
+		CombineBackward(d, dg, do, ys, g, r, s)
+	}
 }
 func (Kernels[F]) AdamW(params, grads, m, v tensor.Buffer, lr, beta1, beta2, eps, wd float64, st tensor.Buffer) {
-	p, g, mm, vv := floats[F]("AdamW", params), floats[F]("AdamW", grads), floats[F]("AdamW", m), floats[F]("AdamW", v)
-	if p != nil && g != nil && mm != nil && vv != nil {
+	var a views[F]
+	p, g, mm, vv := a.f("AdamW", params), a.f("AdamW", grads), a.f("AdamW", m), a.f("AdamW", v)
+	if !a.bad {
 		AdamWStep(p, g, mm, vv, lr, beta1, beta2, eps, wd, st)
 	}
 }
 func (Kernels[F]) SGD(params, grads, buf tensor.Buffer, lr, momentum, wd float64, st tensor.Buffer) {
-	p, g, b := floats[F]("SGD", params), floats[F]("SGD", grads), floats[F]("SGD", buf)
-	if p != nil && g != nil && b != nil {
+	var a views[F]
+	p, g, b := a.f("SGD", params), a.f("SGD", grads), a.f("SGD", buf)
+	if !a.bad {
 		SGDStep(p, g, b, lr, momentum, wd, st)
 	}
 }
-func (Kernels[F]) LossSum(dst tensor.Buffer, losses []F, targets []int32, accumulate bool) {
-	LossSum(dst, losses, targets, accumulate)
+func (Kernels[F]) LossSum(dst, losses tensor.Buffer, targets []int32, accumulate bool) {
+	var v views[F]
+	if l := v.f("LossSum", losses); !v.bad {
+		LossSum(dst, l, targets, accumulate)
+	}
 }
-func (Kernels[F]) SumSquares(dst tensor.Buffer, x []F, accumulate bool) {
-	SumSquaresInto(dst, x, accumulate)
+func (Kernels[F]) SumSquares(dst, x tensor.Buffer, accumulate bool) {
+	var v views[F]
+	if xs := v.f("SumSquares", x); !v.bad {
+		SumSquaresInto(dst, xs, accumulate)
+	}
 }
 func (Kernels[F]) CloseStep(st tensor.Buffer, maxNorm float64) { CloseStep(st, maxNorm) }
-func (Kernels[F]) Scale(x []F, st tensor.Buffer)               { ScaleBy(x, st) }
-func (Kernels[F]) ToBF16(dst []tensor.BF16, src []F)           { ToBF16(dst, src) }
-func (Kernels[F]) FromBF16(dst []F, src []tensor.BF16)         { FromBF16(dst, src) }
+func (Kernels[F]) Scale(x, st tensor.Buffer) {
+	var v views[F]
+	if xs := v.f("Scale", x); !v.bad {
+		ScaleBy(xs, st)
+	}
+}

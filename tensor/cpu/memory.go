@@ -404,3 +404,18 @@ func floats[F Float](op string, b tensor.Buffer) []F {
 	s.mem.fail(fmt.Errorf("cpu: %s: a %v buffer where the kernels run in %T", op, s.dt, z))
 	return nil
 }
+
+// bf16s is a CPU bf16 buffer's elements in place (as floats; nil, with the
+// failure kept, for any other buffer).
+func bf16s(op string, b tensor.Buffer) []tensor.BF16 {
+	s, ok := b.Storage().(*store)
+	if !ok || s.freed {
+		return nil
+	}
+	if s.dt != tensor.BFloat16 {
+		s.mem.fail(fmt.Errorf("cpu: %s: a %v buffer where bf16 values are read", op, s.dt))
+		return nil
+	}
+	lo, n := b.Offset(), b.Len()
+	return s.bf16[lo : lo+n : lo+n]
+}

@@ -9,12 +9,14 @@ import (
 // The model's memory. Every buffer the model holds (its activations, its
 // backward's work buffers, the RoPE tables, tensor and context parallelism's
 // gathers and ring, expert parallelism's exchange) is a tensor.Buffer of the
-// memory of its stream (m.mem), allocated when the model is built: the model
-// makes, copies, clears and fills none of them itself, it asks the memory.
-// What still reaches their elements on the host is the kernels' arguments, which
-// are host slices until the kernel set takes buffers: view is that one place,
-// and the collectives' arguments (f32), which take host memory in place as NCCL
-// takes device pointers.
+// memory of its stream (m.mem), allocated when the model is built, and so are
+// the weights and gradients it is bound to: the model makes, copies, clears
+// and fills none of them itself, it asks the memory, and the kernels take the
+// buffers. What still reaches elements on the host: the collectives'
+// arguments (f32), which take host memory in place as NCCL takes device
+// pointers, and three host loops that are not kernels yet (view, wv): tensor
+// parallelism's vocabulary-parallel embedding and cross-entropy (tp.go) and
+// context parallelism's MergeAttention (cp.go).
 
 // dtypeOf is the buffer dtype of F.
 func dtypeOf[F tensor.Float]() tensor.DType {
@@ -36,8 +38,8 @@ func (m *Model[F]) allocN(n, size int) []tensor.Buffer {
 	return out
 }
 
-// view is b's elements as F values in place, for the kernels that still take
-// host slices (nil for the empty Buffer). The view is made with unsafe.Slice of
+// view is b's elements as F values in place, for the host loops (nil for the
+// empty Buffer). The view is made with unsafe.Slice of
 // the host memory's own f32 or f64 view: F is one of the two, and converting
 // through an interface would allocate.
 func (m *Model[F]) view(b tensor.Buffer) []F {
@@ -68,15 +70,6 @@ func (m *Model[F]) f32(b tensor.Buffer) []float32 {
 		return nil
 	}
 	return m.host.Float32s(b)
-}
-
-// bf16 is a bf16 buffer's elements in place (the bf16 stores, read by the
-// matmuls as tensor.Weights).
-func (m *Model[F]) bf16(b tensor.Buffer) []tensor.BF16 {
-	if b.Storage() == nil {
-		return nil
-	}
-	return m.host.BF16s(b)
 }
 
 // rowsOf is rows [lo, hi) of b, rows of width elements.

@@ -145,7 +145,7 @@ func (m *Model[F]) ropeTablesCP(invFreq []float64) {
 	T := m.T * m.cp.Size
 	half := HD / 2
 	cos, sin := m.alloc1(T*half), m.alloc1(T*half) // the whole sequence's, freed once the rank's rows are copied
-	m.be.RopeTables(m.view(cos), m.view(sin), T, invFreq)
+	m.be.RopeTables(cos, sin, T, invFreq)
 	c := m.T / 2
 	for i, g := range m.chunks(m.cp.Rank) {
 		m.mem.Copy(rowsOf(m.cos, i*c, (i+1)*c, half), rowsOf(cos, g*c, (g+1)*c, half))
@@ -232,7 +232,7 @@ func (m *Model[F]) rope(xb tensor.Buffer, heads int, backward bool) {
 	_, _, _, _, HD, _, _ := m.dims()
 	c, half, n := m.T/2, HD/2, m.B*m.T/2*heads*HD
 	for i := 0; i < 2; i++ {
-		xs, cos, sin := m.view(xb.Slice(i*n, (i+1)*n)), m.view(rowsOf(m.cos, i*c, (i+1)*c, half)), m.view(rowsOf(m.sin, i*c, (i+1)*c, half))
+		xs, cos, sin := xb.Slice(i*n, (i+1)*n), rowsOf(m.cos, i*c, (i+1)*c, half), rowsOf(m.sin, i*c, (i+1)*c, half)
 		if backward {
 			m.be.RopeBackward(xs, cos, sin, tensor.RopeShape{B: m.B, T: c, NH: heads, HD: HD})
 		} else {
@@ -276,7 +276,7 @@ func (m *Model[F]) ringAttention(out, lse, q, k, v tensor.Buffer) {
 		src := (p.Rank - s + p.Size) % p.Size
 		m.traced(ringAttn, s, func() {
 			m.blockPairs(src, func(qo, ko, lo int, sh tensor.AttentionShape) {
-				be.FlashAttention(vw(p.out), vw(p.lse), vw(q.Slice(qo, qo+hq)), vw(cur.Slice(ko, ko+hk)), vw(cur.Slice(n+ko, n+ko+hk)), sh)
+				be.FlashAttention(p.out, p.lse, q.Slice(qo, qo+hq), cur.Slice(ko, ko+hk), cur.Slice(n+ko, n+ko+hk), sh)
 				MergeAttention(vw(out.Slice(qo, qo+hq)), vw(lse.Slice(lo, lo+hl)), vw(p.out), vw(p.lse), m.B, c, NH, HD)
 			})
 		})
@@ -325,7 +325,7 @@ func MergeAttention[F tensor.Float](out, lse, outB, lseB []F, B, Tq, NH, HD int)
 // the block of the step before; after the last step each accumulator takes one
 // more step, home to its owner.
 func (m *Model[F]) ringAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v tensor.Buffer) {
-	p, be, vw := m.cp, m.be, m.view
+	p, be := m.cp, m.be
 	r := m.ringStart(k, v)
 	n, hq, hk, hl := r.n, r.hq, r.hk, r.hl
 	cur, nxt := r.cur, r.nxt
@@ -345,8 +345,8 @@ func (m *Model[F]) ringAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v ten
 		m.traced(ringAttnBwd, s, func() {
 			m.blockPairs(src, func(qo, ko, lo int, sh tensor.AttentionShape) {
 				qs, os, ds := q.Slice(qo, qo+hq), out.Slice(qo, qo+hq), dout.Slice(qo, qo+hq)
-				be.FlashAttentionBackward(vw(dq.Slice(qo, qo+hq)), vw(p.pd.Slice(ko, ko+hk)), vw(p.pd.Slice(n+ko, n+ko+hk)),
-					vw(ds), vw(os), vw(lse.Slice(lo, lo+hl)), vw(qs), vw(cur.Slice(ko, ko+hk)), vw(cur.Slice(n+ko, n+ko+hk)), sh)
+				be.FlashAttentionBackward(dq.Slice(qo, qo+hq), p.pd.Slice(ko, ko+hk), p.pd.Slice(n+ko, n+ko+hk),
+					ds, os, lse.Slice(lo, lo+hl), qs, cur.Slice(ko, ko+hk), cur.Slice(n+ko, n+ko+hk), sh)
 			})
 		})
 		m.wait()
@@ -354,14 +354,14 @@ func (m *Model[F]) ringAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v ten
 		if s == 0 {
 			m.mem.Copy(acc, p.pd)
 		} else {
-			be.AddInto(vw(acc), vw(p.pd), 2*n)
+			be.AddInto(acc, p.pd, 2*n)
 		}
 		cur, nxt = nxt, cur
 	}
 	m.exchange(ringGradsHome, 0, nxt.Slice(2*n, 4*n), cur.Slice(2*n, 4*n))
 	m.wait()
-	be.AddInto(vw(dk), vw(nxt.Slice(2*n, 3*n)), n)
-	be.AddInto(vw(dv), vw(nxt.Slice(3*n, 4*n)), n)
+	be.AddInto(dk, nxt.Slice(2*n, 3*n), n)
+	be.AddInto(dv, nxt.Slice(3*n, 4*n), n)
 }
 
 // seqRouterStats sums an MoE layer's per-expert copy counts and router

@@ -1,7 +1,7 @@
 // Package model is the Llama-style decoder with explicit Forward and Backward
-// passes over a tensor.Kernels backend. The trainer hands the model views of its
-// parameter and gradient buffers (laid out by the plan's parameter table; weights
-// as tensor.Weights, fp32 or bf16 storage the kernels widen as they read); data
+// passes over a tensor.Kernels backend. The trainer hands the model its
+// parameter and gradient buffers (laid out by the plan's parameter table;
+// weights fp32 or bf16, which the kernels widen as they read); data
 // parallelism and FSDP stay outside it. The parallelisms that change what one pass
 // computes live here, each behind an option and a communicator: expert
 // parallelism (moe.go: token all-to-alls), context parallelism (cp.go: sequences

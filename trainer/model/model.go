@@ -74,10 +74,9 @@ type Model[F tensor.Float] struct {
 		dres, dx, dq, dk, dv, datty, dff1, dff2, dsw, dlogits, dloss tensor.Buffer
 		// MoE backward (sized for the largest MoE layer)
 		moeDlogits, moeDprobs, moeDgates, moeDy, moeDx, moeDh, moeDg, moeDu, moeSh, moeSg, moeSu tensor.Buffer
-		moeEpA, moeEpB, moeEpC                                                                   tensor.Buffer          // expert parallelism
-		moeRecv, moeYloc                                                                         tensor.Buffer          // the exchange's arrival-order rows, every layer's
-		expertW                                                                                  [3][]tensor.Weights[F] // the routed experts' views, as the grouped kernels take them
-		expertG                                                                                  [3][][]F
+		moeEpA, moeEpB, moeEpC                                                                   tensor.Buffer      // expert parallelism
+		moeRecv, moeYloc                                                                         tensor.Buffer      // the exchange's arrival-order rows, every layer's
+		expertW, expertG                                                                         [3][]tensor.Buffer // the routed experts' buffers, as the grouped kernels take them
 	}
 }
 
@@ -484,7 +483,7 @@ func (m *Model[F]) alloc() error {
 		m.allocCP()
 		m.ropeTablesCP(invFreq)
 	} else {
-		m.be.RopeTables(m.view(m.cos), m.view(m.sin), m.T, invFreq)
+		m.be.RopeTables(m.cos, m.sin, m.T, invFreq)
 	}
 	if err := m.mem.Err(); err != nil {
 		return fmt.Errorf("model: allocating its buffers: %w", err)
@@ -530,14 +529,14 @@ func (m *Model[F]) Forward(tokens, targets []int32, loss tensor.Buffer, accumula
 	}
 	last := len(m.blocks) - 1
 	m.acquire(last, false)
-	be.RMSNorm(m.view(a.lnf), m.view(a.rstdf), m.view(a.final), m.wv(w.norm), m.rows(), C, eps)
-	be.Matmul(m.view(a.logits), tensor.FloatWeights(m.view(m.gather(a.lnf))), m.wv(w.output), tensor.MatmulShape{BT: BT, C: C, OC: V}, false)
+	be.RMSNorm(a.lnf, a.rstdf, a.final, w.norm, m.rows(), C, eps)
+	be.Matmul(a.logits, m.gather(a.lnf), w.output, tensor.MatmulShape{BT: BT, C: C, OC: V}, false)
 	m.release(last, false)
 	if targets == nil {
 		return 0
 	}
 	m.crossEntropy(a.losses, a.probs, a.logits, targets)
-	be.LossSum(loss, m.view(a.losses), targets, accumulate)
+	be.LossSum(loss, a.losses, targets, accumulate)
 	for _, t := range targets {
 		if t >= 0 {
 			count++
@@ -643,39 +642,39 @@ func (m *Model[F]) readMoESums() (v [2]float64) {
 // layerForward runs layer l from its input x into next (the next layer's input):
 // next = mid + MLP(norm(mid)), mid = x + attention(norm(x)).
 func (m *Model[F]) layerForward(l int, x, next tensor.Buffer) {
-	be, a, v := m.be, &m.a, m.view
+	be, a := m.be, &m.a
 	lw := m.w.layers[l]
 	BT, C, NH, NKV, HD, FF, _ := m.dims()
 	eps := m.Cfg.NormEps
-	be.RMSNorm(v(a.ln1[l]), v(a.rstd1[l]), v(x), m.wv(lw.attnNorm), m.rows(), C, eps)
+	be.RMSNorm(a.ln1[l], a.rstd1[l], x, lw.attnNorm, m.rows(), C, eps)
 	ln1 := m.input(l, inLn1, a.ln1[l], true)
-	be.Matmul(v(a.q[l]), ln1, m.wv(lw.wq), tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
-	be.Matmul(v(a.k[l]), ln1, m.wv(lw.wk), tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
-	be.Matmul(v(a.v[l]), ln1, m.wv(lw.wv), tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
+	be.Matmul(a.q[l], ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
+	be.Matmul(a.k[l], ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
+	be.Matmul(a.v[l], ln1, lw.wv, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
 	if m.cp != nil {
 		m.rope(a.q[l], NH, false)
 		m.rope(a.k[l], NKV, false)
 	} else {
-		be.Rope(v(a.q[l]), v(m.cos), v(m.sin), tensor.RopeShape{B: m.B, T: m.T, NH: NH, HD: HD})
-		be.Rope(v(a.k[l]), v(m.cos), v(m.sin), tensor.RopeShape{B: m.B, T: m.T, NH: NKV, HD: HD})
+		be.Rope(a.q[l], m.cos, m.sin, tensor.RopeShape{B: m.B, T: m.T, NH: NH, HD: HD})
+		be.Rope(a.k[l], m.cos, m.sin, tensor.RopeShape{B: m.B, T: m.T, NH: NKV, HD: HD})
 	}
 	if m.cp != nil {
 		m.ringAttention(a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l])
 	} else {
-		be.FlashAttention(v(a.atty[l]), v(a.att[l]), v(a.q[l]), v(a.k[l]), v(a.v[l]), m.attnShape())
+		be.FlashAttention(a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.attnShape())
 	}
 	m.mem.Copy(a.mid[l], x)
 	m.rowParallel(a.mid[l], m.input(l, inAtty, a.atty[l], true), lw.wo, NH*HD) // mid = x + attention
-	be.RMSNorm(v(a.ln2[l]), v(a.rstd2[l]), v(a.mid[l]), m.wv(lw.mlpNorm), m.rows(), C, eps)
+	be.RMSNorm(a.ln2[l], a.rstd2[l], a.mid[l], lw.mlpNorm, m.rows(), C, eps)
 	m.mem.Copy(next, a.mid[l])
 	if lw.moe != nil {
 		m.moeForward(next, a.ln2[l], *lw.moe, a.moe[l]) // next = mid + MoE
 		return
 	}
 	ln2 := m.input(l, inLn2, a.ln2[l], true)
-	be.Matmul(v(a.gate[l]), ln2, m.wv(lw.w1), tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
-	be.Matmul(v(a.up[l]), ln2, m.wv(lw.w3), tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
-	be.SwiGLU(v(a.sw[l]), v(a.gate[l]), v(a.up[l]), BT*FF)
+	be.Matmul(a.gate[l], ln2, lw.w1, tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
+	be.Matmul(a.up[l], ln2, lw.w3, tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
+	be.SwiGLU(a.sw[l], a.gate[l], a.up[l], BT*FF)
 	m.rowParallel(next, m.input(l, inSw, a.sw[l], true), lw.w2, FF) // next = mid + MLP
 }
 
@@ -690,14 +689,14 @@ func (m *Model[F]) ReadLogits(dst []F, off int) {
 // losses of the last Forward (scale = 1/global token count gives the per-token
 // mean over the whole global batch). Forward must have run with the same targets.
 func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
-	be, a, w, g, s, v := m.be, &m.a, &m.w, &m.g, &m.scratch, m.view
+	be, a, w, g, s := m.be, &m.a, &m.w, &m.g, &m.scratch
 	BT, C, NH, NKV, HD, FF, V := m.dims()
 	m.mem.Fill(s.dloss, scale)
 	m.mem.Zero(s.dlogits)
 	m.crossEntropyBackward(s.dlogits, s.dloss, a.probs, targets)
 	last := len(m.blocks) - 1
 	m.acquire(last, true)
-	be.MatmulBackward(v(m.inputGrad(s.dx)), v(g.output), v(s.dlogits), tensor.FloatWeights(v(m.gather(a.lnf))), m.wv(w.output), tensor.MatmulShape{BT: BT, C: C, OC: V}, false)
+	be.MatmulBackward(m.inputGrad(s.dx), g.output, s.dlogits, m.gather(a.lnf), w.output, tensor.MatmulShape{BT: BT, C: C, OC: V}, false)
 	dres := s.dres // gradient of the residual stream entering the current point
 	m.mem.Zero(dres)
 	m.normBackward(dres, g.norm, m.scatterGrad(s.dx), a.final, w.norm, a.rstdf)
@@ -727,35 +726,35 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 			m.moeBackward(s.dx, dres, a.ln2[l], *lw.moe, *lg.moe, a.moe[l], scale*float64(BT*m.cpSize()))
 		} else {
 			// MLP: next = mid + w2·swiglu(w1·ln2, w3·ln2); dres flows to mid unchanged.
-			be.MatmulBackward(v(s.dsw), v(lg.w2), v(m.gatherGrad(dres)), m.input(l, inSw, a.sw[l], false), m.wv(lw.w2), tensor.MatmulShape{BT: BT, C: FF, OC: C}, false)
-			be.SwiGLUBackward(v(s.dff1), v(s.dff2), v(s.dsw), v(a.gate[l]), v(a.up[l]), BT*FF, false)
-			ln2, dx := m.input(l, inLn2, a.ln2[l], false), v(m.inputGrad(s.dx))
-			be.MatmulBackward(dx, v(lg.w1), v(s.dff1), ln2, m.wv(lw.w1), tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
-			be.MatmulBackward(dx, v(lg.w3), v(s.dff2), ln2, m.wv(lw.w3), tensor.MatmulShape{BT: BT, C: C, OC: FF}, true)
+			be.MatmulBackward(s.dsw, lg.w2, m.gatherGrad(dres), m.input(l, inSw, a.sw[l], false), lw.w2, tensor.MatmulShape{BT: BT, C: FF, OC: C}, false)
+			be.SwiGLUBackward(s.dff1, s.dff2, s.dsw, a.gate[l], a.up[l], BT*FF, false)
+			ln2, dx := m.input(l, inLn2, a.ln2[l], false), m.inputGrad(s.dx)
+			be.MatmulBackward(dx, lg.w1, s.dff1, ln2, lw.w1, tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
+			be.MatmulBackward(dx, lg.w3, s.dff2, ln2, lw.w3, tensor.MatmulShape{BT: BT, C: C, OC: FF}, true)
 			m.scatterGrad(s.dx)
 		}
 		m.normBackward(dres, lg.mlpNorm, s.dx, a.mid[l], lw.mlpNorm, a.rstd2[l])
 		// Attention: mid = x + wo·attention(rope(wq·ln1), rope(wk·ln1), wv·ln1).
-		be.MatmulBackward(v(s.datty), v(lg.wo), v(m.gatherGrad(dres)), m.input(l, inAtty, a.atty[l], false), m.wv(lw.wo), tensor.MatmulShape{BT: BT, C: NH * HD, OC: C}, false)
+		be.MatmulBackward(s.datty, lg.wo, m.gatherGrad(dres), m.input(l, inAtty, a.atty[l], false), lw.wo, tensor.MatmulShape{BT: BT, C: NH * HD, OC: C}, false)
 		m.mem.Zero(s.dq)
 		m.mem.Zero(s.dk)
 		m.mem.Zero(s.dv)
 		if m.cp != nil {
 			m.ringAttentionBackward(s.dq, s.dk, s.dv, s.datty, a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l])
 		} else {
-			be.FlashAttentionBackward(v(s.dq), v(s.dk), v(s.dv), v(s.datty), v(a.atty[l]), v(a.att[l]), v(a.q[l]), v(a.k[l]), v(a.v[l]), m.attnShape())
+			be.FlashAttentionBackward(s.dq, s.dk, s.dv, s.datty, a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.attnShape())
 		}
 		if m.cp != nil {
 			m.rope(s.dq, NH, true)
 			m.rope(s.dk, NKV, true)
 		} else {
-			be.RopeBackward(v(s.dq), v(m.cos), v(m.sin), tensor.RopeShape{B: m.B, T: m.T, NH: NH, HD: HD})
-			be.RopeBackward(v(s.dk), v(m.cos), v(m.sin), tensor.RopeShape{B: m.B, T: m.T, NH: NKV, HD: HD})
+			be.RopeBackward(s.dq, m.cos, m.sin, tensor.RopeShape{B: m.B, T: m.T, NH: NH, HD: HD})
+			be.RopeBackward(s.dk, m.cos, m.sin, tensor.RopeShape{B: m.B, T: m.T, NH: NKV, HD: HD})
 		}
-		ln1, dx := m.input(l, inLn1, a.ln1[l], false), v(m.inputGrad(s.dx))
-		be.MatmulBackward(dx, v(lg.wq), v(s.dq), ln1, m.wv(lw.wq), tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
-		be.MatmulBackward(dx, v(lg.wk), v(s.dk), ln1, m.wv(lw.wk), tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
-		be.MatmulBackward(dx, v(lg.wv), v(s.dv), ln1, m.wv(lw.wv), tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
+		ln1, dx := m.input(l, inLn1, a.ln1[l], false), m.inputGrad(s.dx)
+		be.MatmulBackward(dx, lg.wq, s.dq, ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
+		be.MatmulBackward(dx, lg.wk, s.dk, ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
+		be.MatmulBackward(dx, lg.wv, s.dv, ln1, lw.wv, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
 		m.normBackward(dres, lg.attnNorm, m.scatterGrad(s.dx), a.resid[l], lw.attnNorm, a.rstd1[l])
 		m.release(1+l, true)
 	}

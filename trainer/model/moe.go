@@ -158,13 +158,13 @@ func (m *Model[F]) segments(a *moeActs[F], s tensor.MoEShape) []int32 {
 // (unless it is a recompute) the layer's load-balancing loss and dropped copies
 // into the model's MoE sums.
 func (m *Model[F]) moeForward(out, x tensor.Buffer, p moeParams[tensor.Buffer], a *moeActs[F]) {
-	be, c, v := m.be, m.Cfg, m.view
+	be, c := m.be, m.Cfg
 	BT, C := m.rows(), c.Hidden
 	E := c.MoE.NumExperts
-	be.Matmul(v(a.logits), tensor.FloatWeights(v(x)), m.wv(p.router), tensor.MatmulShape{BT: BT, C: C, OC: E}, false)
+	be.Matmul(a.logits, x, p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, false)
 	s := moeShape(c, BT, m.ep.Size)
-	be.Router(v(a.probs), v(a.gates), v(a.logits), a.rt, s)
-	be.Dispatch(v(a.x), v(x), a.rt, s)
+	be.Router(a.probs, a.gates, a.logits, a.rt, s)
+	be.Dispatch(a.x, x, a.rt, s)
 	// The kernels that follow read the kept copies and the experts' segments from
 	// the routing (r.Offsets), or use the static padded ones; the host only knows
 	// the rows the buffers span.
@@ -189,24 +189,24 @@ func (m *Model[F]) moeForward(out, x tensor.Buffer, p moeParams[tensor.Buffer], 
 		m.expertIn(a.xs, a.x, 0, a.n*C, true)
 		m.expertsForward(p, a, a.x, a.y, m.segments(a, s), a.n)
 	}
-	be.Combine(v(out), v(a.y), v(a.gates), a.rt, s)
+	be.Combine(out, a.y, a.gates, a.rt, s)
 	if len(p.shared) > 0 {
 		// Shared experts are split like the dense MLP: over all rows, each rank's
 		// ffn columns, the outputs reduce-scattered into the rank's rows.
-		xs, rows, SF := tensor.FloatWeights(v(m.gather(x))), m.B*m.T, c.MoE.ExpertFFNHidden/m.tpSize()
+		xs, rows, SF := m.gather(x), m.B*m.T, c.MoE.ExpertFFNHidden/m.tpSize()
 		for s, w := range p.shared {
-			be.Matmul(v(a.sgate[s]), xs, m.wv(w[0]), tensor.MatmulShape{BT: rows, C: C, OC: SF}, false)
-			be.Matmul(v(a.sup[s]), xs, m.wv(w[1]), tensor.MatmulShape{BT: rows, C: C, OC: SF}, false)
-			be.SwiGLU(v(a.ssw[s]), v(a.sgate[s]), v(a.sup[s]), rows*SF)
-			m.rowParallel(out, tensor.FloatWeights(v(a.ssw[s])), w[2], SF)
+			be.Matmul(a.sgate[s], xs, w[0], tensor.MatmulShape{BT: rows, C: C, OC: SF}, false)
+			be.Matmul(a.sup[s], xs, w[1], tensor.MatmulShape{BT: rows, C: C, OC: SF}, false)
+			be.SwiGLU(a.ssw[s], a.sgate[s], a.sup[s], rows*SF)
+			m.rowParallel(out, a.ssw[s], w[2], SF)
 		}
 	}
 	// Load-balancing loss, over the micro-batch's whole sequences when context or
 	// tensor parallelism spreads their tokens over ranks.
-	be.RouterStats(v(a.stats), v(a.probs), a.rt, s)
+	be.RouterStats(a.stats, a.probs, a.rt, s)
 	tokens := m.routedTokens(a) // a recompute's backward needs the summed statistics too
 	if !m.recomputing {
-		be.AuxLoss(m.moeSums, v(a.stats), a.rt, s, tokens, m.moeLayersRun > 0)
+		be.AuxLoss(m.moeSums, a.stats, a.rt, s, tokens, m.moeLayersRun > 0)
 		m.moeLayersRun++
 	}
 }
@@ -226,36 +226,34 @@ func (m *Model[F]) routedTokens(a *moeActs[F]) int {
 // expertsForward runs the local experts' SwiGLU over their segments of xin (rows
 // offsets[e]..offsets[e+1], of the rows the buffers span) into yout.
 func (m *Model[F]) expertsForward(p moeParams[tensor.Buffer], a *moeActs[F], xin, yout tensor.Buffer, offsets []int32, rows int) {
-	be, C, EF, v := m.be, m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden, m.view
+	be, C, EF := m.be, m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden
 	w := m.expertWeights(p)
 	xs := m.expertIn(a.xs, xin, 0, rows*C, false)
-	be.ExpertsMatmul(v(a.gate), xs, w[0], offsets, tensor.ExpertsShape{C: C, OC: EF}, false)
-	be.ExpertsMatmul(v(a.up), xs, w[1], offsets, tensor.ExpertsShape{C: C, OC: EF}, false)
-	be.ExpertsSwiGLU(v(a.sw), v(a.gate), v(a.up), offsets, EF)
-	be.ExpertsMatmul(v(yout), m.expertIn(a.sws, a.sw, 0, rows*EF, true), w[2], offsets, tensor.ExpertsShape{C: EF, OC: C}, false)
+	be.ExpertsMatmul(a.gate, xs, w[0], offsets, tensor.ExpertsShape{C: C, OC: EF}, false)
+	be.ExpertsMatmul(a.up, xs, w[1], offsets, tensor.ExpertsShape{C: C, OC: EF}, false)
+	be.ExpertsSwiGLU(a.sw, a.gate, a.up, offsets, EF)
+	be.ExpertsMatmul(yout, m.expertIn(a.sws, a.sw, 0, rows*EF, true), w[2], offsets, tensor.ExpertsShape{C: EF, OC: C}, false)
 }
 
 // expertWeights lists the routed experts' w1, w3 and w2 as the grouped kernels
-// take them (views, into the model's scratch lists, made afresh each pass: the
+// take them (into the model's scratch lists, filled afresh each pass: the
 // buffers change as the FSDP runtime gathers units).
-func (m *Model[F]) expertWeights(p moeParams[tensor.Buffer]) *[3][]tensor.Weights[F] {
-	dst := &m.scratch.expertW
-	for i := range dst {
-		dst[i] = dst[i][:0]
-		for _, e := range p.experts {
-			dst[i] = append(dst[i], m.wv(e[i]))
-		}
-	}
-	return dst
+func (m *Model[F]) expertWeights(p moeParams[tensor.Buffer]) *[3][]tensor.Buffer {
+	return byProjection(&m.scratch.expertW, p.experts)
 }
 
 // expertGrads is expertWeights for the gradients.
-func (m *Model[F]) expertGrads(g moeParams[tensor.Buffer]) *[3][][]F {
-	dst := &m.scratch.expertG
+func (m *Model[F]) expertGrads(g moeParams[tensor.Buffer]) *[3][]tensor.Buffer {
+	return byProjection(&m.scratch.expertG, g.experts)
+}
+
+// byProjection fills dst[i] with every expert's i-th buffer (w1, w3, w2),
+// reusing its lists' storage.
+func byProjection(dst *[3][]tensor.Buffer, experts [][3]tensor.Buffer) *[3][]tensor.Buffer {
 	for i := range dst {
 		dst[i] = dst[i][:0]
-		for _, e := range g.experts {
-			dst[i] = append(dst[i], m.view(e[i]))
+		for _, e := range experts {
+			dst[i] = append(dst[i], e[i])
 		}
 	}
 	return dst
@@ -382,33 +380,33 @@ func (m *Model[F]) epRegroup(a *moeActs[F], loc, recv tensor.Buffer, toLocal boo
 // moeBackward accumulates into dx (BT,C) and the parameter gradients g the
 // gradient of dout·out + auxScale·aux_loss_coeff·aux.
 func (m *Model[F]) moeBackward(dx, dout, x tensor.Buffer, p moeParams[tensor.Buffer], g moeParams[tensor.Buffer], a *moeActs[F], auxScale float64) {
-	be, c, v := m.be, m.Cfg, m.view
+	be, c := m.be, m.Cfg
 	BT, C := m.rows(), c.Hidden
 	E, k := c.MoE.NumExperts, c.MoE.TopK
 	s := &m.scratch
 	dy, dxp, dgates := s.moeDy.Slice(0, a.n*C), s.moeDx.Slice(0, a.n*C), s.moeDgates.Slice(0, BT*k)
 	sh := moeShape(c, BT, m.ep.Size)
-	be.CombineBackward(v(dy), v(dgates), v(dout), v(a.y), v(a.gates), a.rt, sh)
+	be.CombineBackward(dy, dgates, dout, a.y, a.gates, a.rt, sh)
 	// The aux loss reaches the router through P: d aux / d P[t,e] = E·f_e/BT
 	// (of the whole sequences: the forward's summed statistics).
-	var dprobs []F
+	var dprobs tensor.Buffer // empty: no aux loss reaches the probabilities
 	if coeff := auxScale * c.MoE.AuxLossCoeff; coeff != 0 {
-		dprobs = v(s.moeDprobs.Slice(0, BT*E))
-		be.AuxLossBackward(dprobs, v(a.stats), sh, BT*m.cpSize()*m.tpSize(), coeff)
+		dprobs = s.moeDprobs.Slice(0, BT*E)
+		be.AuxLossBackward(dprobs, a.stats, sh, BT*m.cpSize()*m.tpSize(), coeff)
 	}
 	dlogits := s.moeDlogits.Slice(0, BT*E)
 	m.mem.Zero(dlogits)
-	be.RouterBackward(v(dlogits), v(dgates), dprobs, v(a.gates), v(a.probs), a.rt, sh)
+	be.RouterBackward(dlogits, dgates, dprobs, a.gates, a.probs, a.rt, sh)
 	if m.tp == nil {
-		be.MatmulBackward(v(dx), v(g.router), v(dlogits), tensor.FloatWeights(v(x)), m.wv(p.router), tensor.MatmulShape{BT: BT, C: C, OC: E}, true)
+		be.MatmulBackward(dx, g.router, dlogits, x, p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, true)
 	} else {
 		// The router is replicated over tp and saw this rank's rows only: its
 		// gradient is summed over the tp group.
 		gr := m.tp.grouter
 		m.mem.Zero(gr)
-		be.MatmulBackward(v(dx), v(gr), v(dlogits), tensor.FloatWeights(v(x)), m.wv(p.router), tensor.MatmulShape{BT: BT, C: C, OC: E}, true)
+		be.MatmulBackward(dx, gr, dlogits, x, p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, true)
 		m.tpErr("all-reduce", m.tp.Comm.AllReduce(m.f32(gr)))
-		be.AddInto(v(g.router), v(gr), E*C)
+		be.AddInto(g.router, gr, E*C)
 	}
 	if m.ep.Size > 1 {
 		// dy goes to the experts' owners, is regrouped like the forward's tokens, and
@@ -423,26 +421,26 @@ func (m *Model[F]) moeBackward(dx, dout, x tensor.Buffer, p moeParams[tensor.Buf
 	} else {
 		m.expertsBackward(p, g, a, dy, a.x, dxp, m.segments(a, sh), a.n)
 	}
-	be.DispatchBackward(v(dx), v(dxp), a.rt, sh)
+	be.DispatchBackward(dx, dxp, a.rt, sh)
 	if len(p.shared) == 0 {
 		return
 	}
 	// Shared experts: the transposes of the forward's gather and reduce-scatter.
 	rows, SF := m.B*m.T, c.MoE.ExpertFFNHidden/m.tpSize()
-	dfull, xs, dxf := v(m.gatherGrad(dout)), tensor.FloatWeights(v(m.gather(x))), v(m.inputGrad(dx))
+	dfull, xs, dxf := m.gatherGrad(dout), m.gather(x), m.inputGrad(dx)
 	for sIdx, w := range p.shared {
 		gw := g.shared[sIdx]
-		h, hg, hu := v(s.moeSh.Slice(0, rows*SF)), v(s.moeSg.Slice(0, rows*SF)), v(s.moeSu.Slice(0, rows*SF))
-		be.MatmulBackward(h, v(gw[2]), dfull, tensor.FloatWeights(v(a.ssw[sIdx])), m.wv(w[2]), tensor.MatmulShape{BT: rows, C: SF, OC: C}, false)
-		be.SwiGLUBackward(hg, hu, h, v(a.sgate[sIdx]), v(a.sup[sIdx]), rows*SF, false)
+		h, hg, hu := s.moeSh.Slice(0, rows*SF), s.moeSg.Slice(0, rows*SF), s.moeSu.Slice(0, rows*SF)
+		be.MatmulBackward(h, gw[2], dfull, a.ssw[sIdx], w[2], tensor.MatmulShape{BT: rows, C: SF, OC: C}, false)
+		be.SwiGLUBackward(hg, hu, h, a.sgate[sIdx], a.sup[sIdx], rows*SF, false)
 		// Into dx itself without tensor parallelism; into the all-rows partial sum
 		// (started afresh by the first shared expert) with it.
-		be.MatmulBackward(dxf, v(gw[0]), hg, xs, m.wv(w[0]), tensor.MatmulShape{BT: rows, C: C, OC: SF}, m.tp == nil || sIdx > 0)
-		be.MatmulBackward(dxf, v(gw[1]), hu, xs, m.wv(w[1]), tensor.MatmulShape{BT: rows, C: C, OC: SF}, true)
+		be.MatmulBackward(dxf, gw[0], hg, xs, w[0], tensor.MatmulShape{BT: rows, C: C, OC: SF}, m.tp == nil || sIdx > 0)
+		be.MatmulBackward(dxf, gw[1], hu, xs, w[1], tensor.MatmulShape{BT: rows, C: C, OC: SF}, true)
 	}
 	if tp := m.tp; tp != nil {
 		m.tpErr("reduce-scatter", tp.Comm.ReduceScatter(m.f32(tp.red), m.f32(tp.px)))
-		be.AddInto(v(dx), v(tp.red), tp.red.Len())
+		be.AddInto(dx, tp.red, tp.red.Len())
 	}
 }
 
@@ -451,12 +449,12 @@ func (m *Model[F]) moeBackward(dx, dout, x tensor.Buffer, p moeParams[tensor.Buf
 // rows the buffers span); the input gradients go to dxin (overwritten in the
 // segments) and the weight gradients accumulate.
 func (m *Model[F]) expertsBackward(p moeParams[tensor.Buffer], g moeParams[tensor.Buffer], a *moeActs[F], dy, xin, dxin tensor.Buffer, offsets []int32, rows int) {
-	be, C, EF, s, v := m.be, m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden, &m.scratch, m.view
-	dsw, dga, dup := v(s.moeDh.Slice(0, rows*EF)), v(s.moeDg.Slice(0, rows*EF)), v(s.moeDu.Slice(0, rows*EF))
+	be, C, EF, s := m.be, m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden, &m.scratch
+	dsw, dga, dup := s.moeDh.Slice(0, rows*EF), s.moeDg.Slice(0, rows*EF), s.moeDu.Slice(0, rows*EF)
 	w, gw := m.expertWeights(p), m.expertGrads(g)
-	be.ExpertsMatmulBackward(dsw, gw[2], v(dy), m.expertIn(a.sws, a.sw, 0, rows*EF, false), w[2], offsets, tensor.ExpertsShape{C: EF, OC: C}, false)
-	be.ExpertsSwiGLUBackward(dga, dup, dsw, v(a.gate), v(a.up), offsets, EF, false)
+	be.ExpertsMatmulBackward(dsw, gw[2], dy, m.expertIn(a.sws, a.sw, 0, rows*EF, false), w[2], offsets, tensor.ExpertsShape{C: EF, OC: C}, false)
+	be.ExpertsSwiGLUBackward(dga, dup, dsw, a.gate, a.up, offsets, EF, false)
 	xs := m.expertIn(a.xs, xin, 0, rows*C, false)
-	be.ExpertsMatmulBackward(v(dxin), gw[0], dga, xs, w[0], offsets, tensor.ExpertsShape{C: C, OC: EF}, false)
-	be.ExpertsMatmulBackward(v(dxin), gw[1], dup, xs, w[1], offsets, tensor.ExpertsShape{C: C, OC: EF}, true)
+	be.ExpertsMatmulBackward(dxin, gw[0], dga, xs, w[0], offsets, tensor.ExpertsShape{C: C, OC: EF}, false)
+	be.ExpertsMatmulBackward(dxin, gw[1], dup, xs, w[1], offsets, tensor.ExpertsShape{C: C, OC: EF}, true)
 }

@@ -58,18 +58,18 @@ const (
 // which): without bf16 stores x itself, gathered over the tensor-parallel group
 // where it is row-sharded (the normed inputs); with them its store, which
 // fresh (in the forward) rounds x into first.
-func (m *Model[F]) input(l, which int, x tensor.Buffer, fresh bool) tensor.Weights[F] {
+func (m *Model[F]) input(l, which int, x tensor.Buffer, fresh bool) tensor.Buffer {
 	if m.st != nil && m.st.in[l][which].Storage() != nil {
 		h := m.st.in[l][which]
 		if fresh {
 			m.mem.Copy(h, x)
 		}
-		return tensor.BF16Weights[F](m.bf16(h))
+		return h
 	}
 	if which == inLn1 || which == inLn2 {
 		x = m.gather(x)
 	}
-	return tensor.FloatWeights(m.view(x))
+	return x
 }
 
 // WithBF16Activations keeps each layer's saved activations in bf16 storage (see
@@ -148,16 +148,16 @@ func (m *Model[F]) fit(sl *stashSlot, n int) {
 // expertIn is what an expert's product reads for elements [lo, hi) of x (the
 // experts' inputs or SwiGLU products, whose slot is sl): x itself without bf16
 // stores, else the slot's store, into which fresh first rounds those elements.
-func (m *Model[F]) expertIn(sl *stashSlot, x tensor.Buffer, lo, hi int, fresh bool) tensor.Weights[F] {
+func (m *Model[F]) expertIn(sl *stashSlot, x tensor.Buffer, lo, hi int, fresh bool) tensor.Buffer {
 	if sl == nil {
-		return tensor.FloatWeights(m.view(x.Slice(lo, hi)))
+		return x.Slice(lo, hi)
 	}
 	m.fit(sl, x.Len())
 	h := sl.store.Slice(lo, hi)
 	if fresh {
 		m.mem.Copy(h, x.Slice(lo, hi))
 	}
-	return tensor.BF16Weights[F](m.bf16(h))
+	return h
 }
 
 // roundInput rounds x, layer l's input, to bf16 in place and keeps it in the

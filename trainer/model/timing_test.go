@@ -17,51 +17,51 @@ type timed struct {
 }
 
 func (k timed) rec(name string, start time.Time) { k.t[name] += time.Since(start) }
-func (k timed) Matmul(out []float32, inp, weight tensor.Weights[float32], s tensor.MatmulShape, acc bool) {
+func (k timed) Matmul(out, inp, weight tensor.Buffer, s tensor.MatmulShape, acc bool) {
 	defer k.rec("Matmul", time.Now())
 	k.Backend.Matmul(out, inp, weight, s, acc)
 }
-func (k timed) MatmulBackward(dinp, dweight, dout []float32, inp, weight tensor.Weights[float32], s tensor.MatmulShape, acc bool) {
+func (k timed) MatmulBackward(dinp, dweight, dout, inp, weight tensor.Buffer, s tensor.MatmulShape, acc bool) {
 	defer k.rec("MatmulBackward", time.Now())
 	k.Backend.MatmulBackward(dinp, dweight, dout, inp, weight, s, acc)
 }
-func (k timed) FlashAttention(out, lse, q, kk, v []float32, s tensor.AttentionShape) {
+func (k timed) FlashAttention(out, lse, q, kk, v tensor.Buffer, s tensor.AttentionShape) {
 	defer k.rec("FlashAttention", time.Now())
 	k.Backend.FlashAttention(out, lse, q, kk, v, s)
 }
-func (k timed) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, kk, v []float32, s tensor.AttentionShape) {
+func (k timed) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, kk, v tensor.Buffer, s tensor.AttentionShape) {
 	defer k.rec("FlashAttentionBackward", time.Now())
 	k.Backend.FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, kk, v, s)
 }
-func (k timed) SwiGLU(out, g, u []float32, n int) {
+func (k timed) SwiGLU(out, g, u tensor.Buffer, n int) {
 	defer k.rec("SwiGLU", time.Now())
 	k.Backend.SwiGLU(out, g, u, n)
 }
-func (k timed) SwiGLUBackward(dg, du, do, g, u []float32, n int, acc bool) {
+func (k timed) SwiGLUBackward(dg, du, do, g, u tensor.Buffer, n int, acc bool) {
 	defer k.rec("SwiGLUBackward", time.Now())
 	k.Backend.SwiGLUBackward(dg, du, do, g, u, n, acc)
 }
-func (k timed) RMSNorm(out, rstd, inp []float32, w tensor.Weights[float32], BT, C int, eps float64) {
+func (k timed) RMSNorm(out, rstd, inp, w tensor.Buffer, BT, C int, eps float64) {
 	defer k.rec("RMSNorm", time.Now())
 	k.Backend.RMSNorm(out, rstd, inp, w, BT, C, eps)
 }
-func (k timed) RMSNormBackward(dinp, dw, dout, inp []float32, w tensor.Weights[float32], rstd []float32, BT, C int) {
+func (k timed) RMSNormBackward(dinp, dw, dout, inp, w, rstd tensor.Buffer, BT, C int) {
 	defer k.rec("RMSNormBackward", time.Now())
 	k.Backend.RMSNormBackward(dinp, dw, dout, inp, w, rstd, BT, C)
 }
-func (k timed) Rope(x, c, sn []float32, s tensor.RopeShape) {
+func (k timed) Rope(x, c, sn tensor.Buffer, s tensor.RopeShape) {
 	defer k.rec("Rope", time.Now())
 	k.Backend.Rope(x, c, sn, s)
 }
-func (k timed) RopeBackward(x, c, sn []float32, s tensor.RopeShape) {
+func (k timed) RopeBackward(x, c, sn tensor.Buffer, s tensor.RopeShape) {
 	defer k.rec("Rope", time.Now())
 	k.Backend.RopeBackward(x, c, sn, s)
 }
-func (k timed) CrossEntropy(l, p, lg []float32, t []int32, BT, V int) {
+func (k timed) CrossEntropy(l, p, lg tensor.Buffer, t []int32, BT, V int) {
 	defer k.rec("CrossEntropy", time.Now())
 	k.Backend.CrossEntropy(l, p, lg, t, BT, V)
 }
-func (k timed) CrossEntropyBackward(d, dl, p []float32, t []int32, BT, V int) {
+func (k timed) CrossEntropyBackward(d, dl, p tensor.Buffer, t []int32, BT, V int) {
 	defer k.rec("CrossEntropy", time.Now())
 	k.Backend.CrossEntropyBackward(d, dl, p, t, BT, V)
 }

@@ -122,17 +122,16 @@ func (m *Model[F]) gatherGrad(src tensor.Buffer) tensor.Buffer {
 // row-parallel weight) into out, this rank's rows of the residual stream: without
 // tensor parallelism one accumulating matmul; with it, the matmul's partial sums
 // over all rows are reduce-scattered and the rank's rows added.
-func (m *Model[F]) rowParallel(out tensor.Buffer, inp tensor.Weights[F], wb tensor.Buffer, K int) {
-	w := m.wv(wb)
+func (m *Model[F]) rowParallel(out, inp, w tensor.Buffer, K int) {
 	BT, C := m.B*m.T, m.Cfg.Hidden
 	if m.tp == nil {
-		m.be.Matmul(m.view(out), inp, w, tensor.MatmulShape{BT: BT, C: K, OC: C}, true)
+		m.be.Matmul(out, inp, w, tensor.MatmulShape{BT: BT, C: K, OC: C}, true)
 		return
 	}
 	p := m.tp
-	m.be.Matmul(m.view(p.px), inp, w, tensor.MatmulShape{BT: BT, C: K, OC: C}, false)
+	m.be.Matmul(p.px, inp, w, tensor.MatmulShape{BT: BT, C: K, OC: C}, false)
 	m.tpErr("reduce-scatter", p.Comm.ReduceScatter(m.f32(p.red), m.f32(p.px)))
-	m.be.AddInto(m.view(out), m.view(p.red), p.red.Len())
+	m.be.AddInto(out, p.red, p.red.Len())
 }
 
 // inputGrad is the buffer a column-parallel GEMM's input gradient (all B·T rows,
@@ -157,18 +156,17 @@ func (m *Model[F]) scatterGrad(dx tensor.Buffer) tensor.Buffer {
 // normBackward is RMSNormBackward over this rank's rows; under tensor parallelism
 // the gain's gradient (from these rows only) is summed over the tp group before it
 // is added.
-func (m *Model[F]) normBackward(dinp, dwb, dout, inp, wb, rstd tensor.Buffer) {
-	R, C, v := m.rows(), m.Cfg.Hidden, m.view
-	dw, w := v(dwb), m.wv(wb)
+func (m *Model[F]) normBackward(dinp, dw, dout, inp, w, rstd tensor.Buffer) {
+	R, C := m.rows(), m.Cfg.Hidden
 	if m.tp == nil {
-		m.be.RMSNormBackward(v(dinp), dw, v(dout), v(inp), w, v(rstd), R, C)
+		m.be.RMSNormBackward(dinp, dw, dout, inp, w, rstd, R, C)
 		return
 	}
 	g := m.tp.gnorm
 	m.mem.Zero(g)
-	m.be.RMSNormBackward(v(dinp), v(g), v(dout), v(inp), w, v(rstd), R, C)
+	m.be.RMSNormBackward(dinp, g, dout, inp, w, rstd, R, C)
 	m.tpErr("all-reduce", m.tp.Comm.AllReduce(m.f32(g)))
-	m.be.AddInto(dw, v(g), C)
+	m.be.AddInto(dw, g, C)
 }
 
 // vocabRange is the vocabulary rows this rank holds: [lo, lo+n).
@@ -186,7 +184,7 @@ func (m *Model[F]) vocabRange() (lo, n int) {
 func (m *Model[F]) embed(x tensor.Buffer, tokens []int32) {
 	BT, C := m.B*m.T, m.Cfg.Hidden
 	if m.tp == nil {
-		m.be.Embedding(m.view(x), tokens, m.wv(m.w.embed), BT, C)
+		m.be.Embedding(x, tokens, m.w.embed, BT, C)
 		return
 	}
 	lo, n := m.vocabRange()
@@ -208,14 +206,14 @@ func (m *Model[F]) embed(x tensor.Buffer, tokens []int32) {
 func (m *Model[F]) embedBackward(dres tensor.Buffer, tokens []int32) {
 	BT, C := m.B*m.T, m.Cfg.Hidden
 	if m.tp == nil {
-		m.be.EmbeddingBackward(m.view(m.g.embed), m.view(dres), tokens, BT, C)
+		m.be.EmbeddingBackward(m.g.embed, dres, tokens, BT, C)
 		return
 	}
-	d, dwte := m.view(m.gatherGrad(dres)), m.view(m.g.embed)
+	d := m.gatherGrad(dres)
 	lo, n := m.vocabRange()
 	for i, tok := range tokens[:BT] {
 		if t := int(tok) - lo; t >= 0 && t < n {
-			m.be.AddInto(dwte[t*C:(t+1)*C], d[i*C:(i+1)*C], C)
+			m.be.AddInto(rowsOf(m.g.embed, t, t+1, C), rowsOf(d, i, i+1, C), C)
 		}
 	}
 }
@@ -227,11 +225,11 @@ func (m *Model[F]) embedBackward(dres tensor.Buffer, tokens []int32) {
 func (m *Model[F]) crossEntropy(lossesB, probsB, logitsB tensor.Buffer, targets []int32) {
 	BT := m.B * m.T
 	lo, V := m.vocabRange()
-	losses, probs, logits := m.view(lossesB), m.view(probsB), m.view(logitsB)
 	if m.tp == nil {
-		m.be.CrossEntropy(losses, probs, logits, targets, BT, V)
+		m.be.CrossEntropy(lossesB, probsB, logitsB, targets, BT, V)
 		return
 	}
+	losses, probs, logits := m.view(lossesB), m.view(probsB), m.view(logitsB)
 	p := m.tp
 	lse, lseAll, tlogit := m.view(p.lse), m.view(p.lseAll), m.view(p.tlogit)
 	for i := 0; i < BT; i++ {
@@ -275,11 +273,11 @@ func logSumExp[F tensor.Float](x []F, n, stride int) float64 {
 func (m *Model[F]) crossEntropyBackward(dlogitsB, dlossB, probsB tensor.Buffer, targets []int32) {
 	BT := m.B * m.T
 	lo, V := m.vocabRange()
-	dlogits, dloss, probs := m.view(dlogitsB), m.view(dlossB), m.view(probsB)
 	if m.tp == nil {
-		m.be.CrossEntropyBackward(dlogits, dloss, probs, targets, BT, V)
+		m.be.CrossEntropyBackward(dlogitsB, dlossB, probsB, targets, BT, V)
 		return
 	}
+	dlogits, dloss, probs := m.view(dlogitsB), m.view(dlossB), m.view(probsB)
 	for i := 0; i < BT; i++ {
 		if targets[i] < 0 {
 			continue
