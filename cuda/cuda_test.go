@@ -218,10 +218,10 @@ func TestRowKernels(t *testing.T) {
 		tokens[5] = tokens[9] // a repeated token sums its rows
 		wte := roundTo(dt, randn(r, V*C, 1))
 		emb := make([]float32, BT*C)
-		cpu.Embedding(emb, tokens, tensor.FloatWeights(wte), BT, C)
+		cpu.Embedding(emb, tokens, tensor.FloatWeights(wte), tensor.EmbeddingShape{BT: BT, C: C, N: V})
 		dwte0 := randn(r, V*C, 1)
 		dwte := append([]float32(nil), dwte0...)
-		cpu.EmbeddingBackward(dwte, dout, tokens, BT, C)
+		cpu.EmbeddingBackward(dwte, dout, tokens, tensor.EmbeddingShape{BT: BT, C: C, N: V})
 		onDevice(t, func() {
 			bo, brs := poisoned(t, dt, BT*C), poisoned(t, F32, BT)
 			bi, bw, bd := put(t, dt, inp), put(t, dt, w), put(t, dt, dout)

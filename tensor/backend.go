@@ -42,8 +42,12 @@ type Kernels[F Float] interface {
 	// is set (it overwrites dinp otherwise).
 	MatmulBackward(dinp, dweight, dout, inp, weight Buffer, s MatmulShape, accumulate bool)
 
-	Embedding(out Buffer, tokens []int32, wte Buffer, BT, C int)
-	EmbeddingBackward(dwte, dout Buffer, tokens []int32, BT, C int)
+	// Embedding writes the rows of wte that tokens (BT) pick into out (BT,C):
+	// wte holds vocabulary rows s.Lo..s.Lo+s.N−1 (a vocabulary-parallel rank's),
+	// and a token outside them gives a zero row. EmbeddingBackward adds dout's
+	// rows into the rows of dwte its tokens picked (none for tokens outside).
+	Embedding(out Buffer, tokens []int32, wte Buffer, s EmbeddingShape)
+	EmbeddingBackward(dwte, dout Buffer, tokens []int32, s EmbeddingShape)
 
 	RMSNorm(out, rstd, inp, weight Buffer, BT, C int, eps float64)
 	RMSNormBackward(dinp, dweight, dout, inp, weight, rstd Buffer, BT, C int)
@@ -60,6 +64,13 @@ type Kernels[F Float] interface {
 	// sequence length.
 	FlashAttention(out, lse, q, k, v Buffer, s AttentionShape)
 	FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v Buffer, s AttentionShape)
+	// MergeAttention folds one key block's attention (outB, lseB) into the
+	// running result (out, lse) of the same queries, (B,Tq,NH,HD) and
+	// (B,NH,Tq) by s: with l = logaddexp(lse, lseB), out = e^(lse−l)·out +
+	// e^(lseB−l)·outB. A row that saw no key so far (lse −∞) takes the block's
+	// result; a block row that saw none leaves the row. Ring attention
+	// (context parallelism) merges its key blocks with it.
+	MergeAttention(out, lse, outB, lseB Buffer, s AttentionShape)
 
 	SwiGLU(out, gate, up Buffer, n int)
 	SwiGLUBackward(dgate, dup, dout, gate, up Buffer, n int, accumulate bool) // overwrites dgate, dup unless accumulate
@@ -153,6 +164,11 @@ func ClipFactor(norm, maxNorm float64) float64 {
 	}
 	return maxNorm / (norm + 1e-6)
 }
+
+// EmbeddingShape is BT token rows of C channels looked up in the vocabulary
+// rows Lo..Lo+N−1 a table holds (Lo 0 and N the vocabulary, unless the table
+// is split over tensor-parallel ranks).
+type EmbeddingShape struct{ BT, C, Lo, N int }
 
 // MatmulShape is a product of BT rows of C inputs with an (OC,C) weight.
 type MatmulShape struct{ BT, C, OC int }

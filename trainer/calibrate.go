@@ -543,9 +543,11 @@ func streamKernel(be tensor.Backend, kind string, n int) (func(), error) {
 		}
 		wte := up(filled(V * C))
 		if kind == parallel.StreamEmbedding {
-			return func() { be.Embedding(o.Slice(0, rows*C), tok, wte, rows, C) }, mem.Err()
+			return func() { be.Embedding(o.Slice(0, rows*C), tok, wte, tensor.EmbeddingShape{BT: rows, C: C, N: V}) }, mem.Err()
 		}
-		return func() { be.EmbeddingBackward(wte, b.Slice(0, rows*C), tok, rows, C) }, mem.Err()
+		return func() {
+			be.EmbeddingBackward(wte, b.Slice(0, rows*C), tok, tensor.EmbeddingShape{BT: rows, C: C, N: V})
+		}, mem.Err()
 	case parallel.StreamCrossEntropy, parallel.StreamCrossEntropyBw:
 		const V = 256
 		bt := max(n/V, 1)
@@ -600,12 +602,12 @@ func streamKernel(be tensor.Backend, kind string, n int) (func(), error) {
 		dy, dgates := zeros(bt*K*C), zeros(bt*K)
 		return func() { be.CombineBackward(dy, dgates, x, xperm, gates, rt, s) }, mem.Err()
 	case parallel.StreamAttnMerge:
-		// n elements of one head's rows of 64 values, with finite log-sum-exps
-		// (the merge is still a host loop of the model's).
+		// n elements of one head's rows of 64 values, with finite log-sum-exps.
 		const HD = 64
 		T := max(n/HD, 1)
-		out, outB, lse, lseB := filled(T*HD), filled(T*HD), filled(T), filled(T)
-		return func() { model.MergeAttention(out, lse, outB, lseB, 1, T, 1, HD) }, nil
+		out, outB, lse, lseB := up(filled(T*HD)), up(filled(T*HD)), up(filled(T)), up(filled(T))
+		s := tensor.AttentionShape{B: 1, Tq: T, Tk: T, NH: 1, NKV: 1, HD: HD}
+		return func() { be.MergeAttention(out, lse, outB, lseB, s) }, mem.Err()
 	case parallel.StreamRouter, parallel.StreamRouterBwd:
 		const E, K = 8, 2
 		bt := max(n/E, 1)

@@ -69,18 +69,25 @@ func (Kernels[F]) MatmulBackward(dinp, dweight, dout, inp, weight tensor.Buffer,
 		MatmulBackward(dx, dw, dy, x, w, s, accumulate)
 	}
 }
-func (Kernels[F]) Embedding(out tensor.Buffer, tokens []int32, wte tensor.Buffer, BT, C int) {
+func (Kernels[F]) Embedding(out tensor.Buffer, tokens []int32, wte tensor.Buffer, s tensor.EmbeddingShape) {
 	var v views[F]
 	o, w := v.f("Embedding", out), v.w("Embedding", wte)
 	if !v.bad {
-		Embedding(o, tokens, w, BT, C)
+		Embedding(o, tokens, w, s)
 	}
 }
-func (Kernels[F]) EmbeddingBackward(dwte, dout tensor.Buffer, tokens []int32, BT, C int) {
+func (Kernels[F]) EmbeddingBackward(dwte, dout tensor.Buffer, tokens []int32, s tensor.EmbeddingShape) {
 	var v views[F]
 	dw, dy := v.f("EmbeddingBackward", dwte), v.f("EmbeddingBackward", dout)
 	if !v.bad {
-		EmbeddingBackward(dw, dy, tokens, BT, C)
+		EmbeddingBackward(dw, dy, tokens, s)
+	}
+}
+func (Kernels[F]) MergeAttention(out, lse, outB, lseB tensor.Buffer, s tensor.AttentionShape) {
+	var v views[F]
+	o, l, ob, lb := v.f("MergeAttention", out), v.f("MergeAttention", lse), v.f("MergeAttention", outB), v.f("MergeAttention", lseB)
+	if !v.bad {
+		MergeAttention(o, l, ob, lb, s)
 	}
 }
 func (Kernels[F]) RMSNorm(out, rstd, inp, weight tensor.Buffer, BT, C int, eps float64) {

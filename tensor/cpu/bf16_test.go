@@ -70,7 +70,7 @@ func TestBF16WeightKernels(t *testing.T) {
 		s := tensor.MatmulShape{BT: BT, C: C, OC: OC}
 		Matmul(o.mm, tensor.FloatWeights(inp), w, s, false)
 		MatmulBackward(o.dinp, o.dw, dout, tensor.FloatWeights(inp), w, s, false)
-		Embedding(o.emb, tokens, e, BT, C)
+		Embedding(o.emb, tokens, e, tensor.EmbeddingShape{BT: BT, C: C, N: V})
 		RMSNorm(o.norm, o.rstd, inp, g, BT, C, 1e-5)
 		RMSNormBackward(o.dnorm, o.dgain, o.norm, inp, g, o.rstd, BT, C)
 		return o

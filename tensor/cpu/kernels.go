@@ -139,18 +139,59 @@ func gemmTri[F Float](b *gemmBufs, tri triangle, tA, tB bool, M, N, K int, A []F
 }
 
 // Embedding: out (BT,C) = wte[tokens] (wte is (V,C)).
-func Embedding[F Float](out []F, tokens []int32, wte tensor.Weights[F], BT, C int) {
-	for i := 0; i < BT; i++ {
-		wte.Widen(out[i*C:(i+1)*C], int(tokens[i])*C)
+func Embedding[F Float](out []F, tokens []int32, wte tensor.Weights[F], s tensor.EmbeddingShape) {
+	C := s.C
+	for i := 0; i < s.BT; i++ {
+		if t := int(tokens[i]) - s.Lo; t >= 0 && t < s.N {
+			wte.Widen(out[i*C:(i+1)*C], t*C)
+		} else {
+			clear(out[i*C : (i+1)*C]) // another rank's vocabulary row
+		}
 	}
 }
 
-// EmbeddingBackward: dwte[tokens] += dout.
-func EmbeddingBackward[F Float](dwte, dout []F, tokens []int32, BT, C int) {
-	for i := 0; i < BT; i++ {
-		row := dwte[int(tokens[i])*C : (int(tokens[i])+1)*C]
+// EmbeddingBackward: dwte[tokens] += dout, for the tokens in the table's rows.
+func EmbeddingBackward[F Float](dwte, dout []F, tokens []int32, s tensor.EmbeddingShape) {
+	C := s.C
+	for i := 0; i < s.BT; i++ {
+		t := int(tokens[i]) - s.Lo
+		if t < 0 || t >= s.N {
+			continue
+		}
+		row := dwte[t*C : (t+1)*C]
 		for c, g := range dout[i*C : (i+1)*C] {
 			row[c] += g
+		}
+	}
+}
+
+// MergeAttention folds one key block's attention (outB, lseB) into the running
+// result (out, lse) of the same queries (tensor.Kernels.MergeAttention).
+func MergeAttention[F Float](out, lse, outB, lseB []F, s tensor.AttentionShape) {
+	B, Tq, NH, HD := s.B, s.Tq, s.NH, s.HD
+	for b := 0; b < B; b++ {
+		for h := 0; h < NH; h++ {
+			for t := 0; t < Tq; t++ {
+				li := (b*NH+h)*Tq + t
+				l1, l2 := float64(lse[li]), float64(lseB[li])
+				if math.IsInf(l2, -1) {
+					continue
+				}
+				row := ((b*Tq+t)*NH + h) * HD
+				o, ob := out[row:row+HD], outB[row:row+HD]
+				if math.IsInf(l1, -1) {
+					copy(o, ob)
+					lse[li] = F(l2)
+					continue
+				}
+				mx := math.Max(l1, l2)
+				l := mx + math.Log(math.Exp(l1-mx)+math.Exp(l2-mx))
+				w1, w2 := math.Exp(l1-l), math.Exp(l2-l)
+				for d := range o {
+					o[d] = F(w1*float64(o[d]) + w2*float64(ob[d]))
+				}
+				lse[li] = F(l)
+			}
 		}
 	}
 }

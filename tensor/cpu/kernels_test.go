@@ -88,9 +88,10 @@ func TestEmbeddingGrad(t *testing.T) {
 	tokens := []int32{0, 3, 3, 4, 1, 0}
 	wte, R := randF64(r, V*C), randF64(r, BT*C)
 	out := make([]float64, BT*C)
-	loss := func() float64 { Embedding(out, tokens, tensor.FloatWeights(wte), BT, C); return dot(out, R) }
+	es := tensor.EmbeddingShape{BT: BT, C: C, N: len(wte) / C}
+	loss := func() float64 { Embedding(out, tokens, tensor.FloatWeights(wte), es); return dot(out, R) }
 	dwte := make([]float64, V*C)
-	EmbeddingBackward(dwte, R, tokens, BT, C)
+	EmbeddingBackward(dwte, R, tokens, es)
 	checkGrads(t, "embedding", map[string][]float64{"wte": wte}, map[string][]float64{"wte": dwte}, loss)
 }
 

@@ -14,9 +14,8 @@ import (
 // and fills none of them itself, it asks the memory, and the kernels take the
 // buffers. What still reaches elements on the host: the collectives'
 // arguments (f32), which take host memory in place as NCCL takes device
-// pointers, and three host loops that are not kernels yet (view, wv): tensor
-// parallelism's vocabulary-parallel embedding and cross-entropy (tp.go) and
-// context parallelism's MergeAttention (cp.go).
+// pointers, and one host loop that is not a kernel yet (view): tensor
+// parallelism's vocabulary-parallel cross-entropy (tp.go).
 
 // dtypeOf is the buffer dtype of F.
 func dtypeOf[F tensor.Float]() tensor.DType {
@@ -52,15 +51,6 @@ func (m *Model[F]) view(b tensor.Buffer) []F {
 	}
 	s := m.host.Float32s(b)
 	return unsafe.Slice((*F)(unsafe.Pointer(unsafe.SliceData(s))), len(s))
-}
-
-// wv is a weight buffer (F or bf16) as the kernels read weights: its elements
-// in place (the empty Weights for the empty Buffer: a parameter not held now).
-func (m *Model[F]) wv(b tensor.Buffer) tensor.Weights[F] {
-	if b.DType() == tensor.BFloat16 && b.Storage() != nil {
-		return tensor.BF16Weights[F](m.host.BF16s(b))
-	}
-	return tensor.FloatWeights(m.view(b))
 }
 
 // f32 is an f32 buffer's elements in place, for the communicators (float32

@@ -263,9 +263,9 @@ func (m *Model[F]) ringStart(k, v tensor.Buffer) ringSizes {
 // ringAttention is causal attention of the local queries over the whole
 // sequence: out (B·T, NH·HD) and lse, (B, NH, T/2) per half.
 func (m *Model[F]) ringAttention(out, lse, q, k, v tensor.Buffer) {
-	p, be, vw := m.cp, m.be, m.view
+	p, be := m.cp, m.be
 	r := m.ringStart(k, v)
-	n, c, hq, hk, hl, NH, HD := r.n, r.c, r.hq, r.hk, r.hl, r.NH, r.HD
+	n, hq, hk, hl := r.n, r.hq, r.hk, r.hl
 	cur, nxt := r.cur, r.nxt
 	m.mem.Zero(out)
 	m.mem.Fill(lse, math.Inf(-1))
@@ -277,45 +277,13 @@ func (m *Model[F]) ringAttention(out, lse, q, k, v tensor.Buffer) {
 		m.traced(ringAttn, s, func() {
 			m.blockPairs(src, func(qo, ko, lo int, sh tensor.AttentionShape) {
 				be.FlashAttention(p.out, p.lse, q.Slice(qo, qo+hq), cur.Slice(ko, ko+hk), cur.Slice(n+ko, n+ko+hk), sh)
-				MergeAttention(vw(out.Slice(qo, qo+hq)), vw(lse.Slice(lo, lo+hl)), vw(p.out), vw(p.lse), m.B, c, NH, HD)
+				be.MergeAttention(out.Slice(qo, qo+hq), lse.Slice(lo, lo+hl), p.out, p.lse, sh)
 			})
 		})
 		if s < p.Size-1 {
 			m.wait()
 		}
 		cur, nxt = nxt, cur
-	}
-}
-
-// MergeAttention folds one key block's attention (outB, lseB) into the running
-// result (out, lse) of the same queries, (B, Tq, NH, HD) and (B, NH, Tq): with
-// l = logaddexp(lse, lseB), out = e^(lse−l)·out + e^(lseB−l)·outB. A row that saw
-// no key so far takes the block's result as it is.
-func MergeAttention[F tensor.Float](out, lse, outB, lseB []F, B, Tq, NH, HD int) {
-	for b := 0; b < B; b++ {
-		for h := 0; h < NH; h++ {
-			for t := 0; t < Tq; t++ {
-				li := (b*NH+h)*Tq + t
-				l1, l2 := float64(lse[li]), float64(lseB[li])
-				if math.IsInf(l2, -1) {
-					continue
-				}
-				row := ((b*Tq+t)*NH + h) * HD
-				o, ob := out[row:row+HD], outB[row:row+HD]
-				if math.IsInf(l1, -1) {
-					copy(o, ob)
-					lse[li] = F(l2)
-					continue
-				}
-				mx := math.Max(l1, l2)
-				l := mx + math.Log(math.Exp(l1-mx)+math.Exp(l2-mx))
-				w1, w2 := math.Exp(l1-l), math.Exp(l2-l)
-				for d := range o {
-					o[d] = F(w1*float64(o[d]) + w2*float64(ob[d]))
-				}
-				lse[li] = F(l)
-			}
-		}
 	}
 }
 

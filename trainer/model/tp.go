@@ -178,44 +178,30 @@ func (m *Model[F]) vocabRange() (lo, n int) {
 	return lo, n
 }
 
+// embedShape is the embedding of all B·T tokens in this rank's vocabulary rows.
+func (m *Model[F]) embedShape() tensor.EmbeddingShape {
+	lo, n := m.vocabRange()
+	return tensor.EmbeddingShape{BT: m.B * m.T, C: m.Cfg.Hidden, Lo: lo, N: n}
+}
+
 // embed writes the embedding of tokens (all B·T) into x, this rank's rows: under
 // tensor parallelism each rank looks up the tokens in its vocabulary rows (zeros
 // for the others) and the partial rows are reduce-scattered.
 func (m *Model[F]) embed(x tensor.Buffer, tokens []int32) {
-	BT, C := m.B*m.T, m.Cfg.Hidden
 	if m.tp == nil {
-		m.be.Embedding(x, tokens, m.w.embed, BT, C)
+		m.be.Embedding(x, tokens, m.w.embed, m.embedShape())
 		return
 	}
-	lo, n := m.vocabRange()
 	p := m.tp
-	px, wte := m.view(p.px), m.wv(m.w.embed)
-	for i, tok := range tokens[:BT] {
-		row := px[i*C : (i+1)*C]
-		if t := int(tok) - lo; t >= 0 && t < n {
-			wte.Widen(row, t*C)
-		} else {
-			clear(row)
-		}
-	}
+	m.be.Embedding(p.px, tokens, m.w.embed, m.embedShape())
 	m.tpErr("reduce-scatter", p.Comm.ReduceScatter(m.f32(x), m.f32(p.px)))
 }
 
 // embedBackward accumulates the embedding's gradient from dres, the gradient of
-// this rank's rows of the residual stream.
+// this rank's rows of the residual stream (all rows' under tensor parallelism,
+// into this rank's vocabulary rows).
 func (m *Model[F]) embedBackward(dres tensor.Buffer, tokens []int32) {
-	BT, C := m.B*m.T, m.Cfg.Hidden
-	if m.tp == nil {
-		m.be.EmbeddingBackward(m.g.embed, dres, tokens, BT, C)
-		return
-	}
-	d := m.gatherGrad(dres)
-	lo, n := m.vocabRange()
-	for i, tok := range tokens[:BT] {
-		if t := int(tok) - lo; t >= 0 && t < n {
-			m.be.AddInto(rowsOf(m.g.embed, t, t+1, C), rowsOf(d, i, i+1, C), C)
-		}
-	}
+	m.be.EmbeddingBackward(m.g.embed, m.gatherGrad(dres), tokens, m.embedShape())
 }
 
 // crossEntropy computes every row's loss and this rank's softmax probabilities
