@@ -47,9 +47,8 @@ type unitRuntime struct {
 	// the plan computed by running these rules (parallel.UnitBuffers), made before
 	// the first step, so a step allocates nothing. woff is each gathered unit's
 	// offset in its arena. Gathered weights are in the compute dtype: wpool's
-	// fp32 arena, or hpool's bf16 arena in a bf16 run (the other is nil).
+	// arena is fp32, or bf16 in a bf16 run.
 	wpool, gpool *unitPool
-	hpool        *unitPool
 	woff, goff   []int64
 	rs           [][]float32 // per group: reduce-scatter destination
 	stream       *comm.Stream
@@ -133,11 +132,11 @@ func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, ca
 	}
 	// The arenas the plan budgets (parallel.UnitBuffers), made now in the rank's
 	// backend memory.
+	wdt := tensor.Float32
 	if st.bf16 {
-		u.hpool = newUnitPool(st.mem, tensor.BFloat16, p.Buffers.Gather, p.Buffers.GatherSlot)
-	} else {
-		u.wpool = newUnitPool(st.mem, tensor.Float32, p.Buffers.Gather, p.Buffers.GatherSlot)
+		wdt = tensor.BFloat16
 	}
+	u.wpool = newUnitPool(st.mem, wdt, p.Buffers.Gather, p.Buffers.GatherSlot)
 	u.gpool = newUnitPool(st.mem, tensor.Float32, p.Buffers.Reduce, p.Buffers.ReduceSlot)
 	u.woff, u.goff = make([]int64, n), make([]int64, n)
 	return u
@@ -180,31 +179,14 @@ func (p *unitPool) put(off int64, b tensor.Buffer) {
 	}
 }
 
-// bytes is what the pool holds: its arena and the most it held apart (nothing
-// for a nil pool).
+// bytes is what the pool holds: its arena and the most it held apart.
 func (p *unitPool) bytes() int64 {
-	if p == nil {
-		return 0
-	}
 	return int64(p.arena.DType().Size()) * (int64(p.arena.Len()) + p.extra)
-}
-
-// getWeights returns a gathered unit's buffer of n elements in the compute
-// dtype, and its offset in the arena.
-func (u *unitRuntime) getWeights(n int64) (tensor.Buffer, int64) {
-	if u.hpool != nil {
-		return u.hpool.get(n)
-	}
-	return u.wpool.get(n)
 }
 
 // putWeights releases unit ui's gathered weights.
 func (u *unitRuntime) putWeights(ui int) {
-	if u.hpool != nil {
-		u.hpool.put(u.woff[ui], u.wbuf[ui])
-	} else {
-		u.wpool.put(u.woff[ui], u.wbuf[ui])
-	}
+	u.wpool.put(u.woff[ui], u.wbuf[ui])
 	u.wbuf[ui] = tensor.Buffer{}
 }
 
@@ -233,7 +215,7 @@ func (u *unitRuntime) bind(ui int) {
 
 // startGather queues the unit's all-gather on the stream.
 func (u *unitRuntime) startGather(ui int) {
-	u.wbuf[ui], u.woff[ui] = u.getWeights(u.length[ui])
+	u.wbuf[ui], u.woff[ui] = u.wpool.get(u.length[ui])
 	u.ready[ui] = u.gatherH[ui]
 	u.stream.Start(u.gatherH[ui])
 }
@@ -417,7 +399,7 @@ var _ model.Hooks = (*unitRuntime)(nil)
 // memory is what the runtime holds beside the plan's gathered-unit and
 // grad-reduce buffers: its arenas and anything made apart.
 func (u *unitRuntime) memory() (gathered, gradBuffers int64) {
-	return u.wpool.bytes() + u.hpool.bytes(), u.gpool.bytes()
+	return u.wpool.bytes(), u.gpool.bytes()
 }
 
 // tracer collects Chrome trace events (viewable in Perfetto or chrome://tracing):

@@ -234,7 +234,7 @@ func TestBF16Compute(t *testing.T) {
 	})
 	require.NoError(t, err)
 	for gi := range so.plan.Groups {
-		require.Same(t, &so.host.BF16s(so.weights[gi])[so.lo[gi]], &so.wshard[gi][0], "group %d's bf16 shard aliases its full weights", gi)
+		require.Same(t, &so.host.BF16s(so.weights[gi])[so.lo[gi]], &so.host.BF16s(so.wshardB[gi])[0], "group %d's bf16 shard aliases its full weights", gi)
 	}
 	out, err := Run(context.Background(), res, opts())
 	require.NoError(t, err)

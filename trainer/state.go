@@ -43,8 +43,7 @@ type state struct {
 	grads   [][]float32     // per group: full gradients (Padded), fp32
 	main    [][]float32     // per group: this rank's shard of the fp32 main weights
 	gshard  [][]float32     // per group: this rank's shard of the reduced gradients
-	wshard  [][]tensor.BF16 // per group: this rank's bf16 compute shard, to gather (bf16 only; its part of weights unless optim_grads_params)
-	wshardB []tensor.Buffer // the same as buffers
+	wshardB []tensor.Buffer // per group: this rank's bf16 compute shard, to gather (bf16 only; its part of weights unless optim_grads_params)
 	// The same as backend buffers: the optimizer's operands (mainB, gshardB, and
 	// the moments mB, vB, which nothing else reads), and the gradient
 	// components whole (gradsAll without unit gradients, gshardAll the shards
@@ -208,13 +207,9 @@ func (s *state) allocate(r *config.Recipe) error {
 			gradShards += hi - lo
 		}
 	}
-	wdt := tensor.Float32
-	if s.bf16 {
-		wdt = tensor.BFloat16
-	}
 	var weights, grads, main, wshard tensor.Buffer
 	if !s.perUnit {
-		weights = s.mem.Alloc(wdt, int(full))
+		weights = s.newWeights(full)
 	}
 	if !s.unitGrads {
 		grads = s.mem.Alloc(tensor.Float32, int(full))
@@ -263,9 +258,6 @@ func (s *state) allocate(r *config.Recipe) error {
 			mainB = main.Slice(so, so+n)
 		default:
 			mainB = weights.Slice(fo+int(lo), fo+int(hi)) // fp32 compute: the main weights are the weights themselves
-		}
-		if s.bf16 {
-			s.wshard = append(s.wshard, s.host.BF16s(s.wshardB[gi]))
 		}
 		s.mainB, s.main = append(s.mainB, mainB), append(s.main, s.host.Float32s(mainB))
 		var gsB tensor.Buffer

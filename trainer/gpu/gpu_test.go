@@ -151,7 +151,7 @@ func tracksCPU(t *testing.T, recipe string, tol float64) {
 		for _, g := range grads {
 			clear(g)
 		}
-		sum, n := cm.Loss(cpu.NewMemory(), tokens, targets)
+		sum, n := cm.Loss(tokens, targets)
 		cm.Backward(tokens, targets, 1/float64(n))
 		var sq float64
 		for _, g := range grads {
@@ -231,7 +231,7 @@ func TestGradientsMatchCPU(t *testing.T) {
 				for _, g := range grads {
 					clear(g)
 				}
-				sum, n := cm.Loss(cpu.NewMemory(), tokens, targets)
+				sum, n := cm.Loss(tokens, targets)
 				cm.Backward(tokens, targets, 1/float64(n))
 				var got [][]float32
 				var met Metrics

@@ -242,18 +242,18 @@ func (m *Model[F]) rope(xb tensor.Buffer, heads int, backward bool) {
 }
 
 // ringSizes are a ring pass's sizes: n values in each of K, V, dK, dV of a block,
-// c tokens per chunk, and the elements of one half of q (and out), of k or v, and
-// of the log-sum-exps; and its two blocks, cur holding this rank's K/V.
+// and the elements of one half of q (and out), of k or v, and of the
+// log-sum-exps; and its two blocks, cur holding this rank's K/V.
 type ringSizes struct {
-	n, c, hq, hk, hl, NH, HD int
-	cur, nxt                 tensor.Buffer
+	n, hq, hk, hl int
+	cur, nxt      tensor.Buffer
 }
 
 // ringStart loads this rank's K and V into the first ring block.
 func (m *Model[F]) ringStart(k, v tensor.Buffer) ringSizes {
 	_, _, NH, NKV, HD, _, _ := m.dims()
 	c := m.T / 2
-	r := ringSizes{n: m.B * m.T * NKV * HD, c: c, hq: m.B * c * NH * HD, hk: m.B * c * NKV * HD, hl: m.B * NH * c, NH: NH, HD: HD,
+	r := ringSizes{n: m.B * m.T * NKV * HD, hq: m.B * c * NH * HD, hk: m.B * c * NKV * HD, hl: m.B * NH * c,
 		cur: m.cp.ring[0], nxt: m.cp.ring[1]}
 	m.mem.Copy(r.cur.Slice(0, r.n), k)
 	m.mem.Copy(r.cur.Slice(r.n, 2*r.n), v)

@@ -546,15 +546,15 @@ func (m *Model[F]) Forward(tokens, targets []int32, loss tensor.Buffer, accumula
 }
 
 // Loss runs Forward on tokens and targets and reads the loss sum back from a
-// buffer of mem's (a counted read-back): the sum and the tokens counted, for
-// code that wants one batch's loss on the host (tests, checks against another
-// engine), not for training steps.
-func (m *Model[F]) Loss(mem tensor.Memory, tokens, targets []int32) (sum float64, count int) {
-	buf := mem.Alloc(tensor.Float64, 1)
-	defer mem.Free(buf)
+// buffer of the model's memory (a counted read-back): the sum and the tokens
+// counted, for code that wants one batch's loss on the host (tests, checks
+// against another engine), not for training steps.
+func (m *Model[F]) Loss(tokens, targets []int32) (sum float64, count int) {
+	buf := m.mem.Alloc(tensor.Float64, 1)
+	defer m.mem.Free(buf)
 	count = m.Forward(tokens, targets, buf, false)
 	var s [1]float64
-	mem.Read(s[:], buf)
+	m.mem.Read(s[:], buf)
 	return s[0], count
 }
 

@@ -71,10 +71,10 @@ func TestModelGradient(t *testing.T) {
 		// the load-balancing loss weighted by the micro-batch's share of the counted
 		// tokens, scale·B·T (10/9 here: one target is ignored).
 		loss := func() float64 {
-			s, n := lossOf(m, tokens, targets)
+			s, n := m.Loss(tokens, targets)
 			return s/float64(n) + m.AuxLoss()*float64(B*T)/float64(n)
 		}
-		_, n := lossOf(m, tokens, targets)
+		_, n := m.Loss(tokens, targets)
 		m.Backward(tokens, targets, 1/float64(n))
 		const h = 1e-5
 		for i := range table {
@@ -213,7 +213,7 @@ func TestBF16Weights(t *testing.T) {
 			}
 			m, err := New[float32](tc.cfg, table, w, gb, cpu.Backend{}, B, T, append([]Option{WithMemory(mem)}, tc.opts...)...)
 			require.NoError(t, err)
-			loss, n := lossOf(m, tokens, targets)
+			loss, n := m.Loss(tokens, targets)
 			require.Equal(t, 9, n, name)
 			m.Backward(tokens, targets, 1/float64(n))
 			return loss
@@ -265,7 +265,7 @@ func TestMoESums(t *testing.T) {
 	sums := map[string][2]float64{}
 	for _, mode := range []string{"none", "full"} {
 		m, _, _, _ := build[float32](t, cfg, B, T, WithRecompute(mode))
-		_, n := lossOf(m, tokens, targets)
+		_, n := m.Loss(tokens, targets)
 		if mode == "none" { // every layer keeps its own routing
 			var aux float64
 			dropped := 0

@@ -64,7 +64,7 @@ func TestBF16Activations(t *testing.T) {
 					for _, x := range g {
 						clear(x)
 					}
-					sum, n := lossOf(m, tokens, targets)
+					sum, n := m.Loss(tokens, targets)
 					m.Backward(tokens, targets, 1/float64(n))
 					loss = sum / float64(n)
 				}

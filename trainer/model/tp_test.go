@@ -79,7 +79,7 @@ func meshPass(t *testing.T, cfg config.Model, B, T, tp, cp int, recompute string
 			tok, tgt := make([]int32, B*T/cp), make([]int32, B*T/cp)
 			LocalTokens(tok, tokens, B, T, cr, cp)
 			LocalTokens(tgt, targets, B, T, cr, cp)
-			sums[r], counts[r] = lossOf(m, tok, tgt)
+			sums[r], counts[r] = m.Loss(tok, tgt)
 			aux[r] = m.AuxLoss()
 			m.Backward(tok, tgt, 1.0/float64(B*T))
 			errs[r], grads[r] = m.Err(), g
