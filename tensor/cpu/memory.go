@@ -264,15 +264,10 @@ func (m *Memory) Err() error {
 
 // BF16s is a bf16 buffer's elements in place, as Float32s.
 func (m *Memory) BF16s(b tensor.Buffer) []tensor.BF16 {
-	s, ok := m.own("view", b)
-	if !ok {
-		return nil
+	if s, lo, hi, ok := m.viewed(b, tensor.BFloat16); ok {
+		return s.bf16[lo:hi:hi]
 	}
-	if s.dt != tensor.BFloat16 {
-		m.fail(fmt.Errorf("cpu: a %v buffer viewed as bf16", s.dt))
-		return nil
-	}
-	return s.bf16[b.Offset() : b.Offset()+b.Len() : b.Offset()+b.Len()]
+	return nil
 }
 
 // Float32s is an f32 buffer's elements in place, for collectives over host
@@ -280,28 +275,31 @@ func (m *Memory) BF16s(b tensor.Buffer) []tensor.BF16 {
 // leaves the backend's memory, as when NCCL is handed a device pointer. It is
 // nil, with the failure kept, for any other buffer.
 func (m *Memory) Float32s(b tensor.Buffer) []float32 {
-	s, ok := m.own("view", b)
-	if !ok {
-		return nil
+	if s, lo, hi, ok := m.viewed(b, tensor.Float32); ok {
+		return s.f32[lo:hi:hi]
 	}
-	if s.dt != tensor.Float32 {
-		m.fail(fmt.Errorf("cpu: a %v buffer viewed as float32", s.dt))
-		return nil
-	}
-	return s.f32[b.Offset() : b.Offset()+b.Len() : b.Offset()+b.Len()]
+	return nil
 }
 
 // Float64s is an f64 buffer's elements in place, as Float32s.
 func (m *Memory) Float64s(b tensor.Buffer) []float64 {
-	s, ok := m.own("view", b)
-	if !ok {
-		return nil
+	if s, lo, hi, ok := m.viewed(b, tensor.Float64); ok {
+		return s.f64[lo:hi:hi]
 	}
-	if s.dt != tensor.Float64 {
-		m.fail(fmt.Errorf("cpu: a %v buffer viewed as float64", s.dt))
-		return nil
+	return nil
+}
+
+// viewed is b's storage and element range for a host view of dtype t, when b
+// is a live buffer of this memory of that dtype; otherwise the failure is kept.
+func (m *Memory) viewed(b tensor.Buffer, t tensor.DType) (s *store, lo, hi int, ok bool) {
+	if s, ok = m.own("view", b); !ok {
+		return nil, 0, 0, false
 	}
-	return s.f64[b.Offset() : b.Offset()+b.Len() : b.Offset()+b.Len()]
+	if s.dt != t {
+		m.fail(fmt.Errorf("cpu: a %v buffer viewed as %v", s.dt, t))
+		return nil, 0, 0, false
+	}
+	return s, b.Offset(), b.Offset() + b.Len(), true
 }
 
 func (m *Memory) fail(err error) {
