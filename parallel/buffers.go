@@ -49,6 +49,67 @@ type UnitBuffers struct {
 	// unit where slots make the arena smaller, else 0.
 	GatherSlot int64 `json:"gather_slot"`
 	ReduceSlot int64 `json:"reduce_slot"`
+	// Stage is the reduction's staging (ReduceStage).
+	Stage ReduceStage `json:"reduce_stage"`
+}
+
+// ReduceStage is the scratch a rank's gradient reduction uses beside the
+// gradient buffers, in elements. Every group's reduction reuses it in turn: a
+// rank reduces on one stream, one group at a time. Wire holds a group's fp32
+// gradients rounded to bf16 for the wire (grad_reduce_in_bf16); Part holds this
+// rank's part of the sum where it cannot land in the gradient shard directly:
+// it arrives in bf16, or it is added to earlier micro-batches' gradients
+// (optim_grads, optim_grads_params); PartBF16 is Part's dtype.
+type ReduceStage struct {
+	Wire     int64 `json:"wire_elems"`
+	Part     int64 `json:"part_elems"`
+	PartBF16 bool  `json:"part_bf16"`
+}
+
+// Bytes is what the stage holds.
+func (s ReduceStage) Bytes() int64 {
+	part := int64(4)
+	if s.PartBF16 {
+		part = 2
+	}
+	return 2*s.Wire + part*s.Part
+}
+
+// reduceStage sizes the staging by the trainer's reduction rules
+// (trainer/state.go: reduce, reduceInto) for groups reduced over more than one
+// rank: a sharded group is reduce-scattered, through Wire (its padded length)
+// and Part (its shard) in bf16, or in fp32 straight into the gradient shard
+// unless it must be added there (Part); a whole group is all-reduced, in place
+// in fp32, or in bf16 as a reduce-scatter over n equal chunks and an all-gather
+// (Wire n chunks, Part one). Gradients held in bf16 (gradHeld 2, the plan of
+// several GPUs) go on the wire as they are: only a part added into the shard
+// is staged.
+func reduceStage(r *config.Recipe, p *Plan, gradHeld int64) ReduceStage {
+	bf16 := r.FSDP.GradReduceInBF16
+	s := r.FSDP.DataParallelShardingStrategy
+	adds := s == "optim_grads" || s == "optim_grads_params"
+	st := ReduceStage{PartBF16: bf16}
+	for i := range p.Groups {
+		g := &p.Groups[i]
+		n := int64(p.Mesh.Size(g.Axis))
+		if n == 1 {
+			continue
+		}
+		switch {
+		case gradHeld == 2:
+			if g.Shards > 1 && adds {
+				st.Part = max(st.Part, g.ShardNumel())
+			}
+		case g.Shards > 1 && bf16:
+			st.Wire, st.Part = max(st.Wire, g.Padded), max(st.Part, g.ShardNumel())
+		case g.Shards > 1 && adds:
+			st.Part = max(st.Part, g.ShardNumel())
+		case g.Shards == 1 && bf16:
+			L := (g.Padded + n - 1) / n
+			st.Wire, st.Part = max(st.Wire, n*L), max(st.Part, L)
+		}
+	}
+	return st
 }
 
 // unitBuffers sizes the runtime's arenas, each by plain first fit or in slots of

@@ -15,7 +15,7 @@ type Memory struct {
 	Grads             int64 `json:"grads"`               // gradient accumulation buffers
 	OptimizerState    int64 `json:"optimizer_state"`     // AdamW moments (or SGD momentum)
 	GatheredUnits     int64 `json:"gathered_units"`      // all-gathered unit weights (optim_grads_params)
-	GradReduceBuffers int64 `json:"grad_reduce_buffers"` // full unit grads before reduce-scatter
+	GradReduceBuffers int64 `json:"grad_reduce_buffers"` // full unit grads before reduce-scatter, and the reduction's staging
 	Activations       int64 `json:"activations"`         // saved for backward, one micro-batch
 	MoEDispatch       int64 `json:"moe_dispatch"`        // all-to-all send+receive token buffers
 	Logits            int64 `json:"logits"`              // output logits and the loss's fp32 softmax

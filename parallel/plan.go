@@ -127,7 +127,8 @@ func (p *Plan) memory(r *config.Recipe, d dtypes) {
 	mem := staticMemory(p.Strategy, full, shard, d)
 	p.Buffers = unitBuffers(r, p, unitFull)
 	mem.GatheredUnits = p.Buffers.Gather * d.compute
-	mem.GradReduceBuffers = p.Buffers.Reduce * d.gradHeld
+	p.Buffers.Stage = reduceStage(r, p, d.gradHeld)
+	mem.GradReduceBuffers = p.Buffers.Reduce*d.gradHeld + p.Buffers.Stage.Bytes()
 	t := tokensOf(r, p.Mesh)
 	mem.Activations = activationBytes(r, p.Mesh, t, d)
 	mem.MoEDispatch, p.MoEDispatchWorst = dispatchBytes(r, p.Mesh, t, d)

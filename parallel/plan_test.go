@@ -107,8 +107,11 @@ func TestTinyByHand(t *testing.T) {
 	// at offset 0, leaves a range below the layers that none fits); in slots of a
 	// layer the head shares a slot, so the slots win.
 	assert.EqualValues(t, 2*layer*4, m.GatheredUnits, "prefetch: two gathered layers")
-	assert.EqualValues(t, 2*layer*4, m.GradReduceBuffers, "overlap_grad_reduce: two unit grad buffers")
-	assert.Equal(t, UnitBuffers{Largest: layer, Gather: 2 * layer, Reduce: 2 * layer, GatherSlot: layer, ReduceSlot: layer}, p.Buffers)
+	// The reduction's staging: a layer's shard of the sum (fp32), added into
+	// the gradient shard.
+	assert.EqualValues(t, 2*layer*4+layer/4*4, m.GradReduceBuffers, "overlap_grad_reduce: two unit grad buffers, and the staging")
+	assert.Equal(t, UnitBuffers{Largest: layer, Gather: 2 * layer, Reduce: 2 * layer, GatherSlot: layer, ReduceSlot: layer,
+		Stage: ReduceStage{Part: layer / 4}}, p.Buffers)
 	assert.EqualValues(t, (L*(attn+mlp)+2*tokens*H)*4+(2*L+1)*tokens*4+L*heads*tokens*4, m.Activations, "and the norms' reciprocal RMS per row, and flash attention's log-sum-exps")
 	assert.EqualValues(t, tokens*V*(4+4)+tokens*4, m.Logits, "logits, probabilities, token losses")
 	assert.EqualValues(t, 0, m.MoEDispatch)
@@ -424,20 +427,27 @@ func TestPlanRefusesWhatLintRefuses(t *testing.T) {
 // while a plan of several GPUs counts Megatron-FSDP's bf16 activations and
 // gradients.
 func TestEngineDtypes(t *testing.T) {
-	mem := func(sets ...string) Memory {
+	plan := func(sets ...string) *Plan {
 		res := load(t, "../recipes/tiny.toml", append([]string{"parallel.world_size=2", "train.global_batch_size=32"}, sets...)...)
 		topo, err := TopologyOf(res.Recipe.Parallel)
 		require.NoError(t, err)
 		p, err := Compile(&res.Recipe, topo)
 		require.NoError(t, err)
-		return p.Memory
+		return p
 	}
+	mem := func(sets ...string) Memory { return plan(sets...).Memory }
 	fp32 := mem()
-	cpu := mem("precision.bf16=true", "fsdp.grad_reduce_in_bf16=true")
+	cpuPlan := plan("precision.bf16=true", "fsdp.grad_reduce_in_bf16=true")
+	cpu := cpuPlan.Memory
 	assert.Equal(t, fp32.Weights/2, cpu.Weights)
 	assert.Equal(t, fp32.GatheredUnits/2, cpu.GatheredUnits)
 	assert.Equal(t, fp32.Grads, cpu.Grads)
-	assert.Equal(t, fp32.GradReduceBuffers, cpu.GradReduceBuffers)
+	// The unit gradient buffers hold fp32; the staging rounds a layer (the
+	// largest group, 213,248 values) to bf16 for the wire and receives its
+	// shard in bf16, where fp32 receives the shard in fp32.
+	const layer = 213248
+	assert.Equal(t, ReduceStage{Wire: layer, Part: layer / 2, PartBF16: true}, cpuPlan.Buffers.Stage)
+	assert.Equal(t, fp32.GradReduceBuffers-layer/2*4, cpu.GradReduceBuffers-2*(layer+layer/2))
 	// tiny, per token: a layer keeps 2176 values (attention 768, MLP 1408) and
 	// flash attention's 4 log-sum-exps, the final norm 256, the norms' reciprocal
 	// RMS 9 (log-sum-exps and reciprocal RMS fp32 in both). fp32: 4·2176·4 +

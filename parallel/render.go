@@ -133,6 +133,17 @@ func (p *Plan) WriteTable(w io.Writer) error {
 		fmt.Fprintf(&b, "  (FSDP buffer arenas: gather %s, gradient %s elements; the largest unit %s)\n",
 			formatCount(u.Gather), formatCount(u.Reduce), formatCount(u.Largest))
 	}
+	if st := p.Buffers.Stage; st.Wire+st.Part > 0 {
+		dt := "fp32"
+		if st.PartBF16 {
+			dt = "bf16"
+		}
+		wire := ""
+		if st.Wire > 0 {
+			wire = fmt.Sprintf("%s bf16 elements for the wire, ", formatCount(st.Wire))
+		}
+		fmt.Fprintf(&b, "  (gradient reduction staging: %s%s %s elements for this rank's part of the sum)\n", wire, formatCount(st.Part), dt)
+	}
 
 	b.WriteString("\ncommunication per step\n")
 	if len(p.Collectives) == 0 {

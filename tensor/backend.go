@@ -79,6 +79,7 @@ type Kernels[F Float] interface {
 	CrossEntropyBackward(dlogits, dloss, probs Buffer, targets []int32, BT, V int)
 
 	Add(out, a, b Buffer, n int)
+	// AddInto adds n values of src, F or bf16 (widened as read), into dst.
 	AddInto(dst, src Buffer, n int)
 
 	// Mixture of experts: routing, expert-major permutation of token copies, and the

@@ -255,7 +255,9 @@ func shardedMemory(t *testing.T, strategy string) {
 // byte: with and without overlap, prefetch, the double buffer and a
 // communication-unit cap, with tied embeddings (the head block holds the
 // embedding's unit too), an embedding larger than a layer, and MoE experts
-// sharded over edp beside the dense weights (8 ranks, ep 2).
+// sharded over edp beside the dense weights (8 ranks, ep 2); and the
+// reduction's staging (bf16 on the wire, or the fp32 part of the sum added
+// into the shard), counted with them, under every strategy that reduces.
 func TestUnitBuffersFollowThePlan(t *testing.T) {
 	base := []string{"train.steps=2", "train.micro_batch_size=1", "train.global_batch_size=8", "train.eval_interval=1", "parallel.world_size=4"}
 	off := []string{"fsdp.overlap_grad_reduce=false", "fsdp.overlap_param_gather=false"}
@@ -274,6 +276,13 @@ func TestUnitBuffersFollowThePlan(t *testing.T) {
 		"bf16":                   {"precision.bf16=true"},
 		"bf16 moe ep 2":          append(append([]string{}, moe...), "precision.bf16=true"),
 		"bf16 optim_grads":       {"precision.bf16=true", "fsdp.data_parallel_sharding_strategy=optim_grads"},
+		// The reduction's staging (bf16 on the wire) is counted with the buffers,
+		// under every strategy that reduces.
+		"bf16 reduce":              {"precision.bf16=true", "fsdp.grad_reduce_in_bf16=true"},
+		"bf16 reduce, optim":       {"precision.bf16=true", "fsdp.grad_reduce_in_bf16=true", "fsdp.data_parallel_sharding_strategy=optim"},
+		"bf16 reduce, no_shard":    {"precision.bf16=true", "fsdp.grad_reduce_in_bf16=true", "fsdp.data_parallel_sharding_strategy=no_shard"},
+		"bf16 reduce, moe ep 2":    append(append([]string{}, moe...), "precision.bf16=true", "fsdp.grad_reduce_in_bf16=true"),
+		"bf16 reduce, optim_grads": {"fsdp.grad_reduce_in_bf16=true", "fsdp.data_parallel_sharding_strategy=optim_grads"},
 	}
 	for name, sets := range cases {
 		res, _ := tinyRun(t, append(append([]string{}, base...), sets...)...)

@@ -50,7 +50,6 @@ type unitRuntime struct {
 	// arena is fp32, or bf16 in a bf16 run.
 	wpool, gpool *unitPool
 	woff, goff   []int64
-	rs           [][]float32 // per group: reduce-scatter destination
 	stream       *comm.Stream
 	inflight     []flight
 	// Per unit: its all-gather and its reduce-scatter as stream operations, made
@@ -127,9 +126,6 @@ func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, ca
 		}
 	}
 	copy(u.left, u.uses)
-	for gi := range p.Groups {
-		u.rs = append(u.rs, make([]float32, len(st.gshard[gi])))
-	}
 	// The arenas the plan budgets (parallel.UnitBuffers), made now in the rank's
 	// backend memory.
 	wdt := tensor.Float32
@@ -244,11 +240,11 @@ func (o unitOp) Run(comm.Communicator) error {
 		var err error
 		switch {
 		case o.reduce:
-			err = st.reduceInto(gi, st.host.Float32s(u.reducing[ui].Slice(int(lo), int(hi))), u.rs[gi])
+			err = st.reduceInto(gi, u.reducing[ui].Slice(int(lo), int(hi)))
 		case st.comms[gi].Size() == 1 || g.Shards == 1:
-			copyWeights(st.weightsView(u.wbuf[ui].Slice(int(lo), int(hi))), st.computeShard(gi))
+			st.copyWeights(u.wbuf[ui].Slice(int(lo), int(hi)), st.computeShardBuffer(gi))
 		default:
-			err = allGatherWeights(st.comms[gi], st.weightsView(u.wbuf[ui].Slice(int(lo), int(hi))), st.computeShard(gi))
+			err = st.comms[gi].AllGather(u.wbuf[ui].Slice(int(lo), int(hi)), st.computeShardBuffer(gi))
 		}
 		if err != nil {
 			return fmt.Errorf("%s unit %s: %w", what, st.plan.Units[ui].Name, err)

@@ -256,8 +256,10 @@ func (t *run) held() Memory {
 	act, logits := t.m.ActivationBytes()
 	h := Memory{Weights: w, MainWeights: main, Grads: g, OptimizerState: o, Activations: act, MoEDispatch: t.m.DispatchBytes(), Logits: logits,
 		Scratch: t.m.ScratchBytes()}
+	h.GradReduceBuffers = t.st.stageBytes()
 	if t.rt != nil {
-		h.GatheredUnits, h.GradReduceBuffers = t.rt.memory()
+		gathered, grads := t.rt.memory()
+		h.GatheredUnits, h.GradReduceBuffers = gathered, h.GradReduceBuffers+grads
 	}
 	h.Total = w + main + g + o + act + h.MoEDispatch + logits + h.Scratch + h.GatheredUnits + h.GradReduceBuffers
 	return h

@@ -127,7 +127,8 @@ func TestRunReadsBackOncePerLoggingInterval(t *testing.T) {
 }
 
 // TestStateLivesInBackendMemory: a rank's weights, main weights, gradients,
-// optimizer state, the FSDP runtime's unit-buffer arenas and the model's
+// optimizer state, the FSDP runtime's unit-buffer arenas, the gradient
+// reduction's staging and the model's
 // activations, logits, scratch and dispatch buffers are allocated in its
 // backend memory before the first step, and nothing else is, beside the step
 // statistics and the MoE sums: the memory's held bytes equal those components
@@ -145,6 +146,8 @@ func TestStateLivesInBackendMemory(t *testing.T) {
 		"no_shard":                {"fsdp.data_parallel_sharding_strategy=no_shard"},
 		"bf16 optim_grads_params": {"precision.bf16=true", "fsdp.data_parallel_sharding_strategy=optim_grads_params"},
 		"bf16 optim":              {"precision.bf16=true", "fsdp.data_parallel_sharding_strategy=optim"},
+		"bf16 reduce":             {"precision.bf16=true", "fsdp.grad_reduce_in_bf16=true"},
+		"bf16 reduce no_shard":    {"precision.bf16=true", "fsdp.grad_reduce_in_bf16=true", "fsdp.data_parallel_sharding_strategy=no_shard"},
 		"moe-ep2":                 append([]string{"parallel.expert_parallel=2"}, moe...),
 		"moe-ep2 capacity":        append([]string{"parallel.expert_parallel=2", "model.moe.capacity_factor=1.0"}, moe...),
 	} {
@@ -156,7 +159,8 @@ func TestStateLivesInBackendMemory(t *testing.T) {
 			for i, r := range runs {
 				components := func() int64 {
 					w, main, g, o := r.st.bytes()
-					if r.rt != nil { // the unit runtime's arenas (no buffer was made apart here)
+					w += r.st.stageBytes() // the gradient reduction's staging
+					if r.rt != nil {       // the unit runtime's arenas (no buffer was made apart here)
 						gathered, reduce := r.rt.memory()
 						w += gathered + reduce
 					}

@@ -552,10 +552,10 @@ func (t *run) openModel(startStep int) error {
 		mopts = append(mopts, model.WithBF16Activations())
 	}
 	if t.st.epComm != nil {
-		mopts = append(mopts, model.WithExpertParallel(model.ExpertParallel{Comm: t.st.epComm, Rank: t.st.epRank, Size: t.st.epComm.Size()}))
+		mopts = append(mopts, model.WithExpertParallel(model.ExpertParallel{Comm: t.st.epG, Rank: t.st.epRank, Size: t.st.epComm.Size()}))
 	}
 	if t.st.cpComm != nil {
-		cp := model.ContextParallel{Comm: t.st.cpComm, Rank: t.st.cpRank, Size: t.st.cpComm.Size()}
+		cp := model.ContextParallel{Comm: t.st.cpG, Rank: t.st.cpRank, Size: t.st.cpComm.Size()}
 		if t.trace != nil {
 			cp.Trace = func(name string, comm bool, start, end time.Time) {
 				cat, tid := "compute", 0
@@ -568,7 +568,7 @@ func (t *run) openModel(startStep int) error {
 		mopts = append(mopts, model.WithContextParallel(cp))
 	}
 	if t.st.tpComm != nil {
-		mopts = append(mopts, model.WithTensorParallel(model.TensorParallel{Comm: t.st.tpComm, Rank: t.st.tpRank, Size: t.st.tpComm.Size()}))
+		mopts = append(mopts, model.WithTensorParallel(model.TensorParallel{Comm: t.st.tpG, Rank: t.st.tpRank, Size: t.st.tpComm.Size()}))
 	}
 	var err error
 	t.m, err = model.New[float32](r.Model, t.plan.Params, t.st.wviews, t.st.gviews, t.opts.Backend, B, T, mopts...)
@@ -921,7 +921,7 @@ func (t *run) gradStep(step int) error {
 	st.mem.Write(st.stats.At(tensor.StatTokens), b.countHost)
 	// One rank keeps its float64 sums; several add them in float32.
 	if st.world.Size() > 1 {
-		if err := st.allReduceStats(st.world, tensor.StatLoss, tensor.StatSumSq); err != nil {
+		if err := st.allReduceStats(st.worldG, tensor.StatLoss, tensor.StatSumSq); err != nil {
 			return err
 		}
 	}
@@ -1060,7 +1060,7 @@ func (t *run) evaluate() float64 {
 		st.mem.Write(st.wire.At(1), []float64{float64(count)})
 		err := st.mem.Err()
 		if err == nil {
-			err = st.cpComm.AllReduce(st.wireHost[:2])
+			err = st.cpG.AllReduce(st.wire.Slice(0, 2))
 		}
 		if err != nil && t.evalErr == nil {
 			// Surfaced by the flush that follows every evaluation (after the model's

@@ -5,6 +5,7 @@ import (
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/parallel/collective"
 	"github.com/shardline/shardline/parallel/comm"
 	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/trainer/model"
@@ -40,44 +41,50 @@ type state struct {
 	// weights are the full compute weights per group (Padded; empty under
 	// optim_grads_params until gatherFull): fp32, or bf16 storage in a bf16 run.
 	weights []tensor.Buffer
-	grads   [][]float32     // per group: full gradients (Padded), fp32
-	main    [][]float32     // per group: this rank's shard of the fp32 main weights
-	gshard  [][]float32     // per group: this rank's shard of the reduced gradients
+	grads   []tensor.Buffer // per group: full gradients (Padded), fp32 (empty under optim_grads, optim_grads_params)
+	main    [][]float32     // per group: this rank's shard of the fp32 main weights, on the host (initialisation, checkpoints)
 	wshardB []tensor.Buffer // per group: this rank's bf16 compute shard, to gather (bf16 only; its part of weights unless optim_grads_params)
-	// The same as backend buffers: the optimizer's operands (mainB, gshardB, and
-	// the moments mB, vB, which nothing else reads), and the gradient
-	// components whole (gradsAll without unit gradients, gshardAll the shards
-	// that are not views of it), which a step zeroes.
+	// The optimizer's operands (mainB, the main weights, gshardB, this rank's
+	// shard of the reduced gradients, and the moments mB, vB, which nothing else
+	// reads), and the gradient components whole (gradsAll without unit
+	// gradients, gshardAll the shards that are not views of it), which a step
+	// zeroes.
 	mainB, gshardB, mB, vB []tensor.Buffer
 	gradsAll, gshardAll    tensor.Buffer
-	lo                     []int64 // per group: start of this rank's shard
-	segs                   [][]segment
-	comms                  []comm.Communicator // per group: its dp×cp or edp group
-	world                  comm.Communicator
+	// wireStage and partStage are the gradient reduction's staging
+	// (parallel.ReduceStage), which every group's reduction reuses in turn.
+	wireStage, partStage tensor.Buffer
+	lo                   []int64 // per group: start of this rank's shard
+	segs                 [][]segment
+	comms                []collective.Group // per group: its dp×cp or edp group, on buffers
+	// world is the world's communicator, for the host's exchanges (checkpoints,
+	// evaluation), and worldG its collectives on buffers (the step's statistics).
+	world  comm.Communicator
+	worldG collective.Group
 	// mem is the backend's memory of this rank; stats is the step's statistics
 	// buffer there (tensor.NumStats, f64: loss and token sums, square sums,
 	// norm, clip factor, whether the update applies, optimizer steps), written
 	// and read by kernels so that a step reads nothing back; wire is the f32
-	// buffer statistics are all-reduced through (wireHost its elements, which
-	// the host-memory communicators take in place).
-	mem        tensor.Memory
-	host       tensor.HostMemory // mem, whose buffers the model and collectives view in place
-	stats      tensor.Buffer
-	wire       tensor.Buffer
-	wireHost   []float32
-	bsrc, bdst [][]uint16 // per group: bf16 reduction buffers (bf16Scratch)
+	// buffer statistics are all-reduced through.
+	mem   tensor.Memory
+	host  tensor.HostMemory // mem, whose buffers the host-memory collectives view in place (collective.OnHost)
+	stats tensor.Buffer
+	wire  tensor.Buffer
 	// Expert parallelism: this rank's ep coordinate, experts per ep rank, and the
-	// ep group (nil when ep = 1).
+	// ep group (nil when ep = 1), with its collectives on buffers (epG).
 	epRank, epLocal int
 	epComm          comm.Communicator
+	epG             collective.Group
 	// Context parallelism: this rank's cp coordinate and the cp group (nil when
 	// cp = 1).
 	cpRank int
 	cpComm comm.Communicator
+	cpG    collective.Group
 	// Tensor parallelism: this rank's tp coordinate and the tp group (nil when
 	// tp = 1). Parameters are this rank's tp slices (the plan's local shapes).
 	tpRank int
 	tpComm comm.Communicator
+	tpG    collective.Group
 	// counted are the model's communicators (ep, cp, tp), counting what this rank
 	// sends on each.
 	counted []countedComm
@@ -162,6 +169,7 @@ func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, w
 		s.tpComm = s.count(parallel.AxisTP, s.tpComm)
 		s.tpRank = c.TP
 	}
+	s.worldG, s.epG, s.cpG, s.tpG = s.onBuffers(world), s.onBuffers(s.epComm), s.onBuffers(s.cpComm), s.onBuffers(s.tpComm)
 	if err := s.allocate(r); err != nil {
 		return nil, err
 	}
@@ -170,9 +178,17 @@ func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, w
 		if err != nil {
 			return nil, err
 		}
-		s.comms = append(s.comms, cm)
+		s.comms = append(s.comms, s.onBuffers(cm))
 	}
 	return s, nil
+}
+
+// onBuffers is c's collectives on the rank's buffers (nil for nil).
+func (s *state) onBuffers(c comm.Communicator) collective.Group {
+	if c == nil {
+		return nil
+	}
+	return collective.OnHost(c, s.host)
 }
 
 // openMemory makes the rank's backend memory and its statistics buffers.
@@ -184,7 +200,6 @@ func (s *state) openMemory() error {
 		return fmt.Errorf("the %s backend's memory is not host memory, and the CPU trainer's collectives (in process, TCP) run over host memory", s.be.Name())
 	}
 	s.host = host
-	s.wireHost = host.Float32s(s.wire)
 	return s.mem.Err()
 }
 
@@ -222,6 +237,13 @@ func (s *state) allocate(r *config.Recipe) error {
 	}
 	gshard := s.mem.Alloc(tensor.Float32, int(gradShards))
 	opt := s.mem.Alloc(tensor.Float32, 2*int(shard))
+	if st := p.Buffers.Stage; st.Wire+st.Part > 0 {
+		pdt := tensor.Float32
+		if st.PartBF16 {
+			pdt = tensor.BFloat16
+		}
+		s.wireStage, s.partStage = s.mem.Alloc(tensor.BFloat16, int(st.Wire)), s.mem.Alloc(pdt, int(st.Part))
+	}
 	if err := s.mem.Err(); err != nil {
 		return fmt.Errorf("allocating rank %d's state (%d parameters, %d in its shards): %w", s.rank, full, shard, err)
 	}
@@ -231,17 +253,14 @@ func (s *state) allocate(r *config.Recipe) error {
 		g := &p.Groups[gi]
 		lo, hi := shardOf(p, s.rank, gi)
 		n := int(hi - lo)
-		var w tensor.Buffer
-		var gr []float32
+		var w, grB tensor.Buffer
 		if !s.perUnit {
 			w = weights.Slice(fo, fo+int(g.Padded))
 		}
-		var grB tensor.Buffer
 		if !s.unitGrads {
 			grB = grads.Slice(fo, fo+int(g.Padded))
-			gr = s.host.Float32s(grB)
 		}
-		s.weights, s.grads = append(s.weights, w), append(s.grads, gr)
+		s.weights, s.grads = append(s.weights, w), append(s.grads, grB)
 		s.lo = append(s.lo, lo)
 		var mainB tensor.Buffer
 		switch {
@@ -267,7 +286,7 @@ func (s *state) allocate(r *config.Recipe) error {
 		} else {
 			gsB = grB.Slice(int(lo), int(hi))
 		}
-		s.gshardB, s.gshard = append(s.gshardB, gsB), append(s.gshard, s.host.Float32s(gsB))
+		s.gshardB = append(s.gshardB, gsB)
 		mB, vB := opt.Slice(2*so, 2*so+n), opt.Slice(2*so+n, 2*so+2*n)
 		s.mB, s.vB = append(s.mB, mB), append(s.vB, vB)
 		for _, e := range g.Entries {
@@ -298,7 +317,7 @@ const wireLen = 4
 
 // allReduceStats sums stats elements [lo, hi) over c's ranks through the f32
 // wire buffer (nothing when c is nil: the values keep their float64 precision).
-func (s *state) allReduceStats(c comm.Communicator, lo, hi int) error {
+func (s *state) allReduceStats(c collective.Group, lo, hi int) error {
 	if c == nil {
 		return nil
 	}
@@ -307,7 +326,7 @@ func (s *state) allReduceStats(c comm.Communicator, lo, hi int) error {
 	if err := s.mem.Err(); err != nil {
 		return err
 	}
-	if err := c.AllReduce(s.wireHost[:n]); err != nil {
+	if err := c.AllReduce(s.wire.Slice(0, n)); err != nil {
 		return err
 	}
 	s.mem.Copy(s.stats.Slice(lo, hi), s.wire.Slice(0, n))
@@ -463,7 +482,7 @@ func (s *state) gatherExperts() error {
 			continue
 		}
 		all := s.newWeights(int64(ep) * g.Padded)
-		if err := allGatherWeights(s.epComm, s.weightsView(all), s.weightsView(s.weights[gi])); err != nil {
+		if err := s.epG.AllGather(all, s.weights[gi]); err != nil {
 			return err
 		}
 		for j := 0; j < ep; j++ {
@@ -489,12 +508,12 @@ func (s *state) gather() error {
 		return nil // units are gathered when blocks need them
 	}
 	for gi := range s.plan.Groups {
-		src := s.computeShard(gi)
+		src := s.computeShardBuffer(gi)
 		if !s.sharded || s.plan.Groups[gi].Shards == 1 {
-			copyWeights(s.weightsView(s.weights[gi]), src) // fp32: the same memory, nothing to copy
+			s.copyWeights(s.weights[gi], src) // fp32: the same memory, nothing to copy
 			continue
 		}
-		if err := allGatherWeights(s.comms[gi], s.weightsView(s.weights[gi]), src); err != nil {
+		if err := s.comms[gi].AllGather(s.weights[gi], src); err != nil {
 			return fmt.Errorf("all-gathering group %d: %w", gi, err)
 		}
 	}
@@ -512,24 +531,11 @@ func (s *state) newWeights(n int64) tensor.Buffer {
 
 // copyWeights copies src into dst (same dtype and length); nothing when they are
 // the same memory (an fp32 run's unsharded main weights are its compute weights).
-func copyWeights(dst, src tensor.Weights[float32]) {
-	if dst.BF16 != nil {
-		copy(dst.BF16, src.BF16)
+func (s *state) copyWeights(dst, src tensor.Buffer) {
+	if dst.Storage() == src.Storage() && dst.Offset() == src.Offset() {
 		return
 	}
-	if len(dst.F) > 0 && len(src.F) > 0 && &dst.F[0] == &src.F[0] {
-		return
-	}
-	copy(dst.F, src.F)
-}
-
-// allGatherWeights all-gathers compute weights over c in their dtype: bf16
-// storage travels as bf16.
-func allGatherWeights(c comm.Communicator, dst, src tensor.Weights[float32]) error {
-	if dst.BF16 != nil {
-		return c.AllGatherBF16(bf16Bits(dst.BF16), bf16Bits(src.BF16))
-	}
-	return c.AllGather(dst.F, src.F)
+	s.mem.Copy(dst, src)
 }
 
 func (s *state) zeroGrads() {
@@ -554,26 +560,24 @@ func (s *state) computeShardBuffer(gi int) tensor.Buffer {
 	return s.mainB[gi]
 }
 
-// reduceInto reduce-scatters one unit's full gradients of group gi (src) and adds
-// this rank's shard of the sum to its gradient shard; tmp is shard-sized scratch.
-func (s *state) reduceInto(gi int, src, tmp []float32) error {
-	dst := s.gshard[gi]
-	if s.comms[gi].Size() == 1 || s.plan.Groups[gi].Shards == 1 {
-		for i, v := range src {
-			dst[i] += v
-		}
-		return nil
-	}
+// reduceInto reduce-scatters one unit's full gradients of group gi (src, fp32)
+// and adds this rank's shard of the sum to its gradient shard, through the
+// reduction's staging: in bf16 (grad_reduce_in_bf16) the gradients are rounded
+// into the wire stage and the shard arrives in the bf16 part stage; in fp32 it
+// arrives in the fp32 part stage. Only the runtime's stream calls it, one
+// group at a time, so the stages are never in use twice.
+func (s *state) reduceInto(gi int, src tensor.Buffer) error {
+	dst, n := s.gshardB[gi], s.gshardB[gi].Len()
+	part := s.partStage.Slice(0, n)
 	if s.reduceBF16 {
-		if err := s.reduceScatterBF16(gi, tmp, src); err != nil {
-			return err
-		}
-	} else if err := s.comms[gi].ReduceScatter(tmp, src); err != nil {
+		wire := s.wireStage.Slice(0, src.Len())
+		s.mem.Copy(wire, src) // rounded to nearest, ties to even
+		src = wire
+	}
+	if err := s.comms[gi].ReduceScatter(part, src); err != nil {
 		return err
 	}
-	for i, v := range tmp {
-		dst[i] += v
-	}
+	s.be.AddInto(dst, part, n)
 	return nil
 }
 
@@ -587,8 +591,8 @@ func (s *state) gatherFull() error {
 			s.weights[gi] = s.newWeights(g.Padded)
 		}
 		if s.comms[gi].Size() == 1 || g.Shards == 1 {
-			copyWeights(s.weightsView(s.weights[gi]), s.computeShard(gi))
-		} else if err := allGatherWeights(s.comms[gi], s.weightsView(s.weights[gi]), s.computeShard(gi)); err != nil {
+			s.copyWeights(s.weights[gi], s.computeShardBuffer(gi))
+		} else if err := s.comms[gi].AllGather(s.weights[gi], s.computeShardBuffer(gi)); err != nil {
 			return err
 		}
 		for _, e := range g.Entries {
@@ -598,56 +602,30 @@ func (s *state) gatherFull() error {
 	return nil
 }
 
-// bf16Scratch returns group gi's two bf16 reduction buffers, of na and nb
-// elements, made on first use (a group always takes the same reduction, so they
-// keep their sizes).
-func (s *state) bf16Scratch(gi, na, nb int) (a, b []uint16) {
-	if s.bsrc == nil {
-		s.bsrc, s.bdst = make([][]uint16, len(s.plan.Groups)), make([][]uint16, len(s.plan.Groups))
-	}
-	if len(s.bsrc[gi]) != na || len(s.bdst[gi]) != nb {
-		s.bsrc[gi], s.bdst[gi] = make([]uint16, na), make([]uint16, nb)
-	}
-	return s.bsrc[gi], s.bdst[gi]
-}
-
-// reduceScatterBF16 reduce-scatters group gi's full gradients src in bf16 (each
-// value rounded to bf16, summed in fp32, the sum rounded once) and writes this
-// rank's shard of the sum to dst, in fp32.
-func (s *state) reduceScatterBF16(gi int, dst, src []float32) error {
-	a, b := s.bf16Scratch(gi, len(src), len(dst))
-	tensor.CastToBF16(unsafeBF16(a), src)
-	if err := s.comms[gi].ReduceScatterBF16(b, a); err != nil {
-		return err
-	}
-	tensor.CastToFloat32(dst, unsafeBF16(b))
-	return nil
-}
-
 // allReduceBF16 sums group gi's whole gradients over its ranks in bf16 (each
 // rank's values rounded to bf16, summed in fp32 in rank order, the sum rounded
-// once): a bf16 reduce-scatter over n equal chunks (the buffer padded to a
-// multiple of n) and a bf16 all-gather, as a ring all-reduce runs.
+// once): a bf16 reduce-scatter over n equal chunks (the wire stage, padded to a
+// multiple of n with zeros) and a bf16 all-gather, as a ring all-reduce runs.
 func (s *state) allReduceBF16(gi int) error {
 	g, c := s.grads[gi], s.comms[gi]
 	n := c.Size()
-	L := (len(g) + n - 1) / n
-	all, part := s.bf16Scratch(gi, n*L, L)
-	tensor.CastToBF16(unsafeBF16(all[:len(g)]), g)
-	clear(all[len(g):])
-	if err := c.ReduceScatterBF16(part, all); err != nil {
+	L := (g.Len() + n - 1) / n
+	wire, part := s.wireStage.Slice(0, n*L), s.partStage.Slice(0, L)
+	s.mem.Copy(wire.Slice(0, g.Len()), g)
+	s.mem.Zero(wire.Slice(g.Len(), n*L))
+	if err := c.ReduceScatter(part, wire); err != nil {
 		return err
 	}
-	if err := c.AllGatherBF16(all, part); err != nil {
+	if err := c.AllGather(wire, part); err != nil {
 		return err
 	}
-	tensor.CastToFloat32(g, unsafeBF16(all[:len(g)]))
+	s.mem.Copy(g, wire.Slice(0, g.Len()))
 	return nil
 }
 
 // reduce sums the gradients over each group's ranks: all-reduce under no_shard,
 // reduce-scatter into this rank's shard otherwise, in bf16 (accumulated in fp32)
-// when inBF16.
+// when inBF16, through the reduction's staging.
 func (s *state) reduce(inBF16 bool) error {
 	if s.unitGrads {
 		return nil // reduced per unit during backward
@@ -655,8 +633,8 @@ func (s *state) reduce(inBF16 bool) error {
 	for gi := range s.plan.Groups {
 		g := &s.plan.Groups[gi]
 		if s.comms[gi].Size() == 1 {
-			if g.Shards == 1 && &s.gshard[gi][0] != &s.grads[gi][0] {
-				copy(s.gshard[gi], s.grads[gi])
+			if g.Shards == 1 {
+				s.copyWeights(s.gshardB[gi], s.grads[gi])
 			}
 			continue
 		}
@@ -667,9 +645,13 @@ func (s *state) reduce(inBF16 bool) error {
 		case !s.sharded || g.Shards == 1:
 			err = s.comms[gi].AllReduce(s.grads[gi])
 		case inBF16:
-			err = s.reduceScatterBF16(gi, s.gshard[gi], s.grads[gi])
+			wire, part := s.wireStage.Slice(0, s.grads[gi].Len()), s.partStage.Slice(0, s.gshardB[gi].Len())
+			s.mem.Copy(wire, s.grads[gi])
+			if err = s.comms[gi].ReduceScatter(part, wire); err == nil {
+				s.mem.Copy(s.gshardB[gi], part)
+			}
 		default:
-			err = s.comms[gi].ReduceScatter(s.gshard[gi], s.grads[gi])
+			err = s.comms[gi].ReduceScatter(s.gshardB[gi], s.grads[gi])
 		}
 		if err != nil {
 			return fmt.Errorf("reducing group %d's gradients: %w", gi, err)
@@ -701,14 +683,14 @@ func (s *state) sumSquares() error {
 	}
 	switch {
 	case oneSum:
-		return s.allReduceStats(s.world, tensor.StatSumSq, tensor.StatSumSq+1)
+		return s.allReduceStats(s.worldG, tensor.StatSumSq, tensor.StatSumSq+1)
 	case !s.sharded:
 		// Every rank holds its groups whole: the experts of its ep rank and the
 		// dense weights of its tp rank.
-		if err := s.allReduceStats(s.epComm, tensor.StatExpertSumSq, tensor.StatExpertSumSq+1); err != nil {
+		if err := s.allReduceStats(s.epG, tensor.StatExpertSumSq, tensor.StatExpertSumSq+1); err != nil {
 			return err
 		}
-		return s.allReduceStats(s.tpComm, tensor.StatSumSq, tensor.StatSumSq+1)
+		return s.allReduceStats(s.tpG, tensor.StatSumSq, tensor.StatSumSq+1)
 	}
 	return nil
 }
@@ -764,6 +746,10 @@ func (s *state) step(tr config.Train, lr float64) error {
 	return s.gather()
 }
 
+// stageBytes is what the gradient reduction's staging holds (the plan counts
+// it in grad_reduce_buffers).
+func (s *state) stageBytes() int64 { return s.wireStage.Bytes() + s.partStage.Bytes() }
+
 // bytes reports what the state holds, by plan memory component.
 func (s *state) bytes() (weights, main, grads, optState int64) {
 	for gi := range s.weights {
@@ -773,11 +759,11 @@ func (s *state) bytes() (weights, main, grads, optState int64) {
 			weights += s.weights[gi].Bytes()
 		}
 		if s.unitGrads {
-			grads += int64(len(s.gshard[gi])) * 4 // unit gradient buffers are counted apart
+			grads += s.gshardB[gi].Bytes() // unit gradient buffers are counted apart
 		} else {
-			grads += int64(len(s.grads[gi])) * 4
-			if &s.gshard[gi][0] != &s.grads[gi][s.lo[gi]] {
-				grads += int64(len(s.gshard[gi])) * 4
+			grads += s.grads[gi].Bytes()
+			if gs := s.gshardB[gi]; gs.Storage() != s.grads[gi].Storage() {
+				grads += gs.Bytes()
 			}
 		}
 		optState += s.mB[gi].Bytes() + s.vB[gi].Bytes()

@@ -180,9 +180,9 @@ func (Kernels[F]) Add(out, a, b tensor.Buffer, n int) {
 }
 func (Kernels[F]) AddInto(dst, src tensor.Buffer, n int) {
 	var v views[F]
-	d, x := v.f("AddInto", dst), v.f("AddInto", src)
+	d, x := v.f("AddInto", dst), v.w("AddInto", src)
 	if !v.bad {
-		AddInto(d, x, n)
+		AddIntoW(d, x, n)
 	}
 }
 func (Kernels[F]) Router(probs, gates, logits tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {

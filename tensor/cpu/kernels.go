@@ -632,3 +632,16 @@ func AddInto[F Float](dst, src []F, n int) {
 		dst[i] += src[i]
 	}
 }
+
+// AddIntoW is AddInto with src F or bf16 values (widened as read): a bf16
+// reduction's part of the sum added into fp32 gradients.
+func AddIntoW[F Float](dst []F, src tensor.Weights[F], n int) {
+	if src.BF16 == nil {
+		AddInto(dst, src.F, n)
+		return
+	}
+	d, h := dst[:n], src.BF16[:n]
+	for i, v := range h {
+		d[i] += F(v.Float32())
+	}
+}

@@ -7,7 +7,9 @@ import (
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/internal/allocs"
 	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/parallel/collective"
 	"github.com/shardline/shardline/parallel/comm"
+	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/tensor/cpu"
 )
 
@@ -28,7 +30,7 @@ func TestStepAllocatesNothing(t *testing.T) {
 		{"dense-bf16-activations", ShakespeareChar(), []Option{WithBF16Activations()}},
 		{"moe-bf16-activations", moe, []Option{WithBF16Activations()}}} {
 		t.Run(tc.name, func(t *testing.T) {
-			step := newRankStepper(t, tc.cfg, 12, 64, 1, 0, tc.opt...)
+			step := newRankStepper(t, tc.cfg, 12, 64, 1, 0, func(tensor.HostMemory) []Option { return tc.opt })
 			allocs.AssertSteady(t, step)
 		})
 	}
@@ -52,17 +54,20 @@ func TestMeshStepAllocatesNothing(t *testing.T) {
 			world := comm.NewWorld(2, time.Minute)
 			steps := make([]func(), 2)
 			for r := range steps {
-				var opts []Option
-				if tc.tp > 1 {
-					opts = append(opts, WithTensorParallel(TensorParallel{Comm: tagged(t, world, r, "tp"), Rank: r, Size: 2}))
+				opts := func(mem tensor.HostMemory) []Option {
+					var opts []Option
+					if tc.tp > 1 {
+						opts = append(opts, WithTensorParallel(TensorParallel{Comm: tagged(t, world, r, "tp", mem), Rank: r, Size: 2}))
+					}
+					if tc.cp > 1 {
+						opts = append(opts, WithContextParallel(ContextParallel{Comm: tagged(t, world, r, "cp", mem), Rank: r, Size: 2}))
+					}
+					if tc.ep > 1 {
+						opts = append(opts, WithExpertParallel(ExpertParallel{Comm: tagged(t, world, r, "ep", mem), Rank: r, Size: 2}))
+					}
+					return opts
 				}
-				if tc.cp > 1 {
-					opts = append(opts, WithContextParallel(ContextParallel{Comm: tagged(t, world, r, "cp"), Rank: r, Size: 2}))
-				}
-				if tc.ep > 1 {
-					opts = append(opts, WithExpertParallel(ExpertParallel{Comm: tagged(t, world, r, "ep"), Rank: r, Size: 2}))
-				}
-				steps[r] = newRankStepper(t, tc.cfg, 12, 64, tc.tp, r%tc.tp, opts...)
+				steps[r] = newRankStepper(t, tc.cfg, 12, 64, tc.tp, r%tc.tp, opts)
 			}
 			// Each rank is a goroutine for the whole test, stepping on a signal.
 			start, done := [2]chan struct{}{make(chan struct{}), make(chan struct{})}, make(chan struct{}, 2)
@@ -90,24 +95,24 @@ func TestMeshStepAllocatesNothing(t *testing.T) {
 	}
 }
 
-func tagged(t *testing.T, w *comm.World, r int, tag string) comm.Communicator {
+func tagged(t *testing.T, w *comm.World, r int, tag string, mem tensor.HostMemory) collective.Group {
 	t.Helper()
 	c, err := w.Tagged(r, []int{0, 1}, tag)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c
+	return collective.OnHost(c, mem)
 }
 
 // newStepper builds a model of cfg with AdamW state and returns one training step.
 func newStepper(t *testing.T, cfg config.Model, B, T int) func() {
 	t.Helper()
-	return newRankStepper(t, cfg, B, T, 1, 0)
+	return newRankStepper(t, cfg, B, T, 1, 0, nil)
 }
 
 // newRankStepper is newStepper for tensor-parallel rank tpRank of tp, with the
-// model's parallelism options.
-func newRankStepper(t *testing.T, cfg config.Model, B, T, tp, tpRank int, opt ...Option) func() {
+// model's parallelism options, made for the model's memory (nil: none).
+func newRankStepper(t *testing.T, cfg config.Model, B, T, tp, tpRank int, opts func(tensor.HostMemory) []Option) func() {
 	t.Helper()
 	table, err := parallel.ParamTable(cfg, tp, 1)
 	if err != nil {
@@ -122,7 +127,11 @@ func newRankStepper(t *testing.T, cfg config.Model, B, T, tp, tpRank int, opt ..
 	}
 	be := cpu.Backend{}
 	mem, wb, gb := onMemory(w, g, false)
-	m, err := New[float32](cfg, table, wb, gb, be, B, T, append([]Option{WithMemory(mem)}, opt...)...)
+	opt := []Option{WithMemory(mem)}
+	if opts != nil {
+		opt = append(opt, opts(mem)...)
+	}
+	m, err := New[float32](cfg, table, wb, gb, be, B, T, opt...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,15 +53,6 @@ func (m *Model[F]) view(b tensor.Buffer) []F {
 	return unsafe.Slice((*F)(unsafe.Pointer(unsafe.SliceData(s))), len(s))
 }
 
-// f32 is an f32 buffer's elements in place, for the communicators (float32
-// only: the parallelisms that exchange activations need float32).
-func (m *Model[F]) f32(b tensor.Buffer) []float32 {
-	if b.Storage() == nil {
-		return nil
-	}
-	return m.host.Float32s(b)
-}
-
 // rowsOf is rows [lo, hi) of b, rows of width elements.
 func rowsOf(b tensor.Buffer, lo, hi, width int) tensor.Buffer { return b.Slice(lo*width, hi*width) }
 

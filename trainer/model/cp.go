@@ -22,11 +22,11 @@ import (
 // dK/dV accumulator, which ends back at the block's owner after Size steps.
 
 // CPComm is what context parallelism needs from the context-parallel group
-// (comm.Communicator has it): the ring step, and the sum of the MoE router's
-// statistics over the whole sequence.
+// on f32 buffers of the model's memory (collective.Group has it): the ring
+// step, and the sum of the MoE router's statistics over the whole sequence.
 type CPComm interface {
-	SendRecv(dst, src []float32, to, from int) error
-	AllReduce(buf []float32) error
+	SendRecv(dst, src tensor.Buffer, to, from int) error
+	AllReduce(buf tensor.Buffer) error
 }
 
 // ContextParallel splits every sequence over the Size ranks of a context-parallel
@@ -79,7 +79,7 @@ type cpState[F tensor.Float] struct {
 type ringStep struct {
 	what     ringWhat
 	step     int
-	dst, src []float32
+	dst, src tensor.Buffer
 }
 
 // ringWhat names what a ring step carries, or which compute it overlaps.
@@ -166,7 +166,7 @@ func (m *Model[F]) exchange(what ringWhat, step int, dst, src tensor.Buffer) {
 		p.running = true
 		go p.serve()
 	}
-	p.requests <- ringStep{what: what, step: step, dst: m.f32(dst), src: m.f32(src)}
+	p.requests <- ringStep{what: what, step: step, dst: dst, src: src}
 }
 
 // serve runs the ring steps asked of it, one at a time, until Close.
@@ -338,12 +338,11 @@ func (m *Model[F]) ringAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v ten
 // (as one rank computes it). stats holds E counts then E sums; an error is kept
 // for Err.
 func (m *Model[F]) seqRouterStats(statsB tensor.Buffer) {
-	stats := m.f32(statsB)
 	if m.tp != nil {
-		m.tpErr("router statistics", m.tp.Comm.AllReduce(stats))
+		m.tpErr("router statistics", m.tp.Comm.AllReduce(statsB))
 	}
 	if m.cp != nil {
-		if err := m.cp.Comm.AllReduce(stats); err != nil && m.hookErr == nil {
+		if err := m.cp.Comm.AllReduce(statsB); err != nil && m.hookErr == nil {
 			m.hookErr = fmt.Errorf("context-parallel router statistics: %w", err)
 		}
 	}

@@ -92,9 +92,13 @@ type options struct {
 	mem       tensor.Memory
 }
 
-// AllToAll is the collective expert parallelism needs (comm.Communicator has it).
+// AllToAll is the collective expert parallelism needs (collective.Group has
+// it): the exchange of token rows, on f32 buffers of the model's memory, and
+// without a capacity factor the exchange of the split sizes, host values the
+// model reads back by design (one synchronisation per MoE layer and forward).
 type AllToAll interface {
-	AllToAll(dst, src []float32, send, recv []int) error
+	AllToAll(dst, src tensor.Buffer, send, recv []int) error
+	AllToAllHost(dst, src []float32, send, recv []int) error
 }
 
 // ExpertParallel places the model's routed experts on Size ranks: this rank holds

@@ -262,7 +262,7 @@ func byProjection(dst *[3][]tensor.Buffer, experts [][3]tensor.Buffer) *[3][]ten
 // a2a is the ep group's all-to-all (F is float32 under expert parallelism); an
 // error is kept for Err.
 func (m *Model[F]) a2a(dst, src tensor.Buffer, send, recv []int) {
-	if err := m.ep.Comm.AllToAll(m.f32(dst), m.f32(src), send, recv); err != nil && m.hookErr == nil {
+	if err := m.ep.Comm.AllToAll(dst, src, send, recv); err != nil && m.hookErr == nil {
 		m.hookErr = fmt.Errorf("expert all-to-all: %w", err)
 	}
 }
@@ -288,7 +288,7 @@ func (m *Model[F]) epExchange(a *moeActs[F], s tensor.MoEShape) {
 		}
 	}
 	if !s.Padded {
-		if err := m.ep.Comm.AllToAll(a.cntRecv, a.cntSend, a.even, a.even); err != nil && m.hookErr == nil {
+		if err := m.ep.Comm.AllToAllHost(a.cntRecv, a.cntSend, a.even, a.even); err != nil && m.hookErr == nil {
 			m.hookErr = fmt.Errorf("expert all-to-all of counts: %w", err)
 		}
 	}
@@ -405,7 +405,7 @@ func (m *Model[F]) moeBackward(dx, dout, x tensor.Buffer, p moeParams[tensor.Buf
 		gr := m.tp.grouter
 		m.mem.Zero(gr)
 		be.MatmulBackward(dx, gr, dlogits, x, p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, true)
-		m.tpErr("all-reduce", m.tp.Comm.AllReduce(m.f32(gr)))
+		m.tpErr("all-reduce", m.tp.Comm.AllReduce(gr))
 		be.AddInto(g.router, gr, E*C)
 	}
 	if m.ep.Size > 1 {
@@ -439,7 +439,7 @@ func (m *Model[F]) moeBackward(dx, dout, x tensor.Buffer, p moeParams[tensor.Buf
 		be.MatmulBackward(dxf, gw[1], hu, xs, w[1], tensor.MatmulShape{BT: rows, C: C, OC: SF}, true)
 	}
 	if tp := m.tp; tp != nil {
-		m.tpErr("reduce-scatter", tp.Comm.ReduceScatter(m.f32(tp.red), m.f32(tp.px)))
+		m.tpErr("reduce-scatter", tp.Comm.ReduceScatter(tp.red, tp.px))
 		be.AddInto(dx, tp.red, tp.red.Len())
 	}
 }

@@ -22,12 +22,12 @@ import (
 // replicated over tp and see only the rank's rows: their gradients are summed over
 // the tp group each pass, as are an MoE router's.
 
-// TPComm is what tensor parallelism needs from the tp group (comm.Communicator
-// has it).
+// TPComm is what tensor parallelism needs from the tp group, on f32 buffers of
+// the model's memory (collective.Group has it).
 type TPComm interface {
-	AllGather(dst, src []float32) error
-	ReduceScatter(dst, src []float32) error
-	AllReduce(buf []float32) error
+	AllGather(dst, src tensor.Buffer) error
+	ReduceScatter(dst, src tensor.Buffer) error
+	AllReduce(buf tensor.Buffer) error
 }
 
 // TensorParallel splits the model's layers over the Size ranks of a
@@ -104,7 +104,7 @@ func (m *Model[F]) gather(src tensor.Buffer) tensor.Buffer {
 	if m.tp == nil {
 		return src
 	}
-	m.tpErr("all-gather", m.tp.Comm.AllGather(m.f32(m.tp.gx), m.f32(src)))
+	m.tpErr("all-gather", m.tp.Comm.AllGather(m.tp.gx, src))
 	return m.tp.gx
 }
 
@@ -114,7 +114,7 @@ func (m *Model[F]) gatherGrad(src tensor.Buffer) tensor.Buffer {
 	if m.tp == nil {
 		return src
 	}
-	m.tpErr("all-gather", m.tp.Comm.AllGather(m.f32(m.tp.gd), m.f32(src)))
+	m.tpErr("all-gather", m.tp.Comm.AllGather(m.tp.gd, src))
 	return m.tp.gd
 }
 
@@ -130,7 +130,7 @@ func (m *Model[F]) rowParallel(out, inp, w tensor.Buffer, K int) {
 	}
 	p := m.tp
 	m.be.Matmul(p.px, inp, w, tensor.MatmulShape{BT: BT, C: K, OC: C}, false)
-	m.tpErr("reduce-scatter", p.Comm.ReduceScatter(m.f32(p.red), m.f32(p.px)))
+	m.tpErr("reduce-scatter", p.Comm.ReduceScatter(p.red, p.px))
 	m.be.AddInto(out, p.red, p.red.Len())
 }
 
@@ -149,7 +149,7 @@ func (m *Model[F]) scatterGrad(dx tensor.Buffer) tensor.Buffer {
 	if m.tp == nil {
 		return dx
 	}
-	m.tpErr("reduce-scatter", m.tp.Comm.ReduceScatter(m.f32(dx), m.f32(m.tp.px)))
+	m.tpErr("reduce-scatter", m.tp.Comm.ReduceScatter(dx, m.tp.px))
 	return dx
 }
 
@@ -165,7 +165,7 @@ func (m *Model[F]) normBackward(dinp, dw, dout, inp, w, rstd tensor.Buffer) {
 	g := m.tp.gnorm
 	m.mem.Zero(g)
 	m.be.RMSNormBackward(dinp, g, dout, inp, w, rstd, R, C)
-	m.tpErr("all-reduce", m.tp.Comm.AllReduce(m.f32(g)))
+	m.tpErr("all-reduce", m.tp.Comm.AllReduce(g))
 	m.be.AddInto(dw, g, C)
 }
 
@@ -194,7 +194,7 @@ func (m *Model[F]) embed(x tensor.Buffer, tokens []int32) {
 	}
 	p := m.tp
 	m.be.Embedding(p.px, tokens, m.w.embed, m.embedShape())
-	m.tpErr("reduce-scatter", p.Comm.ReduceScatter(m.f32(x), m.f32(p.px)))
+	m.tpErr("reduce-scatter", p.Comm.ReduceScatter(x, p.px))
 }
 
 // embedBackward accumulates the embedding's gradient from dres, the gradient of
@@ -226,8 +226,8 @@ func (m *Model[F]) crossEntropy(lossesB, probsB, logitsB tensor.Buffer, targets 
 			tlogit[i] = row[t]
 		}
 	}
-	m.tpErr("all-gather", p.Comm.AllGather(m.f32(p.lseAll), m.f32(p.lse)))
-	m.tpErr("all-reduce", p.Comm.AllReduce(m.f32(p.tlogit)))
+	m.tpErr("all-gather", p.Comm.AllGather(p.lseAll, p.lse))
+	m.tpErr("all-reduce", p.Comm.AllReduce(p.tlogit))
 	for i := 0; i < BT; i++ {
 		l := logSumExp(lseAll[i:], p.Size, BT) // the ranks' row i, in rank order
 		for j, x := range logits[i*V : (i+1)*V] {

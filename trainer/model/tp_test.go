@@ -9,6 +9,7 @@ import (
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/parallel/collective"
 	"github.com/shardline/shardline/parallel/comm"
 	"github.com/shardline/shardline/tensor/cpu"
 	"github.com/stretchr/testify/assert"
@@ -43,6 +44,7 @@ func meshPass(t *testing.T, cfg config.Model, B, T, tp, cp int, recompute string
 				w[i], g[i] = make([]float32, table[i].LocalNumel()), make([]float32, table[i].LocalNumel())
 				InitParamTP(w[i], &table[i], 0, tr, 42, 0.3, cfg.Layers)
 			}
+			mem, wb, gb := onMemory(w, g, false)
 			var opts []Option
 			opts = append(opts, WithRecompute(recompute))
 			if tp > 1 {
@@ -55,7 +57,7 @@ func meshPass(t *testing.T, cfg config.Model, B, T, tp, cp int, recompute string
 					errs[r] = err
 					return
 				}
-				opts = append(opts, WithTensorParallel(TensorParallel{Comm: c, Rank: tr, Size: tp}))
+				opts = append(opts, WithTensorParallel(TensorParallel{Comm: collective.OnHost(c, mem), Rank: tr, Size: tp}))
 			}
 			if cp > 1 {
 				cpRanks := make([]int, cp)
@@ -67,9 +69,8 @@ func meshPass(t *testing.T, cfg config.Model, B, T, tp, cp int, recompute string
 					errs[r] = err
 					return
 				}
-				opts = append(opts, WithContextParallel(ContextParallel{Comm: c, Rank: cr, Size: cp}))
+				opts = append(opts, WithContextParallel(ContextParallel{Comm: collective.OnHost(c, mem), Rank: cr, Size: cp}))
 			}
-			mem, wb, gb := onMemory(w, g, false)
 			m, err := New[float32](cfg, table, wb, gb, cpu.Kernels[float32]{}, B, T, append(opts, WithMemory(mem))...)
 			if err != nil {
 				errs[r] = err

@@ -1,0 +1,140 @@
+package collective
+
+import (
+	"fmt"
+	"unsafe"
+
+	"github.com/shardline/shardline/parallel/comm"
+	"github.com/shardline/shardline/tensor"
+)
+
+// Group runs collectives among the ranks of one group on buffers; every member
+// calls the same collectives in the same order with matching sizes (the
+// semantics are comm.Communicator's).
+type Group interface {
+	Rank() int
+	Size() int
+	// AllGather sets dst (Size·len(src)) to every rank's src in rank order: f32
+	// or bf16 buffers of one dtype.
+	AllGather(dst, src tensor.Buffer) error
+	// ReduceScatter sums src (Size·len(dst)) over the ranks and leaves chunk
+	// Rank in dst: f32, or bf16 summed in fp32 and rounded once.
+	ReduceScatter(dst, src tensor.Buffer) error
+	// AllReduce sums an f32 buffer over the ranks, in place.
+	AllReduce(buf tensor.Buffer) error
+	// AllToAll is comm.Communicator's uneven all-to-all on f32 buffers.
+	AllToAll(dst, src tensor.Buffer, send, recv []int) error
+	// SendRecv is one ring step on f32 buffers: this member sends src to member
+	// to and receives dst from member from.
+	SendRecv(dst, src tensor.Buffer, to, from int) error
+	// AllToAllHost is AllToAll on host values: the dropless expert exchange's
+	// split sizes, which the host reads back by design.
+	AllToAllHost(dst, src []float32, send, recv []int) error
+}
+
+// OnHost returns c's collectives on buffers of h. A buffer that is not one of
+// h's, or not of a dtype the collective takes, fails the collective with h's
+// error and sends nothing.
+func OnHost(c comm.Communicator, h tensor.HostMemory) Group { return host{c, h} }
+
+type host struct {
+	c comm.Communicator
+	h tensor.HostMemory
+}
+
+func (g host) Rank() int { return g.c.Rank() }
+func (g host) Size() int { return g.c.Size() }
+
+func (g host) AllToAllHost(dst, src []float32, send, recv []int) error {
+	return g.c.AllToAll(dst, src, send, recv)
+}
+
+// f32 views x in place; nil (with h's failure kept) when it is not an f32
+// buffer of h.
+func (g host) f32(x tensor.Buffer) []float32 {
+	if x.Len() == 0 {
+		return nil
+	}
+	return g.h.Float32s(x)
+}
+
+// bits views a bf16 buffer's elements as the bit patterns comm carries.
+func (g host) bits(x tensor.Buffer) []uint16 {
+	if x.Len() == 0 {
+		return nil
+	}
+	v := g.h.BF16s(x)
+	if len(v) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(v))), len(v))
+}
+
+// bad is the error for operands that did not view (a view shorter than its
+// buffer), nil when they all did.
+func (g host) bad(op string, views ...int) error {
+	for i := 0; i+1 < len(views); i += 2 {
+		if views[i] != views[i+1] {
+			err := g.h.Err()
+			if err == nil {
+				err = fmt.Errorf("an operand of %d elements has a view of %d", views[i+1], views[i])
+			}
+			return fmt.Errorf("%s on buffers: %w", op, err)
+		}
+	}
+	return nil
+}
+
+func (g host) AllGather(dst, src tensor.Buffer) error {
+	if dst.DType() == tensor.BFloat16 {
+		d, s := g.bits(dst), g.bits(src)
+		if err := g.bad("all-gather", len(d), dst.Len(), len(s), src.Len()); err != nil {
+			return err
+		}
+		return g.c.AllGatherBF16(d, s)
+	}
+	d, s := g.f32(dst), g.f32(src)
+	if err := g.bad("all-gather", len(d), dst.Len(), len(s), src.Len()); err != nil {
+		return err
+	}
+	return g.c.AllGather(d, s)
+}
+
+func (g host) ReduceScatter(dst, src tensor.Buffer) error {
+	if dst.DType() == tensor.BFloat16 {
+		d, s := g.bits(dst), g.bits(src)
+		if err := g.bad("reduce-scatter", len(d), dst.Len(), len(s), src.Len()); err != nil {
+			return err
+		}
+		return g.c.ReduceScatterBF16(d, s)
+	}
+	d, s := g.f32(dst), g.f32(src)
+	if err := g.bad("reduce-scatter", len(d), dst.Len(), len(s), src.Len()); err != nil {
+		return err
+	}
+	return g.c.ReduceScatter(d, s)
+}
+
+func (g host) AllReduce(buf tensor.Buffer) error {
+	b := g.f32(buf)
+	if err := g.bad("all-reduce", len(b), buf.Len()); err != nil {
+		return err
+	}
+	return g.c.AllReduce(b)
+}
+
+func (g host) AllToAll(dst, src tensor.Buffer, send, recv []int) error {
+	d, s := g.f32(dst), g.f32(src)
+	if err := g.bad("all-to-all", len(d), dst.Len(), len(s), src.Len()); err != nil {
+		return err
+	}
+	return g.c.AllToAll(d, s, send, recv)
+}
+
+func (g host) SendRecv(dst, src tensor.Buffer, to, from int) error {
+	d, s := g.f32(dst), g.f32(src)
+	if err := g.bad("send/recv", len(d), dst.Len(), len(s), src.Len()); err != nil {
+		return err
+	}
+	return g.c.SendRecv(d, s, to, from)
+}
