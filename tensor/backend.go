@@ -75,8 +75,22 @@ type Kernels[F Float] interface {
 	SwiGLU(out, gate, up Buffer, n int)
 	SwiGLUBackward(dgate, dup, dout, gate, up Buffer, n int, accumulate bool) // overwrites dgate, dup unless accumulate
 
-	CrossEntropy(losses, probs, logits Buffer, targets []int32, BT, V int)
-	CrossEntropyBackward(dlogits, dloss, probs Buffer, targets []int32, BT, V int)
+	// The loss over logits (s.BT, s.V): this rank's s.V entries of the
+	// vocabulary, from s.Lo (all of it, Lo 0 and Parts 1, without tensor
+	// parallelism). A target < 0 is ignored: loss 0 and no gradient.
+	// CrossEntropy (a whole vocabulary) sets losses (BT) and probs (BT,V), the
+	// softmax. A vocabulary split over s.Parts ranks takes two kernels around
+	// two collectives: CrossEntropyParts sets lse (BT) to each row's
+	// log-sum-exp over the rank's logits and tlogit (BT) to the target's logit
+	// where the target is among them (0 elsewhere, so a sum over the ranks
+	// gives it); once the ranks' lse are all-gathered (lseAll, Parts×BT, rank
+	// after rank) and tlogit summed over them, CrossEntropyCombine sets
+	// losses and the rank's part of probs. CrossEntropyBackward adds
+	// (probs − onehot(target − s.Lo))·dloss into dlogits.
+	CrossEntropy(losses, probs, logits Buffer, targets []int32, s VocabShape)
+	CrossEntropyParts(lse, tlogit, logits Buffer, targets []int32, s VocabShape)
+	CrossEntropyCombine(losses, probs, logits, lseAll, tlogit Buffer, targets []int32, s VocabShape)
+	CrossEntropyBackward(dlogits, dloss, probs Buffer, targets []int32, s VocabShape)
 
 	Add(out, a, b Buffer, n int)
 	// AddInto adds n values of src, F or bf16 (widened as read), into dst.
@@ -170,6 +184,10 @@ func ClipFactor(norm, maxNorm float64) float64 {
 // rows Lo..Lo+N−1 a table holds (Lo 0 and N the vocabulary, unless the table
 // is split over tensor-parallel ranks).
 type EmbeddingShape struct{ BT, C, Lo, N int }
+
+// VocabShape is a loss's logits: BT rows of V logits, entries Lo..Lo+V−1 of a
+// vocabulary split over Parts ranks (Lo 0, Parts 1: the whole vocabulary).
+type VocabShape struct{ BT, V, Lo, Parts int }
 
 // MatmulShape is a product of BT rows of C inputs with an (OC,C) weight.
 type MatmulShape struct{ BT, C, OC int }

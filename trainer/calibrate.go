@@ -557,9 +557,9 @@ func streamKernel(be tensor.Backend, kind string, n int) (func(), error) {
 		}
 		losses, dloss := zeros(bt), up(filled(bt))
 		if kind == parallel.StreamCrossEntropy {
-			return func() { be.CrossEntropy(losses, o, a, tgt, bt, V) }, mem.Err()
+			return func() { be.CrossEntropy(losses, o, a, tgt, tensor.VocabShape{BT: bt, V: V, Parts: 1}) }, mem.Err()
 		}
-		return func() { be.CrossEntropyBackward(b, dloss, o, tgt, bt, V) }, mem.Err()
+		return func() { be.CrossEntropyBackward(b, dloss, o, tgt, tensor.VocabShape{BT: bt, V: V, Parts: 1}) }, mem.Err()
 	case parallel.StreamAdamW:
 		mb, vb := zeros(n), zeros(n)
 		st := appliedStats(mem)

@@ -157,18 +157,33 @@ func (Kernels[F]) SwiGLUBackward(dgate, dup, dout, gate, up tensor.Buffer, n int
 		SwiGLUBackward(dg, du, dy, g, u, n, accumulate)
 	}
 }
-func (Kernels[F]) CrossEntropy(losses, probs, logits tensor.Buffer, targets []int32, BT, V int) {
+func (Kernels[F]) CrossEntropy(losses, probs, logits tensor.Buffer, targets []int32, s tensor.VocabShape) {
 	var v views[F]
 	l, p, z := v.f("CrossEntropy", losses), v.f("CrossEntropy", probs), v.f("CrossEntropy", logits)
 	if !v.bad {
-		CrossEntropy(l, p, z, targets, BT, V)
+		CrossEntropy(l, p, z, targets, s.BT, s.V)
 	}
 }
-func (Kernels[F]) CrossEntropyBackward(dlogits, dloss, probs tensor.Buffer, targets []int32, BT, V int) {
+func (Kernels[F]) CrossEntropyBackward(dlogits, dloss, probs tensor.Buffer, targets []int32, s tensor.VocabShape) {
 	var v views[F]
 	dz, dl, p := v.f("CrossEntropyBackward", dlogits), v.f("CrossEntropyBackward", dloss), v.f("CrossEntropyBackward", probs)
 	if !v.bad {
-		CrossEntropyBackward(dz, dl, p, targets, BT, V)
+		CrossEntropyBackwardVocab(dz, dl, p, targets, s)
+	}
+}
+func (Kernels[F]) CrossEntropyParts(lse, tlogit, logits tensor.Buffer, targets []int32, s tensor.VocabShape) {
+	var v views[F]
+	l, t, z := v.f("CrossEntropyParts", lse), v.f("CrossEntropyParts", tlogit), v.f("CrossEntropyParts", logits)
+	if !v.bad {
+		CrossEntropyParts(l, t, z, targets, s)
+	}
+}
+func (Kernels[F]) CrossEntropyCombine(losses, probs, logits, lseAll, tlogit tensor.Buffer, targets []int32, s tensor.VocabShape) {
+	var v views[F]
+	l, p, z, a, t := v.f("CrossEntropyCombine", losses), v.f("CrossEntropyCombine", probs), v.f("CrossEntropyCombine", logits),
+		v.f("CrossEntropyCombine", lseAll), v.f("CrossEntropyCombine", tlogit)
+	if !v.bad {
+		CrossEntropyCombine(l, p, z, a, t, targets, s)
 	}
 }
 func (Kernels[F]) Add(out, a, b tensor.Buffer, n int) {

@@ -577,7 +577,7 @@ func CrossEntropy[F Float](losses, probs, logits []F, targets []int32, BT, V int
 type crossEntropyJob[F Float] struct {
 	a, probs, b []F
 	targets     []int32
-	V           int
+	V, Lo       int // Lo: the first vocabulary entry of the rows (backward)
 	back        bool
 }
 
@@ -593,7 +593,9 @@ func (j *crossEntropyJob[F]) rows(_, lo, hi int) {
 			for j := range d {
 				d[j] += p[j] * g
 			}
-			d[targets[i]] -= g
+			if t := int(targets[i]) - j.Lo; t >= 0 && t < V {
+				d[t] -= g
+			}
 		}
 		return
 	}
@@ -612,10 +614,85 @@ func (j *crossEntropyJob[F]) rows(_, lo, hi int) {
 // CrossEntropyBackward: dlogits += (probs − onehot(target)) · dloss[i]; ignored
 // positions contribute nothing.
 func CrossEntropyBackward[F Float](dlogits, dloss, probs []F, targets []int32, BT, V int) {
+	CrossEntropyBackwardVocab(dlogits, dloss, probs, targets, tensor.VocabShape{BT: BT, V: V, Parts: 1})
+}
+
+// CrossEntropyBackwardVocab is CrossEntropyBackward over a rank's part of a
+// split vocabulary (entries s.Lo..s.Lo+s.V−1): a target outside it adds no
+// one-hot term.
+func CrossEntropyBackwardVocab[F Float](dlogits, dloss, probs []F, targets []int32, s tensor.VocabShape) {
 	j := getJob[crossEntropyJob[F]]()
-	*j = crossEntropyJob[F]{a: dlogits, probs: probs, b: dloss, targets: targets, V: V, back: true}
-	parallel(j, BT, V)
+	*j = crossEntropyJob[F]{a: dlogits, probs: probs, b: dloss, targets: targets, V: s.V, Lo: s.Lo, back: true}
+	parallel(j, s.BT, s.V)
 	putJob(j)
+}
+
+// CrossEntropyParts sets lse[i] to the log-sum-exp of row i of a rank's logits
+// (s.V entries of a split vocabulary, from s.Lo; in float64) and tlogit[i] to
+// the target's logit where the target is among them, 0 elsewhere.
+func CrossEntropyParts[F Float](lse, tlogit, logits []F, targets []int32, s tensor.VocabShape) {
+	j := getJob[vocabJob[F]]()
+	*j = vocabJob[F]{lse: lse, tlogit: tlogit, logits: logits, targets: targets, s: s}
+	parallel(j, s.BT, 2*s.V)
+	putJob(j)
+}
+
+// CrossEntropyCombine sets each row's loss, log Σ_ranks exp(lseAll) − tlogit
+// (0 for a target < 0), and the rank's part of its softmax, from every rank's
+// log-sum-exp (lseAll, s.Parts×s.BT, rank after rank, combined in rank order)
+// and the target's logit summed over the ranks.
+func CrossEntropyCombine[F Float](losses, probs, logits, lseAll, tlogit []F, targets []int32, s tensor.VocabShape) {
+	j := getJob[vocabJob[F]]()
+	*j = vocabJob[F]{losses: losses, probs: probs, logits: logits, lse: lseAll, tlogit: tlogit, targets: targets, s: s, combine: true}
+	parallel(j, s.BT, 3*s.V)
+	putJob(j)
+}
+
+// vocabJob is CrossEntropyParts, or with combine CrossEntropyCombine (lse is
+// then every rank's).
+type vocabJob[F Float] struct {
+	lse, tlogit, logits, losses, probs []F
+	targets                            []int32
+	s                                  tensor.VocabShape
+	combine                            bool
+}
+
+func (j *vocabJob[F]) rows(_, lo, hi int) {
+	V, BT := j.s.V, j.s.BT
+	for i := lo; i < hi; i++ {
+		row := j.logits[i*V : (i+1)*V]
+		if !j.combine {
+			j.lse[i] = F(logSumExp(row, V, 1))
+			j.tlogit[i] = 0
+			if t := int(j.targets[i]) - j.s.Lo; j.targets[i] >= 0 && t >= 0 && t < V {
+				j.tlogit[i] = row[t]
+			}
+			continue
+		}
+		l := logSumExp(j.lse[i:], j.s.Parts, BT) // the ranks' row i, in rank order
+		p := j.probs[i*V : (i+1)*V]
+		for k, x := range row {
+			p[k] = F(math.Exp(float64(x) - l))
+		}
+		j.losses[i] = 0
+		if j.targets[i] >= 0 {
+			j.losses[i] = F(l - float64(j.tlogit[i]))
+		}
+	}
+}
+
+// logSumExp is log Σ exp over n values of x taken every stride elements, in
+// float64.
+func logSumExp[F Float](x []F, n, stride int) float64 {
+	mx := math.Inf(-1)
+	for k := 0; k < n; k++ {
+		mx = math.Max(mx, float64(x[k*stride]))
+	}
+	var s float64
+	for k := 0; k < n; k++ {
+		s += math.Exp(float64(x[k*stride]) - mx)
+	}
+	return mx + math.Log(s)
 }
 
 // Add: out = a + b over n values (the residual connection; its backward passes the

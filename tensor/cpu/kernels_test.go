@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/shardline/shardline/tensor"
+	"github.com/stretchr/testify/assert"
 )
 
 // Gradient checks run every kernel in float64 and compare its backward with
@@ -193,6 +194,50 @@ func TestCrossEntropyGrad(t *testing.T) {
 	checkGrads(t, "cross-entropy", map[string][]float64{"logits": logits}, map[string][]float64{"logits": dlogits}, loss)
 	if losses[3] != 0 {
 		t.Fatalf("ignored target has loss %v", losses[3])
+	}
+}
+
+// TestVocabParallelCrossEntropy: a vocabulary split over ranks (here 3 of 4
+// and 3 entries of 7, and a target in each part, one ignored) gives, through
+// CrossEntropyParts, the collectives done by hand (the ranks' log-sum-exps
+// gathered rank after rank, the target logits summed) and
+// CrossEntropyCombine, the losses of the whole vocabulary and each rank's
+// columns of its softmax; and CrossEntropyBackward over a part gives that
+// part's columns of the whole gradient. Tolerance 1e-12 in float64: the split
+// log-sum-exp differs from the whole one by a few roundings.
+func TestVocabParallelCrossEntropy(t *testing.T) {
+	r := rand.New(rand.NewSource(11))
+	BT, V := 5, 7
+	logits, dloss := randF64(r, BT*V), randF64(r, BT)
+	targets := []int32{1, 0, 6, -1, 4}
+	losses, probs, dlogits := make([]float64, BT), make([]float64, BT*V), make([]float64, BT*V)
+	CrossEntropy(losses, probs, logits, targets, BT, V)
+	CrossEntropyBackward(dlogits, dloss, probs, targets, BT, V)
+	parts := []struct{ lo, n int }{{0, 4}, {4, 3}}
+	cols := func(x []float64, lo, n int) []float64 {
+		out := make([]float64, 0, BT*n)
+		for i := 0; i < BT; i++ {
+			out = append(out, x[i*V+lo:i*V+lo+n]...)
+		}
+		return out
+	}
+	lseAll, tlogit := make([]float64, len(parts)*BT), make([]float64, BT)
+	for k, p := range parts {
+		tl := make([]float64, BT)
+		CrossEntropyParts(lseAll[k*BT:(k+1)*BT], tl, cols(logits, p.lo, p.n), targets, tensor.VocabShape{BT: BT, V: p.n, Lo: p.lo, Parts: len(parts)})
+		for i := range tl {
+			tlogit[i] += tl[i]
+		}
+	}
+	for _, p := range parts {
+		s := tensor.VocabShape{BT: BT, V: p.n, Lo: p.lo, Parts: len(parts)}
+		l, pr := make([]float64, BT), make([]float64, BT*p.n)
+		CrossEntropyCombine(l, pr, cols(logits, p.lo, p.n), lseAll, tlogit, targets, s)
+		assert.InDeltaSlice(t, losses, l, 1e-12, "part from %d: losses", p.lo)
+		assert.InDeltaSlice(t, cols(probs, p.lo, p.n), pr, 1e-12, "part from %d: softmax", p.lo)
+		d := make([]float64, BT*p.n)
+		CrossEntropyBackwardVocab(d, dloss, pr, targets, s)
+		assert.InDeltaSlice(t, cols(dlogits, p.lo, p.n), d, 1e-12, "part from %d: gradient", p.lo)
 	}
 }
 

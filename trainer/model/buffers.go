@@ -1,8 +1,6 @@
 package model
 
 import (
-	"unsafe"
-
 	"github.com/shardline/shardline/tensor"
 )
 
@@ -35,22 +33,6 @@ func (m *Model[F]) allocN(n, size int) []tensor.Buffer {
 		out[i] = m.alloc1(size)
 	}
 	return out
-}
-
-// view is b's elements as F values in place, for the host loops (nil for the
-// empty Buffer). The view is made with unsafe.Slice of
-// the host memory's own f32 or f64 view: F is one of the two, and converting
-// through an interface would allocate.
-func (m *Model[F]) view(b tensor.Buffer) []F {
-	if b.Storage() == nil {
-		return nil
-	}
-	if dtypeOf[F]() == tensor.Float64 {
-		s := m.host.Float64s(b)
-		return unsafe.Slice((*F)(unsafe.Pointer(unsafe.SliceData(s))), len(s))
-	}
-	s := m.host.Float32s(b)
-	return unsafe.Slice((*F)(unsafe.Pointer(unsafe.SliceData(s))), len(s))
 }
 
 // rowsOf is rows [lo, hi) of b, rows of width elements.

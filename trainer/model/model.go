@@ -58,13 +58,11 @@ type Model[F tensor.Float] struct {
 	blocks    [][]int     // FSDP units of each block, in forward order
 	hookErr   error
 	// mem is the memory of the model's stream (WithMemory, or a new one of the
-	// backend's), which holds every buffer of the model's (buffers.go), and host
-	// the same memory's host views; moeSums its buffer of the last forward's
-	// MoE sums (MoESums);
+	// backend's), which holds every buffer of the model's (buffers.go);
+	// moeSums its buffer of the last forward's MoE sums (MoESums);
 	// moeLayersRun counts the MoE layers the current forward has run, and
 	// recomputing is set while backward runs a layer's forward again.
 	mem          tensor.Memory
-	host         tensor.HostMemory
 	moeSums      tensor.Buffer
 	moeLayersRun int
 	recomputing  bool
@@ -116,8 +114,8 @@ func WithExpertParallel(ep ExpertParallel) Option { return func(o *options) { o.
 // rank's): the model's buffers are allocated there, so that its bytes and its
 // read-backs and synchronisations (expert parallelism's split sizes) are
 // counted with the trainer's. Without it the model makes a memory of its
-// backend's. Until the kernels take buffers it must be host memory
-// (tensor.HostMemory).
+// backend's. The model reaches its buffers only through the memory, its
+// kernels and its collectives, so any backend's memory serves.
 func WithMemory(mem tensor.Memory) Option { return func(o *options) { o.mem = mem } }
 
 // WithRecompute sets activation recomputation: "none" keeps every activation;
@@ -147,11 +145,6 @@ func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights, grad
 	if m.mem = o.mem; m.mem == nil {
 		m.mem = be.NewMemory()
 	}
-	host, ok := m.mem.(tensor.HostMemory)
-	if !ok {
-		return nil, fmt.Errorf("model: memory %T is not host memory: the kernels still take host slices", m.mem)
-	}
-	m.host = host
 	if cfg.MoE.NumExperts > 0 {
 		m.moeSums = m.mem.Alloc(tensor.Float64, 2)
 	}

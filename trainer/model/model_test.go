@@ -271,7 +271,8 @@ func TestMoESums(t *testing.T) {
 			dropped := 0
 			E, k, BT := cfg.MoE.NumExperts, cfg.MoE.TopK, B*T
 			for _, a := range m.a.moe {
-				probs := m.view(a.probs)
+				probs := make([]float32, a.probs.Len())
+				m.mem.Read(probs, a.probs)
 				for e := 0; e < E; e++ {
 					var pe float64
 					for tk := 0; tk < BT; tk++ {

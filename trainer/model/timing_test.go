@@ -57,13 +57,13 @@ func (k timed) RopeBackward(x, c, sn tensor.Buffer, s tensor.RopeShape) {
 	defer k.rec("Rope", time.Now())
 	k.Backend.RopeBackward(x, c, sn, s)
 }
-func (k timed) CrossEntropy(l, p, lg tensor.Buffer, t []int32, BT, V int) {
+func (k timed) CrossEntropy(l, p, lg tensor.Buffer, t []int32, s tensor.VocabShape) {
 	defer k.rec("CrossEntropy", time.Now())
-	k.Backend.CrossEntropy(l, p, lg, t, BT, V)
+	k.Backend.CrossEntropy(l, p, lg, t, s)
 }
-func (k timed) CrossEntropyBackward(d, dl, p tensor.Buffer, t []int32, BT, V int) {
+func (k timed) CrossEntropyBackward(d, dl, p tensor.Buffer, t []int32, s tensor.VocabShape) {
 	defer k.rec("CrossEntropy", time.Now())
-	k.Backend.CrossEntropyBackward(d, dl, p, t, BT, V)
+	k.Backend.CrossEntropyBackward(d, dl, p, t, s)
 }
 
 // BenchmarkStepBreakdown reports where a Shakespeare-char step's wall time goes:

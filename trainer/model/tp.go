@@ -2,7 +2,6 @@ package model
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/shardline/shardline/tensor"
 )
@@ -209,71 +208,30 @@ func (m *Model[F]) embedBackward(dres tensor.Buffer, tokens []int32) {
 // and combined in rank order, and the target's logit comes from the rank holding
 // it (an all-reduce of rows that are zero elsewhere).
 func (m *Model[F]) crossEntropy(lossesB, probsB, logitsB tensor.Buffer, targets []int32) {
-	BT := m.B * m.T
-	lo, V := m.vocabRange()
+	s := m.vocabShape()
 	if m.tp == nil {
-		m.be.CrossEntropy(lossesB, probsB, logitsB, targets, BT, V)
+		m.be.CrossEntropy(lossesB, probsB, logitsB, targets, s)
 		return
 	}
-	losses, probs, logits := m.view(lossesB), m.view(probsB), m.view(logitsB)
 	p := m.tp
-	lse, lseAll, tlogit := m.view(p.lse), m.view(p.lseAll), m.view(p.tlogit)
-	for i := 0; i < BT; i++ {
-		row := logits[i*V : (i+1)*V]
-		lse[i] = F(logSumExp(row, V, 1))
-		tlogit[i] = 0
-		if t := int(targets[i]) - lo; targets[i] >= 0 && t >= 0 && t < V {
-			tlogit[i] = row[t]
-		}
-	}
+	m.be.CrossEntropyParts(p.lse, p.tlogit, logitsB, targets, s)
 	m.tpErr("all-gather", p.Comm.AllGather(p.lseAll, p.lse))
 	m.tpErr("all-reduce", p.Comm.AllReduce(p.tlogit))
-	for i := 0; i < BT; i++ {
-		l := logSumExp(lseAll[i:], p.Size, BT) // the ranks' row i, in rank order
-		for j, x := range logits[i*V : (i+1)*V] {
-			probs[i*V+j] = F(math.Exp(float64(x) - l))
-		}
-		losses[i] = 0
-		if targets[i] >= 0 {
-			losses[i] = F(l - float64(tlogit[i]))
-		}
-	}
+	m.be.CrossEntropyCombine(lossesB, probsB, logitsB, p.lseAll, p.tlogit, targets, s)
 }
 
-// logSumExp is log Σ exp over n values of x taken every stride elements, in
-// float64.
-func logSumExp[F tensor.Float](x []F, n, stride int) float64 {
-	mx := math.Inf(-1)
-	for k := 0; k < n; k++ {
-		mx = math.Max(mx, float64(x[k*stride]))
+// vocabShape is the loss's logits: this rank's vocabulary rows of B·T tokens.
+func (m *Model[F]) vocabShape() tensor.VocabShape {
+	lo, V := m.vocabRange()
+	parts := 1
+	if m.tp != nil {
+		parts = m.tp.Size
 	}
-	var s float64
-	for k := 0; k < n; k++ {
-		s += math.Exp(float64(x[k*stride]) - mx)
-	}
-	return mx + math.Log(s)
+	return tensor.VocabShape{BT: m.B * m.T, V: V, Lo: lo, Parts: parts}
 }
 
 // crossEntropyBackward accumulates dlogits += (probs − onehot(target))·dloss over
 // this rank's vocabulary rows; ignored targets (< 0) add nothing.
 func (m *Model[F]) crossEntropyBackward(dlogitsB, dlossB, probsB tensor.Buffer, targets []int32) {
-	BT := m.B * m.T
-	lo, V := m.vocabRange()
-	if m.tp == nil {
-		m.be.CrossEntropyBackward(dlogitsB, dlossB, probsB, targets, BT, V)
-		return
-	}
-	dlogits, dloss, probs := m.view(dlogitsB), m.view(dlossB), m.view(probsB)
-	for i := 0; i < BT; i++ {
-		if targets[i] < 0 {
-			continue
-		}
-		d, pr, g := dlogits[i*V:(i+1)*V], probs[i*V:(i+1)*V], dloss[i]
-		for j := range d {
-			d[j] += pr[j] * g
-		}
-		if t := int(targets[i]) - lo; t >= 0 && t < V {
-			d[t] -= g
-		}
-	}
+	m.be.CrossEntropyBackward(dlogitsB, dlossB, probsB, targets, m.vocabShape())
 }
