@@ -44,7 +44,7 @@ func TestMoE(t *testing.T) {
 		probs, idx, gates := make([]float32, BT*E), make([]int32, BT*K), make([]float32, BT*K)
 		ts := tensor.MoEShape{BT: BT, E: E, K: K, C: C, Capacity: capacity}
 		row, tok, offsets, cursor := make([]int32, BT*K), make([]int32, BT*K), make([]int32, E+1), make([]int32, E)
-		crt := tensor.Routing{Idx: idx, Row: row, Tok: tok, Offsets: offsets, Cursor: cursor}
+		crt := cpu.Routing{Idx: idx, Row: row, Tok: tok, Offsets: offsets, Cursor: cursor}
 		cpu.Router(probs, gates, logits, crt, ts)
 		xperm := make([]float32, BT*K*C)
 		cpu.Dispatch(xperm, x, crt, ts)

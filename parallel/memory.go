@@ -295,8 +295,40 @@ func activationBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
 		} else {
 			bytes += (2*int64(mo.Layers) + 1) * rows * 4
 		}
+		bytes += 4 * cpuInts(mo, m, t, mode == "full")
 	}
 	return bytes + 2*t.local*h/tp*d.act
+}
+
+// cpuInts is the int32 values the CPU engine keeps beside its activations: the
+// micro-batch's token ids and targets (t.local each); per MoE layer (one
+// layer's under full recompute, which routes each layer again) its routing
+// (each row's chosen experts, each copy's permuted row and each permuted row's
+// token: rows·k each, rows = t.local/tp; the experts' offsets, E+1, and
+// Dispatch's cursor, E) and under expert parallelism its local experts'
+// segments (E/ep+1); and once, with padded segments, their static offsets
+// (E+1).
+func cpuInts(mo config.Model, m Mesh, t tokens, full bool) int64 {
+	n := 2 * t.local
+	rows, E := t.local/int64(m.TP), int64(mo.MoE.NumExperts)
+	anyMoE := false
+	for l := 0; l < mo.Layers; l++ {
+		if !mo.IsMoELayer(l) {
+			continue
+		}
+		if full && anyMoE {
+			continue
+		}
+		anyMoE = true
+		n += 3*rows*int64(mo.MoE.TopK) + 2*E + 1
+		if m.EP > 1 {
+			n += E/int64(m.EP) + 1
+		}
+	}
+	if _, padded := MoELayout(mo, rows, m.EP); anyMoE && padded {
+		n += E + 1
+	}
+	return n
 }
 
 // dispatchBytes is the all-to-all send and receive buffers of one MoE layer, reused

@@ -112,7 +112,8 @@ func TestTinyByHand(t *testing.T) {
 	assert.EqualValues(t, 2*layer*4+layer/4*4, m.GradReduceBuffers, "overlap_grad_reduce: two unit grad buffers, and the staging")
 	assert.Equal(t, UnitBuffers{Largest: layer, Gather: 2 * layer, Reduce: 2 * layer, GatherSlot: layer, ReduceSlot: layer,
 		Stage: ReduceStage{Part: layer / 4}}, p.Buffers)
-	assert.EqualValues(t, (L*(attn+mlp)+2*tokens*H)*4+(2*L+1)*tokens*4+L*heads*tokens*4, m.Activations, "and the norms' reciprocal RMS per row, and flash attention's log-sum-exps")
+	assert.EqualValues(t, (L*(attn+mlp)+2*tokens*H)*4+(2*L+1)*tokens*4+L*heads*tokens*4+2*tokens*4, m.Activations,
+		"and the norms' reciprocal RMS per row, flash attention's log-sum-exps, the token ids and targets (int32)")
 	assert.EqualValues(t, tokens*V*(4+4)+tokens*4, m.Logits, "logits, probabilities, token losses")
 	assert.EqualValues(t, 0, m.MoEDispatch)
 	// Backward's work buffers: the residual gradient and its scratch, the q,
@@ -450,11 +451,13 @@ func TestEngineDtypes(t *testing.T) {
 	assert.Equal(t, fp32.GradReduceBuffers-layer/2*4, cpu.GradReduceBuffers-2*(layer+layer/2))
 	// tiny, per token: a layer keeps 2176 values (attention 768, MLP 1408) and
 	// flash attention's 4 log-sum-exps, the final norm 256, the norms' reciprocal
-	// RMS 9 (log-sum-exps and reciprocal RMS fp32 in both). fp32: 4·2176·4 +
-	// 256·4 + 9·4 + 4·4·4 = 35940 bytes. bf16: four layers' stores 4·2176·2, the
+	// RMS 9 (log-sum-exps and reciprocal RMS fp32 in both), and the token id
+	// and target (int32) 2. fp32: 4·2176·4 + 256·4 + 9·4 + 4·4·4 + 2·4 = 35948
+	// bytes. bf16: four layers' stores 4·2176·2, the
 	// work set (one layer and a second residual buffer, 2304 values) ·4, the
-	// final norm ·4, the reciprocal RMS and log-sum-exps ·4: 27748 bytes.
-	assert.Equal(t, fp32.Activations/35940*27748, cpu.Activations)
+	// final norm ·4, the reciprocal RMS and log-sum-exps ·4, the token id and
+	// target ·4: 27756 bytes.
+	assert.Equal(t, fp32.Activations/35948*27756, cpu.Activations)
 	assert.Equal(t, fp32.Logits, cpu.Logits)
 	gpu := mem("parallel.device=\"cuda\"", "precision.bf16=true", "fsdp.grad_reduce_in_bf16=true")
 	gpu32 := mem("parallel.device=\"cuda\"")

@@ -15,8 +15,8 @@ type Backend = Kernels[float32]
 // compute weights and saved activations), widened as read; every kernel
 // computes and accumulates in F. Shapes: BT tokens, C channels, OC output
 // channels, V vocabulary, NH/NKV query/key-value heads, HD head size. Token
-// ids, targets and an MoE layer's routing (Routing) are still host int32
-// slices. A kernel handed a buffer that is not its backend's, or not of the
+// ids, targets, an MoE layer's routing (Routing) and the experts' segment
+// offsets are int32 buffers. A kernel handed a buffer that is not its backend's, or not of the
 // dtype it reads, keeps the failure in that buffer's memory and does nothing.
 //
 // The overwrite/accumulate rule, stated here once: forward kernels overwrite
@@ -46,8 +46,8 @@ type Kernels[F Float] interface {
 	// wte holds vocabulary rows s.Lo..s.Lo+s.N−1 (a vocabulary-parallel rank's),
 	// and a token outside them gives a zero row. EmbeddingBackward adds dout's
 	// rows into the rows of dwte its tokens picked (none for tokens outside).
-	Embedding(out Buffer, tokens []int32, wte Buffer, s EmbeddingShape)
-	EmbeddingBackward(dwte, dout Buffer, tokens []int32, s EmbeddingShape)
+	Embedding(out, tokens, wte Buffer, s EmbeddingShape)
+	EmbeddingBackward(dwte, dout, tokens Buffer, s EmbeddingShape)
 
 	RMSNorm(out, rstd, inp, weight Buffer, BT, C int, eps float64)
 	RMSNormBackward(dinp, dweight, dout, inp, weight, rstd Buffer, BT, C int)
@@ -87,10 +87,10 @@ type Kernels[F Float] interface {
 	// after rank) and tlogit summed over them, CrossEntropyCombine sets
 	// losses and the rank's part of probs. CrossEntropyBackward adds
 	// (probs − onehot(target − s.Lo))·dloss into dlogits.
-	CrossEntropy(losses, probs, logits Buffer, targets []int32, s VocabShape)
-	CrossEntropyParts(lse, tlogit, logits Buffer, targets []int32, s VocabShape)
-	CrossEntropyCombine(losses, probs, logits, lseAll, tlogit Buffer, targets []int32, s VocabShape)
-	CrossEntropyBackward(dlogits, dloss, probs Buffer, targets []int32, s VocabShape)
+	CrossEntropy(losses, probs, logits, targets Buffer, s VocabShape)
+	CrossEntropyParts(lse, tlogit, logits, targets Buffer, s VocabShape)
+	CrossEntropyCombine(losses, probs, logits, lseAll, tlogit, targets Buffer, s VocabShape)
+	CrossEntropyBackward(dlogits, dloss, probs, targets Buffer, s VocabShape)
 
 	Add(out, a, b Buffer, n int)
 	// AddInto adds n values of src, F or bf16 (widened as read), into dst.
@@ -112,10 +112,10 @@ type Kernels[F Float] interface {
 	// of w: rows offsets[e]..offsets[e+1], read by the kernel): products (dinp
 	// overwritten unless accumulate, dw accumulated) and SwiGLU over the rows
 	// of all segments.
-	ExpertsMatmul(out, inp Buffer, w []Buffer, offsets []int32, s ExpertsShape, accumulate bool)
-	ExpertsMatmulBackward(dinp Buffer, dw []Buffer, dout, inp Buffer, w []Buffer, offsets []int32, s ExpertsShape, accumulate bool)
-	ExpertsSwiGLU(out, gate, up Buffer, offsets []int32, width int)
-	ExpertsSwiGLUBackward(dgate, dup, dout, gate, up Buffer, offsets []int32, width int, accumulate bool)
+	ExpertsMatmul(out, inp Buffer, w []Buffer, offsets Buffer, s ExpertsShape, accumulate bool)
+	ExpertsMatmulBackward(dinp Buffer, dw []Buffer, dout, inp Buffer, w []Buffer, offsets Buffer, s ExpertsShape, accumulate bool)
+	ExpertsSwiGLU(out, gate, up Buffer, offsets Buffer, width int)
+	ExpertsSwiGLUBackward(dgate, dup, dout, gate, up Buffer, offsets Buffer, width int, accumulate bool)
 	// RouterStats sets stats (2E) to each expert's kept copies, then its router
 	// probabilities summed over the tokens. AuxLoss sets dst[0] (f64) to the
 	// load-balancing loss E·Σ_e f_e·P_e those stats give over tokens tokens and
@@ -133,7 +133,7 @@ type Kernels[F Float] interface {
 	//
 	// LossSum sets dst[0] to Σ losses[i] over the tokens whose target is ≥ 0, in
 	// float64 and token order (adds it with accumulate).
-	LossSum(dst, losses Buffer, targets []int32, accumulate bool)
+	LossSum(dst, losses, targets Buffer, accumulate bool)
 	// SumSquares sets dst[0] to Σ x² in float64 (adds it with accumulate),
 	// the same on any number of cores (gradient norms).
 	SumSquares(dst, x Buffer, accumulate bool)
@@ -212,7 +212,7 @@ type AttentionShape struct {
 // start of each expert's segment (Dispatch writes them); Cursor (E) is Dispatch's
 // scratch.
 type Routing struct {
-	Idx, Row, Tok, Offsets, Cursor []int32
+	Idx, Row, Tok, Offsets, Cursor Buffer
 }
 
 // ExpertsShape is each routed expert's product: C inputs, OC outputs.

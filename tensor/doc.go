@@ -11,7 +11,7 @@
 // kernels' element type F, compute weights and the matmuls' inputs in F or
 // bf16 (read as bf16 or widened to F, as the backend decides). Weights is the
 // host view a CPU kernel reads a weight through. Token ids, targets and MoE
-// routing indices are still host slices (docs/engine.md). The GPU backend
+// routing indices are int32 buffers. The GPU backend
 // (package cuda, build tag cuda) shares DType and the shape structs.
 //
 // It imports nothing from shardline. tensor/cpu is the reference implementation.

@@ -537,10 +537,11 @@ func streamKernel(be tensor.Backend, kind string, n int) (func(), error) {
 		return func() { be.SwiGLUBackward(d1, d2, o, a, b, n, false) }, mem.Err()
 	case parallel.StreamEmbedding, parallel.StreamEmbeddingBwd:
 		const V = 1024
-		tok := make([]int32, rows)
-		for i := range tok {
-			tok[i] = int32(i % V)
+		ids := make([]int32, rows)
+		for i := range ids {
+			ids[i] = int32(i % V)
 		}
+		tok := ints(mem, ids)
 		wte := up(filled(V * C))
 		if kind == parallel.StreamEmbedding {
 			return func() { be.Embedding(o.Slice(0, rows*C), tok, wte, tensor.EmbeddingShape{BT: rows, C: C, N: V}) }, mem.Err()
@@ -551,10 +552,11 @@ func streamKernel(be tensor.Backend, kind string, n int) (func(), error) {
 	case parallel.StreamCrossEntropy, parallel.StreamCrossEntropyBw:
 		const V = 256
 		bt := max(n/V, 1)
-		tgt := make([]int32, bt)
-		for i := range tgt {
-			tgt[i] = int32(i % V)
+		ids := make([]int32, bt)
+		for i := range ids {
+			ids[i] = int32(i % V)
 		}
+		tgt := ints(mem, ids)
 		losses, dloss := zeros(bt), up(filled(bt))
 		if kind == parallel.StreamCrossEntropy {
 			return func() { be.CrossEntropy(losses, o, a, tgt, tensor.VocabShape{BT: bt, V: V, Parts: 1}) }, mem.Err()
@@ -584,11 +586,12 @@ func streamKernel(be tensor.Backend, kind string, n int) (func(), error) {
 		const E, K = 8, 2
 		bt := max(n/(K*C), 1)
 		s := tensor.MoEShape{BT: bt, E: E, K: K, C: C, Capacity: bt * K}
-		rt := tensor.Routing{Idx: make([]int32, bt*K), Row: make([]int32, bt*K), Tok: make([]int32, bt*K),
-			Offsets: make([]int32, E+1), Cursor: make([]int32, E)}
+		idx := make([]int32, bt*K)
 		for t := 0; t < bt; t++ {
-			rt.Idx[t*K], rt.Idx[t*K+1] = int32(t%E), int32((t+3)%E)
+			idx[t*K], idx[t*K+1] = int32(t%E), int32((t+3)%E)
 		}
+		rt := tensor.Routing{Idx: ints(mem, idx), Row: mem.Alloc(tensor.Int32, bt*K), Tok: mem.Alloc(tensor.Int32, bt*K),
+			Offsets: mem.Alloc(tensor.Int32, E+1), Cursor: mem.Alloc(tensor.Int32, E)}
 		x, xperm, gates := up(filled(bt*C)), zeros(bt*K*C), up(filled(bt*K))
 		be.Dispatch(xperm, x, rt, s)
 		switch kind {
@@ -613,7 +616,7 @@ func streamKernel(be tensor.Backend, kind string, n int) (func(), error) {
 		bt := max(n/E, 1)
 		s := tensor.MoEShape{BT: bt, E: E, K: K, C: 1, Capacity: bt * K}
 		probs, logits, gates := zeros(bt*E), up(filled(bt*E)), zeros(bt*K)
-		rt := tensor.Routing{Idx: make([]int32, bt*K)}
+		rt := tensor.Routing{Idx: mem.Alloc(tensor.Int32, bt*K)}
 		be.Router(probs, gates, logits, rt, s)
 		if kind == parallel.StreamRouter {
 			return func() { be.Router(probs, gates, logits, rt, s) }, mem.Err()
@@ -622,6 +625,13 @@ func streamKernel(be tensor.Backend, kind string, n int) (func(), error) {
 		return func() { be.RouterBackward(dlogits, dgates, dprobs, gates, probs, rt, s) }, mem.Err()
 	}
 	return nil, fmt.Errorf("calibrate: no kernel times the stream kind %q; a shardline bug", kind)
+}
+
+// ints is host int32 values in a new int32 buffer of mem's.
+func ints(mem tensor.Memory, x []int32) tensor.Buffer {
+	b := mem.Alloc(tensor.Int32, len(x))
+	mem.Write(b, x)
+	return b
 }
 
 // upload is host values x in a new f32 buffer of mem's.

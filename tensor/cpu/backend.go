@@ -44,6 +44,20 @@ func (v *views[F]) f(op string, b tensor.Buffer) []F {
 	return x
 }
 
+// i views an int32 buffer (token ids, targets, offsets).
+func (v *views[F]) i(op string, b tensor.Buffer) []int32 {
+	x := int32s(op, b)
+	if x == nil && b.Len() > 0 {
+		v.bad = true
+	}
+	return x
+}
+
+// rt views a routing's int32 buffers.
+func (v *views[F]) rt(op string, r tensor.Routing) Routing {
+	return Routing{Idx: v.i(op, r.Idx), Row: v.i(op, r.Row), Tok: v.i(op, r.Tok), Offsets: v.i(op, r.Offsets), Cursor: v.i(op, r.Cursor)}
+}
+
 func (v *views[F]) w(op string, b tensor.Buffer) tensor.Weights[F] {
 	if b.DType() == tensor.BFloat16 && b.Storage() != nil {
 		h := bf16s(op, b)
@@ -69,18 +83,20 @@ func (Kernels[F]) MatmulBackward(dinp, dweight, dout, inp, weight tensor.Buffer,
 		MatmulBackward(dx, dw, dy, x, w, s, accumulate)
 	}
 }
-func (Kernels[F]) Embedding(out tensor.Buffer, tokens []int32, wte tensor.Buffer, s tensor.EmbeddingShape) {
+func (Kernels[F]) Embedding(out, tokens, wte tensor.Buffer, s tensor.EmbeddingShape) {
 	var v views[F]
+	tok := v.i("Embedding", tokens)
 	o, w := v.f("Embedding", out), v.w("Embedding", wte)
 	if !v.bad {
-		Embedding(o, tokens, w, s)
+		Embedding(o, tok, w, s)
 	}
 }
-func (Kernels[F]) EmbeddingBackward(dwte, dout tensor.Buffer, tokens []int32, s tensor.EmbeddingShape) {
+func (Kernels[F]) EmbeddingBackward(dwte, dout, tokens tensor.Buffer, s tensor.EmbeddingShape) {
 	var v views[F]
+	tok := v.i("EmbeddingBackward", tokens)
 	dw, dy := v.f("EmbeddingBackward", dwte), v.f("EmbeddingBackward", dout)
 	if !v.bad {
-		EmbeddingBackward(dw, dy, tokens, s)
+		EmbeddingBackward(dw, dy, tok, s)
 	}
 }
 func (Kernels[F]) MergeAttention(out, lse, outB, lseB tensor.Buffer, s tensor.AttentionShape) {
@@ -157,33 +173,37 @@ func (Kernels[F]) SwiGLUBackward(dgate, dup, dout, gate, up tensor.Buffer, n int
 		SwiGLUBackward(dg, du, dy, g, u, n, accumulate)
 	}
 }
-func (Kernels[F]) CrossEntropy(losses, probs, logits tensor.Buffer, targets []int32, s tensor.VocabShape) {
+func (Kernels[F]) CrossEntropy(losses, probs, logits, targets tensor.Buffer, s tensor.VocabShape) {
 	var v views[F]
+	tgt := v.i("CrossEntropy", targets)
 	l, p, z := v.f("CrossEntropy", losses), v.f("CrossEntropy", probs), v.f("CrossEntropy", logits)
 	if !v.bad {
-		CrossEntropy(l, p, z, targets, s.BT, s.V)
+		CrossEntropy(l, p, z, tgt, s.BT, s.V)
 	}
 }
-func (Kernels[F]) CrossEntropyBackward(dlogits, dloss, probs tensor.Buffer, targets []int32, s tensor.VocabShape) {
+func (Kernels[F]) CrossEntropyBackward(dlogits, dloss, probs, targets tensor.Buffer, s tensor.VocabShape) {
 	var v views[F]
+	tgt := v.i("CrossEntropyBackward", targets)
 	dz, dl, p := v.f("CrossEntropyBackward", dlogits), v.f("CrossEntropyBackward", dloss), v.f("CrossEntropyBackward", probs)
 	if !v.bad {
-		CrossEntropyBackwardVocab(dz, dl, p, targets, s)
+		CrossEntropyBackwardVocab(dz, dl, p, tgt, s)
 	}
 }
-func (Kernels[F]) CrossEntropyParts(lse, tlogit, logits tensor.Buffer, targets []int32, s tensor.VocabShape) {
+func (Kernels[F]) CrossEntropyParts(lse, tlogit, logits, targets tensor.Buffer, s tensor.VocabShape) {
 	var v views[F]
+	tgt := v.i("CrossEntropyParts", targets)
 	l, t, z := v.f("CrossEntropyParts", lse), v.f("CrossEntropyParts", tlogit), v.f("CrossEntropyParts", logits)
 	if !v.bad {
-		CrossEntropyParts(l, t, z, targets, s)
+		CrossEntropyParts(l, t, z, tgt, s)
 	}
 }
-func (Kernels[F]) CrossEntropyCombine(losses, probs, logits, lseAll, tlogit tensor.Buffer, targets []int32, s tensor.VocabShape) {
+func (Kernels[F]) CrossEntropyCombine(losses, probs, logits, lseAll, tlogit, targets tensor.Buffer, s tensor.VocabShape) {
 	var v views[F]
+	tgt := v.i("CrossEntropyCombine", targets)
 	l, p, z, a, t := v.f("CrossEntropyCombine", losses), v.f("CrossEntropyCombine", probs), v.f("CrossEntropyCombine", logits),
 		v.f("CrossEntropyCombine", lseAll), v.f("CrossEntropyCombine", tlogit)
 	if !v.bad {
-		CrossEntropyCombine(l, p, z, a, t, targets, s)
+		CrossEntropyCombine(l, p, z, a, t, tgt, s)
 	}
 }
 func (Kernels[F]) Add(out, a, b tensor.Buffer, n int) {
@@ -202,42 +222,50 @@ func (Kernels[F]) AddInto(dst, src tensor.Buffer, n int) {
 }
 func (Kernels[F]) Router(probs, gates, logits tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
 	var v views[F]
+	rv := v.rt("Router", r)
 	p, g, z := v.f("Router", probs), v.f("Router", gates), v.f("Router", logits)
 	if !v.bad {
-		Router(p, g, z, r, s)
+		Router(p, g, z, rv, s)
 	}
 }
 func (Kernels[F]) RouterBackward(dlogits, dgates, dprobs, gates, probs tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
 	var v views[F]
+	rv := v.rt("RouterBackward", r)
 	const op = "RouterBackward"
 	dz, dg, dp, g, p := v.f(op, dlogits), v.f(op, dgates), v.f(op, dprobs), v.f(op, gates), v.f(op, probs)
 	if !v.bad {
-		RouterBackward(dz, dg, dp, g, p, r, s)
+		RouterBackward(dz, dg, dp, g, p, rv, s)
 	}
 }
 func (Kernels[F]) Dispatch(xperm, x tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
 	var v views[F]
+	rv := v.rt("Dispatch", r)
 	xp, xs := v.f("Dispatch", xperm), v.f("Dispatch", x)
 	if !v.bad {
-		Dispatch(xp, xs, r, s)
+		Dispatch(xp, xs, rv, s)
 	}
 }
 func (Kernels[F]) DispatchBackward(dx, dxperm tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
 	var v views[F]
+	rv := v.rt("DispatchBackward", r)
 	d, dp := v.f("DispatchBackward", dx), v.f("DispatchBackward", dxperm)
 	if !v.bad {
-		DispatchBackward(d, dp, r, s)
+		DispatchBackward(d, dp, rv, s)
 	}
 }
 
 // ExpertsMatmul runs Matmul over each expert's segment (the per-expert loop of
 // the package's ExpertsMatmul, over buffers).
-func (Kernels[F]) ExpertsMatmul(out, inp tensor.Buffer, w []tensor.Buffer, offsets []int32, s tensor.ExpertsShape, accumulate bool) {
+func (Kernels[F]) ExpertsMatmul(out, inp tensor.Buffer, w []tensor.Buffer, offsets tensor.Buffer, s tensor.ExpertsShape, accumulate bool) {
 	var v views[F]
+	off := v.i("ExpertsMatmul", offsets)
 	o, x := v.f("ExpertsMatmul", out), v.w("ExpertsMatmul", inp)
 	C, OC := s.C, s.OC
+	if len(off) <= len(w) {
+		return // a bad offsets buffer (kept in its memory)
+	}
 	for e := range w {
-		lo, hi := int(offsets[e]), int(offsets[e+1])
+		lo, hi := int(off[e]), int(off[e+1])
 		if we := v.w("ExpertsMatmul", w[e]); hi > lo && !v.bad {
 			Matmul(o[lo*OC:hi*OC], x.Slice(lo*C, hi*C), we, tensor.MatmulShape{BT: hi - lo, C: C, OC: OC}, accumulate)
 		}
@@ -245,44 +273,52 @@ func (Kernels[F]) ExpertsMatmul(out, inp tensor.Buffer, w []tensor.Buffer, offse
 }
 
 // ExpertsMatmulBackward runs MatmulBackward over each expert's segment.
-func (Kernels[F]) ExpertsMatmulBackward(dinp tensor.Buffer, dw []tensor.Buffer, dout, inp tensor.Buffer, w []tensor.Buffer, offsets []int32, s tensor.ExpertsShape, accumulate bool) {
+func (Kernels[F]) ExpertsMatmulBackward(dinp tensor.Buffer, dw []tensor.Buffer, dout, inp tensor.Buffer, w []tensor.Buffer, offsets tensor.Buffer, s tensor.ExpertsShape, accumulate bool) {
 	var v views[F]
+	off := v.i("ExpertsMatmulBackward", offsets)
 	const op = "ExpertsMatmulBackward"
 	dx, dy, x := v.f(op, dinp), v.f(op, dout), v.w(op, inp)
 	C, OC := s.C, s.OC
+	if len(off) <= len(w) {
+		return // a bad offsets buffer (kept in its memory)
+	}
 	for e := range w {
-		lo, hi := int(offsets[e]), int(offsets[e+1])
+		lo, hi := int(off[e]), int(off[e+1])
 		if we, dwe := v.w(op, w[e]), v.f(op, dw[e]); hi > lo && !v.bad {
 			MatmulBackward(dx[lo*C:hi*C], dwe, dy[lo*OC:hi*OC], x.Slice(lo*C, hi*C), we, tensor.MatmulShape{BT: hi - lo, C: C, OC: OC}, accumulate)
 		}
 	}
 }
-func (Kernels[F]) ExpertsSwiGLU(out, gate, up tensor.Buffer, offsets []int32, width int) {
+func (Kernels[F]) ExpertsSwiGLU(out, gate, up tensor.Buffer, offsets tensor.Buffer, width int) {
 	var v views[F]
+	off := v.i("ExpertsSwiGLU", offsets)
 	o, g, u := v.f("ExpertsSwiGLU", out), v.f("ExpertsSwiGLU", gate), v.f("ExpertsSwiGLU", up)
 	if !v.bad {
-		ExpertsSwiGLU(o, g, u, offsets, width)
+		ExpertsSwiGLU(o, g, u, off, width)
 	}
 }
-func (Kernels[F]) ExpertsSwiGLUBackward(dgate, dup, dout, gate, up tensor.Buffer, offsets []int32, width int, accumulate bool) {
+func (Kernels[F]) ExpertsSwiGLUBackward(dgate, dup, dout, gate, up tensor.Buffer, offsets tensor.Buffer, width int, accumulate bool) {
 	var v views[F]
+	off := v.i("ExpertsSwiGLUBackward", offsets)
 	const op = "ExpertsSwiGLUBackward"
 	dg, du, dy, g, u := v.f(op, dgate), v.f(op, dup), v.f(op, dout), v.f(op, gate), v.f(op, up)
 	if !v.bad {
-		ExpertsSwiGLUBackward(dg, du, dy, g, u, offsets, width, accumulate)
+		ExpertsSwiGLUBackward(dg, du, dy, g, u, off, width, accumulate)
 	}
 }
 func (Kernels[F]) RouterStats(stats, probs tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
 	var v views[F]
+	rv := v.rt("RouterStats", r)
 	st, p := v.f("RouterStats", stats), v.f("RouterStats", probs)
 	if !v.bad {
-		RouterStats(st, p, r, s)
+		RouterStats(st, p, rv, s)
 	}
 }
 func (Kernels[F]) AuxLoss(dst, stats tensor.Buffer, r tensor.Routing, s tensor.MoEShape, tokens int, accumulate bool) {
 	var v views[F]
+	rv := v.rt("AuxLoss", r)
 	if st := v.f("AuxLoss", stats); !v.bad {
-		AuxLoss(dst, st, r, s, tokens, accumulate)
+		AuxLoss(dst, st, rv, s, tokens, accumulate)
 	}
 }
 func (Kernels[F]) AuxLossBackward(dprobs, stats tensor.Buffer, s tensor.MoEShape, tokens int, coeff float64) {
@@ -295,17 +331,19 @@ func (Kernels[F]) AuxLossBackward(dprobs, stats tensor.Buffer, s tensor.MoEShape
 func (Kernels[F]) Axpy(dst, src tensor.Buffer, a float64) { Axpy(dst, src, a) }
 func (Kernels[F]) Combine(out, y, gates tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
 	var v views[F]
+	rv := v.rt("Combine", r)
 	o, ys, g := v.f("Combine", out), v.f("Combine", y), v.f("Combine", gates)
 	if !v.bad {
-		Combine(o, ys, g, r, s)
+		Combine(o, ys, g, rv, s)
 	}
 }
 func (Kernels[F]) CombineBackward(dy, dgates, dout, y, gates tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
 	var v views[F]
+	rv := v.rt("CombineBackward", r)
 	const op = "CombineBackward"
 	d, dg, do, ys, g := v.f(op, dy), v.f(op, dgates), v.f(op, dout), v.f(op, y), v.f(op, gates)
 	if !v.bad {
-		CombineBackward(d, dg, do, ys, g, r, s)
+		CombineBackward(d, dg, do, ys, g, rv, s)
 	}
 }
 func (Kernels[F]) AdamW(params, grads, m, v tensor.Buffer, lr, beta1, beta2, eps, wd float64, st tensor.Buffer) {
@@ -322,10 +360,11 @@ func (Kernels[F]) SGD(params, grads, buf tensor.Buffer, lr, momentum, wd float64
 		SGDStep(p, g, b, lr, momentum, wd, st)
 	}
 }
-func (Kernels[F]) LossSum(dst, losses tensor.Buffer, targets []int32, accumulate bool) {
+func (Kernels[F]) LossSum(dst, losses, targets tensor.Buffer, accumulate bool) {
 	var v views[F]
+	tgt := v.i("LossSum", targets)
 	if l := v.f("LossSum", losses); !v.bad {
-		LossSum(dst, l, targets, accumulate)
+		LossSum(dst, l, tgt, accumulate)
 	}
 }
 func (Kernels[F]) SumSquares(dst, x tensor.Buffer, accumulate bool) {

@@ -403,6 +403,21 @@ func floats[F Float](op string, b tensor.Buffer) []F {
 	return nil
 }
 
+// int32s is a CPU int32 buffer's elements in place (nil, with the failure
+// kept, for any other buffer).
+func int32s(op string, b tensor.Buffer) []int32 {
+	s, ok := b.Storage().(*store)
+	if !ok || s.freed {
+		return nil
+	}
+	if s.dt != tensor.Int32 {
+		s.mem.fail(fmt.Errorf("cpu: %s: a %v buffer where int32 values are read", op, s.dt))
+		return nil
+	}
+	lo, n := b.Offset(), b.Len()
+	return s.i32[lo : lo+n : lo+n]
+}
+
 // bf16s is a CPU bf16 buffer's elements in place (as floats; nil, with the
 // failure kept, for any other buffer).
 func bf16s(op string, b tensor.Buffer) []tensor.BF16 {

@@ -74,6 +74,17 @@ func TestMemoryErrorsAreSticky(t *testing.T) {
 		"negative":     func(m, _ *Memory) { m.Alloc(tensor.Float32, -1) },
 		"f64 as f32":   func(m, _ *Memory) { m.Float32s(m.Alloc(tensor.Float64, 1)) },
 		"stats dtype":  func(m, _ *Memory) { CloseStep(m.Alloc(tensor.Float32, tensor.NumStats), 1) },
+		// Token ids must be an int32 buffer: f32 ones fail and the kernel does
+		// nothing (no index is read from them).
+		"float tokens": func(m, _ *Memory) {
+			Backend{}.Embedding(m.Alloc(tensor.Float32, 2*4), m.Alloc(tensor.Float32, 2), m.Alloc(tensor.Float32, 3*4),
+				tensor.EmbeddingShape{BT: 2, C: 4, N: 3})
+		},
+		"float routing": func(m, _ *Memory) {
+			s := tensor.MoEShape{BT: 2, E: 2, K: 1, C: 1, Capacity: 2}
+			Backend{}.Router(m.Alloc(tensor.Float32, 4), m.Alloc(tensor.Float32, 2), m.Alloc(tensor.Float32, 4),
+				tensor.Routing{Idx: m.Alloc(tensor.Float32, 2)}, s)
+		},
 	}
 	for name, misuse := range cases {
 		t.Run(name, func(t *testing.T) {

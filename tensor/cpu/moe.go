@@ -8,12 +8,18 @@ import (
 
 // MoE routing and token permutation. Shapes: BT tokens, E experts, K = top_k, C
 // channels; gates (BT,K) weigh each token's chosen experts; the index arrays are
-// tensor.Routing's.
+// Routing's.
+
+// Routing is Routing's index arrays as host slices (the backend's
+// adapter views the int32 buffers in place).
+type Routing struct {
+	Idx, Row, Tok, Offsets, Cursor []int32
+}
 
 // Router computes probs (BT,E) = softmax(logits), picks each token's top K experts by
 // score (ties to the lower index) into r.Idx, and sets gates to the softmax of the
 // selected scores.
-func Router[F Float](probs, gates, logits []F, r tensor.Routing, s tensor.MoEShape) {
+func Router[F Float](probs, gates, logits []F, r Routing, s tensor.MoEShape) {
 	idx := r.Idx
 	BT, E, K := s.BT, s.E, s.K
 	for t := 0; t < BT; t++ {
@@ -41,7 +47,7 @@ func Router[F Float](probs, gates, logits []F, r tensor.Routing, s tensor.MoESha
 // RouterBackward accumulates into dlogits (BT,E) the gradient through the gates
 // (dgates, the gradient of the selected gates) and through the probabilities
 // (dprobs (BT,E), may be nil).
-func RouterBackward[F Float](dlogits, dgates, dprobs, gates, probs []F, r tensor.Routing, s tensor.MoEShape) {
+func RouterBackward[F Float](dlogits, dgates, dprobs, gates, probs []F, r Routing, s tensor.MoEShape) {
 	idx := r.Idx
 	BT, E, K := s.BT, s.E, s.K
 	for t := 0; t < BT; t++ {
@@ -74,7 +80,7 @@ func RouterBackward[F Float](dlogits, dgates, dprobs, gates, probs []F, r tensor
 // is scratch. Packed, the kept copies are rows 0..Offsets[E] and r.Tok names
 // each row's token; with s.Padded, expert e's copies start at row e·Capacity,
 // the segments' unused rows are zeroed, and r.Tok is not written.
-func Dispatch[F Float](xperm, x []F, r tensor.Routing, s tensor.MoEShape) {
+func Dispatch[F Float](xperm, x []F, r Routing, s tensor.MoEShape) {
 	row, tok, offsets, cursor, idx := r.Row, r.Tok, r.Offsets, r.Cursor, r.Idx
 	C, E, K, capacity := s.C, s.E, s.K, s.Capacity
 	for e := range offsets {
@@ -117,7 +123,7 @@ func Dispatch[F Float](xperm, x []F, r tensor.Routing, s tensor.MoEShape) {
 // DispatchBackward accumulates the permuted rows' gradients dxperm back onto their
 // tokens: dx[t] += dxperm[row] for each kept copy. Packed it runs over the rows
 // 0..r.Offsets[E] in order; Padded over each token's copies in order.
-func DispatchBackward[F Float](dx, dxperm []F, rt tensor.Routing, s tensor.MoEShape) {
+func DispatchBackward[F Float](dx, dxperm []F, rt Routing, s tensor.MoEShape) {
 	C := s.C
 	if s.Padded {
 		for i, r := range rt.Row {
@@ -143,7 +149,7 @@ func DispatchBackward[F Float](dx, dxperm []F, rt tensor.Routing, s tensor.MoESh
 
 // Combine adds each token's expert outputs with their gates: out[t] += Σ_j
 // gates[t,j] · y[row[t,j]] (dropped copies contribute nothing).
-func Combine[F Float](out, y, gates []F, r tensor.Routing, s tensor.MoEShape) {
+func Combine[F Float](out, y, gates []F, r Routing, s tensor.MoEShape) {
 	row := r.Row
 	j := getJob[combineJob[F]]()
 	*j = combineJob[F]{out: out, y: y, gates: gates, row: row, C: s.C, K: s.K}
@@ -184,7 +190,7 @@ func (j *combineJob[F]) rows(_, lo, hi int) {
 // dout[t] · y[row[t,j]] (0 if dropped). Packed, the rows no kept copy has are
 // left alone; Padded, they are zeroed (the experts' backward runs over whole
 // segments).
-func CombineBackward[F Float](dy, dgates, dout, y, gates []F, r tensor.Routing, s tensor.MoEShape) {
+func CombineBackward[F Float](dy, dgates, dout, y, gates []F, r Routing, s tensor.MoEShape) {
 	row := r.Row
 	if s.Padded {
 		clear(dy[:s.Rows()*s.C])
@@ -445,7 +451,7 @@ func ExpertsSwiGLUBackward[F Float](dgate, dup, dout, gate, up []F, offsets []in
 // each expert's router probability summed over the BT tokens (in float64, token
 // order): what the load-balancing loss needs, and what the ranks that split a
 // sequence's tokens add up.
-func RouterStats[F Float](stats, probs []F, r tensor.Routing, s tensor.MoEShape) {
+func RouterStats[F Float](stats, probs []F, r Routing, s tensor.MoEShape) {
 	E := s.E
 	for e := 0; e < E; e++ {
 		var pe float64
@@ -460,7 +466,7 @@ func RouterStats[F Float](stats, probs []F, r tensor.Routing, s tensor.MoEShape)
 // from stats (RouterStats', over tokens tokens: f_e = stats[e]/(tokens·K), P_e =
 // stats[E+e]/tokens) and dst[1] to the copies this routing dropped past capacity
 // (BT·K − r.Offsets[E]); both are added with accumulate.
-func AuxLoss[F Float](dst tensor.Buffer, stats []F, r tensor.Routing, s tensor.MoEShape, tokens int, accumulate bool) {
+func AuxLoss[F Float](dst tensor.Buffer, stats []F, r Routing, s tensor.MoEShape, tokens int, accumulate bool) {
 	d := statsView("AuxLoss", dst, 2)
 	if d == nil {
 		return

@@ -26,6 +26,10 @@ func dtypeOf[F tensor.Float]() tensor.DType {
 // alloc1 is n zeroed F elements of the model's memory.
 func (m *Model[F]) alloc1(n int) tensor.Buffer { return m.mem.Alloc(dtypeOf[F](), n) }
 
+// allocInt is n int32 elements of the model's memory (token ids, targets,
+// routing indices).
+func (m *Model[F]) allocInt(n int) tensor.Buffer { return m.mem.Alloc(tensor.Int32, n) }
+
 // allocN is n buffers of size elements each.
 func (m *Model[F]) allocN(n, size int) []tensor.Buffer {
 	out := make([]tensor.Buffer, n)

@@ -66,9 +66,17 @@ type Model[F tensor.Float] struct {
 	moeSums      tensor.Buffer
 	moeLayersRun int
 	recomputing  bool
-	padSeg       []int32 // the padded experts' static segments (E+1), with a capacity factor
-	sin          tensor.Buffer
-	scratch      struct {
+	padSeg       tensor.Buffer // the padded experts' static segments (E+1, int32), with a capacity factor
+	// tok and tgt are the micro-batch's token ids and targets (int32, B·T
+	// each) in the model's memory, uploaded by Forward from tokHost and
+	// tgtHost through tokAny and tgtAny (the host slices made interfaces
+	// once: Memory.Write takes any, and converting a slice per call would
+	// allocate).
+	tok, tgt         tensor.Buffer
+	tokHost, tgtHost []int32
+	tokAny, tgtAny   any
+	sin              tensor.Buffer
+	scratch          struct {
 		dres, dx, dq, dk, dv, datty, dff1, dff2, dsw, dlogits, dloss tensor.Buffer
 		// MoE backward (sized for the largest MoE layer)
 		moeDlogits, moeDprobs, moeDgates, moeDy, moeDx, moeDh, moeDg, moeDu, moeSh, moeSg, moeSu tensor.Buffer
@@ -167,6 +175,9 @@ func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights, grad
 			return nil, fmt.Errorf("model: %d token rows per micro-batch (per rank) do not split over tp %d", B*m.T, o.tp.Size)
 		}
 	}
+	m.tok, m.tgt = m.allocInt(B*m.T), m.allocInt(B*m.T)
+	m.tokHost, m.tgtHost = make([]int32, B*m.T), make([]int32, B*m.T)
+	m.tokAny, m.tgtAny = m.tokHost, m.tgtHost
 	if o.bf16Acts {
 		var z F
 		if _, ok := any(z).(float32); !ok {
@@ -444,10 +455,12 @@ func (m *Model[F]) alloc() error {
 		copies := moeShape(m.Cfg, R, m.ep.Size).Rows() // dropless, grown with the exchange buffers under expert parallelism
 		s.moeDy, s.moeDx = m.alloc1(copies*C), m.alloc1(copies*C)
 		if sh := moeShape(m.Cfg, R, m.ep.Size); sh.Padded {
-			m.padSeg = make([]int32, E+1)
-			for e := range m.padSeg {
-				m.padSeg[e] = int32(e * sh.Capacity)
+			seg := make([]int32, E+1)
+			for e := range seg {
+				seg[e] = int32(e * sh.Capacity)
 			}
+			m.padSeg = m.allocInt(E + 1)
+			m.mem.Write(m.padSeg, seg)
 		}
 		s.moeDh, s.moeDg, s.moeDu = m.alloc1(copies*EF), m.alloc1(copies*EF), m.alloc1(copies*EF)
 		if m.ep.Size > 1 {
@@ -504,9 +517,12 @@ func (m *Model[F]) Forward(tokens, targets []int32, loss tensor.Buffer, accumula
 	if len(w.layers) > 0 {
 		x = a.resid[0]
 	}
+	if !m.upload(tokens, targets) {
+		return 0
+	}
 	m.moeLayersRun = 0
 	m.acquire(0, false)
-	m.embed(x, tokens)
+	m.embed(x, m.tok)
 	m.release(0, false)
 	for l := range w.layers {
 		m.acquire(1+l, false)
@@ -532,14 +548,34 @@ func (m *Model[F]) Forward(tokens, targets []int32, loss tensor.Buffer, accumula
 	if targets == nil {
 		return 0
 	}
-	m.crossEntropy(a.losses, a.probs, a.logits, targets)
-	be.LossSum(loss, a.losses, targets, accumulate)
+	m.crossEntropy(a.losses, a.probs, a.logits, m.tgt)
+	be.LossSum(loss, a.losses, m.tgt, accumulate)
 	for _, t := range targets {
 		if t >= 0 {
 			count++
 		}
 	}
 	return count
+}
+
+// upload writes a micro-batch's token ids and targets (nil: none) into the
+// model's int32 buffers, which the kernels read; false, with the error kept
+// for Err, when their lengths are not the model's B·T.
+func (m *Model[F]) upload(tokens, targets []int32) bool {
+	n := len(m.tokHost)
+	if len(tokens) != n || (targets != nil && len(targets) != n) {
+		if m.hookErr == nil {
+			m.hookErr = fmt.Errorf("model: a micro-batch of %d tokens and %d targets where the model runs %d (B·T per rank)", len(tokens), len(targets), n)
+		}
+		return false
+	}
+	copy(m.tokHost, tokens)
+	m.mem.Write(m.tok, m.tokAny)
+	if targets != nil {
+		copy(m.tgtHost, targets)
+		m.mem.Write(m.tgt, m.tgtAny)
+	}
+	return true
 }
 
 // Loss runs Forward on tokens and targets and reads the loss sum back from a
@@ -556,8 +592,9 @@ func (m *Model[F]) Loss(tokens, targets []int32) (sum float64, count int) {
 }
 
 // ActivationBytes is what the model holds for backward (per layer activations, the
-// final norm, and with bf16 storage the work set and the layers' bf16 stores) and
-// for the output (logits and probabilities), in bytes.
+// final norm, with bf16 storage the work set and the layers' bf16 stores, and
+// the int32 token ids, targets and MoE routing) and for the output (logits and
+// probabilities), in bytes.
 func (m *Model[F]) ActivationBytes() (activations, logits int64) {
 	size := elemBytes[F]()
 	a := &m.a
@@ -576,6 +613,15 @@ func (m *Model[F]) ActivationBytes() (activations, logits int64) {
 	if m.st != nil {
 		activations += m.st.bytes()
 	}
+	// int32: the micro-batch's token ids and targets, each MoE layer's routing
+	// and local segments, the padded experts' static segments.
+	ints := held(seen, m.tok, m.tgt, m.padSeg)
+	for _, ma := range a.moe {
+		if ma != nil {
+			ints += held(seen, ma.ints()...)
+		}
+	}
+	activations += 4 * ints
 	return activations, held(seen, a.logits, a.probs, a.losses) * size
 }
 
@@ -684,13 +730,18 @@ func (m *Model[F]) ReadLogits(dst []F, off int) {
 
 // Backward accumulates into the gradient views the gradient of scale · Σ token
 // losses of the last Forward (scale = 1/global token count gives the per-token
-// mean over the whole global batch). Forward must have run with the same targets.
+// mean over the whole global batch). Forward must have run with the same
+// tokens and targets; they are uploaded again (the embedding's and the loss's
+// backward read them), and a misfit batch runs nothing (Err says why).
 func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
+	if !m.upload(tokens, targets) {
+		return
+	}
 	be, a, w, g, s := m.be, &m.a, &m.w, &m.g, &m.scratch
 	BT, C, NH, NKV, HD, FF, V := m.dims()
 	m.mem.Fill(s.dloss, scale)
 	m.mem.Zero(s.dlogits)
-	m.crossEntropyBackward(s.dlogits, s.dloss, a.probs, targets)
+	m.crossEntropyBackward(s.dlogits, s.dloss, a.probs, m.tgt)
 	last := len(m.blocks) - 1
 	m.acquire(last, true)
 	be.MatmulBackward(m.inputGrad(s.dx), g.output, s.dlogits, m.gather(a.lnf), w.output, tensor.MatmulShape{BT: BT, C: C, OC: V}, false)
@@ -756,7 +807,7 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 		m.release(1+l, true)
 	}
 	m.acquire(0, true)
-	m.embedBackward(dres, tokens)
+	m.embedBackward(dres, m.tok)
 	m.release(0, true)
 }
 

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"fmt"
 	"math"
 	"testing"
 
@@ -8,6 +9,7 @@ import (
 	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/tensor/cpu"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -271,16 +273,17 @@ func TestMoESums(t *testing.T) {
 			dropped := 0
 			E, k, BT := cfg.MoE.NumExperts, cfg.MoE.TopK, B*T
 			for _, a := range m.a.moe {
-				probs := make([]float32, a.probs.Len())
+				probs, off := make([]float32, a.probs.Len()), make([]int32, E+1)
 				m.mem.Read(probs, a.probs)
+				m.mem.Read(off, a.rt.Offsets)
 				for e := 0; e < E; e++ {
 					var pe float64
 					for tk := 0; tk < BT; tk++ {
 						pe += float64(probs[tk*E+e])
 					}
-					aux += float64(E) * float64(a.count(e)) / float64(BT*k) * float64(float32(pe)) / float64(BT)
+					aux += float64(E) * float64(off[e+1]-off[e]) / float64(BT*k) * float64(float32(pe)) / float64(BT)
 				}
-				dropped += BT*k - int(a.rt.Offsets[E])
+				dropped += BT*k - int(off[E])
 			}
 			require.Greater(t, dropped, 0, "the capacity should drop copies")
 			require.InEpsilon(t, aux*cfg.MoE.AuxLossCoeff, m.AuxLoss(), 1e-12)
@@ -291,4 +294,29 @@ func TestMoESums(t *testing.T) {
 		m.Close()
 	}
 	require.Equal(t, sums["none"], sums["full"], "full recompute keeps the forward's sums")
+}
+
+// TestForwardRefusesAMisfitBatch: token ids and targets are uploaded into the
+// model's int32 buffers of B·T; a micro-batch of another length (or targets of
+// another length than the tokens) runs nothing and leaves an error naming the
+// lengths for Err, instead of reading past a buffer; the next right-sized
+// batch runs as before.
+func TestForwardRefusesAMisfitBatch(t *testing.T) {
+	cfg := ShakespeareChar()
+	cfg.Layers, cfg.Hidden, cfg.Heads, cfg.FFNHidden, cfg.SeqLen = 1, 32, 2, 64, 16
+	const B, T = 2, 16
+	m, _, _, _ := build[float32](t, cfg, B, T)
+	defer m.Close()
+	tok := make([]int32, B*T)
+	for _, c := range []struct{ tokens, targets []int32 }{{tok[:B*T-1], tok[:B*T-1]}, {tok, tok[:3]}, {append(tok, 0), nil}} {
+		loss := m.mem.Alloc(tensor.Float64, 1)
+		assert.Zero(t, m.Forward(c.tokens, c.targets, loss, false))
+		err := m.Err()
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), fmt.Sprintf("%d tokens", len(c.tokens)))
+	}
+	sum, n := m.Loss(tok, tok)
+	require.NoError(t, m.Err())
+	assert.Equal(t, B*T, n)
+	assert.Greater(t, sum, 0.0)
 }

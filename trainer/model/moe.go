@@ -47,10 +47,16 @@ type moeActs[F tensor.Float] struct {
 	// budgets) and grow to the most rows a layer has received (at most
 	// ep · BT · min(k, E/ep), the worst case the plan states).
 	sendRows, recvRows []int
-	sendEl, recvEl     []int   // the same counts in values (rows · C), for the all-to-alls
-	even               []int   // ep values of E/ep: the counts' all-to-all
-	localOff           []int32 // (E/ep + 1) each local expert's segment in local order
+	sendEl, recvEl     []int         // the same counts in values (rows · C), for the all-to-alls
+	even               []int         // ep values of E/ep: the counts' all-to-all
+	localOff           []int32       // (E/ep + 1) each local expert's segment in local order
+	localOffB          tensor.Buffer // the same in the model's memory (int32), what the grouped kernels read
+	localOffAny        any           // localOff, made an interface once (Memory.Write takes any)
 	cntSend, cntRecv   []float32
+	// offHost is the routing's offsets read back (dropless expert parallelism:
+	// the layer's one read-back), offHostAny the same as an interface.
+	offHost            []int32
+	offHostAny         any
 	srcStart, locStart []int         // (source, local expert) → start row in recv order / in local order
 	total              int           // rows received
 	xloc               tensor.Buffer // (rows, C)
@@ -73,13 +79,17 @@ func (m *Model[F]) newMoEActs(BT, sharedRows int, work *moeActs[F]) *moeActs[F] 
 	R := moeShape(c, BT, ep).Rows() // padded: E·capacity, also what expert parallelism receives
 	a := &moeActs[F]{
 		logits: m.alloc1(BT * E), probs: m.alloc1(BT * E), gates: m.alloc1(BT * k),
-		rt:    tensor.Routing{Idx: make([]int32, BT*k), Row: make([]int32, BT*k), Tok: make([]int32, BT*k), Offsets: make([]int32, E+1), Cursor: make([]int32, E)},
+		rt: tensor.Routing{Idx: m.allocInt(BT * k), Row: m.allocInt(BT * k), Tok: m.allocInt(BT * k), Offsets: m.allocInt(E + 1),
+			Cursor: m.allocInt(E)},
 		stats: m.alloc1(2 * E),
 	}
 	if ep > 1 {
 		El := E / ep
 		a.sendRows, a.recvRows = make([]int, ep), make([]int, ep)
 		a.sendEl, a.recvEl, a.even, a.localOff = make([]int, ep), make([]int, ep), make([]int, ep), make([]int32, El+1)
+		a.localOffB, a.localOffAny = m.allocInt(El+1), a.localOff
+		a.offHost = make([]int32, E+1)
+		a.offHostAny = a.offHost
 		a.cntSend, a.cntRecv = make([]float32, ep*El), make([]float32, ep*El)
 		a.srcStart, a.locStart = make([]int, ep*El), make([]int, ep*El)
 	}
@@ -116,6 +126,12 @@ func (a *moeActs[F]) kept() []*tensor.Buffer {
 	return out
 }
 
+// ints lists the layer's int32 buffers: its routing and, under expert
+// parallelism, its local experts' segments.
+func (a *moeActs[F]) ints() []tensor.Buffer {
+	return []tensor.Buffer{a.rt.Idx, a.rt.Row, a.rt.Tok, a.rt.Offsets, a.rt.Cursor, a.localOffB}
+}
+
 // floats lists every F buffer of the layer's activations.
 func (a *moeActs[F]) floats() []tensor.Buffer {
 	var out []tensor.Buffer
@@ -130,8 +146,8 @@ func (a *moeActs[F]) floats() []tensor.Buffer {
 }
 
 // count is expert e's kept copies, read on the host: only after the layer's
-// synchronisation (expert parallelism).
-func (a *moeActs[F]) count(e int) int { return int(a.rt.Offsets[e+1] - a.rt.Offsets[e]) }
+// read-back of its offsets (dropless expert parallelism).
+func (a *moeActs[F]) count(e int) int { return int(a.offHost[e+1] - a.offHost[e]) }
 
 // moeShape is an MoE layer's routing over BT token rows on ep expert-parallel
 // ranks, laid out as parallel.MoELayout says (the plan counts the same): under
@@ -147,7 +163,7 @@ func moeShape(c config.Model, BT, ep int) tensor.MoEShape {
 
 // segments is where the layer's experts' rows lie for the grouped kernels: the
 // static padded segments, or the routing's packed offsets.
-func (m *Model[F]) segments(a *moeActs[F], s tensor.MoEShape) []int32 {
+func (m *Model[F]) segments(a *moeActs[F], s tensor.MoEShape) tensor.Buffer {
 	if s.Padded {
 		return m.padSeg
 	}
@@ -172,17 +188,16 @@ func (m *Model[F]) moeForward(out, x tensor.Buffer, p moeParams[tensor.Buffer], 
 	if m.ep.Size > 1 {
 		if !s.Padded {
 			// Dropless, the exchange's split sizes must reach the host, which the
-			// all-to-all takes them from: the layer's one synchronisation
-			// (counted), after which the host reads the routing's counts. Padded,
-			// they are static.
-			m.mem.Sync()
-			a.n = int(a.rt.Offsets[E])
+			// all-to-all takes them from: the layer's one read-back (counted), of
+			// the routing's offsets. Padded, they are static.
+			m.mem.Read(a.offHostAny, a.rt.Offsets)
+			a.n = int(a.offHost[E])
 		}
 		m.epExchange(a, s)
 		sc := &m.scratch
 		m.epRegroup(a, a.xloc, sc.moeRecv, true)
 		m.expertIn(a.xs, a.xloc, 0, a.total*C, true)
-		m.expertsForward(p, a, a.xloc, sc.moeYloc, a.localOff, a.total)
+		m.expertsForward(p, a, a.xloc, sc.moeYloc, a.localOffB, a.total)
 		m.epRegroup(a, sc.moeYloc, sc.moeRecv, false) // back to arrival order, reusing the receive buffer
 		m.a2a(a.y.Slice(0, a.n*C), sc.moeRecv.Slice(0, a.total*C), a.recvEl, a.sendEl)
 	} else {
@@ -225,7 +240,7 @@ func (m *Model[F]) routedTokens(a *moeActs[F]) int {
 
 // expertsForward runs the local experts' SwiGLU over their segments of xin (rows
 // offsets[e]..offsets[e+1], of the rows the buffers span) into yout.
-func (m *Model[F]) expertsForward(p moeParams[tensor.Buffer], a *moeActs[F], xin, yout tensor.Buffer, offsets []int32, rows int) {
+func (m *Model[F]) expertsForward(p moeParams[tensor.Buffer], a *moeActs[F], xin, yout, offsets tensor.Buffer, rows int) {
 	be, C, EF := m.be, m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden
 	w := m.expertWeights(p)
 	xs := m.expertIn(a.xs, xin, 0, rows*C, false)
@@ -282,7 +297,7 @@ func (m *Model[F]) epExchange(a *moeActs[F], s tensor.MoEShape) {
 			}
 			continue
 		}
-		a.sendRows[j] = int(a.rt.Offsets[(j+1)*El] - a.rt.Offsets[j*El])
+		a.sendRows[j] = int(a.offHost[(j+1)*El] - a.offHost[j*El])
 		for q := 0; q < El; q++ {
 			a.cntSend[j*El+q] = float32(a.count(j*El + q))
 		}
@@ -311,6 +326,7 @@ func (m *Model[F]) epExchange(a *moeActs[F], s tensor.MoEShape) {
 		}
 	}
 	a.localOff[El] = int32(off)
+	m.mem.Write(a.localOffB, a.localOffAny) // an upload: the grouped kernels read it
 	for i := 0; i < ep; i++ {
 		a.sendEl[i], a.recvEl[i] = a.sendRows[i]*C, a.recvRows[i]*C
 	}
@@ -415,7 +431,7 @@ func (m *Model[F]) moeBackward(dx, dout, x tensor.Buffer, p moeParams[tensor.Buf
 		dyin, dyloc, dxloc := s.moeEpA.Slice(0, R*C), s.moeEpB.Slice(0, R*C), s.moeEpC.Slice(0, R*C)
 		m.a2a(dyin, dy, a.sendEl, a.recvEl)
 		m.epRegroup(a, dyloc, dyin, true)
-		m.expertsBackward(p, g, a, dyloc, a.xloc, dxloc, a.localOff, R)
+		m.expertsBackward(p, g, a, dyloc, a.xloc, dxloc, a.localOffB, R)
 		m.epRegroup(a, dxloc, dyin, false)
 		m.a2a(dxp, dyin, a.recvEl, a.sendEl)
 	} else {
@@ -448,7 +464,7 @@ func (m *Model[F]) moeBackward(dx, dout, x tensor.Buffer, p moeParams[tensor.Buf
 // xin are the output gradients and inputs (rows offsets[e]..offsets[e+1], of the
 // rows the buffers span); the input gradients go to dxin (overwritten in the
 // segments) and the weight gradients accumulate.
-func (m *Model[F]) expertsBackward(p moeParams[tensor.Buffer], g moeParams[tensor.Buffer], a *moeActs[F], dy, xin, dxin tensor.Buffer, offsets []int32, rows int) {
+func (m *Model[F]) expertsBackward(p moeParams[tensor.Buffer], g moeParams[tensor.Buffer], a *moeActs[F], dy, xin, dxin, offsets tensor.Buffer, rows int) {
 	be, C, EF, s := m.be, m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden, &m.scratch
 	dsw, dga, dup := s.moeDh.Slice(0, rows*EF), s.moeDg.Slice(0, rows*EF), s.moeDu.Slice(0, rows*EF)
 	w, gw := m.expertWeights(p), m.expertGrads(g)

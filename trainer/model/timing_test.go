@@ -57,11 +57,11 @@ func (k timed) RopeBackward(x, c, sn tensor.Buffer, s tensor.RopeShape) {
 	defer k.rec("Rope", time.Now())
 	k.Backend.RopeBackward(x, c, sn, s)
 }
-func (k timed) CrossEntropy(l, p, lg tensor.Buffer, t []int32, s tensor.VocabShape) {
+func (k timed) CrossEntropy(l, p, lg, t tensor.Buffer, s tensor.VocabShape) {
 	defer k.rec("CrossEntropy", time.Now())
 	k.Backend.CrossEntropy(l, p, lg, t, s)
 }
-func (k timed) CrossEntropyBackward(d, dl, p tensor.Buffer, t []int32, s tensor.VocabShape) {
+func (k timed) CrossEntropyBackward(d, dl, p, t tensor.Buffer, s tensor.VocabShape) {
 	defer k.rec("CrossEntropy", time.Now())
 	k.Backend.CrossEntropyBackward(d, dl, p, t, s)
 }

@@ -186,7 +186,7 @@ func (m *Model[F]) embedShape() tensor.EmbeddingShape {
 // embed writes the embedding of tokens (all B·T) into x, this rank's rows: under
 // tensor parallelism each rank looks up the tokens in its vocabulary rows (zeros
 // for the others) and the partial rows are reduce-scattered.
-func (m *Model[F]) embed(x tensor.Buffer, tokens []int32) {
+func (m *Model[F]) embed(x, tokens tensor.Buffer) {
 	if m.tp == nil {
 		m.be.Embedding(x, tokens, m.w.embed, m.embedShape())
 		return
@@ -199,7 +199,7 @@ func (m *Model[F]) embed(x tensor.Buffer, tokens []int32) {
 // embedBackward accumulates the embedding's gradient from dres, the gradient of
 // this rank's rows of the residual stream (all rows' under tensor parallelism,
 // into this rank's vocabulary rows).
-func (m *Model[F]) embedBackward(dres tensor.Buffer, tokens []int32) {
+func (m *Model[F]) embedBackward(dres, tokens tensor.Buffer) {
 	m.be.EmbeddingBackward(m.g.embed, m.gatherGrad(dres), tokens, m.embedShape())
 }
 
@@ -207,7 +207,7 @@ func (m *Model[F]) embedBackward(dres tensor.Buffer, tokens []int32) {
 // from its logits (B·T × V/tp): each rank's log-sum-exp per row is all-gathered
 // and combined in rank order, and the target's logit comes from the rank holding
 // it (an all-reduce of rows that are zero elsewhere).
-func (m *Model[F]) crossEntropy(lossesB, probsB, logitsB tensor.Buffer, targets []int32) {
+func (m *Model[F]) crossEntropy(lossesB, probsB, logitsB, targets tensor.Buffer) {
 	s := m.vocabShape()
 	if m.tp == nil {
 		m.be.CrossEntropy(lossesB, probsB, logitsB, targets, s)
@@ -232,6 +232,6 @@ func (m *Model[F]) vocabShape() tensor.VocabShape {
 
 // crossEntropyBackward accumulates dlogits += (probs − onehot(target))·dloss over
 // this rank's vocabulary rows; ignored targets (< 0) add nothing.
-func (m *Model[F]) crossEntropyBackward(dlogitsB, dlossB, probsB tensor.Buffer, targets []int32) {
+func (m *Model[F]) crossEntropyBackward(dlogitsB, dlossB, probsB, targets tensor.Buffer) {
 	m.be.CrossEntropyBackward(dlogitsB, dlossB, probsB, targets, m.vocabShape())
 }
