@@ -242,7 +242,7 @@ func (o unitOp) Run(comm.Communicator) error {
 		case o.reduce:
 			err = st.reduceInto(gi, u.reducing[ui].Slice(int(lo), int(hi)))
 		case st.comms[gi].Size() == 1 || g.Shards == 1:
-			st.copyWeights(u.wbuf[ui].Slice(int(lo), int(hi)), st.computeShardBuffer(gi))
+			st.copyBuffer(u.wbuf[ui].Slice(int(lo), int(hi)), st.computeShardBuffer(gi))
 		default:
 			err = st.comms[gi].AllGather(u.wbuf[ui].Slice(int(lo), int(hi)), st.computeShardBuffer(gi))
 		}

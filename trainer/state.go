@@ -510,7 +510,7 @@ func (s *state) gather() error {
 	for gi := range s.plan.Groups {
 		src := s.computeShardBuffer(gi)
 		if !s.sharded || s.plan.Groups[gi].Shards == 1 {
-			s.copyWeights(s.weights[gi], src) // fp32: the same memory, nothing to copy
+			s.copyBuffer(s.weights[gi], src) // fp32: the same memory, nothing to copy
 			continue
 		}
 		if err := s.comms[gi].AllGather(s.weights[gi], src); err != nil {
@@ -529,9 +529,10 @@ func (s *state) newWeights(n int64) tensor.Buffer {
 	return s.mem.Alloc(tensor.Float32, int(n))
 }
 
-// copyWeights copies src into dst (same dtype and length); nothing when they are
-// the same memory (an fp32 run's unsharded main weights are its compute weights).
-func (s *state) copyWeights(dst, src tensor.Buffer) {
+// copyBuffer copies src into dst (same dtype and length); nothing when they are
+// the same memory (an fp32 run's unsharded main weights are its compute
+// weights; an unsharded group's gradient shard is its gradients).
+func (s *state) copyBuffer(dst, src tensor.Buffer) {
 	if dst.Storage() == src.Storage() && dst.Offset() == src.Offset() {
 		return
 	}
@@ -591,7 +592,7 @@ func (s *state) gatherFull() error {
 			s.weights[gi] = s.newWeights(g.Padded)
 		}
 		if s.comms[gi].Size() == 1 || g.Shards == 1 {
-			s.copyWeights(s.weights[gi], s.computeShardBuffer(gi))
+			s.copyBuffer(s.weights[gi], s.computeShardBuffer(gi))
 		} else if err := s.comms[gi].AllGather(s.weights[gi], s.computeShardBuffer(gi)); err != nil {
 			return err
 		}
@@ -634,7 +635,7 @@ func (s *state) reduce(inBF16 bool) error {
 		g := &s.plan.Groups[gi]
 		if s.comms[gi].Size() == 1 {
 			if g.Shards == 1 {
-				s.copyWeights(s.gshardB[gi], s.grads[gi])
+				s.copyBuffer(s.gshardB[gi], s.grads[gi])
 			}
 			continue
 		}
