@@ -238,13 +238,10 @@ func (o unitOp) Run(comm.Communicator) error {
 		g := &st.plan.Groups[gi]
 		lo, hi := u.offsets[ui][k], u.offsets[ui][k]+g.Padded
 		var err error
-		switch {
-		case o.reduce:
+		if o.reduce {
 			err = st.reduceInto(gi, u.reducing[ui].Slice(int(lo), int(hi)))
-		case st.comms[gi].Size() == 1 || g.Shards == 1:
-			st.copyBuffer(u.wbuf[ui].Slice(int(lo), int(hi)), st.computeShardBuffer(gi))
-		default:
-			err = st.comms[gi].AllGather(u.wbuf[ui].Slice(int(lo), int(hi)), st.computeShardBuffer(gi))
+		} else {
+			err = st.gatherGroup(gi, u.wbuf[ui].Slice(int(lo), int(hi)))
 		}
 		if err != nil {
 			return fmt.Errorf("%s unit %s: %w", what, st.plan.Units[ui].Name, err)

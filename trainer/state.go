@@ -508,12 +508,7 @@ func (s *state) gather() error {
 		return nil // units are gathered when blocks need them
 	}
 	for gi := range s.plan.Groups {
-		src := s.computeShardBuffer(gi)
-		if !s.sharded || s.plan.Groups[gi].Shards == 1 {
-			s.copyBuffer(s.weights[gi], src) // fp32: the same memory, nothing to copy
-			continue
-		}
-		if err := s.comms[gi].AllGather(s.weights[gi], src); err != nil {
+		if err := s.gatherGroup(gi, s.weights[gi]); err != nil {
 			return fmt.Errorf("all-gathering group %d: %w", gi, err)
 		}
 	}
@@ -527,6 +522,20 @@ func (s *state) newWeights(n int64) tensor.Buffer {
 		return s.mem.Alloc(tensor.BFloat16, int(n))
 	}
 	return s.mem.Alloc(tensor.Float32, int(n))
+}
+
+// gatherGroup fills dst (group gi's padded length, in the compute dtype) with
+// every rank's compute shard of the group: an all-gather over the group's
+// ranks, or, where one rank holds the group whole (no_shard, or a group of
+// one), a copy of its shard, which is nothing in an fp32 run whose compute
+// weights are that shard.
+func (s *state) gatherGroup(gi int, dst tensor.Buffer) error {
+	src := s.computeShardBuffer(gi)
+	if s.comms[gi].Size() == 1 || s.plan.Groups[gi].Shards == 1 {
+		s.copyBuffer(dst, src)
+		return nil
+	}
+	return s.comms[gi].AllGather(dst, src)
 }
 
 // copyBuffer copies src into dst (same dtype and length); nothing when they are
@@ -591,9 +600,7 @@ func (s *state) gatherFull() error {
 		if s.weights[gi].Len() == 0 {
 			s.weights[gi] = s.newWeights(g.Padded)
 		}
-		if s.comms[gi].Size() == 1 || g.Shards == 1 {
-			s.copyBuffer(s.weights[gi], s.computeShardBuffer(gi))
-		} else if err := s.comms[gi].AllGather(s.weights[gi], s.computeShardBuffer(gi)); err != nil {
+		if err := s.gatherGroup(gi, s.weights[gi]); err != nil {
 			return err
 		}
 		for _, e := range g.Entries {

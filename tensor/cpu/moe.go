@@ -10,8 +10,8 @@ import (
 // channels; gates (BT,K) weigh each token's chosen experts; the index arrays are
 // Routing's.
 
-// Routing is Routing's index arrays as host slices (the backend's
-// adapter views the int32 buffers in place).
+// Routing is tensor.Routing's index arrays as host slices (the backend's
+// adapter views tensor.Routing's int32 buffers in place).
 type Routing struct {
 	Idx, Row, Tok, Offsets, Cursor []int32
 }
