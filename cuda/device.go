@@ -16,20 +16,22 @@ import (
 //go:embed kernels/kernels.ptx
 var kernelsPTX string
 
-// Device is one GPU: a CUDA context owned by a goroutine locked to its OS thread.
+// Device is one GPU: its primary CUDA context, used by a goroutine locked to
+// its OS thread.
 // Every method that touches the GPU must run inside Do.
 type Device struct {
-	Ordinal int
-	dev     cu.Device
-	ctx     cu.CUContext
-	work    chan func()
-	done    chan struct{}
-	stream  cu.Stream
-	mod     cu.Module
-	fns     map[string]cu.Function
-	err     error // sticky: the first failure; later work is skipped
-	lt      *blasLt
-	info    Info
+	Ordinal  int
+	dev      cu.Device
+	ctx      cu.CUContext // the device's primary context, retained
+	retained bool         // the primary context is retained: release it on the way out
+	work     chan func()
+	done     chan struct{}
+	stream   cu.Stream
+	mod      cu.Module
+	fns      map[string]cu.Function
+	err      error // sticky: the first failure; later work is skipped
+	lt       *blasLt
+	info     Info
 	// readbacks counts device-to-host copies (a synchronisation each): tests hold a
 	// step to the number its logging interval allows.
 	readbacks atomic.Int64
@@ -81,6 +83,9 @@ func (d *Device) loop(ready chan<- error) {
 	defer runtime.UnlockOSThread()
 	defer close(d.done)
 	if err := d.setup(); err != nil {
+		if d.retained {
+			_ = d.dev.ReleasePrimaryCtx()
+		}
 		ready <- err
 		return
 	}
@@ -93,13 +98,26 @@ func (d *Device) loop(ready chan<- error) {
 	}
 	_ = d.stream.Destroy()
 	_ = d.mod.Unload()
-	_ = d.ctx.Destroy()
+	if d.retained {
+		_ = d.dev.ReleasePrimaryCtx()
+	}
 }
 
 func (d *Device) setup() (err error) {
-	if d.ctx, err = d.dev.MakeContext(cu.SchedBlockingSync); err != nil {
-		return fmt.Errorf("cuda: creating a context on device %d: %w", d.Ordinal, err)
+	// The device's primary context, the one the CUDA runtime uses: NCCL runs on
+	// the runtime, and its threads bind the primary context, so the buffers and
+	// streams it is handed must live there. Blocking sync spares a core spinning
+	// in a read-back; the flags cannot change once another user of this process
+	// has made the context active, which is harmless.
+	_ = d.dev.SetPrimaryCtxFlags(cu.SchedBlockingSync)
+	if d.ctx, err = d.dev.RetainPrimaryCtx(); err != nil {
+		return fmt.Errorf("cuda: retaining device %d's primary context: %w", d.Ordinal, err)
 	}
+	if err = cu.SetCurrentContext(d.ctx); err != nil {
+		_ = d.dev.ReleasePrimaryCtx()
+		return fmt.Errorf("cuda: making device %d's primary context current: %w", d.Ordinal, err)
+	}
+	d.retained = true
 	if d.stream, err = cu.MakeStream(cu.NonBlocking); err != nil {
 		return fmt.Errorf("cuda: creating a stream: %w", err)
 	}

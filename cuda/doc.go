@@ -1,7 +1,9 @@
 // Package cuda is shardline's NVIDIA GPU backend: a device owned by one goroutine
 // locked to its OS thread, device buffers, one stream that work is issued on in
 // order, the kernels of cuda/kernels (CUDA C compiled to PTX by `make ptx` and
-// embedded), and bf16/fp32 matrix products through cuBLASLt, loaded at run time.
+// embedded), bf16/fp32 matrix products through cuBLASLt, and collectives through
+// NCCL (Comm: one group's communicator, on the device's stream), both loaded at
+// run time.
 //
 // Everything but this file (and the PTX freshness test) is behind the `cuda`
 // build tag: the driver bindings

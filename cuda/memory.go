@@ -19,6 +19,7 @@ const (
 	F32  = tensor.Float32  // float32
 	BF16 = tensor.BFloat16 // bfloat16
 	I32  = tensor.Int32    // int32 (token ids, targets)
+	F64  = tensor.Float64  // float64 (statistics; NCCL sums them)
 )
 
 // Buffer is device memory: N elements of DType at ptr. Slice views share memory.

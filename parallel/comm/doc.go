@@ -27,5 +27,7 @@
 // so members may build their groups in any order), independent of the world's and
 // of other groups', so two goroutines can run collectives on two groups at once.
 //
+// BroadcastBytes carries an opaque blob (an NCCL unique id) over any of them.
+//
 // It imports nothing from shardline.
 package comm

@@ -553,3 +553,45 @@ func TestTCPCollectivesAllocateNothing(t *testing.T) {
 		require.NoError(t, err)
 	}
 }
+
+// TestBroadcastBytes: an opaque 128-byte blob (an NCCL unique id's size, every
+// byte value and NaN bit patterns among them) reaches every rank exactly, in
+// process and over TCP; an odd length pads and trims; ranks that disagree on
+// the length all fail with a mismatch instead of reading a blob cut short.
+func TestBroadcastBytes(t *testing.T) {
+	blob := make([]byte, 128)
+	for i := range blob {
+		blob[i] = byte(255 - 2*i)
+	}
+	copy(blob[8:], []byte{0xff, 0xff, 0xff, 0xff, 0x01, 0x00, 0xc0, 0x7f}) // a quiet and a signalling NaN
+	check := func(c Communicator, root, n int) error {
+		buf := make([]byte, n)
+		if c.Rank() == root {
+			copy(buf, blob)
+		}
+		if err := BroadcastBytes(c, buf, root); err != nil {
+			return err
+		}
+		if string(buf) != string(blob[:n]) {
+			return fmt.Errorf("rank %d got %x", c.Rank(), buf)
+		}
+		return nil
+	}
+	for _, n := range []int{128, 37} {
+		for _, err := range onRanks(3, 5*time.Second, func(c Communicator) error { return check(c, 1, n) }) {
+			assert.NoError(t, err, "in process, %d bytes", n)
+		}
+		for _, err := range tcpRanks(t, 3, 5*time.Second, func(c *TCP) error { return check(c, 0, n) }) {
+			assert.NoError(t, err, "tcp, %d bytes", n)
+		}
+	}
+	errs := onRanks(2, 5*time.Second, func(c Communicator) error {
+		return BroadcastBytes(c, make([]byte, 16+c.Rank()), 0)
+	})
+	for r, err := range errs {
+		require.Error(t, err, "rank %d", r)
+		assert.ErrorIs(t, err, ErrMismatch)
+	}
+	assert.Contains(t, errs[0].Error(), "rank 1 passes 17 bytes, rank 0 16")
+	assert.Contains(t, errs[1].Error(), "rank 0 passes 16 bytes, rank 1 17")
+}
