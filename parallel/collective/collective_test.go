@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardline/shardline/internal/allocs"
 	"github.com/shardline/shardline/parallel/comm"
 	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/tensor/cpu"
@@ -12,9 +13,17 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// makers are the ways to run a communicator on buffers, each test run with
+// both: in place (OnHost) and through host copies (Staged), which must give
+// the same results bit for bit.
+var makers = map[string]func(comm.Communicator, *cpu.Memory) Group{
+	"on host": func(c comm.Communicator, m *cpu.Memory) Group { return OnHost(c, m) },
+	"staged":  func(c comm.Communicator, m *cpu.Memory) Group { return Staged(c, m) },
+}
+
 // onRanks runs f on every rank of an in-process world of n, each with its own
-// CPU memory, and returns the ranks' errors.
-func onRanks(n int, f func(g Group, mem *cpu.Memory) error) []error {
+// CPU memory and its group made by mk, and returns the ranks' errors.
+func onRanks(n int, mk func(comm.Communicator, *cpu.Memory) Group, f func(g Group, mem *cpu.Memory) error) []error {
 	w := comm.NewWorld(n, 10*time.Second)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -23,18 +32,24 @@ func onRanks(n int, f func(g Group, mem *cpu.Memory) error) []error {
 		go func() {
 			defer wg.Done()
 			mem := cpu.NewMemory()
-			errs[r] = f(OnHost(w.Rank(r), mem), mem)
+			errs[r] = f(mk(w.Rank(r), mem), mem)
 		}()
 	}
 	wg.Wait()
 	return errs
 }
 
-// TestOnHost: the collectives on buffers give what the communicator gives on
-// the buffers' elements, in f32 and bf16, on slices of larger buffers (the
-// views start at the buffer's offset), and the sums are exact here (small
-// integers, exact in bf16 too).
-func TestOnHost(t *testing.T) {
+// TestOnBuffers: the collectives on buffers, in place and staged, give what
+// the communicator gives on the buffers' elements, in f32 and bf16, on slices
+// of larger buffers (the views start at the buffer's offset), and the sums are
+// exact here (small integers, exact in bf16 too).
+func TestOnBuffers(t *testing.T) {
+	for name, mk := range makers {
+		t.Run(name, func(t *testing.T) { testOnBuffers(t, mk) })
+	}
+}
+
+func testOnBuffers(t *testing.T, mk func(comm.Communicator, *cpu.Memory) Group) {
 	const n = 3
 	var mu sync.Mutex
 	got := map[string][][]float32{}
@@ -48,7 +63,7 @@ func TestOnHost(t *testing.T) {
 		got[name][r] = v
 		mu.Unlock()
 	}
-	errs := onRanks(n, func(g Group, mem *cpu.Memory) error {
+	errs := onRanks(n, mk, func(g Group, mem *cpu.Memory) error {
 		r := g.Rank()
 		for _, dt := range []tensor.DType{tensor.Float32, tensor.BFloat16} {
 			// src is elements 1..4 of a buffer of 6: rank r's values r·10+i.
@@ -113,12 +128,18 @@ func TestOnHost(t *testing.T) {
 	}
 }
 
-// TestOnHostRefusesForeignBuffers: a buffer of another memory, or of a dtype
-// the collective does not take, fails the collective with an error naming it,
-// on every rank, and nothing is sent (no rank waits for a partner that never
-// comes: every rank refuses before the exchange).
-func TestOnHostRefusesForeignBuffers(t *testing.T) {
-	errs := onRanks(2, func(g Group, mem *cpu.Memory) error {
+// TestRefusesForeignBuffers: a buffer of another memory, or of a dtype the
+// collective does not take, fails the collective with an error naming it, on
+// every rank, in place and staged, and nothing is sent (no rank waits for a
+// partner that never comes: every rank refuses before the exchange).
+func TestRefusesForeignBuffers(t *testing.T) {
+	for name, mk := range makers {
+		t.Run(name, func(t *testing.T) { testRefusesForeignBuffers(t, mk) })
+	}
+}
+
+func testRefusesForeignBuffers(t *testing.T, mk func(comm.Communicator, *cpu.Memory) Group) {
+	errs := onRanks(2, mk, func(g Group, mem *cpu.Memory) error {
 		other := cpu.NewMemory()
 		return g.AllReduce(other.Alloc(tensor.Float32, 4))
 	})
@@ -126,11 +147,56 @@ func TestOnHostRefusesForeignBuffers(t *testing.T) {
 		require.Error(t, err, "rank %d", r)
 		assert.Contains(t, err.Error(), "all-reduce on buffers", "rank %d", r)
 	}
-	errs = onRanks(2, func(g Group, mem *cpu.Memory) error {
+	errs = onRanks(2, mk, func(g Group, mem *cpu.Memory) error {
 		return g.AllToAll(mem.Alloc(tensor.Float32, 2), mem.Alloc(tensor.BFloat16, 2), []int{1, 1}, []int{1, 1})
 	})
 	for r, err := range errs {
 		require.Error(t, err, "rank %d", r)
 		assert.Contains(t, err.Error(), "all-to-all on buffers", "rank %d", r)
 	}
+}
+
+// TestStagedReadsBackAndAllocatesNothing: a staged collective is one counted
+// read-back (its source) and one upload, and once a size has been seen its
+// collectives allocate nothing on the host: the host slots and their
+// interfaces are kept. Two ranks, sizes alternating as an FSDP step's units do.
+func TestStagedReadsBackAndAllocatesNothing(t *testing.T) {
+	w := comm.NewWorld(2, 10*time.Second)
+	mems := []*cpu.Memory{cpu.NewMemory(), cpu.NewMemory()}
+	groups := []Group{Staged(w.Rank(0), mems[0]), Staged(w.Rank(1), mems[1])}
+	type bufs struct{ big, bigAll, small, smallAll, bfPart, bfAll tensor.Buffer }
+	b := make([]bufs, 2)
+	for r, m := range mems {
+		b[r] = bufs{m.Alloc(tensor.Float32, 64), m.Alloc(tensor.Float32, 128), m.Alloc(tensor.Float32, 5), m.Alloc(tensor.Float32, 10),
+			m.Alloc(tensor.BFloat16, 8), m.Alloc(tensor.BFloat16, 16)}
+	}
+	run := func(r int) {
+		g, x := groups[r], b[r]
+		_ = g.AllGather(x.bigAll, x.big)
+		_ = g.AllGather(x.smallAll, x.small)
+		_ = g.ReduceScatter(x.bfPart, x.bfAll)
+		_ = g.AllReduce(x.small)
+	}
+	// Rank 1 runs on a goroutine of its own, started once, so that a step
+	// makes no goroutine (which would allocate).
+	start, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		for range start {
+			run(1)
+			done <- struct{}{}
+		}
+	}()
+	defer close(start)
+	step := func() {
+		start <- struct{}{}
+		run(0)
+		<-done
+	}
+	before := mems[0].Readbacks()
+	step()
+	assert.Equal(t, int64(4), mems[0].Readbacks()-before, "one read-back per collective")
+	for _, m := range mems {
+		require.NoError(t, m.Err())
+	}
+	allocs.AssertSteady(t, step)
 }
