@@ -26,6 +26,7 @@ var allowedImports = map[string][]string{
 	"tensor":              {},
 	"internal/allocs":     {},
 	"tensor/cpu":          {"tensor"},
+	"tensor/memtest":      {"tensor"},
 	"trainer/model":       {"config", "parallel", "tensor"},
 	"trainer/data":        {"fileio"},
 	"trainer/optim":       {},

@@ -93,21 +93,34 @@ const (
 	scratchDelta
 )
 
-// Cast converts between fp32 and bf16 buffers of one length (round to nearest even).
+// Cast converts between float buffers (f32, bf16, f64) of one length: to f32
+// and bf16 to nearest, ties to even (f64 to bf16 by way of f32, as the CPU
+// memory rounds), widening exactly. Like dtypes copy.
 func (d *Device) Cast(dst, src Buffer) {
 	if d.err != nil || src.N == 0 {
 		return
 	}
-	switch {
-	case dst.N != src.N:
+	if dst.N != src.N {
 		d.fail("cast", fmt.Errorf("%d values into %d", src.N, dst.N))
-	case src.DType == F32 && dst.DType == BF16:
-		d.launch("cast_f32_bf16", d.grid(src.N), 1, threads, ptr(dst), ptr(src), i64(src.N))
-	case src.DType == BF16 && dst.DType == F32:
-		d.launch("cast_bf16_f32", d.grid(src.N), 1, threads, ptr(dst), ptr(src), i64(src.N))
-	default:
-		d.Copy(dst, src)
+		return
 	}
+	if dst.DType == src.DType {
+		d.Copy(dst, src)
+		return
+	}
+	name, ok := castKernels[[2]DType{src.DType, dst.DType}]
+	if !ok {
+		d.fail("cast", fmt.Errorf("%s into %s: no conversion", src.DType, dst.DType))
+		return
+	}
+	d.launch(name, d.grid(src.N), 1, threads, ptr(dst), ptr(src), i64(src.N))
+}
+
+// castKernels names the conversion kernel of each (source, destination) pair.
+var castKernels = map[[2]DType]string{
+	{F32, BF16}: "cast_f32_bf16", {BF16, F32}: "cast_bf16_f32",
+	{F64, F32}: "cast_f64_f32", {F32, F64}: "cast_f32_f64",
+	{F64, BF16}: "cast_f64_bf16", {BF16, F64}: "cast_bf16_f64",
 }
 
 // Add: out = a + b.

@@ -79,7 +79,7 @@ func (d *Device) checkLen(what string, b Buffer, t DType, n int) bool {
 }
 
 // hostSlice is the address, dtype and length of a host slice of a buffer dtype
-// ([]float32, []tensor.BF16 or []int32).
+// ([]float32, []tensor.BF16, []int32 or []float64).
 func hostSlice(x any) (p unsafe.Pointer, t DType, n int, err error) {
 	switch s := x.(type) {
 	case []float32:
@@ -94,6 +94,11 @@ func hostSlice(x any) (p unsafe.Pointer, t DType, n int, err error) {
 		}
 	case []int32:
 		t, n = I32, len(s)
+		if n > 0 {
+			p = unsafe.Pointer(&s[0])
+		}
+	case []float64:
+		t, n = F64, len(s)
 		if n > 0 {
 			p = unsafe.Pointer(&s[0])
 		}
@@ -164,4 +169,22 @@ func (d *Device) Fill(b Buffer, v float32) {
 		return
 	}
 	d.fail("fill", cu.MemsetD32Async(b.ptr, uint(math.Float32bits(v)), int64(b.N), d.stream))
+}
+
+// fillBits16 sets every element of a 2-byte buffer to the bit pattern v on the
+// stream.
+func (d *Device) fillBits16(b Buffer, v uint16) {
+	if d.err != nil || b.N == 0 {
+		return
+	}
+	d.fail("fill", cu.MemsetD16Async(b.ptr, v, int64(b.N), d.stream))
+}
+
+// fillBits32 sets every element of a 4-byte buffer to the bit pattern v on the
+// stream.
+func (d *Device) fillBits32(b Buffer, v uint32) {
+	if d.err != nil || b.N == 0 {
+		return
+	}
+	d.fail("fill", cu.MemsetD32Async(b.ptr, uint(v), int64(b.N), d.stream))
 }

@@ -72,7 +72,6 @@ extern "C" __global__ void cast_f32_bf16(bf16* out, const float* in, long n) {
 extern "C" __global__ void cast_bf16_f32(float* out, const bf16* in, long n) {
     GRID_STRIDE(i, n) out[i] = __bfloat162float(in[i]);
 }
-
 template <typename S> __device__ void add(S* out, const S* a, const S* b, long n) {
     GRID_STRIDE(i, n) st(out, i, ld(a, i) + ld(b, i));
 }
@@ -1405,3 +1404,20 @@ __device__ void flash_bwd_dkdv_tc(bf16* dk, bf16* dv, const bf16* dout, const fl
 EXPORT_FLASH_TC(32)
 EXPORT_FLASH_TC(64)
 EXPORT_FLASH_TC(128)
+
+// ---- f64 conversions (kept last, so that adding them renumbered no other kernel's labels in the PTX) ----
+
+// f64 (a step's statistics) to and from the storage types, rounding as the CPU
+// memory does: to f32 to nearest, to bf16 by way of f32.
+extern "C" __global__ void cast_f64_f32(float* out, const double* in, long n) {
+    GRID_STRIDE(i, n) out[i] = __double2float_rn(in[i]);
+}
+extern "C" __global__ void cast_f32_f64(double* out, const float* in, long n) {
+    GRID_STRIDE(i, n) out[i] = (double)in[i];
+}
+extern "C" __global__ void cast_f64_bf16(bf16* out, const double* in, long n) {
+    GRID_STRIDE(i, n) out[i] = __float2bfloat16_rn(__double2float_rn(in[i]));
+}
+extern "C" __global__ void cast_bf16_f64(double* out, const bf16* in, long n) {
+    GRID_STRIDE(i, n) out[i] = (double)__bfloat162float(in[i]);
+}

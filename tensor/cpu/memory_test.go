@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/shardline/shardline/tensor"
+	"github.com/shardline/shardline/tensor/memtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -172,4 +173,10 @@ func TestStepStatistics(t *testing.T) {
 	require.NoError(t, m.Err())
 	Kernels[float64]{}.SGD(d, pb, d, 0.1, 0, 0, st)
 	require.ErrorContains(t, m.Err(), "f32 buffer where the kernels run in float64")
+}
+
+// TestMemoryConformance: the CPU memory behaves as every tensor.Memory must
+// (tensor/memtest), the checks the GPU's memory runs in the device tests.
+func TestMemoryConformance(t *testing.T) {
+	memtest.Run(t, func() tensor.Memory { return NewMemory() })
 }
