@@ -46,8 +46,9 @@ type Plan struct {
 	OptimizerS   float64
 	ExposedCommS float64
 	StepTimeS    float64
-	// TimeModel says how the step was timed: per operation from a calibration,
-	// or FLOPs at a fraction of the device's peak.
+	// TimeModel says how the step was timed: per operation from a calibration
+	// (the CPU), per operation by a GPU's roofline (gpucost.go), or, for a CPU
+	// a recipe describes by its peak, FLOPs at a fraction of it.
 	TimeModel           string
 	TokensPerSPerDevice float64
 	MFU                 float64
@@ -189,6 +190,10 @@ func (p *Plan) timing(r *config.Recipe) {
 	if cal := p.Topology.Calibration; cal != nil {
 		b := stepModel(r, p, cal)
 		p.TimeModel = fmt.Sprintf("per operation, calibrated on %s (%s)", cal.Host, cal.Date)
+		p.ComputeS, p.OptimizerS, p.ExposedCommS = b.GEMM+b.Attention+b.Stream, b.Optimizer, b.Comm
+	} else if dev.Name != "cpu" {
+		b := gpuStepModel(r, p)
+		p.TimeModel = fmt.Sprintf("per operation on %s: efficiencies measured on an H100, figures assumed elsewhere (docs/plan.md)", dev.Name)
 		p.ComputeS, p.OptimizerS, p.ExposedCommS = b.GEMM+b.Attention+b.Stream, b.Optimizer, b.Comm
 	} else {
 		p.TimeModel = fmt.Sprintf("FLOPs at %.0f%% of %s's peak", 100*dev.Achievable, dev.Name)

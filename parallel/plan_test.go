@@ -379,7 +379,8 @@ func TestCustomDevice(t *testing.T) {
 	p.DeviceInterNodeGBps = 25
 	topo, err := TopologyOf(p)
 	require.NoError(t, err)
-	require.Equal(t, DeviceProfile{Name: "custom", MemoryBytes: 64 * GiB, PeakFLOPS: 500e12, Achievable: 0.8, HBMBandwidth: 3000e9, IntraNodeBW: 400e9, InterNodeBW: 25e9}, topo.Device)
+	require.Equal(t, DeviceProfile{Name: "custom", MemoryBytes: 64 * GiB, PeakFLOPS: 500e12, Achievable: 0.8, FP32FLOPS: 500e12 * 67 / 989,
+		HBMBandwidth: 3000e9, IntraNodeBW: 400e9, InterNodeBW: 25e9}, topo.Device)
 	p.DeviceProfile = "h100-80gb"
 	p.DeviceMemoryGiB, p.DeviceMemoryGBps, p.DeviceIntraNodeGBps, p.DeviceInterNodeGBps = 0, 0, 0, 0
 	topo, err = TopologyOf(p)

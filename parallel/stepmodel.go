@@ -107,10 +107,10 @@ type microShape struct {
 }
 
 // microCompute is the kernel time of one micro-batch's forward and backward on one
-// rank, by the calibration's tables (GEMM, attention, memory-bound kernels), before
-// the in-step factor, and the bytes of the matmuls' operands (gb: inputs and
+// rank, by c's costs (a calibration's tables, or a GPU's roofline) of its GEMMs,
+// attention and memory-bound kernels, before a calibration's in-step factor, and the bytes of the matmuls' operands (gb: inputs and
 // output of every product, forward and backward, recomputation included).
-func microCompute(mo config.Model, sh microShape, c *Calibration) (g, a, s, calls, gb float64) {
+func microCompute(mo config.Model, sh microShape, c opCosts) (g, a, s, calls, gb float64) {
 	BT, B, T := sh.B*sh.T, sh.B, sh.T
 	C, HD := mo.Hidden, mo.HeadSize()
 	NH, NKV := mo.Heads/sh.TP, mo.EffectiveKVHeads()/sh.TP

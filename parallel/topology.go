@@ -19,8 +19,14 @@ type DeviceProfile struct {
 	// PeakFLOPS is the dense matmul peak in the compute dtype used for MFU (bf16 on
 	// GPUs, fp32 on CPU), in FLOP/s.
 	PeakFLOPS float64
-	// Achievable is the fraction of PeakFLOPS large matmuls reach in practice.
+	// Achievable is the fraction of PeakFLOPS large matmuls reach in practice, for
+	// the model that times FLOPs against the peak.
 	Achievable float64
+	// FP32FLOPS is the fp32 (non-tensor-core) peak, which fp32 runs' matmuls
+	// reach at most; SMs is the streaming multiprocessors (0: unknown), by which
+	// the GPU time model charges products too small to fill the device.
+	FP32FLOPS float64
+	SMs       int
 	// HBMBandwidth is device memory bandwidth in bytes/s; memory-bound work (the
 	// optimizer step) is timed against it.
 	HBMBandwidth float64
@@ -33,9 +39,11 @@ type DeviceProfile struct {
 // Profiles are the shipped device profiles: memory one rank may use, dense
 // (not sparse) matmul peak in the compute dtype, device memory bandwidth, and
 // per-direction bus bandwidth per rank inside a node and across nodes.
-// Achievable is 0.8 for every GPU: the 798 of 989 TFLOP/s measured for a large
-// bf16 GEMM on our H100 (shared/GPU.md); it is a measured figure only for the
-// H100, an assumption for the others until each is measured. Sources:
+// Achievable (0.8: the 798 of 989 TFLOP/s measured for a large bf16 GEMM on
+// our H100) serves only the model that times FLOPs at a fraction of the peak,
+// which plans a CPU a recipe describes by its figures; GPUs are timed per
+// operation by gpucost.go, whose measured efficiencies and assumptions say
+// where each comes from. Sources:
 //   - a100-80gb: NVIDIA A100 data sheet: 312 TFLOP/s bf16, 2.0 TB/s (80GB
 //     SXM), NVLink3 600 GB/s (300 per direction); one 200 Gb/s HDR NIC per GPU.
 //   - h100-80gb: NVIDIA H100 data sheet (SXM): 989 TFLOP/s bf16, 3.35 TB/s,
@@ -55,17 +63,21 @@ type DeviceProfile struct {
 //   - l40s-48gb: NVIDIA L40S data sheet: 362 TFLOP/s bf16 dense, 48 GB GDDR6 with
 //     ECC at 864 GB/s (46068 MiB usable, as nvidia-smi reports), no NVLink: PCIe
 //     Gen4 x16 64 GB/s (32 per direction); a 200 Gb/s NIC per GPU assumed.
+//   - fp32 peaks and SM counts: the same data sheets (A100 19.5 TFLOP/s, 108
+//     SMs; H100, H200 and H800 SXM 67, 132; L40S 91.6, 142); the H20's from the
+//     same reports (44, 78); the B200's from the same page (HGX at 1,000 W: 80)
+//     and public spec listings (148 SMs, hmc-tech.com/gpus/nvidia-b200-vs-nvidia-b100).
 //   - cpu: this project's two-core machine, 24 GiB; its FLOP/s and in-process copy
 //     bandwidth are nominal until the plan is calibrated by measurement.
 var Profiles = map[string]DeviceProfile{
-	"cpu":        {Name: "cpu", MemoryBytes: 24 * GiB, PeakFLOPS: 400e9, Achievable: 0.4, HBMBandwidth: 20e9, IntraNodeBW: 8e9, InterNodeBW: 1e9},
-	"a100-80gb":  {Name: "a100-80gb", MemoryBytes: 80 * GiB, PeakFLOPS: 312e12, Achievable: 0.8, HBMBandwidth: 2.0e12, IntraNodeBW: 300e9, InterNodeBW: 25e9},
-	"h100-80gb":  {Name: "h100-80gb", MemoryBytes: 81559 << 20, PeakFLOPS: 989e12, Achievable: 0.8, HBMBandwidth: 3.35e12, IntraNodeBW: 450e9, InterNodeBW: 50e9},
-	"h200-141gb": {Name: "h200-141gb", MemoryBytes: 143771 << 20, PeakFLOPS: 989e12, Achievable: 0.8, HBMBandwidth: 4.8e12, IntraNodeBW: 450e9, InterNodeBW: 50e9},
-	"h800-80gb":  {Name: "h800-80gb", MemoryBytes: 81559 << 20, PeakFLOPS: 989e12, Achievable: 0.8, HBMBandwidth: 3.35e12, IntraNodeBW: 200e9, InterNodeBW: 50e9},
-	"h20-96gb":   {Name: "h20-96gb", MemoryBytes: 96e9, PeakFLOPS: 148e12, Achievable: 0.8, HBMBandwidth: 4.0e12, IntraNodeBW: 450e9, InterNodeBW: 50e9},
-	"b200-180gb": {Name: "b200-180gb", MemoryBytes: 180e9, PeakFLOPS: 2250e12, Achievable: 0.8, HBMBandwidth: 8.0e12, IntraNodeBW: 900e9, InterNodeBW: 50e9},
-	"l40s-48gb":  {Name: "l40s-48gb", MemoryBytes: 46068 << 20, PeakFLOPS: 362e12, Achievable: 0.8, HBMBandwidth: 864e9, IntraNodeBW: 32e9, InterNodeBW: 25e9},
+	"cpu":        {Name: "cpu", MemoryBytes: 24 * GiB, PeakFLOPS: 400e9, Achievable: 0.4, FP32FLOPS: 400e9, HBMBandwidth: 20e9, IntraNodeBW: 8e9, InterNodeBW: 1e9},
+	"a100-80gb":  {Name: "a100-80gb", MemoryBytes: 80 * GiB, PeakFLOPS: 312e12, Achievable: 0.8, FP32FLOPS: 19.5e12, SMs: 108, HBMBandwidth: 2.0e12, IntraNodeBW: 300e9, InterNodeBW: 25e9},
+	"h100-80gb":  {Name: "h100-80gb", MemoryBytes: 81559 << 20, PeakFLOPS: 989e12, Achievable: 0.8, FP32FLOPS: 67e12, SMs: 132, HBMBandwidth: 3.35e12, IntraNodeBW: 450e9, InterNodeBW: 50e9},
+	"h200-141gb": {Name: "h200-141gb", MemoryBytes: 143771 << 20, PeakFLOPS: 989e12, Achievable: 0.8, FP32FLOPS: 67e12, SMs: 132, HBMBandwidth: 4.8e12, IntraNodeBW: 450e9, InterNodeBW: 50e9},
+	"h800-80gb":  {Name: "h800-80gb", MemoryBytes: 81559 << 20, PeakFLOPS: 989e12, Achievable: 0.8, FP32FLOPS: 67e12, SMs: 132, HBMBandwidth: 3.35e12, IntraNodeBW: 200e9, InterNodeBW: 50e9},
+	"h20-96gb":   {Name: "h20-96gb", MemoryBytes: 96e9, PeakFLOPS: 148e12, Achievable: 0.8, FP32FLOPS: 44e12, SMs: 78, HBMBandwidth: 4.0e12, IntraNodeBW: 450e9, InterNodeBW: 50e9},
+	"b200-180gb": {Name: "b200-180gb", MemoryBytes: 180e9, PeakFLOPS: 2250e12, Achievable: 0.8, FP32FLOPS: 80e12, SMs: 148, HBMBandwidth: 8.0e12, IntraNodeBW: 900e9, InterNodeBW: 50e9},
+	"l40s-48gb":  {Name: "l40s-48gb", MemoryBytes: 46068 << 20, PeakFLOPS: 362e12, Achievable: 0.8, FP32FLOPS: 91.6e12, SMs: 142, HBMBandwidth: 864e9, IntraNodeBW: 32e9, InterNodeBW: 25e9},
 }
 
 // ProfileNames lists the profiles, sorted.
@@ -124,6 +136,9 @@ func TopologyOf(p config.Parallel) (Topology, error) {
 	}
 	if p.DevicePeakTFLOPS > 0 {
 		prof.PeakFLOPS = p.DevicePeakTFLOPS * 1e12
+	}
+	if name == "custom" {
+		prof.FP32FLOPS = prof.PeakFLOPS * 67 / 989 // the H100's ratio of fp32 to bf16 peak: assumed
 	}
 	if p.DeviceMemoryGBps > 0 {
 		prof.HBMBandwidth = p.DeviceMemoryGBps * 1e9
