@@ -109,17 +109,7 @@ func putI32(t *testing.T, x []int32) Buffer {
 	return b
 }
 
-func get(b Buffer) []float32 {
-	out := make([]float32, b.N)
-	if b.DType == BF16 {
-		h := make([]tensor.BF16, b.N)
-		dev.Download(h, b)
-		tensor.CastToFloat32(out, h)
-	} else {
-		dev.Download(out, b)
-	}
-	return out
-}
+func get(b Buffer) []float32 { return download(dev, b) }
 
 func relErr(got, want []float32) float64 {
 	var num, den float64

@@ -54,27 +54,15 @@ func TestMemoryRoundTrips(t *testing.T) {
 	require.NoError(t, m.Err())
 }
 
-// TestMemoryErrorsAreSticky: misuse is kept as the memory's first error, later
-// work is skipped, and nothing panics: another memory's buffer, the empty
-// buffer (a slice out of range), lengths that differ, integers copied into
-// floats, a freed buffer, a partial free, a negative allocation.
+// TestMemoryErrorsAreSticky: misuse of the CPU's own kinds is kept as the
+// memory's first error, later work is skipped, and nothing panics: a host
+// view of the wrong dtype, kernels handed buffers of the wrong dtype.
 func TestMemoryErrorsAreSticky(t *testing.T) {
+	// The misuses every memory refuses (another memory's buffer, lengths,
+	// freed buffers, ...) are tensor/memtest's; these are the CPU's own.
 	cases := map[string]func(m, other *Memory){
-		"foreign":      func(m, o *Memory) { m.Zero(o.Alloc(tensor.Float32, 2)) },
-		"out of range": func(m, _ *Memory) { m.Fill(m.Alloc(tensor.Float32, 2).Slice(1, 3), 1) },
-		"lengths": func(m, _ *Memory) {
-			m.Write(m.Alloc(tensor.Float64, 2), []float64{1, 2, 3})
-		},
-		"int to float": func(m, _ *Memory) { m.Copy(m.Alloc(tensor.Float32, 2), m.Alloc(tensor.Int32, 2)) },
-		"freed": func(m, _ *Memory) {
-			b := m.Alloc(tensor.Float64, 2)
-			m.Free(b)
-			m.Read(make([]float64, 2), b)
-		},
-		"partial free": func(m, _ *Memory) { m.Free(m.Alloc(tensor.Float64, 4).Slice(0, 2)) },
-		"negative":     func(m, _ *Memory) { m.Alloc(tensor.Float32, -1) },
-		"f64 as f32":   func(m, _ *Memory) { m.Float32s(m.Alloc(tensor.Float64, 1)) },
-		"stats dtype":  func(m, _ *Memory) { CloseStep(m.Alloc(tensor.Float32, tensor.NumStats), 1) },
+		"f64 as f32":  func(m, _ *Memory) { m.Float32s(m.Alloc(tensor.Float64, 1)) },
+		"stats dtype": func(m, _ *Memory) { CloseStep(m.Alloc(tensor.Float32, tensor.NumStats), 1) },
 		// Token ids must be an int32 buffer: f32 ones fail and the kernel does
 		// nothing (no index is read from them).
 		"float tokens": func(m, _ *Memory) {
