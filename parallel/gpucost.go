@@ -188,31 +188,22 @@ func ncclTime(c Collective, size int, bw float64, inter bool) float64 {
 }
 
 // gpuStepModel is one rank's step on a GPU by the per-operation model: the
-// micro-batches' kernels (microCompute over gpuCosts), the gradient norm and
-// the optimizer over the rank's shard, and the collectives by NCCL's latency
+// micro-batches' kernels (microCompute over gpuCosts), the once-a-step work
+// (stepStreams), and the collectives by NCCL's latency
 // and bandwidth. FSDP's gathers and reduce-scatters run on their own stream
 // and hide behind compute unit by unit: each unit's communication behind one
 // unit's compute, what exceeds it exposed, and one unit's (the first gather
 // and the last reduce-scatter) exposed always. The other groups' collectives
 // (tp, cp, ep) sit between the kernels that need them and are exposed.
 func gpuStepModel(r *config.Recipe, p *Plan) StepBreakdown {
-	m, mo := p.Mesh, r.Model
+	m := p.Mesh
 	c := gpuCosts{dev: p.Topology.Device, bf16: r.Precision.BF16}
-	tk := tokensOf(r, m)
-	g, a, s, _, _ := microCompute(mo, microShape{B: r.Train.MicroBatchSize, T: mo.SeqLen / m.CP, CP: m.CP, TP: m.TP, EP: m.EP, ETP: m.ETP,
-		Routed: int(tk.routed), Mode: r.ActivationCheckpoint.Mode, BF16: r.Precision.BF16}, c)
+	g, a, s, _, _ := microCompute(r.Model, microShapeOf(r, p, false), c)
 	micro := float64(p.MicroBatches)
 	b := StepBreakdown{GEMM: g * micro, Attention: a * micro, Stream: s * micro, HostShare: 1}
-	var owned, grads float64
-	for i := range p.Groups {
-		owned += float64(p.Groups[i].ShardNumel())
-		grads += float64(p.Groups[i].Padded)
-	}
-	b.Stream += c.stream(StreamSumSquares, grads)
-	if micro > 1 {
-		b.Stream += (micro - 1) * c.stream(StreamAdd, grads)
-	}
-	b.Optimizer = c.stream(StreamAdamW, owned)
+	stream, opt := stepStreams(p, c)
+	b.Stream += stream
+	b.Optimizer = opt
 	var hidden, exposed float64
 	for _, col := range p.Collectives {
 		size := m.Size(col.Axis)

@@ -34,10 +34,7 @@ func stepModel(r *config.Recipe, p *Plan, c *Calibration) StepBreakdown {
 	mo := r.Model
 	var b StepBreakdown
 	b.HostShare = max(p.Topology.GPUsPerNode, 1) // ranks per node, at most the world
-	tk := tokensOf(r, m)
-	g, a, s, calls, gb := microCompute(mo, microShape{B: r.Train.MicroBatchSize, T: mo.SeqLen / m.CP, CP: m.CP, TP: m.TP, EP: m.EP, ETP: m.ETP,
-		Routed: int(tk.routed), Mode: r.ActivationCheckpoint.Mode, BF16: r.Precision.BF16,
-		Stash: r.Precision.BF16 && r.Parallel.Device == "cpu"}, c)
+	g, a, s, calls, gb := microCompute(mo, microShapeOf(r, p, r.Precision.BF16 && r.Parallel.Device == "cpu"), c)
 	gf, gPerByte := c.inStepGEMM(r.Precision.BF16)
 	if gf > 0 {
 		g *= gf
@@ -56,21 +53,9 @@ func stepModel(r *config.Recipe, p *Plan, c *Calibration) StepBreakdown {
 	s += calls * c.PerCall // waking the workers for each kernel, inside a step
 	micro := float64(p.MicroBatches)
 	b.GEMM, b.Attention, b.Stream = g*micro, a*micro, s*micro
-	// Per step: the gradient norm over the rank's gradients, and the optimizer over
-	// its shard of the main weights.
-	var owned, grads float64
-	for i := range p.Groups {
-		owned += float64(p.Groups[i].ShardNumel())
-		grads += float64(p.Groups[i].Padded)
-	}
-	if p.Memory.Grads > 0 {
-		grads = float64(p.Memory.Grads) / 4
-	}
-	b.Stream += c.stream(StreamSumSquares, grads)
-	if micro > 1 {
-		b.Stream += (micro - 1) * c.stream(StreamAdd, grads) // accumulating micro-batches' gradients
-	}
-	b.Optimizer = c.stream(StreamAdamW, owned)
+	stream, opt := stepStreams(p, c)
+	b.Stream += stream
+	b.Optimizer = opt
 	for _, col := range p.Collectives {
 		size := m.Size(col.Axis)
 		if size <= 1 {
@@ -90,6 +75,35 @@ func stepModel(r *config.Recipe, p *Plan, c *Calibration) StepBreakdown {
 		b.GEMM, b.Attention, b.Stream = b.GEMM*ring, b.Attention*ring, b.Stream*ring
 	}
 	return b
+}
+
+// microShapeOf is one rank's share of r's micro-batch under p's mesh; stash says
+// whether the engine keeps saved activations in bf16 stores (the CPU's bf16
+// runs).
+func microShapeOf(r *config.Recipe, p *Plan, stash bool) microShape {
+	m, mo := p.Mesh, r.Model
+	return microShape{B: r.Train.MicroBatchSize, T: mo.SeqLen / m.CP, CP: m.CP, TP: m.TP, EP: m.EP, ETP: m.ETP,
+		Routed: int(tokensOf(r, m).routed), Mode: r.ActivationCheckpoint.Mode, BF16: r.Precision.BF16, Stash: stash}
+}
+
+// stepStreams is the once-a-step memory-bound work by c's costs: the gradient
+// norm over the gradients the rank holds, their accumulation over the
+// micro-batches after the first, and the optimizer over the rank's shard of the
+// main weights.
+func stepStreams(p *Plan, c opCosts) (stream, optimizer float64) {
+	var owned, grads float64
+	for i := range p.Groups {
+		owned += float64(p.Groups[i].ShardNumel())
+		grads += float64(p.Groups[i].Padded)
+	}
+	if p.Memory.Grads > 0 {
+		grads = float64(p.Memory.Grads) / 4
+	}
+	stream = c.stream(StreamSumSquares, grads)
+	if micro := float64(p.MicroBatches); micro > 1 {
+		stream += (micro - 1) * c.stream(StreamAdd, grads) // accumulating micro-batches' gradients
+	}
+	return stream, c.stream(StreamAdamW, owned)
 }
 
 // microShape is one rank's share of a micro-batch: B sequences of T tokens (T/cp
