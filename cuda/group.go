@@ -115,6 +115,9 @@ func (g *Group) SendRecv(dst, src tensor.Buffer, to, from int) error {
 // sizes): they go up to the device, through NCCL, and back, a read-back the
 // host takes by design.
 func (g *Group) AllToAllHost(dst, src []float32, send, recv []int) error {
+	if !g.m.ok() {
+		return fmt.Errorf("all-to-all of host values: %w", g.m.err)
+	}
 	for i, n := range []int{len(src), len(dst)} {
 		if g.hostStage[i].N < n {
 			if g.hostStage[i].N > 0 {
@@ -133,8 +136,8 @@ func (g *Group) AllToAllHost(dst, src []float32, send, recv []int) error {
 		return err
 	}
 	g.m.d.Download(dst, d)
-	if g.m.d.err != nil {
-		return fmt.Errorf("all-to-all of host values: %w", g.m.d.err)
+	if !g.m.ok() {
+		return fmt.Errorf("all-to-all of host values: %w", g.m.err)
 	}
 	return nil
 }

@@ -103,7 +103,7 @@ func hostSlice(x any) (p unsafe.Pointer, t DType, n int, err error) {
 			p = unsafe.Pointer(&s[0])
 		}
 	default:
-		err = fmt.Errorf("unsupported host type %T", x)
+		err = fmt.Errorf("host values of type %T (it takes []float32, []tensor.BF16, []int32 or []float64)", x)
 	}
 	return p, t, n, err
 }

@@ -105,22 +105,6 @@ func (m *Memory) Free(b tensor.Buffer) {
 	}
 }
 
-// hostType is the buffer dtype of a host slice Write and Read take (a
-// []float64, []float32, []tensor.BF16 or []int32), and its length.
-func hostType(x any) (tensor.DType, int, error) {
-	switch v := x.(type) {
-	case []float32:
-		return F32, len(v), nil
-	case []tensor.BF16:
-		return BF16, len(v), nil
-	case []int32:
-		return I32, len(v), nil
-	case []float64:
-		return F64, len(v), nil
-	}
-	return 0, 0, fmt.Errorf("host values of type %T (it takes []float64, []float32, []tensor.BF16 or []int32)", x)
-}
-
 // widen is host values as float64, exactly.
 func widen(x any) []float64 {
 	var out []float64
@@ -188,7 +172,7 @@ func (m *Memory) Write(dst tensor.Buffer, src any) {
 	if !ok {
 		return
 	}
-	t, n, err := hostType(src)
+	_, t, n, err := hostSlice(src)
 	if err == nil && n != b.N {
 		err = fmt.Errorf("%d host values into a buffer of %d: lengths differ", n, b.N)
 	}
@@ -211,7 +195,7 @@ func (m *Memory) Read(dst any, src tensor.Buffer) {
 	if !ok {
 		return
 	}
-	t, n, err := hostType(dst)
+	_, t, n, err := hostSlice(dst)
 	if err == nil && n != b.N {
 		err = fmt.Errorf("a buffer of %d into %d host values: lengths differ", b.N, n)
 	}

@@ -63,7 +63,12 @@ func (g host) bits(x tensor.Buffer) []uint16 {
 	if x.Len() == 0 {
 		return nil
 	}
-	v := g.h.BF16s(x)
+	return bf16Bits(g.h.BF16s(x))
+}
+
+// bf16Bits views bf16 values as the uint16 bit patterns comm carries, in place
+// (nil for none).
+func bf16Bits(v []tensor.BF16) []uint16 {
 	if len(v) == 0 {
 		return nil
 	}

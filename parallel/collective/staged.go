@@ -2,7 +2,6 @@ package collective
 
 import (
 	"fmt"
-	"unsafe"
 
 	"github.com/shardline/shardline/parallel/comm"
 	"github.com/shardline/shardline/tensor"
@@ -68,7 +67,7 @@ func (g *staged) host(i int, t tensor.DType, n int) (f []float32, h []uint16, a 
 			a = v
 			g.as[i][k] = a
 		}
-		return nil, unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(v))), n), a
+		return nil, bf16Bits(v), a
 	}
 	f = g.f32[i][:n]
 	if !ok {
