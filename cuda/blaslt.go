@@ -97,7 +97,6 @@ import "C"
 
 import (
 	"fmt"
-	"strings"
 	"unsafe"
 
 	"gorgonia.org/cu"
@@ -128,21 +127,12 @@ type gemmKey struct {
 }
 
 func openBlasLt(stream unsafe.Pointer) (*blasLt, error) {
-	var why []string
 	lt := &blasLt{stream: stream, plans: map[gemmKey]*C.lt_plan{}}
-	for _, name := range blasLtNames {
-		cs := C.CString(name)
-		msg := C.lt_open(cs)
-		C.free(unsafe.Pointer(cs))
-		if msg == nil {
-			lt.library = name
-			break
-		}
-		why = append(why, C.GoString(msg))
-	}
-	if lt.library == "" {
-		return nil, fmt.Errorf("cuda: cuBLASLt not found (tried %s): %s; install CUDA 12 or 13's libcublas, or add its lib64 to LD_LIBRARY_PATH",
-			strings.Join(blasLtNames, ", "), strings.Join(why, "; "))
+	var err error
+	lt.library, err = openLibrary("cuBLASLt", blasLtNames, func(name *C.char) *C.char { return C.lt_open(name) },
+		"install CUDA 12 or 13's libcublas, or add its lib64 to LD_LIBRARY_PATH")
+	if err != nil {
+		return nil, err
 	}
 	if st := C.lt_create(&lt.h); st != 0 {
 		return nil, fmt.Errorf("cuda: cublasLtCreate: status %d", st)

@@ -109,7 +109,6 @@ import "C"
 
 import (
 	"fmt"
-	"strings"
 	"sync"
 	"unsafe"
 
@@ -142,20 +141,9 @@ var nccl struct {
 // loadNCCL opens the library once per process.
 func loadNCCL() error {
 	nccl.once.Do(func() {
-		var why []string
-		for _, name := range ncclNames {
-			cs := C.CString(name)
-			msg := C.nc_open(cs)
-			C.free(unsafe.Pointer(cs))
-			if msg == nil {
-				nccl.library = name
-				break
-			}
-			why = append(why, C.GoString(msg))
-		}
-		if nccl.library == "" {
-			nccl.err = fmt.Errorf("cuda: NCCL not found (tried %s): %s; install NCCL 2 (libnccl2) or add its directory to LD_LIBRARY_PATH",
-				strings.Join(ncclNames, ", "), strings.Join(why, "; "))
+		nccl.library, nccl.err = openLibrary("NCCL", ncclNames, func(name *C.char) *C.char { return C.nc_open(name) },
+			"install NCCL 2 (libnccl2) or add its directory to LD_LIBRARY_PATH")
+		if nccl.err != nil {
 			return
 		}
 		var v C.int
