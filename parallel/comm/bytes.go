@@ -14,8 +14,9 @@ import (
 // included: a broadcast copies, it does no arithmetic.
 func BroadcastBytes(c Communicator, buf []byte, root int) error {
 	words := make([]float32, (len(buf)+3)/4)
+	view := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(words))), 4*len(words)) // the words' bytes, in place
 	if c.Rank() == root {
-		copy(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(words))), 4*len(words)), buf)
+		copy(view, buf)
 	}
 	// The lengths are gathered first, so that ranks passing buffers of
 	// different lengths all fail with a mismatch (none waits on a broadcast
@@ -32,6 +33,6 @@ func BroadcastBytes(c Communicator, buf []byte, root int) error {
 	if err := c.Broadcast(words, root); err != nil {
 		return err
 	}
-	copy(buf, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(words))), 4*len(words)))
+	copy(buf, view)
 	return nil
 }
