@@ -27,6 +27,7 @@ var allowedImports = map[string][]string{
 	"internal/allocs":     {},
 	"tensor/cpu":          {"tensor"},
 	"tensor/memtest":      {"tensor"},
+	"tensor/kerneltest":   {"tensor", "tensor/cpu"},
 	"trainer/model":       {"config", "parallel", "tensor"},
 	"trainer/data":        {"fileio"},
 	"trainer/optim":       {},

@@ -1421,3 +1421,240 @@ extern "C" __global__ void cast_f64_bf16(bf16* out, const double* in, long n) {
 extern "C" __global__ void cast_bf16_f64(double* out, const bf16* in, long n) {
     GRID_STRIDE(i, n) out[i] = (double)__bfloat162float(in[i]);
 }
+
+// ---- the engine's kernel set (tensor.Kernels on the device; cuda/engine.go) ----------
+//
+// Kept after the f64 conversions, so that adding them renumbered no other kernel's
+// labels in the PTX. Activations and their gradients are fp32 here (the engine's F);
+// weights and saved inputs may be bf16, read widened. A step's statistics are an f64
+// buffer laid out as tensor's Stat constants (TestStatLayout checks these against
+// them).
+#define STAT_LOSS 0
+#define STAT_TOKENS 1
+#define STAT_SUMSQ 4
+#define STAT_EXPERT_SUMSQ 5
+#define STAT_NORM 6
+#define STAT_CLIP 7
+#define STAT_APPLIED 8
+#define STAT_OPT_STEPS 9
+
+__device__ __forceinline__ double warp_sum64(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+    return v;
+}
+
+// block_sum64 is block_sum in f64; sh holds 32 doubles.
+__device__ double block_sum64(double v, double* sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum64(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : 0.0;
+    return warp_sum64(v);
+}
+
+// Embedding over a table of vocabulary rows lo..lo+N−1: out (BT,C, fp32) is the
+// row a token picks, zero for a token outside them.
+template <typename S> __device__ void embedding_range(float* out, const int* tokens, const S* wte, int BT, int C, int lo, int N) {
+    GRID_STRIDE(i, (long)BT * C) {
+        long t = i / C;
+        int c = i - t * C, row = tokens[t] - lo;
+        out[i] = (row >= 0 && row < N) ? ld(wte, (long)row * C + c) : 0.f;
+    }
+}
+extern "C" __global__ void embedding_range_f32(float* out, const int* tok, const float* wte, int BT, int C, int lo, int N) {
+    embedding_range(out, tok, wte, BT, C, lo, N);
+}
+extern "C" __global__ void embedding_range_bf16(float* out, const int* tok, const bf16* wte, int BT, int C, int lo, int N) {
+    embedding_range(out, tok, wte, BT, C, lo, N);
+}
+
+// embedding_backward_classes adds dout's rows into the rows of dwte (fp32) their
+// tokens pick, without atomics and in token order: block (x, y) owns channels
+// x·blockDim.x.. of the table rows r with r % gridDim.y == y, and walks all BT
+// tokens (staged through shared memory 1024 at a time), so every (row, channel)
+// has one owner that adds its tokens' values in the order the CPU adds them.
+#define EMB_STAGE 1024
+extern "C" __global__ void embedding_backward_classes(float* dwte, const float* dout, const int* tokens, int BT, int C, int lo, int N) {
+    __shared__ int sh[EMB_STAGE];
+    int c = blockIdx.x * blockDim.x + threadIdx.x, cls = blockIdx.y, G = gridDim.y;
+    for (int t0 = 0; t0 < BT; t0 += EMB_STAGE) {
+        int n = min(EMB_STAGE, BT - t0);
+        __syncthreads();
+        for (int j = threadIdx.x; j < n; j += blockDim.x) sh[j] = tokens[t0 + j] - lo;
+        __syncthreads();
+        if (c >= C) continue;
+        for (int j = 0; j < n; j++) {
+            int row = sh[j];
+            if (row >= 0 && row < N && row % G == cls) dwte[(long)row * C + c] += dout[(long)(t0 + j) * C + c];
+        }
+    }
+}
+
+// merge_attention folds a key block's attention (outB, lseB) into the running
+// (out, lse) of the same queries: one thread per (batch, head, query) row.
+extern "C" __global__ void merge_attention(float* out, float* lse, const float* outB, const float* lseB, int B, int Tq, int NH, int HD) {
+    GRID_STRIDE(li, (long)B * NH * Tq) {
+        int t = li % Tq, h = (li / Tq) % NH, b = li / ((long)Tq * NH);
+        float l1 = lse[li], l2 = lseB[li];
+        if (l2 == -INFINITY) continue;
+        long row = (((long)b * Tq + t) * NH + h) * HD;
+        if (l1 == -INFINITY) {
+            for (int d = 0; d < HD; d++) out[row + d] = outB[row + d];
+            lse[li] = l2;
+            continue;
+        }
+        double mx = fmax((double)l1, (double)l2);
+        double l = mx + log(exp((double)l1 - mx) + exp((double)l2 - mx));
+        double w1 = exp((double)l1 - l), w2 = exp((double)l2 - l);
+        for (int d = 0; d < HD; d++) out[row + d] = (float)(w1 * out[row + d] + w2 * outB[row + d]);
+        lse[li] = (float)l;
+    }
+}
+
+// softmax_from_lse sets probs (BT,V) = exp(logits − lse[row]).
+extern "C" __global__ void softmax_from_lse(float* probs, const float* logits, const float* lse, int BT, int V) {
+    GRID_STRIDE(i, (long)BT * V) probs[i] = __expf(logits[i] - lse[i / V]);
+}
+
+// ce_parts: for a rank's V logits of each row (block per row), lse = the row's
+// log-sum-exp and tlogit = the target's logit when target − lo lies in the rank's
+// entries, 0 elsewhere.
+extern "C" __global__ void ce_parts(float* lse, float* tlogit, const float* logits, const int* targets, int V, int lo) {
+    __shared__ float sh[32];
+    long row = blockIdx.x;
+    const float* x = logits + row * V;
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, x[j]);
+    m = block_max(m, sh);
+    float s = 0.f;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) s += __expf(x[j] - m);
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) {
+        lse[row] = m + logf(s);
+        int t = targets[row], k = t - lo;
+        tlogit[row] = (t >= 0 && k >= 0 && k < V) ? x[k] : 0.f;
+    }
+}
+
+// ce_combine: each row's log-sum-exp over the ranks' (lseAll, parts×BT, combined
+// in rank order in f64), its loss lse − tlogit (0 for a target < 0) and the
+// rank's part of its softmax. Block per row.
+extern "C" __global__ void ce_combine(float* losses, float* probs, const float* logits, const float* lseAll, const float* tlogit, const int* targets, int BT, int V, int parts) {
+    long row = blockIdx.x;
+    double mx = -INFINITY;
+    for (int p = 0; p < parts; p++) mx = fmax(mx, (double)lseAll[(long)p * BT + row]);
+    double s = 0;
+    for (int p = 0; p < parts; p++) s += exp((double)lseAll[(long)p * BT + row] - mx);
+    float l = (float)(mx + log(s));
+    if (threadIdx.x == 0) losses[row] = targets[row] < 0 ? 0.f : l - tlogit[row];
+    for (int j = threadIdx.x; j < V; j += blockDim.x) probs[row * V + j] = __expf(logits[row * V + j] - l);
+}
+
+// ce_backward_probs: dlogits (BT,V) += (probs − onehot(target − lo))·dloss[row]
+// for rows whose target is ≥ 0.
+extern "C" __global__ void ce_backward_probs(float* dlogits, const float* dloss, const float* probs, const int* targets, int BT, int V, int lo) {
+    GRID_STRIDE(i, (long)BT * V) {
+        long row = i / V;
+        int t = targets[row];
+        if (t < 0) continue;
+        float g = dloss[row], d = probs[i] * g;
+        if (i - row * V == (long)t - lo) d -= g;
+        dlogits[i] += d;
+    }
+}
+
+extern "C" __global__ void add_into_f32_bf16(float* dst, const bf16* src, long n) {
+    GRID_STRIDE(i, n) dst[i] += __bfloat162float(src[i]);
+}
+
+// loss_sum sets dst[0] (f64) to Σ losses[i] over targets ≥ 0 (adds it with acc):
+// one block, fixed order.
+extern "C" __global__ void loss_sum(double* dst, const float* losses, const int* targets, int n, int acc) {
+    __shared__ double sh[32];
+    double s = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        if (targets[i] >= 0) s += (double)losses[i];
+    s = block_sum64(s, sh);
+    if (threadIdx.x == 0) dst[0] = acc ? dst[0] + s : s;
+}
+
+// sumsq64_partial: part[block] = Σ x² (in f64) over the block's grid-stride
+// share; sum64_finish adds the parts in order into dst[0] (one block).
+template <typename S> __device__ void sumsq64_partial(double* part, const S* x, long n) {
+    __shared__ double sh[32];
+    double s = 0;
+    GRID_STRIDE(i, n) {
+        double v = ld(x, i);
+        s += v * v;
+    }
+    s = block_sum64(s, sh);
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+extern "C" __global__ void sumsq64_partial_f32(double* part, const float* x, long n) { sumsq64_partial(part, x, n); }
+extern "C" __global__ void sumsq64_partial_bf16(double* part, const bf16* x, long n) { sumsq64_partial(part, x, n); }
+extern "C" __global__ void sum64_finish(double* dst, const double* part, int nb, int acc) {
+    __shared__ double sh[32];
+    double s = 0;
+    for (int i = threadIdx.x; i < nb; i += blockDim.x) s += part[i];
+    s = block_sum64(s, sh);
+    if (threadIdx.x == 0) dst[0] = acc ? dst[0] + s : s;
+}
+
+// close_step finishes a step's statistics as tensor.Kernels.CloseStep says (one
+// thread): the norm, the clip factor (tensor.ClipFactor), whether the step
+// applies, and the optimizer steps taken.
+extern "C" __global__ void close_step(double* st, double maxNorm) {
+    double norm = sqrt(st[STAT_SUMSQ] + st[STAT_EXPERT_SUMSQ]);
+    double loss = st[STAT_LOSS] / st[STAT_TOKENS];
+    double clip = 1;
+    if (!(maxNorm <= 0 || norm <= maxNorm || norm == 0)) clip = maxNorm / (norm + 1e-6);
+    st[STAT_NORM] = norm;
+    st[STAT_CLIP] = clip;
+    st[STAT_APPLIED] = 0;
+    if (isfinite(loss) && isfinite(norm)) {
+        st[STAT_APPLIED] = 1;
+        st[STAT_OPT_STEPS] += 1;
+    }
+}
+
+extern "C" __global__ void axpy64(double* dst, const double* src, double a, long n) {
+    GRID_STRIDE(i, n) dst[i] += a * src[i];
+}
+
+// scale_by_stats multiplies x by st[STAT_CLIP] when the step applies and the
+// factor is not 1.
+extern "C" __global__ void scale_by_stats(float* x, const double* st, long n) {
+    if (st[STAT_APPLIED] == 0 || st[STAT_CLIP] == 1) return;
+    float f = (float)st[STAT_CLIP];
+    GRID_STRIDE(i, n) x[i] *= f;
+}
+
+// adamw_stats is AdamW (tensor/cpu's formula, in fp32) at optimizer step
+// st[STAT_OPT_STEPS], when st[STAT_APPLIED] is set.
+extern "C" __global__ void adamw_stats(float* p, const float* g, float* m, float* v, long n, float lr, float b1, float b2, float eps, float wd, const double* st) {
+    if (st[STAT_APPLIED] == 0) return;
+    double t = st[STAT_OPT_STEPS];
+    float c1 = (float)(1 / (1 - pow((double)b1, t))), c2 = (float)(1 / (1 - pow((double)b2, t)));
+    GRID_STRIDE(i, n) {
+        float gi = g[i];
+        float mi = b1 * m[i] + (1 - b1) * gi;
+        float vi = b2 * v[i] + (1 - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        float pi = p[i];
+        p[i] = pi - lr * (mi * c1 / (sqrtf(vi * c2) + eps) + wd * pi);
+    }
+}
+
+// sgd_stats: buf = μ·buf + g; p −= lr·(buf + wd·p), when st[STAT_APPLIED] is set.
+extern "C" __global__ void sgd_stats(float* p, const float* g, float* buf, long n, float lr, float mom, float wd, const double* st) {
+    if (st[STAT_APPLIED] == 0) return;
+    GRID_STRIDE(i, n) {
+        float b = mom * buf[i] + g[i];
+        buf[i] = b;
+        p[i] -= lr * (b + wd * p[i]);
+    }
+}

@@ -1,0 +1,473 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/shardline/shardline/tensor"
+)
+
+// Kernels is the engine's kernel set (tensor.Backend) on a device: the model
+// and the FSDP runtime, written against tensor.Kernels and tensor.Memory, run on
+// the GPU with it and the device's Memory. Every operand is a buffer of one
+// Memory of the device (NewMemory), whose stream the work is issued on; calls
+// run inside Device.Do, like every device method. A kernel handed a buffer of
+// another memory, of the wrong dtype or too short keeps the failure in the
+// memory's sticky error and does nothing, as the CPU's kernels do.
+//
+// Activations and gradients are fp32 (the engine's F); weights and the
+// products' inputs may be bf16. A product of an fp32 operand with a bf16 one
+// rounds the fp32 operand to bf16 and runs on the tensor cores, as the CPU's
+// dot-product path does; a weight gradient from a bf16 input widens the input
+// (exact), as the CPU does. Norm weights are widened before the norm.
+//
+// The mixture-of-experts kernels are refused, with an error that says so:
+// their device kernels (Device.Router and the rest) lay out routing state
+// differently from tensor.Routing and run padded segments only, and adapting
+// them is not done yet. tensor/kerneltest is the check every kernel here
+// passes on a GPU (TestKernelConformance in bin/cuda.test).
+type Kernels struct{ d *Device }
+
+var _ tensor.Backend = (*Kernels)(nil)
+
+// Kernels is the device's kernel set for the engine.
+func (d *Device) Kernels() *Kernels { return &Kernels{d: d} }
+
+// Name names the device and its libraries.
+func (k *Kernels) Name() string { return "cuda (" + k.d.info.String() + ")" }
+
+// NewMemory is a new memory of the device (one per rank).
+func (k *Kernels) NewMemory() tensor.Memory { return k.d.NewMemory() }
+
+// Scratch slots of the engine's kernels (after the Device's own).
+const (
+	scratchOperandA = iota + scratchDelta + 1 // an operand converted for a product
+	scratchOperandB                           // a second one
+	scratchLSE                                // the loss's log-sum-exp per row
+	scratchSum64                              // f64 partial sums
+)
+
+// as is b's memory seen as n values of t (a scratch slot holds fp32; the bf16
+// and f64 views of it are the same bytes).
+func as(b Buffer, t DType, n int) Buffer { return Buffer{ptr: b.ptr, N: n, DType: t} }
+
+// operands resolves one kernel call's buffers to device buffers of one memory:
+// the memory of the first buffer it is given; bad is set (with the failure
+// kept) as soon as one buffer is not that memory's, or not as the kernel
+// reads it.
+type operands struct {
+	k   *Kernels
+	op  string
+	mem *Memory
+	bad bool
+}
+
+func (k *Kernels) ops(op string) operands { return operands{k: k, op: op} }
+
+// failf keeps a failure of the call: in its memory, or on the device when no
+// buffer of this device's was given.
+func (o *operands) failf(format string, args ...any) {
+	o.bad = true
+	err := fmt.Errorf("cuda: %s: "+format, append([]any{o.op}, args...)...)
+	if o.mem != nil {
+		o.mem.fail(err)
+		return
+	}
+	if o.k.d.err == nil {
+		o.k.d.err = err
+	}
+}
+
+// buf is b on the device, of one of the dtypes ts and at least n values.
+func (o *operands) buf(b tensor.Buffer, n int, ts ...DType) Buffer {
+	if o.bad {
+		return Buffer{}
+	}
+	if o.mem == nil {
+		s, ok := b.Storage().(*storage)
+		if !ok || s.mem.d != o.k.d {
+			backend := "none (the empty buffer)"
+			if b.Storage() != nil {
+				backend = b.Storage().Backend()
+			}
+			o.failf("a buffer of %d %s that is not this device's (its backend: %s)", b.Len(), b.DType(), backend)
+			return Buffer{}
+		}
+		o.mem = s.mem
+	}
+	d, ok := o.mem.Device(o.op, b)
+	if !ok {
+		o.bad = true
+		return Buffer{}
+	}
+	want := false
+	for _, t := range ts {
+		want = want || d.DType == t
+	}
+	switch {
+	case !want:
+		o.failf("a %s buffer where the kernel reads %v", d.DType, ts)
+	case d.N < n:
+		o.failf("a buffer of %d %s values where the kernel reads %d", d.N, d.DType, n)
+	default:
+		return d.Slice(0, n)
+	}
+	return Buffer{}
+}
+
+// f is an fp32 buffer of n values; w an fp32 or bf16 one (a weight or a
+// product's input); i an int32 one; st an f64 one.
+func (o *operands) f(b tensor.Buffer, n int) Buffer  { return o.buf(b, n, F32) }
+func (o *operands) w(b tensor.Buffer, n int) Buffer  { return o.buf(b, n, F32, BF16) }
+func (o *operands) i(b tensor.Buffer, n int) Buffer  { return o.buf(b, n, I32) }
+func (o *operands) st(b tensor.Buffer, n int) Buffer { return o.buf(b, n, F64) }
+
+// ok reports whether the call may run: every operand resolved and the memory
+// (with the device's stream) free of failures.
+func (o *operands) ok() bool { return !o.bad && o.mem != nil && o.mem.ok() }
+
+// widened is x as fp32 (itself, or widened into scratch slot).
+func (k *Kernels) widened(x Buffer, slot int) Buffer {
+	if x.DType == F32 {
+		return x
+	}
+	s := k.d.scratch(slot, x.N)
+	k.d.Cast(s, x)
+	return s
+}
+
+// rounded is x as bf16 (itself, or rounded into scratch slot).
+func (k *Kernels) rounded(x Buffer, slot int) Buffer {
+	if x.DType == BF16 {
+		return x
+	}
+	s := as(k.d.scratch(slot, (x.N+1)/2), BF16, x.N)
+	k.d.Cast(s, x)
+	return s
+}
+
+// pair is a product's two operands in one dtype: as they are when they agree,
+// else the fp32 one rounded to bf16 (the tensor-core path).
+func (k *Kernels) pair(a, b Buffer) (Buffer, Buffer) {
+	if a.DType == b.DType {
+		return a, b
+	}
+	return k.rounded(a, scratchOperandA), k.rounded(b, scratchOperandB)
+}
+
+func (k *Kernels) Matmul(out, inp, weight tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
+	o := k.ops("Matmul")
+	y, x, w := o.f(out, s.BT*s.OC), o.w(inp, s.BT*s.C), o.w(weight, s.OC*s.C)
+	if o.ok() {
+		x, w = k.pair(x, w)
+		k.d.Matmul(y, x, w, s, accumulate)
+	}
+}
+
+func (k *Kernels) MatmulBackward(dinp, dweight, dout, inp, weight tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
+	o := k.ops("MatmulBackward")
+	dw, dy, x, w := o.f(dweight, s.OC*s.C), o.f(dout, s.BT*s.OC), o.w(inp, s.BT*s.C), o.w(weight, s.OC*s.C)
+	var dx Buffer
+	if dinp.Len() > 0 {
+		dx = o.f(dinp, s.BT*s.C)
+	}
+	if !o.ok() {
+		return
+	}
+	if dx.N > 0 {
+		g, wt := k.pair(dy, w)
+		k.d.gemm(false, false, s.C, s.BT, s.OC, wt, s.C, g, s.OC, beta(accumulate), dx, s.C)
+	}
+	k.d.gemm(false, true, s.C, s.OC, s.BT, k.widened(x, scratchOperandA), s.C, dy, s.OC, 1, dw, s.C)
+}
+
+func (k *Kernels) Embedding(out, tokens, wte tensor.Buffer, s tensor.EmbeddingShape) {
+	o := k.ops("Embedding")
+	y, t, w := o.f(out, s.BT*s.C), o.i(tokens, s.BT), o.w(wte, s.N*s.C)
+	if o.ok() {
+		k.d.launch("embedding_range"+suffix(w.DType), k.d.grid(s.BT*s.C), 1, threads, ptr(y), ptr(t), ptr(w), i32(s.BT), i32(s.C), i32(s.Lo), i32(s.N))
+	}
+}
+
+// embeddingClasses is the row classes of EmbeddingBackward (gridDim.y of
+// embedding_backward_classes): each class's blocks walk every token.
+const embeddingClasses = 64
+
+func (k *Kernels) EmbeddingBackward(dwte, dout, tokens tensor.Buffer, s tensor.EmbeddingShape) {
+	o := k.ops("EmbeddingBackward")
+	dw, dy, t := o.f(dwte, s.N*s.C), o.f(dout, s.BT*s.C), o.i(tokens, s.BT)
+	if o.ok() && s.BT > 0 {
+		k.d.launch("embedding_backward_classes", (s.C+127)/128, min(embeddingClasses, max(s.N, 1)), 128, ptr(dw), ptr(dy), ptr(t), i32(s.BT), i32(s.C), i32(s.Lo), i32(s.N))
+	}
+}
+
+func (k *Kernels) RMSNorm(out, rstd, inp, weight tensor.Buffer, BT, C int, eps float64) {
+	o := k.ops("RMSNorm")
+	y, r, x, w := o.f(out, BT*C), o.f(rstd, BT), o.f(inp, BT*C), o.w(weight, C)
+	if o.ok() {
+		k.d.RMSNorm(y, r, x, k.widened(w, scratchOperandA), BT, C, eps)
+	}
+}
+
+func (k *Kernels) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd tensor.Buffer, BT, C int) {
+	o := k.ops("RMSNormBackward")
+	dx, dw, dy, x, w, r := o.f(dinp, BT*C), o.f(dweight, C), o.f(dout, BT*C), o.f(inp, BT*C), o.w(weight, C), o.f(rstd, BT)
+	if o.ok() {
+		k.d.RMSNormBackward(dx, dw, dy, x, k.widened(w, scratchOperandA), r, BT, C, true)
+	}
+}
+
+func (k *Kernels) RopeTables(cos, sin tensor.Buffer, T int, inv []float64) {
+	o := k.ops("RopeTables")
+	c, s := o.f(cos, T*len(inv)), o.f(sin, T*len(inv))
+	if o.ok() {
+		k.d.RopeTables(c, s, T, inv)
+	}
+}
+
+func (k *Kernels) rope(op string, x, cos, sin tensor.Buffer, s tensor.RopeShape, backward bool) {
+	o := k.ops(op)
+	xs, c, sn := o.f(x, s.B*s.T*s.NH*s.HD), o.f(cos, s.T*s.HD/2), o.f(sin, s.T*s.HD/2)
+	if o.ok() {
+		k.d.Rope(xs, c, sn, s, backward)
+	}
+}
+
+func (k *Kernels) Rope(x, cos, sin tensor.Buffer, s tensor.RopeShape) {
+	k.rope("Rope", x, cos, sin, s, false)
+}
+
+func (k *Kernels) RopeBackward(dx, cos, sin tensor.Buffer, s tensor.RopeShape) {
+	k.rope("RopeBackward", dx, cos, sin, s, true)
+}
+
+// attention resolves attention's operands: q-shaped, kv-shaped and lse-shaped
+// buffers, fp32.
+func (o *operands) attention(s tensor.AttentionShape, q, kv, lse []tensor.Buffer) (qs, kvs, lses []Buffer) {
+	nq, nkv, nl := s.B*s.Tq*s.NH*s.HD, s.B*s.Tk*s.NKV*s.HD, s.B*s.NH*s.Tq
+	for _, b := range q {
+		qs = append(qs, o.f(b, nq))
+	}
+	for _, b := range kv {
+		kvs = append(kvs, o.f(b, nkv))
+	}
+	for _, b := range lse {
+		lses = append(lses, o.f(b, nl))
+	}
+	return qs, kvs, lses
+}
+
+func (k *Kernels) FlashAttention(out, lse, q, kb, v tensor.Buffer, s tensor.AttentionShape) {
+	o := k.ops("FlashAttention")
+	qs, kvs, l := o.attention(s, []tensor.Buffer{out, q}, []tensor.Buffer{kb, v}, []tensor.Buffer{lse})
+	if o.ok() {
+		k.d.FlashAttention(qs[0], l[0], qs[1], kvs[0], kvs[1], s)
+	}
+}
+
+func (k *Kernels) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, kb, v tensor.Buffer, s tensor.AttentionShape) {
+	o := k.ops("FlashAttentionBackward")
+	qs, kvs, l := o.attention(s, []tensor.Buffer{dq, dout, out, q}, []tensor.Buffer{dk, dv, kb, v}, []tensor.Buffer{lse})
+	if o.ok() {
+		k.d.FlashAttentionBackward(qs[0], kvs[0], kvs[1], qs[1], qs[2], l[0], qs[3], kvs[2], kvs[3], s, true)
+	}
+}
+
+func (k *Kernels) MergeAttention(out, lse, outB, lseB tensor.Buffer, s tensor.AttentionShape) {
+	o := k.ops("MergeAttention")
+	qs, _, l := o.attention(s, []tensor.Buffer{out, outB}, nil, []tensor.Buffer{lse, lseB})
+	if o.ok() {
+		rows := s.B * s.NH * s.Tq
+		k.d.launch("merge_attention", k.d.grid(rows), 1, threads, ptr(qs[0]), ptr(l[0]), ptr(qs[1]), ptr(l[1]), i32(s.B), i32(s.Tq), i32(s.NH), i32(s.HD))
+	}
+}
+
+func (k *Kernels) SwiGLU(out, gate, up tensor.Buffer, n int) {
+	o := k.ops("SwiGLU")
+	y, g, u := o.f(out, n), o.f(gate, n), o.f(up, n)
+	if o.ok() {
+		k.d.SwiGLU(y, g, u)
+	}
+}
+
+func (k *Kernels) SwiGLUBackward(dgate, dup, dout, gate, up tensor.Buffer, n int, accumulate bool) {
+	o := k.ops("SwiGLUBackward")
+	dg, du, dy, g, u := o.f(dgate, n), o.f(dup, n), o.f(dout, n), o.f(gate, n), o.f(up, n)
+	if o.ok() {
+		k.d.SwiGLUBackward(dg, du, dy, g, u, accumulate)
+	}
+}
+
+func (k *Kernels) CrossEntropy(losses, probs, logits, targets tensor.Buffer, s tensor.VocabShape) {
+	o := k.ops("CrossEntropy")
+	l, p, z, t := o.f(losses, s.BT), o.f(probs, s.BT*s.V), o.f(logits, s.BT*s.V), o.i(targets, s.BT)
+	if o.ok() {
+		lse := k.d.scratch(scratchLSE, s.BT)
+		k.d.CrossEntropy(l, lse, z, t, s.BT, s.V)
+		k.d.launch("softmax_from_lse", k.d.grid(s.BT*s.V), 1, threads, ptr(p), ptr(z), ptr(lse), i32(s.BT), i32(s.V))
+	}
+}
+
+func (k *Kernels) CrossEntropyParts(lse, tlogit, logits, targets tensor.Buffer, s tensor.VocabShape) {
+	o := k.ops("CrossEntropyParts")
+	l, tl, z, t := o.f(lse, s.BT), o.f(tlogit, s.BT), o.f(logits, s.BT*s.V), o.i(targets, s.BT)
+	if o.ok() && s.BT > 0 {
+		k.d.launch("ce_parts", s.BT, 1, threads, ptr(l), ptr(tl), ptr(z), ptr(t), i32(s.V), i32(s.Lo))
+	}
+}
+
+func (k *Kernels) CrossEntropyCombine(losses, probs, logits, lseAll, tlogit, targets tensor.Buffer, s tensor.VocabShape) {
+	o := k.ops("CrossEntropyCombine")
+	l, p, z := o.f(losses, s.BT), o.f(probs, s.BT*s.V), o.f(logits, s.BT*s.V)
+	la, tl, t := o.f(lseAll, s.Parts*s.BT), o.f(tlogit, s.BT), o.i(targets, s.BT)
+	if o.ok() && s.BT > 0 {
+		k.d.launch("ce_combine", s.BT, 1, threads, ptr(l), ptr(p), ptr(z), ptr(la), ptr(tl), ptr(t), i32(s.BT), i32(s.V), i32(s.Parts))
+	}
+}
+
+func (k *Kernels) CrossEntropyBackward(dlogits, dloss, probs, targets tensor.Buffer, s tensor.VocabShape) {
+	o := k.ops("CrossEntropyBackward")
+	dz, dl, p, t := o.f(dlogits, s.BT*s.V), o.f(dloss, s.BT), o.f(probs, s.BT*s.V), o.i(targets, s.BT)
+	if o.ok() {
+		k.d.launch("ce_backward_probs", k.d.grid(s.BT*s.V), 1, threads, ptr(dz), ptr(dl), ptr(p), ptr(t), i32(s.BT), i32(s.V), i32(s.Lo))
+	}
+}
+
+func (k *Kernels) Add(out, a, b tensor.Buffer, n int) {
+	o := k.ops("Add")
+	y, x1, x2 := o.f(out, n), o.f(a, n), o.f(b, n)
+	if o.ok() {
+		k.d.Add(y, x1, x2)
+	}
+}
+
+func (k *Kernels) AddInto(dst, src tensor.Buffer, n int) {
+	o := k.ops("AddInto")
+	y, x := o.f(dst, n), o.w(src, n)
+	if !o.ok() {
+		return
+	}
+	if x.DType == BF16 {
+		k.d.launch("add_into_f32_bf16", k.d.grid(n), 1, threads, ptr(y), ptr(x), i64(n))
+		return
+	}
+	k.d.AddInto(y, x)
+}
+
+// refuseMoE keeps the refusal of a mixture-of-experts kernel in the memory of
+// the buffer given.
+func (k *Kernels) refuseMoE(op string, b tensor.Buffer) {
+	o := k.ops(op)
+	o.buf(b, 0, b.DType())
+	o.failf("the mixture-of-experts kernels do not run on the engine's device kernel set yet (the routing state of tensor.Routing and packed segments are not adapted); run MoE models on one GPU with the GPU trainer, or on the CPU")
+}
+
+func (k *Kernels) Router(probs, gates, logits tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
+	k.refuseMoE("Router", probs)
+}
+func (k *Kernels) RouterBackward(dlogits, dgates, dprobs, gates, probs tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
+	k.refuseMoE("RouterBackward", dlogits)
+}
+func (k *Kernels) Dispatch(xperm, x tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
+	k.refuseMoE("Dispatch", xperm)
+}
+func (k *Kernels) DispatchBackward(dx, dxperm tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
+	k.refuseMoE("DispatchBackward", dx)
+}
+func (k *Kernels) Combine(out, y, gates tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
+	k.refuseMoE("Combine", out)
+}
+func (k *Kernels) CombineBackward(dy, dgates, dout, y, gates tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
+	k.refuseMoE("CombineBackward", dy)
+}
+func (k *Kernels) ExpertsMatmul(out, inp tensor.Buffer, w []tensor.Buffer, offsets tensor.Buffer, s tensor.ExpertsShape, accumulate bool) {
+	k.refuseMoE("ExpertsMatmul", out)
+}
+func (k *Kernels) ExpertsMatmulBackward(dinp tensor.Buffer, dw []tensor.Buffer, dout, inp tensor.Buffer, w []tensor.Buffer, offsets tensor.Buffer, s tensor.ExpertsShape, accumulate bool) {
+	k.refuseMoE("ExpertsMatmulBackward", dout)
+}
+func (k *Kernels) ExpertsSwiGLU(out, gate, up tensor.Buffer, offsets tensor.Buffer, width int) {
+	k.refuseMoE("ExpertsSwiGLU", out)
+}
+func (k *Kernels) ExpertsSwiGLUBackward(dgate, dup, dout, gate, up tensor.Buffer, offsets tensor.Buffer, width int, accumulate bool) {
+	k.refuseMoE("ExpertsSwiGLUBackward", dout)
+}
+func (k *Kernels) RouterStats(stats, probs tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
+	k.refuseMoE("RouterStats", stats)
+}
+func (k *Kernels) AuxLoss(dst, stats tensor.Buffer, r tensor.Routing, s tensor.MoEShape, tokens int, accumulate bool) {
+	k.refuseMoE("AuxLoss", dst)
+}
+func (k *Kernels) AuxLossBackward(dprobs, stats tensor.Buffer, s tensor.MoEShape, tokens int, coeff float64) {
+	k.refuseMoE("AuxLossBackward", dprobs)
+}
+
+func (k *Kernels) LossSum(dst, losses, targets tensor.Buffer, accumulate bool) {
+	o := k.ops("LossSum")
+	d, l := o.st(dst, 1), o.f(losses, losses.Len())
+	t := o.i(targets, l.N)
+	if o.ok() {
+		k.d.launch("loss_sum", 1, 1, 1024, ptr(d), ptr(l), ptr(t), i32(l.N), flag(accumulate))
+	}
+}
+
+func (k *Kernels) SumSquares(dst, x tensor.Buffer, accumulate bool) {
+	o := k.ops("SumSquares")
+	d, xs := o.st(dst, 1), o.w(x, x.Len())
+	if !o.ok() {
+		return
+	}
+	part := as(k.d.scratch(scratchSum64, 2*sumSqBlocks), F64, sumSqBlocks)
+	k.d.launch("sumsq64_partial"+suffix(xs.DType), sumSqBlocks, 1, threads, ptr(part), ptr(xs), i64(xs.N))
+	k.d.launch("sum64_finish", 1, 1, 1024, ptr(d), ptr(part), i32(sumSqBlocks), flag(accumulate))
+}
+
+func (k *Kernels) CloseStep(stats tensor.Buffer, maxNorm float64) {
+	o := k.ops("CloseStep")
+	if st := o.st(stats, tensor.NumStats); o.ok() {
+		k.d.launch("close_step", 1, 1, 1, ptr(st), f64(maxNorm))
+	}
+}
+
+func (k *Kernels) Axpy(dst, src tensor.Buffer, a float64) {
+	o := k.ops("Axpy")
+	d := o.st(dst, dst.Len())
+	if src.Len() != dst.Len() && !o.bad {
+		o.failf("%d values into %d", src.Len(), dst.Len())
+	}
+	if s := o.st(src, d.N); o.ok() {
+		k.d.launch("axpy64", k.d.grid(d.N), 1, threads, ptr(d), ptr(s), f64(a), i64(d.N))
+	}
+}
+
+func (k *Kernels) Scale(x, stats tensor.Buffer) {
+	o := k.ops("Scale")
+	xs, st := o.f(x, x.Len()), o.st(stats, tensor.NumStats)
+	if o.ok() {
+		k.d.launch("scale_by_stats", k.d.grid(xs.N), 1, threads, ptr(xs), ptr(st), i64(xs.N))
+	}
+}
+
+func (k *Kernels) AdamW(params, grads, m, v tensor.Buffer, lr, beta1, beta2, eps, wd float64, stats tensor.Buffer) {
+	o := k.ops("AdamW")
+	p := o.f(params, params.Len())
+	g, ms, vs, st := o.f(grads, p.N), o.f(m, p.N), o.f(v, p.N), o.st(stats, tensor.NumStats)
+	if o.ok() {
+		k.d.launch("adamw_stats", k.d.grid(p.N), 1, threads, ptr(p), ptr(g), ptr(ms), ptr(vs), i64(p.N),
+			f32(lr), f32(beta1), f32(beta2), f32(eps), f32(wd), ptr(st))
+	}
+}
+
+func (k *Kernels) SGD(params, grads, buf tensor.Buffer, lr, momentum, wd float64, stats tensor.Buffer) {
+	o := k.ops("SGD")
+	p := o.f(params, params.Len())
+	g, b, st := o.f(grads, p.N), o.f(buf, p.N), o.st(stats, tensor.NumStats)
+	if o.ok() {
+		k.d.launch("sgd_stats", k.d.grid(p.N), 1, threads, ptr(p), ptr(g), ptr(b), i64(p.N), f32(lr), f32(momentum), f32(wd), ptr(st))
+	}
+}
+
+// f64 is a double kernel argument.
+func f64(v float64) arg { return math.Float64bits(v) }

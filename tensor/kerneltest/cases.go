@@ -1,0 +1,324 @@
+package kerneltest
+
+import (
+	"math"
+
+	"github.com/shardline/shardline/tensor"
+)
+
+// bufs is the outputs a case compares.
+type bufs = []tensor.Buffer
+
+// tolIf is tolBF16 when any flag is set (a bf16 operand), else tolF32.
+func tolIf(flags ...bool) float64 {
+	for _, f := range flags {
+		if f {
+			return tolBF16
+		}
+	}
+	return tolF32
+}
+
+// cases is every check, kernel by kernel, in the order of tensor.Kernels.
+func cases() []kcase {
+	var cs []kcase
+	add := func(c ...kcase) { cs = append(cs, c...) }
+
+	add(variants("Matmul", []string{"bf16 weight", "bf16 input", "accumulate"}, func(on []bool) kcase {
+		return kcase{tol: tolIf(on[0], on[1]), run: func(e *env) bufs {
+			s := tensor.MatmulShape{BT: 37, C: 48, OC: 20}
+			inp, w := e.weight(s.BT*s.C, 1, on[1]), e.weight(s.OC*s.C, 0.3, on[0])
+			out := e.floats(s.BT*s.OC, 1)
+			e.k.Matmul(out, inp, w, s, on[2])
+			return bufs{out}
+		}}
+	})...)
+	add(variants("MatmulBackward", []string{"bf16 weight", "bf16 input", "accumulate", "no input gradient"}, func(on []bool) kcase {
+		return kcase{tol: tolIf(on[0], on[1]), run: func(e *env) bufs {
+			s := tensor.MatmulShape{BT: 37, C: 48, OC: 20}
+			inp, w := e.weight(s.BT*s.C, 1, on[1]), e.weight(s.OC*s.C, 0.3, on[0])
+			dout, dw := e.floats(s.BT*s.OC, 1), e.floats(s.OC*s.C, 1)
+			var dinp tensor.Buffer
+			if !on[3] {
+				dinp = e.floats(s.BT*s.C, 1)
+			}
+			e.k.MatmulBackward(dinp, dw, dout, inp, w, s, on[2])
+			if on[3] {
+				return bufs{dw}
+			}
+			return bufs{dinp, dw}
+		}}
+	})...)
+
+	// The vocabulary part: rows 20..36 of a 50-token vocabulary (a
+	// tensor-parallel rank's), tokens from all of it.
+	embed := func(part bool) tensor.EmbeddingShape {
+		if part {
+			return tensor.EmbeddingShape{BT: 30, C: 24, Lo: 20, N: 17}
+		}
+		return tensor.EmbeddingShape{BT: 30, C: 24, N: 50}
+	}
+	add(variants("Embedding", []string{"bf16 table", "vocabulary part"}, func(on []bool) kcase {
+		return kcase{run: func(e *env) bufs {
+			s := embed(on[1])
+			tok := e.ints(e.tokens(s.BT, 0, 50))
+			wte, out := e.weight(s.N*s.C, 1, on[0]), e.floats(s.BT*s.C, 1)
+			e.k.Embedding(out, tok, wte, s)
+			return bufs{out}
+		}}
+	})...)
+	add(variants("EmbeddingBackward", []string{"vocabulary part"}, func(on []bool) kcase {
+		return kcase{run: func(e *env) bufs {
+			s := embed(on[0])
+			tok := e.ints(e.tokens(s.BT, 0, 50))
+			dwte, dout := e.floats(s.N*s.C, 1), e.floats(s.BT*s.C, 1)
+			e.k.EmbeddingBackward(dwte, dout, tok, s)
+			return bufs{dwte}
+		}}
+	})...)
+
+	// RMSNorm over more rows than one block of either backend's weight
+	// gradient partial sums (the CPU's 64, the GPU's 32).
+	const normRows, normC = 100, 40
+	add(variants("RMSNorm", []string{"bf16 weight"}, func(on []bool) kcase {
+		return kcase{run: func(e *env) bufs {
+			x, w := e.floats(normRows*normC, 2), e.weight(normC, 1, on[0])
+			out, rstd := e.floats(normRows*normC, 1), e.floats(normRows, 1)
+			e.k.RMSNorm(out, rstd, x, w, normRows, normC, 1e-5)
+			return bufs{out, rstd}
+		}}
+	})...)
+	add(variants("RMSNormBackward", []string{"bf16 weight"}, func(on []bool) kcase {
+		return kcase{run: func(e *env) bufs {
+			x, w := e.floats(normRows*normC, 2), e.weight(normC, 1, on[0])
+			out, rstd := e.floats(normRows*normC, 1), e.floats(normRows, 1)
+			e.k.RMSNorm(out, rstd, x, w, normRows, normC, 1e-5)
+			dinp, dw, dout := e.floats(normRows*normC, 1), e.floats(normC, 1), e.floats(normRows*normC, 1)
+			e.k.RMSNormBackward(dinp, dw, dout, x, w, rstd, normRows, normC)
+			return bufs{dinp, dw}
+		}}
+	})...)
+
+	add(variants("Rope", []string{"backward"}, func(on []bool) kcase {
+		return kcase{run: func(e *env) bufs {
+			s := tensor.RopeShape{B: 2, T: 9, NH: 3, HD: 16}
+			inv := tensor.RopeInvFreq(s.HD, 10000, "", 0)
+			cos, sin := e.floats(s.T*s.HD/2, 1), e.floats(s.T*s.HD/2, 1)
+			e.k.RopeTables(cos, sin, s.T, inv)
+			x := e.floats(s.B*s.T*s.NH*s.HD, 1)
+			if on[0] {
+				e.k.RopeBackward(x, cos, sin, s)
+			} else {
+				e.k.Rope(x, cos, sin, s)
+			}
+			return bufs{x, cos, sin}
+		}}
+	})...)
+
+	for _, a := range attentionShapes() {
+		s := a.s
+		add(kcase{name: "FlashAttention/" + a.name, run: func(e *env) bufs {
+			out, lse, _, _, _ := attention(e, s)
+			return bufs{out, lse}
+		}})
+		add(kcase{name: "FlashAttentionBackward/" + a.name, run: func(e *env) bufs {
+			out, lse, q, k, v := attention(e, s)
+			dq, dk, dv := e.floats(q.Len(), 1), e.floats(k.Len(), 1), e.floats(v.Len(), 1)
+			e.k.FlashAttentionBackward(dq, dk, dv, e.floats(out.Len(), 1), out, lse, q, k, v, s)
+			return bufs{dq, dk, dv}
+		}})
+	}
+	add(kcase{name: "MergeAttention", run: func(e *env) bufs {
+		s := tensor.AttentionShape{B: 2, Tq: 5, NH: 2, HD: 8}
+		n := s.B * s.NH * s.Tq
+		lse, lseB := e.draw(n, 3), e.draw(n, 3)
+		// Rows that saw no key so far, rows whose block saw none, and rows of both.
+		lse[0], lse[7], lseB[1], lseB[7] = math.Inf(-1), math.Inf(-1), math.Inf(-1), math.Inf(-1)
+		out, outB := e.floats(n*s.HD, 1), e.floats(n*s.HD, 1)
+		l := e.vals(lse)
+		e.k.MergeAttention(out, l, outB, e.vals(lseB), s)
+		return bufs{out, l}
+	}})
+
+	add(kcase{name: "SwiGLU", run: func(e *env) bufs {
+		const n = 1000
+		out := e.floats(n, 1)
+		e.k.SwiGLU(out, e.floats(n, 4), e.floats(n, 2), n)
+		return bufs{out}
+	}})
+	add(variants("SwiGLUBackward", []string{"accumulate"}, func(on []bool) kcase {
+		return kcase{run: func(e *env) bufs {
+			const n = 1000
+			dg, du := e.floats(n, 1), e.floats(n, 1)
+			e.k.SwiGLUBackward(dg, du, e.floats(n, 1), e.floats(n, 4), e.floats(n, 2), n, on[0])
+			return bufs{dg, du}
+		}}
+	})...)
+
+	// The loss: a whole vocabulary of 70, and a part of 25 entries from 30 of a
+	// vocabulary split over 3 ranks; targets −1 are ignored.
+	const ceRows = 9
+	targets := func(e *env, V int) tensor.Buffer {
+		t := e.tokens(ceRows, 0, V)
+		t[2], t[6] = -1, -1
+		return e.ints(t)
+	}
+	part := tensor.VocabShape{BT: ceRows, V: 25, Lo: 30, Parts: 3}
+	add(kcase{name: "CrossEntropy", run: func(e *env) bufs {
+		s := tensor.VocabShape{BT: ceRows, V: 70, Parts: 1}
+		losses, probs := e.floats(s.BT, 1), e.floats(s.BT*s.V, 1)
+		e.k.CrossEntropy(losses, probs, e.floats(s.BT*s.V, 4), targets(e, s.V), s)
+		return bufs{losses, probs}
+	}})
+	add(variants("CrossEntropyBackward", []string{"vocabulary part"}, func(on []bool) kcase {
+		return kcase{run: func(e *env) bufs {
+			s, V := tensor.VocabShape{BT: ceRows, V: 70, Parts: 1}, 70
+			if on[0] {
+				s, V = part, 75
+			}
+			dlogits := e.floats(s.BT*s.V, 1)
+			e.k.CrossEntropyBackward(dlogits, e.floats(s.BT, 1), e.floats(s.BT*s.V, 0.5), targets(e, V), s)
+			return bufs{dlogits}
+		}}
+	})...)
+	add(kcase{name: "CrossEntropyParts", run: func(e *env) bufs {
+		lse, tlogit := e.floats(part.BT, 1), e.floats(part.BT, 1)
+		e.k.CrossEntropyParts(lse, tlogit, e.floats(part.BT*part.V, 4), targets(e, 75), part)
+		return bufs{lse, tlogit}
+	}})
+	add(kcase{name: "CrossEntropyCombine", run: func(e *env) bufs {
+		lseAll := e.draw(part.Parts*part.BT, 1)
+		for i := range lseAll {
+			lseAll[i] += 4
+		}
+		losses, probs := e.floats(part.BT, 1), e.floats(part.BT*part.V, 1)
+		e.k.CrossEntropyCombine(losses, probs, e.floats(part.BT*part.V, 4), e.vals(lseAll), e.floats(part.BT, 3), targets(e, 75), part)
+		return bufs{losses, probs}
+	}})
+
+	add(kcase{name: "Add", run: func(e *env) bufs {
+		out := e.floats(333, 1)
+		e.k.Add(out, e.floats(333, 1), e.floats(333, 1), 333)
+		return bufs{out}
+	}})
+	add(variants("AddInto", []string{"bf16 source"}, func(on []bool) kcase {
+		return kcase{run: func(e *env) bufs {
+			dst := e.floats(333, 1)
+			e.k.AddInto(dst, e.weight(333, 1, on[0]), 333)
+			return bufs{dst}
+		}}
+	})...)
+
+	cs = append(cs, moeCases()...)
+	cs = append(cs, stepCases()...)
+	return cs
+}
+
+// attentionCase is a named attention shape.
+type attentionCase struct {
+	name string
+	s    tensor.AttentionShape
+}
+
+// attentionShapes covers causal self-attention with grouped key/value heads,
+// attention without a mask over more keys than queries, and two key blocks of
+// context parallelism: one that masks part of each query's keys, and one that
+// leaves the first queries no key at all (lse −∞, output 0).
+func attentionShapes() []attentionCase {
+	return []attentionCase{
+		{"causal GQA", tensor.AttentionShape{B: 2, Tq: 37, Tk: 37, NH: 4, NKV: 2, HD: 32, Causal: true}},
+		{"full", tensor.AttentionShape{B: 1, Tq: 20, Tk: 29, NH: 2, NKV: 2, HD: 64}},
+		{"key block", tensor.AttentionShape{B: 1, Tq: 16, Tk: 24, NH: 2, NKV: 1, HD: 32, QOff: 24, KOff: 20, Causal: true}},
+		{"unseen rows", tensor.AttentionShape{B: 1, Tq: 16, Tk: 8, NH: 2, NKV: 2, HD: 32, QOff: 0, KOff: 10, Causal: true}},
+	}
+}
+
+// attention draws q, k, v for s and runs the forward.
+func attention(e *env, s tensor.AttentionShape) (out, lse, q, k, v tensor.Buffer) {
+	q = e.floats(s.B*s.Tq*s.NH*s.HD, 1)
+	k, v = e.floats(s.B*s.Tk*s.NKV*s.HD, 1), e.floats(s.B*s.Tk*s.NKV*s.HD, 1)
+	out, lse = e.floats(q.Len(), 1), e.floats(s.B*s.NH*s.Tq, 1)
+	e.k.FlashAttention(out, lse, q, k, v, s)
+	return out, lse, q, k, v
+}
+
+// stepCases are the step's statistics and the optimizers: f64 statistics on
+// both sides.
+func stepCases() []kcase {
+	var cs []kcase
+	add := func(c ...kcase) { cs = append(cs, c...) }
+	add(variants("LossSum", []string{"accumulate"}, func(on []bool) kcase {
+		return kcase{run: func(e *env) bufs {
+			t := e.tokens(50, 0, 10)
+			t[3], t[17], t[40] = -1, -1, -1
+			dst := e.stats([]float64{7.5})
+			e.k.LossSum(dst, e.floats(50, 5), e.ints(t), on[0])
+			return bufs{dst}
+		}}
+	})...)
+	// More values than one block of the CPU's partial sums (1<<14) and than the
+	// GPU's fixed grid of threads.
+	add(variants("SumSquares", []string{"accumulate"}, func(on []bool) kcase {
+		return kcase{run: func(e *env) bufs {
+			dst := e.stats([]float64{7.5})
+			e.k.SumSquares(dst, e.floats(70001, 1), on[0])
+			return bufs{dst}
+		}}
+	})...)
+	nan, inf := math.NaN(), math.Inf(1)
+	for _, c := range []struct {
+		name           string
+		loss, sq, clip float64
+	}{{"clipped", 20, 9, 1}, {"not clipped", 20, 9, 10}, {"no clipping", 20, 9, 0}, {"non-finite loss", nan, 9, 1}, {"non-finite norm", 20, inf, 1}} {
+		add(kcase{name: "CloseStep/" + c.name, run: func(e *env) bufs {
+			st := make([]float64, tensor.NumStats)
+			st[tensor.StatLoss], st[tensor.StatTokens], st[tensor.StatSumSq], st[tensor.StatExpertSumSq], st[tensor.StatOptSteps] = c.loss, 10, c.sq, 7, 3
+			b := e.stats(st)
+			e.k.CloseStep(b, c.clip)
+			return bufs{b}
+		}})
+	}
+	add(kcase{name: "Axpy", run: func(e *env) bufs {
+		dst := e.stats([]float64{1, 2, 3, 4, 5})
+		e.k.Axpy(dst, e.stats([]float64{0.5, -1, 2, 1e-3, 7}), -0.25)
+		return bufs{dst}
+	}})
+	// applied is a closed step's statistics: applied or not, clipped by 0.5, at
+	// optimizer step 3.
+	applied := func(e *env, skip bool) tensor.Buffer {
+		st := make([]float64, tensor.NumStats)
+		st[tensor.StatClip], st[tensor.StatApplied], st[tensor.StatOptSteps] = 0.5, 1, 3
+		if skip {
+			st[tensor.StatApplied] = 0
+		}
+		return e.stats(st)
+	}
+	add(variants("Scale", []string{"not applied"}, func(on []bool) kcase {
+		return kcase{run: func(e *env) bufs {
+			x := e.floats(1001, 1)
+			e.k.Scale(x, applied(e, on[0]))
+			return bufs{x}
+		}}
+	})...)
+	add(variants("AdamW", []string{"not applied"}, func(on []bool) kcase {
+		return kcase{run: func(e *env) bufs {
+			const n = 1003 // not a multiple of a vector's width
+			p, g, m := e.floats(n, 1), e.floats(n, 1), e.floats(n, 0.1)
+			vs := e.draw(n, 0.01)
+			for i := range vs {
+				vs[i] = math.Abs(vs[i])
+			}
+			v := e.vals(vs)
+			e.k.AdamW(p, g, m, v, 1e-2, 0.9, 0.95, 1e-8, 0.1, applied(e, on[0]))
+			return bufs{p, m, v}
+		}}
+	})...)
+	add(variants("SGD", []string{"not applied"}, func(on []bool) kcase {
+		return kcase{run: func(e *env) bufs {
+			p, g, b := e.floats(1003, 1), e.floats(1003, 1), e.floats(1003, 1)
+			e.k.SGD(p, g, b, 1e-2, 0.9, 0.1, applied(e, on[0]))
+			return bufs{p, b}
+		}}
+	})...)
+	return cs
+}

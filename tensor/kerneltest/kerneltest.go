@@ -1,0 +1,247 @@
+package kerneltest
+
+import (
+	"fmt"
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/shardline/shardline/tensor"
+	"github.com/shardline/shardline/tensor/cpu"
+	"github.com/stretchr/testify/require"
+)
+
+// Tolerances, relative to |want| plus the root mean square of the output (so
+// that values near zero from cancellation are judged against the output's
+// scale). A float32 kernel differs from its float64 reference by rounding in
+// its sums and its exp/log (about 1e-6 relative for the sizes here, up to 1e-5
+// for the softmax-based ones); a product that reads a bf16 operand, or rounds
+// one to bf16 as the CPU's dot-product path and a GPU's tensor cores do,
+// differs by bf16's 2⁻⁹ relative rounding, averaged over its inner dimension.
+const (
+	tolF32  = 2e-5
+	tolBF16 = 1.5e-2
+)
+
+// Options adapt the checks to a backend.
+type Options struct {
+	// Skip names the cases (by the prefix of their names: a kernel's name skips
+	// all of its cases) the backend does not run yet, each with the reason,
+	// which the skipped subtest reports.
+	Skip map[string]string
+	// Do runs one side of a case (kernel calls, memory calls, read-backs) where
+	// the backend takes its calls: a GPU's device goroutine. Nil runs it on the
+	// test's goroutine.
+	Do func(func())
+}
+
+// Run checks every kernel of be against the CPU's in float64.
+func Run(t *testing.T, be tensor.Backend, opts Options) {
+	var ref tensor.Backend = cpu.Kernels[float64]{} // F appears in no method: the float64 set is a Backend too
+	do := opts.Do
+	if do == nil {
+		do = func(fn func()) { fn() }
+	}
+	for _, c := range cases() {
+		t.Run(c.name, func(t *testing.T) {
+			for prefix, why := range opts.Skip {
+				if c.name == prefix || strings.HasPrefix(c.name, prefix+"/") {
+					t.Skipf("%s: not run on %s: %s", c.name, be.Name(), why)
+				}
+			}
+			got, err := runCase(c, be, tensor.Float32, do)
+			require.NoError(t, err, "%s on %s", c.name, be.Name())
+			want, err := runCase(c, ref, tensor.Float64, func(fn func()) { fn() })
+			require.NoError(t, err, "%s on the reference", c.name)
+			require.Len(t, got, len(want))
+			tol := c.tol
+			if tol == 0 {
+				tol = tolF32
+			}
+			for i := range want {
+				compare(t, fmt.Sprintf("output %d", i), got[i], want[i], tol)
+			}
+		})
+	}
+}
+
+// runCase runs c on k with a fresh memory, inside do, and returns its outputs
+// on the host, or the memory's error.
+func runCase(c kcase, k tensor.Backend, f tensor.DType, do func(func())) (vals [][]float64, err error) {
+	do(func() {
+		e := &env{k: k, m: k.NewMemory(), f: f, rng: rand.New(rand.NewPCG(1, seedOf(c.name)))}
+		outs := c.run(e)
+		if err = e.m.Err(); err != nil {
+			return
+		}
+		vals = make([][]float64, len(outs))
+		for i, b := range outs {
+			vals[i] = make([]float64, b.Len())
+			e.m.Read(vals[i], b)
+		}
+		if err = e.m.Err(); err != nil {
+			err = fmt.Errorf("reading the outputs back: %w", err)
+		}
+	})
+	return vals, err
+}
+
+// seedOf is the case's seed: a hash of its name, the same on both sides.
+func seedOf(name string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	return h.Sum64()
+}
+
+// compare checks got against want elementwise: equal non-finite values, and
+// |got−want| ≤ tol·(|want| + rms(want)) for finite ones.
+func compare(t *testing.T, what string, got, want []float64, tol float64) {
+	t.Helper()
+	require.Len(t, got, len(want), what)
+	var ss float64
+	n := 0
+	for _, w := range want {
+		if !math.IsInf(w, 0) && !math.IsNaN(w) {
+			ss += w * w
+			n++
+		}
+	}
+	rms := math.Sqrt(ss / float64(max(n, 1)))
+	bad, worst := 0, 0.0
+	defer func() { t.Logf("%s: %d values, worst error %.3g of its bound", what, len(want), worst) }()
+	for i, w := range want {
+		g := got[i]
+		switch {
+		case math.IsNaN(w) || math.IsInf(w, 0):
+			if !(math.IsNaN(w) && math.IsNaN(g)) && g != w {
+				t.Errorf("%s[%d] = %v, want %v", what, i, g, w)
+				bad++
+			}
+		case rms == 0 && g == w:
+		case !(math.Abs(g-w) <= tol*(math.Abs(w)+rms)):
+			t.Errorf("%s[%d] = %v, want %v (error %.3g of the bound %.3g)", what, i, g, w, math.Abs(g-w), tol*(math.Abs(w)+rms))
+			bad++
+		default:
+			worst = max(worst, math.Abs(g-w)/(tol*(math.Abs(w)+rms)))
+		}
+		if bad >= 5 {
+			t.Errorf("%s: further elements not checked", what)
+			return
+		}
+	}
+}
+
+// kcase is one check: run makes its inputs from e's generator, runs kernels
+// and returns the buffers to compare.
+type kcase struct {
+	name string  // the kernel, then the variant: "Matmul/bf16 weight"
+	tol  float64 // 0: tolF32
+	run  func(e *env) []tensor.Buffer
+}
+
+// env is one side of a case: a kernel set, its memory, the dtype its float
+// buffers hold (f32 for the backend under test, f64 for the reference), and
+// the case's generator, seeded alike on both sides so that both draw the same
+// inputs.
+type env struct {
+	k   tensor.Backend
+	m   tensor.Memory
+	f   tensor.DType
+	rng *rand.Rand
+}
+
+// draw is n values uniform in [−scale, scale), each exactly a float32.
+func (e *env) draw(n int, scale float64) []float64 {
+	x := make([]float64, n)
+	for i := range x {
+		x[i] = float64(float32((2*e.rng.Float64() - 1) * scale))
+	}
+	return x
+}
+
+// vals is a float buffer (the side's dtype) holding x.
+func (e *env) vals(x []float64) tensor.Buffer {
+	b := e.m.Alloc(e.f, len(x))
+	e.m.Write(b, x)
+	return b
+}
+
+// floats is a float buffer of n drawn values.
+func (e *env) floats(n int, scale float64) tensor.Buffer { return e.vals(e.draw(n, scale)) }
+
+// weight is n drawn values as a weight: with bf16, rounded to bf16 and held
+// as bf16 by the backend under test (as a bf16 run's compute weights and
+// stashed activations are), as the same rounded values in float64 by the
+// reference.
+func (e *env) weight(n int, scale float64, bf16 bool) tensor.Buffer {
+	x := e.draw(n, scale)
+	if !bf16 {
+		return e.vals(x)
+	}
+	for i, v := range x {
+		x[i] = float64(tensor.ToBF16(float32(v)).Float32())
+	}
+	t := tensor.BFloat16
+	if e.f == tensor.Float64 {
+		t = tensor.Float64
+	}
+	b := e.m.Alloc(t, n)
+	e.m.Write(b, x)
+	return b
+}
+
+// ints is an int32 buffer holding x.
+func (e *env) ints(x []int32) tensor.Buffer {
+	b := e.m.Alloc(tensor.Int32, len(x))
+	e.m.Write(b, x)
+	return b
+}
+
+// intsN is an int32 buffer of n zeros (routing buffers the kernels fill).
+func (e *env) intsN(n int) tensor.Buffer { return e.m.Alloc(tensor.Int32, n) }
+
+// stats is an f64 buffer holding x (a step's statistics), on both sides.
+func (e *env) stats(x []float64) tensor.Buffer {
+	b := e.m.Alloc(tensor.Float64, len(x))
+	e.m.Write(b, x)
+	return b
+}
+
+// tokens is n token ids drawn from [lo, hi), with every fifth one repeated
+// from an earlier position (so that backward passes meet repeats).
+func (e *env) tokens(n, lo, hi int) []int32 {
+	x := make([]int32, n)
+	for i := range x {
+		x[i] = int32(lo + e.rng.IntN(hi-lo))
+		if i > 0 && i%5 == 0 {
+			x[i] = x[e.rng.IntN(i)]
+		}
+	}
+	return x
+}
+
+// variants names the bool combinations of a case: fn is called with each.
+func variants(name string, flags []string, fn func(on []bool) kcase) []kcase {
+	var out []kcase
+	for mask := 0; mask < 1<<len(flags); mask++ {
+		on := make([]bool, len(flags))
+		var parts []string
+		for i, f := range flags {
+			on[i] = mask&(1<<i) != 0
+			if on[i] {
+				parts = append(parts, f)
+			}
+		}
+		c := fn(on)
+		c.name = name
+		if len(parts) > 0 {
+			c.name += "/" + strings.Join(parts, ",")
+		} else {
+			c.name += "/plain"
+		}
+		out = append(out, c)
+	}
+	return out
+}

@@ -1,0 +1,144 @@
+package kerneltest
+
+import "github.com/shardline/shardline/tensor"
+
+// moeLayout is a named routing shape: 23 tokens over 8 experts, top 2.
+type moeLayout struct {
+	name string
+	s    tensor.MoEShape
+}
+
+// moeLayouts covers the three layouts the model runs: packed and dropless
+// (capacity BT·K), packed with copies dropped past a capacity of 4, and padded
+// segments of 7 rows (static shapes for expert parallelism), some of which
+// drop copies and some of which leave rows unused.
+func moeLayouts() []moeLayout {
+	const BT, E, K, C = 23, 8, 2, 16
+	return []moeLayout{
+		{"dropless", tensor.MoEShape{BT: BT, E: E, K: K, C: C, Capacity: BT * K}},
+		{"capacity", tensor.MoEShape{BT: BT, E: E, K: K, C: C, Capacity: 4}},
+		{"padded", tensor.MoEShape{BT: BT, E: E, K: K, C: C, Capacity: 7, Padded: true}},
+	}
+}
+
+// routed is one MoE layer's forward state up to the experts.
+type routed struct {
+	s                           tensor.MoEShape
+	r                           tensor.Routing
+	x, logits, probs, gates, xp tensor.Buffer
+}
+
+// route draws a layer's input and router logits and runs Router and Dispatch.
+func route(e *env, s tensor.MoEShape) *routed {
+	n := s.BT * s.K
+	m := &routed{s: s, r: tensor.Routing{Idx: e.intsN(n), Row: e.intsN(n), Tok: e.intsN(max(n, s.Rows())),
+		Offsets: e.intsN(s.E + 1), Cursor: e.intsN(s.E)}}
+	m.x, m.logits = e.floats(s.BT*s.C, 1), e.floats(s.BT*s.E, 3)
+	m.probs, m.gates, m.xp = e.floats(s.BT*s.E, 1), e.floats(n, 1), e.floats(s.Rows()*s.C, 1)
+	e.k.Router(m.probs, m.gates, m.logits, m.r, s)
+	e.k.Dispatch(m.xp, m.x, m.r, s)
+	return m
+}
+
+// moeCases are the routing, the permutation and combination, the experts'
+// grouped products and the load-balancing loss, on each layout.
+func moeCases() []kcase {
+	var cs []kcase
+	add := func(c ...kcase) { cs = append(cs, c...) }
+	for _, l := range moeLayouts() {
+		s := l.s
+		add(kcase{name: "Router/" + l.name, run: func(e *env) bufs {
+			m := route(e, s)
+			return bufs{m.probs, m.gates, m.r.Idx}
+		}})
+		add(kcase{name: "Dispatch/" + l.name, run: func(e *env) bufs {
+			m := route(e, s)
+			return bufs{m.xp, m.r.Row, m.r.Tok.Slice(0, s.Rows()), m.r.Offsets}
+		}})
+		add(kcase{name: "DispatchBackward/" + l.name, run: func(e *env) bufs {
+			m := route(e, s)
+			dx := e.floats(s.BT*s.C, 1)
+			e.k.DispatchBackward(dx, e.floats(s.Rows()*s.C, 1), m.r, s)
+			return bufs{dx}
+		}})
+		add(kcase{name: "Combine/" + l.name, run: func(e *env) bufs {
+			m := route(e, s)
+			out := e.floats(s.BT*s.C, 1)
+			e.k.Combine(out, e.floats(s.Rows()*s.C, 1), m.gates, m.r, s)
+			return bufs{out}
+		}})
+		add(kcase{name: "CombineBackward/" + l.name, run: func(e *env) bufs {
+			m := route(e, s)
+			dy, dgates := e.floats(s.Rows()*s.C, 1), e.floats(s.BT*s.K, 1)
+			e.k.CombineBackward(dy, dgates, e.floats(s.BT*s.C, 1), e.floats(s.Rows()*s.C, 1), m.gates, m.r, s)
+			return bufs{dy, dgates}
+		}})
+		add(variants("RouterBackward/"+l.name, []string{"aux loss"}, func(on []bool) kcase {
+			return kcase{run: func(e *env) bufs {
+				m := route(e, s)
+				dlogits := e.floats(s.BT*s.E, 1)
+				var dprobs tensor.Buffer
+				if on[0] {
+					dprobs = e.floats(s.BT*s.E, 0.1)
+				}
+				e.k.RouterBackward(dlogits, e.floats(s.BT*s.K, 1), dprobs, m.gates, m.probs, m.r, s)
+				return bufs{dlogits}
+			}}
+		})...)
+		add(variants("AuxLoss/"+l.name, []string{"accumulate"}, func(on []bool) kcase {
+			return kcase{run: func(e *env) bufs {
+				m := route(e, s)
+				stats := e.floats(2*s.E, 1)
+				e.k.RouterStats(stats, m.probs, m.r, s)
+				dst := e.stats([]float64{0.25, 3})
+				e.k.AuxLoss(dst, stats, m.r, s, s.BT, on[0])
+				dprobs := e.floats(s.BT*s.E, 1)
+				e.k.AuxLossBackward(dprobs, stats, s, s.BT, 0.01)
+				return bufs{stats, dst, dprobs}
+			}}
+		})...)
+		add(variants("ExpertsMatmul/"+l.name, []string{"bf16 weights", "accumulate"}, func(on []bool) kcase {
+			return kcase{tol: tolIf(on[0]), run: func(e *env) bufs {
+				m := route(e, s)
+				const OC = 12
+				w := make([]tensor.Buffer, s.E)
+				for i := range w {
+					w[i] = e.weight(OC*s.C, 0.3, on[0])
+				}
+				out := e.floats(s.Rows()*OC, 1)
+				e.k.ExpertsMatmul(out, m.xp, w, m.r.Offsets, tensor.ExpertsShape{C: s.C, OC: OC}, on[1])
+				return bufs{out}
+			}}
+		})...)
+		add(variants("ExpertsMatmulBackward/"+l.name, []string{"bf16 weights", "accumulate"}, func(on []bool) kcase {
+			return kcase{tol: tolIf(on[0]), run: func(e *env) bufs {
+				m := route(e, s)
+				const OC = 12
+				w, dw := make([]tensor.Buffer, s.E), make([]tensor.Buffer, s.E)
+				for i := range w {
+					w[i], dw[i] = e.weight(OC*s.C, 0.3, on[0]), e.floats(OC*s.C, 1)
+				}
+				dinp := e.floats(s.Rows()*s.C, 1)
+				e.k.ExpertsMatmulBackward(dinp, dw, e.floats(s.Rows()*OC, 1), m.xp, w, m.r.Offsets, tensor.ExpertsShape{C: s.C, OC: OC}, on[1])
+				return append(bufs{dinp}, dw...)
+			}}
+		})...)
+		add(kcase{name: "ExpertsSwiGLU/" + l.name, run: func(e *env) bufs {
+			m := route(e, s)
+			const W = 12
+			out := e.floats(s.Rows()*W, 1)
+			e.k.ExpertsSwiGLU(out, e.floats(s.Rows()*W, 4), e.floats(s.Rows()*W, 2), m.r.Offsets, W)
+			return bufs{out}
+		}})
+		add(variants("ExpertsSwiGLUBackward/"+l.name, []string{"accumulate"}, func(on []bool) kcase {
+			return kcase{run: func(e *env) bufs {
+				m := route(e, s)
+				const W = 12
+				dg, du := e.floats(s.Rows()*W, 1), e.floats(s.Rows()*W, 1)
+				e.k.ExpertsSwiGLUBackward(dg, du, e.floats(s.Rows()*W, 1), e.floats(s.Rows()*W, 4), e.floats(s.Rows()*W, 2), m.r.Offsets, W, on[0])
+				return bufs{dg, du}
+			}}
+		})...)
+	}
+	return cs
+}
