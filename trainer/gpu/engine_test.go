@@ -102,4 +102,3 @@ func close32(want, got []float32, tol float64) error {
 	}
 	return nil
 }
-
