@@ -23,10 +23,11 @@ import (
 // dot-product path does; a weight gradient from a bf16 input widens the input
 // (exact), as the CPU does. Norm weights are widened before the norm.
 //
-// The mixture-of-experts kernels are refused, with an error that says so:
-// their device kernels (Device.Router and the rest) lay out routing state
-// differently from tensor.Routing and run padded segments only, and adapting
-// them is not done yet. tensor/kerneltest is the check every kernel here
+// The mixture-of-experts kernels run on the device's routing kernels
+// (Device.Router, Dispatch, Combine and their backward), whose ranks and
+// counts live in device scratch; the experts' products read the segments'
+// offsets back once per call (counted), since cuBLASLt takes each product's
+// rows from the host. tensor/kerneltest is the check every kernel here
 // passes on a GPU (TestKernelConformance in bin/cuda.test).
 type Kernels struct{ d *Device }
 
@@ -43,10 +44,15 @@ func (k *Kernels) NewMemory() tensor.Memory { return k.d.NewMemory() }
 
 // Scratch slots of the engine's kernels (after the Device's own).
 const (
-	scratchOperandA = iota + scratchDelta + 1 // an operand converted for a product
-	scratchOperandB                           // a second one
-	scratchLSE                                // the loss's log-sum-exp per row
-	scratchSum64                              // f64 partial sums
+	scratchOperandA   = iota + scratchDelta + 1 // an operand converted for a product
+	scratchOperandB                             // a second one
+	scratchLSE                                  // the loss's log-sum-exp per row
+	scratchSum64                                // f64 partial sums
+	scratchRank                                 // MoE: each copy's rank within its expert
+	scratchCounts                               // MoE: each expert's kept copies
+	scratchTok                                  // MoE: the padded layout's row tokens
+	scratchMoEUnused                            // MoE: stand-ins for fields a call does not read
+	scratchPadOffsets                           // MoE: the padded layout's static segments
 )
 
 // as is b's memory seen as n values of t (a scratch slot holds fp32; the bf16
@@ -356,52 +362,193 @@ func (k *Kernels) AddInto(dst, src tensor.Buffer, n int) {
 	k.d.AddInto(y, x)
 }
 
-// refuseMoE keeps the refusal of a mixture-of-experts kernel in the memory of
-// the buffer given.
-func (k *Kernels) refuseMoE(op string, b tensor.Buffer) {
-	o := k.ops(op)
-	o.buf(b, 0, b.DType())
-	o.failf("the mixture-of-experts kernels do not run on the engine's device kernel set yet (the routing state of tensor.Routing and packed segments are not adapted); run MoE models on one GPU with the GPU trainer, or on the CPU")
+// moeRouting is a routing's buffers as the device's MoE kernels take them,
+// with device scratch for the copies' ranks and the experts' counts, and for
+// the padded layout's row tokens (which tensor.Routing leaves unwritten).
+func (k *Kernels) moeRouting(o *operands, r tensor.Routing, s tensor.MoEShape, probs, gates tensor.Buffer) MoERouting {
+	n := s.BT * s.K
+	mr := MoERouting{Idx: o.i(r.Idx, n), Row: o.i(r.Row, n), Offsets: o.i(r.Offsets, s.E+1)}
+	if probs.Len() > 0 {
+		mr.Probs = o.f(probs, s.BT*s.E)
+	}
+	if gates.Len() > 0 {
+		mr.Gates = o.f(gates, n)
+	}
+	if o.bad {
+		return mr
+	}
+	mr.Rank = as(k.d.scratch(scratchRank, n), I32, n)
+	mr.Counts = as(k.d.scratch(scratchCounts, s.E), I32, s.E)
+	if s.Padded {
+		mr.Tok = as(k.d.scratch(scratchTok, s.Rows()), I32, s.Rows())
+	} else {
+		mr.Tok = o.i(r.Tok, s.Rows())
+	}
+	// The device kernels check every field: stand-ins of the right size for the
+	// ones a call does not read.
+	if mr.Probs.N == 0 || mr.Gates.N == 0 {
+		unused := k.d.scratch(scratchMoEUnused, max(s.BT*s.E, n))
+		if mr.Probs.N == 0 {
+			mr.Probs = unused.Slice(0, s.BT*s.E)
+		}
+		if mr.Gates.N == 0 {
+			mr.Gates = unused.Slice(0, n)
+		}
+	}
+	return mr
 }
 
 func (k *Kernels) Router(probs, gates, logits tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
-	k.refuseMoE("Router", probs)
+	o := k.ops("Router")
+	z := o.f(logits, s.BT*s.E)
+	if mr := k.moeRouting(&o, r, s, probs, gates); o.ok() {
+		k.d.Router(mr, z, s)
+	}
 }
+
 func (k *Kernels) RouterBackward(dlogits, dgates, dprobs, gates, probs tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
-	k.refuseMoE("RouterBackward", dlogits)
+	o := k.ops("RouterBackward")
+	dz, dg, g, p, idx := o.f(dlogits, s.BT*s.E), o.f(dgates, s.BT*s.K), o.f(gates, s.BT*s.K), o.f(probs, s.BT*s.E), o.i(r.Idx, s.BT*s.K)
+	var dp Buffer
+	if dprobs.Len() > 0 {
+		dp = o.f(dprobs, s.BT*s.E)
+	}
+	if o.ok() {
+		k.d.launch("router_backward_add", k.d.grid(s.BT), 1, threads, ptr(dz), ptr(dg), ptr(dp), ptr(g), ptr(p), ptr(idx),
+			i32(s.BT), i32(s.E), i32(s.K), flag(dp.N > 0))
+	}
 }
+
 func (k *Kernels) Dispatch(xperm, x tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
-	k.refuseMoE("Dispatch", xperm)
+	o := k.ops("Dispatch")
+	xp, xs := o.f(xperm, s.Rows()*s.C), o.f(x, s.BT*s.C)
+	mr := k.moeRouting(&o, r, s, tensor.Buffer{}, tensor.Buffer{})
+	if !o.ok() {
+		return
+	}
+	if !s.Padded {
+		k.d.Dispatch(xp, mr, xs, s)
+		return
+	}
+	// Padded, the device places copies by the static segments (e·Capacity), and
+	// the routing's offsets are then set to the kept copies' running counts, as
+	// the CPU's are (RouterStats and AuxLoss read them).
+	offsets := mr.Offsets
+	mr.Offsets = as(k.d.scratch(scratchPadOffsets, s.E+1), I32, s.E+1)
+	k.d.Dispatch(xp, mr, xs, s)
+	k.d.launch("moe_offsets", 1, 1, 32, ptr(offsets), ptr(mr.Counts), i32(s.E), i32(s.Capacity), flag(false))
 }
+
 func (k *Kernels) DispatchBackward(dx, dxperm tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
-	k.refuseMoE("DispatchBackward", dx)
+	o := k.ops("DispatchBackward")
+	d, dp := o.f(dx, s.BT*s.C), o.f(dxperm, s.Rows()*s.C)
+	if mr := k.moeRouting(&o, r, s, tensor.Buffer{}, tensor.Buffer{}); o.ok() {
+		k.d.DispatchBackward(d, dp, mr, s, true)
+	}
 }
+
 func (k *Kernels) Combine(out, y, gates tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
-	k.refuseMoE("Combine", out)
+	o := k.ops("Combine")
+	d, ys := o.f(out, s.BT*s.C), o.f(y, s.Rows()*s.C)
+	if mr := k.moeRouting(&o, r, s, tensor.Buffer{}, gates); o.ok() {
+		k.d.Combine(d, ys, mr, s)
+	}
 }
+
 func (k *Kernels) CombineBackward(dy, dgates, dout, y, gates tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
-	k.refuseMoE("CombineBackward", dy)
+	o := k.ops("CombineBackward")
+	dys, dg, do, ys := o.f(dy, s.Rows()*s.C), o.f(dgates, s.BT*s.K), o.f(dout, s.BT*s.C), o.f(y, s.Rows()*s.C)
+	if mr := k.moeRouting(&o, r, s, tensor.Buffer{}, gates); o.ok() {
+		if s.Padded {
+			k.d.Zero(dys) // the experts' backward runs over whole segments
+		}
+		k.d.CombineBackward(dys, dg, do, ys, mr, s)
+	}
 }
+
+// segments reads a routing's expert offsets back to the host (counted, a
+// synchronisation): cuBLASLt takes each product's rows from the host, so a
+// grouped product over segments the device laid out waits for them once per
+// call. An int32 buffer of len(w)+1 offsets is required.
+func (k *Kernels) segments(o *operands, offsets tensor.Buffer, experts int) []int32 {
+	o.i(offsets, experts+1)
+	if !o.ok() {
+		return nil
+	}
+	off := make([]int32, experts+1)
+	o.mem.Read(off, offsets.Slice(0, experts+1))
+	if !o.mem.ok() {
+		return nil
+	}
+	return off
+}
+
 func (k *Kernels) ExpertsMatmul(out, inp tensor.Buffer, w []tensor.Buffer, offsets tensor.Buffer, s tensor.ExpertsShape, accumulate bool) {
-	k.refuseMoE("ExpertsMatmul", out)
+	o := k.ops("ExpertsMatmul")
+	o.f(out, 0)
+	off := k.segments(&o, offsets, len(w))
+	for e := range off[:max(len(off)-1, 0)] {
+		if lo, hi := int(off[e]), int(off[e+1]); hi > lo {
+			k.Matmul(out.Slice(lo*s.OC, hi*s.OC), inp.Slice(lo*s.C, hi*s.C), w[e], tensor.MatmulShape{BT: hi - lo, C: s.C, OC: s.OC}, accumulate)
+		}
+	}
 }
+
 func (k *Kernels) ExpertsMatmulBackward(dinp tensor.Buffer, dw []tensor.Buffer, dout, inp tensor.Buffer, w []tensor.Buffer, offsets tensor.Buffer, s tensor.ExpertsShape, accumulate bool) {
-	k.refuseMoE("ExpertsMatmulBackward", dout)
+	o := k.ops("ExpertsMatmulBackward")
+	o.f(dout, 0)
+	if len(dw) != len(w) && !o.bad {
+		o.failf("%d weight gradients for %d experts", len(dw), len(w))
+	}
+	off := k.segments(&o, offsets, len(w))
+	for e := range off[:max(len(off)-1, 0)] {
+		if lo, hi := int(off[e]), int(off[e+1]); hi > lo {
+			k.MatmulBackward(dinp.Slice(lo*s.C, hi*s.C), dw[e], dout.Slice(lo*s.OC, hi*s.OC), inp.Slice(lo*s.C, hi*s.C), w[e],
+				tensor.MatmulShape{BT: hi - lo, C: s.C, OC: s.OC}, accumulate)
+		}
+	}
 }
+
 func (k *Kernels) ExpertsSwiGLU(out, gate, up tensor.Buffer, offsets tensor.Buffer, width int) {
-	k.refuseMoE("ExpertsSwiGLU", out)
+	o := k.ops("ExpertsSwiGLU")
+	n := out.Len()
+	y, g, u, off := o.f(out, n), o.f(gate, n), o.f(up, n), o.i(offsets, offsets.Len())
+	if o.ok() && off.N > 0 {
+		k.d.launch("experts_swiglu", k.d.grid(n), 1, threads, ptr(y), ptr(g), ptr(u), ptr(off), i32(off.N-1), i32(width), i64(n))
+	}
 }
+
 func (k *Kernels) ExpertsSwiGLUBackward(dgate, dup, dout, gate, up tensor.Buffer, offsets tensor.Buffer, width int, accumulate bool) {
-	k.refuseMoE("ExpertsSwiGLUBackward", dout)
+	o := k.ops("ExpertsSwiGLUBackward")
+	n := dout.Len()
+	dg, du, dy, g, u, off := o.f(dgate, n), o.f(dup, n), o.f(dout, n), o.f(gate, n), o.f(up, n), o.i(offsets, offsets.Len())
+	if o.ok() && off.N > 0 {
+		k.d.launch("experts_swiglu_backward", k.d.grid(n), 1, threads, ptr(dg), ptr(du), ptr(dy), ptr(g), ptr(u), ptr(off), i32(off.N-1), i32(width), i64(n), flag(accumulate))
+	}
 }
+
 func (k *Kernels) RouterStats(stats, probs tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
-	k.refuseMoE("RouterStats", stats)
+	o := k.ops("RouterStats")
+	st, p, off := o.f(stats, 2*s.E), o.f(probs, s.BT*s.E), o.i(r.Offsets, s.E+1)
+	if o.ok() {
+		k.d.launch("router_stats", k.d.grid(s.E), 1, threads, ptr(st), ptr(p), ptr(off), i32(s.BT), i32(s.E))
+	}
 }
+
 func (k *Kernels) AuxLoss(dst, stats tensor.Buffer, r tensor.Routing, s tensor.MoEShape, tokens int, accumulate bool) {
-	k.refuseMoE("AuxLoss", dst)
+	o := k.ops("AuxLoss")
+	d, st, off := o.st(dst, 2), o.f(stats, 2*s.E), o.i(r.Offsets, s.E+1)
+	if o.ok() {
+		k.d.launch("aux_loss", 1, 1, 1, ptr(d), ptr(st), ptr(off), i32(s.BT), i32(s.E), i32(s.K), f64(float64(tokens)), flag(accumulate))
+	}
 }
+
 func (k *Kernels) AuxLossBackward(dprobs, stats tensor.Buffer, s tensor.MoEShape, tokens int, coeff float64) {
-	k.refuseMoE("AuxLossBackward", dprobs)
+	o := k.ops("AuxLossBackward")
+	dp, st := o.f(dprobs, s.BT*s.E), o.f(stats, 2*s.E)
+	if o.ok() {
+		k.d.launch("aux_loss_backward", k.d.grid(s.BT*s.E), 1, threads, ptr(dp), ptr(st), i32(s.BT), i32(s.E), i32(s.K), f64(float64(tokens)), f64(coeff))
+	}
 }
 
 func (k *Kernels) LossSum(dst, losses, targets tensor.Buffer, accumulate bool) {

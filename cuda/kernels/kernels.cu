@@ -1658,3 +1658,84 @@ extern "C" __global__ void sgd_stats(float* p, const float* g, float* buf, long 
         p[i] -= lr * (b + wd * p[i]);
     }
 }
+
+// ---- the engine's mixture-of-experts kernels (tensor.Kernels' MoE on the device) ----
+//
+// Routing, permutation and combination reuse moe_router, moe_rank, moe_offsets,
+// moe_place, moe_gather, moe_scatter_back, moe_combine and moe_combine_backward
+// above; these are the parts whose contract differs from theirs.
+
+// router_backward_add adds into dlogits (BT,E) the gradient through the gates
+// (dgates (BT,K), softmax of the selected logits) and, with has_probs, through
+// the probabilities (dprobs (BT,E)): one thread per token.
+extern "C" __global__ void router_backward_add(float* dlogits, const float* dgates, const float* dprobs, const float* gates, const float* probs,
+                                               const int* idx, int BT, int E, int K, int has_probs) {
+    GRID_STRIDE(t, BT) {
+        float dot = 0.f;
+        for (int j = 0; j < K; j++) dot += gates[t * K + j] * dgates[t * K + j];
+        for (int j = 0; j < K; j++) dlogits[t * E + idx[t * K + j]] += gates[t * K + j] * (dgates[t * K + j] - dot);
+        if (!has_probs) continue;
+        float pd = 0.f;
+        for (int e = 0; e < E; e++) pd += probs[t * E + e] * dprobs[t * E + e];
+        for (int e = 0; e < E; e++) dlogits[t * E + e] += probs[t * E + e] * (dprobs[t * E + e] - pd);
+    }
+}
+
+// router_stats sets stats (2E) to each expert's kept copies (offsets' differences)
+// and its probability summed over the tokens in f64, token order: one thread per
+// expert.
+extern "C" __global__ void router_stats(float* stats, const float* probs, const int* offsets, int BT, int E) {
+    GRID_STRIDE(e, E) {
+        double p = 0;
+        for (int t = 0; t < BT; t++) p += (double)probs[(long)t * E + e];
+        stats[e] = (float)(offsets[e + 1] - offsets[e]);
+        stats[E + e] = (float)p;
+    }
+}
+
+// aux_loss sets dst[0] (f64) to E·Σ_e f_e·P_e from the stats over `tokens` tokens
+// and dst[1] to the copies dropped (BT·K − offsets[E]), adding both with acc: one
+// thread.
+extern "C" __global__ void aux_loss(double* dst, const float* stats, const int* offsets, int BT, int E, int K, double tokens, int acc) {
+    double aux = 0;
+    for (int e = 0; e < E; e++) aux += (double)E * (double)stats[e] / (tokens * K) * (double)stats[E + e] / tokens;
+    double dropped = (double)BT * K - (double)offsets[E];
+    if (acc) {
+        aux += dst[0];
+        dropped += dst[1];
+    }
+    dst[0] = aux;
+    dst[1] = dropped;
+}
+
+// aux_loss_backward sets dprobs (BT,E) to coeff·E·f_e/tokens.
+extern "C" __global__ void aux_loss_backward(float* dprobs, const float* stats, int BT, int E, int K, double tokens, double coeff) {
+    GRID_STRIDE(i, (long)BT * E) {
+        int e = i % E;
+        dprobs[i] = (float)(coeff * E * (double)stats[e] / (tokens * K) / tokens);
+    }
+}
+
+// experts_swiglu is swiglu over the rows offsets[0]..offsets[E] (of width values)
+// of buffers of n values, read on the device: no count goes back to the host.
+extern "C" __global__ void experts_swiglu(float* out, const float* gate, const float* up, const int* offsets, int E, int width, long n) {
+    long lo = (long)offsets[0] * width, hi = min((long)offsets[E] * width, n);
+    for (long i = lo + blockIdx.x * (long)blockDim.x + threadIdx.x; i < hi; i += (long)gridDim.x * blockDim.x) {
+        float g = gate[i], s = 1.f / (1.f + __expf(-g));
+        out[i] = g * s * up[i];
+    }
+}
+extern "C" __global__ void experts_swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, const int* offsets,
+                                                   int E, int width, long n, int accumulate) {
+    long lo = (long)offsets[0] * width, hi = min((long)offsets[E] * width, n);
+    for (long i = lo + blockIdx.x * (long)blockDim.x + threadIdx.x; i < hi; i += (long)gridDim.x * blockDim.x) {
+        float g = gate[i], s = 1.f / (1.f + __expf(-g)), d = dout[i];
+        float dg = d * up[i] * s * (1.f + g * (1.f - s)), du = d * g * s;
+        if (accumulate) {
+            dg += dgate[i];
+            du += dup[i];
+        }
+        dgate[i] = dg;
+        dup[i] = du;
+    }
+}

@@ -26,6 +26,7 @@ type routed struct {
 	s                           tensor.MoEShape
 	r                           tensor.Routing
 	x, logits, probs, gates, xp tensor.Buffer
+	seg                         tensor.Buffer // the experts' segments: r.Offsets packed, e·Capacity padded (as the model passes them)
 }
 
 // route draws a layer's input and router logits and runs Router and Dispatch.
@@ -37,6 +38,14 @@ func route(e *env, s tensor.MoEShape) *routed {
 	m.probs, m.gates, m.xp = e.floats(s.BT*s.E, 1), e.floats(n, 1), e.floats(s.Rows()*s.C, 1)
 	e.k.Router(m.probs, m.gates, m.logits, m.r, s)
 	e.k.Dispatch(m.xp, m.x, m.r, s)
+	m.seg = m.r.Offsets
+	if s.Padded {
+		static := make([]int32, s.E+1)
+		for i := range static {
+			static[i] = int32(i * s.Capacity)
+		}
+		m.seg = e.ints(static)
+	}
 	return m
 }
 
@@ -106,7 +115,7 @@ func moeCases() []kcase {
 					w[i] = e.weight(OC*s.C, 0.3, on[0])
 				}
 				out := e.floats(s.Rows()*OC, 1)
-				e.k.ExpertsMatmul(out, m.xp, w, m.r.Offsets, tensor.ExpertsShape{C: s.C, OC: OC}, on[1])
+				e.k.ExpertsMatmul(out, m.xp, w, m.seg, tensor.ExpertsShape{C: s.C, OC: OC}, on[1])
 				return bufs{out}
 			}}
 		})...)
@@ -119,7 +128,7 @@ func moeCases() []kcase {
 					w[i], dw[i] = e.weight(OC*s.C, 0.3, on[0]), e.floats(OC*s.C, 1)
 				}
 				dinp := e.floats(s.Rows()*s.C, 1)
-				e.k.ExpertsMatmulBackward(dinp, dw, e.floats(s.Rows()*OC, 1), m.xp, w, m.r.Offsets, tensor.ExpertsShape{C: s.C, OC: OC}, on[1])
+				e.k.ExpertsMatmulBackward(dinp, dw, e.floats(s.Rows()*OC, 1), m.xp, w, m.seg, tensor.ExpertsShape{C: s.C, OC: OC}, on[1])
 				return append(bufs{dinp}, dw...)
 			}}
 		})...)
@@ -127,7 +136,7 @@ func moeCases() []kcase {
 			m := route(e, s)
 			const W = 12
 			out := e.floats(s.Rows()*W, 1)
-			e.k.ExpertsSwiGLU(out, e.floats(s.Rows()*W, 4), e.floats(s.Rows()*W, 2), m.r.Offsets, W)
+			e.k.ExpertsSwiGLU(out, e.floats(s.Rows()*W, 4), e.floats(s.Rows()*W, 2), m.seg, W)
 			return bufs{out}
 		}})
 		add(variants("ExpertsSwiGLUBackward/"+l.name, []string{"accumulate"}, func(on []bool) kcase {
@@ -135,7 +144,7 @@ func moeCases() []kcase {
 				m := route(e, s)
 				const W = 12
 				dg, du := e.floats(s.Rows()*W, 1), e.floats(s.Rows()*W, 1)
-				e.k.ExpertsSwiGLUBackward(dg, du, e.floats(s.Rows()*W, 1), e.floats(s.Rows()*W, 4), e.floats(s.Rows()*W, 2), m.r.Offsets, W, on[0])
+				e.k.ExpertsSwiGLUBackward(dg, du, e.floats(s.Rows()*W, 1), e.floats(s.Rows()*W, 4), e.floats(s.Rows()*W, 2), m.seg, W, on[0])
 				return bufs{dg, du}
 			}}
 		})...)

@@ -7,6 +7,7 @@ import (
 	"math"
 	"testing"
 
+	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/tensor/cpu"
@@ -17,26 +18,31 @@ import (
 // TestEngineModelOnDevice runs the engine's model (trainer/model, the code the
 // FSDP runtime drives) on the device's kernel set and memory (cuda.Kernels,
 // cuda.Memory), one forward and backward of the tiny recipe, and compares the
-// loss and every parameter's gradient with the same model on the CPU backend.
+// loss and every parameter's gradient with the same model on the CPU backend,
+// for the dense and the MoE recipes.
 // Tolerances, relative to |want| plus the gradient's root mean square: fp32,
 // 1e-4 (both sum in fp32 in different orders, about 1e-6 per kernel, carried
 // through four layers and back); bf16 weights, 2e-2 (both round the products'
 // fp32 operands to bf16, in different places once the sums differ in the last
 // bit: bf16's 2⁻⁹ relative, averaged over the inner dimensions).
 func TestEngineModelOnDevice(t *testing.T) {
-	for name, bf16 := range map[string]bool{"fp32": false, "bf16 weights": true} {
-		t.Run(name, func(t *testing.T) {
-			tol := 1e-4
-			if bf16 {
-				tol = 2e-2
-			}
-			engineOnDevice(t, bf16, tol)
-		})
+	for _, c := range []struct {
+		recipe string
+		bf16   bool
+		tol    float64
+		sets   []string
+	}{
+		{"tiny", false, 1e-4, nil}, {"tiny", true, 2e-2, nil},
+		// MoE, dropless and with a capacity that drops copies (the padded layout
+		// is expert parallelism's, which one device does not run).
+		{"moe-tiny", false, 1e-4, nil}, {"moe-tiny", false, 1e-4, []string{"model.moe.capacity_factor=0.5"}},
+	} {
+		name := fmt.Sprintf("%s/bf16=%v/%v", c.recipe, c.bf16, c.sets)
+		t.Run(name, func(t *testing.T) { engineOnDevice(t, loadRecipe(t, c.recipe, c.sets...), c.bf16, c.tol) })
 	}
 }
 
-func engineOnDevice(t *testing.T, bf16 bool, tol float64) {
-	r := loadRecipe(t, "tiny")
+func engineOnDevice(t *testing.T, r config.Recipe, bf16 bool, tol float64) {
 	cfg := r.Model
 	table, err := parallel.ParamTable(cfg, 1, 1)
 	require.NoError(t, err)
