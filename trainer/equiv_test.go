@@ -30,7 +30,13 @@ func trained(t *testing.T, res *config.Resolved) ([]float64, [][]float32) {
 // trainedResult is trained with the run's Result.
 func trainedResult(t *testing.T, res *config.Resolved) (*Result, []float64, [][]float32) {
 	t.Helper()
-	out, err := Run(context.Background(), res, opts())
+	return trainedWith(t, res, opts())
+}
+
+// trainedWith is trainedResult with the run's options.
+func trainedWith(t *testing.T, res *config.Resolved, o Options) (*Result, []float64, [][]float32) {
+	t.Helper()
+	out, err := Run(context.Background(), res, o)
 	require.NoError(t, err)
 	losses := lossesOf(t, out.Dir)
 	table, err := parallel.ParamTable(res.Recipe.Model, 1, 1)

@@ -66,8 +66,12 @@ type state struct {
 	// norm, clip factor, whether the update applies, optimizer steps), written
 	// and read by kernels so that a step reads nothing back; wire is the f32
 	// buffer statistics are all-reduced through.
-	mem   tensor.Memory
-	host  tensor.HostMemory // mem, whose buffers the host-memory collectives view in place (collective.OnHost)
+	mem tensor.Memory
+	// host is mem as host memory, whose buffers the collectives view in place
+	// (collective.OnHost), or nil for a device's memory: the collectives then
+	// copy through the host (collective.Staged) and the weights are uploaded
+	// and read back where the host makes or reads them.
+	host  tensor.HostMemory
 	stats tensor.Buffer
 	wire  tensor.Buffer
 	// Expert parallelism: this rank's ep coordinate, experts per ep rank, and the
@@ -183,10 +187,14 @@ func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, w
 	return s, nil
 }
 
-// onBuffers is c's collectives on the rank's buffers (nil for nil).
+// onBuffers is c's collectives on the rank's buffers (nil for nil): in place
+// on host memory, staged through the host on a device's.
 func (s *state) onBuffers(c comm.Communicator) collective.Group {
 	if c == nil {
 		return nil
+	}
+	if s.host == nil {
+		return collective.Staged(c, s.mem)
 	}
 	return collective.OnHost(c, s.host)
 }
@@ -195,11 +203,7 @@ func (s *state) onBuffers(c comm.Communicator) collective.Group {
 func (s *state) openMemory() error {
 	s.mem = s.be.NewMemory()
 	s.stats, s.wire = s.mem.Alloc(tensor.Float64, tensor.NumStats), s.mem.Alloc(tensor.Float32, wireLen)
-	host, ok := s.mem.(tensor.HostMemory)
-	if !ok {
-		return fmt.Errorf("the %s backend's memory is not host memory, and the CPU trainer's collectives (in process, TCP) run over host memory", s.be.Name())
-	}
-	s.host = host
+	s.host, _ = s.mem.(tensor.HostMemory)
 	return s.mem.Err()
 }
 
@@ -278,7 +282,10 @@ func (s *state) allocate(r *config.Recipe) error {
 		default:
 			mainB = weights.Slice(fo+int(lo), fo+int(hi)) // fp32 compute: the main weights are the weights themselves
 		}
-		s.mainB, s.main = append(s.mainB, mainB), append(s.main, s.host.Float32s(mainB))
+		s.mainB = append(s.mainB, mainB)
+		if s.host != nil {
+			s.main = append(s.main, s.host.Float32s(mainB))
+		}
 		var gsB tensor.Buffer
 		if g.Shards > 1 || s.unitGrads {
 			gsB = gshard.Slice(gso, gso+n)
@@ -303,12 +310,36 @@ func (s *state) allocate(r *config.Recipe) error {
 	return s.mem.Err()
 }
 
-// weightsView is the compute weights' view of b (bf16 or fp32 values).
+// weightsView is the compute weights' view of b (bf16 or fp32 values): in
+// place on host memory, read back into fp32 values from a device's.
 func (s *state) weightsView(b tensor.Buffer) tensor.Weights[float32] {
+	if s.host == nil {
+		w := make([]float32, b.Len())
+		s.mem.Read(w, b)
+		return tensor.FloatWeights(w)
+	}
 	if b.DType() == tensor.BFloat16 {
 		return tensor.BF16Weights[float32](s.host.BF16s(b))
 	}
 	return tensor.FloatWeights(s.host.Float32s(b))
+}
+
+// mainHost is group gi's shard of the main weights as host values to fill:
+// the buffer's own elements on host memory, a staging slice otherwise, which
+// uploadMain writes to the device.
+func (s *state) mainHost(gi int) []float32 {
+	if s.host != nil {
+		return s.main[gi]
+	}
+	return make([]float32, s.mainB[gi].Len())
+}
+
+// uploadMain writes a staging slice mainHost gave into group gi's main
+// weights (nothing on host memory, where it is their own elements).
+func (s *state) uploadMain(gi int, vals []float32) {
+	if s.host == nil {
+		s.mem.Write(s.mainB[gi], vals)
+	}
 }
 
 // wireLen is the most statistics one all-reduce carries (loss, tokens, aux,
@@ -372,10 +403,12 @@ func segmentsOf(p *parallel.Plan, gi int, lo, hi int64, decayAll bool) []segment
 // of its places in the whole parameter), then gathers the compute weights.
 func (s *state) init(r *config.Recipe) error {
 	for gi := range s.plan.Groups {
+		main := s.mainHost(gi)
 		for _, sg := range s.segs[gi] {
 			p := s.global(sg.param)
-			model.InitParamTP(s.main[gi][sg.lo:sg.hi], &s.plan.Params[p], sg.start, s.tpRank, r.Run.Seed, r.Model.InitStd, r.Model.Layers)
+			model.InitParamTP(main[sg.lo:sg.hi], &s.plan.Params[p], sg.start, s.tpRank, r.Run.Seed, r.Model.InitStd, r.Model.Layers)
 		}
+		s.uploadMain(gi, main)
 	}
 	return s.gather()
 }
@@ -384,13 +417,18 @@ func (s *state) init(r *config.Recipe) error {
 // parameters (table order, global experts), then gathers the compute weights.
 func (s *state) initFrom(vals [][]float32) error {
 	for gi := range s.plan.Groups {
+		main := s.mainHost(gi)
+		if s.host == nil {
+			s.mem.Read(main, s.mainB[gi]) // the parts no parameter covers keep their values
+		}
 		for _, sg := range s.segs[gi] {
 			p := s.global(sg.param)
-			dst, src := s.main[gi][sg.lo:sg.hi], vals[p]
+			dst, src := main[sg.lo:sg.hi], vals[p]
 			for _, r := range tpRuns(&s.plan.Params[p], sg.start, sg.hi-sg.lo, s.tpRank) {
 				copy(dst[r.local:r.local+r.n], src[r.global:r.global+r.n])
 			}
 		}
+		s.uploadMain(gi, main)
 	}
 	return s.gather()
 }
@@ -762,7 +800,7 @@ func (s *state) stageBytes() int64 { return s.wireStage.Bytes() + s.partStage.By
 func (s *state) bytes() (weights, main, grads, optState int64) {
 	for gi := range s.weights {
 		if s.perUnit {
-			weights += s.computeShard(gi).Bytes() // the shard; gathered units are counted apart
+			weights += s.computeShardBuffer(gi).Bytes() // the shard; gathered units are counted apart
 		} else {
 			weights += s.weights[gi].Bytes()
 		}
@@ -776,7 +814,7 @@ func (s *state) bytes() (weights, main, grads, optState int64) {
 		}
 		optState += s.mB[gi].Bytes() + s.vB[gi].Bytes()
 		if s.bf16 {
-			main += int64(len(s.main[gi])) * 4
+			main += s.mainB[gi].Bytes()
 		}
 	}
 	return
