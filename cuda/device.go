@@ -8,6 +8,7 @@ import (
 	"math"
 	"runtime"
 	"sync/atomic"
+	"syscall"
 	"unsafe"
 
 	"gorgonia.org/cu"
@@ -36,8 +37,10 @@ type Device struct {
 	// step to the number its logging interval allows.
 	readbacks atomic.Int64
 	scratches []Buffer
-	args      [24]uint64
-	argp      [24]unsafe.Pointer
+	// tid is the OS thread the device's goroutine is locked to (run compares it).
+	tid  int
+	args [24]uint64
+	argp [24]unsafe.Pointer
 }
 
 // Info describes the device and the libraries found, for run.json and logs.
@@ -82,6 +85,7 @@ func (d *Device) loop(ready chan<- error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	defer close(d.done)
+	d.tid = syscall.Gettid() // published to other goroutines by ready
 	if err := d.setup(); err != nil {
 		if d.retained {
 			_ = d.dev.ReleasePrimaryCtx()
@@ -151,6 +155,18 @@ func (d *Device) Do(fn func()) {
 	ch := make(chan struct{})
 	d.work <- func() { defer close(ch); fn() }
 	<-ch
+}
+
+// run runs fn on the device's goroutine: at once when called there (inside
+// Do, or from code Do runs), through Do otherwise. The thread id tells: the
+// device's goroutine is locked to its thread, which runs no other goroutine
+// while it is, so only that goroutine sees the thread's id.
+func (d *Device) run(fn func()) {
+	if syscall.Gettid() == d.tid {
+		fn()
+		return
+	}
+	d.Do(fn)
 }
 
 // Close releases the context and everything made in it.

@@ -13,7 +13,9 @@ import (
 // and the FSDP runtime, written against tensor.Kernels and tensor.Memory, run on
 // the GPU with it and the device's Memory. Every operand is a buffer of one
 // Memory of the device (NewMemory), whose stream the work is issued on; calls
-// run inside Device.Do, like every device method. A kernel handed a buffer of
+// may come from any goroutine: each runs on the device's goroutine (at once
+// when called there, through Device.Do otherwise), so the trainer's ranks and
+// its overlap goroutines drive the device as they drive the CPU. A kernel handed a buffer of
 // another memory, of the wrong dtype or too short keeps the failure in the
 // memory's sticky error and does nothing, as the CPU's kernels do.
 //
@@ -29,18 +31,22 @@ import (
 // offsets back once per call (counted), since cuBLASLt takes each product's
 // rows from the host. tensor/kerneltest is the check every kernel here
 // passes on a GPU (TestKernelConformance in bin/cuda.test).
-type Kernels struct{ d *Device }
+type Kernels struct{ k kernels }
+
+// kernels is Kernels' implementation, whose methods run on the device's
+// goroutine (Kernels' methods take them there).
+type kernels struct{ d *Device }
 
 var _ tensor.Backend = (*Kernels)(nil)
 
 // Kernels is the device's kernel set for the engine.
-func (d *Device) Kernels() *Kernels { return &Kernels{d: d} }
+func (d *Device) Kernels() *Kernels { return &Kernels{k: kernels{d: d}} }
 
 // Name names the device and its libraries.
-func (k *Kernels) Name() string { return "cuda (" + k.d.info.String() + ")" }
+func (k *kernels) Name() string { return "cuda (" + k.d.info.String() + ")" }
 
 // NewMemory is a new memory of the device (one per rank).
-func (k *Kernels) NewMemory() tensor.Memory { return k.d.NewMemory() }
+func (k *kernels) NewMemory() tensor.Memory { return k.d.NewMemory() }
 
 // Scratch slots of the engine's kernels (after the Device's own).
 const (
@@ -64,13 +70,13 @@ func as(b Buffer, t DType, n int) Buffer { return Buffer{ptr: b.ptr, N: n, DType
 // kept) as soon as one buffer is not that memory's, or not as the kernel
 // reads it.
 type operands struct {
-	k   *Kernels
+	k   *kernels
 	op  string
 	mem *Memory
 	bad bool
 }
 
-func (k *Kernels) ops(op string) operands { return operands{k: k, op: op} }
+func (k *kernels) ops(op string) operands { return operands{k: k, op: op} }
 
 // failf keeps a failure of the call: in its memory, or on the device when no
 // buffer of this device's was given.
@@ -135,7 +141,7 @@ func (o *operands) st(b tensor.Buffer, n int) Buffer { return o.buf(b, n, F64) }
 func (o *operands) ok() bool { return !o.bad && o.mem != nil && o.mem.ok() }
 
 // widened is x as fp32 (itself, or widened into scratch slot).
-func (k *Kernels) widened(x Buffer, slot int) Buffer {
+func (k *kernels) widened(x Buffer, slot int) Buffer {
 	if x.DType == F32 {
 		return x
 	}
@@ -145,7 +151,7 @@ func (k *Kernels) widened(x Buffer, slot int) Buffer {
 }
 
 // rounded is x as bf16 (itself, or rounded into scratch slot).
-func (k *Kernels) rounded(x Buffer, slot int) Buffer {
+func (k *kernels) rounded(x Buffer, slot int) Buffer {
 	if x.DType == BF16 {
 		return x
 	}
@@ -156,14 +162,14 @@ func (k *Kernels) rounded(x Buffer, slot int) Buffer {
 
 // pair is a product's two operands in one dtype: as they are when they agree,
 // else the fp32 one rounded to bf16 (the tensor-core path).
-func (k *Kernels) pair(a, b Buffer) (Buffer, Buffer) {
+func (k *kernels) pair(a, b Buffer) (Buffer, Buffer) {
 	if a.DType == b.DType {
 		return a, b
 	}
 	return k.rounded(a, scratchOperandA), k.rounded(b, scratchOperandB)
 }
 
-func (k *Kernels) Matmul(out, inp, weight tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
+func (k *kernels) Matmul(out, inp, weight tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
 	o := k.ops("Matmul")
 	y, x, w := o.f(out, s.BT*s.OC), o.w(inp, s.BT*s.C), o.w(weight, s.OC*s.C)
 	if o.ok() {
@@ -172,7 +178,7 @@ func (k *Kernels) Matmul(out, inp, weight tensor.Buffer, s tensor.MatmulShape, a
 	}
 }
 
-func (k *Kernels) MatmulBackward(dinp, dweight, dout, inp, weight tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
+func (k *kernels) MatmulBackward(dinp, dweight, dout, inp, weight tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
 	o := k.ops("MatmulBackward")
 	dw, dy, x, w := o.f(dweight, s.OC*s.C), o.f(dout, s.BT*s.OC), o.w(inp, s.BT*s.C), o.w(weight, s.OC*s.C)
 	var dx Buffer
@@ -189,7 +195,7 @@ func (k *Kernels) MatmulBackward(dinp, dweight, dout, inp, weight tensor.Buffer,
 	k.d.gemm(false, true, s.C, s.OC, s.BT, k.widened(x, scratchOperandA), s.C, dy, s.OC, 1, dw, s.C)
 }
 
-func (k *Kernels) Embedding(out, tokens, wte tensor.Buffer, s tensor.EmbeddingShape) {
+func (k *kernels) Embedding(out, tokens, wte tensor.Buffer, s tensor.EmbeddingShape) {
 	o := k.ops("Embedding")
 	y, t, w := o.f(out, s.BT*s.C), o.i(tokens, s.BT), o.w(wte, s.N*s.C)
 	if o.ok() {
@@ -201,7 +207,7 @@ func (k *Kernels) Embedding(out, tokens, wte tensor.Buffer, s tensor.EmbeddingSh
 // embedding_backward_classes): each class's blocks walk every token.
 const embeddingClasses = 64
 
-func (k *Kernels) EmbeddingBackward(dwte, dout, tokens tensor.Buffer, s tensor.EmbeddingShape) {
+func (k *kernels) EmbeddingBackward(dwte, dout, tokens tensor.Buffer, s tensor.EmbeddingShape) {
 	o := k.ops("EmbeddingBackward")
 	dw, dy, t := o.f(dwte, s.N*s.C), o.f(dout, s.BT*s.C), o.i(tokens, s.BT)
 	if o.ok() && s.BT > 0 {
@@ -209,7 +215,7 @@ func (k *Kernels) EmbeddingBackward(dwte, dout, tokens tensor.Buffer, s tensor.E
 	}
 }
 
-func (k *Kernels) RMSNorm(out, rstd, inp, weight tensor.Buffer, BT, C int, eps float64) {
+func (k *kernels) RMSNorm(out, rstd, inp, weight tensor.Buffer, BT, C int, eps float64) {
 	o := k.ops("RMSNorm")
 	y, r, x, w := o.f(out, BT*C), o.f(rstd, BT), o.f(inp, BT*C), o.w(weight, C)
 	if o.ok() {
@@ -217,7 +223,7 @@ func (k *Kernels) RMSNorm(out, rstd, inp, weight tensor.Buffer, BT, C int, eps f
 	}
 }
 
-func (k *Kernels) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd tensor.Buffer, BT, C int) {
+func (k *kernels) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd tensor.Buffer, BT, C int) {
 	o := k.ops("RMSNormBackward")
 	dx, dw, dy, x, w, r := o.f(dinp, BT*C), o.f(dweight, C), o.f(dout, BT*C), o.f(inp, BT*C), o.w(weight, C), o.f(rstd, BT)
 	if o.ok() {
@@ -225,7 +231,7 @@ func (k *Kernels) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd tensor.
 	}
 }
 
-func (k *Kernels) RopeTables(cos, sin tensor.Buffer, T int, inv []float64) {
+func (k *kernels) RopeTables(cos, sin tensor.Buffer, T int, inv []float64) {
 	o := k.ops("RopeTables")
 	c, s := o.f(cos, T*len(inv)), o.f(sin, T*len(inv))
 	if o.ok() {
@@ -233,7 +239,7 @@ func (k *Kernels) RopeTables(cos, sin tensor.Buffer, T int, inv []float64) {
 	}
 }
 
-func (k *Kernels) rope(op string, x, cos, sin tensor.Buffer, s tensor.RopeShape, backward bool) {
+func (k *kernels) rope(op string, x, cos, sin tensor.Buffer, s tensor.RopeShape, backward bool) {
 	o := k.ops(op)
 	xs, c, sn := o.f(x, s.B*s.T*s.NH*s.HD), o.f(cos, s.T*s.HD/2), o.f(sin, s.T*s.HD/2)
 	if o.ok() {
@@ -241,11 +247,11 @@ func (k *Kernels) rope(op string, x, cos, sin tensor.Buffer, s tensor.RopeShape,
 	}
 }
 
-func (k *Kernels) Rope(x, cos, sin tensor.Buffer, s tensor.RopeShape) {
+func (k *kernels) Rope(x, cos, sin tensor.Buffer, s tensor.RopeShape) {
 	k.rope("Rope", x, cos, sin, s, false)
 }
 
-func (k *Kernels) RopeBackward(dx, cos, sin tensor.Buffer, s tensor.RopeShape) {
+func (k *kernels) RopeBackward(dx, cos, sin tensor.Buffer, s tensor.RopeShape) {
 	k.rope("RopeBackward", dx, cos, sin, s, true)
 }
 
@@ -265,7 +271,7 @@ func (o *operands) attention(s tensor.AttentionShape, q, kv, lse []tensor.Buffer
 	return qs, kvs, lses
 }
 
-func (k *Kernels) FlashAttention(out, lse, q, kb, v tensor.Buffer, s tensor.AttentionShape) {
+func (k *kernels) FlashAttention(out, lse, q, kb, v tensor.Buffer, s tensor.AttentionShape) {
 	o := k.ops("FlashAttention")
 	qs, kvs, l := o.attention(s, []tensor.Buffer{out, q}, []tensor.Buffer{kb, v}, []tensor.Buffer{lse})
 	if o.ok() {
@@ -273,7 +279,7 @@ func (k *Kernels) FlashAttention(out, lse, q, kb, v tensor.Buffer, s tensor.Atte
 	}
 }
 
-func (k *Kernels) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, kb, v tensor.Buffer, s tensor.AttentionShape) {
+func (k *kernels) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, kb, v tensor.Buffer, s tensor.AttentionShape) {
 	o := k.ops("FlashAttentionBackward")
 	qs, kvs, l := o.attention(s, []tensor.Buffer{dq, dout, out, q}, []tensor.Buffer{dk, dv, kb, v}, []tensor.Buffer{lse})
 	if o.ok() {
@@ -281,7 +287,7 @@ func (k *Kernels) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, kb, v te
 	}
 }
 
-func (k *Kernels) MergeAttention(out, lse, outB, lseB tensor.Buffer, s tensor.AttentionShape) {
+func (k *kernels) MergeAttention(out, lse, outB, lseB tensor.Buffer, s tensor.AttentionShape) {
 	o := k.ops("MergeAttention")
 	qs, _, l := o.attention(s, []tensor.Buffer{out, outB}, nil, []tensor.Buffer{lse, lseB})
 	if o.ok() {
@@ -290,7 +296,7 @@ func (k *Kernels) MergeAttention(out, lse, outB, lseB tensor.Buffer, s tensor.At
 	}
 }
 
-func (k *Kernels) SwiGLU(out, gate, up tensor.Buffer, n int) {
+func (k *kernels) SwiGLU(out, gate, up tensor.Buffer, n int) {
 	o := k.ops("SwiGLU")
 	y, g, u := o.f(out, n), o.f(gate, n), o.f(up, n)
 	if o.ok() {
@@ -298,7 +304,7 @@ func (k *Kernels) SwiGLU(out, gate, up tensor.Buffer, n int) {
 	}
 }
 
-func (k *Kernels) SwiGLUBackward(dgate, dup, dout, gate, up tensor.Buffer, n int, accumulate bool) {
+func (k *kernels) SwiGLUBackward(dgate, dup, dout, gate, up tensor.Buffer, n int, accumulate bool) {
 	o := k.ops("SwiGLUBackward")
 	dg, du, dy, g, u := o.f(dgate, n), o.f(dup, n), o.f(dout, n), o.f(gate, n), o.f(up, n)
 	if o.ok() {
@@ -306,7 +312,7 @@ func (k *Kernels) SwiGLUBackward(dgate, dup, dout, gate, up tensor.Buffer, n int
 	}
 }
 
-func (k *Kernels) CrossEntropy(losses, probs, logits, targets tensor.Buffer, s tensor.VocabShape) {
+func (k *kernels) CrossEntropy(losses, probs, logits, targets tensor.Buffer, s tensor.VocabShape) {
 	o := k.ops("CrossEntropy")
 	l, p, z, t := o.f(losses, s.BT), o.f(probs, s.BT*s.V), o.f(logits, s.BT*s.V), o.i(targets, s.BT)
 	if o.ok() {
@@ -316,7 +322,7 @@ func (k *Kernels) CrossEntropy(losses, probs, logits, targets tensor.Buffer, s t
 	}
 }
 
-func (k *Kernels) CrossEntropyParts(lse, tlogit, logits, targets tensor.Buffer, s tensor.VocabShape) {
+func (k *kernels) CrossEntropyParts(lse, tlogit, logits, targets tensor.Buffer, s tensor.VocabShape) {
 	o := k.ops("CrossEntropyParts")
 	l, tl, z, t := o.f(lse, s.BT), o.f(tlogit, s.BT), o.f(logits, s.BT*s.V), o.i(targets, s.BT)
 	if o.ok() && s.BT > 0 {
@@ -324,7 +330,7 @@ func (k *Kernels) CrossEntropyParts(lse, tlogit, logits, targets tensor.Buffer, 
 	}
 }
 
-func (k *Kernels) CrossEntropyCombine(losses, probs, logits, lseAll, tlogit, targets tensor.Buffer, s tensor.VocabShape) {
+func (k *kernels) CrossEntropyCombine(losses, probs, logits, lseAll, tlogit, targets tensor.Buffer, s tensor.VocabShape) {
 	o := k.ops("CrossEntropyCombine")
 	l, p, z := o.f(losses, s.BT), o.f(probs, s.BT*s.V), o.f(logits, s.BT*s.V)
 	la, tl, t := o.f(lseAll, s.Parts*s.BT), o.f(tlogit, s.BT), o.i(targets, s.BT)
@@ -333,7 +339,7 @@ func (k *Kernels) CrossEntropyCombine(losses, probs, logits, lseAll, tlogit, tar
 	}
 }
 
-func (k *Kernels) CrossEntropyBackward(dlogits, dloss, probs, targets tensor.Buffer, s tensor.VocabShape) {
+func (k *kernels) CrossEntropyBackward(dlogits, dloss, probs, targets tensor.Buffer, s tensor.VocabShape) {
 	o := k.ops("CrossEntropyBackward")
 	dz, dl, p, t := o.f(dlogits, s.BT*s.V), o.f(dloss, s.BT), o.f(probs, s.BT*s.V), o.i(targets, s.BT)
 	if o.ok() {
@@ -341,7 +347,7 @@ func (k *Kernels) CrossEntropyBackward(dlogits, dloss, probs, targets tensor.Buf
 	}
 }
 
-func (k *Kernels) Add(out, a, b tensor.Buffer, n int) {
+func (k *kernels) Add(out, a, b tensor.Buffer, n int) {
 	o := k.ops("Add")
 	y, x1, x2 := o.f(out, n), o.f(a, n), o.f(b, n)
 	if o.ok() {
@@ -349,7 +355,7 @@ func (k *Kernels) Add(out, a, b tensor.Buffer, n int) {
 	}
 }
 
-func (k *Kernels) AddInto(dst, src tensor.Buffer, n int) {
+func (k *kernels) AddInto(dst, src tensor.Buffer, n int) {
 	o := k.ops("AddInto")
 	y, x := o.f(dst, n), o.w(src, n)
 	if !o.ok() {
@@ -365,7 +371,7 @@ func (k *Kernels) AddInto(dst, src tensor.Buffer, n int) {
 // moeRouting is a routing's buffers as the device's MoE kernels take them,
 // with device scratch for the copies' ranks and the experts' counts, and for
 // the padded layout's row tokens (which tensor.Routing leaves unwritten).
-func (k *Kernels) moeRouting(o *operands, r tensor.Routing, s tensor.MoEShape, probs, gates tensor.Buffer) MoERouting {
+func (k *kernels) moeRouting(o *operands, r tensor.Routing, s tensor.MoEShape, probs, gates tensor.Buffer) MoERouting {
 	n := s.BT * s.K
 	mr := MoERouting{Idx: o.i(r.Idx, n), Row: o.i(r.Row, n), Offsets: o.i(r.Offsets, s.E+1)}
 	if probs.Len() > 0 {
@@ -398,7 +404,7 @@ func (k *Kernels) moeRouting(o *operands, r tensor.Routing, s tensor.MoEShape, p
 	return mr
 }
 
-func (k *Kernels) Router(probs, gates, logits tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
+func (k *kernels) Router(probs, gates, logits tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
 	o := k.ops("Router")
 	z := o.f(logits, s.BT*s.E)
 	if mr := k.moeRouting(&o, r, s, probs, gates); o.ok() {
@@ -406,7 +412,7 @@ func (k *Kernels) Router(probs, gates, logits tensor.Buffer, r tensor.Routing, s
 	}
 }
 
-func (k *Kernels) RouterBackward(dlogits, dgates, dprobs, gates, probs tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
+func (k *kernels) RouterBackward(dlogits, dgates, dprobs, gates, probs tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
 	o := k.ops("RouterBackward")
 	dz, dg, g, p, idx := o.f(dlogits, s.BT*s.E), o.f(dgates, s.BT*s.K), o.f(gates, s.BT*s.K), o.f(probs, s.BT*s.E), o.i(r.Idx, s.BT*s.K)
 	var dp Buffer
@@ -419,7 +425,7 @@ func (k *Kernels) RouterBackward(dlogits, dgates, dprobs, gates, probs tensor.Bu
 	}
 }
 
-func (k *Kernels) Dispatch(xperm, x tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
+func (k *kernels) Dispatch(xperm, x tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
 	o := k.ops("Dispatch")
 	xp, xs := o.f(xperm, s.Rows()*s.C), o.f(x, s.BT*s.C)
 	mr := k.moeRouting(&o, r, s, tensor.Buffer{}, tensor.Buffer{})
@@ -439,7 +445,7 @@ func (k *Kernels) Dispatch(xperm, x tensor.Buffer, r tensor.Routing, s tensor.Mo
 	k.d.launch("moe_offsets", 1, 1, 32, ptr(offsets), ptr(mr.Counts), i32(s.E), i32(s.Capacity), flag(false))
 }
 
-func (k *Kernels) DispatchBackward(dx, dxperm tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
+func (k *kernels) DispatchBackward(dx, dxperm tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
 	o := k.ops("DispatchBackward")
 	d, dp := o.f(dx, s.BT*s.C), o.f(dxperm, s.Rows()*s.C)
 	if mr := k.moeRouting(&o, r, s, tensor.Buffer{}, tensor.Buffer{}); o.ok() {
@@ -447,7 +453,7 @@ func (k *Kernels) DispatchBackward(dx, dxperm tensor.Buffer, r tensor.Routing, s
 	}
 }
 
-func (k *Kernels) Combine(out, y, gates tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
+func (k *kernels) Combine(out, y, gates tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
 	o := k.ops("Combine")
 	d, ys := o.f(out, s.BT*s.C), o.f(y, s.Rows()*s.C)
 	if mr := k.moeRouting(&o, r, s, tensor.Buffer{}, gates); o.ok() {
@@ -455,7 +461,7 @@ func (k *Kernels) Combine(out, y, gates tensor.Buffer, r tensor.Routing, s tenso
 	}
 }
 
-func (k *Kernels) CombineBackward(dy, dgates, dout, y, gates tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
+func (k *kernels) CombineBackward(dy, dgates, dout, y, gates tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
 	o := k.ops("CombineBackward")
 	dys, dg, do, ys := o.f(dy, s.Rows()*s.C), o.f(dgates, s.BT*s.K), o.f(dout, s.BT*s.C), o.f(y, s.Rows()*s.C)
 	if mr := k.moeRouting(&o, r, s, tensor.Buffer{}, gates); o.ok() {
@@ -470,7 +476,7 @@ func (k *Kernels) CombineBackward(dy, dgates, dout, y, gates tensor.Buffer, r te
 // synchronisation): cuBLASLt takes each product's rows from the host, so a
 // grouped product over segments the device laid out waits for them once per
 // call. An int32 buffer of len(w)+1 offsets is required.
-func (k *Kernels) segments(o *operands, offsets tensor.Buffer, experts int) []int32 {
+func (k *kernels) segments(o *operands, offsets tensor.Buffer, experts int) []int32 {
 	o.i(offsets, experts+1)
 	if !o.ok() {
 		return nil
@@ -483,7 +489,7 @@ func (k *Kernels) segments(o *operands, offsets tensor.Buffer, experts int) []in
 	return off
 }
 
-func (k *Kernels) ExpertsMatmul(out, inp tensor.Buffer, w []tensor.Buffer, offsets tensor.Buffer, s tensor.ExpertsShape, accumulate bool) {
+func (k *kernels) ExpertsMatmul(out, inp tensor.Buffer, w []tensor.Buffer, offsets tensor.Buffer, s tensor.ExpertsShape, accumulate bool) {
 	o := k.ops("ExpertsMatmul")
 	o.f(out, 0)
 	off := k.segments(&o, offsets, len(w))
@@ -494,7 +500,7 @@ func (k *Kernels) ExpertsMatmul(out, inp tensor.Buffer, w []tensor.Buffer, offse
 	}
 }
 
-func (k *Kernels) ExpertsMatmulBackward(dinp tensor.Buffer, dw []tensor.Buffer, dout, inp tensor.Buffer, w []tensor.Buffer, offsets tensor.Buffer, s tensor.ExpertsShape, accumulate bool) {
+func (k *kernels) ExpertsMatmulBackward(dinp tensor.Buffer, dw []tensor.Buffer, dout, inp tensor.Buffer, w []tensor.Buffer, offsets tensor.Buffer, s tensor.ExpertsShape, accumulate bool) {
 	o := k.ops("ExpertsMatmulBackward")
 	o.f(dout, 0)
 	if len(dw) != len(w) && !o.bad {
@@ -509,7 +515,7 @@ func (k *Kernels) ExpertsMatmulBackward(dinp tensor.Buffer, dw []tensor.Buffer, 
 	}
 }
 
-func (k *Kernels) ExpertsSwiGLU(out, gate, up tensor.Buffer, offsets tensor.Buffer, width int) {
+func (k *kernels) ExpertsSwiGLU(out, gate, up tensor.Buffer, offsets tensor.Buffer, width int) {
 	o := k.ops("ExpertsSwiGLU")
 	n := out.Len()
 	y, g, u, off := o.f(out, n), o.f(gate, n), o.f(up, n), o.i(offsets, offsets.Len())
@@ -518,7 +524,7 @@ func (k *Kernels) ExpertsSwiGLU(out, gate, up tensor.Buffer, offsets tensor.Buff
 	}
 }
 
-func (k *Kernels) ExpertsSwiGLUBackward(dgate, dup, dout, gate, up tensor.Buffer, offsets tensor.Buffer, width int, accumulate bool) {
+func (k *kernels) ExpertsSwiGLUBackward(dgate, dup, dout, gate, up tensor.Buffer, offsets tensor.Buffer, width int, accumulate bool) {
 	o := k.ops("ExpertsSwiGLUBackward")
 	n := dout.Len()
 	dg, du, dy, g, u, off := o.f(dgate, n), o.f(dup, n), o.f(dout, n), o.f(gate, n), o.f(up, n), o.i(offsets, offsets.Len())
@@ -527,7 +533,7 @@ func (k *Kernels) ExpertsSwiGLUBackward(dgate, dup, dout, gate, up tensor.Buffer
 	}
 }
 
-func (k *Kernels) RouterStats(stats, probs tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
+func (k *kernels) RouterStats(stats, probs tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
 	o := k.ops("RouterStats")
 	st, p, off := o.f(stats, 2*s.E), o.f(probs, s.BT*s.E), o.i(r.Offsets, s.E+1)
 	if o.ok() {
@@ -535,7 +541,7 @@ func (k *Kernels) RouterStats(stats, probs tensor.Buffer, r tensor.Routing, s te
 	}
 }
 
-func (k *Kernels) AuxLoss(dst, stats tensor.Buffer, r tensor.Routing, s tensor.MoEShape, tokens int, accumulate bool) {
+func (k *kernels) AuxLoss(dst, stats tensor.Buffer, r tensor.Routing, s tensor.MoEShape, tokens int, accumulate bool) {
 	o := k.ops("AuxLoss")
 	d, st, off := o.st(dst, 2), o.f(stats, 2*s.E), o.i(r.Offsets, s.E+1)
 	if o.ok() {
@@ -543,7 +549,7 @@ func (k *Kernels) AuxLoss(dst, stats tensor.Buffer, r tensor.Routing, s tensor.M
 	}
 }
 
-func (k *Kernels) AuxLossBackward(dprobs, stats tensor.Buffer, s tensor.MoEShape, tokens int, coeff float64) {
+func (k *kernels) AuxLossBackward(dprobs, stats tensor.Buffer, s tensor.MoEShape, tokens int, coeff float64) {
 	o := k.ops("AuxLossBackward")
 	dp, st := o.f(dprobs, s.BT*s.E), o.f(stats, 2*s.E)
 	if o.ok() {
@@ -551,7 +557,7 @@ func (k *Kernels) AuxLossBackward(dprobs, stats tensor.Buffer, s tensor.MoEShape
 	}
 }
 
-func (k *Kernels) LossSum(dst, losses, targets tensor.Buffer, accumulate bool) {
+func (k *kernels) LossSum(dst, losses, targets tensor.Buffer, accumulate bool) {
 	o := k.ops("LossSum")
 	d, l := o.st(dst, 1), o.f(losses, losses.Len())
 	t := o.i(targets, l.N)
@@ -560,7 +566,7 @@ func (k *Kernels) LossSum(dst, losses, targets tensor.Buffer, accumulate bool) {
 	}
 }
 
-func (k *Kernels) SumSquares(dst, x tensor.Buffer, accumulate bool) {
+func (k *kernels) SumSquares(dst, x tensor.Buffer, accumulate bool) {
 	o := k.ops("SumSquares")
 	d, xs := o.st(dst, 1), o.w(x, x.Len())
 	if !o.ok() {
@@ -571,14 +577,14 @@ func (k *Kernels) SumSquares(dst, x tensor.Buffer, accumulate bool) {
 	k.d.launch("sum64_finish", 1, 1, 1024, ptr(d), ptr(part), i32(sumSqBlocks), flag(accumulate))
 }
 
-func (k *Kernels) CloseStep(stats tensor.Buffer, maxNorm float64) {
+func (k *kernels) CloseStep(stats tensor.Buffer, maxNorm float64) {
 	o := k.ops("CloseStep")
 	if st := o.st(stats, tensor.NumStats); o.ok() {
 		k.d.launch("close_step", 1, 1, 1, ptr(st), f64(maxNorm))
 	}
 }
 
-func (k *Kernels) Axpy(dst, src tensor.Buffer, a float64) {
+func (k *kernels) Axpy(dst, src tensor.Buffer, a float64) {
 	o := k.ops("Axpy")
 	d := o.st(dst, dst.Len())
 	if src.Len() != dst.Len() && !o.bad {
@@ -589,7 +595,7 @@ func (k *Kernels) Axpy(dst, src tensor.Buffer, a float64) {
 	}
 }
 
-func (k *Kernels) Scale(x, stats tensor.Buffer) {
+func (k *kernels) Scale(x, stats tensor.Buffer) {
 	o := k.ops("Scale")
 	xs, st := o.f(x, x.Len()), o.st(stats, tensor.NumStats)
 	if o.ok() {
@@ -597,7 +603,7 @@ func (k *Kernels) Scale(x, stats tensor.Buffer) {
 	}
 }
 
-func (k *Kernels) AdamW(params, grads, m, v tensor.Buffer, lr, beta1, beta2, eps, wd float64, stats tensor.Buffer) {
+func (k *kernels) AdamW(params, grads, m, v tensor.Buffer, lr, beta1, beta2, eps, wd float64, stats tensor.Buffer) {
 	o := k.ops("AdamW")
 	p := o.f(params, params.Len())
 	g, ms, vs, st := o.f(grads, p.N), o.f(m, p.N), o.f(v, p.N), o.st(stats, tensor.NumStats)
@@ -607,7 +613,7 @@ func (k *Kernels) AdamW(params, grads, m, v tensor.Buffer, lr, beta1, beta2, eps
 	}
 }
 
-func (k *Kernels) SGD(params, grads, buf tensor.Buffer, lr, momentum, wd float64, stats tensor.Buffer) {
+func (k *kernels) SGD(params, grads, buf tensor.Buffer, lr, momentum, wd float64, stats tensor.Buffer) {
 	o := k.ops("SGD")
 	p := o.f(params, params.Len())
 	g, b, st := o.f(grads, p.N), o.f(buf, p.N), o.st(stats, tensor.NumStats)

@@ -3,7 +3,9 @@
 package cuda
 
 import (
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/shardline/shardline/tensor"
@@ -13,9 +15,50 @@ import (
 // TestKernelConformance: the engine's kernel set on the device computes what
 // the CPU's does in float64 (tensor/kerneltest: every kernel, its bf16
 // operands, accumulation, edge rows and the three MoE layouts), the checks the
-// CPU's float32 kernels pass in the ordinary suite.
+// CPU's float32 kernels pass in the ordinary suite. One side of each case
+// runs inside Device.Do (the calls stay on the device's goroutine), the
+// other from the test's goroutine (each call finds its way there).
 func TestKernelConformance(t *testing.T) {
-	kerneltest.Run(t, dev.Kernels(), kerneltest.Options{Do: dev.Do})
+	t.Run("inside Do", func(t *testing.T) { kerneltest.Run(t, dev.Kernels(), kerneltest.Options{Do: dev.Do}) })
+	t.Run("from the test's goroutine", func(t *testing.T) { kerneltest.Run(t, dev.Kernels(), kerneltest.Options{}) })
+}
+
+// TestKernelsFromGoroutines: four goroutines, each with its own memory (as
+// the trainer's in-process ranks sharing one GPU), issue kernels and
+// read-backs at once; each gets its own results.
+func TestKernelsFromGoroutines(t *testing.T) {
+	k := dev.Kernels()
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for r := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m := k.NewMemory()
+			a, b, out := m.Alloc(tensor.Float32, 1000), m.Alloc(tensor.Float32, 1000), m.Alloc(tensor.Float32, 1000)
+			m.Fill(a, float64(r))
+			m.Fill(b, 0.5)
+			got := make([]float32, 1000)
+			for i := 0; i < 50; i++ {
+				k.Add(out, a, b, 1000)
+				k.AddInto(a, b, 1000)
+			}
+			m.Read(got, out)
+			// a ends at r + 50·0.5; the last Add read a before its last AddInto.
+			if want := float32(r) + 49*0.5 + 0.5; got[999] != want || got[0] != want {
+				errs[r] = fmt.Errorf("rank %d: %v, want %v", r, got[999], want)
+			}
+			if err := m.Err(); err != nil {
+				errs[r] = err
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
 }
 
 // TestKernelsRefuse: a kernel handed a buffer of another memory, of a dtype it

@@ -11,8 +11,9 @@ import (
 // Memory is a device's memory as a tensor.Memory: tensor.Buffers whose storage
 // is a device allocation, so that code written against tensor.Memory (the
 // engine's model and FSDP runtime, collective.Group) holds device buffers as
-// it holds host ones. Its work is issued on the device's stream; like every
-// device method, its methods run inside Device.Do. Its error is sticky: the
+// it holds host ones. Its work is issued on the device's stream; its
+// tensor.Memory methods may be called from any goroutine and run on the
+// device's (at once when called there, through Device.Do otherwise). Its error is sticky: the
 // first failure, on the stream or of an operand, stays until the memory is
 // dropped, as the CPU memory's does.
 type Memory struct {
@@ -73,8 +74,8 @@ func (m *Memory) Device(op string, b tensor.Buffer) (Buffer, bool) {
 	return s.buf.Slice(b.Offset(), b.Offset()+b.Len()), true
 }
 
-// Alloc returns n zeroed elements of t on the device.
-func (m *Memory) Alloc(t tensor.DType, n int) tensor.Buffer {
+// alloc (Alloc) returns n zeroed elements of t on the device.
+func (m *Memory) alloc(t tensor.DType, n int) tensor.Buffer {
 	if !m.ok() {
 		return tensor.Buffer{}
 	}
@@ -91,8 +92,8 @@ func (m *Memory) Alloc(t tensor.DType, n int) tensor.Buffer {
 	return tensor.NewBuffer(&storage{buf: b, mem: m}, 0, n)
 }
 
-// Free gives a whole allocation back, after the work issued on the stream.
-func (m *Memory) Free(b tensor.Buffer) {
+// free (Free) gives a whole allocation back, after the work issued on the stream.
+func (m *Memory) free(b tensor.Buffer) {
 	s, mine := b.Storage().(*storage)
 	if !mine || s.mem != m || b.Offset() != 0 || b.Len() != s.buf.N {
 		m.fail(fmt.Errorf("cuda: free of a buffer that is not a whole allocation of this memory (%d %s at %d)", b.Len(), b.DType(), b.Offset()))
@@ -164,10 +165,10 @@ func hostSliceOf(t tensor.DType, n int) any {
 	return make([]float64, n)
 }
 
-// Write copies host values into dst (same length), converting on the host to
+// write (Write) copies host values into dst (same length), converting on the host to
 // dst's dtype when they are of another type (as the CPU memory rounds): an
 // upload.
-func (m *Memory) Write(dst tensor.Buffer, src any) {
+func (m *Memory) write(dst tensor.Buffer, src any) {
 	b, ok := m.Device("write", dst)
 	if !ok {
 		return
@@ -188,9 +189,9 @@ func (m *Memory) Write(dst tensor.Buffer, src any) {
 	m.d.Upload(b, src)
 }
 
-// Read copies src into a host slice of src's length, converting to its type
+// read (Read) copies src into a host slice of src's length, converting to its type
 // on the host: a read-back, which waits for the stream's work so far.
-func (m *Memory) Read(dst any, src tensor.Buffer) {
+func (m *Memory) read(dst any, src tensor.Buffer) {
 	b, ok := m.Device("read", src)
 	if !ok {
 		return
@@ -212,10 +213,10 @@ func (m *Memory) Read(dst any, src tensor.Buffer) {
 	narrow(dst, widen(staged))
 }
 
-// Copy copies src into dst (same length) on the stream, converting between
+// copy (Copy) copies src into dst (same length) on the stream, converting between
 // float dtypes (f32, bf16, f64) by a kernel that rounds as the CPU memory does;
 // int32 copies only to int32.
-func (m *Memory) Copy(dst, src tensor.Buffer) {
+func (m *Memory) copy(dst, src tensor.Buffer) {
 	d, ok := m.Device("copy to", dst)
 	if !ok {
 		return
@@ -231,17 +232,17 @@ func (m *Memory) Copy(dst, src tensor.Buffer) {
 	m.d.Cast(d, s)
 }
 
-// Zero sets b's elements to 0 on the stream.
-func (m *Memory) Zero(b tensor.Buffer) {
+// zero (Zero) sets b's elements to 0 on the stream.
+func (m *Memory) zero(b tensor.Buffer) {
 	if x, ok := m.Device("zero", b); ok {
 		m.d.Zero(x)
 	}
 }
 
-// Fill sets b's elements to v on the stream (f32, bf16 and int32 by a memset
+// fill (Fill) sets b's elements to v on the stream (f32, bf16 and int32 by a memset
 // of v's bits); an f64 buffer is written from the host, since no memset is
 // 8 bytes wide.
-func (m *Memory) Fill(b tensor.Buffer, v float64) {
+func (m *Memory) fill(b tensor.Buffer, v float64) {
 	x, ok := m.Device("fill", b)
 	if !ok || x.N == 0 {
 		return
@@ -266,9 +267,9 @@ func (m *Memory) Fill(b tensor.Buffer, v float64) {
 	}
 }
 
-// Sync waits for the stream's work so far: a synchronisation, counted with the
+// sync (Sync) waits for the stream's work so far: a synchronisation, counted with the
 // read-backs.
-func (m *Memory) Sync() {
+func (m *Memory) sync() {
 	if !m.ok() {
 		return
 	}
@@ -279,8 +280,8 @@ func (m *Memory) Sync() {
 // Readbacks is the device's read-backs and synchronisations so far.
 func (m *Memory) Readbacks() int64 { return m.d.Readbacks() }
 
-// Err waits for the work issued so far and returns the first failure, kept.
-func (m *Memory) Err() error {
+// firstErr (Err) waits for the work issued so far and returns the first failure, kept.
+func (m *Memory) firstErr() error {
 	if m.ok() {
 		m.fail(m.d.Err())
 	}
@@ -288,3 +289,22 @@ func (m *Memory) Err() error {
 }
 
 var _ tensor.Memory = (*Memory)(nil)
+
+// The tensor.Memory methods: each runs on the device's goroutine (Device.run),
+// so that any goroutine may call them.
+
+func (m *Memory) Alloc(t tensor.DType, n int) (r tensor.Buffer) {
+	m.d.run(func() { r = m.alloc(t, n) })
+	return r
+}
+func (m *Memory) Free(b tensor.Buffer)             { m.d.run(func() { m.free(b) }) }
+func (m *Memory) Write(dst tensor.Buffer, src any) { m.d.run(func() { m.write(dst, src) }) }
+func (m *Memory) Read(dst any, src tensor.Buffer)  { m.d.run(func() { m.read(dst, src) }) }
+func (m *Memory) Copy(dst, src tensor.Buffer)      { m.d.run(func() { m.copy(dst, src) }) }
+func (m *Memory) Zero(b tensor.Buffer)             { m.d.run(func() { m.zero(b) }) }
+func (m *Memory) Fill(b tensor.Buffer, v float64)  { m.d.run(func() { m.fill(b, v) }) }
+func (m *Memory) Sync()                            { m.d.run(func() { m.sync() }) }
+func (m *Memory) Err() (r error) {
+	m.d.run(func() { r = m.firstErr() })
+	return r
+}
