@@ -3,6 +3,7 @@ package trainer
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
@@ -57,6 +58,9 @@ func TestDeviceMemoryPath(t *testing.T) {
 			assert.Equal(t, hostW, w, "final weights")
 			require.NotNil(t, out.FinalValLoss)
 			assert.Equal(t, *hostOut.FinalValLoss, *out.FinalValLoss, "validation loss")
+			hm, dm := finalMetrics(t, hostOut.Dir), finalMetrics(t, out.Dir)
+			assert.Equal(t, hm.MemHeld, dm.MemHeld, "memory held")
+			assert.Equal(t, hm.MemPlan, dm.MemPlan, "memory planned")
 		})
 	}
 }
@@ -86,4 +90,13 @@ func TestDeviceMemoryResume(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, curveOf(t, ref.Dir), curveOf(t, again.Dir))
 	assert.True(t, bytes.Equal(must(os.ReadFile(filepath.Join(ref.Dir, "weights.bin"))), must(os.ReadFile(filepath.Join(again.Dir, "weights.bin")))), "final weights differ")
+}
+
+// finalMetrics is the last line of a run's metrics.jsonl.
+func finalMetrics(t *testing.T, dir string) Metrics {
+	t.Helper()
+	var m Metrics
+	lines := bytes.Split(bytes.TrimSpace(must(os.ReadFile(filepath.Join(dir, "metrics.jsonl")))), []byte("\n"))
+	require.NoError(t, json.Unmarshal(lines[len(lines)-1], &m))
+	return m
 }
