@@ -20,10 +20,11 @@ import (
 // memory's sticky error and does nothing, as the CPU's kernels do.
 //
 // Activations and gradients are fp32 (the engine's F); weights and the
-// products' inputs may be bf16. A product of an fp32 operand with a bf16 one
-// rounds the fp32 operand to bf16 and runs on the tensor cores, as the CPU's
-// dot-product path does; a weight gradient from a bf16 input widens the input
-// (exact), as the CPU does. Norm weights are widened before the norm.
+// products' inputs may be bf16. A product with a bf16 weight rounds its fp32
+// operand to bf16 and runs on the tensor cores, as the CPU's dot-product path
+// does; a bf16 input to an fp32 weight, and a bf16 input to a weight
+// gradient, are widened (exact), as the CPU widens them. Norm weights are
+// widened before the norm.
 //
 // The mixture-of-experts kernels run on the device's routing kernels
 // (Device.Router, Dispatch, Combine and their backward), whose ranks and
@@ -50,8 +51,7 @@ func (k *kernels) NewMemory() tensor.Memory { return k.d.NewMemory() }
 
 // Scratch slots of the engine's kernels (after the Device's own).
 const (
-	scratchOperandA   = iota + scratchDelta + 1 // an operand converted for a product
-	scratchOperandB                             // a second one
+	scratchOperand    = iota + scratchDelta + 1 // an operand converted for a product or a norm
 	scratchLSE                                  // the loss's log-sum-exp per row
 	scratchSum64                                // f64 partial sums
 	scratchRank                                 // MoE: each copy's rank within its expert
@@ -160,13 +160,19 @@ func (k *kernels) rounded(x Buffer, slot int) Buffer {
 	return s
 }
 
-// pair is a product's two operands in one dtype: as they are when they agree,
-// else the fp32 one rounded to bf16 (the tensor-core path).
-func (k *kernels) pair(a, b Buffer) (Buffer, Buffer) {
-	if a.DType == b.DType {
-		return a, b
+// pair is a product's operand x and weight w in one dtype: as they are when
+// they agree; with a bf16 weight, x rounded to bf16 (the tensor-core path, as
+// the CPU's dot-product path rounds it); with an fp32 weight, a bf16 x widened
+// (exact, as the CPU widens it).
+func (k *kernels) pair(x, w Buffer) (Buffer, Buffer) {
+	switch {
+	case x.DType == w.DType:
+		return x, w
+	case w.DType == BF16:
+		return k.rounded(x, scratchOperand), w
+	default:
+		return k.widened(x, scratchOperand), w
 	}
-	return k.rounded(a, scratchOperandA), k.rounded(b, scratchOperandB)
 }
 
 func (k *kernels) Matmul(out, inp, weight tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
@@ -192,7 +198,7 @@ func (k *kernels) MatmulBackward(dinp, dweight, dout, inp, weight tensor.Buffer,
 		g, wt := k.pair(dy, w)
 		k.d.gemm(false, false, s.C, s.BT, s.OC, wt, s.C, g, s.OC, beta(accumulate), dx, s.C)
 	}
-	k.d.gemm(false, true, s.C, s.OC, s.BT, k.widened(x, scratchOperandA), s.C, dy, s.OC, 1, dw, s.C)
+	k.d.gemm(false, true, s.C, s.OC, s.BT, k.widened(x, scratchOperand), s.C, dy, s.OC, 1, dw, s.C)
 }
 
 func (k *kernels) Embedding(out, tokens, wte tensor.Buffer, s tensor.EmbeddingShape) {
@@ -219,7 +225,7 @@ func (k *kernels) RMSNorm(out, rstd, inp, weight tensor.Buffer, BT, C int, eps f
 	o := k.ops("RMSNorm")
 	y, r, x, w := o.f(out, BT*C), o.f(rstd, BT), o.f(inp, BT*C), o.w(weight, C)
 	if o.ok() {
-		k.d.RMSNorm(y, r, x, k.widened(w, scratchOperandA), BT, C, eps)
+		k.d.RMSNorm(y, r, x, k.widened(w, scratchOperand), BT, C, eps)
 	}
 }
 
@@ -227,7 +233,7 @@ func (k *kernels) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd tensor.
 	o := k.ops("RMSNormBackward")
 	dx, dw, dy, x, w, r := o.f(dinp, BT*C), o.f(dweight, C), o.f(dout, BT*C), o.f(inp, BT*C), o.w(weight, C), o.f(rstd, BT)
 	if o.ok() {
-		k.d.RMSNormBackward(dx, dw, dy, x, k.widened(w, scratchOperandA), r, BT, C, true)
+		k.d.RMSNormBackward(dx, dw, dy, x, k.widened(w, scratchOperand), r, BT, C, true)
 	}
 }
 
