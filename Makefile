@@ -6,7 +6,7 @@ GO ?= go
 export GOPROXY := $(shell $(GO) env GOPROXY 2>/dev/null | cut -d, -f1)
 BIN := bin/shardline
 
-.PHONY: help build test vet bench bench-deps torch-deps fuzz sarif-schema docs golden clean cuda cuda-deps cuda-check cuda-test ptx bench-gpu
+.PHONY: help build test vet bench bench-deps torch-deps fuzz sarif-schema docs golden clean cuda cuda-deps cuda-check cuda-test ptx bench-gpu emu-deps
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -14,9 +14,9 @@ help: ## list the targets
 build: ## build bin/shardline
 	$(GO) build -buildvcs=auto -o $(BIN) ./cmd/shardline
 
-test: sarif-schema torch-deps cuda-check ## vet, run every test, and fuzz every reader briefly (what CI runs)
+test: sarif-schema torch-deps cuda-check emu-deps ## vet, run every test, and fuzz every reader briefly (what CI runs)
 	$(GO) vet ./...
-	SHARDLINE_SARIF_SCHEMA=$(CURDIR)/$(SARIF_SCHEMA) SHARDLINE_TORCH_PYTHON=/usr/bin/python3 $(GO) test -count=1 ./...
+	SHARDLINE_SARIF_SCHEMA=$(CURDIR)/$(SARIF_SCHEMA) SHARDLINE_TORCH_PYTHON=/usr/bin/python3 SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 ./...
 	$(MAKE) --no-print-directory fuzz FUZZTIME=8s
 
 vet: ## go vet
@@ -86,6 +86,9 @@ cuda-deps: ## install the CUDA headers the -tags cuda build needs (Debian non-fr
 
 cuda: cuda-deps ## build bin/shardline-cuda, the GPU runner `shardline run --device cuda` hands runs to (runs only where there is a GPU)
 	$(GO) build -buildvcs=auto -tags cuda -o bin/shardline-cuda ./cmd/shardline
+
+emu-deps: ## install g++, which builds the device kernels for the host emulator (cuda/kernels/emu; no GPU needed)
+	@command -v g++ >/dev/null 2>&1 || { echo "installing g++" >&2; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends g++; }
 
 cuda-check: cuda-deps ## vet and link the GPU backend and its device tests (-tags cuda); needs no GPU
 	$(GO) vet -tags cuda ./cuda/... ./trainer/gpu/... ./cmd/shardline/...

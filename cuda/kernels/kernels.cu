@@ -11,7 +11,9 @@
 //     gradients it overwrites unless its `accumulate` argument is set.
 //   - Reductions are done in a fixed order (no float atomics), so a kernel gives
 //     the same bits on every run.
+#ifndef SHARDLINE_EMU // the host emulator (emu/emu.h) defines bf16 itself
 #include <cuda_bf16.h>
+#endif
 #include <stdint.h>
 
 typedef __nv_bfloat16 bf16;
@@ -965,6 +967,7 @@ EXPORT_FLASH_HD(float, f32, 32)
 EXPORT_FLASH_HD(float, f32, 64)
 EXPORT_FLASH_HD(float, f32, 128)
 
+#ifndef SHARDLINE_EMU // inline PTX (mma, ldmatrix, cp.async): device only
 // ---- flash attention on tensor cores (bf16) ------------------------------------------
 //
 // The same contract as flash_fwd/flash_bwd_* above, for bf16 storage and head sizes
@@ -1404,6 +1407,7 @@ __device__ void flash_bwd_dkdv_tc(bf16* dk, bf16* dv, const bf16* dout, const fl
 EXPORT_FLASH_TC(32)
 EXPORT_FLASH_TC(64)
 EXPORT_FLASH_TC(128)
+#endif // SHARDLINE_EMU
 
 // ---- f64 conversions (kept last, so that adding them renumbered no other kernel's labels in the PTX) ----
 
