@@ -6,7 +6,7 @@ GO ?= go
 export GOPROXY := $(shell $(GO) env GOPROXY 2>/dev/null | cut -d, -f1)
 BIN := bin/shardline
 
-.PHONY: help build test vet bench bench-deps torch-deps fuzz sarif-schema docs golden clean cuda cuda-deps cuda-check cuda-test ptx bench-gpu emu-deps
+.PHONY: help build test vet bench bench-deps torch-deps fuzz sarif-schema docs golden clean cuda cuda-deps cuda-check cuda-test ptx bench-gpu emu-deps emu-sources
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -17,6 +17,8 @@ build: ## build bin/shardline
 test: sarif-schema torch-deps cuda-check emu-deps ## vet, run every test, and fuzz every reader briefly (what CI runs)
 	$(GO) vet ./...
 	SHARDLINE_SARIF_SCHEMA=$(CURDIR)/$(SARIF_SCHEMA) SHARDLINE_TORCH_PYTHON=/usr/bin/python3 SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 ./...
+	$(GO) vet -tags cudaemu ./cuda ./trainer/gpu ./cmd/shardline
+	SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 -tags cudaemu ./cuda ./trainer/gpu
 	$(MAKE) --no-print-directory fuzz FUZZTIME=8s
 
 vet: ## go vet
@@ -108,6 +110,17 @@ cuda-test: cuda-deps ## build bin/cuda.test, bin/gpu.test and bin/cli.test, the 
 ptx: ## compile cuda/kernels/kernels.cu to the committed PTX (needs nvcc: apt-get install nvidia-cuda-toolkit)
 	nvcc -ptx -arch=compute_80 -O3 -std=c++14 -o cuda/kernels/kernels.ptx cuda/kernels/kernels.cu
 	cd cuda/kernels && sha256sum kernels.cu > kernels.cu.sha256
+	$(MAKE) --no-print-directory emu-sources
+
+# The host emulator's kernel table (every PTX entry but the tensor-core ones) and
+# the digest of its C++ sources in cuda/emu.cc: cgo's build cache keys on the
+# package directory's files only, so the digest line is what makes a change to
+# kernels.cu or emu.h rebuild the emulated kernels.
+emu-sources: ## record the host emulator's kernel table and source digest (after editing kernels.cu or emu.h)
+	{ echo '// The kernels the host emulator runs: every entry of kernels.ptx but the'; \
+	  echo '// tensor-core ones (TestEmulatorSources checks it; make emu-sources writes it).'; \
+	  grep -o '\.entry [a-z0-9_]*' cuda/kernels/kernels.ptx | sed 's/^\.entry //' | grep -v '_tc_' | sed 's/.*/K(&)/'; } > cuda/kernels/emu/table.inc
+	sed -i "s|^// sources: .*|// sources: $$(cat cuda/kernels/kernels.cu cuda/kernels/emu/emu.h cuda/kernels/emu/table.inc | sha256sum | cut -d' ' -f1)|" cuda/emu.cc
 
 bench-gpu: cuda-test ## on a GPU machine: kernel and training-step benchmarks beside PyTorch on the same shapes
 	cd cuda && ../bin/cuda.test -test.run '^$$' -test.bench . -test.benchtime 20x

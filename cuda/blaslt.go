@@ -162,15 +162,9 @@ func cudaType(t DType) C.int {
 	return C.CUDA_R_32F
 }
 
-// gemm is the column-major product C (m×n) = op(A)·op(B) + beta·C, A and B of one
-// dtype, C of its own, accumulated in fp32. The algorithm for a shape is chosen
+// gemmBatched is gemm over batch products on cuBLASLt, the i-th reading A, B
+// and C at i·sa, i·sb and i·sc elements. The algorithm for a shape is chosen
 // once by cuBLASLt's heuristic and cached.
-func (d *Device) gemm(ta, tb bool, m, n, k int, A Buffer, lda int, B Buffer, ldb int, beta float32, Cb Buffer, ldc int) {
-	d.gemmBatched(ta, tb, m, n, k, A, lda, 0, B, ldb, 0, beta, Cb, ldc, 0, 1)
-}
-
-// gemmBatched is gemm over batch products, the i-th reading A, B and C at i·sa,
-// i·sb and i·sc elements.
 func (d *Device) gemmBatched(ta, tb bool, m, n, k int, A Buffer, lda, sa int, B Buffer, ldb, sb int, beta float32, Cb Buffer, ldc, sc, batch int) {
 	if d.err != nil || batch == 0 || m == 0 || n == 0 {
 		return
@@ -179,7 +173,7 @@ func (d *Device) gemmBatched(ta, tb bool, m, n, k int, A Buffer, lda, sa int, B 
 		d.fail("gemm", fmt.Errorf("operands %s·%s into %s", A.DType, B.DType, Cb.DType))
 		return
 	}
-	lt := d.lt
+	lt := d.drv.lt
 	key := gemmKey{ta, tb, m, n, k, lda, ldb, ldc, A.DType, Cb.DType, batch, sa, sb, sc}
 	p, ok := lt.plans[key]
 	if !ok {

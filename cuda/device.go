@@ -1,46 +1,31 @@
-//go:build cuda
+//go:build cuda || cudaemu
 
 package cuda
 
 import (
-	_ "embed"
 	"fmt"
 	"math"
 	"runtime"
 	"sync/atomic"
 	"syscall"
-	"unsafe"
-
-	"gorgonia.org/cu"
 )
-
-//go:embed kernels/kernels.ptx
-var kernelsPTX string
 
 // Device is one GPU: its primary CUDA context, used by a goroutine locked to
 // its OS thread.
 // Every method that touches the GPU must run inside Do.
 type Device struct {
-	Ordinal  int
-	dev      cu.Device
-	ctx      cu.CUContext // the device's primary context, retained
-	retained bool         // the primary context is retained: release it on the way out
-	work     chan func()
-	done     chan struct{}
-	stream   cu.Stream
-	mod      cu.Module
-	fns      map[string]cu.Function
-	err      error // sticky: the first failure; later work is skipped
-	lt       *blasLt
-	info     Info
+	Ordinal int
+	drv     driver // the driver's state: the CUDA driver's (driver_cu.go) or the host emulator's (driver_emu.go)
+	work    chan func()
+	done    chan struct{}
+	err     error // sticky: the first failure; later work is skipped
+	info    Info
 	// readbacks counts device-to-host copies (a synchronisation each): tests hold a
 	// step to the number its logging interval allows.
 	readbacks atomic.Int64
 	scratches []Buffer
 	// tid is the OS thread the device's goroutine is locked to (run compares it).
-	tid  int
-	args [24]uint64
-	argp [24]unsafe.Pointer
+	tid int
 }
 
 // Info describes the device and the libraries found, for run.json and logs.
@@ -59,26 +44,13 @@ func (i Info) String() string {
 		float64(i.MemoryBytes)/(1<<30), i.Driver/1000, i.Driver%1000/10, i.CuBLASLt, i.CuBLASLtLibrary)
 }
 
-// Open makes a context on GPU ordinal (after CUDA_VISIBLE_DEVICES), loads the
-// kernels and cuBLASLt, and starts the goroutine that owns them.
-func Open(ordinal int) (*Device, error) {
-	n, err := cu.NumDevices()
-	if err != nil {
-		return nil, fmt.Errorf("cuda: counting devices: %w", err)
-	}
-	if ordinal < 0 || ordinal >= n {
-		return nil, fmt.Errorf("cuda: device %d requested, %d visible (check CUDA_VISIBLE_DEVICES)", ordinal, n)
-	}
-	d := &Device{Ordinal: ordinal, dev: cu.Device(ordinal), work: make(chan func()), done: make(chan struct{}), fns: map[string]cu.Function{}}
-	for i := range d.args {
-		d.argp[i] = unsafe.Pointer(&d.args[i])
-	}
+// start runs the device's goroutine, which sets the driver up (setup) and then
+// runs the work Do sends it until Close.
+func (d *Device) start() error {
+	d.work, d.done = make(chan func()), make(chan struct{})
 	ready := make(chan error)
 	go d.loop(ready)
-	if err := <-ready; err != nil {
-		return nil, err
-	}
-	return d, nil
+	return <-ready
 }
 
 func (d *Device) loop(ready chan<- error) {
@@ -87,9 +59,7 @@ func (d *Device) loop(ready chan<- error) {
 	defer close(d.done)
 	d.tid = syscall.Gettid() // published to other goroutines by ready
 	if err := d.setup(); err != nil {
-		if d.retained {
-			_ = d.dev.ReleasePrimaryCtx()
-		}
+		d.teardown()
 		ready <- err
 		return
 	}
@@ -97,57 +67,7 @@ func (d *Device) loop(ready chan<- error) {
 	for fn := range d.work {
 		fn()
 	}
-	if d.lt != nil {
-		d.lt.close()
-	}
-	_ = d.stream.Destroy()
-	_ = d.mod.Unload()
-	if d.retained {
-		_ = d.dev.ReleasePrimaryCtx()
-	}
-}
-
-func (d *Device) setup() (err error) {
-	// The device's primary context, the one the CUDA runtime uses: NCCL runs on
-	// the runtime, and its threads bind the primary context, so the buffers and
-	// streams it is handed must live there. Blocking sync spares a core spinning
-	// in a read-back; the flags cannot change once another user of this process
-	// has made the context active, which is harmless.
-	_ = d.dev.SetPrimaryCtxFlags(cu.SchedBlockingSync)
-	if d.ctx, err = d.dev.RetainPrimaryCtx(); err != nil {
-		return fmt.Errorf("cuda: retaining device %d's primary context: %w", d.Ordinal, err)
-	}
-	if err = cu.SetCurrentContext(d.ctx); err != nil {
-		_ = d.dev.ReleasePrimaryCtx()
-		return fmt.Errorf("cuda: making device %d's primary context current: %w", d.Ordinal, err)
-	}
-	d.retained = true
-	if d.stream, err = cu.MakeStream(cu.NonBlocking); err != nil {
-		return fmt.Errorf("cuda: creating a stream: %w", err)
-	}
-	if d.mod, err = cu.LoadData(kernelsPTX); err != nil {
-		return fmt.Errorf("cuda: loading the embedded kernels (PTX for compute_80; the driver compiles it): %w", err)
-	}
-	i := &d.info
-	if i.Name, err = d.dev.Name(); err != nil {
-		return err
-	}
-	i.Major, _ = d.dev.Attribute(cu.ComputeCapabilityMajor)
-	i.Minor, _ = d.dev.Attribute(cu.ComputeCapabilityMinor)
-	i.SMs, _ = d.dev.Attribute(cu.MultiprocessorCount)
-	i.MemoryBytes, _ = d.dev.TotalMem()
-	i.Driver = cu.Version()
-	if d.lt, err = openBlasLt(d.rawStream()); err != nil {
-		return err
-	}
-	i.CuBLASLt, i.CuBLASLtLibrary = d.lt.version, d.lt.library
-	return nil
-}
-
-// rawStream is the CUstream handle inside cu.Stream (a struct of that one
-// pointer), for the libraries loaded at run time.
-func (d *Device) rawStream() unsafe.Pointer {
-	return *(*unsafe.Pointer)(unsafe.Pointer(&d.stream))
+	d.teardown()
 }
 
 // Do runs fn on the goroutine that owns the context and waits for it.
@@ -182,7 +102,7 @@ func (d *Device) Info() Info { return d.info }
 // call (and clears it): the one check of a step.
 func (d *Device) Err() error {
 	if d.err == nil {
-		if err := d.stream.Synchronize(); err != nil {
+		if err := d.syncStream(); err != nil {
 			d.err = fmt.Errorf("cuda: stream: %w", err)
 		}
 	}
@@ -198,19 +118,6 @@ func (d *Device) fail(what string, err error) {
 	if d.err == nil && err != nil {
 		d.err = fmt.Errorf("cuda: %s: %w", what, err)
 	}
-}
-
-func (d *Device) fn(name string) (cu.Function, bool) {
-	if f, ok := d.fns[name]; ok {
-		return f, true
-	}
-	f, err := d.mod.Function(name)
-	if err != nil {
-		d.fail("kernel "+name, err)
-		return f, false
-	}
-	d.fns[name] = f
-	return f, true
 }
 
 // arg is one kernel argument, widened to the 8-byte slot the launcher copies.
@@ -233,12 +140,5 @@ func (d *Device) launch(name string, gx, gy, threads int, args ...arg) {
 	if d.err != nil {
 		return
 	}
-	f, ok := d.fn(name)
-	if !ok {
-		return
-	}
-	copy(d.args[:], args)
-	if err := f.Launch(gx, gy, 1, threads, 1, 1, 0, d.stream, d.argp[:len(args)]); err != nil {
-		d.fail("launching "+name, err)
-	}
+	d.fail("launching "+name, d.launchRaw(name, gx, gy, threads, args))
 }

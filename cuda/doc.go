@@ -5,8 +5,12 @@
 // NCCL (Comm: one group's communicator, on the device's stream), both loaded at
 // run time.
 //
-// Everything but this file (and the PTX freshness test) is behind the `cuda`
-// build tag: the driver bindings
+// Everything but this file (and the PTX freshness and emulator tests) is behind
+// the `cuda` build tag, or `cudaemu`: under `cudaemu` the same Device, Memory and
+// Kernels run over a host driver (driver_emu.go, emu.cc) that launches
+// kernels.cu compiled as C++ under cuda/kernels/emu/emu.h, one fiber per CUDA
+// thread, and multiplies matrices in float64 loops (no cuBLASLt, no NCCL), so
+// the engine's device path is tested on a machine without a GPU. The driver bindings
 // (gorgonia.org/cu) exit the process at start-up on a machine without a GPU, so the
 // `shardline` binary that lints, plans and launches never links this package; GPU
 // ranks run in a separately built executable (`make cuda`). Errors are sticky: the

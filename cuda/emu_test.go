@@ -1,6 +1,8 @@
 package cuda
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -74,4 +76,45 @@ func TestLaunchedKernelsExist(t *testing.T) {
 		t.Errorf("found %d launches by name; the pattern no longer matches the code", n)
 	}
 	t.Logf("%d kernel names launched", n)
+}
+
+// TestEmulatorSources: the host emulator's kernel table lists every kernel of
+// the PTX but the tensor-core ones, and cuda/emu.cc records the digest of the
+// C++ sources it compiles (kernels.cu, emu.h, the table): cgo's build cache
+// keys on the package directory's files only, so a stale digest would leave
+// the cudaemu tests running old kernels. make emu-sources writes both.
+func TestEmulatorSources(t *testing.T) {
+	ptx, err := os.ReadFile("kernels/kernels.ptx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want strings.Builder
+	want.WriteString("// The kernels the host emulator runs: every entry of kernels.ptx but the\n// tensor-core ones (TestEmulatorSources checks it; make emu-sources writes it).\n")
+	for _, m := range regexp.MustCompile(`\.entry (\w+)\(`).FindAllStringSubmatch(string(ptx), -1) {
+		if !strings.Contains(m[1], "_tc_") {
+			want.WriteString("K(" + m[1] + ")\n")
+		}
+	}
+	table, err := os.ReadFile("kernels/emu/table.inc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(table) != want.String() {
+		t.Errorf("kernels/emu/table.inc does not list the PTX's kernels: run make emu-sources")
+	}
+	h := sha256.New()
+	for _, f := range []string{"kernels/kernels.cu", "kernels/emu/emu.h", "kernels/emu/table.inc"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.Write(b)
+	}
+	cc, err := os.ReadFile("emu.cc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if line := "// sources: " + hex.EncodeToString(h.Sum(nil)) + "\n"; !strings.Contains(string(cc), line) {
+		t.Errorf("cuda/emu.cc does not record the digest of the emulator's sources: run make emu-sources")
+	}
 }

@@ -1,4 +1,4 @@
-//go:build cuda
+//go:build cuda || cudaemu
 
 package cuda
 
@@ -563,6 +563,12 @@ func (d *Device) MatmulBackward(dinp, dweight, dout, inp, weight Buffer, s Matmu
 		d.gemm(false, false, s.C, s.BT, s.OC, weight, s.C, dout, s.OC, beta(accumulate), dinp, s.C)
 	}
 	d.gemm(false, true, s.C, s.OC, s.BT, inp, s.C, dout, s.OC, 1, dweight, s.C)
+}
+
+// gemm is the column-major product C (m×n) = op(A)·op(B) + beta·C, A and B of one
+// dtype, C of its own, accumulated in fp32 (gemmBatched with one product).
+func (d *Device) gemm(ta, tb bool, m, n, k int, A Buffer, lda int, B Buffer, ldb int, beta float32, Cb Buffer, ldc int) {
+	d.gemmBatched(ta, tb, m, n, k, A, lda, 0, B, ldb, 0, beta, Cb, ldc, 0, 1)
 }
 
 func beta(accumulate bool) float32 {

@@ -1,4 +1,4 @@
-//go:build cuda
+//go:build cuda || cudaemu
 
 package cuda
 
@@ -8,7 +8,6 @@ import (
 	"unsafe"
 
 	"github.com/shardline/shardline/tensor"
-	"gorgonia.org/cu"
 )
 
 // DType is a buffer's element type: tensor's, which the CPU backend's buffers
@@ -24,7 +23,7 @@ const (
 
 // Buffer is device memory: N elements of DType at ptr. Slice views share memory.
 type Buffer struct {
-	ptr   cu.DevicePtr
+	ptr   devicePtr
 	N     int
 	DType DType
 }
@@ -34,7 +33,7 @@ func (b Buffer) Bytes() int64 { return int64(b.N) * int64(b.DType.Size()) }
 
 // Slice is elements [lo, hi) of b.
 func (b Buffer) Slice(lo, hi int) Buffer {
-	return Buffer{ptr: b.ptr + cu.DevicePtr(lo*b.DType.Size()), N: hi - lo, DType: b.DType}
+	return Buffer{ptr: b.ptr + devicePtr(lo*b.DType.Size()), N: hi - lo, DType: b.DType}
 }
 
 // Alloc allocates n elements of t; the contents are undefined. Allocation is not
@@ -44,9 +43,9 @@ func (d *Device) Alloc(t DType, n int) (Buffer, error) {
 	if n <= 0 {
 		return Buffer{DType: t}, nil
 	}
-	p, err := cu.MemAlloc(int64(n) * int64(t.Size()))
+	p, err := d.memAlloc(int64(n) * int64(t.Size()))
 	if err != nil {
-		free, total, _ := cu.MemInfo()
+		free, total, _ := d.memInfo()
 		return Buffer{}, fmt.Errorf("cuda: allocating %d %s values (%.1f MiB; %.1f of %.1f GiB free): %w", n, t, float64(n*t.Size())/(1<<20),
 			float64(free)/(1<<30), float64(total)/(1<<30), err)
 	}
@@ -56,13 +55,13 @@ func (d *Device) Alloc(t DType, n int) (Buffer, error) {
 // Free returns b's memory (b must be the whole allocation).
 func (d *Device) Free(b Buffer) {
 	if b.ptr != 0 {
-		d.fail("free", cu.MemFree(b.ptr))
+		d.fail("free", d.memFree(b.ptr))
 	}
 }
 
 // MemInfo is the device's free and total memory.
 func (d *Device) MemInfo() (free, total int64) {
-	free, total, err := cu.MemInfo()
+	free, total, err := d.memInfo()
 	d.fail("meminfo", err)
 	return free, total
 }
@@ -119,8 +118,7 @@ func (d *Device) Upload(b Buffer, src any) {
 	if !d.checkLen("upload", b, t, n) {
 		return
 	}
-	d.fail("upload", d.stream.Synchronize())
-	d.fail("upload", cu.MemcpyHtoD(b.ptr, p, b.Bytes()))
+	d.fail("upload", d.htod(b.ptr, p, b.Bytes()))
 }
 
 // Download copies b into host memory (same length), waiting for the work issued
@@ -135,8 +133,7 @@ func (d *Device) Download(dst any, b Buffer) {
 		return
 	}
 	d.readbacks.Add(1)
-	d.fail("download", d.stream.Synchronize())
-	d.fail("download", cu.MemcpyDtoH(p, b.ptr, b.Bytes()))
+	d.fail("download", d.dtoh(p, b.ptr, b.Bytes()))
 }
 
 // Copy copies src into dst (same dtype and length) on the stream.
@@ -148,7 +145,7 @@ func (d *Device) Copy(dst, src Buffer) {
 		d.fail("copy", fmt.Errorf("%d %s into %d %s", src.N, src.DType, dst.N, dst.DType))
 		return
 	}
-	d.fail("copy", cu.MemcpyDtoDAsync(dst.ptr, src.ptr, src.Bytes(), d.stream))
+	d.fail("copy", d.dtod(dst.ptr, src.ptr, src.Bytes()))
 }
 
 // Zero sets b to zero on the stream.
@@ -156,7 +153,7 @@ func (d *Device) Zero(b Buffer) {
 	if d.err != nil || b.N == 0 {
 		return
 	}
-	d.fail("zero", cu.MemsetD8Async(b.ptr, 0, b.Bytes(), d.stream))
+	d.fail("zero", d.memset8(b.ptr, 0, b.Bytes()))
 }
 
 // Fill sets every element of an f32 buffer to v on the stream.
@@ -168,7 +165,7 @@ func (d *Device) Fill(b Buffer, v float32) {
 		d.fail("fill", fmt.Errorf("fill of a %s buffer", b.DType))
 		return
 	}
-	d.fail("fill", cu.MemsetD32Async(b.ptr, uint(math.Float32bits(v)), int64(b.N), d.stream))
+	d.fail("fill", d.memset32(b.ptr, math.Float32bits(v), int64(b.N)))
 }
 
 // fillBits16 sets every element of a 2-byte buffer to the bit pattern v on the
@@ -177,7 +174,7 @@ func (d *Device) fillBits16(b Buffer, v uint16) {
 	if d.err != nil || b.N == 0 {
 		return
 	}
-	d.fail("fill", cu.MemsetD16Async(b.ptr, v, int64(b.N), d.stream))
+	d.fail("fill", d.memset16(b.ptr, v, int64(b.N)))
 }
 
 // fillBits32 sets every element of a 4-byte buffer to the bit pattern v on the
@@ -186,5 +183,5 @@ func (d *Device) fillBits32(b Buffer, v uint32) {
 	if d.err != nil || b.N == 0 {
 		return
 	}
-	d.fail("fill", cu.MemsetD32Async(b.ptr, uint(v), int64(b.N), d.stream))
+	d.fail("fill", d.memset32(b.ptr, v, int64(b.N)))
 }

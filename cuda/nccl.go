@@ -226,7 +226,7 @@ func (c *Comm) Close() error {
 	for p := range c.registered {
 		c.FreeUserBuffer(Buffer{ptr: p})
 	}
-	if err := c.d.stream.Synchronize(); err != nil {
+	if err := c.d.syncStream(); err != nil {
 		return fmt.Errorf("cuda: closing an NCCL communicator: %w", err)
 	}
 	if r := C.nc_destroy(c.c); r != 0 {
@@ -477,7 +477,7 @@ func (c *Comm) FreeUserBuffer(b Buffer) {
 		return
 	}
 	delete(c.registered, b.ptr)
-	c.d.fail("freeing an NCCL user buffer", c.d.stream.Synchronize())
+	c.d.fail("freeing an NCCL user buffer", c.d.syncStream())
 	if r := C.nc_deregister(c.c, h); r != 0 {
 		c.d.fail("ncclCommDeregister", c.fail("deregistering a user buffer", r))
 	}

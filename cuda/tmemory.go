@@ -1,4 +1,4 @@
-//go:build cuda
+//go:build cuda || cudaemu
 
 package cuda
 
@@ -100,7 +100,7 @@ func (m *Memory) free(b tensor.Buffer) {
 		return
 	}
 	if s.buf.ptr != 0 {
-		m.d.fail("free", m.d.stream.Synchronize())
+		m.d.fail("free", m.d.syncStream())
 		m.d.Free(s.buf)
 		s.buf.ptr = 0
 	}
@@ -274,7 +274,7 @@ func (m *Memory) sync() {
 		return
 	}
 	m.d.readbacks.Add(1)
-	m.d.fail("sync", m.d.stream.Synchronize())
+	m.d.fail("sync", m.d.syncStream())
 }
 
 // Readbacks is the device's read-backs and synchronisations so far.

@@ -1,12 +1,16 @@
-//go:build cuda
+//go:build cuda || cudaemu
 
 package main
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
+	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 
 	"github.com/shardline/shardline/config"
@@ -26,17 +30,24 @@ import (
 // 1e-6 per kernel, TestTracksCPU measured 2.6e-7 over 50 steps), and the ranks
 // split the batch, which the CPU equivalence tests hold to 1e-5; moe-tiny 5e-3
 // (a near-tie in a router's top-k can flip, TestTracksCPU). Memory held per
-// rank must equal the plan within 5%.
+// rank must equal the plan within 5%. On the host emulator (-tags cudaemu,
+// run by hand) the model is one layer over 32 positions, 2 ranks, optim_grads_params.
 func TestEngineSharesOneGPU(t *testing.T) {
 	d, err := cuda.Open(0)
 	require.NoError(t, err)
 	defer d.Close()
+	var small []string
+	ranks, strategies := []int{1, 2, 4}, []string{"no_shard", "optim", "optim_grads", "optim_grads_params"}
+	if cuda.Emulated { // the emulator runs each CUDA thread as a fiber: a smaller model and two runs
+		small = []string{"model.layers=1", "model.seq_len=32"}
+		ranks, strategies = []int{2}, []string{"optim_grads_params"}
+	}
 	for recipe, tol := range map[string]float64{"tiny": 1e-4, "moe-tiny": 5e-3} {
-		ref := engineRun(t, recipe, cpu.Backend{}, 1, "no_shard")
-		for _, n := range []int{1, 2, 4} {
-			for _, strategy := range []string{"no_shard", "optim", "optim_grads", "optim_grads_params"} {
+		ref := engineRun(t, recipe, cpu.Backend{}, 1, "no_shard", small...)
+		for _, n := range ranks {
+			for _, strategy := range strategies {
 				t.Run(fmt.Sprintf("%s/%d ranks/%s", recipe, n, strategy), func(t *testing.T) {
-					got := engineRun(t, recipe, d.Kernels(), n, strategy)
+					got := engineRun(t, recipe, d.Kernels(), n, strategy, small...)
 					require.Len(t, got, len(ref))
 					for i := range ref {
 						rel := math.Abs(got[i].Loss-ref[i].Loss) / ref[i].Loss
@@ -52,17 +63,38 @@ func TestEngineSharesOneGPU(t *testing.T) {
 	}
 }
 
-// engineRun trains recipe for 6 steps on be with n in-process ranks and returns
-// its metrics.
-func engineRun(t *testing.T, recipe string, be tensor.Backend, n int, strategy string) []trainer.Metrics {
+// engineRun trains recipe (with sets) for 6 steps on be with n in-process
+// ranks and returns its metrics.
+func engineRun(t *testing.T, recipe string, be tensor.Backend, n int, strategy string, sets ...string) []trainer.Metrics {
 	t.Helper()
-	res, diags := config.Load(filepath.Join(recipesDir, recipe+".toml"), config.Options{Sets: []string{
+	res, diags := config.Load(filepath.Join(recipesDir, recipe+".toml"), config.Options{Sets: append([]string{
 		"data.path=" + opticksFile(), "run.output_dir=" + t.TempDir(), "train.steps=6", "train.micro_batch_size=2",
 		"train.global_batch_size=8", "train.eval_interval=0", fmt.Sprintf("parallel.world_size=%d", n),
 		"fsdp.data_parallel_sharding_strategy=" + strategy,
-	}})
+	}, sets...)})
 	require.False(t, diags.HasErrors(), "%v", diags)
 	out, err := trainer.Run(context.Background(), res, trainer.Options{Backend: be, Version: "test"})
 	require.NoError(t, err)
 	return readCurve(t, out.Dir)
+}
+
+func opticksFile() string {
+	if p := os.Getenv("SHARDLINE_OPTICKS"); p != "" {
+		return p
+	}
+	return filepath.Join(runtime.GOROOT(), "src", "testdata", "Isaac.Newton-Opticks.txt")
+}
+
+func readCurve(t *testing.T, dir string) []trainer.Metrics {
+	f, err := os.Open(filepath.Join(dir, "metrics.jsonl"))
+	require.NoError(t, err)
+	defer f.Close()
+	var out []trainer.Metrics
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var m trainer.Metrics
+		require.NoError(t, json.Unmarshal(sc.Bytes(), &m))
+		out = append(out, m)
+	}
+	return out
 }

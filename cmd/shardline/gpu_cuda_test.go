@@ -6,39 +6,14 @@ package main
 // builds bin/cli.test, run from cmd/shardline with SHARDLINE_OPTICKS set).
 
 import (
-	"bufio"
-	"encoding/json"
 	"math"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
-	"github.com/shardline/shardline/trainer"
 	"github.com/stretchr/testify/require"
 )
-
-func opticksFile() string {
-	if p := os.Getenv("SHARDLINE_OPTICKS"); p != "" {
-		return p
-	}
-	return filepath.Join(runtime.GOROOT(), "src", "testdata", "Isaac.Newton-Opticks.txt")
-}
-
-func readCurve(t *testing.T, dir string) []trainer.Metrics {
-	f, err := os.Open(filepath.Join(dir, "metrics.jsonl"))
-	require.NoError(t, err)
-	defer f.Close()
-	var out []trainer.Metrics
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var m trainer.Metrics
-		require.NoError(t, json.Unmarshal(sc.Bytes(), &m))
-		out = append(out, m)
-	}
-	return out
-}
 
 // TestRunOnGPU trains the tiny and moe-tiny recipes through the CLI on the GPU
 // (--device cuda) and on the CPU, 30 steps each, with two micro-batches per step

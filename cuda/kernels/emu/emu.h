@@ -7,13 +7,19 @@
 // barriers here as on the device: a block whose threads do not all reach the
 // same barrier (a divergent __syncthreads) is reported as a deadlock, not run
 // past. Shared memory is the kernels' static locals (one block runs at a
-// time). Deterministic: fibers run in thread order.
+// time). Deterministic: warps run in order, lanes in order within a warp.
+// A fiber is made once
+// (makecontext) and serves every block after; switches are _setjmp/_longjmp,
+// which save no signal mask (swapcontext's system call per switch made the
+// emulator five times slower).
 //
 // What it does not model: warp-level timing (the lanes of a warp do not run
 // in lockstep between barriers, which correct kernels do not rely on),
 // memory fences beyond the barriers, and the device's fast-math rounding
 // (__expf is expf here), so results agree with a GPU's within rounding.
 #pragma once
+#undef _FORTIFY_SOURCE // its longjmp check refuses the jumps between fiber stacks below
+#include <setjmp.h>
 #include <ucontext.h>
 
 #include <cmath>
@@ -23,6 +29,7 @@
 #include <cstring>
 #include <functional>
 #include <math.h>
+#include <algorithm>
 #include <vector>
 
 struct uint3 {
@@ -46,77 +53,100 @@ inline dim3 block_dim, grid_dim;
 
 enum State { RUN, BLOCK_BAR, WARP_BAR, DONE };
 struct Fiber {
-    ucontext_t ctx;
+    ucontext_t ctx; // its first entry
+    jmp_buf jb;     // where it yielded
     std::vector<char> stack;
-    State state = RUN;
+    State state = DONE;
+    bool started = false;
 };
 inline std::vector<Fiber> fibers;
-inline ucontext_t scheduler;
+inline ucontext_t scheduler_ctx;
+inline jmp_buf scheduler;
 inline int current = -1;
 inline const std::function<void()>* body = nullptr;
 inline uint64_t warp_slots[32][32]; // per warp, per lane: the values the warp intrinsics exchange
 constexpr size_t stack_bytes = 64 << 10;
 
+// yield gives the OS thread back to the scheduler until it resumes the fiber.
+inline void yield() {
+    if (!_setjmp(fibers[current].jb)) _longjmp(scheduler, 1);
+}
+
+// fiber_main runs the body for every block the fiber takes part in.
 inline void fiber_main() {
-    (*body)();
-    fibers[current].state = DONE;
-    swapcontext(&fibers[current].ctx, &scheduler);
+    for (;;) {
+        (*body)();
+        fibers[current].state = DONE;
+        yield();
+    }
 }
 
-// wait yields the current fiber at barrier s until the scheduler releases it.
-inline void wait(State s) {
-    Fiber& f = fibers[current];
-    f.state = s;
-    swapcontext(&f.ctx, &scheduler);
-}
-
-// run_block runs every thread of the current block to its end.
-inline void run_block(int n) {
-    for (int i = 0; i < n; i++) {
-        Fiber& f = fibers[i];
-        f.state = RUN;
+// resume runs fiber i until it yields.
+inline void resume(int i) {
+    current = i;
+    if (_setjmp(scheduler)) return;
+    Fiber& f = fibers[i];
+    if (!f.started) {
+        f.started = true;
         getcontext(&f.ctx);
         f.ctx.uc_stack.ss_sp = f.stack.data();
         f.ctx.uc_stack.ss_size = f.stack.size();
         f.ctx.uc_link = nullptr;
         makecontext(&f.ctx, fiber_main, 0);
+        swapcontext(&scheduler_ctx, &f.ctx);
+        return; // not reached: the fiber comes back by _longjmp
     }
+    _longjmp(f.jb, 1);
+}
+
+// wait yields the current fiber at barrier s until the scheduler releases it.
+inline void wait(State s) {
+    fibers[current].state = s;
+    yield();
+}
+
+// run_block runs every thread of the current block to its end, a warp at a
+// time: a warp's lanes run until each waits at a barrier; a warp barrier all
+// its live lanes reached releases them at once (so the warp runs on with its
+// 32 stacks in cache), and once every warp waits at __syncthreads or has
+// ended, the block's barrier releases them all.
+inline void run_block(int n) {
+    for (int i = 0; i < n; i++) fibers[i].state = RUN;
     for (;;) {
-        bool ran = false;
-        for (int i = 0; i < n; i++) {
-            if (fibers[i].state != RUN) continue;
-            thread_idx = {(unsigned)i % block_dim.x, (unsigned)i / block_dim.x % block_dim.y, (unsigned)i / (block_dim.x * block_dim.y)};
-            current = i;
-            swapcontext(&scheduler, &fibers[i].ctx);
-            ran = true;
-        }
-        if (ran) continue;
-        // Every live thread waits at a barrier: release the warps whose live
-        // lanes all wait at a warp barrier, else the block if all wait at
-        // __syncthreads, else the kernel is stuck.
-        bool live = false, released = false, all_block = true;
         for (int w = 0; w * 32 < n; w++) {
-            bool any = false, all_warp = true;
-            for (int i = w * 32; i < n && i < (w + 1) * 32; i++) {
-                if (fibers[i].state == DONE) continue;
-                any = live = true;
-                all_warp = all_warp && fibers[i].state == WARP_BAR;
-                all_block = all_block && fibers[i].state == BLOCK_BAR;
-            }
-            if (any && all_warp) {
-                for (int i = w * 32; i < n && i < (w + 1) * 32; i++)
+            int lo = w * 32, hi = std::min(n, lo + 32);
+            for (;;) {
+                bool ran = false;
+                for (int i = lo; i < hi; i++) {
+                    if (fibers[i].state != RUN) continue;
+                    thread_idx = {(unsigned)i % block_dim.x, (unsigned)i / block_dim.x % block_dim.y, (unsigned)i / (block_dim.x * block_dim.y)};
+                    resume(i);
+                    ran = true;
+                }
+                if (ran) continue;
+                bool any = false, all_warp = true;
+                for (int i = lo; i < hi; i++) {
+                    if (fibers[i].state == DONE) continue;
+                    any = true;
+                    all_warp = all_warp && fibers[i].state == WARP_BAR;
+                }
+                if (!any || !all_warp) break;
+                for (int i = lo; i < hi; i++)
                     if (fibers[i].state == WARP_BAR) fibers[i].state = RUN;
-                released = true;
             }
+        }
+        bool live = false, all_block = true;
+        for (int i = 0; i < n; i++) {
+            if (fibers[i].state == DONE) continue;
+            live = true;
+            all_block = all_block && fibers[i].state == BLOCK_BAR;
         }
         if (!live) return;
-        if (released) continue;
         if (!all_block) {
             fprintf(stderr, "emu: block (%u,%u) deadlocked: its threads wait at different barriers\n", block_idx.x, block_idx.y);
             exit(3);
         }
-        for (int i = 0; i < n; i++)
-            if (fibers[i].state == BLOCK_BAR) fibers[i].state = RUN;
+        for (int i = 0; i < n; i++) fibers[i].state = fibers[i].state == BLOCK_BAR ? RUN : fibers[i].state;
     }
 }
 
@@ -128,6 +158,9 @@ inline void launch(dim3 grid, dim3 block, const std::function<void()>& kernel) {
         exit(3);
     }
     if ((int)fibers.size() < n) {
+        // Growing moves the Fiber records, not their stacks (a vector's move
+        // keeps its buffer), so the jmp_bufs, which point into the stacks, stay
+        // good.
         fibers.resize(n);
         for (auto& f : fibers)
             if (f.stack.empty()) f.stack.resize(stack_bytes);

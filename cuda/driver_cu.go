@@ -1,0 +1,174 @@
+//go:build cuda
+
+package cuda
+
+import (
+	_ "embed"
+	"fmt"
+	"unsafe"
+
+	"gorgonia.org/cu"
+)
+
+// The CUDA driver under Device (the shardline-cuda build): the primary
+// context, one stream, the embedded PTX module, cuBLASLt. driver_emu.go has
+// the same primitives over the host emulator.
+
+//go:embed kernels/kernels.ptx
+var kernelsPTX string
+
+// Emulated is false: this build drives a GPU (driver_emu.go's is true).
+const Emulated = false
+
+// devicePtr is a device address.
+type devicePtr = cu.DevicePtr
+
+// driver is the CUDA driver's state of a Device, used on its goroutine.
+type driver struct {
+	dev      cu.Device
+	ctx      cu.CUContext // the device's primary context, retained
+	retained bool         // the primary context is retained: release it on the way out
+	stream   cu.Stream
+	mod      cu.Module
+	fns      map[string]cu.Function
+	lt       *blasLt
+	args     [24]uint64
+	argp     [24]unsafe.Pointer
+}
+
+// Open makes a context on GPU ordinal (after CUDA_VISIBLE_DEVICES), loads the
+// kernels and cuBLASLt, and starts the goroutine that owns them.
+func Open(ordinal int) (*Device, error) {
+	n, err := cu.NumDevices()
+	if err != nil {
+		return nil, fmt.Errorf("cuda: counting devices: %w", err)
+	}
+	if ordinal < 0 || ordinal >= n {
+		return nil, fmt.Errorf("cuda: device %d requested, %d visible (check CUDA_VISIBLE_DEVICES)", ordinal, n)
+	}
+	d := &Device{Ordinal: ordinal, drv: driver{dev: cu.Device(ordinal), fns: map[string]cu.Function{}}}
+	for i := range d.drv.args {
+		d.drv.argp[i] = unsafe.Pointer(&d.drv.args[i])
+	}
+	if err := d.start(); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *Device) setup() (err error) {
+	v := &d.drv
+	// The device's primary context, the one the CUDA runtime uses: NCCL runs on
+	// the runtime, and its threads bind the primary context, so the buffers and
+	// streams it is handed must live there. Blocking sync spares a core spinning
+	// in a read-back; the flags cannot change once another user of this process
+	// has made the context active, which is harmless.
+	_ = v.dev.SetPrimaryCtxFlags(cu.SchedBlockingSync)
+	if v.ctx, err = v.dev.RetainPrimaryCtx(); err != nil {
+		return fmt.Errorf("cuda: retaining device %d's primary context: %w", d.Ordinal, err)
+	}
+	v.retained = true
+	if err = cu.SetCurrentContext(v.ctx); err != nil {
+		return fmt.Errorf("cuda: making device %d's primary context current: %w", d.Ordinal, err)
+	}
+	if v.stream, err = cu.MakeStream(cu.NonBlocking); err != nil {
+		return fmt.Errorf("cuda: creating a stream: %w", err)
+	}
+	if v.mod, err = cu.LoadData(kernelsPTX); err != nil {
+		return fmt.Errorf("cuda: loading the embedded kernels (PTX for compute_80; the driver compiles it): %w", err)
+	}
+	i := &d.info
+	if i.Name, err = v.dev.Name(); err != nil {
+		return err
+	}
+	i.Major, _ = v.dev.Attribute(cu.ComputeCapabilityMajor)
+	i.Minor, _ = v.dev.Attribute(cu.ComputeCapabilityMinor)
+	i.SMs, _ = v.dev.Attribute(cu.MultiprocessorCount)
+	i.MemoryBytes, _ = v.dev.TotalMem()
+	i.Driver = cu.Version()
+	if v.lt, err = openBlasLt(d.rawStream()); err != nil {
+		return err
+	}
+	i.CuBLASLt, i.CuBLASLtLibrary = v.lt.version, v.lt.library
+	return nil
+}
+
+// teardown releases what setup made (as far as it got).
+func (d *Device) teardown() {
+	v := &d.drv
+	if v.lt != nil {
+		v.lt.close()
+	}
+	if v.stream != (cu.Stream{}) {
+		_ = v.stream.Destroy()
+	}
+	if v.mod != (cu.Module{}) {
+		_ = v.mod.Unload()
+	}
+	if v.retained {
+		_ = v.dev.ReleasePrimaryCtx()
+	}
+}
+
+// rawStream is the CUstream handle inside cu.Stream (a struct of that one
+// pointer), for the libraries loaded at run time.
+func (d *Device) rawStream() unsafe.Pointer {
+	return *(*unsafe.Pointer)(unsafe.Pointer(&d.drv.stream))
+}
+
+// syncStream waits for the work issued on the stream.
+func (d *Device) syncStream() error { return d.drv.stream.Synchronize() }
+
+func (d *Device) fn(name string) (cu.Function, error) {
+	if f, ok := d.drv.fns[name]; ok {
+		return f, nil
+	}
+	f, err := d.drv.mod.Function(name)
+	if err != nil {
+		return f, fmt.Errorf("kernel %s: %w", name, err)
+	}
+	d.drv.fns[name] = f
+	return f, nil
+}
+
+// launchRaw launches kernel name on the stream.
+func (d *Device) launchRaw(name string, gx, gy, threads int, args []arg) error {
+	f, err := d.fn(name)
+	if err != nil {
+		return err
+	}
+	copy(d.drv.args[:], args)
+	return f.Launch(gx, gy, 1, threads, 1, 1, 0, d.drv.stream, d.drv.argp[:len(args)])
+}
+
+func (d *Device) memAlloc(bytes int64) (devicePtr, error) { return cu.MemAlloc(bytes) }
+func (d *Device) memFree(p devicePtr) error               { return cu.MemFree(p) }
+func (d *Device) memInfo() (free, total int64, err error) { return cu.MemInfo() }
+
+// htod and dtoh copy between host and device memory, after the stream's work.
+func (d *Device) htod(dst devicePtr, src unsafe.Pointer, bytes int64) error {
+	if err := d.syncStream(); err != nil {
+		return err
+	}
+	return cu.MemcpyHtoD(dst, src, bytes)
+}
+func (d *Device) dtoh(dst unsafe.Pointer, src devicePtr, bytes int64) error {
+	if err := d.syncStream(); err != nil {
+		return err
+	}
+	return cu.MemcpyDtoH(dst, src, bytes)
+}
+
+// dtod, memset8, memset16 and memset32 are issued on the stream.
+func (d *Device) dtod(dst, src devicePtr, bytes int64) error {
+	return cu.MemcpyDtoDAsync(dst, src, bytes, d.drv.stream)
+}
+func (d *Device) memset8(p devicePtr, v byte, n int64) error {
+	return cu.MemsetD8Async(p, v, n, d.drv.stream)
+}
+func (d *Device) memset16(p devicePtr, v uint16, n int64) error {
+	return cu.MemsetD16Async(p, v, n, d.drv.stream)
+}
+func (d *Device) memset32(p devicePtr, v uint32, n int64) error {
+	return cu.MemsetD32Async(p, uint(v), n, d.drv.stream)
+}

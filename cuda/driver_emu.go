@@ -1,0 +1,189 @@
+//go:build cudaemu
+
+package cuda
+
+/*
+#cgo CXXFLAGS: -std=c++17 -O1 -DSHARDLINE_EMU -I${SRCDIR}/kernels -I${SRCDIR}/kernels/emu -w
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+int emu_launch(const char* name, unsigned gx, unsigned gy, unsigned threads, const uint64_t* args, int nargs);
+*/
+import "C"
+
+import (
+	"fmt"
+	"unsafe"
+
+	"github.com/shardline/shardline/tensor"
+)
+
+// The host emulator under Device (the cudaemu build tag, for tests without a
+// GPU): device memory is host memory from malloc, the stream is synchronous,
+// kernels run under kernels/emu/emu.h (emu.cc: every kernel of kernels.cu but
+// the tensor-core ones, which refuse), and products run as plain loops
+// accumulated in float64. It exercises everything above the driver, the
+// engine's kernel set and memory included, as the GPU runs it; timings and
+// fast-math rounding are not the GPU's. NCCL and cuBLASLt are not part of it.
+
+// Emulated is true in the host emulator's build: device tests shrink their
+// shapes by it (the emulator runs a kernel's threads one after another).
+const Emulated = true
+
+// devicePtr is an emulated device address (host memory).
+type devicePtr = uintptr
+
+// driver is the emulator's state: the kernel arguments' slots, in C memory
+// (cgo may not keep a Go pointer).
+type driver struct {
+	args *C.uint64_t
+}
+
+// emuSMs is the emulated device's multiprocessors: an H100's, so that grids
+// are shaped as there.
+const emuSMs = 132
+
+// Open opens the host emulator as device ordinal (0 only).
+func Open(ordinal int) (*Device, error) {
+	if ordinal != 0 {
+		return nil, fmt.Errorf("cuda: device %d requested, the host emulator is device 0", ordinal)
+	}
+	d := &Device{}
+	if err := d.start(); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *Device) setup() error {
+	d.drv.args = (*C.uint64_t)(C.calloc(64, 8))
+	d.info = Info{Name: "host emulator (cuda/kernels/emu)", Major: 9, SMs: emuSMs, MemoryBytes: 1 << 34, CuBLASLtLibrary: "none: plain loops"}
+	return nil
+}
+
+func (d *Device) teardown() {
+	if d.drv.args != nil {
+		C.free(unsafe.Pointer(d.drv.args))
+	}
+}
+
+func (d *Device) syncStream() error { return nil }
+
+func (d *Device) launchRaw(name string, gx, gy, threads int, args []arg) error {
+	if len(args) > 64 {
+		return fmt.Errorf("%d arguments", len(args))
+	}
+	copy(unsafe.Slice((*uint64)(unsafe.Pointer(d.drv.args)), 64), args)
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	switch r := C.emu_launch(cname, C.uint(gx), C.uint(gy), C.uint(threads), d.drv.args, C.int(len(args))); {
+	case r == -1:
+		return fmt.Errorf("the host emulator has no kernel %s (the tensor-core kernels are not emulated)", name)
+	case r != 0:
+		return fmt.Errorf("%d arguments for %d parameters", len(args), r)
+	}
+	return nil
+}
+
+// addr is an emulated device address as a pointer (C memory, which the
+// collector does not move or free).
+func addr(p devicePtr) unsafe.Pointer { return *(*unsafe.Pointer)(unsafe.Pointer(&p)) }
+
+func (d *Device) memAlloc(bytes int64) (devicePtr, error) {
+	p := C.malloc(C.size_t(bytes))
+	if p == nil {
+		return 0, fmt.Errorf("malloc of %d bytes failed", bytes)
+	}
+	return devicePtr(uintptr(p)), nil
+}
+
+func (d *Device) memFree(p devicePtr) error {
+	C.free(addr(p))
+	return nil
+}
+
+func (d *Device) memInfo() (free, total int64, err error) { return 1 << 34, 1 << 34, nil }
+
+func (d *Device) htod(dst devicePtr, src unsafe.Pointer, bytes int64) error {
+	C.memcpy(addr(dst), src, C.size_t(bytes))
+	return nil
+}
+func (d *Device) dtoh(dst unsafe.Pointer, src devicePtr, bytes int64) error {
+	C.memcpy(dst, addr(src), C.size_t(bytes))
+	return nil
+}
+func (d *Device) dtod(dst, src devicePtr, bytes int64) error {
+	C.memmove(addr(dst), addr(src), C.size_t(bytes))
+	return nil
+}
+func (d *Device) memset8(p devicePtr, v byte, n int64) error {
+	C.memset(addr(p), C.int(v), C.size_t(n))
+	return nil
+}
+func (d *Device) memset16(p devicePtr, v uint16, n int64) error {
+	s := unsafe.Slice((*uint16)(addr(p)), n)
+	for i := range s {
+		s[i] = v
+	}
+	return nil
+}
+func (d *Device) memset32(p devicePtr, v uint32, n int64) error {
+	s := unsafe.Slice((*uint32)(addr(p)), n)
+	for i := range s {
+		s[i] = v
+	}
+	return nil
+}
+
+// gemmBatched is the column-major C (m×n) = op(A)·op(B) + beta·C over batch
+// products (A, B and C at i·sa, i·sb and i·sc elements), each sum in float64,
+// as plain loops: cuBLASLt's contract, not its speed.
+func (d *Device) gemmBatched(ta, tb bool, m, n, k int, A Buffer, lda, sa int, B Buffer, ldb, sb int, beta float32, Cb Buffer, ldc, sc, batch int) {
+	if d.err != nil || batch == 0 || m == 0 || n == 0 {
+		return
+	}
+	if A.DType != B.DType || A.DType == I32 || Cb.DType == I32 {
+		d.fail("gemm", fmt.Errorf("operands %s·%s into %s", A.DType, B.DType, Cb.DType))
+		return
+	}
+	a, b := emuWiden(A), emuWiden(B)
+	c := emuWiden(Cb)
+	for bi := 0; bi < batch; bi++ {
+		for j := 0; j < n; j++ {
+			for i := 0; i < m; i++ {
+				// op(A)(i,p) at ai + p·as, op(B)(p,j) at bj + p·bs.
+				ai, as := bi*sa+i, lda
+				if ta {
+					ai, as = bi*sa+i*lda, 1
+				}
+				bj, bs := bi*sb+j*ldb, 1
+				if tb {
+					bj, bs = bi*sb+j, ldb
+				}
+				var s float64
+				for p := 0; p < k; p++ {
+					s += float64(a[ai+p*as]) * float64(b[bj+p*bs])
+				}
+				ci := bi*sc + i + j*ldc
+				if beta != 0 {
+					s += float64(beta) * float64(c[ci])
+				}
+				c[ci] = float32(s)
+			}
+		}
+	}
+	if Cb.DType == BF16 {
+		tensor.CastToBF16(unsafe.Slice((*tensor.BF16)(addr(Cb.ptr)), Cb.N), c)
+	}
+}
+
+// emuWiden is an f32 buffer's elements in place, or a bf16 buffer's widened
+// into a new slice.
+func emuWiden(b Buffer) []float32 {
+	if b.DType == BF16 {
+		out := make([]float32, b.N)
+		tensor.CastToFloat32(out, unsafe.Slice((*tensor.BF16)(addr(b.ptr)), b.N))
+		return out
+	}
+	return unsafe.Slice((*float32)(addr(b.ptr)), b.N)
+}
