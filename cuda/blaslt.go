@@ -162,17 +162,10 @@ func cudaType(t DType) C.int {
 	return C.CUDA_R_32F
 }
 
-// gemmBatched is gemm over batch products on cuBLASLt, the i-th reading A, B
+// batchedProduct is gemmBatched's products on cuBLASLt, the i-th reading A, B
 // and C at i·sa, i·sb and i·sc elements. The algorithm for a shape is chosen
 // once by cuBLASLt's heuristic and cached.
-func (d *Device) gemmBatched(ta, tb bool, m, n, k int, A Buffer, lda, sa int, B Buffer, ldb, sb int, beta float32, Cb Buffer, ldc, sc, batch int) {
-	if d.err != nil || batch == 0 || m == 0 || n == 0 {
-		return
-	}
-	if A.DType != B.DType || A.DType == I32 || Cb.DType == I32 {
-		d.fail("gemm", fmt.Errorf("operands %s·%s into %s", A.DType, B.DType, Cb.DType))
-		return
-	}
+func (d *Device) batchedProduct(ta, tb bool, m, n, k int, A Buffer, lda, sa int, B Buffer, ldb, sb int, beta float32, Cb Buffer, ldc, sc, batch int) {
 	lt := d.drv.lt
 	key := gemmKey{ta, tb, m, n, k, lda, ldb, ldc, A.DType, Cb.DType, batch, sa, sb, sc}
 	p, ok := lt.plans[key]

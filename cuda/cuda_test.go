@@ -18,27 +18,11 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
 	"testing"
 
 	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/tensor/cpu"
 )
-
-var dev *Device
-
-func TestMain(m *testing.M) {
-	d, err := Open(0)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	fmt.Fprintln(os.Stderr, "device:", d.Info())
-	dev = d
-	code := m.Run()
-	d.Close()
-	os.Exit(code)
-}
 
 // onDevice runs fn on the device goroutine (only t.Error/Log there: t.Fatal would
 // end the device's goroutine) and fails the test on a sticky device error.

@@ -135,17 +135,10 @@ func (d *Device) memset32(p devicePtr, v uint32, n int64) error {
 	return nil
 }
 
-// gemmBatched is the column-major C (m×n) = op(A)·op(B) + beta·C over batch
+// batchedProduct is the column-major C (m×n) = op(A)·op(B) + beta·C over batch
 // products (A, B and C at i·sa, i·sb and i·sc elements), each sum in float64,
 // as plain loops: cuBLASLt's contract, not its speed.
-func (d *Device) gemmBatched(ta, tb bool, m, n, k int, A Buffer, lda, sa int, B Buffer, ldb, sb int, beta float32, Cb Buffer, ldc, sc, batch int) {
-	if d.err != nil || batch == 0 || m == 0 || n == 0 {
-		return
-	}
-	if A.DType != B.DType || A.DType == I32 || Cb.DType == I32 {
-		d.fail("gemm", fmt.Errorf("operands %s·%s into %s", A.DType, B.DType, Cb.DType))
-		return
-	}
+func (d *Device) batchedProduct(ta, tb bool, m, n, k int, A Buffer, lda, sa int, B Buffer, ldb, sb int, beta float32, Cb Buffer, ldc, sc, batch int) {
 	a, b := emuWiden(A), emuWiden(B)
 	c := emuWiden(Cb)
 	for bi := 0; bi < batch; bi++ {

@@ -571,6 +571,22 @@ func (d *Device) gemm(ta, tb bool, m, n, k int, A Buffer, lda int, B Buffer, ldb
 	d.gemmBatched(ta, tb, m, n, k, A, lda, 0, B, ldb, 0, beta, Cb, ldc, 0, 1)
 }
 
+// gemmBatched is batch column-major products C (m×n) = op(A)·op(B) + beta·C,
+// the i-th reading A, B and C at i·sa, i·sb and i·sc elements: A and B of one
+// float dtype, C fp32 or bf16. It checks the operands once for both drivers
+// (cuBLASLt on a GPU, plain loops on the emulator) and does nothing after an
+// error or for an empty product.
+func (d *Device) gemmBatched(ta, tb bool, m, n, k int, A Buffer, lda, sa int, B Buffer, ldb, sb int, beta float32, Cb Buffer, ldc, sc, batch int) {
+	if d.err != nil || batch == 0 || m == 0 || n == 0 {
+		return
+	}
+	if A.DType != B.DType || A.DType == I32 || Cb.DType == I32 {
+		d.fail("gemm", fmt.Errorf("operands %s·%s into %s", A.DType, B.DType, Cb.DType))
+		return
+	}
+	d.batchedProduct(ta, tb, m, n, k, A, lda, sa, B, ldb, sb, beta, Cb, ldc, sc, batch)
+}
+
 func beta(accumulate bool) float32 {
 	if accumulate {
 		return 1
