@@ -25,72 +25,76 @@ func bf16Of(x []float32) ([]tensor.BF16, []float32) {
 // (N not a multiple of 32), several K blocks (K > 512), both layouts of B, beta
 // 0 and 1, and products shared among the cores.
 func TestSgemmBF16(t *testing.T) {
-	r := rand.New(rand.NewSource(7))
-	shapes := [][3]int{{1, 1, 1}, {7, 33, 5}, {13, 70, 300}, {768, 384, 128}, {128, 768, 700}, {100, 1, 64}, {2, 3100, 17}}
-	for _, s := range shapes {
-		for _, tA := range []bool{false, true} {
-			for _, tB := range []bool{false, true} {
-				for _, beta := range []float32{0, 1} {
-					M, N, K := s[0], s[1], s[2]
-					name := fmt.Sprintf("%dx%dx%d/tA=%v/tB=%v/beta=%v", M, N, K, tA, tB, beta)
-					lda, ldb, ldc, rowsA, rowsB := gemmLayout(M, N, K, tA, tB)
-					A, C := randSlice(r, rowsA*lda), randSlice(r, M*ldc)
-					Bh, Bw := bf16Of(randSlice(r, rowsB*ldb))
-					want := slices.Clone(C)
-					Sgemm(tA, tB, M, N, K, 1, A, lda, Bw, ldb, beta, want, ldc)
-					SgemmBF16(tA, tB, M, N, K, 1, A, lda, Bh, ldb, beta, C, ldc)
-					if !slices.Equal(want, C) {
-						t.Fatalf("%s: the bf16 product differs from the float32 product of the widened B", name)
+	eachISA(t, func(t *testing.T) {
+		r := rand.New(rand.NewSource(7))
+		shapes := [][3]int{{1, 1, 1}, {7, 33, 5}, {13, 70, 300}, {768, 384, 128}, {128, 768, 700}, {100, 1, 64}, {2, 3100, 17}}
+		for _, s := range shapes {
+			for _, tA := range []bool{false, true} {
+				for _, tB := range []bool{false, true} {
+					for _, beta := range []float32{0, 1} {
+						M, N, K := s[0], s[1], s[2]
+						name := fmt.Sprintf("%dx%dx%d/tA=%v/tB=%v/beta=%v", M, N, K, tA, tB, beta)
+						lda, ldb, ldc, rowsA, rowsB := gemmLayout(M, N, K, tA, tB)
+						A, C := randSlice(r, rowsA*lda), randSlice(r, M*ldc)
+						Bh, Bw := bf16Of(randSlice(r, rowsB*ldb))
+						want := slices.Clone(C)
+						Sgemm(tA, tB, M, N, K, 1, A, lda, Bw, ldb, beta, want, ldc)
+						SgemmBF16(tA, tB, M, N, K, 1, A, lda, Bh, ldb, beta, C, ldc)
+						if !slices.Equal(want, C) {
+							t.Fatalf("%s: the bf16 product differs from the float32 product of the widened B", name)
+						}
 					}
 				}
 			}
 		}
-	}
+	})
 }
 
 // TestBF16WeightKernels runs every kernel that reads weights on a bf16 view and
 // on the float32 view of the same (widened) values: the outputs must agree bit
 // for bit, since each kernel widens exactly and then computes as for float32.
 func TestBF16WeightKernels(t *testing.T) {
-	defer SetBF16Dot(false)() // the widening path; TestBF16DotKernels covers the other
-	r := rand.New(rand.NewSource(8))
-	const BT, C, OC, V = 37, 96, 130, 50
-	inp, dout := randSlice(r, BT*C), randSlice(r, BT*OC)
-	wh, ww := bf16Of(randSlice(r, OC*C))
-	gh, gw := bf16Of(randSlice(r, C))
-	eh, ew := bf16Of(randSlice(r, V*C))
-	tokens := make([]int32, BT)
-	for i := range tokens {
-		tokens[i] = int32(r.Intn(V))
-	}
-	type outs struct{ mm, dinp, dw, emb, norm, rstd, dnorm, dgain []float32 }
-	run := func(w, g, e tensor.Weights[float32]) outs {
-		o := outs{mm: make([]float32, BT*OC), dinp: make([]float32, BT*C), dw: make([]float32, OC*C), emb: make([]float32, BT*C),
-			norm: make([]float32, BT*C), rstd: make([]float32, BT), dnorm: make([]float32, BT*C), dgain: make([]float32, C)}
-		s := tensor.MatmulShape{BT: BT, C: C, OC: OC}
-		Matmul(o.mm, tensor.FloatWeights(inp), w, s, false)
-		MatmulBackward(o.dinp, o.dw, dout, tensor.FloatWeights(inp), w, s, false)
-		Embedding(o.emb, tokens, e, tensor.EmbeddingShape{BT: BT, C: C, N: V})
-		RMSNorm(o.norm, o.rstd, inp, g, BT, C, 1e-5)
-		RMSNormBackward(o.dnorm, o.dgain, o.norm, inp, g, o.rstd, BT, C)
-		return o
-	}
-	a := run(tensor.BF16Weights[float32](wh), tensor.BF16Weights[float32](gh), tensor.BF16Weights[float32](eh))
-	b := run(tensor.FloatWeights(ww), tensor.FloatWeights(gw), tensor.FloatWeights(ew))
-	for name, pair := range map[string][2][]float32{"matmul": {a.mm, b.mm}, "dinp": {a.dinp, b.dinp}, "dweight": {a.dw, b.dw},
-		"embedding": {a.emb, b.emb}, "rmsnorm": {a.norm, b.norm}, "rmsnorm dinp": {a.dnorm, b.dnorm}, "rmsnorm dweight": {a.dgain, b.dgain}} {
-		if !slices.Equal(pair[0], pair[1]) {
-			t.Errorf("%s: bf16 weights differ from their float32 widening", name)
+	eachISA(t, func(t *testing.T) {
+		defer SetBF16Dot(false)() // the widening path; TestBF16DotKernels covers the other
+		r := rand.New(rand.NewSource(8))
+		const BT, C, OC, V = 37, 96, 130, 50
+		inp, dout := randSlice(r, BT*C), randSlice(r, BT*OC)
+		wh, ww := bf16Of(randSlice(r, OC*C))
+		gh, gw := bf16Of(randSlice(r, C))
+		eh, ew := bf16Of(randSlice(r, V*C))
+		tokens := make([]int32, BT)
+		for i := range tokens {
+			tokens[i] = int32(r.Intn(V))
 		}
-	}
-	// float64 kernels (the gradient checks) widen bf16 weights too.
-	m64 := make([]float64, BT*OC)
-	Matmul(m64, tensor.FloatWeights(toF64(inp)), tensor.BF16Weights[float64](wh), tensor.MatmulShape{BT: BT, C: C, OC: OC}, false)
-	for i, v := range m64 {
-		if d := v - float64(b.mm[i]); d > 1e-3 || d < -1e-3 { // float32 vs float64 sums of 96 unit-size products
-			t.Fatalf("float64 matmul on bf16 weights: element %d is %v, float32 gives %v", i, v, b.mm[i])
+		type outs struct{ mm, dinp, dw, emb, norm, rstd, dnorm, dgain []float32 }
+		run := func(w, g, e tensor.Weights[float32]) outs {
+			o := outs{mm: make([]float32, BT*OC), dinp: make([]float32, BT*C), dw: make([]float32, OC*C), emb: make([]float32, BT*C),
+				norm: make([]float32, BT*C), rstd: make([]float32, BT), dnorm: make([]float32, BT*C), dgain: make([]float32, C)}
+			s := tensor.MatmulShape{BT: BT, C: C, OC: OC}
+			Matmul(o.mm, tensor.FloatWeights(inp), w, s, false)
+			MatmulBackward(o.dinp, o.dw, dout, tensor.FloatWeights(inp), w, s, false)
+			Embedding(o.emb, tokens, e, tensor.EmbeddingShape{BT: BT, C: C, N: V})
+			RMSNorm(o.norm, o.rstd, inp, g, BT, C, 1e-5)
+			RMSNormBackward(o.dnorm, o.dgain, o.norm, inp, g, o.rstd, BT, C)
+			return o
 		}
-	}
+		a := run(tensor.BF16Weights[float32](wh), tensor.BF16Weights[float32](gh), tensor.BF16Weights[float32](eh))
+		b := run(tensor.FloatWeights(ww), tensor.FloatWeights(gw), tensor.FloatWeights(ew))
+		for name, pair := range map[string][2][]float32{"matmul": {a.mm, b.mm}, "dinp": {a.dinp, b.dinp}, "dweight": {a.dw, b.dw},
+			"embedding": {a.emb, b.emb}, "rmsnorm": {a.norm, b.norm}, "rmsnorm dinp": {a.dnorm, b.dnorm}, "rmsnorm dweight": {a.dgain, b.dgain}} {
+			if !slices.Equal(pair[0], pair[1]) {
+				t.Errorf("%s: bf16 weights differ from their float32 widening", name)
+			}
+		}
+		// float64 kernels (the gradient checks) widen bf16 weights too.
+		m64 := make([]float64, BT*OC)
+		Matmul(m64, tensor.FloatWeights(toF64(inp)), tensor.BF16Weights[float64](wh), tensor.MatmulShape{BT: BT, C: C, OC: OC}, false)
+		for i, v := range m64 {
+			if d := v - float64(b.mm[i]); d > 1e-3 || d < -1e-3 { // float32 vs float64 sums of 96 unit-size products
+				t.Fatalf("float64 matmul on bf16 weights: element %d is %v, float32 gives %v", i, v, b.mm[i])
+			}
+		}
+	})
 }
 
 // TestSgemmDotBF16 holds the bf16 dot-product GEMM, in AVX-512 BF16 where the
@@ -242,29 +246,31 @@ func TestToBF16(t *testing.T) {
 // panel and in a block, and checks each value against tensor.BF16.Float32 bit for
 // bit (the widening is exact, NaN payloads included).
 func TestFromBF16(t *testing.T) {
-	for _, n := range []int{0, 1, 31, 32, 33, 4096 + 40, 1 << 16, 1<<16 + 4096*2 + 5} {
-		src := make([]tensor.BF16, n)
-		for i := range src {
-			src[i] = tensor.BF16(i * 40503) // every pattern once at n = 1<<16, scrambled
-		}
-		got := make([]float32, n)
-		for i := range got {
-			got[i] = float32(math.NaN())
-		}
-		FromBF16(got, src)
-		for i, h := range src {
-			if math.Float32bits(got[i]) != math.Float32bits(h.Float32()) {
-				t.Fatalf("n=%d: bf16 %#04x widened to %#08x, want %#08x", n, h, math.Float32bits(got[i]), math.Float32bits(h.Float32()))
+	eachISA(t, func(t *testing.T) {
+		for _, n := range []int{0, 1, 31, 32, 33, 4096 + 40, 1 << 16, 1<<16 + 4096*2 + 5} {
+			src := make([]tensor.BF16, n)
+			for i := range src {
+				src[i] = tensor.BF16(i * 40503) // every pattern once at n = 1<<16, scrambled
+			}
+			got := make([]float32, n)
+			for i := range got {
+				got[i] = float32(math.NaN())
+			}
+			FromBF16(got, src)
+			for i, h := range src {
+				if math.Float32bits(got[i]) != math.Float32bits(h.Float32()) {
+					t.Fatalf("n=%d: bf16 %#04x widened to %#08x, want %#08x", n, h, math.Float32bits(got[i]), math.Float32bits(h.Float32()))
+				}
+			}
+			got64 := make([]float64, n)
+			FromBF16(got64, src)
+			for i, h := range src {
+				if v := float64(h.Float32()); got64[i] != v && !(math.IsNaN(v) && math.IsNaN(got64[i])) {
+					t.Fatalf("n=%d float64: bf16 %#04x widened to %v, want %v", n, h, got64[i], v)
+				}
 			}
 		}
-		got64 := make([]float64, n)
-		FromBF16(got64, src)
-		for i, h := range src {
-			if v := float64(h.Float32()); got64[i] != v && !(math.IsNaN(v) && math.IsNaN(got64[i])) {
-				t.Fatalf("n=%d float64: bf16 %#04x widened to %v, want %v", n, h, got64[i], v)
-			}
-		}
-	}
+	})
 }
 
 // BenchmarkMatmulBF16 runs the products that read weights (forward and the
@@ -309,47 +315,49 @@ func BenchmarkMatmulBF16(b *testing.B) {
 // they are, or copies them where a tile of rows or an odd row length needs it),
 // the weight gradient (the input widened as it is packed), float64 too.
 func TestBF16Inputs(t *testing.T) {
-	r := rand.New(rand.NewSource(21))
-	for _, sh := range []tensor.MatmulShape{{BT: 48, C: 64, OC: 40}, {BT: 37, C: 33, OC: 70}, {BT: 12, C: 520, OC: 33}} {
-		ih, iw := bf16Of(randSlice(r, sh.BT*sh.C))
-		wh, _ := bf16Of(randSlice(r, sh.OC*sh.C))
-		dout := randSlice(r, sh.BT*sh.OC)
-		w := tensor.BF16Weights[float32](wh)
-		for _, dot := range []bool{false, true} {
-			restore := SetBF16Dot(dot)
-			run := func(in tensor.Weights[float32]) (mm, dinp, dw []float32) {
-				mm, dinp, dw = make([]float32, sh.BT*sh.OC), make([]float32, sh.BT*sh.C), make([]float32, sh.OC*sh.C)
-				for i := range mm {
-					mm[i] = 0.5 // accumulate onto something
+	eachISA(t, func(t *testing.T) {
+		r := rand.New(rand.NewSource(21))
+		for _, sh := range []tensor.MatmulShape{{BT: 48, C: 64, OC: 40}, {BT: 37, C: 33, OC: 70}, {BT: 12, C: 520, OC: 33}} {
+			ih, iw := bf16Of(randSlice(r, sh.BT*sh.C))
+			wh, _ := bf16Of(randSlice(r, sh.OC*sh.C))
+			dout := randSlice(r, sh.BT*sh.OC)
+			w := tensor.BF16Weights[float32](wh)
+			for _, dot := range []bool{false, true} {
+				restore := SetBF16Dot(dot)
+				run := func(in tensor.Weights[float32]) (mm, dinp, dw []float32) {
+					mm, dinp, dw = make([]float32, sh.BT*sh.OC), make([]float32, sh.BT*sh.C), make([]float32, sh.OC*sh.C)
+					for i := range mm {
+						mm[i] = 0.5 // accumulate onto something
+					}
+					Matmul(mm, in, w, sh, true)
+					MatmulBackward(dinp, dw, dout, in, w, sh, false)
+					return
 				}
-				Matmul(mm, in, w, sh, true)
-				MatmulBackward(dinp, dw, dout, in, w, sh, false)
-				return
+				a, ad, aw := run(tensor.BF16Weights[float32](ih))
+				b, bd, bw := run(tensor.FloatWeights(iw))
+				restore()
+				if !slices.Equal(b, a) {
+					t.Fatalf("%v dot=%v: forward differs from the widened input", sh, dot)
+				}
+				if !slices.Equal(bd, ad) {
+					t.Fatalf("%v dot=%v: input gradient differs from the widened input", sh, dot)
+				}
+				if !slices.Equal(bw, aw) {
+					t.Fatalf("%v dot=%v: weight gradient differs from the widened input", sh, dot)
+				}
 			}
-			a, ad, aw := run(tensor.BF16Weights[float32](ih))
-			b, bd, bw := run(tensor.FloatWeights(iw))
-			restore()
-			if !slices.Equal(b, a) {
-				t.Fatalf("%v dot=%v: forward differs from the widened input", sh, dot)
+			m64, w64 := make([]float64, sh.BT*sh.OC), make([]float64, sh.BT*sh.OC)
+			dw64, dwW := make([]float64, sh.OC*sh.C), make([]float64, sh.OC*sh.C)
+			Matmul(m64, tensor.BF16Weights[float64](ih), tensor.BF16Weights[float64](wh), sh, false)
+			Matmul(w64, tensor.FloatWeights(toF64(iw)), tensor.BF16Weights[float64](wh), sh, false)
+			MatmulBackward(nil, dw64, toF64(dout), tensor.BF16Weights[float64](ih), tensor.BF16Weights[float64](wh), sh, false)
+			MatmulBackward(nil, dwW, toF64(dout), tensor.FloatWeights(toF64(iw)), tensor.BF16Weights[float64](wh), sh, false)
+			if !slices.Equal(w64, m64) {
+				t.Fatalf("%v float64 forward differs from the widened input", sh)
 			}
-			if !slices.Equal(bd, ad) {
-				t.Fatalf("%v dot=%v: input gradient differs from the widened input", sh, dot)
-			}
-			if !slices.Equal(bw, aw) {
-				t.Fatalf("%v dot=%v: weight gradient differs from the widened input", sh, dot)
+			if !slices.Equal(dwW, dw64) {
+				t.Fatalf("%v float64 weight gradient differs from the widened input", sh)
 			}
 		}
-		m64, w64 := make([]float64, sh.BT*sh.OC), make([]float64, sh.BT*sh.OC)
-		dw64, dwW := make([]float64, sh.OC*sh.C), make([]float64, sh.OC*sh.C)
-		Matmul(m64, tensor.BF16Weights[float64](ih), tensor.BF16Weights[float64](wh), sh, false)
-		Matmul(w64, tensor.FloatWeights(toF64(iw)), tensor.BF16Weights[float64](wh), sh, false)
-		MatmulBackward(nil, dw64, toF64(dout), tensor.BF16Weights[float64](ih), tensor.BF16Weights[float64](wh), sh, false)
-		MatmulBackward(nil, dwW, toF64(dout), tensor.FloatWeights(toF64(iw)), tensor.BF16Weights[float64](wh), sh, false)
-		if !slices.Equal(w64, m64) {
-			t.Fatalf("%v float64 forward differs from the widened input", sh)
-		}
-		if !slices.Equal(dwW, dw64) {
-			t.Fatalf("%v float64 weight gradient differs from the widened input", sh)
-		}
-	}
+	})
 }

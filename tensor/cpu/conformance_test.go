@@ -8,8 +8,8 @@ import (
 )
 
 // TestKernelConformance runs the kernel set every backend must pass: the
-// float32 kernels (bf16 operands included, on whichever matmul path this
-// machine takes) against the same kernels in float64.
+// float32 kernels (bf16 operands included) against the same kernels in
+// float64, under every micro-kernel level this machine has (EachISA).
 func TestKernelConformance(t *testing.T) {
-	kerneltest.Run(t, cpu.Backend{}, kerneltest.Options{})
+	cpu.EachISA(t, func(t *testing.T) { kerneltest.Run(t, cpu.Backend{}, kerneltest.Options{}) })
 }

@@ -11,14 +11,21 @@ func vexp32(dst, src []float32) { vexpOrSigmoid(dst, src, false) }
 // vsigmoid32 sets dst[i] = 1 / (1 + e^−src[i]) (dst and src may be the same slice).
 func vsigmoid32(dst, src []float32) { vexpOrSigmoid(dst, src, true) }
 
+//go:noescape
+func vexp32AVX2(dst, src *float32, n int, sigmoid bool)
+
 func vexpOrSigmoid(dst, src []float32, sigmoid bool) {
 	n := len(src)
-	bulk := n &^ 15
-	if hasAVX512 && bulk > 0 {
+	bulk := 0
+	switch {
+	case hasAVX512 && n >= 16:
 		_ = dst[n-1]
+		bulk = n &^ 15
 		vexp32AVX512(&dst[0], &src[0], bulk, sigmoid)
-	} else {
-		bulk = 0
+	case hasAVX2 && n >= 8:
+		_ = dst[n-1]
+		bulk = n &^ 7
+		vexp32AVX2(&dst[0], &src[0], bulk, sigmoid)
 	}
 	for i := bulk; i < n; i++ {
 		if sigmoid {

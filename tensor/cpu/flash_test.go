@@ -83,61 +83,65 @@ var flashShapes = []tensor.AttentionShape{
 // shapes allow, the materialised Attention's forward and backward (float64:
 // 1e-12, a different summation order; float32: 1e-5).
 func TestFlashAttention(t *testing.T) {
-	r := rand.New(rand.NewSource(21))
-	for _, s := range flashShapes {
-		q, k, v := randF64(r, s.B*s.Tq*s.NH*s.HD), randF64(r, s.B*s.Tk*s.NKV*s.HD), randF64(r, s.B*s.Tk*s.NKV*s.HD)
-		out, lse := make([]float64, len(q)), make([]float64, s.B*s.NH*s.Tq)
-		FlashAttention(out, lse, q, k, v, s)
-		wo, wl := naiveAttention(s, q, k, v)
-		if e := max(maxRel(out, wo), maxRel(lse, wl)); e > 1e-12 {
-			t.Fatalf("%+v: forward differs from the formula by %.3g", s, e)
-		}
-		q32, k32, v32 := toF32(q), toF32(k), toF32(v)
-		o32, l32 := make([]float32, len(q)), make([]float32, len(lse))
-		FlashAttention(o32, l32, q32, k32, v32, s)
-		if e := max(maxRel(toF64(o32), wo), maxRel(toF64(l32), wl)); e > 1e-5 {
-			t.Fatalf("%+v: float32 forward differs from the formula by %.3g", s, e)
-		}
-		if s.QOff != 0 || s.KOff != 0 || !s.Causal || s.Tq != s.Tk {
-			continue
-		}
-		// the materialised kernel: forward and backward
-		dout := randF64(r, len(q))
-		ao, att := make([]float64, len(q)), make([]float64, s.B*s.NH*s.Tq*s.Tk)
-		Attention(ao, att, q, k, v, tensor.AttentionShape{B: s.B, Tq: s.Tq, Tk: s.Tq, NH: s.NH, NKV: s.NKV, HD: s.HD, Causal: true})
-		dq, dk, dv := make([]float64, len(q)), make([]float64, len(k)), make([]float64, len(v))
-		AttentionBackward(dq, dk, dv, dout, att, q, k, v, tensor.AttentionShape{B: s.B, Tq: s.Tq, Tk: s.Tq, NH: s.NH, NKV: s.NKV, HD: s.HD, Causal: true})
-		fq, fk, fv := make([]float64, len(q)), make([]float64, len(k)), make([]float64, len(v))
-		FlashAttentionBackward(fq, fk, fv, dout, out, lse, q, k, v, s)
-		for name, p := range map[string][2][]float64{"out": {out, ao}, "dq": {fq, dq}, "dk": {fk, dk}, "dv": {fv, dv}} {
-			if e := maxRel(p[0], p[1]); e > 1e-12 {
-				t.Fatalf("%+v: %s differs from the materialised kernel's by %.3g", s, name, e)
+	eachISA(t, func(t *testing.T) {
+		r := rand.New(rand.NewSource(21))
+		for _, s := range flashShapes {
+			q, k, v := randF64(r, s.B*s.Tq*s.NH*s.HD), randF64(r, s.B*s.Tk*s.NKV*s.HD), randF64(r, s.B*s.Tk*s.NKV*s.HD)
+			out, lse := make([]float64, len(q)), make([]float64, s.B*s.NH*s.Tq)
+			FlashAttention(out, lse, q, k, v, s)
+			wo, wl := naiveAttention(s, q, k, v)
+			if e := max(maxRel(out, wo), maxRel(lse, wl)); e > 1e-12 {
+				t.Fatalf("%+v: forward differs from the formula by %.3g", s, e)
+			}
+			q32, k32, v32 := toF32(q), toF32(k), toF32(v)
+			o32, l32 := make([]float32, len(q)), make([]float32, len(lse))
+			FlashAttention(o32, l32, q32, k32, v32, s)
+			if e := max(maxRel(toF64(o32), wo), maxRel(toF64(l32), wl)); e > 1e-5 {
+				t.Fatalf("%+v: float32 forward differs from the formula by %.3g", s, e)
+			}
+			if s.QOff != 0 || s.KOff != 0 || !s.Causal || s.Tq != s.Tk {
+				continue
+			}
+			// the materialised kernel: forward and backward
+			dout := randF64(r, len(q))
+			ao, att := make([]float64, len(q)), make([]float64, s.B*s.NH*s.Tq*s.Tk)
+			Attention(ao, att, q, k, v, tensor.AttentionShape{B: s.B, Tq: s.Tq, Tk: s.Tq, NH: s.NH, NKV: s.NKV, HD: s.HD, Causal: true})
+			dq, dk, dv := make([]float64, len(q)), make([]float64, len(k)), make([]float64, len(v))
+			AttentionBackward(dq, dk, dv, dout, att, q, k, v, tensor.AttentionShape{B: s.B, Tq: s.Tq, Tk: s.Tq, NH: s.NH, NKV: s.NKV, HD: s.HD, Causal: true})
+			fq, fk, fv := make([]float64, len(q)), make([]float64, len(k)), make([]float64, len(v))
+			FlashAttentionBackward(fq, fk, fv, dout, out, lse, q, k, v, s)
+			for name, p := range map[string][2][]float64{"out": {out, ao}, "dq": {fq, dq}, "dk": {fk, dk}, "dv": {fv, dv}} {
+				if e := maxRel(p[0], p[1]); e > 1e-12 {
+					t.Fatalf("%+v: %s differs from the materialised kernel's by %.3g", s, name, e)
+				}
 			}
 		}
-	}
+	})
 }
 
 // TestFlashAttentionGrad checks the backward against central finite differences
 // of L = Σ out·R in float64 (tolerance as the other gradient checks), for every
 // shape kind above at a small size.
 func TestFlashAttentionGrad(t *testing.T) {
-	r := rand.New(rand.NewSource(22))
-	for _, s := range []tensor.AttentionShape{
-		{B: 1, Tq: 5, Tk: 9, NH: 2, NKV: 1, HD: 3, QOff: 6, KOff: 2, Causal: true},
-		{B: 2, Tq: 4, Tk: 4, NH: 2, NKV: 2, HD: 2, Causal: true},
-		{B: 1, Tq: 3, Tk: 5, NH: 1, NKV: 1, HD: 4, Causal: false},
-		{B: 1, Tq: 4, Tk: 3, NH: 2, NKV: 1, HD: 2, QOff: 0, KOff: 2, Causal: true}, // rows 0, 1 see nothing
-	} {
-		q, k, v := randF64(r, s.B*s.Tq*s.NH*s.HD), randF64(r, s.B*s.Tk*s.NKV*s.HD), randF64(r, s.B*s.Tk*s.NKV*s.HD)
-		R := randF64(r, len(q))
-		out, lse := make([]float64, len(q)), make([]float64, s.B*s.NH*s.Tq)
-		loss := func() float64 { FlashAttention(out, lse, q, k, v, s); return dot(out, R) }
-		loss()
-		dq, dk, dv := make([]float64, len(q)), make([]float64, len(k)), make([]float64, len(v))
-		FlashAttentionBackward(dq, dk, dv, R, out, lse, q, k, v, s)
-		checkGrads(t, fmt.Sprintf("flash attention %+v", s), map[string][]float64{"q": q, "k": k, "v": v},
-			map[string][]float64{"q": dq, "k": dk, "v": dv}, loss)
-	}
+	eachISA(t, func(t *testing.T) {
+		r := rand.New(rand.NewSource(22))
+		for _, s := range []tensor.AttentionShape{
+			{B: 1, Tq: 5, Tk: 9, NH: 2, NKV: 1, HD: 3, QOff: 6, KOff: 2, Causal: true},
+			{B: 2, Tq: 4, Tk: 4, NH: 2, NKV: 2, HD: 2, Causal: true},
+			{B: 1, Tq: 3, Tk: 5, NH: 1, NKV: 1, HD: 4, Causal: false},
+			{B: 1, Tq: 4, Tk: 3, NH: 2, NKV: 1, HD: 2, QOff: 0, KOff: 2, Causal: true}, // rows 0, 1 see nothing
+		} {
+			q, k, v := randF64(r, s.B*s.Tq*s.NH*s.HD), randF64(r, s.B*s.Tk*s.NKV*s.HD), randF64(r, s.B*s.Tk*s.NKV*s.HD)
+			R := randF64(r, len(q))
+			out, lse := make([]float64, len(q)), make([]float64, s.B*s.NH*s.Tq)
+			loss := func() float64 { FlashAttention(out, lse, q, k, v, s); return dot(out, R) }
+			loss()
+			dq, dk, dv := make([]float64, len(q)), make([]float64, len(k)), make([]float64, len(v))
+			FlashAttentionBackward(dq, dk, dv, R, out, lse, q, k, v, s)
+			checkGrads(t, fmt.Sprintf("flash attention %+v", s), map[string][]float64{"q": q, "k": k, "v": v},
+				map[string][]float64{"q": dq, "k": dk, "v": dv}, loss)
+		}
+	})
 }
 
 func toF32(x []float64) []float32 {
@@ -187,49 +191,53 @@ func BenchmarkAttention(b *testing.B) {
 // to 100 (bulk of sixteen plus tails), with negative values, -Inf (masked scores)
 // and the maximum at either end.
 func TestMaxOf(t *testing.T) {
-	r := rand.New(rand.NewSource(5))
-	for n := 1; n <= 100; n++ {
-		x := make([]float32, n)
-		for i := range x {
-			x[i] = float32(r.NormFloat64()*10 - 20)
-			if r.Intn(7) == 0 {
-				x[i] = float32(math.Inf(-1))
+	eachISA(t, func(t *testing.T) {
+		r := rand.New(rand.NewSource(5))
+		for n := 1; n <= 100; n++ {
+			x := make([]float32, n)
+			for i := range x {
+				x[i] = float32(r.NormFloat64()*10 - 20)
+				if r.Intn(7) == 0 {
+					x[i] = float32(math.Inf(-1))
+				}
+			}
+			for _, at := range []int{0, n - 1, r.Intn(n)} {
+				y := append([]float32(nil), x...)
+				y[at] = 99
+				if got, want := maxOf(y), maxScan(y); got != want || got != 99 {
+					t.Fatalf("n=%d, max at %d: got %v, want %v", n, at, got, want)
+				}
+			}
+			if got, want := maxOf(x), maxScan(x); got != want {
+				t.Fatalf("n=%d: got %v, want %v", n, got, want)
 			}
 		}
-		for _, at := range []int{0, n - 1, r.Intn(n)} {
-			y := append([]float32(nil), x...)
-			y[at] = 99
-			if got, want := maxOf(y), maxScan(y); got != want || got != 99 {
-				t.Fatalf("n=%d, max at %d: got %v, want %v", n, at, got, want)
-			}
-		}
-		if got, want := maxOf(x), maxScan(x); got != want {
-			t.Fatalf("n=%d: got %v, want %v", n, got, want)
-		}
-	}
+	})
 }
 
 // TestAffineAndDSoftmax: the vectorised row updates of flash attention equal the
 // scalar expressions bit for bit on every length from 1 to 70 (the same
 // roundings: a product, then a sum; a difference, then two products).
 func TestAffineAndDSoftmax(t *testing.T) {
-	r := rand.New(rand.NewSource(6))
-	for n := 1; n <= 70; n++ {
-		x, d, p := toF32(randF64(r, n)), toF32(randF64(r, n)), toF32(randF64(r, n))
-		a, b, dot, scale := float32(r.NormFloat64()), float32(r.NormFloat64()), float32(r.NormFloat64()), float32(0.125)
-		wx, wd := make([]float32, n), make([]float32, n)
-		for i := range x {
-			wx[i] = a*x[i] + b
-			wd[i] = p[i] * (d[i] - dot) * scale
-		}
-		affine(x, a, b)
-		dsoftmax(d, p, dot, scale)
-		for i := range x {
-			if x[i] != wx[i] || d[i] != wd[i] {
-				t.Fatalf("n=%d, element %d: affine %v want %v, dsoftmax %v want %v", n, i, x[i], wx[i], d[i], wd[i])
+	eachISA(t, func(t *testing.T) {
+		r := rand.New(rand.NewSource(6))
+		for n := 1; n <= 70; n++ {
+			x, d, p := toF32(randF64(r, n)), toF32(randF64(r, n)), toF32(randF64(r, n))
+			a, b, dot, scale := float32(r.NormFloat64()), float32(r.NormFloat64()), float32(r.NormFloat64()), float32(0.125)
+			wx, wd := make([]float32, n), make([]float32, n)
+			for i := range x {
+				wx[i] = a*x[i] + b
+				wd[i] = p[i] * (d[i] - dot) * scale
+			}
+			affine(x, a, b)
+			dsoftmax(d, p, dot, scale)
+			for i := range x {
+				if x[i] != wx[i] || d[i] != wd[i] {
+					t.Fatalf("n=%d, element %d: affine %v want %v, dsoftmax %v want %v", n, i, x[i], wx[i], d[i], wd[i])
+				}
 			}
 		}
-	}
+	})
 }
 
 // TestMergeAttention: attention over two key blocks, each computed apart (the

@@ -59,62 +59,66 @@ func randSlice(r *rand.Rand, n int) []float32 {
 // bound grows like sqrt(K)·eps·|terms|, so 1e-5·(1+sqrt(K))·scale is generous
 // without hiding a wrong index (which would be off by O(1)).
 func TestSgemm(t *testing.T) {
-	r := rand.New(rand.NewSource(1))
-	shapes := [][3]int{{1, 1, 1}, {6, 32, 1}, {7, 33, 5}, {13, 70, 300}, {768, 384, 128}, {128, 768, 384}, {5, 3, 700}, {100, 1, 64}, {2, 3100, 17}}
-	for _, s := range shapes {
-		for _, tA := range []bool{false, true} {
-			for _, tB := range []bool{false, true} {
-				for _, ab := range [][2]float32{{1, 0}, {1, 1}, {0.5, -2}} {
-					M, N, K := s[0], s[1], s[2]
-					name := fmt.Sprintf("%dx%dx%d/tA=%v/tB=%v/a=%v/b=%v", M, N, K, tA, tB, ab[0], ab[1])
-					lda, ldb, ldc, rowsA, rowsB := gemmLayout(M, N, K, tA, tB)
-					A, B, C := randSlice(r, rowsA*lda), randSlice(r, rowsB*ldb), randSlice(r, M*ldc)
-					want := refGemm(tA, tB, M, N, K, ab[0], A, lda, B, ldb, ab[1], C, ldc)
-					before := append([]float32(nil), C...)
-					Sgemm(tA, tB, M, N, K, ab[0], A, lda, B, ldb, ab[1], C, ldc)
-					tol := 1e-5 * (1 + math.Sqrt(float64(K))) * 4
-					for i := 0; i < M; i++ {
-						for j := 0; j < ldc; j++ {
-							got := float64(C[i*ldc+j])
-							if j >= N {
-								if C[i*ldc+j] != before[i*ldc+j] {
-									t.Fatalf("%s: padding column C[%d,%d] written", name, i, j)
+	eachISA(t, func(t *testing.T) {
+		r := rand.New(rand.NewSource(1))
+		shapes := [][3]int{{1, 1, 1}, {6, 32, 1}, {7, 33, 5}, {13, 70, 300}, {768, 384, 128}, {128, 768, 384}, {5, 3, 700}, {100, 1, 64}, {2, 3100, 17}}
+		for _, s := range shapes {
+			for _, tA := range []bool{false, true} {
+				for _, tB := range []bool{false, true} {
+					for _, ab := range [][2]float32{{1, 0}, {1, 1}, {0.5, -2}} {
+						M, N, K := s[0], s[1], s[2]
+						name := fmt.Sprintf("%dx%dx%d/tA=%v/tB=%v/a=%v/b=%v", M, N, K, tA, tB, ab[0], ab[1])
+						lda, ldb, ldc, rowsA, rowsB := gemmLayout(M, N, K, tA, tB)
+						A, B, C := randSlice(r, rowsA*lda), randSlice(r, rowsB*ldb), randSlice(r, M*ldc)
+						want := refGemm(tA, tB, M, N, K, ab[0], A, lda, B, ldb, ab[1], C, ldc)
+						before := append([]float32(nil), C...)
+						Sgemm(tA, tB, M, N, K, ab[0], A, lda, B, ldb, ab[1], C, ldc)
+						tol := 1e-5 * (1 + math.Sqrt(float64(K))) * 4
+						for i := 0; i < M; i++ {
+							for j := 0; j < ldc; j++ {
+								got := float64(C[i*ldc+j])
+								if j >= N {
+									if C[i*ldc+j] != before[i*ldc+j] {
+										t.Fatalf("%s: padding column C[%d,%d] written", name, i, j)
+									}
+									continue
 								}
-								continue
-							}
-							if math.Abs(got-want[i*ldc+j]) > tol*(1+math.Abs(want[i*ldc+j])) {
-								t.Fatalf("%s: C[%d,%d] = %v, want %v (kernel %s)", name, i, j, got, want[i*ldc+j], KernelName())
+								if math.Abs(got-want[i*ldc+j]) > tol*(1+math.Abs(want[i*ldc+j])) {
+									t.Fatalf("%s: C[%d,%d] = %v, want %v (kernel %s)", name, i, j, got, want[i*ldc+j], KernelName())
+								}
 							}
 						}
 					}
 				}
 			}
 		}
-	}
+	})
 }
 
 // TestKernelsAgree runs the assembly and Go micro-kernels on the same panels,
 // adding to C and overwriting it (the columns past the tile must stay untouched),
 // with A and B packed (strides MR and NR) and read in place (wider strides).
 func TestKernelsAgree(t *testing.T) {
-	r := rand.New(rand.NewSource(2))
-	for _, add := range []bool{true, false} {
-		for _, ld := range []int{0, 13} { // packed (ars MR, ldb NR), or read in place
-			ars, ldb := mr+ld, nr+ld
-			for _, k := range []int{1, 2, 7, 256} {
-				a, b := randSlice(r, (k-1)*ars+mr), randSlice(r, (k-1)*ldb+nr)
-				c1, c2 := randSlice(r, mr*40), make([]float32, mr*40)
-				copy(c2, c1)
-				kernel(k, a, ars, b, ldb, c1, 40, add)
-				kernelGo(k, a, ars, b, ldb, c2, 40, add)
-				for i := range c1 {
-					if d := math.Abs(float64(c1[i] - c2[i])); d > 1e-4*(1+math.Abs(float64(c2[i]))) {
-						t.Fatalf("k=%d ars=%d ldb=%d add=%v: element %d: %s %v, go %v", k, ars, ldb, add, i, KernelName(), c1[i], c2[i])
+	eachISA(t, func(t *testing.T) {
+		r := rand.New(rand.NewSource(2))
+		for _, add := range []bool{true, false} {
+			for _, ld := range []int{0, 13} { // packed (ars MR, ldb NR), or read in place
+				ars, ldb := mr+ld, nr+ld
+				for _, k := range []int{1, 2, 7, 256} {
+					a, b := randSlice(r, (k-1)*ars+mr), randSlice(r, (k-1)*ldb+nr)
+					c1, c2 := randSlice(r, mr*40), make([]float32, mr*40)
+					copy(c2, c1)
+					kernel(k, a, ars, b, ldb, c1, 40, add)
+					kernelGo(k, a, ars, b, ldb, c2, 40, add)
+					for i := range c1 {
+						if d := math.Abs(float64(c1[i] - c2[i])); d > 1e-4*(1+math.Abs(float64(c2[i]))) {
+							t.Fatalf("k=%d ars=%d ldb=%d add=%v: element %d: %s %v, go %v", k, ars, ldb, add, i, KernelName(), c1[i], c2[i])
+						}
 					}
 				}
 			}
 		}
-	}
+	})
 }
 
 // BenchmarkSgemm runs the GEMMs of one training step of the nanoGPT
@@ -165,35 +169,37 @@ func BenchmarkSgemm(b *testing.B) {
 // place, transposed or packed (alpha ≠ 1), adding or overwriting, over several
 // K blocks.
 func TestTriangularProducts(t *testing.T) {
-	r := rand.New(rand.NewSource(9))
-	for _, s := range [][2]int{{64, 32}, {13, 40}, {600, 33}} {
-		T, N := s[0], s[1]
-		for _, tri := range []triangle{lower, upper} {
-			for _, transA := range []bool{false, true} {
-				for _, ab := range [][2]float32{{1, 0}, {1, 1}, {0.5, 1}} {
-					// op(A) is T×T with zeros where tri says.
-					A := randSlice(r, T*T)
-					for m := 0; m < T; m++ {
-						for k := 0; k < T; k++ {
-							if (tri == lower && k > m) || (tri == upper && k < m) {
-								if transA {
-									A[k*T+m] = 0
-								} else {
-									A[m*T+k] = 0
+	eachISA(t, func(t *testing.T) {
+		r := rand.New(rand.NewSource(9))
+		for _, s := range [][2]int{{64, 32}, {13, 40}, {600, 33}} {
+			T, N := s[0], s[1]
+			for _, tri := range []triangle{lower, upper} {
+				for _, transA := range []bool{false, true} {
+					for _, ab := range [][2]float32{{1, 0}, {1, 1}, {0.5, 1}} {
+						// op(A) is T×T with zeros where tri says.
+						A := randSlice(r, T*T)
+						for m := 0; m < T; m++ {
+							for k := 0; k < T; k++ {
+								if (tri == lower && k > m) || (tri == upper && k < m) {
+									if transA {
+										A[k*T+m] = 0
+									} else {
+										A[m*T+k] = 0
+									}
 								}
 							}
 						}
-					}
-					B, C0 := randSlice(r, T*N), randSlice(r, T*N)
-					want, got := slices.Clone(C0), slices.Clone(C0)
-					var bufs gemmBufs
-					sgemmSerial(&bufs, full, transA, false, T, N, T, ab[0], A, T, B, N, ab[1], want, N)
-					sgemmSerial(&bufs, tri, transA, false, T, N, T, ab[0], A, T, B, N, ab[1], got, N)
-					if !slices.Equal(want, got) {
-						t.Fatalf("T=%d N=%d tri=%d transA=%v alpha=%v beta=%v: differs from the full product", T, N, tri, transA, ab[0], ab[1])
+						B, C0 := randSlice(r, T*N), randSlice(r, T*N)
+						want, got := slices.Clone(C0), slices.Clone(C0)
+						var bufs gemmBufs
+						sgemmSerial(&bufs, full, transA, false, T, N, T, ab[0], A, T, B, N, ab[1], want, N)
+						sgemmSerial(&bufs, tri, transA, false, T, N, T, ab[0], A, T, B, N, ab[1], got, N)
+						if !slices.Equal(want, got) {
+							t.Fatalf("T=%d N=%d tri=%d transA=%v alpha=%v beta=%v: differs from the full product", T, N, tri, transA, ab[0], ab[1])
+						}
 					}
 				}
 			}
 		}
-	}
+	})
 }

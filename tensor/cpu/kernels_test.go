@@ -245,35 +245,37 @@ func TestVocabParallelCrossEntropy(t *testing.T) {
 // Tolerance 1e-4 relative: a handful of fp32 roundings (ε ≈ 6e-8) per output, over
 // sums of at most a few hundred terms.
 func TestFloat32MatchesFloat64(t *testing.T) {
-	r := rand.New(rand.NewSource(9))
-	B, T, NH, NKV, HD := 2, 16, 4, 2, 8
-	q64, k64, v64 := randF64(r, B*T*NH*HD), randF64(r, B*T*NKV*HD), randF64(r, B*T*NKV*HD)
-	f32 := func(x []float64) []float32 {
-		y := make([]float32, len(x))
-		for i, v := range x {
-			y[i] = float32(v)
+	eachISA(t, func(t *testing.T) {
+		r := rand.New(rand.NewSource(9))
+		B, T, NH, NKV, HD := 2, 16, 4, 2, 8
+		q64, k64, v64 := randF64(r, B*T*NH*HD), randF64(r, B*T*NKV*HD), randF64(r, B*T*NKV*HD)
+		f32 := func(x []float64) []float32 {
+			y := make([]float32, len(x))
+			for i, v := range x {
+				y[i] = float32(v)
+			}
+			return y
 		}
-		return y
-	}
-	out64, att64 := make([]float64, len(q64)), make([]float64, B*NH*T*T)
-	Attention(out64, att64, q64, k64, v64, tensor.AttentionShape{B: B, Tq: T, Tk: T, NH: NH, NKV: NKV, HD: HD, Causal: true})
-	out32, att32 := make([]float32, len(q64)), make([]float32, B*NH*T*T)
-	Attention(out32, att32, f32(q64), f32(k64), f32(v64), tensor.AttentionShape{B: B, Tq: T, Tk: T, NH: NH, NKV: NKV, HD: HD, Causal: true})
-	for i := range out64 {
-		if math.Abs(float64(out32[i])-out64[i]) > 1e-4*(1+math.Abs(out64[i])) {
-			t.Fatalf("attention out[%d]: fp32 %v, fp64 %v", i, out32[i], out64[i])
+		out64, att64 := make([]float64, len(q64)), make([]float64, B*NH*T*T)
+		Attention(out64, att64, q64, k64, v64, tensor.AttentionShape{B: B, Tq: T, Tk: T, NH: NH, NKV: NKV, HD: HD, Causal: true})
+		out32, att32 := make([]float32, len(q64)), make([]float32, B*NH*T*T)
+		Attention(out32, att32, f32(q64), f32(k64), f32(v64), tensor.AttentionShape{B: B, Tq: T, Tk: T, NH: NH, NKV: NKV, HD: HD, Causal: true})
+		for i := range out64 {
+			if math.Abs(float64(out32[i])-out64[i]) > 1e-4*(1+math.Abs(out64[i])) {
+				t.Fatalf("attention out[%d]: fp32 %v, fp64 %v", i, out32[i], out64[i])
+			}
 		}
-	}
-	BT, C := B*T, NH*HD
-	w := randF64(r, C*C)
-	m64, m32 := make([]float64, BT*C), make([]float32, BT*C)
-	Matmul(m64, tensor.FloatWeights(q64), tensor.FloatWeights(w), tensor.MatmulShape{BT: BT, C: C, OC: C}, false)
-	Matmul(m32, tensor.FloatWeights(f32(q64)), tensor.FloatWeights(f32(w)), tensor.MatmulShape{BT: BT, C: C, OC: C}, false)
-	for i := range m64 {
-		if math.Abs(float64(m32[i])-m64[i]) > 1e-4*(1+math.Abs(m64[i])) {
-			t.Fatalf("matmul out[%d]: fp32 %v, fp64 %v", i, m32[i], m64[i])
+		BT, C := B*T, NH*HD
+		w := randF64(r, C*C)
+		m64, m32 := make([]float64, BT*C), make([]float32, BT*C)
+		Matmul(m64, tensor.FloatWeights(q64), tensor.FloatWeights(w), tensor.MatmulShape{BT: BT, C: C, OC: C}, false)
+		Matmul(m32, tensor.FloatWeights(f32(q64)), tensor.FloatWeights(f32(w)), tensor.MatmulShape{BT: BT, C: C, OC: C}, false)
+		for i := range m64 {
+			if math.Abs(float64(m32[i])-m64[i]) > 1e-4*(1+math.Abs(m64[i])) {
+				t.Fatalf("matmul out[%d]: fp32 %v, fp64 %v", i, m32[i], m64[i])
+			}
 		}
-	}
+	})
 }
 
 // TestExp32 compares the float32 exp with math.Exp over the range softmax and
@@ -296,34 +298,36 @@ func TestExp32(t *testing.T) {
 // ends, absolute tolerance 1e-6 (the result lies in [0, 1] and float32 resolves
 // about 6e-8 near 1).
 func TestVectorFunctions(t *testing.T) {
-	for _, f := range []struct {
-		name    string
-		vec     func(dst, src []float32)
-		lo, hi  float64
-		ref     func(float64) float64
-		relTol  bool
-		epsilon float64
-	}{
-		{"exp", vexp32, -87, 88, math.Exp, true, 4e-7},
-		{"sigmoid", vsigmoid32, -120, 120, func(x float64) float64 { return 1 / (1 + math.Exp(-x)) }, false, 1e-6},
-	} {
-		for _, n := range []int{1, 15, 16, 17, 100, 1000} {
-			src, dst := make([]float32, n), make([]float32, n)
-			for i := range src {
-				src[i] = float32(f.lo + (f.hi-f.lo)*float64(i)/float64(n))
-			}
-			f.vec(dst, src)
-			for i := range src {
-				want, tol := f.ref(float64(src[i])), f.epsilon
-				if f.relTol {
-					tol *= want
+	eachISA(t, func(t *testing.T) {
+		for _, f := range []struct {
+			name    string
+			vec     func(dst, src []float32)
+			lo, hi  float64
+			ref     func(float64) float64
+			relTol  bool
+			epsilon float64
+		}{
+			{"exp", vexp32, -87, 88, math.Exp, true, 4e-7},
+			{"sigmoid", vsigmoid32, -120, 120, func(x float64) float64 { return 1 / (1 + math.Exp(-x)) }, false, 1e-6},
+		} {
+			for _, n := range []int{1, 15, 16, 17, 100, 1000} {
+				src, dst := make([]float32, n), make([]float32, n)
+				for i := range src {
+					src[i] = float32(f.lo + (f.hi-f.lo)*float64(i)/float64(n))
 				}
-				if !(math.Abs(float64(dst[i])-want) <= tol) {
-					t.Fatalf("n=%d: %s(%v) = %v, want %v (%s)", n, f.name, src[i], dst[i], want, KernelName())
+				f.vec(dst, src)
+				for i := range src {
+					want, tol := f.ref(float64(src[i])), f.epsilon
+					if f.relTol {
+						tol *= want
+					}
+					if !(math.Abs(float64(dst[i])-want) <= tol) {
+						t.Fatalf("n=%d: %s(%v) = %v, want %v (%s)", n, f.name, src[i], dst[i], want, KernelName())
+					}
 				}
 			}
 		}
-	}
+	})
 }
 
 // TestAdamWByHand: two steps on one parameter, computed by hand in float64.
@@ -354,31 +358,33 @@ func TestAdamWByHand(t *testing.T) {
 // float32 operation at a time, bit for bit: the vector code must round exactly
 // as the scalar formula (no fused multiply-add, same order).
 func TestAdamWLanesMatchScalar(t *testing.T) {
-	r := rand.New(rand.NewSource(5))
-	const n = 1003
-	p, g, m, v := randSlice(r, n), randSlice(r, n), make([]float32, n), make([]float32, n)
-	wp, wm, wv := append([]float32(nil), p...), make([]float32, n), make([]float32, n)
-	lr, b1, b2, eps, wd := 3e-3, 0.9, 0.95, 1e-8, 0.1
-	for step := 1; step <= 3; step++ {
-		AdamW(p, g, m, v, lr, b1, b2, eps, wd, step)
-		c1 := float32(1 / (1 - math.Pow(b1, float64(step))))
-		c2 := float32(1 / (1 - math.Pow(b2, float64(step))))
-		fb1, fb2 := float32(b1), float32(b2)
-		for i, gi := range g {
-			wm[i] = fb1*wm[i] + (1-fb1)*gi
-			wv[i] = fb2*wv[i] + (1-fb2)*gi*gi
-			den := float32(math.Sqrt(float64(wv[i]*c2))) + float32(eps)
-			wp[i] = wp[i] - float32(lr)*(wm[i]*c1/den+float32(wd)*wp[i])
-		}
-		for i := range p {
-			if p[i] != wp[i] || m[i] != wm[i] || v[i] != wv[i] {
-				t.Fatalf("step %d element %d: p %v want %v, m %v want %v, v %v want %v (%s)", step, i, p[i], wp[i], m[i], wm[i], v[i], wv[i], KernelName())
+	eachISA(t, func(t *testing.T) {
+		r := rand.New(rand.NewSource(5))
+		const n = 1003
+		p, g, m, v := randSlice(r, n), randSlice(r, n), make([]float32, n), make([]float32, n)
+		wp, wm, wv := append([]float32(nil), p...), make([]float32, n), make([]float32, n)
+		lr, b1, b2, eps, wd := 3e-3, 0.9, 0.95, 1e-8, 0.1
+		for step := 1; step <= 3; step++ {
+			AdamW(p, g, m, v, lr, b1, b2, eps, wd, step)
+			c1 := float32(1 / (1 - math.Pow(b1, float64(step))))
+			c2 := float32(1 / (1 - math.Pow(b2, float64(step))))
+			fb1, fb2 := float32(b1), float32(b2)
+			for i, gi := range g {
+				wm[i] = fb1*wm[i] + (1-fb1)*gi
+				wv[i] = fb2*wv[i] + (1-fb2)*gi*gi
+				den := float32(math.Sqrt(float64(wv[i]*c2))) + float32(eps)
+				wp[i] = wp[i] - float32(lr)*(wm[i]*c1/den+float32(wd)*wp[i])
+			}
+			for i := range p {
+				if p[i] != wp[i] || m[i] != wm[i] || v[i] != wv[i] {
+					t.Fatalf("step %d element %d: p %v want %v, m %v want %v, v %v want %v (%s)", step, i, p[i], wp[i], m[i], wm[i], v[i], wv[i], KernelName())
+				}
+			}
+			for i := range g {
+				g[i] = float32(r.NormFloat64())
 			}
 		}
-		for i := range g {
-			g[i] = float32(r.NormFloat64())
-		}
-	}
+	})
 }
 
 // TestRMSNormBackwardSameOnAnyCores runs RMSNormBackward (several row blocks, so

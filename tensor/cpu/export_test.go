@@ -1,0 +1,4 @@
+package cpu
+
+// EachISA is eachISA for the package's external tests (conformance_test.go).
+var EachISA = eachISA
