@@ -478,29 +478,70 @@ func (k *kernels) CombineBackward(dy, dgates, dout, y, gates tensor.Buffer, r te
 	}
 }
 
-// segments reads a routing's expert offsets back to the host (counted, a
-// synchronisation): cuBLASLt takes each product's rows from the host, so a
-// grouped product over segments the device laid out waits for them once per
-// call. An int32 buffer of len(w)+1 offsets is required.
-func (k *kernels) segments(o *operands, offsets tensor.Buffer, experts int) []int32 {
+// segments is where the experts' rows lie for ExpertsMatmul and its backward
+// (s.Span): static segments (s.Segment) read nothing; otherwise the routing's
+// offsets, an int32 buffer of experts+1, come back to the host (counted, a
+// synchronisation), because cuBLASLt takes each product's rows from the host.
+// ok is false after a failure, which o keeps.
+func (k *kernels) segments(o *operands, offsets tensor.Buffer, s tensor.ExpertsShape, experts int) (off []int32, ok bool) {
+	if s.Segment > 0 {
+		return nil, o.ok()
+	}
 	o.i(offsets, experts+1)
 	if !o.ok() {
-		return nil
+		return nil, false
 	}
-	off := make([]int32, experts+1)
+	off = make([]int32, experts+1)
 	o.mem.Read(off, offsets.Slice(0, experts+1))
-	if !o.mem.ok() {
-		return nil
+	return off, o.mem.ok()
+}
+
+// strided is the experts' buffers bs (n values each) as one strided operand,
+// when they lie in order at an even stride of at least n elements in the
+// device's address space (as a layer's experts sit in their unit's buffer)
+// and are of one dtype: the operand spans them all, and stride is in
+// elements. ok is false otherwise, and for fewer than two buffers.
+func (o *operands) strided(bs []tensor.Buffer, n int, ts ...DType) (all Buffer, stride int, ok bool) {
+	if len(bs) < 2 || o.bad {
+		return Buffer{}, 0, false
 	}
-	return off
+	first := o.buf(bs[0], n, ts...)
+	second := o.buf(bs[1], n, ts...)
+	if o.bad || second.ptr <= first.ptr {
+		return Buffer{}, 0, false
+	}
+	size := devicePtr(first.DType.Size())
+	gap := second.ptr - first.ptr
+	if gap%size != 0 || int(gap/size) < n {
+		return Buffer{}, 0, false
+	}
+	for e, b := range bs[2:] {
+		if x := o.buf(b, n, ts...); o.bad || x.DType != first.DType || x.ptr != first.ptr+devicePtr(e+2)*gap {
+			return Buffer{}, 0, false
+		}
+	}
+	stride = int(gap / size)
+	return Buffer{ptr: first.ptr, N: (len(bs)-1)*stride + n, DType: first.DType}, stride, second.DType == first.DType
 }
 
 func (k *kernels) ExpertsMatmul(out, inp tensor.Buffer, w []tensor.Buffer, offsets tensor.Buffer, s tensor.ExpertsShape, accumulate bool) {
 	o := k.ops("ExpertsMatmul")
 	o.f(out, 0)
-	off := k.segments(&o, offsets, len(w))
-	for e := range off[:max(len(off)-1, 0)] {
-		if lo, hi := int(off[e]), int(off[e+1]); hi > lo {
+	if s.Segment > 0 {
+		// Static segments over weights in one allocation: one batched product.
+		if ws, stride, ok := o.strided(w, s.OC*s.C, F32, BF16); ok {
+			rows := len(w) * s.Segment
+			y, x := o.f(out, rows*s.OC), o.w(inp, rows*s.C)
+			if o.ok() {
+				x, ws = k.pair(x, ws)
+				k.d.ExpertsMatmul(y, x, ws, ExpertsShape{E: len(w), Rows: s.Segment, C: s.C, OC: s.OC, WStride: stride}, accumulate)
+			}
+			return
+		}
+	}
+	off, ok := k.segments(&o, offsets, s, len(w))
+	for e := range w {
+		if lo, hi := s.Span(off, e); ok && hi > lo {
 			k.Matmul(out.Slice(lo*s.OC, hi*s.OC), inp.Slice(lo*s.C, hi*s.C), w[e], tensor.MatmulShape{BT: hi - lo, C: s.C, OC: s.OC}, accumulate)
 		}
 	}
@@ -512,9 +553,31 @@ func (k *kernels) ExpertsMatmulBackward(dinp tensor.Buffer, dw []tensor.Buffer, 
 	if len(dw) != len(w) && !o.bad {
 		o.failf("%d weight gradients for %d experts", len(dw), len(w))
 	}
-	off := k.segments(&o, offsets, len(w))
-	for e := range off[:max(len(off)-1, 0)] {
-		if lo, hi := int(off[e]), int(off[e+1]); hi > lo {
+	if s.Segment > 0 {
+		ws, stride, wok := o.strided(w, s.OC*s.C, F32, BF16)
+		gs, gstride, gok := o.strided(dw, s.OC*s.C, F32)
+		if wok && gok && gstride == stride {
+			rows := len(w) * s.Segment
+			dy, x := o.f(dout, rows*s.OC), o.w(inp, rows*s.C)
+			var dx Buffer
+			if dinp.Len() > 0 {
+				dx = o.f(dinp, rows*s.C)
+			}
+			if !o.ok() {
+				return
+			}
+			E, R := len(w), s.Segment
+			if dx.N > 0 {
+				g, wt := k.pair(dy, ws)
+				k.d.gemmBatched(false, false, s.C, R, s.OC, wt, s.C, stride, g, s.OC, R*s.OC, beta(accumulate), dx, s.C, R*s.C, E)
+			}
+			k.d.gemmBatched(false, true, s.C, s.OC, R, k.widened(x, scratchOperand), s.C, R*s.C, dy, s.OC, R*s.OC, 1, gs, s.C, stride, E)
+			return
+		}
+	}
+	off, ok := k.segments(&o, offsets, s, len(w))
+	for e := range w {
+		if lo, hi := s.Span(off, e); ok && hi > lo {
 			k.MatmulBackward(dinp.Slice(lo*s.C, hi*s.C), dw[e], dout.Slice(lo*s.OC, hi*s.OC), inp.Slice(lo*s.C, hi*s.C), w[e],
 				tensor.MatmulShape{BT: hi - lo, C: s.C, OC: s.OC}, accumulate)
 		}

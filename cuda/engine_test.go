@@ -91,3 +91,98 @@ func TestKernelsRefuse(t *testing.T) {
 		})
 	}
 }
+
+// TestExpertsStaticSegments: the experts' products over static segments
+// (ExpertsShape.Segment, the padded layout) read nothing back, forward or
+// backward, and over weights at an even stride (slices of one allocation)
+// they run as one batched product (strided finds the stride) with the
+// per-expert result;
+// over the routing's packed offsets each call reads the offsets back once.
+func TestExpertsStaticSegments(t *testing.T) {
+	k := dev.Kernels()
+	m := k.NewMemory()
+	const E, R, C, OC, gap = 4, 3, 8, 6, 5
+	rows := E * R
+	fill := func(b tensor.Buffer, seed int) tensor.Buffer {
+		v := make([]float32, b.Len())
+		for i := range v {
+			v[i] = float32((i*7+seed)%11-5) / 8
+		}
+		m.Write(b, v)
+		return b
+	}
+	all := fill(m.Alloc(tensor.Float32, E*(OC*C+gap)), 1)
+	together, apart := make([]tensor.Buffer, E), make([]tensor.Buffer, E)
+	gAll := m.Alloc(tensor.Float32, E*(OC*C+gap))
+	gTogether, gApart := make([]tensor.Buffer, E), make([]tensor.Buffer, E)
+	for e := range together {
+		together[e] = all.Slice(e*(OC*C+gap), e*(OC*C+gap)+OC*C)
+		apart[e] = fill(m.Alloc(tensor.Float32, OC*C), 0)
+		gTogether[e] = gAll.Slice(e*(OC*C+gap), e*(OC*C+gap)+OC*C)
+		gApart[e] = m.Alloc(tensor.Float32, OC*C)
+		m.Alloc(tensor.Float32, 64*(e+1)) // uneven gaps: apart stays apart
+		m.Copy(apart[e], together[e])
+		m.Zero(gTogether[e])
+		m.Zero(gApart[e])
+	}
+	x, dy := fill(m.Alloc(tensor.Float32, rows*C), 2), fill(m.Alloc(tensor.Float32, rows*OC), 3)
+	offsets := m.Alloc(tensor.Int32, E+1)
+	seg := make([]int32, E+1)
+	for i := range seg {
+		seg[i] = int32(i * R)
+	}
+	m.Write(offsets, seg)
+
+	o := k.k.ops("strided")
+	if _, stride, ok := o.strided(together, OC*C, F32); !ok || stride != OC*C+gap {
+		t.Errorf("weights in one allocation: strided %v, stride %d (want %d)", ok, stride, OC*C+gap)
+	}
+	if _, _, ok := o.strided(apart, OC*C, F32); ok {
+		t.Error("weights apart taken as one strided operand")
+	}
+
+	run := func(w, g []tensor.Buffer, sh tensor.ExpertsShape) (y, dx []float32, reads int64) {
+		out, din := m.Alloc(tensor.Float32, rows*OC), m.Alloc(tensor.Float32, rows*C)
+		before := dev.Readbacks()
+		k.ExpertsMatmul(out, x, w, offsets, sh, false)
+		k.ExpertsMatmulBackward(din, g, dy, x, w, offsets, sh, false)
+		reads = dev.Readbacks() - before
+		y, dx = make([]float32, rows*OC), make([]float32, rows*C)
+		m.Read(y, out)
+		m.Read(dx, din)
+		return y, dx, reads
+	}
+	static := tensor.ExpertsShape{C: C, OC: OC, Segment: R}
+	y1, dx1, n1 := run(together, gTogether, static)
+	y2, dx2, n2 := run(apart, gApart, static)
+	y3, dx3, n3 := run(apart, gApart, tensor.ExpertsShape{C: C, OC: OC})
+	if err := m.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n1 != 0 || n2 != 0 || n3 != 2 {
+		t.Errorf("read-backs: static batched %d, static per expert %d (want 0, 0); packed %d (want 2)", n1, n2, n3)
+	}
+	g1, g2 := make([]float32, OC*C), make([]float32, OC*C)
+	for e := range E {
+		m.Read(g1, gTogether[e])
+		m.Read(g2, gApart[e])
+		for i := range g1 {
+			// apart ran twice (static, then packed): its gradient accumulated twice.
+			if d := g1[i] - g2[i]/2; d > 1e-5 || d < -1e-5 {
+				t.Fatalf("expert %d weight gradient %d: batched %v, per expert %v", e, i, g1[i], g2[i]/2)
+			}
+		}
+	}
+	// Tolerance 1e-5 absolute: sums of 8 or 12 products of values under 1 in
+	// fp32, in one order or another.
+	for i := range y1 {
+		if d := max(y1[i]-y2[i], y2[i]-y1[i], y3[i]-y1[i], y1[i]-y3[i]); d > 1e-5 {
+			t.Fatalf("output %d: batched %v, per expert %v, packed %v", i, y1[i], y2[i], y3[i])
+		}
+	}
+	for i := range dx1 {
+		if d := max(dx1[i]-dx2[i], dx2[i]-dx1[i], dx3[i]-dx1[i], dx1[i]-dx3[i]); d > 1e-5 {
+			t.Fatalf("input gradient %d: batched %v, per expert %v, packed %v", i, dx1[i], dx2[i], dx3[i])
+		}
+	}
+}

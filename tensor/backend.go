@@ -109,9 +109,9 @@ type Kernels[F Float] interface {
 	Combine(out, y, gates Buffer, r Routing, s MoEShape)
 	CombineBackward(dy, dgates, dout, y, gates Buffer, r Routing, s MoEShape)
 	// The routed experts, each over its segment of the permuted rows (expert e
-	// of w: rows offsets[e]..offsets[e+1], read by the kernel): products (dinp
-	// overwritten unless accumulate, dw accumulated) and SwiGLU over the rows
-	// of all segments.
+	// of w: rows offsets[e]..offsets[e+1], read by the kernel, or the static
+	// segments ExpertsShape.Segment names): products (dinp overwritten unless
+	// accumulate, dw accumulated) and SwiGLU over the rows of all segments.
 	ExpertsMatmul(out, inp Buffer, w []Buffer, offsets Buffer, s ExpertsShape, accumulate bool)
 	ExpertsMatmulBackward(dinp Buffer, dw []Buffer, dout, inp Buffer, w []Buffer, offsets Buffer, s ExpertsShape, accumulate bool)
 	ExpertsSwiGLU(out, gate, up Buffer, offsets Buffer, width int)
@@ -215,8 +215,23 @@ type Routing struct {
 	Idx, Row, Tok, Offsets, Cursor Buffer
 }
 
-// ExpertsShape is each routed expert's product: C inputs, OC outputs.
-type ExpertsShape struct{ C, OC int }
+// ExpertsShape is each routed expert's product: C inputs, OC outputs. Segment,
+// when above zero, says the experts' segments are static, expert e's at rows
+// e·Segment..(e+1)·Segment (MoEShape.Padded's layout, each segment's unused rows
+// zero): the grouped products then read no offsets (a device backend takes
+// each product's rows from the host, and static segments spare it reading the
+// routing back), and may run every expert over its whole segment. Zero, the
+// segments are the offsets buffer's.
+type ExpertsShape struct{ C, OC, Segment int }
+
+// Span is expert e's rows lo..hi: the static segment when s.Segment is set,
+// else offsets[e]..offsets[e+1].
+func (s ExpertsShape) Span(offsets []int32, e int) (lo, hi int) {
+	if s.Segment > 0 {
+		return e * s.Segment, (e + 1) * s.Segment
+	}
+	return int(offsets[e]), int(offsets[e+1])
+}
 
 // MoEShape is one MoE layer's routing: BT tokens, E experts, the top K of them per
 // token, C channels, and at most Capacity copies kept per expert (BT·K keeps every

@@ -53,6 +53,15 @@ func (v *views[F]) i(op string, b tensor.Buffer) []int32 {
 	return x
 }
 
+// segments views the experts' offsets, which static segments (s.Segment) leave
+// unread: nil then.
+func (v *views[F]) segments(op string, offsets tensor.Buffer, s tensor.ExpertsShape) []int32 {
+	if s.Segment > 0 {
+		return nil
+	}
+	return v.i(op, offsets)
+}
+
 // rt views a routing's int32 buffers.
 func (v *views[F]) rt(op string, r tensor.Routing) Routing {
 	return Routing{Idx: v.i(op, r.Idx), Row: v.i(op, r.Row), Tok: v.i(op, r.Tok), Offsets: v.i(op, r.Offsets), Cursor: v.i(op, r.Cursor)}
@@ -258,14 +267,14 @@ func (Kernels[F]) DispatchBackward(dx, dxperm tensor.Buffer, r tensor.Routing, s
 // the package's ExpertsMatmul, over buffers).
 func (Kernels[F]) ExpertsMatmul(out, inp tensor.Buffer, w []tensor.Buffer, offsets tensor.Buffer, s tensor.ExpertsShape, accumulate bool) {
 	var v views[F]
-	off := v.i("ExpertsMatmul", offsets)
+	off := v.segments("ExpertsMatmul", offsets, s)
 	o, x := v.f("ExpertsMatmul", out), v.w("ExpertsMatmul", inp)
 	C, OC := s.C, s.OC
-	if len(off) <= len(w) {
+	if s.Segment == 0 && len(off) <= len(w) {
 		return // a bad offsets buffer (kept in its memory)
 	}
 	for e := range w {
-		lo, hi := int(off[e]), int(off[e+1])
+		lo, hi := s.Span(off, e)
 		if we := v.w("ExpertsMatmul", w[e]); hi > lo && !v.bad {
 			Matmul(o[lo*OC:hi*OC], x.Slice(lo*C, hi*C), we, tensor.MatmulShape{BT: hi - lo, C: C, OC: OC}, accumulate)
 		}
@@ -275,15 +284,15 @@ func (Kernels[F]) ExpertsMatmul(out, inp tensor.Buffer, w []tensor.Buffer, offse
 // ExpertsMatmulBackward runs MatmulBackward over each expert's segment.
 func (Kernels[F]) ExpertsMatmulBackward(dinp tensor.Buffer, dw []tensor.Buffer, dout, inp tensor.Buffer, w []tensor.Buffer, offsets tensor.Buffer, s tensor.ExpertsShape, accumulate bool) {
 	var v views[F]
-	off := v.i("ExpertsMatmulBackward", offsets)
 	const op = "ExpertsMatmulBackward"
+	off := v.segments(op, offsets, s)
 	dx, dy, x := v.f(op, dinp), v.f(op, dout), v.w(op, inp)
 	C, OC := s.C, s.OC
-	if len(off) <= len(w) {
+	if s.Segment == 0 && len(off) <= len(w) {
 		return // a bad offsets buffer (kept in its memory)
 	}
 	for e := range w {
-		lo, hi := int(off[e]), int(off[e+1])
+		lo, hi := s.Span(off, e)
 		if we, dwe := v.w(op, w[e]), v.f(op, dw[e]); hi > lo && !v.bad {
 			MatmulBackward(dx[lo*C:hi*C], dwe, dy[lo*OC:hi*OC], x.Slice(lo*C, hi*C), we, tensor.MatmulShape{BT: hi - lo, C: C, OC: OC}, accumulate)
 		}

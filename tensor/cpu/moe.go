@@ -408,12 +408,12 @@ func (j *scaleJob[F]) rows(_, lo, hi int) {
 // products the same way).
 
 // ExpertsMatmul is out_e (n_e,OC) = inp_e (n_e,C) · w[e] (OC,C)ᵀ for each expert e
-// of w over its segment (+= with accumulate); rows outside the segments are
-// left alone.
+// of w over its segment (s.Span: offsets, or the static segments; += with
+// accumulate); rows outside the segments are left alone.
 func ExpertsMatmul[F Float](out []F, inp tensor.Weights[F], w []tensor.Weights[F], offsets []int32, s tensor.ExpertsShape, accumulate bool) {
 	C, OC := s.C, s.OC
 	for e := range w {
-		lo, hi := int(offsets[e]), int(offsets[e+1])
+		lo, hi := s.Span(offsets, e)
 		if hi == lo {
 			continue
 		}
@@ -426,7 +426,7 @@ func ExpertsMatmul[F Float](out []F, inp tensor.Weights[F], w []tensor.Weights[F
 func ExpertsMatmulBackward[F Float](dinp []F, dw [][]F, dout []F, inp tensor.Weights[F], w []tensor.Weights[F], offsets []int32, s tensor.ExpertsShape, accumulate bool) {
 	C, OC := s.C, s.OC
 	for e := range w {
-		lo, hi := int(offsets[e]), int(offsets[e+1])
+		lo, hi := s.Span(offsets, e)
 		if hi == lo {
 			continue
 		}

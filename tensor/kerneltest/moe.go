@@ -49,6 +49,37 @@ func route(e *env, s tensor.MoEShape) *routed {
 	return m
 }
 
+// experts is the shape of the experts' products from C to OC as the model
+// passes it: with the padded layout's static segments named (Segment), so
+// that a backend may read no offsets.
+func (m *routed) experts(C, OC int) tensor.ExpertsShape {
+	sh := tensor.ExpertsShape{C: C, OC: OC}
+	if m.s.Padded {
+		sh.Segment = m.s.Capacity
+	}
+	return sh
+}
+
+// experts makes E expert buffers of n values each by alloc: apart, or, with
+// together, slices of one allocation 5 values apart (as a layer's experts lie
+// in their unit's buffer: a device backend may run them as one batched
+// product over static segments).
+func (e *env) experts(E, n int, together bool, alloc func(n int) tensor.Buffer) []tensor.Buffer {
+	bs := make([]tensor.Buffer, E)
+	if !together {
+		for i := range bs {
+			bs[i] = alloc(n)
+		}
+		return bs
+	}
+	const gap = 5
+	all := alloc(E*(n+gap) - gap)
+	for i := range bs {
+		bs[i] = all.Slice(i*(n+gap), i*(n+gap)+n)
+	}
+	return bs
+}
+
 // moeCases are the routing, the permutation and combination, the experts'
 // grouped products and the load-balancing loss, on each layout.
 func moeCases() []kcase {
@@ -106,29 +137,24 @@ func moeCases() []kcase {
 				return bufs{stats, dst, dprobs}
 			}}
 		})...)
-		add(variants("ExpertsMatmul/"+l.name, []string{"bf16 weights", "accumulate"}, func(on []bool) kcase {
+		add(variants("ExpertsMatmul/"+l.name, []string{"bf16 weights", "accumulate", "one allocation"}, func(on []bool) kcase {
 			return kcase{tol: tolIf(on[0]), run: func(e *env) bufs {
 				m := route(e, s)
 				const OC = 12
-				w := make([]tensor.Buffer, s.E)
-				for i := range w {
-					w[i] = e.weight(OC*s.C, 0.3, on[0])
-				}
+				w := e.experts(s.E, OC*s.C, on[2], func(n int) tensor.Buffer { return e.weight(n, 0.3, on[0]) })
 				out := e.floats(s.Rows()*OC, 1)
-				e.k.ExpertsMatmul(out, m.xp, w, m.seg, tensor.ExpertsShape{C: s.C, OC: OC}, on[1])
+				e.k.ExpertsMatmul(out, m.xp, w, m.seg, m.experts(s.C, OC), on[1])
 				return bufs{out}
 			}}
 		})...)
-		add(variants("ExpertsMatmulBackward/"+l.name, []string{"bf16 weights", "accumulate"}, func(on []bool) kcase {
+		add(variants("ExpertsMatmulBackward/"+l.name, []string{"bf16 weights", "accumulate", "one allocation"}, func(on []bool) kcase {
 			return kcase{tol: tolIf(on[0]), run: func(e *env) bufs {
 				m := route(e, s)
 				const OC = 12
-				w, dw := make([]tensor.Buffer, s.E), make([]tensor.Buffer, s.E)
-				for i := range w {
-					w[i], dw[i] = e.weight(OC*s.C, 0.3, on[0]), e.floats(OC*s.C, 1)
-				}
+				w := e.experts(s.E, OC*s.C, on[2], func(n int) tensor.Buffer { return e.weight(n, 0.3, on[0]) })
+				dw := e.experts(s.E, OC*s.C, on[2], func(n int) tensor.Buffer { return e.floats(n, 1) })
 				dinp := e.floats(s.Rows()*s.C, 1)
-				e.k.ExpertsMatmulBackward(dinp, dw, e.floats(s.Rows()*OC, 1), m.xp, w, m.seg, tensor.ExpertsShape{C: s.C, OC: OC}, on[1])
+				e.k.ExpertsMatmulBackward(dinp, dw, e.floats(s.Rows()*OC, 1), m.xp, w, m.seg, m.experts(s.C, OC), on[1])
 				return append(bufs{dinp}, dw...)
 			}}
 		})...)

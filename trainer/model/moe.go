@@ -162,12 +162,24 @@ func moeShape(c config.Model, BT, ep int) tensor.MoEShape {
 }
 
 // segments is where the layer's experts' rows lie for the grouped kernels: the
-// static padded segments, or the routing's packed offsets.
-func (m *Model[F]) segments(a *moeActs[F], s tensor.MoEShape) tensor.Buffer {
+// static padded segments (their offsets, and the rows of each, which spare a
+// device backend reading them back), or the routing's packed offsets (seg 0).
+func (m *Model[F]) segments(a *moeActs[F], s tensor.MoEShape) (offsets tensor.Buffer, seg int) {
 	if s.Padded {
-		return m.padSeg
+		return m.padSeg, s.Capacity
 	}
-	return a.rt.Offsets
+	return a.rt.Offsets, 0
+}
+
+// localSegment is the rows of each local expert's segment after expert
+// parallelism's exchange: padded, every source rank sends each expert its
+// capacity (epExchange), so the segments are static; packed, 0 (the offsets
+// say).
+func (m *Model[F]) localSegment(s tensor.MoEShape) int {
+	if s.Padded {
+		return m.ep.Size * s.Capacity
+	}
+	return 0
 }
 
 // moeForward adds the MoE block's output for input x (BT,C) into out (BT,C), and
@@ -197,12 +209,13 @@ func (m *Model[F]) moeForward(out, x tensor.Buffer, p moeParams[tensor.Buffer], 
 		sc := &m.scratch
 		m.epRegroup(a, a.xloc, sc.moeRecv, true)
 		m.expertIn(a.xs, a.xloc, 0, a.total*C, true)
-		m.expertsForward(p, a, a.xloc, sc.moeYloc, a.localOffB, a.total)
+		m.expertsForward(p, a, a.xloc, sc.moeYloc, a.localOffB, m.localSegment(s), a.total)
 		m.epRegroup(a, sc.moeYloc, sc.moeRecv, false) // back to arrival order, reusing the receive buffer
 		m.a2a(a.y.Slice(0, a.n*C), sc.moeRecv.Slice(0, a.total*C), a.recvEl, a.sendEl)
 	} else {
 		m.expertIn(a.xs, a.x, 0, a.n*C, true)
-		m.expertsForward(p, a, a.x, a.y, m.segments(a, s), a.n)
+		off, seg := m.segments(a, s)
+		m.expertsForward(p, a, a.x, a.y, off, seg, a.n)
 	}
 	be.Combine(out, a.y, a.gates, a.rt, s)
 	if len(p.shared) > 0 {
@@ -239,15 +252,16 @@ func (m *Model[F]) routedTokens(a *moeActs[F]) int {
 }
 
 // expertsForward runs the local experts' SwiGLU over their segments of xin (rows
-// offsets[e]..offsets[e+1], of the rows the buffers span) into yout.
-func (m *Model[F]) expertsForward(p moeParams[tensor.Buffer], a *moeActs[F], xin, yout, offsets tensor.Buffer, rows int) {
+// offsets[e]..offsets[e+1], of the rows the buffers span; e·seg.. when seg, the
+// static segments, is set) into yout.
+func (m *Model[F]) expertsForward(p moeParams[tensor.Buffer], a *moeActs[F], xin, yout, offsets tensor.Buffer, seg, rows int) {
 	be, C, EF := m.be, m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden
 	w := m.expertWeights(p)
 	xs := m.expertIn(a.xs, xin, 0, rows*C, false)
-	be.ExpertsMatmul(a.gate, xs, w[0], offsets, tensor.ExpertsShape{C: C, OC: EF}, false)
-	be.ExpertsMatmul(a.up, xs, w[1], offsets, tensor.ExpertsShape{C: C, OC: EF}, false)
+	be.ExpertsMatmul(a.gate, xs, w[0], offsets, tensor.ExpertsShape{C: C, OC: EF, Segment: seg}, false)
+	be.ExpertsMatmul(a.up, xs, w[1], offsets, tensor.ExpertsShape{C: C, OC: EF, Segment: seg}, false)
 	be.ExpertsSwiGLU(a.sw, a.gate, a.up, offsets, EF)
-	be.ExpertsMatmul(yout, m.expertIn(a.sws, a.sw, 0, rows*EF, true), w[2], offsets, tensor.ExpertsShape{C: EF, OC: C}, false)
+	be.ExpertsMatmul(yout, m.expertIn(a.sws, a.sw, 0, rows*EF, true), w[2], offsets, tensor.ExpertsShape{C: EF, OC: C, Segment: seg}, false)
 }
 
 // expertWeights lists the routed experts' w1, w3 and w2 as the grouped kernels
@@ -431,11 +445,12 @@ func (m *Model[F]) moeBackward(dx, dout, x tensor.Buffer, p moeParams[tensor.Buf
 		dyin, dyloc, dxloc := s.moeEpA.Slice(0, R*C), s.moeEpB.Slice(0, R*C), s.moeEpC.Slice(0, R*C)
 		m.a2a(dyin, dy, a.sendEl, a.recvEl)
 		m.epRegroup(a, dyloc, dyin, true)
-		m.expertsBackward(p, g, a, dyloc, a.xloc, dxloc, a.localOffB, R)
+		m.expertsBackward(p, g, a, dyloc, a.xloc, dxloc, a.localOffB, m.localSegment(sh), R)
 		m.epRegroup(a, dxloc, dyin, false)
 		m.a2a(dxp, dyin, a.recvEl, a.sendEl)
 	} else {
-		m.expertsBackward(p, g, a, dy, a.x, dxp, m.segments(a, sh), a.n)
+		off, seg := m.segments(a, sh)
+		m.expertsBackward(p, g, a, dy, a.x, dxp, off, seg, a.n)
 	}
 	be.DispatchBackward(dx, dxp, a.rt, sh)
 	if len(p.shared) == 0 {
@@ -462,15 +477,15 @@ func (m *Model[F]) moeBackward(dx, dout, x tensor.Buffer, p moeParams[tensor.Buf
 
 // expertsBackward runs the local experts' backward over their segments: dy and
 // xin are the output gradients and inputs (rows offsets[e]..offsets[e+1], of the
-// rows the buffers span); the input gradients go to dxin (overwritten in the
-// segments) and the weight gradients accumulate.
-func (m *Model[F]) expertsBackward(p moeParams[tensor.Buffer], g moeParams[tensor.Buffer], a *moeActs[F], dy, xin, dxin, offsets tensor.Buffer, rows int) {
+// rows the buffers span; e·seg.. when seg is set); the input gradients go to dxin
+// (overwritten in the segments) and the weight gradients accumulate.
+func (m *Model[F]) expertsBackward(p moeParams[tensor.Buffer], g moeParams[tensor.Buffer], a *moeActs[F], dy, xin, dxin, offsets tensor.Buffer, seg, rows int) {
 	be, C, EF, s := m.be, m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden, &m.scratch
 	dsw, dga, dup := s.moeDh.Slice(0, rows*EF), s.moeDg.Slice(0, rows*EF), s.moeDu.Slice(0, rows*EF)
 	w, gw := m.expertWeights(p), m.expertGrads(g)
-	be.ExpertsMatmulBackward(dsw, gw[2], dy, m.expertIn(a.sws, a.sw, 0, rows*EF, false), w[2], offsets, tensor.ExpertsShape{C: EF, OC: C}, false)
+	be.ExpertsMatmulBackward(dsw, gw[2], dy, m.expertIn(a.sws, a.sw, 0, rows*EF, false), w[2], offsets, tensor.ExpertsShape{C: EF, OC: C, Segment: seg}, false)
 	be.ExpertsSwiGLUBackward(dga, dup, dsw, a.gate, a.up, offsets, EF, false)
 	xs := m.expertIn(a.xs, xin, 0, rows*C, false)
-	be.ExpertsMatmulBackward(dxin, gw[0], dga, xs, w[0], offsets, tensor.ExpertsShape{C: C, OC: EF}, false)
-	be.ExpertsMatmulBackward(dxin, gw[1], dup, xs, w[1], offsets, tensor.ExpertsShape{C: C, OC: EF}, true)
+	be.ExpertsMatmulBackward(dxin, gw[0], dga, xs, w[0], offsets, tensor.ExpertsShape{C: C, OC: EF, Segment: seg}, false)
+	be.ExpertsMatmulBackward(dxin, gw[1], dup, xs, w[1], offsets, tensor.ExpertsShape{C: C, OC: EF, Segment: seg}, true)
 }
