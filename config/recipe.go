@@ -314,6 +314,12 @@ type Logging struct {
 	// (on a GPU each read-back waits for the device), then every step is recorded
 	// in metrics.jsonl.
 	Interval int `toml:"interval" min:"1" flag:"log-interval"`
+	// Tokens sampled from the trained model at the end of the run (temperature
+	// 0.8, after the validation text's first token), written to sample.txt and
+	// printed. Each is one forward pass over up to seq_len positions, so a large
+	// model on the CPU may want fewer. 0 samples nothing (shardline sample
+	// RUN_DIR samples a finished run at any time).
+	SampleTokens int `toml:"sample_tokens" min:"0" max:"1048576"`
 	// Show a progress bar with ETA on a terminal.
 	Progress bool `toml:"progress"`
 }

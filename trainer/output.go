@@ -188,23 +188,7 @@ func (t *run) finish(out *Result) error {
 	if err := writeLossPNG(filepath.Join(t.dir, "loss.png"), t.curve); err != nil {
 		return fmt.Errorf("writing loss.png: %w", err)
 	}
-	// The prompt is the validation text's first token: always in the vocabulary.
-	prompt := t.ds.Tok.Decode(t.ds.Train[:1])
-	if len(t.ds.Val) > 0 {
-		prompt = t.ds.Tok.Decode(t.ds.Val[:1])
-	}
-	var sample string
-	var err error
-	if t.opts.Device != nil { // on the device: a CPU forward per token would take hours for a GPU-sized model
-		sample, err = generate(t.r.Model.SeqLen, t.ds.Tok, prompt, 300, 0.8, t.r.Run.Seed, t.opts.Device.Logits)
-	} else {
-		sample, err = Generate(t.r, t.opts.Backend, table, views, t.ds.Tok, prompt, 300, 0.8, t.r.Run.Seed)
-	}
-	if err != nil {
-		return err
-	}
-	out.Sample = prompt + sample
-	if err := os.WriteFile(filepath.Join(t.dir, "sample.txt"), []byte(out.Sample+"\n"), 0o644); err != nil {
+	if err := t.sample(out, table, views); err != nil {
 		return err
 	}
 	out.Held = t.held()
@@ -281,6 +265,32 @@ func peakRSS() int64 {
 		}
 	}
 	return 0
+}
+
+// sample writes logging.sample_tokens tokens sampled from the trained weights
+// to sample.txt and out.Sample (nothing when it is 0).
+func (t *run) sample(out *Result, table []parallel.Param, views [][]float32) error {
+	n := t.r.Logging.SampleTokens
+	if n == 0 {
+		return nil
+	}
+	// The prompt is the validation text's first token: always in the vocabulary.
+	prompt := t.ds.Tok.Decode(t.ds.Train[:1])
+	if len(t.ds.Val) > 0 {
+		prompt = t.ds.Tok.Decode(t.ds.Val[:1])
+	}
+	var sample string
+	var err error
+	if t.opts.Device != nil { // on the device: a CPU forward per token would take hours for a GPU-sized model
+		sample, err = generate(t.r.Model.SeqLen, t.ds.Tok, prompt, n, 0.8, t.r.Run.Seed, t.opts.Device.Logits)
+	} else {
+		sample, err = Generate(t.r, t.opts.Backend, table, views, t.ds.Tok, prompt, n, 0.8, t.r.Run.Seed)
+	}
+	if err != nil {
+		return err
+	}
+	out.Sample = prompt + sample
+	return os.WriteFile(filepath.Join(t.dir, "sample.txt"), []byte(out.Sample+"\n"), 0o644)
 }
 
 // Generate samples n tokens after prompt, one forward pass per token over the last

@@ -160,7 +160,7 @@ type Result struct {
 	PeakRSS       int64    // the process's peak resident memory
 	Held          Memory   // what the run allocated, by plan component
 	Predicted     parallel.Memory
-	Sample        string
+	Sample        string // the prompt and logging.sample_tokens sampled tokens; empty when that is 0
 	Interrupted   bool
 	PlanPrint     string
 	UnigramBits   float64 // entropy of the training tokens' unigram distribution, in nats

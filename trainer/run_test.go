@@ -50,6 +50,26 @@ func tinyRun(t *testing.T, sets ...string) (*config.Resolved, string) {
 
 func opts() Options { return Options{Backend: cpu.Backend{}, Version: "test"} }
 
+// TestSampleTokens: logging.sample_tokens sets how many tokens the end of a
+// run samples (the char tokenizer makes each one byte of the corpus's ASCII
+// text, after the one-token prompt), and 0 samples none and writes no
+// sample.txt.
+func TestSampleTokens(t *testing.T) {
+	for _, n := range []int{0, 7} {
+		res, _ := tinyRun(t, "train.steps=2", "train.eval_interval=0", fmt.Sprintf("logging.sample_tokens=%d", n))
+		out, err := Run(context.Background(), res, opts())
+		require.NoError(t, err)
+		_, statErr := os.Stat(filepath.Join(out.Dir, "sample.txt"))
+		if n == 0 {
+			assert.Empty(t, out.Sample)
+			assert.ErrorIs(t, statErr, os.ErrNotExist)
+			continue
+		}
+		assert.Len(t, out.Sample, 1+n, "%q", out.Sample)
+		assert.Equal(t, out.Sample+"\n", string(must(os.ReadFile(filepath.Join(out.Dir, "sample.txt")))))
+	}
+}
+
 // TestRunLearns: two micro-batches per step, evaluation, every output file; the
 // loss falls below the unigram entropy (the model uses context).
 func TestRunLearns(t *testing.T) {
@@ -332,7 +352,7 @@ func TestLongContext(t *testing.T) {
 	load := func(seq int) *config.Resolved {
 		res, diags := config.Load(filepath.Join("..", "recipes", "tiny.toml"), config.Options{Sets: []string{
 			fmt.Sprintf("model.seq_len=%d", seq), "train.steps=2", "train.micro_batch_size=1", "train.global_batch_size=1",
-			"train.eval_interval=0", "train.eval_steps=1", "run.output_dir=" + t.TempDir()}})
+			"train.eval_interval=0", "train.eval_steps=1", "logging.sample_tokens=0", "run.output_dir=" + t.TempDir()}})
 		require.False(t, diags.HasErrors(), "%v", diags)
 		return res
 	}
@@ -385,7 +405,7 @@ func TestBF16TracksFP32(t *testing.T) {
 	curve := func(bf16 bool) (*Result, []float64) {
 		res, diags := config.Load(filepath.Join("..", "recipes", "tiny.toml"), config.Options{Sets: []string{
 			"train.steps=200", "train.micro_batch_size=4", "train.global_batch_size=4", "train.eval_interval=0",
-			"train.eval_steps=4", fmt.Sprintf("precision.bf16=%v", bf16), "run.output_dir=" + t.TempDir()}})
+			"train.eval_steps=4", fmt.Sprintf("precision.bf16=%v", bf16), "logging.sample_tokens=0", "run.output_dir=" + t.TempDir()}})
 		require.False(t, diags.HasErrors(), "%v", diags)
 		o := opts()
 		o.Env = map[string]string{"GOROOT": runtime.GOROOT()}

@@ -221,8 +221,11 @@ which this binary hands the run to with the same arguments.`,
 		if result.FinalValLoss != nil {
 			val = fmt.Sprintf("validation loss %.4f", *result.FinalValLoss)
 		}
-		fmt.Fprintf(a.stdout, "run directory: %s\nfinal loss %.4f, %s (unigram entropy %.4f); %.0f tokens/s\n--- sample ---\n%s\n",
-			result.Dir, result.FinalLoss, val, result.UnigramBits, result.TokensPerS, result.Sample)
+		fmt.Fprintf(a.stdout, "run directory: %s\nfinal loss %.4f, %s (unigram entropy %.4f); %.0f tokens/s\n",
+			result.Dir, result.FinalLoss, val, result.UnigramBits, result.TokensPerS)
+		if result.Sample != "" {
+			fmt.Fprintf(a.stdout, "--- sample ---\n%s\n", result.Sample)
+		}
 		if result.Interrupted {
 			return &exitError{code: 130, err: errors.New("interrupted")}
 		}
