@@ -32,21 +32,35 @@ TEXT ·kern6x16AVX2(SB), NOSPLIT, $0-57
 	SHLQ $2, R14''')
 for i in range(2 * R):
     print(f'\tVXORPS Y{i}, Y{i}, Y{i}')
+
+
+def step(a, b):
+    """One k step: the B row at b, the A values at a (offsets added per row)."""
+    print(f'\tVMOVUPS {b}, Y12')
+    print(f'\tVMOVUPS 32{b}, Y13')
+    for i in range(R):
+        y = 14 + i % 2
+        print(f'\tVBROADCASTSS {4 * i}{a}, Y{y}')
+        print(f'\tVFMADD231PS Y12, Y{y}, Y{2 * i}')
+        print(f'\tVFMADD231PS Y13, Y{y}, Y{2 * i + 1}')
+
+
+# Two k steps an iteration (the second row of A and B at SI+R14, DI+R13), so
+# the loop's bookkeeping is shared; an odd k ends with one step.
 print('''loop:
-	TESTQ CX, CX
-	JEQ done
-	VMOVUPS (DI), Y12
-	VMOVUPS 32(DI), Y13''')
-for i in range(R):
-    y = 14 + i % 2
-    print(f'\tVBROADCASTSS {4 * i}(SI), Y{y}')
-    print(f'\tVFMADD231PS Y12, Y{y}, Y{2 * i}')
-    print(f'\tVFMADD231PS Y13, Y{y}, Y{2 * i + 1}')
-print('''	ADDQ R14, SI
-	ADDQ R13, DI
-	DECQ CX
+	CMPQ CX, $2
+	JLT tail''')
+step('(SI)', '(DI)')
+step('(SI)(R14*1)', '(DI)(R13*1)')
+print('''	LEAQ (SI)(R14*2), SI
+	LEAQ (DI)(R13*2), DI
+	SUBQ $2, CX
 	JMP loop
-done:
+tail:
+	TESTQ CX, CX
+	JEQ done''')
+step('(SI)', '(DI)')
+print('''done:
 	MOVBQZX add+56(FP), AX
 	TESTQ AX, AX
 	JEQ set''')

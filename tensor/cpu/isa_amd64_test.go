@@ -10,6 +10,19 @@ import (
 	"golang.org/x/sys/cpu"
 )
 
+// isaLevel is one micro-kernel level: whether this CPU has it, and the
+// feature switches (hasAVX512, hasAVX2) that select it.
+type isaLevel struct {
+	name        string
+	have        bool
+	wide, avx2v bool
+}
+
+func isaLevels() []isaLevel {
+	avx512, avx2 := cpu.X86.HasAVX512F, cpu.X86.HasAVX2 && cpu.X86.HasFMA
+	return []isaLevel{{"avx512", avx512, true, avx2}, {"avx2", avx2, false, true}, {"go", true, false, false}}
+}
+
 // eachISA runs fn once per micro-kernel level this CPU supports (AVX-512;
 // AVX2 with FMA; plain Go), each as a subtest named for it, with the kernels'
 // feature switches set to that level and restored after, so a machine with
@@ -17,12 +30,7 @@ import (
 func eachISA(t *testing.T, fn func(t *testing.T)) {
 	saved := [...]bool{hasAVX512, hasAVX2, hasStrided, hasBF16Dot}
 	defer func() { hasAVX512, hasAVX2, hasStrided, hasBF16Dot = saved[0], saved[1], saved[2], saved[3] }()
-	avx512, avx2 := cpu.X86.HasAVX512F, cpu.X86.HasAVX2 && cpu.X86.HasFMA
-	for _, l := range []struct {
-		name        string
-		have        bool
-		wide, avx2v bool
-	}{{"avx512", avx512, true, avx2}, {"avx2", avx2, false, true}, {"go", true, false, false}} {
+	for _, l := range isaLevels() {
 		if !l.have {
 			continue
 		}
@@ -56,6 +64,19 @@ func TestAVX2KernelMatchesAVX512(t *testing.T) {
 					t.Fatalf("k=%d add=%v: element %d: avx512 %v, avx2 %v", k, add, i, c1[i], c2[i])
 				}
 			}
+		}
+	}
+}
+
+// eachISABench is eachISA for benchmarks.
+func eachISABench(b *testing.B, fn func(b *testing.B)) {
+	saved := [...]bool{hasAVX512, hasAVX2, hasStrided, hasBF16Dot}
+	defer func() { hasAVX512, hasAVX2, hasStrided, hasBF16Dot = saved[0], saved[1], saved[2], saved[3] }()
+	for _, l := range isaLevels() {
+		if l.have {
+			hasAVX512, hasAVX2, hasStrided = l.wide, l.avx2v, l.wide
+			hasBF16Dot = l.wide && saved[3]
+			b.Run(l.name, fn)
 		}
 	}
 }
