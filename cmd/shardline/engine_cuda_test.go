@@ -31,15 +31,17 @@ import (
 // split the batch, which the CPU equivalence tests hold to 1e-5; moe-tiny 5e-3
 // (a near-tie in a router's top-k can flip, TestTracksCPU). Memory held per
 // rank must equal the plan within 5%. On the host emulator (-tags cudaemu,
-// run by hand) the model is one layer over 32 positions, 2 ranks, optim_grads_params.
+// which make test runs) the model is one layer over 32 positions, trained 3
+// steps on 2 ranks under optim_grads_params (about 20 s: each CUDA thread is
+// a fiber there).
 func TestEngineSharesOneGPU(t *testing.T) {
 	d, err := cuda.Open(0)
 	require.NoError(t, err)
 	defer d.Close()
 	var small []string
 	ranks, strategies := []int{1, 2, 4}, []string{"no_shard", "optim", "optim_grads", "optim_grads_params"}
-	if cuda.Emulated { // the emulator runs each CUDA thread as a fiber: a smaller model and two runs
-		small = []string{"model.layers=1", "model.seq_len=32"}
+	if cuda.Emulated { // the emulator runs each CUDA thread as a fiber: a smaller model, fewer steps, two runs
+		small = []string{"model.layers=1", "model.seq_len=32", "train.steps=3"}
 		ranks, strategies = []int{2}, []string{"optim_grads_params"}
 	}
 	for recipe, tol := range map[string]float64{"tiny": 1e-4, "moe-tiny": 5e-3} {
@@ -69,7 +71,7 @@ func engineRun(t *testing.T, recipe string, be tensor.Backend, n int, strategy s
 	t.Helper()
 	res, diags := config.Load(filepath.Join(recipesDir, recipe+".toml"), config.Options{Sets: append([]string{
 		"data.path=" + opticksFile(), "run.output_dir=" + t.TempDir(), "train.steps=6", "train.micro_batch_size=2",
-		"train.global_batch_size=8", "train.eval_interval=0", fmt.Sprintf("parallel.world_size=%d", n),
+		"train.global_batch_size=8", "train.eval_interval=0", "train.eval_steps=1", "logging.sample_tokens=0", fmt.Sprintf("parallel.world_size=%d", n),
 		"fsdp.data_parallel_sharding_strategy=" + strategy,
 	}, sets...)})
 	require.False(t, diags.HasErrors(), "%v", diags)
