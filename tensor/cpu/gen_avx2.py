@@ -4,6 +4,8 @@ AVX-512, 6 rows x 16 columns (twelve accumulators, two B registers and two A
 broadcasts fill the sixteen YMM registers); kernel() covers the 12x32 tile
 with four of them. Run from this directory:
 python3 gen_avx2.py > gemm_avx2_amd64.s (the Go toolchain assembles it)."""
+from gen_common import store
+
 R, C = 6, 16
 
 print(f'''//go:build amd64 && !purego
@@ -60,21 +62,5 @@ tail:
 	TESTQ CX, CX
 	JEQ done''')
 step('(SI)', '(DI)')
-print('''done:
-	MOVBQZX add+56(FP), AX
-	TESTQ AX, AX
-	JEQ set''')
-for i in range(R):
-    print(f'\tVADDPS (DX), Y{2 * i}, Y{2 * i}')
-    print(f'\tVMOVUPS Y{2 * i}, (DX)')
-    print(f'\tVADDPS 32(DX), Y{2 * i + 1}, Y{2 * i + 1}')
-    print(f'\tVMOVUPS Y{2 * i + 1}, 32(DX)')
-    if i < R - 1:
-        print('\tADDQ R8, DX')
-print('\tVZEROUPPER\n\tRET\nset:')
-for i in range(R):
-    print(f'\tVMOVUPS Y{2 * i}, (DX)')
-    print(f'\tVMOVUPS Y{2 * i + 1}, 32(DX)')
-    if i < R - 1:
-        print('\tADDQ R8, DX')
-print('\tVZEROUPPER\n\tRET')
+print('done:')
+store('add+56(FP)', '', rows=R, reg='Y', width=32)
