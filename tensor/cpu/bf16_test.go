@@ -217,29 +217,31 @@ func TestBF16DotKernels(t *testing.T) {
 // payloads that the rounding would carry into the exponent; lengths that leave
 // a tail past the sixteen-value blocks and span several core blocks.
 func TestToBF16(t *testing.T) {
-	r := rand.New(rand.NewSource(9))
-	specials := []uint32{0, 0x80000000, 0x7f800000, 0xff800000, 0x7f7fffff, 0xff7fffff, 0x7f7f8000, 0x00000001, 0x807fffff,
-		0x3f808000, 0x3f818000, 0x3f80c000, 0x7fc00000, 0x7f800001, 0xffffffff, 0x7fffffff, 0x7f80ffff, 0xff81ffff}
-	for _, n := range []int{0, 1, 15, 16, 17, 100, 4096*3 + 7} {
-		src := make([]float32, n)
-		for i := range src {
-			switch {
-			case i < len(specials):
-				src[i] = math.Float32frombits(specials[i])
-			case i%3 == 0:
-				src[i] = math.Float32frombits(r.Uint32()) // any bit pattern
-			default:
-				src[i] = float32(r.NormFloat64() * math.Pow(2, float64(r.Intn(60)-30)))
+	eachISA(t, func(t *testing.T) {
+		r := rand.New(rand.NewSource(9))
+		specials := []uint32{0, 0x80000000, 0x7f800000, 0xff800000, 0x7f7fffff, 0xff7fffff, 0x7f7f8000, 0x00000001, 0x807fffff,
+			0x3f808000, 0x3f818000, 0x3f80c000, 0x7fc00000, 0x7f800001, 0xffffffff, 0x7fffffff, 0x7f80ffff, 0xff81ffff}
+		for _, n := range []int{0, 1, 15, 16, 17, 100, 4096*3 + 7} {
+			src := make([]float32, n)
+			for i := range src {
+				switch {
+				case i < len(specials):
+					src[i] = math.Float32frombits(specials[i])
+				case i%3 == 0:
+					src[i] = math.Float32frombits(r.Uint32()) // any bit pattern
+				default:
+					src[i] = float32(r.NormFloat64() * math.Pow(2, float64(r.Intn(60)-30)))
+				}
+			}
+			got := make([]tensor.BF16, n)
+			ToBF16(got, src)
+			for i, v := range src {
+				if want := tensor.ToBF16(v); got[i] != want {
+					t.Fatalf("n=%d: %#08x rounds to %#04x, want %#04x", n, math.Float32bits(v), got[i], want)
+				}
 			}
 		}
-		got := make([]tensor.BF16, n)
-		ToBF16(got, src)
-		for i, v := range src {
-			if want := tensor.ToBF16(v); got[i] != want {
-				t.Fatalf("n=%d: %#08x rounds to %#04x, want %#04x", n, math.Float32bits(v), got[i], want)
-			}
-		}
-	}
+	})
 }
 
 // TestFromBF16 widens every bf16 bit pattern, at lengths that leave tails in a

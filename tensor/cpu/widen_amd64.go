@@ -15,12 +15,21 @@ func widenPanel(dst []float32, src []tensor.BF16, ldb, k int) {
 	}
 	_ = dst[k*nr-1]
 	_ = src[(k-1)*ldb+nr-1]
-	if hasAVX512 {
+	switch {
+	case hasAVX512:
 		widenPanelAVX512(&dst[0], &src[0], ldb, k)
-		return
+	case hasAVX2:
+		widenPanelAVX2(&dst[0], &src[0], ldb, k)
+	default:
+		widenPanelGo(dst, src, ldb, k)
 	}
-	widenPanelGo(dst, src, ldb, k)
 }
+
+//go:noescape
+func widenPanelAVX2(dst *float32, src *tensor.BF16, ldb, k int)
+
+//go:noescape
+func toBF16AVX2(dst *tensor.BF16, src *float32, n int)
 
 //go:noescape
 func toBF16AVX512(dst *tensor.BF16, src *float32, n int)
@@ -29,10 +38,14 @@ func toBF16AVX512(dst *tensor.BF16, src *float32, n int)
 func toBF16Rows(dst []tensor.BF16, src []float32) {
 	n := len(src)
 	bulk := n &^ 15
-	if hasAVX512 && bulk > 0 {
+	switch {
+	case hasAVX512 && bulk > 0:
 		_ = dst[n-1]
 		toBF16AVX512(&dst[0], &src[0], bulk)
-	} else {
+	case hasAVX2 && bulk > 0:
+		_ = dst[n-1]
+		toBF16AVX2(&dst[0], &src[0], bulk)
+	default:
 		bulk = 0
 	}
 	for i := bulk; i < n; i++ {
