@@ -14,7 +14,7 @@ help: ## list the targets
 build: ## build bin/shardline
 	$(GO) build -buildvcs=auto -o $(BIN) ./cmd/shardline
 
-test: sarif-schema torch-deps cuda-check emu-deps ## vet, run every test, and fuzz every reader briefly (what CI runs)
+test: ci-deps sarif-schema torch-deps cuda-check emu-deps ## vet, run every test, and fuzz every reader briefly (what CI runs)
 	$(GO) vet ./...
 	SHARDLINE_SARIF_SCHEMA=$(CURDIR)/$(SARIF_SCHEMA) SHARDLINE_TORCH_PYTHON=/usr/bin/python3 SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 ./...
 	$(GO) vet -tags cudaemu ./cuda ./trainer/gpu ./cmd/shardline
@@ -86,6 +86,25 @@ cuda-deps: ## install the CUDA headers the -tags cuda build needs (Debian non-fr
 	@test -f /usr/include/cuda.h -a -f /usr/include/cublasLt.h || { echo "installing nvidia-cuda-dev" >&2; \
 		grep -rqs non-free /etc/apt/sources.list /etc/apt/sources.list.d || $(MAKE) --no-print-directory $(NONFREE_SOURCES); \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nvidia-cuda-dev; }
+
+# ci-deps installs every Debian package make test needs that is missing, with
+# one apt-get update (a fresh CI machine lacks them all; one update instead of
+# one per package saves most of a minute). The per-need targets below then find
+# them present; each still installs its own when run alone.
+ci-deps: ## install what make test needs (python3-torch, npm, g++, the CUDA headers) in one apt-get run
+	@want=""; dev=""; \
+	/usr/bin/python3 -c 'import torch' 2>/dev/null || want="$$want python3-torch libopenblas0-pthread"; \
+	command -v npm >/dev/null 2>&1 || want="$$want npm"; \
+	command -v g++ >/dev/null 2>&1 || dev="$$dev g++"; \
+	test -f /usr/include/cuda.h -a -f /usr/include/cublasLt.h || dev="$$dev nvidia-cuda-dev"; \
+	if [ -n "$$want$$dev" ]; then \
+		echo "installing$$want$$dev" >&2; \
+		case "$$dev" in *nvidia-cuda-dev*) grep -rqs non-free /etc/apt/sources.list /etc/apt/sources.list.d || \
+			printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm bookworm-updates\nComponents: contrib non-free non-free-firmware\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' > $(NONFREE_SOURCES);; esac; \
+		apt-get update -qq || exit 1; \
+		if [ -n "$$want" ]; then DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$want || exit 1; fi; \
+		if [ -n "$$dev" ]; then DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$dev || exit 1; fi; \
+	fi
 
 cuda: cuda-deps ## build bin/shardline-cuda, the GPU runner `shardline run --device cuda` hands runs to (runs only where there is a GPU)
 	$(GO) build -buildvcs=auto -tags cuda -o bin/shardline-cuda ./cmd/shardline
