@@ -28,16 +28,22 @@ func isaLevels() []isaLevel {
 // feature switches set to that level and restored after, so a machine with
 // AVX-512 also tests the AVX2 and Go paths other machines take.
 func eachISA(t *testing.T, fn func(t *testing.T)) {
-	saved := [...]bool{hasAVX512, hasAVX2, hasStrided, hasBF16Dot}
-	defer func() { hasAVX512, hasAVX2, hasStrided, hasBF16Dot = saved[0], saved[1], saved[2], saved[3] }()
 	for _, l := range isaLevels() {
-		if !l.have {
-			continue
+		if l.have {
+			restore := useISA(l)
+			t.Run(l.name, fn)
+			restore()
 		}
-		hasAVX512, hasAVX2, hasStrided = l.wide, l.avx2v, l.wide
-		hasBF16Dot = l.wide && saved[3]
-		t.Run(l.name, fn)
 	}
+}
+
+// useISA sets the kernels' feature switches to level l and returns what
+// puts them back.
+func useISA(l isaLevel) (restore func()) {
+	saved := [...]bool{hasAVX512, hasAVX2, hasStrided, hasBF16Dot}
+	hasAVX512, hasAVX2, hasStrided = l.wide, l.avx2v, l.wide
+	hasBF16Dot = l.wide && saved[3]
+	return func() { hasAVX512, hasAVX2, hasStrided, hasBF16Dot = saved[0], saved[1], saved[2], saved[3] }
 }
 
 // TestAVX2KernelMatchesAVX512: the AVX2 micro-kernel makes each sum as the
@@ -70,13 +76,11 @@ func TestAVX2KernelMatchesAVX512(t *testing.T) {
 
 // eachISABench is eachISA for benchmarks.
 func eachISABench(b *testing.B, fn func(b *testing.B)) {
-	saved := [...]bool{hasAVX512, hasAVX2, hasStrided, hasBF16Dot}
-	defer func() { hasAVX512, hasAVX2, hasStrided, hasBF16Dot = saved[0], saved[1], saved[2], saved[3] }()
 	for _, l := range isaLevels() {
 		if l.have {
-			hasAVX512, hasAVX2, hasStrided = l.wide, l.avx2v, l.wide
-			hasBF16Dot = l.wide && saved[3]
+			restore := useISA(l)
 			b.Run(l.name, fn)
+			restore()
 		}
 	}
 }
