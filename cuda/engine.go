@@ -507,7 +507,7 @@ func (o *operands) strided(bs []tensor.Buffer, n int, ts ...DType) (all Buffer, 
 	}
 	first := o.buf(bs[0], n, ts...)
 	second := o.buf(bs[1], n, ts...)
-	if o.bad || second.ptr <= first.ptr {
+	if o.bad || second.DType != first.DType || second.ptr <= first.ptr {
 		return Buffer{}, 0, false
 	}
 	size := devicePtr(first.DType.Size())
@@ -521,14 +521,14 @@ func (o *operands) strided(bs []tensor.Buffer, n int, ts ...DType) (all Buffer, 
 		}
 	}
 	stride = int(gap / size)
-	return Buffer{ptr: first.ptr, N: (len(bs)-1)*stride + n, DType: first.DType}, stride, second.DType == first.DType
+	return Buffer{ptr: first.ptr, N: (len(bs)-1)*stride + n, DType: first.DType}, stride, true
 }
 
 func (k *kernels) ExpertsMatmul(out, inp tensor.Buffer, w []tensor.Buffer, offsets tensor.Buffer, s tensor.ExpertsShape, accumulate bool) {
 	o := k.ops("ExpertsMatmul")
 	o.f(out, 0)
 	if s.Segment > 0 {
-		// Static segments over weights in one allocation: one batched product.
+		// Static segments over weights at an even stride: one batched product.
 		if ws, stride, ok := o.strided(w, s.OC*s.C, F32, BF16); ok {
 			rows := len(w) * s.Segment
 			y, x := o.f(out, rows*s.OC), o.w(inp, rows*s.C)
