@@ -238,6 +238,22 @@ func (g *gemmCall) aInPlace() (direct, directT bool) {
 	return ok && !g.transA, ok && g.transA
 }
 
+// maxInPlaceLDB is the widest row stride (in floats) at which the kernels read
+// an untransposed B's full panels in place instead of packing them. A panel's
+// KC rows lie ldb apart: from 4 KiB apart on, each k step lands on another
+// page and the panel's rows alias in the L1's sets, and the kernel stalls on
+// its reads. Measured on an AMD EPYC without AVX-512 (2048×N×512, in place ÷
+// packed, interleaved, three rounds): about 0.8 at N = 1024, 1536 and 2048
+// (square 1024³: 121 against 165 GFLOP/s); at 256×N×512, where each of two
+// parts packs all of B for few rows, 0.9–1.1; at N ≤ 768 the two are level.
+const maxInPlaceLDB = 1024 - 1
+
+// bInPlace says whether a panel of B of w columns is read where it lies: a
+// full panel of an fp32 B in rows (untransposed) at most maxInPlaceLDB apart.
+func (g *gemmCall) bInPlace(w int) bool {
+	return !g.transB && w == nr && g.Bh == nil && g.ldb <= maxInPlaceLDB
+}
+
 // rowBlocks multiplies rows [lo, hi) of op(A)'s current K block by the packed B block
 // bp, packing A into apBuf. add says whether tiles add to C or overwrite it.
 func (g *gemmCall) rowBlocks(bp, apBuf []float32, lo, hi, pc, kcur, jc, ncur int, add bool) {
@@ -256,7 +272,7 @@ func (g *gemmCall) rowBlocks(bp, apBuf []float32, lo, hi, pc, kcur, jc, ncur int
 		for jr := 0; jr < ncur; jr += nr {
 			bpanel, ldb := bp[jr*kcur:jr*kcur+nr*kcur], nr
 			nrCur := min(nr, ncur-jr)
-			if !g.transB && nrCur == nr && g.Bh == nil { // read in place (see packB)
+			if g.bInPlace(nrCur) { // read in place (see packB)
 				bpanel, ldb = g.B[pc*g.ldb+jc+jr:], g.ldb
 			}
 			for ir := 0; ir < mcur; ir += mr {
@@ -315,9 +331,9 @@ func (g *gemmCall) storeEdge(edge []float32, ci, rows, cols int, add bool) {
 }
 
 // packB copies op(B)[pc:pc+kcur, jc:jc+ncur] into NR-wide panels, each kcur×NR row
-// major, zero-padding the last panel. Untransposed B needs no copy: the kernels
-// read a full panel in place (its rows at stride ldb), so only a last partial
-// panel is packed.
+// major, zero-padding the last panel. A full panel of an untransposed B with
+// rows less than 4 KiB apart needs no copy: the kernels read it in place (its
+// rows at stride ldb; see maxInPlaceLDB).
 func (g *gemmCall) packB(bp []float32, pc, kcur, jc, ncur int) {
 	for jr := 0; jr < ncur; jr += nr {
 		panel := bp[jr*kcur : jr*kcur+nr*kcur]
@@ -325,7 +341,7 @@ func (g *gemmCall) packB(bp []float32, pc, kcur, jc, ncur int) {
 		switch {
 		case g.Bh != nil:
 			g.packBH(panel, pc, kcur, jc+jr, w)
-		case !g.transB && w == nr:
+		case g.bInPlace(w):
 			// read in place
 		case !g.transB:
 			for p := 0; p < kcur; p++ {

@@ -95,6 +95,35 @@ func TestSgemm(t *testing.T) {
 	})
 }
 
+// TestSgemmWideBSameBits multiplies the same untransposed B stored at row
+// strides either side of maxInPlaceLDB: read in place at one, packed at the
+// other, the products must agree to the bit (packing moves values, the kernel's
+// sums are the same).
+func TestSgemmWideBSameBits(t *testing.T) {
+	eachISA(t, func(t *testing.T) {
+		r := rand.New(rand.NewSource(5))
+		const M, N, K = 50, 96, 600 // K spans two K blocks; N three full panels
+		A := randSlice(r, M*K)
+		var got [2][]float32
+		for i, ldb := range []int{maxInPlaceLDB, maxInPlaceLDB + 1} {
+			src := rand.New(rand.NewSource(6)) // the same B values at each stride
+			B := make([]float32, K*ldb)
+			for p := 0; p < K; p++ {
+				for j := 0; j < N; j++ {
+					B[p*ldb+j] = float32(src.NormFloat64())
+				}
+			}
+			got[i] = make([]float32, M*N)
+			Sgemm(false, false, M, N, K, 1, A, K, B, ldb, 0, got[i], N)
+		}
+		for i := range got[0] {
+			if math.Float32bits(got[0][i]) != math.Float32bits(got[1][i]) {
+				t.Fatalf("element %d: in place %v, packed %v", i, got[0][i], got[1][i])
+			}
+		}
+	})
+}
+
 // TestKernelsAgree runs the assembly and Go micro-kernels on the same panels,
 // adding to C and overwriting it (the columns past the tile must stay untouched),
 // with A and B packed (strides MR and NR) and read in place (wider strides).
@@ -119,6 +148,23 @@ func TestKernelsAgree(t *testing.T) {
 			}
 		}
 	})
+}
+
+// BenchmarkSgemmWideB multiplies 2048×512 by an untransposed 512×N at widths
+// either side of maxInPlaceLDB, in GFLOP/s: below it B's panels are read in
+// place, from it on they are packed.
+func BenchmarkSgemmWideB(b *testing.B) {
+	const M, K = 2048, 512
+	for _, N := range []int{512, 768, 1024, 1536, 2048} {
+		b.Run(fmt.Sprint("N", N), func(b *testing.B) {
+			r := rand.New(rand.NewSource(3))
+			A, B, C := randSlice(r, M*K), randSlice(r, K*N), make([]float32, M*N)
+			for b.Loop() {
+				Sgemm(false, false, M, N, K, 1, A, K, B, N, 0, C, N)
+			}
+			b.ReportMetric(2*float64(M*N*K)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+	}
 }
 
 // BenchmarkSgemm runs the GEMMs of one training step of the nanoGPT
