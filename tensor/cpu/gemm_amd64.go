@@ -23,6 +23,11 @@ func kern12x32StridedAVX512(k int, a *float32, lda int, b *float32, ldb int, c *
 //go:noescape
 func kern6x16AVX2(k int, a *float32, ars int, b *float32, ldb int, c *float32, ldc int, add bool)
 
+// kern6x16StridedAVX2 is kern6x16AVX2 reading A in place: a[i*lda+p].
+//
+//go:noescape
+func kern6x16StridedAVX2(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, add bool)
+
 var (
 	hasAVX512 = cpu.X86.HasAVX512F
 	hasAVX2   = cpu.X86.HasAVX2 && cpu.X86.HasFMA
@@ -30,14 +35,22 @@ var (
 
 // hasStrided says whether kernelStrided can run: the GEMM then skips packing A
 // when it is not transposed.
-var hasStrided = hasAVX512
+var hasStrided = hasAVX512 || hasAVX2
 
 // kernelStrided is kernel with A read in place (rows at stride lda).
 func kernelStrided(k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int, add bool) {
 	_ = a[(mr-1)*lda+k-1]
 	_ = b[(k-1)*ldb+nr-1]
 	_ = c[(mr-1)*ldc+nr-1]
-	kern12x32StridedAVX512(k, &a[0], lda, &b[0], ldb, &c[0], ldc, add)
+	if hasAVX512 {
+		kern12x32StridedAVX512(k, &a[0], lda, &b[0], ldb, &c[0], ldc, add)
+		return
+	}
+	const h, w = mr / 2, nr / 2
+	kern6x16StridedAVX2(k, &a[0], lda, &b[0], ldb, &c[0], ldc, add)
+	kern6x16StridedAVX2(k, &a[0], lda, &b[w], ldb, &c[w], ldc, add)
+	kern6x16StridedAVX2(k, &a[h*lda], lda, &b[0], ldb, &c[h*ldc], ldc, add)
+	kern6x16StridedAVX2(k, &a[h*lda], lda, &b[w], ldb, &c[h*ldc+w], ldc, add)
 }
 
 // kernel runs the fastest micro-kernel the CPU supports.

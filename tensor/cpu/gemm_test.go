@@ -150,6 +150,39 @@ func TestKernelsAgree(t *testing.T) {
 	})
 }
 
+// TestStridedKernelMatchesPacked: the kernel that reads A's rows in place
+// makes the same sums as the one reading A packed, so their tiles are equal bit
+// for bit, added or stored, with B packed or read at a wider stride.
+func TestStridedKernelMatchesPacked(t *testing.T) {
+	eachISA(t, func(t *testing.T) {
+		if !hasStrided {
+			t.Skip("no in-place kernel at this level: Sgemm packs A")
+		}
+		r := rand.New(rand.NewSource(7))
+		for _, add := range []bool{true, false} {
+			for _, k := range []int{1, 2, 7, 256} {
+				lda, ldb := k+5, nr+3
+				rows, b := randSlice(r, (mr-1)*lda+k), randSlice(r, (k-1)*ldb+nr)
+				panel := make([]float32, k*mr) // rows packed: panel[p*mr+i] = rows[i*lda+p]
+				for i := 0; i < mr; i++ {
+					for p := 0; p < k; p++ {
+						panel[p*mr+i] = rows[i*lda+p]
+					}
+				}
+				c1, c2 := randSlice(r, mr*40), make([]float32, mr*40)
+				copy(c2, c1)
+				kernelStrided(k, rows, lda, b, ldb, c1, 40, add)
+				kernel(k, panel, mr, b, ldb, c2, 40, add)
+				for i := range c1 {
+					if math.Float32bits(c1[i]) != math.Float32bits(c2[i]) {
+						t.Fatalf("k=%d add=%v: element %d: in place %v, packed %v (%s)", k, add, i, c1[i], c2[i], KernelName())
+					}
+				}
+			}
+		}
+	})
+}
+
 // BenchmarkSgemmWideB multiplies 2048×512 by an untransposed 512×N at widths
 // either side of maxInPlaceLDB, in GFLOP/s: below it B's panels are read in
 // place, from it on they are packed.

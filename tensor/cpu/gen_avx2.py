@@ -2,7 +2,8 @@
 """Writes gemm_avx2_amd64.s: the AVX2/FMA GEMM micro-kernel for CPUs without
 AVX-512, 6 rows x 16 columns (twelve accumulators, two B registers and two A
 broadcasts fill the sixteen YMM registers); kernel() covers the 12x32 tile
-with four of them. Run from this directory:
+with four of them; kern6x16StridedAVX2 reads A in place (rows at stride lda),
+as kern12x32StridedAVX512 does. Run from this directory:
 python3 gen_avx2.py > gemm_avx2_amd64.s (the Go toolchain assembles it)."""
 from gen_common import store
 
@@ -37,30 +38,64 @@ for i in range(2 * R):
 
 
 def step(a, b):
-    """One k step: the B row at b, the A values at a (offsets added per row)."""
+    """One k step: the B row at b, row i's A value at a[i]."""
     print(f'\tVMOVUPS {b}, Y12')
     print(f'\tVMOVUPS 32{b}, Y13')
     for i in range(R):
         y = 14 + i % 2
-        print(f'\tVBROADCASTSS {4 * i}{a}, Y{y}')
+        print(f'\tVBROADCASTSS {a[i]}, Y{y}')
         print(f'\tVFMADD231PS Y12, Y{y}, Y{2 * i}')
         print(f'\tVFMADD231PS Y13, Y{y}, Y{2 * i + 1}')
 
 
 # Two k steps an iteration (the second row of A and B at SI+R14, DI+R13), so
 # the loop's bookkeeping is shared; an odd k ends with one step.
-print('''loop:
+def body(p, first, second, advance):
+    """The k loop (labels prefixed p): two steps an iteration, an odd k's last
+    step alone, then the epilogue."""
+    print(f'''{p}loop:
 	CMPQ CX, $2
-	JLT tail''')
-step('(SI)', '(DI)')
-step('(SI)(R14*1)', '(DI)(R13*1)')
-print('''	LEAQ (SI)(R14*2), SI
+	JLT {p}tail''')
+    step(first, '(DI)')
+    step(second, '(DI)(R13*1)')
+    print(advance + f'''
 	LEAQ (DI)(R13*2), DI
 	SUBQ $2, CX
-	JMP loop
-tail:
+	JMP {p}loop
+{p}tail:
 	TESTQ CX, CX
-	JEQ done''')
-step('(SI)', '(DI)')
-print('done:')
-store('add+56(FP)', '', rows=R, reg='Y', width=32)
+	JEQ {p}done''')
+    step(first, '(DI)')
+    print(f'{p}done:')
+    store('add+56(FP)', p, rows=R, reg='Y', width=32)
+
+
+# Packed A: row i's value at 4i bytes; the next k step's at R14 (ars) on.
+body('', [f'{4 * i}(SI)' for i in range(R)], [f'{4 * i}(SI)(R14*1)' for i in range(R)],
+     '\tLEAQ (SI)(R14*2), SI')
+
+# A in place: a points at row 0, column 0 of a 6-row block of a row-major
+# matrix (row stride lda elements); row i at SI + i·lda bytes through the index
+# registers R9 = lda, R10 = 3·lda, R12 = 5·lda (in bytes), the next k step 4
+# bytes on.
+print('''
+// func kern6x16StridedAVX2(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, add bool)
+//
+// As kern6x16AVX2 with a[i*lda+p] in place of the packed a[p*ars+i].
+TEXT ·kern6x16StridedAVX2(SB), NOSPLIT, $0-57
+	MOVQ k+0(FP), CX
+	MOVQ a+8(FP), SI
+	MOVQ lda+16(FP), R9
+	MOVQ b+24(FP), DI
+	MOVQ ldb+32(FP), R13
+	MOVQ c+40(FP), DX
+	MOVQ ldc+48(FP), R8
+	SHLQ $2, R8
+	SHLQ $2, R9
+	SHLQ $2, R13
+	LEAQ (R9)(R9*2), R10
+	LEAQ (R9)(R9*4), R12''')
+for i in range(2 * R):
+    print(f'\tVXORPS Y{i}, Y{i}, Y{i}')
+rows = ['(SI)', '(SI)(R9*1)', '(SI)(R9*2)', '(SI)(R10*1)', '(SI)(R9*4)', '(SI)(R12*1)']
+body('s', rows, ['4' + a for a in rows], '\tADDQ $8, SI')

@@ -41,7 +41,7 @@ func eachISA(t *testing.T, fn func(t *testing.T)) {
 // puts them back.
 func useISA(l isaLevel) (restore func()) {
 	saved := [...]bool{hasAVX512, hasAVX2, hasStrided, hasBF16Dot}
-	hasAVX512, hasAVX2, hasStrided = l.wide, l.avx2v, l.wide
+	hasAVX512, hasAVX2, hasStrided = l.wide, l.avx2v, l.wide || l.avx2v
 	hasBF16Dot = l.wide && saved[3]
 	return func() { hasAVX512, hasAVX2, hasStrided, hasBF16Dot = saved[0], saved[1], saved[2], saved[3] }
 }
