@@ -133,6 +133,8 @@ func TestMisusedCommandsNameTheProblem(t *testing.T) {
 	}{
 		{"nproc 0", append([]string{"run", tiny, "--nproc", "0"}, short...), 2, "--nproc 0: give a positive rank count"},
 		{"nproc -1", append([]string{"run", tiny, "--nproc", "-1"}, short...), 2, "--nproc -1: give a positive rank count"},
+		// The rank count a recipe's batch cannot split over is blamed on --nproc, the flag given.
+		{"nproc the batch does not divide", append([]string{"run", tiny, "--nproc", "3"}, short...), 1, "flag --nproc: error[SL206]"},
 		{"trace in a missing directory", append([]string{"run", tiny, "--trace", filepath.Join(dir, "no", "such", "trace.json")}, short...), 2, "--trace"},
 		{"trace is a directory", append([]string{"run", tiny, "--trace", dir}, short...), 2, "is a directory"},
 		{"comm timeout 0", append([]string{"run", tiny, "--comm-timeout", "0s"}, short...), 2, "--comm-timeout 0s must be positive"},

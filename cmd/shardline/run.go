@@ -127,7 +127,7 @@ which this binary hands the run to with the same arguments.`,
 			return usageErr("--nproc runs ranks in this process, but %s started it as rank %d of %d; drop --nproc", job.from, job.rank, job.world)
 		}
 		if nproc > 0 {
-			rf.extra = append(rf.extra, config.FlagValue{Name: "world-size", Value: fmt.Sprint(nproc)})
+			rf.extra = append(rf.extra, config.FlagValue{Name: "nproc", Value: fmt.Sprint(nproc), Key: "parallel.world_size"})
 		}
 		if cmd.Flags().Changed("device") {
 			rf.extra = append(rf.extra, config.FlagValue{Name: "device", Value: device, Key: "parallel.device"})
