@@ -47,8 +47,8 @@ type state struct {
 	// The optimizer's operands (mainB, the main weights, gshardB, this rank's
 	// shard of the reduced gradients, and the moments mB, vB, which nothing else
 	// reads), and the gradient components whole (gradsAll without unit
-	// gradients, gshardAll the shards that are not views of it), which a step
-	// zeroes.
+	// gradients, whose part each gshardB then is; gshardAll with them), which a
+	// step zeroes.
 	mainB, gshardB, mB, vB []tensor.Buffer
 	gradsAll, gshardAll    tensor.Buffer
 	// wireStage and partStage are the gradient reduction's staging
@@ -222,7 +222,7 @@ func (s *state) allocate(r *config.Recipe) error {
 		g := &p.Groups[gi]
 		lo, hi := shardOf(p, s.rank, gi)
 		full, shard = full+g.Padded, shard+hi-lo
-		if g.Shards > 1 || s.unitGrads {
+		if s.unitGrads {
 			gradShards += hi - lo
 		}
 	}
@@ -286,8 +286,13 @@ func (s *state) allocate(r *config.Recipe) error {
 		if s.host != nil {
 			s.main = append(s.main, s.host.Float32s(mainB))
 		}
+		// The reduced gradient shard: its own buffer under unit gradients (no
+		// full gradients are held); otherwise the rank's part of the full
+		// gradients, which the reduce-scatter fills in place (or, unsharded, the
+		// all-reduced gradients themselves), as Megatron's distributed optimizer
+		// keeps it: no memory beyond the plan's whole gradients.
 		var gsB tensor.Buffer
-		if g.Shards > 1 || s.unitGrads {
+		if s.unitGrads {
 			gsB = gshard.Slice(gso, gso+n)
 			gso += n
 		} else {
@@ -591,7 +596,7 @@ func (s *state) zeroGrads() {
 		s.mem.Zero(s.gshardAll)
 		return
 	}
-	s.mem.Zero(s.gradsAll) // the gradient shards are views of it, or (sharded) set by the reduction
+	s.mem.Zero(s.gradsAll) // the gradient shards are views of it
 }
 
 // computeShard is the shard of group gi's compute weights other ranks gather:

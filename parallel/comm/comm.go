@@ -15,6 +15,9 @@ type Communicator interface {
 	// AllGather sets dst (Size·len(src)) to every rank's src, in rank order.
 	AllGather(dst, src []float32) error
 	// ReduceScatter sums src (Size·len(dst)) over ranks and leaves chunk Rank in dst.
+	// dst may be src's own chunk Rank (in place, as NCCL allows: the distributed
+	// optimizer's gradient shard is its part of the full gradients); otherwise
+	// the two must not overlap.
 	ReduceScatter(dst, src []float32) error
 	// AllReduce sums buf over ranks, in place.
 	AllReduce(buf []float32) error

@@ -258,12 +258,20 @@ func (m *member) ReduceScatter(dst, src []float32) error {
 			return nil
 		},
 		func(ss []slot) {
+			// Summed a block at a time in rank order (the same bits on every run),
+			// each block's sources read before its sum is written: dst may be this
+			// rank's own chunk of its src (in place).
 			lo := m.rank * L
-			copy(dst, ss[0].b[lo:lo+L])
-			for _, s := range ss[1:] { // rank order: the same bits on every run
-				for j, v := range s.b[lo : lo+L] {
-					dst[j] += v
+			var sum [256]float32
+			for b := 0; b < L; b += len(sum) {
+				t := sum[:min(len(sum), L-b)]
+				copy(t, ss[0].b[lo+b:])
+				for _, s := range ss[1:] {
+					for j, v := range s.b[lo+b : lo+b+len(t)] {
+						t[j] += v
+					}
 				}
+				copy(dst[b:], t)
 			}
 		})
 }

@@ -291,6 +291,53 @@ func TestAllGatherInPlace(t *testing.T) {
 	}
 }
 
+// TestReduceScatterInPlace: a reduce-scatter whose destination is each
+// rank's own chunk of its source (the distributed optimizer's gradient shard
+// inside its full gradients) leaves the same bits as one into a separate
+// buffer, in process and over TCP, at chunk lengths below, at and across the
+// in-process sum's block; run with -race.
+func TestReduceScatterInPlace(t *testing.T) {
+	for _, L := range []int{5, 256, 700} {
+		for _, n := range []int{2, 3, 4} {
+			for _, how := range []string{"inproc", "tcp"} {
+				t.Run(fmt.Sprintf("%s/n=%d/L=%d", how, n, L), func(t *testing.T) {
+					in := make([][]float32, n)
+					rng := rand.New(rand.NewSource(int64(n*1000 + L)))
+					for r := range in {
+						in[r] = values(rng, n*L)
+					}
+					apart, inPlace := make([][]float32, n), make([][]float32, n)
+					run := func(c Communicator) error {
+						r := c.Rank()
+						apart[r] = make([]float32, L)
+						if err := c.ReduceScatter(apart[r], in[r]); err != nil {
+							return err
+						}
+						inPlace[r] = append([]float32(nil), in[r]...)
+						return c.ReduceScatter(inPlace[r][r*L:(r+1)*L], inPlace[r])
+					}
+					var errs []error
+					if how == "inproc" {
+						errs = onRanks(n, 5*time.Second, run)
+					} else {
+						errs = tcpRanks(t, n, 5*time.Second, func(c *TCP) error { return run(c) })
+					}
+					for _, err := range errs {
+						require.NoError(t, err)
+					}
+					for r := range apart {
+						for j, v := range apart[r] {
+							if got := inPlace[r][r*L+j]; math.Float32bits(got) != math.Float32bits(v) {
+								t.Fatalf("rank %d element %d: in place %v, apart %v", r, j, got, v)
+							}
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
 // TestAllGatherBF16InPlace: the bf16 all-gather with each rank's source its own
 // chunk of the destination (a bf16 run's shard inside its full weights), in
 // process and over TCP; run with -race.
