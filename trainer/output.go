@@ -60,7 +60,10 @@ type machineInfo struct {
 	OS   string `json:"os"`
 	Arch string `json:"arch"`
 	CPUs int    `json:"cpus"`
-	CPU  string `json:"cpu,omitempty"` // the model name /proc/cpuinfo gives
+	// Threads is GOMAXPROCS: the kernels' worker threads in this process
+	// (launch gives each rank its share of the node's CPUs).
+	Threads int    `json:"threads"`
+	CPU     string `json:"cpu,omitempty"` // the model name /proc/cpuinfo gives
 }
 
 type resultInfo struct {
@@ -129,7 +132,7 @@ func CalibrationHostOf(cpuModel string, cpus int, backend string) string {
 }
 
 func thisMachine() machineInfo {
-	m := machineInfo{OS: runtime.GOOS, Arch: runtime.GOARCH, CPUs: runtime.NumCPU()}
+	m := machineInfo{OS: runtime.GOOS, Arch: runtime.GOARCH, CPUs: runtime.NumCPU(), Threads: runtime.GOMAXPROCS(0)}
 	m.Host, _ = os.Hostname()
 	if b, err := fileio.ReadRegular("/proc/cpuinfo", 1<<22); err == nil {
 		for _, line := range strings.Split(string(b), "\n") {

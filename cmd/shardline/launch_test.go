@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -102,11 +103,36 @@ func TestLaunchBF16ReduceMatchesInProcess(t *testing.T) {
 			require.Equal(t, 0, code, errs)
 			x, y := losses(t, filepath.Join(dir, "tcp-"+name)), losses(t, filepath.Join(dir, "mem-"+name))
 			require.NotEmpty(t, x)
+			nproc, _ := strconv.Atoi(n)
+			assert.Equal(t, max(1, runtime.NumCPU()/nproc), runThreads(t, filepath.Join(dir, "tcp-"+name)),
+				"launch gives each rank its share of the cores")
 			for i := range x {
 				assert.InDelta(t, y[i], x[i], 1e-5*y[i], "%s step %d", name, i+1)
 			}
 		}
 	}
+}
+
+// runThreads is the GOMAXPROCS run.json records for a run's rank 0.
+func runThreads(t *testing.T, dir string) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "run.json"))
+	require.NoError(t, err)
+	var r struct {
+		Machine struct{ Threads int }
+	}
+	require.NoError(t, json.Unmarshal(b, &r))
+	return r.Machine.Threads
+}
+
+// TestRankThreads: launch splits the node's cores among its ranks, at least one
+// each, and leaves a GOMAXPROCS the user set alone.
+func TestRankThreads(t *testing.T) {
+	assert.Equal(t, "8", rankThreads(map[string]string{}, 16, 2))
+	assert.Equal(t, "1", rankThreads(map[string]string{}, 2, 2))
+	assert.Equal(t, "1", rankThreads(map[string]string{}, 2, 4), "more ranks than cores: one thread each")
+	assert.Equal(t, "5", rankThreads(map[string]string{}, 16, 3))
+	assert.Equal(t, "", rankThreads(map[string]string{"GOMAXPROCS": "3"}, 16, 2), "the user's own setting is passed on")
 }
 
 // TestLaunchStopsAllWhenOneFails: rank 1's data does not exist; launch stops rank
