@@ -7,6 +7,16 @@ type Float interface{ ~float32 | ~float64 }
 // Backend is the kernel set training runs: float32.
 type Backend = Kernels[float32]
 
+// CoreSharer is a backend whose kernels run on this process's CPU cores and can
+// divide them among callers that run kernels at the same time: the ranks of
+// one process. ShareCores(n) counts n more such callers until restore is
+// called; each caller's kernels then use GOMAXPROCS ÷ (callers counted) threads,
+// at least one. Only the speed changes: the kernels' results do not depend on
+// how many threads compute them.
+type CoreSharer interface {
+	ShareCores(n int) (restore func())
+}
+
 // Kernels is the kernel set of a Llama-style decoder over element type F. Every
 // operand is a Buffer of the backend's memory, so that the same model drives
 // host and device memory. Argument order: outputs, saved statistics, inputs,

@@ -382,6 +382,10 @@ func runRanks(ctx context.Context, r *config.Recipe, res *config.Resolved, opts 
 	n := plan.Mesh.World
 	world := comm.NewWorld(n, worldTimeout)
 	groups := inProcessGroups(world, plan)
+	if s, ok := opts.Backend.(tensor.CoreSharer); ok {
+		// The n ranks run kernels at once: each gets its share of the cores.
+		defer s.ShareCores(n)()
+	}
 	var tr *tracer
 	if opts.TracePath != "" {
 		tr = &tracer{origin: time.Now()}

@@ -482,3 +482,41 @@ func TestBF16ActivationsFollowThePlan(t *testing.T) {
 		}
 	}
 }
+
+// sharingBackend is the CPU backend with its ShareCores calls recorded, or
+// (share false) ignored, so that every rank's kernels use every core.
+type sharingBackend struct {
+	cpu.Backend
+	share bool
+	calls *[]int
+}
+
+func (b sharingBackend) ShareCores(n int) func() {
+	*b.calls = append(*b.calls, n)
+	if !b.share {
+		return func() {}
+	}
+	return b.Backend.ShareCores(n)
+}
+
+// TestInProcessRanksShareTheCores: a run of 2 in-process ranks divides the
+// cores between them (ShareCores(2), undone when the run ends), and training
+// on a share of the cores gives the same bits as training on all of them (the
+// kernels' results do not depend on their thread count). The test sets
+// GOMAXPROCS to 4 so that a share of 2 forks kernels as a share of 4 does not.
+func TestInProcessRanksShareTheCores(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4))
+	run := func(share bool) ([]float64, []int) {
+		res, _ := tinyRun(t, "train.steps=4", "train.eval_interval=0", "parallel.world_size=2")
+		var calls []int
+		o := opts()
+		o.Backend = sharingBackend{share: share, calls: &calls}
+		out, err := Run(context.Background(), res, o)
+		require.NoError(t, err)
+		return lossesOf(t, out.Dir), calls
+	}
+	shared, calls := run(true)
+	assert.Equal(t, []int{2}, calls, "the run shares the cores among its 2 ranks once")
+	all, _ := run(false)
+	assert.Equal(t, all, shared, "the same losses, bit for bit, on a share of the cores")
+}

@@ -2,6 +2,7 @@ package comm
 
 import (
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -447,7 +448,12 @@ func NewStream(c Communicator) *Stream {
 }
 
 // Start queues h's operation; h.Wait returns its error. h must not be in flight.
-func (s *Stream) Start(h *Handle) { s.jobs <- h }
+// It yields the core once so the stream's goroutine starts the operation now,
+// not after the caller's compute where every core is busy computing.
+func (s *Stream) Start(h *Handle) {
+	s.jobs <- h
+	runtime.Gosched()
+}
 
 // Close stops the stream after the queued operations.
 func (s *Stream) Close() { close(s.jobs) }

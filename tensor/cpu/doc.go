@@ -21,7 +21,9 @@
 // goroutine and no allocation, and every buffer a region needs belongs to the
 // chunk of work it serves, so a training step allocates nothing once warm, and
 // chunked sums (added in chunk order over chunks fixed by the data's size) give
-// the same result on any number of cores.
+// the same result on any number of cores. Ranks of one process that run kernels
+// at once divide the cores among them (ShareCores, tensor.CoreSharer): each
+// caller's kernels use GOMAXPROCS ÷ callers threads.
 //
 // It imports nothing from shardline but tensor.
 package cpu

@@ -2,7 +2,6 @@ package cpu
 
 import (
 	"math"
-	"runtime"
 
 	"github.com/shardline/shardline/tensor"
 )
@@ -172,7 +171,7 @@ const parallelFLOPs = 1 << 19
 // calls (rows on a tie). Each part packs what it needs itself, so no part waits
 // for another: split by rows, every part packs B if B needs packing.
 func (g *gemmArgs) run() {
-	workers := min(runtime.GOMAXPROCS(0), maxChunks)
+	workers := min(threads(), maxChunks)
 	if 2*g.M*g.N*g.K < parallelFLOPs {
 		workers = 1
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/shardline/shardline/tensor"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // Gradient checks run every kernel in float64 and compare its backward with
@@ -436,4 +437,32 @@ func TestSumSquaresAndScale(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestShareCores: each of the callers ShareCores counts gets GOMAXPROCS ÷ callers
+// threads, at least one; restoring (once, however often it is called) gives
+// them back; a product computed on a share is the same, bit for bit.
+func TestShareCores(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4))
+	r := rand.New(rand.NewSource(7))
+	M, N, K := 96, 160, 64
+	a, b := randSlice(r, M*K), randSlice(r, N*K)
+	product := func() []float32 {
+		c := make([]float32, M*N)
+		Sgemm(false, true, M, N, K, 1, a, K, b, K, 0, c, N)
+		return c
+	}
+	want := product()
+	require.Equal(t, 4, threads())
+	undo2 := Backend{}.ShareCores(2)
+	assert.Equal(t, 2, threads())
+	assert.Equal(t, want, product(), "a product on 2 of 4 threads")
+	undo3 := Backend{}.ShareCores(3)
+	assert.Equal(t, 1, threads(), "5 callers on 4 cores: one thread each")
+	assert.Equal(t, want, product(), "a product on 1 thread")
+	undo2()
+	undo2()
+	assert.Equal(t, 1, threads(), "4 ÷ 3")
+	undo3()
+	assert.Equal(t, 4, threads())
 }

@@ -126,16 +126,38 @@ func (w *worker) wait() *fork {
 	}
 }
 
+// sharers counts the callers that run kernels at the same time in this process
+// (ShareCores): the ranks of an in-process run. 0 or 1: one caller.
+var sharers atomic.Int32
+
+// threads is how many cores one caller's kernels use: its even share of
+// GOMAXPROCS among the sharers, at least 1. N in-process ranks each with every
+// core fork every kernel over cores the other ranks are using, and the workers
+// they wake poll for work that is not theirs (tiny at 2 ranks on 2 cores:
+// 1.13–1.17× the tokens/s with one core each).
+func threads() int {
+	return max(1, runtime.GOMAXPROCS(0)/max(1, int(sharers.Load())))
+}
+
+// ShareCores counts n more callers running kernels at once (tensor.CoreSharer)
+// until restore is called; the kernels' results are the same on any number of
+// threads (run keeps chunk order; Sgemm splits no sum).
+func (Kernels[F]) ShareCores(n int) (restore func()) {
+	sharers.Add(int32(n))
+	var once sync.Once
+	return func() { once.Do(func() { sharers.Add(-int32(n)) }) }
+}
+
 // run splits [0, n) into chunks of per (more if that makes over maxChunks) and runs
-// j.rows on each, sharing them among the caller and up to GOMAXPROCS−1 idle
-// workers; it returns, when all are done, how many chunks there were. Alone, the
+// j.rows on each, sharing them among the caller and up to threads()−1 idle
+// workers (threads−1 of them at most); it returns, when all are done, how many chunks there were. Alone, the
 // caller still runs the chunks one by one, so a job whose result depends on its
 // chunks (partial sums added in chunk order) gets the same result on any number
 // of cores.
 func run(j ranger, n, per int) (chunks int) {
 	per = max(per, (n+maxChunks-1)/maxChunks)
 	chunks = (n + per - 1) / per
-	helpers := min(chunks, runtime.GOMAXPROCS(0)) - 1
+	helpers := min(chunks, threads()) - 1
 	if helpers <= 0 {
 		for c := 0; c < chunks; c++ {
 			j.rows(c, c*per, min((c+1)*per, n))
@@ -170,7 +192,7 @@ func run(j ranger, n, per int) (chunks int) {
 // parallel runs j.rows over [0, n) in one chunk per core when n·cost (a rough count
 // of operations) is large enough to pay for sharing it.
 func parallel(j ranger, n, cost int) {
-	w := runtime.GOMAXPROCS(0)
+	w := threads()
 	if w == 1 || n < 2 || n*cost < 1<<15 {
 		j.rows(0, 0, n)
 		return

@@ -3,6 +3,7 @@ package model
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"time"
 
 	"github.com/shardline/shardline/tensor"
@@ -167,6 +168,10 @@ func (m *Model[F]) exchange(what ringWhat, step int, dst, src tensor.Buffer) {
 		go p.serve()
 	}
 	p.requests <- ringStep{what: what, step: step, dst: dst, src: src}
+	// Let the ring goroutine start the transfer before this one computes: where
+	// every core is computing (in-process ranks get one thread each on a small
+	// machine) it would otherwise wait for a preemption, after the compute.
+	runtime.Gosched()
 }
 
 // serve runs the ring steps asked of it, one at a time, until Close.
