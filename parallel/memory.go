@@ -357,6 +357,13 @@ func dispatchBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) (expected, wors
 // experts' three. Other engines count their own (the one-GPU engine's
 // buffers are exact in engineMemory); 0 for them here.
 func scratchBytes(r *config.Recipe, m Mesh) int64 {
+	return scratchBytesAt(r, m, RoutedRows(r.Model, int64(r.Train.MicroBatchSize)*int64(r.Model.SeqLen/m.CP)/int64(m.TP), m.EP))
+}
+
+// scratchBytesAt is scratchBytes with an MoE layer's buffers holding copies
+// permuted rows: RoutedRows over the rank's rows (dropless, what the buffers
+// start at), or more when a rank receives more under expert parallelism.
+func scratchBytesAt(r *config.Recipe, m Mesh, copies int64) int64 {
 	if r.Parallel.Device != "cpu" {
 		return 0
 	}
@@ -379,7 +386,6 @@ func scratchBytes(r *config.Recipe, m Mesh) int64 {
 	}
 	if E > 0 {
 		k, EF := int64(mo.MoE.TopK), int64(mo.MoE.ExpertFFNHidden)
-		copies := RoutedRows(mo, R, m.EP) // over this rank's rows; dropless, what the buffers start at
 		n += 2*R*E + R*k + 2*copies*C + 3*copies*EF
 		if m.EP > 1 {
 			n += 3 * copies * C
@@ -389,6 +395,29 @@ func scratchBytes(r *config.Recipe, m Mesh) int64 {
 		}
 	}
 	return n * 4
+}
+
+// worstRoutingTotal is the memory total when dropless routing (no capacity
+// factor) under expert parallelism is as unbalanced as it can be: every source
+// rank sends this rank all the copies its experts can take (tokensOf's worst).
+// The CPU engine's expert and exchange buffers start at the balanced share and
+// grow to the most rows a layer received (trainer/model's growExchange), so the
+// activations, scratch and dispatch buffers are counted at the worst case's rows:
+// a bound, as the buffers on the sending side stay at the balanced share. It is
+// mem.Total where routing cannot exceed the plan (a capacity factor, no expert
+// parallelism, no MoE).
+func worstRoutingTotal(r *config.Recipe, m Mesh, t tokens, d dtypes, mem Memory, dispatchWorst int64) int64 {
+	if t.worst <= t.routed {
+		return mem.Total
+	}
+	tw := t
+	tw.routed = t.worst
+	total := mem.Total - mem.Activations - mem.MoEDispatch - mem.Scratch
+	total += activationBytes(r, m, tw, d) + dispatchWorst
+	if mem.Scratch > 0 {
+		total += scratchBytesAt(r, m, t.worst/int64(m.TP))
+	}
+	return total
 }
 
 // logitsBytes: the output logits of one micro-batch (vocabulary split over tp) in the

@@ -33,8 +33,11 @@ type Plan struct {
 	Buffers UnitBuffers
 	Memory  Memory
 	// MoEDispatchWorst is the dispatch buffers' worst case when no capacity factor
-	// bounds routing (every token's copies landing on one rank).
+	// bounds routing (every token's copies landing on one rank), and
+	// MemoryWorstTotal the whole memory total then (worstRoutingTotal; Memory.Total
+	// where routing cannot exceed the balanced share).
 	MoEDispatchWorst int64
+	MemoryWorstTotal int64
 	Collectives      []Collective
 	Comm             []AxisComm
 	// FLOPs per step over all ranks: the model's (for MFU) and what is executed
@@ -144,6 +147,7 @@ func (p *Plan) memory(r *config.Recipe, d dtypes) {
 		mem.Total += c.Bytes
 	}
 	p.Memory = mem
+	p.MemoryWorstTotal = worstRoutingTotal(r, p.Mesh, t, d, mem, p.MoEDispatchWorst)
 }
 
 // timing estimates a step. FLOPs per token, forward: 2 per weight a token passes

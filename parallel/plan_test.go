@@ -351,6 +351,17 @@ func TestMoETokensByHand(t *testing.T) {
 	tk = tokensOf(&res.Recipe, m)
 	assert.EqualValues(t, 5120, tk.routed, "capacity 1.25 × 4,096")
 	assert.EqualValues(t, 5120, tk.worst, "a capacity factor bounds the worst case too")
+	capped := compile(t, &res.Recipe)
+	assert.Equal(t, capped.Memory.Total, capped.MemoryWorstTotal, "with a capacity factor the plan's total is the worst case")
+	j, err := capped.JSON(-1)
+	require.NoError(t, err)
+	assert.Equal(t, capped.Memory.Total, j.Memory.TotalWorst)
+
+	dropless := compile(t, &load(t, "../recipes/moe-tiny.toml", "parallel.world_size=8", "parallel.expert_parallel=4", "train.global_batch_size=128").Recipe)
+	assert.Greater(t, dropless.MemoryWorstTotal, dropless.Memory.Total)
+	j, err = dropless.JSON(-1)
+	require.NoError(t, err)
+	assert.Equal(t, dropless.MemoryWorstTotal, j.Memory.TotalWorst, "the JSON's total_worst_case")
 }
 
 // TestProfilesMatchTheSchema: every device profile can be named in a recipe, and

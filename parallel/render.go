@@ -126,8 +126,9 @@ func (p *Plan) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintf(tw, "  total\t%s\t%.1f%% of device\t\n", FormatBytes(p.Memory.Total), 100*float64(p.Memory.Total)/float64(t.Device.MemoryBytes))
 	tw.Flush()
-	if p.MoEDispatchWorst > p.Memory.MoEDispatch {
-		fmt.Fprintf(&b, "  (MoE dispatch worst case without a capacity factor: %s)\n", FormatBytes(p.MoEDispatchWorst))
+	if p.MemoryWorstTotal > p.Memory.Total {
+		fmt.Fprintf(&b, "  (dropless routing at its most unbalanced, every rank's token copies sent to this rank's experts:\n    MoE dispatch %s, total at most %s (%.1f%% of device); a capacity factor bounds it)\n",
+			FormatBytes(p.MoEDispatchWorst), FormatBytes(p.MemoryWorstTotal), 100*float64(p.MemoryWorstTotal)/float64(t.Device.MemoryBytes))
 	}
 	if u := p.Buffers; u.Gather+u.Reduce > 0 {
 		fmt.Fprintf(&b, "  (FSDP buffer arenas: gather %s, gradient %s elements; the largest unit %s)\n",
@@ -198,6 +199,9 @@ type JSONPlan struct {
 		Device         int64 `json:"device"`
 		Fits           bool  `json:"fits"`
 		MoEDispatchMax int64 `json:"moe_dispatch_worst_case"`
+		// TotalWorst is the total at dropless routing's most unbalanced
+		// (Plan.MemoryWorstTotal): total where routing cannot exceed the plan.
+		TotalWorst int64 `json:"total_worst_case"`
 	} `json:"memory"`
 	Communication map[Axis]AxisComm `json:"communication"`
 	Collectives   []Collective      `json:"collectives"`
@@ -262,6 +266,7 @@ func (p *Plan) JSON(rank int) (*JSONPlan, error) {
 	j.Memory.Device = p.Topology.Device.MemoryBytes
 	j.Memory.Fits = p.Fits()
 	j.Memory.MoEDispatchMax = p.MoEDispatchWorst
+	j.Memory.TotalWorst = p.MemoryWorstTotal
 	for _, a := range p.Comm {
 		j.Communication[a.Axis] = a
 	}

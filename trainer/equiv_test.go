@@ -845,3 +845,33 @@ func TestModelCommMatchesPlan(t *testing.T) {
 		assert.Equal(t, planned, info.Sent, "%v", sets)
 	}
 }
+
+// TestDroplessWorstRoutingWithinBound: dropless top-1 routing under expert
+// parallelism at its most unbalanced. Every token is the same character, so
+// every row of every rank is the same vector through the whole model (attention
+// over equal values returns that value) and picks the same expert: the rank
+// holding it receives both ranks' copies, twice the balanced share. Its
+// exchange and expert buffers grow to that, above the plan's balanced total,
+// and stay within the plan's worst-routing bound (Plan.MemoryWorstTotal). The
+// seed is one whose chosen expert is rank 0's, the rank whose memory Run
+// reports; the test checks that it is.
+func TestDroplessWorstRoutingWithinBound(t *testing.T) {
+	dir := t.TempDir()
+	text := filepath.Join(dir, "same.txt")
+	require.NoError(t, os.WriteFile(text, bytes.Repeat([]byte("a"), 4000), 0o644))
+	res, _ := tinyRun(t, "data.path="+text, "train.steps=2", "train.eval_interval=0", "parallel.world_size=2", "parallel.expert_parallel=2",
+		"train.micro_batch_size=2", "train.global_batch_size=4", "model.moe.num_experts=4", "model.moe.top_k=1",
+		"model.moe.expert_ffn_hidden=64", "run.seed=1")
+	topo, err := parallel.TopologyOf(res.Recipe.Parallel)
+	require.NoError(t, err)
+	plan, err := parallel.Compile(&res.Recipe, topo)
+	require.NoError(t, err)
+	require.Greater(t, plan.MemoryWorstTotal, plan.Memory.Total, "dropless EP has a worst case beyond the plan")
+	out, err := Run(context.Background(), res, opts())
+	require.NoError(t, err)
+	h := out.Held
+	require.Greater(t, h.MoEDispatch, plan.Memory.MoEDispatch, "rank 0 must receive every copy (another seed routes them to rank 1)")
+	assert.Equal(t, plan.MoEDispatchWorst, h.MoEDispatch, "the dispatch buffers at their worst case")
+	assert.LessOrEqual(t, h.Total, plan.MemoryWorstTotal, "held %d, balanced plan %d, worst-case bound %d", h.Total, plan.Memory.Total, plan.MemoryWorstTotal)
+	t.Logf("held %d bytes; plan %d balanced, %d at worst routing (held ÷ bound %.3f)", h.Total, plan.Memory.Total, plan.MemoryWorstTotal, float64(h.Total)/float64(plan.MemoryWorstTotal))
+}
