@@ -134,7 +134,7 @@ var sharers atomic.Int32
 // GOMAXPROCS among the sharers, at least 1. N in-process ranks each with every
 // core fork every kernel over cores the other ranks are using, and the workers
 // they wake poll for work that is not theirs (tiny at 2 ranks on 2 cores:
-// 1.13–1.17× the tokens/s with one core each).
+// 1.16–1.24× the tokens/s with one core each).
 func threads() int {
 	return max(1, runtime.GOMAXPROCS(0)/max(1, int(sharers.Load())))
 }
@@ -150,7 +150,7 @@ func (Kernels[F]) ShareCores(n int) (restore func()) {
 
 // run splits [0, n) into chunks of per (more if that makes over maxChunks) and runs
 // j.rows on each, sharing them among the caller and up to threads()−1 idle
-// workers (threads−1 of them at most); it returns, when all are done, how many chunks there were. Alone, the
+// workers; it returns, when all are done, how many chunks there were. Alone, the
 // caller still runs the chunks one by one, so a job whose result depends on its
 // chunks (partial sums added in chunk order) gets the same result on any number
 // of cores.
