@@ -189,7 +189,8 @@ func run(j ranger, n, per int) (chunks int) {
 	return chunks
 }
 
-// parallel runs j.rows over [0, n) in one chunk per core when n·cost (a rough count
+// parallel runs j.rows over [0, n) in one chunk per thread of the caller's share
+// (threads) when n·cost (a rough count
 // of operations) is large enough to pay for sharing it.
 func parallel(j ranger, n, cost int) {
 	w := threads()
