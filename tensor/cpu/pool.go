@@ -190,8 +190,8 @@ func run(j ranger, n, per int) (chunks int) {
 }
 
 // parallel runs j.rows over [0, n) in one chunk per thread of the caller's share
-// (threads) when n·cost (a rough count
-// of operations) is large enough to pay for sharing it.
+// (threads) when n·cost (a rough count of operations) is large enough to pay for
+// sharing it.
 func parallel(j ranger, n, cost int) {
 	w := threads()
 	if w == 1 || n < 2 || n*cost < 1<<15 {
