@@ -585,7 +585,48 @@ func ParseCalibration(b []byte) (*Calibration, error) {
 		}
 	}
 	c.Index()
+	// The lookups interpolate between neighbours on every axis, so a grid must
+	// hold each combination of its axes' values once: a point missing (or one
+	// moved off the grid) would time some shape as NaN.
+	for i, name := range []string{"gemm", "gemm_bf16"} {
+		g, pts := c.idx.gemm[i], [][]GEMMPoint{c.GEMM, c.GEMMBF16}[i]
+		if len(pts) == 0 {
+			continue
+		}
+		if err := wholeGrid(name, len(pts), len(g.at), len(g.ms), len(g.ks), len(g.ns)); err != nil {
+			return nil, err
+		}
+	}
+	for i, name := range []string{"causal flash attention", "unmasked flash attention"} {
+		a := c.idx.attn[i]
+		var n int
+		for _, p := range c.Attention {
+			if p.Flash && p.Full == (i == 1) {
+				n++
+			}
+		}
+		if n == 0 {
+			continue
+		}
+		if err := wholeGrid(name, n, len(a.at), len(a.ts), len(a.hs)); err != nil {
+			return nil, err
+		}
+	}
 	return &c, nil
+}
+
+// wholeGrid checks that points measurements, distinct of them, cover every
+// combination of the axes' values (axes: each axis's count of distinct values)
+// once.
+func wholeGrid(name string, points, distinct int, axes ...int) error {
+	want := 1
+	for _, a := range axes {
+		want = min(want*a, 1<<40) // each axis has at most points values: no overflow
+	}
+	if points == distinct && distinct == want {
+		return nil
+	}
+	return fmt.Errorf("the %s grid has %d points, %d of them distinct, over axes of %v values: a calibration measures every combination of its axes' values once (%d points)", name, points, distinct, axes, want)
 }
 
 // What ParseCalibration takes as plausible: a measured kernel call between a

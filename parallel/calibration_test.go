@@ -383,3 +383,32 @@ func TestRingShare(t *testing.T) {
 	dp := []string{"parallel.world_size=2", "train.global_batch_size=32"}
 	assert.Equal(t, plan(&c, dp...).ComputeS, plan(&with, dp...).ComputeS)
 }
+
+// TestCalibrationGridsAreWhole: a table whose GEMM or attention grid misses a
+// combination of its axes' values (a point moved off the grid, or repeated) is
+// refused by name; the lookups would time the missing shapes as NaN (found by
+// FuzzParseCalibration: a bf16 point's N edited to another's).
+func TestCalibrationGridsAreWhole(t *testing.T) {
+	for name, edit := range map[string]func(raw map[string]any){
+		"gemm point off the grid": func(raw map[string]any) { raw["gemm"].([]any)[3].(map[string]any)["M"] = 916 },
+		"gemm point repeated":     func(raw map[string]any) { raw["gemm"].([]any)[3].(map[string]any)["N"] = 16 },
+		"gemm_bf16 point moved":   func(raw map[string]any) { raw["gemm_bf16"].([]any)[5].(map[string]any)["K"] = 4096 },
+		"attention point moved": func(raw map[string]any) {
+			for _, p := range raw["attention"].([]any) {
+				if p := p.(map[string]any); p["Flash"] == true {
+					p["T"] = 3
+					return
+				}
+			}
+		},
+	} {
+		var raw map[string]any
+		require.NoError(t, json.Unmarshal(shippedCPU, &raw))
+		edit(raw)
+		b, err := json.Marshal(raw)
+		require.NoError(t, err)
+		_, err = ParseCalibration(b)
+		require.ErrorContains(t, err, "grid has", name)
+		assert.ErrorContains(t, err, "every combination of its axes' values once", name)
+	}
+}
