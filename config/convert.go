@@ -5,6 +5,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // convertRaw checks a TOML value against a field and returns it as the field's Go
@@ -70,6 +71,13 @@ func convertString(f *Field, s string) (any, *Diagnostic) {
 		return nil, &Diagnostic{Severity: SevError, Code: "SL007", Key: f.Key,
 			Message: fmt.Sprintf("%s must be %s, got %q (%v)", f.Key, article(f.Kind), s, err),
 			Help:    typeHelp(f)}
+	}
+	if !utf8.ValidString(s) {
+		// A recipe is TOML, which holds only UTF-8: the resolved recipe a run
+		// writes would not load back (nor resume).
+		return nil, &Diagnostic{Severity: SevError, Code: "SL007", Key: f.Key,
+			Message: fmt.Sprintf("%s: the value %q is not UTF-8 text, and a recipe (TOML) holds only UTF-8", f.Key, s),
+			Help:    "give the value in UTF-8 (a path in another encoding: rename the file, or convert the script with iconv -t UTF-8)"}
 	}
 	t := strings.TrimSpace(s)
 	var out any

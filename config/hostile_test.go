@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -88,4 +89,32 @@ func TestImportMegatronExpansionBomb(t *testing.T) {
 		require.Len(t, diags, 1)
 		require.Contains(t, diags[0].Message, "its variable expansions produce over 16 MiB")
 	}
+}
+
+// TestValuesMustBeUTF8: a value that is not UTF-8 (a --set, a Megatron
+// argument: a path in Latin-1) is refused naming where it came from, since the
+// resolved recipe a run writes is TOML, which holds only UTF-8, and would not
+// load back (FuzzImport found an imported --save path that did not). A recipe
+// file's own name, which becomes run.name when the recipe sets none, is made
+// UTF-8 instead.
+func TestValuesMustBeUTF8(t *testing.T) {
+	_, diags := LoadBytes("r.toml", []byte("[run]\nname = \"x\"\n"), Options{Sets: []string{"checkpoint.dir=ckpt\xbbs"}})
+	require.True(t, diags.HasErrors())
+	require.Equal(t, "SL007", diags[0].Code)
+	require.Contains(t, diags[0].Message, `"ckpt\xbbs" is not UTF-8`)
+	require.Equal(t, "--set checkpoint.dir", diags[0].Origin.Name)
+
+	script := "torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 --save ckpt\xbbs\n"
+	_, diags = ImportMegatron("job.sh", []byte(script))
+	require.True(t, diags.HasErrors())
+	require.Contains(t, fmt.Sprint(diags), "is not UTF-8")
+	require.Contains(t, fmt.Sprint(diags), "--save")
+
+	res, diags := LoadBytes("r\xbb.toml", []byte("[model]\nlayers = 2\n"), Options{})
+	require.False(t, diags.HasErrors(), "%v", diags)
+	require.Equal(t, "r_", res.Recipe.Run.Name)
+	body, err := AnnotatedTOML(res)
+	require.NoError(t, err)
+	_, diags = LoadBytes("back.toml", body, Options{})
+	require.False(t, diags.HasErrors(), "the resolved recipe loads back: %v", diags)
 }
