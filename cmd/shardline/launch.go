@@ -140,9 +140,10 @@ and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 
 // rankThreads is the GOMAXPROCS launch gives each of nproc ranks on a node of
 // cpus cores: an even share, at least 1, or "" (the environment's own) when
-// GOMAXPROCS is set. Every rank's kernels run a worker per GOMAXPROCS that polls
-// for work before it sleeps; N ranks each with the whole node's count oversubscribe
-// it (tiny at 2 ranks on 2 cores: 1.24–1.30× the tokens/s with 1 thread each).
+// GOMAXPROCS is set. A rank forks its kernels over GOMAXPROCS threads, whose
+// workers poll for work before they sleep; N ranks each with the whole node's
+// count oversubscribe it (tiny at 2 ranks on 2 cores: 1.24–1.30× the tokens/s
+// with 1 thread each).
 func rankThreads(env map[string]string, cpus, nproc int) string {
 	if _, set := env["GOMAXPROCS"]; set {
 		return ""
