@@ -49,6 +49,17 @@ func trainedWith(t *testing.T, res *config.Resolved, o Options) (*Result, []floa
 	return out, losses, views
 }
 
+// compiledPlan is the plan shardline compiles for a resolved recipe on the
+// topology its parallel section describes.
+func compiledPlan(t *testing.T, res *config.Resolved) *parallel.Plan {
+	t.Helper()
+	topo, err := parallel.TopologyOf(res.Recipe.Parallel)
+	require.NoError(t, err)
+	p, err := parallel.Compile(&res.Recipe, topo)
+	require.NoError(t, err)
+	return p
+}
+
 // reference is one rank's run of a recipe: its result, per-step losses and final
 // weights.
 type reference struct {
@@ -644,11 +655,7 @@ func TestContextParallelLongContext(t *testing.T) {
 	}
 	plan := func(cp int, budget float64) *parallel.Plan {
 		res, _ := tinyRun(t, sets(cp, budget)...)
-		topo, err := parallel.TopologyOf(res.Recipe.Parallel)
-		require.NoError(t, err)
-		p, err := parallel.Compile(&res.Recipe, topo)
-		require.NoError(t, err)
-		return p
+		return compiledPlan(t, res)
 	}
 	one, four := plan(1, 1).Memory.Total, plan(4, 1).Memory.Total
 	budget := float64(one+four) / 2 / (1 << 30)
@@ -831,10 +838,7 @@ func TestModelCommMatchesPlan(t *testing.T) {
 			Sent map[string]int64 `json:"model_comm_sent_per_step"`
 		}
 		require.NoError(t, json.Unmarshal(must(os.ReadFile(filepath.Join(out.Dir, "run.json"))), &info))
-		topo, err := parallel.TopologyOf(res.Recipe.Parallel)
-		require.NoError(t, err)
-		plan, err := parallel.Compile(&res.Recipe, topo)
-		require.NoError(t, err)
+		plan := compiledPlan(t, res)
 		planned := map[string]int64{}
 		for _, a := range plan.Comm {
 			if a.Axis == parallel.AxisTP || a.Axis == parallel.AxisCP {
@@ -862,10 +866,7 @@ func TestDroplessWorstRoutingWithinBound(t *testing.T) {
 	res, _ := tinyRun(t, "data.path="+text, "train.steps=2", "train.eval_interval=0", "parallel.world_size=2", "parallel.expert_parallel=2",
 		"train.micro_batch_size=2", "train.global_batch_size=4", "model.moe.num_experts=4", "model.moe.top_k=1",
 		"model.moe.expert_ffn_hidden=64", "run.seed=1")
-	topo, err := parallel.TopologyOf(res.Recipe.Parallel)
-	require.NoError(t, err)
-	plan, err := parallel.Compile(&res.Recipe, topo)
-	require.NoError(t, err)
+	plan := compiledPlan(t, res)
 	require.Greater(t, plan.MemoryWorstTotal, plan.Memory.Total, "dropless EP has a worst case beyond the plan")
 	out, err := Run(context.Background(), res, opts())
 	require.NoError(t, err)
