@@ -26,28 +26,18 @@ func TestShippedCalibration(t *testing.T) {
 	assert.Nil(t, CalibrationFor("h100-80gb"), "GPU profiles are timed from their peak until measured")
 
 	// An incomplete file is refused, naming what is missing.
-	var raw map[string]any
-	require.NoError(t, json.Unmarshal(shippedCPU, &raw))
-	delete(raw["stream"].(map[string]any), StreamAdamW)
-	b, _ := json.Marshal(raw)
-	_, err := ParseCalibration(b)
+	err := parseEdited(t, func(raw map[string]any) { delete(raw["stream"].(map[string]any), StreamAdamW) })
 	require.ErrorContains(t, err, "adamw is missing")
 	_, err = ParseCalibration([]byte("{"))
 	require.ErrorContains(t, err, "not a calibration file")
 	// Fitted figures and costs below 0 (a hand-edited file) are refused by name.
 	for key, val := range map[string]any{"in_step_gemm_s_per_byte": -1e-11, "per_call_s": -1.0, "in_step_factor": -0.5} {
-		raw = nil // a key the file lacks must not survive from the last edit
-		require.NoError(t, json.Unmarshal(shippedCPU, &raw))
-		raw[key] = val
-		b, _ = json.Marshal(raw)
-		_, err = ParseCalibration(b)
+		err = parseEdited(t, func(raw map[string]any) { raw[key] = val })
 		require.ErrorContains(t, err, key+" is ", key)
 	}
-	raw = nil
-	require.NoError(t, json.Unmarshal(shippedCPU, &raw))
-	raw["stream"].(map[string]any)[StreamAdamW] = map[string]any{"fixed_s": 1e-6, "per_unit_s": -1e-9}
-	b, _ = json.Marshal(raw)
-	_, err = ParseCalibration(b)
+	err = parseEdited(t, func(raw map[string]any) {
+		raw["stream"].(map[string]any)[StreamAdamW] = map[string]any{"fixed_s": 1e-6, "per_unit_s": -1e-9}
+	})
 	require.ErrorContains(t, err, "cost adamw")
 	// Implausibly large figures would plan infinite steps (a GEMM point of 1e308
 	// seconds did), and zero or denormal times infinite throughputs: refused.
@@ -62,12 +52,7 @@ func TestShippedCalibration(t *testing.T) {
 		},
 		"huge share": func(raw map[string]any) { raw["host_share"] = []any{map[string]any{"ranks": 2, "efficiency": 1e300}} },
 	} {
-		raw = nil
-		require.NoError(t, json.Unmarshal(shippedCPU, &raw))
-		edit(raw)
-		b, _ = json.Marshal(raw)
-		_, err = ParseCalibration(b)
-		require.Error(t, err, name)
+		require.Error(t, parseEdited(t, edit), name)
 	}
 
 	// Every shipped table parses and names its machine; one measured on this
@@ -402,13 +387,22 @@ func TestCalibrationGridsAreWhole(t *testing.T) {
 			}
 		},
 	} {
-		var raw map[string]any
-		require.NoError(t, json.Unmarshal(shippedCPU, &raw))
-		edit(raw)
-		b, err := json.Marshal(raw)
-		require.NoError(t, err)
-		_, err = ParseCalibration(b)
+		err := parseEdited(t, edit)
 		require.ErrorContains(t, err, "grid has", name)
 		assert.ErrorContains(t, err, "every combination of its axes' values once", name)
 	}
+}
+
+// parseEdited is ParseCalibration's error for the shipped cpu table with edit
+// applied to its JSON (each call decodes the table afresh, so no edit outlives
+// its case).
+func parseEdited(t *testing.T, edit func(raw map[string]any)) error {
+	t.Helper()
+	var raw map[string]any
+	require.NoError(t, json.Unmarshal(shippedCPU, &raw))
+	edit(raw)
+	b, err := json.Marshal(raw)
+	require.NoError(t, err)
+	_, err = ParseCalibration(b)
+	return err
 }
