@@ -173,14 +173,19 @@ type calIndex struct {
 	attn [2]attnIndex // flash, flash without the causal mask
 }
 
+// gemmIndex is one matmul grid: its axes' values, its points by shape, and how
+// many points the table gave (more than len(at) where one repeats).
 type gemmIndex struct {
 	ms, ks, ns []int
 	at         map[[3]int]GEMMPoint
+	points     int
 }
 
+// attnIndex is gemmIndex's twin for one kind of flash attention (calIndex.attn).
 type attnIndex struct {
 	ts, hs []int
 	at     map[[2]int]AttentionPoint
+	points int
 }
 
 // Index arranges the tables for lookup; ParseCalibration calls it, and so must
@@ -188,7 +193,7 @@ type attnIndex struct {
 func (c *Calibration) Index() {
 	x := &calIndex{}
 	for i, pts := range [][]GEMMPoint{c.GEMM, c.GEMMBF16} {
-		g := gemmIndex{at: map[[3]int]GEMMPoint{}}
+		g := gemmIndex{at: map[[3]int]GEMMPoint{}, points: len(pts)}
 		g.ms, g.ks, g.ns = axis(pts, func(p GEMMPoint) int { return p.M }), axis(pts, func(p GEMMPoint) int { return p.K }), axis(pts, func(p GEMMPoint) int { return p.N })
 		for _, p := range pts {
 			g.at[[3]int{p.M, p.K, p.N}] = p
@@ -202,7 +207,7 @@ func (c *Calibration) Index() {
 				pts = append(pts, p)
 			}
 		}
-		a := attnIndex{at: map[[2]int]AttentionPoint{}}
+		a := attnIndex{at: map[[2]int]AttentionPoint{}, points: len(pts)}
 		a.ts, a.hs = axis(pts, func(p AttentionPoint) int { return p.T }), axis(pts, func(p AttentionPoint) int { return p.HD })
 		for _, p := range pts {
 			a.at[[2]int{p.T, p.HD}] = p
@@ -589,27 +594,17 @@ func ParseCalibration(b []byte) (*Calibration, error) {
 	// hold each combination of its axes' values once: a point missing (or one
 	// moved off the grid) would time some shape as NaN.
 	for i, name := range []string{"gemm", "gemm_bf16"} {
-		g, pts := c.idx.gemm[i], [][]GEMMPoint{c.GEMM, c.GEMMBF16}[i]
-		if len(pts) == 0 {
-			continue
-		}
-		if err := wholeGrid(name, len(pts), len(g.at), len(g.ms), len(g.ks), len(g.ns)); err != nil {
-			return nil, err
+		if g := c.idx.gemm[i]; g.points > 0 {
+			if err := wholeGrid(name, g.points, len(g.at), len(g.ms), len(g.ks), len(g.ns)); err != nil {
+				return nil, err
+			}
 		}
 	}
 	for i, name := range []string{"causal flash attention", "unmasked flash attention"} {
-		a := c.idx.attn[i]
-		var n int
-		for _, p := range c.Attention {
-			if p.Flash && p.Full == (i == 1) {
-				n++
+		if a := c.idx.attn[i]; a.points > 0 {
+			if err := wholeGrid(name, a.points, len(a.at), len(a.ts), len(a.hs)); err != nil {
+				return nil, err
 			}
-		}
-		if n == 0 {
-			continue
-		}
-		if err := wholeGrid(name, n, len(a.at), len(a.ts), len(a.hs)); err != nil {
-			return nil, err
 		}
 	}
 	return &c, nil
