@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // megatronAbsent are Megatron-LM defaults shardline does not train, which a
@@ -600,6 +601,35 @@ func tomlToSet(v string) string {
 	return v
 }
 
+// commentSafe is s as a TOML comment may hold it: valid UTF-8 without control
+// characters (tab aside). A script's argument can hold any byte; each such byte
+// or character is written as Go escapes it (\xff for a byte that is not UTF-8,
+// \x1a for a control character), so the annotated recipe still loads.
+func commentSafe(s string) string {
+	if utf8.ValidString(s) && !strings.ContainsFunc(s, notInComment) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n <= 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case notInComment(r):
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		default:
+			b.WriteString(s[i : i+n])
+		}
+		i += n
+	}
+	return b.String()
+}
+
+// notInComment says whether TOML forbids r in a comment: the control
+// characters but tab.
+func notInComment(r rune) bool { return r != '\t' && (r < 0x20 || r == 0x7f) }
+
 // AnnotatedTOML is the resolved recipe as canonical TOML with each key that an
 // argument, a job-file setting (or, for a key Megatron has no argument for, the
 // import) set commented with where it came from; keys at shardline's defaults stay
@@ -621,11 +651,11 @@ func AnnotatedTOML(r *Resolved) ([]byte, error) {
 			if k, _, ok := strings.Cut(t, " = "); ok {
 				switch o := r.Origin(section + "." + k); o.Kind {
 				case FromFlag:
-					b.WriteString("  # " + strings.TrimPrefix(o.Describe(), "flag "))
+					b.WriteString("  # " + commentSafe(strings.TrimPrefix(o.Describe(), "flag ")))
 				case FromSet:
-					b.WriteString("  # set by the import (" + strings.TrimPrefix(o.Name, "--set ") + ")")
+					b.WriteString("  # set by the import (" + commentSafe(strings.TrimPrefix(o.Name, "--set ")) + ")")
 				case FromImport:
-					b.WriteString("  # " + o.Name)
+					b.WriteString("  # " + commentSafe(o.Name))
 					if o.Pos.Line > 0 {
 						b.WriteString(fmt.Sprintf(" (line %d)", o.Pos.Line))
 					}
