@@ -90,7 +90,9 @@ func (d *Device) launchRaw(name string, gx, gy, threads int, args []arg) error {
 func addr(p devicePtr) unsafe.Pointer { return *(*unsafe.Pointer)(unsafe.Pointer(&p)) }
 
 func (d *Device) memAlloc(bytes int64) (devicePtr, error) {
-	p := C.malloc(C.size_t(bytes))
+	// 256-byte aligned, as cuMemAlloc's allocations are: a kernel's vector
+	// path is taken here where it is on the device.
+	p := C.aligned_alloc(256, C.size_t((max(bytes, 1)+255)&^255))
 	if p == nil {
 		return 0, fmt.Errorf("malloc of %d bytes failed", bytes)
 	}

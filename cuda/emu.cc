@@ -5,7 +5,7 @@
 // calls it with its arguments taken from 8-byte slots, as cuLaunchKernel
 // takes them.
 //
-// sources: 0d5458f248ed5739705a2a7ee4aeef13aab013f6c0fb695691b510ccd115ff4c
+// sources: 4642e5d9422dda64e263c5bc273b6c03f54c3c032fe77cbc1ec0327bfdc4af44
 #include "emu.h"
 #include "kernels.cu"
 

@@ -199,9 +199,13 @@ func (d *Device) EmbeddingBackward(dwte, dout Buffer, rows EmbeddingRows, C int)
 // RMSNorm: out = inp·rstd·weight per row of C; rstd (rows, fp32) is saved.
 func (d *Device) RMSNorm(out, rstd, inp, weight Buffer, rows, C int, eps float64) {
 	if d.same("rmsnorm", out, inp, weight) && d.need("rmsnorm", rstd, F32, rows) {
-		d.launch("rmsnorm"+suffix(out.DType), rows, 1, threads, ptr(out), ptr(rstd), ptr(inp), ptr(weight), i32(C), f32(eps))
+		d.launch("rmsnorm"+suffix(out.DType), warpRows(rows), 1, threads, ptr(out), ptr(rstd), ptr(inp), ptr(weight), i32(rows), i32(C), f32(eps))
 	}
 }
+
+// warpRows is the grid of a kernel that gives each row a warp: blocks of
+// threads/32 rows.
+func warpRows(rows int) int { return max(1, (rows+threads/32-1)/(threads/32)) }
 
 // rmsRowsPerBlock is RMS_RPB in kernels.cu: the rows each partial sum of the weight
 // gradient covers.
@@ -215,7 +219,7 @@ func (d *Device) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd Buffer, 
 		return
 	}
 	s := suffix(dinp.DType)
-	d.launch("rmsnorm_backward"+s, rows, 1, threads, ptr(dinp), ptr(dout), ptr(inp), ptr(weight), ptr(rstd), i32(rows), i32(C), flag(accumulate))
+	d.launch("rmsnorm_backward"+s, warpRows(rows), 1, threads, ptr(dinp), ptr(dout), ptr(inp), ptr(weight), ptr(rstd), i32(rows), i32(C), flag(accumulate))
 	nb := (rows + rmsRowsPerBlock - 1) / rmsRowsPerBlock
 	part := d.scratch(scratchPartial, nb*C)
 	d.launch("rmsnorm_dweight_partial"+s, (C+threads-1)/threads, nb, threads, ptr(part), ptr(dout), ptr(inp), ptr(rstd), i32(rows), i32(C))

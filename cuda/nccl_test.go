@@ -54,18 +54,6 @@ func upload(d *Device, dt DType, x []float32) Buffer {
 	return b
 }
 
-func download(d *Device, b Buffer) []float32 {
-	out := make([]float32, b.N)
-	if b.DType == BF16 {
-		h := make([]tensor.BF16, b.N)
-		d.Download(h, b)
-		tensor.CastToFloat32(out, h)
-	} else {
-		d.Download(out, b)
-	}
-	return out
-}
-
 // ncclGroup makes a group over devs (rank r on devs[r]): rank 0's unique id
 // goes to the others by comm.BroadcastBytes, then every rank joins at once.
 func ncclGroup(t *testing.T, devs []*Device) []*Comm {

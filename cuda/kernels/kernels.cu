@@ -66,6 +66,38 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 
 #define GRID_STRIDE(i, n) for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < (n); i += (long)gridDim.x * blockDim.x)
 
+// ---- 16-byte vectors ------------------------------------------------------------------
+//
+// The memory-bound kernels move 16 bytes per load and store (8 bf16 or 4 fp32 values,
+// one ld.global.v4) where every operand they touch is 16-byte aligned and a row holds
+// whole vectors: a warp of 2-byte loads asks the memory system for 64 bytes at a time
+// and leaves much of its bandwidth unused. Each value's arithmetic is the scalar
+// path's, so the two paths give the same bits; a kernel takes the vector path for
+// all but a tail of n mod W values, which the scalar loop finishes.
+template <typename S> struct alignas(16) Vec {
+    static constexpr int W = 16 / sizeof(S);
+    S v[W];
+};
+__device__ __forceinline__ bool al16(const void* p) { return ((uintptr_t)p & 15) == 0; }
+#ifdef SHARDLINE_EMU
+#define VEC_ALIGNED(p) emu::check_aligned(p, 16)
+#else
+#define VEC_ALIGNED(p)
+#endif
+template <typename S> __device__ __forceinline__ Vec<S> ldv(const S* p) {
+    VEC_ALIGNED(p);
+    Vec<S> r;
+    uint4 bits = *reinterpret_cast<const uint4*>(p);
+    memcpy(&r, &bits, 16);
+    return r;
+}
+template <typename S> __device__ __forceinline__ void stv(S* p, const Vec<S>& x) {
+    VEC_ALIGNED(p);
+    uint4 bits;
+    memcpy(&bits, &x, 16);
+    *reinterpret_cast<uint4*>(p) = bits;
+}
+
 // ---- conversions and elementwise -------------------------------------------------
 
 extern "C" __global__ void cast_f32_bf16(bf16* out, const float* in, long n) {
@@ -75,16 +107,49 @@ extern "C" __global__ void cast_bf16_f32(float* out, const bf16* in, long n) {
     GRID_STRIDE(i, n) out[i] = __bfloat162float(in[i]);
 }
 template <typename S> __device__ void add(S* out, const S* a, const S* b, long n) {
-    GRID_STRIDE(i, n) st(out, i, ld(a, i) + ld(b, i));
+    constexpr int W = Vec<S>::W;
+    long nv = al16(out) && al16(a) && al16(b) ? n / W : 0;
+    GRID_STRIDE(i, nv) {
+        Vec<S> x = ldv(a + i * W), y = ldv(b + i * W), o;
+#pragma unroll
+        for (int k = 0; k < W; k++) st(o.v, k, ld(x.v, k) + ld(y.v, k));
+        stv(out + i * W, o);
+    }
+    GRID_STRIDE(j, n - nv * W) {
+        long i = nv * W + j;
+        st(out, i, ld(a, i) + ld(b, i));
+    }
 }
 template <typename S> __device__ void add_into(S* dst, const S* src, long n) {
-    GRID_STRIDE(i, n) st(dst, i, ld(dst, i) + ld(src, i));
+    constexpr int W = Vec<S>::W;
+    long nv = al16(dst) && al16(src) ? n / W : 0;
+    GRID_STRIDE(i, nv) {
+        Vec<S> x = ldv(dst + i * W), y = ldv(src + i * W);
+#pragma unroll
+        for (int k = 0; k < W; k++) st(x.v, k, ld(x.v, k) + ld(y.v, k));
+        stv(dst + i * W, x);
+    }
+    GRID_STRIDE(j, n - nv * W) {
+        long i = nv * W + j;
+        st(dst, i, ld(dst, i) + ld(src, i));
+    }
 }
 // scale_by multiplies x by *f, a factor held on the device (gradient clipping: no
 // read-back to the host).
 template <typename S> __device__ void scale_by(S* x, const float* f, long n) {
+    constexpr int W = Vec<S>::W;
     float s = *f;
-    GRID_STRIDE(i, n) st(x, i, ld(x, i) * s);
+    long nv = al16(x) ? n / W : 0;
+    GRID_STRIDE(i, nv) {
+        Vec<S> y = ldv(x + i * W);
+#pragma unroll
+        for (int k = 0; k < W; k++) st(y.v, k, ld(y.v, k) * s);
+        stv(x + i * W, y);
+    }
+    GRID_STRIDE(j, n - nv * W) {
+        long i = nv * W + j;
+        st(x, i, ld(x, i) * s);
+    }
 }
 
 // ---- embedding ----------------------------------------------------------------------
@@ -111,47 +176,118 @@ template <typename S> __device__ void embedding_backward(float* dwte, const S* d
 
 // ---- RMSNorm ------------------------------------------------------------------------
 
-// rmsnorm: one block per row; out = inp·rstd·weight, rstd = 1/sqrt(mean(inp²)+eps).
-template <typename S> __device__ void rmsnorm(S* out, float* rstd, const S* inp, const S* weight, int C, float eps) {
-    __shared__ float sh[32];
-    long row = blockIdx.x;
+// rmsnorm: one warp per row (blockDim.x/32 rows a block); out = inp·rstd·weight,
+// rstd = 1/sqrt(mean(inp²)+eps). Rows of whole vectors (C a multiple of W, every
+// operand aligned) are read and written 16 bytes at a time.
+template <typename S> __device__ void rmsnorm(S* out, float* rstd, const S* inp, const S* weight, int rows, int C, float eps) {
+    constexpr int W = Vec<S>::W;
+    long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (row >= rows) return; // the whole warp: one row each
     const S* x = inp + row * C;
+    S* y = out + row * C;
+    bool vec = C % W == 0 && al16(x) && al16(y) && al16(weight);
     float ss = 0.f;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) { float v = ld(x, c); ss += v * v; }
-    ss = block_sum(ss, sh);
+    if (vec) {
+        for (int c = lane * W; c < C; c += 32 * W) {
+            Vec<S> v = ldv(x + c);
+#pragma unroll
+            for (int k = 0; k < W; k++) { float f = ld(v.v, k); ss += f * f; }
+        }
+    } else {
+        for (int c = lane; c < C; c += 32) { float v = ld(x, c); ss += v * v; }
+    }
+    ss = warp_sum(ss);
     float r = rsqrtf(ss / C + eps);
-    if (threadIdx.x == 0) rstd[row] = r;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) st(out, row * C + c, ld(x, c) * r * ld(weight, c));
-}
-
-// rmsnorm_backward: one block per row of dinp (overwritten, or added to when
-// accumulate): g = dout·weight, dinp = rstd·g − inp·rstd³·mean(g·inp). The weight
-// gradient's per-row terms dout·inp·rstd go to partial (rows/RPB, C) sums of RPB rows
-// each, which rmsnorm_dweight adds in order.
-#define RMS_RPB 32
-template <typename S> __device__ void rmsnorm_backward(S* dinp, float* partial, const S* dout, const S* inp, const S* weight, const float* rstd, int BT, int C, int accumulate) {
-    __shared__ float sh[32];
-    long row = blockIdx.x;
-    const S* x = inp + row * C;
-    const S* d = dout + row * C;
-    float r = rstd[row];
-    float dot = 0.f;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) dot += ld(d, c) * ld(weight, c) * ld(x, c);
-    dot = block_sum(dot, sh) / C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        float g = ld(d, c) * ld(weight, c);
-        float v = r * g - ld(x, c) * r * r * r * dot;
-        if (accumulate) v += ld(dinp, row * C + c);
-        st(dinp, row * C + c, v);
+    if (lane == 0) rstd[row] = r;
+    if (vec) {
+        for (int c = lane * W; c < C; c += 32 * W) {
+            Vec<S> v = ldv(x + c), w = ldv(weight + c), o;
+#pragma unroll
+            for (int k = 0; k < W; k++) st(o.v, k, ld(v.v, k) * r * ld(w.v, k));
+            stv(y + c, o);
+        }
+    } else {
+        for (int c = lane; c < C; c += 32) st(y, c, ld(x, c) * r * ld(weight, c));
     }
 }
-// rmsnorm_dweight_partial: block b sums rows [b·RPB, (b+1)·RPB) of dout·inp·rstd
-// into partial[b] (C values), threads over channels.
+
+// rmsnorm_backward: one warp per row of dinp (overwritten, or added to when
+// accumulate), vectors as in rmsnorm: g = dout·weight, dinp = rstd·g −
+// inp·rstd³·mean(g·inp). The weight gradient's per-row terms dout·inp·rstd go to
+// partial (rows/RPB, C) sums of RPB rows each (rmsnorm_dweight_partial), which
+// sum_partials adds in order.
+#define RMS_RPB 32
+template <typename S> __device__ void rmsnorm_backward(S* dinp, const S* dout, const S* inp, const S* weight, const float* rstd, int BT, int C, int accumulate) {
+    constexpr int W = Vec<S>::W;
+    long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (row >= BT) return;
+    const S* x = inp + row * C;
+    const S* d = dout + row * C;
+    S* dx = dinp + row * C;
+    bool vec = C % W == 0 && al16(x) && al16(d) && al16(dx) && al16(weight);
+    float r = rstd[row];
+    float dot = 0.f;
+    if (vec) {
+        for (int c = lane * W; c < C; c += 32 * W) {
+            Vec<S> dv = ldv(d + c), wv = ldv(weight + c), xv = ldv(x + c);
+#pragma unroll
+            for (int k = 0; k < W; k++) dot += ld(dv.v, k) * ld(wv.v, k) * ld(xv.v, k);
+        }
+    } else {
+        for (int c = lane; c < C; c += 32) dot += ld(d, c) * ld(weight, c) * ld(x, c);
+    }
+    dot = warp_sum(dot) / C;
+    if (vec) {
+        for (int c = lane * W; c < C; c += 32 * W) {
+            Vec<S> dv = ldv(d + c), wv = ldv(weight + c), xv = ldv(x + c), o;
+            if (accumulate) o = ldv(dx + c);
+#pragma unroll
+            for (int k = 0; k < W; k++) {
+                float g = ld(dv.v, k) * ld(wv.v, k);
+                float v = r * g - ld(xv.v, k) * r * r * r * dot;
+                if (accumulate) v += ld(o.v, k);
+                st(o.v, k, v);
+            }
+            stv(dx + c, o);
+        }
+    } else {
+        for (int c = lane; c < C; c += 32) {
+            float g = ld(d, c) * ld(weight, c);
+            float v = r * g - ld(x, c) * r * r * r * dot;
+            if (accumulate) v += ld(dx, c);
+            st(dx, c, v);
+        }
+    }
+}
+// rmsnorm_dweight_partial: block row b sums rows [b·RPB, (b+1)·RPB) of
+// dout·inp·rstd into partial[b] (C values), threads over channels (W adjacent
+// channels a thread where rows are whole aligned vectors); each channel's sum
+// runs over the rows in order on either path.
 template <typename S> __device__ void rmsnorm_dweight_partial(float* partial, const S* dout, const S* inp, const float* rstd, int BT, int C) {
+    constexpr int W = Vec<S>::W;
     int b = blockIdx.y;
-    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
+    int hi = min(BT, (b + 1) * RMS_RPB);
+    long t = blockIdx.x * (long)blockDim.x + threadIdx.x, stride = (long)gridDim.x * blockDim.x;
+    if (C % W == 0 && al16(dout) && al16(inp)) {
+        for (long c = t * W; c < C; c += stride * W) {
+            float s[W];
+#pragma unroll
+            for (int k = 0; k < W; k++) s[k] = 0.f;
+            for (int r = b * RMS_RPB; r < hi; r++) {
+                Vec<S> dv = ldv(dout + (long)r * C + c), xv = ldv(inp + (long)r * C + c);
+                float rr = rstd[r];
+#pragma unroll
+                for (int k = 0; k < W; k++) s[k] += ld(dv.v, k) * ld(xv.v, k) * rr;
+            }
+#pragma unroll
+            for (int k = 0; k < W; k++) partial[(long)b * C + c + k] = s[k];
+        }
+        return;
+    }
+    for (long c = t; c < C; c += stride) {
         float s = 0.f;
-        int hi = min(BT, (b + 1) * RMS_RPB);
         for (int r = b * RMS_RPB; r < hi; r++) s += ld(dout, (long)r * C + c) * ld(inp, (long)r * C + c) * rstd[r];
         partial[(long)b * C + c] = s;
     }
@@ -169,8 +305,31 @@ extern "C" __global__ void sum_partials(float* dst, const float* partial, int nb
 
 // rope rotates x (B,T,NH,HD) in place, pairing i with i+HD/2; cos/sin are (T,HD/2)
 // fp32 tables; dir −1 is the backward (transpose) rotation.
+// With half a multiple of W and x aligned, a thread rotates W pairs at once: a
+// vector of the first half with the vector half a head later.
 template <typename S> __device__ void rope(S* x, const float* cs, const float* sn, int B, int T, int NH, int HD, float dir) {
+    constexpr int W = Vec<S>::W;
     int half = HD / 2;
+    if (half % W == 0 && al16(x)) {
+        int hv = half / W;
+        GRID_STRIDE(i, (long)B * T * NH * hv) {
+            int j = (int)(i % hv) * W;
+            long bth = i / hv;
+            int t = (bth / NH) % T;
+            long base = bth * HD;
+            Vec<S> a = ldv(x + base + j), b = ldv(x + base + j + half);
+#pragma unroll
+            for (int k = 0; k < W; k++) {
+                float c = cs[t * half + j + k], s = dir * sn[t * half + j + k];
+                float x1 = ld(a.v, k), x2 = ld(b.v, k);
+                st(a.v, k, x1 * c - x2 * s);
+                st(b.v, k, x1 * s + x2 * c);
+            }
+            stv(x + base + j, a);
+            stv(x + base + j + half, b);
+        }
+        return;
+    }
     GRID_STRIDE(i, (long)B * T * NH * half) {
         int j = i % half;
         long bth = i / half;
@@ -185,16 +344,51 @@ template <typename S> __device__ void rope(S* x, const float* cs, const float* s
 
 // ---- SwiGLU -------------------------------------------------------------------------
 
+// swiglu_at is silu(g)·u; swiglu_grads its gradients (dg, du) from dout d.
+__device__ __forceinline__ float swiglu_at(float g, float u) {
+    float s = 1.f / (1.f + __expf(-g));
+    return g * s * u;
+}
+__device__ __forceinline__ void swiglu_grads(float& dg, float& du, float d, float g, float u) {
+    float s = 1.f / (1.f + __expf(-g));
+    dg = d * u * s * (1.f + g * (1.f - s));
+    du = d * g * s;
+}
 template <typename S> __device__ void swiglu(S* out, const S* gate, const S* up, long n) {
-    GRID_STRIDE(i, n) {
-        float g = ld(gate, i), s = 1.f / (1.f + __expf(-g));
-        st(out, i, g * s * ld(up, i));
+    constexpr int W = Vec<S>::W;
+    long nv = al16(out) && al16(gate) && al16(up) ? n / W : 0;
+    GRID_STRIDE(i, nv) {
+        Vec<S> g = ldv(gate + i * W), u = ldv(up + i * W), o;
+#pragma unroll
+        for (int k = 0; k < W; k++) st(o.v, k, swiglu_at(ld(g.v, k), ld(u.v, k)));
+        stv(out + i * W, o);
+    }
+    GRID_STRIDE(j, n - nv * W) {
+        long i = nv * W + j;
+        st(out, i, swiglu_at(ld(gate, i), ld(up, i)));
     }
 }
 template <typename S> __device__ void swiglu_backward(S* dgate, S* dup, const S* dout, const S* gate, const S* up, long n, int accumulate) {
-    GRID_STRIDE(i, n) {
-        float g = ld(gate, i), s = 1.f / (1.f + __expf(-g)), d = ld(dout, i);
-        float dg = d * ld(up, i) * s * (1.f + g * (1.f - s)), du = d * g * s;
+    constexpr int W = Vec<S>::W;
+    long nv = al16(dgate) && al16(dup) && al16(dout) && al16(gate) && al16(up) ? n / W : 0;
+    GRID_STRIDE(i, nv) {
+        Vec<S> g = ldv(gate + i * W), u = ldv(up + i * W), d = ldv(dout + i * W), a, b;
+        if (accumulate) { a = ldv(dgate + i * W); b = ldv(dup + i * W); }
+#pragma unroll
+        for (int k = 0; k < W; k++) {
+            float dg, du;
+            swiglu_grads(dg, du, ld(d.v, k), ld(g.v, k), ld(u.v, k));
+            if (accumulate) { dg += ld(a.v, k); du += ld(b.v, k); }
+            st(a.v, k, dg);
+            st(b.v, k, du);
+        }
+        stv(dgate + i * W, a);
+        stv(dup + i * W, b);
+    }
+    GRID_STRIDE(j, n - nv * W) {
+        long i = nv * W + j;
+        float dg, du;
+        swiglu_grads(dg, du, ld(dout, i), ld(gate, i), ld(up, i));
         if (accumulate) { dg += ld(dgate, i); du += ld(dup, i); }
         st(dgate, i, dg);
         st(dup, i, du);
@@ -914,12 +1108,12 @@ __device__ void flash_bwd_dkdv(S* dk, S* dv, const S* dout, const float* lse, co
                                                       const int* tok, int C) {                                        \
         embedding_backward(dwte, dout, order, seg, tok, C);                                                           \
     }                                                                                                                 \
-    extern "C" __global__ void rmsnorm_##N(S* out, float* rstd, const S* inp, const S* w, int C, float eps) {        \
-        rmsnorm(out, rstd, inp, w, C, eps);                                                                           \
+    extern "C" __global__ void rmsnorm_##N(S* out, float* rstd, const S* inp, const S* w, int rows, int C, float eps) { \
+        rmsnorm(out, rstd, inp, w, rows, C, eps);                                                                     \
     }                                                                                                                 \
     extern "C" __global__ void rmsnorm_backward_##N(S* dinp, const S* dout, const S* inp, const S* w,                \
                                                     const float* rstd, int BT, int C, int acc) {                     \
-        rmsnorm_backward(dinp, (float*)0, dout, inp, w, rstd, BT, C, acc);                                            \
+        rmsnorm_backward(dinp, dout, inp, w, rstd, BT, C, acc);                                                       \
     }                                                                                                                 \
     extern "C" __global__ void rmsnorm_dweight_partial_##N(float* part, const S* dout, const S* inp,                 \
                                                            const float* rstd, int BT, int C) {                       \

@@ -41,6 +41,9 @@ struct float4 {
 struct uint2 {
     unsigned x, y;
 };
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
 inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 struct dim3 {
     unsigned x, y, z;
@@ -185,6 +188,14 @@ template <typename T> inline T from_bits(uint64_t u) {
     T v;
     memcpy(&v, &u, sizeof v);
     return v;
+}
+// check_aligned stops the emulator where a kernel makes a vector access the
+// device would fault on (an x86 host would not): p not a multiple of n bytes.
+inline void check_aligned(const void* p, int n) {
+    if ((uintptr_t)p % n != 0) {
+        fprintf(stderr, "emu: misaligned %d-byte vector access at %p (block %u,%u thread %u)\n", n, p, block_idx.x, block_idx.y, thread_idx.x);
+        abort();
+    }
 }
 inline int lane() { return thread_idx.x & 31; }
 inline int warp() { return (thread_idx.x + thread_idx.y * block_dim.x) >> 5; }
