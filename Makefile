@@ -6,7 +6,7 @@ GO ?= go
 export GOPROXY := $(shell $(GO) env GOPROXY 2>/dev/null | cut -d, -f1)
 BIN := bin/shardline
 
-.PHONY: help build test vet bench bench-deps torch-deps fuzz sarif-schema docs golden clean cuda cuda-deps cuda-check cuda-test ptx bench-gpu emu-deps emu-sources
+.PHONY: help build test vet bench bench-deps torch-deps fuzz sarif-schema docs golden clean cuda cuda-deps cuda-check cuda-test gpu-bundle ptx bench-gpu emu-deps emu-sources
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -123,6 +123,14 @@ cuda-test: cuda-deps ## build bin/cuda.test, bin/gpu.test and bin/cli.test, the 
 	$(GO) test -c -tags cuda -o bin/gpu.test ./trainer/gpu
 	$(GO) test -c -tags cuda -o bin/cli.test ./cmd/shardline
 	cp "$$($(GO) env GOROOT)/src/testdata/Isaac.Newton-Opticks.txt" bin/opticks.txt
+
+gpu-bundle: cuda-deps ## build bin/gpu/ for scripts/gpu-session.sh: the device tests and shardline-cuda, stripped (about 50 MB, under a device call's 64 MiB carry)
+	$(GO) test -c -tags cuda -ldflags='-s -w' -o bin/gpu/cuda.test ./cuda
+	$(GO) test -c -tags cuda -ldflags='-s -w' -o bin/gpu/gpu.test ./trainer/gpu
+	$(GO) test -c -tags cuda -ldflags='-s -w' -o bin/gpu/cli.test ./cmd/shardline
+	$(GO) build -buildvcs=auto -tags cuda -ldflags='-s -w' -o bin/gpu/shardline-cuda ./cmd/shardline
+	cp "$$($(GO) env GOROOT)/src/testdata/Isaac.Newton-Opticks.txt" bin/gpu/opticks.txt
+	@du -sh bin/gpu
 
 # The kernels' PTX, committed so that go build never needs nvcc: compute_80 PTX,
 # which the driver compiles for the GPU it runs on (Ampere and Hopper). The .sha256

@@ -10,11 +10,18 @@ import (
 	"github.com/shardline/shardline/tensor"
 )
 
-// Benchmarks on the GPU, printed as TFLOP/s beside PyTorch's figures for the same
-// shapes by scripts/bench-gpu.sh. Each times many launches between two
-// synchronisations after a warm-up, so launch overhead is included as in training.
+// Benchmarks on the GPU, printed as TFLOP/s (or GB/s for memory-bound kernels)
+// beside PyTorch's figures for the same shapes by make bench-gpu. Each times many
+// launches between two synchronisations after a warm-up, so launch overhead is
+// included as in training.
 
 func benchOnDevice(b *testing.B, flops float64, setup func() func()) {
+	benchMetric(b, flops/1e12, "TFLOP/s", setup)
+}
+
+// benchMetric times setup's step as benchOnDevice does and reports per units a
+// second (per: the units of one step).
+func benchMetric(b *testing.B, per float64, unit string, setup func() func()) {
 	var step func()
 	dev.Do(func() { step = setup() })
 	var err error
@@ -39,7 +46,7 @@ func benchOnDevice(b *testing.B, flops float64, setup func() func()) {
 		}
 		el = time.Since(start)
 	})
-	b.ReportMetric(flops*float64(b.N)/el.Seconds()/1e12, "TFLOP/s")
+	b.ReportMetric(per*float64(b.N)/el.Seconds(), unit)
 }
 
 func benchBuf(b *testing.B, dt DType, n int) Buffer {
@@ -56,6 +63,24 @@ func benchBuf(b *testing.B, dt DType, n int) Buffer {
 		dev.Upload(buf, h)
 	} else {
 		dev.Upload(buf, x)
+	}
+	return buf
+}
+
+// benchConst is n values of v (f32, or bf16 rounded to nearest): for operands whose values do not change a
+// kernel's speed, too many to draw at random in good time (the optimizer's).
+func benchConst(b *testing.B, dt DType, n int, v float32) Buffer {
+	buf, err := dev.Alloc(dt, n) // freed with the process
+	if err != nil {
+		b.Error(err)
+		return buf
+	}
+	if dt == F32 {
+		dev.Fill(buf, v)
+	} else {
+		h := make([]tensor.BF16, 1)
+		tensor.CastToBF16(h, []float32{v})
+		dev.fillBits16(buf, uint16(h[0]))
 	}
 	return buf
 }
@@ -103,3 +128,62 @@ func flashBench(b *testing.B, part string) {
 func BenchmarkFlashAttentionBF16(b *testing.B)         { flashBench(b, "both") }
 func BenchmarkFlashAttentionForwardBF16(b *testing.B)  { flashBench(b, "forward") }
 func BenchmarkFlashAttentionBackwardBF16(b *testing.B) { flashBench(b, "backward") }
+
+// BenchmarkMemoryBoundBF16 times the step's memory-bound kernels at the 134M
+// model's shapes (BT 16384 = B16·T1024, C 768, ffn 2048, 12 heads of 64), bf16
+// activations, and reports their effective bandwidth: the bytes each must move
+// (every operand read or written once, the floor a fused kernel reaches) over its
+// time. A device copy of the same size is the roof (the H100 copies at about 3.0
+// TB/s); a kernel far below it is where the step's elementwise time goes
+// (docs/cuda.md, "Speed").
+func BenchmarkMemoryBoundBF16(b *testing.B) {
+	const BT, C, FF, NH, HD = 16384, 768, 2048, 12, 64
+	const params = 134_000_000
+	act, ffn := float64(2*BT*C), float64(2*BT*FF) // bytes of one bf16 (BT, C) and (BT, FF) tensor
+	cases := []struct {
+		name  string
+		bytes float64
+		setup func() func()
+	}{
+		{"copy", 2 * act, func() func() {
+			x, y := benchBuf(b, BF16, BT*C), benchBuf(b, BF16, BT*C)
+			return func() { dev.Copy(y, x) }
+		}},
+		{"add", 3 * act, func() func() {
+			x, y, z := benchBuf(b, BF16, BT*C), benchBuf(b, BF16, BT*C), benchBuf(b, BF16, BT*C)
+			return func() { dev.Add(z, x, y) }
+		}},
+		{"rmsnorm", 2*act + 4*BT, func() func() {
+			x, w, y, rstd := benchBuf(b, BF16, BT*C), benchBuf(b, BF16, C), benchBuf(b, BF16, BT*C), benchBuf(b, F32, BT)
+			return func() { dev.RMSNorm(y, rstd, x, w, BT, C, 1e-5) }
+		}},
+		{"rmsnorm-backward", 3*act + 4*BT, func() func() {
+			x, w, dy, dx, rstd, dw := benchBuf(b, BF16, BT*C), benchBuf(b, BF16, C), benchBuf(b, BF16, BT*C), benchBuf(b, BF16, BT*C), benchBuf(b, F32, BT), benchBuf(b, F32, C)
+			dev.RMSNorm(dx, rstd, x, w, BT, C, 1e-5) // a real rstd
+			return func() { dev.RMSNormBackward(dx, dw, dy, x, w, rstd, BT, C, false) }
+		}},
+		{"rope", 2 * act, func() func() {
+			x, cos, sin := benchBuf(b, BF16, BT*C), benchBuf(b, F32, 1024*HD/2), benchBuf(b, F32, 1024*HD/2)
+			return func() { dev.Rope(x, cos, sin, RopeShape{B: BT / 1024, T: 1024, NH: NH, HD: HD}, false) }
+		}},
+		{"swiglu", 3 * ffn, func() func() {
+			g, u, y := benchBuf(b, BF16, BT*FF), benchBuf(b, BF16, BT*FF), benchBuf(b, BF16, BT*FF)
+			return func() { dev.SwiGLU(y, g, u) }
+		}},
+		{"swiglu-backward", 5 * ffn, func() func() {
+			g, u, dy, dg, du := benchBuf(b, BF16, BT*FF), benchBuf(b, BF16, BT*FF), benchBuf(b, BF16, BT*FF), benchBuf(b, BF16, BT*FF), benchBuf(b, BF16, BT*FF)
+			return func() { dev.SwiGLUBackward(dg, du, dy, g, u, false) }
+		}},
+		// AdamW over the model's fp32 weights: params, grads, m and v read, params,
+		// m and v written, the bf16 compute copy written.
+		{"adamw", float64(params) * (4*4 + 3*4 + 2), func() func() {
+			p, g, m, v, cw := benchConst(b, F32, params, 0.02), benchConst(b, F32, params, 1e-3), benchConst(b, F32, params, 1e-4), benchConst(b, F32, params, 1e-6), benchConst(b, BF16, params, 0)
+			return func() {
+				dev.AdamW(p, cw, g, m, v, Buffer{}, AdamWConfig{LR: 1e-4, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Step: 1})
+			}
+		}},
+	}
+	for _, c := range cases {
+		b.Run(c.name, func(b *testing.B) { benchMetric(b, c.bytes/1e9, "GB/s", c.setup) })
+	}
+}
