@@ -49,6 +49,8 @@ func TestMatmul(t *testing.T) {
 	}
 }
 
+// TestHeadCrossEntropy checks the chunked head and loss against the CPU's matmul,
+// cross-entropy and their backward, with a last chunk shorter than the others.
 func TestHeadCrossEntropy(t *testing.T) {
 	for _, dt := range dtypes {
 		r := rand.New(rand.NewPCG(8, uint64(dt)))

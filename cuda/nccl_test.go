@@ -38,22 +38,6 @@ func rankValues(r, n int) []float32 {
 	return x
 }
 
-func upload(d *Device, dt DType, x []float32) Buffer {
-	b, err := d.Alloc(dt, len(x))
-	if err != nil {
-		d.fail("test alloc", err)
-		return b
-	}
-	if dt == BF16 {
-		h := make([]tensor.BF16, len(x))
-		tensor.CastToBF16(h, x)
-		d.Upload(b, h)
-	} else {
-		d.Upload(b, x)
-	}
-	return b
-}
-
 // ncclGroup makes a group over devs (rank r on devs[r]): rank 0's unique id
 // goes to the others by comm.BroadcastBytes, then every rank joins at once.
 func ncclGroup(t *testing.T, devs []*Device) []*Comm {

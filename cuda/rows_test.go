@@ -54,20 +54,27 @@ func roundTo(dt DType, x []float32) []float32 {
 	return y
 }
 
-// put allocates a buffer of dt holding x (rounded to bf16 for BF16).
-func put(t *testing.T, dt DType, x []float32) Buffer {
-	b, err := dev.Alloc(dt, len(x))
+// upload allocates a buffer of dt on d holding x (rounded to bf16 for BF16); a
+// failure is d's sticky error.
+func upload(d *Device, dt DType, x []float32) Buffer {
+	b, err := d.Alloc(dt, len(x))
 	if err != nil {
-		t.Error(err)
+		d.fail("test alloc", err)
 		return b
 	}
 	if dt == BF16 {
 		h := make([]tensor.BF16, len(x))
 		tensor.CastToBF16(h, x)
-		dev.Upload(b, h)
+		d.Upload(b, h)
 	} else {
-		dev.Upload(b, x)
+		d.Upload(b, x)
 	}
+	return b
+}
+
+// put is upload on the test's device, freed when the test ends.
+func put(t *testing.T, dt DType, x []float32) Buffer {
+	b := upload(dev, dt, x)
 	t.Cleanup(func() { dev.Do(func() { dev.Free(b) }) })
 	return b
 }
@@ -152,6 +159,7 @@ func poisonedAt(t *testing.T, dt DType, n, off int) Buffer {
 	return poisoned(t, dt, n+off).Slice(off, off+n)
 }
 
+// download reads b back from d as float32 (bf16 widened).
 func download(d *Device, b Buffer) []float32 {
 	out := make([]float32, b.N)
 	if b.DType == BF16 {
@@ -164,134 +172,125 @@ func download(d *Device, b Buffer) []float32 {
 	return out
 }
 
-func TestRowKernels(t *testing.T) {
+// forLayouts runs check for every layout in fp32 and bf16 storage.
+func forLayouts(t *testing.T, check func(t *testing.T, dt DType, l layout)) {
 	for _, l := range layouts {
 		for _, dt := range dtypes {
-			t.Run(l.name+"/"+dt.String(), func(t *testing.T) { rowKernels(t, dt, l) })
+			t.Run(l.name+"/"+dt.String(), func(t *testing.T) { check(t, dt, l) })
 		}
 	}
 }
+
+func TestRowKernels(t *testing.T) { forLayouts(t, rowKernels) }
 
 func rowKernels(t *testing.T, dt DType, l layout) {
-	{
-		r := rand.New(rand.NewPCG(2, uint64(dt)))
-		BT, C, V, off := 70, l.C, 300, l.off
-		// RMSNorm
-		inp, w, dout := roundTo(dt, randn(r, BT*C, 1)), roundTo(dt, randn(r, C, 1)), roundTo(dt, randn(r, BT*C, 1))
-		out, rstd := make([]float32, BT*C), make([]float32, BT)
-		cpu.RMSNorm(out, rstd, inp, tensor.FloatWeights(w), BT, C, 1e-5)
-		prevD := roundTo(dt, randn(r, BT*C, 1))
-		dinp, dw0 := append([]float32(nil), prevD...), randn(r, C, 1)
-		dw := append([]float32(nil), dw0...)
-		cpu.RMSNormBackward(dinp, dw, dout, inp, tensor.FloatWeights(w), rstd, BT, C) // CPU accumulates into dinp
-		// Cross-entropy
-		logits := roundTo(dt, randn(r, BT*V, 2))
-		targets := make([]int32, BT)
-		for i := range targets {
-			targets[i] = int32(r.IntN(V))
-		}
-		targets[3] = -1
-		losses, probs := make([]float32, BT), make([]float32, BT*V)
-		cpu.CrossEntropy(losses, probs, logits, targets, BT, V)
-		dloss := randn(r, BT, 1)
-		dlogits := make([]float32, BT*V)
-		cpu.CrossEntropyBackward(dlogits, dloss, probs, targets, BT, V)
-		// Embedding
-		tokens := make([]int32, BT)
-		for i := range tokens {
-			tokens[i] = int32(r.IntN(V))
-		}
-		tokens[5] = tokens[9] // a repeated token sums its rows
-		wte := roundTo(dt, randn(r, V*C, 1))
-		emb := make([]float32, BT*C)
-		cpu.Embedding(emb, tokens, tensor.FloatWeights(wte), tensor.EmbeddingShape{BT: BT, C: C, N: V})
-		dwte0 := randn(r, V*C, 1)
-		dwte := append([]float32(nil), dwte0...)
-		cpu.EmbeddingBackward(dwte, dout, tokens, tensor.EmbeddingShape{BT: BT, C: C, N: V})
-		onDevice(t, func() {
-			bo, brs := poisonedAt(t, dt, BT*C, off), poisonedAt(t, F32, BT, off)
-			bi, bw, bd := at(t, dt, inp, off), at(t, dt, w, off), at(t, dt, dout, off)
-			dev.RMSNorm(bo, brs, bi, bw, BT, C, 1e-5)
-			check(t, "rmsnorm", dt, get(bo), out, 1e-5)
-			check(t, "rmsnorm rstd", F32, get(brs), rstd, 1e-5)
-			bdi, bdw := at(t, dt, prevD, off), at(t, F32, dw0, off)
-			dev.RMSNormBackward(bdi, bdw, bd, bi, bw, brs, BT, C, true)
-			check(t, "rmsnorm dinp", dt, get(bdi), dinp, 1e-5)
-			check(t, "rmsnorm dweight", F32, get(bdw), dw, 1e-5)
-
-			bl, blse := poisoned(t, F32, BT), poisoned(t, F32, BT)
-			bz, bt := put(t, dt, logits), putI32(t, targets)
-			dev.CrossEntropy(bl, blse, bz, bt, BT, V)
-			check(t, "cross-entropy losses", F32, get(bl), losses, 1e-5)
-			bdz := poisoned(t, dt, BT*V)
-			dev.CrossEntropyBackward(bdz, put(t, F32, dloss), blse, bz, bt, BT, V, false)
-			check(t, "cross-entropy dlogits", dt, get(bdz), dlogits, 1e-5)
-
-			be, btok := poisoned(t, dt, BT*C), putI32(t, tokens)
-			dev.Embedding(be, btok, put(t, dt, wte), BT, C)
-			check(t, "embedding", dt, get(be), emb, 0)
-			bdwte := put(t, F32, dwte0)
-			order, seg, tk, cnt := make([]int32, BT), make([]int32, BT+1), make([]int32, BT), make([]int32, V)
-			u := SortEmbeddingRows(order, seg, tk, cnt, tokens)
-			dev.EmbeddingBackward(bdwte, bd, EmbeddingRows{Order: putI32(t, order), Seg: putI32(t, seg[:u+1]), Tok: putI32(t, tk[:u]), U: u}, C)
-			check(t, "embedding dwte", F32, get(bdwte), dwte, 1e-6)
-		})
+	r := rand.New(rand.NewPCG(2, uint64(dt)))
+	BT, C, V, off := 70, l.C, 300, l.off
+	// RMSNorm
+	inp, w, dout := roundTo(dt, randn(r, BT*C, 1)), roundTo(dt, randn(r, C, 1)), roundTo(dt, randn(r, BT*C, 1))
+	out, rstd := make([]float32, BT*C), make([]float32, BT)
+	cpu.RMSNorm(out, rstd, inp, tensor.FloatWeights(w), BT, C, 1e-5)
+	prevD := roundTo(dt, randn(r, BT*C, 1))
+	dinp, dw0 := append([]float32(nil), prevD...), randn(r, C, 1)
+	dw := append([]float32(nil), dw0...)
+	cpu.RMSNormBackward(dinp, dw, dout, inp, tensor.FloatWeights(w), rstd, BT, C) // CPU accumulates into dinp
+	// Cross-entropy
+	logits := roundTo(dt, randn(r, BT*V, 2))
+	targets := make([]int32, BT)
+	for i := range targets {
+		targets[i] = int32(r.IntN(V))
 	}
+	targets[3] = -1
+	losses, probs := make([]float32, BT), make([]float32, BT*V)
+	cpu.CrossEntropy(losses, probs, logits, targets, BT, V)
+	dloss := randn(r, BT, 1)
+	dlogits := make([]float32, BT*V)
+	cpu.CrossEntropyBackward(dlogits, dloss, probs, targets, BT, V)
+	// Embedding
+	tokens := make([]int32, BT)
+	for i := range tokens {
+		tokens[i] = int32(r.IntN(V))
+	}
+	tokens[5] = tokens[9] // a repeated token sums its rows
+	wte := roundTo(dt, randn(r, V*C, 1))
+	emb := make([]float32, BT*C)
+	cpu.Embedding(emb, tokens, tensor.FloatWeights(wte), tensor.EmbeddingShape{BT: BT, C: C, N: V})
+	dwte0 := randn(r, V*C, 1)
+	dwte := append([]float32(nil), dwte0...)
+	cpu.EmbeddingBackward(dwte, dout, tokens, tensor.EmbeddingShape{BT: BT, C: C, N: V})
+	onDevice(t, func() {
+		bo, brs := poisonedAt(t, dt, BT*C, off), poisonedAt(t, F32, BT, off)
+		bi, bw, bd := at(t, dt, inp, off), at(t, dt, w, off), at(t, dt, dout, off)
+		dev.RMSNorm(bo, brs, bi, bw, BT, C, 1e-5)
+		check(t, "rmsnorm", dt, get(bo), out, 1e-5)
+		check(t, "rmsnorm rstd", F32, get(brs), rstd, 1e-5)
+		bdi, bdw := at(t, dt, prevD, off), at(t, F32, dw0, off)
+		dev.RMSNormBackward(bdi, bdw, bd, bi, bw, brs, BT, C, true)
+		check(t, "rmsnorm dinp", dt, get(bdi), dinp, 1e-5)
+		check(t, "rmsnorm dweight", F32, get(bdw), dw, 1e-5)
+
+		bl, blse := poisoned(t, F32, BT), poisoned(t, F32, BT)
+		bz, bt := put(t, dt, logits), putI32(t, targets)
+		dev.CrossEntropy(bl, blse, bz, bt, BT, V)
+		check(t, "cross-entropy losses", F32, get(bl), losses, 1e-5)
+		bdz := poisoned(t, dt, BT*V)
+		dev.CrossEntropyBackward(bdz, put(t, F32, dloss), blse, bz, bt, BT, V, false)
+		check(t, "cross-entropy dlogits", dt, get(bdz), dlogits, 1e-5)
+
+		be, btok := poisoned(t, dt, BT*C), putI32(t, tokens)
+		dev.Embedding(be, btok, put(t, dt, wte), BT, C)
+		check(t, "embedding", dt, get(be), emb, 0)
+		bdwte := put(t, F32, dwte0)
+		order, seg, tk, cnt := make([]int32, BT), make([]int32, BT+1), make([]int32, BT), make([]int32, V)
+		u := SortEmbeddingRows(order, seg, tk, cnt, tokens)
+		dev.EmbeddingBackward(bdwte, bd, EmbeddingRows{Order: putI32(t, order), Seg: putI32(t, seg[:u+1]), Tok: putI32(t, tk[:u]), U: u}, C)
+		check(t, "embedding dwte", F32, get(bdwte), dwte, 1e-6)
+	})
 }
 
-// TestHeadCrossEntropy checks the chunked head and loss against the CPU's matmul,
-// cross-entropy and their backward, with a last chunk shorter than the others.
-func TestElementwise(t *testing.T) {
-	for _, l := range layouts {
-		for _, dt := range dtypes {
-			t.Run(l.name+"/"+dt.String(), func(t *testing.T) { elementwise(t, dt, l) })
-		}
-	}
-}
+func TestElementwise(t *testing.T) { forLayouts(t, elementwise) }
 
 func elementwise(t *testing.T, dt DType, l layout) {
-	{
-		r := rand.New(rand.NewPCG(3, uint64(dt)))
-		B, T, NH, HD, off := 2, 37, 3, l.HD, l.off
-		n := B * T * NH * HD
-		rn := n // RoPE's operand; the flat ones have the layout's tail
-		n += l.tail
-		x := roundTo(dt, randn(r, rn, 1))
-		cos, sin := make([]float32, T*HD/2), make([]float32, T*HD/2)
-		inv := tensor.RopeInvFreq(HD, 10000, "none", 1)
-		cpu.RopeTables(cos, sin, T, inv)
-		rot := append([]float32(nil), x...)
-		cpu.Rope(rot, cos, sin, tensor.RopeShape{B: B, T: T, NH: NH, HD: HD})
-		back := append([]float32(nil), x...)
-		cpu.RopeBackward(back, cos, sin, tensor.RopeShape{B: B, T: T, NH: NH, HD: HD})
-		g, u, d := roundTo(dt, randn(r, n, 2)), roundTo(dt, randn(r, n, 1)), roundTo(dt, randn(r, n, 1))
-		sw := make([]float32, n)
-		cpu.SwiGLU(sw, g, u, n)
-		dg0, du0 := roundTo(dt, randn(r, n, 1)), roundTo(dt, randn(r, n, 1))
-		dg, du := append([]float32(nil), dg0...), append([]float32(nil), du0...)
-		cpu.SwiGLUBackward(dg, du, d, g, u, n, true)
-		sum := make([]float32, n)
-		cpu.Add(sum, g, u, n)
-		onDevice(t, func() {
-			bc, bs := poisoned(t, F32, T*HD/2), poisoned(t, F32, T*HD/2)
-			dev.RopeTables(bc, bs, T, inv)
-			check(t, "rope tables", F32, get(bc), cos, 0)
-			bx := at(t, dt, x, off)
-			dev.Rope(bx, bc, bs, RopeShape{B: B, T: T, NH: NH, HD: HD}, false)
-			check(t, "rope", dt, get(bx), rot, 1e-6)
-			bx = at(t, dt, x, off)
-			dev.Rope(bx, bc, bs, RopeShape{B: B, T: T, NH: NH, HD: HD}, true)
-			check(t, "rope backward", dt, get(bx), back, 1e-6)
-			bg, bu, bd := at(t, dt, g, off), at(t, dt, u, off), at(t, dt, d, off)
-			bo := poisonedAt(t, dt, n, off)
-			dev.SwiGLU(bo, bg, bu)
-			check(t, "swiglu", dt, get(bo), sw, 1e-5)
-			bdg, bdu := at(t, dt, dg0, off), at(t, dt, du0, off)
-			dev.SwiGLUBackward(bdg, bdu, bd, bg, bu, true)
-			check(t, "swiglu dgate", dt, get(bdg), dg, 1e-5)
-			check(t, "swiglu dup", dt, get(bdu), du, 1e-5)
-			dev.Add(bo, bg, bu)
-			check(t, "add", dt, get(bo), sum, 1e-6)
-		})
-	}
+	r := rand.New(rand.NewPCG(3, uint64(dt)))
+	B, T, NH, HD, off := 2, 37, 3, l.HD, l.off
+	n := B * T * NH * HD
+	rn := n // RoPE's operand; the flat ones have the layout's tail
+	n += l.tail
+	x := roundTo(dt, randn(r, rn, 1))
+	cos, sin := make([]float32, T*HD/2), make([]float32, T*HD/2)
+	inv := tensor.RopeInvFreq(HD, 10000, "none", 1)
+	cpu.RopeTables(cos, sin, T, inv)
+	rot := append([]float32(nil), x...)
+	cpu.Rope(rot, cos, sin, tensor.RopeShape{B: B, T: T, NH: NH, HD: HD})
+	back := append([]float32(nil), x...)
+	cpu.RopeBackward(back, cos, sin, tensor.RopeShape{B: B, T: T, NH: NH, HD: HD})
+	g, u, d := roundTo(dt, randn(r, n, 2)), roundTo(dt, randn(r, n, 1)), roundTo(dt, randn(r, n, 1))
+	sw := make([]float32, n)
+	cpu.SwiGLU(sw, g, u, n)
+	dg0, du0 := roundTo(dt, randn(r, n, 1)), roundTo(dt, randn(r, n, 1))
+	dg, du := append([]float32(nil), dg0...), append([]float32(nil), du0...)
+	cpu.SwiGLUBackward(dg, du, d, g, u, n, true)
+	sum := make([]float32, n)
+	cpu.Add(sum, g, u, n)
+	onDevice(t, func() {
+		bc, bs := poisoned(t, F32, T*HD/2), poisoned(t, F32, T*HD/2)
+		dev.RopeTables(bc, bs, T, inv)
+		check(t, "rope tables", F32, get(bc), cos, 0)
+		bx := at(t, dt, x, off)
+		dev.Rope(bx, bc, bs, RopeShape{B: B, T: T, NH: NH, HD: HD}, false)
+		check(t, "rope", dt, get(bx), rot, 1e-6)
+		bx = at(t, dt, x, off)
+		dev.Rope(bx, bc, bs, RopeShape{B: B, T: T, NH: NH, HD: HD}, true)
+		check(t, "rope backward", dt, get(bx), back, 1e-6)
+		bg, bu, bd := at(t, dt, g, off), at(t, dt, u, off), at(t, dt, d, off)
+		bo := poisonedAt(t, dt, n, off)
+		dev.SwiGLU(bo, bg, bu)
+		check(t, "swiglu", dt, get(bo), sw, 1e-5)
+		bdg, bdu := at(t, dt, dg0, off), at(t, dt, du0, off)
+		dev.SwiGLUBackward(bdg, bdu, bd, bg, bu, true)
+		check(t, "swiglu dgate", dt, get(bdg), dg, 1e-5)
+		check(t, "swiglu dup", dt, get(bdu), du, 1e-5)
+		dev.Add(bo, bg, bu)
+		check(t, "add", dt, get(bo), sum, 1e-6)
+	})
 }
