@@ -24,11 +24,10 @@ func NotExecuted(r *Recipe) []Unexecuted {
 	}
 	p, c := r.Parallel, r.Checkpoint
 	// parallel.device = "cuda" runs in shardline-cuda (docs/cuda.md): one GPU, no
-	// checkpoints or recomputation yet.
+	// recomputation yet.
 	gpu := p.Device == "cuda"
 	add(gpu && p.WorldSize != 1, "parallel.world_size", "cuda runs train on one GPU so far (NCCL collectives are not wired)", `set world_size = 1, or device = "cpu" for data parallelism`)
 	add(gpu && r.Model.Heads > 0 && !slices.Contains([]int{32, 64, 128}, r.Model.HeadSize()), "model.heads", "the GPU attention kernels take head sizes (head_dim, or hidden/heads) of 32, 64 or 128", "choose heads (or head_dim) so that the head size is 32, 64 or 128")
-	add(gpu && c.Saves(), "checkpoint.interval", "cuda runs do not write checkpoints yet", `remove checkpoint.interval and checkpoint.dir, or set device = "cpu"`)
 	add(gpu && r.ActivationCheckpoint.Mode != "none", "activation_checkpoint.mode", "cuda runs keep every activation (recomputation is not wired on the GPU)", `set mode = "none"`)
 	tp := p.TensorParallel != 1
 	add(tp && gpu, "parallel.tensor_parallel", "cuda runs train on one GPU so far (tensor parallelism runs on the CPU)", `set tensor_parallel = 1, or device = "cpu"`)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/parallel/comm"
 	"github.com/shardline/shardline/trainer/data"
 	"github.com/shardline/shardline/trainer/optim"
 )
@@ -35,6 +36,13 @@ type DeviceEngine interface {
 	Logits(window []int32, k int) ([]float32, error)
 	// Weights downloads the fp32 main weights into dst (table order).
 	Weights(dst [][]float32) error
+	// State downloads what a checkpoint holds, in table order: the fp32 main
+	// weights and AdamW's two moments into main, m and v, and returns the
+	// updates taken (the bias corrections' step count).
+	State(main, m, v [][]float32) (optSteps int, err error)
+	// Restore continues a run from a checkpoint after Start (which uploaded its
+	// main weights): AdamW's moments (table order) and the updates taken.
+	Restore(m, v [][]float32, optSteps int) error
 	// Held is the device memory held, by the plan's components.
 	Held() Memory
 	Close()
@@ -50,8 +58,11 @@ type DeviceStep struct {
 	Updated  bool    // false when the loss or gradient was not finite
 }
 
-// trainDevice is train's loop for a run whose steps execute on opts.Device.
-func (t *run) trainDevice(ctx context.Context, out *Result) (*Result, error) {
+// trainDevice is train's loop for a run whose steps execute on opts.Device,
+// from startStep (after optSteps updates) when resumed. Checkpoints are the CPU
+// runs' (one rank): the state comes back from the device into the rank's shards
+// and is written in the background; a resumed run's moments go up to the device.
+func (t *run) trainDevice(ctx context.Context, out *Result, world comm.Communicator, startStep, optSteps int) (*Result, error) {
 	r, eng := t.r, t.opts.Device
 	if t.st.perUnit {
 		if err := t.st.gatherFull(); err != nil {
@@ -64,8 +75,38 @@ func (t *run) trainDevice(ctx context.Context, out *Result) (*Result, error) {
 		return nil, err
 	}
 	defer eng.Close()
+	t.openCheckpointer(startStep)
+	// The optimizer's state in table order, for checkpoints and resuming.
+	var main, mom, vel [][]float32
+	if t.ckpt != nil || startStep > 0 {
+		main, mom, vel = tableSlices(t.plan.Params), tableSlices(t.plan.Params), tableSlices(t.plan.Params)
+	}
+	if startStep > 0 {
+		if err := t.st.tableState(main, mom, vel, false); err != nil {
+			return nil, err
+		}
+		if err := eng.Restore(mom, vel, optSteps); err != nil {
+			return nil, fmt.Errorf("resuming on %s: %w", eng.Name(), err)
+		}
+	}
+	// save snapshots the device's state as a checkpoint of step done, written in
+	// the background (after the previous one is committed).
+	save := func(done int) error {
+		if err := t.finishSave(world); err != nil {
+			return err
+		}
+		n, err := eng.State(main, mom, vel)
+		if err == nil {
+			err = t.st.tableState(main, mom, vel, true)
+		}
+		if err != nil {
+			return fmt.Errorf("checkpoint of step %d: reading the state back from %s: %w", done, eng.Name(), err)
+		}
+		t.startSave(done, n)
+		return nil
+	}
 	var err error
-	if t.metrics, err = t.openMetrics(0); err != nil {
+	if t.metrics, err = t.openMetrics(startStep); err != nil {
 		return nil, err
 	}
 	defer t.metrics.Close()
@@ -80,10 +121,21 @@ func (t *run) trainDevice(ctx context.Context, out *Result) (*Result, error) {
 	t.log.Info().Str("dir", t.dir).Str("device", eng.Name()).Int64("parameters", t.plan.ParamsTotal).
 		Int("train_tokens", len(t.ds.Train)).Int("val_tokens", len(t.ds.Val)).Str("plan", t.plan.Fingerprint).Msg("training")
 	var last, good Metrics
+	if len(t.curve) > 0 { // resumed: the steps before the checkpoint
+		last, good = t.curve[len(t.curve)-1], t.goodAtEnd()
+	}
 	var rates []float64
 	lastSkipped, lastEvaluated := false, false
 	start := time.Now()
-	for step := 0; step < r.Train.Steps; step++ {
+	done := startStep
+	for step := startStep; step < r.Train.Steps; step++ {
+		if p := t.pendingSave(); p != nil { // commit a save whose file is written
+			if p.poll(); p.finished {
+				if err := t.finishSave(world); err != nil {
+					return nil, err
+				}
+			}
+		}
 		if ctx.Err() != nil || (t.opts.StopAfter > 0 && step >= t.opts.StopAfter) {
 			out.Interrupted = true
 			t.log.Warn().Int("step", step).Msg("interrupted: writing what the run has so far")
@@ -105,6 +157,9 @@ func (t *run) trainDevice(ctx context.Context, out *Result) (*Result, error) {
 		}
 		if !res.Updated {
 			if !r.Train.SkipNonfinite {
+				if err := t.finishSave(world); err != nil { // a save of an earlier, finite step
+					return nil, err
+				}
 				return nil, t.nonFinite(fmt.Errorf("step %d: %w (loss %v, grad_norm %v); %s; lower train.lr or set train.skip_nonfinite = true",
 					step+1, ErrNonFinite, loss, res.GradNorm, describeGood(good)))
 			}
@@ -129,10 +184,29 @@ func (t *run) trainDevice(ctx context.Context, out *Result) (*Result, error) {
 		if t.opts.Progress != nil {
 			t.showProgress(step+1, met.Loss, start)
 		}
-		last = met
+		last, done = met, step+1
+		if c := t.ckpt; c != nil && c.interval > 0 && done%c.interval == 0 && !lastSkipped {
+			if err := save(done); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if lastSkipped {
+		if err := t.finishSave(world); err != nil { // a save of an earlier, finite step
+			return nil, err
+		}
 		return nil, t.nonFinite(fmt.Errorf("the run ended on non-finite steps (skipped by train.skip_nonfinite): %w; %s; lower train.lr", ErrNonFinite, describeGood(good)))
+	}
+	if c := t.ckpt; c != nil {
+		// At the end, and on an interrupt: the state as it is, unless just saved.
+		if c.saved != done {
+			if err := save(done); err != nil {
+				return nil, err
+			}
+		}
+		if err := t.finishSave(world); err != nil {
+			return nil, err
+		}
 	}
 	if t.opts.Progress != nil {
 		fmt.Fprintln(t.opts.Progress)
@@ -159,6 +233,23 @@ func (t *run) trainDevice(ctx context.Context, out *Result) (*Result, error) {
 	t.deviceHeld = eng.Held()
 	t.finalTable, t.finalViews = t.plan.Params, views // one GPU: the whole model
 	return out, t.finish(out)
+}
+
+// tableSlices is one fp32 slice per parameter of table, as long as it.
+func tableSlices(table []parallel.Param) [][]float32 {
+	out := make([][]float32, len(table))
+	for i := range table {
+		out[i] = make([]float32, table[i].LocalNumel())
+	}
+	return out
+}
+
+// pendingSave is the checkpoint being written, if any.
+func (t *run) pendingSave() *pendingSave {
+	if t.ckpt == nil {
+		return nil
+	}
+	return t.ckpt.pending
 }
 
 // evaluateDevice is evaluate on the device.

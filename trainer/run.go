@@ -213,9 +213,9 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 			Fix: "run it with shardline-cuda (make cuda; docs/cuda.md), or set device = \"cpu\""}
 	case !gpu && opts.Device != nil:
 		return nil, &KeyError{Key: "parallel.device", Value: r.Parallel.Device, Err: errors.New("a device engine was given for a CPU recipe"), Fix: "set device = \"cuda\""}
-	case gpu && (opts.Resume != "" || opts.Process != nil):
-		return nil, &KeyError{Key: "parallel.device", Value: r.Parallel.Device, Err: errors.New("cuda runs neither resume from checkpoints nor join multi-process jobs yet"),
-			Fix: "drop --resume, or set device = \"cpu\""}
+	case gpu && opts.Process != nil:
+		return nil, &KeyError{Key: "parallel.device", Value: r.Parallel.Device, Err: errors.New("cuda runs do not join multi-process jobs yet (one GPU)"),
+			Fix: "run it as one process (shardline run), or set device = \"cpu\""}
 	}
 	topo, err := parallel.TopologyOf(r.Parallel)
 	if err != nil {
@@ -535,21 +535,29 @@ func (t *run) openState(world comm.Communicator, groups groupsFor) (startStep, o
 	return 0, 0, nil
 }
 
+// openCheckpointer sets up the run's checkpoints, when the recipe asks for them:
+// under checkpoint.dir, or the run directory's checkpoints/.
+func (t *run) openCheckpointer(startStep int) {
+	r := t.r
+	if !r.Checkpoint.Saves() {
+		return
+	}
+	root := r.Checkpoint.Dir
+	if root == "" {
+		root = filepath.Join(cmp.Or(t.dir, t.ckptRunDir), "checkpoints")
+	}
+	t.ckpt = &checkpointer{root: root, interval: r.Checkpoint.Interval, keep: r.Checkpoint.KeepLast, saved: -1}
+	if t.opts.Resume != "" && sameDir(filepath.Dir(t.opts.Resume), root) {
+		t.ckpt.saved = startStep // the checkpoint resumed from is this root's
+	}
+}
+
 // openModel builds what the CPU engine steps with: the checkpointer, the model
 // over the state's views, the FSDP unit runtime (sharded gradients), this rank's
 // step buffers, and rank 0's metrics file. closeModel releases them.
 func (t *run) openModel(startStep int) error {
 	r := t.r
-	if r.Checkpoint.Saves() {
-		root := r.Checkpoint.Dir
-		if root == "" {
-			root = filepath.Join(cmp.Or(t.dir, t.ckptRunDir), "checkpoints")
-		}
-		t.ckpt = &checkpointer{root: root, interval: r.Checkpoint.Interval, keep: r.Checkpoint.KeepLast, saved: -1}
-		if t.opts.Resume != "" && sameDir(filepath.Dir(t.opts.Resume), root) {
-			t.ckpt.saved = startStep // the checkpoint resumed from is this root's
-		}
-	}
+	t.openCheckpointer(startStep)
 	B, T := r.Train.MicroBatchSize, r.Model.SeqLen
 	mopts := []model.Option{model.WithRecompute(r.ActivationCheckpoint.Mode), model.WithMemory(t.st.mem)}
 	if r.Precision.BF16 {
@@ -619,7 +627,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		return nil, err
 	}
 	if t.opts.Device != nil {
-		return t.trainDevice(ctx, out)
+		return t.trainDevice(ctx, out, world, startStep, optSteps)
 	}
 	if err := t.openModel(startStep); err != nil {
 		return nil, err

@@ -454,6 +454,27 @@ func (s *state) floatViews() [][]float32 {
 	return out
 }
 
+// tableState copies the optimizer's state between this rank's shards (the
+// main weights and AdamW's moments) and table-order slices, one per parameter
+// as long as it, which a device engine holding the whole model keeps (one
+// rank): with save the slices go into the shards (before a checkpoint),
+// otherwise the shards into the slices (after a resume).
+func (s *state) tableState(main, m, v [][]float32, save bool) error {
+	for gi := range s.plan.Groups {
+		for _, sg := range s.segs[gi] {
+			for k, b := range []tensor.Buffer{s.mainB[gi], s.mB[gi], s.vB[gi]} {
+				vals := [][][]float32{main, m, v}[k][sg.param][sg.start : sg.start+sg.hi-sg.lo]
+				if save {
+					s.mem.Write(b.Slice(int(sg.lo), int(sg.hi)), vals)
+				} else {
+					s.mem.Read(vals, b.Slice(int(sg.lo), int(sg.hi)))
+				}
+			}
+		}
+	}
+	return s.mem.Err()
+}
+
 // gatherTP assembles the whole parameters, in fp32, from the tensor-parallel
 // slices every tp rank holds (wviews, after gatherFull and gatherExperts): each
 // slice is all-gathered over the tp group and put at its places. It returns the

@@ -100,3 +100,53 @@ func readCurve(t *testing.T, dir string) []trainer.Metrics {
 	}
 	return out
 }
+
+// TestGPUCheckpointResumes trains on the one-GPU engine (trainer/gpu, what
+// shardline-cuda runs) with a checkpoint every 2 steps: 4 steps straight, then
+// the same run stopped after 2 and resumed from its step-2 checkpoint. The
+// resumed steps must equal the straight run's bit for bit (the device's
+// kernels are deterministic and the checkpoint holds the whole optimizer
+// state: master weights, both moments, the updates taken), and the GPU's
+// checkpoint must resume on the CPU engine too, within fp32 rounding of the GPU
+// (1e-5 relative, TestTracksCPU's tolerance). On the host emulator the model is
+// one layer over 32 positions (each CUDA thread is a fiber there).
+func TestGPUCheckpointResumes(t *testing.T) {
+	sets := []string{"train.steps=4", "checkpoint.interval=2", "train.micro_batch_size=2", "train.global_batch_size=4",
+		"train.eval_interval=0", "logging.sample_tokens=0"}
+	if cuda.Emulated {
+		sets = append(sets, "model.layers=1", "model.seq_len=32")
+	}
+	run := func(device, resume string, stopAfter int) (dir string, curve []trainer.Metrics) {
+		t.Helper()
+		res, diags := config.Load(filepath.Join(recipesDir, "tiny.toml"), config.Options{Sets: append([]string{
+			"data.path=" + opticksFile(), "run.output_dir=" + t.TempDir(), "parallel.device=" + device}, sets...)})
+		require.False(t, diags.HasErrors(), "%v", diags)
+		opts := trainer.Options{Backend: cpu.Backend{}, Version: "test", Resume: resume, StopAfter: stopAfter}
+		if device == "cuda" {
+			eng, err := openGPU()
+			require.NoError(t, err)
+			opts.Device = eng
+		}
+		out, err := trainer.Run(context.Background(), res, opts)
+		require.NoError(t, err)
+		return out.Dir, readCurve(t, out.Dir)
+	}
+	_, straight := run("cuda", "", 0)
+	require.Len(t, straight, 4)
+	stopped, first := run("cuda", "", 2)
+	require.Len(t, first, 2)
+	ckpt := filepath.Join(stopped, "checkpoints", "step-00000002")
+	require.FileExists(t, filepath.Join(ckpt, "metadata.json"))
+	_, resumed := run("cuda", ckpt, 0)
+	require.Len(t, resumed, 4, "the resumed run keeps the steps before its checkpoint")
+	for i := range straight {
+		require.Equal(t, straight[i].Loss, resumed[i].Loss, "step %d: straight and resumed on the GPU", i+1)
+		require.Equal(t, straight[i].GradNorm, resumed[i].GradNorm, "step %d", i+1)
+	}
+	_, onCPU := run("cpu", ckpt, 0)
+	require.Len(t, onCPU, 4)
+	for i := 2; i < 4; i++ {
+		rel := math.Abs(onCPU[i].Loss-straight[i].Loss) / straight[i].Loss
+		require.LessOrEqual(t, rel, 1e-5, "step %d: the GPU's checkpoint resumed on the CPU: %v, on the GPU %v", i+1, onCPU[i].Loss, straight[i].Loss)
+	}
+}

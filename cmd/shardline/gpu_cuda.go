@@ -1,4 +1,4 @@
-//go:build cuda
+//go:build cuda || cudaemu
 
 package main
 
@@ -12,7 +12,8 @@ import (
 	"github.com/shardline/shardline/trainer/gpu"
 )
 
-// This file is the GPU engine of the shardline-cuda build (make cuda).
+// This file is the GPU engine of the shardline-cuda build (make cuda); under
+// -tags cudaemu, the same engine on the host emulator, for tests.
 func init() { newDeviceEngine = openGPU }
 
 // gpuEngine adapts trainer/gpu's model to the trainer's DeviceEngine.
@@ -118,6 +119,19 @@ func (e *gpuEngine) Weights(dst [][]float32) error {
 			copy(dst[i], w[i])
 		}
 	})
+	return err
+}
+
+func (e *gpuEngine) State(main, m, v [][]float32) (int, error) {
+	var n int
+	var err error
+	e.d.Do(func() { n, err = e.m.State(main, m, v) })
+	return n, err
+}
+
+func (e *gpuEngine) Restore(m, v [][]float32, optSteps int) error {
+	var err error
+	e.d.Do(func() { err = e.m.SetState(m, v, optSteps) })
 	return err
 }
 

@@ -53,8 +53,8 @@ strategy or expert-parallel degree (docs/checkpoints.md).
 A run that ends on a non-finite loss or gradient writes no weights, plot or
 sample (run.json records why), and a setting the trainer does not carry out yet
 (bf16 main weights, expert tensor parallelism; on cuda: several GPUs, tensor or
-context parallelism, checkpoints, recomputation) is refused at its recipe
-position instead of ignored.
+context parallelism, recomputation) is refused at its recipe position instead
+of ignored.
 
 With parallel.device = "cuda" (--device cuda) the run trains on one NVIDIA GPU
 through shardline-cuda, the build with the GPU engine (make cuda; docs/cuda.md),

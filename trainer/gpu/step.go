@@ -274,6 +274,48 @@ func (m *Model) Grads() [][]float32 { return m.perParam(m.grads) }
 // Weights downloads the fp32 master weights, one slice per parameter (table order).
 func (m *Model) Weights() [][]float32 { return m.perParam(m.master) }
 
+// State downloads the optimizer's state into main, mom and vel (one fp32 slice
+// per parameter, table order, each as long as the parameter): the master
+// weights and AdamW's first and second moments, and returns the updates taken
+// (the bias corrections' step count): what a checkpoint holds.
+func (m *Model) State(main, mom, vel [][]float32) (steps int, err error) {
+	for k, b := range []cuda.Buffer{m.master, m.m, m.v} {
+		dst := [][][]float32{main, mom, vel}[k]
+		if len(dst) != len(m.table) {
+			return 0, fmt.Errorf("gpu: %d slices for %d parameters", len(dst), len(m.table))
+		}
+		for i, v := range m.perParam(b) {
+			if len(dst[i]) != len(v) {
+				return 0, fmt.Errorf("gpu: %s: %d values for %d", m.table[i].Name, len(dst[i]), len(v))
+			}
+			copy(dst[i], v)
+		}
+	}
+	return m.step, m.d.Err()
+}
+
+// SetState uploads AdamW's moments (table order, as State returns them) and
+// the updates taken so far, continuing a run from a checkpoint: its master
+// weights came to New.
+func (m *Model) SetState(mom, vel [][]float32, steps int) error {
+	for k, b := range []cuda.Buffer{m.m, m.v} {
+		src := [][][]float32{mom, vel}[k]
+		if len(src) != len(m.table) {
+			return fmt.Errorf("gpu: %d slices for %d parameters", len(src), len(m.table))
+		}
+		host := make([]float32, b.N)
+		for i := range m.table {
+			if n := int(m.table[i].LocalNumel()); len(src[i]) != n {
+				return fmt.Errorf("gpu: %s: %d values for %d", m.table[i].Name, len(src[i]), n)
+			}
+			copy(host[m.offsets[i]:], src[i])
+		}
+		m.d.Upload(b, host)
+	}
+	m.step = steps
+	return m.d.Err()
+}
+
 // perParam downloads an fp32 flat buffer and splits it by parameter.
 func (m *Model) perParam(b cuda.Buffer) [][]float32 {
 	host := make([]float32, b.N)
