@@ -76,36 +76,31 @@ func (t *run) trainDevice(ctx context.Context, out *Result, world comm.Communica
 	}
 	defer eng.Close()
 	t.openCheckpointer(startStep)
-	// The optimizer's state in table order, for checkpoints and resuming.
-	var main, mom, vel [][]float32
-	if t.ckpt != nil || startStep > 0 {
-		main, mom, vel = tableSlices(t.plan.Params), tableSlices(t.plan.Params), tableSlices(t.plan.Params)
+	// The optimizer's state in the rank's shards, table order, for checkpoints
+	// and resuming.
+	main, mom, vel, err := t.st.tableViews()
+	if err != nil {
+		return nil, err
 	}
 	if startStep > 0 {
-		if err := t.st.tableState(main, mom, vel, false); err != nil {
-			return nil, err
-		}
 		if err := eng.Restore(mom, vel, optSteps); err != nil {
 			return nil, fmt.Errorf("resuming on %s: %w", eng.Name(), err)
 		}
 	}
-	// save snapshots the device's state as a checkpoint of step done, written in
-	// the background (after the previous one is committed).
+	// save reads the device's state back into the shards and writes it as the
+	// checkpoint of step done, in the background (after the previous one is
+	// committed).
 	save := func(done int) error {
 		if err := t.finishSave(world); err != nil {
 			return err
 		}
 		n, err := eng.State(main, mom, vel)
-		if err == nil {
-			err = t.st.tableState(main, mom, vel, true)
-		}
 		if err != nil {
 			return fmt.Errorf("checkpoint of step %d: reading the state back from %s: %w", done, eng.Name(), err)
 		}
 		t.startSave(done, n)
 		return nil
 	}
-	var err error
 	if t.metrics, err = t.openMetrics(startStep); err != nil {
 		return nil, err
 	}
@@ -129,8 +124,8 @@ func (t *run) trainDevice(ctx context.Context, out *Result, world comm.Communica
 	start := time.Now()
 	done := startStep
 	for step := startStep; step < r.Train.Steps; step++ {
-		if p := t.pendingSave(); p != nil { // commit a save whose file is written
-			if p.poll(); p.finished {
+		if c := t.ckpt; c != nil && c.pending != nil { // commit a save whose file is written
+			if c.pending.poll(); c.pending.finished {
 				if err := t.finishSave(world); err != nil {
 					return nil, err
 				}
@@ -233,23 +228,6 @@ func (t *run) trainDevice(ctx context.Context, out *Result, world comm.Communica
 	t.deviceHeld = eng.Held()
 	t.finalTable, t.finalViews = t.plan.Params, views // one GPU: the whole model
 	return out, t.finish(out)
-}
-
-// tableSlices is one fp32 slice per parameter of table, as long as it.
-func tableSlices(table []parallel.Param) [][]float32 {
-	out := make([][]float32, len(table))
-	for i := range table {
-		out[i] = make([]float32, table[i].LocalNumel())
-	}
-	return out
-}
-
-// pendingSave is the checkpoint being written, if any.
-func (t *run) pendingSave() *pendingSave {
-	if t.ckpt == nil {
-		return nil
-	}
-	return t.ckpt.pending
 }
 
 // evaluateDevice is evaluate on the device.

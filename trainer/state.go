@@ -454,25 +454,24 @@ func (s *state) floatViews() [][]float32 {
 	return out
 }
 
-// tableState copies the optimizer's state between this rank's shards (the
-// main weights and AdamW's moments) and table-order slices, one per parameter
-// as long as it, which a device engine holding the whole model keeps (one
-// rank): with save the slices go into the shards (before a checkpoint),
-// otherwise the shards into the slices (after a resume).
-func (s *state) tableState(main, m, v [][]float32, save bool) error {
+// tableViews are the main weights and AdamW's moments of every parameter, in
+// table order, in place in this rank's shards: what a device engine's run (one
+// rank, the whole model, its state on host memory) reads a checkpoint's state
+// back into and a resumed run's moments from, without a copy.
+func (s *state) tableViews() (main, m, v [][]float32, err error) {
+	n := len(s.plan.Params)
+	main, m, v = make([][]float32, n), make([][]float32, n), make([][]float32, n)
 	for gi := range s.plan.Groups {
 		for _, sg := range s.segs[gi] {
+			if s.host == nil || sg.start != 0 || sg.hi-sg.lo != s.plan.Params[sg.param].LocalNumel() {
+				return nil, nil, nil, fmt.Errorf("%s is not whole in this rank's host memory: a device engine's run holds the whole model on one rank", s.plan.Params[sg.param].Name)
+			}
 			for k, b := range []tensor.Buffer{s.mainB[gi], s.mB[gi], s.vB[gi]} {
-				vals := [][][]float32{main, m, v}[k][sg.param][sg.start : sg.start+sg.hi-sg.lo]
-				if save {
-					s.mem.Write(b.Slice(int(sg.lo), int(sg.hi)), vals)
-				} else {
-					s.mem.Read(vals, b.Slice(int(sg.lo), int(sg.hi)))
-				}
+				[][][]float32{main, m, v}[k][sg.param] = s.host.Float32s(b)[sg.lo:sg.hi]
 			}
 		}
 	}
-	return s.mem.Err()
+	return main, m, v, nil
 }
 
 // gatherTP assembles the whole parameters, in fp32, from the tensor-parallel
