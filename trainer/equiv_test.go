@@ -182,20 +182,26 @@ func TestMultiRankRerunIsBitIdentical(t *testing.T) {
 
 // TestBF16NearFP32: bf16 compute weights, bf16 saved activations and bf16
 // gradient reduction (2 ranks) against fp32 over 50 steps. bf16 keeps 8
-// significant bits (relative rounding 2^-9 ≈ 0.2%); the mean loss of the last 10
-// steps stays within 5% of fp32's. (One step's loss is a poor measure here: the
-// model nearly memorises the short corpus, and at a loss near 0.13 two
-// trajectories differ by 2% in a single step and not in the mean. With bf16
-// weights alone the means differed by 0.1%; with the residual stream and saved
-// activations rounded too, bf16 ends 2.9% (0.004 nats) above fp32, and was
-// within 0.3% over the first 20 steps. TestBF16TracksFP32 holds 200 steps at
-// batch 4, away from memorisation, to 1%.)
+// significant bits (relative rounding 2^-9 ≈ 0.2%). While the model learns
+// (steps 1–20, loss 3.5 → 0.6) every step's loss is within 1% of fp32's
+// (measured: at most 0.55%). Then it memorises the short corpus (loss 0.6 →
+// 0.12), where one step's loss moves by several percent between any two
+// trajectories and bf16 sits 2–9% above fp32 (it cannot resolve as fine an
+// optimum); there the mean loss of the last 10 steps is held within 0.02 nats
+// of fp32's (measured 0.007; as a ratio, 4.8–5.3% of a loss near 0.14, which
+// measures memorisation more than bf16: a 5% bound on it failed on a change of
+// the float32 softmax's rounding). TestBF16TracksFP32 holds 200 steps at batch
+// 4, away from memorisation, to 1% on the GPU.
 func TestBF16NearFP32(t *testing.T) {
 	sets := []string{"train.steps=50", "train.micro_batch_size=2", "train.global_batch_size=8", "train.eval_interval=0", "parallel.world_size=2"}
 	f, _ := tinyRun(t, sets...)
 	h, _ := tinyRun(t, append(sets, "precision.bf16=true", "fsdp.grad_reduce_in_bf16=true")...)
 	lf, _ := trained(t, f)
 	lh, _ := trained(t, h)
+	require.Len(t, lh, 50)
+	for i := range 20 {
+		assert.InEpsilon(t, lf[i], lh[i], 0.01, "step %d: fp32 %v, bf16 %v", i+1, lf[i], lh[i])
+	}
 	mean := func(x []float64) float64 {
 		var s float64
 		for _, v := range x[len(x)-10:] {
@@ -204,7 +210,7 @@ func TestBF16NearFP32(t *testing.T) {
 		return s / 10
 	}
 	t.Logf("last 10 steps' mean loss fp32 %.5f, bf16 %.5f", mean(lf), mean(lh))
-	assert.InEpsilon(t, mean(lf), mean(lh), 0.05)
+	assert.InDelta(t, mean(lf), mean(lh), 0.02)
 	assert.NotEqual(t, lf[len(lf)-1], lh[len(lh)-1], "bf16 must actually change the arithmetic")
 }
 

@@ -18,10 +18,10 @@ func vexpOrSigmoid(dst, src []float32, sigmoid bool) {
 	n := len(src)
 	bulk := 0
 	switch {
-	case hasAVX512 && n >= 16:
+	case hasAVX512 && n > 0:
 		_ = dst[n-1]
-		bulk = n &^ 15
-		vexp32AVX512(&dst[0], &src[0], bulk, sigmoid)
+		bulk = n // the tail under a mask
+		vexp32AVX512(&dst[0], &src[0], n, sigmoid)
 	case hasAVX2 && n >= 8:
 		_ = dst[n-1]
 		bulk = n &^ 7

@@ -4,8 +4,10 @@
 
 // func vexp32AVX512(dst, src *float32, n int, sigmoid bool)
 //
-// dst[i] = e^src[i] for i < n, n a multiple of 16: the algorithm of exp32 (Cephes'
-// expf) sixteen lanes at a time. x is clamped to [-87.33654, 88.72283]; x = n·ln2 + r
+// dst[i] = e^src[i] for i < n: the algorithm of exp32 (Cephes' expf) sixteen
+// lanes at a time, the last n mod 16 values under a mask (lanes past n are
+// neither read nor written), with fused multiply-adds where exp32 rounds each
+// step, so a value may differ from exp32's in the last place. x is clamped to [-87.33654, 88.72283]; x = n·ln2 + r
 // with n rounded to nearest (VRNDSCALEPS), e^r by the degree-6 polynomial, and the
 // result scaled by 2^n (VSCALEFPS). With sigmoid set it is the logistic function
 // instead: dst[i] = 1 / (1 + e^−src[i]).
@@ -39,16 +41,24 @@ TEXT ·vexp32AVX512(SB), NOSPLIT, $0-25
 	VPBROADCASTD AX, Z30
 	MOVL $0x3f800000, AX // 1
 	VPBROADCASTD AX, Z31
-loop:
 	TESTQ CX, CX
-	JEQ done
-	VMOVUPS (SI), Z0
+	JLE done
+loop:
+	MOVL $0xffff, AX              // sixteen lanes, or the n mod 16 left
+	CMPQ CX, $16
+	JGE mask
+	MOVL $1, AX
+	SHLL CX, AX
+	DECL AX
+mask:
+	KMOVW AX, K1
+	VMOVUPS.Z (SI), K1, Z0
 	TESTQ R8, R8
 	JEQ clamp
 	VSUBPS Z0, Z19, Z0            // −x
 clamp:
-	VMINPS Z20, Z0, Z0
-	VMAXPS Z21, Z0, Z0
+	VMINPS Z0, Z20, Z0             // x first: a NaN x stays NaN (VMINPS returns its second source on NaN)
+	VMAXPS Z0, Z21, Z0
 	VMULPS Z22, Z0, Z1
 	VRNDSCALEPS $0, Z1, Z1        // n = round(x·log2e)
 	VFNMADD231PS Z23, Z1, Z0      // r = x − n·C1
@@ -68,11 +78,11 @@ clamp:
 	VADDPS Z31, Z2, Z2            // 1 + e^−x
 	VDIVPS Z2, Z31, Z2            // 1 / (1 + e^−x)
 store:
-	VMOVUPS Z2, (DI)
+	VMOVUPS Z2, K1, (DI)
 	ADDQ $64, SI
 	ADDQ $64, DI
 	SUBQ $16, CX
-	JMP loop
+	JG loop
 done:
 	VZEROUPPER
 	RET

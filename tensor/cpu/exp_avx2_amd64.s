@@ -64,8 +64,8 @@ loop:
 	VXORPS Y3, Y3, Y3
 	VSUBPS Y0, Y3, Y0             // −x
 clamp:
-	VMINPS Y4, Y0, Y0
-	VMAXPS Y5, Y0, Y0
+	VMINPS Y0, Y4, Y0 // x first: a NaN x stays NaN (VMINPS returns its second source on NaN)
+	VMAXPS Y0, Y5, Y0
 	VMULPS Y6, Y0, Y1
 	VROUNDPS $0, Y1, Y1           // n = round(x·log2e)
 	VFNMADD231PS Y7, Y1, Y0       // r = x − n·C1

@@ -294,7 +294,9 @@ func TestExp32(t *testing.T) {
 }
 
 // TestVectorFunctions checks the vector exp and logistic function against
-// float64 on lengths with and without a scalar tail. exp: over the clamped range,
+// float64 on lengths with and without a tail past the last whole vector (and
+// that nothing past dst's length is written, and that a NaN stays NaN). exp:
+// over the clamped range,
 // relative tolerance as TestExp32 (about 3 ulp); sigmoid: into both saturated
 // ends, absolute tolerance 1e-6 (the result lies in [0, 1] and float32 resolves
 // about 6e-8 near 1).
@@ -312,11 +314,20 @@ func TestVectorFunctions(t *testing.T) {
 			{"sigmoid", vsigmoid32, -120, 120, func(x float64) float64 { return 1 / (1 + math.Exp(-x)) }, false, 1e-6},
 		} {
 			for _, n := range []int{1, 15, 16, 17, 100, 1000} {
-				src, dst := make([]float32, n), make([]float32, n)
+				src, dst := make([]float32, n), make([]float32, n, n+16)
 				for i := range src {
 					src[i] = float32(f.lo + (f.hi-f.lo)*float64(i)/float64(n))
 				}
+				past := dst[n : n+16]
+				for i := range past {
+					past[i] = -1
+				}
 				f.vec(dst, src)
+				for i, v := range past {
+					if v != -1 {
+						t.Fatalf("n=%d: %s wrote %v at %d, past the end (%s)", n, f.name, v, n+i, KernelName())
+					}
+				}
 				for i := range src {
 					want, tol := f.ref(float64(src[i])), f.epsilon
 					if f.relTol {
@@ -324,6 +335,60 @@ func TestVectorFunctions(t *testing.T) {
 					}
 					if !(math.Abs(float64(dst[i])-want) <= tol) {
 						t.Fatalf("n=%d: %s(%v) = %v, want %v (%s)", n, f.name, src[i], dst[i], want, KernelName())
+					}
+				}
+				// A NaN stays NaN wherever it lies (a clamp must not make it a number).
+				for _, at := range []int{0, n - 1} {
+					src[at] = float32(math.NaN())
+					f.vec(dst, src)
+					if !math.IsNaN(float64(dst[at])) {
+						t.Fatalf("n=%d: %s(NaN) at %d = %v (%s)", n, f.name, at, dst[at], KernelName())
+					}
+				}
+			}
+		}
+	})
+}
+
+// TestSoftmaxRow32: the float32 softmax (vector exponentials, float64 sum) is
+// the float64 one within 2e-6 relative: the difference x − max rounds in
+// float32 to half an ulp of its size (under 1e-6 absolute for the |x − max| <
+// 32 of these rows), which the exponential makes a relative error, and the
+// exponential adds about 1 ulp (6e-8); on rows with and without a
+// tail past the last vector; a row holding a NaN or +∞ (or only −∞) is NaN
+// throughout, as in float64, so a broken step is never scored as a loss, and a
+// −∞ logit beside finite ones gets no probability to speak of (at most the
+// clamped exponential's 1.2e-38 of the row's sum).
+func TestSoftmaxRow32(t *testing.T) {
+	eachISA(t, func(t *testing.T) {
+		r := rand.New(rand.NewSource(45))
+		for _, n := range []int{1, 7, 16, 33, 256} {
+			x32, x64 := make([]float32, n), make([]float64, n)
+			for i := range x32 {
+				x32[i] = float32(r.NormFloat64() * 4)
+				x64[i] = float64(x32[i])
+			}
+			p32, p64 := make([]float32, n), make([]float64, n)
+			softmaxRow(p32, x32)
+			softmaxRow(p64, x64)
+			for i := range p32 {
+				if d := math.Abs(float64(p32[i]) - p64[i]); d > 2e-6*p64[i] {
+					t.Fatalf("n=%d: p[%d] = %v, float64 %v (%s)", n, i, p32[i], p64[i], KernelName())
+				}
+			}
+			for _, bad := range []float64{math.NaN(), math.Inf(1), math.Inf(-1)} {
+				y := append([]float32(nil), x32...)
+				y[n/2] = float32(bad)
+				softmaxRow(p32, y)
+				if n > 1 && math.IsInf(bad, -1) { // a −∞ logit beside finite ones: (nearly) no probability
+					if p32[n/2] > 1e-30 {
+						t.Fatalf("n=%d, a logit −∞: p = %v (%s)", n, p32[n/2], KernelName())
+					}
+					continue
+				}
+				for i, v := range p32 {
+					if !math.IsNaN(float64(v)) {
+						t.Fatalf("n=%d, a logit %v: p[%d] = %v, want NaN (%s)", n, bad, i, v, KernelName())
 					}
 				}
 			}
