@@ -22,10 +22,10 @@ func vexpOrSigmoid(dst, src []float32, sigmoid bool) {
 		_ = dst[n-1]
 		bulk = n // the tail under a mask
 		vexp32AVX512(&dst[0], &src[0], n, sigmoid)
-	case hasAVX2 && n >= 8:
+	case hasAVX2 && n > 0:
 		_ = dst[n-1]
-		bulk = n &^ 7
-		vexp32AVX2(&dst[0], &src[0], bulk, sigmoid)
+		bulk = n // the tail under a mask
+		vexp32AVX2(&dst[0], &src[0], n, sigmoid)
 	}
 	for i := bulk; i < n; i++ {
 		if sigmoid {

@@ -30,10 +30,32 @@ DATA expConst<>+40(SB)/4, $0x3f000000 // 5.0000001201e-1 (0.5 in float32)
 DATA expConst<>+44(SB)/4, $0x3f800000 // 1
 GLOBL expConst<>(SB), RODATA|NOPTR, $48
 
+// The tail's lane masks: eight all-ones words, then eight zeros; the eight
+// words from byte 4·(8−r) on mask the first r lanes.
+DATA expTail<>+0(SB)/4, $-1
+DATA expTail<>+4(SB)/4, $-1
+DATA expTail<>+8(SB)/4, $-1
+DATA expTail<>+12(SB)/4, $-1
+DATA expTail<>+16(SB)/4, $-1
+DATA expTail<>+20(SB)/4, $-1
+DATA expTail<>+24(SB)/4, $-1
+DATA expTail<>+28(SB)/4, $-1
+DATA expTail<>+32(SB)/4, $0
+DATA expTail<>+36(SB)/4, $0
+DATA expTail<>+40(SB)/4, $0
+DATA expTail<>+44(SB)/4, $0
+DATA expTail<>+48(SB)/4, $0
+DATA expTail<>+52(SB)/4, $0
+DATA expTail<>+56(SB)/4, $0
+DATA expTail<>+60(SB)/4, $0
+GLOBL expTail<>(SB), RODATA|NOPTR, $64
+
 // func vexp32AVX2(dst, src *float32, n int, sigmoid bool)
 //
 // vexp32AVX512 for CPUs with AVX2 and FMA but not AVX-512, eight lanes at a
-// time, n a multiple of 8: x clamped to [-87.33654, 88.72283], n = round(x·log2e)
+// time, the last n mod 8 values under a mask (VMASKMOVPS, in the tail only:
+// AMD's masked stores are slow; lanes past n are neither read nor written):
+// x clamped to [-87.33654, 88.72283], n = round(x·log2e)
 // (VROUNDPS, to nearest even), r = x − n·C1 + n·C2, e^r by the degree-6
 // polynomial, times 2^n built in the exponent bits (as exp32 scales, so the
 // largest clamped x gives +Inf as exp32 does). With sigmoid set, dst[i] =
@@ -57,8 +79,19 @@ TEXT ·vexp32AVX2(SB), NOSPLIT, $0-25
 	VBROADCASTSS expConst<>+44(SB), Y15 // 1
 loop:
 	TESTQ CX, CX
-	JEQ done
+	JLE done
+	CMPQ CX, $8
+	JLT tailload
 	VMOVUPS (SI), Y0
+	JMP loaded
+tailload:
+	LEAQ expTail<>+32(SB), AX     // the first CX lanes' mask: 4·CX bytes before the zeros
+	MOVQ CX, DX
+	SHLQ $2, DX
+	SUBQ DX, AX
+	VMOVDQU (AX), Y3
+	VMASKMOVPS (SI), Y3, Y0
+loaded:
 	TESTQ R8, R8
 	JEQ clamp
 	VXORPS Y3, Y3, Y3
@@ -88,11 +121,16 @@ clamp:
 	VADDPS Y15, Y2, Y2            // 1 + e^−x
 	VDIVPS Y2, Y15, Y2            // 1 / (1 + e^−x)
 store:
+	CMPQ CX, $8
+	JLT tailstore
 	VMOVUPS Y2, (DI)
 	ADDQ $32, SI
 	ADDQ $32, DI
 	SUBQ $8, CX
 	JMP loop
+tailstore:
+	VMOVDQU (AX), Y3              // the mask again (Y3 was work)
+	VMASKMOVPS Y2, Y3, (DI)
 done:
 	VZEROUPPER
 	RET
