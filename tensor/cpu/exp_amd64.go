@@ -14,24 +14,28 @@ func vsigmoid32(dst, src []float32) { vexpOrSigmoid(dst, src, true) }
 //go:noescape
 func vexp32AVX2(dst, src *float32, n int, sigmoid bool)
 
+// vexpOrSigmoid is vexp32 or vsigmoid32: the whole slice on the widest vector
+// level the CPU has (each masks its last partial vector), exp32 value by value
+// without one.
 func vexpOrSigmoid(dst, src []float32, sigmoid bool) {
 	n := len(src)
-	bulk := 0
-	switch {
-	case hasAVX512 && n > 0:
-		_ = dst[n-1]
-		bulk = n // the tail under a mask
-		vexp32AVX512(&dst[0], &src[0], n, sigmoid)
-	case hasAVX2 && n > 0:
-		_ = dst[n-1]
-		bulk = n // the tail under a mask
-		vexp32AVX2(&dst[0], &src[0], n, sigmoid)
+	if n == 0 {
+		return
 	}
-	for i := bulk; i < n; i++ {
+	_ = dst[n-1]
+	switch {
+	case hasAVX512:
+		vexp32AVX512(&dst[0], &src[0], n, sigmoid)
+		return
+	case hasAVX2:
+		vexp32AVX2(&dst[0], &src[0], n, sigmoid)
+		return
+	}
+	for i, x := range src {
 		if sigmoid {
-			dst[i] = 1 / (1 + exp32(-src[i]))
+			dst[i] = 1 / (1 + exp32(-x))
 		} else {
-			dst[i] = exp32(src[i])
+			dst[i] = exp32(x)
 		}
 	}
 }

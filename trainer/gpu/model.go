@@ -127,6 +127,17 @@ func New(d *cuda.Device, cfg config.Model, table []parallel.Param, weights [][]f
 	return m, nil
 }
 
+// flat lays per-parameter values (table order) out as the model's flat
+// buffers of n values hold them: each parameter at its offset, the padding
+// zero.
+func (m *Model) flat(vals [][]float32, n int) []float32 {
+	host := make([]float32, n)
+	for i := range m.table {
+		copy(host[m.offsets[i]:], vals[i])
+	}
+	return host
+}
+
 func (m *Model) buf(component string, t cuda.DType, n int) (cuda.Buffer, error) {
 	b, err := m.d.Alloc(t, n)
 	if err != nil {
@@ -189,11 +200,7 @@ func (m *Model) alloc(weights [][]float32) error {
 	if m.opt.Compute != cuda.BF16 {
 		m.compute = m.master
 	}
-	host := make([]float32, total)
-	for i := range m.table {
-		copy(host[m.offsets[i]:], weights[i])
-	}
-	m.d.Upload(m.master, host)
+	m.d.Upload(m.master, m.flat(weights, total))
 	m.d.Zero(m.m)
 	m.d.Zero(m.v)
 	m.d.Cast(m.compute, m.master)

@@ -303,14 +303,12 @@ func (m *Model) SetState(mom, vel [][]float32, steps int) error {
 		if len(src) != len(m.table) {
 			return fmt.Errorf("gpu: %d slices for %d parameters", len(src), len(m.table))
 		}
-		host := make([]float32, b.N)
 		for i := range m.table {
 			if n := int(m.table[i].LocalNumel()); len(src[i]) != n {
 				return fmt.Errorf("gpu: %s: %d values for %d", m.table[i].Name, len(src[i]), n)
 			}
-			copy(host[m.offsets[i]:], src[i])
 		}
-		m.d.Upload(b, host)
+		m.d.Upload(b, m.flat(src, b.N))
 	}
 	m.step = steps
 	return m.d.Err()
