@@ -24,6 +24,9 @@ type Device struct {
 	// step to the number its logging interval allows.
 	readbacks atomic.Int64
 	scratches []Buffer
+	// uuid identifies the device (cuDeviceGetUuid): ranks compare theirs to
+	// find whether they share a GPU.
+	uuid [16]byte
 	// tid is the OS thread the device's goroutine is locked to (run compares it).
 	tid int
 }
@@ -94,6 +97,10 @@ func (d *Device) Close() {
 	close(d.work)
 	<-d.done
 }
+
+// UUID identifies the GPU among every GPU (the same on every process that
+// opens it): ranks that share one see the same.
+func (d *Device) UUID() [16]byte { return d.uuid }
 
 // Info reports the device and library versions.
 func (d *Device) Info() Info { return d.info }

@@ -36,12 +36,21 @@ type driver struct {
 	argp     [24]unsafe.Pointer
 }
 
+// Count is the number of GPUs visible (after CUDA_VISIBLE_DEVICES).
+func Count() (int, error) {
+	n, err := cu.NumDevices()
+	if err != nil {
+		return 0, fmt.Errorf("cuda: counting devices: %w", err)
+	}
+	return n, nil
+}
+
 // Open makes a context on GPU ordinal (after CUDA_VISIBLE_DEVICES), loads the
 // kernels and cuBLASLt, and starts the goroutine that owns them.
 func Open(ordinal int) (*Device, error) {
-	n, err := cu.NumDevices()
+	n, err := Count()
 	if err != nil {
-		return nil, fmt.Errorf("cuda: counting devices: %w", err)
+		return nil, err
 	}
 	if ordinal < 0 || ordinal >= n {
 		return nil, fmt.Errorf("cuda: device %d requested, %d visible (check CUDA_VISIBLE_DEVICES)", ordinal, n)
@@ -85,6 +94,9 @@ func (d *Device) setup() (err error) {
 	i.Minor, _ = v.dev.Attribute(cu.ComputeCapabilityMinor)
 	i.SMs, _ = v.dev.Attribute(cu.MultiprocessorCount)
 	i.MemoryBytes, _ = v.dev.TotalMem()
+	if u, err := v.dev.UUID(); err == nil {
+		copy(d.uuid[:], u[:])
+	}
 	i.Driver = cu.Version()
 	if v.lt, err = openBlasLt(d.rawStream()); err != nil {
 		return err

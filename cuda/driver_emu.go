@@ -13,6 +13,9 @@ import "C"
 
 import (
 	"fmt"
+	"os"
+	"strconv"
+	"sync"
 	"unsafe"
 
 	"github.com/shardline/shardline/tensor"
@@ -43,12 +46,34 @@ type driver struct {
 // are shaped as there.
 const emuSMs = 132
 
-// Open opens the host emulator as device ordinal (0 only).
-func Open(ordinal int) (*Device, error) {
-	if ordinal != 0 {
-		return nil, fmt.Errorf("cuda: device %d requested, the host emulator is device 0", ordinal)
+// Count is the number of emulated devices: SHARDLINE_EMU_DEVICES (1 to 8;
+// 1 when unset), so that tests can run ranks on devices of their own (with
+// the emulator's NCCL) as well as ranks sharing one.
+func Count() (int, error) {
+	v := os.Getenv("SHARDLINE_EMU_DEVICES")
+	if v == "" {
+		return 1, nil
 	}
-	d := &Device{}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > 8 {
+		return 0, fmt.Errorf("cuda: SHARDLINE_EMU_DEVICES=%q: the host emulator runs 1 to 8 devices", v)
+	}
+	return n, nil
+}
+
+// Open opens emulated device ordinal (below Count).
+func Open(ordinal int) (*Device, error) {
+	n, err := Count()
+	if err != nil {
+		return nil, err
+	}
+	if ordinal < 0 || ordinal >= n {
+		return nil, fmt.Errorf("cuda: device %d requested, the host emulator has %d (SHARDLINE_EMU_DEVICES)", ordinal, n)
+	}
+	d := &Device{Ordinal: ordinal}
+	// A UUID per emulated ordinal (16 bytes): ranks on one device see the
+	// same one.
+	copy(d.uuid[:], fmt.Sprintf("host-emulator/%02d", ordinal))
 	if err := d.start(); err != nil {
 		return nil, err
 	}
@@ -76,6 +101,10 @@ func (d *Device) launchRaw(name string, gx, gy, threads int, args []arg) error {
 	copy(unsafe.Slice((*uint64)(unsafe.Pointer(d.drv.args)), 64), args)
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))
+	// One kernel at a time in the process: a kernel's shared memory is its
+	// static locals (emu.h), which the emulated devices would share.
+	emuLaunch.Lock()
+	defer emuLaunch.Unlock()
 	switch r := C.emu_launch(cname, C.uint(gx), C.uint(gy), C.uint(threads), d.drv.args, C.int(len(args))); {
 	case r == -1:
 		return fmt.Errorf("the host emulator has no kernel %s (the tensor-core kernels are not emulated)", name)
@@ -84,6 +113,9 @@ func (d *Device) launchRaw(name string, gx, gy, threads int, args []arg) error {
 	}
 	return nil
 }
+
+// emuLaunch serialises the emulated devices' kernels.
+var emuLaunch sync.Mutex
 
 // addr is an emulated device address as a pointer (C memory, which the
 // collector does not move or free).

@@ -1,4 +1,4 @@
-//go:build cuda
+//go:build cuda || cudaemu
 
 package cuda
 
@@ -11,7 +11,8 @@ import (
 // Group is an NCCL communicator's collectives on the tensor.Buffers of a
 // device memory: the method set of parallel/collective's Group, which the
 // engine's model and FSDP runtime call, so that NCCL takes the host
-// communicators' place behind it. Its methods run inside Device.Do. A buffer
+// communicators' place behind it. Its methods run on the device's goroutine
+// (at once when called there, through Device.Do otherwise). A buffer
 // that is not the memory's fails the collective with the memory's error before
 // anything is issued.
 type Group struct {
@@ -57,7 +58,12 @@ func (g *Group) f32Only(op string, xs ...tensor.Buffer) error {
 
 // AllGather sets dst (Size·len(src)) to every rank's src in rank order: f32
 // or bf16 buffers of one dtype.
-func (g *Group) AllGather(dst, src tensor.Buffer) error {
+func (g *Group) AllGather(dst, src tensor.Buffer) (err error) {
+	g.m.d.run(func() { err = g.allGather(dst, src) })
+	return err
+}
+
+func (g *Group) allGather(dst, src tensor.Buffer) error {
 	b, err := g.operands("all-gather", dst, src)
 	if err != nil {
 		return err
@@ -67,7 +73,12 @@ func (g *Group) AllGather(dst, src tensor.Buffer) error {
 
 // ReduceScatter sums src (Size·len(dst)) over the ranks into chunk Rank in
 // dst. bf16 is summed by NCCL, rounding at each hop (Comm.ReduceScatter).
-func (g *Group) ReduceScatter(dst, src tensor.Buffer) error {
+func (g *Group) ReduceScatter(dst, src tensor.Buffer) (err error) {
+	g.m.d.run(func() { err = g.reduceScatter(dst, src) })
+	return err
+}
+
+func (g *Group) reduceScatter(dst, src tensor.Buffer) error {
 	b, err := g.operands("reduce-scatter", dst, src)
 	if err != nil {
 		return err
@@ -76,7 +87,12 @@ func (g *Group) ReduceScatter(dst, src tensor.Buffer) error {
 }
 
 // AllReduce sums an f32 buffer over the ranks, in place.
-func (g *Group) AllReduce(buf tensor.Buffer) error {
+func (g *Group) AllReduce(buf tensor.Buffer) (err error) {
+	g.m.d.run(func() { err = g.allReduce(buf) })
+	return err
+}
+
+func (g *Group) allReduce(buf tensor.Buffer) error {
 	if err := g.f32Only("all-reduce", buf); err != nil {
 		return err
 	}
@@ -88,7 +104,12 @@ func (g *Group) AllReduce(buf tensor.Buffer) error {
 }
 
 // AllToAll is the uneven all-to-all on f32 buffers (Comm.AllToAll).
-func (g *Group) AllToAll(dst, src tensor.Buffer, send, recv []int) error {
+func (g *Group) AllToAll(dst, src tensor.Buffer, send, recv []int) (err error) {
+	g.m.d.run(func() { err = g.allToAll(dst, src, send, recv) })
+	return err
+}
+
+func (g *Group) allToAll(dst, src tensor.Buffer, send, recv []int) error {
 	if err := g.f32Only("all-to-all", dst, src); err != nil {
 		return err
 	}
@@ -100,7 +121,12 @@ func (g *Group) AllToAll(dst, src tensor.Buffer, send, recv []int) error {
 }
 
 // SendRecv is one ring step on f32 buffers.
-func (g *Group) SendRecv(dst, src tensor.Buffer, to, from int) error {
+func (g *Group) SendRecv(dst, src tensor.Buffer, to, from int) (err error) {
+	g.m.d.run(func() { err = g.sendRecv(dst, src, to, from) })
+	return err
+}
+
+func (g *Group) sendRecv(dst, src tensor.Buffer, to, from int) error {
 	if err := g.f32Only("send/recv", dst, src); err != nil {
 		return err
 	}
@@ -114,7 +140,12 @@ func (g *Group) SendRecv(dst, src tensor.Buffer, to, from int) error {
 // AllToAllHost is AllToAll on host values (the dropless exchange's split
 // sizes): they go up to the device, through NCCL, and back, a read-back the
 // host takes by design.
-func (g *Group) AllToAllHost(dst, src []float32, send, recv []int) error {
+func (g *Group) AllToAllHost(dst, src []float32, send, recv []int) (err error) {
+	g.m.d.run(func() { err = g.allToAllHost(dst, src, send, recv) })
+	return err
+}
+
+func (g *Group) allToAllHost(dst, src []float32, send, recv []int) error {
 	if !g.m.ok() {
 		return fmt.Errorf("all-to-all of host values: %w", g.m.err)
 	}
@@ -143,7 +174,9 @@ func (g *Group) AllToAllHost(dst, src []float32, send, recv []int) error {
 }
 
 // Close frees the group's staging (not the communicator).
-func (g *Group) Close() {
+func (g *Group) Close() { g.m.d.run(g.close) }
+
+func (g *Group) close() {
 	for i := range g.hostStage {
 		if g.hostStage[i].N > 0 {
 			g.m.d.Free(g.hostStage[i])

@@ -108,6 +108,7 @@ static nc_res nc_deregister(nc_comm c, void* h) { return nc.dereg(c, h); }
 import "C"
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"unsafe"
@@ -115,21 +116,11 @@ import (
 	"gorgonia.org/cu"
 )
 
+// ncclSpansProcesses: NCCL joins ranks of any process, on any node.
+const ncclSpansProcesses = true
+
 // ncclNames are the NCCL libraries tried, in order.
 var ncclNames = []string{"libnccl.so.2", "libnccl.so"}
-
-// NCCL's data types (ncclDataType_t).
-const (
-	ncclInt32    = 2
-	ncclFloat32  = 7
-	ncclFloat64  = 8
-	ncclBFloat16 = 9
-)
-
-// UniqueIDBytes is the size of the id an NCCL communicator is made from: one
-// rank makes it (NewUniqueID), every rank of the group receives it over the
-// job's rendezvous (comm.BroadcastBytes), then each calls NewComm with it.
-const UniqueIDBytes = 128
 
 var nccl struct {
 	once    sync.Once
@@ -181,252 +172,108 @@ func NewUniqueID() ([]byte, error) {
 	return C.GoBytes(unsafe.Pointer(&id), UniqueIDBytes), nil
 }
 
-// Comm is an NCCL communicator of one group on one device, its collectives
-// issued on the device's stream, in order with the kernels. Like every device
-// method, its methods run inside Device.Do. A collective returns an error when
-// NCCL refuses to enqueue it; what fails later on the device shows in
-// Device.Err, and in AsyncErr.
-type Comm struct {
-	d          *Device
-	c          C.nc_comm
-	rank, size int
-	registered map[cu.DevicePtr]unsafe.Pointer // user buffers: address → NCCL's registration handle
-}
+// commHandle is NCCL's communicator.
+type commHandle = C.nc_comm
 
-// NewComm joins rank of a group of size ranks made from id (NewUniqueID's,
-// the same on every rank). It blocks until every rank has joined, as
-// ncclCommInitRank does: the job's rendezvous, which carried the id, has
-// already seen every rank arrive or named the missing ones.
-func (d *Device) NewComm(id []byte, size, rank int) (*Comm, error) {
-	if err := loadNCCL(); err != nil {
-		return nil, err
-	}
-	if len(id) != UniqueIDBytes {
-		return nil, fmt.Errorf("cuda: an NCCL unique id is %d bytes, got %d", UniqueIDBytes, len(id))
-	}
-	if size < 1 || rank < 0 || rank >= size {
-		return nil, fmt.Errorf("cuda: NCCL rank %d of a group of %d", rank, size)
-	}
+func (c *Comm) init(id []byte) error {
 	var uid C.nc_uid
 	C.memcpy(unsafe.Pointer(&uid), unsafe.Pointer(&id[0]), UniqueIDBytes)
-	c := &Comm{d: d, rank: rank, size: size, registered: map[cu.DevicePtr]unsafe.Pointer{}}
-	if r := C.nc_init(&c.c, C.int(size), &uid, C.int(rank)); r != 0 {
-		return nil, fmt.Errorf("cuda: ncclCommInitRank (rank %d of %d on device %d): %s", rank, size, d.Ordinal, ncclErrString(r))
+	if r := C.nc_init(&c.h, C.int(c.size), &uid, C.int(c.rank)); r != 0 {
+		return errors.New(ncclErrString(r))
 	}
-	return c, nil
+	return nil
 }
 
-// Rank is this member's index in the group; Size the group's ranks.
-func (c *Comm) Rank() int { return c.rank }
-func (c *Comm) Size() int { return c.size }
-
-// Close releases the user buffers still registered and the communicator, after
-// the work issued on the stream; Abort gives it up at once (a rank was lost).
-func (c *Comm) Close() error {
-	for p := range c.registered {
-		c.FreeUserBuffer(Buffer{ptr: p})
-	}
-	if err := c.d.syncStream(); err != nil {
-		return fmt.Errorf("cuda: closing an NCCL communicator: %w", err)
-	}
-	if r := C.nc_destroy(c.c); r != 0 {
-		return fmt.Errorf("cuda: ncclCommDestroy: %s", ncclErrString(r))
+func (c *Comm) destroy() error {
+	if r := C.nc_destroy(c.h); r != 0 {
+		return errors.New(ncclErrString(r))
 	}
 	return nil
 }
 
 // Abort ends the communicator without waiting for its collectives.
-func (c *Comm) Abort() { C.nc_abort(c.c) }
+func (c *Comm) Abort() { C.nc_abort(c.h) }
 
 // AsyncErr is an error NCCL met while running the communicator's collectives
 // (a peer gone, a network failure), nil if none.
 func (c *Comm) AsyncErr() error {
 	var ar C.nc_res
-	if r := C.nc_async(c.c, &ar); r != 0 {
+	if r := C.nc_async(c.h, &ar); r != 0 {
 		return fmt.Errorf("cuda: ncclCommGetAsyncError: %s", ncclErrString(r))
 	}
 	if ar != 0 {
-		return c.fail("running a collective", ar)
+		return c.wrap("running a collective", c.fail(ar))
 	}
 	return nil
 }
 
-func (c *Comm) fail(op string, r C.nc_res) error {
-	msg := fmt.Sprintf("cuda: NCCL %s (rank %d of %d): %s", op, c.rank, c.size, ncclErrString(r))
-	if last := C.GoString(C.nc_lasterr(c.c)); last != "" {
+// fail is NCCL's error r, with the communicator's last error where the
+// library reports one.
+func (c *Comm) fail(r C.nc_res) error {
+	msg := ncclErrString(r)
+	if last := C.GoString(C.nc_lasterr(c.h)); last != "" {
 		msg += ": " + last
 	}
-	return fmt.Errorf("%s", msg)
-}
-
-// ncclType is NCCL's name for a buffer dtype.
-func ncclType(t DType) (C.int, error) {
-	switch t {
-	case F32:
-		return ncclFloat32, nil
-	case BF16:
-		return ncclBFloat16, nil
-	case I32:
-		return ncclInt32, nil
-	case F64:
-		return ncclFloat64, nil
-	}
-	return 0, fmt.Errorf("no NCCL type for %s", t)
-}
-
-// operands checks a collective's buffers: one dtype, the lengths it needs, and
-// no earlier failure on the device's stream (which would leave the peers
-// waiting on data this rank never makes: the caller aborts the job instead).
-func (c *Comm) operands(op string, dst, src Buffer, dstLen, srcLen int) (C.int, error) {
-	if c.d.err != nil {
-		return 0, fmt.Errorf("cuda: NCCL %s after a failure on the stream: %w", op, c.d.err)
-	}
-	if dst.DType != src.DType || dst.N != dstLen || src.N != srcLen {
-		return 0, fmt.Errorf("cuda: NCCL %s (rank %d of %d): %d %s into %d %s, want %d into %d", op, c.rank, c.size,
-			src.N, src.DType, dst.N, dst.DType, srcLen, dstLen)
-	}
-	t, err := ncclType(dst.DType)
-	if err != nil {
-		return 0, fmt.Errorf("cuda: NCCL %s: %w", op, err)
-	}
-	return t, nil
+	return errors.New(msg)
 }
 
 func (c *Comm) stream() unsafe.Pointer { return c.d.rawStream() }
 
-// AllGather sets dst (Size·len(src)) to every rank's src in rank order.
-func (c *Comm) AllGather(dst, src Buffer) error {
-	t, err := c.operands("all-gather", dst, src, c.size*src.N, src.N)
-	if err != nil || src.N == 0 {
-		return err
-	}
-	if r := C.nc_allgather(C.ulonglong(src.ptr), C.ulonglong(dst.ptr), C.size_t(src.N), t, c.c, c.stream()); r != 0 {
-		return c.fail("all-gather", r)
+func (c *Comm) allGather(dst, src Buffer, t int) error {
+	if r := C.nc_allgather(C.ulonglong(src.ptr), C.ulonglong(dst.ptr), C.size_t(src.N), C.int(t), c.h, c.stream()); r != 0 {
+		return c.fail(r)
 	}
 	return nil
 }
 
-// ReduceScatter sums src (Size·len(dst)) over the ranks and leaves chunk Rank
-// in dst. NCCL sums bf16 in its ring's order, rounding to bf16 at every hop
-// (the host communicators sum in fp32 and round once): bf16 results may differ
-// from theirs by a few units in the last place.
-func (c *Comm) ReduceScatter(dst, src Buffer) error {
-	t, err := c.operands("reduce-scatter", dst, src, dst.N, c.size*dst.N)
-	if err != nil || dst.N == 0 {
-		return err
-	}
-	if r := C.nc_reducescatter(C.ulonglong(src.ptr), C.ulonglong(dst.ptr), C.size_t(dst.N), t, c.c, c.stream()); r != 0 {
-		return c.fail("reduce-scatter", r)
+func (c *Comm) reduceScatter(dst, src Buffer, t int) error {
+	if r := C.nc_reducescatter(C.ulonglong(src.ptr), C.ulonglong(dst.ptr), C.size_t(dst.N), C.int(t), c.h, c.stream()); r != 0 {
+		return c.fail(r)
 	}
 	return nil
 }
 
-// AllReduce sums buf over the ranks, in place.
-func (c *Comm) AllReduce(buf Buffer) error {
-	t, err := c.operands("all-reduce", buf, buf, buf.N, buf.N)
-	if err != nil || buf.N == 0 {
-		return err
-	}
-	if r := C.nc_allreduce(C.ulonglong(buf.ptr), C.ulonglong(buf.ptr), C.size_t(buf.N), t, c.c, c.stream()); r != 0 {
-		return c.fail("all-reduce", r)
+func (c *Comm) allReduce(buf Buffer, t int) error {
+	if r := C.nc_allreduce(C.ulonglong(buf.ptr), C.ulonglong(buf.ptr), C.size_t(buf.N), C.int(t), c.h, c.stream()); r != 0 {
+		return c.fail(r)
 	}
 	return nil
 }
 
-// Broadcast copies root's buf to every rank's, in place.
-func (c *Comm) Broadcast(buf Buffer, root int) error {
-	t, err := c.operands("broadcast", buf, buf, buf.N, buf.N)
-	if err != nil || buf.N == 0 {
-		return err
-	}
-	if root < 0 || root >= c.size {
-		return fmt.Errorf("cuda: NCCL broadcast from rank %d in a group of %d", root, c.size)
-	}
-	if r := C.nc_bcast(C.ulonglong(buf.ptr), C.ulonglong(buf.ptr), C.size_t(buf.N), t, C.int(root), c.c, c.stream()); r != 0 {
-		return c.fail("broadcast", r)
+func (c *Comm) broadcast(buf Buffer, t, root int) error {
+	if r := C.nc_bcast(C.ulonglong(buf.ptr), C.ulonglong(buf.ptr), C.size_t(buf.N), C.int(t), C.int(root), c.h, c.stream()); r != 0 {
+		return c.fail(r)
 	}
 	return nil
 }
 
-// AllToAll sends src[Σ send[:j] : Σ send[:j+1]] to rank j and receives from
-// rank i into dst[Σ recv[:i] : Σ recv[:i+1]] (recv[i] must equal rank i's
-// send[Rank]): uneven splits, as one NCCL group of sends and receives. This
-// rank's own part is a device copy.
-func (c *Comm) AllToAll(dst, src Buffer, send, recv []int) error {
-	if len(send) != c.size || len(recv) != c.size {
-		return fmt.Errorf("cuda: NCCL all-to-all (rank %d of %d): %d send and %d receive counts, want %d each", c.rank, c.size, len(send), len(recv), c.size)
-	}
-	ns, nr := 0, 0
-	for j := range send {
-		if send[j] < 0 || recv[j] < 0 {
-			return fmt.Errorf("cuda: NCCL all-to-all: negative count (send %v, recv %v)", send, recv)
-		}
-		ns, nr = ns+send[j], nr+recv[j]
-	}
-	if send[c.rank] != recv[c.rank] {
-		return fmt.Errorf("cuda: NCCL all-to-all (rank %d): sends itself %d values but receives %d", c.rank, send[c.rank], recv[c.rank])
-	}
-	t, err := c.operands("all-to-all", dst, src, nr, ns)
-	if err != nil {
-		return err
-	}
-	return c.group("all-to-all", func() C.nc_res {
-		so, ro := 0, 0
-		for j := 0; j < c.size; j++ {
-			if j == c.rank {
-				c.d.Copy(dst.Slice(ro, ro+recv[j]), src.Slice(so, so+send[j]))
-			} else {
-				if send[j] > 0 {
-					if r := C.nc_send(C.ulonglong(src.Slice(so, so+send[j]).ptr), C.size_t(send[j]), t, C.int(j), c.c, c.stream()); r != 0 {
-						return r
-					}
-				}
-				if recv[j] > 0 {
-					if r := C.nc_recv(C.ulonglong(dst.Slice(ro, ro+recv[j]).ptr), C.size_t(recv[j]), t, C.int(j), c.c, c.stream()); r != 0 {
-						return r
-					}
-				}
-			}
-			so, ro = so+send[j], ro+recv[j]
-		}
-		return 0
-	})
-}
-
-// SendRecv is one ring step: this member sends src to member to and receives
-// dst (the same length) from member from. A member that is its own peer copies.
-func (c *Comm) SendRecv(dst, src Buffer, to, from int) error {
-	t, err := c.operands("send/recv", dst, src, src.N, dst.N)
-	if err != nil || src.N == 0 {
-		return err
-	}
-	if to < 0 || to >= c.size || from < 0 || from >= c.size || (to == c.rank) != (from == c.rank) {
-		return fmt.Errorf("cuda: NCCL send/recv (rank %d of %d): to %d, from %d", c.rank, c.size, to, from)
-	}
-	if to == c.rank {
-		c.d.Copy(dst, src)
-		return nil
-	}
-	return c.group("send/recv", func() C.nc_res {
-		if r := C.nc_send(C.ulonglong(src.ptr), C.size_t(src.N), t, C.int(to), c.c, c.stream()); r != 0 {
-			return r
-		}
-		return C.nc_recv(C.ulonglong(dst.ptr), C.size_t(dst.N), t, C.int(from), c.c, c.stream())
-	})
-}
-
-// group issues ops between ncclGroupStart and ncclGroupEnd, so that NCCL runs
-// the sends and receives together (no pair waits on another).
-func (c *Comm) group(op string, ops func() C.nc_res) error {
+// exchange sends part j of src (send[j] values, parts end to end) to every
+// other rank j and receives part i of dst (recv[i]) from every other rank i,
+// as one ncclGroupStart/ncclGroupEnd group, so that NCCL runs the sends and
+// receives together (no pair waits on another). This rank's own part is the
+// caller's.
+func (c *Comm) exchange(dst, src Buffer, t int, send, recv []int) error {
 	if r := C.nc_gstart(); r != 0 {
-		return c.fail(op, r)
+		return c.fail(r)
 	}
-	r := ops()
+	so, ro := offsets(send), offsets(recv)
+	var r C.nc_res
+	for j := 0; j < c.size && r == 0; j++ {
+		if j == c.rank {
+			continue
+		}
+		if send[j] > 0 {
+			r = C.nc_send(C.ulonglong(src.Slice(so[j], so[j]+send[j]).ptr), C.size_t(send[j]), C.int(t), C.int(j), c.h, c.stream())
+		}
+		if recv[j] > 0 && r == 0 {
+			r = C.nc_recv(C.ulonglong(dst.Slice(ro[j], ro[j]+recv[j]).ptr), C.size_t(recv[j]), C.int(t), C.int(j), c.h, c.stream())
+		}
+	}
 	if e := C.nc_gend(); r == 0 {
 		r = e
 	}
 	if r != 0 {
-		return c.fail(op, r)
+		return c.fail(r)
 	}
 	return nil
 }
@@ -444,8 +291,6 @@ func UserBuffers() error {
 	return nil
 }
 
-func versionString(v int) string { return fmt.Sprintf("%d.%d.%d", v/10000, v/100%100, v%100) }
-
 // AllocUserBuffer allocates n elements of t with ncclMemAlloc and registers
 // them with the communicator, so that collectives on them (the FSDP gather
 // buffers under use_nccl_ub) skip NCCL's internal staging copies. Free it with
@@ -457,12 +302,12 @@ func (c *Comm) AllocUserBuffer(t DType, n int) (Buffer, error) {
 	bytes := C.size_t(int64(n) * int64(t.Size()))
 	var p C.ulonglong
 	if r := C.nc_memalloc(&p, bytes); r != 0 {
-		return Buffer{}, c.fail(fmt.Sprintf("ncclMemAlloc of %d %s values", n, t), r)
+		return Buffer{}, c.wrap(fmt.Sprintf("ncclMemAlloc of %d %s values", n, t), c.fail(r))
 	}
 	var h unsafe.Pointer
-	if r := C.nc_register(c.c, p, bytes, &h); r != 0 {
+	if r := C.nc_register(c.h, p, bytes, &h); r != 0 {
 		C.nc_memfree(p)
-		return Buffer{}, c.fail("ncclCommRegister", r)
+		return Buffer{}, c.wrap("ncclCommRegister", c.fail(r))
 	}
 	b := Buffer{ptr: cu.DevicePtr(p), N: n, DType: t}
 	c.registered[b.ptr] = h
@@ -478,10 +323,10 @@ func (c *Comm) FreeUserBuffer(b Buffer) {
 	}
 	delete(c.registered, b.ptr)
 	c.d.fail("freeing an NCCL user buffer", c.d.syncStream())
-	if r := C.nc_deregister(c.c, h); r != 0 {
-		c.d.fail("ncclCommDeregister", c.fail("deregistering a user buffer", r))
+	if r := C.nc_deregister(c.h, h); r != 0 {
+		c.d.fail("ncclCommDeregister", c.wrap("deregistering a user buffer", c.fail(r)))
 	}
 	if r := C.nc_memfree(C.ulonglong(b.ptr)); r != 0 {
-		c.d.fail("ncclMemFree", c.fail("freeing a user buffer", r))
+		c.d.fail("ncclMemFree", c.wrap("freeing a user buffer", c.fail(r)))
 	}
 }

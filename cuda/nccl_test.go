@@ -1,4 +1,4 @@
-//go:build cuda
+//go:build cuda || cudaemu
 
 package cuda
 
@@ -25,7 +25,6 @@ import (
 	"github.com/shardline/shardline/parallel/collective"
 	"github.com/shardline/shardline/parallel/comm"
 	"github.com/shardline/shardline/tensor"
-	"gorgonia.org/cu"
 )
 
 // rankValues is rank r's n source values: distinct per rank and element, exact
@@ -286,7 +285,7 @@ func TestNCCLGroupOfOne(t *testing.T) {
 // TestNCCLManyGPUs: every collective over all visible GPUs, one rank each. It
 // needs two or more GPUs and says so where there are fewer.
 func TestNCCLManyGPUs(t *testing.T) {
-	n, err := cu.NumDevices()
+	n, err := Count()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -143,3 +143,16 @@ func (g host) SendRecv(dst, src tensor.Buffer, to, from int) error {
 	}
 	return g.c.SendRecv(d, s, to, from)
 }
+
+// Native is a memory whose device has collectives of its own (a GPU's
+// memory: NCCL). Collectives makes c's group on its buffers when every member
+// of c holds a device of its own, and returns a nil group, with the reason,
+// where members share a device (NCCL refuses two ranks on one GPU: the
+// caller stages c through the host instead, Staged). It is collective: every
+// member of c calls it at the same point, and all get the same answer. The
+// group's collectives are ordered on the device's stream (they enqueue work
+// and return), so a rank must issue them from one goroutine, in program
+// order (comm.InlineStream); close releases the group.
+type Native interface {
+	Collectives(c comm.Communicator) (g Group, close func(), why string, err error)
+}
