@@ -23,15 +23,15 @@ func NotExecuted(r *Recipe) []Unexecuted {
 		}
 	}
 	p, c := r.Parallel, r.Checkpoint
-	// parallel.device = "cuda" runs in shardline-cuda (docs/cuda.md): one GPU, no
-	// recomputation yet.
+	// parallel.device = "cuda" runs in shardline-cuda (docs/cuda.md): one rank
+	// per GPU (NCCL) or ranks sharing one (collectives staged through the host),
+	// no recomputation, tensor or context parallelism yet.
 	gpu := p.Device == "cuda"
-	add(gpu && p.WorldSize != 1, "parallel.world_size", "cuda runs train on one GPU so far (NCCL collectives are not wired)", `set world_size = 1, or device = "cpu" for data parallelism`)
 	add(gpu && r.Model.Heads > 0 && !slices.Contains([]int{32, 64, 128}, r.Model.HeadSize()), "model.heads", "the GPU attention kernels take head sizes (head_dim, or hidden/heads) of 32, 64 or 128", "choose heads (or head_dim) so that the head size is 32, 64 or 128")
 	add(gpu && r.ActivationCheckpoint.Mode != "none", "activation_checkpoint.mode", "cuda runs keep every activation (recomputation is not wired on the GPU)", `set mode = "none"`)
 	tp := p.TensorParallel != 1
-	add(tp && gpu, "parallel.tensor_parallel", "cuda runs train on one GPU so far (tensor parallelism runs on the CPU)", `set tensor_parallel = 1, or device = "cpu"`)
-	add(gpu && p.ContextParallel != 1, "parallel.context_parallel", "cuda runs train on one GPU so far (context parallelism runs on the CPU)", `set context_parallel = 1, or device = "cpu"`)
+	add(tp && gpu, "parallel.tensor_parallel", "cuda runs do not split layers over GPUs yet (tensor parallelism runs on the CPU)", `set tensor_parallel = 1, or device = "cpu"`)
+	add(gpu && p.ContextParallel != 1, "parallel.context_parallel", "cuda runs do not split sequences over GPUs yet (context parallelism runs on the CPU)", `set context_parallel = 1, or device = "cpu"`)
 	// selective recomputes the attention probabilities (Megatron's core
 	// attention); the CPU's flash attention keeps none, so it would train exactly
 	// as none does.
@@ -44,7 +44,9 @@ func NotExecuted(r *Recipe) []Unexecuted {
 	add(r.Train.LRDecaySteps != 0 && r.Train.LRSchedule == "constant", "train.lr_decay_steps", "a constant schedule has no decay to time", `remove lr_decay_steps, or set lr_schedule = "cosine" or "linear"`)
 	add(r.Precision.MainParamsDtype != "fp32", "precision.main_params_dtype", "the trainer keeps fp32 main weights", `set main_params_dtype = "fp32"`)
 	add(r.FSDP.UseNCCLUB && p.Device == "cpu", "fsdp.use_nccl_ub", "NCCL user buffers exist on GPUs only; the CPU trainer has no NCCL", "set use_nccl_ub = false")
+	add(r.FSDP.UseNCCLUB && gpu, "fsdp.use_nccl_ub", "cuda runs do not register their FSDP gather buffers with NCCL yet (they gather into buffers of their own)", "set use_nccl_ub = false")
 	add(p.CUDAExpandableSegments && p.Device == "cpu", "parallel.cuda_expandable_segments", "the CUDA allocator setting has no effect on the CPU", "set cuda_expandable_segments = false")
+	add(p.CUDAExpandableSegments && gpu, "parallel.cuda_expandable_segments", "shardline's GPU runs allocate every buffer once, before the first step, with no caching allocator whose segments could expand: the setting would change nothing", "set cuda_expandable_segments = false")
 	return out
 }
 

@@ -71,7 +71,7 @@ func dtypesOf(r *config.Recipe) dtypes {
 		d.optim = 4 // momentum only
 	}
 	d.act, d.gradHeld = d.compute, d.grad
-	if r.Parallel.Device == "cpu" {
+	if runsEngine(r) {
 		// The CPU engine stores compute weights in bf16 when the recipe says so,
 		// computes activations in fp32 and keeps what the layers save for backward
 		// in bf16, and accumulates gradients in fp32 (reducing them in bf16 on the
@@ -79,10 +79,26 @@ func dtypesOf(r *config.Recipe) dtypes {
 		d.act, d.gradHeld = 4, 4
 	}
 	d.kept = d.act
-	if r.Parallel.Device == "cpu" && r.Precision.BF16 {
+	if runsEngine(r) && r.Precision.BF16 {
 		d.kept = 2
 	}
 	return d
+}
+
+// runsEngine reports whether the plan's ranks run shardline's engine
+// (trainer/model and the FSDP runtime), whose buffers this file counts as
+// the engine holds them: every CPU run, and a cuda run of several ranks that
+// shardline carries out (its ranks run the engine over their GPUs' kernels).
+// Other cuda plans count Megatron-FSDP's buffers (what the recipe would hold
+// there), and one GPU's engine is counted exactly by engineMemory.
+func runsEngine(r *config.Recipe) bool {
+	switch r.Parallel.Device {
+	case "cpu":
+		return true
+	case "cuda":
+		return r.Parallel.WorldSize > 1 && len(config.NotExecuted(r)) == 0
+	}
+	return false
 }
 
 // staticMemory is the per-strategy table of ARCHITECTURE.md ("Strategies"): what
@@ -217,7 +233,7 @@ func activationBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
 	// or one layer's worth under full recompute (refilled before each layer's
 	// backward). No (T,T) probabilities exist.
 	var stats int64
-	cpu := r.Parallel.Device == "cpu"
+	cpu := runsEngine(r)
 	if cpu {
 		stats = int64(mo.Heads) * t.local
 	}
@@ -335,7 +351,7 @@ func cpuInts(mo config.Model, m Mesh, t tokens, full bool) int64 {
 // by every layer: 2 · T · h / tp in the compute dtype. The CPU engine has none without
 // expert parallelism (nothing is exchanged).
 func dispatchBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) (expected, worst int64) {
-	if r.Model.MoE.NumExperts == 0 || (r.Parallel.Device == "cpu" && m.EP == 1) {
+	if r.Model.MoE.NumExperts == 0 || (runsEngine(r) && m.EP == 1) {
 		return 0, 0
 	}
 	h, tp := int64(r.Model.Hidden), int64(m.TP) // sequence parallelism routes a rank's 1/tp of the tokens
@@ -354,8 +370,9 @@ func dispatchBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) (expected, wors
 // gradients) and a chunk's partial output and log-sum-exps; with MoE the
 // router's, gates' and experts' gradients over the layer's permuted rows, the
 // exchange's three scratch buffers under expert parallelism and the shared
-// experts' three. Other engines count their own (the one-GPU engine's
-// buffers are exact in engineMemory); 0 for them here.
+// experts' three. The ranks of a multi-rank cuda run hold the same on their
+// GPUs (runsEngine); 0 for other plans (the one-GPU engine's buffers are
+// exact in engineMemory; Megatron's are not modelled).
 func scratchBytes(r *config.Recipe, m Mesh) int64 {
 	return scratchBytesAt(r, m, RoutedRows(r.Model, int64(r.Train.MicroBatchSize)*int64(r.Model.SeqLen/m.CP)/int64(m.TP), m.EP))
 }
@@ -364,7 +381,7 @@ func scratchBytes(r *config.Recipe, m Mesh) int64 {
 // permuted rows: RoutedRows over the rank's rows (dropless, what the buffers
 // start at), or more when a rank receives more under expert parallelism.
 func scratchBytesAt(r *config.Recipe, m Mesh, copies int64) int64 {
-	if r.Parallel.Device != "cpu" {
+	if !runsEngine(r) {
 		return 0
 	}
 	mo := r.Model
@@ -425,7 +442,7 @@ func worstRoutingTotal(r *config.Recipe, m Mesh, t tokens, d dtypes, mem Memory,
 // (and on the CPU the token losses).
 func logitsBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
 	b := t.local * int64(r.Model.VocabSize/m.TP) * (d.act + 4)
-	if r.Parallel.Device == "cpu" {
+	if runsEngine(r) {
 		b += t.local * 4 // and each token's loss
 	}
 	return b

@@ -471,8 +471,13 @@ func TestEngineDtypes(t *testing.T) {
 	// target ·4: 27756 bytes.
 	assert.Equal(t, fp32.Activations/35948*27756, cpu.Activations)
 	assert.Equal(t, fp32.Logits, cpu.Logits)
-	gpu := mem("parallel.device=\"cuda\"", "precision.bf16=true", "fsdp.grad_reduce_in_bf16=true")
-	gpu32 := mem("parallel.device=\"cuda\"")
+	// Two ranks of a cuda run that shardline carries out run the engine on
+	// their GPUs: the same buffers as on the CPU.
+	assert.Equal(t, cpu, mem("parallel.device=\"cuda\"", "precision.bf16=true", "fsdp.grad_reduce_in_bf16=true"))
+	// One it does not (recomputation is refused on GPUs) is planned with
+	// Megatron-FSDP's dtypes: bf16 gradients and activations.
+	gpu := mem("parallel.device=\"cuda\"", "precision.bf16=true", "fsdp.grad_reduce_in_bf16=true", "activation_checkpoint.mode=\"full\"")
+	gpu32 := mem("parallel.device=\"cuda\"", "activation_checkpoint.mode=\"full\"")
 	assert.Equal(t, gpu32.Grads/2, gpu.Grads)
 	assert.Equal(t, gpu32.Activations/2, gpu.Activations)
 }

@@ -76,9 +76,22 @@ type flight struct {
 	off int64
 }
 
+// newCollectiveStream is the stream the runtime's collectives go through: a
+// goroutine of its own, which overlaps host collectives with compute, or, where
+// the device runs them (NCCL), the model's own goroutine, which keeps every
+// group's collectives in program order on every rank (comm.InlineStream):
+// they then run on the GPU's stream in that order, without overlap until they
+// get a stream of their own.
+func newCollectiveStream(st *state) *comm.Stream {
+	if st.native {
+		return comm.InlineStream(st.world)
+	}
+	return comm.NewStream(st.world)
+}
+
 func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, capElems int64, tr *tracer) *unitRuntime {
 	p := st.plan
-	u := &unitRuntime{st: st, m: m, stream: comm.NewStream(st.world), prefetch: prefetch && st.perUnit, async: async,
+	u := &unitRuntime{st: st, m: m, stream: newCollectiveStream(st), prefetch: prefetch && st.perUnit, async: async,
 		capBytes: 4 * capElems, trace: tr, weights: st.perUnit}
 	n := len(p.Units)
 	u.groups, u.offsets, u.length = make([][]int, n), make([][]int64, n), make([]int64, n)

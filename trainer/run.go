@@ -62,6 +62,12 @@ type Options struct {
 	// "cuda": the shardline-cuda build sets it). Backend still serves the final
 	// sample on the CPU.
 	Device DeviceEngine
+	// RankBackend, when set, gives each rank the backend it trains on (the
+	// shardline-cuda build: the kernel set of a GPU, picked by the rank's index
+	// among this process's ranks, or by this process's local rank in a job),
+	// and release, called when the rank is done; the run executes the engine
+	// (the FSDP runtime and trainer/model) on it. Backend serves the rest.
+	RankBackend func(rank int) (be tensor.Backend, release func(), err error)
 
 	resume *ckpt.Meta // Resume's metadata, read by Run
 }
@@ -208,14 +214,16 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 		return nil, &KeyError{Key: un[0].Key, Value: v, Err: errors.New(un[0].Why), Fix: un[0].Fix}
 	}
 	switch gpu := r.Parallel.Device == "cuda"; {
-	case gpu && opts.Device == nil:
+	case gpu && opts.Device != nil && opts.RankBackend != nil:
+		return nil, errors.New("trainer: Options.Device and Options.RankBackend are both set (one engine runs a run)")
+	case gpu && opts.Device == nil && opts.RankBackend == nil:
 		return nil, &KeyError{Key: "parallel.device", Value: r.Parallel.Device, Err: errors.New("this build has no GPU engine"),
 			Fix: "run it with shardline-cuda (make cuda; docs/cuda.md), or set device = \"cpu\""}
-	case !gpu && opts.Device != nil:
+	case !gpu && (opts.Device != nil || opts.RankBackend != nil):
 		return nil, &KeyError{Key: "parallel.device", Value: r.Parallel.Device, Err: errors.New("a device engine was given for a CPU recipe"), Fix: "set device = \"cuda\""}
-	case gpu && opts.Process != nil:
-		return nil, &KeyError{Key: "parallel.device", Value: r.Parallel.Device, Err: errors.New("cuda runs do not join multi-process jobs yet (one GPU)"),
-			Fix: "run it as one process (shardline run), or set device = \"cpu\""}
+	case gpu && opts.Process != nil && opts.Device != nil:
+		return nil, &KeyError{Key: "parallel.device", Value: r.Parallel.Device, Err: errors.New("the one-GPU engine (Options.Device) runs one rank; a job's ranks train on their GPUs through Options.RankBackend"),
+			Fix: "run it with shardline-cuda, which picks each rank's GPU"}
 	}
 	topo, err := parallel.TopologyOf(r.Parallel)
 	if err != nil {
@@ -341,6 +349,7 @@ type run struct {
 	r       *config.Recipe
 	res     *config.Resolved
 	opts    Options
+	release func() // releases the backend Options.RankBackend gave this rank
 	plan    *parallel.Plan
 	ds      *data.Dataset
 	dir     string
@@ -382,7 +391,7 @@ func runRanks(ctx context.Context, r *config.Recipe, res *config.Resolved, opts 
 	n := plan.Mesh.World
 	world := comm.NewWorld(n, worldTimeout)
 	groups := inProcessGroups(world, plan)
-	if s, ok := opts.Backend.(tensor.CoreSharer); ok {
+	if s, ok := opts.Backend.(tensor.CoreSharer); ok && opts.RankBackend == nil {
 		// The n ranks run kernels at once: each gets its share of the cores.
 		defer s.ShareCores(n)()
 	}
@@ -404,7 +413,10 @@ func runRanks(ctx context.Context, r *config.Recipe, res *config.Resolved, opts 
 			} else if n > 1 {
 				t.log = log.With().Int("rank", 0).Logger()
 			}
-			results[rank], errs[rank] = t.train(ctx, world.Rank(rank), groups)
+			if errs[rank] = t.rankBackend(); errs[rank] == nil {
+				defer t.releaseBackend()
+				results[rank], errs[rank] = t.train(ctx, world.Rank(rank), groups)
+			}
 			if errs[rank] != nil {
 				world.Abort(fmt.Errorf("rank %d: %w", rank, errs[rank]))
 			}
@@ -429,6 +441,26 @@ func runRanks(ctx context.Context, r *config.Recipe, res *config.Resolved, opts 
 		}
 	}
 	return results[0], nil
+}
+
+// rankBackend binds the rank to the backend Options.RankBackend gives it, if
+// set; releaseBackend releases it when the rank is done.
+func (t *run) rankBackend() error {
+	if t.opts.RankBackend == nil {
+		return nil
+	}
+	be, release, err := t.opts.RankBackend(t.rank)
+	if err != nil {
+		return fmt.Errorf("rank %d: %w", t.rank, err)
+	}
+	t.opts.Backend, t.release = be, release
+	return nil
+}
+
+func (t *run) releaseBackend() {
+	if t.release != nil {
+		t.release()
+	}
 }
 
 // inProcessGroups makes the plan's groups of a world of in-process ranks.
@@ -488,6 +520,10 @@ func runProcess(ctx context.Context, r *config.Recipe, res *config.Resolved, opt
 		opts.Progress = nil
 	}
 	t := &run{r: r, res: res, opts: opts, plan: plan, ds: ds, dir: dir, log: log, rank: p.Rank, trace: tr}
+	if err := t.rankBackend(); err != nil {
+		return nil, err
+	}
+	defer t.releaseBackend()
 	if r.Checkpoint.Saves() && r.Checkpoint.Dir == "" && p.World > 1 {
 		// Checkpoints go under the run directory, which rank 0 named.
 		shared, err := shareString(p.Comm, dir)
@@ -623,8 +659,14 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		}
 	}
 	startStep, optSteps, err := t.openState(world, groups)
+	if t.st != nil {
+		defer t.st.close()
+	}
 	if err != nil {
 		return nil, err
+	}
+	if lead && len(t.st.collectives) > 0 {
+		t.log.Info().Strs("groups", t.st.collectives).Msg("collectives")
 	}
 	if t.opts.Device != nil {
 		return t.trainDevice(ctx, out, world, startStep, optSteps)

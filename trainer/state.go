@@ -57,6 +57,16 @@ type state struct {
 	lo                   []int64 // per group: start of this rank's shard
 	segs                 [][]segment
 	comms                []collective.Group // per group: its dp×cp or edp group, on buffers
+	// groupOf is the collectives made per communicator (nativeOf: the
+	// device's, per axis); native is set when some run on the device (NCCL),
+	// whose collectives must then be issued from one goroutine in program
+	// order (comm.InlineStream); closers release those; collectives says
+	// what each group runs on, for the log.
+	groupOf     map[comm.Communicator]collective.Group
+	nativeOf    map[string]collective.Group // the device's groups, by axis
+	native      bool
+	closers     []func()
+	collectives []string
 	// world is the world's communicator, for the host's exchanges (checkpoints,
 	// evaluation), and worldG its collectives on buffers (the step's statistics).
 	world  comm.Communicator
@@ -173,30 +183,94 @@ func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, w
 		s.tpComm = s.count(parallel.AxisTP, s.tpComm)
 		s.tpRank = c.TP
 	}
-	s.worldG, s.epG, s.cpG, s.tpG = s.onBuffers(world), s.onBuffers(s.epComm), s.onBuffers(s.cpComm), s.onBuffers(s.tpComm)
+	var err error
+	for _, g := range []struct {
+		dst  *collective.Group
+		c    comm.Communicator
+		name string
+	}{{&s.worldG, world, "world"}, {&s.epG, s.epComm, "ep"}, {&s.cpG, s.cpComm, "cp"}, {&s.tpG, s.tpComm, "tp"}} {
+		if *g.dst, err = s.onBuffers(g.c, g.name); err != nil {
+			s.close()
+			return nil, err
+		}
+	}
 	if err := s.allocate(r); err != nil {
+		s.close()
 		return nil, err
 	}
 	for gi := range p.Groups {
 		cm, err := groups(rank, p.Groups[gi].Axis)
-		if err != nil {
-			return nil, err
+		if err == nil {
+			var g collective.Group
+			if g, err = s.onBuffers(cm, string(p.Groups[gi].Axis)); err == nil {
+				s.comms = append(s.comms, g)
+				continue
+			}
 		}
-		s.comms = append(s.comms, s.onBuffers(cm))
+		s.close()
+		return nil, err
 	}
 	return s, nil
 }
 
 // onBuffers is c's collectives on the rank's buffers (nil for nil): in place
-// on host memory, staged through the host on a device's.
-func (s *state) onBuffers(c comm.Communicator) collective.Group {
+// on host memory; on a device's, the device's own (NCCL, where every member
+// of c has a GPU of its own: collective.Native), or else staged through the
+// host. It is collective (every rank makes its groups in the same order). A
+// communicator asked for twice, or a device group of an axis (name) asked
+// for again, gets the group made the first time. What each
+// group runs on is noted in s.collectives, for the log.
+func (s *state) onBuffers(c comm.Communicator, name string) (collective.Group, error) {
 	if c == nil {
-		return nil
+		return nil, nil
 	}
-	if s.host == nil {
-		return collective.Staged(c, s.mem)
+	if g, ok := s.groupOf[c]; ok {
+		return g, nil
 	}
-	return collective.OnHost(c, s.host)
+	if g, ok := s.nativeOf[name]; ok {
+		return g, nil // one NCCL communicator per axis (each holds device memory of its own)
+	}
+	var g collective.Group
+	switch nat, isNative := s.mem.(collective.Native); {
+	case s.host != nil:
+		g = collective.OnHost(c, s.host)
+	case isNative:
+		ng, closeG, why, err := nat.Collectives(c)
+		if err != nil {
+			return nil, fmt.Errorf("the %s group's collectives on the device: %w", name, err)
+		}
+		if ng == nil {
+			g = collective.Staged(c, s.mem)
+			s.collectives = append(s.collectives, fmt.Sprintf("%s: staged through the host (%s)", name, why))
+			break
+		}
+		s.native, s.closers = true, append(s.closers, closeG)
+		if cc, ok := c.(*comm.Counted); ok {
+			ng = collective.Counting(ng, cc) // the model's groups report what they send
+		}
+		g = ng
+		s.collectives = append(s.collectives, name+": the device's (NCCL)")
+		if s.nativeOf == nil {
+			s.nativeOf = map[string]collective.Group{}
+		}
+		s.nativeOf[name] = g
+	default:
+		g = collective.Staged(c, s.mem)
+		s.collectives = append(s.collectives, name+": staged through the host")
+	}
+	if s.groupOf == nil {
+		s.groupOf = map[comm.Communicator]collective.Group{}
+	}
+	s.groupOf[c] = g
+	return g, nil
+}
+
+// close releases the device's communicators (NCCL), if any.
+func (s *state) close() {
+	for _, c := range s.closers {
+		c()
+	}
+	s.closers = nil
 }
 
 // openMemory makes the rank's backend memory and its statistics buffers.

@@ -21,6 +21,10 @@ type jobEnv struct {
 	master      string
 	token       string
 	from        string // which launcher's variables were used
+	// localRank is this process's index on its node (LOCAL_RANK,
+	// SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK), which picks its GPU; -1
+	// when the launcher set none.
+	localRank int
 	// rendezvousFD is the bound rendezvous socket rank 0 inherited from shardline
 	// launch (SHARDLINE_RENDEZVOUS_FD); 0 binds MASTER_PORT itself.
 	rendezvousFD int
@@ -28,7 +32,8 @@ type jobEnv struct {
 
 // detectJob returns nil when the environment names no multi-process job.
 func detectJob(env map[string]string) (*jobEnv, error) {
-	for _, v := range [][3]string{{"RANK", "WORLD_SIZE", "torchrun"}, {"SLURM_PROCID", "SLURM_NTASKS", "SLURM"}, {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun"}} {
+	for _, v := range [][4]string{{"RANK", "WORLD_SIZE", "torchrun", "LOCAL_RANK"}, {"SLURM_PROCID", "SLURM_NTASKS", "SLURM", "SLURM_LOCALID"},
+		{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun", "OMPI_COMM_WORLD_LOCAL_RANK"}} {
 		rs, ok1 := env[v[0]]
 		ws, ok2 := env[v[1]]
 		if !ok1 || !ok2 {
@@ -50,7 +55,14 @@ func detectJob(env map[string]string) (*jobEnv, error) {
 		if token == "" {
 			return nil, usageErr("SHARDLINE_JOB_TOKEN is not set: give every rank of the job the same secret (shardline launch does)")
 		}
-		j := &jobEnv{rank: rank, world: world, master: net.JoinHostPort(addr, port), token: token, from: v[2]}
+		j := &jobEnv{rank: rank, world: world, master: net.JoinHostPort(addr, port), token: token, from: v[2], localRank: -1}
+		if ls, ok := env[v[3]]; ok {
+			local, err := strconv.Atoi(ls)
+			if err != nil || local < 0 || local > rank {
+				return nil, usageErr("%s=%q (%s) is not this process's index on its node (0 to RANK, here %d)", v[3], ls, v[2], rank)
+			}
+			j.localRank = local
+		}
 		if fd := env["SHARDLINE_RENDEZVOUS_FD"]; fd != "" && rank == 0 {
 			n, err := strconv.Atoi(fd)
 			if err != nil || n < 3 {

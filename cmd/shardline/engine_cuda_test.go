@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"testing"
 
 	"github.com/shardline/shardline/config"
@@ -65,9 +66,74 @@ func TestEngineSharesOneGPU(t *testing.T) {
 	}
 }
 
+// TestRanksOnTheirGPUs trains two ranks with a GPU each where there are
+// enough (shardline-cuda's device pick, gpuPerRank: collectives over NCCL)
+// and sharing GPUs where there are not (staged through the host), dense and
+// MoE, under optim_grads_params, and compares them with the same two ranks on
+// the CPU engine: the losses within TestEngineSharesOneGPU's tolerances, and
+// the memory held per rank exactly (the ranks run the same engine, whose
+// buffers are the same on either memory); the plan's within 5% for the dense
+// model (a dropless MoE layer's buffers follow the routing, so at these
+// shapes they outgrow the plan's even split on the CPU too). The run's log
+// must name what each group's collectives ran on. On the host emulator the
+// test asks for two emulated devices (SHARDLINE_EMU_DEVICES), so both ranks
+// run on devices of their own with the emulator's NCCL (ranks that share a
+// device are TestEngineSharesOneGPU's); moe-tiny runs expert parallelism over
+// the two ranks, so the experts' exchanges go over NCCL too.
+func TestRanksOnTheirGPUs(t *testing.T) {
+	var small []string
+	if cuda.Emulated {
+		t.Setenv("SHARDLINE_EMU_DEVICES", "2")
+		small = []string{"model.layers=1", "model.seq_len=32", "train.steps=3"}
+	}
+	gpus, err := cuda.Count()
+	require.NoError(t, err)
+	const n = 2
+	want := "staged through the host"
+	if gpus >= n {
+		want = "the device's (NCCL)"
+	}
+	for recipe, tol := range map[string]float64{"tiny": 1e-4, "moe-tiny": 5e-3} {
+		sets := small
+		if recipe == "moe-tiny" {
+			sets = append(slices.Clone(small), "parallel.expert_parallel=2")
+		}
+		t.Run(recipe, func(t *testing.T) {
+			ref := engineRun(t, recipe, cpu.Backend{}, n, "optim_grads_params", sets...)
+			res := engineRecipe(t, recipe, n, "optim_grads_params", append(sets, "parallel.device=cuda")...)
+			out, err := trainer.Run(context.Background(), res, trainer.Options{Backend: cpu.Backend{}, RankBackend: gpuPerRank(-1), Version: "test"})
+			require.NoError(t, err)
+			got := readCurve(t, out.Dir)
+			require.Len(t, got, len(ref))
+			for i := range ref {
+				rel := math.Abs(got[i].Loss-ref[i].Loss) / ref[i].Loss
+				require.LessOrEqual(t, rel, tol, "step %d: gpus %v, cpu %v", i+1, got[i].Loss, ref[i].Loss)
+			}
+			last := got[len(got)-1]
+			require.Equal(t, ref[len(ref)-1].MemHeld, last.MemHeld, "memory held per rank: the GPUs' against the CPU's")
+			ratio := float64(last.MemHeld) / float64(last.MemPlan)
+			t.Logf("held %d bytes per rank, the plan %d (%.4f)", last.MemHeld, last.MemPlan, ratio)
+			if recipe == "tiny" {
+				require.InDelta(t, 1, ratio, 0.05, "memory held per rank against the plan")
+			}
+			log, err := os.ReadFile(filepath.Join(out.Dir, "run.log"))
+			require.NoError(t, err)
+			require.Contains(t, string(log), want, "the log names what the collectives ran on (%d GPUs for %d ranks)", gpus, n)
+		})
+	}
+}
+
 // engineRun trains recipe (with sets) for 6 steps on be with n in-process
 // ranks and returns its metrics.
 func engineRun(t *testing.T, recipe string, be tensor.Backend, n int, strategy string, sets ...string) []trainer.Metrics {
+	t.Helper()
+	out, err := trainer.Run(context.Background(), engineRecipe(t, recipe, n, strategy, sets...), trainer.Options{Backend: be, Version: "test"})
+	require.NoError(t, err)
+	return readCurve(t, out.Dir)
+}
+
+// engineRecipe is recipe (with sets) for 6 steps of 8 sequences on n ranks.
+func engineRecipe(t *testing.T, recipe string, n int, strategy string, sets ...string) *config.Resolved {
 	t.Helper()
 	res, diags := config.Load(filepath.Join(recipesDir, recipe+".toml"), config.Options{Sets: append([]string{
 		"data.path=" + opticksFile(), "run.output_dir=" + t.TempDir(), "train.steps=6", "train.micro_batch_size=2",
@@ -75,9 +141,7 @@ func engineRun(t *testing.T, recipe string, be tensor.Backend, n int, strategy s
 		"fsdp.data_parallel_sharding_strategy=" + strategy,
 	}, sets...)})
 	require.False(t, diags.HasErrors(), "%v", diags)
-	out, err := trainer.Run(context.Background(), res, trainer.Options{Backend: be, Version: "test"})
-	require.NoError(t, err)
-	return readCurve(t, out.Dir)
+	return res
 }
 
 func opticksFile() string {
@@ -148,5 +212,47 @@ func TestGPUCheckpointResumes(t *testing.T) {
 	for i := 2; i < 4; i++ {
 		rel := math.Abs(onCPU[i].Loss-straight[i].Loss) / straight[i].Loss
 		require.LessOrEqual(t, rel, 1e-5, "step %d: the GPU's checkpoint resumed on the CPU: %v, on the GPU %v", i+1, onCPU[i].Loss, straight[i].Loss)
+	}
+}
+
+// TestLaunchOnGPUs: ranks as processes (shardline launch: torchrun's
+// variables) on cuda open the GPU of their LOCAL_RANK and train, under
+// optim_grads_params, the losses the same ranks train in process on the CPU,
+// at 2 and 4 processes (2 on the host emulator)
+// (within 1e-4: the GPU's kernels and the CPU's sum in different orders,
+// TestEngineSharesOneGPU). Rank 0's log names what the collectives ran on:
+// NCCL where each process has a GPU of its own, else staged through the
+// host over the job's TCP communicator (processes sharing a GPU, and the
+// host emulator, whose NCCL cannot join processes).
+func TestLaunchOnGPUs(t *testing.T) {
+	gpus, err := cuda.Count()
+	require.NoError(t, err)
+	procs := []int{2, 4}
+	if cuda.Emulated {
+		procs = procs[:1]
+	}
+	for _, n := range procs {
+		t.Run(fmt.Sprintf("%d processes", n), func(t *testing.T) {
+			want := "staged through the host"
+			if gpus >= n && !cuda.Emulated {
+				want = "the device's (NCCL)"
+			}
+			dir := t.TempDir()
+			sets := []string{filepath.Join(recipesDir, "tiny.toml"), "--set", "data.path=" + opticksFile(), "--set", "model.layers=1", "--set", "model.seq_len=32",
+				"--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", "3", "--set", "train.eval_interval=0", "--set", "logging.sample_tokens=0",
+				"--data-parallel-sharding-strategy", "optim_grads_params", "--set", "run.output_dir=" + dir}
+			code, _, errs := shardline(t, []string{"SHARDLINE_TEST_AS_CLI=1"}, append(append([]string{"launch", "--nproc", fmt.Sprint(n)}, sets...), "--device", "cuda", "--set", "run.name=gpus")...)
+			require.Equal(t, 0, code, errs)
+			code, _, errs = shardline(t, nil, append(append([]string{"run", "--nproc", fmt.Sprint(n)}, sets...), "--set", "run.name=cpu")...)
+			require.Equal(t, 0, code, errs)
+			got, ref := losses(t, filepath.Join(dir, "gpus")), losses(t, filepath.Join(dir, "cpu"))
+			require.Len(t, got, 3)
+			for i := range ref {
+				require.InDelta(t, ref[i], got[i], 1e-4*ref[i], "step %d", i+1)
+			}
+			log, err := os.ReadFile(filepath.Join(dir, "gpus", "run.log"))
+			require.NoError(t, err)
+			require.Contains(t, string(log), want, "the log names what the collectives ran on (%d GPUs for %d processes)", gpus, n)
+		})
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/trainer"
 )
 
@@ -20,6 +21,11 @@ const gpuRunner = "shardline-cuda"
 
 // newDeviceEngine opens the GPU engine; nil in a build without -tags cuda.
 var newDeviceEngine func() (trainer.DeviceEngine, error)
+
+// rankGPUs gives each rank of a run of several (in this process, or one
+// process of a job, whose node index is localRank; -1 for none) the kernel
+// set of its GPU; nil in a build without -tags cuda.
+var rankGPUs func(localRank int) func(rank int) (tensor.Backend, func(), error)
 
 // findGPURunner looks for shardline-cuda next to this executable, then on PATH.
 func (a *app) findGPURunner() (string, []string) {

@@ -149,17 +149,27 @@ func TestLaunchStopsAllWhenOneFails(t *testing.T) {
 }
 
 func TestJobEnvironment(t *testing.T) {
+	job := func(kv ...string) map[string]string {
+		m := map[string]string{"MASTER_ADDR": "h", "MASTER_PORT": "1", "SHARDLINE_JOB_TOKEN": "t"}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return m
+	}
 	for _, tc := range []struct {
-		env  map[string]string
-		rank int
-		err  string
+		env         map[string]string
+		rank, local int // local: the node index that picks a GPU (-1: none set)
+		err         string
 	}{
-		{map[string]string{"RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "1", "SHARDLINE_JOB_TOKEN": "t"}, 1, ""},
-		{map[string]string{"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "MASTER_ADDR": "h", "MASTER_PORT": "1", "SHARDLINE_JOB_TOKEN": "t"}, 3, ""},
-		{map[string]string{"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "1", "SHARDLINE_JOB_TOKEN": "t"}, 2, ""},
-		{map[string]string{"RANK": "1", "WORLD_SIZE": "4", "SHARDLINE_JOB_TOKEN": "t"}, 0, "MASTER_ADDR and MASTER_PORT are not set"},
-		{map[string]string{"RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, 0, "SHARDLINE_JOB_TOKEN is not set"},
-		{map[string]string{"RANK": "5", "WORLD_SIZE": "4"}, 0, "do not name a rank"},
+		{job("RANK", "1", "WORLD_SIZE", "4"), 1, -1, ""},
+		{job("RANK", "3", "WORLD_SIZE", "4", "LOCAL_RANK", "1"), 3, 1, ""},
+		{job("SLURM_PROCID", "3", "SLURM_NTASKS", "4", "SLURM_LOCALID", "3"), 3, 3, ""},
+		{job("OMPI_COMM_WORLD_RANK", "2", "OMPI_COMM_WORLD_SIZE", "4", "OMPI_COMM_WORLD_LOCAL_RANK", "0"), 2, 0, ""},
+		{job("RANK", "1", "WORLD_SIZE", "4", "LOCAL_RANK", "x"), 0, 0, `LOCAL_RANK="x" (torchrun) is not this process's index on its node`},
+		{job("RANK", "1", "WORLD_SIZE", "4", "LOCAL_RANK", "2"), 0, 0, "0 to RANK, here 1"},
+		{map[string]string{"RANK": "1", "WORLD_SIZE": "4", "SHARDLINE_JOB_TOKEN": "t"}, 0, 0, "MASTER_ADDR and MASTER_PORT are not set"},
+		{map[string]string{"RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, 0, 0, "SHARDLINE_JOB_TOKEN is not set"},
+		{map[string]string{"RANK": "5", "WORLD_SIZE": "4"}, 0, 0, "do not name a rank"},
 	} {
 		j, err := detectJob(tc.env)
 		if tc.err != "" {
@@ -168,6 +178,7 @@ func TestJobEnvironment(t *testing.T) {
 		}
 		require.NoError(t, err)
 		assert.Equal(t, tc.rank, j.rank)
+		assert.Equal(t, tc.local, j.localRank)
 		assert.Equal(t, 4, j.world)
 	}
 	j, err := detectJob(map[string]string{"PATH": "/bin"})

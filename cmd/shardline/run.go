@@ -184,18 +184,28 @@ which this binary hands the run to with the same arguments.`,
 		if tty && r.Logging.Progress {
 			opts.Progress = a.stderr
 		}
-		// A cuda recipe the GPU runner can carry out goes to the GPU engine (handed
-		// to shardline-cuda by a build without one); one it cannot is refused by
-		// trainer.Run at the key's position.
+		// A cuda recipe the GPU runner can carry out goes to the GPU engines (handed
+		// to shardline-cuda by a build without them); one it cannot is refused by
+		// trainer.Run at the key's position. One rank trains on the one-GPU
+		// engine; several (in this process or a job's) on the engine over each
+		// rank's GPU.
 		if r.Parallel.Device == "cuda" && len(config.NotExecuted(r)) == 0 {
 			if newDeviceEngine == nil {
 				return a.execGPURunner(res)
 			}
-			eng, err := newDeviceEngine()
-			if err != nil {
-				return &exitError{code: exitFindings, err: fmt.Errorf("%s: parallel.device = \"cuda\": %w", res.Origin("parallel.device").Location(), err)}
+			if job != nil || r.Parallel.WorldSize > 1 {
+				local := -1
+				if job != nil {
+					local = job.localRank
+				}
+				opts.RankBackend = rankGPUs(local)
+			} else {
+				eng, err := newDeviceEngine()
+				if err != nil {
+					return &exitError{code: exitFindings, err: fmt.Errorf("%s: parallel.device = \"cuda\": %w", res.Origin("parallel.device").Location(), err)}
+				}
+				opts.Device = eng
 			}
-			opts.Device = eng
 		}
 		if job != nil {
 			proc, closeJob, err := joinJob(job, commTimeout)

@@ -24,6 +24,14 @@ func (c *Counted) ring(fullElems, bytesPer int, factor int) {
 	c.sent.Add(int64(factor) * int64(fullElems) * int64(bytesPer) * int64(n-1) / int64(n))
 }
 
+// CountRing adds what a ring collective over a full buffer of fullElems
+// values of bytesPer bytes sends, factor times (an all-reduce is 2): for
+// collectives that run beside c (a GPU's NCCL) over c's members.
+func (c *Counted) CountRing(fullElems, bytesPer, factor int) { c.ring(fullElems, bytesPer, factor) }
+
+// CountSent adds bytes sent beside c.
+func (c *Counted) CountSent(bytes int64) { c.sent.Add(bytes) }
+
 func (c *Counted) AllGather(dst, src []float32) error {
 	c.ring(len(dst), 4, 1)
 	return c.Communicator.AllGather(dst, src)

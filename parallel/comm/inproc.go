@@ -447,13 +447,31 @@ func NewStream(c Communicator) *Stream {
 	return s
 }
 
+// InlineStream is a stream that runs each operation in Start, on the caller's
+// goroutine: for collectives that only enqueue work on a device's stream
+// (NCCL), whose device then orders them. Issued from one goroutine, a rank's
+// collectives on every group keep the program's order, the same on every
+// rank; issued from a goroutine of their own beside the model's (NewStream),
+// two groups' collectives could reach a GPU in different orders on different
+// ranks, and each rank's GPU would wait on the other's.
+func InlineStream(c Communicator) *Stream { return &Stream{c: c} }
+
 // Start queues h's operation; h.Wait returns its error. h must not be in flight.
 // It yields the core once so the stream's goroutine starts the operation now,
-// not after the caller's compute where every core is busy computing.
+// not after the caller's compute where every core is busy computing. An
+// inline stream runs it before returning.
 func (s *Stream) Start(h *Handle) {
+	if s.jobs == nil {
+		h.done <- h.op.Run(s.c)
+		return
+	}
 	s.jobs <- h
 	runtime.Gosched()
 }
 
 // Close stops the stream after the queued operations.
-func (s *Stream) Close() { close(s.jobs) }
+func (s *Stream) Close() {
+	if s.jobs != nil {
+		close(s.jobs)
+	}
+}
