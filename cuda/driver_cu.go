@@ -28,7 +28,12 @@ type driver struct {
 	dev      cu.Device
 	ctx      cu.CUContext // the device's primary context, retained
 	retained bool         // the primary context is retained: release it on the way out
-	stream   cu.Stream
+	stream   cu.Stream    // the compute stream
+	comm     cu.Stream    // the communication stream (streams.go)
+	onComm   bool         // work is issued on comm (inside Background)
+	fence    cu.Event     // recorded on the compute stream for comm to wait on
+	events   []cu.Event
+	free     []int // indices of events no mark holds
 	mod      cu.Module
 	fns      map[string]cu.Function
 	lt       *blasLt
@@ -83,6 +88,12 @@ func (d *Device) setup() (err error) {
 	if v.stream, err = cu.MakeStream(cu.NonBlocking); err != nil {
 		return fmt.Errorf("cuda: creating a stream: %w", err)
 	}
+	if v.comm, err = cu.MakeStream(cu.NonBlocking); err != nil {
+		return fmt.Errorf("cuda: creating the communication stream: %w", err)
+	}
+	if v.fence, err = cu.MakeEvent(cu.DisableTiming); err != nil {
+		return fmt.Errorf("cuda: creating an event: %w", err)
+	}
 	if v.mod, err = cu.LoadData(kernelsPTX); err != nil {
 		return fmt.Errorf("cuda: loading the embedded kernels (PTX for compute_80; the driver compiles it): %w", err)
 	}
@@ -111,6 +122,15 @@ func (d *Device) teardown() {
 	if v.lt != nil {
 		v.lt.close()
 	}
+	for i := range v.events {
+		_ = cu.DestroyEvent(&v.events[i])
+	}
+	if v.fence != (cu.Event{}) {
+		_ = cu.DestroyEvent(&v.fence)
+	}
+	if v.comm != (cu.Stream{}) {
+		_ = v.comm.Destroy()
+	}
 	if v.stream != (cu.Stream{}) {
 		_ = v.stream.Destroy()
 	}
@@ -122,14 +142,73 @@ func (d *Device) teardown() {
 	}
 }
 
-// rawStream is the CUstream handle inside cu.Stream (a struct of that one
-// pointer), for the libraries loaded at run time.
-func (d *Device) rawStream() unsafe.Pointer {
-	return *(*unsafe.Pointer)(unsafe.Pointer(&d.drv.stream))
+// cur is the stream work is issued on now: the communication stream inside
+// Background, else the compute stream.
+func (d *Device) cur() cu.Stream {
+	if d.drv.onComm {
+		return d.drv.comm
+	}
+	return d.drv.stream
 }
 
-// syncStream waits for the work issued on the stream.
-func (d *Device) syncStream() error { return d.drv.stream.Synchronize() }
+// rawStream is the CUstream handle inside cu.Stream (a struct of that one
+// pointer) of the stream work is issued on now, for the libraries loaded at
+// run time.
+func (d *Device) rawStream() unsafe.Pointer {
+	s := d.cur()
+	return *(*unsafe.Pointer)(unsafe.Pointer(&s))
+}
+
+// syncStream waits for the work issued on both streams.
+func (d *Device) syncStream() error {
+	if err := d.drv.stream.Synchronize(); err != nil {
+		return err
+	}
+	return d.drv.comm.Synchronize()
+}
+
+// fenceComm makes the communication stream's next work wait for the compute
+// work issued so far. The wait takes the event as recorded now, so the one
+// fence event serves every call.
+func (d *Device) fenceComm() {
+	v := &d.drv
+	if err := v.fence.Record(v.stream); err != nil {
+		d.fail("recording an event", err)
+		return
+	}
+	d.fail("ordering the communication stream", v.comm.Wait(v.fence, 0))
+}
+
+// markComm records an event of the communication stream's work so far, from
+// the pool, and returns its index.
+func (d *Device) markComm() int {
+	v := &d.drv
+	if len(v.free) == 0 {
+		ev, err := cu.MakeEvent(cu.DisableTiming)
+		if err != nil {
+			d.fail("creating an event", err)
+			return -1
+		}
+		v.events = append(v.events, ev)
+		v.free = append(v.free, len(v.events)-1)
+	}
+	i := v.free[len(v.free)-1]
+	v.free = v.free[:len(v.free)-1]
+	d.fail("recording an event", v.events[i].Record(v.comm))
+	return i
+}
+
+// awaitComm makes the compute stream's next work wait for mark's event and
+// returns the event to the pool (the wait holds the event as recorded).
+func (d *Device) awaitComm(mark int) {
+	v := &d.drv
+	if mark < 0 || mark >= len(v.events) {
+		d.fail("awaiting", fmt.Errorf("no mark %d", mark))
+		return
+	}
+	d.fail("ordering the compute stream", v.stream.Wait(v.events[mark], 0))
+	v.free = append(v.free, mark)
+}
 
 func (d *Device) fn(name string) (cu.Function, error) {
 	if f, ok := d.drv.fns[name]; ok {
@@ -150,14 +229,14 @@ func (d *Device) launchRaw(name string, gx, gy, threads int, args []arg) error {
 		return err
 	}
 	copy(d.drv.args[:], args)
-	return f.Launch(gx, gy, 1, threads, 1, 1, 0, d.drv.stream, d.drv.argp[:len(args)])
+	return f.Launch(gx, gy, 1, threads, 1, 1, 0, d.cur(), d.drv.argp[:len(args)])
 }
 
 func (d *Device) memAlloc(bytes int64) (devicePtr, error) { return cu.MemAlloc(bytes) }
 func (d *Device) memFree(p devicePtr) error               { return cu.MemFree(p) }
 func (d *Device) memInfo() (free, total int64, err error) { return cu.MemInfo() }
 
-// htod and dtoh copy between host and device memory, after the stream's work.
+// htod and dtoh copy between host and device memory, after both streams' work.
 func (d *Device) htod(dst devicePtr, src unsafe.Pointer, bytes int64) error {
 	if err := d.syncStream(); err != nil {
 		return err
@@ -171,16 +250,16 @@ func (d *Device) dtoh(dst unsafe.Pointer, src devicePtr, bytes int64) error {
 	return cu.MemcpyDtoH(dst, src, bytes)
 }
 
-// dtod, memset8, memset16 and memset32 are issued on the stream.
+// dtod, memset8, memset16 and memset32 are issued on the current stream.
 func (d *Device) dtod(dst, src devicePtr, bytes int64) error {
-	return cu.MemcpyDtoDAsync(dst, src, bytes, d.drv.stream)
+	return cu.MemcpyDtoDAsync(dst, src, bytes, d.cur())
 }
 func (d *Device) memset8(p devicePtr, v byte, n int64) error {
-	return cu.MemsetD8Async(p, v, n, d.drv.stream)
+	return cu.MemsetD8Async(p, v, n, d.cur())
 }
 func (d *Device) memset16(p devicePtr, v uint16, n int64) error {
-	return cu.MemsetD16Async(p, v, n, d.drv.stream)
+	return cu.MemsetD16Async(p, v, n, d.cur())
 }
 func (d *Device) memset32(p devicePtr, v uint32, n int64) error {
-	return cu.MemsetD32Async(p, uint(v), n, d.drv.stream)
+	return cu.MemsetD32Async(p, uint(v), n, d.cur())
 }

@@ -14,6 +14,7 @@ import "C"
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"unsafe"
@@ -40,6 +41,12 @@ type devicePtr = uintptr
 // (cgo may not keep a Go pointer).
 type driver struct {
 	args *C.uint64_t
+	// The communication stream (streams.go), lazy: work issued on it while
+	// onComm is queued, and runs when the compute stream awaits it or at a
+	// synchronisation. issued counts the work ever queued, done what ran.
+	onComm       bool
+	queue        []func() error
+	issued, done int
 }
 
 // emuSMs is the emulated device's multiprocessors: an H100's, so that grids
@@ -92,12 +99,59 @@ func (d *Device) teardown() {
 	}
 }
 
-func (d *Device) syncStream() error { return nil }
+// syncStream runs the communication stream's queued work.
+func (d *Device) syncStream() error { return d.drain(d.drv.issued) }
+
+// issue runs fn now on the compute stream, or queues it on the
+// communication stream inside Background.
+func (d *Device) issue(fn func() error) error {
+	if !d.drv.onComm {
+		return fn()
+	}
+	d.drv.queue = append(d.drv.queue, fn)
+	d.drv.issued++
+	return nil
+}
+
+// drain runs the communication stream's queued work up to mark (a count of
+// work issued); the first failure is kept as the device's.
+func (d *Device) drain(mark int) error {
+	v := &d.drv
+	var first error
+	for v.done < mark && len(v.queue) > 0 {
+		fn := v.queue[0]
+		v.queue[0] = nil
+		v.queue = v.queue[1:]
+		v.done++
+		if err := fn(); err != nil && first == nil {
+			first = err
+		}
+	}
+	if len(v.queue) == 0 {
+		v.queue = v.queue[:0:0]
+	}
+	return first
+}
+
+// fenceComm: the compute stream runs eagerly, so the communication stream's
+// next work already comes after it.
+func (d *Device) fenceComm() {}
+
+// markComm is the count of work issued on the communication stream.
+func (d *Device) markComm() int { return d.drv.issued }
+
+// awaitComm runs the communication stream's work up to mark.
+func (d *Device) awaitComm(mark int) { d.fail("background work", d.drain(mark)) }
 
 func (d *Device) launchRaw(name string, gx, gy, threads int, args []arg) error {
 	if len(args) > 64 {
 		return fmt.Errorf("%d arguments", len(args))
 	}
+	args = slices.Clone(args) // a queued launch runs later
+	return d.issue(func() error { return d.launchNow(name, gx, gy, threads, args) })
+}
+
+func (d *Device) launchNow(name string, gx, gy, threads int, args []arg) error {
 	copy(unsafe.Slice((*uint64)(unsafe.Pointer(d.drv.args)), 64), args)
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))
@@ -138,35 +192,53 @@ func (d *Device) memFree(p devicePtr) error {
 
 func (d *Device) memInfo() (free, total int64, err error) { return 1 << 34, 1 << 34, nil }
 
+// htod and dtoh copy after both streams' work, as the driver's do.
 func (d *Device) htod(dst devicePtr, src unsafe.Pointer, bytes int64) error {
+	if err := d.syncStream(); err != nil {
+		return err
+	}
 	C.memcpy(addr(dst), src, C.size_t(bytes))
 	return nil
 }
 func (d *Device) dtoh(dst unsafe.Pointer, src devicePtr, bytes int64) error {
+	if err := d.syncStream(); err != nil {
+		return err
+	}
 	C.memcpy(dst, addr(src), C.size_t(bytes))
 	return nil
 }
+
+// dtod, memset8, memset16 and memset32 run on the current stream.
 func (d *Device) dtod(dst, src devicePtr, bytes int64) error {
-	C.memmove(addr(dst), addr(src), C.size_t(bytes))
-	return nil
+	return d.issue(func() error {
+		C.memmove(addr(dst), addr(src), C.size_t(bytes))
+		return nil
+	})
 }
 func (d *Device) memset8(p devicePtr, v byte, n int64) error {
-	C.memset(addr(p), C.int(v), C.size_t(n))
-	return nil
+	return d.issue(func() error {
+		C.memset(addr(p), C.int(v), C.size_t(n))
+		return nil
+	})
 }
 func (d *Device) memset16(p devicePtr, v uint16, n int64) error {
-	s := unsafe.Slice((*uint16)(addr(p)), n)
-	for i := range s {
-		s[i] = v
-	}
-	return nil
+	return d.issue(func() error {
+		fillWith(unsafe.Slice((*uint16)(addr(p)), n), v)
+		return nil
+	})
 }
 func (d *Device) memset32(p devicePtr, v uint32, n int64) error {
-	s := unsafe.Slice((*uint32)(addr(p)), n)
+	return d.issue(func() error {
+		fillWith(unsafe.Slice((*uint32)(addr(p)), n), v)
+		return nil
+	})
+}
+
+// fillWith sets every element of s to v.
+func fillWith[T uint16 | uint32](s []T, v T) {
 	for i := range s {
 		s[i] = v
 	}
-	return nil
 }
 
 // batchedProduct is the column-major C (m×n) = op(A)·op(B) + beta·C over batch

@@ -588,6 +588,10 @@ func (d *Device) gemmBatched(ta, tb bool, m, n, k int, A Buffer, lda, sa int, B 
 		d.fail("gemm", fmt.Errorf("operands %s·%s into %s", A.DType, B.DType, Cb.DType))
 		return
 	}
+	if d.drv.onComm {
+		d.fail("gemm", fmt.Errorf("a matrix product inside Background: cuBLASLt's handle is bound to the compute stream"))
+		return
+	}
 	d.batchedProduct(ta, tb, m, n, k, A, lda, sa, B, ldb, sb, beta, Cb, ldc, sc, batch)
 }
 

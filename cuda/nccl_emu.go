@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 	"unsafe"
@@ -23,6 +24,9 @@ import (
 // different orders wait on each other (the emulator names the collective and
 // the ranks missing after emuNCCLTimeout instead of hanging), and ranks
 // disagreeing on a collective's kind or sizes fail it on every rank.
+//
+// A collective issued inside Background waits on the lazy communication
+// stream (streams.go) and meets its peers when that runs.
 //
 // Sums run in rank order, in fp32 (f64 for f64), and bf16 rounds once at the
 // end, as the host communicators sum; NCCL's ring order rounds bf16 at every
@@ -245,6 +249,10 @@ func emuType(t int) DType {
 func bytesOf(b Buffer) []byte { return unsafe.Slice((*byte)(addr(b.ptr)), b.Bytes()) }
 
 func (c *Comm) allGather(dst, src Buffer, t int) error {
+	return c.d.issue(func() error { return c.allGatherNow(dst, src, t) })
+}
+
+func (c *Comm) allGatherNow(dst, src Buffer, t int) error {
 	return c.meet(emuPost{op: "all-gather", dtype: emuType(t), src: src, dst: dst}, sameLengths, func(posts []emuPost) {
 		out := bytesOf(dst)
 		for r, q := range posts {
@@ -255,6 +263,10 @@ func (c *Comm) allGather(dst, src Buffer, t int) error {
 }
 
 func (c *Comm) reduceScatter(dst, src Buffer, t int) error {
+	return c.d.issue(func() error { return c.reduceScatterNow(dst, src, t) })
+}
+
+func (c *Comm) reduceScatterNow(dst, src Buffer, t int) error {
 	return c.meet(emuPost{op: "reduce-scatter", dtype: emuType(t), src: src, dst: dst}, sameLengths, func(posts []emuPost) {
 		parts := make([]Buffer, len(posts))
 		for r, q := range posts {
@@ -265,6 +277,10 @@ func (c *Comm) reduceScatter(dst, src Buffer, t int) error {
 }
 
 func (c *Comm) allReduce(buf Buffer, t int) error {
+	return c.d.issue(func() error { return c.allReduceNow(buf, t) })
+}
+
+func (c *Comm) allReduceNow(buf Buffer, t int) error {
 	// In place: every rank sums into scratch, and writes buf only after every
 	// rank has read every buf.
 	sum := make([]byte, buf.Bytes())
@@ -282,6 +298,10 @@ func (c *Comm) allReduce(buf Buffer, t int) error {
 }
 
 func (c *Comm) broadcast(buf Buffer, t, root int) error {
+	return c.d.issue(func() error { return c.broadcastNow(buf, t, root) })
+}
+
+func (c *Comm) broadcastNow(buf Buffer, t, root int) error {
 	agree := func(me, peer emuPost, r int) error {
 		if peer.root != me.root {
 			return fmt.Errorf("rank %d broadcasts from rank %d, this rank from %d", r, peer.root, me.root)
@@ -296,6 +316,11 @@ func (c *Comm) broadcast(buf Buffer, t, root int) error {
 }
 
 func (c *Comm) exchange(dst, src Buffer, t int, send, recv []int) error {
+	send, recv = slices.Clone(send), slices.Clone(recv) // NCCL takes the counts when issued
+	return c.d.issue(func() error { return c.exchangeNow(dst, src, t, send, recv) })
+}
+
+func (c *Comm) exchangeNow(dst, src Buffer, t int, send, recv []int) error {
 	agree := func(me, peer emuPost, r int) error {
 		if r != c.rank && peer.send[c.rank] != me.recv[r] {
 			return fmt.Errorf("rank %d sends %d values to rank %d, which expects %d", r, peer.send[c.rank], c.rank, me.recv[r])

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/parallel/collective"
 	"github.com/shardline/shardline/parallel/comm"
 	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/trainer/model"
@@ -66,6 +67,46 @@ type unitRuntime struct {
 	capBytes int64
 	trace    *tracer
 	start    time.Time // current block's compute start
+	// dev is the device's streams when its collectives run there (NCCL): each
+	// operation then runs on the communication stream (begin), and waiting for
+	// it orders the compute stream after it (wait), with no host waiting;
+	// marks holds each begun operation's mark until it is waited for.
+	dev   collective.Streamed
+	marks map[*comm.Handle]mark
+}
+
+// mark is an operation's place on the device's communication stream and the
+// error issuing it met.
+type mark struct {
+	at  int
+	err error
+}
+
+// begin starts h's operation: on the runtime's stream, and, where the
+// device runs the collectives, inside its communication stream.
+func (u *unitRuntime) begin(h *comm.Handle) {
+	if u.dev == nil {
+		u.stream.Start(h)
+		return
+	}
+	at, err := u.dev.Background(func() error { u.stream.Start(h); return nil }) // an inline stream: h runs now
+	u.marks[h] = mark{at, err}
+}
+
+// wait returns h's error once it is done: on the host's streams, when the
+// operation has run; on a device's, at once, with the compute stream ordered
+// after the operation.
+func (u *unitRuntime) wait(h *comm.Handle) error {
+	err := h.Wait()
+	if u.dev != nil {
+		m := u.marks[h]
+		delete(u.marks, h)
+		u.dev.Await(m.at)
+		if err == nil {
+			err = m.err
+		}
+	}
+	return err
 }
 
 // flight is an asynchronous reduce-scatter and the gradient buffer it reads (at
@@ -80,8 +121,8 @@ type flight struct {
 // goroutine of its own, which overlaps host collectives with compute, or, where
 // the device runs them (NCCL), the model's own goroutine, which keeps every
 // group's collectives in program order on every rank (comm.InlineStream):
-// they then run on the GPU's stream in that order, without overlap until they
-// get a stream of their own.
+// they then run on the device's communication stream in that order, beside
+// the compute stream (begin, wait).
 func newCollectiveStream(st *state) *comm.Stream {
 	if st.native {
 		return comm.InlineStream(st.world)
@@ -93,6 +134,9 @@ func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, ca
 	p := st.plan
 	u := &unitRuntime{st: st, m: m, stream: newCollectiveStream(st), prefetch: prefetch && st.perUnit, async: async,
 		capBytes: 4 * capElems, trace: tr, weights: st.perUnit}
+	if d, ok := st.mem.(collective.Streamed); ok && st.native {
+		u.dev, u.marks = d, map[*comm.Handle]mark{}
+	}
 	n := len(p.Units)
 	u.groups, u.offsets, u.length = make([][]int, n), make([][]int64, n), make([]int64, n)
 	u.wbuf, u.gbuf, u.ready = make([]tensor.Buffer, n), make([]tensor.Buffer, n), make([]*comm.Handle, n)
@@ -226,7 +270,7 @@ func (u *unitRuntime) bind(ui int) {
 func (u *unitRuntime) startGather(ui int) {
 	u.wbuf[ui], u.woff[ui] = u.wpool.get(u.length[ui])
 	u.ready[ui] = u.gatherH[ui]
-	u.stream.Start(u.gatherH[ui])
+	u.begin(u.gatherH[ui])
 }
 
 // unitOp is a unit's all-gather into its weight buffer (wbuf) or, with reduce,
@@ -277,7 +321,7 @@ func (u *unitRuntime) Acquire(block int, units []int, backward bool) error {
 			u.startGather(ui)
 		}
 		if h := u.ready[ui]; h != nil {
-			if err := h.Wait(); err != nil && first == nil {
+			if err := u.wait(h); err != nil && first == nil {
 				first = err
 			}
 			u.ready[ui] = nil
@@ -334,7 +378,7 @@ func (u *unitRuntime) Release(block int, units []int, backward bool) error {
 				buf := u.gbuf[ui]
 				u.gbuf[ui], u.reducing[ui] = tensor.Buffer{}, buf
 				h := u.reduceH[ui]
-				u.stream.Start(h)
+				u.begin(h)
 				u.inflight = append(u.inflight, flight{h, buf, u.goff[ui]})
 				if err := u.bound(); err != nil && first == nil {
 					first = err
@@ -363,7 +407,7 @@ func (u *unitRuntime) bound() error {
 			break
 		}
 		f := u.inflight[0]
-		if err := f.h.Wait(); err != nil && first == nil {
+		if err := u.wait(f.h); err != nil && first == nil {
 			first = err
 		}
 		u.gpool.put(f.off, f.buf)
@@ -378,7 +422,7 @@ func (u *unitRuntime) bound() error {
 func (u *unitRuntime) flush() error {
 	var first error
 	for _, f := range u.inflight {
-		if err := f.h.Wait(); err != nil && first == nil {
+		if err := u.wait(f.h); err != nil && first == nil {
 			first = err
 		}
 		u.gpool.put(f.off, f.buf)
@@ -388,7 +432,7 @@ func (u *unitRuntime) flush() error {
 		if h == nil {
 			continue
 		}
-		if err := h.Wait(); err != nil && first == nil {
+		if err := u.wait(h); err != nil && first == nil {
 			first = err
 		}
 		u.ready[ui] = nil

@@ -156,3 +156,15 @@ func (g host) SendRecv(dst, src tensor.Buffer, to, from int) error {
 type Native interface {
 	Collectives(c comm.Communicator) (g Group, close func(), why string, err error)
 }
+
+// Streamed is a memory whose device runs work on a communication stream
+// beside its compute stream (a GPU's): Background runs fn, whose work on the
+// memory's buffers and the device's collectives is issued there, after the
+// compute work issued so far, and returns a mark; after Await(mark) the
+// compute work issued sees it. Neither blocks the host: the FSDP runtime's
+// gathers and reductions overlap the layers' compute this way. Each mark is
+// awaited once.
+type Streamed interface {
+	Background(fn func() error) (mark int, err error)
+	Await(mark int)
+}
