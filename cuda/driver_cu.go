@@ -5,6 +5,7 @@ package cuda
 import (
 	_ "embed"
 	"fmt"
+	"time"
 	"unsafe"
 
 	"gorgonia.org/cu"
@@ -34,11 +35,18 @@ type driver struct {
 	fence    cu.Event     // recorded on the compute stream for comm to wait on
 	events   []cu.Event
 	free     []int // indices of events no mark holds
-	mod      cu.Module
-	fns      map[string]cu.Function
-	lt       *blasLt
-	args     [24]uint64
-	argp     [24]unsafe.Pointer
+	// Stamps (traces): timing events, the first nstamps recorded since the
+	// last Times, timed against base, recorded and waited for at the first
+	// stamp, when the host's clock read baseAt.
+	stamps  []cu.Event
+	nstamps int
+	base    cu.Event
+	baseAt  time.Time
+	mod     cu.Module
+	fns     map[string]cu.Function
+	lt      *blasLt
+	args    [24]uint64
+	argp    [24]unsafe.Pointer
 }
 
 // Count is the number of GPUs visible (after CUDA_VISIBLE_DEVICES).
@@ -125,6 +133,12 @@ func (d *Device) teardown() {
 	for i := range v.events {
 		_ = cu.DestroyEvent(&v.events[i])
 	}
+	for i := range v.stamps {
+		_ = cu.DestroyEvent(&v.stamps[i])
+	}
+	if v.base != (cu.Event{}) {
+		_ = cu.DestroyEvent(&v.base)
+	}
 	if v.fence != (cu.Event{}) {
 		_ = cu.DestroyEvent(&v.fence)
 	}
@@ -196,6 +210,53 @@ func (d *Device) markComm() int {
 	v.free = v.free[:len(v.free)-1]
 	d.fail("recording an event", v.events[i].Record(v.comm))
 	return i
+}
+
+// stamp records a timing event on the current stream.
+func (d *Device) stamp() int {
+	v := &d.drv
+	if v.base == (cu.Event{}) {
+		ev, err := cu.MakeEvent(cu.DefaultEvent)
+		if err == nil {
+			err = ev.Record(v.stream)
+		}
+		if err == nil {
+			err = ev.Synchronize()
+		}
+		if err != nil {
+			d.fail("a trace's base event", err)
+			return -1
+		}
+		v.base, v.baseAt = ev, time.Now()
+	}
+	if v.nstamps == len(v.stamps) {
+		ev, err := cu.MakeEvent(cu.DefaultEvent)
+		if err != nil {
+			d.fail("creating a timing event", err)
+			return -1
+		}
+		v.stamps = append(v.stamps, ev)
+	}
+	i := v.nstamps
+	v.nstamps++
+	d.fail("recording a timing event", v.stamps[i].Record(d.cur()))
+	return i
+}
+
+// stampTimes is each stamp's time since the base event, on the host's clock
+// (the streams are done).
+func (d *Device) stampTimes() ([]time.Time, error) {
+	v := &d.drv
+	out := make([]time.Time, v.nstamps)
+	for i := range out {
+		ms, err := v.base.Elapsed(v.stamps[i])
+		if err != nil {
+			return nil, fmt.Errorf("cuda: timing event %d: %w", i, err)
+		}
+		out[i] = v.baseAt.Add(time.Duration(ms * float64(time.Millisecond)))
+	}
+	v.nstamps = 0
+	return out, nil
 }
 
 // awaitComm makes the compute stream's next work wait for mark's event and

@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/shardline/shardline/tensor"
@@ -47,6 +48,7 @@ type driver struct {
 	onComm       bool
 	queue        []func() error
 	issued, done int
+	stamps       []time.Time // when each stamp since the last Times ran
 }
 
 // emuSMs is the emulated device's multiprocessors: an H100's, so that grids
@@ -139,6 +141,24 @@ func (d *Device) fenceComm() {}
 
 // markComm is the count of work issued on the communication stream.
 func (d *Device) markComm() int { return d.drv.issued }
+
+// stamp reads the host's clock when its stream runs it.
+func (d *Device) stamp() int {
+	i := len(d.drv.stamps)
+	d.drv.stamps = append(d.drv.stamps, time.Time{})
+	d.fail("stamp", d.issue(func() error {
+		d.drv.stamps[i] = time.Now()
+		return nil
+	}))
+	return i
+}
+
+// stampTimes returns the stamps' times (the streams are done).
+func (d *Device) stampTimes() ([]time.Time, error) {
+	out := d.drv.stamps
+	d.drv.stamps = nil
+	return out, nil
+}
 
 // awaitComm runs the communication stream's work up to mark.
 func (d *Device) awaitComm(mark int) { d.fail("background work", d.drain(mark)) }

@@ -105,4 +105,7 @@ func (m *Memory) Collectives(c comm.Communicator) (collective.Group, func(), str
 	return g, closeAll, "", nil
 }
 
-var _ collective.Native = (*Memory)(nil)
+var (
+	_ collective.Native = (*Memory)(nil)
+	_ collective.Timed  = (*Memory)(nil)
+)

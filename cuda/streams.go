@@ -2,7 +2,10 @@
 
 package cuda
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // The communication stream. A device issues its work on the compute stream,
 // except inside Background, whose work (kernels, copies, memsets, NCCL
@@ -59,3 +62,27 @@ func (m *Memory) Background(fn func() error) (mark int, err error) {
 
 // Await is Device.Await.
 func (m *Memory) Await(mark int) { m.d.Await(mark) }
+
+// Stamp marks the point the current stream has reached (the communication
+// stream inside Background), for a trace; Times resolves the stamps.
+func (d *Device) Stamp() (i int) {
+	d.run(func() { i = d.stamp() })
+	return i
+}
+
+// Times waits for both streams and returns the host time each stamp since
+// the last call was reached, in order; the stamps are then reused.
+func (d *Device) Times() (out []time.Time, err error) {
+	d.run(func() {
+		if err = d.syncStream(); err == nil {
+			out, err = d.stampTimes()
+		}
+	})
+	return out, err
+}
+
+// Stamp is Device.Stamp (collective.Timed).
+func (m *Memory) Stamp() int { return m.d.Stamp() }
+
+// Times is Device.Times.
+func (m *Memory) Times() ([]time.Time, error) { return m.d.Times() }

@@ -71,8 +71,23 @@ type unitRuntime struct {
 	// operation then runs on the communication stream (begin), and waiting for
 	// it orders the compute stream after it (wait), with no host waiting;
 	// marks holds each begun operation's mark until it is waited for.
-	dev   collective.Streamed
-	marks map[*comm.Handle]mark
+	dev    collective.Streamed
+	marks  map[*comm.Handle]mark
+	opName map[*comm.Handle]string // trace span names, when timed
+	// timed is dev when tracing: the trace's spans are then the device's
+	// (stamps on both streams, resolved at the end of each pass), not the
+	// host's, which only issues the work; startStamp is the current block's
+	// compute start there, and stamped the spans waiting for their times.
+	timed      collective.Timed
+	startStamp int
+	stamped    []stampedSpan
+}
+
+// stampedSpan is a trace span between two of the device's stamps.
+type stampedSpan struct {
+	name, cat  string
+	tid        int
+	start, end int
 }
 
 // mark is an operation's place on the device's communication stream and the
@@ -89,7 +104,16 @@ func (u *unitRuntime) begin(h *comm.Handle) {
 		u.stream.Start(h)
 		return
 	}
-	at, err := u.dev.Background(func() error { u.stream.Start(h); return nil }) // an inline stream: h runs now
+	at, err := u.dev.Background(func() error {
+		if u.timed == nil {
+			u.stream.Start(h) // an inline stream: h runs now
+			return nil
+		}
+		s0 := u.timed.Stamp()
+		u.stream.Start(h)
+		u.stamped = append(u.stamped, stampedSpan{u.opName[h], "comm", 1, s0, u.timed.Stamp()})
+		return nil
+	})
 	u.marks[h] = mark{at, err}
 }
 
@@ -136,6 +160,9 @@ func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, ca
 		capBytes: 4 * capElems, trace: tr, weights: st.perUnit}
 	if d, ok := st.mem.(collective.Streamed); ok && st.native {
 		u.dev, u.marks = d, map[*comm.Handle]mark{}
+		if timed, ok := d.(collective.Timed); ok && tr != nil {
+			u.timed, u.opName = timed, map[*comm.Handle]string{}
+		}
 	}
 	n := len(p.Units)
 	u.groups, u.offsets, u.length = make([][]int, n), make([][]int64, n), make([]int64, n)
@@ -148,6 +175,11 @@ func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, ca
 	for ui := range p.Units {
 		u.gatherH[ui], u.reduceH[ui] = comm.NewHandle(unitOp{u, ui, false}), comm.NewHandle(unitOp{u, ui, true})
 		u.gatherName[ui], u.reduceName[ui] = "all_gather "+p.Units[ui].Name, "reduce_scatter "+p.Units[ui].Name
+	}
+	if u.timed != nil {
+		for ui := range p.Units {
+			u.opName[u.gatherH[ui]], u.opName[u.reduceH[ui]] = u.gatherName[ui], u.reduceName[ui]
+		}
 	}
 	// A unit's buffers hold only its sharded groups; unsharded groups (an expert
 	// group when edp = 1) are bound straight to the rank's compute and gradient
@@ -304,7 +336,9 @@ func (o unitOp) Run(comm.Communicator) error {
 			return fmt.Errorf("%s unit %s: %w", what, st.plan.Units[ui].Name, err)
 		}
 	}
-	u.trace.span(name, "comm", st.rank, 1, t0, time.Now())
+	if u.timed == nil { // else the device's stamps time it (begin)
+		u.trace.span(name, "comm", st.rank, 1, t0, time.Now())
+	}
 	return nil
 }
 
@@ -336,6 +370,9 @@ func (u *unitRuntime) Acquire(block int, units []int, backward bool) error {
 		u.bind(ui)
 	}
 	u.start = time.Now() // the block computes from here; the prefetch runs alongside
+	if u.timed != nil {
+		u.startStamp = u.timed.Stamp()
+	}
 	if u.prefetch {
 		next := block + 1
 		if backward {
@@ -363,7 +400,12 @@ func (u *unitRuntime) Release(block int, units []int, backward bool) error {
 		if backward {
 			phase = "backward"
 		}
-		u.trace.span(fmt.Sprintf("%s block %d", phase, block), "compute", st.rank, 0, u.start, time.Now())
+		name := fmt.Sprintf("%s block %d", phase, block)
+		if u.timed != nil {
+			u.stamped = append(u.stamped, stampedSpan{name, "compute", 0, u.startStamp, u.timed.Stamp()})
+		} else {
+			u.trace.span(name, "compute", st.rank, 0, u.start, time.Now())
+		}
 	}
 	var first error
 	for _, ui := range units {
@@ -418,7 +460,8 @@ func (u *unitRuntime) bound() error {
 }
 
 // flush waits for the reduce-scatters in flight and recycles their buffers, and
-// for prefetched gathers nobody used (the pass ended), which it releases.
+// for prefetched gathers nobody used (the pass ended), which it releases; when
+// tracing on a device, it adds the pass's device spans (traceDevice).
 func (u *unitRuntime) flush() error {
 	var first error
 	for _, f := range u.inflight {
@@ -441,7 +484,30 @@ func (u *unitRuntime) flush() error {
 			u.bind(ui)
 		}
 	}
+	if err := u.traceDevice(); err != nil && first == nil {
+		first = err
+	}
 	return first
+}
+
+// traceDevice adds the pass's device spans to the trace, from their stamps'
+// times: it waits for the device (tracing only, once a pass).
+func (u *unitRuntime) traceDevice() error {
+	if u.timed == nil || len(u.stamped) == 0 {
+		return nil
+	}
+	times, err := u.timed.Times()
+	if err != nil {
+		return fmt.Errorf("timing the trace's spans: %w", err)
+	}
+	for _, s := range u.stamped {
+		if min(s.start, s.end) < 0 || max(s.start, s.end) >= len(times) {
+			return fmt.Errorf("timing the trace's spans: %d stamps, a span ends at stamp %d", len(times), s.end)
+		}
+		u.trace.span(s.name, s.cat, u.st.rank, s.tid, times[s.start], times[s.end])
+	}
+	u.stamped = u.stamped[:0]
+	return nil
 }
 
 var _ model.Hooks = (*unitRuntime)(nil)

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/shardline/shardline/config"
@@ -254,5 +255,75 @@ func TestLaunchOnGPUs(t *testing.T) {
 			require.NoError(t, err)
 			require.Contains(t, string(log), want, "the log names what the collectives ran on (%d GPUs for %d processes)", gpus, n)
 		})
+	}
+}
+
+// TestGPUTraceShowsOverlap: the --trace of an optim_grads_params run whose
+// ranks each have a GPU (NCCL) holds, per rank, the device's spans: block
+// compute on the compute stream (thread 0) and unit gathers and reductions on
+// the communication stream (thread 1), timed by CUDA events. On GPUs some
+// gather must run during a block's compute: the overlap the communication
+// stream exists for. It needs a GPU per rank, 4 ranks; the host emulator runs
+// 2 ranks on emulated GPUs and checks the spans alone (its communication
+// stream is lazy, running when awaited, so nothing overlaps there); with
+// fewer GPUs it is skipped, saying so.
+func TestGPUTraceShowsOverlap(t *testing.T) {
+	n := 4
+	if cuda.Emulated {
+		t.Setenv("SHARDLINE_EMU_DEVICES", "2")
+		n = 2
+	}
+	gpus, err := cuda.Count()
+	require.NoError(t, err)
+	if gpus < n {
+		t.Skipf("%d GPU(s) visible: the trace's communication stream needs NCCL, a GPU per rank (%d ranks)", gpus, n)
+	}
+	sets := []string{"parallel.device=cuda", "train.steps=2"}
+	if cuda.Emulated {
+		sets = append(sets, "model.layers=2", "model.seq_len=32")
+	}
+	res := engineRecipe(t, "tiny", n, "optim_grads_params", sets...)
+	trace := filepath.Join(t.TempDir(), "trace.json")
+	_, err = trainer.Run(context.Background(), res, trainer.Options{Backend: cpu.Backend{}, RankBackend: gpuPerRank(-1), Version: "test", TracePath: trace})
+	require.NoError(t, err)
+	b, err := os.ReadFile(trace)
+	require.NoError(t, err)
+	var tr struct {
+		TraceEvents []struct {
+			Name     string
+			Ts, Dur  float64
+			Pid, Tid int
+		}
+	}
+	require.NoError(t, json.Unmarshal(b, &tr))
+	for rank := 0; rank < n; rank++ {
+		var gathers, reduces, blocks, overlapping int
+		for _, g := range tr.TraceEvents {
+			if g.Pid != rank {
+				continue
+			}
+			require.GreaterOrEqual(t, g.Dur, 0.0, "span %s", g.Name)
+			switch {
+			case g.Tid == 1 && strings.HasPrefix(g.Name, "all_gather "):
+				gathers++
+				for _, c := range tr.TraceEvents {
+					if c.Pid == rank && c.Tid == 0 && strings.Contains(c.Name, " block ") && g.Ts < c.Ts+c.Dur && c.Ts < g.Ts+g.Dur {
+						overlapping++
+						break
+					}
+				}
+			case g.Tid == 1 && strings.HasPrefix(g.Name, "reduce_scatter "):
+				reduces++
+			case g.Tid == 0 && strings.Contains(g.Name, " block "):
+				blocks++
+			}
+		}
+		t.Logf("rank %d: %d gathers (%d during a block's compute), %d reduce-scatters, %d blocks", rank, gathers, overlapping, reduces, blocks)
+		require.NotZero(t, gathers, "rank %d: gathers on the communication stream", rank)
+		require.NotZero(t, reduces, "rank %d: reduce-scatters on the communication stream", rank)
+		require.NotZero(t, blocks, "rank %d: blocks on the compute stream", rank)
+		if !cuda.Emulated {
+			require.NotZero(t, overlapping, "rank %d: no gather ran during a block's compute", rank)
+		}
 	}
 }

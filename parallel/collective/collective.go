@@ -2,6 +2,7 @@ package collective
 
 import (
 	"fmt"
+	"time"
 	"unsafe"
 
 	"github.com/shardline/shardline/parallel/comm"
@@ -167,4 +168,14 @@ type Native interface {
 type Streamed interface {
 	Background(fn func() error) (mark int, err error)
 	Await(mark int)
+}
+
+// Timed is a Streamed memory that can time its streams' work, for traces:
+// Stamp marks the point the current stream (the communication stream inside
+// Background) has reached, and Times waits for every stamp since the last
+// call and returns their host times, in order (it waits: tracing only).
+type Timed interface {
+	Streamed
+	Stamp() int
+	Times() ([]time.Time, error)
 }
