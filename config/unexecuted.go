@@ -44,7 +44,10 @@ func NotExecuted(r *Recipe) []Unexecuted {
 	add(r.Train.LRDecaySteps != 0 && r.Train.LRSchedule == "constant", "train.lr_decay_steps", "a constant schedule has no decay to time", `remove lr_decay_steps, or set lr_schedule = "cosine" or "linear"`)
 	add(r.Precision.MainParamsDtype != "fp32", "precision.main_params_dtype", "the trainer keeps fp32 main weights", `set main_params_dtype = "fp32"`)
 	add(r.FSDP.UseNCCLUB && p.Device == "cpu", "fsdp.use_nccl_ub", "NCCL user buffers exist on GPUs only; the CPU trainer has no NCCL", "set use_nccl_ub = false")
-	add(r.FSDP.UseNCCLUB && gpu, "fsdp.use_nccl_ub", "cuda runs do not register their FSDP gather buffers with NCCL yet (they gather into buffers of their own)", "set use_nccl_ub = false")
+	units := r.FSDP.DataParallelShardingStrategy == "optim_grads" || r.FSDP.DataParallelShardingStrategy == "optim_grads_params"
+	add(r.FSDP.UseNCCLUB && gpu && (p.WorldSize == 1 || !units), "fsdp.use_nccl_ub",
+		"NCCL user buffers hold the FSDP units' gather and gradient arenas, which only optim_grads and optim_grads_params runs of several ranks have (one GPU has no NCCL)",
+		`set use_nccl_ub = false, or data_parallel_sharding_strategy = "optim_grads_params" with world_size above 1`)
 	add(p.CUDAExpandableSegments && p.Device == "cpu", "parallel.cuda_expandable_segments", "the CUDA allocator setting has no effect on the CPU", "set cuda_expandable_segments = false")
 	add(p.CUDAExpandableSegments && gpu, "parallel.cuda_expandable_segments", "shardline's GPU runs allocate every buffer once, before the first step, with no caching allocator whose segments could expand: the setting would change nothing", "set cuda_expandable_segments = false")
 	return out

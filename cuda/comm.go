@@ -61,11 +61,17 @@ func (d *Device) NewComm(id []byte, size, rank int) (*Comm, error) {
 func (c *Comm) Rank() int { return c.rank }
 func (c *Comm) Size() int { return c.size }
 
-// Close releases the user buffers still registered and the communicator, after
-// the work issued on the stream; Abort gives it up at once (a rank was lost).
+// Close deregisters the user buffers still registered (their memory is their
+// owner's) and releases the communicator, after the work issued on the
+// streams; Abort gives it up at once (a rank was lost).
 func (c *Comm) Close() error {
+	if err := c.d.syncStream(); err != nil {
+		return fmt.Errorf("cuda: closing an NCCL communicator: %w", err)
+	}
 	for p := range c.registered {
-		c.FreeUserBuffer(Buffer{ptr: p})
+		if err := c.deregister(p); err != nil {
+			return err
+		}
 	}
 	if err := c.d.syncStream(); err != nil {
 		return fmt.Errorf("cuda: closing an NCCL communicator: %w", err)
@@ -216,5 +222,52 @@ func offsets(counts []int) []int {
 	}
 	return off
 }
+
+// AllocUserBuffer allocates n elements of t with ncclMemAlloc and registers
+// them with comms (communicators of this device), so that collectives on them
+// (the FSDP runtime's arenas under use_nccl_ub) skip NCCL's internal staging
+// copies. Free it with FreeUserBuffer and the same communicators.
+func (d *Device) AllocUserBuffer(comms []*Comm, t DType, n int) (Buffer, error) {
+	if err := UserBuffers(); err != nil {
+		return Buffer{}, err
+	}
+	for _, c := range comms {
+		if c.d != d {
+			return Buffer{}, fmt.Errorf("cuda: a user buffer of device %d registered with a communicator of device %d", d.Ordinal, c.d.Ordinal)
+		}
+	}
+	b, err := d.ncclAlloc(t, n)
+	if err != nil {
+		return Buffer{}, err
+	}
+	for i, c := range comms {
+		if err := c.register(b); err != nil {
+			for _, prior := range comms[:i] {
+				_ = prior.deregister(b.ptr)
+			}
+			_ = d.ncclFree(b)
+			return Buffer{}, err
+		}
+	}
+	return b, nil
+}
+
+// FreeUserBuffer deregisters b from comms and frees it, after the work issued
+// on the streams; a failure is the device's error.
+func (d *Device) FreeUserBuffer(comms []*Comm, b Buffer) {
+	d.fail("freeing an NCCL user buffer", d.syncStream())
+	for _, c := range comms {
+		d.fail("deregistering a user buffer", c.deregister(b.ptr))
+	}
+	d.fail("freeing an NCCL user buffer", d.ncclFree(b))
+}
+
+// AllocUserBuffer is Device.AllocUserBuffer registered with c alone.
+func (c *Comm) AllocUserBuffer(t DType, n int) (Buffer, error) {
+	return c.d.AllocUserBuffer([]*Comm{c}, t, n)
+}
+
+// FreeUserBuffer is Device.FreeUserBuffer for a buffer c.AllocUserBuffer made.
+func (c *Comm) FreeUserBuffer(b Buffer) { c.d.FreeUserBuffer([]*Comm{c}, b) }
 
 func versionString(v int) string { return fmt.Sprintf("%d.%d.%d", v/10000, v/100%100, v%100) }

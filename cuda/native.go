@@ -5,10 +5,12 @@ package cuda
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/shardline/shardline/parallel/collective"
 	"github.com/shardline/shardline/parallel/comm"
+	"github.com/shardline/shardline/tensor"
 )
 
 // Collectives makes c's group on m's buffers over NCCL (collective.Native):
@@ -19,7 +21,8 @@ import (
 // communicator. Where two members share a GPU it returns no group and says
 // which (NCCL refuses two ranks on one device; the caller stages c through
 // the host). A member that cannot load NCCL fails the call on every member,
-// naming itself. close destroys the communicator.
+// naming itself, unless it is the group's only member (staged then: a group
+// of one only copies). close destroys the communicator.
 func (m *Memory) Collectives(c comm.Communicator) (collective.Group, func(), string, error) {
 	// Per member: its device's UUID (16 bytes as exact float32 values),
 	// whether it loaded NCCL, and its process id (below 2²⁴ on Linux, so exact
@@ -61,6 +64,9 @@ func (m *Memory) Collectives(c comm.Communicator) (collective.Group, func(), str
 	}
 	if len(shared) > 0 {
 		return nil, nil, strings.Join(shared, "; "), nil
+	}
+	if loadErr != nil && c.Size() == 1 {
+		return nil, nil, fmt.Sprintf("a group of one, and %v", loadErr), nil // it needs no NCCL
 	}
 	if loadErr != nil {
 		return nil, nil, "", loadErr
@@ -105,7 +111,37 @@ func (m *Memory) Collectives(c comm.Communicator) (collective.Group, func(), str
 	return g, closeAll, "", nil
 }
 
+// AllocRegistered allocates n zeroed values of t as an NCCL user buffer
+// registered with every one of groups' communicators (collective.Registered;
+// groups are NCCL groups this memory made). Free deregisters and frees it.
+func (m *Memory) AllocRegistered(t tensor.DType, n int, groups []collective.Group) (tensor.Buffer, error) {
+	var comms []*Comm
+	for _, g := range groups {
+		ng, ok := g.(*Group)
+		if !ok || ng.m != m {
+			return tensor.Buffer{}, fmt.Errorf("cuda: registering a user buffer with a group that is not an NCCL group of this memory")
+		}
+		if !slices.Contains(comms, ng.c) {
+			comms = append(comms, ng.c)
+		}
+	}
+	var b Buffer
+	var err error
+	m.d.run(func() {
+		if b, err = m.d.AllocUserBuffer(comms, t, n); err == nil {
+			m.d.Zero(b)
+		}
+	})
+	if err != nil {
+		return tensor.Buffer{}, err
+	}
+	s := &storage{buf: b, mem: m}
+	s.release = func() { m.d.FreeUserBuffer(comms, b) }
+	return tensor.NewBuffer(s, 0, n), nil
+}
+
 var (
-	_ collective.Native = (*Memory)(nil)
-	_ collective.Timed  = (*Memory)(nil)
+	_ collective.Registered = (*Memory)(nil)
+	_ collective.Native     = (*Memory)(nil)
+	_ collective.Timed      = (*Memory)(nil)
 )

@@ -291,42 +291,43 @@ func UserBuffers() error {
 	return nil
 }
 
-// AllocUserBuffer allocates n elements of t with ncclMemAlloc and registers
-// them with the communicator, so that collectives on them (the FSDP gather
-// buffers under use_nccl_ub) skip NCCL's internal staging copies. Free it with
-// FreeUserBuffer (or Close).
-func (c *Comm) AllocUserBuffer(t DType, n int) (Buffer, error) {
-	if err := UserBuffers(); err != nil {
-		return Buffer{}, err
-	}
-	bytes := C.size_t(int64(n) * int64(t.Size()))
+// ncclAlloc allocates n elements of t with ncclMemAlloc, on the device
+// current on this thread (the device's goroutine).
+func (d *Device) ncclAlloc(t DType, n int) (Buffer, error) {
 	var p C.ulonglong
-	if r := C.nc_memalloc(&p, bytes); r != 0 {
-		return Buffer{}, c.wrap(fmt.Sprintf("ncclMemAlloc of %d %s values", n, t), c.fail(r))
+	if r := C.nc_memalloc(&p, C.size_t(int64(n)*int64(t.Size()))); r != 0 {
+		return Buffer{}, fmt.Errorf("cuda: ncclMemAlloc of %d %s values: %s", n, t, ncclErrString(r))
 	}
-	var h unsafe.Pointer
-	if r := C.nc_register(c.h, p, bytes, &h); r != 0 {
-		C.nc_memfree(p)
-		return Buffer{}, c.wrap("ncclCommRegister", c.fail(r))
-	}
-	b := Buffer{ptr: cu.DevicePtr(p), N: n, DType: t}
-	c.registered[b.ptr] = h
-	return b, nil
+	return Buffer{ptr: cu.DevicePtr(p), N: n, DType: t}, nil
 }
 
-// FreeUserBuffer deregisters and frees a buffer AllocUserBuffer made, after
-// the work issued on the stream.
-func (c *Comm) FreeUserBuffer(b Buffer) {
-	h, ok := c.registered[b.ptr]
-	if !ok {
-		return
-	}
-	delete(c.registered, b.ptr)
-	c.d.fail("freeing an NCCL user buffer", c.d.syncStream())
-	if r := C.nc_deregister(c.h, h); r != 0 {
-		c.d.fail("ncclCommDeregister", c.wrap("deregistering a user buffer", c.fail(r)))
-	}
+// ncclFree frees what ncclAlloc allocated.
+func (d *Device) ncclFree(b Buffer) error {
 	if r := C.nc_memfree(C.ulonglong(b.ptr)); r != 0 {
-		c.d.fail("ncclMemFree", c.wrap("freeing a user buffer", c.fail(r)))
+		return fmt.Errorf("cuda: ncclMemFree: %s", ncclErrString(r))
 	}
+	return nil
+}
+
+// register registers b with the communicator (ncclCommRegister).
+func (c *Comm) register(b Buffer) error {
+	var h unsafe.Pointer
+	if r := C.nc_register(c.h, C.ulonglong(b.ptr), C.size_t(b.Bytes()), &h); r != 0 {
+		return c.wrap("ncclCommRegister", c.fail(r))
+	}
+	c.registered[b.ptr] = h
+	return nil
+}
+
+// deregister undoes register.
+func (c *Comm) deregister(p devicePtr) error {
+	h, ok := c.registered[p]
+	if !ok {
+		return nil
+	}
+	delete(c.registered, p)
+	if r := C.nc_deregister(c.h, h); r != 0 {
+		return c.wrap("ncclCommDeregister", c.fail(r))
+	}
+	return nil
 }

@@ -383,21 +383,23 @@ func view[T any](b []byte) []T {
 // UserBuffers: the emulator's NCCL has them (plain emulated device memory).
 func UserBuffers() error { return nil }
 
-// AllocUserBuffer allocates n elements of t, registered with the
-// communicator (in the emulator, only recorded).
-func (c *Comm) AllocUserBuffer(t DType, n int) (Buffer, error) {
-	b, err := c.d.Alloc(t, n)
-	if err != nil {
-		return Buffer{}, err
-	}
-	c.registered[b.ptr] = nil
-	return b, nil
+// ncclAlloc allocates emulated device memory.
+func (d *Device) ncclAlloc(t DType, n int) (Buffer, error) { return d.Alloc(t, n) }
+
+// ncclFree frees it.
+func (d *Device) ncclFree(b Buffer) error {
+	d.Free(b)
+	return nil
 }
 
-// FreeUserBuffer frees a buffer AllocUserBuffer made.
-func (c *Comm) FreeUserBuffer(b Buffer) {
-	if _, ok := c.registered[b.ptr]; ok {
-		delete(c.registered, b.ptr)
-		c.d.Free(b)
-	}
+// register records b as registered with the communicator.
+func (c *Comm) register(b Buffer) error {
+	c.registered[b.ptr] = nil
+	return nil
+}
+
+// deregister undoes register.
+func (c *Comm) deregister(p devicePtr) error {
+	delete(c.registered, p)
+	return nil
 }

@@ -28,6 +28,9 @@ func (d *Device) NewMemory() *Memory { return &Memory{d: d} }
 type storage struct {
 	buf Buffer // the whole allocation
 	mem *Memory
+	// release frees buf when it was not allocated by Device.Alloc (an NCCL
+	// user buffer); nil otherwise.
+	release func()
 }
 
 func (s *storage) DType() tensor.DType { return s.buf.DType }
@@ -101,7 +104,11 @@ func (m *Memory) free(b tensor.Buffer) {
 	}
 	if s.buf.ptr != 0 {
 		m.d.fail("free", m.d.syncStream())
-		m.d.Free(s.buf)
+		if s.release != nil {
+			s.release()
+		} else {
+			m.d.Free(s.buf)
+		}
 		s.buf.ptr = 0
 	}
 }

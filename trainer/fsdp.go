@@ -1,7 +1,9 @@
 package trainer
 
 import (
+	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -154,7 +156,7 @@ func newCollectiveStream(st *state) *comm.Stream {
 	return comm.NewStream(st.world)
 }
 
-func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, capElems int64, tr *tracer) *unitRuntime {
+func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, capElems int64, tr *tracer) (*unitRuntime, error) {
 	p := st.plan
 	u := &unitRuntime{st: st, m: m, stream: newCollectiveStream(st), prefetch: prefetch && st.perUnit, async: async,
 		capBytes: 4 * capElems, trace: tr, weights: st.perUnit}
@@ -221,10 +223,56 @@ func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, ca
 	if st.bf16 {
 		wdt = tensor.BFloat16
 	}
-	u.wpool = newUnitPool(st.mem, wdt, p.Buffers.Gather, p.Buffers.GatherSlot)
-	u.gpool = newUnitPool(st.mem, tensor.Float32, p.Buffers.Reduce, p.Buffers.ReduceSlot)
+	alloc, err := u.arenaAlloc()
+	if err != nil {
+		return nil, err
+	}
+	if u.wpool, err = newUnitPool(st.mem, alloc, wdt, p.Buffers.Gather, p.Buffers.GatherSlot); err != nil {
+		return nil, err
+	}
+	if u.gpool, err = newUnitPool(st.mem, alloc, tensor.Float32, p.Buffers.Reduce, p.Buffers.ReduceSlot); err != nil {
+		return nil, err
+	}
 	u.woff, u.goff = make([]int64, n), make([]int64, n)
-	return u
+	return u, nil
+}
+
+// arenaAlloc is how the runtime's two arenas are allocated: in the rank's
+// memory, or, under use_nccl_ub, as NCCL user buffers registered with every
+// group whose units gather or reduce through them (collective.Registered),
+// which needs every such group to run on NCCL.
+func (u *unitRuntime) arenaAlloc() (func(t tensor.DType, n int) (tensor.Buffer, error), error) {
+	st := u.st
+	plain := func(t tensor.DType, n int) (tensor.Buffer, error) { return st.mem.Alloc(t, n), nil }
+	if !st.userBuffers {
+		return plain, nil
+	}
+	reg, ok := st.mem.(collective.Registered)
+	refuse := func(why string) error {
+		return &KeyError{Key: "fsdp.use_nccl_ub", Value: true, Err: errors.New(why), Fix: "set use_nccl_ub = false"}
+	}
+	if !ok {
+		return nil, refuse("this backend's memory has no NCCL user buffers")
+	}
+	var groups []collective.Group
+	for ui := range st.plan.Units {
+		for _, gi := range u.groups[ui] {
+			if g := st.comms[gi]; !slices.Contains(groups, g) {
+				groups = append(groups, g)
+			}
+		}
+	}
+	for _, g := range groups {
+		if !st.isNative(g) {
+			return nil, refuse("ranks of this run share GPUs, so their FSDP collectives are staged through the host and there is no NCCL communicator to register the buffers with (run one rank per GPU)")
+		}
+	}
+	return func(t tensor.DType, n int) (tensor.Buffer, error) {
+		if n == 0 || len(groups) == 0 {
+			return plain(t, n)
+		}
+		return reg.AllocRegistered(t, n, groups)
+	}, nil
 }
 
 // unitPool hands out unit buffers of one dtype carved from one arena of the
@@ -238,10 +286,15 @@ type unitPool struct {
 	apart, extra int64 // elements held apart now, and at most
 }
 
-// newUnitPool allocates an arena of n elements of dtype t in mem, handed out
-// in slots of slot elements.
-func newUnitPool(mem tensor.Memory, t tensor.DType, n, slot int64) *unitPool {
-	return &unitPool{mem: mem, arena: mem.Alloc(t, int(n)), fit: parallel.NewArena(n, slot)}
+// newUnitPool allocates (with alloc) an arena of n elements of dtype t, handed
+// out in slots of slot elements; what the arena cannot hold is allocated in
+// mem.
+func newUnitPool(mem tensor.Memory, alloc func(tensor.DType, int) (tensor.Buffer, error), t tensor.DType, n, slot int64) (*unitPool, error) {
+	arena, err := alloc(t, int(n))
+	if err != nil {
+		return nil, fmt.Errorf("the FSDP unit arena (%d %s values): %w", n, t, err)
+	}
+	return &unitPool{mem: mem, arena: arena, fit: parallel.NewArena(n, slot)}, nil
 }
 
 // get returns n elements and their offset in the arena (−1: allocated apart).

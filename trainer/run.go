@@ -624,7 +624,9 @@ func (t *run) openModel(startStep int) error {
 		return fmt.Errorf("building the model: %w", err)
 	}
 	if t.st.unitGrads {
-		t.rt = newUnitRuntime(t.st, t.m, r.FSDP.OverlapParamGather, r.FSDP.OverlapGradReduce, r.FSDP.SuggestedCommunicationUnitSize, t.trace)
+		if t.rt, err = newUnitRuntime(t.st, t.m, r.FSDP.OverlapParamGather, r.FSDP.OverlapGradReduce, r.FSDP.SuggestedCommunicationUnitSize, t.trace); err != nil {
+			return err
+		}
 		t.m.SetHooks(t.rt)
 	}
 	t.bufs = newStepBufs(B, T, t.plan.Mesh.CP, t.st.mem, historyRows(r))

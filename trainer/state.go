@@ -66,6 +66,7 @@ type state struct {
 	nativeOf    map[string]collective.Group // the device's groups, by axis
 	native      bool
 	closers     []func()
+	userBuffers bool // use_nccl_ub: the runtime's arenas are NCCL user buffers
 	collectives []string
 	// world is the world's communicator, for the host's exchanges (checkpoints,
 	// evaluation), and worldG its collectives on buffers (the step's statistics).
@@ -151,7 +152,7 @@ type groupsFor func(rank int, axis parallel.Axis) (comm.Communicator, error)
 
 func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, world comm.Communicator, groups groupsFor) (*state, error) {
 	s := &state{plan: p, rank: rank, bf16: r.Precision.BF16, reduceBF16: r.FSDP.GradReduceInBF16, be: be, world: world,
-		sharded:   r.FSDP.DataParallelShardingStrategy != "no_shard",
+		sharded: r.FSDP.DataParallelShardingStrategy != "no_shard", userBuffers: r.FSDP.UseNCCLUB,
 		perUnit:   r.FSDP.DataParallelShardingStrategy == "optim_grads_params",
 		unitGrads: r.FSDP.DataParallelShardingStrategy == "optim_grads_params" || r.FSDP.DataParallelShardingStrategy == "optim_grads",
 		wviews:    make([]tensor.Buffer, len(p.Params)), gviews: make([]tensor.Buffer, len(p.Params))}
@@ -263,6 +264,16 @@ func (s *state) onBuffers(c comm.Communicator, name string) (collective.Group, e
 	}
 	s.groupOf[c] = g
 	return g, nil
+}
+
+// isNative reports whether g runs on the device's collectives (NCCL).
+func (s *state) isNative(g collective.Group) bool {
+	for _, n := range s.nativeOf {
+		if n == g {
+			return true
+		}
+	}
+	return false
 }
 
 // close releases the device's communicators (NCCL), if any.

@@ -80,7 +80,9 @@ func TestEngineSharesOneGPU(t *testing.T) {
 // test asks for two emulated devices (SHARDLINE_EMU_DEVICES), so both ranks
 // run on devices of their own with the emulator's NCCL (ranks that share a
 // device are TestEngineSharesOneGPU's); moe-tiny runs expert parallelism over
-// the two ranks, so the experts' exchanges go over NCCL too.
+// the two ranks, so the experts' exchanges go over NCCL too, and tiny runs
+// again with its FSDP arenas as NCCL user buffers (use_nccl_ub; where the
+// ranks have GPUs of their own).
 func TestRanksOnTheirGPUs(t *testing.T) {
 	var small []string
 	if cuda.Emulated {
@@ -94,14 +96,22 @@ func TestRanksOnTheirGPUs(t *testing.T) {
 	if gpus >= n {
 		want = "the device's (NCCL)"
 	}
-	for recipe, tol := range map[string]float64{"tiny": 1e-4, "moe-tiny": 5e-3} {
-		sets := small
-		if recipe == "moe-tiny" {
-			sets = append(slices.Clone(small), "parallel.expert_parallel=2")
+	for _, tc := range []struct {
+		name, recipe string
+		tol          float64
+		sets, gpu    []string // gpu: settings of the GPU run alone
+	}{
+		{"tiny", "tiny", 1e-4, nil, nil},
+		{"moe-tiny", "moe-tiny", 5e-3, []string{"parallel.expert_parallel=2"}, nil},
+		{"tiny with NCCL user buffers", "tiny", 1e-4, []string{"fsdp.fsdp_double_buffer=true"}, []string{"fsdp.use_nccl_ub=true"}}, // which implies the double buffer
+	} {
+		recipe, tol, sets := tc.recipe, tc.tol, append(slices.Clone(small), tc.sets...)
+		if tc.gpu != nil && gpus < n {
+			continue // user buffers need NCCL: TestUserBuffersNeedNCCL
 		}
-		t.Run(recipe, func(t *testing.T) {
+		t.Run(tc.name, func(t *testing.T) {
 			ref := engineRun(t, recipe, cpu.Backend{}, n, "optim_grads_params", sets...)
-			res := engineRecipe(t, recipe, n, "optim_grads_params", append(sets, "parallel.device=cuda")...)
+			res := engineRecipe(t, recipe, n, "optim_grads_params", append(append(slices.Clone(sets), "parallel.device=cuda"), tc.gpu...)...)
 			out, err := trainer.Run(context.Background(), res, trainer.Options{Backend: cpu.Backend{}, RankBackend: gpuPerRank(-1), Version: "test"})
 			require.NoError(t, err)
 			got := readCurve(t, out.Dir)
@@ -114,7 +124,7 @@ func TestRanksOnTheirGPUs(t *testing.T) {
 			require.Equal(t, ref[len(ref)-1].MemHeld, last.MemHeld, "memory held per rank: the GPUs' against the CPU's")
 			ratio := float64(last.MemHeld) / float64(last.MemPlan)
 			t.Logf("held %d bytes per rank, the plan %d (%.4f)", last.MemHeld, last.MemPlan, ratio)
-			if recipe == "tiny" {
+			if recipe != "moe-tiny" {
 				require.InDelta(t, 1, ratio, 0.05, "memory held per rank against the plan")
 			}
 			log, err := os.ReadFile(filepath.Join(out.Dir, "run.log"))
@@ -326,4 +336,22 @@ func TestGPUTraceShowsOverlap(t *testing.T) {
 			require.NotZero(t, overlapping, "rank %d: no gather ran during a block's compute", rank)
 		}
 	}
+}
+
+// TestUserBuffersNeedNCCL: use_nccl_ub on ranks that share a GPU (their
+// collectives staged through the host, no NCCL communicator to register with)
+// is refused at the key, saying why and what to change.
+func TestUserBuffersNeedNCCL(t *testing.T) {
+	if cuda.Emulated {
+		t.Setenv("SHARDLINE_EMU_DEVICES", "1")
+	} else if gpus, err := cuda.Count(); err != nil || gpus != 1 {
+		t.Skipf("needs ranks sharing a GPU: one GPU visible (%d, %v)", gpus, err)
+	}
+	res := engineRecipe(t, "tiny", 2, "optim_grads_params", "model.layers=1", "model.seq_len=32", "train.steps=1", "parallel.device=cuda", "fsdp.use_nccl_ub=true")
+	_, err := trainer.Run(context.Background(), res, trainer.Options{Backend: cpu.Backend{}, RankBackend: gpuPerRank(-1), Version: "test"})
+	var ke *trainer.KeyError
+	require.ErrorAs(t, err, &ke)
+	require.Equal(t, "fsdp.use_nccl_ub", ke.Key)
+	require.Contains(t, ke.Error(), "share GPUs")
+	require.Contains(t, ke.Error(), "set use_nccl_ub = false")
 }

@@ -179,3 +179,11 @@ type Timed interface {
 	Stamp() int
 	Times() ([]time.Time, error)
 }
+
+// Registered is a Native memory that allocates buffers registered with its
+// groups' communicators (NCCL user buffers, use_nccl_ub): collectives on them
+// skip the library's staging copies. groups are groups Collectives made; the
+// buffer is zeroed, and Free releases it.
+type Registered interface {
+	AllocRegistered(t tensor.DType, n int, groups []Group) (tensor.Buffer, error)
+}
