@@ -26,16 +26,21 @@ import (
 // Background runs fn with the device's work issued on the communication
 // stream after the compute work issued so far, and returns a mark of the
 // background work issued so far, for Await. It runs on the device's goroutine.
+// After a failure fn still runs (callers wait for what it does; the device
+// skips its work), and the mark is -1, which Await ignores.
 func (d *Device) Background(fn func()) (mark int) {
 	d.run(func() {
-		if d.err != nil {
-			return
+		mark = -1
+		ok := d.err == nil
+		if ok {
+			d.fenceComm()
 		}
-		d.fenceComm()
 		d.drv.onComm = true
 		defer func() { d.drv.onComm = false }()
 		fn()
-		mark = d.markComm()
+		if ok && d.err == nil {
+			mark = d.markComm()
+		}
 	})
 	return mark
 }
@@ -44,7 +49,7 @@ func (d *Device) Background(fn func()) (mark int) {
 // work mark covers. A mark is awaited once.
 func (d *Device) Await(mark int) {
 	d.run(func() {
-		if d.err == nil {
+		if d.err == nil && mark >= 0 {
 			d.awaitComm(mark)
 		}
 	})

@@ -14,7 +14,9 @@ import (
 // not await sees the old values, as the emulator promises (a missing Await is
 // then a wrong result, not a race); on a GPU that case is a race and is not
 // checked. A matrix product inside Background is refused (cuBLASLt's handle
-// is bound to the compute stream). Values are moved, not summed: exact.
+// is bound to the compute stream), and after that failure Background still
+// runs its function, with a mark Await ignores. Values are moved, not
+// summed: exact.
 func TestCommunicationStream(t *testing.T) {
 	const n = 4096
 	comms := ncclGroup(t, []*Device{dev})
@@ -61,6 +63,13 @@ func TestCommunicationStream(t *testing.T) {
 		a := upload(dev, F32, rankValues(1, 16))
 		defer dev.Free(a)
 		dev.Background(func() { dev.gemmBatched(false, false, 4, 4, 4, a, 4, 0, a, 4, 0, 0, a, 4, 0, 1) })
+		// After the failure, fn still runs (a caller waits on what it
+		// does) and the mark is one Await ignores.
+		ran := false
+		if mark := dev.Background(func() { ran = true }); mark != -1 || !ran {
+			t.Errorf("Background after a failure: mark %d, fn ran %v", mark, ran)
+		}
+		dev.Await(-1)
 		err = dev.Err()
 	})
 	if err == nil || !strings.Contains(err.Error(), "inside Background") {
