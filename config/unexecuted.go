@@ -24,14 +24,16 @@ func NotExecuted(r *Recipe) []Unexecuted {
 	}
 	p, c := r.Parallel, r.Checkpoint
 	// parallel.device = "cuda" runs in shardline-cuda (docs/cuda.md): one rank
-	// per GPU (NCCL) or ranks sharing one (collectives staged through the host),
-	// no recomputation, tensor or context parallelism yet.
+	// on the one-GPU engine (trainer/gpu); several on the engine the CPU runs
+	// (trainer/model and the FSDP runtime) over each rank's GPU, one per GPU
+	// (NCCL) or sharing them (staged through the host). Neither recomputes
+	// yet: the engine's full recomputation trains on the host emulator's GPUs,
+	// but the multi-GPU engine holds fp32 unit gradients, whole logits and
+	// the CPU's scratch, so the plans of the recipes that recompute would
+	// follow it past an H100 (docs/cuda.md).
 	gpu := p.Device == "cuda"
 	add(gpu && r.Model.Heads > 0 && !slices.Contains([]int{32, 64, 128}, r.Model.HeadSize()), "model.heads", "the GPU attention kernels take head sizes (head_dim, or hidden/heads) of 32, 64 or 128", "choose heads (or head_dim) so that the head size is 32, 64 or 128")
-	add(gpu && r.ActivationCheckpoint.Mode != "none", "activation_checkpoint.mode", "cuda runs keep every activation (recomputation is not wired on the GPU)", `set mode = "none"`)
-	tp := p.TensorParallel != 1
-	add(tp && gpu, "parallel.tensor_parallel", "cuda runs do not split layers over GPUs yet (tensor parallelism runs on the CPU)", `set tensor_parallel = 1, or device = "cpu"`)
-	add(gpu && p.ContextParallel != 1, "parallel.context_parallel", "cuda runs do not split sequences over GPUs yet (context parallelism runs on the CPU)", `set context_parallel = 1, or device = "cpu"`)
+	add(gpu && r.ActivationCheckpoint.Mode != "none", "activation_checkpoint.mode", "cuda runs keep every activation: the one-GPU engine does not recompute, and recomputation on several GPUs waits until their engine's memory fits the recipes that use it (docs/cuda.md)", `set mode = "none"`)
 	// selective recomputes the attention probabilities (Megatron's core
 	// attention); the CPU's flash attention keeps none, so it would train exactly
 	// as none does.

@@ -103,6 +103,9 @@ func TestRanksOnTheirGPUs(t *testing.T) {
 	}{
 		{"tiny", "tiny", 1e-4, nil, nil},
 		{"moe-tiny", "moe-tiny", 5e-3, []string{"parallel.expert_parallel=2"}, nil},
+		{"tiny tp2", "tiny", 1e-4, []string{"parallel.tensor_parallel=2"}, nil},
+		{"tiny cp2", "tiny", 1e-4, []string{"parallel.context_parallel=2"}, nil},
+		{"moe-tiny tp2", "moe-tiny", 5e-3, []string{"parallel.tensor_parallel=2"}, nil},
 		{"tiny with NCCL user buffers", "tiny", 1e-4, []string{"fsdp.fsdp_double_buffer=true"}, []string{"fsdp.use_nccl_ub=true"}}, // which implies the double buffer
 	} {
 		recipe, tol, sets := tc.recipe, tc.tol, append(slices.Clone(small), tc.sets...)
