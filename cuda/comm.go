@@ -4,6 +4,7 @@ package cuda
 
 import (
 	"fmt"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -34,6 +35,7 @@ type Comm struct {
 	h          commHandle
 	rank, size int
 	registered map[devicePtr]unsafe.Pointer // user buffers: address → the library's registration handle
+	aborted    atomic.Bool                  // Abort ran: the communicator is gone
 }
 
 // NewComm joins rank of a group of size ranks made from id (NewUniqueID's,
@@ -65,6 +67,9 @@ func (c *Comm) Size() int { return c.size }
 // owner's) and releases the communicator, after the work issued on the
 // streams; Abort gives it up at once (a rank was lost).
 func (c *Comm) Close() error {
+	if c.aborted.Load() {
+		return nil // Abort released it
+	}
 	if err := c.d.syncStream(); err != nil {
 		return fmt.Errorf("cuda: closing an NCCL communicator: %w", err)
 	}
@@ -101,6 +106,9 @@ func ncclType(t DType) (int, error) {
 // no earlier failure on the device's stream (which would leave the peers
 // waiting on data this rank never makes: the caller aborts the job instead).
 func (c *Comm) operands(op string, dst, src Buffer, dstLen, srcLen int) (int, error) {
+	if c.aborted.Load() {
+		return 0, fmt.Errorf("cuda: NCCL %s (rank %d of %d): the communicator was given up (a rank of the job was lost)", op, c.rank, c.size)
+	}
 	if c.d.err != nil {
 		return 0, fmt.Errorf("cuda: NCCL %s after a failure on the stream: %w", op, c.d.err)
 	}

@@ -173,6 +173,14 @@ func (g *Group) allToAllHost(dst, src []float32, send, recv []int) error {
 	return nil
 }
 
+// AsyncErr is the communicator's failure, if NCCL met one on its own
+// (collective.Abortable). It may be called from any goroutine.
+func (g *Group) AsyncErr() error { return g.c.AsyncErr() }
+
+// Abort gives the communicator up from any goroutine: collectives waiting on
+// a lost rank end, and the device's stream with them.
+func (g *Group) Abort() { g.c.Abort() }
+
 // Close frees the group's staging (not the communicator).
 func (g *Group) Close() { g.m.d.run(g.close) }
 

@@ -191,12 +191,20 @@ func (c *Comm) destroy() error {
 	return nil
 }
 
-// Abort ends the communicator without waiting for its collectives.
-func (c *Comm) Abort() { C.nc_abort(c.h) }
+// Abort ends the communicator without waiting for its collectives, from any
+// goroutine (ncclCommAbort); once only.
+func (c *Comm) Abort() {
+	if c.aborted.CompareAndSwap(false, true) {
+		C.nc_abort(c.h)
+	}
+}
 
 // AsyncErr is an error NCCL met while running the communicator's collectives
 // (a peer gone, a network failure), nil if none.
 func (c *Comm) AsyncErr() error {
+	if c.aborted.Load() {
+		return nil
+	}
 	var ar C.nc_res
 	if r := C.nc_async(c.h, &ar); r != 0 {
 		return fmt.Errorf("cuda: ncclCommGetAsyncError: %s", ncclErrString(r))
@@ -326,6 +334,9 @@ func (c *Comm) deregister(p devicePtr) error {
 		return nil
 	}
 	delete(c.registered, p)
+	if c.aborted.Load() {
+		return nil // ncclCommAbort released the registrations with the communicator
+	}
 	if r := C.nc_deregister(c.h, h); r != 0 {
 		return c.wrap("ncclCommDeregister", c.fail(r))
 	}

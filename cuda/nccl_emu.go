@@ -94,14 +94,16 @@ type emuBarrier struct {
 	n, in   int
 	arrived []bool
 	release chan struct{}
+	abort   chan struct{} // closed when the group is given up (poisoned)
 }
 
 func newEmuBarrier(n int) *emuBarrier {
-	return &emuBarrier{n: n, arrived: make([]bool, n), release: make(chan struct{})}
+	return &emuBarrier{n: n, arrived: make([]bool, n), release: make(chan struct{}), abort: make(chan struct{})}
 }
 
 // wait blocks until all n parties have called it (rank is the caller), or
-// returns the ranks missing after emuNCCLTimeout.
+// returns the ranks missing after emuNCCLTimeout or once the group is given
+// up.
 func (b *emuBarrier) wait(rank int) (missing []int) {
 	b.mu.Lock()
 	ch := b.release
@@ -114,24 +116,27 @@ func (b *emuBarrier) wait(rank int) (missing []int) {
 		return nil
 	}
 	b.mu.Unlock()
+	timer := time.NewTimer(emuNCCLTimeout)
+	defer timer.Stop()
 	select {
 	case <-ch:
 		return nil
-	case <-time.After(emuNCCLTimeout):
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		select {
-		case <-ch: // released as the timer fired
-			return nil
-		default:
-		}
-		for r, ok := range b.arrived {
-			if !ok {
-				missing = append(missing, r)
-			}
-		}
-		return missing
+	case <-b.abort:
+	case <-timer.C:
 	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	select {
+	case <-ch: // released as the timer fired
+		return nil
+	default:
+	}
+	for r, ok := range b.arrived {
+		if !ok {
+			missing = append(missing, r)
+		}
+	}
+	return missing
 }
 
 // commHandle is the rank's view of its emulated group.
@@ -171,8 +176,12 @@ func (c *Comm) init(id []byte) error {
 
 func (c *Comm) destroy() error { return nil }
 
-// Abort gives the communicator up: its peers' waits time out.
-func (c *Comm) Abort() { c.poison(errors.New("aborted")) }
+// Abort gives the communicator up, from any goroutine: every rank's wait in
+// the group ends with an error, as NCCL's kernels end after ncclCommAbort.
+func (c *Comm) Abort() {
+	c.aborted.Store(true)
+	c.poison(errors.New("aborted"))
+}
 
 // AsyncErr is the group's failure, if a wait timed out.
 func (c *Comm) AsyncErr() error {
@@ -185,6 +194,7 @@ func (c *Comm) poison(err error) {
 	c.h.mu.Lock()
 	if c.h.poisoned == nil {
 		c.h.poisoned = err
+		close(c.h.meet.abort)
 	}
 	c.h.mu.Unlock()
 }
@@ -200,6 +210,9 @@ func (c *Comm) meet(p emuPost, agree func(me, peer emuPost, r int) error, pull f
 	g := c.h
 	g.posts[c.rank] = p
 	if missing := g.meet.wait(c.rank); missing != nil {
+		if err := c.AsyncErr(); err != nil {
+			return fmt.Errorf("the group was given up while ranks %v had not issued it: %w", missing, err)
+		}
 		err := fmt.Errorf("ranks %v did not issue it within %v: ranks issuing a group's collectives in different orders wait on each other", missing, emuNCCLTimeout)
 		c.poison(err)
 		return err

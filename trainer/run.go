@@ -417,6 +417,11 @@ func runRanks(ctx context.Context, r *config.Recipe, res *config.Resolved, opts 
 				defer t.releaseBackend()
 				results[rank], errs[rank] = t.train(ctx, world.Rank(rank), groups)
 			}
+			if errs[rank] != nil && t.st != nil && t.st.lostWorld.Load() {
+				// The device's collectives were given up because another rank
+				// failed: that rank's error explains the run, not this one.
+				errs[rank] = &comm.RankError{Op: "the device's collectives", Err: fmt.Errorf("world aborted: %w", errs[rank])}
+			}
 			if errs[rank] != nil {
 				world.Abort(fmt.Errorf("rank %d: %w", rank, errs[rank]))
 			}

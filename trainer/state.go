@@ -2,6 +2,8 @@ package trainer
 
 import (
 	"fmt"
+	"sync/atomic"
+	"time"
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
@@ -67,6 +69,10 @@ type state struct {
 	native      bool
 	closers     []func()
 	userBuffers bool // use_nccl_ub: the runtime's arenas are NCCL user buffers
+	// abortable are the device's groups (NCCL), which watch gives up when the
+	// job is lost; lostWorld is set when it did so because the world aborted.
+	abortable   []collective.Abortable
+	lostWorld   atomic.Bool
 	collectives []string
 	// world is the world's communicator, for the host's exchanges (checkpoints,
 	// evaluation), and worldG its collectives on buffers (the step's statistics).
@@ -211,7 +217,56 @@ func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, w
 		s.close()
 		return nil, err
 	}
+	s.watch()
 	return s, nil
+}
+
+// watchInterval is how often watch asks the device's groups for failures of
+// their own.
+const watchInterval = 500 * time.Millisecond
+
+// watch gives the device's groups up (NCCL's abort) when the job is lost:
+// the world aborted (a rank of this process failed; a collective of this
+// process failed, over TCP) or a group reports a failure of its own (a peer
+// process gone). Without it, collectives waiting on a lost rank would hold
+// the GPU, and this rank's next read-back, forever. close stops it first.
+func (s *state) watch() {
+	if len(s.abortable) == 0 {
+		return
+	}
+	var aborted <-chan struct{}
+	if a, ok := s.world.(comm.Aborting); ok {
+		aborted = a.Aborted()
+	}
+	stop, done := make(chan struct{}), make(chan struct{})
+	giveUp := func() {
+		for _, a := range s.abortable {
+			a.Abort()
+		}
+	}
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(watchInterval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-aborted:
+				s.lostWorld.Store(true)
+				giveUp()
+				return
+			case <-tick.C:
+				for _, a := range s.abortable {
+					if a.AsyncErr() != nil {
+						giveUp()
+						return
+					}
+				}
+			}
+		}
+	}()
+	s.closers = append([]func(){func() { close(stop); <-done }}, s.closers...)
 }
 
 // onBuffers is c's collectives on the rank's buffers (nil for nil): in place
@@ -246,6 +301,9 @@ func (s *state) onBuffers(c comm.Communicator, name string) (collective.Group, e
 			break
 		}
 		s.native, s.closers = true, append(s.closers, closeG)
+		if a, ok := ng.(collective.Abortable); ok {
+			s.abortable = append(s.abortable, a)
+		}
 		if cc, ok := c.(*comm.Counted); ok {
 			ng = collective.Counting(ng, cc) // the model's groups report what they send
 		}

@@ -13,7 +13,9 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/cuda"
@@ -357,4 +359,53 @@ func TestUserBuffersNeedNCCL(t *testing.T) {
 	require.Equal(t, "fsdp.use_nccl_ub", ke.Key)
 	require.Contains(t, ke.Error(), "share GPUs")
 	require.Contains(t, ke.Error(), "set use_nccl_ub = false")
+}
+
+// failingAt is a backend whose Embedding fails (a kernel given a buffer that
+// is not the device's, kept as the device's error) at its at-th call: a rank
+// that fails at the start of a forward pass, where its peers next wait in
+// NCCL, not in a host collective.
+type failingAt struct {
+	tensor.Backend
+	calls *atomic.Int32
+	at    int32
+}
+
+func (f failingAt) Embedding(out, tokens, wte tensor.Buffer, s tensor.EmbeddingShape) {
+	if f.calls.Add(1) == f.at {
+		out = tensor.Buffer{}
+	}
+	f.Backend.Embedding(out, tokens, wte, s)
+}
+
+// TestLostRankEndsGPURun: when one rank of a run whose collectives go over
+// NCCL fails, the others' collectives waiting on it are given up (the world's
+// abort reaches NCCL's) and the run ends with the failed rank's error, not the
+// others' waits. On the host emulator, whose NCCL would otherwise wait out its
+// timeout (3 minutes) before failing, the run must end well before it; it
+// needs a GPU per rank and is skipped, saying so, with fewer.
+func TestLostRankEndsGPURun(t *testing.T) {
+	if cuda.Emulated {
+		t.Setenv("SHARDLINE_EMU_DEVICES", "2")
+	}
+	if gpus, err := cuda.Count(); err != nil || gpus < 2 {
+		t.Skipf("%d GPU(s) visible (%v): the ranks' collectives go over NCCL with a GPU per rank", gpus, err)
+	}
+	res := engineRecipe(t, "tiny", 2, "optim_grads_params", "model.layers=1", "model.seq_len=32", "train.steps=4", "parallel.device=cuda")
+	open := gpuPerRank(-1)
+	var calls atomic.Int32
+	rankBackend := func(rank int) (tensor.Backend, func(), error) {
+		be, release, err := open(rank)
+		if rank == 1 && err == nil {
+			be = failingAt{be, &calls, 5} // step 3's first micro-batch (two a step)
+		}
+		return be, release, err
+	}
+	start := time.Now()
+	_, err := trainer.Run(context.Background(), res, trainer.Options{Backend: cpu.Backend{}, RankBackend: rankBackend, Version: "test"})
+	took := time.Since(start)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "Embedding", "the run's error is the failed rank's")
+	require.Less(t, took, time.Minute, "the run waited on the lost rank (the emulator's NCCL times out after 3 minutes)")
+	t.Logf("ended in %v: %v", took.Round(time.Millisecond), err)
 }

@@ -187,3 +187,13 @@ type Timed interface {
 type Registered interface {
 	AllocRegistered(t tensor.DType, n int, groups []Group) (tensor.Buffer, error)
 }
+
+// Abortable is a group whose collectives wait on the job's ranks outside the
+// host's communicators (a GPU's NCCL): AsyncErr is a failure the library met
+// on its own (a peer process gone), and Abort gives the group up from any
+// goroutine, so that collectives waiting on a lost rank end with an error
+// instead of holding the device forever.
+type Abortable interface {
+	AsyncErr() error
+	Abort()
+}

@@ -46,6 +46,15 @@ type Grouper interface {
 	Group(ranks []int, tag string) (Communicator, error)
 }
 
+// Aborting is a communicator that says when its job can no longer complete a
+// collective: a rank of the world failed (in process), or a collective of this
+// process failed (over TCP: a peer lost, timed out or out of step). Aborted is
+// closed then. Work that waits elsewhere on the job's ranks (a GPU's NCCL
+// collectives) watches it, so as not to wait forever.
+type Aborting interface {
+	Aborted() <-chan struct{}
+}
+
 // Op is an operation a Stream runs: its collectives on the stream's communicator.
 type Op interface {
 	Run(c Communicator) error

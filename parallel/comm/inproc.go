@@ -175,7 +175,10 @@ type member struct {
 }
 
 func (m *member) Rank() int { return m.rank }
-func (m *member) Size() int { return len(m.g.ranks) }
+
+// Aborted is closed when the world is aborted (Aborting).
+func (m *member) Aborted() <-chan struct{} { return m.g.w.abort }
+func (m *member) Size() int                { return len(m.g.ranks) }
 
 // run publishes s, waits for everyone, checks that all slots agree (check sees
 // every slot), runs body, and waits again so that no rank returns while another

@@ -141,7 +141,8 @@ type node struct {
 	pending map[string]map[int]net.Conn // group key → world rank → connection
 	groups  map[string]*TCP             // groups made so far, by key
 	closed  bool
-	failure error // the first failed collective's error; see TCP.begin
+	failure error         // the first failed collective's error; see TCP.begin
+	failed  chan struct{} // closed when failure is set (Aborted)
 }
 
 // DialTCP joins the job: rank 0 hosts the rendezvous at MasterAddr and every rank
@@ -171,7 +172,7 @@ func DialTCP(cfg TCPConfig) (*TCP, error) {
 		ln.Close()
 		return nil, err
 	}
-	nd := &node{rank: cfg.Rank, token: cfg.Token, addrs: addrs, timeout: cfg.Timeout, ln: ln,
+	nd := &node{rank: cfg.Rank, token: cfg.Token, addrs: addrs, timeout: cfg.Timeout, ln: ln, failed: make(chan struct{}),
 		arrived: make(chan struct{}), pending: map[string]map[int]net.Conn{}, groups: map[string]*TCP{}}
 	go nd.accept()
 	all := make([]int, cfg.World)
@@ -359,7 +360,11 @@ func (t *TCP) Close() error {
 }
 
 func (t *TCP) Rank() int { return t.rank }
-func (t *TCP) Size() int { return t.n }
+
+// Aborted is closed once a collective of this process has failed (Aborting):
+// the job cannot recover (TCP.begin).
+func (t *TCP) Aborted() <-chan struct{} { return t.node.failed }
+func (t *TCP) Size() int                { return t.n }
 
 func writeMsg(c net.Conn, v any) error {
 	b, err := json.Marshal(v)
@@ -590,6 +595,7 @@ func (t *TCP) end(err error) error {
 		t.node.mu.Lock()
 		if t.node.failure == nil {
 			t.node.failure = err
+			close(t.node.failed)
 		}
 		t.node.mu.Unlock()
 	}
