@@ -19,7 +19,7 @@ test: ci-deps sarif-schema torch-deps cuda-check emu-deps ## vet, run every test
 	SHARDLINE_SARIF_SCHEMA=$(CURDIR)/$(SARIF_SCHEMA) SHARDLINE_TORCH_PYTHON=/usr/bin/python3 SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 ./...
 	$(GO) vet -tags cudaemu ./cuda ./trainer/gpu ./cmd/shardline
 	SHARDLINE_REQUIRE_EMU=1 SHARDLINE_EMU_DEVICES=4 $(GO) test -count=1 -tags cudaemu ./cuda ./trainer/gpu
-	SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 -tags cudaemu -run 'TestEngineSharesOneGPU|TestGPUCheckpointResumes|TestRanksOnTheirGPUs|TestLaunchOnGPUs|TestGPUTraceShowsOverlap|TestUserBuffersNeedNCCL|TestLostRankEndsGPURun' ./cmd/shardline
+	SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 -tags cudaemu -run 'TestEngineSharesOneGPU|TestGPUCheckpointResumes|TestRanksOnTheirGPUs|TestLaunchOnGPUs|TestGPUTraceShowsOverlap|TestUserBuffersNeedNCCL|TestLostRankEndsGPURun|TestRanksOnGPUsResume' ./cmd/shardline
 	$(MAKE) --no-print-directory fuzz FUZZTIME=8s
 
 vet: ## go vet

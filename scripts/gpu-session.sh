@@ -68,7 +68,7 @@ runs=$out/runs
 stage info 20 . bash -c 'nvidia-smi; nvidia-smi -L; ls -l /usr/local/cuda/lib64/libcublasLt.so* /usr/lib/x86_64-linux-gnu/libnccl.so* 2>&1; python3 -c "import torch; print(\"torch\", torch.__version__, torch.version.cuda)"'
 stage new-kernels 120 cuda ../bin/gpu/cuda.test -test.v -test.run "$new_kernels"
 stage engine-model 90 trainer/gpu ../../bin/gpu/gpu.test -test.v -test.run 'TestEngineModelOnDevice'
-stage engine-shares-gpu 210 cmd/shardline ../../bin/gpu/cli.test -test.v -test.run 'TestEngineSharesOneGPU|TestGPUCheckpointResumes|TestRanksOnTheirGPUs|TestLaunchOnGPUs|TestGPUTraceShowsOverlap|TestUserBuffersNeedNCCL|TestLostRankEndsGPURun'
+stage engine-shares-gpu 210 cmd/shardline ../../bin/gpu/cli.test -test.v -test.run 'TestEngineSharesOneGPU|TestGPUCheckpointResumes|TestRanksOnTheirGPUs|TestLaunchOnGPUs|TestGPUTraceShowsOverlap|TestUserBuffersNeedNCCL|TestLostRankEndsGPURun|TestRanksOnGPUsResume'
 stage kernels-again 90 cuda ../bin/gpu/cuda.test -test.v -test.skip "$new_kernels"
 stage model-again 120 trainer/gpu ../../bin/gpu/gpu.test -test.v -test.skip 'TestEngineModelOnDevice|TestTracksPyTorch'
 stage cli-again 60 cmd/shardline ../../bin/gpu/cli.test -test.v -test.run 'TestRunOnGPU'
