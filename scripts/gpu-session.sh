@@ -15,7 +15,9 @@
 #
 # The stages, in order: what this GPU is; the device code that has never run on
 # a GPU (the engine's kernel set and memory, NCCL at world size 1, the engine's
-# model on the device, in-process ranks sharing the GPU); the checks that ran on
+# model on the device, in-process ranks sharing the GPU; ranks as processes
+# picking their GPU, NCCL and the communication stream where there are GPUs
+# enough, a lost rank, resuming); the checks that ran on
 # 2026-11-23, again; the memory-bound kernels' bandwidth; the 134M step beside
 # PyTorch (eager and torch.compile); the plan against a finished GPU run.
 set -uo pipefail
@@ -68,7 +70,8 @@ runs=$out/runs
 stage info 20 . bash -c 'nvidia-smi; nvidia-smi -L; ls -l /usr/local/cuda/lib64/libcublasLt.so* /usr/lib/x86_64-linux-gnu/libnccl.so* 2>&1; python3 -c "import torch; print(\"torch\", torch.__version__, torch.version.cuda)"'
 stage new-kernels 120 cuda ../bin/gpu/cuda.test -test.v -test.run "$new_kernels"
 stage engine-model 90 trainer/gpu ../../bin/gpu/gpu.test -test.v -test.run 'TestEngineModelOnDevice'
-stage engine-shares-gpu 210 cmd/shardline ../../bin/gpu/cli.test -test.v -test.run 'TestEngineSharesOneGPU|TestGPUCheckpointResumes|TestRanksOnTheirGPUs|TestLaunchOnGPUs|TestGPUTraceShowsOverlap|TestUserBuffersNeedNCCL|TestLostRankEndsGPURun|TestRanksOnGPUsResume'
+stage engine-shares-gpu 150 cmd/shardline ../../bin/gpu/cli.test -test.v -test.run 'TestEngineSharesOneGPU|TestGPUCheckpointResumes'
+stage ranks-on-gpus 120 cmd/shardline ../../bin/gpu/cli.test -test.v -test.run 'TestRanksOnTheirGPUs|TestLaunchOnGPUs|TestGPUTraceShowsOverlap|TestUserBuffersNeedNCCL|TestLostRankEndsGPURun|TestRanksOnGPUsResume'
 stage kernels-again 90 cuda ../bin/gpu/cuda.test -test.v -test.skip "$new_kernels"
 stage model-again 120 trainer/gpu ../../bin/gpu/gpu.test -test.v -test.skip 'TestEngineModelOnDevice|TestTracksPyTorch'
 stage cli-again 60 cmd/shardline ../../bin/gpu/cli.test -test.v -test.run 'TestRunOnGPU'
