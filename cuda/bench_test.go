@@ -3,10 +3,14 @@
 package cuda
 
 import (
+	"fmt"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/shardline/shardline/parallel/collective"
+	"github.com/shardline/shardline/parallel/comm"
 	"github.com/shardline/shardline/tensor"
 )
 
@@ -186,4 +190,99 @@ func BenchmarkMemoryBoundBF16(b *testing.B) {
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) { benchMetric(b, c.bytes/1e9, "GB/s", c.setup) })
 	}
+}
+
+// BenchmarkCollectives times what one GPU can measure of the collectives, for
+// the plan's communication figures (docs/plan.md lists which are measured):
+// NCCL in a group of one, where no link is crossed, so the time per call is
+// NCCL's fixed cost of a launch (4 KiB) and its local copy rate (64 MiB); and
+// two in-process ranks sharing the GPU through collective.Staged (a
+// read-back, the host's in-process exchange, an upload), the path of ranks
+// that share a GPU. Reported per call (µs/call) and as the full buffer's
+// bytes a second (GB/s).
+func BenchmarkCollectives(b *testing.B) {
+	comms := ncclGroup(b, []*Device{dev})
+	for _, n := range []int{1 << 10, 1 << 24} { // f32 values: 4 KiB, 64 MiB
+		bytes := float64(4 * n)
+		for _, op := range []string{"all_gather", "reduce_scatter", "all_reduce"} {
+			b.Run(fmt.Sprintf("nccl-1/%s/%dKiB", op, 4*n>>10), func(b *testing.B) {
+				var src, dst Buffer
+				dev.Do(func() { src, dst = benchBuf(b, F32, n), benchBuf(b, F32, n) })
+				step := func() {
+					var err error
+					switch op {
+					case "all_gather":
+						err = comms[0].AllGather(dst, src)
+					case "reduce_scatter":
+						err = comms[0].ReduceScatter(dst, src)
+					default:
+						err = comms[0].AllReduce(dst)
+					}
+					if err != nil {
+						b.Error(err)
+					}
+				}
+				el := timeCalls(b, func() { dev.Do(func() { step(); dev.fail("collective", dev.syncStream()) }) })
+				reportCalls(b, el, bytes)
+			})
+			b.Run(fmt.Sprintf("staged-2/%s/%dKiB", op, 4*n>>10), func(b *testing.B) {
+				const ranks = 2
+				world := comm.NewWorld(ranks, time.Minute)
+				mems, groups := make([]*Memory, ranks), make([]collective.Group, ranks)
+				srcs, dsts := make([]tensor.Buffer, ranks), make([]tensor.Buffer, ranks)
+				for r := range ranks {
+					mems[r] = dev.NewMemory()
+					groups[r] = collective.Staged(world.Rank(r), mems[r])
+					full := n
+					if op == "reduce_scatter" {
+						full = ranks * n
+					}
+					srcs[r], dsts[r] = mems[r].Alloc(tensor.Float32, full), mems[r].Alloc(tensor.Float32, ranks*n)
+				}
+				step := func() {
+					var wg sync.WaitGroup
+					for r := range ranks {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							var err error
+							switch op {
+							case "all_gather":
+								err = groups[r].AllGather(dsts[r], srcs[r])
+							case "reduce_scatter":
+								err = groups[r].ReduceScatter(dsts[r].Slice(0, n), srcs[r])
+							default:
+								err = groups[r].AllReduce(dsts[r].Slice(0, n))
+							}
+							if err != nil {
+								b.Error(err)
+							}
+						}()
+					}
+					wg.Wait()
+				}
+				reportCalls(b, timeCalls(b, step), bytes)
+			})
+		}
+	}
+}
+
+// timeCalls times b.N calls of step (each synchronised) after three.
+func timeCalls(b *testing.B, step func()) time.Duration {
+	for range 3 {
+		step()
+	}
+	b.ResetTimer()
+	start := time.Now()
+	for range b.N {
+		step()
+	}
+	return time.Since(start)
+}
+
+// reportCalls reports µs a call and bytes a second for b.N calls in el.
+func reportCalls(b *testing.B, el time.Duration, bytes float64) {
+	per := el.Seconds() / float64(b.N)
+	b.ReportMetric(per*1e6, "µs/call")
+	b.ReportMetric(bytes/per/1e9, "GB/s")
 }

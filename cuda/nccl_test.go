@@ -39,7 +39,7 @@ func rankValues(r, n int) []float32 {
 
 // ncclGroup makes a group over devs (rank r on devs[r]): rank 0's unique id
 // goes to the others by comm.BroadcastBytes, then every rank joins at once.
-func ncclGroup(t *testing.T, devs []*Device) []*Comm {
+func ncclGroup(t testing.TB, devs []*Device) []*Comm {
 	t.Helper()
 	n := len(devs)
 	world := comm.NewWorld(n, time.Minute)

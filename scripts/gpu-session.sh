@@ -75,7 +75,7 @@ stage ranks-on-gpus 120 cmd/shardline ../../bin/gpu/cli.test -test.v -test.run '
 stage kernels-again 90 cuda ../bin/gpu/cuda.test -test.v -test.skip "$new_kernels"
 stage model-again 120 trainer/gpu ../../bin/gpu/gpu.test -test.v -test.skip 'TestEngineModelOnDevice|TestTracksPyTorch'
 stage cli-again 60 cmd/shardline ../../bin/gpu/cli.test -test.v -test.run 'TestRunOnGPU'
-stage bench-kernels 60 cuda ../bin/gpu/cuda.test -test.run '^$' -test.bench 'MemoryBound|Matmul|FlashAttentionBF16' -test.benchtime 20x
+stage bench-kernels 60 cuda ../bin/gpu/cuda.test -test.run '^$' -test.bench 'MemoryBound|Matmul|FlashAttentionBF16|Collectives' -test.benchtime 20x
 stage bench-step 60 trainer/gpu ../../bin/gpu/gpu.test -test.run '^$' -test.bench 'Step134M' -test.benchtime 20x
 stage torch-step 150 . python3 scripts/torch_llama.py 134m eager compile
 stage plan-against 90 . bash -c "bin/gpu/shardline-cuda run recipes/dense-125m.toml --device cuda --train-iters 8 --set data.path=bin/gpu/opticks.txt \
