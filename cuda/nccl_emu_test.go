@@ -4,7 +4,6 @@ package cuda
 
 import (
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -33,19 +32,7 @@ func TestEmulatedNCCLCatchesMisuse(t *testing.T) {
 			}
 		}
 	}
-	run := func(fn func(r int, d *Device) error) []error {
-		errs := make([]error, len(devs))
-		var wg sync.WaitGroup
-		for r, d := range devs {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				d.Do(func() { errs[r] = fn(r, d) })
-			}()
-		}
-		wg.Wait()
-		return errs
-	}
+	run := func(fn func(r int, d *Device) error) []error { return rankErrors(devs, fn) }
 	check("different collectives", "issued", run(func(r int, d *Device) error {
 		buf := upload(d, F32, rankValues(r, 4))
 		defer d.Free(buf)

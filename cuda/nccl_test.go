@@ -88,24 +88,28 @@ func ncclGroup(t testing.TB, devs []*Device) []*Comm {
 // and of the devices' streams.
 func onRanks(t *testing.T, devs []*Device, comms []*Comm, fn func(r int, d *Device, c *Comm) error) {
 	t.Helper()
+	errs := rankErrors(devs, func(r int, d *Device) error { return errors.Join(fn(r, d, comms[r]), d.Err()) })
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
+
+// rankErrors runs fn for every rank at once, each on its device's goroutine,
+// and returns their errors.
+func rankErrors(devs []*Device, fn func(r int, d *Device) error) []error {
 	errs := make([]error, len(devs))
 	var wg sync.WaitGroup
 	for r, d := range devs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			d.Do(func() {
-				err := fn(r, d, comms[r])
-				errs[r] = errors.Join(err, d.Err())
-			})
+			d.Do(func() { errs[r] = fn(r, d) })
 		}()
 	}
 	wg.Wait()
-	for r, err := range errs {
-		if err != nil {
-			t.Errorf("rank %d: %v", r, err)
-		}
-	}
+	return errs
 }
 
 func exact(what string, got, want []float32) error {
