@@ -73,9 +73,8 @@ type unitRuntime struct {
 	// operation then runs on the communication stream (begin), and waiting for
 	// it orders the compute stream after it (wait), with no host waiting;
 	// marks holds each begun operation's mark until it is waited for.
-	dev    collective.Streamed
-	marks  map[*comm.Handle]mark
-	opName map[*comm.Handle]string // trace span names, when timed
+	dev   collective.Streamed
+	marks map[*comm.Handle]mark
 	// timed is dev when tracing: the trace's spans are then the device's
 	// (stamps on both streams, resolved at the end of each pass), not the
 	// host's, which only issues the work; startStamp is the current block's
@@ -99,9 +98,10 @@ type mark struct {
 	err error
 }
 
-// begin starts h's operation: on the runtime's stream, and, where the
-// device runs the collectives, inside its communication stream.
-func (u *unitRuntime) begin(h *comm.Handle) {
+// begin starts h's operation (name: its trace span): on the runtime's
+// stream, and, where the device runs the collectives, inside its
+// communication stream.
+func (u *unitRuntime) begin(h *comm.Handle, name string) {
 	if u.dev == nil {
 		u.stream.Start(h)
 		return
@@ -113,7 +113,7 @@ func (u *unitRuntime) begin(h *comm.Handle) {
 		}
 		s0 := u.timed.Stamp()
 		u.stream.Start(h)
-		u.stamped = append(u.stamped, stampedSpan{u.opName[h], "comm", 1, s0, u.timed.Stamp()})
+		u.stamped = append(u.stamped, stampedSpan{name, "comm", 1, s0, u.timed.Stamp()})
 		return nil
 	})
 	u.marks[h] = mark{at, err}
@@ -150,7 +150,7 @@ type flight struct {
 // they then run on the device's communication stream in that order, beside
 // the compute stream (begin, wait).
 func newCollectiveStream(st *state) *comm.Stream {
-	if st.native {
+	if st.nativeGroups() {
 		return comm.InlineStream(st.world)
 	}
 	return comm.NewStream(st.world)
@@ -160,10 +160,10 @@ func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, ca
 	p := st.plan
 	u := &unitRuntime{st: st, m: m, stream: newCollectiveStream(st), prefetch: prefetch && st.perUnit, async: async,
 		capBytes: 4 * capElems, trace: tr, weights: st.perUnit}
-	if d, ok := st.mem.(collective.Streamed); ok && st.native {
+	if d, ok := st.mem.(collective.Streamed); ok && st.nativeGroups() {
 		u.dev, u.marks = d, map[*comm.Handle]mark{}
 		if timed, ok := d.(collective.Timed); ok && tr != nil {
-			u.timed, u.opName = timed, map[*comm.Handle]string{}
+			u.timed = timed
 		}
 	}
 	n := len(p.Units)
@@ -177,11 +177,6 @@ func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, ca
 	for ui := range p.Units {
 		u.gatherH[ui], u.reduceH[ui] = comm.NewHandle(unitOp{u, ui, false}), comm.NewHandle(unitOp{u, ui, true})
 		u.gatherName[ui], u.reduceName[ui] = "all_gather "+p.Units[ui].Name, "reduce_scatter "+p.Units[ui].Name
-	}
-	if u.timed != nil {
-		for ui := range p.Units {
-			u.opName[u.gatherH[ui]], u.opName[u.reduceH[ui]] = u.gatherName[ui], u.reduceName[ui]
-		}
 	}
 	// A unit's buffers hold only its sharded groups; unsharded groups (an expert
 	// group when edp = 1) are bound straight to the rank's compute and gradient
@@ -355,7 +350,7 @@ func (u *unitRuntime) bind(ui int) {
 func (u *unitRuntime) startGather(ui int) {
 	u.wbuf[ui], u.woff[ui] = u.wpool.get(u.length[ui])
 	u.ready[ui] = u.gatherH[ui]
-	u.begin(u.gatherH[ui])
+	u.begin(u.gatherH[ui], u.gatherName[ui])
 }
 
 // unitOp is a unit's all-gather into its weight buffer (wbuf) or, with reduce,
@@ -473,7 +468,7 @@ func (u *unitRuntime) Release(block int, units []int, backward bool) error {
 				buf := u.gbuf[ui]
 				u.gbuf[ui], u.reducing[ui] = tensor.Buffer{}, buf
 				h := u.reduceH[ui]
-				u.begin(h)
+				u.begin(h, u.reduceName[ui])
 				u.inflight = append(u.inflight, flight{h, buf, u.goff[ui]})
 				if err := u.bound(); err != nil && first == nil {
 					first = err

@@ -60,13 +60,11 @@ type state struct {
 	segs                 [][]segment
 	comms                []collective.Group // per group: its dp×cp or edp group, on buffers
 	// groupOf is the collectives made per communicator (nativeOf: the
-	// device's, per axis); native is set when some run on the device (NCCL),
-	// whose collectives must then be issued from one goroutine in program
-	// order (comm.InlineStream); closers release those; collectives says
-	// what each group runs on, for the log.
+	// device's, per axis: NCCL's, whose collectives must be issued from one
+	// goroutine in program order, comm.InlineStream); closers release those;
+	// collectives says what each group runs on, for the log.
 	groupOf     map[comm.Communicator]collective.Group
 	nativeOf    map[string]collective.Group // the device's groups, by axis
-	native      bool
 	closers     []func()
 	userBuffers bool // use_nccl_ub: the runtime's arenas are NCCL user buffers
 	// abortable are the device's groups (NCCL), which watch gives up when the
@@ -300,7 +298,7 @@ func (s *state) onBuffers(c comm.Communicator, name string) (collective.Group, e
 			s.collectives = append(s.collectives, fmt.Sprintf("%s: staged through the host (%s)", name, why))
 			break
 		}
-		s.native, s.closers = true, append(s.closers, closeG)
+		s.closers = append(s.closers, closeG)
 		if a, ok := ng.(collective.Abortable); ok {
 			s.abortable = append(s.abortable, a)
 		}
@@ -323,6 +321,10 @@ func (s *state) onBuffers(c comm.Communicator, name string) (collective.Group, e
 	s.groupOf[c] = g
 	return g, nil
 }
+
+// nativeGroups reports whether some of the rank's groups run on the device's
+// collectives (NCCL).
+func (s *state) nativeGroups() bool { return len(s.nativeOf) > 0 }
 
 // isNative reports whether g runs on the device's collectives (NCCL).
 func (s *state) isNative(g collective.Group) bool {
