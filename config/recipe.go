@@ -210,7 +210,8 @@ type Parallel struct {
 	// profile. 0 keeps the profile's.
 	DeviceInterNodeGBps float64 `toml:"device_inter_node_gbps" min:"0" max:"1000000"`
 	// The CUDA caching allocator uses expandable segments (as PyTorch's
-	// expandable_segments:True). Incompatible with fsdp.use_nccl_ub.
+	// expandable_segments:True). Incompatible with fsdp.use_nccl_ub. Megatron's
+	// setting: shardline allocates every buffer before the first step and refuses it.
 	CUDAExpandableSegments bool `toml:"cuda_expandable_segments"`
 }
 
@@ -245,8 +246,9 @@ type FSDP struct {
 	// buffers need; without it they hold what the schedule uses (one unit without
 	// prefetch).
 	FSDPDoubleBuffer bool `toml:"fsdp_double_buffer" flag:"fsdp-double-buffer"`
-	// Register communication buffers with NCCL user buffers (zero-copy collectives).
-	// Turns fsdp_double_buffer on.
+	// Register communication buffers with NCCL user buffers (zero-copy collectives):
+	// the FSDP units' gather and gradient arenas of a cuda run of several ranks, one
+	// GPU each. Turns fsdp_double_buffer on.
 	UseNCCLUB bool `toml:"use_nccl_ub" flag:"use-nccl-ub"`
 	// Describe the model by shapes only and let each rank initialise its own shard;
 	// no rank ever holds the full model. Needs a sharding strategy other than no_shard.

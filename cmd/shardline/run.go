@@ -52,13 +52,15 @@ strategy or expert-parallel degree (docs/checkpoints.md).
 
 A run that ends on a non-finite loss or gradient writes no weights, plot or
 sample (run.json records why), and a setting the trainer does not carry out yet
-(bf16 main weights, expert tensor parallelism; on cuda: several GPUs, tensor or
-context parallelism, recomputation) is refused at its recipe position instead
-of ignored.
+(bf16 main weights, expert tensor parallelism; on cuda: recomputation) is
+refused at its recipe position instead of ignored.
 
-With parallel.device = "cuda" (--device cuda) the run trains on one NVIDIA GPU
+With parallel.device = "cuda" (--device cuda) the run trains on NVIDIA GPUs
 through shardline-cuda, the build with the GPU engine (make cuda; docs/cuda.md),
-which this binary hands the run to with the same arguments.`,
+which this binary hands the run to with the same arguments: one rank on one
+GPU; several (--nproc, or a job's ranks: launch, torchrun, SLURM, mpirun) each
+on the GPU of its index on the node (LOCAL_RANK), their collectives over NCCL,
+or staged through the host where ranks share a GPU.`,
 		Example: `  shardline run
   shardline run recipes/tiny.toml --save-interval 100        # checkpoints under the run directory
   shardline run --resume runs/tiny                            # continue from its newest checkpoint
@@ -66,6 +68,7 @@ which this binary hands the run to with the same arguments.`,
   shardline run --resume runs/tiny --nproc 4 --data-parallel-sharding-strategy optim   # resharded
   shardline run recipes/tiny.toml --train-iters 200
   shardline run recipes/tiny.toml --device cuda                # one GPU, through shardline-cuda
+  shardline run recipes/tiny.toml --device cuda --nproc 2 --global-batch-size 32   # two ranks: GPUs 0 and 1, NCCL
   shardline run recipes/tiny.toml --nproc 4 --global-batch-size 64 --data-parallel-sharding-strategy optim
   shardline run recipes/tiny.toml --set data.path=notes.txt --set data.tokenizer=char --set model.vocab_size=128`,
 		Args: cobra.MaximumNArgs(1),
@@ -82,7 +85,7 @@ which this binary hands the run to with the same arguments.`,
 	var initFrom string
 	cmd.Flags().StringVar(&initFrom, "init-from", "", "start from a Hugging Face model directory's weights (config.json, safetensors; shardline ckpt export writes one) instead of the initialisation: fine-tuning")
 	var device string
-	cmd.Flags().StringVar(&device, "device", "", "cpu or cuda: sets parallel.device (cuda trains on one GPU through shardline-cuda; docs/cuda.md)")
+	cmd.Flags().StringVar(&device, "device", "", "cpu or cuda: sets parallel.device (cuda trains through shardline-cuda, a GPU per rank; docs/cuda.md)")
 	var stopAfter int
 	cmd.Flags().IntVar(&stopAfter, "stop-after", 0, "end the run after N steps as Ctrl-C would (checkpoint and outputs written, exit status 130): a preemption drill for --resume")
 	cmd.Flags().StringVar(&trace, "trace", "", "write a Chrome trace of every rank's compute and communication to this file (open it in Perfetto)")
