@@ -438,12 +438,13 @@ func worstRoutingTotal(r *config.Recipe, m Mesh, t tokens, d dtypes, mem Memory,
 }
 
 // logitsBytes: the output logits of one micro-batch (vocabulary split over tp) in the
-// compute dtype, plus the fp32 softmax the fused cross-entropy keeps for backward
-// (and on the CPU the token losses).
+// compute dtype, plus the fp32 softmax the fused cross-entropy keeps for backward;
+// the engine (runsEngine) writes its softmax over its fp32 logits and keeps the
+// token losses.
 func logitsBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
-	b := t.local * int64(r.Model.VocabSize/m.TP) * (d.act + 4)
+	rows := t.local * int64(r.Model.VocabSize/m.TP)
 	if runsEngine(r) {
-		b += t.local * 4 // and each token's loss
+		return rows*d.act + t.local*4
 	}
-	return b
+	return rows * (d.act + 4)
 }

@@ -96,7 +96,9 @@ type Kernels[F Float] interface {
 	// gives it); once the ranks' lse are all-gathered (lseAll, Parts×BT, rank
 	// after rank) and tlogit summed over them, CrossEntropyCombine sets
 	// losses and the rank's part of probs. CrossEntropyBackward adds
-	// (probs − onehot(target − s.Lo))·dloss into dlogits.
+	// (probs − onehot(target − s.Lo))·dloss into dlogits. CrossEntropy and
+	// CrossEntropyCombine may be given one buffer as probs and logits: each
+	// logit is read before its probability is written over it.
 	CrossEntropy(losses, probs, logits, targets Buffer, s VocabShape)
 	CrossEntropyParts(lse, tlogit, logits, targets Buffer, s VocabShape)
 	CrossEntropyCombine(losses, probs, logits, lseAll, tlogit, targets Buffer, s VocabShape)

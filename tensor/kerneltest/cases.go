@@ -164,12 +164,20 @@ func cases() []kcase {
 		return e.ints(t)
 	}
 	part := tensor.VocabShape{BT: ceRows, V: 25, Lo: 30, Parts: 3}
-	add(kcase{name: "CrossEntropy", run: func(e *env) bufs {
-		s := tensor.VocabShape{BT: ceRows, V: 70, Parts: 1}
-		losses, probs := e.floats(s.BT, 1), e.floats(s.BT*s.V, 1)
-		e.k.CrossEntropy(losses, probs, e.floats(s.BT*s.V, 4), targets(e, s.V), s)
-		return bufs{losses, probs}
-	}})
+	// "in place": the probabilities written over the logits (the model's
+	// training forward does so).
+	add(variants("CrossEntropy", []string{"in place"}, func(on []bool) kcase {
+		return kcase{run: func(e *env) bufs {
+			s := tensor.VocabShape{BT: ceRows, V: 70, Parts: 1}
+			losses, logits := e.floats(s.BT, 1), e.floats(s.BT*s.V, 4)
+			probs := logits
+			if !on[0] {
+				probs = e.floats(s.BT*s.V, 1)
+			}
+			e.k.CrossEntropy(losses, probs, logits, targets(e, s.V), s)
+			return bufs{losses, probs}
+		}}
+	})...)
 	add(variants("CrossEntropyBackward", []string{"vocabulary part"}, func(on []bool) kcase {
 		return kcase{run: func(e *env) bufs {
 			s, V := tensor.VocabShape{BT: ceRows, V: 70, Parts: 1}, 70
@@ -186,15 +194,21 @@ func cases() []kcase {
 		e.k.CrossEntropyParts(lse, tlogit, e.floats(part.BT*part.V, 4), targets(e, 75), part)
 		return bufs{lse, tlogit}
 	}})
-	add(kcase{name: "CrossEntropyCombine", run: func(e *env) bufs {
-		lseAll := e.draw(part.Parts*part.BT, 1)
-		for i := range lseAll {
-			lseAll[i] += 4
-		}
-		losses, probs := e.floats(part.BT, 1), e.floats(part.BT*part.V, 1)
-		e.k.CrossEntropyCombine(losses, probs, e.floats(part.BT*part.V, 4), e.vals(lseAll), e.floats(part.BT, 3), targets(e, 75), part)
-		return bufs{losses, probs}
-	}})
+	add(variants("CrossEntropyCombine", []string{"in place"}, func(on []bool) kcase {
+		return kcase{run: func(e *env) bufs {
+			lseAll := e.draw(part.Parts*part.BT, 1)
+			for i := range lseAll {
+				lseAll[i] += 4
+			}
+			losses, logits := e.floats(part.BT, 1), e.floats(part.BT*part.V, 4)
+			probs := logits
+			if !on[0] {
+				probs = e.floats(part.BT*part.V, 1)
+			}
+			e.k.CrossEntropyCombine(losses, probs, logits, e.vals(lseAll), e.floats(part.BT, 3), targets(e, 75), part)
+			return bufs{losses, probs}
+		}}
+	})...)
 
 	add(kcase{name: "Add", run: func(e *env) bufs {
 		out := e.floats(333, 1)

@@ -477,7 +477,11 @@ func (m *Model[F]) alloc() error {
 		m.allocStash()
 	}
 	a.final, a.lnf, a.rstdf = m.alloc1(R*C), m.alloc1(R*C), m.alloc1(R)
-	a.logits, a.probs, a.losses = m.alloc1(BT*V), m.alloc1(BT*V), m.alloc1(BT)
+	// The loss writes the softmax over the logits (the kernels allow it), which
+	// backward reads in their place: a forward with targets leaves
+	// probabilities there, one without (sampling) the logits.
+	a.logits, a.losses = m.alloc1(BT*V), m.alloc1(BT)
+	a.probs = a.logits
 	s := &m.scratch
 	s.dres, s.dx = m.alloc1(R*C), m.alloc1(R*C)
 	if m.tp != nil {
@@ -723,7 +727,9 @@ func (m *Model[F]) layerForward(l int, x, next tensor.Buffer) {
 
 // ReadLogits reads back len(dst) of the last forward pass's logits (B·T, V: this
 // rank's vocabulary rows under tensor parallelism) from element off: a counted
-// read-back, for sampling and checks, not for training steps.
+// read-back, for sampling and checks, not for training steps. The forward must
+// have run without targets: one with targets writes the softmax over the
+// logits.
 func (m *Model[F]) ReadLogits(dst []F, off int) {
 	m.mem.Read(dst, m.a.logits.Slice(off, off+len(dst)))
 }
