@@ -5,7 +5,7 @@
 // calls it with its arguments taken from 8-byte slots, as cuLaunchKernel
 // takes them.
 //
-// sources: 4642e5d9422dda64e263c5bc273b6c03f54c3c032fe77cbc1ec0327bfdc4af44
+// sources: c4a6679367bfa9efe765d964bcf5552b2b8803153ad6f26e3a00217f57ab82a6
 #include "emu.h"
 #include "kernels.cu"
 

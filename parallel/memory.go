@@ -362,8 +362,8 @@ func dispatchBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) (expected, wors
 // dispatch buffers, in fp32 (trainer/model's ScratchBytes): backward's work
 // buffers for one layer (the residual stream's gradient and its scratch, R·h
 // each; q, attention-output, k and v gradients over the local rows' heads;
-// the MLP's three ffn gradients; the logits' gradient and the per-token loss
-// gradient) and the RoPE tables; under tensor parallelism the sequence
+// the MLP's three ffn gradients; the per-token loss gradient, the logits'
+// gradient being written over the softmax) and the RoPE tables; under tensor parallelism the sequence
 // gathers (three of the local rows, one of this rank's), the replicated norm
 // and router gradients and the vocabulary-parallel loss's row statistics;
 // under context parallelism the ring's double K/V buffers (and their
@@ -391,8 +391,8 @@ func scratchBytesAt(r *config.Recipe, m Mesh, copies int64) int64 {
 	R := BT / tp // rows of the residual stream (sequence parallelism)
 	C, HD := int64(mo.Hidden), int64(mo.HeadSize())
 	NH, NKV := int64(mo.Heads)/tp, int64(mo.EffectiveKVHeads())/tp
-	FF, V := int64(mo.FFNHidden)/tp, int64(mo.VocabSize)/tp
-	n := 2*R*C + 2*BT*NH*HD + 2*BT*NKV*HD + 3*BT*FF + BT*V + BT + T*HD
+	FF := int64(mo.FFNHidden) / tp
+	n := 2*R*C + 2*BT*NH*HD + 2*BT*NKV*HD + 3*BT*FF + BT + T*HD
 	E := int64(mo.MoE.NumExperts)
 	if tp > 1 {
 		n += 3*BT*C + R*C + C + E*C + 2*BT + tp*BT

@@ -118,9 +118,9 @@ func TestTinyByHand(t *testing.T) {
 	assert.EqualValues(t, 0, m.MoEDispatch)
 	// Backward's work buffers: the residual gradient and its scratch, the q,
 	// attention-output, k and v gradients (4 heads of 32, no GQA), the MLP's three
-	// ffn gradients, the logits' gradient, the per-token loss gradient, and the
-	// RoPE tables (seq × head size).
-	assert.EqualValues(t, (2*tokens*H+4*tokens*H+3*tokens*F+tokens*V+tokens+seq*(H/heads))*4, m.Scratch, "backward's work buffers")
+	// ffn gradients, the per-token loss gradient (the logits' gradient is
+	// written over the softmax), and the RoPE tables (seq × head size).
+	assert.EqualValues(t, (2*tokens*H+4*tokens*H+3*tokens*F+tokens+seq*(H/heads))*4, m.Scratch, "backward's work buffers")
 	assert.Equal(t, m.Weights+m.Grads+m.OptimizerState+m.GatheredUnits+m.GradReduceBuffers+m.Activations+m.Logits+m.Scratch, m.Total)
 	assert.Equal(t, 1, p.MicroBatches)
 }

@@ -95,10 +95,11 @@ type Kernels[F Float] interface {
 	// where the target is among them (0 elsewhere, so a sum over the ranks
 	// gives it); once the ranks' lse are all-gathered (lseAll, Parts×BT, rank
 	// after rank) and tlogit summed over them, CrossEntropyCombine sets
-	// losses and the rank's part of probs. CrossEntropyBackward adds
-	// (probs − onehot(target − s.Lo))·dloss into dlogits. CrossEntropy and
-	// CrossEntropyCombine may be given one buffer as probs and logits: each
-	// logit is read before its probability is written over it.
+	// losses and the rank's part of probs. CrossEntropyBackward sets dlogits
+	// to (probs − onehot(target − s.Lo))·dloss (0 in an ignored row).
+	// CrossEntropy and CrossEntropyCombine may be given one buffer as probs
+	// and logits, and CrossEntropyBackward one as dlogits and probs: each
+	// value is read before the one computed from it is written over it.
 	CrossEntropy(losses, probs, logits, targets Buffer, s VocabShape)
 	CrossEntropyParts(lse, tlogit, logits, targets Buffer, s VocabShape)
 	CrossEntropyCombine(losses, probs, logits, lseAll, tlogit, targets Buffer, s VocabShape)

@@ -1751,16 +1751,20 @@ extern "C" __global__ void ce_combine(float* losses, float* probs, const float* 
     for (int j = threadIdx.x; j < V; j += blockDim.x) probs[row * V + j] = __expf(logits[row * V + j] - l);
 }
 
-// ce_backward_probs: dlogits (BT,V) += (probs − onehot(target − lo))·dloss[row]
-// for rows whose target is ≥ 0.
+// ce_backward_probs: dlogits (BT,V) = (probs − onehot(target − lo))·dloss[row],
+// 0 in rows whose target is < 0. dlogits may be probs: each element is read
+// before it is written.
 extern "C" __global__ void ce_backward_probs(float* dlogits, const float* dloss, const float* probs, const int* targets, int BT, int V, int lo) {
     GRID_STRIDE(i, (long)BT * V) {
         long row = i / V;
         int t = targets[row];
-        if (t < 0) continue;
+        if (t < 0) {
+            dlogits[i] = 0.f;
+            continue;
+        }
         float g = dloss[row], d = probs[i] * g;
         if (i - row * V == (long)t - lo) d -= g;
-        dlogits[i] += d;
+        dlogits[i] = d;
     }
 }
 

@@ -573,7 +573,7 @@ func CrossEntropy[F Float](losses, probs, logits []F, targets []int32, BT, V int
 }
 
 // crossEntropyJob is the forward (a = losses, b = logits) or, with back set, the
-// backward (a = dlogits, b = dloss).
+// backward (a = dlogits, b = dloss), which overwrites dlogits.
 type crossEntropyJob[F Float] struct {
 	a, probs, b []F
 	targets     []int32
@@ -586,12 +586,13 @@ func (j *crossEntropyJob[F]) rows(_, lo, hi int) {
 	if j.back {
 		dlogits, dloss := j.a, j.b
 		for i := lo; i < hi; i++ {
+			d, p, g := dlogits[i*V:(i+1)*V], probs[i*V:(i+1)*V], dloss[i]
 			if targets[i] < 0 {
+				clear(d)
 				continue
 			}
-			d, p, g := dlogits[i*V:(i+1)*V], probs[i*V:(i+1)*V], dloss[i]
 			for j := range d {
-				d[j] += p[j] * g
+				d[j] = p[j] * g // in place when d is p: p[j] is read first
 			}
 			if t := int(targets[i]) - j.Lo; t >= 0 && t < V {
 				d[t] -= g
@@ -611,8 +612,8 @@ func (j *crossEntropyJob[F]) rows(_, lo, hi int) {
 	}
 }
 
-// CrossEntropyBackward: dlogits += (probs − onehot(target)) · dloss[i]; ignored
-// positions contribute nothing.
+// CrossEntropyBackward: dlogits = (probs − onehot(target)) · dloss[i]; ignored
+// positions get 0. dlogits may be probs itself.
 func CrossEntropyBackward[F Float](dlogits, dloss, probs []F, targets []int32, BT, V int) {
 	CrossEntropyBackwardVocab(dlogits, dloss, probs, targets, tensor.VocabShape{BT: BT, V: V, Parts: 1})
 }

@@ -178,14 +178,19 @@ func cases() []kcase {
 			return bufs{losses, probs}
 		}}
 	})...)
-	add(variants("CrossEntropyBackward", []string{"vocabulary part"}, func(on []bool) kcase {
+	// CrossEntropyBackward overwrites dlogits (drawn nonzero here), in place:
+	// over the probabilities.
+	add(variants("CrossEntropyBackward", []string{"vocabulary part", "in place"}, func(on []bool) kcase {
 		return kcase{run: func(e *env) bufs {
 			s, V := tensor.VocabShape{BT: ceRows, V: 70, Parts: 1}, 70
 			if on[0] {
 				s, V = part, 75
 			}
-			dlogits := e.floats(s.BT*s.V, 1)
-			e.k.CrossEntropyBackward(dlogits, e.floats(s.BT, 1), e.floats(s.BT*s.V, 0.5), targets(e, V), s)
+			dlogits, probs := e.floats(s.BT*s.V, 1), e.floats(s.BT*s.V, 0.5)
+			if on[1] {
+				dlogits = probs
+			}
+			e.k.CrossEntropyBackward(dlogits, e.floats(s.BT, 1), probs, targets(e, V), s)
 			return bufs{dlogits}
 		}}
 	})...)

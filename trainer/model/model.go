@@ -77,7 +77,7 @@ type Model[F tensor.Float] struct {
 	tokAny, tgtAny   any
 	sin              tensor.Buffer
 	scratch          struct {
-		dres, dx, dq, dk, dv, datty, dff1, dff2, dsw, dlogits, dloss tensor.Buffer
+		dres, dx, dq, dk, dv, datty, dff1, dff2, dsw, dloss tensor.Buffer
 		// MoE backward (sized for the largest MoE layer)
 		moeDlogits, moeDprobs, moeDgates, moeDy, moeDx, moeDh, moeDg, moeDu, moeSh, moeSg, moeSu tensor.Buffer
 		moeEpA, moeEpB, moeEpC                                                                   tensor.Buffer      // expert parallelism
@@ -477,9 +477,9 @@ func (m *Model[F]) alloc() error {
 		m.allocStash()
 	}
 	a.final, a.lnf, a.rstdf = m.alloc1(R*C), m.alloc1(R*C), m.alloc1(R)
-	// The loss writes the softmax over the logits (the kernels allow it), which
-	// backward reads in their place: a forward with targets leaves
-	// probabilities there, one without (sampling) the logits.
+	// The loss writes the softmax over the logits, and backward the logits'
+	// gradient over the softmax (the kernels allow both): a forward with
+	// targets leaves probabilities there, one without (sampling) the logits.
 	a.logits, a.losses = m.alloc1(BT*V), m.alloc1(BT)
 	a.probs = a.logits
 	s := &m.scratch
@@ -490,7 +490,7 @@ func (m *Model[F]) alloc() error {
 	s.dq, s.datty = m.alloc1(BT*NH*HD), m.alloc1(BT*NH*HD)
 	s.dk, s.dv = m.alloc1(BT*NKV*HD), m.alloc1(BT*NKV*HD)
 	s.dff1, s.dff2, s.dsw = m.alloc1(BT*FF), m.alloc1(BT*FF), m.alloc1(BT*FF)
-	s.dlogits, s.dloss = m.alloc1(BT*V), m.alloc1(BT)
+	s.dloss = m.alloc1(BT) // the logits' gradient is written over the probabilities (Backward)
 	m.cos, m.sin = m.alloc1(m.T*HD/2), m.alloc1(m.T*HD/2)
 	invFreq := tensor.RopeInvFreq(HD, m.Cfg.RopeTheta, m.Cfg.RopeScaling, m.Cfg.RopeScalingFactor)
 	if m.cp != nil {
@@ -640,11 +640,12 @@ func elemBytes[F tensor.Float]() int64 {
 
 // ScratchBytes is what the model holds beside its activations, logits and
 // dispatch buffers: backward's work buffers (one layer's activation gradients,
-// the logits' gradient), tensor and context parallelism's gather and ring
+// the per-token loss gradient; the logits' gradient is written over the
+// probabilities), tensor and context parallelism's gather and ring
 // buffers, and the RoPE tables, in bytes (parallel's scratch component).
 func (m *Model[F]) ScratchBytes() int64 {
 	s := &m.scratch
-	bufs := []tensor.Buffer{s.dres, s.dx, s.dq, s.dk, s.dv, s.datty, s.dff1, s.dff2, s.dsw, s.dlogits, s.dloss,
+	bufs := []tensor.Buffer{s.dres, s.dx, s.dq, s.dk, s.dv, s.datty, s.dff1, s.dff2, s.dsw, s.dloss,
 		s.moeDlogits, s.moeDprobs, s.moeDgates, s.moeDy, s.moeDx, s.moeDh, s.moeDg, s.moeDu, s.moeSh, s.moeSg, s.moeSu,
 		s.moeEpA, s.moeEpB, s.moeEpC, m.cos, m.sin}
 	if p := m.tp; p != nil {
@@ -746,11 +747,11 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 	be, a, w, g, s := m.be, &m.a, &m.w, &m.g, &m.scratch
 	BT, C, NH, NKV, HD, FF, V := m.dims()
 	m.mem.Fill(s.dloss, scale)
-	m.mem.Zero(s.dlogits)
-	m.crossEntropyBackward(s.dlogits, s.dloss, a.probs, m.tgt)
+	dlogits := a.probs // the logits' gradient, written over the probabilities it is made from
+	m.crossEntropyBackward(dlogits, s.dloss, a.probs, m.tgt)
 	last := len(m.blocks) - 1
 	m.acquire(last, true)
-	be.MatmulBackward(m.inputGrad(s.dx), g.output, s.dlogits, m.gather(a.lnf), w.output, tensor.MatmulShape{BT: BT, C: C, OC: V}, false)
+	be.MatmulBackward(m.inputGrad(s.dx), g.output, dlogits, m.gather(a.lnf), w.output, tensor.MatmulShape{BT: BT, C: C, OC: V}, false)
 	dres := s.dres // gradient of the residual stream entering the current point
 	m.mem.Zero(dres)
 	m.normBackward(dres, g.norm, m.scatterGrad(s.dx), a.final, w.norm, a.rstdf)

@@ -230,8 +230,8 @@ func (m *Model[F]) vocabShape() tensor.VocabShape {
 	return tensor.VocabShape{BT: m.B * m.T, V: V, Lo: lo, Parts: parts}
 }
 
-// crossEntropyBackward accumulates dlogits += (probs − onehot(target))·dloss over
-// this rank's vocabulary rows; ignored targets (< 0) add nothing.
+// crossEntropyBackward sets dlogits = (probs − onehot(target))·dloss over this
+// rank's vocabulary rows (0 for ignored targets, < 0); dlogits may be probs.
 func (m *Model[F]) crossEntropyBackward(dlogitsB, dlossB, probsB, targets tensor.Buffer) {
 	m.be.CrossEntropyBackward(dlogitsB, dlossB, probsB, targets, m.vocabShape())
 }

@@ -163,14 +163,18 @@ static void cross_entropy() {
     near("ce_combine losses", closs, wcl, 1e-6);
     near("ce_combine probs", cprobs, wcp, 1e-5);
 
+    // ce_backward_probs overwrites dlogits (drawn nonzero: what was there goes),
+    // and in place over the probabilities gives the same.
     auto dl = draw((size_t)BT * Vp, 1), pr = draw((size_t)BT * Vp, 0.5), dloss = draw(BT, 1);
-    std::vector<double> wdl(dl.begin(), dl.end());
+    std::vector<double> wdl((size_t)BT * Vp, 0.0);
     for (int i = 0; i < BT; i++) {
         if (pt[i] < 0) continue;
-        for (int j = 0; j < Vp; j++) wdl[(size_t)i * Vp + j] += pr[(size_t)i * Vp + j] * dloss[i] - (j == pt[i] - lo ? dloss[i] : 0);
+        for (int j = 0; j < Vp; j++) wdl[(size_t)i * Vp + j] = pr[(size_t)i * Vp + j] * dloss[i] - (j == pt[i] - lo ? dloss[i] : 0);
     }
     emu::launch(grid((long)BT * Vp), 256, [&] { ce_backward_probs(dl.data(), dloss.data(), pr.data(), pt.data(), BT, Vp, lo); });
     near("ce_backward_probs", dl, wdl, 1e-6);
+    emu::launch(grid((long)BT * Vp), 256, [&] { ce_backward_probs(pr.data(), dloss.data(), pr.data(), pt.data(), BT, Vp, lo); });
+    near("ce_backward_probs in place", pr, wdl, 1e-6);
 }
 
 static void statistics() {
