@@ -28,9 +28,9 @@ func NotExecuted(r *Recipe) []Unexecuted {
 	// (trainer/model and the FSDP runtime) over each rank's GPU, one per GPU
 	// (NCCL) or sharing them (staged through the host). Neither recomputes
 	// yet: the engine's full recomputation trains on the host emulator's GPUs,
-	// but the multi-GPU engine holds fp32 unit gradients, whole logits and
-	// the CPU's scratch, so the plans of the recipes that recompute would
-	// follow it past an H100 (docs/cuda.md).
+	// but the multi-GPU engine holds fp32 unit gradients, a micro-batch's
+	// whole logits and the CPU's scratch, so the plans of the recipes that
+	// recompute would follow it past an H100 (docs/cuda.md).
 	gpu := p.Device == "cuda"
 	add(gpu && r.Model.Heads > 0 && !slices.Contains([]int{32, 64, 128}, r.Model.HeadSize()), "model.heads", "the GPU attention kernels take head sizes (head_dim, or hidden/heads) of 32, 64 or 128", "choose heads (or head_dim) so that the head size is 32, 64 or 128")
 	add(gpu && r.ActivationCheckpoint.Mode != "none", "activation_checkpoint.mode", "cuda runs keep every activation: the one-GPU engine does not recompute, and recomputation on several GPUs waits until their engine's memory fits the recipes that use it (docs/cuda.md)", `set mode = "none"`)
