@@ -23,6 +23,10 @@ type Device struct {
 	// readbacks counts device-to-host copies (a synchronisation each): tests hold a
 	// step to the number its logging interval allows.
 	readbacks atomic.Int64
+	// held is the device memory this Device has allocated and not freed
+	// (Alloc, NCCL user buffers; not cuBLASLt's workspace or NCCL's own
+	// buffers), peak the most it reached.
+	held, peak atomic.Int64
 	scratches []Buffer
 	// uuid identifies the device (cuDeviceGetUuid): ranks compare theirs to
 	// find whether they share a GPU.
@@ -116,6 +120,22 @@ func (d *Device) Err() error {
 	err := d.err
 	d.err = nil
 	return err
+}
+
+// Allocated is the device memory this Device holds now and the most it has
+// held: every allocation it made (buffers, kernel scratch, NCCL user
+// buffers), besides cuBLASLt's workspace and NCCL's own buffers.
+func (d *Device) Allocated() (now, peak int64) { return d.held.Load(), d.peak.Load() }
+
+// hold counts bytes allocated (negative: freed).
+func (d *Device) hold(bytes int64) {
+	n := d.held.Add(bytes)
+	for {
+		p := d.peak.Load()
+		if n <= p || d.peak.CompareAndSwap(p, n) {
+			return
+		}
+	}
 }
 
 // Readbacks is the number of device-to-host copies so far.

@@ -8,6 +8,9 @@ import "github.com/shardline/shardline/tensor"
 
 func (k *Kernels) Name() string             { return k.k.Name() }
 func (k *Kernels) NewMemory() tensor.Memory { return k.k.NewMemory() }
+
+// Device is the GPU the kernels run on.
+func (k *Kernels) Device() *Device { return k.k.d }
 func (k *Kernels) Matmul(out, inp, weight tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
 	k.k.d.run(func() { k.k.Matmul(out, inp, weight, s, accumulate) })
 }

@@ -44,6 +44,9 @@ func (d *Device) Alloc(t DType, n int) (Buffer, error) {
 		return Buffer{DType: t}, nil
 	}
 	p, err := d.memAlloc(int64(n) * int64(t.Size()))
+	if err == nil {
+		d.hold(int64(n) * int64(t.Size()))
+	}
 	if err != nil {
 		free, total, _ := d.memInfo()
 		return Buffer{}, fmt.Errorf("cuda: allocating %d %s values (%.1f MiB; %.1f of %.1f GiB free): %w", n, t, float64(n*t.Size())/(1<<20),
@@ -56,6 +59,7 @@ func (d *Device) Alloc(t DType, n int) (Buffer, error) {
 func (d *Device) Free(b Buffer) {
 	if b.ptr != 0 {
 		d.fail("free", d.memFree(b.ptr))
+		d.hold(-b.Bytes())
 	}
 }
 

@@ -306,6 +306,7 @@ func (d *Device) ncclAlloc(t DType, n int) (Buffer, error) {
 	if r := C.nc_memalloc(&p, C.size_t(int64(n)*int64(t.Size()))); r != 0 {
 		return Buffer{}, fmt.Errorf("cuda: ncclMemAlloc of %d %s values: %s", n, t, ncclErrString(r))
 	}
+	d.hold(int64(n) * int64(t.Size()))
 	return Buffer{ptr: cu.DevicePtr(p), N: n, DType: t}, nil
 }
 
@@ -314,6 +315,7 @@ func (d *Device) ncclFree(b Buffer) error {
 	if r := C.nc_memfree(C.ulonglong(b.ptr)); r != 0 {
 		return fmt.Errorf("cuda: ncclMemFree: %s", ncclErrString(r))
 	}
+	d.hold(-b.Bytes())
 	return nil
 }
 
