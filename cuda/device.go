@@ -27,7 +27,7 @@ type Device struct {
 	// (Alloc, NCCL user buffers; not cuBLASLt's workspace or NCCL's own
 	// buffers), peak the most it reached.
 	held, peak atomic.Int64
-	scratches []Buffer
+	scratches  []Buffer
 	// uuid identifies the device (cuDeviceGetUuid): ranks compare theirs to
 	// find whether they share a GPU.
 	uuid [16]byte

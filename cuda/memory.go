@@ -43,16 +43,16 @@ func (d *Device) Alloc(t DType, n int) (Buffer, error) {
 	if n <= 0 {
 		return Buffer{DType: t}, nil
 	}
-	p, err := d.memAlloc(int64(n) * int64(t.Size()))
-	if err == nil {
-		d.hold(int64(n) * int64(t.Size()))
-	}
+	b := Buffer{N: n, DType: t}
+	p, err := d.memAlloc(b.Bytes())
 	if err != nil {
 		free, total, _ := d.memInfo()
 		return Buffer{}, fmt.Errorf("cuda: allocating %d %s values (%.1f MiB; %.1f of %.1f GiB free): %w", n, t, float64(n*t.Size())/(1<<20),
 			float64(free)/(1<<30), float64(total)/(1<<30), err)
 	}
-	return Buffer{ptr: p, N: n, DType: t}, nil
+	b.ptr = p
+	d.hold(b.Bytes())
+	return b, nil
 }
 
 // Free returns b's memory (b must be the whole allocation).
