@@ -86,40 +86,109 @@ func ReadRegular(path string, limit int64) ([]byte, error) {
 // fsynced before it is renamed over path (and the directory fsynced after), so a
 // crash leaves either the old file or the new one.
 func WriteAtomic(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
+	tmp, err := createTemp(path)
 	if err != nil {
 		return err
 	}
-	ok := false
-	defer func() {
-		if !ok {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
 	if _, err := tmp.Write(data); err != nil {
+		discard(tmp)
 		return err
 	}
-	if err := tmp.Chmod(0o644); err != nil {
-		return err
+	return commit(tmp, path)
+}
+
+// createTemp makes the temporary file a write to path goes through, beside it.
+func createTemp(path string) (*os.File, error) {
+	return os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+}
+
+// discard closes and removes a temporary file createTemp made.
+func discard(tmp *os.File) {
+	tmp.Close()
+	os.Remove(tmp.Name())
+}
+
+// commit makes a written temporary file path: it is made readable by all,
+// fsynced, closed and renamed over path, and the directory fsynced. On an
+// error the temporary file is removed.
+func commit(tmp *os.File, path string) error {
+	err := tmp.Chmod(0o644)
+	if err == nil {
+		err = tmp.Sync()
 	}
-	if err := tmp.Sync(); err != nil {
+	if err != nil {
+		discard(tmp)
 		return err
 	}
 	if err := tmp.Close(); err != nil {
+		os.Remove(tmp.Name())
 		return err
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
+		os.Remove(tmp.Name())
 		return err
 	}
-	ok = true
-	if d, err := os.Open(dir); err == nil {
+	if d, err := os.Open(filepath.Dir(path)); err == nil {
 		d.Sync() // best effort: some file systems refuse to sync a directory
 		d.Close()
 	}
 	return nil
 }
+
+// SealedWriter writes a sealed file of a known size in pieces, in any order
+// (WriteAt), without holding its contents: the pieces go to a temporary file
+// beside the path, and Commit checksums what was written, appends the trailer
+// Seal would and renames the file over the path, as WriteSealed does. A
+// writer that is not committed must be aborted, which removes the temporary
+// file.
+type SealedWriter struct {
+	tmp  *os.File
+	path string
+	size int64
+}
+
+// CreateSealed starts a sealed file of size bytes (before its trailer) at path.
+func CreateSealed(path string, size int64) (*SealedWriter, error) {
+	if size < 0 {
+		return nil, fmt.Errorf("%s: a sealed file of %d bytes", path, size)
+	}
+	tmp, err := createTemp(path)
+	if err != nil {
+		return nil, err
+	}
+	return &SealedWriter{tmp: tmp, path: path, size: size}, nil
+}
+
+// WriteAt writes b at byte off of the file's contents; b must lie inside the
+// size given to CreateSealed.
+func (w *SealedWriter) WriteAt(b []byte, off int64) error {
+	if off < 0 || off+int64(len(b)) > w.size {
+		return fmt.Errorf("%s: writing bytes %d..%d of a file of %d", w.path, off, off+int64(len(b)), w.size)
+	}
+	_, err := w.tmp.WriteAt(b, off)
+	return err
+}
+
+// Commit reads the contents back to checksum them (a piece never written
+// reads as zeros), appends the trailer and renames the file over the path.
+func (w *SealedWriter) Commit() error {
+	h := crc32.New(castagnoli)
+	if _, err := io.Copy(h, io.NewSectionReader(w.tmp, 0, w.size)); err != nil {
+		discard(w.tmp)
+		return err
+	}
+	t := append([]byte(trailerMagic), make([]byte, 0, 12)...)
+	t = binary.LittleEndian.AppendUint32(t, h.Sum32())
+	t = binary.LittleEndian.AppendUint64(t, uint64(w.size))
+	if _, err := w.tmp.WriteAt(t, w.size); err != nil {
+		discard(w.tmp)
+		return err
+	}
+	return commit(w.tmp, w.path)
+}
+
+// Abort removes the temporary file; the path is left as it was.
+func (w *SealedWriter) Abort() { discard(w.tmp) }
 
 // AppendFloat32s appends x to b as little-endian float32 values: the layout of
 // every float file shardline writes (weights, checkpoints, safetensors).

@@ -85,3 +85,41 @@ func TestWriteAtomicLeavesNoTemporaries(t *testing.T) {
 	require.Error(t, err)
 	require.True(t, errors.Is(err, os.ErrNotExist) || strings.Contains(err.Error(), "no such"))
 }
+
+// TestSealedWriterWritesWhatWriteSealedWrites: pieces written out of order and
+// committed give the same bytes as WriteSealed of the whole contents (an
+// unwritten gap reads as zeros); a piece past the size is refused; an aborted
+// writer leaves the old file and no temporaries.
+func TestSealedWriterWritesWhatWriteSealedWrites(t *testing.T) {
+	dir := t.TempDir()
+	data := []byte("0123456789abcdef\x00\x00\x00\x00xyz")
+	want := filepath.Join(dir, "want.bin")
+	require.NoError(t, WriteSealed(want, data))
+
+	path := filepath.Join(dir, "got.bin")
+	w, err := CreateSealed(path, int64(len(data)))
+	require.NoError(t, err)
+	require.NoError(t, w.WriteAt(data[20:], 20))
+	require.NoError(t, w.WriteAt(data[8:16], 8))
+	require.NoError(t, w.WriteAt(data[:8], 0))
+	require.Error(t, w.WriteAt([]byte("toolong"), int64(len(data))-3), "a piece past the size")
+	require.Error(t, w.WriteAt([]byte("x"), -1))
+	require.NoError(t, w.Commit())
+	got, err := os.ReadFile(path)
+	require.NoError(t, err)
+	wantBytes, _ := os.ReadFile(want)
+	require.Equal(t, wantBytes, got)
+	body, err := ReadSealed(path, 1<<20)
+	require.NoError(t, err)
+	require.Equal(t, data, body)
+
+	w, err = CreateSealed(path, 4)
+	require.NoError(t, err)
+	require.NoError(t, w.WriteAt([]byte("new!"), 0))
+	w.Abort()
+	again, _ := os.ReadFile(path)
+	require.Equal(t, got, again, "an aborted writer leaves the file as it was")
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Len(t, entries, 2, "no temporaries left")
+}
