@@ -21,6 +21,7 @@ type Memory struct {
 	mu        sync.Mutex
 	err       error
 	held      int64 // bytes allocated and not freed
+	peak      int64 // the most held at once
 }
 
 var _ tensor.Memory = (*Memory)(nil)
@@ -63,6 +64,7 @@ func (m *Memory) Alloc(t tensor.DType, n int) tensor.Buffer {
 	}
 	m.mu.Lock()
 	m.held += int64(n) * int64(t.Size())
+	m.peak = max(m.peak, m.held)
 	m.mu.Unlock()
 	return tensor.NewBuffer(s, 0, n)
 }
@@ -88,6 +90,13 @@ func (m *Memory) Held() int64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.held
+}
+
+// Peak is the most bytes held at once since the memory was made.
+func (m *Memory) Peak() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.peak
 }
 
 // Write copies src, a host slice ([]float64, []float32, []tensor.BF16 or

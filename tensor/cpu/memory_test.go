@@ -13,7 +13,8 @@ import (
 // TestMemoryRoundTrips: values written, copied between dtypes and read back
 // arrive rounded as each dtype rounds (exact for f64, float32(x) for f32,
 // tensor.ToBF16 for bf16, truncation for i32); slices address their own
-// elements; every Read and Sync is counted, and nothing else is.
+// elements; every Read and Sync is counted, and nothing else is; Held and Peak
+// count the bytes held now and at most.
 func TestMemoryRoundTrips(t *testing.T) {
 	m := NewMemory()
 	vals := []float64{1.0 / 3, -2.5, 1e-40, 65504.123, math.Inf(-1)}
@@ -51,6 +52,11 @@ func TestMemoryRoundTrips(t *testing.T) {
 	require.NoError(t, m.Err())
 	m.Free(f64)
 	assert.Equal(t, int64(5*4+5*2+5*4), m.Held())
+	assert.Equal(t, int64(5*8+5*4+5*2+5*4), m.Peak(), "the most held at once, before the free")
+	m.Free(m.Alloc(tensor.Float32, 3))
+	assert.Equal(t, int64(5*8+5*4+5*2+5*4), m.Peak(), "less than the peak, allocated and freed")
+	m.Free(m.Alloc(tensor.Float32, 20))
+	assert.Equal(t, int64(5*4+5*2+5*4+20*4), m.Peak())
 	require.NoError(t, m.Err())
 }
 
