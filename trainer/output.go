@@ -175,23 +175,37 @@ func (t *run) writeHeader() error {
 	return writeJSON(filepath.Join(t.dir, "run.json"), t.info())
 }
 
-// finish writes the weights, the loss curve, a sample and the final run.json. Weights
-// that are not all finite are refused first, and nothing else is written then.
+// finish commits weights.bin (a device engine's run writes its whole model
+// into it first), then writes the loss curve, the sample and the final
+// run.json. Weights that are not all finite are refused first, and nothing
+// else is written then.
 func (t *run) finish(out *Result) error {
-	table, views := t.finalTable, t.finalViews
-	for i, w := range views {
-		if j := firstNonFinite(w); j >= 0 {
-			return t.nonFinite(fmt.Errorf("parameter %s holds %v at element %d: %w; %s; lower train.lr",
-				table[i].Name, w[j], j, ErrNonFinite, describeGood(t.goodAtEnd())))
+	if t.weightsOut == nil {
+		w, err := newWeightsWriter(filepath.Join(t.dir, "weights.bin"), t.finalTable)
+		if err != nil {
+			return fmt.Errorf("saving weights: %w", err)
+		}
+		t.weightsOut = w
+		for i, v := range t.finalViews {
+			if err := w.put(i, v); err != nil {
+				t.abortWeights()
+				return fmt.Errorf("saving weights: %w", err)
+			}
 		}
 	}
-	if err := saveWeights(filepath.Join(t.dir, "weights.bin"), table, views); err != nil {
+	if s := t.weightsOut.nonFinite(); s != "" {
+		t.abortWeights()
+		return t.nonFinite(fmt.Errorf("%s: %w; %s; lower train.lr", s, ErrNonFinite, describeGood(t.goodAtEnd())))
+	}
+	err := t.weightsOut.commit()
+	t.weightsOut = nil
+	if err != nil {
 		return fmt.Errorf("saving weights: %w", err)
 	}
 	if err := writeLossPNG(filepath.Join(t.dir, "loss.png"), t.curve); err != nil {
 		return fmt.Errorf("writing loss.png: %w", err)
 	}
-	if err := t.sample(out, table, views); err != nil {
+	if err := t.sample(out); err != nil {
 		return err
 	}
 	out.Held = t.held()
@@ -271,29 +285,39 @@ func peakRSS() int64 {
 }
 
 // sample writes logging.sample_tokens tokens sampled from the trained weights
-// to sample.txt and out.Sample (nothing when it is 0).
-func (t *run) sample(out *Result, table []parallel.Param, views [][]float32) error {
+// to sample.txt and out.Sample (nothing when it is 0): the text every rank
+// sampled together (sampleTogether), or rank 0's own sample, on the device
+// engine or from the whole model (finalTable, finalViews).
+func (t *run) sample(out *Result) error {
 	n := t.r.Logging.SampleTokens
 	if n == 0 {
 		return nil
 	}
-	// The prompt is the validation text's first token: always in the vocabulary.
-	prompt := t.ds.Tok.Decode(t.ds.Train[:1])
-	if len(t.ds.Val) > 0 {
-		prompt = t.ds.Tok.Decode(t.ds.Val[:1])
-	}
+	prompt := t.prompt()
 	var sample string
 	var err error
-	if t.opts.Device != nil { // on the device: a CPU forward per token would take hours for a GPU-sized model
-		sample, err = generate(t.r.Model.SeqLen, t.ds.Tok, prompt, n, 0.8, t.r.Run.Seed, t.opts.Device.Logits)
-	} else {
-		sample, err = Generate(t.r, t.opts.Backend, table, views, t.ds.Tok, prompt, n, 0.8, t.r.Run.Seed)
+	switch {
+	case t.sampled != nil:
+		sample = *t.sampled
+	case t.opts.Device != nil: // on the device: a CPU forward per token would take hours for a GPU-sized model
+		sample, err = generate(t.r.Model.SeqLen, t.ds.Tok, prompt, n, 0.8, t.r.Run.Seed, t.opts.Device.Logits, nil)
+	default:
+		sample, err = Generate(t.r, t.opts.Backend, t.finalTable, t.finalViews, t.ds.Tok, prompt, n, 0.8, t.r.Run.Seed)
 	}
 	if err != nil {
 		return err
 	}
 	out.Sample = prompt + sample
 	return os.WriteFile(filepath.Join(t.dir, "sample.txt"), []byte(out.Sample+"\n"), 0o644)
+}
+
+// prompt is what the sample follows: the validation text's first token (the
+// training text's without one), always in the vocabulary.
+func (t *run) prompt() string {
+	if len(t.ds.Val) > 0 {
+		return t.ds.Tok.Decode(t.ds.Val[:1])
+	}
+	return t.ds.Tok.Decode(t.ds.Train[:1])
 }
 
 // Generate samples n tokens after prompt, one forward pass per token over the last
@@ -320,12 +344,14 @@ func Generate(r *config.Recipe, be tensor.Backend, table []parallel.Param, weigh
 		m.Forward(window, nil, tensor.Buffer{}, false)
 		m.ReadLogits(logits, (k-1)*V) // one read-back per sampled token
 		return logits, nil
-	})
+	}, nil)
 }
 
 // generate is Generate's loop over a function that returns the logits (V) of
-// position k−1 of a window of T tokens (the first k real, zeros after).
-func generate(T int, tok data.Tokenizer, prompt string, n int, temperature float64, seed int64, next func(window []int32, k int) ([]float32, error)) (string, error) {
+// position k−1 of a window of T tokens (the first k real, zeros after). agree,
+// when not nil, turns each token drawn into the one every rank goes on with.
+func generate(T int, tok data.Tokenizer, prompt string, n int, temperature float64, seed int64, next func(window []int32, k int) ([]float32, error),
+	agree func(int32) (int32, error)) (string, error) {
 	ctx, err := tok.Encode([]byte(prompt))
 	if err != nil {
 		return "", fmt.Errorf("prompt: %w", err)
@@ -345,7 +371,13 @@ func generate(T int, tok data.Tokenizer, prompt string, n int, temperature float
 		if err != nil {
 			return "", err
 		}
-		ctx = append(ctx, sampleToken(logits[:vocab], temperature, rng))
+		id := sampleToken(logits[:vocab], temperature, rng)
+		if agree != nil {
+			if id, err = agree(id); err != nil {
+				return "", err
+			}
+		}
+		ctx = append(ctx, id)
 	}
 	return tok.Decode(ctx[start:]), nil
 }

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/tensor/cpu"
 	"github.com/stretchr/testify/assert"
@@ -93,7 +94,8 @@ func (b *countingBackend) NewMemory() tensor.Memory {
 // TestRunReadsBackOncePerLoggingInterval: a whole run reads the step statistics
 // back once per logging interval (and at the last step), plus once per
 // evaluation, and records every step's loss all the same; on two ranks each rank
-// reads back as often.
+// reads back as often, and once more per token of the sample they draw
+// together.
 func TestRunReadsBackOncePerLoggingInterval(t *testing.T) {
 	for _, c := range []struct {
 		name               string
@@ -106,7 +108,9 @@ func TestRunReadsBackOncePerLoggingInterval(t *testing.T) {
 		// and two evaluations.
 		{"interval 5 eval 5", []string{"logging.interval=5", "train.steps=10", "train.eval_interval=5"}, 2 + 2, 10},
 		{"interval 1", []string{"logging.interval=1", "train.steps=6", "train.eval_interval=0"}, 6 + 1, 6},
-		{"two ranks", []string{"logging.interval=4", "train.steps=10", "train.eval_interval=0", "parallel.world_size=2"}, 3 + 1, 10},
+		// Two ranks sample together with the training model: each reads the
+		// logits of every token it draws back too.
+		{"two ranks", []string{"logging.interval=4", "train.steps=10", "train.eval_interval=0", "parallel.world_size=2", "logging.sample_tokens=5"}, 3 + 1 + 5, 10},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			res, _ := tinyRun(t, c.sets...)
@@ -167,14 +171,7 @@ func TestStateLivesInBackendMemory(t *testing.T) {
 					act, logits := r.m.ActivationBytes()
 					return w + main + g + o + act + logits + r.m.ScratchBytes() + r.m.DispatchBytes()
 				}
-				small := int64(tensor.NumStats*8+4*4) + // the step statistics and their f32 wire
-					2*8 + // the tp-discard and evaluation loss sums
-					int64(historyRows(r.r)*tensor.NumStats*8) // the statistics of a logging interval
-				if mo := r.r.Model; mo.MoE.NumExperts > 0 {
-					small += 2 * 8 // the model's MoE sums
-					// each MoE layer's router statistics (RouterStats: 2E values, f32)
-					small += int64(mo.Layers * 2 * mo.MoE.NumExperts * 4)
-				}
+				small := smallBuffers(r.r)
 				mem := r.st.mem.(*cpu.Memory)
 				held := mem.Held()
 				assert.Equal(t, components()+small, held, "rank %d", i)
@@ -220,4 +217,20 @@ func TestScratchFollowsThePlan(t *testing.T) {
 				out.Held.GradReduceBuffers+out.Predicted.GradReduceBuffers-out.Held.MoEDispatch+out.Predicted.MoEDispatch, "the totals differ only where the components do")
 		})
 	}
+}
+
+// smallBuffers is what a rank's backend memory holds beside the plan's
+// components: the step statistics and their f32 wire, the tp-discard and
+// evaluation loss sums, the statistics of a logging interval, and an MoE
+// model's sums and router statistics.
+func smallBuffers(r *config.Recipe) int64 {
+	small := int64(tensor.NumStats*8+4*4) + // the step statistics and their f32 wire
+		2*8 + // the tp-discard and evaluation loss sums
+		int64(historyRows(r)*tensor.NumStats*8) // the statistics of a logging interval
+	if mo := r.Model; mo.MoE.NumExperts > 0 {
+		small += 2 * 8 // the model's MoE sums
+		// each MoE layer's router statistics (RouterStats: 2E values, f32)
+		small += int64(mo.Layers * 2 * mo.MoE.NumExperts * 4)
+	}
+	return small
 }

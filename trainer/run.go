@@ -360,10 +360,14 @@ type run struct {
 	trace   *tracer
 	m       *model.Model[float32]
 	evalErr error // a collective of the last evaluation failed; flush returns it
+	// weightsOut is rank 0's weights.bin as the end of the run writes it.
 	// finalTable and finalViews are the whole model at the end (tensor-parallel
-	// slices assembled): what weights.bin and the sample are made from.
+	// slices assembled) where rank 0 samples by itself, and sampled the text
+	// when every rank sampled together.
+	weightsOut *weightsWriter
 	finalTable []parallel.Param
 	finalViews [][]float32
+	sampled    *string
 	// modelSteps is how many training steps the model-parallel groups' counts
 	// (state.counted) cover.
 	modelSteps int64
@@ -853,42 +857,60 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 			return nil, err
 		}
 	}
-	if t.st.perUnit {
-		// Every rank joins in gathering the whole model once, for rank 0's last
-		// evaluation, weights and sample.
-		if err := t.st.gatherFull(); err != nil {
-			return nil, err
-		}
-		t.m.SetHooks(nil)
-		for i, w := range t.st.wviews {
-			t.m.Bind(i, w, tensor.Buffer{})
-		}
+	if lead && t.opts.Progress != nil {
+		fmt.Fprintln(t.opts.Progress)
 	}
-	if err := t.st.gatherExperts(); err != nil {
+	// The final weights go to rank 0 a parameter at a time, which writes
+	// weights.bin as they come (every rank takes part).
+	defer t.abortWeights()
+	alone := world.Size() == 1 || !t.collectiveEval() // rank 0 can sample by itself
+	if err := t.finalWeights(alone); err != nil {
 		return nil, err
 	}
-	// Tensor-parallel slices are put together for the weights file and the sample.
-	if t.finalTable, t.finalViews, err = t.st.gatherTP(r.Model); err != nil {
-		return nil, err
+	var problem error // rank 0's reason to stop before the sample
+	if lead {
+		out.Steps, out.FinalLoss = last.Step, last.Loss
+		switch {
+		case last.ValLoss != nil:
+			out.FinalValLoss = last.ValLoss
+		case !math.IsNaN(finalVal):
+			out.FinalValLoss = &finalVal
+		case len(t.ds.Val) > T && !t.collectiveEval():
+			v := t.evaluate()
+			out.FinalValLoss = &v
+		}
+		if v := out.FinalValLoss; v != nil && (math.IsNaN(*v) || math.IsInf(*v, 0)) {
+			problem = t.nonFinite(fmt.Errorf("the final validation loss is %v: %w; %s; lower train.lr", *v, ErrNonFinite, describeGood(good)))
+		} else if s := t.weightsOut.nonFinite(); s != "" {
+			problem = t.nonFinite(fmt.Errorf("%s: %w; %s; lower train.lr", s, ErrNonFinite, describeGood(good)))
+		}
+	}
+	if n := r.Logging.SampleTokens; n > 0 && !alone {
+		// Every rank samples with the training model; rank 0 says first whether
+		// there is anything to sample from.
+		go1 := []float32{1}
+		if problem != nil {
+			go1[0] = 0
+		}
+		if err := world.Broadcast(go1, 0); err != nil {
+			return nil, fmt.Errorf("agreeing on the final sample: %w", err)
+		}
+		if go1[0] == 1 {
+			if lead {
+				t.log.Info().Int("tokens", n).Msg("sampling with every rank (the model is split over them)")
+			}
+			text, err := t.sampleTogether(world, t.prompt(), n)
+			if err != nil {
+				return nil, fmt.Errorf("sampling: %w", err)
+			}
+			t.sampled = &text
+		}
 	}
 	if !lead {
 		return out, nil
 	}
-	if t.opts.Progress != nil {
-		fmt.Fprintln(t.opts.Progress)
-	}
-	out.Steps, out.FinalLoss = last.Step, last.Loss
-	switch {
-	case last.ValLoss != nil:
-		out.FinalValLoss = last.ValLoss
-	case !math.IsNaN(finalVal):
-		out.FinalValLoss = &finalVal
-	case len(t.ds.Val) > T:
-		v := t.evaluate()
-		out.FinalValLoss = &v
-	}
-	if v := out.FinalValLoss; v != nil && (math.IsNaN(*v) || math.IsInf(*v, 0)) {
-		return nil, t.nonFinite(fmt.Errorf("the final validation loss is %v: %w; %s; lower train.lr", *v, ErrNonFinite, describeGood(good)))
+	if problem != nil {
+		return nil, problem
 	}
 	out.TokensPerS = median(rates[min(1, max(len(rates)-1, 0)):]) // the first step warms caches up: left out unless alone
 	return out, t.finish(out)

@@ -41,7 +41,7 @@ type state struct {
 	be         tensor.Backend
 
 	// weights are the full compute weights per group (Padded; empty under
-	// optim_grads_params until gatherFull): fp32, or bf16 storage in a bf16 run.
+	// optim_grads_params): fp32, or bf16 storage in a bf16 run.
 	weights []tensor.Buffer
 	grads   []tensor.Buffer // per group: full gradients (Padded), fp32 (empty under optim_grads, optim_grads_params)
 	main    [][]float32     // per group: this rank's shard of the fp32 main weights, on the host (initialisation, checkpoints)
@@ -588,13 +588,7 @@ func (s *state) initFrom(vals [][]float32) error {
 func (s *state) floatViews() [][]float32 {
 	out := make([][]float32, len(s.wviews))
 	for i, b := range s.wviews {
-		w := s.weightsView(b)
-		if w.BF16 == nil {
-			out[i] = w.F
-			continue
-		}
-		out[i] = make([]float32, w.Len())
-		w.Widen(out[i], 0)
+		out[i] = s.hostValues(b)
 	}
 	return out
 }
@@ -619,44 +613,6 @@ func (s *state) tableViews() (main, m, v [][]float32, err error) {
 	return main, m, v, nil
 }
 
-// gatherTP assembles the whole parameters, in fp32, from the tensor-parallel
-// slices every tp rank holds (wviews, after gatherFull and gatherExperts): each
-// slice is all-gathered over the tp group and put at its places. It returns the
-// table without tensor parallelism and its views; without tensor parallelism,
-// the plan's table and wviews (floatViews).
-func (s *state) gatherTP(m config.Model) ([]parallel.Param, [][]float32, error) {
-	fv := s.floatViews()
-	if s.tpComm == nil {
-		return s.plan.Params, fv, nil
-	}
-	full, err := parallel.ParamTable(m, 1, 1)
-	if err != nil {
-		return nil, nil, err
-	}
-	tp := s.tpComm.Size()
-	views := make([][]float32, len(full))
-	for i := range full {
-		p := &s.plan.Params[i]
-		if p.LocalNumel() == p.Numel() {
-			views[i] = fv[i]
-			continue
-		}
-		n := p.LocalNumel()
-		all := make([]float32, int64(tp)*n)
-		if err := s.tpComm.AllGather(all, fv[i]); err != nil {
-			return nil, nil, err
-		}
-		views[i] = make([]float32, p.Numel())
-		for r := 0; r < tp; r++ {
-			slice := all[int64(r)*n : int64(r+1)*n]
-			for _, run := range tpRuns(p, 0, n, r) {
-				copy(views[i][run.global:run.global+run.n], slice[run.local:run.local+run.n])
-			}
-		}
-	}
-	return full, views, nil
-}
-
 // global maps a parameter of this rank's expert groups (laid out as the ep-rank-0
 // experts 0..local−1) to the table index of the global expert it holds: the
 // routed experts of a layer are consecutive in the table, three parameters each.
@@ -676,31 +632,100 @@ func globalParam(p *parallel.Plan, rank, i, numExperts int) int {
 	return i + 3*p.Mesh.Coords(rank).EP*(numExperts/p.Mesh.EP)
 }
 
-// gatherExperts gives every rank all experts' compute weights (a collective over
-// the ep group), for rank 0's weights file and sample: each ep rank's expert groups
-// hold different experts at the same offsets.
-func (s *state) gatherExperts() error {
-	if s.epComm == nil {
-		return nil
+// finalWeights hands rank 0 the final compute weights of the whole model, a
+// parameter at a time, so that no rank holds the whole model for it: put
+// (called on rank 0 only) takes a parameter's index in the table without
+// tensor parallelism and its whole values in fp32 (bf16 ones widened), valid
+// only during the call. Group by group: a group whose weights are not whole
+// here (optim_grads_params, where the group is sharded) is gathered into scratch (n compute-dtype
+// elements; release gives them back before the next group); rank 0's ep group
+// then passes every ep rank's experts over the host, and its tp group every tp
+// rank's slices, a parameter at a time; other ranks have nothing more to do. A
+// collective: every rank calls it. An error of put is returned after the last
+// group, so that rank 0 still takes part in every collective.
+func (s *state) finalWeights(scratch func(n int64) (b tensor.Buffer, release func()), put func(i int, v []float32) error) error {
+	lead := s.rank == 0
+	withLead := func(a parallel.Axis) bool { return s.plan.Mesh.Group(a, s.rank)[0] == 0 }
+	epLead := s.epComm != nil && withLead(parallel.AxisEP)
+	tpLead := s.tpComm != nil && withLead(parallel.AxisTP)
+	var putErr error
+	keep := func(i int, v []float32) {
+		if lead && putErr == nil {
+			putErr = put(i, v)
+		}
 	}
-	ep := s.epComm.Size()
 	for gi := range s.plan.Groups {
 		g := &s.plan.Groups[gi]
-		if !g.Expert {
-			continue
-		}
-		all := s.newWeights(int64(ep) * g.Padded)
-		if err := s.epG.AllGather(all, s.weights[gi]); err != nil {
-			return err
-		}
-		for j := 0; j < ep; j++ {
-			base := int64(j) * g.Padded
-			for _, e := range g.Entries {
-				s.wviews[e.Param+3*j*s.epLocal] = all.Slice(int(base+e.Offset), int(base+e.Offset+e.Numel))
+		full, release := s.weights[gi], func() {}
+		if whole := s.comms[gi].Size() == 1 || g.Shards == 1; whole && full.Len() == 0 {
+			full = s.computeShardBuffer(gi) // the group is this rank's alone
+		} else if full.Len() == 0 {
+			full, release = scratch(g.Padded)
+			if err := s.gatherGroup(gi, full); err != nil {
+				release()
+				return fmt.Errorf("gathering group %d for the final weights: %w", gi, err)
 			}
 		}
+		for _, e := range g.Entries {
+			p := &s.plan.Params[e.Param]
+			view := full.Slice(int(e.Offset), int(e.Offset+e.Numel))
+			var err error
+			switch {
+			case g.Expert && s.epComm != nil: // every ep rank holds other experts at these places
+				if !epLead {
+					continue
+				}
+				v, ep := s.hostValues(view), s.epComm.Size()
+				all := make([]float32, ep*len(v))
+				if err = s.epComm.AllGather(all, v); err == nil {
+					for j := 0; j < ep; j++ {
+						keep(e.Param+3*j*s.epLocal, all[j*len(v):(j+1)*len(v)])
+					}
+				}
+			case s.tpComm != nil && p.LocalNumel() != p.Numel():
+				if !tpLead {
+					continue
+				}
+				v, tp := s.hostValues(view), s.tpComm.Size()
+				all := make([]float32, tp*len(v))
+				if err = s.tpComm.AllGather(all, v); err == nil && lead {
+					whole := make([]float32, p.Numel())
+					n := int64(len(v))
+					for r := 0; r < tp; r++ {
+						slice := all[int64(r)*n : int64(r+1)*n]
+						for _, run := range tpRuns(p, 0, n, r) {
+							copy(whole[run.global:run.global+run.n], slice[run.local:run.local+run.n])
+						}
+					}
+					keep(e.Param, whole)
+				}
+			case lead:
+				keep(e.Param, s.hostValues(view))
+			}
+			if err != nil {
+				release()
+				return fmt.Errorf("collecting %s for the final weights: %w", p.Name, err)
+			}
+		}
+		release()
 	}
-	return nil
+	if err := s.mem.Err(); err != nil {
+		return err
+	}
+	return putErr
+}
+
+// hostValues are b's values (compute weights) in fp32 on the host: b's own
+// elements on host memory in an fp32 run, a widened or read-back copy
+// otherwise.
+func (s *state) hostValues(b tensor.Buffer) []float32 {
+	w := s.weightsView(b)
+	if w.BF16 == nil {
+		return w.F
+	}
+	out := make([]float32, w.Len())
+	w.Widen(out, 0)
+	return out
 }
 
 // gather refreshes the full compute weights from every rank's main shard: in a
@@ -800,8 +825,10 @@ func (s *state) reduceInto(gi int, src tensor.Buffer) error {
 }
 
 // gatherFull all-gathers every group's compute weights into full buffers and
-// points the parameter views at them (a collective: every rank calls it). It ends
-// an optim_grads_params run, so rank 0 can evaluate, save and sample.
+// points the parameter views at them (a collective: every rank calls it). A
+// device engine's run (one rank) starts with it under optim_grads_params, to
+// hand the engine the whole model; the end of an engine run never gathers
+// the whole model (finalWeights).
 func (s *state) gatherFull() error {
 	for gi := range s.plan.Groups {
 		g := &s.plan.Groups[gi]

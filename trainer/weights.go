@@ -30,24 +30,115 @@ const weightsFormat = "shardline-weights-v2"
 // maxWeightsHeader caps the JSON header (a parameter table of 2^20 tensors fits).
 const maxWeightsHeader = 1 << 26
 
+// saveWeights writes weights.bin from the whole model's values (table order).
 func saveWeights(path string, table []parallel.Param, views [][]float32) error {
-	h := weightsHeader{Format: weightsFormat}
-	var n int64
-	for i := range table {
-		h.Params = append(h.Params, weightEntry{table[i].Name, table[i].LocalShape})
-		n += int64(len(views[i]))
-	}
-	hb, err := json.Marshal(h)
+	w, err := newWeightsWriter(path, table)
 	if err != nil {
 		return err
 	}
-	buf := make([]byte, 0, 4+int64(len(hb))+4*n+fileio.TrailerSize)
-	buf = binary.LittleEndian.AppendUint32(buf, uint32(len(hb)))
-	buf = append(buf, hb...)
-	for _, v := range views {
-		buf = fileio.AppendFloat32s(buf, v)
+	for i, v := range views {
+		if err := w.put(i, v); err != nil {
+			w.abort()
+			return err
+		}
 	}
-	return fileio.WriteSealed(path, buf)
+	return w.commit()
+}
+
+// weightsWriter writes weights.bin a parameter at a time, in any order, at
+// the places the header gives them, so that the whole model is never held
+// for it: the end of a sharded run hands it each parameter as it arrives on
+// rank 0. It notes the first value that is not finite (nonFinite); commit
+// refuses a file with one, or with a parameter missing.
+type weightsWriter struct {
+	f     *fileio.SealedWriter
+	table []parallel.Param
+	offs  []int64 // per parameter: its first byte in the file
+	done  []bool
+	buf   []byte
+	// bad is the first parameter found holding a NaN or infinity (−1: none),
+	// with the element and its value.
+	bad, badAt int
+	badValue   float32
+}
+
+func newWeightsWriter(path string, table []parallel.Param) (*weightsWriter, error) {
+	h := weightsHeader{Format: weightsFormat}
+	for i := range table {
+		h.Params = append(h.Params, weightEntry{table[i].Name, table[i].LocalShape})
+	}
+	hb, err := json.Marshal(h)
+	if err != nil {
+		return nil, err
+	}
+	offs := make([]int64, len(table))
+	n := 4 + int64(len(hb))
+	for i := range table {
+		offs[i] = n
+		n += 4 * table[i].LocalNumel()
+	}
+	f, err := fileio.CreateSealed(path, n)
+	if err != nil {
+		return nil, err
+	}
+	head := binary.LittleEndian.AppendUint32(make([]byte, 0, 4+len(hb)), uint32(len(hb)))
+	if err := f.WriteAt(append(head, hb...), 0); err != nil {
+		f.Abort()
+		return nil, err
+	}
+	return &weightsWriter{f: f, table: table, offs: offs, done: make([]bool, len(table)), bad: -1}, nil
+}
+
+// put writes parameter i's values (its whole LocalNumel, in table order).
+func (w *weightsWriter) put(i int, v []float32) error {
+	if i < 0 || i >= len(w.table) || int64(len(v)) != w.table[i].LocalNumel() {
+		return fmt.Errorf("weights.bin: %d values for parameter %d of a table of %d", len(v), i, len(w.table))
+	}
+	if j := firstNonFinite(v); j >= 0 && w.bad < 0 {
+		w.bad, w.badAt, w.badValue = i, j, v[j]
+	}
+	const chunk = 1 << 18 // values encoded at a time
+	for lo := 0; lo < len(v); lo += chunk {
+		part := v[lo:min(lo+chunk, len(v))]
+		w.buf = fileio.AppendFloat32s(w.buf[:0], part)
+		if err := w.f.WriteAt(w.buf, w.offs[i]+4*int64(lo)); err != nil {
+			return err
+		}
+	}
+	w.done[i] = true
+	return nil
+}
+
+// nonFinite describes the first NaN or infinity put saw ("" when none).
+func (w *weightsWriter) nonFinite() string {
+	if w.bad < 0 {
+		return ""
+	}
+	return fmt.Sprintf("parameter %s holds %v at element %d", w.table[w.bad].Name, w.badValue, w.badAt)
+}
+
+// commit seals the file and renames it into place; it refuses (and removes
+// the temporary file) when a parameter was never put. Values that are not
+// finite are written as they are: the caller decides (nonFinite).
+func (w *weightsWriter) commit() error {
+	for i, ok := range w.done {
+		if !ok {
+			w.abort()
+			return fmt.Errorf("weights.bin: parameter %s was never written", w.table[i].Name)
+		}
+	}
+	err := w.f.Commit()
+	w.f = nil
+	return err
+}
+
+// abort removes the temporary file, unless committed; weights.bin is left as
+// it was.
+func (w *weightsWriter) abort() {
+	if w.f != nil {
+		w.f.Abort()
+		w.f = nil
+	}
 }
 
 // loadWeights reads weights.bin into views, checking its checksum, the names and

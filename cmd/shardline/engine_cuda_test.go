@@ -81,10 +81,12 @@ func TestEngineSharesOneGPU(t *testing.T) {
 // must name what each group's collectives ran on. On the host emulator the
 // test asks for two emulated devices (SHARDLINE_EMU_DEVICES), so both ranks
 // run on devices of their own with the emulator's NCCL (ranks that share a
-// device are TestEngineSharesOneGPU's); moe-tiny runs expert parallelism over
-// the two ranks, so the experts' exchanges go over NCCL too, and tiny runs
-// again with its FSDP arenas as NCCL user buffers (use_nccl_ub; where the
-// ranks have GPUs of their own).
+// device are TestEngineSharesOneGPU's). Each dense run's devices peak
+// within a few kilobytes of what the run holds (the end gathers no whole
+// model), and the GPU run's sample is drawn by both ranks together. moe-tiny
+// runs expert parallelism over the two ranks, so the experts' exchanges go
+// over NCCL too, and tiny runs again with its FSDP arenas as NCCL user
+// buffers (use_nccl_ub; where the ranks have GPUs of their own).
 func TestRanksOnTheirGPUs(t *testing.T) {
 	var small []string
 	if cuda.Emulated {
@@ -116,7 +118,9 @@ func TestRanksOnTheirGPUs(t *testing.T) {
 		}
 		t.Run(tc.name, func(t *testing.T) {
 			ref := engineRun(t, recipe, cpu.Backend{}, n, "optim_grads_params", sets...)
-			res := engineRecipe(t, recipe, n, "optim_grads_params", append(append(slices.Clone(sets), "parallel.device=cuda"), tc.gpu...)...)
+			// The GPU run samples a few tokens too: every rank together, with the
+			// training model on its device.
+			res := engineRecipe(t, recipe, n, "optim_grads_params", append(append(slices.Clone(sets), "parallel.device=cuda", "logging.sample_tokens=4"), tc.gpu...)...)
 			open, peaks := gpuPerRank(-1), make([]int64, n)
 			rankBackend := func(rank int) (tensor.Backend, func(), error) {
 				be, release, err := open(rank)
@@ -140,7 +144,16 @@ func TestRanksOnTheirGPUs(t *testing.T) {
 			t.Logf("held %d bytes per rank, the plan %d (%.4f); the devices' peak allocations %v", last.MemHeld, last.MemPlan, ratio, peaks)
 			if recipe != "moe-tiny" {
 				require.InDelta(t, 1, ratio, 0.05, "memory held per rank against the plan")
+				for rank, peak := range peaks {
+					// Beside what the run holds, only the step statistics and loss
+					// sums (6,752 bytes for tiny): the end of the run gathers no
+					// whole model on any device.
+					require.LessOrEqual(t, peak-last.MemHeld, int64(16<<10), "rank %d's device allocated at most %d bytes, the run holds %d", rank, peak, last.MemHeld)
+				}
 			}
+			sample, err := os.ReadFile(filepath.Join(out.Dir, "sample.txt"))
+			require.NoError(t, err)
+			require.NotEmpty(t, strings.TrimSpace(string(sample)), "the ranks sampled together")
 			log, err := os.ReadFile(filepath.Join(out.Dir, "run.log"))
 			require.NoError(t, err)
 			require.Contains(t, string(log), want, "the log names what the collectives ran on (%d GPUs for %d ranks)", gpus, n)

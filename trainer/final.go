@@ -1,0 +1,157 @@
+package trainer
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+
+	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/parallel/comm"
+	"github.com/shardline/shardline/tensor"
+	"github.com/shardline/shardline/trainer/data"
+	"github.com/shardline/shardline/trainer/model"
+)
+
+// The end of a run on the engine: the final weights reach rank 0 a parameter
+// at a time, which writes weights.bin as they come, so that no rank holds the
+// whole model beyond what the plan gives it (an optim_grads_params run gathers
+// one group at a time into its FSDP arena, free by then). Where one rank holds
+// the whole model anyway (a world of one, or a run without sharded weights or
+// model parallelism), rank 0 keeps the values and samples by itself; where the
+// model is split over ranks, every rank samples together with the training
+// model (sampleTogether).
+
+// finalWeights runs state.finalWeights: rank 0 writes each parameter into
+// weightsOut (committed by finish) and, when it samples alone, keeps the
+// whole model for the sample (finalTable, finalViews). Every rank calls it;
+// rank 0's errors come back after the last collective.
+func (t *run) finalWeights(alone bool) error {
+	table, err := parallel.ParamTable(t.r.Model, 1, 1)
+	if err != nil {
+		return err
+	}
+	st, lead := t.st, t.rank == 0
+	var openErr error
+	if lead {
+		t.weightsOut, openErr = newWeightsWriter(filepath.Join(t.dir, "weights.bin"), table)
+	}
+	clone := alone && st.perUnit // the values put are scratch's, reused by the next group
+	if lead && alone {
+		t.finalTable, t.finalViews = table, make([][]float32, len(table))
+	}
+	put := func(i int, v []float32) error {
+		if openErr != nil {
+			return openErr
+		}
+		if err := t.weightsOut.put(i, v); err != nil {
+			return err
+		}
+		if clone {
+			t.finalViews[i] = slices.Clone(v)
+		}
+		return nil
+	}
+	scratch := func(n int64) (tensor.Buffer, func()) {
+		if rt := t.rt; rt != nil && rt.weights {
+			b, off := rt.wpool.get(n)
+			return b, func() { rt.wpool.put(off, b) }
+		}
+		b := st.newWeights(n)
+		return b, func() { st.mem.Free(b) }
+	}
+	if err := st.finalWeights(scratch, put); err != nil {
+		return fmt.Errorf("saving weights: %w", err)
+	}
+	if lead && alone && !clone {
+		t.finalViews = st.floatViews() // whole and in place (fp32 on the host), or read back
+	}
+	return nil
+}
+
+// abortWeights removes a weights.bin that was being written and will not be
+// committed (nothing when there is none).
+func (t *run) abortWeights() {
+	if t.weightsOut != nil {
+		t.weightsOut.abort()
+		t.weightsOut = nil
+	}
+}
+
+// sampleTogether samples n tokens after prompt with the training model, every
+// rank of the world together, and returns them decoded. Each token is one
+// forward pass of the model's micro-batch (the window as its first sequence,
+// evaluation text after) through the run's FSDP units and model-parallel groups; the
+// logits of the window's last token are put together from the context-parallel
+// rank that holds the position (the others add zeros) and every tensor-parallel
+// rank's vocabulary rows, and rank 0's draw is broadcast, so that every rank
+// goes on with the same token.
+func (t *run) sampleTogether(world comm.Communicator, prompt string, n int) (string, error) {
+	r, st := t.r, t.st
+	B, T, cp := r.Train.MicroBatchSize, r.Model.SeqLen, t.plan.Mesh.CP
+	// The other sequences, and the first one's positions past the window
+	// (which its last token does not attend to), hold the first evaluation
+	// batch: text routed through MoE layers as evaluation routes it, not a
+	// block of one token id that would crowd a few experts.
+	fill, targets, tokens, local := make([]int32, B*T), make([]int32, B*T), make([]int32, B*T), make([]int32, B*T/cp)
+	text := t.ds.Val
+	if len(text) <= T {
+		text = t.ds.Train
+	}
+	data.Batch(fill, targets, text, r.Run.Seed, -1, 0, B, T)
+	part, logits := make([]float32, r.Model.VocabSize/t.plan.Mesh.TP), make([]float32, r.Model.VocabSize)
+	if st.tpComm == nil {
+		logits = part
+	}
+	next := func(window []int32, k int) ([]float32, error) {
+		copy(tokens, fill)
+		copy(tokens, window[:k])
+		model.LocalTokens(local, tokens, B, T, st.cpRank, cp)
+		t.m.Forward(local, nil, tensor.Buffer{}, false)
+		if err := t.flush(); err != nil {
+			return nil, err
+		}
+		if owner, row := cpRow(k-1, B, T, cp); owner == st.cpRank {
+			t.m.ReadLogits(part, row*len(part))
+			if err := st.mem.Err(); err != nil {
+				return nil, err
+			}
+		} else {
+			clear(part)
+		}
+		if st.cpComm != nil {
+			if err := st.cpComm.AllReduce(part); err != nil {
+				return nil, err
+			}
+		}
+		if st.tpComm != nil {
+			if err := st.tpComm.AllGather(logits, part); err != nil {
+				return nil, err
+			}
+		}
+		return logits, nil
+	}
+	agree := func(id int32) (int32, error) {
+		// The id's high bits and its low 12, each exact in a float32.
+		b := []float32{float32(id >> 12), float32(id & 0xfff)}
+		if err := world.Broadcast(b, 0); err != nil {
+			return 0, err
+		}
+		return int32(b[0])<<12 | int32(b[1]), nil
+	}
+	return generate(T, t.ds.Tok, prompt, n, 0.8, r.Run.Seed, next, agree)
+}
+
+// cpRow is where position pos of a micro-batch's first sequence (B sequences
+// of T tokens) lies under context parallelism over cp ranks: the cp rank
+// that holds it and its row among that rank's tokens (model.LocalTokens'
+// layout: rank i holds chunks i and 2cp−1−i of every sequence).
+func cpRow(pos, B, T, cp int) (owner, row int) {
+	if cp <= 1 {
+		return 0, pos
+	}
+	c := T / (2 * cp)
+	if g := pos / c; g < cp {
+		return g, pos % c
+	}
+	return 2*cp - 1 - pos/c, B*c + pos%c
+}
