@@ -17,9 +17,40 @@ import (
 // whole model beyond what the plan gives it (an optim_grads_params run gathers
 // one group at a time into its FSDP arena, free by then). Where one rank holds
 // the whole model anyway (a world of one, or a run without sharded weights or
-// model parallelism), rank 0 keeps the values and samples by itself; where the
-// model is split over ranks, every rank samples together with the training
-// model (sampleTogether).
+// model parallelism), rank 0 keeps the values and samples by itself. Where the
+// model is split over ranks, rank 0 samples by itself too when its ranks run
+// on the host and the host has room for the whole model twice in fp32 (its
+// copy, and the sampler's), which a CPU run nearly always has: a token is then
+// one pass of one sequence, against a micro-batch's pass with every unit
+// gathered again when the ranks sample together (sampleTogether), which is
+// what runs on GPUs, whose memory the plan spends, and on a host without room.
+
+// sampleAloneOnHost lets rank 0 sample by itself on a host with room (true);
+// tests turn it off to make ranks on the host sample together.
+var sampleAloneOnHost = true
+
+// samplesAlone reports whether rank 0 samples by itself, for every rank:
+// rank 0 decides and tells the world, since only it knows its host's room.
+func (t *run) samplesAlone(world comm.Communicator) (bool, error) {
+	if world.Size() == 1 || !t.collectiveEval() {
+		return true, nil // rank 0 holds the whole model
+	}
+	if t.r.Logging.SampleTokens == 0 || t.st.host == nil || !sampleAloneOnHost {
+		return false, nil // the same answer on every rank
+	}
+	var fp32 int64
+	for _, p := range t.plan.Params {
+		fp32 += 4 * p.Numel()
+	}
+	alone := []float32{0}
+	if avail := hostAvailable(); t.rank == 0 && avail > 0 && 2*fp32+(1<<30) <= avail/2 {
+		alone[0] = 1
+	}
+	if err := world.Broadcast(alone, 0); err != nil {
+		return false, fmt.Errorf("agreeing on who samples: %w", err)
+	}
+	return alone[0] == 1, nil
+}
 
 // finalWeights runs state.finalWeights: rank 0 writes each parameter into
 // weightsOut (committed by finish) and, when it samples alone, keeps the
@@ -35,7 +66,10 @@ func (t *run) finalWeights(alone bool) error {
 	if lead {
 		t.weightsOut, openErr = newWeightsWriter(filepath.Join(t.dir, "weights.bin"), table)
 	}
-	clone := alone && st.perUnit // the values put are scratch's, reused by the next group
+	// The values put are views of scratch, reused by the next group, or of a
+	// rank's slice or expert: rank 0 copies them unless it holds the whole
+	// model in place.
+	clone := alone && t.collectiveEval()
 	if lead && alone {
 		t.finalTable, t.finalViews = table, make([][]float32, len(table))
 	}

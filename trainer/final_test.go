@@ -3,6 +3,8 @@ package trainer
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/shardline/shardline/tensor/cpu"
@@ -11,13 +13,17 @@ import (
 )
 
 // TestEndOfRunStaysInThePlan: the end of a run on several ranks (its final
-// weights sent to rank 0 a parameter at a time, its sample drawn by every
-// rank together) allocates nothing in any rank's backend memory beyond what
-// the run held for its steps: at the end each rank's memory holds the plan's
-// components as run.json reports them plus the small buffers
-// TestStateLivesInBackendMemory counts, and it never held more. Before, every
-// rank gathered the whole model at the end. The sample drawn together is the
-// one `shardline sample` draws from weights.bin with the run's seed: the
+// weights sent to rank 0 a parameter at a time, its sample drawn by rank 0
+// alone or by every rank together) allocates nothing in any rank's backend
+// memory beyond what the run held for its steps: at the end each rank's
+// memory holds the plan's components as run.json reports them plus the small
+// buffers TestStateLivesInBackendMemory counts, and it never held more.
+// Before, every rank gathered the whole model at the end. Rank 0's sample
+// alone (from its host copy, as a CPU run with room samples) is the one
+// `shardline sample` draws from weights.bin with the run's seed, exactly (a
+// run whose rank 0 holds the whole model, optim_grads here, always samples
+// so). So is the sample drawn together (sampleAloneOnHost off, as GPUs
+// sample): the
 // logits of the window's last token are put together right from the
 // context-parallel rank that holds the position (20 tokens after a one-token
 // prompt cross every chunk of a 32-token sequence over cp 2) and every
@@ -29,40 +35,54 @@ import (
 func TestEndOfRunStaysInThePlan(t *testing.T) {
 	const n = 20
 	moe := []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32", "model.moe.capacity_factor=1.0"}
-	for _, c := range []struct {
-		name       string
-		sets       []string
-		sameSample bool
-	}{
-		{"optim_grads_params", nil, true},
-		{"optim_grads", []string{"fsdp.data_parallel_sharding_strategy=optim_grads"}, true},
-		{"bf16 optim_grads_params", []string{"precision.bf16=true"}, false},
-		{"tp2", []string{"parallel.tensor_parallel=2"}, true},
-		{"cp2", []string{"parallel.context_parallel=2"}, true},
-		{"moe ep2", append([]string{"parallel.expert_parallel=2"}, moe...), false},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			sets := append([]string{"parallel.world_size=2", "train.steps=3", "train.eval_interval=0", fmt.Sprintf("logging.sample_tokens=%d", n)}, c.sets...)
-			res, _ := tinyRun(t, sets...)
-			be := &countingBackend{}
-			o := opts()
-			o.Backend = be
-			out, err := Run(context.Background(), res, o)
-			require.NoError(t, err)
-			require.GreaterOrEqual(t, len(be.mems), 2)
-			want := out.Held.Total + smallBuffers(&res.Recipe)
-			for i, m := range be.mems[:2] {
-				mem := m.(*cpu.Memory)
-				assert.Equal(t, want, mem.Held(), "rank memory %d at the end: the components and small buffers", i)
-				assert.Equal(t, mem.Held(), mem.Peak(), "rank memory %d never held more than at the end", i)
+	defer func(v bool) { sampleAloneOnHost = v }(sampleAloneOnHost)
+	for _, together := range []bool{false, true} {
+		for _, c := range []struct {
+			name        string
+			sets        []string
+			fp32, split bool // split: the model is split over the ranks
+		}{
+			{"optim_grads_params", nil, true, true},
+			{"optim_grads", []string{"fsdp.data_parallel_sharding_strategy=optim_grads"}, true, false},
+			{"bf16 optim_grads_params", []string{"precision.bf16=true"}, false, true},
+			{"tp2", []string{"parallel.tensor_parallel=2"}, true, true},
+			{"cp2", []string{"parallel.context_parallel=2"}, true, true},
+			{"moe ep2", append([]string{"parallel.expert_parallel=2"}, moe...), false, true},
+		} {
+			name := "alone/" + c.name
+			if together {
+				name = "together/" + c.name
 			}
-			assert.Equal(t, out.Predicted.GatheredUnits, out.Held.GatheredUnits, "nothing allocated apart from the FSDP arena")
-			require.Len(t, out.Sample, 1+n, "%q", out.Sample)
-			if c.sameSample {
-				again, err := SampleRun(cpu.Backend{}, out.Dir, out.Sample[:1], n, 0.8, res.Recipe.Run.Seed)
+			t.Run(name, func(t *testing.T) {
+				sampleAloneOnHost = !together
+				sets := append([]string{"parallel.world_size=2", "train.steps=3", "train.eval_interval=0", fmt.Sprintf("logging.sample_tokens=%d", n)}, c.sets...)
+				res, _ := tinyRun(t, sets...)
+				be := &countingBackend{}
+				o := opts()
+				o.Backend = be
+				out, err := Run(context.Background(), res, o)
 				require.NoError(t, err)
-				assert.Equal(t, out.Sample[1:], again, "the sample drawn together and shardline sample's from weights.bin")
-			}
-		})
+				require.GreaterOrEqual(t, len(be.mems), 2)
+				want := out.Held.Total + smallBuffers(&res.Recipe)
+				for i, m := range be.mems[:2] {
+					mem := m.(*cpu.Memory)
+					assert.Equal(t, want, mem.Held(), "rank memory %d at the end: the components and small buffers", i)
+					assert.Equal(t, mem.Held(), mem.Peak(), "rank memory %d never held more than at the end", i)
+				}
+				assert.Equal(t, out.Predicted.GatheredUnits, out.Held.GatheredUnits, "nothing allocated apart from the FSDP arena")
+				require.Len(t, out.Sample, 1+n, "%q", out.Sample)
+				if c.fp32 || !together || !c.split {
+					again, err := SampleRun(cpu.Backend{}, out.Dir, out.Sample[:1], n, 0.8, res.Recipe.Run.Seed)
+					require.NoError(t, err)
+					assert.Equal(t, out.Sample[1:], again, "the sample drawn and shardline sample's from weights.bin")
+				}
+				log := string(must(os.ReadFile(filepath.Join(out.Dir, "run.log"))))
+				if together && c.split {
+					assert.Contains(t, log, "sampling with every rank")
+				} else {
+					assert.NotContains(t, log, "sampling with every rank")
+				}
+			})
+		}
 	}
 }

@@ -266,6 +266,22 @@ func (t *run) held() Memory {
 	return h
 }
 
+// hostAvailable reads the memory the host can still give (MemAvailable) from
+// /proc; 0 where it cannot be read.
+func hostAvailable() int64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemAvailable:" {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb * 1024
+		}
+	}
+	return 0
+}
+
 // peakRSS reads the process's peak resident set (VmHWM) from /proc; 0 elsewhere.
 func peakRSS() int64 {
 	b, err := os.ReadFile("/proc/self/status")

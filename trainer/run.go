@@ -863,7 +863,10 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	// The final weights go to rank 0 a parameter at a time, which writes
 	// weights.bin as they come (every rank takes part).
 	defer t.abortWeights()
-	alone := world.Size() == 1 || !t.collectiveEval() // rank 0 can sample by itself
+	alone, err := t.samplesAlone(world)
+	if err != nil {
+		return nil, err
+	}
 	if err := t.finalWeights(alone); err != nil {
 		return nil, err
 	}
