@@ -15,28 +15,44 @@ import (
 // The end of a run on the engine: the final weights reach rank 0 a parameter
 // at a time, which writes weights.bin as they come, so that no rank holds the
 // whole model beyond what the plan gives it (an optim_grads_params run gathers
-// one group at a time into its FSDP arena, free by then). Where one rank holds
-// the whole model anyway (a world of one, or a run without sharded weights or
-// model parallelism), rank 0 keeps the values and samples by itself. Where the
-// model is split over ranks, rank 0 samples by itself too when its ranks run
-// on the host and the host has room for the whole model twice in fp32 (its
-// copy, and the sampler's), which a CPU run nearly always has: a token is then
-// one pass of one sequence, against a micro-batch's pass with every unit
-// gathered again when the ranks sample together (sampleTogether), which is
-// what runs on GPUs, whose memory the plan spends, and on a host without room.
+// one group at a time into its FSDP arena, free by then). The sample follows
+// one of two policies. Ranks on the host (CPU runs) sample on rank 0 alone
+// from the whole model in fp32 on its host, a pass of one sequence per token,
+// where rank 0 holds that model anyway (a world of one, or a run without
+// sharded weights or model parallelism) or the host has room for it twice
+// (rank 0's copy and the sampler's), which a CPU run nearly always has.
+// Ranks on GPUs, whose memory the plan spends, sample with the training
+// model: rank 0 alone where it holds the whole model, every rank together
+// where the model is split over them (a micro-batch's pass per token, with
+// every unit gathered again); so does a host without room.
 
-// sampleAloneOnHost lets rank 0 sample by itself on a host with room (true);
-// tests turn it off to make ranks on the host sample together.
-var sampleAloneOnHost = true
+// sampler is who draws the final sample, and from what.
+type sampler int
 
-// samplesAlone reports whether rank 0 samples by itself, for every rank:
-// rank 0 decides and tells the world, since only it knows its host's room.
-func (t *run) samplesAlone(world comm.Communicator) (bool, error) {
-	if world.Size() == 1 || !t.collectiveEval() {
-		return true, nil // rank 0 holds the whole model
-	}
-	if t.r.Logging.SampleTokens == 0 || t.st.host == nil || !sampleAloneOnHost {
-		return false, nil // the same answer on every rank
+const (
+	sampleNone  sampler = iota // logging.sample_tokens = 0
+	sampleHost                 // rank 0 alone, from the whole model in fp32 on its host (Generate)
+	sampleModel                // rank 0 alone, with the training model, whole on it
+	sampleAll                  // every rank together, with the training model
+)
+
+// samplesLikeDevices makes ranks on the host follow the GPUs' policy (never
+// the host's copy), for tests.
+var samplesLikeDevices = false
+
+// samplerFor is who samples, the same on every rank: where it depends on
+// rank 0's host room, rank 0 decides and tells the world.
+func (t *run) samplerFor(world comm.Communicator) (sampler, error) {
+	switch {
+	case t.r.Logging.SampleTokens == 0:
+		return sampleNone, nil
+	case t.st.host == nil || samplesLikeDevices:
+		if world.Size() == 1 || !t.collectiveEval() {
+			return sampleModel, nil
+		}
+		return sampleAll, nil
+	case world.Size() == 1 || !t.collectiveEval():
+		return sampleHost, nil // rank 0 holds the whole model
 	}
 	var fp32 int64
 	for _, p := range t.plan.Params {
@@ -47,16 +63,19 @@ func (t *run) samplesAlone(world comm.Communicator) (bool, error) {
 		alone[0] = 1
 	}
 	if err := world.Broadcast(alone, 0); err != nil {
-		return false, fmt.Errorf("agreeing on who samples: %w", err)
+		return sampleNone, fmt.Errorf("agreeing on who samples: %w", err)
 	}
-	return alone[0] == 1, nil
+	if alone[0] == 1 {
+		return sampleHost, nil
+	}
+	return sampleAll, nil
 }
 
 // finalWeights runs state.finalWeights: rank 0 writes each parameter into
-// weightsOut (committed by finish) and, when it samples alone, keeps the
+// weightsOut (committed by finish) and, with keep (sampleHost), keeps the
 // whole model for the sample (finalTable, finalViews). Every rank calls it;
 // rank 0's errors come back after the last collective.
-func (t *run) finalWeights(alone bool) error {
+func (t *run) finalWeights(keep bool) error {
 	table, err := parallel.ParamTable(t.r.Model, 1, 1)
 	if err != nil {
 		return err
@@ -69,8 +88,8 @@ func (t *run) finalWeights(alone bool) error {
 	// The values put are views of scratch, reused by the next group, or of a
 	// rank's slice or expert: rank 0 copies them unless it holds the whole
 	// model in place.
-	clone := alone && t.collectiveEval()
-	if lead && alone {
+	clone := keep && t.collectiveEval()
+	if lead && keep {
 		t.finalTable, t.finalViews = table, make([][]float32, len(table))
 	}
 	put := func(i int, v []float32) error {
@@ -96,7 +115,7 @@ func (t *run) finalWeights(alone bool) error {
 	if err := st.finalWeights(scratch, put); err != nil {
 		return fmt.Errorf("saving weights: %w", err)
 	}
-	if lead && alone && !clone {
+	if lead && keep && !clone {
 		t.finalViews = st.floatViews() // whole and in place (fp32 on the host), or read back
 	}
 	return nil
@@ -111,15 +130,16 @@ func (t *run) abortWeights() {
 	}
 }
 
-// sampleTogether samples n tokens after prompt with the training model, every
-// rank of the world together, and returns them decoded. Each token is one
-// forward pass of the model's micro-batch (the window as its first sequence,
-// evaluation text after) through the run's FSDP units and model-parallel groups; the
-// logits of the window's last token are put together from the context-parallel
-// rank that holds the position (the others add zeros) and every tensor-parallel
-// rank's vocabulary rows, and rank 0's draw is broadcast, so that every rank
-// goes on with the same token.
-func (t *run) sampleTogether(world comm.Communicator, prompt string, n int) (string, error) {
+// sampleWithModel samples n tokens after prompt with the training model and
+// returns them decoded: on rank 0 alone with world nil (sampleModel), or on
+// every rank of the world together (sampleAll). Each token is one forward
+// pass of the model's micro-batch (the window as its first sequence,
+// evaluation text after) through the run's FSDP units and model-parallel
+// groups; the logits of the window's last token are put together from the
+// context-parallel rank that holds the position (the others add zeros) and
+// every tensor-parallel rank's vocabulary rows, and rank 0's draw is
+// broadcast, so that every rank goes on with the same token.
+func (t *run) sampleWithModel(world comm.Communicator, prompt string, n int) (string, error) {
 	r, st := t.r, t.st
 	B, T, cp := r.Train.MicroBatchSize, r.Model.SeqLen, t.plan.Mesh.CP
 	// The other sequences, and the first one's positions past the window
@@ -164,13 +184,16 @@ func (t *run) sampleTogether(world comm.Communicator, prompt string, n int) (str
 		}
 		return logits, nil
 	}
-	agree := func(id int32) (int32, error) {
-		// The id's high bits and its low 12, each exact in a float32.
-		b := []float32{float32(id >> 12), float32(id & 0xfff)}
-		if err := world.Broadcast(b, 0); err != nil {
-			return 0, err
+	var agree func(int32) (int32, error)
+	if world != nil {
+		agree = func(id int32) (int32, error) {
+			// The id's high bits and its low 12, each exact in a float32.
+			b := []float32{float32(id >> 12), float32(id & 0xfff)}
+			if err := world.Broadcast(b, 0); err != nil {
+				return 0, err
+			}
+			return int32(b[0])<<12 | int32(b[1]), nil
 		}
-		return int32(b[0])<<12 | int32(b[1]), nil
 	}
 	return generate(T, t.ds.Tok, prompt, n, 0.8, r.Run.Seed, next, agree)
 }

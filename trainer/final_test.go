@@ -13,29 +13,28 @@ import (
 )
 
 // TestEndOfRunStaysInThePlan: the end of a run on several ranks (its final
-// weights sent to rank 0 a parameter at a time, its sample drawn by rank 0
-// alone or by every rank together) allocates nothing in any rank's backend
-// memory beyond what the run held for its steps: at the end each rank's
-// memory holds the plan's components as run.json reports them plus the small
-// buffers TestStateLivesInBackendMemory counts, and it never held more.
-// Before, every rank gathered the whole model at the end. Rank 0's sample
-// alone (from its host copy, as a CPU run with room samples) is the one
-// `shardline sample` draws from weights.bin with the run's seed, exactly (a
-// run whose rank 0 holds the whole model, optim_grads here, always samples
-// so). So is the sample drawn together (sampleAloneOnHost off, as GPUs
-// sample): the
-// logits of the window's last token are put together right from the
-// context-parallel rank that holds the position (20 tokens after a one-token
-// prompt cross every chunk of a 32-token sequence over cp 2) and every
-// tensor-parallel rank's vocabulary rows (in fp32 the two forwards agree to
-// rounding, far too little to change a draw at these logits; MoE and bf16
-// runs are left out of that comparison: the one routes the batch's other
-// tokens, the other computes in bf16 where sampling from weights.bin does
-// not).
+// weights sent to rank 0 a parameter at a time, its sample drawn under the
+// host's policy or the GPUs') allocates nothing in any rank's backend memory
+// beyond what the run held for its steps: at the end each rank's memory holds
+// the plan's components as run.json reports them plus the small buffers
+// TestStateLivesInBackendMemory counts, and it never held more. Before, every
+// rank gathered the whole model at the end. Under the host's policy rank 0
+// samples alone from its host copy, and the sample is the one `shardline
+// sample` draws from weights.bin with the run's seed, exactly. Under the GPUs'
+// (samplesLikeDevices) rank 0 samples alone with the training model where it
+// holds the whole model (optim_grads here), and every rank together where the
+// model is split; the sample is again shardline sample's: the logits of the
+// window's last token are put together right from the context-parallel rank
+// that holds the position (20 tokens after a one-token prompt cross every
+// chunk of a 32-token sequence over cp 2) and every tensor-parallel rank's
+// vocabulary rows (in fp32 the forwards agree to rounding, far too little to
+// change a draw at these logits; MoE and bf16 runs are left out of that
+// comparison: the one routes the batch's other tokens, the other computes in
+// bf16 where sampling from weights.bin does not).
 func TestEndOfRunStaysInThePlan(t *testing.T) {
 	const n = 20
 	moe := []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32", "model.moe.capacity_factor=1.0"}
-	defer func(v bool) { sampleAloneOnHost = v }(sampleAloneOnHost)
+	defer func(v bool) { samplesLikeDevices = v }(samplesLikeDevices)
 	for _, together := range []bool{false, true} {
 		for _, c := range []struct {
 			name        string
@@ -49,12 +48,12 @@ func TestEndOfRunStaysInThePlan(t *testing.T) {
 			{"cp2", []string{"parallel.context_parallel=2"}, true, true},
 			{"moe ep2", append([]string{"parallel.expert_parallel=2"}, moe...), false, true},
 		} {
-			name := "alone/" + c.name
+			name := "host/" + c.name
 			if together {
-				name = "together/" + c.name
+				name = "devices/" + c.name
 			}
 			t.Run(name, func(t *testing.T) {
-				sampleAloneOnHost = !together
+				samplesLikeDevices = together
 				sets := append([]string{"parallel.world_size=2", "train.steps=3", "train.eval_interval=0", fmt.Sprintf("logging.sample_tokens=%d", n)}, c.sets...)
 				res, _ := tinyRun(t, sets...)
 				be := &countingBackend{}
@@ -71,7 +70,7 @@ func TestEndOfRunStaysInThePlan(t *testing.T) {
 				}
 				assert.Equal(t, out.Predicted.GatheredUnits, out.Held.GatheredUnits, "nothing allocated apart from the FSDP arena")
 				require.Len(t, out.Sample, 1+n, "%q", out.Sample)
-				if c.fp32 || !together || !c.split {
+				if c.fp32 || !together {
 					again, err := SampleRun(cpu.Backend{}, out.Dir, out.Sample[:1], n, 0.8, res.Recipe.Run.Seed)
 					require.NoError(t, err)
 					assert.Equal(t, out.Sample[1:], again, "the sample drawn and shardline sample's from weights.bin")

@@ -302,8 +302,9 @@ func peakRSS() int64 {
 
 // sample writes logging.sample_tokens tokens sampled from the trained weights
 // to sample.txt and out.Sample (nothing when it is 0): the text every rank
-// sampled together (sampleTogether), or rank 0's own sample, on the device
-// engine or from the whole model (finalTable, finalViews).
+// sampled together (sampleWithModel), or rank 0's own sample, on the device
+// engine, with the training model (sampleModel) or from the whole model on
+// its host (finalTable, finalViews).
 func (t *run) sample(out *Result) error {
 	n := t.r.Logging.SampleTokens
 	if n == 0 {
@@ -317,6 +318,8 @@ func (t *run) sample(out *Result) error {
 		sample = *t.sampled
 	case t.opts.Device != nil: // on the device: a CPU forward per token would take hours for a GPU-sized model
 		sample, err = generate(t.r.Model.SeqLen, t.ds.Tok, prompt, n, 0.8, t.r.Run.Seed, t.opts.Device.Logits, nil)
+	case t.sampler == sampleModel:
+		sample, err = t.sampleWithModel(nil, prompt, n)
 	default:
 		sample, err = Generate(t.r, t.opts.Backend, t.finalTable, t.finalViews, t.ds.Tok, prompt, n, 0.8, t.r.Run.Seed)
 	}

@@ -360,11 +360,13 @@ type run struct {
 	trace   *tracer
 	m       *model.Model[float32]
 	evalErr error // a collective of the last evaluation failed; flush returns it
-	// weightsOut is rank 0's weights.bin as the end of the run writes it.
-	// finalTable and finalViews are the whole model at the end (tensor-parallel
-	// slices assembled) where rank 0 samples by itself, and sampled the text
-	// when every rank sampled together.
+	// weightsOut is rank 0's weights.bin as the end of the run writes it;
+	// sampler is who samples at the end. finalTable and finalViews are the
+	// whole model (tensor-parallel slices assembled) where rank 0 samples from
+	// its host's copy (sampleHost), and sampled the text when every rank
+	// sampled together.
 	weightsOut *weightsWriter
+	sampler    sampler
 	finalTable []parallel.Param
 	finalViews [][]float32
 	sampled    *string
@@ -863,11 +865,10 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	// The final weights go to rank 0 a parameter at a time, which writes
 	// weights.bin as they come (every rank takes part).
 	defer t.abortWeights()
-	alone, err := t.samplesAlone(world)
-	if err != nil {
+	if t.sampler, err = t.samplerFor(world); err != nil {
 		return nil, err
 	}
-	if err := t.finalWeights(alone); err != nil {
+	if err := t.finalWeights(t.sampler == sampleHost); err != nil {
 		return nil, err
 	}
 	var problem error // rank 0's reason to stop before the sample
@@ -888,7 +889,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 			problem = t.nonFinite(fmt.Errorf("%s: %w; %s; lower train.lr", s, ErrNonFinite, describeGood(good)))
 		}
 	}
-	if n := r.Logging.SampleTokens; n > 0 && !alone {
+	if n := r.Logging.SampleTokens; t.sampler == sampleAll {
 		// Every rank samples with the training model; rank 0 says first whether
 		// there is anything to sample from.
 		go1 := []float32{1}
@@ -902,7 +903,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 			if lead {
 				t.log.Info().Int("tokens", n).Msg("sampling with every rank (the model is split over them)")
 			}
-			text, err := t.sampleTogether(world, t.prompt(), n)
+			text, err := t.sampleWithModel(world, t.prompt(), n)
 			if err != nil {
 				return nil, fmt.Errorf("sampling: %w", err)
 			}
