@@ -73,17 +73,18 @@ func (t *run) samplerFor(world comm.Communicator) (sampler, error) {
 
 // finalWeights runs state.finalWeights: rank 0 writes each parameter into
 // weightsOut (committed by finish) and, with keep (sampleHost), keeps the
-// whole model for the sample (finalTable, finalViews). Every rank calls it;
-// rank 0's errors come back after the last collective.
+// whole model for the sample (finalTable, finalViews). Every rank calls it
+// and gets the collectives' errors; rank 0's own (opening or writing
+// weights.bin) are kept in weightsErr, for it to tell the world before the
+// ranks sample together.
 func (t *run) finalWeights(keep bool) error {
 	table, err := parallel.ParamTable(t.r.Model, 1, 1)
 	if err != nil {
 		return err
 	}
 	st, lead := t.st, t.rank == 0
-	var openErr error
 	if lead {
-		t.weightsOut, openErr = newWeightsWriter(filepath.Join(t.dir, "weights.bin"), table)
+		t.weightsOut, t.weightsErr = newWeightsWriter(filepath.Join(t.dir, "weights.bin"), table)
 	}
 	// The values put are views of scratch, reused by the next group, or of a
 	// rank's slice or expert: rank 0 copies them unless it holds the whole
@@ -92,17 +93,13 @@ func (t *run) finalWeights(keep bool) error {
 	if lead && keep {
 		t.finalTable, t.finalViews = table, make([][]float32, len(table))
 	}
-	put := func(i int, v []float32) error {
-		if openErr != nil {
-			return openErr
+	put := func(i int, v []float32) {
+		if t.weightsErr != nil {
+			return
 		}
-		if err := t.weightsOut.put(i, v); err != nil {
-			return err
-		}
-		if clone {
+		if t.weightsErr = t.weightsOut.put(i, v); t.weightsErr == nil && clone {
 			t.finalViews[i] = slices.Clone(v)
 		}
-		return nil
 	}
 	scratch := func(n int64) (tensor.Buffer, func()) {
 		if rt := t.rt; rt != nil && rt.weights {

@@ -366,6 +366,7 @@ type run struct {
 	// its host's copy (sampleHost), and sampled the text when every rank
 	// sampled together.
 	weightsOut *weightsWriter
+	weightsErr error // rank 0's own error opening or writing weights.bin
 	sampler    sampler
 	finalTable []parallel.Param
 	finalViews [][]float32
@@ -883,7 +884,9 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 			v := t.evaluate()
 			out.FinalValLoss = &v
 		}
-		if v := out.FinalValLoss; v != nil && (math.IsNaN(*v) || math.IsInf(*v, 0)) {
+		if t.weightsErr != nil {
+			problem = fmt.Errorf("saving weights: %w", t.weightsErr)
+		} else if v := out.FinalValLoss; v != nil && (math.IsNaN(*v) || math.IsInf(*v, 0)) {
 			problem = t.nonFinite(fmt.Errorf("the final validation loss is %v: %w; %s; lower train.lr", *v, ErrNonFinite, describeGood(good)))
 		} else if s := t.weightsOut.nonFinite(); s != "" {
 			problem = t.nonFinite(fmt.Errorf("%s: %w; %s; lower train.lr", s, ErrNonFinite, describeGood(good)))

@@ -641,17 +641,16 @@ func globalParam(p *parallel.Plan, rank, i, numExperts int) int {
 // elements; release gives them back before the next group); rank 0's ep group
 // then passes every ep rank's experts over the host, and its tp group every tp
 // rank's slices, a parameter at a time; other ranks have nothing more to do. A
-// collective: every rank calls it. An error of put is returned after the last
-// group, so that rank 0 still takes part in every collective.
-func (s *state) finalWeights(scratch func(n int64) (b tensor.Buffer, release func()), put func(i int, v []float32) error) error {
+// collective: every rank calls it, and its errors are the collectives' (put
+// keeps its own, so that rank 0 still takes part in every collective).
+func (s *state) finalWeights(scratch func(n int64) (b tensor.Buffer, release func()), put func(i int, v []float32)) error {
 	lead := s.rank == 0
 	withLead := func(a parallel.Axis) bool { return s.plan.Mesh.Group(a, s.rank)[0] == 0 }
 	epLead := s.epComm != nil && withLead(parallel.AxisEP)
 	tpLead := s.tpComm != nil && withLead(parallel.AxisTP)
-	var putErr error
 	keep := func(i int, v []float32) {
-		if lead && putErr == nil {
-			putErr = put(i, v)
+		if lead {
+			put(i, v)
 		}
 	}
 	for gi := range s.plan.Groups {
@@ -709,10 +708,7 @@ func (s *state) finalWeights(scratch func(n int64) (b tensor.Buffer, release fun
 		}
 		release()
 	}
-	if err := s.mem.Err(); err != nil {
-		return err
-	}
-	return putErr
+	return s.mem.Err()
 }
 
 // hostValues are b's values (compute weights) in fp32 on the host: b's own
