@@ -138,15 +138,7 @@ func (e *gpuEngine) Logits(window []int32, k int) ([]float32, error) {
 
 func (e *gpuEngine) Weights(dst [][]float32) error {
 	var err error
-	e.d.Do(func() {
-		w := e.m.Weights()
-		if err = e.d.Err(); err != nil {
-			return
-		}
-		for i := range dst {
-			copy(dst[i], w[i])
-		}
-	})
+	e.d.Do(func() { err = e.m.ReadWeights(dst) })
 	return err
 }
 

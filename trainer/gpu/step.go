@@ -280,18 +280,36 @@ func (m *Model) Weights() [][]float32 { return m.perParam(m.master) }
 // (the bias corrections' step count): what a checkpoint holds.
 func (m *Model) State(main, mom, vel [][]float32) (steps int, err error) {
 	for k, b := range []cuda.Buffer{m.master, m.m, m.v} {
-		dst := [][][]float32{main, mom, vel}[k]
-		if len(dst) != len(m.table) {
-			return 0, fmt.Errorf("gpu: %d slices for %d parameters", len(dst), len(m.table))
-		}
-		for i, v := range m.perParam(b) {
-			if len(dst[i]) != len(v) {
-				return 0, fmt.Errorf("gpu: %s: %d values for %d", m.table[i].Name, len(dst[i]), len(v))
-			}
-			copy(dst[i], v)
+		if err := m.download([][][]float32{main, mom, vel}[k], b); err != nil {
+			return 0, err
 		}
 	}
 	return m.step, m.d.Err()
+}
+
+// ReadWeights downloads the fp32 master weights into dst (one slice per
+// parameter, table order, each as long as the parameter).
+func (m *Model) ReadWeights(dst [][]float32) error {
+	if err := m.download(dst, m.master); err != nil {
+		return err
+	}
+	return m.d.Err()
+}
+
+// download reads a flat fp32 buffer's parameters straight into dst's slices
+// (no model-sized host copy).
+func (m *Model) download(dst [][]float32, b cuda.Buffer) error {
+	if len(dst) != len(m.table) {
+		return fmt.Errorf("gpu: %d slices for %d parameters", len(dst), len(m.table))
+	}
+	for i := range m.table {
+		n := int(m.table[i].LocalNumel())
+		if len(dst[i]) != n {
+			return fmt.Errorf("gpu: %s: %d values for %d", m.table[i].Name, len(dst[i]), n)
+		}
+		m.d.Download(dst[i], b.Slice(m.offsets[i], m.offsets[i]+n))
+	}
+	return nil
 }
 
 // SetState uploads AdamW's moments (table order, as State returns them) and
@@ -308,7 +326,9 @@ func (m *Model) SetState(mom, vel [][]float32, steps int) error {
 				return fmt.Errorf("gpu: %s: %d values for %d", m.table[i].Name, len(src[i]), n)
 			}
 		}
-		m.d.Upload(b, m.flat(src, b.N))
+		for i, v := range src {
+			m.d.Upload(b.Slice(m.offsets[i], m.offsets[i]+len(v)), v)
+		}
 	}
 	m.step = steps
 	return m.d.Err()
