@@ -144,6 +144,15 @@ type Calibration struct {
 	// InStepAttention, when set, scales attention's table time the same way:
 	// attention's own time inside the passes over what the tables predict for it.
 	InStepAttention float64 `json:"in_step_attention_factor,omitempty"`
+	// InStepOptimizer, when set, scales the step's own memory-bound work (the
+	// gradients' square sum, the micro-batches' accumulation and AdamW) the
+	// same way: that work's time after the samples' passes, a call per
+	// parameter group as the trainer makes them, their operands cold as a
+	// step leaves them, over the tables' time for it (StepTail). A table
+	// without it times that work as measured warm, which a step's cold
+	// operands and mid-sized calls made 2 to 5 times too fast on this
+	// project's development host.
+	InStepOptimizer float64 `json:"in_step_optimizer_factor,omitempty"`
 	// HostShare says how ranks that share the cores (in-process or local ranks)
 	// divide them. The plan used to give each of S such ranks 1/S of the machine,
 	// so a step S times as long as alone; but one rank alone leaves cores idle
@@ -240,6 +249,11 @@ type InStepSample struct {
 	// GEMMBytes is the operand bytes of the pass's matmuls (MicroCompute): a
 	// property of the model's shapes, not a measurement.
 	GEMMBytes float64 `json:"gemm_bytes,omitempty"`
+	// OptMeasured is the time of the step's tail after the pass (square sum
+	// and AdamW over every parameter group), OptTables what StepTail says of
+	// it.
+	OptMeasured float64 `json:"optimizer_measured_s,omitempty"`
+	OptTables   float64 `json:"optimizer_tables_s,omitempty"`
 }
 
 // FitInStep sets InStepGEMM and InStepAttention (each kind's measured time in the
@@ -249,7 +263,9 @@ type InStepSample struct {
 // and PerCall from the rest of the passes by least squares (both at least 0;
 // with one sample, or a negative per-call cost, the factor alone), all over the
 // samples run with fp32 weights; then InStepGEMMBF16 and InStepGEMMPerByteBF16
-// the same way from the matmuls of the samples run with bf16 weights.
+// the same way from the matmuls of the samples run with bf16 weights; and
+// InStepOptimizer, the step tails' measured time over their tables', pooled
+// over every sample.
 func (c *Calibration) FitInStep() {
 	var fp32, bf16 []InStepSample
 	for _, s := range c.InStepSamples {
@@ -260,6 +276,14 @@ func (c *Calibration) FitInStep() {
 		}
 	}
 	c.fitInStep(fp32)
+	var om, ot float64
+	for _, s := range c.InStepSamples {
+		om, ot = om+s.OptMeasured, ot+s.OptTables
+	}
+	c.InStepOptimizer = 0
+	if om > 0 && ot > 0 {
+		c.InStepOptimizer = om / ot
+	}
 	c.InStepGEMMBF16, c.InStepGEMMPerByteBF16 = 0, 0
 	if len(bf16) > 0 {
 		var gm, gt float64

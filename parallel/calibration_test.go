@@ -134,8 +134,15 @@ func TestCalibratedStep(t *testing.T) {
 		af = c.InStepAttention
 	}
 	want := gf*gemm + c.InStepGEMMPerByte*gemmBytes + af*attn + c.InStep*(tables-gemm-attn) + c.PerCall*calls
-	assert.InEpsilon(t, want, one.ComputeS-c.stream(StreamSumSquares, float64(one.Memory.Grads)/4), 1e-9,
-		"compute is the micro-batch's matmuls × their in-step factor plus their operands' traffic, attention × its factor, the other kernels × theirs, their launches, and the gradient norm")
+	tail := c.stream(StreamSumSquares, float64(one.Memory.Grads)/4)
+	require.Greater(t, c.InStepOptimizer, 1.0, "the shipped table's step tail runs slower inside a step than warm")
+	assert.InEpsilon(t, want, one.ComputeS-c.InStepOptimizer*tail, 1e-9,
+		"compute is the micro-batch's matmuls × their in-step factor plus their operands' traffic, attention × its factor, the other kernels × theirs, their launches, and the gradient norm × the step tail's factor")
+	var owned float64
+	for i := range one.Groups {
+		owned += float64(one.Groups[i].ShardNumel())
+	}
+	assert.InEpsilon(t, c.InStepOptimizer*c.stream(StreamAdamW, owned), one.OptimizerS, 1e-9, "AdamW × the step tail's factor")
 	// The tiny recipe's matmuls: per layer q, k, v, o (128×128) and the MLP
 	// (128×384 twice, 384×128) on 16·128 rows, and the head (128×256); each
 	// product's operands counted once forward and twice backward.
@@ -405,4 +412,31 @@ func parseEdited(t *testing.T, edit func(raw map[string]any)) error {
 	require.NoError(t, err)
 	_, err = ParseCalibration(b)
 	return err
+}
+
+// TestStepTailFactor: FitInStep pools the step tails' measured time over
+// their tables' (StepTail) into InStepOptimizer, which scales the plan's
+// gradient norm and optimizer; a table without tails (measured before they
+// were) keeps the warm figures (factor 0: none applied).
+func TestStepTailFactor(t *testing.T) {
+	c := CalibrationFor("cpu")
+	with := *c
+	with.InStepSamples = nil
+	for i, om := range []float64{3e-3, 1e-3} {
+		n := float64(1+i) * 1e6
+		with.InStepSamples = append(with.InStepSamples, InStepSample{Model: fmt.Sprint(i), Measured: 1, Tables: 1, OptMeasured: om, OptTables: c.StepTail(n)})
+	}
+	with.FitInStep()
+	require.InEpsilon(t, (3e-3+1e-3)/(c.StepTail(1e6)+c.StepTail(2e6)), with.InStepOptimizer, 1e-12)
+	without := with
+	without.InStepSamples = slices.Clone(with.InStepSamples)
+	for i := range without.InStepSamples {
+		without.InStepSamples[i].OptMeasured, without.InStepSamples[i].OptTables = 0, 0
+	}
+	without.FitInStep()
+	require.Zero(t, without.InStepOptimizer)
+	r := &load(t, "../recipes/tiny.toml").Recipe
+	p := compile(t, r)
+	a, b := stepModel(r, p, &with), stepModel(r, p, &without)
+	require.InEpsilon(t, with.InStepOptimizer*b.Optimizer, a.Optimizer, 1e-12)
 }

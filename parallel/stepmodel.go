@@ -54,6 +54,9 @@ func stepModel(r *config.Recipe, p *Plan, c *Calibration) StepBreakdown {
 	micro := float64(p.MicroBatches)
 	b.GEMM, b.Attention, b.Stream = g*micro, a*micro, s*micro
 	stream, opt := stepStreams(p, c)
+	if f := c.InStepOptimizer; f > 0 {
+		stream, opt = stream*f, opt*f
+	}
 	b.Stream += stream
 	b.Optimizer = opt
 	for _, col := range p.Collectives {
@@ -84,6 +87,14 @@ func microShapeOf(r *config.Recipe, p *Plan, stash bool) microShape {
 	m, mo := p.Mesh, r.Model
 	return microShape{B: r.Train.MicroBatchSize, T: mo.SeqLen / m.CP, CP: m.CP, TP: m.TP, EP: m.EP, ETP: m.ETP,
 		Routed: int(tokensOf(r, m).routed), Mode: r.ActivationCheckpoint.Mode, BF16: r.Precision.BF16, Stash: stash}
+}
+
+// StepTail is the tables' time of a step's own memory-bound work over n
+// parameters, held whole on one rank in one micro-batch: the gradients'
+// square sum and AdamW (what stepStreams gives such a plan), before any
+// in-step factor.
+func (c *Calibration) StepTail(n float64) float64 {
+	return c.stream(StreamSumSquares, n) + c.stream(StreamAdamW, n)
 }
 
 // stepStreams is the once-a-step memory-bound work by c's costs: the gradient

@@ -176,13 +176,14 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 	say("in-step factors: %d models, fp32 and bf16 weights", len(calibrationModels))
 	for _, bf16 := range []bool{false, true} {
 		for _, cm := range calibrationModels {
-			measured, gemm, attn, err := stepTime(be, cm.model, cm.batch, minTime, bf16)
+			pt, err := stepTime(be, cm.model, cm.batch, minTime, bf16)
 			if err != nil {
 				return nil, err
 			}
 			tables, gemmTables, attnTables, calls, gemmBytes := parallel.MicroCompute(cm.model, cm.batch, "none", bf16, c)
-			c.InStepSamples = append(c.InStepSamples, parallel.InStepSample{Model: cm.name, BF16: bf16, Measured: measured, Tables: tables, Calls: calls,
-				GEMMMeasured: gemm, GEMMTables: gemmTables, AttnMeasured: attn, AttnTables: attnTables, GEMMBytes: gemmBytes})
+			c.InStepSamples = append(c.InStepSamples, parallel.InStepSample{Model: cm.name, BF16: bf16, Measured: pt.whole, Tables: tables, Calls: calls,
+				GEMMMeasured: pt.gemm, GEMMTables: gemmTables, AttnMeasured: pt.attn, AttnTables: attnTables, GEMMBytes: gemmBytes,
+				OptMeasured: pt.tail, OptTables: c.StepTail(paramCount(cm.model))})
 		}
 	}
 	c.FitInStep()
@@ -340,6 +341,9 @@ func Refit(c *parallel.Calibration) error {
 			}
 			found = true
 			smp.Tables, smp.GEMMTables, smp.AttnTables, smp.Calls, smp.GEMMBytes = parallel.MicroCompute(cm.model, cm.batch, "none", smp.BF16, c)
+			if smp.OptMeasured > 0 {
+				smp.OptTables = c.StepTail(paramCount(cm.model))
+			}
 		}
 		if !found {
 			return fmt.Errorf("in-step sample %q: not a model shardline calibrate times; measure the table again", smp.Model)
@@ -383,21 +387,73 @@ type calibrationModel struct {
 	batch int
 }
 
-// stepTime is the median seconds of one forward and backward pass of a model
-// with batch sequences of its full length, its weights and saved activations in
-// fp32 or (bf16) in bf16 (as a bf16 run keeps them), and of the matmuls and of attention inside that pass (timed call by call,
-// in the pass whose whole time is the median).
-func stepTime(be tensor.Backend, cfg config.Model, batch int, minTime time.Duration, bf16 bool) (whole, gemm, attn float64, err error) {
+// paramCount is a model's parameters.
+func paramCount(cfg config.Model) float64 {
 	table, err := parallel.ParamTable(cfg, 1, 1)
 	if err != nil {
-		return 0, 0, 0, err
+		return 0
+	}
+	var n float64
+	for i := range table {
+		n += float64(table[i].Numel())
+	}
+	return n
+}
+
+// stepTime is the median seconds of one forward and backward pass of a model
+// with batch sequences of its full length, its weights and saved activations in
+// fp32 or (bf16) in bf16 (as a bf16 run keeps them), and of the matmuls and of
+// attention inside that pass (timed call by call, in the pass whose whole time
+// is the median); and the median seconds of the step's tail after a pass: the
+// gradients' square sum and AdamW, a call per parameter group (a layer's dense
+// parameters, its experts', the embedding, the head: the trainer's groups on
+// one rank, the gradients one buffer per group), on the operands the pass
+// left cold.
+func stepTime(be tensor.Backend, cfg config.Model, batch int, minTime time.Duration, bf16 bool) (st passTimes, err error) {
+	table, err := parallel.ParamTable(cfg, 1, 1)
+	if err != nil {
+		return passTimes{}, err
 	}
 	w, g := make([][]float32, len(table)), make([]tensor.Buffer, len(table))
 	mem := be.NewMemory()
+	type group struct {
+		grads, main, m, v tensor.Buffer
+		params            []int
+	}
+	var groups []*group
+	byKey := map[[2]int]*group{}
 	for i := range table {
-		w[i], g[i] = make([]float32, table[i].LocalNumel()), mem.Alloc(tensor.Float32, int(table[i].LocalNumel()))
+		key := [2]int{table[i].Layer, 0}
+		switch {
+		case table[i].Expert >= 0:
+			key[1] = 1
+		case table[i].Layer < 0 && i > 0:
+			key[1] = 2 // the head, apart from the embedding
+		}
+		if byKey[key] == nil {
+			byKey[key] = &group{}
+			groups = append(groups, byKey[key])
+		}
+		byKey[key].params = append(byKey[key].params, i)
+	}
+	for _, gr := range groups {
+		var n int
+		for _, i := range gr.params {
+			n += int(table[i].LocalNumel())
+		}
+		gr.grads, gr.main, gr.m, gr.v = mem.Alloc(tensor.Float32, n), mem.Alloc(tensor.Float32, n), mem.Alloc(tensor.Float32, n), mem.Alloc(tensor.Float32, n)
+		off := 0
+		for _, i := range gr.params {
+			k := int(table[i].LocalNumel())
+			g[i] = gr.grads.Slice(off, off+k)
+			off += k
+		}
+	}
+	for i := range table {
+		w[i] = make([]float32, table[i].LocalNumel())
 		model.InitParam(w[i], &table[i], 0, 1, cfg.InitStd, cfg.Layers)
 	}
+	sq, stats := mem.Alloc(tensor.Float64, 1), appliedStats(mem)
 	wdt, opts := tensor.Float32, []model.Option{model.WithMemory(mem)}
 	if bf16 {
 		wdt = tensor.BFloat16
@@ -406,22 +462,29 @@ func stepTime(be tensor.Backend, cfg config.Model, batch int, minTime time.Durat
 	tb := &kernelTimed{Backend: be}
 	m, err := model.New[float32](cfg, table, tensor.Upload(mem, wdt, w), g, tb, batch, cfg.SeqLen, opts...)
 	if err != nil {
-		return 0, 0, 0, err
+		return passTimes{}, err
 	}
 	n := batch * cfg.SeqLen
 	tokens, targets := make([]int32, n), make([]int32, n)
 	for i := range tokens {
 		tokens[i], targets[i] = int32(i*7%cfg.VocabSize), int32((i*7+3)%cfg.VocabSize)
 	}
-	type pass struct{ whole, gemm, attn float64 }
-	var passes []pass
+	var passes []passTimes
 	loss := mem.Alloc(tensor.Float64, 1)
 	pass1 := func() {
 		tb.gemm, tb.attn = 0, 0
 		t0 := time.Now()
 		m.Forward(tokens, targets, loss, false)
 		m.Backward(tokens, targets, 1/float64(n))
-		passes = append(passes, pass{time.Since(t0).Seconds(), tb.gemm.Seconds(), tb.attn.Seconds()})
+		t1 := time.Now()
+		for k, gr := range groups {
+			be.SumSquares(sq, gr.grads, k > 0)
+		}
+		for _, gr := range groups {
+			be.AdamW(gr.main, gr.grads, gr.m, gr.v, 1e-3, 0.9, 0.95, 1e-8, 0.1, stats)
+		}
+		mem.Sync()
+		passes = append(passes, passTimes{t1.Sub(t0).Seconds(), tb.gemm.Seconds(), tb.attn.Seconds(), time.Since(t1).Seconds()})
 	}
 	pass1() // warm-up
 	passes = passes[:0]
@@ -432,10 +495,20 @@ func stepTime(be tensor.Backend, cfg config.Model, batch int, minTime time.Durat
 			break
 		}
 	}
+	tails := make([]float64, len(passes))
+	for i, p := range passes {
+		tails[i] = p.tail
+	}
+	sort.Float64s(tails)
 	sort.Slice(passes, func(i, j int) bool { return passes[i].whole < passes[j].whole })
 	mid := passes[len(passes)/2]
-	return mid.whole, mid.gemm, mid.attn, nil
+	mid.tail = tails[len(tails)/2]
+	return mid, mem.Err()
 }
+
+// passTimes are stepTime's seconds: the whole pass, its matmuls, its
+// attention, and the step's tail after it.
+type passTimes struct{ whole, gemm, attn, tail float64 }
 
 // kernelTimed is a backend that adds up the time its matmuls take, and apart the
 // time attention takes (forward and backward).

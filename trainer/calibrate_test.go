@@ -49,6 +49,7 @@ func TestCalibrateSmallGrid(t *testing.T) {
 	for _, k := range append(slices.Clone(parallel.StreamKinds), parallel.LaterStreamKinds...) {
 		require.Contains(t, back.Stream, k, "every memory-bound kernel is measured")
 	}
+	var om, ot float64
 	for _, smp := range back.InStepSamples {
 		require.Greater(t, smp.GEMMMeasured, 0.0, smp.Model)
 		require.Greater(t, smp.AttnMeasured, 0.0, smp.Model)
@@ -56,7 +57,11 @@ func TestCalibrateSmallGrid(t *testing.T) {
 		require.Greater(t, smp.GEMMTables, 0.0, smp.Model)
 		require.Greater(t, smp.AttnTables, 0.0, smp.Model)
 		require.Greater(t, smp.GEMMBytes, 0.0, "%s: the matmuls' operand bytes", smp.Model)
+		require.Greater(t, smp.OptMeasured, 0.0, "%s: the step's tail after the pass", smp.Model)
+		require.Greater(t, smp.OptTables, 0.0, smp.Model)
+		om, ot = om+smp.OptMeasured, ot+smp.OptTables
 	}
+	require.InEpsilon(t, om/ot, back.InStepOptimizer, 1e-12, "the step tail's factor, pooled over the passes")
 	require.Contains(t, back.Collectives, parallel.CollectiveKey(parallel.SendRecv, 2))
 	require.Contains(t, back.Host, "CPUs")
 	// Ranks sharing the cores: the model trained at 1 and 2 in-process ranks, and

@@ -20,8 +20,8 @@ import (
 // before they existed, or for a GPU) is an error.
 func HostSpeed(be tensor.Backend, c *parallel.Calibration, bf16 bool, minTime time.Duration) (float64, int, error) {
 	return hostSpeed(c, bf16, func(m config.Model, batch int) (float64, error) {
-		whole, _, _, err := stepTime(be, m, batch, minTime, bf16)
-		return whole, err
+		pt, err := stepTime(be, m, batch, minTime, bf16)
+		return pt.whole, err
 	})
 }
 
