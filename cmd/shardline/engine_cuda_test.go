@@ -72,7 +72,7 @@ func TestEngineSharesOneGPU(t *testing.T) {
 // TestRanksOnTheirGPUs trains two ranks with a GPU each where there are
 // enough (shardline-cuda's device pick, gpuPerRank: collectives over NCCL)
 // and sharing GPUs where there are not (staged through the host), dense and
-// MoE, under optim_grads_params, and compares them with the same two ranks on
+// MoE, under optim_grads_params (tiny under optim_grads too), and compares them with the same two ranks on
 // the CPU engine: the losses within TestEngineSharesOneGPU's tolerances, and
 // the memory held per rank exactly (the ranks run the same engine, whose
 // buffers are the same on either memory); the plan's within 5% for the dense
@@ -83,10 +83,12 @@ func TestEngineSharesOneGPU(t *testing.T) {
 // run on devices of their own with the emulator's NCCL (ranks that share a
 // device are TestEngineSharesOneGPU's). Each dense run's devices peak
 // within a few kilobytes of what the run holds (the end gathers no whole
-// model), and the GPU run's sample is drawn by both ranks together. moe-tiny
-// runs expert parallelism over the two ranks, so the experts' exchanges go
-// over NCCL too, and tiny runs again with its FSDP arenas as NCCL user
-// buffers (use_nccl_ub; where the ranks have GPUs of their own).
+// model), and the GPU run's sample is drawn by both ranks together (by rank
+// 0 alone with the training model under optim_grads, where it holds the
+// whole model). moe-tiny runs expert parallelism over the two ranks, so the
+// experts' exchanges go over NCCL too, and tiny runs again with its FSDP
+// arenas as NCCL user buffers (use_nccl_ub; where the ranks have GPUs of
+// their own).
 func TestRanksOnTheirGPUs(t *testing.T) {
 	var small []string
 	if cuda.Emulated {
@@ -109,6 +111,8 @@ func TestRanksOnTheirGPUs(t *testing.T) {
 		{"moe-tiny", "moe-tiny", 5e-3, []string{"parallel.expert_parallel=2"}, nil},
 		{"tiny tp2", "tiny", 1e-4, []string{"parallel.tensor_parallel=2"}, nil},
 		{"tiny cp2", "tiny", 1e-4, []string{"parallel.context_parallel=2"}, nil},
+		// optim_grads: rank 0 holds the whole model and samples alone with it.
+		{"tiny optim_grads", "tiny", 1e-4, []string{"fsdp.data_parallel_sharding_strategy=optim_grads"}, nil},
 		{"moe-tiny tp2", "moe-tiny", 5e-3, []string{"parallel.tensor_parallel=2"}, nil},
 		{"tiny with NCCL user buffers", "tiny", 1e-4, []string{"fsdp.fsdp_double_buffer=true"}, []string{"fsdp.use_nccl_ub=true"}}, // which implies the double buffer
 	} {
