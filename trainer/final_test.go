@@ -85,3 +85,34 @@ func TestEndOfRunStaysInThePlan(t *testing.T) {
 		}
 	}
 }
+
+// TestMemoryAvailable: the room rank 0 judges a sample by is the host's
+// MemAvailable, capped by what a cgroup memory limit (v2 or v1) leaves; no
+// limit ("max", or v1's near 2^63) caps nothing, and nothing readable gives 0.
+func TestMemoryAvailable(t *testing.T) {
+	dir := t.TempDir()
+	meminfo := filepath.Join(dir, "meminfo")
+	require.NoError(t, os.WriteFile(meminfo, []byte("MemTotal:       24000000 kB\nMemAvailable:   20000000 kB\n"), 0o644))
+	host := int64(20000000) * 1024
+	write := func(cg, name, v string) {
+		require.NoError(t, os.MkdirAll(filepath.Dir(filepath.Join(cg, name)), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(cg, name), []byte(v+"\n"), 0o644))
+	}
+	none := filepath.Join(dir, "none")
+	assert.Equal(t, host, memoryAvailable(meminfo, none), "no cgroup files")
+	v2 := filepath.Join(dir, "v2")
+	write(v2, "memory.max", "8589934592")
+	write(v2, "memory.current", "1073741824")
+	assert.Equal(t, int64(7<<30), memoryAvailable(meminfo, v2), "v2: the limit less what the group uses")
+	write(v2, "memory.max", "max")
+	assert.Equal(t, host, memoryAvailable(meminfo, v2), "v2 without a limit")
+	v1 := filepath.Join(dir, "v1")
+	write(v1, "memory/memory.limit_in_bytes", "4294967296")
+	write(v1, "memory/memory.usage_in_bytes", "5368709120")
+	assert.Equal(t, int64(0), memoryAvailable(meminfo, v1), "v1 over its limit: no room")
+	write(v1, "memory/memory.limit_in_bytes", "9223372036854771712")
+	assert.Equal(t, host, memoryAvailable(meminfo, v1), "v1 without a limit")
+	assert.Equal(t, int64(0), memoryAvailable(filepath.Join(dir, "missing"), none), "nothing readable")
+	write(v2, "memory.max", "8589934592")
+	assert.Equal(t, int64(7<<30), memoryAvailable(filepath.Join(dir, "missing"), v2), "a limit without meminfo")
+}

@@ -266,20 +266,45 @@ func (t *run) held() Memory {
 	return h
 }
 
-// hostAvailable reads the memory the host can still give (MemAvailable) from
-// /proc; 0 where it cannot be read.
-func hostAvailable() int64 {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemAvailable:" {
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb * 1024
+// hostAvailable is the memory this process can still get: the host's
+// MemAvailable, capped by the room left under a cgroup memory limit (a
+// container's); 0 where neither can be read.
+func hostAvailable() int64 { return memoryAvailable("/proc/meminfo", "/sys/fs/cgroup") }
+
+// memoryAvailable is hostAvailable over the given /proc/meminfo and cgroup
+// mount (cgroup v2's memory.max and memory.current at its root, or v1's
+// memory/memory.limit_in_bytes and memory.usage_in_bytes; a limit of "max",
+// or v1's near 2^63, is none).
+func memoryAvailable(meminfo, cgroup string) int64 {
+	var avail int64
+	if b, err := os.ReadFile(meminfo); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemAvailable:" {
+				kb, _ := strconv.ParseInt(f[1], 10, 64)
+				avail = kb * 1024
+			}
 		}
 	}
-	return 0
+	read := func(name string) (int64, bool) {
+		b, err := os.ReadFile(filepath.Join(cgroup, name))
+		if err != nil {
+			return 0, false
+		}
+		v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		return v, err == nil // "max" does not parse: no limit
+	}
+	for _, files := range [][2]string{{"memory.max", "memory.current"}, {"memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes"}} {
+		limit, ok := read(files[0])
+		if !ok || limit >= 1<<62 {
+			continue
+		}
+		used, _ := read(files[1])
+		if room := max(limit-used, 0); avail == 0 || room < avail {
+			avail = room
+		}
+		break
+	}
+	return avail
 }
 
 // peakRSS reads the process's peak resident set (VmHWM) from /proc; 0 elsewhere.
