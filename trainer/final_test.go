@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/shardline/shardline/tensor/cpu"
@@ -34,7 +35,8 @@ import (
 func TestEndOfRunStaysInThePlan(t *testing.T) {
 	const n = 20
 	moe := []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32", "model.moe.capacity_factor=1.0"}
-	defer func(v bool) { samplesLikeDevices = v }(samplesLikeDevices)
+	defer func(v bool, room func() int64) { samplesLikeDevices, hostRoom = v, room }(samplesLikeDevices, hostRoom)
+	hostRoom = func() int64 { return 64 << 30 } // room for the host's policy to sample alone, on any machine the tests run on
 	for _, together := range []bool{false, true} {
 		for _, c := range []struct {
 			name        string
@@ -115,4 +117,23 @@ func TestMemoryAvailable(t *testing.T) {
 	assert.Equal(t, int64(0), memoryAvailable(filepath.Join(dir, "missing"), none), "nothing readable")
 	write(v2, "memory.max", "8589934592")
 	assert.Equal(t, int64(7<<30), memoryAvailable(filepath.Join(dir, "missing"), v2), "a limit without meminfo")
+}
+
+// TestSampleWithoutRoom: a host without room for the whole model twice (a
+// GiB to spare, in half of what it has) makes the ranks sample together even
+// under the host's policy; rank 0 decides and every rank follows.
+func TestSampleWithoutRoom(t *testing.T) {
+	defer func(room func() int64) { hostRoom = room }(hostRoom)
+	for _, c := range []struct {
+		room     int64
+		together bool
+	}{{64 << 30, false}, {2 << 30, true}, {0, true}} {
+		hostRoom = func() int64 { return c.room }
+		res, _ := tinyRun(t, "parallel.world_size=2", "train.steps=2", "train.eval_interval=0", "logging.sample_tokens=5")
+		out, err := Run(context.Background(), res, opts())
+		require.NoError(t, err)
+		require.Len(t, out.Sample, 6)
+		log := string(must(os.ReadFile(filepath.Join(out.Dir, "run.log"))))
+		assert.Equal(t, c.together, strings.Contains(log, "sampling with every rank"), "room %d", c.room)
+	}
 }
