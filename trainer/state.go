@@ -637,12 +637,13 @@ func globalParam(p *parallel.Plan, rank, i, numExperts int) int {
 // (called on rank 0 only) takes a parameter's index in the table without
 // tensor parallelism and its whole values in fp32 (bf16 ones widened), valid
 // only during the call. Group by group: a group whose weights are not whole
-// here (optim_grads_params, where the group is sharded) is gathered into scratch (n compute-dtype
-// elements; release gives them back before the next group); rank 0's ep group
-// then passes every ep rank's experts over the host, and its tp group every tp
-// rank's slices, a parameter at a time; other ranks have nothing more to do. A
-// collective: every rank calls it, and its errors are the collectives' (put
-// keeps its own, so that rank 0 still takes part in every collective).
+// here (optim_grads_params, where the group is sharded) is gathered into
+// scratch (n compute-dtype elements; release gives them back before the next
+// group); rank 0's ep group then passes every ep rank's experts over the
+// host, and its tp group every tp rank's slices, a parameter at a time; other
+// ranks have nothing more to do. A collective: every rank calls it, and its
+// errors are the collectives' (put keeps its own, so that rank 0 still takes
+// part in every collective).
 func (s *state) finalWeights(scratch func(n int64) (b tensor.Buffer, release func()), put func(i int, v []float32)) error {
 	lead := s.rank == 0
 	withLead := func(a parallel.Axis) bool { return s.plan.Mesh.Group(a, s.rank)[0] == 0 }
@@ -656,7 +657,7 @@ func (s *state) finalWeights(scratch func(n int64) (b tensor.Buffer, release fun
 	for gi := range s.plan.Groups {
 		g := &s.plan.Groups[gi]
 		full, release := s.weights[gi], func() {}
-		if whole := s.comms[gi].Size() == 1 || g.Shards == 1; whole && full.Len() == 0 {
+		if s.heldWhole(gi) && full.Len() == 0 {
 			full = s.computeShardBuffer(gi) // the group is this rank's alone
 		} else if full.Len() == 0 {
 			full, release = scratch(g.Padded)
@@ -760,11 +761,17 @@ func (s *state) newWeights(n int64) tensor.Buffer {
 // weights are that shard.
 func (s *state) gatherGroup(gi int, dst tensor.Buffer) error {
 	src := s.computeShardBuffer(gi)
-	if s.comms[gi].Size() == 1 || s.plan.Groups[gi].Shards == 1 {
+	if s.heldWhole(gi) {
 		s.copyBuffer(dst, src)
 		return nil
 	}
 	return s.comms[gi].AllGather(dst, src)
+}
+
+// heldWhole reports whether this rank holds group gi whole (no_shard, or a
+// group of one): its compute shard is the whole group.
+func (s *state) heldWhole(gi int) bool {
+	return s.comms[gi].Size() == 1 || s.plan.Groups[gi].Shards == 1
 }
 
 // copyBuffer copies src into dst (same dtype and length); nothing when they are
