@@ -276,15 +276,7 @@ func hostAvailable() int64 { return memoryAvailable("/proc/meminfo", "/sys/fs/cg
 // memory/memory.limit_in_bytes and memory.usage_in_bytes; a limit of "max",
 // or v1's near 2^63, is none).
 func memoryAvailable(meminfo, cgroup string) int64 {
-	var avail int64
-	if b, err := os.ReadFile(meminfo); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemAvailable:" {
-				kb, _ := strconv.ParseInt(f[1], 10, 64)
-				avail = kb * 1024
-			}
-		}
-	}
+	avail := procBytes(meminfo, "MemAvailable:")
 	read := func(name string) (int64, bool) {
 		b, err := os.ReadFile(filepath.Join(cgroup, name))
 		if err != nil {
@@ -308,18 +300,19 @@ func memoryAvailable(meminfo, cgroup string) int64 {
 }
 
 // peakRSS reads the process's peak resident set (VmHWM) from /proc; 0 elsewhere.
-func peakRSS() int64 {
-	b, err := os.ReadFile("/proc/self/status")
+func peakRSS() int64 { return procBytes("/proc/self/status", "VmHWM:") }
+
+// procBytes reads a "key value kB" line of a /proc file as bytes; 0 where
+// there is none.
+func procBytes(path, key string) int64 {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return 0
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "VmHWM:") {
-			f := strings.Fields(line)
-			if len(f) >= 2 {
-				kb, _ := strconv.ParseInt(f[1], 10, 64)
-				return kb * 1024
-			}
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == key {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb * 1024
 		}
 	}
 	return 0
