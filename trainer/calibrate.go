@@ -409,7 +409,7 @@ func paramCount(cfg config.Model) float64 {
 // parameters, its experts', the embedding, the head: the trainer's groups on
 // one rank, the gradients one buffer per group), on the operands the pass
 // left cold.
-func stepTime(be tensor.Backend, cfg config.Model, batch int, minTime time.Duration, bf16 bool) (st passTimes, err error) {
+func stepTime(be tensor.Backend, cfg config.Model, batch int, minTime time.Duration, bf16 bool) (passTimes, error) {
 	table, err := parallel.ParamTable(cfg, 1, 1)
 	if err != nil {
 		return passTimes{}, err
