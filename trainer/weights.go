@@ -27,6 +27,9 @@ type weightEntry struct {
 
 const weightsFormat = "shardline-weights-v2"
 
+// createSealed starts weights.bin (tests stand in a failing one).
+var createSealed = fileio.CreateSealed
+
 // maxWeightsHeader caps the JSON header (a parameter table of 2^20 tensors fits).
 const maxWeightsHeader = 1 << 26
 
@@ -77,7 +80,7 @@ func newWeightsWriter(path string, table []parallel.Param) (*weightsWriter, erro
 		offs[i] = n
 		n += 4 * table[i].LocalNumel()
 	}
-	f, err := fileio.CreateSealed(path, n)
+	f, err := createSealed(path, n)
 	if err != nil {
 		return nil, err
 	}
