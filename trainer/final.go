@@ -196,7 +196,7 @@ func (t *run) sampleWithModel(world comm.Communicator, prompt string, n int) (st
 			return int32(b[0])<<12 | int32(b[1]), nil
 		}
 	}
-	return generate(T, t.ds.Tok, prompt, n, 0.8, r.Run.Seed, next, agree)
+	return generate(T, t.ds.Tok, prompt, n, sampleTemperature, r.Run.Seed, next, agree)
 }
 
 // cpRow is where position pos of a micro-batch's first sequence (B sequences

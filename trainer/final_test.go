@@ -75,7 +75,7 @@ func TestEndOfRunStaysInThePlan(t *testing.T) {
 				assert.Equal(t, out.Predicted.GatheredUnits, out.Held.GatheredUnits, "nothing allocated apart from the FSDP arena")
 				require.Len(t, out.Sample, 1+n, "%q", out.Sample)
 				if c.fp32 || !together {
-					again, err := SampleRun(cpu.Backend{}, out.Dir, out.Sample[:1], n, 0.8, res.Recipe.Run.Seed)
+					again, err := SampleRun(cpu.Backend{}, out.Dir, out.Sample[:1], n, sampleTemperature, res.Recipe.Run.Seed)
 					require.NoError(t, err)
 					assert.Equal(t, out.Sample[1:], again, "the sample drawn and shardline sample's from weights.bin")
 				}

@@ -181,17 +181,11 @@ func (t *run) writeHeader() error {
 // else is written then.
 func (t *run) finish(out *Result) error {
 	if t.weightsOut == nil {
-		w, err := newWeightsWriter(filepath.Join(t.dir, "weights.bin"), t.finalTable)
+		w, err := writeWeights(filepath.Join(t.dir, "weights.bin"), t.finalTable, t.finalViews)
 		if err != nil {
 			return fmt.Errorf("saving weights: %w", err)
 		}
 		t.weightsOut = w
-		for i, v := range t.finalViews {
-			if err := w.put(i, v); err != nil {
-				t.abortWeights()
-				return fmt.Errorf("saving weights: %w", err)
-			}
-		}
 	}
 	if s := t.weightsOut.nonFinite(); s != "" {
 		t.abortWeights()
@@ -335,11 +329,11 @@ func (t *run) sample(out *Result) error {
 	case t.sampled != nil:
 		sample = *t.sampled
 	case t.opts.Device != nil: // on the device: a CPU forward per token would take hours for a GPU-sized model
-		sample, err = generate(t.r.Model.SeqLen, t.ds.Tok, prompt, n, 0.8, t.r.Run.Seed, t.opts.Device.Logits, nil)
+		sample, err = generate(t.r.Model.SeqLen, t.ds.Tok, prompt, n, sampleTemperature, t.r.Run.Seed, t.opts.Device.Logits, nil)
 	case t.sampler == sampleModel:
 		sample, err = t.sampleWithModel(nil, prompt, n)
 	default:
-		sample, err = Generate(t.r, t.opts.Backend, t.finalTable, t.finalViews, t.ds.Tok, prompt, n, 0.8, t.r.Run.Seed)
+		sample, err = Generate(t.r, t.opts.Backend, t.finalTable, t.finalViews, t.ds.Tok, prompt, n, sampleTemperature, t.r.Run.Seed)
 	}
 	if err != nil {
 		return err
@@ -347,6 +341,10 @@ func (t *run) sample(out *Result) error {
 	out.Sample = prompt + sample
 	return os.WriteFile(filepath.Join(t.dir, "sample.txt"), []byte(out.Sample+"\n"), 0o644)
 }
+
+// sampleTemperature is the temperature of the sample at the end of a run,
+// however it is drawn.
+const sampleTemperature = 0.8
 
 // prompt is what the sample follows: the validation text's first token (the
 // training text's without one), always in the vocabulary.

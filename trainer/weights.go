@@ -35,17 +35,27 @@ const maxWeightsHeader = 1 << 26
 
 // saveWeights writes weights.bin from the whole model's values (table order).
 func saveWeights(path string, table []parallel.Param, views [][]float32) error {
-	w, err := newWeightsWriter(path, table)
+	w, err := writeWeights(path, table, views)
 	if err != nil {
 		return err
+	}
+	return w.commit()
+}
+
+// writeWeights puts the whole model's values (table order) into a new
+// weightsWriter, not yet committed (aborted on an error).
+func writeWeights(path string, table []parallel.Param, views [][]float32) (*weightsWriter, error) {
+	w, err := newWeightsWriter(path, table)
+	if err != nil {
+		return nil, err
 	}
 	for i, v := range views {
 		if err := w.put(i, v); err != nil {
 			w.abort()
-			return err
+			return nil, err
 		}
 	}
-	return w.commit()
+	return w, nil
 }
 
 // weightsWriter writes weights.bin a parameter at a time, in any order, at
