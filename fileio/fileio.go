@@ -177,10 +177,7 @@ func (w *SealedWriter) Commit() error {
 		discard(w.tmp)
 		return err
 	}
-	t := append([]byte(trailerMagic), make([]byte, 0, 12)...)
-	t = binary.LittleEndian.AppendUint32(t, h.Sum32())
-	t = binary.LittleEndian.AppendUint64(t, uint64(w.size))
-	if _, err := w.tmp.WriteAt(t, w.size); err != nil {
+	if _, err := w.tmp.WriteAt(appendTrailer(make([]byte, 0, TrailerSize), h.Sum32(), w.size), w.size); err != nil {
 		discard(w.tmp)
 		return err
 	}
@@ -212,8 +209,11 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // Seal appends the checksum trailer to b (in b's spare capacity when it has some)
 // and returns the result.
 func Seal(b []byte) []byte {
-	n := len(b)
-	sum := crc32.Checksum(b, castagnoli)
+	return appendTrailer(b, crc32.Checksum(b, castagnoli), int64(len(b)))
+}
+
+// appendTrailer appends the trailer of n bytes whose checksum is sum.
+func appendTrailer(b []byte, sum uint32, n int64) []byte {
 	b = append(b, trailerMagic...)
 	b = binary.LittleEndian.AppendUint32(b, sum)
 	return binary.LittleEndian.AppendUint64(b, uint64(n))
