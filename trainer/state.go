@@ -620,8 +620,12 @@ func (s *state) global(i int) int {
 	if s.epComm == nil || s.plan.Params[i].Expert < 0 {
 		return i
 	}
-	return i + 3*s.epRank*s.epLocal
+	return s.onEPRank(i, s.epRank)
 }
+
+// onEPRank is the table index of the expert parameter that ep rank r holds
+// where this rank's expert groups hold parameter i.
+func (s *state) onEPRank(i, r int) int { return i + 3*r*s.epLocal }
 
 // globalParam is global for any rank of the plan, for a model of numExperts
 // routed experts.
@@ -679,7 +683,7 @@ func (s *state) finalWeights(scratch func(n int64) (b tensor.Buffer, release fun
 				all := make([]float32, ep*len(v))
 				if err = s.epComm.AllGather(all, v); err == nil {
 					for j := 0; j < ep; j++ {
-						keep(e.Param+3*j*s.epLocal, all[j*len(v):(j+1)*len(v)])
+						keep(s.onEPRank(e.Param, j), all[j*len(v):(j+1)*len(v)])
 					}
 				}
 			case s.tpComm != nil && p.LocalNumel() != p.Numel():
