@@ -153,6 +153,27 @@ type Calibration struct {
 	// operands and mid-sized calls made 2 to 5 times too fast on this
 	// project's development host.
 	InStepOptimizer float64 `json:"in_step_optimizer_factor,omitempty"`
+	// InStepExpertsStall, when set, adds seconds per byte of the routed
+	// experts' operands to their products inside a step, beyond what the
+	// matmuls' factor and traffic term give them: many mid-sized products,
+	// each over its own slice of rows, wait on memory where the dense
+	// products stream through it (on the development host moe-tiny's
+	// experts took 2.1 times their tables inside a pass and 1.2 times warm,
+	// where its dense products took 1.15 times). The wait per byte grows
+	// with the rows the layer routes (moe-tiny's shape at 1,024, 2,048 and
+	// 4,096 routed rows: 37, 59 and 82 ps a byte), so the stall per byte is
+	// InStepExpertsStall + InStepExpertsStallSlope·log2(routed rows/1024),
+	// at least 0, fitted by least squares to the samples' experts' measured
+	// time less the matmuls' fit for them, per byte, over the samples run
+	// with fp32 weights (the ...BF16 figures: with bf16 weights, whose
+	// products convert their operands as they read them and stall less).
+	// The stall is time off the cores: ranks sharing them each wait their
+	// own, not HostShare times as long (StepBreakdown.Stall). A table
+	// without it times the experts as the other matmuls.
+	InStepExpertsStall          float64 `json:"in_step_experts_stall_s_per_byte,omitempty"`
+	InStepExpertsStallSlope     float64 `json:"in_step_experts_stall_slope,omitempty"`
+	InStepExpertsStallBF16      float64 `json:"in_step_experts_bf16_stall_s_per_byte,omitempty"`
+	InStepExpertsStallSlopeBF16 float64 `json:"in_step_experts_bf16_stall_slope,omitempty"`
 	// HostShare says how ranks that share the cores (in-process or local ranks)
 	// divide them. The plan used to give each of S such ranks 1/S of the machine,
 	// so a step S times as long as alone; but one rank alone leaves cores idle
@@ -254,7 +275,36 @@ type InStepSample struct {
 	// it.
 	OptMeasured float64 `json:"optimizer_measured_s,omitempty"`
 	OptTables   float64 `json:"optimizer_tables_s,omitempty"`
+	// ExpertsMeasured is the routed experts' products' part of GEMMMeasured;
+	// ExpertsTables and ExpertsBytes their part of GEMMTables and GEMMBytes.
+	// A sample of an MoE model measured before 2026-11-27 has ExpertsTables
+	// but no ExpertsMeasured: its GEMMMeasured then holds the dense products
+	// alone, the experts' time being in the rest of its pass.
+	ExpertsMeasured float64 `json:"experts_measured_s,omitempty"`
+	ExpertsTables   float64 `json:"experts_tables_s,omitempty"`
+	ExpertsBytes    float64 `json:"experts_bytes,omitempty"`
+	// RoutedRows is the rows each MoE layer's experts process in the pass (a
+	// property of the model, like ExpertsTables).
+	RoutedRows float64 `json:"routed_rows,omitempty"`
 }
+
+// expertsUntimed says the sample's MoE pass was measured before its experts'
+// products were timed (InStepSample.ExpertsMeasured).
+func (s InStepSample) expertsUntimed() bool { return s.ExpertsTables > 0 && s.ExpertsMeasured <= 0 }
+
+// dense is the sample's dense matmuls: their measured time, the tables' and
+// their operand bytes.
+func (s InStepSample) dense() gemmSample {
+	m := s.GEMMMeasured
+	if !s.expertsUntimed() {
+		m -= s.ExpertsMeasured
+	}
+	return gemmSample{measured: m, tables: s.GEMMTables - s.ExpertsTables, bytes: s.GEMMBytes - s.ExpertsBytes}
+}
+
+// gemmSample is matmuls' time in a pass, measured and by the tables, and their
+// operands' bytes.
+type gemmSample struct{ measured, tables, bytes float64 }
 
 // FitInStep sets InStepGEMM and InStepAttention (each kind's measured time in the
 // passes over its tables' time, pooled over the samples; for the matmuls, with
@@ -263,9 +313,15 @@ type InStepSample struct {
 // and PerCall from the rest of the passes by least squares (both at least 0;
 // with one sample, or a negative per-call cost, the factor alone), all over the
 // samples run with fp32 weights; then InStepGEMMBF16 and InStepGEMMPerByteBF16
-// the same way from the matmuls of the samples run with bf16 weights; and
-// InStepOptimizer, the step tails' measured time over their tables', pooled
-// over every sample.
+// the same way from the matmuls of the samples run with bf16 weights; then
+// the experts' stall (InStepExpertsStall and its slope over the routed rows,
+// and their BF16 figures), the experts' products' measured time beyond what
+// those fits give them, per byte, over the samples of each dtype that timed
+// them (expertsStall); and InStepOptimizer, the step tails' measured time over
+// their tables', pooled over every sample. The matmuls' fits read the dense
+// products alone; a sample measured before the experts were timed
+// (InStepSample.ExpertsMeasured) gives its dense products to them and
+// nothing to the rest's fit, whose measured time holds its experts.
 func (c *Calibration) FitInStep() {
 	var fp32, bf16 []InStepSample
 	for _, s := range c.InStepSamples {
@@ -288,15 +344,74 @@ func (c *Calibration) FitInStep() {
 	if len(bf16) > 0 {
 		var gm, gt float64
 		for _, s := range bf16 {
-			gm, gt = gm+s.GEMMMeasured, gt+s.GEMMTables
+			d := s.dense()
+			gm, gt = gm+d.measured, gt+d.tables
 		}
 		if gm > 0 && gt > 0 {
 			c.InStepGEMMBF16 = gm / gt
-			if a, b, ok := fitGEMMTraffic(bf16); ok {
+			if a, b, ok := fitGEMMTraffic(denseOf(bf16)); ok {
 				c.InStepGEMMBF16, c.InStepGEMMPerByteBF16 = a, b
 			}
 		}
 	}
+	c.InStepExpertsStall, c.InStepExpertsStallSlope = c.expertsStall(fp32)
+	c.InStepExpertsStallBF16, c.InStepExpertsStallSlopeBF16 = c.expertsStall(bf16)
+}
+
+// expertsStall fits the experts' stall per byte at 1,024 routed rows and its
+// slope per doubling of them: each sample's experts' measured time less the
+// matmuls' fit for them, per byte of their operands, by least squares on
+// log2(routed rows/1024), weighted by the bytes. With the samples at one
+// routed-row count, or a slope below 0, the pooled figure alone; (0, 0)
+// unless some stall is above 0.
+func (c *Calibration) expertsStall(samples []InStepSample) (perByte, slope float64) {
+	var sw, sx, sy, sxx, sxy float64
+	for _, s := range samples {
+		if s.ExpertsMeasured > 0 && s.ExpertsBytes > 0 && s.RoutedRows > 0 {
+			a, b := c.inStepGEMM(s.BF16)
+			w := s.ExpertsBytes
+			y := (s.ExpertsMeasured - (a*s.ExpertsTables + b*s.ExpertsBytes)) / w
+			x := math.Log2(s.RoutedRows / 1024)
+			sw, sx, sy, sxx, sxy = sw+w, sx+w*x, sy+w*y, sxx+w*x*x, sxy+w*x*y
+		}
+	}
+	if sw == 0 {
+		return 0, 0
+	}
+	if det := sw*sxx - sx*sx; det > 1e-9*sw*sw {
+		slope = (sw*sxy - sx*sy) / det
+		perByte = (sy - slope*sx) / sw
+		if slope >= 0 && perByte+slope*math.Log2(1<<20/1024.0) > 0 {
+			return perByte, slope
+		}
+	}
+	if sy > 0 {
+		return sy / sw, 0
+	}
+	return 0, 0
+}
+
+// expertsStallOf is the experts' stall per byte with bf16 weights or fp32 at
+// rows routed rows a layer (the fp32 figures for bf16 from a table without
+// its own), at least 0.
+func (c *Calibration) expertsStallOf(bf16 bool, rows float64) float64 {
+	perByte, slope := c.InStepExpertsStall, c.InStepExpertsStallSlope
+	if bf16 && (c.InStepExpertsStallBF16 != 0 || c.InStepExpertsStallSlopeBF16 != 0) {
+		perByte, slope = c.InStepExpertsStallBF16, c.InStepExpertsStallSlopeBF16
+	}
+	if rows <= 0 {
+		return 0
+	}
+	return max(0, perByte+slope*math.Log2(rows/1024))
+}
+
+// denseOf is the samples' dense matmuls.
+func denseOf(samples []InStepSample) []gemmSample {
+	out := make([]gemmSample, len(samples))
+	for i, s := range samples {
+		out[i] = s.dense()
+	}
+	return out
 }
 
 // inStepGEMM is the matmuls' in-step factor and seconds per operand byte, for
@@ -316,13 +431,14 @@ func (c *Calibration) inStepGEMM(bf16 bool) (factor, perByte float64) {
 func (c *Calibration) fitInStep(samples []InStepSample) {
 	var gm, gt, am, at float64
 	for _, s := range samples {
-		gm, gt = gm+s.GEMMMeasured, gt+s.GEMMTables
+		d := s.dense()
+		gm, gt = gm+d.measured, gt+d.tables
 		am, at = am+s.AttnMeasured, at+s.AttnTables
 	}
 	c.InStepGEMM, c.InStepGEMMPerByte, c.InStepAttention = 0, 0, 0
 	if gm > 0 && gt > 0 {
 		c.InStepGEMM = gm / gt
-		if a, b, ok := fitGEMMTraffic(samples); ok {
+		if a, b, ok := fitGEMMTraffic(denseOf(samples)); ok {
 			c.InStepGEMM, c.InStepGEMMPerByte = a, b
 		}
 	}
@@ -330,7 +446,12 @@ func (c *Calibration) fitInStep(samples []InStepSample) {
 		c.InStepAttention = am / at
 	}
 	var stt, stc, scc, smt, smc float64
+	var rest int
 	for _, s := range samples {
+		if s.expertsUntimed() && c.InStepGEMM > 0 {
+			continue // the rest of its pass holds its experts' products
+		}
+		rest++
 		tables, measured := s.Tables, s.Measured
 		if c.InStepGEMM > 0 { // the rest of the pass
 			tables, measured = tables-s.GEMMTables, measured-s.GEMMMeasured
@@ -345,7 +466,7 @@ func (c *Calibration) fitInStep(samples []InStepSample) {
 		smc += measured * s.Calls
 	}
 	det := stt*scc - stc*stc
-	if len(samples) >= 2 && det > 0 {
+	if rest >= 2 && det > 0 {
 		k := (smt*scc - smc*stc) / det
 		l := (stt*smc - stc*smt) / det
 		if k > 0 && l >= 0 {
@@ -368,7 +489,8 @@ type HostSharePoint struct {
 // HostShareSample is one calibration model trained for a few steps by Ranks
 // in-process ranks, each a micro-batch of the model's batch: the median step
 // time measured, and what the plan (with Efficiency 1) puts in compute (kernels
-// and optimizer) and in exposed communication for that run.
+// and optimizer, less the experts' stall), in exposed communication and in the
+// experts' stall for that run.
 type HostShareSample struct {
 	Model    string  `json:"model"`
 	Ranks    int     `json:"ranks"`
@@ -376,10 +498,14 @@ type HostShareSample struct {
 	Measured float64 `json:"measured_s"`
 	Compute  float64 `json:"planned_compute_s"`
 	Comm     float64 `json:"planned_comm_s"`
+	// Stall is the experts' stall the plan puts in the run (StepBreakdown.Stall),
+	// which sharing the cores does not scale: left out of Compute, and taken
+	// from the measured step beside Comm.
+	Stall float64 `json:"planned_stall_s,omitempty"`
 }
 
 // FitHostShare sets HostShare from HostShareSamples. A sample's ratio is its
-// measured step less the planned communication, over the planned compute; a
+// measured step less the planned communication and experts' stall, over the planned compute; a
 // model's ratio at a rank count is the median of its samples' there. A rank
 // count's efficiency is the median over models of their ratio there over their
 // ratio at 1 rank (so each model's own error at one rank cancels). A model
@@ -394,9 +520,9 @@ func (c *Calibration) FitHostShare() {
 	}
 	ratios := map[key][]float64{}
 	for _, s := range c.HostShareSamples {
-		if s.Compute > 0 && s.Measured > s.Comm {
+		if s.Compute > 0 && s.Measured > s.Comm+s.Stall {
 			k := key{s.Model, s.Ranks, max(s.CP, 1)}
-			ratios[k] = append(ratios[k], (s.Measured-s.Comm)/s.Compute)
+			ratios[k] = append(ratios[k], (s.Measured-s.Comm-s.Stall)/s.Compute)
 		}
 	}
 	share, ring := map[int][]float64{}, map[int][]float64{}
@@ -467,17 +593,17 @@ func interpolate(pts []HostSharePoint, ranks int) float64 {
 // each sample weighted by 1/measured² (so relative errors count alike for small
 // and large models). ok is false with fewer than two samples, a sample without
 // its bytes or matmul times, or a fit with a ≤ 0 or b < 0.
-func fitGEMMTraffic(samples []InStepSample) (a, b float64, ok bool) {
+func fitGEMMTraffic(samples []gemmSample) (a, b float64, ok bool) {
 	if len(samples) < 2 {
 		return 0, 0, false
 	}
 	var stt, stb, sbb, syt, syb float64
 	for _, s := range samples {
-		if s.GEMMBytes <= 0 || s.GEMMMeasured <= 0 || s.GEMMTables <= 0 {
+		if s.bytes <= 0 || s.measured <= 0 || s.tables <= 0 {
 			return 0, 0, false
 		}
-		w := 1 / (s.GEMMMeasured * s.GEMMMeasured)
-		t, x, y := s.GEMMTables, s.GEMMBytes, s.GEMMMeasured
+		w := 1 / (s.measured * s.measured)
+		t, x, y := s.tables, s.bytes, s.measured
 		stt, stb, sbb, syt, syb = stt+w*t*t, stb+w*t*x, sbb+w*x*x, syt+w*y*t, syb+w*y*x
 	}
 	det := stt*sbb - stb*stb
@@ -594,9 +720,17 @@ func ParseCalibration(b []byte) (*Calibration, error) {
 	// fitted.
 	for name, v := range map[string]float64{"in_step_factor": c.InStep, "per_call_s": c.PerCall, "in_step_gemm_factor": c.InStepGEMM,
 		"in_step_gemm_s_per_byte": c.InStepGEMMPerByte, "in_step_attention_factor": c.InStepAttention,
-		"in_step_gemm_bf16_factor": c.InStepGEMMBF16, "in_step_gemm_bf16_s_per_byte": c.InStepGEMMPerByteBF16} {
+		"in_step_gemm_bf16_factor": c.InStepGEMMBF16, "in_step_gemm_bf16_s_per_byte": c.InStepGEMMPerByteBF16,
+		"in_step_experts_stall_slope": c.InStepExpertsStallSlope, "in_step_experts_bf16_stall_slope": c.InStepExpertsStallSlopeBF16} {
 		if !(v >= 0 && v <= maxFigure) {
 			return nil, fmt.Errorf("%s is %v: fitted figures lie in [0, %g]", name, v, maxFigure)
+		}
+	}
+	// The experts' stall at 1,024 routed rows may lie below 0 where its slope
+	// lifts it above 0 at more rows (expertsStallOf clamps it).
+	for name, v := range map[string]float64{"in_step_experts_stall_s_per_byte": c.InStepExpertsStall, "in_step_experts_bf16_stall_s_per_byte": c.InStepExpertsStallBF16} {
+		if !(v >= -maxFigure && v <= maxFigure) {
+			return nil, fmt.Errorf("%s is %v: it lies in [-%g, %g]", name, v, maxFigure, maxFigure)
 		}
 	}
 	for name, pts := range map[string][]HostSharePoint{"host_share": c.HostShare, "ring_share": c.RingShare} {

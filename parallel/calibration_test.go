@@ -125,7 +125,9 @@ func TestCalibratedStep(t *testing.T) {
 	c := CalibrationFor("cpu")
 	require.True(t, strings.HasPrefix(one.TimeModel, "per operation, calibrated on "+c.Host), one.TimeModel)
 	res := load(t, "../recipes/tiny.toml")
-	tables, gemm, attn, calls, gemmBytes := MicroCompute(res.Recipe.Model, res.Recipe.Train.MicroBatchSize, "none", false, c)
+	mt := MicroCompute(res.Recipe.Model, res.Recipe.Train.MicroBatchSize, "none", false, c)
+	tables, gemm, attn, calls, gemmBytes := mt.Tables(), mt.GEMM, mt.Attention, mt.Calls, mt.GEMMBytes
+	require.Zero(t, mt.Experts, "a dense model")
 	gf, af := c.InStep, c.InStep
 	if c.InStepGEMM > 0 {
 		gf = c.InStepGEMM
@@ -237,7 +239,7 @@ func TestFitInStepTraffic(t *testing.T) {
 }
 
 // TestFitHostShare: a rank count's efficiency is the median over models of their
-// step ratio (measured less planned communication, over planned compute; each a
+// step ratio (measured less planned communication and experts' stall, over planned compute; each a
 // median of its samples) there, over their ratio at one rank; a model without a
 // one-rank sample is left out. Between measured rank counts the efficiency is
 // interpolated from 1 at one rank, and held beyond the last.
@@ -258,6 +260,14 @@ func TestFitHostShare(t *testing.T) {
 	add("b", 4, 0.252, 0.4, 0)
 	// Model c has no one-rank sample: left out.
 	add("c", 2, 10, 0.2, 0)
+	// b's experts stall 0.03 s in each run, which sharing the cores does not
+	// scale: taken from the measured step, its ratios stay as above.
+	for i := range c.HostShareSamples {
+		if c.HostShareSamples[i].Model == "b" {
+			c.HostShareSamples[i].Measured += 0.03
+			c.HostShareSamples[i].Stall = 0.03
+		}
+	}
 	c.FitHostShare()
 	require.Len(t, c.HostShare, 2)
 	assert.Equal(t, 2, c.HostShare[0].Ranks)
@@ -334,7 +344,7 @@ func TestBF16GEMMTable(t *testing.T) {
 	half.Index()
 	assert.InEpsilon(t, c.gemmTime(256, 128, 384, true)/2, half.gemmTimeOf(true, 256, 128, 384, true), 1e-9)
 	assert.InEpsilon(t, c.gemmTime(256, 128, 384, true), half.gemmTimeOf(false, 256, 128, 384, true), 1e-12)
-	_, gemm, _, _, _ := MicroCompute(res.Recipe.Model, res.Recipe.Train.MicroBatchSize, "none", false, c)
+	gemm := MicroCompute(res.Recipe.Model, res.Recipe.Train.MicroBatchSize, "none", false, c).GEMM
 	gf := c.InStep
 	if c.InStepGEMM > 0 {
 		gf = c.InStepGEMM
@@ -439,4 +449,104 @@ func TestStepTailFactor(t *testing.T) {
 	p := compile(t, r)
 	a, b := stepModel(r, p, &with), stepModel(r, p, &without)
 	require.InEpsilon(t, with.InStepOptimizer*b.Optimizer, a.Optimizer, 1e-12)
+}
+
+// TestExpertsApart: the routed experts' products are counted apart from the
+// dense matmuls (times and operand bytes, full recompute repeating their
+// forward); the matmuls' fit reads the dense products alone, the experts'
+// excess over it is their stall per byte, and a sample measured before the
+// experts were timed gives its dense products to the matmuls' fit and nothing
+// to the rest's. The plan adds the stall to each rank's compute unscaled by
+// the ranks sharing the cores.
+func TestExpertsApart(t *testing.T) {
+	c := CalibrationFor("cpu")
+	moe := load(t, "../recipes/moe-tiny.toml")
+	mo, B := moe.Recipe.Model, moe.Recipe.Train.MicroBatchSize
+	mt := MicroCompute(mo, B, "none", false, c)
+	// Balanced, each of the 8 experts gets BT·K/E = 512 rows; three products of
+	// (512, 128, 128) a layer, forward once and backward twice.
+	rows, C, EF := float64(B*mo.SeqLen*mo.MoE.TopK/mo.MoE.NumExperts), float64(mo.Hidden), float64(mo.MoE.ExpertFFNHidden)
+	one := c.gemmTime(int(rows), int(C), int(EF), false) + c.gemmTime(int(rows), int(C), int(EF), true)
+	assert.InEpsilon(t, 4*8*3*one, mt.Experts, 1e-12, "the experts' products, at their balanced rows")
+	assert.InEpsilon(t, 4*8*3*3*4*(rows*C+C*EF+rows*EF), mt.ExpertBytes, 1e-12)
+	dense := MicroCompute(load(t, "../recipes/tiny.toml").Recipe.Model, B, "none", false, c)
+	assert.Less(t, mt.GEMM, dense.GEMM, "moe-tiny's dense products: tiny's less its MLP, plus the router")
+	full := MicroCompute(mo, B, "full", false, c)
+	fwd := c.gemmTime(int(rows), int(C), int(EF), false)
+	assert.InEpsilon(t, mt.Experts+4*8*3*fwd, full.Experts, 1e-12, "full recompute repeats the experts' forward")
+	assert.InEpsilon(t, mt.ExpertBytes*4/3, full.ExpertBytes, 1e-12)
+
+	assert.Equal(t, float64(B*mo.SeqLen*mo.MoE.TopK), mt.Routed, "each layer's experts process every routed copy")
+	assert.Zero(t, dense.Routed)
+
+	// Samples made from known figures give them back: dense products at
+	// α·tables + β·bytes, the experts' at that plus σ(rows)·bytes, where
+	// σ(rows) = σ + slope·log2(rows/1024).
+	const alpha, beta, sigma, slope = 1.2, 20e-12, 30e-12, 25e-12
+	f := &Calibration{}
+	for i, s := range []struct{ gemm, bytes, experts, ebytes, rows float64 }{{0.02, 110e6, 0, 0, 0}, {0.08, 230e6, 0, 0, 0},
+		{0.01, 60e6, 0.01, 70e6, 2048}, {0.003, 27e6, 0.002, 20e6, 1024}, {0.004, 30e6, 0.003, 40e6, 4096}} {
+		d := alpha*s.gemm + beta*s.bytes
+		e := alpha * s.experts
+		if s.rows > 0 {
+			e += (beta + sigma + slope*math.Log2(s.rows/1024)) * s.ebytes
+		}
+		f.InStepSamples = append(f.InStepSamples, InStepSample{Model: fmt.Sprint(i), Tables: s.gemm + s.experts + 0.01, Calls: 50, Measured: d + e + 0.012,
+			GEMMTables: s.gemm + s.experts, GEMMBytes: s.bytes + s.ebytes, GEMMMeasured: d + e,
+			ExpertsTables: s.experts, ExpertsBytes: s.ebytes, ExpertsMeasured: e, RoutedRows: s.rows})
+	}
+	f.FitInStep()
+	assert.InDelta(t, alpha, f.InStepGEMM, 1e-9)
+	assert.InDelta(t, beta, f.InStepGEMMPerByte, 1e-18)
+	assert.InDelta(t, sigma, f.InStepExpertsStall, 1e-18)
+	assert.InDelta(t, slope, f.InStepExpertsStallSlope, 1e-18)
+	assert.InDelta(t, sigma+2*slope, f.expertsStallOf(false, 4096), 1e-18)
+	assert.Zero(t, f.expertsStallOf(false, 0), "no routed rows, no stall")
+	assert.Equal(t, f.expertsStallOf(false, 2048), f.expertsStallOf(true, 2048), "no bf16 samples: bf16 runs take the fp32 figures")
+	assert.InDelta(t, 1.2, f.InStep, 1e-9, "the rest: 0.012 measured over 0.01 in the tables")
+	// Measured before the experts were timed: GEMMMeasured held the dense
+	// products alone, and the rest of the pass the experts.
+	old := f.InStepSamples[2]
+	old.GEMMMeasured -= old.ExpertsMeasured
+	old.ExpertsMeasured = 0
+	old.Measured += 1 // what the rest's fit must not see
+	f.InStepSamples[2] = old
+	f.FitInStep()
+	assert.InDelta(t, alpha, f.InStepGEMM, 1e-9, "its dense products still fit")
+	assert.InDelta(t, 1.2, f.InStep, 1e-9, "its rest is left out")
+	assert.InDelta(t, sigma, f.InStepExpertsStall, 1e-18, "from the two samples that timed their experts")
+	assert.InDelta(t, slope, f.InStepExpertsStallSlope, 1e-18)
+	// One routed-row count: the pooled stall alone.
+	f.InStepSamples = f.InStepSamples[:4]
+	f.FitInStep()
+	assert.InDelta(t, sigma, f.InStepExpertsStall, 1e-18)
+	assert.Zero(t, f.InStepExpertsStallSlope)
+	// A sample run with bf16 weights fits the bf16 figure and leaves the fp32 one.
+	const sigmaH = 40e-12
+	h := f.InStepSamples[3]
+	h.BF16, h.Model = true, "bf16"
+	d := h.dense() // alone, it fits the bf16 matmuls' factor: d.measured/d.tables, no traffic term
+	h.ExpertsMeasured = d.measured/d.tables*h.ExpertsTables + sigmaH*h.ExpertsBytes
+	h.GEMMMeasured = d.measured + h.ExpertsMeasured
+	f.InStepSamples = append(f.InStepSamples, h)
+	f.FitInStep()
+	assert.InDelta(t, sigma, f.InStepExpertsStall, 1e-18)
+	assert.InDelta(t, sigmaH, f.InStepExpertsStallBF16, 1e-18)
+	assert.InDelta(t, sigmaH, f.expertsStallOf(true, 1024), 1e-18)
+
+	// The plan: every rank adds its own stall.
+	stalled := *c
+	stalled.InStepExpertsStall, stalled.InStepExpertsStallSlope = sigma, slope
+	stalled.HostShare = []HostSharePoint{{Ranks: 2, Efficiency: 0.9}}
+	UseCalibration(&stalled)
+	defer ResetCalibrations()
+	without := *c
+	without.HostShare = stalled.HostShare
+	for _, world := range []int{1, 2} {
+		r := &load(t, "../recipes/moe-tiny.toml", fmt.Sprintf("parallel.world_size=%d", world), fmt.Sprintf("train.global_batch_size=%d", 16*world)).Recipe
+		p := compile(t, r)
+		assert.InEpsilon(t, (sigma+2*slope)*mt.ExpertBytes, p.StallS, 1e-12, "%d ranks: each rank's stall (4,096 routed rows), unshared", world)
+		base := stepModel(r, p, &without)
+		assert.InEpsilon(t, base.GEMM+base.Attention+base.Stream+p.StallS, p.ComputeS, 1e-12)
+	}
 }

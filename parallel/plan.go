@@ -44,6 +44,9 @@ type Plan struct {
 	// (recompute included).
 	ModelFLOPs, ExecFLOPs float64
 	ComputeS              float64
+	// StallS is the part of ComputeS the routed experts' products spend waiting
+	// on their operands (StepBreakdown.Stall; calibrated plans only).
+	StallS float64
 	// OptimizerS is the optimizer step, memory-bound: every owned element's main
 	// weight, moments and gradient read and written once, at HBM bandwidth.
 	OptimizerS   float64
@@ -194,7 +197,8 @@ func (p *Plan) timing(r *config.Recipe) {
 	if cal := p.Topology.Calibration; cal != nil {
 		b := stepModel(r, p, cal)
 		p.TimeModel = fmt.Sprintf("per operation, calibrated on %s (%s)", cal.Host, cal.Date)
-		p.ComputeS, p.OptimizerS, p.ExposedCommS = b.GEMM+b.Attention+b.Stream, b.Optimizer, b.Comm
+		p.ComputeS, p.OptimizerS, p.ExposedCommS = b.GEMM+b.Attention+b.Stream+b.Stall, b.Optimizer, b.Comm
+		p.StallS = b.Stall
 	} else if dev.Name != "cpu" {
 		b := gpuStepModel(r, p)
 		p.TimeModel = fmt.Sprintf("per operation on %s: efficiencies measured on an H100, figures assumed elsewhere (docs/plan.md)", dev.Name)

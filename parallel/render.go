@@ -169,6 +169,9 @@ func (p *Plan) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintf(&b, "\nstep: compute %s + optimizer %s + exposed communication %s = %s; %.0f tokens/s per device; MFU %.1f%%\n",
 		formatSeconds(p.ComputeS), formatSeconds(p.OptimizerS), formatSeconds(p.ExposedCommS), formatSeconds(p.StepTimeS), p.TokensPerSPerDevice, 100*p.MFU)
+	if p.StallS > 0 {
+		fmt.Fprintf(&b, "  (of compute, %s is the experts' products waiting on memory: each rank waits its own, not scaled by the ranks sharing a host's cores)\n", formatSeconds(p.StallS))
+	}
 	fmt.Fprintf(&b, "time model: %s\n", p.TimeModel)
 	_, err := io.WriteString(w, b.String())
 	return err
@@ -206,6 +209,7 @@ type JSONPlan struct {
 	Communication map[Axis]AxisComm `json:"communication"`
 	Collectives   []Collective      `json:"collectives"`
 	ComputeS      float64           `json:"compute_s"`
+	StallS        float64           `json:"experts_stall_s,omitempty"` // of compute_s
 	OptimizerS    float64           `json:"optimizer_s"`
 	ExposedCommS  float64           `json:"exposed_comm_s"`
 	StepTimeS     float64           `json:"step_time_s"`
@@ -248,7 +252,7 @@ func (p *Plan) JSON(rank int) (*JSONPlan, error) {
 	}
 	j := &JSONPlan{Fingerprint: p.Fingerprint, Name: p.Name, Strategy: p.Strategy, Device: p.Topology.Device.Name,
 		WorldSize: p.Mesh.World, GPUsPerNode: p.Topology.GPUsPerNode, MicroBatches: p.MicroBatches,
-		ComputeS: p.ComputeS, OptimizerS: p.OptimizerS, ExposedCommS: p.ExposedCommS, StepTimeS: p.StepTimeS, TimeModel: p.TimeModel, TokensPerS: p.TokensPerSPerDevice, MFU: p.MFU,
+		ComputeS: p.ComputeS, StallS: p.StallS, OptimizerS: p.OptimizerS, ExposedCommS: p.ExposedCommS, StepTimeS: p.StepTimeS, TimeModel: p.TimeModel, TokensPerS: p.TokensPerSPerDevice, MFU: p.MFU,
 		Collectives: p.Collectives, Communication: map[Axis]AxisComm{}}
 	m := p.Mesh
 	j.Mesh.TP, j.Mesh.CP, j.Mesh.DP, j.Mesh.PP, j.Mesh.ETP, j.Mesh.EP, j.Mesh.EDP = m.TP, m.CP, m.DP, m.PP, m.ETP, m.EP, m.EDP

@@ -8,6 +8,11 @@ import (
 // seconds, by kind of work.
 type StepBreakdown struct {
 	GEMM, Attention, Stream, Optimizer, Comm float64
+	// Stall is the routed experts' products waiting on their operands
+	// (Calibration.InStepExpertsStall, InStepExpertsStallBF16): time off the cores, which ranks
+	// sharing them neither divide nor lengthen (not scaled by HostShare or
+	// the ring's efficiency).
+	Stall float64
 	// HostShare is how many ranks share one host's cores (in-process or local
 	// ranks on the CPU): each rank's kernels take HostShare times as long as on
 	// the machine the calibration measured alone, times the efficiency measured
@@ -28,18 +33,20 @@ type StepBreakdown struct {
 // the cores the compute needs). Ranks sharing a host divide its throughput, at the
 // efficiency the calibration measured for that many ranks (Calibration.HostShare),
 // and ranks in a context-parallel ring take as much longer as the calibration
-// measured for rings of that size (Calibration.RingShare).
+// measured for rings of that size (Calibration.RingShare); the experts'
+// products' stall on their operands (Stall) is each rank's own, not shared.
 func stepModel(r *config.Recipe, p *Plan, c *Calibration) StepBreakdown {
 	m := p.Mesh
 	mo := r.Model
 	var b StepBreakdown
 	b.HostShare = max(p.Topology.GPUsPerNode, 1) // ranks per node, at most the world
-	g, a, s, calls, gb := microCompute(mo, microShapeOf(r, p, r.Precision.BF16 && r.Parallel.Device == "cpu"), c)
+	mt := microCompute(mo, microShapeOf(r, p, r.Precision.BF16 && r.Parallel.Device == "cpu"), c)
+	g, a, s := mt.GEMM+mt.Experts, mt.Attention, mt.Stream
 	gf, gPerByte := c.inStepGEMM(r.Precision.BF16)
 	if gf > 0 {
 		g *= gf
 	}
-	g += gPerByte * gb // and their operands' traffic
+	g += gPerByte * (mt.GEMMBytes + mt.ExpertBytes) // and their operands' traffic
 	af := c.InStep
 	if c.InStepAttention > 0 {
 		af = c.InStepAttention // attention by its own in-step factor
@@ -50,9 +57,10 @@ func stepModel(r *config.Recipe, p *Plan, c *Calibration) StepBreakdown {
 	if f := c.InStep; f > 0 {
 		s *= f
 	}
-	s += calls * c.PerCall // waking the workers for each kernel, inside a step
+	s += mt.Calls * c.PerCall // waking the workers for each kernel, inside a step
 	micro := float64(p.MicroBatches)
 	b.GEMM, b.Attention, b.Stream = g*micro, a*micro, s*micro
+	b.Stall = c.expertsStallOf(r.Precision.BF16, mt.Routed) * mt.ExpertBytes * micro
 	stream, opt := stepStreams(p, c)
 	if f := c.InStepOptimizer; f > 0 {
 		stream, opt = stream*f, opt*f
@@ -131,11 +139,29 @@ type microShape struct {
 	Stash                 bool
 }
 
-// microCompute is the kernel time of one micro-batch's forward and backward on one
-// rank, by c's costs (a calibration's tables, or a GPU's roofline) of its GEMMs,
-// attention and memory-bound kernels, before a calibration's in-step factor, and the bytes of the matmuls' operands (gb: inputs and
-// output of every product, forward and backward, recomputation included).
-func microCompute(mo config.Model, sh microShape, c opCosts) (g, a, s, calls, gb float64) {
+// MicroTimes is the kernel time of one micro-batch's forward and backward on
+// one rank, by a cost table (a calibration's tables, or a GPU's roofline),
+// before a calibration's in-step factors: seconds of the dense matmuls, of the
+// routed experts' products (apart: inside a step they stall on their operands
+// as the dense ones do not, Calibration.InStepExpertsStall), of attention and of
+// the memory-bound kernels; the kernels launched; and the bytes of the
+// matmuls' operands (inputs and output of every product, forward and backward,
+// recomputation included), the dense ones' and the experts'.
+type MicroTimes struct {
+	GEMM, Experts, Attention, Stream float64
+	Calls                            float64
+	GEMMBytes, ExpertBytes           float64
+	// Routed is the rows each MoE layer's local experts process (0 for a
+	// dense model).
+	Routed float64
+}
+
+// Tables is the whole micro-batch's kernel time.
+func (t MicroTimes) Tables() float64 { return t.GEMM + t.Experts + t.Attention + t.Stream }
+
+// microCompute is MicroTimes of one micro-batch of shape sh by c's costs.
+func microCompute(mo config.Model, sh microShape, c opCosts) MicroTimes {
+	var g, a, s, calls, gb, eg, egb float64
 	BT, B, T := sh.B*sh.T, sh.B, sh.T
 	C, HD := mo.Hidden, mo.HeadSize()
 	NH, NKV := mo.Heads/sh.TP, mo.EffectiveKVHeads()/sh.TP
@@ -207,14 +233,21 @@ func microCompute(mo config.Model, sh microShape, c opCosts) (g, a, s, calls, gb
 			// Each local expert launches its own kernels; balanced, they are alike,
 			// so one is timed and counted, times the local experts.
 			before, beforeB, beforeF := calls, gb, fgb
-			eg := gemm(rows, C, EF) + gemm(rows, C, EF) + gemm(rows, EF, C)
+			one := gemm(rows, C, EF) + gemm(rows, C, EF) + gemm(rows, EF, C)
 			es := stream(StreamSwiGLU, float64(rows*EF)) + stream(StreamSwiGLUBwd, float64(rows*EF))
 			efg := fwd(rows, C, EF) + fwd(rows, C, EF) + fwd(rows, EF, C)
 			calls = before + float64(local)*(calls-before)
-			gb, fgb = beforeB+float64(local)*(gb-beforeB), beforeF+float64(local)*(fgb-beforeF)
-			lg += float64(local) * eg
+			// The experts' products and their bytes are counted apart from the
+			// dense ones (full recompute repeats their forward).
+			eb, efb := float64(local)*(gb-beforeB), float64(local)*(fgb-beforeF)
+			gb, fgb = beforeB, beforeF
+			eg += float64(local) * one
+			egb += eb
 			ls += float64(local) * es
-			fg += float64(local) * efg
+			if sh.Mode == "full" {
+				eg += float64(local) * efg
+				egb += efb
+			}
 			fs += float64(local) * c.stream(StreamSwiGLU, float64(rows*EF))
 			if k := float64(mo.MoE.SharedExperts); k > 0 {
 				SF := mo.MoE.ExpertFFNHidden / sh.TP
@@ -277,19 +310,21 @@ func microCompute(mo config.Model, sh microShape, c opCosts) (g, a, s, calls, gb
 		}
 		g, a, s = g+lg, a+la, s+ls
 	}
-	return g, a, s, calls, gb
+	mt := MicroTimes{GEMM: g, Experts: eg, Attention: a, Stream: s, Calls: calls, GEMMBytes: gb, ExpertBytes: egb}
+	if egb > 0 {
+		mt.Routed = float64(sh.Routed)
+	}
+	return mt
 }
 
 // MicroCompute is microCompute for one rank holding the whole model (no tensor or
 // expert parallelism), in fp32 or in bf16 (bf16 weights, and the CPU's bf16
-// stores of saved activations): the tables' time (and the matmuls' and
-// attention's parts of it) and the kernels launched, which the calibration's
-// in-step factors and per-call cost are fitted against.
-func MicroCompute(mo config.Model, batch int, mode string, bf16 bool, c *Calibration) (tables, gemm, attention, calls, gemmBytes float64) {
+// stores of saved activations): what the calibration's in-step factors and
+// per-call cost are fitted against.
+func MicroCompute(mo config.Model, batch int, mode string, bf16 bool, c *Calibration) MicroTimes {
 	routed := 0
 	if mo.MoE.NumExperts > 0 {
 		routed = batch * mo.SeqLen * mo.MoE.TopK
 	}
-	g, a, s, calls, gb := microCompute(mo, microShape{B: batch, T: mo.SeqLen, TP: 1, EP: 1, ETP: 1, Routed: routed, Mode: mode, BF16: bf16, Stash: bf16}, c)
-	return g + a + s, g, a, calls, gb
+	return microCompute(mo, microShape{B: batch, T: mo.SeqLen, TP: 1, EP: 1, ETP: 1, Routed: routed, Mode: mode, BF16: bf16, Stash: bf16}, c)
 }

@@ -180,10 +180,10 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 			if err != nil {
 				return nil, err
 			}
-			tables, gemmTables, attnTables, calls, gemmBytes := parallel.MicroCompute(cm.model, cm.batch, "none", bf16, c)
-			c.InStepSamples = append(c.InStepSamples, parallel.InStepSample{Model: cm.name, BF16: bf16, Measured: pt.whole, Tables: tables, Calls: calls,
-				GEMMMeasured: pt.gemm, GEMMTables: gemmTables, AttnMeasured: pt.attn, AttnTables: attnTables, GEMMBytes: gemmBytes,
-				OptMeasured: pt.tail, OptTables: c.StepTail(paramCount(cm.model))})
+			smp := parallel.InStepSample{Model: cm.name, BF16: bf16, Measured: pt.whole, GEMMMeasured: pt.gemm, AttnMeasured: pt.attn,
+				ExpertsMeasured: pt.experts, OptMeasured: pt.tail}
+			modelled(&smp, &cm, c)
+			c.InStepSamples = append(c.InStepSamples, smp)
 		}
 	}
 	c.FitInStep()
@@ -230,7 +230,7 @@ func hostShareStep(be tensor.Backend, name string, ranks, cp, steps int, c *para
 	if err != nil {
 		return parallel.HostShareSample{}, err
 	}
-	compute, comm, err := planShare(&res.Recipe, c)
+	compute, comm, stall, err := planShare(&res.Recipe, c)
 	if err != nil {
 		return parallel.HostShareSample{}, err
 	}
@@ -239,41 +239,42 @@ func hostShareStep(be tensor.Backend, name string, ranks, cp, steps int, c *para
 		return parallel.HostShareSample{}, fmt.Errorf("calibrating %d ranks on %q: %w", ranks, name, err)
 	}
 	tokens := float64(res.Recipe.Train.GlobalBatchSize * res.Recipe.Model.SeqLen)
-	smp := parallel.HostShareSample{Model: name, Ranks: ranks, Measured: tokens / out.TokensPerS, Compute: compute, Comm: comm}
+	smp := parallel.HostShareSample{Model: name, Ranks: ranks, Measured: tokens / out.TokensPerS, Compute: compute, Comm: comm, Stall: stall}
 	if cp > 1 {
 		smp.CP = cp
 	}
 	return smp, nil
 }
 
-// hostSharePlanned is what the plan under c (HostShare cleared) puts in compute
-// and in exposed communication for hostShareStep's run.
-func hostSharePlanned(name string, ranks, cp int, c *parallel.Calibration) (compute, comm float64, err error) {
+// hostSharePlanned is what the plan under c (HostShare cleared) puts in compute,
+// in exposed communication and in the experts' stall for hostShareStep's run.
+func hostSharePlanned(name string, ranks, cp int, c *parallel.Calibration) (compute, comm, stall float64, err error) {
 	res, dir, err := hostShareRecipe(name, ranks, cp, 2)
 	if dir != "" {
 		defer os.RemoveAll(dir)
 	}
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	return planShare(&res.Recipe, c)
 }
 
 // planShare compiles r's plan timed by c with HostShare and RingShare cleared,
-// and returns its compute (kernels and optimizer) and exposed communication.
-func planShare(r *config.Recipe, c *parallel.Calibration) (compute, comm float64, err error) {
+// and returns its compute (kernels and optimizer, less the experts' stall),
+// exposed communication and the experts' stall (which sharing does not scale).
+func planShare(r *config.Recipe, c *parallel.Calibration) (compute, comm, stall float64, err error) {
 	topo, err := parallel.TopologyOf(r.Parallel)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	plain := *c
 	plain.HostShare, plain.RingShare = nil, nil
 	topo.Calibration = &plain
 	plan, err := parallel.Compile(r, topo)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
-	return plan.ComputeS + plan.OptimizerS, plan.ExposedCommS, nil
+	return plan.ComputeS + plan.OptimizerS - plan.StallS, plan.ExposedCommS, plan.StallS, nil
 }
 
 // hostShareRecipe is the recipe hostShareStep trains for steps steps (over a
@@ -324,6 +325,21 @@ func hostShareRecipe(name string, ranks, cp, steps int) (*config.Resolved, strin
 	return res, dir, nil
 }
 
+// modelled fills an in-step sample of cm's pass with what c's tables say of
+// it: the whole pass, its matmuls (the experts' among them, and apart),
+// attention, the kernels launched, the operand bytes, and the step's tail when
+// it was measured.
+func modelled(smp *parallel.InStepSample, cm *calibrationModel, c *parallel.Calibration) {
+	mt := parallel.MicroCompute(cm.model, cm.batch, "none", smp.BF16, c)
+	smp.Tables, smp.Calls, smp.AttnTables = mt.Tables(), mt.Calls, mt.Attention
+	smp.GEMMTables, smp.GEMMBytes = mt.GEMM+mt.Experts, mt.GEMMBytes+mt.ExpertBytes
+	smp.ExpertsTables, smp.ExpertsBytes, smp.RoutedRows = mt.Experts, mt.ExpertBytes, mt.Routed
+	smp.OptTables = 0
+	if smp.OptMeasured > 0 {
+		smp.OptTables = c.StepTail(paramCount(cm.model))
+	}
+}
+
 // Refit redoes a calibration's in-step fit without measuring anything: each
 // sample's model-derived figures (the tables' time, the kernels launched, the
 // matmuls' operand bytes) are computed again from its model, by the current step
@@ -340,10 +356,7 @@ func Refit(c *parallel.Calibration) error {
 				continue
 			}
 			found = true
-			smp.Tables, smp.GEMMTables, smp.AttnTables, smp.Calls, smp.GEMMBytes = parallel.MicroCompute(cm.model, cm.batch, "none", smp.BF16, c)
-			if smp.OptMeasured > 0 {
-				smp.OptTables = c.StepTail(paramCount(cm.model))
-			}
+			modelled(smp, &cm, c)
 		}
 		if !found {
 			return fmt.Errorf("in-step sample %q: not a model shardline calibrate times; measure the table again", smp.Model)
@@ -353,7 +366,7 @@ func Refit(c *parallel.Calibration) error {
 	for i := range c.HostShareSamples {
 		smp := &c.HostShareSamples[i]
 		var err error
-		if smp.Compute, smp.Comm, err = hostSharePlanned(smp.Model, smp.Ranks, smp.CP, c); err != nil {
+		if smp.Compute, smp.Comm, smp.Stall, err = hostSharePlanned(smp.Model, smp.Ranks, smp.CP, c); err != nil {
 			return err
 		}
 	}
@@ -472,7 +485,7 @@ func stepTime(be tensor.Backend, cfg config.Model, batch int, minTime time.Durat
 	var passes []passTimes
 	loss := mem.Alloc(tensor.Float64, 1)
 	pass1 := func() {
-		tb.gemm, tb.attn = 0, 0
+		tb.gemm, tb.attn, tb.experts = 0, 0, 0
 		t0 := time.Now()
 		m.Forward(tokens, targets, loss, false)
 		m.Backward(tokens, targets, 1/float64(n))
@@ -484,7 +497,8 @@ func stepTime(be tensor.Backend, cfg config.Model, batch int, minTime time.Durat
 			be.AdamW(gr.main, gr.grads, gr.m, gr.v, 1e-3, 0.9, 0.95, 1e-8, 0.1, stats)
 		}
 		mem.Sync()
-		passes = append(passes, passTimes{t1.Sub(t0).Seconds(), tb.gemm.Seconds(), tb.attn.Seconds(), time.Since(t1).Seconds()})
+		passes = append(passes, passTimes{whole: t1.Sub(t0).Seconds(), gemm: tb.gemm.Seconds(), experts: tb.experts.Seconds(), attn: tb.attn.Seconds(),
+			tail: time.Since(t1).Seconds()})
 	}
 	pass1() // warm-up
 	passes = passes[:0]
@@ -506,15 +520,17 @@ func stepTime(be tensor.Backend, cfg config.Model, batch int, minTime time.Durat
 	return mid, mem.Err()
 }
 
-// passTimes are stepTime's seconds: the whole pass, its matmuls, its
-// attention, and the step's tail after it.
-type passTimes struct{ whole, gemm, attn, tail float64 }
+// passTimes are stepTime's seconds: the whole pass, its matmuls (the routed
+// experts' products among them, and apart), its attention, and the step's tail
+// after it.
+type passTimes struct{ whole, gemm, experts, attn, tail float64 }
 
-// kernelTimed is a backend that adds up the time its matmuls take, and apart the
-// time attention takes (forward and backward).
+// kernelTimed is a backend that adds up the time its matmuls take (the routed
+// experts' products among them, as the plan counts them, and those apart too),
+// and apart the time attention takes (forward and backward).
 type kernelTimed struct {
 	tensor.Backend
-	gemm, attn time.Duration
+	gemm, experts, attn time.Duration
 }
 
 func (b *kernelTimed) Matmul(out, inp, weight tensor.Buffer, s tensor.MatmulShape, acc bool) {
@@ -527,6 +543,20 @@ func (b *kernelTimed) MatmulBackward(dinp, dweight, dout, inp, weight tensor.Buf
 	t0 := time.Now()
 	b.Backend.MatmulBackward(dinp, dweight, dout, inp, weight, s, acc)
 	b.gemm += time.Since(t0)
+}
+
+func (b *kernelTimed) ExpertsMatmul(out, inp tensor.Buffer, w []tensor.Buffer, offsets tensor.Buffer, s tensor.ExpertsShape, acc bool) {
+	t0 := time.Now()
+	b.Backend.ExpertsMatmul(out, inp, w, offsets, s, acc)
+	d := time.Since(t0)
+	b.gemm, b.experts = b.gemm+d, b.experts+d
+}
+
+func (b *kernelTimed) ExpertsMatmulBackward(dinp tensor.Buffer, dw []tensor.Buffer, dout, inp tensor.Buffer, w []tensor.Buffer, offsets tensor.Buffer, s tensor.ExpertsShape, acc bool) {
+	t0 := time.Now()
+	b.Backend.ExpertsMatmulBackward(dinp, dw, dout, inp, w, offsets, s, acc)
+	d := time.Since(t0)
+	b.gemm, b.experts = b.gemm+d, b.experts+d
 }
 
 func (b *kernelTimed) FlashAttention(out, lse, q, k, v tensor.Buffer, s tensor.AttentionShape) {

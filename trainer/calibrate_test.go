@@ -4,13 +4,16 @@ import (
 	"encoding/json"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/tensor/cpu"
+	"github.com/shardline/shardline/trainer/model"
 )
 
 // TestCalibrateSmallGrid: Calibrate over a small grid measures every table the
@@ -50,6 +53,7 @@ func TestCalibrateSmallGrid(t *testing.T) {
 		require.Contains(t, back.Stream, k, "every memory-bound kernel is measured")
 	}
 	var om, ot float64
+	moe := 0
 	for _, smp := range back.InStepSamples {
 		require.Greater(t, smp.GEMMMeasured, 0.0, smp.Model)
 		require.Greater(t, smp.AttnMeasured, 0.0, smp.Model)
@@ -60,7 +64,20 @@ func TestCalibrateSmallGrid(t *testing.T) {
 		require.Greater(t, smp.OptMeasured, 0.0, "%s: the step's tail after the pass", smp.Model)
 		require.Greater(t, smp.OptTables, 0.0, smp.Model)
 		om, ot = om+smp.OptMeasured, ot+smp.OptTables
+		if strings.HasPrefix(smp.Model, "moe") {
+			// The experts' products are timed among the matmuls, and apart.
+			require.Greater(t, smp.ExpertsMeasured, 0.0, smp.Model)
+			require.Less(t, smp.ExpertsMeasured, smp.GEMMMeasured, smp.Model)
+			require.Greater(t, smp.ExpertsTables, 0.0, smp.Model)
+			require.Less(t, smp.ExpertsTables, smp.GEMMTables, smp.Model)
+			require.Greater(t, smp.ExpertsBytes, 0.0, smp.Model)
+			require.Less(t, smp.ExpertsBytes, smp.GEMMBytes, smp.Model)
+			moe++
+		} else {
+			require.Zero(t, smp.ExpertsMeasured+smp.ExpertsTables+smp.ExpertsBytes, smp.Model)
+		}
 	}
+	require.Equal(t, 4, moe, "two MoE models, fp32 and bf16")
 	require.InEpsilon(t, om/ot, back.InStepOptimizer, 1e-12, "the step tail's factor, pooled over the passes")
 	require.Contains(t, back.Collectives, parallel.CollectiveKey(parallel.SendRecv, 2))
 	require.Contains(t, back.Host, "CPUs")
@@ -147,4 +164,85 @@ func TestRefitHostShare(t *testing.T) {
 func TestStreamKernelUnknownKind(t *testing.T) {
 	_, err := streamKernel(cpu.Backend{}, "no-such-kernel", 1024)
 	require.ErrorContains(t, err, `"no-such-kernel"`)
+}
+
+// slowProducts is the CPU backend with every product and attention call made
+// at least pause longer, counting the calls.
+type slowProducts struct {
+	cpu.Backend
+	pause             time.Duration
+	products, attends int
+}
+
+func (b *slowProducts) Matmul(out, inp, weight tensor.Buffer, s tensor.MatmulShape, acc bool) {
+	b.products++
+	time.Sleep(b.pause)
+	b.Backend.Matmul(out, inp, weight, s, acc)
+}
+
+func (b *slowProducts) MatmulBackward(dinp, dweight, dout, inp, weight tensor.Buffer, s tensor.MatmulShape, acc bool) {
+	b.products++
+	time.Sleep(b.pause)
+	b.Backend.MatmulBackward(dinp, dweight, dout, inp, weight, s, acc)
+}
+
+func (b *slowProducts) ExpertsMatmul(out, inp tensor.Buffer, w []tensor.Buffer, offsets tensor.Buffer, s tensor.ExpertsShape, acc bool) {
+	b.products++
+	time.Sleep(b.pause)
+	b.Backend.ExpertsMatmul(out, inp, w, offsets, s, acc)
+}
+
+func (b *slowProducts) ExpertsMatmulBackward(dinp tensor.Buffer, dw []tensor.Buffer, dout, inp tensor.Buffer, w []tensor.Buffer, offsets tensor.Buffer, s tensor.ExpertsShape, acc bool) {
+	b.products++
+	time.Sleep(b.pause)
+	b.Backend.ExpertsMatmulBackward(dinp, dw, dout, inp, w, offsets, s, acc)
+}
+
+func (b *slowProducts) FlashAttention(out, lse, q, k, v tensor.Buffer, s tensor.AttentionShape) {
+	b.attends++
+	time.Sleep(b.pause)
+	b.Backend.FlashAttention(out, lse, q, k, v, s)
+}
+
+func (b *slowProducts) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v tensor.Buffer, s tensor.AttentionShape) {
+	b.attends++
+	time.Sleep(b.pause)
+	b.Backend.FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, s)
+}
+
+// TestKernelTimedTimesEveryProduct: the matmuls a calibration pass times are
+// every product the plan counts as one, the experts' among them (a pass of an
+// MoE calibration model whose products each sleep a millisecond reports at
+// least that millisecond per product as matmul time, and its attention calls'
+// as attention time). The bound is one-sided, so deterministic: a sleep lasts
+// at least its pause.
+func TestKernelTimedTimesEveryProduct(t *testing.T) {
+	cm := calibrationModels[len(calibrationModels)-1]
+	require.Positive(t, cm.model.MoE.NumExperts, "the smallest MoE calibration model")
+	slow := &slowProducts{pause: time.Millisecond}
+	tb := &kernelTimed{Backend: slow}
+	table, err := parallel.ParamTable(cm.model, 1, 1)
+	require.NoError(t, err)
+	mem := tb.NewMemory()
+	w, g := make([][]float32, len(table)), make([]tensor.Buffer, len(table))
+	for i := range table {
+		w[i] = make([]float32, table[i].LocalNumel())
+		model.InitParam(w[i], &table[i], 0, 1, cm.model.InitStd, cm.model.Layers)
+		g[i] = mem.Alloc(tensor.Float32, len(w[i]))
+	}
+	m, err := model.New[float32](cm.model, table, tensor.Upload(mem, tensor.Float32, w), g, tb, cm.batch, cm.model.SeqLen, model.WithMemory(mem))
+	require.NoError(t, err)
+	n := cm.batch * cm.model.SeqLen
+	tokens := make([]int32, n)
+	for i := range tokens {
+		tokens[i] = int32(i * 7 % cm.model.VocabSize)
+	}
+	m.Forward(tokens, tokens, mem.Alloc(tensor.Float64, 1), false)
+	m.Backward(tokens, tokens, 1/float64(n))
+	mem.Sync()
+	require.NoError(t, mem.Err())
+	require.Positive(t, slow.products)
+	require.GreaterOrEqual(t, tb.gemm, time.Duration(slow.products)*slow.pause, "%d products (experts' included)", slow.products)
+	require.Equal(t, 4, slow.attends, "two layers, forward and backward")
+	require.GreaterOrEqual(t, tb.attn, time.Duration(slow.attends)*slow.pause)
 }
