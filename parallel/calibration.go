@@ -362,8 +362,8 @@ func (c *Calibration) FitInStep() {
 // slope per doubling of them: each sample's experts' measured time less the
 // matmuls' fit for them, per byte of their operands, by least squares on
 // log2(routed rows/1024), weighted by the bytes. With the samples at one
-// routed-row count, or a slope below 0, the pooled figure alone; (0, 0)
-// unless some stall is above 0.
+// routed-row count, a slope below 0, or a line at or below 0 up to 2^20
+// routed rows, the pooled figure alone; (0, 0) unless that is above 0.
 func (c *Calibration) expertsStall(samples []InStepSample) (perByte, slope float64) {
 	var sw, sx, sy, sxx, sxy float64
 	for _, s := range samples {

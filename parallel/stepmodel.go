@@ -9,9 +9,9 @@ import (
 type StepBreakdown struct {
 	GEMM, Attention, Stream, Optimizer, Comm float64
 	// Stall is the routed experts' products waiting on their operands
-	// (Calibration.InStepExpertsStall, InStepExpertsStallBF16): time off the cores, which ranks
-	// sharing them neither divide nor lengthen (not scaled by HostShare or
-	// the ring's efficiency).
+	// (Calibration.InStepExpertsStall and its slope over the routed rows):
+	// time off the cores, which ranks sharing them neither divide nor
+	// lengthen (not scaled by HostShare or the ring's efficiency).
 	Stall float64
 	// HostShare is how many ranks share one host's cores (in-process or local
 	// ranks on the CPU): each rank's kernels take HostShare times as long as on

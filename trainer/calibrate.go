@@ -415,9 +415,9 @@ func paramCount(cfg config.Model) float64 {
 
 // stepTime is the median seconds of one forward and backward pass of a model
 // with batch sequences of its full length, its weights and saved activations in
-// fp32 or (bf16) in bf16 (as a bf16 run keeps them), and of the matmuls and of
-// attention inside that pass (timed call by call, in the pass whose whole time
-// is the median); and the median seconds of the step's tail after a pass: the
+// fp32 or (bf16) in bf16 (as a bf16 run keeps them), and of the matmuls (the
+// routed experts' products among them, and apart) and of attention inside that
+// pass (timed call by call, in the pass whose whole time is the median); and the median seconds of the step's tail after a pass: the
 // gradients' square sum and AdamW, a call per parameter group (a layer's dense
 // parameters, its experts', the embedding, the head: the trainer's groups on
 // one rank, the gradients one buffer per group), on the operands the pass

@@ -170,8 +170,8 @@ func TestStreamKernelUnknownKind(t *testing.T) {
 // at least pause longer, counting the calls.
 type slowProducts struct {
 	cpu.Backend
-	pause             time.Duration
-	products, attends int
+	pause                      time.Duration
+	products, experts, attends int
 }
 
 func (b *slowProducts) Matmul(out, inp, weight tensor.Buffer, s tensor.MatmulShape, acc bool) {
@@ -188,12 +188,14 @@ func (b *slowProducts) MatmulBackward(dinp, dweight, dout, inp, weight tensor.Bu
 
 func (b *slowProducts) ExpertsMatmul(out, inp tensor.Buffer, w []tensor.Buffer, offsets tensor.Buffer, s tensor.ExpertsShape, acc bool) {
 	b.products++
+	b.experts++
 	time.Sleep(b.pause)
 	b.Backend.ExpertsMatmul(out, inp, w, offsets, s, acc)
 }
 
 func (b *slowProducts) ExpertsMatmulBackward(dinp tensor.Buffer, dw []tensor.Buffer, dout, inp tensor.Buffer, w []tensor.Buffer, offsets tensor.Buffer, s tensor.ExpertsShape, acc bool) {
 	b.products++
+	b.experts++
 	time.Sleep(b.pause)
 	b.Backend.ExpertsMatmulBackward(dinp, dw, dout, inp, w, offsets, s, acc)
 }
@@ -211,10 +213,10 @@ func (b *slowProducts) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, 
 }
 
 // TestKernelTimedTimesEveryProduct: the matmuls a calibration pass times are
-// every product the plan counts as one, the experts' among them (a pass of an
-// MoE calibration model whose products each sleep a millisecond reports at
-// least that millisecond per product as matmul time, and its attention calls'
-// as attention time). The bound is one-sided, so deterministic: a sleep lasts
+// every product the plan counts as one, the experts' among them and apart (a
+// pass of an MoE calibration model whose products each sleep a millisecond
+// reports at least that millisecond per product as matmul time, per grouped
+// product as the experts' time, and per attention call as attention time). The bound is one-sided, so deterministic: a sleep lasts
 // at least its pause.
 func TestKernelTimedTimesEveryProduct(t *testing.T) {
 	cm := calibrationModels[len(calibrationModels)-1]
@@ -243,6 +245,9 @@ func TestKernelTimedTimesEveryProduct(t *testing.T) {
 	require.NoError(t, mem.Err())
 	require.Positive(t, slow.products)
 	require.GreaterOrEqual(t, tb.gemm, time.Duration(slow.products)*slow.pause, "%d products (experts' included)", slow.products)
+	require.Equal(t, 2*3*2, slow.experts, "two layers' three grouped products, forward and backward")
+	require.GreaterOrEqual(t, tb.experts, time.Duration(slow.experts)*slow.pause, "the experts' products, apart")
+	require.GreaterOrEqual(t, tb.gemm-tb.experts, time.Duration(slow.products-slow.experts)*slow.pause, "the dense products")
 	require.Equal(t, 4, slow.attends, "two layers, forward and backward")
 	require.GreaterOrEqual(t, tb.attn, time.Duration(slow.attends)*slow.pause)
 }
