@@ -26,7 +26,8 @@ memory-bound kernels (norms, RoPE, SwiGLU, embedding, cross-entropy, the
 optimizer, the bf16 conversions of saved activations, ...) and the in-process
 collectives; then whole training passes of five small models in fp32 and in
 bf16, as a bf16 run keeps them, each followed by the step's gradient norm and
-AdamW over its parameter groups (how kernels behave inside a step), and three of
+AdamW over its parameter groups (how kernels behave inside a step: the dense
+matmuls, the MoE experts' products, attention and the rest apart), and three of
 them trained for a few steps by 1, 2 and 4 in-process ranks (how ranks sharing
 the cores divide them) and by context-parallel rings of 2 and 4 (how long ring
 steps wait for the slowest rank). It writes them as JSON with the machine, date and
@@ -39,7 +40,9 @@ With --refit FILE it measures nothing: it reads a calibration and redoes its
 in-step and host-share fits (the factors relating the tables to whole training
 passes and to ranks sharing the cores) with the current step model, keeping
 every measured time; this brings a table measured by an older shardline up to a
-newer time model.`,
+newer time model. (A table measured before 2026-11-27 did not time the MoE
+experts' products inside its passes: refitted, it fits the matmuls to its
+passes' dense products and plans no experts' stall.)`,
 		Example: `  shardline calibrate -o cpu-calibration.json
   shardline calibrate --refit cpu-calibration.json -o cpu-calibration.json`,
 		Args: cobra.NoArgs,
