@@ -140,36 +140,49 @@ func TestSampleWithoutRoom(t *testing.T) {
 	}
 }
 
-// TestWeightsFailureEndsEveryRank: when rank 0 cannot start weights.bin
-// (under the GPUs' policy, where the ranks would sample together next), it
-// still takes part in the final gathers, then tells the world there is
-// nothing to sample; the run ends, failing with the weights' error and its
-// cause, and nothing of weights.bin is left in the run directory.
+// TestWeightsFailureEndsEveryRank: when rank 0 cannot start weights.bin, or
+// a write into it fails part-way (under the GPUs' policy, where the ranks
+// would sample together next), it still takes part in the final gathers,
+// then tells the world there is nothing to sample; the run ends, failing
+// with the weights' error and its cause, and nothing of weights.bin is left
+// in the run directory.
 func TestWeightsFailureEndsEveryRank(t *testing.T) {
 	defer func(v bool, c func(string, int64) (*fileio.SealedWriter, error)) {
 		samplesLikeDevices, createSealed = v, c
 	}(samplesLikeDevices, createSealed)
 	samplesLikeDevices = true // the ranks sample together after the weights
-	createSealed = func(path string, n int64) (*fileio.SealedWriter, error) {
-		return nil, fmt.Errorf("%s: no space left on device (a test's)", path)
-	}
-	res, _ := tinyRun(t, "parallel.world_size=2", "train.steps=2", "train.eval_interval=0", "logging.sample_tokens=5")
-	done := make(chan error, 1)
-	go func() {
-		_, err := Run(context.Background(), res, opts())
-		done <- err
-	}()
-	select {
-	case err := <-done:
-		require.Error(t, err)
-		assert.Contains(t, err.Error(), "saving weights")
-		assert.Contains(t, err.Error(), "no space left on device")
-	case <-time.After(2 * time.Minute):
-		t.Fatal("the ranks did not end after rank 0 failed to start weights.bin")
-	}
-	entries, err := os.ReadDir(filepath.Join(res.Recipe.Run.OutputDir, res.Recipe.Run.Name))
-	require.NoError(t, err)
-	for _, e := range entries {
-		assert.NotContains(t, e.Name(), "weights", "nothing of weights.bin is left")
+	for _, c := range []struct {
+		name, cause string
+		create      func(path string, n int64) (*fileio.SealedWriter, error)
+	}{
+		{"at the start", "no space left on device", func(path string, n int64) (*fileio.SealedWriter, error) {
+			return nil, fmt.Errorf("%s: no space left on device (a test's)", path)
+		}},
+		// A file of half the size: the header and the first parameters fit,
+		// a later write lies past the end and fails.
+		{"part-way", "of a file of", func(path string, n int64) (*fileio.SealedWriter, error) {
+			return fileio.CreateSealed(path, n/2)
+		}},
+	} {
+		createSealed = c.create
+		res, _ := tinyRun(t, "parallel.world_size=2", "train.steps=2", "train.eval_interval=0", "logging.sample_tokens=5")
+		done := make(chan error, 1)
+		go func() {
+			_, err := Run(context.Background(), res, opts())
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			require.Error(t, err, c.name)
+			assert.Contains(t, err.Error(), "saving weights", c.name)
+			assert.Contains(t, err.Error(), c.cause, c.name)
+		case <-time.After(2 * time.Minute):
+			t.Fatalf("%s: the ranks did not end after rank 0 failed to write weights.bin", c.name)
+		}
+		entries, err := os.ReadDir(filepath.Join(res.Recipe.Run.OutputDir, res.Recipe.Run.Name))
+		require.NoError(t, err)
+		for _, e := range entries {
+			assert.NotContains(t, e.Name(), "weights", "%s: nothing of weights.bin is left", c.name)
+		}
 	}
 }
