@@ -174,6 +174,12 @@ type Calibration struct {
 	InStepExpertsStallSlope     float64 `json:"in_step_experts_stall_slope,omitempty"`
 	InStepExpertsStallBF16      float64 `json:"in_step_experts_bf16_stall_s_per_byte,omitempty"`
 	InStepExpertsStallSlopeBF16 float64 `json:"in_step_experts_bf16_stall_slope,omitempty"`
+	// Drift is the fp32 matmuls timed again right after the in-step passes
+	// over their table's time (the median over a few grid points, forward and
+	// backward). Far from 1, the machine's speed changed while it was
+	// calibrated, and the in-step factors, which relate those passes to the
+	// tables, carry the change. Tables measured before 2026-11-27 lack it.
+	Drift float64 `json:"drift,omitempty"`
 	// HostShare says how ranks that share the cores (in-process or local ranks)
 	// divide them. The plan used to give each of S such ranks 1/S of the machine,
 	// so a step S times as long as alone; but one rank alone leaves cores idle
@@ -721,7 +727,8 @@ func ParseCalibration(b []byte) (*Calibration, error) {
 	for name, v := range map[string]float64{"in_step_factor": c.InStep, "per_call_s": c.PerCall, "in_step_gemm_factor": c.InStepGEMM,
 		"in_step_gemm_s_per_byte": c.InStepGEMMPerByte, "in_step_attention_factor": c.InStepAttention,
 		"in_step_gemm_bf16_factor": c.InStepGEMMBF16, "in_step_gemm_bf16_s_per_byte": c.InStepGEMMPerByteBF16,
-		"in_step_experts_stall_slope": c.InStepExpertsStallSlope, "in_step_experts_bf16_stall_slope": c.InStepExpertsStallSlopeBF16} {
+		"in_step_experts_stall_slope": c.InStepExpertsStallSlope, "in_step_experts_bf16_stall_slope": c.InStepExpertsStallSlopeBF16,
+		"drift": c.Drift} {
 		if !(v >= 0 && v <= maxFigure) {
 			return nil, fmt.Errorf("%s is %v: fitted figures lie in [0, %g]", name, v, maxFigure)
 		}

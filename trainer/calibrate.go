@@ -187,6 +187,16 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 		}
 	}
 	c.FitInStep()
+	// The fits above relate passes timed minutes after the tables to them: a
+	// machine whose speed changed in between (other work running) skews them.
+	drift, err := gemmDrift(be, c, grid, minTime)
+	if err != nil {
+		return nil, err
+	}
+	c.Drift = drift
+	if w := driftWarning(drift); w != "" {
+		say("%s", w)
+	}
 	if len(grid.ShareModels) > 0 {
 		say("ranks sharing the cores: %d models at 1 and %v ranks, %d rounds", len(grid.ShareModels), grid.ShareRanks, grid.ShareRounds)
 	}
@@ -213,6 +223,51 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 	}
 	c.FitHostShare()
 	return c, nil
+}
+
+// driftLimit is how far (either way) the matmuls timed again may stray from
+// their table before Calibrate warns: this project's development VMs drift
+// by up to 10% within minutes when idle.
+const driftLimit = 1.15
+
+// driftWarning is what Calibrate says of a drift beyond driftLimit either way
+// ("" within it).
+func driftWarning(drift float64) string {
+	if drift >= 1/driftLimit && drift <= driftLimit {
+		return ""
+	}
+	return fmt.Sprintf("warning: matmuls timed again after the in-step passes took %.2f× their table's time: this machine's speed changed while it was calibrated (other work running?), which skews the in-step factors; calibrate again on a quiet machine", drift)
+}
+
+// gemmDrift times again a few of the fp32 matmul grid's points (the middle of
+// every axis; the most rows; the widest) and returns the median over them,
+// forward and backward, of the time now over the table's.
+func gemmDrift(be tensor.Backend, c *parallel.Calibration, grid CalibrationGrid, minTime time.Duration) (float64, error) {
+	rows, dims := grid.GEMMRows, grid.GEMMDims
+	if len(rows) == 0 || len(dims) == 0 {
+		return 0, nil
+	}
+	mid, wide := dims[len(dims)/2], dims[len(dims)-1]
+	var ratios []float64
+	for _, sh := range [][3]int{{rows[len(rows)/2], mid, mid}, {rows[len(rows)-1], mid, mid}, {rows[len(rows)/2], wide, wide}} {
+		i := slices.IndexFunc(c.GEMM, func(p parallel.GEMMPoint) bool { return [3]int{p.M, p.K, p.N} == sh })
+		if i < 0 {
+			return 0, fmt.Errorf("matmul %v: not in the grid just measured", sh)
+		}
+		m, k, n := sh[0], sh[1], sh[2]
+		mem := be.NewMemory()
+		inp, w, out := upload(mem, filled(m*k)), upload(mem, filled(n*k)), mem.Alloc(tensor.Float32, m*n)
+		dinp, dw := mem.Alloc(tensor.Float32, m*k), mem.Alloc(tensor.Float32, n*k)
+		s := tensor.MatmulShape{BT: m, C: k, OC: n}
+		fwd := medianTime(func() { be.Matmul(out, inp, w, s, false) }, minTime)
+		bwd := medianTime(func() { be.MatmulBackward(dinp, dw, out, inp, w, s, false) }, minTime)
+		if err := mem.Err(); err != nil {
+			return 0, err
+		}
+		ratios = append(ratios, fwd/c.GEMM[i].Fwd, bwd/c.GEMM[i].Bwd)
+	}
+	sort.Float64s(ratios)
+	return (ratios[len(ratios)/2-1] + ratios[len(ratios)/2]) / 2, nil
 }
 
 // hostShareStep trains the calibration model called name with ranks in-process

@@ -78,6 +78,7 @@ func TestCalibrateSmallGrid(t *testing.T) {
 		}
 	}
 	require.Equal(t, 4, moe, "two MoE models, fp32 and bf16")
+	require.Positive(t, back.Drift, "the matmuls timed again after the passes")
 	require.InEpsilon(t, om/ot, back.InStepOptimizer, 1e-12, "the step tail's factor, pooled over the passes")
 	require.Contains(t, back.Collectives, parallel.CollectiveKey(parallel.SendRecv, 2))
 	require.Contains(t, back.Host, "CPUs")
@@ -250,4 +251,39 @@ func TestKernelTimedTimesEveryProduct(t *testing.T) {
 	require.GreaterOrEqual(t, tb.gemm-tb.experts, time.Duration(slow.products-slow.experts)*slow.pause, "the dense products")
 	require.Equal(t, 4, slow.attends, "two layers, forward and backward")
 	require.GreaterOrEqual(t, tb.attn, time.Duration(slow.attends)*slow.pause)
+}
+
+// TestGEMMDrift: the matmuls timed again after the in-step passes are
+// compared with their table; a machine slower or faster now than when it
+// measured the table (here: a table of 1 ns and of 100 s products, timed
+// again with a millisecond's pause in each) is told to calibrate again, and
+// one within driftLimit is not.
+func TestGEMMDrift(t *testing.T) {
+	grid := CalibrationGrid{GEMMRows: []int{16, 32}, GEMMDims: []int{16, 32}}
+	slow := &slowProducts{pause: time.Millisecond}
+	for _, c := range []struct {
+		table float64
+		above bool
+	}{{1e-9, true}, {100, false}} {
+		cal := &parallel.Calibration{}
+		for _, m := range grid.GEMMRows {
+			for _, k := range grid.GEMMDims {
+				for _, n := range grid.GEMMDims {
+					cal.GEMM = append(cal.GEMM, parallel.GEMMPoint{M: m, K: k, N: n, Fwd: c.table, Bwd: c.table})
+				}
+			}
+		}
+		drift, err := gemmDrift(slow, cal, grid, time.Millisecond)
+		require.NoError(t, err)
+		if c.above {
+			require.Greater(t, drift, driftLimit)
+		} else {
+			require.Less(t, drift, 1/driftLimit)
+		}
+		require.Contains(t, driftWarning(drift), "calibrate again on a quiet machine")
+	}
+	require.Empty(t, driftWarning(1.1))
+	require.Empty(t, driftWarning(0.9))
+	_, err := gemmDrift(slow, &parallel.Calibration{}, grid, time.Millisecond)
+	require.ErrorContains(t, err, "not in the grid")
 }
