@@ -536,11 +536,11 @@ func (c *Calibration) FitHostShare() {
 		switch {
 		case k.cp > 1:
 			if dp, ok := ratios[key{k.model, k.ranks, 1}]; ok {
-				ring[k.cp] = append(ring[k.cp], medianOf(rs)/medianOf(dp))
+				ring[k.cp] = append(ring[k.cp], Median(rs)/Median(dp))
 			}
 		case k.ranks > 1:
 			if alone, ok := ratios[key{k.model, 1, 1}]; ok {
-				share[k.ranks] = append(share[k.ranks], medianOf(rs)/medianOf(alone))
+				share[k.ranks] = append(share[k.ranks], Median(rs)/Median(alone))
 			}
 		}
 	}
@@ -551,15 +551,15 @@ func (c *Calibration) FitHostShare() {
 func points(effs map[int][]float64) []HostSharePoint {
 	var out []HostSharePoint
 	for ranks, e := range effs {
-		out = append(out, HostSharePoint{Ranks: ranks, Efficiency: medianOf(e)})
+		out = append(out, HostSharePoint{Ranks: ranks, Efficiency: Median(e)})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Ranks < out[j].Ranks })
 	return out
 }
 
-// medianOf is the median of xs (the mean of the middle two for an even count),
+// Median is the median of xs (the mean of the middle two for an even count),
 // sorting xs in place; xs is not empty.
-func medianOf(xs []float64) float64 {
+func Median(xs []float64) float64 {
 	sort.Float64s(xs)
 	n := len(xs)
 	if n%2 == 1 {

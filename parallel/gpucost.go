@@ -199,7 +199,8 @@ func gpuStepModel(r *config.Recipe, p *Plan) StepBreakdown {
 	m := p.Mesh
 	c := gpuCosts{dev: p.Topology.Device, bf16: r.Precision.BF16}
 	mt := microCompute(r.Model, microShapeOf(r, p, false), c)
-	g, a, s := mt.GEMM+mt.Experts, mt.Attention, mt.Stream
+	g, _ := mt.Products()
+	a, s := mt.Attention, mt.Stream
 	micro := float64(p.MicroBatches)
 	b := StepBreakdown{GEMM: g * micro, Attention: a * micro, Stream: s * micro, HostShare: 1}
 	stream, opt := stepStreams(p, c)

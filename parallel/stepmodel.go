@@ -41,12 +41,13 @@ func stepModel(r *config.Recipe, p *Plan, c *Calibration) StepBreakdown {
 	var b StepBreakdown
 	b.HostShare = max(p.Topology.GPUsPerNode, 1) // ranks per node, at most the world
 	mt := microCompute(mo, microShapeOf(r, p, r.Precision.BF16 && r.Parallel.Device == "cpu"), c)
-	g, a, s := mt.GEMM+mt.Experts, mt.Attention, mt.Stream
+	g, gb := mt.Products()
+	a, s := mt.Attention, mt.Stream
 	gf, gPerByte := c.inStepGEMM(r.Precision.BF16)
 	if gf > 0 {
 		g *= gf
 	}
-	g += gPerByte * (mt.GEMMBytes + mt.ExpertBytes) // and their operands' traffic
+	g += gPerByte * gb // and their operands' traffic
 	af := c.InStep
 	if c.InStepAttention > 0 {
 		af = c.InStepAttention // attention by its own in-step factor
@@ -158,6 +159,12 @@ type MicroTimes struct {
 
 // Tables is the whole micro-batch's kernel time.
 func (t MicroTimes) Tables() float64 { return t.GEMM + t.Experts + t.Attention + t.Stream }
+
+// Products is every matmul's time, the experts' among them, and their
+// operand bytes.
+func (t MicroTimes) Products() (seconds, bytes float64) {
+	return t.GEMM + t.Experts, t.GEMMBytes + t.ExpertBytes
+}
 
 // microCompute is MicroTimes of one micro-batch of shape sh by c's costs.
 func microCompute(mo config.Model, sh microShape, c opCosts) MicroTimes {

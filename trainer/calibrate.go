@@ -87,8 +87,8 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 		for _, k := range grid.GEMMDims {
 			for _, n := range grid.GEMMDims {
 				mem := be.NewMemory() // the shape's operands; dropped with it
-				inp, w, out := upload(mem, filled(m*k)), upload(mem, filled(n*k)), mem.Alloc(tensor.Float32, m*n)
-				dinp, dw := mem.Alloc(tensor.Float32, m*k), mem.Alloc(tensor.Float32, n*k)
+				op := newGEMMOperands(mem, m, k, n)
+				inp, w, out, dinp, dw := op.inp, op.w, op.out, op.dinp, op.dw
 				wh, ih := mem.Alloc(tensor.BFloat16, n*k), mem.Alloc(tensor.BFloat16, m*k)
 				mem.Copy(wh, w)
 				mem.Copy(ih, inp)
@@ -254,20 +254,26 @@ func gemmDrift(be tensor.Backend, c *parallel.Calibration, grid CalibrationGrid,
 		if i < 0 {
 			return 0, fmt.Errorf("matmul %v: not in the grid just measured", sh)
 		}
-		m, k, n := sh[0], sh[1], sh[2]
 		mem := be.NewMemory()
-		inp, w, out := upload(mem, filled(m*k)), upload(mem, filled(n*k)), mem.Alloc(tensor.Float32, m*n)
-		dinp, dw := mem.Alloc(tensor.Float32, m*k), mem.Alloc(tensor.Float32, n*k)
-		s := tensor.MatmulShape{BT: m, C: k, OC: n}
-		fwd := medianTime(func() { be.Matmul(out, inp, w, s, false) }, minTime)
-		bwd := medianTime(func() { be.MatmulBackward(dinp, dw, out, inp, w, s, false) }, minTime)
+		op := newGEMMOperands(mem, sh[0], sh[1], sh[2])
+		s := tensor.MatmulShape{BT: sh[0], C: sh[1], OC: sh[2]}
+		fwd := medianTime(func() { be.Matmul(op.out, op.inp, op.w, s, false) }, minTime)
+		bwd := medianTime(func() { be.MatmulBackward(op.dinp, op.dw, op.out, op.inp, op.w, s, false) }, minTime)
 		if err := mem.Err(); err != nil {
 			return 0, err
 		}
 		ratios = append(ratios, fwd/c.GEMM[i].Fwd, bwd/c.GEMM[i].Bwd)
 	}
-	sort.Float64s(ratios)
-	return (ratios[len(ratios)/2-1] + ratios[len(ratios)/2]) / 2, nil
+	return parallel.Median(ratios), nil
+}
+
+// gemmOperands are an (m, k, n) matmul's fp32 operands: the input and the
+// weight, filled; the output and the two gradients.
+type gemmOperands struct{ inp, w, out, dinp, dw tensor.Buffer }
+
+func newGEMMOperands(mem tensor.Memory, m, k, n int) gemmOperands {
+	return gemmOperands{inp: upload(mem, filled(m*k)), w: upload(mem, filled(n*k)), out: mem.Alloc(tensor.Float32, m*n),
+		dinp: mem.Alloc(tensor.Float32, m*k), dw: mem.Alloc(tensor.Float32, n*k)}
 }
 
 // hostShareStep trains the calibration model called name with ranks in-process
@@ -387,7 +393,7 @@ func hostShareRecipe(name string, ranks, cp, steps int) (*config.Resolved, strin
 func modelled(smp *parallel.InStepSample, cm *calibrationModel, c *parallel.Calibration) {
 	mt := parallel.MicroCompute(cm.model, cm.batch, "none", smp.BF16, c)
 	smp.Tables, smp.Calls, smp.AttnTables = mt.Tables(), mt.Calls, mt.Attention
-	smp.GEMMTables, smp.GEMMBytes = mt.GEMM+mt.Experts, mt.GEMMBytes+mt.ExpertBytes
+	smp.GEMMTables, smp.GEMMBytes = mt.Products()
 	smp.ExpertsTables, smp.ExpertsBytes, smp.RoutedRows = mt.Experts, mt.ExpertBytes, mt.Routed
 	smp.OptTables = 0
 	if smp.OptMeasured > 0 {
