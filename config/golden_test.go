@@ -5,9 +5,11 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -54,4 +56,25 @@ func TestGoldenDiagnostics(t *testing.T) {
 			golden(t, strings.TrimSuffix(f, ".toml")+".golden", b.Bytes())
 		})
 	}
+}
+
+// TestRenderTextShowsControlCharacters: a message, help or source line quoting
+// a file's bytes cannot act on the terminal or CI log the text goes to; its
+// control characters and non-UTF-8 bytes are written as Go escapes, and the
+// caret still stands under the column it names.
+func TestRenderTextShowsControlCharacters(t *testing.T) {
+	line := "k = \"\x1b]0;t\x07\" x"
+	col := strings.Index(line, "x") + 1
+	d := Diagnostic{Severity: SevError, Code: "SL001", Message: "bad \x1b[31mred\xff \u009b end", Help: "fix\r it",
+		Origin: Origin{Kind: FromFile, Pos: Pos{File: "e.toml", Line: 1, Col: col}}}
+	var b strings.Builder
+	require.NoError(t, RenderText(&b, Diagnostics{d}, map[string][]byte{"e.toml": []byte(line + "\n")}))
+	want := "e.toml:1:" + strconv.Itoa(col) + ": error[SL001]: bad \\x1b[31mred\\xff \\u009b end\n" +
+		"   |\n" +
+		" 1 | k = \"\\x1b]0;t\\x07\" x\n" +
+		"   |                    ^\n" +
+		"  = help: fix\\x0d it\n" +
+		"1 error, 0 warnings\n"
+	assert.Equal(t, want, b.String())
+	assert.Equal(t, "plain\ttext ✓", visible("plain\ttext ✓"), "tabs and printable UTF-8 pass unchanged")
 }

@@ -8,6 +8,8 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"unicode"
+	"unicode/utf8"
 )
 
 // ExpandPath expands ${VAR} and $VAR in a recipe path from env (a map of the
@@ -60,7 +62,10 @@ func goroot() string {
 
 // CheckRunName says why name cannot name a run directory under output_dir, or
 // returns nil: it must be one path element, so that no run writes outside its
-// output directory ("../x", "a/b", "/etc" and "." are refused).
+// output directory ("../x", "a/b", "/etc" and "." are refused); valid UTF-8
+// without control characters, since the name is printed on terminals and in
+// logs; and at most maxRunName bytes, the longest file name Linux and macOS
+// file systems take.
 func CheckRunName(name string) error {
 	switch {
 	case name == "":
@@ -69,8 +74,19 @@ func CheckRunName(name string) error {
 		return fmt.Errorf("%q names a directory, not a run", name)
 	case strings.ContainsAny(name, `/\`):
 		return errors.New("it holds a path separator")
-	case strings.ContainsRune(name, 0):
-		return errors.New("it holds a NUL byte")
+	case !utf8.ValidString(name):
+		return errors.New("it is not valid UTF-8")
+	case len(name) > maxRunName:
+		return fmt.Errorf("it is %d bytes long, over the %d a file name can have", len(name), maxRunName)
+	}
+	for _, r := range name {
+		if unicode.IsControl(r) {
+			return fmt.Errorf("it holds the control character %U", r)
+		}
 	}
 	return nil
 }
+
+// maxRunName is NAME_MAX: the most bytes one path element can have on ext4,
+// xfs, btrfs and APFS.
+const maxRunName = 255

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 // RenderText writes diagnostics like a compiler: the location, severity, code and
@@ -14,16 +16,17 @@ import (
 func RenderText(w io.Writer, ds Diagnostics, sources map[string][]byte) error {
 	var b strings.Builder
 	for _, d := range ds {
-		fmt.Fprintf(&b, "%s: %s[%s]: %s\n", d.Location(), d.Severity, d.Code, d.Message)
+		fmt.Fprintf(&b, "%s: %s[%s]: %s\n", visible(d.Location()), d.Severity, d.Code, visible(d.Message))
 		if p := d.Origin.Pos; p.IsValid() && (d.Origin.Kind == FromFile || d.Origin.Kind == FromImplied || d.Origin.Kind == FromImport) {
 			if line, ok := sourceLine(sources[p.File], p.Line); ok {
 				gutter := fmt.Sprintf("%d", p.Line)
 				pad := strings.Repeat(" ", len(gutter))
-				fmt.Fprintf(&b, " %s |\n %s | %s\n %s | %s^\n", pad, gutter, line, pad, caretPad(line, p.Col))
+				before := visible(line[:max(0, min(p.Col-1, len(line)))])
+				fmt.Fprintf(&b, " %s |\n %s | %s\n %s | %s^\n", pad, gutter, visible(line), pad, caretPad(before, len(before)+1))
 			}
 		}
 		if d.Help != "" {
-			fmt.Fprintf(&b, "  = help: %s\n", d.Help)
+			fmt.Fprintf(&b, "  = help: %s\n", visible(d.Help))
 		}
 	}
 	if len(ds) > 0 {
@@ -46,6 +49,40 @@ func Summary(ds Diagnostics) string {
 		parts = append(parts, plural(n, "note"))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// visible returns s with what a terminal or a CI log would act on instead of
+// showing written as Go escapes: control characters other than tab (ESC, BEL,
+// CR, DEL, the C1 range) and bytes that are not UTF-8. A recipe, a path or a
+// value quoted from a file cannot then retitle a window, recolour the output or
+// hide a line of it.
+func visible(s string) string {
+	clean := true
+	for _, r := range s {
+		if r == utf8.RuneError || (r != '\t' && unicode.IsControl(r)) {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case r != '\t' && unicode.IsControl(r) && r < 0x80:
+			fmt.Fprintf(&b, `\x%02x`, r)
+		case r != '\t' && unicode.IsControl(r):
+			fmt.Fprintf(&b, `\u%04x`, r)
+		default:
+			b.WriteString(s[i : i+n])
+		}
+		i += n
+	}
+	return b.String()
 }
 
 func sourceLine(src []byte, line int) (string, bool) {

@@ -86,6 +86,8 @@ var ruleCases = []ruleCase{
 	{name: "meta init with no_shard", src: okData + "[fsdp]\ninit_model_with_meta_device = true\ndata_parallel_sharding_strategy = \"no_shard\"\n", code: "SL105", loc: "x.toml:4:1"},
 	{name: "nccl ub with double buffer off", src: okData + "[fsdp]\nuse_nccl_ub = true\nfsdp_double_buffer = false\n", code: "SL106", loc: "x.toml:5:1"},
 	{name: "run name leaves the output directory", src: okData + "[run]\nname = \"../../etc\"\n", code: "SL009", sev: SevError, loc: "x.toml:4:1", msg: "must be one directory name: it holds a path separator"},
+	{name: "run name with a terminal escape", src: okData + "[run]\nname = \"a\\u001b]0;title\\u0007\"\n", code: "SL009", sev: SevError, loc: "x.toml:4:1", msg: "it holds the control character U+001B"},
+	{name: "run name longer than a file name", src: okData + "[run]\nname = \"" + strings.Repeat("r", 256) + "\"\n", code: "SL009", sev: SevError, loc: "x.toml:4:1", msg: "it is 256 bytes long, over the 255"},
 	{name: "checkpoints kept but none written", src: okData + "[checkpoint]\nkeep_last = 3\n", code: "SL114", sev: SevNote, loc: "x.toml:4:1", msg: "so there are none to keep"},
 	{name: "selective under flash attention", src: okData + "[activation_checkpoint]\nmode = \"selective\"\n[model]\nseq_len = 512\n", code: "SL114", sev: SevNote, loc: "x.toml:4:1", msg: "selective would train exactly as none"},
 	{name: "selective under context parallelism", src: okData + "[activation_checkpoint]\nmode = \"selective\"\n[parallel]\nworld_size = 2\ncontext_parallel = 2\n", code: "SL114", sev: SevNote, loc: "x.toml:4:1", msg: "keeps none"},

@@ -3,9 +3,20 @@
 package main
 
 import (
+	"io"
 	"os"
 )
 
 func main() {
-	os.Exit(Main(os.Args[1:], os.Stdout, os.Stderr, os.Environ()))
+	var stdout io.Writer = os.Stdout
+	var term *terminalWriter
+	if isTerminal(os.Stdout) {
+		term = &terminalWriter{w: os.Stdout}
+		stdout = term
+	}
+	code := Main(os.Args[1:], stdout, os.Stderr, os.Environ())
+	if term != nil {
+		term.Flush()
+	}
+	os.Exit(code)
 }

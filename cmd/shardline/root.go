@@ -66,14 +66,21 @@ func Main(args []string, stdout, stderr io.Writer, env []string) int {
 	var ee *exitError
 	if errors.As(err, &ee) {
 		if ee.err != nil {
-			fmt.Fprintln(stderr, "shardline:", ee.err)
+			fmt.Fprintln(stderr, "shardline:", shown(ee.err))
 		}
 		return ee.code
 	}
 	// Cobra's own errors: unknown commands and flags, wrong argument counts.
-	fmt.Fprintln(stderr, "shardline:", err)
+	fmt.Fprintln(stderr, "shardline:", shown(err))
 	fmt.Fprintln(stderr, "Run 'shardline --help' for usage.")
 	return exitUsage
+}
+
+// shown is err's text as terminalWriter would show it: an error quoting a
+// file's bytes or an argument cannot act on the terminal it is printed on.
+func shown(err error) string {
+	text, _ := showControls(nil, []byte(err.Error()), true)
+	return string(text)
 }
 
 func (a *app) rootCmd() *cobra.Command {
