@@ -921,3 +921,19 @@ func TestCalibrationSetting(t *testing.T) {
 	assert.Equal(t, exitUsage, code)
 	assert.Contains(t, errs, "--refit "+filepath.Join(dir, "missing.json"))
 }
+
+// TestUnknownSubcommandFails: a word that names no command under ckpt, data or
+// recipe fails with a usage error and cobra's suggestion, where cobra alone
+// printed the help and exited 0; the group alone still prints its help.
+func TestUnknownSubcommandFails(t *testing.T) {
+	code, out, errs := shardline(t, nil, "ckpt", "list", "runs/x")
+	assert.Equal(t, exitUsage, code)
+	assert.Empty(t, out)
+	assert.Contains(t, errs, `unknown command "list" for "shardline ckpt"; did you mean ls?`)
+	code, _, errs = shardline(t, nil, "data", "frobnicate")
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, errs, `unknown command "frobnicate" for "shardline data"`)
+	code, out, _ = shardline(t, nil, "recipe")
+	assert.Equal(t, exitOK, code)
+	assert.Contains(t, out, "Available Commands")
+}

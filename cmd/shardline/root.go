@@ -6,6 +6,7 @@ import (
 	"io"
 	"runtime"
 	"runtime/debug"
+	"strings"
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
@@ -107,7 +108,36 @@ plan never touch a device: they run anywhere, in milliseconds.`,
 	}
 	root.PersistentFlags().StringVar(&a.configPath, "config", "", "CLI settings file (default: shardline.toml in the working directory or its nearest parent that has one): runs_dir, data_root, cache_dir, device_profile, comm_timeout, grace, calibration; SHARDLINE_<SETTING> variables override it, flags override both")
 	root.AddCommand(a.runCmd(), a.launchCmd(), a.sampleCmd(), a.dataCmd(), a.lintCmd(), a.planCmd(), a.recipeCmd(), a.ckptCmd(), a.diffCmd(), a.calibrateCmd(), a.versionCmd())
+	for _, c := range root.Commands() {
+		refuseUnknownSubcommands(c)
+	}
 	return root
+}
+
+// refuseUnknownSubcommands makes every command under c that only groups
+// others (ckpt, data, recipe) refuse a word that names none of them, with
+// cobra's suggestions, where cobra would print the help and exit 0: a script
+// calling `shardline ckpt list` must fail. With no word, the help is printed.
+func refuseUnknownSubcommands(c *cobra.Command) {
+	if !c.HasSubCommands() {
+		return
+	}
+	if !c.Runnable() {
+		c.SuggestionsMinimumDistance = 2 // cobra's own default, which SuggestionsFor does not apply
+		c.RunE = func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return cmd.Help()
+			}
+			msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+			if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+				msg += "; did you mean " + strings.Join(s, " or ") + "?"
+			}
+			return usageErr("%s (run '%s --help' for its commands)", msg, cmd.CommandPath())
+		}
+	}
+	for _, sub := range c.Commands() {
+		refuseUnknownSubcommands(sub)
+	}
 }
 
 func (a *app) versionCmd() *cobra.Command {
