@@ -300,15 +300,6 @@ func checkResumable(dir string, m *ckpt.Meta, p *parallel.Plan, r *config.Recipe
 		return &KeyError{Key: "data.path", Value: r.Data.Path, Err: fmt.Errorf("its tokens (%s) are not those the checkpoint in %s was trained on (%s)", dataFP, dir, m.DataFingerprint),
 			Fix: "point data.path at the data the run was trained on"}
 	}
-	if len(m.Tensors) != len(p.Params) {
-		return fmt.Errorf("checkpoint %s holds %d tensors, the recipe's model has %d", dir, len(m.Tensors), len(p.Params))
-	}
-	for i := range p.Params {
-		a, b := &m.Tensors[i], &p.Params[i]
-		if a.Name != b.Name || fmt.Sprint(a.Shape) != fmt.Sprint(b.Shape) {
-			return fmt.Errorf("checkpoint %s: tensor %d is %s %v, the recipe's model has %s %v", dir, i, a.Name, a.Shape, b.Name, b.Shape)
-		}
-	}
 	saved, diags := config.LoadBytes(filepath.Join(dir, "metadata.json#resolved_recipe"), []byte(m.ResolvedRecipe), config.Options{})
 	if diags.HasErrors() {
 		return fmt.Errorf("checkpoint %s: its resolved recipe does not load: %v", dir, diags.Err())
@@ -322,6 +313,18 @@ func checkResumable(dir string, m *ckpt.Meta, p *parallel.Plan, r *config.Recipe
 		if config.FormatValue(was) != config.FormatValue(now) {
 			return &KeyError{Key: f.Key, Value: now, Err: fmt.Errorf("the checkpoint in %s was trained with %s", dir, config.FormatValue(was)),
 				Fix: "resume with the recipe the checkpoint was saved with (only parallel, fsdp, logging and the number of steps may change)"}
+		}
+	}
+	// The recipes agree on every model key, so the tensors should too: a
+	// mismatch here is a checkpoint whose table disagrees with its own recipe.
+	const fix = "the checkpoint's tensor table does not match the recipe it records; check it with shardline ckpt verify, or resume from another checkpoint"
+	if len(m.Tensors) != len(p.Params) {
+		return fmt.Errorf("checkpoint %s holds %d tensors, the recipe's model has %d: %s", dir, len(m.Tensors), len(p.Params), fix)
+	}
+	for i := range p.Params {
+		a, b := &m.Tensors[i], &p.Params[i]
+		if a.Name != b.Name || fmt.Sprint(a.Shape) != fmt.Sprint(b.Shape) {
+			return fmt.Errorf("checkpoint %s: tensor %d is %s %v, the recipe's model has %s %v: %s", dir, i, a.Name, a.Shape, b.Name, b.Shape, fix)
 		}
 	}
 	return nil

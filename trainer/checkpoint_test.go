@@ -206,6 +206,14 @@ func TestResumeRefusals(t *testing.T) {
 	require.ErrorAs(t, err, &ke)
 	assert.Equal(t, "run.seed", ke.Key)
 
+	// Another model is refused by the key that changed, not by the first
+	// tensor whose shape differs.
+	wider, _ := tinyRun(t, "train.steps=4", "train.eval_interval=0", "checkpoint.interval=2", "model.hidden=64")
+	_, err = Run(context.Background(), wider, o)
+	require.ErrorAs(t, err, &ke)
+	assert.Equal(t, "model.hidden", ke.Key)
+	assert.Contains(t, err.Error(), "was trained with")
+
 	changed := filepath.Join(dir, ckpt.RankFile(1))
 	b := must(os.ReadFile(changed))
 	b[len(b)/2] ^= 1
