@@ -29,3 +29,17 @@ go test ./tensor/cpu -run '^$' -bench MatmulBF16 -count 1 | awk '/GFLOP/ {
 		printf "\n"
 	}
 }'
+
+# The experts' products (moe-tiny's: 8 experts of 512 rows, 128 by 128), an
+# expert per core (ExpertsMatmul) against each expert's product shared among
+# the cores in turn, warm and after 64 MiB were written (cold, as in a step).
+go test ./tensor/cpu -run '^$' -bench ExpertsMatmul -count 1 | awk '/ns\/op/ {
+	n=$1; sub(/^BenchmarkExpertsMatmul\//, "", n); sub(/-[0-9]+$/, "", n)
+	split(n, p, "/"); t[p[1] "/" p[3] "," p[2]] = $3; if (!((p[1] "/" p[3]) in seen)) { seen[p[1] "/" p[3]] = 1; order[++k] = p[1] "/" p[3] }
+} END {
+	if (k == 0) { print "experts: no benchmark ran"; exit 1 }
+	for (i = 1; i <= k; i++) {
+		s = order[i]
+		printf "experts %-14s an expert per core %8.0f ns, each product shared %8.0f ns: %.2fx\n", s, t[s ",experts"], t[s ",each-alone"], t[s ",each-alone"] / t[s ",experts"]
+	}
+}'

@@ -263,40 +263,41 @@ func (Kernels[F]) DispatchBackward(dx, dxperm tensor.Buffer, r tensor.Routing, s
 	}
 }
 
-// ExpertsMatmul runs Matmul over each expert's segment (the per-expert loop of
-// the package's ExpertsMatmul, over buffers).
+// ExpertsMatmul runs the package's ExpertsMatmul over buffers.
 func (Kernels[F]) ExpertsMatmul(out, inp tensor.Buffer, w []tensor.Buffer, offsets tensor.Buffer, s tensor.ExpertsShape, accumulate bool) {
 	var v views[F]
-	off := v.segments("ExpertsMatmul", offsets, s)
-	o, x := v.f("ExpertsMatmul", out), v.w("ExpertsMatmul", inp)
-	C, OC := s.C, s.OC
-	if s.Segment == 0 && len(off) <= len(w) {
-		return // a bad offsets buffer (kept in its memory)
+	const op = "ExpertsMatmul"
+	j := getExpertsJob[F]()
+	defer j.put()
+	j.offsets, j.s, j.accumulate = v.segments(op, offsets, s), s, accumulate
+	j.out, j.inp = v.f(op, out), v.w(op, inp)
+	for _, b := range w {
+		j.w = append(j.w, v.w(op, b))
 	}
-	for e := range w {
-		lo, hi := s.Span(off, e)
-		if we := v.w("ExpertsMatmul", w[e]); hi > lo && !v.bad {
-			Matmul(o[lo*OC:hi*OC], x.Slice(lo*C, hi*C), we, tensor.MatmulShape{BT: hi - lo, C: C, OC: OC}, accumulate)
-		}
+	if v.bad || (s.Segment == 0 && len(j.offsets) <= len(w)) {
+		return // a bad buffer or offsets (kept in its memory)
 	}
+	j.run()
 }
 
-// ExpertsMatmulBackward runs MatmulBackward over each expert's segment.
+// ExpertsMatmulBackward runs the package's ExpertsMatmulBackward over buffers.
 func (Kernels[F]) ExpertsMatmulBackward(dinp tensor.Buffer, dw []tensor.Buffer, dout, inp tensor.Buffer, w []tensor.Buffer, offsets tensor.Buffer, s tensor.ExpertsShape, accumulate bool) {
 	var v views[F]
 	const op = "ExpertsMatmulBackward"
-	off := v.segments(op, offsets, s)
-	dx, dy, x := v.f(op, dinp), v.f(op, dout), v.w(op, inp)
-	C, OC := s.C, s.OC
-	if s.Segment == 0 && len(off) <= len(w) {
-		return // a bad offsets buffer (kept in its memory)
+	j := getExpertsJob[F]()
+	defer j.put()
+	j.offsets, j.s, j.accumulate, j.back = v.segments(op, offsets, s), s, accumulate, true
+	j.dinp, j.out, j.inp = v.f(op, dinp), v.f(op, dout), v.w(op, inp)
+	if len(dw) != len(w) {
+		return // the engine passes a gradient per expert
 	}
 	for e := range w {
-		lo, hi := s.Span(off, e)
-		if we, dwe := v.w(op, w[e]), v.f(op, dw[e]); hi > lo && !v.bad {
-			MatmulBackward(dx[lo*C:hi*C], dwe, dy[lo*OC:hi*OC], x.Slice(lo*C, hi*C), we, tensor.MatmulShape{BT: hi - lo, C: C, OC: OC}, accumulate)
-		}
+		j.w, j.dw = append(j.w, v.w(op, w[e])), append(j.dw, v.f(op, dw[e]))
 	}
+	if v.bad || (s.Segment == 0 && len(j.offsets) <= len(w)) {
+		return // a bad buffer or offsets (kept in its memory)
+	}
+	j.run()
 }
 func (Kernels[F]) ExpertsSwiGLU(out, gate, up tensor.Buffer, offsets tensor.Buffer, width int) {
 	var v views[F]

@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"fmt"
 	"math"
 	"math/rand"
 	"runtime"
@@ -530,4 +531,70 @@ func TestShareCores(t *testing.T) {
 	assert.Equal(t, 1, threads(), "4 ÷ 3")
 	undo3()
 	assert.Equal(t, 4, threads())
+}
+
+// TestExpertsMatmulSameOnAnyCores: the experts' products, shared among the
+// cores an expert per core (balanced segments) or each product shared in turn
+// (one expert holding most rows), equal each expert's Matmul and
+// MatmulBackward run alone, bit for bit, on one core and on four, with fp32
+// and bf16 weights.
+func TestExpertsMatmulSameOnAnyCores(t *testing.T) {
+	r := rand.New(rand.NewSource(8))
+	const E, C, OC = 8, 64, 48
+	for _, layout := range []struct {
+		name string
+		rows []int
+	}{{"balanced", []int{200, 180, 220, 0, 210, 190, 205, 195}}, {"one expert holds most", []int{1400, 10, 20, 0, 30, 5, 15, 20}}} {
+		for _, bf16 := range []bool{false, true} {
+			off := make([]int32, E+1)
+			for e, n := range layout.rows {
+				off[e+1] = off[e] + int32(n)
+			}
+			R := int(off[E])
+			x, dy := randSlice(r, R*C), randSlice(r, R*OC)
+			w := make([]tensor.Weights[float32], E)
+			for e := range w {
+				v := randSlice(r, OC*C)
+				w[e] = tensor.FloatWeights(v)
+				if bf16 {
+					h := make([]tensor.BF16, len(v))
+					ToBF16(h, v)
+					w[e] = tensor.BF16Weights[float32](h)
+				}
+			}
+			s := tensor.ExpertsShape{C: C, OC: OC}
+			products := func(procs int, alone bool) (out, dx []float32, dw [][]float32) {
+				defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+				out, dx, dw = make([]float32, R*OC), make([]float32, R*C), make([][]float32, E)
+				for e := range dw {
+					dw[e] = make([]float32, OC*C)
+				}
+				if !alone {
+					ExpertsMatmul(out, tensor.FloatWeights(x), w, off, s, false)
+					ExpertsMatmulBackward(dx, dw, dy, tensor.FloatWeights(x), w, off, s, false)
+					return
+				}
+				for e := range w {
+					lo, hi := int(off[e]), int(off[e+1])
+					if hi == lo {
+						continue
+					}
+					sh := tensor.MatmulShape{BT: hi - lo, C: C, OC: OC}
+					Matmul(out[lo*OC:hi*OC], tensor.FloatWeights(x[lo*C:hi*C]), w[e], sh, false)
+					MatmulBackward(dx[lo*C:hi*C], dw[e], dy[lo*OC:hi*OC], tensor.FloatWeights(x[lo*C:hi*C]), w[e], sh, false)
+				}
+				return
+			}
+			wantOut, wantDx, wantDw := products(1, true)
+			for _, procs := range []int{1, 4} {
+				out, dx, dw := products(procs, false)
+				name := fmt.Sprintf("%s, bf16 weights %v, %d cores", layout.name, bf16, procs)
+				require.True(t, slices.Equal(wantOut, out), "%s: ExpertsMatmul differs from each expert's Matmul", name)
+				require.True(t, slices.Equal(wantDx, dx), "%s: ExpertsMatmulBackward's input gradient differs", name)
+				for e := range dw {
+					require.True(t, slices.Equal(wantDw[e], dw[e]), "%s: expert %d's weight gradient differs", name, e)
+				}
+			}
+		}
+	}
 }

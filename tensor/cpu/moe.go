@@ -438,26 +438,86 @@ func (j *scaleJob[F]) rows(_, lo, hi int) {
 // of w over its segment (s.Span: offsets, or the static segments; += with
 // accumulate); rows outside the segments are left alone.
 func ExpertsMatmul[F Float](out []F, inp tensor.Weights[F], w []tensor.Weights[F], offsets []int32, s tensor.ExpertsShape, accumulate bool) {
-	C, OC := s.C, s.OC
-	for e := range w {
-		lo, hi := s.Span(offsets, e)
-		if hi == lo {
-			continue
-		}
-		Matmul(out[lo*OC:hi*OC], inp.Slice(lo*C, hi*C), w[e], tensor.MatmulShape{BT: hi - lo, C: C, OC: OC}, accumulate)
-	}
+	j := getExpertsJob[F]()
+	j.out, j.inp, j.w, j.offsets, j.s, j.accumulate = out, inp, append(j.w, w...), offsets, s, accumulate
+	j.run()
+	j.put()
 }
 
 // ExpertsMatmulBackward is MatmulBackward per expert over its segment: dw[e]
 // accumulates; dinp's segments are overwritten unless accumulate.
 func ExpertsMatmulBackward[F Float](dinp []F, dw [][]F, dout []F, inp tensor.Weights[F], w []tensor.Weights[F], offsets []int32, s tensor.ExpertsShape, accumulate bool) {
-	C, OC := s.C, s.OC
-	for e := range w {
-		lo, hi := s.Span(offsets, e)
-		if hi == lo {
+	j := getExpertsJob[F]()
+	j.dinp, j.dw, j.out, j.inp, j.w, j.offsets, j.s, j.accumulate, j.back = dinp, append(j.dw, dw...), dout, inp, append(j.w, w...), offsets, s, accumulate, true
+	j.run()
+	j.put()
+}
+
+// expertsJob is ExpertsMatmul or, with back set, ExpertsMatmulBackward (out
+// then holds dout). Its slices of experts are kept, emptied, when it is
+// recycled, so the steady state allocates nothing.
+type expertsJob[F Float] struct {
+	out, dinp  []F
+	dw         [][]F
+	inp        tensor.Weights[F]
+	w          []tensor.Weights[F]
+	offsets    []int32
+	s          tensor.ExpertsShape
+	accumulate bool
+	back       bool
+}
+
+// getExpertsJob returns a recycled job with empty expert slices.
+func getExpertsJob[F Float]() *expertsJob[F] { return getJob[expertsJob[F]]() }
+
+// put clears the job, keeping its expert slices' room, and recycles it.
+func (j *expertsJob[F]) put() {
+	clear(j.w)
+	clear(j.dw)
+	w, dw := j.w[:0], j.dw[:0]
+	*j = expertsJob[F]{w: w, dw: dw}
+	listOf[expertsJob[F]]().put(j)
+}
+
+// run shares the experts among the cores, each expert's products on one core,
+// when there are enough experts to keep every core busy and none holds more
+// than its share of the rows: one parallel region instead of one per expert,
+// B packed once per expert instead of once per part, and each expert's rows
+// in one core's cache. Otherwise each expert's product is shared among the
+// cores in turn. Every expert's result is computed alike either way (Sgemm
+// splits no sum), so the two give the same values.
+func (j *expertsJob[F]) run() {
+	E, w := len(j.w), threads()
+	if w > 1 && E >= 2*w {
+		total, most := 0, 0
+		for e := range E {
+			lo, hi := j.s.Span(j.offsets, e)
+			total += hi - lo
+			most = max(most, hi-lo)
+		}
+		if most*w <= total {
+			run(j, E, 1)
+			return
+		}
+	}
+	j.rows(0, 0, E)
+}
+
+// rows runs experts [lo, hi). Inside a parallel region the products find no
+// idle core and run on the caller's.
+func (j *expertsJob[F]) rows(_, lo, hi int) {
+	C, OC := j.s.C, j.s.OC
+	for e := lo; e < hi; e++ {
+		r0, r1 := j.s.Span(j.offsets, e)
+		if r1 == r0 {
 			continue
 		}
-		MatmulBackward(dinp[lo*C:hi*C], dw[e], dout[lo*OC:hi*OC], inp.Slice(lo*C, hi*C), w[e], tensor.MatmulShape{BT: hi - lo, C: C, OC: OC}, accumulate)
+		shape := tensor.MatmulShape{BT: r1 - r0, C: C, OC: OC}
+		if j.back {
+			MatmulBackward(j.dinp[r0*C:r1*C], j.dw[e], j.out[r0*OC:r1*OC], j.inp.Slice(r0*C, r1*C), j.w[e], shape, j.accumulate)
+		} else {
+			Matmul(j.out[r0*OC:r1*OC], j.inp.Slice(r0*C, r1*C), j.w[e], shape, j.accumulate)
+		}
 	}
 }
 
