@@ -155,9 +155,12 @@ func TestCalibratedStep(t *testing.T) {
 
 	four := compile(t, &load(t, "../recipes/tiny.toml", "parallel.world_size=4", "train.global_batch_size=64").Recipe)
 	// Four ranks with a micro-batch each share one host's cores: four times the
-	// kernels at the table's efficiency for four ranks (to 1%: the gradient norm
-	// then runs over a quarter of the gradients).
-	assert.InEpsilon(t, 4*c.shareEfficiency(4)*one.ComputeS, four.ComputeS, 0.01)
+	// kernels at the table's efficiency for four ranks, but for the gradient
+	// norm, which each rank then runs over a quarter of the gradients: the two
+	// differ by less than the four ranks' whole-model norms.
+	eff := c.shareEfficiency(4)
+	assert.InDelta(t, 4*eff*one.ComputeS, four.ComputeS, 4*eff*c.InStepOptimizer*tail)
+	assert.Less(t, four.ComputeS, 4*eff*one.ComputeS, "each rank's norm runs over less than the whole model's gradients")
 	// With a measured efficiency, the ranks' compute scales by it.
 	shared := *c
 	shared.HostShare = []HostSharePoint{{Ranks: 2, Efficiency: 1.1}, {Ranks: 4, Efficiency: 0.8}}
