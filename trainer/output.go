@@ -463,12 +463,15 @@ type finishedRun struct {
 	weights [][]float32
 }
 
+// RunDirFix is the fix an error about a directory that is not a run's gives.
+const RunDirFix = "give the directory shardline run printed (run.output_dir/run.name, e.g. runs/tiny), which holds resolved.toml, run.json and weights.bin"
+
 // loadRun reads a run directory (resolved.toml, checked against run.json's
 // fingerprint; tokenizer.json; weights.bin).
 func loadRun(dir string) (*finishedRun, error) {
 	res, diags := config.Load(filepath.Join(dir, "resolved.toml"), config.Options{})
 	if diags.HasErrors() || res == nil {
-		return nil, fmt.Errorf("%s is not a run directory: %v", dir, diags.Err())
+		return nil, fmt.Errorf("%s is not a run directory: %v; %s", dir, diags.Err(), RunDirFix)
 	}
 	r := &res.Recipe
 	// run.json holds the resolved recipe's fingerprint: a resolved.toml that changed
@@ -583,7 +586,7 @@ func checkRecipeFingerprint(dir string, r *config.Recipe) error {
 	path := filepath.Join(dir, "run.json")
 	b, err := fileio.ReadRegular(path, maxRunJSON)
 	if err != nil {
-		return fmt.Errorf("%s is not a run directory: %w", dir, err)
+		return fmt.Errorf("%s is not a run directory: %w; %s", dir, err, RunDirFix)
 	}
 	var info runInfo
 	if err := json.Unmarshal(b, &info); err != nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/fileio"
+	"github.com/shardline/shardline/trainer"
 	"github.com/spf13/cobra"
 )
 
@@ -37,12 +38,12 @@ func readRun(dir string) (*runSummary, error) {
 	s := &runSummary{dir: dir, from: map[string]string{}}
 	res, diags := config.Load(filepath.Join(dir, "resolved.toml"), config.Options{})
 	if res == nil || diags.HasErrors() {
-		return nil, fmt.Errorf("%s is not a run directory: %v", dir, diags.Err())
+		return nil, fmt.Errorf("%s is not a run directory: %v; %s", dir, diags.Err(), trainer.RunDirFix)
 	}
 	s.recipe = res
 	b, err := fileio.ReadRegular(filepath.Join(dir, "run.json"), 1<<20)
 	if err != nil {
-		return nil, fmt.Errorf("%s is not a run directory: %w", dir, err)
+		return nil, fmt.Errorf("%s is not a run directory: %w; %s", dir, err, trainer.RunDirFix)
 	}
 	if err := json.Unmarshal(b, &s.info); err != nil {
 		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, "run.json"), err)

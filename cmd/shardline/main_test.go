@@ -328,6 +328,7 @@ func TestRunPrepareSample(t *testing.T) {
 	code, _, errs = shardline(t, nil, "sample", dir)
 	assert.Equal(t, 1, code)
 	assert.Contains(t, errs, "is not a run directory")
+	assert.Contains(t, errs, "give the directory shardline run printed", "the error says what to give instead")
 }
 
 // TestRunGPT2 prepares data with GPT-2's byte-pair encoding, trains on it, samples it,
