@@ -38,8 +38,9 @@ type Recipe struct {
 
 // Run names a run and fixes its randomness.
 type Run struct {
-	// Name of the run, used for the run directory under output_dir. Empty means the
-	// recipe's file name without extension.
+	// Name of the run, used for the run directory under output_dir: one file
+	// name (no path separator, no control characters, at most 255 bytes). Empty
+	// means the recipe's file name without extension.
 	Name string `toml:"name"`
 	// Seed of every random stream (initialisation, data order, dropout-free sampling).
 	// Any 64-bit value; the same seed and recipe reproduce a run bit for bit.
