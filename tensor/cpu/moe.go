@@ -482,10 +482,9 @@ func (j *expertsJob[F]) put() {
 // run shares the experts among the cores, each expert's products on one core,
 // when there are enough experts to keep every core busy and none holds more
 // than its share of the rows: one parallel region instead of one per expert,
-// B packed once per expert instead of once per part, and each expert's rows
-// in one core's cache. Otherwise each expert's product is shared among the
-// cores in turn. Every expert's result is computed alike either way (Sgemm
-// splits no sum), so the two give the same values.
+// and each expert's rows in one core's cache. Otherwise each expert's product
+// is shared among the cores in turn. Every expert's result is computed alike
+// either way (Sgemm splits no sum), so the two give the same values.
 func (j *expertsJob[F]) run() {
 	E, w := len(j.w), threads()
 	if w > 1 && E >= 2*w {
@@ -503,8 +502,9 @@ func (j *expertsJob[F]) run() {
 	j.rows(0, 0, E)
 }
 
-// rows runs experts [lo, hi). Inside a parallel region the products find no
-// idle core and run on the caller's.
+// rows runs experts [lo, hi). Inside the region run opens, a product finds no
+// idle core while the others work on their experts, and runs its parts one
+// after another on the caller's.
 func (j *expertsJob[F]) rows(_, lo, hi int) {
 	C, OC := j.s.C, j.s.OC
 	for e := lo; e < hi; e++ {
