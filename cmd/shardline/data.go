@@ -2,9 +2,11 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"math"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/shardline/shardline/tensor/cpu"
 	"github.com/shardline/shardline/trainer"
@@ -44,7 +46,14 @@ data.path at DIR to train on it.`,
 					return err
 				}
 			}
-			ds, err := data.Prepare(args, tokenizer, valFrac, out)
+			var progress func(done, total int)
+			if isTerminal(a.stderr) {
+				progress = tokenizeProgress(a.stderr, time.Now())
+			}
+			ds, err := data.Prepare(args, tokenizer, valFrac, out, progress)
+			if progress != nil {
+				fmt.Fprint(a.stderr, "\r\033[K")
+			}
 			if err != nil {
 				return &exitError{code: exitFindings, err: err}
 			}
@@ -58,6 +67,26 @@ data.path at DIR to train on it.`,
 	prep.Flags().StringVarP(&out, "output", "o", "", "output directory")
 	cmd.AddCommand(prep)
 	return cmd
+}
+
+// tokenizeProgress returns a progress callback for data.Prepare that draws,
+// on a terminal, the text tokenized so far, its rate and the time left, at most
+// five times a second.
+func tokenizeProgress(w io.Writer, start time.Time) func(done, total int) {
+	var last time.Time
+	return func(done, total int) {
+		now := time.Now()
+		if now.Sub(last) < 200*time.Millisecond && done < total {
+			return
+		}
+		last = now
+		elapsed := now.Sub(start)
+		rate := float64(done) / max(elapsed.Seconds(), 1e-3)
+		eta := time.Duration(float64(total-done) / max(rate, 1) * float64(time.Second))
+		fmt.Fprintf(w, "\r\033[Ktokenizing: %.1f of %.1f MB (%.0f%%), %.1f MB/s, %s elapsed, ETA %s",
+			float64(done)/1e6, float64(total)/1e6, 100*float64(done)/float64(max(total, 1)), rate/1e6,
+			elapsed.Round(time.Second), eta.Round(time.Second))
+	}
 }
 
 // maxSampleTokens caps one sample: each token is a forward pass, and the text is

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/stretchr/testify/assert"
@@ -937,4 +938,18 @@ func TestUnknownSubcommandFails(t *testing.T) {
 	code, out, _ = shardline(t, nil, "recipe")
 	assert.Equal(t, exitOK, code)
 	assert.Contains(t, out, "Available Commands")
+}
+
+// TestTokenizeProgress: data prepare's progress line names the text done and
+// its share, and draws at most five times a second but always the end.
+func TestTokenizeProgress(t *testing.T) {
+	var b bytes.Buffer
+	p := tokenizeProgress(&b, time.Now().Add(-time.Second))
+	p(500_000, 1_000_000)
+	assert.Contains(t, b.String(), "tokenizing: 0.5 of 1.0 MB (50%)")
+	b.Reset()
+	p(600_000, 1_000_000)
+	assert.Empty(t, b.String(), "a call within 200 ms of the last draws nothing")
+	p(1_000_000, 1_000_000)
+	assert.Contains(t, b.String(), "1.0 of 1.0 MB (100%)", "the end is always drawn")
 }

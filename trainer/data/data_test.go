@@ -3,6 +3,7 @@ package data
 import (
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -14,7 +15,7 @@ import (
 func TestTokenizersRoundTrip(t *testing.T) {
 	text := []byte("Of the Reflexions of Light — ½ œuvre.\n")
 	for _, name := range []string{"byte", "char", "gpt2"} {
-		ds, err := fromText(text, name, 0)
+		ds, err := fromText(text, name, 0, nil)
 		require.NoError(t, err)
 		assert.Equal(t, string(text), ds.Tok.Decode(ds.Train), name)
 	}
@@ -29,9 +30,11 @@ func TestPrepareAndOpen(t *testing.T) {
 	src := filepath.Join(dir, "a.txt")
 	require.NoError(t, os.WriteFile(src, []byte("hello world, hello shards\n"), 0o644))
 	out := filepath.Join(dir, "prepared")
-	ds, err := Prepare([]string{src, src}, "char", 0.25, out)
+	var calls [][2]int
+	ds, err := Prepare([]string{src, src}, "char", 0.25, out, func(done, total int) { calls = append(calls, [2]int{done, total}) })
 	require.NoError(t, err)
 	assert.Len(t, ds.Val, 13) // 52 characters, a quarter held out
+	assert.Equal(t, [][2]int{{52, 52}}, calls, "char reports its progress once, at the end")
 	got, err := Open(out, "char", 0.25, "")
 	require.NoError(t, err)
 	assert.Equal(t, ds.Train, got.Train)
@@ -119,13 +122,13 @@ func TestPreparedDirectoryChecks(t *testing.T) {
 	src := filepath.Join(dir, "a.txt")
 	require.NoError(t, os.WriteFile(src, []byte("abcabcabcabc"), 0o644))
 	out := filepath.Join(dir, "prepared")
-	_, err := Prepare([]string{src}, "char", 0.25, out)
+	_, err := Prepare([]string{src}, "char", 0.25, out, nil)
 	require.NoError(t, err)
 	require.NoError(t, WriteShard(filepath.Join(out, "train.tok"), []int32{0, 1, 2, 200}, "char", 256))
 	_, err = Open(out, "char", 0.25, "")
 	assert.ErrorContains(t, err, "holds char tokens below 256")
 
-	_, err = Prepare([]string{src}, "char", 0.25, out)
+	_, err = Prepare([]string{src}, "char", 0.25, out, nil)
 	require.NoError(t, err)
 	tj := filepath.Join(out, "tokenizer.json")
 	b, err := os.ReadFile(tj)
@@ -180,4 +183,25 @@ func TestBatchIsAPureFunction(t *testing.T) {
 	Batch(a, at, split, 5, 10, 4, 2, T)
 	Batch(x2[:T], y2[:T], split, 5, 10, 5, 1, T)
 	assert.Equal(t, a[T:], x2[:T])
+}
+
+// TestPrepareGPT2Progress: the gpt2 tokenizer reports its progress a piece at
+// a time (about a MiB each), increasing, ending at the text's length.
+func TestPrepareGPT2Progress(t *testing.T) {
+	opticks, err := os.ReadFile(filepath.Join(runtime.GOROOT(), "src", "testdata", "Isaac.Newton-Opticks.txt"))
+	require.NoError(t, err)
+	dir := t.TempDir()
+	src := filepath.Join(dir, "opticks.txt")
+	require.NoError(t, os.WriteFile(src, opticks, 0o644))
+	var done []int
+	total := 0
+	ds, err := Prepare([]string{src, src, src, src}, "gpt2", 0.1, filepath.Join(dir, "out"), func(d, n int) { done, total = append(done, d), n })
+	require.NoError(t, err)
+	assert.Equal(t, 4*len(opticks), total)
+	assert.GreaterOrEqual(t, len(done), 2, "2.2 MB of text is more than one piece")
+	assert.IsIncreasing(t, done)
+	assert.Equal(t, total, done[len(done)-1])
+	whole, err := GPT2{}.Encode(append(append(append(append([]byte(nil), opticks...), opticks...), opticks...), opticks...))
+	require.NoError(t, err)
+	assert.Equal(t, whole, append(append([]int32(nil), ds.Train...), ds.Val...))
 }

@@ -81,8 +81,11 @@ func unwrapPath(err error) error {
 }
 
 // Prepare tokenizes the texts (concatenated in order) and writes train.tok, val.tok
-// and tokenizer.json to outDir.
-func Prepare(texts []string, tokenizer string, valFraction float64, outDir string) (*Dataset, error) {
+// and tokenizer.json to outDir. progress, when not nil, is called with the
+// bytes of text tokenized so far and their total as the work goes on (the
+// gpt2 tokenizer a piece at a time, about a MiB each; the others, which take
+// a second for a GiB, once at the end).
+func Prepare(texts []string, tokenizer string, valFraction float64, outDir string, progress func(done, total int)) (*Dataset, error) {
 	var corpus []byte
 	for _, p := range texts {
 		b, err := readText(p, MaxTextBytes-int64(len(corpus)))
@@ -91,7 +94,7 @@ func Prepare(texts []string, tokenizer string, valFraction float64, outDir strin
 		}
 		corpus = append(corpus, b...)
 	}
-	ds, err := fromText(corpus, tokenizer, valFraction)
+	ds, err := fromText(corpus, tokenizer, valFraction, progress)
 	if err != nil {
 		return nil, err
 	}
@@ -111,7 +114,9 @@ func (d *Dataset) save(dir string) error {
 	return SaveTokenizer(filepath.Join(dir, "tokenizer.json"), d.Tok)
 }
 
-func fromText(text []byte, tokenizer string, valFraction float64) (*Dataset, error) {
+// fromText tokenizes text and splits it, calling progress (when not nil) as
+// Prepare says.
+func fromText(text []byte, tokenizer string, valFraction float64, progress func(done, total int)) (*Dataset, error) {
 	if len(text) == 0 {
 		return nil, errors.New("the text is empty")
 	}
@@ -126,7 +131,15 @@ func fromText(text []byte, tokenizer string, valFraction float64) (*Dataset, err
 	if err != nil {
 		return nil, err
 	}
-	tokens, err := tok.Encode(text)
+	var tokens []int32
+	if _, ok := tok.(GPT2); ok && progress != nil {
+		tokens, err = encodeGPT2(text, func(done int) { progress(done, len(text)) })
+	} else {
+		tokens, err = tok.Encode(text)
+		if err == nil && progress != nil {
+			progress(len(text), len(text))
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -166,7 +179,7 @@ func Open(path, tokenizer string, valFraction float64, cacheDir string) (*Datase
 			return ds, nil
 		}
 	}
-	ds, err := fromText(text, tokenizer, valFraction)
+	ds, err := fromText(text, tokenizer, valFraction, nil)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}

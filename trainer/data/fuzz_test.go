@@ -76,7 +76,7 @@ func FuzzText(f *testing.F) {
 	f.Add([]byte{0xff, 0xfe, 0x00})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		for _, name := range Tokenizers {
-			ds, err := fromText(b, name, 0.1)
+			ds, err := fromText(b, name, 0.1, nil)
 			if err != nil {
 				continue
 			}

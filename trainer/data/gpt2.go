@@ -2,8 +2,10 @@ package data
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unicode/utf8"
 
 	"github.com/tiktoken-go/tokenizer/codec"
@@ -28,8 +30,15 @@ func (GPT2) Name() string   { return "gpt2" }
 func (GPT2) VocabSize() int { return GPT2Vocab }
 
 // Encode tokenizes UTF-8 text; <|endoftext|> in the text is encoded as plain
-// text, never as the special token.
+// text, never as the special token. Long text is encoded in pieces of about
+// gpt2Piece bytes on every core (encodePieces), equal to encoding it whole.
 func (GPT2) Encode(text []byte) ([]int32, error) {
+	return encodeGPT2(text, nil)
+}
+
+// encodeGPT2 is Encode, calling progress (when not nil) with the bytes
+// encoded so far as pieces finish, in order, and once at the end.
+func encodeGPT2(text []byte, progress func(done int)) ([]int32, error) {
 	if !utf8.Valid(text) {
 		at := 0
 		for at < len(text) {
@@ -41,15 +50,96 @@ func (GPT2) Encode(text []byte) ([]int32, error) {
 		}
 		return nil, fmt.Errorf("the gpt2 tokenizer needs UTF-8 text: invalid byte 0x%02x at offset %d (convert the file to UTF-8, or use the byte tokenizer)", text[at], at)
 	}
-	ids, _, err := gpt2().Encode(string(text))
-	if err != nil {
-		return nil, fmt.Errorf("gpt2 tokenizer: %w", err)
+	return encodePieces(text, gpt2Piece, runtime.GOMAXPROCS(0), progress)
+}
+
+// gpt2Piece is the length of text encodePieces hands one codec call, at
+// least: the codec keeps a string per token besides its id (24 bytes a token
+// in all), so whole, 2 GiB of text would take about 12 GiB; in pieces it
+// takes their int32 ids.
+const gpt2Piece = 1 << 20
+
+// encodePieces encodes text in pieces that end where GPT-2's pre-tokenizer
+// ends a match whatever follows (gpt2Cut), on up to workers goroutines,
+// joining their ids in order. Each piece is at least size bytes, or the rest of
+// the text.
+func encodePieces(text []byte, size, workers int, progress func(done int)) ([]int32, error) {
+	var cuts []int // the end of each piece
+	for at := 0; at < len(text); {
+		end := gpt2Cut(text, at+size)
+		cuts = append(cuts, end)
+		at = end
 	}
-	out := make([]int32, len(ids))
-	for i, id := range ids {
-		out[i] = int32(id)
+	ids := make([][]int32, len(cuts))
+	errs := make([]error, len(cuts))
+	finished := make([]chan struct{}, len(cuts))
+	for i := range finished {
+		finished[i] = make(chan struct{})
+	}
+	var next atomic.Int64
+	for range min(max(workers, 1), len(cuts)) {
+		go func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(cuts) {
+					return
+				}
+				lo := 0
+				if i > 0 {
+					lo = cuts[i-1]
+				}
+				got, _, err := gpt2().Encode(string(text[lo:cuts[i]]))
+				if err != nil {
+					errs[i] = fmt.Errorf("gpt2 tokenizer: %w", err)
+				} else {
+					ids[i] = make([]int32, len(got))
+					for j, id := range got {
+						ids[i][j] = int32(id)
+					}
+				}
+				close(finished[i])
+			}
+		}()
+	}
+	n := 0
+	for i := range cuts {
+		<-finished[i]
+		if errs[i] != nil {
+			for _, f := range finished[i+1:] { // let the workers finish before returning
+				<-f
+			}
+			return nil, errs[i]
+		}
+		n += len(ids[i])
+		if progress != nil {
+			progress(cuts[i])
+		}
+	}
+	out := make([]int32, 0, n)
+	for _, p := range ids {
+		out = append(out, p...)
 	}
 	return out, nil
+}
+
+// gpt2Cut returns the first i ≥ from where text can be cut without changing
+// its tokens, or len(text): just after a newline that stands between two
+// printable ASCII characters other than space ("a\nb"). GPT-2's pre-tokenizer
+// ('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)
+// puts whitespace in a match with other characters only as one leading space,
+// so a match ends before the newline and the newline is a match of its own;
+// with the text cut after it, \s+(?!\S) at the piece's end takes that one
+// newline just as \s+ does in the whole text. A run of two or more would
+// differ there (whole, "\n\n" before a letter is two matches), so it is not
+// cut.
+func gpt2Cut(text []byte, from int) int {
+	printable := func(c byte) bool { return c > ' ' && c < 0x7f }
+	for i := max(from, 2); i < len(text); i++ {
+		if text[i-1] == '\n' && printable(text[i]) && printable(text[i-2]) {
+			return i
+		}
+	}
+	return len(text)
 }
 
 // Decode maps tokens back to text. A character split across tokens is joined

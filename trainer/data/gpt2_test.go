@@ -54,3 +54,41 @@ func TestGPT2RejectsInvalidUTF8(t *testing.T) {
 	_, err := GPT2{}.Encode([]byte("ab\xffcd"))
 	assert.ErrorContains(t, err, "invalid byte 0xff at offset 2")
 }
+
+// TestGPT2PiecesEqualWhole: text encoded in pieces cut by gpt2Cut, on several
+// goroutines, has exactly the ids the codec gives it whole, on Opticks and on
+// text built to cross every kind of boundary near a newline (runs of
+// newlines, CRLF, spaces before and after, Unicode whitespace, contractions,
+// numbers, punctuation); progress reports each piece's end, in order, ending
+// at the text's length.
+func TestGPT2PiecesEqualWhole(t *testing.T) {
+	opticks, err := os.ReadFile(filepath.Join(runtime.GOROOT(), "src", "testdata", "Isaac.Newton-Opticks.txt"))
+	require.NoError(t, err)
+	var crafted []byte
+	for _, s := range []string{"a\nb", "a\n\nb", "a \nb", "a\n b", "a\r\nb", "x.\n'sy", "1\n2", "é\nü", "a\u00a0\nb", "a\n\u2028b", "z\n\n\n", "!\n?", "end\n"} {
+		crafted = append(crafted, s...)
+		crafted = append(crafted, "word 42 it's\n"...)
+	}
+	for name, text := range map[string][]byte{"opticks": opticks[:200_000], "crafted": crafted} {
+		ids, _, err := gpt2().Encode(string(text))
+		require.NoError(t, err)
+		whole := make([]int32, len(ids))
+		for i, id := range ids {
+			whole[i] = int32(id)
+		}
+		for _, size := range []int{1, 7, 64, 4096} {
+			var seen []int
+			got, err := encodePieces(text, size, 3, func(done int) { seen = append(seen, done) })
+			require.NoError(t, err)
+			require.Equal(t, whole, got, "%s in pieces of %d bytes", name, size)
+			require.NotEmpty(t, seen)
+			assert.IsIncreasing(t, seen)
+			assert.Equal(t, len(text), seen[len(seen)-1])
+			if size < 64 {
+				assert.Greater(t, len(seen), 10, "%s is cut into many pieces of %d bytes", name, size)
+			}
+		}
+	}
+	assert.Equal(t, 3, gpt2Cut([]byte("ab\ncd"), 0), "just after a newline between printable characters")
+	assert.Equal(t, 9, gpt2Cut([]byte("ab\n\ncd\n e"), 0), "never after a run of newlines, nor before a space")
+}
