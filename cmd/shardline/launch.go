@@ -253,16 +253,25 @@ func processStopped(pid int) bool {
 }
 
 // lineWriter passes a rank's output on a line at a time, under a lock shared by all
-// ranks, so lines from different ranks never interleave.
+// ranks, so lines from different ranks never interleave. A line longer than
+// maxHeldLine goes on in parts of that size, so that a rank writing without
+// newlines cannot make the launcher hold its output without bound.
 type lineWriter struct {
 	mu  *sync.Mutex
 	w   io.Writer
 	buf []byte
 }
 
+// maxHeldLine is the most of one line lineWriter holds before passing it on.
+const maxHeldLine = 64 << 10
+
 func (l *lineWriter) Write(p []byte) (int, error) {
 	l.buf = append(l.buf, p...)
-	if i := bytes.LastIndexByte(l.buf, '\n'); i >= 0 {
+	i := bytes.LastIndexByte(l.buf, '\n')
+	if i < 0 && len(l.buf) >= maxHeldLine {
+		i = len(l.buf) - 1
+	}
+	if i >= 0 {
 		l.mu.Lock()
 		_, err := l.w.Write(l.buf[:i+1])
 		l.mu.Unlock()

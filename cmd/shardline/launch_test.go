@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -432,4 +433,24 @@ func must(b []byte, err error) []byte {
 		panic(err)
 	}
 	return b
+}
+
+// TestLineWriterBoundsALine: whole lines go on at once; a rank writing
+// without newlines is passed on once maxHeldLine bytes are held, not kept.
+func TestLineWriterBoundsALine(t *testing.T) {
+	var mu sync.Mutex
+	var out bytes.Buffer
+	l := &lineWriter{mu: &mu, w: &out}
+	_, _ = l.Write([]byte("one\ntw"))
+	assert.Equal(t, "one\n", out.String())
+	chunk := bytes.Repeat([]byte("x"), 1000)
+	for range maxHeldLine / len(chunk) {
+		_, _ = l.Write(chunk)
+	}
+	assert.Equal(t, "one\n", out.String(), "below the bound the line is held")
+	_, _ = l.Write(chunk)
+	assert.Len(t, out.String(), 4+2+(maxHeldLine/len(chunk)+1)*len(chunk), "at the bound the held part goes on")
+	assert.Empty(t, l.buf)
+	l.flush()
+	assert.Len(t, out.String(), 4+2+(maxHeldLine/len(chunk)+1)*len(chunk))
 }
