@@ -118,6 +118,9 @@ and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 			if threads != "" {
 				c.Env = append(c.Env, "GOMAXPROCS="+threads)
 			}
+			if isTerminal(a.stderr) {
+				c.Env = append(c.Env, launchTTYEnv+"=1")
+			}
 			if i == 0 && rendezvous != nil {
 				c.ExtraFiles = []*os.File{rendezvous}
 				c.Env = append(c.Env, "SHARDLINE_RENDEZVOUS_FD=3")
@@ -255,7 +258,8 @@ func processStopped(pid int) bool {
 // lineWriter passes a rank's output on a line at a time, under a lock shared by all
 // ranks, so lines from different ranks never interleave. A line longer than
 // maxHeldLine goes on in parts of that size, so that a rank writing without
-// newlines cannot make the launcher hold its output without bound.
+// newlines cannot make the launcher hold its output without bound, and a
+// line being redrawn after a CR (rank 0's progress bar) goes on as written.
 type lineWriter struct {
 	mu  *sync.Mutex
 	w   io.Writer
@@ -265,10 +269,17 @@ type lineWriter struct {
 // maxHeldLine is the most of one line lineWriter holds before passing it on.
 const maxHeldLine = 64 << 10
 
+// launchTTYEnv tells the ranks shardline launch starts that its stderr is a
+// terminal: they log as on one (the console format), and rank 0 draws the
+// progress bar, which lineWriter passes on as it is drawn.
+const launchTTYEnv = "SHARDLINE_LAUNCH_TTY"
+
 func (l *lineWriter) Write(p []byte) (int, error) {
 	l.buf = append(l.buf, p...)
 	i := bytes.LastIndexByte(l.buf, '\n')
-	if i < 0 && len(l.buf) >= maxHeldLine {
+	// A progress bar redraws its line after a CR and never ends it: what
+	// follows the last newline goes on as soon as it holds a CR.
+	if len(l.buf) >= maxHeldLine || bytes.IndexByte(l.buf[i+1:], '\r') >= 0 {
 		i = len(l.buf) - 1
 	}
 	if i >= 0 {

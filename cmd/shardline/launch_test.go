@@ -454,3 +454,18 @@ func TestLineWriterBoundsALine(t *testing.T) {
 	l.flush()
 	assert.Len(t, out.String(), 4+2+(maxHeldLine/len(chunk)+1)*len(chunk))
 }
+
+// TestLineWriterPassesProgress: a line redrawn after a CR (rank 0's progress
+// bar) goes on as it is written; a plain partial line is still held.
+func TestLineWriterPassesProgress(t *testing.T) {
+	var mu sync.Mutex
+	var out bytes.Buffer
+	l := &lineWriter{mu: &mu, w: &out}
+	_, _ = l.Write([]byte("log line\npart"))
+	assert.Equal(t, "log line\n", out.String())
+	_, _ = l.Write([]byte(" of it\n\r\033[K[==  ] 1/4"))
+	assert.Equal(t, "log line\npart of it\n\r\033[K[==  ] 1/4", out.String())
+	_, _ = l.Write([]byte("\r\033[K[=== ] 2/4"))
+	assert.Equal(t, "log line\npart of it\n\r\033[K[==  ] 1/4\r\033[K[=== ] 2/4", out.String())
+	assert.Empty(t, l.buf)
+}

@@ -176,7 +176,9 @@ or staged through the host where ranks share a GPU.`,
 				return usageErr("--resume latest: %v (run.output_dir/run.name, or checkpoint.dir, say where to look)", err)
 			}
 		}
-		tty := isTerminal(a.stderr)
+		// A rank that shardline launch started writes to the launcher through a
+		// pipe; the launcher says whether its own stderr is a terminal.
+		tty := isTerminal(a.stderr) || (job != nil && config.EnvMap(a.env)[launchTTYEnv] == "1")
 		logOut, level, err := a.logOutput(r.Logging, tty)
 		if err != nil {
 			return err
@@ -184,7 +186,7 @@ or staged through the host where ranks share a GPU.`,
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		opts := trainer.Options{Backend: cpu.Backend{}, Env: config.EnvMap(a.env), LogOut: logOut, LogLevel: level, Version: version, CacheDir: a.cacheDir(), TracePath: trace, DataRoot: a.settings.DataRoot, Resume: ckptDir, StopAfter: stopAfter, InitFrom: initFrom}
-		if tty && r.Logging.Progress {
+		if tty && r.Logging.Progress && (job == nil || job.rank == 0) {
 			opts.Progress = a.stderr
 		}
 		// A cuda recipe the GPU runner can carry out goes to the GPU engines (handed
