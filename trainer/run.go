@@ -275,6 +275,9 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 	if out == nil {
 		out = io.Discard
 	}
+	if opts.Progress != nil {
+		out = clearsProgress{out: out, progress: opts.Progress}
+	}
 	// In-process ranks log concurrently: one lock serialises whole events.
 	log := zerolog.New(zerolog.SyncWriter(zerolog.MultiLevelWriter(out, logFile))).Level(opts.LogLevel).With().Timestamp().Logger()
 	if opts.Process != nil {
@@ -1196,12 +1199,21 @@ func (t *run) record(met Metrics) error {
 		if met.ValLoss != nil {
 			ev = ev.Float64("val_loss", round4(*met.ValLoss))
 		}
-		if t.opts.Progress != nil {
-			fmt.Fprint(t.opts.Progress, "\r\033[K")
-		}
 		ev.Msg("step")
 	}
 	return nil
+}
+
+// clearsProgress is the console log while a progress bar is drawn: each
+// event first clears the bar's line, so that no event is written after the
+// bar on its line; the next step draws the bar again below the event.
+type clearsProgress struct{ out, progress io.Writer }
+
+func (c clearsProgress) Write(p []byte) (int, error) {
+	if _, err := io.WriteString(c.progress, "\r\033[K"); err != nil {
+		return 0, err
+	}
+	return c.out.Write(p)
 }
 
 // showProgress draws the progress bar after step done, with the last loss read

@@ -520,3 +520,24 @@ func TestInProcessRanksShareTheCores(t *testing.T) {
 	all, _ := run(false)
 	assert.Equal(t, all, shared, "the same losses, bit for bit, on a share of the cores")
 }
+
+// TestLogClearsProgressBar: with a progress bar drawn on the log's terminal,
+// every log event starts on a cleared line, including the warning an
+// interrupt writes right after a bar: no event follows a bar on its line.
+func TestLogClearsProgressBar(t *testing.T) {
+	res, _ := tinyRun(t, "train.steps=8", "train.eval_interval=0", "logging.interval=4", "logging.sample_tokens=0")
+	var term bytes.Buffer
+	o := opts()
+	o.LogOut, o.Progress, o.StopAfter = &term, &term, 6
+	got, err := Run(context.Background(), res, o)
+	require.NoError(t, err)
+	require.True(t, got.Interrupted)
+	out := term.String()
+	require.Contains(t, out, "] 6/8", "the bar was drawn")
+	require.Contains(t, out, "interrupted")
+	for i, part := range strings.Split(out, "\r\033[K") {
+		if i > 0 && strings.HasPrefix(part, "[") {
+			assert.NotContains(t, part, "{", "a log event written after the bar on its line: %q", part)
+		}
+	}
+}
