@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"unicode/utf8"
 )
 
 // FuzzReadShard: any bytes as a token shard are read or refused, never a panic,
@@ -70,11 +71,31 @@ func FuzzLoadTokenizer(f *testing.F) {
 }
 
 // FuzzText: any bytes as training text are tokenized or refused by each
-// tokenizer, never a panic, and every token is below the tokenizer's vocabulary.
+// tokenizer, never a panic, and every token is below the tokenizer's vocabulary;
+// UTF-8 text encoded by gpt2 in pieces of a few bytes has the ids of the whole.
 func FuzzText(f *testing.F) {
 	f.Add([]byte("Of the Reflexions of Light — ½ œuvre.\n"))
 	f.Add([]byte{0xff, 0xfe, 0x00})
+	f.Add([]byte("a\nb\n\nc \nd\r\ne\u00a0\nf'\ns1\n2"))
 	f.Fuzz(func(t *testing.T, b []byte) {
+		if utf8.Valid(b) {
+			ids, _, err := gpt2().Encode(string(b))
+			if err != nil {
+				t.Fatalf("gpt2 codec: %v", err)
+			}
+			got, err := encodePieces(b, 3, 2, nil)
+			if err != nil {
+				t.Fatalf("gpt2 in pieces: %v", err)
+			}
+			if len(got) != len(ids) {
+				t.Fatalf("gpt2 in pieces: %d ids, whole %d", len(got), len(ids))
+			}
+			for i, id := range ids {
+				if got[i] != int32(id) {
+					t.Fatalf("gpt2 in pieces: id %d is %d, whole %d", i, got[i], id)
+				}
+			}
+		}
 		for _, name := range Tokenizers {
 			ds, err := fromText(b, name, 0.1, nil)
 			if err != nil {
