@@ -708,7 +708,11 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		last, good = t.curve[len(t.curve)-1], t.goodAtEnd()
 	}
 	var rates []float64 // tokens/s of every step of this run
-	t.log.Info().Str("dir", t.dir).Str("backend", t.opts.Backend.Name()).Int("ranks", t.plan.Mesh.World).Str("strategy", t.plan.Strategy).
+	ev := t.log.Info()
+	if t.dir != "" { // rank 0 writes the run directory; a job's other ranks have none
+		ev = ev.Str("dir", t.dir)
+	}
+	ev.Str("backend", t.opts.Backend.Name()).Int("ranks", t.plan.Mesh.World).Str("strategy", t.plan.Strategy).
 		Int64("parameters", t.plan.ParamsTotal).Int("train_tokens", len(t.ds.Train)).Int("val_tokens", len(t.ds.Val)).Str("plan", t.plan.Fingerprint).Msg("training")
 	start := time.Now()
 	// flag: rank 0's interrupt; ranks whose pending checkpoint file is written;
