@@ -435,12 +435,16 @@ func must(b []byte, err error) []byte {
 	return b
 }
 
+// newTestLineWriter is a rank's lineWriter into a buffer, with a lock of its own.
+func newTestLineWriter() (*lineWriter, *bytes.Buffer) {
+	out := new(bytes.Buffer)
+	return &lineWriter{mu: new(sync.Mutex), w: out}, out
+}
+
 // TestLineWriterBoundsALine: whole lines go on at once; a rank writing
 // without newlines is passed on once maxHeldLine bytes are held, not kept.
 func TestLineWriterBoundsALine(t *testing.T) {
-	var mu sync.Mutex
-	var out bytes.Buffer
-	l := &lineWriter{mu: &mu, w: &out}
+	l, out := newTestLineWriter()
 	_, _ = l.Write([]byte("one\ntw"))
 	assert.Equal(t, "one\n", out.String())
 	chunk := bytes.Repeat([]byte("x"), 1000)
@@ -458,9 +462,7 @@ func TestLineWriterBoundsALine(t *testing.T) {
 // TestLineWriterPassesProgress: a line redrawn after a CR (rank 0's progress
 // bar) goes on as it is written; a plain partial line is still held.
 func TestLineWriterPassesProgress(t *testing.T) {
-	var mu sync.Mutex
-	var out bytes.Buffer
-	l := &lineWriter{mu: &mu, w: &out}
+	l, out := newTestLineWriter()
 	_, _ = l.Write([]byte("log line\npart"))
 	assert.Equal(t, "log line\n", out.String())
 	_, _ = l.Write([]byte(" of it\n\r\033[K[==  ] 1/4"))
