@@ -6,7 +6,7 @@ GO ?= go
 export GOPROXY := $(shell $(GO) env GOPROXY 2>/dev/null | cut -d, -f1)
 BIN := bin/shardline
 
-.PHONY: help build test race vet bench bench-deps torch-deps fuzz sarif-schema docs golden clean cuda cuda-deps cuda-check cuda-test gpu-bundle ptx bench-gpu emu-deps emu-sources
+.PHONY: help build test race race-quick vet bench bench-deps torch-deps fuzz sarif-schema docs golden clean cuda cuda-deps cuda-check cuda-test gpu-bundle ptx bench-gpu emu-deps emu-sources
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -17,25 +17,28 @@ build: ## build bin/shardline
 test: ci-deps sarif-schema torch-deps cuda-check emu-deps ## vet, run every test, and fuzz every reader briefly (what CI runs)
 	$(GO) vet ./...
 	SHARDLINE_SARIF_SCHEMA=$(CURDIR)/$(SARIF_SCHEMA) SHARDLINE_TORCH_PYTHON=/usr/bin/python3 SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 ./...
-	$(MAKE) --no-print-directory race
+	$(MAKE) --no-print-directory race-quick
 	$(GO) vet -tags cudaemu ./cuda ./trainer/gpu ./cmd/shardline
 	SHARDLINE_REQUIRE_EMU=1 SHARDLINE_EMU_DEVICES=4 $(GO) test -count=1 -tags cudaemu ./cuda ./trainer/gpu
 	SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 -tags cudaemu -run 'TestEngineSharesOneGPU|TestGPUCheckpointResumes|TestRanksOnTheirGPUs|TestLaunchOnGPUs|TestGPUTraceShowsOverlap|TestUserBuffersNeedNCCL|TestLostRankEndsGPURun|TestRanksOnGPUsResume' ./cmd/shardline
 	$(MAKE) --no-print-directory fuzz FUZZTIME=8s
 
-# The race detector over what runs concurrently, kept to about a minute: the
-# collectives, the CPU kernels' core sharing, and in-process ranks training
-# with expert parallelism (FSDP, all-to-all, the step's statistics) and being
-# interrupted (checkpoint written in the background). Whole packages under
-# -race took over ten minutes (trainer alone). On 2026-11-27 these ran clean
-# beside the whole of tensor/cpu, fileio, trainer/data, trainer/ckpt and
-# trainer/model, ten multi-rank trainer tests (every parallelism's
-# equivalence, resume, overlap, a failed weights write), and the cudaemu
-# tests of cuda, trainer/gpu and the CLI's GPU runs.
-race: ## go test -race over the concurrent parts (part of make test)
+# The race detector over what runs concurrently: the collectives and the CPU
+# kernels' core sharing (which make test runs too), and in-process ranks
+# training with expert parallelism (FSDP, all-to-all, the step's statistics)
+# and being interrupted (checkpoint written in the background), which needs the
+# trainer and everything under it built for -race: about a minute from a cold
+# cache, so make test leaves it out. Whole packages under -race took over ten
+# minutes (trainer alone). On 2026-11-27 these ran clean beside the whole of
+# tensor/cpu, fileio, trainer/data, trainer/ckpt and trainer/model, ten
+# multi-rank trainer tests (every parallelism's equivalence, resume, overlap,
+# a failed weights write), and the cudaemu tests of cuda, trainer/gpu and the
+# CLI's GPU runs.
+race: race-quick ## go test -race over the concurrent parts: collectives, kernels' core sharing, in-process ranks
+	$(GO) test -race -count=1 -run 'TestExpertParallelEquivalence|TestInterruptWritesOutputs' ./trainer
+race-quick: ## go test -race over the collectives and the kernels' core sharing (part of make test)
 	$(GO) test -race -count=1 ./parallel/comm ./parallel/collective
 	$(GO) test -race -count=1 -run 'SameOnAnyCores|ShareCores' ./tensor/cpu
-	$(GO) test -race -count=1 -run 'TestExpertParallelEquivalence|TestInterruptWritesOutputs' ./trainer
 
 vet: ## go vet
 	$(GO) vet ./...
