@@ -28,7 +28,9 @@ func (a *app) dataCmd() *cobra.Command {
 distinct characters of the text; gpt2: GPT-2's byte-pair encoding, vocabulary
 50257, model.vocab_size must be at least that), holds out the last --val-fraction of the tokens
 for validation, and writes DIR/train.tok, DIR/val.tok and DIR/tokenizer.json. Point
-data.path at DIR to train on it.`,
+data.path at DIR to train on it. gpt2 encodes on every core, a piece of about a
+MiB at a time, and on a terminal shows the text done, its rate and the time
+left.`,
 		Example: `  shardline data prepare --tokenizer char -o data/shakespeare input.txt`,
 		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {

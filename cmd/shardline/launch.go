@@ -34,7 +34,9 @@ func (a *app) launchCmd() *cobra.Command {
 		Long: `Launch starts N processes of "shardline run RECIPE [run flags]" on this node, each
 with RANK, WORLD_SIZE (N × nodes), LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT and SHARDLINE_JOB_TOKEN set; they join over TCP at rank 0's rendezvous.
-Rank 0 writes the run directory; every rank logs with its rank. With --device
+Rank 0 writes the run directory; every rank logs with its rank. On a terminal
+the ranks log in the console format and rank 0 draws the progress bar, as run
+does. With --device
 cuda each rank trains on the GPU of its LOCAL_RANK (modulo the GPUs visible),
 its collectives over NCCL.
 
