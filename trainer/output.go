@@ -463,15 +463,18 @@ type finishedRun struct {
 	weights [][]float32
 }
 
-// RunDirFix is the fix an error about a directory that is not a run's gives.
-const RunDirFix = "give the directory shardline run printed (run.output_dir/run.name, e.g. runs/tiny), which holds resolved.toml, run.json and weights.bin"
+// NotRunDir is the error for dir, which is not a run directory because of
+// why, with the fix: the directory shardline run printed.
+func NotRunDir(dir string, why error) error {
+	return fmt.Errorf("%s is not a run directory: %w; give the directory shardline run printed (run.output_dir/run.name, e.g. runs/tiny), which holds resolved.toml, run.json and weights.bin", dir, why)
+}
 
 // loadRun reads a run directory (resolved.toml, checked against run.json's
 // fingerprint; tokenizer.json; weights.bin).
 func loadRun(dir string) (*finishedRun, error) {
 	res, diags := config.Load(filepath.Join(dir, "resolved.toml"), config.Options{})
 	if diags.HasErrors() || res == nil {
-		return nil, fmt.Errorf("%s is not a run directory: %v; %s", dir, diags.Err(), RunDirFix)
+		return nil, NotRunDir(dir, diags.Err())
 	}
 	r := &res.Recipe
 	// run.json holds the resolved recipe's fingerprint: a resolved.toml that changed
@@ -586,7 +589,7 @@ func checkRecipeFingerprint(dir string, r *config.Recipe) error {
 	path := filepath.Join(dir, "run.json")
 	b, err := fileio.ReadRegular(path, maxRunJSON)
 	if err != nil {
-		return fmt.Errorf("%s is not a run directory: %w; %s", dir, err, RunDirFix)
+		return NotRunDir(dir, err)
 	}
 	var info runInfo
 	if err := json.Unmarshal(b, &info); err != nil {

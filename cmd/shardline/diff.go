@@ -38,12 +38,12 @@ func readRun(dir string) (*runSummary, error) {
 	s := &runSummary{dir: dir, from: map[string]string{}}
 	res, diags := config.Load(filepath.Join(dir, "resolved.toml"), config.Options{})
 	if res == nil || diags.HasErrors() {
-		return nil, fmt.Errorf("%s is not a run directory: %v; %s", dir, diags.Err(), trainer.RunDirFix)
+		return nil, trainer.NotRunDir(dir, diags.Err())
 	}
 	s.recipe = res
 	b, err := fileio.ReadRegular(filepath.Join(dir, "run.json"), 1<<20)
 	if err != nil {
-		return nil, fmt.Errorf("%s is not a run directory: %w; %s", dir, err, trainer.RunDirFix)
+		return nil, trainer.NotRunDir(dir, err)
 	}
 	if err := json.Unmarshal(b, &s.info); err != nil {
 		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, "run.json"), err)

@@ -37,7 +37,8 @@ func (GPT2) Encode(text []byte) ([]int32, error) {
 }
 
 // encodeGPT2 is Encode, calling progress (when not nil) with the bytes
-// encoded so far as pieces finish, in order, and once at the end.
+// encoded so far each time the next piece in order is done, the last call
+// with the text's length.
 func encodeGPT2(text []byte, progress func(done int)) ([]int32, error) {
 	if !utf8.Valid(text) {
 		at := 0
