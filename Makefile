@@ -6,7 +6,7 @@ GO ?= go
 export GOPROXY := $(shell $(GO) env GOPROXY 2>/dev/null | cut -d, -f1)
 BIN := bin/shardline
 
-.PHONY: help build test race race-quick vet bench bench-deps torch-deps fuzz sarif-schema docs golden clean cuda cuda-deps cuda-check cuda-test gpu-bundle ptx bench-gpu emu-deps emu-sources
+.PHONY: help build test race race-quick vet bench bench-deps torch-deps fuzz sarif-schema docs golden clean cuda cuda-deps cuda-check cuda-test gpu-bundle ptx bench-gpu emu-deps emu-sources traffic
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -20,6 +20,7 @@ test: ci-deps sarif-schema torch-deps cuda-check emu-deps ## vet, run every test
 	$(MAKE) --no-print-directory race-quick
 	$(GO) vet -tags cudaemu ./cuda ./trainer/gpu ./cmd/shardline
 	SHARDLINE_REQUIRE_EMU=1 SHARDLINE_EMU_DEVICES=4 $(GO) test -count=1 -tags cudaemu ./cuda ./trainer/gpu
+	SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 -tags cudaemu -run 'TestStepTrafficOnGPU' ./trainer
 	SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 -tags cudaemu -run 'TestEngineSharesOneGPU|TestGPUCheckpointResumes|TestRanksOnTheirGPUs|TestLaunchOnGPUs|TestGPUTraceShowsOverlap|TestUserBuffersNeedNCCL|TestLostRankEndsGPURun|TestRanksOnGPUsResume' ./cmd/shardline
 	$(MAKE) --no-print-directory fuzz FUZZTIME=8s
 
@@ -39,6 +40,9 @@ race: race-quick ## go test -race over the concurrent parts: collectives, kernel
 race-quick: ## go test -race over the collectives and the kernels' core sharing (part of make test)
 	$(GO) test -race -count=1 ./parallel/comm ./parallel/collective
 	$(GO) test -race -count=1 -run 'SameOnAnyCores|ShareCores' ./tensor/cpu
+
+traffic: emu-deps ## count one 134M training step's kernels and bytes on the emulator: the engine against trainer/gpu (docs/cuda.md)
+	SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 -tags cudaemu -run 'TestStepTraffic' -v ./trainer/gpu ./trainer | grep -v '^=== RUN'
 
 vet: ## go vet
 	$(GO) vet ./...

@@ -33,6 +33,8 @@ type Device struct {
 	uuid [16]byte
 	// tid is the OS thread the device's goroutine is locked to (run compares it).
 	tid int
+	// tr counts what the device's operations move, when asked (traffic.go).
+	tr traffic
 }
 
 // Info describes the device and the libraries found, for run.json and logs.
@@ -162,9 +164,12 @@ func flag(v bool) arg {
 }
 
 // launch runs kernel name on the stream with grid (gx, gy), block threads and the
-// arguments in order; a failure is kept as the sticky error.
+// arguments in order; a failure is kept as the sticky error. The buffers among
+// the arguments are passed through rd, wr, rw or acc, which count their bytes
+// toward this launch when traffic is counted (traffic.go).
 func (d *Device) launch(name string, gx, gy, threads int, args ...arg) {
-	if d.err != nil {
+	d.counted(name, 0, 0)
+	if d.err != nil || d.tr.dry {
 		return
 	}
 	d.fail("launching "+name, d.launchRaw(name, gx, gy, threads, args))

@@ -205,7 +205,7 @@ func (k *kernels) Embedding(out, tokens, wte tensor.Buffer, s tensor.EmbeddingSh
 	o := k.ops("Embedding")
 	y, t, w := o.f(out, s.BT*s.C), o.i(tokens, s.BT), o.w(wte, s.N*s.C)
 	if o.ok() {
-		k.d.launch("embedding_range"+suffix(w.DType), k.d.grid(s.BT*s.C), 1, threads, ptr(y), ptr(t), ptr(w), i32(s.BT), i32(s.C), i32(s.Lo), i32(s.N))
+		k.d.launch("embedding_range"+suffix(w.DType), k.d.grid(s.BT*s.C), 1, threads, k.d.wr(y), k.d.rd(t), k.d.rd(w), i32(s.BT), i32(s.C), i32(s.Lo), i32(s.N))
 	}
 }
 
@@ -217,7 +217,7 @@ func (k *kernels) EmbeddingBackward(dwte, dout, tokens tensor.Buffer, s tensor.E
 	o := k.ops("EmbeddingBackward")
 	dw, dy, t := o.f(dwte, s.N*s.C), o.f(dout, s.BT*s.C), o.i(tokens, s.BT)
 	if o.ok() && s.BT > 0 {
-		k.d.launch("embedding_backward_classes", (s.C+127)/128, min(embeddingClasses, max(s.N, 1)), 128, ptr(dw), ptr(dy), ptr(t), i32(s.BT), i32(s.C), i32(s.Lo), i32(s.N))
+		k.d.launch("embedding_backward_classes", (s.C+127)/128, min(embeddingClasses, max(s.N, 1)), 128, k.d.rw(dw), k.d.rd(dy), k.d.rd(t), i32(s.BT), i32(s.C), i32(s.Lo), i32(s.N))
 	}
 }
 
@@ -298,7 +298,7 @@ func (k *kernels) MergeAttention(out, lse, outB, lseB tensor.Buffer, s tensor.At
 	qs, _, l := o.attention(s, []tensor.Buffer{out, outB}, nil, []tensor.Buffer{lse, lseB})
 	if o.ok() {
 		rows := s.B * s.NH * s.Tq
-		k.d.launch("merge_attention", k.d.grid(rows), 1, threads, ptr(qs[0]), ptr(l[0]), ptr(qs[1]), ptr(l[1]), i32(s.B), i32(s.Tq), i32(s.NH), i32(s.HD))
+		k.d.launch("merge_attention", k.d.grid(rows), 1, threads, k.d.rw(qs[0]), k.d.rw(l[0]), k.d.rd(qs[1]), k.d.rd(l[1]), i32(s.B), i32(s.Tq), i32(s.NH), i32(s.HD))
 	}
 }
 
@@ -324,7 +324,7 @@ func (k *kernels) CrossEntropy(losses, probs, logits, targets tensor.Buffer, s t
 	if o.ok() {
 		lse := k.d.scratch(scratchLSE, s.BT)
 		k.d.CrossEntropy(l, lse, z, t, s.BT, s.V)
-		k.d.launch("softmax_from_lse", k.d.grid(s.BT*s.V), 1, threads, ptr(p), ptr(z), ptr(lse), i32(s.BT), i32(s.V))
+		k.d.launch("softmax_from_lse", k.d.grid(s.BT*s.V), 1, threads, k.d.wr(p), k.d.rd(z), k.d.rd(lse), i32(s.BT), i32(s.V))
 	}
 }
 
@@ -332,7 +332,7 @@ func (k *kernels) CrossEntropyParts(lse, tlogit, logits, targets tensor.Buffer, 
 	o := k.ops("CrossEntropyParts")
 	l, tl, z, t := o.f(lse, s.BT), o.f(tlogit, s.BT), o.f(logits, s.BT*s.V), o.i(targets, s.BT)
 	if o.ok() && s.BT > 0 {
-		k.d.launch("ce_parts", s.BT, 1, threads, ptr(l), ptr(tl), ptr(z), ptr(t), i32(s.V), i32(s.Lo))
+		k.d.launch("ce_parts", s.BT, 1, threads, k.d.wr(l), k.d.wr(tl), k.d.rd(z), k.d.rd(t), i32(s.V), i32(s.Lo))
 	}
 }
 
@@ -341,7 +341,7 @@ func (k *kernels) CrossEntropyCombine(losses, probs, logits, lseAll, tlogit, tar
 	l, p, z := o.f(losses, s.BT), o.f(probs, s.BT*s.V), o.f(logits, s.BT*s.V)
 	la, tl, t := o.f(lseAll, s.Parts*s.BT), o.f(tlogit, s.BT), o.i(targets, s.BT)
 	if o.ok() && s.BT > 0 {
-		k.d.launch("ce_combine", s.BT, 1, threads, ptr(l), ptr(p), ptr(z), ptr(la), ptr(tl), ptr(t), i32(s.BT), i32(s.V), i32(s.Parts))
+		k.d.launch("ce_combine", s.BT, 1, threads, k.d.wr(l), k.d.wr(p), k.d.rd(z), k.d.rd(la), k.d.rd(tl), k.d.rd(t), i32(s.BT), i32(s.V), i32(s.Parts))
 	}
 }
 
@@ -349,7 +349,7 @@ func (k *kernels) CrossEntropyBackward(dlogits, dloss, probs, targets tensor.Buf
 	o := k.ops("CrossEntropyBackward")
 	dz, dl, p, t := o.f(dlogits, s.BT*s.V), o.f(dloss, s.BT), o.f(probs, s.BT*s.V), o.i(targets, s.BT)
 	if o.ok() {
-		k.d.launch("ce_backward_probs", k.d.grid(s.BT*s.V), 1, threads, ptr(dz), ptr(dl), ptr(p), ptr(t), i32(s.BT), i32(s.V), i32(s.Lo))
+		k.d.launch("ce_backward_probs", k.d.grid(s.BT*s.V), 1, threads, k.d.wr(dz), k.d.rd(dl), k.d.rd(p), k.d.rd(t), i32(s.BT), i32(s.V), i32(s.Lo))
 	}
 }
 
@@ -368,7 +368,7 @@ func (k *kernels) AddInto(dst, src tensor.Buffer, n int) {
 		return
 	}
 	if x.DType == BF16 {
-		k.d.launch("add_into_f32_bf16", k.d.grid(n), 1, threads, ptr(y), ptr(x), i64(n))
+		k.d.launch("add_into_f32_bf16", k.d.grid(n), 1, threads, k.d.rw(y), k.d.rd(x), i64(n))
 		return
 	}
 	k.d.AddInto(y, x)
@@ -426,7 +426,7 @@ func (k *kernels) RouterBackward(dlogits, dgates, dprobs, gates, probs tensor.Bu
 		dp = o.f(dprobs, s.BT*s.E)
 	}
 	if o.ok() {
-		k.d.launch("router_backward_add", k.d.grid(s.BT), 1, threads, ptr(dz), ptr(dg), ptr(dp), ptr(g), ptr(p), ptr(idx),
+		k.d.launch("router_backward_add", k.d.grid(s.BT), 1, threads, k.d.rw(dz), k.d.rd(dg), k.d.rd(dp), k.d.rd(g), k.d.rd(p), k.d.rd(idx),
 			i32(s.BT), i32(s.E), i32(s.K), flag(dp.N > 0))
 	}
 }
@@ -448,7 +448,7 @@ func (k *kernels) Dispatch(xperm, x tensor.Buffer, r tensor.Routing, s tensor.Mo
 	offsets := mr.Offsets
 	mr.Offsets = as(k.d.scratch(scratchPadOffsets, s.E+1), I32, s.E+1)
 	k.d.Dispatch(xp, mr, xs, s)
-	k.d.launch("moe_offsets", 1, 1, 32, ptr(offsets), ptr(mr.Counts), i32(s.E), i32(s.Capacity), flag(false))
+	k.d.launch("moe_offsets", 1, 1, 32, k.d.wr(offsets), k.d.rd(mr.Counts), i32(s.E), i32(s.Capacity), flag(false))
 }
 
 func (k *kernels) DispatchBackward(dx, dxperm tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
@@ -589,7 +589,7 @@ func (k *kernels) ExpertsSwiGLU(out, gate, up tensor.Buffer, offsets tensor.Buff
 	n := out.Len()
 	y, g, u, off := o.f(out, n), o.f(gate, n), o.f(up, n), o.i(offsets, offsets.Len())
 	if o.ok() && off.N > 0 {
-		k.d.launch("experts_swiglu", k.d.grid(n), 1, threads, ptr(y), ptr(g), ptr(u), ptr(off), i32(off.N-1), i32(width), i64(n))
+		k.d.launch("experts_swiglu", k.d.grid(n), 1, threads, k.d.wr(y), k.d.rd(g), k.d.rd(u), k.d.rd(off), i32(off.N-1), i32(width), i64(n))
 	}
 }
 
@@ -598,7 +598,7 @@ func (k *kernels) ExpertsSwiGLUBackward(dgate, dup, dout, gate, up tensor.Buffer
 	n := dout.Len()
 	dg, du, dy, g, u, off := o.f(dgate, n), o.f(dup, n), o.f(dout, n), o.f(gate, n), o.f(up, n), o.i(offsets, offsets.Len())
 	if o.ok() && off.N > 0 {
-		k.d.launch("experts_swiglu_backward", k.d.grid(n), 1, threads, ptr(dg), ptr(du), ptr(dy), ptr(g), ptr(u), ptr(off), i32(off.N-1), i32(width), i64(n), flag(accumulate))
+		k.d.launch("experts_swiglu_backward", k.d.grid(n), 1, threads, k.d.acc(dg, accumulate), k.d.acc(du, accumulate), k.d.rd(dy), k.d.rd(g), k.d.rd(u), k.d.rd(off), i32(off.N-1), i32(width), i64(n), flag(accumulate))
 	}
 }
 
@@ -606,7 +606,7 @@ func (k *kernels) RouterStats(stats, probs tensor.Buffer, r tensor.Routing, s te
 	o := k.ops("RouterStats")
 	st, p, off := o.f(stats, 2*s.E), o.f(probs, s.BT*s.E), o.i(r.Offsets, s.E+1)
 	if o.ok() {
-		k.d.launch("router_stats", k.d.grid(s.E), 1, threads, ptr(st), ptr(p), ptr(off), i32(s.BT), i32(s.E))
+		k.d.launch("router_stats", k.d.grid(s.E), 1, threads, k.d.wr(st), k.d.rd(p), k.d.rd(off), i32(s.BT), i32(s.E))
 	}
 }
 
@@ -614,7 +614,7 @@ func (k *kernels) AuxLoss(dst, stats tensor.Buffer, r tensor.Routing, s tensor.M
 	o := k.ops("AuxLoss")
 	d, st, off := o.st(dst, 2), o.f(stats, 2*s.E), o.i(r.Offsets, s.E+1)
 	if o.ok() {
-		k.d.launch("aux_loss", 1, 1, 1, ptr(d), ptr(st), ptr(off), i32(s.BT), i32(s.E), i32(s.K), f64(float64(tokens)), flag(accumulate))
+		k.d.launch("aux_loss", 1, 1, 1, k.d.acc(d, accumulate), k.d.rd(st), k.d.rd(off), i32(s.BT), i32(s.E), i32(s.K), f64(float64(tokens)), flag(accumulate))
 	}
 }
 
@@ -622,7 +622,7 @@ func (k *kernels) AuxLossBackward(dprobs, stats tensor.Buffer, s tensor.MoEShape
 	o := k.ops("AuxLossBackward")
 	dp, st := o.f(dprobs, s.BT*s.E), o.f(stats, 2*s.E)
 	if o.ok() {
-		k.d.launch("aux_loss_backward", k.d.grid(s.BT*s.E), 1, threads, ptr(dp), ptr(st), i32(s.BT), i32(s.E), i32(s.K), f64(float64(tokens)), f64(coeff))
+		k.d.launch("aux_loss_backward", k.d.grid(s.BT*s.E), 1, threads, k.d.wr(dp), k.d.rd(st), i32(s.BT), i32(s.E), i32(s.K), f64(float64(tokens)), f64(coeff))
 	}
 }
 
@@ -631,7 +631,7 @@ func (k *kernels) LossSum(dst, losses, targets tensor.Buffer, accumulate bool) {
 	d, l := o.st(dst, 1), o.f(losses, losses.Len())
 	t := o.i(targets, l.N)
 	if o.ok() {
-		k.d.launch("loss_sum", 1, 1, 1024, ptr(d), ptr(l), ptr(t), i32(l.N), flag(accumulate))
+		k.d.launch("loss_sum", 1, 1, 1024, k.d.acc(d, accumulate), k.d.rd(l), k.d.rd(t), i32(l.N), flag(accumulate))
 	}
 }
 
@@ -642,14 +642,14 @@ func (k *kernels) SumSquares(dst, x tensor.Buffer, accumulate bool) {
 		return
 	}
 	part := as(k.d.scratch(scratchSum64, 2*sumSqBlocks), F64, sumSqBlocks)
-	k.d.launch("sumsq64_partial"+suffix(xs.DType), sumSqBlocks, 1, threads, ptr(part), ptr(xs), i64(xs.N))
-	k.d.launch("sum64_finish", 1, 1, 1024, ptr(d), ptr(part), i32(sumSqBlocks), flag(accumulate))
+	k.d.launch("sumsq64_partial"+suffix(xs.DType), sumSqBlocks, 1, threads, k.d.wr(part), k.d.rd(xs), i64(xs.N))
+	k.d.launch("sum64_finish", 1, 1, 1024, k.d.acc(d, accumulate), k.d.rd(part), i32(sumSqBlocks), flag(accumulate))
 }
 
 func (k *kernels) CloseStep(stats tensor.Buffer, maxNorm float64) {
 	o := k.ops("CloseStep")
 	if st := o.st(stats, tensor.NumStats); o.ok() {
-		k.d.launch("close_step", 1, 1, 1, ptr(st), f64(maxNorm))
+		k.d.launch("close_step", 1, 1, 1, k.d.rw(st), f64(maxNorm))
 	}
 }
 
@@ -660,7 +660,7 @@ func (k *kernels) Axpy(dst, src tensor.Buffer, a float64) {
 		o.failf("%d values into %d", src.Len(), dst.Len())
 	}
 	if s := o.st(src, d.N); o.ok() {
-		k.d.launch("axpy64", k.d.grid(d.N), 1, threads, ptr(d), ptr(s), f64(a), i64(d.N))
+		k.d.launch("axpy64", k.d.grid(d.N), 1, threads, k.d.rw(d), k.d.rd(s), f64(a), i64(d.N))
 	}
 }
 
@@ -668,7 +668,7 @@ func (k *kernels) Scale(x, stats tensor.Buffer) {
 	o := k.ops("Scale")
 	xs, st := o.f(x, x.Len()), o.st(stats, tensor.NumStats)
 	if o.ok() {
-		k.d.launch("scale_by_stats", k.d.grid(xs.N), 1, threads, ptr(xs), ptr(st), i64(xs.N))
+		k.d.launch("scale_by_stats", k.d.grid(xs.N), 1, threads, k.d.rw(xs), k.d.rd(st), i64(xs.N))
 	}
 }
 
@@ -677,8 +677,8 @@ func (k *kernels) AdamW(params, grads, m, v tensor.Buffer, lr, beta1, beta2, eps
 	p := o.f(params, params.Len())
 	g, ms, vs, st := o.f(grads, p.N), o.f(m, p.N), o.f(v, p.N), o.st(stats, tensor.NumStats)
 	if o.ok() {
-		k.d.launch("adamw_stats", k.d.grid(p.N), 1, threads, ptr(p), ptr(g), ptr(ms), ptr(vs), i64(p.N),
-			f32(lr), f32(beta1), f32(beta2), f32(eps), f32(wd), ptr(st))
+		k.d.launch("adamw_stats", k.d.grid(p.N), 1, threads, k.d.rw(p), k.d.rd(g), k.d.rw(ms), k.d.rw(vs), i64(p.N),
+			f32(lr), f32(beta1), f32(beta2), f32(eps), f32(wd), k.d.rd(st))
 	}
 }
 
@@ -687,7 +687,7 @@ func (k *kernels) SGD(params, grads, buf tensor.Buffer, lr, momentum, wd float64
 	p := o.f(params, params.Len())
 	g, b, st := o.f(grads, p.N), o.f(buf, p.N), o.st(stats, tensor.NumStats)
 	if o.ok() {
-		k.d.launch("sgd_stats", k.d.grid(p.N), 1, threads, ptr(p), ptr(g), ptr(b), i64(p.N), f32(lr), f32(momentum), f32(wd), ptr(st))
+		k.d.launch("sgd_stats", k.d.grid(p.N), 1, threads, k.d.rw(p), k.d.rd(g), k.d.rw(b), i64(p.N), f32(lr), f32(momentum), f32(wd), k.d.rd(st))
 	}
 }
 

@@ -113,7 +113,7 @@ func (d *Device) Cast(dst, src Buffer) {
 		d.fail("cast", fmt.Errorf("%s into %s: no conversion", src.DType, dst.DType))
 		return
 	}
-	d.launch(name, d.grid(src.N), 1, threads, ptr(dst), ptr(src), i64(src.N))
+	d.launch(name, d.grid(src.N), 1, threads, d.wr(dst), d.rd(src), i64(src.N))
 }
 
 // castKernels names the conversion kernel of each (source, destination) pair.
@@ -126,28 +126,28 @@ var castKernels = map[[2]DType]string{
 // Add: out = a + b.
 func (d *Device) Add(out, a, b Buffer) {
 	if d.same("add", out, a, b) {
-		d.launch("add"+suffix(out.DType), d.grid(out.N), 1, threads, ptr(out), ptr(a), ptr(b), i64(out.N))
+		d.launch("add"+suffix(out.DType), d.grid(out.N), 1, threads, d.wr(out), d.rd(a), d.rd(b), i64(out.N))
 	}
 }
 
 // AddInto: dst += src.
 func (d *Device) AddInto(dst, src Buffer) {
 	if d.same("add_into", dst, src) {
-		d.launch("add_into"+suffix(dst.DType), d.grid(dst.N), 1, threads, ptr(dst), ptr(src), i64(dst.N))
+		d.launch("add_into"+suffix(dst.DType), d.grid(dst.N), 1, threads, d.rw(dst), d.rd(src), i64(dst.N))
 	}
 }
 
 // ScaleBy multiplies x by the fp32 value f[0] held on the device.
 func (d *Device) ScaleBy(x, f Buffer) {
 	if d.need("scale_by", f, F32, 1) {
-		d.launch("scale_by"+suffix(x.DType), d.grid(x.N), 1, threads, ptr(x), ptr(f), i64(x.N))
+		d.launch("scale_by"+suffix(x.DType), d.grid(x.N), 1, threads, d.rw(x), d.rd(f), i64(x.N))
 	}
 }
 
 // Embedding: out (BT,C) = wte[tokens] (tokens: BT int32).
 func (d *Device) Embedding(out, tokens, wte Buffer, BT, C int) {
 	if d.same("embedding", out, wte) && d.need("embedding", tokens, I32, BT) {
-		d.launch("embedding"+suffix(out.DType), d.grid(BT*C), 1, threads, ptr(out), ptr(tokens), ptr(wte), i32(BT), i32(C))
+		d.launch("embedding"+suffix(out.DType), d.grid(BT*C), 1, threads, d.wr(out), d.rd(tokens), d.rd(wte), i32(BT), i32(C))
 	}
 }
 
@@ -192,14 +192,14 @@ func (d *Device) EmbeddingBackward(dwte, dout Buffer, rows EmbeddingRows, C int)
 		return
 	}
 	if d.need("embedding backward", rows.Seg, I32, rows.U+1) && d.need("embedding backward", rows.Tok, I32, rows.U) && dwte.DType == F32 {
-		d.launch("embedding_backward"+suffix(dout.DType), (C+threads-1)/threads, rows.U, threads, ptr(dwte), ptr(dout), ptr(rows.Order), ptr(rows.Seg), ptr(rows.Tok), i32(C))
+		d.launch("embedding_backward"+suffix(dout.DType), (C+threads-1)/threads, rows.U, threads, d.rw(dwte), d.rd(dout), d.rd(rows.Order), d.rd(rows.Seg), d.rd(rows.Tok), i32(C))
 	}
 }
 
 // RMSNorm: out = inp·rstd·weight per row of C; rstd (rows, fp32) is saved.
 func (d *Device) RMSNorm(out, rstd, inp, weight Buffer, rows, C int, eps float64) {
 	if d.same("rmsnorm", out, inp, weight) && d.need("rmsnorm", rstd, F32, rows) {
-		d.launch("rmsnorm"+suffix(out.DType), warpRows(rows), 1, threads, ptr(out), ptr(rstd), ptr(inp), ptr(weight), i32(rows), i32(C), f32(eps))
+		d.launch("rmsnorm"+suffix(out.DType), warpRows(rows), 1, threads, d.wr(out), d.wr(rstd), d.rd(inp), d.rd(weight), i32(rows), i32(C), f32(eps))
 	}
 }
 
@@ -219,11 +219,11 @@ func (d *Device) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd Buffer, 
 		return
 	}
 	s := suffix(dinp.DType)
-	d.launch("rmsnorm_backward"+s, warpRows(rows), 1, threads, ptr(dinp), ptr(dout), ptr(inp), ptr(weight), ptr(rstd), i32(rows), i32(C), flag(accumulate))
+	d.launch("rmsnorm_backward"+s, warpRows(rows), 1, threads, d.acc(dinp, accumulate), d.rd(dout), d.rd(inp), d.rd(weight), d.rd(rstd), i32(rows), i32(C), flag(accumulate))
 	nb := (rows + rmsRowsPerBlock - 1) / rmsRowsPerBlock
 	part := d.scratch(scratchPartial, nb*C)
-	d.launch("rmsnorm_dweight_partial"+s, (C+threads-1)/threads, nb, threads, ptr(part), ptr(dout), ptr(inp), ptr(rstd), i32(rows), i32(C))
-	d.launch("sum_partials", (C+threads-1)/threads, 1, threads, ptr(dweight), ptr(part), i32(nb), i32(C))
+	d.launch("rmsnorm_dweight_partial"+s, (C+threads-1)/threads, nb, threads, d.wr(part), d.rd(dout), d.rd(inp), d.rd(rstd), i32(rows), i32(C))
+	d.launch("sum_partials", (C+threads-1)/threads, 1, threads, d.rw(dweight), d.rd(part), i32(nb), i32(C))
 }
 
 // RopeTables uploads cos and sin tables (T, len(inv), fp32) for rotary
@@ -249,20 +249,20 @@ func (d *Device) Rope(x, cos, sin Buffer, s RopeShape, backward bool) {
 		dir = -1
 	}
 	n := s.B * s.T * s.NH * s.HD / 2
-	d.launch("rope"+suffix(x.DType), d.grid(n), 1, threads, ptr(x), ptr(cos), ptr(sin), i32(s.B), i32(s.T), i32(s.NH), i32(s.HD), f32(dir))
+	d.launch("rope"+suffix(x.DType), d.grid(n), 1, threads, d.rw(x), d.rd(cos), d.rd(sin), i32(s.B), i32(s.T), i32(s.NH), i32(s.HD), f32(dir))
 }
 
 // SwiGLU: out = silu(gate)·up.
 func (d *Device) SwiGLU(out, gate, up Buffer) {
 	if d.same("swiglu", out, gate, up) {
-		d.launch("swiglu"+suffix(out.DType), d.grid(out.N), 1, threads, ptr(out), ptr(gate), ptr(up), i64(out.N))
+		d.launch("swiglu"+suffix(out.DType), d.grid(out.N), 1, threads, d.wr(out), d.rd(gate), d.rd(up), i64(out.N))
 	}
 }
 
 // SwiGLUBackward: dgate, dup from dout (overwritten, or added to when accumulate).
 func (d *Device) SwiGLUBackward(dgate, dup, dout, gate, up Buffer, accumulate bool) {
 	if d.same("swiglu backward", dgate, dup, dout, gate, up) {
-		d.launch("swiglu_backward"+suffix(dgate.DType), d.grid(dout.N), 1, threads, ptr(dgate), ptr(dup), ptr(dout), ptr(gate), ptr(up), i64(dout.N), flag(accumulate))
+		d.launch("swiglu_backward"+suffix(dgate.DType), d.grid(dout.N), 1, threads, d.acc(dgate, accumulate), d.acc(dup, accumulate), d.rd(dout), d.rd(gate), d.rd(up), i64(dout.N), flag(accumulate))
 	}
 }
 
@@ -270,7 +270,7 @@ func (d *Device) SwiGLUBackward(dgate, dup, dout, gate, up Buffer, accumulate bo
 // 0) and lse (BT, fp32), the log-sum-exp backward recomputes probabilities from.
 func (d *Device) CrossEntropy(losses, lse, logits, targets Buffer, BT, V int) {
 	if d.need("cross-entropy", losses, F32, BT) && d.need("cross-entropy", lse, F32, BT) && d.need("cross-entropy", targets, I32, BT) {
-		d.launch("cross_entropy"+suffix(logits.DType), BT, 1, 1024, ptr(losses), ptr(lse), ptr(logits), ptr(targets), i32(V))
+		d.launch("cross_entropy"+suffix(logits.DType), BT, 1, 1024, d.wr(losses), d.wr(lse), d.rd(logits), d.rd(targets), i32(V))
 	}
 }
 
@@ -278,7 +278,7 @@ func (d *Device) CrossEntropy(losses, lse, logits, targets Buffer, BT, V int) {
 // overwritten or added to when accumulate.
 func (d *Device) CrossEntropyBackward(dlogits, dloss, lse, logits, targets Buffer, BT, V int, accumulate bool) {
 	if d.same("cross-entropy backward", dlogits, logits) {
-		d.launch("cross_entropy_backward"+suffix(logits.DType), BT, 1, 1024, ptr(dlogits), ptr(dloss), ptr(lse), ptr(logits), ptr(targets), i32(V), flag(accumulate))
+		d.launch("cross_entropy_backward"+suffix(logits.DType), BT, 1, 1024, d.acc(dlogits, accumulate), d.rd(dloss), d.rd(lse), d.rd(logits), d.rd(targets), i32(V), flag(accumulate))
 	}
 }
 
@@ -318,9 +318,9 @@ func (d *Device) HeadCrossEntropy(losses, lse, x, w, targets Buffer, s HeadShape
 		vc := min(s.Chunk, s.V-v0)
 		L := sc.Logits.Slice(0, s.BT*vc)
 		d.Matmul(L, x, w.Slice(v0*s.C, (v0+vc)*s.C), MatmulShape{BT: s.BT, C: s.C, OC: vc}, false)
-		d.launch("ce_chunk_fwd", s.BT, 1, 256, ptr(sc.M), ptr(sc.S), ptr(sc.Z), ptr(L), ptr(targets), i32(v0), i32(vc))
+		d.launch("ce_chunk_fwd", s.BT, 1, 256, d.rw(sc.M.Slice(0, s.BT)), d.rw(sc.S.Slice(0, s.BT)), d.rw(sc.Z.Slice(0, s.BT)), d.rd(L), d.rd(targets), i32(v0), i32(vc))
 	}
-	d.launch("ce_finish", d.grid(s.BT), 1, threads, ptr(losses), ptr(lse), ptr(sc.M), ptr(sc.S), ptr(sc.Z), ptr(targets), i32(s.BT))
+	d.launch("ce_finish", d.grid(s.BT), 1, threads, d.wr(losses), d.wr(lse), d.rd(sc.M.Slice(0, s.BT)), d.rd(sc.S.Slice(0, s.BT)), d.rd(sc.Z.Slice(0, s.BT)), d.rd(targets), i32(s.BT))
 }
 
 // HeadCrossEntropyBackward: with dloss (BT, fp32) per row, dx (BT,C) = Σ_chunks
@@ -336,7 +336,7 @@ func (d *Device) HeadCrossEntropyBackward(dx, dw, x, w, targets, dloss, lse Buff
 		L, dL := sc.Logits.Slice(0, s.BT*vc), sc.DLogits.Slice(0, s.BT*vc)
 		wc := w.Slice(v0*s.C, (v0+vc)*s.C)
 		d.Matmul(L, x, wc, MatmulShape{BT: s.BT, C: s.C, OC: vc}, false)
-		d.launch("ce_chunk_bwd"+suffix(x.DType), d.grid(s.BT*vc), 1, threads, ptr(dL), ptr(L), ptr(lse), ptr(targets), ptr(dloss), i32(v0), i32(vc), i32(s.BT))
+		d.launch("ce_chunk_bwd"+suffix(x.DType), d.grid(s.BT*vc), 1, threads, d.wr(dL), d.rd(L), d.rd(lse), d.rd(targets), d.rd(dloss), i32(v0), i32(vc), i32(s.BT))
 		d.MatmulBackward(dx, dw.Slice(v0*s.C, (v0+vc)*s.C), dL, x, wc, MatmulShape{BT: s.BT, C: s.C, OC: vc}, accumulate || v0 > 0)
 	}
 }
@@ -369,7 +369,7 @@ func (d *Device) moeCheck(what string, r MoERouting, s MoEShape) bool {
 // index), gates the softmax of the selected logits.
 func (d *Device) Router(r MoERouting, logits Buffer, s MoEShape) {
 	if d.moeCheck("router", r, s) {
-		d.launch("moe_router"+suffix(logits.DType), (s.BT+3)/4, 1, 128, ptr(r.Probs), ptr(r.Idx), ptr(r.Gates), ptr(logits), i32(s.BT), i32(s.E), i32(s.K))
+		d.launch("moe_router"+suffix(logits.DType), (s.BT+3)/4, 1, 128, d.wr(r.Probs), d.wr(r.Idx), d.wr(r.Gates), d.rd(logits), i32(s.BT), i32(s.E), i32(s.K))
 	}
 }
 
@@ -382,27 +382,27 @@ func (d *Device) Dispatch(xperm Buffer, r MoERouting, x Buffer, s MoEShape) {
 		return
 	}
 	n := s.BT * s.K
-	d.launch("moe_rank", s.E, 1, 1024, ptr(r.Rank), ptr(r.Counts), ptr(r.Idx), i32(n), i32(s.Capacity))
-	d.launch("moe_offsets", 1, 1, 32, ptr(r.Offsets), ptr(r.Counts), i32(s.E), i32(s.Capacity), flag(s.Padded))
-	d.launch("moe_place", d.grid(n), 1, threads, ptr(r.Row), ptr(r.Tok), ptr(r.Rank), ptr(r.Idx), ptr(r.Offsets), i32(n), i32(s.K), i32(s.Capacity))
+	d.launch("moe_rank", s.E, 1, 1024, d.wr(r.Rank), d.wr(r.Counts), d.rd(r.Idx), i32(n), i32(s.Capacity))
+	d.launch("moe_offsets", 1, 1, 32, d.wr(r.Offsets), d.rd(r.Counts), i32(s.E), i32(s.Capacity), flag(s.Padded))
+	d.launch("moe_place", d.grid(n), 1, threads, d.wr(r.Row), d.wr(r.Tok), d.rd(r.Rank), d.rd(r.Idx), d.rd(r.Offsets), i32(n), i32(s.K), i32(s.Capacity))
 	if s.Padded {
 		d.Zero(xperm.Slice(0, s.Rows()*s.C))
 	}
-	d.launch("moe_gather"+suffix(x.DType), d.grid(n*s.C), 1, threads, ptr(xperm), ptr(x), ptr(r.Row), i32(n), i32(s.K), i32(s.C))
+	d.launch("moe_gather"+suffix(x.DType), d.grid(n*s.C), 1, threads, d.wr(xperm), d.rd(x), d.rd(r.Row), i32(n), i32(s.K), i32(s.C))
 }
 
 // DispatchBackward: dx (BT,C) = Σ over each token's kept copies of dxperm[row]
 // (added to dx when accumulate), per token in copy order.
 func (d *Device) DispatchBackward(dx, dxperm Buffer, r MoERouting, s MoEShape, accumulate bool) {
 	if d.moeCheck("dispatch backward", r, s) && d.same("dispatch backward", dx, dxperm) {
-		d.launch("moe_scatter_back"+suffix(dx.DType), d.grid(s.BT*s.C), 1, threads, ptr(dx), ptr(dxperm), ptr(r.Row), i32(s.BT), i32(s.K), i32(s.C), flag(accumulate))
+		d.launch("moe_scatter_back"+suffix(dx.DType), d.grid(s.BT*s.C), 1, threads, d.acc(dx, accumulate), d.rd(dxperm), d.rd(r.Row), i32(s.BT), i32(s.K), i32(s.C), flag(accumulate))
 	}
 }
 
 // Combine: out[t] += Σ_j gates[t,j]·y[row[t,j]] over kept copies.
 func (d *Device) Combine(out, y Buffer, r MoERouting, s MoEShape) {
 	if d.moeCheck("combine", r, s) && d.same("combine", out, y) {
-		d.launch("moe_combine"+suffix(out.DType), d.grid(s.BT*s.C), 1, threads, ptr(out), ptr(y), ptr(r.Gates), ptr(r.Row), i32(s.BT), i32(s.K), i32(s.C))
+		d.launch("moe_combine"+suffix(out.DType), d.grid(s.BT*s.C), 1, threads, d.rw(out), d.rd(y), d.rd(r.Gates), d.rd(r.Row), i32(s.BT), i32(s.K), i32(s.C))
 	}
 }
 
@@ -411,7 +411,7 @@ func (d *Device) Combine(out, y Buffer, r MoERouting, s MoEShape) {
 func (d *Device) CombineBackward(dy, dgates, dout, y Buffer, r MoERouting, s MoEShape) {
 	if d.moeCheck("combine backward", r, s) && d.same("combine backward", dy, dout, y) && d.need("combine backward", dgates, F32, s.BT*s.K) {
 		n := s.BT * s.K
-		d.launch("moe_combine_backward"+suffix(dy.DType), (n*32+threads-1)/threads, 1, threads, ptr(dy), ptr(dgates), ptr(dout), ptr(y), ptr(r.Gates), ptr(r.Row), i32(n), i32(s.K), i32(s.C))
+		d.launch("moe_combine_backward"+suffix(dy.DType), (n*32+threads-1)/threads, 1, threads, d.wr(dy), d.wr(dgates), d.rd(dout), d.rd(y), d.rd(r.Gates), d.rd(r.Row), i32(n), i32(s.K), i32(s.C))
 	}
 }
 
@@ -422,7 +422,7 @@ func (d *Device) CombineBackward(dy, dgates, dout, y Buffer, r MoERouting, s MoE
 // gradient RouterBackward passes through the probabilities.
 func (d *Device) AuxLoss(aux, daux Buffer, r MoERouting, s MoEShape, coeff float64, accumulate bool) {
 	if d.moeCheck("aux loss", r, s) && d.need("aux loss", aux, F32, 2) && (daux.N == 0 || d.need("aux loss", daux, F32, s.E)) {
-		d.launch("moe_aux", 1, 1, 1024, ptr(aux), ptr(daux), ptr(r.Probs), ptr(r.Counts), i32(s.BT), i32(s.E), i32(s.K), f32(coeff), flag(accumulate))
+		d.launch("moe_aux", 1, 1, 1024, d.acc(aux, accumulate), d.wr(daux), d.rd(r.Probs), d.rd(r.Counts), i32(s.BT), i32(s.E), i32(s.K), f32(coeff), flag(accumulate))
 	}
 }
 
@@ -431,7 +431,7 @@ func (d *Device) AuxLoss(aux, daux Buffer, r MoERouting, s MoEShape, coeff float
 // dprobs[t,e] = daux[e].
 func (d *Device) RouterBackward(dlogits, dgates, daux Buffer, r MoERouting, s MoEShape) {
 	if d.moeCheck("router backward", r, s) && d.need("router backward", dgates, F32, s.BT*s.K) {
-		d.launch("moe_router_backward"+suffix(dlogits.DType), (s.BT+3)/4, 1, 128, ptr(dlogits), ptr(dgates), ptr(daux), ptr(r.Gates), ptr(r.Probs), ptr(r.Idx), i32(s.BT), i32(s.E), i32(s.K))
+		d.launch("moe_router_backward"+suffix(dlogits.DType), (s.BT+3)/4, 1, 128, d.wr(dlogits), d.rd(dgates), d.rd(daux), d.rd(r.Gates), d.rd(r.Probs), d.rd(r.Idx), i32(s.BT), i32(s.E), i32(s.K))
 	}
 }
 
@@ -477,8 +477,8 @@ func (d *Device) HeadCrossEntropyTrain(losses, lse, dx, dw, x, w, targets, dloss
 		L, dL := sc.Logits.Slice(0, n*s.V), sc.DLogits.Slice(0, n*s.V)
 		xr := x.Slice(r0*s.C, (r0+n)*s.C)
 		d.Matmul(L, xr, w, MatmulShape{BT: n, C: s.C, OC: s.V}, false)
-		d.launch("ce_rows"+suffix(x.DType), n, 1, 1024, ptr(losses.Slice(r0, r0+n)), ptr(lse.Slice(r0, r0+n)), ptr(dL), ptr(L),
-			ptr(targets.Slice(r0, r0+n)), ptr(dloss.Slice(r0, r0+n)), i32(s.V))
+		d.launch("ce_rows"+suffix(x.DType), n, 1, 1024, d.wr(losses.Slice(r0, r0+n)), d.wr(lse.Slice(r0, r0+n)), d.wr(dL), d.rd(L),
+			d.rd(targets.Slice(r0, r0+n)), d.rd(dloss.Slice(r0, r0+n)), i32(s.V))
 		d.MatmulBackward(dx.Slice(r0*s.C, (r0+n)*s.C), dw, dL, xr, w, MatmulShape{BT: n, C: s.C, OC: s.V}, accumulate)
 	}
 }
@@ -496,7 +496,9 @@ func (d *Device) AdamW(params, compute, grads, m, v, gscale Buffer, c AdamWConfi
 	}
 	c1 := 1 / (1 - math.Pow(c.Beta1, float64(c.Step)))
 	c2 := 1 / (1 - math.Pow(c.Beta2, float64(c.Step)))
-	hyper := []arg{f32(c.LR), f32(c.Beta1), f32(c.Beta2), f32(c.Eps), f32(c.WeightDecay), f32(c1), f32(c2), ptr(gscale)}
+	hyper := func() []arg {
+		return []arg{f32(c.LR), f32(c.Beta1), f32(c.Beta2), f32(c.Eps), f32(c.WeightDecay), f32(c1), f32(c2), d.rd(gscale)}
+	}
 	// 16-byte aligned buffers take the vector kernel for all but the last n%4 values.
 	vec := n &^ 3
 	for _, b := range []Buffer{params, grads, m, v} {
@@ -507,19 +509,22 @@ func (d *Device) AdamW(params, compute, grads, m, v, gscale Buffer, c AdamWConfi
 	if compute.N > 0 && compute.ptr%8 != 0 {
 		vec = 0
 	}
-	if vec > 0 {
-		d.launch("adamw_vec", d.grid(vec/4), 1, threads, append([]arg{ptr(params), ptr(compute), ptr(grads), ptr(m), ptr(v), i64(vec / 4)}, hyper...)...)
-	}
-	if vec == n {
-		return
-	}
-	sub := func(b Buffer) Buffer {
+	part := func(b Buffer, lo, hi int) Buffer {
 		if b.N == 0 {
 			return b
 		}
-		return b.Slice(vec, n)
+		return b.Slice(lo, hi)
 	}
-	d.launch("adamw", d.grid(n-vec), 1, threads, append([]arg{ptr(sub(params)), ptr(sub(compute)), ptr(sub(grads)), ptr(sub(m)), ptr(sub(v)), i64(n - vec)}, hyper...)...)
+	for _, k := range []struct {
+		name           string
+		lo, hi, blocks int
+		count          int64
+	}{{"adamw_vec", 0, vec, vec / 4, int64(vec / 4)}, {"adamw", vec, n, n - vec, int64(n - vec)}} {
+		if k.hi > k.lo {
+			d.launch(k.name, d.grid(k.blocks), 1, threads, append([]arg{d.rw(part(params, k.lo, k.hi)), d.wr(part(compute, k.lo, k.hi)),
+				d.rd(part(grads, k.lo, k.hi)), d.rw(part(m, k.lo, k.hi)), d.rw(part(v, k.lo, k.hi)), i64(int(k.count))}, hyper()...)...)
+		}
+	}
 }
 
 // sumSqBlocks is the fixed grid of the sum of squares: the result does not depend
@@ -533,8 +538,8 @@ func (d *Device) SumSquares(out, x Buffer, accumulate bool) {
 		return
 	}
 	part := d.scratch(scratchSumSq, sumSqBlocks)
-	d.launch("sumsq_partial"+suffix(x.DType), sumSqBlocks, 1, threads, ptr(part), ptr(x), i64(x.N))
-	d.launch("sumsq_finish", 1, 1, 1024, ptr(out), ptr(part), i32(sumSqBlocks), flag(accumulate))
+	d.launch("sumsq_partial"+suffix(x.DType), sumSqBlocks, 1, threads, d.wr(part), d.rd(x), i64(x.N))
+	d.launch("sumsq_finish", 1, 1, 1024, d.acc(out, accumulate), d.rd(part), i32(sumSqBlocks), flag(accumulate))
 }
 
 // Sum sets out[0] (fp32) to Σ x over an fp32 buffer (or adds it when accumulate),
@@ -544,14 +549,14 @@ func (d *Device) Sum(out, x Buffer, accumulate bool) {
 		return
 	}
 	part := d.scratch(scratchSumSq, sumSqBlocks)
-	d.launch("sum_partial", sumSqBlocks, 1, threads, ptr(part), ptr(x), i64(x.N))
-	d.launch("sumsq_finish", 1, 1, 1024, ptr(out), ptr(part), i32(sumSqBlocks), flag(accumulate))
+	d.launch("sum_partial", sumSqBlocks, 1, threads, d.wr(part), d.rd(x), i64(x.N))
+	d.launch("sumsq_finish", 1, 1, 1024, d.acc(out, accumulate), d.rd(part), i32(sumSqBlocks), flag(accumulate))
 }
 
 // ClipFactor sets norm[0] = √sumsq[0] and factor[0] = min(1, maxNorm/(norm+1e-6))
 // (1 when maxNorm ≤ 0), all on the device.
 func (d *Device) ClipFactor(factor, norm, sumsq Buffer, maxNorm float64) {
-	d.launch("clip_factor", 1, 1, 1, ptr(factor), ptr(norm), ptr(sumsq), f32(maxNorm))
+	d.launch("clip_factor", 1, 1, 1, d.wr(factor), d.wr(norm), d.rd(sumsq), f32(maxNorm))
 }
 
 // Matmul: out (BT,OC) = inp·weightᵀ, or += when accumulate.
@@ -590,6 +595,15 @@ func (d *Device) gemmBatched(ta, tb bool, m, n, k int, A Buffer, lda, sa int, B 
 	}
 	if d.drv.onComm {
 		d.fail("gemm", fmt.Errorf("a matrix product inside Background: cuBLASLt's handle is bound to the compute stream"))
+		return
+	}
+	ab, cb := int64(A.DType.Size()), int64(Cb.DType.Size())
+	c := int64(m) * int64(n) * cb * int64(batch)
+	read := (int64(m)*int64(k) + int64(k)*int64(n)) * ab * int64(batch)
+	if beta != 0 {
+		read += c
+	}
+	if d.counted("gemm "+A.DType.String()+"·"+B.DType.String()+"→"+Cb.DType.String(), read, c); d.tr.dry {
 		return
 	}
 	d.batchedProduct(ta, tb, m, n, k, A, lda, sa, B, ldb, sb, beta, Cb, ldc, sc, batch)
@@ -637,7 +651,7 @@ func (d *Device) FlashAttention(o, lse, q, k, v Buffer, s AttentionShape) {
 	if !d.attnCheck("flash attention", s, o, q, k, v) || !d.need("flash attention", lse, F32, s.B*s.NH*s.Tq) {
 		return
 	}
-	args := append([]arg{ptr(o), ptr(lse), ptr(q), ptr(k), ptr(v)}, attnTail(s)...)
+	args := append([]arg{d.wr(o), d.wr(lse), d.rd(q), d.rd(k), d.rd(v)}, attnTail(s)...)
 	if q.DType == BF16 {
 		d.launch(fmt.Sprintf("flash_fwd_tc_%d", s.HD), (s.Tq+flashTCRows-1)/flashTCRows, s.B*s.NH, 128, args...)
 		return
@@ -654,16 +668,20 @@ func (d *Device) FlashAttentionBackward(dq, dk, dv, dout, o, lse, q, k, v Buffer
 	sfx := suffix(q.DType)
 	D := d.scratch(scratchDelta, s.B*s.NH*s.Tq)
 	rows := s.B * s.Tq * s.NH
-	d.launch("flash_delta"+sfx, (rows*32+threads-1)/threads, 1, threads, ptr(D), ptr(o), ptr(dout), i32(s.B), i32(s.Tq), i32(s.NH), i32(s.HD))
-	args := append([]arg{ptr(dq), ptr(dout), ptr(lse), ptr(D), ptr(q), ptr(k), ptr(v)}, attnTail(s)...)
-	args = append(args, flag(accumulate))
-	kv := append([]arg{ptr(dk), ptr(dv), ptr(dout), ptr(lse), ptr(D), ptr(q), ptr(k), ptr(v)}, attnTail(s)...)
-	kv = append(kv, flag(accumulate))
+	d.launch("flash_delta"+sfx, (rows*32+threads-1)/threads, 1, threads, d.wr(D), d.rd(o), d.rd(dout), i32(s.B), i32(s.Tq), i32(s.NH), i32(s.HD))
+	// Each launch's arguments are made just before it, so that each counts its
+	// own operands (traffic.go).
+	dqArgs := func() []arg {
+		return append(append([]arg{d.acc(dq, accumulate), d.rd(dout), d.rd(lse), d.rd(D), d.rd(q), d.rd(k), d.rd(v)}, attnTail(s)...), flag(accumulate))
+	}
+	kvArgs := func() []arg {
+		return append(append([]arg{d.acc(dk, accumulate), d.acc(dv, accumulate), d.rd(dout), d.rd(lse), d.rd(D), d.rd(q), d.rd(k), d.rd(v)}, attnTail(s)...), flag(accumulate))
+	}
 	if q.DType == BF16 {
-		d.launch(fmt.Sprintf("flash_bwd_dq_tc_%d", s.HD), (s.Tq+flashTCRows-1)/flashTCRows, s.B*s.NH, 128, args...)
-		d.launch(fmt.Sprintf("flash_bwd_dkdv_tc_%d", s.HD), (s.Tk+flashTCRows-1)/flashTCRows, s.B*s.NKV, 128, kv...)
+		d.launch(fmt.Sprintf("flash_bwd_dq_tc_%d", s.HD), (s.Tq+flashTCRows-1)/flashTCRows, s.B*s.NH, 128, dqArgs()...)
+		d.launch(fmt.Sprintf("flash_bwd_dkdv_tc_%d", s.HD), (s.Tk+flashTCRows-1)/flashTCRows, s.B*s.NKV, 128, kvArgs()...)
 		return
 	}
-	d.launch(fmt.Sprintf("flash_bwd_dq_f32_%d", s.HD), (s.Tq+flashRows-1)/flashRows, s.B*s.NH, 128, args...)
-	d.launch(fmt.Sprintf("flash_bwd_dkdv_f32_%d", s.HD), (s.Tk+flashKeys-1)/flashKeys, s.B*s.NKV, 128, kv...)
+	d.launch(fmt.Sprintf("flash_bwd_dq_f32_%d", s.HD), (s.Tq+flashRows-1)/flashRows, s.B*s.NH, 128, dqArgs()...)
+	d.launch(fmt.Sprintf("flash_bwd_dkdv_f32_%d", s.HD), (s.Tk+flashKeys-1)/flashKeys, s.B*s.NKV, 128, kvArgs()...)
 }

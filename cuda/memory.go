@@ -122,6 +122,7 @@ func (d *Device) Upload(b Buffer, src any) {
 	if !d.checkLen("upload", b, t, n) {
 		return
 	}
+	d.counted("upload", 0, b.Bytes())
 	d.fail("upload", d.htod(b.ptr, p, b.Bytes()))
 }
 
@@ -137,6 +138,7 @@ func (d *Device) Download(dst any, b Buffer) {
 		return
 	}
 	d.readbacks.Add(1)
+	d.counted("download", b.Bytes(), 0)
 	d.fail("download", d.dtoh(p, b.ptr, b.Bytes()))
 }
 
@@ -149,12 +151,18 @@ func (d *Device) Copy(dst, src Buffer) {
 		d.fail("copy", fmt.Errorf("%d %s into %d %s", src.N, src.DType, dst.N, dst.DType))
 		return
 	}
+	if d.counted("copy", src.Bytes(), dst.Bytes()); d.tr.dry {
+		return
+	}
 	d.fail("copy", d.dtod(dst.ptr, src.ptr, src.Bytes()))
 }
 
 // Zero sets b to zero on the stream.
 func (d *Device) Zero(b Buffer) {
 	if d.err != nil || b.N == 0 {
+		return
+	}
+	if d.counted("memset", 0, b.Bytes()); d.tr.dry {
 		return
 	}
 	d.fail("zero", d.memset8(b.ptr, 0, b.Bytes()))
@@ -169,6 +177,9 @@ func (d *Device) Fill(b Buffer, v float32) {
 		d.fail("fill", fmt.Errorf("fill of a %s buffer", b.DType))
 		return
 	}
+	if d.counted("memset", 0, b.Bytes()); d.tr.dry {
+		return
+	}
 	d.fail("fill", d.memset32(b.ptr, math.Float32bits(v), int64(b.N)))
 }
 
@@ -178,6 +189,9 @@ func (d *Device) fillBits16(b Buffer, v uint16) {
 	if d.err != nil || b.N == 0 {
 		return
 	}
+	if d.counted("memset", 0, b.Bytes()); d.tr.dry {
+		return
+	}
 	d.fail("fill", d.memset16(b.ptr, v, int64(b.N)))
 }
 
@@ -185,6 +199,9 @@ func (d *Device) fillBits16(b Buffer, v uint16) {
 // stream.
 func (d *Device) fillBits32(b Buffer, v uint32) {
 	if d.err != nil || b.N == 0 {
+		return
+	}
+	if d.counted("memset", 0, b.Bytes()); d.tr.dry {
 		return
 	}
 	d.fail("fill", d.memset32(b.ptr, v, int64(b.N)))

@@ -67,12 +67,18 @@ func TestMultiRankStepAllocatesNothing(t *testing.T) {
 // update, as the training loop does), and the ranks.
 func rankSteps(t *testing.T, res *config.Resolved, dir string, overTCP bool) (func(), []*run) {
 	t.Helper()
+	return rankStepsWith(t, res, dir, overTCP, opts())
+}
+
+// rankStepsWith is rankSteps with the ranks' options (their backend).
+func rankStepsWith(t *testing.T, res *config.Resolved, dir string, overTCP bool, o Options) (func(), []*run) {
+	t.Helper()
 	r := &res.Recipe
 	topo, err := parallel.TopologyOf(r.Parallel)
 	require.NoError(t, err)
 	plan, err := parallel.Compile(r, topo)
 	require.NoError(t, err)
-	ds, err := openData(r, opts())
+	ds, err := openData(r, o)
 	require.NoError(t, err)
 	n := plan.Mesh.World
 	world := comm.NewWorld(n, time.Minute)
@@ -101,7 +107,7 @@ func rankSteps(t *testing.T, res *config.Resolved, dir string, overTCP bool) (fu
 	for rank := range n {
 		start[rank] = make(chan int)
 		go func() {
-			tr := &run{r: r, res: res, opts: opts(), plan: plan, ds: ds, dir: dir, log: zerolog.Nop(), rank: rank}
+			tr := &run{r: r, res: res, opts: o, plan: plan, ds: ds, dir: dir, log: zerolog.Nop(), rank: rank}
 			runs[rank] = tr
 			w, g, err := worldOf(rank)
 			if err == nil {

@@ -1,0 +1,93 @@
+//go:build cudaemu
+
+package trainer
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/cuda"
+	"github.com/stretchr/testify/require"
+)
+
+var updateTraffic = flag.Bool("update-traffic", false, "rewrite testdata/traffic/dense-125m-engine.json from this run")
+
+// TestStepTrafficOnGPU counts, on the host emulator without running them (a
+// dry run: cuda.Device.SetDryRun), the operations of one training step of the
+// engine (the FSDP runtime and trainer/model over cuda.Kernels) at world size
+// 1 on the dense-125m model (134M parameters, bf16, the recipe's settings), one
+// micro-batch of 16 sequences of 1024 tokens, and the bytes each moves
+// (cuda.KernelTraffic: nominal operand sizes), beside trainer/gpu's counts of
+// the same step (testdata/traffic/dense-125m-trainer-gpu.json, written by its
+// TestStepTraffic). The engine's counts must equal
+// testdata/traffic/dense-125m-engine.json exactly (-update-traffic rewrites
+// it): a step's work depends only on the shapes, so any change shows here. The
+// log compares the two engines, operation by operation. The one-engine issue
+// holds the engine to the bar: no more launches and no more bytes than
+// trainer/gpu before trainer/gpu is deleted.
+func TestStepTrafficOnGPU(t *testing.T) {
+	d, err := cuda.Open(0)
+	require.NoError(t, err)
+	defer d.Close()
+	require.NoError(t, d.SetDryRun(true))
+	const B, T = 16, 1024 // trainer/gpu's BenchmarkStep134M micro-batch
+	res, diags := config.Load(filepath.Join("..", "recipes", "dense-125m.toml"), config.Options{Sets: []string{
+		"parallel.world_size=1", fmt.Sprintf("train.micro_batch_size=%d", B), fmt.Sprintf("train.global_batch_size=%d", B),
+		fmt.Sprintf("model.seq_len=%d", T), "run.output_dir=" + t.TempDir()}})
+	require.False(t, diags.HasErrors(), "%v", diags)
+	step, _ := rankStepsWith(t, res, t.TempDir(), false, Options{Backend: d.Kernels(), Version: "test"})
+	step() // the first step may set things up
+	d.CountTraffic(true)
+	step()
+	got := d.Traffic()
+	d.CountTraffic(false)
+	require.NoError(t, d.Err())
+
+	var bar cuda.Traffic
+	b, err := os.ReadFile(filepath.Join("testdata", "traffic", "dense-125m-trainer-gpu.json"))
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &bar))
+	t.Logf("one step, the engine against trainer/gpu:\n%s", compareTraffic(got, bar))
+
+	path := filepath.Join("testdata", "traffic", "dense-125m-engine.json")
+	if *updateTraffic {
+		b, err := json.MarshalIndent(got, "", "  ")
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(path, append(b, '\n'), 0o644))
+	}
+	b, err = os.ReadFile(path)
+	require.NoError(t, err, "go test -tags cudaemu ./trainer -run TestStepTrafficOnGPU -update-traffic writes it")
+	var want cuda.Traffic
+	require.NoError(t, json.Unmarshal(b, &want))
+	require.Equal(t, want, got, "the step's operations changed: look at the difference, then rewrite %s with -update-traffic", path)
+}
+
+// compareTraffic lays two counts side by side: the kernels' launches and
+// bytes in all, then every operation of either.
+func compareTraffic(got, bar cuda.Traffic) string {
+	var sb strings.Builder
+	g, w := got.Kernels(), bar.Kernels()
+	fmt.Fprintf(&sb, "kernels and products: %d launches against %d (%.3fx), %.2f GB against %.2f GB (%.3fx)\n",
+		g.Ops, w.Ops, float64(g.Ops)/float64(w.Ops), float64(g.Bytes())/1e9, float64(w.Bytes())/1e9, float64(g.Bytes())/float64(w.Bytes()))
+	names := slices.Sorted(maps.Keys(got))
+	for n := range bar {
+		if _, ok := got[n]; !ok {
+			names = append(names, n)
+		}
+	}
+	slices.Sort(names)
+	fmt.Fprintf(&sb, "%-34s %14s %14s\n", "operation", "engine ops/MB", "trainer/gpu")
+	for _, n := range names {
+		a, b := got[n], bar[n]
+		fmt.Fprintf(&sb, "%-34s %5d %8.1f %5d %8.1f\n", n, a.Ops, float64(a.Bytes())/1e6, b.Ops, float64(b.Bytes())/1e6)
+	}
+	return sb.String()
+}
