@@ -1,8 +1,9 @@
 package config
 
-// GPUHeadChunk is the vocabulary columns (or, in training, the whole rows that fit
-// in as many values) the GPU engine's output head makes at a time; the plan's
-// memory model of one-GPU runs reads it too.
+// GPUHeadChunk is the logits per token the output head makes at a time: the
+// whole rows that fit in as many values per token (parallel.HeadRows; the
+// engine's head on every backend, and trainer/gpu's, whose evaluation makes
+// this many vocabulary columns at a time).
 const GPUHeadChunk = 8192
 
 // Default returns the recipe every file starts from: a byte-level Llama of about one

@@ -328,6 +328,42 @@ func (k *kernels) CrossEntropy(losses, probs, logits, targets tensor.Buffer, s t
 	}
 }
 
+// HeadWork is one chunk's fp32 logits and their gradient (the products'
+// operand dtype, at most fp32) after them.
+func (k *kernels) HeadWork(s tensor.HeadShape) int { return 2 * s.Rows * s.V }
+
+// HeadLoss runs Device.HeadCrossEntropyTrain (the logits, loss and gradient of
+// a chunk of rows in one pass) over x and w in one dtype (pair), or, for the
+// loss alone, a product and the cross-entropy kernel per chunk.
+func (k *kernels) HeadLoss(losses, dx, dw, work, x, w, targets, dloss tensor.Buffer, s tensor.HeadShape) {
+	o := k.ops("HeadLoss")
+	n := s.Rows * s.V
+	l, wk, xs, ws, t := o.f(losses, s.BT), o.f(work, 2*n), o.w(x, s.BT*s.C), o.w(w, s.V*s.C), o.i(targets, s.BT)
+	train := dx.Len() > 0
+	var dxs, dws, dl Buffer
+	if train {
+		dxs, dws, dl = o.f(dx, s.BT*s.C), o.f(dw, s.V*s.C), o.f(dloss, s.BT)
+	}
+	if !o.ok() || s.BT == 0 {
+		return
+	}
+	xs, ws = k.pair(xs, ws)
+	lse := k.d.scratch(scratchLSE, s.BT)
+	L := wk.Slice(0, n)
+	if train {
+		dL := as(wk.Slice(n, 2*n), xs.DType, n) // bf16 operands take a bf16 gradient: the work's second half holds it
+		k.d.HeadCrossEntropyTrain(l, lse, dxs, dws, xs, ws, t, dl, HeadShape{BT: s.BT, C: s.C, V: s.V, Chunk: s.Rows},
+			HeadScratch{Logits: L, DLogits: dL}, false)
+		return
+	}
+	for r0 := 0; r0 < s.BT; r0 += s.Rows {
+		rows := min(s.Rows, s.BT-r0)
+		z := L.Slice(0, rows*s.V)
+		k.d.Matmul(z, xs.Slice(r0*s.C, (r0+rows)*s.C), ws, MatmulShape{BT: rows, C: s.C, OC: s.V}, false)
+		k.d.CrossEntropy(l.Slice(r0, r0+rows), lse.Slice(r0, r0+rows), z, t.Slice(r0, r0+rows), rows, s.V)
+	}
+}
+
 func (k *kernels) CrossEntropyParts(lse, tlogit, logits, targets tensor.Buffer, s tensor.VocabShape) {
 	o := k.ops("CrossEntropyParts")
 	l, tl, z, t := o.f(lse, s.BT), o.f(tlogit, s.BT), o.f(logits, s.BT*s.V), o.i(targets, s.BT)

@@ -56,6 +56,10 @@ func (k *Kernels) SwiGLUBackward(dgate, dup, dout, gate, up tensor.Buffer, n int
 func (k *Kernels) CrossEntropy(losses, probs, logits, targets tensor.Buffer, s tensor.VocabShape) {
 	k.k.d.run(func() { k.k.CrossEntropy(losses, probs, logits, targets, s) })
 }
+func (k *Kernels) HeadWork(s tensor.HeadShape) int { return k.k.HeadWork(s) }
+func (k *Kernels) HeadLoss(losses, dx, dw, work, x, w, targets, dloss tensor.Buffer, s tensor.HeadShape) {
+	k.k.d.run(func() { k.k.HeadLoss(losses, dx, dw, work, x, w, targets, dloss, s) })
+}
 func (k *Kernels) CrossEntropyParts(lse, tlogit, logits, targets tensor.Buffer, s tensor.VocabShape) {
 	k.k.d.run(func() { k.k.CrossEntropyParts(lse, tlogit, logits, targets, s) })
 }

@@ -438,13 +438,35 @@ func worstRoutingTotal(r *config.Recipe, m Mesh, t tokens, d dtypes, mem Memory,
 }
 
 // logitsBytes: the output logits of one micro-batch (vocabulary split over tp) in the
-// compute dtype, plus the fp32 softmax the fused cross-entropy keeps for backward;
-// the engine (runsEngine) writes its softmax over its fp32 logits and keeps the
-// token losses.
+// compute dtype, plus the fp32 softmax the fused cross-entropy keeps for backward.
+// The engine (runsEngine) keeps the token losses and, without tensor
+// parallelism, one chunk of HeadRows rows of fp32 logits (tensor.Kernels.HeadLoss;
+// on a GPU their gradient beside them, cuda.Kernels.HeadWork); under tensor
+// parallelism its vocabulary rows' whole fp32 logits, the softmax and then its
+// gradient written over them.
 func logitsBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
-	rows := t.local * int64(r.Model.VocabSize/m.TP)
-	if runsEngine(r) {
-		return rows*d.act + t.local*4
+	V := int64(r.Model.VocabSize / m.TP)
+	if !runsEngine(r) {
+		return t.local * V * (d.act + 4)
 	}
-	return rows * (d.act + 4)
+	if m.TP > 1 {
+		return t.local*V*d.act + t.local*4
+	}
+	work := HeadRows(t.local, V) * V
+	if r.Parallel.Device == "cuda" {
+		work *= 2
+	}
+	return work*4 + t.local*4
+}
+
+// HeadRows is the rows of logits the output head makes at a time, over BT rows
+// and a vocabulary of V: as many whole rows as config.GPUHeadChunk values per
+// row give (BT·GPUHeadChunk/V), every row where the vocabulary is no larger,
+// and at least one. The logits then take at most GPUHeadChunk values per
+// token (one row where a row is longer), whatever the vocabulary.
+func HeadRows(BT, V int64) int64 {
+	if V <= config.GPUHeadChunk {
+		return max(BT, 1)
+	}
+	return min(max(BT*config.GPUHeadChunk/V, 1), max(BT, 1))
 }

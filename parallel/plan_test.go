@@ -440,8 +440,10 @@ func TestPlanRefusesWhatLintRefuses(t *testing.T) {
 // while a plan of several GPUs counts Megatron-FSDP's bf16 activations and
 // gradients.
 func TestEngineDtypes(t *testing.T) {
+	var r config.Recipe
 	plan := func(sets ...string) *Plan {
 		res := load(t, "../recipes/tiny.toml", append([]string{"parallel.world_size=2", "train.global_batch_size=32"}, sets...)...)
+		r = res.Recipe
 		topo, err := TopologyOf(res.Recipe.Parallel)
 		require.NoError(t, err)
 		p, err := Compile(&res.Recipe, topo)
@@ -472,8 +474,15 @@ func TestEngineDtypes(t *testing.T) {
 	assert.Equal(t, fp32.Activations/35948*27756, cpu.Activations)
 	assert.Equal(t, fp32.Logits, cpu.Logits)
 	// Two ranks of a cuda run that shardline carries out run the engine on
-	// their GPUs: the same buffers as on the CPU.
-	assert.Equal(t, cpu, mem("parallel.device=\"cuda\"", "precision.bf16=true", "fsdp.grad_reduce_in_bf16=true"))
+	// their GPUs: the same buffers as on the CPU, but for the output head's
+	// work, where the GPU keeps a chunk's logits' gradient beside them
+	// (cuda.Kernels.HeadWork): one more chunk of fp32 logits.
+	gpuEngine := mem("parallel.device=\"cuda\"", "precision.bf16=true", "fsdp.grad_reduce_in_bf16=true")
+	BT, V := int64(r.Train.MicroBatchSize*r.Model.SeqLen), int64(r.Model.VocabSize)
+	chunk := HeadRows(BT, V) * V * 4
+	assert.Equal(t, cpu.Logits+chunk, gpuEngine.Logits)
+	gpuEngine.Logits, gpuEngine.Total = cpu.Logits, gpuEngine.Total-chunk
+	assert.Equal(t, cpu, gpuEngine)
 	// One it does not (recomputation is refused on GPUs) is planned with
 	// Megatron-FSDP's dtypes: bf16 gradients and activations.
 	gpu := mem("parallel.device=\"cuda\"", "precision.bf16=true", "fsdp.grad_reduce_in_bf16=true", "activation_checkpoint.mode=\"full\"")

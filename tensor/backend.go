@@ -101,6 +101,18 @@ type Kernels[F Float] interface {
 	// and logits, and CrossEntropyBackward one as dlogits and probs: each
 	// value is read before the one computed from it is written over it.
 	CrossEntropy(losses, probs, logits, targets Buffer, s VocabShape)
+	// HeadLoss is the output head and its loss over a whole vocabulary
+	// without a (BT,V) buffer: s.Rows rows of x (BT,C) at a time, their
+	// logits (rows, V) = x·wᵀ are made in work (HeadWork(s) values of F, the
+	// caller's, so that the plan counts them), each row's loss set in losses
+	// (BT; 0 where the target is < 0) and, unless dx is empty, the loss's
+	// gradient with dloss (BT) per row: dx's rows set (overwritten) to
+	// dlogits·w and dw (V,C) += dlogitsᵀ·x, dlogits = (softmax −
+	// onehot)·dloss. With dx empty it is the loss alone (evaluation), and dw
+	// and dloss are not read. x and w may be F or bf16; the logits are F.
+	HeadLoss(losses, dx, dw, work, x, w, targets, dloss Buffer, s HeadShape)
+	// HeadWork is the F values HeadLoss's work buffer needs for s.
+	HeadWork(s HeadShape) int
 	CrossEntropyParts(lse, tlogit, logits, targets Buffer, s VocabShape)
 	CrossEntropyCombine(losses, probs, logits, lseAll, tlogit, targets Buffer, s VocabShape)
 	CrossEntropyBackward(dlogits, dloss, probs, targets Buffer, s VocabShape)
@@ -201,6 +213,11 @@ type EmbeddingShape struct{ BT, C, Lo, N int }
 // VocabShape is a loss's logits: BT rows of V logits, entries Lo..Lo+V−1 of a
 // vocabulary split over Parts ranks (Lo 0, Parts 1: the whole vocabulary).
 type VocabShape struct{ BT, V, Lo, Parts int }
+
+// HeadShape is the output head and loss of BT rows of C channels over a
+// vocabulary of V, Rows rows of logits at a time (the plan's
+// parallel.HeadRows).
+type HeadShape struct{ BT, C, V, Rows int }
 
 // MatmulShape is a product of BT rows of C inputs with an (OC,C) weight.
 type MatmulShape struct{ BT, C, OC int }

@@ -548,8 +548,7 @@ func stepTime(be tensor.Backend, cfg config.Model, batch int, minTime time.Durat
 	pass1 := func() {
 		tb.gemm, tb.attn, tb.experts = 0, 0, 0
 		t0 := time.Now()
-		m.Forward(tokens, targets, loss, false)
-		m.Backward(tokens, targets, 1/float64(n))
+		m.ForwardBackward(tokens, targets, loss, false, 1/float64(n))
 		t1 := time.Now()
 		for k, gr := range groups {
 			be.SumSquares(sq, gr.grads, k > 0)
@@ -618,6 +617,14 @@ func (b *kernelTimed) ExpertsMatmulBackward(dinp tensor.Buffer, dw []tensor.Buff
 	b.Backend.ExpertsMatmulBackward(dinp, dw, dout, inp, w, offsets, s, acc)
 	d := time.Since(t0)
 	b.gemm, b.experts = b.gemm+d, b.experts+d
+}
+
+// HeadLoss (the output head's products and its loss together) is timed among
+// the matmuls: its products are 2·C flops a logit where the loss is a few.
+func (b *kernelTimed) HeadLoss(losses, dx, dw, work, x, w, targets, dloss tensor.Buffer, s tensor.HeadShape) {
+	t0 := time.Now()
+	b.Backend.HeadLoss(losses, dx, dw, work, x, w, targets, dloss, s)
+	b.gemm += time.Since(t0)
 }
 
 func (b *kernelTimed) FlashAttention(out, lse, q, k, v tensor.Buffer, s tensor.AttentionShape) {

@@ -161,12 +161,17 @@ func (t *run) sampleWithModel(world comm.Communicator, prompt string, n int) (st
 		copy(tokens, fill)
 		copy(tokens, window[:k])
 		model.LocalTokens(local, tokens, B, T, st.cpRank, cp)
-		t.m.Forward(local, nil, tensor.Buffer{}, false)
+		owner, row := cpRow(k-1, B, T, cp)
+		lo := 0 // the rows whose logits the forward makes: the position's, on its owner
+		if owner == st.cpRank {
+			lo = row
+		}
+		t.m.ForwardLogits(local, lo, lo+btoi(owner == st.cpRank))
 		if err := t.flush(); err != nil {
 			return nil, err
 		}
-		if owner, row := cpRow(k-1, B, T, cp); owner == st.cpRank {
-			t.m.ReadLogits(part, row*len(part))
+		if owner == st.cpRank {
+			t.m.ReadLogits(part, 0)
 			if err := st.mem.Err(); err != nil {
 				return nil, err
 			}

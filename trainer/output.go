@@ -376,8 +376,8 @@ func Generate(r *config.Recipe, be tensor.Backend, table []parallel.Param, weigh
 	V := r.Model.VocabSize
 	logits := make([]float32, V)
 	return generate(T, tok, prompt, n, temperature, seed, func(window []int32, k int) ([]float32, error) {
-		m.Forward(window, nil, tensor.Buffer{}, false)
-		m.ReadLogits(logits, (k-1)*V) // one read-back per sampled token
+		m.ForwardLogits(window, k-1, k)
+		m.ReadLogits(logits, 0) // one read-back per sampled token
 		return logits, nil
 	}, nil)
 }
@@ -524,10 +524,16 @@ func RunLogits(be tensor.Backend, dir string, tokens []int32) ([]float32, error)
 	}
 	window := make([]int32, T)
 	copy(window, tokens)
-	m.Forward(window, nil, tensor.Buffer{}, false)
 	logits := make([]float32, len(tokens)*V)
-	m.ReadLogits(logits, 0)
-	return logits, nil
+	for lo := 0; lo < len(tokens); lo += m.LogitRows() { // the head makes a chunk of rows at a time
+		hi := min(lo+m.LogitRows(), len(tokens))
+		m.ForwardLogits(window, lo, hi)
+		m.ReadLogits(logits[lo*V:hi*V], 0)
+	}
+	if err := m.Err(); err != nil {
+		return nil, err
+	}
+	return logits, mem.Err()
 }
 
 // ExportHF writes a finished run's final weights (dir holds weights.bin) as a

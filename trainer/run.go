@@ -996,8 +996,7 @@ func (t *run) gradStep(step int) error {
 		data.Batch(b.tokens, b.targets, t.ds.Train, r.Run.Seed, step, (mb*dp+dpRank)*B, B, T)
 		model.LocalTokens(b.local, b.tokens, B, T, st.cpRank, cp)
 		model.LocalTokens(b.localTargets, b.targets, B, T, st.cpRank, cp)
-		n := t.m.Forward(b.local, b.localTargets, loss, mb > 0)
-		t.m.Backward(b.local, b.localTargets, scale)
+		n := t.m.ForwardBackward(b.local, b.localTargets, loss, mb > 0, scale)
 		if err := t.flush(); err != nil {
 			return err
 		}

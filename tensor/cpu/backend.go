@@ -190,6 +190,25 @@ func (Kernels[F]) CrossEntropy(losses, probs, logits, targets tensor.Buffer, s t
 		CrossEntropy(l, p, z, tgt, s.BT, s.V)
 	}
 }
+// HeadWork is one chunk's logits: the loss and its gradient are written over
+// them in place.
+func (Kernels[F]) HeadWork(s tensor.HeadShape) int { return s.Rows * s.V }
+
+func (Kernels[F]) HeadLoss(losses, dx, dw, work, x, w, targets, dloss tensor.Buffer, s tensor.HeadShape) {
+	var v views[F]
+	const op = "HeadLoss"
+	tgt := v.i(op, targets)
+	l, z, xs, ws := v.f(op, losses), v.f(op, work), v.w(op, x), v.w(op, w)
+	var dxs, dws, dl []F
+	train := dx.Len() > 0
+	if train {
+		dxs, dws, dl = v.f(op, dx), v.f(op, dw), v.f(op, dloss)
+	}
+	if !v.bad {
+		HeadLoss(l, dxs, dws, z, xs, ws, tgt, dl, s)
+	}
+}
+
 func (Kernels[F]) CrossEntropyBackward(dlogits, dloss, probs, targets tensor.Buffer, s tensor.VocabShape) {
 	var v views[F]
 	tgt := v.i("CrossEntropyBackward", targets)

@@ -612,6 +612,29 @@ func (j *crossEntropyJob[F]) rows(_, lo, hi int) {
 	}
 }
 
+// HeadLoss is the output head and its loss a chunk of s.Rows rows at a time
+// (tensor.Kernels.HeadLoss): work (s.Rows·V) holds a chunk's logits, then its
+// softmax, then, when dx is not nil, its gradient (each written over the
+// last); dx's rows are set to dlogits·w and dw gains dlogitsᵀ·x. Each row's
+// loss and dx row are those of the whole-vocabulary kernels (Matmul,
+// CrossEntropy and their backward) on that row; dw sums the chunks' products
+// in chunk order.
+func HeadLoss[F Float](losses, dx, dw, work []F, x, w tensor.Weights[F], targets []int32, dloss []F, s tensor.HeadShape) {
+	C, V := s.C, s.V
+	for r0 := 0; r0 < s.BT; r0 += s.Rows {
+		n := min(s.Rows, s.BT-r0)
+		z, xr := work[:n*V], x.Slice(r0*C, (r0+n)*C)
+		ms := tensor.MatmulShape{BT: n, C: C, OC: V}
+		Matmul(z, xr, w, ms, false)
+		CrossEntropy(losses[r0:r0+n], z, z, targets[r0:r0+n], n, V)
+		if dx == nil {
+			continue
+		}
+		CrossEntropyBackward(z, dloss[r0:r0+n], z, targets[r0:r0+n], n, V)
+		MatmulBackward(dx[r0*C:(r0+n)*C], dw, z, xr, w, ms, false)
+	}
+}
+
 // CrossEntropyBackward: dlogits = (probs − onehot(target)) · dloss[i]; ignored
 // positions get 0. dlogits may be probs itself.
 func CrossEntropyBackward[F Float](dlogits, dloss, probs []F, targets []int32, BT, V int) {

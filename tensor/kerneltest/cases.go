@@ -178,6 +178,26 @@ func cases() []kcase {
 			return bufs{losses, probs}
 		}}
 	})...)
+	// HeadLoss over 37 rows, 10 at a time (the last chunk 7), a few targets
+	// ignored: every row's loss, dx overwritten (drawn nonzero), dw added to.
+	add(variants("HeadLoss", []string{"bf16 weight", "bf16 input", "loss only"}, func(on []bool) kcase {
+		return kcase{tol: tolIf(on[0], on[1]), run: func(e *env) bufs {
+			s := tensor.HeadShape{BT: 37, C: 24, V: 70, Rows: 10}
+			x, w := e.weight(s.BT*s.C, 1, on[1]), e.weight(s.V*s.C, 0.3, on[0])
+			tgt := e.tokens(s.BT, 0, s.V)
+			for i := 0; i < s.BT; i += 9 {
+				tgt[i] = -1
+			}
+			losses, work := e.floats(s.BT, 1), e.floats(e.k.HeadWork(s), 1)
+			if on[2] {
+				e.k.HeadLoss(losses, tensor.Buffer{}, tensor.Buffer{}, work, x, w, e.ints(tgt), tensor.Buffer{}, s)
+				return bufs{losses}
+			}
+			dx, dw, dloss := e.floats(s.BT*s.C, 1), e.floats(s.V*s.C, 1), e.floats(s.BT, 1)
+			e.k.HeadLoss(losses, dx, dw, work, x, w, e.ints(tgt), dloss, s)
+			return bufs{losses, dx, dw}
+		}}
+	})...)
 	// CrossEntropyBackward overwrites dlogits (drawn nonzero here), in place:
 	// over the probabilities.
 	add(variants("CrossEntropyBackward", []string{"vocabulary part", "in place"}, func(on []bool) kcase {

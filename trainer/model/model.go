@@ -32,6 +32,10 @@ type acts[F tensor.Float] struct {
 	resid, ln1, q, k, v, att, atty, mid, ln2, gate, up, sw []tensor.Buffer
 	rstd1, rstd2                                           []tensor.Buffer
 	final, lnf, rstdf, logits, probs, losses               tensor.Buffer
+	// head is the output head's work (tensor.Kernels.HeadLoss: a chunk of
+	// rows' logits) without tensor parallelism, which keeps whole logits of
+	// its vocabulary rows in logits (probs the same buffer) instead.
+	head tensor.Buffer
 	moe                                                    []*moeActs[F] // per layer; nil for dense layers
 }
 
@@ -66,6 +70,11 @@ type Model[F tensor.Float] struct {
 	moeSums      tensor.Buffer
 	moeLayersRun int
 	recomputing  bool
+	// logitRows are the rows whose logits a forward without targets makes in
+	// the head's work (ForwardLogits); fused is set while ForwardBackward's
+	// forward runs, which leaves the head to the backward.
+	logitRows [2]int
+	fused     bool
 	padSeg       tensor.Buffer // the padded experts' static segments (E+1, int32), with a capacity factor
 	// tok and tgt are the micro-batch's token ids and targets (int32, B·T
 	// each) in the model's memory, uploaded by Forward from tokHost and
@@ -477,11 +486,18 @@ func (m *Model[F]) alloc() error {
 		m.allocStash()
 	}
 	a.final, a.lnf, a.rstdf = m.alloc1(R*C), m.alloc1(R*C), m.alloc1(R)
-	// The loss writes the softmax over the logits, and backward the logits'
-	// gradient over the softmax (the kernels allow both): a forward with
-	// targets leaves probabilities there, one without (sampling) the logits.
-	a.logits, a.losses = m.alloc1(BT*V), m.alloc1(BT)
-	a.probs = a.logits
+	a.losses = m.alloc1(BT)
+	if m.tp == nil {
+		// The head makes its logits a chunk of rows at a time (HeadLoss): no
+		// (BT,V) buffer.
+		a.head = m.alloc1(m.be.HeadWork(m.headShape()))
+	} else {
+		// The loss writes the softmax over the logits, and backward the logits'
+		// gradient over the softmax (the kernels allow both): a forward with
+		// targets leaves probabilities there, one without (sampling) the logits.
+		a.logits = m.alloc1(BT * V)
+		a.probs = a.logits
+	}
 	s := &m.scratch
 	s.dres, s.dx = m.alloc1(R*C), m.alloc1(R*C)
 	if m.tp != nil {
@@ -547,13 +563,24 @@ func (m *Model[F]) Forward(tokens, targets []int32, loss tensor.Buffer, accumula
 	last := len(m.blocks) - 1
 	m.acquire(last, false)
 	be.RMSNorm(a.lnf, a.rstdf, a.final, w.norm, m.rows(), C, eps)
-	be.Matmul(a.logits, m.gather(a.lnf), w.output, tensor.MatmulShape{BT: BT, C: C, OC: V}, false)
+	switch {
+	case m.tp != nil:
+		be.Matmul(a.logits, m.gather(a.lnf), w.output, tensor.MatmulShape{BT: BT, C: C, OC: V}, false)
+	case targets == nil:
+		m.headLogits()
+	case !m.fused: // the loss alone; ForwardBackward's backward makes it with the gradient
+		be.HeadLoss(a.losses, tensor.Buffer{}, tensor.Buffer{}, a.head, a.lnf, w.output, m.tgt, tensor.Buffer{}, m.headShape())
+	}
 	m.release(last, false)
 	if targets == nil {
 		return 0
 	}
-	m.crossEntropy(a.losses, a.probs, a.logits, m.tgt)
-	be.LossSum(loss, a.losses, m.tgt, accumulate)
+	if m.tp != nil {
+		m.crossEntropy(a.losses, a.probs, a.logits, m.tgt)
+	}
+	if !m.fused {
+		be.LossSum(loss, a.losses, m.tgt, accumulate)
+	}
 	for _, t := range targets {
 		if t >= 0 {
 			count++
@@ -626,7 +653,7 @@ func (m *Model[F]) ActivationBytes() (activations, logits int64) {
 		}
 	}
 	activations += 4 * ints
-	return activations, held(seen, a.logits, a.probs, a.losses) * size
+	return activations, held(seen, a.logits, a.probs, a.head, a.losses) * size
 }
 
 // elemBytes is the size of one F.
@@ -726,13 +753,75 @@ func (m *Model[F]) layerForward(l int, x, next tensor.Buffer) {
 	m.rowParallel(next, m.input(l, inSw, a.sw[l], true), lw.w2, FF) // next = mid + MLP
 }
 
-// ReadLogits reads back len(dst) of the last forward pass's logits (B·T, V: this
-// rank's vocabulary rows under tensor parallelism) from element off: a counted
-// read-back, for sampling and checks, not for training steps. The forward must
-// have run without targets: one with targets writes the softmax over the
-// logits.
+// ForwardLogits runs Forward on tokens without targets and makes the logits
+// of rows lo..hi−1 of the micro-batch (this rank's vocabulary rows under
+// tensor parallelism), while the output head is held, for ReadLogits: at most
+// LogitRows rows. Every rank of a group runs it together (a rank that wants
+// no row passes lo = hi).
+func (m *Model[F]) ForwardLogits(tokens []int32, lo, hi int) {
+	if lo < 0 || hi < lo || hi > m.B*m.T || hi-lo > m.LogitRows() {
+		if m.hookErr == nil {
+			m.hookErr = fmt.Errorf("model: logits of rows %d..%d of %d, at most %d at a time", lo, hi, m.B*m.T, m.LogitRows())
+		}
+		return
+	}
+	m.logitRows = [2]int{lo, hi}
+	m.Forward(tokens, nil, tensor.Buffer{}, false)
+}
+
+// LogitRows is how many rows' logits ForwardLogits makes at a time: the
+// output head's chunk (parallel.HeadRows), or every row under tensor
+// parallelism, which keeps whole logits.
+func (m *Model[F]) LogitRows() int {
+	if m.tp != nil {
+		return m.B * m.T
+	}
+	return m.headShape().Rows
+}
+
+// headShape is the output head over this rank's rows.
+func (m *Model[F]) headShape() tensor.HeadShape {
+	BT, C, _, _, _, _, V := m.dims()
+	return tensor.HeadShape{BT: BT, C: C, V: V, Rows: int(parallel.HeadRows(int64(BT), int64(V)))}
+}
+
+// headLogits makes the logits of ForwardLogits' rows in the head's work.
+func (m *Model[F]) headLogits() {
+	lo, hi := m.logitRows[0], m.logitRows[1]
+	if hi > lo {
+		C, V := m.Cfg.Hidden, m.Cfg.VocabSize
+		m.be.Matmul(m.a.head.Slice(0, (hi-lo)*V), m.a.lnf.Slice(lo*C, hi*C), m.w.output, tensor.MatmulShape{BT: hi - lo, C: C, OC: V}, false)
+	}
+}
+
+// ReadLogits reads back len(dst) of the logits ForwardLogits made, from
+// element off of its rows (row lo's first entry is 0): a counted read-back,
+// for sampling and checks, not for training steps.
 func (m *Model[F]) ReadLogits(dst []F, off int) {
-	m.mem.Read(dst, m.a.logits.Slice(off, off+len(dst)))
+	if m.tp != nil {
+		off += m.logitRows[0] * m.Cfg.VocabSize / m.tp.Size
+		m.mem.Read(dst, m.a.logits.Slice(off, off+len(dst)))
+		return
+	}
+	m.mem.Read(dst, m.a.head.Slice(off, off+len(dst)))
+}
+
+// ForwardBackward is Forward (with targets) then Backward(tokens, targets,
+// scale) with the output head's loss and gradient made together, a chunk of
+// rows at a time (tensor.Kernels.HeadLoss): the training step's path, one
+// product and one pass over the logits fewer than the two apart. It returns
+// Forward's token count; the loss sum is added to loss as Forward's.
+func (m *Model[F]) ForwardBackward(tokens, targets []int32, loss tensor.Buffer, accumulate bool, scale float64) (count int) {
+	if m.tp != nil || targets == nil {
+		count = m.Forward(tokens, targets, loss, accumulate)
+		m.Backward(tokens, targets, scale)
+		return count
+	}
+	m.fused = true
+	count = m.Forward(tokens, targets, loss, accumulate)
+	m.fused = false
+	m.backward(tokens, targets, scale, loss, accumulate, true)
+	return count
 }
 
 // Backward accumulates into the gradient views the gradient of scale · Σ token
@@ -741,17 +830,33 @@ func (m *Model[F]) ReadLogits(dst []F, off int) {
 // tokens and targets; they are uploaded again (the embedding's and the loss's
 // backward read them), and a misfit batch runs nothing (Err says why).
 func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
+	m.backward(tokens, targets, scale, tensor.Buffer{}, false, false)
+}
+
+// backward is Backward; with fused (ForwardBackward) the output head's loss is
+// made here with its gradient and added to loss as Forward adds it.
+func (m *Model[F]) backward(tokens, targets []int32, scale float64, loss tensor.Buffer, accumulate, fused bool) {
 	if !m.upload(tokens, targets) {
 		return
 	}
 	be, a, w, g, s := m.be, &m.a, &m.w, &m.g, &m.scratch
 	BT, C, NH, NKV, HD, FF, V := m.dims()
 	m.mem.Fill(s.dloss, scale)
-	dlogits := a.probs // the logits' gradient, written over the probabilities it is made from
-	m.crossEntropyBackward(dlogits, s.dloss, a.probs, m.tgt)
 	last := len(m.blocks) - 1
-	m.acquire(last, true)
-	be.MatmulBackward(m.inputGrad(s.dx), g.output, dlogits, m.gather(a.lnf), w.output, tensor.MatmulShape{BT: BT, C: C, OC: V}, false)
+	if m.tp != nil {
+		dlogits := a.probs // the logits' gradient, written over the probabilities it is made from
+		m.crossEntropyBackward(dlogits, s.dloss, a.probs, m.tgt)
+		m.acquire(last, true)
+		be.MatmulBackward(m.inputGrad(s.dx), g.output, dlogits, m.gather(a.lnf), w.output, tensor.MatmulShape{BT: BT, C: C, OC: V}, false)
+	} else {
+		// The logits are made again, a chunk of rows at a time, with their
+		// loss (again, or for the first time when fused) and gradient.
+		m.acquire(last, true)
+		be.HeadLoss(a.losses, s.dx, g.output, a.head, a.lnf, w.output, m.tgt, s.dloss, m.headShape())
+		if fused {
+			be.LossSum(loss, a.losses, m.tgt, accumulate)
+		}
+	}
 	dres := s.dres // gradient of the residual stream entering the current point
 	m.mem.Zero(dres)
 	m.normBackward(dres, g.norm, m.scatterGrad(s.dx), a.final, w.norm, a.rstdf)
