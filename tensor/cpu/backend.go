@@ -190,6 +190,7 @@ func (Kernels[F]) CrossEntropy(losses, probs, logits, targets tensor.Buffer, s t
 		CrossEntropy(l, p, z, tgt, s.BT, s.V)
 	}
 }
+
 // HeadWork is one chunk's logits: the loss and its gradient are written over
 // them in place.
 func (Kernels[F]) HeadWork(s tensor.HeadShape) int { return s.Rows * s.V }

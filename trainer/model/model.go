@@ -36,7 +36,7 @@ type acts[F tensor.Float] struct {
 	// rows' logits) without tensor parallelism, which keeps whole logits of
 	// its vocabulary rows in logits (probs the same buffer) instead.
 	head tensor.Buffer
-	moe                                                    []*moeActs[F] // per layer; nil for dense layers
+	moe  []*moeActs[F] // per layer; nil for dense layers
 }
 
 // Model is a decoder bound to a batch shape (B sequences of T tokens).
@@ -75,7 +75,7 @@ type Model[F tensor.Float] struct {
 	// forward runs, which leaves the head to the backward.
 	logitRows [2]int
 	fused     bool
-	padSeg       tensor.Buffer // the padded experts' static segments (E+1, int32), with a capacity factor
+	padSeg    tensor.Buffer // the padded experts' static segments (E+1, int32), with a capacity factor
 	// tok and tgt are the micro-batch's token ids and targets (int32, B·T
 	// each) in the model's memory, uploaded by Forward from tokHost and
 	// tgtHost through tokAny and tgtAny (the host slices made interfaces
