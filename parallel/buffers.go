@@ -86,8 +86,7 @@ func (s ReduceStage) Bytes() int64 {
 // is staged.
 func reduceStage(r *config.Recipe, p *Plan, gradHeld int64) ReduceStage {
 	bf16 := r.FSDP.GradReduceInBF16
-	s := r.FSDP.DataParallelShardingStrategy
-	adds := s == "optim_grads" || s == "optim_grads_params"
+	adds := p.Sharding.Grads
 	st := ReduceStage{PartBF16: bf16}
 	for i := range p.Groups {
 		g := &p.Groups[i]
@@ -121,11 +120,10 @@ func unitBuffers(r *config.Recipe, p *Plan, unitFull []int64) UnitBuffers {
 		b.Largest = max(b.Largest, n)
 	}
 	f := r.FSDP
-	s := f.DataParallelShardingStrategy
-	if b.Largest == 0 || (s != "optim_grads" && s != "optim_grads_params") {
+	if b.Largest == 0 || !p.Sharding.Grads {
 		return b
 	}
-	weights := s == "optim_grads_params"
+	weights := p.Sharding.Params
 	blocks := Blocks(r.Model, p.Params)
 	peaks := func(slot int64) (int64, int64) {
 		return bufferPeaks(blocks, unitFull, weights, weights && f.OverlapParamGather, f.OverlapGradReduce, 4*f.SuggestedCommunicationUnitSize, slot)

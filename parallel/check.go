@@ -32,7 +32,7 @@ func Check(res *config.Resolved) (*Plan, config.Diagnostics) {
 			"fsdp.data_parallel_sharding_strategy", "activation_checkpoint.mode", "train.micro_batch_size",
 			"parallel.expert_parallel", "parallel.tensor_parallel", "parallel.world_size", "parallel.device_profile", "parallel.device_memory_gib"))
 	}
-	if full := p.ParamsTotal * 4; !r.FSDP.InitModelWithMetaDevice && r.FSDP.DataParallelShardingStrategy != "no_shard" && full > topo.Device.MemoryBytes/4 {
+	if full := p.ParamsTotal * 4; !r.FSDP.InitModelWithMetaDevice && p.Sharding.Optim && full > topo.Device.MemoryBytes/4 {
 		ds = append(ds, config.DiagnosticAt(res, config.SevWarning, "SL112",
 			fmt.Sprintf("fsdp.init_model_with_meta_device is off, so every rank first builds the whole model: %s parameters are %s in fp32, more than a quarter of %s",
 				formatCount(p.ParamsTotal), FormatBytes(full), topo.Device.Name),

@@ -55,8 +55,7 @@ func dtypeName(bytes int64) string {
 // fsdpCollectives lists the data-parallel collectives of a step, per group, after
 // Megatron-FSDP's table: when each strategy gathers and reduces, and how often.
 // micro is the number of micro-batches per step.
-func fsdpCollectives(r *config.Recipe, groups []Group, m Mesh, micro int64, d dtypes) []Collective {
-	s := r.FSDP.DataParallelShardingStrategy
+func fsdpCollectives(r *config.Recipe, sh Sharding, groups []Group, m Mesh, micro int64, d dtypes) []Collective {
 	fsdp := r.FSDP
 	var out []Collective
 	for i := range groups {
@@ -66,18 +65,18 @@ func fsdpCollectives(r *config.Recipe, groups []Group, m Mesh, micro int64, d dt
 		}
 		w, gr := g.Padded*d.compute, g.Padded*d.grad
 		wdt, gdt := dtypeName(d.compute), dtypeName(d.grad)
-		switch s {
-		case "no_shard":
+		switch {
+		case !sh.Optim: // no_shard
 			out = append(out, Collective{AllReduce, g.Axis, "grads", gdt, gr, 1, fsdp.OverlapGradReduce})
-		case "optim":
+		case !sh.Grads: // optim: whole gradients, reduced once a step
 			out = append(out,
 				Collective{ReduceScatter, g.Axis, "grads", gdt, gr, 1, fsdp.OverlapGradReduce},
 				Collective{AllGather, g.Axis, "updated params", wdt, w, 1, fsdp.OverlapParamGather})
-		case "optim_grads":
+		case !sh.Params: // optim_grads
 			out = append(out,
 				Collective{ReduceScatter, g.Axis, "grads", gdt, gr, micro, fsdp.OverlapGradReduce},
 				Collective{AllGather, g.Axis, "updated params", wdt, w, 1, fsdp.OverlapParamGather})
-		case "optim_grads_params":
+		default: // optim_grads_params
 			// One gather before forward and one before backward; full recompute
 			// reuses the backward gather for the recompute.
 			out = append(out,

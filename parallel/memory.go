@@ -104,16 +104,14 @@ func runsEngine(r *config.Recipe) bool {
 // staticMemory is the per-strategy table of ARCHITECTURE.md ("Strategies"): what
 // each strategy keeps whole and what it shards. full and shard are summed over a
 // rank's groups: full buffer lengths and shard lengths.
-func staticMemory(strategy string, full, shard int64, d dtypes) Memory {
+func staticMemory(sh Sharding, full, shard int64, d dtypes) Memory {
 	var m Memory
-	gradSharded := strategy == "optim_grads" || strategy == "optim_grads_params"
-	sharded := strategy != "no_shard"
 	m.Weights = full * d.compute
-	if strategy == "optim_grads_params" {
+	if sh.Params {
 		m.Weights = shard * d.compute
 	}
 	owned := full // elements whose optimizer state and main weights this rank keeps
-	if sharded {
+	if sh.Optim {
 		owned = shard
 	}
 	if d.separateMain {
@@ -121,7 +119,7 @@ func staticMemory(strategy string, full, shard int64, d dtypes) Memory {
 	}
 	m.OptimizerState = owned * d.optim
 	m.Grads = full * d.gradHeld
-	if gradSharded {
+	if sh.Grads {
 		m.Grads = shard * d.gradHeld
 	}
 	return m

@@ -14,8 +14,11 @@ import (
 // Plan is a compiled recipe: everything the trainer needs to lay out and run a step,
 // and the cost model's prediction of what it will take.
 type Plan struct {
-	Name     string
+	Name string
+	// Strategy is fsdp.data_parallel_sharding_strategy as the recipe names it
+	// (for display and checkpoints), Sharding what it shards.
 	Strategy string
+	Sharding Sharding
 	Topology Topology
 	Mesh     Mesh
 	// Params is the parameter table; Units and Groups the FSDP layout over it.
@@ -59,6 +62,10 @@ type Plan struct {
 	TokensPerSPerDevice float64
 	MFU                 float64
 	Fingerprint         string
+	// expertsPerRank and paramsPerExpert place a routed expert's parameters
+	// (ExpertParam): the routed experts an ep rank holds in each layer, and
+	// each expert's parameters in the table.
+	expertsPerRank, paramsPerExpert int
 }
 
 // Compile turns a recipe and a topology into a Plan. It is pure: no device, no I/O.
@@ -85,12 +92,22 @@ func Compile(r *config.Recipe, topo Topology) (*Plan, error) {
 	}
 	d := dtypesOf(r)
 	strategy := r.FSDP.DataParallelShardingStrategy
-	groups := layoutGroups(ps, units, unitOf, m, r.Model.MoE.NumExperts, dtypeName(d.compute), strategy != "no_shard")
+	sh := ShardingOf(strategy)
+	groups := layoutGroups(ps, units, unitOf, m, r.Model.MoE.NumExperts, dtypeName(d.compute), sh.Optim)
 	if err := verifyLayout(ps, groups, r.Model.MoE.NumExperts, m.EP); err != nil {
 		return nil, fmt.Errorf("parallel: layout invariant broken (a shardline bug): %w", err)
 	}
-	p := &Plan{Name: r.Run.Name, Strategy: strategy, Topology: topo, Mesh: m, Params: ps, Units: units, Groups: groups}
+	p := &Plan{Name: r.Run.Name, Strategy: strategy, Sharding: sh, Topology: topo, Mesh: m, Params: ps, Units: units, Groups: groups}
 	p.ParamsTotal, p.ParamsActive = ParamCount(ps, r.Model)
+	if E := r.Model.MoE.NumExperts; E > 0 {
+		p.expertsPerRank = E / m.EP
+		layer := ps[firstExpert(ps)].Layer
+		for i := range ps {
+			if ps[i].Expert == 0 && ps[i].Layer == layer {
+				p.paramsPerExpert++
+			}
+		}
+	}
 	dp := int64(m.DP)
 	p.MicroBatches = int(int64(r.Train.GlobalBatchSize) / (int64(r.Train.MicroBatchSize) * dp))
 	if p.MicroBatches < 1 {
@@ -103,7 +120,7 @@ func Compile(r *config.Recipe, topo Topology) (*Plan, error) {
 	// Owned elements: the main weights and moments this rank updates.
 	owned := (p.Memory.OptimizerState / d.optim)
 	p.OptimizerS = float64(2*owned*(d.main+d.optim+d.gradHeld+d.compute)) / topo.Device.HBMBandwidth
-	p.Collectives = append(fsdpCollectives(r, groups, m, int64(p.MicroBatches), d), modelCollectives(r, m, tokensOf(r, m), int64(p.MicroBatches), d)...)
+	p.Collectives = append(fsdpCollectives(r, sh, groups, m, int64(p.MicroBatches), d), modelCollectives(r, m, tokensOf(r, m), int64(p.MicroBatches), d)...)
 	p.Comm = summarize(p.Collectives, m, topo)
 	p.timing(r)
 	p.Fingerprint = p.fingerprint()
@@ -131,7 +148,7 @@ func (p *Plan) memory(r *config.Recipe, d dtypes) {
 			unitFull[g.Unit] += g.Padded
 		}
 	}
-	mem := staticMemory(p.Strategy, full, shard, d)
+	mem := staticMemory(p.Sharding, full, shard, d)
 	p.Buffers = unitBuffers(r, p, unitFull)
 	mem.GatheredUnits = p.Buffers.Gather * d.compute
 	p.Buffers.Stage = reduceStage(r, p, d.gradHeld)

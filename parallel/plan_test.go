@@ -140,7 +140,7 @@ func TestStrategyTable(t *testing.T) {
 		{"optim_grads", full * 2, shard * 4, shard * 2, shard * 8},
 		{"optim_grads_params", shard * 2, shard * 4, shard * 2, shard * 8},
 	} {
-		m := staticMemory(tc.strategy, full, shard, d)
+		m := staticMemory(ShardingOf(tc.strategy), full, shard, d)
 		assert.Equal(t, []int64{tc.weights, tc.main, tc.grads, tc.optim}, []int64{m.Weights, m.MainWeights, m.Grads, m.OptimizerState}, tc.strategy)
 	}
 }
@@ -483,10 +483,63 @@ func TestEngineDtypes(t *testing.T) {
 	assert.Equal(t, cpu.Logits+chunk, gpuEngine.Logits)
 	gpuEngine.Logits, gpuEngine.Total = cpu.Logits, gpuEngine.Total-chunk
 	assert.Equal(t, cpu, gpuEngine)
-	// One it does not (recomputation is refused on GPUs) is planned with
-	// Megatron-FSDP's dtypes: bf16 gradients and activations.
-	gpu := mem("parallel.device=\"cuda\"", "precision.bf16=true", "fsdp.grad_reduce_in_bf16=true", "activation_checkpoint.mode=\"full\"")
-	gpu32 := mem("parallel.device=\"cuda\"", "activation_checkpoint.mode=\"full\"")
+	// One it does not (cuda_expandable_segments is refused on GPUs) is
+	// planned with Megatron-FSDP's dtypes: bf16 gradients and activations.
+	gpu := mem("parallel.device=\"cuda\"", "precision.bf16=true", "fsdp.grad_reduce_in_bf16=true", "parallel.cuda_expandable_segments=true")
+	gpu32 := mem("parallel.device=\"cuda\"", "parallel.cuda_expandable_segments=true")
 	assert.Equal(t, gpu32.Grads/2, gpu.Grads)
 	assert.Equal(t, gpu32.Activations/2, gpu.Activations)
+}
+
+// TestShardingOf: each strategy decodes to what it shards, cumulatively.
+func TestShardingOf(t *testing.T) {
+	assert.Equal(t, Sharding{}, ShardingOf("no_shard"))
+	assert.Equal(t, Sharding{Optim: true}, ShardingOf("optim"))
+	assert.Equal(t, Sharding{Optim: true, Grads: true}, ShardingOf("optim_grads"))
+	assert.Equal(t, Sharding{Optim: true, Grads: true, Params: true}, ShardingOf("optim_grads_params"))
+}
+
+// TestExpertParam: under expert parallelism the plan places ep rank r's k-th
+// local expert of a layer at the layer's expert r·local + k, parameter by
+// parameter (w1, w3, w2 alike); dense parameters stay where they are, and
+// without expert parallelism every parameter is its own.
+func TestExpertParam(t *testing.T) {
+	res := load(t, "../recipes/moe-tiny.toml", "parallel.world_size=4", "parallel.expert_parallel=4", "train.micro_batch_size=4", "train.global_batch_size=16")
+	topo, err := TopologyOf(res.Recipe.Parallel)
+	require.NoError(t, err)
+	p, err := Compile(&res.Recipe, topo)
+	require.NoError(t, err)
+	E := res.Recipe.Model.MoE.NumExperts
+	local := E / 4
+	index := map[string]int{}
+	for i := range p.Params {
+		index[p.Params[i].Name] = i
+	}
+	checked := 0
+	for i := range p.Params {
+		q := &p.Params[i]
+		if !q.IsExpert() {
+			for r := range 4 {
+				assert.Equal(t, i, p.ExpertParam(i, r), q.Name)
+			}
+			continue
+		}
+		if q.Expert >= local {
+			continue // the groups hold ep rank 0's experts
+		}
+		for r := range 4 {
+			want := strings.Replace(q.Name, fmt.Sprintf("experts.%d.", q.Expert), fmt.Sprintf("experts.%d.", r*local+q.Expert), 1)
+			assert.Equal(t, index[want], p.ExpertParam(i, r), "%s on ep rank %d", q.Name, r)
+			checked++
+		}
+	}
+	assert.Positive(t, checked)
+	r1 := load(t, "../recipes/moe-tiny.toml").Recipe
+	topo1, err := TopologyOf(r1.Parallel)
+	require.NoError(t, err)
+	one, err := Compile(&r1, topo1)
+	require.NoError(t, err)
+	for i := range one.Params {
+		assert.Equal(t, i, one.ExpertParam(i, 0))
+	}
 }

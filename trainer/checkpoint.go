@@ -46,10 +46,10 @@ type rankPiece struct {
 // parallelism a rank's slice of a parameter is put at its places in the whole
 // tensor: one piece per row of a row-parallel slice; a parameter every tp rank
 // holds whole is written by tp rank 0 only.
-func rankPieces(p *parallel.Plan, rank, numExperts int) []rankPiece {
+func rankPieces(p *parallel.Plan, rank int) []rankPiece {
 	var out []rankPiece
 	var off int64
-	tpRank := p.Mesh.Coords(rank).TP
+	tpRank, epRank := p.Mesh.Coords(rank).TP, p.Mesh.Coords(rank).EP
 	for gi := range p.Groups {
 		if p.Groups[gi].Shards == 1 && shardIndex(p, rank, gi) != 0 {
 			continue // a replica of what the group's rank of index 0 writes
@@ -61,7 +61,7 @@ func rankPieces(p *parallel.Plan, rank, numExperts int) []rankPiece {
 				continue // replicated over tp: tp rank 0 writes it
 			}
 			for _, r := range tpRuns(par, sg.start, sg.hi-sg.lo, tpRank) {
-				out = append(out, rankPiece{gi: gi, lo: sg.lo + r.local, hi: sg.lo + r.local + r.n, param: globalParam(p, rank, sg.param, numExperts), start: r.global, off: off})
+				out = append(out, rankPiece{gi: gi, lo: sg.lo + r.local, hi: sg.lo + r.local + r.n, param: p.ExpertParam(sg.param, epRank), start: r.global, off: off})
 				off += int64(len(ckpt.States)) * 4 * r.n
 			}
 		}
@@ -135,7 +135,7 @@ func (p *pendingSave) wait() {
 func (t *run) startSave(step, optSteps int) {
 	c := t.ckpt
 	t0 := time.Now()
-	pieces := rankPieces(t.plan, t.rank, t.r.Model.MoE.NumExperts)
+	pieces := rankPieces(t.plan, t.rank)
 	var n int64
 	for _, rp := range pieces {
 		n += int64(len(ckpt.States)) * 4 * (rp.hi - rp.lo)
@@ -175,13 +175,12 @@ func (t *run) startSave(step, optSteps int) {
 func (t *run) commitSave(world comm.Communicator) error {
 	p := t.ckpt.pending
 	t.ckpt.pending = nil
-	numExperts := t.r.Model.MoE.NumExperts
 	// Checksums travel as float32 halves (16 bits each, exact), padded to the
 	// longest rank's list.
 	per := make([][]rankPiece, world.Size())
 	longest := 0
 	for r := range per {
-		per[r] = rankPieces(t.plan, r, numExperts)
+		per[r] = rankPieces(t.plan, r)
 		longest = max(longest, len(per[r])*len(ckpt.States))
 	}
 	mine := make([]float32, 2*longest)

@@ -91,7 +91,7 @@ type state struct {
 	wire  tensor.Buffer
 	// Expert parallelism: this rank's ep coordinate, experts per ep rank, and the
 	// ep group (nil when ep = 1), with its collectives on buffers (epG).
-	epRank, epLocal int
+	epRank int
 	epComm          comm.Communicator
 	epG             collective.Group
 	// Context parallelism: this rank's cp coordinate and the cp group (nil when
@@ -156,9 +156,7 @@ type groupsFor func(rank int, axis parallel.Axis) (comm.Communicator, error)
 
 func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, world comm.Communicator, groups groupsFor) (*state, error) {
 	s := &state{plan: p, rank: rank, bf16: r.Precision.BF16, reduceBF16: r.FSDP.GradReduceInBF16, be: be, world: world,
-		sharded: r.FSDP.DataParallelShardingStrategy != "no_shard", userBuffers: r.FSDP.UseNCCLUB,
-		perUnit:   r.FSDP.DataParallelShardingStrategy == "optim_grads_params",
-		unitGrads: r.FSDP.DataParallelShardingStrategy == "optim_grads_params" || r.FSDP.DataParallelShardingStrategy == "optim_grads",
+		sharded: p.Sharding.Optim, userBuffers: r.FSDP.UseNCCLUB, perUnit: p.Sharding.Params, unitGrads: p.Sharding.Grads,
 		wviews:    make([]tensor.Buffer, len(p.Params)), gviews: make([]tensor.Buffer, len(p.Params))}
 	if err := s.openMemory(); err != nil {
 		return nil, err
@@ -170,7 +168,7 @@ func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, w
 			return nil, err
 		}
 		s.epComm = s.count(parallel.AxisEP, s.epComm)
-		s.epRank, s.epLocal = c.EP, r.Model.MoE.NumExperts/p.Mesh.EP
+		s.epRank = c.EP
 	}
 	if p.Mesh.CP > 1 {
 		var err error
@@ -620,20 +618,7 @@ func (s *state) global(i int) int {
 	if s.epComm == nil || s.plan.Params[i].Expert < 0 {
 		return i
 	}
-	return s.onEPRank(i, s.epRank)
-}
-
-// onEPRank is the table index of the expert parameter that ep rank r holds
-// where this rank's expert groups hold parameter i.
-func (s *state) onEPRank(i, r int) int { return i + 3*r*s.epLocal }
-
-// globalParam is global for any rank of the plan, for a model of numExperts
-// routed experts.
-func globalParam(p *parallel.Plan, rank, i, numExperts int) int {
-	if p.Mesh.EP == 1 || p.Params[i].Expert < 0 {
-		return i
-	}
-	return i + 3*p.Mesh.Coords(rank).EP*(numExperts/p.Mesh.EP)
+	return s.plan.ExpertParam(i, s.epRank)
 }
 
 // finalWeights hands rank 0 the final compute weights of the whole model, a
@@ -683,7 +668,7 @@ func (s *state) finalWeights(scratch func(n int64) (b tensor.Buffer, release fun
 				all := make([]float32, ep*len(v))
 				if err = s.epComm.AllGather(all, v); err == nil {
 					for j := 0; j < ep; j++ {
-						keep(s.onEPRank(e.Param, j), all[j*len(v):(j+1)*len(v)])
+						keep(s.plan.ExpertParam(e.Param, j), all[j*len(v):(j+1)*len(v)])
 					}
 				}
 			case s.tpComm != nil && p.LocalNumel() != p.Numel():
