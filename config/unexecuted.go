@@ -24,21 +24,21 @@ func NotExecuted(r *Recipe) []Unexecuted {
 	}
 	p, c := r.Parallel, r.Checkpoint
 	// parallel.device = "cuda" runs in shardline-cuda (docs/cuda.md): one rank
-	// on the one-GPU engine (trainer/gpu); several on the engine the CPU runs
-	// (trainer/model and the FSDP runtime) over each rank's GPU, one per GPU
-	// (NCCL) or sharing them (staged through the host). Neither recomputes
-	// yet: the engine's full recomputation trains on the host emulator's GPUs,
-	// but the multi-GPU engine holds fp32 unit gradients, a micro-batch's
-	// whole logits and the CPU's scratch, so the plans of the recipes that
-	// recompute would follow it past an H100 (docs/cuda.md).
+	// on the one-GPU engine (trainer/gpu), which keeps every activation;
+	// several on the engine the CPU runs (trainer/model and the FSDP runtime)
+	// over each rank's GPU, one per GPU (NCCL) or sharing them (staged through
+	// the host), which recomputes as on the CPU (full), and whose memory the
+	// plan counts.
 	gpu := p.Device == "cuda"
 	add(gpu && r.Model.Heads > 0 && !slices.Contains([]int{32, 64, 128}, r.Model.HeadSize()), "model.heads", "the GPU attention kernels take head sizes (head_dim, or hidden/heads) of 32, 64 or 128", "choose heads (or head_dim) so that the head size is 32, 64 or 128")
-	add(gpu && r.ActivationCheckpoint.Mode != "none", "activation_checkpoint.mode", "cuda runs keep every activation: the one-GPU engine does not recompute, and recomputation on several GPUs waits until their engine's memory fits the recipes that use it (docs/cuda.md)", `set mode = "none"`)
+	add(gpu && p.WorldSize == 1 && r.ActivationCheckpoint.Mode == "full", "activation_checkpoint.mode",
+		"a cuda run of one rank trains on the one-GPU engine, which keeps every activation; the engine of several GPUs recomputes (docs/cuda.md)",
+		`set mode = "none", or world_size to 2 or more`)
 	// selective recomputes the attention probabilities (Megatron's core
-	// attention); the CPU's flash attention keeps none, so it would train exactly
-	// as none does.
-	add(!gpu && r.ActivationCheckpoint.Mode == "selective", "activation_checkpoint.mode",
-		"selective recomputes the attention probabilities, and the CPU's flash attention keeps none, only each row's log-sum-exp: selective would train exactly as none",
+	// attention); flash attention keeps none on either backend, so it would
+	// train exactly as none does.
+	add(r.ActivationCheckpoint.Mode == "selective", "activation_checkpoint.mode",
+		"selective recomputes the attention probabilities, and flash attention (the CPU's and the GPU's) keeps none, only each row's log-sum-exp: selective would train exactly as none",
 		`set mode = "none" (the same memory), or "full" to save memory`)
 	add(p.ExpertTensorParallel != 1, "parallel.expert_tensor_parallel", "the trainer splits experts over ranks, not within an expert", "set it to 1 and raise parallel.expert_parallel instead")
 	add(c.CkptFormat != "fsdp_dtensor" && c.Saves(), "checkpoint.ckpt_format", "shardline writes sharded checkpoints laid out as fsdp_dtensor's (each tensor's pieces at their global offsets); torch_dist and torch files are not written", `set ckpt_format = "fsdp_dtensor"`)

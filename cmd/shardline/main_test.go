@@ -616,7 +616,7 @@ func TestRunCUDAWithoutGPURunner(t *testing.T) {
 	code, _, errs = shardline(t, []string{"PATH=" + t.TempDir()}, "run", filepath.Join(recipesDir, "tiny.toml"), "--device", "cuda", "--train-iters", "1",
 		"--set", "activation_checkpoint.mode=full")
 	assert.Equal(t, exitFindings, code)
-	assert.Contains(t, errs, `activation_checkpoint.mode ("full"): cuda runs keep every activation`)
+	assert.Contains(t, errs, `activation_checkpoint.mode ("full"): shardline run refuses it: a cuda run of one rank trains on the one-GPU engine`)
 	assert.NotContains(t, errs, "no shardline-cuda was found")
 }
 
