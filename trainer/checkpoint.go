@@ -160,10 +160,24 @@ func (t *run) startSave(step, optSteps int) {
 		return
 	}
 	p := &pendingSave{step: step, optSteps: optSteps, dir: ckpt.StepDir(c.root, step), crcs: crcs, done: make(chan error, 1)}
-	if len(pieces) == 0 {
+	own := t.opts.own // rank 0's
+	if len(pieces) == 0 && own == nil {
 		p.finished = true
 	} else {
-		go func() { p.done <- ckpt.WriteRankFile(p.dir, t.rank, data) }()
+		go func() {
+			if own != nil {
+				// The save is this run's: Prune may remove it if it never completes.
+				if err := ckpt.Claim(p.dir, own.runID); err != nil {
+					p.done <- err
+					return
+				}
+			}
+			if len(pieces) == 0 {
+				p.done <- nil
+				return
+			}
+			p.done <- ckpt.WriteRankFile(p.dir, t.rank, data)
+		}()
 	}
 	p.blocked = time.Since(t0)
 	c.pending, c.saved = p, step
@@ -200,7 +214,7 @@ func (t *run) commitSave(world comm.Communicator) error {
 		return err
 	}
 	meta := &ckpt.Meta{Step: p.step, OptimizerSteps: p.optSteps, PlanFingerprint: t.plan.Fingerprint, WorldSize: t.plan.Mesh.World,
-		Strategy: t.plan.Strategy, ExpertParallel: t.plan.Mesh.EP, RunDir: runDir, SaveBlockedS: p.blocked.Seconds()}
+		Strategy: t.plan.Strategy, ExpertParallel: t.plan.Mesh.EP, RunDir: runDir, RunID: t.opts.own.runID, SaveBlockedS: p.blocked.Seconds()}
 	meta.RecipeFingerprint, _ = config.Fingerprint(t.r)
 	meta.DataFingerprint = t.ds.Fingerprint()
 	resolved, _, err := config.ResolvedTOML(t.r)
@@ -233,7 +247,10 @@ func (t *run) commitSave(world comm.Communicator) error {
 		return err
 	}
 	t.log.Info().Int("step", p.step).Str("dir", p.dir).Float64("blocked_ms", round4(p.blocked.Seconds()*1e3)).Msg("checkpoint saved")
-	return ckpt.Prune(t.ckpt.root, t.ckpt.keep)
+	if errs := ckpt.Prune(t.ckpt.root, t.ckpt.keep, t.opts.own.runID); len(errs) > 0 {
+		return errs[0]
+	}
+	return nil
 }
 
 // finishSave waits for the pending save's file and commits it (every rank).
@@ -371,14 +388,20 @@ func shareString(world comm.Communicator, s string) (string, error) {
 
 // openMetrics opens metrics.jsonl for the steps after startStep: a new file, or,
 // when resuming, the run's file cut back to the checkpoint's step (its records
-// become the start of the loss curve).
+// become the start of the loss curve). A branched run (a new run directory)
+// starts from the records of the run its checkpoint belongs to, when known;
+// that run's file is only read.
 func (t *run) openMetrics(startStep int) (*os.File, error) {
 	path := filepath.Join(t.dir, "metrics.jsonl")
 	if startStep == 0 {
 		return os.Create(path)
 	}
+	from := path
+	if o := t.opts.own; o != nil && !o.inPlace {
+		from = o.history
+	}
 	var kept []byte
-	if b, err := fileio.ReadRegular(path, 1<<30); err == nil {
+	if b, err := fileio.ReadRegular(from, 1<<30); from != "" && err == nil {
 		for _, line := range bytes.Split(b, []byte("\n")) {
 			var m Metrics
 			if len(line) == 0 || json.Unmarshal(line, &m) != nil || m.Step > startStep {

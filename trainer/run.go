@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -49,7 +50,8 @@ type Options struct {
 	Version  string
 	// Resume, when set, is a checkpoint directory (step-N, with metadata.json) to
 	// continue from: its state is loaded, resharded to this run's plan, and the run
-	// continues in the checkpoint's run directory from its step.
+	// continues from its step: in the checkpoint's run directory when that is
+	// the same run going on (takeRunDir), in a new run directory otherwise.
 	Resume string
 	// InitFrom, when set, is a Hugging Face model directory (config.json,
 	// safetensors) whose weights replace the initialisation: fine-tuning starts from
@@ -70,6 +72,7 @@ type Options struct {
 	RankBackend func(rank int) (be tensor.Backend, release func(), err error)
 
 	resume *ckpt.Meta // Resume's metadata, read by Run
+	own    *ownership // rank 0's hold on its run directory, taken by Run
 }
 
 // Process is this process's place in a multi-process job.
@@ -260,15 +263,16 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 			return runProcess(ctx, r, res, opts, plan, ds, "", log)
 		}
 	}
-	var dir string
-	if resume != nil && isDir(resume.RunDir) {
-		dir = resume.RunDir // continue the run where it was
-	} else if dir, err = makeRunDir(r); err != nil {
-		return nil, err
-	}
-	logFile, err := os.OpenFile(filepath.Join(dir, "run.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	own, err := takeRunDir(r, opts.Resume, resume)
 	if err != nil {
 		return nil, err
+	}
+	defer own.release()
+	opts.own = own
+	dir := own.dir
+	logFile, err := os.OpenFile(filepath.Join(dir, "run.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("run directory %s: opening run.log: %w", dir, err)
 	}
 	defer logFile.Close()
 	out := opts.LogOut
@@ -292,11 +296,6 @@ func sameDir(a, b string) bool {
 	sa, err1 := os.Stat(a)
 	sb, err2 := os.Stat(b)
 	return err1 == nil && err2 == nil && os.SameFile(sa, sb)
-}
-
-func isDir(path string) bool {
-	st, err := os.Stat(path)
-	return err == nil && st.IsDir()
 }
 
 func openData(r *config.Recipe, opts Options) (*data.Dataset, error) {
@@ -670,17 +669,19 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	r := t.r
 	out := &Result{Dir: t.dir, Predicted: t.plan.Memory, Fingerprint: t.plan.Fingerprint}
 	lead := t.rank == 0
-	if lead {
-		if err := t.writeHeader(); err != nil {
-			return nil, err
-		}
-	}
+	// The state is loaded before rank 0 writes anything: a resume that cannot
+	// load its checkpoint leaves the run directory as it was.
 	startStep, optSteps, err := t.openState(world, groups)
 	if t.st != nil {
 		defer t.st.close()
 	}
 	if err != nil {
 		return nil, err
+	}
+	if lead {
+		if err := t.writeHeader(); err != nil {
+			return nil, err
+		}
 	}
 	if lead && len(t.st.collectives) > 0 {
 		t.log.Info().Strs("groups", t.st.collectives).Msg("collectives")
