@@ -3,6 +3,7 @@ package trainer
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -176,7 +177,7 @@ func (t *run) startSave(step, optSteps int) {
 				p.done <- nil
 				return
 			}
-			p.done <- ckpt.WriteRankFile(p.dir, t.rank, data)
+			p.done <- t.opts.faults.writeRankFile(p.dir, t.rank, data)
 		}()
 	}
 	p.blocked = time.Since(t0)
@@ -247,8 +248,9 @@ func (t *run) commitSave(world comm.Communicator) error {
 		return err
 	}
 	t.log.Info().Int("step", p.step).Str("dir", p.dir).Float64("blocked_ms", round4(p.blocked.Seconds()*1e3)).Msg("checkpoint saved")
-	if errs := ckpt.Prune(t.ckpt.root, t.ckpt.keep, t.opts.own.runID); len(errs) > 0 {
-		return errs[0]
+	// An old checkpoint that cannot be removed costs disk space, not the run.
+	for _, err := range ckpt.PruneWith(t.ckpt.root, t.ckpt.keep, t.opts.own.runID, t.opts.faults.removeAll()) {
+		t.log.Warn().Err(err).Int("keep_last", t.ckpt.keep).Msg("an old checkpoint was not pruned; the run goes on (remove it by hand)")
 	}
 	return nil
 }
@@ -278,8 +280,12 @@ func saveFailed(p *pendingSave) error {
 	if p.err != nil {
 		return fmt.Errorf("writing the checkpoint of step %d: %w", p.step, p.err)
 	}
-	return fmt.Errorf("writing the checkpoint of step %d failed on another rank (its log says why)", p.step)
+	return fmt.Errorf("writing the checkpoint of step %d %w (its log says why)", p.step, errOtherRank)
 }
+
+// errOtherRank is a rank's report that another rank failed: that rank's own
+// error explains the run's end, where there is one.
+var errOtherRank = errors.New("failed on another rank")
 
 // load fills this rank's shards of the main weights and optimizer moments from a
 // checkpoint, reading only the pieces that overlap what it owns now, then

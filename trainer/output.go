@@ -169,6 +169,9 @@ func writeJSON(path string, v any) error {
 // writeHeader writes what is known before the first step: the resolved recipe, the
 // plan, the tokenizer and run.json.
 func (t *run) writeHeader() error {
+	if t.opts.own != nil {
+		t.opts.own.header = true // the directory changes from here on
+	}
 	resolved, _, err := config.ResolvedTOML(t.r)
 	if err != nil {
 		return err

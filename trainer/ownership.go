@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rs/zerolog"
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/fileio"
 	"github.com/shardline/shardline/trainer/ckpt"
@@ -113,6 +114,9 @@ type ownership struct {
 	inPlace bool // a resume continuing its run directory
 	fresh   bool // the directory was made by this process
 	started time.Time
+	// header is set once rank 0 starts writing run.json and the recipe into the
+	// directory: from then on a failure is recorded in run.json.
+	header bool
 }
 
 // release drops the locks.
@@ -296,4 +300,59 @@ func readRunInfo(dir string) (*runInfo, error) {
 		return nil, err
 	}
 	return &info, nil
+}
+
+// recordFailure writes down why the run ended without a result: the error in
+// run.log (to the file only: the caller prints it), and run.json's failure,
+// unless this is a resume that failed before it changed its run directory
+// (run.json then still says how the run last ended). It returns err, with a
+// note when run.json could not be written.
+func (t *run) recordFailure(err error, logFile io.Writer) error {
+	o := t.opts.own
+	flog := zerolog.New(logFile).With().Timestamp().Logger()
+	if !o.header && !o.fresh {
+		flog.Error().Err(err).Msg("the resume failed before the run directory changed; run.json still says how the run last ended")
+		return err
+	}
+	flog.Error().Err(err).Msg("run failed; run.json records it as the failure")
+	info := t.info()
+	info.Failure = err.Error()
+	if werr := writeJSON(filepath.Join(t.dir, "run.json"), info); werr != nil {
+		flog.Error().Err(werr).Msg("recording the failure in run.json")
+		return fmt.Errorf("%w (and recording it in run.json: %v)", err, werr)
+	}
+	return err
+}
+
+// faults stand in, in tests, for failures a test cannot cause on demand: a
+// disk that fills up under a checkpoint's write, an old checkpoint the disk
+// will not remove, a rank lost in the middle of a run. Nil in every real run.
+type faults struct {
+	rankFile func(dir string, rank int, data []byte) error // in place of ckpt.WriteRankFile
+	remove   func(path string) error                       // in place of os.RemoveAll when pruning
+	lose     func(rank, step int) error                    // every rank, before every step
+}
+
+// writeRankFile is ckpt.WriteRankFile, or the test's stand-in.
+func (f *faults) writeRankFile(dir string, rank int, data []byte) error {
+	if f != nil && f.rankFile != nil {
+		return f.rankFile(dir, rank, data)
+	}
+	return ckpt.WriteRankFile(dir, rank, data)
+}
+
+// removeAll is os.RemoveAll, or the test's stand-in.
+func (f *faults) removeAll() func(string) error {
+	if f != nil && f.remove != nil {
+		return f.remove
+	}
+	return os.RemoveAll
+}
+
+// lost is the error of a rank the test loses before step, or nil.
+func (f *faults) lost(rank, step int) error {
+	if f != nil && f.lose != nil {
+		return f.lose(rank, step)
+	}
+	return nil
 }

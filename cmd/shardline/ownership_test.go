@@ -1,7 +1,10 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"syscall"
@@ -49,4 +52,31 @@ func TestTwoProcessesCannotResumeOneRunDirectory(t *testing.T) {
 			assert.NoError(t, err, e.Dir)
 		}
 	}
+}
+
+// A lost rank (rank 1 of a launched job, SIGKILLed mid-run) left run.json
+// with neither result nor failure and run.log silent. Rank 0 now records
+// the failure in both.
+func TestLostRankOfAJobIsRecorded(t *testing.T) {
+	if _, err := os.Stat("/proc/self/stat"); err != nil {
+		t.Skip("needs /proc to find the ranks")
+	}
+	dir := t.TempDir()
+	launch, out := startCLI(t, longJob(t, dir, "--set", "logging.format=json")...)
+	waitForSteps(t, dir, 3, out)
+	require.NoError(t, syscall.Kill(childWithEnv(t, launch.Process.Pid, "RANK=1"), syscall.SIGKILL))
+	err := launch.Wait()
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee, "%s", out)
+
+	var info map[string]any
+	require.NoError(t, json.Unmarshal(must(os.ReadFile(filepath.Join(dir, "tiny", "run.json"))), &info))
+	assert.Nil(t, info["result"], "%s", out)
+	assert.NotEmpty(t, info["failure"], "run.json says how the run ended: %s", out)
+	lines := bytes.Split(bytes.TrimSpace(must(os.ReadFile(filepath.Join(dir, "tiny", "run.log")))), []byte("\n"))
+	var last map[string]any
+	require.NoError(t, json.Unmarshal(lines[len(lines)-1], &last))
+	assert.Equal(t, "error", last["level"], "run.log says why: %s", lines[len(lines)-1])
+	assert.Equal(t, info["failure"], last["error"])
+	t.Logf("run.json failure: %v", info["failure"])
 }

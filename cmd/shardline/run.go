@@ -55,6 +55,8 @@ directory) starts a new run directory and leaves the old one as it was. One
 process writes a run directory at a time: a second is refused, naming the
 first one's pid (docs/robustness.md, "Who owns a run directory").
 
+However a run ends, run.json says how (a result, or a failure) and run.log why.
+
 A run that ends on a non-finite loss or gradient writes no weights, plot or
 sample (run.json records why), and a setting the trainer does not carry out yet
 (bf16 main weights, expert tensor parallelism; on cuda: recomputation) is
