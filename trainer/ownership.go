@@ -29,9 +29,9 @@ import (
 //   - A resume continues a run directory in place only when the checkpoint lies
 //     in that run's own checkpoint root, that run's run.json bears the
 //     checkpoint's run id, the recipe saves into the same root, and the
-//     checkpoint is the run's newest complete one there (continuesInPlace). Any other
-//     resume (a copied checkpoint, an older step, another checkpoint root) is a
-//     new run in a new directory (a branch), with a new run id.
+//     checkpoint is the run's newest complete one there (continuesInPlace).
+//     Any other resume (a copied checkpoint, an older step, another checkpoint
+//     root) is a new run in a new directory (a branch), with a new run id.
 //   - Where outputs go is decided by where the checkpoint lies and what the
 //     recipe says, never by a path a file records (metadata.json's run_dir).
 //   - A new run (fresh or branched) needs a checkpoint root that holds no
@@ -79,14 +79,15 @@ func lockDir(dir, what string) (*dirLock, error) {
 			holder = fmt.Sprintf("process %d on %s (since %s)", h.PID, h.Host, h.Since)
 			stop = fmt.Sprintf("stop it (kill %d)", h.PID)
 		}
-		return nil, fmt.Errorf("%s %s: %w: %s holds its lock %s; two processes writing one run directory corrupt each other's checkpoints and metrics. Wait for it to end or %s, then run again; to train beside it, resume from a copy of its checkpoint (a new run directory)",
+		return nil, fmt.Errorf("%s %s: %w: %s holds its lock %s; two processes writing one directory corrupt each other's checkpoints and metrics. Wait for it to end or %s, then run again; to train beside it, resume from a copy of its checkpoint (a new run directory)",
 			what, dir, ErrInUse, holder, path, stop)
 	}
 	host, _ := os.Hostname()
 	b, _ := json.Marshal(lockHolder{PID: os.Getpid(), Host: host, Since: time.Now().UTC().Format(time.RFC3339)})
-	if err := f.Truncate(0); err == nil {
-		_, err = f.WriteAt(append(b, '\n'), 0)
-	}
+	// Who holds it, for the message a second writer gets (best effort: the
+	// flock is what excludes).
+	_ = f.Truncate(0)
+	_, _ = f.WriteAt(append(b, '\n'), 0)
 	return &dirLock{f: f}, nil
 }
 
