@@ -63,6 +63,26 @@ func TestFullDiskIsRecorded(t *testing.T) {
 	assertFailureRecorded(t, filepath.Join(dir, "runs", "t"), err, "no space left on device")
 }
 
+// A real full disk under the checkpoints: checkpoint.dir on a 128 KiB tmpfs,
+// too small for the first checkpoint (about 270 KB), where a test may mount
+// one (as root); TestFullDiskIsRecorded injects the same error everywhere.
+func TestFullCheckpointDiskIsRecorded(t *testing.T) {
+	mnt := t.TempDir()
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=128k"); err != nil {
+		t.Skipf("cannot mount a small tmpfs here (%v)", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(mnt, 0) })
+	res, dir := tinyRun(t, "train.steps=8", "train.eval_interval=0", "checkpoint.interval=2", "checkpoint.dir="+filepath.Join(mnt, "ckpts"))
+	_, err := Run(context.Background(), res, opts())
+	assert.ErrorIs(t, err, syscall.ENOSPC)
+	assertFailureRecorded(t, filepath.Join(dir, "runs", "t"), err, "no space left on device")
+	es, err := ckpt.List(filepath.Join(mnt, "ckpts"))
+	require.NoError(t, err)
+	for _, e := range es {
+		assert.False(t, e.Complete, "no checkpoint is complete: %s", e.Dir)
+	}
+}
+
 // A real full disk: the run's trace goes to /dev/full, whose every write
 // fails with ENOSPC, after the run has written its outputs.
 func TestFullDiskAtTheEndIsRecorded(t *testing.T) {
