@@ -3,6 +3,7 @@ package trainer
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -160,10 +161,24 @@ func (t *run) startSave(step, optSteps int) {
 		return
 	}
 	p := &pendingSave{step: step, optSteps: optSteps, dir: ckpt.StepDir(c.root, step), crcs: crcs, done: make(chan error, 1)}
-	if len(pieces) == 0 {
+	own := t.opts.own // rank 0's
+	if len(pieces) == 0 && own == nil {
 		p.finished = true
 	} else {
-		go func() { p.done <- ckpt.WriteRankFile(p.dir, t.rank, data) }()
+		go func() {
+			if own != nil {
+				// The save is this run's: Prune may remove it if it never completes.
+				if err := ckpt.Claim(p.dir, own.runID); err != nil {
+					p.done <- err
+					return
+				}
+			}
+			if len(pieces) == 0 {
+				p.done <- nil
+				return
+			}
+			p.done <- t.opts.faults.writeRankFile(p.dir, t.rank, data)
+		}()
 	}
 	p.blocked = time.Since(t0)
 	c.pending, c.saved = p, step
@@ -199,7 +214,7 @@ func (t *run) commitSave(world comm.Communicator) error {
 		return err
 	}
 	meta := &ckpt.Meta{Step: p.step, OptimizerSteps: p.optSteps, PlanFingerprint: t.plan.Fingerprint, WorldSize: t.plan.Mesh.World,
-		Strategy: t.plan.Strategy, ExpertParallel: t.plan.Mesh.EP, RunDir: runDir, SaveBlockedS: p.blocked.Seconds()}
+		Strategy: t.plan.Strategy, ExpertParallel: t.plan.Mesh.EP, RunDir: runDir, RunID: t.opts.own.runID, SaveBlockedS: p.blocked.Seconds()}
 	meta.RecipeFingerprint, _ = config.Fingerprint(t.r)
 	meta.DataFingerprint = t.ds.Fingerprint()
 	resolved, _, err := config.ResolvedTOML(t.r)
@@ -232,7 +247,11 @@ func (t *run) commitSave(world comm.Communicator) error {
 		return err
 	}
 	t.log.Info().Int("step", p.step).Str("dir", p.dir).Float64("blocked_ms", round4(p.blocked.Seconds()*1e3)).Msg("checkpoint saved")
-	return ckpt.Prune(t.ckpt.root, t.ckpt.keep)
+	// An old checkpoint that cannot be removed costs disk space, not the run.
+	for _, err := range ckpt.PruneWith(t.ckpt.root, t.ckpt.keep, t.opts.own.runID, t.opts.faults.removeAll()) {
+		t.log.Warn().Err(err).Int("keep_last", t.ckpt.keep).Msg("an old checkpoint was not pruned; the run goes on (remove it by hand)")
+	}
+	return nil
 }
 
 // finishSave waits for the pending save's file and commits it (every rank).
@@ -260,8 +279,12 @@ func saveFailed(p *pendingSave) error {
 	if p.err != nil {
 		return fmt.Errorf("writing the checkpoint of step %d: %w", p.step, p.err)
 	}
-	return fmt.Errorf("writing the checkpoint of step %d failed on another rank (its log says why)", p.step)
+	return fmt.Errorf("writing the checkpoint of step %d %w (its log says why)", p.step, errOtherRank)
 }
+
+// errOtherRank is a rank's report that another rank failed: that rank's own
+// error explains the run's end, where there is one.
+var errOtherRank = errors.New("failed on another rank")
 
 // load fills this rank's shards of the main weights and optimizer moments from a
 // checkpoint, reading only the pieces that overlap what it owns now, then
@@ -370,14 +393,20 @@ func shareString(world comm.Communicator, s string) (string, error) {
 
 // openMetrics opens metrics.jsonl for the steps after startStep: a new file, or,
 // when resuming, the run's file cut back to the checkpoint's step (its records
-// become the start of the loss curve).
+// become the start of the loss curve). A branched run (a new run directory)
+// starts from the records of the run its checkpoint belongs to, when known;
+// that run's file is only read.
 func (t *run) openMetrics(startStep int) (*os.File, error) {
 	path := filepath.Join(t.dir, "metrics.jsonl")
 	if startStep == 0 {
 		return os.Create(path)
 	}
+	from := path
+	if o := t.opts.own; o != nil && !o.inPlace {
+		from = o.history
+	}
 	var kept []byte
-	if b, err := fileio.ReadRegular(path, 1<<30); err == nil {
+	if b, err := fileio.ReadRegular(from, 1<<30); from != "" && err == nil {
 		for _, line := range bytes.Split(b, []byte("\n")) {
 			var m Metrics
 			if len(line) == 0 || json.Unmarshal(line, &m) != nil || m.Step > startStep {

@@ -24,7 +24,14 @@ import (
 
 // runInfo is run.json.
 type runInfo struct {
-	Name              string          `json:"name"`
+	Name string `json:"name"`
+	// RunID names the run (its checkpoints carry it; a resume in place keeps
+	// it, a branch gets a new one); ResumedFrom is the checkpoint it started
+	// from; CheckpointDir is checkpoint.dir, absolute, when the checkpoints are
+	// not under the run directory.
+	RunID             string          `json:"run_id,omitempty"`
+	ResumedFrom       string          `json:"resumed_from,omitempty"`
+	CheckpointDir     string          `json:"checkpoint_dir,omitempty"`
 	Version           string          `json:"shardline_version"`
 	Revision          string          `json:"vcs_revision,omitempty"` // the commit shardline was built from
 	Modified          bool            `json:"vcs_modified,omitempty"` // built from a tree with uncommitted changes
@@ -88,6 +95,9 @@ type memoryCompared struct {
 // data and machine, with which overrides.
 func (t *run) info() runInfo {
 	fp, _ := config.Fingerprint(t.r)
+	if o := t.opts.own; o != nil && t.started.IsZero() {
+		t.started = o.started
+	}
 	if t.started.IsZero() {
 		t.started = time.Now()
 	}
@@ -98,6 +108,9 @@ func (t *run) info() runInfo {
 	in := runInfo{Name: t.r.Run.Name, Version: t.opts.Version, Go: runtime.Version(), Backend: backend,
 		RecipeFingerprint: fp, PlanFingerprint: t.plan.Fingerprint, DataFingerprint: t.ds.Fingerprint(), Seed: t.r.Run.Seed,
 		Started: t.started.UTC().Format(time.RFC3339), Tokenizer: t.ds.Tok.Name(), Machine: thisMachine()}
+	if o := t.opts.own; o != nil {
+		in.RunID, in.ResumedFrom, in.CheckpointDir = o.runID, o.resumedFrom, o.ckptDir
+	}
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		for _, s := range bi.Settings {
 			switch s.Key {
@@ -156,6 +169,9 @@ func writeJSON(path string, v any) error {
 // writeHeader writes what is known before the first step: the resolved recipe, the
 // plan, the tokenizer and run.json.
 func (t *run) writeHeader() error {
+	if t.opts.own != nil {
+		t.opts.own.header = true // the directory changes from here on
+	}
 	resolved, _, err := config.ResolvedTOML(t.r)
 	if err != nil {
 		return err

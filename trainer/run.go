@@ -10,8 +10,10 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -49,7 +51,8 @@ type Options struct {
 	Version  string
 	// Resume, when set, is a checkpoint directory (step-N, with metadata.json) to
 	// continue from: its state is loaded, resharded to this run's plan, and the run
-	// continues in the checkpoint's run directory from its step.
+	// continues from its step: in the checkpoint's run directory when that is
+	// the same run going on (takeRunDir), in a new run directory otherwise.
 	Resume string
 	// InitFrom, when set, is a Hugging Face model directory (config.json,
 	// safetensors) whose weights replace the initialisation: fine-tuning starts from
@@ -70,6 +73,8 @@ type Options struct {
 	RankBackend func(rank int) (be tensor.Backend, release func(), err error)
 
 	resume *ckpt.Meta // Resume's metadata, read by Run
+	own    *ownership // rank 0's hold on its run directory, taken by Run
+	faults *faults    // tests' stand-ins for a failing disk or rank
 }
 
 // Process is this process's place in a multi-process job.
@@ -260,15 +265,16 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 			return runProcess(ctx, r, res, opts, plan, ds, "", log)
 		}
 	}
-	var dir string
-	if resume != nil && isDir(resume.RunDir) {
-		dir = resume.RunDir // continue the run where it was
-	} else if dir, err = makeRunDir(r); err != nil {
-		return nil, err
-	}
-	logFile, err := os.OpenFile(filepath.Join(dir, "run.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	own, err := takeRunDir(r, opts.Resume, resume)
 	if err != nil {
 		return nil, err
+	}
+	defer own.release()
+	opts.own = own
+	dir := own.dir
+	logFile, err := os.OpenFile(filepath.Join(dir, "run.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("run directory %s: opening run.log: %w", dir, err)
 	}
 	defer logFile.Close()
 	out := opts.LogOut
@@ -280,11 +286,26 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 	}
 	// In-process ranks log concurrently: one lock serialises whole events.
 	log := zerolog.New(zerolog.SyncWriter(zerolog.MultiLevelWriter(out, logFile))).Level(opts.LogLevel).With().Timestamp().Logger()
+	var result *Result
 	if opts.Process != nil {
 		log = log.With().Int("rank", 0).Logger()
-		return runProcess(ctx, r, res, opts, plan, ds, dir, log)
+		result, err = func() (out *Result, err error) {
+			defer func() {
+				if p := recover(); p != nil {
+					err = fmt.Errorf("rank 0: %w", panicked(p))
+				}
+			}()
+			return runProcess(ctx, r, res, opts, plan, ds, dir, log)
+		}()
+	} else {
+		result, err = runRanks(ctx, r, res, opts, plan, ds, dir, log)
 	}
-	return runRanks(ctx, r, res, opts, plan, ds, dir, log)
+	if err != nil {
+		// Every way a run ends is written down: run.log says why, run.json how.
+		rec := &run{r: r, res: res, opts: opts, plan: plan, ds: ds, dir: dir, rank: 0}
+		return nil, rec.recordFailure(err, logFile)
+	}
+	return result, nil
 }
 
 // sameDir says whether two paths name the same directory.
@@ -292,11 +313,6 @@ func sameDir(a, b string) bool {
 	sa, err1 := os.Stat(a)
 	sb, err2 := os.Stat(b)
 	return err1 == nil && err2 == nil && os.SameFile(sa, sb)
-}
-
-func isDir(path string) bool {
-	st, err := os.Stat(path)
-	return err == nil && st.IsDir()
 }
 
 func openData(r *config.Recipe, opts Options) (*data.Dataset, error) {
@@ -416,6 +432,12 @@ func runRanks(ctx context.Context, r *config.Recipe, res *config.Resolved, opts 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer func() {
+				if p := recover(); p != nil { // a bug: the run still says how it ended
+					errs[rank] = panicked(p)
+					world.Abort(errs[rank])
+				}
+			}()
 			t := &run{r: r, res: res, opts: opts, plan: plan, ds: ds, dir: dir, log: log, rank: rank, trace: tr}
 			if rank != 0 { // other ranks report warnings and errors, each line with its rank
 				t.log = log.With().Int("rank", rank).Logger().Level(max(zerolog.WarnLevel, opts.LogLevel))
@@ -443,19 +465,36 @@ func runRanks(ctx context.Context, r *config.Recipe, res *config.Resolved, opts 
 			return nil, fmt.Errorf("writing the trace: %w", err)
 		}
 	}
-	// The first error that is not another rank's abort explains the failure.
-	for _, err := range errs {
-		var re *comm.RankError
-		if err != nil && !(errors.As(err, &re) && strings.Contains(re.Error(), "world aborted")) {
-			return nil, err
-		}
-	}
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
+	// The first error that is neither another rank's abort nor a report that
+	// another rank failed explains the failure; it names its rank.
+	for _, explains := range []func(error) bool{
+		func(err error) bool { return !aborted(err) && !errors.Is(err, errOtherRank) },
+		func(err error) bool { return !aborted(err) },
+		func(error) bool { return true },
+	} {
+		for rank, err := range errs {
+			if err != nil && explains(err) {
+				if n > 1 {
+					err = fmt.Errorf("rank %d: %w", rank, err)
+				}
+				return nil, err
+			}
 		}
 	}
 	return results[0], nil
+}
+
+// aborted says whether err is a rank's collective given up because another
+// rank failed.
+func aborted(err error) bool {
+	var re *comm.RankError
+	return errors.As(err, &re) && strings.Contains(re.Error(), "world aborted")
+}
+
+// panicked is the error of a rank that panicked (a bug in shardline), with
+// the stack, so that run.log and run.json record it.
+func panicked(p any) error {
+	return fmt.Errorf("internal error (please report it): %v\n%s", p, debug.Stack())
 }
 
 // rankBackend binds the rank to the backend Options.RankBackend gives it, if
@@ -670,17 +709,19 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	r := t.r
 	out := &Result{Dir: t.dir, Predicted: t.plan.Memory, Fingerprint: t.plan.Fingerprint}
 	lead := t.rank == 0
-	if lead {
-		if err := t.writeHeader(); err != nil {
-			return nil, err
-		}
-	}
+	// The state is loaded before rank 0 writes anything: a resume that cannot
+	// load its checkpoint leaves the run directory as it was.
 	startStep, optSteps, err := t.openState(world, groups)
 	if t.st != nil {
 		defer t.st.close()
 	}
 	if err != nil {
 		return nil, err
+	}
+	if lead {
+		if err := t.writeHeader(); err != nil {
+			return nil, err
+		}
 	}
 	if lead && len(t.st.collectives) > 0 {
 		t.log.Info().Strs("groups", t.st.collectives).Msg("collectives")
@@ -761,6 +802,9 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		return nil
 	}
 	for step := startStep; step < r.Train.Steps; step++ {
+		if err := t.opts.faults.lost(t.rank, step); err != nil {
+			return nil, err
+		}
 		// Every rank stops at the same step: rank 0's interrupt is all-reduced.
 		flag[0], flag[1], flag[2] = 0, 0, 0
 		if lead && (ctx.Err() != nil || (t.opts.StopAfter > 0 && step >= t.opts.StopAfter)) {

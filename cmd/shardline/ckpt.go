@@ -65,9 +65,9 @@ docs/checkpoints.md describes the format.`}
 			for _, f := range m.Files {
 				bytes += f.Size
 			}
-			fmt.Fprintf(a.stdout, "checkpoint %s\nstep %d (optimizer steps %d), %d ranks, %s, expert parallel %d\nrecipe %s\nplan %s\ndata %s\nrun %s\nfiles %d, %d bytes; the save held training for %.1f ms\nstate per piece: %s\n\n",
+			fmt.Fprintf(a.stdout, "checkpoint %s\nstep %d (optimizer steps %d), %d ranks, %s, expert parallel %d\nrecipe %s\nplan %s\ndata %s\nrun %s (id %s)\nfiles %d, %d bytes; the save held training for %.1f ms\nstate per piece: %s\n\n",
 				dir, m.Step, m.OptimizerSteps, m.WorldSize, m.Strategy, m.ExpertParallel, m.RecipeFingerprint, m.PlanFingerprint, m.DataFingerprint,
-				m.RunDir, len(m.Files), bytes, m.SaveBlockedS*1e3, strings.Join(m.States, ", "))
+				m.RunDir, m.RunID, len(m.Files), bytes, m.SaveBlockedS*1e3, strings.Join(m.States, ", "))
 			w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "TENSOR\tSHAPE\tDTYPE\tPIECES (start+count@file:offset)")
 			for _, t := range m.Tensors {

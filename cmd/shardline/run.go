@@ -48,7 +48,14 @@ still writes the outputs (exit status 130).
 With checkpoint.interval (--save-interval) or checkpoint.dir (--save) each rank
 saves its shard of the state in the background every interval steps, at the end
 and on SIGINT/SIGTERM; --resume continues a run from one, on any world size,
-strategy or expert-parallel degree (docs/checkpoints.md).
+strategy or expert-parallel degree (docs/checkpoints.md). A resume from the
+newest checkpoint in its run's own checkpoint directory continues that run
+directory; any other (a copied checkpoint, an older step, another checkpoint
+directory) starts a new run directory and leaves the old one as it was. One
+process writes a run directory at a time: a second is refused, naming the
+first one's pid (docs/robustness.md, "Who owns a run directory").
+
+However a run ends, run.json says how (a result, or a failure) and run.log why.
 
 A run that ends on a non-finite loss or gradient writes no weights, plot or
 sample (run.json records why), and a setting the trainer does not carry out yet
@@ -80,7 +87,7 @@ or staged through the host where ranks share a GPU.`,
 	cmd.Flags().IntVar(&nproc, "nproc", 0, "train on N ranks as goroutines of this process (sets parallel.world_size)")
 	var trace, resume string
 	var commTimeout time.Duration
-	cmd.Flags().StringVar(&resume, "resume", "", "continue a run from a checkpoint: a checkpoint directory, a run directory or checkpoint root (its newest complete checkpoint), or latest (the newest under the recipe's checkpoint directory); RECIPE defaults to the run's resolved.toml")
+	cmd.Flags().StringVar(&resume, "resume", "", "continue a run from a checkpoint: a checkpoint directory, a run directory or checkpoint root (its newest complete checkpoint), or latest (the newest under the recipe's checkpoint directory); RECIPE defaults to the run's resolved.toml. The run's newest checkpoint continues its run directory; any other starts a new one")
 	cmd.Flags().StringVar(&resume, "load", "", "Megatron's --load: the same as --resume")
 	var initFrom string
 	cmd.Flags().StringVar(&initFrom, "init-from", "", "start from a Hugging Face model directory's weights (config.json, safetensors; shardline ckpt export writes one) instead of the initialisation: fine-tuning")
@@ -145,14 +152,21 @@ or staged through the host where ranks share a GPU.`,
 				return usageErr("--resume %s: %v", resume, err)
 			}
 			if len(args) == 0 {
-				// The run's own resolved recipe: what the checkpoint was trained with.
+				// The run's own resolved recipe: what the checkpoint was trained with,
+				// from the run directory above its checkpoints/, or else the one its
+				// metadata records (only read: where the run writes is the trainer's
+				// decision, never the metadata's).
 				m, err := ckpt.Open(ckptDir)
 				if err != nil {
 					return &exitError{code: exitFindings, err: err}
 				}
-				path = filepath.Join(m.RunDir, "resolved.toml")
+				runDir := m.RunDir
+				if p := filepath.Dir(ckptDir); filepath.Base(p) == "checkpoints" && fileExists(filepath.Join(filepath.Dir(p), "resolved.toml")) {
+					runDir = filepath.Dir(p)
+				}
+				path = filepath.Join(runDir, "resolved.toml")
 				if !fileExists(path) {
-					return usageErr("--resume %s: the run directory %s has no resolved.toml; give the recipe as an argument", resume, m.RunDir)
+					return usageErr("--resume %s: the run directory %s has no resolved.toml; give the recipe as an argument", resume, runDir)
 				}
 			}
 		}

@@ -17,8 +17,17 @@ import (
 	"github.com/shardline/shardline/fileio"
 )
 
-// Format names this layout in metadata.json.
-const Format = "shardline-checkpoint-v1"
+// Format names this layout in metadata.json. Version 2 added the run id and
+// the metadata's own checksum; a version 1 checkpoint is refused (formatV1).
+const Format = "shardline-checkpoint-v2"
+
+// formatV1 is the layout before metadata.json had a run id and a checksum.
+const formatV1 = "shardline-checkpoint-v1"
+
+// OwnerFile, in a checkpoint directory, holds the id of the run that started
+// the save (rank 0 writes it before its rank file): an unfinished save is
+// pruned only by its own run.
+const OwnerFile = "owner"
 
 // MetadataFile is the file whose presence makes a checkpoint complete.
 const MetadataFile = "metadata.json"
@@ -29,23 +38,41 @@ var States = []string{"main", "exp_avg", "exp_avg_sq"}
 
 // Meta is metadata.json.
 type Meta struct {
-	Format            string   `json:"format"`
-	Step              int      `json:"step"`            // optimizer steps the run had taken
-	OptimizerSteps    int      `json:"optimizer_steps"` // steps that updated the weights (skipped ones excluded)
-	RecipeFingerprint string   `json:"recipe_fingerprint"`
-	PlanFingerprint   string   `json:"plan_fingerprint"`
-	DataFingerprint   string   `json:"data_fingerprint"` // the training and validation tokens
-	WorldSize         int      `json:"world_size"`
-	Strategy          string   `json:"strategy"`
-	ExpertParallel    int      `json:"expert_parallel"`
-	RunDir            string   `json:"run_dir"` // the run directory that wrote it
-	ResolvedRecipe    string   `json:"resolved_recipe"`
-	States            []string `json:"states"`
-	Tensors           []Tensor `json:"tensors"`
-	Files             []File   `json:"files"`
+	Format            string `json:"format"`
+	Step              int    `json:"step"`            // optimizer steps the run had taken
+	OptimizerSteps    int    `json:"optimizer_steps"` // steps that updated the weights (skipped ones excluded)
+	RecipeFingerprint string `json:"recipe_fingerprint"`
+	PlanFingerprint   string `json:"plan_fingerprint"`
+	DataFingerprint   string `json:"data_fingerprint"` // the training and validation tokens
+	WorldSize         int    `json:"world_size"`
+	Strategy          string `json:"strategy"`
+	ExpertParallel    int    `json:"expert_parallel"`
+	RunDir            string `json:"run_dir"` // the run directory that wrote it (a record, never where a resume writes)
+	// RunID is the id of the run that wrote it (run.json's run_id): a run prunes
+	// only checkpoints bearing its own.
+	RunID          string   `json:"run_id"`
+	ResolvedRecipe string   `json:"resolved_recipe"`
+	States         []string `json:"states"`
+	Tensors        []Tensor `json:"tensors"`
+	Files          []File   `json:"files"`
 	// SaveBlockedS is how long the save held training up (the snapshot); the rest
 	// of the writing ran beside the steps that followed.
 	SaveBlockedS float64 `json:"save_blocked_s"`
+	// Checksum is the CRC-32C (hex) of metadata.json as Commit marshals it with
+	// this field empty: every field above, each of which steers a resume, is
+	// covered.
+	Checksum string `json:"checksum"`
+}
+
+// checksum is m's Checksum: the CRC-32C of m marshalled with Checksum empty.
+func (m *Meta) checksum() (string, error) {
+	c := *m
+	c.Checksum = ""
+	b, err := json.Marshal(&c)
+	if err != nil {
+		return "", err
+	}
+	return Sum(b), nil
 }
 
 // Tensor is one parameter: its global shape and the pieces that hold it.
@@ -121,12 +148,31 @@ func Sum(b []byte) string { return FormatSum(Checksum(b)) }
 // FormatSum writes a checksum as metadata.json does.
 func FormatSum(c uint32) string { return fmt.Sprintf("%08x", c) }
 
-// WriteRankFile writes one rank's pieces, atomically.
+// ErrCommitted is a save into a checkpoint directory that is already
+// complete: a save never replaces a checkpoint.
+var ErrCommitted = errors.New("a complete checkpoint is already there (a save never replaces one)")
+
+// WriteRankFile writes one rank's pieces, atomically, into a checkpoint
+// directory that is not complete (ErrCommitted otherwise).
 func WriteRankFile(dir string, rank int, data []byte) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
+	if _, err := os.Lstat(filepath.Join(dir, MetadataFile)); err == nil {
+		return fmt.Errorf("%s: %w", dir, ErrCommitted)
+	}
 	return fileio.WriteAtomic(filepath.Join(dir, RankFile(rank)), data)
+}
+
+// Claim marks dir as a save the run runID started (OwnerFile), creating it.
+func Claim(dir, runID string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if _, err := os.Lstat(filepath.Join(dir, MetadataFile)); err == nil {
+		return fmt.Errorf("%s: %w", dir, ErrCommitted)
+	}
+	return fileio.WriteAtomic(filepath.Join(dir, OwnerFile), []byte(runID+"\n"))
 }
 
 // Commit checks m and writes metadata.json into dir, last: from then on the
@@ -136,9 +182,17 @@ func Commit(dir string, m *Meta) error {
 	if m.States == nil {
 		m.States = States
 	}
+	if m.RunID == "" {
+		return fmt.Errorf("checkpoint %s not committed: no run id", dir)
+	}
 	if err := m.check(dir); err != nil {
 		return fmt.Errorf("checkpoint %s not committed: %w", dir, err)
 	}
+	sum, err := m.checksum()
+	if err != nil {
+		return err
+	}
+	m.Checksum = sum
 	b, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
 		return err
@@ -151,7 +205,8 @@ func Commit(dir string, m *Meta) error {
 const maxMetadata = 1 << 30
 
 // Open reads and checks a checkpoint's metadata: the format, every file's
-// presence and size, and that the pieces of every tensor cover it exactly once.
+// presence and size, that the pieces of every tensor cover it exactly once,
+// and the metadata's checksum.
 func Open(dir string) (*Meta, error) {
 	b, err := fileio.ReadRegular(filepath.Join(dir, MetadataFile), maxMetadata)
 	if err != nil {
@@ -164,11 +219,25 @@ func Open(dir string) (*Meta, error) {
 	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, MetadataFile), err)
 	}
-	if m.Format != Format {
-		return nil, fmt.Errorf("%s: format %q, this shardline reads %q", filepath.Join(dir, MetadataFile), m.Format, Format)
+	path := filepath.Join(dir, MetadataFile)
+	switch {
+	case m.Format == formatV1:
+		return nil, fmt.Errorf("%s: format %q has no checksum of its metadata or run id, this shardline reads %q; resume it with the shardline that wrote it, or train afresh", path, m.Format, Format)
+	case m.Format != Format:
+		return nil, fmt.Errorf("%s: format %q, this shardline reads %q", path, m.Format, Format)
 	}
 	if err := m.check(dir); err != nil {
 		return nil, fmt.Errorf("%s: %w", dir, err)
+	}
+	// The table is checked first (it bounds what is read); then the checksum,
+	// which covers every field a resume acts on: the step, the fingerprints,
+	// the recipe, the run, the tensor table.
+	sum, err := m.checksum()
+	if err != nil {
+		return nil, err
+	}
+	if m.RunID == "" || sum != m.Checksum {
+		return nil, fmt.Errorf("%s: %w: its checksum is %s, the file records %q (edited or damaged after the save); resume from another checkpoint (shardline ckpt ls lists them)", path, fileio.ErrCorrupt, sum, m.Checksum)
 	}
 	return &m, nil
 }
@@ -386,32 +455,71 @@ func Latest(root string) (string, error) {
 	return "", fmt.Errorf("no complete checkpoint under %s", root)
 }
 
-// Prune removes complete checkpoints beyond the newest keep (0 keeps all), and
-// incomplete ones older than the newest complete one (saves that never finished).
-func Prune(root string, keep int) error {
+// Prune removes the checkpoints of run runID under root beyond its newest keep
+// complete ones (0 keeps all), and its unfinished saves (OwnerFile) older than
+// its newest complete one. It removes nothing else: not a checkpoint of another
+// run, not one whose metadata or owner cannot be read, not a symbolic link
+// (List skips them; RemoveAll removes a link inside, never what it points to).
+// It returns an error for each checkpoint it could not remove, and goes on.
+func Prune(root string, keep int, runID string) []error {
+	return PruneWith(root, keep, runID, os.RemoveAll)
+}
+
+// PruneWith is Prune with remove in place of os.RemoveAll (a test's failing
+// disk).
+func PruneWith(root string, keep int, runID string, remove func(string) error) []error {
 	es, err := List(root)
 	if err != nil {
-		return err
+		return []error{err}
 	}
+	var errs []error
 	complete := 0
 	newest := -1
 	for i := len(es) - 1; i >= 0; i-- {
 		e := es[i]
+		var drop bool
 		if e.Complete {
+			if RunOf(e.Dir) != runID {
+				continue
+			}
 			complete++
 			if newest < 0 {
 				newest = e.Step
 			}
-			if keep > 0 && complete > keep {
-				if err := os.RemoveAll(e.Dir); err != nil {
-					return err
-				}
-			}
-		} else if newest >= 0 && e.Step < newest {
-			if err := os.RemoveAll(e.Dir); err != nil {
-				return err
+			drop = keep > 0 && complete > keep
+		} else {
+			drop = newest >= 0 && e.Step < newest && ownerOf(e.Dir) == runID
+		}
+		if drop {
+			if err := remove(e.Dir); err != nil {
+				errs = append(errs, fmt.Errorf("removing checkpoint %s: %w", e.Dir, err))
 			}
 		}
 	}
-	return nil
+	return errs
+}
+
+// RunOf is the run id a complete checkpoint's metadata.json records, "" when it
+// cannot be read.
+func RunOf(dir string) string {
+	b, err := fileio.ReadRegular(filepath.Join(dir, MetadataFile), maxMetadata)
+	if err != nil {
+		return ""
+	}
+	var m struct {
+		RunID string `json:"run_id"`
+	}
+	if json.Unmarshal(b, &m) != nil {
+		return ""
+	}
+	return m.RunID
+}
+
+// ownerOf is the run id an unfinished save's OwnerFile holds, "" when none.
+func ownerOf(dir string) string {
+	b, err := fileio.ReadRegular(filepath.Join(dir, OwnerFile), 256)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }

@@ -35,7 +35,7 @@ func writeCheckpoint(t testing.TB) string {
 		pieces = append(pieces, p)
 	}
 	require.NoError(t, WriteRankFile(dir, 0, data))
-	m := &Meta{Step: 7, OptimizerSteps: 7, WorldSize: 1, Tensors: []Tensor{{Name: "w", Shape: []int{2, 3}, Dtype: "fp32", Pieces: pieces}},
+	m := &Meta{Step: 7, OptimizerSteps: 7, WorldSize: 1, RunID: "test-run", Tensors: []Tensor{{Name: "w", Shape: []int{2, 3}, Dtype: "fp32", Pieces: pieces}},
 		Files: []File{{Name: RankFile(0), Size: int64(len(data))}}}
 	require.NoError(t, Commit(dir, m))
 	return dir
@@ -126,9 +126,9 @@ func TestCheckRefusesBadTables(t *testing.T) {
 func TestListLatestPrune(t *testing.T) {
 	root := t.TempDir()
 	for _, s := range []int{1, 2, 3, 5} {
-		require.NoError(t, os.MkdirAll(StepDir(root, s), 0o755))
+		require.NoError(t, Claim(StepDir(root, s), "me"))
 		if s != 2 && s != 5 {
-			require.NoError(t, os.WriteFile(filepath.Join(StepDir(root, s), MetadataFile), []byte("{}"), 0o644))
+			require.NoError(t, os.WriteFile(filepath.Join(StepDir(root, s), MetadataFile), []byte(`{"run_id":"me"}`), 0o644))
 		}
 	}
 	es, err := List(root)
@@ -138,7 +138,7 @@ func TestListLatestPrune(t *testing.T) {
 	latest, err := Latest(root)
 	require.NoError(t, err)
 	require.Equal(t, StepDir(root, 3), latest)
-	require.NoError(t, Prune(root, 1))
+	require.Empty(t, Prune(root, 1, "me"))
 	es, err = List(root)
 	require.NoError(t, err)
 	var steps []int
@@ -163,7 +163,7 @@ func FuzzOpen(f *testing.F) {
 	}
 	f.Add(meta, data)
 	f.Add([]byte(strings.Replace(string(meta), `"count": 2`, `"count": 768614336404564651`, 1)), data)
-	f.Add([]byte(`{"format":"shardline-checkpoint-v1","states":["a","b","c"],"tensors":[{"name":"w","shape":[-1]}]}`), data)
+	f.Add([]byte(`{"format":"shardline-checkpoint-v2","run_id":"r","states":["a","b","c"],"tensors":[{"name":"w","shape":[-1]}]}`), data)
 	f.Fuzz(func(t *testing.T, meta, data []byte) {
 		dir := t.TempDir()
 		if err := os.WriteFile(filepath.Join(dir, MetadataFile), meta, 0o644); err != nil {

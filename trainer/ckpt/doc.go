@@ -16,7 +16,8 @@
 // little-endian float32 values with its own CRC-32C. metadata.json names, per
 // tensor, its global shape and every piece with its file, byte offset and
 // checksums, plus the step, the optimizer's step count, the recipe and plan
-// fingerprints and the resolved recipe.
+// fingerprints, the resolved recipe, the id of the run that wrote it, and a
+// CRC-32C of all of these (the metadata's own checksum).
 //
 // # Guarantees
 //
@@ -26,7 +27,10 @@
 // checkpoint whole and this one absent (List reports it incomplete). Reading a
 // piece checks its checksum and refuses a changed or truncated file naming the
 // file, tensor and byte offset. Open checks that the pieces of every tensor cover
-// it exactly once.
+// it exactly once, and the metadata's checksum, so no field a resume acts on
+// can change unnoticed. A save never writes into a complete checkpoint
+// (ErrCommitted). Prune removes only the checkpoints of the run that asks
+// (their run id), never a symbolic link or what it points to.
 //
 // ckpt imports fileio only.
 package ckpt

@@ -1,0 +1,174 @@
+package trainer
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/shardline/shardline/trainer/ckpt"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Tests that every way a run ends is written down (issue #46, class 2): a
+// disk-full error, a lost rank or a failed prune left run.json with neither
+// result nor failure, and run.log silent.
+
+// logEvents is a run directory's run.log, one map per JSON line.
+func logEvents(t *testing.T, dir string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, line := range bytes.Split(bytes.TrimSpace(must(os.ReadFile(filepath.Join(dir, "run.log")))), []byte("\n")) {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal(line, &m), "%s", line)
+		out = append(out, m)
+	}
+	return out
+}
+
+// assertFailureRecorded checks that the run in dir records err: run.json's
+// failure holds it (and there is no result), and run.log's last event is an
+// error holding it.
+func assertFailureRecorded(t *testing.T, dir string, err error, want string) {
+	t.Helper()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), want)
+	info := runJSON(t, dir)
+	assert.Nil(t, info["result"], "a failed run has no result")
+	assert.Contains(t, info["failure"], want, "run.json says how the run ended")
+	ev := logEvents(t, dir)
+	last := ev[len(ev)-1]
+	assert.Equal(t, "error", last["level"], "run.log ends with why")
+	assert.Contains(t, last["error"], want)
+}
+
+// A disk that fills up under a checkpoint's write (ENOSPC from the rank
+// file's write, as the kernel reports it) ends the run, recorded.
+func TestFullDiskIsRecorded(t *testing.T) {
+	res, dir := tinyRun(t, "train.steps=8", "train.eval_interval=0", "checkpoint.interval=2", "parallel.world_size=2")
+	o := opts()
+	o.faults = &faults{rankFile: func(dir string, rank int, data []byte) error {
+		if rank == 1 && filepath.Base(dir) == "step-00000004" {
+			return &os.PathError{Op: "write", Path: filepath.Join(dir, ckpt.RankFile(rank)), Err: syscall.ENOSPC}
+		}
+		return ckpt.WriteRankFile(dir, rank, data)
+	}}
+	_, err := Run(context.Background(), res, o)
+	assert.ErrorIs(t, err, syscall.ENOSPC)
+	assertFailureRecorded(t, filepath.Join(dir, "runs", "t"), err, "no space left on device")
+}
+
+// A real full disk under the checkpoints: checkpoint.dir on a 128 KiB tmpfs,
+// too small for the first checkpoint (about 270 KB), where a test may mount
+// one (as root); TestFullDiskIsRecorded injects the same error everywhere.
+func TestFullCheckpointDiskIsRecorded(t *testing.T) {
+	mnt := t.TempDir()
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=128k"); err != nil {
+		t.Skipf("cannot mount a small tmpfs here (%v)", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(mnt, 0) })
+	res, dir := tinyRun(t, "train.steps=8", "train.eval_interval=0", "checkpoint.interval=2", "checkpoint.dir="+filepath.Join(mnt, "ckpts"))
+	_, err := Run(context.Background(), res, opts())
+	assert.ErrorIs(t, err, syscall.ENOSPC)
+	assertFailureRecorded(t, filepath.Join(dir, "runs", "t"), err, "no space left on device")
+	es, err := ckpt.List(filepath.Join(mnt, "ckpts"))
+	require.NoError(t, err)
+	for _, e := range es {
+		assert.False(t, e.Complete, "no checkpoint is complete: %s", e.Dir)
+	}
+}
+
+// A real full disk: the run's trace goes to /dev/full, whose every write
+// fails with ENOSPC, after the run has written its outputs.
+func TestFullDiskAtTheEndIsRecorded(t *testing.T) {
+	if _, err := os.Stat("/dev/full"); err != nil {
+		t.Skip("no /dev/full")
+	}
+	res, dir := tinyRun(t, "train.steps=2", "train.eval_interval=0")
+	o := opts()
+	o.TracePath = "/dev/full"
+	_, err := Run(context.Background(), res, o)
+	assertFailureRecorded(t, filepath.Join(dir, "runs", "t"), err, "no space left on device")
+}
+
+// A rank lost in the middle of a run (here rank 1 of 2 in-process ranks,
+// failing before step 3) ends the run, recorded with the lost rank's reason
+// rather than the others' "world aborted".
+func TestLostRankIsRecorded(t *testing.T) {
+	res, dir := tinyRun(t, "train.steps=8", "train.eval_interval=0", "parallel.world_size=2")
+	o := opts()
+	o.faults = &faults{lose: func(rank, step int) error {
+		if rank == 1 && step == 3 {
+			return errors.New("lost: its machine went away")
+		}
+		return nil
+	}}
+	_, err := Run(context.Background(), res, o)
+	assertFailureRecorded(t, filepath.Join(dir, "runs", "t"), err, "rank 1: lost: its machine went away")
+}
+
+// A checkpoint that keep_last cannot remove is a warning in run.log, and the
+// run ends well: run.json has its result, the checkpoint stays.
+func TestFailedPruneIsAWarning(t *testing.T) {
+	res, _ := tinyRun(t, "train.steps=6", "train.eval_interval=0", "checkpoint.interval=2", "checkpoint.keep_last=1")
+	o := opts()
+	o.faults = &faults{remove: func(path string) error {
+		if filepath.Base(path) == "step-00000002" {
+			return &os.PathError{Op: "unlinkat", Path: filepath.Join(path, ckpt.RankFile(0)), Err: syscall.EPERM}
+		}
+		return os.RemoveAll(path)
+	}}
+	out, err := Run(context.Background(), res, o)
+	require.NoError(t, err)
+	info := runJSON(t, out.Dir)
+	assert.NotNil(t, info["result"])
+	assert.Nil(t, info["failure"])
+	es, err := ckpt.List(filepath.Join(out.Dir, "checkpoints"))
+	require.NoError(t, err)
+	var steps []int
+	for _, e := range es {
+		steps = append(steps, e.Step)
+	}
+	assert.Equal(t, []int{2, 6}, steps, "step 2 could not be removed, step 4 was")
+	var warned bool
+	for _, ev := range logEvents(t, out.Dir) {
+		if ev["level"] == "warn" && bytes.Contains([]byte(ev["error"].(string)), []byte("step-00000002")) {
+			warned = true
+			assert.Contains(t, ev["message"], "not pruned")
+		}
+	}
+	assert.True(t, warned, "run.log warns of the checkpoint it could not prune")
+}
+
+// A resume that fails before it changes its run directory (here: a rank
+// file damaged since the save) leaves run.json saying how the run last
+// ended, and says why in run.log.
+func TestFailedResumeLeavesTheRunAsItWas(t *testing.T) {
+	res, _ := tinyRun(t, "train.steps=4", "train.eval_interval=0", "checkpoint.interval=2")
+	o := opts()
+	o.StopAfter = 2
+	a, err := Run(context.Background(), res, o)
+	require.NoError(t, err)
+	step2 := filepath.Join(a.Dir, "checkpoints", "step-00000002")
+	f := filepath.Join(step2, ckpt.RankFile(0))
+	b := must(os.ReadFile(f))
+	b[len(b)/2] ^= 1
+	require.NoError(t, os.WriteFile(f, b, 0o644))
+	before := snapshot(t, a.Dir)
+	o = opts()
+	o.Resume = step2
+	_, err = Run(context.Background(), res, o)
+	require.Error(t, err)
+	after := snapshot(t, a.Dir)
+	for _, name := range []string{"run.json", "metrics.jsonl", "weights.bin", "resolved.toml"} {
+		assert.Equal(t, before[name], after[name], name)
+	}
+	ev := logEvents(t, a.Dir)
+	assert.Equal(t, "error", ev[len(ev)-1]["level"])
+	assert.Contains(t, ev[len(ev)-1]["error"], "checksum")
+}

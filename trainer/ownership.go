@@ -1,0 +1,359 @@
+package trainer
+
+import (
+	"cmp"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/fileio"
+	"github.com/shardline/shardline/trainer/ckpt"
+)
+
+// Who owns a run directory (docs/robustness.md has the rules):
+//
+//   - One process writes a run directory at a time: rank 0 holds an exclusive
+//     flock on its lock file (lockName) from before its first write to its end,
+//     and on checkpoint.dir's when the checkpoints go elsewhere. A second writer
+//     is refused naming the holder's pid. The kernel drops the lock when its
+//     process dies, so a lock left by a dead process blocks nothing.
+//   - A resume continues a run directory in place only when the checkpoint lies
+//     in that run's own checkpoint root, that run's run.json bears the
+//     checkpoint's run id, the recipe saves into the same root, and the
+//     checkpoint is the run's newest complete one there (continuesInPlace).
+//     Any other resume (a copied checkpoint, an older step, another checkpoint
+//     root) is a new run in a new directory (a branch), with a new run id.
+//   - Where outputs go is decided by where the checkpoint lies and what the
+//     recipe says, never by a path a file records (metadata.json's run_dir).
+//   - A new run (fresh or branched) needs a checkpoint root that holds no
+//     complete checkpoint; a run prunes only checkpoints bearing its run id.
+
+// lockName is the lock file of a run directory or checkpoint root. It is never
+// removed: a process that opened it just before a removal would hold a lock
+// on a file no one else sees.
+const lockName = ".lock"
+
+// ErrInUse is a run directory or checkpoint root another process is writing.
+var ErrInUse = errors.New("another process is writing it")
+
+// lockHolder is what a lock file says of the process holding it.
+type lockHolder struct {
+	PID   int    `json:"pid"`
+	Host  string `json:"host"`
+	Since string `json:"since"`
+}
+
+// dirLock is a held lock on a directory.
+type dirLock struct{ f *os.File }
+
+// lockDir takes the exclusive lock of dir for this process, or refuses with
+// ErrInUse naming the holder; what names dir in messages ("run directory").
+func lockDir(dir, what string) (*dirLock, error) {
+	path := filepath.Join(dir, lockName)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: opening its lock file %s: %w; make the directory writable, and remove %s if it is a link", what, dir, path, err, path)
+	}
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("%s %s: its lock file %s is not a regular file; remove it", what, dir, path)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		b, _ := io.ReadAll(io.LimitReader(f, 4096))
+		f.Close()
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%s %s: locking %s: %w", what, dir, path, err)
+		}
+		holder, stop := "another process", "stop it"
+		var h lockHolder
+		if json.Unmarshal(b, &h) == nil && h.PID > 0 {
+			holder = fmt.Sprintf("process %d on %s (since %s)", h.PID, h.Host, h.Since)
+			stop = fmt.Sprintf("stop it (kill %d)", h.PID)
+		}
+		return nil, fmt.Errorf("%s %s: %w: %s holds its lock %s; two processes writing one directory corrupt each other's checkpoints and metrics. Wait for it to end or %s, then run again; to train beside it, resume from a copy of its checkpoint (a new run directory)",
+			what, dir, ErrInUse, holder, path, stop)
+	}
+	host, _ := os.Hostname()
+	b, _ := json.Marshal(lockHolder{PID: os.Getpid(), Host: host, Since: time.Now().UTC().Format(time.RFC3339)})
+	// Who holds it, for the message a second writer gets (best effort: the
+	// flock is what excludes).
+	_ = f.Truncate(0)
+	_, _ = f.WriteAt(append(b, '\n'), 0)
+	return &dirLock{f: f}, nil
+}
+
+// release empties the lock file (it names no one once free) and drops the lock.
+func (l *dirLock) release() {
+	l.f.Truncate(0)
+	l.f.Close()
+}
+
+// ownership is rank 0's hold on the run directory it writes, and who the run
+// is as run.json records it.
+type ownership struct {
+	dir   string
+	locks []*dirLock
+	// runID names the run: kept by a resume in place, new otherwise.
+	runID string
+	// resumedFrom is the checkpoint the run started from (absolute), "" if none.
+	resumedFrom string
+	// history is the metrics.jsonl whose first steps begin a branched run's
+	// curve: that of the run the checkpoint belongs to, "" if unknown.
+	history string
+	// ckptDir is checkpoint.dir as an absolute path ("" for the run
+	// directory's checkpoints/), as run.json records it.
+	ckptDir string
+	inPlace bool // a resume continuing its run directory
+	fresh   bool // the directory was made by this process
+	started time.Time
+	// header is set once rank 0 starts writing run.json and the recipe into the
+	// directory: from then on a failure is recorded in run.json.
+	header bool
+}
+
+// release drops the locks.
+func (o *ownership) release() {
+	for _, l := range o.locks {
+		l.release()
+	}
+}
+
+// newRunID is a random 128-bit run id, hex.
+func newRunID() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(b[:]), nil
+}
+
+// takeRunDir decides which directory rank 0 writes, and locks it (and
+// checkpoint.dir when set): the checkpoint's own run directory when the resume
+// continues it in place (m, read from resume, is nil without a resume),
+// otherwise a new one under run.output_dir.
+func takeRunDir(r *config.Recipe, resume string, m *ckpt.Meta) (*ownership, error) {
+	o := &ownership{started: time.Now()}
+	if r.Checkpoint.Saves() && r.Checkpoint.Dir != "" {
+		abs, err := filepath.Abs(r.Checkpoint.Dir)
+		if err != nil {
+			return nil, err
+		}
+		o.ckptDir = abs
+	}
+	if m != nil {
+		abs, err := filepath.Abs(resume)
+		if err != nil {
+			return nil, err
+		}
+		o.resumedFrom = abs
+		if src := sourceRun(abs, m); src != "" {
+			o.history = filepath.Join(src, "metrics.jsonl")
+			if continuesInPlace(src, abs, m.RunID, o.ckptDir) {
+				ok, err := o.lockInPlace(src, abs, m)
+				if err != nil || ok {
+					return o, err
+				}
+			}
+		}
+	}
+	// A new run: a new id and directory, and a checkpoint root of its own.
+	id, err := newRunID()
+	if err != nil {
+		return nil, err
+	}
+	o.runID = id
+	if o.ckptDir != "" {
+		if err := o.lockRoot(o.ckptDir); err != nil {
+			o.release()
+			return nil, err
+		}
+		if es, _ := ckpt.List(o.ckptDir); len(es) > 0 {
+			for _, e := range es {
+				if e.Complete {
+					o.release()
+					return nil, &KeyError{Key: "checkpoint.dir", Value: r.Checkpoint.Dir, Err: fmt.Errorf("it holds the checkpoint %s of another run, and this run is a new one (a fresh run, or a resume that does not continue that run: a copied or older checkpoint), whose checkpoints would mix with it (a resume takes whichever is newest)", e.Dir),
+						Fix: "give this run a checkpoint directory of its own (--save DIR), or continue that run from its newest checkpoint with --resume " + r.Checkpoint.Dir}
+				}
+			}
+		}
+	}
+	if o.dir, err = makeRunDir(r); err != nil {
+		o.release()
+		return nil, err
+	}
+	o.fresh = true
+	l, err := lockDir(o.dir, "run directory")
+	if err != nil {
+		o.release()
+		return nil, err
+	}
+	o.locks = append(o.locks, l)
+	return o, nil
+}
+
+// lockInPlace locks the run directory src that checkpoint c (m) continues in
+// place, and its checkpoint root when elsewhere, and checks again, under the
+// lock, that c is still its newest checkpoint. It reports false (holding
+// nothing) when it no longer is: the resume is then a branch.
+func (o *ownership) lockInPlace(src, c string, m *ckpt.Meta) (bool, error) {
+	l, err := lockDir(src, "run directory")
+	if err != nil {
+		return false, err
+	}
+	o.locks = append(o.locks, l)
+	if o.ckptDir != "" {
+		if err := o.lockRoot(o.ckptDir); err != nil {
+			o.release()
+			return false, err
+		}
+	}
+	if !sameDir(newestOf(filepath.Dir(c), m.RunID), c) {
+		o.release()
+		o.locks = nil
+		return false, nil
+	}
+	o.dir, o.runID, o.inPlace = src, m.RunID, true
+	return true, nil
+}
+
+// lockRoot locks a checkpoint.dir outside the run directory, making it first.
+func (o *ownership) lockRoot(root string) error {
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return &KeyError{Key: "checkpoint.dir", Value: root, Err: err, Fix: "choose a writable directory with --save DIR"}
+	}
+	l, err := lockDir(root, "checkpoint directory")
+	if err != nil {
+		return err
+	}
+	o.locks = append(o.locks, l)
+	return nil
+}
+
+// sourceRun is the run directory checkpoint c (absolute, its metadata m)
+// belongs to: the directory above c's checkpoints/, or else the run_dir m
+// records, whichever holds a run.json bearing m's run id; "" when neither does
+// (the run is gone, or it is not c's).
+func sourceRun(c string, m *ckpt.Meta) string {
+	var candidates []string
+	if parent := filepath.Dir(c); filepath.Base(parent) == "checkpoints" {
+		candidates = append(candidates, filepath.Dir(parent))
+	}
+	if m.RunDir != "" {
+		candidates = append(candidates, m.RunDir)
+	}
+	for _, d := range candidates {
+		if info, err := readRunInfo(d); err == nil && info.RunID != "" && info.RunID == m.RunID {
+			return d
+		}
+	}
+	return ""
+}
+
+// continuesInPlace says whether resuming checkpoint c (absolute) of run id
+// continues run directory src in place: c lies in the checkpoint root src's
+// run.json records (its checkpoints/, or the checkpoint_dir it names), the
+// recipe now saves into that same root (ckptDir, absolute; "" for the run
+// directory's checkpoints/), and c is the run's newest complete checkpoint
+// there.
+func continuesInPlace(src, c, id, ckptDir string) bool {
+	info, err := readRunInfo(src)
+	if err != nil {
+		return false
+	}
+	root := filepath.Dir(c)
+	if !sameDir(cmp.Or(info.CheckpointDir, filepath.Join(src, "checkpoints")), root) {
+		return false
+	}
+	if !sameDir(cmp.Or(ckptDir, filepath.Join(src, "checkpoints")), root) {
+		return false
+	}
+	return sameDir(newestOf(root, id), c)
+}
+
+// newestOf is the newest complete checkpoint of run id under root, "" if none.
+func newestOf(root, id string) string {
+	es, _ := ckpt.List(root)
+	for i := len(es) - 1; i >= 0; i-- {
+		if es[i].Complete && ckpt.RunOf(es[i].Dir) == id {
+			return es[i].Dir
+		}
+	}
+	return ""
+}
+
+// readRunInfo reads a run directory's run.json.
+func readRunInfo(dir string) (*runInfo, error) {
+	b, err := fileio.ReadRegular(filepath.Join(dir, "run.json"), maxRunJSON)
+	if err != nil {
+		return nil, err
+	}
+	var info runInfo
+	if err := json.Unmarshal(b, &info); err != nil {
+		return nil, err
+	}
+	return &info, nil
+}
+
+// recordFailure writes down why the run ended without a result: the error in
+// run.log (to the file only: the caller prints it), and run.json's failure,
+// unless this is a resume that failed before it changed its run directory
+// (run.json then still says how the run last ended). It returns err, with a
+// note when run.json could not be written.
+func (t *run) recordFailure(err error, logFile io.Writer) error {
+	o := t.opts.own
+	flog := zerolog.New(logFile).With().Timestamp().Logger()
+	if !o.header && !o.fresh {
+		flog.Error().Err(err).Msg("the resume failed before the run directory changed; run.json still says how the run last ended")
+		return err
+	}
+	flog.Error().Err(err).Msg("run failed; run.json records it as the failure")
+	info := t.info()
+	info.Failure = err.Error()
+	if werr := writeJSON(filepath.Join(t.dir, "run.json"), info); werr != nil {
+		flog.Error().Err(werr).Msg("recording the failure in run.json")
+		return fmt.Errorf("%w (and recording it in run.json: %v)", err, werr)
+	}
+	return err
+}
+
+// faults stand in, in tests, for failures a test cannot cause on demand: a
+// disk that fills up under a checkpoint's write, an old checkpoint the disk
+// will not remove, a rank lost in the middle of a run. Nil in every real run.
+type faults struct {
+	rankFile func(dir string, rank int, data []byte) error // in place of ckpt.WriteRankFile
+	remove   func(path string) error                       // in place of os.RemoveAll when pruning
+	lose     func(rank, step int) error                    // every rank, before every step
+}
+
+// writeRankFile is ckpt.WriteRankFile, or the test's stand-in.
+func (f *faults) writeRankFile(dir string, rank int, data []byte) error {
+	if f != nil && f.rankFile != nil {
+		return f.rankFile(dir, rank, data)
+	}
+	return ckpt.WriteRankFile(dir, rank, data)
+}
+
+// removeAll is os.RemoveAll, or the test's stand-in.
+func (f *faults) removeAll() func(string) error {
+	if f != nil && f.remove != nil {
+		return f.remove
+	}
+	return os.RemoveAll
+}
+
+// lost is the error of a rank the test loses before step, or nil.
+func (f *faults) lost(rank, step int) error {
+	if f != nil && f.lose != nil {
+		return f.lose(rank, step)
+	}
+	return nil
+}
