@@ -16,6 +16,7 @@ import (
 
 	"github.com/rs/zerolog"
 	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/fileio"
 	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/parallel/comm"
 	"github.com/shardline/shardline/tensor"
@@ -266,7 +267,7 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 	} else if dir, err = makeRunDir(r); err != nil {
 		return nil, err
 	}
-	logFile, err := os.OpenFile(filepath.Join(dir, "run.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	logFile, err := fileio.OpenAppend(filepath.Join(dir, "run.log")) // never through a link
 	if err != nil {
 		return nil, err
 	}
