@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -121,8 +122,15 @@ func Sum(b []byte) string { return FormatSum(Checksum(b)) }
 // FormatSum writes a checksum as metadata.json does.
 func FormatSum(c uint32) string { return fmt.Sprintf("%08x", c) }
 
-// WriteRankFile writes one rank's pieces, atomically.
+// WriteRankFile writes one rank's pieces, atomically, into the checkpoint
+// directory dir, making it if missing. A dir that is a symbolic link is
+// refused (fileio.ErrLink): a checkpoint is written into no directory
+// elsewhere.
 func WriteRankFile(dir string, rank int, data []byte) error {
+	if st, err := os.Lstat(dir); err == nil && st.Mode()&fs.ModeSymlink != 0 {
+		target, _ := os.Readlink(dir)
+		return &fs.PathError{Op: "write", Path: dir, Err: fmt.Errorf("%w: a symbolic link to %q; a checkpoint is written into no directory through a link (remove the link)", fileio.ErrLink, target)}
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
