@@ -145,12 +145,14 @@ func thisMachine() machineInfo {
 	return m
 }
 
+// writeJSON writes v as indented JSON to path, atomically and never through a
+// link (fileio.WriteAtomic).
 func writeJSON(path string, v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
+	return fileio.WriteAtomic(path, append(b, '\n'))
 }
 
 // writeHeader writes what is known before the first step: the resolved recipe, the
@@ -165,7 +167,7 @@ func (t *run) writeHeader() error {
 		return err
 	}
 	for name, body := range map[string][]byte{"resolved.toml": resolved, "plan.txt": []byte(plan.String())} {
-		if err := os.WriteFile(filepath.Join(t.dir, name), body, 0o644); err != nil {
+		if err := fileio.WriteAtomic(filepath.Join(t.dir, name), body); err != nil {
 			return fmt.Errorf("run directory %s: %w", t.dir, err)
 		}
 	}
@@ -339,7 +341,7 @@ func (t *run) sample(out *Result) error {
 		return err
 	}
 	out.Sample = prompt + sample
-	return os.WriteFile(filepath.Join(t.dir, "sample.txt"), []byte(out.Sample+"\n"), 0o644)
+	return fileio.WriteAtomic(filepath.Join(t.dir, "sample.txt"), []byte(out.Sample+"\n"))
 }
 
 // sampleTemperature is the temperature of the sample at the end of a run,
