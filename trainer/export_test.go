@@ -40,7 +40,7 @@ func trainedForExport(t *testing.T, sets []string, shardBytes int64) (run, out s
 	r, err := Run(context.Background(), res, opts())
 	require.NoError(t, err)
 	out = filepath.Join(dir, "hf")
-	require.NoError(t, ExportHF(r.Dir, out, shardBytes))
+	require.NoError(t, ExportHF(r.Dir, out, shardBytes, false))
 	return r.Dir, out
 }
 

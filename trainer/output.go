@@ -534,8 +534,9 @@ func RunLogits(be tensor.Backend, dir string, tokens []int32) ([]float32, error)
 
 // ExportHF writes a finished run's final weights (dir holds weights.bin) as a
 // Hugging Face model directory out: config.json and model.safetensors, split with
-// an index above shardBytes.
-func ExportHF(dir, out string, shardBytes int64) error {
+// an index above shardBytes. out must be new, empty or an earlier export's
+// (hf.WriteModel), unless overwrite.
+func ExportHF(dir, out string, shardBytes int64, overwrite bool) error {
 	fr, err := loadRun(dir)
 	if err != nil {
 		return err
@@ -549,10 +550,11 @@ func ExportHF(dir, out string, shardBytes int64) error {
 		return err
 	}
 	fp, _ := config.Fingerprint(fr.recipe)
-	if err := hf.WriteModel(out, ts, map[string]string{"format": "pt", "shardline_recipe": fp}, shardBytes); err != nil {
+	cfg, err := json.MarshalIndent(hf.Config(fr.recipe.Model), "", "  ")
+	if err != nil {
 		return err
 	}
-	return writeJSON(filepath.Join(out, "config.json"), hf.Config(fr.recipe.Model))
+	return hf.WriteModel(out, append(cfg, '\n'), ts, map[string]string{"format": "pt", "shardline_recipe": fp}, shardBytes, overwrite)
 }
 
 // maxHFFile caps one safetensors file read by --init-from.
