@@ -557,13 +557,19 @@ func ExportHF(dir, out string, shardBytes int64, overwrite bool) error {
 	return hf.WriteModel(out, append(cfg, '\n'), ts, map[string]string{"format": "pt", "shardline_recipe": fp}, shardBytes, overwrite)
 }
 
-// maxHFFile caps one safetensors file read by --init-from.
-const maxHFFile = 64 << 30
-
 // readHF reads a Hugging Face model directory into the plan's parameters (by
-// global name), refusing any mismatch with the tensor named.
+// global name): its config.json must describe the recipe's model (every
+// mismatch named by key), its weights files hold no more than that model
+// needs, and any tensor that does not fit is refused, named.
 func readHF(dir string, m config.Model, table []parallel.Param) ([][]float32, error) {
-	ts, err := hf.ReadModel(dir, maxHFFile)
+	if err := hf.CheckConfig(dir, m); err != nil {
+		return nil, err
+	}
+	var elements int64
+	for i := range table {
+		elements += table[i].Numel()
+	}
+	ts, err := hf.ReadModel(dir, hf.ReadLimit(m, elements, len(table)))
 	if err != nil {
 		return nil, err
 	}

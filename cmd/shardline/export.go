@@ -65,8 +65,12 @@ func (a *app) ckptImportCmd() *cobra.Command {
 	run.Long = `Import starts a run whose weights come from HF_DIR (config.json and safetensors,
 as shardline ckpt export writes them, with Llama, Mixtral or Qwen2-MoE names)
 instead of the initialisation: shardline run --init-from HF_DIR, with every flag of
-run. A tensor the recipe's model lacks, misses or shapes differently is refused,
-named.`
+run. config.json must describe the recipe's model: every key that differs (the
+architecture, a size, the activation, the RoPE base or scaling, the norm epsilon,
+tied embeddings, the MoE routing) is refused, naming the Hugging Face key and
+value, the recipe key and value, and the fix; a key it leaves out takes
+transformers' default, and a missing config.json is refused. A tensor the
+recipe's model lacks, misses or shapes differently is refused, named.`
 	run.Example = `  shardline ckpt import hf/tiny recipes/tiny.toml --train-iters 200 --lr 1e-4`
 	run.Args = cobra.RangeArgs(1, 2)
 	inner := run.RunE

@@ -3,13 +3,16 @@ package hf
 import (
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
 
+	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/fileio"
 )
 
@@ -267,13 +270,26 @@ func WriteModel(dir string, config []byte, tensors []Tensor, metadata map[string
 }
 
 // ReadModel reads every tensor of a model directory (model.safetensors, or the
-// files its index names), each file at most limit bytes.
+// files its index names). The files may hold at most limit bytes together,
+// checked from their sizes before any is read. A directory holding both the
+// single file and an index is refused: loaders differ on which they take.
 func ReadModel(dir string, limit int64) (map[string]Tensor, error) {
-	files := []string{"model.safetensors"}
-	if b, err := fileio.ReadRegular(filepath.Join(dir, "model.safetensors.index.json"), 64<<20); err == nil {
+	_, errSingle := os.Stat(filepath.Join(dir, singleFile))
+	b, err := fileio.ReadRegular(filepath.Join(dir, indexFile), 64<<20)
+	hasIndex := err == nil || !errors.Is(err, fs.ErrNotExist)
+	switch {
+	case hasIndex && errSingle == nil:
+		return nil, fmt.Errorf("%s holds both %s and %s: a loader may take either (transformers takes %[2]s, shardline refuses); remove the one that is not the model's, or export again into a new directory", dir, singleFile, indexFile)
+	case err != nil && hasIndex:
+		return nil, err
+	case !hasIndex && errors.Is(errSingle, fs.ErrNotExist):
+		return nil, fmt.Errorf("%s holds neither %s nor %s: not a Hugging Face model directory (shardline ckpt export writes one)", dir, singleFile, indexFile)
+	}
+	files := []string{singleFile}
+	if hasIndex {
 		var idx index
 		if err := json.Unmarshal(b, &idx); err != nil {
-			return nil, fmt.Errorf("%s: %w", filepath.Join(dir, "model.safetensors.index.json"), err)
+			return nil, fmt.Errorf("%s: %w", filepath.Join(dir, indexFile), err)
 		}
 		seen := map[string]bool{}
 		files = files[:0]
@@ -287,6 +303,16 @@ func ReadModel(dir string, limit int64) (map[string]Tensor, error) {
 			}
 		}
 		sort.Strings(files)
+	}
+	var total int64
+	for _, f := range files {
+		st, err := os.Stat(filepath.Join(dir, f))
+		if err != nil {
+			return nil, err
+		}
+		if total += st.Size(); total > limit {
+			return nil, fmt.Errorf("%s: %w: its weights files hold more than %d bytes by %s, more than the recipe's model needs (its parameters as F32, and headers); it is not this model's", dir, fileio.ErrTooLarge, limit, f)
+		}
 	}
 	out := map[string]Tensor{}
 	for _, f := range files {
@@ -302,4 +328,21 @@ func ReadModel(dir string, limit int64) (map[string]Tensor, error) {
 		}
 	}
 	return out, nil
+}
+
+// ReadLimit is the most bytes the weights files of a model directory for m may
+// hold together, given its parameters (shardline's table: elements, and
+// tensors): every tensor an export writes, the zero biases and shared-expert
+// gates Qwen2-MoE adds included, as F32, and 4 KiB of header per tensor.
+func ReadLimit(m config.Model, elements int64, tensors int) int64 {
+	if Architecture(m) == "Qwen2MoeForCausalLM" {
+		biases := int64(m.Hidden + 2*m.EffectiveKVHeads()*m.HeadSize())
+		for l := 0; l < m.Layers; l++ {
+			elements, tensors = elements+biases, tensors+3
+			if m.IsMoELayer(l) {
+				elements, tensors = elements+int64(m.Hidden), tensors+1
+			}
+		}
+	}
+	return 4*elements + 4<<10*int64(tensors+1)
 }
