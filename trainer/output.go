@@ -492,6 +492,10 @@ func loadRun(dir string) (*finishedRun, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The file's size first: the recipe sets what is allocated for the values.
+	if err := checkWeightsSize(filepath.Join(dir, "weights.bin"), table); err != nil {
+		return nil, err
+	}
 	views := make([][]float32, len(table))
 	for i := range table {
 		views[i] = make([]float32, table[i].LocalNumel())
