@@ -16,7 +16,7 @@ import (
 // ErrLink marks an output path that is a symbolic link, or a file with more
 // than one hard link: writing through it would change a file elsewhere, one
 // no command of shardline made.
-var ErrLink = errors.New("a link")
+var ErrLink = errors.New("output through a link refused")
 
 // ErrNotOwned marks an output directory, or a file in one, that the command
 // writing it did not make (its manifest does not list it).
@@ -42,7 +42,7 @@ func checkTarget(path string) error {
 // linkError is the error for an output path that is a symbolic link.
 func linkError(path string) error {
 	target, _ := os.Readlink(path)
-	return &fs.PathError{Op: "write", Path: path, Err: fmt.Errorf("%w: a symbolic link to %q; shardline writes no output through a link (remove the link, or write elsewhere)", ErrLink, target)}
+	return &fs.PathError{Op: "write", Path: path, Err: fmt.Errorf("%w: a symbolic link to %q (remove the link, or write elsewhere)", ErrLink, target)}
 }
 
 // OpenAppend opens path for appending (a log), creating it if missing. It

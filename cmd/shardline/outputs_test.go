@@ -70,7 +70,7 @@ func TestExportOwnsItsDirectory(t *testing.T) {
 	require.NoError(t, os.Symlink(victim, filepath.Join(out, "config.json")))
 	code, _, errs = shardline(t, nil, "ckpt", "export", filepath.Join(dir, "runs", "a"), "-o", out, "--overwrite")
 	assert.Equal(t, 1, code)
-	assert.Contains(t, errs, filepath.Join(out, "config.json")+": a link: a symbolic link to")
+	assert.Contains(t, errs, filepath.Join(out, "config.json")+": output through a link refused: a symbolic link to")
 	assert.Equal(t, "precious", string(must(os.ReadFile(victim))))
 }
 
@@ -103,7 +103,7 @@ func TestPrepareOwnsItsDirectory(t *testing.T) {
 	require.NoError(t, os.Symlink(victim, filepath.Join(mine, "val.tok")))
 	code, _, errs = shardline(t, nil, "data", "prepare", "--tokenizer", "byte", "-o", mine, text)
 	assert.Equal(t, 1, code)
-	assert.Contains(t, errs, filepath.Join(mine, "val.tok")+": a link: a symbolic link to")
+	assert.Contains(t, errs, filepath.Join(mine, "val.tok")+": output through a link refused: a symbolic link to")
 	assert.Equal(t, "precious", string(must(os.ReadFile(victim))))
 }
 
@@ -128,10 +128,25 @@ func TestRunWritesNoOutputThroughALink(t *testing.T) {
 			require.NoError(t, os.Symlink(victim, path))
 			code, _, errs := shardline(t, nil, tinyArgs(dir, "r", "--set", "checkpoint.interval=2", "--train-iters", "4", "--resume", run)...)
 			assert.NotEqual(t, 0, code)
-			assert.Contains(t, errs, path+": a link: a symbolic link to \""+victim+"\"")
+			assert.Contains(t, errs, path+": output through a link refused: a symbolic link to \""+victim+"\"")
 			assert.Equal(t, "precious", string(must(os.ReadFile(victim))), "the file the link names is untouched")
 			require.NoError(t, os.Remove(path))
 			require.NoError(t, os.WriteFile(path, saved, 0o644))
 		})
 	}
+}
+
+// --cpuprofile is not written through a link (before, os.Create truncated
+// the file the link named).
+func TestFileFlagsRefuseLinks(t *testing.T) {
+	dir := t.TempDir()
+	writeText(t, dir)
+	victim := filepath.Join(dir, "victim")
+	require.NoError(t, os.WriteFile(victim, []byte("precious"), 0o644))
+	link := filepath.Join(dir, "out")
+	require.NoError(t, os.Symlink(victim, link))
+	code, _, errs := shardline(t, nil, tinyArgs(dir, "p", "--cpuprofile", link)...)
+	assert.Equal(t, 2, code)
+	assert.Contains(t, errs, "--cpuprofile "+link+": output through a link refused: a symbolic link to \""+victim+"\"")
+	assert.Equal(t, "precious", string(must(os.ReadFile(victim))))
 }

@@ -129,7 +129,7 @@ func FormatSum(c uint32) string { return fmt.Sprintf("%08x", c) }
 func WriteRankFile(dir string, rank int, data []byte) error {
 	if st, err := os.Lstat(dir); err == nil && st.Mode()&fs.ModeSymlink != 0 {
 		target, _ := os.Readlink(dir)
-		return &fs.PathError{Op: "write", Path: dir, Err: fmt.Errorf("%w: a symbolic link to %q; a checkpoint is written into no directory through a link (remove the link)", fileio.ErrLink, target)}
+		return &fs.PathError{Op: "write", Path: dir, Err: fmt.Errorf("%w: a symbolic link to %q, where a checkpoint directory goes (remove the link)", fileio.ErrLink, target)}
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err

@@ -84,3 +84,18 @@ func TestPieceReadsAreChunked(t *testing.T) {
 	require.ErrorIs(t, err, fileio.ErrCorrupt)
 	assert.ErrorContains(t, err, "tensor w (exp_avg, elements 0..24117248) at byte offset 96468992 has checksum "+sum)
 }
+
+// A step directory planted as a symbolic link is not written into: the rank
+// file is refused (fileio.ErrLink), and the directory the link names stays
+// empty (before, the rank file was written there).
+func TestRankFileRefusesLinkedStepDir(t *testing.T) {
+	root, victim := t.TempDir(), t.TempDir()
+	dir := StepDir(root, 4)
+	require.NoError(t, os.Symlink(victim, dir))
+	err := WriteRankFile(dir, 0, []byte("state"))
+	require.ErrorIs(t, err, fileio.ErrLink)
+	assert.ErrorContains(t, err, dir+": output through a link refused: a symbolic link to \""+victim+"\"")
+	entries, err := os.ReadDir(victim)
+	require.NoError(t, err)
+	assert.Empty(t, entries)
+}
