@@ -15,6 +15,7 @@ import (
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/fileio"
 	"github.com/shardline/shardline/tensor/cpu"
 	"github.com/shardline/shardline/trainer"
 	"github.com/shardline/shardline/trainer/ckpt"
@@ -92,7 +93,7 @@ or staged through the host where ranks share a GPU.`,
 	cmd.Flags().DurationVar(&commTimeout, "comm-timeout", 5*time.Minute, "multi-process jobs: the most one collective (or joining the job) may take as a whole before the rank fails, naming who is missing")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		if cpuProfile != "" {
-			f, err := os.Create(cpuProfile)
+			f, err := fileio.Create(cpuProfile) // never through a link
 			if err != nil {
 				return usageErr("--cpuprofile %s: %v", cpuProfile, unwrap(err))
 			}
