@@ -80,7 +80,8 @@ func TestCheckConfigMoE(t *testing.T) {
 	assert.ErrorContains(t, CheckConfig(dir, mixtral), ConfigFile)
 }
 
-// FuzzCheckConfig: any config.json is accepted or refused, never a panic.
+// FuzzCheckConfig: any config.json is accepted or refused, never a panic; one
+// accepted names the recipe's architecture and, where it gives them, its sizes.
 func FuzzCheckConfig(f *testing.F) {
 	for _, m := range []config.Model{moeModel(0, 1), moeModel(2, 2)} {
 		b, _ := json.Marshal(Config(m))
@@ -93,7 +94,19 @@ func FuzzCheckConfig(f *testing.F) {
 			t.Fatal(err)
 		}
 		for _, m := range []config.Model{moeModel(0, 1), moeModel(2, 2)} {
-			_ = CheckConfig(dir, m)
+			if CheckConfig(dir, m) != nil {
+				continue
+			}
+			var c map[string]any
+			if err := json.Unmarshal(b, &c); err != nil {
+				t.Fatalf("accepted a config.json that is not JSON: %v", err)
+			}
+			want := Config(m)
+			for _, k := range []string{"architectures", "hidden_size", "num_hidden_layers", "vocab_size", "rope_theta", "rms_norm_eps"} {
+				if v, ok := c[k]; ok && !equalJSON(v, want[k]) {
+					t.Fatalf("accepted %s = %v for a model with %v", k, v, want[k])
+				}
+			}
 		}
 	})
 }
