@@ -114,21 +114,21 @@ type manifest struct {
 type OutputDir struct {
 	dir, command string
 	names        []string
-	overwrite    bool
-	owned        map[string]bool // files the old manifest lists (or, overwriting, any)
+	owned        map[string]bool // files the old manifest lists; nil when overwriting: any
 }
 
 // ClaimDir prepares dir to receive the files names from command. A missing
 // directory is made; an empty one, or one whose manifest names command, is
-// taken. A non-empty directory without that manifest is refused (ErrNotOwned,
-// naming what it holds), and so is a file to be written that exists but the
-// manifest does not list, unless overwrite is set. A dir that is a symbolic
-// link is refused (ErrLink). The manifest, listing the old files and names,
-// is written before anything else, and the files the old manifest lists but
-// names does not are removed: a sharded export replaced by one file leaves
-// no index behind.
+// taken. A non-empty directory without that manifest, or with another
+// command's, is refused (ErrNotOwned, naming what it holds, with fix: what to
+// give instead), and so is a file to be written that exists but the manifest
+// does not list, unless overwrite is set. A dir that is a symbolic link, or a
+// file to be written that is one, is refused (ErrLink) even so. The manifest,
+// listing the old files and names, is written before anything else, and the
+// files the command's old manifest lists but names does not are removed: a
+// sharded export replaced by one file leaves no index behind.
 func ClaimDir(dir, command string, names []string, overwrite bool, fix string) (*OutputDir, error) {
-	o := &OutputDir{dir: dir, command: command, names: slices.Clone(names), overwrite: overwrite, owned: map[string]bool{}}
+	o := &OutputDir{dir: dir, command: command, names: slices.Clone(names), owned: map[string]bool{}}
 	for _, n := range names {
 		if n != filepath.Base(n) || n == ManifestFile || n == "." || n == ".." {
 			return nil, fmt.Errorf("%s: %q is not a file name an output may have", dir, n)
