@@ -66,7 +66,8 @@ bench-deps: torch-deps ## install the reference PyTorch and OpenBLAS (Debian pac
 # Every fuzz target, as package:Name (a test keeps this list complete).
 FUZZ_TARGETS := ./config:FuzzLoadLint ./config:FuzzImport ./parallel:FuzzLoadLintPlan ./trainer/data:FuzzReadShard \
 	./trainer/data:FuzzLoadTokenizer ./trainer/data:FuzzText ./trainer:FuzzLoadWeights ./fileio:FuzzUnseal \
-	./trainer/hf:FuzzReadSafetensors ./trainer/ckpt:FuzzOpen ./parallel:FuzzParseCalibration
+	./trainer/hf:FuzzReadSafetensors ./trainer/ckpt:FuzzOpen ./parallel:FuzzParseCalibration \
+	./trainer/hf:FuzzCheckConfig
 FUZZTIME ?= 60s
 
 fuzz: ## fuzz every reader users reach: recipes, lint, plan, calibrations, shards, tokenizers, text, weights, checkpoints (FUZZTIME each, 60s)

@@ -11,6 +11,18 @@
 //
 // WriteAtomic writes to a temporary name in the same directory, fsyncs, and
 // renames over the target: a reader sees the old file or the new one, never half.
+// No writer follows a symbolic link: a link where an output goes is refused,
+// naming it (ErrLink), and so is a file appended to (OpenAppend) or truncated
+// (Create) that has other hard links.
+//
+// # Output directories
+//
+// A command that writes a set of files into a directory it was given (an
+// export, prepared data) claims it first (ClaimDir): an empty or new directory,
+// or one whose manifest (.shardline-outputs.json) says the same command wrote
+// it. The manifest lists the files written; what the directory holds besides
+// is left alone, and a non-empty directory without the manifest is refused
+// unless the user passes --overwrite.
 //
 // # Checksums
 //

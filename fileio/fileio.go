@@ -84,7 +84,9 @@ func ReadRegular(path string, limit int64) ([]byte, error) {
 
 // WriteAtomic writes data to path through a temporary file in the same directory,
 // fsynced before it is renamed over path (and the directory fsynced after), so a
-// crash leaves either the old file or the new one.
+// crash leaves either the old file or the new one. A path that is a symbolic
+// link, or not a regular file, is refused (ErrLink, ErrNotRegular): no output
+// goes through a link.
 func WriteAtomic(path string, data []byte) error {
 	tmp, err := createTemp(path)
 	if err != nil {
@@ -97,8 +99,12 @@ func WriteAtomic(path string, data []byte) error {
 	return commit(tmp, path)
 }
 
-// createTemp makes the temporary file a write to path goes through, beside it.
+// createTemp makes the temporary file a write to path goes through, beside it
+// (O_EXCL: never through a link), once path is found to be no link.
 func createTemp(path string) (*os.File, error) {
+	if err := checkTarget(path); err != nil {
+		return nil, err
+	}
 	return os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
 }
 
@@ -147,7 +153,8 @@ type SealedWriter struct {
 	size int64
 }
 
-// CreateSealed starts a sealed file of size bytes (before its trailer) at path.
+// CreateSealed starts a sealed file of size bytes (before its trailer) at path;
+// it refuses what WriteAtomic refuses.
 func CreateSealed(path string, size int64) (*SealedWriter, error) {
 	if size < 0 {
 		return nil, fmt.Errorf("%s: a sealed file of %d bytes", path, size)

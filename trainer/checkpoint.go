@@ -399,7 +399,10 @@ func shareString(world comm.Communicator, s string) (string, error) {
 func (t *run) openMetrics(startStep int) (*os.File, error) {
 	path := filepath.Join(t.dir, "metrics.jsonl")
 	if startStep == 0 {
-		return os.Create(path)
+		if err := fileio.WriteAtomic(path, nil); err != nil {
+			return nil, err
+		}
+		return fileio.OpenAppend(path)
 	}
 	from := path
 	if o := t.opts.own; o != nil && !o.inPlace {
@@ -419,5 +422,5 @@ func (t *run) openMetrics(startStep int) (*os.File, error) {
 	if err := fileio.WriteAtomic(path, kept); err != nil {
 		return nil, err
 	}
-	return os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0o644)
+	return fileio.OpenAppend(path) // never through a link
 }

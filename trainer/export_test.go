@@ -12,6 +12,7 @@ import (
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/tensor/cpu"
+	"github.com/shardline/shardline/trainer/hf"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -24,6 +25,7 @@ var exportCases = []struct {
 }{
 	{"LlamaForCausalLM", []string{"model.heads=4", "model.kv_heads=2"}, ""}, // grouped-query attention
 	{"LlamaForCausalLM", []string{"model.tie_embeddings=false"}, ""},
+	{"LlamaForCausalLM", []string{"model.tie_embeddings=true"}, ""}, // no lm_head: the embedding is the output head
 	// Llama 3.1's RoPE scaling. It turns only low frequencies, whose angles over the
 	// test's 20 tokens stay small: leaving it out of the reference moves the logits
 	// by 1.1e-5 only, so this case is held to 1e-6 (measured with it: 1.3e-7).
@@ -40,7 +42,7 @@ func trainedForExport(t *testing.T, sets []string, shardBytes int64) (run, out s
 	r, err := Run(context.Background(), res, opts())
 	require.NoError(t, err)
 	out = filepath.Join(dir, "hf")
-	require.NoError(t, ExportHF(r.Dir, out, shardBytes))
+	require.NoError(t, ExportHF(r.Dir, out, shardBytes, false))
 	return r.Dir, out
 }
 
@@ -67,6 +69,12 @@ func TestExportRoundTrip(t *testing.T) {
 			other.Model.Hidden, other.Model.FFNHidden = 64, 128
 			table, err := parallelTable(&other)
 			require.NoError(t, err)
+			_, err = readHF(out, other.Model, table)
+			assert.ErrorContains(t, err, "hidden_size is 32, the recipe's model.hidden is 64: set model.hidden = 32")
+			// The tensors are checked too, whatever config.json says.
+			otherCfg, err := json.Marshal(hf.Config(other.Model))
+			require.NoError(t, err)
+			require.NoError(t, os.WriteFile(filepath.Join(out, "config.json"), otherCfg, 0o644))
 			_, err = readHF(out, other.Model, table)
 			assert.ErrorContains(t, err, "model.embed_tokens.weight has shape [32 32], the recipe's model needs [32 64]")
 		})

@@ -158,12 +158,14 @@ func thisMachine() machineInfo {
 	return m
 }
 
+// writeJSON writes v as indented JSON to path, atomically and never through a
+// link (fileio.WriteAtomic).
 func writeJSON(path string, v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
+	return fileio.WriteAtomic(path, append(b, '\n'))
 }
 
 // writeHeader writes what is known before the first step: the resolved recipe, the
@@ -181,7 +183,7 @@ func (t *run) writeHeader() error {
 		return err
 	}
 	for name, body := range map[string][]byte{"resolved.toml": resolved, "plan.txt": []byte(plan.String())} {
-		if err := os.WriteFile(filepath.Join(t.dir, name), body, 0o644); err != nil {
+		if err := fileio.WriteAtomic(filepath.Join(t.dir, name), body); err != nil {
 			return fmt.Errorf("run directory %s: %w", t.dir, err)
 		}
 	}
@@ -355,7 +357,7 @@ func (t *run) sample(out *Result) error {
 		return err
 	}
 	out.Sample = prompt + sample
-	return os.WriteFile(filepath.Join(t.dir, "sample.txt"), []byte(out.Sample+"\n"), 0o644)
+	return fileio.WriteAtomic(filepath.Join(t.dir, "sample.txt"), []byte(out.Sample+"\n"))
 }
 
 // sampleTemperature is the temperature of the sample at the end of a run,
@@ -506,6 +508,10 @@ func loadRun(dir string) (*finishedRun, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The file's size first: the recipe sets what is allocated for the values.
+	if err := checkWeightsSize(filepath.Join(dir, "weights.bin"), table); err != nil {
+		return nil, err
+	}
 	views := make([][]float32, len(table))
 	for i := range table {
 		views[i] = make([]float32, table[i].LocalNumel())
@@ -554,8 +560,9 @@ func RunLogits(be tensor.Backend, dir string, tokens []int32) ([]float32, error)
 
 // ExportHF writes a finished run's final weights (dir holds weights.bin) as a
 // Hugging Face model directory out: config.json and model.safetensors, split with
-// an index above shardBytes.
-func ExportHF(dir, out string, shardBytes int64) error {
+// an index above shardBytes. out must be new, empty or an earlier export's
+// (hf.WriteModel), unless overwrite.
+func ExportHF(dir, out string, shardBytes int64, overwrite bool) error {
 	fr, err := loadRun(dir)
 	if err != nil {
 		return err
@@ -569,19 +576,26 @@ func ExportHF(dir, out string, shardBytes int64) error {
 		return err
 	}
 	fp, _ := config.Fingerprint(fr.recipe)
-	if err := hf.WriteModel(out, ts, map[string]string{"format": "pt", "shardline_recipe": fp}, shardBytes); err != nil {
+	cfg, err := json.MarshalIndent(hf.Config(fr.recipe.Model), "", "  ")
+	if err != nil {
 		return err
 	}
-	return writeJSON(filepath.Join(out, "config.json"), hf.Config(fr.recipe.Model))
+	return hf.WriteModel(out, append(cfg, '\n'), ts, map[string]string{"format": "pt", "shardline_recipe": fp}, shardBytes, overwrite)
 }
 
-// maxHFFile caps one safetensors file read by --init-from.
-const maxHFFile = 64 << 30
-
 // readHF reads a Hugging Face model directory into the plan's parameters (by
-// global name), refusing any mismatch with the tensor named.
+// global name): its config.json must describe the recipe's model (every
+// mismatch named by key), its weights files hold no more than that model
+// needs, and any tensor that does not fit is refused, named.
 func readHF(dir string, m config.Model, table []parallel.Param) ([][]float32, error) {
-	ts, err := hf.ReadModel(dir, maxHFFile)
+	if err := hf.CheckConfig(dir, m); err != nil {
+		return nil, err
+	}
+	var elements int64
+	for i := range table {
+		elements += table[i].Numel()
+	}
+	ts, err := hf.ReadModel(dir, hf.ReadLimit(m, elements, len(table)))
 	if err != nil {
 		return nil, err
 	}

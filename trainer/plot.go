@@ -1,13 +1,14 @@
 package trainer
 
 import (
+	"bytes"
 	"image"
 	"image/color"
 	"image/png"
 	"math"
-	"os"
 	"strconv"
 
+	"github.com/shardline/shardline/fileio"
 	"golang.org/x/image/font"
 	"golang.org/x/image/font/basicfont"
 	"golang.org/x/image/math/fixed"
@@ -165,14 +166,11 @@ func abs(x int) int {
 	return x
 }
 
+// savePNG writes img to path, atomically and never through a link.
 func savePNG(path string, img image.Image) error {
-	f, err := os.Create(path)
-	if err != nil {
+	var b bytes.Buffer
+	if err := png.Encode(&b, img); err != nil {
 		return err
 	}
-	if err := png.Encode(f, img); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return fileio.WriteAtomic(path, b.Bytes())
 }

@@ -13,11 +13,11 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
 	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/fileio"
 	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/parallel/comm"
 	"github.com/shardline/shardline/tensor"
@@ -272,7 +272,7 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 	defer own.release()
 	opts.own = own
 	dir := own.dir
-	logFile, err := os.OpenFile(filepath.Join(dir, "run.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o644)
+	logFile, err := fileio.OpenAppend(filepath.Join(dir, "run.log")) // never through a link
 	if err != nil {
 		return nil, fmt.Errorf("run directory %s: opening run.log: %w", dir, err)
 	}

@@ -154,13 +154,40 @@ func (w *weightsWriter) abort() {
 	}
 }
 
-// loadWeights reads weights.bin into views, checking its checksum, the names and
-// shapes against table, and that every value is finite.
-func loadWeights(path string, table []parallel.Param, views [][]float32) error {
+// weightsBytes is the size of table's values in weights.bin.
+func weightsBytes(table []parallel.Param) int64 {
 	var want int64
 	for i := range table {
 		want += 4 * table[i].LocalNumel()
 	}
+	return want
+}
+
+// checkWeightsSize compares weights.bin's size with what table's values need
+// (with the header length, a header of at most maxWeightsHeader and the
+// trailer) before anything is read or allocated for them: a recipe that
+// claims a larger model than the file holds is refused from the file's size.
+func checkWeightsSize(path string, table []parallel.Param) error {
+	f, size, err := fileio.OpenRegular(path)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	want := weightsBytes(table)
+	if lo, hi := 4+want+fileio.TrailerSize, 4+maxWeightsHeader+want+fileio.TrailerSize; size < lo || size > hi {
+		return fmt.Errorf("%s: %w: %d bytes, where the recipe's model (%d parameters, resolved.toml) needs %d to %d; the file and the recipe are not of one run", path, fileio.ErrCorrupt, size, want/4, lo, hi)
+	}
+	return nil
+}
+
+// loadWeights reads weights.bin into views, checking its size first
+// (checkWeightsSize), then its checksum, the names and shapes against table,
+// and that every value is finite.
+func loadWeights(path string, table []parallel.Param, views [][]float32) error {
+	if err := checkWeightsSize(path, table); err != nil {
+		return err
+	}
+	want := weightsBytes(table)
 	b, err := fileio.ReadSealed(path, 4+maxWeightsHeader+want+fileio.TrailerSize)
 	if err != nil {
 		return err

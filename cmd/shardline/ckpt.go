@@ -18,7 +18,12 @@ docs/checkpoints.md describes the format.`}
 	cmd.AddCommand(&cobra.Command{
 		Use:   "ls DIR",
 		Short: "List the checkpoints under a run directory or checkpoint root",
-		Args:  cobra.ExactArgs(1),
+		Long: `List shows each step-NNNNNNNN directory under DIR: a complete checkpoint with
+the step, world size, strategy and expert parallelism its metadata.json records
+(checked as ckpt inspect checks it; a directory whose name gives another step is
+listed with its metadata's step and says so), an incomplete one (a save that did
+not finish) with the step its name gives.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(_ *cobra.Command, args []string) error {
 			root := args[0]
 			if isDirectory(root + "/checkpoints") {
@@ -43,7 +48,11 @@ docs/checkpoints.md describes the format.`}
 					fmt.Fprintf(w, "%d\tunreadable: %v\t\t\t\t%s\n", e.Step, err, e.Dir)
 					continue
 				}
-				fmt.Fprintf(w, "%d\tcomplete\t%d\t%s\t%d\t%s\n", e.Step, m.WorldSize, m.Strategy, m.ExpertParallel, e.Dir)
+				status := "complete"
+				if m.Step != e.Step { // the step is the metadata's; a renamed directory does not change it
+					status = fmt.Sprintf("complete, but its directory is named for step %d", e.Step)
+				}
+				fmt.Fprintf(w, "%d\t%s\t%d\t%s\t%d\t%s\n", m.Step, status, m.WorldSize, m.Strategy, m.ExpertParallel, e.Dir)
 			}
 			return w.Flush()
 		},

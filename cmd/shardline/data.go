@@ -20,6 +20,7 @@ func (a *app) dataCmd() *cobra.Command {
 		tokenizer string
 		valFrac   float64
 		out       string
+		overwrite bool
 	)
 	prep := &cobra.Command{
 		Use:   "prepare --tokenizer T --val-fraction F TEXT... -o DIR",
@@ -30,7 +31,13 @@ distinct characters of the text; gpt2: GPT-2's byte-pair encoding, vocabulary
 for validation, and writes DIR/train.tok, DIR/val.tok and DIR/tokenizer.json. Point
 data.path at DIR to train on it. gpt2 encodes on every core, a piece of about a
 MiB at a time, and on a terminal shows the text done, its rate and the time
-left.`,
+left.
+
+DIR must be new, empty, or one data prepare wrote before (it records its files
+in DIR/.shardline-outputs.json): a directory holding other files is refused
+before any text is read, unless --overwrite, which replaces train.tok, val.tok
+and tokenizer.json there and leaves the rest. A symbolic link where a file goes
+is always refused.`,
 		Example: `  shardline data prepare --tokenizer char -o data/shakespeare input.txt`,
 		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -52,7 +59,7 @@ left.`,
 			if isTerminal(a.stderr) {
 				progress = tokenizeProgress(a.stderr, time.Now())
 			}
-			ds, err := data.Prepare(args, tokenizer, valFrac, out, progress)
+			ds, err := data.Prepare(args, tokenizer, valFrac, out, overwrite, progress)
 			if progress != nil {
 				fmt.Fprint(a.stderr, "\r\033[K")
 			}
@@ -67,6 +74,7 @@ left.`,
 	prep.Flags().StringVar(&tokenizer, "tokenizer", "byte", "byte, char or gpt2")
 	prep.Flags().Float64Var(&valFrac, "val-fraction", 0.1, "fraction of tokens held out for validation (from the end)")
 	prep.Flags().StringVarP(&out, "output", "o", "", "output directory")
+	prep.Flags().BoolVar(&overwrite, "overwrite", false, "write into a non-empty DIR that data prepare did not make, replacing its train.tok, val.tok and tokenizer.json")
 	cmd.AddCommand(prep)
 	return cmd
 }

@@ -11,6 +11,7 @@ func (a *app) ckptExportCmd() *cobra.Command {
 	var (
 		format, out string
 		shardMB     int64
+		overwrite   bool
 	)
 	cmd := &cobra.Command{
 		Use:   "export RUN_DIR --format safetensors -o OUT_DIR",
@@ -20,7 +21,15 @@ OUT_DIR/model.safetensors (split into model-0000i-of-0000n.safetensors with an i
 above --shard-size), named as Hugging Face's LlamaForCausalLM for dense models,
 MixtralForCausalLM for MoE models whose every layer is MoE without shared experts,
 and Qwen2MoeForCausalLM otherwise. transformers' from_pretrained loads it, and
-shardline run --init-from reads it back.`,
+shardline run --init-from reads it back.
+
+OUT_DIR must be new, empty, or an earlier export's: export records the files it
+writes in OUT_DIR/.shardline-outputs.json, replaces those, and removes the ones it
+no longer writes (an older export's index and shards, which a loader would read
+instead). A directory holding other files is refused, unless --overwrite, which
+replaces the files export writes and removes any other safetensors weights file
+or index there; whatever else the directory holds stays. A symbolic link where
+an output goes is always refused.`,
 		Example: `  shardline ckpt export runs/tiny --format safetensors -o hf/tiny`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(_ *cobra.Command, args []string) error {
@@ -33,7 +42,7 @@ shardline run --init-from reads it back.`,
 			if shardMB < 1 {
 				return usageErr("--shard-size %d must be at least 1 (MB)", shardMB)
 			}
-			if err := trainer.ExportHF(args[0], out, shardMB<<20); err != nil {
+			if err := trainer.ExportHF(args[0], out, shardMB<<20, overwrite); err != nil {
 				return &exitError{code: exitFindings, err: err}
 			}
 			_, err := fmt.Fprintf(a.stdout, "%s: Hugging Face model directory written\n", out)
@@ -42,6 +51,7 @@ shardline run --init-from reads it back.`,
 	}
 	cmd.Flags().StringVar(&format, "format", "safetensors", "export format (safetensors)")
 	cmd.Flags().StringVarP(&out, "output", "o", "", "output directory")
+	cmd.Flags().BoolVar(&overwrite, "overwrite", false, "write into a non-empty OUT_DIR that no export made: replace the files export writes and remove other safetensors weights files and indexes there")
 	cmd.Flags().Int64Var(&shardMB, "shard-size", 5000, "largest safetensors file, in MB, before the weights are split with an index")
 	return cmd
 }
@@ -55,8 +65,12 @@ func (a *app) ckptImportCmd() *cobra.Command {
 	run.Long = `Import starts a run whose weights come from HF_DIR (config.json and safetensors,
 as shardline ckpt export writes them, with Llama, Mixtral or Qwen2-MoE names)
 instead of the initialisation: shardline run --init-from HF_DIR, with every flag of
-run. A tensor the recipe's model lacks, misses or shapes differently is refused,
-named.`
+run. config.json must describe the recipe's model: every key that differs (the
+architecture, a size, the activation, the RoPE base or scaling, the norm epsilon,
+tied embeddings, the MoE routing) is refused, naming the Hugging Face key and
+value, the recipe key and value, and the fix; a key it leaves out takes
+transformers' default, and a missing config.json is refused. A tensor the
+recipe's model lacks, misses or shapes differently is refused, named.`
 	run.Example = `  shardline ckpt import hf/tiny recipes/tiny.toml --train-iters 200 --lr 1e-4`
 	run.Args = cobra.RangeArgs(1, 2)
 	inner := run.RunE

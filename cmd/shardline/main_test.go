@@ -522,7 +522,7 @@ func TestExportAndInitFrom(t *testing.T) {
 
 	code, _, errs = shardline(t, nil, append(args, "--train-iters", "1", "--hidden-size", "256", "--init-from", out)...)
 	assert.Equal(t, 1, code)
-	assert.Contains(t, errs, "model.embed_tokens.weight has shape [256 128], the recipe's model needs [256 256]")
+	assert.Contains(t, errs, "hidden_size is 128, the recipe's model.hidden is 256: set model.hidden = 128")
 }
 
 // TestSettings: shardline.toml at an experiment repository's root, found from a

@@ -15,6 +15,7 @@ import (
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/fileio"
 	"github.com/shardline/shardline/tensor/cpu"
 	"github.com/shardline/shardline/trainer"
 	"github.com/shardline/shardline/trainer/ckpt"
@@ -90,7 +91,7 @@ or staged through the host where ranks share a GPU.`,
 	cmd.Flags().StringVar(&resume, "resume", "", "continue a run from a checkpoint: a checkpoint directory, a run directory or checkpoint root (its newest complete checkpoint), or latest (the newest under the recipe's checkpoint directory); RECIPE defaults to the run's resolved.toml. The run's newest checkpoint continues its run directory; any other starts a new one")
 	cmd.Flags().StringVar(&resume, "load", "", "Megatron's --load: the same as --resume")
 	var initFrom string
-	cmd.Flags().StringVar(&initFrom, "init-from", "", "start from a Hugging Face model directory's weights (config.json, safetensors; shardline ckpt export writes one) instead of the initialisation: fine-tuning")
+	cmd.Flags().StringVar(&initFrom, "init-from", "", "start from a Hugging Face model directory's weights (config.json, safetensors; shardline ckpt export writes one) instead of the initialisation: fine-tuning. Its config.json must describe the recipe's model: every key that differs is refused, named")
 	var device string
 	cmd.Flags().StringVar(&device, "device", "", "cpu or cuda: sets parallel.device (cuda trains through shardline-cuda, a GPU per rank; docs/cuda.md)")
 	var stopAfter int
@@ -99,7 +100,7 @@ or staged through the host where ranks share a GPU.`,
 	cmd.Flags().DurationVar(&commTimeout, "comm-timeout", 5*time.Minute, "multi-process jobs: the most one collective (or joining the job) may take as a whole before the rank fails, naming who is missing")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		if cpuProfile != "" {
-			f, err := os.Create(cpuProfile)
+			f, err := fileio.Create(cpuProfile) // never through a link
 			if err != nil {
 				return usageErr("--cpuprofile %s: %v", cpuProfile, unwrap(err))
 			}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -152,10 +153,12 @@ func FormatSum(c uint32) string { return fmt.Sprintf("%08x", c) }
 // complete: a save never replaces a checkpoint.
 var ErrCommitted = errors.New("a complete checkpoint is already there (a save never replaces one)")
 
-// WriteRankFile writes one rank's pieces, atomically, into a checkpoint
-// directory that is not complete (ErrCommitted otherwise).
+// WriteRankFile writes one rank's pieces, atomically, into the checkpoint
+// directory dir, making it if missing, when it is not complete (ErrCommitted
+// otherwise). A dir that is a symbolic link is refused (fileio.ErrLink): a
+// checkpoint is written into no directory elsewhere.
 func WriteRankFile(dir string, rank int, data []byte) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := makeStepDir(dir); err != nil {
 		return err
 	}
 	if _, err := os.Lstat(filepath.Join(dir, MetadataFile)); err == nil {
@@ -164,9 +167,20 @@ func WriteRankFile(dir string, rank int, data []byte) error {
 	return fileio.WriteAtomic(filepath.Join(dir, RankFile(rank)), data)
 }
 
-// Claim marks dir as a save the run runID started (OwnerFile), creating it.
+// makeStepDir makes a checkpoint directory if missing, refusing one that is
+// a symbolic link (fileio.ErrLink).
+func makeStepDir(dir string) error {
+	if st, err := os.Lstat(dir); err == nil && st.Mode()&fs.ModeSymlink != 0 {
+		target, _ := os.Readlink(dir)
+		return &fs.PathError{Op: "write", Path: dir, Err: fmt.Errorf("%w: a symbolic link to %q, where a checkpoint directory goes (remove the link)", fileio.ErrLink, target)}
+	}
+	return os.MkdirAll(dir, 0o755)
+}
+
+// Claim marks dir as a save the run runID started (OwnerFile), creating it
+// (never through a link: makeStepDir).
 func Claim(dir, runID string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := makeStepDir(dir); err != nil {
 		return err
 	}
 	if _, err := os.Lstat(filepath.Join(dir, MetadataFile)); err == nil {
@@ -242,8 +256,9 @@ func Open(dir string) (*Meta, error) {
 	return &m, nil
 }
 
-// check validates the table: known files of the recorded sizes, pieces inside
-// their files, and every tensor covered exactly once.
+// check validates the table: known files of the recorded sizes, each listed
+// once, pieces inside their files, every tensor named once and covered
+// exactly once.
 func (m *Meta) check(dir string) error {
 	if len(m.States) != len(States) {
 		return fmt.Errorf("%d state kinds, want %d (%s)", len(m.States), len(States), strings.Join(States, ", "))
@@ -252,6 +267,9 @@ func (m *Meta) check(dir string) error {
 	for _, f := range m.Files {
 		if f.Name != filepath.Base(f.Name) || !strings.HasPrefix(f.Name, "rank-") {
 			return fmt.Errorf("file %q is not a rank file", f.Name)
+		}
+		if _, dup := size[f.Name]; dup {
+			return fmt.Errorf("%w: file %s is listed twice", fileio.ErrCorrupt, f.Name)
 		}
 		st, err := os.Stat(filepath.Join(dir, f.Name))
 		if err != nil {
@@ -263,8 +281,13 @@ func (m *Meta) check(dir string) error {
 		size[f.Name] = f.Size
 	}
 	kinds := int64(len(States))
+	seen := make(map[string]bool, len(m.Tensors))
 	for i := range m.Tensors {
 		t := &m.Tensors[i]
+		if seen[t.Name] {
+			return fmt.Errorf("%w: tensor %s is listed twice (a reader would take one and never check the other)", fileio.ErrCorrupt, t.Name)
+		}
+		seen[t.Name] = true
 		for _, d := range t.Shape {
 			if d < 0 {
 				return fmt.Errorf("tensor %s: shape %v has a negative dimension", t.Name, t.Shape)
@@ -347,43 +370,60 @@ func (r *Reader) Read(name string, k int, start int64, dst []float32) error {
 		if a >= b {
 			continue
 		}
-		vals, err := r.piece(t, &p, k)
+		// The chunk at element e of the piece: copy what falls inside [a, b).
+		err := r.piece(t, &p, k, func(e int64, vals []byte) {
+			lo, hi := max(a, p.Start+e), min(b, p.Start+e+int64(len(vals)/4))
+			for i := lo; i < hi; i++ {
+				dst[i-start] = math.Float32frombits(binary.LittleEndian.Uint32(vals[4*(i-p.Start-e):]))
+			}
+		})
 		if err != nil {
 			return err
-		}
-		for i := a; i < b; i++ {
-			dst[i-start] = math.Float32frombits(binary.LittleEndian.Uint32(vals[4*(i-p.Start):]))
 		}
 	}
 	return nil
 }
 
-// piece reads and checks kind k of a piece.
-func (r *Reader) piece(t *Tensor, p *Piece, k int) ([]byte, error) {
+// chunkBytes is the most of a piece read at a time: a piece's size, which a
+// checkpoint's metadata gives, never sets what is allocated.
+const chunkBytes = 4 << 20
+
+// piece reads kind k of a piece a chunk at a time, handing each chunk and
+// its first element (from the piece's start) to visit (when not nil), and
+// checks the checksum of the whole.
+func (r *Reader) piece(t *Tensor, p *Piece, k int, visit func(e int64, vals []byte)) error {
 	f := r.files[p.File]
 	if f == nil {
 		var err error
 		if f, _, err = fileio.OpenRegular(filepath.Join(r.dir, p.File)); err != nil {
-			return nil, err
+			return err
 		}
 		r.files[p.File] = f
 	}
 	n := 4 * p.Count
-	if int64(cap(r.buf)) < n {
-		r.buf = make([]byte, n)
+	if r.buf == nil {
+		r.buf = make([]byte, chunkBytes)
 	}
-	b := r.buf[:n]
 	off := p.Offset + int64(k)*n
-	if _, err := f.ReadAt(b, off); err != nil {
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF
+	h := crc32.New(castagnoli)
+	for done := int64(0); done < n; {
+		b := r.buf[:min(n-done, chunkBytes)]
+		if _, err := f.ReadAt(b, off+done); err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return fmt.Errorf("%s: tensor %s (%s, elements %d..%d) at byte offset %d: %w", filepath.Join(r.dir, p.File), t.Name, States[k], p.Start, p.Start+p.Count, off+done, err)
 		}
-		return nil, fmt.Errorf("%s: tensor %s (%s, elements %d..%d) at byte offset %d: %w", filepath.Join(r.dir, p.File), t.Name, States[k], p.Start, p.Start+p.Count, off, err)
+		h.Write(b)
+		if visit != nil {
+			visit(done/4, b)
+		}
+		done += int64(len(b))
 	}
-	if got := Sum(b); got != p.CRC[k] {
-		return nil, fmt.Errorf("%s: %w: tensor %s (%s, elements %d..%d) at byte offset %d has checksum %s, metadata says %s", filepath.Join(r.dir, p.File), fileio.ErrCorrupt, t.Name, States[k], p.Start, p.Start+p.Count, off, got, p.CRC[k])
+	if got := FormatSum(h.Sum32()); got != p.CRC[k] {
+		return fmt.Errorf("%s: %w: tensor %s (%s, elements %d..%d) at byte offset %d has checksum %s, metadata says %s", filepath.Join(r.dir, p.File), fileio.ErrCorrupt, t.Name, States[k], p.Start, p.Start+p.Count, off, got, p.CRC[k])
 	}
-	return b, nil
+	return nil
 }
 
 // Verify reads every piece of every tensor and checks its checksum, and returns
@@ -400,7 +440,7 @@ func Verify(dir string) (int64, error) {
 		t := &m.Tensors[i]
 		for j := range t.Pieces {
 			for k := range States {
-				if _, err := r.piece(t, &t.Pieces[j], k); err != nil {
+				if err := r.piece(t, &t.Pieces[j], k, nil); err != nil {
 					return n, err
 				}
 				n += 4 * t.Pieces[j].Count

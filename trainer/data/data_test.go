@@ -31,7 +31,7 @@ func TestPrepareAndOpen(t *testing.T) {
 	require.NoError(t, os.WriteFile(src, []byte("hello world, hello shards\n"), 0o644))
 	out := filepath.Join(dir, "prepared")
 	var calls [][2]int
-	ds, err := Prepare([]string{src, src}, "char", 0.25, out, func(done, total int) { calls = append(calls, [2]int{done, total}) })
+	ds, err := Prepare([]string{src, src}, "char", 0.25, out, false, func(done, total int) { calls = append(calls, [2]int{done, total}) })
 	require.NoError(t, err)
 	assert.Len(t, ds.Val, 13) // 52 characters, a quarter held out
 	assert.Equal(t, [][2]int{{52, 52}}, calls, "char reports its progress once, at the end")
@@ -122,13 +122,13 @@ func TestPreparedDirectoryChecks(t *testing.T) {
 	src := filepath.Join(dir, "a.txt")
 	require.NoError(t, os.WriteFile(src, []byte("abcabcabcabc"), 0o644))
 	out := filepath.Join(dir, "prepared")
-	_, err := Prepare([]string{src}, "char", 0.25, out, nil)
+	_, err := Prepare([]string{src}, "char", 0.25, out, false, nil)
 	require.NoError(t, err)
 	require.NoError(t, WriteShard(filepath.Join(out, "train.tok"), []int32{0, 1, 2, 200}, "char", 256))
 	_, err = Open(out, "char", 0.25, "")
 	assert.ErrorContains(t, err, "holds char tokens below 256")
 
-	_, err = Prepare([]string{src}, "char", 0.25, out, nil)
+	_, err = Prepare([]string{src}, "char", 0.25, out, false, nil)
 	require.NoError(t, err)
 	tj := filepath.Join(out, "tokenizer.json")
 	b, err := os.ReadFile(tj)
@@ -195,7 +195,7 @@ func TestPrepareGPT2Progress(t *testing.T) {
 	require.NoError(t, os.WriteFile(src, opticks, 0o644))
 	var done []int
 	total := 0
-	ds, err := Prepare([]string{src, src, src, src}, "gpt2", 0.1, filepath.Join(dir, "out"), func(d, n int) { done, total = append(done, d), n })
+	ds, err := Prepare([]string{src, src, src, src}, "gpt2", 0.1, filepath.Join(dir, "out"), false, func(d, n int) { done, total = append(done, d), n })
 	require.NoError(t, err)
 	assert.Equal(t, 4*len(opticks), total)
 	assert.GreaterOrEqual(t, len(done), 2, "2.2 MB of text is more than one piece")

@@ -80,12 +80,23 @@ func unwrapPath(err error) error {
 	return err
 }
 
+// PrepareCommand names data prepare in the manifest of its output directory.
+const PrepareCommand = "shardline data prepare"
+
+// preparedFiles are the files Prepare writes.
+var preparedFiles = []string{"train.tok", "val.tok", "tokenizer.json"}
+
 // Prepare tokenizes the texts (concatenated in order) and writes train.tok, val.tok
-// and tokenizer.json to outDir. progress, when not nil, is called with the
-// bytes of text tokenized so far and their total as the work goes on (the
-// gpt2 tokenizer a piece at a time, about a MiB each; the others, which take
-// a second for a GiB, once at the end).
-func Prepare(texts []string, tokenizer string, valFraction float64, outDir string, progress func(done, total int)) (*Dataset, error) {
+// and tokenizer.json to outDir. outDir is claimed first (fileio.ClaimDir): it
+// must be new, empty or an earlier Prepare's, unless overwrite. progress, when
+// not nil, is called with the bytes of text tokenized so far and their total
+// as the work goes on (the gpt2 tokenizer a piece at a time, about a MiB each;
+// the others, which take a second for a GiB, once at the end).
+func Prepare(texts []string, tokenizer string, valFraction float64, outDir string, overwrite bool, progress func(done, total int)) (*Dataset, error) {
+	out, err := fileio.ClaimDir(outDir, PrepareCommand, preparedFiles, overwrite, "give -o a new or empty directory")
+	if err != nil {
+		return nil, err
+	}
 	var corpus []byte
 	for _, p := range texts {
 		b, err := readText(p, MaxTextBytes-int64(len(corpus)))
@@ -98,10 +109,10 @@ func Prepare(texts []string, tokenizer string, valFraction float64, outDir strin
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(outDir, 0o755); err != nil {
+	if err := ds.save(outDir); err != nil {
 		return nil, err
 	}
-	return ds, ds.save(outDir)
+	return ds, out.Commit()
 }
 
 func (d *Dataset) save(dir string) error {

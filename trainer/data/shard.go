@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/shardline/shardline/fileio"
 )
@@ -24,8 +25,10 @@ const (
 	shardMagic   = "SHLTOKEN"
 	shardVersion = 2
 	headerSize   = 8 + 4 + 4 + 8 + 16 + 4 + 4
-	// MaxShardTokens caps what one shard holds (16 GiB as int32 in memory).
-	MaxShardTokens = 1 << 32
+	// MaxShardTokens caps what one shard holds: every tokenizer makes at most a
+	// token per byte of text, and Prepare reads at most MaxTextBytes (8 GiB as
+	// int32 in memory).
+	MaxShardTokens = MaxTextBytes
 )
 
 // WriteShard writes tokens (each below vocab) to path, atomically.
@@ -65,23 +68,22 @@ type Shard struct {
 	Vocab     int
 }
 
-// ReadShard reads a shard, checking its checksum, its header against its size,
-// and every token against its vocabulary.
+// ReadShard reads a shard, checking its header against the file's size before
+// reading the rest (a header's token count never sets what is read), then its
+// checksum, and every token against its vocabulary.
 func ReadShard(path string) (*Shard, error) {
-	b, err := fileio.ReadSealed(path, headerSize+4*MaxShardTokens+fileio.TrailerSize)
+	size, err := checkShardHeader(path)
 	if err != nil {
 		return nil, err
 	}
-	if len(b) < headerSize || string(b[:8]) != shardMagic {
-		return nil, fmt.Errorf("%s: %w (bad header)", path, ErrNotShard)
+	b, err := fileio.ReadSealed(path, size)
+	if err != nil {
+		return nil, err
 	}
-	if v := binary.LittleEndian.Uint32(b[8:]); v != shardVersion {
-		return nil, fmt.Errorf("%s: shard version %d, this shardline reads version %d; prepare the data again with `shardline data prepare`", path, v, shardVersion)
+	if len(b) < headerSize {
+		return nil, fmt.Errorf("%s: %w (it changed while being read)", path, ErrNotShard)
 	}
 	dtype, count := binary.LittleEndian.Uint32(b[12:]), binary.LittleEndian.Uint64(b[16:])
-	if dtype != 2 && dtype != 4 {
-		return nil, fmt.Errorf("%s: %w (token size %d)", path, ErrNotShard, dtype)
-	}
 	if want := uint64(headerSize) + count*uint64(dtype); count > MaxShardTokens || uint64(len(b)) != want {
 		return nil, fmt.Errorf("%s: %w: header says %d tokens (%d bytes before the trailer) but the file holds %d", path, ErrNotShard, count, want, len(b))
 	}
@@ -100,6 +102,36 @@ func ReadShard(path string) (*Shard, error) {
 		s.Tokens[i] = int32(t)
 	}
 	return s, nil
+}
+
+// checkShardHeader reads a shard's header alone and checks it: the magic, the
+// version, the token size, a count of at most MaxShardTokens, and that the
+// file holds exactly the header, the tokens it counts and the trailer. It
+// returns the file's size.
+func checkShardHeader(path string) (int64, error) {
+	f, size, err := fileio.OpenRegular(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	h := make([]byte, headerSize)
+	if _, err := io.ReadFull(f, h); err != nil || string(h[:8]) != shardMagic {
+		return 0, fmt.Errorf("%s: %w: %w (no shard header in its first %d bytes)", path, fileio.ErrCorrupt, ErrNotShard, headerSize)
+	}
+	if v := binary.LittleEndian.Uint32(h[8:]); v != shardVersion {
+		return 0, fmt.Errorf("%s: shard version %d, this shardline reads version %d; prepare the data again with `shardline data prepare`", path, v, shardVersion)
+	}
+	dtype, count := binary.LittleEndian.Uint32(h[12:]), binary.LittleEndian.Uint64(h[16:])
+	if dtype != 2 && dtype != 4 {
+		return 0, fmt.Errorf("%s: %w (token size %d)", path, ErrNotShard, dtype)
+	}
+	if count > MaxShardTokens {
+		return 0, fmt.Errorf("%s: %w: header says %d tokens, more than the %d a shard holds (a token per byte of data.MaxTextBytes of text)", path, ErrNotShard, count, uint64(MaxShardTokens))
+	}
+	if want := int64(headerSize) + int64(count)*int64(dtype) + fileio.TrailerSize; size != want {
+		return 0, fmt.Errorf("%s: %w: header says %d tokens (%d bytes with header and trailer) but the file holds %d (truncated or extended)", path, fileio.ErrCorrupt, count, want, size)
+	}
+	return size, nil
 }
 
 // cString is b up to its first zero byte.

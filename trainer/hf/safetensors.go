@@ -3,12 +3,16 @@ package hf
 import (
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 
+	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/fileio"
 )
 
@@ -166,12 +170,41 @@ type index struct {
 	WeightMap map[string]string `json:"weight_map"`
 }
 
-// WriteModel writes tensors to dir as model.safetensors, or, when they exceed
-// shardBytes, as several model-0000i-of-0000n.safetensors with an index.
-func WriteModel(dir string, tensors []Tensor, metadata map[string]string, shardBytes int64) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
+// The files of a model directory that a loader reads: the config, the single
+// weights file, or the index and the files it names.
+const (
+	ConfigFile = "config.json"
+	singleFile = "model.safetensors"
+	indexFile  = "model.safetensors.index.json"
+)
+
+// shardName is the name of weights file i (from 1) of n.
+func shardName(i, n int) string { return fmt.Sprintf("model-%05d-of-%05d.safetensors", i, n) }
+
+// isWeightsFile says whether a file of a model directory is one a loader may
+// read weights from (the single file, the index, or a shard of any count).
+func isWeightsFile(name string) bool {
+	var i, n int
+	if name == singleFile || name == indexFile {
+		return true
 	}
+	k, err := fmt.Sscanf(name, "model-%05d-of-%05d.safetensors", &i, &n)
+	return err == nil && k == 2 && name == shardName(i, n)
+}
+
+// ExportCommand names the command that writes model directories in their
+// manifest (fileio.ClaimDir).
+const ExportCommand = "shardline ckpt export"
+
+// WriteModel writes a model directory: config (config.json) and tensors as
+// model.safetensors, or, when they exceed shardBytes, as several
+// model-0000i-of-0000n.safetensors with an index. The directory is claimed
+// first (fileio.ClaimDir): a non-empty directory that an export did not make
+// is refused unless overwrite; and a weights file there that this export
+// does not write (an older export's index or shards, which a loader would
+// read) is removed if an export wrote it or overwrite is set, refused
+// otherwise.
+func WriteModel(dir string, config []byte, tensors []Tensor, metadata map[string]string, shardBytes int64, overwrite bool) error {
 	var shards [][]Tensor
 	var size, total int64
 	for _, t := range tensors {
@@ -183,34 +216,80 @@ func WriteModel(dir string, tensors []Tensor, metadata map[string]string, shardB
 		size += n
 		total += n
 	}
+	names := []string{ConfigFile}
 	if len(shards) == 1 {
-		return WriteSafetensors(filepath.Join(dir, "model.safetensors"), tensors, metadata)
-	}
-	idx := index{Metadata: map[string]any{"total_size": total}, WeightMap: map[string]string{}}
-	for i, sh := range shards {
-		name := fmt.Sprintf("model-%05d-of-%05d.safetensors", i+1, len(shards))
-		if err := WriteSafetensors(filepath.Join(dir, name), sh, metadata); err != nil {
-			return err
+		names = append(names, singleFile)
+	} else {
+		for i := range shards {
+			names = append(names, shardName(i+1, len(shards)))
 		}
-		for _, t := range sh {
-			idx.WeightMap[t.Name] = name
-		}
+		names = append(names, indexFile)
 	}
-	b, err := json.MarshalIndent(idx, "", "  ")
+	out, err := fileio.ClaimDir(dir, ExportCommand, names, overwrite, "give -o a new or empty directory")
 	if err != nil {
 		return err
 	}
-	return fileio.WriteAtomic(filepath.Join(dir, "model.safetensors.index.json"), append(b, '\n'))
+	des, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, de := range des {
+		if isWeightsFile(de.Name()) && !slices.Contains(names, de.Name()) {
+			if err := out.Remove(de.Name()); err != nil {
+				return err
+			}
+		}
+	}
+	if len(shards) == 1 {
+		if err := WriteSafetensors(out.Path(singleFile), tensors, metadata); err != nil {
+			return err
+		}
+	} else {
+		idx := index{Metadata: map[string]any{"total_size": total}, WeightMap: map[string]string{}}
+		for i, sh := range shards {
+			name := shardName(i+1, len(shards))
+			if err := WriteSafetensors(out.Path(name), sh, metadata); err != nil {
+				return err
+			}
+			for _, t := range sh {
+				idx.WeightMap[t.Name] = name
+			}
+		}
+		b, err := json.MarshalIndent(idx, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := out.WriteFile(indexFile, append(b, '\n')); err != nil {
+			return err
+		}
+	}
+	if err := out.WriteFile(ConfigFile, config); err != nil {
+		return err
+	}
+	return out.Commit()
 }
 
 // ReadModel reads every tensor of a model directory (model.safetensors, or the
-// files its index names), each file at most limit bytes.
+// files its index names). The files may hold at most limit bytes together,
+// checked from their sizes before any is read. A directory holding both the
+// single file and an index is refused: loaders differ on which they take.
 func ReadModel(dir string, limit int64) (map[string]Tensor, error) {
-	files := []string{"model.safetensors"}
-	if b, err := fileio.ReadRegular(filepath.Join(dir, "model.safetensors.index.json"), 64<<20); err == nil {
+	_, errSingle := os.Stat(filepath.Join(dir, singleFile))
+	b, err := fileio.ReadRegular(filepath.Join(dir, indexFile), 64<<20)
+	hasIndex := err == nil || !errors.Is(err, fs.ErrNotExist)
+	switch {
+	case hasIndex && errSingle == nil:
+		return nil, fmt.Errorf("%s holds both %s and %s: a loader may take either (transformers takes %[2]s, shardline refuses); remove the one that is not the model's, or export again into a new directory", dir, singleFile, indexFile)
+	case err != nil && hasIndex:
+		return nil, err
+	case !hasIndex && errors.Is(errSingle, fs.ErrNotExist):
+		return nil, fmt.Errorf("%s holds neither %s nor %s: not a Hugging Face model directory (shardline ckpt export writes one)", dir, singleFile, indexFile)
+	}
+	files := []string{singleFile}
+	if hasIndex {
 		var idx index
 		if err := json.Unmarshal(b, &idx); err != nil {
-			return nil, fmt.Errorf("%s: %w", filepath.Join(dir, "model.safetensors.index.json"), err)
+			return nil, fmt.Errorf("%s: %w", filepath.Join(dir, indexFile), err)
 		}
 		seen := map[string]bool{}
 		files = files[:0]
@@ -224,6 +303,16 @@ func ReadModel(dir string, limit int64) (map[string]Tensor, error) {
 			}
 		}
 		sort.Strings(files)
+	}
+	var total int64
+	for _, f := range files {
+		st, err := os.Stat(filepath.Join(dir, f))
+		if err != nil {
+			return nil, err
+		}
+		if total += st.Size(); total > limit {
+			return nil, fmt.Errorf("%s: %w: its weights files hold more than %d bytes by %s, more than the recipe's model needs (its parameters as F32, and headers); it is not this model's", dir, fileio.ErrTooLarge, limit, f)
+		}
 	}
 	out := map[string]Tensor{}
 	for _, f := range files {
@@ -239,4 +328,21 @@ func ReadModel(dir string, limit int64) (map[string]Tensor, error) {
 		}
 	}
 	return out, nil
+}
+
+// ReadLimit is the most bytes the weights files of a model directory for m may
+// hold together, given its parameters (shardline's table: elements, and
+// tensors): every tensor an export writes, the zero biases and shared-expert
+// gates Qwen2-MoE adds included, as F32, and 4 KiB of header per tensor.
+func ReadLimit(m config.Model, elements int64, tensors int) int64 {
+	if Architecture(m) == "Qwen2MoeForCausalLM" {
+		biases := int64(m.Hidden + 2*m.EffectiveKVHeads()*m.HeadSize())
+		for l := 0; l < m.Layers; l++ {
+			elements, tensors = elements+biases, tensors+3
+			if m.IsMoELayer(l) {
+				elements, tensors = elements+int64(m.Hidden), tensors+1
+			}
+		}
+	}
+	return 4*elements + 4<<10*int64(tensors+1)
 }

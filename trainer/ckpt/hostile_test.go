@@ -1,0 +1,101 @@
+package ckpt
+
+import (
+	"encoding/json"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"runtime"
+	"testing"
+
+	"github.com/shardline/shardline/fileio"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// rewriteMeta applies change to a checkpoint's metadata.json.
+func rewriteMeta(t *testing.T, dir string, change func(m *Meta)) {
+	b, err := os.ReadFile(filepath.Join(dir, MetadataFile))
+	require.NoError(t, err)
+	var m Meta
+	require.NoError(t, json.Unmarshal(b, &m))
+	change(&m)
+	b, err = json.Marshal(&m)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, MetadataFile), b, 0o644))
+}
+
+// A tensor or a rank file listed twice in metadata.json is refused by Open
+// (and so by ckpt verify, inspect and resume): before, verify passed a table
+// naming a tensor twice, and a reader took one of the two.
+func TestOpenRefusesNamesListedTwice(t *testing.T) {
+	dir := writeCheckpoint(t)
+	rewriteMeta(t, dir, func(m *Meta) { m.Tensors = append(m.Tensors, m.Tensors[0]) })
+	_, err := Verify(dir)
+	require.ErrorIs(t, err, fileio.ErrCorrupt)
+	assert.ErrorContains(t, err, "tensor w is listed twice")
+
+	dir = writeCheckpoint(t)
+	rewriteMeta(t, dir, func(m *Meta) { m.Files = append(m.Files, m.Files[0]) })
+	_, err = Verify(dir)
+	require.ErrorIs(t, err, fileio.ErrCorrupt)
+	assert.ErrorContains(t, err, "file rank-00000.bin is listed twice")
+}
+
+// A piece's size, which metadata.json gives, does not set what a reader
+// allocates: a checkpoint of one piece of 92 MiB a state kind (a sparse rank
+// file) verifies, and a range of it reads, in chunks of 4 MiB (before, each
+// piece was read whole into one buffer).
+func TestPieceReadsAreChunked(t *testing.T) {
+	dir := StepDir(t.TempDir(), 3)
+	const count = 23 << 20 // elements: 92 MiB a state kind
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	f, err := os.Create(filepath.Join(dir, RankFile(0)))
+	require.NoError(t, err)
+	require.NoError(t, f.Truncate(3*4*count))
+	require.NoError(t, f.Close())
+	zeros := make([]byte, 1<<20)
+	h := crc32.New(castagnoli)
+	for i := 0; i < 4*count/len(zeros); i++ {
+		h.Write(zeros)
+	}
+	sum := FormatSum(h.Sum32())
+	m := &Meta{Step: 3, WorldSize: 1, Files: []File{{Name: RankFile(0), Size: 3 * 4 * count}},
+		Tensors: []Tensor{{Name: "w", Shape: []int{count}, Dtype: "fp32", Pieces: []Piece{{Start: 0, Count: count, File: RankFile(0), CRC: []string{sum, sum, sum}}}}}}
+	require.NoError(t, Commit(dir, m))
+
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	n, err := Verify(dir)
+	require.NoError(t, err)
+	assert.Equal(t, int64(3*4*count), n)
+	m, err = Open(dir)
+	require.NoError(t, err)
+	r := NewReader(dir, m)
+	got := []float32{1, 1, 1}
+	require.NoError(t, r.Read("w", 2, count-3, got))
+	require.NoError(t, r.Close())
+	runtime.ReadMemStats(&after)
+	assert.Equal(t, []float32{0, 0, 0}, got)
+	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(16<<20), "bytes allocated")
+
+	rewriteMeta(t, dir, func(m *Meta) { m.Tensors[0].Pieces[0].CRC[1] = "00000000" })
+	_, err = Verify(dir)
+	require.ErrorIs(t, err, fileio.ErrCorrupt)
+	assert.ErrorContains(t, err, "tensor w (exp_avg, elements 0..24117248) at byte offset 96468992 has checksum "+sum)
+}
+
+// A step directory planted as a symbolic link is not written into: the rank
+// file is refused (fileio.ErrLink), and the directory the link names stays
+// empty (before, the rank file was written there).
+func TestRankFileRefusesLinkedStepDir(t *testing.T) {
+	root, victim := t.TempDir(), t.TempDir()
+	dir := StepDir(root, 4)
+	require.NoError(t, os.Symlink(victim, dir))
+	err := WriteRankFile(dir, 0, []byte("state"))
+	require.ErrorIs(t, err, fileio.ErrLink)
+	assert.ErrorContains(t, err, dir+": output through a link refused: a symbolic link to \""+victim+"\"")
+	entries, err := os.ReadDir(victim)
+	require.NoError(t, err)
+	assert.Empty(t, entries)
+}

@@ -1,0 +1,45 @@
+package hf
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/shardline/shardline/fileio"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// A model directory's weights files are read only up to what the recipe's
+// model needs, checked from their sizes before a byte is read (a sparse file
+// of 256 MiB, where the model needs a few kilobytes, was read whole before);
+// and a directory holding both model.safetensors and an index is refused,
+// where the index silently won.
+func TestReadModelBoundsAndAmbiguity(t *testing.T) {
+	dir := t.TempDir()
+	w := []Tensor{{Name: "w", Shape: []int{2, 3}, Data: []float32{1, 2, 3, 4, 5, 6}}}
+	require.NoError(t, WriteSafetensors(filepath.Join(dir, "model.safetensors"), w, nil))
+	limit := int64(4*6 + 4<<10)
+	ts, err := ReadModel(dir, limit)
+	require.NoError(t, err)
+	assert.Equal(t, w[0].Data, ts["w"].Data)
+
+	big := filepath.Join(dir, "model.safetensors")
+	f, err := os.OpenFile(big, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	require.NoError(t, f.Truncate(256<<20))
+	require.NoError(t, f.Close())
+	_, err = ReadModel(dir, limit)
+	require.ErrorIs(t, err, fileio.ErrTooLarge)
+	assert.ErrorContains(t, err, "more than the recipe's model needs")
+
+	require.NoError(t, WriteSafetensors(big, w, nil))
+	other := []Tensor{{Name: "w", Shape: []int{2, 3}, Data: []float32{9, 9, 9, 9, 9, 9}}}
+	require.NoError(t, WriteSafetensors(filepath.Join(dir, "model-00001-of-00001.safetensors"), other, nil))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "model.safetensors.index.json"), []byte(`{"weight_map":{"w":"model-00001-of-00001.safetensors"}}`), 0o644))
+	_, err = ReadModel(dir, limit)
+	assert.ErrorContains(t, err, dir+" holds both model.safetensors and model.safetensors.index.json")
+
+	_, err = ReadModel(t.TempDir(), limit)
+	assert.ErrorContains(t, err, "holds neither model.safetensors nor model.safetensors.index.json")
+}
