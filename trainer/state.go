@@ -92,8 +92,8 @@ type state struct {
 	// Expert parallelism: this rank's ep coordinate, experts per ep rank, and the
 	// ep group (nil when ep = 1), with its collectives on buffers (epG).
 	epRank int
-	epComm          comm.Communicator
-	epG             collective.Group
+	epComm comm.Communicator
+	epG    collective.Group
 	// Context parallelism: this rank's cp coordinate and the cp group (nil when
 	// cp = 1).
 	cpRank int
@@ -157,7 +157,7 @@ type groupsFor func(rank int, axis parallel.Axis) (comm.Communicator, error)
 func newState(p *parallel.Plan, r *config.Recipe, be tensor.Backend, rank int, world comm.Communicator, groups groupsFor) (*state, error) {
 	s := &state{plan: p, rank: rank, bf16: r.Precision.BF16, reduceBF16: r.FSDP.GradReduceInBF16, be: be, world: world,
 		sharded: p.Sharding.Optim, userBuffers: r.FSDP.UseNCCLUB, perUnit: p.Sharding.Params, unitGrads: p.Sharding.Grads,
-		wviews:    make([]tensor.Buffer, len(p.Params)), gviews: make([]tensor.Buffer, len(p.Params))}
+		wviews: make([]tensor.Buffer, len(p.Params)), gviews: make([]tensor.Buffer, len(p.Params))}
 	if err := s.openMemory(); err != nil {
 		return nil, err
 	}

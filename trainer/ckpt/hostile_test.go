@@ -13,13 +13,17 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// rewriteMeta applies change to a checkpoint's metadata.json.
+// rewriteMeta applies change to a checkpoint's metadata.json and seals it again.
 func rewriteMeta(t *testing.T, dir string, change func(m *Meta)) {
 	b, err := os.ReadFile(filepath.Join(dir, MetadataFile))
 	require.NoError(t, err)
 	var m Meta
 	require.NoError(t, json.Unmarshal(b, &m))
 	change(&m)
+	// Sealed again, as a writer that knows the format would: the checks
+	// under test are the ones behind metadata.json's own checksum.
+	m.Checksum, err = m.checksum()
+	require.NoError(t, err)
 	b, err = json.Marshal(&m)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, MetadataFile), b, 0o644))
@@ -60,7 +64,7 @@ func TestPieceReadsAreChunked(t *testing.T) {
 		h.Write(zeros)
 	}
 	sum := FormatSum(h.Sum32())
-	m := &Meta{Step: 3, WorldSize: 1, Files: []File{{Name: RankFile(0), Size: 3 * 4 * count}},
+	m := &Meta{Step: 3, WorldSize: 1, RunID: "test", Files: []File{{Name: RankFile(0), Size: 3 * 4 * count}},
 		Tensors: []Tensor{{Name: "w", Shape: []int{count}, Dtype: "fp32", Pieces: []Piece{{Start: 0, Count: count, File: RankFile(0), CRC: []string{sum, sum, sum}}}}}}
 	require.NoError(t, Commit(dir, m))
 
