@@ -89,8 +89,9 @@ type state struct {
 	host  tensor.HostMemory
 	stats tensor.Buffer
 	wire  tensor.Buffer
-	// Expert parallelism: this rank's ep coordinate, experts per ep rank, and the
-	// ep group (nil when ep = 1), with its collectives on buffers (epG).
+	// Expert parallelism: this rank's ep coordinate and the ep group (nil
+	// when ep = 1), with its collectives on buffers (epG); the plan places
+	// the experts (Plan.ExpertParam).
 	epRank int
 	epComm comm.Communicator
 	epG    collective.Group
