@@ -742,12 +742,9 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		DecaySteps: r.Train.LRDecaySteps}
 	B, T := r.Train.MicroBatchSize, r.Model.SeqLen
 	global := t.plan.MicroBatches * t.plan.Mesh.DP * B // sequences per step
-	var last Metrics                                   // the last step recorded (rank 0)
-	var good Metrics                                   // the last step whose loss and gradient were finite (every rank)
-	lastSkipped := false
-	if len(t.curve) > 0 { // resumed: the steps before the checkpoint
-		last, good = t.curve[len(t.curve)-1], t.goodAtEnd()
-	}
+	eval := evalPolicy{interval: r.Train.EvalInterval, steps: r.Train.Steps, lead: lead, collective: t.collectiveEval(), hasVal: len(t.ds.Val) > T}
+	stats := t.newStatsDrain(world)
+	stats.optSteps = optSteps // a resumed run's, until its first read-back
 	var rates []float64 // tokens/s of every step of this run
 	ev := t.log.Info()
 	if t.dir != "" { // rank 0 writes the run directory; a job's other ranks have none
@@ -756,83 +753,21 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	ev.Str("backend", t.opts.Backend.Name()).Int("ranks", t.plan.Mesh.World).Str("strategy", t.plan.Strategy).
 		Int64("parameters", t.plan.ParamsTotal).Int("train_tokens", len(t.ds.Train)).Int("val_tokens", len(t.ds.Val)).Str("plan", t.plan.Fingerprint).Msg("training")
 	start := time.Now()
-	// flag: rank 0's interrupt; ranks whose pending checkpoint file is written;
-	// ranks whose write failed.
-	flag := make([]float32, 3)
 	lastEvaluated := false // every rank tracks it: the final evaluation is collective
 	done := startStep      // steps completed
 	t.st.mem.Write(t.st.stats.At(tensor.StatOptSteps), []float64{float64(optSteps)})
-	// drain reads the pending steps' statistics back and handles them in order:
-	// a step whose loss or gradient norm is not finite was not applied (the
-	// kernels skip its update); it ends the run unless train.skip_nonfinite, and
-	// rank 0 records every step. val is the last step's validation loss.
-	drain := func(val *float64) error {
-		steps, applied, err := t.readStats()
-		if err != nil {
-			return err
-		}
-		optSteps = applied
-		for i := range steps {
-			met := steps[i]
-			if i == len(steps)-1 {
-				met.ValLoss = val
-			}
-			if met.Skipped {
-				if !r.Train.SkipNonfinite {
-					// Every rank meets the same all-reduced loss here: a save of an earlier,
-					// finite step still in flight is finished first.
-					if err := t.finishSave(world); err != nil {
-						return err
-					}
-					return t.nonFinite(fmt.Errorf("step %d: %w (loss %v, grad_norm %v); %s; lower train.lr or set train.skip_nonfinite = true",
-						met.Step, ErrNonFinite, met.Loss, met.GradNorm, describeGood(good)))
-				}
-				lastSkipped = true
-				t.log.Warn().Int("step", met.Step).Float64("loss", met.Loss).Msg("non-finite step skipped (train.skip_nonfinite)")
-			} else {
-				good, lastSkipped = met, false
-			}
-			if lead {
-				if err := t.record(met); err != nil {
-					return err
-				}
-				last = met
-			}
-		}
-		return nil
-	}
 	for step := startStep; step < r.Train.Steps; step++ {
 		if err := t.opts.faults.lost(t.rank, step); err != nil {
 			return nil, err
 		}
-		// Every rank stops at the same step: rank 0's interrupt is all-reduced.
-		flag[0], flag[1], flag[2] = 0, 0, 0
-		if lead && (ctx.Err() != nil || (t.opts.StopAfter > 0 && step >= t.opts.StopAfter)) {
-			flag[0] = 1
-		}
-		var pending *pendingSave
-		if t.ckpt != nil {
-			pending = t.ckpt.pending
-		}
-		if pending != nil {
-			if pending.poll(); pending.finished {
-				flag[1], flag[2] = 1, float32(btoi(pending.err != nil))
-			}
-		}
-		if err := world.AllReduce(flag); err != nil {
+		// Every rank stops at the same step, and commits a checkpoint together.
+		interrupted, err := t.boundary(ctx, world, step)
+		if err != nil {
 			return nil, err
 		}
-		if flag[2] > 0 {
-			return nil, saveFailed(pending)
-		}
-		if pending != nil && int(flag[1]) == world.Size() {
-			if err := t.commitSave(world); err != nil {
-				return nil, err
-			}
-		}
-		if flag[0] > 0 {
+		if interrupted > 0 {
 			out.Interrupted = true
-			t.log.Warn().Int("step", step).Msg("interrupted: writing what the run has so far")
+			t.log.Warn().Int("step", step).Int("ranks_interrupted", interrupted).Msg("interrupted: writing what the run has so far")
 			break
 		}
 		t0 := time.Now()
@@ -847,65 +782,50 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		met := Metrics{Step: step + 1, LR: lr, MemHeld: t.held().Total, MemPlan: t.plan.Memory.Total, TokensPerS: float64(global*T) / dt}
 		rates = append(rates, met.TokensPerS)
 		t.keepStats(met)
+		done = step + 1
 		// Evaluation gathers units under optim_grads_params and exchanges tokens under
 		// expert parallelism, so then every rank runs it.
-		lastEvaluated = false
 		var val *float64
-		if ev := r.Train.EvalInterval; ev > 0 && ((step+1)%ev == 0 || step+1 == r.Train.Steps) && (lead || t.collectiveEval()) {
-			lastEvaluated = true
+		if lastEvaluated = eval.due(done); lastEvaluated {
 			v := t.evaluate()
 			if err := t.flush(); err != nil {
 				return nil, err
 			}
 			val = &v
 		}
-		done = step + 1
-		save := t.ckpt != nil && t.ckpt.interval > 0 && done%t.ckpt.interval == 0
-		// The statistics come back once per logging interval, and before an
-		// evaluation is recorded, a checkpoint is saved or the run ends: every
-		// rank reads the same all-reduced values, so every rank stops alike.
-		if len(t.bufs.pending) == cap(t.bufs.pending) || done%r.Logging.Interval == 0 || done == r.Train.Steps || val != nil || save {
-			if err := drain(val); err != nil {
+		save := t.ckpt.due(done)
+		if stats.due(done, len(t.bufs.pending) == cap(t.bufs.pending), val != nil, save) {
+			if err := stats.drain(val); err != nil {
 				return nil, err
 			}
 		}
-		if save && !lastSkipped {
-			if err := t.finishSave(world); err != nil { // a save still in flight: wait for it
+		if save && !stats.lastSkipped {
+			if err := t.saveAt(world, done, stats.optSteps); err != nil {
 				return nil, err
 			}
-			t.startSave(done, optSteps)
 		}
 		if lead && t.opts.Progress != nil {
-			t.showProgress(done, last.Loss, start)
+			t.showProgress(done, stats.last.Loss, start)
 		}
 	}
 	if len(t.bufs.pending) > 0 { // interrupted, or stopped early
-		if err := drain(nil); err != nil {
+		if err := stats.drain(nil); err != nil {
 			return nil, err
 		}
 	}
-	if lastSkipped {
+	if stats.lastSkipped {
 		// Every rank saw the same all-reduced loss and norm, so every rank stops here
 		// (after finishing the save of an earlier, finite step).
 		if err := t.finishSave(world); err != nil {
 			return nil, err
 		}
-		return nil, t.nonFinite(fmt.Errorf("the run ended on non-finite steps (skipped by train.skip_nonfinite): %w; %s; lower train.lr", ErrNonFinite, describeGood(good)))
+		return nil, t.nonFinite(fmt.Errorf("the run ended on non-finite steps (skipped by train.skip_nonfinite): %w; %s; lower train.lr", ErrNonFinite, describeGood(stats.good)))
 	}
-	if c := t.ckpt; c != nil {
-		// At the end, and on an interrupt: the state as it is, unless just saved.
-		if c.saved != done {
-			if err := t.finishSave(world); err != nil {
-				return nil, err
-			}
-			t.startSave(done, optSteps)
-		}
-		if err := t.finishSave(world); err != nil {
-			return nil, err
-		}
+	if err := t.saveAtEnd(world, done, stats.optSteps); err != nil {
+		return nil, err
 	}
 	finalVal := math.NaN()
-	if !lastEvaluated && len(t.ds.Val) > T && t.collectiveEval() {
+	if eval.finalTogether(lastEvaluated) {
 		finalVal = t.evaluate() // every rank takes part
 		if err := t.flush(); err != nil {
 			return nil, err
@@ -925,22 +845,23 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	}
 	var problem error // rank 0's reason to stop before the sample
 	if lead {
+		last := stats.last
 		out.Steps, out.FinalLoss = last.Step, last.Loss
 		switch {
 		case last.ValLoss != nil:
 			out.FinalValLoss = last.ValLoss
 		case !math.IsNaN(finalVal):
 			out.FinalValLoss = &finalVal
-		case len(t.ds.Val) > T && !t.collectiveEval():
+		case eval.hasVal && !eval.collective: // rank 0 evaluates alone
 			v := t.evaluate()
 			out.FinalValLoss = &v
 		}
 		if t.weightsErr != nil {
 			problem = fmt.Errorf("saving weights: %w", t.weightsErr)
 		} else if v := out.FinalValLoss; v != nil && (math.IsNaN(*v) || math.IsInf(*v, 0)) {
-			problem = t.nonFinite(fmt.Errorf("the final validation loss is %v: %w; %s; lower train.lr", *v, ErrNonFinite, describeGood(good)))
+			problem = t.nonFinite(fmt.Errorf("the final validation loss is %v: %w; %s; lower train.lr", *v, ErrNonFinite, describeGood(stats.good)))
 		} else if s := t.weightsOut.nonFinite(); s != "" {
-			problem = t.nonFinite(fmt.Errorf("%s: %w; %s; lower train.lr", s, ErrNonFinite, describeGood(good)))
+			problem = t.nonFinite(fmt.Errorf("%s: %w; %s; lower train.lr", s, ErrNonFinite, describeGood(stats.good)))
 		}
 	}
 	if n := r.Logging.SampleTokens; t.sampler == sampleAll {
@@ -988,6 +909,8 @@ type stepBufs struct {
 	// first (its group's first rank counts the group's tokens); eval sums an
 	// evaluation's losses.
 	discard, eval tensor.Buffer
+	// flag is what the ranks all-reduce at a step boundary (run.boundary).
+	flag []float32
 	// history holds the statistics of the steps since the last read-back
 	// (historyRows rows of tensor.NumStats), hostHistory their copy on the host.
 	history     tensor.Buffer
@@ -999,7 +922,7 @@ func newStepBufs(B, T, cp int, mem tensor.Memory, rows int) *stepBufs {
 	count := make([]float64, 1)
 	return &stepBufs{tokens: make([]int32, B*T), targets: make([]int32, B*T), count: count, countHost: count,
 		local: make([]int32, B*T/cp), localTargets: make([]int32, B*T/cp),
-		discard: mem.Alloc(tensor.Float64, 1), eval: mem.Alloc(tensor.Float64, 1),
+		discard: mem.Alloc(tensor.Float64, 1), eval: mem.Alloc(tensor.Float64, 1), flag: make([]float32, 3),
 		history: mem.Alloc(tensor.Float64, rows*tensor.NumStats), hostHistory: make([]float64, rows*tensor.NumStats),
 		pending: make([]Metrics, 0, rows)}
 }
