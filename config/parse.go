@@ -3,6 +3,7 @@ package config
 import (
 	"bytes"
 	"fmt"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -124,7 +125,7 @@ func parseTOML(path string, src []byte) (doc *tomlDoc, diags Diagnostics) {
 		off := len(src)
 		var msg string
 		if pe, ok := err.(*unstable.ParserError); ok {
-			msg = pe.Message
+			msg = withoutQuotedChar(pe.Message)
 			if o, ok := subsliceOffset(&p, pe.Highlight); ok {
 				off = o
 			}
@@ -309,4 +310,18 @@ func (d *tomlDoc) pos(off int) Pos {
 	}
 	line := sort.Search(len(d.lines), func(i int) bool { return d.lines[i] > off }) - 1
 	return Pos{File: d.path, Line: line + 1, Col: off - d.lines[line] + 1, Offset: off}
+}
+
+// quotedChar is the character the TOML parser quotes at the end of some messages
+// ("invalid character U+0041 'A'", "invalid character at start of key: r").
+var quotedChar = regexp.MustCompile(`(?s)(:\s*.|\s+(but got\s+)?U\+[0-9A-F]{4,6}( '.*')?)$`)
+
+// withoutQuotedChar drops the character a parser message quotes: the position
+// says where, and a file that does not parse may be no recipe at all (a key
+// file named by mistake), whose contents diagnostics never show.
+func withoutQuotedChar(msg string) string {
+	if out := quotedChar.ReplaceAllString(msg, ""); out != "" {
+		return out
+	}
+	return msg
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"unicode"
@@ -90,3 +91,33 @@ func CheckRunName(name string) error {
 // maxRunName is NAME_MAX: the most bytes one path element can have on ext4,
 // xfs, btrfs and APFS.
 const maxRunName = 255
+
+// PathVars lists the variables a recipe path refers to (${NAME} or $NAME), in
+// order, each once.
+func PathVars(path string) []string {
+	var names []string
+	os.Expand(path, func(name string) string {
+		if name != "" && !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+		return ""
+	})
+	return names
+}
+
+// RedactVars returns text with the value of every variable that path refers to
+// written back as ${NAME}: what a message about an expanded path may show. The
+// written path is what diagnostics quote; this catches the expansion where it
+// reaches a message through another layer (an error from opening the file). A
+// value of fewer than minSecret bytes is left: it cannot hide a secret, and
+// replacing it would garble the text.
+func RedactVars(text, path string, env map[string]string) string {
+	for _, name := range PathVars(path) {
+		if v := env[name]; len(v) >= minSecret {
+			text = strings.ReplaceAll(text, v, "${"+name+"}")
+		}
+	}
+	return text
+}
+
+const minSecret = 4
