@@ -23,6 +23,9 @@ type Options struct {
 	// Imported are values translated from another trainer's job file (recipe
 	// import torchtitan), applied last, each with its own origin.
 	Imported []ImportedValue
+	// SettingVars are the SHARDLINE_ variables the CLI reads as its own settings
+	// (SHARDLINE_DATA_ROOT): not recipe keys, and not typos of one.
+	SettingVars []string
 	// ReadFile reads recipe files; nil means ReadRecipeFile.
 	ReadFile func(string) ([]byte, error)
 	// Defaults are the CLI settings that stand in for built-in defaults (the

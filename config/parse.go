@@ -44,6 +44,8 @@ type rawValue struct {
 	elems []rawValue
 	pos   Pos
 	text  string // the value as written
+	// overflow: an integer beyond int64 (kept as its text, kind vString).
+	overflow bool
 }
 
 // entry is one key = value of a file, with its full dotted key.
@@ -203,7 +205,7 @@ func (d *tomlDoc) value(p *unstable.Parser, n *unstable.Node, fallback Pos, dept
 		i, err := parseTOMLInt(data)
 		if err != nil {
 			// Out of int64 range: keep the text; decode reports a positioned type error.
-			v.kind, v.s = vString, data
+			v.kind, v.s, v.overflow = vString, data, true
 			v.text = data + " (out of 64-bit range)"
 		}
 		v.i = i

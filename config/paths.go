@@ -64,8 +64,8 @@ func goroot() string {
 // CheckRunName says why name cannot name a run directory under output_dir, or
 // returns nil: it must be one path element, so that no run writes outside its
 // output directory ("../x", "a/b", "/etc" and "." are refused); valid UTF-8
-// without control characters, since the name is printed on terminals and in
-// logs; and at most maxRunName bytes, the longest file name Linux and macOS
+// without control characters or bidirectional controls (U+202E), since the
+// name is printed on terminals and in logs; and at most maxRunName bytes, the longest file name Linux and macOS
 // file systems take.
 func CheckRunName(name string) error {
 	switch {
@@ -83,6 +83,9 @@ func CheckRunName(name string) error {
 	for _, r := range name {
 		if unicode.IsControl(r) {
 			return fmt.Errorf("it holds the control character %U", r)
+		}
+		if IsBidiControl(r) {
+			return fmt.Errorf("it holds the bidirectional control %U, which reorders the text printed around it", r)
 		}
 	}
 	return nil

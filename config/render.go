@@ -53,13 +53,14 @@ func Summary(ds Diagnostics) string {
 
 // visible returns s with what a terminal or a CI log would act on instead of
 // showing written as Go escapes: control characters other than tab (ESC, BEL,
-// CR, DEL, the C1 range) and bytes that are not UTF-8. A recipe, a path or a
+// CR, DEL, the C1 range), the bidirectional controls (IsBidiControl) and bytes
+// that are not UTF-8. A recipe, a path or a
 // value quoted from a file cannot then retitle a window, recolour the output or
 // hide a line of it.
 func visible(s string) string {
 	clean := true
 	for _, r := range s {
-		if r == utf8.RuneError || (r != '\t' && unicode.IsControl(r)) {
+		if r == utf8.RuneError || (r != '\t' && unicode.IsControl(r)) || IsBidiControl(r) {
 			clean = false
 			break
 		}
@@ -75,7 +76,7 @@ func visible(s string) string {
 			fmt.Fprintf(&b, `\x%02x`, s[i])
 		case r != '\t' && unicode.IsControl(r) && r < 0x80:
 			fmt.Fprintf(&b, `\x%02x`, r)
-		case r != '\t' && unicode.IsControl(r):
+		case (r != '\t' && unicode.IsControl(r)) || IsBidiControl(r):
 			fmt.Fprintf(&b, `\u%04x`, r)
 		default:
 			b.WriteString(s[i : i+n])
@@ -192,7 +193,7 @@ func RenderSARIF(w io.Writer, ds Diagnostics, version string) error {
 		// recipe points at its position; one from a flag or environment variable,
 		// or a default, points at the top of the recipe it concerns, and the message
 		// names the flag or variable.
-		fromFile := d.Origin.Kind == FromFile || d.Origin.Kind == FromImplied || d.Origin.Kind == FromDefault || d.Origin.Kind == FromImport
+		fromFile := (d.Origin.Kind == FromFile || d.Origin.Kind == FromImplied || d.Origin.Kind == FromDefault || d.Origin.Kind == FromImport) && !d.Origin.settingVar()
 		file, reg := d.Origin.Pos.File, &region{StartLine: 1, StartColumn: 1}
 		if fromFile && d.Origin.Pos.IsValid() {
 			reg = &region{StartLine: d.Origin.Pos.Line, StartColumn: d.Origin.Pos.Col}
@@ -223,4 +224,17 @@ func RenderSARIF(w io.Writer, ds Diagnostics, version string) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(log)
+}
+
+// IsBidiControl reports whether r is a Unicode bidirectional control: the
+// embeddings, overrides and isolates (U+202A to U+202E, U+2066 to U+2069) and
+// the marks (U+200E, U+200F, U+061C). Printed, they reorder the text around
+// them, so that what a terminal or a review shows is not what the bytes say
+// ("Trojan Source"): U+202E makes "run-\u202egpj.exe" read as "run-exe.jpg".
+func IsBidiControl(r rune) bool {
+	switch {
+	case r >= 0x202a && r <= 0x202e, r >= 0x2066 && r <= 0x2069:
+		return true
+	}
+	return r == 0x200e || r == 0x200f || r == 0x061c
 }

@@ -761,9 +761,15 @@ func (t *ttImport) checkpoint() {
 	t.to("checkpoint.dir", filepath.Join(dump.str(), folder.str()), folder, "torchtitan saves under [job] dump_folder")
 	if s := t.get("checkpoint.interval"); s.int() > 0 {
 		t.to("checkpoint.interval", itoa(s.int()), s, "")
+	} else {
+		t.errorf(t.at(s), "SL008", fmt.Sprintf("%s: torchtitan saves every interval steps, a positive number", s.name()),
+			"set interval to a positive number of steps, or enable = false for no checkpoints")
 	}
 	if s := t.get("checkpoint.keep_latest_k"); s.int() >= 0 {
 		t.to("checkpoint.keep_last", itoa(s.int()), s, "")
+	} else {
+		t.errorf(t.at(s), "SL008", fmt.Sprintf("%s: the number of checkpoints to keep is 0 (all) or more", s.name()),
+			"set keep_latest_k to 0 (keep all) or a positive number")
 	}
 }
 

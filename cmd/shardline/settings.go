@@ -83,7 +83,10 @@ func loadSettings(path string, env map[string]string) (*settings, error) {
 	if path != "" {
 		src, err := readSettingsFile(path)
 		if err != nil {
-			return nil, usageErr("--config %s: %v", path, err)
+			if explicit {
+				return nil, usageErr("--config %s: %v", path, err)
+			}
+			return nil, usageErr("settings file %s (the nearest %s above the working directory): %v; fix or remove it, or name another with --config", path, settingsFile, err)
 		}
 		s.file = path
 		if err := v.ReadConfig(strings.NewReader(string(src))); err != nil {
