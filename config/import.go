@@ -544,6 +544,9 @@ func isEnvAssignment(w string) bool {
 	return ok && validName(name)
 }
 
+// maxRanks is the most ranks a recipe has (parallel.world_size's bound).
+const maxRanks = 1 << 20
+
 // torchrunRanks reads torchrun's --nproc_per_node (--nproc-per-node) and --nnodes
 // among the words before the script (0 when not torchrun: python -m
 // torch.distributed.run counts as torchrun). torchrun's default is one process
@@ -578,8 +581,10 @@ func torchrunRanks(v *shellVars, words []string) (nproc, nnodes int, described, 
 			default:
 				continue
 			}
-			if n, err := strconv.Atoi(raw); err == nil && n > 0 {
+			if n, err := strconv.Atoi(raw); err == nil && n > 0 && n <= maxRanks {
 				return n, desc, ""
+			} else if err == nil && n > maxRanks {
+				return 0, desc, fmt.Sprintf("%s is over the %d ranks a recipe has", desc, maxRanks)
 			}
 			bad = fmt.Sprintf("%s is not a positive whole number", desc)
 			if ref, opaque := v.opaqueIn(raw); opaque {
@@ -593,6 +598,9 @@ func torchrunRanks(v *shellVars, words []string) (nproc, nnodes int, described, 
 	nnodes, b, badB := value("nnodes")
 	if badA != "" || badB != "" {
 		return 0, 0, "", strings.Trim(badA+"; "+badB, "; ")
+	}
+	if nproc*nnodes > maxRanks { // each is at most maxRanks: no overflow
+		return 0, 0, "", fmt.Sprintf("%s × %s is over the %d ranks a recipe has", a, b, maxRanks)
 	}
 	if nproc == 0 && nnodes == 0 {
 		return 0, 0, "", ""

@@ -566,6 +566,9 @@ func (t *ttImport) optimizer() {
 
 // parallelism sets the mesh and returns the data-parallel degree (the number of
 // data-parallel ranks torchtitan's batch counts).
+// ttMaxRanks is the most ranks a recipe has (parallel.world_size's bound).
+const ttMaxRanks = maxRanks
+
 func (t *ttImport) parallelism(worldSize int) int64 {
 	deg := func(k string) ttSetting { return t.get("parallelism." + k) }
 	rep, shard, tp, pp, cp := deg("data_parallel_replicate_degree"), deg("data_parallel_shard_degree"), deg("tensor_parallel_degree"), deg("pipeline_parallel_degree"), deg("context_parallel_degree")
@@ -581,10 +584,25 @@ func (t *ttImport) parallelism(worldSize int) int64 {
 		t.errorf(t.at(shard), "SL008", fmt.Sprintf("%s: the shard degree is -1 (the ranks left over) or at least 1", shard.name()), "set it to -1")
 		bad = true
 	}
+	// Degrees are bounded before they are multiplied: two degrees of 2^32 made
+	// the product wrap to 0, which then divided the world size.
+	for _, s := range []ttSetting{rep, shard, tp, pp, cp, ep, etp} {
+		if s.int() > ttMaxRanks {
+			t.errorf(t.at(s), "SL008", fmt.Sprintf("%s: a parallel degree is at most %d, the most ranks a recipe has", s.name(), ttMaxRanks), fmt.Sprintf("set it to at most %d", ttMaxRanks))
+			bad = true
+		}
+	}
 	if bad {
 		return 1
 	}
-	other := rep.int() * tp.int() * pp.int() * cp.int()
+	other := int64(1)
+	for _, s := range []ttSetting{rep, tp, pp, cp} {
+		if other *= s.int(); other > ttMaxRanks {
+			t.errorf(t.at(s), "SL008", fmt.Sprintf("replicate × tp × pp × cp reaches %d at %s, over the %d ranks a recipe has", other, s.name(), ttMaxRanks),
+				"lower the parallel degrees")
+			return 1
+		}
+	}
 	n := shard.int()
 	switch {
 	case n == -1 && worldSize == 0:
@@ -604,6 +622,10 @@ func (t *ttImport) parallelism(worldSize int) int64 {
 		return 1
 	}
 	world := n * other
+	if world > ttMaxRanks {
+		t.errorf(t.at(shard), "SL008", fmt.Sprintf("replicate × shard × tp × pp × cp = %d ranks, over the %d a recipe has", world, ttMaxRanks), "lower the parallel degrees")
+		return 1
+	}
 	because := fmt.Sprintf("replicate %d × shard %d × tp %d × pp %d × cp %d", rep.int(), n, tp.int(), pp.int(), cp.int())
 	t.to("parallel.world_size", itoa(world), shard, because)
 	t.to("parallel.device", "cuda", shard, "torchtitan trains on GPUs; shardline run --device cpu trains the recipe on the CPU")
@@ -660,7 +682,9 @@ func (t *ttImport) parallelism(worldSize int) int64 {
 func (t *ttImport) training(dp int64) {
 	local, global := t.get("training.local_batch_size"), t.get("training.global_batch_size")
 	t.to("train.micro_batch_size", itoa(local.int()), local, "")
-	if global.int() < 0 {
+	if global.int() < 0 && (local.int() < 1 || local.int() > 1<<30) {
+		t.errorf(t.at(local), "SL008", fmt.Sprintf("%s: a micro-batch is 1 to %d sequences", local.name(), 1<<30), "set local_batch_size to the sequences each rank takes per step")
+	} else if global.int() < 0 {
 		t.to("train.global_batch_size", itoa(local.int()*dp), global, fmt.Sprintf("local_batch_size %d × data-parallel degree %d: one micro-batch per step", local.int(), dp))
 	} else {
 		t.to("train.global_batch_size", itoa(global.int()), global, "")
