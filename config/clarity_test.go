@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 
@@ -134,4 +135,35 @@ func TestRunNameRefusesBidiControls(t *testing.T) {
 	require.NoError(t, RenderText(&b, Diagnostics{{Severity: SevError, Code: "SL009", Message: "run.name (\"a\u202eb\")", Help: "x"}}, nil))
 	require.NotContains(t, b.String(), "\u202e")
 	require.Contains(t, b.String(), `a\u202eb`)
+}
+
+// TestTorchtitanDefaultStepsAreNoRefusal: torchtitan's debug job without its
+// [training] steps (given on torchtitan's command line) was refused with SL010,
+// "shardline's schedule decays right after warmup", computed from torchtitan's
+// default of 10000 steps. The finding says the file lacks the step count.
+func TestTorchtitanDefaultStepsAreNoRefusal(t *testing.T) {
+	src, err := os.ReadFile("testdata/torchtitan/llama3_debug.toml")
+	require.NoError(t, err)
+	var kept []string
+	for _, line := range strings.Split(string(src), "\n") {
+		if !strings.HasPrefix(line, "steps = ") {
+			kept = append(kept, line)
+		}
+	}
+	_, diags := ImportTorchtitan("debug.toml", []byte(strings.Join(kept, "\n")), 0)
+	var errs Diagnostics
+	for _, d := range diags {
+		if d.Severity == SevError {
+			errs = append(errs, d)
+		}
+	}
+	require.Len(t, errs, 1, "%v", diags)
+	require.Equal(t, "SL007", errs[0].Code)
+	require.Equal(t, "debug.toml:27:1", errs[0].Location())
+	require.Contains(t, errs[0].Message, "the file sets no [training] steps, and with torchtitan's default of 10000")
+	require.Contains(t, errs[0].Help, "set [training] steps in the job file")
+	// With the steps in the file, the schedule is torchtitan's and imports.
+	res, diags := ImportTorchtitan("debug.toml", src, 0)
+	requireNoErrors(t, diags)
+	require.Equal(t, 10, res.Recipe.Train.Steps)
 }

@@ -729,7 +729,13 @@ func (t *ttImport) schedule() {
 			decay = d
 		}
 	}
-	if stable := total + 1 - warmup - decay; stable > 1 {
+	stepsGiven := steps.given() || t.get("lr_scheduler.total_steps").given()
+	if stable := total + 1 - warmup - decay; stable > 1 && !stepsGiven {
+		// Not SL010: the stable phase comes from torchtitan's default step count,
+		// which a job usually overrides on torchtitan's command line.
+		t.errorf(t.at(ratio), "SL007", fmt.Sprintf("%s: the file sets no [training] steps, and with torchtitan's default of %d (and %d of warmup) the schedule would hold the peak for %d steps before decaying; the import cannot tell the job's step count", ratio.name(), total, warmup, stable),
+			"set [training] steps in the job file to the job's step count (a --training.steps on torchtitan's command line is not in the file) and import again")
+	} else if stable > 1 {
 		t.refuse(ratio, fmt.Sprintf("with %d steps and %d of warmup it holds the peak for %d steps before decaying (warmup-stable-decay); shardline's schedule decays right after warmup", total, warmup, stable),
 			fmt.Sprintf("remove decay_ratio, or set it to at least %g", float64(total-warmup)/float64(total)))
 	}
