@@ -209,7 +209,11 @@ func ImportMegatron(path string, src []byte) (*Resolved, Diagnostics) {
 			}
 		}
 		given[name] = true
-		if opaque(a, value) {
+		if ma, ok := megatronArgs[name]; (ok && ma.kind == noEffect) || importOnlyNotes[name] != "" {
+			// Its value changes nothing here (--tensorboard-dir $LOGS): noted as
+			// the script wrote it.
+			value = ls.vars.written(value)
+		} else if opaque(a, value) {
 			continue
 		}
 		if why, ok := importOnlyNotes[name]; ok {

@@ -56,10 +56,15 @@ func TestImportMegatronUnknownValues(t *testing.T) {
 	// What the import can know still imports: a default, a variable the script
 	// sets, an unset variable in an if-test, and $EXTRA where arguments start
 	// (bash passes nothing for it; a note says so).
-	res, diags := ImportMegatron("job.sh", []byte("TP=${TP:-2}\nif [ -n \"$WANDB_API_KEY\" ]; then TP=4; fi\npython pretrain_gpt.py "+llamaArgs+" --tensor-model-parallel-size $TP $EXTRA_ARGS\n"))
+	// An argument with no effect here may take any value: --data-path $1 is a
+	// note quoting it.
+	res, diags := ImportMegatron("job.sh", []byte("TP=${TP:-2}\nif [ -n \"$WANDB_API_KEY\" ]; then TP=4; fi\npython pretrain_gpt.py "+llamaArgs+" --tensor-model-parallel-size $TP --data-path $1 --load $(pwd)/ckpt $EXTRA_ARGS\n"))
 	require.False(t, diags.HasErrors(), "%v", diags)
 	require.Equal(t, 2, res.Recipe.Parallel.TensorParallel)
-	require.Contains(t, fmt.Sprint(diags), "$EXTRA_ARGS (line 3) is read as no arguments")
+	text := fmt.Sprint(diags)
+	require.Contains(t, text, "$EXTRA_ARGS (line 3) is read as no arguments")
+	require.Contains(t, text, "--load $(pwd)/ckpt: not part of the recipe")
+	require.NotContains(t, text, "\x00")
 }
 
 // TestImportMegatronUnknownRanks: torchrun --nproc $(nvidia-smi -L|wc -l)
