@@ -81,3 +81,46 @@ func firstError(t *testing.T, diags Diagnostics) Diagnostic {
 	t.Fatalf("no error among %v", diags)
 	return Diagnostic{}
 }
+
+// TestImportRepetitionIsLinear: a launch script of 20,000 lines of A+=( x )
+// copied the whole array on every line (4 GB allocated, minutes for 100,000
+// lines); A+=x repeated copied the whole string. Arrays grow in place, and a
+// string's copies count against the script's 16 MiB expansion budget.
+func TestImportRepetitionIsLinear(t *testing.T) {
+	script := "A=( x )\n" + strings.Repeat("A+=( x )\n", 20000) + "python pretrain_gpt.py " + llamaArgs + " \"${A[@]}\"\n"
+	var diags Diagnostics
+	bytes := allocated(func() { _, diags = ImportMegatron("job.sh", []byte(script)) })
+	require.Contains(t, fmt.Sprint(diags), "words that are no --argument")
+	require.Less(t, bytes, uint64(64<<20), "importing %d bytes allocated %d", len(script), bytes)
+
+	script = "A=x\n" + strings.Repeat("A+=xxxxxxxx\n", 20000) + "python pretrain_gpt.py " + llamaArgs + " --save $A\n"
+	bytes = allocated(func() { _, diags = ImportMegatron("job.sh", []byte(script)) })
+	require.Len(t, diags, 1)
+	require.Contains(t, diags[0].Message, "its variable expansions produce over 16 MiB")
+	require.Less(t, bytes, uint64(64<<20), "importing %d bytes allocated %d", len(script), bytes)
+}
+
+// TestFindingsOnALongLineAreLinear: a torchtitan job with 20,000 converters on
+// one line made 20,000 findings, each naming the whole array and quoting the
+// whole line (60,000 of them took 23 GB and were killed). A finding quotes at
+// most 160 bytes of a line, around its column, and each converter is refused
+// once.
+func TestFindingsOnALongLineAreLinear(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("[model]\nname = \"llama3\"\nflavor = \"debugmodel\"\nconverters = [")
+	for i := 0; i < 20000; i++ {
+		fmt.Fprintf(&b, "\"c%d\", \"float8\", ", i)
+	}
+	b.WriteString("]\n")
+	src := []byte(b.String())
+	var out strings.Builder
+	bytes := allocated(func() {
+		_, diags := ImportTorchtitan("job.toml", src, 0)
+		require.NoError(t, RenderText(&out, diags, map[string][]byte{"job.toml": src}))
+	})
+	require.Less(t, bytes, uint64(256<<20), "%d bytes of job file: %d bytes allocated", len(src), bytes)
+	require.Less(t, out.Len(), 400*20002, "the report is linear in its findings")
+	require.Equal(t, 1, strings.Count(out.String(), `converter "float8"`), "one finding per converter")
+	require.Contains(t, out.String(), `[model] converters (an array of 40000): converter "c19999"`)
+	require.Contains(t, out.String(), " 4 | converters = [\"c0\", ")
+}

@@ -662,7 +662,10 @@ func (v *shellVars) assign(name, rest string, add bool) error {
 			if s, ok := v.scalar[name]; ok && v.array[name] == nil {
 				words = append([]string{s}, words...)
 			}
-			words = append(append([]string(nil), v.array[name]...), words...)
+			// Appended in place: the map holds the only reference to an array (a
+			// spread copies its elements), and copying it whole on every += made
+			// 100,000 lines of A+=( x ) take minutes.
+			words = append(v.array[name], words...)
 		}
 		delete(v.scalar, name)
 		v.array[name] = words
@@ -674,6 +677,11 @@ func (v *shellVars) assign(name, rest string, add bool) error {
 	}
 	val := strings.Join(words, " ")
 	if add {
+		// A string grows by copying: the copy counts against the expansion budget,
+		// so A+=x repeated is refused before it costs quadratic time.
+		if !v.spend(len(v.scalar[name]) + len(val)) {
+			return v.overBudget()
+		}
 		val = v.scalar[name] + val
 	}
 	v.scalar[name] = val

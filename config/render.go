@@ -1,6 +1,7 @@
 package config
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -15,13 +16,18 @@ import (
 // omits the source line.
 func RenderText(w io.Writer, ds Diagnostics, sources map[string][]byte) error {
 	var b strings.Builder
+	starts := map[string][]int{} // each file's line starts, found once
 	for _, d := range ds {
 		fmt.Fprintf(&b, "%s: %s[%s]: %s\n", visible(d.Location()), d.Severity, d.Code, visible(d.Message))
 		if p := d.Origin.Pos; p.IsValid() && (d.Origin.Kind == FromFile || d.Origin.Kind == FromImplied || d.Origin.Kind == FromImport) {
-			if line, ok := sourceLine(sources[p.File], p.Line); ok {
+			src := sources[p.File]
+			if _, ok := starts[p.File]; !ok && src != nil {
+				starts[p.File] = lineStarts(src)
+			}
+			if line, col, ok := sourceLine(src, starts[p.File], p.Line, p.Col); ok {
 				gutter := fmt.Sprintf("%d", p.Line)
 				pad := strings.Repeat(" ", len(gutter))
-				before := visible(line[:max(0, min(p.Col-1, len(line)))])
+				before := visible(line[:max(0, min(col-1, len(line)))])
 				fmt.Fprintf(&b, " %s |\n %s | %s\n %s | %s^\n", pad, gutter, visible(line), pad, caretPad(before, len(before)+1))
 			}
 		}
@@ -86,15 +92,48 @@ func visible(s string) string {
 	return b.String()
 }
 
-func sourceLine(src []byte, line int) (string, bool) {
-	if src == nil {
-		return "", false
+// sourceLine returns line (1-based) of src, whose line starts are starts, cut
+// to what a finding at byte column col quotes (quotedWindow), and col in it.
+func sourceLine(src []byte, starts []int, line, col int) (string, int, bool) {
+	if src == nil || line < 1 || line > len(starts) {
+		return "", 0, false
 	}
-	lines := strings.Split(string(src), "\n")
-	if line < 1 || line > len(lines) {
-		return "", false
+	end := len(src)
+	if line < len(starts) {
+		end = starts[line] - 1 // before the newline
 	}
-	return strings.TrimRight(lines[line-1], "\r"), true
+	text, col := quotedWindow(bytes.TrimRight(src[starts[line-1]:end], "\r"), col)
+	return text, col, true
+}
+
+// maxQuoted is the most bytes of a source line a finding quotes: a line of a
+// megabyte (one long array) is shown around the column, so that printing a
+// thousand findings on it stays linear in their number.
+const maxQuoted = 160
+
+// quotedWindow returns the part of line a finding quotes, at most maxQuoted
+// bytes around the byte column col (cut at character boundaries, "…" where
+// cut), and col within it.
+func quotedWindow(line []byte, col int) (string, int) {
+	if len(line) <= maxQuoted {
+		return string(line), col
+	}
+	start := max(0, min(col-1-maxQuoted/4, len(line)-maxQuoted))
+	for start > 0 && !utf8.RuneStart(line[start]) {
+		start--
+	}
+	end := min(len(line), start+maxQuoted)
+	for end < len(line) && !utf8.RuneStart(line[end]) {
+		end++
+	}
+	out, col := string(line[start:end]), col-start
+	if start > 0 {
+		out, col = "…"+out, col+len("…")
+	}
+	if end < len(line) {
+		out += "…"
+	}
+	return out, col
 }
 
 // caretPad returns the whitespace before a caret at byte column col, keeping tabs so

@@ -160,7 +160,7 @@ func (v *shellVars) spend(n int) bool {
 
 func (v *shellVars) overBudget() error {
 	if v.spent > maxExpansion {
-		return fmt.Errorf("its variable expansions produce over %d MiB (a variable doubling itself?)", maxExpansion>>20)
+		return fmt.Errorf("its variable expansions produce over %d MiB (a variable doubling itself, or growing line by line?)", maxExpansion>>20)
 	}
 	return nil
 }

@@ -376,6 +376,9 @@ func (s ttSetting) name() string {
 	if !s.given() {
 		return "torchtitan's default for " + n
 	}
+	if s.val.kind == vArray && s.val.text == "" { // the parser keeps no text for arrays
+		return fmt.Sprintf("%s (an array of %d)", n, len(s.val.elems))
+	}
 	return n + " = " + s.val.text
 }
 
@@ -521,9 +524,11 @@ func (t *ttImport) model() {
 		t.refuse(s, "shardline normalises with RMSNorm", `set norm_type = "rmsnorm"`)
 	}
 	if s := t.get("model.converters"); s.given() {
+		seen := map[string]bool{}
 		for _, c := range s.strs() {
 			c = strings.TrimSpace(c)
 			switch {
+			case seen[c]: // refused once
 			case c == "":
 			case strings.Contains(c, "float8"):
 				t.refuse(s, fmt.Sprintf("converter %q trains linear layers in FP8 (the [float8] settings); shardline computes in bf16 or fp32", c), "remove it; precision.bf16 = true is the nearest")
@@ -532,6 +537,7 @@ func (t *ttImport) model() {
 			default:
 				t.refuse(s, fmt.Sprintf("converter %q changes the model's modules; shardline has no converters", c), "remove it")
 			}
+			seen[c] = true
 		}
 	}
 	if s := t.get("float8.enable_float8_linear"); s.flag() {
