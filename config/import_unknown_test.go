@@ -125,3 +125,18 @@ func TestImportMegatronReadsItsOwnExport(t *testing.T) {
 	require.True(t, diags.HasErrors())
 	require.True(t, strings.Contains(fmt.Sprint(diags), "words that are no --argument") || strings.Contains(fmt.Sprint(diags), "without --swiglu"), "%v", diags)
 }
+
+// TestImportMegatronParameterExpansions: ${NAME:+word} (the optional-argument
+// idiom), ${NAME:=default} and expansions the import does not evaluate
+// (${ARR[0]}, ${#NAME}, ${NAME%x}), which it read as empty.
+func TestImportMegatronParameterExpansions(t *testing.T) {
+	res, diags := ImportMegatron("job.sh", []byte("TP=2\npython pretrain_gpt.py "+llamaArgs+" ${WANDB_API_KEY:+--wandb-project x} ${TP:+--tensor-model-parallel-size $TP} --seed ${SEED:=7}\n"))
+	require.False(t, diags.HasErrors(), "%v", diags)
+	require.Equal(t, 2, res.Recipe.Parallel.TensorParallel)
+	require.Equal(t, int64(7), int64(res.Recipe.Run.Seed))
+	for _, ref := range []string{"${ARR[0]}", "${#TP}", "${TP%0}", "${TP:0:1}"} {
+		_, diags := ImportMegatron("job.sh", []byte("TP=20\nARR=(1 2)\npython pretrain_gpt.py "+llamaArgs+" --tensor-model-parallel-size "+ref+"\n"))
+		require.True(t, diags.HasErrors(), ref)
+		require.Contains(t, diags[0].Message, ref+" is an expansion the import does not evaluate", ref)
+	}
+}

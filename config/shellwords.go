@@ -334,23 +334,47 @@ func (v *shellVars) expand(s string) string {
 			b.WriteByte('$')
 			continue
 		}
-		name, def, hasDef := ref[1:], "", false
+		name, op, word := ref[1:], "", ""
 		if strings.HasPrefix(ref, "${") {
-			name = strings.TrimSuffix(ref[2:], "}")
-			for _, op := range []string{":-", "-"} {
-				if n, d, ok := strings.Cut(name, op); ok {
-					name, def, hasDef = n, d, true
-					break
+			inner := strings.TrimSuffix(ref[2:], "}")
+			n := 0
+			for n < len(inner) && (inner[n] == '_' || inner[n] >= 'a' && inner[n] <= 'z' || inner[n] >= 'A' && inner[n] <= 'Z' || inner[n] >= '0' && inner[n] <= '9') {
+				n++
+			}
+			name, op = inner[:n], inner[n:]
+			known := op == ""
+			for _, o := range []string{":-", ":=", ":+", "-", "=", "+"} {
+				if w, ok := strings.CutPrefix(op, o); ok && !known {
+					op, word, known = o, w, true
 				}
+			}
+			if !known || name == "" {
+				// ${ARR[0]}, ${#NAME}, ${NAME%suffix}, ...: not evaluated.
+				b.WriteString(v.markOpaque(ref, fmt.Sprintf("%s is an expansion the import does not evaluate", ref)))
+				i = end - 1
+				continue
 			}
 		}
 		val, set := v.scalar[name]
 		if arr, ok := v.array[name]; ok && !set {
 			val, set = strings.Join(arr, " "), true
 		}
+		empty := !set || (val == "" && strings.HasPrefix(op, ":"))
 		switch {
-		case (!set || val == "") && hasDef && (set || v.sourced == ""):
-			val = v.expand(unquote(def))
+		case !set && v.sourced != "":
+			val = v.unsetVar(ref, name) // the sourced file may set it
+		case op == ":+" || op == "+":
+			// ${NAME:+word}: word when NAME is set, else nothing; an unset variable
+			// reads as empty here, the optional-argument idiom.
+			val = ""
+			if !empty {
+				val = v.expand(unquote(word))
+			}
+		case op != "" && empty:
+			val = v.expand(unquote(word))
+			if op == ":=" || op == "=" {
+				v.scalar[name] = val
+			}
 		case !set:
 			val = v.unsetVar(ref, name)
 		}
