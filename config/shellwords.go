@@ -10,8 +10,8 @@ import (
 // Reading a Megatron-LM launch script: enough of bash to find the arguments given to
 // pretrain_gpt.py. Comments, line continuations, single and double quotes,
 // assignments (NAME=value, NAME=(array ...), export NAME=value), and expansions
-// ($NAME, ${NAME}, ${NAME:-default}, ${NAME-default}, ${ARR[@]}, "${ARR[@]}") are
-// understood. What the import cannot know is opaque: a command substitution
+// ($NAME, ${NAME}, ${NAME:-default}, ${NAME-default}, ${NAME:=default},
+// ${NAME:+word}, ${ARR[@]}, "${ARR[@]}") are understood. What the import cannot know is opaque: a command substitution
 // ($(...) or backticks), arithmetic ($((...))), a variable the script never
 // sets (its value would come from the environment, or from a file the script
 // sources) and a positional argument without a default. An opaque part of a
@@ -183,8 +183,9 @@ func (v *shellVars) spreadOrOpaque(ref, name string) []string {
 	if !isArray && !isScalar && v.sourced != "" {
 		return []string{v.unsetVar(ref, name)}
 	}
-	if !isArray && isScalar {
-		return strings.Fields(v.scalar[name])
+	if !isArray && isScalar { // ${S[@]} of a scalar is the scalar, as one word
+		v.spend(len(v.scalar[name]) + 16)
+		return []string{v.scalar[name]}
 	}
 	return v.spread(name)
 }
