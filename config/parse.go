@@ -327,3 +327,32 @@ func withoutQuotedChar(msg string) string {
 	}
 	return msg
 }
+
+// KeyPositions parses a TOML file that is not a recipe (the CLI's settings
+// file) for where each of its keys stands: the full dotted key (a table's keys
+// under its name) to its position. A syntax error or a key defined twice comes
+// back as a positioned finding instead.
+func KeyPositions(path string, src []byte) (map[string]Pos, *Diagnostic) {
+	doc, diags := parseTOML(path, src)
+	if doc == nil {
+		if len(diags) > 0 {
+			return nil, &diags[0]
+		}
+		return nil, &Diagnostic{Severity: SevError, Code: "SL001", Message: "cannot parse TOML", Origin: Origin{Kind: FromFile, Pos: Pos{File: path}}}
+	}
+	out := map[string]Pos{}
+	for _, h := range doc.headers {
+		if _, ok := out[h.name]; !ok {
+			out[h.name] = h.pos
+		}
+	}
+	for _, e := range doc.entries {
+		if first, dup := out[e.key]; dup {
+			return nil, &Diagnostic{Severity: SevError, Code: "SL006", Key: e.key,
+				Message: fmt.Sprintf("%s is defined twice (first at %s)", e.key, first),
+				Help:    "keep one of the two definitions", Origin: Origin{Kind: FromFile, Pos: e.keyPos}}
+		}
+		out[e.key] = e.keyPos
+	}
+	return out, nil
+}

@@ -63,3 +63,23 @@ func TestDataRootVariableIsNoTypo(t *testing.T) {
 	require.Equal(t, 0, code, "%s%s", out, errs)
 	require.Equal(t, "no problems found\n", out)
 }
+
+// TestSettingsFileErrorsArePositioned: a syntax error or a key given twice in
+// shardline.toml was reported at the file (no line, viper's message); an
+// unknown key under a table at the file too. Each is named at its line and
+// column.
+func TestSettingsFileErrorsArePositioned(t *testing.T) {
+	tiny := mustAbs(t, filepath.Join(recipesDir, "tiny.toml"))
+	for body, want := range map[string]string{
+		"runs_dir = \n":                          "shardline.toml:1:12: TOML syntax error",
+		"runs_dir = \"x\"\nruns_dir = \"y\"\n":   "shardline.toml:2:1: runs_dir is defined twice",
+		"# settings\n[device]\nmemory = 3\n":     "shardline.toml:3:1: unknown setting device.memory",
+		"runs_dir = \"r\"\n  grace = \"soon\"\n": "shardline.toml:2:3: setting grace (\"soon\")",
+	} {
+		cfg := filepath.Join(t.TempDir(), "shardline.toml")
+		require.NoError(t, os.WriteFile(cfg, []byte(body), 0o644))
+		code, _, errs := shardline(t, nil, "lint", "--config", cfg, tiny)
+		require.Equal(t, 2, code, body)
+		require.Contains(t, errs, want, body)
+	}
+}
