@@ -60,9 +60,8 @@ func Summary(ds Diagnostics) string {
 // visible returns s with what a terminal or a CI log would act on instead of
 // showing written as Go escapes: control characters other than tab (ESC, BEL,
 // CR, DEL, the C1 range), the bidirectional controls (IsBidiControl) and bytes
-// that are not UTF-8. A recipe, a path or a
-// value quoted from a file cannot then retitle a window, recolour the output or
-// hide a line of it.
+// that are not UTF-8. A recipe, a path or a value quoted from a file cannot
+// then retitle a window, recolour the output, hide a line of it or reorder it.
 func visible(s string) string {
 	clean := true
 	for _, r := range s {
