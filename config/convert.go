@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -27,6 +28,8 @@ func convertRaw(f *Field, v rawValue) (any, *Diagnostic) {
 		switch {
 		case v.kind == vInt:
 			out = v.i
+		case v.overflow:
+			return nil, intOutOfRange(f, v.s, "SL008")
 		case v.kind == vFloat && v.f == math.Trunc(v.f) && math.Abs(v.f) < 1<<53:
 			return nil, &Diagnostic{Severity: SevError, Code: "SL003", Key: f.Key,
 				Message: fmt.Sprintf("%s must be an integer, got float %s", f.Key, v.text),
@@ -90,6 +93,9 @@ func convertString(f *Field, s string) (any, *Diagnostic) {
 		out = b
 	case KindInt:
 		i, err := parseTOMLInt(t)
+		if errors.Is(err, strconv.ErrRange) {
+			return nil, intOutOfRange(f, t, "SL008")
+		}
 		if err != nil {
 			return bad(fmt.Errorf("not an integer"))
 		}
@@ -138,6 +144,29 @@ func parseTOMLValue(s string) (rawValue, bool) {
 	return doc.entries[0].val, true
 }
 
+// intOutOfRange is the finding for a whole number beyond int64: it is an
+// integer, only too large (or too small) for the key.
+func intOutOfRange(f *Field, text, code string) *Diagnostic {
+	rule := "a 64-bit integer"
+	switch {
+	case strings.HasPrefix(text, "-") && f.Min != nil:
+		rule = "≥ " + formatBound(*f.Min)
+	case strings.HasPrefix(text, "-") && f.GT != nil:
+		rule = "> " + formatBound(*f.GT)
+	case !strings.HasPrefix(text, "-") && f.Max != nil:
+		rule = "≤ " + formatBound(*f.Max)
+	}
+	return &Diagnostic{Severity: SevError, Code: code, Key: f.Key,
+		Message: fmt.Sprintf("%s (%s) is out of range: it must be %s", f.Key, text, rule),
+		Help:    fmt.Sprintf("set %s to a value %s", f.Key, rule)}
+}
+
+// minPositiveFloat32 is the smallest normal float32. The model computes in
+// float32 (or bf16, whose exponent range is the same); a positive setting below
+// it is held as a subnormal or as zero, and kernels that flush subnormals (GPU
+// fast math) compute with zero: norm_eps = 5e-324 divides by zero.
+const minPositiveFloat32 = 0x1p-126
+
 // checkValue applies the enum and range constraints and converts to the Go type.
 func checkValue(f *Field, v any) (any, *Diagnostic) {
 	outOfRange := func(rule string) (any, *Diagnostic) {
@@ -182,6 +211,12 @@ func checkValue(f *Field, v any) (any, *Diagnostic) {
 	}
 	if f.GT != nil && !(num > *f.GT) {
 		return outOfRange("> " + formatBound(*f.GT))
+	}
+	if _, isFloat := v.(float64); isFloat && f.GT != nil && *f.GT == 0 && num < minPositiveFloat32 {
+		d := &Diagnostic{Severity: SevError, Code: "SL008", Key: f.Key,
+			Message: fmt.Sprintf("%s (%s) must be > 0 in float32, where it is used: below %s float32 holds it as a subnormal or zero (%s rounds to %g)", f.Key, FormatValue(v), formatBound(minPositiveFloat32), FormatValue(v), float32(num)),
+			Help:    fmt.Sprintf("set %s to %s or more", f.Key, formatBound(minPositiveFloat32))}
+		return nil, d
 	}
 	if f.Min != nil && num < *f.Min {
 		return outOfRange("≥ " + formatBound(*f.Min))

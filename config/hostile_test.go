@@ -54,13 +54,17 @@ func TestRecipeReadersRefuseDevicesAndHugeFiles(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, f.Truncate(MaxRecipeBytes+1))
 	require.NoError(t, f.Close())
+	// A base must be named .toml (recipe_secrets_test.go); behind the name, a
+	// device is still refused unread.
+	zero := filepath.Join(dir, "zero.toml")
+	require.NoError(t, os.Symlink("/dev/zero", zero))
 	ext := filepath.Join(dir, "ext.toml")
-	require.NoError(t, os.WriteFile(ext, []byte("extends = \"/dev/zero\"\n"), 0o644))
+	require.NoError(t, os.WriteFile(ext, []byte("extends = \"zero.toml\"\n"), 0o644))
 	for _, c := range []struct{ path, want string }{
 		{"/dev/zero", "not a regular file (a device)"},
 		{dir, "not a regular file (a directory)"},
 		{big, "file too large"},
-		{ext, "cannot read recipe /dev/zero: not a regular file"},
+		{ext, "cannot read recipe " + zero + ": not a regular file"},
 	} {
 		_, diags := Load(c.path, Options{})
 		require.True(t, diags.HasErrors(), c.path)

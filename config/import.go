@@ -122,6 +122,13 @@ var importOnlyNotes = map[string]string{
 // multiValue are Megatron arguments that take several words.
 var multiValue = map[string]bool{"data-path": true, "train-data-path": true, "valid-data-path": true, "test-data-path": true}
 
+// exportHeader is the first line recipe export megatron writes, and
+// exportedLaunch its commented torchrun line.
+var (
+	exportHeader   = regexp.MustCompile(`^# Megatron-LM arguments for .* \(shardline recipe export megatron\)$`)
+	exportedLaunch = regexp.MustCompile(`^#\s*(torchrun .*pretrain_gpt\.py .*)$`)
+)
+
 // exportedKey is a key = value line of recipe export megatron's comment list.
 var exportedKey = regexp.MustCompile(`^#\s+([a-z0-9_]+(?:\.[a-z0-9_]+)+) = (.+)$`)
 
@@ -144,13 +151,48 @@ func ImportMegatron(path string, src []byte) (*Resolved, Diagnostics) {
 	}
 	args, sets := ls.args, ls.sets
 	var flags []FlagValue
-	var notes Diagnostics
+	var notes, unknown Diagnostics
 	given := map[string]bool{}
 	var stray []string
+	launcher := Pos{File: path, Line: ls.launcherLine, Col: 1}
+	if ls.launcherLine == 0 {
+		launcher = Pos{File: path}
+	}
+	// opaque refuses an argument whose words the import cannot know (a command's
+	// output, the environment): reading it as empty would import another job.
+	opaque := func(words ...string) bool {
+		for _, w := range words {
+			ref, ok := ls.vars.opaqueIn(w)
+			if !ok {
+				continue
+			}
+			what := strings.Join(words, " ")
+			unknown = append(unknown, Diagnostic{Severity: SevError, Code: "SL007", Origin: Origin{Kind: FromImport, Pos: Pos{File: path, Line: ref.line, Col: 1}},
+				Message: fmt.Sprintf("%s: the import cannot know its value: %s", ls.vars.written(what), ref.why),
+				Help:    fmt.Sprintf("write the value into the script in place of %s (or set the variable in the script) and import again", ref.text)})
+			return true
+		}
+		return false
+	}
+	if ls.ranksUnknown != "" {
+		unknown = append(unknown, Diagnostic{Severity: SevError, Code: "SL007", Key: "parallel.world_size", Origin: Origin{Kind: FromImport, Pos: launcher},
+			Message: fmt.Sprintf("torchrun's ranks are unknown, so is the world size: %s", ls.ranksUnknown),
+			Help:    "write the numbers in the script (torchrun --nproc_per_node 8 --nnodes 4) and import again"})
+	}
 	for i := 0; i < len(args); i++ {
 		a := args[i]
 		if !strings.HasPrefix(a, "--") {
-			stray = append(stray, a)
+			if ref, ok := ls.vars.opaqueIn(a); ok && ref.env && ls.vars.written(a) == ref.text {
+				// $EXTRA_ARGS where an argument starts, set by no one: bash with
+				// nothing exported passes no words, and so does the import.
+				notes = append(notes, Diagnostic{Severity: SevNote, Code: "SL011", Origin: Origin{Kind: FromImport, Pos: Pos{File: path, Line: ref.line, Col: 1}},
+					Message: fmt.Sprintf("%s (line %d) is read as no arguments: %s", ref.text, ref.line, ref.why),
+					Help:    fmt.Sprintf("if the job passes arguments through %s, write them into the script and import again", ref.text)})
+				continue
+			}
+			if !opaque(a) {
+				stray = append(stray, a)
+			}
 			continue
 		}
 		name, value, hasValue := strings.Cut(strings.TrimPrefix(a, "--"), "=")
@@ -167,6 +209,13 @@ func ImportMegatron(path string, src []byte) (*Resolved, Diagnostics) {
 			}
 		}
 		given[name] = true
+		if ma, ok := megatronArgs[name]; (ok && ma.kind == noEffect) || importOnlyNotes[name] != "" {
+			// Its value changes nothing here (--tensorboard-dir $LOGS): noted as
+			// the script wrote it.
+			value = ls.vars.written(value)
+		} else if opaque(a, value) {
+			continue
+		}
 		if why, ok := importOnlyNotes[name]; ok {
 			notes = append(notes, Diagnostic{Severity: SevNote, Code: "SL011", Origin: Origin{Kind: FromFlag, Name: "--" + name, Raw: value, Pos: Pos{File: path}},
 				Message: fmt.Sprintf("--%s %s: not part of the recipe: %s", name, value, why), Help: "nothing to change in the recipe"})
@@ -221,6 +270,10 @@ func ImportMegatron(path string, src []byte) (*Resolved, Diagnostics) {
 		diags = append(diags, Diagnostic{Severity: SevError, Code: "SL007", Origin: Origin{Kind: FromFile, Pos: Pos{File: path}},
 			Message: fmt.Sprintf("words that are no --argument: %q", stray), Help: "check the script's quoting; arguments start with --"})
 	}
+	if len(unknown) > 0 {
+		// What the script leaves unknown comes first; the rest may follow from it.
+		return nil, append(unknown, notes...)
+	}
 	return res, append(diags, notes...)
 }
 
@@ -232,6 +285,15 @@ type launchScript struct {
 	nproc, nnodes     int
 	launcherLine      int
 	launcherDescribed string
+	// ranksUnknown says why torchrun's ranks cannot be read ("" when they can,
+	// or when there is no torchrun).
+	ranksUnknown string
+	// vars is the script's state at its end: what its opaque markers stand for.
+	vars *shellVars
+	// exportLaunch is the commented torchrun line of a script recipe export
+	// megatron wrote, and its line.
+	exportLaunch     string
+	exportLaunchLine int
 }
 
 // scriptError is a problem at a line of the script.
@@ -266,10 +328,17 @@ func megatronArgv(src string) (launchScript, error) {
 	var all []string
 	found := false
 	var frames []shellFrame
+	first, _, _ := strings.Cut(src, "\n")
+	exported := exportHeader.MatchString(first)
 	// statement runs one simple command: an assignment, the pretrain command, or
 	// (in a file of arguments) words.
 	statement := func(t string, line int) error {
+		v.line = line
 		t = strings.TrimPrefix(strings.TrimPrefix(strings.TrimPrefix(t, "export "), "declare -a "), "local ")
+		if first, _, _ := strings.Cut(t, " "); (first == "source" || first == ".") && v.sourced == "" {
+			v.sourced = fmt.Sprintf("`%s` (line %d)", t, line)
+			return nil
+		}
 		if name, rest, add, ok := assignment(t); ok {
 			if err := v.assign(name, rest, add); err != nil {
 				return &scriptError{line, fmt.Sprintf("line %d: %v", line, err)}
@@ -282,7 +351,7 @@ func megatronArgv(src string) (launchScript, error) {
 		}
 		if i, ok := pretrainIndex(words); ok && !found {
 			ls.args, found = append(ls.args, words[i+1:]...), true
-			ls.nproc, ls.nnodes, ls.launcherDescribed = torchrunRanks(words[:i])
+			ls.nproc, ls.nnodes, ls.launcherDescribed, ls.ranksUnknown = torchrunRanks(v, words[:i])
 			ls.launcherLine = line
 			return nil
 		}
@@ -312,6 +381,9 @@ func megatronArgv(src string) (launchScript, error) {
 		if strings.HasPrefix(t, "#") {
 			if m := exportedKey.FindStringSubmatch(t); m != nil {
 				ls.sets = append(ls.sets, m[1]+"="+tomlToSet(m[2]))
+			}
+			if m := exportedLaunch.FindStringSubmatch(t); m != nil && exported && ls.exportLaunch == "" {
+				ls.exportLaunch, ls.exportLaunchLine = m[1], ll.line
 			}
 			continue
 		}
@@ -410,9 +482,17 @@ func megatronArgv(src string) (launchScript, error) {
 			return ls, err
 		}
 	}
+	if !found && ls.exportLaunch != "" && len(frames) == 0 {
+		// recipe export megatron's own output: its torchrun line is a comment, so
+		// that the file can be sourced into a launch script; read as that line.
+		if err := statement(ls.exportLaunch, ls.exportLaunchLine); err != nil {
+			return ls, err
+		}
+	}
 	if !found {
 		ls.args = all // a file of arguments
 	}
+	ls.vars = v
 	return ls, nil
 }
 
@@ -468,10 +548,16 @@ func isEnvAssignment(w string) bool {
 	return ok && validName(name)
 }
 
+// maxRanks is the most ranks a recipe has (parallel.world_size's bound).
+const maxRanks = 1 << 20
+
 // torchrunRanks reads torchrun's --nproc_per_node (--nproc-per-node) and --nnodes
-// among the words before the script (0 when absent, not a number, or not torchrun:
-// python -m torch.distributed.run counts as torchrun).
-func torchrunRanks(words []string) (nproc, nnodes int, described string) {
+// among the words before the script (0 when not torchrun: python -m
+// torch.distributed.run counts as torchrun). torchrun's default is one process
+// on one node. A value that is not a positive whole number (a command's output,
+// a variable the script does not set, "gpu", an elastic range "1:4") leaves the
+// world size unknown: unknown says why, naming the value as written.
+func torchrunRanks(v *shellVars, words []string) (nproc, nnodes int, described, unknown string) {
 	isTorchrun := false
 	for i, w := range words {
 		if filepath.Base(w) == "torchrun" || (w == "-m" && i+1 < len(words) && strings.HasPrefix(words[i+1], "torch.distributed.")) {
@@ -479,38 +565,62 @@ func torchrunRanks(words []string) (nproc, nnodes int, described string) {
 		}
 	}
 	if !isTorchrun {
-		return 0, 0, ""
+		return 0, 0, "", ""
 	}
-	value := func(name string) (int, string) {
+	// torchrun's options parse with argparse, which takes any unambiguous
+	// prefix: --nproc and --np are --nproc-per-node, --nn is --nnodes.
+	value := func(name string) (n int, desc, bad string) {
 		for i, w := range words {
-			for _, form := range []string{"--" + name, "--" + strings.ReplaceAll(name, "_", "-")} {
-				if w == form && i+1 < len(words) {
-					n, err := strconv.Atoi(words[i+1])
-					if err == nil && n > 0 {
-						return n, form + " " + words[i+1]
-					}
-				}
-				if v, ok := strings.CutPrefix(w, form+"="); ok {
-					if n, err := strconv.Atoi(v); err == nil && n > 0 {
-						return n, w
-					}
-				}
+			opt, r, hasValue := strings.Cut(w, "=")
+			given := strings.ReplaceAll(strings.TrimPrefix(opt, "--"), "_", "-")
+			if !strings.HasPrefix(opt, "--") || len(given) < 2 || !strings.HasPrefix(name, given) {
+				continue
 			}
+			raw := r
+			switch {
+			case hasValue:
+				desc = v.written(w)
+			case i+1 < len(words):
+				raw, desc = words[i+1], opt+" "+v.written(words[i+1])
+			default:
+				continue
+			}
+			if n, err := strconv.Atoi(raw); err == nil && n > 0 && n <= maxRanks {
+				return n, desc, ""
+			} else if err == nil && n > maxRanks {
+				return 0, desc, fmt.Sprintf("%s is over the %d ranks a recipe has", desc, maxRanks)
+			}
+			bad = fmt.Sprintf("%s is not a positive whole number", desc)
+			if ref, opaque := v.opaqueIn(raw); opaque {
+				bad = fmt.Sprintf("%s: %s (line %d)", desc, ref.why, ref.line)
+			}
+			return 0, desc, bad
 		}
-		return 0, ""
+		return 0, "", ""
 	}
-	nproc, a := value("nproc_per_node")
+	nproc, a, badA := value("nproc-per-node")
+	nnodes, b, badB := value("nnodes")
+	if badA != "" || badB != "" {
+		return 0, 0, "", strings.Trim(badA+"; "+badB, "; ")
+	}
+	if nproc*nnodes > maxRanks { // each is at most maxRanks: no overflow
+		return 0, 0, "", fmt.Sprintf("%s × %s is over the %d ranks a recipe has", a, b, maxRanks)
+	}
+	if nproc == 0 && nnodes == 0 {
+		return 0, 0, "", ""
+	}
+	described = "torchrun"
 	if nproc == 0 {
-		return 0, 0, ""
+		nproc, described = 1, described+" (one process per node, torchrun's default)"
+	} else {
+		described += " " + a
 	}
-	nnodes, b := value("nnodes")
-	described = "torchrun " + a
 	if nnodes == 0 {
 		nnodes = 1
 	} else {
 		described += " " + b
 	}
-	return nproc, nnodes, described
+	return nproc, nnodes, described, ""
 }
 
 // assignment recognises NAME=value (one word), NAME=( ... ) and their += forms.
@@ -523,7 +633,7 @@ func assignment(s string) (name, rest string, add, ok bool) {
 	if !validName(n) {
 		return "", "", false, false
 	}
-	if !strings.HasPrefix(r, "(") && strings.ContainsAny(strings.TrimSpace(unquotedSpan(r)), " \t") {
+	if !strings.HasPrefix(r, "(") && strings.ContainsAny(strings.TrimSpace(unquotedSpan(blankSubstitutions(r))), " \t") {
 		return "", "", false, false // FOO=1 cmd ...: an environment prefix, not an assignment line
 	}
 	return n, r, add, true
@@ -552,7 +662,10 @@ func (v *shellVars) assign(name, rest string, add bool) error {
 			if s, ok := v.scalar[name]; ok && v.array[name] == nil {
 				words = append([]string{s}, words...)
 			}
-			words = append(append([]string(nil), v.array[name]...), words...)
+			// Appended in place: the map holds the only reference to an array (a
+			// spread copies its elements), and copying it whole on every += made
+			// 100,000 lines of A+=( x ) take minutes.
+			words = append(v.array[name], words...)
 		}
 		delete(v.scalar, name)
 		v.array[name] = words
@@ -564,10 +677,37 @@ func (v *shellVars) assign(name, rest string, add bool) error {
 	}
 	val := strings.Join(words, " ")
 	if add {
+		// A string grows by copying: the copy counts against the expansion budget,
+		// so A+=x repeated is refused before it costs quadratic time.
+		if !v.spend(len(v.scalar[name]) + len(val)) {
+			return v.overBudget()
+		}
 		val = v.scalar[name] + val
 	}
 	v.scalar[name] = val
 	return nil
+}
+
+// blankSubstitutions blanks the insides of $(...) and `...` in s, so that
+// GPUS=$(nvidia-smi -L | wc -l) reads as one assignment.
+func blankSubstitutions(s string) string {
+	b := []byte(s)
+	for i := 0; i < len(b); i++ {
+		end := 0
+		switch {
+		case b[i] == '`':
+			end = backtickEnd(s, i)
+		case b[i] == '$' && i+1 < len(b) && b[i+1] == '(':
+			end = substitutionEnd(s, i)
+		default:
+			continue
+		}
+		for j := i; j < end; j++ {
+			b[j] = 'x'
+		}
+		i = end - 1
+	}
+	return string(b)
 }
 
 // unquotedSpan blanks quoted parts of s so spaces inside quotes do not count.

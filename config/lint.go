@@ -296,19 +296,31 @@ func (c *checker) files() {
 			`set path under [data] to a text file or a directory from "shardline data prepare"`, "data.path")
 		return
 	}
+	// Messages quote data.path as written: a variable's value is never shown, since
+	// a recipe under review could otherwise print any secret of the environment
+	// lint runs in (data.path = "/x/${CI_TOKEN}").
 	expanded, err := ExpandPath(path, c.env)
 	if err != nil {
 		c.report(SevWarning, "SL401", fmt.Sprintf("data.path (%q): %v", path, err),
 			"set the variable, or give a literal path with --set data.path=/path/to/text", "data.path")
 		return
 	}
-	where := ""
+	vars := PathVars(path)
+	var where []string // how the path was read, for the message
+	if len(vars) == 0 {
+		where = append(where, expanded)
+	} else {
+		where = append(where, fmt.Sprintf("%s expanded from the environment, whose values are not shown", strings.Join(vars, ", ")))
+	}
 	if c.opts.DataRoot != "" && !filepath.IsAbs(expanded) {
 		expanded = filepath.Join(c.opts.DataRoot, expanded)
-		where = ", under the data_root setting"
+		if len(vars) == 0 {
+			where[0] = expanded
+		}
+		where = append(where, "under the data_root setting")
 	}
 	if _, err := os.Stat(expanded); err != nil {
-		c.report(SevWarning, "SL401", fmt.Sprintf("data.path (%q) does not exist here (%s%s)", path, expanded, where),
+		c.report(SevWarning, "SL401", fmt.Sprintf("data.path (%q) does not exist here (%s)", path, strings.Join(where, ", ")),
 			"fix the path, or override it on this machine with --set data.path=/path/to/text", "data.path")
 	}
 }

@@ -23,6 +23,9 @@ type Options struct {
 	// Imported are values translated from another trainer's job file (recipe
 	// import torchtitan), applied last, each with its own origin.
 	Imported []ImportedValue
+	// SettingVars are the SHARDLINE_ variables the CLI reads as its own settings
+	// (SHARDLINE_DATA_ROOT): not recipe keys, and not typos of one.
+	SettingVars []string
 	// ReadFile reads recipe files; nil means ReadRecipeFile.
 	ReadFile func(string) ([]byte, error)
 	// Defaults are the CLI settings that stand in for built-in defaults (the
@@ -203,6 +206,10 @@ func (l *loader) chain(path string, src []byte, stack []string) []*tomlDoc {
 	if doc == nil {
 		return nil
 	}
+	if d := notARecipe(doc); d != nil {
+		l.add(*d)
+		return nil
+	}
 	var base []*tomlDoc
 	for _, e := range doc.entries {
 		if e.key != "extends" {
@@ -216,6 +223,20 @@ func (l *loader) chain(path string, src []byte, stack []string) []*tomlDoc {
 			continue
 		}
 		bpath := e.val.s
+		if filepath.Ext(bpath) != ".toml" {
+			// Only recipes are read: a base that is any other file (a key, a
+			// password file, a .env) would have its lines quoted in diagnostics.
+			l.add(Diagnostic{Severity: SevError, Code: "SL005", Key: "extends",
+				Message: fmt.Sprintf("extends %q names no recipe: a base recipe is a .toml file", e.val.s),
+				Help:    `point extends at a recipe, e.g. extends = "base/llama.toml"`, Origin: at})
+			continue
+		}
+		if len(stack) >= maxExtendsDepth {
+			l.add(Diagnostic{Severity: SevError, Code: "SL005", Key: "extends",
+				Message: fmt.Sprintf("extends %q goes %d recipes deep: %s -> ...", e.val.s, len(stack)+1, strings.Join(stack[:3], " -> ")),
+				Help:    fmt.Sprintf("a recipe extends at most %d bases in a chain; merge some of them", maxExtendsDepth), Origin: at})
+			continue
+		}
 		if !filepath.IsAbs(bpath) {
 			bpath = filepath.Join(filepath.Dir(path), bpath)
 		}
@@ -233,6 +254,60 @@ func (l *loader) chain(path string, src []byte, stack []string) []*tomlDoc {
 		base = append(base, l.chain(filepath.Clean(bpath), bsrc, append(stack, filepath.Clean(path)))...)
 	}
 	return append(base, doc)
+}
+
+// maxExtendsDepth bounds a chain of extends: a few bases are normal, and the
+// bound keeps a chain through a symbolic link to its own directory (base.toml
+// extends "loop/base.toml", loop -> .) from reading the same file until the path
+// is too long.
+const maxExtendsDepth = 16
+
+// notARecipe refuses a file that holds tables or keys but none a recipe has: not
+// a section of the recipe, nor extends. Such a file (a .env, a credentials
+// file) is not decoded, so no diagnostic quotes its lines or values; the one
+// finding names its first key, which is structure, not a secret.
+func notARecipe(doc *tomlDoc) *Diagnostic {
+	var first string
+	var at Pos
+	firstHeader := false
+	consider := func(name string, pos Pos, header bool) bool {
+		top, _, _ := strings.Cut(name, ".")
+		if top == "extends" || recipeSchema.IsSection(top) {
+			return true
+		}
+		if first == "" || pos.Offset < at.Offset {
+			first, at, firstHeader = name, pos, header
+		}
+		return false
+	}
+	for _, h := range doc.headers {
+		if consider(h.name, h.pos, true) {
+			return nil
+		}
+	}
+	for _, e := range doc.entries {
+		if consider(e.key, e.keyPos, false) {
+			return nil
+		}
+	}
+	if first == "" {
+		return nil // an empty recipe: every value at its default
+	}
+	d := &Diagnostic{Severity: SevError, Code: "SL002",
+		Message: fmt.Sprintf("%s is not a shardline recipe: it has no recipe section and no extends (its first key is %s); its lines are not shown", doc.path, first),
+		Help:    "recipes hold sections such as [model] and [train] (see `shardline recipe docs`); check the path",
+		Origin:  Origin{Kind: FromFile, Pos: at}}
+	// A recipe whose every key is misplaced or misspelt ("layers = 4" with no
+	// [model]) gets the same hint an unknown key would.
+	hint := unknownKey(first, d.Origin, map[string]bool{})
+	if firstHeader {
+		hint = unknownSection(first, d.Origin)
+	}
+	if i := strings.Index(hint.Message, "; did you mean"); i >= 0 {
+		d.Message += hint.Message[i:]
+		d.Help = hint.Help
+	}
+	return d
 }
 
 func slicesContains(s []string, v string) bool {

@@ -29,6 +29,10 @@ func (l *loader) applyEnv() {
 		o := Origin{Kind: FromEnv, Name: name, Raw: raw, Pos: Pos{File: l.res.Path}}
 		l.applyString(f, raw, o)
 	}
+	for _, name := range l.opts.SettingVars {
+		known[name] = true // the CLI's own setting (SHARDLINE_DATA_ROOT), not a typo
+		names = append(names, name)
+	}
 	var unknown []string
 	for k := range env {
 		if known[k] {
@@ -68,6 +72,18 @@ func (l *loader) applySets() {
 			continue
 		}
 		f, found := recipeSchema.Lookup(key)
+		if !found && recipeSchema.IsSection(key) {
+			var keys []string
+			for _, k := range recipeSchema.Fields {
+				if strings.HasPrefix(k.Key, key+".") {
+					keys = append(keys, strings.TrimPrefix(k.Key, key+"."))
+				}
+			}
+			l.add(Diagnostic{Severity: SevError, Code: "SL007", Key: key, Origin: o,
+				Message: fmt.Sprintf("--set %s=%s: %s is a section, not a value", key, raw, key),
+				Help:    fmt.Sprintf("set one of its keys, e.g. --set %s.%s=...; [%s] takes: %s", key, keys[0], key, strings.Join(keys, ", "))})
+			continue
+		}
 		if !found {
 			d := unknownKey(key, o, map[string]bool{})
 			d.Message = "--set: " + d.Message

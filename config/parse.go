@@ -3,6 +3,7 @@ package config
 import (
 	"bytes"
 	"fmt"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -43,6 +44,8 @@ type rawValue struct {
 	elems []rawValue
 	pos   Pos
 	text  string // the value as written
+	// overflow: an integer beyond int64 (kept as its text, kind vString).
+	overflow bool
 }
 
 // entry is one key = value of a file, with its full dotted key.
@@ -124,7 +127,7 @@ func parseTOML(path string, src []byte) (doc *tomlDoc, diags Diagnostics) {
 		off := len(src)
 		var msg string
 		if pe, ok := err.(*unstable.ParserError); ok {
-			msg = pe.Message
+			msg = withoutQuotedChar(pe.Message)
 			if o, ok := subsliceOffset(&p, pe.Highlight); ok {
 				off = o
 			}
@@ -202,7 +205,7 @@ func (d *tomlDoc) value(p *unstable.Parser, n *unstable.Node, fallback Pos, dept
 		i, err := parseTOMLInt(data)
 		if err != nil {
 			// Out of int64 range: keep the text; decode reports a positioned type error.
-			v.kind, v.s = vString, data
+			v.kind, v.s, v.overflow = vString, data, true
 			v.text = data + " (out of 64-bit range)"
 		}
 		v.i = i
@@ -309,4 +312,47 @@ func (d *tomlDoc) pos(off int) Pos {
 	}
 	line := sort.Search(len(d.lines), func(i int) bool { return d.lines[i] > off }) - 1
 	return Pos{File: d.path, Line: line + 1, Col: off - d.lines[line] + 1, Offset: off}
+}
+
+// quotedChar is the character the TOML parser quotes at the end of some messages
+// ("invalid character U+0041 'A'", "invalid character at start of key: r").
+var quotedChar = regexp.MustCompile(`(?s)(:\s*.|\s+(but got\s+)?U\+[0-9A-F]{4,6}( '.*')?)$`)
+
+// withoutQuotedChar drops the character a parser message quotes: the position
+// says where, and a file that does not parse may be no recipe at all (a key
+// file named by mistake), whose contents diagnostics never show.
+func withoutQuotedChar(msg string) string {
+	if out := quotedChar.ReplaceAllString(msg, ""); out != "" {
+		return out
+	}
+	return msg
+}
+
+// KeyPositions parses a TOML file that is not a recipe (the CLI's settings
+// file) for where each of its keys stands: the full dotted key (a table's keys
+// under its name) to its position. A syntax error or a key defined twice comes
+// back as a positioned finding instead.
+func KeyPositions(path string, src []byte) (map[string]Pos, *Diagnostic) {
+	doc, diags := parseTOML(path, src)
+	if doc == nil {
+		if len(diags) > 0 {
+			return nil, &diags[0]
+		}
+		return nil, &Diagnostic{Severity: SevError, Code: "SL001", Message: "cannot parse TOML", Origin: Origin{Kind: FromFile, Pos: Pos{File: path}}}
+	}
+	out := map[string]Pos{}
+	for _, h := range doc.headers {
+		if _, ok := out[h.name]; !ok {
+			out[h.name] = h.pos
+		}
+	}
+	for _, e := range doc.entries {
+		if first, dup := out[e.key]; dup {
+			return nil, &Diagnostic{Severity: SevError, Code: "SL006", Key: e.key,
+				Message: fmt.Sprintf("%s is defined twice (first at %s)", e.key, first),
+				Help:    "keep one of the two definitions", Origin: Origin{Kind: FromFile, Pos: e.keyPos}}
+		}
+		out[e.key] = e.keyPos
+	}
+	return out, nil
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"unicode"
@@ -63,8 +64,8 @@ func goroot() string {
 // CheckRunName says why name cannot name a run directory under output_dir, or
 // returns nil: it must be one path element, so that no run writes outside its
 // output directory ("../x", "a/b", "/etc" and "." are refused); valid UTF-8
-// without control characters, since the name is printed on terminals and in
-// logs; and at most maxRunName bytes, the longest file name Linux and macOS
+// without control characters or bidirectional controls (U+202E), since the
+// name is printed on terminals and in logs; and at most maxRunName bytes, the longest file name Linux and macOS
 // file systems take.
 func CheckRunName(name string) error {
 	switch {
@@ -83,6 +84,9 @@ func CheckRunName(name string) error {
 		if unicode.IsControl(r) {
 			return fmt.Errorf("it holds the control character %U", r)
 		}
+		if IsBidiControl(r) {
+			return fmt.Errorf("it holds the bidirectional control %U, which reorders the text printed around it", r)
+		}
 	}
 	return nil
 }
@@ -90,3 +94,33 @@ func CheckRunName(name string) error {
 // maxRunName is NAME_MAX: the most bytes one path element can have on ext4,
 // xfs, btrfs and APFS.
 const maxRunName = 255
+
+// PathVars lists the variables a recipe path refers to (${NAME} or $NAME), in
+// order, each once.
+func PathVars(path string) []string {
+	var names []string
+	os.Expand(path, func(name string) string {
+		if name != "" && !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+		return ""
+	})
+	return names
+}
+
+// RedactVars returns text with the value of every variable that path refers to
+// written back as ${NAME}: what a message about an expanded path may show. The
+// written path is what diagnostics quote; this catches the expansion where it
+// reaches a message through another layer (an error from opening the file). A
+// value of fewer than minSecret bytes is left: it cannot hide a secret, and
+// replacing it would garble the text.
+func RedactVars(text, path string, env map[string]string) string {
+	for _, name := range PathVars(path) {
+		if v := env[name]; len(v) >= minSecret {
+			text = strings.ReplaceAll(text, v, "${"+name+"}")
+		}
+	}
+	return text
+}
+
+const minSecret = 4

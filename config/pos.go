@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // Pos is a position in a recipe file, printed as file:line:col like go/token.
@@ -66,6 +67,10 @@ type Origin struct {
 // Location is where a diagnostic about this value points: file:line:col for file
 // values, the flag or variable otherwise.
 func (o Origin) Location() string {
+	switch {
+	case o.settingVar():
+		return "env " + o.Name
+	}
 	switch o.Kind {
 	case FromEnv:
 		return "env " + o.Name
@@ -74,6 +79,13 @@ func (o Origin) Location() string {
 	default:
 		return o.Pos.String()
 	}
+}
+
+// settingVar reports whether the origin is a CLI setting given by an
+// environment variable (SHARDLINE_DEVICE_PROFILE): a default with a name and no
+// file position. A setting from the settings file has its position.
+func (o Origin) settingVar() bool {
+	return o.Kind == FromDefault && strings.HasPrefix(o.Name, "SHARDLINE_") && o.Pos.File == "" && !o.Pos.IsValid()
 }
 
 // Describe is a one-line account of the origin, for `lint --explain`.

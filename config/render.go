@@ -1,6 +1,7 @@
 package config
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -15,13 +16,18 @@ import (
 // omits the source line.
 func RenderText(w io.Writer, ds Diagnostics, sources map[string][]byte) error {
 	var b strings.Builder
+	starts := map[string][]int{} // each file's line starts, found once
 	for _, d := range ds {
 		fmt.Fprintf(&b, "%s: %s[%s]: %s\n", visible(d.Location()), d.Severity, d.Code, visible(d.Message))
 		if p := d.Origin.Pos; p.IsValid() && (d.Origin.Kind == FromFile || d.Origin.Kind == FromImplied || d.Origin.Kind == FromImport) {
-			if line, ok := sourceLine(sources[p.File], p.Line); ok {
+			src := sources[p.File]
+			if _, ok := starts[p.File]; !ok && src != nil {
+				starts[p.File] = lineStarts(src)
+			}
+			if line, col, ok := sourceLine(src, starts[p.File], p.Line, p.Col); ok {
 				gutter := fmt.Sprintf("%d", p.Line)
 				pad := strings.Repeat(" ", len(gutter))
-				before := visible(line[:max(0, min(p.Col-1, len(line)))])
+				before := visible(line[:max(0, min(col-1, len(line)))])
 				fmt.Fprintf(&b, " %s |\n %s | %s\n %s | %s^\n", pad, gutter, visible(line), pad, caretPad(before, len(before)+1))
 			}
 		}
@@ -53,13 +59,13 @@ func Summary(ds Diagnostics) string {
 
 // visible returns s with what a terminal or a CI log would act on instead of
 // showing written as Go escapes: control characters other than tab (ESC, BEL,
-// CR, DEL, the C1 range) and bytes that are not UTF-8. A recipe, a path or a
-// value quoted from a file cannot then retitle a window, recolour the output or
-// hide a line of it.
+// CR, DEL, the C1 range), the bidirectional controls (IsBidiControl) and bytes
+// that are not UTF-8. A recipe, a path or a value quoted from a file cannot
+// then retitle a window, recolour the output, hide a line of it or reorder it.
 func visible(s string) string {
 	clean := true
 	for _, r := range s {
-		if r == utf8.RuneError || (r != '\t' && unicode.IsControl(r)) {
+		if r == utf8.RuneError || (r != '\t' && unicode.IsControl(r)) || IsBidiControl(r) {
 			clean = false
 			break
 		}
@@ -75,7 +81,7 @@ func visible(s string) string {
 			fmt.Fprintf(&b, `\x%02x`, s[i])
 		case r != '\t' && unicode.IsControl(r) && r < 0x80:
 			fmt.Fprintf(&b, `\x%02x`, r)
-		case r != '\t' && unicode.IsControl(r):
+		case (r != '\t' && unicode.IsControl(r)) || IsBidiControl(r):
 			fmt.Fprintf(&b, `\u%04x`, r)
 		default:
 			b.WriteString(s[i : i+n])
@@ -85,15 +91,48 @@ func visible(s string) string {
 	return b.String()
 }
 
-func sourceLine(src []byte, line int) (string, bool) {
-	if src == nil {
-		return "", false
+// sourceLine returns line (1-based) of src, whose line starts are starts, cut
+// to what a finding at byte column col quotes (quotedWindow), and col in it.
+func sourceLine(src []byte, starts []int, line, col int) (string, int, bool) {
+	if src == nil || line < 1 || line > len(starts) {
+		return "", 0, false
 	}
-	lines := strings.Split(string(src), "\n")
-	if line < 1 || line > len(lines) {
-		return "", false
+	end := len(src)
+	if line < len(starts) {
+		end = starts[line] - 1 // before the newline
 	}
-	return strings.TrimRight(lines[line-1], "\r"), true
+	text, col := quotedWindow(bytes.TrimRight(src[starts[line-1]:end], "\r"), col)
+	return text, col, true
+}
+
+// maxQuoted is the most bytes of a source line a finding quotes: a line of a
+// megabyte (one long array) is shown around the column, so that printing a
+// thousand findings on it stays linear in their number.
+const maxQuoted = 160
+
+// quotedWindow returns the part of line a finding quotes, at most maxQuoted
+// bytes around the byte column col (cut at character boundaries, "…" where
+// cut), and col within it.
+func quotedWindow(line []byte, col int) (string, int) {
+	if len(line) <= maxQuoted {
+		return string(line), col
+	}
+	start := max(0, min(col-1-maxQuoted/4, len(line)-maxQuoted))
+	for start > 0 && !utf8.RuneStart(line[start]) {
+		start--
+	}
+	end := min(len(line), start+maxQuoted)
+	for end < len(line) && !utf8.RuneStart(line[end]) {
+		end++
+	}
+	out, col := string(line[start:end]), col-start
+	if start > 0 {
+		out, col = "…"+out, col+len("…")
+	}
+	if end < len(line) {
+		out += "…"
+	}
+	return out, col
 }
 
 // caretPad returns the whitespace before a caret at byte column col, keeping tabs so
@@ -192,7 +231,7 @@ func RenderSARIF(w io.Writer, ds Diagnostics, version string) error {
 		// recipe points at its position; one from a flag or environment variable,
 		// or a default, points at the top of the recipe it concerns, and the message
 		// names the flag or variable.
-		fromFile := d.Origin.Kind == FromFile || d.Origin.Kind == FromImplied || d.Origin.Kind == FromDefault || d.Origin.Kind == FromImport
+		fromFile := (d.Origin.Kind == FromFile || d.Origin.Kind == FromImplied || d.Origin.Kind == FromDefault || d.Origin.Kind == FromImport) && !d.Origin.settingVar()
 		file, reg := d.Origin.Pos.File, &region{StartLine: 1, StartColumn: 1}
 		if fromFile && d.Origin.Pos.IsValid() {
 			reg = &region{StartLine: d.Origin.Pos.Line, StartColumn: d.Origin.Pos.Col}
@@ -223,4 +262,17 @@ func RenderSARIF(w io.Writer, ds Diagnostics, version string) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(log)
+}
+
+// IsBidiControl reports whether r is a Unicode bidirectional control: the
+// embeddings, overrides and isolates (U+202A to U+202E, U+2066 to U+2069) and
+// the marks (U+200E, U+200F, U+061C). Printed, they reorder the text around
+// them, so that what a terminal or a review shows is not what the bytes say
+// ("Trojan Source"): U+202E makes "run-\u202egpj.exe" read as "run-exe.jpg".
+func IsBidiControl(r rune) bool {
+	switch {
+	case r >= 0x202a && r <= 0x202e, r >= 0x2066 && r <= 0x2069:
+		return true
+	}
+	return r == 0x200e || r == 0x200f || r == 0x061c
 }

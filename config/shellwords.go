@@ -2,15 +2,21 @@ package config
 
 import (
 	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
 )
 
 // Reading a Megatron-LM launch script: enough of bash to find the arguments given to
 // pretrain_gpt.py. Comments, line continuations, single and double quotes,
 // assignments (NAME=value, NAME=(array ...), export NAME=value), and expansions
-// ($NAME, ${NAME}, ${NAME:-default}, ${NAME-default}, ${ARR[@]}, "${ARR[@]}") are
-// understood; command substitution, arithmetic and control flow are not (a word
-// holding one is kept as written and lint will name it).
+// ($NAME, ${NAME}, ${NAME:-default}, ${NAME-default}, ${NAME:=default},
+// ${NAME:+word}, ${ARR[@]}, "${ARR[@]}") are understood. What the import cannot know is opaque: a command substitution
+// ($(...) or backticks), arithmetic ($((...))), a variable the script never
+// sets (its value would come from the environment, or from a file the script
+// sources) and a positional argument without a default. An opaque part of a
+// word is kept as a marker that names it, so an argument whose value depends on
+// one is refused naming the expression and its line, never read as empty.
 
 // shellVars are the variables and arrays a script has assigned so far.
 type shellVars struct {
@@ -19,6 +25,127 @@ type shellVars struct {
 	// spent counts the bytes expansions have produced; past maxExpansion the
 	// script is refused (NAME="$NAME$NAME" repeated doubles it each line).
 	spent int
+	// opaque holds what each opaque marker stands for, by its index.
+	opaque []opaqueRef
+	// sourced describes the first `source FILE` (or `. FILE`) the script runs:
+	// from there on, a variable the script has not set may be set by that file.
+	sourced string
+	// line is the script line being read, for opaque references.
+	line int
+	// unsetIsEmpty reads a variable the script never sets as empty (bash's view
+	// with nothing exported): if-tests do, so that `if [ -n "$WANDB_API_KEY" ]`
+	// takes the branch an unset variable takes.
+	unsetIsEmpty bool
+}
+
+// opaqueRef is a part of the script the import cannot evaluate: the text as
+// written, why, and its line.
+type opaqueRef struct {
+	text, why string
+	line      int
+	// env: a variable the script never sets (and sources no file that might),
+	// which bash would take from the environment.
+	env bool
+}
+
+// markOpaque returns a marker for an opaque part of a word: NUL, its index, NUL.
+// bash strings cannot hold NUL, so no script's own text is taken for one.
+func (v *shellVars) markOpaque(text, why string) string {
+	v.spend(len(text) + len(why) + 32)
+	v.opaque = append(v.opaque, opaqueRef{text: text, why: why, line: v.line})
+	return "\x00" + strconv.Itoa(len(v.opaque)-1) + "\x00"
+}
+
+// opaqueIn returns the first opaque part of word, if any.
+func (v *shellVars) opaqueIn(word string) (opaqueRef, bool) {
+	for _, m := range opaqueMarker.FindAllStringSubmatch(word, -1) {
+		if i, err := strconv.Atoi(m[1]); err == nil && i < len(v.opaque) {
+			return v.opaque[i], true
+		}
+	}
+	return opaqueRef{}, false
+}
+
+// written returns word with each opaque marker replaced by the text it stands
+// for, as the script wrote it.
+func (v *shellVars) written(word string) string {
+	return opaqueMarker.ReplaceAllStringFunc(word, func(m string) string {
+		if i, err := strconv.Atoi(strings.Trim(m, "\x00")); err == nil && i < len(v.opaque) {
+			return v.opaque[i].text
+		}
+		return m
+	})
+}
+
+var opaqueMarker = regexp.MustCompile("\x00([0-9]+)\x00")
+
+// unsetVar is what a reference to a variable the script never set expands to.
+func (v *shellVars) unsetVar(ref, name string) string {
+	switch {
+	case v.sourced != "":
+		return v.markOpaque(ref, fmt.Sprintf("%s is not set by the script itself; %s may set it, and the import does not read other files", name, v.sourced))
+	case v.unsetIsEmpty:
+		return ""
+	case name != "" && name[0] >= '0' && name[0] <= '9':
+		return v.markOpaque(ref, fmt.Sprintf("$%s is an argument the script is run with, which the import does not have", name))
+	}
+	m := v.markOpaque(ref, fmt.Sprintf("%s is not set by the script, so its value would come from the environment, which the import does not read", name))
+	v.opaque[len(v.opaque)-1].env = true
+	return m
+}
+
+// substitutionEnd is the index after the command substitution or arithmetic
+// starting with "$(" at i (the end of s when it is not closed on the line).
+func substitutionEnd(s string, i int) int {
+	depth := 0
+	var q byte
+	for j := i + 1; j < len(s); j++ {
+		c := s[j]
+		switch {
+		case q != 0:
+			if c == q {
+				q = 0
+			}
+		case c == '\'' || c == '"' || c == '`':
+			q = c
+		case c == '(':
+			depth++
+		case c == ')':
+			depth--
+			if depth == 0 {
+				return j + 1
+			}
+		}
+	}
+	return len(s)
+}
+
+// backtickEnd is the index after the `...` command substitution at i.
+func backtickEnd(s string, i int) int {
+	for j := i + 1; j < len(s); j++ {
+		switch s[j] {
+		case '\\':
+			j++
+		case '`':
+			return j + 1
+		}
+	}
+	return len(s)
+}
+
+// substitution marks the $(...), $((...)) or `...` at i of s as opaque and
+// returns the marker and the index after it.
+func (v *shellVars) substitution(s string, i int) (string, int) {
+	if s[i] == '`' {
+		end := backtickEnd(s, i)
+		return v.markOpaque(s[i:end], fmt.Sprintf("%s runs a command, which the import does not", s[i:end])), end
+	}
+	end := substitutionEnd(s, i)
+	text := s[i:end]
+	if strings.HasPrefix(text, "$((") {
+		return v.markOpaque(text, fmt.Sprintf("%s is shell arithmetic, which the import does not evaluate", text)), end
+	}
+	return v.markOpaque(text, fmt.Sprintf("%s runs a command, which the import does not", text)), end
 }
 
 // maxExpansion bounds what a script's expansions produce in all: far above any
@@ -33,7 +160,7 @@ func (v *shellVars) spend(n int) bool {
 
 func (v *shellVars) overBudget() error {
 	if v.spent > maxExpansion {
-		return fmt.Errorf("its variable expansions produce over %d MiB (a variable doubling itself?)", maxExpansion>>20)
+		return fmt.Errorf("its variable expansions produce over %d MiB (a variable doubling itself, or growing line by line?)", maxExpansion>>20)
 	}
 	return nil
 }
@@ -46,6 +173,21 @@ func (v *shellVars) spread(name string) []string {
 		}
 	}
 	return v.array[name]
+}
+
+// spreadOrOpaque spreads an array; one the script never set is empty (the
+// environment cannot hold arrays), unless a sourced file may have set it.
+func (v *shellVars) spreadOrOpaque(ref, name string) []string {
+	_, isArray := v.array[name]
+	_, isScalar := v.scalar[name]
+	if !isArray && !isScalar && v.sourced != "" {
+		return []string{v.unsetVar(ref, name)}
+	}
+	if !isArray && isScalar { // ${S[@]} of a scalar is the scalar, as one word
+		v.spend(len(v.scalar[name]) + 16)
+		return []string{v.scalar[name]}
+	}
+	return v.spread(name)
 }
 
 // lexWords splits one logical line (continuations joined) into words, expanding
@@ -89,19 +231,23 @@ func (v *shellVars) lexWords(line string) ([]string, error) {
 			inner := line[i+1 : j]
 			if name, ok := arraySpread(inner); ok { // "${ARR[@]}": one word per element
 				flush()
-				words = append(words, v.spread(name)...)
+				words = append(words, v.spreadOrOpaque(inner, name)...)
 			} else {
 				cur.WriteString(v.expand(strings.NewReplacer(`\"`, `"`, `\\`, `\`, `\$`, `$`).Replace(inner)))
 				inWord = true
 			}
 			i = j
+		case ch == '`' || (ch == '$' && i+1 < len(line) && line[i+1] == '('):
+			mark, end := v.substitution(line, i)
+			cur.WriteString(mark)
+			inWord, i = true, end-1
 		case ch == '$':
 			end := expansionEnd(line, i)
 			ref := line[i:end]
 			i = end - 1
 			var val string
 			if name, ok := arraySpread(ref); ok {
-				val = strings.Join(v.spread(name), " ")
+				val = strings.Join(v.spreadOrOpaque(ref, name), " ")
 			} else {
 				val = v.expand(ref)
 			}
@@ -173,6 +319,12 @@ func arraySpread(s string) (string, bool) {
 func (v *shellVars) expand(s string) string {
 	var b strings.Builder
 	for i := 0; i < len(s); i++ {
+		if s[i] == '`' || (s[i] == '$' && i+1 < len(s) && s[i+1] == '(') {
+			mark, end := v.substitution(s, i)
+			b.WriteString(mark)
+			i = end - 1
+			continue
+		}
 		if s[i] != '$' || i+1 == len(s) {
 			b.WriteByte(s[i])
 			continue
@@ -183,22 +335,49 @@ func (v *shellVars) expand(s string) string {
 			b.WriteByte('$')
 			continue
 		}
-		name, def, hasDef := ref[1:], "", false
+		name, op, word := ref[1:], "", ""
 		if strings.HasPrefix(ref, "${") {
-			name = strings.TrimSuffix(ref[2:], "}")
-			for _, op := range []string{":-", "-"} {
-				if n, d, ok := strings.Cut(name, op); ok {
-					name, def, hasDef = n, d, true
-					break
+			inner := strings.TrimSuffix(ref[2:], "}")
+			n := 0
+			for n < len(inner) && (inner[n] == '_' || inner[n] >= 'a' && inner[n] <= 'z' || inner[n] >= 'A' && inner[n] <= 'Z' || inner[n] >= '0' && inner[n] <= '9') {
+				n++
+			}
+			name, op = inner[:n], inner[n:]
+			known := op == ""
+			for _, o := range []string{":-", ":=", ":+", "-", "=", "+"} {
+				if w, ok := strings.CutPrefix(op, o); ok && !known {
+					op, word, known = o, w, true
 				}
+			}
+			if !known || name == "" {
+				// ${ARR[0]}, ${#NAME}, ${NAME%suffix}, ...: not evaluated.
+				b.WriteString(v.markOpaque(ref, fmt.Sprintf("%s is an expansion the import does not evaluate", ref)))
+				i = end - 1
+				continue
 			}
 		}
 		val, set := v.scalar[name]
 		if arr, ok := v.array[name]; ok && !set {
 			val, set = strings.Join(arr, " "), true
 		}
-		if (!set || val == "") && hasDef {
-			val = v.expand(unquote(def))
+		empty := !set || (val == "" && strings.HasPrefix(op, ":"))
+		switch {
+		case !set && v.sourced != "":
+			val = v.unsetVar(ref, name) // the sourced file may set it
+		case op == ":+" || op == "+":
+			// ${NAME:+word}: word when NAME is set, else nothing; an unset variable
+			// reads as empty here, the optional-argument idiom.
+			val = ""
+			if !empty {
+				val = v.expand(unquote(word))
+			}
+		case op != "" && empty:
+			val = v.expand(unquote(word))
+			if op == ":=" || op == "=" {
+				v.scalar[name] = val
+			}
+		case !set:
+			val = v.unsetVar(ref, name)
 		}
 		if !v.spend(len(val)) {
 			return ""
@@ -282,9 +461,16 @@ func unquote(s string) string {
 // ==, =, !=, a bare word), !, && and ||, with the script's variables; known is
 // false for anything else (file tests, commands, regular expressions).
 func (v *shellVars) evalCond(cond string) (val, known bool) {
+	v.unsetIsEmpty = true
 	words, err := v.lexWords(cond)
+	v.unsetIsEmpty = false
 	if err != nil || len(words) == 0 {
 		return false, false
+	}
+	for _, w := range words {
+		if _, ok := v.opaqueIn(w); ok {
+			return false, false // a command, or what a sourced file may set
+		}
 	}
 	p := &condParser{words: words, known: true}
 	val = p.or()

@@ -376,6 +376,9 @@ func (s ttSetting) name() string {
 	if !s.given() {
 		return "torchtitan's default for " + n
 	}
+	if s.val.kind == vArray && s.val.text == "" { // the parser keeps no text for arrays
+		return fmt.Sprintf("%s (an array of %d)", n, len(s.val.elems))
+	}
 	return n + " = " + s.val.text
 }
 
@@ -521,9 +524,11 @@ func (t *ttImport) model() {
 		t.refuse(s, "shardline normalises with RMSNorm", `set norm_type = "rmsnorm"`)
 	}
 	if s := t.get("model.converters"); s.given() {
+		seen := map[string]bool{}
 		for _, c := range s.strs() {
 			c = strings.TrimSpace(c)
 			switch {
+			case seen[c]: // refused once
 			case c == "":
 			case strings.Contains(c, "float8"):
 				t.refuse(s, fmt.Sprintf("converter %q trains linear layers in FP8 (the [float8] settings); shardline computes in bf16 or fp32", c), "remove it; precision.bf16 = true is the nearest")
@@ -532,6 +537,7 @@ func (t *ttImport) model() {
 			default:
 				t.refuse(s, fmt.Sprintf("converter %q changes the model's modules; shardline has no converters", c), "remove it")
 			}
+			seen[c] = true
 		}
 	}
 	if s := t.get("float8.enable_float8_linear"); s.flag() {
@@ -566,6 +572,9 @@ func (t *ttImport) optimizer() {
 
 // parallelism sets the mesh and returns the data-parallel degree (the number of
 // data-parallel ranks torchtitan's batch counts).
+// ttMaxRanks is the most ranks a recipe has (parallel.world_size's bound).
+const ttMaxRanks = maxRanks
+
 func (t *ttImport) parallelism(worldSize int) int64 {
 	deg := func(k string) ttSetting { return t.get("parallelism." + k) }
 	rep, shard, tp, pp, cp := deg("data_parallel_replicate_degree"), deg("data_parallel_shard_degree"), deg("tensor_parallel_degree"), deg("pipeline_parallel_degree"), deg("context_parallel_degree")
@@ -581,10 +590,25 @@ func (t *ttImport) parallelism(worldSize int) int64 {
 		t.errorf(t.at(shard), "SL008", fmt.Sprintf("%s: the shard degree is -1 (the ranks left over) or at least 1", shard.name()), "set it to -1")
 		bad = true
 	}
+	// Degrees are bounded before they are multiplied: two degrees of 2^32 made
+	// the product wrap to 0, which then divided the world size.
+	for _, s := range []ttSetting{rep, shard, tp, pp, cp, ep, etp} {
+		if s.int() > ttMaxRanks {
+			t.errorf(t.at(s), "SL008", fmt.Sprintf("%s: a parallel degree is at most %d, the most ranks a recipe has", s.name(), ttMaxRanks), fmt.Sprintf("set it to at most %d", ttMaxRanks))
+			bad = true
+		}
+	}
 	if bad {
 		return 1
 	}
-	other := rep.int() * tp.int() * pp.int() * cp.int()
+	other := int64(1)
+	for _, s := range []ttSetting{rep, tp, pp, cp} {
+		if other *= s.int(); other > ttMaxRanks {
+			t.errorf(t.at(s), "SL008", fmt.Sprintf("replicate × tp × pp × cp reaches %d at %s, over the %d ranks a recipe has", other, s.name(), ttMaxRanks),
+				"lower the parallel degrees")
+			return 1
+		}
+	}
 	n := shard.int()
 	switch {
 	case n == -1 && worldSize == 0:
@@ -604,6 +628,10 @@ func (t *ttImport) parallelism(worldSize int) int64 {
 		return 1
 	}
 	world := n * other
+	if world > ttMaxRanks {
+		t.errorf(t.at(shard), "SL008", fmt.Sprintf("replicate × shard × tp × pp × cp = %d ranks, over the %d a recipe has", world, ttMaxRanks), "lower the parallel degrees")
+		return 1
+	}
 	because := fmt.Sprintf("replicate %d × shard %d × tp %d × pp %d × cp %d", rep.int(), n, tp.int(), pp.int(), cp.int())
 	t.to("parallel.world_size", itoa(world), shard, because)
 	t.to("parallel.device", "cuda", shard, "torchtitan trains on GPUs; shardline run --device cpu trains the recipe on the CPU")
@@ -660,7 +688,9 @@ func (t *ttImport) parallelism(worldSize int) int64 {
 func (t *ttImport) training(dp int64) {
 	local, global := t.get("training.local_batch_size"), t.get("training.global_batch_size")
 	t.to("train.micro_batch_size", itoa(local.int()), local, "")
-	if global.int() < 0 {
+	if global.int() < 0 && (local.int() < 1 || local.int() > 1<<30) {
+		t.errorf(t.at(local), "SL008", fmt.Sprintf("%s: a micro-batch is 1 to %d sequences", local.name(), 1<<30), "set local_batch_size to the sequences each rank takes per step")
+	} else if global.int() < 0 {
 		t.to("train.global_batch_size", itoa(local.int()*dp), global, fmt.Sprintf("local_batch_size %d × data-parallel degree %d: one micro-batch per step", local.int(), dp))
 	} else {
 		t.to("train.global_batch_size", itoa(global.int()), global, "")
@@ -705,7 +735,13 @@ func (t *ttImport) schedule() {
 			decay = d
 		}
 	}
-	if stable := total + 1 - warmup - decay; stable > 1 {
+	stepsGiven := steps.given() || t.get("lr_scheduler.total_steps").given()
+	if stable := total + 1 - warmup - decay; stable > 1 && !stepsGiven {
+		// Not SL010: the stable phase comes from torchtitan's default step count,
+		// which a job usually overrides on torchtitan's command line.
+		t.errorf(t.at(ratio), "SL007", fmt.Sprintf("%s: the file sets no [training] steps, and with torchtitan's default of %d (and %d of warmup) the schedule would hold the peak for %d steps before decaying; the import cannot tell the job's step count", ratio.name(), total, warmup, stable),
+			"set [training] steps in the job file to the job's step count (a --training.steps on torchtitan's command line is not in the file) and import again")
+	} else if stable > 1 {
 		t.refuse(ratio, fmt.Sprintf("with %d steps and %d of warmup it holds the peak for %d steps before decaying (warmup-stable-decay); shardline's schedule decays right after warmup", total, warmup, stable),
 			fmt.Sprintf("remove decay_ratio, or set it to at least %g", float64(total-warmup)/float64(total)))
 	}
@@ -761,9 +797,15 @@ func (t *ttImport) checkpoint() {
 	t.to("checkpoint.dir", filepath.Join(dump.str(), folder.str()), folder, "torchtitan saves under [job] dump_folder")
 	if s := t.get("checkpoint.interval"); s.int() > 0 {
 		t.to("checkpoint.interval", itoa(s.int()), s, "")
+	} else {
+		t.errorf(t.at(s), "SL008", fmt.Sprintf("%s: torchtitan saves every interval steps, a positive number", s.name()),
+			"set interval to a positive number of steps, or enable = false for no checkpoints")
 	}
 	if s := t.get("checkpoint.keep_latest_k"); s.int() >= 0 {
 		t.to("checkpoint.keep_last", itoa(s.int()), s, "")
+	} else {
+		t.errorf(t.at(s), "SL008", fmt.Sprintf("%s: the number of checkpoints to keep is 0 (all) or more", s.name()),
+			"set keep_latest_k to 0 (keep all) or a positive number")
 	}
 }
 

@@ -324,12 +324,16 @@ func openData(r *config.Recipe, opts Options) (*data.Dataset, error) {
 		path = filepath.Join(opts.DataRoot, path)
 	}
 	ds, err := data.Open(path, r.Data.Tokenizer, r.Data.ValFraction, opts.CacheDir)
+	if err != nil && len(config.PathVars(r.Data.Path)) > 0 {
+		// The expanded path is not printed: ${VAR} may hold a secret (docs/robustness.md).
+		err = errors.New(config.RedactVars(err.Error(), r.Data.Path, opts.Env))
+	}
 	if err != nil {
 		return nil, &KeyError{Key: "data.path", Value: r.Data.Path, Err: err, Fix: "point it at a text file or a `shardline data prepare` directory"}
 	}
 	T := r.Model.SeqLen
 	if v := ds.Tok.VocabSize(); v > r.Model.VocabSize {
-		return nil, &KeyError{Key: "model.vocab_size", Value: r.Model.VocabSize, Err: fmt.Errorf("the %s tokenizer of %s has %d tokens", ds.Tok.Name(), path, v), Fix: fmt.Sprintf("set model.vocab_size to at least %d", v)}
+		return nil, &KeyError{Key: "model.vocab_size", Value: r.Model.VocabSize, Err: fmt.Errorf("the %s tokenizer of %s has %d tokens", ds.Tok.Name(), r.Data.Path, v), Fix: fmt.Sprintf("set model.vocab_size to at least %d", v)}
 	}
 	if len(ds.Train) < T+1 {
 		return nil, &KeyError{Key: "data.path", Value: r.Data.Path, Err: fmt.Errorf("the training split has %d tokens, fewer than one sequence of model.seq_len + 1 = %d", len(ds.Train), T+1), Fix: "use a longer text or a shorter model.seq_len"}

@@ -117,6 +117,9 @@ func init() {
 // options builds config.Options from the parsed flags and the environment.
 func (rf *recipeFlags) options(env []string) config.Options {
 	opts := config.Options{Env: env, Sets: rf.sets}
+	for _, key := range settingKeys {
+		opts.SettingVars = append(opts.SettingVars, "SHARDLINE_"+strings.ToUpper(key))
+	}
 	for _, v := range rf.megatron {
 		if v.set {
 			opts.Flags = append(opts.Flags, config.FlagValue{Name: v.name, Value: v.value})

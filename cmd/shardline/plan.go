@@ -27,7 +27,8 @@ FSDP units and their sharded buffers, memory per rank by component against the
 device, the collectives of one step by group, and the step-time estimate with
 tokens/s per device and MFU. Nothing touches a device.
 
---sweep KEY=V1,V2,... compiles one plan per value and prints them side by side.
+--sweep KEY=V1,V2,... compiles one plan per value (at most 64) and prints them
+side by side.
 
 --against RUN_DIR plans a finished run from its resolved recipe and prints, beside
 each prediction, what the run measured (run.json): memory per component, the
@@ -144,6 +145,10 @@ func writeRank(a *app, p *parallel.Plan, rank int) error {
 	return err
 }
 
+// maxSweepValues is the most values one --sweep compares: a table wider than
+// any terminal, and a bound on the plans compiled for one command.
+const maxSweepValues = 64
+
 // sweep compiles one plan per value of a key and prints them side by side.
 func (a *app) sweep(path, spec string, rf *recipeFlags) error {
 	key, vals, ok := strings.Cut(spec, "=")
@@ -153,7 +158,16 @@ func (a *app) sweep(path, spec string, rf *recipeFlags) error {
 	if _, known := config.RecipeSchema().Lookup(key); !known {
 		return usageErr("--sweep %q: %s", key, keyHint(key))
 	}
+	// Each value compiles a plan: the count is checked before any is.
+	if n := strings.Count(vals, ",") + 1; n > maxSweepValues {
+		return usageErr("--sweep %s: %d values, over the %d a sweep compares; split it into several sweeps", key, n, maxSweepValues)
+	}
 	values := strings.Split(vals, ",")
+	for _, v := range values {
+		if strings.TrimSpace(v) == "" {
+			return usageErr("--sweep %q: an empty value; write KEY=V1,V2,... with a value between every two commas", spec)
+		}
+	}
 	var plans []*parallel.Plan
 	base := rf.sets
 	defer func() { rf.sets = base }()

@@ -127,7 +127,9 @@ unquoted, if/elif/else on string tests of the script's own variables, and
 torchrun (its --nproc_per_node × --nnodes give the world size), python or srun
 in front of pretrain_gpt.py. A line that sets a variable inside a loop or a
 condition it cannot evaluate (a file test, a command) is refused with both line
-numbers. A plain file of arguments works too. Megatron's own defaults apply where
+numbers. An argument whose value comes from a command ($(...), backticks), a
+sourced file or the environment is refused naming it (docs/import.md), and so is
+a torchrun rank count the import cannot know. A plain file of arguments works too. Megatron's own defaults apply where
 an argument is absent: embeddings tied, no Megatron-FSDP, no distributed
 optimizer, linear decay without warmup, weight decay 0.01, beta2 0.999, experts as
 wide as the dense MLP, GPUs; a GeLU MLP, LayerNorm, learned positions, biases and

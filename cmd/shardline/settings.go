@@ -83,15 +83,28 @@ func loadSettings(path string, env map[string]string) (*settings, error) {
 	if path != "" {
 		src, err := readSettingsFile(path)
 		if err != nil {
-			return nil, usageErr("--config %s: %v", path, err)
+			if explicit {
+				return nil, usageErr("--config %s: %v", path, err)
+			}
+			return nil, usageErr("settings file %s (the nearest %s above the working directory): %v; fix or remove it, or name another with --config", path, settingsFile, err)
 		}
 		s.file = path
+		// Parsed first for positions: a syntax error, a key given twice and an
+		// unknown setting are named at their line and column.
+		positions, d := config.KeyPositions(path, src)
+		if d != nil {
+			return nil, usageErr("%s: %s; fix the settings file (https://toml.io/en/v1.0.0)", d.Location(), d.Message)
+		}
 		if err := v.ReadConfig(strings.NewReader(string(src))); err != nil {
 			return nil, usageErr("%s: not valid TOML: %v; fix the syntax (https://toml.io/en/v1.0.0)", path, err)
 		}
-		lines := strings.Split(string(src), "\n")
 		for _, key := range v.AllKeys() {
-			s.pos[key] = keyPos(path, lines, key)
+			s.pos[key] = config.Pos{File: path}
+			for k, p := range positions {
+				if strings.EqualFold(k, key) {
+					s.pos[key] = p
+				}
+			}
 			if !slices.Contains(settingKeys, key) {
 				msg := fmt.Sprintf("%s: unknown setting %s", s.pos[key], key)
 				if m := config.Suggest(key, settingKeys); m != "" {
@@ -182,15 +195,6 @@ func readSettingsFile(path string) ([]byte, error) {
 	return b, err
 }
 
-// keyPos finds the line of key = ... in a settings file (column 1), or the file.
-func keyPos(path string, lines []string, key string) config.Pos {
-	for i, l := range lines {
-		if k, _, ok := strings.Cut(strings.TrimSpace(l), "="); ok && strings.EqualFold(strings.TrimSpace(k), key) {
-			return config.Pos{File: path, Line: i + 1, Col: 1}
-		}
-	}
-	return config.Pos{File: path}
-}
 
 // recipeDefaults are the settings that stand in for recipe defaults.
 func (s *settings) recipeDefaults(env map[string]string) []config.SettingDefault {

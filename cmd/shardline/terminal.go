@@ -1,8 +1,11 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"unicode/utf8"
+
+	"github.com/shardline/shardline/config"
 )
 
 // terminalWriter is standard output when it is a terminal. What shardline
@@ -12,7 +15,9 @@ import (
 // recolour or move the cursor; BEL rings; CR returns over what was written), so
 // terminalWriter shows them: control characters other than newline and tab as
 // their Unicode control pictures (ESC as ␛, DEL as ␡), a CR not followed by a
-// newline as ␍, the C1 controls and bytes that are not UTF-8 as U+FFFD.
+// newline as ␍, the C1 controls and bytes that are not UTF-8 as U+FFFD, and
+// the bidirectional controls, which would reorder what is shown (U+202E),
+// named: <U+202E>.
 // Everything else passes unchanged, and output that goes to a pipe or a file is
 // never wrapped, so `shardline sample RUN > text` keeps the model's bytes.
 //
@@ -77,9 +82,12 @@ func showControls(out, in []byte, final bool) (_, rest []byte) {
 			return out, in[i:]
 		}
 		r, n := utf8.DecodeRune(in[i:])
-		if (r == utf8.RuneError && n == 1) || (r >= 0x80 && r <= 0x9f) {
+		switch {
+		case (r == utf8.RuneError && n == 1) || (r >= 0x80 && r <= 0x9f):
 			out = utf8.AppendRune(out, utf8.RuneError)
-		} else {
+		case config.IsBidiControl(r):
+			out = fmt.Appendf(out, "<U+%04X>", r)
+		default:
 			out = append(out, in[i:i+n]...)
 		}
 		i += n
