@@ -749,7 +749,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	eval := evalPolicy{interval: r.Train.EvalInterval, steps: r.Train.Steps, lead: lead, collective: t.collectiveEval(), hasVal: len(t.ds.Val) > T}
 	stats := t.newStatsDrain(world)
 	stats.optSteps = optSteps // a resumed run's, until its first read-back
-	var rates []float64 // tokens/s of every step of this run
+	var rates []float64       // tokens/s of every step of this run
 	ev := t.log.Info()
 	if t.dir != "" { // rank 0 writes the run directory; a job's other ranks have none
 		ev = ev.Str("dir", t.dir)
