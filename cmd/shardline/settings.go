@@ -195,7 +195,6 @@ func readSettingsFile(path string) ([]byte, error) {
 	return b, err
 }
 
-
 // recipeDefaults are the settings that stand in for recipe defaults.
 func (s *settings) recipeDefaults(env map[string]string) []config.SettingDefault {
 	var out []config.SettingDefault
