@@ -30,7 +30,39 @@ type Diagnostic struct {
 	// Recipe is the recipe file the finding concerns: a finding whose value came
 	// from a flag or variable still belongs to a recipe (SARIF points at it).
 	Recipe string
+	// Err is the cause of a problem found outside lint (ValueProblem), which
+	// errors.Is and errors.As see through the Diagnostic; nil for lint's.
+	Err error `json:"-"`
 }
+
+// KeyProblem is a recipe value that code other than lint cannot use (the
+// plan compiler, the trainer), as the one error type every such finding
+// has: a Diagnostic of severity error on key, whose message msg names the
+// rule broken (prefixed with the key), and fix the way out ("" for none
+// beyond the message). It has no rule code and no position until At places
+// it; its Error is "[location: ]key: msg[; fix]".
+func KeyProblem(key, msg, fix string) *Diagnostic {
+	return &Diagnostic{Severity: SevError, Key: key, Message: key + ": " + msg, Help: fix}
+}
+
+// ValueProblem is KeyProblem for key's value, refused for cause: its message
+// is "key (value): cause", and cause is what it unwraps to.
+func ValueProblem(key string, value any, cause error, fix string) *Diagnostic {
+	return &Diagnostic{Severity: SevError, Key: key, Message: fmt.Sprintf("%s (%s): %v", key, FormatValue(value), cause), Help: fix, Err: cause}
+}
+
+// At positions a problem at where r's value of its key came from (a file
+// position, a flag or an environment variable), in r's recipe file, and
+// returns it.
+func (d *Diagnostic) At(r *Resolved) *Diagnostic {
+	if r != nil && d.Key != "" {
+		d.Origin, d.Recipe = r.Origin(d.Key), r.Path
+	}
+	return d
+}
+
+// Unwrap is a problem's cause (ValueProblem).
+func (d Diagnostic) Unwrap() error { return d.Err }
 
 // InRecipe sets Recipe on every finding that lacks one.
 func (ds Diagnostics) InRecipe(path string) {
@@ -44,8 +76,21 @@ func (ds Diagnostics) InRecipe(path string) {
 // Location is file:line:col, or the flag or environment variable at fault.
 func (d Diagnostic) Location() string { return d.Origin.Location() }
 
+// Error is a lint finding as "location: severity[code]: message", and a
+// problem (KeyProblem, ValueProblem: no code) as "[location: ]message[; fix]",
+// its location once At has placed it.
 func (d Diagnostic) Error() string {
-	return fmt.Sprintf("%s: %s[%s]: %s", d.Location(), d.Severity, d.Code, d.Message)
+	if d.Code != "" {
+		return fmt.Sprintf("%s: %s[%s]: %s", d.Location(), d.Severity, d.Code, d.Message)
+	}
+	s := d.Message
+	if d.Help != "" {
+		s += "; " + d.Help
+	}
+	if d.Origin != (Origin{}) {
+		s = d.Location() + ": " + s
+	}
+	return s
 }
 
 // Diagnostics is a list of findings, like go/scanner.ErrorList.

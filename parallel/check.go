@@ -44,9 +44,9 @@ func Check(res *config.Resolved) (*Plan, config.Diagnostics) {
 
 func compileDiag(res *config.Resolved, err error) config.Diagnostic {
 	key := "parallel.world_size"
-	var ke *KeyError
-	if errors.As(err, &ke) {
-		key = ke.Key
+	var d *config.Diagnostic
+	if errors.As(err, &d) {
+		key = d.Key
 	}
 	return config.DiagnosticAt(res, config.SevError, "SL502", "the plan cannot be compiled: "+err.Error(),
 		fmt.Sprintf("change %s; `shardline plan` shows the layout once it compiles", key), key)

@@ -69,7 +69,7 @@ func buildUnits(ps []Param, unitModules []string) ([]Unit, []int, error) {
 	for _, name := range unitModules {
 		k, ok := config.UnitKind(name)
 		if !ok {
-			return nil, nil, &KeyError{Key: "fsdp.fsdp_unit_modules", Msg: fmt.Sprintf("%q is not a module kind", name)}
+			return nil, nil, config.KeyProblem("fsdp.fsdp_unit_modules", fmt.Sprintf("%q is not a module kind", name), "")
 		}
 		kinds[k] = true
 	}

@@ -3,6 +3,8 @@ package parallel
 import (
 	"fmt"
 	"slices"
+
+	"github.com/shardline/shardline/config"
 )
 
 // Axis names a mesh axis.
@@ -36,14 +38,14 @@ type Mesh struct {
 // NewMesh checks the degrees and derives dp and edp.
 func NewMesh(world, tp, cp, pp, ep, etp int) (Mesh, error) {
 	if tp < 1 || cp < 1 || pp < 1 || ep < 1 || etp < 1 || world < 1 {
-		return Mesh{}, &KeyError{Key: "parallel.world_size", Msg: "parallel degrees and world size must be ≥ 1"}
+		return Mesh{}, config.KeyProblem("parallel.world_size", "parallel degrees and world size must be ≥ 1", "")
 	}
 	if world%(tp*cp*pp) != 0 {
-		return Mesh{}, &KeyError{Key: "parallel.world_size", Msg: fmt.Sprintf("world size %d is not divisible by tp×cp×pp = %d", world, tp*cp*pp)}
+		return Mesh{}, config.KeyProblem("parallel.world_size", fmt.Sprintf("world size %d is not divisible by tp×cp×pp = %d", world, tp*cp*pp), "")
 	}
 	stage := world / pp
 	if stage%(ep*etp) != 0 {
-		return Mesh{}, &KeyError{Key: "parallel.expert_parallel", Msg: fmt.Sprintf("ep×etp = %d does not divide the %d ranks of a pipeline stage", ep*etp, stage)}
+		return Mesh{}, config.KeyProblem("parallel.expert_parallel", fmt.Sprintf("ep×etp = %d does not divide the %d ranks of a pipeline stage", ep*etp, stage), "")
 	}
 	return Mesh{World: world, TP: tp, CP: cp, DP: world / (tp * cp * pp), PP: pp, ETP: etp, EP: ep, EDP: stage / (ep * etp)}, nil
 }

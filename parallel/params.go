@@ -94,7 +94,7 @@ const MaxParamTensors = 1 << 20
 func ParamTable(m config.Model, tp, etp int) ([]Param, error) {
 	h, heads, kv := m.Hidden, m.Heads, m.EffectiveKVHeads()
 	if heads == 0 || (m.HeadDim == 0 && h%heads != 0) || kv == 0 || heads%kv != 0 {
-		return nil, &KeyError{Key: "model.heads", Msg: fmt.Sprintf("heads (%d) must divide hidden (%d) (or head_dim be set) and be a multiple of kv_heads (%d)", heads, h, kv)}
+		return nil, config.KeyProblem("model.heads", fmt.Sprintf("heads (%d) must divide hidden (%d) (or head_dim be set) and be a multiple of kv_heads (%d)", heads, h, kv), "")
 	}
 	d := m.HeadSize()
 	// Size the table up front: a 600B-class MoE has ~50k rows.
@@ -109,7 +109,7 @@ func ParamTable(m config.Model, tp, etp int) ([]Param, error) {
 		if m.MoE.NumExperts > 0 {
 			key = "model.moe.num_experts"
 		}
-		return nil, &KeyError{Key: key, Msg: fmt.Sprintf("the model has %d parameter tensors (%d layers, %d experts each with 3 matrices); shardline plans at most %d", n, m.Layers, m.MoE.NumExperts, MaxParamTensors)}
+		return nil, config.KeyProblem(key, fmt.Sprintf("the model has %d parameter tensors (%d layers, %d experts each with 3 matrices); shardline plans at most %d", n, m.Layers, m.MoE.NumExperts, MaxParamTensors), "")
 	}
 	ps := make([]Param, 0, n)
 	// Shapes are carved from one backing array; modules slices are shared by every

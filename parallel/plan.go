@@ -69,7 +69,8 @@ type Plan struct {
 }
 
 // Compile turns a recipe and a topology into a Plan. It is pure: no device, no I/O.
-// Errors are *KeyError naming the recipe key that caused them.
+// Errors are *config.Diagnostic problems (config.KeyProblem) naming the
+// recipe key that caused them.
 func Compile(r *config.Recipe, topo Topology) (*Plan, error) {
 	par := r.Parallel
 	m, err := NewMesh(topo.WorldSize, par.TensorParallel, par.ContextParallel, par.PipelineParallel, par.ExpertParallel, par.ExpertTensorParallel)
@@ -111,7 +112,7 @@ func Compile(r *config.Recipe, topo Topology) (*Plan, error) {
 	dp := int64(m.DP)
 	p.MicroBatches = int(int64(r.Train.GlobalBatchSize) / (int64(r.Train.MicroBatchSize) * dp))
 	if p.MicroBatches < 1 {
-		return nil, &KeyError{Key: "train.global_batch_size", Msg: fmt.Sprintf("global batch %d is smaller than micro batch × dp = %d", r.Train.GlobalBatchSize, int64(r.Train.MicroBatchSize)*dp)}
+		return nil, config.KeyProblem("train.global_batch_size", fmt.Sprintf("global batch %d is smaller than micro batch × dp = %d", r.Train.GlobalBatchSize, int64(r.Train.MicroBatchSize)*dp), "")
 	}
 	for i := range ps { // an expert this rank does not hold has its twins' unit
 		ps[i].Unit = unitOf[i]
@@ -131,7 +132,7 @@ func Compile(r *config.Recipe, topo Topology) (*Plan, error) {
 // config.ShapeProblems (the rules lint reports), naming its key and the fix.
 func checkShapes(r *config.Recipe) error {
 	if ps := config.ShapeProblems(r); len(ps) > 0 {
-		return &KeyError{Key: ps[0].Keys[0], Msg: ps[0].Msg + "; " + ps[0].Help}
+		return config.KeyProblem(ps[0].Keys[0], ps[0].Msg, ps[0].Help)
 	}
 	return nil
 }

@@ -179,7 +179,7 @@ func TestMeshGroups(t *testing.T) {
 		}
 	}
 	_, err = NewMesh(6, 4, 1, 1, 1, 1)
-	var ke *KeyError
+	var ke *config.Diagnostic
 	require.ErrorAs(t, err, &ke)
 	assert.Equal(t, "parallel.world_size", ke.Key)
 }
@@ -427,7 +427,7 @@ func TestPlanRefusesWhatLintRefuses(t *testing.T) {
 		topo, err := TopologyOf(res.Recipe.Parallel)
 		require.NoError(t, err)
 		_, err = Compile(&res.Recipe, topo)
-		var ke *KeyError
+		var ke *config.Diagnostic
 		require.ErrorAs(t, err, &ke, c.name)
 		require.Equal(t, c.key, ke.Key, "%s: %v", c.name, err)
 	}

@@ -35,7 +35,7 @@ func checkSizes(r *config.Recipe, m Mesh) error {
 		{"model.vocab_size", "logits bytes", tokens * v * 8},
 	} {
 		if !(c.size < maxPlanned) {
-			return &KeyError{Key: c.key, Msg: fmt.Sprintf("the model's %s come to about %.3g bytes, more than shardline's 64-bit plan represents (%.3g); check model.hidden, seq_len, vocab_size, layers and the MoE sizes for a mistyped value", c.what, c.size, maxPlanned)}
+			return config.KeyProblem(c.key, fmt.Sprintf("the model's %s come to about %.3g bytes, more than shardline's 64-bit plan represents (%.3g); check model.hidden, seq_len, vocab_size, layers and the MoE sizes for a mistyped value", c.what, c.size, maxPlanned), "")
 		}
 	}
 	return nil

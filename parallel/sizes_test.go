@@ -4,6 +4,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/shardline/shardline/config"
 	"github.com/stretchr/testify/require"
 )
 
@@ -31,9 +32,9 @@ func TestOversizedModelsAreRefused(t *testing.T) {
 			require.NoError(t, err)
 			p, err := Compile(&r, topo)
 			require.Nil(t, p)
-			var ke *KeyError
+			var ke *config.Diagnostic
 			require.True(t, errors.As(err, &ke), "%v", err)
-			require.Equal(t, c.key, ke.Key, ke.Msg)
+			require.Equal(t, c.key, ke.Key, ke.Message)
 		})
 	}
 }
@@ -41,8 +42,8 @@ func TestOversizedModelsAreRefused(t *testing.T) {
 func TestParamTableIsBounded(t *testing.T) {
 	res := load(t, "../recipes/moe-tiny.toml", "model.layers=4096", "model.moe.num_experts=4096", "model.moe.layer_freq=1")
 	_, err := ParamTable(res.Recipe.Model, 1, 1)
-	var ke *KeyError
+	var ke *config.Diagnostic
 	require.True(t, errors.As(err, &ke), "%v", err)
 	require.Equal(t, "model.moe.num_experts", ke.Key)
-	require.Contains(t, ke.Msg, "parameter tensors")
+	require.Contains(t, ke.Message, "parameter tensors")
 }

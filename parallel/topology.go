@@ -124,12 +124,12 @@ func TopologyOf(p config.Parallel) (Topology, error) {
 			{"parallel.device_memory_gbps", p.DeviceMemoryGBps}, {"parallel.device_intra_node_gbps", p.DeviceIntraNodeGBps},
 			{"parallel.device_inter_node_gbps", p.DeviceInterNodeGBps}} {
 			if k.v <= 0 {
-				return Topology{}, &KeyError{Key: "parallel.device_profile", Msg: fmt.Sprintf("device_profile = \"custom\" needs %s > 0 (a custom device is described by device_memory_gib, device_peak_tflops, device_memory_gbps, device_intra_node_gbps and device_inter_node_gbps)", k.key)}
+				return Topology{}, config.KeyProblem("parallel.device_profile", fmt.Sprintf("device_profile = \"custom\" needs %s > 0 (a custom device is described by device_memory_gib, device_peak_tflops, device_memory_gbps, device_intra_node_gbps and device_inter_node_gbps)", k.key), "")
 			}
 		}
 	}
 	if !ok {
-		return Topology{}, &KeyError{Key: "parallel.device_profile", Msg: fmt.Sprintf("unknown device profile %q; known: %s", name, strings.Join(ProfileNames(), ", "))}
+		return Topology{}, config.KeyProblem("parallel.device_profile", fmt.Sprintf("unknown device profile %q; known: %s", name, strings.Join(ProfileNames(), ", ")), "")
 	}
 	if p.DeviceMemoryGiB > 0 {
 		prof.MemoryBytes = int64(p.DeviceMemoryGiB * GiB)
@@ -161,10 +161,3 @@ func TopologyOf(p config.Parallel) (Topology, error) {
 	return topo, nil
 }
 
-// KeyError is a compile error caused by one recipe key, so lint can position it.
-type KeyError struct {
-	Key string
-	Msg string
-}
-
-func (e *KeyError) Error() string { return e.Key + ": " + e.Msg }

@@ -319,8 +319,7 @@ func (s *state) load(rd *ckpt.Reader) error {
 // compared by its tokens' fingerprint, so it may move to another path.
 func checkResumable(dir string, m *ckpt.Meta, p *parallel.Plan, r *config.Recipe, dataFP string) error {
 	if m.DataFingerprint != dataFP {
-		return &KeyError{Key: "data.path", Value: r.Data.Path, Err: fmt.Errorf("its tokens (%s) are not those the checkpoint in %s was trained on (%s)", dataFP, dir, m.DataFingerprint),
-			Fix: "point data.path at the data the run was trained on"}
+		return config.ValueProblem("data.path", r.Data.Path, fmt.Errorf("its tokens (%s) are not those the checkpoint in %s was trained on (%s)", dataFP, dir, m.DataFingerprint), "point data.path at the data the run was trained on")
 	}
 	saved, diags := config.LoadBytes(filepath.Join(dir, "metadata.json#resolved_recipe"), []byte(m.ResolvedRecipe), config.Options{})
 	if diags.HasErrors() {
@@ -333,8 +332,7 @@ func checkResumable(dir string, m *ckpt.Meta, p *parallel.Plan, r *config.Recipe
 		was, _ := saved.Value(f.Key)
 		now := f.Get(r)
 		if config.FormatValue(was) != config.FormatValue(now) {
-			return &KeyError{Key: f.Key, Value: now, Err: fmt.Errorf("the checkpoint in %s was trained with %s", dir, config.FormatValue(was)),
-				Fix: "resume with the recipe the checkpoint was saved with (only parallel, fsdp, logging and the number of steps may change)"}
+			return config.ValueProblem(f.Key, now, fmt.Errorf("the checkpoint in %s was trained with %s", dir, config.FormatValue(was)), "resume with the recipe the checkpoint was saved with (only parallel, fsdp, logging and the number of steps may change)")
 		}
 	}
 	// The recipes agree on every model key, so the tensors should too: a

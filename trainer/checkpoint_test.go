@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/fileio"
 	"github.com/shardline/shardline/trainer/ckpt"
 	"github.com/stretchr/testify/assert"
@@ -202,7 +203,7 @@ func TestResumeRefusals(t *testing.T) {
 	o := opts()
 	o.Resume = dir
 	_, err = Run(context.Background(), other, o)
-	var ke *KeyError
+	var ke *config.Diagnostic
 	require.ErrorAs(t, err, &ke)
 	assert.Equal(t, "run.seed", ke.Key)
 

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/parallel/collective"
 	"github.com/shardline/shardline/parallel/comm"
@@ -244,7 +245,7 @@ func (u *unitRuntime) arenaAlloc() (func(t tensor.DType, n int) (tensor.Buffer, 
 	}
 	reg, ok := st.mem.(collective.Registered)
 	refuse := func(why string) error {
-		return &KeyError{Key: "fsdp.use_nccl_ub", Value: true, Err: errors.New(why), Fix: "set use_nccl_ub = false"}
+		return config.ValueProblem("fsdp.use_nccl_ub", true, errors.New(why), "set use_nccl_ub = false")
 	}
 	if !ok {
 		return nil, refuse("this backend's memory has no NCCL user buffers")

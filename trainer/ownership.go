@@ -180,8 +180,7 @@ func takeRunDir(r *config.Recipe, resume string, m *ckpt.Meta) (*ownership, erro
 			for _, e := range es {
 				if e.Complete {
 					o.release()
-					return nil, &KeyError{Key: "checkpoint.dir", Value: r.Checkpoint.Dir, Err: fmt.Errorf("it holds the checkpoint %s of another run, and this run is a new one (a fresh run, or a resume that does not continue that run: a copied or older checkpoint), whose checkpoints would mix with it (a resume takes whichever is newest)", e.Dir),
-						Fix: "give this run a checkpoint directory of its own (--save DIR), or continue that run from its newest checkpoint with --resume " + r.Checkpoint.Dir}
+					return nil, config.ValueProblem("checkpoint.dir", r.Checkpoint.Dir, fmt.Errorf("it holds the checkpoint %s of another run, and this run is a new one (a fresh run, or a resume that does not continue that run: a copied or older checkpoint), whose checkpoints would mix with it (a resume takes whichever is newest)", e.Dir), "give this run a checkpoint directory of its own (--save DIR), or continue that run from its newest checkpoint with --resume " + r.Checkpoint.Dir)
 				}
 			}
 		}
@@ -228,7 +227,7 @@ func (o *ownership) lockInPlace(src, c string, m *ckpt.Meta) (bool, error) {
 // lockRoot locks a checkpoint.dir outside the run directory, making it first.
 func (o *ownership) lockRoot(root string) error {
 	if err := os.MkdirAll(root, 0o755); err != nil {
-		return &KeyError{Key: "checkpoint.dir", Value: root, Err: err, Fix: "choose a writable directory with --save DIR"}
+		return config.ValueProblem("checkpoint.dir", root, err, "choose a writable directory with --save DIR")
 	}
 	l, err := lockDir(root, "checkpoint directory")
 	if err != nil {

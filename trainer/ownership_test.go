@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/fileio"
 	"github.com/shardline/shardline/trainer/ckpt"
 	"github.com/stretchr/testify/assert"
@@ -183,7 +184,7 @@ func TestNewRunRefusesAnotherRunsCheckpointDir(t *testing.T) {
 	before := snapshot(t, shared)
 	other, _ := tinyRun(t, append(append([]string(nil), ownSets...), "checkpoint.dir="+shared, "run.seed=9")...)
 	_, err = Run(context.Background(), other, opts())
-	var ke *KeyError
+	var ke *config.Diagnostic
 	require.ErrorAs(t, err, &ke)
 	assert.Equal(t, "checkpoint.dir", ke.Key)
 	assert.Contains(t, err.Error(), "another run")

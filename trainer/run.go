@@ -197,38 +197,23 @@ type Memory struct {
 // ErrNonFinite reports a NaN or Inf loss or gradient.
 var ErrNonFinite = errors.New("non-finite loss or gradient")
 
-// KeyError is a run error caused by a recipe value.
-type KeyError struct {
-	Key   string
-	Value any
-	Err   error
-	Fix   string
-}
-
-func (e *KeyError) Error() string {
-	return fmt.Sprintf("%s (%v): %v; %s", e.Key, config.FormatValue(e.Value), e.Err, e.Fix)
-}
-func (e *KeyError) Unwrap() error { return e.Err }
-
 // Run trains the recipe on one rank and writes the run directory.
 func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, error) {
 	r := &res.Recipe
 	// A setting the trainer would accept and ignore is refused instead.
 	if un := config.NotExecuted(r); len(un) > 0 {
 		v, _ := res.Value(un[0].Key)
-		return nil, &KeyError{Key: un[0].Key, Value: v, Err: errors.New(un[0].Why), Fix: un[0].Fix}
+		return nil, config.ValueProblem(un[0].Key, v, errors.New(un[0].Why), un[0].Fix)
 	}
 	switch gpu := r.Parallel.Device == "cuda"; {
 	case gpu && opts.Device != nil && opts.RankBackend != nil:
 		return nil, errors.New("trainer: Options.Device and Options.RankBackend are both set (one engine runs a run)")
 	case gpu && opts.Device == nil && opts.RankBackend == nil:
-		return nil, &KeyError{Key: "parallel.device", Value: r.Parallel.Device, Err: errors.New("this build has no GPU engine"),
-			Fix: "run it with shardline-cuda (make cuda; docs/cuda.md), or set device = \"cpu\""}
+		return nil, config.ValueProblem("parallel.device", r.Parallel.Device, errors.New("this build has no GPU engine"), "run it with shardline-cuda (make cuda; docs/cuda.md), or set device = \"cpu\"")
 	case !gpu && (opts.Device != nil || opts.RankBackend != nil):
-		return nil, &KeyError{Key: "parallel.device", Value: r.Parallel.Device, Err: errors.New("a device engine was given for a CPU recipe"), Fix: "set device = \"cuda\""}
+		return nil, config.ValueProblem("parallel.device", r.Parallel.Device, errors.New("a device engine was given for a CPU recipe"), "set device = \"cuda\"")
 	case gpu && opts.Process != nil && opts.Device != nil:
-		return nil, &KeyError{Key: "parallel.device", Value: r.Parallel.Device, Err: errors.New("the one-GPU engine (Options.Device) runs one rank; a job's ranks train on their GPUs through Options.RankBackend"),
-			Fix: "run it with shardline-cuda, which picks each rank's GPU"}
+		return nil, config.ValueProblem("parallel.device", r.Parallel.Device, errors.New("the one-GPU engine (Options.Device) runs one rank; a job's ranks train on their GPUs through Options.RankBackend"), "run it with shardline-cuda, which picks each rank's GPU")
 	}
 	topo, err := parallel.TopologyOf(r.Parallel)
 	if err != nil {
@@ -254,7 +239,7 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 	opts.resume = resume
 	if p := opts.Process; p != nil {
 		if p.World != plan.Mesh.World {
-			return nil, &KeyError{Key: "parallel.world_size", Value: r.Parallel.WorldSize, Err: fmt.Errorf("the job has %d ranks", p.World), Fix: "set it to the job's WORLD_SIZE (shardline launch does)"}
+			return nil, config.ValueProblem("parallel.world_size", r.Parallel.WorldSize, fmt.Errorf("the job has %d ranks", p.World), "set it to the job's WORLD_SIZE (shardline launch does)")
 		}
 		if p.Rank != 0 {
 			out := opts.LogOut
@@ -318,7 +303,7 @@ func sameDir(a, b string) bool {
 func openData(r *config.Recipe, opts Options) (*data.Dataset, error) {
 	path, err := config.ExpandPath(r.Data.Path, opts.Env)
 	if err != nil {
-		return nil, &KeyError{Key: "data.path", Value: r.Data.Path, Err: err, Fix: "set the variable, or --set data.path=/path/to/text"}
+		return nil, config.ValueProblem("data.path", r.Data.Path, err, "set the variable, or --set data.path=/path/to/text")
 	}
 	if opts.DataRoot != "" && !filepath.IsAbs(path) {
 		path = filepath.Join(opts.DataRoot, path)
@@ -329,17 +314,17 @@ func openData(r *config.Recipe, opts Options) (*data.Dataset, error) {
 		err = errors.New(config.RedactVars(err.Error(), r.Data.Path, opts.Env))
 	}
 	if err != nil {
-		return nil, &KeyError{Key: "data.path", Value: r.Data.Path, Err: err, Fix: "point it at a text file or a `shardline data prepare` directory"}
+		return nil, config.ValueProblem("data.path", r.Data.Path, err, "point it at a text file or a `shardline data prepare` directory")
 	}
 	T := r.Model.SeqLen
 	if v := ds.Tok.VocabSize(); v > r.Model.VocabSize {
-		return nil, &KeyError{Key: "model.vocab_size", Value: r.Model.VocabSize, Err: fmt.Errorf("the %s tokenizer of %s has %d tokens", ds.Tok.Name(), r.Data.Path, v), Fix: fmt.Sprintf("set model.vocab_size to at least %d", v)}
+		return nil, config.ValueProblem("model.vocab_size", r.Model.VocabSize, fmt.Errorf("the %s tokenizer of %s has %d tokens", ds.Tok.Name(), r.Data.Path, v), fmt.Sprintf("set model.vocab_size to at least %d", v))
 	}
 	if len(ds.Train) < T+1 {
-		return nil, &KeyError{Key: "data.path", Value: r.Data.Path, Err: fmt.Errorf("the training split has %d tokens, fewer than one sequence of model.seq_len + 1 = %d", len(ds.Train), T+1), Fix: "use a longer text or a shorter model.seq_len"}
+		return nil, config.ValueProblem("data.path", r.Data.Path, fmt.Errorf("the training split has %d tokens, fewer than one sequence of model.seq_len + 1 = %d", len(ds.Train), T+1), "use a longer text or a shorter model.seq_len")
 	}
 	if r.Train.EvalInterval > 0 && len(ds.Val) < T+1 {
-		return nil, &KeyError{Key: "data.val_fraction", Value: r.Data.ValFraction, Err: fmt.Errorf("the validation split has %d tokens, fewer than one sequence (%d)", len(ds.Val), T+1), Fix: "raise val_fraction, or set train.eval_interval = 0"}
+		return nil, config.ValueProblem("data.val_fraction", r.Data.ValFraction, fmt.Errorf("the validation split has %d tokens, fewer than one sequence (%d)", len(ds.Val), T+1), "raise val_fraction, or set train.eval_interval = 0")
 	}
 	return ds, nil
 }
@@ -347,7 +332,7 @@ func openData(r *config.Recipe, opts Options) (*data.Dataset, error) {
 // makeRunDir creates <output_dir>/<name>, or <name>-2, -3, ... if it is taken.
 func makeRunDir(r *config.Recipe) (string, error) {
 	if err := config.CheckRunName(r.Run.Name); err != nil {
-		return "", &KeyError{Key: "run.name", Value: r.Run.Name, Err: err, Fix: "give one directory name; choose where runs go with run.output_dir"}
+		return "", config.ValueProblem("run.name", r.Run.Name, err, "give one directory name; choose where runs go with run.output_dir")
 	}
 	base := filepath.Join(r.Run.OutputDir, r.Run.Name)
 	for i := 1; ; i++ {
@@ -356,14 +341,14 @@ func makeRunDir(r *config.Recipe) (string, error) {
 			dir = fmt.Sprintf("%s-%d", base, i)
 		}
 		if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
-			return "", &KeyError{Key: "run.output_dir", Value: r.Run.OutputDir, Err: err, Fix: "choose a writable directory with --set run.output_dir=DIR"}
+			return "", config.ValueProblem("run.output_dir", r.Run.OutputDir, err, "choose a writable directory with --set run.output_dir=DIR")
 		}
 		err := os.Mkdir(dir, 0o755)
 		if err == nil {
 			return dir, nil
 		}
 		if !errors.Is(err, os.ErrExist) {
-			return "", &KeyError{Key: "run.output_dir", Value: r.Run.OutputDir, Err: err, Fix: "choose a writable directory with --set run.output_dir=DIR"}
+			return "", config.ValueProblem("run.output_dir", r.Run.OutputDir, err, "choose a writable directory with --set run.output_dir=DIR")
 		}
 	}
 }

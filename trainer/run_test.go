@@ -139,7 +139,7 @@ func TestRunBadInput(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			res, _ := tinyRun(t, tc.sets...)
 			_, err := Run(context.Background(), res, opts())
-			var ke *KeyError
+			var ke *config.Diagnostic
 			require.ErrorAs(t, err, &ke)
 			assert.Equal(t, tc.key, ke.Key)
 			assert.Contains(t, err.Error(), tc.msg)

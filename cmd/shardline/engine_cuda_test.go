@@ -388,7 +388,7 @@ func TestUserBuffersNeedNCCL(t *testing.T) {
 	}
 	res := engineRecipe(t, "tiny", 2, "optim_grads_params", "model.layers=1", "model.seq_len=32", "train.steps=1", "parallel.device=cuda", "fsdp.use_nccl_ub=true")
 	_, err := trainer.Run(context.Background(), res, trainer.Options{Backend: cpu.Backend{}, RankBackend: gpuPerRank(-1), Version: "test"})
-	var ke *trainer.KeyError
+	var ke *config.Diagnostic
 	require.ErrorAs(t, err, &ke)
 	require.Equal(t, "fsdp.use_nccl_ub", ke.Key)
 	require.Contains(t, ke.Error(), "share GPUs")

@@ -237,10 +237,9 @@ or staged through the host where ranks share a GPU.`,
 		}
 		result, err := trainer.Run(ctx, res, opts)
 		if err != nil {
-			var ke *trainer.KeyError
-			if errors.As(err, &ke) {
-				o := res.Origin(ke.Key)
-				return &exitError{code: exitFindings, err: fmt.Errorf("%s: %s", o.Location(), ke.Error())}
+			var d *config.Diagnostic
+			if errors.As(err, &d) {
+				return &exitError{code: exitFindings, err: d.At(res)}
 			}
 			return &exitError{code: exitFindings, err: err}
 		}
