@@ -62,10 +62,11 @@ bench-deps: torch-deps ## install the reference PyTorch and OpenBLAS (Debian pac
 # Every fuzz target, as package:Name (a test keeps this list complete).
 FUZZ_TARGETS := ./config:FuzzLoadLint ./config:FuzzImport ./parallel:FuzzLoadLintPlan ./trainer/data:FuzzReadShard \
 	./trainer/data:FuzzLoadTokenizer ./trainer/data:FuzzText ./trainer:FuzzLoadWeights ./fileio:FuzzUnseal \
-	./trainer/hf:FuzzReadSafetensors ./trainer/ckpt:FuzzOpen ./parallel:FuzzParseCalibration
+	./trainer/hf:FuzzReadSafetensors ./trainer/ckpt:FuzzOpen ./parallel:FuzzParseCalibration \
+	./parallel/comm:FuzzHandshake ./parallel/comm:FuzzRendezvousAnswer ./parallel/comm:FuzzPeerFrame
 FUZZTIME ?= 60s
 
-fuzz: ## fuzz every reader users reach: recipes, lint, plan, calibrations, shards, tokenizers, text, weights, checkpoints (FUZZTIME each, 60s)
+fuzz: ## fuzz every reader users reach: recipes, lint, plan, calibrations, shards, tokenizers, text, weights, checkpoints, the TCP handshake and frames (FUZZTIME each, 60s)
 	@GO="$(GO)" ./scripts/fuzz.sh $(FUZZTIME) $(FUZZ_TARGETS)
 
 # The SARIF 2.1.0 schema, for TestLintSARIFValidates: Microsoft publishes it in the
