@@ -63,7 +63,7 @@ bench-deps: torch-deps ## install the reference PyTorch and OpenBLAS (Debian pac
 FUZZ_TARGETS := ./config:FuzzLoadLint ./config:FuzzImport ./parallel:FuzzLoadLintPlan ./trainer/data:FuzzReadShard \
 	./trainer/data:FuzzLoadTokenizer ./trainer/data:FuzzText ./trainer:FuzzLoadWeights ./fileio:FuzzUnseal \
 	./trainer/hf:FuzzReadSafetensors ./trainer/ckpt:FuzzOpen ./parallel:FuzzParseCalibration \
-	./parallel/comm:FuzzHandshake ./parallel/comm:FuzzRendezvousAnswer ./parallel/comm:FuzzPeerFrame
+	./parallel/comm:FuzzHandshake ./parallel/comm:FuzzRendezvousAnswer ./parallel/comm:FuzzPeerFrame ./parallel/comm:FuzzAgreeFacts
 FUZZTIME ?= 60s
 
 fuzz: ## fuzz every reader users reach: recipes, lint, plan, calibrations, shards, tokenizers, text, weights, checkpoints, the TCP handshake and frames (FUZZTIME each, 60s)

@@ -248,6 +248,9 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 	}
 	opts.resume = resume
 	if p := opts.Process; p != nil {
+		if err := agree(p, res, ds, opts); err != nil {
+			return nil, err
+		}
 		if p.World != plan.Mesh.World {
 			return nil, &KeyError{Key: "parallel.world_size", Value: r.Parallel.WorldSize, Err: fmt.Errorf("the job has %d ranks", p.World), Fix: "set it to the job's WORLD_SIZE (shardline launch does)"}
 		}

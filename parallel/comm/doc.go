@@ -30,6 +30,9 @@
 // of other groups', so two goroutines can run collectives on two groups at once.
 //
 // BroadcastBytes carries an opaque blob (an NCCL unique id) over any of them.
+// Agree proves that every member holds the same facts (a job's resolved recipe
+// and data fingerprint) or fails every member alike, naming each fact that
+// differs and which ranks hold which value.
 //
 // It imports nothing from shardline.
 package comm

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"net"
+	"slices"
 	"testing"
 	"time"
 )
@@ -114,6 +115,25 @@ func FuzzPeerFrame(f *testing.F) {
 		}
 		if err == nil && (len(in) < 20+int(want) || !bytes.Equal(into[:want], in[20:20+int(want)])) {
 			t.Fatal("a receive succeeded without the frame that fills it")
+		}
+	})
+}
+
+// FuzzAgreeFacts: any bytes as a rank's facts (what Agree gathers from the
+// others) decode or are refused, never a panic, and what decodes encodes to
+// bytes that decode to the same facts.
+func FuzzAgreeFacts(f *testing.F) {
+	f.Add(encodeFacts([]Fact{{"model.hidden", "64"}, {"data", "sha256:aa"}}))
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01})
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		facts, err := decodeFacts(in)
+		if err != nil {
+			return
+		}
+		again, err := decodeFacts(encodeFacts(facts))
+		if err != nil || !slices.Equal(again, facts) {
+			t.Fatalf("%q decodes to %q, which round-trips to %q (%v)", in, facts, again, err)
 		}
 	})
 }
