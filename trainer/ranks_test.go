@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel/comm"
+	"github.com/shardline/shardline/trainer/ckpt"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -115,4 +117,57 @@ func TestRanksThatDisagreeNameTheKeys(t *testing.T) {
 		require.NoError(t, errs[1])
 		assert.NotEmpty(t, out[0].Dir)
 	})
+}
+
+// A signal to a rank other than 0 stops the whole job at one step, with one
+// checkpoint of that step, in every phase: during start-up (before the first
+// step) and mid-training (after rank 0 has logged step 3). It was swallowed:
+// only rank 0's interrupt was all-reduced, and the job ran to its end.
+func TestInterruptOnAnyRankStopsTheJob(t *testing.T) {
+	for _, phase := range []string{"start-up", "training"} {
+		t.Run(phase, func(t *testing.T) {
+			sets := []string{"train.steps=200", "checkpoint.interval=0", "logging.interval=1"}
+			res := []*config.Resolved{twoRanks(t, sets...), twoRanks(t, sets...)}
+			ctx1, interrupt := context.WithCancel(context.Background())
+			defer interrupt()
+			log0 := &lineWatch{}
+			if phase == "start-up" {
+				interrupt()
+			} else {
+				log0.on = func(l map[string]any) {
+					if l["message"] == "step" && l["step"] == 3.0 {
+						interrupt() // rank 1's SIGTERM, once rank 0 has logged step 3
+					}
+				}
+			}
+			// Checkpoints go to the run directory's checkpoints/ (keep_last
+			// unset, the interval 0: only the end's).
+			for _, r := range res {
+				r.Recipe.Checkpoint.Dir = filepath.Join(res[0].Recipe.Run.OutputDir, "ckpt")
+			}
+			out, errs := processRanks(t, res, []context.Context{context.Background(), ctx1}, []*lineWatch{log0, nil})
+			require.NoError(t, errs[0])
+			require.NoError(t, errs[1])
+			assert.True(t, out[0].Interrupted, "rank 0 stopped on rank 1's interrupt")
+			assert.True(t, out[1].Interrupted, "rank 1 stopped")
+			latest, err := ckpt.Latest(res[0].Recipe.Checkpoint.Dir)
+			require.NoError(t, err)
+			m, err := ckpt.Open(latest)
+			require.NoError(t, err)
+			b, err := os.ReadFile(filepath.Join(out[0].Dir, "metrics.jsonl"))
+			require.NoError(t, err)
+			steps := bytes.Count(b, []byte("\n"))
+			assert.Equal(t, steps, m.Step, "the checkpoint is of the step the job stopped at")
+			if phase == "start-up" {
+				assert.Zero(t, steps, "interrupted before the first step")
+			} else {
+				// Rank 1 is at most one step ahead of rank 0 (the interrupt
+				// flag is all-reduced every step): it sees its interrupt at the
+				// boundary after step 3 or 4.
+				assert.GreaterOrEqual(t, steps, 3)
+				assert.LessOrEqual(t, steps, 5)
+			}
+			assert.True(t, strings.Contains(log0.buf.String(), `"ranks_interrupted":1`), "rank 0 logs that one rank was interrupted")
+		})
+	}
 }

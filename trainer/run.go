@@ -718,7 +718,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	ev.Str("backend", t.opts.Backend.Name()).Int("ranks", t.plan.Mesh.World).Str("strategy", t.plan.Strategy).
 		Int64("parameters", t.plan.ParamsTotal).Int("train_tokens", len(t.ds.Train)).Int("val_tokens", len(t.ds.Val)).Str("plan", t.plan.Fingerprint).Msg("training")
 	start := time.Now()
-	// flag: rank 0's interrupt; ranks whose pending checkpoint file is written;
+	// flag: ranks interrupted; ranks whose pending checkpoint file is written;
 	// ranks whose write failed.
 	flag := make([]float32, 3)
 	lastEvaluated := false // every rank tracks it: the final evaluation is collective
@@ -764,9 +764,10 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		return nil
 	}
 	for step := startStep; step < r.Train.Steps; step++ {
-		// Every rank stops at the same step: rank 0's interrupt is all-reduced.
+		// Every rank stops at the same step: any rank's interrupt (a signal to
+		// that rank's process, in a job of processes) is all-reduced.
 		flag[0], flag[1], flag[2] = 0, 0, 0
-		if lead && (ctx.Err() != nil || (t.opts.StopAfter > 0 && step >= t.opts.StopAfter)) {
+		if ctx.Err() != nil || (lead && t.opts.StopAfter > 0 && step >= t.opts.StopAfter) {
 			flag[0] = 1
 		}
 		var pending *pendingSave
@@ -791,7 +792,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		}
 		if flag[0] > 0 {
 			out.Interrupted = true
-			t.log.Warn().Int("step", step).Msg("interrupted: writing what the run has so far")
+			t.log.Warn().Int("step", step).Int("ranks_interrupted", int(flag[0])).Msg("interrupted: writing what the run has so far")
 			break
 		}
 		t0 := time.Now()
