@@ -44,10 +44,17 @@ Each rank gets GOMAXPROCS = max(1, CPUs ÷ N), its share of this node's cores, s
 N ranks' kernel workers do not contend for the same cores (as torchrun sets
 OMP_NUM_THREADS); a GOMAXPROCS already in the environment is passed on as it is.
 
+The command line and the recipe are checked once, before any rank starts
+(an error is printed once, a world size blamed on --nproc). Before the first step
+the ranks prove they run the same recipe and data, or every rank stops naming the
+keys that differ.
+
 If a rank fails, the others are stopped (SIGTERM, then SIGKILL after --grace) and
-launch exits non-zero naming the failed rank; a rank found stopped (SIGSTOP, a
+launch exits non-zero naming the failed rank, or the signal that killed it (KILL
+is most often the kernel's out-of-memory killer); a rank found stopped (SIGSTOP, a
 debugger) is killed at once and named. Ctrl-C is passed on to every rank, and
-launch exits 130 as run does.
+launch exits 130 as run does; SIGINT or SIGTERM to any one rank stops every rank
+at the same step too, with one checkpoint, and launch exits 130.
 On several nodes, run launch on each with the same --master-addr, --master-port
 and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 		Example: `  shardline launch --nproc 2 recipes/tiny.toml --global-batch-size 32
@@ -71,6 +78,16 @@ and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 		}
 		if grace < 0 {
 			return usageErr("--grace %v must not be negative (0 kills at once)", grace)
+		}
+		world := nproc * nnodes
+		worldFlag := "nproc" // the flag the user gave the world size with, in messages
+		if nnodes > 1 {
+			worldFlag = "nproc × --nnodes"
+		}
+		// The command line and recipe are checked once, here, before any rank
+		// starts: N ranks each finding the same error printed it N times.
+		if err := a.preflightRun(args, world, worldFlag); err != nil {
+			return err
 		}
 		env := config.EnvMap(a.env)
 		token := env["SHARDLINE_JOB_TOKEN"]
@@ -106,7 +123,6 @@ and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 		if err != nil {
 			return err
 		}
-		world := nproc * nnodes
 		threads := rankThreads(env, runtime.NumCPU(), nproc)
 		procs := make([]*exec.Cmd, nproc)
 		var mu sync.Mutex // ranks' lines go out whole, one at a time
@@ -116,7 +132,7 @@ and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 			c.Env = append(append([]string(nil), a.env...),
 				"RANK="+strconv.Itoa(nodeRank*nproc+i), "WORLD_SIZE="+strconv.Itoa(world), "LOCAL_RANK="+strconv.Itoa(i),
 				"LOCAL_WORLD_SIZE="+strconv.Itoa(nproc), "MASTER_ADDR="+masterAddr, "MASTER_PORT="+strconv.Itoa(masterPort),
-				"SHARDLINE_JOB_TOKEN="+token)
+				"SHARDLINE_JOB_TOKEN="+token, worldFlagEnv+"="+worldFlag, launchLintedEnv+"=1")
 			if threads != "" {
 				c.Env = append(c.Env, "GOMAXPROCS="+threads)
 			}
@@ -185,7 +201,9 @@ func superviseRanks(procs []*exec.Cmd, firstRank int, grace time.Duration, start
 	var once sync.Once
 	var failure error
 	interrupted := false
-	var frozen []int // ranks found stopped (SIGSTOP, a debugger) when the job ended
+	signalled := false // launch itself was interrupted, and told every rank
+	firstStopped := -1 // the first rank to exit 130 (interrupted) on its own
+	var frozen []int   // ranks found stopped (SIGSTOP, a debugger) when the job ended
 	stopAll := func(sig os.Signal) {
 		once.Do(func() {
 			for i, c := range procs {
@@ -211,7 +229,12 @@ func superviseRanks(procs []*exec.Cmd, firstRank int, grace time.Duration, start
 			left--
 			var code *exec.ExitError
 			if errors.As(e.err, &code) && code.ExitCode() == 130 && failure == nil {
-				interrupted = true // rank 0 stopped on an interrupt (or --stop-after): not a failure
+				// An interrupt (a signal to launch, or to any rank) or --stop-after:
+				// every rank stops at the same step. Not a failure.
+				if !interrupted {
+					firstStopped = e.rank
+				}
+				interrupted = true
 				continue
 			}
 			if e.err != nil && failure == nil {
@@ -221,25 +244,55 @@ func superviseRanks(procs []*exec.Cmd, firstRank int, grace time.Duration, start
 				case len(frozen) > 0:
 					failure = fmt.Errorf("rank %v was stopped (process state T: SIGSTOP or a debugger) and stopped answering; rank %d gave up on it (%v); every rank was ended", frozen, e.rank, e.err)
 				case errors.As(e.err, &ee):
-					failure = fmt.Errorf("rank %d exited with status %d; the other ranks were stopped", e.rank, ee.ExitCode())
+					failure = fmt.Errorf("rank %d %s; the other ranks were stopped", e.rank, exitStatus(ee))
 				default:
 					failure = fmt.Errorf("rank %d: %w", e.rank, e.err)
 				}
 			}
 		case <-ctx.Done():
 			stop()
-			interrupted = true
+			interrupted, signalled = true, true
 			stopAll(os.Interrupt)
 		}
 	}
 	switch {
 	case failure != nil:
 		return &exitError{code: exitFindings, err: failure}
-	case interrupted: // as run: 130, the shell's code for a SIGINT
+	case signalled: // as run: 130, the shell's code for a SIGINT
 		return &exitError{code: 130, err: errors.New("interrupted; every rank was told to stop")}
+	case interrupted:
+		return &exitError{code: 130, err: fmt.Errorf("interrupted: a rank was signalled (or --stop-after was reached); every rank stopped at the same step (rank %d exited first)", firstStopped)}
 	}
 	return nil
 }
+
+// exitStatus says how a rank's process ended: its exit status, or the signal
+// that killed it, with what that signal usually means.
+func exitStatus(ee *exec.ExitError) string {
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	if !ok || !ws.Signaled() {
+		return fmt.Sprintf("exited with status %d", ee.ExitCode())
+	}
+	sig := ws.Signal()
+	name, why := signalNames[sig], ""
+	if name == "" {
+		name = fmt.Sprintf("%d (%v)", int(sig), sig)
+	}
+	switch sig {
+	case syscall.SIGKILL:
+		why = ", which cannot be caught: most often the kernel's out-of-memory killer (see `dmesg` or `journalctl -k` for \"Out of memory\"; give the ranks more memory, or lower train.micro_batch_size or the ranks per node), else a scheduler or a user ending it"
+	case syscall.SIGSEGV, syscall.SIGBUS, syscall.SIGILL, syscall.SIGFPE, syscall.SIGABRT:
+		why = " (a crash: its output above says where)"
+	case syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP:
+		why = " before it could catch it (the signal arrived while the process was starting)"
+	}
+	return fmt.Sprintf("was killed by signal %s%s", name, why)
+}
+
+// signalNames are the signals a rank is commonly killed by, as kill -l names them.
+var signalNames = map[syscall.Signal]string{syscall.SIGKILL: "KILL", syscall.SIGTERM: "TERM", syscall.SIGINT: "INT", syscall.SIGHUP: "HUP",
+	syscall.SIGSEGV: "SEGV", syscall.SIGBUS: "BUS", syscall.SIGILL: "ILL", syscall.SIGFPE: "FPE", syscall.SIGABRT: "ABRT", syscall.SIGPIPE: "PIPE",
+	syscall.SIGQUIT: "QUIT"}
 
 // processStopped reports whether the process is stopped (state T or t in
 // /proc/PID/stat); false where /proc cannot tell.
