@@ -9,12 +9,14 @@ import (
 	"fmt"
 	"github.com/shardline/shardline/config"
 	"io"
+	"math"
 	"net"
 	"os"
 	"os/exec"
 	"os/signal"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -63,15 +65,23 @@ and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 	}
 	fs := cmd.Flags()
 	fs.SetInterspersed(false) // flags after RECIPE belong to run
-	fs.IntVar(&nproc, "nproc", 1, "ranks (processes) on this node")
-	fs.IntVar(&nnodes, "nnodes", 1, "nodes in the job")
-	fs.IntVar(&nodeRank, "node-rank", 0, "this node's index, 0..nnodes-1")
+	nproc, nnodes = 1, 1
+	fs.Var(countValue{&nproc, "nproc"}, "nproc", "ranks (processes) on this node")
+	fs.Var(countValue{&nnodes, "nnodes"}, "nnodes", "nodes in the job")
+	fs.Var(countValue{&nodeRank, "node-rank"}, "node-rank", "this node's index, 0..nnodes-1")
 	fs.StringVar(&masterAddr, "master-addr", "127.0.0.1", "host of rank 0's rendezvous")
 	fs.IntVar(&masterPort, "master-port", 0, "port of rank 0's rendezvous (0: a free port, bound by the launcher and handed to rank 0; one node only)")
 	fs.DurationVar(&grace, "grace", 10*time.Second, "how long stopped ranks get to exit before SIGKILL")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
-		if nproc < 1 || nnodes < 1 || nodeRank < 0 || nodeRank >= nnodes {
-			return usageErr("--nproc %d, --nnodes %d, --node-rank %d: need nproc ≥ 1 and 0 ≤ node-rank < nnodes", nproc, nnodes, nodeRank)
+		switch {
+		case nproc < 1:
+			return usageErr("--nproc %d: give at least 1 rank for this node (a count from $(nvidia-smi -L | wc -l) is 0 where no GPU is listed)", nproc)
+		case nnodes < 1:
+			return usageErr("--nnodes %d: give at least 1 node", nnodes)
+		case nproc*nnodes > maxWorld:
+			return usageErr("--nproc %d × --nnodes %d is %d ranks, more than parallel.world_size allows (%d): give fewer", nproc, nnodes, nproc*nnodes, maxWorld)
+		case nodeRank < 0 || nodeRank >= nnodes:
+			return usageErr("--node-rank %d: give this node's index, 0 to %d (--nnodes %d)", nodeRank, nnodes-1, nnodes)
 		}
 		if !cmd.Flags().Changed("grace") && a.settings.Grace > 0 {
 			grace = a.settings.Grace
@@ -159,6 +169,51 @@ and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 		return err
 	}
 	return cmd
+}
+
+// maxWorld is the most ranks a job may have: parallel.world_size's bound.
+var maxWorld = func() int {
+	f, ok := config.RecipeSchema().Lookup("parallel.world_size")
+	if !ok || f.Max == nil {
+		return math.MaxInt32
+	}
+	return int(*f.Max)
+}()
+
+// countValue is launch's --nproc, --nnodes and --node-rank: a whole number. A
+// value that is not one says what it likely was: a shell substitution that was
+// not expanded, or a missing value (a substitution that printed nothing, so the
+// next flag was taken as the value).
+type countValue struct {
+	n    *int
+	name string
+}
+
+func (c countValue) String() string {
+	if c.n == nil {
+		return "0"
+	}
+	return strconv.Itoa(*c.n)
+}
+
+func (c countValue) Type() string { return "int" }
+
+func (c countValue) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	switch {
+	case err == nil && n >= 0 && n <= maxWorld:
+		*c.n = n
+		return nil
+	case err == nil || errors.Is(err, strconv.ErrRange):
+		return fmt.Errorf("give a whole number from 0 to %d", maxWorld)
+	case strings.Contains(s, "$(") || strings.Contains(s, "`") || strings.Contains(s, "${"):
+		return fmt.Errorf("a shell substitution that was not expanded: run it in a shell that expands it (not inside single quotes), or give the number")
+	case strings.HasPrefix(s, "-"):
+		return fmt.Errorf("--%s has no value, so it took the next argument: give the number (a substitution such as $(nvidia-smi -L | wc -l) that printed nothing leaves it empty)", c.name)
+	case strings.TrimSpace(s) == "":
+		return fmt.Errorf("empty: give the number (a substitution such as $(nvidia-smi -L | wc -l) that printed nothing leaves it empty)")
+	}
+	return fmt.Errorf("not a whole number: give the number of %s", map[string]string{"nproc": "ranks on this node", "nnodes": "nodes", "node-rank": "this node, from 0"}[c.name])
 }
 
 // rankThreads is the GOMAXPROCS launch gives each of nproc ranks on a node of

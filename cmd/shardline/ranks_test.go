@@ -236,3 +236,27 @@ func mustExe(t *testing.T) string {
 	require.NoError(t, err)
 	return exe
 }
+
+// launch's own counts say what a bad value likely was: an unexpanded shell
+// substitution, or one that printed nothing (so the next flag became the
+// value), and which flag is out of range.
+func TestLaunchCountsNameTheProblem(t *testing.T) {
+	tiny := filepath.Join(recipesDir, "tiny.toml")
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--nproc", "$(nvidia-smi -L|wc -l)", "--nnodes", "4"}, 2, `invalid argument "$(nvidia-smi -L|wc -l)" for "--nproc" flag: a shell substitution that was not expanded`},
+		{[]string{"--nproc", "--nnodes", "4"}, 2, `invalid argument "--nnodes" for "--nproc" flag: --nproc has no value, so it took the next argument`},
+		{[]string{"--nproc", ""}, 2, `invalid argument "" for "--nproc" flag: empty: give the number`},
+		{[]string{"--nproc", "0"}, 2, "--nproc 0: give at least 1 rank for this node (a count from $(nvidia-smi -L | wc -l) is 0 where no GPU is listed)"},
+		{[]string{"--nproc", "2", "--nnodes", "2", "--node-rank", "2"}, 2, "--node-rank 2: give this node's index, 0 to 1 (--nnodes 2)"},
+		{[]string{"--nproc", "99999999999999999999"}, 2, "give a whole number from 0 to 1048576"},
+		{[]string{"--nproc", "1048576", "--nnodes", "2"}, 2, "--nproc 1048576 × --nnodes 2 is 2097152 ranks, more than parallel.world_size allows (1048576)"},
+	} {
+		code, _, errs := shardline(t, nil, append(append([]string{"launch"}, c.args...), tiny)...)
+		assert.Equal(t, c.code, code, "%v: %s", c.args, errs)
+		assert.Contains(t, errs, c.want, "%v", c.args)
+	}
+}
