@@ -35,7 +35,7 @@ test: ci-deps sarif-schema torch-deps cuda-check emu-deps ## vet, run every test
 # a failed weights write), and the cudaemu tests of cuda, trainer/gpu and the
 # CLI's GPU runs.
 race: race-quick ## go test -race over the concurrent parts: collectives, kernels' core sharing, in-process ranks
-	$(GO) test -race -count=1 -run 'TestExpertParallelEquivalence|TestInterruptWritesOutputs' ./trainer
+	$(GO) test -race -count=1 -run 'TestExpertParallelEquivalence|TestInterruptWritesOutputs|TestInterruptOnAnyRankStopsTheJob|TestRanksThatDisagreeNameTheKeys' ./trainer
 race-quick: ## go test -race over the collectives and the kernels' core sharing (part of make test)
 	$(GO) test -race -count=1 ./parallel/comm ./parallel/collective
 	$(GO) test -race -count=1 -run 'SameOnAnyCores|ShareCores' ./tensor/cpu
