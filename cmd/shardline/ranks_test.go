@@ -260,3 +260,13 @@ func TestLaunchCountsNameTheProblem(t *testing.T) {
 		assert.Contains(t, errs, c.want, "%v", c.args)
 	}
 }
+
+// launch run inside another launcher's allocation (srun shardline launch: its
+// SLURM_* variables name a job without MASTER_ADDR) checks the recipe as its
+// own ranks will see it, and trains.
+func TestLaunchInsideSlurm(t *testing.T) {
+	dir := t.TempDir()
+	code, _, errs := shardline(t, []string{"SHARDLINE_TEST_AS_CLI=1", "SLURM_PROCID=0", "SLURM_NTASKS=4"},
+		append([]string{"launch", "--nproc", "2"}, smallJobArgs(dir, "--set", "data.path="+smallCorpus(t, dir), "--train-iters", "2")...)...)
+	assert.Equal(t, 0, code, errs)
+}

@@ -136,12 +136,14 @@ or staged through the host where ranks share a GPU.`,
 				return usageErr("--trace %s: %v; give a file path in a writable directory", trace, err)
 			}
 		}
-		job, err := detectJob(config.EnvMap(a.env))
-		if err != nil {
-			return err
-		}
+		var job *jobEnv
+		var err error
 		if p := a.preflight; p != nil {
+			// As the ranks launch starts will see it (launch's own environment
+			// may hold another launcher's variables: srun shardline launch).
 			job = &jobEnv{rank: 0, world: p.world, from: "shardline launch", worldFlag: p.flag, localRank: 0}
+		} else if job, err = detectJob(config.EnvMap(a.env)); err != nil {
+			return err
 		} else if job != nil && config.EnvMap(a.env)[launchLintedEnv] == "1" {
 			a.quietLint = true // launch printed the recipe's warnings once, before starting the ranks
 		}
