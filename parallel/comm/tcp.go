@@ -217,7 +217,7 @@ func (nd *node) accept() {
 	acceptGated(nd.ln, nd.handshakes, func() time.Time { return time.Now().Add(helloTimeout(nd.timeout)) }, func(c net.Conn) {
 		var b [preambleSize]byte
 		p, err := readPreamble(c, nd.token, &b)
-		if err != nil || p.kind != kindPeer || int(p.rank) >= len(nd.addrs) || p.group == ([sha256.Size]byte{}) {
+		if err != nil || p.kind != kindPeer || int64(p.world) != int64(len(nd.addrs)) || int64(p.rank) >= int64(len(nd.addrs)) || p.group == ([sha256.Size]byte{}) {
 			c.Close() // not a peer of this job
 			return
 		}
