@@ -129,10 +129,10 @@ type node struct {
 	pending map[[sha256.Size]byte]map[int]net.Conn // group key's digest → world rank → connection
 	groups  map[string]*TCP                        // groups made so far, by key
 	closed  bool
-	failure error // the first failed collective's error; see TCP.begin
+	failure error         // the first failed collective's error; see TCP.begin
+	failed  chan struct{} // closed when failure is set (Aborted)
 	// handshakes bounds the connections accept authenticates at once.
 	handshakes *gate
-	failed     chan struct{} // closed when failure is set (Aborted)
 }
 
 // DialTCP joins the job: rank 0 hosts the rendezvous at MasterAddr and every rank
