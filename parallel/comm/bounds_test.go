@@ -6,6 +6,7 @@ import (
 	"net"
 	"runtime"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -136,4 +137,40 @@ func TestHandshakesAreCapped(t *testing.T) {
 	errs := concurrently(2, func(r int) error { return cs[r].AllReduce(make([]float32, 8)) })
 	assert.NoError(t, errs[0])
 	assert.NoError(t, errs[1])
+}
+
+// scriptedListener returns its errors and connections in order, then
+// net.ErrClosed.
+type scriptedListener struct {
+	net.Listener
+	script []any // error or net.Conn
+}
+
+func (l *scriptedListener) Accept() (net.Conn, error) {
+	if len(l.script) == 0 {
+		return nil, &net.OpError{Op: "accept", Err: net.ErrClosed}
+	}
+	next := l.script[0]
+	l.script = l.script[1:]
+	if c, ok := next.(net.Conn); ok {
+		return c, nil
+	}
+	return nil, next.(error)
+}
+
+// An accept error other than a closed listener (out of file descriptors, as a
+// flood of connections can cause) does not end the listener: the connection
+// after it is still handled. It ended the accept loop for good.
+func TestAcceptOutlivesAnAcceptError(t *testing.T) {
+	a, b := net.Pipe()
+	defer b.Close()
+	ln := &scriptedListener{script: []any{&net.OpError{Op: "accept", Err: syscall.EMFILE}, a}}
+	handled := make(chan net.Conn, 2)
+	go acceptGated(ln, newGate(), func() time.Time { return time.Now().Add(time.Minute) }, func(c net.Conn) { handled <- c })
+	select {
+	case c := <-handled:
+		assert.Equal(t, a, c)
+	case <-time.After(time.Minute):
+		t.Fatal("the connection after the accept error was never handled")
+	}
 }

@@ -212,15 +212,24 @@ func (g *gate) leave() {
 
 // acceptGated accepts connections from ln, at most maxHandshakes of them being
 // handled at once, each handed to handle with deadline as its deadline (the
-// handshake's); it returns when ln is closed.
+// handshake's); it returns when ln is closed. Any other accept error (out of
+// file descriptors) is retried after a pause growing to a second, as net/http
+// does, so that it does not end the listener for good.
 func acceptGated(ln net.Listener, g *gate, deadline func() time.Time, handle func(net.Conn)) {
+	var pause time.Duration
 	for {
 		g.enter()
 		c, err := ln.Accept()
 		if err != nil {
 			g.leave()
-			return
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+			time.Sleep(pause)
+			continue
 		}
+		pause = 0
 		go func() {
 			defer g.leave()
 			c.SetDeadline(deadline())
