@@ -255,10 +255,19 @@ func superviseRanks(procs []*exec.Cmd, firstRank int, grace time.Duration, start
 	}
 	var once sync.Once
 	var failure error
+	failureLost := false // failure is a rank that lost another (exitLostRank), not a cause
 	interrupted := false
 	signalled := false // launch itself was interrupted, and told every rank
 	firstStopped := -1 // the first rank to exit 130 (interrupted) on its own
 	var frozen []int   // ranks found stopped (SIGSTOP, a debugger) when the job ended
+	var killedMu sync.Mutex
+	killed := map[int]bool{} // ranks launch sent SIGKILL
+	kill := func(i int) {
+		killedMu.Lock()
+		killed[firstRank+i] = true
+		killedMu.Unlock()
+		procs[i].Process.Kill() // no-op for ranks that have exited
+	}
 	stopAll := func(sig os.Signal) {
 		once.Do(func() {
 			for i, c := range procs {
@@ -266,17 +275,38 @@ func superviseRanks(procs []*exec.Cmd, firstRank int, grace time.Duration, start
 				// continued: waiting out the grace period for it helps nobody.
 				if processStopped(c.Process.Pid) {
 					frozen = append(frozen, firstRank+i)
-					c.Process.Kill()
+					kill(i)
 					continue
 				}
 				c.Process.Signal(sig) // an exited rank just reports an error
 			}
 			time.AfterFunc(grace, func() {
-				for _, c := range procs {
-					c.Process.Kill() // no-op for ranks that have exited
+				for i := range procs {
+					kill(i)
 				}
 			})
 		})
+	}
+	// ended says whether a rank's exit is an interrupt or launch's own doing
+	// (SIGTERM or SIGINT, which launch sends once a rank failed, or SIGKILL
+	// from launch), not a cause of the job's failure.
+	ended := func(rank int, err error) bool {
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) {
+			return false
+		}
+		ws, ok := ee.Sys().(syscall.WaitStatus)
+		switch {
+		case ee.ExitCode() == 130:
+			return true
+		case !ok || !ws.Signaled():
+			return false
+		case ws.Signal() == syscall.SIGKILL:
+			killedMu.Lock()
+			defer killedMu.Unlock()
+			return killed[rank]
+		}
+		return ws.Signal() == syscall.SIGTERM || ws.Signal() == syscall.SIGINT
 	}
 	for left := len(procs); left > 0; {
 		select {
@@ -292,8 +322,15 @@ func superviseRanks(procs []*exec.Cmd, firstRank int, grace time.Duration, start
 				interrupted = true
 				continue
 			}
+			lost := errors.As(e.err, &code) && code.ExitCode() == exitLostRank
+			if e.err != nil && failureLost && !lost && !ended(e.rank, e.err) {
+				// The rank whose loss the first one reported failed on its own
+				// account: it is the cause, whichever exit was seen first.
+				failure, failureLost = nil, false
+			}
 			if e.err != nil && failure == nil {
 				stopAll(syscall.SIGTERM)
+				failureLost = lost
 				var ee *exec.ExitError
 				switch {
 				case len(frozen) > 0:

@@ -23,6 +23,9 @@ const (
 	exitOK       = 0
 	exitFindings = 1
 	exitUsage    = 2
+	// exitLostRank: a rank of a job stopped because another rank was lost or
+	// never came; that rank's own failure is the cause.
+	exitLostRank = 3
 )
 
 // exitError carries an exit code out of a command.

@@ -16,6 +16,7 @@ import (
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/parallel/comm"
 	"github.com/shardline/shardline/tensor/cpu"
 	"github.com/shardline/shardline/trainer"
 	"github.com/shardline/shardline/trainer/ckpt"
@@ -50,7 +51,8 @@ torchrun, SLURM, mpirun) a signal to any rank, in any phase, stops every rank at
 the same step boundary (the first one, when it came during start-up), and every
 rank exits 130. Before that first step the ranks prove they run the same resolved
 recipe (every key but data.path and run.output_dir) on the same tokens, or all
-stop naming the keys that differ.
+stop naming the keys that differ. A rank that stops because another rank was
+lost or never came exits 3, so that launch names the rank that failed first.
 
 With checkpoint.interval (--save-interval) or checkpoint.dir (--save) each rank
 saves its shard of the state in the background every interval steps, at the end
@@ -241,7 +243,7 @@ or staged through the host where ranks share a GPU.`,
 			log.Info().Str("master", job.master).Int("world", job.world).Str("launcher", job.from).Msg("joining the job")
 			proc, closeJob, err := joinJob(job, commTimeout)
 			if err != nil {
-				return &exitError{code: exitFindings, err: err}
+				return &exitError{code: jobExitCode(err), err: err}
 			}
 			defer closeJob()
 			opts.Process = proc
@@ -256,7 +258,7 @@ or staged through the host where ranks share a GPU.`,
 				o := res.Origin(ke.Key)
 				return &exitError{code: exitFindings, err: fmt.Errorf("%s: %s", o.Location(), ke.Error())}
 			}
-			return &exitError{code: exitFindings, err: err}
+			return &exitError{code: jobExitCode(err), err: err}
 		}
 		if result.Dir == "" { // a rank other than 0 of a multi-process job: rank 0 reports
 			if result.Interrupted { // every rank of an interrupted job exits 130
@@ -279,6 +281,18 @@ or staged through the host where ranks share a GPU.`,
 		return nil
 	}
 	return cmd
+}
+
+// jobExitCode is the exit status of a run that failed with err: exitLostRank
+// when err names ranks that were lost or never came (another rank's failure,
+// which launch does not report as the cause while a rank failed otherwise),
+// else exitFindings.
+func jobExitCode(err error) int {
+	var re *comm.RankError
+	if errors.As(err, &re) && len(re.Missing) > 0 {
+		return exitLostRank
+	}
+	return exitFindings
 }
 
 // preflight is what launch tells run to check before it starts the ranks: a
