@@ -363,6 +363,9 @@ func superviseRanks(procs []*exec.Cmd, firstRank int, grace time.Duration, start
 func exitStatus(ee *exec.ExitError) string {
 	ws, ok := ee.Sys().(syscall.WaitStatus)
 	if !ok || !ws.Signaled() {
+		if ee.ExitCode() == exitLostRank {
+			return fmt.Sprintf("exited with status %d: it lost another rank, named in its error above", exitLostRank)
+		}
 		return fmt.Sprintf("exited with status %d", ee.ExitCode())
 	}
 	sig := ws.Signal()
