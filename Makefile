@@ -36,7 +36,7 @@ test: ci-deps sarif-schema torch-deps cuda-check emu-deps ## vet, run every test
 # a failed weights write), and the cudaemu tests of cuda, trainer/gpu and the
 # CLI's GPU runs.
 race: race-quick ## go test -race over the concurrent parts: collectives, kernels' core sharing, in-process ranks
-	$(GO) test -race -count=1 -run 'TestExpertParallelEquivalence|TestInterruptWritesOutputs' ./trainer
+	$(GO) test -race -count=1 -run 'TestExpertParallelEquivalence|TestInterruptWritesOutputs|TestInterruptOnAnyRankStopsTheJob|TestRanksThatDisagreeNameTheKeys' ./trainer
 race-quick: ## go test -race over the collectives and the kernels' core sharing (part of make test)
 	$(GO) test -race -count=1 ./parallel/comm ./parallel/collective
 	$(GO) test -race -count=1 -run 'SameOnAnyCores|ShareCores' ./tensor/cpu
@@ -67,10 +67,11 @@ bench-deps: torch-deps ## install the reference PyTorch and OpenBLAS (Debian pac
 FUZZ_TARGETS := ./config:FuzzLoadLint ./config:FuzzImport ./parallel:FuzzLoadLintPlan ./trainer/data:FuzzReadShard \
 	./trainer/data:FuzzLoadTokenizer ./trainer/data:FuzzText ./trainer:FuzzLoadWeights ./fileio:FuzzUnseal \
 	./trainer/hf:FuzzReadSafetensors ./trainer/ckpt:FuzzOpen ./parallel:FuzzParseCalibration \
-	./trainer/hf:FuzzCheckConfig
+	./trainer/hf:FuzzCheckConfig ./parallel/comm:FuzzHandshake ./parallel/comm:FuzzRendezvousAnswer ./parallel/comm:FuzzPeerFrame \
+	./parallel/comm:FuzzAgreeFacts
 FUZZTIME ?= 60s
 
-fuzz: ## fuzz every reader users reach: recipes, lint, plan, calibrations, shards, tokenizers, text, weights, checkpoints (FUZZTIME each, 60s)
+fuzz: ## fuzz every reader users reach: recipes, lint, plan, calibrations, shards, tokenizers, text, weights, checkpoints, the TCP handshake and frames (FUZZTIME each, 60s)
 	@GO="$(GO)" ./scripts/fuzz.sh $(FUZZTIME) $(FUZZ_TARGETS)
 
 # The SARIF 2.1.0 schema, for TestLintSARIFValidates: Microsoft publishes it in the

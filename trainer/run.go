@@ -238,6 +238,9 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 	}
 	opts.resume = resume
 	if p := opts.Process; p != nil {
+		if err := agree(p, res, ds, opts); err != nil {
+			return nil, err
+		}
 		if p.World != plan.Mesh.World {
 			return nil, config.ValueProblem("parallel.world_size", r.Parallel.WorldSize, fmt.Errorf("the job has %d ranks", p.World), "set it to the job's WORLD_SIZE (shardline launch does)")
 		}

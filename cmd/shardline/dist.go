@@ -28,7 +28,19 @@ type jobEnv struct {
 	// rendezvousFD is the bound rendezvous socket rank 0 inherited from shardline
 	// launch (SHARDLINE_RENDEZVOUS_FD); 0 binds MASTER_PORT itself.
 	rendezvousFD int
+	// worldFlag names the flag the user gave the world size with, for messages
+	// (shardline launch's --nproc, passed down as SHARDLINE_WORLD_FLAG); "" when
+	// another launcher set WORLD_SIZE.
+	worldFlag string
 }
+
+// worldFlagEnv and launchLintedEnv are what shardline launch tells its ranks:
+// the flag that set the world size (for messages), and that it has linted the
+// recipe (so the ranks do not print its warnings N times).
+const (
+	worldFlagEnv    = "SHARDLINE_WORLD_FLAG"
+	launchLintedEnv = "SHARDLINE_LAUNCH_LINTED"
+)
 
 // detectJob returns nil when the environment names no multi-process job.
 func detectJob(env map[string]string) (*jobEnv, error) {
@@ -55,7 +67,7 @@ func detectJob(env map[string]string) (*jobEnv, error) {
 		if token == "" {
 			return nil, usageErr("SHARDLINE_JOB_TOKEN is not set: give every rank of the job the same secret (shardline launch does)")
 		}
-		j := &jobEnv{rank: rank, world: world, master: net.JoinHostPort(addr, port), token: token, from: v[2], localRank: -1}
+		j := &jobEnv{rank: rank, world: world, master: net.JoinHostPort(addr, port), token: token, from: v[2], localRank: -1, worldFlag: env[worldFlagEnv]}
 		if ls, ok := env[v[3]]; ok {
 			local, err := strconv.Atoi(ls)
 			if err != nil || local < 0 || local > rank {

@@ -9,12 +9,14 @@ import (
 	"fmt"
 	"github.com/shardline/shardline/config"
 	"io"
+	"math"
 	"net"
 	"os"
 	"os/exec"
 	"os/signal"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -44,10 +46,17 @@ Each rank gets GOMAXPROCS = max(1, CPUs ÷ N), its share of this node's cores, s
 N ranks' kernel workers do not contend for the same cores (as torchrun sets
 OMP_NUM_THREADS); a GOMAXPROCS already in the environment is passed on as it is.
 
+The command line and the recipe are checked once, before any rank starts
+(an error is printed once, a world size blamed on --nproc). Before the first step
+the ranks prove they run the same recipe and data, or every rank stops naming the
+keys that differ.
+
 If a rank fails, the others are stopped (SIGTERM, then SIGKILL after --grace) and
-launch exits non-zero naming the failed rank; a rank found stopped (SIGSTOP, a
+launch exits non-zero naming the failed rank, or the signal that killed it (KILL
+is most often the kernel's out-of-memory killer); a rank found stopped (SIGSTOP, a
 debugger) is killed at once and named. Ctrl-C is passed on to every rank, and
-launch exits 130 as run does.
+launch exits 130 as run does; SIGINT or SIGTERM to any one rank stops every rank
+at the same step too, with one checkpoint, and launch exits 130.
 On several nodes, run launch on each with the same --master-addr, --master-port
 and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 		Example: `  shardline launch --nproc 2 recipes/tiny.toml --global-batch-size 32
@@ -56,21 +65,39 @@ and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 	}
 	fs := cmd.Flags()
 	fs.SetInterspersed(false) // flags after RECIPE belong to run
-	fs.IntVar(&nproc, "nproc", 1, "ranks (processes) on this node")
-	fs.IntVar(&nnodes, "nnodes", 1, "nodes in the job")
-	fs.IntVar(&nodeRank, "node-rank", 0, "this node's index, 0..nnodes-1")
+	nproc, nnodes = 1, 1
+	fs.Var(countValue{&nproc, "nproc"}, "nproc", "ranks (processes) on this node")
+	fs.Var(countValue{&nnodes, "nnodes"}, "nnodes", "nodes in the job")
+	fs.Var(countValue{&nodeRank, "node-rank"}, "node-rank", "this node's index, 0..nnodes-1")
 	fs.StringVar(&masterAddr, "master-addr", "127.0.0.1", "host of rank 0's rendezvous")
 	fs.IntVar(&masterPort, "master-port", 0, "port of rank 0's rendezvous (0: a free port, bound by the launcher and handed to rank 0; one node only)")
 	fs.DurationVar(&grace, "grace", 10*time.Second, "how long stopped ranks get to exit before SIGKILL")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
-		if nproc < 1 || nnodes < 1 || nodeRank < 0 || nodeRank >= nnodes {
-			return usageErr("--nproc %d, --nnodes %d, --node-rank %d: need nproc ≥ 1 and 0 ≤ node-rank < nnodes", nproc, nnodes, nodeRank)
+		switch {
+		case nproc < 1:
+			return usageErr("--nproc %d: give at least 1 rank for this node (a count from $(nvidia-smi -L | wc -l) is 0 where no GPU is listed)", nproc)
+		case nnodes < 1:
+			return usageErr("--nnodes %d: give at least 1 node", nnodes)
+		case nproc*nnodes > maxWorld:
+			return usageErr("--nproc %d × --nnodes %d is %d ranks, more than parallel.world_size allows (%d): give fewer", nproc, nnodes, nproc*nnodes, maxWorld)
+		case nodeRank < 0 || nodeRank >= nnodes:
+			return usageErr("--node-rank %d: give this node's index, 0 to %d (--nnodes %d)", nodeRank, nnodes-1, nnodes)
 		}
 		if !cmd.Flags().Changed("grace") && a.settings.Grace > 0 {
 			grace = a.settings.Grace
 		}
 		if grace < 0 {
 			return usageErr("--grace %v must not be negative (0 kills at once)", grace)
+		}
+		world := nproc * nnodes
+		worldFlag := "nproc" // the flag the user gave the world size with, in messages
+		if nnodes > 1 {
+			worldFlag = "nproc × --nnodes"
+		}
+		// The command line and recipe are checked once, here, before any rank
+		// starts: N ranks each finding the same error printed it N times.
+		if err := a.preflightRun(args, world, worldFlag); err != nil {
+			return err
 		}
 		env := config.EnvMap(a.env)
 		token := env["SHARDLINE_JOB_TOKEN"]
@@ -106,7 +133,6 @@ and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 		if err != nil {
 			return err
 		}
-		world := nproc * nnodes
 		threads := rankThreads(env, runtime.NumCPU(), nproc)
 		procs := make([]*exec.Cmd, nproc)
 		var mu sync.Mutex // ranks' lines go out whole, one at a time
@@ -116,7 +142,7 @@ and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 			c.Env = append(append([]string(nil), a.env...),
 				"RANK="+strconv.Itoa(nodeRank*nproc+i), "WORLD_SIZE="+strconv.Itoa(world), "LOCAL_RANK="+strconv.Itoa(i),
 				"LOCAL_WORLD_SIZE="+strconv.Itoa(nproc), "MASTER_ADDR="+masterAddr, "MASTER_PORT="+strconv.Itoa(masterPort),
-				"SHARDLINE_JOB_TOKEN="+token)
+				"SHARDLINE_JOB_TOKEN="+token, worldFlagEnv+"="+worldFlag, launchLintedEnv+"=1")
 			if threads != "" {
 				c.Env = append(c.Env, "GOMAXPROCS="+threads)
 			}
@@ -143,6 +169,51 @@ and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 		return err
 	}
 	return cmd
+}
+
+// maxWorld is the most ranks a job may have: parallel.world_size's bound.
+var maxWorld = func() int {
+	f, ok := config.RecipeSchema().Lookup("parallel.world_size")
+	if !ok || f.Max == nil {
+		return math.MaxInt32
+	}
+	return int(*f.Max)
+}()
+
+// countValue is launch's --nproc, --nnodes and --node-rank: a whole number. A
+// value that is not one says what it likely was: a shell substitution that was
+// not expanded, or a missing value (a substitution that printed nothing, so the
+// next flag was taken as the value).
+type countValue struct {
+	n    *int
+	name string
+}
+
+func (c countValue) String() string {
+	if c.n == nil {
+		return "0"
+	}
+	return strconv.Itoa(*c.n)
+}
+
+func (c countValue) Type() string { return "int" }
+
+func (c countValue) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	switch {
+	case err == nil && n >= 0 && n <= maxWorld:
+		*c.n = n
+		return nil
+	case err == nil || errors.Is(err, strconv.ErrRange):
+		return fmt.Errorf("give a whole number from 0 to %d", maxWorld)
+	case strings.Contains(s, "$(") || strings.Contains(s, "`") || strings.Contains(s, "${"):
+		return fmt.Errorf("a shell substitution that was not expanded: run it in a shell that expands it (not inside single quotes), or give the number")
+	case strings.HasPrefix(s, "-"):
+		return fmt.Errorf("--%s has no value, so it took the next argument: give the number (a substitution such as $(nvidia-smi -L | wc -l) that printed nothing leaves it empty)", c.name)
+	case strings.TrimSpace(s) == "":
+		return fmt.Errorf("empty: give the number (a substitution such as $(nvidia-smi -L | wc -l) that printed nothing leaves it empty)")
+	}
+	return fmt.Errorf("not a whole number: give the number of %s", map[string]string{"nproc": "ranks on this node", "nnodes": "nodes", "node-rank": "this node, from 0"}[c.name])
 }
 
 // rankThreads is the GOMAXPROCS launch gives each of nproc ranks on a node of
@@ -184,8 +255,19 @@ func superviseRanks(procs []*exec.Cmd, firstRank int, grace time.Duration, start
 	}
 	var once sync.Once
 	var failure error
+	failureLost := false // failure is a rank that lost another (exitLostRank), not a cause
 	interrupted := false
-	var frozen []int // ranks found stopped (SIGSTOP, a debugger) when the job ended
+	signalled := false // launch itself was interrupted, and told every rank
+	firstStopped := -1 // the first rank to exit 130 (interrupted) on its own
+	var frozen []int   // ranks found stopped (SIGSTOP, a debugger) when the job ended
+	var killedMu sync.Mutex
+	killed := map[int]bool{} // ranks launch sent SIGKILL
+	kill := func(i int) {
+		killedMu.Lock()
+		killed[firstRank+i] = true
+		killedMu.Unlock()
+		procs[i].Process.Kill() // no-op for ranks that have exited
+	}
 	stopAll := func(sig os.Signal) {
 		once.Do(func() {
 			for i, c := range procs {
@@ -193,17 +275,38 @@ func superviseRanks(procs []*exec.Cmd, firstRank int, grace time.Duration, start
 				// continued: waiting out the grace period for it helps nobody.
 				if processStopped(c.Process.Pid) {
 					frozen = append(frozen, firstRank+i)
-					c.Process.Kill()
+					kill(i)
 					continue
 				}
 				c.Process.Signal(sig) // an exited rank just reports an error
 			}
 			time.AfterFunc(grace, func() {
-				for _, c := range procs {
-					c.Process.Kill() // no-op for ranks that have exited
+				for i := range procs {
+					kill(i)
 				}
 			})
 		})
+	}
+	// ended says whether a rank's exit is an interrupt or launch's own doing
+	// (SIGTERM or SIGINT, which launch sends once a rank failed, or SIGKILL
+	// from launch), not a cause of the job's failure.
+	ended := func(rank int, err error) bool {
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) {
+			return false
+		}
+		ws, ok := ee.Sys().(syscall.WaitStatus)
+		switch {
+		case ee.ExitCode() == 130:
+			return true
+		case !ok || !ws.Signaled():
+			return false
+		case ws.Signal() == syscall.SIGKILL:
+			killedMu.Lock()
+			defer killedMu.Unlock()
+			return killed[rank]
+		}
+		return ws.Signal() == syscall.SIGTERM || ws.Signal() == syscall.SIGINT
 	}
 	for left := len(procs); left > 0; {
 		select {
@@ -211,35 +314,80 @@ func superviseRanks(procs []*exec.Cmd, firstRank int, grace time.Duration, start
 			left--
 			var code *exec.ExitError
 			if errors.As(e.err, &code) && code.ExitCode() == 130 && failure == nil {
-				interrupted = true // rank 0 stopped on an interrupt (or --stop-after): not a failure
+				// An interrupt (a signal to launch, or to any rank) or --stop-after:
+				// every rank stops at the same step. Not a failure.
+				if !interrupted {
+					firstStopped = e.rank
+				}
+				interrupted = true
 				continue
+			}
+			lost := errors.As(e.err, &code) && code.ExitCode() == exitLostRank
+			if e.err != nil && failureLost && !lost && !ended(e.rank, e.err) {
+				// The rank whose loss the first one reported failed on its own
+				// account: it is the cause, whichever exit was seen first.
+				failure, failureLost = nil, false
 			}
 			if e.err != nil && failure == nil {
 				stopAll(syscall.SIGTERM)
+				failureLost = lost
 				var ee *exec.ExitError
 				switch {
 				case len(frozen) > 0:
 					failure = fmt.Errorf("rank %v was stopped (process state T: SIGSTOP or a debugger) and stopped answering; rank %d gave up on it (%v); every rank was ended", frozen, e.rank, e.err)
 				case errors.As(e.err, &ee):
-					failure = fmt.Errorf("rank %d exited with status %d; the other ranks were stopped", e.rank, ee.ExitCode())
+					failure = fmt.Errorf("rank %d %s; the other ranks were stopped", e.rank, exitStatus(ee))
 				default:
 					failure = fmt.Errorf("rank %d: %w", e.rank, e.err)
 				}
 			}
 		case <-ctx.Done():
 			stop()
-			interrupted = true
+			interrupted, signalled = true, true
 			stopAll(os.Interrupt)
 		}
 	}
 	switch {
 	case failure != nil:
 		return &exitError{code: exitFindings, err: failure}
-	case interrupted: // as run: 130, the shell's code for a SIGINT
+	case signalled: // as run: 130, the shell's code for a SIGINT
 		return &exitError{code: 130, err: errors.New("interrupted; every rank was told to stop")}
+	case interrupted:
+		return &exitError{code: 130, err: fmt.Errorf("interrupted: a rank was signalled (or --stop-after was reached); every rank stopped at the same step (rank %d exited first)", firstStopped)}
 	}
 	return nil
 }
+
+// exitStatus says how a rank's process ended: its exit status, or the signal
+// that killed it, with what that signal usually means.
+func exitStatus(ee *exec.ExitError) string {
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	if !ok || !ws.Signaled() {
+		if ee.ExitCode() == exitLostRank {
+			return fmt.Sprintf("exited with status %d: it lost another rank, named in its error above", exitLostRank)
+		}
+		return fmt.Sprintf("exited with status %d", ee.ExitCode())
+	}
+	sig := ws.Signal()
+	name, why := signalNames[sig], ""
+	if name == "" {
+		name = fmt.Sprintf("%d (%v)", int(sig), sig)
+	}
+	switch sig {
+	case syscall.SIGKILL:
+		why = ", which cannot be caught: most often the kernel's out-of-memory killer (see `dmesg` or `journalctl -k` for \"Out of memory\"; give the ranks more memory, or lower train.micro_batch_size or the ranks per node), else a scheduler or a user ending it"
+	case syscall.SIGSEGV, syscall.SIGBUS, syscall.SIGILL, syscall.SIGFPE, syscall.SIGABRT:
+		why = " (a crash: its output above says where)"
+	case syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP:
+		why = " before it could catch it (the signal arrived while the process was starting)"
+	}
+	return fmt.Sprintf("was killed by signal %s%s", name, why)
+}
+
+// signalNames are the signals a rank is commonly killed by, as kill -l names them.
+var signalNames = map[syscall.Signal]string{syscall.SIGKILL: "KILL", syscall.SIGTERM: "TERM", syscall.SIGINT: "INT", syscall.SIGHUP: "HUP",
+	syscall.SIGSEGV: "SEGV", syscall.SIGBUS: "BUS", syscall.SIGILL: "ILL", syscall.SIGFPE: "FPE", syscall.SIGABRT: "ABRT", syscall.SIGPIPE: "PIPE",
+	syscall.SIGQUIT: "QUIT"}
 
 // processStopped reports whether the process is stopped (state T or t in
 // /proc/PID/stat); false where /proc cannot tell.

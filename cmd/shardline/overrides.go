@@ -170,7 +170,7 @@ func (a *app) loadClean(path string, rf *recipeFlags) (*config.Resolved, error) 
 	if err != nil {
 		return nil, err
 	}
-	if len(diags) > 0 {
+	if len(diags) > 0 && (diags.HasErrors() || !a.quietLint) {
 		_ = config.RenderText(a.stderr, diags, sourcesOf(res))
 	}
 	if diags.HasErrors() {

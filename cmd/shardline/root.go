@@ -23,6 +23,9 @@ const (
 	exitOK       = 0
 	exitFindings = 1
 	exitUsage    = 2
+	// exitLostRank: a rank of a job stopped because another rank was lost or
+	// never came; that rank's own failure is the cause.
+	exitLostRank = 3
 )
 
 // exitError carries an exit code out of a command.
@@ -51,6 +54,13 @@ type app struct {
 	configPath     string    // --config
 	settings       *settings // loaded before a command runs
 	host           string    // this machine as a calibration names it, found before a command runs
+	// preflight, when set, makes run check its command line and recipe as a
+	// rank of a job would and stop before training (launch, before it starts
+	// the ranks).
+	preflight *preflight
+	// quietLint keeps run from printing a recipe's warnings: a rank started by
+	// launch, which printed them once already (errors are still printed).
+	quietLint bool
 }
 
 // Main runs the CLI with args (without the program name) and returns the exit code.

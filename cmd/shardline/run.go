@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/fileio"
+	"github.com/shardline/shardline/parallel/comm"
 	"github.com/shardline/shardline/tensor/cpu"
 	"github.com/shardline/shardline/trainer"
 	"github.com/shardline/shardline/trainer/ckpt"
@@ -43,8 +45,15 @@ them, update each rank's shard of the fp32 main weights and all-gather. The
 result equals one rank training the same global batch (up to float rounding).
 
 On a terminal the log is readable and a progress bar shows the loss and the ETA;
-otherwise the log is JSON lines. Ctrl-C stops at the end of the current step and
-still writes the outputs (exit status 130).
+otherwise the log is JSON lines. Ctrl-C (SIGINT or SIGTERM) stops at the end of
+the current step and still writes the outputs (exit status 130); before training
+starts it stops at once and writes nothing. In a job of processes (launch,
+torchrun, SLURM, mpirun) a signal to any rank, in any phase, stops every rank at
+the same step boundary (the first one, when it came during start-up), and every
+rank exits 130. Before that first step the ranks prove they run the same resolved
+recipe (every key but data.path and run.output_dir) on the same tokens, or all
+stop naming the keys that differ. A rank that stops because another rank was
+lost or never came exits 3, so that launch names the rank that failed first.
 
 With checkpoint.interval (--save-interval) or checkpoint.dir (--save) each rank
 saves its shard of the state in the background every interval steps, at the end
@@ -99,7 +108,14 @@ or staged through the host where ranks share a GPU.`,
 	cmd.Flags().StringVar(&trace, "trace", "", "write a Chrome trace of every rank's compute and communication to this file (open it in Perfetto)")
 	cmd.Flags().DurationVar(&commTimeout, "comm-timeout", 5*time.Minute, "multi-process jobs: the most one collective (or joining the job) may take as a whole before the rank fails, naming who is missing")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
-		if cpuProfile != "" {
+		// SIGINT and SIGTERM are caught from the start, in every phase: one
+		// arriving before training stops a single process at once; a rank of a
+		// job keeps it until the first step boundary, where every rank stops
+		// together (as on a signal mid-run), so that no rank leaves the others
+		// waiting for it.
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		if cpuProfile != "" && a.preflight == nil {
 			f, err := fileio.Create(cpuProfile) // never through a link
 			if err != nil {
 				return usageErr("--cpuprofile %s: %v", cpuProfile, unwrap(err))
@@ -130,9 +146,16 @@ or staged through the host where ranks share a GPU.`,
 				return usageErr("--trace %s: %v; give a file path in a writable directory", trace, err)
 			}
 		}
-		job, err := detectJob(config.EnvMap(a.env))
-		if err != nil {
+		var job *jobEnv
+		var err error
+		if p := a.preflight; p != nil {
+			// As the ranks launch starts will see it (launch's own environment
+			// may hold another launcher's variables: srun shardline launch).
+			job = &jobEnv{rank: 0, world: p.world, from: "shardline launch", worldFlag: p.flag, localRank: 0}
+		} else if job, err = detectJob(config.EnvMap(a.env)); err != nil {
 			return err
+		} else if job != nil && config.EnvMap(a.env)[launchLintedEnv] == "1" {
+			a.quietLint = true // launch printed the recipe's warnings once, before starting the ranks
 		}
 		if job != nil && nproc > 0 {
 			return usageErr("--nproc runs ranks in this process, but %s started it as rank %d of %d; drop --nproc", job.from, job.rank, job.world)
@@ -144,7 +167,9 @@ or staged through the host where ranks share a GPU.`,
 			rf.extra = append(rf.extra, config.FlagValue{Name: "device", Value: device, Key: "parallel.device"})
 		}
 		if job != nil {
-			rf.extra = append(rf.extra, config.FlagValue{Name: "world-size", Value: fmt.Sprint(job.world)})
+			// Named for what set it: launch's --nproc (and --nnodes), else the
+			// launcher's WORLD_SIZE.
+			rf.extra = append(rf.extra, config.FlagValue{Name: cmp.Or(job.worldFlag, "world-size"), Value: fmt.Sprint(job.world), Key: "parallel.world_size"})
 		}
 		path := filepath.Join("recipes", "tiny.toml")
 		var ckptDir string
@@ -191,6 +216,9 @@ or staged through the host where ranks share a GPU.`,
 				return usageErr("--resume latest: %v (run.output_dir/run.name, or checkpoint.dir, say where to look)", err)
 			}
 		}
+		if a.preflight != nil {
+			return nil // launch: the command line and recipe are good; the ranks train
+		}
 		// A rank that shardline launch started writes to the launcher through a
 		// pipe; the launcher says whether its own stderr is a terminal.
 		tty := isTerminal(a.stderr) || (job != nil && config.EnvMap(a.env)[launchTTYEnv] == "1")
@@ -198,8 +226,6 @@ or staged through the host where ranks share a GPU.`,
 		if err != nil {
 			return err
 		}
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		defer stop()
 		opts := trainer.Options{Backend: cpu.Backend{}, Env: config.EnvMap(a.env), LogOut: logOut, LogLevel: level, Version: version, CacheDir: a.cacheDir(), TracePath: trace, DataRoot: a.settings.DataRoot, Resume: ckptDir, StopAfter: stopAfter, InitFrom: initFrom}
 		if tty && r.Logging.Progress && (job == nil || job.rank == 0) {
 			opts.Progress = a.stderr
@@ -228,12 +254,17 @@ or staged through the host where ranks share a GPU.`,
 			}
 		}
 		if job != nil {
+			log := zerolog.New(logOut).Level(level).With().Timestamp().Int("rank", job.rank).Logger()
+			log.Info().Str("master", job.master).Int("world", job.world).Str("launcher", job.from).Msg("joining the job")
 			proc, closeJob, err := joinJob(job, commTimeout)
 			if err != nil {
-				return &exitError{code: exitFindings, err: err}
+				return &exitError{code: jobExitCode(err), err: err}
 			}
 			defer closeJob()
 			opts.Process = proc
+		}
+		if job == nil && ctx.Err() != nil {
+			return &exitError{code: 130, err: errors.New("interrupted before training started; nothing was written")}
 		}
 		result, err := trainer.Run(ctx, res, opts)
 		if err != nil {
@@ -241,10 +272,13 @@ or staged through the host where ranks share a GPU.`,
 			if errors.As(err, &d) {
 				return &exitError{code: exitFindings, err: d.At(res)}
 			}
-			return &exitError{code: exitFindings, err: err}
+			return &exitError{code: jobExitCode(err), err: err}
 		}
-		if result.Dir == "" {
-			return nil // a rank other than 0 of a multi-process job: rank 0 reports
+		if result.Dir == "" { // a rank other than 0 of a multi-process job: rank 0 reports
+			if result.Interrupted { // every rank of an interrupted job exits 130
+				return &exitError{code: 130, err: errors.New("interrupted")}
+			}
+			return nil
 		}
 		val := "no validation split"
 		if result.FinalValLoss != nil {
@@ -261,6 +295,39 @@ or staged through the host where ranks share a GPU.`,
 		return nil
 	}
 	return cmd
+}
+
+// jobExitCode is the exit status of a run that failed with err: exitLostRank
+// when err names ranks that were lost or never came (another rank's failure,
+// which launch does not report as the cause while a rank failed otherwise),
+// else exitFindings.
+func jobExitCode(err error) int {
+	var re *comm.RankError
+	if errors.As(err, &re) && len(re.Missing) > 0 {
+		return exitLostRank
+	}
+	return exitFindings
+}
+
+// preflight is what launch tells run to check before it starts the ranks: a
+// job of world ranks, whose size the launch flag flag set (for messages).
+type preflight struct {
+	world int
+	flag  string
+}
+
+// preflightRun checks "shardline run ARGS" as each rank of a job of world ranks
+// will run it (its flags, its recipe linted, --resume found) and stops before
+// training: launch calls it once, so that a bad command line or recipe is
+// reported once and no rank starts. flag names the launch flag that set the
+// world size, in messages.
+func (a *app) preflightRun(args []string, world int, flag string) error {
+	b := &app{stdout: a.stdout, stderr: a.stderr, args: append([]string{"run"}, args...), env: a.env, preflight: &preflight{world: world, flag: flag}}
+	root := b.rootCmd()
+	root.SetArgs(b.args)
+	root.SetOut(a.stdout)
+	root.SetErr(a.stderr)
+	return root.Execute()
 }
 
 // findCheckpoint resolves --resume PATH: a checkpoint directory itself, or a

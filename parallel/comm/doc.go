@@ -17,7 +17,9 @@
 //
 // DialTCP joins ranks in separate processes (or machines): rank 0 hosts a
 // rendezvous that refuses peers without the job token, every pair of ranks
-// connects, and collectives run as rings (all-gather, reduce-scatter; all-reduce
+// connects (every connection opens with a fixed-size preamble proving the
+// token, read under a short deadline, at most maxHandshakes at a time per
+// listener, before anything sized by the other side is read), and collectives run as rings (all-gather, reduce-scatter; all-reduce
 // is both) or pairwise exchanges (all-to-all, send/recv, and the bf16 collectives,
 // which carry 2 bytes a value and sum a bf16 reduce-scatter's chunks in rank order
 // like the in-process one), with a fixed order, so results repeat bit for bit. Frames carry a sequence number and a length checked before
@@ -28,6 +30,9 @@
 // of other groups', so two goroutines can run collectives on two groups at once.
 //
 // BroadcastBytes carries an opaque blob (an NCCL unique id) over any of them.
+// Agree proves that every member holds the same facts (a job's resolved recipe
+// and data fingerprint) or fails every member alike, naming each fact that
+// differs and which ranks hold which value.
 //
 // It imports nothing from shardline.
 package comm

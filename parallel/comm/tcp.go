@@ -2,8 +2,8 @@ package comm
 
 import (
 	"bufio"
+	"crypto/sha256"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -37,18 +37,6 @@ type TCPConfig struct {
 
 // ErrRefused marks a peer turned away at the rendezvous (wrong token or world).
 var ErrRefused = errors.New("refused by the rendezvous")
-
-// hello is what a rank tells the rendezvous, and what the rendezvous answers; a
-// rank opening a connection to a peer sends one too, naming the group it is for.
-type hello struct {
-	Token string   `json:"token"`
-	Rank  int      `json:"rank"`
-	World int      `json:"world"`
-	Addr  string   `json:"addr"`            // where the rank accepts peers
-	Group string   `json:"group,omitempty"` // a peer connection: the group's key
-	Peers []string `json:"peers,omitempty"` // the answer: every rank's address
-	Error string   `json:"error,omitempty"`
-}
 
 // TCP is one communicator of a job over TCP: a full mesh of connections among its
 // members, one per peer. The world communicator (DialTCP) and every group made
@@ -129,20 +117,22 @@ func (p *peerConn) wait() error { return <-p.done }
 // address, the job token, and the connections peers have opened to it, filed by
 // group until that group claims them.
 type node struct {
-	rank    int // world rank
-	token   string
+	rank    int               // world rank
+	token   [sha256.Size]byte // the job token's digest (tokenDigest)
 	addrs   []string
 	timeout time.Duration
 	ln      net.Listener
 	making  sync.Mutex // held while Group builds a communicator
 
 	mu      sync.Mutex
-	arrived chan struct{}               // closed and replaced when a connection is filed
-	pending map[string]map[int]net.Conn // group key → world rank → connection
-	groups  map[string]*TCP             // groups made so far, by key
+	arrived chan struct{}                          // closed and replaced when a connection is filed
+	pending map[[sha256.Size]byte]map[int]net.Conn // group key's digest → world rank → connection
+	groups  map[string]*TCP                        // groups made so far, by key
 	closed  bool
 	failure error         // the first failed collective's error; see TCP.begin
 	failed  chan struct{} // closed when failure is set (Aborted)
+	// handshakes bounds the connections accept authenticates at once.
+	handshakes *gate
 }
 
 // DialTCP joins the job: rank 0 hosts the rendezvous at MasterAddr and every rank
@@ -172,8 +162,8 @@ func DialTCP(cfg TCPConfig) (*TCP, error) {
 		ln.Close()
 		return nil, err
 	}
-	nd := &node{rank: cfg.Rank, token: cfg.Token, addrs: addrs, timeout: cfg.Timeout, ln: ln, failed: make(chan struct{}),
-		arrived: make(chan struct{}), pending: map[string]map[int]net.Conn{}, groups: map[string]*TCP{}}
+	nd := &node{rank: cfg.Rank, token: tokenDigest(cfg.Token), addrs: addrs, timeout: cfg.Timeout, ln: ln, failed: make(chan struct{}),
+		arrived: make(chan struct{}), pending: map[[sha256.Size]byte]map[int]net.Conn{}, groups: map[string]*TCP{}, handshakes: newGate()}
 	go nd.accept()
 	all := make([]int, cfg.World)
 	for i := range all {
@@ -219,35 +209,32 @@ func (t *TCP) Group(ranks []int, tag string) (Communicator, error) {
 	return nd.connect(key, ranks)
 }
 
-// accept files every connection a peer opens, once it has proved the job token,
-// under the group it names; it ends when the listener closes.
+// accept files every connection a peer opens, once its preamble has proved the
+// job token, under the group it names; it ends when the listener closes. At most
+// maxHandshakes connections are read at once, each for at most helloTimeout and
+// preambleSize bytes: a stranger costs no more.
 func (nd *node) accept() {
-	for {
-		c, err := nd.ln.Accept()
-		if err != nil {
+	acceptGated(nd.ln, nd.handshakes, func() time.Time { return time.Now().Add(helloTimeout(nd.timeout)) }, func(c net.Conn) {
+		var b [preambleSize]byte
+		p, err := readPreamble(c, nd.token, &b)
+		if err != nil || p.kind != kindPeer || int64(p.world) != int64(len(nd.addrs)) || int64(p.rank) >= int64(len(nd.addrs)) || p.group == ([sha256.Size]byte{}) {
+			c.Close() // not a peer of this job
 			return
 		}
-		go func() {
-			c.SetDeadline(time.Now().Add(helloTimeout(nd.timeout)))
-			var h hello
-			if err := readMsg(c, &h); err != nil || h.Token != nd.token || h.Rank < 0 || h.Rank >= len(nd.addrs) || h.Group == "" {
-				c.Close() // not a peer of this job
-				return
-			}
-			nd.mu.Lock()
-			defer nd.mu.Unlock()
-			if nd.closed || nd.pending[h.Group][h.Rank] != nil {
-				c.Close()
-				return
-			}
-			if nd.pending[h.Group] == nil {
-				nd.pending[h.Group] = map[int]net.Conn{}
-			}
-			nd.pending[h.Group][h.Rank] = c
-			close(nd.arrived)
-			nd.arrived = make(chan struct{})
-		}()
-	}
+		nd.mu.Lock()
+		defer nd.mu.Unlock()
+		r := int(p.rank)
+		if nd.closed || nd.pending[p.group][r] != nil {
+			c.Close()
+			return
+		}
+		if nd.pending[p.group] == nil {
+			nd.pending[p.group] = map[int]net.Conn{}
+		}
+		nd.pending[p.group][r] = c
+		close(nd.arrived)
+		nd.arrived = make(chan struct{})
+	})
 }
 
 // connect builds a group's mesh: each member dials the members below it and
@@ -256,6 +243,7 @@ func (nd *node) connect(key string, ranks []int) (*TCP, error) {
 	idx := slices.Index(ranks, nd.rank)
 	t := &TCP{rank: idx, n: len(ranks), ranks: ranks, node: nd, timeout: nd.timeout, peers: make([]*peerConn, len(ranks))}
 	deadline := time.Now().Add(nd.timeout)
+	digest := groupDigest(key)
 	fail := func(err error) (*TCP, error) {
 		t.closePeers()
 		return nil, err
@@ -267,7 +255,7 @@ func (nd *node) connect(key string, ranks []int) (*TCP, error) {
 			return fail(&RankError{Op: "connect", Missing: []int{r}, Err: err})
 		}
 		c.SetDeadline(deadline)
-		if err := writeMsg(c, hello{Token: nd.token, Rank: nd.rank, Group: key}); err != nil {
+		if _, err := c.Write(preamble{kind: kindPeer, rank: uint32(nd.rank), world: uint32(len(nd.addrs)), group: digest}.encode(nd.token)); err != nil {
 			c.Close()
 			return fail(&RankError{Op: "connect", Missing: []int{r}, Err: err})
 		}
@@ -279,16 +267,16 @@ func (nd *node) connect(key string, ranks []int) (*TCP, error) {
 		nd.mu.Lock()
 		var missing []int
 		for j := idx + 1; j < len(ranks); j++ {
-			if c := nd.pending[key][ranks[j]]; c != nil && t.peers[j] == nil {
+			if c := nd.pending[digest][ranks[j]]; c != nil && t.peers[j] == nil {
 				t.peers[j] = newPeer(ranks[j], c)
-				delete(nd.pending[key], ranks[j])
+				delete(nd.pending[digest], ranks[j])
 			} else if t.peers[j] == nil {
 				missing = append(missing, ranks[j])
 			}
 		}
 		wait := nd.arrived
 		if len(missing) == 0 {
-			delete(nd.pending, key)
+			delete(nd.pending, digest)
 			nd.groups[key] = t
 		}
 		nd.mu.Unlock()
@@ -366,36 +354,6 @@ func (t *TCP) Rank() int { return t.rank }
 func (t *TCP) Aborted() <-chan struct{} { return t.node.failed }
 func (t *TCP) Size() int                { return t.n }
 
-func writeMsg(c net.Conn, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	if len(b) > 1<<20 {
-		return errors.New("control message too large")
-	}
-	var hdr [4]byte
-	binary.LittleEndian.PutUint32(hdr[:], uint32(len(b)))
-	_, err = c.Write(append(hdr[:], b...))
-	return err
-}
-
-func readMsg(c net.Conn, v any) error {
-	var hdr [4]byte
-	if _, err := io.ReadFull(c, hdr[:]); err != nil {
-		return err
-	}
-	n := binary.LittleEndian.Uint32(hdr[:])
-	if n > 1<<20 { // checked before allocating: a stray client cannot make us allocate
-		return fmt.Errorf("control message of %d bytes refused", n)
-	}
-	b := make([]byte, n)
-	if _, err := io.ReadFull(c, b); err != nil {
-		return err
-	}
-	return json.Unmarshal(b, v)
-}
-
 // helloTimeout is how long a connection has to say who it is, at the rendezvous
 // and when a peer connects: a real rank sends its hello at once, so a connection
 // that is silent this long is not one.
@@ -403,9 +361,10 @@ func helloTimeout(total time.Duration) time.Duration { return min(5*time.Second,
 
 // hostRendezvous (rank 0) accepts the other ranks at MasterAddr, checks their
 // token, world and rank, and sends everyone the table of addresses. Each
-// connection's hello is read on its own goroutine with its own short deadline, so
-// a connection that says nothing delays no one; what such connections did is
-// reported if the rendezvous times out.
+// connection's preamble and address are read on its own goroutine with its own
+// short deadline (at most maxHandshakes at once), so a connection that says
+// nothing delays no one; what such connections did is reported if the
+// rendezvous times out.
 func hostRendezvous(cfg TCPConfig, self string, deadline time.Time) ([]string, error) {
 	addrs := make([]string, cfg.World)
 	addrs[0] = self
@@ -432,35 +391,37 @@ func hostRendezvous(cfg TCPConfig, self string, deadline time.Time) ([]string, e
 		}
 	}()
 	type arrival struct {
-		c   net.Conn
-		h   hello
-		err error
+		c    net.Conn
+		p    preamble
+		addr string
+		err  error
 	}
 	arrivals := make(chan arrival)
 	done := make(chan struct{})
 	defer close(done)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				hd := time.Now().Add(helloTimeout(cfg.Timeout))
-				if deadline.Before(hd) {
-					hd = deadline
-				}
-				c.SetDeadline(hd)
-				var h hello
-				err := readMsg(c, &h)
-				select {
-				case arrivals <- arrival{c, h, err}:
-				case <-done:
-					c.Close()
-				}
-			}()
+	token := tokenDigest(cfg.Token)
+	handshakeDeadline := func() time.Time {
+		if hd := time.Now().Add(helloTimeout(cfg.Timeout)); hd.Before(deadline) {
+			return hd
 		}
-	}()
+		return deadline
+	}
+	go acceptGated(ln, newGate(), handshakeDeadline, func(c net.Conn) {
+		var b [preambleSize]byte
+		p, err := readPreamble(c, token, &b)
+		var addr string
+		if err == nil && p.kind != kindJoin {
+			err = fmt.Errorf("%w: a peer connection, not a join", errNotShardline)
+		}
+		if err == nil {
+			addr, err = readAddr(c)
+		}
+		select {
+		case arrivals <- arrival{c, p, addr, err}:
+		case <-done:
+			c.Close()
+		}
+	})
 	var turnedAway strangers
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
@@ -478,33 +439,31 @@ func hostRendezvous(cfg TCPConfig, self string, deadline time.Time) ([]string, e
 			return nil, &RankError{Op: "rendezvous", Missing: missing, Err: fmt.Errorf("%w: not joined after %v%s", ErrTimeout, cfg.Timeout, turnedAway)}
 		}
 		from := a.c.RemoteAddr().String()
-		if a.err != nil {
+		var why string
+		switch p := a.p; {
+		case errors.Is(a.err, errWrongToken):
+			why = "wrong job token"
+		case a.err != nil:
 			a.c.Close()
 			turnedAway.add(fmt.Sprintf("%s sent no valid hello (%v)", from, a.err))
 			continue // not a shardline peer; keep waiting for the real ones
-		}
-		h := a.h
-		var why string
-		switch {
-		case h.Token != cfg.Token:
-			why = "wrong job token"
-		case h.World != cfg.World:
-			why = fmt.Sprintf("world size %d, the job has %d", h.World, cfg.World)
-		case h.Rank < 1 || h.Rank >= cfg.World || conns[h.Rank] != nil:
-			why = fmt.Sprintf("rank %d is invalid or taken", h.Rank)
+		case int64(p.world) != int64(cfg.World):
+			why = fmt.Sprintf("world size %d, the job has %d", p.world, cfg.World)
+		case p.rank < 1 || int64(p.rank) >= int64(cfg.World) || conns[p.rank] != nil:
+			why = fmt.Sprintf("rank %d is invalid or taken", p.rank)
 		}
 		if why != "" {
-			_ = writeMsg(a.c, hello{Error: why})
+			_ = writeRefusal(a.c, why)
 			a.c.Close()
 			turnedAway.add(fmt.Sprintf("%s was refused: %s", from, why))
 			continue
 		}
 		a.c.SetDeadline(deadline)
-		conns[h.Rank], addrs[h.Rank] = a.c, h.Addr
+		conns[a.p.rank], addrs[a.p.rank] = a.c, a.addr
 		joined++
 	}
 	for r := 1; r < cfg.World; r++ {
-		if err := writeMsg(conns[r], hello{Peers: addrs}); err != nil {
+		if err := writeAnswer(conns[r], addrs); err != nil {
 			return nil, &RankError{Op: "rendezvous", Missing: []int{r}, Err: err}
 		}
 	}
@@ -553,20 +512,17 @@ func joinRendezvous(cfg TCPConfig, self string, deadline time.Time) ([]string, e
 	}
 	defer c.Close()
 	c.SetDeadline(deadline)
-	if err := writeMsg(c, hello{Token: cfg.Token, Rank: cfg.Rank, World: cfg.World, Addr: self}); err != nil {
+	if err := writeJoin(c, tokenDigest(cfg.Token), cfg.Rank, cfg.World, self); err != nil {
 		return nil, &RankError{Op: "rendezvous", Missing: []int{0}, Err: err}
 	}
-	var h hello
-	if err := readMsg(c, &h); err != nil {
+	peers, err := readAnswer(c, cfg.World)
+	switch {
+	case errors.Is(err, ErrRefused):
+		return nil, &RankError{Op: "rendezvous", Err: err}
+	case err != nil:
 		return nil, &RankError{Op: "rendezvous", Missing: []int{0}, Err: err}
 	}
-	if h.Error != "" {
-		return nil, &RankError{Op: "rendezvous", Err: fmt.Errorf("%w: %s", ErrRefused, h.Error)}
-	}
-	if len(h.Peers) != cfg.World {
-		return nil, &RankError{Op: "rendezvous", Err: errors.New("malformed peer table")}
-	}
-	return h.Peers, nil
+	return peers, nil
 }
 
 // Frames: magic, op sequence number, payload length, payload. The receiver knows
