@@ -160,4 +160,3 @@ func TopologyOf(p config.Parallel) (Topology, error) {
 	}
 	return topo, nil
 }
-

@@ -180,7 +180,7 @@ func takeRunDir(r *config.Recipe, resume string, m *ckpt.Meta) (*ownership, erro
 			for _, e := range es {
 				if e.Complete {
 					o.release()
-					return nil, config.ValueProblem("checkpoint.dir", r.Checkpoint.Dir, fmt.Errorf("it holds the checkpoint %s of another run, and this run is a new one (a fresh run, or a resume that does not continue that run: a copied or older checkpoint), whose checkpoints would mix with it (a resume takes whichever is newest)", e.Dir), "give this run a checkpoint directory of its own (--save DIR), or continue that run from its newest checkpoint with --resume " + r.Checkpoint.Dir)
+					return nil, config.ValueProblem("checkpoint.dir", r.Checkpoint.Dir, fmt.Errorf("it holds the checkpoint %s of another run, and this run is a new one (a fresh run, or a resume that does not continue that run: a copied or older checkpoint), whose checkpoints would mix with it (a resume takes whichever is newest)", e.Dir), "give this run a checkpoint directory of its own (--save DIR), or continue that run from its newest checkpoint with --resume "+r.Checkpoint.Dir)
 				}
 			}
 		}
