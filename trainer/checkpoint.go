@@ -367,11 +367,22 @@ func btoi(b bool) int {
 	return 0
 }
 
-// shareString gives every rank rank 0's s (a path, bytes as exact float32s).
+// maxShared bounds what shareString takes from rank 0: a path (Linux's
+// PATH_MAX is 4096 bytes).
+const maxShared = 1 << 16
+
+// shareString gives every rank rank 0's s (a path, bytes as exact float32s),
+// refusing a length above maxShared before anything is allocated for it.
 func shareString(world comm.Communicator, s string) (string, error) {
+	if len(s) > maxShared {
+		return "", fmt.Errorf("sharing %q: %d bytes, at most %d", s[:64], len(s), maxShared)
+	}
 	n := []float32{float32(len(s))}
 	if err := world.Broadcast(n, 0); err != nil {
 		return "", err
+	}
+	if n[0] < 0 || n[0] > maxShared || n[0] != float32(int(n[0])) {
+		return "", fmt.Errorf("rank 0 announced a path of %v bytes; at most %d are taken", n[0], maxShared)
 	}
 	buf := make([]float32, int(n[0]))
 	for i := range buf {

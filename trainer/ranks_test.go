@@ -171,3 +171,29 @@ func TestInterruptOnAnyRankStopsTheJob(t *testing.T) {
 		})
 	}
 }
+
+// lyingRoot is rank 1's view of a world whose rank 0 announces a length
+// (the first broadcast) of its choosing.
+type lyingRoot struct {
+	comm.Communicator
+	length float32
+}
+
+func (l lyingRoot) Broadcast(buf []float32, root int) error {
+	buf[0] = l.length
+	return nil
+}
+
+// TestSharedPathIsBounded: a rank takes the run directory's path from rank 0
+// (shareString) only up to maxShared bytes, and refuses a larger or
+// malformed announced length before allocating for it (an authenticated
+// but faulty peer could otherwise make every rank allocate 4·2^31 bytes).
+func TestSharedPathIsBounded(t *testing.T) {
+	for _, n := range []float32{1 << 31, -1, 2.5} {
+		_, err := shareString(lyingRoot{length: n}, "")
+		require.Error(t, err, "length %v", n)
+		assert.Contains(t, err.Error(), "at most 65536 are taken")
+	}
+	_, err := shareString(lyingRoot{length: 3}, strings.Repeat("x", maxShared+1))
+	require.ErrorContains(t, err, "at most 65536")
+}
