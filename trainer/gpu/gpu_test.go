@@ -12,7 +12,6 @@ import (
 
 	"github.com/shardline/shardline/cuda"
 	"github.com/shardline/shardline/parallel"
-	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/tensor/cpu"
 	"github.com/stretchr/testify/require"
 )
