@@ -10,7 +10,7 @@ import (
 // plan keeps; B/op is everything allocated while compiling.
 func BenchmarkCompile600B(b *testing.B) {
 	res := load(b, "testdata/moe-700b.toml")
-	topo, err := TopologyOf(res.Recipe.Parallel)
+	topo, err := TopologyOf(res.Recipe.Parallel, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -38,7 +38,7 @@ func BenchmarkCompile600B(b *testing.B) {
 // `shardline plan --sweep parallel.expert_parallel=1,...,128` does. Budget: 2 s.
 func BenchmarkSweep8(b *testing.B) {
 	res := load(b, "testdata/moe-700b.toml")
-	topo, err := TopologyOf(res.Recipe.Parallel)
+	topo, err := TopologyOf(res.Recipe.Parallel, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func BenchmarkSweep8(b *testing.B) {
 // layers).
 func BenchmarkCompileDeep(b *testing.B) {
 	res := load(b, "../recipes/tiny.toml", "model.layers=4096")
-	topo, err := TopologyOf(res.Recipe.Parallel)
+	topo, err := TopologyOf(res.Recipe.Parallel, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

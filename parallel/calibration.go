@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io/fs"
+	"maps"
 	"math"
 	"slices"
 	"sort"
@@ -14,8 +15,8 @@ import (
 // shipped are the CPU engine's tables measured by `shardline calibrate`, each on
 // the machine named inside (its host, date and version): calibration/cpu.json
 // stands for "cpu" by default, and a table measured on this machine's kind of
-// CPU (PreferHost) stands instead, until UseCalibration replaces it with the
-// user's own.
+// CPU stands instead (ShippedCalibrations), unless the user's own replaces it
+// (Calibrations.With).
 //
 //go:embed calibration/*.json
 var shipped embed.FS
@@ -26,58 +27,63 @@ var shippedCPU = func() []byte {
 	return b
 }()
 
-var (
-	calMu        sync.Mutex
-	calibrations map[string]*Calibration
-	preferHost   string
-)
+// Calibrations are the measured tables plans time the CPU engine with, by
+// device profile. A plan takes them as an argument (TopologyOf, Check): the
+// CLI makes them once per command from the tables shardline ships and the
+// user's own (ShippedCalibrations, With); nil stands for the shipped ones.
+type Calibrations map[string]*Calibration
 
-// CalibrationFor returns the calibration used for a device profile (nil: none,
-// the plan times the step from the profile's peak).
-func CalibrationFor(profile string) *Calibration {
-	calMu.Lock()
-	defer calMu.Unlock()
-	if calibrations == nil {
-		calibrations = map[string]*Calibration{}
-		if c, err := ParseCalibration(shippedCPU); err == nil {
-			calibrations[c.Profile] = c
+// shippedTables are the embedded tables, parsed once (the default first).
+var shippedTables = sync.OnceValue(func() []*Calibration {
+	var out []*Calibration
+	if c, err := ParseCalibration(shippedCPU); err == nil {
+		out = append(out, c)
+	}
+	names, _ := fs.Glob(shipped, "calibration/*.json")
+	for _, name := range names {
+		if name == "calibration/cpu.json" {
+			continue
 		}
-		if preferHost != "" {
-			names, _ := fs.Glob(shipped, "calibration/*.json")
-			for _, name := range names {
-				b, _ := shipped.ReadFile(name)
-				if c, err := ParseCalibration(b); err == nil && c.Host == preferHost {
-					calibrations[c.Profile] = c
-				}
-			}
+		b, _ := shipped.ReadFile(name)
+		if c, err := ParseCalibration(b); err == nil {
+			out = append(out, c)
 		}
 	}
-	return calibrations[profile]
+	return out
+})
+
+// ShippedCalibrations are the tables shardline ships: calibration/cpu.json
+// for "cpu", or, where one was measured on host's kind of CPU (as
+// trainer.CalibrationHost names a machine), that one instead ("" prefers
+// none).
+func ShippedCalibrations(host string) Calibrations {
+	cals := Calibrations{}
+	for i, c := range shippedTables() {
+		if i == 0 || (host != "" && c.Host == host) {
+			cals[c.Profile] = c
+		}
+	}
+	return cals
 }
 
-// PreferHost makes a shipped table measured on host (as trainer.CalibrationHost
-// names a machine) the one CalibrationFor returns for its profile; without such
-// a table the default stands. The CLI names this machine when it starts.
-func PreferHost(host string) {
-	calMu.Lock()
-	defer calMu.Unlock()
-	preferHost, calibrations = host, nil
+// With is c with cal the table of its profile (the user's calibration
+// setting); c itself is unchanged.
+func (c Calibrations) With(cal *Calibration) Calibrations {
+	out := maps.Clone(c)
+	if out == nil {
+		out = ShippedCalibrations("")
+	}
+	out[cal.Profile] = cal
+	return out
 }
 
-// ResetCalibrations returns to the calibrations shardline ships.
-func ResetCalibrations() {
-	calMu.Lock()
-	defer calMu.Unlock()
-	calibrations = nil
-}
-
-// UseCalibration makes c the calibration of its profile for every plan after it
-// (the CLI's calibration setting).
-func UseCalibration(c *Calibration) {
-	CalibrationFor(c.Profile) // load the shipped ones first
-	calMu.Lock()
-	defer calMu.Unlock()
-	calibrations[c.Profile] = c
+// For is the table of a device profile (nil: none, the plan times the step
+// from the profile's peak); nil Calibrations are the shipped ones.
+func (c Calibrations) For(profile string) *Calibration {
+	if c == nil {
+		c = ShippedCalibrations("")
+	}
+	return c[profile]
 }
 
 // Calibration is what `shardline calibrate` measured on one device: the time the

@@ -16,14 +16,14 @@ import (
 // TestShippedCalibration: the CPU table shardline ships says where, when and by
 // what it was measured, and is complete.
 func TestShippedCalibration(t *testing.T) {
-	c := CalibrationFor("cpu")
+	c := Calibrations(nil).For("cpu")
 	require.NotNil(t, c)
 	assert.NotEmpty(t, c.Host)
 	assert.NotEmpty(t, c.Date)
 	assert.True(t, strings.HasPrefix(c.Source, "shardline calibrate"), c.Source)
 	assert.Greater(t, c.InStep, 0.0)
 	assert.Contains(t, []int{5, 10}, len(c.InStepSamples), "five models, in fp32 (and in bf16 since 2026-11-24)")
-	assert.Nil(t, CalibrationFor("h100-80gb"), "GPU profiles are timed from their peak until measured")
+	assert.Nil(t, Calibrations(nil).For("h100-80gb"), "GPU profiles are timed from their peak until measured")
 
 	// An incomplete file is refused, naming what is missing.
 	err := parseEdited(t, func(raw map[string]any) { delete(raw["stream"].(map[string]any), StreamAdamW) })
@@ -60,25 +60,22 @@ func TestShippedCalibration(t *testing.T) {
 	names, err := fs.Glob(shipped, "calibration/*.json")
 	require.NoError(t, err)
 	require.Greater(t, len(names), 1)
-	t.Cleanup(func() { PreferHost("") })
 	for _, name := range names {
 		b, err := shipped.ReadFile(name)
 		require.NoError(t, err)
 		other, err := ParseCalibration(b)
 		require.NoError(t, err, name)
 		require.NotEmpty(t, other.Host, name)
-		PreferHost(other.Host)
-		assert.Equal(t, other.Host, CalibrationFor("cpu").Host, name)
+		assert.Equal(t, other.Host, ShippedCalibrations(other.Host).For("cpu").Host, name)
 	}
-	PreferHost("a machine nobody measured")
-	assert.Equal(t, c.Host, CalibrationFor("cpu").Host, "the default stands")
+	assert.Equal(t, c.Host, ShippedCalibrations("a machine nobody measured").For("cpu").Host, "the default stands")
 }
 
 // TestCalibrationInterpolation: at a measured shape the model gives the
 // measurement back (to 1e-9 relative: exp(log(x)) rounding); between two measured
 // row counts the throughput lies between theirs; outside the grid it is the edge's.
 func TestCalibrationInterpolation(t *testing.T) {
-	c := CalibrationFor("cpu")
+	c := Calibrations(nil).For("cpu")
 	for _, p := range c.GEMM[:20] {
 		assert.InEpsilon(t, p.Fwd, c.gemmTime(p.M, p.K, p.N, false), 1e-9)
 		assert.InEpsilon(t, p.Bwd, c.gemmTime(p.M, p.K, p.N, true), 1e-9)
@@ -122,7 +119,7 @@ func TestCalibrationInterpolation(t *testing.T) {
 // another device, or a GPU, is timed from the peak.
 func TestCalibratedStep(t *testing.T) {
 	one := compile(t, &load(t, "../recipes/tiny.toml").Recipe)
-	c := CalibrationFor("cpu")
+	c := Calibrations(nil).For("cpu")
 	require.True(t, strings.HasPrefix(one.TimeModel, "per operation, calibrated on "+c.Host), one.TimeModel)
 	res := load(t, "../recipes/tiny.toml")
 	mt := MicroCompute(res.Recipe.Model, res.Recipe.Train.MicroBatchSize, "none", false, c)
@@ -164,12 +161,13 @@ func TestCalibratedStep(t *testing.T) {
 	// With a measured efficiency, the ranks' compute scales by it.
 	shared := *c
 	shared.HostShare = []HostSharePoint{{Ranks: 2, Efficiency: 1.1}, {Ranks: 4, Efficiency: 0.8}}
-	UseCalibration(&shared)
-	defer ResetCalibrations()
-	fourShared := compile(t, &load(t, "../recipes/tiny.toml", "parallel.world_size=4", "train.global_batch_size=64").Recipe)
+	fourRecipe := load(t, "../recipes/tiny.toml", "parallel.world_size=4", "train.global_batch_size=64").Recipe
+	topo, err := TopologyOf(fourRecipe.Parallel, Calibrations(nil).With(&shared))
+	require.NoError(t, err)
+	fourShared, err := Compile(&fourRecipe, topo)
+	require.NoError(t, err)
 	assert.InEpsilon(t, 0.8/c.shareEfficiency(4)*(four.ComputeS+four.OptimizerS), fourShared.ComputeS+fourShared.OptimizerS, 1e-9)
 	assert.InEpsilon(t, four.ExposedCommS, fourShared.ExposedCommS, 1e-12, "communication is not shared compute")
-	ResetCalibrations()
 	assert.Greater(t, four.ExposedCommS, 0.0)
 
 	other := compile(t, &load(t, "../recipes/tiny.toml", "parallel.device_peak_tflops=1").Recipe)
@@ -308,7 +306,7 @@ func TestFitHostShare(t *testing.T) {
 
 	// A hand-edited point that would plan a zero or negative step is refused.
 	for _, key := range []string{"host_share", "ring_share"} {
-		b, err := json.Marshal(CalibrationFor("cpu"))
+		b, err := json.Marshal(Calibrations(nil).For("cpu"))
 		require.NoError(t, err)
 		var raw map[string]any
 		require.NoError(t, json.Unmarshal(b, &raw))
@@ -328,14 +326,13 @@ func TestFitHostShare(t *testing.T) {
 func TestBF16GEMMTable(t *testing.T) {
 	// The shipped table without its bf16 grid and factors: this test builds a grid.
 	c := new(Calibration)
-	*c = *CalibrationFor("cpu")
+	*c = *Calibrations(nil).For("cpu")
 	c.GEMMBF16, c.InStepGEMMBF16, c.InStepGEMMPerByteBF16 = nil, 0, 0
 	c.Index()
-	UseCalibration(c)
-	defer ResetCalibrations()
+	cals := Calibrations(nil).With(c)
 	res := load(t, "../recipes/tiny.toml", "precision.bf16=true")
-	plain := compile(t, &load(t, "../recipes/tiny.toml").Recipe)
-	without := compile(t, &res.Recipe)
+	plain := compileWith(t, &load(t, "../recipes/tiny.toml").Recipe, cals)
+	without := compileWith(t, &res.Recipe, cals)
 	// Without a bf16 table the matmuls time as fp32; the bf16 run also converts its
 	// saved activations to and from bf16 stores (the CPU engine), so it plans more.
 	assert.Greater(t, without.ComputeS, plain.ComputeS, "no bf16 table: the fp32 one, and the bf16 stores' conversions")
@@ -352,8 +349,7 @@ func TestBF16GEMMTable(t *testing.T) {
 	if c.InStepGEMM > 0 {
 		gf = c.InStepGEMM
 	}
-	UseCalibration(&half)
-	halved := compile(t, &res.Recipe)
+	halved := compileWith(t, &res.Recipe, cals.With(&half))
 	assert.InEpsilon(t, without.ComputeS-gf*gemm/2, halved.ComputeS, 1e-9, "the matmuls' table time halves, the rest stays")
 
 	b, err := json.Marshal(&half)
@@ -371,14 +367,12 @@ func TestBF16GEMMTable(t *testing.T) {
 // the optimizer, not communication) by the calibration's ring efficiency at its
 // cp degree; a plan without cp is untouched.
 func TestRingShare(t *testing.T) {
-	c := *CalibrationFor("cpu")
+	c := *Calibrations(nil).For("cpu")
 	c.RingShare = nil
 	with := c
 	with.RingShare = []HostSharePoint{{Ranks: 2, Efficiency: 1.2}}
 	plan := func(cal *Calibration, sets ...string) *Plan {
-		UseCalibration(cal)
-		defer ResetCalibrations()
-		return compile(t, &load(t, "../recipes/tiny.toml", sets...).Recipe)
+		return compileWith(t, &load(t, "../recipes/tiny.toml", sets...).Recipe, Calibrations(nil).With(cal))
 	}
 	cp := []string{"parallel.world_size=2", "parallel.context_parallel=2", "train.global_batch_size=16"}
 	a, b := plan(&c, cp...), plan(&with, cp...)
@@ -432,7 +426,7 @@ func parseEdited(t *testing.T, edit func(raw map[string]any)) error {
 // gradient norm and optimizer; a table without tails (measured before they
 // were) keeps the warm figures (factor 0: none applied).
 func TestStepTailFactor(t *testing.T) {
-	c := CalibrationFor("cpu")
+	c := Calibrations(nil).For("cpu")
 	with := *c
 	with.InStepSamples = nil
 	for i, om := range []float64{3e-3, 1e-3} {
@@ -462,7 +456,7 @@ func TestStepTailFactor(t *testing.T) {
 // to the rest's. The plan adds the stall to each rank's compute unscaled by
 // the ranks sharing the cores.
 func TestExpertsApart(t *testing.T) {
-	c := CalibrationFor("cpu")
+	c := Calibrations(nil).For("cpu")
 	moe := load(t, "../recipes/moe-tiny.toml")
 	mo, B := moe.Recipe.Model, moe.Recipe.Train.MicroBatchSize
 	mt := MicroCompute(mo, B, "none", false, c)
@@ -541,13 +535,11 @@ func TestExpertsApart(t *testing.T) {
 	stalled := *c
 	stalled.InStepExpertsStall, stalled.InStepExpertsStallSlope = sigma, slope
 	stalled.HostShare = []HostSharePoint{{Ranks: 2, Efficiency: 0.9}}
-	UseCalibration(&stalled)
-	defer ResetCalibrations()
 	without := *c
 	without.HostShare = stalled.HostShare
 	for _, world := range []int{1, 2} {
 		r := &load(t, "../recipes/moe-tiny.toml", fmt.Sprintf("parallel.world_size=%d", world), fmt.Sprintf("train.global_batch_size=%d", 16*world)).Recipe
-		p := compile(t, r)
+		p := compileWith(t, r, Calibrations(nil).With(&stalled))
 		assert.InEpsilon(t, (sigma+2*slope)*mt.ExpertBytes, p.StallS, 1e-12, "%d ranks: each rank's stall (4,096 routed rows), unshared", world)
 		base := stepModel(r, p, &without)
 		assert.InEpsilon(t, base.GEMM+base.Attention+base.Stream+p.StallS, p.ComputeS, 1e-12)

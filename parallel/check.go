@@ -12,10 +12,11 @@ import (
 // Check compiles the resolved recipe for its own topology and returns the plan and
 // the findings lint adds: a plan that cannot be compiled (SL502), one that does not
 // fit the device (SL501, with the changes that would make it fit and their predicted
-// memory), and advice that depends on the model's size (SL112).
-func Check(res *config.Resolved) (*Plan, config.Diagnostics) {
+// memory), and advice that depends on the model's size (SL112). cals time the
+// CPU (TopologyOf).
+func Check(res *config.Resolved, cals Calibrations) (*Plan, config.Diagnostics) {
 	r := &res.Recipe
-	topo, err := TopologyOf(r.Parallel)
+	topo, err := TopologyOf(r.Parallel, cals)
 	if err != nil {
 		return nil, config.Diagnostics{compileDiag(res, err)}
 	}

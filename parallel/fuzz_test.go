@@ -40,7 +40,7 @@ func FuzzLoadLintPlan(f *testing.F) {
 		if diags.HasErrors() {
 			return
 		}
-		p, pd := Check(res)
+		p, pd := Check(res, nil)
 		for _, d := range pd {
 			if d.Message == "" || d.Help == "" || d.Location() == "" {
 				t.Fatalf("plan finding without message, help or position: %#v", d)
@@ -68,7 +68,7 @@ func FuzzParseCalibration(f *testing.F) {
 		}
 	}
 	// The smallest table ParseCalibration takes: one point of each grid.
-	if c := CalibrationFor("cpu"); c != nil {
+	if c := Calibrations(nil).For("cpu"); c != nil {
 		small := Calibration{Profile: c.Profile, Date: c.Date, Source: c.Source, GEMM: c.GEMM[:1], Stream: c.Stream,
 			Attention: []AttentionPoint{{Flash: true, T: 16, HD: 16, Fwd: 1e-6, Bwd: 2e-6}}}
 		if b, err := json.Marshal(&small); err == nil {
@@ -90,7 +90,7 @@ func FuzzParseCalibration(f *testing.F) {
 			return
 		}
 		for _, r := range recipes {
-			topo, err := TopologyOf(r.Parallel)
+			topo, err := TopologyOf(r.Parallel, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -26,7 +26,7 @@ func TestEngineMemoryMatchesTheGPU(t *testing.T) {
 	} {
 		res, diags := config.Load(filepath.Join("..", "recipes", c.recipe+".toml"), config.Options{Sets: c.sets})
 		require.False(t, diags.HasErrors(), "%v", diags)
-		topo, err := TopologyOf(res.Recipe.Parallel)
+		topo, err := TopologyOf(res.Recipe.Parallel, nil)
 		require.NoError(t, err)
 		p, err := Compile(&res.Recipe, topo)
 		require.NoError(t, err)

@@ -27,7 +27,13 @@ func load(t testing.TB, path string, sets ...string) *config.Resolved {
 
 func compile(t testing.TB, r *config.Recipe) *Plan {
 	t.Helper()
-	topo, err := TopologyOf(r.Parallel)
+	return compileWith(t, r, nil)
+}
+
+// compileWith compiles r timed by the calibration tables cals.
+func compileWith(t testing.TB, r *config.Recipe, cals Calibrations) *Plan {
+	t.Helper()
+	topo, err := TopologyOf(r.Parallel, cals)
 	require.NoError(t, err)
 	p, err := Compile(r, topo)
 	require.NoError(t, err)
@@ -267,7 +273,7 @@ func TestCheck(t *testing.T) {
 	// changes that fit with their predicted memory.
 	res, diags := config.Load("../recipes/llama-1b.toml", config.Options{Flags: []config.FlagValue{{Name: "device-profile", Value: "a100-80gb"}, {Name: "micro-batch-size", Value: "16"}, {Name: "world-size", Value: "16"}}})
 	require.False(t, diags.HasErrors(), "%v", diags)
-	p, ds := Check(res)
+	p, ds := Check(res, nil)
 	require.NotNil(t, p)
 	require.Len(t, ds, 1)
 	assert.Equal(t, "SL501", ds[0].Code)
@@ -288,7 +294,7 @@ func TestCheck(t *testing.T) {
 	// Cannot compile: vocabulary not divisible by tp.
 	res, diags = config.Load("../recipes/tiny.toml", config.Options{Sets: []string{"model.vocab_size=257", "parallel.world_size=2", "parallel.tensor_parallel=2"}})
 	require.False(t, diags.HasErrors(), "%v", diags)
-	p, ds = Check(res)
+	p, ds = Check(res, nil)
 	assert.Nil(t, p)
 	require.Len(t, ds, 1)
 	assert.Equal(t, "SL502", ds[0].Code)
@@ -297,7 +303,7 @@ func TestCheck(t *testing.T) {
 	// Large model without meta-device init.
 	res, diags = config.Load("../recipes/llama4-3bx128e.toml", config.Options{Sets: []string{"fsdp.init_model_with_meta_device=false"}})
 	require.False(t, diags.HasErrors(), "%v", diags)
-	_, ds = Check(res)
+	_, ds = Check(res, nil)
 	require.Len(t, ds, 1)
 	assert.Equal(t, "SL112", ds[0].Code)
 	assert.Equal(t, config.SevWarning, ds[0].Severity)
@@ -385,16 +391,16 @@ func TestCustomDevice(t *testing.T) {
 	p := config.Default().Parallel
 	p.Device, p.DeviceProfile = "cuda", "custom"
 	p.DeviceMemoryGiB, p.DevicePeakTFLOPS, p.DeviceMemoryGBps, p.DeviceIntraNodeGBps = 64, 500, 3000, 400
-	_, err := TopologyOf(p)
+	_, err := TopologyOf(p, nil)
 	require.ErrorContains(t, err, "parallel.device_inter_node_gbps > 0")
 	p.DeviceInterNodeGBps = 25
-	topo, err := TopologyOf(p)
+	topo, err := TopologyOf(p, nil)
 	require.NoError(t, err)
 	require.Equal(t, DeviceProfile{Name: "custom", MemoryBytes: 64 * GiB, PeakFLOPS: 500e12, Achievable: 0.8, FP32FLOPS: 500e12 * 67 / 989,
 		HBMBandwidth: 3000e9, IntraNodeBW: 400e9, InterNodeBW: 25e9}, topo.Device)
 	p.DeviceProfile = "h100-80gb"
 	p.DeviceMemoryGiB, p.DeviceMemoryGBps, p.DeviceIntraNodeGBps, p.DeviceInterNodeGBps = 0, 0, 0, 0
-	topo, err = TopologyOf(p)
+	topo, err = TopologyOf(p, nil)
 	require.NoError(t, err)
 	want := Profiles["h100-80gb"]
 	want.PeakFLOPS = 500e12
@@ -424,7 +430,7 @@ func TestPlanRefusesWhatLintRefuses(t *testing.T) {
 			}
 		}
 		require.Contains(t, lintKeys, c.key, c.name)
-		topo, err := TopologyOf(res.Recipe.Parallel)
+		topo, err := TopologyOf(res.Recipe.Parallel, nil)
 		require.NoError(t, err)
 		_, err = Compile(&res.Recipe, topo)
 		var ke *config.Diagnostic
@@ -444,7 +450,7 @@ func TestEngineDtypes(t *testing.T) {
 	plan := func(sets ...string) *Plan {
 		res := load(t, "../recipes/tiny.toml", append([]string{"parallel.world_size=2", "train.global_batch_size=32"}, sets...)...)
 		r = res.Recipe
-		topo, err := TopologyOf(res.Recipe.Parallel)
+		topo, err := TopologyOf(res.Recipe.Parallel, nil)
 		require.NoError(t, err)
 		p, err := Compile(&res.Recipe, topo)
 		require.NoError(t, err)
@@ -505,7 +511,7 @@ func TestShardingOf(t *testing.T) {
 // without expert parallelism every parameter is its own.
 func TestExpertParam(t *testing.T) {
 	res := load(t, "../recipes/moe-tiny.toml", "parallel.world_size=4", "parallel.expert_parallel=4", "train.micro_batch_size=4", "train.global_batch_size=16")
-	topo, err := TopologyOf(res.Recipe.Parallel)
+	topo, err := TopologyOf(res.Recipe.Parallel, nil)
 	require.NoError(t, err)
 	p, err := Compile(&res.Recipe, topo)
 	require.NoError(t, err)
@@ -535,7 +541,7 @@ func TestExpertParam(t *testing.T) {
 	}
 	assert.Positive(t, checked)
 	r1 := load(t, "../recipes/moe-tiny.toml").Recipe
-	topo1, err := TopologyOf(r1.Parallel)
+	topo1, err := TopologyOf(r1.Parallel, nil)
 	require.NoError(t, err)
 	one, err := Compile(&r1, topo1)
 	require.NoError(t, err)

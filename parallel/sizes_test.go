@@ -28,7 +28,7 @@ func TestOversizedModelsAreRefused(t *testing.T) {
 			if c.edit != nil {
 				c.edit(&r.Model.Hidden, &r.Model.VocabSize, &r.Model.SeqLen)
 			}
-			topo, err := TopologyOf(r.Parallel)
+			topo, err := TopologyOf(r.Parallel, nil)
 			require.NoError(t, err)
 			p, err := Compile(&r, topo)
 			require.Nil(t, p)

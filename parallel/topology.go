@@ -103,8 +103,10 @@ type Topology struct {
 // Nodes is the number of nodes the world spans.
 func (t Topology) Nodes() int { return (t.WorldSize + t.GPUsPerNode - 1) / t.GPUsPerNode }
 
-// TopologyOf reads the topology from the recipe's parallel section.
-func TopologyOf(p config.Parallel) (Topology, error) {
+// TopologyOf reads the topology from the recipe's parallel section; a CPU
+// device is timed from its table in cals (nil: the shipped ones), unless the
+// recipe describes another device.
+func TopologyOf(p config.Parallel, cals Calibrations) (Topology, error) {
 	name := p.DeviceProfile
 	if name == "auto" || name == "" {
 		name = "cpu"
@@ -155,7 +157,7 @@ func TopologyOf(p config.Parallel) (Topology, error) {
 	}
 	topo := Topology{WorldSize: p.WorldSize, GPUsPerNode: g, Device: prof}
 	described := p.DeviceMemoryGBps > 0 || p.DevicePeakTFLOPS > 0 || p.DeviceIntraNodeGBps > 0 || p.DeviceInterNodeGBps > 0
-	if c := CalibrationFor(name); c != nil && p.Device == "cpu" && !described {
+	if c := cals.For(name); c != nil && p.Device == "cpu" && !described {
 		topo.Calibration = c // the measured engine, unless the recipe describes another device
 	}
 	return topo, nil

@@ -74,7 +74,7 @@ func rankSteps(t *testing.T, res *config.Resolved, dir string, overTCP bool) (fu
 func rankStepsWith(t *testing.T, res *config.Resolved, dir string, overTCP bool, o Options) (func(), []*run) {
 	t.Helper()
 	r := &res.Recipe
-	topo, err := parallel.TopologyOf(r.Parallel)
+	topo, err := parallel.TopologyOf(r.Parallel, nil)
 	require.NoError(t, err)
 	plan, err := parallel.Compile(r, topo)
 	require.NoError(t, err)

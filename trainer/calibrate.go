@@ -324,7 +324,7 @@ func hostSharePlanned(name string, ranks, cp int, c *parallel.Calibration) (comp
 // and returns its compute (kernels and optimizer, less the experts' stall),
 // exposed communication and the experts' stall (which sharing does not scale).
 func planShare(r *config.Recipe, c *parallel.Calibration) (compute, comm, stall float64, err error) {
-	topo, err := parallel.TopologyOf(r.Parallel)
+	topo, err := parallel.TopologyOf(r.Parallel, nil)
 	if err != nil {
 		return 0, 0, 0, err
 	}

@@ -141,7 +141,7 @@ func TestRefit(t *testing.T) {
 // fits the efficiency again; a sample of a model Calibrate does not train is
 // refused by name.
 func TestRefitHostShare(t *testing.T) {
-	b, err := json.Marshal(parallel.CalibrationFor("cpu"))
+	b, err := json.Marshal(parallel.Calibrations(nil).For("cpu"))
 	require.NoError(t, err)
 	c, err := parallel.ParseCalibration(b)
 	require.NoError(t, err)

@@ -53,7 +53,7 @@ func trainedWith(t *testing.T, res *config.Resolved, o Options) (*Result, []floa
 // topology its parallel section describes.
 func compiledPlan(t *testing.T, res *config.Resolved) *parallel.Plan {
 	t.Helper()
-	topo, err := parallel.TopologyOf(res.Recipe.Parallel)
+	topo, err := parallel.TopologyOf(res.Recipe.Parallel, nil)
 	require.NoError(t, err)
 	p, err := parallel.Compile(&res.Recipe, topo)
 	require.NoError(t, err)
@@ -332,7 +332,7 @@ func TestShardedInitEqualsFullInit(t *testing.T) {
 		res, _ := tinyRun(t, fmt.Sprintf("parallel.world_size=%d", n), fmt.Sprintf("train.global_batch_size=%d", n), "train.micro_batch_size=1",
 			"fsdp.init_model_with_meta_device=true")
 		r := &res.Recipe
-		topo, err := parallel.TopologyOf(r.Parallel)
+		topo, err := parallel.TopologyOf(r.Parallel, nil)
 		require.NoError(t, err)
 		plan, err := parallel.Compile(r, topo)
 		require.NoError(t, err)

@@ -43,6 +43,9 @@ type Options struct {
 	// TracePath, when set, receives a Chrome trace of every rank's compute and
 	// communication (optim_grads_params), viewable in Perfetto.
 	TracePath string
+	// Calibrations time the plan of a CPU run (parallel.TopologyOf): the CLI's
+	// tables for this machine and the user's setting; nil, the shipped ones.
+	Calibrations parallel.Calibrations
 	// DataRoot, when set, is the directory a relative data.path is read from
 	// (the data_root CLI setting); otherwise the working directory.
 	DataRoot string
@@ -215,7 +218,7 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 	case gpu && opts.Process != nil && opts.Device != nil:
 		return nil, config.ValueProblem("parallel.device", r.Parallel.Device, errors.New("the one-GPU engine (Options.Device) runs one rank; a job's ranks train on their GPUs through Options.RankBackend"), "run it with shardline-cuda, which picks each rank's GPU")
 	}
-	topo, err := parallel.TopologyOf(r.Parallel)
+	topo, err := parallel.TopologyOf(r.Parallel, opts.Calibrations)
 	if err != nil {
 		return nil, err
 	}

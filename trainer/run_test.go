@@ -225,7 +225,7 @@ func ftoa(f float64) string { b, _ := json.Marshal(f); return string(b) }
 func TestBF16Compute(t *testing.T) {
 	res, _ := tinyRun(t, "precision.bf16=true", "fsdp.grad_reduce_in_bf16=true")
 	r := &res.Recipe
-	topo, err := parallel.TopologyOf(r.Parallel)
+	topo, err := parallel.TopologyOf(r.Parallel, nil)
 	require.NoError(t, err)
 	plan, err := parallel.Compile(r, topo)
 	require.NoError(t, err)
@@ -366,7 +366,7 @@ func TestLongContext(t *testing.T) {
 	assert.Less(t, out.Held.Activations, probs/10, "activations %d bytes: the (T,T) probabilities alone would be %d", out.Held.Activations, probs)
 	plan := func(seq int) int64 {
 		r := load(seq).Recipe
-		topo, err := parallel.TopologyOf(r.Parallel)
+		topo, err := parallel.TopologyOf(r.Parallel, nil)
 		require.NoError(t, err)
 		p, err := parallel.Compile(&r, topo)
 		require.NoError(t, err)

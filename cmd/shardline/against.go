@@ -96,7 +96,7 @@ func (a *app) planAgainst(dir string, rf *recipeFlags, format string, probe bool
 	if err != nil {
 		return err
 	}
-	p, _ := parallel.Check(res)
+	p, _ := parallel.Check(res, a.cals)
 	if p == nil {
 		return &exitError{code: exitFindings, err: fmt.Errorf("the plan of %s could not be compiled", recipe)}
 	}

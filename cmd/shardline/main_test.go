@@ -868,8 +868,7 @@ func TestRecipeImportTorchtitan(t *testing.T) {
 // without the setting plans from shardline's own table again.
 func TestCalibrationSetting(t *testing.T) {
 	dir := t.TempDir()
-	parallel.PreferHost(trainer.CalibrationHost(cpu.Backend{})) // as every command does
-	shipped := parallel.CalibrationFor("cpu")
+	shipped := parallel.ShippedCalibrations(trainer.CalibrationHost(cpu.Backend{})).For("cpu") // as every command prefers it
 	require.NotNil(t, shipped)
 	mine := *shipped
 	mine.Host, mine.InStep = "the test's machine", 2*shipped.InStep

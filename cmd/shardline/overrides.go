@@ -154,7 +154,7 @@ func (a *app) loadRecipe(path string, rf *recipeFlags) (*config.Resolved, config
 	if res != nil && !diags.HasErrors() {
 		// Lint compiles the plan too: a recipe that cannot be laid out, or does not
 		// fit its device, is a recipe error.
-		_, pd := parallel.Check(res)
+		_, pd := parallel.Check(res, a.cals)
 		diags = append(diags, pd...)
 	}
 	diags.InRecipe(path)

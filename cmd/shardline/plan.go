@@ -106,7 +106,7 @@ error from the host's. Run it right after the run, on the run's host.`,
 		if err != nil {
 			return err
 		}
-		p, _ := parallel.Check(res) // the check's findings are already in diags
+		p, _ := parallel.Check(res, a.cals) // the check's findings are already in diags
 		if p == nil {
 			return &exitError{code: exitFindings, err: fmt.Errorf("the plan could not be compiled")}
 		}
@@ -179,7 +179,7 @@ func (a *app) sweep(path, spec string, rf *recipeFlags) error {
 		}
 		p, pd := (*parallel.Plan)(nil), config.Diagnostics(nil)
 		if !hasLoadErrors(diags) {
-			p, pd = parallel.Check(res)
+			p, pd = parallel.Check(res, a.cals)
 		}
 		if p == nil {
 			fmt.Fprintf(a.stderr, "%s = %s:\n", key, v)

@@ -54,6 +54,10 @@ type app struct {
 	configPath     string    // --config
 	settings       *settings // loaded before a command runs
 	host           string    // this machine as a calibration names it, found before a command runs
+	// cals are the calibration tables this command's plans time the CPU with:
+	// the shipped ones (this machine's kind of CPU preferred) or the user's
+	// (the calibration setting), made before a command runs.
+	cals parallel.Calibrations
 	// preflight, when set, makes run check its command line and recipe as a
 	// rank of a job would and stop before training (launch, before it starts
 	// the ranks).
@@ -112,8 +116,8 @@ plan never touch a device: they run anywhere, in milliseconds.`,
 				return err
 			}
 			a.host = trainer.CalibrationHost(cpu.Backend{})
-			parallel.PreferHost(a.host) // a shipped table of this machine's CPU, if any
-			return s.useCalibration(config.EnvMap(a.env))
+			a.cals, err = s.calibrations(a.host, config.EnvMap(a.env))
+			return err
 		},
 	}
 	root.PersistentFlags().StringVar(&a.configPath, "config", "", "CLI settings file (default: shardline.toml in the working directory or its nearest parent that has one): runs_dir, data_root, cache_dir, device_profile, comm_timeout, grace, calibration; SHARDLINE_<SETTING> variables override it, flags override both")

@@ -226,7 +226,7 @@ or staged through the host where ranks share a GPU.`,
 		if err != nil {
 			return err
 		}
-		opts := trainer.Options{Backend: cpu.Backend{}, Env: config.EnvMap(a.env), LogOut: logOut, LogLevel: level, Version: version, CacheDir: a.cacheDir(), TracePath: trace, DataRoot: a.settings.DataRoot, Resume: ckptDir, StopAfter: stopAfter, InitFrom: initFrom}
+		opts := trainer.Options{Backend: cpu.Backend{}, Calibrations: a.cals, Env: config.EnvMap(a.env), LogOut: logOut, LogLevel: level, Version: version, CacheDir: a.cacheDir(), TracePath: trace, DataRoot: a.settings.DataRoot, Resume: ckptDir, StopAfter: stopAfter, InitFrom: initFrom}
 		if tty && r.Logging.Progress && (job == nil || job.rank == 0) {
 			opts.Progress = a.stderr
 		}

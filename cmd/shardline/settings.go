@@ -154,19 +154,19 @@ func loadSettings(path string, env map[string]string) (*settings, error) {
 	return s, nil
 }
 
-// useCalibration makes the calibration setting's file the CPU's for this command
-// (shardline's own table when the setting is empty).
-func (s *settings) useCalibration(env map[string]string) error {
-	parallel.ResetCalibrations()
+// calibrations are the tables this command's plans time the CPU with: the
+// calibration setting's file for its profile, over shardline's own tables
+// (a shipped one measured on host's kind of CPU preferred).
+func (s *settings) calibrations(host string, env map[string]string) (parallel.Calibrations, error) {
+	cals := parallel.ShippedCalibrations(host)
 	if s == nil || s.Calibration == "" {
-		return nil
+		return cals, nil
 	}
 	b, err := fileio.ReadRegular(s.Calibration, 16<<20)
 	if err == nil {
 		var c *parallel.Calibration
 		if c, err = parallel.ParseCalibration(b); err == nil {
-			parallel.UseCalibration(c)
-			return nil
+			return cals.With(c), nil
 		}
 	}
 	where := "setting calibration"
@@ -175,7 +175,7 @@ func (s *settings) useCalibration(env map[string]string) error {
 	} else if p, ok := s.pos["calibration"]; ok {
 		where = p.String() + ": setting calibration"
 	}
-	return usageErr("%s (%q): %v; write one with shardline calibrate -o FILE", where, s.Calibration, unwrap(err))
+	return nil, usageErr("%s (%q): %v; write one with shardline calibrate -o FILE", where, s.Calibration, unwrap(err))
 }
 
 // where names a setting's source for messages: its variable, or its file position.

@@ -293,7 +293,7 @@ func TestLogitsMatchCPU(t *testing.T) {
 func TestHeldEqualsPlan(t *testing.T) {
 	for _, c := range []struct{ recipe, bf16 string }{{"tiny", "false"}, {"tiny", "true"}, {"moe-tiny", "false"}, {"moe-tiny", "true"}} {
 		r := loadRecipe(t, c.recipe, "parallel.device=cuda", "train.micro_batch_size=4", "train.global_batch_size=4", "precision.bf16="+c.bf16)
-		topo, err := parallel.TopologyOf(r.Parallel)
+		topo, err := parallel.TopologyOf(r.Parallel, nil)
 		require.NoError(t, err)
 		plan, err := parallel.Compile(&r, topo)
 		require.NoError(t, err)
