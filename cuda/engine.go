@@ -331,11 +331,11 @@ func (k *kernels) FlashAttention(out, lse, q, kb, v tensor.Buffer, s tensor.Atte
 	}
 }
 
-func (k *kernels) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, kb, v tensor.Buffer, s tensor.AttentionShape) {
+func (k *kernels) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, kb, v tensor.Buffer, s tensor.AttentionShape, accumulate bool) {
 	o := k.ops("FlashAttentionBackward")
 	qs, kvs, l := o.attention(s, []tensor.Buffer{dq, dout, out, q}, []tensor.Buffer{dk, dv, kb, v}, []tensor.Buffer{lse})
 	if o.ok() {
-		k.d.FlashAttentionBackward(qs[0], kvs[0], kvs[1], qs[1], qs[2], l[0], qs[3], kvs[2], kvs[3], s, true)
+		k.d.FlashAttentionBackward(qs[0], kvs[0], kvs[1], qs[1], qs[2], l[0], qs[3], kvs[2], kvs[3], s, accumulate)
 	}
 }
 

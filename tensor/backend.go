@@ -61,9 +61,10 @@ func ComputesInBF16(be any) bool {
 // AuxLoss), which add with accumulate. Backward kernels add (+=) into every
 // gradient, parameters' and activations' alike, so the caller clears gradient
 // buffers before a backward pass; the exceptions say so in their arguments:
-// MatmulBackward's and ExpertsMatmulBackward's dinp and SwiGLUBackward's and
-// ExpertsSwiGLUBackward's dgate and dup are overwritten unless accumulate is
-// set (which spares clearing them), CombineBackward sets dy's rows and dgates,
+// MatmulBackward's and ExpertsMatmulBackward's dinp, SwiGLUBackward's and
+// ExpertsSwiGLUBackward's dgate and dup, and FlashAttentionBackward's dq, dk
+// and dv are overwritten unless accumulate is set (which spares clearing
+// them), CombineBackward sets dy's rows and dgates,
 // and AuxLossBackward sets dprobs.
 type Kernels[F Float] interface {
 	// Name identifies the backend and its matmul kernel in logs.
@@ -99,7 +100,7 @@ type Kernels[F Float] interface {
 	// It is the only attention the kernel set has: no (T,T) buffer exists at any
 	// sequence length.
 	FlashAttention(out, lse, q, k, v Buffer, s AttentionShape)
-	FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v Buffer, s AttentionShape)
+	FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v Buffer, s AttentionShape, accumulate bool) // overwrites dq, dk, dv unless accumulate
 	// MergeAttention folds one key block's attention (outB, lseB) into the
 	// running result (out, lse) of the same queries, (B,Tq,NH,HD) and
 	// (B,NH,Tq) by s: with l = logaddexp(lse, lseB), out = e^(lse−l)·out +

@@ -932,13 +932,14 @@ func (m *Model[F]) backward(tokens, targets []int32, scale float64, loss tensor.
 		m.normBackward(dres, lg.mlpNorm, s.dx, a.mid[l], lw.mlpNorm, a.rstd2[l])
 		// Attention: mid = x + wo·attention(rope(wq·ln1), rope(wk·ln1), wv·ln1).
 		be.MatmulBackward(s.datty, lg.wo, m.gatherGrad(dres), m.input(l, inAtty, a.atty[l], false), lw.wo, tensor.MatmulShape{BT: BT, C: NH * HD, OC: C}, false)
-		m.mem.Zero(s.dq)
-		m.mem.Zero(s.dk)
-		m.mem.Zero(s.dv)
 		if m.cp != nil {
+			// The ring adds each key block's share into dq, dk and dv.
+			m.mem.Zero(s.dq)
+			m.mem.Zero(s.dk)
+			m.mem.Zero(s.dv)
 			m.ringAttentionBackward(s.dq, s.dk, s.dv, s.datty, a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l])
 		} else {
-			be.FlashAttentionBackward(s.dq, s.dk, s.dv, s.datty, a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.attnShape())
+			be.FlashAttentionBackward(s.dq, s.dk, s.dv, s.datty, a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.attnShape(), false)
 		}
 		if m.cp != nil {
 			m.rope(s.dq, NH, true)
