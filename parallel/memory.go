@@ -299,7 +299,14 @@ func activationBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
 	var bytes int64
 	switch {
 	case mode == "full" && d.kept != d.act:
-		bytes = inputs*d.kept + worst + t.local*h/tp*d.act
+		bytes = inputs*d.kept + worst
+		if mo.Layers > 1 {
+			bytes += t.local * h / tp * d.act // the second residual-stream buffer of the work set
+		}
+	case mode == "full" && cpu:
+		// The engine's recomputed layer reads its input where it is kept:
+		// the layer's set beside the inputs is the rest of worst.
+		bytes = inputs*d.act + worst - t.local*h/tp*d.act
 	case mode == "full":
 		bytes = inputs*d.act + worst
 	case d.kept != d.act:

@@ -136,7 +136,8 @@ type Kernels[F Float] interface {
 	// gradient with dloss (BT) per row: dx's rows set (overwritten) to
 	// dlogits·w and dw (V,C) += dlogitsᵀ·x, dlogits = (softmax −
 	// onehot)·dloss. With dx empty it is the loss alone (evaluation), and dw
-	// and dloss are not read. x and w may be F or bf16; the logits are F.
+	// and dloss are not read. x and w may be F or bf16, and dx bf16 on a
+	// backend that declares BF16Storage; the logits are F.
 	HeadLoss(losses, dx, dw, work, x, w, targets, dloss Buffer, s HeadShape)
 	// HeadWork is the F values HeadLoss's work buffer needs for s.
 	HeadWork(s HeadShape) int

@@ -151,6 +151,7 @@ func TestRanksOnTheirGPUs(t *testing.T) {
 		// bf16: the GPUs keep the activations and their gradients in bf16
 		// (native bf16), the CPU an fp32 work set and bf16 stores.
 		{"tiny bf16", "tiny", bf16Tol, []string{"precision.bf16=true", "fsdp.grad_reduce_in_bf16=true"}, nil},
+		{"tiny bf16 full recompute", "tiny", bf16Tol, []string{"precision.bf16=true", "fsdp.grad_reduce_in_bf16=true", "activation_checkpoint.mode=full"}, nil},
 	} {
 		recipe, tol, sets := tc.recipe, tc.tol, append(slices.Clone(small), tc.sets...)
 		if tc.gpu != nil && gpus < n {
