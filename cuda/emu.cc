@@ -5,7 +5,7 @@
 // calls it with its arguments taken from 8-byte slots, as cuLaunchKernel
 // takes them.
 //
-// sources: c4a6679367bfa9efe765d964bcf5552b2b8803153ad6f26e3a00217f57ab82a6
+// sources: 67f404b3d5ccf293a7b6004b4abdf10abda5c47dd659d40715ee0031044ef718
 #include "emu.h"
 #include "kernels.cu"
 

@@ -19,12 +19,19 @@ import (
 // another memory, of the wrong dtype or too short keeps the failure in the
 // memory's sticky error and does nothing, as the CPU's kernels do.
 //
-// Activations and gradients are fp32 (the engine's F); weights and the
-// products' inputs may be bf16. A product with a bf16 weight rounds its fp32
-// operand to bf16 and runs on the tensor cores, as the CPU's dot-product path
-// does; a bf16 input to an fp32 weight, and a bf16 input to a weight
-// gradient, are widened (exact), as the CPU widens them. Norm weights are
-// widened before the norm.
+// Activations and activation gradients are fp32 (the engine's F) or bf16:
+// the kernel set declares tensor.BF16Storage, so a bf16 run's model hands the
+// dense layers' kernels bf16 activations and gradients throughout
+// (trainer/model's native bf16, docs/engine.md), with statistics (reciprocal
+// RMS, log-sum-exps, losses) and parameter gradients fp32. A kernel's
+// activation operands are of one dtype, fp32 or bf16; weights and the
+// products' inputs may be bf16 beside fp32 activations. A product with a bf16
+// weight rounds an fp32 operand to bf16 and runs on the tensor cores, as the
+// CPU's dot-product path does; a bf16 input to an fp32 weight is widened
+// (exact), as the CPU widens it. A weight gradient's product runs in its
+// output gradient's dtype: bf16 (tensor cores) when the gradient is bf16,
+// with an fp32 input rounded; fp32 otherwise, with a bf16 input widened. Norm
+// weights are widened before an fp32 norm and rounded before a bf16 one.
 //
 // The mixture-of-experts kernels run on the device's routing kernels
 // (Device.Router, Dispatch, Combine and their backward), whose ranks and
@@ -38,7 +45,14 @@ type Kernels struct{ k kernels }
 // goroutine (Kernels' methods take them there).
 type kernels struct{ d *Device }
 
-var _ tensor.Backend = (*Kernels)(nil)
+var (
+	_ tensor.Backend     = (*Kernels)(nil)
+	_ tensor.BF16Storage = (*Kernels)(nil)
+)
+
+// ComputesInBF16 is true: the dense layers' kernels take bf16 activations and
+// activation gradients (tensor.BF16Storage).
+func (k *Kernels) ComputesInBF16() bool { return true }
 
 // Kernels is the device's kernel set for the engine.
 func (d *Device) Kernels() *Kernels { return &Kernels{k: kernels{d: d}} }
@@ -129,10 +143,18 @@ func (o *operands) buf(b tensor.Buffer, n int, ts ...DType) Buffer {
 	return Buffer{}
 }
 
-// f is an fp32 buffer of n values; w an fp32 or bf16 one (a weight or a
-// product's input); i an int32 one; st an f64 one.
-func (o *operands) f(b tensor.Buffer, n int) Buffer  { return o.buf(b, n, F32) }
-func (o *operands) w(b tensor.Buffer, n int) Buffer  { return o.buf(b, n, F32, BF16) }
+// f is an fp32 buffer of n values; w an fp32 or bf16 one (a weight, a
+// product's input, or an activation or activation gradient); i an int32 one;
+// st an f64 one. as is one of n values in x's dtype (a kernel's activations
+// are of one dtype).
+func (o *operands) f(b tensor.Buffer, n int) Buffer { return o.buf(b, n, F32) }
+func (o *operands) w(b tensor.Buffer, n int) Buffer { return o.buf(b, n, F32, BF16) }
+func (o *operands) as(b tensor.Buffer, n int, x Buffer) Buffer {
+	if o.bad {
+		return Buffer{}
+	}
+	return o.buf(b, n, x.DType)
+}
 func (o *operands) i(b tensor.Buffer, n int) Buffer  { return o.buf(b, n, I32) }
 func (o *operands) st(b tensor.Buffer, n int) Buffer { return o.buf(b, n, F64) }
 
@@ -175,9 +197,19 @@ func (k *kernels) pair(x, w Buffer) (Buffer, Buffer) {
 	}
 }
 
+// like is x in t: itself, rounded or widened into scratch slot (a norm's
+// weight beside its activations, a weight gradient's input beside its output
+// gradient).
+func (k *kernels) like(x Buffer, t DType, slot int) Buffer {
+	if t == BF16 {
+		return k.rounded(x, slot)
+	}
+	return k.widened(x, slot)
+}
+
 func (k *kernels) Matmul(out, inp, weight tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
 	o := k.ops("Matmul")
-	y, x, w := o.f(out, s.BT*s.OC), o.w(inp, s.BT*s.C), o.w(weight, s.OC*s.C)
+	y, x, w := o.w(out, s.BT*s.OC), o.w(inp, s.BT*s.C), o.w(weight, s.OC*s.C)
 	if o.ok() {
 		x, w = k.pair(x, w)
 		k.d.Matmul(y, x, w, s, accumulate)
@@ -186,10 +218,10 @@ func (k *kernels) Matmul(out, inp, weight tensor.Buffer, s tensor.MatmulShape, a
 
 func (k *kernels) MatmulBackward(dinp, dweight, dout, inp, weight tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
 	o := k.ops("MatmulBackward")
-	dw, dy, x, w := o.f(dweight, s.OC*s.C), o.f(dout, s.BT*s.OC), o.w(inp, s.BT*s.C), o.w(weight, s.OC*s.C)
+	dw, dy, x, w := o.f(dweight, s.OC*s.C), o.w(dout, s.BT*s.OC), o.w(inp, s.BT*s.C), o.w(weight, s.OC*s.C)
 	var dx Buffer
 	if dinp.Len() > 0 {
-		dx = o.f(dinp, s.BT*s.C)
+		dx = o.as(dinp, s.BT*s.C, dy)
 	}
 	if !o.ok() {
 		return
@@ -198,15 +230,22 @@ func (k *kernels) MatmulBackward(dinp, dweight, dout, inp, weight tensor.Buffer,
 		g, wt := k.pair(dy, w)
 		k.d.gemm(false, false, s.C, s.BT, s.OC, wt, s.C, g, s.OC, beta(accumulate), dx, s.C)
 	}
-	k.d.gemm(false, true, s.C, s.OC, s.BT, k.widened(x, scratchOperand), s.C, dy, s.OC, 1, dw, s.C)
+	k.d.gemm(false, true, s.C, s.OC, s.BT, k.like(x, dy.DType, scratchOperand), s.C, dy, s.OC, 1, dw, s.C)
 }
 
 func (k *kernels) Embedding(out, tokens, wte tensor.Buffer, s tensor.EmbeddingShape) {
 	o := k.ops("Embedding")
-	y, t, w := o.f(out, s.BT*s.C), o.i(tokens, s.BT), o.w(wte, s.N*s.C)
-	if o.ok() {
-		k.d.launch("embedding_range"+suffix(w.DType), k.d.grid(s.BT*s.C), 1, threads, k.d.wr(y), k.d.rd(t), k.d.rd(w), i32(s.BT), i32(s.C), i32(s.Lo), i32(s.N))
+	y, t, w := o.w(out, s.BT*s.C), o.i(tokens, s.BT), o.w(wte, s.N*s.C)
+	if !o.ok() {
+		return
 	}
+	name := "embedding_range" + suffix(w.DType)
+	if y.DType == BF16 {
+		// bf16 rows: from a bf16 table (embedding_range_bf16_bf16), an fp32
+		// one rounded first.
+		w, name = k.rounded(w, scratchOperand), "embedding_range_bf16_bf16"
+	}
+	k.d.launch(name, k.d.grid(s.BT*s.C), 1, threads, k.d.wr(y), k.d.rd(t), k.d.rd(w), i32(s.BT), i32(s.C), i32(s.Lo), i32(s.N))
 }
 
 // embeddingClasses is the row classes of EmbeddingBackward (gridDim.y of
@@ -215,25 +254,31 @@ const embeddingClasses = 64
 
 func (k *kernels) EmbeddingBackward(dwte, dout, tokens tensor.Buffer, s tensor.EmbeddingShape) {
 	o := k.ops("EmbeddingBackward")
-	dw, dy, t := o.f(dwte, s.N*s.C), o.f(dout, s.BT*s.C), o.i(tokens, s.BT)
+	dw, dy, t := o.f(dwte, s.N*s.C), o.w(dout, s.BT*s.C), o.i(tokens, s.BT)
 	if o.ok() && s.BT > 0 {
-		k.d.launch("embedding_backward_classes", (s.C+127)/128, min(embeddingClasses, max(s.N, 1)), 128, k.d.rw(dw), k.d.rd(dy), k.d.rd(t), i32(s.BT), i32(s.C), i32(s.Lo), i32(s.N))
+		name := "embedding_backward_classes"
+		if dy.DType == BF16 {
+			name += "_bf16"
+		}
+		k.d.launch(name, (s.C+127)/128, min(embeddingClasses, max(s.N, 1)), 128, k.d.rw(dw), k.d.rd(dy), k.d.rd(t), i32(s.BT), i32(s.C), i32(s.Lo), i32(s.N))
 	}
 }
 
 func (k *kernels) RMSNorm(out, rstd, inp, weight tensor.Buffer, BT, C int, eps float64) {
 	o := k.ops("RMSNorm")
-	y, r, x, w := o.f(out, BT*C), o.f(rstd, BT), o.f(inp, BT*C), o.w(weight, C)
+	x := o.w(inp, BT*C)
+	y, r, w := o.as(out, BT*C, x), o.f(rstd, BT), o.w(weight, C)
 	if o.ok() {
-		k.d.RMSNorm(y, r, x, k.widened(w, scratchOperand), BT, C, eps)
+		k.d.RMSNorm(y, r, x, k.like(w, x.DType, scratchOperand), BT, C, eps)
 	}
 }
 
 func (k *kernels) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd tensor.Buffer, BT, C int) {
 	o := k.ops("RMSNormBackward")
-	dx, dw, dy, x, w, r := o.f(dinp, BT*C), o.f(dweight, C), o.f(dout, BT*C), o.f(inp, BT*C), o.w(weight, C), o.f(rstd, BT)
+	x := o.w(inp, BT*C)
+	dx, dw, dy, w, r := o.as(dinp, BT*C, x), o.f(dweight, C), o.as(dout, BT*C, x), o.w(weight, C), o.f(rstd, BT)
 	if o.ok() {
-		k.d.RMSNormBackward(dx, dw, dy, x, k.widened(w, scratchOperand), r, BT, C, true)
+		k.d.RMSNormBackward(dx, dw, dy, x, k.like(w, x.DType, scratchOperand), r, BT, C, true)
 	}
 }
 
@@ -247,7 +292,7 @@ func (k *kernels) RopeTables(cos, sin tensor.Buffer, T int, inv []float64) {
 
 func (k *kernels) rope(op string, x, cos, sin tensor.Buffer, s tensor.RopeShape, backward bool) {
 	o := k.ops(op)
-	xs, c, sn := o.f(x, s.B*s.T*s.NH*s.HD), o.f(cos, s.T*s.HD/2), o.f(sin, s.T*s.HD/2)
+	xs, c, sn := o.w(x, s.B*s.T*s.NH*s.HD), o.f(cos, s.T*s.HD/2), o.f(sin, s.T*s.HD/2)
 	if o.ok() {
 		k.d.Rope(xs, c, sn, s, backward)
 	}
@@ -261,15 +306,16 @@ func (k *kernels) RopeBackward(dx, cos, sin tensor.Buffer, s tensor.RopeShape) {
 	k.rope("RopeBackward", dx, cos, sin, s, true)
 }
 
-// attention resolves attention's operands: q-shaped, kv-shaped and lse-shaped
-// buffers, fp32.
+// attention resolves attention's operands: q-shaped and kv-shaped buffers of
+// one dtype, fp32 or bf16 (the first's), and lse-shaped ones, fp32.
 func (o *operands) attention(s tensor.AttentionShape, q, kv, lse []tensor.Buffer) (qs, kvs, lses []Buffer) {
 	nq, nkv, nl := s.B*s.Tq*s.NH*s.HD, s.B*s.Tk*s.NKV*s.HD, s.B*s.NH*s.Tq
+	first := o.w(q[0], nq)
 	for _, b := range q {
-		qs = append(qs, o.f(b, nq))
+		qs = append(qs, o.as(b, nq, first))
 	}
 	for _, b := range kv {
-		kvs = append(kvs, o.f(b, nkv))
+		kvs = append(kvs, o.as(b, nkv, first))
 	}
 	for _, b := range lse {
 		lses = append(lses, o.f(b, nl))
@@ -285,17 +331,20 @@ func (k *kernels) FlashAttention(out, lse, q, kb, v tensor.Buffer, s tensor.Atte
 	}
 }
 
-func (k *kernels) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, kb, v tensor.Buffer, s tensor.AttentionShape) {
+func (k *kernels) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, kb, v tensor.Buffer, s tensor.AttentionShape, accumulate bool) {
 	o := k.ops("FlashAttentionBackward")
 	qs, kvs, l := o.attention(s, []tensor.Buffer{dq, dout, out, q}, []tensor.Buffer{dk, dv, kb, v}, []tensor.Buffer{lse})
 	if o.ok() {
-		k.d.FlashAttentionBackward(qs[0], kvs[0], kvs[1], qs[1], qs[2], l[0], qs[3], kvs[2], kvs[3], s, true)
+		k.d.FlashAttentionBackward(qs[0], kvs[0], kvs[1], qs[1], qs[2], l[0], qs[3], kvs[2], kvs[3], s, accumulate)
 	}
 }
 
 func (k *kernels) MergeAttention(out, lse, outB, lseB tensor.Buffer, s tensor.AttentionShape) {
 	o := k.ops("MergeAttention")
 	qs, _, l := o.attention(s, []tensor.Buffer{out, outB}, nil, []tensor.Buffer{lse, lseB})
+	if !o.bad && qs[0].DType != F32 {
+		o.failf("a %s buffer where the kernel reads f32 (ring attention runs in fp32)", qs[0].DType)
+	}
 	if o.ok() {
 		rows := s.B * s.NH * s.Tq
 		k.d.launch("merge_attention", k.d.grid(rows), 1, threads, k.d.rw(qs[0]), k.d.rw(l[0]), k.d.rd(qs[1]), k.d.rd(l[1]), i32(s.B), i32(s.Tq), i32(s.NH), i32(s.HD))
@@ -304,7 +353,8 @@ func (k *kernels) MergeAttention(out, lse, outB, lseB tensor.Buffer, s tensor.At
 
 func (k *kernels) SwiGLU(out, gate, up tensor.Buffer, n int) {
 	o := k.ops("SwiGLU")
-	y, g, u := o.f(out, n), o.f(gate, n), o.f(up, n)
+	y := o.w(out, n)
+	g, u := o.as(gate, n, y), o.as(up, n, y)
 	if o.ok() {
 		k.d.SwiGLU(y, g, u)
 	}
@@ -312,7 +362,8 @@ func (k *kernels) SwiGLU(out, gate, up tensor.Buffer, n int) {
 
 func (k *kernels) SwiGLUBackward(dgate, dup, dout, gate, up tensor.Buffer, n int, accumulate bool) {
 	o := k.ops("SwiGLUBackward")
-	dg, du, dy, g, u := o.f(dgate, n), o.f(dup, n), o.f(dout, n), o.f(gate, n), o.f(up, n)
+	dy := o.w(dout, n)
+	dg, du, g, u := o.as(dgate, n, dy), o.as(dup, n, dy), o.as(gate, n, dy), o.as(up, n, dy)
 	if o.ok() {
 		k.d.SwiGLUBackward(dg, du, dy, g, u, accumulate)
 	}
@@ -329,7 +380,8 @@ func (k *kernels) CrossEntropy(losses, probs, logits, targets tensor.Buffer, s t
 }
 
 // HeadWork is one chunk's fp32 logits and their gradient (the products'
-// operand dtype, at most fp32) after them.
+// operand dtype, at most fp32) after them. It is counted in fp32 values
+// whatever the activations' dtype: the logits are fp32.
 func (k *kernels) HeadWork(s tensor.HeadShape) int { return 2 * s.Rows * s.V }
 
 // HeadLoss runs Device.HeadCrossEntropyTrain (the logits, loss and gradient of
@@ -342,7 +394,9 @@ func (k *kernels) HeadLoss(losses, dx, dw, work, x, w, targets, dloss tensor.Buf
 	train := dx.Len() > 0
 	var dxs, dws, dl Buffer
 	if train {
-		dxs, dws, dl = o.f(dx, s.BT*s.C), o.f(dw, s.V*s.C), o.f(dloss, s.BT)
+		// dx fp32 or bf16 (a bf16-native run's input gradient), whatever
+		// the operands' dtype: the products write either.
+		dxs, dws, dl = o.w(dx, s.BT*s.C), o.f(dw, s.V*s.C), o.f(dloss, s.BT)
 	}
 	if !o.ok() || s.BT == 0 {
 		return
@@ -391,7 +445,8 @@ func (k *kernels) CrossEntropyBackward(dlogits, dloss, probs, targets tensor.Buf
 
 func (k *kernels) Add(out, a, b tensor.Buffer, n int) {
 	o := k.ops("Add")
-	y, x1, x2 := o.f(out, n), o.f(a, n), o.f(b, n)
+	y := o.w(out, n)
+	x1, x2 := o.as(a, n, y), o.as(b, n, y)
 	if o.ok() {
 		k.d.Add(y, x1, x2)
 	}

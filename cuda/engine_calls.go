@@ -41,8 +41,8 @@ func (k *Kernels) RopeBackward(dx, cos, sin tensor.Buffer, s tensor.RopeShape) {
 func (k *Kernels) FlashAttention(out, lse, q, kb, v tensor.Buffer, s tensor.AttentionShape) {
 	k.k.d.run(func() { k.k.FlashAttention(out, lse, q, kb, v, s) })
 }
-func (k *Kernels) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, kb, v tensor.Buffer, s tensor.AttentionShape) {
-	k.k.d.run(func() { k.k.FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, kb, v, s) })
+func (k *Kernels) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, kb, v tensor.Buffer, s tensor.AttentionShape, accumulate bool) {
+	k.k.d.run(func() { k.k.FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, kb, v, s, accumulate) })
 }
 func (k *Kernels) MergeAttention(out, lse, outB, lseB tensor.Buffer, s tensor.AttentionShape) {
 	k.k.d.run(func() { k.k.MergeAttention(out, lse, outB, lseB, s) })

@@ -73,8 +73,11 @@ func TestKernelsRefuse(t *testing.T) {
 		"another memory": {func(m, other tensor.Memory) {
 			k.Add(m.Alloc(tensor.Float32, 2), other.Alloc(tensor.Float32, 2), m.Alloc(tensor.Float32, 2), 2)
 		}, "not this device memory's"},
-		"a bf16 activation": {func(m, _ tensor.Memory) {
+		"mixed activation dtypes": {func(m, _ tensor.Memory) {
 			k.SwiGLU(m.Alloc(tensor.BFloat16, 4), m.Alloc(tensor.Float32, 4), m.Alloc(tensor.Float32, 4), 4)
+		}, "a f32 buffer where the kernel reads [bf16]"},
+		"a bf16 statistic": {func(m, _ tensor.Memory) {
+			k.RMSNorm(m.Alloc(tensor.BFloat16, 4), m.Alloc(tensor.BFloat16, 2), m.Alloc(tensor.BFloat16, 4), m.Alloc(tensor.BFloat16, 2), 2, 2, 1e-5)
 		}, "a bf16 buffer where the kernel reads [f32]"},
 		"too short": {func(m, _ tensor.Memory) {
 			k.Matmul(m.Alloc(tensor.Float32, 5), m.Alloc(tensor.Float32, 6), m.Alloc(tensor.Float32, 6), tensor.MatmulShape{BT: 2, C: 3, OC: 3}, false)

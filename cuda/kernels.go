@@ -651,6 +651,12 @@ func (d *Device) FlashAttention(o, lse, q, k, v Buffer, s AttentionShape) {
 	if !d.attnCheck("flash attention", s, o, q, k, v) || !d.need("flash attention", lse, F32, s.B*s.NH*s.Tq) {
 		return
 	}
+	if q.DType == BF16 && Emulated && !d.tr.dry {
+		w, ow := d.emuFlashOperands(q, k, v), d.scratch(scratchEmuFlash+3, o.N)
+		d.FlashAttention(ow, lse, w[0], w[1], w[2], s)
+		d.Cast(o, ow)
+		return
+	}
 	args := append([]arg{d.wr(o), d.wr(lse), d.rd(q), d.rd(k), d.rd(v)}, attnTail(s)...)
 	if q.DType == BF16 {
 		d.launch(fmt.Sprintf("flash_fwd_tc_%d", s.HD), (s.Tq+flashTCRows-1)/flashTCRows, s.B*s.NH, 128, args...)
@@ -663,6 +669,21 @@ func (d *Device) FlashAttention(o, lse, q, k, v Buffer, s AttentionShape) {
 // from dout, the saved o and lse, recomputing the probabilities tile by tile.
 func (d *Device) FlashAttentionBackward(dq, dk, dv, dout, o, lse, q, k, v Buffer, s AttentionShape, accumulate bool) {
 	if !d.attnCheck("flash attention backward", s, dq, dk, dv, dout, o, q, k, v) {
+		return
+	}
+	if q.DType == BF16 && Emulated && !d.tr.dry {
+		in := []Buffer{dout, o, q, k, v}
+		if accumulate { // the gradients' values are added to: widened too
+			in = append(in, dq, dk, dv)
+		}
+		w := d.emuFlashOperands(in...)
+		if !accumulate {
+			w = append(w, d.scratch(scratchEmuFlash+5, dq.N), d.scratch(scratchEmuFlash+6, dk.N), d.scratch(scratchEmuFlash+7, dv.N))
+		}
+		d.FlashAttentionBackward(w[5], w[6], w[7], w[0], w[1], lse, w[2], w[3], w[4], s, accumulate)
+		d.Cast(dq, w[5])
+		d.Cast(dk, w[6])
+		d.Cast(dv, w[7])
 		return
 	}
 	sfx := suffix(q.DType)
@@ -684,4 +705,25 @@ func (d *Device) FlashAttentionBackward(dq, dk, dv, dout, o, lse, q, k, v Buffer
 	}
 	d.launch(fmt.Sprintf("flash_bwd_dq_f32_%d", s.HD), (s.Tq+flashRows-1)/flashRows, s.B*s.NH, 128, dqArgs()...)
 	d.launch(fmt.Sprintf("flash_bwd_dkdv_f32_%d", s.HD), (s.Tk+flashKeys-1)/flashKeys, s.B*s.NKV, 128, kvArgs()...)
+}
+
+// scratchEmuFlash is the first of the eight scratch slots of the host
+// emulator's bf16 flash attention (after the engine's own, engine.go).
+const scratchEmuFlash = scratchPadOffsets + 1
+
+// emuFlashOperands widens bf16 attention operands into fp32 scratch slots
+// (scratchEmuFlash, in order), for the host emulator, which has no
+// tensor-core kernels: it runs bf16 flash attention as the fp32 kernels over
+// the widened operands and rounds their outputs to bf16. Its numerics are
+// close to the tensor cores', not the same: the tensor-core kernels round
+// each tile's probabilities (and in backward their gradients) to bf16 before
+// the products with v (and k, q), where the fp32 kernels keep them in fp32.
+// A dry run counts the tensor-core kernels, as a GPU runs them.
+func (d *Device) emuFlashOperands(bufs ...Buffer) []Buffer {
+	out := make([]Buffer, len(bufs))
+	for i, b := range bufs {
+		out[i] = d.scratch(scratchEmuFlash+i, b.N)
+		d.Cast(out[i], b)
+	}
+	return out
 }

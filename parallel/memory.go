@@ -77,12 +77,28 @@ func dtypesOf(r *config.Recipe) dtypes {
 		// in bf16, and accumulates gradients in fp32 (reducing them in bf16 on the
 		// wire): docs/engine.md.
 		d.act, d.gradHeld = 4, 4
+		if bf16Native(r) {
+			// A GPU's engine keeps a dense model's activations and their
+			// gradients in bf16 (statistics fp32): no fp32 work set, no stores.
+			d.act = 2
+		}
 	}
 	d.kept = d.act
 	if runsEngine(r) && r.Precision.BF16 {
 		d.kept = 2
 	}
 	return d
+}
+
+// bf16Native reports whether an engine run keeps its activations and their
+// gradients in bf16 throughout (trainer/model's native bf16: a bf16 run on a
+// backend that computes in bf16 storage, cuda.Kernels, of a dense model
+// without tensor or context parallelism), where the CPU's bf16 runs, and the
+// GPU's other ones, compute in an fp32 work set and keep bf16 stores
+// (docs/engine.md).
+func bf16Native(r *config.Recipe) bool {
+	return runsEngine(r) && r.Parallel.Device == "cuda" && r.Precision.BF16 && r.Model.MoE.NumExperts == 0 &&
+		r.Parallel.TensorParallel <= 1 && r.Parallel.ContextParallel <= 1
 }
 
 // runsEngine reports whether the plan's ranks run shardline's engine
@@ -217,9 +233,13 @@ func tokensOf(r *config.Recipe, m Mesh) tokens {
 // The CPU engine in a bf16 run (d.kept = 2) keeps what each layer saves in bf16
 // stores and computes in one fp32 work set that every layer shares: the attention
 // block's buffers, the dense MLP's if a layer is dense, the experts' if a layer is
-// MoE, and two residual-stream buffers (a layer reads one and writes the other);
+// MoE, and two residual-stream buffers (a layer reads one and writes the other;
+// one in a model of one layer, which writes the final norm's input);
 // under full recompute the stores hold only the layers' inputs, and the work set
-// is the one layer's full set recomputed (docs/engine.md).
+// is the one layer's full set recomputed (docs/engine.md). The engine on GPUs
+// in a bf16 run of a dense model without tensor or context parallelism
+// (bf16Native: d.act = d.kept = 2) keeps fp32's buffers with the activations
+// in bf16 and the statistics in fp32.
 func activationBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
 	mo := r.Model
 	h, f := int64(mo.Hidden), int64(mo.FFNHidden)
@@ -279,11 +299,21 @@ func activationBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
 	var bytes int64
 	switch {
 	case mode == "full" && d.kept != d.act:
-		bytes = inputs*d.kept + worst + t.local*h/tp*d.act
+		bytes = inputs*d.kept + worst
+		if mo.Layers > 1 {
+			bytes += t.local * h / tp * d.act // the second residual-stream buffer of the work set
+		}
+	case mode == "full" && cpu:
+		// The engine's recomputed layer reads its input where it is kept:
+		// the layer's set beside the inputs is the rest of worst.
+		bytes = inputs*d.act + worst - t.local*h/tp*d.act
 	case mode == "full":
 		bytes = inputs*d.act + worst
 	case d.kept != d.act:
-		work := attn + t.local*h
+		work := attn
+		if mo.Layers > 1 {
+			work += t.local * h // the second residual-stream buffer
+		}
 		if anyDense {
 			work += dense
 		}
@@ -357,7 +387,8 @@ func dispatchBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) (expected, wors
 }
 
 // scratchBytes is what the CPU engine holds beside activations, logits and
-// dispatch buffers, in fp32 (trainer/model's ScratchBytes): backward's work
+// dispatch buffers, in fp32 (trainer/model's ScratchBytes; the activation
+// gradients in bf16 where the engine's GPU ranks run bf16Native): backward's work
 // buffers for one layer (the residual stream's gradient and its scratch, R·h
 // each; q, attention-output, k and v gradients over the local rows' heads;
 // the MLP's three ffn gradients; the per-token loss gradient, the logits'
@@ -390,7 +421,14 @@ func scratchBytesAt(r *config.Recipe, m Mesh, copies int64) int64 {
 	C, HD := int64(mo.Hidden), int64(mo.HeadSize())
 	NH, NKV := int64(mo.Heads)/tp, int64(mo.EffectiveKVHeads())/tp
 	FF := int64(mo.FFNHidden) / tp
-	n := 2*R*C + 2*BT*NH*HD + 2*BT*NKV*HD + 3*BT*FF + BT + T*HD
+	n := BT + T*HD // the loss's gradient scale, the RoPE tables: fp32
+	grads := 2*R*C + 2*BT*NH*HD + 2*BT*NKV*HD + 3*BT*FF
+	if bf16Native(r) {
+		// The activations' gradients in bf16 (nothing below is counted then:
+		// no tensor or context parallelism, no MoE).
+		return n*4 + grads*2
+	}
+	n += grads
 	E := int64(mo.MoE.NumExperts)
 	if tp > 1 {
 		n += 3*BT*C + R*C + C + E*C + 2*BT + tp*BT

@@ -442,9 +442,10 @@ func TestPlanRefusesWhatLintRefuses(t *testing.T) {
 // TestEngineDtypes: a bf16 plan counts compute weights at 2 bytes on any device;
 // on the CPU, whose engine accumulates gradients in fp32 and computes activations
 // in fp32 but keeps what layers save in bf16 (docs/engine.md), gradients are
-// counted at 4 bytes and activations as bf16 stores beside one fp32 work set,
-// while a plan of several GPUs counts Megatron-FSDP's bf16 activations and
-// gradients.
+// counted at 4 bytes and activations as bf16 stores beside one fp32 work set;
+// the engine's ranks on GPUs keep a dense model's activations and their
+// gradients in bf16; and a plan of several GPUs that shardline does not carry
+// out counts Megatron-FSDP's bf16 activations and gradients.
 func TestEngineDtypes(t *testing.T) {
 	var r config.Recipe
 	plan := func(sets ...string) *Plan {
@@ -482,13 +483,30 @@ func TestEngineDtypes(t *testing.T) {
 	// Two ranks of a cuda run that shardline carries out run the engine on
 	// their GPUs: the same buffers as on the CPU, but for the output head's
 	// work, where the GPU keeps a chunk's logits' gradient beside them
-	// (cuda.Kernels.HeadWork): one more chunk of fp32 logits.
+	// (cuda.Kernels.HeadWork): one more chunk of fp32 logits; and, the model
+	// being dense without tensor or context parallelism, the activations and
+	// their gradients in bf16 (native bf16: no fp32 work set, no stores).
+	// Activations per token: 4·2176·2 + 256·2 (the final norm) + 9·4 + 4·4·4 + 2·4
+	// (statistics and token ids as on the CPU) = 18028 bytes. Scratch: one
+	// layer's activation gradients (residual and its scratch 2·128, q, k, v
+	// and the attention output's 4·128, the MLP's 3·384 a token) at 2 bytes
+	// where the CPU holds 4.
 	gpuEngine := mem("parallel.device=\"cuda\"", "precision.bf16=true", "fsdp.grad_reduce_in_bf16=true")
 	BT, V := int64(r.Train.MicroBatchSize*r.Model.SeqLen), int64(r.Model.VocabSize)
 	chunk := HeadRows(BT, V) * V * 4
 	assert.Equal(t, cpu.Logits+chunk, gpuEngine.Logits)
-	gpuEngine.Logits, gpuEngine.Total = cpu.Logits, gpuEngine.Total-chunk
+	assert.Equal(t, fp32.Activations/35948*18028, gpuEngine.Activations)
+	grads := BT * (2*128 + 4*128 + 3*384)
+	assert.Equal(t, cpu.Scratch-2*grads, gpuEngine.Scratch)
+	gpuEngine.Total -= chunk + gpuEngine.Activations - cpu.Activations + gpuEngine.Scratch - cpu.Scratch
+	gpuEngine.Logits, gpuEngine.Activations, gpuEngine.Scratch = cpu.Logits, cpu.Activations, cpu.Scratch
 	assert.Equal(t, cpu, gpuEngine)
+	// With tensor parallelism the GPU's engine keeps the CPU's fp32 work set
+	// and bf16 stores (its gathers run on fp32 buffers).
+	cpuTP := mem("precision.bf16=true", "fsdp.grad_reduce_in_bf16=true", "parallel.tensor_parallel=2")
+	gpuTP := mem("parallel.device=\"cuda\"", "precision.bf16=true", "fsdp.grad_reduce_in_bf16=true", "parallel.tensor_parallel=2")
+	assert.Equal(t, cpuTP.Activations, gpuTP.Activations)
+	assert.Equal(t, cpuTP.Scratch, gpuTP.Scratch)
 	// One it does not (cuda_expandable_segments is refused on GPUs) is
 	// planned with Megatron-FSDP's dtypes: bf16 gradients and activations.
 	gpu := mem("parallel.device=\"cuda\"", "precision.bf16=true", "fsdp.grad_reduce_in_bf16=true", "parallel.cuda_expandable_segments=true")

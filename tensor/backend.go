@@ -17,13 +17,39 @@ type CoreSharer interface {
 	ShareCores(n int) (restore func())
 }
 
+// BF16Storage is a backend whose kernels take bf16 activations and
+// activation gradients where the interface's comment says F: the residual
+// stream, the norms' outputs, q, k, v, the attention output, the MLP's
+// buffers, their gradients, the embedding's output and the head's input and
+// input gradient, with the statistics (the norms' reciprocal RMS, flash
+// attention's and the loss's log-sum-exps, the token losses and their
+// gradient scale) kept in F and parameter gradients in F. ComputesInBF16
+// reports whether it does: a model asked for bf16 activations
+// (model.WithBF16Activations) then allocates those buffers in bf16 and runs
+// every kernel on them (no fp32 work set, no bf16 stores), where a backend
+// without it (the CPU's, whose kernels compute on F slices) keeps fp32 work
+// buffers and stores what backward reads in bf16. The dense layers' kernels
+// are what it covers: a model with MoE layers, tensor or context parallelism
+// keeps the stores (docs/engine.md).
+type BF16Storage interface {
+	ComputesInBF16() bool
+}
+
+// ComputesInBF16 reports whether be (a kernel set) declares BF16Storage and
+// computes in bf16 storage.
+func ComputesInBF16(be any) bool {
+	s, ok := be.(BF16Storage)
+	return ok && s.ComputesInBF16()
+}
+
 // Kernels is the kernel set of a Llama-style decoder over element type F. Every
 // operand is a Buffer of the backend's memory, so that the same model drives
 // host and device memory. Argument order: outputs, saved statistics, inputs,
-// weights, sizes (or a shape struct). Activations and gradients are F buffers;
-// weights, and the matmuls' inputs, are F or bf16 buffers (a bf16 run's
-// compute weights and saved activations), widened as read; every kernel
-// computes and accumulates in F. Shapes: BT tokens, C channels, OC output
+// weights, sizes (or a shape struct). Activations and gradients are F buffers
+// (the dense layers' activations and their gradients may be bf16 on a backend
+// that declares BF16Storage); weights, and the matmuls' inputs, are F or bf16
+// buffers (a bf16 run's compute weights and saved activations), widened as
+// read; every kernel computes and accumulates in F. Shapes: BT tokens, C channels, OC output
 // channels, V vocabulary, NH/NKV query/key-value heads, HD head size. Token
 // ids, targets, an MoE layer's routing (Routing) and the experts' segment
 // offsets are int32 buffers. A kernel handed a buffer that is not its backend's, or not of the
@@ -35,9 +61,10 @@ type CoreSharer interface {
 // AuxLoss), which add with accumulate. Backward kernels add (+=) into every
 // gradient, parameters' and activations' alike, so the caller clears gradient
 // buffers before a backward pass; the exceptions say so in their arguments:
-// MatmulBackward's and ExpertsMatmulBackward's dinp and SwiGLUBackward's and
-// ExpertsSwiGLUBackward's dgate and dup are overwritten unless accumulate is
-// set (which spares clearing them), CombineBackward sets dy's rows and dgates,
+// MatmulBackward's and ExpertsMatmulBackward's dinp, SwiGLUBackward's and
+// ExpertsSwiGLUBackward's dgate and dup, and FlashAttentionBackward's dq, dk
+// and dv are overwritten unless accumulate is set (which spares clearing
+// them), CombineBackward sets dy's rows and dgates,
 // and AuxLossBackward sets dprobs.
 type Kernels[F Float] interface {
 	// Name identifies the backend and its matmul kernel in logs.
@@ -73,7 +100,7 @@ type Kernels[F Float] interface {
 	// It is the only attention the kernel set has: no (T,T) buffer exists at any
 	// sequence length.
 	FlashAttention(out, lse, q, k, v Buffer, s AttentionShape)
-	FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v Buffer, s AttentionShape)
+	FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v Buffer, s AttentionShape, accumulate bool) // overwrites dq, dk, dv unless accumulate
 	// MergeAttention folds one key block's attention (outB, lseB) into the
 	// running result (out, lse) of the same queries, (B,Tq,NH,HD) and
 	// (B,NH,Tq) by s: with l = logaddexp(lse, lseB), out = e^(lse−l)·out +
@@ -109,7 +136,8 @@ type Kernels[F Float] interface {
 	// gradient with dloss (BT) per row: dx's rows set (overwritten) to
 	// dlogits·w and dw (V,C) += dlogitsᵀ·x, dlogits = (softmax −
 	// onehot)·dloss. With dx empty it is the loss alone (evaluation), and dw
-	// and dloss are not read. x and w may be F or bf16; the logits are F.
+	// and dloss are not read. x and w may be F or bf16, and dx bf16 on a
+	// backend that declares BF16Storage; the logits are F.
 	HeadLoss(losses, dx, dw, work, x, w, targets, dloss Buffer, s HeadShape)
 	// HeadWork is the F values HeadLoss's work buffer needs for s.
 	HeadWork(s HeadShape) int

@@ -123,7 +123,7 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 				lse := mem.Alloc(tensor.Float32, bh*t)
 				s := tensor.AttentionShape{B: bh, Tq: t, Tk: t, NH: 1, NKV: 1, HD: hd, Causal: !full}
 				fwd := timeIt(func() { be.FlashAttention(out, lse, q, k, v, s) })
-				bwd := timeIt(func() { be.FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, s) })
+				bwd := timeIt(func() { be.FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, s, false) })
 				if err := mem.Err(); err != nil {
 					return nil, err
 				}
@@ -633,9 +633,9 @@ func (b *kernelTimed) FlashAttention(out, lse, q, k, v tensor.Buffer, s tensor.A
 	b.attn += time.Since(t0)
 }
 
-func (b *kernelTimed) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v tensor.Buffer, s tensor.AttentionShape) {
+func (b *kernelTimed) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v tensor.Buffer, s tensor.AttentionShape, accumulate bool) {
 	t0 := time.Now()
-	b.Backend.FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, s)
+	b.Backend.FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, s, accumulate)
 	b.attn += time.Since(t0)
 }
 

@@ -207,10 +207,10 @@ func (b *slowProducts) FlashAttention(out, lse, q, k, v tensor.Buffer, s tensor.
 	b.Backend.FlashAttention(out, lse, q, k, v, s)
 }
 
-func (b *slowProducts) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v tensor.Buffer, s tensor.AttentionShape) {
+func (b *slowProducts) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v tensor.Buffer, s tensor.AttentionShape, accumulate bool) {
 	b.attends++
 	time.Sleep(b.pause)
-	b.Backend.FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, s)
+	b.Backend.FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, s, accumulate)
 }
 
 // TestKernelTimedTimesEveryProduct: the matmuls a calibration pass times are

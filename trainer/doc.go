@@ -32,7 +32,8 @@
 // rank rounding its shard of the fp32 main weights after every step; they are
 // gathered in bf16 and the kernels read them as such (bf16 buffers): the
 // matmuls multiply bf16 pairs where the CPU has AVX-512 BF16, else widen them;
-// the model keeps its saved activations in bf16 (model.WithBF16Activations).
+// the model keeps its saved activations in bf16 (model.WithBF16Activations),
+// and on GPUs a dense model's activations and their gradients throughout.
 //
 // # Run directory
 //

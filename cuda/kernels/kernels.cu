@@ -1653,13 +1653,14 @@ __device__ double block_sum64(double v, double* sh) {
     return warp_sum64(v);
 }
 
-// Embedding over a table of vocabulary rows lo..lo+N−1: out (BT,C, fp32) is the
-// row a token picks, zero for a token outside them.
-template <typename S> __device__ void embedding_range(float* out, const int* tokens, const S* wte, int BT, int C, int lo, int N) {
+// Embedding over a table of vocabulary rows lo..lo+N−1: out (BT,C, fp32, or
+// bf16 beside a bf16 table: _bf16_bf16, a bf16-native run's activations) is
+// the row a token picks, zero for a token outside them.
+template <typename O, typename S> __device__ void embedding_range(O* out, const int* tokens, const S* wte, int BT, int C, int lo, int N) {
     GRID_STRIDE(i, (long)BT * C) {
         long t = i / C;
         int c = i - t * C, row = tokens[t] - lo;
-        out[i] = (row >= 0 && row < N) ? ld(wte, (long)row * C + c) : 0.f;
+        st(out, i, (row >= 0 && row < N) ? ld(wte, (long)row * C + c) : 0.f);
     }
 }
 extern "C" __global__ void embedding_range_f32(float* out, const int* tok, const float* wte, int BT, int C, int lo, int N) {
@@ -1668,14 +1669,18 @@ extern "C" __global__ void embedding_range_f32(float* out, const int* tok, const
 extern "C" __global__ void embedding_range_bf16(float* out, const int* tok, const bf16* wte, int BT, int C, int lo, int N) {
     embedding_range(out, tok, wte, BT, C, lo, N);
 }
+extern "C" __global__ void embedding_range_bf16_bf16(bf16* out, const int* tok, const bf16* wte, int BT, int C, int lo, int N) {
+    embedding_range(out, tok, wte, BT, C, lo, N);
+}
 
-// embedding_backward_classes adds dout's rows into the rows of dwte (fp32) their
+// embedding_backward_classes adds dout's rows (fp32; bf16 in _bf16, widened as
+// read) into the rows of dwte (fp32) their
 // tokens pick, without atomics and in token order: block (x, y) owns channels
 // x·blockDim.x.. of the table rows r with r % gridDim.y == y, and walks all BT
 // tokens (staged through shared memory 1024 at a time), so every (row, channel)
 // has one owner that adds its tokens' values in the order the CPU adds them.
 #define EMB_STAGE 1024
-extern "C" __global__ void embedding_backward_classes(float* dwte, const float* dout, const int* tokens, int BT, int C, int lo, int N) {
+template <typename S> __device__ void embedding_backward_classes_t(float* dwte, const S* dout, const int* tokens, int BT, int C, int lo, int N) {
     __shared__ int sh[EMB_STAGE];
     int c = blockIdx.x * blockDim.x + threadIdx.x, cls = blockIdx.y, G = gridDim.y;
     for (int t0 = 0; t0 < BT; t0 += EMB_STAGE) {
@@ -1686,9 +1691,15 @@ extern "C" __global__ void embedding_backward_classes(float* dwte, const float* 
         if (c >= C) continue;
         for (int j = 0; j < n; j++) {
             int row = sh[j];
-            if (row >= 0 && row < N && row % G == cls) dwte[(long)row * C + c] += dout[(long)(t0 + j) * C + c];
+            if (row >= 0 && row < N && row % G == cls) dwte[(long)row * C + c] += ld(dout, (long)(t0 + j) * C + c);
         }
     }
+}
+extern "C" __global__ void embedding_backward_classes(float* dwte, const float* dout, const int* tokens, int BT, int C, int lo, int N) {
+    embedding_backward_classes_t(dwte, dout, tokens, BT, C, lo, N);
+}
+extern "C" __global__ void embedding_backward_classes_bf16(float* dwte, const bf16* dout, const int* tokens, int BT, int C, int lo, int N) {
+    embedding_backward_classes_t(dwte, dout, tokens, BT, C, lo, N);
 }
 
 // merge_attention folds a key block's attention (outB, lseB) into the running

@@ -158,12 +158,17 @@ func (Kernels[F]) FlashAttention(out, lse, q, k, v tensor.Buffer, s tensor.Atten
 		FlashAttention(o, l, qs, ks, vs, s)
 	}
 }
-func (Kernels[F]) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v tensor.Buffer, s tensor.AttentionShape) {
+func (Kernels[F]) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v tensor.Buffer, s tensor.AttentionShape, accumulate bool) {
 	var a views[F]
 	const op = "FlashAttentionBackward"
 	dqs, dks, dvs, dos := a.f(op, dq), a.f(op, dk), a.f(op, dv), a.f(op, dout)
 	o, l, qs, ks, vs := a.f(op, out), a.f(op, lse), a.f(op, q), a.f(op, k), a.f(op, v)
 	if !a.bad {
+		if !accumulate { // FlashAttentionBackward adds: from zero, it sets
+			clear(dqs)
+			clear(dks)
+			clear(dvs)
+		}
 		FlashAttentionBackward(dqs, dks, dvs, dos, o, l, qs, ks, vs, s)
 	}
 }

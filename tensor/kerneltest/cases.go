@@ -121,12 +121,18 @@ func cases() []kcase {
 			out, lse, _, _, _ := attention(e, s)
 			return bufs{out, lse}
 		}})
-		add(kcase{name: "FlashAttentionBackward/" + a.name, run: func(e *env) bufs {
-			out, lse, q, k, v := attention(e, s)
-			dq, dk, dv := e.floats(q.Len(), 1), e.floats(k.Len(), 1), e.floats(v.Len(), 1)
-			e.k.FlashAttentionBackward(dq, dk, dv, e.floats(out.Len(), 1), out, lse, q, k, v, s)
-			return bufs{dq, dk, dv}
-		}})
+		for _, accumulate := range []bool{true, false} {
+			name := "FlashAttentionBackward/" + a.name
+			if !accumulate {
+				name += "/overwrite"
+			}
+			add(kcase{name: name, run: func(e *env) bufs {
+				out, lse, q, k, v := attention(e, s)
+				dq, dk, dv := e.floats(q.Len(), 1), e.floats(k.Len(), 1), e.floats(v.Len(), 1)
+				e.k.FlashAttentionBackward(dq, dk, dv, e.floats(out.Len(), 1), out, lse, q, k, v, s, accumulate)
+				return bufs{dq, dk, dv}
+			}})
+		}
 	}
 	add(kcase{name: "MergeAttention", run: func(e *env) bufs {
 		s := tensor.AttentionShape{B: 2, Tq: 5, NH: 2, HD: 8}

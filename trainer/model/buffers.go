@@ -26,15 +26,19 @@ func dtypeOf[F tensor.Float]() tensor.DType {
 // alloc1 is n zeroed F elements of the model's memory.
 func (m *Model[F]) alloc1(n int) tensor.Buffer { return m.mem.Alloc(dtypeOf[F](), n) }
 
+// allocAct is n zeroed elements of the activations' dtype (m.act): F, or
+// bf16 in a bf16-native run.
+func (m *Model[F]) allocAct(n int) tensor.Buffer { return m.mem.Alloc(m.act, n) }
+
 // allocInt is n int32 elements of the model's memory (token ids, targets,
 // routing indices).
 func (m *Model[F]) allocInt(n int) tensor.Buffer { return m.mem.Alloc(tensor.Int32, n) }
 
-// allocN is n buffers of size elements each.
+// allocN is n activation buffers (allocAct) of size elements each.
 func (m *Model[F]) allocN(n, size int) []tensor.Buffer {
 	out := make([]tensor.Buffer, n)
 	for i := range out {
-		out[i] = m.alloc1(size)
+		out[i] = m.allocAct(size)
 	}
 	return out
 }
@@ -43,13 +47,13 @@ func (m *Model[F]) allocN(n, size int) []tensor.Buffer {
 func rowsOf(b tensor.Buffer, lo, hi, width int) tensor.Buffer { return b.Slice(lo*width, hi*width) }
 
 // held counts the distinct storage of bufs (buffers that share one, the layers'
-// shared slots, count once) in elements.
+// shared slots, count once) in bytes, each at its own dtype's size.
 func held(seen map[tensor.Storage]bool, bufs ...tensor.Buffer) int64 {
 	var n int64
 	for _, b := range bufs {
 		if s := b.Storage(); s != nil && !seen[s] {
 			seen[s] = true
-			n += int64(s.Len())
+			n += int64(s.Len()) * int64(s.DType().Size())
 		}
 	}
 	return n

@@ -319,7 +319,7 @@ func (m *Model[F]) ringAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v ten
 			m.blockPairs(src, func(qo, ko, lo int, sh tensor.AttentionShape) {
 				qs, os, ds := q.Slice(qo, qo+hq), out.Slice(qo, qo+hq), dout.Slice(qo, qo+hq)
 				be.FlashAttentionBackward(dq.Slice(qo, qo+hq), p.pd.Slice(ko, ko+hk), p.pd.Slice(n+ko, n+ko+hk),
-					ds, os, lse.Slice(lo, lo+hl), qs, cur.Slice(ko, ko+hk), cur.Slice(n+ko, n+ko+hk), sh)
+					ds, os, lse.Slice(lo, lo+hl), qs, cur.Slice(ko, ko+hk), cur.Slice(n+ko, n+ko+hk), sh, true)
 			})
 		})
 		m.wait()

@@ -16,7 +16,10 @@
 // model holds are allocated once per (batch, sequence) shape in the backend's
 // memory (buffers.go) and reused every step; with WithBF16Activations (a bf16
 // run) what the layers save for backward is kept in bf16 stores beside one F
-// work set (stash.go).
+// work set (stash.go), or, on a backend that computes in bf16 storage
+// (tensor.BF16Storage: a GPU's) and a dense model without tensor or context
+// parallelism, the activations and their gradients are bf16 buffers
+// throughout (BF16Native).
 //
 // Initialisation (init.go) draws each element from a counter-based generator keyed
 // by (seed, parameter name, element index): any shard can be initialised alone and

@@ -58,9 +58,13 @@ type Model[F tensor.Float] struct {
 	ep        ExpertParallel
 	cp        *cpState[F] // nil without context parallelism
 	tp        *tpState[F] // nil without tensor parallelism
-	st        *stash      // bf16 stores of saved activations; nil without WithBF16Activations
-	blocks    [][]int     // FSDP units of each block, in forward order
-	hookErr   error
+	st        *stash      // bf16 stores of saved activations; nil without WithBF16Activations, and in a bf16-native run
+	// act is the dtype of the activations and their gradients: F, or bf16
+	// in a bf16-native run (WithBF16Activations on a backend that computes
+	// in bf16 storage, tensor.BF16Storage).
+	act     tensor.DType
+	blocks  [][]int // FSDP units of each block, in forward order
+	hookErr error
 	// mem is the memory of the model's stream (WithMemory, or a new one of the
 	// backend's), which holds every buffer of the model's (buffers.go);
 	// moeSums its buffer of the last forward's MoE sums (MoESums);
@@ -154,7 +158,7 @@ func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights, grad
 	if T > cfg.SeqLen {
 		return nil, fmt.Errorf("model: sequence of %d tokens is longer than model.seq_len (%d)", T, cfg.SeqLen)
 	}
-	m := &Model[F]{Cfg: cfg, B: B, T: T, be: be}
+	m := &Model[F]{Cfg: cfg, B: B, T: T, be: be, act: dtypeOf[F]()}
 	o := options{recompute: "none"}
 	for _, f := range opt {
 		f(&o)
@@ -192,7 +196,11 @@ func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights, grad
 		if _, ok := any(z).(float32); !ok {
 			return nil, fmt.Errorf("model: bf16 activations need float32")
 		}
-		m.st = &stash{}
+		if m.nativeBF16() {
+			m.act = tensor.BFloat16
+		} else {
+			m.st = &stash{}
+		}
 	}
 	m.ep = ExpertParallel{Size: 1}
 	if o.ep != nil && o.ep.Size > 1 {
@@ -221,6 +229,21 @@ func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights, grad
 	}
 	return m, nil
 }
+
+// nativeBF16 reports whether a bf16 run keeps its activations and their
+// gradients in bf16 buffers that every kernel reads and writes (no fp32 work
+// set, no stores): where the backend computes in bf16 storage
+// (tensor.BF16Storage) and the model runs only the kernels that covers: dense
+// layers, without tensor or context parallelism (their gathers, reductions
+// and ring run on fp32 buffers) and without MoE layers (the experts' kernels
+// take fp32 activations). Elsewhere a bf16 run keeps the stores (stash.go).
+func (m *Model[F]) nativeBF16() bool {
+	return tensor.ComputesInBF16(m.be) && m.tp == nil && m.cp == nil && m.Cfg.MoE.NumExperts == 0
+}
+
+// BF16Native reports whether the model keeps its activations and their
+// gradients in bf16 (nativeBF16's conditions, with WithBF16Activations).
+func (m *Model[F]) BF16Native() bool { return m.act == tensor.BFloat16 }
 
 // Hooks let a runtime hold parameters only while a block needs them. Acquire runs
 // before block b of Blocks() (the embedding, one transformer layer, or the final
@@ -369,25 +392,38 @@ func (m *Model[F]) dims() (BT, C, NH, NKV, HD, FF, V int) {
 func (m *Model[F]) alloc() error {
 	BT, C, NH, NKV, HD, FF, V := m.dims()
 	L := m.Cfg.Layers
-	mk := func(n int) []tensor.Buffer { return m.allocN(L, n) }
-	// shared layers' buffers alias one slot: recomputed in backward, not kept.
-	shared := func(n int) []tensor.Buffer {
-		out := make([]tensor.Buffer, L)
-		if L > 0 {
-			one := m.alloc1(n)
+	// mk is one buffer a layer of n elements; shared layers' buffers alias
+	// one slot: recomputed in backward, not kept. Activations are of m.act,
+	// statistics of F (mkF, sharedF).
+	mkOf := func(t tensor.DType) func(n int) []tensor.Buffer {
+		return func(n int) []tensor.Buffer {
+			out := make([]tensor.Buffer, L)
 			for i := range out {
-				out[i] = one
+				out[i] = m.mem.Alloc(t, n)
 			}
+			return out
 		}
-		return out
 	}
+	sharedOf := func(t tensor.DType) func(n int) []tensor.Buffer {
+		return func(n int) []tensor.Buffer {
+			out := make([]tensor.Buffer, L)
+			if L > 0 {
+				one := m.mem.Alloc(t, n)
+				for i := range out {
+					out[i] = one
+				}
+			}
+			return out
+		}
+	}
+	mk, shared := mkOf(m.act), sharedOf(m.act)
 	// per: what a layer keeps for backward; stats: its F statistics (reciprocal
-	// RMS, log-sum-exps). Under full recompute one layer's set serves all; with
-	// bf16 storage one set of F buffers is the work set and each layer keeps bf16
-	// stores (stash.go).
-	per, stats := mk, mk
+	// RMS, log-sum-exps), F in a bf16-native run too. Under full recompute one
+	// layer's set serves all; with bf16 stores one set of F buffers is the
+	// work set and each layer keeps bf16 stores (stash.go).
+	per, stats := mk, mkOf(dtypeOf[F]())
 	if m.recompute == "full" {
-		per, stats = shared, shared
+		per, stats = shared, sharedOf(dtypeOf[F]())
 	}
 	if m.st != nil {
 		per = shared
@@ -395,9 +431,10 @@ func (m *Model[F]) alloc() error {
 	a := &m.a
 	R := m.rows() // rows of the residual stream (B·T/tp under tensor parallelism)
 	if m.st != nil {
-		// Layer l reads resid[l] and writes resid[l+1]: two F buffers take turns,
-		// every layer's input is kept in its bf16 store.
-		two := m.allocN(2, R*C)
+		// Layer l reads resid[l] and writes resid[l+1]: two F buffers take turns
+		// (one with a single layer, which writes the final norm's input), every
+		// layer's input is kept in its bf16 store.
+		two := m.allocN(min(2, L), R*C)
 		a.resid = make([]tensor.Buffer, L)
 		for l := range a.resid {
 			a.resid[l] = two[l%2]
@@ -417,11 +454,11 @@ func (m *Model[F]) alloc() error {
 			case m.Cfg.IsMoELayer(l):
 			case m.recompute == "full" || m.st != nil:
 				if one.Storage() == nil {
-					one = m.alloc1(n)
+					one = m.allocAct(n)
 				}
 				out[l] = one
 			default:
-				out[l] = m.alloc1(n)
+				out[l] = m.allocAct(n)
 			}
 		}
 		return out
@@ -485,7 +522,7 @@ func (m *Model[F]) alloc() error {
 	if m.st != nil {
 		m.allocStash()
 	}
-	a.final, a.lnf, a.rstdf = m.alloc1(R*C), m.alloc1(R*C), m.alloc1(R)
+	a.final, a.lnf, a.rstdf = m.allocAct(R*C), m.allocAct(R*C), m.alloc1(R)
 	a.losses = m.alloc1(BT)
 	if m.tp == nil {
 		// The head makes its logits a chunk of rows at a time (HeadLoss): no
@@ -499,13 +536,13 @@ func (m *Model[F]) alloc() error {
 		a.probs = a.logits
 	}
 	s := &m.scratch
-	s.dres, s.dx = m.alloc1(R*C), m.alloc1(R*C)
+	s.dres, s.dx = m.allocAct(R*C), m.allocAct(R*C)
 	if m.tp != nil {
 		m.allocTP()
 	}
-	s.dq, s.datty = m.alloc1(BT*NH*HD), m.alloc1(BT*NH*HD)
-	s.dk, s.dv = m.alloc1(BT*NKV*HD), m.alloc1(BT*NKV*HD)
-	s.dff1, s.dff2, s.dsw = m.alloc1(BT*FF), m.alloc1(BT*FF), m.alloc1(BT*FF)
+	s.dq, s.datty = m.allocAct(BT*NH*HD), m.allocAct(BT*NH*HD)
+	s.dk, s.dv = m.allocAct(BT*NKV*HD), m.allocAct(BT*NKV*HD)
+	s.dff1, s.dff2, s.dsw = m.allocAct(BT*FF), m.allocAct(BT*FF), m.allocAct(BT*FF)
 	s.dloss = m.alloc1(BT) // the logits' gradient is written over the probabilities (Backward)
 	m.cos, m.sin = m.alloc1(m.T*HD/2), m.alloc1(m.T*HD/2)
 	invFreq := tensor.RopeInvFreq(HD, m.Cfg.RopeTheta, m.Cfg.RopeScaling, m.Cfg.RopeScalingFactor)
@@ -627,7 +664,6 @@ func (m *Model[F]) Loss(tokens, targets []int32) (sum float64, count int) {
 // the int32 token ids, targets and MoE routing) and for the output (logits and
 // probabilities), in bytes.
 func (m *Model[F]) ActivationBytes() (activations, logits int64) {
-	size := elemBytes[F]()
 	a := &m.a
 	seen := map[tensor.Storage]bool{} // buffers shared by layers (recompute, the bf16 work set) count once
 	var n int64
@@ -640,7 +676,7 @@ func (m *Model[F]) ActivationBytes() (activations, logits int64) {
 			n += held(seen, ma.floats()...)
 		}
 	}
-	activations = n * size
+	activations = n
 	if m.st != nil {
 		activations += m.st.bytes()
 	}
@@ -652,8 +688,8 @@ func (m *Model[F]) ActivationBytes() (activations, logits int64) {
 			ints += held(seen, ma.ints()...)
 		}
 	}
-	activations += 4 * ints
-	return activations, held(seen, a.logits, a.probs, a.head, a.losses) * size
+	activations += ints
+	return activations, held(seen, a.logits, a.probs, a.head, a.losses)
 }
 
 // elemBytes is the size of one F.
@@ -681,14 +717,14 @@ func (m *Model[F]) ScratchBytes() int64 {
 	if p := m.cp; p != nil {
 		bufs = append(bufs, p.ring[0], p.ring[1], p.pd, p.out, p.lse)
 	}
-	return held(map[tensor.Storage]bool{}, bufs...) * elemBytes[F]()
+	return held(map[tensor.Storage]bool{}, bufs...)
 }
 
 // DispatchBytes is what expert parallelism's token exchange holds beside the
 // layers' activations: the rows received in arrival order and the experts'
 // outputs before they go back (one pair, shared by every MoE layer), in bytes.
 func (m *Model[F]) DispatchBytes() int64 {
-	return held(map[tensor.Storage]bool{}, m.scratch.moeRecv, m.scratch.moeYloc) * elemBytes[F]()
+	return held(map[tensor.Storage]bool{}, m.scratch.moeRecv, m.scratch.moeYloc)
 }
 
 // MoESums is the f64 buffer (2 values) where the last forward pass left, summed
@@ -896,13 +932,14 @@ func (m *Model[F]) backward(tokens, targets []int32, scale float64, loss tensor.
 		m.normBackward(dres, lg.mlpNorm, s.dx, a.mid[l], lw.mlpNorm, a.rstd2[l])
 		// Attention: mid = x + wo·attention(rope(wq·ln1), rope(wk·ln1), wv·ln1).
 		be.MatmulBackward(s.datty, lg.wo, m.gatherGrad(dres), m.input(l, inAtty, a.atty[l], false), lw.wo, tensor.MatmulShape{BT: BT, C: NH * HD, OC: C}, false)
-		m.mem.Zero(s.dq)
-		m.mem.Zero(s.dk)
-		m.mem.Zero(s.dv)
 		if m.cp != nil {
+			// The ring adds each key block's share into dq, dk and dv.
+			m.mem.Zero(s.dq)
+			m.mem.Zero(s.dk)
+			m.mem.Zero(s.dv)
 			m.ringAttentionBackward(s.dq, s.dk, s.dv, s.datty, a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l])
 		} else {
-			be.FlashAttentionBackward(s.dq, s.dk, s.dv, s.datty, a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.attnShape())
+			be.FlashAttentionBackward(s.dq, s.dk, s.dv, s.datty, a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.attnShape(), false)
 		}
 		if m.cp != nil {
 			m.rope(s.dq, NH, true)

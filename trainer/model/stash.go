@@ -73,7 +73,10 @@ func (m *Model[F]) input(l, which int, x tensor.Buffer, fresh bool) tensor.Buffe
 }
 
 // WithBF16Activations keeps each layer's saved activations in bf16 storage (see
-// the comment at the top of stash.go). It needs float32.
+// the comment at the top of stash.go), or, where the backend computes in bf16
+// storage and the model runs only kernels that take bf16 activations
+// (nativeBF16), every activation and activation gradient in bf16 buffers with
+// no stores (BF16Native). It needs float32.
 func WithBF16Activations() Option { return func(o *options) { o.bf16Acts = true } }
 
 // allocStash makes the bf16 stores of every layer's input and, unless full

@@ -29,9 +29,9 @@ func (k timed) FlashAttention(out, lse, q, kk, v tensor.Buffer, s tensor.Attenti
 	defer k.rec("FlashAttention", time.Now())
 	k.Backend.FlashAttention(out, lse, q, kk, v, s)
 }
-func (k timed) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, kk, v tensor.Buffer, s tensor.AttentionShape) {
+func (k timed) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, kk, v tensor.Buffer, s tensor.AttentionShape, accumulate bool) {
 	defer k.rec("FlashAttentionBackward", time.Now())
-	k.Backend.FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, kk, v, s)
+	k.Backend.FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, kk, v, s, accumulate)
 }
 func (k timed) SwiGLU(out, g, u tensor.Buffer, n int) {
 	defer k.rec("SwiGLU", time.Now())
