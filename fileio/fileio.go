@@ -99,6 +99,43 @@ func WriteAtomic(path string, data []byte) error {
 	return commit(tmp, path)
 }
 
+// WriteNew writes data to path as WriteAtomic does, but only when path does
+// not exist: the written temporary file is hard-linked to path, which fails
+// (fs.ErrExist) when anything is there, so of two writers racing for one path
+// exactly one succeeds and nothing is replaced.
+func WriteNew(path string, data []byte) error {
+	tmp, err := createTemp(path)
+	if err != nil {
+		return err
+	}
+	if _, err := tmp.Write(data); err != nil {
+		discard(tmp)
+		return err
+	}
+	err = tmp.Chmod(0o644)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if err != nil {
+		discard(tmp)
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		os.Remove(tmp.Name())
+		return err
+	}
+	err = os.Link(tmp.Name(), path)
+	os.Remove(tmp.Name())
+	if err != nil {
+		return err
+	}
+	if d, err := os.Open(filepath.Dir(path)); err == nil {
+		d.Sync() // best effort, as commit
+		d.Close()
+	}
+	return nil
+}
+
 // createTemp makes the temporary file a write to path goes through, beside it
 // (O_EXCL: never through a link), once path is found to be no link.
 func createTemp(path string) (*os.File, error) {
