@@ -132,6 +132,15 @@ func (p *pendingSave) wait() {
 	}
 }
 
+// waitSave waits for the background write of a pending save, if any (its
+// error is the commit's to report; a run ending without the commit leaves an
+// incomplete checkpoint, which a resume never takes).
+func (t *run) waitSave() {
+	if t.ckpt != nil && t.ckpt.pending != nil {
+		t.ckpt.pending.wait()
+	}
+}
+
 // startSave snapshots this rank's pieces and writes them in the background.
 func (t *run) startSave(step, optSteps int) {
 	c := t.ckpt

@@ -7,8 +7,10 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/shardline/shardline/trainer/ckpt"
 	"github.com/stretchr/testify/assert"
@@ -182,4 +184,32 @@ func TestFailedResumeLeavesTheRunAsItWas(t *testing.T) {
 	ev := logEvents(t, a.Dir)
 	assert.Equal(t, "error", ev[len(ev)-1]["level"])
 	assert.Contains(t, ev[len(ev)-1]["error"], "checksum")
+}
+
+// A run that failed while a checkpoint was still being written in the
+// background returned, and Run released the run directory's locks, while the
+// write went on. train now waits for a pending save on every return: here
+// rank 0 is lost at the step after the save of step 4 started, whose write
+// takes half a second, and the write is over when Run returns.
+func TestFailureWaitsForThePendingSave(t *testing.T) {
+	res, dir := tinyRun(t, "train.steps=8", "train.eval_interval=0", "checkpoint.interval=4")
+	var written atomic.Bool
+	o := opts()
+	o.faults = &faults{
+		rankFile: func(d string, rank int, data []byte) error {
+			time.Sleep(500 * time.Millisecond)
+			err := ckpt.WriteRankFile(d, rank, data)
+			written.Store(true)
+			return err
+		},
+		lose: func(rank, step int) error {
+			if step == 4 {
+				return errors.New("lost: its machine went away")
+			}
+			return nil
+		},
+	}
+	_, err := Run(context.Background(), res, o)
+	assertFailureRecorded(t, filepath.Join(dir, "runs", "t"), err, "lost: its machine went away")
+	assert.True(t, written.Load(), "the checkpoint's write ended before Run returned (and released the run directory)")
 }

@@ -704,6 +704,10 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	r := t.r
 	out := &Result{Dir: t.dir, Predicted: t.plan.Memory, Fingerprint: t.plan.Fingerprint}
 	lead := t.rank == 0
+	// A checkpoint still being written in the background is waited for on
+	// every return, an error's included: Run releases the run directory's
+	// locks only after train returns, and no write may outlive them.
+	defer t.waitSave()
 	// The state is loaded before rank 0 writes anything: a resume that cannot
 	// load its checkpoint leaves the run directory as it was.
 	startStep, optSteps, err := t.openState(world, groups)
