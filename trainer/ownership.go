@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -337,9 +338,18 @@ func newestOf(root, id string) string {
 	return ""
 }
 
-// readRunInfo reads a run directory's run.json.
+// readRunInfo reads a run directory's run.json. A run.json that is a symbolic
+// link is refused (fileio.ErrLink): what it points to is not the directory's
+// own record, so it proves nothing about whose the directory is (and the run
+// could not write run.json through it).
 func readRunInfo(dir string) (*runInfo, error) {
-	b, err := fileio.ReadRegular(filepath.Join(dir, "run.json"), maxRunJSON)
+	path := filepath.Join(dir, "run.json")
+	if st, err := os.Lstat(path); err != nil {
+		return nil, err
+	} else if st.Mode()&fs.ModeSymlink != 0 {
+		return nil, &fs.PathError{Op: "read", Path: path, Err: fmt.Errorf("%w: run.json is a symbolic link, not the run's own record", fileio.ErrLink)}
+	}
+	b, err := fileio.ReadRegular(path, maxRunJSON)
 	if err != nil {
 		return nil, err
 	}
