@@ -213,3 +213,53 @@ func TestFailureWaitsForThePendingSave(t *testing.T) {
 	assertFailureRecorded(t, filepath.Join(dir, "runs", "t"), err, "lost: its machine went away")
 	assert.True(t, written.Load(), "the checkpoint's write ended before Run returned (and released the run directory)")
 }
+
+// A single process interrupted during start-up (Ctrl-C while the data was
+// opened or the state built) still wrote a whole run directory (a step-0
+// checkpoint, weights.bin, loss.png, a sample) and reported an interrupted
+// run, though an interrupt before training writes nothing. Run now returns
+// ErrInterrupted having written nothing: no run directory for a new run, and a
+// resumed run's directory as it was.
+func TestInterruptDuringStartUpWritesNothing(t *testing.T) {
+	sets := []string{"train.steps=4", "train.eval_interval=0", "checkpoint.interval=2"}
+	for _, phase := range []string{"before Run", "data", "state"} {
+		t.Run(phase, func(t *testing.T) {
+			res, dir := tinyRun(t, sets...)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			o := opts()
+			if phase == "before Run" {
+				cancel()
+			} else {
+				o.faults = &faults{phase: func(name string) {
+					if name == phase {
+						cancel()
+					}
+				}}
+			}
+			_, err := Run(ctx, res, o)
+			require.ErrorIs(t, err, ErrInterrupted)
+			assert.NoDirExists(t, filepath.Join(dir, "runs", "t"), "no run directory")
+		})
+	}
+	t.Run("a resume, in state", func(t *testing.T) {
+		res, _ := tinyRun(t, sets...)
+		o := opts()
+		o.StopAfter = 2
+		a, err := Run(context.Background(), res, o)
+		require.NoError(t, err)
+		before := snapshot(t, a.Dir)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		o = opts()
+		o.Resume = filepath.Join(a.Dir, "checkpoints", "step-00000002")
+		o.faults = &faults{phase: func(name string) {
+			if name == "state" {
+				cancel()
+			}
+		}}
+		_, err = Run(ctx, res, o)
+		require.ErrorIs(t, err, ErrInterrupted)
+		assert.Equal(t, before, snapshot(t, a.Dir), "the resumed run's directory is as it was")
+	})
+}

@@ -153,11 +153,12 @@ type ownership struct {
 	header bool
 }
 
-// release drops the locks.
+// release drops the locks (once: a second call does nothing).
 func (o *ownership) release() {
 	for _, l := range o.locks {
 		l.release()
 	}
+	o.locks = nil
 }
 
 // newRunID is a random 128-bit run id, hex.
@@ -389,6 +390,16 @@ type faults struct {
 	rankFile func(dir string, rank int, data []byte) error // in place of ckpt.WriteRankFile
 	remove   func(path string) error                       // in place of os.RemoveAll when pruning
 	lose     func(rank, step int) error                    // every rank, before every step
+	// phase is called as start-up passes a phase: "data" (opened), "state"
+	// (built, rank 0 before it writes its header); a test cancels there.
+	phase func(name string)
+}
+
+// at calls the test's phase hook, if any.
+func (f *faults) at(name string) {
+	if f != nil && f.phase != nil {
+		f.phase(name)
+	}
 }
 
 // writeRankFile is ckpt.WriteRankFile, or the test's stand-in.

@@ -200,6 +200,11 @@ type Memory struct {
 // ErrNonFinite reports a NaN or Inf loss or gradient.
 var ErrNonFinite = errors.New("non-finite loss or gradient")
 
+// ErrInterrupted is a single process's run whose context was cancelled (Ctrl-C)
+// before training started: Run returns it having written nothing (a run
+// directory it had made is removed again).
+var ErrInterrupted = errors.New("interrupted before training started; nothing was written")
+
 // Run trains the recipe on one rank and writes the run directory.
 func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, error) {
 	r := &res.Recipe
@@ -230,6 +235,7 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 	if err != nil {
 		return nil, err
 	}
+	opts.faults.at("data")
 	var resume *ckpt.Meta
 	if opts.Resume != "" {
 		if resume, err = ckpt.Open(opts.Resume); err != nil {
@@ -255,6 +261,12 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 			log := zerolog.New(out).Level(opts.LogLevel).With().Timestamp().Int("rank", p.Rank).Logger()
 			return runProcess(ctx, r, res, opts, plan, ds, "", log)
 		}
+	}
+	// A single process interrupted during start-up (the data, the plan, the
+	// resume's checks) stops before it takes a run directory. (A job's ranks
+	// stop together at the first step boundary instead: Run.boundary.)
+	if opts.Process == nil && ctx.Err() != nil {
+		return nil, ErrInterrupted
 	}
 	own, err := takeRunDir(r, opts.Resume, resume)
 	if err != nil {
@@ -290,6 +302,17 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 		}()
 	} else {
 		result, err = runRanks(ctx, r, res, opts, plan, ds, dir, log)
+	}
+	if errors.Is(err, ErrInterrupted) && !own.header {
+		// Interrupted before rank 0 wrote its header: nothing of this run is
+		// kept. A directory it made is removed (it holds only the lock file,
+		// an empty run.log and checkpoints/); a resumed one is as it was.
+		if own.fresh {
+			logFile.Close()
+			own.release()
+			os.RemoveAll(dir)
+		}
+		return nil, ErrInterrupted
 	}
 	if err != nil {
 		// Every way a run ends is written down: run.log says why, run.json how.
@@ -716,6 +739,11 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	}
 	if err != nil {
 		return nil, err
+	}
+	t.opts.faults.at("state")
+	if lead && t.opts.Process == nil && ctx.Err() != nil {
+		// Interrupted while the state was built: Run removes what it made.
+		return nil, ErrInterrupted
 	}
 	if lead {
 		if err := t.writeHeader(); err != nil {

@@ -264,9 +264,12 @@ or staged through the host where ranks share a GPU.`,
 			opts.Process = proc
 		}
 		if job == nil && ctx.Err() != nil {
-			return &exitError{code: 130, err: errors.New("interrupted before training started; nothing was written")}
+			return &exitError{code: 130, err: trainer.ErrInterrupted}
 		}
 		result, err := trainer.Run(ctx, res, opts)
+		if errors.Is(err, trainer.ErrInterrupted) {
+			return &exitError{code: 130, err: err}
+		}
 		if err != nil {
 			var d *config.Diagnostic
 			if errors.As(err, &d) {
