@@ -471,3 +471,36 @@ func TestLineWriterPassesProgress(t *testing.T) {
 	assert.Equal(t, "log line\npart of it\n\r\033[K[==  ] 1/4\r\033[K[=== ] 2/4", out.String())
 	assert.Empty(t, l.buf)
 }
+
+// After Ctrl-C, launch SIGKILLed the ranks still running when --grace had
+// passed, then reported the first such exit as the job's failure ("killed by
+// signal KILL ... most often the kernel's out-of-memory killer") and exited 1,
+// though rank 0 may have been writing the interrupt's checkpoint. A rank
+// launch kills after an interrupt is now named as late, not as a failure, and
+// launch exits 130. The ranks here are shells: one exits 130 on SIGINT as a
+// rank does, two ignore it.
+func TestInterruptedLaunchKillsLateRanksQuietly(t *testing.T) {
+	dir := t.TempDir()
+	procs := []*exec.Cmd{ // each says it is ready once its trap is set
+		exec.Command("sh", "-c", `trap 'exit 130' INT; : >"$0"/0; sleep 5 & wait`, dir),
+		exec.Command("sh", "-c", `trap '' INT; : >"$0"/1; exec sleep 30`, dir),
+		exec.Command("sh", "-c", `trap '' INT; : >"$0"/2; exec sleep 30`, dir),
+	}
+	interrupt := make(chan struct{})
+	stopped := false
+	go func() {
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if n, _ := os.ReadDir(dir); len(n) == len(procs) {
+				break
+			}
+		}
+		close(interrupt)
+	}()
+	err := superviseRanks(interrupt, func() { stopped = true }, procs, 0, time.Hour, 500*time.Millisecond, func() {})
+	var ee *exitError
+	require.ErrorAs(t, err, &ee)
+	assert.Equal(t, 130, ee.code, "%v", err)
+	assert.Contains(t, err.Error(), "rank [1 2] did not stop within --interrupt-grace 500ms after the interrupt and was killed")
+	assert.NotContains(t, err.Error(), "out-of-memory")
+	assert.True(t, stopped, "a second Ctrl-C is no longer caught")
+}
