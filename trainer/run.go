@@ -486,7 +486,7 @@ func runRanks(ctx context.Context, r *config.Recipe, res *config.Resolved, opts 
 	// The first error that is neither another rank's abort nor a report that
 	// another rank failed explains the failure; it names its rank.
 	for _, explains := range []func(error) bool{
-		func(err error) bool { return !aborted(err) && !errors.Is(err, errOtherRank) },
+		func(err error) bool { return !aborted(err) && !errors.Is(err, ErrOtherRank) },
 		func(err error) bool { return !aborted(err) },
 		func(error) bool { return true },
 	} {

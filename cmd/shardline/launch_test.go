@@ -504,3 +504,41 @@ func TestInterruptedLaunchKillsLateRanksQuietly(t *testing.T) {
 	assert.NotContains(t, err.Error(), "out-of-memory")
 	assert.True(t, stopped, "a second Ctrl-C is no longer caught")
 }
+
+// When rank 1's checkpoint write failed, rank 0 (whose own write succeeded)
+// reported that another rank failed but exited 1, as a failure of its own,
+// so launch could blame rank 0. It now exits 3 ("lost another rank"), and
+// rank 1, whose write failed, exits 1. Rank 1's rank file cannot be written
+// here because a directory stands where it goes.
+func TestOtherRanksCheckpointFailureExits3(t *testing.T) {
+	dir := t.TempDir()
+	text := smallCorpus(t, dir)
+	save := filepath.Join(dir, "ckpts")
+	require.NoError(t, os.MkdirAll(filepath.Join(save, "step-00000002", "rank-00001.bin", "x"), 0o755))
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	port := freePort(t)
+	procs := make([]*exec.Cmd, 2)
+	outs := make([]*bytes.Buffer, 2)
+	for r := range procs {
+		c := exec.Command(exe, "run", filepath.Join(recipesDir, "tiny.toml"), "--num-layers", "1", "--seq-length", "16", "--train-iters", "4",
+			"--micro-batch-size", "2", "--global-batch-size", "4",
+			"--set", "train.eval_interval=0", "--set", "run.output_dir="+filepath.Join(dir, "runs"), "--set", "data.path="+text,
+			"--save", save, "--save-interval", "2", "--comm-timeout", "20s")
+		c.Env = append(os.Environ(), "SHARDLINE_TEST_AS_CLI=1", "RANK="+strconv.Itoa(r), "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+			"MASTER_PORT="+strconv.Itoa(port), "SHARDLINE_JOB_TOKEN=ckpt-test")
+		outs[r] = &bytes.Buffer{}
+		c.Stderr = outs[r]
+		require.NoError(t, c.Start())
+		procs[r] = c
+	}
+	codes := make([]int, 2)
+	for r, c := range procs {
+		err := c.Wait()
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, "rank %d should fail: %s", r, outs[r])
+		codes[r] = ee.ExitCode()
+	}
+	assert.Equal(t, []int{exitLostRank, 1}, codes, "rank 0 lost rank 1's checkpoint; rank 1 failed writing it\nrank 0: %s\nrank 1: %s", outs[0], outs[1])
+	assert.Contains(t, outs[1].String(), "rank-00001.bin")
+}
