@@ -106,7 +106,39 @@ func TestFullDiskAtTheEndIsRecorded(t *testing.T) {
 	o := opts()
 	o.TracePath = filepath.Join(mnt, "trace.json")
 	_, err = Run(context.Background(), res, o)
-	assertFailureRecorded(t, filepath.Join(dir, "runs", "t"), err, "no space left on device")
+	assertFailureAfterResult(t, filepath.Join(dir, "runs", "t"), err, "no space left on device")
+}
+
+// assertFailureAfterResult checks that the run in dir, which failed with err
+// after it wrote its result, records both: run.json's result as the run wrote
+// it and the failure beside it; run.log ends with the error.
+func assertFailureAfterResult(t *testing.T, dir string, err error, want string) {
+	t.Helper()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), want)
+	info := runJSON(t, dir)
+	require.NotNil(t, info["result"], "the result the run wrote is kept")
+	assert.EqualValues(t, 2, info["result"].(map[string]any)["steps"])
+	assert.NotNil(t, info["memory"])
+	assert.Contains(t, info["failure"], want, "and the failure is beside it")
+	ev := logEvents(t, dir)
+	last := ev[len(ev)-1]
+	assert.Equal(t, "error", last["level"])
+	assert.Contains(t, last["error"], want)
+	assert.Contains(t, last["message"], "keeps the result")
+}
+
+// A failure after the run wrote run.json's result (here the trace's write,
+// into a path under a regular file) replaced run.json with only the failure:
+// the result of a run that trained to its end was lost. Both are kept.
+func TestFailureAfterTheResultKeepsIt(t *testing.T) {
+	res, dir := tinyRun(t, "train.steps=2", "train.eval_interval=0")
+	file := filepath.Join(t.TempDir(), "file")
+	require.NoError(t, os.WriteFile(file, nil, 0o644))
+	o := opts()
+	o.TracePath = filepath.Join(file, "trace.json")
+	_, err := Run(context.Background(), res, o)
+	assertFailureAfterResult(t, filepath.Join(dir, "runs", "t"), err, "writing the trace")
 }
 
 // A rank lost in the middle of a run (here rank 1 of 2 in-process ranks,

@@ -361,11 +361,13 @@ func readRunInfo(dir string) (*runInfo, error) {
 	return &info, nil
 }
 
-// recordFailure writes down why the run ended without a result: the error in
-// run.log (to the file only: the caller prints it), and run.json's failure,
-// unless this is a resume that failed before it changed its run directory
-// (run.json then still says how the run last ended). It returns err, with a
-// note when run.json could not be written.
+// recordFailure writes down why the run failed: the error in run.log (to the
+// file only: the caller prints it), and run.json's failure, unless this is a
+// resume that failed before it changed its run directory (run.json then still
+// says how the run last ended). A failure after the run wrote its result (the
+// trace's write) keeps run.json as it was, result included, and adds the
+// failure beside it. It returns err, with a note when run.json could not be
+// written.
 func (t *run) recordFailure(err error, logFile io.Writer) error {
 	o := t.opts.own
 	flog := zerolog.New(logFile).With().Timestamp().Logger()
@@ -373,8 +375,15 @@ func (t *run) recordFailure(err error, logFile io.Writer) error {
 		flog.Error().Err(err).Msg("the resume failed before the run directory changed; run.json still says how the run last ended")
 		return err
 	}
-	flog.Error().Err(err).Msg("run failed; run.json records it as the failure")
 	info := t.info()
+	// run.json was rewritten by this run's header, so a result in it is this
+	// run's own.
+	if prev, rerr := readRunInfo(t.dir); rerr == nil && o.header && prev.Result != nil && prev.RunID == info.RunID {
+		info = *prev
+		flog.Error().Err(err).Msg("run failed after it wrote its result; run.json keeps the result and records the failure beside it")
+	} else {
+		flog.Error().Err(err).Msg("run failed; run.json records it as the failure")
+	}
 	info.Failure = err.Error()
 	if werr := writeJSON(filepath.Join(t.dir, "run.json"), info); werr != nil {
 		flog.Error().Err(werr).Msg("recording the failure in run.json")
