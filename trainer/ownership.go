@@ -88,23 +88,15 @@ func lockDir(dir, what string) (*dirLock, error) {
 		f.Close()
 		return nil, fmt.Errorf("%s %s: its lock file %s has %d hard links, and locking empties it (so would every file it is linked to); remove %s", what, dir, path, sys.Nlink, path)
 	}
-	b, err := io.ReadAll(io.LimitReader(f, maxLockFile+1))
-	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("%s %s: reading its lock file %s: %w", what, dir, path, err)
-	}
-	var h lockHolder
-	if len(bytes.TrimSpace(b)) > 0 && (len(b) > maxLockFile || json.Unmarshal(b, &h) != nil) {
-		f.Close()
-		return nil, fmt.Errorf("%s %s: its lock file %s holds %d bytes that are not a shardline lock record, and is left as it is; remove it if no other program uses it, or choose another directory", what, dir, path, len(b))
-	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		b, _ := io.ReadAll(io.LimitReader(f, maxLockFile))
 		f.Close()
 		if !errors.Is(err, syscall.EWOULDBLOCK) {
 			return nil, fmt.Errorf("%s %s: locking %s: %w", what, dir, path, err)
 		}
 		holder, stop := "another process", "stop it"
-		if h.PID > 0 {
+		var h lockHolder
+		if json.Unmarshal(b, &h) == nil && h.PID > 0 {
 			holder = fmt.Sprintf("process %d on %s (since %s)", h.PID, h.Host, h.Since)
 			stop = fmt.Sprintf("stop it (kill %d)", h.PID)
 		}
@@ -114,6 +106,18 @@ func lockDir(dir, what string) (*dirLock, error) {
 		}
 		return nil, fmt.Errorf("%s %s: %w: %s holds its lock %s; two processes writing one directory corrupt each other's checkpoints and metrics. Wait for it to end or %s, then run again; to train beside it, %s",
 			what, dir, ErrInUse, holder, path, stop, beside)
+	}
+	// Under the lock no shardline process writes the file: what it holds now
+	// is a record shardline wrote, empty, or someone else's file.
+	b, err := io.ReadAll(io.LimitReader(f, maxLockFile+1))
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%s %s: reading its lock file %s: %w", what, dir, path, err)
+	}
+	var h lockHolder
+	if len(bytes.TrimSpace(b)) > 0 && (len(b) > maxLockFile || json.Unmarshal(b, &h) != nil) {
+		f.Close()
+		return nil, fmt.Errorf("%s %s: its lock file %s holds %d bytes that are not a shardline lock record, and is left as it is; remove it if no other program uses it, or choose another directory", what, dir, path, len(b))
 	}
 	host, _ := os.Hostname()
 	rec, _ := json.Marshal(lockHolder{PID: os.Getpid(), Host: host, Since: time.Now().UTC().Format(time.RFC3339)})
