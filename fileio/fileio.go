@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"syscall"
 )
 
 // ErrNotRegular marks a path that is not a regular file (a device, FIFO, socket or
@@ -23,15 +24,20 @@ var ErrTooLarge = errors.New("file too large")
 var ErrCorrupt = errors.New("corrupt file")
 
 // OpenRegular opens path for reading if it is a regular file (symbolic links are
-// followed), and returns its size.
+// followed: a reader may take a file through a link, as in a Hugging Face
+// cache), and returns its size. What is not a regular file is refused from
+// stat before it is opened; the open itself is non-blocking (O_NONBLOCK) and
+// the opened file's mode is checked again, so a named pipe swapped in between
+// is refused at once, never waited on for a writer.
 func OpenRegular(path string) (*os.File, int64, error) {
-	// Stat first: opening a named pipe would block until a writer appears.
 	if st, err := os.Stat(path); err != nil {
 		return nil, 0, err
 	} else if !st.Mode().IsRegular() {
 		return nil, 0, &fs.PathError{Op: "read", Path: path, Err: fmt.Errorf("%w (%s)", ErrNotRegular, kind(st.Mode()))}
 	}
-	f, err := os.Open(path)
+	// O_NONBLOCK: opening a named pipe would block until a writer appears.
+	// (On a regular file it changes nothing.)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -97,6 +103,43 @@ func WriteAtomic(path string, data []byte) error {
 		return err
 	}
 	return commit(tmp, path)
+}
+
+// WriteNew writes data to path as WriteAtomic does, but only when path does
+// not exist: the written temporary file is hard-linked to path, which fails
+// (fs.ErrExist) when anything is there, so of two writers racing for one path
+// exactly one succeeds and nothing is replaced.
+func WriteNew(path string, data []byte) error {
+	tmp, err := createTemp(path)
+	if err != nil {
+		return err
+	}
+	if _, err := tmp.Write(data); err != nil {
+		discard(tmp)
+		return err
+	}
+	err = tmp.Chmod(0o644)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if err != nil {
+		discard(tmp)
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		os.Remove(tmp.Name())
+		return err
+	}
+	err = os.Link(tmp.Name(), path)
+	os.Remove(tmp.Name())
+	if err != nil {
+		return err
+	}
+	if d, err := os.Open(filepath.Dir(path)); err == nil {
+		d.Sync() // best effort, as commit
+		d.Close()
+	}
+	return nil
 }
 
 // createTemp makes the temporary file a write to path goes through, beside it

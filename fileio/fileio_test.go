@@ -7,6 +7,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -122,4 +123,65 @@ func TestSealedWriterWritesWhatWriteSealedWrites(t *testing.T) {
 	entries, err := os.ReadDir(dir)
 	require.NoError(t, err)
 	require.Len(t, entries, 2, "no temporaries left")
+}
+
+// OpenRegular checked the path with stat and then opened it blocking: a named
+// pipe swapped in between (by rename, here again and again) made the open wait
+// for a writer that never comes. The open is now non-blocking and the opened
+// file's own mode is checked, so every call returns: the file's bytes or
+// ErrNotRegular.
+func TestOpenRegularNeverBlocksOnASwappedFIFO(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "f")
+	require.NoError(t, os.WriteFile(path, []byte("text"), 0o644))
+	stop := make(chan struct{})
+	swapped := make(chan struct{})
+	go func() { // path is the regular file and the FIFO in turn
+		defer close(swapped)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			tmp := filepath.Join(dir, "tmp")
+			var err error
+			if i%2 == 0 {
+				err = os.WriteFile(tmp, []byte("text"), 0o644)
+			} else {
+				err = syscall.Mkfifo(tmp, 0o600)
+			}
+			if err == nil {
+				os.Rename(tmp, path)
+			}
+		}
+	}()
+	done := make(chan error, 1)
+	go func() {
+		for range 20000 {
+			f, _, err := OpenRegular(path)
+			if err == nil {
+				f.Close()
+			} else if !errors.Is(err, ErrNotRegular) && !errors.Is(err, os.ErrNotExist) {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	select {
+	case err := <-done:
+		close(stop)
+		<-swapped
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		close(stop)
+		<-swapped
+		// Release the blocked open: a writer on the FIFO it opened, if path
+		// is still that one.
+		if w, err := os.OpenFile(path, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			w.Close()
+		}
+		t.Fatal("OpenRegular blocked opening a named pipe swapped in after its stat")
+	}
 }

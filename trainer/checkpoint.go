@@ -132,6 +132,15 @@ func (p *pendingSave) wait() {
 	}
 }
 
+// waitSave waits for the background write of a pending save, if any (its
+// error is the commit's to report; a run ending without the commit leaves an
+// incomplete checkpoint, which a resume never takes).
+func (t *run) waitSave() {
+	if t.ckpt != nil && t.ckpt.pending != nil {
+		t.ckpt.pending.wait()
+	}
+}
+
 // startSave snapshots this rank's pieces and writes them in the background.
 func (t *run) startSave(step, optSteps int) {
 	c := t.ckpt
@@ -279,12 +288,13 @@ func saveFailed(p *pendingSave) error {
 	if p.err != nil {
 		return fmt.Errorf("writing the checkpoint of step %d: %w", p.step, p.err)
 	}
-	return fmt.Errorf("writing the checkpoint of step %d %w (its log says why)", p.step, errOtherRank)
+	return fmt.Errorf("writing the checkpoint of step %d %w (its log says why)", p.step, ErrOtherRank)
 }
 
-// errOtherRank is a rank's report that another rank failed: that rank's own
-// error explains the run's end, where there is one.
-var errOtherRank = errors.New("failed on another rank")
+// ErrOtherRank is a rank's report that another rank failed (its checkpoint
+// write, say): that rank's own error explains the run's end, where there is
+// one. A job's rank that ends with it exits as one that lost another rank.
+var ErrOtherRank = errors.New("failed on another rank")
 
 // load fills this rank's shards of the main weights and optimizer moments from a
 // checkpoint, reading only the pieces that overlap what it owns now, then

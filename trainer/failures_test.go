@@ -7,8 +7,10 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/shardline/shardline/trainer/ckpt"
 	"github.com/stretchr/testify/assert"
@@ -104,7 +106,39 @@ func TestFullDiskAtTheEndIsRecorded(t *testing.T) {
 	o := opts()
 	o.TracePath = filepath.Join(mnt, "trace.json")
 	_, err = Run(context.Background(), res, o)
-	assertFailureRecorded(t, filepath.Join(dir, "runs", "t"), err, "no space left on device")
+	assertFailureAfterResult(t, filepath.Join(dir, "runs", "t"), err, "no space left on device")
+}
+
+// assertFailureAfterResult checks that the run in dir, which failed with err
+// after it wrote its result, records both: run.json's result as the run wrote
+// it and the failure beside it; run.log ends with the error.
+func assertFailureAfterResult(t *testing.T, dir string, err error, want string) {
+	t.Helper()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), want)
+	info := runJSON(t, dir)
+	require.NotNil(t, info["result"], "the result the run wrote is kept")
+	assert.EqualValues(t, 2, info["result"].(map[string]any)["steps"])
+	assert.NotNil(t, info["memory"])
+	assert.Contains(t, info["failure"], want, "and the failure is beside it")
+	ev := logEvents(t, dir)
+	last := ev[len(ev)-1]
+	assert.Equal(t, "error", last["level"])
+	assert.Contains(t, last["error"], want)
+	assert.Contains(t, last["message"], "keeps the result")
+}
+
+// A failure after the run wrote run.json's result (here the trace's write,
+// into a path under a regular file) replaced run.json with only the failure:
+// the result of a run that trained to its end was lost. Both are kept.
+func TestFailureAfterTheResultKeepsIt(t *testing.T) {
+	res, dir := tinyRun(t, "train.steps=2", "train.eval_interval=0")
+	file := filepath.Join(t.TempDir(), "file")
+	require.NoError(t, os.WriteFile(file, nil, 0o644))
+	o := opts()
+	o.TracePath = filepath.Join(file, "trace.json")
+	_, err := Run(context.Background(), res, o)
+	assertFailureAfterResult(t, filepath.Join(dir, "runs", "t"), err, "writing the trace")
 }
 
 // A rank lost in the middle of a run (here rank 1 of 2 in-process ranks,
@@ -182,4 +216,82 @@ func TestFailedResumeLeavesTheRunAsItWas(t *testing.T) {
 	ev := logEvents(t, a.Dir)
 	assert.Equal(t, "error", ev[len(ev)-1]["level"])
 	assert.Contains(t, ev[len(ev)-1]["error"], "checksum")
+}
+
+// A run that failed while a checkpoint was still being written in the
+// background returned, and Run released the run directory's locks, while the
+// write went on. train now waits for a pending save on every return: here
+// rank 0 is lost at the step after the save of step 4 started, whose write
+// takes half a second, and the write is over when Run returns.
+func TestFailureWaitsForThePendingSave(t *testing.T) {
+	res, dir := tinyRun(t, "train.steps=8", "train.eval_interval=0", "checkpoint.interval=4")
+	var written atomic.Bool
+	o := opts()
+	o.faults = &faults{
+		rankFile: func(d string, rank int, data []byte) error {
+			time.Sleep(500 * time.Millisecond)
+			err := ckpt.WriteRankFile(d, rank, data)
+			written.Store(true)
+			return err
+		},
+		lose: func(rank, step int) error {
+			if step == 4 {
+				return errors.New("lost: its machine went away")
+			}
+			return nil
+		},
+	}
+	_, err := Run(context.Background(), res, o)
+	assertFailureRecorded(t, filepath.Join(dir, "runs", "t"), err, "lost: its machine went away")
+	assert.True(t, written.Load(), "the checkpoint's write ended before Run returned (and released the run directory)")
+}
+
+// A single process interrupted during start-up (Ctrl-C while the data was
+// opened or the state built) still wrote a whole run directory (a step-0
+// checkpoint, weights.bin, loss.png, a sample) and reported an interrupted
+// run, though an interrupt before training writes nothing. Run now returns
+// ErrInterrupted having written nothing: no run directory for a new run, and a
+// resumed run's directory as it was.
+func TestInterruptDuringStartUpWritesNothing(t *testing.T) {
+	sets := []string{"train.steps=4", "train.eval_interval=0", "checkpoint.interval=2"}
+	for _, phase := range []string{"before Run", "data", "state"} {
+		t.Run(phase, func(t *testing.T) {
+			res, dir := tinyRun(t, sets...)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			o := opts()
+			if phase == "before Run" {
+				cancel()
+			} else {
+				o.faults = &faults{phase: func(name string) {
+					if name == phase {
+						cancel()
+					}
+				}}
+			}
+			_, err := Run(ctx, res, o)
+			require.ErrorIs(t, err, ErrInterrupted)
+			assert.NoDirExists(t, filepath.Join(dir, "runs", "t"), "no run directory")
+		})
+	}
+	t.Run("a resume, in state", func(t *testing.T) {
+		res, _ := tinyRun(t, sets...)
+		o := opts()
+		o.StopAfter = 2
+		a, err := Run(context.Background(), res, o)
+		require.NoError(t, err)
+		before := snapshot(t, a.Dir)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		o = opts()
+		o.Resume = filepath.Join(a.Dir, "checkpoints", "step-00000002")
+		o.faults = &faults{phase: func(name string) {
+			if name == "state" {
+				cancel()
+			}
+		}}
+		_, err = Run(ctx, res, o)
+		require.ErrorIs(t, err, ErrInterrupted)
+		assert.Equal(t, before, snapshot(t, a.Dir), "the resumed run's directory is as it was")
+	})
 }

@@ -46,7 +46,7 @@ type runInfo struct {
 	Started           string          `json:"started"`
 	Tokenizer         string          `json:"tokenizer"`
 	Result            *resultInfo     `json:"result,omitempty"`
-	Failure           string          `json:"failure,omitempty"` // why the run stopped without a result
+	Failure           string          `json:"failure,omitempty"` // why the run failed: alone, or beside the result when it failed after writing it (the trace)
 	Memory            *memoryCompared `json:"memory,omitempty"`
 	// ModelCommSent is what rank 0 sent per training step on each model-parallel
 	// group (ep, cp, tp), by the ring algorithms' accounting (comm.Counted): the

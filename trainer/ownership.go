@@ -1,6 +1,7 @@
 package trainer
 
 import (
+	"bytes"
 	"cmp"
 	"crypto/rand"
 	"encoding/hex"
@@ -8,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -23,24 +25,28 @@ import (
 //
 //   - One process writes a run directory at a time: rank 0 holds an exclusive
 //     flock on its lock file (lockName) from before its first write to its end,
-//     and on checkpoint.dir's when the checkpoints go elsewhere. A second writer
-//     is refused naming the holder's pid. The kernel drops the lock when its
-//     process dies, so a lock left by a dead process blocks nothing.
+//     and on the lock file of the run's checkpoint root (its checkpoints/, or
+//     checkpoint.dir), so that a run given another run's checkpoints/ as its
+//     checkpoint.dir is refused too. A second writer is refused naming the
+//     holder's pid. The kernel drops the lock when its process dies, so a lock
+//     left by a dead process blocks nothing.
 //   - A resume continues a run directory in place only when the checkpoint lies
-//     in that run's own checkpoint root, that run's run.json bears the
-//     checkpoint's run id, the recipe saves into the same root, and the
-//     checkpoint is the run's newest complete one there (continuesInPlace).
-//     Any other resume (a copied checkpoint, an older step, another checkpoint
-//     root) is a new run in a new directory (a branch), with a new run id.
+//     in that run's own checkpoint root, that run's run.json (a regular file,
+//     not a link) bears the checkpoint's run id, the recipe saves into the same
+//     root, and the checkpoint is the run's newest complete one there
+//     (continuesInPlace). Any other resume (a copied checkpoint, an older step,
+//     another checkpoint root) is a new run in a new directory (a branch), with
+//     a new run id.
 //   - Where outputs go is decided by where the checkpoint lies and what the
 //     recipe says, never by a path a file records (metadata.json's run_dir).
 //   - A new run (fresh or branched) needs a checkpoint root that holds no
 //     complete checkpoint; a run prunes only checkpoints bearing its run id.
 
-// lockName is the lock file of a run directory or checkpoint root. It is never
-// removed: a process that opened it just before a removal would hold a lock
-// on a file no one else sees.
-const lockName = ".lock"
+// lockName is the lock file of a run directory or checkpoint root: a name of
+// shardline's own, so that a directory where another tool keeps a ".lock" is
+// not touched. It is never removed: a process that opened it just before a
+// removal would hold a lock on a file no one else sees.
+const lockName = ".shardline.lock"
 
 // ErrInUse is a run directory or checkpoint root another process is writing.
 var ErrInUse = errors.New("another process is writing it")
@@ -52,23 +58,38 @@ type lockHolder struct {
 	Since string `json:"since"`
 }
 
+// maxLockFile bounds what is read of a lock file: a lockHolder is far shorter.
+const maxLockFile = 4096
+
 // dirLock is a held lock on a directory.
-type dirLock struct{ f *os.File }
+type dirLock struct {
+	f   *os.File
+	dir string
+}
 
 // lockDir takes the exclusive lock of dir for this process, or refuses with
 // ErrInUse naming the holder; what names dir in messages ("run directory").
+// The lock file is opened without following a symbolic link, and refused when
+// it is not a regular file, has other hard links (emptying it would empty
+// them), or holds something other than a lockHolder record (a file shardline
+// did not write is left as it is).
 func lockDir(dir, what string) (*dirLock, error) {
 	path := filepath.Join(dir, lockName)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o644)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: opening its lock file %s: %w; make the directory writable, and remove %s if it is a link", what, dir, path, err, path)
 	}
-	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+	st, err := f.Stat()
+	if err != nil || !st.Mode().IsRegular() {
 		f.Close()
 		return nil, fmt.Errorf("%s %s: its lock file %s is not a regular file; remove it", what, dir, path)
 	}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok && sys.Nlink > 1 {
+		f.Close()
+		return nil, fmt.Errorf("%s %s: its lock file %s has %d hard links, and locking empties it (so would every file it is linked to); remove %s", what, dir, path, sys.Nlink, path)
+	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		b, _ := io.ReadAll(io.LimitReader(f, 4096))
+		b, _ := io.ReadAll(io.LimitReader(f, maxLockFile))
 		f.Close()
 		if !errors.Is(err, syscall.EWOULDBLOCK) {
 			return nil, fmt.Errorf("%s %s: locking %s: %w", what, dir, path, err)
@@ -79,16 +100,32 @@ func lockDir(dir, what string) (*dirLock, error) {
 			holder = fmt.Sprintf("process %d on %s (since %s)", h.PID, h.Host, h.Since)
 			stop = fmt.Sprintf("stop it (kill %d)", h.PID)
 		}
-		return nil, fmt.Errorf("%s %s: %w: %s holds its lock %s; two processes writing one directory corrupt each other's checkpoints and metrics. Wait for it to end or %s, then run again; to train beside it, resume from a copy of its checkpoint (a new run directory)",
-			what, dir, ErrInUse, holder, path, stop)
+		beside := "resume from a copy of its checkpoint (a new run directory)"
+		if what == "checkpoint directory" {
+			beside = "give this run a checkpoint directory of its own (--save DIR)"
+		}
+		return nil, fmt.Errorf("%s %s: %w: %s holds its lock %s; two processes writing one directory corrupt each other's checkpoints and metrics. Wait for it to end or %s, then run again; to train beside it, %s",
+			what, dir, ErrInUse, holder, path, stop, beside)
+	}
+	// Under the lock no shardline process writes the file: what it holds now
+	// is a record shardline wrote, empty, or someone else's file.
+	b, err := io.ReadAll(io.LimitReader(f, maxLockFile+1))
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%s %s: reading its lock file %s: %w", what, dir, path, err)
+	}
+	var h lockHolder
+	if len(bytes.TrimSpace(b)) > 0 && (len(b) > maxLockFile || json.Unmarshal(b, &h) != nil) {
+		f.Close()
+		return nil, fmt.Errorf("%s %s: its lock file %s holds %d bytes that are not a shardline lock record, and is left as it is; remove it if no other program uses it, or choose another directory", what, dir, path, len(b))
 	}
 	host, _ := os.Hostname()
-	b, _ := json.Marshal(lockHolder{PID: os.Getpid(), Host: host, Since: time.Now().UTC().Format(time.RFC3339)})
+	rec, _ := json.Marshal(lockHolder{PID: os.Getpid(), Host: host, Since: time.Now().UTC().Format(time.RFC3339)})
 	// Who holds it, for the message a second writer gets (best effort: the
 	// flock is what excludes).
 	_ = f.Truncate(0)
-	_, _ = f.WriteAt(append(b, '\n'), 0)
-	return &dirLock{f: f}, nil
+	_, _ = f.WriteAt(append(rec, '\n'), 0)
+	return &dirLock{f: f, dir: dir}, nil
 }
 
 // release empties the lock file (it names no one once free) and drops the lock.
@@ -120,11 +157,12 @@ type ownership struct {
 	header bool
 }
 
-// release drops the locks.
+// release drops the locks (once: a second call does nothing).
 func (o *ownership) release() {
 	for _, l := range o.locks {
 		l.release()
 	}
+	o.locks = nil
 }
 
 // newRunID is a random 128-bit run id, hex.
@@ -190,30 +228,50 @@ func takeRunDir(r *config.Recipe, resume string, m *ckpt.Meta) (*ownership, erro
 		return nil, err
 	}
 	o.fresh = true
-	l, err := lockDir(o.dir, "run directory")
-	if err != nil {
+	if err := o.lock(o.dir, "run directory"); err != nil {
 		o.release()
 		return nil, err
 	}
-	o.locks = append(o.locks, l)
+	if r.Checkpoint.Saves() && o.ckptDir == "" {
+		// The run's own checkpoints/ is its checkpoint root: locked too, so
+		// that no run given it as checkpoint.dir writes into it.
+		if err := o.lockRoot(filepath.Join(o.dir, "checkpoints")); err != nil {
+			o.release()
+			return nil, err
+		}
+	}
 	return o, nil
 }
 
-// lockInPlace locks the run directory src that checkpoint c (m) continues in
-// place, and its checkpoint root when elsewhere, and checks again, under the
-// lock, that c is still its newest checkpoint. It reports false (holding
-// nothing) when it no longer is: the resume is then a branch.
-func (o *ownership) lockInPlace(src, c string, m *ckpt.Meta) (bool, error) {
-	l, err := lockDir(src, "run directory")
+// lock takes dir's lock (lockDir) unless o holds it already (a checkpoint
+// root that is the run directory itself).
+func (o *ownership) lock(dir, what string) error {
+	for _, l := range o.locks {
+		if sameDir(l.dir, dir) {
+			return nil
+		}
+	}
+	l, err := lockDir(dir, what)
 	if err != nil {
-		return false, err
+		return err
 	}
 	o.locks = append(o.locks, l)
-	if o.ckptDir != "" {
-		if err := o.lockRoot(o.ckptDir); err != nil {
-			o.release()
-			return false, err
-		}
+	return nil
+}
+
+// lockInPlace locks the run directory src that checkpoint c (m) continues in
+// place, and its checkpoint root (c's directory: src's checkpoints/ or
+// checkpoint.dir), and checks again, under the locks, that c is still its
+// newest checkpoint. It reports false (holding nothing) when it no longer is:
+// the resume is then a branch.
+func (o *ownership) lockInPlace(src, c string, m *ckpt.Meta) (bool, error) {
+	if err := o.lock(src, "run directory"); err != nil {
+		return false, err
+	}
+	if err := o.lockRoot(filepath.Dir(c)); err != nil {
+		o.release()
+		o.locks = nil
+		return false, err
 	}
 	if !sameDir(newestOf(filepath.Dir(c), m.RunID), c) {
 		o.release()
@@ -224,17 +282,13 @@ func (o *ownership) lockInPlace(src, c string, m *ckpt.Meta) (bool, error) {
 	return true, nil
 }
 
-// lockRoot locks a checkpoint.dir outside the run directory, making it first.
+// lockRoot locks a checkpoint root (checkpoint.dir, or a run directory's
+// checkpoints/), making it first.
 func (o *ownership) lockRoot(root string) error {
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return config.ValueProblem("checkpoint.dir", root, err, "choose a writable directory with --save DIR")
 	}
-	l, err := lockDir(root, "checkpoint directory")
-	if err != nil {
-		return err
-	}
-	o.locks = append(o.locks, l)
-	return nil
+	return o.lock(root, "checkpoint directory")
 }
 
 // sourceRun is the run directory checkpoint c (absolute, its metadata m)
@@ -289,9 +343,18 @@ func newestOf(root, id string) string {
 	return ""
 }
 
-// readRunInfo reads a run directory's run.json.
+// readRunInfo reads a run directory's run.json. A run.json that is a symbolic
+// link is refused (fileio.ErrLink): what it points to is not the directory's
+// own record, so it proves nothing about whose the directory is (and the run
+// could not write run.json through it).
 func readRunInfo(dir string) (*runInfo, error) {
-	b, err := fileio.ReadRegular(filepath.Join(dir, "run.json"), maxRunJSON)
+	path := filepath.Join(dir, "run.json")
+	if st, err := os.Lstat(path); err != nil {
+		return nil, err
+	} else if st.Mode()&fs.ModeSymlink != 0 {
+		return nil, &fs.PathError{Op: "read", Path: path, Err: fmt.Errorf("%w: run.json is a symbolic link, not the run's own record", fileio.ErrLink)}
+	}
+	b, err := fileio.ReadRegular(path, maxRunJSON)
 	if err != nil {
 		return nil, err
 	}
@@ -302,11 +365,13 @@ func readRunInfo(dir string) (*runInfo, error) {
 	return &info, nil
 }
 
-// recordFailure writes down why the run ended without a result: the error in
-// run.log (to the file only: the caller prints it), and run.json's failure,
-// unless this is a resume that failed before it changed its run directory
-// (run.json then still says how the run last ended). It returns err, with a
-// note when run.json could not be written.
+// recordFailure writes down why the run failed: the error in run.log (to the
+// file only: the caller prints it), and run.json's failure, unless this is a
+// resume that failed before it changed its run directory (run.json then still
+// says how the run last ended). A failure after the run wrote its result (the
+// trace's write) keeps run.json as it was, result included, and adds the
+// failure beside it. It returns err, with a note when run.json could not be
+// written.
 func (t *run) recordFailure(err error, logFile io.Writer) error {
 	o := t.opts.own
 	flog := zerolog.New(logFile).With().Timestamp().Logger()
@@ -314,8 +379,15 @@ func (t *run) recordFailure(err error, logFile io.Writer) error {
 		flog.Error().Err(err).Msg("the resume failed before the run directory changed; run.json still says how the run last ended")
 		return err
 	}
-	flog.Error().Err(err).Msg("run failed; run.json records it as the failure")
 	info := t.info()
+	// run.json was rewritten by this run's header, so a result in it is this
+	// run's own.
+	if prev, rerr := readRunInfo(t.dir); rerr == nil && o.header && prev.Result != nil && prev.RunID == info.RunID {
+		info = *prev
+		flog.Error().Err(err).Msg("run failed after it wrote its result; run.json keeps the result and records the failure beside it")
+	} else {
+		flog.Error().Err(err).Msg("run failed; run.json records it as the failure")
+	}
 	info.Failure = err.Error()
 	if werr := writeJSON(filepath.Join(t.dir, "run.json"), info); werr != nil {
 		flog.Error().Err(werr).Msg("recording the failure in run.json")
@@ -331,6 +403,16 @@ type faults struct {
 	rankFile func(dir string, rank int, data []byte) error // in place of ckpt.WriteRankFile
 	remove   func(path string) error                       // in place of os.RemoveAll when pruning
 	lose     func(rank, step int) error                    // every rank, before every step
+	// phase is called as start-up passes a phase: "data" (opened), "state"
+	// (built, rank 0 before it writes its header); a test cancels there.
+	phase func(name string)
+}
+
+// at calls the test's phase hook, if any.
+func (f *faults) at(name string) {
+	if f != nil && f.phase != nil {
+		f.phase(name)
+	}
 }
 
 // writeRankFile is ckpt.WriteRankFile, or the test's stand-in.

@@ -125,7 +125,7 @@ func TestCopiedRunDirectoryContinuesItself(t *testing.T) {
 // the holder; the returned function releases it.
 func lockAs(t *testing.T, dir string, pid int) func() {
 	t.Helper()
-	f, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := os.OpenFile(filepath.Join(dir, lockName), os.O_RDWR|os.O_CREATE, 0o644)
 	require.NoError(t, err)
 	require.NoError(t, syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB))
 	_, err = fmt.Fprintf(f, `{"pid":%d,"host":"elsewhere","since":"2026-11-27T13:00:00Z"}`, pid)
@@ -155,12 +155,12 @@ func TestSecondWriterOfARunDirectoryIsRefused(t *testing.T) {
 	assert.Contains(t, err.Error(), "process 4242 on elsewhere")
 	assert.Contains(t, err.Error(), "kill 4242")
 	after := snapshot(t, a.Dir)
-	delete(before, ".lock")
-	delete(after, ".lock")
+	delete(before, lockName)
+	delete(after, lockName)
 	assert.Equal(t, before, after, "nothing was written by the refused run")
 
 	release() // the holder died: its lock file stays, naming it, but unlocked
-	require.FileExists(t, filepath.Join(a.Dir, ".lock"))
+	require.FileExists(t, filepath.Join(a.Dir, lockName))
 	out, err := Run(context.Background(), res, o)
 	require.NoError(t, err, "a stale lock file blocks nothing")
 	assert.Equal(t, a.Dir, out.Dir)
@@ -242,4 +242,80 @@ func TestCheckpointMetadataIsChecksummed(t *testing.T) {
 			assert.True(t, strings.Contains(err.Error(), "checksum"), err.Error())
 		})
 	}
+}
+
+// A run whose checkpoints go to its own checkpoints/ locked only its run
+// directory: a second, fresh run given that checkpoints/ as checkpoint.dir
+// (--save runs/t/checkpoints) while the first had no complete checkpoint yet
+// wrote and committed the same step directories. The second run is now
+// refused (the first holds its checkpoint root's lock), and every checkpoint
+// there is the first run's and verifies.
+func TestSecondRunIntoARunsCheckpointsIsRefused(t *testing.T) {
+	res, dir := tinyRun(t, ownSets...)
+	root := filepath.Join(dir, "runs", "t", "checkpoints")
+	var second error
+	started := false
+	o := opts()
+	o.faults = &faults{rankFile: func(d string, rank int, data []byte) error {
+		if !started { // the first run's first save, before its commit: the second run starts now
+			started = true
+			other, _ := tinyRun(t, append(append([]string(nil), ownSets...), "checkpoint.dir="+root, "run.seed=9")...)
+			_, second = Run(context.Background(), other, opts())
+		}
+		return ckpt.WriteRankFile(d, rank, data)
+	}}
+	a, err := Run(context.Background(), res, o)
+	require.NoError(t, err)
+	require.True(t, started)
+	require.ErrorIs(t, second, ErrInUse, "the second run into the first run's checkpoint root")
+	assert.Contains(t, second.Error(), "checkpoint directory "+root)
+	assert.Contains(t, second.Error(), "--save DIR")
+	id := runJSON(t, a.Dir)["run_id"]
+	es, err := ckpt.List(root)
+	require.NoError(t, err)
+	require.NotEmpty(t, es)
+	for _, e := range es {
+		_, err := ckpt.Verify(e.Dir)
+		require.NoError(t, err, e.Dir)
+		assert.Equal(t, id, ckpt.RunOf(e.Dir), "%s is the first run's", e.Dir)
+	}
+}
+
+// Taking a lock emptied whatever lock file was there: a hard link to a
+// victim file (O_NOFOLLOW stops only symbolic links) was emptied, and so was
+// the .lock another tool keeps in a directory given as --save. The lock file
+// now has a name of shardline's own, and one with other hard links, or
+// holding what shardline did not write, is refused and left as it is.
+func TestLockLeavesOtherFilesAlone(t *testing.T) {
+	t.Run("another tool's .lock", func(t *testing.T) {
+		root := filepath.Join(t.TempDir(), "ckpts")
+		require.NoError(t, os.MkdirAll(root, 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(root, ".lock"), []byte("precious 123\n"), 0o644))
+		res, _ := tinyRun(t, append(append([]string(nil), ownSets...), "checkpoint.dir="+root)...)
+		_, err := Run(context.Background(), res, opts())
+		require.NoError(t, err)
+		assert.Equal(t, "precious 123\n", string(must(os.ReadFile(filepath.Join(root, ".lock")))))
+	})
+	t.Run("a hard link to a victim", func(t *testing.T) {
+		root := filepath.Join(t.TempDir(), "ckpts")
+		require.NoError(t, os.MkdirAll(root, 0o755))
+		victim := filepath.Join(t.TempDir(), "victim")
+		require.NoError(t, os.WriteFile(victim, []byte(`{"pid":1}`), 0o644))
+		require.NoError(t, os.Link(victim, filepath.Join(root, lockName)))
+		res, _ := tinyRun(t, append(append([]string(nil), ownSets...), "checkpoint.dir="+root)...)
+		_, err := Run(context.Background(), res, opts())
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), filepath.Join(root, lockName)+" has 2 hard links")
+		assert.Equal(t, `{"pid":1}`, string(must(os.ReadFile(victim))), "the file it is linked to is untouched")
+	})
+	t.Run("a file shardline did not write", func(t *testing.T) {
+		root := filepath.Join(t.TempDir(), "ckpts")
+		require.NoError(t, os.MkdirAll(root, 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(root, lockName), []byte("precious"), 0o644))
+		res, _ := tinyRun(t, append(append([]string(nil), ownSets...), "checkpoint.dir="+root)...)
+		_, err := Run(context.Background(), res, opts())
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "not a shardline lock record")
+		assert.Equal(t, "precious", string(must(os.ReadFile(filepath.Join(root, lockName)))))
+	})
 }

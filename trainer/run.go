@@ -200,6 +200,11 @@ type Memory struct {
 // ErrNonFinite reports a NaN or Inf loss or gradient.
 var ErrNonFinite = errors.New("non-finite loss or gradient")
 
+// ErrInterrupted is a single process's run whose context was cancelled (Ctrl-C)
+// before training started: Run returns it having written nothing (a run
+// directory it had made is removed again).
+var ErrInterrupted = errors.New("interrupted before training started; nothing was written")
+
 // Run trains the recipe on one rank and writes the run directory.
 func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, error) {
 	r := &res.Recipe
@@ -230,6 +235,7 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 	if err != nil {
 		return nil, err
 	}
+	opts.faults.at("data")
 	var resume *ckpt.Meta
 	if opts.Resume != "" {
 		if resume, err = ckpt.Open(opts.Resume); err != nil {
@@ -255,6 +261,12 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 			log := zerolog.New(out).Level(opts.LogLevel).With().Timestamp().Int("rank", p.Rank).Logger()
 			return runProcess(ctx, r, res, opts, plan, ds, "", log)
 		}
+	}
+	// A single process interrupted during start-up (the data, the plan, the
+	// resume's checks) stops before it takes a run directory. (A job's ranks
+	// stop together at the first step boundary instead: Run.boundary.)
+	if opts.Process == nil && ctx.Err() != nil {
+		return nil, ErrInterrupted
 	}
 	own, err := takeRunDir(r, opts.Resume, resume)
 	if err != nil {
@@ -290,6 +302,17 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 		}()
 	} else {
 		result, err = runRanks(ctx, r, res, opts, plan, ds, dir, log)
+	}
+	if errors.Is(err, ErrInterrupted) && !own.header {
+		// Interrupted before rank 0 wrote its header: nothing of this run is
+		// kept. A directory it made is removed (it holds only the lock file,
+		// an empty run.log and checkpoints/); a resumed one is as it was.
+		if own.fresh {
+			logFile.Close()
+			own.release()
+			os.RemoveAll(dir)
+		}
+		return nil, ErrInterrupted
 	}
 	if err != nil {
 		// Every way a run ends is written down: run.log says why, run.json how.
@@ -463,7 +486,7 @@ func runRanks(ctx context.Context, r *config.Recipe, res *config.Resolved, opts 
 	// The first error that is neither another rank's abort nor a report that
 	// another rank failed explains the failure; it names its rank.
 	for _, explains := range []func(error) bool{
-		func(err error) bool { return !aborted(err) && !errors.Is(err, errOtherRank) },
+		func(err error) bool { return !aborted(err) && !errors.Is(err, ErrOtherRank) },
 		func(err error) bool { return !aborted(err) },
 		func(error) bool { return true },
 	} {
@@ -704,6 +727,10 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	r := t.r
 	out := &Result{Dir: t.dir, Predicted: t.plan.Memory, Fingerprint: t.plan.Fingerprint}
 	lead := t.rank == 0
+	// A checkpoint still being written in the background is waited for on
+	// every return, an error's included: Run releases the run directory's
+	// locks only after train returns, and no write may outlive them.
+	defer t.waitSave()
 	// The state is loaded before rank 0 writes anything: a resume that cannot
 	// load its checkpoint leaves the run directory as it was.
 	startStep, optSteps, err := t.openState(world, groups)
@@ -712,6 +739,11 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	}
 	if err != nil {
 		return nil, err
+	}
+	t.opts.faults.at("state")
+	if lead && t.opts.Process == nil && ctx.Err() != nil {
+		// Interrupted while the state was built: Run removes what it made.
+		return nil, ErrInterrupted
 	}
 	if lead {
 		if err := t.writeHeader(); err != nil {

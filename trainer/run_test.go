@@ -198,13 +198,25 @@ func TestNoValidationSplitReportsNoValidationLoss(t *testing.T) {
 	assert.NotContains(t, string(must(os.ReadFile(filepath.Join(out.Dir, "metrics.jsonl")))), "val_loss")
 }
 
+// An interrupt once training has started (here before step 2) stops the run
+// at the step boundary and still writes its outputs. (An interrupt before
+// training writes nothing: TestInterruptDuringStartUpWritesNothing. This test
+// cancelled its context before Run, and expected the outputs then too.)
 func TestInterruptWritesOutputs(t *testing.T) {
 	res, _ := tinyRun(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	out, err := Run(ctx, res, opts())
+	defer cancel()
+	o := opts()
+	o.faults = &faults{lose: func(rank, step int) error {
+		if step == 2 {
+			cancel()
+		}
+		return nil
+	}}
+	out, err := Run(ctx, res, o)
 	require.NoError(t, err)
 	assert.True(t, out.Interrupted)
+	assert.Equal(t, 2, out.Steps)
 	_, err = os.Stat(filepath.Join(out.Dir, "weights.bin"))
 	assert.NoError(t, err)
 }

@@ -15,6 +15,8 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,7 +30,7 @@ func (a *app) launchCmd() *cobra.Command {
 	var (
 		nproc, nnodes, nodeRank, masterPort int
 		masterAddr                          string
-		grace                               time.Duration
+		grace, interruptGrace               time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "launch --nproc N [--nnodes M --node-rank K --master-addr A --master-port P] RECIPE [run flags]",
@@ -54,9 +56,12 @@ keys that differ.
 If a rank fails, the others are stopped (SIGTERM, then SIGKILL after --grace) and
 launch exits non-zero naming the failed rank, or the signal that killed it (KILL
 is most often the kernel's out-of-memory killer); a rank found stopped (SIGSTOP, a
-debugger) is killed at once and named. Ctrl-C is passed on to every rank, and
-launch exits 130 as run does; SIGINT or SIGTERM to any one rank stops every rank
-at the same step too, with one checkpoint, and launch exits 130.
+debugger) is killed at once and named. Ctrl-C is passed on to every rank, which
+then get --interrupt-grace (default 1m) to write the interrupt's checkpoint and
+outputs before SIGKILL; launch exits 130 as run does, and names a rank it had
+to kill ("did not stop within --interrupt-grace"), which is not a failure.
+SIGINT or SIGTERM to any one rank stops every rank at the same step too, with
+one checkpoint, and launch exits 130.
 On several nodes, run launch on each with the same --master-addr, --master-port
 and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 		Example: `  shardline launch --nproc 2 recipes/tiny.toml --global-batch-size 32
@@ -71,7 +76,8 @@ and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 	fs.Var(countValue{&nodeRank, "node-rank"}, "node-rank", "this node's index, 0..nnodes-1")
 	fs.StringVar(&masterAddr, "master-addr", "127.0.0.1", "host of rank 0's rendezvous")
 	fs.IntVar(&masterPort, "master-port", 0, "port of rank 0's rendezvous (0: a free port, bound by the launcher and handed to rank 0; one node only)")
-	fs.DurationVar(&grace, "grace", 10*time.Second, "how long stopped ranks get to exit before SIGKILL")
+	fs.DurationVar(&grace, "grace", 10*time.Second, "how long the other ranks get to exit, once a rank failed, before SIGKILL")
+	fs.DurationVar(&interruptGrace, "interrupt-grace", time.Minute, "how long the ranks get to exit after Ctrl-C (writing the interrupt's checkpoint and outputs) before SIGKILL")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		switch {
 		case nproc < 1:
@@ -88,6 +94,9 @@ and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 		}
 		if grace < 0 {
 			return usageErr("--grace %v must not be negative (0 kills at once)", grace)
+		}
+		if interruptGrace < 0 {
+			return usageErr("--interrupt-grace %v must not be negative (0 kills at once)", interruptGrace)
 		}
 		world := nproc * nnodes
 		worldFlag := "nproc" // the flag the user gave the world size with, in messages
@@ -158,7 +167,11 @@ and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 			flush = append(flush, out.flush, err.flush)
 			procs[i] = c
 		}
-		err = superviseRanks(procs, nodeRank*nproc, grace, func() {
+		// Ctrl-C (SIGINT or SIGTERM to the launcher) is caught from before the
+		// first rank starts, and passed on to every rank.
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		err = superviseRanks(ctx.Done(), stop, procs, nodeRank*nproc, grace, interruptGrace, func() {
 			if rendezvous != nil {
 				rendezvous.Close() // rank 0 holds its own copy
 			}
@@ -230,9 +243,13 @@ func rankThreads(env map[string]string, cpus, nproc int) string {
 }
 
 // superviseRanks starts the processes (then calls started, which releases what
-// only the children need) and waits for them. The first to fail stops
-// the rest; Ctrl-C (SIGINT or SIGTERM to the launcher) is passed on to every rank.
-func superviseRanks(procs []*exec.Cmd, firstRank int, grace time.Duration, started func()) error {
+// only the children need) and waits for them. The first to fail stops the rest
+// (SIGTERM, then SIGKILL after grace). When interrupt is closed (Ctrl-C to the
+// launcher) it calls stopSignals (a second Ctrl-C is no longer caught) and
+// passes SIGINT on to every rank, which get interruptGrace to exit before
+// SIGKILL; a rank launch kills then is named, but is not a failure: launch
+// exits 130.
+func superviseRanks(interrupt <-chan struct{}, stopSignals func(), procs []*exec.Cmd, firstRank int, grace, interruptGrace time.Duration, started func()) error {
 	for i, c := range procs {
 		if err := c.Start(); err != nil {
 			for _, p := range procs[:i] {
@@ -243,8 +260,6 @@ func superviseRanks(procs []*exec.Cmd, firstRank int, grace time.Duration, start
 		}
 	}
 	started()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	type exit struct {
 		rank int
 		err  error
@@ -268,7 +283,7 @@ func superviseRanks(procs []*exec.Cmd, firstRank int, grace time.Duration, start
 		killedMu.Unlock()
 		procs[i].Process.Kill() // no-op for ranks that have exited
 	}
-	stopAll := func(sig os.Signal) {
+	stopAll := func(sig os.Signal, grace time.Duration) {
 		once.Do(func() {
 			for i, c := range procs {
 				// A stopped process holds every signal but SIGKILL until it is
@@ -308,10 +323,20 @@ func superviseRanks(procs []*exec.Cmd, firstRank int, grace time.Duration, start
 		}
 		return ws.Signal() == syscall.SIGTERM || ws.Signal() == syscall.SIGINT
 	}
+	var late []int // ranks launch killed after the interrupt's grace
 	for left := len(procs); left > 0; {
 		select {
 		case e := <-exits:
 			left--
+			if e.err != nil && failure == nil && signalled && ended(e.rank, e.err) && !slices.Contains(frozen, e.rank) {
+				// Launch was interrupted and told every rank: a rank it then
+				// had to kill (or one the signal reached before it could catch
+				// it) did not fail on its own account.
+				if launchKilled(e.err) {
+					late = append(late, e.rank)
+				}
+				continue
+			}
 			var code *exec.ExitError
 			if errors.As(e.err, &code) && code.ExitCode() == 130 && failure == nil {
 				// An interrupt (a signal to launch, or to any rank) or --stop-after:
@@ -329,7 +354,7 @@ func superviseRanks(procs []*exec.Cmd, firstRank int, grace time.Duration, start
 				failure, failureLost = nil, false
 			}
 			if e.err != nil && failure == nil {
-				stopAll(syscall.SIGTERM)
+				stopAll(syscall.SIGTERM, grace)
 				failureLost = lost
 				var ee *exec.ExitError
 				switch {
@@ -341,21 +366,36 @@ func superviseRanks(procs []*exec.Cmd, firstRank int, grace time.Duration, start
 					failure = fmt.Errorf("rank %d: %w", e.rank, e.err)
 				}
 			}
-		case <-ctx.Done():
-			stop()
+		case <-interrupt:
+			interrupt = nil // once
+			stopSignals()
 			interrupted, signalled = true, true
-			stopAll(os.Interrupt)
+			stopAll(os.Interrupt, interruptGrace)
 		}
 	}
 	switch {
 	case failure != nil:
 		return &exitError{code: exitFindings, err: failure}
+	case signalled && len(late) > 0:
+		sort.Ints(late)
+		return &exitError{code: 130, err: fmt.Errorf("interrupted; every rank was told to stop, and rank %v did not stop within --interrupt-grace %v after the interrupt and was killed (a checkpoint it was writing is left incomplete, and a resume never takes one; give the ranks longer with --interrupt-grace)", late, interruptGrace)}
 	case signalled: // as run: 130, the shell's code for a SIGINT
 		return &exitError{code: 130, err: errors.New("interrupted; every rank was told to stop")}
 	case interrupted:
 		return &exitError{code: 130, err: fmt.Errorf("interrupted: a rank was signalled (or --stop-after was reached); every rank stopped at the same step (rank %d exited first)", firstStopped)}
 	}
 	return nil
+}
+
+// launchKilled says whether a rank's exit is a SIGKILL (as launch sends once
+// the grace has passed).
+func launchKilled(err error) bool {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return false
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
 }
 
 // exitStatus says how a rank's process ended: its exit status, or the signal

@@ -471,3 +471,74 @@ func TestLineWriterPassesProgress(t *testing.T) {
 	assert.Equal(t, "log line\npart of it\n\r\033[K[==  ] 1/4\r\033[K[=== ] 2/4", out.String())
 	assert.Empty(t, l.buf)
 }
+
+// After Ctrl-C, launch SIGKILLed the ranks still running when --grace had
+// passed, then reported the first such exit as the job's failure ("killed by
+// signal KILL ... most often the kernel's out-of-memory killer") and exited 1,
+// though rank 0 may have been writing the interrupt's checkpoint. A rank
+// launch kills after an interrupt is now named as late, not as a failure, and
+// launch exits 130. The ranks here are shells: one exits 130 on SIGINT as a
+// rank does, two ignore it.
+func TestInterruptedLaunchKillsLateRanksQuietly(t *testing.T) {
+	dir := t.TempDir()
+	procs := []*exec.Cmd{ // each says it is ready once its trap is set
+		exec.Command("sh", "-c", `trap 'exit 130' INT; : >"$0"/0; sleep 5 & wait`, dir),
+		exec.Command("sh", "-c", `trap '' INT; : >"$0"/1; exec sleep 30`, dir),
+		exec.Command("sh", "-c", `trap '' INT; : >"$0"/2; exec sleep 30`, dir),
+	}
+	interrupt := make(chan struct{})
+	stopped := false
+	go func() {
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if n, _ := os.ReadDir(dir); len(n) == len(procs) {
+				break
+			}
+		}
+		close(interrupt)
+	}()
+	err := superviseRanks(interrupt, func() { stopped = true }, procs, 0, time.Hour, 500*time.Millisecond, func() {})
+	var ee *exitError
+	require.ErrorAs(t, err, &ee)
+	assert.Equal(t, 130, ee.code, "%v", err)
+	assert.Contains(t, err.Error(), "rank [1 2] did not stop within --interrupt-grace 500ms after the interrupt and was killed")
+	assert.NotContains(t, err.Error(), "out-of-memory")
+	assert.True(t, stopped, "a second Ctrl-C is no longer caught")
+}
+
+// When rank 1's checkpoint write failed, rank 0 (whose own write succeeded)
+// reported that another rank failed but exited 1, as a failure of its own,
+// so launch could blame rank 0. It now exits 3 ("lost another rank"), and
+// rank 1, whose write failed, exits 1. Rank 1's rank file cannot be written
+// here because a directory stands where it goes.
+func TestOtherRanksCheckpointFailureExits3(t *testing.T) {
+	dir := t.TempDir()
+	text := smallCorpus(t, dir)
+	save := filepath.Join(dir, "ckpts")
+	require.NoError(t, os.MkdirAll(filepath.Join(save, "step-00000002", "rank-00001.bin", "x"), 0o755))
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	port := freePort(t)
+	procs := make([]*exec.Cmd, 2)
+	outs := make([]*bytes.Buffer, 2)
+	for r := range procs {
+		c := exec.Command(exe, "run", filepath.Join(recipesDir, "tiny.toml"), "--num-layers", "1", "--seq-length", "16", "--train-iters", "4",
+			"--micro-batch-size", "2", "--global-batch-size", "4",
+			"--set", "train.eval_interval=0", "--set", "run.output_dir="+filepath.Join(dir, "runs"), "--set", "data.path="+text,
+			"--save", save, "--save-interval", "2", "--comm-timeout", "20s")
+		c.Env = append(os.Environ(), "SHARDLINE_TEST_AS_CLI=1", "RANK="+strconv.Itoa(r), "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+			"MASTER_PORT="+strconv.Itoa(port), "SHARDLINE_JOB_TOKEN=ckpt-test")
+		outs[r] = &bytes.Buffer{}
+		c.Stderr = outs[r]
+		require.NoError(t, c.Start())
+		procs[r] = c
+	}
+	codes := make([]int, 2)
+	for r, c := range procs {
+		err := c.Wait()
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, "rank %d should fail: %s", r, outs[r])
+		codes[r] = ee.ExitCode()
+	}
+	assert.Equal(t, []int{exitLostRank, 1}, codes, "rank 0 lost rank 1's checkpoint; rank 1 failed writing it\nrank 0: %s\nrank 1: %s", outs[0], outs[1])
+	assert.Contains(t, outs[1].String(), "rank-00001.bin")
+}

@@ -112,7 +112,9 @@ func TestPrepareOwnsItsDirectory(t *testing.T) {
 // then no longer proves the directory is the run's, branches into a new run
 // directory), and the file it points to stays as it was (before, run.log and metrics.jsonl were appended to or
 // truncated through the link, and run.json, sample.txt and loss.png
-// replaced what it named).
+// replaced what it named). The run.json link points at a copy of the run's
+// own run.json: it was followed, the resume continued in place and rewrote
+// resolved.toml and plan.txt before failing on run.json.
 func TestRunWritesNoOutputThroughALink(t *testing.T) {
 	dir := t.TempDir()
 	writeText(t, dir)
@@ -121,10 +123,18 @@ func TestRunWritesNoOutputThroughALink(t *testing.T) {
 	run := filepath.Join(dir, "runs", "r")
 	for _, name := range []string{"run.log", "metrics.jsonl", "run.json", "resolved.toml", "sample.txt", "loss.png", "weights.bin"} {
 		t.Run(name, func(t *testing.T) {
-			victim := filepath.Join(t.TempDir(), "victim")
-			require.NoError(t, os.WriteFile(victim, []byte("precious"), 0o644))
 			path := filepath.Join(run, name)
 			saved := must(os.ReadFile(path))
+			precious := "precious"
+			if name == "run.json" {
+				precious = string(saved) // the run's own id: only the link says it is not the run's
+			}
+			victim := filepath.Join(t.TempDir(), "victim")
+			require.NoError(t, os.WriteFile(victim, []byte(precious), 0o644))
+			before := map[string][]byte{}
+			for _, n := range []string{"resolved.toml", "plan.txt", "metrics.jsonl"} {
+				before[n] = must(os.ReadFile(filepath.Join(run, n)))
+			}
 			require.NoError(t, os.Remove(path))
 			require.NoError(t, os.Symlink(victim, path))
 			code, _, errs := shardline(t, nil, tinyArgs(dir, "r", "--set", "checkpoint.interval=2", "--train-iters", "4", "--resume", run)...)
@@ -135,11 +145,14 @@ func TestRunWritesNoOutputThroughALink(t *testing.T) {
 				assert.Equal(t, 0, code, errs)
 				assert.DirExists(t, filepath.Join(dir, "runs", "r-2"))
 				require.NoError(t, os.RemoveAll(filepath.Join(dir, "runs", "r-2")))
+				for n, b := range before {
+					assert.Equal(t, string(b), string(must(os.ReadFile(filepath.Join(run, n)))), "%s of the run is untouched", n)
+				}
 			} else {
 				assert.NotEqual(t, 0, code)
 				assert.Contains(t, errs, path+": output through a link refused: a symbolic link to \""+victim+"\"")
 			}
-			assert.Equal(t, "precious", string(must(os.ReadFile(victim))), "the file the link names is untouched")
+			assert.Equal(t, precious, string(must(os.ReadFile(victim))), "the file the link names is untouched")
 			require.NoError(t, os.Remove(path))
 			require.NoError(t, os.WriteFile(path, saved, 0o644))
 		})

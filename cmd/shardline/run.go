@@ -53,7 +53,8 @@ the same step boundary (the first one, when it came during start-up), and every
 rank exits 130. Before that first step the ranks prove they run the same resolved
 recipe (every key but data.path and run.output_dir) on the same tokens, or all
 stop naming the keys that differ. A rank that stops because another rank was
-lost or never came exits 3, so that launch names the rank that failed first.
+lost or never came, or failed (its checkpoint write), exits 3, so that launch
+names the rank that failed first.
 
 With checkpoint.interval (--save-interval) or checkpoint.dir (--save) each rank
 saves its shard of the state in the background every interval steps, at the end
@@ -264,9 +265,12 @@ or staged through the host where ranks share a GPU.`,
 			opts.Process = proc
 		}
 		if job == nil && ctx.Err() != nil {
-			return &exitError{code: 130, err: errors.New("interrupted before training started; nothing was written")}
+			return &exitError{code: 130, err: trainer.ErrInterrupted}
 		}
 		result, err := trainer.Run(ctx, res, opts)
+		if errors.Is(err, trainer.ErrInterrupted) {
+			return &exitError{code: 130, err: err}
+		}
 		if err != nil {
 			var d *config.Diagnostic
 			if errors.As(err, &d) {
@@ -298,12 +302,13 @@ or staged through the host where ranks share a GPU.`,
 }
 
 // jobExitCode is the exit status of a run that failed with err: exitLostRank
-// when err names ranks that were lost or never came (another rank's failure,
-// which launch does not report as the cause while a rank failed otherwise),
-// else exitFindings.
+// when err names ranks that were lost or never came, or reports that another
+// rank failed (trainer.ErrOtherRank: its checkpoint write) — another rank's
+// failure, which launch does not report as the cause while a rank failed
+// otherwise — else exitFindings.
 func jobExitCode(err error) int {
 	var re *comm.RankError
-	if errors.As(err, &re) && len(re.Missing) > 0 {
+	if errors.As(err, &re) && len(re.Missing) > 0 || errors.Is(err, trainer.ErrOtherRank) {
 		return exitLostRank
 	}
 	return exitFindings

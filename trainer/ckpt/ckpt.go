@@ -190,7 +190,9 @@ func Claim(dir, runID string) error {
 }
 
 // Commit checks m and writes metadata.json into dir, last: from then on the
-// checkpoint exists.
+// checkpoint exists. A dir that already holds a metadata.json is refused
+// (ErrCommitted), atomically (fileio.WriteNew): of two runs committing one
+// directory, one fails, and a complete checkpoint is never replaced.
 func Commit(dir string, m *Meta) error {
 	m.Format = Format
 	if m.States == nil {
@@ -211,7 +213,13 @@ func Commit(dir string, m *Meta) error {
 	if err != nil {
 		return err
 	}
-	return fileio.WriteAtomic(filepath.Join(dir, MetadataFile), append(b, '\n'))
+	if err := fileio.WriteNew(filepath.Join(dir, MetadataFile), append(b, '\n')); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("checkpoint %s not committed: %w; another run wrote this step directory (give each run a checkpoint directory of its own)", dir, ErrCommitted)
+		}
+		return err
+	}
+	return nil
 }
 
 // maxMetadata caps metadata.json as read: a table of 2^20 tensors and their

@@ -107,3 +107,25 @@ func TestMetadataChecksum(t *testing.T) {
 	_, err = Open(dir)
 	require.NoError(t, err)
 }
+
+// Commit replaced an existing metadata.json: a second run writing the same
+// step directory (two runs given one checkpoint root) made the first run's
+// complete checkpoint its own. A second Commit is refused (ErrCommitted) and
+// the checkpoint stays the first run's.
+func TestCommitNeverReplacesACheckpoint(t *testing.T) {
+	dir := writeCheckpoint(t)
+	before, err := os.ReadFile(filepath.Join(dir, MetadataFile))
+	require.NoError(t, err)
+	m, err := Open(dir)
+	require.NoError(t, err)
+	m.RunID, m.Checksum = "another run", ""
+	err = Commit(dir, m)
+	require.ErrorIs(t, err, ErrCommitted)
+	assert.Contains(t, err.Error(), dir)
+	after, err := os.ReadFile(filepath.Join(dir, MetadataFile))
+	require.NoError(t, err)
+	assert.Equal(t, string(before), string(after))
+	left, err := filepath.Glob(filepath.Join(dir, ".*tmp*"))
+	require.NoError(t, err)
+	assert.Empty(t, left, "no temporary file is left behind")
+}

@@ -1,8 +1,12 @@
 package hf
 
 import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 
 	"github.com/shardline/shardline/fileio"
@@ -42,4 +46,32 @@ func TestReadModelBoundsAndAmbiguity(t *testing.T) {
 
 	_, err = ReadModel(t.TempDir(), limit)
 	assert.ErrorContains(t, err, "holds neither model.safetensors nor model.safetensors.index.json")
+}
+
+// ReadSafetensors decoded each header entry as it parsed it, before the
+// overlap check: a file of 1 MiB of data whose 200 entries all name the same
+// bytes [0, 1 MiB) allocated 200 MiB of tensors before it was refused. The
+// spans are now checked first, so what is decoded is at most the file's data:
+// the refusal allocates about the file's size.
+func TestOverlappingEntriesAllocateNothing(t *testing.T) {
+	const data = 1 << 20
+	header := map[string]any{}
+	for i := range 200 {
+		header[fmt.Sprintf("t%03d", i)] = headerEntry{Dtype: "F32", Shape: []int{data / 4}, Offsets: [2]int64{0, data}}
+	}
+	hb, err := json.Marshal(header)
+	require.NoError(t, err)
+	b := binary.LittleEndian.AppendUint64(nil, uint64(len(hb)))
+	b = append(append(b, hb...), make([]byte, data)...)
+	path := filepath.Join(t.TempDir(), "model.safetensors")
+	require.NoError(t, os.WriteFile(path, b, 0o644))
+
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, _, err = ReadSafetensors(path, int64(len(b)))
+	runtime.ReadMemStats(&after)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), path+": not a valid safetensors file: tensors t")
+	assert.Contains(t, err.Error(), "overlap")
+	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(4*len(b)), "allocated for a refused file of %d bytes", len(b))
 }

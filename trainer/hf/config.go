@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"path/filepath"
 	"strings"
 
@@ -33,6 +34,12 @@ var hfDefaults = map[string]map[string]any{
 
 // modelTypes maps each architecture shardline reads to its model_type.
 var modelTypes = map[string]string{"LlamaForCausalLM": "llama", "MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe"}
+
+// whole says whether v is a whole number from least to 2^53 (a count a JSON
+// number can hold exactly).
+func whole(v, least float64) bool {
+	return v >= least && v <= 1<<53 && v == math.Trunc(v)
+}
 
 // ConfigMismatch is one key of config.json that disagrees with the recipe's
 // model: the Hugging Face key and value, the recipe key and value (Recipe is
@@ -155,10 +162,13 @@ func CheckConfig(dir string, m config.Model) error {
 	}
 	same("num_key_value_heads", "model.kv_heads", derived(m.KVHeads, m.EffectiveKVHeads(), "model.heads"))
 	if value("head_dim") == nil { // hidden_size / num_attention_heads
+		// Only whole, positive counts are divided (0.5 heads would divide by
+		// zero); any other value is num_attention_heads' or hidden_size's
+		// mismatch, reported by same.
 		h, _ := value("hidden_size").(float64)
 		n, _ := value("num_attention_heads").(float64)
-		if n > 0 {
-			c["head_dim"] = float64(int(h) / int(n))
+		if whole(h, 0) && whole(n, 1) {
+			c["head_dim"] = float64(int64(h) / int64(n))
 		}
 	}
 	same("head_dim", "model.head_dim", derived(m.HeadDim, m.HeadSize(), "model.hidden / model.heads"))

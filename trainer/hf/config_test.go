@@ -88,6 +88,9 @@ func FuzzCheckConfig(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add([]byte(`{"architectures":["LlamaForCausalLM"],"model_type":"llama","head_dim":null,"num_attention_heads":0,"rope_scaling":{"type":"llama3"}}`))
+	f.Add([]byte(`{"architectures":["LlamaForCausalLM"],"model_type":"llama","num_attention_heads":0.5}`))
+	f.Add([]byte(`{"architectures":["LlamaForCausalLM"],"model_type":"llama","num_attention_heads":1e300,"hidden_size":-1e300}`))
+	f.Add([]byte(`{"architectures":["MixtralForCausalLM"],"model_type":"mixtral","num_attention_heads":-0.25,"hidden_size":0.5}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		dir := t.TempDir()
 		if err := os.WriteFile(filepath.Join(dir, ConfigFile), b, 0o644); err != nil {
@@ -109,4 +112,24 @@ func FuzzCheckConfig(f *testing.F) {
 			}
 		}
 	})
+}
+
+// CheckConfig divided hidden_size by num_attention_heads as integers when
+// config.json gives no head_dim: 0.5 heads (0 as an integer) panicked with an
+// integer divide by zero. A count that is not a whole positive number is now
+// the key's mismatch, named with the recipe's value.
+func TestCheckConfigFractionalHeads(t *testing.T) {
+	m := moeModel(0, 1)
+	for _, heads := range []any{0.5, -3.0, 1e300, "two"} {
+		c := Config(m)
+		delete(c, "head_dim")
+		c["num_attention_heads"] = heads
+		dir := t.TempDir()
+		require.NoError(t, os.WriteFile(filepath.Join(dir, ConfigFile), must(json.Marshal(c)), 0o644))
+		var err error
+		require.NotPanics(t, func() { err = CheckConfig(dir, m) }, "num_attention_heads = %v", heads)
+		require.Error(t, err, "num_attention_heads = %v", heads)
+		assert.Contains(t, err.Error(), "num_attention_heads")
+		assert.Contains(t, err.Error(), filepath.Join(dir, ConfigFile))
+	}
 }

@@ -66,7 +66,10 @@ func WriteSafetensors(path string, tensors []Tensor, metadata map[string]string)
 // ReadSafetensors reads every tensor of a safetensors file (F32, BF16 or F16,
 // returned as float32), checking the header against the file: known dtypes,
 // shapes that match their byte ranges, ranges inside the data, in order and
-// without overlap.
+// without overlap. Every entry is checked before any is decoded, so what is
+// allocated for the tensors is bounded by the file's data (disjoint ranges
+// inside it): a header whose entries all name the same bytes is refused
+// before a tensor is made.
 func ReadSafetensors(path string, limit int64) (map[string]Tensor, map[string]string, error) {
 	b, err := fileio.ReadRegular(path, limit)
 	if err != nil {
@@ -88,12 +91,12 @@ func ReadSafetensors(path string, limit int64) (map[string]Tensor, map[string]st
 	}
 	data := b[8+n:]
 	var meta map[string]string
-	type span struct {
-		name       string
-		begin, end int64
+	type entry struct {
+		name string
+		headerEntry
+		count int64
 	}
-	var spans []span
-	out := map[string]Tensor{}
+	var entries []entry
 	for name, msg := range raw {
 		if name == "__metadata__" {
 			if err := json.Unmarshal(msg, &meta); err != nil {
@@ -105,7 +108,7 @@ func ReadSafetensors(path string, limit int64) (map[string]Tensor, map[string]st
 		if err := json.Unmarshal(msg, &e); err != nil {
 			return nil, nil, bad("tensor %s: %v", name, err)
 		}
-		size := map[string]int64{"F32": 4, "BF16": 2, "F16": 2}[e.Dtype]
+		size := dtypeSize[e.Dtype]
 		if size == 0 {
 			return nil, nil, bad("tensor %s has dtype %q; shardline reads F32, BF16 and F16", name, e.Dtype)
 		}
@@ -113,8 +116,24 @@ func ReadSafetensors(path string, limit int64) (map[string]Tensor, map[string]st
 		if count < 0 || e.Offsets[0] < 0 || e.Offsets[1] > int64(len(data)) || e.Offsets[1]-e.Offsets[0] != count*size {
 			return nil, nil, bad("tensor %s: shape %v of %s does not fit bytes [%d, %d) of %d", name, e.Shape, e.Dtype, e.Offsets[0], e.Offsets[1], len(data))
 		}
-		spans = append(spans, span{name, e.Offsets[0], e.Offsets[1]})
-		vals := make([]float32, count)
+		entries = append(entries, entry{name, e, count})
+	}
+	// Disjoint ranges inside the data: together they hold at most len(data)
+	// bytes, which bounds the tensors decoded below.
+	sort.Slice(entries, func(i, j int) bool {
+		if entries[i].Offsets[0] != entries[j].Offsets[0] {
+			return entries[i].Offsets[0] < entries[j].Offsets[0]
+		}
+		return entries[i].name < entries[j].name
+	})
+	for i := 1; i < len(entries); i++ {
+		if entries[i].Offsets[0] < entries[i-1].Offsets[1] {
+			return nil, nil, bad("tensors %s and %s overlap", entries[i-1].name, entries[i].name)
+		}
+	}
+	out := make(map[string]Tensor, len(entries))
+	for _, e := range entries {
+		vals := make([]float32, e.count)
 		src := data[e.Offsets[0]:e.Offsets[1]]
 		for i := range vals {
 			switch e.Dtype {
@@ -126,16 +145,13 @@ func ReadSafetensors(path string, limit int64) (map[string]Tensor, map[string]st
 				vals[i] = halfToFloat(binary.LittleEndian.Uint16(src[2*i:]))
 			}
 		}
-		out[name] = Tensor{Name: name, Shape: e.Shape, Data: vals}
-	}
-	sort.Slice(spans, func(i, j int) bool { return spans[i].begin < spans[j].begin })
-	for i := 1; i < len(spans); i++ {
-		if spans[i].begin < spans[i-1].end {
-			return nil, nil, bad("tensors %s and %s overlap", spans[i-1].name, spans[i].name)
-		}
+		out[e.name] = Tensor{Name: e.name, Shape: e.Shape, Data: vals}
 	}
 	return out, meta, nil
 }
+
+// dtypeSize is the bytes per element of each dtype ReadSafetensors reads.
+var dtypeSize = map[string]int64{"F32": 4, "BF16": 2, "F16": 2}
 
 func numel(shape []int) int64 {
 	n := int64(1)
