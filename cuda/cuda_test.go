@@ -113,7 +113,7 @@ func TestOptimizerAndNorm(t *testing.T) {
 	cpu.Scale(gs, factor)
 	wp, wm, wv := append([]float32(nil), p...), append([]float32(nil), m...), append([]float32(nil), v...)
 	cfg := AdamWConfig{LR: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Step: 7}
-	cpu.AdamW(wp, gs, wm, wv, cfg.LR, cfg.Beta1, cfg.Beta2, cfg.Eps, cfg.WeightDecay, cfg.Step)
+	cpu.AdamW(wp, nil, gs, wm, wv, cfg.LR, cfg.Beta1, cfg.Beta2, cfg.Eps, cfg.WeightDecay, 1, cfg.Step)
 	wpb := make([]float32, n)
 	copy(wpb, wp)
 	tensor.RoundBF16(wpb)

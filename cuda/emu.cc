@@ -5,7 +5,7 @@
 // calls it with its arguments taken from 8-byte slots, as cuLaunchKernel
 // takes them.
 //
-// sources: 67f404b3d5ccf293a7b6004b4abdf10abda5c47dd659d40715ee0031044ef718
+// sources: 7ee2aaa6881f8f8f3ef3d261e9552baebfcb50237de3b286aff4295aa1908570
 #include "emu.h"
 #include "kernels.cu"
 

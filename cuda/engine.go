@@ -158,6 +158,18 @@ func (o *operands) as(b tensor.Buffer, n int, x Buffer) Buffer {
 func (o *operands) i(b tensor.Buffer, n int) Buffer  { return o.buf(b, n, I32) }
 func (o *operands) st(b tensor.Buffer, n int) Buffer { return o.buf(b, n, F64) }
 
+// compute is an optimizer's optional bf16 output of exactly n values: the null
+// buffer for the empty Buffer.
+func (o *operands) compute(b tensor.Buffer, n int) Buffer {
+	if b.Len() == 0 {
+		return Buffer{}
+	}
+	if b.Len() != n && !o.bad {
+		o.failf("a compute copy of %d values for %d parameters", b.Len(), n)
+	}
+	return o.buf(b, n, BF16)
+}
+
 // ok reports whether the call may run: every operand resolved and the memory
 // (with the device's stream) free of failures.
 func (o *operands) ok() bool { return !o.bad && o.mem != nil && o.mem.ok() }
@@ -755,30 +767,22 @@ func (k *kernels) Axpy(dst, src tensor.Buffer, a float64) {
 	}
 }
 
-func (k *kernels) Scale(x, stats tensor.Buffer) {
-	o := k.ops("Scale")
-	xs, st := o.f(x, x.Len()), o.st(stats, tensor.NumStats)
-	if o.ok() {
-		k.d.launch("scale_by_stats", k.d.grid(xs.N), 1, threads, k.d.rw(xs), k.d.rd(st), i64(xs.N))
-	}
-}
-
-func (k *kernels) AdamW(params, grads, m, v tensor.Buffer, lr, beta1, beta2, eps, wd float64, stats tensor.Buffer) {
+func (k *kernels) AdamW(params, compute, grads, m, v tensor.Buffer, lr, beta1, beta2, eps, wd float64, stats tensor.Buffer) {
 	o := k.ops("AdamW")
 	p := o.f(params, params.Len())
-	g, ms, vs, st := o.f(grads, p.N), o.f(m, p.N), o.f(v, p.N), o.st(stats, tensor.NumStats)
+	g, ms, vs, st, c := o.f(grads, p.N), o.f(m, p.N), o.f(v, p.N), o.st(stats, tensor.NumStats), o.compute(compute, p.N)
 	if o.ok() {
-		k.d.launch("adamw_stats", k.d.grid(p.N), 1, threads, k.d.rw(p), k.d.rd(g), k.d.rw(ms), k.d.rw(vs), i64(p.N),
+		k.d.launch("adamw_stats", k.d.grid(p.N), 1, threads, k.d.rw(p), k.d.wr(c), k.d.rd(g), k.d.rw(ms), k.d.rw(vs), i64(p.N),
 			f32(lr), f32(beta1), f32(beta2), f32(eps), f32(wd), k.d.rd(st))
 	}
 }
 
-func (k *kernels) SGD(params, grads, buf tensor.Buffer, lr, momentum, wd float64, stats tensor.Buffer) {
+func (k *kernels) SGD(params, compute, grads, buf tensor.Buffer, lr, momentum, wd float64, stats tensor.Buffer) {
 	o := k.ops("SGD")
 	p := o.f(params, params.Len())
-	g, b, st := o.f(grads, p.N), o.f(buf, p.N), o.st(stats, tensor.NumStats)
+	g, b, st, c := o.f(grads, p.N), o.f(buf, p.N), o.st(stats, tensor.NumStats), o.compute(compute, p.N)
 	if o.ok() {
-		k.d.launch("sgd_stats", k.d.grid(p.N), 1, threads, k.d.rw(p), k.d.rd(g), k.d.rw(b), i64(p.N), f32(lr), f32(momentum), f32(wd), k.d.rd(st))
+		k.d.launch("sgd_stats", k.d.grid(p.N), 1, threads, k.d.rw(p), k.d.wr(c), k.d.rd(g), k.d.rw(b), i64(p.N), f32(lr), f32(momentum), f32(wd), k.d.rd(st))
 	}
 }
 

@@ -126,12 +126,9 @@ func (k *Kernels) CloseStep(stats tensor.Buffer, maxNorm float64) {
 func (k *Kernels) Axpy(dst, src tensor.Buffer, a float64) {
 	k.k.d.run(func() { k.k.Axpy(dst, src, a) })
 }
-func (k *Kernels) Scale(x, stats tensor.Buffer) {
-	k.k.d.run(func() { k.k.Scale(x, stats) })
+func (k *Kernels) AdamW(params, compute, grads, m, v tensor.Buffer, lr, beta1, beta2, eps, wd float64, stats tensor.Buffer) {
+	k.k.d.run(func() { k.k.AdamW(params, compute, grads, m, v, lr, beta1, beta2, eps, wd, stats) })
 }
-func (k *Kernels) AdamW(params, grads, m, v tensor.Buffer, lr, beta1, beta2, eps, wd float64, stats tensor.Buffer) {
-	k.k.d.run(func() { k.k.AdamW(params, grads, m, v, lr, beta1, beta2, eps, wd, stats) })
-}
-func (k *Kernels) SGD(params, grads, buf tensor.Buffer, lr, momentum, wd float64, stats tensor.Buffer) {
-	k.k.d.run(func() { k.k.SGD(params, grads, buf, lr, momentum, wd, stats) })
+func (k *Kernels) SGD(params, compute, grads, buf tensor.Buffer, lr, momentum, wd float64, stats tensor.Buffer) {
+	k.k.d.run(func() { k.k.SGD(params, compute, grads, buf, lr, momentum, wd, stats) })
 }

@@ -197,15 +197,18 @@ type Kernels[F Float] interface {
 	CloseStep(stats Buffer, maxNorm float64)
 	// Axpy adds a·src into dst (f64 buffers of one length).
 	Axpy(dst, src Buffer, a float64)
-	// Scale multiplies x by stats[StatClip] in place when the step is applied
-	// (gradient clipping).
-	Scale(x, stats Buffer)
 	// Optimizers on buffers of F (one rank's shard of the main weights, its
 	// gradients and the moments, or a whole model's). They update only when
 	// stats[StatApplied] is set, at optimizer step stats[StatOptSteps] (AdamW's
-	// bias correction).
-	AdamW(params, grads, m, v Buffer, lr, beta1, beta2, eps, wd float64, stats Buffer)
-	SGD(params, grads, buf Buffer, lr, momentum, wd float64, stats Buffer)
+	// bias correction), and clip as they read: each gradient g enters the
+	// update as g·stats[StatClip], rounded to F (the values a pass multiplying
+	// the gradients in place would leave; the gradients themselves are left
+	// as they are). compute, when not the empty Buffer, is a bf16 buffer of
+	// params' length that receives the updated params rounded to nearest, ties
+	// to even, in the same pass (a bf16 run's compute weights; left as they are
+	// when the step does not apply).
+	AdamW(params, compute, grads, m, v Buffer, lr, beta1, beta2, eps, wd float64, stats Buffer)
+	SGD(params, compute, grads, buf Buffer, lr, momentum, wd float64, stats Buffer)
 }
 
 // The layout of a step's statistics buffer (f64): what CloseStep reads and
@@ -218,7 +221,7 @@ const (
 	StatSumSq              // Σ g² of the gradients (the dense ones, when StatExpertSumSq is apart)
 	StatExpertSumSq        // Σ g² of the expert gradients, when summed apart
 	StatNorm               // the gradients' global L2 norm before clipping
-	StatClip               // the factor they are scaled by (1: not clipped)
+	StatClip               // the factor the optimizers scale them by (1: not clipped)
 	StatApplied            // 1 when the step's loss and norm are finite and its update applies, else 0
 	StatOptSteps           // optimizer steps applied so far (kept across steps)
 	NumStats

@@ -554,7 +554,7 @@ func stepTime(be tensor.Backend, cfg config.Model, batch int, minTime time.Durat
 			be.SumSquares(sq, gr.grads, k > 0)
 		}
 		for _, gr := range groups {
-			be.AdamW(gr.main, gr.grads, gr.m, gr.v, 1e-3, 0.9, 0.95, 1e-8, 0.1, stats)
+			be.AdamW(gr.main, tensor.Buffer{}, gr.grads, gr.m, gr.v, 1e-3, 0.9, 0.95, 1e-8, 0.1, stats)
 		}
 		mem.Sync()
 		passes = append(passes, passTimes{whole: t1.Sub(t0).Seconds(), gemm: tb.gemm.Seconds(), experts: tb.experts.Seconds(), attn: tb.attn.Seconds(),
@@ -736,7 +736,7 @@ func streamKernel(be tensor.Backend, kind string, n int) (func(), error) {
 	case parallel.StreamAdamW:
 		mb, vb := zeros(n), zeros(n)
 		st := appliedStats(mem)
-		return func() { be.AdamW(a, b, mb, vb, 1e-3, 0.9, 0.95, 1e-8, 0.1, st) }, mem.Err()
+		return func() { be.AdamW(a, tensor.Buffer{}, b, mb, vb, 1e-3, 0.9, 0.95, 1e-8, 0.1, st) }, mem.Err()
 	case parallel.StreamSumSquares:
 		st := mem.Alloc(tensor.Float64, 1)
 		return func() { be.SumSquares(st, a, false) }, mem.Err()

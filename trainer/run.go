@@ -1025,11 +1025,10 @@ func (t *run) gradStep(step int) error {
 	return st.mem.Err()
 }
 
-// update clips the gradients by their norm and takes an optimizer step at
-// learning rate lr; the kernels skip both when the step's loss or norm is not
-// finite (state.stats).
+// update takes an optimizer step at learning rate lr from the gradients
+// clipped by their norm; the kernels skip it when the step's loss or norm is
+// not finite (state.stats).
 func (t *run) update(lr float64) error {
-	t.st.scaleGrads()
 	if err := t.st.step(t.r.Train, lr); err != nil {
 		return err
 	}

@@ -724,6 +724,12 @@ func (s *state) gather() error {
 			s.mem.Copy(s.wshardB[gi], s.mainB[gi]) // rounded to nearest, ties to even
 		}
 	}
+	return s.gatherShards()
+}
+
+// gatherShards gathers the full compute weights from every rank's compute
+// shard, as they are (the optimizer's step wrote a bf16 run's).
+func (s *state) gatherShards() error {
 	if s.perUnit {
 		return nil // units are gathered when blocks need them
 	}
@@ -947,22 +953,17 @@ func (s *state) sumSquaresOnce(dst tensor.Buffer, gi int, g tensor.Buffer) {
 	}
 }
 
-// scaleGrads clips the gradients by the factor CloseStep left in the
-// statistics (when the step applies).
-func (s *state) scaleGrads() {
-	for _, g := range s.gshardB {
-		s.be.Scale(g, s.stats)
-	}
-}
-
 // step applies the optimizer to this rank's shard and gathers the compute
 // weights; the kernels update only when the statistics say the step applies, at
-// the optimizer step they count:
-// train.optimizer adamw or adam (Megatron's adam is AdamW with decoupled weight
-// decay) runs AdamW, sgd runs SGD with momentum train.beta1 (its buffer is the
-// first-moment buffer). Each segment's update runs on every core (the kernels
-// split it): each element's update depends only on its own values, so the split
-// changes no bit of the result.
+// the optimizer step they count, and read the gradients clipped by the factor
+// CloseStep left there: train.optimizer adamw or adam (Megatron's adam is
+// AdamW with decoupled weight decay) runs AdamW, sgd runs SGD with momentum
+// train.beta1 (its buffer is the first-moment buffer). In a bf16 run the
+// optimizer also writes the bf16 compute shard from the updated main weights,
+// in the same pass (the parts of a shard no parameter covers never change, so
+// the shard rounded at init or load stays right there). Each segment's update
+// runs on every core (the kernels split it): each element's update depends
+// only on its own values, so the split changes no bit of the result.
 func (s *state) step(tr config.Train, lr float64) error {
 	for gi := range s.segs {
 		for _, sg := range s.segs[gi] {
@@ -972,14 +973,18 @@ func (s *state) step(tr config.Train, lr float64) error {
 			}
 			lo, hi := int(sg.lo), int(sg.hi)
 			p, g, m, v := s.mainB[gi].Slice(lo, hi), s.gshardB[gi].Slice(lo, hi), s.mB[gi].Slice(lo, hi), s.vB[gi].Slice(lo, hi)
+			var c tensor.Buffer // the compute weights are the main weights in an fp32 run
+			if s.bf16 {
+				c = s.wshardB[gi].Slice(lo, hi)
+			}
 			if tr.Optimizer == "sgd" {
-				s.be.SGD(p, g, m, lr, tr.Beta1, wd, s.stats)
+				s.be.SGD(p, c, g, m, lr, tr.Beta1, wd, s.stats)
 			} else {
-				s.be.AdamW(p, g, m, v, lr, tr.Beta1, tr.Beta2, tr.Eps, wd, s.stats)
+				s.be.AdamW(p, c, g, m, v, lr, tr.Beta1, tr.Beta2, tr.Eps, wd, s.stats)
 			}
 		}
 	}
-	return s.gather()
+	return s.gatherShards()
 }
 
 // stageBytes is what the gradient reduction's staging holds (the plan counts

@@ -1837,38 +1837,41 @@ extern "C" __global__ void axpy64(double* dst, const double* src, double a, long
     GRID_STRIDE(i, n) dst[i] += a * src[i];
 }
 
-// scale_by_stats multiplies x by st[STAT_CLIP] when the step applies and the
-// factor is not 1.
-extern "C" __global__ void scale_by_stats(float* x, const double* st, long n) {
-    if (st[STAT_APPLIED] == 0 || st[STAT_CLIP] == 1) return;
-    float f = (float)st[STAT_CLIP];
-    GRID_STRIDE(i, n) x[i] *= f;
-}
-
 // adamw_stats is AdamW (tensor/cpu's formula, in fp32) at optimizer step
-// st[STAT_OPT_STEPS], when st[STAT_APPLIED] is set.
-extern "C" __global__ void adamw_stats(float* p, const float* g, float* m, float* v, long n, float lr, float b1, float b2, float eps, float wd, const double* st) {
+// st[STAT_OPT_STEPS], when st[STAT_APPLIED] is set, from the gradients clipped
+// by st[STAT_CLIP] (each read as g·clip rounded to fp32, as the CPU reads it);
+// compute, when not null, receives the updated weights rounded to bf16 (nearest,
+// ties to even, as cast_f32_bf16) in the same pass.
+extern "C" __global__ void adamw_stats(float* p, bf16* compute, const float* g, float* m, float* v, long n, float lr, float b1, float b2, float eps, float wd,
+                                       const double* st) {
     if (st[STAT_APPLIED] == 0) return;
     double t = st[STAT_OPT_STEPS];
     float c1 = (float)(1 / (1 - pow((double)b1, t))), c2 = (float)(1 / (1 - pow((double)b2, t)));
+    float clip = (float)st[STAT_CLIP];
     GRID_STRIDE(i, n) {
-        float gi = g[i];
+        float gi = __fmul_rn(g[i], clip);
         float mi = b1 * m[i] + (1 - b1) * gi;
         float vi = b2 * v[i] + (1 - b2) * gi * gi;
         m[i] = mi;
         v[i] = vi;
         float pi = p[i];
-        p[i] = pi - lr * (mi * c1 / (sqrtf(vi * c2) + eps) + wd * pi);
+        pi = pi - lr * (mi * c1 / (sqrtf(vi * c2) + eps) + wd * pi);
+        p[i] = pi;
+        if (compute) compute[i] = __float2bfloat16_rn(pi);
     }
 }
 
-// sgd_stats: buf = μ·buf + g; p −= lr·(buf + wd·p), when st[STAT_APPLIED] is set.
-extern "C" __global__ void sgd_stats(float* p, const float* g, float* buf, long n, float lr, float mom, float wd, const double* st) {
+// sgd_stats: buf = μ·buf + g·clip; p −= lr·(buf + wd·p), when st[STAT_APPLIED]
+// is set; clip and compute as adamw_stats's.
+extern "C" __global__ void sgd_stats(float* p, bf16* compute, const float* g, float* buf, long n, float lr, float mom, float wd, const double* st) {
     if (st[STAT_APPLIED] == 0) return;
+    float clip = (float)st[STAT_CLIP];
     GRID_STRIDE(i, n) {
-        float b = mom * buf[i] + g[i];
+        float b = mom * buf[i] + __fmul_rn(g[i], clip);
         buf[i] = b;
-        p[i] -= lr * (b + wd * p[i]);
+        float pi = p[i] - lr * (b + wd * p[i]);
+        p[i] = pi;
+        if (compute) compute[i] = __float2bfloat16_rn(pi);
     }
 }
 

@@ -3,16 +3,16 @@
 package cpu
 
 //go:noescape
-func adamw32AVX512(n int, p, grad, m, v *float32, k *[9]float32)
+func adamw32AVX512(n int, p, grad, m, v *float32, k *[10]float32)
 
 //go:noescape
-func adamw32AVX2(n int, p, grad, m, v *float32, k *[9]float32)
+func adamw32AVX2(n int, p, grad, m, v *float32, k *[10]float32)
 
 // adamw32 runs the AdamW update over the longest prefix of whole 16-value
 // blocks in AVX-512, or of 8-value blocks in AVX2, and returns its length (0
 // with neither); k as adamw32AVX512. Either rounds every lane as the scalar
 // code does.
-func adamw32(p, g, m, v []float32, k *[9]float32) int {
+func adamw32(p, g, m, v []float32, k *[10]float32) int {
 	var n int
 	switch {
 	case hasAVX512:

@@ -2,12 +2,14 @@
 
 #include "textflag.h"
 
-// func adamw32AVX512(n int, p, grad, m, v *float32, k *[9]float32)
+// func adamw32AVX512(n int, p, grad, m, v *float32, k *[10]float32)
 //
 // One AdamW step over n values (n a multiple of 16), sixteen lanes at a time, with
-// the operations of optimJob.rows in the same order and no fused multiply-add, so
-// every lane rounds exactly as the scalar code does. k holds b1, 1−b1, b2, 1−b2,
-// c1, c2, eps, lr, wd.
+// the operations of optimJob.update in the same order and no fused multiply-add,
+// so every lane rounds exactly as the scalar code does. k holds b1, 1−b1, b2,
+// 1−b2, c1, c2, eps, lr, wd and the clip factor, which each gradient is
+// multiplied by first (broadcast again each block: no register is left over in
+// the AVX2 twin).
 TEXT ·adamw32AVX512(SB), NOSPLIT, $0-48
 	MOVQ n+0(FP), CX
 	MOVQ p+8(FP), DI
@@ -31,6 +33,8 @@ loop:
 	VMOVUPS (R8), Z11         // m
 	VMOVUPS (R9), Z12         // v
 	VMOVUPS (DI), Z13         // p
+	VBROADCASTSS 36(AX), Z14  // clip
+	VMULPS Z14, Z10, Z10      // g·clip
 	VMULPS Z0, Z11, Z11       // b1·m
 	VMULPS Z1, Z10, Z14       // (1−b1)·g
 	VADDPS Z14, Z11, Z11      // mi

@@ -2,7 +2,7 @@
 
 #include "textflag.h"
 
-// func adamw32AVX2(n int, p, grad, m, v *float32, k *[9]float32)
+// func adamw32AVX2(n int, p, grad, m, v *float32, k *[10]float32)
 //
 // adamw32AVX512 eight lanes at a time for CPUs without AVX-512 (n a multiple of
 // 8): the same operations in the same order, no fused multiply-add, so every
@@ -31,6 +31,8 @@ loop:
 	VMOVUPS (R8), Y10         // m
 	VMOVUPS (R9), Y11         // v
 	VMOVUPS (DI), Y12         // p
+	VBROADCASTSS 36(AX), Y13  // clip
+	VMULPS Y13, Y9, Y9      // g·clip
 	VMULPS Y0, Y10, Y10       // b1·m
 	VMULPS Y1, Y9, Y13       // (1−b1)·g
 	VADDPS Y13, Y10, Y10      // mi

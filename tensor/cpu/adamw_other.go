@@ -2,4 +2,4 @@
 
 package cpu
 
-func adamw32(p, g, m, v []float32, k *[9]float32) int { return 0 }
+func adamw32(p, g, m, v []float32, k *[10]float32) int { return 0 }

@@ -1,6 +1,10 @@
 package cpu
 
-import "github.com/shardline/shardline/tensor"
+import (
+	"fmt"
+
+	"github.com/shardline/shardline/tensor"
+)
 
 // Kernels is the CPU implementation of tensor.Kernels for any float type.
 type Kernels[F tensor.Float] struct{}
@@ -65,6 +69,23 @@ func (v *views[F]) segments(op string, offsets tensor.Buffer, s tensor.ExpertsSh
 // rt views a routing's int32 buffers.
 func (v *views[F]) rt(op string, r tensor.Routing) Routing {
 	return Routing{Idx: v.i(op, r.Idx), Row: v.i(op, r.Row), Tok: v.i(op, r.Tok), Offsets: v.i(op, r.Offsets), Cursor: v.i(op, r.Cursor)}
+}
+
+// compute views an optimizer's optional bf16 output of n values: nil for the
+// empty Buffer.
+func (v *views[F]) compute(op string, b tensor.Buffer, n int) []tensor.BF16 {
+	if b.Len() == 0 {
+		return nil
+	}
+	h := bf16s(op, b)
+	if h != nil && len(h) != n {
+		b.Storage().(*store).mem.fail(fmt.Errorf("cpu: %s: a compute copy of %d values for %d parameters", op, len(h), n))
+		h = nil
+	}
+	if h == nil {
+		v.bad = true
+	}
+	return h
 }
 
 func (v *views[F]) w(op string, b tensor.Buffer) tensor.Weights[F] {
@@ -381,18 +402,20 @@ func (Kernels[F]) CombineBackward(dy, dgates, dout, y, gates tensor.Buffer, r te
 		CombineBackward(d, dg, do, ys, g, rv, s)
 	}
 }
-func (Kernels[F]) AdamW(params, grads, m, v tensor.Buffer, lr, beta1, beta2, eps, wd float64, st tensor.Buffer) {
+func (Kernels[F]) AdamW(params, compute, grads, m, v tensor.Buffer, lr, beta1, beta2, eps, wd float64, st tensor.Buffer) {
 	var a views[F]
 	p, g, mm, vv := a.f("AdamW", params), a.f("AdamW", grads), a.f("AdamW", m), a.f("AdamW", v)
+	c := a.compute("AdamW", compute, len(p))
 	if !a.bad {
-		AdamWStep(p, g, mm, vv, lr, beta1, beta2, eps, wd, st)
+		AdamWStep(p, c, g, mm, vv, lr, beta1, beta2, eps, wd, st)
 	}
 }
-func (Kernels[F]) SGD(params, grads, buf tensor.Buffer, lr, momentum, wd float64, st tensor.Buffer) {
+func (Kernels[F]) SGD(params, compute, grads, buf tensor.Buffer, lr, momentum, wd float64, st tensor.Buffer) {
 	var a views[F]
 	p, g, b := a.f("SGD", params), a.f("SGD", grads), a.f("SGD", buf)
+	c := a.compute("SGD", compute, len(p))
 	if !a.bad {
-		SGDStep(p, g, b, lr, momentum, wd, st)
+		SGDStep(p, c, g, b, lr, momentum, wd, st)
 	}
 }
 func (Kernels[F]) LossSum(dst, losses, targets tensor.Buffer, accumulate bool) {
@@ -409,9 +432,3 @@ func (Kernels[F]) SumSquares(dst, x tensor.Buffer, accumulate bool) {
 	}
 }
 func (Kernels[F]) CloseStep(st tensor.Buffer, maxNorm float64) { CloseStep(st, maxNorm) }
-func (Kernels[F]) Scale(x, st tensor.Buffer) {
-	var v views[F]
-	if xs := v.f("Scale", x); !v.bad {
-		ScaleBy(xs, st)
-	}
-}

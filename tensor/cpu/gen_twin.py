@@ -14,7 +14,7 @@ TWINS = {
 
 #include "textflag.h"
 
-// func adamw32AVX2(n int, p, grad, m, v *float32, k *[9]float32)
+// func adamw32AVX2(n int, p, grad, m, v *float32, k *[10]float32)
 //
 // adamw32AVX512 eight lanes at a time for CPUs without AVX-512 (n a multiple of
 // 8): the same operations in the same order, no fused multiply-add, so every

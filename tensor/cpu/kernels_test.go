@@ -401,42 +401,65 @@ func TestSoftmaxRow32(t *testing.T) {
 // Tolerance 1e-6: float32 arithmetic on values of order 1.
 func TestAdamWByHand(t *testing.T) {
 	p, m, v := []float32{1}, []float32{0}, []float32{0}
-	AdamW(p, []float32{0.5}, m, v, 0.01, 0.9, 0.95, 1e-8, 0.1, 1)
+	AdamW(p, nil, []float32{0.5}, m, v, 0.01, 0.9, 0.95, 1e-8, 0.1, 1, 1)
 	// m̂ = 0.5, v̂ = 0.25: update = 0.5/0.5 = 1; p = 1 − 0.01·(1 + 0.1·1) = 0.989
 	if math.Abs(float64(p[0])-0.989) > 1e-6 {
 		t.Fatalf("step 1: %v", p[0])
 	}
-	AdamW(p, []float32{-0.5}, m, v, 0.01, 0.9, 0.95, 1e-8, 0, 2)
+	AdamW(p, nil, []float32{-0.5}, m, v, 0.01, 0.9, 0.95, 1e-8, 0, 1, 2)
 	m2, v2 := 0.9*0.05+0.1*-0.5, 0.95*0.0125+0.05*0.25
 	mh, vh := m2/(1-0.81), v2/(1-0.9025)
 	if want := 0.989 - 0.01*mh/(math.Sqrt(vh)+1e-8); math.Abs(float64(p[0])-want) > 1e-6 {
 		t.Fatalf("step 2: %v, want %v", p[0], want)
 	}
 	buf := []float32{0}
-	SGD(p[:1], []float32{2}, buf, 0.1, 0.9, 0)
-	SGD(p[:1], []float32{2}, buf, 0.1, 0.9, 0) // buf = 2, then 3.8
+	SGD(p[:1], nil, []float32{2}, buf, 0.1, 0.9, 0, 1)
+	SGD(p[:1], nil, []float32{4}, buf, 0.1, 0.9, 0, 0.5) // buf = 2, then 3.8
 	if want := float64(float32(0.989-0.01*mh/(math.Sqrt(vh)+1e-8))) - 0.1*2 - 0.1*3.8; math.Abs(float64(p[0])-want) > 1e-6 {
 		t.Fatalf("sgd: %v, want %v", p[0], want)
 	}
 }
 
 // TestAdamWLanesMatchScalar: over 1,003 values (whole 16-lane blocks and a tail,
-// split among cores) and three steps, AdamW equals the update written out one
+// split among cores) and four steps, AdamW equals the update written out one
 // float32 operation at a time, bit for bit: the vector code must round exactly
-// as the scalar formula (no fused multiply-add, same order).
+// as the scalar formula (no fused multiply-add, same order). Steps 2 to 4 clip:
+// the gradients are read as Scale would have left them (g·clip rounded to
+// float32); steps 3 and 4 write the bf16 compute copy, which must be the
+// updated weights rounded as ToBF16 rounds them (and step 4 covers more values
+// than one block of the copy).
 func TestAdamWLanesMatchScalar(t *testing.T) {
 	eachISA(t, func(t *testing.T) {
 		r := rand.New(rand.NewSource(5))
-		const n = 1003
+		n := 1003
 		p, g, m, v := randSlice(r, n), randSlice(r, n), make([]float32, n), make([]float32, n)
 		wp, wm, wv := append([]float32(nil), p...), make([]float32, n), make([]float32, n)
 		lr, b1, b2, eps, wd := 3e-3, 0.9, 0.95, 1e-8, 0.1
-		for step := 1; step <= 3; step++ {
-			AdamW(p, g, m, v, lr, b1, b2, eps, wd, step)
+		for step := 1; step <= 4; step++ {
+			if step == 4 { // longer than a block of the bf16 copy, not a multiple of one
+				more := bf16Block + 37
+				n += more
+				p, wp = append(p, randSlice(r, more)...), append(wp, make([]float32, more)...)
+				copy(wp[n-more:], p[n-more:])
+				g = append(g, randSlice(r, more)...)
+				m, v = append(m, make([]float32, more)...), append(v, make([]float32, more)...)
+				wm, wv = append(wm, make([]float32, more)...), append(wv, make([]float32, more)...)
+			}
+			clip := 1.0
+			if step > 1 {
+				clip = 0.37
+			}
+			var compute []tensor.BF16
+			if step > 2 {
+				compute = make([]tensor.BF16, n)
+			}
+			scaled := append([]float32(nil), g...)
+			Scale(scaled, clip)
+			AdamW(p, compute, g, m, v, lr, b1, b2, eps, wd, clip, step)
 			c1 := float32(1 / (1 - math.Pow(b1, float64(step))))
 			c2 := float32(1 / (1 - math.Pow(b2, float64(step))))
 			fb1, fb2 := float32(b1), float32(b2)
-			for i, gi := range g {
+			for i, gi := range scaled {
 				wm[i] = fb1*wm[i] + (1-fb1)*gi
 				wv[i] = fb2*wv[i] + (1-fb2)*gi*gi
 				den := float32(math.Sqrt(float64(wv[i]*c2))) + float32(eps)
@@ -445,6 +468,9 @@ func TestAdamWLanesMatchScalar(t *testing.T) {
 			for i := range p {
 				if p[i] != wp[i] || m[i] != wm[i] || v[i] != wv[i] {
 					t.Fatalf("step %d element %d: p %v want %v, m %v want %v, v %v want %v (%s)", step, i, p[i], wp[i], m[i], wm[i], v[i], wv[i], KernelName())
+				}
+				if compute != nil && compute[i] != tensor.ToBF16(wp[i]) {
+					t.Fatalf("step %d element %d: compute %v, want %v", step, i, compute[i], tensor.ToBF16(wp[i]))
 				}
 			}
 			for i := range g {

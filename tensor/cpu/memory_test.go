@@ -124,25 +124,33 @@ func TestStepStatistics(t *testing.T) {
 	assert.Equal(t, tensor.ClipFactor(13, 1), got[tensor.StatClip])
 	assert.Equal(t, []float64{1, 1}, got[tensor.StatApplied:tensor.NumStats])
 
-	// Clipping and AdamW apply, at optimizer step 1.
+	// AdamW applies, at optimizer step 1, from the gradients clipped: as AdamW
+	// on gradients scaled in place beforehand. The gradients are left as they are.
 	want := []float32{3, 4, 12}
 	Scale(want, tensor.ClipFactor(13, 1))
-	ScaleBy(g, st)
-	assert.Equal(t, want, g)
 	p, mm, v := []float32{1, 2, 3}, make([]float32, 3), make([]float32, 3)
 	pw, mw, vw := []float32{1, 2, 3}, make([]float32, 3), make([]float32, 3)
-	AdamW(pw, want, mw, vw, 0.1, 0.9, 0.95, 1e-8, 0.01, 1)
-	// The backend's AdamW on buffers: the same values, read back as float32.
+	AdamW(pw, nil, want, mw, vw, 0.1, 0.9, 0.95, 1e-8, 0.01, 1, 1)
+	// The backend's AdamW on buffers: the same values, read back as float32,
+	// and the bf16 compute copy of them.
 	pb, gb, mb, vb := m.Alloc(tensor.Float32, 3), m.Alloc(tensor.Float32, 3), m.Alloc(tensor.Float32, 3), m.Alloc(tensor.Float32, 3)
+	cb := m.Alloc(tensor.BFloat16, 3)
 	m.Write(pb, p)
 	m.Write(gb, g)
-	Backend{}.AdamW(pb, gb, mb, vb, 0.1, 0.9, 0.95, 1e-8, 0.01, st)
+	Backend{}.AdamW(pb, cb, gb, mb, vb, 0.1, 0.9, 0.95, 1e-8, 0.01, st)
 	m.Read(p, pb)
 	m.Read(mm, mb)
 	m.Read(v, vb)
 	assert.Equal(t, pw, p)
 	assert.Equal(t, mw, mm)
 	assert.Equal(t, vw, v)
+	gr, cw := make([]float32, 3), make([]float32, 3)
+	m.Read(gr, gb)
+	assert.Equal(t, g, gr)
+	m.Read(cw, cb)
+	for i := range pw {
+		assert.Equal(t, tensor.ToBF16(pw[i]).Float32(), cw[i])
+	}
 
 	// A non-finite loss: not applied, the optimizer step count kept, nothing moves.
 	m.Write(st.At(tensor.StatLoss), []float64{math.NaN()})
@@ -150,9 +158,8 @@ func TestStepStatistics(t *testing.T) {
 	m.Read(got, st)
 	assert.Equal(t, []float64{0, 1}, got[tensor.StatApplied:tensor.NumStats])
 	before := append([]float32(nil), p...)
-	ScaleBy(g, st)
-	AdamWStep(p, g, mm, v, 0.1, 0.9, 0.95, 1e-8, 0.01, st)
-	SGDStep(p, g, mm, 0.1, 0.9, 0.01, st)
+	AdamWStep(p, nil, g, mm, v, 0.1, 0.9, 0.95, 1e-8, 0.01, st)
+	SGDStep(p, nil, g, mm, 0.1, 0.9, 0.01, st)
 	assert.Equal(t, before, p)
 	// A finite step again: optimizer step 2; clipping off leaves the factor 1.
 	m.Write(st.At(tensor.StatLoss), []float64{1})
@@ -163,10 +170,15 @@ func TestStepStatistics(t *testing.T) {
 	// float64 kernels take f64 buffers (the gradient checks); an f32 buffer is
 	// refused, the failure kept.
 	d := m.Alloc(tensor.Float64, 3)
-	Kernels[float64]{}.SGD(d, d, d, 0.1, 0, 0, st)
+	Kernels[float64]{}.SGD(d, tensor.Buffer{}, d, d, 0.1, 0, 0, st)
 	require.NoError(t, m.Err())
-	Kernels[float64]{}.SGD(d, pb, d, 0.1, 0, 0, st)
+	Kernels[float64]{}.SGD(d, tensor.Buffer{}, pb, d, 0.1, 0, 0, st)
 	require.ErrorContains(t, m.Err(), "f32 buffer where the kernels run in float64")
+	// A compute copy of another length is refused, the failure kept.
+	m2 := NewMemory()
+	f := m2.Alloc(tensor.Float32, 3)
+	Backend{}.AdamW(f, m2.Alloc(tensor.BFloat16, 2), f, f, f, 0.1, 0.9, 0.95, 1e-8, 0.01, st)
+	require.ErrorContains(t, m2.Err(), "a compute copy of 2 values for 3 parameters")
 }
 
 // TestMemoryConformance: the CPU memory behaves as every tensor.Memory must

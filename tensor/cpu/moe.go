@@ -268,39 +268,69 @@ func softmaxRow32(dst, src []float32) {
 }
 
 // AdamW applies one step of AdamW with decoupled weight decay wd to params (see
-// trainer/optim for the schedule): m = β1·m + (1−β1)·g; v = β2·v + (1−β2)·g²;
-// p −= lr·(m̂/(√v̂ + ε) + wd·p), with bias correction at step t (1-based).
-func AdamW[F Float](params, grads, m, v []F, lr, beta1, beta2, eps, wd float64, t int) {
+// trainer/optim for the schedule), from the gradients clipped by clip (each g
+// read as F(g·clip), the value scaling them in place with Scale leaves):
+// m = β1·m + (1−β1)·g; v = β2·v + (1−β2)·g²; p −= lr·(m̂/(√v̂ + ε) + wd·p),
+// with bias correction at step t (1-based). compute, unless nil, receives the
+// updated params rounded to bf16 (as ToBF16), block by block while they are in
+// cache.
+func AdamW[F Float](params []F, compute []tensor.BF16, grads, m, v []F, lr, beta1, beta2, eps, wd, clip float64, t int) {
 	j := getJob[optimJob[F]]()
-	*j = optimJob[F]{params: params, grads: grads, m: m, v: v, adam: true, b1: F(beta1), b2: F(beta2),
-		c1: F(1 / (1 - math.Pow(beta1, float64(t)))), c2: F(1 / (1 - math.Pow(beta2, float64(t)))), eps: F(eps), lr: F(lr), wd: F(wd)}
+	*j = optimJob[F]{params: params, compute: compute, grads: grads, m: m, v: v, adam: true, b1: F(beta1), b2: F(beta2),
+		c1: F(1 / (1 - math.Pow(beta1, float64(t)))), c2: F(1 / (1 - math.Pow(beta2, float64(t)))), eps: F(eps), lr: F(lr), wd: F(wd), clip: F(clip)}
 	parallel(j, len(grads), 16)
 	putJob(j)
 }
 
-// SGD applies one step of SGD with momentum and decoupled weight decay:
-// buf = μ·buf + g; p −= lr·(buf + wd·p).
-func SGD[F Float](params, grads, buf []F, lr, momentum, wd float64) {
+// SGD applies one step of SGD with momentum and decoupled weight decay, from
+// the gradients clipped by clip, as AdamW: buf = μ·buf + g; p −= lr·(buf + wd·p).
+// compute as AdamW's.
+func SGD[F Float](params []F, compute []tensor.BF16, grads, buf []F, lr, momentum, wd, clip float64) {
 	j := getJob[optimJob[F]]()
-	*j = optimJob[F]{params: params, grads: grads, m: buf, b1: F(momentum), lr: F(lr), wd: F(wd)}
+	*j = optimJob[F]{params: params, compute: compute, grads: grads, m: buf, b1: F(momentum), lr: F(lr), wd: F(wd), clip: F(clip)}
 	parallel(j, len(grads), 6)
 	putJob(j)
 }
 
 // optimJob is an AdamW step (adam) or an SGD step (m is the momentum buffer, b1
-// the momentum) over elements [lo, hi).
+// the momentum) over elements [lo, hi), with the gradients scaled by clip and,
+// when compute is set, the bf16 copy of the updated params written.
 type optimJob[F Float] struct {
-	params, grads, m, v         []F
-	adam                        bool
-	b1, b2, c1, c2, eps, lr, wd F
+	params, grads, m, v               []F
+	compute                           []tensor.BF16
+	adam                              bool
+	b1, b2, c1, c2, eps, lr, wd, clip F
 }
 
 func (j *optimJob[F]) rows(_, lo, hi int) {
+	if j.compute == nil {
+		j.update(lo, hi)
+		return
+	}
+	for a := lo; a < hi; a += bf16Block {
+		b := min(a+bf16Block, hi)
+		j.update(a, b)
+		if p32, ok := any(j.params[a:b]).([]float32); ok {
+			toBF16Rows(j.compute[a:b], p32)
+			continue
+		}
+		for i, p := range j.params[a:b] {
+			j.compute[a+i] = tensor.ToBF16(float32(p))
+		}
+	}
+}
+
+// update is the optimizer's step over elements [lo, hi). Each gradient is
+// scaled by clip in a product of its own (F(…) rounds it there, so that no
+// compiler fuses it into the next operation): the update then rounds as it did
+// on gradients scaled in place beforehand.
+func (j *optimJob[F]) update(lo, hi int) {
 	params, grads, m := j.params[lo:hi], j.grads[lo:hi], j.m[lo:hi]
 	grads, m = grads[:len(params)], m[:len(params)]
-	b1, flr, fwd := j.b1, j.lr, j.wd
+	b1, flr, fwd, fc := j.b1, j.lr, j.wd, j.clip
 	if !j.adam {
 		for i, g := range grads {
+			g = F(g * fc)
 			m[i] = b1*m[i] + g
 			params[i] -= flr * (m[i] + fwd*params[i])
 		}
@@ -310,11 +340,12 @@ func (j *optimJob[F]) rows(_, lo, hi int) {
 	v = v[:len(params)]
 	b2, c1, c2, fe := j.b2, j.c1, j.c2, j.eps
 	if p32, ok := any(params).([]float32); ok {
-		k := [9]float32{float32(b1), float32(1 - b1), float32(b2), float32(1 - b2), float32(c1), float32(c2), float32(fe), float32(flr), float32(fwd)}
+		k := [10]float32{float32(b1), float32(1 - b1), float32(b2), float32(1 - b2), float32(c1), float32(c2), float32(fe), float32(flr), float32(fwd), float32(fc)}
 		done := adamw32(p32, any(grads).([]float32), any(m).([]float32), any(v).([]float32), &k)
 		params, grads, m, v = params[done:], grads[done:], m[done:], v[done:]
 	}
 	for i, g := range grads {
+		g = F(g * fc)
 		mi := b1*m[i] + (1-b1)*g
 		vi := b2*v[i] + (1-b2)*g*g
 		m[i], v[i] = mi, vi

@@ -8,7 +8,7 @@ import (
 )
 
 // The step statistics kernels (tensor.Kernels' LossSum, SumSquares, CloseStep,
-// Scale and the optimizers' gate) read and write an f64 buffer of this
+// and the optimizers' gate and clip factor) read and write an f64 buffer of this
 // backend's memory in place: nothing goes back to the caller.
 
 // statsView is the f64 view of b (floats) with at least n elements, or nil
@@ -75,36 +75,29 @@ func CloseStep(st tensor.Buffer, maxNorm float64) {
 
 func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
 
-// applied is whether the step in st applies its update, and at which optimizer step.
-func applied(op string, st tensor.Buffer) (bool, int) {
+// applied is whether the step in st applies its update, at which optimizer
+// step, and the factor that clips its gradients.
+func applied(op string, st tensor.Buffer) (ok bool, step int, clip float64) {
 	s := statsView(op, st, tensor.NumStats)
 	if s == nil || s[tensor.StatApplied] == 0 {
-		return false, 0
+		return false, 0, 0
 	}
-	return true, int(s[tensor.StatOptSteps])
+	return true, int(s[tensor.StatOptSteps]), s[tensor.StatClip]
 }
 
-// ScaleBy multiplies x by st[StatClip] when the step applies and the factor is not 1.
-func ScaleBy[F Float](x []F, st tensor.Buffer) {
-	if ok, _ := applied("Scale", st); !ok {
-		return
-	}
-	if f := statsView("Scale", st, tensor.NumStats)[tensor.StatClip]; f != 1 {
-		Scale(x, f)
-	}
-}
-
-// AdamWStep is AdamW at optimizer step st[StatOptSteps], when the step applies.
-func AdamWStep[F Float](params, grads, m, v []F, lr, beta1, beta2, eps, wd float64, st tensor.Buffer) {
-	if ok, t := applied("AdamW", st); ok {
-		AdamW(params, grads, m, v, lr, beta1, beta2, eps, wd, t)
+// AdamWStep is AdamW at optimizer step st[StatOptSteps], from the gradients
+// clipped by st[StatClip], when the step applies (compute as AdamW's).
+func AdamWStep[F Float](params []F, compute []tensor.BF16, grads, m, v []F, lr, beta1, beta2, eps, wd float64, st tensor.Buffer) {
+	if ok, t, clip := applied("AdamW", st); ok {
+		AdamW(params, compute, grads, m, v, lr, beta1, beta2, eps, wd, clip, t)
 	}
 }
 
-// SGDStep is SGD when the step applies.
-func SGDStep[F Float](params, grads, buf []F, lr, momentum, wd float64, st tensor.Buffer) {
-	if ok, _ := applied("SGD", st); ok {
-		SGD(params, grads, buf, lr, momentum, wd)
+// SGDStep is SGD from the gradients clipped by st[StatClip], when the step
+// applies.
+func SGDStep[F Float](params []F, compute []tensor.BF16, grads, buf []F, lr, momentum, wd float64, st tensor.Buffer) {
+	if ok, _, clip := applied("SGD", st); ok {
+		SGD(params, compute, grads, buf, lr, momentum, wd, clip)
 	}
 }
 

@@ -340,15 +340,21 @@ func stepCases() []kcase {
 		}
 		return e.stats(st)
 	}
-	add(variants("Scale", []string{"not applied"}, func(on []bool) kcase {
-		return kcase{run: func(e *env) bufs {
-			x := e.floats(1001, 1)
-			e.k.Scale(x, applied(e, on[0]))
-			return bufs{x}
-		}}
-	})...)
-	add(variants("AdamW", []string{"not applied"}, func(on []bool) kcase {
-		return kcase{run: func(e *env) bufs {
+	// compute is n values of a bf16 compute copy (drawn, so that a step not
+	// applied is seen to leave them), or the empty Buffer.
+	compute := func(e *env, on bool, n int) tensor.Buffer {
+		if !on {
+			return tensor.Buffer{}
+		}
+		c := e.m.Alloc(tensor.BFloat16, n)
+		e.m.Write(c, e.draw(n, 1))
+		return c
+	}
+	// The optimizers read the gradients clipped (by 0.5 here) and, with a
+	// compute copy, write the updated weights rounded to bf16 (to within
+	// bf16's rounding of the reference's float64 weights).
+	add(variants("AdamW", []string{"not applied", "bf16 copy"}, func(on []bool) kcase {
+		return kcase{tol: tolIf(on[1]), run: func(e *env) bufs {
 			const n = 1003 // not a multiple of a vector's width
 			p, g, m := e.floats(n, 1), e.floats(n, 1), e.floats(n, 0.1)
 			vs := e.draw(n, 0.01)
@@ -356,14 +362,22 @@ func stepCases() []kcase {
 				vs[i] = math.Abs(vs[i])
 			}
 			v := e.vals(vs)
-			e.k.AdamW(p, g, m, v, 1e-2, 0.9, 0.95, 1e-8, 0.1, applied(e, on[0]))
+			c := compute(e, on[1], n)
+			e.k.AdamW(p, c, g, m, v, 1e-2, 0.9, 0.95, 1e-8, 0.1, applied(e, on[0]))
+			if on[1] {
+				return bufs{p, m, v, c}
+			}
 			return bufs{p, m, v}
 		}}
 	})...)
-	add(variants("SGD", []string{"not applied"}, func(on []bool) kcase {
-		return kcase{run: func(e *env) bufs {
+	add(variants("SGD", []string{"not applied", "bf16 copy"}, func(on []bool) kcase {
+		return kcase{tol: tolIf(on[1]), run: func(e *env) bufs {
 			p, g, b := e.floats(1003, 1), e.floats(1003, 1), e.floats(1003, 1)
-			e.k.SGD(p, g, b, 1e-2, 0.9, 0.1, applied(e, on[0]))
+			c := compute(e, on[1], 1003)
+			e.k.SGD(p, c, g, b, 1e-2, 0.9, 0.1, applied(e, on[0]))
+			if on[1] {
+				return bufs{p, b, c}
+			}
 			return bufs{p, b}
 		}}
 	})...)

@@ -82,7 +82,7 @@ func tracksCPU(t *testing.T, recipe string, tol float64) {
 			if table[i].NoDecay {
 				wd = 0
 			}
-			cpu.AdamW(cw[i], grads[i], mv[i][0], mv[i][1], lr, o.Beta1, o.Beta2, o.Eps, wd, s+1)
+			cpu.AdamW(cw[i], nil, grads[i], mv[i][0], mv[i][1], lr, o.Beta1, o.Beta2, o.Eps, wd, 1, s+1)
 		}
 		var met Metrics
 		var gerr error

@@ -150,7 +150,7 @@ func newRankStepper(t *testing.T, cfg config.Model, B, T, tp, tpRank int, opts f
 		m.Forward(tokens, targets, loss, false)
 		m.Backward(tokens, targets, 1/float64(B*T))
 		for i := range w {
-			cpu.AdamW(w[i], g[i], m1[i], m2[i], 1e-3, 0.9, 0.95, 1e-8, 0.1, it)
+			cpu.AdamW(w[i], nil, g[i], m1[i], m2[i], 1e-3, 0.9, 0.95, 1e-8, 0.1, 1, it)
 		}
 	}
 }

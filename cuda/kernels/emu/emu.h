@@ -244,6 +244,7 @@ inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline float __expf(float x) { return expf(x); }
 inline float __logf(float x) { return logf(x); }
 inline float __fdividef(float a, float b) { return a / b; }
+inline float __fmul_rn(float a, float b) { return a * b; } // a product of its own: never contracted into an FMA
 inline float rsqrtf(float x) { return 1.f / sqrtf(x); }
 inline float __double2float_rn(double x) { return (float)x; }
 template <typename A, typename B> inline auto min(A a, B b) -> decltype(a + b) { return a < b ? a : b; }

@@ -232,40 +232,52 @@ static void optimizers() {
     for (int applied = 0; applied < 2; applied++) {
         std::vector<double> st(10, 0);
         st[STAT_CLIP] = 0.5, st[STAT_APPLIED] = applied, st[STAT_OPT_STEPS] = 3;
-        auto x = draw(n, 1);
-        std::vector<float> wx = x;
-        if (applied)
-            for (auto& v : wx) v *= 0.5f;
-        emu::launch(grid(n), 256, [&] { scale_by_stats(x.data(), st.data(), n); });
-        near(applied ? "scale_by_stats" : "scale_by_stats (not applied)", x, wx, 0);
-
+        // The optimizers read the gradients clipped (by 0.5: g·0.5 rounded to
+        // fp32, as a pass scaling them in place would leave them) and write the
+        // bf16 compute copy when given one; not applied, nothing moves.
         auto p = draw(n, 1), g = draw(n, 1), m = draw(n, 0.1), v = draw(n, 0.01);
         for (auto& e : v) e = std::fabs(e);
-        auto wp = p, wm = m, wv = v;
+        auto wp = p, wm = m, wv = v, g0 = g, p2 = p, m2 = m, v2 = v;
+        std::vector<bf16> c(n), wc(n);
+        for (long i = 0; i < n; i++) c[i] = wc[i] = __float2bfloat16_rn(-7.f);
         const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
         if (applied) {
             float c1 = (float)(1 / (1 - std::pow((double)b1, 3.0))), c2 = (float)(1 / (1 - std::pow((double)b2, 3.0)));
             for (long i = 0; i < n; i++) {
-                float mi = b1 * wm[i] + (1 - b1) * g[i], vi = b2 * wv[i] + (1 - b2) * g[i] * g[i];
+                float gi = g[i] * 0.5f;
+                float mi = b1 * wm[i] + (1 - b1) * gi, vi = b2 * wv[i] + (1 - b2) * gi * gi;
                 wm[i] = mi, wv[i] = vi;
                 wp[i] = wp[i] - lr * (mi * c1 / (std::sqrt(vi * c2) + eps) + wd * wp[i]);
+                wc[i] = __float2bfloat16_rn(wp[i]);
             }
         }
-        emu::launch(grid(n), 256, [&] { adamw_stats(p.data(), g.data(), m.data(), v.data(), n, lr, b1, b2, eps, wd, st.data()); });
+        emu::launch(grid(n), 256, [&] { adamw_stats(p.data(), c.data(), g.data(), m.data(), v.data(), n, lr, b1, b2, eps, wd, st.data()); });
         near("adamw_stats params", p, wp, 1e-6);
         near("adamw_stats m", m, wm, 1e-6);
         near("adamw_stats v", v, wv, 1e-6);
+        near("adamw_stats gradients (left as they were)", g, g0, 0);
+        std::vector<float> cf(n), wcf(n);
+        for (long i = 0; i < n; i++) cf[i] = __bfloat162float(c[i]), wcf[i] = __bfloat162float(wc[i]);
+        near("adamw_stats compute", cf, wcf, 8e-3);
+        // Without a compute copy (a null pointer): the same update.
+        emu::launch(grid(n), 256, [&] { adamw_stats(p2.data(), nullptr, g.data(), m2.data(), v2.data(), n, lr, b1, b2, eps, wd, st.data()); });
+        near("adamw_stats params without a compute copy", p2, p, 0);
 
         auto sp = draw(n, 1), sg = draw(n, 1), sb = draw(n, 1);
         auto wsp = sp, wsb = sb;
+        std::vector<bf16> sc(n), wsc(n);
         if (applied)
             for (long i = 0; i < n; i++) {
-                wsb[i] = 0.9f * wsb[i] + sg[i];
+                wsb[i] = 0.9f * wsb[i] + sg[i] * 0.5f;
                 wsp[i] -= 1e-2f * (wsb[i] + 0.1f * wsp[i]);
+                wsc[i] = __float2bfloat16_rn(wsp[i]);
             }
-        emu::launch(grid(n), 256, [&] { sgd_stats(sp.data(), sg.data(), sb.data(), n, 1e-2f, 0.9f, 0.1f, st.data()); });
+        emu::launch(grid(n), 256, [&] { sgd_stats(sp.data(), sc.data(), sg.data(), sb.data(), n, 1e-2f, 0.9f, 0.1f, st.data()); });
         near("sgd_stats params", sp, wsp, 1e-6);
         near("sgd_stats momentum", sb, wsb, 1e-6);
+        std::vector<float> scf(n), wscf(n);
+        for (long i = 0; i < n; i++) scf[i] = __bfloat162float(sc[i]), wscf[i] = __bfloat162float(wsc[i]);
+        near("sgd_stats compute", scf, wscf, 8e-3);
     }
     auto dst = draw(333, 1), src = draw(333, 1);
     std::vector<bf16> sb(333);
