@@ -240,7 +240,7 @@ func driftWarning(drift float64) string {
 }
 
 // gemmDrift times again a few of the fp32 matmul grid's points (driftShapes:
-// the middle of every axis; the most rows; the second-widest) and returns the
+// the middle of every axis; the most rows; the next width up) and returns the
 // median over them, forward and backward, of the time now over the table's.
 func gemmDrift(be tensor.Backend, c *parallel.Calibration, grid CalibrationGrid, minTime time.Duration) (float64, error) {
 	shapes := driftShapes(slices.Sorted(slices.Values(grid.GEMMRows)), slices.Sorted(slices.Values(grid.GEMMDims)))
