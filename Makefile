@@ -51,6 +51,7 @@ bench: bench-deps ## speed benchmarks, each printed against its budget or refere
 	./scripts/bench-lint.sh
 	./scripts/bench-plan.sh
 	./scripts/bench-plan-fidelity.sh
+	./scripts/bench-plan-probe.sh
 	./scripts/bench-gemm.sh
 	./scripts/bench-train.sh
 	./scripts/bench-ep.sh

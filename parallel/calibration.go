@@ -98,6 +98,12 @@ type Calibration struct {
 	Threads int    `json:"threads"` // the worker threads the kernels ran on (GOMAXPROCS)
 	Date    string `json:"date"`    // when it was measured (RFC 3339)
 	Source  string `json:"source"`  // the command and version that measured it
+	// Machine is the key of the machine that measured it (trainer.MachineKey:
+	// Host, GOMAXPROCS, host name and machine id, hashed): a table whose key is
+	// this machine's describes it; any other, or one without a key (tables
+	// measured before 2026-11-27, and the ones shardline ships), is scaled to
+	// this machine by a probe before it times a plan (docs/plan.md).
+	Machine string `json:"machine,omitempty"`
 	// GEMM is Matmul and MatmulBackward at (M rows, K inputs, N outputs): the
 	// grid's M, K and N values are each sorted powers of two.
 	GEMM []GEMMPoint `json:"gemm"`
@@ -205,6 +211,11 @@ type Calibration struct {
 	// compute; FitHostShare fits it to HostShareSamples with CP set, over the same
 	// model at as many data-parallel ranks. Without points the plan keeps 1.
 	RingShare []HostSharePoint `json:"ring_share,omitempty"`
+	// Probe, when set, is the probe of another machine that scaled these
+	// figures to its speed (Scaled), and Unscaled the table it scaled: the
+	// figures are then estimates for that machine, not its measurements.
+	Probe    *Probe    `json:"probe,omitempty"`
+	Unscaled *Unscaled `json:"unscaled,omitempty"`
 
 	idx *calIndex // the grids, built by Index
 }

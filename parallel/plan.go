@@ -214,7 +214,7 @@ func (p *Plan) timing(r *config.Recipe) {
 	dev := p.Topology.Device
 	if cal := p.Topology.Calibration; cal != nil {
 		b := stepModel(r, p, cal)
-		p.TimeModel = fmt.Sprintf("per operation, calibrated on %s (%s)", cal.Host, cal.Date)
+		p.TimeModel = fmt.Sprintf("per operation, calibrated on %s (%s)%s", cal.Host, cal.Date, cal.timeModelProbe())
 		p.ComputeS, p.OptimizerS, p.ExposedCommS = b.GEMM+b.Attention+b.Stream+b.Stall, b.Optimizer, b.Comm
 		p.StallS = b.Stall
 	} else if dev.Name != "cpu" {

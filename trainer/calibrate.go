@@ -69,7 +69,7 @@ var DefaultCalibrationGrid = CalibrationGrid{
 // not nil, gets a line per table.
 func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, progress io.Writer) (*parallel.Calibration, error) {
 	c := &parallel.Calibration{Profile: "cpu", Threads: runtime.GOMAXPROCS(0), Date: time.Now().UTC().Format(time.RFC3339),
-		Host: CalibrationHost(be), Stream: map[string]parallel.Linear{}, Collectives: map[string]parallel.Linear{}}
+		Host: CalibrationHost(be), Machine: MachineKey(be), Stream: map[string]parallel.Linear{}, Collectives: map[string]parallel.Linear{}}
 	say := func(format string, a ...any) {
 		if progress != nil {
 			fmt.Fprintf(progress, format+"\n", a...)
@@ -239,17 +239,16 @@ func driftWarning(drift float64) string {
 	return fmt.Sprintf("warning: matmuls timed again after the in-step passes took %.2f× their table's time: this machine's speed changed while it was calibrated (other work running?), which skews the in-step factors; calibrate again on a quiet machine", drift)
 }
 
-// gemmDrift times again a few of the fp32 matmul grid's points (the middle of
-// every axis; the most rows; the widest) and returns the median over them,
-// forward and backward, of the time now over the table's.
+// gemmDrift times again a few of the fp32 matmul grid's points (driftShapes:
+// the middle of every axis; the most rows; the next width up) and returns the
+// median over them, forward and backward, of the time now over the table's.
 func gemmDrift(be tensor.Backend, c *parallel.Calibration, grid CalibrationGrid, minTime time.Duration) (float64, error) {
-	rows, dims := grid.GEMMRows, grid.GEMMDims
-	if len(rows) == 0 || len(dims) == 0 {
+	shapes := driftShapes(slices.Sorted(slices.Values(grid.GEMMRows)), slices.Sorted(slices.Values(grid.GEMMDims)))
+	if len(shapes) == 0 {
 		return 0, nil
 	}
-	mid, wide := dims[len(dims)/2], dims[len(dims)-1]
 	var ratios []float64
-	for _, sh := range [][3]int{{rows[len(rows)/2], mid, mid}, {rows[len(rows)-1], mid, mid}, {rows[len(rows)/2], wide, wide}} {
+	for _, sh := range shapes {
 		i := slices.IndexFunc(c.GEMM, func(p parallel.GEMMPoint) bool { return [3]int{p.M, p.K, p.N} == sh })
 		if i < 0 {
 			return 0, fmt.Errorf("matmul %v: not in the grid just measured", sh)

@@ -3,6 +3,7 @@ package trainer
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/shardline/shardline/parallel/comm"
 )
@@ -188,4 +189,36 @@ func (t *run) saveAtEnd(world comm.Communicator, done, optSteps int) error {
 		}
 	}
 	return t.finishSave(world)
+}
+
+// planCheckSteps is the steps after which a run logs the plan's step time
+// beside the measured one (checkPlan): the first, which warms caches up, and
+// five measured.
+const planCheckSteps = 6
+
+// planCheckLimit is how far (either way) the measured step time may stray
+// from the plan's before checkPlan warns.
+const planCheckLimit = 1.25
+
+// checkPlan logs the plan's step time beside the median of the steps measured
+// so far (rates, tokens/s of each step, the first left out unless alone; a
+// step holds tokens tokens), with the time model that planned it, so that a
+// wrong prediction shows after the first few steps; beyond planCheckLimit
+// either way it warns, naming what would time the plan on this machine.
+func (t *run) checkPlan(tokens float64, rates []float64) {
+	planned := t.plan.StepTimeS
+	rate := median(slices.Clone(rates[min(1, max(len(rates)-1, 0)):]))
+	if !(planned > 0) || !(rate > 0) {
+		return
+	}
+	measured := tokens / rate
+	ratio := measured / planned
+	ev := t.log.Info()
+	msg := "step time against the plan"
+	if ratio > planCheckLimit || ratio < 1/planCheckLimit {
+		ev = t.log.Warn()
+		msg = "step time against the plan: the plan is off; on the CPU, shardline calibrate -o FILE times plans on this machine (SHARDLINE_CALIBRATION=FILE), or the machine is busy with other work"
+	}
+	ev.Int("steps", len(rates)).Float64("planned_step_s", round4(planned)).Float64("measured_step_s", round4(measured)).
+		Float64("measured/planned", round4(ratio)).Str("time_model", t.plan.TimeModel).Msg(msg)
 }

@@ -80,6 +80,14 @@ type resultInfo struct {
 	UnigramLoss  float64  `json:"unigram_entropy"`
 	TokensPerS   float64  `json:"tokens_per_s_median"`
 	Interrupted  bool     `json:"interrupted,omitempty"`
+	// StepS is the median step time measured (the tokens of a step over
+	// TokensPerS), PlannedStepS the plan's, TimeModel how the plan timed it,
+	// and Probe the probe of this machine that scaled the plan's calibration
+	// to it, if one did (parallel.Calibration.Scaled).
+	StepS        float64         `json:"step_s_median,omitempty"`
+	PlannedStepS float64         `json:"planned_step_s,omitempty"`
+	TimeModel    string          `json:"time_model,omitempty"`
+	Probe        *parallel.Probe `json:"probe,omitempty"`
 }
 
 // memoryCompared sets what the run held beside the plan's prediction, per component,
@@ -223,7 +231,14 @@ func (t *run) finish(out *Result) error {
 	out.Held = t.held()
 	out.PeakRSS = peakRSS()
 	info := t.info()
-	info.Result = &resultInfo{Steps: out.Steps, FinalLoss: out.FinalLoss, FinalValLoss: out.FinalValLoss, UnigramLoss: out.UnigramBits, TokensPerS: out.TokensPerS, Interrupted: out.Interrupted}
+	info.Result = &resultInfo{Steps: out.Steps, FinalLoss: out.FinalLoss, FinalValLoss: out.FinalValLoss, UnigramLoss: out.UnigramBits, TokensPerS: out.TokensPerS, Interrupted: out.Interrupted,
+		PlannedStepS: out.PlannedStepS, TimeModel: t.plan.TimeModel}
+	if out.TokensPerS > 0 {
+		info.Result.StepS = float64(t.r.Train.GlobalBatchSize*t.r.Model.SeqLen) / out.TokensPerS
+	}
+	if c := t.plan.Topology.Calibration; c != nil {
+		info.Result.Probe = c.Probe
+	}
 	p := t.plan.Memory
 	info.Memory = &memoryCompared{Held: out.Held, Predicted: p, PeakRSS: out.PeakRSS}
 	if t.modelSteps > 0 && len(t.st.counted) > 0 {

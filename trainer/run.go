@@ -171,6 +171,7 @@ type Result struct {
 	FinalLoss     float64
 	FinalValLoss  *float64 // nil when the run has no validation split
 	TokensPerS    float64  // median over the run's steps, excluding the first
+	PlannedStepS  float64  // the plan's step time (run.json records it beside the measured one)
 	PeakRSS       int64    // the process's peak resident memory
 	Held          Memory   // what the run allocated, by plan component
 	Predicted     parallel.Memory
@@ -808,6 +809,9 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		dt := time.Since(t0).Seconds()
 		met := Metrics{Step: step + 1, LR: lr, MemHeld: t.held().Total, MemPlan: t.plan.Memory.Total, TokensPerS: float64(global*T) / dt}
 		rates = append(rates, met.TokensPerS)
+		if lead && (len(rates) == planCheckSteps || (len(rates) < planCheckSteps && step+1 == r.Train.Steps)) {
+			t.checkPlan(float64(global*T), rates)
+		}
 		t.keepStats(met)
 		done = step + 1
 		// Evaluation gathers units under optim_grads_params and exchanges tokens under
@@ -919,6 +923,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		return nil, problem
 	}
 	out.TokensPerS = median(rates[min(1, max(len(rates)-1, 0)):]) // the first step warms caches up: left out unless alone
+	out.PlannedStepS = t.plan.StepTimeS
 	return out, t.finish(out)
 }
 

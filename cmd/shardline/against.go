@@ -27,6 +27,8 @@ type runRecord struct {
 	Result  *struct {
 		Steps      int     `json:"steps"`
 		TokensPerS float64 `json:"tokens_per_s_median"`
+		// Probe is the probe that scaled the run's plan to its machine.
+		Probe *parallel.Probe `json:"probe"`
 	} `json:"result"`
 	Memory *struct {
 		Held map[string]int64 `json:"held"`
@@ -96,11 +98,15 @@ func (a *app) planAgainst(dir string, rf *recipeFlags, format string, probe bool
 	if err != nil {
 		return err
 	}
+	runHost := trainer.CalibrationHostOf(rec.Machine.CPU, rec.Machine.CPUs, rec.Backend)
+	if res.Recipe.Parallel.Device == "cpu" && !probe { // --host-probe adjusts the unscaled table's ratio its own way
+		a.probeRun(rec.Result.Probe, runHost)
+	}
 	p, _ := parallel.Check(res, a.cals)
 	if p == nil {
 		return &exitError{code: exitFindings, err: fmt.Errorf("the plan of %s could not be compiled", recipe)}
 	}
-	a.noteCalibration(p, trainer.CalibrationHostOf(rec.Machine.CPU, rec.Machine.CPUs, rec.Backend), "the run's machine")
+	a.noteCalibration(p, runHost, "the run's machine")
 	r := &res.Recipe
 	tokens := float64(r.Train.GlobalBatchSize * r.Model.SeqLen)
 	var rows []comparison
@@ -194,4 +200,27 @@ func human(x float64, unit string) string {
 		return fmt.Sprintf("%.4g s", x)
 	}
 	return fmt.Sprintf("%.4g", x)
+}
+
+// probeRun scales the "cpu" table to the machine a run ran on, for plan
+// --against: by the probe the run recorded (run.json's result.probe), which
+// its own plan was timed with, where it was taken against this table; else,
+// for a run of this kind of machine, by a probe of this machine
+// (probeCPU); else the table stays, and noteCalibration says so.
+func (a *app) probeRun(recorded *parallel.Probe, runHost string) {
+	c := a.cals.For("cpu")
+	if c == nil {
+		return
+	}
+	if recorded != nil {
+		scaled, err := c.Scaled(*recorded)
+		if err == nil {
+			a.cals, a.cpu = a.cals.With(scaled), cpuTable{how: "run", table: c}
+			return
+		}
+		fmt.Fprintf(a.stderr, "note: run.json's probe does not apply to this calibration (%v)\n", err)
+	}
+	if runHost == a.host {
+		a.probeCPU(false)
+	}
 }

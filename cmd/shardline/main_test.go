@@ -880,18 +880,21 @@ func TestCalibrationSetting(t *testing.T) {
 	code, out, errs := shardline(t, nil, "plan", tiny, "--config", filepath.Join(dir, "shardline.toml"))
 	require.Equal(t, 0, code, errs)
 	assert.Contains(t, out, "time model: per operation, calibrated on the test's machine")
-	// A table from another machine is named on stderr, with the way to measure this one.
+	// A table from another machine is scaled to this one by a probe, named on
+	// stderr with the way to measure this one.
 	assert.Contains(t, errs, "note: the step time is timed from a calibration measured on the test's machine")
-	assert.Contains(t, errs, "not on this machine ("+trainer.CalibrationHost(cpu.Backend{})+")")
+	assert.Contains(t, errs, "scaled to this machine by a probe")
 	assert.Contains(t, errs, "shardline calibrate -o FILE")
-	// This machine's own table: no note.
-	mine.Host = trainer.CalibrationHost(cpu.Backend{})
+	// This machine's own table (measured here: its machine key is this
+	// machine's): no probe, no note.
+	mine.Host, mine.Machine = trainer.CalibrationHost(cpu.Backend{}), trainer.MachineKey(cpu.Backend{})
 	b, err = json.Marshal(&mine)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "here.json"), b, 0o644))
-	code, _, errs = shardline(t, []string{"SHARDLINE_CALIBRATION=" + filepath.Join(dir, "here.json")}, "plan", tiny)
+	code, out, errs = shardline(t, []string{"SHARDLINE_CALIBRATION=" + filepath.Join(dir, "here.json")}, "plan", tiny)
 	require.Equal(t, 0, code, errs)
 	assert.NotContains(t, errs, "note:")
+	assert.NotContains(t, out, "scaled to")
 
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "bad.json"), []byte("{\"profile\": \"cpu\"}"), 0o644))
 	code, _, errs = shardline(t, []string{"SHARDLINE_CALIBRATION=" + filepath.Join(dir, "bad.json")}, "plan", tiny)

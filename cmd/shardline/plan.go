@@ -106,6 +106,9 @@ error from the host's. Run it right after the run, on the run's host.`,
 		if err != nil {
 			return err
 		}
+		if res.Recipe.Parallel.Device == "cpu" {
+			a.probeCPU(false)
+		}
 		p, _ := parallel.Check(res, a.cals) // the check's findings are already in diags
 		if p == nil {
 			return &exitError{code: exitFindings, err: fmt.Errorf("the plan could not be compiled")}
@@ -179,6 +182,9 @@ func (a *app) sweep(path, spec string, rf *recipeFlags) error {
 		}
 		p, pd := (*parallel.Plan)(nil), config.Diagnostics(nil)
 		if !hasLoadErrors(diags) {
+			if res.Recipe.Parallel.Device == "cpu" {
+				a.probeCPU(false)
+			}
 			p, pd = parallel.Check(res, a.cals)
 		}
 		if p == nil {
@@ -190,19 +196,6 @@ func (a *app) sweep(path, spec string, rf *recipeFlags) error {
 	}
 	a.noteCalibration(plans[0], a.host, "this machine")
 	return writeSweep(a, key, values, plans)
-}
-
-// noteCalibration tells, on stderr, when the plan timed a CPU step from a
-// calibration measured on another machine than host (what names it): kernel
-// speeds differ between CPUs by 2× and more, so the step time is that machine's.
-func (a *app) noteCalibration(p *parallel.Plan, host, what string) {
-	c := p.Topology.Calibration
-	if c == nil || c.Host == host {
-		return
-	}
-	fmt.Fprintf(a.stderr, "note: the step time is timed from a calibration measured on %s (%s), not on %s (%s); "+
-		"to time it on %s, run shardline calibrate -o FILE there and set SHARDLINE_CALIBRATION=FILE (or calibration = \"FILE\" in shardline.toml)\n",
-		c.Host, c.Date, what, host, what)
 }
 
 // hasLoadErrors reports errors other than the plan's own (SL5xx): a sweep still

@@ -58,6 +58,9 @@ type app struct {
 	// the shipped ones (this machine's kind of CPU preferred) or the user's
 	// (the calibration setting), made before a command runs.
 	cals parallel.Calibrations
+	// cpu says whether the "cpu" table of cals describes this machine or was
+	// scaled to it by a probe (probeCPU, which plan and run call).
+	cpu cpuTable
 	// preflight, when set, makes run check its command line and recipe as a
 	// rank of a job would and stop before training (launch, before it starts
 	// the ranks).

@@ -217,6 +217,19 @@ or staged through the host where ranks share a GPU.`,
 				return usageErr("--resume latest: %v (run.output_dir/run.name, or checkpoint.dir, say where to look)", err)
 			}
 		}
+		if r.Parallel.Device == "cpu" {
+			// Measured now, under the load the run will see (well under a
+			// second), unless launch measured it for this rank a moment ago
+			// (ranks probing together would slow each other's probes), or the
+			// run resumes a checkpoint chosen above: the run directory is
+			// locked only when training starts, and another process's newer
+			// checkpoint, saved while this one probed, would make the resume
+			// a branch. Those read the cache (and probe only without one).
+			a.probeCPU((job == nil && resume == "") || a.preflight != nil)
+			if a.cpu.err != nil && (job == nil || job.rank == 0) {
+				fmt.Fprintf(a.stderr, "note: the plan's step time is timed from a calibration measured on %s, not on this machine: probing this machine failed: %v\n", a.cpu.table.Host, a.cpu.err)
+			}
+		}
 		if a.preflight != nil {
 			return nil // launch: the command line and recipe are good; the ranks train
 		}
