@@ -118,28 +118,7 @@ func WriteNew(path string, data []byte) error {
 		discard(tmp)
 		return err
 	}
-	err = tmp.Chmod(0o644)
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if err != nil {
-		discard(tmp)
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	err = os.Link(tmp.Name(), path)
-	os.Remove(tmp.Name())
-	if err != nil {
-		return err
-	}
-	if d, err := os.Open(filepath.Dir(path)); err == nil {
-		d.Sync() // best effort, as commit
-		d.Close()
-	}
-	return nil
+	return place(tmp, path, os.Link)
 }
 
 // createTemp makes the temporary file a write to path goes through, beside it
@@ -157,10 +136,15 @@ func discard(tmp *os.File) {
 	os.Remove(tmp.Name())
 }
 
-// commit makes a written temporary file path: it is made readable by all,
-// fsynced, closed and renamed over path, and the directory fsynced. On an
-// error the temporary file is removed.
-func commit(tmp *os.File, path string) error {
+// commit makes a written temporary file path, renamed over whatever is
+// there (place).
+func commit(tmp *os.File, path string) error { return place(tmp, path, os.Rename) }
+
+// place makes a written temporary file path by put (os.Rename, over what is
+// there; os.Link, only where nothing is): it is made readable by all,
+// fsynced, closed and put in place, its temporary name removed, and the
+// directory fsynced. On an error the temporary file is removed.
+func place(tmp *os.File, path string, put func(oldpath, newpath string) error) error {
 	err := tmp.Chmod(0o644)
 	if err == nil {
 		err = tmp.Sync()
@@ -173,8 +157,9 @@ func commit(tmp *os.File, path string) error {
 		os.Remove(tmp.Name())
 		return err
 	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		os.Remove(tmp.Name())
+	err = put(tmp.Name(), path)
+	os.Remove(tmp.Name()) // gone after a rename; the second name after a link
+	if err != nil {
 		return err
 	}
 	if d, err := os.Open(filepath.Dir(path)); err == nil {
