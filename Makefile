@@ -22,7 +22,7 @@ test: ci-deps sarif-schema torch-deps cuda-check emu-deps ## vet, run every test
 	SHARDLINE_REQUIRE_EMU=1 SHARDLINE_EMU_DEVICES=4 $(GO) test -count=1 -tags cudaemu ./cuda ./trainer/gpu
 	SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 -tags cudaemu -run 'TestStepTrafficOnGPU' ./trainer
 	SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 -tags cudaemu -run 'TestEngineSharesOneGPU|TestGPUCheckpointResumes|TestRanksOnTheirGPUs|TestLaunchOnGPUs|TestGPUTraceShowsOverlap|TestUserBuffersNeedNCCL|TestLostRankEndsGPURun|TestRanksOnGPUsResume' ./cmd/shardline
-	$(MAKE) --no-print-directory fuzz FUZZTIME=8s
+	$(MAKE) --no-print-directory fuzz FUZZTIME=4s
 
 # The race detector over what runs concurrently: the collectives and the CPU
 # kernels' core sharing (which make test runs too), and in-process ranks
