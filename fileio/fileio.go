@@ -94,12 +94,8 @@ func ReadRegular(path string, limit int64) ([]byte, error) {
 // link, or not a regular file, is refused (ErrLink, ErrNotRegular): no output
 // goes through a link.
 func WriteAtomic(path string, data []byte) error {
-	tmp, err := createTemp(path)
+	tmp, err := writeTemp(path, data)
 	if err != nil {
-		return err
-	}
-	if _, err := tmp.Write(data); err != nil {
-		discard(tmp)
 		return err
 	}
 	return commit(tmp, path)
@@ -110,15 +106,25 @@ func WriteAtomic(path string, data []byte) error {
 // (fs.ErrExist) when anything is there, so of two writers racing for one path
 // exactly one succeeds and nothing is replaced.
 func WriteNew(path string, data []byte) error {
-	tmp, err := createTemp(path)
+	tmp, err := writeTemp(path, data)
 	if err != nil {
 		return err
 	}
+	return place(tmp, path, os.Link)
+}
+
+// writeTemp writes data to a new temporary file beside path (createTemp),
+// removed again when the write fails.
+func writeTemp(path string, data []byte) (*os.File, error) {
+	tmp, err := createTemp(path)
+	if err != nil {
+		return nil, err
+	}
 	if _, err := tmp.Write(data); err != nil {
 		discard(tmp)
-		return err
+		return nil, err
 	}
-	return place(tmp, path, os.Link)
+	return tmp, nil
 }
 
 // createTemp makes the temporary file a write to path goes through, beside it
