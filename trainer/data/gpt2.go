@@ -29,6 +29,10 @@ const endOfText = GPT2Vocab - 1
 func (GPT2) Name() string   { return "gpt2" }
 func (GPT2) VocabSize() int { return GPT2Vocab }
 
+// Specials: GPT-2 ends documents with <|endoftext|> and begins them with
+// nothing (its BOS is the same token, which GPT-2's training did not use).
+func (GPT2) Specials() Specials { return Specials{BOS: -1, EOS: endOfText} }
+
 // Encode tokenizes UTF-8 text; <|endoftext|> in the text is encoded as plain
 // text, never as the special token. Long text is encoded in pieces of about
 // gpt2Piece bytes on every core (encodePieces), equal to encoding it whole.

@@ -92,3 +92,11 @@ func TestGPT2PiecesEqualWhole(t *testing.T) {
 	assert.Equal(t, 3, gpt2Cut([]byte("ab\ncd"), 0), "just after a newline between printable characters")
 	assert.Equal(t, 9, gpt2Cut([]byte("ab\n\ncd\n e"), 0), "never after a run of newlines, nor before a space")
 }
+
+func TestTokenizerSpecials(t *testing.T) {
+	assert.Equal(t, Specials{BOS: -1, EOS: 50256}, GPT2{}.Specials(), "GPT-2's <|endoftext|> is its last token")
+	assert.Equal(t, Specials{BOS: -1, EOS: -1}, Byte{}.Specials())
+	c, err := NewChar([]byte("ab"))
+	require.NoError(t, err)
+	assert.Equal(t, Specials{BOS: -1, EOS: -1}, c.Specials())
+}

@@ -17,13 +17,29 @@ type Tokenizer interface {
 	VocabSize() int
 	Encode(text []byte) ([]int32, error)
 	Decode(tokens []int32) string
+	// Specials names the tokenizer's document markers.
+	Specials() Specials
 }
+
+// Specials are a tokenizer's document markers: EOS (end of text) ends a
+// document, BOS begins one; -1 where the tokenizer has no such token. Encode
+// never produces them from text: a literal "<|endoftext|>" in a document is
+// ordinary text.
+type Specials struct {
+	BOS, EOS int32
+}
+
+// noSpecials is a tokenizer without document markers (byte, char).
+var noSpecials = Specials{BOS: -1, EOS: -1}
 
 // Byte is the byte-level tokenizer: token = byte value.
 type Byte struct{}
 
 func (Byte) Name() string   { return "byte" }
 func (Byte) VocabSize() int { return 256 }
+
+// Specials: the byte tokenizer's 256 tokens are all bytes; it has no markers.
+func (Byte) Specials() Specials { return noSpecials }
 func (Byte) Encode(text []byte) ([]int32, error) {
 	out := make([]int32, len(text))
 	for i, b := range text {
@@ -73,6 +89,9 @@ func (c *Char) buildIndex() {
 
 func (c *Char) Name() string   { return "char" }
 func (c *Char) VocabSize() int { return len(c.Chars) }
+
+// Specials: every char token is a character of the corpus; it has no markers.
+func (c *Char) Specials() Specials { return noSpecials }
 func (c *Char) Encode(text []byte) ([]int32, error) {
 	out := make([]int32, 0, len(text))
 	for i, r := range string(text) {
