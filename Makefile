@@ -6,7 +6,7 @@ GO ?= go
 export GOPROXY := $(shell $(GO) env GOPROXY 2>/dev/null | cut -d, -f1)
 BIN := bin/shardline
 
-.PHONY: help build test race race-quick vet bench bench-deps torch-deps fuzz sarif-schema docs golden clean cuda cuda-deps cuda-check cuda-test gpu-bundle ptx bench-gpu emu-deps emu-sources traffic
+.PHONY: help build test race race-quick vet bench bench-deps torch-deps fuzz sarif-schema docs golden clean cuda cuda-deps cuda-check cuda-test gpu-bundle ptx bench-gpu emu-deps emu-sources traffic test-emu-full
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -18,10 +18,11 @@ test: ci-deps sarif-schema torch-deps cuda-check emu-deps ## vet, run every test
 	$(GO) vet ./...
 	SHARDLINE_SARIF_SCHEMA=$(CURDIR)/$(SARIF_SCHEMA) SHARDLINE_TORCH_PYTHON=/usr/bin/python3 SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 ./...
 	$(MAKE) --no-print-directory race-quick
-	$(GO) vet -tags cudaemu ./cuda ./trainer/gpu ./cmd/shardline
-	SHARDLINE_REQUIRE_EMU=1 SHARDLINE_EMU_DEVICES=4 $(GO) test -count=1 -tags cudaemu ./cuda ./trainer/gpu
-	SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 -tags cudaemu -run 'TestStepTrafficOnGPU' ./trainer
-	SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 -tags cudaemu -run 'TestEngineSharesOneGPU|TestGPUCheckpointResumes|TestRanksOnTheirGPUs|TestLaunchOnGPUs|TestGPUTraceShowsOverlap|TestUserBuffersNeedNCCL|TestLostRankEndsGPURun|TestRanksOnGPUsResume' ./cmd/shardline
+	$(GO) vet -tags cudaemu ./cuda ./trainer ./trainer/model ./cmd/shardline
+	SHARDLINE_REQUIRE_EMU=1 SHARDLINE_EMU_DEVICES=4 $(GO) test -count=1 -tags cudaemu ./cuda
+	SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 -tags cudaemu -run 'TestEngineModelOnDevice' ./trainer/model
+	SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 -tags cudaemu -run 'TestStepTrafficOnGPU|TestPlanEqualsHeldOnGPU|TestEngineOnGPUMatchesCPU' -bench 'EngineStepTiny' -benchtime 1x ./trainer
+	SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 -tags cudaemu -run 'TestGPUCheckpointResumes|TestRanksOnTheirGPUs|TestLaunchOnGPUs|TestGPUTraceShowsOverlap|TestUserBuffersNeedNCCL|TestLostRankEndsGPURun|TestRanksOnGPUsResume' ./cmd/shardline
 	$(MAKE) --no-print-directory fuzz FUZZTIME=4s
 
 # The race detector over what runs concurrently: the collectives and the CPU
@@ -33,7 +34,8 @@ test: ci-deps sarif-schema torch-deps cuda-check emu-deps ## vet, run every test
 # minutes (trainer alone). On 2026-11-27 these ran clean beside the whole of
 # tensor/cpu, fileio, trainer/data, trainer/ckpt and trainer/model, ten
 # multi-rank trainer tests (every parallelism's equivalence, resume, overlap,
-# a failed weights write), and the cudaemu tests of cuda, trainer/gpu and the
+# a failed weights write), and the cudaemu tests of cuda, trainer/gpu (since
+# removed: one engine runs every device) and the
 # CLI's GPU runs.
 race: race-quick ## go test -race over the concurrent parts: collectives, kernels' core sharing, in-process ranks
 	$(GO) test -race -count=1 -run 'TestExpertParallelEquivalence|TestInterruptWritesOutputs|TestInterruptOnAnyRankStopsTheJob|TestRanksThatDisagreeNameTheKeys' ./trainer
@@ -41,8 +43,12 @@ race-quick: ## go test -race over the collectives and the kernels' core sharing 
 	$(GO) test -race -count=1 ./parallel/comm ./parallel/collective
 	$(GO) test -race -count=1 -run 'SameOnAnyCores|ShareCores' ./tensor/cpu
 
-traffic: emu-deps ## count one 134M training step's kernels and bytes on the emulator: the engine against trainer/gpu (docs/cuda.md)
-	SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 -tags cudaemu -run 'TestStepTraffic' -v ./trainer/gpu ./trainer | grep -v '^=== RUN'
+test-emu-full: emu-deps ## the engine on the host emulator's GPUs against the CPU at 1, 2 and 4 ranks under every strategy (make test runs 4 ranks under optim_grads_params only), and the CLI's in-process ranks sharing one GPU
+	SHARDLINE_REQUIRE_EMU=1 SHARDLINE_EMU_FULL=1 $(GO) test -count=1 -tags cudaemu -run 'TestEngineOnGPUMatchesCPU' ./trainer
+	SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 -tags cudaemu -run 'TestEngineSharesOneGPU' ./cmd/shardline
+
+traffic: emu-deps ## count one 134M training step's kernels and bytes on the emulator: the engine against the bar trainer/gpu set (docs/cuda.md)
+	SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 -tags cudaemu -run 'TestStepTrafficOnGPU' -v ./trainer | grep -v '^=== RUN'
 
 vet: ## go vet
 	$(GO) vet ./...
@@ -138,20 +144,23 @@ emu-deps: ## install g++, which builds the device kernels for the host emulator 
 	@command -v g++ >/dev/null 2>&1 || { echo "installing g++" >&2; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends g++; }
 
 cuda-check: cuda-deps ## vet and link the GPU backend and its device tests (-tags cuda); needs no GPU
-	$(GO) vet -tags cuda ./cuda/... ./trainer/gpu/... ./cmd/shardline/...
+	$(GO) vet -tags cuda ./cuda/... ./trainer/... ./cmd/shardline/...
 	$(GO) test -c -tags cuda -o /dev/null ./cuda
-	$(GO) test -c -tags cuda -o /dev/null ./trainer/gpu
+	$(GO) test -c -tags cuda -o /dev/null ./trainer
+	$(GO) test -c -tags cuda -o /dev/null ./trainer/model
 	$(GO) test -c -tags cuda -o /dev/null ./cmd/shardline
 
-cuda-test: cuda-deps ## build bin/cuda.test, bin/gpu.test and bin/cli.test, the device tests to run on a GPU machine (docs/cuda.md)
+cuda-test: cuda-deps ## build bin/cuda.test, bin/trainer.test, bin/model.test and bin/cli.test, the device tests to run on a GPU machine (docs/cuda.md)
 	$(GO) test -c -tags cuda -o bin/cuda.test ./cuda
-	$(GO) test -c -tags cuda -o bin/gpu.test ./trainer/gpu
+	$(GO) test -c -tags cuda -o bin/trainer.test ./trainer
+	$(GO) test -c -tags cuda -o bin/model.test ./trainer/model
 	$(GO) test -c -tags cuda -o bin/cli.test ./cmd/shardline
 	cp "$$($(GO) env GOROOT)/src/testdata/Isaac.Newton-Opticks.txt" bin/opticks.txt
 
 gpu-bundle: cuda-deps ## build bin/gpu/ for scripts/gpu-session.sh: the device tests and shardline-cuda, stripped (about 50 MB, under a device call's 64 MiB carry)
 	$(GO) test -c -tags cuda -ldflags='-s -w' -o bin/gpu/cuda.test ./cuda
-	$(GO) test -c -tags cuda -ldflags='-s -w' -o bin/gpu/gpu.test ./trainer/gpu
+	$(GO) test -c -tags cuda -ldflags='-s -w' -o bin/gpu/trainer.test ./trainer
+	$(GO) test -c -tags cuda -ldflags='-s -w' -o bin/gpu/model.test ./trainer/model
 	$(GO) test -c -tags cuda -ldflags='-s -w' -o bin/gpu/cli.test ./cmd/shardline
 	$(GO) build -buildvcs=auto -tags cuda -ldflags='-s -w' -o bin/gpu/shardline-cuda ./cmd/shardline
 	cp "$$($(GO) env GOROOT)/src/testdata/Isaac.Newton-Opticks.txt" bin/gpu/opticks.txt
@@ -178,7 +187,7 @@ emu-sources: ## record the host emulator's kernel table and source digest (after
 bench-gpu: cuda-test ## on a GPU machine: kernel and training-step benchmarks beside PyTorch on the same shapes
 	cd cuda && ../bin/cuda.test -test.run '^$$' -test.bench . -test.benchtime 20x
 	python3 scripts/bench_gpu_torch.py
-	cd trainer/gpu && ../../bin/gpu.test -test.run '^$$' -test.bench Step -test.benchtime 20x
+	cd trainer && ../bin/trainer.test -test.run '^$$' -test.bench 'EngineStep(134M|1B|MoE)' -test.benchtime 20x
 	for shape in 134m 1b moe; do python3 scripts/torch_llama.py $$shape eager compile; done
 
 clean: ## remove build outputs

@@ -1,9 +1,8 @@
 package config
 
 // GPUHeadChunk is the logits per token the output head makes at a time: the
-// whole rows that fit in as many values per token (parallel.HeadRows; the
-// engine's head on every backend, and trainer/gpu's, whose evaluation makes
-// this many vocabulary columns at a time).
+// whole rows that fit in as many values per token (parallel.HeadRows: the
+// engine's head on every backend).
 const GPUHeadChunk = 8192
 
 // Default returns the recipe every file starts from: a byte-level Llama of about one

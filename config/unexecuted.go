@@ -23,17 +23,12 @@ func NotExecuted(r *Recipe) []Unexecuted {
 		}
 	}
 	p, c := r.Parallel, r.Checkpoint
-	// parallel.device = "cuda" runs in shardline-cuda (docs/cuda.md): one rank
-	// on the one-GPU engine (trainer/gpu), which keeps every activation;
-	// several on the engine the CPU runs (trainer/model and the FSDP runtime)
-	// over each rank's GPU, one per GPU (NCCL) or sharing them (staged through
-	// the host), which recomputes as on the CPU (full), and whose memory the
-	// plan counts.
+	// parallel.device = "cuda" runs in shardline-cuda (docs/cuda.md): the
+	// engine the CPU runs (trainer/model and the FSDP runtime) over each rank's
+	// GPU, one per GPU (NCCL) or sharing them (staged through the host), which
+	// recomputes as on the CPU (full), and whose memory the plan counts.
 	gpu := p.Device == "cuda"
 	add(gpu && r.Model.Heads > 0 && !slices.Contains([]int{32, 64, 128}, r.Model.HeadSize()), "model.heads", "the GPU attention kernels take head sizes (head_dim, or hidden/heads) of 32, 64 or 128", "choose heads (or head_dim) so that the head size is 32, 64 or 128")
-	add(gpu && p.WorldSize == 1 && r.ActivationCheckpoint.Mode == "full", "activation_checkpoint.mode",
-		"a cuda run of one rank trains on the one-GPU engine, which keeps every activation; the engine of several GPUs recomputes (docs/cuda.md)",
-		`set mode = "none", or world_size to 2 or more`)
 	// selective recomputes the attention probabilities (Megatron's core
 	// attention); flash attention keeps none on either backend, so it would
 	// train exactly as none does.

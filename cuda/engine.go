@@ -285,12 +285,12 @@ func (k *kernels) RMSNorm(out, rstd, inp, weight tensor.Buffer, BT, C int, eps f
 	}
 }
 
-func (k *kernels) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd tensor.Buffer, BT, C int) {
+func (k *kernels) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd tensor.Buffer, BT, C int, accumulate bool) {
 	o := k.ops("RMSNormBackward")
 	x := o.w(inp, BT*C)
 	dx, dw, dy, w, r := o.as(dinp, BT*C, x), o.f(dweight, C), o.as(dout, BT*C, x), o.w(weight, C), o.f(rstd, BT)
 	if o.ok() {
-		k.d.RMSNormBackward(dx, dw, dy, x, k.like(w, x.DType, scratchOperand), r, BT, C, true)
+		k.d.RMSNormBackward(dx, dw, dy, x, k.like(w, x.DType, scratchOperand), r, BT, C, accumulate)
 	}
 }
 
@@ -643,8 +643,11 @@ func (k *kernels) ExpertsMatmul(out, inp tensor.Buffer, w []tensor.Buffer, offse
 		}
 	}
 	off, ok := k.segments(&o, offsets, s, len(w))
+	if !ok {
+		return
+	}
 	for e := range w {
-		if lo, hi := s.Span(off, e); ok && hi > lo {
+		if lo, hi := s.Span(off, e); hi > lo {
 			k.Matmul(out.Slice(lo*s.OC, hi*s.OC), inp.Slice(lo*s.C, hi*s.C), w[e], tensor.MatmulShape{BT: hi - lo, C: s.C, OC: s.OC}, accumulate)
 		}
 	}
@@ -679,8 +682,11 @@ func (k *kernels) ExpertsMatmulBackward(dinp tensor.Buffer, dw []tensor.Buffer, 
 		}
 	}
 	off, ok := k.segments(&o, offsets, s, len(w))
+	if !ok {
+		return
+	}
 	for e := range w {
-		if lo, hi := s.Span(off, e); ok && hi > lo {
+		if lo, hi := s.Span(off, e); hi > lo {
 			k.MatmulBackward(dinp.Slice(lo*s.C, hi*s.C), dw[e], dout.Slice(lo*s.OC, hi*s.OC), inp.Slice(lo*s.C, hi*s.C), w[e],
 				tensor.MatmulShape{BT: hi - lo, C: s.C, OC: s.OC}, accumulate)
 		}
@@ -738,15 +744,49 @@ func (k *kernels) LossSum(dst, losses, targets tensor.Buffer, accumulate bool) {
 	}
 }
 
-func (k *kernels) SumSquares(dst, x tensor.Buffer, accumulate bool) {
+// SumSquares sums buffers that lie end to end in memory (the gradient groups
+// of one allocation) as one span: one partial launch a span into its own
+// share of the partial sums, then one finish over all of them.
+func (k *kernels) SumSquares(dst tensor.Buffer, accumulate bool, xs ...tensor.Buffer) {
 	o := k.ops("SumSquares")
-	d, xs := o.st(dst, 1), o.w(x, x.Len())
+	d := o.st(dst, 1)
+	var spans []Buffer
+	for _, x := range xs {
+		b := o.w(x, x.Len())
+		if n := len(spans); n > 0 && spans[n-1].DType == b.DType && spans[n-1].ptr+devicePtr(spans[n-1].Bytes()) == b.ptr {
+			spans[n-1].N += b.N
+		} else if b.N > 0 {
+			spans = append(spans, b)
+		}
+	}
 	if !o.ok() {
 		return
 	}
-	part := as(k.d.scratch(scratchSum64, 2*sumSqBlocks), F64, sumSqBlocks)
-	k.d.launch("sumsq64_partial"+suffix(xs.DType), sumSqBlocks, 1, threads, k.d.wr(part), k.d.rd(xs), i64(xs.N))
-	k.d.launch("sum64_finish", 1, 1, 1024, k.d.acc(d, accumulate), k.d.rd(part), i32(sumSqBlocks), flag(accumulate))
+	if len(spans) == 0 {
+		if !accumulate {
+			k.d.Zero(d)
+		}
+		return
+	}
+	// The sumSqBlocks blocks are shared among the spans by length (at least one
+	// each), so the partial sums take about as much scratch whatever the list.
+	var total int
+	for _, x := range spans {
+		total += x.N
+	}
+	blocks := make([]int, len(spans))
+	n := 0
+	for i, x := range spans {
+		blocks[i] = max(int(int64(sumSqBlocks)*int64(x.N)/int64(total)), 1)
+		n += blocks[i]
+	}
+	part := as(k.d.scratch(scratchSum64, 2*n), F64, n)
+	at := 0
+	for i, x := range spans {
+		k.d.launch("sumsq64_partial"+suffix(x.DType), blocks[i], 1, threads, k.d.wr(part.Slice(at, at+blocks[i])), k.d.rd(x), i64(x.N))
+		at += blocks[i]
+	}
+	k.d.launch("sum64_finish", 1, 1, 1024, k.d.acc(d, accumulate), k.d.rd(part), i32(n), flag(accumulate))
 }
 
 func (k *kernels) CloseStep(stats tensor.Buffer, maxNorm float64) {

@@ -26,8 +26,8 @@ func (k *Kernels) EmbeddingBackward(dwte, dout, tokens tensor.Buffer, s tensor.E
 func (k *Kernels) RMSNorm(out, rstd, inp, weight tensor.Buffer, BT, C int, eps float64) {
 	k.k.d.run(func() { k.k.RMSNorm(out, rstd, inp, weight, BT, C, eps) })
 }
-func (k *Kernels) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd tensor.Buffer, BT, C int) {
-	k.k.d.run(func() { k.k.RMSNormBackward(dinp, dweight, dout, inp, weight, rstd, BT, C) })
+func (k *Kernels) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd tensor.Buffer, BT, C int, accumulate bool) {
+	k.k.d.run(func() { k.k.RMSNormBackward(dinp, dweight, dout, inp, weight, rstd, BT, C, accumulate) })
 }
 func (k *Kernels) RopeTables(cos, sin tensor.Buffer, T int, inv []float64) {
 	k.k.d.run(func() { k.k.RopeTables(cos, sin, T, inv) })
@@ -117,8 +117,8 @@ func (k *Kernels) AuxLossBackward(dprobs, stats tensor.Buffer, s tensor.MoEShape
 func (k *Kernels) LossSum(dst, losses, targets tensor.Buffer, accumulate bool) {
 	k.k.d.run(func() { k.k.LossSum(dst, losses, targets, accumulate) })
 }
-func (k *Kernels) SumSquares(dst, x tensor.Buffer, accumulate bool) {
-	k.k.d.run(func() { k.k.SumSquares(dst, x, accumulate) })
+func (k *Kernels) SumSquares(dst tensor.Buffer, accumulate bool, xs ...tensor.Buffer) {
+	k.k.d.run(func() { k.k.SumSquares(dst, accumulate, xs...) })
 }
 func (k *Kernels) CloseStep(stats tensor.Buffer, maxNorm float64) {
 	k.k.d.run(func() { k.k.CloseStep(stats, maxNorm) })

@@ -193,7 +193,7 @@ func rowKernels(t *testing.T, dt DType, l layout) {
 	prevD := roundTo(dt, randn(r, BT*C, 1))
 	dinp, dw0 := append([]float32(nil), prevD...), randn(r, C, 1)
 	dw := append([]float32(nil), dw0...)
-	cpu.RMSNormBackward(dinp, dw, dout, inp, tensor.FloatWeights(w), rstd, BT, C) // CPU accumulates into dinp
+	cpu.RMSNormBackward(dinp, dw, dout, inp, tensor.FloatWeights(w), rstd, BT, C, true)
 	// Cross-entropy
 	logits := roundTo(dt, randn(r, BT*V, 2))
 	targets := make([]int32, BT)

@@ -103,16 +103,15 @@ func bf16Native(r *config.Recipe) bool {
 
 // runsEngine reports whether the plan's ranks run shardline's engine
 // (trainer/model and the FSDP runtime), whose buffers this file counts as
-// the engine holds them: every CPU run, and a cuda run of several ranks that
-// shardline carries out (its ranks run the engine over their GPUs' kernels).
-// Other cuda plans count Megatron-FSDP's buffers (what the recipe would hold
-// there), and one GPU's engine is counted exactly by engineMemory.
+// the engine holds them: every CPU run, and a cuda run that shardline carries
+// out (its ranks run the engine over their GPUs' kernels). Other cuda plans
+// count Megatron-FSDP's buffers (what the recipe would hold there).
 func runsEngine(r *config.Recipe) bool {
 	switch r.Parallel.Device {
 	case "cpu":
 		return true
 	case "cuda":
-		return r.Parallel.WorldSize > 1 && len(config.NotExecuted(r)) == 0
+		return len(config.NotExecuted(r)) == 0
 	}
 	return false
 }
@@ -151,8 +150,7 @@ type tokens struct {
 
 // ExpertCapacity is the most routed copies one expert keeps of rows tokens:
 // ⌈capacity_factor · rows · top_k / E⌉, or every copy (rows · top_k) without a
-// capacity factor. The engines (trainer/model, trainer/gpu) and the plan take
-// it from here.
+// capacity factor. The engine (trainer/model) and the plan take it from here.
 func ExpertCapacity(mo config.Model, rows int64) int64 {
 	k := rows * int64(mo.MoE.TopK)
 	if cf := mo.MoE.CapacityFactor; cf > 0 {
@@ -399,9 +397,8 @@ func dispatchBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) (expected, wors
 // gradients) and a chunk's partial output and log-sum-exps; with MoE the
 // router's, gates' and experts' gradients over the layer's permuted rows, the
 // exchange's three scratch buffers under expert parallelism and the shared
-// experts' three. The ranks of a multi-rank cuda run hold the same on their
-// GPUs (runsEngine); 0 for other plans (the one-GPU engine's buffers are
-// exact in engineMemory; Megatron's are not modelled).
+// experts' three. The ranks of a cuda run hold the same on their GPUs
+// (runsEngine); 0 for other plans (Megatron's are not modelled).
 func scratchBytes(r *config.Recipe, m Mesh) int64 {
 	return scratchBytesAt(r, m, RoutedRows(r.Model, int64(r.Train.MicroBatchSize)*int64(r.Model.SeqLen/m.CP)/int64(m.TP), m.EP))
 }

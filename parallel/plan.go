@@ -159,11 +159,6 @@ func (p *Plan) memory(r *config.Recipe, d dtypes) {
 	mem.MoEDispatch, p.MoEDispatchWorst = dispatchBytes(r, p.Mesh, t, d)
 	mem.Logits = logitsBytes(r, p.Mesh, t, d)
 	mem.Scratch = scratchBytes(r, p.Mesh)
-	if r.Parallel.Device == "cuda" && p.Mesh.World == 1 {
-		// One GPU runs in shardline-cuda's engine, whose buffers are known exactly;
-		// several GPUs keep the Megatron-FSDP model above.
-		mem = engineMemory(r, p.Params)
-	}
 	for _, c := range mem.Components() {
 		mem.Total += c.Bytes
 	}

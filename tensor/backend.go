@@ -87,7 +87,9 @@ type Kernels[F Float] interface {
 	EmbeddingBackward(dwte, dout, tokens Buffer, s EmbeddingShape)
 
 	RMSNorm(out, rstd, inp, weight Buffer, BT, C int, eps float64)
-	RMSNormBackward(dinp, dweight, dout, inp, weight, rstd Buffer, BT, C int)
+	// RMSNormBackward sets dinp (adds into it with accumulate) and adds into
+	// dweight.
+	RMSNormBackward(dinp, dweight, dout, inp, weight, rstd Buffer, BT, C int, accumulate bool)
 
 	// RopeTables fills cos and sin (T, len(inv)) for positions 0..T−1 at the
 	// inverse frequencies inv (RopeInvFreq).
@@ -187,9 +189,12 @@ type Kernels[F Float] interface {
 	// LossSum sets dst[0] to Σ losses[i] over the tokens whose target is ≥ 0, in
 	// float64 and token order (adds it with accumulate).
 	LossSum(dst, losses, targets Buffer, accumulate bool)
-	// SumSquares sets dst[0] to Σ x² in float64 (adds it with accumulate),
-	// the same on any number of cores (gradient norms).
-	SumSquares(dst, x Buffer, accumulate bool)
+	// SumSquares sets dst[0] to Σ x² over every x of xs, in float64 (adds it
+	// with accumulate), the same on any number of cores (gradient norms). The
+	// CPU adds each x's sum in turn, so a list sums as its buffers one by one;
+	// a GPU sums buffers that lie end to end in memory as one, with one pair
+	// of launches for the whole list.
+	SumSquares(dst Buffer, accumulate bool, xs ...Buffer)
 	// CloseStep finishes a step's statistics once its gradients are reduced and
 	// their squares summed: the norm √(stats[StatSumSq] + stats[StatExpertSumSq]),
 	// the factor that clips it to maxNorm (0: off), whether the step is applied

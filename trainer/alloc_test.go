@@ -71,7 +71,7 @@ func rankSteps(t *testing.T, res *config.Resolved, dir string, overTCP bool) (fu
 }
 
 // rankStepsWith is rankSteps with the ranks' options (their backend).
-func rankStepsWith(t *testing.T, res *config.Resolved, dir string, overTCP bool, o Options) (func(), []*run) {
+func rankStepsWith(t testing.TB, res *config.Resolved, dir string, overTCP bool, o Options) (func(), []*run) {
 	t.Helper()
 	r := &res.Recipe
 	topo, err := parallel.TopologyOf(r.Parallel, nil)
@@ -109,7 +109,13 @@ func rankStepsWith(t *testing.T, res *config.Resolved, dir string, overTCP bool,
 		go func() {
 			tr := &run{r: r, res: res, opts: o, plan: plan, ds: ds, dir: dir, log: zerolog.Nop(), rank: rank}
 			runs[rank] = tr
-			w, g, err := worldOf(rank)
+			err := tr.rankBackend()
+			defer tr.releaseBackend()
+			var w comm.Communicator
+			var g groupsFor
+			if err == nil {
+				w, g, err = worldOf(rank)
+			}
 			if err == nil {
 				_, _, err = tr.openState(w, g)
 			}

@@ -550,7 +550,7 @@ func stepTime(be tensor.Backend, cfg config.Model, batch int, minTime time.Durat
 		m.ForwardBackward(tokens, targets, loss, false, 1/float64(n))
 		t1 := time.Now()
 		for k, gr := range groups {
-			be.SumSquares(sq, gr.grads, k > 0)
+			be.SumSquares(sq, k > 0, gr.grads)
 		}
 		for _, gr := range groups {
 			be.AdamW(gr.main, tensor.Buffer{}, gr.grads, gr.m, gr.v, 1e-3, 0.9, 0.95, 1e-8, 0.1, stats)
@@ -689,7 +689,7 @@ func streamKernel(be tensor.Backend, kind string, n int) (func(), error) {
 		return func() { be.RMSNorm(o, rstd, a, w, rows, C, 1e-5) }, mem.Err()
 	case parallel.StreamRMSNormBwd:
 		rstd, w, dw := up(filled(rows)), up(filled(C)), zeros(C)
-		return func() { be.RMSNormBackward(o, dw, b, a, w, rstd, rows, C) }, mem.Err()
+		return func() { be.RMSNormBackward(o, dw, b, a, w, rstd, rows, C, true) }, mem.Err()
 	case parallel.StreamRope, parallel.StreamRopeBwd:
 		const HD = 64
 		T := max(n/HD, 1) // one sequence of n elements, one head
@@ -738,7 +738,7 @@ func streamKernel(be tensor.Backend, kind string, n int) (func(), error) {
 		return func() { be.AdamW(a, tensor.Buffer{}, b, mb, vb, 1e-3, 0.9, 0.95, 1e-8, 0.1, st) }, mem.Err()
 	case parallel.StreamSumSquares:
 		st := mem.Alloc(tensor.Float64, 1)
-		return func() { be.SumSquares(st, a, false) }, mem.Err()
+		return func() { be.SumSquares(st, false, a) }, mem.Err()
 	case parallel.StreamAdd:
 		return func() { be.AddInto(o, a, n) }, mem.Err()
 	case parallel.StreamCopy:

@@ -109,11 +109,7 @@ func (t *run) info() runInfo {
 	if t.started.IsZero() {
 		t.started = time.Now()
 	}
-	backend := t.opts.Backend.Name()
-	if t.opts.Device != nil {
-		backend = t.opts.Device.Name()
-	}
-	in := runInfo{Name: t.r.Run.Name, Version: t.opts.Version, Go: runtime.Version(), Backend: backend,
+	in := runInfo{Name: t.r.Run.Name, Version: t.opts.Version, Go: runtime.Version(), Backend: t.opts.Backend.Name(),
 		RecipeFingerprint: fp, PlanFingerprint: t.plan.Fingerprint, DataFingerprint: t.ds.Fingerprint(), Seed: t.r.Run.Seed,
 		Started: t.started.UTC().Format(time.RFC3339), Tokenizer: t.ds.Tok.Name(), Machine: thisMachine()}
 	if o := t.opts.own; o != nil {
@@ -277,9 +273,6 @@ func (t *run) goodAtEnd() Metrics {
 
 // held is what this rank holds, by the plan's memory components.
 func (t *run) held() Memory {
-	if t.opts.Device != nil {
-		return t.deviceHeld
-	}
 	w, main, g, o := t.st.bytes()
 	act, logits := t.m.ActivationBytes()
 	h := Memory{Weights: w, MainWeights: main, Grads: g, OptimizerState: o, Activations: act, MoEDispatch: t.m.DispatchBytes(), Logits: logits,
@@ -361,8 +354,6 @@ func (t *run) sample(out *Result) error {
 	switch {
 	case t.sampled != nil:
 		sample = *t.sampled
-	case t.opts.Device != nil: // on the device: a CPU forward per token would take hours for a GPU-sized model
-		sample, err = generate(t.r.Model.SeqLen, t.ds.Tok, prompt, n, sampleTemperature, t.r.Run.Seed, t.opts.Device.Logits, nil)
 	case t.sampler == sampleModel:
 		sample, err = t.sampleWithModel(nil, prompt, n)
 	default:

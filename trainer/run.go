@@ -64,10 +64,6 @@ type Options struct {
 	// StopAfter, when positive, ends the run as an interrupt would once this many
 	// steps are done (a preemption drill: tests resume from where it stopped).
 	StopAfter int
-	// Device, when set, runs every step on an accelerator (parallel.device =
-	// "cuda": the shardline-cuda build sets it). Backend still serves the final
-	// sample on the CPU.
-	Device DeviceEngine
 	// RankBackend, when set, gives each rank the backend it trains on (the
 	// shardline-cuda build: the kernel set of a GPU, picked by the rank's index
 	// among this process's ranks, or by this process's local rank in a job),
@@ -215,14 +211,10 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 		return nil, config.ValueProblem(un[0].Key, v, errors.New(un[0].Why), un[0].Fix)
 	}
 	switch gpu := r.Parallel.Device == "cuda"; {
-	case gpu && opts.Device != nil && opts.RankBackend != nil:
-		return nil, errors.New("trainer: Options.Device and Options.RankBackend are both set (one engine runs a run)")
-	case gpu && opts.Device == nil && opts.RankBackend == nil:
+	case gpu && opts.RankBackend == nil:
 		return nil, config.ValueProblem("parallel.device", r.Parallel.Device, errors.New("this build has no GPU engine"), "run it with shardline-cuda (make cuda; docs/cuda.md), or set device = \"cpu\"")
-	case !gpu && (opts.Device != nil || opts.RankBackend != nil):
-		return nil, config.ValueProblem("parallel.device", r.Parallel.Device, errors.New("a device engine was given for a CPU recipe"), "set device = \"cuda\"")
-	case gpu && opts.Process != nil && opts.Device != nil:
-		return nil, config.ValueProblem("parallel.device", r.Parallel.Device, errors.New("the one-GPU engine (Options.Device) runs one rank; a job's ranks train on their GPUs through Options.RankBackend"), "run it with shardline-cuda, which picks each rank's GPU")
+	case !gpu && opts.RankBackend != nil:
+		return nil, config.ValueProblem("parallel.device", r.Parallel.Device, errors.New("a device backend was given for a CPU recipe"), "set device = \"cuda\"")
 	}
 	topo, err := parallel.TopologyOf(r.Parallel, opts.Calibrations)
 	if err != nil {
@@ -413,8 +405,6 @@ type run struct {
 	// (state.counted) cover.
 	modelSteps int64
 	bufs       *stepBufs // openModel makes them
-	// deviceHeld is what a device engine held at the end (Options.Device runs).
-	deviceHeld Memory
 	metrics    *os.File
 	curve      []Metrics
 	ckpt       *checkpointer // nil when the recipe asks for no checkpoints
@@ -753,9 +743,6 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 	}
 	if lead && len(t.st.collectives) > 0 {
 		t.log.Info().Strs("groups", t.st.collectives).Msg("collectives")
-	}
-	if t.opts.Device != nil {
-		return t.trainDevice(ctx, out, world, startStep, optSteps)
 	}
 	if err := t.openModel(startStep); err != nil {
 		return nil, err

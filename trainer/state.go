@@ -53,6 +53,9 @@ type state struct {
 	// step zeroes.
 	mainB, gshardB, mB, vB []tensor.Buffer
 	gradsAll, gshardAll    tensor.Buffer
+	// sqDense and sqExpert list the gradient shards the norm sums
+	// (squaredBuffers), built at the first step.
+	sqDense, sqExpert []tensor.Buffer
 	// wireStage and partStage are the gradient reduction's staging
 	// (parallel.ReduceStage), which every group's reduction reuses in turn.
 	wireStage, partStage tensor.Buffer
@@ -910,18 +913,14 @@ func (s *state) reduce(inBF16 bool) error {
 // group, the dense ones over the tp group. Every rank then has the same norm,
 // so replicas clip alike.
 func (s *state) sumSquares() error {
-	sum, expert := s.stats.At(tensor.StatSumSq), s.stats.At(tensor.StatExpertSumSq)
 	s.mem.Zero(s.stats.Slice(tensor.StatSumSq, tensor.StatExpertSumSq+1))
 	oneSum := s.sharded && s.world.Size() > 1
-	if oneSum {
-		expert = sum
+	if s.sqDense == nil {
+		s.sqDense, s.sqExpert = s.squaredBuffers(oneSum)
 	}
-	for gi, g := range s.gshardB {
-		if s.plan.Groups[gi].Expert {
-			s.be.SumSquares(expert, g, true)
-		} else {
-			s.sumSquaresOnce(sum, gi, g)
-		}
+	s.be.SumSquares(s.stats.At(tensor.StatSumSq), true, s.sqDense...)
+	if len(s.sqExpert) > 0 {
+		s.be.SumSquares(s.stats.At(tensor.StatExpertSumSq), true, s.sqExpert...)
 	}
 	switch {
 	case oneSum:
@@ -937,20 +936,30 @@ func (s *state) sumSquares() error {
 	return nil
 }
 
-// sumSquaresOnce adds Σ g² over dense group gi's gradient shard g into dst,
-// counting a parameter that every tensor-parallel rank holds whole (a norm gain)
-// on tp rank 0 only, so that sums over ranks count each gradient element once.
-func (s *state) sumSquaresOnce(dst tensor.Buffer, gi int, g tensor.Buffer) {
-	if s.tpComm == nil {
-		s.be.SumSquares(dst, g, true)
-		return
-	}
-	for _, sg := range s.segs[gi] {
-		if p := &s.plan.Params[sg.param]; p.TPSplit < 0 && s.tpRank > 0 {
-			continue
+// squaredBuffers lists, in group order, the gradient shards whose squares sum
+// into StatSumSq (dense) and StatExpertSumSq (expert; none when oneSum puts
+// every group in the one sum). A parameter that every tensor-parallel rank
+// holds whole (a norm gain) is listed on tp rank 0 only, so that sums over
+// ranks count each gradient element once. One list is one SumSquares call:
+// the shards of one allocation lie end to end, and a GPU sums them as one.
+func (s *state) squaredBuffers(oneSum bool) (dense, expert []tensor.Buffer) {
+	dense, expert = []tensor.Buffer{}, []tensor.Buffer{}
+	for gi, g := range s.gshardB {
+		switch {
+		case s.plan.Groups[gi].Expert && !oneSum:
+			expert = append(expert, g)
+		case s.plan.Groups[gi].Expert || s.tpComm == nil:
+			dense = append(dense, g)
+		default:
+			for _, sg := range s.segs[gi] {
+				if p := &s.plan.Params[sg.param]; p.TPSplit < 0 && s.tpRank > 0 {
+					continue
+				}
+				dense = append(dense, g.Slice(int(sg.lo), int(sg.hi)))
+			}
 		}
-		s.be.SumSquares(dst, g.Slice(int(sg.lo), int(sg.hi)), true)
 	}
+	return dense, expert
 }
 
 // step applies the optimizer to this rank's shard and gathers the compute

@@ -30,9 +30,8 @@ var updateTraffic = flag.Bool("update-traffic", false, "rewrite testdata/traffic
 // TestStepTraffic). The engine's counts must equal
 // testdata/traffic/dense-125m-engine.json exactly (-update-traffic rewrites
 // it): a step's work depends only on the shapes, so any change shows here. The
-// log compares the two engines, operation by operation. The one-engine issue
-// holds the engine to the bar: no more launches and no more bytes than
-// trainer/gpu before trainer/gpu is deleted.
+// log compares the two engines, operation by operation. The engine is held to
+// the bar: no more launches and no more bytes than trainer/gpu made.
 func TestStepTrafficOnGPU(t *testing.T) {
 	d, err := cuda.Open(0)
 	require.NoError(t, err)
@@ -56,6 +55,9 @@ func TestStepTrafficOnGPU(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, json.Unmarshal(b, &bar))
 	t.Logf("one step, the engine against trainer/gpu:\n%s", compareTraffic(got, bar))
+	g, w := got.Kernels(), bar.Kernels()
+	require.LessOrEqual(t, g.Ops, w.Ops, "the engine launches more kernels and products than trainer/gpu did")
+	require.LessOrEqual(t, g.Bytes(), w.Bytes(), "the engine's kernels and products move more bytes than trainer/gpu's did")
 
 	path := filepath.Join("testdata", "traffic", "dense-125m-engine.json")
 	if *updateTraffic {

@@ -31,9 +31,9 @@ import (
 // one device), under every sharding strategy, dense and MoE, and compares each
 // run's losses with one rank of the CPU engine: fp32 both, 6 steps. Tolerance
 // 1e-4 relative on the losses: the two backends sum in different orders (about
-// 1e-6 per kernel, TestTracksCPU measured 2.6e-7 over 50 steps), and the ranks
+// 1e-6 per kernel; the first GPU engine measured 2.6e-7 over 50 steps), and the ranks
 // split the batch, which the CPU equivalence tests hold to 1e-5; moe-tiny 5e-3
-// (a near-tie in a router's top-k can flip, TestTracksCPU). Memory held per
+// (a near-tie in a router's top-k can flip). Memory held per
 // rank must equal the plan within 5%. tiny runs in bf16 too (the GPU's
 // ranks keep its activations and their gradients in bf16, the CPU's rank an
 // fp32 work set and bf16 stores), against the CPU's bf16 run within bf16Tol;
@@ -269,14 +269,14 @@ func readCurve(t *testing.T, dir string) []trainer.Metrics {
 	return out
 }
 
-// TestGPUCheckpointResumes trains on the one-GPU engine (trainer/gpu, what
-// shardline-cuda runs) with a checkpoint every 2 steps: 4 steps straight, then
+// TestGPUCheckpointResumes trains one rank on a GPU (the engine over
+// cuda.Kernels, what shardline-cuda runs) with a checkpoint every 2 steps: 4 steps straight, then
 // the same run stopped after 2 and resumed from its step-2 checkpoint. The
 // resumed steps must equal the straight run's bit for bit (the device's
 // kernels are deterministic and the checkpoint holds the whole optimizer
 // state: master weights, both moments, the updates taken), and the GPU's
 // checkpoint must resume on the CPU engine too, within fp32 rounding of the GPU
-// (1e-5 relative, TestTracksCPU's tolerance). On the host emulator the model is
+// (1e-5 relative, TestRunOnGPU's tolerance). On the host emulator the model is
 // one layer over 32 positions (each CUDA thread is a fiber there).
 func TestGPUCheckpointResumes(t *testing.T) {
 	sets := []string{"train.steps=4", "checkpoint.interval=2", "train.micro_batch_size=2", "train.global_batch_size=4",
@@ -291,9 +291,7 @@ func TestGPUCheckpointResumes(t *testing.T) {
 		require.False(t, diags.HasErrors(), "%v", diags)
 		opts := trainer.Options{Backend: cpu.Backend{}, Version: "test", Resume: resume, StopAfter: stopAfter}
 		if device == "cuda" {
-			eng, err := openGPU()
-			require.NoError(t, err)
-			opts.Device = eng
+			opts.RankBackend = gpuPerRank(-1)
 		}
 		out, err := trainer.Run(context.Background(), res, opts)
 		require.NoError(t, err)

@@ -10,7 +10,6 @@ import (
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/tensor"
-	"github.com/shardline/shardline/trainer"
 )
 
 // gpuRunner is the executable built with -tags cuda (make cuda): the same CLI with
@@ -19,12 +18,9 @@ import (
 // cuda runs to this one.
 const gpuRunner = "shardline-cuda"
 
-// newDeviceEngine opens the GPU engine; nil in a build without -tags cuda.
-var newDeviceEngine func() (trainer.DeviceEngine, error)
-
-// rankGPUs gives each rank of a run of several (in this process, or one
-// process of a job, whose node index is localRank; -1 for none) the kernel
-// set of its GPU; nil in a build without -tags cuda.
+// rankGPUs gives each rank of a run (in this process, or one process of a
+// job, whose node index is localRank; -1 for none) the kernel set of its GPU;
+// nil in a build without -tags cuda.
 var rankGPUs func(localRank int) func(rank int) (tensor.Backend, func(), error)
 
 // findGPURunner looks for shardline-cuda next to this executable, then on PATH.

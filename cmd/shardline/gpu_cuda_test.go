@@ -18,12 +18,13 @@ import (
 // TestRunOnGPU trains the tiny and moe-tiny recipes through the CLI on the GPU
 // (--device cuda) and on the CPU, 30 steps each, with two micro-batches per step
 // (gradient accumulation on the device), and compares the loss curves, aux losses
-// and dropped copies (fp32 both: the tolerances of trainer/gpu's TestTracksCPU;
-// validation losses, averaged over batches, within ten times that). The GPU run
-// writes the same outputs, and run.json names the GPU.
+// and dropped copies (fp32 both: 1e-5 relative, the kernels summing in other
+// orders than the CPU's, about 1e-6 per kernel; validation losses, averaged over
+// batches, within ten times that). The GPU run writes the same outputs, and
+// run.json names the GPU.
 func TestRunOnGPU(t *testing.T) {
 	// moe-tiny: 5e-3 (a router's top-k can flip on a near-tie, after which the runs
-	// route slightly differently; see trainer/gpu's TestTracksCPU).
+	// route slightly differently).
 	for recipe, tol := range map[string]float64{"tiny": 1e-5, "moe-tiny": 5e-3} {
 		t.Run(recipe, func(t *testing.T) { runOnGPU(t, recipe, tol) })
 	}
@@ -53,7 +54,7 @@ func runOnGPU(t *testing.T, recipe string, tol float64) {
 		require.LessOrEqual(t, rel, tol, "step %d: gpu %v cpu %v", i+1, gpuCurve[i].Loss, cpuCurve[i].Loss)
 		if c := cpuCurve[i].AuxLoss; c != nil {
 			require.NotNil(t, gpuCurve[i].AuxLoss)
-			require.InDelta(t, *c, *gpuCurve[i].AuxLoss, 4*tol**c, "step %d aux loss (4·tol: see trainer/gpu)", i+1)
+			require.InDelta(t, *c, *gpuCurve[i].AuxLoss, 4*tol**c, "step %d aux loss (4·tol: the loss sums a square of the routing's sums)", i+1)
 			require.Equal(t, *cpuCurve[i].Dropped, *gpuCurve[i].Dropped, "step %d dropped", i+1) // dropless here: 0
 		}
 		if cpuCurve[i].ValLoss != nil {
@@ -64,6 +65,6 @@ func runOnGPU(t *testing.T, recipe string, tol float64) {
 	t.Logf("worst relative loss difference over 30 steps: %.3g", worst)
 	info, err := os.ReadFile(filepath.Join(dirs["cuda"], "run.json"))
 	require.NoError(t, err)
-	require.Contains(t, string(info), `"backend": "cuda: NVIDIA`)
+	require.Contains(t, string(info), `"backend": "cuda (NVIDIA`)
 	t.Logf("gpu run held %d bytes (the plan: %d)", gpuCurve[len(gpuCurve)-1].MemHeld, gpuCurve[len(gpuCurve)-1].MemPlan)
 }

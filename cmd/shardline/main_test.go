@@ -614,9 +614,9 @@ func TestRunCUDAWithoutGPURunner(t *testing.T) {
 	}
 	// A GPU recipe the GPU runner could not carry out is refused before any hand-over.
 	code, _, errs = shardline(t, []string{"PATH=" + t.TempDir()}, "run", filepath.Join(recipesDir, "tiny.toml"), "--device", "cuda", "--train-iters", "1",
-		"--set", "activation_checkpoint.mode=full")
+		"--set", "parallel.cuda_expandable_segments=true")
 	assert.Equal(t, exitFindings, code)
-	assert.Contains(t, errs, `activation_checkpoint.mode ("full"): shardline run refuses it: a cuda run of one rank trains on the one-GPU engine`)
+	assert.Contains(t, errs, `parallel.cuda_expandable_segments (true): shardline run refuses it: shardline's GPU runs allocate every buffer once`)
 	assert.NotContains(t, errs, "no shardline-cuda was found")
 }
 

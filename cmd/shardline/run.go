@@ -244,28 +244,19 @@ or staged through the host where ranks share a GPU.`,
 		if tty && r.Logging.Progress && (job == nil || job.rank == 0) {
 			opts.Progress = a.stderr
 		}
-		// A cuda recipe the GPU runner can carry out goes to the GPU engines (handed
-		// to shardline-cuda by a build without them); one it cannot is refused by
-		// trainer.Run at the key's position. One rank trains on the one-GPU
-		// engine; several (in this process or a job's) on the engine over each
-		// rank's GPU.
+		// A cuda recipe the GPU runner can carry out goes to the engine over each
+		// rank's GPU (handed to shardline-cuda by a build without it), whatever
+		// the world size; one it cannot is refused by trainer.Run at the key's
+		// position.
 		if r.Parallel.Device == "cuda" && len(config.NotExecuted(r)) == 0 {
-			if newDeviceEngine == nil {
+			if rankGPUs == nil {
 				return a.execGPURunner(res)
 			}
-			if job != nil || r.Parallel.WorldSize > 1 {
-				local := -1
-				if job != nil {
-					local = job.localRank
-				}
-				opts.RankBackend = rankGPUs(local)
-			} else {
-				eng, err := newDeviceEngine()
-				if err != nil {
-					return &exitError{code: exitFindings, err: fmt.Errorf("%s: parallel.device = \"cuda\": %w", res.Origin("parallel.device").Location(), err)}
-				}
-				opts.Device = eng
+			local := -1
+			if job != nil {
+				local = job.localRank
 			}
+			opts.RankBackend = rankGPUs(local)
 		}
 		if job != nil {
 			log := zerolog.New(logOut).Level(level).With().Timestamp().Int("rank", job.rank).Logger()

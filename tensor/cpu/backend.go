@@ -143,12 +143,12 @@ func (Kernels[F]) RMSNorm(out, rstd, inp, weight tensor.Buffer, BT, C int, eps f
 		RMSNorm(o, r, x, w, BT, C, eps)
 	}
 }
-func (Kernels[F]) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd tensor.Buffer, BT, C int) {
+func (Kernels[F]) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd tensor.Buffer, BT, C int, accumulate bool) {
 	var v views[F]
 	dx, dw, dy, x, w, r := v.f("RMSNormBackward", dinp), v.f("RMSNormBackward", dweight), v.f("RMSNormBackward", dout),
 		v.f("RMSNormBackward", inp), v.w("RMSNormBackward", weight), v.f("RMSNormBackward", rstd)
 	if !v.bad {
-		RMSNormBackward(dx, dw, dy, x, w, r, BT, C)
+		RMSNormBackward(dx, dw, dy, x, w, r, BT, C, accumulate)
 	}
 }
 func (Kernels[F]) RopeTables(cos, sin tensor.Buffer, T int, inv []float64) {
@@ -425,10 +425,15 @@ func (Kernels[F]) LossSum(dst, losses, targets tensor.Buffer, accumulate bool) {
 		LossSum(dst, l, tgt, accumulate)
 	}
 }
-func (Kernels[F]) SumSquares(dst, x tensor.Buffer, accumulate bool) {
+func (Kernels[F]) SumSquares(dst tensor.Buffer, accumulate bool, xs ...tensor.Buffer) {
 	var v views[F]
-	if xs := v.f("SumSquares", x); !v.bad {
-		SumSquaresInto(dst, xs, accumulate)
+	if len(xs) == 0 {
+		SumSquaresInto[F](dst, nil, accumulate)
+	}
+	for i, x := range xs {
+		if x := v.f("SumSquares", x); !v.bad {
+			SumSquaresInto(dst, x, accumulate || i > 0)
+		}
 	}
 }
 func (Kernels[F]) CloseStep(st tensor.Buffer, maxNorm float64) { CloseStep(st, maxNorm) }

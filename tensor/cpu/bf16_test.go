@@ -75,7 +75,7 @@ func TestBF16WeightKernels(t *testing.T) {
 			MatmulBackward(o.dinp, o.dw, dout, tensor.FloatWeights(inp), w, s, false)
 			Embedding(o.emb, tokens, e, tensor.EmbeddingShape{BT: BT, C: C, N: V})
 			RMSNorm(o.norm, o.rstd, inp, g, BT, C, 1e-5)
-			RMSNormBackward(o.dnorm, o.dgain, o.norm, inp, g, o.rstd, BT, C)
+			RMSNormBackward(o.dnorm, o.dgain, o.norm, inp, g, o.rstd, BT, C, true)
 			return o
 		}
 		a := run(tensor.BF16Weights[float32](wh), tensor.BF16Weights[float32](gh), tensor.BF16Weights[float32](eh))

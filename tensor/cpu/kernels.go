@@ -256,18 +256,19 @@ func rmsNormRows[F Float](out, rstd, inp, weight []F, lo, hi, C int, eps float64
 	}
 }
 
-// RMSNormBackward: with g = dout·weight, dinp += rstd·g − inp·rstd³·mean(g·inp);
-// dweight += dout·inp·rstd.
+// RMSNormBackward: with g = dout·weight, dinp += rstd·g − inp·rstd³·mean(g·inp)
+// (dinp = … unless accumulate: each row is cleared before its sum, which gives
+// the same bits as zeroing dinp first); dweight += dout·inp·rstd.
 //
 // One pass over the rows: blocks of rmsBlock rows are shared among the cores, each
 // block summing its own part of dweight, and the parts are added in block order.
 // The blocks depend on BT alone, never on the number of cores or on timing, so the
 // result is the same on any machine.
-func RMSNormBackward[F Float](dinp, dweight, dout, inp []F, weight tensor.Weights[F], rstd []F, BT, C int) {
+func RMSNormBackward[F Float](dinp, dweight, dout, inp []F, weight tensor.Weights[F], rstd []F, BT, C int, accumulate bool) {
 	g := getGain(weight, C)
 	defer g.put()
 	j := getJob[rmsNormBackJob[F]]()
-	j.rmsNormBackArgs = rmsNormBackArgs[F]{dinp, dweight, dout, inp, g.vals, rstd, C}
+	j.rmsNormBackArgs = rmsNormBackArgs[F]{dinp, dweight, dout, inp, g.vals, rstd, C, accumulate}
 	chunks := run(j, BT, rmsBlock)
 	dw := dweight[:C]
 	for c := range chunks {
@@ -286,6 +287,7 @@ const rmsBlock = 64
 type rmsNormBackArgs[F Float] struct {
 	dinp, dweight, dout, inp, weight, rstd []F
 	C                                      int
+	accumulate                             bool
 }
 
 type rmsNormBackJob[F Float] struct {
@@ -301,6 +303,9 @@ func (j *rmsNormBackJob[F]) rows(c, lo, hi int) {
 	for i := lo; i < hi; i++ {
 		x := j.inp[i*C : (i+1)*C]
 		d, dx := j.dout[i*C:(i+1)*C], j.dinp[i*C:(i+1)*C]
+		if !j.accumulate {
+			clear(dx)
+		}
 		r := j.rstd[i]
 		k := dot3(d, weight, x) / F(C) * r * r * r
 		rmsBackRow(dx, dw, d, weight, x, r, k)

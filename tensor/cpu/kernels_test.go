@@ -106,7 +106,10 @@ func TestRMSNormGrad(t *testing.T) {
 	loss := func() float64 { RMSNorm(out, rstd, inp, tensor.FloatWeights(w), BT, C, 1e-5); return dot(out, R) }
 	loss()
 	dinp, dw := make([]float64, BT*C), make([]float64, C)
-	RMSNormBackward(dinp, dw, R, inp, tensor.FloatWeights(w), rstd, BT, C)
+	for i := range dinp {
+		dinp[i] = 7 // overwritten: not accumulating
+	}
+	RMSNormBackward(dinp, dw, R, inp, tensor.FloatWeights(w), rstd, BT, C, false)
 	checkGrads(t, "rmsnorm", map[string][]float64{"inp": inp, "w": w}, map[string][]float64{"inp": dinp, "w": dw}, loss)
 }
 
@@ -492,7 +495,7 @@ func TestRMSNormBackwardSameOnAnyCores(t *testing.T) {
 	grads := func(procs int) ([]float32, []float32) {
 		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
 		dinp, dw := make([]float32, BT*C), make([]float32, C)
-		RMSNormBackward(dinp, dw, dout, inp, tensor.FloatWeights(w), rstd, BT, C)
+		RMSNormBackward(dinp, dw, dout, inp, tensor.FloatWeights(w), rstd, BT, C, true)
 		return dinp, dw
 	}
 	dinp1, dw1 := grads(1)

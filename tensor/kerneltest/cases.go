@@ -88,13 +88,13 @@ func cases() []kcase {
 			return bufs{out, rstd}
 		}}
 	})...)
-	add(variants("RMSNormBackward", []string{"bf16 weight"}, func(on []bool) kcase {
+	add(variants("RMSNormBackward", []string{"bf16 weight", "accumulate"}, func(on []bool) kcase {
 		return kcase{run: func(e *env) bufs {
 			x, w := e.floats(normRows*normC, 2), e.weight(normC, 1, on[0])
 			out, rstd := e.floats(normRows*normC, 1), e.floats(normRows, 1)
 			e.k.RMSNorm(out, rstd, x, w, normRows, normC, 1e-5)
 			dinp, dw, dout := e.floats(normRows*normC, 1), e.floats(normC, 1), e.floats(normRows*normC, 1)
-			e.k.RMSNormBackward(dinp, dw, dout, x, w, rstd, normRows, normC)
+			e.k.RMSNormBackward(dinp, dw, dout, x, w, rstd, normRows, normC, on[1])
 			return bufs{dinp, dw}
 		}}
 	})...)
@@ -308,7 +308,17 @@ func stepCases() []kcase {
 	add(variants("SumSquares", []string{"accumulate"}, func(on []bool) kcase {
 		return kcase{run: func(e *env) bufs {
 			dst := e.stats([]float64{7.5})
-			e.k.SumSquares(dst, e.floats(70001, 1), on[0])
+			e.k.SumSquares(dst, on[0], e.floats(70001, 1))
+			return bufs{dst}
+		}}
+	})...)
+	// A list: three buffers of one allocation lying end to end (which a GPU
+	// sums as one span) and one apart.
+	add(variants("SumSquares/list", []string{"accumulate"}, func(on []bool) kcase {
+		return kcase{run: func(e *env) bufs {
+			dst := e.stats([]float64{7.5})
+			whole := e.floats(30001, 1)
+			e.k.SumSquares(dst, on[0], whole.Slice(0, 100), whole.Slice(100, 20100), whole.Slice(20100, 30001), e.floats(5000, 1))
 			return bufs{dst}
 		}}
 	})...)

@@ -894,8 +894,7 @@ func (m *Model[F]) backward(tokens, targets []int32, scale float64, loss tensor.
 		}
 	}
 	dres := s.dres // gradient of the residual stream entering the current point
-	m.mem.Zero(dres)
-	m.normBackward(dres, g.norm, m.scatterGrad(s.dx), a.final, w.norm, a.rstdf)
+	m.normBackward(dres, g.norm, m.scatterGrad(s.dx), a.final, w.norm, a.rstdf, false)
 	m.release(last, true)
 	for l := len(w.layers) - 1; l >= 0; l-- {
 		m.acquire(1+l, true) // one gather serves the recompute and the backward
@@ -929,7 +928,7 @@ func (m *Model[F]) backward(tokens, targets []int32, scale float64, loss tensor.
 			be.MatmulBackward(dx, lg.w3, s.dff2, ln2, lw.w3, tensor.MatmulShape{BT: BT, C: C, OC: FF}, true)
 			m.scatterGrad(s.dx)
 		}
-		m.normBackward(dres, lg.mlpNorm, s.dx, a.mid[l], lw.mlpNorm, a.rstd2[l])
+		m.normBackward(dres, lg.mlpNorm, s.dx, a.mid[l], lw.mlpNorm, a.rstd2[l], true)
 		// Attention: mid = x + wo·attention(rope(wq·ln1), rope(wk·ln1), wv·ln1).
 		be.MatmulBackward(s.datty, lg.wo, m.gatherGrad(dres), m.input(l, inAtty, a.atty[l], false), lw.wo, tensor.MatmulShape{BT: BT, C: NH * HD, OC: C}, false)
 		if m.cp != nil {
@@ -952,7 +951,7 @@ func (m *Model[F]) backward(tokens, targets []int32, scale float64, loss tensor.
 		be.MatmulBackward(dx, lg.wq, s.dq, ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
 		be.MatmulBackward(dx, lg.wk, s.dk, ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
 		be.MatmulBackward(dx, lg.wv, s.dv, ln1, lw.wv, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
-		m.normBackward(dres, lg.attnNorm, m.scatterGrad(s.dx), a.resid[l], lw.attnNorm, a.rstd1[l])
+		m.normBackward(dres, lg.attnNorm, m.scatterGrad(s.dx), a.resid[l], lw.attnNorm, a.rstd1[l], true)
 		m.release(1+l, true)
 	}
 	m.acquire(0, true)

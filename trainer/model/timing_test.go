@@ -45,9 +45,9 @@ func (k timed) RMSNorm(out, rstd, inp, w tensor.Buffer, BT, C int, eps float64) 
 	defer k.rec("RMSNorm", time.Now())
 	k.Backend.RMSNorm(out, rstd, inp, w, BT, C, eps)
 }
-func (k timed) RMSNormBackward(dinp, dw, dout, inp, w, rstd tensor.Buffer, BT, C int) {
+func (k timed) RMSNormBackward(dinp, dw, dout, inp, w, rstd tensor.Buffer, BT, C int, accumulate bool) {
 	defer k.rec("RMSNormBackward", time.Now())
-	k.Backend.RMSNormBackward(dinp, dw, dout, inp, w, rstd, BT, C)
+	k.Backend.RMSNormBackward(dinp, dw, dout, inp, w, rstd, BT, C, accumulate)
 }
 func (k timed) Rope(x, c, sn tensor.Buffer, s tensor.RopeShape) {
 	defer k.rec("Rope", time.Now())

@@ -152,18 +152,18 @@ func (m *Model[F]) scatterGrad(dx tensor.Buffer) tensor.Buffer {
 	return dx
 }
 
-// normBackward is RMSNormBackward over this rank's rows; under tensor parallelism
-// the gain's gradient (from these rows only) is summed over the tp group before it
-// is added.
-func (m *Model[F]) normBackward(dinp, dw, dout, inp, w, rstd tensor.Buffer) {
+// normBackward is RMSNormBackward over this rank's rows, setting dinp (adding
+// into it with accumulate); under tensor parallelism the gain's gradient (from
+// these rows only) is summed over the tp group before it is added.
+func (m *Model[F]) normBackward(dinp, dw, dout, inp, w, rstd tensor.Buffer, accumulate bool) {
 	R, C := m.rows(), m.Cfg.Hidden
 	if m.tp == nil {
-		m.be.RMSNormBackward(dinp, dw, dout, inp, w, rstd, R, C)
+		m.be.RMSNormBackward(dinp, dw, dout, inp, w, rstd, R, C, accumulate)
 		return
 	}
 	g := m.tp.gnorm
 	m.mem.Zero(g)
-	m.be.RMSNormBackward(dinp, g, dout, inp, w, rstd, R, C)
+	m.be.RMSNormBackward(dinp, g, dout, inp, w, rstd, R, C, accumulate)
 	m.tpErr("all-reduce", m.tp.Comm.AllReduce(g))
 	m.be.AddInto(dw, g, C)
 }

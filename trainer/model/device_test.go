@@ -1,22 +1,25 @@
 //go:build cuda || cudaemu
 
-package gpu
+package model
 
 import (
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
+	"runtime"
 	"testing"
 
 	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/cuda"
 	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/tensor/cpu"
-	"github.com/shardline/shardline/trainer/model"
 	"github.com/stretchr/testify/require"
 )
 
-// TestEngineModelOnDevice runs the engine's model (trainer/model, the code the
-// FSDP runtime drives) on the device's kernel set and memory (cuda.Kernels,
+// TestEngineModelOnDevice runs the model (the code the FSDP runtime drives) on
+// a GPU's kernel set and memory (on the host emulator under -tags cudaemu) (cuda.Kernels,
 // cuda.Memory), one forward and backward of the tiny recipe, and compares the
 // loss and every parameter's gradient with the same model on the CPU backend,
 // for the dense and the MoE recipes.
@@ -62,7 +65,7 @@ func engineOnDevice(t *testing.T, r config.Recipe, bf16 bool, tol float64) {
 		for i := range gb {
 			gb[i] = mem.Alloc(tensor.Float32, len(w[i]))
 		}
-		m, err := model.New[float32](cfg, table, wb, gb, be, B, T, model.WithMemory(mem))
+		m, err := New[float32](cfg, table, wb, gb, be, B, T, WithMemory(mem))
 		if err != nil {
 			return 0, 0, nil, err
 		}
@@ -80,6 +83,9 @@ func engineOnDevice(t *testing.T, r config.Recipe, bf16 bool, tol float64) {
 	var gs float64
 	var gn int
 	var gg [][]float32
+	dev, err := cuda.Open(0)
+	require.NoError(t, err)
+	defer dev.Close()
 	dev.Do(func() {
 		k := dev.Kernels()
 		gs, gn, gg, err = run(k, k.NewMemory())
@@ -107,4 +113,43 @@ func close32(want, got []float32, tol float64) error {
 		}
 	}
 	return nil
+}
+
+func loadRecipe(t testing.TB, name string, sets ...string) config.Recipe {
+	res, diags := config.Load(filepath.Join("..", "..", "recipes", name+".toml"), config.Options{Sets: sets})
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	return res.Recipe
+}
+
+// initWeights draws every parameter as the trainer does (seed, name, index).
+func initWeights(r config.Recipe, table []parallel.Param) [][]float32 {
+	w := make([][]float32, len(table))
+	for i := range table {
+		w[i] = make([]float32, table[i].LocalNumel())
+		InitParam(w[i], &table[i], 0, r.Run.Seed, r.Model.InitStd, r.Model.Layers)
+	}
+	return w
+}
+
+// opticks returns B·T tokens and targets of step s from Newton's Opticks as
+// bytes (the byte tokenizer), each sequence at a fixed pseudo-random offset:
+// Go's source tree has the book, or $SHARDLINE_OPTICKS names a copy where the
+// tests run without Go (the GPU machine: make gpu-bundle copies it to bin/gpu).
+func opticks(t testing.TB, B, T, s int) (tokens, targets []int32) {
+	path := os.Getenv("SHARDLINE_OPTICKS")
+	if path == "" {
+		path = filepath.Join(runtime.GOROOT(), "src", "testdata", "Isaac.Newton-Opticks.txt")
+	}
+	text, err := os.ReadFile(path)
+	require.NoError(t, err, "set SHARDLINE_OPTICKS to a copy of $(go env GOROOT)/src/testdata/Isaac.Newton-Opticks.txt")
+	tokens, targets = make([]int32, B*T), make([]int32, B*T)
+	for b := 0; b < B; b++ {
+		at := (s*7919 + b*104729) % (len(text) - T - 1)
+		for i := 0; i < T; i++ {
+			tokens[b*T+i], targets[b*T+i] = int32(text[at+i]), int32(text[at+i+1])
+		}
+	}
+	return tokens, targets
 }
