@@ -104,7 +104,7 @@ func (t *run) trainDevice(ctx context.Context, out *Result, world comm.Communica
 	if t.metrics, err = t.openMetrics(startStep); err != nil {
 		return nil, err
 	}
-	defer t.metrics.Close()
+	defer t.closeMetrics()
 	out.UnigramBits = unigramEntropy(t.ds.Train, t.ds.Tok.VocabSize())
 	sched := optim.Schedule{Peak: r.Train.LR, Warmup: r.Train.WarmupSteps, Steps: r.Train.Steps, MinFactor: r.Train.MinLRFactor, Decay: r.Train.LRSchedule,
 		DecaySteps: r.Train.LRDecaySteps}
@@ -163,7 +163,9 @@ func (t *run) trainDevice(ctx context.Context, out *Result, world comm.Communica
 		} else {
 			good, lastSkipped = met, false
 		}
-		met.TokensPerS = float64(micro*B*T) / time.Since(t0).Seconds()
+		dt := time.Since(t0).Seconds()
+		met.TokensPerS = float64(micro*B*T) / dt
+		measure(&met, t.plan, dt)
 		rates = append(rates, met.TokensPerS)
 		lastEvaluated = false
 		if ev := r.Train.EvalInterval; ev > 0 && ((step+1)%ev == 0 || step+1 == r.Train.Steps) && len(t.ds.Val) > T {

@@ -43,7 +43,7 @@ func TestLossPlotHasLabelledAxes(t *testing.T) {
 	v := 2.0
 	curve := []Metrics{{Step: 1, Loss: 5}, {Step: 2, Loss: 4, ValLoss: &v}, {Step: 3, Loss: 3, ValLoss: &nan}}
 	path := filepath.Join(t.TempDir(), "loss.png")
-	require.NoError(t, writeLossPNG(path, curve))
+	require.NoError(t, writeLossPNG(path, "t", curve))
 	f, err := os.Open(path)
 	require.NoError(t, err)
 	defer f.Close()
