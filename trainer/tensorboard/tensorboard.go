@@ -2,6 +2,7 @@ package tensorboard
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
@@ -136,4 +137,114 @@ func (tw *Writer) write(event []byte) {
 	if _, err := tw.w.Write(tw.buf); err != nil {
 		tw.err = fmt.Errorf("writing a TensorBoard event: %w", err)
 	}
+}
+
+// ErrCorrupt is a record whose length or data does not match its CRC, one
+// that ends before its length says, or an event that is not a well-formed
+// Event message.
+var ErrCorrupt = errors.New("corrupt TensorBoard event file")
+
+// Event is an event as ReadEvents reads it: the fields this package writes.
+type Event struct {
+	WallTime    float64
+	Step        int64
+	FileVersion string
+	Values      []Scalar
+}
+
+// ReadEvents reads an event file's records (both CRCs of each checked) and
+// decodes each Event by its field numbers: wall time, step, file version and
+// the summary's scalars. Other fields, and values that are not simple
+// scalars, are skipped as protobuf readers skip unknown fields. A damaged or
+// truncated record is ErrCorrupt, naming its offset.
+func ReadEvents(b []byte) ([]Event, error) {
+	var out []Event
+	for off := 0; off < len(b); {
+		rest := b[off:]
+		if len(rest) < 16 {
+			return nil, fmt.Errorf("%w: a record at byte %d ends after %d bytes", ErrCorrupt, off, len(rest))
+		}
+		n := binary.LittleEndian.Uint64(rest)
+		if MaskedCRC(rest[:8]) != binary.LittleEndian.Uint32(rest[8:]) {
+			return nil, fmt.Errorf("%w: the length of the record at byte %d fails its CRC", ErrCorrupt, off)
+		}
+		if n > uint64(len(rest)-16) {
+			return nil, fmt.Errorf("%w: the record at byte %d holds %d bytes, the file %d more", ErrCorrupt, off, n, len(rest)-16)
+		}
+		data := rest[12 : 12+n]
+		if MaskedCRC(data) != binary.LittleEndian.Uint32(rest[12+n:]) {
+			return nil, fmt.Errorf("%w: the data of the record at byte %d fails its CRC", ErrCorrupt, off)
+		}
+		ev, err := decodeEvent(data)
+		if err != nil {
+			return nil, fmt.Errorf("%w: the event at byte %d: %v", ErrCorrupt, off, err)
+		}
+		out = append(out, ev)
+		off += 16 + int(n)
+	}
+	return out, nil
+}
+
+// decodeEvent reads one Event message.
+func decodeEvent(b []byte) (Event, error) {
+	var ev Event
+	err := eachField(b, func(num protowire.Number, typ protowire.Type, v []byte) error {
+		switch {
+		case num == eventWallTime && typ == protowire.Fixed64Type:
+			x, _ := protowire.ConsumeFixed64(v)
+			ev.WallTime = math.Float64frombits(x)
+		case num == eventStep && typ == protowire.VarintType:
+			x, _ := protowire.ConsumeVarint(v)
+			ev.Step = int64(x)
+		case num == eventFileVersion && typ == protowire.BytesType:
+			ev.FileVersion, _ = protowire.ConsumeString(v)
+		case num == eventSummary && typ == protowire.BytesType:
+			summary, _ := protowire.ConsumeBytes(v)
+			return eachField(summary, func(num protowire.Number, typ protowire.Type, v []byte) error {
+				if num != summaryValue || typ != protowire.BytesType {
+					return nil
+				}
+				val, _ := protowire.ConsumeBytes(v)
+				var s Scalar
+				simple := false
+				err := eachField(val, func(num protowire.Number, typ protowire.Type, v []byte) error {
+					switch {
+					case num == valueTag && typ == protowire.BytesType:
+						s.Tag, _ = protowire.ConsumeString(v)
+					case num == valueSimple && typ == protowire.Fixed32Type:
+						x, _ := protowire.ConsumeFixed32(v)
+						s.Value, simple = math.Float32frombits(x), true
+					}
+					return nil
+				})
+				if err == nil && simple {
+					ev.Values = append(ev.Values, s)
+				}
+				return err
+			})
+		}
+		return nil
+	})
+	return ev, err
+}
+
+// eachField calls each with every field of a message: its number, wire type
+// and the bytes of its value (as protowire's Consume functions take them).
+func eachField(b []byte, each func(protowire.Number, protowire.Type, []byte) error) error {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+		m := protowire.ConsumeFieldValue(num, typ, b)
+		if m < 0 {
+			return fmt.Errorf("field %d: %w", num, protowire.ParseError(m))
+		}
+		if err := each(num, typ, b[:m]); err != nil {
+			return err
+		}
+		b = b[m:]
+	}
+	return nil
 }

@@ -2,7 +2,6 @@ package tensorboard
 
 import (
 	"bytes"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"math"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // CRC-32C and its mask against values computed elsewhere: 0xe3069283 is
@@ -47,28 +45,31 @@ func TestWriterRoundTrip(t *testing.T) {
 	for i, s := range steps {
 		require.NoError(t, w.Scalars(t0.Add(time.Duration(i+1)*time.Second), int64(i+1), s))
 	}
-	recs, err := readRecords(buf.Bytes())
+	evs, err := ReadEvents(buf.Bytes())
 	require.NoError(t, err)
-	require.Len(t, recs, 3)
-	ev := decodeEvent(t, recs[0])
-	assert.Equal(t, FileVersion, ev.version)
-	assert.Equal(t, 1_800_000_000.25, ev.wall)
+	require.Len(t, evs, 3)
+	assert.Equal(t, FileVersion, evs[0].FileVersion)
+	assert.Equal(t, 1_800_000_000.25, evs[0].WallTime)
 	for i, s := range steps {
-		ev := decodeEvent(t, recs[i+1])
-		assert.Equal(t, int64(i+1), ev.step)
-		assert.Equal(t, 1_800_000_000.25+float64(i+1), ev.wall)
-		require.Len(t, ev.values, len(s))
+		ev := evs[i+1]
+		assert.Equal(t, int64(i+1), ev.Step)
+		assert.Equal(t, 1_800_000_000.25+float64(i+1), ev.WallTime)
+		require.Len(t, ev.Values, len(s))
 		for j := range s {
-			assert.Equal(t, s[j].Tag, ev.values[j].Tag)
-			assert.Equal(t, math.Float32bits(s[j].Value), math.Float32bits(ev.values[j].Value), "bit for bit, NaN included")
+			assert.Equal(t, s[j].Tag, ev.Values[j].Tag)
+			assert.Equal(t, math.Float32bits(s[j].Value), math.Float32bits(ev.Values[j].Value), "bit for bit, NaN included")
 		}
 	}
 	raw := buf.Bytes()
 	for _, at := range []int{3, 9, 20, len(raw) - 2} {
 		bad := bytes.Clone(raw)
 		bad[at] ^= 0x10
-		_, err := readRecords(bad)
-		assert.ErrorIs(t, err, errCorrupt, "byte %d flipped", at)
+		_, err := ReadEvents(bad)
+		assert.ErrorIs(t, err, ErrCorrupt, "byte %d flipped", at)
+	}
+	for _, n := range []int{1, 15, len(raw) - 1} {
+		_, err := ReadEvents(raw[:n])
+		assert.ErrorIs(t, err, ErrCorrupt, "cut to %d bytes", n)
 	}
 }
 
@@ -102,87 +103,4 @@ func (f *failing) Write(p []byte) (int, error) {
 		return 0, errDiskFull
 	}
 	return len(p), nil
-}
-
-var errCorrupt = errors.New("corrupt record")
-
-// readRecords splits an event file into its records' data, checking both
-// CRCs of each.
-func readRecords(b []byte) ([][]byte, error) {
-	var out [][]byte
-	for len(b) > 0 {
-		if len(b) < 12 {
-			return nil, errCorrupt
-		}
-		n := binary.LittleEndian.Uint64(b)
-		if MaskedCRC(b[:8]) != binary.LittleEndian.Uint32(b[8:]) || uint64(len(b)-16) < n {
-			return nil, errCorrupt
-		}
-		data := b[12 : 12+n]
-		if MaskedCRC(data) != binary.LittleEndian.Uint32(b[12+n:]) {
-			return nil, errCorrupt
-		}
-		out = append(out, data)
-		b = b[16+n:]
-	}
-	return out, nil
-}
-
-type event struct {
-	wall    float64
-	step    int64
-	version string
-	values  []Scalar
-}
-
-// decodeEvent reads an Event by its published field numbers.
-func decodeEvent(t *testing.T, b []byte) event {
-	var ev event
-	fields(t, b, func(num protowire.Number, typ protowire.Type, v []byte) {
-		switch {
-		case num == 1 && typ == protowire.Fixed64Type:
-			x, _ := protowire.ConsumeFixed64(v)
-			ev.wall = math.Float64frombits(x)
-		case num == 2 && typ == protowire.VarintType:
-			x, _ := protowire.ConsumeVarint(v)
-			ev.step = int64(x)
-		case num == 3 && typ == protowire.BytesType:
-			s, _ := protowire.ConsumeString(v)
-			ev.version = s
-		case num == 5 && typ == protowire.BytesType:
-			summary, _ := protowire.ConsumeBytes(v)
-			fields(t, summary, func(num protowire.Number, typ protowire.Type, v []byte) {
-				require.Equal(t, protowire.Number(1), num)
-				val, _ := protowire.ConsumeBytes(v)
-				var s Scalar
-				fields(t, val, func(num protowire.Number, typ protowire.Type, v []byte) {
-					switch num {
-					case 1:
-						s.Tag, _ = protowire.ConsumeString(v)
-					case 2:
-						x, _ := protowire.ConsumeFixed32(v)
-						s.Value = math.Float32frombits(x)
-					}
-				})
-				ev.values = append(ev.values, s)
-			})
-		default:
-			t.Fatalf("unexpected field %d of type %d", num, typ)
-		}
-	})
-	return ev
-}
-
-// fields calls each with every field of a message: its number, type and the
-// bytes of its value.
-func fields(t *testing.T, b []byte, each func(protowire.Number, protowire.Type, []byte)) {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		require.GreaterOrEqual(t, n, 0, "tag")
-		b = b[n:]
-		m := protowire.ConsumeFieldValue(num, typ, b)
-		require.GreaterOrEqual(t, m, 0, "field %d", num)
-		each(num, typ, b[:m])
-		b = b[m:]
-	}
 }
