@@ -253,12 +253,17 @@ func TestResumeRewritesEvents(t *testing.T) {
 	first, err := Run(context.Background(), res, o)
 	require.NoError(t, err)
 	require.True(t, first.Interrupted)
-	// The first file, renamed as if it had been started a minute earlier, so
-	// that the resume's name differs from it whatever the clock.
+	// The first file, named as if it had been started a minute earlier, so
+	// that the resume's name differs from it whatever the clock, and made a
+	// symbolic link to a file elsewhere: the resume removes the link, never
+	// what it points to.
 	info, err := readRunInfo(first.Dir)
 	require.NoError(t, err)
 	old := tensorboard.FileName(time.Now().Add(-time.Minute), "elsewhere")
-	require.NoError(t, os.Rename(filepath.Join(first.Dir, info.TensorBoard), filepath.Join(first.Dir, old)))
+	victim := filepath.Join(t.TempDir(), "victim")
+	require.NoError(t, os.Rename(filepath.Join(first.Dir, info.TensorBoard), victim))
+	kept := must(os.ReadFile(victim))
+	require.NoError(t, os.Symlink(victim, filepath.Join(first.Dir, old)))
 	info.TensorBoard = old
 	require.NoError(t, writeJSON(filepath.Join(first.Dir, "run.json"), info))
 
@@ -273,6 +278,16 @@ func TestResumeRewritesEvents(t *testing.T) {
 	require.Len(t, names, 1, "the old event file is gone")
 	assert.NotEqual(t, old, filepath.Base(names[0]))
 	requireEventsEqualMetrics(t, again.Dir, scalarEvents(t, eventsOf(t, again.Dir)))
+	assert.Equal(t, kept, must(os.ReadFile(victim)), "the file the link named is untouched")
+}
+
+// Only a name shardline gives its event files is removed on a resume: run.json
+// is a file anyone may edit.
+func TestOwnEventsName(t *testing.T) {
+	assert.True(t, ownEventsName("events.out.tfevents.1800000000.node-1"))
+	for _, bad := range []string{"", "run.json", "../events.out.tfevents.1", "sub/events.out.tfevents.1", "events.out.tfevents.1/../../x", `a\events.out.tfevents.1`} {
+		assert.False(t, ownEventsName(bad), "%q", bad)
+	}
 }
 
 // The outside check: the event file read by other people's code, the npm

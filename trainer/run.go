@@ -1105,8 +1105,8 @@ func describeGood(good Metrics) string {
 }
 
 // nonFinite ends a run that met a non-finite loss or gradient: rank 0 records the
-// failure in run.json and writes no weights, plot or sample, so nothing in the run
-// directory looks like a result.
+// failure in run.json, writes no weights, plot or sample, and removes the plot an
+// earlier evaluation drew, so nothing in the run directory looks like a result.
 func (t *run) nonFinite(err error) error {
 	if t.rank != 0 {
 		return err
@@ -1115,6 +1115,11 @@ func (t *run) nonFinite(err error) error {
 	info.Failure = err.Error()
 	if werr := writeJSON(filepath.Join(t.dir, "run.json"), info); werr != nil {
 		return fmt.Errorf("%w (and writing run.json: %v)", err, werr)
+	}
+	// The plot drawn at an earlier evaluation goes too: a curve that ends
+	// before the failure would look like the run's result.
+	if werr := removeFile(filepath.Join(t.dir, "loss.png")); werr != nil {
+		return fmt.Errorf("%w (and removing loss.png: %v)", err, werr)
 	}
 	last := ""
 	if t.ckpt != nil {
