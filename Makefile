@@ -98,13 +98,14 @@ $(SARIF_SCHEMA):
 # committed); npm checks each package against the registry's integrity hash.
 TB_READER := bin/tb-reader
 TB_READER_PACKAGES := @roboflow/tfrecords@1.0.4 protobufjs@8.8.1
+TB_READER_STAMP := $(TB_READER)/.installed-tfrecords-1.0.4-protobufjs-8.8.1
 
-tb-reader: $(TB_READER)/.installed ## install the npm readers the TensorBoard event-file test reads with
+tb-reader: $(TB_READER_STAMP) ## install the npm readers the TensorBoard event-file test reads with
 
-$(TB_READER)/.installed:
+$(TB_READER_STAMP):
 	@command -v npm >/dev/null 2>&1 || { echo "installing npm" >&2; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm; }
 	@mkdir -p $(TB_READER) && cd $(TB_READER) && npm install --silent --no-audit --no-fund --no-save --prefix . $(TB_READER_PACKAGES) && \
-		echo "$(TB_READER_PACKAGES)" > .installed
+		touch $(notdir $(TB_READER_STAMP))
 
 docs: ## regenerate docs/recipes.md from the schema's doc comments
 	$(GO) run ./cmd/shardline recipe docs --format markdown > docs/recipes.md
