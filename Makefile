@@ -6,7 +6,7 @@ GO ?= go
 export GOPROXY := $(shell $(GO) env GOPROXY 2>/dev/null | cut -d, -f1)
 BIN := bin/shardline
 
-.PHONY: help build test race race-quick vet bench bench-deps torch-deps fuzz sarif-schema docs golden clean cuda cuda-deps cuda-check cuda-test gpu-bundle ptx bench-gpu emu-deps emu-sources traffic test-emu-full
+.PHONY: help build test race race-quick vet bench bench-deps torch-deps fuzz sarif-schema tb-reader docs golden clean cuda cuda-deps cuda-check cuda-test gpu-bundle ptx bench-gpu emu-deps emu-sources traffic test-emu-full
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -14,9 +14,9 @@ help: ## list the targets
 build: ## build bin/shardline
 	$(GO) build -buildvcs=auto -o $(BIN) ./cmd/shardline
 
-test: ci-deps sarif-schema torch-deps cuda-check emu-deps ## vet, run every test, and fuzz every reader briefly (what CI runs)
+test: ci-deps sarif-schema tb-reader torch-deps cuda-check emu-deps ## vet, run every test, and fuzz every reader briefly (what CI runs)
 	$(GO) vet ./...
-	SHARDLINE_SARIF_SCHEMA=$(CURDIR)/$(SARIF_SCHEMA) SHARDLINE_TORCH_PYTHON=/usr/bin/python3 SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 ./...
+	SHARDLINE_SARIF_SCHEMA=$(CURDIR)/$(SARIF_SCHEMA) SHARDLINE_TB_READER=$(CURDIR)/$(TB_READER) SHARDLINE_TORCH_PYTHON=/usr/bin/python3 SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 ./...
 	$(MAKE) --no-print-directory race-quick
 	$(GO) vet -tags cudaemu ./cuda ./trainer ./trainer/model ./cmd/shardline
 	SHARDLINE_REQUIRE_EMU=1 SHARDLINE_EMU_DEVICES=4 $(GO) test -count=1 -tags cudaemu ./cuda
@@ -96,6 +96,22 @@ $(SARIF_SCHEMA):
 		tar -xzf $$tmp/microsoft-jest-sarif-1.0.0-beta.0.tgz -C $$tmp package/lib/schemas/sarif-2.1.0-rtm.5.json && \
 		echo "$(SARIF_SCHEMA_SHA256)  $$tmp/package/lib/schemas/sarif-2.1.0-rtm.5.json" | sha256sum -c --quiet && \
 		cp $$tmp/package/lib/schemas/sarif-2.1.0-rtm.5.json $@
+
+# The outside readers of TensorBoard event files, for
+# TestEventsReadByOutsideReaders: the npm packages @roboflow/tfrecords (the
+# record framing and its CRC-32C) and protobufjs (the Event and Summary
+# messages), at fixed versions, installed into bin/tb-reader (never
+# committed); npm checks each package against the registry's integrity hash.
+TB_READER := bin/tb-reader
+TB_READER_PACKAGES := @roboflow/tfrecords@1.0.4 protobufjs@8.8.1
+TB_READER_STAMP := $(TB_READER)/.installed-tfrecords-1.0.4-protobufjs-8.8.1
+
+tb-reader: $(TB_READER_STAMP) ## install the npm readers the TensorBoard event-file test reads with
+
+$(TB_READER_STAMP):
+	@command -v npm >/dev/null 2>&1 || { echo "installing npm" >&2; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm; }
+	@mkdir -p $(TB_READER) && cd $(TB_READER) && npm install --silent --no-audit --no-fund --no-save --prefix . $(TB_READER_PACKAGES) && \
+		touch $(notdir $(TB_READER_STAMP))
 
 docs: ## regenerate docs/recipes.md from the schema's doc comments
 	$(GO) run ./cmd/shardline recipe docs --format markdown > docs/recipes.md

@@ -33,8 +33,9 @@ var allowedImports = map[string][]string{
 	"trainer/optim":       {},
 	"trainer/ckpt":        {"fileio"},
 	"trainer/hf":          {"config", "fileio"},
+	"trainer/tensorboard": {},
 	"cuda":                {"parallel/collective", "parallel/comm", "tensor"}, // the collectives are leaves: NCCL takes their place
-	"trainer":             {"config", "fileio", "trainer/ckpt", "trainer/hf", "parallel", "parallel/collective", "parallel/comm", "tensor", "trainer/data", "trainer/model", "trainer/optim"},
+	"trainer":             {"config", "fileio", "trainer/ckpt", "trainer/hf", "parallel", "parallel/collective", "parallel/comm", "tensor", "trainer/data", "trainer/model", "trainer/optim", "trainer/tensorboard"},
 	"cmd/shardline":       {"*"},
 }
 

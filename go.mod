@@ -15,6 +15,7 @@ require (
 	github.com/tiktoken-go/tokenizer v0.10.0
 	golang.org/x/image v0.47.0
 	golang.org/x/sys v0.49.0
+	google.golang.org/protobuf v1.36.12
 	gorgonia.org/cu v0.9.6
 )
 

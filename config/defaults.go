@@ -77,6 +77,6 @@ func Default() Recipe {
 		Precision:            Precision{MainParamsDtype: "fp32"},
 		ActivationCheckpoint: ActivationCheckpoint{Mode: "none"},
 		Checkpoint:           Checkpoint{CkptFormat: "fsdp_dtensor"},
-		Logging:              Logging{Level: "info", Format: "auto", Interval: 10, SampleTokens: 300, Progress: true},
+		Logging:              Logging{Level: "info", Format: "auto", Interval: 10, SampleTokens: 300, Progress: true, Tensorboard: true},
 	}
 }

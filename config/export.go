@@ -58,7 +58,12 @@ func ExportMegatron(r *Recipe) MegatronExport {
 	}
 	// The import takes a script to run on GPUs unless the list says otherwise.
 	e.Unexpressed = append(e.Unexpressed, "parallel.device = "+FormatValue(r.Parallel.Device))
-	computed := map[string]bool{"model.tie_embeddings": true, "model.rope_scaling": true, "train.min_lr_factor": true, "parallel.device": true}
+	// Megatron writes TensorBoard events only with --tensorboard-dir, which
+	// names a directory the recipe does not have (the events go into the run
+	// directory): the list says whether the run writes them.
+	e.Unexpressed = append(e.Unexpressed, "logging.tensorboard = "+FormatValue(r.Logging.Tensorboard))
+	computed := map[string]bool{"model.tie_embeddings": true, "model.rope_scaling": true, "train.min_lr_factor": true, "parallel.device": true,
+		"logging.tensorboard": true}
 	for _, f := range recipeSchema.Fields {
 		v := f.Get(r)
 		same := reflect.DeepEqual(v, f.Get(&def))

@@ -181,6 +181,11 @@ func TestImportMegatronLlamaExample(t *testing.T) {
 	require.NotContains(t, all, "HuggingFaceTokenizer", "the else branch is not read")
 	require.NotContains(t, all, "fp8", "the fp8 branch is not read")
 	require.Contains(t, all, "--load checkpoints/llama3_8b: not part of the recipe")
+	// --tensorboard-dir "$TENSORBOARD_LOGS_PATH" carries onto
+	// logging.tensorboard; the directory is a note (the run directory holds
+	// the events).
+	require.True(t, r.Logging.Tensorboard)
+	require.Contains(t, all, "--tensorboard-dir tensorboard_logs/llama3_8b: logging.tensorboard = true; shardline writes the event files into the run directory")
 }
 
 // TestImportMegatronMixtralExample: a script in the shape of Megatron-LM's
@@ -204,6 +209,8 @@ func TestImportMegatronMixtralExample(t *testing.T) {
 	require.Equal(t, 0.999, r.Train.Beta2)
 	require.Equal(t, []int{10, 1000, 100}, []int{r.Train.EvalSteps, r.Train.EvalInterval, r.Logging.Interval})
 	require.Equal(t, "Megatron's default: no --moe-ffn-hidden-size (the dense --ffn-hidden-size)", res.Origin("model.moe.expert_ffn_hidden").Name)
+	require.False(t, r.Logging.Tensorboard, "no --tensorboard-dir: Megatron writes no events")
+	require.Equal(t, "Megatron's default: no --tensorboard-dir", res.Origin("logging.tensorboard").Name)
 }
 
 // TestImportMegatronControlFlow: conditions the import evaluates, and lines it
@@ -236,4 +243,25 @@ func TestImportMegatronControlFlow(t *testing.T) {
 	require.Contains(t, diags[0].Message, "depends on `[ -f /etc/passwd ]` (line 1)")
 	_, diags = run("if [ -f /etc/passwd ]; then\n  echo found\nfi") // nothing that matters inside
 	require.False(t, diags.HasErrors(), "%v", diags)
+}
+
+// --tensorboard-dir turns logging.tensorboard on whatever directory it names,
+// one the import cannot know included ($TB_DIR from the environment), with a
+// note that the run directory holds the events; over a recipe (lint's
+// Megatron flags) it does the same.
+func TestMegatronTensorboardDir(t *testing.T) {
+	base := "--swiglu --normalization RMSNorm --position-embedding-type rope --disable-bias-linear --attention-dropout 0 --hidden-dropout 0"
+	res, diags := ImportMegatron("s.sh", []byte("python pretrain_gpt.py "+base+" --tensorboard-dir $TB_DIR\n"))
+	require.False(t, diags.HasErrors(), "%v", diags)
+	require.True(t, res.Recipe.Logging.Tensorboard)
+
+	res, diags = LoadBytes("r.toml", []byte("[logging]\ntensorboard = false\n"), Options{Flags: []FlagValue{{Name: "tensorboard-dir", Value: "/logs/tb"}}})
+	require.False(t, diags.HasErrors(), "%v", diags)
+	require.True(t, res.Recipe.Logging.Tensorboard)
+	require.Equal(t, "flag --tensorboard-dir=/logs/tb", res.Origin("logging.tensorboard").Describe())
+	var notes []string
+	for _, d := range diags {
+		notes = append(notes, d.Message)
+	}
+	require.Contains(t, strings.Join(notes, "\n"), "--tensorboard-dir /logs/tb: logging.tensorboard = true; shardline writes the event files into the run directory (run.output_dir/run.name, beside metrics.jsonl), not into /logs/tb")
 }

@@ -33,8 +33,9 @@ type megatronDefault struct{ key, value, why string }
 // the arguments a script did not give, where they differ from shardline's: no
 // Megatron-FSDP, no distributed optimizer and no overlap unless asked for, a linear
 // decay to 0 with no warmup, weight decay 0.01, beta2 0.999, per-micro-batch loss
-// averaging, evaluation every 1000 steps over 100 batches, logging every 100, the
-// SwiGLU size rounded down to a multiple of 64, experts as wide as the dense MLP,
+// averaging, evaluation every 1000 steps over 100 batches, logging every 100, no
+// TensorBoard events without --tensorboard-dir, the SwiGLU size rounded down to
+// a multiple of 64, experts as wide as the dense MLP,
 // no auxiliary loss, one key/value group under --group-query-attention, a global
 // batch of one micro-batch per data-parallel rank, torch_dist checkpoints without
 // Megatron-FSDP, and GPUs.
@@ -78,6 +79,7 @@ func megatronDefaults(r Recipe, given map[string]bool) []megatronDefault {
 		{"eval-interval", "train.eval_interval", "1000"},
 		{"eval-iters", "train.eval_steps", "100"},
 		{"log-interval", "logging.interval", "100"},
+		{"tensorboard-dir", "logging.tensorboard", "false"}, // Megatron writes TensorBoard events only with --tensorboard-dir
 		{"min-lr", "train.min_lr_factor", "0"},
 	} {
 		if absent(d.arg) {
@@ -209,7 +211,7 @@ func ImportMegatron(path string, src []byte) (*Resolved, Diagnostics) {
 			}
 		}
 		given[name] = true
-		if ma, ok := megatronArgs[name]; (ok && ma.kind == noEffect) || importOnlyNotes[name] != "" {
+		if ma, ok := megatronArgs[name]; (ok && (ma.kind == noEffect || ma.anyValue)) || importOnlyNotes[name] != "" {
 			// Its value changes nothing here (--tensorboard-dir $LOGS): noted as
 			// the script wrote it.
 			value = ls.vars.written(value)

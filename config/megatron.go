@@ -37,6 +37,9 @@ type megatronArg struct {
 	apply func(l *loader, v string, o Origin) error
 	// usage is the help line.
 	usage string
+	// anyValue: a mapped argument whose value is never read (only that it is
+	// given), so that a script may pass one the import cannot know.
+	anyValue bool
 }
 
 func isTrue(v string) bool { b, err := strconv.ParseBool(v); return v == "" || (err == nil && b) }
@@ -116,24 +119,39 @@ var megatronArgs = map[string]megatronArg{
 	"sequence-parallel":           {kind: noEffect, why: "shardline's tensor parallelism always runs with sequence parallelism (norms and residuals split over the tp ranks)", usage: "accepted, no effect"},
 	"distributed-backend":         {kind: noEffect, takesValue: true, why: "shardline picks its collectives (NCCL on GPUs, its own on the CPU)", usage: "accepted, no effect"},
 	"distributed-timeout-minutes": {kind: noEffect, takesValue: true, why: "use --comm-timeout (run and launch) or the comm_timeout setting", usage: "accepted, no effect: see --comm-timeout"},
-	"tensorboard-dir":             {kind: noEffect, takesValue: true, why: "shardline writes metrics.jsonl and loss.png in the run directory", usage: "accepted, no effect"},
-	"wandb-project":               {kind: noEffect, takesValue: true, why: "shardline writes metrics.jsonl and loss.png in the run directory", usage: "accepted, no effect"},
-	"log-throughput":              {kind: noEffect, why: "every step's tokens/s is in metrics.jsonl", usage: "accepted, no effect"},
-	"wandb-exp-name":              {kind: noEffect, takesValue: true, why: "shardline writes metrics.jsonl and loss.png in the run directory", usage: "accepted, no effect"},
-	"wandb-save-dir":              {kind: noEffect, takesValue: true, why: "shardline writes metrics.jsonl and loss.png in the run directory", usage: "accepted, no effect"},
-	"attention-backend":           {kind: noEffect, takesValue: true, why: "attention is shardline's own flash attention", usage: "accepted, no effect"},
-	"cross-entropy-loss-fusion":   {kind: noEffect, why: "the head and loss are fused already (the logits are never materialised whole)", usage: "accepted, no effect"},
-	"moe-grouped-gemm":            {kind: noEffect, why: "an MoE layer's experts already run as one batched computation", usage: "accepted, no effect"},
-	"moe-token-dispatcher-type":   {kind: noEffect, takesValue: true, why: "a communication choice; shardline's expert dispatch is its own all-to-all", usage: "accepted, no effect"},
-	"manual-gc":                   {kind: noEffect, why: "Go's collector needs no schedule", usage: "accepted, no effect"},
-	"manual-gc-interval":          {kind: noEffect, takesValue: true, why: "Go's collector needs no schedule", usage: "accepted, no effect"},
-	"empty-unused-memory-level":   {kind: noEffect, takesValue: true, why: "the trainer allocates from the plan; there is no cache to empty", usage: "accepted, no effect"},
-	"exit-duration-in-mins":       {kind: noEffect, takesValue: true, why: "a run goes to train.steps; stop it (SIGINT saves a checkpoint) and continue with shardline run --resume", usage: "accepted, no effect"},
-	"profile":                     {kind: noEffect, why: "profile with shardline run --trace (a Chrome trace)", usage: "accepted, no effect: see run --trace"},
-	"profile-step-start":          {kind: noEffect, takesValue: true, why: "profile with shardline run --trace (a Chrome trace)", usage: "accepted, no effect: see run --trace"},
-	"profile-step-end":            {kind: noEffect, takesValue: true, why: "profile with shardline run --trace (a Chrome trace)", usage: "accepted, no effect: see run --trace"},
-	"no-load-optim":               {kind: noEffect, why: "resume with shardline run --resume DIR (all state), or --init-from for weights only", usage: "accepted, no effect"},
-	"no-load-rng":                 {kind: noEffect, why: "shardline's random numbers are counter-based: there is no generator state to load", usage: "accepted, no effect"},
+	"tensorboard-dir": {kind: mapped, takesValue: true, anyValue: true, usage: "sets logging.tensorboard = true (the event files go into the run directory, not DIR)",
+		apply: func(l *loader, v string, o Origin) error {
+			f, _ := recipeSchema.Lookup("logging.tensorboard")
+			l.set(f, true, o)
+			l.add(Diagnostic{Severity: SevNote, Code: "SL011", Origin: o,
+				Message: fmt.Sprintf("--tensorboard-dir %s: logging.tensorboard = true; shardline writes the event files into the run directory (run.output_dir/run.name, beside metrics.jsonl), not into %s", v, v),
+				Help:    "point tensorboard --logdir at run.output_dir, which shows every run under it; to keep the events under that directory, set run.output_dir to it"})
+			return nil
+		}},
+	"tensorboard-log-interval":          {kind: noEffect, takesValue: true, why: "every step's scalars go to the event file as the step is recorded (logging.tensorboard)", usage: "accepted, no effect"},
+	"tensorboard-queue-size":            {kind: noEffect, takesValue: true, why: "each step's event is written to the file as the step is recorded, not queued", usage: "accepted, no effect"},
+	"log-timers-to-tensorboard":         {kind: noEffect, why: "the event file holds every step's time, TFLOP/s and MFU beside the plan's (perf/); shardline run --trace records each operation's time", usage: "accepted, no effect"},
+	"log-memory-to-tensorboard":         {kind: describes, why: "the event file holds the memory held and planned (memory/)", ok: isTrue, usage: "accepted: the events hold memory held and planned"},
+	"log-validation-ppl-to-tensorboard": {kind: noEffect, why: "the event file holds the validation loss (eval/val_loss), whose exponential is the perplexity", usage: "accepted, no effect"},
+	"log-world-size-to-tensorboard":     {kind: noEffect, why: "run.json and resolved.toml record the world size", usage: "accepted, no effect"},
+	"log-loss-scale-to-tensorboard":     {kind: noEffect, why: "shardline has no loss scaling (it trains in bf16 or fp32)", usage: "accepted, no effect"},
+	"wandb-project":                     {kind: noEffect, takesValue: true, why: wandbWhy, usage: "accepted, no effect"},
+	"log-throughput":                    {kind: noEffect, why: "every step's tokens/s, step time, TFLOP/s and MFU are in metrics.jsonl and the event file", usage: "accepted, no effect"},
+	"wandb-exp-name":                    {kind: noEffect, takesValue: true, why: wandbWhy, usage: "accepted, no effect"},
+	"wandb-save-dir":                    {kind: noEffect, takesValue: true, why: wandbWhy, usage: "accepted, no effect"},
+	"attention-backend":                 {kind: noEffect, takesValue: true, why: "attention is shardline's own flash attention", usage: "accepted, no effect"},
+	"cross-entropy-loss-fusion":         {kind: noEffect, why: "the head and loss are fused already (the logits are never materialised whole)", usage: "accepted, no effect"},
+	"moe-grouped-gemm":                  {kind: noEffect, why: "an MoE layer's experts already run as one batched computation", usage: "accepted, no effect"},
+	"moe-token-dispatcher-type":         {kind: noEffect, takesValue: true, why: "a communication choice; shardline's expert dispatch is its own all-to-all", usage: "accepted, no effect"},
+	"manual-gc":                         {kind: noEffect, why: "Go's collector needs no schedule", usage: "accepted, no effect"},
+	"manual-gc-interval":                {kind: noEffect, takesValue: true, why: "Go's collector needs no schedule", usage: "accepted, no effect"},
+	"empty-unused-memory-level":         {kind: noEffect, takesValue: true, why: "the trainer allocates from the plan; there is no cache to empty", usage: "accepted, no effect"},
+	"exit-duration-in-mins":             {kind: noEffect, takesValue: true, why: "a run goes to train.steps; stop it (SIGINT saves a checkpoint) and continue with shardline run --resume", usage: "accepted, no effect"},
+	"profile":                           {kind: noEffect, why: "profile with shardline run --trace (a Chrome trace)", usage: "accepted, no effect: see run --trace"},
+	"profile-step-start":                {kind: noEffect, takesValue: true, why: "profile with shardline run --trace (a Chrome trace)", usage: "accepted, no effect: see run --trace"},
+	"profile-step-end":                  {kind: noEffect, takesValue: true, why: "profile with shardline run --trace (a Chrome trace)", usage: "accepted, no effect: see run --trace"},
+	"no-load-optim":                     {kind: noEffect, why: "resume with shardline run --resume DIR (all state), or --init-from for weights only", usage: "accepted, no effect"},
+	"no-load-rng":                       {kind: noEffect, why: "shardline's random numbers are counter-based: there is no generator state to load", usage: "accepted, no effect"},
 	// Data: Megatron's indexed datasets and tokenizers are not shardline's.
 	"mock-data":                              {kind: noEffect, why: "shardline trains on data.path (a text file or a directory from shardline data prepare)", usage: "accepted, no effect: set data.path"},
 	"data-path":                              {kind: noEffect, takesValue: true, why: "Megatron's indexed datasets (prefix.bin/.idx) are not a format shardline reads; set data.path to a text file or a directory from shardline data prepare", usage: "accepted, no effect: set data.path"},
@@ -190,6 +208,10 @@ var megatronArgs = map[string]megatronArg{
 	"fp8-amax-history-len":  {kind: refused, takesValue: true, why: "FP8 training is not supported: shardline computes in bf16 (--bf16) or fp32", usage: "refused: no FP8"},
 	"fp8-amax-compute-algo": {kind: refused, takesValue: true, why: "FP8 training is not supported: shardline computes in bf16 (--bf16) or fp32", usage: "refused: no FP8"},
 }
+
+// wandbWhy is why Megatron's W&B arguments change nothing: shardline talks
+// to no service; W&B takes the run's TensorBoard events instead.
+const wandbWhy = "shardline logs to no service itself; with logging.tensorboard (on by default) `wandb sync RUN_DIR` uploads the run's TensorBoard events"
 
 // samplesToSteps maps a sample count onto a step key: samples over the global
 // batch (Megatron's own division, rounding down); for the decay, less the warmup.

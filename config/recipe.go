@@ -325,4 +325,12 @@ type Logging struct {
 	SampleTokens int `toml:"sample_tokens" min:"0" max:"1048576"`
 	// Show a progress bar with ETA on a terminal.
 	Progress bool `toml:"progress"`
+	// Write TensorBoard event files into the run directory
+	// (events.out.tfevents.<unix time>.<host>): at every step, every scalar
+	// of metrics.jsonl (loss, learning rate, gradient norm, validation loss,
+	// tokens/s, measured step time, TFLOP/s and MFU beside the plan's,
+	// memory held beside planned), each written as the step is recorded, so
+	// that a running `tensorboard --logdir RUN_OUTPUT_DIR` follows the run
+	// and `wandb sync RUN_DIR` uploads it. Rank 0 writes them.
+	Tensorboard bool `toml:"tensorboard"`
 }

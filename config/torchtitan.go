@@ -59,6 +59,7 @@ var ttDefaults = map[string]any{
 	"checkpoint.interval":                        int64(500),
 	"checkpoint.keep_latest_k":                   int64(10),
 	"metrics.log_freq":                           int64(10),
+	"metrics.enable_tensorboard":                 false,
 	"validation.enable":                          false,
 	"validation.freq":                            int64(10),
 	"validation.steps":                           int64(-1),
@@ -92,6 +93,8 @@ var ttNoEffect = map[string]string{
 	"job.config_file":                                                    "the job file is the one being imported",
 	"profiling":                                                          "profile with shardline run --trace (a Chrome trace)",
 	"metrics":                                                            "shardline writes metrics.jsonl and loss.png in the run directory",
+	"metrics.save_tb_folder":                                             "shardline writes the TensorBoard event files into the run directory (run.output_dir/run.name), beside metrics.jsonl; tensorboard --logdir run.output_dir shows every run",
+	"metrics.enable_wandb":                                               "shardline logs to no service itself; with logging.tensorboard `wandb sync RUN_DIR` uploads the run's TensorBoard events",
 	"model.hf_assets_path":                                               "shardline tokenizes with data.tokenizer (byte, char or gpt2), not a Hugging Face tokenizer; the vocabulary size stays the flavour's",
 	"model.tokenizer_path":                                               "shardline tokenizes with data.tokenizer (byte, char or gpt2), not a Hugging Face tokenizer; the vocabulary size stays the flavour's",
 	"model.print_after_conversion":                                       "nothing is converted",
@@ -435,6 +438,10 @@ func (t *ttImport) translate(worldSize int) {
 	if s := t.get("metrics.log_freq"); s.int() >= 1 {
 		t.to("logging.interval", itoa(s.int()), s, "")
 	}
+	// torchtitan writes TensorBoard events only with enable_tensorboard (its
+	// default is off); shardline's go into the run directory.
+	tb := t.get("metrics.enable_tensorboard")
+	t.to("logging.tensorboard", strconv.FormatBool(tb.flag()), tb, "")
 	if s := t.get("fault_tolerance.enable"); s.flag() {
 		t.refuse(s, "TorchFT's fault-tolerant replica groups are not part of shardline", "set enable = false")
 	}

@@ -91,6 +91,12 @@ func TestImportTorchtitanLlama3_8B(t *testing.T) {
 		}
 	}
 	require.Contains(t, notes, "[profiling] enable_profiling, save_traces_folder, profile_freq: no effect in shardline: profile with shardline run --trace (a Chrome trace)")
+	// [metrics] enable_tensorboard carries onto logging.tensorboard; where
+	// torchtitan puts the files (save_tb_folder) is a note: the run directory
+	// holds them.
+	require.True(t, r.Logging.Tensorboard)
+	require.Equal(t, "imported from [metrics] enable_tensorboard = true at llama3_8b.toml:15:1", res.Origin("logging.tensorboard").Describe())
+	require.Contains(t, notes, "[metrics] save_tb_folder: no effect in shardline: shardline writes the TensorBoard event files into the run directory (run.output_dir/run.name), beside metrics.jsonl; tensorboard --logdir run.output_dir shows every run")
 }
 
 func diags0(t *testing.T, file string, ws int) Diagnostics {
@@ -112,6 +118,8 @@ func TestImportTorchtitanDebug(t *testing.T) {
 		r.Train.LRDecaySteps, r.Train.EvalInterval, r.Train.EvalSteps, r.Logging.Interval})
 	require.Equal(t, 1, r.Parallel.WorldSize)
 	require.Equal(t, "./outputs", r.Run.OutputDir)
+	require.False(t, r.Logging.Tensorboard, "torchtitan writes no TensorBoard events unless [metrics] enable_tensorboard")
+	require.Contains(t, res.Origin("logging.tensorboard").Name, "torchtitan's default for [metrics] enable_tensorboard")
 	require.Contains(t, res.Origin("train.lr_decay_steps").Name, "[lr_scheduler] decay_ratio = 0.8")
 	var msgs []string
 	for _, d := range diags {

@@ -421,7 +421,7 @@ func (t *run) openMetrics(startStep int) (*os.File, error) {
 		if err := fileio.WriteAtomic(path, nil); err != nil {
 			return nil, err
 		}
-		return fileio.OpenAppend(path)
+		return t.openEventsAfter(fileio.OpenAppend(path))
 	}
 	from := path
 	if o := t.opts.own; o != nil && !o.inPlace {
@@ -441,5 +441,18 @@ func (t *run) openMetrics(startStep int) (*os.File, error) {
 	if err := fileio.WriteAtomic(path, kept); err != nil {
 		return nil, err
 	}
-	return fileio.OpenAppend(path) // never through a link
+	return t.openEventsAfter(fileio.OpenAppend(path)) // never through a link
+}
+
+// openEventsAfter opens the event file (openEvents) once metrics.jsonl is
+// open (f, err), closing f again if the events cannot be written.
+func (t *run) openEventsAfter(f *os.File, err error) (*os.File, error) {
+	if err != nil {
+		return nil, err
+	}
+	if err := t.openEvents(); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }

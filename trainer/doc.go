@@ -41,10 +41,16 @@
 //	run.json        fingerprints, seed, version, device, result
 //	plan.txt        the compiled plan
 //	metrics.jsonl   one object per step: step, loss, lr, grad_norm, tokens_per_s,
-//	                val_loss when evaluated; memory at the end
+//	                measured step time, TFLOP/s and MFU beside the plan's,
+//	                memory held beside planned, val_loss when evaluated
+//	events.out.tfevents.<time>.<host>
+//	                the same scalars as TensorBoard events (logging.tensorboard)
 //	run.log         the log, one JSON object per line
 //	weights.bin     final weights (see weights.go); tokenizer.json
-//	loss.png        the loss curve; sample.txt a text sample
+//	loss.png        the loss curve, redrawn at each evaluation; sample.txt a
+//	                text sample
+//
+// docs/monitoring.md says what the figures are and how to watch them.
 //
 // It imports config, parallel, tensor and its own sub-packages.
 package trainer

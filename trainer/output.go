@@ -29,9 +29,12 @@ type runInfo struct {
 	// it, a branch gets a new one); ResumedFrom is the checkpoint it started
 	// from; CheckpointDir is checkpoint.dir, absolute, when the checkpoints are
 	// not under the run directory.
-	RunID             string          `json:"run_id,omitempty"`
-	ResumedFrom       string          `json:"resumed_from,omitempty"`
-	CheckpointDir     string          `json:"checkpoint_dir,omitempty"`
+	RunID         string `json:"run_id,omitempty"`
+	ResumedFrom   string `json:"resumed_from,omitempty"`
+	CheckpointDir string `json:"checkpoint_dir,omitempty"`
+	// TensorBoard is the run's TensorBoard event file in the run directory
+	// (logging.tensorboard), absent when it writes none.
+	TensorBoard       string          `json:"tensorboard_events,omitempty"`
 	Version           string          `json:"shardline_version"`
 	Revision          string          `json:"vcs_revision,omitempty"` // the commit shardline was built from
 	Modified          bool            `json:"vcs_modified,omitempty"` // built from a tree with uncommitted changes
@@ -88,6 +91,14 @@ type resultInfo struct {
 	PlannedStepS float64         `json:"planned_step_s,omitempty"`
 	TimeModel    string          `json:"time_model,omitempty"`
 	Probe        *parallel.Probe `json:"probe,omitempty"`
+	// TFLOPS and MFU are the model's FLOPs per device over the median step
+	// time, and that over the device's peak (PeakTFLOPS); PlannedTFLOPS and
+	// PlannedMFU the plan's (measure).
+	TFLOPS        float64 `json:"tflops_median,omitempty"`
+	PlannedTFLOPS float64 `json:"planned_tflops,omitempty"`
+	MFU           float64 `json:"mfu_median,omitempty"`
+	PlannedMFU    float64 `json:"planned_mfu,omitempty"`
+	PeakTFLOPS    float64 `json:"peak_tflops,omitempty"`
 }
 
 // memoryCompared sets what the run held beside the plan's prediction, per component,
@@ -113,7 +124,7 @@ func (t *run) info() runInfo {
 		RecipeFingerprint: fp, PlanFingerprint: t.plan.Fingerprint, DataFingerprint: t.ds.Fingerprint(), Seed: t.r.Run.Seed,
 		Started: t.started.UTC().Format(time.RFC3339), Tokenizer: t.ds.Tok.Name(), Machine: thisMachine()}
 	if o := t.opts.own; o != nil {
-		in.RunID, in.ResumedFrom, in.CheckpointDir = o.runID, o.resumedFrom, o.ckptDir
+		in.RunID, in.ResumedFrom, in.CheckpointDir, in.TensorBoard = o.runID, o.resumedFrom, o.ckptDir, o.events
 	}
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		for _, s := range bi.Settings {
@@ -218,7 +229,7 @@ func (t *run) finish(out *Result) error {
 	if err != nil {
 		return fmt.Errorf("saving weights: %w", err)
 	}
-	if err := writeLossPNG(filepath.Join(t.dir, "loss.png"), t.curve); err != nil {
+	if err := writeLossPNG(filepath.Join(t.dir, "loss.png"), t.r.Run.Name, t.curve); err != nil {
 		return fmt.Errorf("writing loss.png: %w", err)
 	}
 	if err := t.sample(out); err != nil {
@@ -232,6 +243,10 @@ func (t *run) finish(out *Result) error {
 	if out.TokensPerS > 0 {
 		info.Result.StepS = float64(t.r.Train.GlobalBatchSize*t.r.Model.SeqLen) / out.TokensPerS
 	}
+	var perf Metrics
+	measure(&perf, t.plan, info.Result.StepS)
+	info.Result.TFLOPS, info.Result.MFU, info.Result.PlannedTFLOPS, info.Result.PlannedMFU = perf.TFLOPS, perf.MFU, perf.TFLOPSPlan, perf.MFUPlan
+	info.Result.PeakTFLOPS = t.plan.Topology.Device.PeakFLOPS / 1e12
 	if c := t.plan.Topology.Calibration; c != nil {
 		info.Result.Probe = c.Probe
 	}
@@ -247,7 +262,9 @@ func (t *run) finish(out *Result) error {
 	if out.FinalValLoss != nil {
 		ev = ev.Float64("final_val_loss", round4(*out.FinalValLoss))
 	}
-	ev.Float64("unigram_entropy", round4(out.UnigramBits)).Float64("tokens_per_s", round4(out.TokensPerS)).Msg("done")
+	ev.Float64("unigram_entropy", round4(out.UnigramBits)).Float64("tokens_per_s", round4(out.TokensPerS)).
+		Float64("step_s", sig4(info.Result.StepS)).Float64("step_s_plan", sig4(info.Result.PlannedStepS)).
+		Float64("mfu", sig4(perf.MFU)).Float64("mfu_plan", sig4(perf.MFUPlan)).Msg("done")
 	return writeJSON(filepath.Join(t.dir, "run.json"), info)
 }
 

@@ -149,9 +149,13 @@ type ownership struct {
 	// ckptDir is checkpoint.dir as an absolute path ("" for the run
 	// directory's checkpoints/), as run.json records it.
 	ckptDir string
-	inPlace bool // a resume continuing its run directory
-	fresh   bool // the directory was made by this process
-	started time.Time
+	// events is the TensorBoard event file this run writes in dir ("" when
+	// logging.tensorboard is off), and oldEvents the one dir's run.json named
+	// before a resume in place, which the run replaces (run.openEvents).
+	events, oldEvents string
+	inPlace           bool // a resume continuing its run directory
+	fresh             bool // the directory was made by this process
+	started           time.Time
 	// header is set once rank 0 starts writing run.json and the recipe into the
 	// directory: from then on a failure is recorded in run.json.
 	header bool
@@ -279,6 +283,9 @@ func (o *ownership) lockInPlace(src, c string, m *ckpt.Meta) (bool, error) {
 		return false, nil
 	}
 	o.dir, o.runID, o.inPlace = src, m.RunID, true
+	if info, err := readRunInfo(src); err == nil {
+		o.oldEvents = info.TensorBoard
+	}
 	return true, nil
 }
 

@@ -17,8 +17,10 @@ import (
 // writeLossPNG draws the training loss (blue, every step) and the validation loss
 // (red dots) against the step: the x axis in steps from 0 to the last step, the y
 // axis in nats from the lowest to the highest loss, each with round-numbered,
-// labelled ticks and a light grid at each, axis titles and a legend.
-func writeLossPNG(path string, curve []Metrics) error {
+// labelled ticks and a light grid at each, axis titles, a legend, and the run's
+// name as the title (cut to titleRunes). The file is replaced atomically: a
+// viewer open on it during a run sees the old plot or the new one.
+func writeLossPNG(path, name string, curve []Metrics) error {
 	const W, H = 800, 480
 	const left, right, top, bottom = 64, 24, 36, 48
 	img := image.NewRGBA(image.Rect(0, 0, W, H))
@@ -57,6 +59,11 @@ func writeLossPNG(path string, curve []Metrics) error {
 	line(img, left, top, left, H-bottom, black)
 	label(img, (left+W-right)/2, H-8, "step", 0.5)
 	label(img, 8, 22, "loss (nats)", 0)
+	if r := []rune(name); len(r) > titleRunes {
+		name = string(r[:titleRunes-3]) + "..."
+	}
+	// Centred between the y axis title and the legend.
+	label(img, (100+W-right-200)/2, 22, name, 0.5)
 	blue, red := color.RGBA{31, 119, 180, 255}, color.RGBA{214, 39, 40, 255}
 	line(img, W-right-190, 18, W-right-170, 18, blue)
 	label(img, W-right-164, 22, "train", 0)
@@ -76,6 +83,10 @@ func writeLossPNG(path string, curve []Metrics) error {
 	}
 	return savePNG(path, img)
 }
+
+// titleRunes is the longest title drawn whole: the room between the y axis
+// title and the legend in the 7-pixel font.
+const titleRunes = 64
 
 // dot draws a filled circle of radius 3.
 func dot(img *image.RGBA, cx, cy int, c color.RGBA) {

@@ -4,6 +4,7 @@ import (
 	"image/png"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -43,7 +44,7 @@ func TestLossPlotHasLabelledAxes(t *testing.T) {
 	v := 2.0
 	curve := []Metrics{{Step: 1, Loss: 5}, {Step: 2, Loss: 4, ValLoss: &v}, {Step: 3, Loss: 3, ValLoss: &nan}}
 	path := filepath.Join(t.TempDir(), "loss.png")
-	require.NoError(t, writeLossPNG(path, curve))
+	require.NoError(t, writeLossPNG(path, "t", curve))
 	f, err := os.Open(path)
 	require.NoError(t, err)
 	defer f.Close()
@@ -62,4 +63,39 @@ func TestLossPlotHasLabelledAxes(t *testing.T) {
 	}
 	assert.Greater(t, dark(0, 36, 56, 432), 50, "y tick labels")
 	assert.Greater(t, dark(64, 436, 776, 470), 50, "x tick labels and title")
+}
+
+// The run's name is the plot's title, centred above the plot between the y
+// axis title and the legend; a long name is cut so that it never reaches the
+// legend.
+func TestLossPlotTitleIsRunName(t *testing.T) {
+	curve := []Metrics{{Step: 1, Loss: 5}, {Step: 2, Loss: 4}}
+	titleRow := func(name string) (inside, beyond int) {
+		path := filepath.Join(t.TempDir(), "loss.png")
+		require.NoError(t, writeLossPNG(path, name, curve))
+		f, err := os.Open(path)
+		require.NoError(t, err)
+		defer f.Close()
+		img, err := png.Decode(f)
+		require.NoError(t, err)
+		for x := 96; x < 586; x++ {
+			for y := 8; y < 26; y++ {
+				if r, _, _, _ := img.At(x, y).RGBA(); r < 0x8000 {
+					if x < 570 {
+						inside++
+					} else {
+						beyond++
+					}
+				}
+			}
+		}
+		return inside, beyond
+	}
+	none, _ := titleRow("")
+	assert.Zero(t, none, "no name, no title")
+	named, _ := titleRow("tiny-moe")
+	assert.Greater(t, named, 20, "the name is drawn")
+	long, beyond := titleRow(strings.Repeat("W", 300))
+	assert.Greater(t, long, named)
+	assert.Zero(t, beyond, "a long name stops short of the legend")
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/shardline/shardline/trainer/data"
 	"github.com/shardline/shardline/trainer/model"
 	"github.com/shardline/shardline/trainer/optim"
+	"github.com/shardline/shardline/trainer/tensorboard"
 )
 
 // Options are what a run needs besides the recipe.
@@ -93,11 +94,23 @@ type Metrics struct {
 	// MemHeld is what this rank holds (bytes: weights, main weights, gradients,
 	// optimizer state, peak gathered units and unit gradient buffers, activations,
 	// logits); MemPlan is the plan's prediction of the same.
-	MemHeld int64    `json:"mem_held"`
-	MemPlan int64    `json:"mem_plan"`
-	AuxLoss *float64 `json:"aux_loss,omitempty"`       // MoE load-balancing loss (weighted)
-	Dropped *int     `json:"tokens_dropped,omitempty"` // MoE copies dropped past capacity, all ranks
-	Skipped bool     `json:"skipped,omitempty"`
+	MemHeld int64 `json:"mem_held"`
+	MemPlan int64 `json:"mem_plan"`
+	// StepS is the step's measured time (seconds, wall clock, forward to
+	// update); TFLOPS is the model's FLOPs per device over it (TFLOP/s), and
+	// MFU that over the device's peak: parallel.Plan.ModelFLOPs / ranks /
+	// StepS / PeakFLOPS (measure). StepSPlan, TFLOPSPlan and MFUPlan are the
+	// plan's predictions of the same. Lines written before 2026-11-27 lack
+	// them.
+	StepS      float64  `json:"step_s,omitempty"`
+	StepSPlan  float64  `json:"step_s_plan,omitempty"`
+	TFLOPS     float64  `json:"tflops,omitempty"`
+	TFLOPSPlan float64  `json:"tflops_plan,omitempty"`
+	MFU        float64  `json:"mfu,omitempty"`
+	MFUPlan    float64  `json:"mfu_plan,omitempty"`
+	AuxLoss    *float64 `json:"aux_loss,omitempty"`       // MoE load-balancing loss (weighted)
+	Dropped    *int     `json:"tokens_dropped,omitempty"` // MoE copies dropped past capacity, all ranks
+	Skipped    bool     `json:"skipped,omitempty"`
 }
 
 // MarshalJSON writes a metrics line that is valid JSON whatever the values: a NaN
@@ -266,6 +279,8 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 		return nil, err
 	}
 	defer own.release()
+	host, _ := os.Hostname()
+	own.events = eventsName(r.Logging.Tensorboard, own.started, host)
 	opts.own = own
 	dir := own.dir
 	logFile, err := fileio.OpenAppend(filepath.Join(dir, "run.log")) // never through a link
@@ -406,6 +421,10 @@ type run struct {
 	modelSteps int64
 	bufs       *stepBufs // openModel makes them
 	metrics    *os.File
+	// events writes the TensorBoard event file eventsFile (rank 0, with
+	// logging.tensorboard; nil otherwise).
+	events     *tensorboard.Writer
+	eventsFile *os.File
 	curve      []Metrics
 	ckpt       *checkpointer // nil when the recipe asks for no checkpoints
 	started    time.Time     // when run.json was first written
@@ -703,9 +722,7 @@ func (t *run) openModel(startStep int) error {
 
 // closeModel releases what openModel built.
 func (t *run) closeModel() {
-	if t.metrics != nil {
-		t.metrics.Close()
-	}
+	t.closeMetrics()
 	if t.rt != nil {
 		t.rt.close()
 	}
@@ -795,6 +812,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		}
 		dt := time.Since(t0).Seconds()
 		met := Metrics{Step: step + 1, LR: lr, MemHeld: t.held().Total, MemPlan: t.plan.Memory.Total, TokensPerS: float64(global*T) / dt}
+		measure(&met, t.plan, dt)
 		rates = append(rates, met.TokensPerS)
 		if lead && (len(rates) == planCheckSteps || (len(rates) < planCheckSteps && step+1 == r.Train.Steps)) {
 			t.checkPlan(float64(global*T), rates)
@@ -1074,8 +1092,8 @@ func describeGood(good Metrics) string {
 }
 
 // nonFinite ends a run that met a non-finite loss or gradient: rank 0 records the
-// failure in run.json and writes no weights, plot or sample, so nothing in the run
-// directory looks like a result.
+// failure in run.json, writes no weights, plot or sample, and removes the plot an
+// earlier evaluation drew, so nothing in the run directory looks like a result.
 func (t *run) nonFinite(err error) error {
 	if t.rank != 0 {
 		return err
@@ -1084,6 +1102,11 @@ func (t *run) nonFinite(err error) error {
 	info.Failure = err.Error()
 	if werr := writeJSON(filepath.Join(t.dir, "run.json"), info); werr != nil {
 		return fmt.Errorf("%w (and writing run.json: %v)", err, werr)
+	}
+	// The plot drawn at an earlier evaluation goes too: a curve that ends
+	// before the failure would look like the run's result.
+	if werr := removeFile(filepath.Join(t.dir, "loss.png")); werr != nil {
+		return fmt.Errorf("%w (and removing loss.png: %v)", err, werr)
 	}
 	last := ""
 	if t.ckpt != nil {
@@ -1178,12 +1201,22 @@ func (t *run) record(met Metrics) error {
 	if _, err := t.metrics.Write(append(b, '\n')); err != nil {
 		return fmt.Errorf("writing metrics.jsonl: %w", err)
 	}
+	if err := t.writeEvents(met.Step, b); err != nil {
+		return err
+	}
 	t.curve = append(t.curve, met)
 	r := t.r
+	if met.ValLoss != nil {
+		// The plot follows the run: redrawn at each evaluation, replaced whole.
+		if err := writeLossPNG(filepath.Join(t.dir, "loss.png"), r.Run.Name, t.curve); err != nil {
+			return fmt.Errorf("writing loss.png: %w", err)
+		}
+	}
 	done := met.Step
 	if done%r.Logging.Interval == 0 || done == r.Train.Steps || met.ValLoss != nil {
 		ev := t.log.Info().Int("step", done).Float64("loss", round4(met.Loss)).Float64("lr", met.LR).
-			Float64("grad_norm", round4(met.GradNorm)).Float64("tokens_per_s", math.Round(met.TokensPerS))
+			Float64("grad_norm", round4(met.GradNorm)).Float64("tokens_per_s", math.Round(met.TokensPerS)).
+			Float64("step_s", sig4(met.StepS)).Float64("tflops", sig4(met.TFLOPS)).Float64("mfu", sig4(met.MFU)).Float64("mfu_plan", sig4(met.MFUPlan))
 		if met.ValLoss != nil {
 			ev = ev.Float64("val_loss", round4(*met.ValLoss))
 		}
@@ -1218,6 +1251,16 @@ func (t *run) showProgress(done int, loss float64, start time.Time) {
 }
 
 func round4(x float64) float64 { return math.Round(x*1e4) / 1e4 }
+
+// sig4 rounds x to four significant digits (0 stays 0): a step time, TFLOP/s
+// or MFU, whose magnitude differs between a CPU and a GPU by thousands.
+func sig4(x float64) float64 {
+	if x == 0 || math.IsNaN(x) || math.IsInf(x, 0) {
+		return x
+	}
+	scale := math.Pow(10, 3-math.Floor(math.Log10(math.Abs(x))))
+	return math.Round(x*scale) / scale
+}
 
 func median(xs []float64) float64 {
 	if len(xs) == 0 {

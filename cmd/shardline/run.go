@@ -36,7 +36,11 @@ func (a *app) runCmd() *cobra.Command {
 		Short: "Train a recipe (default recipes/tiny.toml) on the CPU, on one rank or --nproc N",
 		Long: `Run lints the recipe, compiles its plan and trains it, writing a run directory
 under run.output_dir: the resolved recipe and its fingerprint, the plan, metrics.jsonl
-(one object per step), run.log, the final weights, loss.png and a text sample.
+(one object per step: loss, learning rate, gradient norm, tokens/s, the measured
+step time, TFLOP/s and MFU beside the plan's, memory), TensorBoard events of the
+same (logging.tensorboard, on by default: tensorboard --logdir runs follows the
+run), run.log, the final weights, loss.png (redrawn at each evaluation) and a
+text sample (docs/monitoring.md).
 
 With --nproc N (or parallel.world_size = N) the run is data parallel over N ranks,
 goroutines of this process, executing the plan's sharding strategy: no_shard
