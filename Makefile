@@ -173,13 +173,15 @@ cuda-test: cuda-deps ## build bin/cuda.test, bin/trainer.test, bin/model.test an
 	$(GO) test -c -tags cuda -o bin/cli.test ./cmd/shardline
 	cp "$$($(GO) env GOROOT)/src/testdata/Isaac.Newton-Opticks.txt" bin/opticks.txt
 
-gpu-bundle: cuda-deps ## build bin/gpu/ for scripts/gpu-session.sh: the device tests and shardline-cuda, stripped (about 50 MB, under a device call's 64 MiB carry)
+gpu-bundle: cuda-deps ## build bin/gpu/ for scripts/gpu-session.sh: the device tests and shardline-cuda, stripped and gzipped (about 25 MB; a device call carries 64 MiB, which the binaries alone outgrew)
+	rm -rf bin/gpu
 	$(GO) test -c -tags cuda -ldflags='-s -w' -o bin/gpu/cuda.test ./cuda
 	$(GO) test -c -tags cuda -ldflags='-s -w' -o bin/gpu/trainer.test ./trainer
 	$(GO) test -c -tags cuda -ldflags='-s -w' -o bin/gpu/model.test ./trainer/model
 	$(GO) test -c -tags cuda -ldflags='-s -w' -o bin/gpu/cli.test ./cmd/shardline
 	$(GO) build -buildvcs=auto -tags cuda -ldflags='-s -w' -o bin/gpu/shardline-cuda ./cmd/shardline
 	cp "$$($(GO) env GOROOT)/src/testdata/Isaac.Newton-Opticks.txt" bin/gpu/opticks.txt
+	gzip -9 bin/gpu/*.test bin/gpu/shardline-cuda
 	@du -sh bin/gpu
 
 # The kernels' PTX, committed so that go build never needs nvcc: compute_80 PTX,

@@ -4,7 +4,7 @@
 # returns with its logs). Device time is short (a session may get 15 minutes,
 # start-up included), so everything is built here and nothing is compiled there:
 #
-#   here:   make gpu-bundle        # bin/gpu/: the tagged test binaries, shardline-cuda, opticks.txt (about 50 MB)
+#   here:   make gpu-bundle        # bin/gpu/: the tagged test binaries, shardline-cuda, opticks.txt (gzipped: about 25 MB)
 #   there:  bash scripts/gpu-session.sh [BUDGET]   # run from the repository root, carrying bin/gpu
 #
 # Writes $OUT/gpu-session/ (or /tmp/gpu-session/ without $OUT): one log per stage
@@ -34,6 +34,11 @@ start=$(date +%s)
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export SHARDLINE_OPTICKS=$root/bin/gpu/opticks.txt
 
+# make gpu-bundle gzips the binaries (a device call carries 64 MiB): unpack
+# them in place, once.
+for f in bin/gpu/*.gz; do
+	[ -e "$f" ] && gunzip -f "$f" && chmod +x "${f%.gz}"
+done
 for f in bin/gpu/cuda.test bin/gpu/trainer.test bin/gpu/model.test bin/gpu/cli.test bin/gpu/shardline-cuda bin/gpu/opticks.txt; do
 	if [ ! -e "$f" ]; then
 		echo "gpu-session: $f is missing: run make gpu-bundle here and carry bin/gpu to the GPU machine" | tee -a "$summary" >&2
