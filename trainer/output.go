@@ -27,10 +27,11 @@ type runInfo struct {
 	Name string `json:"name"`
 	// RunID names the run (its checkpoints carry it; a resume in place keeps
 	// it, a branch gets a new one); ResumedFrom is the checkpoint it started
-	// from; CheckpointDir is checkpoint.dir, absolute, when the checkpoints are
-	// not under the run directory.
+	// from and ResumedFromStep its step; CheckpointDir is checkpoint.dir,
+	// absolute, when the checkpoints are not under the run directory.
 	RunID             string          `json:"run_id,omitempty"`
 	ResumedFrom       string          `json:"resumed_from,omitempty"`
+	ResumedFromStep   *int            `json:"resumed_from_step,omitempty"`
 	CheckpointDir     string          `json:"checkpoint_dir,omitempty"`
 	Version           string          `json:"shardline_version"`
 	Revision          string          `json:"vcs_revision,omitempty"` // the commit shardline was built from
@@ -118,6 +119,10 @@ func (t *run) info() runInfo {
 		Started: t.started.UTC().Format(time.RFC3339), Tokenizer: t.ds.Tok.Name(), Machine: thisMachine()}
 	if o := t.opts.own; o != nil {
 		in.RunID, in.ResumedFrom, in.CheckpointDir = o.runID, o.resumedFrom, o.ckptDir
+	}
+	if m := t.opts.resume; m != nil {
+		step := m.Step
+		in.ResumedFromStep = &step
 	}
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		for _, s := range bi.Settings {

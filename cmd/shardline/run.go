@@ -174,7 +174,7 @@ or staged through the host where ranks share a GPU.`,
 		}
 		path := filepath.Join("recipes", "tiny.toml")
 		var ckptDir string
-		if resume != "" && resume != "latest" {
+		if resume != "" && resume != "latest" && resume != "auto" {
 			if ckptDir, err = findCheckpoint(resume); err != nil {
 				return usageErr("--resume %s: %v", resume, err)
 			}
@@ -208,14 +208,24 @@ or staged through the host where ranks share a GPU.`,
 			return err
 		}
 		r := &res.Recipe
-		if resume == "latest" {
-			root := r.Checkpoint.Dir
-			if root == "" {
-				root = filepath.Join(r.Run.OutputDir, r.Run.Name, "checkpoints")
+		var auto *trainer.AutoResume
+		switch resume {
+		case "latest":
+			if ckptDir, err = ckpt.Latest(checkpointRoot(r)); err != nil {
+				return usageErr("--resume latest: %v (run.output_dir/run.name, or checkpoint.dir, say where to look; --resume auto starts a new run where there is none)", err)
 			}
-			if ckptDir, err = ckpt.Latest(root); err != nil {
-				return usageErr("--resume latest: %v (run.output_dir/run.name, or checkpoint.dir, say where to look)", err)
+		case "auto":
+			// The newest checkpoint that checks out, or none: a new run. The
+			// same command line starts a job and continues it.
+			if !r.Checkpoint.Saves() {
+				return usageErr("--resume auto: the recipe writes no checkpoints (checkpoint.interval is 0 and checkpoint.dir empty), so a second run would find nothing to continue; set --save-interval N or checkpoint.interval_minutes")
 			}
+			root := checkpointRoot(r)
+			dir, skipped, err := ckpt.Newest(root)
+			if err != nil {
+				return usageErr("--resume auto: reading the checkpoint root %s: %v; make it readable, or point checkpoint.dir (--save) elsewhere", root, unwrap(err))
+			}
+			ckptDir, auto = dir, &trainer.AutoResume{Root: root, Skipped: skipped}
 		}
 		if r.Parallel.Device == "cpu" {
 			// Measured now, under the load the run will see (well under a
@@ -230,8 +240,10 @@ or staged through the host where ranks share a GPU.`,
 				fmt.Fprintf(a.stderr, "note: the plan's step time is timed from a calibration measured on %s, not on this machine: probing this machine failed: %v\n", a.cpu.table.Host, a.cpu.err)
 			}
 		}
-		if a.preflight != nil {
-			return nil // launch: the command line and recipe are good; the ranks train
+		if p := a.preflight; p != nil {
+			// launch: the command line and recipe are good; the ranks train
+			p.resume, p.checkpointRoot = resume, checkpointRoot(r)
+			return nil
 		}
 		// A rank that shardline launch started writes to the launcher through a
 		// pipe; the launcher says whether its own stderr is a terminal.
@@ -240,7 +252,7 @@ or staged through the host where ranks share a GPU.`,
 		if err != nil {
 			return err
 		}
-		opts := trainer.Options{Backend: cpu.Backend{}, Calibrations: a.cals, Env: config.EnvMap(a.env), LogOut: logOut, LogLevel: level, Version: version, CacheDir: a.cacheDir(), TracePath: trace, DataRoot: a.settings.DataRoot, Resume: ckptDir, StopAfter: stopAfter, InitFrom: initFrom}
+		opts := trainer.Options{Backend: cpu.Backend{}, Calibrations: a.cals, Env: config.EnvMap(a.env), LogOut: logOut, LogLevel: level, Version: version, CacheDir: a.cacheDir(), TracePath: trace, DataRoot: a.settings.DataRoot, Resume: ckptDir, AutoResume: auto, StopAfter: stopAfter, InitFrom: initFrom}
 		if tty && r.Logging.Progress && (job == nil || job.rank == 0) {
 			opts.Progress = a.stderr
 		}
@@ -332,6 +344,9 @@ func jobExitCode(err error) int {
 type preflight struct {
 	world int
 	flag  string
+	// What run found, for launch: the --resume value given, and the
+	// recipe's checkpoint root (where --resume auto looks).
+	resume, checkpointRoot string
 }
 
 // preflightRun checks "shardline run ARGS" as each rank of a job of world ranks
@@ -339,13 +354,24 @@ type preflight struct {
 // training: launch calls it once, so that a bad command line or recipe is
 // reported once and no rank starts. flag names the launch flag that set the
 // world size, in messages.
-func (a *app) preflightRun(args []string, world int, flag string) error {
-	b := &app{stdout: a.stdout, stderr: a.stderr, args: append([]string{"run"}, args...), env: a.env, preflight: &preflight{world: world, flag: flag}}
+func (a *app) preflightRun(args []string, world int, flag string) (*preflight, error) {
+	p := &preflight{world: world, flag: flag}
+	b := &app{stdout: a.stdout, stderr: a.stderr, args: append([]string{"run"}, args...), env: a.env, preflight: p}
 	root := b.rootCmd()
 	root.SetArgs(b.args)
 	root.SetOut(a.stdout)
 	root.SetErr(a.stderr)
-	return root.Execute()
+	return p, root.Execute()
+}
+
+// checkpointRoot is where the recipe's run saves its checkpoints, and where
+// --resume latest and auto look: checkpoint.dir, or the checkpoints/ of the
+// run directory run.output_dir/run.name.
+func checkpointRoot(r *config.Recipe) string {
+	if r.Checkpoint.Dir != "" {
+		return r.Checkpoint.Dir
+	}
+	return filepath.Join(r.Run.OutputDir, r.Run.Name, "checkpoints")
 }
 
 // findCheckpoint resolves --resume PATH: a checkpoint directory itself, or a
