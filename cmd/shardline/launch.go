@@ -115,13 +115,9 @@ and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 		}
 		// The command line and recipe are checked once, here, before any rank
 		// starts: N ranks each finding the same error printed it N times.
-		pf, err := a.preflightRun(args, world, worldFlag)
+		pf, err := a.preflightRun(args, world, worldFlag, maxRestarts)
 		if err != nil {
 			return err
-		}
-		if maxRestarts > 0 && pf.resume != "auto" {
-			return usageErr("--max-restarts %d restarts the ranks from the newest checkpoint, which they find with run's --resume auto: give --resume auto after the recipe (the first start then also continues a checkpoint it finds, and starts afresh where there is none)%s", maxRestarts,
-				map[bool]string{true: "", false: "; --resume " + pf.resume + " names one checkpoint, which every restart would go back to"}[pf.resume == ""])
 		}
 		env := config.EnvMap(a.env)
 		token := env["SHARDLINE_JOB_TOKEN"]

@@ -2,13 +2,18 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -95,4 +100,125 @@ func grepLines(s string, subs ...string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestLaunchDoesNotRestartOwnFailure: rank 1's data does not exist, so it
+// exits 1 (a finding a restart cannot mend): launch ends the job at once
+// under --max-restarts 3, saying why it did not restart.
+func TestLaunchDoesNotRestartOwnFailure(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "x0.txt"), []byte(strings.Repeat("some text here. ", 100)), 0o644))
+	code, _, errs := shardline(t, []string{"SHARDLINE_TEST_AS_CLI=1"}, "launch", "--nproc", "2", "--grace", "2s", "--max-restarts", "3", filepath.Join(recipesDir, "tiny.toml"),
+		"--set", "data.path="+filepath.Join(dir, "x${RANK}.txt"), "--seq-length", "16", "--global-batch-size", "32", "--train-iters", "50",
+		"--set", "run.output_dir="+dir, "--save-interval", "10", "--resume", "auto")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errs, "rank 1 exited with status 1")
+	assert.Contains(t, errs, "not restarted: a rank failed on its own account")
+	assert.NotContains(t, errs, "restart 1 of 3")
+}
+
+// TestMaxRestartsNeedsResumeAuto: --max-restarts without the ranks' --resume
+// auto (or with --resume naming one checkpoint) is refused before any rank
+// starts, as are negative counts and back-offs; --resume auto on a recipe
+// that writes no checkpoints is refused too.
+func TestMaxRestartsNeedsResumeAuto(t *testing.T) {
+	dir := t.TempDir()
+	tiny := filepath.Join(recipesDir, "tiny.toml")
+	out := "run.output_dir=" + dir
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"launch", "--nproc", "2", "--max-restarts", "2", tiny, "--global-batch-size", "32", "--set", out, "--save-interval", "5"}, "give --resume auto after the recipe"},
+		{[]string{"launch", "--nproc", "2", "--max-restarts", "2", tiny, "--global-batch-size", "32", "--set", out, "--save-interval", "5", "--resume", "latest"}, "--resume latest names one checkpoint, which every restart would go back to"},
+		{[]string{"launch", "--nproc", "2", "--max-restarts", "-1", tiny}, "--max-restarts -1 must not be negative"},
+		{[]string{"launch", "--nproc", "2", "--restart-backoff", "-1s", tiny}, "--restart-backoff -1s must not be negative"},
+		{[]string{"run", tiny, "--set", out, "--resume", "auto"}, "--resume auto: the recipe writes no checkpoints"},
+	} {
+		code, _, errs := shardline(t, nil, c.args...)
+		assert.Equal(t, 2, code, "%v: %s", c.args, errs)
+		assert.Contains(t, errs, c.want, "%v", c.args)
+	}
+}
+
+// TestRestartDelay: the back-off doubles from the first wait and stops at
+// maxBackoff.
+func TestRestartDelay(t *testing.T) {
+	var got []time.Duration
+	for n := range 8 {
+		got = append(got, restartDelay(time.Second, n))
+	}
+	assert.Equal(t, []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second, 32 * time.Second, time.Minute, time.Minute}, got)
+	assert.Equal(t, time.Duration(0), restartDelay(0, 3))
+	assert.Equal(t, time.Minute, restartDelay(time.Hour, 0))
+	assert.Equal(t, time.Minute, restartDelay(time.Second, 1000), "no overflow")
+}
+
+// runCLI runs this test binary as the shardline CLI (TestMain) with env
+// added, and returns its exit status and output.
+func runCLI(t *testing.T, env []string, args ...string) (int, string) {
+	t.Helper()
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	c := exec.Command(exe, args...)
+	c.Env = append(append(os.Environ(), "SHARDLINE_TEST_AS_CLI=1"), env...)
+	out, err := c.CombinedOutput()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode(), string(out)
+	}
+	require.NoError(t, err)
+	return 0, string(out)
+}
+
+// TestResumeAutoTwice: one command line with --resume auto, run twice, the
+// first run interrupted (SIGINT at a seeded step: it saves and exits 130),
+// equals one uninterrupted run bit for bit, on one rank and on two in
+// process. The second run continues the first's directory in place, and its
+// log and run.json name the checkpoint and step. A first run killed
+// (SIGKILL) before its first checkpoint leaves an unfinished run directory,
+// which the next run retakes rather than starting beside it.
+func TestResumeAutoTwice(t *testing.T) {
+	dir := t.TempDir()
+	job := restartJob(t, dir)
+	for _, nproc := range []string{"1", "2"} {
+		whole, stopped := filepath.Join(dir, "whole"+nproc), filepath.Join(dir, "stopped"+nproc)
+		args := append([]string{"run", "--nproc", nproc}, job...)
+		code, out := runCLI(t, nil, append(args, "--set", "run.output_dir="+whole)...)
+		require.Equal(t, 0, code, out)
+
+		step := seededSteps(uint64(len(nproc))+7, 1, 24)[0]
+		line := append(args, "--set", "run.output_dir="+stopped)
+		code, out = runCLI(t, []string{"SHARDLINE_TEST_SIGNAL=INT@" + strconv.Itoa(step), "SHARDLINE_TEST_SIGNAL_DIR=" + t.TempDir()}, line...)
+		require.Equal(t, 130, code, out)
+		code, out = runCLI(t, nil, line...)
+		require.Equal(t, 0, code, out)
+		assert.Contains(t, out, `"message":"resumed from checkpoint"`)
+		assert.Contains(t, out, `"continues":"its run directory, in place"`)
+
+		a, b := must(os.ReadFile(filepath.Join(whole, "tiny", "metrics.jsonl"))), must(os.ReadFile(filepath.Join(stopped, "tiny", "metrics.jsonl")))
+		assert.Equal(t, curveLines(a), curveLines(b), "nproc %s, interrupted at step %d", nproc, step)
+		assert.True(t, bytes.Equal(must(os.ReadFile(filepath.Join(whole, "tiny", "weights.bin"))), must(os.ReadFile(filepath.Join(stopped, "tiny", "weights.bin")))),
+			"nproc %s: final weights", nproc)
+		var info struct {
+			ResumedFrom     string `json:"resumed_from"`
+			ResumedFromStep *int   `json:"resumed_from_step"`
+		}
+		require.NoError(t, json.Unmarshal(must(os.ReadFile(filepath.Join(stopped, "tiny", "run.json"))), &info))
+		require.NotNil(t, info.ResumedFromStep)
+		assert.Equal(t, filepath.Join(stopped, "tiny", "checkpoints", fmt.Sprintf("step-%08d", *info.ResumedFromStep)), info.ResumedFrom)
+		assert.NoDirExists(t, filepath.Join(stopped, "tiny-2"), "the second run continued the first's directory")
+	}
+
+	// Killed before its first checkpoint (step 1; checkpoints every 2 steps):
+	// the next run retakes tiny/ and finishes there.
+	killed := filepath.Join(dir, "killed")
+	line := append(append([]string{"run"}, job...), "--set", "run.output_dir="+killed)
+	code, out := runCLI(t, []string{"SHARDLINE_TEST_SIGNAL=KILL@1", "SHARDLINE_TEST_SIGNAL_DIR=" + t.TempDir()}, line...)
+	require.Equal(t, -1, code, "killed by SIGKILL: %s", out)
+	code, out = runCLI(t, nil, line...)
+	require.Equal(t, 0, code, out)
+	assert.Contains(t, out, "--resume auto: no complete checkpoint under the checkpoint root; starting a new run")
+	assert.NoDirExists(t, filepath.Join(killed, "tiny-2"))
+	assert.True(t, bytes.Equal(must(os.ReadFile(filepath.Join(dir, "whole1", "tiny", "weights.bin"))), must(os.ReadFile(filepath.Join(killed, "tiny", "weights.bin")))))
 }

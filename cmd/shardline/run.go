@@ -130,6 +130,13 @@ or staged through the host where ranks share a GPU.`,
 		if cmd.Flags().Changed("nproc") && (nproc < 1 || cmd.Flags().Changed("world-size")) {
 			return usageErr("--nproc %d: give a positive rank count, and not together with --world-size", nproc)
 		}
+		if p := a.preflight; p != nil && p.restarts > 0 && resume != "auto" {
+			why := ""
+			if resume != "" {
+				why = fmt.Sprintf("; --resume %s names one checkpoint, which every restart would go back to", resume)
+			}
+			return usageErr("launch --max-restarts %d restarts the ranks from the newest checkpoint, which they find with run's --resume auto: give --resume auto after the recipe (the first start then also continues a checkpoint it finds, and starts afresh where there is none)%s", p.restarts, why)
+		}
 		if initFrom != "" && resume != "" {
 			return usageErr("--init-from and --resume both say where to start: give one")
 		}
@@ -344,6 +351,9 @@ func jobExitCode(err error) int {
 type preflight struct {
 	world int
 	flag  string
+	// restarts is launch's --max-restarts: above 0, run must be given
+	// --resume auto.
+	restarts int
 	// What run found, for launch: the --resume value given, and the
 	// recipe's checkpoint root (where --resume auto looks).
 	resume, checkpointRoot string
@@ -353,9 +363,9 @@ type preflight struct {
 // will run it (its flags, its recipe linted, --resume found) and stops before
 // training: launch calls it once, so that a bad command line or recipe is
 // reported once and no rank starts. flag names the launch flag that set the
-// world size, in messages.
-func (a *app) preflightRun(args []string, world int, flag string) (*preflight, error) {
-	p := &preflight{world: world, flag: flag}
+// world size, in messages; restarts is launch's --max-restarts.
+func (a *app) preflightRun(args []string, world int, flag string, restarts int) (*preflight, error) {
+	p := &preflight{world: world, flag: flag, restarts: restarts}
 	b := &app{stdout: a.stdout, stderr: a.stderr, args: append([]string{"run"}, args...), env: a.env, preflight: p}
 	root := b.rootCmd()
 	root.SetArgs(b.args)
