@@ -136,6 +136,9 @@ func (t *run) trainDevice(ctx context.Context, out *Result, world comm.Communica
 			t.log.Warn().Int("step", step).Msg("interrupted: writing what the run has so far")
 			break
 		}
+		if c := t.ckpt; c.timeUp() { // one rank: its clock decides alone
+			c.timeDue = true
+		}
 		t0 := time.Now()
 		lr := sched.LR(step)
 		res, err := eng.Step(func(mb int, tokens, targets []int32) {
@@ -180,7 +183,7 @@ func (t *run) trainDevice(ctx context.Context, out *Result, world comm.Communica
 			t.showProgress(step+1, met.Loss, start)
 		}
 		last, done = met, step+1
-		if c := t.ckpt; c != nil && c.interval > 0 && done%c.interval == 0 && !lastSkipped {
+		if t.ckpt.due(done) && !lastSkipped {
 			if err := save(done); err != nil {
 				return nil, err
 			}

@@ -83,6 +83,9 @@ type Options struct {
 	resume *ckpt.Meta // Resume's metadata, read by Run
 	own    *ownership // rank 0's hold on its run directory, taken by Run
 	faults *faults    // tests' stand-ins for a failing disk or rank
+	// clock is what checkpoint.interval_minutes reads on rank 0: time.Now,
+	// or a test's clock.
+	clock func() time.Time
 }
 
 // AutoResume is what --resume auto found under the recipe's checkpoint root.
@@ -693,7 +696,15 @@ func (t *run) openCheckpointer(startStep int) {
 	if root == "" {
 		root = filepath.Join(cmp.Or(t.dir, t.ckptRunDir), "checkpoints")
 	}
-	t.ckpt = &checkpointer{root: root, interval: r.Checkpoint.Interval, keep: r.Checkpoint.KeepLast, saved: -1}
+	t.ckpt = &checkpointer{root: root, interval: r.Checkpoint.Interval, keep: r.Checkpoint.KeepLast, saved: -1,
+		every: time.Duration(r.Checkpoint.IntervalMinutes * float64(time.Minute)), clock: t.opts.clock, lead: t.rank == 0}
+	if t.ckpt.clock == nil {
+		t.ckpt.clock = time.Now
+	}
+	if t.ckpt.lead && t.ckpt.every > 0 {
+		t.ckpt.since = t.ckpt.clock()
+		t.ckpt.checked = t.ckpt.since
+	}
 	if t.opts.Resume != "" && sameDir(filepath.Dir(t.opts.Resume), root) {
 		t.ckpt.saved = startStep // the checkpoint resumed from is this root's
 	}
@@ -995,7 +1006,7 @@ func newStepBufs(B, T, cp int, mem tensor.Memory, rows int) *stepBufs {
 	count := make([]float64, 1)
 	return &stepBufs{tokens: make([]int32, B*T), targets: make([]int32, B*T), count: count, countHost: count,
 		local: make([]int32, B*T/cp), localTargets: make([]int32, B*T/cp),
-		discard: mem.Alloc(tensor.Float64, 1), eval: mem.Alloc(tensor.Float64, 1), flag: make([]float32, 3),
+		discard: mem.Alloc(tensor.Float64, 1), eval: mem.Alloc(tensor.Float64, 1), flag: make([]float32, 4),
 		history: mem.Alloc(tensor.Float64, rows*tensor.NumStats), hostHistory: make([]float64, rows*tensor.NumStats),
 		pending: make([]Metrics, 0, rows)}
 }
