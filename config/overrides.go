@@ -183,7 +183,7 @@ func (l *loader) applyImplied() {
 	}
 	if r.Run.Name == "" {
 		f, _ := recipeSchema.Lookup("run.name")
-		base := filepath.Base(l.res.Path)
+		base := filepath.Base(strings.TrimPrefix(l.res.Path, ShippedPrefix))
 		// A file name need not be UTF-8; the name written into the resolved recipe must.
 		name := strings.ToValidUTF8(strings.TrimSuffix(base, filepath.Ext(base)), "_")
 		l.set(f, name, Origin{Kind: FromImplied, Because: "the recipe's file name", Pos: Pos{File: l.res.Path}})

@@ -64,9 +64,24 @@ outputs before SIGKILL; launch exits 130 as run does, and names a rank it had
 to kill ("did not stop within --interrupt-grace"), which is not a failure.
 SIGINT or SIGTERM to any one rank stops every rank at the same step too, with
 one checkpoint, and launch exits 130.
+
+With --max-restarts N and the ranks' --resume auto, a job whose rank crashed
+(killed by a signal launch did not send: the out-of-memory killer, a
+segfault, a scheduler), was found stopped, or whose ranks only lost each
+other (exit 3) is restarted, every rank, from the newest checkpoint, up to N
+times, after a back-off of --restart-backoff (default 1s) doubling with each
+restart up to 1m; launch logs each restart, naming the rank that failed, how,
+and the checkpoint and step the job continues from. A rank that exits 1 (the
+recipe or data refused at run time, ranks that disagree, a non-finite loss,
+a failed checkpoint write) or 2 (a usage error, or a Go runtime crash) would
+fail the same way again: launch ends the job, saying it did not restart. So
+does an interrupt (130). Checkpoints every few steps or minutes
+(--save-interval, checkpoint.interval_minutes) bound the work a restart
+repeats.
 On several nodes, run launch on each with the same --master-addr, --master-port
 and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 		Example: `  shardline launch --nproc 2 recipes/tiny.toml --global-batch-size 32
+  shardline launch --nproc 2 --max-restarts 3 recipes/tiny.toml --global-batch-size 32 --save-interval 50 --resume auto
   SHARDLINE_JOB_TOKEN=s3cret shardline launch --nproc 8 --nnodes 2 --node-rank 1 --master-addr 10.0.0.1 --master-port 29500 recipes/llama-1b.toml`,
 		Args: cobra.MinimumNArgs(1),
 	}

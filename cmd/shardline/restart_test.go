@@ -222,3 +222,30 @@ func TestResumeAutoTwice(t *testing.T) {
 	assert.NoDirExists(t, filepath.Join(killed, "tiny-2"))
 	assert.True(t, bytes.Equal(must(os.ReadFile(filepath.Join(dir, "whole1", "tiny", "weights.bin"))), must(os.ReadFile(filepath.Join(killed, "tiny", "weights.bin")))))
 }
+
+// TestRunFromAnyDirectory: `shardline run` with no recipe, in a directory
+// that holds no recipes/ (a fresh temporary one), trains the default recipe
+// shipped inside the binary, and run.json says so (recipe_files); an unknown
+// shipped: name is refused, listing the shipped ones.
+func TestRunFromAnyDirectory(t *testing.T) {
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	cwd := t.TempDir()
+	c := exec.Command(exe, "run", "--train-iters", "3", "--set", "logging.sample_tokens=0", "--set", "train.eval_interval=0")
+	c.Dir = cwd
+	c.Env = append(os.Environ(), "SHARDLINE_TEST_AS_CLI=1")
+	out, err := c.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	var info struct {
+		RecipeFiles []string `json:"recipe_files"`
+		Name        string   `json:"name"`
+	}
+	require.NoError(t, json.Unmarshal(must(os.ReadFile(filepath.Join(cwd, "runs", "tiny", "run.json"))), &info))
+	assert.Equal(t, []string{"shipped:tiny.toml"}, info.RecipeFiles)
+	assert.Equal(t, "tiny", info.Name)
+	assert.Len(t, curveLines(must(os.ReadFile(filepath.Join(cwd, "runs", "tiny", "metrics.jsonl")))), 3)
+
+	code, _, errs := shardline(t, nil, "run", "shipped:nope")
+	assert.Equal(t, 2, code)
+	assert.Contains(t, errs, "this shardline ships no recipe nope.toml; the shipped ones are shipped:dense-125m, ")
+}

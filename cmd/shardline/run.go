@@ -18,6 +18,7 @@ import (
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/fileio"
 	"github.com/shardline/shardline/parallel/comm"
+	"github.com/shardline/shardline/recipes"
 	"github.com/shardline/shardline/tensor/cpu"
 	"github.com/shardline/shardline/trainer"
 	"github.com/shardline/shardline/trainer/ckpt"
@@ -32,11 +33,16 @@ func isTerminal(w io.Writer) bool {
 
 func (a *app) runCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "run [flags] [RECIPE | RUN_DIR]",
-		Short: "Train a recipe (default recipes/tiny.toml) on the CPU, on one rank or --nproc N",
+		Use:   "run [flags] [RECIPE | shipped:NAME | RUN_DIR]",
+		Short: "Train a recipe (default shipped:tiny, built in) on the CPU, on one rank or --nproc N",
 		Long: `Run lints the recipe, compiles its plan and trains it, writing a run directory
 under run.output_dir: the resolved recipe and its fingerprint, the plan, metrics.jsonl
 (one object per step), run.log, the final weights, loss.png and a text sample.
+
+RECIPE is a TOML file. shipped:NAME is a recipe shipped inside shardline (tiny,
+moe-tiny, dense-125m, llama-1b, llama4-3bx128e: the files of recipes/ in the
+source tree it was built from), which works from any directory; with no
+argument run trains shipped:tiny. run.json's recipe_files says which it was.
 
 With --nproc N (or parallel.world_size = N) the run is data parallel over N ranks,
 goroutines of this process, executing the plan's sharding strategy: no_shard
@@ -62,7 +68,14 @@ and on SIGINT/SIGTERM; --resume continues a run from one, on any world size,
 strategy or expert-parallel degree (docs/checkpoints.md). A resume from the
 newest checkpoint in its run's own checkpoint directory continues that run
 directory; any other (a copied checkpoint, an older step, another checkpoint
-directory) starts a new run directory and leaves the old one as it was. One
+directory) starts a new run directory and leaves the old one as it was.
+--resume auto continues from the newest checkpoint under the recipe's
+checkpoint directory that checks out, and starts a new run where there is
+none (taking over run.output_dir/run.name when a run there died before its
+first checkpoint), so that one command line both starts and continues a job
+(launch --max-restarts relies on it). checkpoint.interval_minutes saves by
+wall-clock time too. The log line "resumed from checkpoint" and run.json's
+resumed_from and resumed_from_step name the checkpoint a run continued. One
 process writes a run directory at a time: a second is refused, naming the
 first one's pid (docs/robustness.md, "Who owns a run directory").
 
@@ -79,8 +92,10 @@ which this binary hands the run to with the same arguments: one rank on one
 GPU; several (--nproc, or a job's ranks: launch, torchrun, SLURM, mpirun) each
 on the GPU of its index on the node (LOCAL_RANK), their collectives over NCCL,
 or staged through the host where ranks share a GPU.`,
-		Example: `  shardline run
+		Example: `  shardline run                                               # shipped:tiny, from any directory
+  shardline run shipped:moe-tiny --train-iters 50
   shardline run recipes/tiny.toml --save-interval 100        # checkpoints under the run directory
+  shardline run recipes/tiny.toml --save-interval 100 --resume auto   # the same line starts the run and continues it
   shardline run --resume runs/tiny                            # continue from its newest checkpoint
   shardline run runs/tiny                                     # run it again from its resolved recipe (same metrics, bit for bit)
   shardline run --resume runs/tiny --nproc 4 --data-parallel-sharding-strategy optim   # resharded
@@ -98,7 +113,7 @@ or staged through the host where ranks share a GPU.`,
 	cmd.Flags().IntVar(&nproc, "nproc", 0, "train on N ranks as goroutines of this process (sets parallel.world_size)")
 	var trace, resume string
 	var commTimeout time.Duration
-	cmd.Flags().StringVar(&resume, "resume", "", "continue a run from a checkpoint: a checkpoint directory, a run directory or checkpoint root (its newest complete checkpoint), or latest (the newest under the recipe's checkpoint directory); RECIPE defaults to the run's resolved.toml. The run's newest checkpoint continues its run directory; any other starts a new one")
+	cmd.Flags().StringVar(&resume, "resume", "", "continue a run from a checkpoint: a checkpoint directory, a run directory or checkpoint root (its newest complete checkpoint), latest (the newest under the recipe's checkpoint directory), or auto (as latest, skipping checkpoints that do not check out, and a new run where there is none); with a path RECIPE defaults to the run's resolved.toml. The run's newest checkpoint continues its run directory; any other starts a new one")
 	cmd.Flags().StringVar(&resume, "load", "", "Megatron's --load: the same as --resume")
 	var initFrom string
 	cmd.Flags().StringVar(&initFrom, "init-from", "", "start from a Hugging Face model directory's weights (config.json, safetensors; shardline ckpt export writes one) instead of the initialisation: fine-tuning. Its config.json must describe the recipe's model: every key that differs is refused, named")
@@ -179,7 +194,7 @@ or staged through the host where ranks share a GPU.`,
 			// launcher's WORLD_SIZE.
 			rf.extra = append(rf.extra, config.FlagValue{Name: cmp.Or(job.worldFlag, "world-size"), Value: fmt.Sprint(job.world), Key: "parallel.world_size"})
 		}
-		path := filepath.Join("recipes", "tiny.toml")
+		path := config.ShippedPrefix + recipes.Default // the binary's own copy: any working directory
 		var ckptDir string
 		if resume != "" && resume != "latest" && resume != "auto" {
 			if ckptDir, err = findCheckpoint(resume); err != nil {
