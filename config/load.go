@@ -62,6 +62,9 @@ type FlagValue struct {
 	// Key, when set, is the recipe key the flag sets: a command's own flag (run's
 	// --device) rather than a Megatron flag of the schema.
 	Key string
+	// Env says that Name is an environment variable that set Key (a
+	// launcher's WORLD_SIZE), not a flag: messages name the variable.
+	Env bool
 }
 
 // Resolved is a recipe with the origin of every value.

@@ -124,6 +124,9 @@ func (l *loader) applyFlags() {
 	for _, fv := range l.opts.Flags {
 		name := strings.TrimLeft(fv.Name, "-")
 		o := Origin{Kind: FromFlag, Name: "--" + name, Raw: fv.Value, Pos: Pos{File: l.res.Path}}
+		if fv.Env {
+			o.Kind, o.Name = FromEnv, fv.Name
+		}
 		if fv.Key != "" {
 			if f, ok := recipeSchema.Lookup(fv.Key); ok {
 				l.applyString(f, fv.Value, o)

@@ -191,8 +191,13 @@ or staged through the host where ranks share a GPU.`,
 		}
 		if job != nil {
 			// Named for what set it: launch's --nproc (and --nnodes), else the
-			// launcher's WORLD_SIZE.
-			rf.extra = append(rf.extra, config.FlagValue{Name: cmp.Or(job.worldFlag, "world-size"), Value: fmt.Sprint(job.world), Key: "parallel.world_size"})
+			// launcher's variable (torchrun's WORLD_SIZE, SLURM_NTASKS, ...),
+			// never a --world-size the user did not type.
+			v := config.FlagValue{Name: job.worldFlag, Value: fmt.Sprint(job.world), Key: "parallel.world_size"}
+			if v.Name == "" {
+				v.Name, v.Env = cmp.Or(job.worldVar, "WORLD_SIZE"), true
+			}
+			rf.extra = append(rf.extra, v)
 		}
 		path := config.ShippedPrefix + recipes.Default // the binary's own copy: any working directory
 		var ckptDir string
