@@ -92,6 +92,9 @@ type Options struct {
 type AutoResume struct {
 	Root    string
 	Skipped []ckpt.Skipped
+	// InitFrom is the --init-from a found checkpoint made moot: the run
+	// continues the checkpoint, whose weights started from it.
+	InitFrom string
 }
 
 // Process is this process's place in a multi-process job.
@@ -669,6 +672,9 @@ func (t *run) logResume(startStep int) {
 		}
 		if t.opts.Resume == "" {
 			t.log.Info().Str("checkpoint_root", a.Root).Msg("--resume auto: no complete checkpoint under the checkpoint root; starting a new run")
+		}
+		if a.InitFrom != "" {
+			t.log.Info().Str("init_from", a.InitFrom).Msg("--resume auto found a checkpoint, which continues the run: --init-from applies only to a run that starts")
 		}
 	}
 	if t.opts.Resume == "" {

@@ -249,3 +249,37 @@ func TestRunFromAnyDirectory(t *testing.T) {
 	assert.Equal(t, 2, code)
 	assert.Contains(t, errs, "this shardline ships no recipe nope.toml; the shipped ones are shipped:dense-125m, ")
 }
+
+// TestResumeAutoWithInitFrom: --init-from with --resume auto starts from the
+// Hugging Face weights when there is no checkpoint, and continues the
+// checkpoint when there is one (saying that --init-from is not applied):
+// the same command line run twice, the first time interrupted, equals one
+// uninterrupted fine-tuning run bit for bit. --init-from with any other
+// --resume is refused.
+func TestResumeAutoWithInitFrom(t *testing.T) {
+	dir := t.TempDir()
+	job := restartJob(t, dir)
+	base := filepath.Join(dir, "base")
+	code, out := runCLI(t, nil, append(append([]string{"run"}, job...), "--set", "run.output_dir="+base, "--train-iters", "4")...)
+	require.Equal(t, 0, code, out)
+	hf := filepath.Join(dir, "hf")
+	code, _, errs := shardline(t, nil, "ckpt", "export", filepath.Join(base, "tiny"), "-o", hf)
+	require.Equal(t, 0, code, errs)
+
+	line := append(append([]string{"run"}, job...), "--init-from", hf)
+	whole, stopped := filepath.Join(dir, "whole"), filepath.Join(dir, "stopped")
+	code, out = runCLI(t, nil, append(line, "--set", "run.output_dir="+whole)...)
+	require.Equal(t, 0, code, out)
+	again := append(line, "--set", "run.output_dir="+stopped)
+	code, out = runCLI(t, []string{"SHARDLINE_TEST_SIGNAL=INT@9", "SHARDLINE_TEST_SIGNAL_DIR=" + t.TempDir()}, again...)
+	require.Equal(t, 130, code, out)
+	code, out = runCLI(t, nil, again...)
+	require.Equal(t, 0, code, out)
+	assert.Contains(t, out, "--init-from applies only to a run that starts")
+	assert.Equal(t, curveLines(must(os.ReadFile(filepath.Join(whole, "tiny", "metrics.jsonl")))), curveLines(must(os.ReadFile(filepath.Join(stopped, "tiny", "metrics.jsonl")))))
+	assert.True(t, bytes.Equal(must(os.ReadFile(filepath.Join(whole, "tiny", "weights.bin"))), must(os.ReadFile(filepath.Join(stopped, "tiny", "weights.bin")))), "final weights")
+
+	code, _, errs = shardline(t, nil, "run", filepath.Join(recipesDir, "tiny.toml"), "--init-from", hf, "--resume", "latest")
+	assert.Equal(t, 2, code)
+	assert.Contains(t, errs, "--init-from and --resume latest both say where to start")
+}

@@ -116,7 +116,7 @@ or staged through the host where ranks share a GPU.`,
 	cmd.Flags().StringVar(&resume, "resume", "", "continue a run from a checkpoint: a checkpoint directory, a run directory or checkpoint root (its newest complete checkpoint), latest (the newest under the recipe's checkpoint directory), or auto (as latest, skipping checkpoints that do not check out, and a new run where there is none); with a path RECIPE defaults to the run's resolved.toml. The run's newest checkpoint continues its run directory; any other starts a new one")
 	cmd.Flags().StringVar(&resume, "load", "", "Megatron's --load: the same as --resume")
 	var initFrom string
-	cmd.Flags().StringVar(&initFrom, "init-from", "", "start from a Hugging Face model directory's weights (config.json, safetensors; shardline ckpt export writes one) instead of the initialisation: fine-tuning. Its config.json must describe the recipe's model: every key that differs is refused, named")
+	cmd.Flags().StringVar(&initFrom, "init-from", "", "start from a Hugging Face model directory's weights (config.json, safetensors; shardline ckpt export writes one) instead of the initialisation: fine-tuning. Its config.json must describe the recipe's model: every key that differs is refused, named. With --resume auto it starts a run that has no checkpoint yet, and a found checkpoint continues instead")
 	var device string
 	cmd.Flags().StringVar(&device, "device", "", "cpu or cuda: sets parallel.device (cuda trains through shardline-cuda, a GPU per rank; docs/cuda.md)")
 	var stopAfter int
@@ -152,8 +152,8 @@ or staged through the host where ranks share a GPU.`,
 			}
 			return usageErr("launch --max-restarts %d restarts the ranks from the newest checkpoint, which they find with run's --resume auto: give --resume auto after the recipe (the first start then also continues a checkpoint it finds, and starts afresh where there is none)%s", p.restarts, why)
 		}
-		if initFrom != "" && resume != "" {
-			return usageErr("--init-from and --resume both say where to start: give one")
+		if initFrom != "" && resume != "" && resume != "auto" {
+			return usageErr("--init-from and --resume %s both say where to start: give one (--resume auto with --init-from starts from the weights where no checkpoint is found, and continues the checkpoint otherwise)", resume)
 		}
 		if stopAfter < 0 {
 			return usageErr("--stop-after %d must not be negative", stopAfter)
@@ -253,6 +253,11 @@ or staged through the host where ranks share a GPU.`,
 				return usageErr("--resume auto: reading the checkpoint root %s: %v; make it readable, or point checkpoint.dir (--save) elsewhere", root, unwrap(err))
 			}
 			ckptDir, auto = dir, &trainer.AutoResume{Root: root, Skipped: skipped}
+			if dir != "" && initFrom != "" {
+				// The checkpoint holds the fine-tuned state: --init-from only
+				// starts a run that has none.
+				auto.InitFrom, initFrom = initFrom, ""
+			}
 		}
 		if r.Parallel.Device == "cpu" {
 			// Measured now, under the load the run will see (well under a
