@@ -216,14 +216,11 @@ and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 		for restarts := 0; ; restarts++ {
 			err := attempt()
 			var f *rankFailure
-			if !errors.As(err, &f) || restarts == maxRestarts {
-				if f != nil && maxRestarts > 0 {
-					return &exitError{code: exitFindings, err: fmt.Errorf("%w%s", err, f.notRestarted(restarts, maxRestarts))}
-				}
-				return err
+			if !errors.As(err, &f) || maxRestarts == 0 {
+				return err // success, an interrupt, or no restarts asked for
 			}
-			if !f.restartable {
-				return &exitError{code: exitFindings, err: fmt.Errorf("%w%s", err, f.notRestarted(restarts, maxRestarts))}
+			if why := f.notRestarted(restarts, maxRestarts, ctx.Err() != nil); why != "" {
+				return &exitError{code: exitFindings, err: fmt.Errorf("%w; not restarted: %s", err, why)}
 			}
 			wait := restartDelay(backoff, restarts)
 			fmt.Fprintf(a.stderr, "shardline launch: restart %d of %d (--max-restarts) in %v: %s; every rank restarts from %s\n",
@@ -292,13 +289,17 @@ type rankFailure struct {
 
 func (f *rankFailure) Error() string { return f.msg }
 
-// notRestarted says why launch ends the job after restarts restarts.
-func (f *rankFailure) notRestarted(restarts, max int) string {
+// notRestarted says why launch ends the job after restarts of max restarts
+// rather than restart it ("" when it restarts): the failure is not one a
+// restart mends, the restarts are used up, or launch was interrupted.
+func (f *rankFailure) notRestarted(restarts, max int, interrupted bool) string {
 	switch {
-	case restarts == max && max > 0:
-		return fmt.Sprintf("; not restarted: --max-restarts %d are used up", max)
 	case !f.restartable:
-		return "; not restarted: a rank failed on its own account (exit status 1 or 2: the recipe, the data, a non-finite loss, ranks that disagree), and a restart would fail the same way"
+		return "a rank failed on its own account (exit status 1: the recipe or data refused at run time, ranks that disagree, a non-finite loss, a failed checkpoint write; 2: a usage error or a Go runtime crash), and a restart would fail the same way"
+	case restarts >= max:
+		return fmt.Sprintf("--max-restarts %d: no restart is left", max)
+	case interrupted:
+		return "launch was interrupted"
 	}
 	return ""
 }

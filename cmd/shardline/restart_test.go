@@ -113,7 +113,7 @@ func TestLaunchDoesNotRestartOwnFailure(t *testing.T) {
 		"--set", "run.output_dir="+dir, "--save-interval", "10", "--resume", "auto")
 	assert.Equal(t, 1, code)
 	assert.Contains(t, errs, "rank 1 exited with status 1")
-	assert.Contains(t, errs, "not restarted: a rank failed on its own account")
+	assert.Contains(t, errs, "; not restarted: a rank failed on its own account")
 	assert.NotContains(t, errs, "restart 1 of 3")
 }
 
@@ -282,4 +282,28 @@ func TestResumeAutoWithInitFrom(t *testing.T) {
 	code, _, errs = shardline(t, nil, "run", filepath.Join(recipesDir, "tiny.toml"), "--init-from", hf, "--resume", "latest")
 	assert.Equal(t, 2, code)
 	assert.Contains(t, errs, "--init-from and --resume latest both say where to start")
+}
+
+// TestLaunchRestartsRunOut: killed twice under --max-restarts 1, the job
+// restarts once and then ends, saying that no restart is left.
+func TestLaunchRestartsRunOut(t *testing.T) {
+	dir := t.TempDir()
+	env := []string{"SHARDLINE_TEST_AS_CLI=1", "SHARDLINE_TEST_SIGNAL=KILL@3,6", "SHARDLINE_TEST_SIGNAL_DIR=" + t.TempDir()}
+	code, _, errs := shardline(t, env, append([]string{"launch", "--nproc", "2", "--max-restarts", "1", "--restart-backoff", "10ms"},
+		append(restartJob(t, dir), "--set", "run.output_dir="+dir)...)...)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errs, "restart 1 of 1 (--max-restarts)")
+	assert.Contains(t, errs, "rank 0 was killed by signal KILL")
+	assert.Contains(t, errs, "; not restarted: --max-restarts 1: no restart is left")
+}
+
+// TestNotRestarted: why launch ends a failed job rather than restart it.
+func TestNotRestarted(t *testing.T) {
+	crash, own := &rankFailure{restartable: true}, &rankFailure{}
+	assert.Equal(t, "", crash.notRestarted(0, 3, false))
+	assert.Equal(t, "", crash.notRestarted(2, 3, false))
+	assert.Equal(t, "--max-restarts 3: no restart is left", crash.notRestarted(3, 3, false))
+	assert.Equal(t, "launch was interrupted", crash.notRestarted(1, 3, true))
+	assert.Contains(t, own.notRestarted(0, 3, false), "a rank failed on its own account")
+	assert.Contains(t, own.notRestarted(3, 3, true), "a rank failed on its own account", "the cause comes first")
 }
