@@ -77,7 +77,9 @@ a failed checkpoint write) or 2 (a usage error, or a Go runtime crash) would
 fail the same way again: launch ends the job, saying it did not restart. So
 does an interrupt (130). Checkpoints every few steps or minutes
 (--save-interval, checkpoint.interval_minutes) bound the work a restart
-repeats.
+repeats. On several nodes the launch of each node restarts its own ranks
+(those of the other nodes see a lost rank: exit 3), and they meet again at the
+rendezvous within --comm-timeout: give every node the same --max-restarts.
 On several nodes, run launch on each with the same --master-addr, --master-port
 and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 		Example: `  shardline launch --nproc 2 recipes/tiny.toml --global-batch-size 32
