@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	pathpkg "path"
 	"path/filepath"
 	"strings"
 
@@ -28,6 +29,10 @@ type Options struct {
 	SettingVars []string
 	// ReadFile reads recipe files; nil means ReadRecipeFile.
 	ReadFile func(string) ([]byte, error)
+	// Shipped holds the recipes shipped inside the binary (package recipes),
+	// which a path beginning with ShippedPrefix names (shipped:tiny.toml);
+	// their extends resolve among them. Nil: such a path names nothing.
+	Shipped fs.FS
 	// Defaults are the CLI settings that stand in for built-in defaults (the
 	// runs directory, the device profile): below every recipe file, so a recipe
 	// that sets the key wins.
@@ -57,6 +62,9 @@ type FlagValue struct {
 	// Key, when set, is the recipe key the flag sets: a command's own flag (run's
 	// --device) rather than a Megatron flag of the schema.
 	Key string
+	// Env says that Name is an environment variable that set Key (a
+	// launcher's WORLD_SIZE), not a flag: messages name the variable.
+	Env bool
 }
 
 // Resolved is a recipe with the origin of every value.
@@ -107,7 +115,7 @@ func Load(path string, opts Options) (*Resolved, Diagnostics) {
 		opts.ReadFile = ReadRecipeFile
 	}
 	l := &loader{opts: opts, res: &Resolved{Recipe: Default(), Path: path, Sources: map[string][]byte{}, history: map[string][]Origin{}}}
-	src, err := opts.ReadFile(path)
+	src, err := l.read(path)
 	if err != nil {
 		return nil, Diagnostics{readError(path, err, Origin{Kind: FromFile, Pos: Pos{File: path}}, "SL005")}
 	}
@@ -154,6 +162,48 @@ func LoadBytes(path string, src []byte, opts Options) (*Resolved, Diagnostics) {
 		return read(p)
 	}
 	return Load(path, opts)
+}
+
+// ShippedPrefix begins the name of a recipe shipped inside the binary
+// (Options.Shipped): shipped:tiny.toml is recipes/tiny.toml of the source
+// tree this shardline was built from. Any other path is a file.
+const ShippedPrefix = "shipped:"
+
+// IsShipped says whether path names a shipped recipe.
+func IsShipped(path string) bool { return strings.HasPrefix(path, ShippedPrefix) }
+
+// read reads a recipe: a shipped one from Options.Shipped, else through
+// Options.ReadFile.
+func (l *loader) read(p string) ([]byte, error) {
+	name, ok := strings.CutPrefix(p, ShippedPrefix)
+	if !ok {
+		return l.opts.ReadFile(p)
+	}
+	if l.opts.Shipped == nil || !fs.ValidPath(name) {
+		return nil, &fs.PathError{Op: "open", Path: p, Err: fs.ErrNotExist}
+	}
+	f, err := l.opts.Shipped.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		return nil, &fs.PathError{Op: "read", Path: p, Err: fileio.ErrNotRegular}
+	}
+	return fs.ReadFile(l.opts.Shipped, name)
+}
+
+// extendsPath is where extends = rel, in the recipe at path, points: rel
+// itself when absolute, else rel beside path; among the shipped recipes when
+// path is one.
+func extendsPath(path, rel string) string {
+	if filepath.IsAbs(rel) {
+		return rel
+	}
+	if name, ok := strings.CutPrefix(path, ShippedPrefix); ok {
+		return ShippedPrefix + pathpkg.Join(pathpkg.Dir(name), filepath.ToSlash(rel))
+	}
+	return filepath.Join(filepath.Dir(path), rel)
 }
 
 // MaxRecipeBytes is the largest recipe file read: recipes are a few kilobytes, and
@@ -237,16 +287,14 @@ func (l *loader) chain(path string, src []byte, stack []string) []*tomlDoc {
 				Help:    fmt.Sprintf("a recipe extends at most %d bases in a chain; merge some of them", maxExtendsDepth), Origin: at})
 			continue
 		}
-		if !filepath.IsAbs(bpath) {
-			bpath = filepath.Join(filepath.Dir(path), bpath)
-		}
+		bpath = extendsPath(path, bpath)
 		if slicesContains(append(stack, path), filepath.Clean(bpath)) {
 			l.add(Diagnostic{Severity: SevError, Code: "SL005", Key: "extends",
 				Message: fmt.Sprintf("extends %q makes a cycle: %s -> %s", e.val.s, strings.Join(append(stack, path), " -> "), filepath.Clean(bpath)),
 				Help:    "remove the extends that points back to a recipe already in the chain", Origin: at})
 			continue
 		}
-		bsrc, err := l.opts.ReadFile(bpath)
+		bsrc, err := l.read(bpath)
 		if err != nil {
 			l.add(readError(bpath, err, at, "SL005"))
 			continue

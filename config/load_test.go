@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"testing/fstest"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -212,4 +213,42 @@ func TestMegatronArguments(t *testing.T) {
 	}
 	require.Equal(t, 2, notes, "%v", diags)
 	require.Equal(t, "flag --min-lr=3e-5", res.Origin("train.min_lr_factor").Describe())
+}
+
+// TestLoadShipped: a shipped:PATH recipe is read from Options.Shipped, its
+// extends resolve among the shipped recipes (never a file beside the
+// working directory), diagnostics name it shipped:PATH:line:col, and the
+// run name implied by its file name carries no prefix. Without Shipped, or
+// for a name not shipped, the recipe does not exist.
+func TestLoadShipped(t *testing.T) {
+	shipped := fstest.MapFS{
+		"r.toml":      {Data: []byte("extends = \"base/b.toml\"\n[model]\nlayers = 3\n")},
+		"base/b.toml": {Data: []byte("[model]\nhidden = 64\nlayers = 2\n")},
+		"bad.toml":    {Data: []byte("[model]\nlayers = -1\n")},
+	}
+	res, diags := Load("shipped:r.toml", Options{Shipped: shipped})
+	require.False(t, diags.HasErrors(), "%v", diags)
+	assert.Equal(t, 3, res.Recipe.Model.Layers)
+	assert.Equal(t, 64, res.Recipe.Model.Hidden)
+	assert.Equal(t, "r", res.Recipe.Run.Name)
+	assert.Equal(t, []string{"shipped:base/b.toml", "shipped:r.toml"}, res.Files)
+	assert.Equal(t, "shipped:r.toml:3:1", res.Origin("model.layers").Location())
+
+	_, diags = Load("shipped:bad.toml", Options{Shipped: shipped})
+	require.True(t, diags.HasErrors())
+	assert.Contains(t, diags.Err().Error(), "shipped:bad.toml:2:")
+
+	for _, c := range []struct {
+		path string
+		opts Options
+	}{{"shipped:r.toml", Options{}}, {"shipped:none.toml", Options{Shipped: shipped}}, {"shipped:../r.toml", Options{Shipped: shipped}}} {
+		res, diags := Load(c.path, c.opts)
+		assert.Nil(t, res, c.path)
+		require.True(t, diags.HasErrors(), c.path)
+		assert.Contains(t, diags.Err().Error(), "recipe "+c.path+" does not exist", c.path)
+	}
+	assert.Equal(t, "shipped:base/x.toml", extendsPath("shipped:a.toml", "base/x.toml"))
+	assert.Equal(t, "shipped:x.toml", extendsPath("shipped:base/a.toml", "../x.toml"))
+	assert.Equal(t, "/etc/x.toml", extendsPath("shipped:a.toml", "/etc/x.toml"))
+	assert.Equal(t, filepath.Join("dir", "x.toml"), extendsPath(filepath.Join("dir", "a.toml"), "x.toml"))
 }

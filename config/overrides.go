@@ -124,6 +124,9 @@ func (l *loader) applyFlags() {
 	for _, fv := range l.opts.Flags {
 		name := strings.TrimLeft(fv.Name, "-")
 		o := Origin{Kind: FromFlag, Name: "--" + name, Raw: fv.Value, Pos: Pos{File: l.res.Path}}
+		if fv.Env {
+			o.Kind, o.Name = FromEnv, fv.Name
+		}
 		if fv.Key != "" {
 			if f, ok := recipeSchema.Lookup(fv.Key); ok {
 				l.applyString(f, fv.Value, o)
@@ -183,7 +186,7 @@ func (l *loader) applyImplied() {
 	}
 	if r.Run.Name == "" {
 		f, _ := recipeSchema.Lookup("run.name")
-		base := filepath.Base(l.res.Path)
+		base := filepath.Base(strings.TrimPrefix(l.res.Path, ShippedPrefix))
 		// A file name need not be UTF-8; the name written into the resolved recipe must.
 		name := strings.ToValidUTF8(strings.TrimSuffix(base, filepath.Ext(base)), "_")
 		l.set(f, name, Origin{Kind: FromImplied, Because: "the recipe's file name", Pos: Pos{File: l.res.Path}})

@@ -297,11 +297,19 @@ type Checkpoint struct {
 	// (docs/checkpoints.md); run refuses the others while checkpoints are on.
 	CkptFormat string `toml:"ckpt_format" enum:"fsdp_dtensor,torch_dist,torch" flag:"ckpt-format"`
 	// Directory for checkpoints (Megatron's --save). Empty means <run dir>/checkpoints.
-	// Setting it turns checkpoints on: at the end of the run and on an interrupt.
+	// Setting it (or interval, or interval_minutes) turns checkpoints on: at the
+	// end of the run and on an interrupt.
 	Dir string `toml:"dir" flag:"save"`
 	// Save every interval steps, and at the end of the run and on SIGINT or
-	// SIGTERM. 0 saves only at the end and on an interrupt, and only when dir is set.
+	// SIGTERM. 0 saves only at the end and on an interrupt, and only when dir or
+	// interval_minutes is set.
 	Interval int `toml:"interval" min:"0" flag:"save-interval"`
+	// Also save once interval_minutes of wall-clock time have passed since the
+	// last save (or the start): rank 0's clock decides, at a step boundary,
+	// and every rank saves after that same step. It goes beside interval
+	// (whichever comes first); 0 saves by steps only. A job that may be cut
+	// off at any time loses at most this much training.
+	IntervalMinutes float64 `toml:"interval_minutes" min:"0" max:"525600"`
 	// Keep the newest keep_last checkpoints; 0 keeps all.
 	KeepLast int `toml:"keep_last" min:"0"`
 }

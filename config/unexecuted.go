@@ -37,7 +37,7 @@ func NotExecuted(r *Recipe) []Unexecuted {
 		`set mode = "none" (the same memory), or "full" to save memory`)
 	add(p.ExpertTensorParallel != 1, "parallel.expert_tensor_parallel", "the trainer splits experts over ranks, not within an expert", "set it to 1 and raise parallel.expert_parallel instead")
 	add(c.CkptFormat != "fsdp_dtensor" && c.Saves(), "checkpoint.ckpt_format", "shardline writes sharded checkpoints laid out as fsdp_dtensor's (each tensor's pieces at their global offsets); torch_dist and torch files are not written", `set ckpt_format = "fsdp_dtensor"`)
-	add(c.KeepLast != 0 && !c.Saves(), "checkpoint.keep_last", "no checkpoints are written (checkpoint.interval is 0 and checkpoint.dir empty), so there are none to keep", "set checkpoint.interval, or remove keep_last")
+	add(c.KeepLast != 0 && !c.Saves(), "checkpoint.keep_last", "no checkpoints are written (checkpoint.interval and interval_minutes are 0 and checkpoint.dir empty), so there are none to keep", "set checkpoint.interval, or remove keep_last")
 	add(r.Train.LRDecaySteps != 0 && r.Train.LRSchedule == "constant", "train.lr_decay_steps", "a constant schedule has no decay to time", `remove lr_decay_steps, or set lr_schedule = "cosine" or "linear"`)
 	add(r.Precision.MainParamsDtype != "fp32", "precision.main_params_dtype", "the trainer keeps fp32 main weights", `set main_params_dtype = "fp32"`)
 	add(r.FSDP.UseNCCLUB && p.Device == "cpu", "fsdp.use_nccl_ub", "NCCL user buffers exist on GPUs only; the CPU trainer has no NCCL", "set use_nccl_ub = false")
@@ -50,9 +50,9 @@ func NotExecuted(r *Recipe) []Unexecuted {
 	return out
 }
 
-// Saves says whether the recipe asks for checkpoints: an interval, or a directory
-// (Megatron's --save).
-func (c Checkpoint) Saves() bool { return c.Interval > 0 || c.Dir != "" }
+// Saves says whether the recipe asks for checkpoints: an interval of steps or
+// of minutes, or a directory (Megatron's --save).
+func (c Checkpoint) Saves() bool { return c.Interval > 0 || c.IntervalMinutes > 0 || c.Dir != "" }
 
 // unexecuted notes every setting the trainer would refuse.
 func (c *checker) unexecuted() {

@@ -1,5 +1,7 @@
-// Package recipes holds shardline's shipped TOML recipes; its test loads and lints
-// every one. It has no Go code of its own.
+// Package recipes holds shardline's shipped TOML recipes, embedded in the
+// binary (FS), so that `shardline run` trains its default recipe from any
+// directory and shipped:NAME names one anywhere; its tests load and lint every
+// one and keep the embedded copies equal to the files.
 //
 //   - tiny.toml: the CPU default, a byte-level Llama of about one million parameters.
 //   - moe-tiny.toml: tiny with 8 routed experts (top-2) in every layer, for CPU.

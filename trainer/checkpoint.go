@@ -99,6 +99,28 @@ type checkpointer struct {
 	keep     int
 	pending  *pendingSave
 	saved    int // the step of the last save started
+	// every is checkpoint.interval_minutes (0: none). Rank 0 alone reads its
+	// clock (lead): at each step boundary it says whether every has passed
+	// since the last save began (since, the time of the boundary before it)
+	// or the run started, and the boundary's all-reduce carries that to every
+	// rank (timeDue), so that all save after the same step.
+	every   time.Duration
+	clock   func() time.Time
+	lead    bool
+	since   time.Time // rank 0: when the last save's step began, or the run did
+	checked time.Time // rank 0: the time read at the last boundary
+	timeDue bool      // every rank: a save is due after the step now running
+}
+
+// timeUp reads rank 0's clock at a step boundary and says whether a
+// checkpoint is due by time (false on the other ranks, and without
+// interval_minutes).
+func (c *checkpointer) timeUp() bool {
+	if c == nil || c.every <= 0 || !c.lead {
+		return false
+	}
+	c.checked = c.clock()
+	return c.checked.Sub(c.since) >= c.every
 }
 
 // pendingSave is a save whose file is being written or waits for the commit.
@@ -167,6 +189,7 @@ func (t *run) startSave(step, optSteps int) {
 	if err := st.mem.Err(); err != nil {
 		p := &pendingSave{step: step, optSteps: optSteps, dir: ckpt.StepDir(c.root, step), finished: true, err: err}
 		c.pending, c.saved = p, step
+		c.restartClock()
 		return
 	}
 	p := &pendingSave{step: step, optSteps: optSteps, dir: ckpt.StepDir(c.root, step), crcs: crcs, done: make(chan error, 1)}
@@ -191,6 +214,16 @@ func (t *run) startSave(step, optSteps int) {
 	}
 	p.blocked = time.Since(t0)
 	c.pending, c.saved = p, step
+	c.restartClock()
+}
+
+// restartClock starts the time to the next save by time from the boundary
+// before the step just saved.
+func (c *checkpointer) restartClock() {
+	c.timeDue = false
+	if c.lead && c.every > 0 {
+		c.since = c.checked
+	}
 }
 
 // commitSave finishes the pending save: every rank's checksums go to rank 0,

@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/fileio"
@@ -252,4 +254,66 @@ func TestNonFiniteIsNeverCheckpointed(t *testing.T) {
 	require.Len(t, es, 1)
 	assert.Equal(t, 1, es[0].Step)
 	assert.True(t, es[0].Complete)
+}
+
+// TestCheckpointIntervalMinutes: checkpoint.interval_minutes saves after the
+// step whose boundary finds that many minutes passed on rank 0's clock since
+// the last save began (or the start), beside checkpoint.interval, and every
+// rank saves after that same step (2 ranks in process, optim_grads_params:
+// each rank writes its shard, and a save only some ranks took would never
+// commit). The clock is the test's: 25 s a reading, so with 1 minute a save
+// is due at every third boundary. Without an interval the saves fall at
+// steps 3, 6 and 9 (and the end, 10); with interval 4 the step saves restart
+// the clock: 3 (time), 4 (steps), 7 (time), 8 (steps), 10 (end).
+func TestCheckpointIntervalMinutes(t *testing.T) {
+	for _, c := range []struct {
+		interval string
+		want     []int
+	}{{"0", []int{3, 6, 9, 10}}, {"4", []int{3, 4, 7, 8, 10}}} {
+		res, _ := tinyRun(t, "train.steps=10", "train.eval_interval=0", "logging.sample_tokens=0", "parallel.world_size=2",
+			"fsdp.data_parallel_sharding_strategy=optim_grads_params", "checkpoint.interval_minutes=1", "checkpoint.interval="+c.interval)
+		var mu sync.Mutex
+		readings := 0
+		o := opts()
+		o.clock = func() time.Time {
+			mu.Lock()
+			defer mu.Unlock()
+			readings++
+			return time.Unix(0, 0).Add(time.Duration(readings-1) * 25 * time.Second)
+		}
+		out, err := Run(context.Background(), res, o)
+		require.NoError(t, err)
+		entries, err := ckpt.List(filepath.Join(out.Dir, "checkpoints"))
+		require.NoError(t, err)
+		var steps []int
+		for _, e := range entries {
+			assert.True(t, e.Complete, e.Dir)
+			steps = append(steps, e.Step)
+		}
+		assert.Equal(t, c.want, steps, "checkpoint.interval = %s", c.interval)
+		assert.Equal(t, 11, readings, "rank 0 alone reads the clock: once at the start and at each of the 10 boundaries")
+	}
+}
+
+// TestCheckpointerTimeUp: only rank 0 reads the clock; a save restarts the
+// time from the boundary before its step.
+func TestCheckpointerTimeUp(t *testing.T) {
+	now := time.Unix(1000, 0)
+	c := &checkpointer{every: time.Minute, clock: func() time.Time { return now }, lead: true, since: now, checked: now}
+	assert.False(t, c.timeUp())
+	now = now.Add(59 * time.Second)
+	assert.False(t, c.timeUp())
+	now = now.Add(time.Second)
+	assert.True(t, c.timeUp(), "a minute since the start")
+	c.timeDue = true
+	assert.True(t, c.due(7))
+	c.restartClock()
+	assert.False(t, c.timeDue)
+	assert.False(t, c.due(7))
+	assert.False(t, c.timeUp(), "the clock restarted at the boundary before the save")
+	other := &checkpointer{every: time.Minute, clock: func() time.Time { t.Fatal("only rank 0 reads its clock"); return now }}
+	assert.False(t, other.timeUp())
+	var none *checkpointer
+	assert.False(t, none.timeUp())
+	assert.False(t, none.due(3))
 }

@@ -127,21 +127,27 @@ func (t *run) newStatsDrain(world comm.Communicator) *statsDrain {
 	return d
 }
 
-// due says whether a checkpoint is taken after step done (none without a
-// checkpointer or an interval).
+// due says whether a checkpoint is taken after step done: every interval
+// steps, or when the boundary before the step found interval_minutes passed
+// on rank 0's clock (none without a checkpointer).
 func (c *checkpointer) due(done int) bool {
-	return c != nil && c.interval > 0 && done%c.interval == 0
+	return c != nil && ((c.interval > 0 && done%c.interval == 0) || c.timeDue)
 }
 
 // boundary is what the ranks agree on before step, in one all-reduce: how
 // many ranks are interrupted (a signal to any rank's process, or StopAfter on
-// rank 0), and whether every rank has written the pending checkpoint's file,
-// which is then committed, or one failed to, which ends the run.
+// rank 0), whether every rank has written the pending checkpoint's file,
+// which is then committed, or one failed to, which ends the run, and whether
+// rank 0's clock says a checkpoint is due after this step
+// (checkpoint.interval_minutes: one clock decides for every rank).
 func (t *run) boundary(ctx context.Context, world comm.Communicator, step int) (interrupted int, err error) {
-	flag := t.bufs.flag // ranks interrupted; ranks whose pending file is written; ranks whose write failed
-	flag[0], flag[1], flag[2] = 0, 0, 0
+	flag := t.bufs.flag // ranks interrupted; ranks whose pending file is written; ranks whose write failed; a save by time
+	flag[0], flag[1], flag[2], flag[3] = 0, 0, 0, 0
 	if ctx.Err() != nil || (t.rank == 0 && t.opts.StopAfter > 0 && step >= t.opts.StopAfter) {
 		flag[0] = 1
+	}
+	if t.ckpt.timeUp() {
+		flag[3] = 1
 	}
 	var pending *pendingSave
 	if t.ckpt != nil {
@@ -154,6 +160,9 @@ func (t *run) boundary(ctx context.Context, world comm.Communicator, step int) (
 	}
 	if err := world.AllReduce(flag); err != nil {
 		return 0, err
+	}
+	if t.ckpt != nil {
+		t.ckpt.timeDue = t.ckpt.timeDue || flag[3] > 0
 	}
 	if flag[2] > 0 {
 		return 0, saveFailed(pending)

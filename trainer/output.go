@@ -27,20 +27,26 @@ type runInfo struct {
 	Name string `json:"name"`
 	// RunID names the run (its checkpoints carry it; a resume in place keeps
 	// it, a branch gets a new one); ResumedFrom is the checkpoint it started
-	// from; CheckpointDir is checkpoint.dir, absolute, when the checkpoints are
-	// not under the run directory.
-	RunID         string `json:"run_id,omitempty"`
-	ResumedFrom   string `json:"resumed_from,omitempty"`
-	CheckpointDir string `json:"checkpoint_dir,omitempty"`
+	// from and ResumedFromStep its step; CheckpointDir is checkpoint.dir,
+	// absolute, when the checkpoints are not under the run directory.
+	RunID           string `json:"run_id,omitempty"`
+	ResumedFrom     string `json:"resumed_from,omitempty"`
+	ResumedFromStep *int   `json:"resumed_from_step,omitempty"`
+	CheckpointDir   string `json:"checkpoint_dir,omitempty"`
 	// TensorBoard is the run's TensorBoard event file in the run directory
 	// (logging.tensorboard), absent when it writes none.
-	TensorBoard       string          `json:"tensorboard_events,omitempty"`
-	Version           string          `json:"shardline_version"`
-	Revision          string          `json:"vcs_revision,omitempty"` // the commit shardline was built from
-	Modified          bool            `json:"vcs_modified,omitempty"` // built from a tree with uncommitted changes
-	Go                string          `json:"go"`
-	Backend           string          `json:"backend"`
-	Machine           machineInfo     `json:"machine"`
+	TensorBoard string      `json:"tensorboard_events,omitempty"`
+	Version     string      `json:"shardline_version"`
+	Revision    string      `json:"vcs_revision,omitempty"` // the commit shardline was built from
+	Modified    bool        `json:"vcs_modified,omitempty"` // built from a tree with uncommitted changes
+	Go          string      `json:"go"`
+	Backend     string      `json:"backend"`
+	Machine     machineInfo `json:"machine"`
+	// RecipeFiles is where the recipe came from: its file and the bases it
+	// extends (bases first), each a path as given, or shipped:NAME for a
+	// recipe shipped inside shardline (the version and vcs_revision say
+	// which build's copy).
+	RecipeFiles       []string        `json:"recipe_files,omitempty"`
 	RecipeFingerprint string          `json:"recipe_fingerprint"`
 	PlanFingerprint   string          `json:"plan_fingerprint"`
 	DataFingerprint   string          `json:"data_fingerprint"` // sha256 of the tokens trained and validated on
@@ -121,10 +127,14 @@ func (t *run) info() runInfo {
 		t.started = time.Now()
 	}
 	in := runInfo{Name: t.r.Run.Name, Version: t.opts.Version, Go: runtime.Version(), Backend: t.opts.Backend.Name(),
-		RecipeFingerprint: fp, PlanFingerprint: t.plan.Fingerprint, DataFingerprint: t.ds.Fingerprint(), Seed: t.r.Run.Seed,
+		RecipeFiles: t.res.Files, RecipeFingerprint: fp, PlanFingerprint: t.plan.Fingerprint, DataFingerprint: t.ds.Fingerprint(), Seed: t.r.Run.Seed,
 		Started: t.started.UTC().Format(time.RFC3339), Tokenizer: t.ds.Tok.Name(), Machine: thisMachine()}
 	if o := t.opts.own; o != nil {
 		in.RunID, in.ResumedFrom, in.CheckpointDir, in.TensorBoard = o.runID, o.resumedFrom, o.ckptDir, o.events
+	}
+	if m := t.opts.resume; m != nil {
+		step := m.Step
+		in.ResumedFromStep = &step
 	}
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		for _, s := range bi.Settings {

@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 
@@ -182,7 +183,13 @@ func newRunID() (string, error) {
 // checkpoint.dir when set): the checkpoint's own run directory when the resume
 // continues it in place (m, read from resume, is nil without a resume),
 // otherwise a new one under run.output_dir.
-func takeRunDir(r *config.Recipe, resume string, m *ckpt.Meta) (*ownership, error) {
+//
+// With retake (--resume auto that found no checkpoint) a new run takes over
+// run.output_dir/run.name itself when that is a run that never finished and
+// never completed a checkpoint (retakeUnfinished), rather than starting
+// beside it: the same command line then keeps naming the same directory, so
+// that the next --resume auto finds this run's checkpoints.
+func takeRunDir(r *config.Recipe, resume string, m *ckpt.Meta, retake bool) (*ownership, error) {
 	o := &ownership{started: time.Now()}
 	if r.Checkpoint.Saves() && r.Checkpoint.Dir != "" {
 		abs, err := filepath.Abs(r.Checkpoint.Dir)
@@ -227,14 +234,23 @@ func takeRunDir(r *config.Recipe, resume string, m *ckpt.Meta) (*ownership, erro
 			}
 		}
 	}
-	if o.dir, err = makeRunDir(r); err != nil {
-		o.release()
-		return nil, err
+	retaken := false
+	if retake && o.ckptDir == "" {
+		if retaken, err = o.retakeUnfinished(r); err != nil {
+			o.release()
+			return nil, err
+		}
 	}
-	o.fresh = true
-	if err := o.lock(o.dir, "run directory"); err != nil {
-		o.release()
-		return nil, err
+	if !retaken {
+		if o.dir, err = makeRunDir(r); err != nil {
+			o.release()
+			return nil, err
+		}
+		o.fresh = true
+		if err := o.lock(o.dir, "run directory"); err != nil {
+			o.release()
+			return nil, err
+		}
 	}
 	if r.Checkpoint.Saves() && o.ckptDir == "" {
 		// The run's own checkpoints/ is its checkpoint root: locked too, so
@@ -245,6 +261,50 @@ func takeRunDir(r *config.Recipe, resume string, m *ckpt.Meta) (*ownership, erro
 		}
 	}
 	return o, nil
+}
+
+// retakeUnfinished takes run.output_dir/run.name for a new run started by
+// --resume auto, and reports whether it did: only a shardline run directory
+// (a run.json, or the lock file of a run killed before it wrote one) whose
+// run never finished (run.json holds no result) and whose checkpoints/ holds
+// no complete checkpoint: a run that died before its first checkpoint, which
+// the new run replaces (run.log keeps the old run's lines; metrics.jsonl and
+// run.json are rewritten). Anything else is left as it is (false), and the
+// run starts beside it. The directory is locked first, and checked under the
+// lock: a process writing it is refused (ErrInUse).
+func (o *ownership) retakeUnfinished(r *config.Recipe) (bool, error) {
+	if err := config.CheckRunName(r.Run.Name); err != nil {
+		return false, nil // makeRunDir says why
+	}
+	dir := filepath.Join(r.Run.OutputDir, r.Run.Name)
+	if st, err := os.Lstat(dir); err != nil || !st.IsDir() {
+		return false, nil
+	}
+	info, err := readRunInfo(dir)
+	switch {
+	case err == nil && info.Result != nil:
+		return false, nil // a finished run: kept
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
+		return false, nil // not a run.json shardline reads: kept
+	case err != nil:
+		if st, err := os.Lstat(filepath.Join(dir, lockName)); err != nil || !st.Mode().IsRegular() {
+			return false, nil // not a shardline run directory
+		}
+	}
+	if err := o.lock(dir, "run directory"); err != nil {
+		return false, err
+	}
+	ckpts := filepath.Join(dir, "checkpoints")
+	if es, _ := ckpt.List(ckpts); slices.ContainsFunc(es, func(e ckpt.Entry) bool { return e.Complete }) {
+		// A checkpoint completed since --resume auto looked (a run that
+		// still wrote it then ended): resuming it is what auto means.
+		return false, fmt.Errorf("run directory %s: a checkpoint was completed under %s after --resume auto found none there; run the command again to resume it", dir, ckpts)
+	}
+	if info2, err := readRunInfo(dir); err == nil && info2.Result != nil {
+		return false, fmt.Errorf("run directory %s: its run finished while --resume auto looked; run the command again", dir)
+	}
+	o.dir = dir
+	return true, nil
 }
 
 // lock takes dir's lock (lockDir) unless o holds it already (a checkpoint

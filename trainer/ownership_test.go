@@ -319,3 +319,57 @@ func TestLockLeavesOtherFilesAlone(t *testing.T) {
 		assert.Equal(t, "precious", string(must(os.ReadFile(filepath.Join(root, lockName)))))
 	})
 }
+
+// TestAutoRetakesOnlyUnfinishedRuns: a new run started by --resume auto
+// (AutoResume set, no checkpoint found) takes over run.output_dir/run.name
+// only when that is a shardline run that never finished and never
+// completed a checkpoint; a finished run, a directory that is not a run, and
+// a run another process holds are left as they are (the last refused).
+func TestAutoRetakesOnlyUnfinishedRuns(t *testing.T) {
+	auto := func(res *config.Resolved) (*Result, error) {
+		o := opts()
+		o.AutoResume = &AutoResume{Root: filepath.Join(res.Recipe.Run.OutputDir, res.Recipe.Run.Name, "checkpoints")}
+		return Run(context.Background(), res, o)
+	}
+	sets := []string{"train.steps=2", "train.eval_interval=0", "checkpoint.interval=4", "logging.sample_tokens=0"}
+
+	// Unfinished: a run.json without a result, a run.log, no checkpoint.
+	res, _ := tinyRun(t, sets...)
+	dir := filepath.Join(res.Recipe.Run.OutputDir, res.Recipe.Run.Name)
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "checkpoints"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "run.json"), []byte(`{"name":"t","run_id":"dead"}`), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "run.log"), []byte("{\"message\":\"the old run's line\"}\n"), 0o644))
+	out, err := auto(res)
+	require.NoError(t, err)
+	assert.Equal(t, dir, out.Dir, "retaken")
+	assert.Contains(t, string(must(os.ReadFile(filepath.Join(dir, "run.log")))), "the old run's line", "run.log keeps the old run's lines")
+	assert.NotEqual(t, "dead", runJSON(t, dir)["run_id"])
+
+	// Finished (the run above: a result): kept; the new run starts beside it.
+	before := snapshot(t, dir)
+	again, err := auto(res)
+	require.NoError(t, err)
+	assert.NotEqual(t, dir, again.Dir)
+	assert.Equal(t, before, snapshot(t, dir), "a finished run is left as it was")
+
+	// Not a shardline run directory: kept.
+	res, _ = tinyRun(t, sets...)
+	dir = filepath.Join(res.Recipe.Run.OutputDir, res.Recipe.Run.Name)
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "notes.txt"), []byte("mine"), 0o644))
+	out, err = auto(res)
+	require.NoError(t, err)
+	assert.Equal(t, dir+"-2", out.Dir)
+	assert.Equal(t, map[string]string{"notes.txt": "mine"}, snapshot(t, dir))
+
+	// Held by another process (its lock): refused, naming it.
+	res, _ = tinyRun(t, sets...)
+	dir = filepath.Join(res.Recipe.Run.OutputDir, res.Recipe.Run.Name)
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "run.json"), []byte(`{"name":"t","run_id":"live"}`), 0o644))
+	l, err := lockDir(dir, "run directory")
+	require.NoError(t, err)
+	defer l.release()
+	_, err = auto(res)
+	assert.ErrorIs(t, err, ErrInUse)
+}

@@ -58,6 +58,11 @@ type Options struct {
 	// continues from its step: in the checkpoint's run directory when that is
 	// the same run going on (takeRunDir), in a new run directory otherwise.
 	Resume string
+	// AutoResume, when set, says that Resume was chosen by --resume auto: the
+	// checkpoint root searched, and the newer checkpoints passed over because
+	// they do not check out. An empty Resume then starts a new run. Rank 0's
+	// log says which.
+	AutoResume *AutoResume
 	// InitFrom, when set, is a Hugging Face model directory (config.json,
 	// safetensors) whose weights replace the initialisation: fine-tuning starts from
 	// it, with fresh optimizer state.
@@ -75,6 +80,18 @@ type Options struct {
 	resume *ckpt.Meta // Resume's metadata, read by Run
 	own    *ownership // rank 0's hold on its run directory, taken by Run
 	faults *faults    // tests' stand-ins for a failing disk or rank
+	// clock is what checkpoint.interval_minutes reads on rank 0: time.Now,
+	// or a test's clock.
+	clock func() time.Time
+}
+
+// AutoResume is what --resume auto found under the recipe's checkpoint root.
+type AutoResume struct {
+	Root    string
+	Skipped []ckpt.Skipped
+	// InitFrom is the --init-from a found checkpoint made moot: the run
+	// continues the checkpoint, whose weights started from it.
+	InitFrom string
 }
 
 // Process is this process's place in a multi-process job.
@@ -274,7 +291,7 @@ func Run(ctx context.Context, res *config.Resolved, opts Options) (*Result, erro
 	if opts.Process == nil && ctx.Err() != nil {
 		return nil, ErrInterrupted
 	}
-	own, err := takeRunDir(r, opts.Resume, resume)
+	own, err := takeRunDir(r, opts.Resume, resume, opts.AutoResume != nil && opts.Resume == "")
 	if err != nil {
 		return nil, err
 	}
@@ -653,6 +670,36 @@ func (t *run) openState(world comm.Communicator, groups groupsFor) (startStep, o
 	return 0, 0, nil
 }
 
+// logResume says where the run starts: the checkpoint it resumed from (its
+// path and step), or, under --resume auto, that the checkpoint root held
+// none and the run is new; and each newer checkpoint --resume auto passed
+// over, with why.
+func (t *run) logResume(startStep int) {
+	if a := t.opts.AutoResume; a != nil {
+		for _, s := range a.Skipped {
+			t.log.Warn().Str("checkpoint", s.Dir).Err(s.Err).Msg("--resume auto passed over this checkpoint: it does not check out (shardline ckpt verify says more); resuming from an older one")
+		}
+		if t.opts.Resume == "" {
+			t.log.Info().Str("checkpoint_root", a.Root).Msg("--resume auto: no complete checkpoint under the checkpoint root; starting a new run")
+		}
+		if a.InitFrom != "" {
+			t.log.Info().Str("init_from", a.InitFrom).Msg("--resume auto found a checkpoint, which continues the run: --init-from applies only to a run that starts")
+		}
+	}
+	if t.opts.Resume == "" {
+		return
+	}
+	path := t.opts.Resume
+	if o := t.opts.own; o != nil && o.resumedFrom != "" {
+		path = o.resumedFrom
+	}
+	how := "a new run directory (a branch: the checkpoint is not its run's newest, or lies elsewhere)"
+	if o := t.opts.own; o != nil && o.inPlace {
+		how = "its run directory, in place"
+	}
+	t.log.Info().Str("checkpoint", path).Int("step", startStep).Str("continues", how).Msg("resumed from checkpoint")
+}
+
 // openCheckpointer sets up the run's checkpoints, when the recipe asks for them:
 // under checkpoint.dir, or the run directory's checkpoints/.
 func (t *run) openCheckpointer(startStep int) {
@@ -664,7 +711,15 @@ func (t *run) openCheckpointer(startStep int) {
 	if root == "" {
 		root = filepath.Join(cmp.Or(t.dir, t.ckptRunDir), "checkpoints")
 	}
-	t.ckpt = &checkpointer{root: root, interval: r.Checkpoint.Interval, keep: r.Checkpoint.KeepLast, saved: -1}
+	t.ckpt = &checkpointer{root: root, interval: r.Checkpoint.Interval, keep: r.Checkpoint.KeepLast, saved: -1,
+		every: time.Duration(r.Checkpoint.IntervalMinutes * float64(time.Minute)), clock: t.opts.clock, lead: t.rank == 0}
+	if t.ckpt.clock == nil {
+		t.ckpt.clock = time.Now
+	}
+	if t.ckpt.lead && t.ckpt.every > 0 {
+		t.ckpt.since = t.ckpt.clock()
+		t.ckpt.checked = t.ckpt.since
+	}
 	if t.opts.Resume != "" && sameDir(filepath.Dir(t.opts.Resume), root) {
 		t.ckpt.saved = startStep // the checkpoint resumed from is this root's
 	}
@@ -757,6 +812,9 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		if err := t.writeHeader(); err != nil {
 			return nil, err
 		}
+	}
+	if lead {
+		t.logResume(startStep)
 	}
 	if lead && len(t.st.collectives) > 0 {
 		t.log.Info().Strs("groups", t.st.collectives).Msg("collectives")
@@ -959,7 +1017,7 @@ func newStepBufs(B, T, cp int, mem tensor.Memory, rows int) *stepBufs {
 	count := make([]float64, 1)
 	return &stepBufs{tokens: make([]int32, B*T), targets: make([]int32, B*T), count: count, countHost: count,
 		local: make([]int32, B*T/cp), localTargets: make([]int32, B*T/cp),
-		discard: mem.Alloc(tensor.Float64, 1), eval: mem.Alloc(tensor.Float64, 1), flag: make([]float32, 3),
+		discard: mem.Alloc(tensor.Float64, 1), eval: mem.Alloc(tensor.Float64, 1), flag: make([]float32, 4),
 		history: mem.Alloc(tensor.Float64, rows*tensor.NumStats), hostHistory: make([]float64, rows*tensor.NumStats),
 		pending: make([]Metrics, 0, rows)}
 }

@@ -32,6 +32,10 @@ type jobEnv struct {
 	// (shardline launch's --nproc, passed down as SHARDLINE_WORLD_FLAG); "" when
 	// another launcher set WORLD_SIZE.
 	worldFlag string
+	// worldVar is the launcher's variable that gave the world size
+	// (WORLD_SIZE, SLURM_NTASKS, OMPI_COMM_WORLD_SIZE), named in messages
+	// when no flag of the user's did.
+	worldVar string
 }
 
 // worldFlagEnv and launchLintedEnv are what shardline launch tells its ranks:
@@ -67,7 +71,7 @@ func detectJob(env map[string]string) (*jobEnv, error) {
 		if token == "" {
 			return nil, usageErr("SHARDLINE_JOB_TOKEN is not set: give every rank of the job the same secret (shardline launch does)")
 		}
-		j := &jobEnv{rank: rank, world: world, master: net.JoinHostPort(addr, port), token: token, from: v[2], localRank: -1, worldFlag: env[worldFlagEnv]}
+		j := &jobEnv{rank: rank, world: world, master: net.JoinHostPort(addr, port), token: token, from: v[2], localRank: -1, worldFlag: env[worldFlagEnv], worldVar: v[1]}
 		if ls, ok := env[v[3]]; ok {
 			local, err := strconv.Atoi(ls)
 			if err != nil || local < 0 || local > rank {

@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/shardline/shardline/config"
 	"io"
 	"math"
 	"net"
@@ -23,6 +22,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/trainer/ckpt"
 	"github.com/spf13/cobra"
 )
 
@@ -30,7 +31,8 @@ func (a *app) launchCmd() *cobra.Command {
 	var (
 		nproc, nnodes, nodeRank, masterPort int
 		masterAddr                          string
-		grace, interruptGrace               time.Duration
+		grace, interruptGrace, backoff      time.Duration
+		maxRestarts                         int
 	)
 	cmd := &cobra.Command{
 		Use:   "launch --nproc N [--nnodes M --node-rank K --master-addr A --master-port P] RECIPE [run flags]",
@@ -62,9 +64,26 @@ outputs before SIGKILL; launch exits 130 as run does, and names a rank it had
 to kill ("did not stop within --interrupt-grace"), which is not a failure.
 SIGINT or SIGTERM to any one rank stops every rank at the same step too, with
 one checkpoint, and launch exits 130.
+
+With --max-restarts N and the ranks' --resume auto, a job whose rank crashed
+(killed by a signal launch did not send: the out-of-memory killer, a
+segfault, a scheduler), was found stopped, or whose ranks only lost each
+other (exit 3) is restarted, every rank, from the newest checkpoint, up to N
+times, after a back-off of --restart-backoff (default 1s) doubling with each
+restart up to 1m; launch logs each restart, naming the rank that failed, how,
+and the checkpoint and step the job continues from. A rank that exits 1 (the
+recipe or data refused at run time, ranks that disagree, a non-finite loss,
+a failed checkpoint write) or 2 (a usage error, or a Go runtime crash) would
+fail the same way again: launch ends the job, saying it did not restart. So
+does an interrupt (130). Checkpoints every few steps or minutes
+(--save-interval, checkpoint.interval_minutes) bound the work a restart
+repeats. On several nodes the launch of each node restarts its own ranks
+(those of the other nodes see a lost rank: exit 3), and they meet again at the
+rendezvous within --comm-timeout: give every node the same --max-restarts.
 On several nodes, run launch on each with the same --master-addr, --master-port
 and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 		Example: `  shardline launch --nproc 2 recipes/tiny.toml --global-batch-size 32
+  shardline launch --nproc 2 --max-restarts 3 recipes/tiny.toml --global-batch-size 32 --save-interval 50 --resume auto
   SHARDLINE_JOB_TOKEN=s3cret shardline launch --nproc 8 --nnodes 2 --node-rank 1 --master-addr 10.0.0.1 --master-port 29500 recipes/llama-1b.toml`,
 		Args: cobra.MinimumNArgs(1),
 	}
@@ -78,6 +97,8 @@ and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 	fs.IntVar(&masterPort, "master-port", 0, "port of rank 0's rendezvous (0: a free port, bound by the launcher and handed to rank 0; one node only)")
 	fs.DurationVar(&grace, "grace", 10*time.Second, "how long the other ranks get to exit, once a rank failed, before SIGKILL")
 	fs.DurationVar(&interruptGrace, "interrupt-grace", time.Minute, "how long the ranks get to exit after Ctrl-C (writing the interrupt's checkpoint and outputs) before SIGKILL")
+	fs.IntVar(&maxRestarts, "max-restarts", 0, "restart every rank from the newest checkpoint (the ranks' --resume auto) up to N times after a rank crashes or is lost; a failure restarting cannot mend (the recipe, the data, a non-finite loss, exit 1 or 2) ends the job")
+	fs.DurationVar(&backoff, "restart-backoff", time.Second, "the wait before the first restart; it doubles with each restart, up to "+maxBackoff.String())
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		switch {
 		case nproc < 1:
@@ -98,6 +119,12 @@ and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 		if interruptGrace < 0 {
 			return usageErr("--interrupt-grace %v must not be negative (0 kills at once)", interruptGrace)
 		}
+		if maxRestarts < 0 {
+			return usageErr("--max-restarts %d must not be negative (0 ends the job at the first failure)", maxRestarts)
+		}
+		if backoff < 0 {
+			return usageErr("--restart-backoff %v must not be negative", backoff)
+		}
 		world := nproc * nnodes
 		worldFlag := "nproc" // the flag the user gave the world size with, in messages
 		if nnodes > 1 {
@@ -105,7 +132,8 @@ and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 		}
 		// The command line and recipe are checked once, here, before any rank
 		// starts: N ranks each finding the same error printed it N times.
-		if err := a.preflightRun(args, world, worldFlag); err != nil {
+		pf, err := a.preflightRun(args, world, worldFlag, maxRestarts)
+		if err != nil {
 			return err
 		}
 		env := config.EnvMap(a.env)
@@ -120,68 +148,162 @@ and SHARDLINE_JOB_TOKEN, and --node-rank 0..M-1.`,
 			}
 			token = hex.EncodeToString(b)
 		}
-		// With no --master-port the launcher binds a free port and hands the bound
-		// socket to rank 0 (file descriptor 3, named by SHARDLINE_RENDEZVOUS_FD), so
-		// no other process can take the port before rank 0 hosts on it.
-		var rendezvous *os.File
-		if masterPort == 0 {
-			l, err := net.Listen("tcp", net.JoinHostPort(masterAddr, "0"))
-			if err != nil {
-				return usageErr("--master-addr %s: %v", masterAddr, err)
-			}
-			masterPort = l.Addr().(*net.TCPAddr).Port
-			if nodeRank == 0 {
-				rendezvous, err = l.(*net.TCPListener).File()
-			}
-			l.Close()
-			if err != nil {
-				return fmt.Errorf("passing the rendezvous socket to rank 0: %w", err)
-			}
-		}
 		exe, err := os.Executable()
 		if err != nil {
 			return err
 		}
 		threads := rankThreads(env, runtime.NumCPU(), nproc)
-		procs := make([]*exec.Cmd, nproc)
-		var mu sync.Mutex // ranks' lines go out whole, one at a time
-		var flush []func()
-		for i := range procs {
-			c := exec.Command(exe, append([]string{"run"}, args...)...)
-			c.Env = append(append([]string(nil), a.env...),
-				"RANK="+strconv.Itoa(nodeRank*nproc+i), "WORLD_SIZE="+strconv.Itoa(world), "LOCAL_RANK="+strconv.Itoa(i),
-				"LOCAL_WORLD_SIZE="+strconv.Itoa(nproc), "MASTER_ADDR="+masterAddr, "MASTER_PORT="+strconv.Itoa(masterPort),
-				"SHARDLINE_JOB_TOKEN="+token, worldFlagEnv+"="+worldFlag, launchLintedEnv+"=1")
-			if threads != "" {
-				c.Env = append(c.Env, "GOMAXPROCS="+threads)
-			}
-			if isTerminal(a.stderr) {
-				c.Env = append(c.Env, launchTTYEnv+"=1")
-			}
-			if i == 0 && rendezvous != nil {
-				c.ExtraFiles = []*os.File{rendezvous}
-				c.Env = append(c.Env, "SHARDLINE_RENDEZVOUS_FD=3")
-			}
-			out, err := &lineWriter{mu: &mu, w: a.stdout}, &lineWriter{mu: &mu, w: a.stderr}
-			c.Stdout, c.Stderr = out, err
-			flush = append(flush, out.flush, err.flush)
-			procs[i] = c
-		}
 		// Ctrl-C (SIGINT or SIGTERM to the launcher) is caught from before the
-		// first rank starts, and passed on to every rank.
+		// first rank starts, and passed on to every rank; during a restart's
+		// back-off it ends the job.
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		err = superviseRanks(ctx.Done(), stop, procs, nodeRank*nproc, grace, interruptGrace, func() {
-			if rendezvous != nil {
-				rendezvous.Close() // rank 0 holds its own copy
+		// attempt starts every rank of this node and supervises them until the
+		// job ends.
+		attempt := func() error {
+			// With no --master-port the launcher binds a free port and hands the
+			// bound socket to rank 0 (file descriptor 3, named by
+			// SHARDLINE_RENDEZVOUS_FD), so no other process can take the port
+			// before rank 0 hosts on it: a new one for every start.
+			port := masterPort
+			var rendezvous *os.File
+			if port == 0 {
+				l, err := net.Listen("tcp", net.JoinHostPort(masterAddr, "0"))
+				if err != nil {
+					return usageErr("--master-addr %s: %v", masterAddr, err)
+				}
+				port = l.Addr().(*net.TCPAddr).Port
+				if nodeRank == 0 {
+					rendezvous, err = l.(*net.TCPListener).File()
+				}
+				l.Close()
+				if err != nil {
+					return fmt.Errorf("passing the rendezvous socket to rank 0: %w", err)
+				}
 			}
-		})
-		for _, f := range flush {
-			f()
+			procs := make([]*exec.Cmd, nproc)
+			var mu sync.Mutex // ranks' lines go out whole, one at a time
+			var flush []func()
+			for i := range procs {
+				c := exec.Command(exe, append([]string{"run"}, args...)...)
+				c.Env = append(append([]string(nil), a.env...),
+					"RANK="+strconv.Itoa(nodeRank*nproc+i), "WORLD_SIZE="+strconv.Itoa(world), "LOCAL_RANK="+strconv.Itoa(i),
+					"LOCAL_WORLD_SIZE="+strconv.Itoa(nproc), "MASTER_ADDR="+masterAddr, "MASTER_PORT="+strconv.Itoa(port),
+					"SHARDLINE_JOB_TOKEN="+token, worldFlagEnv+"="+worldFlag, launchLintedEnv+"=1")
+				if threads != "" {
+					c.Env = append(c.Env, "GOMAXPROCS="+threads)
+				}
+				if isTerminal(a.stderr) {
+					c.Env = append(c.Env, launchTTYEnv+"=1")
+				}
+				if i == 0 && rendezvous != nil {
+					c.ExtraFiles = []*os.File{rendezvous}
+					c.Env = append(c.Env, "SHARDLINE_RENDEZVOUS_FD=3")
+				}
+				out, err := &lineWriter{mu: &mu, w: a.stdout}, &lineWriter{mu: &mu, w: a.stderr}
+				c.Stdout, c.Stderr = out, err
+				flush = append(flush, out.flush, err.flush)
+				procs[i] = c
+			}
+			err := superviseRanks(ctx.Done(), stop, procs, nodeRank*nproc, grace, interruptGrace, func() {
+				if rendezvous != nil {
+					rendezvous.Close() // rank 0 holds its own copy
+				}
+			})
+			for _, f := range flush {
+				f()
+			}
+			return err
 		}
-		return err
+		for restarts := 0; ; restarts++ {
+			err := attempt()
+			var f *rankFailure
+			if !errors.As(err, &f) || maxRestarts == 0 {
+				return err // success, an interrupt, or no restarts asked for
+			}
+			if why := f.notRestarted(restarts, maxRestarts, ctx.Err() != nil); why != "" {
+				return &exitError{code: exitFindings, err: fmt.Errorf("%w; not restarted: %s", err, why)}
+			}
+			wait := restartDelay(backoff, restarts)
+			fmt.Fprintf(a.stderr, "shardline launch: restart %d of %d (--max-restarts) in %v: %s; every rank restarts from %s\n",
+				restarts+1, maxRestarts, wait, f.cause, restartPoint(pf.checkpointRoot))
+			select {
+			case <-time.After(wait):
+			case <-ctx.Done():
+				return &exitError{code: 130, err: fmt.Errorf("interrupted during the back-off before restart %d; no rank was running", restarts+1)}
+			}
+		}
 	}
 	return cmd
+}
+
+// Restarts (--max-restarts). A failed job is restarted when its failure is
+// one a new start can mend: a rank killed by a signal launch did not send (the
+// out-of-memory killer, a crash, a scheduler), a rank found stopped, or ranks
+// that only lost each other (exit 3, exitLostRank: a network failure), with
+// no rank failing on its own account. A rank that exits 1 (exitFindings: the
+// recipe or data refused at run time, ranks that disagree, a non-finite loss,
+// a checkpoint write that failed) or 2 (exitUsage, and Go's own crashes)
+// would fail the same way again: the job ends. So does an interrupt (130).
+// Every rank restarts, with the same command line, after a back-off that
+// doubles from --restart-backoff up to maxBackoff; the ranks' --resume auto
+// continues from the newest checkpoint.
+
+// maxBackoff caps the wait before a restart.
+const maxBackoff = time.Minute
+
+// restartDelay is the wait before restart n+1 (n from 0): first, doubled n
+// times, at most maxBackoff.
+func restartDelay(first time.Duration, n int) time.Duration {
+	d := first
+	for range n {
+		if d >= maxBackoff/2 {
+			return maxBackoff
+		}
+		d *= 2
+	}
+	return min(d, maxBackoff)
+}
+
+// restartPoint says where a restart continues from: the newest checkpoint
+// under root that checks out (what the ranks' --resume auto finds), or a
+// new start.
+func restartPoint(root string) string {
+	dir, _, err := ckpt.Newest(root)
+	switch {
+	case err != nil:
+		return fmt.Sprintf("the newest checkpoint under %s (reading it: %v)", root, unwrap(err))
+	case dir == "":
+		return fmt.Sprintf("the start: no complete checkpoint under %s yet", root)
+	}
+	if m, err := ckpt.Open(dir); err == nil {
+		return fmt.Sprintf("checkpoint %s (step %d)", dir, m.Step)
+	}
+	return "checkpoint " + dir
+}
+
+// rankFailure is how a job's attempt failed: cause names the rank and how
+// it ended; restartable says whether a restart can mend it.
+type rankFailure struct {
+	msg, cause  string
+	restartable bool
+}
+
+func (f *rankFailure) Error() string { return f.msg }
+
+// notRestarted says why launch ends the job after restarts of max restarts
+// rather than restart it ("" when it restarts): the failure is not one a
+// restart mends, the restarts are used up, or launch was interrupted.
+func (f *rankFailure) notRestarted(restarts, max int, interrupted bool) string {
+	switch {
+	case !f.restartable:
+		return "a rank failed on its own account (exit status 1: the recipe or data refused at run time, ranks that disagree, a non-finite loss, a failed checkpoint write; 2: a usage error or a Go runtime crash), and a restart would fail the same way"
+	case restarts >= max:
+		return fmt.Sprintf("--max-restarts %d: no restart is left", max)
+	case interrupted:
+		return "launch was interrupted"
+	}
+	return ""
 }
 
 // maxWorld is the most ranks a job may have: parallel.world_size's bound.
@@ -324,6 +446,11 @@ func superviseRanks(interrupt <-chan struct{}, stopSignals func(), procs []*exec
 		return ws.Signal() == syscall.SIGTERM || ws.Signal() == syscall.SIGINT
 	}
 	var late []int // ranks launch killed after the interrupt's grace
+	// What the failed ranks did, for restarts: crashed is the first rank
+	// killed by a signal launch did not send, own a rank that exited on its
+	// own account (not 3, not 130).
+	crashed, own := -1, false
+	crashCause := ""
 	for left := len(procs); left > 0; {
 		select {
 		case e := <-exits:
@@ -348,6 +475,20 @@ func superviseRanks(interrupt <-chan struct{}, stopSignals func(), procs []*exec
 				continue
 			}
 			lost := errors.As(e.err, &code) && code.ExitCode() == exitLostRank
+			if e.err != nil && !ended(e.rank, e.err) {
+				var ee *exec.ExitError
+				if errors.As(e.err, &ee) {
+					if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+						if crashed < 0 {
+							crashed, crashCause = e.rank, fmt.Sprintf("rank %d %s", e.rank, exitStatus(ee))
+						}
+					} else if !lost {
+						own = true
+					}
+				} else {
+					own = true
+				}
+			}
 			if e.err != nil && failureLost && !lost && !ended(e.rank, e.err) {
 				// The rank whose loss the first one reported failed on its own
 				// account: it is the cause, whichever exit was seen first.
@@ -375,7 +516,16 @@ func superviseRanks(interrupt <-chan struct{}, stopSignals func(), procs []*exec
 	}
 	switch {
 	case failure != nil:
-		return &exitError{code: exitFindings, err: failure}
+		f := &rankFailure{msg: failure.Error(), cause: failure.Error()}
+		switch {
+		case len(frozen) > 0:
+			f.restartable, f.cause = true, fmt.Sprintf("rank %v was stopped (SIGSTOP or a debugger) and was killed", frozen)
+		case crashed >= 0:
+			f.restartable, f.cause = true, crashCause
+		case !own:
+			f.restartable = true // ranks lost each other (exit 3), and none failed on its own
+		}
+		return &exitError{code: exitFindings, err: f}
 	case signalled && len(late) > 0:
 		sort.Ints(late)
 		return &exitError{code: 130, err: fmt.Errorf("interrupted; every rank was told to stop, and rank %v did not stop within --interrupt-grace %v after the interrupt and was killed (a checkpoint it was writing is left incomplete, and a resume never takes one; give the ranks longer with --interrupt-grace)", late, interruptGrace)}

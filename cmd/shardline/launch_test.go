@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -24,11 +26,73 @@ import (
 
 // TestMain lets launch re-execute this test binary as shardline: with
 // SHARDLINE_TEST_AS_CLI=1 it runs the CLI instead of the tests.
+//
+// With SHARDLINE_TEST_SIGNAL=SIG@N,M,... (KILL or INT) and
+// SHARDLINE_TEST_SIGNAL_DIR, the CLI sends itself SIG once its log reports
+// step N (rank 0 logs every step with logging.interval = 1), and again at
+// step M: each step once over every restart and rerun (a marker file in the
+// directory records it), so that a test kills or interrupts a run at the
+// steps it chose.
 func TestMain(m *testing.M) {
 	if os.Getenv("SHARDLINE_TEST_AS_CLI") == "1" {
-		os.Exit(Main(os.Args[1:], os.Stdout, os.Stderr, os.Environ()))
+		var stderr io.Writer = os.Stderr
+		if spec := os.Getenv("SHARDLINE_TEST_SIGNAL"); spec != "" {
+			stderr = newSignalAtStep(os.Stderr, spec, os.Getenv("SHARDLINE_TEST_SIGNAL_DIR"))
+		}
+		os.Exit(Main(os.Args[1:], os.Stdout, stderr, os.Environ()))
 	}
 	os.Exit(m.Run())
+}
+
+// signalAtStep passes the CLI's log on, and signals this process once a
+// line logs one of its steps (TestMain).
+type signalAtStep struct {
+	w     io.Writer
+	sig   syscall.Signal
+	steps map[int]bool
+	dir   string
+	buf   []byte
+}
+
+func newSignalAtStep(w io.Writer, spec, dir string) *signalAtStep {
+	name, list, _ := strings.Cut(spec, "@")
+	s := &signalAtStep{w: w, sig: map[string]syscall.Signal{"KILL": syscall.SIGKILL, "INT": syscall.SIGINT}[name], steps: map[int]bool{}, dir: dir}
+	for _, f := range strings.Split(list, ",") {
+		if n, err := strconv.Atoi(f); err == nil {
+			s.steps[n] = true
+		}
+	}
+	if s.sig == 0 || dir == "" {
+		panic("SHARDLINE_TEST_SIGNAL needs KILL@N,... or INT@N,... and SHARDLINE_TEST_SIGNAL_DIR")
+	}
+	return s
+}
+
+func (s *signalAtStep) Write(p []byte) (int, error) {
+	n, err := s.w.Write(p)
+	s.buf = append(s.buf, p...)
+	for {
+		i := bytes.IndexByte(s.buf, '\n')
+		if i < 0 {
+			break
+		}
+		var ev struct {
+			Step    int    `json:"step"`
+			Message string `json:"message"`
+		}
+		if json.Unmarshal(s.buf[:i], &ev) == nil && ev.Message == "step" && s.steps[ev.Step] {
+			marker := filepath.Join(s.dir, fmt.Sprintf("signalled-at-%d", ev.Step))
+			if f, err := os.OpenFile(marker, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644); err == nil {
+				f.Close()
+				syscall.Kill(os.Getpid(), s.sig)
+				if s.sig == syscall.SIGKILL {
+					select {} // the kernel ends the process
+				}
+			}
+		}
+		s.buf = s.buf[i+1:]
+	}
+	return n, err
 }
 
 func losses(t *testing.T, dir string) []float64 {

@@ -123,6 +123,10 @@ func dedupe(ds config.Diagnostics) config.Diagnostics {
 func recipeFiles(args []string) ([]string, error) {
 	var files []string
 	for _, arg := range args {
+		if config.IsShipped(arg) { // loadRecipe checks the name
+			files = append(files, arg)
+			continue
+		}
 		st, err := statPath(arg)
 		if err != nil {
 			return nil, err

@@ -4,11 +4,14 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	pathpkg "path"
+	"slices"
 	"strings"
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/fileio"
 	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/recipes"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -140,10 +143,16 @@ func (a *app) lintOptions() config.LintOptions {
 // loadRecipe loads and lints one recipe file. A file that cannot be read is a
 // "could not run" error; everything else comes back as diagnostics.
 func (a *app) loadRecipe(path string, rf *recipeFlags) (*config.Resolved, config.Diagnostics, error) {
-	if err := checkReadable(path, "recipe"); err != nil {
+	if config.IsShipped(path) {
+		var err error
+		if path, err = shippedRecipe(path); err != nil {
+			return nil, nil, err
+		}
+	} else if err := checkReadable(path, "recipe"); err != nil {
 		return nil, nil, err
 	}
 	opts := rf.options(a.env)
+	opts.Shipped = recipes.FS
 	if a.settings != nil {
 		opts.Defaults = a.settings.recipeDefaults(config.EnvMap(a.env))
 	}
@@ -184,6 +193,25 @@ func sourcesOf(res *config.Resolved) map[string][]byte {
 		return nil
 	}
 	return res.Sources
+}
+
+// shippedRecipe checks that shipped:NAME names a recipe shipped in this
+// binary (NAME.toml where NAME has no extension), and returns its full name.
+func shippedRecipe(path string) (string, error) {
+	name := strings.TrimPrefix(path, config.ShippedPrefix)
+	if pathpkg.Ext(name) == "" {
+		name += ".toml"
+	}
+	if slices.Contains(recipes.Names(), name) {
+		return config.ShippedPrefix + name, nil
+	}
+	var names []string
+	for _, n := range recipes.Names() {
+		if !strings.HasPrefix(n, "base/") {
+			names = append(names, config.ShippedPrefix+strings.TrimSuffix(n, ".toml"))
+		}
+	}
+	return "", usageErr("recipe %s: this shardline ships no recipe %s; the shipped ones are %s (a path without the shipped: prefix is a file)", path, name, strings.Join(names, ", "))
 }
 
 // checkReadable refuses a path that is missing, unreadable or not a regular file;

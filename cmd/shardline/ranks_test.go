@@ -206,6 +206,23 @@ func TestLaunchLintsOnceBeforeStarting(t *testing.T) {
 	assert.ErrorIs(t, err, os.ErrNotExist, "no rank started a run")
 }
 
+// A rank that another launcher started (torchrun, SLURM, mpirun) blames a
+// world size the batch does not divide on that launcher's variable, which
+// set it, not on a --world-size flag no one typed.
+func TestLauncherWorldSizeNamesItsVariable(t *testing.T) {
+	dir := t.TempDir()
+	text := smallCorpus(t, dir)
+	tiny := filepath.Join(recipesDir, "tiny.toml")
+	for _, c := range [][3]string{{"RANK", "WORLD_SIZE", "env WORLD_SIZE: error[SL206]"}, {"SLURM_PROCID", "SLURM_NTASKS", "env SLURM_NTASKS: error[SL206]"},
+		{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "env OMPI_COMM_WORLD_SIZE: error[SL206]"}} {
+		env := []string{c[0] + "=0", c[1] + "=3", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=1", "SHARDLINE_JOB_TOKEN=t"}
+		code, _, stderr := shardline(t, env, "run", tiny, "--set", "data.path="+text, "--set", "run.output_dir="+dir, "--train-iters", "2")
+		assert.Equal(t, 1, code, stderr)
+		assert.Contains(t, stderr, c[2])
+		assert.NotContains(t, stderr, "--world-size")
+	}
+}
+
 // Ranks of one job (processes over TCP) given different recipes fail before
 // the first step, naming the key and each rank's value.
 func TestRanksWithDifferentRecipesNameTheKey(t *testing.T) {

@@ -34,6 +34,9 @@ type exitError struct {
 	err  error
 }
 
+// Unwrap is the error carried.
+func (e *exitError) Unwrap() error { return e.err }
+
 func (e *exitError) Error() string {
 	if e.err == nil {
 		return ""

@@ -18,6 +18,7 @@ import (
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/fileio"
 	"github.com/shardline/shardline/parallel/comm"
+	"github.com/shardline/shardline/recipes"
 	"github.com/shardline/shardline/tensor/cpu"
 	"github.com/shardline/shardline/trainer"
 	"github.com/shardline/shardline/trainer/ckpt"
@@ -32,8 +33,8 @@ func isTerminal(w io.Writer) bool {
 
 func (a *app) runCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "run [flags] [RECIPE | RUN_DIR]",
-		Short: "Train a recipe (default recipes/tiny.toml) on the CPU, on one rank or --nproc N",
+		Use:   "run [flags] [RECIPE | shipped:NAME | RUN_DIR]",
+		Short: "Train a recipe (default shipped:tiny, built in) on the CPU, on one rank or --nproc N",
 		Long: `Run lints the recipe, compiles its plan and trains it, writing a run directory
 under run.output_dir: the resolved recipe and its fingerprint, the plan, metrics.jsonl
 (one object per step: loss, learning rate, gradient norm, tokens/s, the measured
@@ -41,6 +42,11 @@ step time, TFLOP/s and MFU beside the plan's, memory), TensorBoard events of the
 same (logging.tensorboard, on by default: tensorboard --logdir runs follows the
 run), run.log, the final weights, loss.png (redrawn at each evaluation) and a
 text sample (docs/monitoring.md).
+
+RECIPE is a TOML file. shipped:NAME is a recipe shipped inside shardline (tiny,
+moe-tiny, dense-125m, llama-1b, llama4-3bx128e: the files of recipes/ in the
+source tree it was built from), which works from any directory; with no
+argument run trains shipped:tiny. run.json's recipe_files says which it was.
 
 With --nproc N (or parallel.world_size = N) the run is data parallel over N ranks,
 goroutines of this process, executing the plan's sharding strategy: no_shard
@@ -66,7 +72,14 @@ and on SIGINT/SIGTERM; --resume continues a run from one, on any world size,
 strategy or expert-parallel degree (docs/checkpoints.md). A resume from the
 newest checkpoint in its run's own checkpoint directory continues that run
 directory; any other (a copied checkpoint, an older step, another checkpoint
-directory) starts a new run directory and leaves the old one as it was. One
+directory) starts a new run directory and leaves the old one as it was.
+--resume auto continues from the newest checkpoint under the recipe's
+checkpoint directory that checks out, and starts a new run where there is
+none (taking over run.output_dir/run.name when a run there died before its
+first checkpoint), so that one command line both starts and continues a job
+(launch --max-restarts relies on it). checkpoint.interval_minutes saves by
+wall-clock time too. The log line "resumed from checkpoint" and run.json's
+resumed_from and resumed_from_step name the checkpoint a run continued. One
 process writes a run directory at a time: a second is refused, naming the
 first one's pid (docs/robustness.md, "Who owns a run directory").
 
@@ -83,8 +96,10 @@ which this binary hands the run to with the same arguments: one rank on one
 GPU; several (--nproc, or a job's ranks: launch, torchrun, SLURM, mpirun) each
 on the GPU of its index on the node (LOCAL_RANK), their collectives over NCCL,
 or staged through the host where ranks share a GPU.`,
-		Example: `  shardline run
+		Example: `  shardline run                                               # shipped:tiny, from any directory
+  shardline run shipped:moe-tiny --train-iters 50
   shardline run recipes/tiny.toml --save-interval 100        # checkpoints under the run directory
+  shardline run recipes/tiny.toml --save-interval 100 --resume auto   # the same line starts the run and continues it
   shardline run --resume runs/tiny                            # continue from its newest checkpoint
   shardline run runs/tiny                                     # run it again from its resolved recipe (same metrics, bit for bit)
   shardline run --resume runs/tiny --nproc 4 --data-parallel-sharding-strategy optim   # resharded
@@ -102,10 +117,10 @@ or staged through the host where ranks share a GPU.`,
 	cmd.Flags().IntVar(&nproc, "nproc", 0, "train on N ranks as goroutines of this process (sets parallel.world_size)")
 	var trace, resume string
 	var commTimeout time.Duration
-	cmd.Flags().StringVar(&resume, "resume", "", "continue a run from a checkpoint: a checkpoint directory, a run directory or checkpoint root (its newest complete checkpoint), or latest (the newest under the recipe's checkpoint directory); RECIPE defaults to the run's resolved.toml. The run's newest checkpoint continues its run directory; any other starts a new one")
+	cmd.Flags().StringVar(&resume, "resume", "", "continue a run from a checkpoint: a checkpoint directory, a run directory or checkpoint root (its newest complete checkpoint), latest (the newest under the recipe's checkpoint directory), or auto (as latest, skipping checkpoints that do not check out, and a new run where there is none); with a path RECIPE defaults to the run's resolved.toml. The run's newest checkpoint continues its run directory; any other starts a new one")
 	cmd.Flags().StringVar(&resume, "load", "", "Megatron's --load: the same as --resume")
 	var initFrom string
-	cmd.Flags().StringVar(&initFrom, "init-from", "", "start from a Hugging Face model directory's weights (config.json, safetensors; shardline ckpt export writes one) instead of the initialisation: fine-tuning. Its config.json must describe the recipe's model: every key that differs is refused, named")
+	cmd.Flags().StringVar(&initFrom, "init-from", "", "start from a Hugging Face model directory's weights (config.json, safetensors; shardline ckpt export writes one) instead of the initialisation: fine-tuning. Its config.json must describe the recipe's model: every key that differs is refused, named. With --resume auto it starts a run that has no checkpoint yet, and a found checkpoint continues instead")
 	var device string
 	cmd.Flags().StringVar(&device, "device", "", "cpu or cuda: sets parallel.device (cuda trains through shardline-cuda, a GPU per rank; docs/cuda.md)")
 	var stopAfter int
@@ -134,8 +149,15 @@ or staged through the host where ranks share a GPU.`,
 		if cmd.Flags().Changed("nproc") && (nproc < 1 || cmd.Flags().Changed("world-size")) {
 			return usageErr("--nproc %d: give a positive rank count, and not together with --world-size", nproc)
 		}
-		if initFrom != "" && resume != "" {
-			return usageErr("--init-from and --resume both say where to start: give one")
+		if p := a.preflight; p != nil && p.restarts > 0 && resume != "auto" {
+			why := ""
+			if resume != "" {
+				why = fmt.Sprintf("; --resume %s names one checkpoint, which every restart would go back to", resume)
+			}
+			return usageErr("launch --max-restarts %d restarts the ranks from the newest checkpoint, which they find with run's --resume auto: give --resume auto after the recipe (the first start then also continues a checkpoint it finds, and starts afresh where there is none)%s", p.restarts, why)
+		}
+		if initFrom != "" && resume != "" && resume != "auto" {
+			return usageErr("--init-from and --resume %s both say where to start: give one (--resume auto with --init-from starts from the weights where no checkpoint is found, and continues the checkpoint otherwise)", resume)
 		}
 		if stopAfter < 0 {
 			return usageErr("--stop-after %d must not be negative", stopAfter)
@@ -173,12 +195,17 @@ or staged through the host where ranks share a GPU.`,
 		}
 		if job != nil {
 			// Named for what set it: launch's --nproc (and --nnodes), else the
-			// launcher's WORLD_SIZE.
-			rf.extra = append(rf.extra, config.FlagValue{Name: cmp.Or(job.worldFlag, "world-size"), Value: fmt.Sprint(job.world), Key: "parallel.world_size"})
+			// launcher's variable (torchrun's WORLD_SIZE, SLURM_NTASKS, ...),
+			// never a --world-size the user did not type.
+			v := config.FlagValue{Name: job.worldFlag, Value: fmt.Sprint(job.world), Key: "parallel.world_size"}
+			if v.Name == "" {
+				v.Name, v.Env = cmp.Or(job.worldVar, "WORLD_SIZE"), true
+			}
+			rf.extra = append(rf.extra, v)
 		}
-		path := filepath.Join("recipes", "tiny.toml")
+		path := config.ShippedPrefix + recipes.Default // the binary's own copy: any working directory
 		var ckptDir string
-		if resume != "" && resume != "latest" {
+		if resume != "" && resume != "latest" && resume != "auto" {
 			if ckptDir, err = findCheckpoint(resume); err != nil {
 				return usageErr("--resume %s: %v", resume, err)
 			}
@@ -212,13 +239,28 @@ or staged through the host where ranks share a GPU.`,
 			return err
 		}
 		r := &res.Recipe
-		if resume == "latest" {
-			root := r.Checkpoint.Dir
-			if root == "" {
-				root = filepath.Join(r.Run.OutputDir, r.Run.Name, "checkpoints")
+		var auto *trainer.AutoResume
+		switch resume {
+		case "latest":
+			if ckptDir, err = ckpt.Latest(checkpointRoot(r)); err != nil {
+				return usageErr("--resume latest: %v (run.output_dir/run.name, or checkpoint.dir, say where to look; --resume auto starts a new run where there is none)", err)
 			}
-			if ckptDir, err = ckpt.Latest(root); err != nil {
-				return usageErr("--resume latest: %v (run.output_dir/run.name, or checkpoint.dir, say where to look)", err)
+		case "auto":
+			// The newest checkpoint that checks out, or none: a new run. The
+			// same command line starts a job and continues it.
+			if !r.Checkpoint.Saves() {
+				return usageErr("--resume auto: the recipe writes no checkpoints (checkpoint.interval is 0 and checkpoint.dir empty), so a second run would find nothing to continue; set --save-interval N or checkpoint.interval_minutes")
+			}
+			root := checkpointRoot(r)
+			dir, skipped, err := ckpt.Newest(root)
+			if err != nil {
+				return usageErr("--resume auto: reading the checkpoint root %s: %v; make it readable, or point checkpoint.dir (--save) elsewhere", root, unwrap(err))
+			}
+			ckptDir, auto = dir, &trainer.AutoResume{Root: root, Skipped: skipped}
+			if dir != "" && initFrom != "" {
+				// The checkpoint holds the fine-tuned state: --init-from only
+				// starts a run that has none.
+				auto.InitFrom, initFrom = initFrom, ""
 			}
 		}
 		if r.Parallel.Device == "cpu" {
@@ -234,8 +276,10 @@ or staged through the host where ranks share a GPU.`,
 				fmt.Fprintf(a.stderr, "note: the plan's step time is timed from a calibration measured on %s, not on this machine: probing this machine failed: %v\n", a.cpu.table.Host, a.cpu.err)
 			}
 		}
-		if a.preflight != nil {
-			return nil // launch: the command line and recipe are good; the ranks train
+		if p := a.preflight; p != nil {
+			// launch: the command line and recipe are good; the ranks train
+			p.resume, p.checkpointRoot = resume, checkpointRoot(r)
+			return nil
 		}
 		// A rank that shardline launch started writes to the launcher through a
 		// pipe; the launcher says whether its own stderr is a terminal.
@@ -244,7 +288,7 @@ or staged through the host where ranks share a GPU.`,
 		if err != nil {
 			return err
 		}
-		opts := trainer.Options{Backend: cpu.Backend{}, Calibrations: a.cals, Env: config.EnvMap(a.env), LogOut: logOut, LogLevel: level, Version: version, CacheDir: a.cacheDir(), TracePath: trace, DataRoot: a.settings.DataRoot, Resume: ckptDir, StopAfter: stopAfter, InitFrom: initFrom}
+		opts := trainer.Options{Backend: cpu.Backend{}, Calibrations: a.cals, Env: config.EnvMap(a.env), LogOut: logOut, LogLevel: level, Version: version, CacheDir: a.cacheDir(), TracePath: trace, DataRoot: a.settings.DataRoot, Resume: ckptDir, AutoResume: auto, StopAfter: stopAfter, InitFrom: initFrom}
 		if tty && r.Logging.Progress && (job == nil || job.rank == 0) {
 			opts.Progress = a.stderr
 		}
@@ -327,20 +371,37 @@ func jobExitCode(err error) int {
 type preflight struct {
 	world int
 	flag  string
+	// restarts is launch's --max-restarts: above 0, run must be given
+	// --resume auto.
+	restarts int
+	// What run found, for launch: the --resume value given, and the
+	// recipe's checkpoint root (where --resume auto looks).
+	resume, checkpointRoot string
 }
 
 // preflightRun checks "shardline run ARGS" as each rank of a job of world ranks
 // will run it (its flags, its recipe linted, --resume found) and stops before
 // training: launch calls it once, so that a bad command line or recipe is
 // reported once and no rank starts. flag names the launch flag that set the
-// world size, in messages.
-func (a *app) preflightRun(args []string, world int, flag string) error {
-	b := &app{stdout: a.stdout, stderr: a.stderr, args: append([]string{"run"}, args...), env: a.env, preflight: &preflight{world: world, flag: flag}}
+// world size, in messages; restarts is launch's --max-restarts.
+func (a *app) preflightRun(args []string, world int, flag string, restarts int) (*preflight, error) {
+	p := &preflight{world: world, flag: flag, restarts: restarts}
+	b := &app{stdout: a.stdout, stderr: a.stderr, args: append([]string{"run"}, args...), env: a.env, preflight: p}
 	root := b.rootCmd()
 	root.SetArgs(b.args)
 	root.SetOut(a.stdout)
 	root.SetErr(a.stderr)
-	return root.Execute()
+	return p, root.Execute()
+}
+
+// checkpointRoot is where the recipe's run saves its checkpoints, and where
+// --resume latest and auto look: checkpoint.dir, or the checkpoints/ of the
+// run directory run.output_dir/run.name.
+func checkpointRoot(r *config.Recipe) string {
+	if r.Checkpoint.Dir != "" {
+		return r.Checkpoint.Dir
+	}
+	return filepath.Join(r.Run.OutputDir, r.Run.Name, "checkpoints")
 }
 
 // findCheckpoint resolves --resume PATH: a checkpoint directory itself, or a

@@ -503,6 +503,41 @@ func Latest(root string) (string, error) {
 	return "", fmt.Errorf("no complete checkpoint under %s", root)
 }
 
+// Skipped is a complete checkpoint Newest passed over: its metadata or files
+// do not check out (Open's error).
+type Skipped struct {
+	Dir string
+	Err error
+}
+
+// Newest returns the newest complete checkpoint under root whose metadata and
+// files check out (Open: the table, the files' sizes, the metadata's checksum;
+// the data's checksums are checked as a resume reads it), and the newer ones
+// it passed over, with why. It returns "" and no error when root does not
+// exist or holds no complete checkpoint (nothing to resume: a run starts
+// afresh), and an error only when root cannot be read.
+func Newest(root string) (string, []Skipped, error) {
+	es, err := List(root)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil, nil
+	}
+	if err != nil {
+		return "", nil, err
+	}
+	var skipped []Skipped
+	for i := len(es) - 1; i >= 0; i-- {
+		if !es[i].Complete {
+			continue
+		}
+		if _, err := Open(es[i].Dir); err != nil {
+			skipped = append(skipped, Skipped{Dir: es[i].Dir, Err: err})
+			continue
+		}
+		return es[i].Dir, skipped, nil
+	}
+	return "", skipped, nil
+}
+
 // Prune removes the checkpoints of run runID under root beyond its newest keep
 // complete ones (0 keeps all), and its unfinished saves (OwnerFile) older than
 // its newest complete one. It removes nothing else: not a checkpoint of another

@@ -188,3 +188,40 @@ func FuzzOpen(f *testing.F) {
 		}
 	})
 }
+
+// TestNewest: the newest complete checkpoint that opens, passing over a newer
+// one whose metadata is damaged (named, with why) and an unfinished save; ""
+// and no error for a root that is missing or holds no complete checkpoint;
+// an error for a root that cannot be read.
+func TestNewest(t *testing.T) {
+	good := writeCheckpoint(t) // step 7
+	root := filepath.Dir(good)
+	dir, skipped, err := Newest(root)
+	require.NoError(t, err)
+	require.Equal(t, good, dir)
+	require.Empty(t, skipped)
+
+	damaged := StepDir(root, 9)
+	require.NoError(t, os.MkdirAll(damaged, 0o755))
+	meta, err := os.ReadFile(filepath.Join(good, MetadataFile))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(damaged, MetadataFile), []byte(strings.Replace(string(meta), `"step": 7`, `"step": 9`, 1)), 0o644))
+	require.NoError(t, Claim(StepDir(root, 11), "test-run")) // unfinished
+	dir, skipped, err = Newest(root)
+	require.NoError(t, err)
+	require.Equal(t, good, dir)
+	require.Len(t, skipped, 1)
+	require.Equal(t, damaged, skipped[0].Dir)
+	require.Error(t, skipped[0].Err)
+
+	for _, empty := range []string{filepath.Join(t.TempDir(), "none"), t.TempDir()} {
+		dir, skipped, err = Newest(empty)
+		require.NoError(t, err)
+		require.Empty(t, dir)
+		require.Empty(t, skipped)
+	}
+	file := filepath.Join(t.TempDir(), "file")
+	require.NoError(t, os.WriteFile(file, nil, 0o644))
+	_, _, err = Newest(file)
+	require.Error(t, err, "a root that is a file cannot be read")
+}

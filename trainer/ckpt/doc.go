@@ -1,7 +1,8 @@
 // Package ckpt is shardline's sharded checkpoint format: what a checkpoint
 // directory holds, how it is committed, read back in any sharding, verified,
-// listed and pruned. It knows nothing of plans or models: the trainer decides
-// which pieces each rank writes and reads.
+// listed (Newest: the newest that checks out, for --resume auto) and pruned.
+// It knows nothing of plans or models: the trainer decides which pieces each
+// rank writes and reads.
 //
 // # Layout
 //
