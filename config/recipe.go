@@ -280,9 +280,9 @@ type Precision struct {
 // ActivationCheckpoint configures activation recomputation.
 type ActivationCheckpoint struct {
 	// none keeps every activation; selective recomputes the attention
-	// probabilities (Megatron's; run refuses it on the CPU, whose flash attention
-	// keeps none); full keeps only each layer's input and recomputes the layer in
-	// backward.
+	// probabilities (Megatron's; run refuses it on every device: flash
+	// attention keeps none, so it would train as none does); full keeps only
+	// each layer's input and recomputes the layer in backward.
 	Mode string `toml:"mode" enum:"none,selective,full" flag:"recompute-granularity"`
 }
 
