@@ -279,9 +279,11 @@ type Precision struct {
 
 // ActivationCheckpoint configures activation recomputation.
 type ActivationCheckpoint struct {
-	// none keeps every activation; selective recomputes the attention
-	// probabilities (Megatron's; run refuses it on every device: flash
-	// attention keeps none, so it would train as none does); full keeps only
+	// none keeps every activation; selective keeps what each layer's
+	// products make and recomputes the rest before the layer's backward (the
+	// norms' outputs and the SwiGLU product: torchtitan's operator-level
+	// selective checkpointing; Megatron's selective remakes the attention
+	// probabilities, which flash attention never keeps); full keeps only
 	// each layer's input and recomputes the layer in backward.
 	Mode string `toml:"mode" enum:"none,selective,full" flag:"recompute-granularity"`
 }

@@ -89,8 +89,6 @@ var ruleCases = []ruleCase{
 	{name: "run name with a terminal escape", src: okData + "[run]\nname = \"a\\u001b]0;title\\u0007\"\n", code: "SL009", sev: SevError, loc: "x.toml:4:1", msg: "it holds the control character U+001B"},
 	{name: "run name longer than a file name", src: okData + "[run]\nname = \"" + strings.Repeat("r", 256) + "\"\n", code: "SL009", sev: SevError, loc: "x.toml:4:1", msg: "it is 256 bytes long, over the 255"},
 	{name: "checkpoints kept but none written", src: okData + "[checkpoint]\nkeep_last = 3\n", code: "SL114", sev: SevNote, loc: "x.toml:4:1", msg: "so there are none to keep"},
-	{name: "selective under flash attention", src: okData + "[activation_checkpoint]\nmode = \"selective\"\n[model]\nseq_len = 512\n", code: "SL114", sev: SevNote, loc: "x.toml:4:1", msg: "selective would train exactly as none"},
-	{name: "selective under context parallelism", src: okData + "[activation_checkpoint]\nmode = \"selective\"\n[parallel]\nworld_size = 2\ncontext_parallel = 2\n", code: "SL114", sev: SevNote, loc: "x.toml:4:1", msg: "keeps none"},
 	{name: "nccl ub implies double buffer", src: okData + "[fsdp]\nuse_nccl_ub = true\n", code: "SL106", sev: SevNote, loc: "x.toml:4:1", msg: "turns fsdp.fsdp_double_buffer on"},
 	{name: "nccl ub with expandable segments", src: okData + "[fsdp]\nuse_nccl_ub = true\n[parallel]\ncuda_expandable_segments = true\n", code: "SL107", loc: "x.toml:6:1"},
 	{name: "nccl ub with alloc conf", src: okData + "[fsdp]\nuse_nccl_ub = true\n[parallel]\ndevice = \"cuda\"\n",

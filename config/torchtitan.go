@@ -783,11 +783,9 @@ func (t *ttImport) activationCheckpoint() {
 	case "selective":
 		opt := t.get("activation_checkpoint.selective_ac_option")
 		t.to("activation_checkpoint.mode", "selective", s, "")
-		policy := "one layer in every " + opt.str() + " recomputed whole"
-		if opt.str() == "op" {
-			policy = "matmul outputs kept, other ops recomputed"
+		if opt.str() != "op" {
+			t.note(opt, fmt.Sprintf("torchtitan's selective policy (one layer in every %s recomputed whole) differs from shardline's, which keeps every layer's products and recomputes their elementwise rest (torchtitan's op policy): the same numbers, another memory and time trade", opt.str()), "")
 		}
-		t.note(opt, fmt.Sprintf("torchtitan's selective policy (%s) differs from shardline's, which recomputes attention's inner activations: the same numbers, another memory and time trade", policy), "")
 	case "memory_budget":
 		t.refuse(s, "the memory-budget policy is torch.compile's min-cut partitioner", `set mode = "selective" or "full"`)
 	default:

@@ -29,12 +29,6 @@ func NotExecuted(r *Recipe) []Unexecuted {
 	// recomputes as on the CPU (full), and whose memory the plan counts.
 	gpu := p.Device == "cuda"
 	add(gpu && r.Model.Heads > 0 && !slices.Contains([]int{32, 64, 128}, r.Model.HeadSize()), "model.heads", "the GPU attention kernels take head sizes (head_dim, or hidden/heads) of 32, 64 or 128", "choose heads (or head_dim) so that the head size is 32, 64 or 128")
-	// selective recomputes the attention probabilities (Megatron's core
-	// attention); flash attention keeps none on either backend, so it would
-	// train exactly as none does.
-	add(r.ActivationCheckpoint.Mode == "selective", "activation_checkpoint.mode",
-		"selective recomputes the attention probabilities, and flash attention (the CPU's and the GPU's) keeps none, only each row's log-sum-exp: selective would train exactly as none",
-		`set mode = "none" (the same memory), or "full" to save memory`)
 	add(p.ExpertTensorParallel != 1, "parallel.expert_tensor_parallel", "the trainer splits experts over ranks, not within an expert", "set it to 1 and raise parallel.expert_parallel instead")
 	add(c.CkptFormat != "fsdp_dtensor" && c.Saves(), "checkpoint.ckpt_format", "shardline writes sharded checkpoints laid out as fsdp_dtensor's (each tensor's pieces at their global offsets); torch_dist and torch files are not written", `set ckpt_format = "fsdp_dtensor"`)
 	add(c.KeepLast != 0 && !c.Saves(), "checkpoint.keep_last", "no checkpoints are written (checkpoint.interval and interval_minutes are 0 and checkpoint.dir empty), so there are none to keep", "set checkpoint.interval, or remove keep_last")

@@ -278,12 +278,21 @@ func activationBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
 	if cpu {
 		router += t.local * int64(mo.MoE.TopK) // and the chosen experts' gates
 	}
+	// Selective recompute remakes the norms' outputs and a dense layer's
+	// SwiGLU product before each layer's backward: no layer keeps them, one
+	// buffer of each serves every layer (remade).
+	attnKept, denseKept, moeKept := attn, dense, moe
+	var remade int64
+	if mode == "selective" {
+		attnKept, denseKept, moeKept = attn-t.local*h, dense-t.local*h-t.local*f, moe-t.local*h
+		remade = 2 * t.local * h // ln1, ln2
+	}
 	// kept and f32: a layer's elements in the activation dtype and in fp32.
 	perLayer := func(l int) (kept, f32 int64) {
 		if !mo.IsMoELayer(l) {
-			return (attn + dense) / tp, f32Stats / tp
+			return (attnKept + denseKept) / tp, f32Stats / tp
 		}
-		return (attn + moe) / tp, (f32Stats + router) / tp
+		return (attnKept + moeKept) / tp, (f32Stats + router) / tp
 	}
 	var keptSum, f32Sum, worst int64 // worst: the largest layer, in bytes at the activation dtype
 	anyDense, anyMoE := false, false
@@ -292,6 +301,9 @@ func activationBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
 		keptSum, f32Sum = keptSum+k, f32Sum+f32
 		worst = max(worst, k*d.act+f32*4)
 		anyDense, anyMoE = anyDense || !mo.IsMoELayer(l), anyMoE || mo.IsMoELayer(l)
+	}
+	if mode == "selective" && anyDense {
+		remade += t.local * f // the SwiGLU product
 	}
 	inputs := int64(mo.Layers) * t.local * h / tp // every layer's input
 	var bytes int64
@@ -319,8 +331,18 @@ func activationBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
 			work += moe
 		}
 		bytes = keptSum*d.kept + f32Sum*4 + work/tp*d.act
+		if mode == "selective" && m.TP == 1 {
+			// The remade products' inputs are rounded into one bf16 store each
+			// (the attention's normed input; a dense layer's and its SwiGLU
+			// product), which every layer takes in turn.
+			stores := t.local * h
+			if anyDense {
+				stores += t.local*h + t.local*f
+			}
+			bytes += stores * d.kept
+		}
 	default:
-		bytes = keptSum*d.act + f32Sum*4
+		bytes = keptSum*d.act + f32Sum*4 + remade/tp*d.act
 	}
 	if !perLayerStats {
 		bytes += stats / tp * 4 // one shared slot of log-sum-exps (fp32)

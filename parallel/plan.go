@@ -171,8 +171,8 @@ func (p *Plan) memory(r *config.Recipe, d dtypes) {
 // plus causal attention's 2·seq·w per layer, w = heads·head size, the attention
 // width (hidden unless head_dim decouples it) (QKᵀ and PV, each 2·seq·w, halved by the
 // causal mask). A step is 3× forward (backward is twice forward); full recompute
-// adds a forward of the layers, selective the attention part (not on the CPU,
-// whose flash attention keeps nothing to remake). Compute time is the
+// adds a forward of the layers (selective remakes elementwise work only,
+// which the step model times). Compute time is the
 // executed FLOPs of one rank (all ranks share the work evenly) over the achievable
 // throughput. Communication on tp/cp/ep/etp is exposed; FSDP's overlappable part
 // hides behind compute, except what exceeds it.
@@ -195,15 +195,11 @@ func (p *Plan) timing(r *config.Recipe) {
 	tokens := float64(r.Train.GlobalBatchSize) * seq
 	p.ModelFLOPs = 3 * fwd * tokens
 	exec := 3 * fwd
-	switch r.ActivationCheckpoint.Mode {
-	case "full":
+	// Full recompute runs each layer's forward again; selective remakes only
+	// elementwise work (norms, SwiGLU), which counts no FLOPs here (the step
+	// model times it).
+	if r.ActivationCheckpoint.Mode == "full" {
 		exec += fwd
-	case "selective":
-		// The attention core again (Megatron's); the CPU's flash attention keeps
-		// no probabilities to remake, and run refuses selective there.
-		if r.Parallel.Device != "cpu" {
-			exec += attn
-		}
 	}
 	p.ExecFLOPs = exec * tokens
 	dev := p.Topology.Device

@@ -271,7 +271,7 @@ func TestFingerprintStable(t *testing.T) {
 func TestCheck(t *testing.T) {
 	// Does not fit: llama-1b on A100s with a large micro batch; the help lists
 	// changes that fit with their predicted memory.
-	res, diags := config.Load("../recipes/llama-1b.toml", config.Options{Flags: []config.FlagValue{{Name: "device-profile", Value: "a100-80gb"}, {Name: "micro-batch-size", Value: "16"}, {Name: "world-size", Value: "16"}}})
+	res, diags := config.Load("../recipes/llama-1b.toml", config.Options{Flags: []config.FlagValue{{Name: "device-profile", Value: "a100-80gb"}, {Name: "micro-batch-size", Value: "32"}, {Name: "world-size", Value: "8"}}})
 	require.False(t, diags.HasErrors(), "%v", diags)
 	p, ds := Check(res, nil)
 	require.NotNil(t, p)
@@ -281,15 +281,17 @@ func TestCheck(t *testing.T) {
 	assert.Contains(t, ds[0].Message, "logits")
 	assert.Contains(t, ds[0].Help, `activation_checkpoint.mode = "full"`)
 
-	// A change run would refuse is not suggested: selective recompute where the
-	// CPU runs flash attention (it would train exactly as none).
+	// A change run would refuse is not suggested (refusesMore): a cuda recipe
+	// whose head size the GPU kernels lack; recomputation is never refused.
 	res, diags = config.Load("../recipes/tiny.toml", config.Options{Sets: []string{"model.seq_len=512"}})
 	require.False(t, diags.HasErrors(), "%v", diags)
-	sel, full := res.Recipe, res.Recipe
+	sel, full, odd := res.Recipe, res.Recipe, res.Recipe
 	sel.ActivationCheckpoint.Mode, full.ActivationCheckpoint.Mode = "selective", "full"
-	assert.True(t, refusesMore(&res.Recipe, &sel))
+	odd.Parallel.Device, odd.Model.HeadDim = "cuda", 48
+	assert.False(t, refusesMore(&res.Recipe, &sel))
 	assert.False(t, refusesMore(&res.Recipe, &full))
-	assert.False(t, refusesMore(&sel, &sel), "a setting the recipe already has is no new refusal")
+	assert.True(t, refusesMore(&res.Recipe, &odd))
+	assert.False(t, refusesMore(&odd, &odd), "a setting the recipe already has is no new refusal")
 
 	// Cannot compile: vocabulary not divisible by tp.
 	res, diags = config.Load("../recipes/tiny.toml", config.Options{Sets: []string{"model.vocab_size=257", "parallel.world_size=2", "parallel.tensor_parallel=2"}})

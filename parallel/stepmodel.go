@@ -271,9 +271,16 @@ func microCompute(mo config.Model, sh microShape, c opCosts) MicroTimes {
 			ls += stream(StreamSwiGLU, float64(BT*FF)) + stream(StreamSwiGLUBwd, float64(BT*FF))
 			fs += c.stream(StreamSwiGLU, float64(BT*FF))
 		}
-		if sh.Mode == "full" { // (flash attention leaves selective nothing to remake)
+		dense := !(mo.MoE.NumExperts > 0 && (l+1)%mo.MoE.LayerFreq == 0)
+		switch sh.Mode {
+		case "full":
 			lg, la, ls = lg+fg, la+fa, ls+fs
 			gb += fgb
+		case "selective": // the norms' outputs and a dense layer's SwiGLU product remade
+			ls += 2 * stream(StreamRMSNorm, float64(R*C))
+			if dense {
+				ls += stream(StreamSwiGLU, float64(BT*FF))
+			}
 		}
 		if sh.Stash {
 			// bf16 stores (trainer/model/stash.go): the layer's input is rounded in
@@ -293,6 +300,23 @@ func microCompute(mo config.Model, sh microShape, c opCosts) MicroTimes {
 				if sh.TP == 1 {
 					direct, directSlots = R*C, 1 // the attention's normed input
 				}
+				if sh.Mode == "selective" {
+					// No stores for what is remade; the products' inputs among them
+					// are rounded into shared ones in the forward and again after the
+					// remake, and what they are remade from is rounded in place
+					// (mid; a dense layer's gate and up).
+					kept, slots, direct, directSlots = kept-2*R*C, slots-2, 0, 0
+					ls += stream(StreamToBF16, float64(R*C)) + stream(StreamFromBF16, float64(R*C))
+					if sh.TP == 1 {
+						ls += 2 * stream(StreamToBF16, float64(R*C))
+						if dense {
+							ls += 2 * (stream(StreamToBF16, float64(R*C)) + stream(StreamToBF16, float64(BT*FF)))
+						}
+					}
+					if dense {
+						ls += 2 * (stream(StreamToBF16, float64(BT*FF)) + stream(StreamFromBF16, float64(BT*FF)))
+					}
+				}
 				if moe {
 					EF := mo.MoE.ExpertFFNHidden / sh.ETP
 					kept += 2*sh.Routed*C + 3*sh.Routed*EF // the experts' inputs (permuted or received) and outputs; intermediates
@@ -301,6 +325,9 @@ func microCompute(mo config.Model, sh microShape, c opCosts) MicroTimes {
 					k := mo.MoE.SharedExperts
 					kept += 3 * k * BT * (mo.MoE.ExpertFFNHidden / sh.TP)
 					slots += 3 * k
+				} else if sh.Mode == "selective" {
+					kept += 2 * BT * FF // gate and up (the SwiGLU product is remade)
+					slots += 2
 				} else {
 					kept += 3 * BT * FF
 					slots += 3

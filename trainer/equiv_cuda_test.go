@@ -18,7 +18,7 @@ import (
 // staged through the host) and on the CPU, three steps at world sizes 1, 2
 // and 4 under every sharding strategy (4 under optim_grads_params alone
 // unless SHARDLINE_EMU_FULL=1), dense and MoE (ep 2 at 2 ranks), tp 2,
-// cp 2, full recomputation, fp32 and bf16, and compares the losses step by
+// cp 2, selective and full recomputation, fp32 and bf16, and compares the losses step by
 // step. Tolerances, relative: fp32 1e-4 (the GPU's kernels sum in other
 // orders than the CPU's, about 1e-6 a kernel, over two layers and three
 // steps); bf16 1e-3 (the GPU keeps activations and their gradients in bf16,
@@ -60,6 +60,9 @@ func TestEngineOnGPUMatchesCPU(t *testing.T) {
 		two := []string{"parallel.world_size=2", "train.global_batch_size=4"}
 		for _, c := range []tc{
 			{"full", tol, append([]string{"activation_checkpoint.mode=full"}, two...)},
+			{"selective", tol, []string{"parallel.world_size=1", "train.global_batch_size=2", "activation_checkpoint.mode=selective"}},
+			{"moe ep2 selective", 5e-3, append(append([]string{"parallel.expert_parallel=2", "activation_checkpoint.mode=selective"}, two...), moe...)},
+			{"tp2 selective", tol, []string{"parallel.world_size=2", "train.global_batch_size=2", "parallel.tensor_parallel=2", "activation_checkpoint.mode=selective"}},
 			{"moe", 5e-3, append(append([]string{}, two...), moe...)},
 			{"moe ep2 full", 5e-3, append(append([]string{"parallel.expert_parallel=2", "activation_checkpoint.mode=full"}, two...), moe...)},
 			{"tp2", tol, []string{"parallel.world_size=2", "train.global_batch_size=2", "parallel.tensor_parallel=2"}},

@@ -17,7 +17,8 @@ import (
 // TestPlanEqualsHeldOnGPU: every rank of a cuda run holds on its GPU what the
 // plan says, component by component and to the byte, on the host emulator:
 // at world sizes 1, 2 and 4, under every sharding strategy, dense and MoE (ep
-// 2, with a capacity factor), tp 2, cp 2, full recomputation, fp32 and bf16. Each rank opens a device
+// 2, with a capacity factor), tp 2, cp 2, selective and full recomputation,
+// fp32 and bf16. Each rank opens a device
 // of its own (as shardline-cuda's ranks do); the emulator's devices are host
 // memory, so the ranks' collectives are staged through the host. The steps
 // are dry runs (cuda.Device.SetDryRun): the buffers are allocated and the
@@ -46,6 +47,9 @@ func TestPlanEqualsHeldOnGPU(t *testing.T) {
 		}
 		for _, c := range []tc{
 			{"full", []string{"parallel.world_size=1", "train.global_batch_size=2", "activation_checkpoint.mode=full"}},
+			{"selective", []string{"parallel.world_size=1", "train.global_batch_size=2", "activation_checkpoint.mode=selective"}},
+			{"moe ep2 selective", append([]string{"parallel.world_size=2", "train.global_batch_size=4", "parallel.expert_parallel=2", "activation_checkpoint.mode=selective"}, moe...)},
+			{"tp2 selective", []string{"parallel.world_size=2", "train.global_batch_size=2", "parallel.tensor_parallel=2", "activation_checkpoint.mode=selective"}},
 			{"moe", append([]string{"parallel.world_size=1", "train.global_batch_size=2"}, moe...)},
 			{"moe ep2", append([]string{"parallel.world_size=2", "train.global_batch_size=4", "parallel.expert_parallel=2"}, moe...)},
 			{"moe ep2 full", append([]string{"parallel.world_size=2", "train.global_batch_size=4", "parallel.expert_parallel=2", "activation_checkpoint.mode=full"}, moe...)},

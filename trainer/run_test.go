@@ -472,6 +472,9 @@ func TestBF16ActivationsFollowThePlan(t *testing.T) {
 	}{
 		{"none", nil},
 		{"full", []string{"activation_checkpoint.mode=full"}},
+		{"selective", []string{"activation_checkpoint.mode=selective"}},
+		{"moe selective", []string{"activation_checkpoint.mode=selective", "model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32", "model.moe.capacity_factor=1.0"}},
+		{"tp2 selective", []string{"parallel.tensor_parallel=2", "train.global_batch_size=2", "activation_checkpoint.mode=selective"}},
 		{"512 tokens", []string{"model.seq_len=512", "data.val_fraction=0.3"}},
 		{"moe ep2", append([]string{"parallel.expert_parallel=2"}, moe...)},
 		{"moe full", append([]string{"activation_checkpoint.mode=full"}, moe...)},

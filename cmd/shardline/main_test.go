@@ -36,13 +36,12 @@ func writeRecipe(t *testing.T, body string) string {
 
 const recipesDir = "../../recipes"
 
-// TestLintShippedRecipes: the shipped recipes lint clean under --strict; the GPU
-// recipes carry only SL114 notes (settings the trainer refuses for now: several
-// GPUs on cuda, checkpoints).
+// TestLintShippedRecipes: the shipped recipes lint clean under --strict, with
+// at most SL114 notes (settings the trainer refuses for now).
 func TestLintShippedRecipes(t *testing.T) {
 	code, out, errs := shardline(t, nil, "lint", "--strict", recipesDir)
 	assert.Equal(t, 0, code, errs)
-	assert.Contains(t, out, "0 errors, 0 warnings")
+	assert.Regexp(t, `0 errors, 0 warnings|no problems found`, out)
 	for _, line := range strings.Split(out, "\n") {
 		if strings.Contains(line, "[SL") {
 			assert.Contains(t, line, "note[SL114]", line)
@@ -291,7 +290,7 @@ func TestPlanSweep(t *testing.T) {
 }
 
 func TestLintReportsPlanThatDoesNotFit(t *testing.T) {
-	code, out, _ := shardline(t, nil, "lint", filepath.Join(recipesDir, "llama-1b.toml"), "--micro-batch-size", "16", "--world-size", "16", "--device-profile", "a100-80gb")
+	code, out, _ := shardline(t, nil, "lint", filepath.Join(recipesDir, "llama-1b.toml"), "--micro-batch-size", "32", "--world-size", "8", "--device-profile", "a100-80gb")
 	assert.Equal(t, 1, code)
 	assert.Contains(t, out, "flag --micro-batch-size: error[SL501]: the plan needs")
 	assert.Contains(t, out, "help: any one of these fits")

@@ -27,7 +27,7 @@ func TestContextParallelEqualsOneRank(t *testing.T) {
 			tokens[i], targets[i] = int32(i*7%cfg.VocabSize), int32((i*5+3)%cfg.VocabSize)
 		}
 		targets[5] = -1 // ignored targets count on whichever rank holds them
-		for _, recompute := range []string{"none", "full"} {
+		for _, recompute := range []string{"none", "selective", "full"} {
 			refSum, refCount, refAux, refGrad := meshPass(t, cfg, B, T, 1, 1, recompute, tokens, targets)
 			gmax := largest(refGrad)
 			for _, cp := range []int{2, 4} {

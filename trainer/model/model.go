@@ -54,7 +54,7 @@ type Model[F tensor.Float] struct {
 	gptr      []*tensor.Buffer
 	embedIdx  int // table index of embed.weight
 	hooks     Hooks
-	recompute string // none or full
+	recompute string // none, selective or full
 	ep        ExpertParallel
 	cp        *cpState[F] // nil without context parallelism
 	tp        *tpState[F] // nil without tensor parallelism
@@ -141,9 +141,14 @@ func WithMemory(mem tensor.Memory) Option { return func(o *options) { o.mem = me
 
 // WithRecompute sets activation recomputation: "none" keeps every activation;
 // "full" keeps only each layer's input and recomputes the whole layer in backward
-// (one set of intermediates serves every layer). There is no "selective"
-// (Megatron's recomputation of the attention core): flash attention keeps no
-// probabilities to remake, only each row's log-sum-exp.
+// (one set of intermediates serves every layer); "selective" keeps what the
+// layer's products make (q, k, v, the attention output, the residual after
+// attention, the MLP's gate and up) and remakes the cheap rest before the
+// layer's backward: the two norms' outputs and the SwiGLU product, from the
+// kept input, residual, gate and up (torchtitan's operator-level selective
+// checkpointing: products saved, elementwise work redone). Megatron's
+// selective remakes the attention core's probabilities, which flash attention
+// never keeps.
 func WithRecompute(mode string) Option { return func(o *options) { o.recompute = mode } }
 
 // New binds a model to its parameter and gradient buffers, of mem's
@@ -170,10 +175,10 @@ func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights, grad
 		m.moeSums = m.mem.Alloc(tensor.Float64, 2)
 	}
 	switch o.recompute {
-	case "none", "full":
+	case "none", "selective", "full":
 		m.recompute = o.recompute
 	default:
-		return nil, fmt.Errorf("model: recompute mode %q is not none or full (flash attention leaves selective nothing to remake)", o.recompute)
+		return nil, fmt.Errorf("model: recompute mode %q is not none, selective or full", o.recompute)
 	}
 	if o.cp != nil && o.cp.Size > 1 {
 		if err := m.setupCP(*o.cp, T); err != nil {
@@ -442,17 +447,23 @@ func (m *Model[F]) alloc() error {
 	} else {
 		a.resid = mk(R * C) // every layer's input is always kept
 	}
-	a.ln1, a.mid, a.ln2 = per(R*C), per(R*C), per(R*C)
+	norms := per // the norms' outputs: remade before each layer's backward under selective recompute
+	if m.recompute == "selective" {
+		norms = shared
+	}
+	a.ln1, a.mid, a.ln2 = norms(R*C), per(R*C), norms(R*C)
 	a.q, a.atty = per(BT*NH*HD), per(BT*NH*HD)
 	a.k, a.v = per(BT*NKV*HD), per(BT*NKV*HD)
-	a.att = stats(m.B * NH * m.T)          // log-sum-exps: remade only with the whole layer
-	dense := func(n int) []tensor.Buffer { // the MLP's buffers: the experts' replace them in MoE layers
+	a.att = stats(m.B * NH * m.T) // log-sum-exps: remade only with the whole layer
+	// dense is the MLP's buffers (the experts' replace them in MoE layers);
+	// remade ones (the SwiGLU product) are one under selective recompute.
+	dense := func(n int, remade bool) []tensor.Buffer {
 		out := make([]tensor.Buffer, L)
 		var one tensor.Buffer
 		for l := range out {
 			switch {
 			case m.Cfg.IsMoELayer(l):
-			case m.recompute == "full" || m.st != nil:
+			case m.recompute == "full" || m.st != nil || (remade && m.recompute == "selective"):
 				if one.Storage() == nil {
 					one = m.allocAct(n)
 				}
@@ -463,7 +474,7 @@ func (m *Model[F]) alloc() error {
 		}
 		return out
 	}
-	a.gate, a.up, a.sw = dense(BT*FF), dense(BT*FF), dense(BT*FF)
+	a.gate, a.up, a.sw = dense(BT*FF, false), dense(BT*FF, false), dense(BT*FF, true)
 	a.moe = make([]*moeActs[F], L)
 	var moeSlot *moeActs[F]
 	var sent tensor.Buffer
@@ -776,6 +787,7 @@ func (m *Model[F]) layerForward(l int, x, next tensor.Buffer) {
 	}
 	m.mem.Copy(a.mid[l], x)
 	m.rowParallel(a.mid[l], m.input(l, inAtty, a.atty[l], true), lw.wo, NH*HD) // mid = x + attention
+	m.roundKept(l, &a.mid[l])
 	be.RMSNorm(a.ln2[l], a.rstd2[l], a.mid[l], lw.mlpNorm, m.rows(), C, eps)
 	m.mem.Copy(next, a.mid[l])
 	if lw.moe != nil {
@@ -785,8 +797,39 @@ func (m *Model[F]) layerForward(l int, x, next tensor.Buffer) {
 	ln2 := m.input(l, inLn2, a.ln2[l], true)
 	be.Matmul(a.gate[l], ln2, lw.w1, tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
 	be.Matmul(a.up[l], ln2, lw.w3, tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
+	m.roundKept(l, &a.gate[l])
+	m.roundKept(l, &a.up[l])
 	be.SwiGLU(a.sw[l], a.gate[l], a.up[l], BT*FF)
 	m.rowParallel(next, m.input(l, inSw, a.sw[l], true), lw.w2, FF) // next = mid + MLP
+}
+
+// remake redoes, before layer l's backward under selective recompute, what
+// the layer did not keep: the norms' outputs (from its input and the residual
+// after attention, with their reciprocal RMS, the same values again) and a
+// dense layer's SwiGLU product, into the buffers every layer shares; with
+// bf16 stores the products' inputs are rounded into theirs again. What they
+// are remade from holds the values the forward read (roundKept), so the
+// remade activations equal the forward's bit for bit.
+func (m *Model[F]) remake(l int, x tensor.Buffer) {
+	be, a := m.be, &m.a
+	lw := m.w.layers[l]
+	BT, C, _, _, _, FF, _ := m.dims()
+	be.RMSNorm(a.ln1[l], a.rstd1[l], x, lw.attnNorm, m.rows(), C, m.Cfg.NormEps)
+	be.RMSNorm(a.ln2[l], a.rstd2[l], a.mid[l], lw.mlpNorm, m.rows(), C, m.Cfg.NormEps)
+	if lw.moe == nil {
+		be.SwiGLU(a.sw[l], a.gate[l], a.up[l], BT*FF)
+	}
+	if m.st == nil {
+		return // the products read the remade buffers (gathered under tensor parallelism)
+	}
+	for _, in := range [...]struct {
+		which int
+		x     tensor.Buffer
+	}{{inLn1, a.ln1[l]}, {inLn2, a.ln2[l]}, {inSw, a.sw[l]}} {
+		if m.st.in[l][in.which].Storage() != nil {
+			m.input(l, in.which, in.x, true)
+		}
+	}
 }
 
 // ForwardLogits runs Forward on tokens without targets and makes the logits
@@ -900,6 +943,9 @@ func (m *Model[F]) backward(tokens, targets []int32, scale float64, loss tensor.
 		m.acquire(1+l, true) // one gather serves the recompute and the backward
 		if m.st != nil {
 			m.unpack(l, a.resid[l])
+		}
+		if m.recompute == "selective" {
+			m.remake(l, a.resid[l])
 		}
 		if m.recompute == "full" {
 			// Rebuild the layer's intermediates from its saved input. Writing its

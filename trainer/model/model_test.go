@@ -59,7 +59,8 @@ func TestModelGradient(t *testing.T) {
 		"moe": {tinyMoE(1, 0, 1), "none"}, "moe-interleaved": {tinyMoE(0, 0, 2), "none"}, "moe-capacity": {tinyMoE(0, 0.6, 1), "none"},
 		// Recompute must not change a single gradient.
 		"full-recompute": {tinyConfig(false), "full"}, "tied-full-recompute": {tinyConfig(true), "full"},
-		"moe-full-recompute": {tinyMoE(1, 0, 2), "full"},
+		"moe-full-recompute":  {tinyMoE(1, 0, 2), "full"},
+		"selective-recompute": {tinyConfig(false), "selective"}, "moe-selective-recompute": {tinyMoE(1, 0, 2), "selective"},
 		// A head size other than hidden/heads (Megatron's --kv-channels).
 		"head-dim": {headDim(tinyConfig(false), 6), "none"}, "tied-head-dim": {headDim(tinyConfig(true), 6), "none"},
 	}
@@ -182,8 +183,9 @@ func TestBF16Weights(t *testing.T) {
 		opts []Option
 	}{
 		"dense": {cfg: tinyConfig(false)}, "tied": {cfg: tinyConfig(true)},
-		"moe":      {cfg: tinyMoE(1, 0, 1)},
-		"moe-full": {cfg: tinyMoE(1, 0, 2), opts: []Option{WithRecompute("full")}},
+		"moe":           {cfg: tinyMoE(1, 0, 1)},
+		"moe-full":      {cfg: tinyMoE(1, 0, 2), opts: []Option{WithRecompute("full")}},
+		"moe-selective": {cfg: tinyMoE(1, 0, 2), opts: []Option{WithRecompute("selective")}},
 	}
 	for name, tc := range cases {
 		table, err := parallel.ParamTable(tc.cfg, 1, 1)

@@ -42,6 +42,10 @@ type stash struct {
 	resid []tensor.Buffer
 	slots [][]stashSlot
 	in    [][numInputs]tensor.Buffer
+	// shared are the stores of the products' inputs that selective
+	// recompute remakes (normed inputs, SwiGLU product): one each, which
+	// every layer's in takes in turn.
+	shared [numInputs]tensor.Buffer
 }
 
 // The saved activations a dense layer's products read: the attention's input
@@ -105,6 +109,17 @@ func (m *Model[F]) allocStash() {
 				continue
 			}
 			d := direct && !(which == inLn2 && a.moe[l] != nil)
+			if which != inAtty && m.recompute == "selective" {
+				// Remade before the layer's backward (remake): no store of its
+				// own; a product's input is rounded into one every layer shares.
+				if d {
+					if s.shared[which].Storage() == nil {
+						s.shared[which] = m.mem.Alloc(tensor.BFloat16, w.Len())
+					}
+					s.in[l][which] = s.shared[which]
+				}
+				continue
+			}
 			m.keep(l, w)
 			sl := &s.slots[l][len(s.slots[l])-1]
 			sl.early, sl.direct = d, d && which != inAtty
@@ -130,6 +145,24 @@ func (m *Model[F]) allocStash() {
 					sl.early, sl.direct, ma.sws = true, true, sl
 				}
 			}
+		}
+	}
+}
+
+// roundKept rounds layer l's kept activation *w to bf16 in place (through its
+// store, which pack fills again later), under selective recompute with bf16
+// stores: what the remade activations are made from must hold in the forward
+// the values the backward widens from the stores (remake).
+func (m *Model[F]) roundKept(l int, w *tensor.Buffer) {
+	if m.st == nil || m.recompute != "selective" {
+		return
+	}
+	for _, sl := range m.st.slots[l] {
+		if sl.work == w {
+			h := sl.store.Slice(0, w.Len())
+			m.mem.Copy(h, *w)
+			m.mem.Copy(*w, h)
+			return
 		}
 	}
 }
@@ -207,6 +240,9 @@ func (s *stash) bytes() int64 {
 		for _, sl := range s.slots[l] {
 			n += int64(sl.store.Len())
 		}
+	}
+	for _, b := range s.shared {
+		n += int64(b.Len())
 	}
 	return 2 * n
 }

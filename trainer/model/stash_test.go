@@ -27,7 +27,7 @@ func TestBF16Activations(t *testing.T) {
 		mode string
 	}
 	cases := map[string]tc{}
-	for _, mode := range []string{"none", "full"} {
+	for _, mode := range []string{"none", "selective", "full"} {
 		cases["dense-"+mode] = tc{tinyConfig(false), 5, mode}
 		cases["moe-"+mode] = tc{tinyMoE(1, 0, 1), 5, mode}
 	}
@@ -73,7 +73,7 @@ func TestBF16Activations(t *testing.T) {
 			}
 			l32, g32, a32 := step()
 			lh, gh, ah := step(WithBF16Activations())
-			require.InEpsilon(t, l32, lh, 0.01, "loss")
+			require.InEpsilon(t, l32, lh, 0.01, "loss %v %v", l32, lh)
 			var worst float64
 			for i := range table {
 				if r, ok := relL2(gh[i], g32[i]); ok {

@@ -136,7 +136,7 @@ func TestTensorParallelEqualsOneRank(t *testing.T) {
 			tokens[i], targets[i] = int32(i*7%cfg.VocabSize), int32((i*5+3)%cfg.VocabSize)
 		}
 		targets[9] = -1
-		for _, recompute := range []string{"none", "full"} {
+		for _, recompute := range []string{"none", "selective", "full"} {
 			refSum, refCount, refAux, refGrad := meshPass(t, cfg, B, T, 1, 1, recompute, tokens, targets)
 			gmax := largest(refGrad)
 			for _, mesh := range [][2]int{{2, 1}, {4, 1}, {2, 2}} {
