@@ -5,7 +5,7 @@
 // calls it with its arguments taken from 8-byte slots, as cuLaunchKernel
 // takes them.
 //
-// sources: 7ee2aaa6881f8f8f3ef3d261e9552baebfcb50237de3b286aff4295aa1908570
+// sources: 89b6a6184885fc82bdb41f9020d0addce8f744a1275bda955d7bd381405cacb8
 #include "emu.h"
 #include "kernels.cu"
 
