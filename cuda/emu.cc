@@ -5,7 +5,7 @@
 // calls it with its arguments taken from 8-byte slots, as cuLaunchKernel
 // takes them.
 //
-// sources: 89b6a6184885fc82bdb41f9020d0addce8f744a1275bda955d7bd381405cacb8
+// sources: 59ecae5316b200af35c8b29e11f3229739bf99fed2fd608214a6a86539d3d1ae
 #include "emu.h"
 #include "kernels.cu"
 
