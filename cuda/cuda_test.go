@@ -49,12 +49,13 @@ func TestMatmul(t *testing.T) {
 	}
 }
 
-// TestHeadCrossEntropy checks the chunked head and loss against the CPU's matmul,
-// cross-entropy and their backward, with a last chunk shorter than the others.
+// TestHeadCrossEntropy checks the one-pass training head (the engine's HeadLoss
+// runs it) against the CPU's matmul, cross-entropy and their backward, in row
+// chunks of 7 (the buffers hold 7 whole rows of 1000), the last chunk shorter.
 func TestHeadCrossEntropy(t *testing.T) {
 	for _, dt := range dtypes {
 		r := rand.New(rand.NewPCG(8, uint64(dt)))
-		BT, C, V, chunk := 40, 64, 1000, 384
+		BT, C, V := 40, 64, 1000
 		x, w := roundTo(dt, randn(r, BT*C, 1)), roundTo(dt, randn(r, V*C, 0.2))
 		targets := make([]int32, BT)
 		for i := range targets {
@@ -73,71 +74,16 @@ func TestHeadCrossEntropy(t *testing.T) {
 		dw := append([]float32(nil), dw0...)
 		cpu.MatmulBackward(dx, dw, dlogits, tensor.FloatWeights(x), tensor.FloatWeights(w), tensor.MatmulShape{BT: BT, C: C, OC: V}, true)
 		onDevice(t, func() {
-			s := HeadShape{BT, C, V, chunk}
-			sc := HeadScratch{Logits: poisoned(t, F32, BT*chunk), DLogits: poisoned(t, dt, BT*chunk),
-				M: poisoned(t, F32, BT), S: poisoned(t, F32, BT), Z: poisoned(t, F32, BT)}
+			s := HeadShape{BT, C, V}
+			sc := HeadScratch{Logits: poisoned(t, F32, 7*V), DLogits: poisoned(t, dt, 7*V)}
 			bx, bw, bt := put(t, dt, x), put(t, dt, w), putI32(t, targets)
-			bl, blse := poisoned(t, F32, BT), poisoned(t, F32, BT)
-			dev.HeadCrossEntropy(bl, blse, bx, bw, bt, s, sc)
-			check(t, "head losses", dt, get(bl), losses, 1e-5)
-			bdx, bdw := put(t, dt, dx0), put(t, F32, dw0)
-			dev.HeadCrossEntropyBackward(bdx, bdw, bx, bw, bt, put(t, F32, dloss), blse, s, sc, true)
-			check(t, "head dx", dt, get(bdx), dx, 1e-5)
-			check(t, "head dw", dt, get(bdw), dw, 1e-5)
-			// the one-pass training head: rows in chunks of 7 (the buffers hold 7
-			// whole rows of 1000), the last chunk shorter
-			sc1 := HeadScratch{Logits: poisoned(t, F32, 7*V), DLogits: poisoned(t, dt, 7*V), M: sc.M, S: sc.S, Z: sc.Z}
-			bl1, blse1, bdx1, bdw1 := poisoned(t, F32, BT), poisoned(t, F32, BT), put(t, dt, dx0), put(t, F32, dw0)
-			dev.HeadCrossEntropyTrain(bl1, blse1, bdx1, bdw1, bx, bw, bt, put(t, F32, dloss), s, sc1, true)
-			check(t, "one-pass head losses", dt, get(bl1), losses, 1e-5)
-			check(t, "one-pass head dx", dt, get(bdx1), dx, 1e-5)
-			check(t, "one-pass head dw", dt, get(bdw1), dw, 1e-5)
+			bl, blse, bdx, bdw := poisoned(t, F32, BT), poisoned(t, F32, BT), put(t, dt, dx0), put(t, F32, dw0)
+			dev.HeadCrossEntropyTrain(bl, blse, bdx, bdw, bx, bw, bt, put(t, F32, dloss), s, sc, true)
+			check(t, "one-pass head losses", dt, get(bl), losses, 1e-5)
+			check(t, "one-pass head dx", dt, get(bdx), dx, 1e-5)
+			check(t, "one-pass head dw", dt, get(bdw), dw, 1e-5)
 		})
 	}
-}
-
-func TestOptimizerAndNorm(t *testing.T) {
-	r := rand.New(rand.NewPCG(4, 0))
-	n := 100_003 // not a multiple of 4: the vector kernel and the scalar tail both run
-	p, g, m, v := randn(r, n, 1), randn(r, n, 1), randn(r, n, 0.1), randn(r, n, 0.1)
-	for i := range v {
-		v[i] *= v[i]
-	}
-	var ss float64
-	for _, x := range g {
-		ss += float64(x) * float64(x)
-	}
-	maxNorm := math.Sqrt(ss) / 2
-	factor := maxNorm / (math.Sqrt(ss) + 1e-6)
-	gs := append([]float32(nil), g...)
-	cpu.Scale(gs, factor)
-	wp, wm, wv := append([]float32(nil), p...), append([]float32(nil), m...), append([]float32(nil), v...)
-	cfg := AdamWConfig{LR: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Step: 7}
-	cpu.AdamW(wp, nil, gs, wm, wv, cfg.LR, cfg.Beta1, cfg.Beta2, cfg.Eps, cfg.WeightDecay, 1, cfg.Step)
-	wpb := make([]float32, n)
-	copy(wpb, wp)
-	tensor.RoundBF16(wpb)
-	onDevice(t, func() {
-		bg := put(t, F32, g)
-		sumsq, norm, f := poisoned(t, F32, 1), poisoned(t, F32, 1), poisoned(t, F32, 1)
-		dev.SumSquares(sumsq, bg, false)
-		dev.ClipFactor(f, norm, sumsq, maxNorm)
-		check(t, "sum of squares", F32, get(sumsq), []float32{float32(ss)}, 1e-5)
-		check(t, "clip factor", F32, get(f), []float32{float32(factor)}, 1e-5)
-		bp, bm, bv := put(t, F32, p), put(t, F32, m), put(t, F32, v)
-		comp := poisoned(t, BF16, n)
-		dev.AdamW(bp, comp, bg, bm, bv, f, cfg)
-		check(t, "adamw params", F32, get(bp), wp, 1e-6)
-		check(t, "adamw m", F32, get(bm), wm, 1e-6)
-		check(t, "adamw v", F32, get(bv), wv, 1e-6)
-		check(t, "adamw bf16 compute weights", BF16, get(comp), wpb, 0)
-		// determinism: the sum of squares is the same bits twice
-		a := get(sumsq)
-		dev.SumSquares(sumsq, bg, false)
-		if b := get(sumsq); a[0] != b[0] {
-			t.Errorf("sum of squares differs between runs: %v, %v", a[0], b[0])
-		}
-	})
 }
 
 // naiveAttention is the float64 formula for rows [lo, hi) of o (B,Tq,NH,HD), with

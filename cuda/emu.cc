@@ -5,7 +5,7 @@
 // calls it with its arguments taken from 8-byte slots, as cuLaunchKernel
 // takes them.
 //
-// sources: 7ee2aaa6881f8f8f3ef3d261e9552baebfcb50237de3b286aff4295aa1908570
+// sources: 59ecae5316b200af35c8b29e11f3229739bf99fed2fd608214a6a86539d3d1ae
 #include "emu.h"
 #include "kernels.cu"
 

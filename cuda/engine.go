@@ -34,7 +34,7 @@ import (
 // weights are widened before an fp32 norm and rounded before a bf16 one.
 //
 // The mixture-of-experts kernels run on the device's routing kernels
-// (Device.Router, Dispatch, Combine and their backward), whose ranks and
+// (Device.Router, Dispatch, Combine and the last two's backward), whose ranks and
 // counts live in device scratch; the experts' products read the segments'
 // offsets back once per call (counted), since cuBLASLt takes each product's
 // rows from the host. tensor/kerneltest is the check every kernel here
@@ -418,7 +418,7 @@ func (k *kernels) HeadLoss(losses, dx, dw, work, x, w, targets, dloss tensor.Buf
 	L := wk.Slice(0, n)
 	if train {
 		dL := as(wk.Slice(n, 2*n), xs.DType, n) // bf16 operands take a bf16 gradient: the work's second half holds it
-		k.d.HeadCrossEntropyTrain(l, lse, dxs, dws, xs, ws, t, dl, HeadShape{BT: s.BT, C: s.C, V: s.V, Chunk: s.Rows},
+		k.d.HeadCrossEntropyTrain(l, lse, dxs, dws, xs, ws, t, dl, HeadShape{BT: s.BT, C: s.C, V: s.V},
 			HeadScratch{Logits: L, DLogits: dL}, false)
 		return
 	}
@@ -743,6 +743,10 @@ func (k *kernels) LossSum(dst, losses, targets tensor.Buffer, accumulate bool) {
 		k.d.launch("loss_sum", 1, 1, 1024, k.d.acc(d, accumulate), k.d.rd(l), k.d.rd(t), i32(l.N), flag(accumulate))
 	}
 }
+
+// sumSqBlocks is the fixed grid of a sum of squares: the result does not
+// depend on the device.
+const sumSqBlocks = 512
 
 // SumSquares sums buffers that lie end to end in memory (the gradient groups
 // of one allocation) as one span: one partial launch a span into its own

@@ -26,12 +26,6 @@ type AttentionShape = tensor.AttentionShape
 // RopeShape is x (B,T,NH,HD) rotated with (T,HD/2) fp32 tables.
 type RopeShape = tensor.RopeShape
 
-// AdamWConfig is one AdamW step's hyper-parameters; Step is 1-based.
-type AdamWConfig struct {
-	LR, Beta1, Beta2, Eps, WeightDecay float64
-	Step                               int
-}
-
 const threads = 256
 
 func suffix(t DType) string {
@@ -89,7 +83,6 @@ func (d *Device) scratch(i, n int) Buffer {
 
 const (
 	scratchPartial = iota
-	scratchSumSq
 	scratchDelta
 )
 
@@ -134,65 +127,6 @@ func (d *Device) Add(out, a, b Buffer) {
 func (d *Device) AddInto(dst, src Buffer) {
 	if d.same("add_into", dst, src) {
 		d.launch("add_into"+suffix(dst.DType), d.grid(dst.N), 1, threads, d.rw(dst), d.rd(src), i64(dst.N))
-	}
-}
-
-// ScaleBy multiplies x by the fp32 value f[0] held on the device.
-func (d *Device) ScaleBy(x, f Buffer) {
-	if d.need("scale_by", f, F32, 1) {
-		d.launch("scale_by"+suffix(x.DType), d.grid(x.N), 1, threads, d.rw(x), d.rd(f), i64(x.N))
-	}
-}
-
-// Embedding: out (BT,C) = wte[tokens] (tokens: BT int32).
-func (d *Device) Embedding(out, tokens, wte Buffer, BT, C int) {
-	if d.same("embedding", out, wte) && d.need("embedding", tokens, I32, BT) {
-		d.launch("embedding"+suffix(out.DType), d.grid(BT*C), 1, threads, d.wr(out), d.rd(tokens), d.rd(wte), i32(BT), i32(C))
-	}
-}
-
-// EmbeddingRows groups a batch's rows by token for EmbeddingBackward: Order (BT)
-// lists the rows sorted by token (rows in order within a token), Seg (U+1) where
-// each of the U distinct tokens' rows start in Order, Tok (U) the tokens. The
-// tokens come from the host, so SortEmbeddingRows prepares them there and they are
-// uploaded with the batch (no read-back).
-type EmbeddingRows struct {
-	Order, Seg, Tok Buffer
-	U               int
-}
-
-// SortEmbeddingRows fills order (len BT), seg (len ≥ U+1) and tok (len ≥ U) for
-// tokens by a counting sort over the vocabulary (count has V entries, scratch) and
-// returns U. Tokens must lie in [0, V).
-func SortEmbeddingRows(order, seg, tok, count []int32, tokens []int32) int {
-	clear(count)
-	for _, t := range tokens {
-		count[t]++
-	}
-	u, at := 0, int32(0)
-	for v, n := range count {
-		if n > 0 {
-			seg[u], tok[u] = at, int32(v)
-			count[v] = at // becomes the token's cursor
-			at += n
-			u++
-		}
-	}
-	seg[u] = at
-	for r, t := range tokens {
-		order[count[t]] = int32(r)
-		count[t]++
-	}
-	return u
-}
-
-// EmbeddingBackward: dwte (V,C, fp32) += dout's rows summed per token.
-func (d *Device) EmbeddingBackward(dwte, dout Buffer, rows EmbeddingRows, C int) {
-	if d.err != nil || rows.U == 0 {
-		return
-	}
-	if d.need("embedding backward", rows.Seg, I32, rows.U+1) && d.need("embedding backward", rows.Tok, I32, rows.U) && dwte.DType == F32 {
-		d.launch("embedding_backward"+suffix(dout.DType), (C+threads-1)/threads, rows.U, threads, d.rw(dwte), d.rd(dout), d.rd(rows.Order), d.rd(rows.Seg), d.rd(rows.Tok), i32(C))
 	}
 }
 
@@ -274,71 +208,17 @@ func (d *Device) CrossEntropy(losses, lse, logits, targets Buffer, BT, V int) {
 	}
 }
 
-// CrossEntropyBackward: dlogits = (softmax − onehot)·dloss (dloss: BT fp32),
-// overwritten or added to when accumulate.
-func (d *Device) CrossEntropyBackward(dlogits, dloss, lse, logits, targets Buffer, BT, V int, accumulate bool) {
-	if d.same("cross-entropy backward", dlogits, logits) {
-		d.launch("cross_entropy_backward"+suffix(logits.DType), BT, 1, 1024, d.acc(dlogits, accumulate), d.rd(dloss), d.rd(lse), d.rd(logits), d.rd(targets), i32(V), flag(accumulate))
-	}
-}
+// HeadShape is the output head and loss: x (BT,C) · w (V,C)ᵀ.
+type HeadShape struct{ BT, C, V int }
 
-// HeadShape is the output head and loss: x (BT,C) · w (V,C)ᵀ in chunks of Chunk
-// vocabulary columns.
-type HeadShape struct{ BT, C, V, Chunk int }
+// HeadScratch is what HeadCrossEntropyTrain needs besides its inputs: Logits
+// (fp32) and DLogits (the operands' dtype), each at least one row of V.
+type HeadScratch struct{ Logits, DLogits Buffer }
 
-// HeadScratch is what the fused head needs besides its inputs: Logits (fp32, at
-// least BT·Chunk), DLogits (the operands' dtype, BT·Chunk; backward only) and three
-// fp32 row vectors of BT (running max, sum, target logit).
-type HeadScratch struct{ Logits, DLogits, M, S, Z Buffer }
-
-// check is what the vocabulary-chunked head (HeadCrossEntropy and its backward)
-// needs; inputs checks the operands alone.
-func (s HeadShape) check(d *Device, x, w, targets Buffer, sc HeadScratch) bool {
-	return s.inputs(d, x, w, targets) && s.Chunk > 0 &&
-		d.need("output head logits", sc.Logits, F32, s.BT*min(s.Chunk, s.V)) && d.need("output head", sc.M, F32, s.BT) &&
-		d.need("output head", sc.S, F32, s.BT) && d.need("output head", sc.Z, F32, s.BT)
-}
-
+// inputs checks the head's operands.
 func (s HeadShape) inputs(d *Device, x, w, targets Buffer) bool {
 	return d.same("output head", x, w) && d.need("output head", x, x.DType, s.BT*s.C) && d.need("output head", w, x.DType, s.V*s.C) &&
 		d.need("output head", targets, I32, s.BT)
-}
-
-// HeadCrossEntropy runs the output head and the loss together, one vocabulary
-// chunk at a time: losses (BT, fp32) = lse − z_target (0 where target < 0) and lse
-// (BT, fp32) saved for backward; no (BT,V) buffer is made.
-func (d *Device) HeadCrossEntropy(losses, lse, x, w, targets Buffer, s HeadShape, sc HeadScratch) {
-	if !s.check(d, x, w, targets, sc) || !d.need("output head", losses, F32, s.BT) || !d.need("output head", lse, F32, s.BT) {
-		return
-	}
-	d.Fill(sc.M.Slice(0, s.BT), float32(math.Inf(-1)))
-	d.Zero(sc.S.Slice(0, s.BT))
-	d.Zero(sc.Z.Slice(0, s.BT))
-	for v0 := 0; v0 < s.V; v0 += s.Chunk {
-		vc := min(s.Chunk, s.V-v0)
-		L := sc.Logits.Slice(0, s.BT*vc)
-		d.Matmul(L, x, w.Slice(v0*s.C, (v0+vc)*s.C), MatmulShape{BT: s.BT, C: s.C, OC: vc}, false)
-		d.launch("ce_chunk_fwd", s.BT, 1, 256, d.rw(sc.M.Slice(0, s.BT)), d.rw(sc.S.Slice(0, s.BT)), d.rw(sc.Z.Slice(0, s.BT)), d.rd(L), d.rd(targets), i32(v0), i32(vc))
-	}
-	d.launch("ce_finish", d.grid(s.BT), 1, threads, d.wr(losses), d.wr(lse), d.rd(sc.M.Slice(0, s.BT)), d.rd(sc.S.Slice(0, s.BT)), d.rd(sc.Z.Slice(0, s.BT)), d.rd(targets), i32(s.BT))
-}
-
-// HeadCrossEntropyBackward: with dloss (BT, fp32) per row, dx (BT,C) = Σ_chunks
-// dL·w (overwritten, or added to when accumulate) and dw (V,C, fp32) += dLᵀ·x, each
-// chunk's logits remade from x, w and the saved lse.
-func (d *Device) HeadCrossEntropyBackward(dx, dw, x, w, targets, dloss, lse Buffer, s HeadShape, sc HeadScratch, accumulate bool) {
-	if !s.check(d, x, w, targets, sc) || !d.need("output head", sc.DLogits, x.DType, s.BT*min(s.Chunk, s.V)) ||
-		!d.need("output head", dw, F32, s.V*s.C) || !d.need("output head", dloss, F32, s.BT) {
-		return
-	}
-	for v0 := 0; v0 < s.V; v0 += s.Chunk {
-		vc := min(s.Chunk, s.V-v0)
-		L, dL := sc.Logits.Slice(0, s.BT*vc), sc.DLogits.Slice(0, s.BT*vc)
-		wc := w.Slice(v0*s.C, (v0+vc)*s.C)
-		d.Matmul(L, x, wc, MatmulShape{BT: s.BT, C: s.C, OC: vc}, false)
-		d.launch("ce_chunk_bwd"+suffix(x.DType), d.grid(s.BT*vc), 1, threads, d.wr(dL), d.rd(L), d.rd(lse), d.rd(targets), d.rd(dloss), i32(v0), i32(vc), i32(s.BT))
-		d.MatmulBackward(dx, dw.Slice(v0*s.C, (v0+vc)*s.C), dL, x, wc, MatmulShape{BT: s.BT, C: s.C, OC: vc}, accumulate || v0 > 0)
-	}
 }
 
 // MoEShape is tensor's (the kernels here take up to 1024 experts, top 32): with
@@ -415,26 +295,6 @@ func (d *Device) CombineBackward(dy, dgates, dout, y Buffer, r MoERouting, s MoE
 	}
 }
 
-// AuxLoss sets aux[0] = E·Σ_e f_e·P_e (Switch Transformer's load-balancing loss: f_e
-// the share of kept copies routed to e, P_e its mean probability), aux[1] = the
-// copies kept (BT·K minus the dropped), both added to aux's values when
-// accumulate is set, and, unless daux is empty, daux (E) = coeff·E·f_e/BT, the
-// gradient RouterBackward passes through the probabilities.
-func (d *Device) AuxLoss(aux, daux Buffer, r MoERouting, s MoEShape, coeff float64, accumulate bool) {
-	if d.moeCheck("aux loss", r, s) && d.need("aux loss", aux, F32, 2) && (daux.N == 0 || d.need("aux loss", daux, F32, s.E)) {
-		d.launch("moe_aux", 1, 1, 1024, d.acc(aux, accumulate), d.wr(daux), d.rd(r.Probs), d.rd(r.Counts), i32(s.BT), i32(s.E), i32(s.K), f32(coeff), flag(accumulate))
-	}
-}
-
-// RouterBackward: dlogits (BT,E, overwritten) = the gradient through the gates
-// (dgates (BT,K) fp32) and, when daux is not empty, through the probabilities with
-// dprobs[t,e] = daux[e].
-func (d *Device) RouterBackward(dlogits, dgates, daux Buffer, r MoERouting, s MoEShape) {
-	if d.moeCheck("router backward", r, s) && d.need("router backward", dgates, F32, s.BT*s.K) {
-		d.launch("moe_router_backward"+suffix(dlogits.DType), (s.BT+3)/4, 1, 128, d.wr(dlogits), d.rd(dgates), d.rd(daux), d.rd(r.Gates), d.rd(r.Probs), d.rd(r.Idx), i32(s.BT), i32(s.E), i32(s.K))
-	}
-}
-
 // ExpertsShape is E products of Rows rows each (padded segments): out_e (Rows,OC)
 // = inp_e (Rows,C) · w_e (OC,C)ᵀ, with w_e at e·WStride elements of w.
 type ExpertsShape struct{ E, Rows, C, OC, WStride int }
@@ -445,22 +305,12 @@ func (d *Device) ExpertsMatmul(out, inp, w Buffer, s ExpertsShape, accumulate bo
 	d.gemmBatched(true, false, s.OC, s.Rows, s.C, w, s.C, s.WStride, inp, s.C, s.Rows*s.C, beta(accumulate), out, s.OC, s.Rows*s.OC, s.E)
 }
 
-// ExpertsMatmulBackward: dinp_e = dout_e·w_e (+= when accumulate; skipped when dinp
-// is empty) and dw_e (fp32 or the operands' dtype, at e·WStride) += dout_eᵀ·inp_e.
-func (d *Device) ExpertsMatmulBackward(dinp, dw, dout, inp, w Buffer, s ExpertsShape, accumulate bool) {
-	if dinp.N > 0 {
-		d.gemmBatched(false, false, s.C, s.Rows, s.OC, w, s.C, s.WStride, dout, s.OC, s.Rows*s.OC, beta(accumulate), dinp, s.C, s.Rows*s.C, s.E)
-	}
-	d.gemmBatched(false, true, s.C, s.OC, s.Rows, inp, s.C, s.Rows*s.C, dout, s.OC, s.Rows*s.OC, 1, dw, s.C, s.WStride, s.E)
-}
-
 // HeadCrossEntropyTrain is the head, the loss and the loss's gradient in one pass,
 // for a step whose gradient scale (dloss, BT fp32) is known in the forward: rows
 // of logits are made a chunk of rows at a time (as many whole rows as
 // sc.Logits holds), and each chunk's losses, lse, dx rows (overwritten, or added
-// to when accumulate) and dw (fp32, +=) follow from it at once. Against
-// HeadCrossEntropy then HeadCrossEntropyBackward it saves the backward's second
-// product and second pass over the logits.
+// to when accumulate) and dw (fp32, +=) follow from it at once: no second
+// product or pass over the logits in a backward.
 func (d *Device) HeadCrossEntropyTrain(losses, lse, dx, dw, x, w, targets, dloss Buffer, s HeadShape, sc HeadScratch, accumulate bool) {
 	if !s.inputs(d, x, w, targets) || !d.need("output head", losses, F32, s.BT) || !d.need("output head", lse, F32, s.BT) ||
 		!d.need("output head", dw, F32, s.V*s.C) || !d.need("output head", dloss, F32, s.BT) ||
@@ -481,82 +331,6 @@ func (d *Device) HeadCrossEntropyTrain(losses, lse, dx, dw, x, w, targets, dloss
 			d.rd(targets.Slice(r0, r0+n)), d.rd(dloss.Slice(r0, r0+n)), i32(s.V))
 		d.MatmulBackward(dx.Slice(r0*s.C, (r0+n)*s.C), dw, dL, xr, w, MatmulShape{BT: n, C: s.C, OC: s.V}, accumulate)
 	}
-}
-
-// AdamW updates fp32 params, m, v from fp32 grads scaled by gscale[0] (a device
-// value; pass a zero Buffer for 1) and, when compute is a bf16 buffer, writes the
-// bf16 compute weights in the same pass.
-func (d *Device) AdamW(params, compute, grads, m, v, gscale Buffer, c AdamWConfig) {
-	n := params.N
-	if !d.need("adamw", grads, F32, n) || !d.need("adamw", m, F32, n) || !d.need("adamw", v, F32, n) || !d.need("adamw", params, F32, n) {
-		return
-	}
-	if compute.N > 0 && !d.need("adamw", compute, BF16, n) {
-		return
-	}
-	c1 := 1 / (1 - math.Pow(c.Beta1, float64(c.Step)))
-	c2 := 1 / (1 - math.Pow(c.Beta2, float64(c.Step)))
-	hyper := func() []arg {
-		return []arg{f32(c.LR), f32(c.Beta1), f32(c.Beta2), f32(c.Eps), f32(c.WeightDecay), f32(c1), f32(c2), d.rd(gscale)}
-	}
-	// 16-byte aligned buffers take the vector kernel for all but the last n%4 values.
-	vec := n &^ 3
-	for _, b := range []Buffer{params, grads, m, v} {
-		if b.ptr%16 != 0 {
-			vec = 0
-		}
-	}
-	if compute.N > 0 && compute.ptr%8 != 0 {
-		vec = 0
-	}
-	part := func(b Buffer, lo, hi int) Buffer {
-		if b.N == 0 {
-			return b
-		}
-		return b.Slice(lo, hi)
-	}
-	for _, k := range []struct {
-		name           string
-		lo, hi, blocks int
-		count          int64
-	}{{"adamw_vec", 0, vec, vec / 4, int64(vec / 4)}, {"adamw", vec, n, n - vec, int64(n - vec)}} {
-		if k.hi > k.lo {
-			d.launch(k.name, d.grid(k.blocks), 1, threads, append([]arg{d.rw(part(params, k.lo, k.hi)), d.wr(part(compute, k.lo, k.hi)),
-				d.rd(part(grads, k.lo, k.hi)), d.rw(part(m, k.lo, k.hi)), d.rw(part(v, k.lo, k.hi)), i64(int(k.count))}, hyper()...)...)
-		}
-	}
-}
-
-// sumSqBlocks is the fixed grid of the sum of squares: the result does not depend
-// on the device.
-const sumSqBlocks = 512
-
-// SumSquares sets out[0] (fp32) to Σ x² (or adds it when accumulate), in a fixed
-// order; the value stays on the device.
-func (d *Device) SumSquares(out, x Buffer, accumulate bool) {
-	if !d.need("sum of squares", out, F32, 1) || x.N == 0 {
-		return
-	}
-	part := d.scratch(scratchSumSq, sumSqBlocks)
-	d.launch("sumsq_partial"+suffix(x.DType), sumSqBlocks, 1, threads, d.wr(part), d.rd(x), i64(x.N))
-	d.launch("sumsq_finish", 1, 1, 1024, d.acc(out, accumulate), d.rd(part), i32(sumSqBlocks), flag(accumulate))
-}
-
-// Sum sets out[0] (fp32) to Σ x over an fp32 buffer (or adds it when accumulate),
-// in the fixed order of SumSquares; the value stays on the device.
-func (d *Device) Sum(out, x Buffer, accumulate bool) {
-	if !d.need("sum", out, F32, 1) || !d.need("sum", x, F32, x.N) || x.N == 0 {
-		return
-	}
-	part := d.scratch(scratchSumSq, sumSqBlocks)
-	d.launch("sum_partial", sumSqBlocks, 1, threads, d.wr(part), d.rd(x), i64(x.N))
-	d.launch("sumsq_finish", 1, 1, 1024, d.acc(out, accumulate), d.rd(part), i32(sumSqBlocks), flag(accumulate))
-}
-
-// ClipFactor sets norm[0] = √sumsq[0] and factor[0] = min(1, maxNorm/(norm+1e-6))
-// (1 when maxNorm ≤ 0), all on the device.
-func (d *Device) ClipFactor(factor, norm, sumsq Buffer, maxNorm float64) {
-	d.launch("clip_factor", 1, 1, 1, d.wr(factor), d.wr(norm), d.rd(sumsq), f32(maxNorm))
 }
 
 // Matmul: out (BT,OC) = inp·weightᵀ, or += when accumulate.

@@ -63,13 +63,6 @@ func (d *Device) Free(b Buffer) {
 	}
 }
 
-// MemInfo is the device's free and total memory.
-func (d *Device) MemInfo() (free, total int64) {
-	free, total, err := d.memInfo()
-	d.fail("meminfo", err)
-	return free, total
-}
-
 func (d *Device) checkLen(what string, b Buffer, t DType, n int) bool {
 	if d.err != nil {
 		return false

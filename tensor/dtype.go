@@ -54,15 +54,6 @@ func FloatWeights[F Float](x []F) Weights[F] { return Weights[F]{F: x} }
 // BF16Weights views bf16 values as weights of element type F.
 func BF16Weights[F Float](x []BF16) Weights[F] { return Weights[F]{BF16: x} }
 
-// WeightViews views each slice of x as weights.
-func WeightViews[F Float](x [][]F) []Weights[F] {
-	out := make([]Weights[F], len(x))
-	for i, v := range x {
-		out[i] = Weights[F]{F: v}
-	}
-	return out
-}
-
 // BF16Views rounds each slice of x to new bf16 storage and views it as weights.
 func BF16Views[F Float](x [][]float32) []Weights[F] {
 	out := make([]Weights[F], len(x))

@@ -1349,5 +1349,3 @@ func unigramEntropy(tokens []int32, vocab int) float64 {
 	}
 	return h
 }
-
-func sqrt(x float64) float64 { return math.Sqrt(x) }

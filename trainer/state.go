@@ -595,26 +595,6 @@ func (s *state) floatViews() [][]float32 {
 	return out
 }
 
-// tableViews are the main weights and AdamW's moments of every parameter, in
-// table order, in place in this rank's shards: what a device engine's run (one
-// rank, the whole model, its state on host memory) reads a checkpoint's state
-// back into and a resumed run's moments from, without a copy.
-func (s *state) tableViews() (main, m, v [][]float32, err error) {
-	n := len(s.plan.Params)
-	main, m, v = make([][]float32, n), make([][]float32, n), make([][]float32, n)
-	for gi := range s.plan.Groups {
-		for _, sg := range s.segs[gi] {
-			if s.host == nil || sg.start != 0 || sg.hi-sg.lo != s.plan.Params[sg.param].LocalNumel() {
-				return nil, nil, nil, fmt.Errorf("%s is not whole in this rank's host memory: a device engine's run holds the whole model on one rank", s.plan.Params[sg.param].Name)
-			}
-			for k, b := range []tensor.Buffer{s.mainB[gi], s.mB[gi], s.vB[gi]} {
-				[][][]float32{main, m, v}[k][sg.param] = s.host.Float32s(b)[sg.lo:sg.hi]
-			}
-		}
-	}
-	return main, m, v, nil
-}
-
 // global maps a parameter of this rank's expert groups (laid out as the ep-rank-0
 // experts 0..local−1) to the table index of the global expert it holds: the
 // routed experts of a layer are consecutive in the table, three parameters each.

@@ -134,45 +134,6 @@ template <typename S> __device__ void add_into(S* dst, const S* src, long n) {
         st(dst, i, ld(dst, i) + ld(src, i));
     }
 }
-// scale_by multiplies x by *f, a factor held on the device (gradient clipping: no
-// read-back to the host).
-template <typename S> __device__ void scale_by(S* x, const float* f, long n) {
-    constexpr int W = Vec<S>::W;
-    float s = *f;
-    long nv = al16(x) ? n / W : 0;
-    GRID_STRIDE(i, nv) {
-        Vec<S> y = ldv(x + i * W);
-#pragma unroll
-        for (int k = 0; k < W; k++) st(y.v, k, ld(y.v, k) * s);
-        stv(x + i * W, y);
-    }
-    GRID_STRIDE(j, n - nv * W) {
-        long i = nv * W + j;
-        st(x, i, ld(x, i) * s);
-    }
-}
-
-// ---- embedding ----------------------------------------------------------------------
-
-// embedding: out (BT,C) = wte[tokens].
-template <typename S> __device__ void embedding(S* out, const int* tokens, const S* wte, int BT, int C) {
-    GRID_STRIDE(i, (long)BT * C) {
-        long r = i / C, c = i % C;
-        out[i] = wte[(long)tokens[r] * C + c];
-    }
-}
-
-// embedding_backward: dwte[tok[u]] += Σ rows order[seg[u]..seg[u+1]) of dout, one
-// block row per segment u of rows sharing a token (sorted on the host, in row
-// order), threads over channels: deterministic, no atomics, O(BT·C).
-template <typename S> __device__ void embedding_backward(float* dwte, const S* dout, const int* order, const int* seg, const int* tok, int C) {
-    int u = blockIdx.y;
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    float s = 0.f;
-    for (int r = seg[u]; r < seg[u + 1]; r++) s += ld(dout, (long)order[r] * C + c);
-    dwte[(long)tok[u] * C + c] += s;
-}
 
 // ---- RMSNorm ------------------------------------------------------------------------
 
@@ -417,73 +378,6 @@ template <typename S> __device__ void cross_entropy(float* losses, float* lse, c
         losses[row] = t < 0 ? 0.f : l - ld(z, t);
     }
 }
-// cross_entropy_backward: dlogits = (softmax − onehot(target))·dloss[row], the
-// softmax recomputed from logits and the saved lse; overwritten, or added to when
-// accumulate. Rows with target < 0 get 0 (or are left alone when accumulating).
-template <typename S> __device__ void cross_entropy_backward(S* dlogits, const float* dloss, const float* lse, const S* logits, const int* targets, int V, int accumulate) {
-    long row = blockIdx.x;
-    int t = targets[row];
-    float g = t < 0 ? 0.f : dloss[row], l = lse[row];
-    for (int j = threadIdx.x; j < V; j += blockDim.x) {
-        long i = row * V + j;
-        float d = (__expf(ld(logits, i) - l) - (j == t ? 1.f : 0.f)) * g;
-        if (accumulate) d += ld(dlogits, i);
-        st(dlogits, i, d);
-    }
-}
-
-// ---- cross-entropy fused with the output head, in vocabulary chunks ----------------
-//
-// The head's logits are made one chunk of vocabulary columns at a time (a GEMM into
-// an fp32 (BT, chunk) buffer) and folded into a running maximum and sum per row, so
-// no (BT, V) buffer exists; the backward remakes each chunk's logits from the saved
-// log-sum-exp.
-
-// ce_chunk_fwd: one block per row of the chunk L (BT, vc) of columns v0..v0+vc;
-// folds it into m, s (running max and Σexp(z−m)) and records the target's logit in
-// zt when it lies in the chunk.
-extern "C" __global__ void ce_chunk_fwd(float* m, float* s, float* zt, const float* L, const int* targets, int v0, int vc) {
-    __shared__ float sh[32];
-    long row = blockIdx.x;
-    const float* z = L + row * vc;
-    float cm = -INFINITY;
-    for (int j = threadIdx.x; j < vc; j += blockDim.x) cm = fmaxf(cm, z[j]);
-    cm = block_max(cm, sh);
-    float cs = 0.f;
-    for (int j = threadIdx.x; j < vc; j += blockDim.x) cs += __expf(z[j] - cm);
-    cs = block_sum(cs, sh);
-    if (threadIdx.x == 0) {
-        float mo = m[row], mn = fmaxf(mo, cm);
-        s[row] = (mo == -INFINITY ? 0.f : s[row] * __expf(mo - mn)) + cs * __expf(cm - mn);
-        m[row] = mn;
-        int t = targets[row];
-        if (t >= v0 && t < v0 + vc) zt[row] = z[t - v0];
-    }
-}
-// ce_finish: lse = m + log s; loss = lse − z_target (0 where target < 0).
-extern "C" __global__ void ce_finish(float* losses, float* lse, const float* m, const float* s, const float* zt, const int* targets, int BT) {
-    GRID_STRIDE(i, BT) {
-        float l = m[i] + logf(s[i]);
-        lse[i] = l;
-        losses[i] = targets[i] < 0 ? 0.f : l - zt[i];
-    }
-}
-// ce_chunk_bwd: dL (BT, vc, storage S) = (softmax − onehot)·dloss for columns
-// v0..v0+vc, the softmax remade from the chunk's logits L and the row's lse.
-template <typename S> __device__ void ce_chunk_bwd(S* dL, const float* L, const float* lse, const int* targets, const float* dloss, int v0, int vc, int BT) {
-    GRID_STRIDE(i, (long)BT * vc) {
-        long row = i / vc;
-        int col = i % vc, t = targets[row];
-        float g = t < 0 ? 0.f : dloss[row];
-        st(dL, i, (__expf(L[i] - lse[row]) - (col + v0 == t ? 1.f : 0.f)) * g);
-    }
-}
-extern "C" __global__ void ce_chunk_bwd_f32(float* dL, const float* L, const float* lse, const int* t, const float* dloss, int v0, int vc, int BT) {
-    ce_chunk_bwd(dL, L, lse, t, dloss, v0, vc, BT);
-}
-extern "C" __global__ void ce_chunk_bwd_bf16(bf16* dL, const float* L, const float* lse, const int* t, const float* dloss, int v0, int vc, int BT) {
-    ce_chunk_bwd(dL, L, lse, t, dloss, v0, vc, BT);
-}
 
 // ---- mixture of experts --------------------------------------------------------------
 //
@@ -650,55 +544,6 @@ template <typename S> __device__ void moe_combine_backward(S* dy, float* dgates,
     if (lane == 0) dgates[i] = s;
 }
 
-// moe_aux: one block; P_e = mean_t probs[t,e], f_e = counts[e]/(BT·K), aux[0] =
-// E·Σ f_e·P_e, aux[1] = Σ counts (the copies kept), both added to what aux holds
-// when accumulate is set (micro-batches), and, when daux is not null,
-// daux[e] = coeff·E·f_e/BT, the aux loss's gradient with respect to every
-// probs[t,e] (coeff: aux_loss_coeff times the loss scale).
-extern "C" __global__ void moe_aux(float* aux, float* daux, const float* probs, const int* counts, int BT, int E, int K, float coeff, int accumulate) {
-    __shared__ float sh[32];
-    float s = 0.f, kept = 0.f;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        float P = 0.f;
-        for (int t = 0; t < BT; t++) P += probs[(long)t * E + e];
-        P /= BT;
-        float f = (float)counts[e] / ((float)BT * K);
-        s += f * P;
-        kept += (float)counts[e];
-        if (daux) daux[e] = coeff * E * f / BT;
-    }
-    s = block_sum(s, sh);
-    kept = block_sum(kept, sh);
-    if (threadIdx.x == 0) {
-        aux[0] = (accumulate ? aux[0] : 0.f) + E * s;
-        aux[1] = (accumulate ? aux[1] : 0.f) + kept;
-    }
-}
-
-// moe_router_backward: one warp per token; dlogits (S, overwritten) = gradient
-// through the gates (dgates) and, when daux is not null, through the probabilities
-// with dprobs[t,e] = daux[e].
-template <typename S> __device__ void moe_router_backward(S* dlogits, const float* dgates, const float* daux, const float* gates, const float* probs, const int* idx, int BT, int E, int K) {
-    __shared__ float sh[4][MOE_MAXE];
-    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    long t = (long)blockIdx.x * 4 + w;
-    if (t >= BT) return;
-    float* d = sh[w];
-    float dot = 0.f;
-    if (daux) {
-        for (int e = lane; e < E; e += 32) dot += probs[t * E + e] * daux[e];
-        dot = warp_sum(dot);
-    }
-    for (int e = lane; e < E; e += 32) d[e] = daux ? probs[t * E + e] * (daux[e] - dot) : 0.f;
-    __syncwarp();
-    float gd = lane < K ? gates[t * K + lane] * dgates[t * K + lane] : 0.f;
-    float gdot = warp_sum(gd);
-    if (lane == 0)
-        for (int j = 0; j < K; j++) d[idx[t * K + j]] += gates[t * K + j] * (dgates[t * K + j] - gdot);
-    __syncwarp();
-    for (int e = lane; e < E; e += 32) st(dlogits, t * E + e, d[e]);
-}
-
 #define EXPORT_MOE(S, N)                                                                                              \
     extern "C" __global__ void moe_router_##N(float* p, int* idx, float* g, const S* z, int BT, int E, int K) {      \
         moe_router(p, idx, g, z, BT, E, K);                                                                           \
@@ -715,10 +560,6 @@ template <typename S> __device__ void moe_router_backward(S* dlogits, const floa
     extern "C" __global__ void moe_combine_backward_##N(S* dy, float* dg, const S* dout, const S* y, const float* g,   \
                                                         const int* row, int n, int K, int C) {                        \
         moe_combine_backward(dy, dg, dout, y, g, row, n, K, C);                                                       \
-    }                                                                                                                 \
-    extern "C" __global__ void moe_router_backward_##N(S* dz, const float* dg, const float* daux, const float* g,     \
-                                                       const float* p, const int* idx, int BT, int E, int K) {        \
-        moe_router_backward(dz, dg, daux, g, p, idx, BT, E, K);                                                       \
     }
 FOR_S(EXPORT_MOE)
 
@@ -750,87 +591,6 @@ extern "C" __global__ void ce_rows_f32(float* losses, float* lse, float* dL, con
 }
 extern "C" __global__ void ce_rows_bf16(float* losses, float* lse, bf16* dL, const float* L, const int* t, const float* dloss, int V) {
     ce_rows(losses, lse, dL, L, t, dloss, V);
-}
-
-// ---- optimizer and norms ------------------------------------------------------------
-
-// adamw_vec is adamw on 4 values per thread (16-byte loads and stores); n is a
-// multiple of 4 and every pointer 16-byte aligned (compute: 8-byte).
-extern "C" __global__ void adamw_vec(float4* params, uint2* compute, const float4* grads, float4* m, float4* v, long n4,
-                                     float lr, float b1, float b2, float eps, float wd, float c1, float c2, const float* gscale) {
-    float gs = gscale ? *gscale : 1.f;
-    GRID_STRIDE(i, n4) {
-        float4 g = grads[i], mi = m[i], vi = v[i], p = params[i];
-        float* gp = &g.x;
-        float* mp = &mi.x;
-        float* vp = &vi.x;
-        float* pp = &p.x;
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            float gk = gp[k] * gs;
-            mp[k] = b1 * mp[k] + (1.f - b1) * gk;
-            vp[k] = b2 * vp[k] + (1.f - b2) * gk * gk;
-            pp[k] = pp[k] - lr * (mp[k] * c1 / (sqrtf(vp[k] * c2) + eps) + wd * pp[k]);
-        }
-        m[i] = mi;
-        v[i] = vi;
-        params[i] = p;
-        if (compute) compute[i] = make_uint2(pack2(p.x, p.y), pack2(p.z, p.w));
-    }
-}
-
-// adamw: one AdamW step on fp32 params with fp32 m, v and grads; the scale of the
-// gradient (clipping) is *gscale on the device, or 1 when gscale is null. When
-// compute is not null the bf16 compute copy of the updated weights is written in
-// the same pass. c1, c2 are the bias corrections 1/(1−β^t).
-extern "C" __global__ void adamw(float* params, bf16* compute, const float* grads, float* m, float* v, long n,
-                                 float lr, float b1, float b2, float eps, float wd, float c1, float c2, const float* gscale) {
-    float gs = gscale ? *gscale : 1.f;
-    GRID_STRIDE(i, n) {
-        float g = grads[i] * gs;
-        float mi = b1 * m[i] + (1.f - b1) * g;
-        float vi = b2 * v[i] + (1.f - b2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        float p = params[i];
-        p = p - lr * (mi * c1 / (sqrtf(vi * c2) + eps) + wd * p);
-        params[i] = p;
-        if (compute) compute[i] = __float2bfloat16_rn(p);
-    }
-}
-
-// sumsq_partial: block b of a fixed grid sums x² over its grid-stride elements into
-// partial[b]; sumsq_finish adds the partials in order into *out (+= when
-// accumulate). Together: Σx², the same bits on every run.
-template <typename S> __device__ void sumsq_partial(float* partial, const S* x, long n) {
-    __shared__ float sh[32];
-    float s = 0.f;
-    GRID_STRIDE(i, n) { float v = ld(x, i); s += v * v; }
-    s = block_sum(s, sh);
-    if (threadIdx.x == 0) partial[blockIdx.x] = s;
-}
-// sum_partial is sumsq_partial without the square (loss sums).
-extern "C" __global__ void sum_partial(float* partial, const float* x, long n) {
-    __shared__ float sh[32];
-    float s = 0.f;
-    GRID_STRIDE(i, n) s += x[i];
-    s = block_sum(s, sh);
-    if (threadIdx.x == 0) partial[blockIdx.x] = s;
-}
-extern "C" __global__ void sumsq_finish(float* out, const float* partial, int nb, int accumulate) {
-    __shared__ float sh[32];
-    float s = 0.f;
-    // one block; fixed assignment of partials to threads, fixed tree.
-    for (int b = threadIdx.x; b < nb; b += blockDim.x) s += partial[b];
-    s = block_sum(s, sh);
-    if (threadIdx.x == 0) *out = accumulate ? *out + s : s;
-}
-// clip_factor: *factor = min(1, maxnorm/(sqrt(*sumsq)+1e-6)), and *norm = sqrt(*sumsq):
-// the clipping factor stays on the device for adamw's gscale.
-extern "C" __global__ void clip_factor(float* factor, float* norm, const float* sumsq, float maxnorm) {
-    float n = sqrtf(*sumsq);
-    *norm = n;
-    *factor = maxnorm > 0.f && n > maxnorm ? maxnorm / (n + 1e-6f) : 1.f;
 }
 
 // ---- flash attention ----------------------------------------------------------------
@@ -1100,14 +860,6 @@ __device__ void flash_bwd_dkdv(S* dk, S* dv, const S* dout, const float* lse, co
 #define EXPORT_ELEMENTWISE(S, N)                                                                                       \
     extern "C" __global__ void add_##N(S* out, const S* a, const S* b, long n) { add(out, a, b, n); }                  \
     extern "C" __global__ void add_into_##N(S* dst, const S* src, long n) { add_into(dst, src, n); }                   \
-    extern "C" __global__ void scale_by_##N(S* x, const float* f, long n) { scale_by(x, f, n); }                      \
-    extern "C" __global__ void embedding_##N(S* out, const int* tok, const S* wte, int BT, int C) {                   \
-        embedding(out, tok, wte, BT, C);                                                                              \
-    }                                                                                                                 \
-    extern "C" __global__ void embedding_backward_##N(float* dwte, const S* dout, const int* order, const int* seg,   \
-                                                      const int* tok, int C) {                                        \
-        embedding_backward(dwte, dout, order, seg, tok, C);                                                           \
-    }                                                                                                                 \
     extern "C" __global__ void rmsnorm_##N(S* out, float* rstd, const S* inp, const S* w, int rows, int C, float eps) { \
         rmsnorm(out, rstd, inp, w, rows, C, eps);                                                                     \
     }                                                                                                                 \
@@ -1129,11 +881,6 @@ __device__ void flash_bwd_dkdv(S* dk, S* dv, const S* dout, const float* lse, co
     extern "C" __global__ void cross_entropy_##N(float* losses, float* lse, const S* z, const int* t, int V) {        \
         cross_entropy(losses, lse, z, t, V);                                                                          \
     }                                                                                                                 \
-    extern "C" __global__ void cross_entropy_backward_##N(S* dz, const float* dloss, const float* lse, const S* z,    \
-                                                          const int* t, int V, int acc) {                            \
-        cross_entropy_backward(dz, dloss, lse, z, t, V, acc);                                                         \
-    }                                                                                                                 \
-    extern "C" __global__ void sumsq_partial_##N(float* part, const S* x, long n) { sumsq_partial(part, x, n); }      \
     extern "C" __global__ void flash_delta_##N(float* D, const S* o, const S* d, int B, int Tq, int NH, int HD) {     \
         flash_delta(D, o, d, B, Tq, NH, HD);                                                                          \
     }

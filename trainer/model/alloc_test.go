@@ -104,14 +104,9 @@ func tagged(t *testing.T, w *comm.World, r int, tag string, mem tensor.HostMemor
 	return collective.OnHost(c, mem)
 }
 
-// newStepper builds a model of cfg with AdamW state and returns one training step.
-func newStepper(t *testing.T, cfg config.Model, B, T int) func() {
-	t.Helper()
-	return newRankStepper(t, cfg, B, T, 1, 0, nil)
-}
-
-// newRankStepper is newStepper for tensor-parallel rank tpRank of tp, with the
-// model's parallelism options, made for the model's memory (nil: none).
+// newRankStepper builds a model of cfg with AdamW state, for tensor-parallel
+// rank tpRank of tp with the model's parallelism options, made for the model's
+// memory (nil: none), and returns one training step.
 func newRankStepper(t *testing.T, cfg config.Model, B, T, tp, tpRank int, opts func(tensor.HostMemory) []Option) func() {
 	t.Helper()
 	table, err := parallel.ParamTable(cfg, tp, 1)

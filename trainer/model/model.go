@@ -2,7 +2,6 @@ package model
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
@@ -1009,12 +1008,4 @@ func (m *Model[F]) backward(tokens, targets []int32, scale float64, loss tensor.
 func (m *Model[F]) attnShape() tensor.AttentionShape {
 	_, _, NH, NKV, HD, _, _ := m.dims()
 	return tensor.AttentionShape{B: m.B, Tq: m.T, Tk: m.T, NH: NH, NKV: NKV, HD: HD, Causal: true}
-}
-
-// Perplexity-friendly helper: the mean loss in nats of a loss sum and count.
-func MeanLoss(sum float64, count int) float64 {
-	if count == 0 {
-		return math.NaN()
-	}
-	return sum / float64(count)
 }

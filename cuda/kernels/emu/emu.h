@@ -35,16 +35,9 @@
 struct uint3 {
     unsigned x, y, z;
 };
-struct float4 {
-    float x, y, z, w;
-};
-struct uint2 {
-    unsigned x, y;
-};
 struct alignas(16) uint4 {
     unsigned x, y, z, w;
 };
-inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 struct dim3 {
     unsigned x, y, z;
     dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
@@ -242,8 +235,6 @@ inline int __popc(unsigned x) { return __builtin_popcount(x); }
 
 // The device's fast-math and conversion intrinsics, at host precision.
 inline float __expf(float x) { return expf(x); }
-inline float __logf(float x) { return logf(x); }
-inline float __fdividef(float a, float b) { return a / b; }
 inline float __fmul_rn(float a, float b) { return a * b; } // a product of its own: never contracted into an FMA
 inline float rsqrtf(float x) { return 1.f / sqrtf(x); }
 inline float __double2float_rn(double x) { return (float)x; }
