@@ -5,7 +5,7 @@
 // calls it with its arguments taken from 8-byte slots, as cuLaunchKernel
 // takes them.
 //
-// sources: 7ee2aaa6881f8f8f3ef3d261e9552baebfcb50237de3b286aff4295aa1908570
+// sources: bb0bbdc08d42e1ae838593af94175c1289b3ec655d650f0adf996533e1c0d210
 #include "emu.h"
 #include "kernels.cu"
 
