@@ -398,7 +398,7 @@ type run struct {
 	trace   *tracer
 	m       *model.Model[float32]
 	docs    model.DocumentMasks // the data's document masks (data.eod_mask_loss, data.reset_attention_mask)
-	evalErr error // a collective of the last evaluation failed; flush returns it
+	evalErr error               // a collective of the last evaluation failed; flush returns it
 	// weightsOut is rank 0's weights.bin as the end of the run writes it;
 	// sampler is who samples at the end. finalTable and finalViews are the
 	// whole model (tensor-parallel slices assembled) where rank 0 samples from
