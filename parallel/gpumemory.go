@@ -62,6 +62,9 @@ func engineMemory(r *config.Recipe, params []Param) Memory {
 		}
 	}
 	inputs := 2*(T*HD/2)*f32 + 2*BT*i32 + (3*BT+1)*i32 // RoPE tables; tokens, targets; embedding rows
+	if r.Data.ResetAttentionMask {
+		inputs += BT * i32 // each token's document start
+	}
 	m.Activations = act + scratch + inputs
 	chunk := min(int64(config.GPUHeadChunk), V)
 	m.Logits = BT*chunk*(f32+dt) + 3*BT*f32

@@ -10,6 +10,7 @@ import (
 	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/parallel/comm"
 	"github.com/shardline/shardline/trainer/data"
+	"github.com/shardline/shardline/trainer/model"
 	"github.com/shardline/shardline/trainer/optim"
 )
 
@@ -21,14 +22,16 @@ import (
 type DeviceEngine interface {
 	// Name says what runs the steps (device, driver, libraries), for logs and run.json.
 	Name() string
-	// Start binds the engine to the recipe's model at micro-batch B of T tokens and
-	// uploads the initial weights (table order).
-	Start(r *config.Recipe, table []parallel.Param, weights [][]float32, B, T int) error
-	// Step runs micro forward and backward passes (batch fills micro-batch mb),
-	// accumulating the gradient of scale·Σ token losses, reads the loss sum and the
-	// gradient norm back once, and, when both are finite, clips to clip and takes
-	// one AdamW step at lr (train.* hyper-parameters from Start's recipe).
-	Step(batch func(mb int, tokens, targets []int32), micro int, scale, lr, clip float64) (DeviceStep, error)
+	// Start binds the engine to the recipe's model at micro-batch B of T tokens,
+	// with the data's document masks (docs), and uploads the initial weights
+	// (table order).
+	Start(r *config.Recipe, table []parallel.Param, weights [][]float32, B, T int, docs model.DocumentMasks) error
+	// Step runs micro forward and backward passes (batch fills micro-batch mb
+	// and returns its scale), accumulating the gradient of scale·Σ token losses
+	// of each, reads the loss sum and the gradient norm back once, and, when both
+	// are finite, clips to clip and takes one AdamW step at lr (train.*
+	// hyper-parameters from Start's recipe).
+	Step(batch func(mb int, tokens, targets []int32) (scale float64), micro int, lr, clip float64) (DeviceStep, error)
 	// Eval is the loss sum and token count of one batch (forward only).
 	Eval(tokens, targets []int32) (sum float64, count int, err error)
 	// Logits returns the logits (V) at position k−1 of a window of seq_len tokens
@@ -71,7 +74,11 @@ func (t *run) trainDevice(ctx context.Context, out *Result, world comm.Communica
 	}
 	B, T := r.Train.MicroBatchSize, r.Model.SeqLen
 	views := t.st.floatViews() // the engine takes fp32 values and keeps its own storage
-	if err := eng.Start(r, t.plan.Params, views, B, T); err != nil {
+	docs, err := documentMasks(r, t.ds)
+	if err != nil {
+		return nil, err
+	}
+	if err := eng.Start(r, t.plan.Params, views, B, T, docs); err != nil {
 		return nil, err
 	}
 	defer eng.Close()
@@ -119,6 +126,10 @@ func (t *run) trainDevice(ctx context.Context, out *Result, world comm.Communica
 	if len(t.curve) > 0 { // resumed: the steps before the checkpoint
 		last, good = t.curve[len(t.curve)-1], t.goodAtEnd()
 	}
+	var countTok, countTgt []int32 // the step's batches, counted for eod_mask_loss's per-token mean
+	if docs.MaskLoss && r.FSDP.CalculatePerTokenLoss {
+		countTok, countTgt = make([]int32, B*T), make([]int32, B*T)
+	}
 	var rates []float64
 	lastSkipped, lastEvaluated := false, false
 	start := time.Now()
@@ -138,9 +149,24 @@ func (t *run) trainDevice(ctx context.Context, out *Result, world comm.Communica
 		}
 		t0 := time.Now()
 		lr := sched.LR(step)
-		res, err := eng.Step(func(mb int, tokens, targets []int32) {
+		// eod_mask_loss leaves positions out: the mean is over those counted
+		// (the step's, or each micro-batch's, as gradStep's).
+		stepScale := scale
+		if docs.MaskLoss && r.FSDP.CalculatePerTokenLoss {
+			n := 0
+			for mb := 0; mb < micro; mb++ {
+				data.Batch(countTok, countTgt, t.ds.Train, r.Run.Seed, step, mb*B, B, T)
+				n += lossTokens(countTok, countTgt, docs)
+			}
+			stepScale = 1 / float64(max(1, n))
+		}
+		res, err := eng.Step(func(mb int, tokens, targets []int32) float64 {
 			data.Batch(tokens, targets, t.ds.Train, r.Run.Seed, step, mb*B, B, T)
-		}, micro, scale, lr, r.Train.ClipGrad)
+			if docs.MaskLoss && !r.FSDP.CalculatePerTokenLoss {
+				return 1 / float64(max(1, lossTokens(tokens, targets, docs))) / float64(micro)
+			}
+			return stepScale
+		}, micro, lr, r.Train.ClipGrad)
 		if err != nil {
 			return nil, fmt.Errorf("step %d on %s: %w", step+1, eng.Name(), err)
 		}

@@ -2,6 +2,7 @@ package trainer
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/trainer/data"
@@ -10,19 +11,26 @@ import (
 
 // documentMasks are the model's document masks for the recipe's data settings
 // (data.eod_mask_loss, data.reset_attention_mask) over the tokenizer's
-// end-of-text token; an error, naming the key, where the tokenizer has none.
-func documentMasks(r *config.Recipe, tok data.Tokenizer) (model.DocumentMasks, error) {
+// end-of-text token; an error, naming the key, where the tokenizer has none,
+// or where the training tokens hold none (every sequence would be one
+// document: the setting would change nothing).
+func documentMasks(r *config.Recipe, ds *data.Dataset) (model.DocumentMasks, error) {
+	tok := ds.Tok
 	d := model.DocumentMasks{EOS: tok.Specials().EOS, MaskLoss: r.Data.EODMaskLoss, ResetAttention: r.Data.ResetAttentionMask}
 	if !d.MaskLoss && !d.ResetAttention {
 		return d, nil
 	}
+	key := "data.eod_mask_loss"
+	if d.ResetAttention {
+		key = "data.reset_attention_mask"
+	}
 	if d.EOS < 0 {
-		key := "data.eod_mask_loss"
-		if d.ResetAttention {
-			key = "data.reset_attention_mask"
-		}
 		return d, config.ValueProblem(key, true, fmt.Errorf("the %s tokenizer has no end-of-text token to mark where documents end", tok.Name()),
 			`set data.tokenizer = "gpt2" (documents end with <|endoftext|>), or remove `+key)
+	}
+	if !slices.Contains(ds.Train, d.EOS) {
+		return d, config.ValueProblem(key, true, fmt.Errorf("the training tokens of %s hold no end-of-text token (%d), so every sequence is one document and the setting would change nothing", r.Data.Path, d.EOS),
+			"train on a corpus whose documents end with the tokenizer's end-of-text token, or remove "+key)
 	}
 	return d, nil
 }

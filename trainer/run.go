@@ -693,7 +693,7 @@ func (t *run) openModel(startStep int) error {
 		mopts = append(mopts, model.WithTensorParallel(model.TensorParallel{Comm: t.st.tpG, Rank: t.st.tpRank, Size: t.st.tpComm.Size()}))
 	}
 	var err error
-	if t.docs, err = documentMasks(r, t.ds.Tok); err != nil {
+	if t.docs, err = documentMasks(r, t.ds); err != nil {
 		return err
 	}
 	mopts = append(mopts, model.WithDocumentMasks(t.docs))

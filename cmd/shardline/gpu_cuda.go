@@ -12,6 +12,7 @@ import (
 	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/trainer"
 	"github.com/shardline/shardline/trainer/gpu"
+	"github.com/shardline/shardline/trainer/model"
 )
 
 // This file is the GPU engine of the shardline-cuda build (make cuda); under
@@ -63,12 +64,12 @@ func openGPU() (trainer.DeviceEngine, error) {
 
 func (e *gpuEngine) Name() string { return e.name }
 
-func (e *gpuEngine) Start(r *config.Recipe, table []parallel.Param, weights [][]float32, B, T int) error {
+func (e *gpuEngine) Start(r *config.Recipe, table []parallel.Param, weights [][]float32, B, T int, docs model.DocumentMasks) error {
 	dt := cuda.F32
 	if r.Precision.BF16 {
 		dt = cuda.BF16
 	}
-	m, err := gpu.New(e.d, r.Model, table, weights, B, T, gpu.Options{Compute: dt})
+	m, err := gpu.New(e.d, r.Model, table, weights, B, T, gpu.Options{Compute: dt, Documents: docs})
 	if err != nil {
 		return err
 	}
@@ -80,12 +81,12 @@ func (e *gpuEngine) Start(r *config.Recipe, table []parallel.Param, weights [][]
 
 func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
 
-func (e *gpuEngine) Step(batch func(mb int, tokens, targets []int32), micro int, scale, lr, clip float64) (trainer.DeviceStep, error) {
+func (e *gpuEngine) Step(batch func(mb int, tokens, targets []int32) float64, micro int, lr, clip float64) (trainer.DeviceStep, error) {
 	var res trainer.DeviceStep
 	var err error
 	e.d.Do(func() {
 		for mb := 0; mb < micro; mb++ {
-			batch(mb, e.tokens, e.targets)
+			scale := batch(mb, e.tokens, e.targets)
 			n, ferr := e.m.ForwardBackward(e.tokens, e.targets, scale, mb > 0)
 			if ferr != nil {
 				err = ferr

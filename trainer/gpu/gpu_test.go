@@ -291,8 +291,12 @@ func TestLogitsMatchCPU(t *testing.T) {
 // the plan predicts for a one-GPU run (parallel's engineMemory), in fp32 and bf16,
 // dense and MoE.
 func TestHeldEqualsPlan(t *testing.T) {
-	for _, c := range []struct{ recipe, bf16 string }{{"tiny", "false"}, {"tiny", "true"}, {"moe-tiny", "false"}, {"moe-tiny", "true"}} {
-		r := loadRecipe(t, c.recipe, "parallel.device=cuda", "train.micro_batch_size=4", "train.global_batch_size=4", "precision.bf16="+c.bf16)
+	for _, c := range []struct {
+		recipe, bf16 string
+		docs         bool // data.reset_attention_mask: the document starts
+	}{{"tiny", "false", false}, {"tiny", "true", false}, {"moe-tiny", "false", false}, {"moe-tiny", "true", false}, {"tiny", "false", true}} {
+		r := loadRecipe(t, c.recipe, "parallel.device=cuda", "train.micro_batch_size=4", "train.global_batch_size=4", "precision.bf16="+c.bf16,
+			fmt.Sprintf("data.reset_attention_mask=%v", c.docs))
 		topo, err := parallel.TopologyOf(r.Parallel, nil)
 		require.NoError(t, err)
 		plan, err := parallel.Compile(&r, topo)
@@ -301,12 +305,16 @@ func TestHeldEqualsPlan(t *testing.T) {
 		if r.Precision.BF16 {
 			compute = cuda.BF16
 		}
-		m, err := New(dev, r.Model, plan.Params, initWeights(r, plan.Params), r.Train.MicroBatchSize, r.Model.SeqLen, Options{Compute: compute})
+		opt := Options{Compute: compute}
+		if c.docs {
+			opt.Documents = model.DocumentMasks{EOS: '.', ResetAttention: true}
+		}
+		m, err := New(dev, r.Model, plan.Params, initWeights(r, plan.Params), r.Train.MicroBatchSize, r.Model.SeqLen, opt)
 		require.NoError(t, err)
 		h := m.HeldBytes()
 		m.Close()
 		p := plan.Memory
-		name := c.recipe + " bf16=" + c.bf16
+		name := fmt.Sprintf("%s bf16=%s documents=%v", c.recipe, c.bf16, c.docs)
 		require.Equal(t, p.MainWeights, h["main_weights"], name)
 		require.Equal(t, p.Weights, h["weights"], name)
 		require.Equal(t, p.Grads, h["grads"], name)

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/shardline/shardline/config"
+	"github.com/shardline/shardline/cuda"
 	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/tensor/cpu"
@@ -145,4 +146,45 @@ func TestDocumentsApartOnDevice(t *testing.T) {
 			t.Errorf("gradient of %s: %v", table[i].Name, err)
 		}
 	}
+}
+
+// TestOneGPUMasksMatchCPU: the one-GPU engine (this package's model) with
+// chunked attention and document masks gives the CPU engine's loss sum, count
+// and gradients for a batch of the tiny recipe (fp32; 1e-5 relative over all
+// gradients, as TestGradientsMatchCPU).
+func TestOneGPUMasksMatchCPU(t *testing.T) {
+	r := loadRecipe(t, "tiny", "model.attention_chunk_size=48")
+	table, err := parallel.ParamTable(r.Model, 1, 1)
+	require.NoError(t, err)
+	B, T := 2, r.Model.SeqLen
+	w := initWeights(r, table)
+	docs := model.DocumentMasks{EOS: '.', MaskLoss: true, ResetAttention: true}
+	tokens, targets := opticks(t, B, T, 5)
+	sum, n, want, _, err := maskedPass(r, table, w, cpu.Backend{}, cpu.NewMemory(), B, T, tokens, targets, false, model.WithDocumentMasks(docs))
+	require.NoError(t, err)
+	gm, err := New(dev, r.Model, table, w, B, T, Options{Compute: cuda.F32, Documents: docs})
+	require.NoError(t, err)
+	defer gm.Close()
+	var got [][]float32
+	var met Metrics
+	var count int
+	dev.Do(func() {
+		if count, err = gm.ForwardBackward(tokens, targets, 1, false); err == nil {
+			met, err = gm.Metrics()
+			got = gm.Grads()
+		}
+	})
+	require.NoError(t, err)
+	require.Equal(t, n, count)
+	require.InDelta(t, sum, met.LossSum, 1e-5*sum)
+	var num, den float64
+	for i := range want {
+		for j, v := range want[i] {
+			d := float64(got[i][j]) - float64(v)
+			num, den = num+d*d, den+float64(v)*float64(v)
+		}
+	}
+	rel := math.Sqrt(num / den)
+	t.Logf("gradients' relative difference %.3g", rel)
+	require.LessOrEqual(t, rel, 1e-5)
 }

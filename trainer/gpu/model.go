@@ -9,6 +9,7 @@ import (
 	"github.com/shardline/shardline/cuda"
 	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/tensor"
+	"github.com/shardline/shardline/trainer/model"
 )
 
 // Optimizer is one AdamW step's settings (the learning rate comes per step).
@@ -23,6 +24,10 @@ type Optimizer struct {
 type Options struct {
 	Compute   cuda.DType
 	HeadChunk int
+	// Documents are the data's document masks (data.eod_mask_loss,
+	// data.reset_attention_mask; trainer/model's): the loss ignores positions
+	// whose input is the end-of-text token, attention stays within documents.
+	Documents model.DocumentMasks
 }
 
 type layer struct {
@@ -49,31 +54,35 @@ type params struct {
 // Model is a dense decoder bound to a batch shape on one device. Its methods run
 // on the device's goroutine (inside Device.Do).
 type Model struct {
-	d         *cuda.Device
-	Cfg       config.Model
-	B, T      int
-	opt       Options
-	table     []parallel.Param
-	offsets   []int // each parameter's first element in the flat buffers
-	master    cuda.Buffer
-	compute   cuda.Buffer // bf16 copy of master, or master itself in fp32 runs
-	grads     cuda.Buffer
-	m, v      cuda.Buffer
-	w, g      params
-	cos, sin  cuda.Buffer
-	tokens    cuda.Buffer
-	targets   cuda.Buffer
-	embRows   cuda.EmbeddingRows
-	hostRows  struct{ order, seg, tok, count []int32 } // the batch's rows grouped by token
-	acts      acts
-	scratch   scratch
-	head      cuda.HeadScratch
-	stats     cuda.Buffer // [loss sum, grad sum of squares, grad norm, clip factor, then (aux, copies kept) per layer]
-	hostStats []float32
-	held      map[string]int64
-	allocated []cuda.Buffer
-	step      int
-	micro     int // forwards accumulated into the step's statistics
+	d        *cuda.Device
+	Cfg      config.Model
+	B, T     int
+	opt      Options
+	table    []parallel.Param
+	offsets  []int // each parameter's first element in the flat buffers
+	master   cuda.Buffer
+	compute  cuda.Buffer // bf16 copy of master, or master itself in fp32 runs
+	grads    cuda.Buffer
+	m, v     cuda.Buffer
+	w, g     params
+	cos, sin cuda.Buffer
+	tokens   cuda.Buffer
+	targets  cuda.Buffer
+	starts   cuda.Buffer // each token's document start (Options.Documents.ResetAttention), else null
+	// hostTargets and hostStarts are the batch's targets as uploaded (with
+	// eod_mask_loss, −1 at end-of-text inputs) and its document starts.
+	hostTargets, hostStarts []int32
+	embRows                 cuda.EmbeddingRows
+	hostRows                struct{ order, seg, tok, count []int32 } // the batch's rows grouped by token
+	acts                    acts
+	scratch                 scratch
+	head                    cuda.HeadScratch
+	stats                   cuda.Buffer // [loss sum, grad sum of squares, grad norm, clip factor, then (aux, copies kept) per layer]
+	hostStats               []float32
+	held                    map[string]int64
+	allocated               []cuda.Buffer
+	step                    int
+	micro                   int // forwards accumulated into the step's statistics
 }
 
 type acts struct {
@@ -113,6 +122,9 @@ func New(d *cuda.Device, cfg config.Model, table []parallel.Param, weights [][]f
 	}
 	if hd := cfg.HeadSize(); hd != 32 && hd != 64 && hd != 128 {
 		return nil, fmt.Errorf("gpu: head size %d (model.head_dim, or model.hidden %d / model.heads %d): the attention kernels take 32, 64 or 128", hd, cfg.Hidden, cfg.Heads)
+	}
+	if doc := opt.Documents; (doc.MaskLoss || doc.ResetAttention) && (doc.EOS < 0 || int(doc.EOS) >= cfg.VocabSize) {
+		return nil, fmt.Errorf("gpu: document masks need the tokenizer's end-of-text token, a token id below model.vocab_size (%d), not %d", cfg.VocabSize, doc.EOS)
 	}
 	if opt.HeadChunk <= 0 {
 		opt.HeadChunk = config.GPUHeadChunk
@@ -317,6 +329,11 @@ func (m *Model) alloc(weights [][]float32) error {
 	alloc(&m.sin, "inputs", cuda.F32, m.T*HD/2)
 	alloc(&m.tokens, "inputs", cuda.I32, BT)
 	alloc(&m.targets, "inputs", cuda.I32, BT)
+	m.hostTargets = make([]int32, BT)
+	if m.opt.Documents.ResetAttention {
+		alloc(&m.starts, "inputs", cuda.I32, BT)
+		m.hostStarts = make([]int32, BT)
+	}
 	alloc(&m.embRows.Order, "inputs", cuda.I32, BT)
 	alloc(&m.embRows.Seg, "inputs", cuda.I32, BT+1)
 	alloc(&m.embRows.Tok, "inputs", cuda.I32, BT)

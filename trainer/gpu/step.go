@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/shardline/shardline/cuda"
+	"github.com/shardline/shardline/trainer/model"
 )
 
 // Metrics are what a step leaves on the device, read back together.
@@ -75,8 +76,21 @@ func (m *Model) forwardLayers(tokens, targets []int32, accumulate bool) (count i
 		m.micro = 1
 	}
 	d.Upload(m.tokens, tokens)
-	d.Upload(m.targets, targets)
-	for _, t := range targets {
+	doc := m.opt.Documents
+	copy(m.hostTargets, targets)
+	if doc.MaskLoss {
+		for i, t := range tokens {
+			if t == doc.EOS {
+				m.hostTargets[i] = -1
+			}
+		}
+	}
+	d.Upload(m.targets, m.hostTargets)
+	if doc.ResetAttention {
+		model.DocumentStarts(m.hostStarts, tokens, m.B, m.T, doc.EOS)
+		d.Upload(m.starts, m.hostStarts)
+	}
+	for _, t := range m.hostTargets {
 		if t >= 0 {
 			count++
 		}
@@ -117,7 +131,7 @@ func (m *Model) layerForward(l int, x, next cuda.Buffer) {
 	d.Matmul(a.v[l], a.ln1[l], lw.wv, cuda.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
 	d.Rope(a.q[l], m.cos, m.sin, cuda.RopeShape{B: m.B, T: m.T, NH: NH, HD: HD}, false)
 	d.Rope(a.k[l], m.cos, m.sin, cuda.RopeShape{B: m.B, T: m.T, NH: NKV, HD: HD}, false)
-	d.FlashAttention(a.atty[l], a.lse[l], a.q[l], a.k[l], a.v[l], m.attn())
+	d.FlashAttentionMasked(a.atty[l], a.lse[l], a.q[l], a.k[l], a.v[l], m.starts, m.attn())
 	d.Copy(a.mid[l], x)
 	d.Matmul(a.mid[l], a.atty[l], lw.wo, cuda.MatmulShape{BT: BT, C: NH * HD, OC: C}, true)
 	d.RMSNorm(a.ln2[l], a.rstd2[l], a.mid[l], lw.mlpNorm, BT, C, m.Cfg.NormEps)
@@ -132,9 +146,12 @@ func (m *Model) layerForward(l int, x, next cuda.Buffer) {
 	d.Matmul(next, a.sw[l], lw.w2, cuda.MatmulShape{BT: BT, C: FF, OC: C}, true)
 }
 
+// attn is the model's causal self-attention, within chunks of
+// model.attention_chunk_size positions where it is set (and within documents:
+// m.starts, which the flash calls take).
 func (m *Model) attn() cuda.AttentionShape {
 	_, _, NH, NKV, HD, _, _ := m.dims()
-	return cuda.AttentionShape{B: m.B, Tq: m.T, Tk: m.T, NH: NH, NKV: NKV, HD: HD, Causal: true}
+	return cuda.AttentionShape{B: m.B, Tq: m.T, Tk: m.T, NH: NH, NKV: NKV, HD: HD, Causal: true, Chunk: m.Cfg.AttentionChunkSize}
 }
 
 // Backward sets the gradients (fp32) of scale · Σ token losses of the last Forward
@@ -173,7 +190,7 @@ func (m *Model) backwardLayers(scale float64) {
 		}
 		d.RMSNormBackward(dres, lg.mlpNorm, s.dx, a.mid[l], lw.mlpNorm, a.rstd2[l], BT, C, true)
 		d.MatmulBackward(s.datty, lg.wo, dres, a.atty[l], lw.wo, cuda.MatmulShape{BT: BT, C: NH * HD, OC: C}, false)
-		d.FlashAttentionBackward(s.dq, s.dk, s.dv, s.datty, a.atty[l], a.lse[l], a.q[l], a.k[l], a.v[l], m.attn(), false)
+		d.FlashAttentionBackwardMasked(s.dq, s.dk, s.dv, s.datty, a.atty[l], a.lse[l], a.q[l], a.k[l], a.v[l], m.starts, m.attn(), false)
 		d.Rope(s.dq, m.cos, m.sin, cuda.RopeShape{B: m.B, T: m.T, NH: NH, HD: HD}, true)
 		d.Rope(s.dk, m.cos, m.sin, cuda.RopeShape{B: m.B, T: m.T, NH: NKV, HD: HD}, true)
 		d.MatmulBackward(s.dx, lg.wq, s.dq, a.ln1[l], lw.wq, cuda.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
+	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/tensor/cpu"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -208,4 +209,52 @@ func newForTest(cfg config.Model, opt ...Option) (*Model[float64], error) {
 	}
 	mem, wb, gb := onMemory(w, g, false)
 	return New[float64](cfg, table, wb, gb, cpu.Kernels[float64]{}, 1, 5, append([]Option{WithMemory(mem)}, opt...)...)
+}
+
+// noComm is a context-parallel group that is never called: the models of
+// TestDocumentMasksFollowThePlan are built and measured, not run.
+type noComm struct{}
+
+func (noComm) SendRecv(dst, src tensor.Buffer, to, from int) error { return nil }
+func (noComm) AllReduce(buf tensor.Buffer) error                   { return nil }
+
+// TestDocumentMasksFollowThePlan: what document masks add to the model's
+// buffers (each token's document start, int32, among the activations; under
+// context parallelism each sequence chunk's last document end, f32, in the
+// scratch) is what the plan adds for data.reset_attention_mask, to the byte,
+// without and with cp 2; chunked attention adds nothing.
+func TestDocumentMasksFollowThePlan(t *testing.T) {
+	for _, cp := range []int{1, 2} {
+		bytes := func(docs bool, chunk int) (planAct, planScratch, act, scratch int64) {
+			r := config.Default()
+			r.Model = tinyConfig(false)
+			r.Model.SeqLen, r.Model.AttentionChunkSize = 8, chunk
+			r.Parallel.WorldSize, r.Parallel.ContextParallel = cp, cp
+			r.Train.MicroBatchSize, r.Train.GlobalBatchSize = 2, 2
+			r.Data.ResetAttentionMask = docs
+			topo, err := parallel.TopologyOf(r.Parallel, nil)
+			require.NoError(t, err)
+			plan, err := parallel.Compile(&r, topo)
+			require.NoError(t, err)
+			w, g := make([][]float32, len(plan.Params)), make([][]float32, len(plan.Params))
+			for i := range plan.Params {
+				w[i], g[i] = make([]float32, plan.Params[i].LocalNumel()), make([]float32, plan.Params[i].LocalNumel())
+			}
+			mem, wb, gb := onMemory(w, g, false)
+			opts := []Option{WithMemory(mem), WithDocumentMasks(DocumentMasks{EOS: eos, ResetAttention: docs})}
+			if cp > 1 {
+				opts = append(opts, WithContextParallel(ContextParallel{Comm: noComm{}, Rank: 0, Size: cp}))
+			}
+			m, err := New[float32](r.Model, plan.Params, wb, gb, cpu.Kernels[float32]{}, 2, r.Model.SeqLen, opts...)
+			require.NoError(t, err)
+			a, _ := m.ActivationBytes()
+			return plan.Memory.Activations, plan.Memory.Scratch, a, m.ScratchBytes()
+		}
+		pa0, ps0, a0, s0 := bytes(false, 0)
+		pa1, ps1, a1, s1 := bytes(true, 3)
+		assert.Positive(t, a1-a0, "cp %d", cp)
+		assert.Equal(t, pa1-pa0, a1-a0, "cp %d: activations", cp)
+		assert.Equal(t, ps1-ps0, s1-s0, "cp %d: scratch", cp)
+		assert.Equal(t, ps0, s0, "cp %d: the plan's scratch is the model's", cp)
+	}
 }
