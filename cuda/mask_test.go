@@ -7,6 +7,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/shardline/shardline/tensor/cpu"
 )
 
 // TestFlashAttentionMaskGrad checks the device's masked flash attention
@@ -89,4 +91,91 @@ func TestFlashAttentionMaskGrad(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestFlashAttentionMasksByDType: masked flash attention, forward and
+// backward, in fp32 and bf16 (on a GPU the bf16 tensor-core kernels; the
+// emulator runs bf16 through the fp32 kernels), against the CPU's float64
+// kernels (checked against the formula in tensor/cpu) on the same inputs
+// rounded to the storage dtype: chunks of 48 and documents over 160 positions,
+// more than the tensor-core kernels' tiles of 64 (so whole tiles are skipped),
+// and a context-parallel key block with both. Tolerance as the unmasked checks
+// (TestFlashAttentionOffsets): fp32 1e-5 forward and 1e-4 backward relative,
+// bf16 8e-3.
+func TestFlashAttentionMasksByDType(t *testing.T) {
+	cuts := func(B, Tq, qoff int, at [][]int) []int32 {
+		st := make([]int32, B*Tq)
+		for b := range B {
+			for i := range Tq {
+				for _, c := range at[b] {
+					if c <= qoff+i {
+						st[b*Tq+i] = int32(c)
+					}
+				}
+			}
+		}
+		return st
+	}
+	for _, c := range []struct {
+		name   string
+		s      AttentionShape
+		starts []int32
+	}{
+		{"chunks and documents", AttentionShape{B: 2, Tq: 160, Tk: 160, NH: 4, NKV: 2, HD: 64, Causal: true, Chunk: 48}, cuts(2, 160, 0, [][]int{{20, 90, 91}, {130}})},
+		{"key block", AttentionShape{B: 1, Tq: 96, Tk: 128, NH: 2, NKV: 1, HD: 64, QOff: 192, KOff: 64, Causal: true, Chunk: 100}, cuts(1, 96, 192, [][]int{{150, 230}})},
+	} {
+		for _, dt := range dtypes {
+			s := c.s
+			r := rand.New(rand.NewPCG(43, uint64(dt)))
+			q, k, v := roundTo(dt, randn(r, s.B*s.Tq*s.NH*s.HD, 1)), roundTo(dt, randn(r, s.B*s.Tk*s.NKV*s.HD, 1)), roundTo(dt, randn(r, s.B*s.Tk*s.NKV*s.HD, 1))
+			dout := roundTo(dt, randn(r, len(q), 1))
+			f64 := func(x []float32) []float64 {
+				y := make([]float64, len(x))
+				for i, v := range x {
+					y[i] = float64(v)
+				}
+				return y
+			}
+			wo, wl := make([]float64, len(q)), make([]float64, s.B*s.NH*s.Tq)
+			cpu.FlashAttentionMasked(wo, wl, f64(q), f64(k), f64(v), c.starts, s)
+			wq, wk, wv := make([]float64, len(q)), make([]float64, len(k)), make([]float64, len(v))
+			cpu.FlashAttentionBackwardMasked(wq, wk, wv, f64(dout), wo, wl, f64(q), f64(k), f64(v), c.starts, s)
+			name := fmt.Sprintf("%s %s", c.name, dt)
+			onDevice(t, func() {
+				bq, bk, bv, st := put(t, dt, q), put(t, dt, k), put(t, dt, v), putI32(t, c.starts)
+				bo, bl := poisoned(t, dt, len(q)), poisoned(t, F32, len(wl))
+				dev.FlashAttentionMasked(bo, bl, bq, bk, bv, st, s)
+				check(t, name+" out", dt, get(bo), f32s64(wo), 1e-5)
+				check(t, name+" lse", F32, finiteOnly(get(bl), wl), finiteOnly(f32s64(wl), wl), 1e-6)
+				bdq, bdk, bdv := poisoned(t, dt, len(q)), poisoned(t, dt, len(k)), poisoned(t, dt, len(v))
+				dev.FlashAttentionBackwardMasked(bdq, bdk, bdv, put(t, dt, dout), bo, bl, bq, bk, bv, st, s, false)
+				check(t, name+" dq", dt, get(bdq), f32s64(wq), 1e-4)
+				check(t, name+" dk", dt, get(bdk), f32s64(wk), 1e-4)
+				check(t, name+" dv", dt, get(bdv), f32s64(wv), 1e-4)
+			})
+		}
+	}
+}
+
+// finiteOnly is x where want is finite, 0 where it is −∞ (a row that sees no
+// key), so that a relative error compares the finite values and a −∞ lse that
+// the device left finite shows as a difference.
+func finiteOnly(x []float32, want []float64) []float32 {
+	y := make([]float32, len(x))
+	for i := range x {
+		if !math.IsInf(want[i], -1) {
+			y[i] = x[i]
+		} else if !math.IsInf(float64(x[i]), -1) {
+			y[i] = float32(math.NaN())
+		}
+	}
+	return y
+}
+
+func f32s64(x []float64) []float32 {
+	y := make([]float32, len(x))
+	for i, v := range x {
+		y[i] = float32(v)
+	}
+	return y
 }
