@@ -212,8 +212,8 @@ func (c *checker) model() {
 		}
 	}
 	if n := m.AttentionChunkSize; n > 0 && n >= m.SeqLen {
-		c.report(SevWarning, "SL307", fmt.Sprintf("model.attention_chunk_size (%d) is not below model.seq_len (%d): every sequence lies in one chunk, so training attends as without chunks", n, m.SeqLen),
-			"lower attention_chunk_size below seq_len to train chunked attention, or set it to 0 (it is kept for export otherwise)", "model.attention_chunk_size", "model.seq_len")
+		c.report(SevNote, "SL307", fmt.Sprintf("model.attention_chunk_size (%d) is not below model.seq_len (%d): every sequence lies in one chunk, so training attends as without chunks", n, m.SeqLen),
+			"lower attention_chunk_size below seq_len to train chunked attention, set it to 0, or keep it as part of the model's definition (Llama 4 keeps 8192 at any context)", "model.attention_chunk_size", "model.seq_len")
 	}
 }
 

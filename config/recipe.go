@@ -91,7 +91,7 @@ type Model struct {
 	// only to the tokens of its own chunk of this many positions (chunk ⌊p /
 	// size⌋, so the last chunk may be shorter; seq_len need not be a multiple),
 	// still causally. 0 means attention over the whole sequence. A size of
-	// seq_len or more changes nothing in training (lint warns, SL307).
+	// seq_len or more changes nothing in training (lint notes it, SL307).
 	AttentionChunkSize int `toml:"attention_chunk_size" min:"0" max:"16777216"`
 	// Mixture-of-experts layers; absent or num_experts = 0 for a dense model.
 	MoE MoE `toml:"moe"`

@@ -13,6 +13,7 @@ import (
 	"github.com/shardline/shardline/cuda"
 	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/tensor/cpu"
+	"github.com/shardline/shardline/trainer/model"
 	"github.com/stretchr/testify/require"
 )
 
