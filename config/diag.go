@@ -223,6 +223,8 @@ var Rules = []Rule{
 	{"SL303", SevError, "inconsistent attention shape"},
 	{"SL304", SevError, "MoE layer interleave leaves no MoE layer"},
 	{"SL305", SevError, "vocabulary smaller than the tokenizer's"},
+	{"SL306", SevError, "document masks need a tokenizer with an end-of-text token"},
+	{"SL307", SevNote, "attention chunk covers the whole sequence"},
 	{"SL401", SevWarning, "data path does not exist"},
 	{"SL501", SevError, "plan does not fit device memory"},
 	{"SL502", SevError, "plan cannot be compiled"},

@@ -201,7 +201,27 @@ func (c *checker) model() {
 		c.report(SevError, "SL305", fmt.Sprintf("model.vocab_size (%d) is smaller than the %s tokenizer's %d tokens", m.VocabSize, tok, tokenizerVocab[tok]),
 			fmt.Sprintf("set vocab_size = %d (or more)", tokenizerVocab[tok]), "model.vocab_size", "data.tokenizer")
 	}
+	d := c.rc.Data
+	for _, k := range []struct {
+		key string
+		on  bool
+	}{{"data.eod_mask_loss", d.EODMaskLoss}, {"data.reset_attention_mask", d.ResetAttentionMask}} {
+		if k.on && !TokenizerHasEOS(d.Tokenizer) {
+			c.report(SevError, "SL306", fmt.Sprintf("%s = true needs the tokenizer's end-of-text token to find document boundaries, and the %s tokenizer has none", k.key, d.Tokenizer),
+				`set data.tokenizer = "gpt2" (documents end with <|endoftext|>), or remove `+k.key, k.key, "data.tokenizer")
+		}
+	}
+	if n := m.AttentionChunkSize; n > 0 && n >= m.SeqLen {
+		c.report(SevNote, "SL307", fmt.Sprintf("model.attention_chunk_size (%d) is not below model.seq_len (%d): every sequence lies in one chunk, so training attends as without chunks", n, m.SeqLen),
+			"lower attention_chunk_size below seq_len to train chunked attention, set it to 0, or keep it as part of the model's definition (Llama 4 keeps 8192 at any context)", "model.attention_chunk_size", "model.seq_len")
+	}
 }
+
+// TokenizerHasEOS reports whether the named tokenizer has an end-of-text
+// token (data.Tokenizer's Specials: gpt2's <|endoftext|>; byte and char have
+// none). Document masks (data.eod_mask_loss, data.reset_attention_mask) need
+// one; the trainer checks the tokenizer it builds as well.
+func TokenizerHasEOS(name string) bool { return name == "gpt2" }
 
 // tokenizerVocab is the vocabulary of each tokenizer whose vocabulary is fixed
 // (char's comes from the corpus and is checked when the data is read).

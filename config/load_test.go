@@ -252,3 +252,22 @@ func TestLoadShipped(t *testing.T) {
 	assert.Equal(t, "/etc/x.toml", extendsPath("shipped:a.toml", "/etc/x.toml"))
 	assert.Equal(t, filepath.Join("dir", "x.toml"), extendsPath(filepath.Join("dir", "a.toml"), "x.toml"))
 }
+
+// TestMegatronDocumentMasks: --eod-mask-loss and --reset-attention-mask set
+// their data keys; --reset-position-ids is accepted beside
+// --reset-attention-mask (rotary positions are relative) and refused without it.
+func TestMegatronDocumentMasks(t *testing.T) {
+	gpt2 := []byte("[data]\npath = \"/\"\ntokenizer = \"gpt2\"\n[model]\nvocab_size = 50304\n")
+	flags := []FlagValue{{Name: "eod-mask-loss", Value: "true"}, {Name: "reset-attention-mask", Value: "true"}, {Name: "reset-position-ids", Value: "true"}}
+	res, diags := LoadBytes("r.toml", gpt2, Options{Flags: flags})
+	require.False(t, diags.HasErrors(), "%v", diags)
+	require.True(t, res.Recipe.Data.EODMaskLoss)
+	require.True(t, res.Recipe.Data.ResetAttentionMask)
+	require.Equal(t, "flag --reset-attention-mask=true", res.Origin("data.reset_attention_mask").Describe())
+	require.False(t, Lint(res, nil).HasErrors())
+
+	_, diags = LoadBytes("r.toml", gpt2, Options{Flags: flags[2:]})
+	require.True(t, diags.HasErrors())
+	require.ErrorContains(t, diags.Err(), "--reset-position-ids")
+	require.ErrorContains(t, diags.Err(), "add --reset-attention-mask")
+}

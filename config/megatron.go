@@ -75,6 +75,20 @@ var megatronArgs = map[string]megatronArg{
 			l.set(f, "llama3", o)
 			return nil
 		}},
+	// With rotary positions a token's attention scores depend only on distances,
+	// so positions restarting at each document change nothing once attention
+	// stays within documents; without that they would change the distances
+	// across a boundary, which shardline does not do.
+	"reset-position-ids": {kind: mapped, usage: "accepted with --reset-attention-mask (no effect: rotary positions are relative); refused without it",
+		apply: func(l *loader, v string, o Origin) error {
+			if !isTrue(v) {
+				return fmt.Errorf("takes no value but true")
+			}
+			if !l.res.Recipe.Data.ResetAttentionMask {
+				return fmt.Errorf("restarts positions at each document while attention still crosses documents, which shardline does not do; add --reset-attention-mask (data.reset_attention_mask = true: attention within documents, where restarting positions changes nothing with rotary embeddings), or remove it")
+			}
+			return nil
+		}},
 	"max-position-embeddings": {kind: mapped, takesValue: true, usage: "checked: at least model.seq_len (rotary positions need no table)",
 		apply: func(l *loader, v string, o Origin) error {
 			n, err := strconv.Atoi(v)

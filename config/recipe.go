@@ -87,6 +87,12 @@ type Model struct {
 	TieEmbeddings bool `toml:"tie_embeddings"`
 	// Standard deviation of the normal initialisation of weight matrices.
 	InitStd float64 `toml:"init_std" gt:"0" flag:"init-method-std"`
+	// Chunked (local) attention, Llama 4's attention_chunk_size: a token attends
+	// only to the tokens of its own chunk of this many positions (chunk ⌊p /
+	// size⌋, so the last chunk may be shorter; seq_len need not be a multiple),
+	// still causally. 0 means attention over the whole sequence. A size of
+	// seq_len or more changes nothing in training (lint notes it, SL307).
+	AttentionChunkSize int `toml:"attention_chunk_size" min:"0" max:"16777216"`
 	// Mixture-of-experts layers; absent or num_experts = 0 for a dense model.
 	MoE MoE `toml:"moe"`
 }
@@ -121,6 +127,18 @@ type Data struct {
 	Tokenizer string `toml:"tokenizer" enum:"byte,char,gpt2"`
 	// Fraction of the tokens held out for validation, taken from the end of the corpus.
 	ValFraction float64 `toml:"val_fraction" min:"0" max:"0.5"`
+	// No loss on the positions whose input token is the tokenizer's end-of-text
+	// token (Megatron's --eod-mask-loss): the prediction across a document
+	// boundary is not trained. Needs a tokenizer with one (gpt2; not byte or
+	// char, SL306).
+	EODMaskLoss bool `toml:"eod_mask_loss" flag:"eod-mask-loss"`
+	// Attention within documents only (Megatron's --reset-attention-mask,
+	// torchtitan's block_causal masks): a token sees the tokens of its own
+	// document, the document changing after each end-of-text token, so that
+	// documents packed in one sequence train as if apart. Positions are not
+	// reset, and need not be: RoPE's scores depend on distances only. Needs a
+	// tokenizer with an end-of-text token (SL306).
+	ResetAttentionMask bool `toml:"reset_attention_mask" flag:"reset-attention-mask"`
 }
 
 // Train configures the optimisation.

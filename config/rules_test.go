@@ -123,6 +123,9 @@ var ruleCases = []ruleCase{
 	{name: "layer freq", src: okData + "[model.moe]\nnum_experts = 4\nlayer_freq = 5\n", code: "SL304", loc: "x.toml:5:1"},
 	{name: "vocab", src: okData + "[model]\nvocab_size = 100\n", code: "SL305", loc: "x.toml:4:1"},
 	{name: "vocab gpt2", src: "[data]\npath = \"/\"\ntokenizer = \"gpt2\"\n[model]\nvocab_size = 50000\n", code: "SL305", loc: "x.toml:5:1", msg: "gpt2 tokenizer's 50257 tokens"},
+	{name: "eod mask byte", src: okData + "eod_mask_loss = true\n", code: "SL306", loc: "x.toml:3:1", msg: "the byte tokenizer has none"},
+	{name: "reset mask char", src: "[data]\npath = \"/\"\ntokenizer = \"char\"\nreset_attention_mask = true\n", code: "SL306", loc: "x.toml:4:1", msg: "data.reset_attention_mask = true needs the tokenizer's end-of-text token"},
+	{name: "chunk covers sequence", src: okData + "[model]\nseq_len = 64\nattention_chunk_size = 64\n", code: "SL307", sev: SevNote, loc: "x.toml:5:1", msg: "every sequence lies in one chunk"},
 	{name: "data path", src: "[data]\npath = \"/no/such/file.txt\"\n", code: "SL401", sev: SevWarning, loc: "x.toml:2:1"},
 	{name: "data path var", src: "[data]\npath = \"${SHARDLINE_TEST_UNSET_VAR}/x\"\n", code: "SL401", sev: SevWarning, loc: "x.toml:2:1", msg: "SHARDLINE_TEST_UNSET_VAR is not set"},
 }

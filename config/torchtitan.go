@@ -517,6 +517,10 @@ func (t *ttImport) model() {
 	} else {
 		t.to("model.rope_scaling", "none", flavor, because)
 	}
+	if f.blockCausal {
+		kind := strings.TrimPrefix(strings.TrimPrefix(flavor.str(), "debugmodel_"), "8B_")
+		t.to("data.reset_attention_mask", "true", flavor, because+": "+fmt.Sprintf(ttBlockCausal, kind))
+	}
 	if f.experts > 0 {
 		t.to("model.moe.num_experts", strconv.Itoa(f.experts), flavor, because)
 		t.to("model.moe.top_k", "1", flavor, because)

@@ -25,22 +25,25 @@ type ttFlavour struct {
 	ropeScaling                        bool // Llama 3.1's scaling with factor 8
 	// MoE (llama4): experts per MoE layer (0: dense) and the interleave step.
 	experts, interleave int
+	// blockCausal: attention within documents (attn_mask_type block_causal,
+	// ttBlockCausal), data.reset_attention_mask.
+	blockCausal bool
 	// refuse, when set, says why shardline cannot train the flavour.
 	refuse string
 }
 
 const (
-	ttBlockCausal = "its attention masks documents from each other within a sequence (attn_mask_type block_causal, %s attention); shardline's attention is plain causal"
+	ttBlockCausal = "attention within documents (attn_mask_type block_causal, %s attention): data.reset_attention_mask"
 	ttIRoPE       = "it is iRoPE: every 4th layer has no positional embedding and the others attend within fixed blocks; shardline's layers all use RoPE over the whole sequence"
 )
 
 var ttLlama3 = map[string]ttFlavour{
 	"debugmodel":             {dim: 256, layers: 6, heads: 16, vocab: 2048, multipleOf: 256, ropeTheta: 500000, ropeScaling: true},
-	"debugmodel_flex_attn":   {dim: 256, layers: 6, heads: 16, vocab: 2048, multipleOf: 256, ropeTheta: 500000, ropeScaling: true, refuse: ttBlockCausal},
-	"debugmodel_varlen_attn": {dim: 256, layers: 6, heads: 16, vocab: 2048, multipleOf: 256, ropeTheta: 500000, ropeScaling: true, refuse: ttBlockCausal},
+	"debugmodel_flex_attn":   {dim: 256, layers: 6, heads: 16, vocab: 2048, multipleOf: 256, ropeTheta: 500000, ropeScaling: true, blockCausal: true},
+	"debugmodel_varlen_attn": {dim: 256, layers: 6, heads: 16, vocab: 2048, multipleOf: 256, ropeTheta: 500000, ropeScaling: true, blockCausal: true},
 	"8B":                     {dim: 4096, layers: 32, heads: 32, kvHeads: 8, vocab: 128256, multipleOf: 1024, ffnMultiplier: 1.3, ropeTheta: 500000, ropeScaling: true},
-	"8B_flex":                {dim: 4096, layers: 32, heads: 32, kvHeads: 8, vocab: 128256, multipleOf: 1024, ffnMultiplier: 1.3, ropeTheta: 500000, ropeScaling: true, refuse: ttBlockCausal},
-	"8B_varlen":              {dim: 4096, layers: 32, heads: 32, kvHeads: 8, vocab: 128256, multipleOf: 1024, ffnMultiplier: 1.3, ropeTheta: 500000, ropeScaling: true, refuse: ttBlockCausal},
+	"8B_flex":                {dim: 4096, layers: 32, heads: 32, kvHeads: 8, vocab: 128256, multipleOf: 1024, ffnMultiplier: 1.3, ropeTheta: 500000, ropeScaling: true, blockCausal: true},
+	"8B_varlen":              {dim: 4096, layers: 32, heads: 32, kvHeads: 8, vocab: 128256, multipleOf: 1024, ffnMultiplier: 1.3, ropeTheta: 500000, ropeScaling: true, blockCausal: true},
 	"70B":                    {dim: 8192, layers: 80, heads: 64, kvHeads: 8, vocab: 128256, multipleOf: 4096, ffnMultiplier: 1.3, ropeTheta: 500000, ropeScaling: true},
 	"405B":                   {dim: 16384, layers: 126, heads: 128, kvHeads: 8, vocab: 128256, multipleOf: 4096, ffnMultiplier: 1.2, ropeTheta: 500000, ropeScaling: true},
 }

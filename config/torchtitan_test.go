@@ -194,7 +194,6 @@ func TestImportTorchtitanRefusals(t *testing.T) {
 		{"other optimizer", "[optimizer]\nname = \"Muon\"\n", 0, "SL010", "x.toml:2:1", "shardline's optimizers are"},
 		{"other model", "[model]\nname = \"deepseek_v3\"\nflavor = \"16B\"\n", 0, "SL010", "x.toml:2:1", "shardline imports torchtitan's llama3 and llama4 flavours"},
 		{"flavour typo", "[model]\nflavor = \"8b\"\n", 0, "SL004", "x.toml:2:1", `llama3 has no llama3 flavour "8b"; did you mean "8B"?`},
-		{"flex", "[model]\nflavor = \"8B_flex\"\n", 0, "SL010", "x.toml:2:1", "block_causal, flex attention"},
 		{"irope", "[model]\nname = \"llama4\"\nflavor = \"debugmodel_irope\"\n", 0, "SL010", "x.toml:3:1", "it is iRoPE"},
 		{"unknown key", "[training]\nbogus = 1\n", 0, "SL002", "x.toml:2:1", "training.bogus is not a torchtitan job-file key"},
 		{"unknown table", "[fancy]\nx = 1\n", 0, "SL002", "x.toml:2:1", "[fancy] is not a torchtitan job-file section"},
@@ -244,4 +243,20 @@ func TestImportTorchtitanDDP(t *testing.T) {
 	res, diags = ImportTorchtitan("ddp.toml", []byte(src+"global_batch_size = 32\n"), 4)
 	requireNoErrors(t, diags)
 	require.Equal(t, 32, res.Recipe.Train.GlobalBatchSize)
+}
+
+// TestImportTorchtitanBlockCausal: the flavours whose attention masks documents
+// apart (block_causal: _flex, _varlen) import with data.reset_attention_mask,
+// the rest of the model as their base flavour's.
+func TestImportTorchtitanBlockCausal(t *testing.T) {
+	for _, flavor := range []string{"8B_flex", "debugmodel_varlen_attn"} {
+		res, diags := ImportTorchtitan("x.toml", []byte("[model]\nname = \"llama3\"\nflavor = \""+flavor+"\"\n"), 0)
+		requireNoErrors(t, diags)
+		require.True(t, res.Recipe.Data.ResetAttentionMask, flavor)
+		require.Contains(t, res.Origin("data.reset_attention_mask").Describe(), "x.toml:3:1", flavor)
+		base, diags := ImportTorchtitan("x.toml", []byte("[model]\nname = \"llama3\"\nflavor = \""+map[string]string{"8B_flex": "8B", "debugmodel_varlen_attn": "debugmodel"}[flavor]+"\"\n"), 0)
+		requireNoErrors(t, diags)
+		require.Equal(t, base.Recipe.Model, res.Recipe.Model, flavor)
+		require.False(t, base.Recipe.Data.ResetAttentionMask)
+	}
 }

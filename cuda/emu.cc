@@ -5,7 +5,7 @@
 // calls it with its arguments taken from 8-byte slots, as cuLaunchKernel
 // takes them.
 //
-// sources: 59ecae5316b200af35c8b29e11f3229739bf99fed2fd608214a6a86539d3d1ae
+// sources: 47cfe757d705d44d1045dbbbfd43a1572287c7a0e4414e9f17af69789c385848
 #include "emu.h"
 #include "kernels.cu"
 

@@ -335,19 +335,33 @@ func (o *operands) attention(s tensor.AttentionShape, q, kv, lse []tensor.Buffer
 	return qs, kvs, lses
 }
 
+// starts resolves an attention's document starts (s.Starts: int32, one per
+// query; the null Buffer for none) and returns the shape without them, as the
+// device's Masked kernels take it.
+func (o *operands) starts(s tensor.AttentionShape) (Buffer, tensor.AttentionShape) {
+	var b Buffer
+	if s.Starts.Len() > 0 {
+		b = o.i(s.Starts, s.B*s.Tq)
+	}
+	s.Starts = tensor.Buffer{}
+	return b, s
+}
+
 func (k *kernels) FlashAttention(out, lse, q, kb, v tensor.Buffer, s tensor.AttentionShape) {
 	o := k.ops("FlashAttention")
 	qs, kvs, l := o.attention(s, []tensor.Buffer{out, q}, []tensor.Buffer{kb, v}, []tensor.Buffer{lse})
+	st, s := o.starts(s)
 	if o.ok() {
-		k.d.FlashAttention(qs[0], l[0], qs[1], kvs[0], kvs[1], s)
+		k.d.FlashAttentionMasked(qs[0], l[0], qs[1], kvs[0], kvs[1], st, s)
 	}
 }
 
 func (k *kernels) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, kb, v tensor.Buffer, s tensor.AttentionShape, accumulate bool) {
 	o := k.ops("FlashAttentionBackward")
 	qs, kvs, l := o.attention(s, []tensor.Buffer{dq, dout, out, q}, []tensor.Buffer{dk, dv, kb, v}, []tensor.Buffer{lse})
+	st, s := o.starts(s)
 	if o.ok() {
-		k.d.FlashAttentionBackward(qs[0], kvs[0], kvs[1], qs[1], qs[2], l[0], qs[3], kvs[2], kvs[3], s, accumulate)
+		k.d.FlashAttentionBackwardMasked(qs[0], kvs[0], kvs[1], qs[1], qs[2], l[0], qs[3], kvs[2], kvs[3], st, s, accumulate)
 	}
 }
 

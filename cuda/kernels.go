@@ -415,23 +415,52 @@ func (d *Device) attnCheck(what string, s AttentionShape, bufs ...Buffer) bool {
 	return false
 }
 
-// attnTail is the attention kernels' trailing arguments.
-func attnTail(s AttentionShape) []arg {
-	return []arg{i32(s.Tq), i32(s.Tk), i32(s.NH), i32(s.NKV), i32(s.QOff), i32(s.KOff), flag(s.Causal), f32(1 / math.Sqrt(float64(s.HD)))}
+// attnTail is the attention kernels' trailing arguments: the shape, then the
+// block masks (the document starts, null for none, and the chunk).
+func (d *Device) attnTail(s AttentionShape, starts Buffer) []arg {
+	return []arg{i32(s.Tq), i32(s.Tk), i32(s.NH), i32(s.NKV), i32(s.QOff), i32(s.KOff), flag(s.Causal), f32(1 / math.Sqrt(float64(s.HD))),
+		d.rd(starts), i32(s.Chunk)}
+}
+
+// maskCheck checks the block masks: starts (int32, one per query: B·Tq; the
+// null Buffer for none) and the chunk need a causal mask, and s.Starts, a
+// tensor.Buffer, is the engine's to resolve (the Masked methods take starts).
+func (d *Device) maskCheck(what string, s AttentionShape, starts Buffer) bool {
+	switch {
+	case s.Starts.Len() > 0:
+		d.fail(what, fmt.Errorf("the shape's Starts is a tensor.Buffer: pass the document starts as a device buffer (FlashAttentionMasked)"))
+	case s.Chunk < 0:
+		d.fail(what, fmt.Errorf("chunk %d (0: none)", s.Chunk))
+	case (starts.N > 0 || s.Chunk > 0) && !s.Causal:
+		d.fail(what, fmt.Errorf("chunks and document starts narrow a causal mask, and the shape is not causal"))
+	case starts.N > 0 && (starts.DType != I32 || starts.N != s.B*s.Tq):
+		d.fail(what, fmt.Errorf("document starts of %d %s values for %d queries (B·Tq int32)", starts.N, starts.DType, s.B*s.Tq))
+	default:
+		return true
+	}
+	return false
 }
 
 // FlashAttention (fp32 on the SIMT cores, bf16 on tensor cores): o = softmax(q·kᵀ/√HD, masked)·v, saving lse (B,NH,Tq fp32) only.
+// The mask is causal (s.Causal), within chunks of s.Chunk positions (when above 0).
 func (d *Device) FlashAttention(o, lse, q, k, v Buffer, s AttentionShape) {
-	if !d.attnCheck("flash attention", s, o, q, k, v) || !d.need("flash attention", lse, F32, s.B*s.NH*s.Tq) {
+	d.FlashAttentionMasked(o, lse, q, k, v, Buffer{}, s)
+}
+
+// FlashAttentionMasked is FlashAttention with each query's document start
+// (starts, int32 (B,Tq), global positions: tensor.AttentionShape.Starts; the
+// null Buffer for none).
+func (d *Device) FlashAttentionMasked(o, lse, q, k, v, starts Buffer, s AttentionShape) {
+	if !d.attnCheck("flash attention", s, o, q, k, v) || !d.need("flash attention", lse, F32, s.B*s.NH*s.Tq) || !d.maskCheck("flash attention", s, starts) {
 		return
 	}
 	if q.DType == BF16 && Emulated && !d.tr.dry {
 		w, ow := d.emuFlashOperands(q, k, v), d.scratch(scratchEmuFlash+3, o.N)
-		d.FlashAttention(ow, lse, w[0], w[1], w[2], s)
+		d.FlashAttentionMasked(ow, lse, w[0], w[1], w[2], starts, s)
 		d.Cast(o, ow)
 		return
 	}
-	args := append([]arg{d.wr(o), d.wr(lse), d.rd(q), d.rd(k), d.rd(v)}, attnTail(s)...)
+	args := append([]arg{d.wr(o), d.wr(lse), d.rd(q), d.rd(k), d.rd(v)}, d.attnTail(s, starts)...)
 	if q.DType == BF16 {
 		d.launch(fmt.Sprintf("flash_fwd_tc_%d", s.HD), (s.Tq+flashTCRows-1)/flashTCRows, s.B*s.NH, 128, args...)
 		return
@@ -442,7 +471,13 @@ func (d *Device) FlashAttention(o, lse, q, k, v Buffer, s AttentionShape) {
 // FlashAttentionBackward: dq, dk, dv (overwritten, or added to when accumulate)
 // from dout, the saved o and lse, recomputing the probabilities tile by tile.
 func (d *Device) FlashAttentionBackward(dq, dk, dv, dout, o, lse, q, k, v Buffer, s AttentionShape, accumulate bool) {
-	if !d.attnCheck("flash attention backward", s, dq, dk, dv, dout, o, q, k, v) {
+	d.FlashAttentionBackwardMasked(dq, dk, dv, dout, o, lse, q, k, v, Buffer{}, s, accumulate)
+}
+
+// FlashAttentionBackwardMasked is FlashAttentionBackward with the forward's
+// document starts (FlashAttentionMasked).
+func (d *Device) FlashAttentionBackwardMasked(dq, dk, dv, dout, o, lse, q, k, v, starts Buffer, s AttentionShape, accumulate bool) {
+	if !d.attnCheck("flash attention backward", s, dq, dk, dv, dout, o, q, k, v) || !d.maskCheck("flash attention backward", s, starts) {
 		return
 	}
 	if q.DType == BF16 && Emulated && !d.tr.dry {
@@ -454,7 +489,7 @@ func (d *Device) FlashAttentionBackward(dq, dk, dv, dout, o, lse, q, k, v Buffer
 		if !accumulate {
 			w = append(w, d.scratch(scratchEmuFlash+5, dq.N), d.scratch(scratchEmuFlash+6, dk.N), d.scratch(scratchEmuFlash+7, dv.N))
 		}
-		d.FlashAttentionBackward(w[5], w[6], w[7], w[0], w[1], lse, w[2], w[3], w[4], s, accumulate)
+		d.FlashAttentionBackwardMasked(w[5], w[6], w[7], w[0], w[1], lse, w[2], w[3], w[4], starts, s, accumulate)
 		d.Cast(dq, w[5])
 		d.Cast(dk, w[6])
 		d.Cast(dv, w[7])
@@ -467,10 +502,10 @@ func (d *Device) FlashAttentionBackward(dq, dk, dv, dout, o, lse, q, k, v Buffer
 	// Each launch's arguments are made just before it, so that each counts its
 	// own operands (traffic.go).
 	dqArgs := func() []arg {
-		return append(append([]arg{d.acc(dq, accumulate), d.rd(dout), d.rd(lse), d.rd(D), d.rd(q), d.rd(k), d.rd(v)}, attnTail(s)...), flag(accumulate))
+		return append(append([]arg{d.acc(dq, accumulate), d.rd(dout), d.rd(lse), d.rd(D), d.rd(q), d.rd(k), d.rd(v)}, d.attnTail(s, starts)...), flag(accumulate))
 	}
 	kvArgs := func() []arg {
-		return append(append([]arg{d.acc(dk, accumulate), d.acc(dv, accumulate), d.rd(dout), d.rd(lse), d.rd(D), d.rd(q), d.rd(k), d.rd(v)}, attnTail(s)...), flag(accumulate))
+		return append(append([]arg{d.acc(dk, accumulate), d.acc(dv, accumulate), d.rd(dout), d.rd(lse), d.rd(D), d.rd(q), d.rd(k), d.rd(v)}, d.attnTail(s, starts)...), flag(accumulate))
 	}
 	if q.DType == BF16 {
 		d.launch(fmt.Sprintf("flash_bwd_dq_tc_%d", s.HD), (s.Tq+flashTCRows-1)/flashTCRows, s.B*s.NH, 128, dqArgs()...)

@@ -359,21 +359,25 @@ func activationBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
 		} else {
 			bytes += (2*int64(mo.Layers) + 1) * rows * 4
 		}
-		bytes += 4 * cpuInts(mo, m, t, mode == "full")
+		bytes += 4 * cpuInts(mo, m, t, mode == "full", r.Data.ResetAttentionMask)
 	}
 	return bytes + 2*t.local*h/tp*d.act
 }
 
 // cpuInts is the int32 values the CPU engine keeps beside its activations: the
-// micro-batch's token ids and targets (t.local each); per MoE layer (one
+// micro-batch's token ids and targets (t.local each) and, with documents
+// (data.reset_attention_mask), each token's document start; per MoE layer (one
 // layer's under full recompute, which routes each layer again) its routing
 // (each row's chosen experts, each copy's permuted row and each permuted row's
 // token: rows·k each, rows = t.local/tp; the experts' offsets, E+1, and
 // Dispatch's cursor, E) and under expert parallelism its local experts'
 // segments (E/ep+1); and once, with padded segments, their static offsets
 // (E+1).
-func cpuInts(mo config.Model, m Mesh, t tokens, full bool) int64 {
+func cpuInts(mo config.Model, m Mesh, t tokens, full, docs bool) int64 {
 	n := 2 * t.local
+	if docs {
+		n += t.local
+	}
 	rows, E := t.local/int64(m.TP), int64(mo.MoE.NumExperts)
 	anyMoE := false
 	for l := 0; l < mo.Layers; l++ {
@@ -455,6 +459,9 @@ func scratchBytesAt(r *config.Recipe, m Mesh, copies int64) int64 {
 	if cp > 1 {
 		kv, c := BT*NKV*HD, T/2
 		n += 8*kv + 2*kv + b*c*NH*HD + b*NH*c
+		if r.Data.ResetAttentionMask {
+			n += b * 2 * cp // each sequence chunk's last document end, summed over the ring
+		}
 	}
 	if E > 0 {
 		k, EF := int64(mo.MoE.TopK), int64(mo.MoE.ExpertFFNHidden)

@@ -266,10 +266,34 @@ type RopeShape struct{ B, T, NH, HD int }
 // a query see the keys at its position or before (a block of queries can so
 // attend to keys held elsewhere: context parallelism). Query head h reads
 // key/value head h/(NH/NKV).
+//
+// Chunk and Starts narrow a causal mask to blocks (they need Causal): a query
+// sees only keys of its own block, so it sees key positions Lo(p)..p, where
+// Lo(p) is the larger of its chunk's first position ⌊p/Chunk⌋·Chunk (chunked,
+// or local, attention: Llama 4's attention_chunk_size; 0 for none) and
+// Starts[b·Tq+i] (an int32 buffer (B,Tq) of the backend's: the position where
+// query i's document begins, the block-causal document mask; the empty Buffer
+// for none). Both are positions of the whole sequence, so a block of queries
+// held elsewhere (QOff, KOff) masks as the whole sequence does. Kernels skip
+// key blocks no query of a block sees.
 type AttentionShape struct {
 	B, Tq, Tk, NH, NKV, HD int
 	QOff, KOff             int
 	Causal                 bool
+	Chunk                  int
+	Starts                 Buffer
+}
+
+// Masked reports whether s narrows the causal mask (Chunk or Starts).
+func (s AttentionShape) Masked() bool { return s.Chunk > 0 || s.Starts.Len() > 0 }
+
+// VisibleFrom is the first position the query at position p sees under
+// Chunk and a document that starts at start (0 without Starts): Lo(p) above.
+func (s AttentionShape) VisibleFrom(p, start int) int {
+	if s.Chunk > 0 {
+		start = max(start, p/s.Chunk*s.Chunk)
+	}
+	return start
 }
 
 // Routing is one MoE layer's index arrays: Idx (BT,K) each token's chosen experts

@@ -420,7 +420,10 @@ func Generate(r *config.Recipe, be tensor.Backend, table []parallel.Param, weigh
 	// The sampler never runs backward: the gradient buffers are the weights'.
 	mem := be.NewMemory()
 	w := tensor.Upload(mem, tensor.Float32, weights)
-	m, err := model.New[float32](r.Model, table, w, w, be, 1, T, model.WithMemory(mem))
+	// A model trained on documents apart samples within the prompt's last
+	// document too (no loss is computed: only the attention mask applies).
+	docs := model.DocumentMasks{EOS: tok.Specials().EOS, ResetAttention: r.Data.ResetAttentionMask && tok.Specials().EOS >= 0}
+	m, err := model.New[float32](r.Model, table, w, w, be, 1, T, model.WithMemory(mem), model.WithDocumentMasks(docs))
 	if err != nil {
 		return "", err
 	}

@@ -421,7 +421,8 @@ type run struct {
 	rt      *unitRuntime // optim_grads_params only
 	trace   *tracer
 	m       *model.Model[float32]
-	evalErr error // a collective of the last evaluation failed; flush returns it
+	docs    model.DocumentMasks // the data's document masks (data.eod_mask_loss, data.reset_attention_mask)
+	evalErr error               // a collective of the last evaluation failed; flush returns it
 	// weightsOut is rank 0's weights.bin as the end of the run writes it;
 	// sampler is who samples at the end. finalTable and finalViews are the
 	// whole model (tensor-parallel slices assembled) where rank 0 samples from
@@ -756,6 +757,10 @@ func (t *run) openModel(startStep int) error {
 		mopts = append(mopts, model.WithTensorParallel(model.TensorParallel{Comm: t.st.tpG, Rank: t.st.tpRank, Size: t.st.tpComm.Size()}))
 	}
 	var err error
+	if t.docs, err = documentMasks(r, t.ds); err != nil {
+		return err
+	}
+	mopts = append(mopts, model.WithDocumentMasks(t.docs))
 	t.m, err = model.New[float32](r.Model, t.plan.Params, t.st.wviews, t.st.gviews, t.opts.Backend, B, T, mopts...)
 	if err != nil {
 		return fmt.Errorf("building the model: %w", err)
@@ -1049,6 +1054,13 @@ func (t *run) gradStep(step int) error {
 	if !r.FSDP.CalculatePerTokenLoss {
 		scale = 1 / float64(B*T) / float64(micro*dp) // mean of micro-batch means
 	}
+	// eod_mask_loss leaves positions out of the loss: its mean is then over the
+	// positions counted, as Megatron's loss mask divides (the micro-batch's
+	// count, or the global batch's with calculate_per_token_loss).
+	perMicro := t.docs.MaskLoss && !r.FSDP.CalculatePerTokenLoss
+	if t.docs.MaskLoss && r.FSDP.CalculatePerTokenLoss {
+		scale = 1 / float64(max(1, t.globalLossTokens(step, t.docs)))
+	}
 	loss := st.stats.At(tensor.StatLoss)
 	if st.tpRank > 0 {
 		loss = b.discard // the tp group's first rank counts the group's tokens
@@ -1058,6 +1070,9 @@ func (t *run) gradStep(step int) error {
 		data.Batch(b.tokens, b.targets, t.ds.Train, r.Run.Seed, step, (mb*dp+dpRank)*B, B, T)
 		model.LocalTokens(b.local, b.tokens, B, T, st.cpRank, cp)
 		model.LocalTokens(b.localTargets, b.targets, B, T, st.cpRank, cp)
+		if perMicro {
+			scale = 1 / float64(max(1, lossTokens(b.tokens, b.targets, t.docs))) / float64(micro*dp)
+		}
 		n := t.m.ForwardBackward(b.local, b.localTargets, loss, mb > 0, scale)
 		if err := t.flush(); err != nil {
 			return err

@@ -597,9 +597,13 @@ extern "C" __global__ void ce_rows_bf16(float* losses, float* lse, bf16* dL, con
 //
 // Layout: q, o (B,Tq,NH,HD); k, v (B,Tk,NKV,HD); lse (B,NH,Tq) fp32. Query i sits at
 // position qoff+i, key j at koff+j; with causal set, query i sees key j iff
-// koff+j ≤ qoff+i. Query head h reads key/value head h/(NH/NKV). Only the output and
-// each row's log-sum-exp (natural log, of the scaled scores) are saved; backward
-// recomputes the probabilities. No (T,T) buffer exists anywhere.
+// flash_lo(i) ≤ koff+j ≤ qoff+i, where flash_lo is 0 unless a block mask narrows
+// it (tensor.AttentionShape's Chunk and Starts): the first position of the
+// query's chunk of chunk positions (chunk > 0) and its document's start
+// starts[b·Tq+i] (starts not null), whichever is later. Query head h reads
+// key/value head h/(NH/NKV). Only the output and each row's log-sum-exp (natural
+// log, of the scaled scores) are saved; backward recomputes the probabilities. No
+// (T,T) buffer exists anywhere. Key tiles no query of a block sees are skipped.
 //
 // These are the fp32 kernels, on the SIMT cores (the bf16 ones use tensor cores,
 // further down).
@@ -611,9 +615,46 @@ extern "C" __global__ void ce_rows_bf16(float* losses, float* lse, bf16* dL, con
 #define FA_ROWS 16
 #define FA_BC 32
 
+// flash_lo: the first key position query i (of batch b, at position qoff+i) sees
+// under the block masks; 0 without them.
+__device__ __forceinline__ int flash_lo(const int* starts, int chunk, int b, int Tq, int i, int qoff) {
+    int lo = starts ? starts[(long)b * Tq + i] : 0;
+    if (chunk > 0) lo = max(lo, (qoff + i) / chunk * chunk);
+    return lo;
+}
+
+// flash_kfirst: the first key index of query rows r0..r1−1 (of batch b) that any
+// of them sees under the block masks, rounded down to a multiple of tile (0
+// without masks, or without rows).
+__device__ __forceinline__ int flash_kfirst(const int* starts, int chunk, int b, int Tq, int r0, int r1, int qoff, int koff,
+                                            int tile) {
+    if ((!starts && chunk <= 0) || r0 >= r1) return 0;
+    int lo = flash_lo(starts, chunk, b, Tq, r0, qoff);
+    if (starts)
+        for (int i = r0 + 1; i < r1; i++) lo = min(lo, flash_lo(starts, chunk, b, Tq, i, qoff));
+    return max(0, lo - koff) / tile * tile;
+}
+
+// flash_rows_see: whether any query row t0..t0+n−1 (below Tq) of batch b sees a key
+// at positions kp0..kp1 (causally, under the block masks).
+__device__ __forceinline__ bool flash_rows_see(const int* starts, int chunk, int b, int Tq, int t0, int n, int qoff, int kp0,
+                                               int kp1) {
+    for (int i = t0; i < min(Tq, t0 + n); i++)
+        if (qoff + i >= kp0 && flash_lo(starts, chunk, b, Tq, i, qoff) <= min(kp1, qoff + i)) return true;
+    return false;
+}
+
+// flash_qend: one past the last query row that can see a key at position kp1 or
+// before under a chunk mask (Tq without one): the rows past its chunk's end see
+// none.
+__device__ __forceinline__ int flash_qend(int chunk, int Tq, int qoff, int kp1) {
+    if (chunk <= 0) return Tq;
+    return max(0, min(Tq, (kp1 / chunk + 1) * chunk - qoff));
+}
+
 template <typename S, int HD>
 __device__ void flash_fwd(S* o, float* lse, const S* q, const S* k, const S* v, int Tq, int Tk, int NH, int NKV,
-                          int qoff, int koff, int causal, float scale) {
+                          int qoff, int koff, int causal, float scale, const int* starts, int chunk) {
     constexpr int PER = HD / 32;
     __shared__ float ks[FA_BC][HD + 1];
     __shared__ float vs[FA_BC][HD];
@@ -623,24 +664,29 @@ __device__ void flash_fwd(S* o, float* lse, const S* q, const S* k, const S* v, 
     int r0 = blockIdx.x * FA_ROWS;
     int rend = min(Tq, r0 + FA_ROWS);
     // the last key any row of this block can see
-    int klast = Tk;
-    if (causal) klast = min(Tk, qoff + rend - 1 - koff + 1);
+    int klast = Tk, kfirst = 0;
+    if (causal) {
+        klast = min(Tk, qoff + rend - 1 - koff + 1);
+        kfirst = flash_kfirst(starts, chunk, b, Tq, r0, rend, qoff, koff, FA_BC);
+    }
     // per-warp state for its rows: rows r0+w, r0+w+FA_WARPS, ...
     constexpr int RPW = FA_ROWS / FA_WARPS;
     float acc[RPW][PER], mrow[RPW], lrow[RPW];
     float qreg[RPW][PER];
+    int lorow[RPW];
 #pragma unroll
     for (int rr = 0; rr < RPW; rr++) {
         mrow[rr] = -INFINITY;
         lrow[rr] = 0.f;
         int i = r0 + w + rr * FA_WARPS;
+        lorow[rr] = i < Tq ? flash_lo(starts, chunk, b, Tq, i, qoff) : 0;
 #pragma unroll
         for (int p = 0; p < PER; p++) {
             acc[rr][p] = 0.f;
             qreg[rr][p] = i < Tq ? ld(q, (((long)b * Tq + i) * NH + h) * HD + lane + 32 * p) * scale : 0.f;
         }
     }
-    for (int j0 = 0; j0 < klast; j0 += FA_BC) {
+    for (int j0 = kfirst; j0 < klast; j0 += FA_BC) {
         __syncthreads();
         for (int e = threadIdx.x; e < FA_BC * HD; e += blockDim.x) {
             int jj = e / HD, d = e % HD, j = j0 + jj;
@@ -657,7 +703,7 @@ __device__ void flash_fwd(S* o, float* lse, const S* q, const S* k, const S* v, 
             for (int p = 0; p < PER; p++) qs[w][lane + 32 * p] = qreg[rr][p];
             __syncwarp();
             int j = j0 + lane;
-            bool live = j < Tk && (!causal || koff + j <= qoff + i);
+            bool live = j < Tk && (!causal || (koff + j <= qoff + i && koff + j >= lorow[rr]));
             float s = -INFINITY;
             if (live) {
                 s = 0.f;
@@ -712,7 +758,8 @@ __device__ void flash_delta(float* D, const S* o, const S* dout, int B, int Tq, 
 // forward.
 template <typename S, int HD>
 __device__ void flash_bwd_dq(S* dq, const S* dout, const float* lse, const float* D, const S* q, const S* k, const S* v,
-                             int Tq, int Tk, int NH, int NKV, int qoff, int koff, int causal, float scale, int accumulate) {
+                             int Tq, int Tk, int NH, int NKV, int qoff, int koff, int causal, float scale, const int* starts,
+                             int chunk, int accumulate) {
     constexpr int PER = HD / 32;
     __shared__ float ks[FA_BC][HD + 1];
     __shared__ float vs[FA_BC][HD + 1];
@@ -722,15 +769,22 @@ __device__ void flash_bwd_dq(S* dq, const S* dout, const float* lse, const float
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     int r0 = blockIdx.x * FA_ROWS;
     int rend = min(Tq, r0 + FA_ROWS);
-    int klast = Tk;
-    if (causal) klast = min(Tk, qoff + rend - koff);
+    int klast = Tk, kfirst = 0;
+    if (causal) {
+        klast = min(Tk, qoff + rend - koff);
+        kfirst = flash_kfirst(starts, chunk, b, Tq, r0, rend, qoff, koff, FA_BC);
+    }
     constexpr int RPW = FA_ROWS / FA_WARPS;
     float acc[RPW][PER];
+    int lorow[RPW];
 #pragma unroll
-    for (int rr = 0; rr < RPW; rr++)
+    for (int rr = 0; rr < RPW; rr++) {
+        int i = r0 + w + rr * FA_WARPS;
+        lorow[rr] = i < Tq ? flash_lo(starts, chunk, b, Tq, i, qoff) : 0;
 #pragma unroll
         for (int p = 0; p < PER; p++) acc[rr][p] = 0.f;
-    for (int j0 = 0; j0 < klast; j0 += FA_BC) {
+    }
+    for (int j0 = kfirst; j0 < klast; j0 += FA_BC) {
         __syncthreads();
         for (int e = threadIdx.x; e < FA_BC * HD; e += blockDim.x) {
             int jj = e / HD, d = e % HD, j = j0 + jj;
@@ -747,7 +801,7 @@ __device__ void flash_bwd_dq(S* dq, const S* dout, const float* lse, const float
             for (int d = lane; d < HD; d += 32) { qs[w][d] = ld(q, qi + d); ds[w][d] = ld(dout, qi + d); }
             __syncwarp();
             int j = j0 + lane;
-            bool live = j < Tk && (!causal || koff + j <= qoff + i);
+            bool live = j < Tk && (!causal || (koff + j <= qoff + i && koff + j >= lorow[rr]));
             float dsj = 0.f;
             if (live) {
                 float s = 0.f, dp = 0.f;
@@ -788,11 +842,13 @@ __device__ void flash_bwd_dq(S* dq, const S* dout, const float* lse, const float
 #define FB_KEYS 32
 template <typename S, int HD>
 __device__ void flash_bwd_dkdv(S* dk, S* dv, const S* dout, const float* lse, const float* D, const S* q, const S* k, const S* v,
-                               int Tq, int Tk, int NH, int NKV, int qoff, int koff, int causal, float scale, int accumulate) {
+                               int Tq, int Tk, int NH, int NKV, int qoff, int koff, int causal, float scale, const int* starts,
+                               int chunk, int accumulate) {
     constexpr int Q = HD / 4;
     __shared__ float qs[32][HD];
     __shared__ float dos[32][HD];
     __shared__ float ls[32], dsh[32];
+    __shared__ int seen;
     int bk = blockIdx.y, b = bk / NKV, kh = bk % NKV, group = NH / NKV;
     int jj = threadIdx.x >> 2, g = threadIdx.x & 3;
     int j = blockIdx.x * FB_KEYS + jj;
@@ -806,11 +862,21 @@ __device__ void flash_bwd_dkdv(S* dk, S* dv, const S* dout, const float* lse, co
         dkr[p] = 0.f;
         dvr[p] = 0.f;
     }
-    // the first query row that can see any key of this tile
-    int i0 = 0;
-    if (causal) i0 = max(0, koff + (int)blockIdx.x * FB_KEYS - qoff);
+    // the first query row that can see any key of this tile, and one past the last
+    int i0 = 0, iend = Tq;
+    int kp0 = koff + (int)blockIdx.x * FB_KEYS, kp1 = koff + min(Tk, ((int)blockIdx.x + 1) * FB_KEYS) - 1;
+    if (causal) {
+        i0 = max(0, kp0 - qoff);
+        iend = flash_qend(chunk, Tq, qoff, kp1);
+    }
     for (int h = kh * group; h < (kh + 1) * group; h++) {
-        for (int t0 = (i0 / 32) * 32; t0 < Tq; t0 += 32) {
+        for (int t0 = (i0 / 32) * 32; t0 < iend; t0 += 32) {
+            if (causal && starts) { // skip a query tile none of whose rows sees this key tile
+                __syncthreads();
+                if (threadIdx.x == 0) seen = flash_rows_see(starts, chunk, b, Tq, t0, 32, qoff, kp0, kp1);
+                __syncthreads();
+                if (!seen) continue;
+            }
             __syncthreads();
             for (int e = threadIdx.x; e < 32 * HD; e += blockDim.x) {
                 int r = e / HD, d = e % HD, i = t0 + r;
@@ -835,7 +901,7 @@ __device__ void flash_bwd_dkdv(S* dk, S* dv, const S* dout, const float* lse, co
                 s += __shfl_xor_sync(0xffffffff, s, 2);
                 dp += __shfl_xor_sync(0xffffffff, dp, 1);
                 dp += __shfl_xor_sync(0xffffffff, dp, 2);
-                bool live = jok && (!causal || koff + j <= qoff + i);
+                bool live = jok && (!causal || (koff + j <= qoff + i && koff + j >= flash_lo(starts, chunk, b, Tq, i, qoff)));
                 if (!live) continue;
                 float pj = __expf(s * scale - ls[r]);
                 float dsj = pj * (dp - dsh[r]) * scale;
@@ -886,22 +952,23 @@ __device__ void flash_bwd_dkdv(S* dk, S* dv, const S* dout, const float* lse, co
     }
 FOR_S(EXPORT_ELEMENTWISE)
 
-#define FA_ARGS int Tq, int Tk, int NH, int NKV, int qoff, int koff, int causal, float scale
+#define FA_ARGS int Tq, int Tk, int NH, int NKV, int qoff, int koff, int causal, float scale, const int *starts, int chunk
 #define EXPORT_FLASH_HD(S, N, HD)                                                                                     \
     extern "C" __global__ void __launch_bounds__(128) flash_fwd_##N##_##HD(S* o, float* lse, const S* q, const S* k,   \
                                                                           const S* v, FA_ARGS) {                      \
-        flash_fwd<S, HD>(o, lse, q, k, v, Tq, Tk, NH, NKV, qoff, koff, causal, scale);                                \
+        flash_fwd<S, HD>(o, lse, q, k, v, Tq, Tk, NH, NKV, qoff, koff, causal, scale, starts, chunk);                 \
     }                                                                                                                 \
     extern "C" __global__ void __launch_bounds__(128) flash_bwd_dq_##N##_##HD(S* dq, const S* dout, const float* lse,  \
                                                                              const float* D, const S* q, const S* k,  \
                                                                              const S* v, FA_ARGS, int acc) {          \
-        flash_bwd_dq<S, HD>(dq, dout, lse, D, q, k, v, Tq, Tk, NH, NKV, qoff, koff, causal, scale, acc);              \
+        flash_bwd_dq<S, HD>(dq, dout, lse, D, q, k, v, Tq, Tk, NH, NKV, qoff, koff, causal, scale, starts, chunk, acc); \
     }                                                                                                                 \
     extern "C" __global__ void __launch_bounds__(128) flash_bwd_dkdv_##N##_##HD(S* dk, S* dv, const S* dout,           \
                                                                                const float* lse, const float* D,      \
                                                                                const S* q, const S* k, const S* v,    \
                                                                                FA_ARGS, int acc) {                    \
-        flash_bwd_dkdv<S, HD>(dk, dv, dout, lse, D, q, k, v, Tq, Tk, NH, NKV, qoff, koff, causal, scale, acc);        \
+        flash_bwd_dkdv<S, HD>(dk, dv, dout, lse, D, q, k, v, Tq, Tk, NH, NKV, qoff, koff, causal, scale, starts, chunk, \
+                              acc);                                                                                   \
     }
 // The SIMT kernels serve fp32 storage; bf16 takes the tensor-core kernels below.
 EXPORT_FLASH_HD(float, f32, 32)
@@ -1011,7 +1078,7 @@ __device__ __forceinline__ void afrag_from_acc(uint32_t* a, const float (*x)[4],
 // P·V runs and the V tile while Q·Kᵀ runs.
 template <int HD>
 __device__ void flash_fwd_tc(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, int Tq, int Tk, int NH, int NKV,
-                             int qoff, int koff, int causal, float scale) {
+                             int qoff, int koff, int causal, float scale, const int* starts, int chunk) {
     constexpr int BC = 64, KS = HD / 16, NT = BC / 8, OT = HD / 8, P = HD + 8;
     __shared__ __align__(16) bf16 ks[BC * P];
     __shared__ __align__(16) bf16 vs[BC * P];
@@ -1031,11 +1098,14 @@ __device__ void flash_fwd_tc(bf16* o, float* lse, const bf16* q, const bf16* k, 
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     float sl2 = scale * LOG2E;
     int rows[2] = {r0 + g, r0 + g + 8};
+    int lor[2] = {rows[0] < Tq ? flash_lo(starts, chunk, b, Tq, rows[0], qoff) : 0,
+                  rows[1] < Tq ? flash_lo(starts, chunk, b, Tq, rows[1], qoff) : 0};
     int blast = min(Tq, qt * 64 + 64) - 1;
     int klast = causal ? min(Tk, qoff + blast - koff + 1) : Tk;
-    if (klast > 0) tile_async<HD, BC>(ks, kb, kstride, 0, Tk);
+    int kfirst = causal ? flash_kfirst(starts, chunk, b, Tq, qt * 64, blast + 1, qoff, koff, BC) : 0;
+    if (kfirst < klast) tile_async<HD, BC>(ks, kb, kstride, kfirst, Tk);
     cp_commit();
-    for (int j0 = 0; j0 < klast; j0 += BC) {
+    for (int j0 = kfirst; j0 < klast; j0 += BC) {
         tile_async<HD, BC>(vs, vb, kstride, j0, Tk);
         cp_commit();
         cp_wait<1>(); // this K tile
@@ -1063,7 +1133,7 @@ __device__ void flash_fwd_tc(bf16* o, float* lse, const bf16* q, const bf16* k, 
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     int key = j0 + t * 8 + 2 * c + e;
-                    bool live = key < Tk && (!causal || koff + key <= qoff + rows[r]);
+                    bool live = key < Tk && (!causal || (koff + key <= qoff + rows[r] && koff + key >= lor[r]));
                     float x = live ? s[t][2 * r + e] * sl2 : -INFINITY;
                     s[t][2 * r + e] = x;
                     mx = fmaxf(mx, x);
@@ -1123,7 +1193,7 @@ __device__ void flash_fwd_tc(bf16* o, float* lse, const bf16* q, const bf16* k, 
 template <int HD>
 __device__ void flash_bwd_dq_tc(bf16* dq, const bf16* dout, const float* lse, const float* D, const bf16* q, const bf16* k,
                                 const bf16* v, int Tq, int Tk, int NH, int NKV, int qoff, int koff, int causal, float scale,
-                                int accumulate) {
+                                const int* starts, int chunk, int accumulate) {
     constexpr int BC = 32, KS = HD / 16, NT = BC / 8, OT = HD / 8, P = HD + 8;
     __shared__ __align__(16) bf16 ks[BC * P];
     __shared__ __align__(16) bf16 vs[BC * P];
@@ -1151,9 +1221,12 @@ __device__ void flash_bwd_dq_tc(bf16* dq, const bf16* dout, const float* lse, co
 #pragma unroll
     for (int t = 0; t < OT; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
     float sl2 = scale * LOG2E;
+    int lor[2] = {rows[0] < Tq ? flash_lo(starts, chunk, b, Tq, rows[0], qoff) : 0,
+                  rows[1] < Tq ? flash_lo(starts, chunk, b, Tq, rows[1], qoff) : 0};
     int blast = min(Tq, qt * 64 + 64) - 1;
     int klast = causal ? min(Tk, qoff + blast - koff + 1) : Tk;
-    for (int j0 = 0; j0 < klast; j0 += BC) {
+    int kfirst = causal ? flash_kfirst(starts, chunk, b, Tq, qt * 64, blast + 1, qoff, koff, BC) : 0;
+    for (int j0 = kfirst; j0 < klast; j0 += BC) {
         __syncthreads();
         tile_async<HD, BC>(ks, kb, kstride, j0, Tk);
         tile_async<HD, BC>(vs, vb, kstride, j0, Tk);
@@ -1181,7 +1254,7 @@ __device__ void flash_bwd_dq_tc(bf16* dq, const bf16* dout, const float* lse, co
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int r = e >> 1, key = j0 + t * 8 + 2 * c + (e & 1);
-                bool live = rows[r] < Tq && key < Tk && (!causal || koff + key <= qoff + rows[r]);
+                bool live = rows[r] < Tq && key < Tk && (!causal || (koff + key <= qoff + rows[r] && koff + key >= lor[r]));
                 float p = live ? exp2f(s[t][e] * sl2 - l2[r]) : 0.f;
                 s[t][e] = p * (dp[t][e] - Dr[r]) * scale; // dS
             }
@@ -1223,11 +1296,12 @@ __device__ void flash_bwd_dq_tc(bf16* dq, const bf16* dout, const float* lse, co
 template <int HD>
 __device__ void flash_bwd_dkdv_tc(bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* D, const bf16* q,
                                   const bf16* k, const bf16* v, int Tq, int Tk, int NH, int NKV, int qoff, int koff, int causal,
-                                  float scale, int accumulate) {
+                                  float scale, const int* starts, int chunk, int accumulate) {
     constexpr int BQ = 32, KS = HD / 16, NT = BQ / 8, OT = HD / 8, P = HD + 8;
     __shared__ __align__(16) bf16 qs[BQ * P];
     __shared__ __align__(16) bf16 dos[BQ * P];
     __shared__ float ls[BQ], ds_[BQ];
+    __shared__ int seen;
     int bk = blockIdx.y, b = bk / NKV, kh = bk % NKV, group = NH / NKV;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     int j0 = blockIdx.x * 64 + w * 16; // the warp's first key
@@ -1244,11 +1318,19 @@ __device__ void flash_bwd_dkdv_tc(bf16* dk, bf16* dv, const bf16* dout, const fl
 #pragma unroll
         for (int e = 0; e < 4; e++) dka[t][e] = dva[t][e] = 0.f;
     float sl2 = scale * LOG2E;
-    int i0 = causal ? max(0, koff + (int)blockIdx.x * 64 - qoff) : 0;
+    int kp0 = koff + (int)blockIdx.x * 64, kp1 = koff + min(Tk, ((int)blockIdx.x + 1) * 64) - 1;
+    int i0 = causal ? max(0, kp0 - qoff) : 0;
+    int iend = causal ? flash_qend(chunk, Tq, qoff, kp1) : Tq;
     for (int h = kh * group; h < (kh + 1) * group; h++) {
         const bf16* qb = q + ((long)b * Tq * NH + h) * HD;
         const bf16* dob = dout + ((long)b * Tq * NH + h) * HD;
-        for (int t0 = (i0 / BQ) * BQ; t0 < Tq; t0 += BQ) {
+        for (int t0 = (i0 / BQ) * BQ; t0 < iend; t0 += BQ) {
+            if (causal && starts) { // skip a query tile none of whose rows sees this block's keys
+                __syncthreads();
+                if (threadIdx.x == 0) seen = flash_rows_see(starts, chunk, b, Tq, t0, BQ, qoff, kp0, kp1);
+                __syncthreads();
+                if (!seen) continue;
+            }
             __syncthreads();
             tile_async<HD, BQ>(qs, qb, qstride, t0, Tq);
             tile_async<HD, BQ>(dos, dob, qstride, t0, Tq);
@@ -1283,7 +1365,8 @@ __device__ void flash_bwd_dkdv_tc(bf16* dk, bf16* dv, const bf16* dout, const fl
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int key = keys[e >> 1], qi = t * 8 + 2 * c + (e & 1), i = t0 + qi;
-                    bool live = key < Tk && i < Tq && (!causal || koff + key <= qoff + i);
+                    bool live = key < Tk && i < Tq &&
+                                (!causal || (koff + key <= qoff + i && koff + key >= flash_lo(starts, chunk, b, Tq, i, qoff)));
                     float p = live ? exp2f(s[t][e] * sl2 - ls[qi]) : 0.f;
                     s[t][e] = p;
                     dp[t][e] = p * (dp[t][e] - ds_[qi]) * scale;
@@ -1331,19 +1414,20 @@ __device__ void flash_bwd_dkdv_tc(bf16* dk, bf16* dv, const bf16* dout, const fl
 #define EXPORT_FLASH_TC(HD)                                                                                           \
     extern "C" __global__ void __launch_bounds__(128) flash_fwd_tc_##HD(bf16* o, float* lse, const bf16* q,           \
                                                                        const bf16* k, const bf16* v, FA_ARGS) {       \
-        flash_fwd_tc<HD>(o, lse, q, k, v, Tq, Tk, NH, NKV, qoff, koff, causal, scale);                                \
+        flash_fwd_tc<HD>(o, lse, q, k, v, Tq, Tk, NH, NKV, qoff, koff, causal, scale, starts, chunk);                 \
     }                                                                                                                 \
     extern "C" __global__ void __launch_bounds__(128) flash_bwd_dq_tc_##HD(bf16* dq, const bf16* dout,                \
                                                                           const float* lse, const float* D,           \
                                                                           const bf16* q, const bf16* k, const bf16* v, \
                                                                           FA_ARGS, int acc) {                         \
-        flash_bwd_dq_tc<HD>(dq, dout, lse, D, q, k, v, Tq, Tk, NH, NKV, qoff, koff, causal, scale, acc);              \
+        flash_bwd_dq_tc<HD>(dq, dout, lse, D, q, k, v, Tq, Tk, NH, NKV, qoff, koff, causal, scale, starts, chunk, acc); \
     }                                                                                                                 \
     extern "C" __global__ void __launch_bounds__(128) flash_bwd_dkdv_tc_##HD(bf16* dk, bf16* dv, const bf16* dout,    \
                                                                             const float* lse, const float* D,         \
                                                                             const bf16* q, const bf16* k,             \
                                                                             const bf16* v, FA_ARGS, int acc) {        \
-        flash_bwd_dkdv_tc<HD>(dk, dv, dout, lse, D, q, k, v, Tq, Tk, NH, NKV, qoff, koff, causal, scale, acc);        \
+        flash_bwd_dkdv_tc<HD>(dk, dv, dout, lse, D, q, k, v, Tq, Tk, NH, NKV, qoff, koff, causal, scale, starts, chunk, \
+                              acc);                                                                                   \
     }
 EXPORT_FLASH_TC(32)
 EXPORT_FLASH_TC(64)

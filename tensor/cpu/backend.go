@@ -57,6 +57,22 @@ func (v *views[F]) i(op string, b tensor.Buffer) []int32 {
 	return x
 }
 
+// starts views an attention's document starts (s.Starts, (B,Tq) int32; nil
+// for none): a buffer of another length, or starts without a causal mask,
+// is a failure kept in its memory.
+func (v *views[F]) starts(op string, s tensor.AttentionShape) []int32 {
+	if s.Starts.Len() == 0 {
+		return nil
+	}
+	x := v.i(op, s.Starts)
+	if x != nil && (len(x) != s.B*s.Tq || !s.Causal) {
+		s.Starts.Storage().(*store).mem.fail(fmt.Errorf("cpu: %s: document starts of %d values for %d queries (B·Tq), causal %v: they take one per query and a causal mask", op, len(x), s.B*s.Tq, s.Causal))
+		v.bad = true
+		return nil
+	}
+	return x
+}
+
 // segments views the experts' offsets, which static segments (s.Segment) leave
 // unread: nil then.
 func (v *views[F]) segments(op string, offsets tensor.Buffer, s tensor.ExpertsShape) []int32 {
@@ -175,8 +191,9 @@ func (Kernels[F]) RopeBackward(dx, cos, sin tensor.Buffer, s tensor.RopeShape) {
 func (Kernels[F]) FlashAttention(out, lse, q, k, v tensor.Buffer, s tensor.AttentionShape) {
 	var a views[F]
 	o, l, qs, ks, vs := a.f("FlashAttention", out), a.f("FlashAttention", lse), a.f("FlashAttention", q), a.f("FlashAttention", k), a.f("FlashAttention", v)
+	st := a.starts("FlashAttention", s)
 	if !a.bad {
-		FlashAttention(o, l, qs, ks, vs, s)
+		FlashAttentionMasked(o, l, qs, ks, vs, st, s)
 	}
 }
 func (Kernels[F]) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v tensor.Buffer, s tensor.AttentionShape, accumulate bool) {
@@ -184,13 +201,14 @@ func (Kernels[F]) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v ten
 	const op = "FlashAttentionBackward"
 	dqs, dks, dvs, dos := a.f(op, dq), a.f(op, dk), a.f(op, dv), a.f(op, dout)
 	o, l, qs, ks, vs := a.f(op, out), a.f(op, lse), a.f(op, q), a.f(op, k), a.f(op, v)
+	st := a.starts(op, s)
 	if !a.bad {
 		if !accumulate { // FlashAttentionBackward adds: from zero, it sets
 			clear(dqs)
 			clear(dks)
 			clear(dvs)
 		}
-		FlashAttentionBackward(dqs, dks, dvs, dos, o, l, qs, ks, vs, s)
+		FlashAttentionBackwardMasked(dqs, dks, dvs, dos, o, l, qs, ks, vs, st, s)
 	}
 }
 func (Kernels[F]) SwiGLU(out, gate, up tensor.Buffer, n int) {

@@ -17,10 +17,18 @@ import (
 const flashBlock = 64
 
 // FlashAttention: out (B,Tq,NH,HD) = softmax(q·kᵀ/√HD, masked)·v and lse (B,NH,Tq),
-// per s. Work is split by (batch, head, query block).
+// per s (its Chunk; not its Starts: FlashAttentionMasked takes them). Work is
+// split by (batch, head, query block).
 func FlashAttention[F Float](out, lse, q, k, v []F, s tensor.AttentionShape) {
+	FlashAttentionMasked(out, lse, q, k, v, nil, s)
+}
+
+// FlashAttentionMasked is FlashAttention with starts (B,Tq), each query's
+// document start (tensor.AttentionShape.Starts; nil: none). Key blocks no row
+// of a query block sees are skipped.
+func FlashAttentionMasked[F Float](out, lse, q, k, v []F, starts []int32, s tensor.AttentionShape) {
 	j := getJob[flashJob[F]]()
-	j.flashArgs = flashArgs[F]{out: out, lse: lse, q: q, k: k, v: v, s: s}
+	j.flashArgs = flashArgs[F]{out: out, lse: lse, q: q, k: k, v: v, starts: starts, s: s}
 	nq := (s.Tq + flashBlock - 1) / flashBlock
 	parallel(j, s.B*s.NH*nq, 4*flashBlock*s.Tk*s.HD)
 	j.flashArgs = flashArgs[F]{}
@@ -32,8 +40,14 @@ func FlashAttention[F Float](out, lse, q, k, v []F, s tensor.AttentionShape) {
 // dV += Pᵀ·dO, dS = P∘(dO·Vᵀ − rowsum(dO∘O))/√HD, dQ += dS·K, dK += dSᵀ·Q. Work is
 // split by (batch, key/value head), so no two goroutines write the same row.
 func FlashAttentionBackward[F Float](dq, dk, dv, dout, out, lse, q, k, v []F, s tensor.AttentionShape) {
+	FlashAttentionBackwardMasked(dq, dk, dv, dout, out, lse, q, k, v, nil, s)
+}
+
+// FlashAttentionBackwardMasked is FlashAttentionBackward with starts, as
+// FlashAttentionMasked; it skips the key blocks the forward skipped.
+func FlashAttentionBackwardMasked[F Float](dq, dk, dv, dout, out, lse, q, k, v []F, starts []int32, s tensor.AttentionShape) {
 	j := getJob[flashJob[F]]()
-	j.flashArgs = flashArgs[F]{out: out, lse: lse, q: q, k: k, v: v, dq: dq, dk: dk, dv: dv, dout: dout, s: s, back: true}
+	j.flashArgs = flashArgs[F]{out: out, lse: lse, q: q, k: k, v: v, dq: dq, dk: dk, dv: dv, dout: dout, starts: starts, s: s, back: true}
 	parallel(j, s.B*s.NKV, s.NH/s.NKV*5*s.Tq*s.Tk*s.HD)
 	j.flashArgs = flashArgs[F]{}
 	listOf[flashJob[F]]().put(j)
@@ -41,6 +55,7 @@ func FlashAttentionBackward[F Float](dq, dk, dv, dout, out, lse, q, k, v []F, s 
 
 type flashArgs[F Float] struct {
 	out, lse, q, k, v, dq, dk, dv, dout []F
+	starts                              []int32 // (B,Tq) document starts, or nil
 	s                                   tensor.AttentionShape
 	back                                bool
 }
@@ -50,21 +65,47 @@ type flashJob[F Float] struct {
 	bufs chunkBufs[F]
 }
 
-// keysFor is how many keys of the block starting at j0 (at most n) query position
-// qpos sees.
-func keysFor(s tensor.AttentionShape, qpos, j0, n int) int {
+// keysFor is the keys first..live−1 of the block starting at j0 (at most n
+// keys) that query i of batch b sees: all of them without a causal mask, else
+// those at positions Lo..QOff+i (tensor.AttentionShape); first ≥ live when none.
+func (a *flashArgs[F]) keysFor(b, i, j0, n int) (first, live int) {
+	s := a.s
 	if !s.Causal {
-		return n
+		return 0, n
 	}
-	return min(max(qpos-s.KOff-j0+1, 0), n)
+	p := s.QOff + i
+	live = min(max(p-s.KOff-j0+1, 0), n)
+	if lo := a.lo(b, i); lo > 0 {
+		first = min(max(lo-s.KOff-j0, 0), n)
+	}
+	return first, live
 }
 
-// keyEnd is one past the last key any of rows [i0, i0+nr) sees.
-func keyEnd(s tensor.AttentionShape, i0, nr int) int {
-	if !s.Causal {
-		return s.Tk
+// lo is the first position query i of batch b sees (0 when only causal).
+func (a *flashArgs[F]) lo(b, i int) int {
+	var start int
+	if a.starts != nil {
+		start = int(a.starts[b*a.s.Tq+i])
 	}
-	return min(max(s.QOff+i0+nr-1-s.KOff+1, 0), s.Tk)
+	return a.s.VisibleFrom(a.s.QOff+i, start)
+}
+
+// keyRange is the keys [beg, end) any of rows [i0, i0+nr) of batch b sees,
+// beg rounded down to a multiple of flashBlock (the causal diagonal's grid).
+func (a *flashArgs[F]) keyRange(b, i0, nr int) (beg, end int) {
+	s := a.s
+	if !s.Causal {
+		return 0, s.Tk
+	}
+	end = min(max(s.QOff+i0+nr-1-s.KOff+1, 0), s.Tk)
+	if s.Masked() || a.starts != nil {
+		lo := a.lo(b, i0)
+		for r := 1; r < nr; r++ {
+			lo = min(lo, a.lo(b, i0+r))
+		}
+		beg = min(max(lo-s.KOff, 0), end) / flashBlock * flashBlock
+	}
+	return beg, end
 }
 
 func (j *flashJob[F]) rows(c, lo, hi int) {
@@ -92,23 +133,25 @@ func (j *flashJob[F]) rows(c, lo, hi int) {
 			m[r], l[r] = F(math.Inf(-1)), 0
 		}
 		clear(acc[:nr*HD])
-		for j0, kend := 0, keyEnd(s, i0, nr); j0 < kend; j0 += flashBlock {
+		kbeg, kend := j.keyRange(b, i0, nr)
+		for j0 := kbeg; j0 < kend; j0 += flashBlock {
 			nc := min(flashBlock, kend-j0)
 			gemm(gb, false, true, nr, nc, HD, qh, qs, kk[j0*ks:], ks, 0, S, nc)
 			for r := 0; r < nr; r++ {
 				row := S[r*nc : (r+1)*nc]
-				live := keysFor(s, s.QOff+i0+r, j0, nc)
-				if live == 0 {
+				first, live := j.keysFor(b, i0+r, j0, nc)
+				if first >= live {
 					clear(row)
 					continue
 				}
-				mx := maxOf(row[:live])
+				mx := maxOf(row[first:live])
 				mnew := max(m[r], F(scale)*mx)
-				affine(row[:live], F(scale), -mnew)
-				expInPlace(row[:live])
+				affine(row[first:live], F(scale), -mnew)
+				expInPlace(row[first:live])
+				clear(row[:first])
 				clear(row[live:])
 				corr := expF(m[r] - mnew) // 0 while m is −Inf
-				l[r] = l[r]*corr + sum4(row[:live])
+				l[r] = l[r]*corr + sum4(row[first:live])
 				m[r] = mnew
 				if corr != 1 {
 					for d := range acc[r*HD : (r+1)*HD] {
@@ -156,14 +199,20 @@ func (j *flashJob[F]) backward(c, lo, hi int) {
 					D[r] = dot2(o, do)
 				}
 				lrow := j.lse[(b*s.NH+h)*s.Tq+i0:]
-				for j0, kend := 0, keyEnd(s, i0, nr); j0 < kend; j0 += flashBlock {
+				kbeg, kend := j.keyRange(b, i0, nr)
+				for j0 := kbeg; j0 < kend; j0 += flashBlock {
 					nc := min(flashBlock, kend-j0)
 					gemm(gb, false, true, nr, nc, HD, qh, qs, kk[j0*ks:], ks, 0, P, nc)
 					for r := 0; r < nr; r++ {
 						row := P[r*nc : (r+1)*nc]
-						live := keysFor(s, s.QOff+i0+r, j0, nc)
-						affine(row[:live], scale, -lrow[r])
-						expInPlace(row[:live])
+						first, live := j.keysFor(b, i0+r, j0, nc)
+						if first >= live {
+							clear(row)
+							continue
+						}
+						affine(row[first:live], scale, -lrow[r])
+						expInPlace(row[first:live])
+						clear(row[:first])
 						clear(row[live:])
 					}
 					tri := diagonal(s, i0, j0)                                                                // P and dS: lower triangular on the diagonal

@@ -162,7 +162,8 @@ func toF64(x []float32) []float64 {
 
 // BenchmarkAttention compares the materialised attention with flash attention,
 // forward and backward, at the tiny recipe's head shape (4 heads of 32) for
-// several sequence lengths (B·T = 8192 tokens each).
+// several sequence lengths (B·T = 8192 tokens each), and from 512 tokens
+// flash attention within chunks and within documents of 256 tokens.
 func BenchmarkAttention(b *testing.B) {
 	for _, T := range []int{64, 128, 256, 512, 1024, 2048} {
 		s := tensor.AttentionShape{B: 8192 / T, Tq: T, Tk: T, NH: 4, NKV: 4, HD: 32, Causal: true}
@@ -184,6 +185,31 @@ func BenchmarkAttention(b *testing.B) {
 				FlashAttentionBackward(dq, dk, dv, do, out, lse, q, k, v, s)
 			}
 		})
+		if T >= 512 {
+			// Chunked attention (chunks of 256) and documents (of 256 tokens):
+			// the key blocks a chunk or document hides are skipped, so the time
+			// falls toward T/256 chunks' worth of attention.
+			chunked := s
+			chunked.Chunk = 256
+			b.Run(fmt.Sprintf("flash-chunk256/T=%d", T), func(b *testing.B) {
+				lse := make([]float32, s.B*s.NH*T)
+				for range b.N {
+					FlashAttention(out, lse, q, k, v, chunked)
+					FlashAttentionBackward(dq, dk, dv, do, out, lse, q, k, v, chunked)
+				}
+			})
+			starts := make([]int32, s.B*T)
+			for i := range starts {
+				starts[i] = int32(i % T / 256 * 256)
+			}
+			b.Run(fmt.Sprintf("flash-documents256/T=%d", T), func(b *testing.B) {
+				lse := make([]float32, s.B*s.NH*T)
+				for range b.N {
+					FlashAttentionMasked(out, lse, q, k, v, starts, s)
+					FlashAttentionBackwardMasked(dq, dk, dv, do, out, lse, q, k, v, starts, s)
+				}
+			})
+		}
 	}
 }
 

@@ -133,7 +133,10 @@ func gemmTri[F Float](b *gemmBufs, tri triangle, tA, tB bool, M, N, K int, A []F
 				}
 				s += A[ai] * B[bi]
 			}
-			C[i*ldc+j] = beta*C[i*ldc+j] + s
+			if beta != 0 { // beta 0 never reads C (as BLAS, and Sgemm): a stale NaN or ±Inf there must not leak
+				s += beta * C[i*ldc+j]
+			}
+			C[i*ldc+j] = s
 		}
 	}
 }

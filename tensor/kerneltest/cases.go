@@ -116,9 +116,9 @@ func cases() []kcase {
 	})...)
 
 	for _, a := range attentionShapes() {
-		s := a.s
+		a := a
 		add(kcase{name: "FlashAttention/" + a.name, run: func(e *env) bufs {
-			out, lse, _, _, _ := attention(e, s)
+			out, lse, _, _, _ := attention(e, a.shape(e))
 			return bufs{out, lse}
 		}})
 		for _, accumulate := range []bool{true, false} {
@@ -127,6 +127,7 @@ func cases() []kcase {
 				name += "/overwrite"
 			}
 			add(kcase{name: name, run: func(e *env) bufs {
+				s := a.shape(e)
 				out, lse, q, k, v := attention(e, s)
 				dq, dk, dv := e.floats(q.Len(), 1), e.floats(k.Len(), 1), e.floats(v.Len(), 1)
 				e.k.FlashAttentionBackward(dq, dk, dv, e.floats(out.Len(), 1), out, lse, q, k, v, s, accumulate)
@@ -263,8 +264,34 @@ func cases() []kcase {
 
 // attentionCase is a named attention shape.
 type attentionCase struct {
-	name string
-	s    tensor.AttentionShape
+	name   string
+	s      tensor.AttentionShape
+	starts []int32 // document starts (B,Tq), nil for none
+}
+
+// shape is the case's shape with its document starts in e's memory.
+func (a attentionCase) shape(e *env) tensor.AttentionShape {
+	s := a.s
+	if a.starts != nil {
+		s.Starts = e.ints(a.starts)
+	}
+	return s
+}
+
+// starts gives each of B rows of Tq queries at positions qoff.. the start of
+// its document, documents beginning at the positions cuts[b] (and 0).
+func starts(B, Tq, qoff int, cuts [][]int) []int32 {
+	st := make([]int32, B*Tq)
+	for b := range B {
+		for i := range Tq {
+			for _, c := range cuts[b] {
+				if c <= qoff+i {
+					st[b*Tq+i] = int32(max(int(st[b*Tq+i]), c))
+				}
+			}
+		}
+	}
+	return st
 }
 
 // attentionShapes covers causal self-attention with grouped key/value heads,
@@ -273,10 +300,18 @@ type attentionCase struct {
 // leaves the first queries no key at all (lse −∞, output 0).
 func attentionShapes() []attentionCase {
 	return []attentionCase{
-		{"causal GQA", tensor.AttentionShape{B: 2, Tq: 37, Tk: 37, NH: 4, NKV: 2, HD: 32, Causal: true}},
-		{"full", tensor.AttentionShape{B: 1, Tq: 20, Tk: 29, NH: 2, NKV: 2, HD: 64}},
-		{"key block", tensor.AttentionShape{B: 1, Tq: 16, Tk: 24, NH: 2, NKV: 1, HD: 32, QOff: 24, KOff: 20, Causal: true}},
-		{"unseen rows", tensor.AttentionShape{B: 1, Tq: 16, Tk: 8, NH: 2, NKV: 2, HD: 32, QOff: 0, KOff: 10, Causal: true}},
+		{"causal GQA", tensor.AttentionShape{B: 2, Tq: 37, Tk: 37, NH: 4, NKV: 2, HD: 32, Causal: true}, nil},
+		{"full", tensor.AttentionShape{B: 1, Tq: 20, Tk: 29, NH: 2, NKV: 2, HD: 64}, nil},
+		{"key block", tensor.AttentionShape{B: 1, Tq: 16, Tk: 24, NH: 2, NKV: 1, HD: 32, QOff: 24, KOff: 20, Causal: true}, nil},
+		{"unseen rows", tensor.AttentionShape{B: 1, Tq: 16, Tk: 8, NH: 2, NKV: 2, HD: 32, QOff: 0, KOff: 10, Causal: true}, nil},
+		// Block masks over more than one of the kernels' key tiles, so that
+		// whole tiles are skipped: chunked attention, documents, both on a
+		// context-parallel key block, and a block no query of which sees a key.
+		{"chunked", tensor.AttentionShape{B: 2, Tq: 100, Tk: 100, NH: 4, NKV: 2, HD: 32, Causal: true, Chunk: 24}, nil},
+		{"documents", tensor.AttentionShape{B: 2, Tq: 90, Tk: 90, NH: 2, NKV: 1, HD: 64, Causal: true}, starts(2, 90, 0, [][]int{{3, 40, 41, 77}, {50}})},
+		{"key block, chunked documents", tensor.AttentionShape{B: 2, Tq: 48, Tk: 64, NH: 2, NKV: 2, HD: 32, QOff: 96, KOff: 32, Causal: true, Chunk: 80},
+			starts(2, 48, 96, [][]int{{50, 100, 130}, {120}})},
+		{"key block unseen", tensor.AttentionShape{B: 1, Tq: 32, Tk: 32, NH: 2, NKV: 2, HD: 32, QOff: 64, KOff: 0, Causal: true, Chunk: 64}, nil},
 	}
 }
 

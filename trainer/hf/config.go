@@ -177,6 +177,10 @@ func CheckConfig(dir string, m config.Model) error {
 	same("rope_theta", "model.rope_theta", m.RopeTheta)
 	same("tie_word_embeddings", "model.tie_embeddings", m.TieEmbeddings)
 	same("hidden_act", "", nil)
+	if m.AttentionChunkSize > 0 { // none of these model types attends in chunks (transformers ignores the key on them)
+		bad = append(bad, ConfigMismatch{"attention_chunk_size", c["attention_chunk_size"], false, "model.attention_chunk_size", m.AttentionChunkSize,
+			fmt.Sprintf("set model.attention_chunk_size = 0: %s attends over the whole sequence", arch)})
+	}
 	if !equalRopeScaling(value("rope_scaling"), want["rope_scaling"]) {
 		fix := "set model.rope_scaling = \"none\""
 		if rs, ok := value("rope_scaling").(map[string]any); ok {

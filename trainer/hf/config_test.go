@@ -133,3 +133,18 @@ func TestCheckConfigFractionalHeads(t *testing.T) {
 		assert.Contains(t, err.Error(), filepath.Join(dir, ConfigFile))
 	}
 }
+
+// TestChunkedAttentionIsNotLlama: Llama, Mixtral and Qwen2-MoE attend over the
+// whole sequence, so a recipe with chunked attention neither exports to them
+// (the logits would differ) nor imports their weights as its own.
+func TestChunkedAttentionIsNotLlama(t *testing.T) {
+	m := moeModel(0, 1)
+	m.MoE = config.MoE{}
+	dir := t.TempDir()
+	writeConfig(t, dir, m, nil)
+	m.AttentionChunkSize = 8
+	err := CheckConfig(dir, m)
+	require.ErrorContains(t, err, "set model.attention_chunk_size = 0: LlamaForCausalLM attends over the whole sequence")
+	_, err = ToHF(m, nil)
+	require.ErrorContains(t, err, "model.attention_chunk_size = 8: LlamaForCausalLM attends over the whole sequence")
+}

@@ -105,6 +105,9 @@ type Param struct {
 // have biases: they are written as zeros.
 func ToHF(m config.Model, params []Param) ([]Tensor, error) {
 	arch := Architecture(m)
+	if m.AttentionChunkSize > 0 {
+		return nil, fmt.Errorf("model.attention_chunk_size = %d: %s attends over the whole sequence and its config.json has no attention_chunk_size (Llama 4's), so the exported model would compute other logits than the one trained; export a model without chunked attention", m.AttentionChunkSize, arch)
+	}
 	var out []Tensor
 	shared := map[string][]Param{} // layer -> its shared experts' matrices, in order
 	for _, p := range params {

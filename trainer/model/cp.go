@@ -213,19 +213,29 @@ func (m *Model[F]) wait() {
 }
 
 // blockPairs calls f for every (local query half, key half of block src) that
-// causal attention computes: a key chunk at or before the query chunk. qo and ko
-// are the element offsets of the halves in (B·T, NH·HD) and (B·T, NKV·HD) tensors
-// (each half a (B, T/2) batch); lo is the offset of the query half's
-// log-sum-exps, (B, NH, T/2) per half.
+// causal attention computes: a key chunk at or before the query chunk, and,
+// with chunked attention, not wholly before the attention chunk of the query
+// chunk's first position. qo and ko are the element offsets of the halves in
+// (B·T, NH·HD) and (B·T, NKV·HD) tensors (each half a (B, T/2) batch); lo is
+// the offset of the query half's log-sum-exps, (B, NH, T/2) per half. The
+// shape carries the query half's document starts (global positions), with
+// which the kernels skip what a document mask hides.
 func (m *Model[F]) blockPairs(src int, f func(qo, ko, lo int, s tensor.AttentionShape)) {
 	_, _, NH, NKV, HD, _, _ := m.dims()
 	c := m.T / 2
+	chunk := m.Cfg.AttentionChunkSize
 	for qi, gq := range m.chunks(m.cp.Rank) {
 		for kj, gk := range m.chunks(src) {
 			if gk > gq {
 				continue
 			}
-			s := tensor.AttentionShape{B: m.B, Tq: c, Tk: c, NH: NH, NKV: NKV, HD: HD, QOff: gq * c, KOff: gk * c, Causal: true}
+			if chunk > 0 && (gk+1)*c <= gq*c/chunk*chunk {
+				continue // every key lies before every query's attention chunk
+			}
+			s := tensor.AttentionShape{B: m.B, Tq: c, Tk: c, NH: NH, NKV: NKV, HD: HD, QOff: gq * c, KOff: gk * c, Causal: true, Chunk: chunk}
+			if st := m.startsBuf(); st.Len() > 0 {
+				s.Starts = st.Slice(qi*m.B*c, (qi+1)*m.B*c)
+			}
 			f(qi*m.B*c*NH*HD, kj*m.B*c*NKV*HD, qi*m.B*NH*c, s)
 		}
 	}

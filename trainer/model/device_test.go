@@ -138,11 +138,7 @@ func initWeights(r config.Recipe, table []parallel.Param) [][]float32 {
 // Go's source tree has the book, or $SHARDLINE_OPTICKS names a copy where the
 // tests run without Go (the GPU machine: make gpu-bundle copies it to bin/gpu).
 func opticks(t testing.TB, B, T, s int) (tokens, targets []int32) {
-	path := os.Getenv("SHARDLINE_OPTICKS")
-	if path == "" {
-		path = filepath.Join(runtime.GOROOT(), "src", "testdata", "Isaac.Newton-Opticks.txt")
-	}
-	text, err := os.ReadFile(path)
+	text, err := os.ReadFile(opticksPath())
 	require.NoError(t, err, "set SHARDLINE_OPTICKS to a copy of $(go env GOROOT)/src/testdata/Isaac.Newton-Opticks.txt")
 	tokens, targets = make([]int32, B*T), make([]int32, B*T)
 	for b := 0; b < B; b++ {
@@ -152,4 +148,12 @@ func opticks(t testing.TB, B, T, s int) (tokens, targets []int32) {
 		}
 	}
 	return tokens, targets
+}
+
+// opticksPath is Newton's Opticks in Go's source tree, or $SHARDLINE_OPTICKS.
+func opticksPath() string {
+	if p := os.Getenv("SHARDLINE_OPTICKS"); p != "" {
+		return p
+	}
+	return filepath.Join(runtime.GOROOT(), "src", "testdata", "Isaac.Newton-Opticks.txt")
 }

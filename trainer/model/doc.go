@@ -12,7 +12,10 @@
 // The forward pass reads like the math: embed, then for each layer RMSNorm →
 // attention with RoPE and grouped KV heads → residual → RMSNorm → SwiGLU MLP →
 // residual, then the final RMSNorm, the output head and the cross-entropy.
-// Backward is the same list reversed. Activations and every other buffer the
+// Attention is causal, within chunks of model.attention_chunk_size positions
+// where that is set, and within documents with WithDocumentMasks (masks.go:
+// each token's document start from the end-of-text tokens, which also take no
+// loss with MaskLoss). Backward is the same list reversed. Activations and every other buffer the
 // model holds are allocated once per (batch, sequence) shape in the backend's
 // memory (buffers.go) and reused every step; with WithBF16Activations (a bf16
 // run) what the layers save for backward is kept in bf16 stores beside one F

@@ -56,6 +56,7 @@ type Model[F tensor.Float] struct {
 	recompute string // none, selective or full
 	ep        ExpertParallel
 	cp        *cpState[F] // nil without context parallelism
+	docs      *docState   // nil without document masks
 	tp        *tpState[F] // nil without tensor parallelism
 	st        *stash      // bf16 stores of saved activations; nil without WithBF16Activations, and in a bf16-native run
 	// act is the dtype of the activations and their gradients: F, or bf16
@@ -108,6 +109,7 @@ type options struct {
 	tp        *TensorParallel
 	bf16Acts  bool
 	mem       tensor.Memory
+	docs      DocumentMasks
 }
 
 // AllToAll is the collective expert parallelism needs (collective.Group has
@@ -191,6 +193,9 @@ func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights, grad
 		if B*m.T%o.tp.Size != 0 {
 			return nil, fmt.Errorf("model: %d token rows per micro-batch (per rank) do not split over tp %d", B*m.T, o.tp.Size)
 		}
+	}
+	if err := m.setupDocs(o.docs); err != nil {
+		return nil, err
 	}
 	m.tok, m.tgt = m.allocInt(B*m.T), m.allocInt(B*m.T)
 	m.tokHost, m.tgtHost = make([]int32, B*m.T), make([]int32, B*m.T)
@@ -562,6 +567,7 @@ func (m *Model[F]) alloc() error {
 	} else {
 		m.be.RopeTables(m.cos, m.sin, m.T, invFreq)
 	}
+	m.allocDocs()
 	if err := m.mem.Err(); err != nil {
 		return fmt.Errorf("model: allocating its buffers: %w", err)
 	}
@@ -587,6 +593,7 @@ func (m *Model[F]) Forward(tokens, targets []int32, loss tensor.Buffer, accumula
 	if !m.upload(tokens, targets) {
 		return 0
 	}
+	m.uploadStarts()
 	m.moeLayersRun = 0
 	m.acquire(0, false)
 	m.embed(x, m.tok)
@@ -628,7 +635,7 @@ func (m *Model[F]) Forward(tokens, targets []int32, loss tensor.Buffer, accumula
 	if !m.fused {
 		be.LossSum(loss, a.losses, m.tgt, accumulate)
 	}
-	for _, t := range targets {
+	for _, t := range m.tgtHost { // the targets as uploaded: document masks may ignore some
 		if t >= 0 {
 			count++
 		}
@@ -651,6 +658,7 @@ func (m *Model[F]) upload(tokens, targets []int32) bool {
 	m.mem.Write(m.tok, m.tokAny)
 	if targets != nil {
 		copy(m.tgtHost, targets)
+		m.maskLoss()
 		m.mem.Write(m.tgt, m.tgtAny)
 	}
 	return true
@@ -692,7 +700,7 @@ func (m *Model[F]) ActivationBytes() (activations, logits int64) {
 	}
 	// int32: the micro-batch's token ids and targets, each MoE layer's routing
 	// and local segments, the padded experts' static segments.
-	ints := held(seen, m.tok, m.tgt, m.padSeg)
+	ints := held(seen, m.tok, m.tgt, m.padSeg, m.startsBuf())
 	for _, ma := range a.moe {
 		if ma != nil {
 			ints += held(seen, ma.ints()...)
@@ -726,6 +734,9 @@ func (m *Model[F]) ScratchBytes() int64 {
 	}
 	if p := m.cp; p != nil {
 		bufs = append(bufs, p.ring[0], p.ring[1], p.pd, p.out, p.lse)
+	}
+	if p := m.docs; p != nil {
+		bufs = append(bufs, p.ends)
 	}
 	return held(map[tensor.Storage]bool{}, bufs...)
 }
@@ -1004,8 +1015,11 @@ func (m *Model[F]) backward(tokens, targets []int32, scale float64, loss tensor.
 	m.release(0, true)
 }
 
-// attnShape is the model's causal self-attention for flash attention.
+// attnShape is the model's causal self-attention for flash attention, within
+// chunks (model.attention_chunk_size) and documents (document masks) where
+// those are set.
 func (m *Model[F]) attnShape() tensor.AttentionShape {
 	_, _, NH, NKV, HD, _, _ := m.dims()
-	return tensor.AttentionShape{B: m.B, Tq: m.T, Tk: m.T, NH: NH, NKV: NKV, HD: HD, Causal: true}
+	return tensor.AttentionShape{B: m.B, Tq: m.T, Tk: m.T, NH: NH, NKV: NKV, HD: HD, Causal: true,
+		Chunk: m.Cfg.AttentionChunkSize, Starts: m.startsBuf()}
 }

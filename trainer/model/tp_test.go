@@ -22,7 +22,7 @@ import (
 // the whole micro-batch's), and every parameter's gradient assembled whole:
 // tensor-parallel slices put back at their places (parallel.Param.GlobalIndex)
 // and summed over the cp ranks (as FSDP's reduction over dp×cp sums them).
-func meshPass(t *testing.T, cfg config.Model, B, T, tp, cp int, recompute string, tokens, targets []int32) (float64, int, float64, [][]float32) {
+func meshPass(t *testing.T, cfg config.Model, B, T, tp, cp int, recompute string, tokens, targets []int32, extra ...Option) (float64, int, float64, [][]float32) {
 	t.Helper()
 	full, err := parallel.ParamTable(cfg, 1, 1)
 	require.NoError(t, err)
@@ -47,6 +47,7 @@ func meshPass(t *testing.T, cfg config.Model, B, T, tp, cp int, recompute string
 			mem, wb, gb := onMemory(w, g, false)
 			var opts []Option
 			opts = append(opts, WithRecompute(recompute))
+			opts = append(opts, extra...)
 			if tp > 1 {
 				tpRanks := make([]int, tp)
 				for i := range tpRanks {
