@@ -5,7 +5,7 @@
 // calls it with its arguments taken from 8-byte slots, as cuLaunchKernel
 // takes them.
 //
-// sources: 7ee2aaa6881f8f8f3ef3d261e9552baebfcb50237de3b286aff4295aa1908570
+// sources: e56c50e0a4bff44293bda892d17d492e42bc7bd7c6e1a29fd6c6078b9d9e2b83
 #include "emu.h"
 #include "kernels.cu"
 
