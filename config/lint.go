@@ -258,6 +258,12 @@ func (m Model) EffectiveKVHeads() int {
 	return m.KVHeads
 }
 
+// IsNoPELayer reports whether layer l (0-based) applies no rotary embedding
+// (model.nope_interval).
+func (m Model) IsNoPELayer(l int) bool {
+	return m.NoPEInterval > 0 && (l+1)%m.NoPEInterval == 0
+}
+
 // IsMoELayer reports whether layer l (0-based) is an MoE layer.
 func (m Model) IsMoELayer(l int) bool {
 	return m.MoE.NumExperts > 0 && (l+1)%m.MoE.LayerFreq == 0

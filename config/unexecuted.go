@@ -34,6 +34,22 @@ func NotExecuted(r *Recipe) []Unexecuted {
 	add(gpu && p.WorldSize == 1 && r.ActivationCheckpoint.Mode == "full", "activation_checkpoint.mode",
 		"a cuda run of one rank trains on the one-GPU engine, which keeps every activation; the engine of several GPUs recomputes (docs/cuda.md)",
 		`set mode = "none", or world_size to 2 or more`)
+	if gpu && p.WorldSize == 1 {
+		fix := "set world_size to 2 or more: the engine of several GPUs runs it (docs/cuda.md)"
+		why := "a cuda run of one rank trains on the one-GPU engine (trainer/gpu), which has "
+		m := r.Model
+		add(m.QKNorm, "model.qk_norm", why+"no QK-norm", fix)
+		add(m.NoPEInterval > 0, "model.nope_interval", why+"rotary embeddings in every layer", fix)
+		moe := m.MoE
+		if moe.NumExperts > 0 {
+			add(moe.ScoreFunction != "softmax", "model.moe.score_function", why+"the softmax router only", fix)
+			add(!moe.NormTopK, "model.moe.norm_top_k", why+"renormalised gates only", fix)
+			add(moe.TopKScale != 1, "model.moe.top_k_scale", why+"unscaled gates only", fix)
+			add(moe.ScoreBeforeExpert, "model.moe.score_before_expert", why+"gates applied after the experts only", fix)
+			add(moe.ExpertBias, "model.moe.expert_bias", why+"no expert bias", fix)
+			add(moe.NumGroups > 0, "model.moe.num_groups", why+"no group-limited routing", fix)
+		}
+	}
 	// selective recomputes the attention probabilities (Megatron's core
 	// attention); flash attention keeps none on either backend, so it would
 	// train exactly as none does.

@@ -592,11 +592,15 @@ func (k *kernels) ScaleCopiesBackward(dgates, dxperm, x, gates tensor.Buffer, r 
 	}
 }
 
-func (k *kernels) ExpertBiasUpdate(bias, load tensor.Buffer, E int, rate float64) {
+func (k *kernels) ExpertBiasUpdate(bias, load tensor.Buffer, E, lo int, rate float64) {
 	o := k.ops("ExpertBiasUpdate")
-	b, l := o.f(bias, E), o.f(load, E)
+	n := bias.Len()
+	b, l := o.f(bias, n), o.f(load, E)
+	if lo < 0 || lo+n > E {
+		o.failf("the biases of experts %d..%d of %d", lo, lo+n-1, E)
+	}
 	if o.ok() {
-		k.d.launch("expert_bias_update", 1, 1, 1, k.d.rw(b), k.d.rw(l), i32(E), f32(rate))
+		k.d.launch("expert_bias_update", 1, 1, 1, k.d.rw(b), k.d.rd(l), i32(E), i32(lo), i32(n), f32(rate))
 	}
 }
 

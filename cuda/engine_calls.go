@@ -84,8 +84,8 @@ func (k *Kernels) ScaleCopies(xperm, gates tensor.Buffer, r tensor.Routing, s te
 func (k *Kernels) ScaleCopiesBackward(dgates, dxperm, x, gates tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
 	k.k.d.run(func() { k.k.ScaleCopiesBackward(dgates, dxperm, x, gates, r, s) })
 }
-func (k *Kernels) ExpertBiasUpdate(bias, load tensor.Buffer, E int, rate float64) {
-	k.k.d.run(func() { k.k.ExpertBiasUpdate(bias, load, E, rate) })
+func (k *Kernels) ExpertBiasUpdate(bias, load tensor.Buffer, E, lo int, rate float64) {
+	k.k.d.run(func() { k.k.ExpertBiasUpdate(bias, load, E, lo, rate) })
 }
 func (k *Kernels) RouterBackward(dlogits, dgates, dprobs, gates, probs tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
 	k.k.d.run(func() { k.k.RouterBackward(dlogits, dgates, dprobs, gates, probs, r, s) })

@@ -170,11 +170,11 @@ type Kernels[F Float] interface {
 	// unscaled copy.
 	ScaleCopies(xperm, gates Buffer, r Routing, s MoEShape)
 	ScaleCopiesBackward(dgates, dxperm, x, gates Buffer, r Routing, s MoEShape)
-	// ExpertBiasUpdate moves each of the E expert biases by rate towards
-	// balance: bias[e] += rate·sign(mean(load) − load[e]) (auxiliary-loss-free
-	// balancing; load is each expert's routed copies, summed over the ranks),
-	// then zeroes load for the next step's counts.
-	ExpertBiasUpdate(bias, load Buffer, E int, rate float64)
+	// ExpertBiasUpdate moves expert biases by rate towards balance: bias[i]
+	// += rate·sign(mean(load) − load[lo+i]) for the experts lo..lo+len(bias)−1
+	// it holds (auxiliary-loss-free balancing; load (E) is each expert's routed
+	// copies, summed over the ranks, and is left as it is).
+	ExpertBiasUpdate(bias, load Buffer, E, lo int, rate float64)
 	// Dispatch writes r.Offsets, which the kernels that follow read: the count of
 	// kept copies and the experts' segments never go back to the caller.
 	Dispatch(xperm, x Buffer, r Routing, s MoEShape)

@@ -2040,17 +2040,17 @@ extern "C" __global__ void scale_copies_backward(float* dgates, float* dxperm, c
     if (lane == 0) dgates[i] = s;
 }
 
-// expert_bias_update: one thread; bias[e] += rate·sign(mean(load) − load[e]) (the
-// mean in f64, as tensor/cpu's), then load = 0.
-extern "C" __global__ void expert_bias_update(float* bias, float* load, int E, float rate) {
+// expert_bias_update: one thread; bias[i] += rate·sign(mean(load) − load[lo+i])
+// for the n biases of experts lo.. (the mean of the E loads in f64, as
+// tensor/cpu's).
+extern "C" __global__ void expert_bias_update(float* bias, const float* load, int E, int lo, int n, float rate) {
     double mean = 0;
     for (int e = 0; e < E; e++) mean += (double)load[e];
     mean /= E;
-    for (int e = 0; e < E; e++) {
-        double d = mean - (double)load[e];
-        if (d > 0) bias[e] += rate;
-        else if (d < 0) bias[e] -= rate;
-        load[e] = 0.f;
+    for (int i = 0; i < n; i++) {
+        double d = mean - (double)load[lo + i];
+        if (d > 0) bias[i] += rate;
+        else if (d < 0) bias[i] -= rate;
     }
 }
 

@@ -300,11 +300,11 @@ func (Kernels[F]) ScaleCopiesBackward(dgates, dxperm, x, gates tensor.Buffer, r 
 		ScaleCopiesBackward(dg, dxp, xs, g, rv, s)
 	}
 }
-func (Kernels[F]) ExpertBiasUpdate(bias, load tensor.Buffer, E int, rate float64) {
+func (Kernels[F]) ExpertBiasUpdate(bias, load tensor.Buffer, E, lo int, rate float64) {
 	var v views[F]
 	b, l := v.f("ExpertBiasUpdate", bias), v.f("ExpertBiasUpdate", load)
-	if !v.bad && len(b) >= E && len(l) >= E {
-		ExpertBiasUpdate(b, l, E, rate)
+	if !v.bad && lo >= 0 && lo+len(b) <= E && len(l) >= E {
+		ExpertBiasUpdate(b, l, E, lo, rate)
 	}
 }
 func (Kernels[F]) RouterBackward(dlogits, dgates, dprobs, gates, probs tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {

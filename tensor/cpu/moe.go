@@ -258,22 +258,21 @@ func ScaleCopiesBackward[F Float](dgates, dxperm, x, gates []F, r Routing, s ten
 	}
 }
 
-// ExpertBiasUpdate adds rate·sign(mean(load) − load[e]) to each expert's bias
-// (the mean in float64) and zeroes load.
-func ExpertBiasUpdate[F Float](bias, load []F, E int, rate float64) {
+// ExpertBiasUpdate adds rate·sign(mean(load) − load[lo+i]) to bias[i], the
+// bias of expert lo+i (the mean of the E loads in float64).
+func ExpertBiasUpdate[F Float](bias, load []F, E, lo int, rate float64) {
 	var mean float64
 	for _, n := range load[:E] {
 		mean += float64(n)
 	}
 	mean /= float64(E)
-	for e := 0; e < E; e++ {
-		switch d := mean - float64(load[e]); {
+	for i := range bias {
+		switch d := mean - float64(load[lo+i]); {
 		case d > 0:
-			bias[e] += F(rate)
+			bias[i] += F(rate)
 		case d < 0:
-			bias[e] -= F(rate)
+			bias[i] -= F(rate)
 		}
-		load[e] = 0
 	}
 }
 

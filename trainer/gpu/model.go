@@ -111,6 +111,10 @@ func New(d *cuda.Device, cfg config.Model, table []parallel.Param, weights [][]f
 	case len(weights) != len(table):
 		return nil, fmt.Errorf("gpu: %d weight slices for %d parameters", len(weights), len(table))
 	}
+	if moe := cfg.MoE; cfg.QKNorm || cfg.NoPEInterval > 0 || moe.NumExperts > 0 && (moe.ScoreFunction != "softmax" || !moe.NormTopK || moe.TopKScale != 1 ||
+		moe.ScoreBeforeExpert || moe.ExpertBias || moe.NumGroups > 0) {
+		return nil, fmt.Errorf("gpu: QK-norm, NoPE layers and routers other than softmax with renormalised, unscaled gates after the experts run on the engine of several GPUs, not on the one-GPU engine (config.NotExecuted says so)")
+	}
 	if hd := cfg.HeadSize(); hd != 32 && hd != 64 && hd != 128 {
 		return nil, fmt.Errorf("gpu: head size %d (model.head_dim, or model.hidden %d / model.heads %d): the attention kernels take 32, 64 or 128", hd, cfg.Hidden, cfg.Heads)
 	}
