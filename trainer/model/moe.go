@@ -570,3 +570,30 @@ func (m *Model[F]) ResetExpertLoads() {
 		m.mem.Zero(m.loads)
 	}
 }
+
+// ExpertCounts reads back each MoE layer's kept copies per expert of the last
+// forward (in layer order, E each; RouterStats' counts over this rank's
+// tokens, or its sequences' under context or tensor parallelism): a counted
+// read-back, for checks and benchmarks of the load balance. Nil without MoE
+// layers, and under full recompute or bf16 activations, whose MoE layers
+// share their buffers.
+func (m *Model[F]) ExpertCounts() [][]float64 {
+	if m.recompute == "full" || m.st != nil {
+		return nil
+	}
+	E := m.Cfg.MoE.NumExperts
+	var out [][]float64
+	host := make([]F, 2*E)
+	for _, a := range m.a.moe {
+		if a == nil {
+			continue
+		}
+		m.mem.Read(host, a.stats)
+		c := make([]float64, E)
+		for e := range c {
+			c[e] = float64(host[e])
+		}
+		out = append(out, c)
+	}
+	return out
+}
