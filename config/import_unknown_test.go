@@ -155,7 +155,7 @@ func TestImportMegatronRouter(t *testing.T) {
 	require.Equal(t, MoE{NumExperts: 8, TopK: 4, ExpertFFNHidden: m.MoE.ExpertFFNHidden, LayerFreq: 1, ScoreFunction: "sigmoid", NormTopK: true, TopKScale: 2.5,
 		ExpertBias: true, BiasUpdateRate: 1e-3, NumGroups: 4, GroupTopK: 2}, m.MoE)
 	require.True(t, m.QKNorm)
-	res, diags = ImportMegatron("mixtral.sh", []byte(base + "--num-experts 8 --moe-router-pre-softmax\n"))
+	res, diags = ImportMegatron("mixtral.sh", []byte(base+"--num-experts 8 --moe-router-pre-softmax\n"))
 	require.False(t, diags.HasErrors(), "%v", diags)
 	require.False(t, res.Recipe.Model.MoE.NormTopK)
 }

@@ -170,7 +170,7 @@ func (s ttSetting) given() bool { return s.pos.Line > 0 }
 // ttImport translates one job file.
 type ttImport struct {
 	path     string
-	sets     map[string]bool // recipe keys given with --set: the model of a flavour no table has
+	sets     map[string]bool      // recipe keys given with --set: the model of a flavour no table has
 	set      map[string]ttSetting // given in the file (canonical keys)
 	imported []ImportedValue
 	diags    Diagnostics
