@@ -5,7 +5,7 @@
 // calls it with its arguments taken from 8-byte slots, as cuLaunchKernel
 // takes them.
 //
-// sources: e56c50e0a4bff44293bda892d17d492e42bc7bd7c6e1a29fd6c6078b9d9e2b83
+// sources: 439db05de23e98029374bda0d12c69786df4754213c395d97174ce70980dfa3f
 #include "emu.h"
 #include "kernels.cu"
 
