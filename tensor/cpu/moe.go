@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"math"
+	"slices"
 
 	"github.com/shardline/shardline/tensor"
 )
@@ -34,7 +35,11 @@ func Router[F Float](probs, gates, logits, bias []F, r Routing, s tensor.MoEShap
 	var v []F
 	var allowed []bool
 	if !plain {
-		v, allowed = make([]F, E), make([]bool, E)
+		// Scratch from a pool: a step allocates nothing once warm.
+		sc := listOf[routerScratch[F]]().get()
+		defer listOf[routerScratch[F]]().put(sc)
+		sc.v, sc.allowed = slices.Grow(sc.v[:0], E)[:E], slices.Grow(sc.allowed[:0], E)[:E]
+		v, allowed = sc.v, sc.allowed
 	}
 	for t := 0; t < BT; t++ {
 		l, p := logits[t*E:(t+1)*E], probs[t*E:(t+1)*E]
@@ -84,6 +89,13 @@ func Router[F Float](probs, gates, logits, bias []F, r Routing, s tensor.MoEShap
 			}
 		}
 	}
+}
+
+// routerScratch is Router's per-call scratch (the choosing scores and the
+// allowed experts), kept in a pool.
+type routerScratch[F Float] struct {
+	v       []F
+	allowed []bool
 }
 
 // sigmoidOf is 1/(1+e^−z).
@@ -177,7 +189,10 @@ func RouterBackward[F Float](dlogits, dgates, dprobs, gates, probs []F, r Routin
 		}
 		return
 	}
-	ds := make([]F, E) // the gradient of each score
+	sc := listOf[routerScratch[F]]().get()
+	defer listOf[routerScratch[F]]().put(sc)
+	sc.v = slices.Grow(sc.v[:0], E)[:E]
+	ds := sc.v // the gradient of each score
 	for t := 0; t < BT; t++ {
 		g, dg, sel := gates[t*K:(t+1)*K], dgates[t*K:(t+1)*K], idx[t*K:(t+1)*K]
 		p := probs[t*E : (t+1)*E]
