@@ -177,7 +177,8 @@ func (p *Plan) memory(r *config.Recipe, d dtypes) {
 // width (hidden unless head_dim decouples it) (QKᵀ and PV, each 2·seq·w, halved by the
 // causal mask). A step is 3× forward (backward is twice forward); full recompute
 // adds a forward of the layers, selective the attention part (not on the CPU,
-// whose flash attention keeps nothing to remake). Compute time is the
+// whose flash attention keeps nothing to remake); the engine's QK-norm, the q
+// and k products again in backward. Compute time is the
 // executed FLOPs of one rank (all ranks share the work evenly) over the achievable
 // throughput. Communication on tp/cp/ep/etp is exposed; FSDP's overlappable part
 // hides behind compute, except what exceeds it.
@@ -209,6 +210,11 @@ func (p *Plan) timing(r *config.Recipe) {
 		if r.Parallel.Device != "cpu" {
 			exec += attn
 		}
+	}
+	if mo.QKNorm && runsEngine(r) {
+		// The engine's QK-norm backward makes the norms' inputs again: the q and
+		// k products' forward, per layer.
+		exec += 2 * float64(mo.Hidden*(mo.Heads+mo.EffectiveKVHeads())*mo.HeadSize()*mo.Layers)
 	}
 	p.ExecFLOPs = exec * tokens
 	dev := p.Topology.Device
