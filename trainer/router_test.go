@@ -1,11 +1,13 @@
 package trainer
 
 import (
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
 )
 
@@ -73,4 +75,34 @@ func TestRouterModelParallelEquivalence(t *testing.T) {
 		assert.Less(t, maxRelDiff(refLoss, l), 1e-5, "%v losses", mesh)
 		assert.Less(t, maxAbsDiff(refW, w), 1e-5, "%v weights", mesh)
 	}
+}
+
+// TestShippedRouterRecipeTrains: recipes/moe-llama4-tiny.toml as shipped trains
+// on one rank and on two with EP 2 to the same losses and weights (tolerance
+// as TestDataParallelEquivalence), its loss falls, and its expert biases move.
+func TestShippedRouterRecipeTrains(t *testing.T) {
+	run := func(sets ...string) ([]float64, [][]float32) {
+		res, diags := config.Load(filepath.Join("..", "recipes", "moe-llama4-tiny.toml"), config.Options{Sets: append([]string{
+			"train.steps=4", "train.micro_batch_size=1", "train.global_batch_size=2", "train.eval_interval=0", "train.warmup_steps=1",
+			"logging.sample_tokens=0", "run.output_dir=" + t.TempDir()}, sets...)})
+		require.False(t, diags.HasErrors(), "%v", diags)
+		return trained(t, res)
+	}
+	loss, w := run("parallel.world_size=1")
+	assert.Less(t, loss[len(loss)-1], loss[0], "the loss falls")
+	l2, w2 := run("parallel.world_size=2", "parallel.expert_parallel=2")
+	assert.Less(t, maxRelDiff(loss, l2), 1e-5)
+	assert.Less(t, maxAbsDiff(w, w2), 1e-5)
+	res, _ := config.Load(filepath.Join("..", "recipes", "moe-llama4-tiny.toml"), config.Options{})
+	table, err := parallel.ParamTable(res.Recipe.Model, 1, 1)
+	require.NoError(t, err)
+	moved := false
+	for i := range table {
+		if table[i].Balance {
+			for _, v := range w[i] {
+				moved = moved || v != 0
+			}
+		}
+	}
+	assert.True(t, moved, "the expert biases moved")
 }
