@@ -63,6 +63,7 @@ bench: bench-deps ## speed benchmarks, each printed against its budget or refere
 	./scripts/bench-ep.sh
 	./scripts/bench-tpcp.sh
 	./scripts/bench-long-context.sh
+	./scripts/bench-router.sh
 	$(GO) test ./parallel/comm -run '^$$' -bench BusBandwidth -benchtime 3x -count 1 | grep -E 'MB/s|busGB/s'
 
 torch-deps: ## install Debian's python3-torch if missing (the safetensors export's outside check)

@@ -29,6 +29,10 @@ func Default() Recipe {
 				ExpertFFNHidden: 256,
 				AuxLossCoeff:    0.01,
 				LayerFreq:       1,
+				ScoreFunction:   "softmax",
+				NormTopK:        true,
+				TopKScale:       1,
+				BiasUpdateRate:  1e-3,
 			},
 		},
 		Data: Data{

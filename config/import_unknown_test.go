@@ -140,3 +140,22 @@ func TestImportMegatronParameterExpansions(t *testing.T) {
 		require.Contains(t, diags[0].Message, ref+" is an expansion the import does not evaluate", ref)
 	}
 }
+
+// TestImportMegatronRouter: DeepSeek-V3's router flags (sigmoid scores, an
+// expert bias and its update rate, the top-k scaling factor, group-limited
+// routing, QK-norm) and --moe-router-pre-softmax land on the [model.moe] keys.
+func TestImportMegatronRouter(t *testing.T) {
+	const base = "torchrun pretrain_gpt.py --swiglu --normalization RMSNorm --position-embedding-type rope --disable-bias-linear --attention-dropout 0 --hidden-dropout 0 "
+	src := []byte(base + "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --num-experts 8 --moe-router-topk 4 " +
+		"--moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 1e-3 --moe-router-topk-scaling-factor 2.5 " +
+		"--moe-router-num-groups 4 --moe-router-group-topk 2 --qk-layernorm --moe-router-load-balancing-type none\n")
+	res, diags := ImportMegatron("ds.sh", src)
+	require.False(t, diags.HasErrors(), "%v", diags)
+	m := res.Recipe.Model
+	require.Equal(t, MoE{NumExperts: 8, TopK: 4, ExpertFFNHidden: m.MoE.ExpertFFNHidden, LayerFreq: 1, ScoreFunction: "sigmoid", NormTopK: true, TopKScale: 2.5,
+		ExpertBias: true, BiasUpdateRate: 1e-3, NumGroups: 4, GroupTopK: 2}, m.MoE)
+	require.True(t, m.QKNorm)
+	res, diags = ImportMegatron("mixtral.sh", []byte(base+"--num-experts 8 --moe-router-pre-softmax\n"))
+	require.False(t, diags.HasErrors(), "%v", diags)
+	require.False(t, res.Recipe.Model.MoE.NormTopK)
+}

@@ -162,7 +162,11 @@ func (c *checker) megatronFSDP() {
 			"fsdp.calculate_per_token_loss", "fsdp.data_parallel_sharding_strategy")
 	}
 	if rc.Precision.BF16 && !f.GradReduceInBF16 && c.dataParallel()*rc.Parallel.ContextParallel > 1 {
-		c.report(SevWarning, "SL111", "precision.bf16 is on but fsdp.grad_reduce_in_bf16 is off: gradients are reduced in fp32, twice the bytes",
+		sev := SevWarning
+		if c.r.Origin("fsdp.grad_reduce_in_bf16").Kind == FromImport {
+			sev = SevNote // the imported job's own choice, kept: a suggestion, not a defect
+		}
+		c.report(sev, "SL111", "precision.bf16 is on but fsdp.grad_reduce_in_bf16 is off: gradients are reduced in fp32, twice the bytes",
 			"set grad_reduce_in_bf16 = true (reductions still accumulate in fp32)", "fsdp.grad_reduce_in_bf16", "precision.bf16")
 	}
 }
@@ -276,6 +280,12 @@ func (m Model) EffectiveKVHeads() int {
 		return m.Heads
 	}
 	return m.KVHeads
+}
+
+// IsNoPELayer reports whether layer l (0-based) applies no rotary embedding
+// (model.nope_interval).
+func (m Model) IsNoPELayer(l int) bool {
+	return m.NoPEInterval > 0 && (l+1)%m.NoPEInterval == 0
 }
 
 // IsMoELayer reports whether layer l (0-based) is an MoE layer.

@@ -88,7 +88,8 @@ func TestInlineTablesAndDottedKeys(t *testing.T) {
 	dir := writeFiles(t, map[string]string{"x.toml": "[model]\nmoe = { num_experts = 4, top_k = 1 }\nmoe.layer_freq = 2\n"})
 	res, diags := Load(filepath.Join(dir, "x.toml"), Options{})
 	require.Empty(t, diags)
-	assert.Equal(t, MoE{NumExperts: 4, TopK: 1, ExpertFFNHidden: 256, AuxLossCoeff: 0.01, LayerFreq: 2}, res.Recipe.Model.MoE)
+	assert.Equal(t, MoE{NumExperts: 4, TopK: 1, ExpertFFNHidden: 256, AuxLossCoeff: 0.01, LayerFreq: 2,
+		ScoreFunction: "softmax", NormTopK: true, TopKScale: 1, BiasUpdateRate: 1e-3}, res.Recipe.Model.MoE)
 }
 
 func TestImpliedValues(t *testing.T) {

@@ -207,6 +207,14 @@ var megatronArgs = map[string]megatronArg{
 			}
 			return nil
 		}},
+	"moe-router-pre-softmax": {kind: mapped, usage: "sets model.moe.norm_top_k = false (softmax over all experts, the chosen scores kept as gates)",
+		apply: func(l *loader, v string, o Origin) error {
+			if v == "true" {
+				f, _ := recipeSchema.Lookup("model.moe.norm_top_k")
+				l.set(f, false, o)
+			}
+			return nil
+		}},
 	"rotary-percent": {kind: describes, takesValue: true, why: "shardline rotates the whole head (--rotary-percent 1.0)",
 		ok: func(v string) bool { f, err := strconv.ParseFloat(v, 64); return err == nil && f == 1 }, usage: "accepted as 1.0: RoPE on the whole head"},
 	// Sample-counted schedules: steps are samples over the global batch.

@@ -93,6 +93,14 @@ type Model struct {
 	// still causally. 0 means attention over the whole sequence. A size of
 	// seq_len or more changes nothing in training (lint notes it, SL307).
 	AttentionChunkSize int `toml:"attention_chunk_size" min:"0" max:"16777216"`
+	// RMSNorm on each attention head's queries and keys, with a gain of head size
+	// per layer for each, before the rotary embedding (Qwen3's QK-norm; Megatron's
+	// --qk-layernorm).
+	QKNorm bool `toml:"qk_norm" flag:"qk-layernorm"`
+	// NoPE layers: every nope_interval-th layer (1-based: layers k·nope_interval)
+	// applies no rotary embedding to its queries and keys (Llama 4's iRoPE, which
+	// uses 4). 0 makes every layer rotary.
+	NoPEInterval int `toml:"nope_interval" min:"0" max:"4096"`
 	// Mixture-of-experts layers; absent or num_experts = 0 for a dense model.
 	MoE MoE `toml:"moe"`
 }
@@ -112,6 +120,36 @@ type MoE struct {
 	CapacityFactor float64 `toml:"capacity_factor" min:"0" max:"1024" flag:"moe-expert-capacity-factor"`
 	// Weight of the load-balancing auxiliary loss added to the language-model loss.
 	AuxLossCoeff float64 `toml:"aux_loss_coeff" min:"0" flag:"moe-aux-loss-coeff"`
+	// The router's score of each expert: softmax over the experts (Mixtral, Qwen3-MoE)
+	// or sigmoid of each logit (DeepSeek-V3, Llama 4).
+	ScoreFunction string `toml:"score_function" enum:"softmax,sigmoid" flag:"moe-router-score-function"`
+	// Divide the chosen experts' scores by their sum, so that a token's gates add
+	// up to top_k_scale (Mixtral, DeepSeek-V3); false keeps the scores as they are
+	// (Llama 4, Qwen3-MoE's norm_topk_prob = false).
+	NormTopK bool `toml:"norm_top_k"`
+	// Factor every gate is multiplied by (DeepSeek-V3's routed_scaling_factor, 2.5;
+	// Megatron's --moe-router-topk-scaling-factor).
+	TopKScale float64 `toml:"top_k_scale" gt:"0" max:"1000000" flag:"moe-router-topk-scaling-factor"`
+	// Scale each token by its gate before the expert instead of the expert's output
+	// after it (Llama 4: the expert sees gate·x, and its output is summed
+	// unweighted). SwiGLU is not linear, so the two differ.
+	ScoreBeforeExpert bool `toml:"score_before_expert"`
+	// Auxiliary-loss-free balancing (DeepSeek-V3): a per-expert bias added to the
+	// scores when choosing experts (not to the gates), moved after every step by
+	// bias_update_rate towards the experts that got fewer than the mean of the
+	// step's routed copies, counted over the whole global batch (every data- and
+	// expert-parallel rank holds the same biases). Saved in checkpoints.
+	ExpertBias bool `toml:"expert_bias" flag:"moe-router-enable-expert-bias"`
+	// Step of the expert-bias update: bias_e += rate · sign(mean load − load_e).
+	BiasUpdateRate float64 `toml:"bias_update_rate" gt:"0" max:"1" flag:"moe-router-bias-update-rate"`
+	// Group-limited routing (DeepSeek-V3): the experts form num_groups groups of
+	// num_experts / num_groups; each token picks its group_top_k groups by the sum
+	// of each group's top_k / group_top_k best scores, then its top_k experts among
+	// them. 0 routes over all experts.
+	NumGroups int `toml:"num_groups" min:"0" max:"4096" flag:"moe-router-num-groups"`
+	// Groups each token may route to under group-limited routing (1 ≤ group_top_k ≤
+	// num_groups, and group_top_k divides top_k).
+	GroupTopK int `toml:"group_top_k" min:"0" max:"4096" flag:"moe-router-group-topk"`
 	// Layer interleave: every layer_freq-th layer (1-based: layers k·layer_freq) is an
 	// MoE layer, the others dense. 1 makes every layer MoE.
 	LayerFreq int `toml:"layer_freq" min:"1" max:"4096" flag:"moe-layer-freq"`

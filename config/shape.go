@@ -44,6 +44,10 @@ func ShapeProblems(r *Recipe) []ShapeProblem {
 		add("SL304", fmt.Sprintf("model.moe.layer_freq (%d) exceeds model.layers (%d): no layer would be MoE", moe.LayerFreq, m.Layers),
 			"set layer_freq = 1 for all-MoE layers, or set num_experts = 0 for a dense model", "model.moe.layer_freq")
 	}
+	if m.NoPEInterval > m.Layers {
+		add("SL304", fmt.Sprintf("model.nope_interval (%d) exceeds model.layers (%d): no layer would be NoPE", m.NoPEInterval, m.Layers),
+			"set nope_interval to at most the layer count (Llama 4 uses 4), or 0 for rotary embeddings in every layer", "model.nope_interval")
+	}
 	// The mesh.
 	mp := p.TensorParallel * p.ContextParallel * p.PipelineParallel
 	if p.WorldSize%mp != 0 {
@@ -109,6 +113,25 @@ func ShapeProblems(r *Recipe) []ShapeProblem {
 	if moe.TopK > moe.NumExperts {
 		add("SL207", fmt.Sprintf("model.moe.top_k (%d) must be ≤ model.moe.num_experts (%d)", moe.TopK, moe.NumExperts),
 			fmt.Sprintf("set top_k to at most %d", moe.NumExperts), "model.moe.top_k", "model.moe.num_experts")
+	}
+	if g := moe.NumGroups; g > 0 {
+		switch {
+		case moe.NumExperts%g != 0:
+			add("SL207", fmt.Sprintf("model.moe.num_groups (%d) must divide model.moe.num_experts (%d): each group holds num_experts / num_groups experts", g, moe.NumExperts),
+				"choose a group count that divides the number of experts (DeepSeek-V3: 8 groups of 32), or 0 to route over all experts", "model.moe.num_groups", "model.moe.num_experts")
+		case moe.GroupTopK < 1 || moe.GroupTopK > g:
+			add("SL207", fmt.Sprintf("model.moe.group_top_k (%d) must be between 1 and model.moe.num_groups (%d) under group-limited routing", moe.GroupTopK, g),
+				"set group_top_k to the groups a token may use (DeepSeek-V3: 4 of 8)", "model.moe.group_top_k", "model.moe.num_groups")
+		case moe.TopK%moe.GroupTopK != 0:
+			add("SL207", fmt.Sprintf("model.moe.group_top_k (%d) must divide model.moe.top_k (%d): a group's score is the sum of its top_k / group_top_k best scores", moe.GroupTopK, moe.TopK),
+				"pick group_top_k among the divisors of top_k", "model.moe.group_top_k", "model.moe.top_k")
+		case moe.TopK > moe.GroupTopK*(moe.NumExperts/g):
+			add("SL207", fmt.Sprintf("model.moe.top_k (%d) exceeds the %d experts of model.moe.group_top_k (%d) groups of %d", moe.TopK, moe.GroupTopK*(moe.NumExperts/g), moe.GroupTopK, moe.NumExperts/g),
+				"raise group_top_k or lower top_k", "model.moe.top_k", "model.moe.group_top_k")
+		}
+	} else if moe.GroupTopK > 0 {
+		add("SL207", fmt.Sprintf("model.moe.group_top_k (%d) is set without model.moe.num_groups: group-limited routing needs both", moe.GroupTopK),
+			"set num_groups too, or group_top_k = 0 to route over all experts", "model.moe.group_top_k", "model.moe.num_groups")
 	}
 	if moe.ExpertFFNHidden%p.ExpertTensorParallel != 0 {
 		add("SL210", fmt.Sprintf("parallel.expert_tensor_parallel (%d) must divide model.moe.expert_ffn_hidden (%d)", p.ExpertTensorParallel, moe.ExpertFFNHidden),

@@ -82,6 +82,7 @@ var ttAliases = map[string]string{
 	"experimental.pipeline_parallel_degree":   "parallelism.pipeline_parallel_degree",
 	"training.compile":                        "compile.enable",
 	"optimizer.fused":                         "optimizer.implementation",
+	"checkpoint.enable_checkpoint":            "checkpoint.enable",
 }
 
 // ttNoEffect are the job-file settings that change nothing shardline computes,
@@ -172,6 +173,7 @@ func (s ttSetting) given() bool { return s.pos.Line > 0 }
 // ttImport translates one job file.
 type ttImport struct {
 	path     string
+	sets     map[string]bool      // recipe keys given with --set: the model of a flavour no table has
 	set      map[string]ttSetting // given in the file (canonical keys)
 	imported []ImportedValue
 	diags    Diagnostics
@@ -188,6 +190,16 @@ type ttImport struct {
 // what does not matter here is a note (SL011); a key no torchtitan version has is
 // an error (SL007).
 func ImportTorchtitan(path string, src []byte, worldSize int) (*Resolved, Diagnostics) {
+	return ImportTorchtitanWith(path, src, worldSize, nil)
+}
+
+// ImportTorchtitanWith is ImportTorchtitan with recipe keys set as --set
+// does ("section.key=value"), over what the job file gives: the way to bring a
+// flavour no torchtitan table has (a job's own model code, such as the
+// torchtitan report's llama4 3bx128e) with the rest of its job file. Such a
+// flavour needs its shape given (ttShapeKeys); the llama4 router and every
+// other model default of torchtitan's still apply under it.
+func ImportTorchtitanWith(path string, src []byte, worldSize int, sets []string) (*Resolved, Diagnostics) {
 	doc, diags := parseTOML(path, src)
 	if doc == nil {
 		for i := range diags {
@@ -195,10 +207,22 @@ func ImportTorchtitan(path string, src []byte, worldSize int) (*Resolved, Diagno
 		}
 		return nil, diags
 	}
-	t := &ttImport{path: path, set: map[string]ttSetting{}}
+	t := &ttImport{path: path, set: map[string]ttSetting{}, sets: map[string]bool{}}
+	for _, s := range sets {
+		k, _, _ := strings.Cut(s, "=")
+		t.sets[strings.TrimSpace(k)] = true
+	}
 	t.read(doc)
 	t.translate(worldSize)
-	res, ldiags := LoadBytes(path, nil, Options{Imported: t.imported})
+	// A key given with --set beats the job file's value for it.
+	kept := t.imported[:0]
+	for _, v := range t.imported {
+		if !t.sets[v.Key] {
+			kept = append(kept, v)
+		}
+	}
+	t.imported = kept
+	res, ldiags := LoadBytes(path, nil, Options{Imported: t.imported, Sets: sets})
 	if res != nil {
 		res.Sources[path] = src
 	}
@@ -478,6 +502,15 @@ func (t *ttImport) model() {
 		return
 	}
 	f, ok := table[flavor.str()]
+	if !ok && t.givesShape(name.str()) {
+		// The job's own flavour: its shape from --set, the rest torchtitan's.
+		t.note(flavor, fmt.Sprintf("torchtitan's %s table has no flavour %q: its shape is the keys given with --set (%s)", name.str(), flavor.str(), strings.Join(ttShapeKeys(name.str()), ", ")), "")
+		if name.str() == "llama4" {
+			f = ttFlavour{experts: 1, interleave: 2} // MoEArgs' and TransformerModelArgs' defaults below
+		}
+		t.modelDefaults(name.str(), f, flavor)
+		return
+	}
 	if !ok {
 		names := make([]string, 0, len(table))
 		for n := range table {
@@ -488,7 +521,7 @@ func (t *ttImport) model() {
 		if m := Suggest(flavor.str(), names); m != "" {
 			msg += fmt.Sprintf("; did you mean %q?", m)
 		}
-		t.errorf(t.at(flavor), "SL004", msg, "flavours are "+quoteAll(names))
+		t.errorf(t.at(flavor), "SL004", msg, "flavours are "+quoteAll(names)+", or give a flavour of your own as keys: recipe import --set "+strings.Join(ttShapeKeys(name.str()), "=… --set ")+"=…")
 		return
 	}
 	if f.refuse != "" {
@@ -509,8 +542,6 @@ func (t *ttImport) model() {
 	}
 	t.to("model.ffn_hidden", strconv.Itoa(f.ffnHidden()), flavor, fmt.Sprintf("%s: 2/3 of 4·dim%s, rounded up to a multiple of %d", because, mult, f.multipleOf))
 	t.to("model.rope_theta", ftoa(f.ropeTheta), flavor, because)
-	t.to("model.norm_eps", "1e-05", flavor, because)
-	t.to("model.tie_embeddings", "false", flavor, because)
 	if f.ropeScaling {
 		t.to("model.rope_scaling", "llama3", flavor, because+": RoPE scaling factor 8, low 1, high 4, original 8192 positions")
 		t.to("model.rope_scaling_factor", "8", flavor, because)
@@ -523,12 +554,57 @@ func (t *ttImport) model() {
 	}
 	if f.experts > 0 {
 		t.to("model.moe.num_experts", strconv.Itoa(f.experts), flavor, because)
-		t.to("model.moe.top_k", "1", flavor, because)
-		t.to("model.moe.shared_experts", "1", flavor, because)
 		t.to("model.moe.expert_ffn_hidden", strconv.Itoa(f.expertHidden()), flavor, because+": the dense size over top_k + shared experts, rounded up")
 		t.to("model.moe.layer_freq", strconv.Itoa(f.interleave), flavor, because+": interleave_moe_layer_step")
-		t.refuse(flavor, "shardline cannot train its MoE layers as torchtitan does: "+ttLlama4Router,
-			"no job-file key changes llama4's router; import a llama3 flavour, or write the recipe's [model.moe] by hand (softmax top-k with an auxiliary loss)")
+	}
+	t.modelDefaults(name.str(), f, flavor)
+}
+
+// ttShapeKeys are the recipe keys a flavour no table has must be given with
+// --set: what a table row gives (the llama4 rows' experts too).
+func ttShapeKeys(name string) []string {
+	keys := []string{"model.layers", "model.hidden", "model.heads", "model.kv_heads", "model.vocab_size", "model.ffn_hidden", "model.rope_theta"}
+	if name == "llama4" {
+		keys = append(keys, "model.moe.num_experts", "model.moe.expert_ffn_hidden", "model.moe.layer_freq")
+	}
+	return keys
+}
+
+// givesShape reports whether --set gives every ttShapeKeys key of model name.
+func (t *ttImport) givesShape(name string) bool {
+	if name != "llama3" && name != "llama4" {
+		return false
+	}
+	for _, k := range ttShapeKeys(name) {
+		if !t.sets[k] {
+			return false
+		}
+	}
+	return true
+}
+
+// modelDefaults sets what every flavour of model name shares (torchtitan's
+// TransformerModelArgs and, for llama4, MoEArgs: a sigmoid router whose top 1
+// score scales the token before its expert, unnormalised and unscaled, a
+// shared expert, and auxiliary-loss-free balancing by expert biases moved by
+// load_balance_coeff 1e-3 before each optimizer step), then the notes and
+// refusals of the rest of [model].
+func (t *ttImport) modelDefaults(name string, f ttFlavour, flavor ttSetting) {
+	because := fmt.Sprintf("torchtitan's %s defaults", name)
+	t.to("model.norm_eps", "1e-05", flavor, because)
+	t.to("model.tie_embeddings", "false", flavor, because)
+	if f.experts > 0 {
+		moe := because + " (MoEArgs)"
+		t.to("model.moe.top_k", "1", flavor, moe)
+		t.to("model.moe.shared_experts", "1", flavor, moe)
+		t.to("model.moe.score_function", "sigmoid", flavor, moe+": score_func sigmoid")
+		t.to("model.moe.norm_top_k", "false", flavor, moe+": route_norm false")
+		t.to("model.moe.top_k_scale", "1", flavor, moe+": route_scale 1")
+		t.to("model.moe.score_before_expert", "true", flavor, moe+": score_before_experts")
+		t.to("model.moe.expert_bias", "true", flavor, moe+": load_balance_coeff 1e-3")
+		t.to("model.moe.bias_update_rate", "0.001", flavor, moe+": load_balance_coeff")
+		t.to("model.moe.aux_loss_coeff", "0", flavor, moe+": no auxiliary loss")
+		t.note(flavor, "torchtitan centres each expert-bias update on zero (delta − mean(delta)); shardline moves each bias by ±load_balance_coeff as Megatron does: the same experts are chosen (a bias common to all experts changes no choice)", "")
 	}
 	t.note(flavor, "weights start from shardline's initialisation (normal, std model.init_std = 0.02), not torchtitan's (truncated normal with depth-scaled output projections): the same model from another starting point", "")
 	if s := t.get("model.norm_type"); s.str() != "rmsnorm" {
@@ -663,6 +739,7 @@ func (t *ttImport) parallelism(worldSize int) int64 {
 		t.to("fsdp.data_parallel_sharding_strategy", "no_shard", rep, "data_parallel_shard_degree 1: torchtitan's DDP, replicated weights and all-reduced gradients")
 	case fsdp:
 		t.to("fsdp.data_parallel_sharding_strategy", "optim_grads_params", shard, "torchtitan's FSDP2 shards parameters, gradients and optimizer state")
+		t.to("fsdp.init_model_with_meta_device", "true", shard, "torchtitan builds the model on the meta device and initialises each rank's shard")
 	}
 	if s := deg("fsdp_reshard_after_forward"); s.given() {
 		switch s.str() {
@@ -687,6 +764,8 @@ func (t *ttImport) parallelism(worldSize int) int64 {
 	}
 	if s := t.get("training.mixed_precision_reduce"); s.str() != "float32" {
 		t.errorf(t.at(s), "SL004", fmt.Sprintf("%s: torchtitan reduces gradients in float32 only", s.name()), `set it to "float32"`)
+	} else {
+		t.to("fsdp.grad_reduce_in_bf16", "false", s, "torchtitan reduces gradients in float32")
 	}
 	if s := t.get("training.dtype"); s.str() == "bfloat16" {
 		t.to("precision.main_params_dtype", "bf16", s, "weights and optimizer state in bf16")

@@ -34,7 +34,7 @@ type ttFlavour struct {
 
 const (
 	ttBlockCausal = "attention within documents (attn_mask_type block_causal, %s attention): data.reset_attention_mask"
-	ttIRoPE       = "it is iRoPE: every 4th layer has no positional embedding and the others attend within fixed blocks; shardline's layers all use RoPE over the whole sequence"
+	ttIRoPE       = "it is iRoPE: its RoPE layers attend within chunks of 8192 positions and every 4th layer (NoPE) over the whole sequence; shardline's chunked attention (model.attention_chunk_size) applies to every layer alike"
 )
 
 var ttLlama3 = map[string]ttFlavour{
@@ -56,12 +56,6 @@ var ttLlama4 = map[string]ttFlavour{
 	"17bx16e_irope":    {dim: 5120, layers: 48, heads: 40, kvHeads: 8, vocab: 202048, multipleOf: 2048, ffnMultiplier: 1.2, ropeTheta: 500000, ropeScaling: true, experts: 16, interleave: 1, refuse: ttIRoPE},
 	"17bx128e_irope":   {dim: 5120, layers: 48, heads: 40, kvHeads: 8, vocab: 202048, multipleOf: 2048, ffnMultiplier: 1.2, ropeTheta: 500000, experts: 128, interleave: 2, refuse: ttIRoPE},
 }
-
-// ttLlama4Router is why shardline cannot train llama4's MoE layers as torchtitan
-// does (MoEArgs' defaults, which no job-file key changes).
-const ttLlama4Router = "llama4's router scores experts with a sigmoid, scales each token by its score before the expert (score_before_experts), " +
-	"and balances load by adjusting expert biases between steps (load_balance_coeff 1e-3); shardline's router gates by a softmax over the chosen experts' scores " +
-	"and balances load with an auxiliary loss"
 
 // ffnHidden is torchtitan's FeedForward hidden size for a SwiGLU MLP whose nominal
 // hidden size is 4·dim: two thirds of it, times the multiplier, rounded up to a

@@ -2,6 +2,7 @@ package config
 
 import (
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -131,8 +132,10 @@ func TestImportTorchtitanDebug(t *testing.T) {
 	require.Contains(t, all, "selective_ac_option = '2': torchtitan's selective policy (one layer in every 2 recomputed whole)")
 }
 
-// TestImportTorchtitanLlama4: Scout's shape comes from the llama4 table, and the
-// router shardline does not train is refused by name at the flavour.
+// TestImportTorchtitanLlama4: Scout's shape comes from the llama4 table and
+// its router from torchtitan's MoEArgs (sigmoid, top 1, the token scaled before
+// its expert, unnormalised, expert biases moved by 1e-3, no aux loss): the file
+// imports without an error.
 func TestImportTorchtitanLlama4(t *testing.T) {
 	res, diags := importTT(t, "llama4_17bx16e.toml", 64)
 	m := res.Recipe.Model
@@ -140,14 +143,11 @@ func TestImportTorchtitanLlama4(t *testing.T) {
 	require.Equal(t, []int{16, 1, 1, 8192, 1}, []int{m.MoE.NumExperts, m.MoE.TopK, m.MoE.SharedExperts, m.MoE.ExpertFFNHidden, m.MoE.LayerFreq})
 	require.Equal(t, []int{64, 8}, []int{res.Recipe.Parallel.WorldSize, res.Recipe.Parallel.TensorParallel})
 	require.True(t, res.Recipe.Precision.BF16, "FSDP over 8 shards: mixed precision")
-	var refused []string
-	for _, d := range diags {
-		if d.Severity == SevError {
-			refused = append(refused, d.Location()+" "+d.Code+" "+d.Message)
-		}
-	}
-	require.Len(t, refused, 1, "%v", refused)
-	require.Contains(t, refused[0], "llama4_17bx16e.toml:8:1 SL010 [model] flavor = \"17bx16e\": shardline cannot train its MoE layers as torchtitan does: llama4's router scores experts with a sigmoid")
+	requireNoErrors(t, diags)
+	require.Equal(t, MoE{NumExperts: 16, TopK: 1, ExpertFFNHidden: 8192, SharedExperts: 1, LayerFreq: 1, ScoreFunction: "sigmoid", TopKScale: 1,
+		ScoreBeforeExpert: true, ExpertBias: true, BiasUpdateRate: 1e-3}, m.MoE)
+	require.Equal(t, "imported from [model] flavor = \"17bx16e\" (torchtitan's llama4 defaults (MoEArgs): score_before_experts) at llama4_17bx16e.toml:8:1",
+		res.Origin("model.moe.score_before_expert").Describe())
 
 	// 17bx128e: no RoPE scaling, MoE on every other layer.
 	src := []byte("[model]\nname = \"llama4\"\nflavor = \"17bx128e\"\n")
@@ -259,4 +259,46 @@ func TestImportTorchtitanBlockCausal(t *testing.T) {
 		require.Equal(t, base.Recipe.Model, res.Recipe.Model, flavor)
 		require.False(t, base.Recipe.Data.ResetAttentionMask)
 	}
+}
+
+// report3bx128e are the recipe keys of the torchtitan report's llama4
+// "3bx128e" (its own model code: width 2048, 48 layers all MoE, 32 heads over 4
+// key/value heads, 128 experts of ffn 768 with one shared, top 8) and the
+// report's GPUs.
+var report3bx128e = []string{"model.layers=48", "model.hidden=2048", "model.heads=32", "model.kv_heads=4", "model.vocab_size=202048",
+	"model.ffn_hidden=8192", "model.rope_theta=500000", "model.moe.num_experts=128", "model.moe.expert_ffn_hidden=768",
+	"model.moe.layer_freq=1", "model.moe.top_k=8", "parallel.device_profile=h20-96gb"}
+
+// TestImportTorchtitanReport: the report's job file, its flavour given as keys,
+// imports with notes only (enable_checkpoint, the older name of [checkpoint]
+// enable, among them), with the llama4 router and the keys' shape, and lints
+// with notes only; without the keys the flavour is an error that says how to
+// give them.
+func TestImportTorchtitanReport(t *testing.T) {
+	path := filepath.Join("testdata", "torchtitan", "llama4_3bx128e.toml")
+	src, err := os.ReadFile(path)
+	require.NoError(t, err)
+	res, diags := ImportTorchtitanWith(path, src, 8, report3bx128e)
+	for _, d := range diags {
+		require.Equal(t, SevNote, d.Severity, "%s %s %s", d.Location(), d.Code, d.Message)
+	}
+	r := res.Recipe
+	require.Equal(t, []int{48, 2048, 32, 4, 128, 8, 768, 1, 1}, []int{r.Model.Layers, r.Model.Hidden, r.Model.Heads, r.Model.KVHeads,
+		r.Model.MoE.NumExperts, r.Model.MoE.TopK, r.Model.MoE.ExpertFFNHidden, r.Model.MoE.SharedExperts, r.Model.MoE.LayerFreq})
+	require.Equal(t, []int{8, 4, 8192, 1}, []int{r.Parallel.WorldSize, r.Parallel.ExpertParallel, r.Model.SeqLen, r.Train.MicroBatchSize})
+	require.True(t, r.Model.MoE.ExpertBias && r.Model.MoE.ScoreBeforeExpert && r.Model.MoE.ScoreFunction == "sigmoid")
+	require.Equal(t, 500, r.Checkpoint.Interval, "enable_checkpoint turns checkpoints on")
+	require.Equal(t, "full", r.ActivationCheckpoint.Mode)
+	for _, d := range Lint(res, nil) {
+		require.Equal(t, SevNote, d.Severity, "lint: %s %s %s", d.Location(), d.Code, d.Message)
+	}
+
+	_, diags = ImportTorchtitanWith(path, src, 8, nil)
+	require.True(t, diags.HasErrors())
+	var all []string
+	for _, d := range diags {
+		all = append(all, d.Message+" "+d.Help)
+	}
+	require.Contains(t, strings.Join(all, "\n"), `llama4 has no llama4 flavour "3bx128e"`)
+	require.Contains(t, strings.Join(all, "\n"), "recipe import --set model.layers=… --set model.hidden=…")
 }

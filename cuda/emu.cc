@@ -5,7 +5,7 @@
 // calls it with its arguments taken from 8-byte slots, as cuLaunchKernel
 // takes them.
 //
-// sources: 47cfe757d705d44d1045dbbbfd43a1572287c7a0e4414e9f17af69789c385848
+// sources: 0f93a4666ed7b0feb900feefdd2d6b63b10943a28f41e57315bcd91b7dae5c5a
 #include "emu.h"
 #include "kernels.cu"
 

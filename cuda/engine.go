@@ -73,7 +73,18 @@ const (
 	scratchTok                                  // MoE: the padded layout's row tokens
 	scratchMoEUnused                            // MoE: stand-ins for fields a call does not read
 	scratchPadOffsets                           // MoE: the padded layout's static segments
+	scratchRouterDS                             // MoE: router_general_backward's score gradients
 )
+
+// routerMaxGroups is router_general's bound on a router's groups (its
+// ROUTER_MAXG: a thread keeps each group's score).
+const routerMaxGroups = 64
+
+// plainRouter reports whether s and r route as moe_router does: softmax,
+// renormalised, unscaled, no bias, no groups.
+func plainRouter(r tensor.Routing, s tensor.MoEShape) bool {
+	return (s.Router == tensor.RouterSpec{} || s.Router == tensor.RouterSpec{Scale: 1}) && r.Bias.Len() == 0
+}
 
 // as is b's memory seen as n values of t (a scratch slot holds fp32; the bf16
 // and f64 views of it are the same bytes).
@@ -530,8 +541,30 @@ func (k *kernels) moeRouting(o *operands, r tensor.Routing, s tensor.MoEShape, p
 func (k *kernels) Router(probs, gates, logits tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
 	o := k.ops("Router")
 	z := o.f(logits, s.BT*s.E)
-	if mr := k.moeRouting(&o, r, s, probs, gates); o.ok() {
-		k.d.Router(mr, z, s)
+	if plainRouter(r, s) {
+		if mr := k.moeRouting(&o, r, s, probs, gates); o.ok() {
+			k.d.Router(mr, z, s)
+		}
+		return
+	}
+	spec := s.Router
+	p, g, idx := o.f(probs, s.BT*s.E), o.f(gates, s.BT*s.K), o.i(r.Idx, s.BT*s.K)
+	var bias Buffer
+	if r.Bias.Len() > 0 {
+		bias = o.f(r.Bias, s.E)
+	}
+	n := 0
+	if spec.Groups > 0 {
+		if spec.Groups > routerMaxGroups || spec.GroupK < 1 || spec.GroupK > spec.Groups || s.E%spec.Groups != 0 || s.K%spec.GroupK != 0 {
+			o.failf("group-limited routing of %d experts in %d groups, %d kept, top %d: the device takes at most %d groups, a group count that divides the experts and a kept count that divides top_k",
+				s.E, spec.Groups, spec.GroupK, s.K, routerMaxGroups)
+		} else {
+			n = s.K / spec.GroupK
+		}
+	}
+	if o.ok() {
+		k.d.launch("router_general", k.d.grid(s.BT), 1, threads, k.d.wr(p), k.d.wr(idx), k.d.wr(g), k.d.rd(z), k.d.rd(bias),
+			i32(s.BT), i32(s.E), i32(s.K), flag(spec.Sigmoid), flag(spec.Raw), f32(spec.GateScale()), i32(spec.Groups), i32(spec.GroupK), i32(n))
 	}
 }
 
@@ -542,9 +575,46 @@ func (k *kernels) RouterBackward(dlogits, dgates, dprobs, gates, probs tensor.Bu
 	if dprobs.Len() > 0 {
 		dp = o.f(dprobs, s.BT*s.E)
 	}
+	if !o.ok() {
+		return
+	}
+	if spec := s.Router; spec.Sigmoid || spec.Raw || spec.GateScale() != 1 {
+		ds := k.d.scratch(scratchRouterDS, s.BT*s.E)
+		k.d.launch("router_general_backward", k.d.grid(s.BT), 1, threads, k.d.rw(dz), k.d.wr(ds), k.d.rd(dg), k.d.rd(dp), k.d.rd(g), k.d.rd(p), k.d.rd(idx),
+			i32(s.BT), i32(s.E), i32(s.K), flag(spec.Sigmoid), flag(spec.Raw), f32(spec.GateScale()), flag(dp.N > 0))
+		return
+	}
+	k.d.launch("router_backward_add", k.d.grid(s.BT), 1, threads, k.d.rw(dz), k.d.rd(dg), k.d.rd(dp), k.d.rd(g), k.d.rd(p), k.d.rd(idx),
+		i32(s.BT), i32(s.E), i32(s.K), flag(dp.N > 0))
+}
+
+func (k *kernels) ScaleCopies(xperm, gates tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
+	o := k.ops("ScaleCopies")
+	n := s.BT * s.K
+	xp, g, row := o.f(xperm, s.Rows()*s.C), o.f(gates, n), o.i(r.Row, n)
 	if o.ok() {
-		k.d.launch("router_backward_add", k.d.grid(s.BT), 1, threads, k.d.rw(dz), k.d.rd(dg), k.d.rd(dp), k.d.rd(g), k.d.rd(p), k.d.rd(idx),
-			i32(s.BT), i32(s.E), i32(s.K), flag(dp.N > 0))
+		k.d.launch("scale_copies", k.d.grid(n*s.C), 1, threads, k.d.rw(xp), k.d.rd(g), k.d.rd(row), i32(n), i32(s.C))
+	}
+}
+
+func (k *kernels) ScaleCopiesBackward(dgates, dxperm, x, gates tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
+	o := k.ops("ScaleCopiesBackward")
+	n := s.BT * s.K
+	dg, dxp, xs, g, row := o.f(dgates, n), o.f(dxperm, s.Rows()*s.C), o.f(x, s.BT*s.C), o.f(gates, n), o.i(r.Row, n)
+	if o.ok() {
+		k.d.launch("scale_copies_backward", (n*32+threads-1)/threads, 1, threads, k.d.wr(dg), k.d.rw(dxp), k.d.rd(xs), k.d.rd(g), k.d.rd(row), i32(n), i32(s.K), i32(s.C))
+	}
+}
+
+func (k *kernels) ExpertBiasUpdate(bias, load tensor.Buffer, E, lo int, rate float64) {
+	o := k.ops("ExpertBiasUpdate")
+	n := bias.Len()
+	b, l := o.f(bias, n), o.f(load, E)
+	if lo < 0 || lo+n > E {
+		o.failf("the biases of experts %d..%d of %d", lo, lo+n-1, E)
+	}
+	if o.ok() {
+		k.d.launch("expert_bias_update", 1, 1, 1, k.d.rw(b), k.d.rd(l), i32(E), i32(lo), i32(n), f32(rate))
 	}
 }
 

@@ -78,6 +78,15 @@ func (k *Kernels) AddInto(dst, src tensor.Buffer, n int) {
 func (k *Kernels) Router(probs, gates, logits tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
 	k.k.d.run(func() { k.k.Router(probs, gates, logits, r, s) })
 }
+func (k *Kernels) ScaleCopies(xperm, gates tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
+	k.k.d.run(func() { k.k.ScaleCopies(xperm, gates, r, s) })
+}
+func (k *Kernels) ScaleCopiesBackward(dgates, dxperm, x, gates tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
+	k.k.d.run(func() { k.k.ScaleCopiesBackward(dgates, dxperm, x, gates, r, s) })
+}
+func (k *Kernels) ExpertBiasUpdate(bias, load tensor.Buffer, E, lo int, rate float64) {
+	k.k.d.run(func() { k.k.ExpertBiasUpdate(bias, load, E, lo, rate) })
+}
 func (k *Kernels) RouterBackward(dlogits, dgates, dprobs, gates, probs tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
 	k.k.d.run(func() { k.k.RouterBackward(dlogits, dgates, dprobs, gates, probs, r, s) })
 }

@@ -518,7 +518,7 @@ func (d *Device) FlashAttentionBackwardMasked(dq, dk, dv, dout, o, lse, q, k, v,
 
 // scratchEmuFlash is the first of the eight scratch slots of the host
 // emulator's bf16 flash attention (after the engine's own, engine.go).
-const scratchEmuFlash = scratchPadOffsets + 1
+const scratchEmuFlash = scratchRouterDS + 1
 
 // emuFlashOperands widens bf16 attention operands into fp32 scratch slots
 // (scratchEmuFlash, in order), for the host emulator, which has no

@@ -46,7 +46,7 @@ func TestMoE(t *testing.T) {
 		ts := tensor.MoEShape{BT: BT, E: E, K: K, C: C, Capacity: capacity}
 		row, tok, offsets, cursor := make([]int32, BT*K), make([]int32, BT*K), make([]int32, E+1), make([]int32, E)
 		crt := cpu.Routing{Idx: idx, Row: row, Tok: tok, Offsets: offsets, Cursor: cursor}
-		cpu.Router(probs, gates, logits, crt, ts)
+		cpu.Router(probs, gates, logits, nil, crt, ts)
 		xperm := make([]float32, BT*K*C)
 		cpu.Dispatch(xperm, x, crt, ts)
 		n := int(offsets[E])

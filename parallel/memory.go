@@ -359,6 +359,16 @@ func activationBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) int64 {
 		} else {
 			bytes += (2*int64(mo.Layers) + 1) * rows * 4
 		}
+		if mo.QKNorm {
+			// QK-norm's reciprocal RMS per row and head (fp32), of q's heads
+			// and k's, per layer (one layer's under full recompute).
+			qk := t.local * int64(mo.Heads+mo.EffectiveKVHeads()) / tp * 4
+			if mode == "full" {
+				bytes += qk
+			} else {
+				bytes += int64(mo.Layers) * qk
+			}
+		}
 		bytes += 4 * cpuInts(mo, m, t, mode == "full", r.Data.ResetAttentionMask)
 	}
 	return bytes + 2*t.local*h/tp*d.act
@@ -446,6 +456,9 @@ func scratchBytesAt(r *config.Recipe, m Mesh, copies int64) int64 {
 	FF := int64(mo.FFNHidden) / tp
 	n := BT + T*HD // the loss's gradient scale, the RoPE tables: fp32
 	grads := 2*R*C + 2*BT*NH*HD + 2*BT*NKV*HD + 3*BT*FF
+	if mo.QKNorm {
+		grads += BT * NH * HD // QK-norm's input gradient
+	}
 	if bf16Native(r) {
 		// The activations' gradients in bf16 (nothing below is counted then:
 		// no tensor or context parallelism, no MoE).
@@ -455,6 +468,9 @@ func scratchBytesAt(r *config.Recipe, m Mesh, copies int64) int64 {
 	E := int64(mo.MoE.NumExperts)
 	if tp > 1 {
 		n += 3*BT*C + R*C + C + E*C + 2*BT + tp*BT
+		if mo.QKNorm {
+			n += HD // QK-norm's gains' gradient, summed over tp
+		}
 	}
 	if cp > 1 {
 		kv, c := BT*NKV*HD, T/2
@@ -471,6 +487,19 @@ func scratchBytesAt(r *config.Recipe, m Mesh, copies int64) int64 {
 		}
 		if mo.MoE.SharedExperts > 0 {
 			n += 3 * BT * (EF / tp)
+		}
+		if mo.MoE.ExpertBias {
+			// Each MoE layer's copies counted since the last bias update, and
+			// the bias as the router reads it (fp32).
+			n += E
+			for l := 0; l < mo.Layers; l++ {
+				if mo.IsMoELayer(l) {
+					n += E
+				}
+			}
+		}
+		if mo.MoE.ScoreBeforeExpert {
+			n += R * k // the unit gates the experts' outputs are combined with
 		}
 	}
 	return n * 4

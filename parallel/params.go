@@ -35,6 +35,11 @@ type Param struct {
 	Modules []Module
 	// NoDecay marks norm gains and embeddings (no weight decay unless asked).
 	NoDecay bool
+	// Balance marks an MoE layer's expert bias (model.moe.expert_bias): no
+	// gradient reaches it and the optimizer leaves it as it is (never
+	// decayed); the trainer moves it between steps from the experts' loads.
+	// It starts at zero.
+	Balance bool
 	// TPSplit says which dim tensor parallelism splits (-1: replicated over tp).
 	TPSplit int
 	// Unit is the FSDP unit (index into Plan.Units) holding the parameter; set by
@@ -98,10 +103,10 @@ func ParamTable(m config.Model, tp, etp int) ([]Param, error) {
 	}
 	d := m.HeadSize()
 	// Size the table up front: a 600B-class MoE has ~50k rows.
-	n := 3 + m.Layers*9
+	n := 3 + m.Layers*11
 	for l := 0; l < m.Layers; l++ {
 		if m.IsMoELayer(l) {
-			n += 1 + 3*(m.MoE.SharedExperts+m.MoE.NumExperts)
+			n += 2 + 3*(m.MoE.SharedExperts+m.MoE.NumExperts)
 		}
 	}
 	if n > MaxParamTensors {
@@ -140,6 +145,12 @@ func ParamTable(m config.Model, tp, etp int) ([]Param, error) {
 		add(pre+".attn.wq", heads*d, h, 0, tp, -1, l, false, attn)
 		add(pre+".attn.wk", kv*d, h, 0, tp, -1, l, false, attn)
 		add(pre+".attn.wv", kv*d, h, 0, tp, -1, l, false, attn)
+		if m.QKNorm {
+			// The per-head norms' gains: one head's size, shared by every head,
+			// replicated over tp.
+			add(pre+".attn.q_norm.weight", d, 0, -1, 1, -1, l, true, attn)
+			add(pre+".attn.k_norm.weight", d, 0, -1, 1, -1, l, true, attn)
+		}
 		add(pre+".attn.wo", h, heads*d, 1, tp, -1, l, false, attn)
 		add(pre+".mlp_norm.weight", h, 0, -1, 1, -1, l, true, layer)
 		if !m.IsMoELayer(l) {
@@ -154,6 +165,10 @@ func ParamTable(m config.Model, tp, etp int) ([]Param, error) {
 		ef := m.MoE.ExpertFFNHidden
 		// The router is replicated over tp: every rank routes its own tokens.
 		add(pre+".moe.router", m.MoE.NumExperts, h, -1, 1, -1, l, false, moe)
+		if m.MoE.ExpertBias {
+			add(pre+".moe.expert_bias", m.MoE.NumExperts, 0, -1, 1, -1, l, true, moe)
+			ps[len(ps)-1].Balance = true
+		}
 		for s := 0; s < m.MoE.SharedExperts; s++ {
 			sp := pre + ".moe.shared." + strconv.Itoa(s)
 			add(sp+".w1", ef, h, 0, tp, -1, l, false, moe)

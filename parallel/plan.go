@@ -172,7 +172,8 @@ func (p *Plan) memory(r *config.Recipe, d dtypes) {
 // width (hidden unless head_dim decouples it) (QKᵀ and PV, each 2·seq·w, halved by the
 // causal mask). A step is 3× forward (backward is twice forward); full recompute
 // adds a forward of the layers (selective remakes elementwise work only,
-// which the step model times). Compute time is the
+// which the step model times); the engine's QK-norm, the q and k products
+// again in backward. Compute time is the
 // executed FLOPs of one rank (all ranks share the work evenly) over the achievable
 // throughput. Communication on tp/cp/ep/etp is exposed; FSDP's overlappable part
 // hides behind compute, except what exceeds it.
@@ -200,6 +201,11 @@ func (p *Plan) timing(r *config.Recipe) {
 	// model times it).
 	if r.ActivationCheckpoint.Mode == "full" {
 		exec += fwd
+	}
+	if mo.QKNorm && runsEngine(r) {
+		// The engine's QK-norm backward makes the norms' inputs again: the q and
+		// k products' forward, per layer.
+		exec += 2 * float64(mo.Hidden*(mo.Heads+mo.EffectiveKVHeads())*mo.HeadSize()*mo.Layers)
 	}
 	p.ExecFLOPs = exec * tokens
 	dev := p.Topology.Device

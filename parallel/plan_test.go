@@ -569,3 +569,34 @@ func TestExpertParam(t *testing.T) {
 		assert.Equal(t, i, one.ExpertParam(i, 0))
 	}
 }
+
+// TestPlanTorchtitanReport: the torchtitan report's job file, its llama4
+// "3bx128e" given as keys (config's TestImportTorchtitanReport), plans on 8
+// H20s at EP 1 and EP 4 with the llama4 router (expert biases, QK-norm off):
+// Check finds nothing worse than a note, and the expert biases are in the
+// plan (one parameter of 128 values per MoE layer, replicated, no decay).
+func TestPlanTorchtitanReport(t *testing.T) {
+	path := "../config/testdata/torchtitan/llama4_3bx128e.toml"
+	src, err := os.ReadFile(path)
+	require.NoError(t, err)
+	for _, ep := range []string{"1", "4"} {
+		res, diags := config.ImportTorchtitanWith(path, src, 8, []string{"model.layers=48", "model.hidden=2048", "model.heads=32", "model.kv_heads=4",
+			"model.vocab_size=202048", "model.ffn_hidden=8192", "model.rope_theta=500000", "model.moe.num_experts=128", "model.moe.expert_ffn_hidden=768",
+			"model.moe.layer_freq=1", "model.moe.top_k=8", "parallel.device_profile=h20-96gb", "parallel.expert_parallel=" + ep})
+		require.False(t, diags.HasErrors(), "%v", diags)
+		p, ds := Check(res, nil)
+		require.NotNil(t, p, "ep %s", ep)
+		for _, d := range ds {
+			assert.Equal(t, config.SevNote, d.Severity, "ep %s: %s %s", ep, d.Code, d.Message)
+		}
+		biases := 0
+		for i := range p.Params {
+			if p.Params[i].Balance {
+				biases++
+				assert.Equal(t, []int{128}, p.Params[i].Shape)
+			}
+		}
+		assert.Equal(t, 48, biases, "ep %s", ep)
+		t.Logf("ep %s: %.1f GiB per rank planned", ep, float64(p.Memory.Total)/(1<<30))
+	}
+}

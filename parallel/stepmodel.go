@@ -217,15 +217,32 @@ func microCompute(mo config.Model, sh microShape, c opCosts) MicroTimes {
 		var lg, la, ls float64
 		ls += 2 * (stream(StreamRMSNorm, float64(R*C)) + stream(StreamRMSNormBwd, float64(R*C)))
 		lg += gemm(BT, C, Q) + gemm(BT, C, KV) + gemm(BT, C, KV) + gemm(BT, Q, C)
-		ls += stream(StreamRope, float64(BT*Q)) + stream(StreamRope, float64(BT*KV))
-		ls += stream(StreamRopeBwd, float64(BT*Q)) + stream(StreamRopeBwd, float64(BT*KV))
+		nope := mo.IsNoPELayer(l) // no rotary embedding
+		if !nope {
+			ls += stream(StreamRope, float64(BT*Q)) + stream(StreamRope, float64(BT*KV))
+			ls += stream(StreamRopeBwd, float64(BT*Q)) + stream(StreamRopeBwd, float64(BT*KV))
+		}
+		if mo.QKNorm {
+			// QK-norm: the per-head norms and their backward, which makes the
+			// norms' inputs again (the q and k products' forward).
+			ls += stream(StreamRMSNorm, float64(BT*(Q+KV))) + stream(StreamRMSNormBwd, float64(BT*(Q+KV)))
+			lg += c.gemmTimeOf(sh.BF16, BT, C, Q, false) + c.gemmTimeOf(sh.BF16, BT, C, KV, false)
+			gb += opBytes(BT, C, Q) + opBytes(BT, C, KV)
+			calls += 2
+		}
 		la += attnFwd + attnBwd
 		calls += attnCalls
 		// What recomputation repeats in backward.
 		fa := attnFwd // (its launch is counted with the recompute below)
 		fgb = 0
 		fg := fwd(BT, C, Q) + fwd(BT, C, KV) + fwd(BT, C, KV) + fwd(BT, Q, C)
-		fs := 2*c.stream(StreamRMSNorm, float64(R*C)) + c.stream(StreamRope, float64(BT*Q)) + c.stream(StreamRope, float64(BT*KV))
+		fs := 2 * c.stream(StreamRMSNorm, float64(R*C))
+		if !nope {
+			fs += c.stream(StreamRope, float64(BT*Q)) + c.stream(StreamRope, float64(BT*KV))
+		}
+		if mo.QKNorm {
+			fs += c.stream(StreamRMSNorm, float64(BT*(Q+KV)))
+		}
 		if mo.MoE.NumExperts > 0 && (l+1)%mo.MoE.LayerFreq == 0 {
 			E, EF := mo.MoE.NumExperts, mo.MoE.ExpertFFNHidden/sh.ETP
 			lg += gemm(BT, C, E)
@@ -235,6 +252,12 @@ func microCompute(mo config.Model, sh microShape, c opCosts) MicroTimes {
 			rc := float64(sh.Routed * C)
 			ls += stream(StreamDispatch, rc) + stream(StreamDispatchBwd, rc) + stream(StreamCombine, rc) + stream(StreamCombineBwd, rc)
 			fs += c.stream(StreamDispatch, rc) + c.stream(StreamCombine, rc)
+			if mo.MoE.ScoreBeforeExpert {
+				// Each copy scaled by its gate, and the backward's dot products:
+				// a pass over the copies each way, as the combination's.
+				ls += stream(StreamCombine, rc) + stream(StreamCombineBwd, rc)
+				fs += c.stream(StreamCombine, rc)
+			}
 			local := max(E/sh.EP, 1)
 			rows := (sh.Routed + local - 1) / local // per local expert, balanced
 			// Each local expert launches its own kernels; balanced, they are alike,

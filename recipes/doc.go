@@ -5,7 +5,10 @@
 //
 //   - tiny.toml: the CPU default, a byte-level Llama of about one million parameters.
 //   - moe-tiny.toml: tiny with 8 routed experts (top-2) in every layer, for CPU.
+//   - moe-llama4-tiny.toml: moe-tiny with Llama 4's routing (sigmoid, top-1
+//     scaled before the expert, a shared expert, expert biases, NoPE layers).
 //   - dense-125m.toml, llama-1b.toml: dense Llama-style models on one 8-GPU node.
-//   - llama4-3bx128e.toml: the Llama-4-style MoE (128 experts, top-8) on 8 GPUs, EP 4.
+//   - llama4-3bx128e.toml: the Llama-4-style MoE (128 experts, top-8, torchtitan
+//     llama4's router) on 8 GPUs, EP 4.
 //   - base/gpu-node.toml: settings the GPU recipes extend.
 package recipes

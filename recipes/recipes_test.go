@@ -48,6 +48,9 @@ func TestLlama4Shape(t *testing.T) {
 	assert.Equal(t, "full", res.Recipe.ActivationCheckpoint.Mode)
 	assert.True(t, res.Recipe.Precision.BF16)
 	assert.Equal(t, "fp32", res.Recipe.Precision.MainParamsDtype)
+	mo := m.MoE
+	assert.Equal(t, config.MoE{NumExperts: 128, TopK: 8, ExpertFFNHidden: 768, SharedExperts: 1, LayerFreq: 1, ScoreFunction: "sigmoid",
+		TopKScale: 1, ScoreBeforeExpert: true, ExpertBias: true, BiasUpdateRate: 1e-3}, mo, "torchtitan llama4's router")
 }
 
 // TestEmbeddedEqualsFiles: FS holds every .toml file of this directory tree,

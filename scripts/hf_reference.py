@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """An outside check of `shardline ckpt export`: the forward passes of Hugging Face's
-LlamaForCausalLM, MixtralForCausalLM and Qwen2MoeForCausalLM, written here from
-their published definitions (transformers' modeling_llama.py, modeling_mixtral.py,
-modeling_qwen2_moe.py: RMSNorm, rotate-half RoPE, grouped-query attention with key
-and value heads repeated per group, SwiGLU MLPs, softmax-top-k routing with the
-top-k weights renormalised, Qwen2-MoE's sigmoid-gated shared expert), in float64,
-over an exported directory read with a plain-Python safetensors parser.
+LlamaForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM and
+Qwen3MoeForCausalLM, written here from their published definitions
+(transformers' modeling_llama.py, modeling_mixtral.py, modeling_qwen2_moe.py,
+modeling_qwen3.py, modeling_qwen3_moe.py: RMSNorm, rotate-half RoPE, Qwen3's
+RMSNorm of each head's queries and keys before it, grouped-query attention with
+key and value heads repeated per group, SwiGLU MLPs, softmax-top-k routing with
+the top-k weights renormalised (Mixtral) or as norm_topk_prob says (Qwen2-MoE,
+Qwen3-MoE), Qwen2-MoE's sigmoid-gated shared expert), in float64, over an
+exported directory read with a plain-Python safetensors parser.
 
 usage: hf_reference.py MODEL_DIR CASE.json TOLERANCE
 CASE.json holds {"tokens": [...], "logits": [[...], ...]} from shardline; the script
@@ -31,6 +34,9 @@ def read_safetensors(path):
             continue
         begin, end = entry["data_offsets"]
         assert entry["dtype"] == "F32", entry["dtype"]
+        if begin == end:  # an empty tensor (a shared expert of width 0)
+            out[name] = torch.zeros(entry["shape"], dtype=torch.float64)
+            continue
         t = torch.frombuffer(bytearray(data[begin:end]), dtype=torch.float32)
         out[name] = t.reshape(entry["shape"]).to(torch.float64)
     return out
@@ -89,6 +95,9 @@ def attention(x, w, pre, c):
     q = linear(x, w[pre + "q_proj.weight"], w.get(pre + "q_proj.bias")).view(T, nh, hd)
     k = linear(x, w[pre + "k_proj.weight"], w.get(pre + "k_proj.bias")).view(T, nkv, hd)
     v = linear(x, w[pre + "v_proj.weight"], w.get(pre + "v_proj.bias")).view(T, nkv, hd)
+    if pre + "q_norm.weight" in w:  # Qwen3: RMSNorm over each head's head_dim, before RoPE
+        q = rms_norm(q, w[pre + "q_norm.weight"], c["rms_norm_eps"])
+        k = rms_norm(k, w[pre + "k_norm.weight"], c["rms_norm_eps"])
     q, k = rope(q, c["rope_theta"], c.get("rope_scaling")), rope(k, c["rope_theta"], c.get("rope_scaling"))
     rep = nh // nkv  # repeat_kv: query head h reads key/value head h // rep
     k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
@@ -98,10 +107,11 @@ def attention(x, w, pre, c):
     return linear(o, w[pre + "o_proj.weight"])
 
 
-def routed(x, w, gate_name, expert, n, k):
+def routed(x, w, gate_name, expert, n, k, norm=True):
     probs = linear(x, w[gate_name]).softmax(-1)
     top, idx = probs.topk(k, dim=-1)
-    top = top / top.sum(-1, keepdim=True)  # renormalised top-k weights
+    if norm:
+        top = top / top.sum(-1, keepdim=True)  # renormalised top-k weights
     out = torch.zeros_like(x)
     for e in range(n):
         rows, slot = (idx == e).nonzero(as_tuple=True)
@@ -119,10 +129,12 @@ def mlp(x, w, layer, c):
                       lambda e, h: swiglu(h, w[f"{m}experts.{e}.w1.weight"], w[f"{m}experts.{e}.w3.weight"], w[f"{m}experts.{e}.w2.weight"]),
                       c["num_local_experts"], c["num_experts_per_tok"])
     m = pre + "mlp."
-    if arch == "qwen2_moe" and (layer + 1) % c["decoder_sparse_step"] == 0:
+    if arch in ("qwen2_moe", "qwen3_moe") and (layer + 1) % c["decoder_sparse_step"] == 0:
         out = routed(x, w, m + "gate.weight",
                      lambda e, h: swiglu(h, w[f"{m}experts.{e}.gate_proj.weight"], w[f"{m}experts.{e}.up_proj.weight"], w[f"{m}experts.{e}.down_proj.weight"]),
-                     c["num_experts"], c["num_experts_per_tok"])
+                     c["num_experts"], c["num_experts_per_tok"], c["norm_topk_prob"])
+        if arch == "qwen3_moe":
+            return out
         shared = swiglu(x, w[m + "shared_expert.gate_proj.weight"], w[m + "shared_expert.up_proj.weight"], w[m + "shared_expert.down_proj.weight"])
         return out + torch.sigmoid(linear(x, w[m + "shared_expert_gate.weight"])) * shared
     return swiglu(x, w[m + "gate_proj.weight"], w[m + "up_proj.weight"], w[m + "down_proj.weight"])

@@ -153,10 +153,30 @@ type Kernels[F Float] interface {
 
 	// Mixture of experts: routing, expert-major permutation of token copies, and the
 	// gated combination. gates are (BT,K); the index arrays are r's (Routing).
+	// Router sets probs (BT,E) to the scores s.Router names (softmax over the
+	// experts, or each logit's sigmoid), picks each token's top K experts by
+	// score plus r.Bias (when not empty; within its best groups under
+	// group-limited routing) into r.Idx, ties to the lower index, and sets gates
+	// to the chosen scores, divided by their sum unless s.Router.Raw, times
+	// s.Router.Scale.
 	Router(probs, gates, logits Buffer, r Routing, s MoEShape)
-	// RouterBackward takes dprobs empty (the zero Buffer) when no aux loss
-	// reaches the probabilities.
+	// RouterBackward adds into dlogits the gradient through the gates (dgates)
+	// and through the probabilities (dprobs, empty (the zero Buffer) when no aux
+	// loss reaches them); the bias has none.
 	RouterBackward(dlogits, dgates, dprobs, gates, probs Buffer, r Routing, s MoEShape)
+	// ScaleCopies multiplies each kept copy's row of xperm (Dispatch's rows) by
+	// its gate: the token scaled before its expert (RouterSpec's score before
+	// the expert). ScaleCopiesBackward sets dgates (BT,K) to each kept copy's
+	// dxperm row · x's row of its token (0 for a dropped copy) and then
+	// multiplies dxperm's row by the gate, in place: the gradient of the
+	// unscaled copy.
+	ScaleCopies(xperm, gates Buffer, r Routing, s MoEShape)
+	ScaleCopiesBackward(dgates, dxperm, x, gates Buffer, r Routing, s MoEShape)
+	// ExpertBiasUpdate moves expert biases by rate towards balance: bias[i]
+	// += rate·sign(mean(load) − load[lo+i]) for the experts lo..lo+len(bias)−1
+	// it holds (auxiliary-loss-free balancing; load (E) is each expert's routed
+	// copies, summed over the ranks, and is left as it is).
+	ExpertBiasUpdate(bias, load Buffer, E, lo int, rate float64)
 	// Dispatch writes r.Offsets, which the kernels that follow read: the count of
 	// kept copies and the experts' segments never go back to the caller.
 	Dispatch(xperm, x Buffer, r Routing, s MoEShape)
@@ -303,6 +323,34 @@ func (s AttentionShape) VisibleFrom(p, start int) int {
 // scratch.
 type Routing struct {
 	Idx, Row, Tok, Offsets, Cursor Buffer
+	// Bias (E, F) is added to the scores when experts are chosen (not to the
+	// gates): auxiliary-loss-free balancing. Empty: no bias.
+	Bias Buffer
+}
+
+// RouterSpec is how a router scores and gates its experts; the zero value is
+// the softmax router whose gates are the chosen scores renormalised (Mixtral).
+type RouterSpec struct {
+	// Sigmoid scores each expert by its logit's sigmoid instead of a softmax
+	// over the experts.
+	Sigmoid bool
+	// Raw keeps the chosen scores as gates instead of dividing them by their sum.
+	Raw bool
+	// Scale multiplies every gate (0 means 1).
+	Scale float64
+	// Groups > 0 routes within groups (DeepSeek-V3): the E experts form Groups
+	// groups of E/Groups, each scored by the sum of its K/GroupK best scores
+	// (plus bias); a token picks its GroupK best groups and its K experts among
+	// them.
+	Groups, GroupK int
+}
+
+// GateScale is Scale, 1 when unset.
+func (r RouterSpec) GateScale() float64 {
+	if r.Scale == 0 {
+		return 1
+	}
+	return r.Scale
 }
 
 // ExpertsShape is each routed expert's product: C inputs, OC outputs. Segment,
@@ -332,6 +380,7 @@ func (s ExpertsShape) Span(offsets []int32, e int) (lo, hi int) {
 type MoEShape struct {
 	BT, E, K, C, Capacity int
 	Padded                bool
+	Router                RouterSpec // how Router scores and gates
 }
 
 // Rows is the number of permuted rows the layer's buffers need.

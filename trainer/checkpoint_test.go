@@ -53,6 +53,8 @@ func TestResumeIsBitExact(t *testing.T) {
 		{"dense-cp2", []string{"parallel.world_size=2", "parallel.context_parallel=2"}},
 		{"dense-tp2", []string{"parallel.world_size=2", "parallel.tensor_parallel=2", "model.heads=4", "model.kv_heads=4"}},
 		{"moe-ep2", append([]string{"parallel.world_size=4", "parallel.expert_parallel=2", "train.global_batch_size=16"}, moeSets...)},
+		// DeepSeek-V3's router: the expert biases are restored bit for bit.
+		{"router-ep2", append([]string{"parallel.world_size=4", "parallel.expert_parallel=2", "train.global_batch_size=16"}, deepseekSets...)},
 	} {
 		for _, strategy := range []string{"no_shard", "optim", "optim_grads", "optim_grads_params"} {
 			t.Run(c.name+"/"+strategy, func(t *testing.T) {

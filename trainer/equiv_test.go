@@ -816,6 +816,9 @@ func TestMoEActivationMemory(t *testing.T) {
 		{"ep 2", []string{"parallel.world_size=2", "parallel.expert_parallel=2", "train.global_batch_size=16"}},
 		{"tp2 ep2", []string{"parallel.world_size=4", "parallel.tensor_parallel=2", "parallel.expert_parallel=2", "train.global_batch_size=16"}},
 		{"cp2 ep2", []string{"parallel.world_size=2", "parallel.context_parallel=2", "parallel.expert_parallel=2", "train.global_batch_size=8"}},
+		// QK-norm's reciprocal RMS per head (and the new routers' buffers).
+		{"qk-norm router ep 2", []string{"parallel.world_size=2", "parallel.expert_parallel=2", "train.global_batch_size=16", "model.qk_norm=true",
+			"model.moe.expert_bias=true", "model.moe.score_function=sigmoid", "model.moe.score_before_expert=true"}},
 	} {
 		for _, cf := range []string{"1.0", "0.0"} {
 			res, _ := tinyRun(t, append(append(append([]string{}, base...), c.sets...), "model.moe.capacity_factor="+cf)...)

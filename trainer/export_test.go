@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// exportCases are the three Hugging Face architectures an export can take.
+// exportCases are the five Hugging Face architectures an export can take.
 var exportCases = []struct {
 	arch string
 	sets []string
@@ -33,6 +33,24 @@ var exportCases = []struct {
 	{"LlamaForCausalLM", []string{"model.head_dim=12"}, ""}, // a head size other than hidden/heads (head_dim in config.json)
 	{"MixtralForCausalLM", []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32"}, ""},
 	{"Qwen2MoeForCausalLM", []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32", "model.moe.shared_experts=2", "model.moe.layer_freq=2"}, ""},
+	// Softmax scores kept as they are (norm_topk_prob false): Qwen2-MoE, not Mixtral.
+	{"Qwen2MoeForCausalLM", []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32", "model.moe.norm_top_k=false"}, ""},
+	// QK-norm: Qwen3 (with a head size other than hidden/heads, as Qwen3's), and
+	// Qwen3-MoE with and without renormalised gates, a dense layer between.
+	{"Qwen3ForCausalLM", []string{"model.qk_norm=true", "model.head_dim=12", "model.heads=4", "model.kv_heads=2"}, ""},
+	{"Qwen3MoeForCausalLM", []string{"model.qk_norm=true", "model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32", "model.moe.layer_freq=2"}, ""},
+	{"Qwen3MoeForCausalLM", []string{"model.qk_norm=true", "model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32", "model.moe.norm_top_k=false"}, ""},
+}
+
+// TestExportRefusesWhatNoArchitectureComputes: Llama 4's and DeepSeek-V3's
+// routers and NoPE layers have no Hugging Face names yet: an export says so,
+// naming the keys, instead of writing a model that computes otherwise.
+func TestExportRefusesWhatNoArchitectureComputes(t *testing.T) {
+	res, dir := tinyRun(t, append([]string{"train.steps=1", "train.eval_interval=0"}, deepseekSets...)...)
+	r, err := Run(context.Background(), res, opts())
+	require.NoError(t, err)
+	err = ExportHF(r.Dir, filepath.Join(dir, "hf"), 5<<30, false)
+	require.ErrorContains(t, err, "model.nope_interval, model.moe.score_function, model.moe.top_k_scale, model.moe.expert_bias, model.moe.num_groups")
 }
 
 // trainedForExport trains a small model a few steps (so no weight is at its

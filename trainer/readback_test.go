@@ -203,6 +203,12 @@ func TestScratchFollowsThePlan(t *testing.T) {
 		"moe shared tp2":      append([]string{"model.moe.shared_experts=1", "parallel.world_size=2", "parallel.tensor_parallel=2"}, moe...),
 		"moe ep2 capacity":    append([]string{"parallel.world_size=2", "parallel.expert_parallel=2", "model.moe.capacity_factor=1.0"}, moe...),
 		"moe ep2 cp2":         append([]string{"parallel.world_size=2", "parallel.expert_parallel=2", "parallel.context_parallel=2", "model.moe.capacity_factor=1.0", "train.global_batch_size=4"}, moe...),
+		// QK-norm, NoPE, an expert bias and the token scaled before its expert
+		// (the biases' loads, the bias read in F, the unit gates, QK-norm's
+		// input gradient and, under tp, its gains' gradient).
+		"router":                      append([]string{"model.qk_norm=true", "model.nope_interval=2", "model.moe.expert_bias=true", "model.moe.score_before_expert=true", "model.moe.score_function=sigmoid"}, moe...),
+		"router tp2":                  append([]string{"model.qk_norm=true", "model.moe.expert_bias=true", "model.moe.score_before_expert=true", "parallel.world_size=2", "parallel.tensor_parallel=2"}, moe...),
+		"qk-norm bf16 full recompute": {"model.qk_norm=true", "precision.bf16=true", "activation_checkpoint.mode=full"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			res, _ := tinyRun(t, append(append([]string{}, base...), sets...)...)

@@ -1112,10 +1112,42 @@ func (t *run) gradStep(step int) error {
 // clipped by their norm; the kernels skip it when the step's loss or norm is
 // not finite (state.stats).
 func (t *run) update(lr float64) error {
+	if err := t.balanceExperts(); err != nil {
+		return err
+	}
 	if err := t.st.step(t.r.Train, lr); err != nil {
 		return err
 	}
 	return t.st.mem.Err()
+}
+
+// balanceExperts moves the expert biases (model.moe.expert_bias) from the
+// step's expert loads, summed over the world (every rank routes its own
+// tokens to every expert; a context- or tensor-parallel group's ranks each
+// hold their group's sum, which the sign of the update does not mind): each
+// rank updates its shard of the biases' main weights, before the optimizer
+// step, which leaves them as they are (no gradient, no decay) and makes
+// their compute copies. Every rank so holds the same biases.
+func (t *run) balanceExperts() error {
+	loads, st := t.m.ExpertLoads(), t.st
+	if loads.Len() == 0 {
+		return nil
+	}
+	if st.world.Size() > 1 {
+		if err := st.worldG.AllReduce(loads); err != nil {
+			return fmt.Errorf("summing the expert loads: %w", err)
+		}
+	}
+	moe := t.r.Model.MoE
+	for gi := range st.segs {
+		for _, sg := range st.segs[gi] {
+			if p := &t.plan.Params[sg.param]; p.Balance {
+				t.opts.Backend.ExpertBiasUpdate(st.mainB[gi].Slice(int(sg.lo), int(sg.hi)), t.m.ExpertLoad(p.Layer), moe.NumExperts, int(sg.start), moe.BiasUpdateRate)
+			}
+		}
+	}
+	t.m.ResetExpertLoads()
+	return st.mem.Err()
 }
 
 // keepStats copies the step's statistics into the next row of the history, to be

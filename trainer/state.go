@@ -544,7 +544,7 @@ func segmentsOf(p *parallel.Plan, gi int, lo, hi int64, decayAll bool) []segment
 		a, b := max(e.Offset, lo), min(e.Offset+e.Numel, hi)
 		if a < b {
 			segs = append(segs, segment{param: e.Param, lo: a - lo, hi: b - lo, start: a - e.Offset,
-				decay: !p.Params[e.Param].NoDecay || decayAll})
+				decay: (!p.Params[e.Param].NoDecay || decayAll) && !p.Params[e.Param].Balance})
 		}
 	}
 	return segs

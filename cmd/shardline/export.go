@@ -19,8 +19,11 @@ func (a *app) ckptExportCmd() *cobra.Command {
 		Long: `Export writes RUN_DIR's final weights as OUT_DIR/config.json and
 OUT_DIR/model.safetensors (split into model-0000i-of-0000n.safetensors with an index
 above --shard-size), named as Hugging Face's LlamaForCausalLM for dense models,
-MixtralForCausalLM for MoE models whose every layer is MoE without shared experts,
-and Qwen2MoeForCausalLM otherwise. transformers' from_pretrained loads it, and
+MixtralForCausalLM for MoE models whose every layer is MoE without shared experts
+and with renormalised gates, and Qwen2MoeForCausalLM otherwise; with model.qk_norm
+Qwen3ForCausalLM or Qwen3MoeForCausalLM. NoPE layers and the routers of Llama 4
+and DeepSeek-V3 are refused (no Hugging Face names yet). transformers'
+from_pretrained loads it, and
 shardline run --init-from reads it back.
 
 OUT_DIR must be new, empty, or an earlier export's: export records the files it
@@ -63,7 +66,8 @@ func (a *app) ckptImportCmd() *cobra.Command {
 	run.Use = "import HF_DIR [RECIPE | RUN_DIR] [run flags]"
 	run.Short = "Start a run (fine-tuning) from a Hugging Face model directory"
 	run.Long = `Import starts a run whose weights come from HF_DIR (config.json and safetensors,
-as shardline ckpt export writes them, with Llama, Mixtral or Qwen2-MoE names)
+as shardline ckpt export writes them, with Llama, Mixtral, Qwen2-MoE, Qwen3 or
+Qwen3-MoE names)
 instead of the initialisation: shardline run --init-from HF_DIR, with every flag of
 run. config.json must describe the recipe's model: every key that differs (the
 architecture, a size, the activation, the RoPE base or scaling, the norm epsilon,

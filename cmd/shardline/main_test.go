@@ -848,7 +848,32 @@ func TestRecipeImportTorchtitan(t *testing.T) {
 	code, out, errs = shardline(t, nil, "recipe", "import", "torchtitan", filepath.Join(filepath.Dir(job), "llama4_17bx16e.toml"))
 	assert.Equal(t, exitFindings, code)
 	assert.Empty(t, out)
-	assert.Contains(t, errs, "llama4_17bx16e.toml:8:1: error[SL010]: [model] flavor = \"17bx16e\": shardline cannot train its MoE layers as torchtitan does")
+	// Scout's router imports; its expert tensor parallelism (8) is what lint refuses.
+	assert.Contains(t, errs, "llama4_17bx16e.toml:35:1: error[SL211]: parallel.expert_tensor_parallel (8) is not supported yet")
+	assert.NotContains(t, errs, "SL010")
+
+	// The torchtitan report's job file, its own llama4 flavour given as keys:
+	// notes only, a recipe that lints with notes only and plans on 8 H20s at
+	// EP 1 and 4.
+	report := filepath.Join(t.TempDir(), "report.toml")
+	args := []string{"recipe", "import", "torchtitan", filepath.Join(filepath.Dir(job), "llama4_3bx128e.toml"), "--world-size", "8", "-o", report}
+	for _, kv := range []string{"model.layers=48", "model.hidden=2048", "model.heads=32", "model.kv_heads=4", "model.vocab_size=202048", "model.ffn_hidden=8192",
+		"model.rope_theta=500000", "model.moe.num_experts=128", "model.moe.expert_ffn_hidden=768", "model.moe.layer_freq=1", "model.moe.top_k=8",
+		"parallel.device_profile=h20-96gb"} {
+		args = append(args, "--set", kv)
+	}
+	code, _, errs = shardline(t, nil, args...)
+	require.Equal(t, 0, code, errs)
+	assert.NotContains(t, errs, "error[")
+	assert.NotContains(t, errs, "warning[")
+	body, err = os.ReadFile(report)
+	require.NoError(t, err)
+	assert.Contains(t, string(body), "score_before_expert = true")
+	for _, ep := range []string{"1", "4"} {
+		code, out, errs = shardline(t, nil, "plan", report, "--set", "parallel.expert_parallel="+ep)
+		require.Equal(t, 0, code, errs)
+		assert.Contains(t, out, "h20-96gb")
+	}
 
 	code, _, errs = shardline(t, nil, "recipe", "import", "torchtitan", job, "--world-size", "-2")
 	assert.Equal(t, exitUsage, code)

@@ -142,14 +142,22 @@ torchtitan's llama3 and llama4 tables (docs/import.md lists them with their
 source), [training], [optimizer], [lr_scheduler], [parallelism],
 [activation_checkpoint], [checkpoint], [validation], [metrics], with torchtitan's
 default wherever the file is silent. data_parallel_shard_degree = -1 takes the
-ranks --world-size leaves over. FP8 converters, HSDP, a warmup-stable-decay
-schedule with a stable phase and llama4's sigmoid router are refused.`,
+ranks --world-size leaves over. llama4's router (sigmoid scores, the token scaled
+before its expert, expert biases) imports onto [model.moe]. A flavour no table
+has (a job's own model code) is given as recipe keys with --set: model.layers,
+hidden, heads, kv_heads, vocab_size, ffn_hidden and rope_theta (llama4 also
+model.moe.num_experts, expert_ffn_hidden and layer_freq); --set also overrides
+any key the file gives. FP8 converters, HSDP, a warmup-stable-decay schedule
+with a stable phase and chunked attention (the _irope flavours) are refused.`,
 		Example: `  shardline recipe import megatron examples/llama/train_llama3_8b.sh > llama3-8b.toml
   shardline recipe import megatron args.txt -o recipe.toml
-  shardline recipe import torchtitan llama3_8b.toml --world-size 64 -o llama3-8b.toml`,
+  shardline recipe import torchtitan llama3_8b.toml --world-size 64 -o llama3-8b.toml
+  shardline recipe import torchtitan job.toml --world-size 8 --set model.layers=48 --set model.hidden=2048 ...`,
 		Args: cobra.ExactArgs(2),
 	}
 	cmd.Flags().StringVarP(&out, "output", "o", "", "write the recipe to this file instead of standard output")
+	var sets []string
+	cmd.Flags().StringArrayVar(&sets, "set", nil, "torchtitan: a recipe key over what the job file gives, section.key=value (repeatable): a flavour no table has is given this way")
 	cmd.Flags().IntVar(&worldSize, "world-size", 0, "torchtitan: the number of ranks torchrun starts (0: the product of the job file's degrees, a shard degree of -1 counting as 1)")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		format, file := args[0], args[1]
@@ -161,6 +169,9 @@ schedule with a stable phase and llama4's sigmoid router are refused.`,
 		}
 		if format == "megatron" && cmd.Flags().Changed("world-size") {
 			return usageErr("--world-size is for torchtitan job files; a Megatron script gives --world-size among its arguments")
+		}
+		if format == "megatron" && len(sets) > 0 {
+			return usageErr("--set is for torchtitan job files; a Megatron script gives its arguments itself (add them to the script)")
 		}
 		what := map[string]string{"megatron": "launch script", "torchtitan": "job file"}[format]
 		if err := checkReadable(file, what); err != nil {
@@ -175,7 +186,7 @@ schedule with a stable phase and llama4's sigmoid router are refused.`,
 		if format == "megatron" {
 			res, diags = config.ImportMegatron(file, src)
 		} else {
-			res, diags = config.ImportTorchtitan(file, src, worldSize)
+			res, diags = config.ImportTorchtitanWith(file, src, worldSize, sets)
 		}
 		if res != nil && !diags.HasErrors() {
 			diags = append(diags, config.LintWith(res, a.env, a.lintOptions())...)

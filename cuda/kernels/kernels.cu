@@ -1728,6 +1728,163 @@ extern "C" __global__ void router_backward_add(float* dlogits, const float* dgat
     }
 }
 
+// router_next is the index of the largest value of v (n values, stride 1), plus
+// bias when not null, among the allowed ones that come after (lastV, lastI) in
+// the order (value descending, index ascending): repeated, it lists the values
+// in that order, as tensor/cpu's repeated maximum does, without scratch.
+// allowed(e) is a group filter: gsel names the gk chosen groups of per experts
+// (null: every expert).
+__device__ int router_next(const float* v, const float* bias, int n, float lastV, int lastI, const int* gsel, int gk, int per) {
+    int best = -1;
+    float bv = 0.f;
+    for (int e = 0; e < n; e++) {
+        if (gsel) {
+            bool ok = false;
+            for (int q = 0; q < gk; q++) ok = ok || gsel[q] == e / per;
+            if (!ok) continue;
+        }
+        float x = v[e] + (bias ? bias[e] : 0.f);
+        bool after = lastI < 0 || x < lastV || (x == lastV && e > lastI);
+        if (after && (best < 0 || x > bv)) { best = e; bv = x; }
+    }
+    return best;
+}
+
+#define ROUTER_MAXG 64
+
+// router_general is Router for any tensor.RouterSpec but the default one (which
+// moe_router runs): one thread per token. probs (BT,E) = softmax(logits) or
+// sigmoid(logits); the experts are chosen by probs + bias (bias null: none),
+// within the gk best of G groups (G 0: none) scored by the sum of their n best;
+// gates = the chosen probs, divided by their sum (+1e-20 with sigmoid) unless
+// raw, times scale.
+extern "C" __global__ void router_general(float* probs, int* idx, float* gates, const float* logits, const float* bias, int BT, int E, int K,
+                                          int sigmoid, int raw, float scale, int G, int gk, int n) {
+    GRID_STRIDE(t, BT) {
+        const float* z = logits + t * E;
+        float* p = probs + t * E;
+        if (sigmoid) {
+            for (int e = 0; e < E; e++) p[e] = 1.f / (1.f + expf(-z[e]));
+        } else {
+            float mx = -INFINITY, sum = 0.f;
+            for (int e = 0; e < E; e++) mx = fmaxf(mx, z[e]);
+            for (int e = 0; e < E; e++) sum += expf(z[e] - mx);
+            for (int e = 0; e < E; e++) p[e] = expf(z[e] - mx) / sum;
+        }
+        int gsel[ROUTER_MAXG];
+        const int* gs = nullptr;
+        int per = G > 0 ? E / G : E;
+        if (G > 0) {
+            float gscore[ROUTER_MAXG];
+            for (int q = 0; q < G; q++) {
+                float lastV = 0.f, sum = 0.f;
+                int lastI = -1;
+                for (int j = 0; j < n; j++) {
+                    lastI = router_next(p + q * per, bias ? bias + q * per : nullptr, per, lastV, lastI, nullptr, 0, per);
+                    lastV = p[q * per + lastI] + (bias ? bias[q * per + lastI] : 0.f);
+                    sum += lastV;
+                }
+                gscore[q] = sum;
+            }
+            float lastV = 0.f;
+            int lastI = -1;
+            for (int j = 0; j < gk; j++) {
+                lastI = router_next(gscore, nullptr, G, lastV, lastI, nullptr, 0, 1);
+                lastV = gscore[lastI];
+                gsel[j] = lastI;
+            }
+            gs = gsel;
+        }
+        float lastV = 0.f, sum = 0.f;
+        int lastI = -1;
+        for (int j = 0; j < K; j++) {
+            lastI = router_next(p, bias, E, lastV, lastI, gs, gk, per);
+            lastV = p[lastI] + (bias ? bias[lastI] : 0.f);
+            idx[t * K + j] = lastI;
+            gates[t * K + j] = p[lastI];
+            sum += p[lastI];
+        }
+        if (sigmoid) sum += 1e-20f;
+        for (int j = 0; j < K; j++) gates[t * K + j] = (raw ? gates[t * K + j] : gates[t * K + j] / sum) * scale;
+    }
+}
+
+// router_general_backward adds into dlogits (BT,E) the gradient of router_general's
+// gates (dgates) and, with has_probs, of the probabilities (dprobs): one thread
+// per token; ds, (BT,E) scratch, holds each score's gradient.
+extern "C" __global__ void router_general_backward(float* dlogits, float* ds, const float* dgates, const float* dprobs, const float* gates,
+                                                   const float* probs, const int* idx, int BT, int E, int K, int sigmoid, int raw, float scale,
+                                                   int has_probs) {
+    GRID_STRIDE(t, BT) {
+        const float* p = probs + t * E;
+        float* d = ds + t * E;
+        for (int e = 0; e < E; e++) d[e] = has_probs ? dprobs[t * E + e] : 0.f;
+        const float *g = gates + t * K, *dg = dgates + t * K;
+        const int* sel = idx + t * K;
+        if (raw) {
+            for (int j = 0; j < K; j++) d[sel[j]] += scale * dg[j];
+        } else {
+            float sum = 0.f, dot = 0.f;
+            for (int j = 0; j < K; j++) { sum += p[sel[j]]; dot += dg[j] * g[j]; }
+            if (sigmoid) sum += 1e-20f;
+            for (int j = 0; j < K; j++) d[sel[j]] += (scale * dg[j] - dot) / sum;
+        }
+        if (sigmoid) {
+            for (int e = 0; e < E; e++) dlogits[t * E + e] += d[e] * p[e] * (1.f - p[e]);
+            continue;
+        }
+        float dot = 0.f;
+        for (int e = 0; e < E; e++) dot += p[e] * d[e];
+        for (int e = 0; e < E; e++) dlogits[t * E + e] += p[e] * (d[e] - dot);
+    }
+}
+
+// scale_copies multiplies each kept copy's row of xperm (C values) by its gate:
+// one thread per value of every copy.
+extern "C" __global__ void scale_copies(float* xperm, const float* gates, const int* row, int n, int C) {
+    GRID_STRIDE(i, (long)n * C) {
+        long c = i / C;
+        int r = row[c];
+        if (r >= 0) xperm[(long)r * C + i % C] *= gates[c];
+    }
+}
+
+// scale_copies_backward: one warp per copy; dgates[i] = dxperm[row]·x[token] (0
+// when dropped), then dxperm[row] *= gates[i].
+extern "C" __global__ void scale_copies_backward(float* dgates, float* dxperm, const float* x, const float* gates, const int* row, int n, int K, int C) {
+    long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (i >= n) return;
+    int r = row[i];
+    if (r < 0) {
+        if (lane == 0) dgates[i] = 0.f;
+        return;
+    }
+    long t = i / K;
+    float g = gates[i], s = 0.f;
+    for (int c = lane; c < C; c += 32) {
+        float d = dxperm[(long)r * C + c];
+        s += d * x[t * C + c];
+        dxperm[(long)r * C + c] = g * d;
+    }
+    s = warp_sum(s);
+    if (lane == 0) dgates[i] = s;
+}
+
+// expert_bias_update: one thread; bias[i] += rate·sign(mean(load) − load[lo+i])
+// for the n biases of experts lo.. (the mean of the E loads in f64, as
+// tensor/cpu's).
+extern "C" __global__ void expert_bias_update(float* bias, const float* load, int E, int lo, int n, float rate) {
+    double mean = 0;
+    for (int e = 0; e < E; e++) mean += (double)load[e];
+    mean /= E;
+    for (int i = 0; i < n; i++) {
+        double d = mean - (double)load[lo + i];
+        if (d > 0) bias[i] += rate;
+        else if (d < 0) bias[i] -= rate;
+    }
+}
+
 // router_stats sets stats (2E) to each expert's kept copies (offsets' differences)
 // and its probability summed over the tokens in f64, token order: one thread per
 // expert.

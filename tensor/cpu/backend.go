@@ -296,9 +296,33 @@ func (Kernels[F]) AddInto(dst, src tensor.Buffer, n int) {
 func (Kernels[F]) Router(probs, gates, logits tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
 	var v views[F]
 	rv := v.rt("Router", r)
-	p, g, z := v.f("Router", probs), v.f("Router", gates), v.f("Router", logits)
+	p, g, z, b := v.f("Router", probs), v.f("Router", gates), v.f("Router", logits), v.f("Router", r.Bias)
 	if !v.bad {
-		Router(p, g, z, rv, s)
+		Router(p, g, z, b, rv, s)
+	}
+}
+func (Kernels[F]) ScaleCopies(xperm, gates tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
+	var v views[F]
+	rv := v.rt("ScaleCopies", r)
+	xp, g := v.f("ScaleCopies", xperm), v.f("ScaleCopies", gates)
+	if !v.bad {
+		ScaleCopies(xp, g, rv, s)
+	}
+}
+func (Kernels[F]) ScaleCopiesBackward(dgates, dxperm, x, gates tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
+	var v views[F]
+	const op = "ScaleCopiesBackward"
+	rv := v.rt(op, r)
+	dg, dxp, xs, g := v.f(op, dgates), v.f(op, dxperm), v.f(op, x), v.f(op, gates)
+	if !v.bad {
+		ScaleCopiesBackward(dg, dxp, xs, g, rv, s)
+	}
+}
+func (Kernels[F]) ExpertBiasUpdate(bias, load tensor.Buffer, E, lo int, rate float64) {
+	var v views[F]
+	b, l := v.f("ExpertBiasUpdate", bias), v.f("ExpertBiasUpdate", load)
+	if !v.bad && lo >= 0 && lo+len(b) <= E && len(l) >= E {
+		ExpertBiasUpdate(b, l, E, lo, rate)
 	}
 }
 func (Kernels[F]) RouterBackward(dlogits, dgates, dprobs, gates, probs tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {

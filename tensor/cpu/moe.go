@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"math"
+	"slices"
 
 	"github.com/shardline/shardline/tensor"
 )
@@ -16,59 +17,276 @@ type Routing struct {
 	Idx, Row, Tok, Offsets, Cursor []int32
 }
 
-// Router computes probs (BT,E) = softmax(logits), picks each token's top K experts by
-// score (ties to the lower index) into r.Idx, and sets gates to the softmax of the
-// selected scores.
-func Router[F Float](probs, gates, logits []F, r Routing, s tensor.MoEShape) {
+// Router sets probs (BT,E) to the scores s.Router names (softmax(logits), or
+// each logit's sigmoid), picks each token's top K experts (ties to the lower
+// index) into r.Idx and sets gates to the chosen scores, renormalised to sum 1
+// unless s.Router.Raw, times s.Router.Scale. The default router (softmax,
+// renormalised, no bias, no groups) chooses by logit and takes the softmax of
+// the chosen logits, which is the same; any other chooses by score plus bias
+// (nil: none) within the token's best groups (tensor.RouterSpec).
+func Router[F Float](probs, gates, logits, bias []F, r Routing, s tensor.MoEShape) {
 	idx := r.Idx
-	BT, E, K := s.BT, s.E, s.K
+	BT, E, K, spec := s.BT, s.E, s.K, s.Router
+	if len(bias) == 0 {
+		bias = nil
+	}
+	plain := !spec.Sigmoid && !spec.Raw && bias == nil && spec.Groups == 0
+	scale := F(spec.GateScale())
+	var v []F
+	var allowed []bool
+	if !plain {
+		// Scratch from a pool: a step allocates nothing once warm.
+		sc := listOf[routerScratch[F]]().get()
+		defer listOf[routerScratch[F]]().put(sc)
+		sc.v, sc.allowed = slices.Grow(sc.v[:0], E)[:E], slices.Grow(sc.allowed[:0], E)[:E]
+		v, allowed = sc.v, sc.allowed
+	}
 	for t := 0; t < BT; t++ {
-		l := logits[t*E : (t+1)*E]
-		softmaxRow(probs[t*E:(t+1)*E], l)
+		l, p := logits[t*E:(t+1)*E], probs[t*E:(t+1)*E]
+		if spec.Sigmoid {
+			for e, z := range l {
+				p[e] = sigmoidOf(z)
+			}
+		} else {
+			softmaxRow(p, l)
+		}
 		sel, g := idx[t*K:(t+1)*K], gates[t*K:(t+1)*K]
-		// Selection by repeated maximum: K is small and the order is deterministic.
-		for j := 0; j < K; j++ {
-			best := -1
-			for e, v := range l {
-				taken := false
-				for _, s := range sel[:j] {
-					taken = taken || int(s) == e
+		if plain {
+			pickTop(sel, l, nil)
+			for j, e := range sel {
+				g[j] = l[e]
+			}
+			softmaxRow(g, g)
+		} else {
+			for e := range v {
+				v[e] = p[e]
+				if bias != nil {
+					v[e] += bias[e]
 				}
-				if !taken && (best < 0 || v > l[best]) {
-					best = e
+				allowed[e] = true
+			}
+			if spec.Groups > 0 {
+				chooseGroups(allowed, v, spec.Groups, spec.GroupK, K/spec.GroupK)
+			}
+			pickTop(sel, v, allowed)
+			var sum F
+			for j, e := range sel {
+				g[j] = p[e]
+				sum += p[e]
+			}
+			if !spec.Raw {
+				if spec.Sigmoid {
+					sum += 1e-20 // Megatron's and DeepSeek-V3's guard against a zero sum
+				}
+				for j := range g {
+					g[j] /= sum
 				}
 			}
-			sel[j], g[j] = int32(best), l[best]
 		}
-		softmaxRow(g, g)
+		if scale != 1 {
+			for j := range g {
+				g[j] *= scale
+			}
+		}
 	}
 }
 
+// routerScratch is Router's per-call scratch (the choosing scores and the
+// allowed experts), kept in a pool.
+type routerScratch[F Float] struct {
+	v       []F
+	allowed []bool
+}
+
+// sigmoidOf is 1/(1+e^−z).
+func sigmoidOf[F Float](z F) F { return F(1 / (1 + math.Exp(-float64(z)))) }
+
+// pickTop fills sel with the indices of the len(sel) largest values of v among
+// the allowed ones (allowed nil: all), by repeated maximum: K is small and the
+// order is deterministic, ties to the lower index.
+func pickTop[F Float](sel []int32, v []F, allowed []bool) {
+	for j := range sel {
+		best := -1
+		for e, x := range v {
+			if allowed != nil && !allowed[e] {
+				continue
+			}
+			taken := false
+			for _, s := range sel[:j] {
+				taken = taken || int(s) == e
+			}
+			if !taken && (best < 0 || x > v[best]) {
+				best = e
+			}
+		}
+		sel[j] = int32(best)
+	}
+}
+
+// chooseGroups keeps allowed only the experts of the keep best of G groups of
+// len(v)/G experts, each group scored by the sum of its n largest values of v
+// (Megatron's group-limited routing; ties to the lower group).
+func chooseGroups[F Float](allowed []bool, v []F, G, keep, n int) {
+	per := len(v) / G
+	var score [maxGroups]F
+	var top [maxGroups]int32
+	for q := 0; q < G; q++ {
+		pickTop(top[:n], v[q*per:(q+1)*per], nil)
+		var sum F
+		for _, e := range top[:n] {
+			sum += v[q*per+int(e)]
+		}
+		score[q] = sum
+	}
+	pickTop(top[:keep], score[:G], nil)
+	for e := range allowed {
+		allowed[e] = false
+	}
+	for _, q := range top[:keep] {
+		for e := int(q) * per; e < (int(q)+1)*per; e++ {
+			allowed[e] = true
+		}
+	}
+}
+
+// maxGroups bounds a router's groups (and the experts a group scores by), as
+// model.moe.num_groups' bound does.
+const maxGroups = 4096
+
 // RouterBackward accumulates into dlogits (BT,E) the gradient through the gates
 // (dgates, the gradient of the selected gates) and through the probabilities
-// (dprobs (BT,E), may be nil).
+// (dprobs (BT,E), may be nil), for the scores and gates s.Router names.
 func RouterBackward[F Float](dlogits, dgates, dprobs, gates, probs []F, r Routing, s tensor.MoEShape) {
 	idx := r.Idx
-	BT, E, K := s.BT, s.E, s.K
+	BT, E, K, spec := s.BT, s.E, s.K, s.Router
+	c := F(spec.GateScale())
+	if !spec.Sigmoid && !spec.Raw {
+		// The gates are c·softmax of the chosen logits.
+		for t := 0; t < BT; t++ {
+			g, dg := gates[t*K:(t+1)*K], dgates[t*K:(t+1)*K]
+			var dot F
+			for j := range g {
+				dot += g[j] * dg[j]
+			}
+			for j := range g {
+				if c == 1 {
+					dlogits[t*E+int(idx[t*K+j])] += g[j] * (dg[j] - dot)
+				} else {
+					dlogits[t*E+int(idx[t*K+j])] += g[j] / c * (c*dg[j] - dot)
+				}
+			}
+			if dprobs == nil {
+				continue
+			}
+			p, dp := probs[t*E:(t+1)*E], dprobs[t*E:(t+1)*E]
+			dot = 0
+			for e := range p {
+				dot += p[e] * dp[e]
+			}
+			for e := range p {
+				dlogits[t*E+e] += p[e] * (dp[e] - dot)
+			}
+		}
+		return
+	}
+	sc := listOf[routerScratch[F]]().get()
+	defer listOf[routerScratch[F]]().put(sc)
+	sc.v = slices.Grow(sc.v[:0], E)[:E]
+	ds := sc.v // the gradient of each score
 	for t := 0; t < BT; t++ {
-		g, dg := gates[t*K:(t+1)*K], dgates[t*K:(t+1)*K]
-		var dot F
-		for j := range g {
-			dot += g[j] * dg[j]
+		g, dg, sel := gates[t*K:(t+1)*K], dgates[t*K:(t+1)*K], idx[t*K:(t+1)*K]
+		p := probs[t*E : (t+1)*E]
+		for e := range ds {
+			ds[e] = 0
+			if dprobs != nil {
+				ds[e] = dprobs[t*E+e]
+			}
 		}
-		for j := range g {
-			dlogits[t*E+int(idx[t*K+j])] += g[j] * (dg[j] - dot)
+		if spec.Raw {
+			for j, e := range sel {
+				ds[e] += c * dg[j]
+			}
+		} else {
+			// g_j = c·s_j/S, S the chosen scores' sum: ∂/∂s_j = (c·dg_j − Σ dg·g)/S.
+			var sum, dot F
+			for j, e := range sel {
+				sum += p[e]
+				dot += dg[j] * g[j]
+			}
+			if spec.Sigmoid {
+				sum += 1e-20
+			}
+			for j, e := range sel {
+				ds[e] += (c*dg[j] - dot) / sum
+			}
 		}
-		if dprobs == nil {
+		if spec.Sigmoid {
+			for e, pe := range p {
+				dlogits[t*E+e] += ds[e] * pe * (1 - pe)
+			}
 			continue
 		}
-		p, dp := probs[t*E:(t+1)*E], dprobs[t*E:(t+1)*E]
-		dot = 0
+		var dot F
 		for e := range p {
-			dot += p[e] * dp[e]
+			dot += p[e] * ds[e]
 		}
 		for e := range p {
-			dlogits[t*E+e] += p[e] * (dp[e] - dot)
+			dlogits[t*E+e] += p[e] * (ds[e] - dot)
+		}
+	}
+}
+
+// ScaleCopies multiplies each kept copy's row of xperm by its gate: the token
+// scaled before its expert.
+func ScaleCopies[F Float](xperm, gates []F, r Routing, s tensor.MoEShape) {
+	C := s.C
+	for i, row := range r.Row[:s.BT*s.K] {
+		if row < 0 {
+			continue
+		}
+		g, x := gates[i], xperm[int(row)*C:(int(row)+1)*C]
+		for c := range x {
+			x[c] *= g
+		}
+	}
+}
+
+// ScaleCopiesBackward sets dgates to each kept copy's dxperm row · its
+// token's row of x (0 when dropped), then scales the row by the gate in place.
+func ScaleCopiesBackward[F Float](dgates, dxperm, x, gates []F, r Routing, s tensor.MoEShape) {
+	C, K := s.C, s.K
+	for i, row := range r.Row[:s.BT*K] {
+		if row < 0 {
+			dgates[i] = 0
+			continue
+		}
+		d, xt := dxperm[int(row)*C:(int(row)+1)*C], x[i/K*C:(i/K+1)*C]
+		var dot F
+		for c := range d {
+			dot += d[c] * xt[c]
+		}
+		dgates[i] = dot
+		g := gates[i]
+		for c := range d {
+			d[c] *= g
+		}
+	}
+}
+
+// ExpertBiasUpdate adds rate·sign(mean(load) − load[lo+i]) to bias[i], the
+// bias of expert lo+i (the mean of the E loads in float64).
+func ExpertBiasUpdate[F Float](bias, load []F, E, lo int, rate float64) {
+	var mean float64
+	for _, n := range load[:E] {
+		mean += float64(n)
+	}
+	mean /= float64(E)
+	for i := range bias {
+		switch d := mean - float64(load[lo+i]); {
+		case d > 0:
+			bias[i] += F(rate)
+		case d < 0:
+			bias[i] -= F(rate)
 		}
 	}
 }

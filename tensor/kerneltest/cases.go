@@ -370,6 +370,13 @@ func stepCases() []kcase {
 			return bufs{b}
 		}})
 	}
+	// Loads of 8 experts whose mean (4) some equal: those biases stay. The
+	// biases of experts 2..6 (a shard's).
+	add(kcase{name: "ExpertBiasUpdate", run: func(e *env) bufs {
+		bias, load := e.floats(5, 0.1), e.vals([]float64{3, 5, 4, 4, 6, 2, 4, 4})
+		e.k.ExpertBiasUpdate(bias, load, 8, 2, 1e-3)
+		return bufs{bias, load}
+	}})
 	add(kcase{name: "Axpy", run: func(e *env) bufs {
 		dst := e.stats([]float64{1, 2, 3, 4, 5})
 		e.k.Axpy(dst, e.stats([]float64{0.5, -1, 2, 1e-3, 7}), -0.25)

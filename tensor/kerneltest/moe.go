@@ -21,6 +21,37 @@ func moeLayouts() []moeLayout {
 	}
 }
 
+// routerSpec is a named router (tensor.RouterSpec) and whether it chooses
+// with an expert bias.
+type routerSpec struct {
+	name string
+	spec tensor.RouterSpec
+	bias bool
+}
+
+// routerSpecs are the routers beside the default one: sigmoid scores
+// renormalised and scaled (DeepSeek-V3) with a bias and groups (8 experts in 4
+// groups of 2, 2 kept, each scored by its best one), sigmoid scores as they
+// are (Llama 4), softmax scores as they are with a bias (Qwen3-MoE without
+// renormalisation), and the default softmax scaled.
+func routerSpecs() []routerSpec {
+	return []routerSpec{
+		{"sigmoid-groups-bias", tensor.RouterSpec{Sigmoid: true, Scale: 2.5, Groups: 4, GroupK: 2}, true},
+		{"sigmoid-raw", tensor.RouterSpec{Sigmoid: true, Raw: true}, false},
+		{"softmax-raw-bias", tensor.RouterSpec{Raw: true}, true},
+		{"softmax-scaled", tensor.RouterSpec{Scale: 1.5}, false},
+	}
+}
+
+// routeWith is route with a bias (of scale 0.3, when withBias) in the routing.
+func routeWith(e *env, s tensor.MoEShape, withBias bool) *routed {
+	var bias tensor.Buffer
+	if withBias {
+		bias = e.floats(s.E, 0.3)
+	}
+	return routeBias(e, s, bias)
+}
+
 // routed is one MoE layer's forward state up to the experts.
 type routed struct {
 	s                           tensor.MoEShape
@@ -30,10 +61,13 @@ type routed struct {
 }
 
 // route draws a layer's input and router logits and runs Router and Dispatch.
-func route(e *env, s tensor.MoEShape) *routed {
+func route(e *env, s tensor.MoEShape) *routed { return routeBias(e, s, tensor.Buffer{}) }
+
+// routeBias is route with an expert bias (empty: none).
+func routeBias(e *env, s tensor.MoEShape, bias tensor.Buffer) *routed {
 	n := s.BT * s.K
 	m := &routed{s: s, r: tensor.Routing{Idx: e.intsN(n), Row: e.intsN(n), Tok: e.intsN(max(n, s.Rows())),
-		Offsets: e.intsN(s.E + 1), Cursor: e.intsN(s.E)}}
+		Offsets: e.intsN(s.E + 1), Cursor: e.intsN(s.E), Bias: bias}}
 	m.x, m.logits = e.floats(s.BT*s.C, 1), e.floats(s.BT*s.E, 3)
 	m.probs, m.gates, m.xp = e.floats(s.BT*s.E, 1), e.floats(n, 1), e.floats(s.Rows()*s.C, 1)
 	e.k.Router(m.probs, m.gates, m.logits, m.r, s)
@@ -125,6 +159,37 @@ func moeCases() []kcase {
 				return bufs{dlogits}
 			}}
 		})...)
+		for _, sp := range routerSpecs() {
+			s := s
+			s.Router = sp.spec
+			add(kcase{name: "Router/" + sp.name + "/" + l.name, run: func(e *env) bufs {
+				m := routeWith(e, s, sp.bias)
+				return bufs{m.probs, m.gates, m.r.Idx, m.r.Row}
+			}})
+			add(variants("RouterBackward/"+sp.name+"/"+l.name, []string{"aux loss"}, func(on []bool) kcase {
+				return kcase{run: func(e *env) bufs {
+					m := routeWith(e, s, sp.bias)
+					dlogits := e.floats(s.BT*s.E, 1)
+					var dprobs tensor.Buffer
+					if on[0] {
+						dprobs = e.floats(s.BT*s.E, 0.1)
+					}
+					e.k.RouterBackward(dlogits, e.floats(s.BT*s.K, 1), dprobs, m.gates, m.probs, m.r, s)
+					return bufs{dlogits}
+				}}
+			})...)
+		}
+		add(kcase{name: "ScaleCopies/" + l.name, run: func(e *env) bufs {
+			m := route(e, s)
+			e.k.ScaleCopies(m.xp, m.gates, m.r, s)
+			return bufs{m.xp}
+		}})
+		add(kcase{name: "ScaleCopiesBackward/" + l.name, run: func(e *env) bufs {
+			m := route(e, s)
+			dg, dxp := e.floats(s.BT*s.K, 1), e.floats(s.Rows()*s.C, 1)
+			e.k.ScaleCopiesBackward(dg, dxp, m.x, m.gates, m.r, s)
+			return bufs{dg, dxp}
+		}})
 		add(variants("AuxLoss/"+l.name, []string{"accumulate"}, func(on []bool) kcase {
 			return kcase{run: func(e *env) bufs {
 				m := route(e, s)

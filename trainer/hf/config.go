@@ -30,10 +30,18 @@ var hfDefaults = map[string]map[string]any{
 		"num_experts": 60.0, "num_experts_per_tok": 4.0, "moe_intermediate_size": 1408.0, "shared_expert_intermediate_size": 5632.0,
 		"decoder_sparse_step": 1.0, "norm_topk_prob": false, "mlp_only_layers": []any{}, "use_sliding_window": false,
 		"intermediate_size": 5632.0, "rope_scaling": nil},
+	// Qwen3Config's and Qwen3MoeConfig's defaults for the keys whose default
+	// shardline relies on; a key left out whose default is not listed is
+	// reported absent.
+	"qwen3": {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": false, "attention_bias": false,
+		"use_sliding_window": false, "rope_scaling": nil},
+	"qwen3_moe": {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": false, "attention_bias": false,
+		"use_sliding_window": false, "rope_scaling": nil, "decoder_sparse_step": 1.0, "norm_topk_prob": false, "mlp_only_layers": []any{}},
 }
 
 // modelTypes maps each architecture shardline reads to its model_type.
-var modelTypes = map[string]string{"LlamaForCausalLM": "llama", "MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe"}
+var modelTypes = map[string]string{"LlamaForCausalLM": "llama", "MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe",
+	"Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe"}
 
 // whole says whether v is a whole number from least to 2^53 (a count a JSON
 // number can hold exactly).
@@ -114,7 +122,10 @@ func CheckConfig(dir string, m config.Model) error {
 	if len(got) == 1 {
 		gotArch, _ = got[0].(string)
 	}
-	archFix := "the recipe's model.moe makes it " + arch + " (num_experts 0: Llama; every layer MoE without shared experts: Mixtral; otherwise Qwen2-MoE)"
+	if err := Supported(m); err != nil {
+		return err
+	}
+	archFix := "the recipe's model makes it " + arch + " (model.qk_norm: Qwen3, or Qwen3-MoE with experts; otherwise num_experts 0: Llama; every layer MoE without shared experts, renormalised: Mixtral; otherwise Qwen2-MoE)"
 	switch {
 	case gotArch != arch:
 		bad = append(bad, ConfigMismatch{"architectures", c["architectures"], false, "model.moe.num_experts", m.MoE.NumExperts, archFix})
@@ -196,6 +207,22 @@ func CheckConfig(dir string, m config.Model) error {
 		same("intermediate_size", "model.ffn_hidden", m.FFNHidden)
 		same("attention_bias", "", nil)
 		same("mlp_bias", "", nil)
+	case "qwen3":
+		same("intermediate_size", "model.ffn_hidden", m.FFNHidden)
+		same("attention_bias", "", nil)
+		same("use_sliding_window", "", nil)
+	case "qwen3_moe":
+		if m.MoE.LayerFreq > 1 {
+			same("intermediate_size", "model.ffn_hidden", m.FFNHidden)
+		}
+		same("moe_intermediate_size", "model.moe.expert_ffn_hidden", m.MoE.ExpertFFNHidden)
+		same("num_experts", "model.moe.num_experts", m.MoE.NumExperts)
+		same("num_experts_per_tok", "model.moe.top_k", m.MoE.TopK)
+		same("decoder_sparse_step", "model.moe.layer_freq", m.MoE.LayerFreq)
+		same("norm_topk_prob", "model.moe.norm_top_k", m.MoE.NormTopK)
+		same("mlp_only_layers", "", nil)
+		same("attention_bias", "", nil)
+		same("use_sliding_window", "", nil)
 	case "mixtral":
 		same("intermediate_size", "model.moe.expert_ffn_hidden", m.MoE.ExpertFFNHidden)
 		same("num_local_experts", "model.moe.num_experts", m.MoE.NumExperts)
@@ -218,7 +245,7 @@ func CheckConfig(dir string, m config.Model) error {
 			}
 			bad = append(bad, ConfigMismatch{"shared_expert_intermediate_size", got, c["shared_expert_intermediate_size"] == nil, "model.moe.shared_experts", m.MoE.SharedExperts, fix})
 		}
-		same("norm_topk_prob", "", nil)
+		same("norm_topk_prob", "model.moe.norm_top_k", m.MoE.NormTopK)
 		same("mlp_only_layers", "", nil)
 		same("use_sliding_window", "", nil)
 	}

@@ -14,7 +14,7 @@ import (
 func moeModel(shared, freq int) config.Model {
 	return config.Model{Family: "llama", Layers: 2, Hidden: 32, Heads: 4, KVHeads: 2, FFNHidden: 64, VocabSize: 32, SeqLen: 16,
 		RopeTheta: 10000, RopeScaling: "none", RopeScalingFactor: 1, NormEps: 1e-5, InitStd: 0.02,
-		MoE: config.MoE{NumExperts: 4, TopK: 2, ExpertFFNHidden: 16, SharedExperts: shared, LayerFreq: freq}}
+		MoE: config.MoE{NumExperts: 4, TopK: 2, ExpertFFNHidden: 16, SharedExperts: shared, LayerFreq: freq, ScoreFunction: "softmax", NormTopK: true, TopKScale: 1}}
 }
 
 // writeConfig writes Config(m), changed, as dir/config.json.
@@ -54,13 +54,13 @@ func TestCheckConfigMoE(t *testing.T) {
 		{mixtral, map[string]any{"num_local_experts": nil}, []string{"num_local_experts is absent (transformers' default 8)"}},
 		{mixtral, map[string]any{"sliding_window": 8}, []string{"sliding_window is 8, the recipe's model.seq_len is 16: shardline's attention has no sliding window"}},
 		{mixtral, map[string]any{"sliding_window": 4096}, nil},
-		{qwen, map[string]any{"norm_topk_prob": nil}, []string{`norm_topk_prob is absent (transformers' default false): no recipe key changes it: shardline's model has true`}},
+		{qwen, map[string]any{"norm_topk_prob": nil}, []string{`norm_topk_prob is absent (transformers' default false), the recipe's model.moe.norm_top_k is true: set model.moe.norm_top_k = false`}},
 		{qwen, map[string]any{"shared_expert_intermediate_size": 48}, []string{"shared_expert_intermediate_size is 48, the recipe's model.moe.shared_experts is 2: set model.moe.shared_experts = 3 (× model.moe.expert_ffn_hidden 16)"}},
 		{qwen, map[string]any{"decoder_sparse_step": 1, "moe_intermediate_size": 32},
 			[]string{"decoder_sparse_step is 1, the recipe's model.moe.layer_freq is 2: set model.moe.layer_freq = 1",
 				"moe_intermediate_size is 32, the recipe's model.moe.expert_ffn_hidden is 16: set model.moe.expert_ffn_hidden = 32"}},
 		{qwen, map[string]any{"mlp_only_layers": []int{0}}, []string{"mlp_only_layers is [0]: no recipe key changes it: shardline's model has []"}},
-		{qwen, map[string]any{"architectures": []string{"LlamaForCausalLM"}}, []string{`architectures is ["LlamaForCausalLM"], the recipe's model.moe.num_experts is 4: the recipe's model.moe makes it Qwen2MoeForCausalLM`}},
+		{qwen, map[string]any{"architectures": []string{"LlamaForCausalLM"}}, []string{`architectures is ["LlamaForCausalLM"], the recipe's model.moe.num_experts is 4: the recipe's model makes it Qwen2MoeForCausalLM`}},
 		{qwen, map[string]any{"model_type": "qwen3_moe"}, []string{`model_type is "qwen3_moe"`}},
 		{moeModel(0, 1), map[string]any{"rope_scaling": map[string]any{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
 			[]string{`set model.rope_scaling = "llama3" and model.rope_scaling_factor = 8`}},

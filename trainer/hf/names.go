@@ -9,17 +9,51 @@ import (
 	"github.com/shardline/shardline/config"
 )
 
-// Architecture names the Hugging Face model class an export uses: LlamaForCausalLM
+// Architecture names the Hugging Face model class an export uses: with QK-norm
+// Qwen3ForCausalLM (dense) or Qwen3MoeForCausalLM; otherwise LlamaForCausalLM
 // for dense models, MixtralForCausalLM for MoE models whose every layer is MoE
-// with no shared experts, Qwen2MoeForCausalLM otherwise.
+// with no shared experts and renormalised gates, Qwen2MoeForCausalLM otherwise.
+// Supported says which models have none.
 func Architecture(m config.Model) string {
 	switch {
+	case m.QKNorm && m.MoE.NumExperts == 0:
+		return "Qwen3ForCausalLM"
+	case m.QKNorm:
+		return "Qwen3MoeForCausalLM"
 	case m.MoE.NumExperts == 0:
 		return "LlamaForCausalLM"
-	case m.MoE.SharedExperts == 0 && m.MoE.LayerFreq == 1:
+	case m.MoE.SharedExperts == 0 && m.MoE.LayerFreq == 1 && m.MoE.NormTopK:
 		return "MixtralForCausalLM"
 	}
 	return "Qwen2MoeForCausalLM"
+}
+
+// Supported refuses a model no architecture Architecture names computes:
+// NoPE layers and the routers of Llama 4 and DeepSeek-V3 (sigmoid scores, a
+// scale, the token scaled before its expert, expert biases, groups), whose
+// Hugging Face names shardline does not write yet, and QK-norm with shared
+// experts (Qwen3-MoE has none).
+func Supported(m config.Model) error {
+	moe := m.MoE
+	var what []string
+	add := func(set bool, key string) {
+		if set {
+			what = append(what, key)
+		}
+	}
+	add(m.NoPEInterval > 0, "model.nope_interval")
+	if moe.NumExperts > 0 {
+		add(moe.ScoreFunction == "sigmoid", "model.moe.score_function")
+		add(moe.TopKScale != 0 && moe.TopKScale != 1, "model.moe.top_k_scale")
+		add(moe.ScoreBeforeExpert, "model.moe.score_before_expert")
+		add(moe.ExpertBias, "model.moe.expert_bias")
+		add(moe.NumGroups > 0, "model.moe.num_groups")
+		add(m.QKNorm && moe.SharedExperts > 0, "model.moe.shared_experts with model.qk_norm")
+	}
+	if len(what) == 0 {
+		return nil
+	}
+	return fmt.Errorf("the model sets %s, which none of the Hugging Face architectures shardline writes and reads computes (Llama, Mixtral, Qwen2-MoE, Qwen3, Qwen3-MoE; Llama 4's and DeepSeek-V3's names are not written yet)", strings.Join(what, ", "))
 }
 
 // Config is config.json for the model.
@@ -38,6 +72,15 @@ func Config(m config.Model) map[string]any {
 	switch Architecture(m) {
 	case "LlamaForCausalLM":
 		c["model_type"], c["intermediate_size"] = "llama", m.FFNHidden
+	case "Qwen3ForCausalLM":
+		c["model_type"], c["intermediate_size"] = "qwen3", m.FFNHidden
+		c["use_sliding_window"], c["sliding_window"], c["max_window_layers"] = false, nil, m.Layers
+	case "Qwen3MoeForCausalLM":
+		c["model_type"], c["intermediate_size"] = "qwen3_moe", m.FFNHidden
+		c["moe_intermediate_size"], c["num_experts"], c["num_experts_per_tok"] = m.MoE.ExpertFFNHidden, m.MoE.NumExperts, m.MoE.TopK
+		c["decoder_sparse_step"], c["norm_topk_prob"], c["mlp_only_layers"] = m.MoE.LayerFreq, m.MoE.NormTopK, []int{}
+		c["router_aux_loss_coef"], c["output_router_logits"] = m.MoE.AuxLossCoeff, false
+		c["use_sliding_window"], c["sliding_window"], c["max_window_layers"] = false, nil, m.Layers
 	case "MixtralForCausalLM":
 		c["model_type"], c["intermediate_size"] = "mixtral", m.MoE.ExpertFFNHidden
 		c["num_local_experts"], c["num_experts_per_tok"] = m.MoE.NumExperts, m.MoE.TopK
@@ -46,7 +89,7 @@ func Config(m config.Model) map[string]any {
 		c["model_type"], c["intermediate_size"] = "qwen2_moe", m.FFNHidden
 		c["moe_intermediate_size"], c["shared_expert_intermediate_size"] = m.MoE.ExpertFFNHidden, m.MoE.SharedExperts*m.MoE.ExpertFFNHidden
 		c["num_experts"], c["num_experts_per_tok"], c["decoder_sparse_step"] = m.MoE.NumExperts, m.MoE.TopK, m.MoE.LayerFreq
-		c["norm_topk_prob"], c["mlp_only_layers"], c["use_sliding_window"] = true, []int{}, false
+		c["norm_topk_prob"], c["mlp_only_layers"], c["use_sliding_window"] = m.MoE.NormTopK, []int{}, false
 		c["router_aux_loss_coef"], c["output_router_logits"] = m.MoE.AuxLossCoeff, false
 	}
 	return c
@@ -74,6 +117,8 @@ func hfName(m config.Model, name string) string {
 		return pre + "input_layernorm.weight"
 	case rest == "mlp_norm.weight":
 		return pre + "post_attention_layernorm.weight"
+	case rest == "attn.q_norm.weight" || rest == "attn.k_norm.weight":
+		return pre + "self_attn." + parts[3] + ".weight"
 	case strings.HasPrefix(rest, "attn.w"):
 		return pre + "self_attn." + rest[len("attn.w"):] + "_proj.weight"
 	case strings.HasPrefix(rest, "mlp.w"):
@@ -104,6 +149,9 @@ type Param struct {
 // sigmoid(0) = 1/2 (both exact in floating point). Qwen2's q, k and v projections
 // have biases: they are written as zeros.
 func ToHF(m config.Model, params []Param) ([]Tensor, error) {
+	if err := Supported(m); err != nil {
+		return nil, err
+	}
 	arch := Architecture(m)
 	if m.AttentionChunkSize > 0 {
 		return nil, fmt.Errorf("model.attention_chunk_size = %d: %s attends over the whole sequence and its config.json has no attention_chunk_size (Llama 4's), so the exported model would compute other logits than the one trained; export a model without chunked attention", m.AttentionChunkSize, arch)
@@ -164,6 +212,9 @@ func ToHF(m config.Model, params []Param) ([]Tensor, error) {
 // model does not have, and what shardline cannot represent (nonzero Qwen2 biases
 // or shared-expert gate), each named.
 func FromHF(m config.Model, ts map[string]Tensor, params []Param) error {
+	if err := Supported(m); err != nil {
+		return err
+	}
 	used := map[string]bool{}
 	take := func(name string, shape []int) (Tensor, error) {
 		t, ok := ts[name]

@@ -21,12 +21,19 @@ import (
 // depend on scheduling.
 func TestStepAllocatesNothing(t *testing.T) {
 	moe := ShakespeareChar()
-	moe.MoE = config.MoE{NumExperts: 8, TopK: 2, ExpertFFNHidden: 128, SharedExperts: 1, LayerFreq: 1, AuxLossCoeff: 0.01}
+	moe.MoE = config.MoE{NumExperts: 8, TopK: 2, ExpertFFNHidden: 128, SharedExperts: 1, LayerFreq: 1, AuxLossCoeff: 0.01, ScoreFunction: "softmax", NormTopK: true, TopKScale: 1}
+	// The routers of DeepSeek-V3 (sigmoid, groups, an expert bias) and Llama 4
+	// (the token scaled before its expert), with QK-norm and a NoPE layer.
+	router := moe
+	router.QKNorm, router.NoPEInterval = true, 2
+	router.MoE.ScoreFunction, router.MoE.TopKScale, router.MoE.NumGroups, router.MoE.GroupTopK, router.MoE.ExpertBias = "sigmoid", 2.5, 4, 2, true
+	before := router
+	before.MoE.ScoreBeforeExpert, before.MoE.NormTopK, before.MoE.NumGroups, before.MoE.GroupTopK = true, false, 0, 0
 	for _, tc := range []struct {
 		name string
 		cfg  config.Model
 		opt  []Option
-	}{{"dense", ShakespeareChar(), nil}, {"moe", moe, nil},
+	}{{"dense", ShakespeareChar(), nil}, {"moe", moe, nil}, {"moe-deepseek-router", router, nil}, {"moe-llama4-router", before, nil},
 		{"dense-bf16-activations", ShakespeareChar(), []Option{WithBF16Activations()}},
 		{"moe-bf16-activations", moe, []Option{WithBF16Activations()}}} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -39,6 +39,16 @@ func TestEngineModelOnDevice(t *testing.T) {
 		// MoE, dropless and with a capacity that drops copies (the padded layout
 		// is expert parallelism's, which one device does not run).
 		{"moe-tiny", false, 1e-4, nil}, {"moe-tiny", false, 1e-4, []string{"model.moe.capacity_factor=0.5"}},
+		// QK-norm and NoPE layers (whose CPU gradients trainer/model checks by
+		// finite differences), fp32 and bf16; the routers of DeepSeek-V3 (sigmoid,
+		// renormalised and scaled, groups, an expert bias) and Llama 4 (sigmoid,
+		// raw, top 1, the token scaled before its expert, a shared expert).
+		{"tiny", false, 1e-4, []string{"model.qk_norm=true", "model.nope_interval=2"}},
+		{"tiny", true, 2e-2, []string{"model.qk_norm=true", "model.nope_interval=2"}},
+		{"moe-tiny", false, 1e-4, []string{"model.moe.score_function=sigmoid", "model.moe.top_k_scale=2.5", "model.moe.num_groups=4",
+			"model.moe.group_top_k=2", "model.moe.expert_bias=true", "model.qk_norm=true"}},
+		{"moe-tiny", false, 1e-4, []string{"model.moe.score_function=sigmoid", "model.moe.norm_top_k=false", "model.moe.top_k=1",
+			"model.moe.score_before_expert=true", "model.moe.shared_experts=1", "model.moe.expert_bias=true", "model.moe.aux_loss_coeff=0", "model.nope_interval=4"}},
 	} {
 		name := fmt.Sprintf("%s/bf16=%v/%v", c.recipe, c.bf16, c.sets)
 		t.Run(name, func(t *testing.T) { engineOnDevice(t, loadRecipe(t, c.recipe, c.sets...), c.bf16, c.tol) })

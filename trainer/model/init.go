@@ -64,6 +64,12 @@ func InitParam[F tensor.Float](dst []F, p *parallel.Param, start int64, seed int
 // one rank starts from.
 func InitParamTP[F tensor.Float](dst []F, p *parallel.Param, start int64, tpRank int, seed int64, std float64, layers int) {
 	s := InitStd(p, std, layers)
+	if p.Balance {
+		for i := range dst {
+			dst[i] = 0 // an expert bias starts at zero
+		}
+		return
+	}
 	if s == 0 {
 		for i := range dst {
 			dst[i] = 1

@@ -12,6 +12,7 @@ import (
 // views of its memory: weights in F or bf16, gradients in F).
 type layerParams[S any] struct {
 	attnNorm, wq, wk, wv, wo, mlpNorm, w1, w3, w2 S
+	qNorm, kNorm                                  S             // QK-norm's per-head gains (model.qk_norm); empty otherwise
 	moe                                           *moeParams[S] // MoE layers; w1, w3, w2 are then empty
 }
 
@@ -30,6 +31,7 @@ type params[S any] struct {
 type acts[F tensor.Float] struct {
 	resid, ln1, q, k, v, att, atty, mid, ln2, gate, up, sw []tensor.Buffer
 	rstd1, rstd2                                           []tensor.Buffer
+	rstdq, rstdk                                           []tensor.Buffer // QK-norm's reciprocal RMS per row and head (model.qk_norm)
 	final, lnf, rstdf, logits, probs, losses               tensor.Buffer
 	// head is the output head's work (tensor.Kernels.HeadLoss: a chunk of
 	// rows' logits) without tensor parallelism, which keeps whole logits of
@@ -80,6 +82,15 @@ type Model[F tensor.Float] struct {
 	logitRows [2]int
 	fused     bool
 	padSeg    tensor.Buffer // the padded experts' static segments (E+1, int32), with a capacity factor
+	// load is each MoE layer's routed copies counted since the last bias
+	// update (E each, by layer, slices of loads; nil for dense layers and
+	// without model.moe.expert_bias) and biasF the layer's expert bias as the
+	// router reads it (in F: the weights may be bf16); ones is the unit gates
+	// the experts' outputs are combined with when each token is scaled before
+	// its expert (model.moe.score_before_expert; empty otherwise).
+	load         []tensor.Buffer
+	loads, biasF tensor.Buffer
+	ones         tensor.Buffer
 	// tok and tgt are the micro-batch's token ids and targets (int32, B·T
 	// each) in the model's memory, uploaded by Forward from tokHost and
 	// tgtHost through tokAny and tgtAny (the host slices made interfaces
@@ -91,6 +102,9 @@ type Model[F tensor.Float] struct {
 	sin              tensor.Buffer
 	scratch          struct {
 		dres, dx, dq, dk, dv, datty, dff1, dff2, dsw, dloss tensor.Buffer
+		// dqk is QK-norm's input gradient (q's, then k's), the norms' inputs
+		// being made again in datty (model.qk_norm).
+		dqk tensor.Buffer
 		// MoE backward (sized for the largest MoE layer)
 		moeDlogits, moeDprobs, moeDgates, moeDy, moeDx, moeDh, moeDg, moeDu, moeSh, moeSg, moeSu tensor.Buffer
 		moeEpA, moeEpB, moeEpC                                                                   tensor.Buffer      // expert parallelism
@@ -336,9 +350,10 @@ func bind[S any](p *params[S], cfg config.Model, table []parallel.Param, views [
 		lp := layerParams[S]{
 			attnNorm: get(pre + "attn_norm.weight"), wq: get(pre + "attn.wq"), wk: get(pre + "attn.wk"), wv: get(pre + "attn.wv"),
 			wo: get(pre + "attn.wo"), mlpNorm: get(pre + "mlp_norm.weight"), w1: get(pre + "mlp.w1"), w3: get(pre + "mlp.w3"), w2: get(pre + "mlp.w2"),
+			qNorm: get(pre + "attn.q_norm.weight"), kNorm: get(pre + "attn.k_norm.weight"),
 		}
 		if cfg.IsMoELayer(l) {
-			mp := &moeParams[S]{router: get(pre + "moe.router")}
+			mp := &moeParams[S]{router: get(pre + "moe.router"), bias: get(pre + "moe.expert_bias")}
 			three := func(q string) [3]S { return [3]S{get(q + ".w1"), get(q + ".w3"), get(q + ".w2")} }
 			for s := 0; s < cfg.MoE.SharedExperts; s++ {
 				mp.shared = append(mp.shared, three(fmt.Sprintf("%smoe.shared.%d", pre, s)))
@@ -361,8 +376,14 @@ func bind[S any](p *params[S], cfg config.Model, table []parallel.Param, views [
 			"attn.wo": &lp.wo, "mlp_norm.weight": &lp.mlpNorm, "mlp.w1": &lp.w1, "mlp.w3": &lp.w3, "mlp.w2": &lp.w2} {
 			ptrs[pre+name] = ptr
 		}
+		if cfg.QKNorm {
+			ptrs[pre+"attn.q_norm.weight"], ptrs[pre+"attn.k_norm.weight"] = &lp.qNorm, &lp.kNorm
+		}
 		if mp := lp.moe; mp != nil {
 			ptrs[pre+"moe.router"] = &mp.router
+			if cfg.MoE.ExpertBias {
+				ptrs[pre+"moe.expert_bias"] = &mp.bias
+			}
 			for s := range mp.shared {
 				for k, w := range []string{"w1", "w3", "w2"} {
 					ptrs[fmt.Sprintf("%smoe.shared.%d.%s", pre, s, w)] = &mp.shared[s][k]
@@ -524,6 +545,30 @@ func (m *Model[F]) alloc() error {
 			m.mem.Write(m.padSeg, seg)
 		}
 		s.moeDh, s.moeDg, s.moeDu = m.alloc1(copies*EF), m.alloc1(copies*EF), m.alloc1(copies*EF)
+		if m.Cfg.MoE.ExpertBias {
+			// The loads lie in one buffer, which the trainer sums over the ranks
+			// in one all-reduce.
+			m.load = make([]tensor.Buffer, L)
+			n := 0
+			for l := 0; l < L; l++ {
+				if m.Cfg.IsMoELayer(l) {
+					n++
+				}
+			}
+			m.loads, m.biasF = m.alloc1(n*E), m.alloc1(E)
+			m.mem.Zero(m.loads)
+			i := 0
+			for l := 0; l < L; l++ {
+				if m.Cfg.IsMoELayer(l) {
+					m.load[l] = m.loads.Slice(i*E, (i+1)*E)
+					i++
+				}
+			}
+		}
+		if m.Cfg.MoE.ScoreBeforeExpert {
+			m.ones = m.alloc1(R * k)
+			m.mem.Fill(m.ones, 1)
+		}
 		if m.ep.Size > 1 {
 			s.moeEpA, s.moeEpB, s.moeEpC = m.alloc1(copies*C), m.alloc1(copies*C), m.alloc1(copies*C)
 			s.moeRecv, s.moeYloc = m.alloc1(copies*C), m.alloc1(copies*C)
@@ -534,6 +579,9 @@ func (m *Model[F]) alloc() error {
 		}
 	}
 	a.rstd1, a.rstd2 = stats(R), stats(R)
+	if m.Cfg.QKNorm {
+		a.rstdq, a.rstdk = stats(BT*NH), stats(BT*NKV)
+	}
 	if m.st != nil {
 		m.allocStash()
 	}
@@ -556,6 +604,9 @@ func (m *Model[F]) alloc() error {
 		m.allocTP()
 	}
 	s.dq, s.datty = m.allocAct(BT*NH*HD), m.allocAct(BT*NH*HD)
+	if m.Cfg.QKNorm {
+		s.dqk = m.allocAct(BT * NH * HD)
+	}
 	s.dk, s.dv = m.allocAct(BT*NKV*HD), m.allocAct(BT*NKV*HD)
 	s.dff1, s.dff2, s.dsw = m.allocAct(BT*FF), m.allocAct(BT*FF), m.allocAct(BT*FF)
 	s.dloss = m.alloc1(BT) // the logits' gradient is written over the probabilities (Backward)
@@ -685,7 +736,7 @@ func (m *Model[F]) ActivationBytes() (activations, logits int64) {
 	a := &m.a
 	seen := map[tensor.Storage]bool{} // buffers shared by layers (recompute, the bf16 work set) count once
 	var n int64
-	for _, set := range [][]tensor.Buffer{a.resid, a.ln1, a.q, a.k, a.v, a.att, a.atty, a.mid, a.ln2, a.gate, a.up, a.sw, a.rstd1, a.rstd2} {
+	for _, set := range [][]tensor.Buffer{a.resid, a.ln1, a.q, a.k, a.v, a.att, a.atty, a.mid, a.ln2, a.gate, a.up, a.sw, a.rstd1, a.rstd2, a.rstdq, a.rstdk} {
 		n += held(seen, set...)
 	}
 	n += held(seen, a.final, a.lnf, a.rstdf)
@@ -726,11 +777,12 @@ func elemBytes[F tensor.Float]() int64 {
 // buffers, and the RoPE tables, in bytes (parallel's scratch component).
 func (m *Model[F]) ScratchBytes() int64 {
 	s := &m.scratch
-	bufs := []tensor.Buffer{s.dres, s.dx, s.dq, s.dk, s.dv, s.datty, s.dff1, s.dff2, s.dsw, s.dloss,
+	bufs := []tensor.Buffer{s.dres, s.dx, s.dq, s.dk, s.dv, s.datty, s.dff1, s.dff2, s.dsw, s.dloss, s.dqk,
 		s.moeDlogits, s.moeDprobs, s.moeDgates, s.moeDy, s.moeDx, s.moeDh, s.moeDg, s.moeDu, s.moeSh, s.moeSg, s.moeSu,
-		s.moeEpA, s.moeEpB, s.moeEpC, m.cos, m.sin}
+		s.moeEpA, s.moeEpB, s.moeEpC, m.cos, m.sin, m.ones}
+	bufs = append(bufs, m.loads, m.biasF)
 	if p := m.tp; p != nil {
-		bufs = append(bufs, p.gx, p.gd, p.px, p.red, p.gnorm, p.grouter, p.lse, p.lseAll, p.tlogit)
+		bufs = append(bufs, p.gx, p.gd, p.px, p.red, p.gnorm, p.grouter, p.lse, p.lseAll, p.tlogit, p.gqk)
 	}
 	if p := m.cp; p != nil {
 		bufs = append(bufs, p.ring[0], p.ring[1], p.pd, p.out, p.lse)
@@ -780,13 +832,26 @@ func (m *Model[F]) layerForward(l int, x, next tensor.Buffer) {
 	eps := m.Cfg.NormEps
 	be.RMSNorm(a.ln1[l], a.rstd1[l], x, lw.attnNorm, m.rows(), C, eps)
 	ln1 := m.input(l, inLn1, a.ln1[l], true)
-	be.Matmul(a.q[l], ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
-	be.Matmul(a.k[l], ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
+	if m.Cfg.QKNorm {
+		// QK-norm: the projections go to scratch (backward makes them again
+		// from ln1), their per-head RMSNorm into q and k.
+		raw := m.scratch.datty
+		be.Matmul(raw, ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
+		be.RMSNorm(a.q[l], a.rstdq[l], raw, lw.qNorm, BT*NH, HD, eps)
+		raw = raw.Slice(0, BT*NKV*HD)
+		be.Matmul(raw, ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
+		be.RMSNorm(a.k[l], a.rstdk[l], raw, lw.kNorm, BT*NKV, HD, eps)
+	} else {
+		be.Matmul(a.q[l], ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
+		be.Matmul(a.k[l], ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
+	}
 	be.Matmul(a.v[l], ln1, lw.wv, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
-	if m.cp != nil {
+	switch {
+	case m.Cfg.IsNoPELayer(l): // NoPE: no rotary embedding
+	case m.cp != nil:
 		m.rope(a.q[l], NH, false)
 		m.rope(a.k[l], NKV, false)
-	} else {
+	default:
 		be.Rope(a.q[l], m.cos, m.sin, tensor.RopeShape{B: m.B, T: m.T, NH: NH, HD: HD})
 		be.Rope(a.k[l], m.cos, m.sin, tensor.RopeShape{B: m.B, T: m.T, NH: NKV, HD: HD})
 	}
@@ -801,7 +866,7 @@ func (m *Model[F]) layerForward(l int, x, next tensor.Buffer) {
 	be.RMSNorm(a.ln2[l], a.rstd2[l], a.mid[l], lw.mlpNorm, m.rows(), C, eps)
 	m.mem.Copy(next, a.mid[l])
 	if lw.moe != nil {
-		m.moeForward(next, a.ln2[l], *lw.moe, a.moe[l]) // next = mid + MoE
+		m.moeForward(l, next, a.ln2[l], *lw.moe, a.moe[l]) // next = mid + MoE
 		return
 	}
 	ln2 := m.input(l, inLn2, a.ln2[l], true)
@@ -974,7 +1039,7 @@ func (m *Model[F]) backward(tokens, targets []int32, scale float64, loss tensor.
 			// next = mid + MoE(ln2); the aux loss of this micro-batch is weighted by its
 			// share of the global batch's tokens (scale·BT, BT counting the whole
 			// sequences under context parallelism).
-			m.moeBackward(s.dx, dres, a.ln2[l], *lw.moe, *lg.moe, a.moe[l], scale*float64(BT*m.cpSize()))
+			m.moeBackward(l, s.dx, dres, a.ln2[l], *lw.moe, *lg.moe, a.moe[l], scale*float64(BT*m.cpSize()))
 		} else {
 			// MLP: next = mid + w2·swiglu(w1·ln2, w3·ln2); dres flows to mid unchanged.
 			be.MatmulBackward(s.dsw, lg.w2, m.gatherGrad(dres), m.input(l, inSw, a.sw[l], false), lw.w2, tensor.MatmulShape{BT: BT, C: FF, OC: C}, false)
@@ -996,16 +1061,31 @@ func (m *Model[F]) backward(tokens, targets []int32, scale float64, loss tensor.
 		} else {
 			be.FlashAttentionBackward(s.dq, s.dk, s.dv, s.datty, a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.attnShape(), false)
 		}
-		if m.cp != nil {
+		switch {
+		case m.Cfg.IsNoPELayer(l):
+		case m.cp != nil:
 			m.rope(s.dq, NH, true)
 			m.rope(s.dk, NKV, true)
-		} else {
+		default:
 			be.RopeBackward(s.dq, m.cos, m.sin, tensor.RopeShape{B: m.B, T: m.T, NH: NH, HD: HD})
 			be.RopeBackward(s.dk, m.cos, m.sin, tensor.RopeShape{B: m.B, T: m.T, NH: NKV, HD: HD})
 		}
 		ln1, dx := m.input(l, inLn1, a.ln1[l], false), m.inputGrad(s.dx)
-		be.MatmulBackward(dx, lg.wq, s.dq, ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
-		be.MatmulBackward(dx, lg.wk, s.dk, ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
+		if m.Cfg.QKNorm {
+			// Through QK-norm: its inputs made again in datty (free once
+			// attention's backward has run), its input gradient in dqk.
+			raw, d := s.datty, s.dqk
+			be.Matmul(raw, ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
+			m.headNormBackward(d, lg.qNorm, s.dq, raw, lw.qNorm, a.rstdq[l], BT*NH)
+			be.MatmulBackward(dx, lg.wq, d, ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
+			raw, d = raw.Slice(0, BT*NKV*HD), d.Slice(0, BT*NKV*HD)
+			be.Matmul(raw, ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
+			m.headNormBackward(d, lg.kNorm, s.dk, raw, lw.kNorm, a.rstdk[l], BT*NKV)
+			be.MatmulBackward(dx, lg.wk, d, ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
+		} else {
+			be.MatmulBackward(dx, lg.wq, s.dq, ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
+			be.MatmulBackward(dx, lg.wk, s.dk, ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
+		}
 		be.MatmulBackward(dx, lg.wv, s.dv, ln1, lw.wv, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
 		m.normBackward(dres, lg.attnNorm, m.scatterGrad(s.dx), a.resid[l], lw.attnNorm, a.rstd1[l], true)
 		m.release(1+l, true)

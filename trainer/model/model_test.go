@@ -63,11 +63,22 @@ func TestModelGradient(t *testing.T) {
 		"selective-recompute": {tinyConfig(false), "selective"}, "moe-selective-recompute": {tinyMoE(1, 0, 2), "selective"},
 		// A head size other than hidden/heads (Megatron's --kv-channels).
 		"head-dim": {headDim(tinyConfig(false), 6), "none"}, "tied-head-dim": {headDim(tinyConfig(true), 6), "none"},
+		// QK-norm (Qwen3), with recompute and a decoupled head size; NoPE layers
+		// (Llama 4's iRoPE: the second layer has no rotary embedding).
+		"qk-norm": {qkNorm(tinyConfig(false)), "none"}, "qk-norm-full-recompute": {qkNorm(tinyConfig(false)), "full"},
+		"qk-norm-head-dim": {qkNorm(headDim(tinyConfig(false), 6)), "none"}, "nope": {nope(tinyConfig(false), 2), "none"},
 	}
+	// The routers of the 2025-26 MoE models (routers_test.go), each with an
+	// expert bias set away from zero where it balances by bias.
+	for name, cfg := range newRouters() {
+		cases["router-"+name] = gradCase{cfg, "none"}
+	}
+	cases["router-llama4-full-recompute"] = gradCase{newRouters()["llama4"], "full"}
 	for name, tc := range cases {
 		cfg, tied := tc.cfg, name
 		B, T := 2, 5
 		m, w, g, table := build[float64](t, cfg, B, T, WithRecompute(tc.recompute))
+		setBias(w, table)
 		tokens := []int32{1, 4, 2, 9, 0, 3, 3, 10, 5, 6}
 		targets := []int32{4, 2, 9, 0, 7, 3, 10, -1, 6, 1}
 		// The objective Backward(scale = 1/n) differentiates: the mean token loss plus

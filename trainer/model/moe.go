@@ -23,6 +23,7 @@ import (
 // moeParams are one MoE layer's weight or gradient views.
 type moeParams[S any] struct {
 	router  S
+	bias    S      // the expert bias (model.moe.expert_bias; empty otherwise): no gradient
 	shared  [][3]S // w1, w3, w2 of each shared expert
 	experts [][3]S // w1, w3, w2 of each routed expert
 }
@@ -158,7 +159,33 @@ func (a *moeActs[F]) count(e int) int { return int(a.offHost[e+1] - a.offHost[e]
 // is computed.
 func moeShape(c config.Model, BT, ep int) tensor.MoEShape {
 	capacity, padded := parallel.MoELayout(c, int64(BT), ep)
-	return tensor.MoEShape{BT: BT, E: c.MoE.NumExperts, K: c.MoE.TopK, C: c.Hidden, Capacity: int(capacity), Padded: padded}
+	return tensor.MoEShape{BT: BT, E: c.MoE.NumExperts, K: c.MoE.TopK, C: c.Hidden, Capacity: int(capacity), Padded: padded, Router: routerSpec(c.MoE)}
+}
+
+// routerSpec is the routing model.moe's keys describe, as the kernels take it.
+func routerSpec(c config.MoE) tensor.RouterSpec {
+	return tensor.RouterSpec{Sigmoid: c.ScoreFunction == "sigmoid", Raw: !c.NormTopK, Scale: c.TopKScale, Groups: c.NumGroups, GroupK: c.GroupTopK}
+}
+
+// routing is the layer's routing as Router takes it: with its expert bias,
+// read into biasF (the weights may be bf16), when the model balances by bias.
+func (m *Model[F]) routing(p moeParams[tensor.Buffer], a *moeActs[F]) tensor.Routing {
+	rt := a.rt
+	if m.biasF.Len() > 0 {
+		m.mem.Zero(m.biasF)
+		m.be.AddInto(m.biasF, p.bias, m.biasF.Len())
+		rt.Bias = m.biasF
+	}
+	return rt
+}
+
+// combineGates is what the experts' outputs are combined with: the gates, or
+// ones when each token was scaled by its gate before its expert.
+func (m *Model[F]) combineGates(a *moeActs[F]) tensor.Buffer {
+	if m.Cfg.MoE.ScoreBeforeExpert {
+		return m.ones.Slice(0, a.gates.Len())
+	}
+	return a.gates
 }
 
 // segments is where the layer's experts' rows lie for the grouped kernels: the
@@ -185,14 +212,17 @@ func (m *Model[F]) localSegment(s tensor.MoEShape) int {
 // moeForward adds the MoE block's output for input x (BT,C) into out (BT,C), and
 // (unless it is a recompute) the layer's load-balancing loss and dropped copies
 // into the model's MoE sums.
-func (m *Model[F]) moeForward(out, x tensor.Buffer, p moeParams[tensor.Buffer], a *moeActs[F]) {
+func (m *Model[F]) moeForward(l int, out, x tensor.Buffer, p moeParams[tensor.Buffer], a *moeActs[F]) {
 	be, c := m.be, m.Cfg
 	BT, C := m.rows(), c.Hidden
 	E := c.MoE.NumExperts
 	be.Matmul(a.logits, x, p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, false)
 	s := moeShape(c, BT, m.ep.Size)
-	be.Router(a.probs, a.gates, a.logits, a.rt, s)
+	be.Router(a.probs, a.gates, a.logits, m.routing(p, a), s)
 	be.Dispatch(a.x, x, a.rt, s)
+	if c.MoE.ScoreBeforeExpert {
+		be.ScaleCopies(a.x, a.gates, a.rt, s) // Llama 4: the expert sees gate·x
+	}
 	// The kernels that follow read the kept copies and the experts' segments from
 	// the routing (r.Offsets), or use the static padded ones; the host only knows
 	// the rows the buffers span.
@@ -217,7 +247,7 @@ func (m *Model[F]) moeForward(out, x tensor.Buffer, p moeParams[tensor.Buffer], 
 		off, seg := m.segments(a, s)
 		m.expertsForward(p, a, a.x, a.y, off, seg, a.n)
 	}
-	be.Combine(out, a.y, a.gates, a.rt, s)
+	be.Combine(out, a.y, m.combineGates(a), a.rt, s)
 	if len(p.shared) > 0 {
 		// Shared experts are split like the dense MLP: over all rows, each rank's
 		// ffn columns, the outputs reduce-scattered into the rank's rows.
@@ -409,34 +439,24 @@ func (m *Model[F]) epRegroup(a *moeActs[F], loc, recv tensor.Buffer, toLocal boo
 
 // moeBackward accumulates into dx (BT,C) and the parameter gradients g the
 // gradient of dout·out + auxScale·aux_loss_coeff·aux.
-func (m *Model[F]) moeBackward(dx, dout, x tensor.Buffer, p moeParams[tensor.Buffer], g moeParams[tensor.Buffer], a *moeActs[F], auxScale float64) {
+func (m *Model[F]) moeBackward(l int, dx, dout, x tensor.Buffer, p moeParams[tensor.Buffer], g moeParams[tensor.Buffer], a *moeActs[F], auxScale float64) {
 	be, c := m.be, m.Cfg
 	BT, C := m.rows(), c.Hidden
-	E, k := c.MoE.NumExperts, c.MoE.TopK
 	s := &m.scratch
-	dy, dxp, dgates := s.moeDy.Slice(0, a.n*C), s.moeDx.Slice(0, a.n*C), s.moeDgates.Slice(0, BT*k)
+	dy, dxp, dgates := s.moeDy.Slice(0, a.n*C), s.moeDx.Slice(0, a.n*C), s.moeDgates.Slice(0, BT*c.MoE.TopK)
 	sh := moeShape(c, BT, m.ep.Size)
-	be.CombineBackward(dy, dgates, dout, a.y, a.gates, a.rt, sh)
-	// The aux loss reaches the router through P: d aux / d P[t,e] = E·f_e/BT
-	// (of the whole sequences: the forward's summed statistics).
-	var dprobs tensor.Buffer // empty: no aux loss reaches the probabilities
-	if coeff := auxScale * c.MoE.AuxLossCoeff; coeff != 0 {
-		dprobs = s.moeDprobs.Slice(0, BT*E)
-		be.AuxLossBackward(dprobs, a.stats, sh, BT*m.cpSize()*m.tpSize(), coeff)
+	// The gates' gradient comes from the combination, or, when each token was
+	// scaled before its expert, from the experts' input gradient: the router's
+	// backward follows the experts' then.
+	be.CombineBackward(dy, dgates, dout, a.y, m.combineGates(a), a.rt, sh)
+	if m.load != nil {
+		// The layer's kept copies per expert (its forward's statistics, over the
+		// whole sequences), counted in training only, for the bias update.
+		be.AddInto(m.load[l], a.stats, c.MoE.NumExperts)
 	}
-	dlogits := s.moeDlogits.Slice(0, BT*E)
-	m.mem.Zero(dlogits)
-	be.RouterBackward(dlogits, dgates, dprobs, a.gates, a.probs, a.rt, sh)
-	if m.tp == nil {
-		be.MatmulBackward(dx, g.router, dlogits, x, p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, true)
-	} else {
-		// The router is replicated over tp and saw this rank's rows only: its
-		// gradient is summed over the tp group.
-		gr := m.tp.grouter
-		m.mem.Zero(gr)
-		be.MatmulBackward(dx, gr, dlogits, x, p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, true)
-		m.tpErr("all-reduce", m.tp.Comm.AllReduce(gr))
-		be.AddInto(g.router, gr, E*C)
+	before := c.MoE.ScoreBeforeExpert
+	if !before {
+		m.routerBackward(dx, x, p, g, a, dgates, auxScale)
 	}
 	if m.ep.Size > 1 {
 		// dy goes to the experts' owners, is regrouped like the forward's tokens, and
@@ -451,6 +471,10 @@ func (m *Model[F]) moeBackward(dx, dout, x tensor.Buffer, p moeParams[tensor.Buf
 	} else {
 		off, seg := m.segments(a, sh)
 		m.expertsBackward(p, g, a, dy, a.x, dxp, off, seg, a.n)
+	}
+	if before {
+		be.ScaleCopiesBackward(dgates, dxp, x, a.gates, a.rt, sh)
+		m.routerBackward(dx, x, p, g, a, dgates, auxScale)
 	}
 	be.DispatchBackward(dx, dxp, a.rt, sh)
 	if len(p.shared) == 0 {
@@ -475,6 +499,36 @@ func (m *Model[F]) moeBackward(dx, dout, x tensor.Buffer, p moeParams[tensor.Buf
 	}
 }
 
+// routerBackward adds into dx and the router's gradient the gradient through
+// the gates (dgates) and, with the aux loss, through the probabilities.
+func (m *Model[F]) routerBackward(dx, x tensor.Buffer, p, g moeParams[tensor.Buffer], a *moeActs[F], dgates tensor.Buffer, auxScale float64) {
+	be, c := m.be, m.Cfg
+	BT, C, E := m.rows(), c.Hidden, c.MoE.NumExperts
+	s := &m.scratch
+	sh := moeShape(c, BT, m.ep.Size)
+	// The aux loss reaches the router through P: d aux / d P[t,e] = E·f_e/BT
+	// (of the whole sequences: the forward's summed statistics).
+	var dprobs tensor.Buffer // empty: no aux loss reaches the probabilities
+	if coeff := auxScale * c.MoE.AuxLossCoeff; coeff != 0 {
+		dprobs = s.moeDprobs.Slice(0, BT*E)
+		be.AuxLossBackward(dprobs, a.stats, sh, BT*m.cpSize()*m.tpSize(), coeff)
+	}
+	dlogits := s.moeDlogits.Slice(0, BT*E)
+	m.mem.Zero(dlogits)
+	be.RouterBackward(dlogits, dgates, dprobs, a.gates, a.probs, a.rt, sh)
+	if m.tp == nil {
+		be.MatmulBackward(dx, g.router, dlogits, x, p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, true)
+	} else {
+		// The router is replicated over tp and saw this rank's rows only: its
+		// gradient is summed over the tp group.
+		gr := m.tp.grouter
+		m.mem.Zero(gr)
+		be.MatmulBackward(dx, gr, dlogits, x, p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, true)
+		m.tpErr("all-reduce", m.tp.Comm.AllReduce(gr))
+		be.AddInto(g.router, gr, E*C)
+	}
+}
+
 // expertsBackward runs the local experts' backward over their segments: dy and
 // xin are the output gradients and inputs (rows offsets[e]..offsets[e+1], of the
 // rows the buffers span; e·seg.. when seg is set); the input gradients go to dxin
@@ -488,4 +542,58 @@ func (m *Model[F]) expertsBackward(p moeParams[tensor.Buffer], g moeParams[tenso
 	xs := m.expertIn(a.xs, xin, 0, rows*C, false)
 	be.ExpertsMatmulBackward(dxin, gw[0], dga, xs, w[0], offsets, tensor.ExpertsShape{C: C, OC: EF, Segment: seg}, false)
 	be.ExpertsMatmulBackward(dxin, gw[1], dup, xs, w[1], offsets, tensor.ExpertsShape{C: C, OC: EF, Segment: seg}, true)
+}
+
+// ExpertLoads is the buffer (f32, E per MoE layer, in layer order) where the
+// training passes since the last ResetExpertLoads counted each expert's kept
+// copies (model.moe.expert_bias; the empty Buffer otherwise), for the bias
+// update (tensor.Kernels.ExpertBiasUpdate on the expert-bias parameters,
+// parallel.Param.Balance). The trainer sums it over the ranks first: the
+// update reads only the sign of each expert's difference from the mean, so a
+// sum that counts every token the same number of times (the ranks of a
+// context- or tensor-parallel group each hold their group's sum) gives the
+// one-rank biases.
+func (m *Model[F]) ExpertLoads() tensor.Buffer { return m.loads }
+
+// ExpertLoad is layer l's slice of ExpertLoads (the empty Buffer for a
+// dense layer or without model.moe.expert_bias).
+func (m *Model[F]) ExpertLoad(l int) tensor.Buffer {
+	if l < 0 || l >= len(m.load) {
+		return tensor.Buffer{}
+	}
+	return m.load[l]
+}
+
+// ResetExpertLoads zeroes the loads, once the biases have moved.
+func (m *Model[F]) ResetExpertLoads() {
+	if m.loads.Len() > 0 {
+		m.mem.Zero(m.loads)
+	}
+}
+
+// ExpertCounts reads back each MoE layer's kept copies per expert of the last
+// forward (in layer order, E each; RouterStats' counts over this rank's
+// tokens, or its sequences' under context or tensor parallelism): a counted
+// read-back, for checks and benchmarks of the load balance. Nil without MoE
+// layers, and under full recompute or bf16 activations, whose MoE layers
+// share their buffers.
+func (m *Model[F]) ExpertCounts() [][]float64 {
+	if m.recompute == "full" || m.st != nil {
+		return nil
+	}
+	E := m.Cfg.MoE.NumExperts
+	var out [][]float64
+	host := make([]F, 2*E)
+	for _, a := range m.a.moe {
+		if a == nil {
+			continue
+		}
+		m.mem.Read(host, a.stats)
+		c := make([]float64, E)
+		for e := range c {
+			c[e] = float64(host[e])
+		}
+		out = append(out, c)
+	}
+	return out
 }

@@ -52,6 +52,7 @@ type tpState[F tensor.Float] struct {
 	TensorParallel
 	gx, gd, px, red tensor.Buffer
 	gnorm, grouter  tensor.Buffer
+	gqk             tensor.Buffer // QK-norm's gain gradient, summed over the group (model.qk_norm)
 	lse, lseAll     tensor.Buffer
 	tlogit          tensor.Buffer
 }
@@ -88,6 +89,9 @@ func (m *Model[F]) allocTP() {
 	p := m.tp
 	p.gx, p.gd, p.px, p.red = m.alloc1(BT*C), m.alloc1(BT*C), m.alloc1(BT*C), m.alloc1(m.rows()*C)
 	p.gnorm, p.grouter = m.alloc1(C), m.alloc1(m.Cfg.MoE.NumExperts*C)
+	if m.Cfg.QKNorm {
+		p.gqk = m.alloc1(m.Cfg.HeadSize())
+	}
 	p.lse, p.lseAll, p.tlogit = m.alloc1(BT), m.alloc1(p.Size*BT), m.alloc1(BT)
 }
 
@@ -166,6 +170,23 @@ func (m *Model[F]) normBackward(dinp, dw, dout, inp, w, rstd tensor.Buffer, accu
 	m.be.RMSNormBackward(dinp, g, dout, inp, w, rstd, R, C, accumulate)
 	m.tpErr("all-reduce", m.tp.Comm.AllReduce(g))
 	m.be.AddInto(dw, g, C)
+}
+
+// headNormBackward is QK-norm's backward over rows rows of one head each:
+// dinp set (overwritten) to the input gradient, the gain's gradient added into
+// dw. Under tensor parallelism each rank saw its heads only: the gain's
+// gradient is summed over the tp group.
+func (m *Model[F]) headNormBackward(dinp, dw, dout, inp, w, rstd tensor.Buffer, rows int) {
+	HD := m.Cfg.HeadSize()
+	if m.tp == nil {
+		m.be.RMSNormBackward(dinp, dw, dout, inp, w, rstd, rows, HD, false)
+		return
+	}
+	g := m.tp.gqk
+	m.mem.Zero(g)
+	m.be.RMSNormBackward(dinp, g, dout, inp, w, rstd, rows, HD, false)
+	m.tpErr("all-reduce", m.tp.Comm.AllReduce(g))
+	m.be.AddInto(dw, g, HD)
 }
 
 // vocabRange is the vocabulary rows this rank holds: [lo, lo+n).
