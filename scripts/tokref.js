@@ -1,0 +1,111 @@
+// tokref.js: the reference encoders the tokenizer tests and benchmark compare
+// shardline's trainer/tokenizer with. NODE_PATH names the node_modules holding
+// the npm packages `tokenizers` (Hugging Face's Rust core) and `tiktoken`
+// (OpenAI's Rust encoder in WASM); `make tokref-deps` installs them in bin/tokref.
+//
+//   node tokref.js hf TOKENIZER_JSON DOCS_JSONL OUT_BIN
+//       encode each document (a JSON string a line) without added BOS/EOS
+//   node tokref.js tiktoken RANKS SPECIALS_JSON PATTERN DOCS_JSONL OUT_BIN
+//       encode with allowed_special="all"
+//   node tokref.js hf-decode TOKENIZER_JSON IDS_BIN OUT_JSONL
+//       decode each document's ids (special tokens kept)
+//   node tokref.js bench-hf TOKENIZER_JSON TEXT_FILE SECONDS
+//   node tokref.js bench-tiktoken RANKS SPECIALS_JSON PATTERN TEXT_FILE SECONDS
+//       encode the text repeatedly on one core; print MB/s
+//
+// OUT_BIN is, for each document, a little-endian uint32 count and the ids.
+'use strict';
+const fs = require('fs');
+
+function readDocs(path) {
+  return fs.readFileSync(path, 'utf8').split('\n').filter((l) => l.length > 0).map((l) => JSON.parse(l));
+}
+
+function writeIds(path, all) {
+  let n = 0;
+  for (const ids of all) n += 1 + ids.length;
+  const buf = Buffer.alloc(4 * n);
+  let off = 0;
+  for (const ids of all) {
+    buf.writeUInt32LE(ids.length, off); off += 4;
+    for (const id of ids) { buf.writeUInt32LE(id, off); off += 4; }
+  }
+  fs.writeFileSync(path, buf);
+}
+
+function readIds(path) {
+  const buf = fs.readFileSync(path);
+  const out = [];
+  for (let off = 0; off < buf.length;) {
+    const n = buf.readUInt32LE(off); off += 4;
+    const ids = [];
+    for (let i = 0; i < n; i++) { ids.push(buf.readUInt32LE(off)); off += 4; }
+    out.push(ids);
+  }
+  return out;
+}
+
+function tiktoken(ranks, specials, pattern) {
+  const { Tiktoken } = require('tiktoken');
+  return new Tiktoken(fs.readFileSync(ranks, 'utf8'), JSON.parse(fs.readFileSync(specials, 'utf8')), pattern);
+}
+
+function bench(encode, textPath, seconds) {
+  const text = fs.readFileSync(textPath, 'utf8');
+  const bytes = Buffer.byteLength(text, 'utf8');
+  return (async () => {
+    await encode(text); // warm up: caches, JIT
+    let n = 0;
+    const start = process.hrtime.bigint();
+    let el = 0;
+    do {
+      await encode(text);
+      n++;
+      el = Number(process.hrtime.bigint() - start) / 1e9;
+    } while (el < seconds);
+    console.log(`${(bytes * n / el / 1e6).toFixed(2)} MB/s`);
+  })();
+}
+
+async function main() {
+  const [mode, ...a] = process.argv.slice(2);
+  switch (mode) {
+    case 'hf': {
+      const { Tokenizer } = require('tokenizers');
+      const tok = Tokenizer.fromFile(a[0]);
+      const docs = readDocs(a[1]);
+      const encs = await tok.encodeBatch(docs, { addSpecialTokens: false });
+      writeIds(a[2], encs.map((e) => e.getIds()));
+      break;
+    }
+    case 'hf-decode': {
+      const { Tokenizer } = require('tokenizers');
+      const tok = Tokenizer.fromFile(a[0]);
+      const texts = await tok.decodeBatch(readIds(a[1]), false);
+      fs.writeFileSync(a[2], texts.map((t) => JSON.stringify(t)).join('\n') + '\n');
+      break;
+    }
+    case 'tiktoken': {
+      const enc = tiktoken(a[0], a[1], a[2]);
+      writeIds(a[4], readDocs(a[3]).map((d) => Array.from(enc.encode(d, 'all'))));
+      enc.free();
+      break;
+    }
+    case 'bench-hf': {
+      const { Tokenizer } = require('tokenizers');
+      const tok = Tokenizer.fromFile(a[0]);
+      await bench((t) => tok.encode(t, null, { addSpecialTokens: false }), a[1], Number(a[2]));
+      break;
+    }
+    case 'bench-tiktoken': {
+      const enc = tiktoken(a[0], a[1], a[2]);
+      await bench((t) => enc.encode(t, 'all'), a[3], Number(a[4]));
+      break;
+    }
+    default:
+      console.error('usage: see the comment at the top of tokref.js');
+      process.exit(2);
+  }
+}
+
+main().catch((e) => { console.error(e && e.stack ? e.stack : String(e)); process.exit(1); });
