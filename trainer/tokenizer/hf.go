@@ -30,16 +30,16 @@ type hfAdded struct {
 }
 
 type hfModel struct {
-	Type         string            `json:"type"`
-	Dropout      *float64          `json:"dropout"`
-	UnkToken     *string           `json:"unk_token"`
-	Prefix       *string           `json:"continuing_subword_prefix"`
-	Suffix       *string           `json:"end_of_word_suffix"`
-	FuseUnk      bool              `json:"fuse_unk"`
-	ByteFallback bool              `json:"byte_fallback"`
-	IgnoreMerges bool              `json:"ignore_merges"`
-	Vocab        map[string]int32  `json:"vocab"`
-	Merges       json.RawMessage   `json:"merges"`
+	Type         string           `json:"type"`
+	Dropout      *float64         `json:"dropout"`
+	UnkToken     *string          `json:"unk_token"`
+	Prefix       *string          `json:"continuing_subword_prefix"`
+	Suffix       *string          `json:"end_of_word_suffix"`
+	FuseUnk      bool             `json:"fuse_unk"`
+	ByteFallback bool             `json:"byte_fallback"`
+	IgnoreMerges bool             `json:"ignore_merges"`
+	Vocab        map[string]int32 `json:"vocab"`
+	Merges       json.RawMessage  `json:"merges"`
 }
 
 // hfPart is a normalizer, pre-tokenizer, post-processor or decoder: its type
@@ -314,10 +314,10 @@ func parsePreTokenizer(raw json.RawMessage) (steps []preStep, byteLevel, cutSafe
 // knownPatterns are the split patterns cutPoint's reasoning covers: GPT-2's,
 // Llama 3's, Qwen2's and cl100k's.
 var knownPatterns = map[string]bool{
-	gpt2Pattern:    true,
-	llama3Pattern:  true,
-	qwen2Pattern:   true,
-	cl100kPattern:  true,
+	gpt2Pattern:   true,
+	llama3Pattern: true,
+	qwen2Pattern:  true,
+	cl100kPattern: true,
 }
 
 const (

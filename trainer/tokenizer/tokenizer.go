@@ -29,15 +29,15 @@ type Tokenizer struct {
 	vocabSize   int
 	bos, eos    int32 // -1 where none
 
-	added     *addedVocab       // split out of the raw text
-	normAdded *addedVocab       // split out of normalized text (may be nil)
+	added     *addedVocab         // split out of the raw text
+	normAdded *addedVocab         // split out of normalized text (may be nil)
 	normalize func(string) string // nil: none
-	pretok    []preStep         // applied in order; nil: the whole text is one word
+	pretok    []preStep           // applied in order; nil: the whole text is one word
 	model     wordModel
 	cutSafe   bool // text may be cut at cutPoint without changing its tokens
 
-	tokens  []string      // id → its string as the file writes it ("" where none)
-	special []bool        // id is an added special token
+	tokens  []string // id → its string as the file writes it ("" where none)
+	special []bool   // id is an added special token
 	decode  func([]string) string
 
 	sources []Source
