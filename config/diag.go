@@ -223,7 +223,9 @@ var Rules = []Rule{
 	{"SL303", SevError, "inconsistent attention shape"},
 	{"SL304", SevError, "MoE layer interleave leaves no MoE layer"},
 	{"SL305", SevError, "vocabulary smaller than the tokenizer's"},
+	{"SL306", SevError, "tokenizer file cannot be read"},
 	{"SL401", SevWarning, "data path does not exist"},
+	{"SL402", SevWarning, "tokenizer file does not exist"},
 	{"SL501", SevError, "plan does not fit device memory"},
 	{"SL502", SevError, "plan cannot be compiled"},
 }

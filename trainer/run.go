@@ -338,7 +338,17 @@ func openData(r *config.Recipe, opts Options) (*data.Dataset, error) {
 	if opts.DataRoot != "" && !filepath.IsAbs(path) {
 		path = filepath.Join(opts.DataRoot, path)
 	}
-	ds, err := data.Open(path, r.Data.Tokenizer, r.Data.ValFraction, opts.CacheDir)
+	tok, err := config.TokenizerPath(r.Data.Tokenizer, opts.Env, opts.DataRoot)
+	if err == nil && data.IsTokenizerFile(tok) {
+		_, err = os.Stat(tok)
+	}
+	if err != nil {
+		if len(config.PathVars(r.Data.Tokenizer)) > 0 {
+			err = errors.New(config.RedactVars(err.Error(), r.Data.Tokenizer, opts.Env))
+		}
+		return nil, config.ValueProblem("data.tokenizer", r.Data.Tokenizer, err, "give the path of a tokenizer.json, tokenizer.model or a directory holding one (docs/tokenizers.md)")
+	}
+	ds, err := data.Open(path, tok, r.Data.ValFraction, opts.CacheDir)
 	if err != nil && len(config.PathVars(r.Data.Path)) > 0 {
 		// The expanded path is not printed: ${VAR} may hold a secret (docs/robustness.md).
 		err = errors.New(config.RedactVars(err.Error(), r.Data.Path, opts.Env))

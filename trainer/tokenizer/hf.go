@@ -38,7 +38,8 @@ type hfModel struct {
 	FuseUnk      bool             `json:"fuse_unk"`
 	ByteFallback bool             `json:"byte_fallback"`
 	IgnoreMerges bool             `json:"ignore_merges"`
-	Vocab        map[string]int32 `json:"vocab"`
+	VocabRaw     json.RawMessage  `json:"vocab"`
+	Vocab        map[string]int32 `json:"-"`
 	Merges       json.RawMessage  `json:"merges"`
 }
 
@@ -90,9 +91,13 @@ func parseHF(b []byte, config []byte) (*Tokenizer, error) {
 	if m.Prefix != nil && *m.Prefix != "" || m.Suffix != nil && *m.Suffix != "" {
 		return nil, fmt.Errorf("model.continuing_subword_prefix / end_of_word_suffix are set: shardline's BPE does not implement them (Llama-, Qwen- and GPT-NeoX-style tokenizers leave them null)")
 	}
+	if err := json.Unmarshal(m.VocabRaw, &m.Vocab); err != nil {
+		return nil, fmt.Errorf("model.vocab: a BPE vocabulary maps tokens to ids: %w", err)
+	}
 	if len(m.Vocab) == 0 {
 		return nil, fmt.Errorf("model.vocab is empty")
 	}
+	f.Model.Vocab = m.Vocab
 
 	// Pre-tokenizer first: whether it is byte-level decides how the vocabulary is keyed.
 	steps, byteLevel, cutSafe, err := parsePreTokenizer(f.PreTokenizer)
