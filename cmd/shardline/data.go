@@ -46,7 +46,7 @@ and tokenizer.json there and leaves the rest. A symbolic link where a file goes
 is always refused.`,
 		Example: `  shardline data prepare --tokenizer char -o data/shakespeare input.txt
   shardline data prepare --tokenizer ~/llama3/tokenizer.json -o data/llama3 corpus.txt`,
-		Args:    cobra.MinimumNArgs(1),
+		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if data.IsTokenizerFile(tokenizer) {
 				if _, err := os.Stat(tokenizer); err != nil {
