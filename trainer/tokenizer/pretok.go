@@ -35,6 +35,7 @@ var behaviors = map[string]behavior{
 // literal string) and what becomes of its matches.
 type splitStep struct {
 	re       *regexp2.Regexp // nil for a literal
+	fast     fastSplit       // the pattern's hand-written matcher, where it has one
 	literal  string
 	behavior behavior
 	invert   bool
@@ -73,7 +74,12 @@ func (s *splitStep) segments(w string) ([]segment, error) {
 		}
 		at = hi
 	}
-	if s.re != nil {
+	if s.fast != nil {
+		for at < len(w) {
+			segs = append(segs, segment{at, s.fast(w, at), true})
+			at = segs[len(segs)-1].end
+		}
+	} else if s.re != nil {
 		idx, err := s.re.FindAllStringIndex(w, -1)
 		if err != nil {
 			return nil, fmt.Errorf("pre-tokenizer pattern %q: %w", s.re.String(), err)

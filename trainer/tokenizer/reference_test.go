@@ -237,7 +237,7 @@ func TestTiktokenMatchesTiktoken(t *testing.T) {
 
 // writeLlama3Ranks writes Llama 3's rank file (tokenizer.model) from its
 // tokenizer.json into dir/rank/tokenizer.model.
-func writeLlama3Ranks(t *testing.T, dir string) string {
+func writeLlama3Ranks(t testing.TB, dir string) string {
 	t.Helper()
 	b, err := os.ReadFile(llama3JSON(t))
 	if err != nil {

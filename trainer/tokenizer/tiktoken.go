@@ -125,7 +125,7 @@ func parseTiktoken(b []byte, config []byte) (*Tokenizer, error) {
 	if err != nil {
 		return nil, err
 	}
-	t.pretok = []preStep{&splitStep{re: re, behavior: isolated}}
+	t.pretok = []preStep{&splitStep{re: re, fast: fastPatterns[llama3Pattern], behavior: isolated}}
 	t.cutSafe = !t.added.hasNewline()
 	t.model = &tiktokenBPE{ranks: ranks}
 	t.decode = func(toks []string) string {

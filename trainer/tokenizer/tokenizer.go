@@ -158,6 +158,25 @@ func (t *Tokenizer) encodePieces(text []byte, size, workers int, progress func(d
 		cuts = append(cuts, end)
 		at = end
 	}
+	if len(cuts) <= 1 || workers <= 1 {
+		s := t.getScratch()
+		defer t.scratch.Put(s)
+		var out []int32
+		for i, end := range cuts {
+			lo := 0
+			if i > 0 {
+				lo = cuts[i-1]
+			}
+			var err error
+			if out, err = t.encodeText(string(text[lo:end]), s, out); err != nil {
+				return nil, err
+			}
+			if progress != nil {
+				progress(end)
+			}
+		}
+		return out, nil
+	}
 	ids := make([][]int32, len(cuts))
 	errs := make([]error, len(cuts))
 	finished := make([]chan struct{}, len(cuts))
