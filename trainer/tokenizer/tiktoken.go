@@ -139,14 +139,15 @@ func parseTiktoken(b []byte, config []byte) (*Tokenizer, error) {
 		}
 		return string(b)
 	}
-	if t.bos, t.eos, err = specialsFromConfig(config, byContent); err != nil {
+	lookup := func(s string) (int32, bool) { id, ok := byContent[s]; return id, ok }
+	if t.bos, t.eos, err = specialsFromConfig(config, lookup); err != nil {
 		return nil, err
 	}
 	if t.bos < 0 && config == nil {
-		t.bos = firstKnown(byContent, "<|begin_of_text|>")
+		t.bos = firstKnown(lookup, "<|begin_of_text|>")
 	}
 	if t.eos < 0 && config == nil {
-		t.eos = firstKnown(byContent, "<|end_of_text|>")
+		t.eos = firstKnown(lookup, "<|end_of_text|>")
 	}
 	return t, nil
 }
