@@ -125,7 +125,10 @@ var ruleCases = []ruleCase{
 	{name: "layer freq", src: okData + "[model.moe]\nnum_experts = 4\nlayer_freq = 5\n", code: "SL304", loc: "x.toml:5:1"},
 	{name: "vocab", src: okData + "[model]\nvocab_size = 100\n", code: "SL305", loc: "x.toml:4:1"},
 	{name: "vocab gpt2", src: "[data]\npath = \"/\"\ntokenizer = \"gpt2\"\n[model]\nvocab_size = 50000\n", code: "SL305", loc: "x.toml:5:1", msg: "gpt2 tokenizer's 50257 tokens"},
+	{name: "tokenizer file", src: okData + "tokenizer = \"./rules_test.go\"\n", code: "SL306", loc: "x.toml:3:1", msg: "neither a Hugging Face tokenizer.json"},
+	{name: "tokenizer dir", src: okData + "tokenizer = \"./testdata\"\n", code: "SL306", loc: "x.toml:3:1", msg: "holds neither tokenizer.json nor tokenizer.model"},
 	{name: "data path", src: "[data]\npath = \"/no/such/file.txt\"\n", code: "SL401", sev: SevWarning, loc: "x.toml:2:1"},
+	{name: "tokenizer missing", src: okData + "tokenizer = \"/no/such/tokenizer.json\"\n", code: "SL402", sev: SevWarning, loc: "x.toml:3:1"},
 	{name: "data path var", src: "[data]\npath = \"${SHARDLINE_TEST_UNSET_VAR}/x\"\n", code: "SL401", sev: SevWarning, loc: "x.toml:2:1", msg: "SHARDLINE_TEST_UNSET_VAR is not set"},
 }
 
