@@ -14,7 +14,7 @@ import (
 // reads it and holds model.vocab_size to its vocabulary (557 tokens here;
 // more pads), warns where the file is missing and refuses one it cannot read.
 func TestTokenizerFileRules(t *testing.T) {
-	tiny, err := filepath.Abs("../trainer/data/testdata/tiny-tokenizer.json")
+	tiny, err := filepath.Abs("../trainer/tokenizer/testdata/tiny-tokenizer.json")
 	require.NoError(t, err)
 	bad := filepath.Join(t.TempDir(), "tokenizer.json")
 	require.NoError(t, os.WriteFile(bad, []byte(`{"model": {"type": "WordPiece", "vocab": {}}}`), 0o644))

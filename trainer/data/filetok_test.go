@@ -11,10 +11,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// tinyTokenizer is a byte-level BPE tokenizer.json (GPT-2's pre-tokenizer, 300
+// tinyTokenizer (trainer/tokenizer's testdata) is a byte-level BPE tokenizer.json (GPT-2's pre-tokenizer, 300
 // merges learnt from English text, NFC, <|endoftext|> as id 556) made for these
 // tests.
-const tinyTokenizer = "testdata/tiny-tokenizer.json"
+const tinyTokenizer = "../tokenizer/testdata/tiny-tokenizer.json"
 
 // TestPrepareWithTokenizerFile prepares text with a tokenizer file, stores the
 // file with the data and reads it back; the prepared directory refuses a

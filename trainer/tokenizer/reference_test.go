@@ -195,7 +195,7 @@ func llama3AddedPlus(t *testing.T, more ...string) string {
 // take the other paths Qwen2/3 and GPT-NeoX files take: an NFC normalizer,
 // Qwen2's pattern, [a, b] merges, merges not ignored, added tokens that are
 // not special (one matched after normalization), ByteLevel's own GPT-2 regex
-// and its prefix space.
+// and its prefix space; and on the tests' own tiny tokenizer.
 func TestHuggingFaceMatchesTokenizers(t *testing.T) {
 	tokrefDir(t)
 	allDocs := testCorpus(refDocs)
@@ -218,9 +218,17 @@ func TestHuggingFaceMatchesTokenizers(t *testing.T) {
 				"pre_tokenizer": `{"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true}`},
 			model: map[string]string{"ignore_merges": "false"}},
 	}
+	variants = append(variants, struct {
+		name       string
+		set, model map[string]string
+		pairs      bool
+	}{name: "tiny"})
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
 			path, docs, docsPath := llama3JSON(t), allDocs, filepath.Join(tmp, "docs.jsonl")
+			if v.name == "tiny" {
+				path, docs, docsPath = "testdata/tiny-tokenizer.json", allDocs[:variantDocs], filepath.Join(tmp, "variant-docs.jsonl")
+			}
 			if v.set != nil || v.model != nil {
 				docs, docsPath = allDocs[:variantDocs], filepath.Join(tmp, "variant-docs.jsonl")
 				path = hfVariant(t, filepath.Join(tmp, v.name), v.set, v.model, v.pairs)
