@@ -16,7 +16,7 @@ build: ## build bin/shardline
 
 test: ci-deps sarif-schema torch-deps tokref-deps cuda-check emu-deps ## vet, run every test, and fuzz every reader briefly (what CI runs)
 	$(GO) vet ./...
-	SHARDLINE_SARIF_SCHEMA=$(CURDIR)/$(SARIF_SCHEMA) SHARDLINE_TORCH_PYTHON=/usr/bin/python3 SHARDLINE_TOKREF=$(CURDIR)/$(TOKREF) SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 ./...
+	SHARDLINE_SARIF_SCHEMA=$(CURDIR)/$(SARIF_SCHEMA) SHARDLINE_TORCH_PYTHON=/usr/bin/python3 SHARDLINE_TOKREF=$(CURDIR)/$(TOKREF) SHARDLINE_SPM_PYTHON=/usr/bin/python3 SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 ./...
 	$(MAKE) --no-print-directory race-quick
 	$(GO) vet -tags cudaemu ./cuda ./trainer/gpu ./cmd/shardline
 	SHARDLINE_REQUIRE_EMU=1 SHARDLINE_EMU_DEVICES=4 $(GO) test -count=1 -tags cudaemu ./cuda ./trainer/gpu
@@ -132,10 +132,12 @@ cuda-deps: ## install the CUDA headers the -tags cuda build needs (Debian non-fr
 # one apt-get update (a fresh CI machine lacks them all; one update instead of
 # one per package saves most of a minute). The per-need targets below then find
 # them present; each still installs its own when run alone.
-ci-deps: ## install what make test needs (python3-torch, npm, g++, the CUDA headers) in one apt-get run
+ci-deps: ## install what make test needs (python3-torch, python3-sentencepiece and spm_train, npm, g++, the CUDA headers) in one apt-get run
 	@want=""; dev=""; \
 	/usr/bin/python3 -c 'import torch' 2>/dev/null || want="$$want python3-torch libopenblas0-pthread"; \
 	command -v npm >/dev/null 2>&1 || want="$$want npm"; \
+	/usr/bin/python3 -c 'import sentencepiece' 2>/dev/null || want="$$want python3-sentencepiece"; \
+	command -v spm_train >/dev/null 2>&1 || want="$$want sentencepiece"; \
 	command -v g++ >/dev/null 2>&1 || dev="$$dev g++"; \
 	test -f /usr/include/cuda.h -a -f /usr/include/cublasLt.h || dev="$$dev nvidia-cuda-dev"; \
 	if [ -n "$$want$$dev" ]; then \

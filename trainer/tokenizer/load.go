@@ -1,8 +1,10 @@
 package tokenizer
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -79,6 +81,17 @@ func Load(path string) (*Tokenizer, error) {
 	return t, nil
 }
 
+// looksJSON reports whether b is a JSON object: it starts with { after
+// whitespace (a SentencePiece model starts with a newline byte, 0x0a, and
+// may have { next: then the whole must be valid JSON).
+func looksJSON(b []byte) bool {
+	t := bytes.TrimLeft(b, " \t\r\n")
+	if len(t) == 0 || t[0] != '{' {
+		return false
+	}
+	return b[0] != '\n' || json.Valid(b)
+}
+
 // FromBytes builds a tokenizer from a file's bytes (name is its base name, for
 // messages) and tokenizer_config.json's (nil where there is none).
 func FromBytes(name string, b, config []byte) (*Tokenizer, error) {
@@ -86,7 +99,7 @@ func FromBytes(name string, b, config []byte) (*Tokenizer, error) {
 	var err error
 	var stored string
 	switch {
-	case len(b) > 0 && (b[0] == '{' || b[0] == ' ' || b[0] == '\n' || b[0] == '\t' || b[0] == '\r'):
+	case looksJSON(b):
 		t, err = parseHF(b, config)
 		stored = "tokenizer.json"
 	case looksTiktoken(b):
