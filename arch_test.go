@@ -36,7 +36,7 @@ var allowedImports = map[string][]string{
 	"trainer/hf":          {"config", "fileio"},
 	"cuda":                {"parallel/collective", "parallel/comm", "tensor"}, // the collectives are leaves: NCCL takes their place
 	"trainer/gpu":         {"config", "cuda", "parallel", "tensor", "trainer/model"},
-	"trainer":             {"config", "fileio", "trainer/ckpt", "trainer/hf", "parallel", "parallel/collective", "parallel/comm", "tensor", "trainer/data", "trainer/model", "trainer/optim"},
+	"trainer":             {"config", "fileio", "trainer/ckpt", "trainer/hf", "parallel", "parallel/collective", "parallel/comm", "tensor", "trainer/data", "trainer/model", "trainer/optim", "trainer/tokenizer"},
 	"cmd/shardline":       {"*"},
 }
 

@@ -356,6 +356,11 @@ func openData(r *config.Recipe, opts Options) (*data.Dataset, error) {
 	if err != nil {
 		return nil, config.ValueProblem("data.path", r.Data.Path, err, "point it at a text file or a `shardline data prepare` directory")
 	}
+	if opts.InitFrom != "" {
+		if err := checkInitTokenizer(opts.InitFrom, ds.Tok, r.Data.Tokenizer); err != nil {
+			return nil, err
+		}
+	}
 	T := r.Model.SeqLen
 	if v := ds.Tok.VocabSize(); v > r.Model.VocabSize {
 		return nil, config.ValueProblem("model.vocab_size", r.Model.VocabSize, fmt.Errorf("the %s tokenizer of %s has %d tokens", ds.Tok.Name(), r.Data.Path, v), fmt.Sprintf("set model.vocab_size to at least %d", v))
