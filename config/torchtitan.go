@@ -20,6 +20,8 @@ var ttDefaults = map[string]any{
 	"model.flavor":                               "debugmodel",
 	"model.converters":                           []string{},
 	"model.norm_type":                            "rmsnorm",
+	"model.hf_assets_path":                       "",
+	"model.tokenizer_path":                       "",
 	"optimizer.name":                             "AdamW",
 	"optimizer.lr":                               8e-4,
 	"optimizer.eps":                              1e-8,
@@ -92,8 +94,6 @@ var ttNoEffect = map[string]string{
 	"job.config_file":                                                    "the job file is the one being imported",
 	"profiling":                                                          "profile with shardline run --trace (a Chrome trace)",
 	"metrics":                                                            "shardline writes metrics.jsonl and loss.png in the run directory",
-	"model.hf_assets_path":                                               "shardline tokenizes with data.tokenizer (byte, char or gpt2), not a Hugging Face tokenizer; the vocabulary size stays the flavour's",
-	"model.tokenizer_path":                                               "shardline tokenizes with data.tokenizer (byte, char or gpt2), not a Hugging Face tokenizer; the vocabulary size stays the flavour's",
 	"model.print_after_conversion":                                       "nothing is converted",
 	"optimizer.implementation":                                           "shardline has one fused optimizer kernel",
 	"training.dataset":                                                   "shardline trains on data.path (a text file or a directory from shardline data prepare); set it in the recipe",
@@ -518,6 +518,12 @@ func (t *ttImport) model() {
 		t.to("model.moe.layer_freq", strconv.Itoa(f.interleave), flavor, because+": interleave_moe_layer_step")
 		t.refuse(flavor, "shardline cannot train its MoE layers as torchtitan does: "+ttLlama4Router,
 			"no job-file key changes llama4's router; import a llama3 flavour, or write the recipe's [model.moe] by hand (softmax top-k with an auxiliary loss)")
+	}
+	for _, k := range []string{"model.hf_assets_path", "model.tokenizer_path"} {
+		if s := t.get(k); s.given() && s.str() != "" {
+			t.to("data.tokenizer", s.str(), s, "its tokenizer.json, read from the directory")
+			break
+		}
 	}
 	t.note(flavor, "weights start from shardline's initialisation (normal, std model.init_std = 0.02), not torchtitan's (truncated normal with depth-scaled output projections): the same model from another starting point", "")
 	if s := t.get("model.norm_type"); s.str() != "rmsnorm" {
