@@ -85,10 +85,10 @@ FUZZ_TARGETS := ./config:FuzzLoadLint ./config:FuzzImport ./parallel:FuzzLoadLin
 	./trainer/data:FuzzLoadTokenizer ./trainer/data:FuzzText ./trainer:FuzzLoadWeights ./fileio:FuzzUnseal \
 	./trainer/hf:FuzzReadSafetensors ./trainer/ckpt:FuzzOpen ./parallel:FuzzParseCalibration \
 	./trainer/hf:FuzzCheckConfig ./parallel/comm:FuzzHandshake ./parallel/comm:FuzzRendezvousAnswer ./parallel/comm:FuzzPeerFrame \
-	./parallel/comm:FuzzAgreeFacts
+	./parallel/comm:FuzzAgreeFacts ./trainer/tokenizer:FuzzFromBytes
 FUZZTIME ?= 60s
 
-fuzz: ## fuzz every reader users reach: recipes, lint, plan, calibrations, shards, tokenizers, text, weights, checkpoints, the TCP handshake and frames (FUZZTIME each, 60s)
+fuzz: ## fuzz every reader users reach: recipes, lint, plan, calibrations, shards, tokenizers and tokenizer files, text, weights, checkpoints, the TCP handshake and frames (FUZZTIME each, 60s)
 	@GO="$(GO)" ./scripts/fuzz.sh $(FUZZTIME) $(FUZZ_TARGETS)
 
 # The SARIF 2.1.0 schema, for TestLintSARIFValidates: Microsoft publishes it in the

@@ -125,6 +125,9 @@ func parseHF(b []byte, config []byte) (*Tokenizer, error) {
 		}
 		size = max(size, int(a.ID)+1)
 	}
+	if limit := 2*(len(m.Vocab)+len(f.AddedTokens)) + 1024; size > limit {
+		return nil, fmt.Errorf("token ids run to %d for %d tokens: a vocabulary with that many gaps is refused (ids above %d)", size-1, len(m.Vocab)+len(f.AddedTokens), limit-1)
+	}
 	t.vocabSize = size
 	t.tokens = make([]string, size)
 	t.special = make([]bool, size)

@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/dlclark/regexp2/v2"
@@ -54,8 +55,19 @@ func compilePattern(p string) (*regexp2.Regexp, error) {
 	if err != nil {
 		return nil, err
 	}
-	return regexp2.Compile(p, regexp2.None)
+	re, err := regexp2.Compile(p, regexp2.None)
+	if err != nil {
+		return nil, err
+	}
+	re.MatchTimeout = matchTimeout
+	return re, nil
 }
+
+// matchTimeout bounds one regular-expression search: a pattern a tokenizer
+// file brings may backtrack exponentially on some text ((a+)+b), and then
+// Encode fails naming it instead of running for ever. The patterns tokenizers
+// ship take microseconds a match.
+var matchTimeout = 10 * time.Second
 
 type segment struct {
 	start, end int

@@ -48,6 +48,7 @@ func parseTiktoken(b []byte, config []byte) (*Tokenizer, error) {
 	ranks := map[string]int32{}
 	var toks []string
 	lineNo := 0
+	maxRank := bytes.Count(b, []byte("\n")) + 1 // ranks are dense: at most one a line
 	for len(b) > 0 {
 		var line []byte
 		line, b, _ = bytes.Cut(b, []byte("\n"))
@@ -62,8 +63,8 @@ func parseTiktoken(b []byte, config []byte) (*Tokenizer, error) {
 			return nil, fmt.Errorf("line %d: %q is not a base64 token, a space and a rank", lineNo, truncate(line))
 		}
 		rank, err := strconv.Atoi(string(rs))
-		if err != nil || rank < 0 || rank >= maxVocab {
-			return nil, fmt.Errorf("line %d: rank %q is not a number in 0..%d", lineNo, truncate(rs), maxVocab-1)
+		if err != nil || rank < 0 || rank >= maxVocab || rank > maxRank {
+			return nil, fmt.Errorf("line %d: rank %q is not a number in 0..%d (the file's lines)", lineNo, truncate(rs), min(maxVocab-1, maxRank))
 		}
 		if _, dup := ranks[string(raw)]; dup {
 			return nil, fmt.Errorf("line %d: token %q is ranked twice", lineNo, tok)
@@ -96,7 +97,7 @@ func parseTiktoken(b []byte, config []byte) (*Tokenizer, error) {
 		for k, v := range c.AddedTokens {
 			id, err := strconv.Atoi(k)
 			var a hfAdded
-			if err != nil || json.Unmarshal(v, &a) != nil || id < len(toks) || id >= maxVocab || a.Content == "" {
+			if err != nil || json.Unmarshal(v, &a) != nil || id < len(toks) || id >= len(toks)+2*len(c.AddedTokens)+1024 || a.Content == "" {
 				return nil, fmt.Errorf("tokenizer_config.json: added_tokens_decoder %q: a special token's id follows the rank file's %d ranks and names its content", k, len(toks))
 			}
 			specials = append(specials, addedTok{a.Content, int32(id)})
