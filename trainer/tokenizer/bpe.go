@@ -72,8 +72,21 @@ func (m *bpe) encodeWord(word string, out []int32) ([]int32, error) {
 	return append(out, mergePairs(syms, m.merges)...), nil
 }
 
-// mergePairs merges syms in place by the merge list and returns them.
+// mergePairs merges syms in place by the merge list and returns them. Long
+// words (a text without a pre-tokenizer is one word) take the heap, O(n log n);
+// short ones a scan of the pairs, which is faster for them.
 func mergePairs(syms []int32, merges map[uint64]merge) []int32 {
+	if len(syms) < 2 {
+		return syms
+	}
+	if len(syms) > 64 {
+		return mergeLong(syms, merges)
+	}
+	return mergeShort(syms, merges)
+}
+
+// mergeShort is mergePairs by scanning every pair for the lowest rank.
+func mergeShort(syms []int32, merges map[uint64]merge) []int32 {
 	if len(syms) < 2 {
 		return syms
 	}
@@ -123,6 +136,15 @@ func (m *tiktokenBPE) encodeWord(word string, out []int32) ([]int32, error) {
 	if id, ok := m.ranks[word]; ok {
 		return append(out, id), nil
 	}
+	if len(word) > 64 {
+		return m.mergeLong(word, out)
+	}
+	return m.scan(word, out)
+}
+
+// scan is tiktoken's merge as tiktoken writes it: after each merge, every pair
+// is scanned for the lowest rank.
+func (m *tiktokenBPE) scan(word string, out []int32) ([]int32, error) {
 	const none = math.MaxInt32
 	// starts[i] is where part i begins; part i ends where part i+1 begins.
 	var sbuf [65]int
@@ -167,6 +189,172 @@ func (m *tiktokenBPE) encodeWord(word string, out []int32) ([]int32, error) {
 		id, ok := m.ranks[word[starts[i]:starts[i+1]]]
 		if !ok {
 			return nil, fmt.Errorf("tiktoken: the byte 0x%02x has no rank (the rank file lacks single bytes)", word[starts[i]])
+		}
+		out = append(out, id)
+	}
+	return out, nil
+}
+
+// mergeLong is mergePairs on a heap of candidate pairs ordered by rank, then
+// position (Hugging Face's merge_all): a popped pair whose symbols have
+// changed since it was pushed is skipped.
+func mergeLong(syms []int32, merges map[uint64]merge) []int32 {
+	n := len(syms)
+	next, prev := make([]int, n), make([]int, n)
+	alive := make([]bool, n)
+	for i := range n {
+		next[i], prev[i], alive[i] = i+1, i-1, true
+	}
+	next[n-1] = -1
+	type cand struct {
+		rank, id    int32
+		left, right int
+		a, b        int32 // the symbols when pushed
+	}
+	var h []cand
+	less := func(x, y cand) bool { return x.rank < y.rank || x.rank == y.rank && x.left < y.left }
+	push := func(c cand) {
+		h = append(h, c)
+		for i := len(h) - 1; i > 0; {
+			p := (i - 1) / 2
+			if !less(h[i], h[p]) {
+				break
+			}
+			h[i], h[p] = h[p], h[i]
+			i = p
+		}
+	}
+	pop := func() cand {
+		top := h[0]
+		h[0] = h[len(h)-1]
+		h = h[:len(h)-1]
+		for i := 0; ; {
+			l, r, b := 2*i+1, 2*i+2, i
+			if l < len(h) && less(h[l], h[b]) {
+				b = l
+			}
+			if r < len(h) && less(h[r], h[b]) {
+				b = r
+			}
+			if b == i {
+				break
+			}
+			h[i], h[b] = h[b], h[i]
+			i = b
+		}
+		return top
+	}
+	try := func(l int) {
+		if l < 0 || next[l] < 0 {
+			return
+		}
+		r := next[l]
+		if mg, ok := merges[pairKey(syms[l], syms[r])]; ok {
+			push(cand{rank: mg.rank, id: mg.id, left: l, right: r, a: syms[l], b: syms[r]})
+		}
+	}
+	for i := 0; i+1 < n; i++ {
+		try(i)
+	}
+	for len(h) > 0 {
+		c := pop()
+		if !alive[c.left] || !alive[c.right] || next[c.left] != c.right || syms[c.left] != c.a || syms[c.right] != c.b {
+			continue
+		}
+		syms[c.left] = c.id
+		alive[c.right] = false
+		next[c.left] = next[c.right]
+		if next[c.right] >= 0 {
+			prev[next[c.right]] = c.left
+		}
+		try(prev[c.left])
+		try(c.left)
+	}
+	out := syms[:0]
+	for i := 0; i >= 0; i = next[i] {
+		out = append(out, syms[i])
+	}
+	return out
+}
+
+// mergeLong is tiktoken's merge on a heap (by rank, then position) for long
+// words, where scanning every pair after each merge is quadratic: a popped
+// candidate whose parts have changed since it was pushed is skipped.
+func (m *tiktokenBPE) mergeLong(word string, out []int32) ([]int32, error) {
+	n := len(word)
+	next, prev, end := make([]int, n), make([]int, n), make([]int, n)
+	alive := make([]bool, n)
+	for i := range n {
+		next[i], prev[i], end[i], alive[i] = i+1, i-1, i+1, true
+	}
+	next[n-1] = -1
+	type cand struct {
+		rank           int32
+		left, right, e int
+	}
+	var h []cand
+	less := func(x, y cand) bool { return x.rank < y.rank || x.rank == y.rank && x.left < y.left }
+	push := func(c cand) {
+		h = append(h, c)
+		for i := len(h) - 1; i > 0; {
+			p := (i - 1) / 2
+			if !less(h[i], h[p]) {
+				break
+			}
+			h[i], h[p] = h[p], h[i]
+			i = p
+		}
+	}
+	pop := func() cand {
+		top := h[0]
+		h[0] = h[len(h)-1]
+		h = h[:len(h)-1]
+		for i := 0; ; {
+			l, r, b := 2*i+1, 2*i+2, i
+			if l < len(h) && less(h[l], h[b]) {
+				b = l
+			}
+			if r < len(h) && less(h[r], h[b]) {
+				b = r
+			}
+			if b == i {
+				break
+			}
+			h[i], h[b] = h[b], h[i]
+			i = b
+		}
+		return top
+	}
+	try := func(l int) {
+		if l < 0 || next[l] < 0 {
+			return
+		}
+		r := next[l]
+		if rank, ok := m.ranks[word[l:end[r]]]; ok {
+			push(cand{rank: rank, left: l, right: r, e: end[r]})
+		}
+	}
+	for i := 0; i+1 < n; i++ {
+		try(i)
+	}
+	for len(h) > 0 {
+		c := pop()
+		if !alive[c.left] || !alive[c.right] || next[c.left] != c.right || end[c.right] != c.e {
+			continue
+		}
+		end[c.left] = end[c.right]
+		alive[c.right] = false
+		next[c.left] = next[c.right]
+		if next[c.right] >= 0 {
+			prev[next[c.right]] = c.left
+		}
+		try(prev[c.left])
+		try(c.left)
+	}
+	for i := 0; i >= 0; i = next[i] {
+		id, ok := m.ranks[word[i:end[i]]]
+		if !ok {
+			return nil, fmt.Errorf("tiktoken: the byte 0x%02x has no rank (the rank file lacks single bytes)", word[i])
 		}
 		out = append(out, id)
 	}

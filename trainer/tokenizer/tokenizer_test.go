@@ -175,3 +175,46 @@ func TestTiktokenFile(t *testing.T) {
 	_, err = FromBytes("tokenizer.model", []byte("YQ== 0\n"), nil)
 	assert.ErrorContains(t, err, "lacks the single byte 0x00")
 }
+
+// TestMergeLongEqualsScan: the heap merge of long words gives the scan's
+// tokens (the scan is the reference: the leftmost of the lowest-ranked pairs,
+// merged until none is left).
+func TestMergeLongEqualsScan(t *testing.T) {
+	tok := tiny(t)
+	m := tok.model.(*bpe)
+	for _, s := range testCorpus(300) {
+		if len(s) < 2 {
+			continue
+		}
+		syms := make([]int32, len(s))
+		for i := range len(s) {
+			syms[i] = m.byteIDs[s[i]]
+		}
+		want := mergeShort(append([]int32(nil), syms...), m.merges)
+		got := mergeLong(append([]int32(nil), syms...), m.merges)
+		require.Equal(t, want, got, "%q", s)
+	}
+}
+
+// TestTiktokenLongWords: long words (over 64 bytes) merged on the heap give
+// the ids of tiktoken's scan, on ranks made from the tiny tokenizer's
+// vocabulary (its ids as ranks).
+func TestTiktokenLongWords(t *testing.T) {
+	tok := tiny(t)
+	m := tok.model.(*bpe)
+	ranks := map[string]int32{}
+	for k, id := range m.vocab {
+		ranks[k] = id
+	}
+	tt := &tiktokenBPE{ranks: ranks}
+	for _, s := range testCorpus(300) {
+		if len(s) <= 64 {
+			continue
+		}
+		long, err := tt.mergeLong(s, nil)
+		require.NoError(t, err)
+		short, err := tt.scan(s, nil)
+		require.NoError(t, err)
+		require.Equal(t, short, long, "%q", s)
+	}
+}
