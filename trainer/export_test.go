@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -33,7 +34,15 @@ var exportCases = []struct {
 	{"LlamaForCausalLM", []string{"model.head_dim=12"}, ""}, // a head size other than hidden/heads (head_dim in config.json)
 	{"MixtralForCausalLM", []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32"}, ""},
 	{"Qwen2MoeForCausalLM", []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32", "model.moe.shared_experts=2", "model.moe.layer_freq=2"}, ""},
+	// Trained with a tokenizer.json, which the export carries (and import requires).
+	{"LlamaForCausalLM", []string{"data.tokenizer=" + tinyTokenizerPath, "model.vocab_size=560"}, ""},
 }
+
+// tinyTokenizerPath is trainer/tokenizer's test tokenizer.json, absolute.
+var tinyTokenizerPath = func() string {
+	p, _ := filepath.Abs("tokenizer/testdata/tiny-tokenizer.json")
+	return p
+}()
 
 // trainedForExport trains a small model a few steps (so no weight is at its
 // initial value) and exports it.
@@ -76,7 +85,8 @@ func TestExportRoundTrip(t *testing.T) {
 			require.NoError(t, err)
 			require.NoError(t, os.WriteFile(filepath.Join(out, "config.json"), otherCfg, 0o644))
 			_, err = readHF(out, other.Model, table)
-			assert.ErrorContains(t, err, "model.embed_tokens.weight has shape [32 32], the recipe's model needs [32 64]")
+			V := fr.recipe.Model.VocabSize
+			assert.ErrorContains(t, err, fmt.Sprintf("model.embed_tokens.weight has shape [%d 32], the recipe's model needs [%d 64]", V, V))
 		})
 	}
 }
