@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"path/filepath"
+	"slices"
+	"strings"
 
 	"github.com/shardline/shardline/fileio"
 	"github.com/shardline/shardline/trainer/tokenizer"
@@ -79,8 +81,8 @@ func loadSources(path, name string, srcs []tokenizerSource) (File, error) {
 	var main, config []byte
 	mainName := ""
 	for _, s := range srcs {
-		if s.File != filepath.Base(s.File) || filepath.Ext(s.File) == "" {
-			return File{}, fmt.Errorf("%s: %w: source %q is not a file name", path, fileio.ErrCorrupt, s.File)
+		if !slices.Contains(SourceFiles, s.File) {
+			return File{}, fmt.Errorf("%s: %w: source %q is not one of %s", path, fileio.ErrCorrupt, s.File, strings.Join(SourceFiles, ", "))
 		}
 		b, err := fileio.ReadRegular(filepath.Join(dir, s.File), tokenizer.MaxFileBytes)
 		if err != nil {
