@@ -311,6 +311,17 @@ func (s *spmSplit) split(words, out []string) ([]string, error) {
 	return out, nil
 }
 
+// spmCut returns the first i ≥ from where a space follows another character,
+// or len(text).
+func spmCut(text []byte, from int) int {
+	for i := max(from, 1); i < len(text); i++ {
+		if text[i] == ' ' && text[i-1] != ' ' {
+			return i
+		}
+	}
+	return len(text)
+}
+
 // parseSentencePiece reads a SentencePiece ModelProto: BPE models whose
 // normalizer is identity (as Llama 2's and Mistral 7B's), with
 // add_dummy_prefix, remove_extra_whitespaces and byte fallback as the model
@@ -402,6 +413,19 @@ func parseSentencePiece(b []byte, config []byte) (*Tokenizer, error) {
 		return s
 	}
 	t.pretok = []preStep{&spmSplit{userDefined: m.userDefined, atSpaces: atSpaces}}
+	// Words end before a space that follows another character; text cut there
+	// encodes as the whole does when nothing else joins across the cut: no
+	// extra-whitespace removal (it looks at both sides), no user-defined symbol
+	// holding a space, and the dummy prefix only on the first piece.
+	userSpace := false
+	for _, u := range user {
+		userSpace = userSpace || strings.Contains(u.content, spmSpace)
+	}
+	if atSpaces && escape && !removeWS && !userSpace {
+		t.cutSafe = true
+		t.cut = spmCut
+		t.normalizeRest = func(s string) string { return strings.ReplaceAll(s, " ", spmSpace) }
+	}
 	unkPiece := t.tokens[m.unk]
 	t.decode = func(toks []string) string {
 		var b []byte

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -70,6 +71,23 @@ func TestSentencePieceMatchesSentencePiece(t *testing.T) {
 	want := readRefIDs(t, out)
 	compareIDs(t, tok, docs, want)
 	checkRoundTrip(t, tok, docs, want, nil)
+
+	// In pieces on several goroutines, as the whole.
+	if !tok.cutSafe {
+		t.Fatal("a Llama-2-style model may be cut at spaces")
+	}
+	text := []byte(strings.Join(docs[:2000], "\n"))
+	whole, err := tok.encodePieces(text, len(text), 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pieces, err := tok.encodePieces(text, 512, 4, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(whole, pieces) {
+		t.Errorf("in pieces %d ids, whole %d, or they differ", len(pieces), len(whole))
+	}
 
 	// The same model as a Llama-2-style tokenizer.json (character-level BPE with
 	// byte fallback, no pre-tokenizer: Prepend and Replace normalizers, the

@@ -34,7 +34,11 @@ type Tokenizer struct {
 	normalize func(string) string // nil: none
 	pretok    []preStep           // applied in order; nil: the whole text is one word
 	model     wordModel
-	cutSafe   bool // text may be cut at cutPoint without changing its tokens
+	cutSafe   bool // text may be cut at cut without changing its tokens
+	// cut is where text may be cut (cutPoint where nil); normalizeRest
+	// normalizes the pieces after the first (normalize where nil).
+	cut           func(text []byte, from int) int
+	normalizeRest func(string) string
 
 	tokens  []string // id → its string as the file writes it ("" where none)
 	special []bool   // id is an added special token
@@ -152,7 +156,9 @@ func (t *Tokenizer) encodePieces(text []byte, size, workers int, progress func(d
 	var cuts []int
 	for at := 0; at < len(text); {
 		end := len(text)
-		if t.cutSafe {
+		if t.cutSafe && t.cut != nil {
+			end = t.cut(text, at+size)
+		} else if t.cutSafe {
 			end = cutPoint(text, at+size)
 		}
 		cuts = append(cuts, end)
@@ -168,7 +174,7 @@ func (t *Tokenizer) encodePieces(text []byte, size, workers int, progress func(d
 				lo = cuts[i-1]
 			}
 			var err error
-			if out, err = t.encodeText(string(text[lo:end]), s, out); err != nil {
+			if out, err = t.encodeText(string(text[lo:end]), s, out, i > 0); err != nil {
 				return nil, err
 			}
 			if progress != nil {
@@ -197,7 +203,7 @@ func (t *Tokenizer) encodePieces(text []byte, size, workers int, progress func(d
 				if i > 0 {
 					lo = cuts[i-1]
 				}
-				ids[i], errs[i] = t.encodeText(string(text[lo:cuts[i]]), s, nil)
+				ids[i], errs[i] = t.encodeText(string(text[lo:cuts[i]]), s, nil, i > 0)
 				close(finished[i])
 			}
 		}()
@@ -245,8 +251,13 @@ func cutPoint(text []byte, from int) int {
 	return len(text)
 }
 
-// encodeText encodes one piece of text with s's cache, appending to out.
-func (t *Tokenizer) encodeText(text string, s *scratch, out []int32) ([]int32, error) {
+// encodeText encodes one piece of text with s's cache, appending to out; rest
+// says it is not the text's first piece.
+func (t *Tokenizer) encodeText(text string, s *scratch, out []int32, rest bool) ([]int32, error) {
+	normalize := t.normalize
+	if rest && t.normalizeRest != nil {
+		normalize = t.normalizeRest
+	}
 	var err error
 	t.added.each(text, func(seg string, id int32) {
 		if err != nil {
@@ -256,8 +267,8 @@ func (t *Tokenizer) encodeText(text string, s *scratch, out []int32) ([]int32, e
 			out = append(out, id)
 			return
 		}
-		if t.normalize != nil {
-			seg = t.normalize(seg)
+		if normalize != nil {
+			seg = normalize(seg)
 		}
 		t.normAdded.each(seg, func(seg string, id int32) {
 			if err != nil {
