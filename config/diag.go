@@ -225,7 +225,9 @@ var Rules = []Rule{
 	{"SL305", SevError, "vocabulary smaller than the tokenizer's"},
 	{"SL306", SevError, "document masks need a tokenizer with an end-of-text token"},
 	{"SL307", SevNote, "attention chunk covers the whole sequence"},
+	{"SL308", SevError, "tokenizer file cannot be read"},
 	{"SL401", SevWarning, "data path does not exist"},
+	{"SL402", SevWarning, "tokenizer file does not exist"},
 	{"SL501", SevError, "plan does not fit device memory"},
 	{"SL502", SevError, "plan cannot be compiled"},
 }

@@ -85,7 +85,11 @@ func buildReference() ([]SectionDoc, error) {
 func (f *Field) constraint() string {
 	var parts []string
 	if f.Enum != nil {
-		parts = append(parts, "one of "+quoteAll(f.Enum))
+		if f.OrFile {
+			parts = append(parts, "one of "+quoteAll(f.Enum)+" or a file's path")
+		} else {
+			parts = append(parts, "one of "+quoteAll(f.Enum))
+		}
 	}
 	if f.GT != nil {
 		parts = append(parts, "> "+formatBound(*f.GT))

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -211,6 +212,34 @@ func TestImportMegatronMixtralExample(t *testing.T) {
 	require.Equal(t, "Megatron's default: no --moe-ffn-hidden-size (the dense --ffn-hidden-size)", res.Origin("model.moe.expert_ffn_hidden").Name)
 	require.False(t, r.Logging.Tensorboard, "no --tensorboard-dir: Megatron writes no events")
 	require.Equal(t, "Megatron's default: no --tensorboard-dir", res.Origin("logging.tensorboard").Name)
+	require.Equal(t, "/workspace/tokenizer.model", r.Data.Tokenizer, "--tokenizer-type Llama2Tokenizer reads --tokenizer-model's SentencePiece file")
+	require.Contains(t, res.Origin("data.tokenizer").Describe(), "--tokenizer-model")
+}
+
+// TestImportMegatronTokenizers: --tokenizer-model's file becomes data.tokenizer;
+// a hub name is a note, Megatron's TikTokenizer is refused.
+func TestImportMegatronTokenizers(t *testing.T) {
+	for _, c := range []struct {
+		flags, tok, code string
+	}{
+		{"--tokenizer-type HuggingFaceTokenizer --tokenizer-model /m/llama3/tokenizer.json", "/m/llama3/tokenizer.json", ""},
+		{"--tokenizer-model ./hf/llama3 --tokenizer-type HuggingFaceTokenizer", "./hf/llama3", ""},
+		{"--tokenizer-type GPT2BPETokenizer --vocab-file v.json --merge-file m.txt", "gpt2", ""},
+		{"--tokenizer-type HuggingFaceTokenizer --tokenizer-model gpt2", "byte", "SL011"},
+		{"--tokenizer-type TikTokenizer --tokenizer-model /m/tok.tiktoken", "/m/tok.tiktoken", "SL010"},
+	} {
+		src := "torchrun pretrain_gpt.py --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 " + c.flags + "\n"
+		res, diags := ImportMegatron("x.sh", []byte(src))
+		require.NotNil(t, res, c.flags)
+		assert.Equal(t, c.tok, res.Recipe.Data.Tokenizer, c.flags)
+		codes := []string{}
+		for _, d := range diags {
+			codes = append(codes, d.Code)
+		}
+		if c.code != "" {
+			assert.Contains(t, codes, c.code, c.flags)
+		}
+	}
 }
 
 // TestImportMegatronControlFlow: conditions the import evaluates, and lines it

@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/shardline/shardline/trainer/tokenizer"
 )
 
 // Lint checks a resolved recipe against shardline's rules and returns every finding,
@@ -201,6 +203,10 @@ func (c *checker) parallelShape() {
 
 func (c *checker) model() {
 	m := c.rc.Model
+	if tokenizer.IsFileSpec(c.rc.Data.Tokenizer) {
+		c.tokenizerFile()
+		return
+	}
 	if tok := c.rc.Data.Tokenizer; tokenizerVocab[tok] > m.VocabSize {
 		c.report(SevError, "SL305", fmt.Sprintf("model.vocab_size (%d) is smaller than the %s tokenizer's %d tokens", m.VocabSize, tok, tokenizerVocab[tok]),
 			fmt.Sprintf("set vocab_size = %d (or more)", tokenizerVocab[tok]), "model.vocab_size", "data.tokenizer")
@@ -221,11 +227,49 @@ func (c *checker) model() {
 	}
 }
 
-// TokenizerHasEOS reports whether the named tokenizer has an end-of-text
-// token (data.Tokenizer's Specials: gpt2's <|endoftext|>; byte and char have
-// none). Document masks (data.eod_mask_loss, data.reset_attention_mask) need
-// one; the trainer checks the tokenizer it builds as well.
-func TokenizerHasEOS(name string) bool { return name == "gpt2" }
+// TokenizerHasEOS reports whether the tokenizer data.tokenizer names has an
+// end-of-text token (data.Tokenizer's Specials: gpt2's <|endoftext|>; byte and
+// char have none). A tokenizer file is taken to have one here (the trainer
+// reads its specials and refuses a file without one). Document masks
+// (data.eod_mask_loss, data.reset_attention_mask) need one.
+func TokenizerHasEOS(name string) bool { return name != "byte" && name != "char" }
+
+// tokenizerFile checks a data.tokenizer that names a file: it exists here
+// (a warning, as for data.path: lint may run on another machine), it is a
+// tokenizer shardline reads, and model.vocab_size covers its vocabulary (a
+// larger one pads the embedding).
+func (c *checker) tokenizerFile() {
+	spec := c.rc.Data.Tokenizer
+	path, err := TokenizerPath(spec, c.env, c.opts.DataRoot)
+	if err != nil {
+		c.report(SevWarning, "SL402", fmt.Sprintf("data.tokenizer (%q): %v", spec, err),
+			"set the variable, or give a literal path with --set data.tokenizer=/path/to/tokenizer.json", "data.tokenizer")
+		return
+	}
+	if _, err := os.Stat(path); err != nil {
+		where := path
+		if len(PathVars(spec)) > 0 {
+			where = "expanded from the environment, whose values are not shown"
+		}
+		c.report(SevWarning, "SL402", fmt.Sprintf("data.tokenizer (%q) does not exist here (%s)", spec, where),
+			"fix the path, or override it on this machine with --set data.tokenizer=/path/to/tokenizer.json", "data.tokenizer")
+		return
+	}
+	tok, err := tokenizer.Load(path)
+	if err != nil {
+		msg := err.Error()
+		if len(PathVars(spec)) > 0 {
+			msg = RedactVars(msg, spec, c.env)
+		}
+		c.report(SevError, "SL308", fmt.Sprintf("data.tokenizer (%q): %s", spec, msg),
+			"give a Hugging Face tokenizer.json, a tiktoken rank file (Llama 3's tokenizer.model), a SentencePiece .model or a directory holding one (docs/tokenizers.md)", "data.tokenizer")
+		return
+	}
+	if v := tok.VocabSize(); v > c.rc.Model.VocabSize {
+		c.report(SevError, "SL305", fmt.Sprintf("model.vocab_size (%d) is smaller than the %d tokens of the tokenizer %q", c.rc.Model.VocabSize, v, spec),
+			fmt.Sprintf("set vocab_size = %d (or more: extra rows pad the embedding)", v), "model.vocab_size", "data.tokenizer")
+	}
+}
 
 // tokenizerVocab is the vocabulary of each tokenizer whose vocabulary is fixed
 // (char's comes from the corpus and is checked when the data is read).

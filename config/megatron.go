@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"github.com/shardline/shardline/trainer/tokenizer"
 	"sort"
 	"strconv"
 	"strings"
@@ -177,20 +178,38 @@ var megatronArgs = map[string]megatronArg{
 	"num-workers":                            {kind: noEffect, takesValue: true, why: "shardline's batches are a pure function of (seed, step, rank): no loader workers", usage: "accepted, no effect"},
 	"no-mmap-bin-files":                      {kind: noEffect, why: "Megatron's indexed datasets are not read", usage: "accepted, no effect"},
 	"no-create-attention-mask-in-dataloader": {kind: noEffect, why: "attention is causal by construction: no mask is built", usage: "accepted, no effect"},
-	"tokenizer-model":                        {kind: noEffect, takesValue: true, why: "shardline's tokenizers are built in (data.tokenizer: byte, char or gpt2)", usage: "accepted, no effect: see data.tokenizer"},
-	"vocab-file":                             {kind: noEffect, takesValue: true, why: "shardline's tokenizers are built in (data.tokenizer: byte, char or gpt2)", usage: "accepted, no effect: see data.tokenizer"},
-	"merge-file":                             {kind: noEffect, takesValue: true, why: "shardline's tokenizers are built in (data.tokenizer: byte, char or gpt2)", usage: "accepted, no effect: see data.tokenizer"},
-	"tiktoken-pattern":                       {kind: noEffect, takesValue: true, why: "shardline's tokenizers are built in (data.tokenizer: byte, char or gpt2)", usage: "accepted, no effect: see data.tokenizer"},
-	"tokenizer-type": {kind: mapped, takesValue: true, usage: "GPT2BPETokenizer sets data.tokenizer = gpt2; other tokenizers are a note (shardline's are built in)",
+	"tokenizer-model": {kind: mapped, takesValue: true, usage: "sets data.tokenizer to the file (a tokenizer.json, a SentencePiece or tiktoken tokenizer.model, or a directory holding one)",
 		apply: func(l *loader, v string, o Origin) error {
-			if v == "GPT2BPETokenizer" {
-				f, _ := recipeSchema.Lookup("data.tokenizer")
-				l.set(f, "gpt2", o)
+			if !tokenizer.IsFileSpec(v) {
+				l.add(Diagnostic{Severity: SevNote, Code: "SL011", Origin: o,
+					Message: fmt.Sprintf("--tokenizer-model %q has no effect in shardline: it is not a file's path (a Hugging Face hub name is not fetched)", v),
+					Help:    "download the model's tokenizer.json and set data.tokenizer to its path"})
 				return nil
 			}
-			l.add(Diagnostic{Severity: SevNote, Code: "SL011", Origin: o,
-				Message: fmt.Sprintf("--tokenizer-type %s has no effect in shardline: its tokenizers are built in (data.tokenizer: byte, char or gpt2); model.vocab_size stays %d", v, l.res.Recipe.Model.VocabSize),
-				Help:    "set data.tokenizer in the recipe; GPT2BPETokenizer maps to gpt2"})
+			f, _ := recipeSchema.Lookup("data.tokenizer")
+			l.set(f, v, o)
+			return nil
+		}},
+	"vocab-file":       {kind: noEffect, takesValue: true, why: "GPT-2's vocabulary and merges are built into data.tokenizer = gpt2; for another BPE give its tokenizer.json as data.tokenizer", usage: "accepted, no effect: see data.tokenizer"},
+	"merge-file":       {kind: noEffect, takesValue: true, why: "GPT-2's vocabulary and merges are built into data.tokenizer = gpt2; for another BPE give its tokenizer.json as data.tokenizer", usage: "accepted, no effect: see data.tokenizer"},
+	"tiktoken-pattern": {kind: noEffect, takesValue: true, why: "shardline reads a tiktoken rank file with Llama 3's pattern only (docs/tokenizers.md)", usage: "accepted, no effect: see data.tokenizer"},
+	"tokenizer-type": {kind: mapped, takesValue: true, usage: "GPT2BPETokenizer sets data.tokenizer = gpt2; HuggingFaceTokenizer, Llama2Tokenizer, Llama3Tokenizer and the SentencePiece ones take --tokenizer-model's file; TikTokenizer is refused; NullTokenizer is a note",
+		apply: func(l *loader, v string, o Origin) error {
+			switch v {
+			case "GPT2BPETokenizer":
+				f, _ := recipeSchema.Lookup("data.tokenizer")
+				l.set(f, "gpt2", o)
+			case "HuggingFaceTokenizer", "Llama2Tokenizer", "Llama3Tokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer":
+				// --tokenizer-model names the file; data.tokenizer reads it.
+			case "TikTokenizer":
+				l.add(Diagnostic{Severity: SevError, Code: "SL010", Origin: o,
+					Message: "--tokenizer-type TikTokenizer: Megatron's TikTokenizer puts its special tokens before the ranks (ids shift by --tiktoken-num-special-tokens) and has its own patterns; shardline reads a rank file with Llama 3's ids and pattern",
+					Help:    "use --tokenizer-type HuggingFaceTokenizer with the model's tokenizer.json as --tokenizer-model"})
+			default:
+				l.add(Diagnostic{Severity: SevNote, Code: "SL011", Origin: o,
+					Message: fmt.Sprintf("--tokenizer-type %s has no effect in shardline: data.tokenizer takes byte, char, gpt2 or a tokenizer file (docs/tokenizers.md); model.vocab_size stays %d", v, l.res.Recipe.Model.VocabSize),
+					Help:    "set data.tokenizer in the recipe; GPT2BPETokenizer maps to gpt2, and --tokenizer-model's file to data.tokenizer"})
+			}
 			return nil
 		}},
 	"moe-router-load-balancing-type": {kind: mapped, takesValue: true, usage: "aux_loss (shardline's) is accepted; none sets model.moe.aux_loss_coeff = 0",

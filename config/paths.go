@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/shardline/shardline/trainer/tokenizer"
 )
 
 // ExpandPath expands ${VAR} and $VAR in a recipe path from env (a map of the
@@ -38,6 +41,23 @@ func ExpandPath(path string, env map[string]string) (string, error) {
 		return "", fmt.Errorf("environment variable %s is not set", strings.Join(missing, ", "))
 	}
 	return out, nil
+}
+
+// TokenizerPath is the file a data.tokenizer value names, as the trainer reads
+// it: ${VAR} expanded from env, a relative path under dataRoot (when set), as
+// for data.path. A built-in tokenizer's name comes back unchanged.
+func TokenizerPath(spec string, env map[string]string, dataRoot string) (string, error) {
+	if !tokenizer.IsFileSpec(spec) {
+		return spec, nil
+	}
+	path, err := ExpandPath(spec, env)
+	if err != nil {
+		return "", err
+	}
+	if dataRoot != "" && !filepath.IsAbs(path) {
+		path = filepath.Join(dataRoot, path)
+	}
+	return path, nil
 }
 
 var (

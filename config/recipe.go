@@ -8,6 +8,8 @@ package config
 // Struct tags, read by schema.go:
 //   toml:"name"        the key inside its section
 //   enum:"a,b,c"       the value must be one of these
+//   orfile:"true"      besides the enum, a file path (holding a path separator or
+//                      ending in .json, .model or .tiktoken) is accepted
 //   min:"N" max:"N"    inclusive numeric bounds; gt:"N" an exclusive lower bound
 //   flag:"name"        a Megatron-style dashed flag that sets this key (--name)
 //   negflag:"name"     a dashed flag that sets this boolean key to false (--name)
@@ -160,9 +162,15 @@ type Data struct {
 	// Training text file, or a directory written by `shardline data prepare`.
 	// ${VAR} expands from the environment; ${GOROOT} falls back to `go env GOROOT`.
 	Path string `toml:"path"`
-	// Tokenizer: byte (vocabulary 256), char (vocabulary from the corpus) or gpt2
-	// (GPT-2's byte-pair encoding, vocabulary 50257).
-	Tokenizer string `toml:"tokenizer" enum:"byte,char,gpt2"`
+	// Tokenizer: byte (vocabulary 256), char (vocabulary from the corpus), gpt2
+	// (GPT-2's byte-pair encoding, vocabulary 50257), or the path of a model's own
+	// tokenizer: a Hugging Face tokenizer.json (byte-level BPE as Llama 3, Qwen2/3,
+	// GPT-NeoX; BPE with byte fallback as Llama 2), a tiktoken rank file (Llama 3's
+	// tokenizer.model) or a SentencePiece .model, or a directory holding
+	// tokenizer.json or tokenizer.model. A tokenizer_config.json beside it names BOS
+	// and EOS. A relative path is read from data_root, like data.path; ${VAR}
+	// expands. The file is stored with prepared data and in the run directory.
+	Tokenizer string `toml:"tokenizer" enum:"byte,char,gpt2" orfile:"true"`
 	// Fraction of the tokens held out for validation, taken from the end of the corpus.
 	ValFraction float64 `toml:"val_fraction" min:"0" max:"0.5"`
 	// No loss on the positions whose input token is the tokenizer's end-of-text

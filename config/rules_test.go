@@ -126,7 +126,10 @@ var ruleCases = []ruleCase{
 	{name: "eod mask byte", src: okData + "eod_mask_loss = true\n", code: "SL306", loc: "x.toml:3:1", msg: "the byte tokenizer has none"},
 	{name: "reset mask char", src: "[data]\npath = \"/\"\ntokenizer = \"char\"\nreset_attention_mask = true\n", code: "SL306", loc: "x.toml:4:1", msg: "data.reset_attention_mask = true needs the tokenizer's end-of-text token"},
 	{name: "chunk covers sequence", src: okData + "[model]\nseq_len = 64\nattention_chunk_size = 64\n", code: "SL307", sev: SevNote, loc: "x.toml:5:1", msg: "every sequence lies in one chunk"},
+	{name: "tokenizer file", src: okData + "tokenizer = \"./rules_test.go\"\n", code: "SL308", loc: "x.toml:3:1", msg: "neither a Hugging Face tokenizer.json"},
+	{name: "tokenizer dir", src: okData + "tokenizer = \"./testdata\"\n", code: "SL308", loc: "x.toml:3:1", msg: "holds neither tokenizer.json nor tokenizer.model"},
 	{name: "data path", src: "[data]\npath = \"/no/such/file.txt\"\n", code: "SL401", sev: SevWarning, loc: "x.toml:2:1"},
+	{name: "tokenizer missing", src: okData + "tokenizer = \"/no/such/tokenizer.json\"\n", code: "SL402", sev: SevWarning, loc: "x.toml:3:1"},
 	{name: "data path var", src: "[data]\npath = \"${SHARDLINE_TEST_UNSET_VAR}/x\"\n", code: "SL401", sev: SevWarning, loc: "x.toml:2:1", msg: "SHARDLINE_TEST_UNSET_VAR is not set"},
 }
 

@@ -44,6 +44,7 @@ type Field struct {
 	Name    string // key inside its section, e.g. "num_experts"
 	Kind    Kind
 	Enum    []string // allowed values; nil when free
+	OrFile  bool     // a file path is accepted besides Enum (IsFilePath)
 	Min     *float64 // inclusive lower bound
 	Max     *float64 // inclusive upper bound
 	GT      *float64 // exclusive lower bound
@@ -213,6 +214,8 @@ func (s *Schema) walk(t reflect.Type, section string, index []int) error {
 		if e := sf.Tag.Get("enum"); e != "" {
 			f.Enum = strings.Split(e, ",")
 		}
+		f.OrFile = sf.Tag.Get("orfile") == "true"
+
 		for tag, dst := range map[string]**float64{"min": &f.Min, "max": &f.Max, "gt": &f.GT} {
 			if v := sf.Tag.Get(tag); v != "" {
 				x, err := strconv.ParseFloat(v, 64)

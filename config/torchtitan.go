@@ -20,6 +20,8 @@ var ttDefaults = map[string]any{
 	"model.flavor":                               "debugmodel",
 	"model.converters":                           []string{},
 	"model.norm_type":                            "rmsnorm",
+	"model.hf_assets_path":                       "",
+	"model.tokenizer_path":                       "",
 	"optimizer.name":                             "AdamW",
 	"optimizer.lr":                               8e-4,
 	"optimizer.eps":                              1e-8,
@@ -96,8 +98,6 @@ var ttNoEffect = map[string]string{
 	"metrics":                                                            "shardline writes metrics.jsonl and loss.png in the run directory",
 	"metrics.save_tb_folder":                                             "shardline writes the TensorBoard event files into the run directory (run.output_dir/run.name), beside metrics.jsonl; tensorboard --logdir run.output_dir shows every run",
 	"metrics.enable_wandb":                                               "shardline logs to no service itself; with logging.tensorboard `wandb sync RUN_DIR` uploads the run's TensorBoard events",
-	"model.hf_assets_path":                                               "shardline tokenizes with data.tokenizer (byte, char or gpt2), not a Hugging Face tokenizer; the vocabulary size stays the flavour's",
-	"model.tokenizer_path":                                               "shardline tokenizes with data.tokenizer (byte, char or gpt2), not a Hugging Face tokenizer; the vocabulary size stays the flavour's",
 	"model.print_after_conversion":                                       "nothing is converted",
 	"optimizer.implementation":                                           "shardline has one fused optimizer kernel",
 	"training.dataset":                                                   "shardline trains on data.path (a text file or a directory from shardline data prepare); set it in the recipe",
@@ -605,6 +605,12 @@ func (t *ttImport) modelDefaults(name string, f ttFlavour, flavor ttSetting) {
 		t.to("model.moe.bias_update_rate", "0.001", flavor, moe+": load_balance_coeff")
 		t.to("model.moe.aux_loss_coeff", "0", flavor, moe+": no auxiliary loss")
 		t.note(flavor, "torchtitan centres each expert-bias update on zero (delta − mean(delta)); shardline moves each bias by ±load_balance_coeff as Megatron does: the same experts are chosen (a bias common to all experts changes no choice)", "")
+	}
+	for _, k := range []string{"model.hf_assets_path", "model.tokenizer_path"} {
+		if s := t.get(k); s.given() && s.str() != "" {
+			t.to("data.tokenizer", s.str(), s, "its tokenizer.json, read from the directory")
+			break
+		}
 	}
 	t.note(flavor, "weights start from shardline's initialisation (normal, std model.init_std = 0.02), not torchtitan's (truncated normal with depth-scaled output projections): the same model from another starting point", "")
 	if s := t.get("model.norm_type"); s.str() != "rmsnorm" {

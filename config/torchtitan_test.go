@@ -70,6 +70,7 @@ func TestImportTorchtitanLlama3_8B(t *testing.T) {
 	require.Equal(t, 500, r.Checkpoint.Interval)
 	require.Equal(t, 10, r.Checkpoint.KeepLast) // torchtitan's keep_latest_k default
 	require.Equal(t, "./outputs", r.Run.OutputDir)
+	require.Equal(t, "./assets/hf/Llama-3.1-8B", r.Data.Tokenizer, "hf_assets_path: the directory's tokenizer.json")
 
 	o := res.Origin("train.micro_batch_size")
 	require.Equal(t, FromImport, o.Kind)

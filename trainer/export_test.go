@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -40,6 +41,8 @@ var exportCases = []struct {
 	{"Qwen3ForCausalLM", []string{"model.qk_norm=true", "model.head_dim=12", "model.heads=4", "model.kv_heads=2"}, ""},
 	{"Qwen3MoeForCausalLM", []string{"model.qk_norm=true", "model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32", "model.moe.layer_freq=2"}, ""},
 	{"Qwen3MoeForCausalLM", []string{"model.qk_norm=true", "model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32", "model.moe.norm_top_k=false"}, ""},
+	// Trained with a tokenizer.json, which the export carries (and import requires).
+	{"LlamaForCausalLM", []string{"data.tokenizer=" + tinyTokenizerPath, "model.vocab_size=560"}, ""},
 }
 
 // TestExportRefusesWhatNoArchitectureComputes: Llama 4's and DeepSeek-V3's
@@ -52,6 +55,12 @@ func TestExportRefusesWhatNoArchitectureComputes(t *testing.T) {
 	err = ExportHF(r.Dir, filepath.Join(dir, "hf"), 5<<30, false)
 	require.ErrorContains(t, err, "model.nope_interval, model.moe.score_function, model.moe.top_k_scale, model.moe.expert_bias, model.moe.num_groups")
 }
+
+// tinyTokenizerPath is trainer/tokenizer's test tokenizer.json, absolute.
+var tinyTokenizerPath = func() string {
+	p, _ := filepath.Abs("tokenizer/testdata/tiny-tokenizer.json")
+	return p
+}()
 
 // trainedForExport trains a small model a few steps (so no weight is at its
 // initial value) and exports it.
@@ -94,7 +103,8 @@ func TestExportRoundTrip(t *testing.T) {
 			require.NoError(t, err)
 			require.NoError(t, os.WriteFile(filepath.Join(out, "config.json"), otherCfg, 0o644))
 			_, err = readHF(out, other.Model, table)
-			assert.ErrorContains(t, err, "model.embed_tokens.weight has shape [32 32], the recipe's model needs [32 64]")
+			V := fr.recipe.Model.VocabSize
+			assert.ErrorContains(t, err, fmt.Sprintf("model.embed_tokens.weight has shape [%d 32], the recipe's model needs [%d 64]", V, V))
 		})
 	}
 }

@@ -595,8 +595,10 @@ func RunLogits(be tensor.Backend, dir string, tokens []int32) ([]float32, error)
 }
 
 // ExportHF writes a finished run's final weights (dir holds weights.bin) as a
-// Hugging Face model directory out: config.json and model.safetensors, split with
-// an index above shardBytes. out must be new, empty or an earlier export's
+// Hugging Face model directory out: config.json (with the tokenizer's BOS and
+// EOS ids) and model.safetensors, split with an index above shardBytes, and the
+// tokenizer's files with tokenizer_config.json and generation_config.json
+// (exportTokenizer). out must be new, empty or an earlier export's
 // (hf.WriteModel), unless overwrite.
 func ExportHF(dir, out string, shardBytes int64, overwrite bool) error {
 	fr, err := loadRun(dir)
@@ -612,11 +614,17 @@ func ExportHF(dir, out string, shardBytes int64, overwrite bool) error {
 		return err
 	}
 	fp, _ := config.Fingerprint(fr.recipe)
-	cfg, err := json.MarshalIndent(hf.Config(fr.recipe.Model), "", "  ")
+	extra, bos, eos, err := exportTokenizer(fr.tok, fr.recipe.Model)
 	if err != nil {
 		return err
 	}
-	return hf.WriteModel(out, append(cfg, '\n'), ts, map[string]string{"format": "pt", "shardline_recipe": fp}, shardBytes, overwrite)
+	c := hf.Config(fr.recipe.Model)
+	c["bos_token_id"], c["eos_token_id"] = bos, eos
+	cfg, err := json.MarshalIndent(c, "", "  ")
+	if err != nil {
+		return err
+	}
+	return hf.WriteModel(out, append(cfg, '\n'), ts, map[string]string{"format": "pt", "shardline_recipe": fp}, extra, shardBytes, overwrite)
 }
 
 // readHF reads a Hugging Face model directory into the plan's parameters (by

@@ -362,13 +362,28 @@ func openData(r *config.Recipe, opts Options) (*data.Dataset, error) {
 	if opts.DataRoot != "" && !filepath.IsAbs(path) {
 		path = filepath.Join(opts.DataRoot, path)
 	}
-	ds, err := data.Open(path, r.Data.Tokenizer, r.Data.ValFraction, opts.CacheDir)
+	tok, err := config.TokenizerPath(r.Data.Tokenizer, opts.Env, opts.DataRoot)
+	if err == nil && data.IsTokenizerFile(tok) {
+		_, err = os.Stat(tok)
+	}
+	if err != nil {
+		if len(config.PathVars(r.Data.Tokenizer)) > 0 {
+			err = errors.New(config.RedactVars(err.Error(), r.Data.Tokenizer, opts.Env))
+		}
+		return nil, config.ValueProblem("data.tokenizer", r.Data.Tokenizer, err, "give the path of a tokenizer.json, tokenizer.model or a directory holding one (docs/tokenizers.md)")
+	}
+	ds, err := data.Open(path, tok, r.Data.ValFraction, opts.CacheDir)
 	if err != nil && len(config.PathVars(r.Data.Path)) > 0 {
 		// The expanded path is not printed: ${VAR} may hold a secret (docs/robustness.md).
 		err = errors.New(config.RedactVars(err.Error(), r.Data.Path, opts.Env))
 	}
 	if err != nil {
 		return nil, config.ValueProblem("data.path", r.Data.Path, err, "point it at a text file or a `shardline data prepare` directory")
+	}
+	if opts.InitFrom != "" {
+		if err := checkInitTokenizer(opts.InitFrom, ds.Tok, r.Data.Tokenizer); err != nil {
+			return nil, err
+		}
 	}
 	T := r.Model.SeqLen
 	if v := ds.Tok.VocabSize(); v > r.Model.VocabSize {

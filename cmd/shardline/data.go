@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -27,22 +28,32 @@ func (a *app) dataCmd() *cobra.Command {
 		Short: "Tokenize text files into token shards (train.tok, val.tok, tokenizer.json)",
 		Long: `Prepare concatenates the text files, tokenizes them (byte: vocabulary 256; char: the
 distinct characters of the text; gpt2: GPT-2's byte-pair encoding, vocabulary
-50257, model.vocab_size must be at least that), holds out the last --val-fraction of the tokens
-for validation, and writes DIR/train.tok, DIR/val.tok and DIR/tokenizer.json. Point
-data.path at DIR to train on it. gpt2 encodes on every core, a piece of about a
-MiB at a time, and on a terminal shows the text done, its rate and the time
-left.
+50257, model.vocab_size must be at least that; or a model's own tokenizer given by
+its path: a Hugging Face tokenizer.json, a tiktoken rank file such as Llama 3's
+tokenizer.model, a SentencePiece .model, or a directory holding one, with the
+tokenizer_config.json beside it naming BOS and EOS), holds out the last
+--val-fraction of the tokens for validation, and writes DIR/train.tok,
+DIR/val.tok and DIR/tokenizer.json (a tokenizer file is copied beside it as
+DIR/source.*, fingerprinted). Point data.path at DIR, and data.tokenizer at the
+same tokenizer, to train on it. gpt2 and tokenizer files encode on every core, a
+piece of about a MiB at a time, and on a terminal show the text done, its rate
+and the time left. See docs/tokenizers.md.
 
 DIR must be new, empty, or one data prepare wrote before (it records its files
 in DIR/.shardline-outputs.json): a directory holding other files is refused
 before any text is read, unless --overwrite, which replaces train.tok, val.tok
 and tokenizer.json there and leaves the rest. A symbolic link where a file goes
 is always refused.`,
-		Example: `  shardline data prepare --tokenizer char -o data/shakespeare input.txt`,
-		Args:    cobra.MinimumNArgs(1),
+		Example: `  shardline data prepare --tokenizer char -o data/shakespeare input.txt
+  shardline data prepare --tokenizer ~/llama3/tokenizer.json -o data/llama3 corpus.txt`,
+		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if !slices.Contains(data.Tokenizers, tokenizer) {
-				return usageErr("--tokenizer %q is not one of %s", tokenizer, strings.Join(data.Tokenizers, ", "))
+			if data.IsTokenizerFile(tokenizer) {
+				if _, err := os.Stat(tokenizer); err != nil {
+					return usageErr("--tokenizer %s: %v (give a tokenizer.json, a tokenizer.model or the directory holding one)", tokenizer, unwrap(err))
+				}
+			} else if !slices.Contains(data.Tokenizers, tokenizer) {
+				return usageErr("--tokenizer %q is not one of %s, nor a tokenizer file's path (holding a / or ending in .json, .model or .tiktoken)", tokenizer, strings.Join(data.Tokenizers, ", "))
 			}
 			if !(valFrac >= 0 && valFrac <= 0.5) { // NaN fails both
 				return usageErr("--val-fraction %v must be within [0, 0.5]", valFrac)
@@ -71,7 +82,7 @@ is always refused.`,
 			return err
 		},
 	}
-	prep.Flags().StringVar(&tokenizer, "tokenizer", "byte", "byte, char or gpt2")
+	prep.Flags().StringVar(&tokenizer, "tokenizer", "byte", "byte, char, gpt2, or the path of a tokenizer.json, tokenizer.model (tiktoken or SentencePiece) or a directory holding one")
 	prep.Flags().Float64Var(&valFrac, "val-fraction", 0.1, "fraction of tokens held out for validation (from the end)")
 	prep.Flags().StringVarP(&out, "output", "o", "", "output directory")
 	prep.Flags().BoolVar(&overwrite, "overwrite", false, "write into a non-empty DIR that data prepare did not make, replacing its train.tok, val.tok and tokenizer.json")

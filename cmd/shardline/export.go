@@ -23,8 +23,13 @@ MixtralForCausalLM for MoE models whose every layer is MoE without shared expert
 and with renormalised gates, and Qwen2MoeForCausalLM otherwise; with model.qk_norm
 Qwen3ForCausalLM or Qwen3MoeForCausalLM. NoPE layers and the routers of Llama 4
 and DeepSeek-V3 are refused (no Hugging Face names yet). transformers'
-from_pretrained loads it, and
-shardline run --init-from reads it back.
+from_pretrained loads it, and shardline run --init-from reads it back. A run
+trained with a tokenizer file (data.tokenizer = a tokenizer.json, tiktoken or
+SentencePiece tokenizer.model) exports that file unchanged, with its
+tokenizer_config.json (or one naming BOS, EOS and the tokenizer class),
+generation_config.json, and bos_token_id and eos_token_id in config.json; a gpt2
+run writes EOS 50256 (Hugging Face's "gpt2" tokenizer is the same), byte and
+char runs no tokenizer and null ids.
 
 OUT_DIR must be new, empty, or an earlier export's: export records the files it
 writes in OUT_DIR/.shardline-outputs.json, replaces those, and removes the ones it
@@ -74,8 +79,11 @@ architecture, a size, the activation, the RoPE base or scaling, the norm epsilon
 tied embeddings, the MoE routing) is refused, naming the Hugging Face key and
 value, the recipe key and value, and the fix; a key it leaves out takes
 transformers' default, and a missing config.json is refused. A tensor the
-recipe's model lacks, misses or shapes differently is refused, named.`
-	run.Example = `  shardline ckpt import hf/tiny recipes/tiny.toml --train-iters 200 --lr 1e-4`
+recipe's model lacks, misses or shapes differently is refused, named. When
+HF_DIR holds a tokenizer (tokenizer.json or tokenizer.model), the recipe must
+tokenize with it: --set data.tokenizer=HF_DIR (the directory itself names it).`
+	run.Example = `  shardline ckpt import hf/tiny recipes/tiny.toml --train-iters 200 --lr 1e-4
+  shardline ckpt import hf/llama recipes/llama-1b.toml --set data.tokenizer=hf/llama --set data.path=data/llama3`
 	run.Args = cobra.RangeArgs(1, 2)
 	inner := run.RunE
 	run.RunE = func(cmd *cobra.Command, args []string) error {

@@ -979,3 +979,41 @@ func TestTokenizeProgress(t *testing.T) {
 	p(1_000_000, 1_000_000)
 	assert.Contains(t, b.String(), "1.0 of 1.0 MB (100%)", "the end is always drawn")
 }
+
+// TestRunTokenizerFile prepares data with a Hugging Face tokenizer.json, trains
+// on it, samples from a prompt holding its special token, exports the model
+// with the tokenizer beside it, and refuses a model whose vocabulary is smaller
+// than the file's (lint reads it) or a --tokenizer path that does not exist.
+func TestRunTokenizerFile(t *testing.T) {
+	dir := t.TempDir()
+	tok, err := filepath.Abs("../../trainer/tokenizer/testdata/tiny-tokenizer.json")
+	require.NoError(t, err)
+	text := filepath.Join(dir, "t.txt")
+	require.NoError(t, os.WriteFile(text, []byte(strings.Repeat("the licence of the program<|endoftext|>and you shall not distribute it. ", 100)), 0o644))
+	prepared := filepath.Join(dir, "prepared")
+	code, out, errs := shardline(t, nil, "data", "prepare", "--tokenizer", tok, "-o", prepared, text)
+	require.Equal(t, 0, code, errs)
+	assert.Regexp(t, `hf-[0-9a-f]{13} tokenizer \(vocabulary 557\)`, out)
+	code, _, errs = shardline(t, nil, "data", "prepare", "--tokenizer", filepath.Join(dir, "no", "tokenizer.json"), "-o", prepared, text)
+	assert.Equal(t, 2, code)
+	assert.Contains(t, errs, "--tokenizer "+filepath.Join(dir, "no", "tokenizer.json")+": no such file or directory")
+
+	args := []string{"run", filepath.Join(recipesDir, "tiny.toml"), "--set", "data.path=" + prepared, "--set", "data.tokenizer=" + tok,
+		"--set", "model.vocab_size=560", "--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--num-query-groups", "2",
+		"--ffn-hidden-size", "64", "--seq-length", "16", "--micro-batch-size", "4", "--global-batch-size", "4", "--train-iters", "3",
+		"--set", "train.eval_interval=3", "--set", "run.output_dir=" + dir, "--set", "run.name=hf"}
+	code, _, errs = shardline(t, nil, args...)
+	require.Equal(t, 0, code, errs)
+	code, out, errs = shardline(t, nil, "sample", filepath.Join(dir, "hf"), "--prompt", "the<|endoftext|>", "--tokens", "5", "--temperature", "0")
+	require.Equal(t, 0, code, errs)
+	assert.True(t, strings.HasPrefix(out, "the<|endoftext|>"), out)
+	code, _, errs = shardline(t, nil, "ckpt", "export", filepath.Join(dir, "hf"), "-o", filepath.Join(dir, "export"))
+	require.Equal(t, 0, code, errs)
+	for _, f := range []string{"tokenizer.json", "tokenizer_config.json", "generation_config.json", "config.json", "model.safetensors"} {
+		assert.FileExists(t, filepath.Join(dir, "export", f))
+	}
+
+	code, _, errs = shardline(t, nil, append(args, "--set", "model.vocab_size=256")...)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errs, "error[SL305]: model.vocab_size (256) is smaller than the 557 tokens of the tokenizer")
+}

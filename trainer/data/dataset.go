@@ -84,7 +84,7 @@ func unwrapPath(err error) error {
 const PrepareCommand = "shardline data prepare"
 
 // preparedFiles are the files Prepare writes.
-var preparedFiles = []string{"train.tok", "val.tok", "tokenizer.json"}
+var preparedFiles = append([]string{"train.tok", "val.tok", "tokenizer.json"}, SourceFiles...)
 
 // Prepare tokenizes the texts (concatenated in order) and writes train.tok, val.tok
 // and tokenizer.json to outDir. outDir is claimed first (fileio.ClaimDir): it
@@ -145,6 +145,8 @@ func fromText(text []byte, tokenizer string, valFraction float64, progress func(
 	var tokens []int32
 	if _, ok := tok.(GPT2); ok && progress != nil {
 		tokens, err = encodeGPT2(text, func(done int) { progress(done, len(text)) })
+	} else if f, ok := tok.(File); ok && progress != nil {
+		tokens, err = f.EncodeProgress(text, func(done int) { progress(done, len(text)) })
 	} else {
 		tokens, err = tok.Encode(text)
 		if err == nil && progress != nil {
@@ -208,7 +210,9 @@ func openPrepared(dir, tokenizer string) (*Dataset, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s is not a prepared data directory (no readable tokenizer.json: %w); write one with `shardline data prepare`", dir, err)
 	}
-	if tok.Name() != tokenizer {
+	if same, err := sameTokenizer(tok, tokenizer); err != nil {
+		return nil, err
+	} else if !same {
 		return nil, fmt.Errorf("%s was prepared with the %s tokenizer, the recipe asks for %s", dir, tok.Name(), tokenizer)
 	}
 	ds := &Dataset{Tok: tok}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/crc32"
+	"path/filepath"
 	"sort"
 	"strings"
 	"unicode/utf8"
@@ -22,9 +23,11 @@ type Tokenizer interface {
 }
 
 // Specials are a tokenizer's document markers: EOS (end of text) ends a
-// document, BOS begins one; -1 where the tokenizer has no such token. Encode
-// never produces them from text: a literal "<|endoftext|>" in a document is
-// ordinary text.
+// document, BOS begins one; -1 where the tokenizer has no such token. The
+// built-in tokenizers' Encode never produces them from text: a literal
+// "<|endoftext|>" in a document is ordinary text. A tokenizer file's (File)
+// splits its added special tokens out of the text, as its reference
+// implementation does.
 type Specials struct {
 	BOS, EOS int32
 }
@@ -117,14 +120,23 @@ func (c *Char) Decode(tokens []int32) string {
 
 // tokenizerFile is tokenizer.json: the name, the vocabulary for char, and a
 // CRC-32C of both (a changed character would silently remap every token).
+//
+// A tokenizer read from a file (File) is stored with its sources: they are
+// written beside tokenizer.json (SourceFiles), which lists them with their
+// sha256 (covered by the checksum).
 type tokenizerFile struct {
-	Name     string `json:"name"`
-	Chars    string `json:"chars,omitempty"`
-	Checksum string `json:"checksum"`
+	Name     string            `json:"name"`
+	Chars    string            `json:"chars,omitempty"`
+	Sources  []tokenizerSource `json:"sources,omitempty"`
+	Checksum string            `json:"checksum"`
 }
 
 func (f *tokenizerFile) sum() string {
-	return fmt.Sprintf("crc32c:%08x", crc32.Checksum([]byte(f.Name+"\x00"+f.Chars), crc32.MakeTable(crc32.Castagnoli)))
+	s := f.Name + "\x00" + f.Chars
+	for _, src := range f.Sources {
+		s += "\x00" + src.File + "\x00" + src.SHA256
+	}
+	return fmt.Sprintf("crc32c:%08x", crc32.Checksum([]byte(s), crc32.MakeTable(crc32.Castagnoli)))
 }
 
 // maxTokenizerBytes caps tokenizer.json: a char vocabulary of every Unicode code
@@ -136,6 +148,13 @@ func SaveTokenizer(path string, tok Tokenizer) error {
 	f := tokenizerFile{Name: tok.Name()}
 	if c, ok := tok.(*Char); ok {
 		f.Chars = string(c.Chars)
+	}
+	if ft, ok := tok.(File); ok {
+		srcs, err := saveSources(filepath.Dir(path), ft)
+		if err != nil {
+			return err
+		}
+		f.Sources = srcs
 	}
 	f.Checksum = f.sum()
 	b, err := json.MarshalIndent(f, "", "  ")
@@ -158,6 +177,9 @@ func LoadTokenizer(path string) (Tokenizer, error) {
 	if f.Checksum != f.sum() {
 		return nil, fmt.Errorf("%s: %w: checksum %q, the contents give %q", path, fileio.ErrCorrupt, f.Checksum, f.sum())
 	}
+	if len(f.Sources) > 0 {
+		return loadSources(path, f.Name, f.Sources)
+	}
 	if f.Name == "char" {
 		if f.Chars == "" || !utf8.ValidString(f.Chars) {
 			return nil, fmt.Errorf("%s: %w: the char vocabulary is empty or not UTF-8", path, fileio.ErrCorrupt)
@@ -177,11 +199,16 @@ func LoadTokenizer(path string) (Tokenizer, error) {
 	return tok, nil
 }
 
-// Tokenizers are the tokenizers' names (config's data.tokenizer enum lists the same).
+// Tokenizers are the built-in tokenizers' names (config's data.tokenizer enum
+// lists the same); a path to a tokenizer file is accepted too (IsTokenizerFile).
 var Tokenizers = []string{"byte", "char", "gpt2"}
 
-// NewTokenizer builds a tokenizer by name; chars is the char vocabulary.
+// NewTokenizer builds a tokenizer by name, or reads the file a path names
+// (LoadFile); chars is the char vocabulary.
 func NewTokenizer(name, chars string) (Tokenizer, error) {
+	if IsTokenizerFile(name) {
+		return LoadFile(name)
+	}
 	switch name {
 	case "byte":
 		return Byte{}, nil
@@ -192,5 +219,5 @@ func NewTokenizer(name, chars string) (Tokenizer, error) {
 	case "gpt2":
 		return GPT2{}, nil
 	}
-	return nil, fmt.Errorf("unknown tokenizer %q (byte, char or gpt2)", name)
+	return nil, fmt.Errorf("unknown tokenizer %q (byte, char, gpt2, or the path of a tokenizer.json, a tiktoken rank file or a SentencePiece .model)", name)
 }

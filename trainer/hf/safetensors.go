@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -214,13 +215,14 @@ const ExportCommand = "shardline ckpt export"
 
 // WriteModel writes a model directory: config (config.json) and tensors as
 // model.safetensors, or, when they exceed shardBytes, as several
-// model-0000i-of-0000n.safetensors with an index. The directory is claimed
+// model-0000i-of-0000n.safetensors with an index; and the extra files
+// (tokenizer files, tokenizer_config.json, generation_config.json) by name. The directory is claimed
 // first (fileio.ClaimDir): a non-empty directory that an export did not make
 // is refused unless overwrite; and a weights file there that this export
 // does not write (an older export's index or shards, which a loader would
 // read) is removed if an export wrote it or overwrite is set, refused
 // otherwise.
-func WriteModel(dir string, config []byte, tensors []Tensor, metadata map[string]string, shardBytes int64, overwrite bool) error {
+func WriteModel(dir string, config []byte, tensors []Tensor, metadata map[string]string, extra map[string][]byte, shardBytes int64, overwrite bool) error {
 	var shards [][]Tensor
 	var size, total int64
 	for _, t := range tensors {
@@ -241,6 +243,13 @@ func WriteModel(dir string, config []byte, tensors []Tensor, metadata map[string
 		}
 		names = append(names, indexFile)
 	}
+	extraNames := slices.Sorted(maps.Keys(extra))
+	for _, n := range extraNames {
+		if n == ConfigFile || isWeightsFile(n) {
+			return fmt.Errorf("%s: an extra file of the model directory may not be named %s", dir, n)
+		}
+	}
+	names = append(names, extraNames...)
 	out, err := fileio.ClaimDir(dir, ExportCommand, names, overwrite, "give -o a new or empty directory")
 	if err != nil {
 		return err
@@ -276,6 +285,11 @@ func WriteModel(dir string, config []byte, tensors []Tensor, metadata map[string
 			return err
 		}
 		if err := out.WriteFile(indexFile, append(b, '\n')); err != nil {
+			return err
+		}
+	}
+	for _, n := range extraNames {
+		if err := out.WriteFile(n, extra[n]); err != nil {
 			return err
 		}
 	}

@@ -1,0 +1,81 @@
+package data
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/shardline/shardline/fileio"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// tinyTokenizer (trainer/tokenizer's testdata) is a byte-level BPE tokenizer.json (GPT-2's pre-tokenizer, 300
+// merges learnt from English text, NFC, <|endoftext|> as id 556) made for these
+// tests.
+const tinyTokenizer = "../tokenizer/testdata/tiny-tokenizer.json"
+
+// TestPrepareWithTokenizerFile prepares text with a tokenizer file, stores the
+// file with the data and reads it back; the prepared directory refuses a
+// recipe naming another tokenizer file, and a changed stored source is found.
+func TestPrepareWithTokenizerFile(t *testing.T) {
+	dir := t.TempDir()
+	text := "the licence<|endoftext|>of the program, and you shall not\n\n  distribute 1234 copies.\n"
+	src := filepath.Join(dir, "a.txt")
+	require.NoError(t, os.WriteFile(src, []byte(text), 0o644))
+	out := filepath.Join(dir, "prepared")
+	var last [2]int
+	ds, err := Prepare([]string{src}, tinyTokenizer, 0.2, out, false, func(done, total int) { last = [2]int{done, total} })
+	require.NoError(t, err)
+	assert.Equal(t, [2]int{len(text), len(text)}, last)
+	f, ok := ds.Tok.(File)
+	require.True(t, ok, "a tokenizer path gives a File")
+	assert.True(t, strings.HasPrefix(f.Name(), "hf-") && len(f.Name()) == 16, f.Name())
+	assert.Equal(t, 557, f.VocabSize())
+	assert.Equal(t, Specials{BOS: -1, EOS: 556}, f.Specials())
+	all := append(append([]int32(nil), ds.Train...), ds.Val...)
+	assert.Contains(t, all, int32(556), "the special token in the text is split out")
+	assert.Equal(t, text, f.Decode(all))
+	assert.FileExists(t, filepath.Join(out, "source.tokenizer.json"))
+
+	got, err := Open(out, tinyTokenizer, 0.2, "")
+	require.NoError(t, err)
+	assert.Equal(t, ds.Train, got.Train)
+	assert.Equal(t, f.Name(), got.Tok.Name())
+
+	// Another tokenizer file (one merge fewer) is another tokenizer.
+	b, err := os.ReadFile(tinyTokenizer)
+	require.NoError(t, err)
+	other := filepath.Join(dir, "other", "tokenizer.json")
+	require.NoError(t, os.MkdirAll(filepath.Dir(other), 0o755))
+	require.NoError(t, os.WriteFile(other, []byte(strings.Replace(string(b), `"Ġ t", `, "", 1)), 0o644))
+	_, err = Open(out, other, 0.2, "")
+	assert.ErrorContains(t, err, "prepared with the "+f.Name()+" tokenizer")
+
+	// A stored source that changed is refused, naming it.
+	stored := filepath.Join(out, "source.tokenizer.json")
+	require.NoError(t, os.WriteFile(stored, []byte(strings.Replace(string(b), `"Ġ t", `, "", 1)), 0o644))
+	_, err = LoadTokenizer(filepath.Join(out, "tokenizer.json"))
+	assert.ErrorIs(t, err, fileio.ErrCorrupt)
+	assert.ErrorContains(t, err, "source.tokenizer.json has sha256")
+
+	// Text read directly is tokenized with the file and cached with it.
+	cache := filepath.Join(dir, "cache")
+	a, err := Open(src, tinyTokenizer, 0.2, cache)
+	require.NoError(t, err)
+	c, err := Open(src, tinyTokenizer, 0.2, cache)
+	require.NoError(t, err)
+	assert.Equal(t, a.Train, c.Train)
+	assert.Equal(t, ds.Train, a.Train)
+}
+
+func TestTokenizerFileErrors(t *testing.T) {
+	_, err := NewTokenizer("no/such/tokenizer.json", "")
+	assert.ErrorContains(t, err, "no/such/tokenizer.json does not exist")
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "tokenizer.json")
+	require.NoError(t, os.WriteFile(bad, []byte(`{"model": {"type": "Unigram", "vocab": [["a", 0]]}}`), 0o644))
+	_, err = NewTokenizer(bad, "")
+	assert.ErrorContains(t, err, `model.type "Unigram"`)
+}
