@@ -291,6 +291,13 @@ func TestImportTorchtitanReport(t *testing.T) {
 	require.Equal(t, 500, r.Checkpoint.Interval, "enable_checkpoint turns checkpoints on")
 	require.Equal(t, "full", r.ActivationCheckpoint.Mode)
 	for _, d := range Lint(res, nil) {
+		if d.Code == "SL402" {
+			// hf_assets_path, carried into data.tokenizer, names the job's
+			// machine's directory: not there on this one, a warning that
+			// says so.
+			require.Equal(t, "./assets/hf/Llama-4-Scout-17B-16E", r.Data.Tokenizer)
+			continue
+		}
 		require.Equal(t, SevNote, d.Severity, "lint: %s %s %s", d.Location(), d.Code, d.Message)
 	}
 
