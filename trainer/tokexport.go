@@ -79,18 +79,25 @@ func exportTokenizer(tok data.Tokenizer, m config.Model) (files map[string][]byt
 // embeddings are rows for its tokens, so the data must be tokenized with the
 // same file. The recipe names it with data.tokenizer (the directory itself
 // will do).
-func checkInitTokenizer(dir string, tok data.Tokenizer, spec string) error {
-	var found string
+// InitTokenizer is the tokenizer file a Hugging Face model directory holds
+// (tokenizer.json, else tokenizer.model), or "" where it holds none: run
+// --init-from trains with it where the recipe names no tokenizer of its own.
+func InitTokenizer(dir string) (string, error) {
 	for _, n := range hfTokenizerFiles {
-		if _, err := os.Stat(filepath.Join(dir, n)); err == nil {
-			found = filepath.Join(dir, n)
-			break
+		p := filepath.Join(dir, n)
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
 		} else if !errors.Is(err, fs.ErrNotExist) {
-			return err
+			return "", err
 		}
 	}
-	if found == "" {
-		return nil
+	return "", nil
+}
+
+func checkInitTokenizer(dir string, tok data.Tokenizer, spec string) error {
+	found, err := InitTokenizer(dir)
+	if err != nil || found == "" {
+		return err
 	}
 	fix := fmt.Sprintf("set data.tokenizer = %q (the model's own tokenizer; --set data.tokenizer=%s) and prepare the data with it", dir, dir)
 	f, ok := tok.(data.File)

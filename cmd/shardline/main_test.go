@@ -1017,3 +1017,29 @@ func TestRunTokenizerFile(t *testing.T) {
 	assert.Equal(t, 1, code)
 	assert.Contains(t, errs, "error[SL305]: model.vocab_size (256) is smaller than the 557 tokens of the tokenizer")
 }
+
+// TestInitFromTakesTheTokenizer: a model trained with a tokenizer file and
+// exported carries it; run --init-from that directory with a recipe that
+// names no tokenizer trains with the directory's (resolved.toml says so), and
+// a recipe that names another tokenizer is refused.
+func TestInitFromTakesTheTokenizer(t *testing.T) {
+	dir := t.TempDir()
+	text := filepath.Join(dir, "t.txt")
+	require.NoError(t, os.WriteFile(text, []byte(strings.Repeat("the cat sat on the mat. ", 300)), 0o644))
+	tok, err := filepath.Abs(filepath.Join("..", "..", "trainer", "tokenizer", "testdata", "tiny-tokenizer.json"))
+	require.NoError(t, err)
+	recipe := writeRecipe(t, "[data]\npath = \""+text+"\"\n[model]\nlayers = 1\nhidden = 64\nheads = 2\nffn_hidden = 96\nvocab_size = 560\nseq_len = 16\n"+
+		"[train]\nsteps = 2\neval_interval = 0\n[logging]\nsample_tokens = 0\n[run]\noutput_dir = \""+dir+"\"\nname = \"r\"\n")
+	code, _, errs := shardline(t, nil, "run", recipe, "--set", "data.tokenizer="+tok)
+	require.Equal(t, 0, code, errs)
+	out := filepath.Join(dir, "hf")
+	code, _, errs = shardline(t, nil, "ckpt", "export", filepath.Join(dir, "r"), "-o", out)
+	require.Equal(t, 0, code, errs)
+	code, _, errs = shardline(t, nil, "run", recipe, "--init-from", out, "--train-iters", "1")
+	require.Equal(t, 0, code, errs)
+	resolved := string(must(os.ReadFile(filepath.Join(dir, "r-2", "resolved.toml"))))
+	assert.Contains(t, resolved, `tokenizer = "`+out+`"`)
+	code, _, errs = shardline(t, nil, "run", recipe, "--init-from", out, "--train-iters", "1", "--set", "data.tokenizer=char")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errs, "holds the model's tokenizer (tokenizer.json), but the recipe tokenizes with char")
+}
