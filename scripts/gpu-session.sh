@@ -72,12 +72,12 @@ stage() {
 }
 
 # Tests that arrived after the H100 run of 2026-11-23 (docs/cuda.md).
-new_kernels='TestKernelConformance|TestMemoryConformance|TestKernelsFromGoroutines|TestKernelsRefuse|TestExpertsStaticSegments|TestExpertsMatmul|TestGroupOnMemory|TestNCCLGroupOfOne|TestNCCLManyGPUs'
+new_kernels='TestFlashAttentionMasksByDType|TestKernelConformance|TestMemoryConformance|TestKernelsFromGoroutines|TestKernelsRefuse|TestExpertsStaticSegments|TestExpertsMatmul|TestGroupOnMemory|TestNCCLGroupOfOne|TestNCCLManyGPUs'
 runs=$out/runs
 
 stage info 20 . bash -c 'nvidia-smi; nvidia-smi -L; ls -l /usr/local/cuda/lib64/libcublasLt.so* /usr/lib/x86_64-linux-gnu/libnccl.so* 2>&1; python3 -c "import torch; print(\"torch\", torch.__version__, torch.version.cuda)"'
 stage new-kernels 120 cuda ../bin/gpu/cuda.test -test.v -test.run "$new_kernels"
-stage engine-model 90 trainer/model ../../bin/gpu/model.test -test.v -test.run 'TestEngineModelOnDevice'
+stage engine-model 90 trainer/model ../../bin/gpu/model.test -test.v -test.run 'TestEngineModelOnDevice|TestEngineMasksOnDevice|TestDocumentsApartOnDevice'
 stage bench-step 90 trainer ../bin/gpu/trainer.test -test.run '^$' -test.bench 'EngineStep134M' -test.benchtime 20x
 stage torch-step 150 . python3 scripts/torch_llama.py 134m eager compile
 stage engine-shares-gpu 150 cmd/shardline ../../bin/gpu/cli.test -test.v -test.run 'TestEngineSharesOneGPU|TestGPUCheckpointResumes'
