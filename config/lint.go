@@ -319,6 +319,16 @@ func (c *checker) files() {
 		}
 		where = append(where, "under the data_root setting")
 	}
+	if strings.ContainsAny(expanded, "*?[") {
+		if m, err := filepath.Glob(expanded); err != nil || len(m) == 0 {
+			c.report(SevWarning, "SL401", fmt.Sprintf("data.path (%q) matches no file here (%s)", path, strings.Join(where, ", ")),
+				"fix the pattern, or override it on this machine with --set data.path=/path/to/text", "data.path")
+		}
+		return
+	}
+	if _, err := os.Stat(expanded + ".idx"); err == nil { // a Megatron dataset's prefix
+		return
+	}
 	if _, err := os.Stat(expanded); err != nil {
 		c.report(SevWarning, "SL401", fmt.Sprintf("data.path (%q) does not exist here (%s)", path, strings.Join(where, ", ")),
 			"fix the path, or override it on this machine with --set data.path=/path/to/text", "data.path")

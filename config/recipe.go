@@ -113,13 +113,19 @@ type MoE struct {
 
 // Data names the training text and how it becomes tokens.
 type Data struct {
-	// Training text file, or a directory written by `shardline data prepare`.
+	// Training data: a document source (a text file, JSON lines (.jsonl, .json,
+	// .ndjson, also .gz or .zst) or Parquet file, a directory of them, or a glob),
+	// a directory written by `shardline data prepare`, or a Megatron indexed
+	// dataset (PREFIX, PREFIX.bin or PREFIX.idx). See docs/data.md.
 	// ${VAR} expands from the environment; ${GOROOT} falls back to `go env GOROOT`.
 	Path string `toml:"path"`
+	// JSON field or Parquet column holding each document's text.
+	Field string `toml:"field"`
 	// Tokenizer: byte (vocabulary 256), char (vocabulary from the corpus) or gpt2
 	// (GPT-2's byte-pair encoding, vocabulary 50257).
 	Tokenizer string `toml:"tokenizer" enum:"byte,char,gpt2"`
-	// Fraction of the tokens held out for validation, taken from the end of the corpus.
+	// Fraction held out for validation: of the documents (spread evenly through
+	// the corpus), or of the text's end for a corpus of one text file.
 	ValFraction float64 `toml:"val_fraction" min:"0" max:"0.5"`
 }
 

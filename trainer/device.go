@@ -114,7 +114,7 @@ func (t *run) trainDevice(ctx context.Context, out *Result, world comm.Communica
 		scale = 1 / float64(B*T) / float64(micro)
 	}
 	t.log.Info().Str("dir", t.dir).Str("device", eng.Name()).Int64("parameters", t.plan.ParamsTotal).
-		Int("train_tokens", len(t.ds.Train)).Int("val_tokens", len(t.ds.Val)).Str("plan", t.plan.Fingerprint).Msg("training")
+		Int("train_tokens", t.ds.Train.Len()).Int("val_tokens", t.ds.Val.Len()).Str("plan", t.plan.Fingerprint).Msg("training")
 	var last, good Metrics
 	if len(t.curve) > 0 { // resumed: the steps before the checkpoint
 		last, good = t.curve[len(t.curve)-1], t.goodAtEnd()
@@ -166,7 +166,7 @@ func (t *run) trainDevice(ctx context.Context, out *Result, world comm.Communica
 		met.TokensPerS = float64(micro*B*T) / time.Since(t0).Seconds()
 		rates = append(rates, met.TokensPerS)
 		lastEvaluated = false
-		if ev := r.Train.EvalInterval; ev > 0 && ((step+1)%ev == 0 || step+1 == r.Train.Steps) && len(t.ds.Val) > T {
+		if ev := r.Train.EvalInterval; ev > 0 && ((step+1)%ev == 0 || step+1 == r.Train.Steps) && t.ds.Val.Len() > T {
 			v, err := t.evaluateDevice()
 			if err != nil {
 				return nil, err
@@ -209,7 +209,7 @@ func (t *run) trainDevice(ctx context.Context, out *Result, world comm.Communica
 	out.Steps, out.FinalLoss = last.Step, last.Loss
 	if last.ValLoss != nil {
 		out.FinalValLoss = last.ValLoss
-	} else if !lastEvaluated && len(t.ds.Val) > T {
+	} else if !lastEvaluated && t.ds.Val.Len() > T {
 		v, err := t.evaluateDevice()
 		if err != nil {
 			return nil, err

@@ -149,7 +149,7 @@ func (t *run) sampleWithModel(world comm.Communicator, prompt string, n int) (st
 	// block of one token id that would crowd a few experts.
 	fill, targets, tokens, local := make([]int32, B*T), make([]int32, B*T), make([]int32, B*T), make([]int32, B*T/cp)
 	text := t.ds.Val
-	if len(text) <= T {
+	if text.Len() <= T {
 		text = t.ds.Train
 	}
 	data.Batch(fill, targets, text, r.Run.Seed, -1, 0, B, T)

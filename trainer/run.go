@@ -338,7 +338,7 @@ func openData(r *config.Recipe, opts Options) (*data.Dataset, error) {
 	if opts.DataRoot != "" && !filepath.IsAbs(path) {
 		path = filepath.Join(opts.DataRoot, path)
 	}
-	ds, err := data.Open(path, r.Data.Tokenizer, r.Data.ValFraction, opts.CacheDir)
+	ds, err := data.Open(path, data.OpenOptions{Tokenizer: r.Data.Tokenizer, Field: r.Data.Field, ValFraction: r.Data.ValFraction, CacheDir: opts.CacheDir})
 	if err != nil && len(config.PathVars(r.Data.Path)) > 0 {
 		// The expanded path is not printed: ${VAR} may hold a secret (docs/robustness.md).
 		err = errors.New(config.RedactVars(err.Error(), r.Data.Path, opts.Env))
@@ -350,11 +350,11 @@ func openData(r *config.Recipe, opts Options) (*data.Dataset, error) {
 	if v := ds.Tok.VocabSize(); v > r.Model.VocabSize {
 		return nil, config.ValueProblem("model.vocab_size", r.Model.VocabSize, fmt.Errorf("the %s tokenizer of %s has %d tokens", ds.Tok.Name(), r.Data.Path, v), fmt.Sprintf("set model.vocab_size to at least %d", v))
 	}
-	if len(ds.Train) < T+1 {
-		return nil, config.ValueProblem("data.path", r.Data.Path, fmt.Errorf("the training split has %d tokens, fewer than one sequence of model.seq_len + 1 = %d", len(ds.Train), T+1), "use a longer text or a shorter model.seq_len")
+	if ds.Train.Len() < T+1 {
+		return nil, config.ValueProblem("data.path", r.Data.Path, fmt.Errorf("the training split has %d tokens, fewer than one sequence of model.seq_len + 1 = %d", ds.Train.Len(), T+1), "use a longer text or a shorter model.seq_len")
 	}
-	if r.Train.EvalInterval > 0 && len(ds.Val) < T+1 {
-		return nil, config.ValueProblem("data.val_fraction", r.Data.ValFraction, fmt.Errorf("the validation split has %d tokens, fewer than one sequence (%d)", len(ds.Val), T+1), "raise val_fraction, or set train.eval_interval = 0")
+	if r.Train.EvalInterval > 0 && ds.Val.Len() < T+1 {
+		return nil, config.ValueProblem("data.val_fraction", r.Data.ValFraction, fmt.Errorf("the validation split has %d tokens, fewer than one sequence (%d)", ds.Val.Len(), T+1), "raise val_fraction, or set train.eval_interval = 0")
 	}
 	return ds, nil
 }
@@ -770,7 +770,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		DecaySteps: r.Train.LRDecaySteps}
 	B, T := r.Train.MicroBatchSize, r.Model.SeqLen
 	global := t.plan.MicroBatches * t.plan.Mesh.DP * B // sequences per step
-	eval := evalPolicy{interval: r.Train.EvalInterval, steps: r.Train.Steps, lead: lead, collective: t.collectiveEval(), hasVal: len(t.ds.Val) > T}
+	eval := evalPolicy{interval: r.Train.EvalInterval, steps: r.Train.Steps, lead: lead, collective: t.collectiveEval(), hasVal: t.ds.Val.Len() > T}
 	stats := t.newStatsDrain(world)
 	stats.optSteps = optSteps // a resumed run's, until its first read-back
 	var rates []float64       // tokens/s of every step of this run
@@ -779,7 +779,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		ev = ev.Str("dir", t.dir)
 	}
 	ev.Str("backend", t.opts.Backend.Name()).Int("ranks", t.plan.Mesh.World).Str("strategy", t.plan.Strategy).
-		Int64("parameters", t.plan.ParamsTotal).Int("train_tokens", len(t.ds.Train)).Int("val_tokens", len(t.ds.Val)).Str("plan", t.plan.Fingerprint).Msg("training")
+		Int64("parameters", t.plan.ParamsTotal).Int("train_tokens", t.ds.Train.Len()).Int("val_tokens", t.ds.Val.Len()).Str("plan", t.plan.Fingerprint).Msg("training")
 	start := time.Now()
 	lastEvaluated := false // every rank tracks it: the final evaluation is collective
 	done := startStep      // steps completed
@@ -1247,13 +1247,19 @@ func median(xs []float64) float64 {
 
 // unigramEntropy is the entropy, in nats, of the tokens' frequency distribution: the
 // loss of a model that ignores context.
-func unigramEntropy(tokens []int32, vocab int) float64 {
+func unigramEntropy(tokens *data.Tokens, vocab int) float64 {
 	counts := make([]float64, vocab)
-	for _, t := range tokens {
-		counts[t]++
-	}
+	// Scan reads the files, not the mapping: the pass adds nothing to the
+	// resident memory. Open checked every token, so a read error here is a
+	// file changed since; the statistic is then of the tokens read.
+	_ = tokens.Scan(func(ts []int32) error {
+		for _, t := range ts {
+			counts[t]++
+		}
+		return nil
+	})
 	var h float64
-	n := float64(len(tokens))
+	n := float64(tokens.Len())
 	for _, c := range counts {
 		if c > 0 {
 			h -= c / n * math.Log(c/n)

@@ -97,12 +97,12 @@ func FuzzText(f *testing.F) {
 			}
 		}
 		for _, name := range Tokenizers {
-			ds, err := fromText(b, name, 0.1, nil)
+			ds, err := openText(t, b, name, 0.1)
 			if err != nil {
 				continue
 			}
-			for _, split := range [][]int32{ds.Train, ds.Val} {
-				for _, tok := range split {
+			for _, split := range []*Tokens{ds.Train, ds.Val} {
+				for _, tok := range split.Slice(0, split.Len()) {
 					if tok < 0 || int(tok) >= ds.Tok.VocabSize() {
 						t.Fatalf("%s: token %d past vocabulary %d", name, tok, ds.Tok.VocabSize())
 					}
