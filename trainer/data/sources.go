@@ -133,7 +133,7 @@ const maxDocBytes = 1 << 30
 
 // textPiece is how much of a plain text file is read before it is handed on
 // (cut where the tokenizer allows, cutter).
-const textPiece = 4 << 20
+var textPiece = 4 << 20
 
 // readDocs reads the documents of files in order into sink. field names the
 // JSON field or Parquet column holding the text. cut, when not nil, says where
