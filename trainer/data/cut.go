@@ -18,8 +18,27 @@ func (Byte) Cut(text []byte, from int) int { return min(max(from, 0), len(text))
 // from from on.
 func (*Char) Cut(text []byte, from int) int { return utf8Cut(text, from) }
 
-// Cut: after a newline between printable characters (gpt2Cut).
-func (GPT2) Cut(text []byte, from int) int { return gpt2Cut(text, from) }
+// Cut: after a newline between printable characters (gpt2Cut), or before a
+// space between a printable character and a letter (gpt2SpaceCut), whichever
+// comes first.
+func (GPT2) Cut(text []byte, from int) int { return min(gpt2Cut(text, from), gpt2SpaceCut(text, from)) }
+
+// gpt2SpaceCut returns the first i ≥ from where text[i] is a space, text[i−1]
+// printable ASCII other than space and text[i+1] an ASCII letter, or
+// len(text). GPT-2's pre-tokenizer matches the space with the letters after
+// it (" ?\p{L}+"), in the whole text as in the piece that begins there, and
+// no match runs from a printable character across a space, so the pieces'
+// tokens are the whole's. Text without newlines (one long line, a JSON
+// document) can then be cut too.
+func gpt2SpaceCut(text []byte, from int) int {
+	letter := func(c byte) bool { return c|0x20 >= 'a' && c|0x20 <= 'z' }
+	for i := max(from, 1); i+1 < len(text); i++ {
+		if text[i] == ' ' && text[i-1] > ' ' && text[i-1] < 0x7f && letter(text[i+1]) {
+			return i
+		}
+	}
+	return len(text)
+}
 
 // utf8Cut is the first i ≥ from that starts a character, or len(text).
 func utf8Cut(text []byte, from int) int {

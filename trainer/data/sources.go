@@ -239,8 +239,9 @@ func readTextDoc(path string, r io.Reader, cut func([]byte, int) int, sink func(
 			return fmt.Errorf("cannot read %s at byte %d: %w", path, at+int64(len(buf)), err)
 		}
 		// The validation tail begins at splitAt, or the first place after it
-		// the tokenizer can cut (a character start without a Cutter); until
-		// that place is found no other cut is made.
+		// the tokenizer can cut (a character start without a Cutter, or where
+		// the rest of the text has no such place); until that place is found
+		// no other cut is made.
 		covers := !tail && splitAt >= 0 && splitAt <= at+int64(len(buf))
 		if covers {
 			from, c := int(splitAt-at), -1
@@ -249,7 +250,11 @@ func readTextDoc(path string, r io.Reader, cut func([]byte, int) int, sink func(
 				c = utf8Cut(buf, from)
 			case cut == nil:
 			case eof:
-				c = cut(buf, from)
+				// No place the tokenizer allows: the next character start
+				// (tokens at the boundary may then differ from the whole's).
+				if c = cut(buf, from); c == len(buf) {
+					c = utf8Cut(buf, from)
+				}
 			default:
 				if lim := len(buf) - textPiece/4; lim > from {
 					if c = cut(buf[:lim], from); c == lim {
