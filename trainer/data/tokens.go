@@ -3,7 +3,6 @@ package data
 import (
 	"encoding/binary"
 	"fmt"
-	"io"
 	"os"
 	"sort"
 
@@ -32,6 +31,7 @@ type segment struct {
 // unless signed), memory-mapped, or an in-memory slice (mem).
 type view struct {
 	mapped []byte // the tokens' bytes within the mapping
+	base   []byte // the whole mapping, page-aligned
 	mem    []int32
 	width  int
 	path   string
@@ -130,23 +130,19 @@ func decode(dst []int32, b []byte, width int) {
 // scanChunk is the number of tokens Scan hands fn at a time.
 const scanChunk = 1 << 18
 
-// Scan hands fn the tokens in order, at most scanChunk at a time, read from
-// the files with ordinary reads rather than through the mapping: a pass over
-// a large corpus (a fingerprint, token statistics) goes through the page
-// cache without adding the corpus to the process's resident memory. The slice
-// is reused after fn returns.
+// Scan hands fn the tokens in order, at most scanChunk at a time. It reads a
+// mapped file through the mapping and then tells the kernel the pages read are
+// not needed (MADV_DONTNEED: a shared read-only mapping's pages stay in the
+// page cache and fault back in when read again), so a pass over a large
+// corpus (a fingerprint, token statistics) does not add the corpus to the
+// process's resident memory; it needs no path, so a file removed since it was
+// mapped is read as well. The slice is reused after fn returns.
 func (t *Tokens) Scan(fn func([]int32) error) error {
 	if t == nil {
 		return nil
 	}
 	buf := make([]int32, scanChunk)
-	var raw []byte
-	files := map[string]*os.File{}
-	defer func() {
-		for _, f := range files {
-			f.Close()
-		}
-	}()
+	page := os.Getpagesize()
 	for _, s := range t.segs {
 		for at := 0; at < s.n; {
 			k := min(scanChunk, s.n-at)
@@ -157,22 +153,11 @@ func (t *Tokens) Scan(fn func([]int32) error) error {
 				at += k
 				continue
 			}
-			f := files[s.v.path]
-			if f == nil {
-				var err error
-				if f, err = os.Open(s.v.path); err != nil {
-					return err
-				}
-				files[s.v.path] = f
-			}
-			raw = append(raw[:0], make([]byte, k*s.v.width)...)
-			if _, err := f.ReadAt(raw, s.v.off+int64((s.lo+at)*s.v.width)); err != nil {
-				if err == io.EOF {
-					err = fmt.Errorf("%s shrank while being read", s.v.path)
-				}
-				return err
-			}
-			decode(buf[:k], raw, s.v.width)
+			i := s.lo + at
+			decode(buf[:k], s.v.mapped[i*s.v.width:], s.v.width)
+			lo := (int(s.v.off) + i*s.v.width) / page * page
+			hi := min((int(s.v.off)+(i+k)*s.v.width+page-1)/page*page, len(s.v.base))
+			_ = unix.Madvise(s.v.base[lo:hi], unix.MADV_DONTNEED)
 			if err := fn(buf[:k]); err != nil {
 				return err
 			}
@@ -202,6 +187,6 @@ func mapTokens(path string, off int64, count, width int) (*view, error) {
 	}
 	// Batches read scattered sequences: no read-ahead beyond the page asked for.
 	_ = unix.Madvise(m, unix.MADV_RANDOM)
-	v.mapped = m[off:end]
+	v.base, v.mapped = m, m[off:end]
 	return v, nil
 }
