@@ -9,7 +9,6 @@ import (
 	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/parallel/comm"
-	"github.com/shardline/shardline/trainer/data"
 	"github.com/shardline/shardline/trainer/optim"
 )
 
@@ -139,7 +138,7 @@ func (t *run) trainDevice(ctx context.Context, out *Result, world comm.Communica
 		t0 := time.Now()
 		lr := sched.LR(step)
 		res, err := eng.Step(func(mb int, tokens, targets []int32) {
-			data.Batch(tokens, targets, t.ds.Train, r.Run.Seed, step, mb*B, B, T)
+			t.ds.TrainSampler.Fill(tokens, targets, (step*micro+mb)*B, B)
 		}, micro, scale, lr, r.Train.ClipGrad)
 		if err != nil {
 			return nil, fmt.Errorf("step %d on %s: %w", step+1, eng.Name(), err)

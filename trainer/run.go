@@ -356,6 +356,9 @@ func openData(r *config.Recipe, opts Options) (*data.Dataset, error) {
 	if r.Train.EvalInterval > 0 && ds.Val.Len() < T+1 {
 		return nil, config.ValueProblem("data.val_fraction", r.Data.ValFraction, fmt.Errorf("the validation split has %d tokens, fewer than one sequence (%d)", ds.Val.Len(), T+1), "raise val_fraction, or set train.eval_interval = 0")
 	}
+	if err := ds.Sample(r.Run.Seed, T); err != nil {
+		return nil, config.ValueProblem("data.path", r.Data.Path, err, "use longer sources or a shorter model.seq_len")
+	}
 	return ds, nil
 }
 
@@ -992,7 +995,7 @@ func (t *run) gradStep(step int) error {
 	}
 	st.stepStarts()
 	for mb := 0; mb < micro; mb++ {
-		data.Batch(b.tokens, b.targets, t.ds.Train, r.Run.Seed, step, (mb*dp+dpRank)*B, B, T)
+		t.ds.TrainSampler.Fill(b.tokens, b.targets, step*micro*dp*B+(mb*dp+dpRank)*B, B)
 		model.LocalTokens(b.local, b.tokens, B, T, st.cpRank, cp)
 		model.LocalTokens(b.localTargets, b.targets, B, T, st.cpRank, cp)
 		n := t.m.ForwardBackward(b.local, b.localTargets, loss, mb > 0, scale)
@@ -1170,13 +1173,13 @@ func (t *run) evaluate() float64 {
 }
 
 // evalBatches calls each with the eval_steps fixed validation batches, in order
-// (step −1 of the data order: the same batches every time).
+// (the validation sampler's first samples: the same batches every time).
 func (t *run) evalBatches(each func(i int, tokens, targets []int32)) {
 	r := t.r
 	B, T := r.Train.MicroBatchSize, r.Model.SeqLen
 	tokens, targets := make([]int32, B*T), make([]int32, B*T)
 	for i := 0; i < r.Train.EvalSteps; i++ {
-		data.Batch(tokens, targets, t.ds.Val, r.Run.Seed, -1, i*B, B, T)
+		t.ds.ValSampler.Fill(tokens, targets, i*B, B)
 		each(i, tokens, targets)
 	}
 }

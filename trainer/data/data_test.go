@@ -184,30 +184,6 @@ func TestCorruptCacheIsRebuilt(t *testing.T) {
 	assert.NoError(t, err, "the cache entry was written again")
 }
 
-func TestBatchIsAPureFunction(t *testing.T) {
-	tokens := make([]int32, 1000)
-	for i := range tokens {
-		tokens[i] = int32(i)
-	}
-	split := NewTokens(tokens, 1)
-	B, T := 3, 8
-	x1, y1 := make([]int32, B*T), make([]int32, B*T)
-	x2, y2 := make([]int32, B*T), make([]int32, B*T)
-	Batch(x1, y1, split, 5, 10, 3, B, T)
-	Batch(x2, y2, split, 5, 10, 3, B, T)
-	assert.Equal(t, x1, x2)
-	for i := range x1 {
-		assert.Equal(t, x1[i]+1, y1[i], "targets are the next token")
-	}
-	Batch(x2, y2, split, 5, 11, 3, B, T)
-	assert.NotEqual(t, x1, x2, "another step draws other windows")
-	// Two ranks of one sequence each see what one rank of two sequences sees.
-	a, at := make([]int32, 2*T), make([]int32, 2*T)
-	Batch(a, at, split, 5, 10, 4, 2, T)
-	Batch(x2[:T], y2[:T], split, 5, 10, 5, 1, T)
-	assert.Equal(t, a[T:], x2[:T])
-}
-
 // TestPrepareGPT2Progress: preparation reports its progress as it reads
 // (increasing, ending at the input's size); four files are four documents,
 // each ended by <|endoftext|>, their tokens those of each whole.

@@ -20,6 +20,10 @@ import (
 type Dataset struct {
 	Train, Val *Tokens
 	Tok        Tokenizer
+	// Sources are a blend's sources (Blend); empty for one source.
+	Sources []Source
+	// TrainSampler and ValSampler draw sequences once Sample has made them.
+	TrainSampler, ValSampler *Sampler
 
 	fpOnce sync.Once
 	fp     string
