@@ -291,6 +291,9 @@ func (c *checker) units() {
 
 func (c *checker) files() {
 	path := c.rc.Data.Path
+	if path == "" && len(c.rc.Data.Sources) > 0 {
+		return // the sources are opened, and checked, by run
+	}
 	if path == "" {
 		c.report(SevWarning, "SL401", "data.path is empty: there is no text to train on",
 			`set path under [data] to a text file or a directory from "shardline data prepare"`, "data.path")

@@ -119,6 +119,12 @@ type Data struct {
 	// dataset (PREFIX, PREFIX.bin or PREFIX.idx). See docs/data.md.
 	// ${VAR} expands from the environment; ${GOROOT} falls back to `go env GOROOT`.
 	Path string `toml:"path"`
+	// Blended training data instead of path (which must then be ""): entries
+	// "WEIGHT PATH", each path as path takes it, its samples drawn by weight as
+	// Megatron's --data-path blends (docs/data.md).
+	Sources []string `toml:"sources"`
+	// Validation data (any form path takes), whole; val_fraction must then be 0.
+	ValPath string `toml:"val_path"`
 	// JSON field or Parquet column holding each document's text.
 	Field string `toml:"field"`
 	// Tokenizer: byte (vocabulary 256), char (vocabulary from the corpus) or gpt2

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -102,6 +103,16 @@ type Metrics struct {
 	AuxLoss *float64 `json:"aux_loss,omitempty"`       // MoE load-balancing loss (weighted)
 	Dropped *int     `json:"tokens_dropped,omitempty"` // MoE copies dropped past capacity, all ranks
 	Skipped bool     `json:"skipped,omitempty"`
+	// Data is what the training samples drew from each data source up to and
+	// including this step: samples, their tokens and the epochs they make.
+	Data []SourceConsumed `json:"data,omitempty"`
+}
+
+// SourceConsumed is what a run's steps drew from one data source (its path
+// as the recipe names it; "" for data.path).
+type SourceConsumed struct {
+	Source string `json:"source"`
+	data.Consumed
 }
 
 // MarshalJSON writes a metrics line that is valid JSON whatever the values: a NaN
@@ -330,21 +341,79 @@ func sameDir(a, b string) bool {
 	return err1 == nil && err2 == nil && os.SameFile(sa, sb)
 }
 
-func openData(r *config.Recipe, opts Options) (*data.Dataset, error) {
-	path, err := config.ExpandPath(r.Data.Path, opts.Env)
+// openPath opens one data path of the recipe (key names it in errors:
+// data.path, data.sources or data.val_path) with the given validation fraction.
+func openPath(r *config.Recipe, opts Options, key string, value any, raw string, valFraction float64) (*data.Dataset, error) {
+	path, err := config.ExpandPath(raw, opts.Env)
 	if err != nil {
-		return nil, config.ValueProblem("data.path", r.Data.Path, err, "set the variable, or --set data.path=/path/to/text")
+		return nil, config.ValueProblem(key, value, err, "set the variable, or give a literal path")
 	}
 	if opts.DataRoot != "" && !filepath.IsAbs(path) {
 		path = filepath.Join(opts.DataRoot, path)
 	}
-	ds, err := data.Open(path, data.OpenOptions{Tokenizer: r.Data.Tokenizer, Field: r.Data.Field, ValFraction: r.Data.ValFraction, CacheDir: opts.CacheDir})
-	if err != nil && len(config.PathVars(r.Data.Path)) > 0 {
+	ds, err := data.Open(path, data.OpenOptions{Tokenizer: r.Data.Tokenizer, Field: r.Data.Field, ValFraction: valFraction, CacheDir: opts.CacheDir})
+	if err != nil && len(config.PathVars(raw)) > 0 {
 		// The expanded path is not printed: ${VAR} may hold a secret (docs/robustness.md).
-		err = errors.New(config.RedactVars(err.Error(), r.Data.Path, opts.Env))
+		err = errors.New(config.RedactVars(err.Error(), raw, opts.Env))
 	}
 	if err != nil {
-		return nil, config.ValueProblem("data.path", r.Data.Path, err, "point it at a text file or a `shardline data prepare` directory")
+		return nil, config.ValueProblem(key, value, err, "point it at a document source, a `shardline data prepare` directory or a Megatron dataset (docs/data.md)")
+	}
+	return ds, nil
+}
+
+// parseSource reads a data.sources entry, "WEIGHT PATH".
+func parseSource(entry string) (float64, string, error) {
+	w, path, ok := strings.Cut(strings.TrimSpace(entry), " ")
+	weight, err := strconv.ParseFloat(w, 64)
+	if !ok || err != nil || !(weight > 0) || math.IsInf(weight, 1) || strings.TrimSpace(path) == "" {
+		return 0, "", fmt.Errorf("entry %q is not \"WEIGHT PATH\" with a positive weight", entry)
+	}
+	return weight, strings.TrimSpace(path), nil
+}
+
+func openData(r *config.Recipe, opts Options) (*data.Dataset, error) {
+	valFraction := r.Data.ValFraction
+	if r.Data.ValPath != "" && valFraction != 0 {
+		return nil, config.ValueProblem("data.val_fraction", valFraction, fmt.Errorf("data.val_path (%q) gives the validation data, so nothing need be held out of the training data", r.Data.ValPath), "set data.val_fraction = 0")
+	}
+	var ds *data.Dataset
+	var err error
+	if len(r.Data.Sources) == 0 {
+		if ds, err = openPath(r, opts, "data.path", r.Data.Path, r.Data.Path, valFraction); err != nil {
+			return nil, err
+		}
+	} else {
+		if r.Data.Path != "" {
+			return nil, config.ValueProblem("data.path", r.Data.Path, fmt.Errorf("data.sources names the training data (%d sources)", len(r.Data.Sources)), `set data.path = "" when data.sources lists the data`)
+		}
+		var names []string
+		var weights []float64
+		var parts []*data.Dataset
+		for _, e := range r.Data.Sources {
+			w, p, err := parseSource(e)
+			if err != nil {
+				return nil, config.ValueProblem("data.sources", r.Data.Sources, err, `write each source as "0.3 path/to/data"`)
+			}
+			part, err := openPath(r, opts, "data.sources", r.Data.Sources, p, valFraction)
+			if err != nil {
+				return nil, err
+			}
+			names, weights, parts = append(names, p), append(weights, w), append(parts, part)
+		}
+		if ds, err = data.Blend(names, weights, parts); err != nil {
+			return nil, config.ValueProblem("data.sources", r.Data.Sources, err, "prepare every source with data.tokenizer")
+		}
+	}
+	if r.Data.ValPath != "" {
+		v, err := openPath(r, opts, "data.val_path", r.Data.ValPath, r.Data.ValPath, 0)
+		if err != nil {
+			return nil, err
+		}
+		if v.Tok.Name() != ds.Tok.Name() || v.Tok.VocabSize() != ds.Tok.VocabSize() {
+			return nil, config.ValueProblem("data.val_path", r.Data.ValPath, fmt.Errorf("its %s tokenizer (vocabulary %d) is not the training data's %s (vocabulary %d)", v.Tok.Name(), v.Tok.VocabSize(), ds.Tok.Name(), ds.Tok.VocabSize()), "prepare it with the training data's tokenizer")
+		}
+		ds.Val = data.Join(v.Train, v.Val)
 	}
 	T := r.Model.SeqLen
 	if v := ds.Tok.VocabSize(); v > r.Model.VocabSize {
@@ -1187,6 +1256,12 @@ func (t *run) evalBatches(each func(i int, tokens, targets []int32)) {
 // record writes a step's metrics line and logs it at the logging interval, at
 // the last step and with a validation loss (rank 0).
 func (t *run) record(met Metrics) error {
+	if s := t.ds.TrainSampler; s != nil {
+		names := t.ds.SourceNames()
+		for k, c := range s.Consumed(met.Step * t.r.Train.GlobalBatchSize) {
+			met.Data = append(met.Data, SourceConsumed{Source: names[k], Consumed: c})
+		}
+	}
 	b, err := json.Marshal(met)
 	if err != nil {
 		return fmt.Errorf("encoding metrics of step %d: %w", met.Step, err)

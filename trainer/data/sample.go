@@ -271,3 +271,12 @@ func (d *Dataset) SourceNames() []string {
 	}
 	return names
 }
+
+// Join is the streams one after another, as one stream.
+func Join(streams ...*Tokens) *Tokens {
+	t := &Tokens{}
+	for _, s := range streams {
+		t.join(s)
+	}
+	return t
+}
