@@ -58,7 +58,15 @@ func ExportMegatron(r *Recipe) MegatronExport {
 	}
 	// The import takes a script to run on GPUs unless the list says otherwise.
 	e.Unexpressed = append(e.Unexpressed, "parallel.device = "+FormatValue(r.Parallel.Device))
-	computed := map[string]bool{"model.tie_embeddings": true, "model.rope_scaling": true, "train.min_lr_factor": true, "parallel.device": true}
+	// The data is listed whatever its value: the import refuses a script that
+	// names no data (Megatron's --data-path and --tokenizer-type take only
+	// indexed datasets and its own tokenizers).
+	for _, k := range []string{"data.path", "data.sources", "data.tokenizer"} {
+		f, _ := recipeSchema.Lookup(k)
+		e.Unexpressed = append(e.Unexpressed, k+" = "+FormatValue(f.Get(r)))
+	}
+	computed := map[string]bool{"model.tie_embeddings": true, "model.rope_scaling": true, "train.min_lr_factor": true, "parallel.device": true,
+		"data.path": true, "data.sources": true, "data.tokenizer": true}
 	for _, f := range recipeSchema.Fields {
 		v := f.Get(r)
 		same := reflect.DeepEqual(v, f.Get(&def))
