@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -53,4 +54,42 @@ func TestImportMegatronData(t *testing.T) {
 		require.True(t, diags.HasErrors(), args)
 		require.Contains(t, fmt.Sprint(diags), want, args)
 	}
+}
+
+// importTTClean is ImportTorchtitan less its refusals of the job's data and
+// tokenizer (every torchtitan job reads a Hugging Face tokenizer, which
+// shardline cannot carry; TestImportTorchtitanData checks them), for the tests
+// of everything else an import translates.
+func importTTClean(t *testing.T, path string, src []byte, worldSize int) (*Resolved, Diagnostics) {
+	t.Helper()
+	res, diags := ImportTorchtitan(path, src, worldSize)
+	var kept Diagnostics
+	for _, d := range diags {
+		if d.Severity == SevError && (strings.Contains(d.Message, "cannot carry") || strings.Contains(d.Message, "cannot be carried")) {
+			continue
+		}
+		kept = append(kept, d)
+	}
+	return res, kept
+}
+
+// A torchtitan job's data is carried or refused: dataset_path becomes
+// data.path (and the validation one data.val_path); a hub dataset and the
+// tokenizer of hf_assets_path are refused, naming the setting.
+func TestImportTorchtitanData(t *testing.T) {
+	job := "[model]\nname = \"llama3\"\nflavor = \"debugmodel\"\nhf_assets_path = \"./assets/hf/Llama-3.1-8B\"\n[training]\nsteps = 10\ndataset = \"c4\"\n"
+	_, diags := ImportTorchtitan("job.toml", []byte(job), 8)
+	text := fmt.Sprint(diags)
+	require.Contains(t, text, `job.toml:7:1: error[SL010]: [training] dataset = "c4": torchtitan downloads "c4" from the Hugging Face hub`)
+	require.Contains(t, text, `job.toml:4:1: error[SL010]: [model] hf_assets_path = "./assets/hf/Llama-3.1-8B": torchtitan tokenizes with the tokenizer in "./assets/hf/Llama-3.1-8B", which shardline cannot carry`)
+	res, diags := ImportTorchtitan("job.toml", []byte(job+"dataset_path = \"/data/c4\"\n[validation]\nenable = true\ndataset_path = \"/data/c4-val\"\n"), 8)
+	require.NotContains(t, fmt.Sprint(diags), "Hugging Face hub")
+	require.Equal(t, "/data/c4", res.Recipe.Data.Path)
+	require.Equal(t, "/data/c4-val", res.Recipe.Data.ValPath)
+	require.Equal(t, 0.0, res.Recipe.Data.ValFraction)
+	require.True(t, diags.HasErrors(), "the tokenizer is still refused")
+	// No dataset given: torchtitan's default, c4_test, from the hub.
+	_, diags = ImportTorchtitan("job.toml", []byte("[model]\nname = \"llama3\"\nflavor = \"debugmodel\"\n[training]\nsteps = 10\n"), 8)
+	require.Contains(t, fmt.Sprint(diags), `torchtitan downloads "c4_test" from the Hugging Face hub`)
+	require.Contains(t, fmt.Sprint(diags), `the tokenizer in "./tests/assets/tokenizer"`)
 }

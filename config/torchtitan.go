@@ -60,6 +60,12 @@ var ttDefaults = map[string]any{
 	"checkpoint.keep_latest_k":                   int64(10),
 	"metrics.log_freq":                           int64(10),
 	"validation.enable":                          false,
+	"training.dataset":                           "c4_test",
+	"training.dataset_path":                      "",
+	"validation.dataset":                         "c4_validation",
+	"validation.dataset_path":                    "",
+	"model.hf_assets_path":                       "./tests/assets/tokenizer",
+	"model.tokenizer_path":                       "",
 	"validation.freq":                            int64(10),
 	"validation.steps":                           int64(-1),
 	"fault_tolerance.enable":                     false,
@@ -92,12 +98,8 @@ var ttNoEffect = map[string]string{
 	"job.config_file":                                                    "the job file is the one being imported",
 	"profiling":                                                          "profile with shardline run --trace (a Chrome trace)",
 	"metrics":                                                            "shardline writes metrics.jsonl and loss.png in the run directory",
-	"model.hf_assets_path":                                               "shardline tokenizes with data.tokenizer (byte, char or gpt2), not a Hugging Face tokenizer; the vocabulary size stays the flavour's",
-	"model.tokenizer_path":                                               "shardline tokenizes with data.tokenizer (byte, char or gpt2), not a Hugging Face tokenizer; the vocabulary size stays the flavour's",
 	"model.print_after_conversion":                                       "nothing is converted",
 	"optimizer.implementation":                                           "shardline has one fused optimizer kernel",
-	"training.dataset":                                                   "shardline trains on data.path (a text file or a directory from shardline data prepare); set it in the recipe",
-	"training.dataset_path":                                              "shardline trains on data.path (a text file or a directory from shardline data prepare); set it in the recipe",
 	"training.gc_freq":                                                   "Go's collector needs no schedule",
 	"training.gc_debug":                                                  "Go's collector needs no schedule",
 	"training.dataloader":                                                "shardline's batches are a pure function of (seed, step, rank): no loader workers",
@@ -131,8 +133,6 @@ var ttNoEffect = map[string]string{
 	"comm":                                        "the collective timeout is shardline run's --comm-timeout (or comm_timeout in shardline.toml)",
 	"memory_estimation":                           "shardline plan estimates memory from the recipe",
 	"fault_tolerance":                             "fault_tolerance.enable is what matters",
-	"validation.dataset":                          "shardline validates on the held-out end of data.path (data.val_fraction)",
-	"validation.dataset_path":                     "shardline validates on the held-out end of data.path (data.val_fraction)",
 	"validation.local_batch_size":                 "shardline validates with the training micro-batch and sequence length",
 	"validation.seq_len":                          "shardline validates with the training micro-batch and sequence length",
 	"validation.dataloader":                       "shardline's batches are a pure function of (seed, step, rank): no loader workers",
@@ -432,6 +432,7 @@ func (t *ttImport) translate(worldSize int) {
 	t.activationCheckpoint()
 	t.checkpoint()
 	t.validation()
+	t.data()
 	if s := t.get("metrics.log_freq"); s.int() >= 1 {
 		t.to("logging.interval", itoa(s.int()), s, "")
 	}
@@ -807,6 +808,38 @@ func (t *ttImport) checkpoint() {
 		t.errorf(t.at(s), "SL008", fmt.Sprintf("%s: the number of checkpoints to keep is 0 (all) or more", s.name()),
 			"set keep_latest_k to 0 (keep all) or a positive number")
 	}
+}
+
+// data carries the job's data or refuses it: a dataset_path becomes data.path
+// (and the validation one data.val_path); a dataset torchtitan downloads from
+// the Hugging Face hub, and the tokenizer it reads from hf_assets_path or
+// tokenizer_path (Llama's, not one of shardline's byte, char and gpt2), cannot
+// be carried. A recipe that trained on other data or tokens than the job
+// never imports clean.
+func (t *ttImport) data() {
+	if s := t.get("training.dataset_path"); s.str() != "" {
+		t.to("data.path", s.str(), s, "")
+	} else {
+		ds := t.get("training.dataset")
+		t.refuse(ds, fmt.Sprintf("torchtitan downloads %q from the Hugging Face hub; shardline reads files, so the data cannot be carried", ds.str()),
+			"set [training] dataset_path to a local copy (C4's .json.gz files are JSON lines read from their text field; docs/data.md)")
+	}
+	if t.get("validation.enable").flag() {
+		if s := t.get("validation.dataset_path"); s.str() != "" {
+			t.to("data.val_path", s.str(), s, "")
+			t.to("data.val_fraction", "0", s, "the validation data is data.val_path")
+		} else {
+			ds := t.get("validation.dataset")
+			t.refuse(ds, fmt.Sprintf("torchtitan downloads %q from the Hugging Face hub; shardline reads files, so the validation data cannot be carried", ds.str()),
+				"set [validation] dataset_path to a local copy")
+		}
+	}
+	tok := t.get("model.tokenizer_path")
+	if tok.str() == "" {
+		tok = t.get("model.hf_assets_path")
+	}
+	t.refuse(tok, fmt.Sprintf("torchtitan tokenizes with the tokenizer in %q, which shardline cannot carry (its tokenizers are byte, char and gpt2), so the recipe would train on other tokens", tok.str()),
+		"prepare the data with shardline data prepare --tokenizer gpt2 and set data.path and data.tokenizer in a recipe of your own")
 }
 
 func (t *ttImport) validation() {

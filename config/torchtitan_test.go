@@ -12,7 +12,7 @@ func importTT(t *testing.T, file string, worldSize int) (*Resolved, Diagnostics)
 	t.Helper()
 	src, err := os.ReadFile("testdata/torchtitan/" + file)
 	require.NoError(t, err)
-	return ImportTorchtitan(file, src, worldSize)
+	return importTTClean(t, file, src, worldSize)
 }
 
 func requireNoErrors(t *testing.T, diags Diagnostics) {
@@ -143,7 +143,7 @@ func TestImportTorchtitanLlama4(t *testing.T) {
 
 	// 17bx128e: no RoPE scaling, MoE on every other layer.
 	src := []byte("[model]\nname = \"llama4\"\nflavor = \"17bx128e\"\n")
-	res, _ = ImportTorchtitan("maverick.toml", src, 0)
+	res, _ = importTTClean(t, "maverick.toml", src, 0)
 	require.Equal(t, "none", res.Recipe.Model.RopeScaling)
 	require.Equal(t, 2, res.Recipe.Model.MoE.LayerFreq)
 	require.Equal(t, 128, res.Recipe.Model.MoE.NumExperts)
@@ -204,7 +204,7 @@ func TestImportTorchtitanRefusals(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			_, diags := ImportTorchtitan("x.toml", []byte(c.src), c.ws)
+			_, diags := importTTClean(t, "x.toml", []byte(c.src), c.ws)
 			var got []string
 			for _, d := range diags {
 				if d.Severity != SevError {
@@ -225,7 +225,7 @@ func TestImportTorchtitanRefusals(t *testing.T) {
 // shardline's plain data parallelism; the global batch counts every replica.
 func TestImportTorchtitanDDP(t *testing.T) {
 	src := "[parallelism]\ndata_parallel_replicate_degree = 4\ndata_parallel_shard_degree = 1\n[training]\nlocal_batch_size = 2\n"
-	res, diags := ImportTorchtitan("ddp.toml", []byte(src), 4)
+	res, diags := importTTClean(t, "ddp.toml", []byte(src), 4)
 	requireNoErrors(t, diags)
 	r := res.Recipe
 	require.Equal(t, "no_shard", r.FSDP.DataParallelShardingStrategy)
@@ -233,7 +233,7 @@ func TestImportTorchtitanDDP(t *testing.T) {
 	requireNoErrors(t, Lint(res, nil))
 
 	// An explicit global batch accumulates: 32 = 2 × 4 ranks × 4 micro-batches.
-	res, diags = ImportTorchtitan("ddp.toml", []byte(src+"global_batch_size = 32\n"), 4)
+	res, diags = importTTClean(t, "ddp.toml", []byte(src+"global_batch_size = 32\n"), 4)
 	requireNoErrors(t, diags)
 	require.Equal(t, 32, res.Recipe.Train.GlobalBatchSize)
 }

@@ -787,7 +787,8 @@ func TestRecipeImportMegatron(t *testing.T) {
 NUM_LAYERS=${NUM_LAYERS:-2}
 MODEL_ARGS=(
     --num-layers ${NUM_LAYERS} --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128   # small
-    --seq-length 128 --max-position-embeddings 128 --vocab-size 256
+    --seq-length 128 --max-position-embeddings 128 --vocab-size 50304
+    --data-path /data/web_text_document --tokenizer-type GPT2BPETokenizer
     --position-embedding-type rope --normalization RMSNorm --swiglu --disable-bias-linear
     --attention-dropout 0.0 --hidden-dropout 0.0 --use-flash-attn
 )
@@ -832,19 +833,18 @@ func TestRecipeImportTorchtitan(t *testing.T) {
 	dir := t.TempDir()
 	job := filepath.Join("..", "..", "config", "testdata", "torchtitan", "llama3_8b.toml")
 	recipe := filepath.Join(dir, "llama3-8b.toml")
-	code, _, errs := shardline(t, nil, "recipe", "import", "torchtitan", job, "--world-size", "64", "-o", recipe)
-	require.Equal(t, 0, code, errs)
+	// Its data (c4 from the Hugging Face hub) and Llama's tokenizer cannot be
+	// carried: the import fails naming them, and writes nothing (config's
+	// tests check the rest of the translation).
+	code, out, errs := shardline(t, nil, "recipe", "import", "torchtitan", job, "--world-size", "64", "-o", recipe)
+	assert.Equal(t, exitFindings, code)
+	assert.Empty(t, out)
+	assert.Contains(t, errs, `error[SL010]: [training] dataset = "c4": torchtitan downloads "c4" from the Hugging Face hub`)
+	assert.Contains(t, errs, `hf_assets_path = "./assets/hf/Llama-3.1-8B": torchtitan tokenizes with the tokenizer in`)
 	assert.Contains(t, errs, "note[SL011]: [profiling] enable_profiling, save_traces_folder, profile_freq: no effect in shardline")
 	assert.Contains(t, errs, " 9 | enable_profiling = true\n", "the job file's line is shown")
-	body, err := os.ReadFile(recipe)
-	require.NoError(t, err)
-	assert.Contains(t, string(body), "micro_batch_size = 1  # [training] local_batch_size = 1 (line 33)\n")
-	assert.Contains(t, string(body), "world_size = 64  # [parallelism] data_parallel_shard_degree = -1 (replicate 1 × shard 64 × tp 1 × pp 1 × cp 1) (line 41)\n")
-	code, _, errs = shardline(t, nil, "lint", recipe)
-	require.Equal(t, 0, code, errs)
-	code, out, errs := shardline(t, nil, "plan", recipe)
-	require.Equal(t, 0, code, errs)
-	assert.Contains(t, out, "optim_grads_params on 64 rank(s) (8 node(s) × 8), device h100-80gb")
+	_, err := os.Stat(recipe)
+	assert.True(t, os.IsNotExist(err), "no recipe is written")
 
 	code, out, errs = shardline(t, nil, "recipe", "import", "torchtitan", filepath.Join(filepath.Dir(job), "llama4_17bx16e.toml"))
 	assert.Equal(t, exitFindings, code)
