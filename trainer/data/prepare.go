@@ -411,6 +411,9 @@ type shardWriter struct {
 
 func newShardWriter(out *fileio.OutputDir, prefix string, tok Tokenizer) (*shardWriter, error) {
 	w := &shardWriter{out: out, prefix: prefix, tok: tok, width: tokenWidth(tok.VocabSize())}
+	// The whole shard's capacity at once (pages are resident only once
+	// written): appending would double it past a shard.
+	w.buf = make([]byte, 0, shardTokens*w.width)
 	name := prefix + ".docs"
 	if err := out.Add(name); err != nil {
 		return nil, err

@@ -131,7 +131,7 @@ func (s *Sampler) Locate(g int) (source, sample int) {
 func (s *Sampler) shuffled(k, j int) int {
 	n := s.samples[k]
 	e, r := j/n, j%n
-	key := splitmix64(splitmix64(s.seed^0x5eed)^uint64(k)<<40^uint64(e))
+	key := splitmix64(splitmix64(s.seed^0x5eed) ^ uint64(k)<<40 ^ uint64(e))
 	return int(permute(uint64(r), uint64(n), key))
 }
 
