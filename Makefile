@@ -72,7 +72,7 @@ tokenizers-deps: ## install Hugging Face tokenizers (npm) into bin/npm if missin
 		npm install --silent --prefix bin/npm tokenizers@0.13.3 tokenizers-linux-x64-gnu@0.13.4-rc2; }
 
 # Every fuzz target, as package:Name (a test keeps this list complete).
-FUZZ_TARGETS := ./config:FuzzLoadLint ./config:FuzzImport ./parallel:FuzzLoadLintPlan ./trainer/data:FuzzReadShard \
+FUZZ_TARGETS := ./config:FuzzLoadLint ./config:FuzzImport ./parallel:FuzzLoadLintPlan ./trainer/data:FuzzReadShard ./trainer/data:FuzzMegatronIndex \
 	./trainer/data:FuzzLoadTokenizer ./trainer/data:FuzzText ./trainer:FuzzLoadWeights ./fileio:FuzzUnseal \
 	./trainer/hf:FuzzReadSafetensors ./trainer/ckpt:FuzzOpen ./parallel:FuzzParseCalibration \
 	./trainer/hf:FuzzCheckConfig ./parallel/comm:FuzzHandshake ./parallel/comm:FuzzRendezvousAnswer ./parallel/comm:FuzzPeerFrame \

@@ -147,6 +147,9 @@ var textPiece = 4 << 20
 // compressed file).
 func readDocs(files []string, field string, cut func(text []byte, from int) int, sink func(piece) error, splitAt int64, read *atomic.Int64) error {
 	for _, path := range files {
+		if prefix, ok := MegatronPrefix(path); ok && prefix != path {
+			return fmt.Errorf("%s is a Megatron indexed dataset (tokens, not text); train on it directly with data.path = %q", path, prefix)
+		}
 		format, comp := formatOf(path)
 		if format == formatParquet {
 			if comp != "" {
