@@ -59,7 +59,7 @@ for size in "$SMALL_MB" "$LARGE_MB"; do
 		docs=$(python3 -c "import json; d=json.load(open('$out/p$size/dataset.json')); print(d['train']['docs'] + d['val']['docs'])")
 		ours=$(python3 -c "import json; d=json.load(open('$out/p$size/dataset.json')); print(d['train']['tokens'] + d['val']['tokens'])")
 		same=$([ "$((ours - docs))" = "$hf_tokens" ] && echo "the same tokens count" || echo "DIFFERENT token counts: shardline $((ours - docs)), HF $hf_tokens")
-		printf 'preparation speed on %s MB of text: shardline %.2f MB per CPU-second; Hugging Face tokenizers %.2f MB per CPU-second (reading, parsing and encoding in node, %.1f s wall); %s\n' \
+		printf 'preparation speed on %s MB of text: shardline %.2f MB per CPU-second; Hugging Face tokenizers %.2f MB per CPU-second (encoding alone, %.1f s wall); %s\n' \
 			"${text_mb[$size]}" "$(python3 -c "print(${text_mb[$size]} / ${prep_cpu[$size]})")" "$(python3 -c "print($hf_bytes / 1e6 / $hf_cpu)")" "$hf_wall" "$same"
 	fi
 	rm -f "$out/c$size.jsonl"
