@@ -95,22 +95,24 @@ func (s *Sampler) pick(g int, counts []int) int {
 	return best
 }
 
-// countsAt returns the samples drawn from each source before global sample g.
-func (s *Sampler) countsAt(g int) []int {
+// countsAt returns the samples drawn from each source before global sample
+// g, in dst (reused when it has room: a training step allocates nothing).
+func (s *Sampler) countsAt(g int, dst []int) []int {
+	c := dst[:0]
 	if len(s.sources) == 1 {
-		return []int{g}
+		return append(c, g)
 	}
 	b := g / blendBlock
 	s.mu.Lock()
 	for len(s.blocks) <= b {
 		last := len(s.blocks) - 1
-		c := append([]int(nil), s.blocks[last]...)
+		next := append([]int(nil), s.blocks[last]...)
 		for i := last * blendBlock; i < (last+1)*blendBlock; i++ {
-			c[s.pick(i, c)]++
+			next[s.pick(i, next)]++
 		}
-		s.blocks = append(s.blocks, c)
+		s.blocks = append(s.blocks, next)
 	}
-	c := append([]int(nil), s.blocks[b]...)
+	c = append(c, s.blocks[b]...)
 	s.mu.Unlock()
 	for i := b * blendBlock; i < g; i++ {
 		c[s.pick(i, c)]++
@@ -121,7 +123,7 @@ func (s *Sampler) countsAt(g int) []int {
 // Locate names global sample g's source, and its sample there (after the
 // shuffle: the index of its first token is sample·T).
 func (s *Sampler) Locate(g int) (source, sample int) {
-	c := s.countsAt(g)
+	c := s.countsAt(g, nil)
 	k := s.pick(g, c)
 	return k, s.shuffled(k, c[k])
 }
@@ -137,7 +139,8 @@ func (s *Sampler) shuffled(k, j int) int {
 
 // Fill fills tokens and targets (B·T each) with global samples g..g+B−1.
 func (s *Sampler) Fill(tokens, targets []int32, g, B int) {
-	c := s.countsAt(g)
+	var room [16]int // on the stack for up to 16 sources
+	c := s.countsAt(g, room[:])
 	T := s.T
 	for b := 0; b < B; b++ {
 		k := s.pick(g+b, c)
@@ -158,7 +161,7 @@ type Consumed struct {
 // Consumed says what the first n global samples drew from each source: its
 // samples, their tokens (T each) and the epochs they make.
 func (s *Sampler) Consumed(n int) []Consumed {
-	c := s.countsAt(n)
+	c := s.countsAt(n, nil)
 	out := make([]Consumed, len(c))
 	for k, v := range c {
 		out[k] = Consumed{Samples: v, Tokens: v * s.T, Epochs: float64(v) / float64(s.samples[k])}

@@ -102,3 +102,17 @@ func TestSamplerBlend(t *testing.T) {
 	_, err = NewSampler(srcs, []float64{1, 0, 1}, 7, T)
 	assert.ErrorContains(t, err, "source 2 has weight 0")
 }
+
+// Fill allocates nothing (a training step allocates nothing), one source or
+// a blend.
+func TestSamplerFillAllocatesNothing(t *testing.T) {
+	T, B := 8, 4
+	x, y := make([]int32, B*T), make([]int32, B*T)
+	one, _ := NewSampler([]*Tokens{seqTokens(1000, 0)}, nil, 1, T)
+	blend, _ := NewSampler([]*Tokens{seqTokens(1000, 0), seqTokens(500, 0)}, []float64{1, 2}, 1, T)
+	for _, s := range []*Sampler{one, blend} {
+		s.Fill(x, y, 5000, B) // the blend's kept counts up to there
+		g := 5000
+		assert.Zero(t, testing.AllocsPerRun(20, func() { s.Fill(x, y, g, B); g += B }))
+	}
+}

@@ -286,8 +286,15 @@ func readTextDoc(path string, r io.Reader, cut func([]byte, int) int, sink func(
 		if cut == nil || len(buf) < textPiece {
 			continue
 		}
-		// Cut no closer than a quarter piece from the end, so the cut sees what follows.
-		if c := cut(buf[:len(buf)-textPiece/4], textPiece/2); c < len(buf)-textPiece/4 {
+		// Pieces of at least half a textPiece, as many as the buffer holds, each
+		// cut no closer than a quarter piece from the end (so the cut sees
+		// what follows): what stays behind is less than a piece, unless the
+		// text has no place to cut.
+		for lim := len(buf) - textPiece/4; lim > textPiece/2; lim = len(buf) - textPiece/4 {
+			c := cut(buf[:lim], textPiece/2)
+			if c >= lim {
+				break
+			}
 			if err := emit(c, false); err != nil {
 				return err
 			}

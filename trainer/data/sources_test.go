@@ -3,6 +3,7 @@ package data
 import (
 	"bytes"
 	"compress/gzip"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -234,4 +235,37 @@ func TestUint32Shards(t *testing.T) {
 	require.NoError(t, WriteShard(p, []int32{1, 70000}, "wide", 70001))
 	_, err = openShardView(p, wideTok{})
 	assert.ErrorContains(t, err, "holds wide tokens below 70001")
+}
+
+// countReader counts the bytes read through it.
+type countReader struct {
+	r io.Reader
+	n *int
+}
+
+func (c countReader) Read(b []byte) (int, error) {
+	k, err := c.r.Read(b)
+	*c.n += k
+	return k, err
+}
+
+// A plain text file is handed on a piece at a time and never held much past
+// a piece: what has been read but not handed on stays within two pieces (it
+// grew by half a piece each read before, holding a 300 MB file as 1.2 GB).
+func TestTextPiecesStayBounded(t *testing.T) {
+	defer func(n int) { textPiece = n }(textPiece)
+	textPiece = 1 << 12
+	text := bytes.Repeat([]byte("Of the Reflexions of Light.\nAnd of their Colours.\n"), 4000) // 200 kB
+	for _, cut := range []func([]byte, int) int{Byte{}.Cut, GPT2{}.Cut} {
+		read, handed := 0, 0
+		var got []byte
+		err := readTextDoc("t.txt", countReader{bytes.NewReader(text), &read}, cut, func(p piece) error {
+			handed += len(p.text)
+			got = append(got, p.text...)
+			require.LessOrEqual(t, read-handed, 2*textPiece, "pending after a piece")
+			return nil
+		}, -1)
+		require.NoError(t, err)
+		require.Equal(t, text, got)
+	}
 }
