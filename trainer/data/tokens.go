@@ -96,13 +96,33 @@ func (t *Tokens) Slice(lo, hi int) []int32 {
 	return out
 }
 
-// read decodes tokens i..i+len(dst)−1 of the view.
+// releaseSpan is the alignment of what read gives back after reading: the
+// kernel maps a file's page cache into a process a large folio at a time (up
+// to 2 MiB), not a page, so a few reads of a sequence would otherwise leave
+// megabytes resident each.
+const releaseSpan = 2 << 20
+
+// read decodes tokens i..i+len(dst)−1 of the view. A mapped view then drops
+// the pages around them from the process (MADV_DONTNEED: they stay in the
+// page cache, shared, and fault back in when read again), so training's
+// resident memory does not grow with the corpus as its batches wander over it.
 func (v *view) read(dst []int32, i int) {
 	if v.mem != nil {
 		copy(dst, v.mem[i:])
 		return
 	}
 	decode(dst, v.mapped[i*v.width:], v.width)
+	v.release(i, i+len(dst))
+}
+
+// release drops tokens lo..hi−1 of a mapped view from the process's resident
+// memory, in releaseSpan-aligned pieces of the mapping.
+func (v *view) release(lo, hi int) {
+	a := (int(v.off) + lo*v.width) / releaseSpan * releaseSpan
+	b := min((int(v.off)+hi*v.width+releaseSpan-1)/releaseSpan*releaseSpan, len(v.base))
+	if a < b {
+		_ = unix.Madvise(v.base[a:b], unix.MADV_DONTNEED)
+	}
 }
 
 // decode reads len(dst) little-endian tokens of width bytes from b.
@@ -142,7 +162,6 @@ func (t *Tokens) Scan(fn func([]int32) error) error {
 		return nil
 	}
 	buf := make([]int32, scanChunk)
-	page := os.Getpagesize()
 	for _, s := range t.segs {
 		for at := 0; at < s.n; {
 			k := min(scanChunk, s.n-at)
@@ -155,9 +174,7 @@ func (t *Tokens) Scan(fn func([]int32) error) error {
 			}
 			i := s.lo + at
 			decode(buf[:k], s.v.mapped[i*s.v.width:], s.v.width)
-			lo := (int(s.v.off) + i*s.v.width) / page * page
-			hi := min((int(s.v.off)+(i+k)*s.v.width+page-1)/page*page, len(s.v.base))
-			_ = unix.Madvise(s.v.base[lo:hi], unix.MADV_DONTNEED)
+			s.v.release(i, i+k)
 			if err := fn(buf[:k]); err != nil {
 				return err
 			}
