@@ -942,13 +942,13 @@ func TestUnknownSubcommandFails(t *testing.T) {
 	assert.Contains(t, out, "Available Commands")
 }
 
-// TestTokenizeProgress: data prepare's progress line names the text done and
+// TestTokenizeProgress: data prepare's progress line names the input read and
 // its share, and draws at most five times a second but always the end.
 func TestTokenizeProgress(t *testing.T) {
 	var b bytes.Buffer
 	p := tokenizeProgress(&b, time.Now().Add(-time.Second))
 	p(500_000, 1_000_000)
-	assert.Contains(t, b.String(), "tokenizing: 0.5 of 1.0 MB (50%)")
+	assert.Contains(t, b.String(), "tokenizing: read 0.5 of 1.0 MB (50%)")
 	b.Reset()
 	p(600_000, 1_000_000)
 	assert.Empty(t, b.String(), "a call within 200 ms of the last draws nothing")
