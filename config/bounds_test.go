@@ -36,17 +36,17 @@ func TestExtendsChainIsBounded(t *testing.T) {
 func TestImportSizesAreCheckedBeforeUse(t *testing.T) {
 	job := "[model]\nname = \"llama3\"\nflavor = \"debugmodel\"\n[parallelism]\ntensor_parallel_degree = 4294967296\ndata_parallel_replicate_degree = 4294967296\n"
 	for _, ws := range []int{0, 8} {
-		_, diags := ImportTorchtitan("job.toml", []byte(job), ws)
+		_, diags := importTTClean(t, "job.toml", []byte(job), ws)
 		d := firstError(t, diags)
 		require.Equal(t, "SL008", d.Code)
 		require.Equal(t, "job.toml:5:1", d.Location())
 		require.Contains(t, d.Message, "a parallel degree is at most 1048576")
 	}
 	job = "[model]\nname = \"llama3\"\nflavor = \"debugmodel\"\n[parallelism]\ntensor_parallel_degree = 1024\npipeline_parallel_degree = 1024\ncontext_parallel_degree = 1024\n"
-	_, diags := ImportTorchtitan("job.toml", []byte(job), 0)
+	_, diags := importTTClean(t, "job.toml", []byte(job), 0)
 	require.Contains(t, fmt.Sprint(diags), "replicate × tp × pp × cp reaches 1073741824")
 	job = "[model]\nname = \"llama3\"\nflavor = \"debugmodel\"\n[training]\nlocal_batch_size = 4611686018427387905\n"
-	_, diags = ImportTorchtitan("job.toml", []byte(job), 4)
+	_, diags = importTTClean(t, "job.toml", []byte(job), 4)
 	require.Contains(t, fmt.Sprint(diags), "a micro-batch is 1 to 1073741824 sequences")
 
 	for _, launch := range []string{"torchrun --nproc_per_node 4611686018427387905 --nnodes 4", "torchrun --nproc_per_node 1048576 --nnodes 2"} {
@@ -115,7 +115,7 @@ func TestFindingsOnALongLineAreLinear(t *testing.T) {
 	src := []byte(b.String())
 	var out strings.Builder
 	bytes := allocated(func() {
-		_, diags := ImportTorchtitan("job.toml", src, 0)
+		_, diags := importTTClean(t, "job.toml", src, 0)
 		require.NoError(t, RenderText(&out, diags, map[string][]byte{"job.toml": src}))
 	})
 	require.Less(t, bytes, uint64(256<<20), "%d bytes of job file: %d bytes allocated", len(src), bytes)

@@ -102,7 +102,7 @@ func TestTorchtitanCheckpointIntervalMustBePositive(t *testing.T) {
 		{"interval = 0", "job.toml:10:1", "[checkpoint] interval = 0: torchtitan saves every interval steps"},
 		{"keep_latest_k = -1", "job.toml:10:1", "[checkpoint] keep_latest_k = -1: the number of checkpoints to keep is 0 (all) or more"},
 	} {
-		_, diags := ImportTorchtitan("job.toml", []byte(job+c.set+"\n"), 0)
+		_, diags := importTTClean(t, "job.toml", []byte(job+c.set+"\n"), 0)
 		require.True(t, diags.HasErrors(), c.set)
 		var errs Diagnostics
 		for _, d := range diags {
@@ -115,7 +115,7 @@ func TestTorchtitanCheckpointIntervalMustBePositive(t *testing.T) {
 		require.Equal(t, c.loc, errs[0].Location())
 		require.Contains(t, errs[0].Message, c.msg)
 	}
-	res, diags := ImportTorchtitan("job.toml", []byte(job+"interval = 20\n"), 0)
+	res, diags := importTTClean(t, "job.toml", []byte(job+"interval = 20\n"), 0)
 	require.False(t, diags.HasErrors(), "%v", diags)
 	require.Equal(t, 20, res.Recipe.Checkpoint.Interval)
 }
@@ -150,7 +150,7 @@ func TestTorchtitanDefaultStepsAreNoRefusal(t *testing.T) {
 			kept = append(kept, line)
 		}
 	}
-	_, diags := ImportTorchtitan("debug.toml", []byte(strings.Join(kept, "\n")), 0)
+	_, diags := importTTClean(t, "debug.toml", []byte(strings.Join(kept, "\n")), 0)
 	var errs Diagnostics
 	for _, d := range diags {
 		if d.Severity == SevError {
@@ -163,7 +163,7 @@ func TestTorchtitanDefaultStepsAreNoRefusal(t *testing.T) {
 	require.Contains(t, errs[0].Message, "the file sets no [training] steps, and with torchtitan's default of 10000")
 	require.Contains(t, errs[0].Help, "set [training] steps in the job file")
 	// With the steps in the file, the schedule is torchtitan's and imports.
-	res, diags := ImportTorchtitan("debug.toml", src, 0)
+	res, diags := importTTClean(t, "debug.toml", src, 0)
 	requireNoErrors(t, diags)
 	require.Equal(t, 10, res.Recipe.Train.Steps)
 }

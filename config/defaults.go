@@ -37,6 +37,8 @@ func Default() Recipe {
 		},
 		Data: Data{
 			Path:        "${GOROOT}/src/testdata/Isaac.Newton-Opticks.txt",
+			Sources:     []string{},
+			Field:       "text",
 			Tokenizer:   "byte",
 			ValFraction: 0.1,
 		},

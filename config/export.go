@@ -62,8 +62,15 @@ func ExportMegatron(r *Recipe) MegatronExport {
 	// names a directory the recipe does not have (the events go into the run
 	// directory): the list says whether the run writes them.
 	e.Unexpressed = append(e.Unexpressed, "logging.tensorboard = "+FormatValue(r.Logging.Tensorboard))
+	// The data is listed whatever its value: the import refuses a script that
+	// names no data (Megatron's --data-path and --tokenizer-type take only
+	// indexed datasets and its own tokenizers).
+	for _, k := range []string{"data.path", "data.sources", "data.tokenizer"} {
+		f, _ := recipeSchema.Lookup(k)
+		e.Unexpressed = append(e.Unexpressed, k+" = "+FormatValue(f.Get(r)))
+	}
 	computed := map[string]bool{"model.tie_embeddings": true, "model.rope_scaling": true, "train.min_lr_factor": true, "parallel.device": true,
-		"logging.tensorboard": true}
+		"logging.tensorboard": true, "data.path": true, "data.sources": true, "data.tokenizer": true}
 	for _, f := range recipeSchema.Fields {
 		v := f.Get(r)
 		same := reflect.DeepEqual(v, f.Get(&def))

@@ -81,7 +81,8 @@ export CUDA_DEVICE_MAX_CONNECTIONS=1
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 NUM_LAYERS=4   # small
 HIDDEN=${HIDDEN:-256}
-TOKENIZER_ARGS=( --vocab-size 32000 )
+TOKENIZER_ARGS=( --tokenizer-type GPT2BPETokenizer --vocab-size 50304 )
+DATA_ARGS=( --data-path 0.3 /data/web_text_document 0.7 /data/books_text_document --split 949,50,0 )
 MODEL_ARGS=(
     --use-mcore-models
     --num-layers ${NUM_LAYERS}
@@ -102,7 +103,7 @@ PARALLEL_ARGS=(--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1)
 
 NCCL_DEBUG=WARN torchrun --nproc-per-node $GPUS_PER_NODE --nnodes 1 \
     pretrain_gpt.py \
-    "${TOKENIZER_ARGS[@]}" "${MODEL_ARGS[@]}" \
+    "${TOKENIZER_ARGS[@]}" "${DATA_ARGS[@]}" "${MODEL_ARGS[@]}" \
     "${TRAINING_ARGS[@]}" ${PARALLEL_ARGS[@]} \
     --log-interval 10 --eval-interval 100 --eval-iters 10 --save-interval 500 --save "/ckpt/llama small"
 `
@@ -116,7 +117,12 @@ NCCL_DEBUG=WARN torchrun --nproc-per-node $GPUS_PER_NODE --nnodes 1 \
 	require.Equal(t, 4, m.KVHeads)
 	require.Equal(t, "llama3", m.RopeScaling)
 	require.False(t, m.TieEmbeddings)
-	require.Equal(t, 32000, m.VocabSize)
+	require.Equal(t, 50304, m.VocabSize)
+	d := res.Recipe.Data
+	require.Equal(t, "gpt2", d.Tokenizer)
+	require.Equal(t, "", d.Path)
+	require.Equal(t, []string{"0.3 /data/web_text_document", "0.7 /data/books_text_document"}, d.Sources)
+	require.InDelta(t, 50.0/999, d.ValFraction, 1e-12)
 	require.InDelta(t, 0.1, tr.MinLRFactor, 1e-12)
 	require.True(t, res.Recipe.Precision.BF16)
 	require.Equal(t, "/ckpt/llama small", res.Recipe.Checkpoint.Dir)
@@ -131,17 +137,43 @@ NCCL_DEBUG=WARN torchrun --nproc-per-node $GPUS_PER_NODE --nnodes 1 \
 			msgs = append(msgs, d.Message+" / "+d.Help)
 		}
 	}
-	require.Len(t, msgs, 6, "%v", msgs)
+	require.Len(t, msgs, 7, "%v", msgs)
+	require.Contains(t, strings.Join(msgs, "\n"), "the script names no --data-path")
 	require.Contains(t, strings.Join(msgs, "\n"), "without --swiglu Megatron's MLP is GeLU; shardline's is SwiGLU / add --swiglu")
 }
 
-func importScript(t *testing.T, file string) (*Resolved, Diagnostics) {
+// importScript imports a script of testdata/megatron. Megatron's examples
+// train on mock data with tokenizers shardline does not have, which the import
+// refuses (the recipe could not train on what they train on): those errors,
+// each containing one of dataErrs, are the only ones allowed, and the script
+// is imported again with the data replaced to check the rest.
+func importScript(t *testing.T, file string, dataErrs ...string) (*Resolved, Diagnostics) {
 	t.Helper()
 	src, err := os.ReadFile(filepath.Join("testdata", "megatron", file))
 	require.NoError(t, err)
 	res, diags := ImportMegatron(file, src)
+	var found []string
 	for _, d := range diags {
-		require.NotEqual(t, SevError, d.Severity, "%s: %s", d.Location(), d.Message)
+		if d.Severity != SevError {
+			continue
+		}
+		ok := false
+		for _, w := range dataErrs {
+			if strings.Contains(d.Message, w) {
+				ok = true
+				found = append(found, w)
+			}
+		}
+		require.True(t, ok, "%s: %s", d.Location(), d.Message)
+	}
+	require.ElementsMatch(t, dataErrs, found)
+	if len(dataErrs) > 0 {
+		s := strings.NewReplacer("--mock-data", "--data-path /data/web_text_document", "--tokenizer-type NullTokenizer", "--tokenizer-type GPT2BPETokenizer",
+			"99990,8,2", "99990,8,0").Replace(string(src))
+		res, diags = ImportMegatron(file, []byte(s))
+		for _, d := range diags {
+			require.NotEqual(t, SevError, d.Severity, "%s: %s", d.Location(), d.Message)
+		}
 	}
 	for _, d := range Lint(res, nil) {
 		require.NotEqual(t, SevError, d.Severity, "lint %s: %s", d.Location(), d.Message)
@@ -156,7 +188,8 @@ func importScript(t *testing.T, file string) (*Resolved, Diagnostics) {
 // schedules, torchrun's ranks, and it is not fooled by the check that echoes the
 // script's path before the real command.
 func TestImportMegatronLlamaExample(t *testing.T) {
-	res, diags := importScript(t, "llama3_8b.sh")
+	// The mock-data branch: its data and tokenizer cannot be carried.
+	res, diags := importScript(t, "llama3_8b.sh", "--mock-data: Megatron's mock data are random tokens", "--tokenizer-type NullTokenizer cannot be carried")
 	r := res.Recipe
 	m := r.Model
 	require.Equal(t, []int{32, 4096, 32, 8, 128, 14336, 128256, 8192}, []int{m.Layers, m.Hidden, m.Heads, m.KVHeads, m.HeadDim, m.FFNHidden, m.VocabSize, m.SeqLen})
@@ -178,7 +211,6 @@ func TestImportMegatronLlamaExample(t *testing.T) {
 		notes = append(notes, d.Message)
 	}
 	all := strings.Join(notes, "\n")
-	require.Contains(t, all, "--tokenizer-type NullTokenizer has no effect", "the mock-data branch")
 	require.NotContains(t, all, "HuggingFaceTokenizer", "the else branch is not read")
 	require.NotContains(t, all, "fp8", "the fp8 branch is not read")
 	require.Contains(t, all, "--load checkpoints/llama3_8b: not part of the recipe")
@@ -196,7 +228,7 @@ func TestImportMegatronLlamaExample(t *testing.T) {
 // beta2 0.999, per-micro-batch loss, torch_dist checkpoints; comments inside the
 // arrays (some ending in a backslash) and the unevaluated wandb branch are skipped.
 func TestImportMegatronMixtralExample(t *testing.T) {
-	res, _ := importScript(t, "mixtral.sh")
+	res, _ := importScript(t, "mixtral.sh", "--mock-data: Megatron's mock data are random tokens", "holds out a test part")
 	r := res.Recipe
 	require.Equal(t, []int{4, 2, 448, 448}, []int{r.Model.MoE.NumExperts, r.Model.MoE.TopK, r.Model.MoE.ExpertFFNHidden, r.Model.FFNHidden})
 	require.InDelta(t, 0.01, r.Model.MoE.AuxLossCoeff, 1e-12)
@@ -245,7 +277,8 @@ func TestImportMegatronTokenizers(t *testing.T) {
 // TestImportMegatronControlFlow: conditions the import evaluates, and lines it
 // refuses because they depend on one it cannot.
 func TestImportMegatronControlFlow(t *testing.T) {
-	base := "--swiglu --normalization RMSNorm --position-embedding-type rope --disable-bias-linear --attention-dropout 0 --hidden-dropout 0"
+	base := "--swiglu --normalization RMSNorm --position-embedding-type rope --disable-bias-linear --attention-dropout 0 --hidden-dropout 0" +
+		" --data-path /data/web_text_document --tokenizer-type GPT2BPETokenizer"
 	run := func(script string) (*Resolved, Diagnostics) {
 		return ImportMegatron("s.sh", []byte(script+"\npython pretrain_gpt.py "+base+" $EXTRA\n"))
 	}
@@ -279,7 +312,7 @@ func TestImportMegatronControlFlow(t *testing.T) {
 // note that the run directory holds the events; over a recipe (lint's
 // Megatron flags) it does the same.
 func TestMegatronTensorboardDir(t *testing.T) {
-	base := "--swiglu --normalization RMSNorm --position-embedding-type rope --disable-bias-linear --attention-dropout 0 --hidden-dropout 0"
+	base := "--swiglu --normalization RMSNorm --position-embedding-type rope --disable-bias-linear --attention-dropout 0 --hidden-dropout 0 --data-path /d/a --tokenizer-type GPT2BPETokenizer"
 	res, diags := ImportMegatron("s.sh", []byte("python pretrain_gpt.py "+base+" --tensorboard-dir $TB_DIR\n"))
 	require.False(t, diags.HasErrors(), "%v", diags)
 	require.True(t, res.Recipe.Logging.Tensorboard)

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"github.com/shardline/shardline/trainer/tokenizer"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -39,7 +40,7 @@ type megatronDefault struct{ key, value, why string }
 // no auxiliary loss, one key/value group under --group-query-attention, a global
 // batch of one micro-batch per data-parallel rank, torch_dist checkpoints without
 // Megatron-FSDP, and GPUs.
-func megatronDefaults(r Recipe, given map[string]bool) []megatronDefault {
+func megatronDefaults(r Recipe, given map[string]bool, vals map[string]string) []megatronDefault {
 	var out []megatronDefault
 	absent := func(args ...string) bool {
 		for _, a := range args {
@@ -111,6 +112,28 @@ func megatronDefaults(r Recipe, given map[string]bool) []megatronDefault {
 			add("train.global_batch_size", strconv.Itoa(r.Train.MicroBatchSize*p.WorldSize/mp), "no --global-batch-size (one micro-batch per data-parallel rank)")
 		}
 	}
+	if absent("vocab-size") && given["tokenizer-type"] && r.Data.Tokenizer != "byte" {
+		// Megatron pads the tokenizer's vocabulary to a multiple of
+		// --make-vocab-size-divisible-by (128) times the tensor-parallel size.
+		div := 128
+		if n, err := strconv.Atoi(vals["make-vocab-size-divisible-by"]); err == nil && n > 0 {
+			div = n
+		}
+		multiple := div * max(r.Parallel.TensorParallel, 1)
+		n := tokenizerVocab[r.Data.Tokenizer]
+		if n == 0 && tokenizer.IsFileSpec(r.Data.Tokenizer) {
+			// --tokenizer-model's file, where this machine has it (lint reads it
+			// too, and refuses a vocabulary smaller than its tokens).
+			if t, err := tokenizer.Load(r.Data.Tokenizer); err == nil {
+				n = t.VocabSize()
+			}
+		}
+		if n > 0 {
+			v := (n + multiple - 1) / multiple * multiple
+			add("model.vocab_size", strconv.Itoa(v), fmt.Sprintf("no --vocab-size: the %s tokenizer's %d tokens padded to a multiple of %d (--make-vocab-size-divisible-by %d × tensor parallel %d)",
+				r.Data.Tokenizer, n, multiple, div, max(r.Parallel.TensorParallel, 1)))
+		}
+	}
 	add("parallel.device", "cuda", "Megatron-LM trains on GPUs; shardline run --device cpu trains the recipe on the CPU")
 	return out
 }
@@ -155,6 +178,7 @@ func ImportMegatron(path string, src []byte) (*Resolved, Diagnostics) {
 	var flags []FlagValue
 	var notes, unknown Diagnostics
 	given := map[string]bool{}
+	vals := map[string]string{}
 	var stray []string
 	launcher := Pos{File: path, Line: ls.launcherLine, Col: 1}
 	if ls.launcherLine == 0 {
@@ -224,6 +248,7 @@ func ImportMegatron(path string, src []byte) (*Resolved, Diagnostics) {
 			continue
 		}
 		flags = append(flags, FlagValue{Name: name, Value: value})
+		vals[name] = value
 	}
 	if !given["untie-embeddings-and-output-weights"] {
 		sets = append([]string{"model.tie_embeddings=true"}, sets...) // Megatron's default: tied
@@ -250,7 +275,7 @@ func ImportMegatron(path string, src []byte) (*Resolved, Diagnostics) {
 	if res != nil && !diags.HasErrors() {
 		// Megatron's defaults for what the script leaves out, computed from what it
 		// gives.
-		for _, d := range megatronDefaults(res.Recipe, given) {
+		for _, d := range megatronDefaults(res.Recipe, given, vals) {
 			if !listed[d.key] {
 				opts.Imported = append(opts.Imported, ImportedValue{Key: d.key, Value: d.value,
 					Origin: Origin{Name: "Megatron's default: " + d.why, Pos: Pos{File: path}}})
@@ -267,6 +292,24 @@ func ImportMegatron(path string, src []byte) (*Resolved, Diagnostics) {
 			diags = append(diags, Diagnostic{Severity: SevError, Code: "SL010", Origin: Origin{Kind: FromFile, Pos: Pos{File: path}},
 				Message: a.why, Help: a.fix})
 		}
+	}
+	// The data and its tokens: a script that names neither trains on what
+	// Megatron would refuse to start without; the recipe's Opticks in bytes
+	// is not it.
+	if !given["data-path"] && !given["train-data-path"] && !given["mock-data"] && !listed["data.path"] && !listed["data.sources"] {
+		diags = append(diags, Diagnostic{Severity: SevError, Code: "SL010", Key: "data.path", Origin: Origin{Kind: FromFile, Pos: Pos{File: path}},
+			Message: "the script names no --data-path: the data it trains on cannot be carried, and the recipe's default (Newton's Opticks in bytes) is not it",
+			Help:    "add --data-path PREFIX (a Megatron indexed dataset, or any path data.path takes) to the script"})
+	}
+	if !given["tokenizer-type"] && !listed["data.tokenizer"] && (given["data-path"] || given["train-data-path"]) {
+		diags = append(diags, Diagnostic{Severity: SevError, Code: "SL010", Key: "data.tokenizer", Origin: Origin{Kind: FromFile, Pos: Pos{File: path}},
+			Message: "the script names no --tokenizer-type: the tokens of its data cannot be told",
+			Help:    "add --tokenizer-type GPT2BPETokenizer (the tokenizer shardline carries) to the script"})
+	}
+	if given["tokenizer-type"] && !given["tokenizer-model"] && !listed["data.tokenizer"] && fileTokenizerTypes[vals["tokenizer-type"]] {
+		diags = append(diags, Diagnostic{Severity: SevError, Code: "SL010", Key: "data.tokenizer", Origin: Origin{Kind: FromFile, Pos: Pos{File: path}},
+			Message: fmt.Sprintf("--tokenizer-type %s reads --tokenizer-model, which the script does not give: its tokens cannot be told", vals["tokenizer-type"]),
+			Help:    "add --tokenizer-model with the model's tokenizer.json (or SentencePiece tokenizer.model) to the script"})
 	}
 	if len(stray) > 0 {
 		diags = append(diags, Diagnostic{Severity: SevError, Code: "SL007", Origin: Origin{Kind: FromFile, Pos: Pos{File: path}},

@@ -12,7 +12,8 @@ import (
 // llamaArgs are the arguments a Megatron script needs for shardline's model.
 const llamaArgs = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 " +
 	"--micro-batch-size 1 --global-batch-size 4 --train-iters 10 --lr 1e-3 --swiglu --normalization RMSNorm " +
-	"--position-embedding-type rope --disable-bias-linear --attention-dropout 0.0 --hidden-dropout 0.0"
+	"--position-embedding-type rope --disable-bias-linear --attention-dropout 0.0 --hidden-dropout 0.0" +
+	" --data-path /data/web_text_document --tokenizer-type GPT2BPETokenizer"
 
 // TestImportMegatronUnknownValues: a value from $(...), backticks, a sourced
 // file or the environment was read as empty, so the argument before it became a
@@ -56,9 +57,9 @@ func TestImportMegatronUnknownValues(t *testing.T) {
 	// What the import can know still imports: a default, a variable the script
 	// sets, an unset variable in an if-test, and $EXTRA where arguments start
 	// (bash passes nothing for it; a note says so).
-	// An argument with no effect here may take any value: --data-path $1 is a
-	// note quoting it.
-	res, diags := ImportMegatron("job.sh", []byte("TP=${TP:-2}\nif [ -n \"$WANDB_API_KEY\" ]; then TP=4; fi\npython pretrain_gpt.py "+llamaArgs+" --tensor-model-parallel-size $TP --data-path $1 --load $(pwd)/ckpt $EXTRA_ARGS\n"))
+	// An argument with no effect here may take any value: --test-data-path $1
+	// is a note quoting it.
+	res, diags := ImportMegatron("job.sh", []byte("TP=${TP:-2}\nif [ -n \"$WANDB_API_KEY\" ]; then TP=4; fi\npython pretrain_gpt.py "+llamaArgs+" --tensor-model-parallel-size $TP --test-data-path $1 --load $(pwd)/ckpt $EXTRA_ARGS\n"))
 	require.False(t, diags.HasErrors(), "%v", diags)
 	require.Equal(t, 2, res.Recipe.Parallel.TensorParallel)
 	text := fmt.Sprint(diags)
@@ -145,7 +146,7 @@ func TestImportMegatronParameterExpansions(t *testing.T) {
 // expert bias and its update rate, the top-k scaling factor, group-limited
 // routing, QK-norm) and --moe-router-pre-softmax land on the [model.moe] keys.
 func TestImportMegatronRouter(t *testing.T) {
-	const base = "torchrun pretrain_gpt.py --swiglu --normalization RMSNorm --position-embedding-type rope --disable-bias-linear --attention-dropout 0 --hidden-dropout 0 "
+	const base = "torchrun pretrain_gpt.py --swiglu --normalization RMSNorm --position-embedding-type rope --disable-bias-linear --attention-dropout 0 --hidden-dropout 0 --data-path /d/a --tokenizer-type GPT2BPETokenizer "
 	src := []byte(base + "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --num-experts 8 --moe-router-topk 4 " +
 		"--moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 1e-3 --moe-router-topk-scaling-factor 2.5 " +
 		"--moe-router-num-groups 4 --moe-router-group-topk 2 --qk-layernorm --moe-router-load-balancing-type none\n")

@@ -365,6 +365,9 @@ func (c *checker) units() {
 
 func (c *checker) files() {
 	path := c.rc.Data.Path
+	if path == "" && len(c.rc.Data.Sources) > 0 {
+		return // the sources are opened, and checked, by run
+	}
 	if path == "" {
 		c.report(SevWarning, "SL401", "data.path is empty: there is no text to train on",
 			`set path under [data] to a text file or a directory from "shardline data prepare"`, "data.path")
@@ -392,6 +395,16 @@ func (c *checker) files() {
 			where[0] = expanded
 		}
 		where = append(where, "under the data_root setting")
+	}
+	if strings.ContainsAny(expanded, "*?[") {
+		if m, err := filepath.Glob(expanded); err != nil || len(m) == 0 {
+			c.report(SevWarning, "SL401", fmt.Sprintf("data.path (%q) matches no file here (%s)", path, strings.Join(where, ", ")),
+				"fix the pattern, or override it on this machine with --set data.path=/path/to/text", "data.path")
+		}
+		return
+	}
+	if _, err := os.Stat(expanded + ".idx"); err == nil { // a Megatron dataset's prefix
+		return
 	}
 	if _, err := os.Stat(expanded); err != nil {
 		c.report(SevWarning, "SL401", fmt.Sprintf("data.path (%q) does not exist here (%s)", path, strings.Join(where, ", ")),

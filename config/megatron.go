@@ -47,6 +47,11 @@ func isTrue(v string) bool { b, err := strconv.ParseBool(v); return v == "" || (
 
 func zeroFloat(v string) bool { f, err := strconv.ParseFloat(v, 64); return err == nil && f == 0 }
 
+// fileTokenizerTypes are Megatron's --tokenizer-type values that read the
+// model's own tokenizer file, --tokenizer-model: data.tokenizer reads it.
+var fileTokenizerTypes = map[string]bool{"HuggingFaceTokenizer": true, "Llama2Tokenizer": true, "Llama3Tokenizer": true,
+	"SentencePieceTokenizer": true, "GPTSentencePieceTokenizer": true}
+
 var megatronArgs = map[string]megatronArg{
 	// The model shardline trains: a Llama-style decoder.
 	"swiglu":                         {kind: describes, why: "shardline's MLP is SwiGLU", ok: isTrue, usage: "accepted: the MLP is SwiGLU"},
@@ -167,17 +172,58 @@ var megatronArgs = map[string]megatronArg{
 	"profile-step-end":                  {kind: noEffect, takesValue: true, why: "profile with shardline run --trace (a Chrome trace)", usage: "accepted, no effect: see run --trace"},
 	"no-load-optim":                     {kind: noEffect, why: "resume with shardline run --resume DIR (all state), or --init-from for weights only", usage: "accepted, no effect"},
 	"no-load-rng":                       {kind: noEffect, why: "shardline's random numbers are counter-based: there is no generator state to load", usage: "accepted, no effect"},
-	// Data: Megatron's indexed datasets and tokenizers are not shardline's.
-	"mock-data":                              {kind: noEffect, why: "shardline trains on data.path (a text file or a directory from shardline data prepare)", usage: "accepted, no effect: set data.path"},
-	"data-path":                              {kind: noEffect, takesValue: true, why: "Megatron's indexed datasets (prefix.bin/.idx) are not a format shardline reads; set data.path to a text file or a directory from shardline data prepare", usage: "accepted, no effect: set data.path"},
-	"train-data-path":                        {kind: noEffect, takesValue: true, why: "Megatron's indexed datasets (prefix.bin/.idx) are not a format shardline reads; set data.path to a text file or a directory from shardline data prepare", usage: "accepted, no effect: set data.path"},
-	"valid-data-path":                        {kind: noEffect, takesValue: true, why: "shardline validates on the held-out end of data.path (data.val_fraction)", usage: "accepted, no effect"},
-	"test-data-path":                         {kind: noEffect, takesValue: true, why: "shardline has no test split", usage: "accepted, no effect"},
-	"split":                                  {kind: noEffect, takesValue: true, why: "shardline holds out data.val_fraction from the end of data.path", usage: "accepted, no effect: see data.val_fraction"},
+	// Data: Megatron's indexed datasets are read as they are (data.path,
+	// data.sources); its tokenizers other than GPT-2's cannot be carried.
+	"mock-data":       {kind: refused, why: "Megatron's mock data are random tokens, not a corpus; a recipe trains on data.path", usage: "refused: give --data-path"},
+	"data-path":       {kind: mapped, takesValue: true, usage: "PREFIX sets data.path; WEIGHT PREFIX ... (or PREFIX PREFIX ...) sets data.sources", apply: dataPath},
+	"train-data-path": {kind: mapped, takesValue: true, usage: "as --data-path: the training data", apply: dataPath},
+	"valid-data-path": {kind: mapped, takesValue: true, usage: "PREFIX sets data.val_path (and data.val_fraction = 0)",
+		apply: func(l *loader, v string, o Origin) error {
+			if len(strings.Fields(v)) != 1 {
+				return fmt.Errorf("is a blend; shardline validates on one path (data.val_path)")
+			}
+			f, _ := recipeSchema.Lookup("data.val_path")
+			l.set(f, v, o)
+			f, _ = recipeSchema.Lookup("data.val_fraction")
+			l.set(f, 0.0, o)
+			return nil
+		}},
+	"test-data-path": {kind: noEffect, takesValue: true, why: "shardline has no test split", usage: "accepted, no effect"},
+	"split": {kind: mapped, takesValue: true, usage: "TRAIN,VALID,0 sets data.val_fraction = VALID / (TRAIN + VALID); a test part is refused",
+		apply: func(l *loader, v string, o Origin) error {
+			parts := strings.FieldsFunc(v, func(r rune) bool { return r == ',' || r == '/' })
+			var w [3]float64
+			for i, p := range parts {
+				x, err := strconv.ParseFloat(strings.Trim(p, `'"`), 64)
+				if i >= 3 || err != nil || x < 0 {
+					return fmt.Errorf("is not up to three non-negative weights (train,valid,test)")
+				}
+				w[i] = x
+			}
+			if w[0] <= 0 {
+				return fmt.Errorf("gives no training part")
+			}
+			if w[2] > 0 {
+				return fmt.Errorf("holds out a test part (%g of %g); shardline has no test split, so those documents would be trained on: give --split %g,%g,0", w[2], w[0]+w[1]+w[2], w[0], w[1])
+			}
+			f, _ := recipeSchema.Lookup("data.val_fraction")
+			if l.res.Recipe.Data.ValPath != "" {
+				return nil // --valid-data-path gives the validation data
+			}
+			l.set(f, w[1]/(w[0]+w[1]), o)
+			return nil
+		}},
 	"data-cache-path":                        {kind: noEffect, takesValue: true, why: "shardline caches tokenized data under its cache_dir setting", usage: "accepted, no effect"},
 	"num-workers":                            {kind: noEffect, takesValue: true, why: "shardline's batches are a pure function of (seed, step, rank): no loader workers", usage: "accepted, no effect"},
-	"no-mmap-bin-files":                      {kind: noEffect, why: "Megatron's indexed datasets are not read", usage: "accepted, no effect"},
+	"no-mmap-bin-files":                      {kind: noEffect, why: "shardline always memory-maps indexed datasets", usage: "accepted, no effect"},
 	"no-create-attention-mask-in-dataloader": {kind: noEffect, why: "attention is causal by construction: no mask is built", usage: "accepted, no effect"},
+	"make-vocab-size-divisible-by": {kind: mapped, takesValue: true, usage: "pads the tokenizer's vocabulary to a multiple of it times the tensor-parallel size when --vocab-size is absent",
+		apply: func(l *loader, v string, o Origin) error {
+			if n, err := strconv.Atoi(v); err != nil || n < 1 {
+				return fmt.Errorf("must be a positive integer")
+			}
+			return nil
+		}},
 	"tokenizer-model": {kind: mapped, takesValue: true, usage: "sets data.tokenizer to the file (a tokenizer.json, a SentencePiece or tiktoken tokenizer.model, or a directory holding one)",
 		apply: func(l *loader, v string, o Origin) error {
 			if !tokenizer.IsFileSpec(v) {
@@ -195,20 +241,20 @@ var megatronArgs = map[string]megatronArg{
 	"tiktoken-pattern": {kind: noEffect, takesValue: true, why: "shardline reads a tiktoken rank file with Llama 3's pattern only (docs/tokenizers.md)", usage: "accepted, no effect: see data.tokenizer"},
 	"tokenizer-type": {kind: mapped, takesValue: true, usage: "GPT2BPETokenizer sets data.tokenizer = gpt2; HuggingFaceTokenizer, Llama2Tokenizer, Llama3Tokenizer and the SentencePiece ones take --tokenizer-model's file; TikTokenizer is refused; NullTokenizer is a note",
 		apply: func(l *loader, v string, o Origin) error {
-			switch v {
-			case "GPT2BPETokenizer":
+			switch {
+			case v == "GPT2BPETokenizer":
 				f, _ := recipeSchema.Lookup("data.tokenizer")
 				l.set(f, "gpt2", o)
-			case "HuggingFaceTokenizer", "Llama2Tokenizer", "Llama3Tokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer":
+			case fileTokenizerTypes[v]:
 				// --tokenizer-model names the file; data.tokenizer reads it.
-			case "TikTokenizer":
+			case v == "TikTokenizer":
 				l.add(Diagnostic{Severity: SevError, Code: "SL010", Origin: o,
 					Message: "--tokenizer-type TikTokenizer: Megatron's TikTokenizer puts its special tokens before the ranks (ids shift by --tiktoken-num-special-tokens) and has its own patterns; shardline reads a rank file with Llama 3's ids and pattern",
 					Help:    "use --tokenizer-type HuggingFaceTokenizer with the model's tokenizer.json as --tokenizer-model"})
 			default:
-				l.add(Diagnostic{Severity: SevNote, Code: "SL011", Origin: o,
-					Message: fmt.Sprintf("--tokenizer-type %s has no effect in shardline: data.tokenizer takes byte, char, gpt2 or a tokenizer file (docs/tokenizers.md); model.vocab_size stays %d", v, l.res.Recipe.Model.VocabSize),
-					Help:    "set data.tokenizer in the recipe; GPT2BPETokenizer maps to gpt2, and --tokenizer-model's file to data.tokenizer"})
+				l.add(Diagnostic{Severity: SevError, Code: "SL010", Origin: o,
+					Message: fmt.Sprintf("--tokenizer-type %s cannot be carried: shardline tokenizes with byte, char, gpt2 (Megatron's GPT2BPETokenizer) or a model's tokenizer file (HuggingFaceTokenizer and the SentencePiece types, with --tokenizer-model), so the recipe would train on other tokens than the script", v),
+					Help:    "use --tokenizer-type GPT2BPETokenizer, or HuggingFaceTokenizer with the model's tokenizer.json as --tokenizer-model (docs/tokenizers.md)"})
 			}
 			return nil
 		}},
@@ -356,4 +402,39 @@ func (l *loader) applyMegatronArg(name string, fv FlagValue, o Origin, later *[2
 		})
 	}
 	return true
+}
+
+// dataPath maps Megatron's --data-path: one prefix becomes data.path; a list
+// of weight and prefix pairs, or of prefixes alone (equal weights), becomes
+// data.sources with data.path "".
+func dataPath(l *loader, v string, o Origin) error {
+	words := strings.Fields(v)
+	pathKey, _ := recipeSchema.Lookup("data.path")
+	srcKey, _ := recipeSchema.Lookup("data.sources")
+	if len(words) == 1 {
+		l.set(pathKey, words[0], o)
+		l.set(srcKey, []string{}, o)
+		return nil
+	}
+	weighted := len(words)%2 == 0
+	for i := 0; weighted && i < len(words); i += 2 {
+		w, err := strconv.ParseFloat(words[i], 64)
+		weighted = err == nil && w > 0
+	}
+	var sources []string
+	if weighted {
+		for i := 0; i < len(words); i += 2 {
+			sources = append(sources, words[i]+" "+words[i+1])
+		}
+	} else {
+		for _, w := range words {
+			if _, err := strconv.ParseFloat(w, 64); err == nil {
+				return fmt.Errorf("mixes weights and prefixes: give WEIGHT PREFIX pairs, or prefixes alone")
+			}
+			sources = append(sources, "1 "+w)
+		}
+	}
+	l.set(pathKey, "", o)
+	l.set(srcKey, sources, o)
+	return nil
 }

@@ -159,9 +159,20 @@ type MoE struct {
 
 // Data names the training text and how it becomes tokens.
 type Data struct {
-	// Training text file, or a directory written by `shardline data prepare`.
+	// Training data: a document source (a text file, JSON lines (.jsonl, .json,
+	// .ndjson, also .gz or .zst) or Parquet file, a directory of them, or a glob),
+	// a directory written by `shardline data prepare`, or a Megatron indexed
+	// dataset (PREFIX, PREFIX.bin or PREFIX.idx). See docs/data.md.
 	// ${VAR} expands from the environment; ${GOROOT} falls back to `go env GOROOT`.
 	Path string `toml:"path"`
+	// Blended training data instead of path (which must then be ""): entries
+	// "WEIGHT PATH", each path as path takes it, its samples drawn by weight as
+	// Megatron's --data-path blends (docs/data.md).
+	Sources []string `toml:"sources"`
+	// Validation data (any form path takes), whole; val_fraction must then be 0.
+	ValPath string `toml:"val_path"`
+	// JSON field or Parquet column holding each document's text.
+	Field string `toml:"field"`
 	// Tokenizer: byte (vocabulary 256), char (vocabulary from the corpus), gpt2
 	// (GPT-2's byte-pair encoding, vocabulary 50257), or the path of a model's own
 	// tokenizer: a Hugging Face tokenizer.json (byte-level BPE as Llama 3, Qwen2/3,
@@ -171,7 +182,8 @@ type Data struct {
 	// and EOS. A relative path is read from data_root, like data.path; ${VAR}
 	// expands. The file is stored with prepared data and in the run directory.
 	Tokenizer string `toml:"tokenizer" enum:"byte,char,gpt2" orfile:"true"`
-	// Fraction of the tokens held out for validation, taken from the end of the corpus.
+	// Fraction held out for validation: of the documents (spread evenly through
+	// the corpus), or of the text's end for a corpus of one text file.
 	ValFraction float64 `toml:"val_fraction" min:"0" max:"0.5"`
 	// No loss on the positions whose input token is the tokenizer's end-of-text
 	// token (Megatron's --eod-mask-loss): the prediction across a document

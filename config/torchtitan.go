@@ -20,8 +20,6 @@ var ttDefaults = map[string]any{
 	"model.flavor":                               "debugmodel",
 	"model.converters":                           []string{},
 	"model.norm_type":                            "rmsnorm",
-	"model.hf_assets_path":                       "",
-	"model.tokenizer_path":                       "",
 	"optimizer.name":                             "AdamW",
 	"optimizer.lr":                               8e-4,
 	"optimizer.eps":                              1e-8,
@@ -63,6 +61,12 @@ var ttDefaults = map[string]any{
 	"metrics.log_freq":                           int64(10),
 	"metrics.enable_tensorboard":                 false,
 	"validation.enable":                          false,
+	"training.dataset":                           "c4_test",
+	"training.dataset_path":                      "",
+	"validation.dataset":                         "c4_validation",
+	"validation.dataset_path":                    "",
+	"model.hf_assets_path":                       "./tests/assets/tokenizer",
+	"model.tokenizer_path":                       "",
 	"validation.freq":                            int64(10),
 	"validation.steps":                           int64(-1),
 	"fault_tolerance.enable":                     false,
@@ -100,8 +104,6 @@ var ttNoEffect = map[string]string{
 	"metrics.enable_wandb":                                               "shardline logs to no service itself; with logging.tensorboard `wandb sync RUN_DIR` uploads the run's TensorBoard events",
 	"model.print_after_conversion":                                       "nothing is converted",
 	"optimizer.implementation":                                           "shardline has one fused optimizer kernel",
-	"training.dataset":                                                   "shardline trains on data.path (a text file or a directory from shardline data prepare); set it in the recipe",
-	"training.dataset_path":                                              "shardline trains on data.path (a text file or a directory from shardline data prepare); set it in the recipe",
 	"training.gc_freq":                                                   "Go's collector needs no schedule",
 	"training.gc_debug":                                                  "Go's collector needs no schedule",
 	"training.dataloader":                                                "shardline's batches are a pure function of (seed, step, rank): no loader workers",
@@ -135,8 +137,6 @@ var ttNoEffect = map[string]string{
 	"comm":                                        "the collective timeout is shardline run's --comm-timeout (or comm_timeout in shardline.toml)",
 	"memory_estimation":                           "shardline plan estimates memory from the recipe",
 	"fault_tolerance":                             "fault_tolerance.enable is what matters",
-	"validation.dataset":                          "shardline validates on the held-out end of data.path (data.val_fraction)",
-	"validation.dataset_path":                     "shardline validates on the held-out end of data.path (data.val_fraction)",
 	"validation.local_batch_size":                 "shardline validates with the training micro-batch and sequence length",
 	"validation.seq_len":                          "shardline validates with the training micro-batch and sequence length",
 	"validation.dataloader":                       "shardline's batches are a pure function of (seed, step, rank): no loader workers",
@@ -459,6 +459,7 @@ func (t *ttImport) translate(worldSize int) {
 	t.activationCheckpoint()
 	t.checkpoint()
 	t.validation()
+	t.data()
 	if s := t.get("metrics.log_freq"); s.int() >= 1 {
 		t.to("logging.interval", itoa(s.int()), s, "")
 	}
@@ -606,11 +607,15 @@ func (t *ttImport) modelDefaults(name string, f ttFlavour, flavor ttSetting) {
 		t.to("model.moe.aux_loss_coeff", "0", flavor, moe+": no auxiliary loss")
 		t.note(flavor, "torchtitan centres each expert-bias update on zero (delta − mean(delta)); shardline moves each bias by ±load_balance_coeff as Megatron does: the same experts are chosen (a bias common to all experts changes no choice)", "")
 	}
-	for _, k := range []string{"model.hf_assets_path", "model.tokenizer_path"} {
-		if s := t.get(k); s.given() && s.str() != "" {
-			t.to("data.tokenizer", s.str(), s, "its tokenizer.json, read from the directory")
-			break
-		}
+	// The tokenizer: tokenizer_path, else hf_assets_path (torchtitan's default
+	// is its repository's test tokenizer), a tokenizer file or a directory
+	// holding one, as data.tokenizer reads it.
+	tok := t.get("model.tokenizer_path")
+	if tok.str() == "" {
+		tok = t.get("model.hf_assets_path")
+	}
+	if tok.str() != "" {
+		t.to("data.tokenizer", tok.str(), tok, "its tokenizer.json, read from the directory")
 	}
 	t.note(flavor, "weights start from shardline's initialisation (normal, std model.init_std = 0.02), not torchtitan's (truncated normal with depth-scaled output projections): the same model from another starting point", "")
 	if s := t.get("model.norm_type"); s.str() != "rmsnorm" {
@@ -900,6 +905,34 @@ func (t *ttImport) checkpoint() {
 	} else {
 		t.errorf(t.at(s), "SL008", fmt.Sprintf("%s: the number of checkpoints to keep is 0 (all) or more", s.name()),
 			"set keep_latest_k to 0 (keep all) or a positive number")
+	}
+}
+
+// data carries the job's data or refuses it: a dataset_path becomes data.path
+// (and the validation one data.val_path); a dataset torchtitan downloads from
+// the Hugging Face hub cannot be carried (the tokenizer is model's). A recipe
+// that trained on other data than the job never imports clean.
+func (t *ttImport) data() {
+	switch s := t.get("training.dataset_path"); {
+	case s.str() != "":
+		t.to("data.path", s.str(), s, "")
+	case t.sets["data.path"] || t.sets["data.sources"]:
+		ds := t.get("training.dataset")
+		t.note(ds, fmt.Sprintf("torchtitan downloads %q from the Hugging Face hub; the recipe trains on the data given with --set instead", ds.str()), "")
+	default:
+		ds := t.get("training.dataset")
+		t.refuse(ds, fmt.Sprintf("torchtitan downloads %q from the Hugging Face hub; shardline reads files, so the data cannot be carried", ds.str()),
+			"set [training] dataset_path to a local copy (C4's .json.gz files are JSON lines read from their text field; docs/data.md), or give its path with --set data.path=PATH")
+	}
+	if t.get("validation.enable").flag() {
+		if s := t.get("validation.dataset_path"); s.str() != "" {
+			t.to("data.val_path", s.str(), s, "")
+			t.to("data.val_fraction", "0", s, "the validation data is data.val_path")
+		} else {
+			ds := t.get("validation.dataset")
+			t.refuse(ds, fmt.Sprintf("torchtitan downloads %q from the Hugging Face hub; shardline reads files, so the validation data cannot be carried", ds.str()),
+				"set [validation] dataset_path to a local copy")
+		}
 	}
 }
 

@@ -13,7 +13,7 @@ func importTT(t *testing.T, file string, worldSize int) (*Resolved, Diagnostics)
 	t.Helper()
 	src, err := os.ReadFile("testdata/torchtitan/" + file)
 	require.NoError(t, err)
-	return ImportTorchtitan(file, src, worldSize)
+	return importTTClean(t, file, src, worldSize)
 }
 
 func requireNoErrors(t *testing.T, diags Diagnostics) {
@@ -152,7 +152,7 @@ func TestImportTorchtitanLlama4(t *testing.T) {
 
 	// 17bx128e: no RoPE scaling, MoE on every other layer.
 	src := []byte("[model]\nname = \"llama4\"\nflavor = \"17bx128e\"\n")
-	res, _ = ImportTorchtitan("maverick.toml", src, 0)
+	res, _ = importTTClean(t, "maverick.toml", src, 0)
 	require.Equal(t, "none", res.Recipe.Model.RopeScaling)
 	require.Equal(t, 2, res.Recipe.Model.MoE.LayerFreq)
 	require.Equal(t, 128, res.Recipe.Model.MoE.NumExperts)
@@ -212,7 +212,7 @@ func TestImportTorchtitanRefusals(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			_, diags := ImportTorchtitan("x.toml", []byte(c.src), c.ws)
+			_, diags := importTTClean(t, "x.toml", []byte(c.src), c.ws)
 			var got []string
 			for _, d := range diags {
 				if d.Severity != SevError {
@@ -233,7 +233,7 @@ func TestImportTorchtitanRefusals(t *testing.T) {
 // shardline's plain data parallelism; the global batch counts every replica.
 func TestImportTorchtitanDDP(t *testing.T) {
 	src := "[parallelism]\ndata_parallel_replicate_degree = 4\ndata_parallel_shard_degree = 1\n[training]\nlocal_batch_size = 2\n"
-	res, diags := ImportTorchtitan("ddp.toml", []byte(src), 4)
+	res, diags := importTTClean(t, "ddp.toml", []byte(src), 4)
 	requireNoErrors(t, diags)
 	r := res.Recipe
 	require.Equal(t, "no_shard", r.FSDP.DataParallelShardingStrategy)
@@ -241,7 +241,7 @@ func TestImportTorchtitanDDP(t *testing.T) {
 	requireNoErrors(t, Lint(res, nil))
 
 	// An explicit global batch accumulates: 32 = 2 × 4 ranks × 4 micro-batches.
-	res, diags = ImportTorchtitan("ddp.toml", []byte(src+"global_batch_size = 32\n"), 4)
+	res, diags = importTTClean(t, "ddp.toml", []byte(src+"global_batch_size = 32\n"), 4)
 	requireNoErrors(t, diags)
 	require.Equal(t, 32, res.Recipe.Train.GlobalBatchSize)
 }
@@ -251,11 +251,11 @@ func TestImportTorchtitanDDP(t *testing.T) {
 // the rest of the model as their base flavour's.
 func TestImportTorchtitanBlockCausal(t *testing.T) {
 	for _, flavor := range []string{"8B_flex", "debugmodel_varlen_attn"} {
-		res, diags := ImportTorchtitan("x.toml", []byte("[model]\nname = \"llama3\"\nflavor = \""+flavor+"\"\n"), 0)
+		res, diags := ImportTorchtitan("x.toml", []byte("[model]\nname = \"llama3\"\nflavor = \""+flavor+"\"\n[training]\ndataset_path = \"/data/c4\"\n"), 0)
 		requireNoErrors(t, diags)
 		require.True(t, res.Recipe.Data.ResetAttentionMask, flavor)
 		require.Contains(t, res.Origin("data.reset_attention_mask").Describe(), "x.toml:3:1", flavor)
-		base, diags := ImportTorchtitan("x.toml", []byte("[model]\nname = \"llama3\"\nflavor = \""+map[string]string{"8B_flex": "8B", "debugmodel_varlen_attn": "debugmodel"}[flavor]+"\"\n"), 0)
+		base, diags := ImportTorchtitan("x.toml", []byte("[model]\nname = \"llama3\"\nflavor = \""+map[string]string{"8B_flex": "8B", "debugmodel_varlen_attn": "debugmodel"}[flavor]+"\"\n[training]\ndataset_path = \"/data/c4\"\n"), 0)
 		requireNoErrors(t, diags)
 		require.Equal(t, base.Recipe.Model, res.Recipe.Model, flavor)
 		require.False(t, base.Recipe.Data.ResetAttentionMask)
@@ -279,7 +279,10 @@ func TestImportTorchtitanReport(t *testing.T) {
 	path := filepath.Join("testdata", "torchtitan", "llama4_3bx128e.toml")
 	src, err := os.ReadFile(path)
 	require.NoError(t, err)
-	res, diags := ImportTorchtitanWith(path, src, 8, report3bx128e)
+	// The report trains on C4 from the hub; its local copy is given here.
+	corpus := filepath.Join(t.TempDir(), "c4.jsonl")
+	require.NoError(t, os.WriteFile(corpus, []byte(`{"text": "a document"}`+"\n"), 0o644))
+	res, diags := ImportTorchtitanWith(path, src, 8, append([]string{"data.path=" + corpus}, report3bx128e...))
 	for _, d := range diags {
 		require.Equal(t, SevNote, d.Severity, "%s %s %s", d.Location(), d.Code, d.Message)
 	}

@@ -285,6 +285,29 @@ func (o *OutputDir) Remove(name string) error {
 	return o.remove(name)
 }
 
+// Add claims one more file name after ClaimDir (a command that learns how many
+// files it writes as it goes, such as data prepare's shards), with ClaimDir's
+// checks: a name that is not a plain file name, a link, or a file there that
+// the manifest does not list (unless overwrite) is refused. The manifest is
+// rewritten to list it before it is written.
+func (o *OutputDir) Add(name string) error {
+	if name != filepath.Base(name) || name == ManifestFile || name == "." || name == ".." {
+		return fmt.Errorf("%s: %q is not a file name an output may have", o.dir, name)
+	}
+	if slices.Contains(o.names, name) {
+		return nil
+	}
+	path := o.Path(name)
+	if err := checkTarget(path); err != nil {
+		return err
+	}
+	if _, err := os.Lstat(path); err == nil && o.owned != nil && !o.owned[name] {
+		return &fs.PathError{Op: "write", Path: path, Err: fmt.Errorf("%w: it is there, but %s does not list it; remove it, or pass --overwrite", ErrNotOwned, ManifestFile)}
+	}
+	o.names = append(o.names, name)
+	return o.writeManifest(o.names)
+}
+
 // Commit writes the manifest listing the names given to ClaimDir: the files
 // the command wrote.
 func (o *OutputDir) Commit() error { return o.writeManifest(o.names) }

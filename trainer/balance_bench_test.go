@@ -10,7 +10,6 @@ import (
 	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/tensor"
 	"github.com/shardline/shardline/tensor/cpu"
-	"github.com/shardline/shardline/trainer/data"
 	"github.com/shardline/shardline/trainer/model"
 )
 
@@ -84,7 +83,7 @@ func balanceRun(b *testing.B, sets []string) (imbalance, val float64) {
 	var sum float64
 	var n int
 	for i := 0; i < batches; i++ {
-		data.Batch(tokens, targets, ds.Val, r.Run.Seed, -1, i*B, B, T)
+		ds.ValSampler.Fill(tokens, targets, i*B, B)
 		m.Forward(tokens, nil, tensor.Buffer{}, false)
 		for _, c := range m.ExpertCounts() {
 			var most, all float64

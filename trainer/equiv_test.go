@@ -137,8 +137,10 @@ func TestDataParallelEquivalence(t *testing.T) {
 // and now and then flips a bf16 rounding (one bf16 step, 2⁻⁸ relative) of a
 // weight or of a saved activation, and activations are many. Tolerance 1e-3
 // relative on every loss; measured at most 2e-6 with bf16 weights alone and
-// 1.8e-4 (cp 2) with bf16 activations too; a weight read from a wrong shard or
-// in the wrong dtype moves the loss by 1e-2 or more.
+// 1.8e-4 (cp 2) with bf16 activations too. MoE under ep 2 gets 2e-3: a flipped
+// rounding can also flip a router's choice between two experts, and with the
+// data sampled in shuffled epochs (docs/data.md) it measured 1.1e-3. A weight
+// read from a wrong shard or in the wrong dtype moves the loss by 1e-2 or more.
 func TestBF16DataParallelEquivalence(t *testing.T) {
 	base := []string{"train.steps=8", "train.micro_batch_size=1", "train.global_batch_size=8", "train.eval_interval=0", "train.warmup_steps=2", "precision.bf16=true"}
 	moe := []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32"}
@@ -164,7 +166,7 @@ func TestBF16DataParallelEquivalence(t *testing.T) {
 	res, _ := tinyRun(t, append(append(base, moe...), "parallel.world_size=4", "parallel.expert_parallel=2")...)
 	l, _ := trained(t, res)
 	worst = max(worst, maxRelDiff(mLoss, l))
-	assert.Less(t, maxRelDiff(mLoss, l), 1e-3, "bf16 moe ep 2 losses")
+	assert.Less(t, maxRelDiff(mLoss, l), 2e-3, "bf16 moe ep 2 losses")
 	t.Logf("worst relative loss difference %.2g", worst)
 }
 
@@ -803,8 +805,9 @@ func TestTensorParallelMoE(t *testing.T) {
 // 1% and the expert-parallel exchange buffers exactly at a capacity factor of 1
 // (which bounds what a rank receives). Without one (dropless) the experts' and
 // exchange buffers grow with the routing's imbalance past the balanced share the
-// plan budgets (measured up to 11% for activations, 30% for the exchange), and
-// the total stays within 10% (measured 7%).
+// plan budgets (measured up to 14% for activations, 37% for the exchange, on
+// the samples of shuffled epochs; 11% and 30% before), and the total stays
+// within 15% (measured 11%; 7% before).
 func TestMoEActivationMemory(t *testing.T) {
 	base := []string{"train.steps=2", "train.eval_interval=0", "train.micro_batch_size=8", "model.moe.num_experts=8", "model.moe.top_k=2",
 		"model.moe.expert_ffn_hidden=64", "model.heads=4", "model.kv_heads=4", "fsdp.overlap_grad_reduce=false", "fsdp.overlap_param_gather=false"}
@@ -830,7 +833,7 @@ func TestMoEActivationMemory(t *testing.T) {
 				assert.InEpsilon(t, p.Activations, h.Activations, 0.01, name)
 				assert.Equal(t, p.MoEDispatch, h.MoEDispatch, name)
 			}
-			assert.InDelta(t, float64(p.Total), float64(h.Total), 0.1*float64(p.Total), name)
+			assert.InDelta(t, float64(p.Total), float64(h.Total), 0.15*float64(p.Total), name)
 			t.Logf("%s: activations %.3f, dispatch %d of %d, total %.3f of the plan", name, float64(h.Activations)/float64(p.Activations),
 				h.MoEDispatch, p.MoEDispatch, float64(h.Total)/float64(p.Total))
 		}

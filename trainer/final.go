@@ -8,7 +8,6 @@ import (
 	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/parallel/comm"
 	"github.com/shardline/shardline/tensor"
-	"github.com/shardline/shardline/trainer/data"
 	"github.com/shardline/shardline/trainer/model"
 )
 
@@ -148,11 +147,11 @@ func (t *run) sampleWithModel(world comm.Communicator, prompt string, n int) (st
 	// batch: text routed through MoE layers as evaluation routes it, not a
 	// block of one token id that would crowd a few experts.
 	fill, targets, tokens, local := make([]int32, B*T), make([]int32, B*T), make([]int32, B*T), make([]int32, B*T/cp)
-	text := t.ds.Val
-	if len(text) <= T {
-		text = t.ds.Train
+	text := t.ds.ValSampler
+	if text == nil {
+		text = t.ds.TrainSampler
 	}
-	data.Batch(fill, targets, text, r.Run.Seed, -1, 0, B, T)
+	text.Fill(fill, targets, 0, B)
 	part, logits := make([]float32, r.Model.VocabSize/t.plan.Mesh.TP), make([]float32, r.Model.VocabSize)
 	if st.tpComm == nil {
 		logits = part

@@ -1,6 +1,7 @@
 package trainer
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 
@@ -28,7 +29,13 @@ func documentMasks(r *config.Recipe, ds *data.Dataset) (model.DocumentMasks, err
 		return d, config.ValueProblem(key, true, fmt.Errorf("the %s tokenizer has no end-of-text token to mark where documents end", tok.Name()),
 			`set data.tokenizer = "gpt2" (documents end with <|endoftext|>), or remove `+key)
 	}
-	if !slices.Contains(ds.Train, d.EOS) {
+	errFound := errors.New("found")
+	if err := ds.Train.Scan(func(c []int32) error {
+		if slices.Contains(c, d.EOS) {
+			return errFound
+		}
+		return nil
+	}); err == nil {
 		return d, config.ValueProblem(key, true, fmt.Errorf("the training tokens of %s hold no end-of-text token (%d), so every sequence is one document and the setting would change nothing", r.Data.Path, d.EOS),
 			"train on a corpus whose documents end with the tokenizer's end-of-text token, or remove "+key)
 	}
@@ -50,15 +57,15 @@ func lossTokens(tokens, targets []int32, d model.DocumentMasks) int {
 
 // globalLossTokens is lossTokens over the step's whole global batch (every
 // micro-batch of every data-parallel rank), which every rank computes from the
-// data alone (data.Batch is a function of seed, step and index): the per-token
-// loss's divisor when eod_mask_loss leaves some positions out. It uses the
-// step buffers' tokens and targets as scratch.
+// data alone (the sampler's sequences are a function of seed and global
+// index): the per-token loss's divisor when eod_mask_loss leaves some
+// positions out. It uses the step buffers' tokens and targets as scratch.
 func (t *run) globalLossTokens(step int, d model.DocumentMasks) int {
-	r, b := t.r, t.bufs
-	B, T := r.Train.MicroBatchSize, r.Model.SeqLen
+	b, B := t.bufs, t.r.Train.MicroBatchSize
+	per := t.plan.MicroBatches * t.plan.Mesh.DP // micro-batches a step, over the data-parallel ranks
 	n := 0
-	for i := 0; i < t.plan.MicroBatches*t.plan.Mesh.DP; i++ {
-		data.Batch(b.tokens, b.targets, t.ds.Train, r.Run.Seed, step, i*B, B, T)
+	for i := 0; i < per; i++ {
+		t.ds.TrainSampler.Fill(b.tokens, b.targets, (step*per+i)*B, B)
 		n += lossTokens(b.tokens, b.targets, d)
 	}
 	return n

@@ -19,15 +19,15 @@ import (
 func TestDocumentMasksNeedDocuments(t *testing.T) {
 	r := config.Default()
 	r.Data.ResetAttentionMask, r.Data.EODMaskLoss = true, true
-	_, err := documentMasks(&r, &data.Dataset{Tok: data.Byte{}, Train: []int32{1, 2, 3}})
+	_, err := documentMasks(&r, &data.Dataset{Tok: data.Byte{}, Train: data.NewTokens([]int32{1, 2, 3}, 1)})
 	require.ErrorContains(t, err, "data.reset_attention_mask")
 	require.ErrorContains(t, err, "the byte tokenizer has no end-of-text token")
 
 	eos := data.GPT2{}.Specials().EOS
-	_, err = documentMasks(&r, &data.Dataset{Tok: data.GPT2{}, Train: []int32{1, 2, 3}})
+	_, err = documentMasks(&r, &data.Dataset{Tok: data.GPT2{}, Train: data.NewTokens([]int32{1, 2, 3}, 1)})
 	require.ErrorContains(t, err, "hold no end-of-text token (50256)")
 
-	d, err := documentMasks(&r, &data.Dataset{Tok: data.GPT2{}, Train: []int32{1, eos, 3}})
+	d, err := documentMasks(&r, &data.Dataset{Tok: data.GPT2{}, Train: data.NewTokens([]int32{1, eos, 3}, 1)})
 	require.NoError(t, err)
 	assert.Equal(t, model.DocumentMasks{EOS: eos, MaskLoss: true, ResetAttention: true}, d)
 

@@ -400,10 +400,10 @@ const sampleTemperature = 0.8
 // prompt is what the sample follows: the validation text's first token (the
 // training text's without one), always in the vocabulary.
 func (t *run) prompt() string {
-	if len(t.ds.Val) > 0 {
-		return t.ds.Tok.Decode(t.ds.Val[:1])
+	if t.ds.Val.Len() > 0 {
+		return t.ds.Tok.Decode(t.ds.Val.Slice(0, 1))
 	}
-	return t.ds.Tok.Decode(t.ds.Train[:1])
+	return t.ds.Tok.Decode(t.ds.Train.Slice(0, 1))
 }
 
 // Generate samples n tokens after prompt, one forward pass per token over the last

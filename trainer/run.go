@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -128,6 +129,16 @@ type Metrics struct {
 	AuxLoss    *float64 `json:"aux_loss,omitempty"`       // MoE load-balancing loss (weighted)
 	Dropped    *int     `json:"tokens_dropped,omitempty"` // MoE copies dropped past capacity, all ranks
 	Skipped    bool     `json:"skipped,omitempty"`
+	// Data is what the training samples drew from each data source up to and
+	// including this step: samples, their tokens and the epochs they make.
+	Data []SourceConsumed `json:"data,omitempty"`
+}
+
+// SourceConsumed is what a run's steps drew from one data source (its path
+// as the recipe names it; "" for data.path).
+type SourceConsumed struct {
+	Source string `json:"source"`
+	data.Consumed
 }
 
 // MarshalJSON writes a metrics line that is valid JSON whatever the values: a NaN
@@ -354,10 +365,12 @@ func sameDir(a, b string) bool {
 	return err1 == nil && err2 == nil && os.SameFile(sa, sb)
 }
 
-func openData(r *config.Recipe, opts Options) (*data.Dataset, error) {
-	path, err := config.ExpandPath(r.Data.Path, opts.Env)
+// openPath opens one data path of the recipe (key names it in errors:
+// data.path, data.sources or data.val_path) with the given validation fraction.
+func openPath(r *config.Recipe, opts Options, key string, value any, raw string, valFraction float64) (*data.Dataset, error) {
+	path, err := config.ExpandPath(raw, opts.Env)
 	if err != nil {
-		return nil, config.ValueProblem("data.path", r.Data.Path, err, "set the variable, or --set data.path=/path/to/text")
+		return nil, config.ValueProblem(key, value, err, "set the variable, or give a literal path")
 	}
 	if opts.DataRoot != "" && !filepath.IsAbs(path) {
 		path = filepath.Join(opts.DataRoot, path)
@@ -372,13 +385,69 @@ func openData(r *config.Recipe, opts Options) (*data.Dataset, error) {
 		}
 		return nil, config.ValueProblem("data.tokenizer", r.Data.Tokenizer, err, "give the path of a tokenizer.json, tokenizer.model or a directory holding one (docs/tokenizers.md)")
 	}
-	ds, err := data.Open(path, tok, r.Data.ValFraction, opts.CacheDir)
-	if err != nil && len(config.PathVars(r.Data.Path)) > 0 {
+	ds, err := data.Open(path, data.OpenOptions{Tokenizer: tok, Field: r.Data.Field, ValFraction: valFraction, CacheDir: opts.CacheDir})
+	if err != nil && len(config.PathVars(raw)) > 0 {
 		// The expanded path is not printed: ${VAR} may hold a secret (docs/robustness.md).
-		err = errors.New(config.RedactVars(err.Error(), r.Data.Path, opts.Env))
+		err = errors.New(config.RedactVars(err.Error(), raw, opts.Env))
 	}
 	if err != nil {
-		return nil, config.ValueProblem("data.path", r.Data.Path, err, "point it at a text file or a `shardline data prepare` directory")
+		return nil, config.ValueProblem(key, value, err, "point it at a document source, a `shardline data prepare` directory or a Megatron dataset (docs/data.md)")
+	}
+	return ds, nil
+}
+
+// parseSource reads a data.sources entry, "WEIGHT PATH".
+func parseSource(entry string) (float64, string, error) {
+	w, path, ok := strings.Cut(strings.TrimSpace(entry), " ")
+	weight, err := strconv.ParseFloat(w, 64)
+	if !ok || err != nil || !(weight > 0) || math.IsInf(weight, 1) || strings.TrimSpace(path) == "" {
+		return 0, "", fmt.Errorf("entry %q is not \"WEIGHT PATH\" with a positive weight", entry)
+	}
+	return weight, strings.TrimSpace(path), nil
+}
+
+func openData(r *config.Recipe, opts Options) (*data.Dataset, error) {
+	valFraction := r.Data.ValFraction
+	if r.Data.ValPath != "" && valFraction != 0 {
+		return nil, config.ValueProblem("data.val_fraction", valFraction, fmt.Errorf("data.val_path (%q) gives the validation data, so nothing need be held out of the training data", r.Data.ValPath), "set data.val_fraction = 0")
+	}
+	var ds *data.Dataset
+	var err error
+	if len(r.Data.Sources) == 0 {
+		if ds, err = openPath(r, opts, "data.path", r.Data.Path, r.Data.Path, valFraction); err != nil {
+			return nil, err
+		}
+	} else {
+		if r.Data.Path != "" {
+			return nil, config.ValueProblem("data.path", r.Data.Path, fmt.Errorf("data.sources names the training data (%d sources)", len(r.Data.Sources)), `set data.path = "" when data.sources lists the data`)
+		}
+		var names []string
+		var weights []float64
+		var parts []*data.Dataset
+		for _, e := range r.Data.Sources {
+			w, p, err := parseSource(e)
+			if err != nil {
+				return nil, config.ValueProblem("data.sources", r.Data.Sources, err, `write each source as "0.3 path/to/data"`)
+			}
+			part, err := openPath(r, opts, "data.sources", r.Data.Sources, p, valFraction)
+			if err != nil {
+				return nil, err
+			}
+			names, weights, parts = append(names, p), append(weights, w), append(parts, part)
+		}
+		if ds, err = data.Blend(names, weights, parts); err != nil {
+			return nil, config.ValueProblem("data.sources", r.Data.Sources, err, "prepare every source with data.tokenizer")
+		}
+	}
+	if r.Data.ValPath != "" {
+		v, err := openPath(r, opts, "data.val_path", r.Data.ValPath, r.Data.ValPath, 0)
+		if err != nil {
+			return nil, err
+		}
+		if v.Tok.Name() != ds.Tok.Name() || v.Tok.VocabSize() != ds.Tok.VocabSize() {
+			return nil, config.ValueProblem("data.val_path", r.Data.ValPath, fmt.Errorf("its %s tokenizer (vocabulary %d) is not the training data's %s (vocabulary %d)", v.Tok.Name(), v.Tok.VocabSize(), ds.Tok.Name(), ds.Tok.VocabSize()), "prepare it with the training data's tokenizer")
+		}
+		ds.Val = data.Join(v.Train, v.Val)
 	}
 	if opts.InitFrom != "" {
 		if err := checkInitTokenizer(opts.InitFrom, ds.Tok, r.Data.Tokenizer); err != nil {
@@ -389,11 +458,14 @@ func openData(r *config.Recipe, opts Options) (*data.Dataset, error) {
 	if v := ds.Tok.VocabSize(); v > r.Model.VocabSize {
 		return nil, config.ValueProblem("model.vocab_size", r.Model.VocabSize, fmt.Errorf("the %s tokenizer of %s has %d tokens", ds.Tok.Name(), r.Data.Path, v), fmt.Sprintf("set model.vocab_size to at least %d", v))
 	}
-	if len(ds.Train) < T+1 {
-		return nil, config.ValueProblem("data.path", r.Data.Path, fmt.Errorf("the training split has %d tokens, fewer than one sequence of model.seq_len + 1 = %d", len(ds.Train), T+1), "use a longer text or a shorter model.seq_len")
+	if ds.Train.Len() < T+1 {
+		return nil, config.ValueProblem("data.path", r.Data.Path, fmt.Errorf("the training split has %d tokens, fewer than one sequence of model.seq_len + 1 = %d", ds.Train.Len(), T+1), "use a longer text or a shorter model.seq_len")
 	}
-	if r.Train.EvalInterval > 0 && len(ds.Val) < T+1 {
-		return nil, config.ValueProblem("data.val_fraction", r.Data.ValFraction, fmt.Errorf("the validation split has %d tokens, fewer than one sequence (%d)", len(ds.Val), T+1), "raise val_fraction, or set train.eval_interval = 0")
+	if r.Train.EvalInterval > 0 && ds.Val.Len() < T+1 {
+		return nil, config.ValueProblem("data.val_fraction", r.Data.ValFraction, fmt.Errorf("the validation split has %d tokens, fewer than one sequence (%d)", ds.Val.Len(), T+1), "raise val_fraction, or set train.eval_interval = 0")
+	}
+	if err := ds.Sample(r.Run.Seed, T); err != nil {
+		return nil, config.ValueProblem("data.path", r.Data.Path, err, "use longer sources or a shorter model.seq_len")
 	}
 	return ds, nil
 }
@@ -852,7 +924,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		DecaySteps: r.Train.LRDecaySteps}
 	B, T := r.Train.MicroBatchSize, r.Model.SeqLen
 	global := t.plan.MicroBatches * t.plan.Mesh.DP * B // sequences per step
-	eval := evalPolicy{interval: r.Train.EvalInterval, steps: r.Train.Steps, lead: lead, collective: t.collectiveEval(), hasVal: len(t.ds.Val) > T}
+	eval := evalPolicy{interval: r.Train.EvalInterval, steps: r.Train.Steps, lead: lead, collective: t.collectiveEval(), hasVal: t.ds.Val.Len() > T}
 	stats := t.newStatsDrain(world)
 	stats.optSteps = optSteps // a resumed run's, until its first read-back
 	var rates []float64       // tokens/s of every step of this run
@@ -861,7 +933,7 @@ func (t *run) train(ctx context.Context, world comm.Communicator, groups groupsF
 		ev = ev.Str("dir", t.dir)
 	}
 	ev.Str("backend", t.opts.Backend.Name()).Int("ranks", t.plan.Mesh.World).Str("strategy", t.plan.Strategy).
-		Int64("parameters", t.plan.ParamsTotal).Int("train_tokens", len(t.ds.Train)).Int("val_tokens", len(t.ds.Val)).Str("plan", t.plan.Fingerprint).Msg("training")
+		Int64("parameters", t.plan.ParamsTotal).Int("train_tokens", t.ds.Train.Len()).Int("val_tokens", t.ds.Val.Len()).Str("plan", t.plan.Fingerprint).Msg("training")
 	start := time.Now()
 	lastEvaluated := false // every rank tracks it: the final evaluation is collective
 	done := startStep      // steps completed
@@ -1082,7 +1154,7 @@ func (t *run) gradStep(step int) error {
 	}
 	st.stepStarts()
 	for mb := 0; mb < micro; mb++ {
-		data.Batch(b.tokens, b.targets, t.ds.Train, r.Run.Seed, step, (mb*dp+dpRank)*B, B, T)
+		t.ds.TrainSampler.Fill(b.tokens, b.targets, step*micro*dp*B+(mb*dp+dpRank)*B, B)
 		model.LocalTokens(b.local, b.tokens, B, T, st.cpRank, cp)
 		model.LocalTokens(b.localTargets, b.targets, B, T, st.cpRank, cp)
 		if perMicro {
@@ -1300,13 +1372,13 @@ func (t *run) evaluate() float64 {
 }
 
 // evalBatches calls each with the eval_steps fixed validation batches, in order
-// (step −1 of the data order: the same batches every time).
+// (the validation sampler's first samples: the same batches every time).
 func (t *run) evalBatches(each func(i int, tokens, targets []int32)) {
 	r := t.r
 	B, T := r.Train.MicroBatchSize, r.Model.SeqLen
 	tokens, targets := make([]int32, B*T), make([]int32, B*T)
 	for i := 0; i < r.Train.EvalSteps; i++ {
-		data.Batch(tokens, targets, t.ds.Val, r.Run.Seed, -1, i*B, B, T)
+		t.ds.ValSampler.Fill(tokens, targets, i*B, B)
 		each(i, tokens, targets)
 	}
 }
@@ -1314,6 +1386,12 @@ func (t *run) evalBatches(each func(i int, tokens, targets []int32)) {
 // record writes a step's metrics line and logs it at the logging interval, at
 // the last step and with a validation loss (rank 0).
 func (t *run) record(met Metrics) error {
+	if s := t.ds.TrainSampler; s != nil {
+		names := t.ds.SourceNames()
+		for k, c := range s.Consumed(met.Step * t.r.Train.GlobalBatchSize) {
+			met.Data = append(met.Data, SourceConsumed{Source: names[k], Consumed: c})
+		}
+	}
 	b, err := json.Marshal(met)
 	if err != nil {
 		return fmt.Errorf("encoding metrics of step %d: %w", met.Step, err)
@@ -1397,13 +1475,19 @@ func median(xs []float64) float64 {
 
 // unigramEntropy is the entropy, in nats, of the tokens' frequency distribution: the
 // loss of a model that ignores context.
-func unigramEntropy(tokens []int32, vocab int) float64 {
+func unigramEntropy(tokens *data.Tokens, vocab int) float64 {
 	counts := make([]float64, vocab)
-	for _, t := range tokens {
-		counts[t]++
-	}
+	// Scan reads the files, not the mapping: the pass adds nothing to the
+	// resident memory. Open checked every token, so a read error here is a
+	// file changed since; the statistic is then of the tokens read.
+	_ = tokens.Scan(func(ts []int32) error {
+		for _, t := range ts {
+			counts[t]++
+		}
+		return nil
+	})
 	var h float64
-	n := float64(len(tokens))
+	n := float64(tokens.Len())
 	for _, c := range counts {
 		if c > 0 {
 			h -= c / n * math.Log(c/n)

@@ -99,11 +99,11 @@ func TestPrepareOwnsItsDirectory(t *testing.T) {
 	}
 	victim := filepath.Join(dir, "victim")
 	require.NoError(t, os.WriteFile(victim, []byte("precious"), 0o644))
-	require.NoError(t, os.Remove(filepath.Join(mine, "val.tok")))
-	require.NoError(t, os.Symlink(victim, filepath.Join(mine, "val.tok")))
+	require.NoError(t, os.Remove(filepath.Join(mine, "tokenizer.json")))
+	require.NoError(t, os.Symlink(victim, filepath.Join(mine, "tokenizer.json")))
 	code, _, errs = shardline(t, nil, "data", "prepare", "--tokenizer", "byte", "-o", mine, text)
 	assert.Equal(t, 1, code)
-	assert.Contains(t, errs, filepath.Join(mine, "val.tok")+": output through a link refused: a symbolic link to")
+	assert.Contains(t, errs, filepath.Join(mine, "tokenizer.json")+": output through a link refused: a symbolic link to")
 	assert.Equal(t, "precious", string(must(os.ReadFile(victim))))
 }
 

@@ -12,12 +12,29 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// openText writes text to a file and opens it as a document source.
+func openText(t testing.TB, text []byte, tokenizer string, valFraction float64) (*Dataset, error) {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "text.txt")
+	require.NoError(t, os.WriteFile(p, text, 0o644))
+	return Open(p, OpenOptions{Tokenizer: tokenizer, ValFraction: valFraction})
+}
+
+// all is a dataset's training then validation tokens.
+func all(ds *Dataset) []int32 {
+	return append(ds.Train.Slice(0, ds.Train.Len()), ds.Val.Slice(0, ds.Val.Len())...)
+}
+
 func TestTokenizersRoundTrip(t *testing.T) {
 	text := []byte("Of the Reflexions of Light — ½ œuvre.\n")
 	for _, name := range []string{"byte", "char", "gpt2"} {
-		ds, err := fromText(text, name, 0, nil)
+		ds, err := openText(t, text, name, 0)
 		require.NoError(t, err)
-		assert.Equal(t, string(text), ds.Tok.Decode(ds.Train), name)
+		want := string(text)
+		if name == "gpt2" {
+			want += "<|endoftext|>" // a document ends with the end-of-text token
+		}
+		assert.Equal(t, want, ds.Tok.Decode(all(ds)), name)
 	}
 	c, err := NewChar(text)
 	require.NoError(t, err)
@@ -28,42 +45,44 @@ func TestTokenizersRoundTrip(t *testing.T) {
 func TestPrepareAndOpen(t *testing.T) {
 	dir := t.TempDir()
 	src := filepath.Join(dir, "a.txt")
-	require.NoError(t, os.WriteFile(src, []byte("hello world, hello shards\n"), 0o644))
+	require.NoError(t, os.WriteFile(src, []byte("hello world, hello shards\nhello world, hello shards\n"), 0o644))
 	out := filepath.Join(dir, "prepared")
-	var calls [][2]int
-	ds, err := Prepare([]string{src, src}, "char", 0.25, out, false, func(done, total int) { calls = append(calls, [2]int{done, total}) })
+	var calls [][2]int64
+	res, err := Prepare(PrepareOptions{Sources: []string{src}, Tokenizer: "char", ValFraction: 0.25, Progress: func(done, total int64) { calls = append(calls, [2]int64{done, total}) }}, out)
 	require.NoError(t, err)
-	assert.Len(t, ds.Val, 13) // 52 characters, a quarter held out
-	assert.Equal(t, [][2]int{{52, 52}}, calls, "char reports its progress once, at the end")
-	got, err := Open(out, "char", 0.25, "")
+	assert.Equal(t, 13, res.ValTokens) // 52 characters, the last quarter held out (one text file: its end)
+	assert.Equal(t, [][2]int64{{52, 52}}, calls, "one piece of text, reported once")
+	got, err := Open(out, OpenOptions{Tokenizer: "char"})
 	require.NoError(t, err)
-	assert.Equal(t, ds.Train, got.Train)
-	assert.Equal(t, ds.Val, got.Val)
-	assert.Equal(t, ds.Tok.VocabSize(), got.Tok.VocabSize())
+	assert.Equal(t, 39, got.Train.Len())
+	assert.Equal(t, "hello shards\n", got.Tok.Decode(got.Val.Slice(0, 13)))
 
-	_, err = Open(out, "byte", 0.25, "")
+	_, err = Open(out, OpenOptions{Tokenizer: "byte"})
 	assert.ErrorContains(t, err, "prepared with the char tokenizer")
 
 	// Text files are cached: the second open reads the cache.
 	cache := filepath.Join(dir, "cache")
-	a, err := Open(src, "byte", 0.1, cache)
+	a, err := Open(src, OpenOptions{Tokenizer: "byte", ValFraction: 0.1, CacheDir: cache})
 	require.NoError(t, err)
 	entries, _ := os.ReadDir(cache)
 	require.Len(t, entries, 1)
-	b, err := Open(src, "byte", 0.1, cache)
+	b, err := Open(src, OpenOptions{Tokenizer: "byte", ValFraction: 0.1, CacheDir: cache})
 	require.NoError(t, err)
-	assert.Equal(t, a.Train, b.Train)
+	assert.Equal(t, a.Fingerprint(), b.Fingerprint())
+	// byte: the split is the old one, the last ⌊n·f⌋ tokens (here bytes).
+	assert.Equal(t, 52-5, a.Train.Len())
+	assert.Equal(t, 5, a.Val.Len())
 }
 
 func TestBadInput(t *testing.T) {
 	dir := t.TempDir()
 	empty := filepath.Join(dir, "empty.txt")
 	require.NoError(t, os.WriteFile(empty, nil, 0o644))
-	_, err := Open(empty, "byte", 0.1, "")
-	assert.ErrorContains(t, err, "is empty")
-	_, err = Open(filepath.Join(dir, "none.txt"), "byte", 0.1, "")
+	_, err := Open(empty, OpenOptions{Tokenizer: "byte", ValFraction: 0.1})
+	assert.ErrorContains(t, err, "holds no text")
+	_, err = Open(filepath.Join(dir, "none.txt"), OpenOptions{Tokenizer: "byte", ValFraction: 0.1})
 	assert.ErrorContains(t, err, "does not exist")
-	_, err = Open("/dev/zero", "byte", 0.1, "")
+	_, err = Open("/dev/zero", OpenOptions{Tokenizer: "byte", ValFraction: 0.1})
 	assert.ErrorContains(t, err, "not a regular file (a device)")
 }
 
@@ -122,20 +141,21 @@ func TestPreparedDirectoryChecks(t *testing.T) {
 	src := filepath.Join(dir, "a.txt")
 	require.NoError(t, os.WriteFile(src, []byte("abcabcabcabc"), 0o644))
 	out := filepath.Join(dir, "prepared")
-	_, err := Prepare([]string{src}, "char", 0.25, out, false, nil)
+	opts := PrepareOptions{Sources: []string{src}, Tokenizer: "char", ValFraction: 0.25}
+	_, err := Prepare(opts, out)
 	require.NoError(t, err)
-	require.NoError(t, WriteShard(filepath.Join(out, "train.tok"), []int32{0, 1, 2, 200}, "char", 256))
-	_, err = Open(out, "char", 0.25, "")
+	require.NoError(t, WriteShard(filepath.Join(out, "train-00000.tok"), []int32{0, 1, 2, 200}, "char", 256))
+	_, err = Open(out, OpenOptions{Tokenizer: "char"})
 	assert.ErrorContains(t, err, "holds char tokens below 256")
 
-	_, err = Prepare([]string{src}, "char", 0.25, out, false, nil)
+	_, err = Prepare(opts, out)
 	require.NoError(t, err)
 	tj := filepath.Join(out, "tokenizer.json")
 	b, err := os.ReadFile(tj)
 	require.NoError(t, err)
 	require.Contains(t, string(b), `"abc"`)
 	require.NoError(t, os.WriteFile(tj, []byte(strings.Replace(string(b), `"abc"`, `"abd"`, 1)), 0o644)) // one character changed
-	_, err = Open(out, "char", 0.25, "")
+	_, err = Open(out, OpenOptions{Tokenizer: "char"})
 	assert.ErrorIs(t, err, fileio.ErrCorrupt)
 	assert.ErrorContains(t, err, "tokenizer.json")
 }
@@ -146,62 +166,50 @@ func TestCorruptCacheIsRebuilt(t *testing.T) {
 	src := filepath.Join(dir, "a.txt")
 	require.NoError(t, os.WriteFile(src, []byte("the quick brown fox jumps over the lazy dog\n"), 0o644))
 	cache := filepath.Join(dir, "cache")
-	want, err := Open(src, "byte", 0.1, cache)
+	_, err := Open(src, OpenOptions{Tokenizer: "byte", ValFraction: 0.1, CacheDir: cache})
 	require.NoError(t, err)
 	entries, err := os.ReadDir(cache)
 	require.NoError(t, err)
 	require.Len(t, entries, 1)
-	shard := filepath.Join(cache, entries[0].Name(), "train.tok")
+	shard := filepath.Join(cache, entries[0].Name(), "train-00000.tok")
 	flip(t, shard, headerSize+3)
 	_, err = ReadShard(shard)
 	require.ErrorIs(t, err, fileio.ErrCorrupt)
-	got, err := Open(src, "byte", 0.1, cache)
+	got, err := Open(src, OpenOptions{Tokenizer: "byte", ValFraction: 0.1, CacheDir: cache})
 	require.NoError(t, err)
-	assert.Equal(t, want.Train, got.Train)
+	text, _ := os.ReadFile(src)
+	wantTokens, _ := Byte{}.Encode(text)
+	assert.Equal(t, wantTokens, all(got))
 	_, err = ReadShard(shard)
 	assert.NoError(t, err, "the cache entry was written again")
 }
 
-func TestBatchIsAPureFunction(t *testing.T) {
-	split := make([]int32, 1000)
-	for i := range split {
-		split[i] = int32(i)
-	}
-	B, T := 3, 8
-	x1, y1 := make([]int32, B*T), make([]int32, B*T)
-	x2, y2 := make([]int32, B*T), make([]int32, B*T)
-	Batch(x1, y1, split, 5, 10, 3, B, T)
-	Batch(x2, y2, split, 5, 10, 3, B, T)
-	assert.Equal(t, x1, x2)
-	for i := range x1 {
-		assert.Equal(t, x1[i]+1, y1[i], "targets are the next token")
-	}
-	Batch(x2, y2, split, 5, 11, 3, B, T)
-	assert.NotEqual(t, x1, x2, "another step draws other windows")
-	// Two ranks of one sequence each see what one rank of two sequences sees.
-	a, at := make([]int32, 2*T), make([]int32, 2*T)
-	Batch(a, at, split, 5, 10, 4, 2, T)
-	Batch(x2[:T], y2[:T], split, 5, 10, 5, 1, T)
-	assert.Equal(t, a[T:], x2[:T])
-}
-
-// TestPrepareGPT2Progress: the gpt2 tokenizer reports its progress a piece at
-// a time (about a MiB each), increasing, ending at the text's length.
+// TestPrepareGPT2Progress: preparation reports its progress as it reads
+// (increasing, ending at the input's size); four files are four documents,
+// each ended by <|endoftext|>, their tokens those of each whole.
 func TestPrepareGPT2Progress(t *testing.T) {
 	opticks, err := os.ReadFile(filepath.Join(runtime.GOROOT(), "src", "testdata", "Isaac.Newton-Opticks.txt"))
 	require.NoError(t, err)
 	dir := t.TempDir()
 	src := filepath.Join(dir, "opticks.txt")
 	require.NoError(t, os.WriteFile(src, opticks, 0o644))
-	var done []int
-	total := 0
-	ds, err := Prepare([]string{src, src, src, src}, "gpt2", 0.1, filepath.Join(dir, "out"), false, func(d, n int) { done, total = append(done, d), n })
+	var done []int64
+	total := int64(0)
+	_, err = Prepare(PrepareOptions{Sources: []string{src, src, src, src}, Tokenizer: "gpt2", ValFraction: 0.1,
+		Progress: func(d, n int64) { done, total = append(done, d), n }}, filepath.Join(dir, "out"))
 	require.NoError(t, err)
-	assert.Equal(t, 4*len(opticks), total)
+	assert.Equal(t, int64(4*len(opticks)), total)
 	assert.GreaterOrEqual(t, len(done), 2, "2.2 MB of text is more than one piece")
-	assert.IsIncreasing(t, done)
+	assert.IsNonDecreasing(t, done)
 	assert.Equal(t, total, done[len(done)-1])
-	whole, err := GPT2{}.Encode(append(append(append(append([]byte(nil), opticks...), opticks...), opticks...), opticks...))
+	ds, err := Open(filepath.Join(dir, "out"), OpenOptions{Tokenizer: "gpt2"})
 	require.NoError(t, err)
-	assert.Equal(t, whole, append(append([]int32(nil), ds.Train...), ds.Val...))
+	whole, err := GPT2{}.Encode(opticks)
+	require.NoError(t, err)
+	var want []int32
+	for range 4 {
+		want = append(append(want, whole...), endOfText)
+	}
+	assert.Equal(t, want, all(ds), "four documents of 0.1 hold out none (⌊4·0.1⌋ = 0)")
+	assert.Equal(t, 4, ds.Train.Docs())
 }

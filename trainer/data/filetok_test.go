@@ -25,23 +25,27 @@ func TestPrepareWithTokenizerFile(t *testing.T) {
 	src := filepath.Join(dir, "a.txt")
 	require.NoError(t, os.WriteFile(src, []byte(text), 0o644))
 	out := filepath.Join(dir, "prepared")
-	var last [2]int
-	ds, err := Prepare([]string{src}, tinyTokenizer, 0.2, out, false, func(done, total int) { last = [2]int{done, total} })
+	var last [2]int64
+	prep, err := Prepare(PrepareOptions{Sources: []string{src}, Tokenizer: tinyTokenizer, ValFraction: 0.2,
+		Progress: func(done, total int64) { last = [2]int64{done, total} }}, out)
 	require.NoError(t, err)
-	assert.Equal(t, [2]int{len(text), len(text)}, last)
+	assert.Equal(t, [2]int64{int64(len(text)), int64(len(text))}, last)
+	ds, err := Open(out, OpenOptions{Tokenizer: tinyTokenizer})
+	require.NoError(t, err)
+	assert.Equal(t, prep.Tokenizer.Name(), ds.Tok.Name())
 	f, ok := ds.Tok.(File)
 	require.True(t, ok, "a tokenizer path gives a File")
 	assert.True(t, strings.HasPrefix(f.Name(), "hf-") && len(f.Name()) == 16, f.Name())
 	assert.Equal(t, 557, f.VocabSize())
 	assert.Equal(t, Specials{BOS: -1, EOS: 556}, f.Specials())
-	all := append(append([]int32(nil), ds.Train...), ds.Val...)
+	all := append(ds.Train.Slice(0, ds.Train.Len()), ds.Val.Slice(0, ds.Val.Len())...)
 	assert.Contains(t, all, int32(556), "the special token in the text is split out")
 	assert.Equal(t, text, f.Decode(all))
 	assert.FileExists(t, filepath.Join(out, "source.tokenizer.json"))
 
-	got, err := Open(out, tinyTokenizer, 0.2, "")
+	got, err := Open(out, OpenOptions{Tokenizer: tinyTokenizer})
 	require.NoError(t, err)
-	assert.Equal(t, ds.Train, got.Train)
+	assert.Equal(t, ds.Train.Slice(0, ds.Train.Len()), got.Train.Slice(0, got.Train.Len()))
 	assert.Equal(t, f.Name(), got.Tok.Name())
 
 	// Another tokenizer file (one merge fewer) is another tokenizer.
@@ -50,7 +54,7 @@ func TestPrepareWithTokenizerFile(t *testing.T) {
 	other := filepath.Join(dir, "other", "tokenizer.json")
 	require.NoError(t, os.MkdirAll(filepath.Dir(other), 0o755))
 	require.NoError(t, os.WriteFile(other, []byte(strings.Replace(string(b), `"Ġ t", `, "", 1)), 0o644))
-	_, err = Open(out, other, 0.2, "")
+	_, err = Open(out, OpenOptions{Tokenizer: other})
 	assert.ErrorContains(t, err, "prepared with the "+f.Name()+" tokenizer")
 
 	// A stored source that changed is refused, naming it.
@@ -62,12 +66,12 @@ func TestPrepareWithTokenizerFile(t *testing.T) {
 
 	// Text read directly is tokenized with the file and cached with it.
 	cache := filepath.Join(dir, "cache")
-	a, err := Open(src, tinyTokenizer, 0.2, cache)
+	a, err := Open(src, OpenOptions{Tokenizer: tinyTokenizer, ValFraction: 0.2, CacheDir: cache})
 	require.NoError(t, err)
-	c, err := Open(src, tinyTokenizer, 0.2, cache)
+	c, err := Open(src, OpenOptions{Tokenizer: tinyTokenizer, ValFraction: 0.2, CacheDir: cache})
 	require.NoError(t, err)
-	assert.Equal(t, a.Train, c.Train)
-	assert.Equal(t, ds.Train, a.Train)
+	assert.Equal(t, a.Train.Slice(0, a.Train.Len()), c.Train.Slice(0, c.Train.Len()))
+	assert.Equal(t, ds.Train.Slice(0, ds.Train.Len()), a.Train.Slice(0, a.Train.Len()))
 }
 
 func TestTokenizerFileErrors(t *testing.T) {

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/shardline/shardline/fileio"
 )
 
 // FuzzReadShard: any bytes as a token shard are read or refused, never a panic,
@@ -97,17 +99,75 @@ func FuzzText(f *testing.F) {
 			}
 		}
 		for _, name := range Tokenizers {
-			ds, err := fromText(b, name, 0.1, nil)
+			ds, err := openText(t, b, name, 0.1)
 			if err != nil {
 				continue
 			}
-			for _, split := range [][]int32{ds.Train, ds.Val} {
-				for _, tok := range split {
+			for _, split := range []*Tokens{ds.Train, ds.Val} {
+				for _, tok := range split.Slice(0, split.Len()) {
 					if tok < 0 || int(tok) >= ds.Tok.VocabSize() {
 						t.Fatalf("%s: token %d past vocabulary %d", name, tok, ds.Tok.VocabSize())
 					}
 				}
 			}
+		}
+	})
+}
+
+// FuzzMegatronIndex: any bytes as a Megatron .idx (beside a .bin of any size)
+// are read or refused, never a panic, and what is read holds only tokens
+// below the vocabulary, its documents within the tokens.
+func FuzzMegatronIndex(f *testing.F) {
+	dir := f.TempDir()
+	write := func(docs [][]int32) ([]byte, []byte) {
+		p := filepath.Join(dir, "w")
+		out, err := fileio.ClaimDir(p, PrepareCommand, []string{"train.bin", "train.idx"}, true, "")
+		if err != nil {
+			f.Fatal(err)
+		}
+		w, err := newMegatronWriter(out, "train", 1000)
+		if err != nil {
+			f.Fatal(err)
+		}
+		for _, d := range docs {
+			if err := w.startDoc(); err != nil {
+				f.Fatal(err)
+			}
+			if err := w.write(d); err != nil {
+				f.Fatal(err)
+			}
+		}
+		if err := w.commit(); err != nil {
+			f.Fatal(err)
+		}
+		idx, _ := os.ReadFile(filepath.Join(p, "train.idx"))
+		bin, _ := os.ReadFile(filepath.Join(p, "train.bin"))
+		return idx, bin
+	}
+	idx, bin := write([][]int32{{1, 2, 3}, {999}, {}})
+	f.Add(idx, bin)
+	idx, bin = write(nil)
+	f.Add(idx, bin)
+	f.Add([]byte(megatronMagic), []byte{1, 2})
+	f.Fuzz(func(t *testing.T, idx, bin []byte) {
+		p := filepath.Join(t.TempDir(), "d")
+		if os.WriteFile(p+".idx", idx, 0o644) != nil || os.WriteFile(p+".bin", bin, 0o644) != nil {
+			t.Fatal("write")
+		}
+		mi, err := openMegatron(p, 1000)
+		if err != nil {
+			return
+		}
+		train, val := splitMegatron(mi, 0.3)
+		for _, s := range []*Tokens{train, val} {
+			for i, tok := range s.Slice(0, s.Len()) {
+				if tok < 0 || tok >= 1000 {
+					t.Fatalf("token %d = %d past the vocabulary", i, tok)
+				}
+			}
+		}
+		if train.Len()+val.Len() != mi.tokens.count {
+			t.Fatalf("split %d + %d of %d tokens", train.Len(), val.Len(), mi.tokens.count)
 		}
 	})
 }

@@ -25,33 +25,49 @@ const (
 	shardMagic   = "SHLTOKEN"
 	shardVersion = 2
 	headerSize   = 8 + 4 + 4 + 8 + 16 + 4 + 4
-	// MaxShardTokens caps what one shard holds: every tokenizer makes at most a
-	// token per byte of text, and Prepare reads at most MaxTextBytes (8 GiB as
-	// int32 in memory).
-	MaxShardTokens = MaxTextBytes
+	// MaxShardTokens caps what one shard file holds (ReadShard reads one
+	// whole); Prepare writes shards of shardTokens, and a corpus is any number
+	// of shards.
+	MaxShardTokens = 1 << 31
 )
 
 // WriteShard writes tokens (each below vocab) to path, atomically.
 func WriteShard(path string, tokens []int32, tokenizer string, vocab int) error {
-	dtype := uint32(2)
-	if vocab > 1<<16 {
-		dtype = 4
-	}
-	buf := make([]byte, headerSize, headerSize+len(tokens)*int(dtype)+fileio.TrailerSize)
-	copy(buf, shardMagic)
-	binary.LittleEndian.PutUint32(buf[8:], shardVersion)
-	binary.LittleEndian.PutUint32(buf[12:], dtype)
-	binary.LittleEndian.PutUint64(buf[16:], uint64(len(tokens)))
-	copy(buf[24:40], tokenizer)
-	binary.LittleEndian.PutUint32(buf[40:], uint32(vocab))
+	width := tokenWidth(vocab)
+	body := make([]byte, 0, len(tokens)*width)
 	for _, t := range tokens {
-		if dtype == 2 {
-			buf = binary.LittleEndian.AppendUint16(buf, uint16(t))
+		if width == 2 {
+			body = binary.LittleEndian.AppendUint16(body, uint16(t))
 		} else {
-			buf = binary.LittleEndian.AppendUint32(buf, uint32(t))
+			body = binary.LittleEndian.AppendUint32(body, uint32(t))
 		}
 	}
-	return fileio.WriteSealed(path, buf)
+	return writeShardBytes(path, body, width, tokenizer, vocab)
+}
+
+// writeShardBytes writes a shard whose tokens are already encoded (width bytes
+// each) in body, atomically.
+func writeShardBytes(path string, body []byte, width int, tokenizer string, vocab int) error {
+	h := make([]byte, headerSize)
+	copy(h, shardMagic)
+	binary.LittleEndian.PutUint32(h[8:], shardVersion)
+	binary.LittleEndian.PutUint32(h[12:], uint32(width))
+	binary.LittleEndian.PutUint64(h[16:], uint64(len(body)/width))
+	copy(h[24:40], tokenizer)
+	binary.LittleEndian.PutUint32(h[40:], uint32(vocab))
+	w, err := fileio.CreateSealed(path, int64(headerSize+len(body)))
+	if err != nil {
+		return err
+	}
+	if err := w.WriteAt(h, 0); err != nil {
+		w.Abort()
+		return err
+	}
+	if err := w.WriteAt(body, headerSize); err != nil {
+		w.Abort()
+		return err
+	}
+	return w.Commit()
 }
 
 // ErrNotShard marks a file that is not a token shard.
@@ -126,7 +142,7 @@ func checkShardHeader(path string) (int64, error) {
 		return 0, fmt.Errorf("%s: %w (token size %d)", path, ErrNotShard, dtype)
 	}
 	if count > MaxShardTokens {
-		return 0, fmt.Errorf("%s: %w: header says %d tokens, more than the %d a shard holds (a token per byte of data.MaxTextBytes of text)", path, ErrNotShard, count, uint64(MaxShardTokens))
+		return 0, fmt.Errorf("%s: %w: header says %d tokens, more than the %d a shard holds ", path, ErrNotShard, count, uint64(MaxShardTokens))
 	}
 	if want := int64(headerSize) + int64(count)*int64(dtype) + fileio.TrailerSize; size != want {
 		return 0, fmt.Errorf("%s: %w: header says %d tokens (%d bytes with header and trailer) but the file holds %d (truncated or extended)", path, fileio.ErrCorrupt, count, want, size)

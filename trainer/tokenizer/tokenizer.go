@@ -124,6 +124,20 @@ func (t *Tokenizer) Encode(text []byte) ([]int32, error) {
 	return t.EncodeProgress(text, nil)
 }
 
+// Cut returns the first i ≥ from where text may be cut so that encoding the
+// pieces gives the whole's tokens, or len(text) where the tokenizer allows no
+// cut (data prepare streams a large text file a piece at a time through it).
+func (t *Tokenizer) Cut(text []byte, from int) int {
+	from = min(max(from, 0), len(text))
+	switch {
+	case !t.cutSafe:
+		return len(text)
+	case t.cut != nil:
+		return min(t.cut(text, from), len(text))
+	}
+	return min(cutPoint(text, from), len(text))
+}
+
 // PieceBytes is the length of text one core encodes at a time, at least.
 const PieceBytes = 1 << 20
 
