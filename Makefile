@@ -43,9 +43,9 @@ race-quick: ## go test -race over the collectives and the kernels' core sharing 
 	$(GO) test -race -count=1 ./parallel/comm ./parallel/collective
 	$(GO) test -race -count=1 -run 'SameOnAnyCores|ShareCores' ./tensor/cpu
 
-test-emu-full: emu-deps ## the engine on the host emulator's GPUs against the CPU at 1, 2 and 4 ranks under every strategy (make test runs 4 ranks under optim_grads_params only), and the CLI's in-process ranks sharing one GPU
+test-emu-full: emu-deps ## the engine on the host emulator's GPUs against the CPU: every case of the matrices make test crosses (1, 2, 4 ranks x every strategy x parallelism x recompute x fp32/bf16), and the CLI's ranks sharing one GPU
 	SHARDLINE_REQUIRE_EMU=1 SHARDLINE_EMU_FULL=1 $(GO) test -count=1 -tags cudaemu -run 'TestEngineOnGPUMatchesCPU' ./trainer
-	SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 -tags cudaemu -run 'TestEngineSharesOneGPU' ./cmd/shardline
+	SHARDLINE_REQUIRE_EMU=1 SHARDLINE_EMU_FULL=1 $(GO) test -count=1 -tags cudaemu -run 'TestEngineSharesOneGPU|TestRanksOnTheirGPUs' ./cmd/shardline
 
 traffic: emu-deps ## count one 134M training step's kernels and bytes on the emulator: the engine against the bar trainer/gpu set (docs/cuda.md)
 	SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 -tags cudaemu -run 'TestStepTrafficOnGPU' -v ./trainer | grep -v '^=== RUN'

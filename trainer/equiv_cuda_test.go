@@ -16,8 +16,8 @@ import (
 // TestEngineOnGPUMatchesCPU trains the same recipe on the host emulator's
 // GPUs (each rank a device of its own, as shardline-cuda's ranks; collectives
 // staged through the host) and on the CPU, three steps at world sizes 1, 2
-// and 4 under every sharding strategy (4 under optim_grads_params alone
-// unless SHARDLINE_EMU_FULL=1), dense and MoE (ep 2 at 2 ranks), tp 2,
+// and 4 under every sharding strategy (make test: a cross of the matrix,
+// below), dense and MoE (ep 2 at 2 ranks), tp 2,
 // cp 2, selective and full recomputation, fp32 and bf16, and compares the losses step by
 // step. Tolerances, relative: fp32 1e-4 (the GPU's kernels sum in other
 // orders than the CPU's, about 1e-6 a kernel, over two layers and three
@@ -35,12 +35,20 @@ func TestEngineOnGPUMatchesCPU(t *testing.T) {
 		tol  float64
 		sets []string
 	}
-	// Four ranks cost the most on the emulator: make test runs them under
-	// optim_grads_params only; make test-emu-full (SHARDLINE_EMU_FULL=1)
-	// runs every strategy.
+	// The emulator runs each CUDA thread as a fiber: make test runs a cross
+	// of the matrix (every strategy at 2 ranks in fp32, optim_grads_params
+	// elsewhere, every parallelism and recompute mode in fp32 and most in
+	// bf16: 21 cases), make test-emu-full
+	// (SHARDLINE_EMU_FULL=1) all 42.
 	full := os.Getenv("SHARDLINE_EMU_FULL") == "1"
+	inCI := map[string]bool{"bf16=false/1/no_shard": true, "bf16=false/1/optim_grads_params": true, "bf16=false/2/no_shard": true,
+		"bf16=false/2/optim": true, "bf16=false/2/optim_grads": true, "bf16=false/2/optim_grads_params": true, "bf16=false/4/optim_grads_params": true,
+		"bf16=true/1/optim_grads_params": true, "bf16=true/2/optim_grads_params": true}
+	for _, s := range []string{"full", "selective", "moe ep2 selective", "tp2 selective", "moe ep2 full", "cp2", "cp2 full"} {
+		inCI["bf16=false/"+s], inCI["bf16=true/"+s] = true, s != "cp2" && s != "moe ep2 full"
+	}
 	if !full {
-		t.Log("4 ranks: optim_grads_params only; SHARDLINE_EMU_FULL=1 (make test-emu-full) runs every strategy")
+		t.Log("make test's cross of the matrix; SHARDLINE_EMU_FULL=1 (make test-emu-full) runs every case")
 	}
 	var cases []tc
 	for _, bf16 := range []bool{false, true} {
@@ -50,9 +58,6 @@ func TestEngineOnGPUMatchesCPU(t *testing.T) {
 		}
 		for _, n := range []int{1, 2, 4} {
 			for _, strat := range []string{"no_shard", "optim", "optim_grads", "optim_grads_params"} {
-				if n == 4 && strat != "optim_grads_params" && !full {
-					continue
-				}
 				cases = append(cases, tc{fmt.Sprintf("bf16=%v/%d/%s", bf16, n, strat), tol, append([]string{fmt.Sprintf("parallel.world_size=%d", n),
 					fmt.Sprintf("train.global_batch_size=%d", 2*n), "fsdp.data_parallel_sharding_strategy=" + strat}, prec...)})
 			}
@@ -73,6 +78,9 @@ func TestEngineOnGPUMatchesCPU(t *testing.T) {
 		}
 	}
 	for _, c := range cases {
+		if !full && !inCI[c.name] {
+			continue
+		}
 		t.Run(c.name, func(t *testing.T) {
 			sets := append(append([]string{}, base...), c.sets...)
 			cpuRes, _ := tinyRun(t, sets...)

@@ -70,6 +70,20 @@ func scalarsOf(line []byte) ([]tensorboard.Scalar, error) {
 		if k == "step" || k == "nonfinite" {
 			continue
 		}
+		if k == "data" {
+			// What each data source gave so far: data/SOURCE/samples, tokens
+			// and epochs (SOURCE is data.path for the one path).
+			var srcs []SourceConsumed
+			if err := json.Unmarshal(raw, &srcs); err != nil {
+				return nil, fmt.Errorf("data: %w", err)
+			}
+			for _, s := range srcs {
+				name := "data/" + sourceTag(s.Source) + "/"
+				out = append(out, tensorboard.Scalar{Tag: name + "samples", Value: float32(s.Samples)},
+					tensorboard.Scalar{Tag: name + "tokens", Value: float32(s.Tokens)}, tensorboard.Scalar{Tag: name + "epochs", Value: float32(s.Epochs)})
+			}
+			continue
+		}
 		var v any
 		if err := json.Unmarshal(raw, &v); err != nil {
 			return nil, fmt.Errorf("%s: %w", k, err)
@@ -99,6 +113,15 @@ func scalarsOf(line []byte) ([]tensorboard.Scalar, error) {
 	}
 	slices.SortFunc(out, func(a, b tensorboard.Scalar) int { return strings.Compare(a.Tag, b.Tag) })
 	return out, nil
+}
+
+// sourceTag names a data source in TensorBoard tags: its path as the recipe
+// gives it, or data.path for the one path (recorded as "").
+func sourceTag(source string) string {
+	if source == "" {
+		return "data.path"
+	}
+	return source
 }
 
 // eventsName is the name of the TensorBoard event file a run writes when it

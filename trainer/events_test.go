@@ -135,6 +135,14 @@ func requireEventsEqualMetrics(t *testing.T, dir string, evs []scalarEvent) {
 		}
 		for k, v := range m {
 			switch v := v.(type) {
+			case []any: // data: what each source gave
+				for _, s := range v {
+					s := s.(map[string]any)
+					name := sourceTag(s["source"].(string)) + "/"
+					for _, f := range []string{"samples", "tokens", "epochs"} {
+						want[name+f] = float32(s[f].(float64))
+					}
+				}
 			case float64:
 				if k != "step" {
 					want[k] = float32(v)

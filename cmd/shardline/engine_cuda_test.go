@@ -132,6 +132,13 @@ func TestRanksOnTheirGPUs(t *testing.T) {
 	if gpus >= n {
 		want = "the device's (NCCL)"
 	}
+	// On the host emulator make test runs the cases that only ranks with
+	// devices of their own show (collectives over the emulator's NCCL, the
+	// sample drawn together or alone, user buffers, bf16); trainer's
+	// TestEngineOnGPUMatchesCPU trains the rest of the matrix on the emulator
+	// too, and SHARDLINE_EMU_FULL=1 (make test-emu-full) runs every case here.
+	emuFull := !cuda.Emulated || os.Getenv("SHARDLINE_EMU_FULL") == "1"
+	onEmu := map[string]bool{"tiny": true, "tiny optim_grads": true, "tiny with NCCL user buffers": true, "tiny bf16": true, "moe-tiny": true}
 	for _, tc := range []struct {
 		name, recipe string
 		tol          float64
@@ -156,6 +163,10 @@ func TestRanksOnTheirGPUs(t *testing.T) {
 		recipe, tol, sets := tc.recipe, tc.tol, append(slices.Clone(small), tc.sets...)
 		if tc.gpu != nil && gpus < n {
 			continue // user buffers need NCCL: TestUserBuffersNeedNCCL
+		}
+		if !emuFull && !onEmu[tc.name] {
+			t.Logf("%s: in make test-emu-full (SHARDLINE_EMU_FULL=1) on the emulator", tc.name)
+			continue
 		}
 		t.Run(tc.name, func(t *testing.T) {
 			ref := engineRun(t, recipe, cpu.Backend{}, n, "optim_grads_params", sets...)
