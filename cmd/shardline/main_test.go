@@ -844,7 +844,9 @@ func TestRecipeImportTorchtitan(t *testing.T) {
 	_, err := os.Stat(recipe)
 	assert.True(t, os.IsNotExist(err), "no recipe is written")
 
-	code, out, errs = shardline(t, nil, "recipe", "import", "torchtitan", filepath.Join(filepath.Dir(job), "llama4_17bx16e.toml"))
+	corpus := filepath.Join(t.TempDir(), "c4.jsonl") // the jobs' C4, from the hub there: a local copy here
+	require.NoError(t, os.WriteFile(corpus, []byte(`{"text": "a document"}`+"\n"), 0o644))
+	code, out, errs = shardline(t, nil, "recipe", "import", "torchtitan", filepath.Join(filepath.Dir(job), "llama4_17bx16e.toml"), "--set", "data.path="+corpus)
 	assert.Equal(t, exitFindings, code)
 	assert.Empty(t, out)
 	// Scout's router imports; its expert tensor parallelism (8) is what lint refuses.
@@ -855,8 +857,6 @@ func TestRecipeImportTorchtitan(t *testing.T) {
 	// notes and the tokenizer directory's warning, a recipe that plans on 8 H20s at
 	// EP 1 and 4.
 	report := filepath.Join(t.TempDir(), "report.toml")
-	corpus := filepath.Join(t.TempDir(), "c4.jsonl") // the report's C4, from the hub there: a local copy here
-	require.NoError(t, os.WriteFile(corpus, []byte(`{"text": "a document"}`+"\n"), 0o644))
 	args := []string{"recipe", "import", "torchtitan", filepath.Join(filepath.Dir(job), "llama4_3bx128e.toml"), "--world-size", "8", "-o", report,
 		"--set", "data.path=" + corpus}
 	for _, kv := range []string{"model.layers=48", "model.hidden=2048", "model.heads=32", "model.kv_heads=4", "model.vocab_size=202048", "model.ffn_hidden=8192",
