@@ -211,39 +211,8 @@ func mergeLong(syms []int32, merges map[uint64]merge) []int32 {
 		left, right int
 		a, b        int32 // the symbols when pushed
 	}
-	var h []cand
-	less := func(x, y cand) bool { return x.rank < y.rank || x.rank == y.rank && x.left < y.left }
-	push := func(c cand) {
-		h = append(h, c)
-		for i := len(h) - 1; i > 0; {
-			p := (i - 1) / 2
-			if !less(h[i], h[p]) {
-				break
-			}
-			h[i], h[p] = h[p], h[i]
-			i = p
-		}
-	}
-	pop := func() cand {
-		top := h[0]
-		h[0] = h[len(h)-1]
-		h = h[:len(h)-1]
-		for i := 0; ; {
-			l, r, b := 2*i+1, 2*i+2, i
-			if l < len(h) && less(h[l], h[b]) {
-				b = l
-			}
-			if r < len(h) && less(h[r], h[b]) {
-				b = r
-			}
-			if b == i {
-				break
-			}
-			h[i], h[b] = h[b], h[i]
-			i = b
-		}
-		return top
-	}
+	h := minHeap[cand]{less: func(x, y cand) bool { return x.rank < y.rank || x.rank == y.rank && x.left < y.left }}
+	push, pop := h.push, h.pop
 	try := func(l int) {
 		if l < 0 || next[l] < 0 {
 			return
@@ -256,7 +225,7 @@ func mergeLong(syms []int32, merges map[uint64]merge) []int32 {
 	for i := 0; i+1 < n; i++ {
 		try(i)
 	}
-	for len(h) > 0 {
+	for len(h.items) > 0 {
 		c := pop()
 		if !alive[c.left] || !alive[c.right] || next[c.left] != c.right || syms[c.left] != c.a || syms[c.right] != c.b {
 			continue
@@ -292,39 +261,8 @@ func (m *tiktokenBPE) mergeLong(word string, out []int32) ([]int32, error) {
 		rank           int32
 		left, right, e int
 	}
-	var h []cand
-	less := func(x, y cand) bool { return x.rank < y.rank || x.rank == y.rank && x.left < y.left }
-	push := func(c cand) {
-		h = append(h, c)
-		for i := len(h) - 1; i > 0; {
-			p := (i - 1) / 2
-			if !less(h[i], h[p]) {
-				break
-			}
-			h[i], h[p] = h[p], h[i]
-			i = p
-		}
-	}
-	pop := func() cand {
-		top := h[0]
-		h[0] = h[len(h)-1]
-		h = h[:len(h)-1]
-		for i := 0; ; {
-			l, r, b := 2*i+1, 2*i+2, i
-			if l < len(h) && less(h[l], h[b]) {
-				b = l
-			}
-			if r < len(h) && less(h[r], h[b]) {
-				b = r
-			}
-			if b == i {
-				break
-			}
-			h[i], h[b] = h[b], h[i]
-			i = b
-		}
-		return top
-	}
+	h := minHeap[cand]{less: func(x, y cand) bool { return x.rank < y.rank || x.rank == y.rank && x.left < y.left }}
+	push, pop := h.push, h.pop
 	try := func(l int) {
 		if l < 0 || next[l] < 0 {
 			return
@@ -337,7 +275,7 @@ func (m *tiktokenBPE) mergeLong(word string, out []int32) ([]int32, error) {
 	for i := 0; i+1 < n; i++ {
 		try(i)
 	}
-	for len(h) > 0 {
+	for len(h.items) > 0 {
 		c := pop()
 		if !alive[c.left] || !alive[c.right] || next[c.left] != c.right || end[c.right] != c.e {
 			continue
@@ -359,4 +297,46 @@ func (m *tiktokenBPE) mergeLong(word string, out []int32) ([]int32, error) {
 		out = append(out, id)
 	}
 	return out, nil
+}
+
+// minHeap is a binary min-heap under less: the merges a long word has left,
+// lowest rank (then leftmost) first.
+type minHeap[T any] struct {
+	items []T
+	less  func(a, b T) bool
+}
+
+func (h *minHeap[T]) push(c T) {
+	h.items = append(h.items, c)
+	for i := len(h.items) - 1; i > 0; {
+		p := (i - 1) / 2
+		if !h.less(h.items[i], h.items[p]) {
+			break
+		}
+		h.items[i], h.items[p] = h.items[p], h.items[i]
+		i = p
+	}
+}
+
+func (h *minHeap[T]) pop() T {
+	it := h.items
+	top := it[0]
+	it[0] = it[len(it)-1]
+	it = it[:len(it)-1]
+	for i := 0; ; {
+		l, r, b := 2*i+1, 2*i+2, i
+		if l < len(it) && h.less(it[l], it[b]) {
+			b = l
+		}
+		if r < len(it) && h.less(it[r], it[b]) {
+			b = r
+		}
+		if b == i {
+			break
+		}
+		it[i], it[b] = it[b], it[i]
+		i = b
+	}
+	h.items = it
+	return top
 }
