@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"unicode/utf8"
 
+	"github.com/shardline/shardline/trainer/tokenizer"
 	"github.com/tiktoken-go/tokenizer/codec"
 )
 
@@ -129,7 +130,8 @@ func encodePieces(text []byte, size, workers int, progress func(done int)) ([]in
 
 // gpt2Cut returns the first i ≥ from where text can be cut without changing
 // its tokens, or len(text): just after a newline that stands between two
-// printable ASCII characters other than space ("a\nb"). GPT-2's pre-tokenizer
+// printable ASCII characters other than space ("a\nb"), as for the
+// tokenizer files' patterns (tokenizer.CutAfterNewline). GPT-2's pre-tokenizer
 // ('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)
 // puts whitespace in a match with other characters only as one leading space,
 // so a match ends before the newline and the newline is a match of its own;
@@ -137,15 +139,7 @@ func encodePieces(text []byte, size, workers int, progress func(done int)) ([]in
 // newline just as \s+ does in the whole text. A run of two or more would
 // differ there (whole, "\n\n" before a letter is two matches), so it is not
 // cut.
-func gpt2Cut(text []byte, from int) int {
-	printable := func(c byte) bool { return c > ' ' && c < 0x7f }
-	for i := max(from, 2); i < len(text); i++ {
-		if text[i-1] == '\n' && printable(text[i]) && printable(text[i-2]) {
-			return i
-		}
-	}
-	return len(text)
-}
+func gpt2Cut(text []byte, from int) int { return tokenizer.CutAfterNewline(text, from) }
 
 // Decode maps tokens back to text. A character split across tokens is joined
 // before the bytes are read as UTF-8; bytes that still do not form a character

@@ -246,7 +246,7 @@ const maxVocab = 1 << 24
 
 // parsePreTokenizer builds the pre-tokenizer steps. byteLevel is true when a
 // ByteLevel pre-tokenizer (last) maps bytes to characters; cutSafe when every
-// split is one that cutPoint's reasoning covers.
+// split is one that CutAfterNewline's reasoning covers.
 func parsePreTokenizer(raw json.RawMessage) (steps []preStep, byteLevel, cutSafe bool, err error) {
 	cutSafe = true
 	var add func(raw json.RawMessage) error
@@ -318,7 +318,7 @@ func parsePreTokenizer(raw json.RawMessage) (steps []preStep, byteLevel, cutSafe
 	return steps, byteLevel, cutSafe, nil
 }
 
-// knownPatterns are the split patterns cutPoint's reasoning covers: GPT-2's,
+// knownPatterns are the split patterns CutAfterNewline's reasoning covers: GPT-2's,
 // Llama 3's, Qwen2's and cl100k's.
 var knownPatterns = map[string]bool{
 	gpt2Pattern:   true,

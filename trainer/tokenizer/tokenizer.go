@@ -35,7 +35,7 @@ type Tokenizer struct {
 	pretok    []preStep           // applied in order; nil: the whole text is one word
 	model     wordModel
 	cutSafe   bool // text may be cut at cut without changing its tokens
-	// cut is where text may be cut (cutPoint where nil); normalizeRest
+	// cut is where text may be cut (CutAfterNewline where nil); normalizeRest
 	// normalizes the pieces after the first (normalize where nil).
 	cut           func(text []byte, from int) int
 	normalizeRest func(string) string
@@ -135,7 +135,7 @@ func (t *Tokenizer) Cut(text []byte, from int) int {
 	case t.cut != nil:
 		return min(t.cut(text, from), len(text))
 	}
-	return min(cutPoint(text, from), len(text))
+	return min(CutAfterNewline(text, from), len(text))
 }
 
 // PieceBytes is the length of text one core encodes at a time, at least.
@@ -173,7 +173,7 @@ func (t *Tokenizer) encodePieces(text []byte, size, workers int, progress func(d
 		if t.cutSafe && t.cut != nil {
 			end = t.cut(text, at+size)
 		} else if t.cutSafe {
-			end = cutPoint(text, at+size)
+			end = CutAfterNewline(text, at+size)
 		}
 		cuts = append(cuts, end)
 		at = end
@@ -246,7 +246,7 @@ func (t *Tokenizer) encodePieces(text []byte, size, workers int, progress func(d
 	return out, nil
 }
 
-// cutPoint returns the first i ≥ from where text can be cut without changing
+// CutAfterNewline returns the first i ≥ from where text can be cut without changing
 // its tokens under the pre-tokenizers marked cutSafe, or len(text): just after
 // a newline that stands between two printable ASCII characters other than
 // space ("a\nb"). In GPT-2's, Llama 3's, Qwen2's and cl100k's patterns a match
@@ -255,7 +255,7 @@ func (t *Tokenizer) encodePieces(text []byte, size, workers int, progress func(d
 // newlines, and nothing looks behind; so every match ends at the cut in the
 // whole text as in the pieces. NFC and the other normalizations never join
 // across an ASCII character, and no added token marked cutSafe holds a newline.
-func cutPoint(text []byte, from int) int {
+func CutAfterNewline(text []byte, from int) int {
 	printable := func(c byte) bool { return c > ' ' && c < 0x7f }
 	for i := max(from, 2); i < len(text); i++ {
 		if text[i-1] == '\n' && printable(text[i]) && printable(text[i-2]) {
