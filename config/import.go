@@ -306,10 +306,20 @@ func ImportMegatron(path string, src []byte) (*Resolved, Diagnostics) {
 			Message: "the script names no --tokenizer-type: the tokens of its data cannot be told",
 			Help:    "add --tokenizer-type GPT2BPETokenizer (the tokenizer shardline carries) to the script"})
 	}
-	if given["tokenizer-type"] && !given["tokenizer-model"] && !listed["data.tokenizer"] && fileTokenizerTypes[vals["tokenizer-type"]] {
-		diags = append(diags, Diagnostic{Severity: SevError, Code: "SL010", Key: "data.tokenizer", Origin: Origin{Kind: FromFile, Pos: Pos{File: path}},
-			Message: fmt.Sprintf("--tokenizer-type %s reads --tokenizer-model, which the script does not give: its tokens cannot be told", vals["tokenizer-type"]),
-			Help:    "add --tokenizer-model with the model's tokenizer.json (or SentencePiece tokenizer.model) to the script"})
+	if tok := ""; res != nil && given["tokenizer-type"] && !listed["data.tokenizer"] && fileTokenizerTypes[vals["tokenizer-type"]] {
+		tok = res.Recipe.Data.Tokenizer
+		switch {
+		case !tokenizer.IsFileSpec(tok):
+			diags = append(diags, Diagnostic{Severity: SevError, Code: "SL010", Key: "data.tokenizer", Origin: Origin{Kind: FromFile, Pos: Pos{File: path}},
+				Message: fmt.Sprintf("--tokenizer-type %s reads --tokenizer-model's file, and the script gives none (a hub name is not fetched): its tokens cannot be told", vals["tokenizer-type"]),
+				Help:    "give --tokenizer-model the path of the model's tokenizer.json (or SentencePiece tokenizer.model)"})
+		case !given["vocab-size"] && !listed["model.vocab_size"]:
+			if _, err := tokenizer.Load(tok); err != nil {
+				diags = append(diags, Diagnostic{Severity: SevWarning, Code: "SL402", Key: "model.vocab_size", Origin: Origin{Kind: FromFile, Pos: Pos{File: path}},
+					Message: fmt.Sprintf("no --vocab-size, and the vocabulary of --tokenizer-model %s cannot be read here (%v): model.vocab_size stays %d", tok, err, res.Recipe.Model.VocabSize),
+					Help:    "give --vocab-size (Megatron's padded vocabulary), or --set model.vocab_size"})
+			}
+		}
 	}
 	if len(stray) > 0 {
 		diags = append(diags, Diagnostic{Severity: SevError, Code: "SL007", Origin: Origin{Kind: FromFile, Pos: Pos{File: path}},

@@ -43,13 +43,14 @@ func TestImportMegatronData(t *testing.T) {
 
 	// What cannot be carried is an error naming it.
 	for args, want := range map[string]string{
-		"--tokenizer-type HuggingFaceTokenizer --data-path /d/a":            "--tokenizer-type HuggingFaceTokenizer reads --tokenizer-model, which the script does not give",
-		"--tokenizer-type BertWordPieceCase --data-path /d/a":               "--tokenizer-type BertWordPieceCase cannot be carried",
-		"--tokenizer-type GPT2BPETokenizer --mock-data":                     "--mock-data: Megatron's mock data are random tokens",
-		"--tokenizer-type GPT2BPETokenizer":                                 "the script names no --data-path",
-		"--data-path /d/a":                                                  "the script names no --tokenizer-type",
-		"--tokenizer-type GPT2BPETokenizer --data-path /d/a --split 90,5,5": "holds out a test part",
-		"--tokenizer-type GPT2BPETokenizer --data-path 0.5 /d/a 0.5":        "mixes weights and prefixes",
+		"--tokenizer-type HuggingFaceTokenizer --data-path /d/a":                        "--tokenizer-type HuggingFaceTokenizer reads --tokenizer-model's file, and the script gives none",
+		"--tokenizer-type HuggingFaceTokenizer --tokenizer-model gpt2 --data-path /d/a": "a hub name is not fetched",
+		"--tokenizer-type BertWordPieceCase --data-path /d/a":                           "--tokenizer-type BertWordPieceCase cannot be carried",
+		"--tokenizer-type GPT2BPETokenizer --mock-data":                                 "--mock-data: Megatron's mock data are random tokens",
+		"--tokenizer-type GPT2BPETokenizer":                                             "the script names no --data-path",
+		"--data-path /d/a":                                                              "the script names no --tokenizer-type",
+		"--tokenizer-type GPT2BPETokenizer --data-path /d/a --split 90,5,5":             "holds out a test part",
+		"--tokenizer-type GPT2BPETokenizer --data-path 0.5 /d/a 0.5":                    "mixes weights and prefixes",
 	} {
 		_, diags := ImportMegatron("job.sh", []byte("python pretrain_gpt.py "+model+args+"\n"))
 		require.True(t, diags.HasErrors(), args)

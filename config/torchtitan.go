@@ -928,6 +928,9 @@ func (t *ttImport) data() {
 		if s := t.get("validation.dataset_path"); s.str() != "" {
 			t.to("data.val_path", s.str(), s, "")
 			t.to("data.val_fraction", "0", s, "the validation data is data.val_path")
+		} else if t.sets["data.val_path"] {
+			ds := t.get("validation.dataset")
+			t.note(ds, fmt.Sprintf("torchtitan downloads %q from the Hugging Face hub; the recipe validates on the data given with --set instead", ds.str()), "")
 		} else {
 			ds := t.get("validation.dataset")
 			t.refuse(ds, fmt.Sprintf("torchtitan downloads %q from the Hugging Face hub; shardline reads files, so the validation data cannot be carried", ds.str()),

@@ -582,7 +582,7 @@ func TestPlanTorchtitanReport(t *testing.T) {
 	for _, ep := range []string{"1", "4"} {
 		res, diags := config.ImportTorchtitanWith(path, src, 8, []string{"model.layers=48", "model.hidden=2048", "model.heads=32", "model.kv_heads=4",
 			"model.vocab_size=202048", "model.ffn_hidden=8192", "model.rope_theta=500000", "model.moe.num_experts=128", "model.moe.expert_ffn_hidden=768",
-			"model.moe.layer_freq=1", "model.moe.top_k=8", "parallel.device_profile=h20-96gb", "parallel.expert_parallel=" + ep})
+			"model.moe.layer_freq=1", "model.moe.top_k=8", "parallel.device_profile=h20-96gb", "parallel.expert_parallel=" + ep, "data.path=/data/c4"}) // the report's C4 (from the hub there) as a local copy
 		require.False(t, diags.HasErrors(), "%v", diags)
 		p, ds := Check(res, nil)
 		require.NotNil(t, p, "ep %s", ep)

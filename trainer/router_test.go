@@ -39,7 +39,9 @@ func TestRouterExpertParallelEquivalence(t *testing.T) {
 		"llama4":      {llama4Sets, []string{"no_shard", "optim_grads_params"}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			base := append([]string{"train.steps=4", "train.micro_batch_size=1", "train.global_batch_size=8", "train.eval_interval=4"}, c.sets...)
+			// An odd number of steps: each moves a bias by ±rate, so it cannot be
+			// back at 0 at the end (with 4, on this data, both came back).
+			base := append([]string{"train.steps=3", "train.micro_batch_size=1", "train.global_batch_size=8", "train.eval_interval=3"}, c.sets...)
 			ref, _ := tinyRun(t, append(base, "parallel.world_size=1")...)
 			_, w := trained(t, ref)
 			table, err := parallel.ParamTable(ref.Recipe.Model, 1, 1)
@@ -54,7 +56,7 @@ func TestRouterExpertParallelEquivalence(t *testing.T) {
 				}
 			}
 			require.Equal(t, 2, biases)
-			assert.True(t, moved, "no expert bias moved") // a layer's may come back to 0: ±0.01 a step
+			assert.True(t, moved, "no expert bias moved")
 			expertMeshes(t, base, ref, c.strategies, nil)
 		})
 	}

@@ -390,6 +390,9 @@ func openPath(r *config.Recipe, opts Options, key string, value any, raw string,
 		// The expanded path is not printed: ${VAR} may hold a secret (docs/robustness.md).
 		err = errors.New(config.RedactVars(err.Error(), raw, opts.Env))
 	}
+	if err != nil && len(config.PathVars(r.Data.Tokenizer)) > 0 {
+		err = errors.New(config.RedactVars(err.Error(), r.Data.Tokenizer, opts.Env)) // the tokenizer's path too
+	}
 	if err != nil {
 		return nil, config.ValueProblem(key, value, err, "point it at a document source, a `shardline data prepare` directory or a Megatron dataset (docs/data.md)")
 	}

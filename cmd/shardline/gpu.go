@@ -18,6 +18,10 @@ import (
 // cuda runs to this one.
 const gpuRunner = "shardline-cuda"
 
+// gpuCount is the number of GPUs this process sees; nil in a build without
+// -tags cuda. A cuda run checks it before anything is written.
+var gpuCount func() (int, error)
+
 // rankGPUs gives each rank of a run (in this process, or one process of a
 // job, whose node index is localRank; -1 for none) the kernel set of its GPU;
 // nil in a build without -tags cuda.

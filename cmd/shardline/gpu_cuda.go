@@ -10,7 +10,7 @@ import (
 
 // This file is the GPU engine of the shardline-cuda build (make cuda); under
 // -tags cudaemu, the same engine on the host emulator, for tests.
-func init() { rankGPUs = gpuPerRank }
+func init() { rankGPUs, gpuCount = gpuPerRank, cuda.Count }
 
 // gpuPerRank opens a rank's GPU: the one at its node index (localRank) in a
 // job, else at its index among this process's ranks, modulo the GPUs visible,

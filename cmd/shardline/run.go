@@ -313,6 +313,15 @@ or staged through the host where ranks share a GPU.`,
 			if rankGPUs == nil {
 				return a.execGPURunner(res)
 			}
+			// No GPU is an error at the key, before any data is read or a run
+			// directory made.
+			if n, err := gpuCount(); err != nil || n == 0 {
+				why := "no GPU is visible (check CUDA_VISIBLE_DEVICES)"
+				if err != nil {
+					why = err.Error()
+				}
+				return &exitError{code: exitFindings, err: fmt.Errorf(`%s: parallel.device = "cuda": %s; or set device = "cpu"`, res.Origin("parallel.device").Location(), why)}
+			}
 			local := -1
 			if job != nil {
 				local = job.localRank

@@ -125,12 +125,15 @@ func (t *Tokenizer) Encode(text []byte) ([]int32, error) {
 }
 
 // Cut returns the first i ≥ from where text may be cut so that encoding the
-// pieces gives the whole's tokens, or len(text) where the tokenizer allows no
-// cut (data prepare streams a large text file a piece at a time through it).
+// pieces with Encode gives the whole's tokens, or len(text) where the
+// tokenizer allows no such cut (data prepare streams a large text file a
+// piece at a time through it). A tokenizer whose later pieces normalize
+// otherwise than the first (SentencePiece's dummy prefix: normalizeRest)
+// allows none here, since Encode treats every piece as a first.
 func (t *Tokenizer) Cut(text []byte, from int) int {
 	from = min(max(from, 0), len(text))
 	switch {
-	case !t.cutSafe:
+	case !t.cutSafe || t.normalizeRest != nil:
 		return len(text)
 	case t.cut != nil:
 		return min(t.cut(text, from), len(text))

@@ -218,3 +218,21 @@ func TestTiktokenLongWords(t *testing.T) {
 		require.Equal(t, short, long, "%q", s)
 	}
 }
+
+// TestCutOnlyWhereEncodeAgrees: Cut offers a place to cut only where encoding
+// the pieces with Encode gives the whole's tokens: after a newline between
+// printable characters for a cut-safe tokenizer, nowhere (len(text)) for one
+// that is not, or whose later pieces normalize otherwise than the first
+// (SentencePiece's dummy prefix), which Encode would treat as first pieces.
+func TestCutOnlyWhereEncodeAgrees(t *testing.T) {
+	text := []byte("ab\ncd ef\ngh")
+	safe := &Tokenizer{cutSafe: true}
+	if got := safe.Cut(text, 0); got != 3 {
+		t.Fatalf("cut-safe: Cut = %d, want 3", got)
+	}
+	for name, tok := range map[string]*Tokenizer{"not cut-safe": {}, "later pieces normalized otherwise": {cutSafe: true, normalizeRest: func(s string) string { return s }}} {
+		if got := tok.Cut(text, 0); got != len(text) {
+			t.Fatalf("%s: Cut = %d, want %d (no cut)", name, got, len(text))
+		}
+	}
+}
