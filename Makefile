@@ -14,7 +14,7 @@ help: ## list the targets
 build: ## build bin/shardline
 	$(GO) build -buildvcs=auto -o $(BIN) ./cmd/shardline
 
-test: ci-deps sarif-schema tb-reader torch-deps tokref-deps cuda-check emu-deps ## vet, run every test, and fuzz every reader briefly (what CI runs)
+test: ci-deps sarif-schema tb-reader torch-deps tokref-deps cuda-check emu-deps ## vet, run every test, and fuzz the readers of other processes' bytes and users' files briefly (what CI runs)
 	$(GO) vet ./...
 	SHARDLINE_SARIF_SCHEMA=$(CURDIR)/$(SARIF_SCHEMA) SHARDLINE_TB_READER=$(CURDIR)/$(TB_READER) SHARDLINE_TORCH_PYTHON=/usr/bin/python3 SHARDLINE_TOKREF=$(CURDIR)/$(TOKREF) SHARDLINE_SPM_PYTHON=/usr/bin/python3 SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 ./...
 	$(MAKE) --no-print-directory race-quick
@@ -23,7 +23,7 @@ test: ci-deps sarif-schema tb-reader torch-deps tokref-deps cuda-check emu-deps 
 	SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 -tags cudaemu -run 'TestEngineModelOnDevice|TestEngineMasksOnDevice|TestDocumentsApartOnDevice' ./trainer/model
 	SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 -tags cudaemu -run 'TestStepTrafficOnGPU|TestPlanEqualsHeldOnGPU|TestEngineOnGPUMatchesCPU' -bench 'EngineStepTiny' -benchtime 1x ./trainer
 	SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 -tags cudaemu -run 'TestGPUCheckpointResumes|TestRanksOnTheirGPUs|TestLaunchOnGPUs|TestGPUTraceShowsOverlap|TestUserBuffersNeedNCCL|TestLostRankEndsGPURun|TestRanksOnGPUsResume' ./cmd/shardline
-	$(MAKE) --no-print-directory fuzz FUZZTIME=4s
+	@GO="$(GO)" ./scripts/fuzz.sh 3s $(FUZZ_CI)
 
 # The race detector over what runs concurrently: the collectives and the CPU
 # kernels' core sharing (which make test runs too), and in-process ranks
@@ -101,6 +101,16 @@ FUZZ_TARGETS := ./config:FuzzLoadLint ./config:FuzzImport ./parallel:FuzzLoadLin
 	./trainer/hf:FuzzCheckConfig ./parallel/comm:FuzzHandshake ./parallel/comm:FuzzRendezvousAnswer ./parallel/comm:FuzzPeerFrame \
 	./parallel/comm:FuzzAgreeFacts ./trainer/tokenizer:FuzzFromBytes
 FUZZTIME ?= 60s
+
+# The readers make test fuzzes, 3 s each: what arrives from another process
+# (the TCP handshake and frames) or in a file a user was handed (recipes,
+# checkpoints, token shards, Megatron indexes, safetensors). Each package is
+# built with the fuzzer's instrumentation, which from an empty build cache took
+# most of CI's fuzz stage: the other eleven targets (make fuzz) would add
+# four packages' builds, trainer's among them. Their seed corpora run in
+# every go test.
+FUZZ_CI := ./config:FuzzLoadLint ./trainer/data:FuzzReadShard ./trainer/data:FuzzMegatronIndex ./trainer/hf:FuzzReadSafetensors \
+	./trainer/ckpt:FuzzOpen ./parallel/comm:FuzzHandshake ./parallel/comm:FuzzPeerFrame
 
 fuzz: ## fuzz every reader users reach: recipes, lint, plan, calibrations, shards, tokenizers and tokenizer files, text, weights, checkpoints, the TCP handshake and frames (FUZZTIME each, 60s)
 	@GO="$(GO)" ./scripts/fuzz.sh $(FUZZTIME) $(FUZZ_TARGETS)
@@ -185,11 +195,9 @@ cuda: cuda-deps ## build bin/shardline-cuda, the GPU runner `shardline run --dev
 emu-deps: ## install g++, which builds the device kernels for the host emulator (cuda/kernels/emu; no GPU needed)
 	@command -v g++ >/dev/null 2>&1 || { echo "installing g++" >&2; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends g++; }
 
-cuda-check: cuda-deps ## vet and link the GPU backend and its device tests (-tags cuda); needs no GPU
+cuda-check: cuda-deps ## vet the GPU backend and its device tests, and link cuda's and the CLI's (-tags cuda: the cgo and driver bindings); needs no GPU
 	$(GO) vet -tags cuda ./cuda/... ./trainer/... ./cmd/shardline/...
 	$(GO) test -c -tags cuda -o /dev/null ./cuda
-	$(GO) test -c -tags cuda -o /dev/null ./trainer
-	$(GO) test -c -tags cuda -o /dev/null ./trainer/model
 	$(GO) test -c -tags cuda -o /dev/null ./cmd/shardline
 
 cuda-test: cuda-deps ## build bin/cuda.test, bin/trainer.test, bin/model.test and bin/cli.test, the device tests to run on a GPU machine (docs/cuda.md)
