@@ -5,7 +5,6 @@ import (
 	"runtime"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"unicode/utf8"
 
 	"github.com/shardline/shardline/trainer/tokenizer"
@@ -76,56 +75,19 @@ func encodePieces(text []byte, size, workers int, progress func(done int)) ([]in
 		cuts = append(cuts, end)
 		at = end
 	}
-	ids := make([][]int32, len(cuts))
-	errs := make([]error, len(cuts))
-	finished := make([]chan struct{}, len(cuts))
-	for i := range finished {
-		finished[i] = make(chan struct{})
-	}
-	var next atomic.Int64
-	for range min(max(workers, 1), len(cuts)) {
-		go func() {
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= len(cuts) {
-					return
-				}
-				lo := 0
-				if i > 0 {
-					lo = cuts[i-1]
-				}
-				got, _, err := gpt2().Encode(string(text[lo:cuts[i]]))
-				if err != nil {
-					errs[i] = fmt.Errorf("gpt2 tokenizer: %w", err)
-				} else {
-					ids[i] = make([]int32, len(got))
-					for j, id := range got {
-						ids[i][j] = int32(id)
-					}
-				}
-				close(finished[i])
+	return tokenizer.InPieces(text, cuts, workers, func() (func([]byte, int) ([]int32, error), func()) {
+		return func(piece []byte, _ int) ([]int32, error) {
+			got, _, err := gpt2().Encode(string(piece))
+			if err != nil {
+				return nil, fmt.Errorf("gpt2 tokenizer: %w", err)
 			}
-		}()
-	}
-	n := 0
-	for i := range cuts {
-		<-finished[i]
-		if errs[i] != nil {
-			for _, f := range finished[i+1:] { // let the workers finish before returning
-				<-f
+			ids := make([]int32, len(got))
+			for j, id := range got {
+				ids[j] = int32(id)
 			}
-			return nil, errs[i]
-		}
-		n += len(ids[i])
-		if progress != nil {
-			progress(cuts[i])
-		}
-	}
-	out := make([]int32, 0, n)
-	for _, p := range ids {
-		out = append(out, p...)
-	}
-	return out, nil
+			return ids, nil
+		}, func() {}
+	}, progress)
 }
 
 // gpt2Cut returns the first i ≥ from where text can be cut without changing

@@ -200,6 +200,19 @@ func (t *Tokenizer) encodePieces(text []byte, size, workers int, progress func(d
 		}
 		return out, nil
 	}
+	return InPieces(text, cuts, workers, func() (func(piece []byte, i int) ([]int32, error), func()) {
+		s := t.getScratch()
+		return func(piece []byte, i int) ([]int32, error) { return t.encodeText(string(piece), s, nil, i > 0) }, func() { t.scratch.Put(s) }
+	}, progress)
+}
+
+// InPieces encodes text cut into pieces at cuts (each piece's end, ascending,
+// the last len(text)) on up to workers goroutines and joins their ids in
+// order. Each goroutine takes its encoder from worker (encode piece i; done,
+// when the goroutine ends); progress, when not nil, is called with each
+// piece's end as the next piece in order is done. The first error in order is
+// returned, once the pieces begun before it are done.
+func InPieces(text []byte, cuts []int, workers int, worker func() (encode func(piece []byte, i int) ([]int32, error), done func()), progress func(done int)) ([]int32, error) {
 	ids := make([][]int32, len(cuts))
 	errs := make([]error, len(cuts))
 	finished := make([]chan struct{}, len(cuts))
@@ -209,8 +222,8 @@ func (t *Tokenizer) encodePieces(text []byte, size, workers int, progress func(d
 	var next atomic.Int64
 	for range min(max(workers, 1), len(cuts)) {
 		go func() {
-			s := t.getScratch()
-			defer t.scratch.Put(s)
+			encode, done := worker()
+			defer done()
 			for {
 				i := int(next.Add(1) - 1)
 				if i >= len(cuts) {
@@ -220,7 +233,7 @@ func (t *Tokenizer) encodePieces(text []byte, size, workers int, progress func(d
 				if i > 0 {
 					lo = cuts[i-1]
 				}
-				ids[i], errs[i] = t.encodeText(string(text[lo:cuts[i]]), s, nil, i > 0)
+				ids[i], errs[i] = encode(text[lo:cuts[i]], i)
 				close(finished[i])
 			}
 		}()
@@ -229,7 +242,7 @@ func (t *Tokenizer) encodePieces(text []byte, size, workers int, progress func(d
 	for i := range cuts {
 		<-finished[i]
 		if errs[i] != nil {
-			for _, f := range finished[i+1:] {
+			for _, f := range finished[i+1:] { // let the workers finish before returning
 				<-f
 			}
 			return nil, errs[i]
