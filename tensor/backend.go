@@ -55,6 +55,16 @@ func ComputesInBF16(be any) bool {
 // offsets are int32 buffers. A kernel handed a buffer that is not its backend's, or not of the
 // dtype it reads, keeps the failure in that buffer's memory and does nothing.
 //
+// Parameter gradients are F or bf16 buffers: a run that reduces its
+// gradients in bf16 (grad_reduce_in_bf16) holds them in bf16, as
+// Megatron-FSDP's main gradients are then. The kernels that add into one
+// (MatmulBackward's dweight, EmbeddingBackward's dwte, RMSNormBackward's
+// dweight, HeadLoss's dw, ExpertsMatmulBackward's dw) add in F and round each
+// element to bf16 once per call, to nearest, ties to even: what a product
+// with a bf16 C computed in fp32 (β = 1) leaves. AddInto's dst, SumSquares'
+// buffers and the optimizers' gradients may be bf16 too (widened as read;
+// AddInto rounds its sums).
+//
 // The overwrite/accumulate rule, stated here once: forward kernels overwrite
 // their outputs, except Matmul and ExpertsMatmul with accumulate set and
 // Combine, which add (+=), and the statistics kernels (LossSum, SumSquares,

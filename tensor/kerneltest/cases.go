@@ -33,11 +33,11 @@ func cases() []kcase {
 			return bufs{out}
 		}}
 	})...)
-	add(variants("MatmulBackward", []string{"bf16 weight", "bf16 input", "accumulate", "no input gradient"}, func(on []bool) kcase {
-		return kcase{tol: tolIf(on[0], on[1]), run: func(e *env) bufs {
+	add(variants("MatmulBackward", []string{"bf16 weight", "bf16 input", "accumulate", "no input gradient", "bf16 gradient"}, func(on []bool) kcase {
+		return kcase{tol: tolIf(on[0], on[1], on[4]), run: func(e *env) bufs {
 			s := tensor.MatmulShape{BT: 37, C: 48, OC: 20}
 			inp, w := e.weight(s.BT*s.C, 1, on[1]), e.weight(s.OC*s.C, 0.3, on[0])
-			dout, dw := e.floats(s.BT*s.OC, 1), e.floats(s.OC*s.C, 1)
+			dout, dw := e.floats(s.BT*s.OC, 1), e.weight(s.OC*s.C, 1, on[4])
 			var dinp tensor.Buffer
 			if !on[3] {
 				dinp = e.floats(s.BT*s.C, 1)
@@ -67,11 +67,11 @@ func cases() []kcase {
 			return bufs{out}
 		}}
 	})...)
-	add(variants("EmbeddingBackward", []string{"vocabulary part"}, func(on []bool) kcase {
-		return kcase{run: func(e *env) bufs {
+	add(variants("EmbeddingBackward", []string{"vocabulary part", "bf16 gradient"}, func(on []bool) kcase {
+		return kcase{tol: tolIf(on[1]), run: func(e *env) bufs {
 			s := embed(on[0])
 			tok := e.ints(e.tokens(s.BT, 0, 50))
-			dwte, dout := e.floats(s.N*s.C, 1), e.floats(s.BT*s.C, 1)
+			dwte, dout := e.weight(s.N*s.C, 1, on[1]), e.floats(s.BT*s.C, 1)
 			e.k.EmbeddingBackward(dwte, dout, tok, s)
 			return bufs{dwte}
 		}}
@@ -88,12 +88,12 @@ func cases() []kcase {
 			return bufs{out, rstd}
 		}}
 	})...)
-	add(variants("RMSNormBackward", []string{"bf16 weight", "accumulate"}, func(on []bool) kcase {
-		return kcase{run: func(e *env) bufs {
+	add(variants("RMSNormBackward", []string{"bf16 weight", "accumulate", "bf16 gradient"}, func(on []bool) kcase {
+		return kcase{tol: tolIf(on[2]), run: func(e *env) bufs {
 			x, w := e.floats(normRows*normC, 2), e.weight(normC, 1, on[0])
 			out, rstd := e.floats(normRows*normC, 1), e.floats(normRows, 1)
 			e.k.RMSNorm(out, rstd, x, w, normRows, normC, 1e-5)
-			dinp, dw, dout := e.floats(normRows*normC, 1), e.floats(normC, 1), e.floats(normRows*normC, 1)
+			dinp, dw, dout := e.floats(normRows*normC, 1), e.weight(normC, 1, on[2]), e.floats(normRows*normC, 1)
 			e.k.RMSNormBackward(dinp, dw, dout, x, w, rstd, normRows, normC, on[1])
 			return bufs{dinp, dw}
 		}}
@@ -187,8 +187,11 @@ func cases() []kcase {
 	})...)
 	// HeadLoss over 37 rows, 10 at a time (the last chunk 7), a few targets
 	// ignored: every row's loss, dx overwritten (drawn nonzero), dw added to.
-	add(variants("HeadLoss", []string{"bf16 weight", "bf16 input", "loss only"}, func(on []bool) kcase {
-		return kcase{tol: tolIf(on[0], on[1]), run: func(e *env) bufs {
+	add(variants("HeadLoss", []string{"bf16 weight", "bf16 input", "loss only", "bf16 gradient"}, func(on []bool) kcase {
+		if on[2] && on[3] {
+			return kcase{} // no gradient to hold in bf16: the case is "loss only"
+		}
+		return kcase{tol: tolIf(on[0], on[1], on[3]), run: func(e *env) bufs {
 			s := tensor.HeadShape{BT: 37, C: 24, V: 70, Rows: 10}
 			x, w := e.weight(s.BT*s.C, 1, on[1]), e.weight(s.V*s.C, 0.3, on[0])
 			tgt := e.tokens(s.BT, 0, s.V)
@@ -202,7 +205,7 @@ func cases() []kcase {
 				e.k.HeadLoss(losses, tensor.Buffer{}, tensor.Buffer{}, work, x, w, e.ints(tgt), tensor.Buffer{}, s)
 				return bufs{losses}
 			}
-			dx, dw, dloss := e.floats(s.BT*s.C, 1), e.floats(s.V*s.C, 1), e.floats(s.BT, 1)
+			dx, dw, dloss := e.floats(s.BT*s.C, 1), e.weight(s.V*s.C, 1, on[3]), e.floats(s.BT, 1)
 			e.k.HeadLoss(losses, dx, dw, work, x, w, e.ints(tgt), dloss, s)
 			return bufs{losses, dx, dw}
 		}}
@@ -249,9 +252,9 @@ func cases() []kcase {
 		e.k.Add(out, e.floats(333, 1), e.floats(333, 1), 333)
 		return bufs{out}
 	}})
-	add(variants("AddInto", []string{"bf16 source"}, func(on []bool) kcase {
-		return kcase{run: func(e *env) bufs {
-			dst := e.floats(333, 1)
+	add(variants("AddInto", []string{"bf16 source", "bf16 destination"}, func(on []bool) kcase {
+		return kcase{tol: tolIf(on[1]), run: func(e *env) bufs {
+			dst := e.weight(333, 1, on[1])
 			e.k.AddInto(dst, e.weight(333, 1, on[0]), 333)
 			return bufs{dst}
 		}}
@@ -340,20 +343,20 @@ func stepCases() []kcase {
 	})...)
 	// More values than one block of the CPU's partial sums (1<<14) and than the
 	// GPU's fixed grid of threads.
-	add(variants("SumSquares", []string{"accumulate"}, func(on []bool) kcase {
+	add(variants("SumSquares", []string{"accumulate", "bf16"}, func(on []bool) kcase {
 		return kcase{run: func(e *env) bufs {
 			dst := e.stats([]float64{7.5})
-			e.k.SumSquares(dst, on[0], e.floats(70001, 1))
+			e.k.SumSquares(dst, on[0], e.weight(70001, 1, on[1]))
 			return bufs{dst}
 		}}
 	})...)
 	// A list: three buffers of one allocation lying end to end (which a GPU
 	// sums as one span) and one apart.
-	add(variants("SumSquares/list", []string{"accumulate"}, func(on []bool) kcase {
+	add(variants("SumSquares/list", []string{"accumulate", "bf16"}, func(on []bool) kcase {
 		return kcase{run: func(e *env) bufs {
 			dst := e.stats([]float64{7.5})
-			whole := e.floats(30001, 1)
-			e.k.SumSquares(dst, on[0], whole.Slice(0, 100), whole.Slice(100, 20100), whole.Slice(20100, 30001), e.floats(5000, 1))
+			whole := e.weight(30001, 1, on[1])
+			e.k.SumSquares(dst, on[0], whole.Slice(0, 100), whole.Slice(100, 20100), whole.Slice(20100, 30001), e.weight(5000, 1, on[1]))
 			return bufs{dst}
 		}}
 	})...)
@@ -405,10 +408,10 @@ func stepCases() []kcase {
 	// The optimizers read the gradients clipped (by 0.5 here) and, with a
 	// compute copy, write the updated weights rounded to bf16 (to within
 	// bf16's rounding of the reference's float64 weights).
-	add(variants("AdamW", []string{"not applied", "bf16 copy"}, func(on []bool) kcase {
+	add(variants("AdamW", []string{"not applied", "bf16 copy", "bf16 gradients"}, func(on []bool) kcase {
 		return kcase{tol: tolIf(on[1]), run: func(e *env) bufs {
 			const n = 1003 // not a multiple of a vector's width
-			p, g, m := e.floats(n, 1), e.floats(n, 1), e.floats(n, 0.1)
+			p, g, m := e.floats(n, 1), e.weight(n, 1, on[2]), e.floats(n, 0.1)
 			vs := e.draw(n, 0.01)
 			for i := range vs {
 				vs[i] = math.Abs(vs[i])
@@ -422,9 +425,9 @@ func stepCases() []kcase {
 			return bufs{p, m, v}
 		}}
 	})...)
-	add(variants("SGD", []string{"not applied", "bf16 copy"}, func(on []bool) kcase {
+	add(variants("SGD", []string{"not applied", "bf16 copy", "bf16 gradients"}, func(on []bool) kcase {
 		return kcase{tol: tolIf(on[1]), run: func(e *env) bufs {
-			p, g, b := e.floats(1003, 1), e.floats(1003, 1), e.floats(1003, 1)
+			p, g, b := e.floats(1003, 1), e.weight(1003, 1, on[2]), e.floats(1003, 1)
 			c := compute(e, on[1], 1003)
 			e.k.SGD(p, c, g, b, 1e-2, 0.9, 0.1, applied(e, on[0]))
 			if on[1] {

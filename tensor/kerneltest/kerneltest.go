@@ -235,6 +235,9 @@ func variants(name string, flags []string, fn func(on []bool) kcase) []kcase {
 			}
 		}
 		c := fn(on)
+		if c.run == nil {
+			continue // a combination the kernel does not have
+		}
 		c.name = name
 		if len(parts) > 0 {
 			c.name += "/" + strings.Join(parts, ",")

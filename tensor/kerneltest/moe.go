@@ -212,12 +212,12 @@ func moeCases() []kcase {
 				return bufs{out}
 			}}
 		})...)
-		add(variants("ExpertsMatmulBackward/"+l.name, []string{"bf16 weights", "accumulate", "one allocation"}, func(on []bool) kcase {
-			return kcase{tol: tolIf(on[0]), run: func(e *env) bufs {
+		add(variants("ExpertsMatmulBackward/"+l.name, []string{"bf16 weights", "accumulate", "one allocation", "bf16 gradients"}, func(on []bool) kcase {
+			return kcase{tol: tolIf(on[0], on[3]), run: func(e *env) bufs {
 				m := route(e, s)
 				const OC = 12
 				w := e.experts(s.E, OC*s.C, on[2], func(n int) tensor.Buffer { return e.weight(n, 0.3, on[0]) })
-				dw := e.experts(s.E, OC*s.C, on[2], func(n int) tensor.Buffer { return e.floats(n, 1) })
+				dw := e.experts(s.E, OC*s.C, on[2], func(n int) tensor.Buffer { return e.weight(n, 1, on[3]) })
 				dinp := e.floats(s.Rows()*s.C, 1)
 				e.k.ExpertsMatmulBackward(dinp, dw, e.floats(s.Rows()*OC, 1), m.xp, w, m.seg, m.experts(s.C, OC), on[1])
 				return append(bufs{dinp}, dw...)
