@@ -149,7 +149,7 @@ docs: ## regenerate docs/recipes.md from the schema's doc comments
 	$(GO) run ./cmd/shardline recipe docs --format markdown > docs/recipes.md
 
 golden: ## rewrite golden files after an intended change (review the diff!)
-	$(GO) test ./... -run Golden -update
+	$(GO) test $$(grep -rl '"update"' --include='*_test.go' . | xargs -n1 dirname | sort -u) -run Golden -update
 
 # ---- CUDA (see docs/cuda.md) -------------------------------------------------------
 # Debian's CUDA 11.8 packages live in the non-free component: nvidia-cuda-dev (cuda.h,

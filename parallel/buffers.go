@@ -77,14 +77,15 @@ func (s ReduceStage) Bytes() int64 {
 
 // reduceStage sizes the staging by the trainer's reduction rules
 // (trainer/state.go: reduce, reduceInto) for groups reduced over more than one
-// rank: a sharded group is reduce-scattered, through Wire (its padded length)
-// and Part (its shard) in bf16, or in fp32 straight into the gradient shard
-// unless it must be added there (Part); a whole group is all-reduced, in place
-// in fp32, or in bf16 as a reduce-scatter over n equal chunks and an all-gather
-// (Wire n chunks, Part one). Gradients held in bf16 (gradHeld 2, the plan of
-// several GPUs) go on the wire as they are: only a part added into the shard
-// is staged.
-func reduceStage(r *config.Recipe, p *Plan, gradHeld int64) ReduceStage {
+// rank. Gradients are held in the dtype they are reduced in (bf16 with
+// grad_reduce_in_bf16, else fp32) and go on the wire as they are: a sharded
+// group is reduce-scattered straight into the gradient shard unless it must
+// be added there (Part, its shard: optim_grads and optim_grads_params); a
+// whole group is all-reduced in place in fp32, and in bf16 by the engine as a
+// reduce-scatter over n equal chunks and an all-gather (Wire n chunks, Part
+// one), where NCCL's bf16 all-reduce (Megatron-FSDP's plan, engine false)
+// needs no stage.
+func reduceStage(r *config.Recipe, p *Plan, engine bool) ReduceStage {
 	bf16 := r.FSDP.GradReduceInBF16
 	adds := p.Sharding.Grads
 	st := ReduceStage{PartBF16: bf16}
@@ -95,15 +96,9 @@ func reduceStage(r *config.Recipe, p *Plan, gradHeld int64) ReduceStage {
 			continue
 		}
 		switch {
-		case gradHeld == 2:
-			if g.Shards > 1 && adds {
-				st.Part = max(st.Part, g.ShardNumel())
-			}
-		case g.Shards > 1 && bf16:
-			st.Wire, st.Part = max(st.Wire, g.Padded), max(st.Part, g.ShardNumel())
 		case g.Shards > 1 && adds:
 			st.Part = max(st.Part, g.ShardNumel())
-		case g.Shards == 1 && bf16:
+		case g.Shards == 1 && bf16 && engine:
 			L := (g.Padded + n - 1) / n
 			st.Wire, st.Part = max(st.Wire, n*L), max(st.Part, L)
 		}

@@ -44,11 +44,11 @@ func (m Memory) Components() []struct {
 }
 
 // dtypes of a recipe, in bytes per element: compute weights, main weights,
-// gradients as reduced (the wire), optimizer state per element; and what the
-// engine holds: activations (act) and gradient buffers (gradHeld).
+// gradients (held as reduced), optimizer state per element; and the
+// activations (act).
 type dtypes struct {
 	compute, main, grad, optim int64
-	act, gradHeld              int64
+	act                        int64
 	kept                       int64 // activations saved for backward (the CPU's bf16 stores)
 	separateMain               bool
 }
@@ -62,21 +62,21 @@ func dtypesOf(r *config.Recipe) dtypes {
 		d.main = 2
 	}
 	d.separateMain = d.main != d.compute
-	// Gradients accumulate in the reduction dtype: bf16 with grad_reduce_in_bf16,
-	// else fp32 (Megatron's main_grad).
+	// Gradients are held and accumulated in the dtype they are reduced in,
+	// by the engine as by Megatron-FSDP (its main_grad): bf16 with
+	// grad_reduce_in_bf16, else fp32.
 	if r.FSDP.GradReduceInBF16 {
 		d.grad = 2
 	}
 	if r.Train.Optimizer == "sgd" {
 		d.optim = 4 // momentum only
 	}
-	d.act, d.gradHeld = d.compute, d.grad
+	d.act = d.compute
 	if runsEngine(r) {
-		// The CPU engine stores compute weights in bf16 when the recipe says so,
-		// computes activations in fp32 and keeps what the layers save for backward
-		// in bf16, and accumulates gradients in fp32 (reducing them in bf16 on the
-		// wire): docs/engine.md.
-		d.act, d.gradHeld = 4, 4
+		// The engine stores compute weights in bf16 when the recipe says so,
+		// computes activations in fp32 and keeps what the layers save for
+		// backward in bf16: docs/engine.md.
+		d.act = 4
 		if bf16Native(r) {
 			// A GPU's engine keeps a dense model's activations and their
 			// gradients in bf16 (statistics fp32): no fp32 work set, no stores.
@@ -133,9 +133,9 @@ func staticMemory(sh Sharding, full, shard int64, d dtypes) Memory {
 		m.MainWeights = owned * d.main
 	}
 	m.OptimizerState = owned * d.optim
-	m.Grads = full * d.gradHeld
+	m.Grads = full * d.grad
 	if sh.Grads {
-		m.Grads = shard * d.gradHeld
+		m.Grads = shard * d.grad
 	}
 	return m
 }

@@ -120,7 +120,7 @@ func Compile(r *config.Recipe, topo Topology) (*Plan, error) {
 	p.memory(r, d)
 	// Owned elements: the main weights and moments this rank updates.
 	owned := (p.Memory.OptimizerState / d.optim)
-	p.OptimizerS = float64(2*owned*(d.main+d.optim+d.gradHeld+d.compute)) / topo.Device.HBMBandwidth
+	p.OptimizerS = float64(2*owned*(d.main+d.optim+d.grad+d.compute)) / topo.Device.HBMBandwidth
 	p.Collectives = append(fsdpCollectives(r, sh, groups, m, int64(p.MicroBatches), d), modelCollectives(r, m, tokensOf(r, m), int64(p.MicroBatches), d)...)
 	p.Comm = summarize(p.Collectives, m, topo)
 	p.timing(r)
@@ -152,8 +152,8 @@ func (p *Plan) memory(r *config.Recipe, d dtypes) {
 	mem := staticMemory(p.Sharding, full, shard, d)
 	p.Buffers = unitBuffers(r, p, unitFull)
 	mem.GatheredUnits = p.Buffers.Gather * d.compute
-	p.Buffers.Stage = reduceStage(r, p, d.gradHeld)
-	mem.GradReduceBuffers = p.Buffers.Reduce*d.gradHeld + p.Buffers.Stage.Bytes()
+	p.Buffers.Stage = reduceStage(r, p, runsEngine(r))
+	mem.GradReduceBuffers = p.Buffers.Reduce*d.grad + p.Buffers.Stage.Bytes()
 	t := tokensOf(r, p.Mesh)
 	mem.Activations = activationBytes(r, p.Mesh, t, d)
 	mem.MoEDispatch, p.MoEDispatchWorst = dispatchBytes(r, p.Mesh, t, d)

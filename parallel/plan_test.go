@@ -136,7 +136,7 @@ func TestTinyByHand(t *testing.T) {
 // ranks.
 func TestStrategyTable(t *testing.T) {
 	full, shard := int64(800), int64(100)
-	d := dtypes{compute: 2, main: 4, grad: 2, optim: 8, act: 2, gradHeld: 2, separateMain: true}
+	d := dtypes{compute: 2, main: 4, grad: 2, optim: 8, act: 2, separateMain: true}
 	for _, tc := range []struct {
 		strategy                    string
 		weights, main, grads, optim int64
@@ -441,10 +441,11 @@ func TestPlanRefusesWhatLintRefuses(t *testing.T) {
 	}
 }
 
-// TestEngineDtypes: a bf16 plan counts compute weights at 2 bytes on any device;
-// on the CPU, whose engine accumulates gradients in fp32 and computes activations
-// in fp32 but keeps what layers save in bf16 (docs/engine.md), gradients are
-// counted at 4 bytes and activations as bf16 stores beside one fp32 work set;
+// TestEngineDtypes: a bf16 plan counts compute weights at 2 bytes on any device
+// and, with grad_reduce_in_bf16, gradients at 2 bytes (held as reduced); on
+// the CPU, whose engine computes activations in fp32 but keeps what layers
+// save in bf16 (docs/engine.md), activations count as bf16 stores beside one
+// fp32 work set;
 // the engine's ranks on GPUs keep a dense model's activations and their
 // gradients in bf16; and a plan of several GPUs that shardline does not carry
 // out counts Megatron-FSDP's bf16 activations and gradients.
@@ -465,13 +466,13 @@ func TestEngineDtypes(t *testing.T) {
 	cpu := cpuPlan.Memory
 	assert.Equal(t, fp32.Weights/2, cpu.Weights)
 	assert.Equal(t, fp32.GatheredUnits/2, cpu.GatheredUnits)
-	assert.Equal(t, fp32.Grads, cpu.Grads)
-	// The unit gradient buffers hold fp32; the staging rounds a layer (the
-	// largest group, 213,248 values) to bf16 for the wire and receives its
-	// shard in bf16, where fp32 receives the shard in fp32.
+	// Gradients are held as they are reduced, in bf16: the shards, the unit
+	// gradient buffers and the staging, which receives a layer's shard (the
+	// largest group, 213,248 values) to add it into the gradient shard.
+	assert.Equal(t, fp32.Grads/2, cpu.Grads)
 	const layer = 213248
-	assert.Equal(t, ReduceStage{Wire: layer, Part: layer / 2, PartBF16: true}, cpuPlan.Buffers.Stage)
-	assert.Equal(t, fp32.GradReduceBuffers-layer/2*4, cpu.GradReduceBuffers-2*(layer+layer/2))
+	assert.Equal(t, ReduceStage{Part: layer / 2, PartBF16: true}, cpuPlan.Buffers.Stage)
+	assert.Equal(t, fp32.GradReduceBuffers/2, cpu.GradReduceBuffers)
 	// tiny, per token: a layer keeps 2176 values (attention 768, MLP 1408) and
 	// flash attention's 4 log-sum-exps, the final norm 256, the norms' reciprocal
 	// RMS 9 (log-sum-exps and reciprocal RMS fp32 in both), and the token id

@@ -60,8 +60,9 @@ func ComputesInBF16(be any) bool {
 // Megatron-FSDP's main gradients are then. The kernels that add into one
 // (MatmulBackward's dweight, EmbeddingBackward's dwte, RMSNormBackward's
 // dweight, HeadLoss's dw, ExpertsMatmulBackward's dw) add in F and round each
-// element to bf16 once per call, to nearest, ties to even: what a product
-// with a bf16 C computed in fp32 (β = 1) leaves. AddInto's dst, SumSquares'
+// element to bf16 once per call (HeadLoss once per chunk of s.Rows rows, each
+// chunk's product being one), to nearest, ties to even: what a product with a
+// bf16 C computed in fp32 (β = 1) leaves. AddInto's dst, SumSquares'
 // buffers and the optimizers' gradients may be bf16 too (widened as read;
 // AddInto rounds its sums).
 //

@@ -27,7 +27,8 @@
 // compute; with overlap_grad_reduce a unit's reduce-scatter runs behind the next
 // unit's backward, bounded by suggested_communication_unit_size. Under activation
 // recompute one gather serves both the recompute and the backward. Gradients are
-// reduced in bf16 (accumulated in fp32) with grad_reduce_in_bf16. With
+// held, accumulated and reduced in bf16 with grad_reduce_in_bf16 (as
+// Megatron-FSDP's main gradients; each kernel adds in fp32 and rounds once). With
 // precision.bf16 the compute weights are stored in bf16 (2 bytes a value), each
 // rank rounding its shard of the fp32 main weights after every step; they are
 // gathered in bf16 and the kernels read them as such (bf16 buffers): the

@@ -286,8 +286,8 @@ func shardedMemory(t *testing.T, strategy string) {
 // communication-unit cap, with tied embeddings (the head block holds the
 // embedding's unit too), an embedding larger than a layer, and MoE experts
 // sharded over edp beside the dense weights (8 ranks, ep 2); and the
-// reduction's staging (bf16 on the wire, or the fp32 part of the sum added
-// into the shard), counted with them, under every strategy that reduces.
+// reduction's staging (the part of the sum added into the shard, and a bf16
+// all-reduce's chunks), counted with them, under every strategy that reduces.
 func TestUnitBuffersFollowThePlan(t *testing.T) {
 	base := []string{"train.steps=2", "train.micro_batch_size=1", "train.global_batch_size=8", "train.eval_interval=1", "parallel.world_size=4"}
 	off := []string{"fsdp.overlap_grad_reduce=false", "fsdp.overlap_param_gather=false"}
@@ -306,8 +306,9 @@ func TestUnitBuffersFollowThePlan(t *testing.T) {
 		"bf16":                   {"precision.bf16=true"},
 		"bf16 moe ep 2":          append(append([]string{}, moe...), "precision.bf16=true"),
 		"bf16 optim_grads":       {"precision.bf16=true", "fsdp.data_parallel_sharding_strategy=optim_grads"},
-		// The reduction's staging (bf16 on the wire) is counted with the buffers,
-		// under every strategy that reduces.
+		// The reduction's staging is counted with the buffers, under every
+		// strategy that reduces (optim's bf16 gradients are reduce-scattered
+		// in place: none).
 		"bf16 reduce":              {"precision.bf16=true", "fsdp.grad_reduce_in_bf16=true"},
 		"bf16 reduce, optim":       {"precision.bf16=true", "fsdp.grad_reduce_in_bf16=true", "fsdp.data_parallel_sharding_strategy=optim"},
 		"bf16 reduce, no_shard":    {"precision.bf16=true", "fsdp.grad_reduce_in_bf16=true", "fsdp.data_parallel_sharding_strategy=no_shard"},
@@ -322,7 +323,9 @@ func TestUnitBuffersFollowThePlan(t *testing.T) {
 		assert.Equal(t, p.GatheredUnits, h.GatheredUnits, "%s: gathered units", name)
 		assert.Equal(t, p.GradReduceBuffers, h.GradReduceBuffers, "%s: unit gradient buffers", name)
 		assert.Equal(t, p.Weights, h.Weights, "%s: compute weights", name)
-		assert.Positive(t, h.GradReduceBuffers, name)
+		if name != "bf16 reduce, optim" {
+			assert.Positive(t, h.GradReduceBuffers, name)
+		}
 	}
 }
 

@@ -226,7 +226,7 @@ func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, ca
 	if u.wpool, err = newUnitPool(st.mem, alloc, wdt, p.Buffers.Gather, p.Buffers.GatherSlot); err != nil {
 		return nil, err
 	}
-	if u.gpool, err = newUnitPool(st.mem, alloc, tensor.Float32, p.Buffers.Reduce, p.Buffers.ReduceSlot); err != nil {
+	if u.gpool, err = newUnitPool(st.mem, alloc, st.gradDType(), p.Buffers.Reduce, p.Buffers.ReduceSlot); err != nil {
 		return nil, err
 	}
 	u.woff, u.goff = make([]int64, n), make([]int64, n)

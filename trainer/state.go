@@ -377,8 +377,9 @@ func (s *state) allocate(r *config.Recipe) error {
 	if !s.perUnit {
 		weights = s.newWeights(full)
 	}
+	gdt := s.gradDType()
 	if !s.unitGrads {
-		grads = s.mem.Alloc(tensor.Float32, int(full))
+		grads = s.mem.Alloc(gdt, int(full))
 	}
 	if s.bf16 || s.perUnit { // otherwise the main weights are the fp32 compute weights
 		main = s.mem.Alloc(tensor.Float32, int(shard))
@@ -386,7 +387,7 @@ func (s *state) allocate(r *config.Recipe) error {
 	if s.bf16 && s.perUnit {
 		wshard = s.mem.Alloc(tensor.BFloat16, int(shard))
 	}
-	gshard := s.mem.Alloc(tensor.Float32, int(gradShards))
+	gshard := s.mem.Alloc(gdt, int(gradShards))
 	opt := s.mem.Alloc(tensor.Float32, 2*int(shard))
 	if st := p.Buffers.Stage; st.Wire+st.Part > 0 {
 		pdt := tensor.Float32
@@ -785,20 +786,25 @@ func (s *state) computeShardBuffer(gi int) tensor.Buffer {
 	return s.mainB[gi]
 }
 
-// reduceInto reduce-scatters one unit's full gradients of group gi (src, fp32)
-// and adds this rank's shard of the sum to its gradient shard, through the
-// reduction's staging: in bf16 (grad_reduce_in_bf16) the gradients are rounded
-// into the wire stage and the shard arrives in the bf16 part stage; in fp32 it
-// arrives in the fp32 part stage. Only the runtime's stream calls it, one
-// group at a time, so the stages are never in use twice.
+// gradDType is the dtype the rank holds its gradients in: bf16 with
+// grad_reduce_in_bf16 (full gradients, unit gradient buffers and the reduced
+// shards alike, as Megatron-FSDP's main gradients are then), else fp32.
+func (s *state) gradDType() tensor.DType {
+	if s.reduceBF16 {
+		return tensor.BFloat16
+	}
+	return tensor.Float32
+}
+
+// reduceInto reduce-scatters one unit's full gradients of group gi (src, in
+// the gradients' dtype) and adds this rank's shard of the sum to its gradient
+// shard, through the part stage (in the same dtype: a bf16 sum is
+// accumulated in fp32 and rounded once, and rounded again as it is added).
+// Only the runtime's stream calls it, one group at a time, so the stage is
+// never in use twice.
 func (s *state) reduceInto(gi int, src tensor.Buffer) error {
 	dst, n := s.gshardB[gi], s.gshardB[gi].Len()
 	part := s.partStage.Slice(0, n)
-	if s.reduceBF16 {
-		wire := s.wireStage.Slice(0, src.Len())
-		s.mem.Copy(wire, src) // rounded to nearest, ties to even
-		src = wire
-	}
 	if err := s.comms[gi].ReduceScatter(part, src); err != nil {
 		return err
 	}
@@ -827,9 +833,8 @@ func (s *state) gatherFull() error {
 	return nil
 }
 
-// allReduceBF16 sums group gi's whole gradients over its ranks in bf16 (each
-// rank's values rounded to bf16, summed in fp32 in rank order, the sum rounded
-// once): a bf16 reduce-scatter over n equal chunks (the wire stage, padded to a
+// allReduceBF16 sums group gi's whole bf16 gradients over its ranks (summed
+// in fp32 in rank order, the sum rounded once): a bf16 reduce-scatter over n equal chunks (the wire stage, padded to a
 // multiple of n with zeros) and a bf16 all-gather, as a ring all-reduce runs.
 func (s *state) allReduceBF16(gi int) error {
 	g, c := s.grads[gi], s.comms[gi]
@@ -849,8 +854,9 @@ func (s *state) allReduceBF16(gi int) error {
 }
 
 // reduce sums the gradients over each group's ranks: all-reduce under no_shard,
-// reduce-scatter into this rank's shard otherwise, in bf16 (accumulated in fp32)
-// when inBF16, through the reduction's staging.
+// reduce-scatter into this rank's shard otherwise (in place), in the
+// gradients' dtype; bf16 ones (inBF16) sum in fp32 and round once, and are
+// all-reduced through the reduction's staging.
 func (s *state) reduce(inBF16 bool) error {
 	if s.unitGrads {
 		return nil // reduced per unit during backward
@@ -869,12 +875,6 @@ func (s *state) reduce(inBF16 bool) error {
 			err = s.allReduceBF16(gi)
 		case !s.sharded || g.Shards == 1:
 			err = s.comms[gi].AllReduce(s.grads[gi])
-		case inBF16:
-			wire, part := s.wireStage.Slice(0, s.grads[gi].Len()), s.partStage.Slice(0, s.gshardB[gi].Len())
-			s.mem.Copy(wire, s.grads[gi])
-			if err = s.comms[gi].ReduceScatter(part, wire); err == nil {
-				s.mem.Copy(s.gshardB[gi], part)
-			}
 		default:
 			err = s.comms[gi].ReduceScatter(s.gshardB[gi], s.grads[gi])
 		}

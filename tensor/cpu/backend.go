@@ -104,6 +104,18 @@ func (v *views[F]) compute(op string, b tensor.Buffer, n int) []tensor.BF16 {
 	return h
 }
 
+// g views a parameter gradient: F values, or bf16 ones (Gradient).
+func (v *views[F]) g(op string, b tensor.Buffer) Gradient[F] {
+	if b.DType() == tensor.BFloat16 && b.Storage() != nil {
+		h := bf16s(op, b)
+		if h == nil && b.Len() > 0 {
+			v.bad = true
+		}
+		return Gradient[F]{H: h}
+	}
+	return FloatGradient(v.f(op, b))
+}
+
 func (v *views[F]) w(op string, b tensor.Buffer) tensor.Weights[F] {
 	if b.DType() == tensor.BFloat16 && b.Storage() != nil {
 		h := bf16s(op, b)
@@ -124,9 +136,9 @@ func (Kernels[F]) Matmul(out, inp, weight tensor.Buffer, s tensor.MatmulShape, a
 }
 func (Kernels[F]) MatmulBackward(dinp, dweight, dout, inp, weight tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
 	var v views[F]
-	dx, dw, dy, x, w := v.f("MatmulBackward", dinp), v.f("MatmulBackward", dweight), v.f("MatmulBackward", dout), v.w("MatmulBackward", inp), v.w("MatmulBackward", weight)
+	dx, dw, dy, x, w := v.f("MatmulBackward", dinp), v.g("MatmulBackward", dweight), v.f("MatmulBackward", dout), v.w("MatmulBackward", inp), v.w("MatmulBackward", weight)
 	if !v.bad {
-		MatmulBackward(dx, dw, dy, x, w, s, accumulate)
+		MatmulBackwardInto(dx, dw, dy, x, w, s, accumulate)
 	}
 }
 func (Kernels[F]) Embedding(out, tokens, wte tensor.Buffer, s tensor.EmbeddingShape) {
@@ -140,9 +152,9 @@ func (Kernels[F]) Embedding(out, tokens, wte tensor.Buffer, s tensor.EmbeddingSh
 func (Kernels[F]) EmbeddingBackward(dwte, dout, tokens tensor.Buffer, s tensor.EmbeddingShape) {
 	var v views[F]
 	tok := v.i("EmbeddingBackward", tokens)
-	dw, dy := v.f("EmbeddingBackward", dwte), v.f("EmbeddingBackward", dout)
+	dw, dy := v.g("EmbeddingBackward", dwte), v.f("EmbeddingBackward", dout)
 	if !v.bad {
-		EmbeddingBackward(dw, dy, tok, s)
+		EmbeddingBackwardInto(dw, dy, tok, s)
 	}
 }
 func (Kernels[F]) MergeAttention(out, lse, outB, lseB tensor.Buffer, s tensor.AttentionShape) {
@@ -161,10 +173,10 @@ func (Kernels[F]) RMSNorm(out, rstd, inp, weight tensor.Buffer, BT, C int, eps f
 }
 func (Kernels[F]) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd tensor.Buffer, BT, C int, accumulate bool) {
 	var v views[F]
-	dx, dw, dy, x, w, r := v.f("RMSNormBackward", dinp), v.f("RMSNormBackward", dweight), v.f("RMSNormBackward", dout),
+	dx, dw, dy, x, w, r := v.f("RMSNormBackward", dinp), v.g("RMSNormBackward", dweight), v.f("RMSNormBackward", dout),
 		v.f("RMSNormBackward", inp), v.w("RMSNormBackward", weight), v.f("RMSNormBackward", rstd)
 	if !v.bad {
-		RMSNormBackward(dx, dw, dy, x, w, r, BT, C, accumulate)
+		RMSNormBackwardInto(dx, dw, dy, x, w, r, BT, C, accumulate)
 	}
 }
 func (Kernels[F]) RopeTables(cos, sin tensor.Buffer, T int, inv []float64) {
@@ -244,13 +256,14 @@ func (Kernels[F]) HeadLoss(losses, dx, dw, work, x, w, targets, dloss tensor.Buf
 	const op = "HeadLoss"
 	tgt := v.i(op, targets)
 	l, z, xs, ws := v.f(op, losses), v.f(op, work), v.w(op, x), v.w(op, w)
-	var dxs, dws, dl []F
+	var dxs, dl []F
+	var dws Gradient[F]
 	train := dx.Len() > 0
 	if train {
-		dxs, dws, dl = v.f(op, dx), v.f(op, dw), v.f(op, dloss)
+		dxs, dws, dl = v.f(op, dx), v.g(op, dw), v.f(op, dloss)
 	}
 	if !v.bad {
-		HeadLoss(l, dxs, dws, z, xs, ws, tgt, dl, s)
+		HeadLossInto(l, dxs, dws, z, xs, ws, tgt, dl, s)
 	}
 }
 
@@ -288,9 +301,13 @@ func (Kernels[F]) Add(out, a, b tensor.Buffer, n int) {
 }
 func (Kernels[F]) AddInto(dst, src tensor.Buffer, n int) {
 	var v views[F]
-	d, x := v.f("AddInto", dst), v.w("AddInto", src)
-	if !v.bad {
-		AddIntoW(d, x, n)
+	d, x := v.g("AddInto", dst), v.w("AddInto", src)
+	switch {
+	case v.bad:
+	case d.H != nil:
+		AddIntoBF16(d.H, x, n)
+	default:
+		AddIntoW(d.F, x, n)
 	}
 }
 func (Kernels[F]) Router(probs, gates, logits tensor.Buffer, r tensor.Routing, s tensor.MoEShape) {
@@ -380,7 +397,7 @@ func (Kernels[F]) ExpertsMatmulBackward(dinp tensor.Buffer, dw []tensor.Buffer, 
 		return // the engine passes a gradient per expert
 	}
 	for e := range w {
-		j.w, j.dw = append(j.w, v.w(op, w[e])), append(j.dw, v.f(op, dw[e]))
+		j.w, j.dw = append(j.w, v.w(op, w[e])), append(j.dw, v.g(op, dw[e]))
 	}
 	if v.bad || (s.Segment == 0 && len(j.offsets) <= len(w)) {
 		return // a bad buffer or offsets (kept in its memory)
@@ -446,18 +463,26 @@ func (Kernels[F]) CombineBackward(dy, dgates, dout, y, gates tensor.Buffer, r te
 }
 func (Kernels[F]) AdamW(params, compute, grads, m, v tensor.Buffer, lr, beta1, beta2, eps, wd float64, st tensor.Buffer) {
 	var a views[F]
-	p, g, mm, vv := a.f("AdamW", params), a.f("AdamW", grads), a.f("AdamW", m), a.f("AdamW", v)
+	p, g, mm, vv := a.f("AdamW", params), a.g("AdamW", grads), a.f("AdamW", m), a.f("AdamW", v)
 	c := a.compute("AdamW", compute, len(p))
-	if !a.bad {
-		AdamWStep(p, c, g, mm, vv, lr, beta1, beta2, eps, wd, st)
+	switch {
+	case a.bad:
+	case g.H != nil:
+		AdamWStepBF16(p, c, g.H, mm, vv, lr, beta1, beta2, eps, wd, st)
+	default:
+		AdamWStep(p, c, g.F, mm, vv, lr, beta1, beta2, eps, wd, st)
 	}
 }
 func (Kernels[F]) SGD(params, compute, grads, buf tensor.Buffer, lr, momentum, wd float64, st tensor.Buffer) {
 	var a views[F]
-	p, g, b := a.f("SGD", params), a.f("SGD", grads), a.f("SGD", buf)
+	p, g, b := a.f("SGD", params), a.g("SGD", grads), a.f("SGD", buf)
 	c := a.compute("SGD", compute, len(p))
-	if !a.bad {
-		SGDStep(p, c, g, b, lr, momentum, wd, st)
+	switch {
+	case a.bad:
+	case g.H != nil:
+		SGDStepBF16(p, c, g.H, b, lr, momentum, wd, st)
+	default:
+		SGDStep(p, c, g.F, b, lr, momentum, wd, st)
 	}
 }
 func (Kernels[F]) LossSum(dst, losses, targets tensor.Buffer, accumulate bool) {
@@ -473,8 +498,12 @@ func (Kernels[F]) SumSquares(dst tensor.Buffer, accumulate bool, xs ...tensor.Bu
 		SumSquaresInto[F](dst, nil, accumulate)
 	}
 	for i, x := range xs {
-		if x := v.f("SumSquares", x); !v.bad {
-			SumSquaresInto(dst, x, accumulate || i > 0)
+		switch x := v.g("SumSquares", x); {
+		case v.bad:
+		case x.H != nil:
+			sumSquaresBF16Into(dst, x.H, accumulate || i > 0)
+		default:
+			SumSquaresInto(dst, x.F, accumulate || i > 0)
 		}
 	}
 }

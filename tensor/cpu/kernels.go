@@ -43,25 +43,7 @@ func Matmul[F Float](out []F, inp, weight tensor.Weights[F], s tensor.MatmulShap
 // doutᵀ·inp always, a bf16 inp widened as the product packs it. dinp may be nil
 // when the input needs no gradient.
 func MatmulBackward[F Float](dinp, dweight, dout []F, inp, weight tensor.Weights[F], s tensor.MatmulShape, accumulate bool) {
-	BT, C, OC := s.BT, s.C, s.OC
-	if dinp != nil {
-		beta := F(0)
-		if accumulate {
-			beta = 1
-		}
-		gemmW(false, false, BT, C, OC, dout, OC, weight, C, beta, dinp, C)
-	}
-	if inp.BF16 == nil {
-		gemm(nil, true, false, OC, C, BT, dout, OC, inp.F, C, 1, dweight, C)
-		return
-	}
-	if d, ok := any(dout).([]float32); ok {
-		SgemmBF16(true, false, OC, C, BT, 1, d, OC, inp.BF16, C, 1, any(dweight).([]float32), C)
-		return
-	}
-	w := widened(inp, BT*C)
-	gemm(nil, true, false, OC, C, BT, dout, OC, w.buf, C, 1, dweight, C)
-	listOf[widenBuf[F]]().put(w)
+	MatmulBackwardInto(dinp, FloatGradient(dweight), dout, inp, weight, s, accumulate)
 }
 
 // widenBuf is recycled scratch for a bf16 operand widened to F.
@@ -628,19 +610,7 @@ func (j *crossEntropyJob[F]) rows(_, lo, hi int) {
 // CrossEntropy and their backward) on that row; dw sums the chunks' products
 // in chunk order.
 func HeadLoss[F Float](losses, dx, dw, work []F, x, w tensor.Weights[F], targets []int32, dloss []F, s tensor.HeadShape) {
-	C, V := s.C, s.V
-	for r0 := 0; r0 < s.BT; r0 += s.Rows {
-		n := min(s.Rows, s.BT-r0)
-		z, xr := work[:n*V], x.Slice(r0*C, (r0+n)*C)
-		ms := tensor.MatmulShape{BT: n, C: C, OC: V}
-		Matmul(z, xr, w, ms, false)
-		CrossEntropy(losses[r0:r0+n], z, z, targets[r0:r0+n], n, V)
-		if dx == nil {
-			continue
-		}
-		CrossEntropyBackward(z, dloss[r0:r0+n], z, targets[r0:r0+n], n, V)
-		MatmulBackward(dx[r0*C:(r0+n)*C], dw, z, xr, w, ms, false)
-	}
+	HeadLossInto(losses, dx, FloatGradient(dw), work, x, w, targets, dloss, s)
 }
 
 // CrossEntropyBackward: dlogits = (probs − onehot(target)) · dloss[i]; ignored

@@ -697,7 +697,10 @@ func ExpertsMatmul[F Float](out []F, inp tensor.Weights[F], w []tensor.Weights[F
 // accumulates; dinp's segments are overwritten unless accumulate.
 func ExpertsMatmulBackward[F Float](dinp []F, dw [][]F, dout []F, inp tensor.Weights[F], w []tensor.Weights[F], offsets []int32, s tensor.ExpertsShape, accumulate bool) {
 	j := getExpertsJob[F]()
-	j.dinp, j.dw, j.out, j.inp, j.w, j.offsets, j.s, j.accumulate, j.back = dinp, append(j.dw, dw...), dout, inp, append(j.w, w...), offsets, s, accumulate, true
+	for _, d := range dw {
+		j.dw = append(j.dw, FloatGradient(d))
+	}
+	j.dinp, j.out, j.inp, j.w, j.offsets, j.s, j.accumulate, j.back = dinp, dout, inp, append(j.w, w...), offsets, s, accumulate, true
 	j.run()
 	j.put()
 }
@@ -707,7 +710,7 @@ func ExpertsMatmulBackward[F Float](dinp []F, dw [][]F, dout []F, inp tensor.Wei
 // recycled, so the steady state allocates nothing.
 type expertsJob[F Float] struct {
 	out, dinp  []F
-	dw         [][]F
+	dw         []Gradient[F]
 	inp        tensor.Weights[F]
 	w          []tensor.Weights[F]
 	offsets    []int32
@@ -763,7 +766,7 @@ func (j *expertsJob[F]) rows(_, lo, hi int) {
 		}
 		shape := tensor.MatmulShape{BT: r1 - r0, C: C, OC: OC}
 		if j.back {
-			MatmulBackward(j.dinp[r0*C:r1*C], j.dw[e], j.out[r0*OC:r1*OC], j.inp.Slice(r0*C, r1*C), j.w[e], shape, j.accumulate)
+			MatmulBackwardInto(j.dinp[r0*C:r1*C], j.dw[e], j.out[r0*OC:r1*OC], j.inp.Slice(r0*C, r1*C), j.w[e], shape, j.accumulate)
 		} else {
 			Matmul(j.out[r0*OC:r1*OC], j.inp.Slice(r0*C, r1*C), j.w[e], shape, j.accumulate)
 		}

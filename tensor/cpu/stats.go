@@ -57,6 +57,19 @@ func SumSquaresInto[F Float](dst tensor.Buffer, x []F, accumulate bool) {
 	d[0] = s
 }
 
+// sumSquaresBF16Into is SumSquaresInto over bf16 values.
+func sumSquaresBF16Into(dst tensor.Buffer, x []tensor.BF16, accumulate bool) {
+	d := statsView("SumSquares", dst, 1)
+	if d == nil {
+		return
+	}
+	s := sumSquaresBF16(x)
+	if accumulate {
+		s = d[0] + s
+	}
+	d[0] = s
+}
+
 // CloseStep finishes a step's statistics (tensor.Kernels.CloseStep).
 func CloseStep(st tensor.Buffer, maxNorm float64) {
 	s := statsView("CloseStep", st, tensor.NumStats)
