@@ -405,8 +405,9 @@ func (d *Device) gemmBatched(ta, tb bool, m, n, k int, A Buffer, lda, sa int, B 
 }
 
 // gemmScratchValues bounds the fp32 scratch of gemmIntoBF16 (64 MiB): a
-// larger product runs in pieces of whole products, or of columns of one.
-const gemmScratchValues = 1 << 24
+// larger product runs in pieces of whole products, or of columns of one. A
+// variable so that a test can take the pieces with small products.
+var gemmScratchValues = 1 << 24
 
 // gemmIntoBF16 is gemmBatched's fp32 products into a bf16 C: each product into
 // fp32 scratch (β = 0), then gemm_epilogue_bf16 adds C in fp32 (β·C) and
