@@ -526,8 +526,10 @@ func (k *kernels) AddInto(dst, src tensor.Buffer, n int) {
 	case !o.ok():
 	case x.DType == y.DType:
 		k.d.AddInto(y, x)
-	default: // add_into_f32_bf16, add_into_bf16_f32
-		k.d.launch("add_into"+suffix(y.DType)+suffix(x.DType), k.d.grid(n), 1, threads, k.d.rw(y), k.d.rd(x), i64(n))
+	case y.DType == F32:
+		k.d.launch("add_into_f32_bf16", k.d.grid(n), 1, threads, k.d.rw(y), k.d.rd(x), i64(n))
+	default:
+		k.d.launch("add_into_bf16_f32", k.d.grid(n), 1, threads, k.d.rw(y), k.d.rd(x), i64(n))
 	}
 }
 

@@ -159,11 +159,11 @@ func (d *Device) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd Buffer, 
 	nb := (rows + rmsRowsPerBlock - 1) / rmsRowsPerBlock
 	part := d.scratch(scratchPartial, nb*C)
 	d.launch("rmsnorm_dweight_partial"+s, (C+threads-1)/threads, nb, threads, d.wr(part), d.rd(dout), d.rd(inp), d.rd(rstd), i32(rows), i32(C))
-	sum := "sum_partials"
 	if dweight.DType == BF16 {
-		sum += "_bf16"
+		d.launch("sum_partials_bf16", (C+threads-1)/threads, 1, threads, d.rw(dweight.Slice(0, C)), d.rd(part), i32(nb), i32(C))
+		return
 	}
-	d.launch(sum, (C+threads-1)/threads, 1, threads, d.rw(dweight.Slice(0, C)), d.rd(part), i32(nb), i32(C))
+	d.launch("sum_partials", (C+threads-1)/threads, 1, threads, d.rw(dweight.Slice(0, C)), d.rd(part), i32(nb), i32(C))
 }
 
 // needFloat is need for a parameter gradient: n fp32 or bf16 values.
