@@ -162,30 +162,74 @@ func BenchmarkMemoryBoundBF16(b *testing.B) {
 		}},
 		// AdamW over the model's fp32 weights as the engine runs it (Kernels.AdamW:
 		// adamw_stats): params, grads, m and v read, params, m and v written, the
-		// bf16 compute copy written.
-		{"adamw", float64(params) * (4*4 + 3*4 + 2), func() func() {
-			k := dev.Kernels()
-			mem := k.NewMemory()
-			fill := func(t tensor.DType, v float64) tensor.Buffer {
-				buf := mem.Alloc(t, params) // freed with the process
-				mem.Fill(buf, v)
-				return buf
-			}
-			p, g, m, v, cw := fill(tensor.Float32, 0.02), fill(tensor.Float32, 1e-3), fill(tensor.Float32, 1e-4), fill(tensor.Float32, 1e-6), fill(tensor.BFloat16, 0)
-			st := mem.Alloc(tensor.Float64, tensor.NumStats)
-			stats := make([]float64, tensor.NumStats)
-			stats[tensor.StatClip], stats[tensor.StatApplied], stats[tensor.StatOptSteps] = 1, 1, 1 // a step applied, unclipped
-			mem.Write(st, stats)
-			step := func() { k.AdamW(p, cw, g, m, v, 1e-4, 0.9, 0.95, 1e-8, 0.1, st) }
-			step()
-			if err := mem.Err(); err != nil { // an operand the kernel refuses: it would time nothing
-				b.Error(err)
-			}
-			return step
-		}},
+		// bf16 compute copy written; with bf16 gradients (adamw_stats_bf16) the
+		// gradients' 2 bytes a value read.
+		{"adamw", float64(params) * (4*4 + 3*4 + 2), adamwBench(b, params, tensor.Float32)},
+		{"adamw-bf16-grads", float64(params) * (3*4 + 2 + 3*4 + 2), adamwBench(b, params, tensor.BFloat16)},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) { benchMetric(b, c.bytes/1e9, "GB/s", c.setup) })
+	}
+}
+
+// adamwBench is the setup of an AdamW step over params fp32 weights with
+// gradients of dtype grads.
+func adamwBench(b *testing.B, params int, grads tensor.DType) func() func() {
+	return func() func() {
+		k := dev.Kernels()
+		mem := k.NewMemory()
+		fill := func(t tensor.DType, v float64) tensor.Buffer {
+			buf := mem.Alloc(t, params) // freed with the process
+			mem.Fill(buf, v)
+			return buf
+		}
+		p, g, m, v, cw := fill(tensor.Float32, 0.02), fill(grads, 1e-3), fill(tensor.Float32, 1e-4), fill(tensor.Float32, 1e-6), fill(tensor.BFloat16, 0)
+		st := mem.Alloc(tensor.Float64, tensor.NumStats)
+		stats := make([]float64, tensor.NumStats)
+		stats[tensor.StatClip], stats[tensor.StatApplied], stats[tensor.StatOptSteps] = 1, 1, 1 // a step applied, unclipped
+		mem.Write(st, stats)
+		step := func() { k.AdamW(p, cw, g, m, v, 1e-4, 0.9, 0.95, 1e-8, 0.1, st) }
+		step()
+		if err := mem.Err(); err != nil { // an operand the kernel refuses: it would time nothing
+			b.Error(err)
+		}
+		return step
+	}
+}
+
+// BenchmarkEmbeddingBackward times the embedding's backward at the 134M
+// model's shapes (BT 16384 tokens, C 768, a 32000-row table, bf16 output
+// gradients) into an fp32 table (embedding_backward_classes: each row's
+// tokens added in turn) and into a bf16 one (a run that reduces its
+// gradients in bf16: embedding_backward_links, then
+// embedding_backward_chains, each row's tokens summed before its one
+// rounding), in tokens a second. The tokens follow a Zipf law (s = 1.1), so
+// that a few rows take many tokens, as in text: the chains of the frequent
+// ones are walked one link at a time.
+func BenchmarkEmbeddingBackward(b *testing.B) {
+	const BT, C, N = 16384, 768, 32000
+	for _, table := range []tensor.DType{tensor.Float32, tensor.BFloat16} {
+		b.Run(table.String()+" table", func(b *testing.B) {
+			benchMetric(b, BT/1e6, "Mtok/s", func() func() {
+				k := dev.Kernels()
+				mem := k.NewMemory()
+				dwte, dout, tok := mem.Alloc(table, N*C), mem.Alloc(tensor.BFloat16, BT*C), mem.Alloc(tensor.Int32, BT) // freed with the process
+				mem.Fill(dwte, 0)
+				mem.Fill(dout, 1e-3)
+				z := rand.NewZipf(rand.New(rand.NewPCG(3, 4)), 1.1, 1, N-1)
+				ids := make([]int32, BT)
+				for i := range ids {
+					ids[i] = int32(z.Uint64())
+				}
+				mem.Write(tok, ids)
+				step := func() { k.EmbeddingBackward(dwte, dout, tok, tensor.EmbeddingShape{BT: BT, C: C, N: N}) }
+				step()
+				if err := mem.Err(); err != nil {
+					b.Error(err)
+				}
+				return step
+			})
+		})
 	}
 }
 

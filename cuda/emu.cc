@@ -5,7 +5,7 @@
 // calls it with its arguments taken from 8-byte slots, as cuLaunchKernel
 // takes them.
 //
-// sources: 0f93a4666ed7b0feb900feefdd2d6b63b10943a28f41e57315bcd91b7dae5c5a
+// sources: 5d7e6b3057f0c446766380b51ed298ccd50beec02229ea99f3225388671799f3
 #include "emu.h"
 #include "kernels.cu"
 

@@ -37,7 +37,8 @@ func TestKernelsOnTheEmulator(t *testing.T) {
 }
 
 // TestLaunchedKernelsExist: every kernel the Go code launches by name (with
-// its _f32/_bf16 suffix where the name is completed at run time) is an entry
+// its _f32/_bf16 suffix, or an optimizer's none/_bf16, where the name is
+// completed at run time) is an entry
 // of the committed PTX, so a misspelt name fails here, not on a GPU.
 func TestLaunchedKernelsExist(t *testing.T) {
 	ptx, err := os.ReadFile("kernels/kernels.ptx")
@@ -49,7 +50,9 @@ func TestLaunchedKernelsExist(t *testing.T) {
 		entries[m[1]] = true
 	}
 	files, _ := filepath.Glob("*.go")
-	launch := regexp.MustCompile(`launch\("(\w+)"(\+(?:suffix\(|s\b|sfx\b))?`) // a suffix by call or by variable
+	// A suffix by call or by variable (_f32 or _bf16), or gradSuffix's (none or
+	// _bf16: an optimizer's gradients).
+	launch := regexp.MustCompile(`launch\("(\w+)"(\+(?:suffix\(|s\b|sfx\b|gradSuffix\())?`)
 	n := 0
 	for _, f := range files {
 		if strings.HasSuffix(f, "_test.go") {
@@ -61,7 +64,10 @@ func TestLaunchedKernelsExist(t *testing.T) {
 		}
 		for _, m := range launch.FindAllStringSubmatch(string(src), -1) {
 			names := []string{m[1]}
-			if m[2] != "" {
+			switch {
+			case m[2] == "+gradSuffix(":
+				names = []string{m[1], m[1] + "_bf16"}
+			case m[2] != "":
 				names = []string{m[1] + "_f32", m[1] + "_bf16"}
 			}
 			for _, name := range names {

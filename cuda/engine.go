@@ -23,7 +23,12 @@ import (
 // the kernel set declares tensor.BF16Storage, so a bf16 run's model hands the
 // dense layers' kernels bf16 activations and gradients throughout
 // (trainer/model's native bf16, docs/engine.md), with statistics (reciprocal
-// RMS, log-sum-exps, losses) and parameter gradients fp32. A kernel's
+// RMS, log-sum-exps, losses) fp32. Parameter gradients are fp32, or bf16 in a
+// run that reduces them in bf16 (tensor.Kernels' contract): a kernel adds
+// into a bf16 one in fp32 and rounds each element once per call (a product
+// through cuBLASLt's bf16 C with β = 1, or an fp32 product's epilogue,
+// Device.gemmBatched; the embedding's rows summed along chains of their
+// tokens; the norm's partial sums reduced first). A kernel's
 // activation operands are of one dtype, fp32 or bf16; weights and the
 // products' inputs may be bf16 beside fp32 activations. A product with a bf16
 // weight rounds an fp32 operand to bf16 and runs on the tensor cores, as the
@@ -65,15 +70,17 @@ func (k *kernels) NewMemory() tensor.Memory { return k.d.NewMemory() }
 
 // Scratch slots of the engine's kernels (after the Device's own).
 const (
-	scratchOperand    = iota + scratchDelta + 1 // an operand converted for a product or a norm
-	scratchLSE                                  // the loss's log-sum-exp per row
-	scratchSum64                                // f64 partial sums
-	scratchRank                                 // MoE: each copy's rank within its expert
-	scratchCounts                               // MoE: each expert's kept copies
-	scratchTok                                  // MoE: the padded layout's row tokens
-	scratchMoEUnused                            // MoE: stand-ins for fields a call does not read
-	scratchPadOffsets                           // MoE: the padded layout's static segments
-	scratchRouterDS                             // MoE: router_general_backward's score gradients
+	scratchOperand    = iota + scratchGemm + 1 // an operand converted for a product or a norm
+	scratchLSE                                 // the loss's log-sum-exp per row
+	scratchSum64                               // f64 partial sums
+	scratchRank                                // MoE: each copy's rank within its expert
+	scratchCounts                              // MoE: each expert's kept copies
+	scratchTok                                 // MoE: the padded layout's row tokens
+	scratchMoEUnused                           // MoE: stand-ins for fields a call does not read
+	scratchPadOffsets                          // MoE: the padded layout's static segments
+	scratchRouterDS                            // MoE: router_general_backward's score gradients
+	scratchEmbedLink                           // EmbeddingBackward into bf16: each token's next of its row
+	scratchEmbedLast                           // EmbeddingBackward into bf16: each row's first token
 )
 
 // routerMaxGroups is router_general's bound on a router's groups (its
@@ -155,7 +162,8 @@ func (o *operands) buf(b tensor.Buffer, n int, ts ...DType) Buffer {
 }
 
 // f is an fp32 buffer of n values; w an fp32 or bf16 one (a weight, a
-// product's input, or an activation or activation gradient); i an int32 one;
+// product's input, an activation or activation gradient, or a parameter
+// gradient); i an int32 one;
 // st an f64 one. as is one of n values in x's dtype (a kernel's activations
 // are of one dtype).
 func (o *operands) f(b tensor.Buffer, n int) Buffer { return o.buf(b, n, F32) }
@@ -241,7 +249,7 @@ func (k *kernels) Matmul(out, inp, weight tensor.Buffer, s tensor.MatmulShape, a
 
 func (k *kernels) MatmulBackward(dinp, dweight, dout, inp, weight tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
 	o := k.ops("MatmulBackward")
-	dw, dy, x, w := o.f(dweight, s.OC*s.C), o.w(dout, s.BT*s.OC), o.w(inp, s.BT*s.C), o.w(weight, s.OC*s.C)
+	dw, dy, x, w := o.w(dweight, s.OC*s.C), o.w(dout, s.BT*s.OC), o.w(inp, s.BT*s.C), o.w(weight, s.OC*s.C)
 	var dx Buffer
 	if dinp.Len() > 0 {
 		dx = o.as(dinp, s.BT*s.C, dy)
@@ -275,9 +283,29 @@ func (k *kernels) Embedding(out, tokens, wte tensor.Buffer, s tensor.EmbeddingSh
 // embedding_backward_classes): each class's blocks walk every token.
 const embeddingClasses = 64
 
+// embeddingLinkClasses is EMB_LINK_CLASSES in kernels.cu: the threads of
+// embedding_backward_links, each owning the table rows of one residue.
+const embeddingLinkClasses = 1024
+
+// EmbeddingBackward adds dout's rows into the table rows their tokens pick.
+// Into an fp32 table, embedding_backward_classes adds each token in token
+// order; into a bf16 one each row's tokens are summed in fp32 first, so that
+// the row is rounded once: embedding_backward_links chains each row's tokens
+// (in scratch: a link per token, a first token per row) and
+// embedding_backward_chains sums each chain into its row.
 func (k *kernels) EmbeddingBackward(dwte, dout, tokens tensor.Buffer, s tensor.EmbeddingShape) {
 	o := k.ops("EmbeddingBackward")
-	dw, dy, t := o.f(dwte, s.N*s.C), o.w(dout, s.BT*s.C), o.i(tokens, s.BT)
+	dw, dy, t := o.w(dwte, s.N*s.C), o.w(dout, s.BT*s.C), o.i(tokens, s.BT)
+	if o.ok() && s.BT > 0 && dw.DType == BF16 {
+		if s.N > 0 && s.C > 0 {
+			link := as(k.d.scratch(scratchEmbedLink, s.BT), I32, s.BT)
+			last := as(k.d.scratch(scratchEmbedLast, s.N), I32, s.N)
+			k.d.launch("embedding_backward_links", embeddingLinkClasses/threads, 1, threads, k.d.wr(link), k.d.rw(last), k.d.rd(t), i32(s.BT), i32(s.Lo), i32(s.N))
+			k.d.launch("embedding_backward_chains_bf16"+suffix(dy.DType), k.d.grid(s.BT*s.C), 1, threads, k.d.rw(dw), k.d.rd(dy), k.d.rd(t), k.d.rd(link), k.d.rd(last),
+				i32(s.BT), i32(s.C), i32(s.Lo), i32(s.N))
+		}
+		return
+	}
 	if o.ok() && s.BT > 0 {
 		name := "embedding_backward_classes"
 		if dy.DType == BF16 {
@@ -299,7 +327,7 @@ func (k *kernels) RMSNorm(out, rstd, inp, weight tensor.Buffer, BT, C int, eps f
 func (k *kernels) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd tensor.Buffer, BT, C int, accumulate bool) {
 	o := k.ops("RMSNormBackward")
 	x := o.w(inp, BT*C)
-	dx, dw, dy, w, r := o.as(dinp, BT*C, x), o.f(dweight, C), o.as(dout, BT*C, x), o.w(weight, C), o.f(rstd, BT)
+	dx, dw, dy, w, r := o.as(dinp, BT*C, x), o.w(dweight, C), o.as(dout, BT*C, x), o.w(weight, C), o.f(rstd, BT)
 	if o.ok() {
 		k.d.RMSNormBackward(dx, dw, dy, x, k.like(w, x.DType, scratchOperand), r, BT, C, accumulate)
 	}
@@ -433,7 +461,7 @@ func (k *kernels) HeadLoss(losses, dx, dw, work, x, w, targets, dloss tensor.Buf
 	if train {
 		// dx fp32 or bf16 (a bf16-native run's input gradient), whatever
 		// the operands' dtype: the products write either.
-		dxs, dws, dl = o.w(dx, s.BT*s.C), o.f(dw, s.V*s.C), o.f(dloss, s.BT)
+		dxs, dws, dl = o.w(dx, s.BT*s.C), o.w(dw, s.V*s.C), o.f(dloss, s.BT)
 	}
 	if !o.ok() || s.BT == 0 {
 		return
@@ -489,17 +517,20 @@ func (k *kernels) Add(out, a, b tensor.Buffer, n int) {
 	}
 }
 
+// AddInto adds src into dst, each fp32 or bf16: in fp32, a bf16 dst's sums
+// rounded.
 func (k *kernels) AddInto(dst, src tensor.Buffer, n int) {
 	o := k.ops("AddInto")
-	y, x := o.f(dst, n), o.w(src, n)
-	if !o.ok() {
-		return
-	}
-	if x.DType == BF16 {
+	y, x := o.w(dst, n), o.w(src, n)
+	switch {
+	case !o.ok():
+	case x.DType == y.DType:
+		k.d.AddInto(y, x)
+	case y.DType == F32:
 		k.d.launch("add_into_f32_bf16", k.d.grid(n), 1, threads, k.d.rw(y), k.d.rd(x), i64(n))
-		return
+	default:
+		k.d.launch("add_into_bf16_f32", k.d.grid(n), 1, threads, k.d.rw(y), k.d.rd(x), i64(n))
 	}
-	k.d.AddInto(y, x)
 }
 
 // moeRouting is a routing's buffers as the device's MoE kernels take them,
@@ -745,7 +776,7 @@ func (k *kernels) ExpertsMatmulBackward(dinp tensor.Buffer, dw []tensor.Buffer, 
 	}
 	if s.Segment > 0 {
 		ws, stride, wok := o.strided(w, s.OC*s.C, F32, BF16)
-		gs, gstride, gok := o.strided(dw, s.OC*s.C, F32)
+		gs, gstride, gok := o.strided(dw, s.OC*s.C, F32, BF16)
 		if wok && gok && gstride == stride {
 			rows := len(w) * s.Segment
 			dy, x := o.f(dout, rows*s.OC), o.w(inp, rows*s.C)
@@ -898,9 +929,9 @@ func (k *kernels) Axpy(dst, src tensor.Buffer, a float64) {
 func (k *kernels) AdamW(params, compute, grads, m, v tensor.Buffer, lr, beta1, beta2, eps, wd float64, stats tensor.Buffer) {
 	o := k.ops("AdamW")
 	p := o.f(params, params.Len())
-	g, ms, vs, st, c := o.f(grads, p.N), o.f(m, p.N), o.f(v, p.N), o.st(stats, tensor.NumStats), o.compute(compute, p.N)
+	g, ms, vs, st, c := o.w(grads, p.N), o.f(m, p.N), o.f(v, p.N), o.st(stats, tensor.NumStats), o.compute(compute, p.N)
 	if o.ok() {
-		k.d.launch("adamw_stats", k.d.grid(p.N), 1, threads, k.d.rw(p), k.d.wr(c), k.d.rd(g), k.d.rw(ms), k.d.rw(vs), i64(p.N),
+		k.d.launch("adamw_stats"+gradSuffix(g), k.d.grid(p.N), 1, threads, k.d.rw(p), k.d.wr(c), k.d.rd(g), k.d.rw(ms), k.d.rw(vs), i64(p.N),
 			f32(lr), f32(beta1), f32(beta2), f32(eps), f32(wd), k.d.rd(st))
 	}
 }
@@ -908,10 +939,19 @@ func (k *kernels) AdamW(params, compute, grads, m, v tensor.Buffer, lr, beta1, b
 func (k *kernels) SGD(params, compute, grads, buf tensor.Buffer, lr, momentum, wd float64, stats tensor.Buffer) {
 	o := k.ops("SGD")
 	p := o.f(params, params.Len())
-	g, b, st, c := o.f(grads, p.N), o.f(buf, p.N), o.st(stats, tensor.NumStats), o.compute(compute, p.N)
+	g, b, st, c := o.w(grads, p.N), o.f(buf, p.N), o.st(stats, tensor.NumStats), o.compute(compute, p.N)
 	if o.ok() {
-		k.d.launch("sgd_stats", k.d.grid(p.N), 1, threads, k.d.rw(p), k.d.wr(c), k.d.rd(g), k.d.rw(b), i64(p.N), f32(lr), f32(momentum), f32(wd), k.d.rd(st))
+		k.d.launch("sgd_stats"+gradSuffix(g), k.d.grid(p.N), 1, threads, k.d.rw(p), k.d.wr(c), k.d.rd(g), k.d.rw(b), i64(p.N), f32(lr), f32(momentum), f32(wd), k.d.rd(st))
 	}
+}
+
+// gradSuffix names an optimizer kernel's variant for gradients g: none for
+// fp32, _bf16 for bf16 (adamw_stats_bf16, sgd_stats_bf16).
+func gradSuffix(g Buffer) string {
+	if g.DType == BF16 {
+		return "_bf16"
+	}
+	return ""
 }
 
 // f64 is a double kernel argument.

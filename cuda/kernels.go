@@ -84,6 +84,7 @@ func (d *Device) scratch(i, n int) Buffer {
 const (
 	scratchPartial = iota
 	scratchDelta
+	scratchGemm // an fp32 product bound for a bf16 C (gemmIntoBF16)
 )
 
 // Cast converts between float buffers (f32, bf16, f64) of one length: to f32
@@ -146,10 +147,11 @@ func warpRows(rows int) int { return max(1, (rows+threads/32-1)/(threads/32)) }
 const rmsRowsPerBlock = 32
 
 // RMSNormBackward: dinp = rstd·g − inp·rstd³·mean(g·inp) with g = dout·weight
-// (overwritten, or added to when accumulate); dweight (C, fp32) += Σ dout·inp·rstd,
-// summed in a fixed order.
+// (overwritten, or added to when accumulate); dweight (C, fp32 or bf16) += Σ
+// dout·inp·rstd, summed in fp32 in a fixed order and added once (a bf16 dweight
+// rounded once).
 func (d *Device) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd Buffer, rows, C int, accumulate bool) {
-	if !d.same("rmsnorm backward", dinp, dout, inp, weight) || !d.need("rmsnorm backward", dweight, F32, C) {
+	if !d.same("rmsnorm backward", dinp, dout, inp, weight) || !d.needFloat("rmsnorm backward", dweight, C) {
 		return
 	}
 	s := suffix(dinp.DType)
@@ -157,7 +159,19 @@ func (d *Device) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd Buffer, 
 	nb := (rows + rmsRowsPerBlock - 1) / rmsRowsPerBlock
 	part := d.scratch(scratchPartial, nb*C)
 	d.launch("rmsnorm_dweight_partial"+s, (C+threads-1)/threads, nb, threads, d.wr(part), d.rd(dout), d.rd(inp), d.rd(rstd), i32(rows), i32(C))
-	d.launch("sum_partials", (C+threads-1)/threads, 1, threads, d.rw(dweight), d.rd(part), i32(nb), i32(C))
+	if dweight.DType == BF16 {
+		d.launch("sum_partials_bf16", (C+threads-1)/threads, 1, threads, d.rw(dweight.Slice(0, C)), d.rd(part), i32(nb), i32(C))
+		return
+	}
+	d.launch("sum_partials", (C+threads-1)/threads, 1, threads, d.rw(dweight.Slice(0, C)), d.rd(part), i32(nb), i32(C))
+}
+
+// needFloat is need for a parameter gradient: n fp32 or bf16 values.
+func (d *Device) needFloat(what string, b Buffer, n int) bool {
+	if b.DType == BF16 {
+		return d.need(what, b, BF16, n)
+	}
+	return d.need(what, b, F32, n)
 }
 
 // RopeTables uploads cos and sin tables (T, len(inv), fp32) for rotary
@@ -309,11 +323,12 @@ func (d *Device) ExpertsMatmul(out, inp, w Buffer, s ExpertsShape, accumulate bo
 // for a step whose gradient scale (dloss, BT fp32) is known in the forward: rows
 // of logits are made a chunk of rows at a time (as many whole rows as
 // sc.Logits holds), and each chunk's losses, lse, dx rows (overwritten, or added
-// to when accumulate) and dw (fp32, +=) follow from it at once: no second
-// product or pass over the logits in a backward.
+// to when accumulate) and dw (fp32 or bf16, +=; a bf16 dw is rounded once a
+// chunk) follow from it at once: no second product or pass over the logits in
+// a backward.
 func (d *Device) HeadCrossEntropyTrain(losses, lse, dx, dw, x, w, targets, dloss Buffer, s HeadShape, sc HeadScratch, accumulate bool) {
 	if !s.inputs(d, x, w, targets) || !d.need("output head", losses, F32, s.BT) || !d.need("output head", lse, F32, s.BT) ||
-		!d.need("output head", dw, F32, s.V*s.C) || !d.need("output head", dloss, F32, s.BT) ||
+		!d.needFloat("output head", dw, s.V*s.C) || !d.need("output head", dloss, F32, s.BT) ||
 		!d.need("output head logits", sc.Logits, F32, s.V) || !d.need("output head logits", sc.DLogits, x.DType, s.V) {
 		return
 	}
@@ -339,8 +354,8 @@ func (d *Device) Matmul(out, inp, weight Buffer, s MatmulShape, accumulate bool)
 }
 
 // MatmulBackward: dinp (BT,C) = dout·weight (+= when accumulate; skipped when dinp
-// is empty); dweight (OC,C) += doutᵀ·inp always (dweight may be fp32 with bf16
-// operands).
+// is empty); dweight (OC,C) += doutᵀ·inp always (dweight fp32 or bf16, of
+// either operands' dtype: gemmBatched).
 func (d *Device) MatmulBackward(dinp, dweight, dout, inp, weight Buffer, s MatmulShape, accumulate bool) {
 	if dinp.N > 0 {
 		d.gemm(false, false, s.C, s.BT, s.OC, weight, s.C, dout, s.OC, beta(accumulate), dinp, s.C)
@@ -356,9 +371,11 @@ func (d *Device) gemm(ta, tb bool, m, n, k int, A Buffer, lda int, B Buffer, ldb
 
 // gemmBatched is batch column-major products C (m×n) = op(A)·op(B) + beta·C,
 // the i-th reading A, B and C at i·sa, i·sb and i·sc elements: A and B of one
-// float dtype, C fp32 or bf16. It checks the operands once for both drivers
-// (cuBLASLt on a GPU, plain loops on the emulator) and does nothing after an
-// error or for an empty product.
+// float dtype, C fp32 or bf16, accumulated in fp32 and rounded once into a
+// bf16 C. It checks the operands once for both drivers (cuBLASLt on a GPU,
+// plain loops on the emulator) and does nothing after an error or for an
+// empty product. cuBLASLt writes a bf16 C beside bf16 operands only: fp32
+// operands into a bf16 C go through gemmIntoBF16, on both drivers.
 func (d *Device) gemmBatched(ta, tb bool, m, n, k int, A Buffer, lda, sa int, B Buffer, ldb, sb int, beta float32, Cb Buffer, ldc, sc, batch int) {
 	if d.err != nil || batch == 0 || m == 0 || n == 0 {
 		return
@@ -371,6 +388,10 @@ func (d *Device) gemmBatched(ta, tb bool, m, n, k int, A Buffer, lda, sa int, B 
 		d.fail("gemm", fmt.Errorf("a matrix product inside Background: cuBLASLt's handle is bound to the compute stream"))
 		return
 	}
+	if A.DType == F32 && Cb.DType == BF16 {
+		d.gemmIntoBF16(ta, tb, m, n, k, A, lda, sa, B, ldb, sb, beta, Cb, ldc, sc, batch)
+		return
+	}
 	ab, cb := int64(A.DType.Size()), int64(Cb.DType.Size())
 	c := int64(m) * int64(n) * cb * int64(batch)
 	read := (int64(m)*int64(k) + int64(k)*int64(n)) * ab * int64(batch)
@@ -381,6 +402,46 @@ func (d *Device) gemmBatched(ta, tb bool, m, n, k int, A Buffer, lda, sa int, B 
 		return
 	}
 	d.batchedProduct(ta, tb, m, n, k, A, lda, sa, B, ldb, sb, beta, Cb, ldc, sc, batch)
+}
+
+// gemmScratchValues bounds the fp32 scratch of gemmIntoBF16 (64 MiB): a
+// larger product runs in pieces of whole products, or of columns of one. A
+// variable so that a test can take the pieces with small products.
+var gemmScratchValues = 1 << 24
+
+// gemmIntoBF16 is gemmBatched's fp32 products into a bf16 C: each product into
+// fp32 scratch (β = 0), then gemm_epilogue_bf16 adds C in fp32 (β·C) and
+// rounds once, as cuBLASLt's epilogue does for a bf16 C beside bf16 operands.
+// The scratch holds at most gemmScratchValues values (one column at least):
+// the products are taken a few at a time, and a product larger than that a
+// few of its columns at a time (a column's sums are whole in either case).
+func (d *Device) gemmIntoBF16(ta, tb bool, m, n, k int, A Buffer, lda, sa int, B Buffer, ldb, sb int, beta float32, Cb Buffer, ldc, sc, batch int) {
+	piece := func(b0, nb, j0, cols int) {
+		// B's column j0 starts at j0·ldb (j0 with tb: op(B) reads Bᵀ's rows),
+		// C's at j0·ldc.
+		bOff := j0 * ldb
+		if tb {
+			bOff = j0
+		}
+		a := A.Slice(b0*sa, A.N)
+		bb := B.Slice(b0*sb+bOff, B.N)
+		c := Cb.Slice(b0*sc+j0*ldc, b0*sc+j0*ldc+(nb-1)*sc+(cols-1)*ldc+m)
+		s := d.scratch(scratchGemm, nb*m*cols)
+		d.gemmBatched(ta, tb, m, cols, k, a, lda, sa, bb, ldb, sb, 0, s, m, m*cols, nb)
+		d.launch("gemm_epilogue_bf16", d.grid(nb*m*cols), 1, threads, d.acc(c, beta != 0), d.rd(s), i32(m), i32(cols), i64(ldc), i64(sc), i32(nb), f32(float64(beta)))
+	}
+	if per := gemmScratchValues / (m * n); per >= 1 {
+		for b0 := 0; b0 < batch; b0 += per {
+			piece(b0, min(per, batch-b0), 0, n)
+		}
+		return
+	}
+	cols := max(gemmScratchValues/m, 1)
+	for b0 := 0; b0 < batch; b0++ {
+		for j0 := 0; j0 < n; j0 += cols {
+			piece(b0, 1, j0, min(cols, n-j0))
+		}
+	}
 }
 
 func beta(accumulate bool) float32 {

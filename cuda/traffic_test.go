@@ -5,6 +5,7 @@ package cuda
 import (
 	"testing"
 
+	"github.com/shardline/shardline/tensor"
 	"github.com/stretchr/testify/require"
 )
 
@@ -63,4 +64,45 @@ func TestTrafficCounts(t *testing.T) {
 	require.NoError(t, dev.SetDryRun(false))
 	onDevice(t, func() { after = get(y) })
 	require.Equal(t, before, after, "a dry run ran the product")
+}
+
+// TestTrafficBF16Gradients: the kernels adding into bf16 parameter gradients
+// count a bf16 gradient's 2 bytes a value. A weight gradient's product of bf16
+// operands writes its bf16 C directly (read too: β = 1); one of fp32 operands
+// is an fp32 product into scratch and gemm_epilogue_bf16 (the scratch's 4
+// bytes, C's 2 read and written). The embedding's backward into a bf16 table
+// is its links (tokens read, a link per token written, a first token per row
+// read and written) and its chains (the table read and written).
+func TestTrafficBF16Gradients(t *testing.T) {
+	const BT, C, OC, N = 6, 8, 16, 10
+	x32, dy32 := make([]float32, BT*C), make([]float32, BT*OC)
+	var x, dy, xb, dyb, dw Buffer
+	onDevice(t, func() {
+		x, dy, xb, dyb = put(t, F32, x32), put(t, F32, dy32), put(t, BF16, x32), put(t, BF16, dy32)
+		dw = put(t, BF16, make([]float32, OC*C))
+	})
+	dev.CountTraffic(true)
+	onDevice(t, func() {
+		dev.MatmulBackward(Buffer{}, dw, dy, x, Buffer{}, MatmulShape{BT: BT, C: C, OC: OC}, false)
+		dev.MatmulBackward(Buffer{}, dw, dyb, xb, Buffer{}, MatmulShape{BT: BT, C: C, OC: OC}, false)
+	})
+	require.Equal(t, Traffic{
+		"gemm f32·f32→f32":    {Ops: 1, Read: (C*BT + BT*OC) * 4, Written: C * OC * 4},
+		"gemm_epilogue_bf16":  {Ops: 1, Read: C*OC*4 + C*OC*2, Written: C * OC * 2},
+		"gemm bf16·bf16→bf16": {Ops: 1, Read: (C*BT+BT*OC)*2 + C*OC*2, Written: C * OC * 2},
+	}, dev.Traffic())
+
+	k := dev.Kernels()
+	m := k.NewMemory()
+	dwte, dout, tok := m.Alloc(tensor.BFloat16, N*C), m.Alloc(tensor.BFloat16, BT*C), m.Alloc(tensor.Int32, BT)
+	m.Write(tok, []int32{1, 2, 1, 9, 0, 1})
+	require.NoError(t, m.Err())
+	dev.CountTraffic(true)
+	k.EmbeddingBackward(dwte, dout, tok, tensor.EmbeddingShape{BT: BT, C: C, N: N})
+	require.Equal(t, Traffic{
+		"embedding_backward_links":            {Ops: 1, Read: BT*4 + N*4, Written: BT*4 + N*4},
+		"embedding_backward_chains_bf16_bf16": {Ops: 1, Read: N*C*2 + BT*C*2 + BT*4 + BT*4 + N*4, Written: N * C * 2},
+	}, dev.Traffic())
+	dev.CountTraffic(false)
+	require.NoError(t, m.Err())
 }

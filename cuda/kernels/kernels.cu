@@ -5,8 +5,10 @@
 // Conventions (the same as tensor/cpu's):
 //   - Storage type S is float or __nv_bfloat16 (suffix _f32 / _bf16 on the exported
 //     names); every kernel accumulates in fp32.
-//   - Weight gradients and optimizer state are fp32 always; activation gradients are
-//     stored in S.
+//   - Weight gradients are fp32, or bf16 in a run that reduces them in bf16 (the
+//     kernels that add into one add in fp32 and round once per call: the "bf16
+//     parameter gradients" section); optimizer state is fp32 always; activation
+//     gradients are stored in S.
 //   - A backward kernel accumulates into weight gradients; into activation
 //     gradients it overwrites unless its `accumulate` argument is set.
 //   - Reductions are done in a fixed order (no float atomics), so a kernel gives
@@ -1672,15 +1674,16 @@ extern "C" __global__ void axpy64(double* dst, const double* src, double a, long
 // st[STAT_OPT_STEPS], when st[STAT_APPLIED] is set, from the gradients clipped
 // by st[STAT_CLIP] (each read as g·clip rounded to fp32, as the CPU reads it);
 // compute, when not null, receives the updated weights rounded to bf16 (nearest,
-// ties to even, as cast_f32_bf16) in the same pass.
-extern "C" __global__ void adamw_stats(float* p, bf16* compute, const float* g, float* m, float* v, long n, float lr, float b1, float b2, float eps, float wd,
-                                       const double* st) {
+// ties to even, as cast_f32_bf16) in the same pass. adamw_step is it over fp32
+// or bf16 gradients (adamw_stats_bf16 below).
+template <typename G>
+__device__ void adamw_step(float* p, bf16* compute, const G* g, float* m, float* v, long n, float lr, float b1, float b2, float eps, float wd, const double* st) {
     if (st[STAT_APPLIED] == 0) return;
     double t = st[STAT_OPT_STEPS];
     float c1 = (float)(1 / (1 - pow((double)b1, t))), c2 = (float)(1 / (1 - pow((double)b2, t)));
     float clip = (float)st[STAT_CLIP];
     GRID_STRIDE(i, n) {
-        float gi = __fmul_rn(g[i], clip);
+        float gi = __fmul_rn(ld(g, i), clip);
         float mi = b1 * m[i] + (1 - b1) * gi;
         float vi = b2 * v[i] + (1 - b2) * gi * gi;
         m[i] = mi;
@@ -1691,19 +1694,26 @@ extern "C" __global__ void adamw_stats(float* p, bf16* compute, const float* g, 
         if (compute) compute[i] = __float2bfloat16_rn(pi);
     }
 }
+extern "C" __global__ void adamw_stats(float* p, bf16* compute, const float* g, float* m, float* v, long n, float lr, float b1, float b2, float eps, float wd,
+                                       const double* st) {
+    adamw_step(p, compute, g, m, v, n, lr, b1, b2, eps, wd, st);
+}
 
 // sgd_stats: buf = μ·buf + g·clip; p −= lr·(buf + wd·p), when st[STAT_APPLIED]
-// is set; clip and compute as adamw_stats's.
-extern "C" __global__ void sgd_stats(float* p, bf16* compute, const float* g, float* buf, long n, float lr, float mom, float wd, const double* st) {
+// is set; clip and compute as adamw_stats's (sgd_step: sgd_stats_bf16 below).
+template <typename G> __device__ void sgd_step(float* p, bf16* compute, const G* g, float* buf, long n, float lr, float mom, float wd, const double* st) {
     if (st[STAT_APPLIED] == 0) return;
     float clip = (float)st[STAT_CLIP];
     GRID_STRIDE(i, n) {
-        float b = mom * buf[i] + __fmul_rn(g[i], clip);
+        float b = mom * buf[i] + __fmul_rn(ld(g, i), clip);
         buf[i] = b;
         float pi = p[i] - lr * (b + wd * p[i]);
         p[i] = pi;
         if (compute) compute[i] = __float2bfloat16_rn(pi);
     }
+}
+extern "C" __global__ void sgd_stats(float* p, bf16* compute, const float* g, float* buf, long n, float lr, float mom, float wd, const double* st) {
+    sgd_step(p, compute, g, buf, n, lr, mom, wd, st);
 }
 
 // ---- the engine's mixture-of-experts kernels (tensor.Kernels' MoE on the device) ----
@@ -1942,4 +1952,100 @@ extern "C" __global__ void experts_swiglu_backward(float* dgate, float* dup, con
         dgate[i] = dg;
         dup[i] = du;
     }
+}
+
+// ---- bf16 parameter gradients ------------------------------------------------------
+//
+// A run that reduces its gradients in bf16 (grad_reduce_in_bf16) holds them in bf16.
+// Each kernel here adds into one in fp32 and rounds each element to bf16 once per
+// call (to nearest, ties to even), as a product with a bf16 C computed in fp32
+// (β = 1) leaves it.
+
+// gemm_epilogue_bf16 finishes an fp32 product whose C is bf16 (cuBLASLt takes a
+// bf16 C only beside bf16 operands): c = s + β·c over batch column-major m×n
+// products, s dense (product i at i·m·n, column stride m), c at i·sc with column
+// stride ldc.
+extern "C" __global__ void gemm_epilogue_bf16(bf16* c, const float* s, int m, int n, long ldc, long sc, int batch, float beta) {
+    long mn = (long)m * n;
+    GRID_STRIDE(i, mn * batch) {
+        long b = i / mn, r = i - b * mn, j = r / m, k = b * sc + j * ldc + (r - j * m);
+        float v = s[i];
+        if (beta != 0.f) v += beta * ld(c, k);
+        st(c, k, v);
+    }
+}
+
+// add_into_bf16_f32: dst (bf16) += src (fp32), in fp32, rounded.
+extern "C" __global__ void add_into_bf16_f32(bf16* dst, const float* src, long n) {
+    GRID_STRIDE(i, n) st(dst, i, ld(dst, i) + src[i]);
+}
+
+// sum_partials_bf16 is sum_partials into a bf16 dst: the partials summed in
+// fp32, in order, then added once.
+extern "C" __global__ void sum_partials_bf16(bf16* dst, const float* partial, int nb, int C) {
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
+        float s = 0.f;
+        for (int b = 0; b < nb; b++) s += partial[(long)b * C + c];
+        st(dst, c, ld(dst, c) + s);
+    }
+}
+
+// EmbeddingBackward into a bf16 table sums each row's tokens in fp32 before its
+// one rounding, in two kernels. embedding_backward_links chains the tokens of
+// each row in token order: link[j] is the next token with j's row (−1 after the
+// last), last[row] the row's first token (−1 for a row no token picks); tokens
+// outside rows lo..lo+N−1 are left unlinked. Thread t of the grid's
+// EMB_LINK_CLASSES (a power of two) owns the rows r with r mod EMB_LINK_CLASSES
+// = t and walks every token, last to first, staged through shared memory: no
+// atomics, and the same links on every run.
+#define EMB_LINK_CLASSES 1024
+extern "C" __global__ void embedding_backward_links(int* link, int* last, const int* tokens, int BT, int lo, int N) {
+    __shared__ int sh[EMB_STAGE];
+    int cls = blockIdx.x * blockDim.x + threadIdx.x;
+    for (int r = cls; r < N; r += EMB_LINK_CLASSES) last[r] = -1;
+    for (int t1 = BT; t1 > 0; t1 -= EMB_STAGE) {
+        int t0 = max(0, t1 - EMB_STAGE), n = t1 - t0;
+        __syncthreads();
+        for (int j = threadIdx.x; j < n; j += blockDim.x) sh[j] = tokens[t0 + j] - lo;
+        __syncthreads();
+        for (int j = n - 1; j >= 0; j--) {
+            int row = sh[j];
+            if (row >= 0 && row < N && (row & (EMB_LINK_CLASSES - 1)) == cls) {
+                link[t0 + j] = last[row];
+                last[row] = t0 + j;
+            }
+        }
+    }
+}
+// embedding_backward_chains: thread (token j, channel c), for j the first token
+// of its row, sums dout[·, c] over the row's chain in token order (fp32) and adds
+// the sum into dwte (bf16) once. dout is fp32 (_bf16_f32) or bf16 (_bf16_bf16).
+template <typename S> __device__ void embedding_backward_chains(bf16* dwte, const S* dout, const int* tokens, const int* link, const int* last, int BT, int C, int lo, int N) {
+    GRID_STRIDE(i, (long)BT * C) {
+        long j = i / C;
+        int c = i - j * C, row = tokens[j] - lo;
+        if (row < 0 || row >= N || last[row] != j) continue;
+        float s = 0.f;
+        for (long k = j; k >= 0; k = link[k]) s += ld(dout, k * C + c);
+        long w = (long)row * C + c;
+        st(dwte, w, ld(dwte, w) + s);
+    }
+}
+extern "C" __global__ void embedding_backward_chains_bf16_f32(bf16* dwte, const float* dout, const int* tok, const int* link, const int* last, int BT, int C, int lo,
+                                                              int N) {
+    embedding_backward_chains(dwte, dout, tok, link, last, BT, C, lo, N);
+}
+extern "C" __global__ void embedding_backward_chains_bf16_bf16(bf16* dwte, const bf16* dout, const int* tok, const int* link, const int* last, int BT, int C, int lo,
+                                                               int N) {
+    embedding_backward_chains(dwte, dout, tok, link, last, BT, C, lo, N);
+}
+
+// adamw_stats_bf16 and sgd_stats_bf16 are adamw_stats and sgd_stats reading bf16
+// gradients (widened: exact).
+extern "C" __global__ void adamw_stats_bf16(float* p, bf16* compute, const bf16* g, float* m, float* v, long n, float lr, float b1, float b2, float eps, float wd,
+                                            const double* st) {
+    adamw_step(p, compute, g, m, v, n, lr, b1, b2, eps, wd, st);
+}
+extern "C" __global__ void sgd_stats_bf16(float* p, bf16* compute, const bf16* g, float* buf, long n, float lr, float mom, float wd, const double* st) {
+    sgd_step(p, compute, g, buf, n, lr, mom, wd, st);
 }
