@@ -431,9 +431,9 @@ func dispatchBytes(r *config.Recipe, m Mesh, t tokens, d dtypes) (expected, wors
 // and router gradients and the vocabulary-parallel loss's row statistics;
 // under context parallelism the ring's double K/V buffers (and their
 // gradients) and a chunk's partial output and log-sum-exps; with MoE the
-// router's, gates' and experts' gradients over the layer's permuted rows, the
-// exchange's three scratch buffers under expert parallelism and the shared
-// experts' three. The ranks of a cuda run hold the same on their GPUs
+// router's, gates' and experts' gradients over the layer's permuted rows
+// (expert parallelism's exchange of gradients reuses the dispatch buffers)
+// and the shared experts' three. The ranks of a cuda run hold the same on their GPUs
 // (runsEngine); 0 for other plans (Megatron's are not modelled).
 func scratchBytes(r *config.Recipe, m Mesh) int64 {
 	return scratchBytesAt(r, m, RoutedRows(r.Model, int64(r.Train.MicroBatchSize)*int64(r.Model.SeqLen/m.CP)/int64(m.TP), m.EP))
@@ -481,10 +481,9 @@ func scratchBytesAt(r *config.Recipe, m Mesh, copies int64) int64 {
 	}
 	if E > 0 {
 		k, EF := int64(mo.MoE.TopK), int64(mo.MoE.ExpertFFNHidden)
+		// Expert parallelism's exchange of gradients runs through the
+		// dispatch buffers (MoEDispatch): nothing here.
 		n += 2*R*E + R*k + 2*copies*C + 3*copies*EF
-		if m.EP > 1 {
-			n += 3 * copies * C
-		}
 		if mo.MoE.SharedExperts > 0 {
 			n += 3 * BT * (EF / tp)
 		}

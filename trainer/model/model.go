@@ -107,8 +107,7 @@ type Model[F tensor.Float] struct {
 		dqk tensor.Buffer
 		// MoE backward (sized for the largest MoE layer)
 		moeDlogits, moeDprobs, moeDgates, moeDy, moeDx, moeDh, moeDg, moeDu, moeSh, moeSg, moeSu tensor.Buffer
-		moeEpA, moeEpB, moeEpC                                                                   tensor.Buffer      // expert parallelism
-		moeRecv, moeYloc                                                                         tensor.Buffer      // the exchange's arrival-order rows, every layer's
+		moeRecv, moeYloc                                                                         tensor.Buffer      // the exchange's arrival-order rows and local-order outputs (their gradients in backward), every layer's
 		expertW, expertG                                                                         [3][]tensor.Buffer // the routed experts' buffers, as the grouped kernels take them
 	}
 }
@@ -570,7 +569,6 @@ func (m *Model[F]) alloc() error {
 			m.mem.Fill(m.ones, 1)
 		}
 		if m.ep.Size > 1 {
-			s.moeEpA, s.moeEpB, s.moeEpC = m.alloc1(copies*C), m.alloc1(copies*C), m.alloc1(copies*C)
 			s.moeRecv, s.moeYloc = m.alloc1(copies*C), m.alloc1(copies*C)
 		}
 		if m.Cfg.MoE.SharedExperts > 0 {
@@ -779,7 +777,7 @@ func (m *Model[F]) ScratchBytes() int64 {
 	s := &m.scratch
 	bufs := []tensor.Buffer{s.dres, s.dx, s.dq, s.dk, s.dv, s.datty, s.dff1, s.dff2, s.dsw, s.dloss, s.dqk,
 		s.moeDlogits, s.moeDprobs, s.moeDgates, s.moeDy, s.moeDx, s.moeDh, s.moeDg, s.moeDu, s.moeSh, s.moeSg, s.moeSu,
-		s.moeEpA, s.moeEpB, s.moeEpC, m.cos, m.sin, m.ones}
+		m.cos, m.sin, m.ones}
 	bufs = append(bufs, m.loads, m.biasF)
 	if p := m.tp; p != nil {
 		bufs = append(bufs, p.gx, p.gd, p.px, p.red, p.gnorm, p.grouter, p.lse, p.lseAll, p.tlogit, p.gqk)
@@ -795,7 +793,8 @@ func (m *Model[F]) ScratchBytes() int64 {
 
 // DispatchBytes is what expert parallelism's token exchange holds beside the
 // layers' activations: the rows received in arrival order and the experts'
-// outputs before they go back (one pair, shared by every MoE layer), in bytes.
+// outputs before they go back (one pair, shared by every MoE layer; the
+// backward's exchange of gradients runs through the same pair), in bytes.
 func (m *Model[F]) DispatchBytes() int64 {
 	return held(map[tensor.Storage]bool{}, m.scratch.moeRecv, m.scratch.moeYloc)
 }

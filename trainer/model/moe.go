@@ -387,8 +387,7 @@ func (m *Model[F]) growExchange(a *moeActs[F], rows int) {
 	if rows*C > s.moeRecv.Len() {
 		m.regrow(rows*C, &s.moeRecv, &s.moeYloc)
 	}
-	if s.moeEpA.Len() < rows*C {
-		m.regrow(rows*C, &s.moeEpA, &s.moeEpB, &s.moeEpC)
+	if rows*EF > s.moeDh.Len() {
 		m.regrow(rows*EF, &s.moeDh, &s.moeDg, &s.moeDu)
 	}
 	if rows*C <= a.xloc.Len() {
@@ -460,9 +459,15 @@ func (m *Model[F]) moeBackward(l int, dx, dout, x tensor.Buffer, p moeParams[ten
 	}
 	if m.ep.Size > 1 {
 		// dy goes to the experts' owners, is regrouped like the forward's tokens, and
-		// the input gradients come back the same way.
+		// the input gradients come back the same way, through the forward's
+		// exchange buffers (free again once the layer's forward sent its
+		// outputs back): the received gradients in the receive buffer, and the
+		// regrouped ones in the outputs' buffer, where the experts' input
+		// gradients are then written over them (expertsBackward reads dy in
+		// its first product only).
 		R := a.total
-		dyin, dyloc, dxloc := s.moeEpA.Slice(0, R*C), s.moeEpB.Slice(0, R*C), s.moeEpC.Slice(0, R*C)
+		dyin, dyloc := s.moeRecv.Slice(0, R*C), s.moeYloc.Slice(0, R*C)
+		dxloc := dyloc
 		m.a2a(dyin, dy, a.sendEl, a.recvEl)
 		m.epRegroup(a, dyloc, dyin, true)
 		m.expertsBackward(p, g, a, dyloc, a.xloc, dxloc, a.localOffB, m.localSegment(sh), R)
@@ -532,7 +537,8 @@ func (m *Model[F]) routerBackward(dx, x tensor.Buffer, p, g moeParams[tensor.Buf
 // expertsBackward runs the local experts' backward over their segments: dy and
 // xin are the output gradients and inputs (rows offsets[e]..offsets[e+1], of the
 // rows the buffers span; e·seg.. when seg is set); the input gradients go to dxin
-// (overwritten in the segments) and the weight gradients accumulate.
+// (overwritten in the segments) and the weight gradients accumulate. dxin may
+// be dy: dy is read by the first product only, before dxin is written.
 func (m *Model[F]) expertsBackward(p moeParams[tensor.Buffer], g moeParams[tensor.Buffer], a *moeActs[F], dy, xin, dxin, offsets tensor.Buffer, seg, rows int) {
 	be, C, EF, s := m.be, m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden, &m.scratch
 	dsw, dga, dup := s.moeDh.Slice(0, rows*EF), s.moeDg.Slice(0, rows*EF), s.moeDu.Slice(0, rows*EF)
