@@ -134,7 +134,9 @@ func CheckConfig(dir string, m config.Model) error {
 	}
 	archFix := "the recipe's model makes it " + arch + " (a router that scales the token before its expert, NoPE layers or chunked attention: Llama 4; model.qk_norm: Qwen3, or Qwen3-MoE with experts; otherwise num_experts 0: Llama; every layer MoE without shared experts, renormalised: Mixtral; otherwise Qwen2-MoE)"
 	switch {
-	case gotArch != arch && (arch == "Llama4ForCausalLM" || gotArch == "Llama4ForCausalLM"): // llama4.go
+	case gotArch == "Llama4ForConditionalGeneration": // llama4.go
+		bad = append(bad, ConfigMismatch{"architectures", c["architectures"], false, "", nil, llama4Multimodal})
+	case gotArch != arch && (arch == "Llama4ForCausalLM" || gotArch == "Llama4ForCausalLM"):
 		bad = append(bad, ConfigMismatch{"architectures", c["architectures"], false, "model.moe.score_before_expert, model.nope_interval and model.attention_chunk_size",
 			fmt.Sprintf("%v, %d and %d", m.MoE.ScoreBeforeExpert, m.NoPEInterval, m.AttentionChunkSize), archFix})
 	case gotArch != arch:

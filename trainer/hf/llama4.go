@@ -35,6 +35,11 @@ import (
 // and expert biases all zero (transformers' router has none: a model trained
 // with biases chooses other experts than its export would).
 
+// llama4Multimodal says how to read Llama4ForConditionalGeneration's text
+// model (its language_model is a Llama4ForCausalLM of its text_config), whose
+// directory also holds the vision model's weights.
+const llama4Multimodal = "Llama 4's text and vision model: shardline reads its text model as Llama4ForCausalLM; make a directory of it: its text_config as config.json with architectures [\"Llama4ForCausalLM\"], and its language_model.* tensors named without the \"language_model.\" prefix (the vision_model.* and multi_modal_projector.* tensors left out)"
+
 // isLlama4 reports whether the model's architecture is Llama 4's: MoE with the
 // token scaled before its expert, or NoPE layers or chunked attention, which
 // no other architecture shardline writes has.

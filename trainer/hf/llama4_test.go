@@ -253,8 +253,13 @@ func TestCheckConfigLlama4(t *testing.T) {
 			}
 		})
 	}
-	// A Llama config.json is not the recipe's Llama 4.
+	// Llama4ForConditionalGeneration's directory is refused with how to take
+	// its text model out.
 	dir := t.TempDir()
+	writeConfig(t, dir, m, map[string]any{"architectures": []string{"Llama4ForConditionalGeneration"}, "model_type": "llama4"})
+	require.ErrorContains(t, CheckConfig(dir, m), `architectures is ["Llama4ForConditionalGeneration"]: Llama 4's text and vision model: shardline reads its text model as Llama4ForCausalLM`)
+	// A Llama config.json is not the recipe's Llama 4.
+	dir = t.TempDir()
 	plain := moeModel(0, 1)
 	plain.MoE = config.MoE{}
 	writeConfig(t, dir, plain, nil)
