@@ -15,9 +15,11 @@ layers, sigmoid top-k router scaling the token before its expert, fused
 gate_up_proj/down_proj experts and a shared expert), in float64, over an
 exported directory read with a plain-Python safetensors parser.
 
-usage: hf_reference.py MODEL_DIR CASE.json TOLERANCE
+usage: hf_reference.py MODEL_DIR CASE.json TOLERANCE [MODEL_DIR CASE.json TOLERANCE ...]
 CASE.json holds {"tokens": [...], "logits": [[...], ...]} from shardline; the script
-prints the largest absolute difference of the logits and exits 1 past TOLERANCE.
+prints, for each model in the order given, its largest absolute difference of the
+logits on a line of its own, and exits 1 if any is past its TOLERANCE. (Several
+models in one run import torch once: seconds saved per model.)
 """
 import json
 import os
@@ -240,16 +242,23 @@ def forward(w, c, tokens):
     return linear(x, head)
 
 
-def main():
-    model_dir, case_path, tol = sys.argv[1], sys.argv[2], float(sys.argv[3])
+def check(model_dir, case_path, tol):
     with open(os.path.join(model_dir, "config.json")) as f:
         c = json.load(f)
     with open(case_path) as f:
         case = json.load(f)
     logits = forward(read_model(model_dir), c, case["tokens"])
     diff = (logits - torch.tensor(case["logits"], dtype=torch.float64)).abs().max().item()
-    print(f"{c['architectures'][0]}: largest logit difference {diff:.3g} (tolerance {tol:g})")
-    sys.exit(0 if diff <= tol else 1)
+    print(f"{model_dir}: {c['architectures'][0]}: largest logit difference {diff:.3g} (tolerance {tol:g})", flush=True)
+    return diff <= tol
+
+
+def main():
+    args = sys.argv[1:]
+    if not args or len(args) % 3:
+        sys.exit(__doc__)
+    ok = [check(args[i], args[i + 1], float(args[i + 2])) for i in range(0, len(args), 3)]
+    sys.exit(0 if all(ok) else 1)
 
 
 if __name__ == "__main__":
