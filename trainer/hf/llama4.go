@@ -370,8 +370,11 @@ func llama4Check(m config.Model, c map[string]any, value func(string) any, same 
 	_, _, want := llama4Layers(m)
 	if fmt.Sprint(hfMoE) != fmt.Sprint(want) {
 		fix := "set model.moe.layer_freq so that its MoE layers (0-based, every layer_freq-th: layer_freq−1, 2·layer_freq−1…) are these"
-		if len(hfMoE) == 0 {
+		switch {
+		case len(hfMoE) == 0:
 			fix = "the model has no MoE layer: set model.moe.num_experts = 0"
+		case len(want) == 0:
+			fix = "the model has MoE layers: set model.moe.num_experts (num_local_experts), model.moe.top_k (num_experts_per_tok), model.moe.expert_ffn_hidden (intermediate_size), model.moe.layer_freq and Llama 4's router (model.moe.score_function = \"sigmoid\", norm_top_k = false, score_before_expert = true, shared_experts = 1)"
 		}
 		bad = append(bad, ConfigMismatch{"moe_layers", hfMoE, false, "model.moe.layer_freq", fmt.Sprint(want), fix})
 	}

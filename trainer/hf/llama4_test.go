@@ -253,9 +253,15 @@ func TestCheckConfigLlama4(t *testing.T) {
 			}
 		})
 	}
+	// A dense recipe against a config.json with MoE layers says what to set.
+	dense := m
+	dense.MoE = config.MoE{}
+	dir := t.TempDir()
+	writeConfig(t, dir, m, nil)
+	require.ErrorContains(t, CheckConfig(dir, dense), "moe_layers is [1,3], the recipe's model.moe.layer_freq is []: the model has MoE layers: set model.moe.num_experts")
 	// Llama4ForConditionalGeneration's directory is refused with how to take
 	// its text model out.
-	dir := t.TempDir()
+	dir = t.TempDir()
 	writeConfig(t, dir, m, map[string]any{"architectures": []string{"Llama4ForConditionalGeneration"}, "model_type": "llama4"})
 	require.ErrorContains(t, CheckConfig(dir, m), `architectures is ["Llama4ForConditionalGeneration"]: Llama 4's text and vision model: shardline reads its text model as Llama4ForCausalLM`)
 	// A Llama config.json is not the recipe's Llama 4.
