@@ -32,11 +32,11 @@ func Architecture(m config.Model) string {
 	return "Qwen2MoeForCausalLM"
 }
 
-// Supported refuses a model no architecture Architecture names computes:
-// NoPE layers and the routers of Llama 4 and DeepSeek-V3 (sigmoid scores, a
-// scale, the token scaled before its expert, expert biases, groups), whose
-// Hugging Face names shardline does not write yet, and QK-norm with shared
-// experts (Qwen3-MoE has none).
+// Supported refuses a model no architecture Architecture names computes: a
+// Llama 4 model (llama4Supported) with what Llama4ForCausalLM does not
+// compute; DeepSeek-V3's router (sigmoid scores, a scale, expert biases,
+// groups), whose Hugging Face names shardline does not write yet; and QK-norm
+// with shared experts (Qwen3-MoE has none).
 func Supported(m config.Model) error {
 	if isLlama4(m) {
 		return llama4Supported(m)
