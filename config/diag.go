@@ -221,7 +221,7 @@ var Rules = []Rule{
 	{"SL301", SevError, "fsdp_unit_modules names a module the model lacks"},
 	{"SL302", SevError, "expert weights double-sharded over the data-parallel group"},
 	{"SL303", SevError, "inconsistent attention shape"},
-	{"SL304", SevError, "MoE layer interleave leaves no MoE layer"},
+	{"SL304", SevError, "layer interleave (MoE, NoPE) leaves no layer of its kind"},
 	{"SL305", SevError, "vocabulary smaller than the tokenizer's"},
 	{"SL306", SevError, "document masks need a tokenizer with an end-of-text token"},
 	{"SL307", SevNote, "attention chunk covers the whole sequence"},

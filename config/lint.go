@@ -327,9 +327,24 @@ func (m Model) EffectiveKVHeads() int {
 }
 
 // IsNoPELayer reports whether layer l (0-based) applies no rotary embedding
-// (model.nope_interval).
+// (model.nope_interval, model.nope_first).
 func (m Model) IsNoPELayer(l int) bool {
-	return m.NoPEInterval > 0 && (l+1)%m.NoPEInterval == 0
+	if m.NoPEInterval == 0 {
+		return false
+	}
+	if m.NoPEFirst {
+		return l%m.NoPEInterval == 0
+	}
+	return (l+1)%m.NoPEInterval == 0
+}
+
+// AttentionChunk is layer l's (0-based) attention chunk: model.attention_chunk_size
+// for a rotary layer, 0 (the whole sequence) for a NoPE layer (Llama 4's iRoPE).
+func (m Model) AttentionChunk(l int) int {
+	if m.IsNoPELayer(l) {
+		return 0
+	}
+	return m.AttentionChunkSize
 }
 
 // IsMoELayer reports whether layer l (0-based) is an MoE layer.

@@ -92,8 +92,11 @@ type Model struct {
 	// Chunked (local) attention, Llama 4's attention_chunk_size: a token attends
 	// only to the tokens of its own chunk of this many positions (chunk ⌊p /
 	// size⌋, so the last chunk may be shorter; seq_len need not be a multiple),
-	// still causally. 0 means attention over the whole sequence. A size of
-	// seq_len or more changes nothing in training (lint notes it, SL307).
+	// still causally. With NoPE layers (nope_interval) only the rotary layers
+	// attend in chunks and the NoPE layers over the whole sequence (Llama 4's
+	// iRoPE: Hugging Face's chunked_attention layer type is its rotary layers);
+	// without them every layer does. 0 means attention over the whole sequence.
+	// A size of seq_len or more changes nothing in training (lint notes it, SL307).
 	AttentionChunkSize int `toml:"attention_chunk_size" min:"0" max:"16777216"`
 	// RMSNorm on each attention head's queries and keys, with a gain of head size
 	// per layer for each, before the rotary embedding (Qwen3's QK-norm; Megatron's
@@ -103,6 +106,10 @@ type Model struct {
 	// applies no rotary embedding to its queries and keys (Llama 4's iRoPE, which
 	// uses 4). 0 makes every layer rotary.
 	NoPEInterval int `toml:"nope_interval" min:"0" max:"4096"`
+	// The NoPE layers are the first of each nope_interval layers (0-based layers
+	// 0, n, 2n…: torchtitan's llama4 every_n_layers_nope) instead of the last
+	// (0-based n−1, 2n−1…: Meta's and Hugging Face's Llama 4). Needs nope_interval.
+	NoPEFirst bool `toml:"nope_first"`
 	// Mixture-of-experts layers; absent or num_experts = 0 for a dense model.
 	MoE MoE `toml:"moe"`
 }

@@ -121,6 +121,8 @@ var ruleCases = []ruleCase{
 	{name: "even head size", src: okData + "[model]\nhidden = 12\nheads = 4\n", code: "SL303", loc: "x.toml:5:1", msg: "must be even"},
 	{name: "kv heads", src: okData + "[model]\nkv_heads = 3\n", code: "SL303", loc: "x.toml:4:1"},
 	{name: "layer freq", src: okData + "[model.moe]\nnum_experts = 4\nlayer_freq = 5\n", code: "SL304", loc: "x.toml:5:1"},
+	{name: "chunks without rope layers", src: okData + "[model]\nnope_interval = 1\nattention_chunk_size = 8\n", code: "SL304", loc: "x.toml:5:1", msg: "no layer would attend in chunks"},
+	{name: "nope first alone", src: okData + "[model]\nnope_first = true\n", code: "SL304", loc: "x.toml:4:1", msg: "nope_first is set without model.nope_interval"},
 	{name: "vocab", src: okData + "[model]\nvocab_size = 100\n", code: "SL305", loc: "x.toml:4:1"},
 	{name: "vocab gpt2", src: "[data]\npath = \"/\"\ntokenizer = \"gpt2\"\n[model]\nvocab_size = 50000\n", code: "SL305", loc: "x.toml:5:1", msg: "gpt2 tokenizer's 50257 tokens"},
 	{name: "eod mask byte", src: okData + "eod_mask_loss = true\n", code: "SL306", loc: "x.toml:3:1", msg: "the byte tokenizer has none"},

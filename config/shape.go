@@ -44,7 +44,15 @@ func ShapeProblems(r *Recipe) []ShapeProblem {
 		add("SL304", fmt.Sprintf("model.moe.layer_freq (%d) exceeds model.layers (%d): no layer would be MoE", moe.LayerFreq, m.Layers),
 			"set layer_freq = 1 for all-MoE layers, or set num_experts = 0 for a dense model", "model.moe.layer_freq")
 	}
-	if m.NoPEInterval > m.Layers {
+	if m.NoPEFirst && m.NoPEInterval == 0 {
+		add("SL304", "model.nope_first is set without model.nope_interval: there are no NoPE layers to place",
+			"set nope_interval (torchtitan's every_n_layers_nope, 4 in Llama 4), or remove nope_first", "model.nope_first", "model.nope_interval")
+	}
+	if m.NoPEInterval == 1 && m.AttentionChunkSize > 0 {
+		add("SL304", fmt.Sprintf("model.attention_chunk_size (%d) with model.nope_interval = 1: every layer is NoPE, and NoPE layers attend over the whole sequence, so no layer would attend in chunks", m.AttentionChunkSize),
+			"set attention_chunk_size = 0, or nope_interval above 1 (Llama 4 uses 4: its RoPE layers attend in chunks)", "model.attention_chunk_size", "model.nope_interval")
+	}
+	if m.NoPEInterval > m.Layers && !m.NoPEFirst {
 		add("SL304", fmt.Sprintf("model.nope_interval (%d) exceeds model.layers (%d): no layer would be NoPE", m.NoPEInterval, m.Layers),
 			"set nope_interval to at most the layer count (Llama 4 uses 4), or 0 for rotary embeddings in every layer", "model.nope_interval")
 	}

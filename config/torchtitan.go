@@ -525,10 +525,6 @@ func (t *ttImport) model() {
 		t.errorf(t.at(flavor), "SL004", msg, "flavours are "+quoteAll(names)+", or give a flavour of your own as keys: recipe import --set "+strings.Join(ttShapeKeys(name.str()), "=… --set ")+"=…")
 		return
 	}
-	if f.refuse != "" {
-		t.refuse(flavor, "shardline cannot train it: "+fmt.Sprintf(f.refuse, strings.TrimPrefix(strings.TrimPrefix(flavor.str(), "debugmodel_"), "8B_")),
-			fmt.Sprintf("choose the flavour without the suffix (%q)", strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(flavor.str(), "_irope"), "_attn"), "_flex"), "_varlen")))
-	}
 	because := fmt.Sprintf("torchtitan's %s table", name.str())
 	t.to("model.layers", strconv.Itoa(f.layers), flavor, because)
 	t.to("model.hidden", strconv.Itoa(f.dim), flavor, because)
@@ -551,7 +547,15 @@ func (t *ttImport) model() {
 	}
 	if f.blockCausal {
 		kind := strings.TrimPrefix(strings.TrimPrefix(flavor.str(), "debugmodel_"), "8B_")
+		if f.nopeEvery > 0 {
+			kind = "flex"
+		}
 		t.to("data.reset_attention_mask", "true", flavor, because+": "+fmt.Sprintf(ttBlockCausal, kind))
+	}
+	if f.nopeEvery > 0 {
+		t.to("model.nope_interval", strconv.Itoa(f.nopeEvery), flavor, because+": every_n_layers_nope (iRoPE)")
+		t.to("model.nope_first", "true", flavor, because+": its NoPE layers are those whose layer_id % every_n_layers_nope == 0, layers 0, 4, 8…")
+		t.to("model.attention_chunk_size", strconv.Itoa(f.chunk), flavor, because+": fixed_attn_block_size, on the RoPE layers (the NoPE layers attend over the whole sequence)")
 	}
 	if f.experts > 0 {
 		t.to("model.moe.num_experts", strconv.Itoa(f.experts), flavor, because)

@@ -28,13 +28,15 @@ type ttFlavour struct {
 	// blockCausal: attention within documents (attn_mask_type block_causal,
 	// ttBlockCausal), data.reset_attention_mask.
 	blockCausal bool
-	// refuse, when set, says why shardline cannot train the flavour.
-	refuse string
+	// iRoPE (llama4's every_n_layers_nope, fixed_attn_block_size): every
+	// nopeEvery-th layer, from layer 0, is NoPE and attends over the whole
+	// sequence; the others attend within blocks of chunk positions
+	// (model.nope_interval, model.nope_first, model.attention_chunk_size).
+	nopeEvery, chunk int
 }
 
 const (
 	ttBlockCausal = "attention within documents (attn_mask_type block_causal, %s attention): data.reset_attention_mask"
-	ttIRoPE       = "it is iRoPE: its RoPE layers attend within chunks of 8192 positions and every 4th layer (NoPE) over the whole sequence; shardline's chunked attention (model.attention_chunk_size) applies to every layer alike"
 )
 
 var ttLlama3 = map[string]ttFlavour{
@@ -49,12 +51,16 @@ var ttLlama3 = map[string]ttFlavour{
 }
 
 var ttLlama4 = map[string]ttFlavour{
-	"debugmodel":       {dim: 256, layers: 6, heads: 16, vocab: 2048, multipleOf: 256, ropeTheta: 500000, ropeScaling: true, experts: 8, interleave: 2},
-	"17bx16e":          {dim: 5120, layers: 48, heads: 40, kvHeads: 8, vocab: 202048, multipleOf: 2048, ffnMultiplier: 1.2, ropeTheta: 500000, ropeScaling: true, experts: 16, interleave: 1},
-	"17bx128e":         {dim: 5120, layers: 48, heads: 40, kvHeads: 8, vocab: 202048, multipleOf: 2048, ffnMultiplier: 1.2, ropeTheta: 500000, experts: 128, interleave: 2},
-	"debugmodel_irope": {dim: 256, layers: 6, heads: 16, vocab: 2048, multipleOf: 256, ropeTheta: 500000, ropeScaling: true, experts: 8, interleave: 2, refuse: ttIRoPE},
-	"17bx16e_irope":    {dim: 5120, layers: 48, heads: 40, kvHeads: 8, vocab: 202048, multipleOf: 2048, ffnMultiplier: 1.2, ropeTheta: 500000, ropeScaling: true, experts: 16, interleave: 1, refuse: ttIRoPE},
-	"17bx128e_irope":   {dim: 5120, layers: 48, heads: 40, kvHeads: 8, vocab: 202048, multipleOf: 2048, ffnMultiplier: 1.2, ropeTheta: 500000, experts: 128, interleave: 2, refuse: ttIRoPE},
+	"debugmodel": {dim: 256, layers: 6, heads: 16, vocab: 2048, multipleOf: 256, ropeTheta: 500000, ropeScaling: true, experts: 8, interleave: 2},
+	"17bx16e":    {dim: 5120, layers: 48, heads: 40, kvHeads: 8, vocab: 202048, multipleOf: 2048, ffnMultiplier: 1.2, ropeTheta: 500000, ropeScaling: true, experts: 16, interleave: 1},
+	"17bx128e":   {dim: 5120, layers: 48, heads: 40, kvHeads: 8, vocab: 202048, multipleOf: 2048, ffnMultiplier: 1.2, ropeTheta: 500000, experts: 128, interleave: 2},
+	// The _irope flavours: flex attention with block_causal masks, NoPE
+	// layers 0, 4, 8… (layer_id % every_n_layers_nope == 0) and the other
+	// layers within fixed blocks (fixed_attn_block_size: 256 in the debug
+	// model, TransformerModelArgs' 8192 otherwise).
+	"debugmodel_irope": {dim: 256, layers: 6, heads: 16, vocab: 2048, multipleOf: 256, ropeTheta: 500000, ropeScaling: true, experts: 8, interleave: 2, blockCausal: true, nopeEvery: 4, chunk: 256},
+	"17bx16e_irope":    {dim: 5120, layers: 48, heads: 40, kvHeads: 8, vocab: 202048, multipleOf: 2048, ffnMultiplier: 1.2, ropeTheta: 500000, ropeScaling: true, experts: 16, interleave: 1, blockCausal: true, nopeEvery: 4, chunk: 8192},
+	"17bx128e_irope":   {dim: 5120, layers: 48, heads: 40, kvHeads: 8, vocab: 202048, multipleOf: 2048, ffnMultiplier: 1.2, ropeTheta: 500000, experts: 128, interleave: 2, blockCausal: true, nopeEvery: 4, chunk: 8192},
 }
 
 // ffnHidden is torchtitan's FeedForward hidden size for a SwiGLU MLP whose nominal

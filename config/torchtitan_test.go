@@ -195,7 +195,6 @@ func TestImportTorchtitanRefusals(t *testing.T) {
 		{"other optimizer", "[optimizer]\nname = \"Muon\"\n", 0, "SL010", "x.toml:2:1", "shardline's optimizers are"},
 		{"other model", "[model]\nname = \"deepseek_v3\"\nflavor = \"16B\"\n", 0, "SL010", "x.toml:2:1", "shardline imports torchtitan's llama3 and llama4 flavours"},
 		{"flavour typo", "[model]\nflavor = \"8b\"\n", 0, "SL004", "x.toml:2:1", `llama3 has no llama3 flavour "8b"; did you mean "8B"?`},
-		{"irope", "[model]\nname = \"llama4\"\nflavor = \"debugmodel_irope\"\n", 0, "SL010", "x.toml:3:1", "it is iRoPE"},
 		{"unknown key", "[training]\nbogus = 1\n", 0, "SL002", "x.toml:2:1", "training.bogus is not a torchtitan job-file key"},
 		{"unknown table", "[fancy]\nx = 1\n", 0, "SL002", "x.toml:2:1", "[fancy] is not a torchtitan job-file section"},
 		{"wrong type", "[training]\nseq_len = \"long\"\n", 0, "SL003", "x.toml:2:11", `training.seq_len = "long": torchtitan's training.seq_len is an integer`},
@@ -259,6 +258,31 @@ func TestImportTorchtitanBlockCausal(t *testing.T) {
 		requireNoErrors(t, diags)
 		require.Equal(t, base.Recipe.Model, res.Recipe.Model, flavor)
 		require.False(t, base.Recipe.Data.ResetAttentionMask)
+	}
+}
+
+// TestImportTorchtitanIRoPE: the _irope flavours import as their base flavour
+// with torchtitan's iRoPE: NoPE layers 0, 4, 8… (layer_id %
+// every_n_layers_nope == 0: model.nope_first), the others within blocks of
+// fixed_attn_block_size positions (256 in the debug model, 8192 otherwise)
+// and every layer within documents (flex attention's block_causal masks).
+// The imported recipe lints without errors.
+func TestImportTorchtitanIRoPE(t *testing.T) {
+	for flavor, chunk := range map[string]int{"debugmodel_irope": 256, "17bx16e_irope": 8192, "17bx128e_irope": 8192} {
+		src := "[model]\nname = \"llama4\"\nflavor = \"" + flavor + "\"\n[training]\ndataset_path = \"/data/c4\"\n"
+		res, diags := ImportTorchtitan("x.toml", []byte(src), 0)
+		requireNoErrors(t, diags)
+		m := res.Recipe.Model
+		require.Equal(t, []any{4, true, chunk}, []any{m.NoPEInterval, m.NoPEFirst, m.AttentionChunkSize}, flavor)
+		require.True(t, m.IsNoPELayer(0) && m.IsNoPELayer(4) && !m.IsNoPELayer(3), flavor)
+		require.Equal(t, []int{0, chunk}, []int{m.AttentionChunk(0), m.AttentionChunk(1)}, flavor)
+		require.True(t, res.Recipe.Data.ResetAttentionMask, flavor)
+		require.Contains(t, res.Origin("model.attention_chunk_size").Describe(), "fixed_attn_block_size", flavor)
+		base, diags := ImportTorchtitan("x.toml", []byte(strings.Replace(src, "_irope", "", 1)), 0)
+		requireNoErrors(t, diags)
+		m.NoPEInterval, m.NoPEFirst, m.AttentionChunkSize = 0, false, 0
+		require.Equal(t, base.Recipe.Model, m, flavor)
+		requireNoErrors(t, Lint(res, nil))
 	}
 }
 

@@ -21,8 +21,10 @@ OUT_DIR/model.safetensors (split into model-0000i-of-0000n.safetensors with an i
 above --shard-size), named as Hugging Face's LlamaForCausalLM for dense models,
 MixtralForCausalLM for MoE models whose every layer is MoE without shared experts
 and with renormalised gates, and Qwen2MoeForCausalLM otherwise; with model.qk_norm
-Qwen3ForCausalLM or Qwen3MoeForCausalLM. NoPE layers and the routers of Llama 4
-and DeepSeek-V3 are refused (no Hugging Face names yet). transformers'
+Qwen3ForCausalLM or Qwen3MoeForCausalLM; Llama4ForCausalLM for Llama 4's router
+(the token scaled before its expert), NoPE layers or chunked attention (without
+QK-norm or nonzero expert biases, which transformers' Llama 4 does not compute).
+DeepSeek-V3's router is refused (no Hugging Face names yet). transformers'
 from_pretrained loads it, and shardline run --init-from reads it back. A run
 trained with a tokenizer file (data.tokenizer = a tokenizer.json, tiktoken or
 SentencePiece tokenizer.model) exports that file unchanged, with its

@@ -33,6 +33,13 @@ var hfDefaults = map[string]map[string]any{
 	// Qwen3Config's and Qwen3MoeConfig's defaults for the keys whose default
 	// shardline relies on; a key left out whose default is not listed is
 	// reported absent.
+	// Llama4TextConfig's (configuration_llama4.py).
+	"llama4_text": {"vocab_size": 202048.0, "hidden_size": 5120.0, "intermediate_size": 8192.0, "intermediate_size_mlp": 16384.0,
+		"num_hidden_layers": 48.0, "num_attention_heads": 40.0, "num_key_value_heads": 8.0, "head_dim": 128.0, "hidden_act": "silu",
+		"rms_norm_eps": 1e-5, "rope_theta": 500000.0, "rope_scaling": nil, "tie_word_embeddings": false, "num_experts_per_tok": 1.0,
+		"num_local_experts": 16.0, "moe_layers": nil, "interleave_moe_layer_step": 1.0, "use_qk_norm": true, "no_rope_layers": nil,
+		"no_rope_layer_interval": 4.0, "attention_chunk_size": 8192.0, "layer_types": nil, "attn_temperature_tuning": true,
+		"floor_scale": 8192.0, "attn_scale": 0.1, "attention_bias": false},
 	"qwen3": {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": false, "attention_bias": false,
 		"use_sliding_window": false, "rope_scaling": nil},
 	"qwen3_moe": {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": false, "attention_bias": false,
@@ -40,7 +47,7 @@ var hfDefaults = map[string]map[string]any{
 }
 
 // modelTypes maps each architecture shardline reads to its model_type.
-var modelTypes = map[string]string{"LlamaForCausalLM": "llama", "MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe",
+var modelTypes = map[string]string{"Llama4ForCausalLM": "llama4_text", "LlamaForCausalLM": "llama", "MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe",
 	"Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe"}
 
 // whole says whether v is a whole number from least to 2^53 (a count a JSON
@@ -125,8 +132,13 @@ func CheckConfig(dir string, m config.Model) error {
 	if err := Supported(m); err != nil {
 		return err
 	}
-	archFix := "the recipe's model makes it " + arch + " (model.qk_norm: Qwen3, or Qwen3-MoE with experts; otherwise num_experts 0: Llama; every layer MoE without shared experts, renormalised: Mixtral; otherwise Qwen2-MoE)"
+	archFix := "the recipe's model makes it " + arch + " (a router that scales the token before its expert, NoPE layers or chunked attention: Llama 4; model.qk_norm: Qwen3, or Qwen3-MoE with experts; otherwise num_experts 0: Llama; every layer MoE without shared experts, renormalised: Mixtral; otherwise Qwen2-MoE)"
 	switch {
+	case gotArch == "Llama4ForConditionalGeneration": // llama4.go
+		bad = append(bad, ConfigMismatch{"architectures", c["architectures"], false, "", nil, llama4Multimodal})
+	case gotArch != arch && (arch == "Llama4ForCausalLM" || gotArch == "Llama4ForCausalLM"):
+		bad = append(bad, ConfigMismatch{"architectures", c["architectures"], false, "model.moe.score_before_expert, model.nope_interval and model.attention_chunk_size",
+			fmt.Sprintf("%v, %d and %d", m.MoE.ScoreBeforeExpert, m.NoPEInterval, m.AttentionChunkSize), archFix})
 	case gotArch != arch:
 		bad = append(bad, ConfigMismatch{"architectures", c["architectures"], false, "model.moe.num_experts", m.MoE.NumExperts, archFix})
 	case mt != modelTypes[arch]:
@@ -188,7 +200,7 @@ func CheckConfig(dir string, m config.Model) error {
 	same("rope_theta", "model.rope_theta", m.RopeTheta)
 	same("tie_word_embeddings", "model.tie_embeddings", m.TieEmbeddings)
 	same("hidden_act", "", nil)
-	if m.AttentionChunkSize > 0 { // none of these model types attends in chunks (transformers ignores the key on them)
+	if m.AttentionChunkSize > 0 && mt != "llama4_text" { // none of these model types attends in chunks (transformers ignores the key on them)
 		bad = append(bad, ConfigMismatch{"attention_chunk_size", c["attention_chunk_size"], false, "model.attention_chunk_size", m.AttentionChunkSize,
 			fmt.Sprintf("set model.attention_chunk_size = 0: %s attends over the whole sequence", arch)})
 	}
@@ -203,6 +215,8 @@ func CheckConfig(dir string, m config.Model) error {
 		bad = append(bad, ConfigMismatch{"rope_scaling", value("rope_scaling"), false, "model.rope_scaling", m.RopeScaling, fix})
 	}
 	switch mt {
+	case "llama4_text": // llama4.go
+		bad = append(bad, llama4Check(m, c, value, same)...)
 	case "llama":
 		same("intermediate_size", "model.ffn_hidden", m.FFNHidden)
 		same("attention_bias", "", nil)

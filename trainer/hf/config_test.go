@@ -135,8 +135,9 @@ func TestCheckConfigFractionalHeads(t *testing.T) {
 }
 
 // TestChunkedAttentionIsNotLlama: Llama, Mixtral and Qwen2-MoE attend over the
-// whole sequence, so a recipe with chunked attention neither exports to them
-// (the logits would differ) nor imports their weights as its own.
+// whole sequence, so a recipe with chunked attention does not import their
+// weights as its own: its model is Llama 4's, which config.json's architecture
+// is not (its export writes Llama4ForCausalLM, TestExportMatchesPyTorch).
 func TestChunkedAttentionIsNotLlama(t *testing.T) {
 	m := moeModel(0, 1)
 	m.MoE = config.MoE{}
@@ -144,7 +145,6 @@ func TestChunkedAttentionIsNotLlama(t *testing.T) {
 	writeConfig(t, dir, m, nil)
 	m.AttentionChunkSize = 8
 	err := CheckConfig(dir, m)
-	require.ErrorContains(t, err, "set model.attention_chunk_size = 0: LlamaForCausalLM attends over the whole sequence")
-	_, err = ToHF(m, nil)
-	require.ErrorContains(t, err, "model.attention_chunk_size = 8: LlamaForCausalLM attends over the whole sequence")
+	require.ErrorContains(t, err, `architectures is ["LlamaForCausalLM"], the recipe's model.moe.score_before_expert, model.nope_interval and model.attention_chunk_size is false, 0 and 8: the recipe's model makes it Llama4ForCausalLM`)
+	require.Equal(t, "Llama4ForCausalLM", Architecture(m))
 }

@@ -2,7 +2,10 @@
 // (the project's own reader and writer, following the format's published
 // specification) and config.json, with Llama names for dense models, Mixtral
 // names for MoE models whose every layer is MoE without shared experts, and
-// Qwen2-MoE names otherwise (shared experts, interleaved dense layers).
+// Qwen2-MoE names otherwise (shared experts, interleaved dense layers); Qwen3
+// and Qwen3-MoE names with QK-norm; Llama 4's text model (Llama4ForCausalLM,
+// llama4.go) for Llama 4's router (the token scaled by its sigmoid score before
+// its expert, a shared expert), NoPE layers and chunked attention.
 //
 // # safetensors
 //

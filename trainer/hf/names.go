@@ -9,13 +9,17 @@ import (
 	"github.com/shardline/shardline/config"
 )
 
-// Architecture names the Hugging Face model class an export uses: with QK-norm
+// Architecture names the Hugging Face model class an export uses: Llama 4's
+// (Llama4ForCausalLM) for MoE models whose router scales the token before its
+// expert and for models with NoPE layers or chunked attention; with QK-norm
 // Qwen3ForCausalLM (dense) or Qwen3MoeForCausalLM; otherwise LlamaForCausalLM
 // for dense models, MixtralForCausalLM for MoE models whose every layer is MoE
 // with no shared experts and renormalised gates, Qwen2MoeForCausalLM otherwise.
 // Supported says which models have none.
 func Architecture(m config.Model) string {
 	switch {
+	case isLlama4(m): // llama4.go
+		return "Llama4ForCausalLM"
 	case m.QKNorm && m.MoE.NumExperts == 0:
 		return "Qwen3ForCausalLM"
 	case m.QKNorm:
@@ -28,12 +32,15 @@ func Architecture(m config.Model) string {
 	return "Qwen2MoeForCausalLM"
 }
 
-// Supported refuses a model no architecture Architecture names computes:
-// NoPE layers and the routers of Llama 4 and DeepSeek-V3 (sigmoid scores, a
-// scale, the token scaled before its expert, expert biases, groups), whose
-// Hugging Face names shardline does not write yet, and QK-norm with shared
-// experts (Qwen3-MoE has none).
+// Supported refuses a model no architecture Architecture names computes: a
+// Llama 4 model (llama4Supported) with what Llama4ForCausalLM does not
+// compute; DeepSeek-V3's router (sigmoid scores, a scale, expert biases,
+// groups), whose Hugging Face names shardline does not write yet; and QK-norm
+// with shared experts (Qwen3-MoE has none).
 func Supported(m config.Model) error {
+	if isLlama4(m) {
+		return llama4Supported(m)
+	}
 	moe := m.MoE
 	var what []string
 	add := func(set bool, key string) {
@@ -70,6 +77,8 @@ func Config(m config.Model) map[string]any {
 			"high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 	}
 	switch Architecture(m) {
+	case "Llama4ForCausalLM":
+		llama4Config(m, c)
 	case "LlamaForCausalLM":
 		c["model_type"], c["intermediate_size"] = "llama", m.FFNHidden
 	case "Qwen3ForCausalLM":
@@ -153,6 +162,9 @@ func ToHF(m config.Model, params []Param) ([]Tensor, error) {
 		return nil, err
 	}
 	arch := Architecture(m)
+	if arch == "Llama4ForCausalLM" {
+		return llama4ToHF(m, params)
+	}
 	if m.AttentionChunkSize > 0 {
 		return nil, fmt.Errorf("model.attention_chunk_size = %d: %s attends over the whole sequence and its config.json has no attention_chunk_size (Llama 4's), so the exported model would compute other logits than the one trained; export a model without chunked attention", m.AttentionChunkSize, arch)
 	}
@@ -214,6 +226,9 @@ func ToHF(m config.Model, params []Param) ([]Tensor, error) {
 func FromHF(m config.Model, ts map[string]Tensor, params []Param) error {
 	if err := Supported(m); err != nil {
 		return err
+	}
+	if Architecture(m) == "Llama4ForCausalLM" {
+		return llama4FromHF(m, ts, params)
 	}
 	used := map[string]bool{}
 	take := func(name string, shape []int) (Tensor, error) {

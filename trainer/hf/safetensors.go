@@ -363,7 +363,8 @@ func ReadModel(dir string, limit int64) (map[string]Tensor, error) {
 // ReadLimit is the most bytes the weights files of a model directory for m may
 // hold together, given its parameters (shardline's table: elements, and
 // tensors): every tensor an export writes, the zero biases and shared-expert
-// gates Qwen2-MoE adds included, as F32, and 4 KiB of header per tensor.
+// gates Qwen2-MoE adds and the zero shared expert Llama 4 adds to a model
+// without one included, as F32, and 4 KiB of header per tensor.
 func ReadLimit(m config.Model, elements int64, tensors int) int64 {
 	if Architecture(m) == "Qwen2MoeForCausalLM" {
 		biases := int64(m.Hidden + 2*m.EffectiveKVHeads()*m.HeadSize())
@@ -371,6 +372,13 @@ func ReadLimit(m config.Model, elements int64, tensors int) int64 {
 			elements, tensors = elements+biases, tensors+3
 			if m.IsMoELayer(l) {
 				elements, tensors = elements+int64(m.Hidden), tensors+1
+			}
+		}
+	}
+	if Architecture(m) == "Llama4ForCausalLM" && m.MoE.SharedExperts == 0 { // a zero shared expert per MoE layer
+		for l := 0; l < m.Layers; l++ {
+			if m.IsMoELayer(l) {
+				elements, tensors = elements+3*int64(m.Hidden*m.MoE.ExpertFFNHidden), tensors+3
 			}
 		}
 	}

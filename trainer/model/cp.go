@@ -212,7 +212,7 @@ func (m *Model[F]) wait() {
 	}
 }
 
-// blockPairs calls f for every (local query half, key half of block src) that
+// blockPairs calls f, for layer l, for every (local query half, key half of block src) that
 // causal attention computes: a key chunk at or before the query chunk, and,
 // with chunked attention, not wholly before the attention chunk of the query
 // chunk's first position. qo and ko are the element offsets of the halves in
@@ -220,10 +220,10 @@ func (m *Model[F]) wait() {
 // the offset of the query half's log-sum-exps, (B, NH, T/2) per half. The
 // shape carries the query half's document starts (global positions), with
 // which the kernels skip what a document mask hides.
-func (m *Model[F]) blockPairs(src int, f func(qo, ko, lo int, s tensor.AttentionShape)) {
+func (m *Model[F]) blockPairs(l, src int, f func(qo, ko, lo int, s tensor.AttentionShape)) {
 	_, _, NH, NKV, HD, _, _ := m.dims()
 	c := m.T / 2
-	chunk := m.Cfg.AttentionChunkSize
+	chunk := m.Cfg.AttentionChunk(l)
 	for qi, gq := range m.chunks(m.cp.Rank) {
 		for kj, gk := range m.chunks(src) {
 			if gk > gq {
@@ -275,9 +275,9 @@ func (m *Model[F]) ringStart(k, v tensor.Buffer) ringSizes {
 	return r
 }
 
-// ringAttention is causal attention of the local queries over the whole
+// ringAttention is layer l's causal attention of the local queries over the whole
 // sequence: out (B·T, NH·HD) and lse, (B, NH, T/2) per half.
-func (m *Model[F]) ringAttention(out, lse, q, k, v tensor.Buffer) {
+func (m *Model[F]) ringAttention(l int, out, lse, q, k, v tensor.Buffer) {
 	p, be := m.cp, m.be
 	r := m.ringStart(k, v)
 	n, hq, hk, hl := r.n, r.hq, r.hk, r.hl
@@ -290,7 +290,7 @@ func (m *Model[F]) ringAttention(out, lse, q, k, v tensor.Buffer) {
 		}
 		src := (p.Rank - s + p.Size) % p.Size
 		m.traced(ringAttn, s, func() {
-			m.blockPairs(src, func(qo, ko, lo int, sh tensor.AttentionShape) {
+			m.blockPairs(l, src, func(qo, ko, lo int, sh tensor.AttentionShape) {
 				be.FlashAttention(p.out, p.lse, q.Slice(qo, qo+hq), cur.Slice(ko, ko+hk), cur.Slice(n+ko, n+ko+hk), sh)
 				be.MergeAttention(out.Slice(qo, qo+hq), lse.Slice(lo, lo+hl), p.out, p.lse, sh)
 			})
@@ -307,7 +307,7 @@ func (m *Model[F]) ringAttention(out, lse, q, k, v tensor.Buffer) {
 // rank−s) while the ring passes on that block's K/V and the dK/dV accumulator of
 // the block of the step before; after the last step each accumulator takes one
 // more step, home to its owner.
-func (m *Model[F]) ringAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v tensor.Buffer) {
+func (m *Model[F]) ringAttentionBackward(l int, dq, dk, dv, dout, out, lse, q, k, v tensor.Buffer) {
 	p, be := m.cp, m.be
 	r := m.ringStart(k, v)
 	n, hq, hk, hl := r.n, r.hq, r.hk, r.hl
@@ -326,7 +326,7 @@ func (m *Model[F]) ringAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v ten
 		src := (p.Rank - s + p.Size) % p.Size
 		m.mem.Zero(p.pd)
 		m.traced(ringAttnBwd, s, func() {
-			m.blockPairs(src, func(qo, ko, lo int, sh tensor.AttentionShape) {
+			m.blockPairs(l, src, func(qo, ko, lo int, sh tensor.AttentionShape) {
 				qs, os, ds := q.Slice(qo, qo+hq), out.Slice(qo, qo+hq), dout.Slice(qo, qo+hq)
 				be.FlashAttentionBackward(dq.Slice(qo, qo+hq), p.pd.Slice(ko, ko+hk), p.pd.Slice(n+ko, n+ko+hk),
 					ds, os, lse.Slice(lo, lo+hl), qs, cur.Slice(ko, ko+hk), cur.Slice(n+ko, n+ko+hk), sh, true)

@@ -3,6 +3,7 @@
 package model
 
 import (
+	"fmt"
 	"math"
 	"os"
 	"testing"
@@ -65,30 +66,40 @@ func onDeviceEngine(r config.Recipe, table []parallel.Param, w [][]float32, B, T
 }
 
 // TestEngineMasksOnDevice: the engine's model with chunked attention (chunks
-// of 48 of the tiny recipe's 128 positions) and document masks (each "." of
+// of 48 of the tiny recipe's 128 positions, in every layer and, iRoPE, in the
+// rotary layers only) and document masks (each "." of
 // Newton's text ending a document: a few per sequence) on the device's
 // kernels gives the CPU's loss and gradients (the CPU's masks are checked in
 // float64 against finite differences and against documents run apart).
 // Tolerance as TestEngineModelOnDevice's fp32: 1e-4 of |want| + rms.
 func TestEngineMasksOnDevice(t *testing.T) {
-	r := loadRecipe(t, "tiny", "model.attention_chunk_size=48")
-	table, err := parallel.ParamTable(r.Model, 1, 1)
-	require.NoError(t, err)
-	B, T := 1, r.Model.SeqLen
-	w := initWeights(r, table)
-	tokens, targets := opticks(t, B, T, 3)
-	docs := WithDocumentMasks(DocumentMasks{EOS: '.', MaskLoss: true, ResetAttention: true})
-	cs, cn, cg, _, err := maskedPass(r, table, w, cpu.Backend{}, cpu.NewMemory(), B, T, tokens, targets, false, docs)
-	require.NoError(t, err)
-	gs, gn, gg, _, err := onDeviceEngine(r, table, w, B, T, tokens, targets, false, docs)
-	require.NoError(t, err)
-	require.Equal(t, cn, gn)
-	require.Less(t, cn, B*T, "some inputs are '.': their targets are not counted")
-	require.InDelta(t, cs, gs, 1e-4*math.Abs(cs))
-	for i := range cg {
-		if err := close32(cg[i], gg[i], 1e-4); err != nil {
-			t.Errorf("gradient of %s: %v", table[i].Name, err)
-		}
+	for _, sets := range [][]string{
+		{"model.attention_chunk_size=48"},
+		// iRoPE (Llama 4): the rotary layers in chunks, every 2nd layer (NoPE)
+		// over its whole documents.
+		{"model.attention_chunk_size=48", "model.nope_interval=2"},
+	} {
+		t.Run(fmt.Sprint(sets), func(t *testing.T) {
+			r := loadRecipe(t, "tiny", sets...)
+			table, err := parallel.ParamTable(r.Model, 1, 1)
+			require.NoError(t, err)
+			B, T := 1, r.Model.SeqLen
+			w := initWeights(r, table)
+			tokens, targets := opticks(t, B, T, 3)
+			docs := WithDocumentMasks(DocumentMasks{EOS: '.', MaskLoss: true, ResetAttention: true})
+			cs, cn, cg, _, err := maskedPass(r, table, w, cpu.Backend{}, cpu.NewMemory(), B, T, tokens, targets, false, docs)
+			require.NoError(t, err)
+			gs, gn, gg, _, err := onDeviceEngine(r, table, w, B, T, tokens, targets, false, docs)
+			require.NoError(t, err)
+			require.Equal(t, cn, gn)
+			require.Less(t, cn, B*T, "some inputs are '.': their targets are not counted")
+			require.InDelta(t, cs, gs, 1e-4*math.Abs(cs))
+			for i := range cg {
+				if err := close32(cg[i], gg[i], 1e-4); err != nil {
+					t.Errorf("gradient of %s: %v", table[i].Name, err)
+				}
+			}
+		})
 	}
 }
 

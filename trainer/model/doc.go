@@ -13,7 +13,8 @@
 // attention with RoPE and grouped KV heads → residual → RMSNorm → SwiGLU MLP →
 // residual, then the final RMSNorm, the output head and the cross-entropy.
 // Attention is causal, within chunks of model.attention_chunk_size positions
-// where that is set, and within documents with WithDocumentMasks (masks.go:
+// where that is set (on the rotary layers only when NoPE layers are
+// interleaved, as Llama 4's iRoPE: config.Model.AttentionChunk), and within documents with WithDocumentMasks (masks.go:
 // each token's document start from the end-of-text tokens, which also take no
 // loss with MaskLoss). Backward is the same list reversed. Activations and every other buffer the
 // model holds are allocated once per (batch, sequence) shape in the backend's

@@ -32,6 +32,11 @@ func TestDocumentStarts(t *testing.T) {
 func TestMaskedModelGradient(t *testing.T) {
 	chunked := tinyConfig(false)
 	chunked.AttentionChunkSize = 2
+	// iRoPE (Llama 4): the rotary layer attends in chunks, the NoPE layer
+	// over the whole sequence; NoPE last (Hugging Face's layer 1) and first
+	// (torchtitan's layer 0).
+	irope, iropeFirst := nope(chunked, 2), nope(chunked, 2)
+	iropeFirst.NoPEFirst = true
 	docs := WithDocumentMasks(DocumentMasks{EOS: eos, MaskLoss: true, ResetAttention: true})
 	for _, c := range []struct {
 		name      string
@@ -43,6 +48,8 @@ func TestMaskedModelGradient(t *testing.T) {
 		{"documents", tinyConfig(false), "none", []Option{docs}},
 		{"chunked documents, full recompute", chunked, "full", []Option{docs}},
 		{"moe documents", tinyMoE(1, 0, 1), "none", []Option{docs}},
+		{"irope", irope, "none", nil},
+		{"irope nope first, documents, full recompute", iropeFirst, "full", []Option{docs}},
 	} {
 		B, T := 2, 5
 		m, w, g, table := build[float64](t, c.cfg, B, T, append([]Option{WithRecompute(c.recompute)}, c.opts...)...)
@@ -145,7 +152,8 @@ func TestDocumentsTrainApart(t *testing.T) {
 }
 
 // TestMasksUnderMeshEqualOneRank: chunked attention (a chunk of 5 that cuts
-// the context-parallel chunks of 4 and 2 positions) and document masks (ends
+// the context-parallel chunks of 4 and 2 positions, on the rotary layer of an
+// iRoPE model whose NoPE layer attends over the whole sequence) and document masks (ends
 // inside and at the edges of those chunks, so a document begins on another
 // rank) give one rank's loss and gradients under tensor parallelism 2, context
 // parallelism 2 and 4, and both. fp32; tolerance as
@@ -154,6 +162,7 @@ func TestMasksUnderMeshEqualOneRank(t *testing.T) {
 	cfg := tinyConfig(false)
 	cfg.Hidden, cfg.Heads, cfg.KVHeads, cfg.FFNHidden, cfg.VocabSize, cfg.SeqLen = 16, 4, 4, 24, 12, 16
 	cfg.AttentionChunkSize = 5
+	cfg.NoPEInterval = 2 // iRoPE: layer 0 attends in chunks, layer 1 (NoPE) over the whole sequence
 	B, T := 2, 16
 	tokens, targets := make([]int32, B*T), make([]int32, B*T)
 	for i := range tokens {
@@ -257,4 +266,30 @@ func TestDocumentMasksFollowThePlan(t *testing.T) {
 		assert.Equal(t, ps1-ps0, s1-s0, "cp %d: scratch", cp)
 		assert.Equal(t, ps0, s0, "cp %d: the plan's scratch is the model's", cp)
 	}
+}
+
+// TestIRoPEChunksRotaryLayersOnly: with NoPE layers interleaved only the
+// rotary layers attend in chunks (Llama 4's iRoPE). A model whose every layer
+// is NoPE computes the same loss with and without a chunk size (every layer
+// attends over the whole sequence), bit for bit; an iRoPE model's loss differs
+// from the unchunked one's (its rotary layer attends in chunks) and moves with
+// nope_first.
+func TestIRoPEChunksRotaryLayersOnly(t *testing.T) {
+	tokens := []int32{1, 3, 2, 9, 3, 3, 3, 10, 5, 6}
+	targets := []int32{4, 2, 9, 0, 7, 3, 10, -1, 6, 1}
+	loss := func(cfg config.Model) float64 {
+		m, _, _, _ := build[float64](t, cfg, 2, 5)
+		s, n := m.Loss(tokens, targets)
+		require.NoError(t, m.Err())
+		return s / float64(n)
+	}
+	chunked := tinyConfig(false)
+	chunked.AttentionChunkSize = 2
+	plain := tinyConfig(false)
+	assert.Equal(t, loss(nope(plain, 1)), loss(nope(chunked, 1)), "every layer NoPE: the chunk size changes nothing")
+	irope := loss(nope(chunked, 2))
+	assert.Greater(t, math.Abs(irope-loss(nope(plain, 2))), 1e-6, "the rotary layer attends in chunks")
+	first := nope(chunked, 2)
+	first.NoPEFirst = true
+	assert.NotEqual(t, irope, loss(first), "nope_first moves the NoPE layer")
 }

@@ -855,9 +855,9 @@ func (m *Model[F]) layerForward(l int, x, next tensor.Buffer) {
 		be.Rope(a.k[l], m.cos, m.sin, tensor.RopeShape{B: m.B, T: m.T, NH: NKV, HD: HD})
 	}
 	if m.cp != nil {
-		m.ringAttention(a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l])
+		m.ringAttention(l, a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l])
 	} else {
-		be.FlashAttention(a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.attnShape())
+		be.FlashAttention(a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.attnShape(l))
 	}
 	m.mem.Copy(a.mid[l], x)
 	m.rowParallel(a.mid[l], m.input(l, inAtty, a.atty[l], true), lw.wo, NH*HD) // mid = x + attention
@@ -1056,9 +1056,9 @@ func (m *Model[F]) backward(tokens, targets []int32, scale float64, loss tensor.
 			m.mem.Zero(s.dq)
 			m.mem.Zero(s.dk)
 			m.mem.Zero(s.dv)
-			m.ringAttentionBackward(s.dq, s.dk, s.dv, s.datty, a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l])
+			m.ringAttentionBackward(l, s.dq, s.dk, s.dv, s.datty, a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l])
 		} else {
-			be.FlashAttentionBackward(s.dq, s.dk, s.dv, s.datty, a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.attnShape(), false)
+			be.FlashAttentionBackward(s.dq, s.dk, s.dv, s.datty, a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.attnShape(l), false)
 		}
 		switch {
 		case m.Cfg.IsNoPELayer(l):
@@ -1094,11 +1094,12 @@ func (m *Model[F]) backward(tokens, targets []int32, scale float64, loss tensor.
 	m.release(0, true)
 }
 
-// attnShape is the model's causal self-attention for flash attention, within
-// chunks (model.attention_chunk_size) and documents (document masks) where
-// those are set.
-func (m *Model[F]) attnShape() tensor.AttentionShape {
+// attnShape is layer l's causal self-attention for flash attention, within
+// chunks (model.attention_chunk_size, on rotary layers only when the model has
+// NoPE layers: config.Model.AttentionChunk) and documents (document masks)
+// where those are set.
+func (m *Model[F]) attnShape(l int) tensor.AttentionShape {
 	_, _, NH, NKV, HD, _, _ := m.dims()
 	return tensor.AttentionShape{B: m.B, Tq: m.T, Tk: m.T, NH: NH, NKV: NKV, HD: HD, Causal: true,
-		Chunk: m.Cfg.AttentionChunkSize, Starts: m.startsBuf()}
+		Chunk: m.Cfg.AttentionChunk(l), Starts: m.startsBuf()}
 }
