@@ -52,7 +52,7 @@ func TestExportRefusesWhatNoArchitectureComputes(t *testing.T) {
 	res, dir := tinyRun(t, append([]string{"train.steps=1", "train.eval_interval=0"}, deepseekSets...)...)
 	r, err := Run(context.Background(), res, opts())
 	require.NoError(t, err)
-	err = ExportHF(r.Dir, filepath.Join(dir, "hf"), 5<<30, false)
+	_, err = ExportHF(r.Dir, filepath.Join(dir, "hf"), 5<<30, false)
 	require.ErrorContains(t, err, "model.nope_interval, model.moe.score_function, model.moe.top_k_scale, model.moe.expert_bias, model.moe.num_groups")
 }
 
@@ -69,7 +69,8 @@ func trainedForExport(t *testing.T, sets []string, shardBytes int64) (run, out s
 	r, err := Run(context.Background(), res, opts())
 	require.NoError(t, err)
 	out = filepath.Join(dir, "hf")
-	require.NoError(t, ExportHF(r.Dir, out, shardBytes, false))
+	_, err = ExportHF(r.Dir, out, shardBytes, false)
+	require.NoError(t, err)
 	return r.Dir, out
 }
 

@@ -50,10 +50,11 @@ an output goes is always refused.`,
 			if shardMB < 1 {
 				return usageErr("--shard-size %d must be at least 1 (MB)", shardMB)
 			}
-			if err := trainer.ExportHF(args[0], out, shardMB<<20, overwrite); err != nil {
+			note, err := trainer.ExportHF(args[0], out, shardMB<<20, overwrite)
+			if err != nil {
 				return &exitError{code: exitFindings, err: err}
 			}
-			_, err := fmt.Fprintf(a.stdout, "%s: Hugging Face model directory written\n", out)
+			_, err = fmt.Fprintf(a.stdout, "%s: Hugging Face model directory written; tokenizer: %s\n", out, note)
 			return err
 		},
 	}

@@ -245,7 +245,7 @@ or staged through the host where ranks share a GPU.`,
 				return usageErr("--init-from %s: %v", initFrom, err)
 			}
 			if tok != "" {
-				rf.extra = append(rf.extra, config.FlagValue{Name: "init-from", Value: initFrom, Key: "data.tokenizer"})
+				rf.extra = append(rf.extra, config.FlagValue{Name: "init-from", Value: tok, Key: "data.tokenizer"})
 				if res, err = a.loadClean(path, rf); err != nil {
 					return err
 				}
