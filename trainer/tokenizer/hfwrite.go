@@ -90,7 +90,7 @@ func (b RankedBPE) HFFiles() (*HFFiles, error) {
 		}
 	}
 	vocab := make([]vocabEntry, 0, len(ranks)+len(b.Specials))
-	var merges []string
+	merges := []string{}
 	var unreachable []int32
 	for r, tok := range b.Ranks {
 		if tok == nil {

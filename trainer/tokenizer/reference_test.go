@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // The reference tests encode testCorpus(refDocs) with shardline and with the
@@ -328,13 +329,13 @@ const convertDocs = 1000
 // file) gives the rank file's ids (this package's tiktoken encoder, which
 // TestTiktokenMatchesTiktoken holds to OpenAI's) read by this package's
 // tokenizer.json reader and by Hugging Face's tokenizers (npm) alike, on every
-// one of convertDocs documents, and decodes back.
+// one of convertDocs documents and of the tokens no merge makes (each a
+// document), and both decode the ids back to the document.
 func TestRankFileAsTokenizerJSONMatches(t *testing.T) {
 	tokrefDir(t)
 	docs := testCorpus(convertDocs)
 	tmp := t.TempDir()
 	docsPath := filepath.Join(tmp, "docs.jsonl")
-	writeDocs(t, docsPath, docs)
 	tok, err := Load(writeLlama3Ranks(t, tmp))
 	if err != nil {
 		t.Fatal(err)
@@ -354,6 +355,14 @@ func TestRankFileAsTokenizerJSONMatches(t *testing.T) {
 	if hf.Merges+len(hf.Unreachable) != llama3Ranks-256 {
 		t.Errorf("%d merges and %d unreachable tokens: want %d in all", hf.Merges, len(hf.Unreachable), llama3Ranks-256)
 	}
+	// The tokens without a merge, as documents of their own: a word that is
+	// one is its token in both (ignore_merges).
+	for _, id := range hf.Unreachable {
+		if s := tok.Token(id); utf8.ValidString(s) {
+			docs = append(docs, s)
+		}
+	}
+	writeDocs(t, docsPath, docs)
 	path := filepath.Join(tmp, "conv", "tokenizer.json")
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		t.Fatal(err)
@@ -379,8 +388,25 @@ func TestRankFileAsTokenizerJSONMatches(t *testing.T) {
 		checkRoundTrip(t, conv, docs, want, nil)
 	})
 	t.Run("tokenizers", func(t *testing.T) {
-		out := filepath.Join(tmp, "conv.ids")
-		runRef(t, "hf", path, docsPath, out)
+		out, decoded := filepath.Join(tmp, "conv.ids"), filepath.Join(tmp, "conv.decoded.jsonl")
+		runRef(t, "hf", path, docsPath, out, decoded)
 		compareIDs(t, tok, docs, readRefIDs(t, out))
+		b, err := os.ReadFile(decoded)
+		if err != nil {
+			t.Fatal(err)
+		}
+		texts := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+		if len(texts) != len(docs) {
+			t.Fatalf("tokenizers decoded %d documents, not %d", len(texts), len(docs))
+		}
+		bad := 0
+		for i, line := range texts {
+			var s string
+			if err := json.Unmarshal([]byte(line), &s); err != nil || s != docs[i] {
+				if bad++; bad <= 3 {
+					t.Errorf("document %d: tokenizers decodes %s, not %q (%v)", i, line, docs[i], err)
+				}
+			}
+		}
 	})
 }
