@@ -478,8 +478,8 @@ func TestRerunAndDiff(t *testing.T) {
 	assert.Contains(t, errs, "is not a run directory")
 }
 
-// TestExportAndInitFrom: ckpt export writes a Hugging Face directory; run
-// --init-from starts from it (its first loss is the trained model's, well below a
+// TestExportAndInitFrom: ckpt export writes a Hugging Face directory (and says
+// what it wrote for the byte tokenizer); run --init-from starts from it (its first loss is the trained model's, well below a
 // fresh model's, also on 2 tensor-parallel ranks), and refuses a model of another
 // shape, naming the tensor.
 func TestExportAndInitFrom(t *testing.T) {
@@ -493,7 +493,7 @@ func TestExportAndInitFrom(t *testing.T) {
 	out := filepath.Join(dir, "hf")
 	code, stdout, errs := shardline(t, nil, "ckpt", "export", filepath.Join(dir, "tiny"), "-o", out)
 	require.Equal(t, 0, code, errs)
-	assert.Contains(t, stdout, "Hugging Face model directory written")
+	assert.Contains(t, stdout, "Hugging Face model directory written; tokenizer: tokenizer.json: the byte tokenizer as a byte-level BPE of the 256 bytes")
 	code, _, errs = shardline(t, nil, append(args, "--train-iters", "1", "--init-from", out)...)
 	require.Equal(t, 0, code, errs)
 	code, _, errs = shardline(t, nil, append(args, "--train-iters", "1")...)
