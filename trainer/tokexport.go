@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/shardline/shardline/config"
@@ -56,11 +57,10 @@ func exportTokenizer(tok data.Tokenizer, m config.Model) (*tokExport, error) {
 		return int(v)
 	}
 	e := &tokExport{files: map[string][]byte{}, bos: id(sp.BOS), eos: id(sp.EOS)}
-	gen, err := json.MarshalIndent(map[string]any{"_from_model_config": true, "bos_token_id": e.bos, "eos_token_id": e.eos}, "", "  ")
-	if err != nil {
+	var err error
+	if e.files["generation_config.json"], err = indentJSON(map[string]any{"_from_model_config": true, "bos_token_id": e.bos, "eos_token_id": e.eos}); err != nil {
 		return nil, err
 	}
-	e.files["generation_config.json"] = append(gen, '\n')
 	name := func(v int32) any {
 		if v < 0 {
 			return nil
@@ -78,6 +78,9 @@ func exportTokenizer(tok data.Tokenizer, m config.Model) (*tokExport, error) {
 			e.files[s.Name] = s.Data
 		}
 		e.note = fmt.Sprintf("the tokenizer file (%s) unchanged", t.Sources()[0].Name)
+		if len(t.Sources()) > 1 {
+			e.note += " with its tokenizer_config.json"
+		}
 		if t.Kind() == tokenizer.SentencePiece {
 			class = "LlamaTokenizer" // reads a SentencePiece tokenizer.model
 		}
@@ -106,7 +109,7 @@ func exportTokenizer(tok data.Tokenizer, m config.Model) (*tokExport, error) {
 			return nil, err
 		}
 		if hf == nil {
-			e.note = fmt.Sprintf("no tokenizer files: the %s tokenizer has no Hugging Face form", tok.Name())
+			e.note = fmt.Sprintf("no tokenizer files: the %s tokenizer has no Hugging Face form (generation_config.json)", tok.Name())
 			return e, nil
 		}
 		maps.Copy(e.files, hf)
@@ -134,13 +137,25 @@ func exportTokenizer(tok data.Tokenizer, m config.Model) (*tokExport, error) {
 		if f, ok := tok.(data.File); ok && f.Kind() == tokenizer.SentencePiece {
 			config["add_bos_token"], config["add_eos_token"], config["unk_token"], config["legacy"] = sp.BOS >= 0, false, f.Token(0), true
 		}
-		b, err := json.MarshalIndent(config, "", "  ")
-		if err != nil {
+		if e.files[tokenizer.ConfigName], err = indentJSON(config); err != nil {
 			return nil, err
 		}
-		e.files[tokenizer.ConfigName] = append(b, '\n')
 	}
+	e.note += " (" + strings.Join(slices.Sorted(maps.Keys(e.files)), ", ") + ")"
 	return e, nil
+}
+
+// indentJSON is v as indented JSON ending in a newline, <|endoftext|> written
+// as it is (no HTML escapes).
+func indentJSON(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
 }
 
 // builtinHF is a built-in tokenizer's Hugging Face tokenizer files (without

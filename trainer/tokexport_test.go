@@ -152,6 +152,27 @@ func TestExportTokenizerKinds(t *testing.T) {
 				assert.Contains(t, e.files, n)
 			}
 			assert.Len(t, e.files, len(c.files)+2)
+			// The bytes the reference tests hold to Hugging Face's tokenizers.
+			var wantJSON []byte
+			if ch, ok := c.tok.(*data.Char); ok {
+				wantJSON, err = tokenizer.CharHF(ch.Chars)
+				require.NoError(t, err)
+			} else {
+				var rb tokenizer.RankedBPE
+				switch tok := c.tok.(type) {
+				case data.File:
+					rb, _ = tok.RankedBPE()
+				case interface {
+					RankedBPE() (tokenizer.RankedBPE, error)
+				}:
+					rb, err = tok.RankedBPE()
+					require.NoError(t, err)
+				}
+				hf, err := rb.HFFiles()
+				require.NoError(t, err)
+				wantJSON = hf.TokenizerJSON
+			}
+			assert.Equal(t, wantJSON, e.files["tokenizer.json"])
 			var tc, gen map[string]any
 			require.NoError(t, json.Unmarshal(e.files["tokenizer_config.json"], &tc))
 			require.NoError(t, json.Unmarshal(e.files["generation_config.json"], &gen))
