@@ -107,7 +107,11 @@ func (b RankedBPE) HFFiles() (*HFFiles, error) {
 		}
 		merges = append(merges, toByteLevel(x)+" "+toByteLevel(y))
 	}
-	added, err := addedTokens(b.Specials, len(b.Ranks), func(s string) bool { _, in := ranks[s]; return in })
+	keys := make(map[string]bool, len(vocab)) // the vocabulary as written
+	for _, v := range vocab {
+		keys[v.tok] = true
+	}
+	added, err := addedTokens(b.Specials, len(b.Ranks), func(s string) bool { _, in := ranks[s]; return in || keys[s] })
 	if err != nil {
 		return nil, err
 	}
@@ -241,7 +245,7 @@ func lastMerge(tok []byte, rank int32, ranks map[string]int32) (x, y []byte, ok 
 
 // addedTokens are the special tokens as tokenizer.json's added_tokens, in id
 // order; their ids must follow the ranks and their contents be no token of
-// the vocabulary.
+// the vocabulary (its bytes, or its key in vocab.json).
 func addedTokens(specials []Special, ranks int, inVocab func(string) bool) ([]hfAdded, error) {
 	out := make([]hfAdded, 0, len(specials))
 	ids := map[int32]bool{}
@@ -255,7 +259,7 @@ func addedTokens(specials []Special, ranks int, inVocab func(string) bool) ([]hf
 		case ids[s.ID] || contents[s.Content]:
 			return nil, fmt.Errorf("special token %q (id %d) is given twice", s.Content, s.ID)
 		case inVocab(s.Content):
-			return nil, fmt.Errorf("special token %q is also a ranked token", s.Content)
+			return nil, fmt.Errorf("special token %q is also a ranked token (its bytes, or its key in vocab.json)", s.Content)
 		}
 		ids[s.ID], contents[s.Content] = true, true
 		out = append(out, hfAdded{ID: s.ID, Content: s.Content, Special: true})

@@ -103,6 +103,7 @@ func TestRankedBPERefusals(t *testing.T) {
 		{func(b *RankedBPE) { b.Specials[0].ID = 12 }, `special token "<s>" has id 12: special ids run from 265`},
 		{func(b *RankedBPE) { b.Specials[1].Content = "<s>" }, `special token "<s>" (id 266) is given twice`},
 		{func(b *RankedBPE) { b.Specials[1].Content = "abc" }, `special token "abc" is also a ranked token`},
+		{func(b *RankedBPE) { b.Specials[1].Content = "Ġab" }, `special token "Ġab" is also a ranked token`}, // " ab" in vocab.json
 		{func(b *RankedBPE) { b.BOS = 3 }, "BOS 3 is not a special token"},
 		{func(b *RankedBPE) { b.Pattern = `(?<x` }, "pattern"},
 	} {
