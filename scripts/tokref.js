@@ -3,8 +3,9 @@
 // the npm packages `tokenizers` (Hugging Face's Rust core) and `tiktoken`
 // (OpenAI's Rust encoder in WASM); `make tokref-deps` installs them in bin/tokref.
 //
-//   node tokref.js hf TOKENIZER_JSON DOCS_JSONL OUT_BIN
-//       encode each document (a JSON string a line) without added BOS/EOS
+//   node tokref.js hf TOKENIZER_JSON DOCS_JSONL OUT_BIN [DECODED_JSONL]
+//       encode each document (a JSON string a line) without added BOS/EOS;
+//       with DECODED_JSONL, decode each one's ids back (special tokens kept)
 //   node tokref.js tiktoken RANKS SPECIALS_JSON PATTERN DOCS_JSONL OUT_BIN
 //       encode with allowed_special="all"
 //   node tokref.js hf-decode TOKENIZER_JSON IDS_BIN OUT_JSONL
@@ -81,7 +82,12 @@ async function main() {
       const tok = Tokenizer.fromFile(a[0]);
       const docs = readDocs(a[1]);
       const encs = await tok.encodeBatch(docs, { addSpecialTokens: false });
-      writeIds(a[2], encs.map((e) => e.getIds()));
+      const ids = encs.map((e) => e.getIds());
+      writeIds(a[2], ids);
+      if (a[3]) {
+        const texts = await tok.decodeBatch(ids, false);
+        fs.writeFileSync(a[3], texts.map((t) => JSON.stringify(t)).join('\n') + '\n');
+      }
       break;
     }
     case 'hf-decode': {

@@ -76,7 +76,7 @@ func TestExportRefusesWhatNoArchitectureComputes(t *testing.T) {
 	res, dir := tinyRun(t, append([]string{"train.steps=1", "train.eval_interval=0"}, deepseekSets...)...)
 	r, err := Run(context.Background(), res, opts())
 	require.NoError(t, err)
-	err = ExportHF(r.Dir, filepath.Join(dir, "hf"), 5<<30, false)
+	_, err = ExportHF(r.Dir, filepath.Join(dir, "hf"), 5<<30, false)
 	require.ErrorContains(t, err, "model.qk_norm (shardline's QK-norm is an RMSNorm with gains before RoPE")
 	require.ErrorContains(t, err, "model.moe.top_k_scale = 2.5")
 	require.ErrorContains(t, err, "model.moe.score_before_expert = false")
@@ -85,7 +85,7 @@ func TestExportRefusesWhatNoArchitectureComputes(t *testing.T) {
 	res, dir = tinyRun(t, append([]string{"train.steps=2", "train.eval_interval=0"}, llama4Sets...)...)
 	r, err = Run(context.Background(), res, opts())
 	require.NoError(t, err)
-	err = ExportHF(r.Dir, filepath.Join(dir, "hf"), 5<<30, false)
+	_, err = ExportHF(r.Dir, filepath.Join(dir, "hf"), 5<<30, false)
 	require.ErrorContains(t, err, "Llama4ForCausalLM's router has no expert bias")
 	require.ErrorContains(t, err, "layers.0.moe.expert_bias[")
 }
@@ -103,7 +103,8 @@ func trainedForExport(t *testing.T, sets []string, shardBytes int64) (run, out s
 	r, err := Run(context.Background(), res, opts())
 	require.NoError(t, err)
 	out = filepath.Join(dir, "hf")
-	require.NoError(t, ExportHF(r.Dir, out, shardBytes, false))
+	_, err = ExportHF(r.Dir, out, shardBytes, false)
+	require.NoError(t, err)
 	return r.Dir, out
 }
 

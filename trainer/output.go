@@ -599,11 +599,12 @@ func RunLogits(be tensor.Backend, dir string, tokens []int32) ([]float32, error)
 // EOS ids) and model.safetensors, split with an index above shardBytes, and the
 // tokenizer's files with tokenizer_config.json and generation_config.json
 // (exportTokenizer). out must be new, empty or an earlier export's
-// (hf.WriteModel), unless overwrite.
-func ExportHF(dir, out string, shardBytes int64, overwrite bool) error {
+// (hf.WriteModel), unless overwrite. tokNote says what was written for the
+// tokenizer.
+func ExportHF(dir, out string, shardBytes int64, overwrite bool) (tokNote string, err error) {
 	fr, err := loadRun(dir)
 	if err != nil {
-		return err
+		return "", err
 	}
 	params := make([]hf.Param, len(fr.table))
 	for i := range fr.table {
@@ -611,20 +612,20 @@ func ExportHF(dir, out string, shardBytes int64, overwrite bool) error {
 	}
 	ts, err := hf.ToHF(fr.recipe.Model, params)
 	if err != nil {
-		return err
+		return "", err
 	}
 	fp, _ := config.Fingerprint(fr.recipe)
-	extra, bos, eos, err := exportTokenizer(fr.tok, fr.recipe.Model)
+	te, err := exportTokenizer(fr.tok, fr.recipe.Model)
 	if err != nil {
-		return err
+		return "", err
 	}
 	c := hf.Config(fr.recipe.Model)
-	c["bos_token_id"], c["eos_token_id"] = bos, eos
+	c["bos_token_id"], c["eos_token_id"] = te.bos, te.eos
 	cfg, err := json.MarshalIndent(c, "", "  ")
 	if err != nil {
-		return err
+		return "", err
 	}
-	return hf.WriteModel(out, append(cfg, '\n'), ts, map[string]string{"format": "pt", "shardline_recipe": fp}, extra, shardBytes, overwrite)
+	return te.note, hf.WriteModel(out, append(cfg, '\n'), ts, map[string]string{"format": "pt", "shardline_recipe": fp}, te.files, shardBytes, overwrite)
 }
 
 // readHF reads a Hugging Face model directory into the plan's parameters (by

@@ -25,13 +25,27 @@ Qwen3ForCausalLM or Qwen3MoeForCausalLM; Llama4ForCausalLM for Llama 4's router
 (the token scaled before its expert), NoPE layers or chunked attention (without
 QK-norm or nonzero expert biases, which transformers' Llama 4 does not compute).
 DeepSeek-V3's router is refused (no Hugging Face names yet). transformers'
-from_pretrained loads it, and shardline run --init-from reads it back. A run
-trained with a tokenizer file (data.tokenizer = a tokenizer.json, tiktoken or
-SentencePiece tokenizer.model) exports that file unchanged, with its
-tokenizer_config.json (or one naming BOS, EOS and the tokenizer class),
-generation_config.json, and bos_token_id and eos_token_id in config.json; a gpt2
-run writes EOS 50256 (Hugging Face's "gpt2" tokenizer is the same), byte and
-char runs no tokenizer and null ids.
+from_pretrained loads it, and shardline run --init-from reads it back.
+
+Beside the weights go the run's tokenizer as Hugging Face files that encode text
+to the run's ids, generation_config.json, and bos_token_id and eos_token_id in
+config.json (null where the tokenizer has none); export's output names them:
+  tokenizer.json, SentencePiece  the file unchanged, with its tokenizer_config.json
+    tokenizer.model              (or one naming BOS, EOS and the class:
+                                 PreTrainedTokenizerFast, LlamaTokenizer)
+  tiktoken rank file             the file (tokenizer.model) and a tokenizer.json
+                                 converted from its ranks (byte-level BPE, Llama
+                                 3's pattern, its special tokens, BOS prepended),
+                                 which transformers reads; PreTrainedTokenizerFast
+  gpt2                           GPT-2's tokenizer.json, vocab.json and merges.txt
+                                 (as on the Hub; EOS 50256); GPT2Tokenizer. There
+                                 <|endoftext|> written in text is the special token,
+                                 which shardline's gpt2 reads as text
+  byte                           tokenizer.json: a byte-level BPE of the 256 bytes
+  char                           tokenizer.json: the run's characters, a BPE
+                                 without merges (others are dropped)
+run --init-from HF_DIR takes these back: the built-in tokenizer whose export
+HF_DIR holds, or HF_DIR's file.
 
 OUT_DIR must be new, empty, or an earlier export's: export records the files it
 writes in OUT_DIR/.shardline-outputs.json, replaces those, and removes the ones it
@@ -52,10 +66,11 @@ an output goes is always refused.`,
 			if shardMB < 1 {
 				return usageErr("--shard-size %d must be at least 1 (MB)", shardMB)
 			}
-			if err := trainer.ExportHF(args[0], out, shardMB<<20, overwrite); err != nil {
+			note, err := trainer.ExportHF(args[0], out, shardMB<<20, overwrite)
+			if err != nil {
 				return &exitError{code: exitFindings, err: err}
 			}
-			_, err := fmt.Fprintf(a.stdout, "%s: Hugging Face model directory written\n", out)
+			_, err = fmt.Fprintf(a.stdout, "%s: Hugging Face model directory written; tokenizer: %s\n", out, note)
 			return err
 		},
 	}
@@ -83,7 +98,9 @@ value, the recipe key and value, and the fix; a key it leaves out takes
 transformers' default, and a missing config.json is refused. A tensor the
 recipe's model lacks, misses or shapes differently is refused, named. When
 HF_DIR holds a tokenizer (tokenizer.json or tokenizer.model), the recipe must
-tokenize with it: --set data.tokenizer=HF_DIR (the directory itself names it).`
+tokenize with it: --set data.tokenizer=HF_DIR (the directory itself names it),
+or, where it is ckpt export's tokenizer.json for byte, gpt2 or char, with that
+built-in tokenizer (char: on data with the same characters).`
 	run.Example = `  shardline ckpt import hf/tiny recipes/tiny.toml --train-iters 200 --lr 1e-4
   shardline ckpt import hf/llama recipes/llama-1b.toml --set data.tokenizer=hf/llama --set data.path=data/llama3`
 	run.Args = cobra.RangeArgs(1, 2)

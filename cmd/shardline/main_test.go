@@ -478,8 +478,8 @@ func TestRerunAndDiff(t *testing.T) {
 	assert.Contains(t, errs, "is not a run directory")
 }
 
-// TestExportAndInitFrom: ckpt export writes a Hugging Face directory; run
-// --init-from starts from it (its first loss is the trained model's, well below a
+// TestExportAndInitFrom: ckpt export writes a Hugging Face directory (and says
+// what it wrote for the byte tokenizer); run --init-from starts from it (its first loss is the trained model's, well below a
 // fresh model's, also on 2 tensor-parallel ranks), and refuses a model of another
 // shape, naming the tensor.
 func TestExportAndInitFrom(t *testing.T) {
@@ -493,7 +493,7 @@ func TestExportAndInitFrom(t *testing.T) {
 	out := filepath.Join(dir, "hf")
 	code, stdout, errs := shardline(t, nil, "ckpt", "export", filepath.Join(dir, "tiny"), "-o", out)
 	require.Equal(t, 0, code, errs)
-	assert.Contains(t, stdout, "Hugging Face model directory written")
+	assert.Contains(t, stdout, "Hugging Face model directory written; tokenizer: tokenizer.json: the byte tokenizer as a byte-level BPE of the 256 bytes")
 	code, _, errs = shardline(t, nil, append(args, "--train-iters", "1", "--init-from", out)...)
 	require.Equal(t, 0, code, errs)
 	code, _, errs = shardline(t, nil, append(args, "--train-iters", "1")...)
@@ -1026,7 +1026,8 @@ func TestRunTokenizerFile(t *testing.T) {
 // TestInitFromTakesTheTokenizer: a model trained with a tokenizer file and
 // exported carries it; run --init-from that directory with a recipe that
 // names no tokenizer trains with the directory's (resolved.toml says so), and
-// a recipe that names another tokenizer is refused.
+// a recipe that names another tokenizer is refused; a byte run's export gives
+// the byte tokenizer back by name.
 func TestInitFromTakesTheTokenizer(t *testing.T) {
 	dir := t.TempDir()
 	text := filepath.Join(dir, "t.txt")
@@ -1047,4 +1048,27 @@ func TestInitFromTakesTheTokenizer(t *testing.T) {
 	code, _, errs = shardline(t, nil, "run", recipe, "--init-from", out, "--train-iters", "1", "--set", "data.tokenizer=char")
 	assert.Equal(t, 1, code)
 	assert.Contains(t, errs, "holds the model's tokenizer (tokenizer.json), but the recipe tokenizes with char")
+
+	// A byte run's export holds the byte tokenizer as a tokenizer.json: a
+	// recipe naming no tokenizer takes it back by name.
+	code, _, errs = shardline(t, nil, "run", recipe, "--set", "run.name=b")
+	require.Equal(t, 0, code, errs)
+	byteOut := filepath.Join(dir, "hf-b")
+	code, _, errs = shardline(t, nil, "ckpt", "export", filepath.Join(dir, "b"), "-o", byteOut)
+	require.Equal(t, 0, code, errs)
+	code, _, errs = shardline(t, nil, "run", recipe, "--set", "run.name=b", "--init-from", byteOut, "--train-iters", "1")
+	require.Equal(t, 0, code, errs)
+	var info struct {
+		Overrides []struct{ Key, Value, From string } `json:"overrides"`
+	}
+	require.NoError(t, json.Unmarshal(must(os.ReadFile(filepath.Join(dir, "b-2", "run.json"))), &info))
+	var set []string
+	for _, o := range info.Overrides {
+		if o.Key == "data.tokenizer" {
+			set = append(set, o.Value+" from "+o.From)
+		}
+	}
+	require.Len(t, set, 1, "data.tokenizer is set by --init-from")
+	assert.Contains(t, set[0], `"byte" from`)
+	assert.Contains(t, set[0], "init-from")
 }

@@ -120,7 +120,7 @@ or staged through the host where ranks share a GPU.`,
 	cmd.Flags().StringVar(&resume, "resume", "", "continue a run from a checkpoint: a checkpoint directory, a run directory or checkpoint root (its newest complete checkpoint), latest (the newest under the recipe's checkpoint directory), or auto (as latest, skipping checkpoints that do not check out, and a new run where there is none); with a path RECIPE defaults to the run's resolved.toml. The run's newest checkpoint continues its run directory; any other starts a new one")
 	cmd.Flags().StringVar(&resume, "load", "", "Megatron's --load: the same as --resume")
 	var initFrom string
-	cmd.Flags().StringVar(&initFrom, "init-from", "", "start from a Hugging Face model directory's weights (config.json, safetensors; shardline ckpt export writes one) instead of the initialisation: fine-tuning. Its config.json must describe the recipe's model: every key that differs is refused, named. A recipe that names no data.tokenizer trains with the directory's own tokenizer file; one that names another is refused. With --resume auto it starts a run that has no checkpoint yet, and a found checkpoint continues instead")
+	cmd.Flags().StringVar(&initFrom, "init-from", "", "start from a Hugging Face model directory's weights (config.json, safetensors; shardline ckpt export writes one) instead of the initialisation: fine-tuning. Its config.json must describe the recipe's model: every key that differs is refused, named. A recipe that names no data.tokenizer trains with the directory's own tokenizer (its file, or the built-in byte, gpt2 or char tokenizer whose export it holds); one that names another is refused. With --resume auto it starts a run that has no checkpoint yet, and a found checkpoint continues instead")
 	var device string
 	cmd.Flags().StringVar(&device, "device", "", "cpu or cuda: sets parallel.device (cuda trains through shardline-cuda, a GPU per rank; docs/cuda.md)")
 	var stopAfter int
@@ -239,13 +239,14 @@ or staged through the host where ranks share a GPU.`,
 			return err
 		}
 		if o := res.Origin("data.tokenizer"); initFrom != "" && o.Kind == config.FromDefault && o.Name == "" {
-			// A recipe that names no tokenizer trains with the model's own.
+			// A recipe that names no tokenizer trains with the model's own: the
+			// built-in one whose export the directory holds, or its file.
 			tok, err := trainer.InitTokenizer(initFrom)
 			if err != nil {
 				return usageErr("--init-from %s: %v", initFrom, err)
 			}
 			if tok != "" {
-				rf.extra = append(rf.extra, config.FlagValue{Name: "init-from", Value: initFrom, Key: "data.tokenizer"})
+				rf.extra = append(rf.extra, config.FlagValue{Name: "init-from", Value: tok, Key: "data.tokenizer"})
 				if res, err = a.loadClean(path, rf); err != nil {
 					return err
 				}

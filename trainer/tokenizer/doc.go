@@ -20,5 +20,11 @@
 // without changing a token. A word cache keeps repeated words from being
 // merged twice.
 //
+// It also writes tokenizers as Hugging Face files (hfwrite.go): a byte-level
+// BPE given by tiktoken ranks (a rank file, GPT-2's r50k_base, the 256 bytes)
+// as tokenizer.json, vocab.json and merges.txt, each token's merge recovered
+// from the ranks as transformers' TikTokenConverter does; and a character
+// vocabulary as a tokenizer.json without merges.
+//
 // It imports nothing from shardline but fileio.
 package tokenizer

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // The reference tests encode testCorpus(refDocs) with shardline and with the
@@ -316,4 +317,96 @@ func writeLlama3Ranks(t testing.TB, dir string) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// convertDocs is how many of testCorpus's documents the converted files are
+// compared on: the conversion is checked token by token on every rank, the
+// corpus only has to take every path (a few seconds with the references).
+const convertDocs = 1000
+
+// TestRankFileAsTokenizerJSONMatches: Llama 3's rank file written as a
+// tokenizer.json (RankedBPE.HFFiles, as ckpt export writes it beside the rank
+// file) gives the rank file's ids (this package's tiktoken encoder, which
+// TestTiktokenMatchesTiktoken holds to OpenAI's) read by this package's
+// tokenizer.json reader and by Hugging Face's tokenizers (npm) alike, on every
+// one of convertDocs documents and of the tokens no merge makes (each a
+// document), and both decode the ids back to the document.
+func TestRankFileAsTokenizerJSONMatches(t *testing.T) {
+	tokrefDir(t)
+	docs := testCorpus(convertDocs)
+	tmp := t.TempDir()
+	docsPath := filepath.Join(tmp, "docs.jsonl")
+	tok, err := Load(writeLlama3Ranks(t, tmp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb, ok := tok.RankedBPE()
+	if !ok {
+		t.Fatalf("kind %s: not a rank file", tok.Kind())
+	}
+	hf, err := rb.HFFiles()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Llama 3's 128,000 ranks less its 256 bytes make a merge each, except the
+	// tokens no pair of lower-ranked tokens makes (a word that is one of them
+	// is still that token: ignore_merges).
+	t.Logf("%d merges, %d tokens without one", hf.Merges, len(hf.Unreachable))
+	if hf.Merges+len(hf.Unreachable) != llama3Ranks-256 {
+		t.Errorf("%d merges and %d unreachable tokens: want %d in all", hf.Merges, len(hf.Unreachable), llama3Ranks-256)
+	}
+	// The tokens without a merge, as documents of their own: a word that is
+	// one is its token in both (ignore_merges).
+	for _, id := range hf.Unreachable {
+		if s := tok.Token(id); utf8.ValidString(s) {
+			docs = append(docs, s)
+		}
+	}
+	writeDocs(t, docsPath, docs)
+	path := filepath.Join(tmp, "conv", "tokenizer.json")
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, hf.TokenizerJSON, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want := make([][]int32, len(docs))
+	for i, d := range docs {
+		if want[i], err = tok.Encode([]byte(d)); err != nil {
+			t.Fatalf("document %d: %v", i, err)
+		}
+	}
+	conv, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if conv.Kind() != HuggingFace || conv.VocabSize() != 128256 || conv.BOS() != 128000 || conv.EOS() != 128001 {
+		t.Fatalf("converted: kind %s, vocabulary %d, BOS %d, EOS %d; want tokenizer.json, 128256, 128000, 128001", conv.Kind(), conv.VocabSize(), conv.BOS(), conv.EOS())
+	}
+	t.Run("shardline", func(t *testing.T) {
+		compareIDs(t, conv, docs, want)
+		checkRoundTrip(t, conv, docs, want, nil)
+	})
+	t.Run("tokenizers", func(t *testing.T) {
+		out, decoded := filepath.Join(tmp, "conv.ids"), filepath.Join(tmp, "conv.decoded.jsonl")
+		runRef(t, "hf", path, docsPath, out, decoded)
+		compareIDs(t, tok, docs, readRefIDs(t, out))
+		b, err := os.ReadFile(decoded)
+		if err != nil {
+			t.Fatal(err)
+		}
+		texts := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+		if len(texts) != len(docs) {
+			t.Fatalf("tokenizers decoded %d documents, not %d", len(texts), len(docs))
+		}
+		bad := 0
+		for i, line := range texts {
+			var s string
+			if err := json.Unmarshal([]byte(line), &s); err != nil || s != docs[i] {
+				if bad++; bad <= 3 {
+					t.Errorf("document %d: tokenizers decodes %s, not %q (%v)", i, line, docs[i], err)
+				}
+			}
+		}
+	})
 }

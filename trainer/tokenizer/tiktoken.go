@@ -159,3 +159,28 @@ func truncate(b []byte) string {
 	}
 	return string(b)
 }
+
+// RankedBPE is a rank file's tokenizer as a RankedBPE, to be written as
+// Hugging Face files (HFFiles): its ranks, special tokens, Llama 3's pattern
+// and BOS. ok is false for a tokenizer of another kind.
+func (t *Tokenizer) RankedBPE() (b RankedBPE, ok bool) {
+	if t.kind != Tiktoken {
+		return RankedBPE{}, false
+	}
+	n := 0
+	for id, s := range t.tokens {
+		if !t.special[id] && s != "" {
+			n = id + 1
+		}
+	}
+	b = RankedBPE{Ranks: make([][]byte, n), Pattern: llama3Pattern, BOS: t.bos}
+	for id, s := range t.tokens {
+		switch {
+		case t.special[id]:
+			b.Specials = append(b.Specials, Special{Content: s, ID: int32(id)})
+		case s != "":
+			b.Ranks[id] = []byte(s)
+		}
+	}
+	return b, true
+}
