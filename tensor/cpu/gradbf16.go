@@ -34,22 +34,10 @@ const gradTileElems = 1 << 16
 // shorter), h[lo:hi], is widened to F into t, add adds the call's
 // contribution to it, and it is rounded back to bf16, once per element.
 func intoBF16[F Float](h []tensor.BF16, step int, add func(t []F, lo, hi int)) {
-	if len(h) == 0 {
-		return
-	}
-	step = max(1, min(step, len(h)))
-	w := listOf[widenBuf[F]]().get()
-	if cap(w.buf) < step {
-		w.buf = make([]F, step)
-	}
-	for lo := 0; lo < len(h); lo += step {
-		hi := min(len(h), lo+step)
-		t := w.buf[:hi-lo]
-		FromBF16(t, h[lo:hi])
+	widenTiles(h, step, func(t []F, lo, hi int) {
 		add(t, lo, hi)
 		ToBF16(h[lo:hi], t)
-	}
-	listOf[widenBuf[F]]().put(w)
+	})
 }
 
 // rowTile is the elements of a tile of whole rows of a (rows, cols)
@@ -182,18 +170,8 @@ func AddIntoBF16[F Float](dst []tensor.BF16, src tensor.Weights[F], n int) {
 // sumSquaresBF16 is Σ x² over bf16 values in float64, a tile at a time
 // (each tile's sum as sumSquares adds it, the tiles' in order).
 func sumSquaresBF16(h []tensor.BF16) float64 {
-	w := listOf[widenBuf[float32]]().get()
-	if cap(w.buf) < gradTileElems {
-		w.buf = make([]float32, gradTileElems)
-	}
 	var s float64
-	for lo := 0; lo < len(h); lo += gradTileElems {
-		hi := min(len(h), lo+gradTileElems)
-		t := w.buf[:hi-lo]
-		FromBF16(t, h[lo:hi])
-		s += SumSquares(t)
-	}
-	listOf[widenBuf[float32]]().put(w)
+	widenTiles(h, gradTileElems, func(t []float32, _, _ int) { s += SumSquares(t) })
 	return s
 }
 
@@ -203,7 +181,7 @@ func AdamWStepBF16[F Float](params []F, compute []tensor.BF16, grads []tensor.BF
 	if !ok {
 		return
 	}
-	widenTiles(grads[:len(params)], func(g []F, lo, hi int) {
+	widenTiles(grads[:len(params)], gradTileElems, func(g []F, lo, hi int) {
 		AdamW(params[lo:hi], tileOf(compute, lo, hi), g, m[lo:hi], v[lo:hi], lr, beta1, beta2, eps, wd, clip, t)
 	})
 }
@@ -214,7 +192,7 @@ func SGDStepBF16[F Float](params []F, compute []tensor.BF16, grads []tensor.BF16
 	if !ok {
 		return
 	}
-	widenTiles(grads[:len(params)], func(g []F, lo, hi int) {
+	widenTiles(grads[:len(params)], gradTileElems, func(g []F, lo, hi int) {
 		SGD(params[lo:hi], tileOf(compute, lo, hi), g, buf[lo:hi], lr, momentum, wd, clip)
 	})
 }
@@ -227,14 +205,19 @@ func tileOf(c []tensor.BF16, lo, hi int) []tensor.BF16 {
 	return c[lo:hi]
 }
 
-// widenTiles calls use with h's values widened to F, gradTileElems at a time.
-func widenTiles[F Float](h []tensor.BF16, use func(g []F, lo, hi int)) {
-	w := listOf[widenBuf[F]]().get()
-	if cap(w.buf) < gradTileElems {
-		w.buf = make([]F, gradTileElems)
+// widenTiles calls use with h's values widened to F, step at a time (the
+// last tile shorter): g holds h[lo:hi] widened.
+func widenTiles[F Float](h []tensor.BF16, step int, use func(g []F, lo, hi int)) {
+	if len(h) == 0 {
+		return
 	}
-	for lo := 0; lo < len(h); lo += gradTileElems {
-		hi := min(len(h), lo+gradTileElems)
+	step = max(1, min(step, len(h)))
+	w := listOf[widenBuf[F]]().get()
+	if cap(w.buf) < step {
+		w.buf = make([]F, step)
+	}
+	for lo := 0; lo < len(h); lo += step {
+		hi := min(len(h), lo+step)
 		g := w.buf[:hi-lo]
 		FromBF16(g, h[lo:hi])
 		use(g, lo, hi)

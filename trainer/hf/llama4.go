@@ -140,19 +140,10 @@ func permuteRows(x []float32, rows, cols int, to func(int) int) []float32 {
 // llama4Name is a shardline parameter's Llama4ForCausalLM name, "" for the
 // experts, the shared expert and the expert bias (handled apart).
 func llama4Name(name string) string {
-	switch name {
-	case "embed.weight":
-		return "model.embed_tokens.weight"
-	case "norm.weight":
-		return "model.norm.weight"
-	case "output.weight":
-		return "lm_head.weight"
+	top, pre, parts := splitName(name)
+	if pre == "" {
+		return top
 	}
-	parts := strings.Split(name, ".")
-	if len(parts) < 3 || parts[0] != "layers" {
-		return ""
-	}
-	pre := "model.layers." + parts[1] + "."
 	switch rest := strings.Join(parts[2:], "."); rest {
 	case "attn_norm.weight":
 		return pre + "input_layernorm.weight"

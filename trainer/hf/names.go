@@ -107,19 +107,10 @@ func Config(m config.Model) map[string]any {
 // hfName maps a shardline parameter name to its Hugging Face name; shared experts
 // (Qwen2-MoE's one wider shared expert) are handled apart and return "".
 func hfName(m config.Model, name string) string {
-	switch name {
-	case "embed.weight":
-		return "model.embed_tokens.weight"
-	case "norm.weight":
-		return "model.norm.weight"
-	case "output.weight":
-		return "lm_head.weight"
+	top, pre, parts := splitName(name)
+	if pre == "" {
+		return top
 	}
-	parts := strings.Split(name, ".")
-	if len(parts) < 3 || parts[0] != "layers" {
-		return ""
-	}
-	pre := "model.layers." + parts[1] + "."
 	proj := map[string]string{"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 	switch rest := strings.Join(parts[2:], "."); {
 	case rest == "attn_norm.weight":
@@ -142,6 +133,26 @@ func hfName(m config.Model, name string) string {
 		return pre + "mlp.experts." + parts[4] + "." + proj[parts[5]] + ".weight"
 	}
 	return ""
+}
+
+// splitName parses a shardline parameter name as every architecture here
+// names it: a parameter outside the layers gets its Hugging Face name (top;
+// "" for an unknown one), a layer's its name prefix "model.layers.N." (pre)
+// and the name's dot-separated parts.
+func splitName(name string) (top, pre string, parts []string) {
+	switch name {
+	case "embed.weight":
+		return "model.embed_tokens.weight", "", nil
+	case "norm.weight":
+		return "model.norm.weight", "", nil
+	case "output.weight":
+		return "lm_head.weight", "", nil
+	}
+	parts = strings.Split(name, ".")
+	if len(parts) < 3 || parts[0] != "layers" {
+		return "", "", nil
+	}
+	return "", "model.layers." + parts[1] + ".", parts
 }
 
 // Param is one shardline parameter: its name, shape and values.
