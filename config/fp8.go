@@ -53,7 +53,7 @@ func (c *checker) fp8() {
 	}
 	switch f.Recipe {
 	case "blockwise", "mxfp8":
-		size := map[string]string{"blockwise": "blocks of 128 values (1×128 for activations and gradients, 128×128 for weights)", "mxfp8": "blocks of 32 values with power-of-two (E8M0) scales"}[f.Recipe]
+		size := map[string]string{"blockwise": "block of 128 values (1×128 for activations and gradients, 128×128 for weights)", "mxfp8": "block of 32 values with a power-of-two (E8M0) scale"}[f.Recipe]
 		c.report(SevError, "SL115", fmt.Sprintf("precision.fp8.recipe (%q) scales FP8 tensors per %s, which shardline does not have: it scales per tensor", f.Recipe, size),
 			`set recipe = "tensorwise" (current per-tensor scaling) or "delayed" (per-tensor scaling from an amax history)`, "precision.fp8.recipe")
 	case "tensorwise":

@@ -369,7 +369,7 @@ type Precision struct {
 // state keep their formats. The formats are OCP E4M3 (largest 448) and E5M2
 // (largest 57344, with infinities); docs/engine.md, "FP8". shardline run
 // refuses FP8 until the engine computes in it (lint notes it, SL114); import
-// and plan read the keys.
+// and lint read the keys, and the plan counts such a run as bf16.
 type FP8 struct {
 	// none (no FP8), hybrid (E4M3 for the forward's weights and activations,
 	// E5M2 for the backward's output gradients: Transformer Engine's HYBRID,
