@@ -5,6 +5,25 @@ import (
 	"math"
 )
 
+// F8E4M3 is an E4M3 value (its code): the element of a Float8E4M3 buffer.
+type F8E4M3 uint8
+
+// F8E5M2 is an E5M2 value (its code): the element of a Float8E5M2 buffer.
+type F8E5M2 uint8
+
+// ToF8E4M3 rounds f to E4M3, saturating (E4M3.Encode(f, true)): the
+// conversion of Memory's writes and copies into an E4M3 buffer.
+func ToF8E4M3(f float32) F8E4M3 { return F8E4M3(E4M3.Encode(f, true)) }
+
+// ToF8E5M2 rounds f to E5M2, saturating (E5M2.Encode(f, true)).
+func ToF8E5M2(f float32) F8E5M2 { return F8E5M2(E5M2.Encode(f, true)) }
+
+// Float32 is the value, exactly.
+func (h F8E4M3) Float32() float32 { return fp8Specs[0].values[h] }
+
+// Float32 is the value, exactly.
+func (h F8E5M2) Float32() float32 { return fp8Specs[1].values[h] }
+
 // FP8Format is one of the two 8-bit floating-point formats of FP8 training
 // (the OCP 8-bit floating point specification, which NVIDIA's Hopper and
 // later GPUs compute in). A value is one byte: a sign bit, then the exponent,
