@@ -151,8 +151,8 @@ hidden, heads, kv_heads, vocab_size, ffn_hidden and rope_theta (llama4 also
 model.moe.num_experts, expert_ffn_hidden and layer_freq); --set also overrides
 any key the file gives. The float8 converter and its settings become
 [precision.fp8] (run refuses FP8 until the engine computes in it). MX
-converters, HSDP, a warmup-stable-decay schedule
-with a stable phase and chunked attention (the _irope flavours) are refused.`,
+converters, HSDP and a warmup-stable-decay schedule with a stable phase are
+refused; the _irope flavours import (docs/import.md).`,
 		Example: `  shardline recipe import megatron examples/llama/train_llama3_8b.sh > llama3-8b.toml
   shardline recipe import megatron args.txt -o recipe.toml
   shardline recipe import torchtitan llama3_8b.toml --world-size 64 -o llama3-8b.toml
