@@ -81,9 +81,16 @@ func ExportMegatron(r *Recipe) MegatronExport {
 		// Megatron does not take (0 for "derive it", an empty string), and the MoE
 		// arguments of a dense model are left out; a value that differs from
 		// shardline's default is listed instead.
+		// Megatron reads no --fp8-* argument without --fp8-format, whose
+		// values are e4m3 and hybrid only (shardline's "none" is its absence).
 		absent := shardlineOnly[f.Flag] || (zeroMeansDerived[f.Flag] && isZero(v)) || v == "" ||
-			(m.MoE.NumExperts == 0 && strings.HasPrefix(f.Key, "model.moe."))
+			(m.MoE.NumExperts == 0 && strings.HasPrefix(f.Key, "model.moe.")) ||
+			(!r.Precision.FP8On() && strings.HasPrefix(f.Key, "precision.fp8."))
 		switch {
+		case f.Kind == KindBool && f.Flag == "" && f.NegFlag != "" && !absent: // a switch Megatron has only in the negative
+			if !v.(bool) {
+				arg("--" + f.NegFlag)
+			}
 		case f.Flag == "" || absent:
 			if !same {
 				e.Unexpressed = append(e.Unexpressed, f.Key+" = "+FormatValue(v))

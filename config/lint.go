@@ -26,6 +26,7 @@ type LintOptions struct {
 func LintWith(r *Resolved, env []string, o LintOptions) Diagnostics {
 	c := &checker{r: r, rc: &r.Recipe, env: EnvMap(env), opts: o}
 	c.megatronFSDP()
+	c.fp8()
 	c.parallelShape()
 	c.model()
 	c.units()

@@ -130,6 +130,7 @@ var megatronArgs = map[string]megatronArg{
 	// What changes nothing here.
 	"use-mcore-models":            {kind: noEffect, why: "shardline has one model implementation", usage: "accepted, no effect"},
 	"use-flash-attn":              {kind: noEffect, why: "attention is flash attention on GPUs already (and on the CPU from 512 tokens)", usage: "accepted, no effect"},
+	"fp8-interval":                {kind: noEffect, takesValue: true, why: "Megatron ignores it too (deprecated): scales are updated every step", usage: "accepted, no effect (deprecated in Megatron)"},
 	"transformer-impl":            {kind: noEffect, takesValue: true, why: "shardline has one transformer implementation", usage: "accepted, no effect"},
 	"no-masked-softmax-fusion":    {kind: noEffect, why: "a kernel fusion choice of Megatron's; shardline's kernels are its own", usage: "accepted, no effect"},
 	"no-bias-gelu-fusion":         {kind: noEffect, why: "a kernel fusion choice of Megatron's; shardline's kernels are its own", usage: "accepted, no effect"},
@@ -283,17 +284,12 @@ var megatronArgs = map[string]megatronArg{
 	"rotary-percent": {kind: describes, takesValue: true, why: "shardline rotates the whole head (--rotary-percent 1.0)",
 		ok: func(v string) bool { f, err := strconv.ParseFloat(v, 64); return err == nil && f == 1 }, usage: "accepted as 1.0: RoPE on the whole head"},
 	// Sample-counted schedules: steps are samples over the global batch.
-	"train-samples":         {kind: mapped, takesValue: true, usage: "sets train.steps = train-samples / global batch", apply: samplesToSteps("train.steps", "train-samples")},
-	"lr-warmup-samples":     {kind: mapped, takesValue: true, usage: "sets train.warmup_steps = lr-warmup-samples / global batch", apply: samplesToSteps("train.warmup_steps", "lr-warmup-samples")},
-	"lr-decay-samples":      {kind: mapped, takesValue: true, usage: "sets train.lr_decay_steps = lr-decay-samples / global batch − warmup steps", apply: samplesToSteps("train.lr_decay_steps", "lr-decay-samples")},
-	"lr-decay-iters":        {kind: mapped, takesValue: true, usage: "sets train.lr_decay_steps = lr-decay-iters − warmup steps", apply: decayIters},
-	"decoupled-lr":          {kind: refused, takesValue: true, why: "shardline uses one learning rate for every parameter (no separate rate for the embedding and output layers)", usage: "refused: one learning rate"},
-	"decoupled-min-lr":      {kind: refused, takesValue: true, why: "shardline uses one learning rate for every parameter (no separate rate for the embedding and output layers)", usage: "refused: one learning rate"},
-	"fp8-format":            {kind: refused, takesValue: true, why: "FP8 training is not supported: shardline computes in bf16 (--bf16) or fp32", usage: "refused: no FP8"},
-	"fp8-recipe":            {kind: refused, takesValue: true, why: "FP8 training is not supported: shardline computes in bf16 (--bf16) or fp32", usage: "refused: no FP8"},
-	"fp8-param-gather":      {kind: refused, why: "FP8 training is not supported: shardline computes in bf16 (--bf16) or fp32", usage: "refused: no FP8"},
-	"fp8-amax-history-len":  {kind: refused, takesValue: true, why: "FP8 training is not supported: shardline computes in bf16 (--bf16) or fp32", usage: "refused: no FP8"},
-	"fp8-amax-compute-algo": {kind: refused, takesValue: true, why: "FP8 training is not supported: shardline computes in bf16 (--bf16) or fp32", usage: "refused: no FP8"},
+	"train-samples":     {kind: mapped, takesValue: true, usage: "sets train.steps = train-samples / global batch", apply: samplesToSteps("train.steps", "train-samples")},
+	"lr-warmup-samples": {kind: mapped, takesValue: true, usage: "sets train.warmup_steps = lr-warmup-samples / global batch", apply: samplesToSteps("train.warmup_steps", "lr-warmup-samples")},
+	"lr-decay-samples":  {kind: mapped, takesValue: true, usage: "sets train.lr_decay_steps = lr-decay-samples / global batch − warmup steps", apply: samplesToSteps("train.lr_decay_steps", "lr-decay-samples")},
+	"lr-decay-iters":    {kind: mapped, takesValue: true, usage: "sets train.lr_decay_steps = lr-decay-iters − warmup steps", apply: decayIters},
+	"decoupled-lr":      {kind: refused, takesValue: true, why: "shardline uses one learning rate for every parameter (no separate rate for the embedding and output layers)", usage: "refused: one learning rate"},
+	"decoupled-min-lr":  {kind: refused, takesValue: true, why: "shardline uses one learning rate for every parameter (no separate rate for the embedding and output layers)", usage: "refused: one learning rate"},
 }
 
 // wandbWhy is why Megatron's W&B arguments change nothing: shardline talks

@@ -358,6 +358,67 @@ type Precision struct {
 	// save memory at the cost of update precision (planned; run refuses bf16 until the
 	// trainer keeps bf16 main weights).
 	MainParamsDtype string `toml:"main_params_dtype" enum:"fp32,bf16" flag:"main-params-dtype"`
+	// FP8 training of the linear layers, as Transformer Engine (Megatron's
+	// --fp8-* arguments) and torchao (torchtitan's float8 converter) do it.
+	FP8 FP8 `toml:"fp8"`
+}
+
+// FP8 computes the linear layers' products in 8-bit floats: each GEMM's
+// operands are cast to FP8 under a per-tensor scale and the products of the
+// dequantised values are summed in fp32; main weights, gradients and optimizer
+// state keep their formats. The formats are OCP E4M3 (largest 448) and E5M2
+// (largest 57344, with infinities); docs/engine.md, "FP8". shardline run
+// refuses FP8 until the engine computes in it (lint notes it, SL114); import
+// and lint read the keys, and the plan counts such a run as bf16.
+type FP8 struct {
+	// none (no FP8), hybrid (E4M3 for the forward's weights and activations,
+	// E5M2 for the backward's output gradients: Transformer Engine's HYBRID,
+	// torchao's default), or e4m3 (E4M3 throughout). Needs precision.bf16: the
+	// layers kept out of FP8 compute in bf16.
+	Format string `toml:"format" enum:"none,hybrid,e4m3" flag:"fp8-format"`
+	// How each tensor's scale is chosen: tensorwise (current scaling: from the
+	// tensor's own amax as it is cast, scale = fp8 max / amax), or delayed (from
+	// the amaxes of earlier steps, amax_history_len of them, read by
+	// amax_compute_algo: scale = (fp8 max / amax) / 2^margin). blockwise and
+	// mxfp8 (a scale per block of 128 or 32 values) are Megatron's names for
+	// recipes shardline does not have: lint refuses them.
+	Recipe string `toml:"recipe" enum:"tensorwise,delayed,blockwise,mxfp8" flag:"fp8-recipe"`
+	// Steps of amax history each tensor keeps for delayed scaling (Megatron's
+	// default 1: the previous step's alone; Transformer Engine's 1024).
+	AmaxHistoryLen int `toml:"amax_history_len" min:"1" max:"65536" flag:"fp8-amax-history-len"`
+	// How delayed scaling reads its history: most_recent (the newest amax) or
+	// max (the largest in the history).
+	AmaxComputeAlgo string `toml:"amax_compute_algo" enum:"most_recent,max" flag:"fp8-amax-compute-algo"`
+	// Binades of headroom delayed scaling leaves: the scale maps the amax onto
+	// fp8 max / 2^margin.
+	Margin int `toml:"margin" min:"0" max:"32" flag:"fp8-margin"`
+	// The weight-gradient products (activationsᵀ·output gradients) in FP8 too;
+	// false computes them in bf16 (Megatron's --no-fp8-wgrad).
+	Wgrad bool `toml:"wgrad" negflag:"no-fp8-wgrad"`
+	// Keep the compute weights in FP8 (one byte a value, with their scales)
+	// and all-gather them in FP8 under FSDP, halving gathered units and
+	// all-gather traffic against bf16 (Megatron's --fp8-param-gather,
+	// torchtitan's enable_fsdp_float8_all_gather). Needs a sharded strategy.
+	ParamGather bool `toml:"param_gather" flag:"fp8-param-gather"`
+	// Keep the first layers_at_start_in_bf16 and the last
+	// layers_at_end_in_bf16 transformer layers in bf16 (Megatron's
+	// --first-last-layers-bf16).
+	FirstLastLayersBF16 bool `toml:"first_last_layers_bf16" flag:"first-last-layers-bf16"`
+	// Layers kept in bf16 at the start, with first_last_layers_bf16.
+	LayersAtStartInBF16 int `toml:"layers_at_start_in_bf16" min:"0" max:"4096" flag:"num-layers-at-start-in-bf16"`
+	// Layers kept in bf16 at the end, with first_last_layers_bf16.
+	LayersAtEndInBF16 int `toml:"layers_at_end_in_bf16" min:"0" max:"4096" flag:"num-layers-at-end-in-bf16"`
+	// Keep the output head's product in bf16 (Megatron always does;
+	// torchtitan when filter_fqns names "output").
+	HeadBF16 bool `toml:"head_bf16"`
+	// Keep an MoE router's product in bf16 (Megatron always does; torchtitan
+	// when filter_fqns names the router's gate, or its expert count is not a
+	// multiple of 16).
+	RouterBF16 bool `toml:"router_bf16"`
+	// Compute the MoE experts' products in FP8 too (Megatron's grouped GEMM
+	// with Transformer Engine; torchtitan's quantize.grouped_mm.float8
+	// converter). false keeps them in bf16.
+	Experts bool `toml:"experts"`
 }
 
 // ActivationCheckpoint configures activation recomputation.

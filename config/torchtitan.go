@@ -15,65 +15,72 @@ import (
 // every key the import translates: a key the file leaves out has torchtitan's
 // value, not shardline's.
 var ttDefaults = map[string]any{
-	"job.dump_folder":                            "./outputs",
-	"model.name":                                 "llama3",
-	"model.flavor":                               "debugmodel",
-	"model.converters":                           []string{},
-	"model.norm_type":                            "rmsnorm",
-	"optimizer.name":                             "AdamW",
-	"optimizer.lr":                               8e-4,
-	"optimizer.eps":                              1e-8,
-	"optimizer.beta1":                            0.9,
-	"optimizer.beta2":                            0.95,
-	"optimizer.weight_decay":                     0.1,
-	"optimizer.early_step_in_backward":           false,
-	"lr_scheduler.warmup_steps":                  int64(200),
-	"lr_scheduler.total_steps":                   int64(-1), // None: training.steps
-	"lr_scheduler.decay_ratio":                   -1.0,      // None: decay from the end of warmup
-	"lr_scheduler.decay_type":                    "linear",
-	"lr_scheduler.min_lr_factor":                 0.0,
-	"training.local_batch_size":                  int64(8),
-	"training.global_batch_size":                 int64(-1),
-	"training.seq_len":                           int64(2048),
-	"training.max_norm":                          1.0,
-	"training.steps":                             int64(10000),
-	"training.enable_cpu_offload":                false,
-	"training.dtype":                             "float32",
-	"training.mixed_precision_param":             "bfloat16",
-	"training.mixed_precision_reduce":            "float32",
-	"training.seed":                              int64(-1), // None
-	"debug.seed":                                 int64(-1),
-	"debug.moe_force_load_balance":               false,
-	"parallelism.data_parallel_replicate_degree": int64(1),
-	"parallelism.data_parallel_shard_degree":     int64(-1),
-	"parallelism.fsdp_reshard_after_forward":     "default",
-	"parallelism.tensor_parallel_degree":         int64(1),
-	"parallelism.pipeline_parallel_degree":       int64(1),
-	"parallelism.context_parallel_degree":        int64(1),
-	"parallelism.expert_parallel_degree":         int64(1),
-	"parallelism.expert_tensor_parallel_degree":  int64(1),
-	"activation_checkpoint.mode":                 "selective",
-	"activation_checkpoint.selective_ac_option":  "2",
-	"checkpoint.enable":                          false,
-	"checkpoint.folder":                          "checkpoint",
-	"checkpoint.interval":                        int64(500),
-	"checkpoint.keep_latest_k":                   int64(10),
-	"metrics.log_freq":                           int64(10),
-	"metrics.enable_tensorboard":                 false,
-	"validation.enable":                          false,
-	"training.dataset":                           "c4_test",
-	"training.dataset_path":                      "",
-	"validation.dataset":                         "c4_validation",
-	"validation.dataset_path":                    "",
-	"model.hf_assets_path":                       "./tests/assets/tokenizer",
-	"model.tokenizer_path":                       "",
-	"validation.freq":                            int64(10),
-	"validation.steps":                           int64(-1),
-	"fault_tolerance.enable":                     false,
-	"experimental.custom_import":                 "",
-	"experimental.custom_args_module":            "",
-	"job.custom_config_module":                   "",
-	"float8.enable_float8_linear":                false,
+	"job.dump_folder":                                      "./outputs",
+	"model.name":                                           "llama3",
+	"model.flavor":                                         "debugmodel",
+	"model.converters":                                     []string{},
+	"model.norm_type":                                      "rmsnorm",
+	"optimizer.name":                                       "AdamW",
+	"optimizer.lr":                                         8e-4,
+	"optimizer.eps":                                        1e-8,
+	"optimizer.beta1":                                      0.9,
+	"optimizer.beta2":                                      0.95,
+	"optimizer.weight_decay":                               0.1,
+	"optimizer.early_step_in_backward":                     false,
+	"lr_scheduler.warmup_steps":                            int64(200),
+	"lr_scheduler.total_steps":                             int64(-1), // None: training.steps
+	"lr_scheduler.decay_ratio":                             -1.0,      // None: decay from the end of warmup
+	"lr_scheduler.decay_type":                              "linear",
+	"lr_scheduler.min_lr_factor":                           0.0,
+	"training.local_batch_size":                            int64(8),
+	"training.global_batch_size":                           int64(-1),
+	"training.seq_len":                                     int64(2048),
+	"training.max_norm":                                    1.0,
+	"training.steps":                                       int64(10000),
+	"training.enable_cpu_offload":                          false,
+	"training.dtype":                                       "float32",
+	"training.mixed_precision_param":                       "bfloat16",
+	"training.mixed_precision_reduce":                      "float32",
+	"training.seed":                                        int64(-1), // None
+	"debug.seed":                                           int64(-1),
+	"debug.moe_force_load_balance":                         false,
+	"parallelism.data_parallel_replicate_degree":           int64(1),
+	"parallelism.data_parallel_shard_degree":               int64(-1),
+	"parallelism.fsdp_reshard_after_forward":               "default",
+	"parallelism.tensor_parallel_degree":                   int64(1),
+	"parallelism.pipeline_parallel_degree":                 int64(1),
+	"parallelism.context_parallel_degree":                  int64(1),
+	"parallelism.expert_parallel_degree":                   int64(1),
+	"parallelism.expert_tensor_parallel_degree":            int64(1),
+	"activation_checkpoint.mode":                           "selective",
+	"activation_checkpoint.selective_ac_option":            "2",
+	"checkpoint.enable":                                    false,
+	"checkpoint.folder":                                    "checkpoint",
+	"checkpoint.interval":                                  int64(500),
+	"checkpoint.keep_latest_k":                             int64(10),
+	"metrics.log_freq":                                     int64(10),
+	"metrics.enable_tensorboard":                           false,
+	"validation.enable":                                    false,
+	"training.dataset":                                     "c4_test",
+	"training.dataset_path":                                "",
+	"validation.dataset":                                   "c4_validation",
+	"validation.dataset_path":                              "",
+	"model.hf_assets_path":                                 "./tests/assets/tokenizer",
+	"model.tokenizer_path":                                 "",
+	"validation.freq":                                      int64(10),
+	"validation.steps":                                     int64(-1),
+	"fault_tolerance.enable":                               false,
+	"experimental.custom_import":                           "",
+	"experimental.custom_args_module":                      "",
+	"job.custom_config_module":                             "",
+	"float8.enable_float8_linear":                          false,
+	"quantize.linear.float8.enable_fsdp_float8_all_gather": false,
+	"quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp": false,
+	"quantize.linear.float8.recipe_name":                              "",
+	"quantize.linear.float8.filter_fqns":                              []string{},
+	"quantize.linear.float8.emulate":                                  false,
+	"quantize.linear.float8.force_recompute_fp8_weight_in_bwd":        false,
+	"quantize.grouped_mm.float8.fqns":                                 []string{},
 }
 
 // ttAliases are keys of older job files (2024 to early 2025) and the key that
@@ -89,6 +96,13 @@ var ttAliases = map[string]string{
 	"training.compile":                        "compile.enable",
 	"optimizer.fused":                         "optimizer.implementation",
 	"checkpoint.enable_checkpoint":            "checkpoint.enable",
+	// [float8] became [quantize.linear.float8] in 2025.
+	"float8.enable_fsdp_float8_all_gather":            "quantize.linear.float8.enable_fsdp_float8_all_gather",
+	"float8.precompute_float8_dynamic_scale_for_fsdp": "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
+	"float8.recipe_name":                              "quantize.linear.float8.recipe_name",
+	"float8.filter_fqns":                              "quantize.linear.float8.filter_fqns",
+	"float8.emulate":                                  "quantize.linear.float8.emulate",
+	"float8.force_recompute_fp8_weight_in_bwd":        "quantize.linear.float8.force_recompute_fp8_weight_in_bwd",
 }
 
 // ttNoEffect are the job-file settings that change nothing shardline computes,
@@ -625,26 +639,7 @@ func (t *ttImport) modelDefaults(name string, f ttFlavour, flavor ttSetting) {
 	if s := t.get("model.norm_type"); s.str() != "rmsnorm" {
 		t.refuse(s, "shardline normalises with RMSNorm", `set norm_type = "rmsnorm"`)
 	}
-	if s := t.get("model.converters"); s.given() {
-		seen := map[string]bool{}
-		for _, c := range s.strs() {
-			c = strings.TrimSpace(c)
-			switch {
-			case seen[c]: // refused once
-			case c == "":
-			case strings.Contains(c, "float8"):
-				t.refuse(s, fmt.Sprintf("converter %q trains linear layers in FP8 (the [float8] settings); shardline computes in bf16 or fp32", c), "remove it; precision.bf16 = true is the nearest")
-			case strings.Contains(c, "mx"):
-				t.refuse(s, fmt.Sprintf("converter %q trains in MX formats; shardline computes in bf16 or fp32", c), "remove it; precision.bf16 = true is the nearest")
-			default:
-				t.refuse(s, fmt.Sprintf("converter %q changes the model's modules; shardline has no converters", c), "remove it")
-			}
-			seen[c] = true
-		}
-	}
-	if s := t.get("float8.enable_float8_linear"); s.flag() {
-		t.refuse(s, "FP8 linear layers; shardline computes in bf16 or fp32", "set enable_float8_linear = false; precision.bf16 = true is the nearest")
-	}
+	t.float8(f)
 }
 
 func (t *ttImport) optimizer() {
@@ -954,5 +949,110 @@ func (t *ttImport) validation() {
 		t.to("train.eval_steps", itoa(s.int()), s, "")
 	} else {
 		t.note(s, "torchtitan's -1 validates on the whole validation set; shardline validates train.eval_steps batches (10 unless set)", "set train.eval_steps in the recipe")
+	}
+}
+
+// ttFloat8Keys are the float8 converters' settings (current names).
+var ttFloat8Keys = []string{
+	"quantize.linear.float8.enable_fsdp_float8_all_gather", "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
+	"quantize.linear.float8.recipe_name", "quantize.linear.float8.filter_fqns", "quantize.linear.float8.emulate",
+	"quantize.linear.float8.force_recompute_fp8_weight_in_bwd", "quantize.grouped_mm.float8.fqns",
+}
+
+// float8 maps model.converters and the float8 settings onto precision.fp8.
+// torchtitan's float8 converter swaps the linear layers for torchao's
+// Float8Linear (its tensorwise recipe unless recipe_name says otherwise:
+// E4M3 weights and activations, E5M2 output gradients, each tensor scaled by
+// its own amax), except the modules filter_fqns names and those with a size
+// that is not a multiple of 16; quantize.grouped_mm.float8 converts the MoE
+// experts' grouped products. MX converters are refused.
+func (t *ttImport) float8(f ttFlavour) {
+	conv := t.get("model.converters")
+	linear, grouped := false, false
+	seen := map[string]bool{}
+	for _, c := range conv.strs() {
+		c = strings.TrimSpace(c)
+		switch {
+		case seen[c] || c == "": // refused once
+		case strings.Contains(c, "float8") && strings.Contains(c, "grouped_mm"):
+			grouped = true
+		case strings.Contains(c, "float8"):
+			linear = true
+		case strings.Contains(c, "mx"):
+			t.refuse(conv, fmt.Sprintf("converter %q trains in MX formats (a power-of-two scale per block of 32 values); shardline's FP8 scales per tensor", c),
+				`use the float8 converter (precision.fp8 with recipe "tensorwise"), or remove it`)
+		default:
+			t.refuse(conv, fmt.Sprintf("converter %q changes the model's modules; shardline has no converters", c), "remove it")
+		}
+		seen[c] = true
+	}
+	old := t.get("float8.enable_float8_linear")
+	if old.flag() {
+		linear = true
+	}
+	if !linear && !grouped {
+		for _, k := range ttFloat8Keys {
+			if s, ok := t.set[k]; ok {
+				t.note(s, "no effect in shardline: FP8 is off unless model.converters names float8 (as in torchtitan)", "")
+			}
+		}
+		return
+	}
+	from := conv
+	if !conv.given() {
+		from = old
+	}
+	if !linear {
+		t.refuse(conv, "FP8 for the MoE experts' grouped products alone; shardline's FP8 (precision.fp8) covers the linear layers, the experts' optionally",
+			`add "float8" to converters as well, or remove the grouped_mm converter`)
+		return
+	}
+	t.to("precision.fp8.format", "hybrid", from, "torchao's Float8Linear: E4M3 weights and activations, E5M2 output gradients")
+	recipe := t.get("quantize.linear.float8.recipe_name")
+	switch recipe.str() {
+	case "", "tensorwise":
+		t.to("precision.fp8.recipe", "tensorwise", recipe, "each tensor scaled by its own amax as it is cast")
+	case "rowwise", "rowwise_with_gw_hp":
+		t.refuse(recipe, "scales each row of a tensor (torchao's rowwise recipes); shardline's FP8 scales per tensor", `remove recipe_name (tensorwise), or set recipe_name = "tensorwise"`)
+	default:
+		t.errorf(t.at(recipe), "SL004", fmt.Sprintf("%s: torchtitan takes tensorwise, rowwise or rowwise_with_gw_hp", recipe.name()), `set recipe_name = "tensorwise"`)
+	}
+	gather := t.get("quantize.linear.float8.enable_fsdp_float8_all_gather")
+	t.to("precision.fp8.param_gather", strconv.FormatBool(gather.flag()), gather, "")
+	for _, k := range []string{"quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp", "quantize.linear.float8.force_recompute_fp8_weight_in_bwd", "quantize.linear.float8.emulate"} {
+		if s, ok := t.set[k]; ok && s.flag() {
+			why := map[string]string{
+				"quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp": "a communication schedule of torchao's (every weight's amax in one all-reduce); the scales are the same",
+				"quantize.linear.float8.force_recompute_fp8_weight_in_bwd":        "a memory choice of torchao's backward (recast the weight rather than keep its FP8 copy); the products are the same",
+				"quantize.linear.float8.emulate":                                  "torchao's emulation computes the same products without FP8 hardware",
+			}[k]
+			t.note(s, "no effect in shardline: "+why, "")
+		}
+	}
+	filter := t.get("quantize.linear.float8.filter_fqns")
+	head, router := false, false
+	for _, q := range filter.strs() {
+		switch q = strings.TrimSpace(q); {
+		case q == "output":
+			head = true
+		case q == "router" || strings.HasSuffix(q, "router.gate") || strings.HasSuffix(q, ".router"):
+			router = true
+		case q == "":
+		default:
+			t.refuse(filter, fmt.Sprintf("keeps module %q out of FP8; shardline keeps the head (\"output\"), the router (\"router.gate\") or whole first and last layers (precision.fp8.first_last_layers_bf16) out of FP8, not single modules", q),
+				`keep "output" and "router.gate" in filter_fqns and remove the others`)
+		}
+	}
+	t.to("precision.fp8.head_bf16", strconv.FormatBool(head), filter, `"output" in filter_fqns keeps the head out of FP8`)
+	if f.experts > 0 {
+		if !router && f.experts%16 != 0 {
+			router = true
+			t.to("precision.fp8.router_bf16", "true", filter, fmt.Sprintf("torchao skips a linear layer with a size that is not a multiple of 16: the router's %d experts", f.experts))
+		} else {
+			t.to("precision.fp8.router_bf16", strconv.FormatBool(router), filter, `"router.gate" in filter_fqns keeps the router out of FP8`)
+		}
+		t.to("precision.fp8.experts", strconv.FormatBool(grouped), t.get("quantize.grouped_mm.float8.fqns"), "the quantize.grouped_mm.float8 converter computes the experts' products in FP8")
+	} else if grouped {
+		t.note(conv, "no effect in shardline: the grouped_mm converter converts MoE experts, and the model has none", "remove it")
 	}
 }

@@ -183,10 +183,11 @@ func TestImportTorchtitanRefusals(t *testing.T) {
 		code, at  string
 		msg       string
 	}{
-		{"fp8", "[model]\nconverters = [\"float8\"]\n", 0, "SL010", "x.toml:2:1", `converter "float8" trains linear layers in FP8`},
-		{"fp8 2024", "[model]\nconverters = \"float8\"\n", 0, "SL010", "x.toml:2:1", `converter "float8"`},
-		{"fp8 old switch", "[float8]\nenable_float8_linear = true\n", 0, "SL010", "x.toml:2:1", "FP8 linear layers"},
 		{"mx", "[model]\nconverters = [\"mx\"]\n", 0, "SL010", "x.toml:2:1", "MX formats"},
+		{"fp8 rowwise", "[model]\nconverters = [\"float8\"]\n[float8]\nrecipe_name = \"rowwise\"\n", 0, "SL010", "x.toml:4:1", "scales each row"},
+		{"fp8 recipe typo", "[model]\nconverters = [\"float8\"]\n[float8]\nrecipe_name = \"tensorwse\"\n", 0, "SL004", "x.toml:4:1", "torchtitan takes tensorwise"},
+		{"fp8 one module", "[model]\nconverters = [\"quantize.linear.float8\"]\n[quantize.linear.float8]\nfilter_fqns = [\"output\", \"attention.wq\"]\n", 0, "SL010", "x.toml:4:1", `keeps module "attention.wq" out of FP8`},
+		{"fp8 experts alone", "[model]\nconverters = [\"quantize.grouped_mm.float8\"]\n", 0, "SL010", "x.toml:2:1", "grouped products alone"},
 		{"hsdp", "[parallelism]\ndata_parallel_replicate_degree = 2\n", 8, "SL010", "x.toml:2:1", "HSDP (2 replicas of groups sharded 4 ways)"},
 		{"stable phase", "[training]\nsteps = 100\n[lr_scheduler]\nwarmup_steps = 10\ndecay_ratio = 0.5\n", 0, "SL010", "x.toml:5:1", "holds the peak for 41 steps"},
 		{"ratio range", "[lr_scheduler]\ndecay_ratio = -0.5\n", 0, "SL008", "x.toml:2:1", "a fraction of the steps, in [0, 1]"},

@@ -5,7 +5,7 @@
 // calls it with its arguments taken from 8-byte slots, as cuLaunchKernel
 // takes them.
 //
-// sources: 5d7e6b3057f0c446766380b51ed298ccd50beec02229ea99f3225388671799f3
+// sources: fa4dea003505de139d7b14c726d01c3d2538c62471d815dae27b2a17ef13d2ef
 #include "emu.h"
 #include "kernels.cu"
 

@@ -87,9 +87,10 @@ const (
 	scratchGemm // an fp32 product bound for a bf16 C (gemmIntoBF16)
 )
 
-// Cast converts between float buffers (f32, bf16, f64) of one length: to f32
-// and bf16 to nearest, ties to even (f64 to bf16 by way of f32, as the CPU
-// memory rounds), widening exactly. Like dtypes copy.
+// Cast converts between float buffers (f32, bf16, f64, FP8 E4M3 and E5M2) of
+// one length: to f32, bf16 and FP8 to nearest, ties to even (f64 to bf16 and
+// FP8 by way of f32; FP8 saturating at its largest value), as the CPU memory
+// rounds, widening exactly. Like dtypes copy.
 func (d *Device) Cast(dst, src Buffer) {
 	if d.err != nil || src.N == 0 {
 		return
@@ -115,6 +116,13 @@ var castKernels = map[[2]DType]string{
 	{F32, BF16}: "cast_f32_bf16", {BF16, F32}: "cast_bf16_f32",
 	{F64, F32}: "cast_f64_f32", {F32, F64}: "cast_f32_f64",
 	{F64, BF16}: "cast_f64_bf16", {BF16, F64}: "cast_bf16_f64",
+	{F32, F8E4M3}: "cast_f32_e4m3", {F32, F8E5M2}: "cast_f32_e5m2",
+	{BF16, F8E4M3}: "cast_bf16_e4m3", {BF16, F8E5M2}: "cast_bf16_e5m2",
+	{F64, F8E4M3}: "cast_f64_e4m3", {F64, F8E5M2}: "cast_f64_e5m2",
+	{F8E5M2, F8E4M3}: "cast_e5m2_e4m3", {F8E4M3, F8E5M2}: "cast_e4m3_e5m2",
+	{F8E4M3, F32}: "cast_e4m3_f32", {F8E5M2, F32}: "cast_e5m2_f32",
+	{F8E4M3, BF16}: "cast_e4m3_bf16", {F8E5M2, BF16}: "cast_e5m2_bf16",
+	{F8E4M3, F64}: "cast_e4m3_f64", {F8E5M2, F64}: "cast_e5m2_f64",
 }
 
 // Add: out = a + b.

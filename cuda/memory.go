@@ -11,14 +11,18 @@ import (
 )
 
 // DType is a buffer's element type: tensor's, which the CPU backend's buffers
-// carry too. The device kernels take F32, BF16 and I32.
+// carry too. The device kernels take F32, BF16 and I32; FP8 buffers are
+// stored, converted (Cast) and moved between host and device (no other
+// kernel reads them yet).
 type DType = tensor.DType
 
 const (
-	F32  = tensor.Float32  // float32
-	BF16 = tensor.BFloat16 // bfloat16
-	I32  = tensor.Int32    // int32 (token ids, targets)
-	F64  = tensor.Float64  // float64 (statistics; NCCL sums them)
+	F32    = tensor.Float32    // float32
+	BF16   = tensor.BFloat16   // bfloat16
+	I32    = tensor.Int32      // int32 (token ids, targets)
+	F64    = tensor.Float64    // float64 (statistics; NCCL sums them)
+	F8E4M3 = tensor.Float8E4M3 // FP8 E4M3 codes, one byte each
+	F8E5M2 = tensor.Float8E5M2 // FP8 E5M2 codes, one byte each
 )
 
 // Buffer is device memory: N elements of DType at ptr. Slice views share memory.
@@ -75,7 +79,8 @@ func (d *Device) checkLen(what string, b Buffer, t DType, n int) bool {
 }
 
 // hostSlice is the address, dtype and length of a host slice of a buffer dtype
-// ([]float32, []tensor.BF16, []int32 or []float64).
+// ([]float32, []tensor.BF16, []int32, []float64, []tensor.F8E4M3 or
+// []tensor.F8E5M2).
 func hostSlice(x any) (p unsafe.Pointer, t DType, n int, err error) {
 	switch s := x.(type) {
 	case []float32:
@@ -98,8 +103,18 @@ func hostSlice(x any) (p unsafe.Pointer, t DType, n int, err error) {
 		if n > 0 {
 			p = unsafe.Pointer(&s[0])
 		}
+	case []tensor.F8E4M3:
+		t, n = F8E4M3, len(s)
+		if n > 0 {
+			p = unsafe.Pointer(&s[0])
+		}
+	case []tensor.F8E5M2:
+		t, n = F8E5M2, len(s)
+		if n > 0 {
+			p = unsafe.Pointer(&s[0])
+		}
 	default:
-		err = fmt.Errorf("host values of type %T (it takes []float32, []tensor.BF16, []int32 or []float64)", x)
+		err = fmt.Errorf("host values of type %T (it takes []float32, []tensor.BF16, []int32, []float64, []tensor.F8E4M3 or []tensor.F8E5M2)", x)
 	}
 	return p, t, n, err
 }
@@ -174,6 +189,18 @@ func (d *Device) Fill(b Buffer, v float32) {
 		return
 	}
 	d.fail("fill", d.memset32(b.ptr, math.Float32bits(v), int64(b.N)))
+}
+
+// fillBits8 sets every element of a 1-byte buffer (FP8) to the bit pattern v
+// on the stream.
+func (d *Device) fillBits8(b Buffer, v uint8) {
+	if d.err != nil || b.N == 0 {
+		return
+	}
+	if d.counted("memset", 0, b.Bytes()); d.tr.dry {
+		return
+	}
+	d.fail("fill", d.memset8(b.ptr, v, int64(b.N)))
 }
 
 // fillBits16 sets every element of a 2-byte buffer to the bit pattern v on the

@@ -82,7 +82,7 @@ func (m *Memory) alloc(t tensor.DType, n int) tensor.Buffer {
 	if !m.ok() {
 		return tensor.Buffer{}
 	}
-	if n < 0 || t > tensor.Float64 {
+	if n < 0 || t > tensor.MaxDType {
 		m.fail(fmt.Errorf("cuda: allocating %d values of %s", n, t))
 		return tensor.Buffer{}
 	}
@@ -134,12 +134,23 @@ func widen(x any) []float64 {
 		}
 	case []float64:
 		out = v
+	case []tensor.F8E4M3:
+		out = make([]float64, len(v))
+		for i, e := range v {
+			out[i] = float64(e.Float32())
+		}
+	case []tensor.F8E5M2:
+		out = make([]float64, len(v))
+		for i, e := range v {
+			out[i] = float64(e.Float32())
+		}
 	}
 	return out
 }
 
 // narrow stores v into dst, a host slice of v's length, rounded to its type as
-// the CPU memory rounds (float32(x); tensor.ToBF16 of that; integers truncate).
+// the CPU memory rounds (float32(x); tensor.ToBF16 or the FP8 formats'
+// saturating casts of that; integers truncate).
 func narrow(dst any, v []float64) {
 	switch d := dst.(type) {
 	case []float32:
@@ -156,6 +167,14 @@ func narrow(dst any, v []float64) {
 		}
 	case []float64:
 		copy(d, v)
+	case []tensor.F8E4M3:
+		for i, e := range v {
+			d[i] = tensor.ToF8E4M3(float32(e))
+		}
+	case []tensor.F8E5M2:
+		for i, e := range v {
+			d[i] = tensor.ToF8E5M2(float32(e))
+		}
 	}
 }
 
@@ -168,6 +187,10 @@ func hostSliceOf(t tensor.DType, n int) any {
 		return make([]tensor.BF16, n)
 	case I32:
 		return make([]int32, n)
+	case F8E4M3:
+		return make([]tensor.F8E4M3, n)
+	case F8E5M2:
+		return make([]tensor.F8E5M2, n)
 	}
 	return make([]float64, n)
 }
@@ -221,8 +244,8 @@ func (m *Memory) read(dst any, src tensor.Buffer) {
 }
 
 // copy (Copy) copies src into dst (same length) on the stream, converting between
-// float dtypes (f32, bf16, f64) by a kernel that rounds as the CPU memory does;
-// int32 copies only to int32.
+// float dtypes (f32, bf16, f64, FP8) by a kernel that rounds as the CPU memory
+// does; int32 copies only to int32.
 func (m *Memory) copy(dst, src tensor.Buffer) {
 	d, ok := m.Device("copy to", dst)
 	if !ok {
@@ -246,8 +269,8 @@ func (m *Memory) zero(b tensor.Buffer) {
 	}
 }
 
-// fill (Fill) sets b's elements to v on the stream (f32, bf16 and int32 by a memset
-// of v's bits); an f64 buffer is written from the host, since no memset is
+// fill (Fill) sets b's elements to v on the stream (f32, bf16, FP8 and int32 by a
+// memset of v's bits, rounded to the dtype); an f64 buffer is written from the host, since no memset is
 // 8 bytes wide.
 func (m *Memory) fill(b tensor.Buffer, v float64) {
 	x, ok := m.Device("fill", b)
@@ -259,6 +282,10 @@ func (m *Memory) fill(b tensor.Buffer, v float64) {
 		m.d.Fill(x, float32(v))
 	case BF16:
 		m.d.fillBits16(x, uint16(tensor.ToBF16(float32(v))))
+	case F8E4M3:
+		m.d.fillBits8(x, uint8(tensor.ToF8E4M3(float32(v))))
+	case F8E5M2:
+		m.d.fillBits8(x, uint8(tensor.ToF8E5M2(float32(v))))
 	case I32:
 		if v != float64(int32(v)) {
 			m.fail(fmt.Errorf("cuda: filling an int32 buffer with %v", v))

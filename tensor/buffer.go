@@ -6,10 +6,12 @@ import "fmt"
 type DType uint8
 
 const (
-	Float32  DType = iota // float32
-	BFloat16              // bfloat16 (BF16 values)
-	Int32                 // int32 (token ids, targets, routing indices)
-	Float64               // float64 (a step's statistics: loss and square sums)
+	Float32    DType = iota // float32
+	BFloat16                // bfloat16 (BF16 values)
+	Int32                   // int32 (token ids, targets, routing indices)
+	Float64                 // float64 (a step's statistics: loss and square sums)
+	Float8E4M3              // FP8 E4M3 codes (F8E4M3 values), one byte each
+	Float8E5M2              // FP8 E5M2 codes (F8E5M2 values), one byte each
 )
 
 // Size is the bytes per element.
@@ -19,9 +21,25 @@ func (t DType) Size() int {
 		return 2
 	case Float64:
 		return 8
+	case Float8E4M3, Float8E5M2:
+		return 1
 	}
 	return 4
 }
+
+// FP8 is the 8-bit format of an FP8 dtype (false for the others).
+func (t DType) FP8() (FP8Format, bool) {
+	switch t {
+	case Float8E4M3:
+		return E4M3, true
+	case Float8E5M2:
+		return E5M2, true
+	}
+	return 0, false
+}
+
+// MaxDType is the last dtype: every DType from Float32 to it is one.
+const MaxDType = Float8E5M2
 
 func (t DType) String() string {
 	if int(t) < len(dtypeNames) {
@@ -30,7 +48,7 @@ func (t DType) String() string {
 	return fmt.Sprintf("dtype(%d)", uint8(t))
 }
 
-var dtypeNames = [...]string{"f32", "bf16", "i32", "f64"}
+var dtypeNames = [...]string{"f32", "bf16", "i32", "f64", "f8e4m3", "f8e5m2"}
 
 // Storage is one allocation of a backend's memory. Only the backend that made it
 // reaches its elements (by asserting its own type); everything else holds it

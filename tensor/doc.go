@@ -14,5 +14,13 @@
 // routing indices are int32 buffers. The GPU backend
 // (package cuda, build tag cuda) shares DType and the shape structs.
 //
+// FP8 (fp8.go) is the two 8-bit formats of FP8 training, E4M3 and E5M2: the
+// casts from float32 (round to nearest even, saturating or as PyTorch's plain
+// casts), their 256 values, per-tensor current scales and delayed scaling's
+// amax history, as Transformer Engine computes them. Float8E4M3 and Float8E5M2
+// buffers hold one byte a value on every backend; Memory converts to and from
+// them at scale 1 (the scales are the engine's). No compute kernel reads them
+// yet.
+//
 // It imports nothing from shardline. tensor/cpu is the reference implementation.
 package tensor

@@ -2049,3 +2049,65 @@ extern "C" __global__ void adamw_stats_bf16(float* p, bf16* compute, const bf16*
 extern "C" __global__ void sgd_stats_bf16(float* p, bf16* compute, const bf16* g, float* buf, long n, float lr, float mom, float wd, const double* st) {
     sgd_step(p, compute, g, buf, n, lr, mom, wd, st);
 }
+
+// ---- FP8 conversions (kept last, so that adding them renumbered no other kernel's labels in the PTX) ----
+//
+// OCP E4M3 (bias 7, 3 mantissa bits, largest 448, S.1111.111 NaN, no inf) and
+// E5M2 (bias 15, 2 mantissa bits, largest 57344, inf and NaN as IEEE), one
+// byte a value, converted as the CPU memory converts (tensor/fp8.go): to FP8
+// from float32 (f64 by way of f32) to nearest, ties to even, saturating at the
+// largest finite value (inf too), NaN to S.1111111; from FP8 exactly.
+__device__ __forceinline__ uint32_t fp8_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+__device__ __forceinline__ float fp8_float(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+__device__ __forceinline__ uint8_t fp8_rn(float f, int man, int bias, uint32_t maxc) {
+    uint32_t b = fp8_bits(f), a = b & 0x7fffffffu;
+    uint8_t sign = (uint8_t)((b >> 24) & 0x80);
+    if (a > 0x7f800000u) return sign | 0x7f;
+    uint32_t code;
+    if (a < (uint32_t)(128 - bias) << 23) {
+        // Below the smallest normal: units of the smallest subnormal, 2^(1-bias-man);
+        // the power-of-two product is exact, rintf rounds to nearest even.
+        code = (uint32_t)rintf(fp8_float(a) * fp8_float((uint32_t)(126 + bias + man) << 23));
+    } else {
+        int shift = 23 - man;
+        uint32_t r = a + ((1u << (shift - 1)) - 1) + ((a >> shift) & 1);
+        code = (r >> shift) - ((uint32_t)(127 - bias) << man);
+    }
+    return sign | (uint8_t)(code > maxc ? maxc : code);
+}
+__device__ __forceinline__ float fp8_value(uint8_t c, int man, int bias, bool ieee) {
+    uint32_t sign = (uint32_t)(c & 0x80) << 24, mag = c & 0x7f, e = mag >> man, m = mag & ((1u << man) - 1);
+    if ((!ieee && mag == 0x7f) || (ieee && e == 31 && m != 0)) return fp8_float(0x7fc00000u);
+    if (ieee && e == 31) return fp8_float(sign | 0x7f800000u);
+    if (e == 0) return fp8_float(sign | fp8_bits((float)m * fp8_float((uint32_t)(128 - bias - man) << 23)));
+    return fp8_float(sign | ((e - bias + 127) << 23) | (m << (23 - man)));
+}
+__device__ __forceinline__ uint8_t e4m3_rn(float f) { return fp8_rn(f, 3, 7, 0x7e); }
+__device__ __forceinline__ uint8_t e5m2_rn(float f) { return fp8_rn(f, 2, 15, 0x7b); }
+__device__ __forceinline__ float e4m3_value(uint8_t c) { return fp8_value(c, 3, 7, false); }
+__device__ __forceinline__ float e5m2_value(uint8_t c) { return fp8_value(c, 2, 15, true); }
+
+#define FP8_CAST(name, OUT, IN, expr) \
+    extern "C" __global__ void name(OUT* out, const IN* in, long n) { GRID_STRIDE(i, n) out[i] = expr; }
+FP8_CAST(cast_f32_e4m3, uint8_t, float, e4m3_rn(in[i]))
+FP8_CAST(cast_f32_e5m2, uint8_t, float, e5m2_rn(in[i]))
+FP8_CAST(cast_bf16_e4m3, uint8_t, bf16, e4m3_rn(__bfloat162float(in[i])))
+FP8_CAST(cast_bf16_e5m2, uint8_t, bf16, e5m2_rn(__bfloat162float(in[i])))
+FP8_CAST(cast_f64_e4m3, uint8_t, double, e4m3_rn(__double2float_rn(in[i])))
+FP8_CAST(cast_f64_e5m2, uint8_t, double, e5m2_rn(__double2float_rn(in[i])))
+FP8_CAST(cast_e5m2_e4m3, uint8_t, uint8_t, e4m3_rn(e5m2_value(in[i])))
+FP8_CAST(cast_e4m3_e5m2, uint8_t, uint8_t, e5m2_rn(e4m3_value(in[i])))
+FP8_CAST(cast_e4m3_f32, float, uint8_t, e4m3_value(in[i]))
+FP8_CAST(cast_e5m2_f32, float, uint8_t, e5m2_value(in[i]))
+FP8_CAST(cast_e4m3_bf16, bf16, uint8_t, __float2bfloat16_rn(e4m3_value(in[i])))
+FP8_CAST(cast_e5m2_bf16, bf16, uint8_t, __float2bfloat16_rn(e5m2_value(in[i])))
+FP8_CAST(cast_e4m3_f64, double, uint8_t, (double)e4m3_value(in[i]))
+FP8_CAST(cast_e5m2_f64, double, uint8_t, (double)e5m2_value(in[i]))

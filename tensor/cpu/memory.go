@@ -38,6 +38,7 @@ type store struct {
 	bf16  []tensor.BF16
 	i32   []int32
 	f64   []float64
+	f8    []uint8 // either FP8 dtype's codes
 	freed bool
 }
 
@@ -47,8 +48,8 @@ func (s *store) Backend() string     { return "cpu" }
 
 // Alloc returns n zeroed elements of dtype t.
 func (m *Memory) Alloc(t tensor.DType, n int) tensor.Buffer {
-	if n < 0 || t > tensor.Float64 {
-		m.fail(fmt.Errorf("cpu: allocating %d elements of %v: want a count ≥ 0 of f32, bf16, i32 or f64", n, t))
+	if n < 0 || t > tensor.MaxDType {
+		m.fail(fmt.Errorf("cpu: allocating %d elements of %v: want a count ≥ 0 of f32, bf16, i32, f64, f8e4m3 or f8e5m2", n, t))
 		return tensor.Buffer{}
 	}
 	s := &store{mem: m, dt: t, n: n}
@@ -61,6 +62,8 @@ func (m *Memory) Alloc(t tensor.DType, n int) tensor.Buffer {
 		s.i32 = make([]int32, n)
 	case tensor.Float64:
 		s.f64 = make([]float64, n)
+	case tensor.Float8E4M3, tensor.Float8E5M2:
+		s.f8 = make([]uint8, n)
 	}
 	m.mu.Lock()
 	m.held += int64(n) * int64(t.Size())
@@ -82,7 +85,7 @@ func (m *Memory) Free(b tensor.Buffer) {
 	m.mu.Lock()
 	m.held -= int64(s.n) * int64(s.dt.Size())
 	m.mu.Unlock()
-	s.freed, s.f32, s.bf16, s.i32, s.f64 = true, nil, nil, nil, nil
+	s.freed, s.f32, s.bf16, s.i32, s.f64, s.f8 = true, nil, nil, nil, nil, nil
 }
 
 // Held is the bytes allocated and not freed.
@@ -99,8 +102,10 @@ func (m *Memory) Peak() int64 {
 	return m.peak
 }
 
-// Write copies src, a host slice ([]float64, []float32, []tensor.BF16 or
-// []int32), into dst (same length), converting to dst's dtype.
+// Write copies src, a host slice ([]float64, []float32, []tensor.BF16,
+// []int32, []tensor.F8E4M3 or []tensor.F8E5M2), into dst (same length),
+// converting to dst's dtype (into an FP8 buffer, float32(x) then the
+// format's saturating round to nearest even: its codes at scale 1).
 func (m *Memory) Write(dst tensor.Buffer, src any) {
 	s, ok := m.own("write", dst)
 	if !ok {
@@ -135,6 +140,26 @@ func (m *Memory) Write(dst tensor.Buffer, src any) {
 	case []float64:
 		for i, x := range v {
 			s.set(lo+i, x)
+		}
+	case []tensor.F8E4M3:
+		if s.dt == tensor.Float8E4M3 {
+			for i, x := range v {
+				s.f8[lo+i] = uint8(x)
+			}
+			return
+		}
+		for i, x := range v {
+			s.set(lo+i, float64(x.Float32()))
+		}
+	case []tensor.F8E5M2:
+		if s.dt == tensor.Float8E5M2 {
+			for i, x := range v {
+				s.f8[lo+i] = uint8(x)
+			}
+			return
+		}
+		for i, x := range v {
+			s.set(lo+i, float64(x.Float32()))
 		}
 	}
 }
@@ -177,6 +202,22 @@ func (m *Memory) Read(dst any, src tensor.Buffer) {
 		for i := range v {
 			v[i] = s.get(lo + i)
 		}
+	case []tensor.F8E4M3:
+		for i := range v {
+			if s.dt == tensor.Float8E4M3 {
+				v[i] = tensor.F8E4M3(s.f8[lo+i])
+			} else {
+				v[i] = tensor.ToF8E4M3(float32(s.get(lo + i)))
+			}
+		}
+	case []tensor.F8E5M2:
+		for i := range v {
+			if s.dt == tensor.Float8E5M2 {
+				v[i] = tensor.F8E5M2(s.f8[lo+i])
+			} else {
+				v[i] = tensor.ToF8E5M2(float32(s.get(lo + i)))
+			}
+		}
 	}
 }
 
@@ -191,13 +232,19 @@ func (m *Memory) hostLen(op string, x any) (int, bool) {
 		return len(v), true
 	case []int32:
 		return len(v), true
+	case []tensor.F8E4M3:
+		return len(v), true
+	case []tensor.F8E5M2:
+		return len(v), true
 	}
-	m.fail(fmt.Errorf("cpu: %s of a %T: host values are []float64, []float32, []tensor.BF16 or []int32", op, x))
+	m.fail(fmt.Errorf("cpu: %s of a %T: host values are []float64, []float32, []tensor.BF16, []int32, []tensor.F8E4M3 or []tensor.F8E5M2", op, x))
 	return 0, false
 }
 
-// Copy copies src into dst, converting between float dtypes (float32(x) and
-// tensor.ToBF16 round to nearest, ties to even); i32 copies only to i32.
+// Copy copies src into dst, converting between float dtypes (float32(x),
+// tensor.ToBF16 and the FP8 formats' saturating casts round to nearest, ties
+// to even; an FP8 code is read as its value, at scale 1); i32 copies only to
+// i32.
 func (m *Memory) Copy(dst, src tensor.Buffer) {
 	d, ok := m.own("copy to", dst)
 	if !ok {
@@ -221,6 +268,8 @@ func (m *Memory) Copy(dst, src tensor.Buffer) {
 		copy(d.i32[dl:dl+n], s.i32[sl:sl+n])
 	case d.dt == s.dt && d.dt == tensor.Float64:
 		copy(d.f64[dl:dl+n], s.f64[sl:sl+n])
+	case d.dt == s.dt: // an FP8 dtype: the codes
+		copy(d.f8[dl:dl+n], s.f8[sl:sl+n])
 	case d.dt == tensor.BFloat16 && s.dt == tensor.Float32:
 		ToBF16(d.bf16[dl:dl+n], s.f32[sl:sl+n])
 	case d.dt == tensor.Float32 && s.dt == tensor.BFloat16:
@@ -356,6 +405,8 @@ func (s *store) clear(lo, hi int) {
 		clear(s.bf16[lo:hi])
 	case tensor.Int32:
 		clear(s.i32[lo:hi])
+	case tensor.Float8E4M3, tensor.Float8E5M2:
+		clear(s.f8[lo:hi])
 	default:
 		clear(s.f64[lo:hi])
 	}
@@ -370,11 +421,16 @@ func (s *store) get(i int) float64 {
 		return float64(s.bf16[i].Float32())
 	case tensor.Int32:
 		return float64(s.i32[i])
+	case tensor.Float8E4M3:
+		return float64(tensor.F8E4M3(s.f8[i]).Float32())
+	case tensor.Float8E5M2:
+		return float64(tensor.F8E5M2(s.f8[i]).Float32())
 	}
 	return s.f64[i]
 }
 
-// set stores v in element i of s, rounded to its dtype (integers truncate).
+// set stores v in element i of s, rounded to its dtype (integers truncate;
+// FP8 rounds float32(v), saturating).
 func (s *store) set(i int, v float64) {
 	switch s.dt {
 	case tensor.Float32:
@@ -383,6 +439,10 @@ func (s *store) set(i int, v float64) {
 		s.bf16[i] = tensor.ToBF16(float32(v))
 	case tensor.Int32:
 		s.i32[i] = int32(v)
+	case tensor.Float8E4M3:
+		s.f8[i] = uint8(tensor.ToF8E4M3(float32(v)))
+	case tensor.Float8E5M2:
+		s.f8[i] = uint8(tensor.ToF8E5M2(float32(v)))
 	default:
 		s.f64[i] = v
 	}

@@ -57,6 +57,12 @@ func TestMemoryRoundTrips(t *testing.T) {
 	assert.Equal(t, int64(5*8+5*4+5*2+5*4), m.Peak(), "less than the peak, allocated and freed")
 	m.Free(m.Alloc(tensor.Float32, 20))
 	assert.Equal(t, int64(5*4+5*2+5*4+20*4), m.Peak())
+	// FP8 buffers hold one byte a value.
+	e4, e5 := m.Alloc(tensor.Float8E4M3, 1000), m.Alloc(tensor.Float8E5M2, 24)
+	assert.Equal(t, int64(5*4+5*2+5*4+1000+24), m.Held())
+	m.Free(e4)
+	m.Free(e5)
+	assert.Equal(t, int64(5*4+5*2+5*4), m.Held())
 	require.NoError(t, m.Err())
 }
 

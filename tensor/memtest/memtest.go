@@ -14,6 +14,7 @@ func Run(t *testing.T, newMem func() tensor.Memory) {
 	t.Run("round trips", func(t *testing.T) { roundTrips(t, newMem()) })
 	t.Run("zeroed and filled", func(t *testing.T) { zeroedAndFilled(t, newMem()) })
 	t.Run("bf16 rounding", func(t *testing.T) { bf16Rounding(t, newMem()) })
+	t.Run("fp8", func(t *testing.T) { fp8(t, newMem()) })
 	t.Run("sticky errors", func(t *testing.T) { stickyErrors(t, newMem) })
 }
 
@@ -74,7 +75,7 @@ func roundTrips(t *testing.T, m tensor.Memory) {
 // zeroedAndFilled: an allocation of every dtype reads back zero; Fill stores
 // its value rounded to the dtype.
 func zeroedAndFilled(t *testing.T, m tensor.Memory) {
-	for _, dt := range []tensor.DType{tensor.Float32, tensor.BFloat16, tensor.Int32, tensor.Float64} {
+	for _, dt := range []tensor.DType{tensor.Float32, tensor.BFloat16, tensor.Int32, tensor.Float64, tensor.Float8E4M3, tensor.Float8E5M2} {
 		b := m.Alloc(dt, 7)
 		got := make([]float64, 7)
 		m.Read(got, b)
@@ -108,6 +109,47 @@ func bf16Rounding(t *testing.T, m tensor.Memory) {
 	require.NoError(t, m.Err())
 }
 
+// fp8: FP8 buffers hold one code per element. Codes written as
+// tensor.F8E4M3 or F8E5M2 values read back unchanged, and copy unchanged
+// between buffers of the format (an all-gather's copy); other host types and
+// dtypes convert through the code's value at scale 1, rounding to nearest
+// even and saturating at the format's largest value (as Transformer Engine's
+// casts); Fill rounds the same way.
+func fp8(t *testing.T, m tensor.Memory) {
+	codes := []tensor.F8E4M3{0x00, 0x80, 0x01, 0x38, 0x7e, 0xfe, 0x7f, 0x55}
+	e4, e4b := m.Alloc(tensor.Float8E4M3, len(codes)), m.Alloc(tensor.Float8E4M3, len(codes))
+	m.Write(e4, codes)
+	m.Copy(e4b, e4)
+	back := make([]tensor.F8E4M3, len(codes))
+	m.Read(back, e4b)
+	assert.Equal(t, codes, back, "e4m3 codes")
+	in := []float32{1, -2.5, 464, 1000, float32(math.Inf(-1)), 0x1p-10, 0x1.8p-9, 0.3}
+	want := []float32{1, -2.5, 448, 448, -448, 0, 0x1p-8, 0.3125}
+	f := m.Alloc(tensor.Float32, len(in))
+	m.Write(f, in)
+	m.Copy(e4, f)
+	got := make([]float32, len(in))
+	m.Read(got, e4)
+	assert.Equal(t, want, got, "f32 into e4m3: nearest even, saturated")
+	m.Write(e4, in)
+	m.Read(got, e4)
+	assert.Equal(t, want, got, "float32 host values into e4m3")
+	e5 := m.Alloc(tensor.Float8E5M2, len(in))
+	m.Copy(e5, f)
+	m.Read(got, e5)
+	assert.Equal(t, []float32{1, -2.5, 448, 1024, -57344, 0x1p-10, 0x1.8p-9, 0.3125}, got, "f32 into e5m2")
+	asE5 := make([]tensor.F8E5M2, len(in))
+	m.Read(asE5, e5)
+	assert.Equal(t, tensor.F8E5M2(0x3c), asE5[0], "1 is e5m2's 0x3c")
+	m.Copy(e5, e4) // between the formats, through the values
+	m.Read(got, e5)
+	assert.Equal(t, []float32{1, -2.5, 448, 448, -448, 0, 0x1p-8, 0.3125}, got, "e4m3 into e5m2")
+	m.Fill(e4.Slice(1, 3), 500)
+	m.Read(back, e4)
+	assert.Equal(t, []tensor.F8E4M3{tensor.ToF8E4M3(1), 0x7e, 0x7e}, back[:3], "fill saturates")
+	require.NoError(t, m.Err())
+}
+
 // stickyErrors: misuse is kept as the memory's first error, later work is
 // skipped, and nothing panics: another memory's buffer, the empty buffer (a
 // slice out of range), lengths that differ, integers copied into floats, a
@@ -122,6 +164,8 @@ func stickyErrors(t *testing.T, newMem func() tensor.Memory) {
 		},
 		"copy lengths": func(m, _ tensor.Memory) { m.Copy(m.Alloc(tensor.Float32, 2), m.Alloc(tensor.Float32, 3)) },
 		"int to float": func(m, _ tensor.Memory) { m.Copy(m.Alloc(tensor.Float32, 2), m.Alloc(tensor.Int32, 2)) },
+		"int to fp8":   func(m, _ tensor.Memory) { m.Copy(m.Alloc(tensor.Float8E4M3, 2), m.Alloc(tensor.Int32, 2)) },
+		"no dtype":     func(m, _ tensor.Memory) { m.Alloc(tensor.MaxDType+1, 2) },
 		"freed": func(m, _ tensor.Memory) {
 			b := m.Alloc(tensor.Float64, 2)
 			m.Free(b)
