@@ -72,7 +72,7 @@ stage() {
 }
 
 # Tests that arrived after the H100 run of 2026-11-23 (docs/cuda.md).
-new_kernels='TestFlashAttentionMasksByDType|TestKernelConformance|TestMemoryConformance|TestKernelsFromGoroutines|TestKernelsRefuse|TestExpertsStaticSegments|TestExpertsMatmul|TestGroupOnMemory|TestNCCLGroupOfOne|TestNCCLManyGPUs'
+new_kernels='TestFlashAttentionMasksByDType|TestKernelConformance|TestMemoryConformance|TestKernelsFromGoroutines|TestKernelsRefuse|TestExpertsStaticSegments|TestExpertsMatmul|TestGroupOnMemory|TestNCCLGroupOfOne|TestNCCLManyGPUs|TestEmbeddingBackwardBF16RoundsOnce|TestRMSNormBackwardBF16RoundsOnce|TestGemmIntoBF16|TestFP8Casts'
 runs=$out/runs
 
 stage info 20 . bash -c 'nvidia-smi; nvidia-smi -L; ls -l /usr/local/cuda/lib64/libcublasLt.so* /usr/lib/x86_64-linux-gnu/libnccl.so* 2>&1; python3 -c "import torch; print(\"torch\", torch.__version__, torch.version.cuda)"'
@@ -84,7 +84,7 @@ stage engine-shares-gpu 150 cmd/shardline ../../bin/gpu/cli.test -test.v -test.r
 stage ranks-on-gpus 120 cmd/shardline ../../bin/gpu/cli.test -test.v -test.run 'TestRanksOnTheirGPUs|TestLaunchOnGPUs|TestGPUTraceShowsOverlap|TestUserBuffersNeedNCCL|TestLostRankEndsGPURun|TestRanksOnGPUsResume'
 stage kernels-again 90 cuda ../bin/gpu/cuda.test -test.v -test.skip "$new_kernels"
 stage cli-again 60 cmd/shardline ../../bin/gpu/cli.test -test.v -test.run 'TestRunOnGPU'
-stage bench-kernels 60 cuda ../bin/gpu/cuda.test -test.run '^$' -test.bench 'MemoryBound|Matmul|FlashAttentionBF16|Collectives' -test.benchtime 20x
+stage bench-kernels 60 cuda ../bin/gpu/cuda.test -test.run '^$' -test.bench 'MemoryBound|Matmul|FlashAttentionBF16|Collectives|EmbeddingBackward' -test.benchtime 20x
 stage plan-against 90 . bash -c "bin/gpu/shardline-cuda run recipes/dense-125m.toml --device cuda --train-iters 8 --set data.path=bin/gpu/opticks.txt \
 	--set parallel.world_size=1 --set checkpoint.interval=0 --set checkpoint.keep_last=0 --set run.output_dir=$runs --set run.name=dense-125m \
 	&& bin/gpu/shardline-cuda plan --against $runs/dense-125m"
