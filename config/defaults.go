@@ -24,6 +24,12 @@ func Default() Recipe {
 			RopeScalingFactor: 8,
 			NormEps:           1e-5,
 			InitStd:           0.02,
+
+			// Llama 3.1's (Megatron-Core's fixed values).
+			RopeScalingLowFreqFactor:                 1,
+			RopeScalingHighFreqFactor:                4,
+			RopeScalingOriginalMaxPositionEmbeddings: 8192,
+
 			MoE: MoE{
 				TopK:            2,
 				ExpertFFNHidden: 256,

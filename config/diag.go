@@ -229,6 +229,8 @@ var Rules = []Rule{
 	{"SL306", SevError, "document masks need a tokenizer with an end-of-text token"},
 	{"SL307", SevNote, "attention chunk covers the whole sequence"},
 	{"SL308", SevError, "tokenizer file cannot be read"},
+	{"SL309", SevError, "RoPE scaling's high-frequency factor below its low one"},
+	{"SL310", SevError, "RoPE scaling numbers set without model.rope_scaling = llama3"},
 	{"SL401", SevWarning, "data path does not exist"},
 	{"SL402", SevWarning, "tokenizer file does not exist"},
 	{"SL501", SevError, "plan does not fit device memory"},

@@ -90,7 +90,7 @@ MODEL_ARGS=(
     --ffn-hidden-size 704
     --num-attention-heads 8 --group-query-attention --num-query-groups 4
     --seq-length 512 --max-position-embeddings 4096
-    --position-embedding-type rope --rotary-base 500000 --use-rope-scaling --rotary-scaling-factor 8.0
+    --position-embedding-type rope --rotary-base 500000 --use-rope-scaling --rope-scaling-factor 8.0
     --normalization "RMSNorm" --swiglu --disable-bias-linear --untie-embeddings-and-output-weights
     --attention-dropout 0.0 --hidden-dropout 0.0
 )
@@ -326,4 +326,32 @@ func TestMegatronTensorboardDir(t *testing.T) {
 		notes = append(notes, d.Message)
 	}
 	require.Contains(t, strings.Join(notes, "\n"), "--tensorboard-dir /logs/tb: logging.tensorboard = true; shardline writes the event files into the run directory (run.output_dir/run.name, beside metrics.jsonl), not into /logs/tb")
+}
+
+// TestMegatronRopeScaling: Megatron-Core's --use-rope-scaling is Llama 3.1's
+// scaling with --rope-scaling-factor and low and high frequency factors 1 and 4
+// over 8192 positions fixed (RotaryEmbedding._apply_scaling), the recipe's
+// defaults; --rotary-scaling-factor is YaRN's factor, not this one, and is
+// refused unless it is its default 1. A recipe with other numbers (Llama 4's)
+// exports them as keys no argument carries, and loads back to itself.
+func TestMegatronRopeScaling(t *testing.T) {
+	res, diags := LoadBytes("x.toml", nil, Options{Flags: []FlagValue{{Name: "use-rope-scaling", Value: "true"}, {Name: "rope-scaling-factor", Value: "32"}}})
+	requireNoErrors(t, diags)
+	m := res.Recipe.Model
+	require.Equal(t, []any{"llama3", 32.0, 1.0, 4.0, 8192}, []any{m.RopeScaling, m.RopeScalingFactor, m.RopeScalingLowFreqFactor, m.RopeScalingHighFreqFactor, m.RopeScalingOriginalMaxPositionEmbeddings})
+	require.Equal(t, "flag --rope-scaling-factor=32", res.Origin("model.rope_scaling_factor").Describe())
+
+	_, diags = LoadBytes("x.toml", nil, Options{Flags: []FlagValue{{Name: "use-rope-scaling", Value: "true"}, {Name: "rotary-scaling-factor", Value: "8"}}})
+	require.True(t, diags.HasErrors())
+	require.ErrorContains(t, diags.Err(), "Llama 3.1's scaling factor is --rope-scaling-factor")
+	_, diags = LoadBytes("x.toml", nil, Options{Flags: []FlagValue{{Name: "rotary-scaling-factor", Value: "1.0"}}})
+	requireNoErrors(t, diags)
+
+	r := Default()
+	r.Model.RopeScaling, r.Model.RopeScalingFactor, r.Model.RopeScalingHighFreqFactor = "llama3", 16, 1
+	e := ExportMegatron(&r)
+	require.Contains(t, e.Args, "--use-rope-scaling")
+	require.Contains(t, strings.Join(e.Args, " "), "--rope-scaling-factor 16")
+	require.Subset(t, e.Unexpressed, []string{"model.rope_scaling_high_freq_factor = 1.0"})
+	require.NotContains(t, strings.Join(e.Unexpressed, " "), "low_freq_factor", "a default is not listed")
 }

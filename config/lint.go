@@ -222,9 +222,42 @@ func (c *checker) model() {
 				`set data.tokenizer = "gpt2" (documents end with <|endoftext|>), or remove `+k.key, k.key, "data.tokenizer")
 		}
 	}
+	c.ropeScaling()
 	if n := m.AttentionChunkSize; n > 0 && n >= m.SeqLen {
 		c.report(SevNote, "SL307", fmt.Sprintf("model.attention_chunk_size (%d) is not below model.seq_len (%d): every sequence lies in one chunk, so training attends as without chunks", n, m.SeqLen),
 			"lower attention_chunk_size below seq_len to train chunked attention, set it to 0, or keep it as part of the model's definition (Llama 4 keeps 8192 at any context)", "model.attention_chunk_size", "model.seq_len")
+	}
+}
+
+// ropeScaling checks the llama3 RoPE scaling's numbers: its high-frequency
+// factor is at least its low one (SL309: with it below, the band the scaling
+// blends over is turned inside out; equal factors, Llama 4's, are a step), and
+// none differs from its default while model.rope_scaling is none, where it
+// would change nothing (SL310).
+func (c *checker) ropeScaling() {
+	m := c.rc.Model
+	def := Default().Model
+	if m.RopeScaling != "llama3" {
+		for _, k := range []struct {
+			key      string
+			val, def any
+		}{
+			{"model.rope_scaling_factor", m.RopeScalingFactor, def.RopeScalingFactor},
+			{"model.rope_scaling_low_freq_factor", m.RopeScalingLowFreqFactor, def.RopeScalingLowFreqFactor},
+			{"model.rope_scaling_high_freq_factor", m.RopeScalingHighFreqFactor, def.RopeScalingHighFreqFactor},
+			{"model.rope_scaling_original_max_position_embeddings", m.RopeScalingOriginalMaxPositionEmbeddings, def.RopeScalingOriginalMaxPositionEmbeddings},
+		} {
+			if k.val != k.def {
+				c.report(SevError, "SL310", fmt.Sprintf("%s = %s while model.rope_scaling = %q: the llama3 scaling's numbers change nothing without it", k.key, FormatValue(k.val), m.RopeScaling),
+					fmt.Sprintf(`set model.rope_scaling = "llama3" to scale the frequencies, or remove %s (default %s)`, k.key, FormatValue(k.def)), k.key, "model.rope_scaling")
+			}
+		}
+		return
+	}
+	if lo, hi := m.RopeScalingLowFreqFactor, m.RopeScalingHighFreqFactor; hi < lo {
+		c.report(SevError, "SL309", fmt.Sprintf("model.rope_scaling_high_freq_factor (%s) is below model.rope_scaling_low_freq_factor (%s): the llama3 scaling keeps wavelengths below original/high and divides those above original/low, so high must be at least low", FormatValue(hi), FormatValue(lo)),
+			fmt.Sprintf("set rope_scaling_high_freq_factor = %s or more (Llama 3.1: low 1, high 4; Llama 4: 1 and 1, a step without blend), or swap the two", FormatValue(lo)),
+			"model.rope_scaling_high_freq_factor", "model.rope_scaling_low_freq_factor")
 	}
 }
 

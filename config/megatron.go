@@ -63,6 +63,12 @@ var megatronArgs = map[string]megatronArg{
 	"group-query-attention":          {kind: describes, why: "key/value heads come from --num-query-groups", ok: isTrue, usage: "accepted: key/value heads from --num-query-groups"},
 	"attention-dropout":              {kind: describes, takesValue: true, why: "shardline trains without dropout (Megatron's default is 0.1: pass 0)", ok: zeroFloat, usage: "accepted as 0: no dropout"},
 	"hidden-dropout":                 {kind: describes, takesValue: true, why: "shardline trains without dropout (Megatron's default is 0.1: pass 0)", ok: zeroFloat, usage: "accepted as 0: no dropout"},
+	// --rotary-scaling-factor is not Llama 3.1's factor (that is
+	// --rope-scaling-factor) but YaRN's, read only with --position-embedding-type
+	// yarn (multi-latent attention): its default 1 describes shardline.
+	"rotary-scaling-factor": {kind: describes, takesValue: true, ok: func(v string) bool { f, err := strconv.ParseFloat(v, 64); return err == nil && f == 1 },
+		why:   "Megatron reads --rotary-scaling-factor only for YaRN positions (--position-embedding-type yarn), which shardline does not have; Llama 3.1's scaling factor is --rope-scaling-factor (with --use-rope-scaling)",
+		usage: "accepted as 1 (YaRN's factor, unused with rope positions); Llama 3.1's scaling factor is --rope-scaling-factor"},
 	"untie-embeddings-and-output-weights": {kind: mapped, usage: "sets model.tie_embeddings = false",
 		apply: func(l *loader, v string, o Origin) error {
 			if !isTrue(v) {
@@ -72,7 +78,11 @@ var megatronArgs = map[string]megatronArg{
 			l.set(f, false, o)
 			return nil
 		}},
-	"use-rope-scaling": {kind: mapped, usage: "sets model.rope_scaling = llama3 (its factor: --rotary-scaling-factor)",
+	// Megatron-Core's --use-rope-scaling is Llama 3.1's scaling with its factor
+	// from --rope-scaling-factor (default 8) and low_freq_factor 1,
+	// high_freq_factor 4 and 8192 original positions fixed (RotaryEmbedding's
+	// _apply_scaling): the recipe's defaults for the other three keys.
+	"use-rope-scaling": {kind: mapped, usage: "sets model.rope_scaling = llama3 (its factor: --rope-scaling-factor; low and high frequency factors 1 and 4, 8192 original positions, as Megatron-Core fixes them)",
 		apply: func(l *loader, v string, o Origin) error {
 			if !isTrue(v) {
 				return fmt.Errorf("takes no value but true")

@@ -77,12 +77,26 @@ type Model struct {
 	SeqLen int `toml:"seq_len" min:"1" max:"16777216" flag:"seq-length"`
 	// RoPE base frequency.
 	RopeTheta float64 `toml:"rope_theta" gt:"0" flag:"rotary-base"`
-	// RoPE frequency scaling: none, or llama3 (Llama 3.1's: wavelengths above 8192
-	// positions divided by rope_scaling_factor, below 2048 kept, and a smooth blend
-	// between; Megatron's --use-rope-scaling).
+	// RoPE frequency scaling: none, or llama3 (Llama 3.1's, Hugging Face's llama3
+	// rope type, Megatron's --use-rope-scaling, torchtitan's RoPEScalingArgs):
+	// frequencies whose wavelength exceeds rope_scaling_original_max_position_embeddings
+	// / rope_scaling_low_freq_factor positions are divided by rope_scaling_factor,
+	// those below original / high_freq_factor kept, and those between blended
+	// smoothly (with equal factors, as Llama 4's, there is no blend: a step).
 	RopeScaling string `toml:"rope_scaling" enum:"none,llama3"`
-	// The llama3 scaling's factor (8 for Llama 3.1, 32 for Llama 3.2).
-	RopeScalingFactor float64 `toml:"rope_scaling_factor" gt:"0" max:"1000000" flag:"rotary-scaling-factor"`
+	// The llama3 scaling's factor (8 for Llama 3.1, 32 for Llama 3.2, 16 for Llama 4).
+	RopeScalingFactor float64 `toml:"rope_scaling_factor" gt:"0" max:"1000000" flag:"rope-scaling-factor"`
+	// The llama3 scaling's low_freq_factor: wavelengths above original /
+	// low_freq_factor positions are divided by the factor (1 for Llama 3.1 and 4).
+	RopeScalingLowFreqFactor float64 `toml:"rope_scaling_low_freq_factor" gt:"0" max:"1000000"`
+	// The llama3 scaling's high_freq_factor, at least low_freq_factor: wavelengths
+	// below original / high_freq_factor positions are kept (4 for Llama 3.1, 1 for
+	// Llama 4).
+	RopeScalingHighFreqFactor float64 `toml:"rope_scaling_high_freq_factor" gt:"0" max:"1000000"`
+	// The llama3 scaling's original_max_position_embeddings: the context, in
+	// positions, the scaled wavelengths are measured against (8192 for Llama 3.1
+	// and 4).
+	RopeScalingOriginalMaxPositionEmbeddings int `toml:"rope_scaling_original_max_position_embeddings" min:"1" max:"16777216"`
 	// Epsilon added to the mean square in RMSNorm.
 	NormEps float64 `toml:"norm_eps" gt:"0" flag:"norm-epsilon"`
 	// Share the token embedding with the output head.

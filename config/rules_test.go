@@ -137,6 +137,8 @@ var ruleCases = []ruleCase{
 	{name: "vocab gpt2", src: "[data]\npath = \"/\"\ntokenizer = \"gpt2\"\n[model]\nvocab_size = 50000\n", code: "SL305", loc: "x.toml:5:1", msg: "gpt2 tokenizer's 50257 tokens"},
 	{name: "eod mask byte", src: okData + "eod_mask_loss = true\n", code: "SL306", loc: "x.toml:3:1", msg: "the byte tokenizer has none"},
 	{name: "reset mask char", src: "[data]\npath = \"/\"\ntokenizer = \"char\"\nreset_attention_mask = true\n", code: "SL306", loc: "x.toml:4:1", msg: "data.reset_attention_mask = true needs the tokenizer's end-of-text token"},
+	{name: "rope high below low", src: okData + "[model]\nrope_scaling = \"llama3\"\nrope_scaling_low_freq_factor = 2.0\nrope_scaling_high_freq_factor = 1.5\n", code: "SL309", loc: "x.toml:6:1", msg: "model.rope_scaling_high_freq_factor (1.5) is below model.rope_scaling_low_freq_factor (2.0)"},
+	{name: "rope numbers without scaling", src: okData + "[model]\nrope_scaling_original_max_position_embeddings = 4096\n", code: "SL310", loc: "x.toml:4:1", msg: "model.rope_scaling_original_max_position_embeddings = 4096 while model.rope_scaling = \"none\""},
 	{name: "chunk covers sequence", src: okData + "[model]\nseq_len = 64\nattention_chunk_size = 64\n", code: "SL307", sev: SevNote, loc: "x.toml:5:1", msg: "every sequence lies in one chunk"},
 	{name: "tokenizer file", src: okData + "tokenizer = \"./rules_test.go\"\n", code: "SL308", loc: "x.toml:3:1", msg: "neither a Hugging Face tokenizer.json"},
 	{name: "tokenizer dir", src: okData + "tokenizer = \"./testdata\"\n", code: "SL308", loc: "x.toml:3:1", msg: "holds neither tokenizer.json nor tokenizer.model"},

@@ -553,9 +553,13 @@ func (t *ttImport) model() {
 	}
 	t.to("model.ffn_hidden", strconv.Itoa(f.ffnHidden()), flavor, fmt.Sprintf("%s: 2/3 of 4·dim%s, rounded up to a multiple of %d", because, mult, f.multipleOf))
 	t.to("model.rope_theta", ftoa(f.ropeTheta), flavor, because)
-	if f.ropeScaling {
-		t.to("model.rope_scaling", "llama3", flavor, because+": RoPE scaling factor 8, low 1, high 4, original 8192 positions")
-		t.to("model.rope_scaling_factor", "8", flavor, because)
+	if r := f.rope; r != nil {
+		args := because + ": rope_scaling_args (RoPEScalingArgs)"
+		t.to("model.rope_scaling", "llama3", flavor, args)
+		t.to("model.rope_scaling_factor", ftoa(r.factor), flavor, args+": scaling_factor")
+		t.to("model.rope_scaling_low_freq_factor", ftoa(r.low), flavor, args+": low_freq_factor")
+		t.to("model.rope_scaling_high_freq_factor", ftoa(r.high), flavor, args+": high_freq_factor")
+		t.to("model.rope_scaling_original_max_position_embeddings", strconv.Itoa(r.original), flavor, args+": original_max_position_embeddings")
 	} else {
 		t.to("model.rope_scaling", "none", flavor, because)
 	}

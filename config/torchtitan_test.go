@@ -338,3 +338,39 @@ func TestImportTorchtitanReport(t *testing.T) {
 	require.Contains(t, strings.Join(all, "\n"), `llama4 has no llama4 flavour "3bx128e"`)
 	require.Contains(t, strings.Join(all, "\n"), "recipe import --set model.layers=… --set model.hidden=…")
 }
+
+// TestImportTorchtitanRopeScaling: each flavour imports torchtitan's own
+// RoPEScalingArgs (at the pinned commit): llama3's scaling_factor 8,
+// low_freq_factor 1, high_freq_factor 4 and 8192 original positions on every
+// flavour (its rope_scaling_args defaults to them); llama4's 16, 1, 1 and 8192
+// on the flavours that set rope_scaling_args (debugmodel, 17bx16e and their
+// _irope flavours), none on 17bx128e and 17bx128e_irope. Each imported recipe
+// lints without errors, and its origin names the setting of RoPEScalingArgs.
+func TestImportTorchtitanRopeScaling(t *testing.T) {
+	type scaling struct {
+		kind              string
+		factor, low, high float64
+		original          int
+	}
+	llama31, llama4, none := scaling{"llama3", 8, 1, 4, 8192}, scaling{"llama3", 16, 1, 1, 8192}, scaling{"none", 8, 1, 4, 8192}
+	cases := map[[2]string]scaling{
+		{"llama4", "debugmodel"}: llama4, {"llama4", "17bx16e"}: llama4, {"llama4", "debugmodel_irope"}: llama4, {"llama4", "17bx16e_irope"}: llama4,
+		{"llama4", "17bx128e"}: none, {"llama4", "17bx128e_irope"}: none,
+	}
+	for flavor := range ttLlama3 {
+		cases[[2]string{"llama3", flavor}] = llama31
+	}
+	require.Len(t, cases, len(ttLlama3)+len(ttLlama4), "every flavour of both tables")
+	for c, want := range cases {
+		src := "[model]\nname = \"" + c[0] + "\"\nflavor = \"" + c[1] + "\"\n[training]\ndataset_path = \"/data/c4\"\n"
+		res, diags := ImportTorchtitan("x.toml", []byte(src), 0)
+		requireNoErrors(t, diags)
+		m := res.Recipe.Model
+		got := scaling{m.RopeScaling, m.RopeScalingFactor, m.RopeScalingLowFreqFactor, m.RopeScalingHighFreqFactor, m.RopeScalingOriginalMaxPositionEmbeddings}
+		require.Equal(t, want, got, "%s %s", c[0], c[1])
+		if want.kind == "llama3" {
+			require.Contains(t, res.Origin("model.rope_scaling_high_freq_factor").Describe(), "high_freq_factor", "%s %s", c[0], c[1])
+		}
+		requireNoErrors(t, Lint(res, nil))
+	}
+}

@@ -231,7 +231,7 @@ func elementwise(t *testing.T, dt DType, l layout) {
 	n += l.tail
 	x := roundTo(dt, randn(r, rn, 1))
 	cos, sin := make([]float32, T*HD/2), make([]float32, T*HD/2)
-	inv := tensor.RopeInvFreq(HD, 10000, "none", 1)
+	inv := tensor.RopeInvFreq(HD, 10000, tensor.RopeScaling{})
 	cpu.RopeTables(cos, sin, T, inv)
 	rot := append([]float32(nil), x...)
 	cpu.Rope(rot, cos, sin, tensor.RopeShape{B: B, T: T, NH: NH, HD: HD})

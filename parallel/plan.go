@@ -170,7 +170,10 @@ func (p *Plan) memory(r *config.Recipe, d dtypes) {
 // through in a matmul (the embedding lookup is no matmul; a tied output head is),
 // plus causal attention's 2·seq·w per layer, w = heads·head size, the attention
 // width (hidden unless head_dim decouples it) (QKᵀ and PV, each 2·seq·w, halved by the
-// causal mask). A step is 3× forward (backward is twice forward); full recompute
+// causal mask); a layer that attends in chunks (model.attention_chunk_size)
+// counts its chunks' causal attention instead, 2·(n·chunk² + r²)/seq·w for n
+// whole chunks and a last one of r positions (attentionPairs). Document masks
+// depend on the data and count as whole-sequence causal attention. A step is 3× forward (backward is twice forward); full recompute
 // adds a forward of the layers (selective remakes elementwise work only,
 // which the step model times); the engine's QK-norm, the q and k products
 // again in backward. Compute time is the
@@ -191,7 +194,7 @@ func (p *Plan) timing(r *config.Recipe) {
 		}
 		matmul += float64(q.Numel())
 	}
-	attn := 2 * seq * width * float64(mo.Layers)
+	attn := 2 * width * attentionLength(mo)
 	fwd := 2*matmul + attn
 	tokens := float64(r.Train.GlobalBatchSize) * seq
 	p.ModelFLOPs = 3 * fwd * tokens

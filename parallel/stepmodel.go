@@ -208,6 +208,8 @@ func microCompute(mo config.Model, sh microShape, c opCosts) MicroTimes {
 		attnBwd += float64(P)*c.stream(StreamAdd, float64(2*B*T*KV)) + 2*c.stream(StreamAdd, float64(B*T*KV))
 		attnCalls = 2*pairs + pairs + float64(P) + 2
 	}
+	// A chunked layer's attention (config.Model.AttentionChunk), by chunk size.
+	chunked := map[int][3]float64{}
 	s += stream(StreamEmbedding, float64(BT*C)) + stream(StreamEmbeddingBwd, float64(BT*C))
 	R := BT / sh.TP // the rows of the residual stream (sequence parallelism splits them over tp)
 	s += stream(StreamRMSNorm, float64(R*C)) + stream(StreamRMSNormBwd, float64(R*C))
@@ -230,10 +232,18 @@ func microCompute(mo config.Model, sh microShape, c opCosts) MicroTimes {
 			gb += opBytes(BT, C, Q) + opBytes(BT, C, KV)
 			calls += 2
 		}
-		la += attnFwd + attnBwd
-		calls += attnCalls
+		lf, lb, lc := attnFwd, attnBwd, attnCalls
+		if chunk := mo.AttentionChunk(l); chunk > 0 && chunk < mo.SeqLen {
+			if _, ok := chunked[chunk]; !ok {
+				f, b, n := chunkedAttention(c, sh, NH, HD, Q, KV, chunk)
+				chunked[chunk] = [3]float64{f, b, n}
+			}
+			lf, lb, lc = chunked[chunk][0], chunked[chunk][1], chunked[chunk][2]
+		}
+		la += lf + lb
+		calls += lc
 		// What recomputation repeats in backward.
-		fa := attnFwd // (its launch is counted with the recompute below)
+		fa := lf // (its launch is counted with the recompute below)
 		fgb = 0
 		fg := fwd(BT, C, Q) + fwd(BT, C, KV) + fwd(BT, C, KV) + fwd(BT, Q, C)
 		fs := 2 * c.stream(StreamRMSNorm, float64(R*C))

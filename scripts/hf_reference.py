@@ -69,7 +69,9 @@ def rms_norm(x, weight, eps):
 def inv_freq(hd, theta, scaling=None):
     inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
     if scaling and scaling.get("rope_type") == "llama3":
-        # transformers' _compute_llama3_parameters
+        # transformers' _compute_llama3_parameters, with config.json's four numbers
+        # (Llama 4's low == high makes the blend 0/0 or inf, but torch.where keeps
+        # it only at wavelen == old / low exactly, which no test frequency is)
         factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
         old = scaling["original_max_position_embeddings"]
         wavelen = 2 * torch.pi / inv

@@ -694,7 +694,7 @@ func streamKernel(be tensor.Backend, kind string, n int) (func(), error) {
 		const HD = 64
 		T := max(n/HD, 1) // one sequence of n elements, one head
 		cos, sin := zeros(T*HD/2), zeros(T*HD/2)
-		be.RopeTables(cos, sin, T, tensor.RopeInvFreq(HD, 10000, "none", 1))
+		be.RopeTables(cos, sin, T, tensor.RopeInvFreq(HD, 10000, tensor.RopeScaling{}))
 		x := up(filled(T * HD))
 		if kind == parallel.StreamRope {
 			return func() { be.Rope(x, cos, sin, tensor.RopeShape{B: 1, T: T, NH: 1, HD: HD}) }, mem.Err()

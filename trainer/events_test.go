@@ -52,13 +52,15 @@ func planOf(t *testing.T, dir string) *parallel.Plan {
 // plan's predictions beside them, and tokens_per_s · step_s = the tokens of a
 // step; run.json holds the same over the median step time. One rank on the
 // calibrated CPU profile, two ranks (the FLOPs shared), and a peak the recipe
-// gives (parallel.device_peak_tflops). Tolerance 1e-12 relative: the same
+// gives (parallel.device_peak_tflops), and chunked attention, whose FLOPs the
+// plan counts by chunk (parallel's TestPlanFLOPsFollowAttentionChunks). Tolerance 1e-12 relative: the same
 // quotients in float64, in another order.
 func TestMeasuredMFUIsPlanFLOPsOverStepTimeAndPeak(t *testing.T) {
 	for _, sets := range [][]string{
 		nil,
 		{"parallel.world_size=2"},
 		{"parallel.device_peak_tflops=0.75"},
+		{"model.attention_chunk_size=12"}, // the plan counts chunks' attention (and the MFU with it)
 	} {
 		t.Run(strings.Join(sets, ","), func(t *testing.T) {
 			res, _ := tinyRun(t, append([]string{"train.steps=4", "train.eval_interval=0", "logging.sample_tokens=0"}, sets...)...)

@@ -32,6 +32,17 @@ var exportCases = []struct {
 	// test's 20 tokens stay small: leaving it out of the reference moves the logits
 	// by 1.1e-5 only, so this case is held to 1e-6 (measured with it: 1.3e-7).
 	{"LlamaForCausalLM", []string{"model.rope_scaling=llama3", "model.rope_scaling_factor=8", "model.rope_theta=500000"}, "1e-6"},
+	// The llama3 scaling's other numbers, over a context the test's 20 tokens
+	// reach: 256 original positions with factors 1 and 8 keep the two highest of
+	// the 8 frequencies (wavelengths 6.3 and 20), blend the next two (63, 199)
+	// and divide the rest by 4; and Llama 4's equal factors (a step) at 64
+	// positions divide every wavelength above 64 by 16. Measured: 7.9e-8 and
+	// 1.2e-7; with the reference's numbers held at Llama 3.1's 1, 4 and 8192
+	// (the factor kept) 1.8e-4 and 1.3e-4, so both are held to 1e-6.
+	{"LlamaForCausalLM", []string{"model.rope_scaling=llama3", "model.rope_scaling_factor=4", "model.rope_scaling_low_freq_factor=1",
+		"model.rope_scaling_high_freq_factor=8", "model.rope_scaling_original_max_position_embeddings=256"}, "1e-6"},
+	{"LlamaForCausalLM", []string{"model.rope_scaling=llama3", "model.rope_scaling_factor=16", "model.rope_scaling_low_freq_factor=1",
+		"model.rope_scaling_high_freq_factor=1", "model.rope_scaling_original_max_position_embeddings=64"}, "1e-6"},
 	{"LlamaForCausalLM", []string{"model.head_dim=12"}, ""}, // a head size other than hidden/heads (head_dim in config.json)
 	{"MixtralForCausalLM", []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32"}, ""},
 	{"Qwen2MoeForCausalLM", []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32", "model.moe.shared_experts=2", "model.moe.layer_freq=2"}, ""},
@@ -46,9 +57,12 @@ var exportCases = []struct {
 	// before its expert, a shared expert; balanced by the auxiliary loss, since
 	// transformers' router has no expert bias), grouped-query attention, iRoPE
 	// (layer 1 NoPE over the whole sequence, layer 0 within chunks of 8 of the
-	// 20 tokens) and Llama 3.1's RoPE scaling.
+	// 20 tokens) and Llama 4's RoPE scaling (factor 16, low and high frequency
+	// factors 1 and 1, 8192 original positions). Measured: 1.7e-7; with the
+	// reference at Llama 3.1's 1, 4 and 8192 (which blends the third of the 4
+	// frequencies) 4.1e-6, so it is held to 1e-6.
 	{"Llama4ForCausalLM", append(llama4HFSets, "model.heads=4", "model.kv_heads=2", "model.nope_interval=2", "model.attention_chunk_size=8",
-		"model.rope_scaling=llama3", "model.rope_scaling_factor=8", "model.rope_theta=500000"), ""},
+		"model.rope_scaling=llama3", "model.rope_scaling_factor=16", "model.rope_scaling_high_freq_factor=1", "model.rope_theta=500000"), "1e-6"},
 	// Top 2 of 4 without a shared expert (written as a zero one), layer 0 dense
 	// (intermediate_size_mlp), tied embeddings, the NoPE layer first
 	// (torchtitan's placement, no_rope_layers [0, 1]), every other layer chunked.

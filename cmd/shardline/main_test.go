@@ -740,7 +740,7 @@ func TestPlanAgainstRun(t *testing.T) {
 func TestLintMegatronLlamaArguments(t *testing.T) {
 	args := strings.Fields(`--use-mcore-models --num-layers 4 --hidden-size 128 --ffn-hidden-size 384 --num-attention-heads 4 --kv-channels 64
 		--group-query-attention --num-query-groups 2 --seq-length 128 --max-position-embeddings 4096 --position-embedding-type rope
-		--rotary-base 500000 --use-rope-scaling --rotary-scaling-factor 8.0 --normalization RMSNorm --norm-epsilon 1e-5 --swiglu --disable-bias-linear
+		--rotary-base 500000 --use-rope-scaling --rope-scaling-factor 8.0 --normalization RMSNorm --norm-epsilon 1e-5 --swiglu --disable-bias-linear
 		--untie-embeddings-and-output-weights --attention-dropout 0.0 --hidden-dropout 0.0 --micro-batch-size 4 --global-batch-size 16
 		--lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine --lr-warmup-iters 10 --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95
 		--clip-grad 1.0 --bf16 --use-flash-attn --transformer-impl transformer_engine --log-interval 10 --eval-interval 100 --eval-iters 10`)

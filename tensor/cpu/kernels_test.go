@@ -118,7 +118,7 @@ func TestRopeGrad(t *testing.T) {
 	B, T, NH, HD := 2, 5, 3, 8
 	x, R := randF64(r, B*T*NH*HD), randF64(r, B*T*NH*HD)
 	cos, sin := make([]float64, T*HD/2), make([]float64, T*HD/2)
-	RopeTables(cos, sin, T, tensor.RopeInvFreq(HD, 10000, "none", 1))
+	RopeTables(cos, sin, T, tensor.RopeInvFreq(HD, 10000, tensor.RopeScaling{}))
 	out := make([]float64, len(x))
 	loss := func() float64 {
 		copy(out, x)

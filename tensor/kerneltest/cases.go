@@ -102,7 +102,7 @@ func cases() []kcase {
 	add(variants("Rope", []string{"backward"}, func(on []bool) kcase {
 		return kcase{run: func(e *env) bufs {
 			s := tensor.RopeShape{B: 2, T: 9, NH: 3, HD: 16}
-			inv := tensor.RopeInvFreq(s.HD, 10000, "", 0)
+			inv := tensor.RopeInvFreq(s.HD, 10000, tensor.RopeScaling{})
 			cos, sin := e.floats(s.T*s.HD/2, 1), e.floats(s.T*s.HD/2, 1)
 			e.k.RopeTables(cos, sin, s.T, inv)
 			x := e.floats(s.B*s.T*s.NH*s.HD, 1)

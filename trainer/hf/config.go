@@ -207,9 +207,9 @@ func CheckConfig(dir string, m config.Model) error {
 	if !equalRopeScaling(value("rope_scaling"), want["rope_scaling"]) {
 		fix := "set model.rope_scaling = \"none\""
 		if rs, ok := value("rope_scaling").(map[string]any); ok {
-			fix = "shardline's RoPE scaling is none or llama3 (low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192)"
-			if f, ok := rs["factor"].(float64); ok && ropeType(rs) == "llama3" {
-				fix = fmt.Sprintf("set model.rope_scaling = \"llama3\" and model.rope_scaling_factor = %v", f)
+			fix = "shardline's RoPE scaling is none or llama3 (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)"
+			if ropeType(rs) == "llama3" {
+				fix = llama3Fix(rs, fix)
 			}
 		}
 		bad = append(bad, ConfigMismatch{"rope_scaling", value("rope_scaling"), false, "model.rope_scaling", m.RopeScaling, fix})
@@ -280,6 +280,22 @@ func equalJSON(got, want any) bool {
 	}
 	c, _ := json.Marshal(norm)
 	return string(a) == string(c)
+}
+
+// llama3Fix is the recipe keys that give a llama3 rope_scaling's four numbers
+// (model.rope_scaling_factor and the three beside it), or otherwise when one
+// is missing or out of what the recipe takes (positive factors, high at least
+// low, a whole positive number of original positions).
+func llama3Fix(rs map[string]any, otherwise string) string {
+	f, fok := rs["factor"].(float64)
+	lo, lok := rs["low_freq_factor"].(float64)
+	hi, hok := rs["high_freq_factor"].(float64)
+	n, nok := rs["original_max_position_embeddings"].(float64)
+	if !fok || !lok || !hok || !nok || f <= 0 || lo <= 0 || hi < lo || !whole(n, 1) || n > 1<<24 {
+		return otherwise + "; shardline's llama3 scaling takes positive factors with high_freq_factor at least low_freq_factor and a whole number of original positions"
+	}
+	return fmt.Sprintf("set model.rope_scaling = \"llama3\", model.rope_scaling_factor = %v, model.rope_scaling_low_freq_factor = %v, "+
+		"model.rope_scaling_high_freq_factor = %v and model.rope_scaling_original_max_position_embeddings = %v", f, lo, hi, n)
 }
 
 // ropeType is a rope_scaling's type (rope_type, or the older type).

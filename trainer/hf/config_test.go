@@ -63,7 +63,7 @@ func TestCheckConfigMoE(t *testing.T) {
 		{qwen, map[string]any{"architectures": []string{"LlamaForCausalLM"}}, []string{`architectures is ["LlamaForCausalLM"], the recipe's model.moe.num_experts is 4: the recipe's model makes it Qwen2MoeForCausalLM`}},
 		{qwen, map[string]any{"model_type": "qwen3_moe"}, []string{`model_type is "qwen3_moe"`}},
 		{moeModel(0, 1), map[string]any{"rope_scaling": map[string]any{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
-			[]string{`set model.rope_scaling = "llama3" and model.rope_scaling_factor = 8`}},
+			[]string{`set model.rope_scaling = "llama3", model.rope_scaling_factor = 8, model.rope_scaling_low_freq_factor = 1, model.rope_scaling_high_freq_factor = 4 and model.rope_scaling_original_max_position_embeddings = 8192`}},
 	} {
 		writeConfig(t, dir, c.m, c.change)
 		err := CheckConfig(dir, c.m)
@@ -147,4 +147,41 @@ func TestChunkedAttentionIsNotLlama(t *testing.T) {
 	err := CheckConfig(dir, m)
 	require.ErrorContains(t, err, `architectures is ["LlamaForCausalLM"], the recipe's model.moe.score_before_expert, model.nope_interval and model.attention_chunk_size is false, 0 and 8: the recipe's model makes it Llama4ForCausalLM`)
 	require.Equal(t, "Llama4ForCausalLM", Architecture(m))
+}
+
+// TestCheckConfigRopeScaling: config.json's llama3 rope_scaling is compared
+// number by number with the recipe's (Llama 4's factor 16 with equal low and
+// high frequency factors against Llama 3.1's defaults, say), the fix naming
+// all four keys; an export's own config.json writes the recipe's numbers and
+// passes; one shardline cannot take (high below low) says why.
+func TestCheckConfigRopeScaling(t *testing.T) {
+	dir := t.TempDir()
+	llama31 := config.Model{Family: "llama", Layers: 2, Hidden: 32, Heads: 4, KVHeads: 2, FFNHidden: 64, VocabSize: 32, SeqLen: 16,
+		RopeTheta: 500000, RopeScaling: "llama3", RopeScalingFactor: 8, RopeScalingLowFreqFactor: 1, RopeScalingHighFreqFactor: 4,
+		RopeScalingOriginalMaxPositionEmbeddings: 8192, NormEps: 1e-5, InitStd: 0.02}
+	llama4 := llama31
+	llama4.RopeScalingFactor, llama4.RopeScalingHighFreqFactor = 16, 1
+	llama4JSON := map[string]any{"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 1.0, "original_max_position_embeddings": 8192}
+	require.Equal(t, llama4JSON, Config(llama4)["rope_scaling"])
+	for _, c := range []struct {
+		m      config.Model
+		change map[string]any
+		want   string
+	}{
+		{llama4, nil, ""},
+		{llama31, nil, ""},
+		{llama31, map[string]any{"rope_scaling": llama4JSON}, `set model.rope_scaling = "llama3", model.rope_scaling_factor = 16, model.rope_scaling_low_freq_factor = 1, model.rope_scaling_high_freq_factor = 1 and model.rope_scaling_original_max_position_embeddings = 8192`},
+		{llama4, map[string]any{"rope_scaling": map[string]any{"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 1.0, "original_max_position_embeddings": 4096}},
+			"model.rope_scaling_original_max_position_embeddings = 4096"},
+		{llama4, map[string]any{"rope_scaling": map[string]any{"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0, "original_max_position_embeddings": 8192}},
+			"high_freq_factor at least low_freq_factor"},
+	} {
+		writeConfig(t, dir, c.m, c.change)
+		err := CheckConfig(dir, c.m)
+		if c.want == "" {
+			assert.NoError(t, err, "%v", c.change)
+			continue
+		}
+		assert.ErrorContains(t, err, c.want, "%v", c.change)
+	}
 }

@@ -72,9 +72,9 @@ func Config(m config.Model) map[string]any {
 		"tie_word_embeddings": m.TieEmbeddings, "hidden_act": "silu", "torch_dtype": "float32", "initializer_range": m.InitStd,
 		"attention_bias": false, "mlp_bias": false, "bos_token_id": nil, "eos_token_id": nil,
 	}
-	if m.RopeScaling == "llama3" { // transformers' llama3 rope type, with Llama 3.1's constants (tensor.RopeInvFreq)
-		c["rope_scaling"] = map[string]any{"rope_type": "llama3", "factor": m.RopeScalingFactor, "low_freq_factor": 1.0,
-			"high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+	if m.RopeScaling == "llama3" { // transformers' llama3 rope type (tensor.RopeInvFreq)
+		c["rope_scaling"] = map[string]any{"rope_type": "llama3", "factor": m.RopeScalingFactor, "low_freq_factor": m.RopeScalingLowFreqFactor,
+			"high_freq_factor": m.RopeScalingHighFreqFactor, "original_max_position_embeddings": m.RopeScalingOriginalMaxPositionEmbeddings}
 	}
 	switch Architecture(m) {
 	case "Llama4ForCausalLM":

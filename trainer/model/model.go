@@ -609,7 +609,7 @@ func (m *Model[F]) alloc() error {
 	s.dff1, s.dff2, s.dsw = m.allocAct(BT*FF), m.allocAct(BT*FF), m.allocAct(BT*FF)
 	s.dloss = m.alloc1(BT) // the logits' gradient is written over the probabilities (Backward)
 	m.cos, m.sin = m.alloc1(m.T*HD/2), m.alloc1(m.T*HD/2)
-	invFreq := tensor.RopeInvFreq(HD, m.Cfg.RopeTheta, m.Cfg.RopeScaling, m.Cfg.RopeScalingFactor)
+	invFreq := tensor.RopeInvFreq(HD, m.Cfg.RopeTheta, RopeScaling(m.Cfg))
 	if m.cp != nil {
 		m.allocCP()
 		m.ropeTablesCP(invFreq)
@@ -1102,4 +1102,12 @@ func (m *Model[F]) attnShape(l int) tensor.AttentionShape {
 	_, _, NH, NKV, HD, _, _ := m.dims()
 	return tensor.AttentionShape{B: m.B, Tq: m.T, Tk: m.T, NH: NH, NKV: NKV, HD: HD, Causal: true,
 		Chunk: m.Cfg.AttentionChunk(l), Starts: m.startsBuf()}
+}
+
+// RopeScaling is the model's RoPE frequency scaling (model.rope_scaling and
+// its four numbers) as tensor.RopeInvFreq takes it: the inverse frequencies
+// every backend's RopeTables turns into the cos and sin tables.
+func RopeScaling(c config.Model) tensor.RopeScaling {
+	return tensor.RopeScaling{Type: c.RopeScaling, Factor: c.RopeScalingFactor, LowFreqFactor: c.RopeScalingLowFreqFactor,
+		HighFreqFactor: c.RopeScalingHighFreqFactor, OriginalMaxPositions: float64(c.RopeScalingOriginalMaxPositionEmbeddings)}
 }
