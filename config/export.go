@@ -120,7 +120,7 @@ var shardlineOnly = map[string]bool{"device-profile": true, "world-size": true, 
 
 // zeroMeansDerived are the flags whose 0 means "derive it" in shardline, which
 // Megatron spells by leaving the argument out.
-var zeroMeansDerived = map[string]bool{"kv-channels": true, "suggested-communication-unit-size": true, "moe-expert-capacity-factor": true}
+var zeroMeansDerived = map[string]bool{"kv-channels": true, "num-query-groups": true, "suggested-communication-unit-size": true, "moe-expert-capacity-factor": true}
 
 func isZero(v any) bool {
 	switch x := v.(type) {

@@ -42,6 +42,13 @@ func TestExportMegatronRoundTrip(t *testing.T) {
 		require.Equal(t, want, got, "%s: exported as %v, unexpressed %v", f, e.Args, e.Unexpressed)
 		script := e.Script(f, want)
 		require.Contains(t, script, "SHARDLINE_ARGS=(\n    --swiglu\n")
+		// A derived value (0) is spelled by leaving its argument out:
+		// --num-query-groups 0 is not a number of groups.
+		for i, a := range e.Args {
+			if a == "--num-query-groups" {
+				require.NotEqual(t, "0", e.Args[i+1], "%s: %v", f, e.Args)
+			}
+		}
 	}
 }
 
