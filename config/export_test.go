@@ -42,14 +42,18 @@ func TestExportMegatronRoundTrip(t *testing.T) {
 		require.Equal(t, want, got, "%s: exported as %v, unexpressed %v", f, e.Args, e.Unexpressed)
 		script := e.Script(f, want)
 		require.Contains(t, script, "SHARDLINE_ARGS=(\n    --swiglu\n")
-		// A derived value (0) is spelled by leaving its argument out:
-		// --num-query-groups 0 is not a number of groups.
-		for i, a := range e.Args {
-			if a == "--num-query-groups" {
-				require.NotEqual(t, "0", e.Args[i+1], "%s: %v", f, e.Args)
-			}
-		}
 	}
+}
+
+// TestExportMegatronLeavesDerivedOut: a value shardline derives from 0
+// (model.kv_heads 0: as many key/value heads as heads) is spelled by leaving
+// its argument out, not as --num-query-groups 0.
+func TestExportMegatronLeavesDerivedOut(t *testing.T) {
+	res, diags := Load(filepath.Join("..", "recipes", "tiny.toml"), Options{Sets: []string{"model.kv_heads=0"}})
+	require.False(t, diags.HasErrors(), "%v", diags)
+	e := ExportMegatron(&res.Recipe)
+	assert.NotContains(t, e.Args, "--num-query-groups")
+	assert.NotContains(t, e.Args, "--group-query-attention")
 }
 
 // TestImportMegatronRoundTrip: every shipped recipe exported as a launch script
