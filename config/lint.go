@@ -169,8 +169,8 @@ func (c *checker) megatronFSDP() {
 		if c.r.Origin("fsdp.grad_reduce_in_bf16").Kind == FromImport {
 			sev = SevNote // the imported job's own choice, kept: a suggestion, not a defect
 		}
-		c.report(sev, "SL111", "precision.bf16 is on but fsdp.grad_reduce_in_bf16 is off: gradients are reduced in fp32, twice the bytes",
-			"set grad_reduce_in_bf16 = true (reductions still accumulate in fp32)", "fsdp.grad_reduce_in_bf16", "precision.bf16")
+		c.report(sev, "SL111", "precision.bf16 is on but fsdp.grad_reduce_in_bf16 is off: gradients are held and reduced in fp32, twice the memory and bytes",
+			"set grad_reduce_in_bf16 = true (gradients are then held and accumulated in bf16, as Megatron-FSDP's; each kernel and reduction sums in fp32 and rounds once)", "fsdp.grad_reduce_in_bf16", "precision.bf16")
 	}
 }
 

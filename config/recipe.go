@@ -336,8 +336,10 @@ type FSDP struct {
 	OverlapGradReduce bool `toml:"overlap_grad_reduce" flag:"overlap-grad-reduce"`
 	// Gather the next unit's parameters while the current unit computes.
 	OverlapParamGather bool `toml:"overlap_param_gather" flag:"overlap-param-gather"`
-	// Reduce gradients in bf16 (accumulating in fp32) instead of fp32, halving
-	// reduce-scatter bytes.
+	// Hold, accumulate and reduce the gradients in bf16 instead of fp32, as
+	// Megatron-FSDP's main gradients then are: half the gradient memory and
+	// the reduce-scatter bytes (each kernel adds in fp32 and rounds once; the
+	// reductions sum in fp32).
 	GradReduceInBF16 bool `toml:"grad_reduce_in_bf16" flag:"grad-reduce-in-bf16"`
 	// Size the persistent gather buffers for at least two of the largest unit (the
 	// unit in use and the next one) even without overlap_param_gather, as NCCL user

@@ -54,7 +54,8 @@ static int lt_batch(cublasLtMatrixLayout_t l, int count, long long stride) {
 // (strides sa, sb, sc in elements), and picks the heuristic's first algorithm that
 // fits a workspace of ws bytes.
 static int lt_prepare(cublasLtHandle_t h, lt_plan* p, int ta, int tb, long m, long n, long k,
-                      long lda, long ldb, long ldc, int ab, int ct, size_t ws, int batch, long long sa, long long sb, long long sc) {
+                      long lda, long ldb, long ldc, int ab, int ct, size_t ws, int batch, long long sa, long long sb, long long sc,
+                      unsigned int ala, unsigned int alb, unsigned int alc) {
 	int st;
 	cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
 	if ((st = p_cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F))) return st;
@@ -67,6 +68,13 @@ static int lt_prepare(cublasLtHandle_t h, lt_plan* p, int ta, int tb, long m, lo
 	cublasLtMatmulPreference_t pref;
 	if ((st = p_cublasLtMatmulPreferenceCreate(&pref))) return st;
 	st = p_cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+	// The operands' alignment, which the heuristic otherwise takes to be 256
+	// bytes: a product over a slice (rows of a buffer, a piece of columns)
+	// may start anywhere a value does.
+	if (!st) st = p_cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &ala, sizeof(ala));
+	if (!st) st = p_cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &alb, sizeof(alb));
+	if (!st) st = p_cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &alc, sizeof(alc));
+	if (!st) st = p_cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &alc, sizeof(alc));
 	cublasLtMatmulHeuristicResult_t r;
 	int found = 0;
 	if (!st) st = p_cublasLtMatmulAlgoGetHeuristic(h, p->op, p->a, p->b, p->c, p->c, pref, 1, &r, &found);
@@ -124,6 +132,18 @@ type gemmKey struct {
 	ab, c         DType
 	batch         int
 	sa, sb, sc    int // batch strides in elements
+	// alA, alB, alC are the operands' alignment in bytes (alignment): an
+	// algorithm chosen for aligned operands may need that alignment.
+	alA, alB, alC uint
+}
+
+// alignment is the largest power of two up to 256 that divides p (256 for
+// 0): what cuBLASLt's heuristic is told of an operand's start.
+func alignment(p devicePtr) uint {
+	if p == 0 {
+		return 256
+	}
+	return uint(min(uint64(p)&-uint64(p), 256))
 }
 
 func openBlasLt(stream unsafe.Pointer) (*blasLt, error) {
@@ -167,12 +187,13 @@ func cudaType(t DType) C.int {
 // once by cuBLASLt's heuristic and cached.
 func (d *Device) batchedProduct(ta, tb bool, m, n, k int, A Buffer, lda, sa int, B Buffer, ldb, sb int, beta float32, Cb Buffer, ldc, sc, batch int) {
 	lt := d.drv.lt
-	key := gemmKey{ta, tb, m, n, k, lda, ldb, ldc, A.DType, Cb.DType, batch, sa, sb, sc}
+	key := gemmKey{ta, tb, m, n, k, lda, ldb, ldc, A.DType, Cb.DType, batch, sa, sb, sc, alignment(A.ptr), alignment(B.ptr), alignment(Cb.ptr)}
 	p, ok := lt.plans[key]
 	if !ok {
 		p = (*C.lt_plan)(C.calloc(1, C.size_t(unsafe.Sizeof(C.lt_plan{}))))
 		st := C.lt_prepare(lt.h, p, cbool(ta), cbool(tb), C.long(m), C.long(n), C.long(k), C.long(lda), C.long(ldb), C.long(ldc),
-			cudaType(A.DType), cudaType(Cb.DType), blasWorkspace, C.int(batch), C.longlong(sa), C.longlong(sb), C.longlong(sc))
+			cudaType(A.DType), cudaType(Cb.DType), blasWorkspace, C.int(batch), C.longlong(sa), C.longlong(sb), C.longlong(sc),
+			C.uint(key.alA), C.uint(key.alB), C.uint(key.alC))
 		if st != 0 {
 			C.free(unsafe.Pointer(p))
 			d.fail("gemm", fmt.Errorf("cuBLASLt has no algorithm for %+v (status %d)", key, st))

@@ -444,7 +444,13 @@ func (d *Device) gemmIntoBF16(ta, tb bool, m, n, k int, A Buffer, lda, sa int, B
 		}
 		return
 	}
+	// Pieces of a multiple of 64 columns (where the product has that many),
+	// so that every piece's operands start 256-byte aligned when the whole's
+	// do: cuBLASLt's fastest algorithms ask it.
 	cols := max(gemmScratchValues/m, 1)
+	if cols >= 64 {
+		cols &^= 63
+	}
 	for b0 := 0; b0 < batch; b0++ {
 		for j0 := 0; j0 < n; j0 += cols {
 			piece(b0, 1, j0, min(cols, n-j0))

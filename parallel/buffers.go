@@ -55,11 +55,13 @@ type UnitBuffers struct {
 
 // ReduceStage is the scratch a rank's gradient reduction uses beside the
 // gradient buffers, in elements. Every group's reduction reuses it in turn: a
-// rank reduces on one stream, one group at a time. Wire holds a group's fp32
-// gradients rounded to bf16 for the wire (grad_reduce_in_bf16); Part holds this
+// rank reduces on one stream, one group at a time. Wire holds n equal chunks
+// of a whole group's bf16 gradients, padded, for the engine's bf16 all-reduce
+// (a reduce-scatter into one chunk of Part and an all-gather); Part holds this
 // rank's part of the sum where it cannot land in the gradient shard directly:
-// it arrives in bf16, or it is added to earlier micro-batches' gradients
-// (optim_grads, optim_grads_params); PartBF16 is Part's dtype.
+// it is added to earlier micro-batches' gradients (optim_grads,
+// optim_grads_params). PartBF16 is Part's dtype, the gradients' (bf16 with
+// grad_reduce_in_bf16).
 type ReduceStage struct {
 	Wire     int64 `json:"wire_elems"`
 	Part     int64 `json:"part_elems"`

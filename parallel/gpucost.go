@@ -203,7 +203,7 @@ func gpuStepModel(r *config.Recipe, p *Plan) StepBreakdown {
 	a, s := mt.Attention, mt.Stream
 	micro := float64(p.MicroBatches)
 	b := StepBreakdown{GEMM: g * micro, Attention: a * micro, Stream: s * micro, HostShare: 1}
-	stream, opt := stepStreams(p, c)
+	stream, opt := stepStreams(r, p, c, true)
 	b.Stream += stream
 	b.Optimizer = opt
 	var hidden, exposed float64

@@ -62,7 +62,7 @@ func stepModel(r *config.Recipe, p *Plan, c *Calibration) StepBreakdown {
 	micro := float64(p.MicroBatches)
 	b.GEMM, b.Attention, b.Stream = g*micro, a*micro, s*micro
 	b.Stall = c.expertsStallOf(r.Precision.BF16, mt.Routed) * mt.ExpertBytes * micro
-	stream, opt := stepStreams(p, c)
+	stream, opt := stepStreams(r, p, c, false)
 	if f := c.InStepOptimizer; f > 0 {
 		stream, opt = stream*f, opt*f
 	}
@@ -109,15 +109,21 @@ func (c *Calibration) StepTail(n float64) float64 {
 // stepStreams is the once-a-step memory-bound work by c's costs: the gradient
 // norm over the gradients the rank holds, their accumulation over the
 // micro-batches after the first, and the optimizer over the rank's shard of the
-// main weights.
-func stepStreams(p *Plan, c opCosts) (stream, optimizer float64) {
+// main weights. Costs per element of fp32 gradients (byBytes: a GPU's, whose
+// kernels move bytes) count bf16 gradients as half the elements; the CPU's
+// tables, whose bf16 gradients are widened a tile at a time, count every
+// element.
+func stepStreams(r *config.Recipe, p *Plan, c opCosts, byBytes bool) (stream, optimizer float64) {
 	var owned, grads float64
 	for i := range p.Groups {
 		owned += float64(p.Groups[i].ShardNumel())
 		grads += float64(p.Groups[i].Padded)
 	}
 	if p.Memory.Grads > 0 {
-		grads = float64(p.Memory.Grads) / 4
+		grads = float64(p.Memory.Grads) / float64(dtypesOf(r).grad) // elements, in the dtype they are held in
+	}
+	if byBytes {
+		grads *= float64(dtypesOf(r).grad) / 4
 	}
 	stream = c.stream(StreamSumSquares, grads)
 	if micro := float64(p.MicroBatches); micro > 1 {

@@ -799,7 +799,8 @@ func (s *state) gradDType() tensor.DType {
 // reduceInto reduce-scatters one unit's full gradients of group gi (src, in
 // the gradients' dtype) and adds this rank's shard of the sum to its gradient
 // shard, through the part stage (in the same dtype: a bf16 sum is
-// accumulated in fp32 and rounded once, and rounded again as it is added).
+// accumulated in fp32 and rounded once by the host's communicators, at each
+// hop by NCCL's ring, and rounded again as it is added).
 // Only the runtime's stream calls it, one group at a time, so the stage is
 // never in use twice.
 func (s *state) reduceInto(gi int, src tensor.Buffer) error {
@@ -833,9 +834,11 @@ func (s *state) gatherFull() error {
 	return nil
 }
 
-// allReduceBF16 sums group gi's whole bf16 gradients over its ranks (summed
-// in fp32 in rank order, the sum rounded once): a bf16 reduce-scatter over n equal chunks (the wire stage, padded to a
-// multiple of n with zeros) and a bf16 all-gather, as a ring all-reduce runs.
+// allReduceBF16 sums group gi's whole bf16 gradients over its ranks (in fp32
+// in rank order and rounded once by the host's communicators; NCCL's ring
+// rounds at each hop): a bf16 reduce-scatter over n equal chunks (the wire
+// stage, padded to a multiple of n with zeros) and a bf16 all-gather, as a
+// ring all-reduce runs.
 func (s *state) allReduceBF16(gi int) error {
 	g, c := s.grads[gi], s.comms[gi]
 	n := c.Size()
