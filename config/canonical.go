@@ -32,6 +32,26 @@ func Fingerprint(r *Recipe) (string, error) {
 	return "sha256:" + hex.EncodeToString(sum[:]), nil
 }
 
+// resolvedHeader starts ResolvedTOML's header; its fingerprint line and a blank
+// line follow, then the canonical TOML.
+const resolvedHeader = "# Resolved by shardline; every key is explicit.\n# fingerprint: "
+
+// WrittenFingerprint is the fingerprint of the canonical TOML a ResolvedTOML
+// text holds after its header, as written (not as this version would
+// canonicalise the recipe): false when text does not start with the header.
+func WrittenFingerprint(text []byte) (string, bool) {
+	rest, ok := bytes.CutPrefix(text, []byte(resolvedHeader))
+	if !ok {
+		return "", false
+	}
+	_, body, ok := bytes.Cut(rest, []byte("\n\n"))
+	if !ok {
+		return "", false
+	}
+	sum := sha256.Sum256(body)
+	return "sha256:" + hex.EncodeToString(sum[:]), true
+}
+
 // ResolvedTOML is what `shardline recipe resolve` prints and what a run writes next
 // to its outputs: a header naming the fingerprint, then the canonical TOML. The
 // header is a comment, so the file loads back to the same recipe and fingerprint.
@@ -42,6 +62,6 @@ func ResolvedTOML(r *Recipe) ([]byte, string, error) {
 	}
 	sum := sha256.Sum256(c)
 	fp := "sha256:" + hex.EncodeToString(sum[:])
-	out := fmt.Appendf(nil, "# Resolved by shardline; every key is explicit.\n# fingerprint: %s\n\n", fp)
+	out := fmt.Appendf(nil, resolvedHeader+"%s\n\n", fp)
 	return append(out, c...), fp, nil
 }

@@ -664,8 +664,16 @@ func readHF(dir string, m config.Model, table []parallel.Param) ([][]float32, er
 // maxRunJSON caps run.json as read back: a few kilobytes when written.
 const maxRunJSON = 1 << 20
 
+// maxResolved caps resolved.toml as read back for its fingerprint.
+const maxResolved = 16 << 20
+
 // checkRecipeFingerprint compares the fingerprint of a run directory's resolved
-// recipe with the one its run.json recorded when the run started.
+// recipe with the one its run.json recorded when the run started: the
+// fingerprint of resolved.toml's canonical text as written (after its
+// header), so that a run written by an earlier shardline, whose canonical
+// recipe lacks keys added since (each added with a default that keeps the
+// earlier behaviour), still loads; an edit of the file changes that text.
+// A file without the header is checked by its recipe's fingerprint.
 func checkRecipeFingerprint(dir string, r *config.Recipe) error {
 	path := filepath.Join(dir, "run.json")
 	b, err := fileio.ReadRegular(path, maxRunJSON)
@@ -675,6 +683,11 @@ func checkRecipeFingerprint(dir string, r *config.Recipe) error {
 	var info runInfo
 	if err := json.Unmarshal(b, &info); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
+	}
+	if text, err := fileio.ReadRegular(filepath.Join(dir, "resolved.toml"), maxResolved); err == nil {
+		if fp, ok := config.WrittenFingerprint(text); ok && fp == info.RecipeFingerprint {
+			return nil
+		}
 	}
 	fp, err := config.Fingerprint(r)
 	if err != nil {

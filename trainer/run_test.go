@@ -324,6 +324,23 @@ func TestWeightsAreChecked(t *testing.T) {
 	assert.Contains(t, err.Error(), "the recipe changed after the run")
 	require.NoError(t, os.WriteFile(resolved, rb, 0o644))
 
+	// A run written by an earlier shardline: its resolved recipe lacks a key
+	// added since (its default keeps the earlier behaviour), and run.json
+	// holds the fingerprint of the text as that version wrote it. It loads.
+	older := strings.Replace(string(rb), "rope_scaling_low_freq_factor = 1.0\n", "", 1)
+	require.NotEqual(t, string(rb), older)
+	fp, ok := config.WrittenFingerprint([]byte(older))
+	require.True(t, ok)
+	runJSON := filepath.Join(out.Dir, "run.json")
+	rj := must(os.ReadFile(runJSON))
+	now, _ := config.Fingerprint(&res.Recipe)
+	require.NoError(t, os.WriteFile(resolved, []byte(older), 0o644))
+	require.NoError(t, os.WriteFile(runJSON, []byte(strings.Replace(string(rj), now, fp, 1)), 0o644))
+	_, err = SampleRun(cpu.Backend{}, out.Dir, "the", 5, 0, 1)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(resolved, rb, 0o644))
+	require.NoError(t, os.WriteFile(runJSON, rj, 0o644))
+
 	require.NoError(t, os.WriteFile(path, good[:len(good)-100], 0o644))
 	_, err = SampleRun(cpu.Backend{}, out.Dir, "the", 5, 0, 1)
 	require.ErrorIs(t, err, fileio.ErrCorrupt)
