@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// exportCases are the five Hugging Face architectures an export can take.
+// exportCases are the six Hugging Face architectures an export can take.
 var exportCases = []struct {
 	arch string
 	sets []string
@@ -41,19 +41,46 @@ var exportCases = []struct {
 	{"Qwen3ForCausalLM", []string{"model.qk_norm=true", "model.head_dim=12", "model.heads=4", "model.kv_heads=2"}, ""},
 	{"Qwen3MoeForCausalLM", []string{"model.qk_norm=true", "model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32", "model.moe.layer_freq=2"}, ""},
 	{"Qwen3MoeForCausalLM", []string{"model.qk_norm=true", "model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32", "model.moe.norm_top_k=false"}, ""},
+	// DeepSeek-V3's router over standard attention: Glm4Moe. Sigmoid scores
+	// renormalised and scaled by 2.5, two groups of two experts of which a token
+	// keeps one, expert biases, a shared expert, QK-norm, the first layer dense
+	// (first_k_dense_replace 1).
+	{"Glm4MoeForCausalLM", glm4MoeSets, ""},
+	// Without QK-norm, groups or biases, the gates as they are, no shared
+	// expert (Glm4Moe's zero-width one), every layer MoE.
+	{"Glm4MoeForCausalLM", []string{"model.moe.score_function=sigmoid", "model.moe.norm_top_k=false", "model.moe.num_experts=4", "model.moe.top_k=2",
+		"model.moe.expert_ffn_hidden=32", "model.moe.shared_experts=0"}, ""},
 	// Trained with a tokenizer.json, which the export carries (and import requires).
 	{"LlamaForCausalLM", []string{"data.tokenizer=" + tinyTokenizerPath, "model.vocab_size=560"}, ""},
 }
 
-// TestExportRefusesWhatNoArchitectureComputes: Llama 4's and DeepSeek-V3's
-// routers and NoPE layers have no Hugging Face names yet: an export says so,
-// naming the keys, instead of writing a model that computes otherwise.
+// glm4MoeSets is DeepSeek-V3's routing on the test model (deepseekSets
+// without its NoPE layer), the first layer dense.
+var glm4MoeSets = append([]string{"model.moe.score_function=sigmoid", "model.moe.top_k_scale=2.5", "model.moe.num_groups=2", "model.moe.group_top_k=1",
+	"model.moe.expert_bias=true", "model.moe.bias_update_rate=0.01", "model.qk_norm=true", "model.moe.layer_freq=2"}, moeSets...)
+
+// TestExportRefusesWhatNoArchitectureComputes: NoPE layers have no Hugging
+// Face names yet, nor has DeepSeek-V3's router with them: an export says so,
+// naming the key, instead of writing a model that computes otherwise.
 func TestExportRefusesWhatNoArchitectureComputes(t *testing.T) {
 	res, dir := tinyRun(t, append([]string{"train.steps=1", "train.eval_interval=0"}, deepseekSets...)...)
 	r, err := Run(context.Background(), res, opts())
 	require.NoError(t, err)
 	err = ExportHF(r.Dir, filepath.Join(dir, "hf"), 5<<30, false)
-	require.ErrorContains(t, err, "model.nope_interval, model.moe.score_function, model.moe.top_k_scale, model.moe.expert_bias, model.moe.num_groups")
+	require.ErrorContains(t, err, "the model's sigmoid router exports as Glm4MoeForCausalLM, which cannot express model.nope_interval = 2: Glm4MoeForCausalLM applies RoPE in every layer")
+}
+
+// exportedWeights is what an export of fr writes for each of its parameters:
+// its weights, the expert biases as hf.ExportedBias writes them.
+func exportedWeights(fr *finishedRun) [][]float32 {
+	out := make([][]float32, len(fr.table))
+	for i := range fr.table {
+		out[i] = fr.weights[i]
+		if fr.table[i].Balance {
+			out[i] = hf.ExportedBias(fr.recipe.Model, fr.weights[i])
+		}
+	}
+	return out
 }
 
 // tinyTokenizerPath is trainer/tokenizer's test tokenizer.json, absolute.
@@ -89,8 +116,9 @@ func TestExportRoundTrip(t *testing.T) {
 			require.NoError(t, err)
 			back, err := readHF(out, fr.recipe.Model, fr.table)
 			require.NoError(t, err)
+			want := exportedWeights(fr)
 			for i := range fr.table {
-				require.Equal(t, fr.weights[i], back[i], fr.table[i].Name)
+				require.Equal(t, want[i], back[i], fr.table[i].Name)
 			}
 			other := *fr.recipe
 			other.Model.Hidden, other.Model.FFNHidden = 64, 128
@@ -117,35 +145,76 @@ func TestExportRoundTrip(t *testing.T) {
 // units. `make test` installs Debian's python3-torch and sets
 // SHARDLINE_TORCH_PYTHON; run there, the test does not skip.
 func TestExportMatchesPyTorch(t *testing.T) {
+	py := torchPython(t)
+	for _, c := range exportCases {
+		t.Run(c.arch, func(t *testing.T) {
+			run, out := trainedForExport(t, c.sets, 5<<30)
+			matchesReference(t, py, run, out, c.arch, cmp.Or(c.tol, "1e-5"))
+		})
+	}
+}
+
+// torchPython is SHARDLINE_TORCH_PYTHON; the test skips without it.
+func torchPython(t *testing.T) string {
 	py := os.Getenv("SHARDLINE_TORCH_PYTHON")
 	if py == "" {
 		t.Skip("SHARDLINE_TORCH_PYTHON is not set: `make test` installs python3-torch and sets it")
 	}
+	return py
+}
+
+// matchesReference runs scripts/hf_reference.py (with py) over the export out
+// of run and fails unless its logits equal shardline's within tol.
+func matchesReference(t *testing.T, py, run, out, arch, tol string) {
 	tokens := []int32{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4}
-	for _, c := range exportCases {
-		t.Run(c.arch, func(t *testing.T) {
-			run, out := trainedForExport(t, c.sets, 5<<30)
-			logits, err := RunLogits(cpu.Backend{}, run, tokens)
-			require.NoError(t, err)
-			fr, err := loadRun(run)
-			require.NoError(t, err)
-			V := fr.recipe.Model.VocabSize
-			rows := make([][]float32, len(tokens))
-			for i := range rows {
-				rows[i] = logits[i*V : (i+1)*V]
-			}
-			caseFile := filepath.Join(t.TempDir(), "case.json")
-			b, err := json.Marshal(map[string]any{"tokens": tokens, "logits": rows})
-			require.NoError(t, err)
-			require.NoError(t, os.WriteFile(caseFile, b, 0o644))
-			tol := cmp.Or(c.tol, "1e-5")
-			cmd := exec.Command(py, "../scripts/hf_reference.py", out, caseFile, tol)
-			msg, err := cmd.CombinedOutput()
-			t.Log(string(msg))
-			require.NoError(t, err, "%s", msg)
-			assert.Contains(t, string(msg), c.arch)
-		})
+	logits, err := RunLogits(cpu.Backend{}, run, tokens)
+	require.NoError(t, err)
+	fr, err := loadRun(run)
+	require.NoError(t, err)
+	V := fr.recipe.Model.VocabSize
+	rows := make([][]float32, len(tokens))
+	for i := range rows {
+		rows[i] = logits[i*V : (i+1)*V]
 	}
+	caseFile := filepath.Join(t.TempDir(), "case.json")
+	b, err := json.Marshal(map[string]any{"tokens": tokens, "logits": rows})
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(caseFile, b, 0o644))
+	cmd := exec.Command(py, "../scripts/hf_reference.py", out, caseFile, tol)
+	msg, err := cmd.CombinedOutput()
+	t.Log(string(msg))
+	require.NoError(t, err, "%s", msg)
+	assert.Contains(t, string(msg), arch)
+}
+
+// Expert biases far below the scores (0..1), set in a trained Glm4Moe model:
+// each group of two holds one expert whose biased score is below 0 for every
+// token, so whichever group a token keeps, one of its two chosen experts has a
+// negative biased score. transformers 4.5x fills the experts of the groups
+// not kept with 0.0 (the reference does too), which would beat it: the export
+// writes each layer's biases less their minimum, which changes no choice, and
+// its logits equal shardline's within 1e-5 (as TestExportMatchesPyTorch;
+// without the shift they differ by 0.03).
+func TestExportKeepsTheChoicesOfNegativeBiases(t *testing.T) {
+	py := torchPython(t)
+	res, dir := tinyRun(t, append(append([]string{"train.steps=3", "train.eval_interval=0"}, glm4MoeSets...), "model.moe.shared_experts=2")...)
+	r, err := Run(context.Background(), res, opts())
+	require.NoError(t, err)
+	fr, err := loadRun(r.Dir)
+	require.NoError(t, err)
+	set := []float32{0.25, -1.5, 0.5, -1.25}
+	for i := range fr.table {
+		if fr.table[i].Balance {
+			copy(fr.weights[i], set)
+		}
+	}
+	require.NoError(t, saveWeights(filepath.Join(r.Dir, "weights.bin"), fr.table, fr.weights))
+	out := filepath.Join(dir, "hf")
+	require.NoError(t, ExportHF(r.Dir, out, 5<<30, false))
+	ts, err := hf.ReadModel(out, 1<<30)
+	require.NoError(t, err)
+	assert.Equal(t, []float32{1.75, 0, 2, 0.25}, ts["model.layers.1.mlp.gate.e_score_correction_bias"].Data)
+	matchesReference(t, py, r.Dir, out, "Glm4MoeForCausalLM", "1e-5")
 }
 
 func parallelTable(r *config.Recipe) ([]parallel.Param, error) {
