@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/shardline/shardline/fileio"
+	"github.com/shardline/shardline/trainer/hf"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -137,4 +138,28 @@ func TestInitFromReadsOnlyWhatTheModelNeeds(t *testing.T) {
 	require.ErrorIs(t, err, fileio.ErrTooLarge)
 	assert.ErrorContains(t, err, "more than the recipe's model needs")
 	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(16<<20), "bytes allocated")
+}
+
+// Glm4Moe always holds e_score_correction_bias: a recipe without
+// model.moe.expert_bias imports only zeros there (an export's own), and
+// refuses a model whose biases choose otherwise, naming the tensor and the fix.
+func TestImportRefusesGlm4MoeBiasesWithoutExpertBias(t *testing.T) {
+	run, out := trainedForExport(t, []string{"model.moe.score_function=sigmoid", "model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32"}, 1<<30)
+	fr, err := loadRun(run)
+	require.NoError(t, err)
+	_, err = readHF(out, fr.recipe.Model, fr.table)
+	require.NoError(t, err)
+	path := filepath.Join(out, "model.safetensors")
+	ts, _, err := hf.ReadSafetensors(path, 1<<30)
+	require.NoError(t, err)
+	name := "model.layers.1.mlp.gate.e_score_correction_bias"
+	require.Equal(t, []float32{0, 0, 0, 0}, ts[name].Data)
+	ts[name].Data[2] = 0.5
+	list := make([]hf.Tensor, 0, len(ts))
+	for _, v := range ts {
+		list = append(list, v)
+	}
+	require.NoError(t, hf.WriteSafetensors(path, list, nil))
+	_, err = readHF(out, fr.recipe.Model, fr.table)
+	assert.ErrorContains(t, err, "tensor "+name+" is not zero and the recipe's model has no expert bias: set model.moe.expert_bias = true")
 }

@@ -21,8 +21,11 @@ OUT_DIR/model.safetensors (split into model-0000i-of-0000n.safetensors with an i
 above --shard-size), named as Hugging Face's LlamaForCausalLM for dense models,
 MixtralForCausalLM for MoE models whose every layer is MoE without shared experts
 and with renormalised gates, and Qwen2MoeForCausalLM otherwise; with model.qk_norm
-Qwen3ForCausalLM or Qwen3MoeForCausalLM. NoPE layers and the routers of Llama 4
-and DeepSeek-V3 are refused (no Hugging Face names yet). transformers'
+Qwen3ForCausalLM or Qwen3MoeForCausalLM. DeepSeek-V3's router (sigmoid scores,
+expert biases, groups, scale, shared experts) over standard attention exports as
+Glm4MoeForCausalLM (GLM-4.5's class, with partial_rotary_factor 1, no attention
+bias, use_qk_norm as model.qk_norm; docs/checkpoints.md says why). NoPE layers
+and Llama 4's router are refused (no Hugging Face names yet). transformers'
 from_pretrained loads it, and shardline run --init-from reads it back. A run
 trained with a tokenizer file (data.tokenizer = a tokenizer.json, tiktoken or
 SentencePiece tokenizer.model) exports that file unchanged, with its
@@ -71,8 +74,9 @@ func (a *app) ckptImportCmd() *cobra.Command {
 	run.Use = "import HF_DIR [RECIPE | RUN_DIR] [run flags]"
 	run.Short = "Start a run (fine-tuning) from a Hugging Face model directory"
 	run.Long = `Import starts a run whose weights come from HF_DIR (config.json and safetensors,
-as shardline ckpt export writes them, with Llama, Mixtral, Qwen2-MoE, Qwen3 or
-Qwen3-MoE names)
+as shardline ckpt export writes them, with Llama, Mixtral, Qwen2-MoE, Qwen3,
+Qwen3-MoE or Glm4Moe names; DeepSeek-V2's and V3's own, whose attention is
+multi-head latent attention, are refused naming it)
 instead of the initialisation: shardline run --init-from HF_DIR, with every flag of
 run. config.json must describe the recipe's model: every key that differs (the
 architecture, a size, the activation, the RoPE base or scaling, the norm epsilon,

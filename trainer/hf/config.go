@@ -180,6 +180,7 @@ func CheckConfig(dir string, m config.Model) error {
 			}
 		}
 		_, given := c[key]
+		given = given || ropeParameter(c, key) != nil
 		bad = append(bad, ConfigMismatch{key, got, !given && got != nil, recipeKey, recipeValue, fix})
 	}
 	same("hidden_size", "model.hidden", m.Hidden)
@@ -266,7 +267,7 @@ func CheckConfig(dir string, m config.Model) error {
 		same("mlp_only_layers", "", nil)
 		same("use_sliding_window", "", nil)
 	case "glm4_moe":
-		checkGlm4MoeConfig(m, value, same, func(c ConfigMismatch) { bad = append(bad, c) })
+		checkGlm4MoeConfig(m, c, value, same, func(c ConfigMismatch) { bad = append(bad, c) })
 	}
 	if len(bad) > 0 {
 		return &ConfigError{Path: path, Mismatches: bad}

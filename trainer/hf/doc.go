@@ -2,7 +2,10 @@
 // (the project's own reader and writer, following the format's published
 // specification) and config.json, with Llama names for dense models, Mixtral
 // names for MoE models whose every layer is MoE without shared experts, and
-// Qwen2-MoE names otherwise (shared experts, interleaved dense layers).
+// Qwen2-MoE names otherwise (shared experts, interleaved dense layers); Qwen3
+// and Qwen3-MoE names with QK-norm; Glm4Moe names for DeepSeek-V3's sigmoid
+// router over standard attention (glm4moe.go). DeepSeek-V3's own config.json
+// (multi-head latent attention) is refused, naming MLA.
 //
 // # safetensors
 //

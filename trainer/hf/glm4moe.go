@@ -248,10 +248,14 @@ func glm4MoeReadExtra(m config.Model) (elements int64, tensors int) {
 	return elements, tensors
 }
 
-// checkGlm4MoeConfig compares Glm4Moe's keys of config.json (value: with
+// checkGlm4MoeConfig compares Glm4Moe's keys of config.json c (value: with
 // transformers' defaults) with m, through same (a key and the recipe key that
 // sets it), and reports through add what same cannot say.
-func checkGlm4MoeConfig(m config.Model, value func(string) any, same func(key, recipeKey string, recipeValue any), add func(ConfigMismatch)) {
+func checkGlm4MoeConfig(m config.Model, c map[string]any, value func(string) any, same func(key, recipeKey string, recipeValue any), add func(ConfigMismatch)) {
+	absent := func(key string) bool {
+		_, given := c[key]
+		return !given && ropeParameter(c, key) == nil
+	}
 	moe := m.MoE
 	if k, _ := firstDense(m); k > 0 { // the dense layers' MLP width
 		same("intermediate_size", "model.ffn_hidden", m.FFNHidden)
@@ -277,10 +281,10 @@ func checkGlm4MoeConfig(m config.Model, value func(string) any, same func(key, r
 				fix = fmt.Sprintf("set model.moe.layer_freq = %d (only the last layer MoE)", m.Layers)
 			}
 		}
-		add(ConfigMismatch{"first_k_dense_replace", got, false, "model.moe.layer_freq", moe.LayerFreq, fix})
+		add(ConfigMismatch{"first_k_dense_replace", got, absent("first_k_dense_replace"), "model.moe.layer_freq", moe.LayerFreq, fix})
 	}
 	if got := value("partial_rotary_factor"); !equalJSON(got, 1.0) {
-		add(ConfigMismatch{"partial_rotary_factor", got, false, "", nil,
+		add(ConfigMismatch{"partial_rotary_factor", got, absent("partial_rotary_factor"), "", nil,
 			"shardline applies RoPE to every dimension of each head (partial_rotary_factor 1; GLM-4.5 rotates half): no recipe key changes it"})
 	}
 	if got := value("num_nextn_predict_layers"); !equalJSON(got, 0) {

@@ -62,7 +62,7 @@ func Supported(m config.Model) error {
 	if len(what) == 0 {
 		return nil
 	}
-	return fmt.Errorf("the model sets %s, which none of the Hugging Face architectures shardline writes and reads computes (Llama, Mixtral, Qwen2-MoE, Qwen3, Qwen3-MoE; Llama 4's and DeepSeek-V3's names are not written yet)", strings.Join(what, ", "))
+	return fmt.Errorf("the model sets %s, which none of the Hugging Face architectures shardline writes and reads computes (Llama, Mixtral, Qwen2-MoE, Qwen3, Qwen3-MoE, and Glm4Moe for sigmoid routers; Llama 4's names are not written yet)", strings.Join(what, ", "))
 }
 
 // Config is config.json for the model.
