@@ -308,7 +308,10 @@ func ropeParameter(c map[string]any, key string) any {
 // router maps to: the recipe's model.moe keys, exported and imported as
 // Glm4MoeForCausalLM over standard attention. ok is false for other models.
 func deepseekMLA(path string, c map[string]any, arch, mt string) (err error, ok bool) {
-	if !strings.HasPrefix(arch, "DeepseekV") && !strings.HasPrefix(mt, "deepseek_v") {
+	switch {
+	case arch == "DeepseekV2ForCausalLM" || arch == "DeepseekV3ForCausalLM":
+	case mt == "deepseek_v2" || mt == "deepseek_v3":
+	default:
 		return nil, false
 	}
 	var mla []string

@@ -152,4 +152,11 @@ func TestDeepSeekV3ConfigNamesMLA(t *testing.T) {
 			assert.ErrorContains(t, err, w)
 		}
 	}
+	// DeepSeek-V2 by its model type alone; DeepSeek-VL's is not it.
+	require.NoError(t, os.WriteFile(path, []byte(`{"model_type": "deepseek_v2", "kv_lora_rank": 512}`), 0o644))
+	assert.ErrorContains(t, CheckConfig(dir, glmModel()), path+": deepseek_v2 attends with multi-head latent attention (MLA")
+	require.NoError(t, os.WriteFile(path, []byte(`{"architectures": ["DeepseekVLForCausalLM"], "model_type": "deepseek_vl"}`), 0o644))
+	err := CheckConfig(dir, glmModel())
+	require.Error(t, err)
+	assert.NotContains(t, err.Error(), "latent attention")
 }
