@@ -294,13 +294,22 @@ func checkGlm4MoeConfig(m config.Model, c map[string]any, value func(string) any
 }
 
 // ropeParameter is key's value in transformers 5's rope_parameters, which
-// holds rope_theta and partial_rotary_factor where older config.json files
-// have them at the top level; nil when absent.
+// holds rope_theta, partial_rotary_factor and the scaling (rope_type and its
+// numbers) where older config.json files have them at the top level and in
+// rope_scaling: for "rope_scaling", rope_parameters itself unless its type is
+// "default"; nil when absent.
 func ropeParameter(c map[string]any, key string) any {
-	if rp, ok := c["rope_parameters"].(map[string]any); ok {
-		return rp[key]
+	rp, ok := c["rope_parameters"].(map[string]any)
+	switch {
+	case !ok:
+		return nil
+	case key == "rope_scaling":
+		if t := ropeType(rp); t == "" || t == "default" {
+			return nil
+		}
+		return rp
 	}
-	return nil
+	return rp[key]
 }
 
 // deepseekMLA refuses DeepSeek-V2's and V3's config.json (Kimi K2's too), whose

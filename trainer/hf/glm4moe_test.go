@@ -25,8 +25,8 @@ func glmModel() config.Model {
 // the router (scale, groups, renormalisation), the dense first layers, QK-norm,
 // and what shardline's attention cannot be (a partial rotation, biases,
 // multi-token prediction layers), each with its fix; the export's own passes,
-// and transformers 5's rope_parameters are read where 4's top-level keys are
-// absent.
+// and transformers 5's rope_parameters are read where 4's top-level keys and
+// rope_scaling are absent.
 func TestCheckConfigGlm4Moe(t *testing.T) {
 	dir := t.TempDir()
 	m := glmModel()
@@ -44,6 +44,9 @@ func TestCheckConfigGlm4Moe(t *testing.T) {
 	}{
 		{m, nil, nil},
 		{m, map[string]any{"rope_theta": nil, "partial_rotary_factor": nil, "rope_parameters": map[string]any{"rope_type": "default", "rope_theta": 10000, "partial_rotary_factor": 1.0}}, nil},
+		{m, map[string]any{"rope_theta": nil, "partial_rotary_factor": nil, "rope_parameters": map[string]any{"rope_type": "llama3", "rope_theta": 10000, "partial_rotary_factor": 1.0,
+			"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
+			[]string{`set model.rope_scaling = "llama3" and model.rope_scaling_factor = 8`}},
 		{m, map[string]any{"n_routed_experts": 8, "num_experts_per_tok": 4, "n_shared_experts": 2},
 			[]string{"n_routed_experts is 8, the recipe's model.moe.num_experts is 4: set model.moe.num_experts = 8",
 				"num_experts_per_tok is 4, the recipe's model.moe.top_k is 2: set model.moe.top_k = 4",
