@@ -1,19 +1,26 @@
 #!/usr/bin/env python3
 """An outside check of `shardline ckpt export`: the forward passes of Hugging Face's
-LlamaForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM and
-Qwen3MoeForCausalLM and Llama4ForCausalLM, written here from their published
-definitions (transformers' modeling_llama.py, modeling_mixtral.py,
-modeling_qwen2_moe.py, modeling_qwen3.py, modeling_qwen3_moe.py,
-modeling_llama4.py and configuration_llama4.py: RMSNorm, rotate-half RoPE, Qwen3's
-RMSNorm of each head's queries and keys before it, grouped-query attention with
-key and value heads repeated per group, SwiGLU MLPs, softmax-top-k routing with
-the top-k weights renormalised (Mixtral) or as norm_topk_prob says (Qwen2-MoE,
+LlamaForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM,
+Qwen3MoeForCausalLM, Llama4ForCausalLM and Glm4MoeForCausalLM, written here from
+their published definitions (transformers' modeling_llama.py,
+modeling_mixtral.py, modeling_qwen2_moe.py, modeling_qwen3.py,
+modeling_qwen3_moe.py, modeling_llama4.py and configuration_llama4.py,
+modeling_glm4_moe.py: RMSNorm, rotate-half RoPE over the first
+partial_rotary_factor of each head, Qwen3's and Glm4Moe's (use_qk_norm) RMSNorm
+of each head's queries and keys before it, grouped-query attention with key and
+value heads repeated per group, SwiGLU MLPs, softmax-top-k routing with the
+top-k weights renormalised (Mixtral) or as norm_topk_prob says (Qwen2-MoE,
 Qwen3-MoE), Qwen2-MoE's sigmoid-gated shared expert; Llama 4's RoPE over
 adjacent pairs on its no_rope_layers, weightless L2 QK-norm after it, NoPE
 layers' temperature tuning, chunked causal masks on its chunked_attention
 layers, sigmoid top-k router scaling the token before its expert, fused
-gate_up_proj/down_proj experts and a shared expert), in float64, over an
-exported directory read with a plain-Python safetensors parser.
+gate_up_proj/down_proj experts and a shared expert; and Glm4Moe's DeepSeek-V3
+router: sigmoid scores, e_score_correction_bias added for the choice only,
+n_group groups scored by their two best, topk_group kept, the other experts'
+scores filled with 0.0 as transformers 4.5x does, top-k, weights renormalised
+as norm_topk_prob says and scaled by routed_scaling_factor, shared experts
+without a gate, the first first_k_dense_replace layers dense), in float64, over
+an exported directory read with a plain-Python safetensors parser.
 
 usage: hf_reference.py MODEL_DIR CASE.json TOLERANCE [MODEL_DIR CASE.json TOLERANCE ...]
 CASE.json holds {"tokens": [...], "logits": [[...], ...]} from shardline; the script
@@ -83,8 +90,12 @@ def inv_freq(hd, theta, scaling=None):
     return inv
 
 
-def rope(x, theta, scaling=None):
-    # x (T, heads, head_dim); rotate_half pairs element i with i + head_dim/2.
+def rope(x, theta, scaling=None, partial=1.0):
+    # x (T, heads, head_dim); the first partial·head_dim dimensions turn, rotate_half
+    # pairing element i with i + rotary_dim/2; the others pass.
+    if partial != 1.0:
+        rd = int(x.shape[-1] * partial)
+        return torch.cat([rope(x[..., :rd], theta, scaling), x[..., rd:]], dim=-1)
     T, _, hd = x.shape
     freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq(hd, theta, scaling))
     emb = torch.cat([freqs, freqs], dim=-1)
@@ -108,10 +119,11 @@ def attention(x, w, pre, c):
     q = linear(x, w[pre + "q_proj.weight"], w.get(pre + "q_proj.bias")).view(T, nh, hd)
     k = linear(x, w[pre + "k_proj.weight"], w.get(pre + "k_proj.bias")).view(T, nkv, hd)
     v = linear(x, w[pre + "v_proj.weight"], w.get(pre + "v_proj.bias")).view(T, nkv, hd)
-    if pre + "q_norm.weight" in w:  # Qwen3: RMSNorm over each head's head_dim, before RoPE
+    if pre + "q_norm.weight" in w:  # Qwen3, Glm4Moe: RMSNorm over each head's head_dim, before RoPE
         q = rms_norm(q, w[pre + "q_norm.weight"], c["rms_norm_eps"])
         k = rms_norm(k, w[pre + "k_norm.weight"], c["rms_norm_eps"])
-    q, k = rope(q, c["rope_theta"], c.get("rope_scaling")), rope(k, c["rope_theta"], c.get("rope_scaling"))
+    part = c.get("partial_rotary_factor", 1.0)
+    q, k = rope(q, c["rope_theta"], c.get("rope_scaling"), part), rope(k, c["rope_theta"], c.get("rope_scaling"), part)
     rep = nh // nkv  # repeat_kv: query head h reads key/value head h // rep
     k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     s = torch.einsum("thd,uhd->htu", q, k) / hd**0.5
@@ -120,17 +132,41 @@ def attention(x, w, pre, c):
     return linear(o, w[pre + "o_proj.weight"])
 
 
-def routed(x, w, gate_name, expert, n, k, norm=True):
-    probs = linear(x, w[gate_name]).softmax(-1)
-    top, idx = probs.topk(k, dim=-1)
-    if norm:
-        top = top / top.sum(-1, keepdim=True)  # renormalised top-k weights
+def combine(x, idx, top, expert, n):
+    # Each token's chosen experts' outputs, weighed by top.
     out = torch.zeros_like(x)
     for e in range(n):
         rows, slot = (idx == e).nonzero(as_tuple=True)
         if len(rows):
             out[rows] += top[rows, slot, None] * expert(e, x[rows])
     return out
+
+
+def routed(x, w, gate_name, expert, n, k, norm=True):
+    probs = linear(x, w[gate_name]).softmax(-1)
+    top, idx = probs.topk(k, dim=-1)
+    if norm:
+        top = top / top.sum(-1, keepdim=True)  # renormalised top-k weights
+    return combine(x, idx, top, expert, n)
+
+
+def sigmoid_routed(x, w, m, c):
+    # Glm4MoeMoE.route_tokens_to_experts (DeepseekV3's): the bias only chooses.
+    n, k, groups, keep = c["n_routed_experts"], c["num_experts_per_tok"], c["n_group"], c["topk_group"]
+    scores = linear(x, w[m + "gate.weight"]).sigmoid()
+    choice = scores + w[m + "gate.e_score_correction_bias"]
+    group_scores = choice.view(-1, groups, n // groups).topk(2, dim=-1)[0].sum(-1)
+    mask = torch.zeros_like(group_scores, dtype=torch.bool)
+    mask.scatter_(1, group_scores.topk(keep, dim=-1)[1], True)
+    mask = mask.unsqueeze(-1).expand(-1, groups, n // groups).reshape(-1, n)
+    choice = choice.masked_fill(~mask, 0.0)
+    idx = choice.topk(k, dim=-1)[1]
+    top = scores.gather(1, idx)
+    if c["norm_topk_prob"]:
+        top = top / (top.sum(-1, keepdim=True) + 1e-20)
+    top = top * c["routed_scaling_factor"]
+    out = combine(x, idx, top, lambda e, h: swiglu(h, w[f"{m}experts.{e}.gate_proj.weight"], w[f"{m}experts.{e}.up_proj.weight"], w[f"{m}experts.{e}.down_proj.weight"]), n)
+    return out + swiglu(x, w[m + "shared_experts.gate_proj.weight"], w[m + "shared_experts.up_proj.weight"], w[m + "shared_experts.down_proj.weight"])
 
 
 def mlp(x, w, layer, c):
@@ -142,6 +178,8 @@ def mlp(x, w, layer, c):
                       lambda e, h: swiglu(h, w[f"{m}experts.{e}.w1.weight"], w[f"{m}experts.{e}.w3.weight"], w[f"{m}experts.{e}.w2.weight"]),
                       c["num_local_experts"], c["num_experts_per_tok"])
     m = pre + "mlp."
+    if arch == "glm4_moe" and layer >= c["first_k_dense_replace"]:
+        return sigmoid_routed(x, w, m, c)
     if arch in ("qwen2_moe", "qwen3_moe") and (layer + 1) % c["decoder_sparse_step"] == 0:
         out = routed(x, w, m + "gate.weight",
                      lambda e, h: swiglu(h, w[f"{m}experts.{e}.gate_proj.weight"], w[f"{m}experts.{e}.up_proj.weight"], w[f"{m}experts.{e}.down_proj.weight"]),

@@ -70,9 +70,23 @@ var exportCases = []struct {
 		"model.tie_embeddings=true", "model.nope_interval=2", "model.nope_first=true", "model.attention_chunk_size=6"), ""},
 	// Dense with chunked attention in every layer (no NoPE layer, no MoE layer).
 	{"Llama4ForCausalLM", []string{"model.attention_chunk_size=7", "model.head_dim=12"}, ""},
+	// DeepSeek-V3's router over standard attention: Glm4Moe. Sigmoid scores
+	// renormalised and scaled by 2.5, two groups of two experts of which a token
+	// keeps one, expert biases, a shared expert, QK-norm, the first layer dense
+	// (first_k_dense_replace 1).
+	{"Glm4MoeForCausalLM", glm4MoeSets, ""},
+	// Without QK-norm, groups or biases, the gates as they are, no shared
+	// expert (Glm4Moe's zero-width one), every layer MoE.
+	{"Glm4MoeForCausalLM", []string{"model.moe.score_function=sigmoid", "model.moe.norm_top_k=false", "model.moe.num_experts=4", "model.moe.top_k=2",
+		"model.moe.expert_ffn_hidden=32", "model.moe.shared_experts=0"}, ""},
 	// Trained with a tokenizer.json, which the export carries (and import requires).
 	{"LlamaForCausalLM", []string{"data.tokenizer=" + tinyTokenizerPath, "model.vocab_size=560"}, ""},
 }
+
+// glm4MoeSets is DeepSeek-V3's routing on the test model (deepseekSets
+// without its NoPE layer), the first layer dense.
+var glm4MoeSets = append([]string{"model.moe.score_function=sigmoid", "model.moe.top_k_scale=2.5", "model.moe.num_groups=2", "model.moe.group_top_k=1",
+	"model.moe.expert_bias=true", "model.moe.bias_update_rate=0.01", "model.qk_norm=true", "model.moe.layer_freq=2"}, moeSets...)
 
 // llama4HFSets is Llama 4's router as transformers computes it: llama4Sets
 // without the expert bias (Llama4Router has none), balanced by the auxiliary
@@ -102,6 +116,19 @@ func TestExportRefusesWhatNoArchitectureComputes(t *testing.T) {
 	_, err = ExportHF(r.Dir, filepath.Join(dir, "hf"), 5<<30, false)
 	require.ErrorContains(t, err, "Llama4ForCausalLM's router has no expert bias")
 	require.ErrorContains(t, err, "layers.0.moe.expert_bias[")
+}
+
+// exportedWeights is what an export of fr writes for each of its parameters:
+// its weights, the expert biases as hf.ExportedBias writes them.
+func exportedWeights(fr *finishedRun) [][]float32 {
+	out := make([][]float32, len(fr.table))
+	for i := range fr.table {
+		out[i] = fr.weights[i]
+		if fr.table[i].Balance {
+			out[i] = hf.ExportedBias(fr.recipe.Model, fr.weights[i])
+		}
+	}
+	return out
 }
 
 // tinyTokenizerPath is trainer/tokenizer's test tokenizer.json, absolute.
@@ -138,8 +165,9 @@ func TestExportRoundTrip(t *testing.T) {
 			require.NoError(t, err)
 			back, err := readHF(out, fr.recipe.Model, fr.table)
 			require.NoError(t, err)
+			want := exportedWeights(fr)
 			for i := range fr.table {
-				require.Equal(t, fr.weights[i], back[i], fr.table[i].Name)
+				require.Equal(t, want[i], back[i], fr.table[i].Name)
 			}
 			other := *fr.recipe
 			other.Model.Hidden, other.Model.FFNHidden = 64, 128
@@ -168,11 +196,8 @@ func TestExportRoundTrip(t *testing.T) {
 // test` installs Debian's python3-torch and sets SHARDLINE_TORCH_PYTHON; run
 // there, the test does not skip.
 func TestExportMatchesPyTorch(t *testing.T) {
-	py := os.Getenv("SHARDLINE_TORCH_PYTHON")
-	if py == "" {
-		t.Skip("SHARDLINE_TORCH_PYTHON is not set: `make test` installs python3-torch and sets it")
-	}
-	tokens := []int32{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4}
+	py := torchPython(t)
+	tokens := referenceTokens
 	args := []string{"../scripts/hf_reference.py"}
 	outs := make([]string, len(exportCases))
 	for i, c := range exportCases {
@@ -207,6 +232,73 @@ func TestExportMatchesPyTorch(t *testing.T) {
 		assert.Contains(t, line, ": "+c.arch+": ", "%v", c.sets)
 	}
 	require.NoError(t, err, "%s", msg) // a case past its tolerance
+}
+
+// referenceTokens are the tokens the exports' logits are compared on.
+var referenceTokens = []int32{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4}
+
+// torchPython is SHARDLINE_TORCH_PYTHON; the test skips without it.
+func torchPython(t *testing.T) string {
+	py := os.Getenv("SHARDLINE_TORCH_PYTHON")
+	if py == "" {
+		t.Skip("SHARDLINE_TORCH_PYTHON is not set: `make test` installs python3-torch and sets it")
+	}
+	return py
+}
+
+// matchesReference runs scripts/hf_reference.py (with py) over the export out
+// of run and fails unless its logits equal shardline's within tol.
+func matchesReference(t *testing.T, py, run, out, arch, tol string) {
+	tokens := referenceTokens
+	logits, err := RunLogits(cpu.Backend{}, run, tokens)
+	require.NoError(t, err)
+	fr, err := loadRun(run)
+	require.NoError(t, err)
+	V := fr.recipe.Model.VocabSize
+	rows := make([][]float32, len(tokens))
+	for i := range rows {
+		rows[i] = logits[i*V : (i+1)*V]
+	}
+	caseFile := filepath.Join(t.TempDir(), "case.json")
+	b, err := json.Marshal(map[string]any{"tokens": tokens, "logits": rows})
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(caseFile, b, 0o644))
+	cmd := exec.Command(py, "../scripts/hf_reference.py", out, caseFile, tol)
+	msg, err := cmd.CombinedOutput()
+	t.Log(string(msg))
+	require.NoError(t, err, "%s", msg)
+	assert.Contains(t, string(msg), arch)
+}
+
+// Expert biases far below the scores (0..1), set in a trained Glm4Moe model:
+// each group of two holds one expert whose biased score is below 0 for every
+// token, so whichever group a token keeps, one of its two chosen experts has a
+// negative biased score. transformers 4.5x fills the experts of the groups
+// not kept with 0.0 (the reference does too), which would beat it: the export
+// writes each layer's biases less their minimum, which changes no choice, and
+// its logits equal shardline's within 1e-5 (as TestExportMatchesPyTorch;
+// without the shift they differ by 0.03).
+func TestExportKeepsTheChoicesOfNegativeBiases(t *testing.T) {
+	py := torchPython(t)
+	res, dir := tinyRun(t, append(append([]string{"train.steps=3", "train.eval_interval=0"}, glm4MoeSets...), "model.moe.shared_experts=2")...)
+	r, err := Run(context.Background(), res, opts())
+	require.NoError(t, err)
+	fr, err := loadRun(r.Dir)
+	require.NoError(t, err)
+	set := []float32{0.25, -1.5, 0.5, -1.25}
+	for i := range fr.table {
+		if fr.table[i].Balance {
+			copy(fr.weights[i], set)
+		}
+	}
+	require.NoError(t, saveWeights(filepath.Join(r.Dir, "weights.bin"), fr.table, fr.weights))
+	out := filepath.Join(dir, "hf")
+	_, err = ExportHF(r.Dir, out, 5<<30, false)
+	require.NoError(t, err)
+	ts, err := hf.ReadModel(out, 1<<30)
+	require.NoError(t, err)
+	assert.Equal(t, []float32{1.75, 0, 2, 0.25}, ts["model.layers.1.mlp.gate.e_score_correction_bias"].Data)
+	matchesReference(t, py, r.Dir, out, "Glm4MoeForCausalLM", "1e-5")
 }
 
 func parallelTable(r *config.Recipe) ([]parallel.Param, error) {

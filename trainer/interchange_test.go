@@ -6,9 +6,11 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"testing"
 
 	"github.com/shardline/shardline/fileio"
+	"github.com/shardline/shardline/trainer/hf"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -19,14 +21,21 @@ import (
 // llama3 RoPE scaling, a decoupled head size, Mixtral, Qwen2-MoE with shared
 // experts and dense layers), a run started from the export (--init-from,
 // config.json checked) holds exactly the exported weights. Its one step has a
-// learning rate of 1e-30, which moves no weight of these sizes in fp32.
+// learning rate of 1e-30, which moves no weight of these sizes in fp32; the
+// expert biases (Glm4Moe) move by the step's bias update, ±1e-30 here: within
+// 1e-29 of the exported ones (the export's own, shifted under group-limited
+// routing: exportedWeights).
 func TestImportReadsBackEveryExport(t *testing.T) {
 	for _, c := range exportCases {
 		t.Run(c.arch, func(t *testing.T) {
 			run, out := trainedForExport(t, c.sets, 20000)
 			fr, err := loadRun(run)
 			require.NoError(t, err)
-			res, _ := tinyRun(t, append([]string{"train.steps=1", "train.eval_interval=0", "train.lr=1e-30", "train.warmup_steps=0", "logging.sample_tokens=0"}, c.sets...)...)
+			sets := append([]string{"train.steps=1", "train.eval_interval=0", "train.lr=1e-30", "train.warmup_steps=0", "logging.sample_tokens=0"}, c.sets...)
+			if slices.Contains(c.sets, "model.moe.expert_bias=true") {
+				sets = append(sets, "model.moe.bias_update_rate=1e-30")
+			}
+			res, _ := tinyRun(t, sets...)
 			o := opts()
 			o.InitFrom = out
 			r, err := Run(context.Background(), res, o)
@@ -34,8 +43,13 @@ func TestImportReadsBackEveryExport(t *testing.T) {
 			back, err := loadRun(r.Dir)
 			require.NoError(t, err)
 			require.Equal(t, len(fr.table), len(back.table))
+			want := exportedWeights(fr)
 			for i := range fr.table {
-				require.Equal(t, fr.weights[i], back.weights[i], fr.table[i].Name)
+				if fr.table[i].Balance {
+					require.InDeltaSlice(t, want[i], back.weights[i], 1e-29, fr.table[i].Name)
+					continue
+				}
+				require.Equal(t, want[i], back.weights[i], fr.table[i].Name)
 			}
 		})
 	}
@@ -124,4 +138,28 @@ func TestInitFromReadsOnlyWhatTheModelNeeds(t *testing.T) {
 	require.ErrorIs(t, err, fileio.ErrTooLarge)
 	assert.ErrorContains(t, err, "more than the recipe's model needs")
 	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(16<<20), "bytes allocated")
+}
+
+// Glm4Moe always holds e_score_correction_bias: a recipe without
+// model.moe.expert_bias imports only zeros there (an export's own), and
+// refuses a model whose biases choose otherwise, naming the tensor and the fix.
+func TestImportRefusesGlm4MoeBiasesWithoutExpertBias(t *testing.T) {
+	run, out := trainedForExport(t, []string{"model.moe.score_function=sigmoid", "model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32"}, 1<<30)
+	fr, err := loadRun(run)
+	require.NoError(t, err)
+	_, err = readHF(out, fr.recipe.Model, fr.table)
+	require.NoError(t, err)
+	path := filepath.Join(out, "model.safetensors")
+	ts, _, err := hf.ReadSafetensors(path, 1<<30)
+	require.NoError(t, err)
+	name := "model.layers.1.mlp.gate.e_score_correction_bias"
+	require.Equal(t, []float32{0, 0, 0, 0}, ts[name].Data)
+	ts[name].Data[2] = 0.5
+	list := make([]hf.Tensor, 0, len(ts))
+	for _, v := range ts {
+		list = append(list, v)
+	}
+	require.NoError(t, hf.WriteSafetensors(path, list, nil))
+	_, err = readHF(out, fr.recipe.Model, fr.table)
+	assert.ErrorContains(t, err, "tensor "+name+" is not zero and the recipe's model has no expert bias: set model.moe.expert_bias = true")
 }

@@ -24,8 +24,11 @@ and with renormalised gates, and Qwen2MoeForCausalLM otherwise; with model.qk_no
 Qwen3ForCausalLM or Qwen3MoeForCausalLM; Llama4ForCausalLM for Llama 4's router
 (the token scaled before its expert), NoPE layers or chunked attention (without
 QK-norm or nonzero expert biases, which transformers' Llama 4 does not compute).
-DeepSeek-V3's router is refused (no Hugging Face names yet). transformers'
-from_pretrained loads it, and shardline run --init-from reads it back.
+DeepSeek-V3's router (sigmoid scores, expert biases, groups, scale, shared
+experts) over standard attention exports as Glm4MoeForCausalLM (GLM-4.5's
+class, with partial_rotary_factor 1, no attention bias, use_qk_norm as
+model.qk_norm; docs/checkpoints.md says why). transformers' from_pretrained
+loads it, and shardline run --init-from reads it back.
 
 Beside the weights go the run's tokenizer as Hugging Face files that encode text
 to the run's ids, generation_config.json, and bos_token_id and eos_token_id in
@@ -88,8 +91,9 @@ func (a *app) ckptImportCmd() *cobra.Command {
 	run.Use = "import HF_DIR [RECIPE | RUN_DIR] [run flags]"
 	run.Short = "Start a run (fine-tuning) from a Hugging Face model directory"
 	run.Long = `Import starts a run whose weights come from HF_DIR (config.json and safetensors,
-as shardline ckpt export writes them, with Llama, Mixtral, Qwen2-MoE, Qwen3 or
-Qwen3-MoE names)
+as shardline ckpt export writes them, with Llama, Mixtral, Qwen2-MoE, Qwen3,
+Qwen3-MoE or Glm4Moe names; DeepSeek-V2's and V3's own, whose attention is
+multi-head latent attention, are refused naming it)
 instead of the initialisation: shardline run --init-from HF_DIR, with every flag of
 run. config.json must describe the recipe's model: every key that differs (the
 architecture, a size, the activation, the RoPE base or scaling, the norm epsilon,

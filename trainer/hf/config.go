@@ -44,11 +44,19 @@ var hfDefaults = map[string]map[string]any{
 		"use_sliding_window": false, "rope_scaling": nil},
 	"qwen3_moe": {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": false, "attention_bias": false,
 		"use_sliding_window": false, "rope_scaling": nil, "decoder_sparse_step": 1.0, "norm_topk_prob": false, "mlp_only_layers": []any{}},
+	// Glm4MoeConfig's (GLM-4.5's class): partial_rotary_factor 0.5 and one
+	// dense first layer unless config.json says otherwise. It has no
+	// num_nextn_predict_layers argument: absent, there are none.
+	"glm4_moe": {"vocab_size": 151552.0, "hidden_size": 4096.0, "intermediate_size": 10944.0, "num_hidden_layers": 46.0,
+		"num_attention_heads": 96.0, "num_key_value_heads": 8.0, "partial_rotary_factor": 0.5, "hidden_act": "silu", "rms_norm_eps": 1e-5,
+		"tie_word_embeddings": false, "rope_theta": 10000.0, "rope_scaling": nil, "attention_bias": false, "moe_intermediate_size": 1408.0,
+		"num_experts_per_tok": 8.0, "n_shared_experts": 1.0, "n_routed_experts": 128.0, "routed_scaling_factor": 1.0, "n_group": 1.0,
+		"topk_group": 1.0, "first_k_dense_replace": 1.0, "norm_topk_prob": true, "use_qk_norm": false, "num_nextn_predict_layers": 0.0},
 }
 
 // modelTypes maps each architecture shardline reads to its model_type.
 var modelTypes = map[string]string{"Llama4ForCausalLM": "llama4_text", "LlamaForCausalLM": "llama", "MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe",
-	"Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe"}
+	"Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe", glm4Moe: "glm4_moe"}
 
 // whole says whether v is a whole number from least to 2^53 (a count a JSON
 // number can hold exactly).
@@ -129,16 +137,22 @@ func CheckConfig(dir string, m config.Model) error {
 	if len(got) == 1 {
 		gotArch, _ = got[0].(string)
 	}
+	if err, ok := deepseekMLA(path, c, gotArch, mt); ok {
+		return err
+	}
 	if err := Supported(m); err != nil {
 		return err
 	}
-	archFix := "the recipe's model makes it " + arch + " (a router that scales the token before its expert, NoPE layers or chunked attention: Llama 4; model.qk_norm: Qwen3, or Qwen3-MoE with experts; otherwise num_experts 0: Llama; every layer MoE without shared experts, renormalised: Mixtral; otherwise Qwen2-MoE)"
+	archFix := "the recipe's model makes it " + arch + " (a router that scales the token before its expert, NoPE layers or chunked attention: Llama 4; model.moe.score_function = \"sigmoid\" otherwise: Glm4Moe; model.qk_norm: Qwen3, or Qwen3-MoE with experts; otherwise num_experts 0: Llama; every layer MoE without shared experts, renormalised: Mixtral; otherwise Qwen2-MoE)"
 	switch {
 	case gotArch == "Llama4ForConditionalGeneration": // llama4.go
 		bad = append(bad, ConfigMismatch{"architectures", c["architectures"], false, "", nil, llama4Multimodal})
 	case gotArch != arch && (arch == "Llama4ForCausalLM" || gotArch == "Llama4ForCausalLM"):
 		bad = append(bad, ConfigMismatch{"architectures", c["architectures"], false, "model.moe.score_before_expert, model.nope_interval and model.attention_chunk_size",
 			fmt.Sprintf("%v, %d and %d", m.MoE.ScoreBeforeExpert, m.NoPEInterval, m.AttentionChunkSize), archFix})
+	case gotArch != arch && gotArch == glm4Moe && m.MoE.NumExperts > 0:
+		bad = append(bad, ConfigMismatch{"architectures", c["architectures"], false, "model.moe.score_function", m.MoE.ScoreFunction,
+			"set model.moe.score_function = \"sigmoid\": Glm4MoeForCausalLM routes by sigmoid scores (DeepSeek-V3's router), its outputs weighed by the gates (model.moe.score_before_expert = false)"})
 	case gotArch != arch:
 		bad = append(bad, ConfigMismatch{"architectures", c["architectures"], false, "model.moe.num_experts", m.MoE.NumExperts, archFix})
 	case mt != modelTypes[arch]:
@@ -150,6 +164,9 @@ func CheckConfig(dir string, m config.Model) error {
 	defaults := hfDefaults[mt]
 	value := func(key string) any {
 		if v, ok := c[key]; ok {
+			return v
+		}
+		if v := ropeParameter(c, key); v != nil {
 			return v
 		}
 		return defaults[key]
@@ -175,6 +192,7 @@ func CheckConfig(dir string, m config.Model) error {
 			}
 		}
 		_, given := c[key]
+		given = given || ropeParameter(c, key) != nil
 		bad = append(bad, ConfigMismatch{key, got, !given && got != nil, recipeKey, recipeValue, fix})
 	}
 	same("hidden_size", "model.hidden", m.Hidden)
@@ -262,6 +280,8 @@ func CheckConfig(dir string, m config.Model) error {
 		same("norm_topk_prob", "model.moe.norm_top_k", m.MoE.NormTopK)
 		same("mlp_only_layers", "", nil)
 		same("use_sliding_window", "", nil)
+	case "glm4_moe":
+		checkGlm4MoeConfig(m, c, value, same, func(c ConfigMismatch) { bad = append(bad, c) })
 	}
 	if len(bad) > 0 {
 		return &ConfigError{Path: path, Mismatches: bad}

@@ -83,7 +83,7 @@ func TestCheckConfigMoE(t *testing.T) {
 // FuzzCheckConfig: any config.json is accepted or refused, never a panic; one
 // accepted names the recipe's architecture and, where it gives them, its sizes.
 func FuzzCheckConfig(f *testing.F) {
-	for _, m := range []config.Model{moeModel(0, 1), moeModel(2, 2)} {
+	for _, m := range []config.Model{moeModel(0, 1), moeModel(2, 2), glmModel()} {
 		b, _ := json.Marshal(Config(m))
 		f.Add(b)
 	}
@@ -96,7 +96,7 @@ func FuzzCheckConfig(f *testing.F) {
 		if err := os.WriteFile(filepath.Join(dir, ConfigFile), b, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		for _, m := range []config.Model{moeModel(0, 1), moeModel(2, 2)} {
+		for _, m := range []config.Model{moeModel(0, 1), moeModel(2, 2), glmModel()} {
 			if CheckConfig(dir, m) != nil {
 				continue
 			}

@@ -5,7 +5,10 @@
 // Qwen2-MoE names otherwise (shared experts, interleaved dense layers); Qwen3
 // and Qwen3-MoE names with QK-norm; Llama 4's text model (Llama4ForCausalLM,
 // llama4.go) for Llama 4's router (the token scaled by its sigmoid score before
-// its expert, a shared expert), NoPE layers and chunked attention.
+// its expert, a shared expert), NoPE layers and chunked attention; Glm4Moe
+// names for DeepSeek-V3's sigmoid router over standard attention
+// (glm4moe.go). DeepSeek-V3's own config.json (multi-head latent attention) is
+// refused, naming MLA.
 //
 // # safetensors
 //

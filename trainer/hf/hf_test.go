@@ -72,3 +72,16 @@ func FuzzReadSafetensors(f *testing.F) {
 		}
 	})
 }
+
+// An empty tensor (a zero-width shared expert) at the offset where another
+// starts overlaps nothing: it reads, whichever name sorts first (it was
+// refused as overlapping when its name sorted after the other's).
+func TestReadSafetensorsEmptyTensor(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "x.safetensors")
+	require.NoError(t, WriteSafetensors(p, []Tensor{{Name: "z", Shape: []int{0, 4}}, {Name: "a", Shape: []int{1}, Data: []float32{3}}}, nil))
+	ts, _, err := ReadSafetensors(p, 1<<20)
+	require.NoError(t, err)
+	assert.Equal(t, []float32{3}, ts["a"].Data)
+	assert.Empty(t, ts["z"].Data)
+	assert.Equal(t, []int{0, 4}, ts["z"].Shape)
+}

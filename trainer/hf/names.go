@@ -11,7 +11,9 @@ import (
 
 // Architecture names the Hugging Face model class an export uses: Llama 4's
 // (Llama4ForCausalLM) for MoE models whose router scales the token before its
-// expert and for models with NoPE layers or chunked attention; with QK-norm
+// expert and for models with NoPE layers or chunked attention; for an MoE
+// model with DeepSeek-V3's sigmoid router (its outputs weighed by the gates)
+// Glm4MoeForCausalLM (with or without QK-norm; glm4moe.go says why); with QK-norm
 // Qwen3ForCausalLM (dense) or Qwen3MoeForCausalLM; otherwise LlamaForCausalLM
 // for dense models, MixtralForCausalLM for MoE models whose every layer is MoE
 // with no shared experts and renormalised gates, Qwen2MoeForCausalLM otherwise.
@@ -20,6 +22,8 @@ func Architecture(m config.Model) string {
 	switch {
 	case isLlama4(m): // llama4.go
 		return "Llama4ForCausalLM"
+	case isGlm4Moe(m): // glm4moe.go
+		return glm4Moe
 	case m.QKNorm && m.MoE.NumExperts == 0:
 		return "Qwen3ForCausalLM"
 	case m.QKNorm:
@@ -34,12 +38,16 @@ func Architecture(m config.Model) string {
 
 // Supported refuses a model no architecture Architecture names computes: a
 // Llama 4 model (llama4Supported) with what Llama4ForCausalLM does not
-// compute; DeepSeek-V3's router (sigmoid scores, a scale, expert biases,
-// groups), whose Hugging Face names shardline does not write yet; and QK-norm
-// with shared experts (Qwen3-MoE has none).
+// compute; for Glm4MoeForCausalLM what its config.json cannot express
+// (glm4MoeSupported); otherwise the routers' settings only DeepSeek-V3's and
+// Llama 4's have (a scale, expert biases, groups), and QK-norm with shared
+// experts (Qwen3-MoE has none).
 func Supported(m config.Model) error {
 	if isLlama4(m) {
 		return llama4Supported(m)
+	}
+	if isGlm4Moe(m) {
+		return glm4MoeSupported(m)
 	}
 	moe := m.MoE
 	var what []string
@@ -60,7 +68,7 @@ func Supported(m config.Model) error {
 	if len(what) == 0 {
 		return nil
 	}
-	return fmt.Errorf("the model sets %s, which none of the Hugging Face architectures shardline writes and reads computes (Llama, Mixtral, Qwen2-MoE, Qwen3, Qwen3-MoE; Llama 4's and DeepSeek-V3's names are not written yet)", strings.Join(what, ", "))
+	return fmt.Errorf("the model sets %s, which none of the Hugging Face architectures shardline writes and reads computes (Llama, Mixtral, Qwen2-MoE, Qwen3, Qwen3-MoE, Llama 4, and Glm4Moe for DeepSeek-V3's sigmoid router)", strings.Join(what, ", "))
 }
 
 // Config is config.json for the model.
@@ -90,6 +98,8 @@ func Config(m config.Model) map[string]any {
 		c["decoder_sparse_step"], c["norm_topk_prob"], c["mlp_only_layers"] = m.MoE.LayerFreq, m.MoE.NormTopK, []int{}
 		c["router_aux_loss_coef"], c["output_router_logits"] = m.MoE.AuxLossCoeff, false
 		c["use_sliding_window"], c["sliding_window"], c["max_window_layers"] = false, nil, m.Layers
+	case glm4Moe:
+		glm4MoeConfig(c, m)
 	case "MixtralForCausalLM":
 		c["model_type"], c["intermediate_size"] = "mixtral", m.MoE.ExpertFFNHidden
 		c["num_local_experts"], c["num_experts_per_tok"] = m.MoE.NumExperts, m.MoE.TopK
@@ -127,6 +137,8 @@ func hfName(m config.Model, name string) string {
 		return pre + "block_sparse_moe.gate.weight"
 	case rest == "moe.router":
 		return pre + "mlp.gate.weight"
+	case rest == "moe.expert_bias" && Architecture(m) == glm4Moe:
+		return pre + "mlp.gate.e_score_correction_bias"
 	case strings.HasPrefix(rest, "moe.experts.") && Architecture(m) == "MixtralForCausalLM":
 		return pre + "block_sparse_moe.experts." + parts[4] + "." + parts[5] + ".weight"
 	case strings.HasPrefix(rest, "moe.experts."):
@@ -167,7 +179,9 @@ type Param struct {
 // that one expert, their matrices stacked (the sum of SwiGLU MLPs is one wider
 // SwiGLU MLP), its gate weights zero and its down projection doubled, since
 // sigmoid(0) = 1/2 (both exact in floating point). Qwen2's q, k and v projections
-// have biases: they are written as zeros.
+// have biases: they are written as zeros. Glm4Moe's shared experts are one MLP
+// without a gate, stacked the same way (down projection as it is); its expert
+// biases are written as ExportedBias says, zeros without expert bias.
 func ToHF(m config.Model, params []Param) ([]Tensor, error) {
 	if err := Supported(m); err != nil {
 		return nil, err
@@ -191,7 +205,11 @@ func ToHF(m config.Model, params []Param) ([]Tensor, error) {
 		if n == "" {
 			return nil, fmt.Errorf("parameter %s has no %s name", p.Name, arch)
 		}
-		out = append(out, Tensor{Name: n, Shape: p.Shape, Data: p.Data})
+		data := p.Data
+		if strings.HasSuffix(p.Name, ".moe.expert_bias") {
+			data = ExportedBias(m, data)
+		}
+		out = append(out, Tensor{Name: n, Shape: p.Shape, Data: data})
 		if arch == "Qwen2MoeForCausalLM" && strings.HasSuffix(p.Name, ".attn.wv") {
 			pre := strings.TrimSuffix(n, "v_proj.weight")
 			for _, b := range []string{"q", "k", "v"} {
@@ -210,22 +228,15 @@ func ToHF(m config.Model, params []Param) ([]Tensor, error) {
 			}
 			pre := "model.layers." + strconv.Itoa(l) + ".mlp."
 			h, ef, S := m.Hidden, m.MoE.ExpertFFNHidden, m.MoE.SharedExperts
-			gate, up, down := make([]float32, 0, S*ef*h), make([]float32, 0, S*ef*h), make([]float32, h*S*ef)
-			ps := shared[strconv.Itoa(l)]
-			for s := 0; s < S; s++ {
-				w1, w3, w2 := ps[3*s], ps[3*s+1], ps[3*s+2]
-				gate, up = append(gate, w1.Data...), append(up, w3.Data...)
-				for r := 0; r < h; r++ { // down (h, S·ef): expert s fills columns s·ef..
-					for c := 0; c < ef; c++ {
-						down[r*S*ef+s*ef+c] = 2 * w2.Data[r*ef+c]
-					}
-				}
-			}
+			gate, up, down := stackShared(h, ef, S, shared[strconv.Itoa(l)], 2)
 			out = append(out, Tensor{Name: pre + "shared_expert.gate_proj.weight", Shape: []int{S * ef, h}, Data: gate},
 				Tensor{Name: pre + "shared_expert.up_proj.weight", Shape: []int{S * ef, h}, Data: up},
 				Tensor{Name: pre + "shared_expert.down_proj.weight", Shape: []int{h, S * ef}, Data: down},
 				Tensor{Name: pre + "shared_expert_gate.weight", Shape: []int{1, h}, Data: make([]float32, h)})
 		}
+	}
+	if arch == glm4Moe {
+		out = glm4MoeExtra(m, out, shared)
 	}
 	return out, nil
 }
@@ -233,7 +244,8 @@ func ToHF(m config.Model, params []Param) ([]Tensor, error) {
 // FromHF fills params (shardline's table: names and shapes) from a Hugging Face
 // model's tensors, refusing a missing tensor, a shape that differs, a tensor the
 // model does not have, and what shardline cannot represent (nonzero Qwen2 biases
-// or shared-expert gate), each named.
+// or shared-expert gate, Glm4Moe's expert biases when the recipe has none),
+// each named.
 func FromHF(m config.Model, ts map[string]Tensor, params []Param) error {
 	if err := Supported(m); err != nil {
 		return err
@@ -297,17 +309,12 @@ func FromHF(m config.Model, ts map[string]Tensor, params []Param) error {
 					return fmt.Errorf("%w (%d shared experts of %d)", err, S, ef)
 				}
 			}
-			idx := shared[strconv.Itoa(l)]
-			for s := 0; s < S; s++ {
-				copy(params[idx[3*s]].Data, gate.Data[s*ef*h:(s+1)*ef*h])
-				copy(params[idx[3*s+1]].Data, up.Data[s*ef*h:(s+1)*ef*h])
-				w2 := params[idx[3*s+2]].Data
-				for r := 0; r < h; r++ {
-					for c := 0; c < ef; c++ {
-						w2[r*ef+c] = down.Data[r*S*ef+s*ef+c] / 2
-					}
-				}
-			}
+			unstackShared(h, ef, S, params, shared[strconv.Itoa(l)], gate.Data, up.Data, down.Data, 0.5)
+		}
+	}
+	if Architecture(m) == glm4Moe {
+		if err := glm4MoeFromHF(m, take, params, shared); err != nil {
+			return err
 		}
 	}
 	var extra []string

@@ -120,10 +120,15 @@ func ReadSafetensors(path string, limit int64) (map[string]Tensor, map[string]st
 		entries = append(entries, entry{name, e, count})
 	}
 	// Disjoint ranges inside the data: together they hold at most len(data)
-	// bytes, which bounds the tensors decoded below.
+	// bytes, which bounds the tensors decoded below. At one offset an empty
+	// tensor (a zero-width shared expert) sorts before the one that starts
+	// there, which it does not overlap.
 	sort.Slice(entries, func(i, j int) bool {
 		if entries[i].Offsets[0] != entries[j].Offsets[0] {
 			return entries[i].Offsets[0] < entries[j].Offsets[0]
+		}
+		if entries[i].Offsets[1] != entries[j].Offsets[1] {
+			return entries[i].Offsets[1] < entries[j].Offsets[1]
 		}
 		return entries[i].name < entries[j].name
 	})
@@ -363,8 +368,9 @@ func ReadModel(dir string, limit int64) (map[string]Tensor, error) {
 // ReadLimit is the most bytes the weights files of a model directory for m may
 // hold together, given its parameters (shardline's table: elements, and
 // tensors): every tensor an export writes, the zero biases and shared-expert
-// gates Qwen2-MoE adds and the zero shared expert Llama 4 adds to a model
-// without one included, as F32, and 4 KiB of header per tensor.
+// gates Qwen2-MoE adds, the zero shared expert Llama 4 adds to a model
+// without one, and Glm4Moe's zero expert biases and empty shared experts
+// included, as F32, and 4 KiB of header per tensor.
 func ReadLimit(m config.Model, elements int64, tensors int) int64 {
 	if Architecture(m) == "Qwen2MoeForCausalLM" {
 		biases := int64(m.Hidden + 2*m.EffectiveKVHeads()*m.HeadSize())
@@ -381,6 +387,10 @@ func ReadLimit(m config.Model, elements int64, tensors int) int64 {
 				elements, tensors = elements+3*int64(m.Hidden*m.MoE.ExpertFFNHidden), tensors+3
 			}
 		}
+	}
+	if Architecture(m) == glm4Moe {
+		e, n := glm4MoeReadExtra(m)
+		elements, tensors = elements+e, tensors+n
 	}
 	return 4*elements + 4<<10*int64(tensors+1)
 }
