@@ -239,6 +239,10 @@ func (k *kernels) like(x Buffer, t DType, slot int) Buffer {
 }
 
 func (k *kernels) Matmul(out, inp, weight tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
+	if fp8Product(s, inp, weight) {
+		k.matmulFP8(out, inp, weight, s, accumulate)
+		return
+	}
 	o := k.ops("Matmul")
 	y, x, w := o.w(out, s.BT*s.OC), o.w(inp, s.BT*s.C), o.w(weight, s.OC*s.C)
 	if o.ok() {
@@ -248,6 +252,10 @@ func (k *kernels) Matmul(out, inp, weight tensor.Buffer, s tensor.MatmulShape, a
 }
 
 func (k *kernels) MatmulBackward(dinp, dweight, dout, inp, weight tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
+	if fp8Product(s, dout, inp, weight) {
+		k.matmulBackwardFP8(dinp, dweight, dout, inp, weight, s, accumulate)
+		return
+	}
 	o := k.ops("MatmulBackward")
 	dw, dy, x, w := o.w(dweight, s.OC*s.C), o.w(dout, s.BT*s.OC), o.w(inp, s.BT*s.C), o.w(weight, s.OC*s.C)
 	var dx Buffer
