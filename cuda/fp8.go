@@ -56,9 +56,6 @@ func (k *kernels) Amax(dst, x tensor.Buffer, accumulate bool) {
 	k.d.launch("amax_finish", 1, 1, 1024, k.d.acc(d, accumulate), k.d.rd(part), i32(nb), flag(accumulate))
 }
 
-// maxFP8Margin bounds FP8Scale's margin: 2^−margin stays an fp32 normal.
-const maxFP8Margin = 126
-
 // FP8Scale sets scale[0] from amax[0] (tensor.Kernels.FP8Scale) in one thread.
 func (k *kernels) FP8Scale(scale, amax tensor.Buffer, f tensor.FP8Format, margin int) {
 	o := k.ops("FP8Scale")
@@ -67,8 +64,8 @@ func (k *kernels) FP8Scale(scale, amax tensor.Buffer, f tensor.FP8Format, margin
 	case !o.ok():
 	case f > tensor.E5M2:
 		o.failf("format %v: want e4m3 or e5m2", f)
-	case margin < 0 || margin > maxFP8Margin:
-		o.failf("margin %d: want 0 to %d (binades of headroom below the format's largest value)", margin, maxFP8Margin)
+	case margin < 0 || margin > tensor.MaxScaleMargin:
+		o.failf("margin %d: want 0 to %d (binades of headroom below the format's largest value)", margin, tensor.MaxScaleMargin)
 	default:
 		k.d.launch("fp8_scale", 1, 1, 1, k.d.wr(s), k.d.rd(a), f32(float64(f.Max())), i32(margin))
 	}

@@ -49,7 +49,8 @@ func ComputesInBF16(be any) bool {
 // (the dense layers' activations and their gradients may be bf16 on a backend
 // that declares BF16Storage); weights, and the matmuls' inputs, are F or bf16
 // buffers (a bf16 run's compute weights and saved activations), widened as
-// read; every kernel computes and accumulates in F. Shapes: BT tokens, C channels, OC output
+// read (Matmul's and MatmulBackward's operands FP8 too, with their scale
+// inverses: MatmulScales); every kernel computes and accumulates in F. Shapes: BT tokens, C channels, OC output
 // channels, V vocabulary, NH/NKV query/key-value heads, HD head size. Token
 // ids, targets, an MoE layer's routing (Routing) and the experts' segment
 // offsets are int32 buffers. A kernel handed a buffer that is not its backend's, or not of the
@@ -115,13 +116,14 @@ type Kernels[F Float] interface {
 	// Amax) onto f's largest value·2^−margin: tensor.FP8Format.ScaleFrom,
 	// and 1 where the amax gives none (0, inf, NaN). Margin 0 is current
 	// scaling's scale (tensor.FP8Format.CurrentScale, Transformer Engine's
-	// compute_scale_from_amax).
+	// compute_scale_from_amax). margin is 0 to MaxScaleMargin.
 	FP8Scale(scale, amax Buffer, f FP8Format, margin int)
 	// Quantize sets dst (FP8, its dtype's format) to each x·scale[0] (a
 	// float32 product; x F or bf16, of dst's length) rounded to the format,
 	// saturating (tensor.FP8Format.Quantize with saturate), and scaleInv[0]
 	// (f32) to 1/scale[0] in float32: the scale inverse the products read.
-	// scale is f32 (FP8Scale's, or a delayed scaling's scale).
+	// scale is f32 (FP8Scale's, or a delayed scaling's scale), a buffer
+	// other than scaleInv.
 	Quantize(dst, scaleInv, x, scale Buffer)
 
 	// Embedding writes the rows of wte that tokens (BT) pick into out (BT,C):

@@ -232,6 +232,10 @@ func (f FP8Format) ScaleFrom(amax float32, margin int) (scale float32, ok bool) 
 	return s, true
 }
 
+// MaxScaleMargin is the largest margin the kernels' scales take
+// (tensor.Kernels.FP8Scale): 2^-margin stays a float32 normal.
+const MaxScaleMargin = 126
+
 // Values is the format's 256 values, by code (a copy of the decoding table:
 // products widen codes through it).
 func (f FP8Format) Values() [256]float32 { return f.spec().values }

@@ -128,6 +128,10 @@ func (Kernels[F]) FP8Scale(scale, amax tensor.Buffer, f tensor.FP8Format, margin
 		failOn(scale, fmt.Errorf("cpu: %s: format %v: want e4m3 or e5m2", op, f))
 		return
 	}
+	if margin < 0 || margin > tensor.MaxScaleMargin {
+		failOn(scale, fmt.Errorf("cpu: %s: margin %d: want 0 to %d (binades of headroom below the format's largest value)", op, margin, tensor.MaxScaleMargin))
+		return
+	}
 	s[0], _ = f.ScaleFrom(float32(a[0]), margin)
 }
 
@@ -147,6 +151,10 @@ func (Kernels[F]) Quantize(dst, scaleInv, x, scale tensor.Buffer) {
 	}
 	if xs.Len() != len(q) {
 		failOn(dst, fmt.Errorf("cpu: %s: %d values into %d FP8 codes: want one length", op, xs.Len(), len(q)))
+		return
+	}
+	if &inv[0] == &s[0] {
+		failOn(dst, fmt.Errorf("cpu: %s: the scale inverse written over the scale it is computed from: give them two buffers", op))
 		return
 	}
 	sc := s[0]

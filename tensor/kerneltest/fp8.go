@@ -174,3 +174,52 @@ func fp8Cases() []kcase {
 	})...)
 	return cs
 }
+
+// refusal is a call a kernel set must refuse: run makes it on a fresh
+// memory, whose kept error then contains want (the words both backends use).
+type refusal struct {
+	name, want string
+	run        func(k tensor.Backend, m tensor.Memory)
+}
+
+// refusals are the FP8 kernels' refusals: operands and scale inverses that
+// do not go together, a margin out of range, a length mismatch, a scale
+// inverse over its scale, and an FP8 output.
+func refusals() []refusal {
+	f32 := func(m tensor.Memory, n int) tensor.Buffer { return m.Alloc(tensor.Float32, n) }
+	e4m3 := func(m tensor.Memory, n int) tensor.Buffer { return m.Alloc(tensor.Float8E4M3, n) }
+	s := tensor.MatmulShape{BT: 2, C: 3, OC: 4}
+	return []refusal{
+		{"FP8 operand without its scale inverse", "without its scale inverse", func(k tensor.Backend, m tensor.Memory) {
+			k.Matmul(f32(m, 8), e4m3(m, 6), f32(m, 12), s, false)
+		}},
+		{"scale inverse of an fp32 operand", "only FP8 operands take one", func(k tensor.Backend, m tensor.Memory) {
+			s := s
+			s.Scales.Weight = f32(m, 1)
+			k.Matmul(f32(m, 8), f32(m, 6), f32(m, 12), s, false)
+		}},
+		{"backward without the gradient's scale inverse", "without its scale inverse", func(k tensor.Backend, m tensor.Memory) {
+			k.MatmulBackward(f32(m, 6), f32(m, 12), m.Alloc(tensor.Float8E5M2, 8), f32(m, 6), f32(m, 12), s, false)
+		}},
+		{"a forward product with a gradient's scale inverse", "a forward product has none", func(k tensor.Backend, m tensor.Memory) {
+			s := s
+			s.Scales = tensor.MatmulScales{Inp: f32(m, 1), Weight: f32(m, 1), Dout: f32(m, 1)}
+			k.Matmul(f32(m, 8), e4m3(m, 6), e4m3(m, 12), s, false)
+		}},
+		{"FP8 product output", "f8e4m3 buffer where", func(k tensor.Backend, m tensor.Memory) {
+			s := s
+			s.Scales = tensor.MatmulScales{Inp: f32(m, 1), Weight: f32(m, 1)}
+			k.Matmul(e4m3(m, 8), e4m3(m, 6), e4m3(m, 12), s, false)
+		}},
+		{"negative margin", "margin -1: want 0 to 126", func(k tensor.Backend, m tensor.Memory) {
+			k.FP8Scale(f32(m, 1), m.Alloc(tensor.Float64, 1), tensor.E4M3, -1)
+		}},
+		{"quantize lengths", "want one length", func(k tensor.Backend, m tensor.Memory) {
+			k.Quantize(e4m3(m, 5), f32(m, 1), f32(m, 6), f32(m, 1))
+		}},
+		{"scale inverse over the scale", "give them two buffers", func(k tensor.Backend, m tensor.Memory) {
+			sc := f32(m, 1)
+			k.Quantize(e4m3(m, 6), sc, f32(m, 6), sc)
+		}},
+	}
+}

@@ -37,7 +37,9 @@ type Options struct {
 	Do func(func())
 }
 
-// Run checks every kernel of be against the CPU's in float64.
+// Run checks every kernel of be against the CPU's in float64, then that be
+// refuses what the FP8 kernels must refuse (each refusal's error in the
+// memory).
 func Run(t *testing.T, be tensor.Backend, opts Options) {
 	var ref tensor.Backend = cpu.Kernels[float64]{} // F appears in no method: the float64 set is a Backend too
 	do := opts.Do
@@ -66,6 +68,17 @@ func Run(t *testing.T, be tensor.Backend, opts Options) {
 			for i := range want {
 				compare(t, fmt.Sprintf("output %d", i), got[i], want[i], tol)
 			}
+		})
+	}
+	for _, r := range refusals() {
+		t.Run("refuses/"+r.name, func(t *testing.T) {
+			var err error
+			do(func() {
+				m := be.NewMemory()
+				r.run(be, m)
+				err = m.Err()
+			})
+			require.ErrorContains(t, err, r.want, "%s on %s", r.name, be.Name())
 		})
 	}
 }
