@@ -65,7 +65,13 @@ func (v *views[F]) scalar(op string, b tensor.Buffer) []float32 {
 	return x
 }
 
-// Amax sets dst[0] to max |x| (tensor.Kernels.Amax).
+// fp8Per is the values of one chunk of Amax and Quantize shared among the
+// cores (their results do not depend on the chunks: a maximum, and values
+// rounded one by one).
+const fp8Per = 1 << 15
+
+// Amax sets dst[0] to max |x| (tensor.Kernels.Amax): each chunk's amax, then
+// theirs.
 func (Kernels[F]) Amax(dst, x tensor.Buffer, accumulate bool) {
 	var v views[F]
 	const op = "Amax"
@@ -74,15 +80,34 @@ func (Kernels[F]) Amax(dst, x tensor.Buffer, accumulate bool) {
 	if v.bad || d == nil {
 		return
 	}
-	a := amaxOf(xs)
+	j := getJob[amaxJob[F]]()
+	j.x = xs
+	chunks := run(j, xs.Len(), fp8Per)
+	a := 0.0
+	for _, m := range j.part[:chunks] {
+		if m != m {
+			a = m
+			break
+		}
+		a = max(a, m)
+	}
+	putJob(j)
 	if accumulate && !(a > d[0] || a != a) {
 		return
 	}
 	d[0] = a
 }
 
+// amaxJob is Amax's chunks: part[c] is chunk c's amax.
+type amaxJob[F Float] struct {
+	x    tensor.Weights[F]
+	part [maxChunks]float64
+}
+
+func (j *amaxJob[F]) rows(c, lo, hi int) { j.part[c] = amaxOf(j.x.Slice(lo, hi)) }
+
 // amaxOf is tensor.Amax over F or bf16 values, in float64: float32 values go
-// to tensor.Amax as they are, bf16 ones widened a chunk at a time (exact);
+// to tensor.Amax as they are, bf16 ones widened a piece at a time (exact);
 // float64 values (the gradient checks) are compared as they are.
 func amaxOf[F Float](w tensor.Weights[F]) float64 {
 	if x, ok := any(w.F).([]float32); ok && w.BF16 == nil {
@@ -157,26 +182,45 @@ func (Kernels[F]) Quantize(dst, scaleInv, x, scale tensor.Buffer) {
 		failOn(dst, fmt.Errorf("cpu: %s: the scale inverse written over the scale it is computed from: give them two buffers", op))
 		return
 	}
-	sc := s[0]
-	if x, ok := any(xs.F).([]float32); ok && xs.BF16 == nil {
-		f.Quantize(q, x, sc, true)
-	} else {
-		var buf [fp8Chunk]float32
-		for lo := 0; lo < len(q); lo += fp8Chunk {
-			c := buf[:min(fp8Chunk, len(q)-lo)]
-			if xs.BF16 != nil {
-				for i, h := range xs.BF16[lo : lo+len(c)] {
-					c[i] = h.Float32()
-				}
-			} else {
-				for i, e := range xs.F[lo : lo+len(c)] {
-					c[i] = float32(e)
-				}
-			}
-			f.Quantize(q[lo:lo+len(c)], c, sc, true)
-		}
-	}
+	j := getJob[quantizeJob[F]]()
+	j.q, j.x, j.f, j.scale = q, xs, f, s[0]
+	run(j, len(q), fp8Per)
+	sc := j.scale
+	putJob(j)
 	inv[0] = 1 / sc
+}
+
+// quantizeJob is Quantize's chunks: codes [lo, hi) of x·scale.
+type quantizeJob[F Float] struct {
+	q     []uint8
+	x     tensor.Weights[F]
+	f     tensor.FP8Format
+	scale float32
+}
+
+// rows rounds values [lo, hi): float32 values as they are
+// (tensor.FP8Format.Quantize), bf16 and float64 ones widened (narrowed) to
+// float32 a piece at a time first.
+func (j *quantizeJob[F]) rows(_, lo, hi int) {
+	q, xs := j.q[lo:hi], j.x.Slice(lo, hi)
+	if x, ok := any(xs.F).([]float32); ok && xs.BF16 == nil {
+		j.f.Quantize(q, x, j.scale, true)
+		return
+	}
+	var buf [fp8Chunk]float32
+	for lo := 0; lo < len(q); lo += fp8Chunk {
+		c := buf[:min(fp8Chunk, len(q)-lo)]
+		if xs.BF16 != nil {
+			for i, h := range xs.BF16[lo : lo+len(c)] {
+				c[i] = h.Float32()
+			}
+		} else {
+			for i, e := range xs.F[lo : lo+len(c)] {
+				c[i] = float32(e)
+			}
+		}
+		j.f.Quantize(q[lo:lo+len(c)], c, j.scale, true)
+	}
 }
 
 // operand is a product's operand as the FP8 products read it: F or bf16

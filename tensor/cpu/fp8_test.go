@@ -106,3 +106,47 @@ func BenchmarkMatmulFP8(b *testing.B) {
 		}
 	}
 }
+
+// TestFP8KernelsChunked: Amax and Quantize over more values than one chunk
+// of the cores' share (fp8Per) give what tensor.Amax and
+// tensor.FP8Format.Quantize give over the whole buffer, on any number of
+// cores: a NaN in the last chunk makes the amax NaN, and without it the
+// largest |x|, wherever it lies, is the amax.
+func TestFP8KernelsChunked(t *testing.T) {
+	const n = 5*fp8Per + 77
+	r := rand.New(rand.NewSource(5))
+	x := randSlice(r, n)
+	x[3*fp8Per+5] = -40 // the amax, in a middle chunk
+	k, m := Backend{}, NewMemory()
+	xb, amax := m.Alloc(tensor.Float32, n), m.Alloc(tensor.Float64, 1)
+	m.Write(xb, x)
+	k.Amax(amax, xb, false)
+	got := make([]float64, 1)
+	m.Read(got, amax)
+	if want := float64(tensor.Amax(x)); got[0] != want || want != 40 {
+		t.Fatalf("Amax over %d values = %v, want %v (40)", n, got[0], want)
+	}
+	scale, inv := m.Alloc(tensor.Float32, 1), m.Alloc(tensor.Float32, 1)
+	k.FP8Scale(scale, amax, tensor.E5M2, 0)
+	q := m.Alloc(tensor.Float8E5M2, n)
+	k.Quantize(q, inv, xb, scale)
+	codes := make([]tensor.F8E5M2, n)
+	m.Read(codes, q)
+	want := make([]uint8, n)
+	tensor.E5M2.Quantize(want, x, tensor.E5M2.CurrentScale(40), true)
+	for i, c := range codes {
+		if uint8(c) != want[i] {
+			t.Fatalf("Quantize: code %d = %#02x, want %#02x", i, c, want[i])
+		}
+	}
+	x[n-3] = float32(math.NaN())
+	m.Write(xb, x)
+	k.Amax(amax, xb, false)
+	m.Read(got, amax)
+	if !math.IsNaN(got[0]) {
+		t.Fatalf("Amax with a NaN in the last chunk = %v, want NaN", got[0])
+	}
+	if err := m.Err(); err != nil {
+		t.Fatal(err)
+	}
+}
