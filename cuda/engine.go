@@ -37,6 +37,8 @@ import (
 // output gradient's dtype: bf16 (tensor cores) when the gradient is bf16,
 // with an fp32 input rounded; fp32 otherwise, with a bf16 input widened. Norm
 // weights are widened before an fp32 norm and rounded before a bf16 one.
+// FP8 operands of the products are dequantised into fp32 scratch, the first
+// operand times its product's scale inverses, read on the device (fp8.go).
 //
 // The mixture-of-experts kernels run on the device's routing kernels
 // (Device.Router, Dispatch, Combine and the last two's backward), whose ranks and

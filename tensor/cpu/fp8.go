@@ -269,11 +269,18 @@ func (v *views[F]) operand(op, name string, b, sc tensor.Buffer) operand[F] {
 	return operand[F]{w: v.w(op, b), inv: 1}
 }
 
-// sized checks that each operand holds at least its product's values.
-func sized(op string, at tensor.Buffer, want map[string]int, have map[string]int) bool {
-	for name, n := range want {
-		if have[name] < n {
-			failOn(at, fmt.Errorf("cpu: %s: %s of %d values where the shape reads %d", op, name, have[name], n))
+// size is an operand's values (have) and the values its product reads (want).
+type size struct {
+	name       string
+	have, want int
+}
+
+// sized checks that each operand holds at least the values its product
+// reads, keeping the first shortfall in at's memory.
+func sized(op string, at tensor.Buffer, sizes ...size) bool {
+	for _, z := range sizes {
+		if z.have < z.want {
+			failOn(at, fmt.Errorf("cpu: %s: %s of %d values where the shape reads %d", op, z.name, z.have, z.want))
 			return false
 		}
 	}
@@ -350,8 +357,7 @@ func matmulFP8[F Float](out, inp, weight tensor.Buffer, s tensor.MatmulShape, ac
 		failOn(s.Scales.Dout, fmt.Errorf("cpu: %s: a scale inverse for dout (MatmulShape.Scales.Dout): a forward product has none", op))
 		v.bad = true
 	}
-	if v.bad || !sized(op, out, map[string]int{"out": s.BT * s.OC, "inp": s.BT * s.C, "weight": s.OC * s.C},
-		map[string]int{"out": len(o), "inp": x.len(), "weight": w.len()}) {
+	if v.bad || !sized(op, out, size{"out", len(o), s.BT * s.OC}, size{"inp", x.len(), s.BT * s.C}, size{"weight", w.len(), s.OC * s.C}) {
 		return
 	}
 	beta := F(0)
@@ -380,12 +386,12 @@ func matmulBackwardFP8[F Float](dinp, dweight, dout, inp, weight tensor.Buffer, 
 	if dw.H != nil {
 		dwLen = len(dw.H)
 	}
-	want := map[string]int{"dweight": s.OC * s.C, "dout": s.BT * s.OC, "inp": s.BT * s.C, "weight": s.OC * s.C}
-	have := map[string]int{"dweight": dwLen, "dout": dy.len(), "inp": x.len(), "weight": w.len()}
+	dxLen := s.BT * s.C // no input gradient: nothing to check
 	if dx != nil {
-		want["dinp"], have["dinp"] = s.BT*s.C, len(dx)
+		dxLen = len(dx)
 	}
-	if v.bad || !sized(op, dweight, want, have) {
+	if v.bad || !sized(op, dweight, size{"dinp", dxLen, s.BT * s.C}, size{"dweight", dwLen, s.OC * s.C}, size{"dout", dy.len(), s.BT * s.OC},
+		size{"inp", x.len(), s.BT * s.C}, size{"weight", w.len(), s.OC * s.C}) {
 		return
 	}
 	BT, C, OC := s.BT, s.C, s.OC
