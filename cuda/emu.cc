@@ -5,7 +5,7 @@
 // calls it with its arguments taken from 8-byte slots, as cuLaunchKernel
 // takes them.
 //
-// sources: fa4dea003505de139d7b14c726d01c3d2538c62471d815dae27b2a17ef13d2ef
+// sources: 23d1e05d92678bcaa082b4591a767debd0c626e82c9f7e1acf8fd4147530a495
 #include "emu.h"
 #include "kernels.cu"
 

@@ -37,6 +37,8 @@ import (
 // output gradient's dtype: bf16 (tensor cores) when the gradient is bf16,
 // with an fp32 input rounded; fp32 otherwise, with a bf16 input widened. Norm
 // weights are widened before an fp32 norm and rounded before a bf16 one.
+// FP8 operands of the products are dequantised into fp32 scratch, the first
+// operand times its product's scale inverses, read on the device (fp8.go).
 //
 // The mixture-of-experts kernels run on the device's routing kernels
 // (Device.Router, Dispatch, Combine and the last two's backward), whose ranks and
@@ -239,6 +241,10 @@ func (k *kernels) like(x Buffer, t DType, slot int) Buffer {
 }
 
 func (k *kernels) Matmul(out, inp, weight tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
+	if fp8Product(s, inp, weight) {
+		k.matmulFP8(out, inp, weight, s, accumulate)
+		return
+	}
 	o := k.ops("Matmul")
 	y, x, w := o.w(out, s.BT*s.OC), o.w(inp, s.BT*s.C), o.w(weight, s.OC*s.C)
 	if o.ok() {
@@ -248,6 +254,10 @@ func (k *kernels) Matmul(out, inp, weight tensor.Buffer, s tensor.MatmulShape, a
 }
 
 func (k *kernels) MatmulBackward(dinp, dweight, dout, inp, weight tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
+	if fp8Product(s, dout, inp, weight) {
+		k.matmulBackwardFP8(dinp, dweight, dout, inp, weight, s, accumulate)
+		return
+	}
 	o := k.ops("MatmulBackward")
 	dw, dy, x, w := o.w(dweight, s.OC*s.C), o.w(dout, s.BT*s.OC), o.w(inp, s.BT*s.C), o.w(weight, s.OC*s.C)
 	var dx Buffer

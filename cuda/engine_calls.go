@@ -17,6 +17,15 @@ func (k *Kernels) Matmul(out, inp, weight tensor.Buffer, s tensor.MatmulShape, a
 func (k *Kernels) MatmulBackward(dinp, dweight, dout, inp, weight tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
 	k.k.d.run(func() { k.k.MatmulBackward(dinp, dweight, dout, inp, weight, s, accumulate) })
 }
+func (k *Kernels) Amax(dst, x tensor.Buffer, accumulate bool) {
+	k.k.d.run(func() { k.k.Amax(dst, x, accumulate) })
+}
+func (k *Kernels) FP8Scale(scale, amax tensor.Buffer, f tensor.FP8Format, margin int) {
+	k.k.d.run(func() { k.k.FP8Scale(scale, amax, f, margin) })
+}
+func (k *Kernels) Quantize(dst, scaleInv, x, scale tensor.Buffer) {
+	k.k.d.run(func() { k.k.Quantize(dst, scaleInv, x, scale) })
+}
 func (k *Kernels) Embedding(out, tokens, wte tensor.Buffer, s tensor.EmbeddingShape) {
 	k.k.d.run(func() { k.k.Embedding(out, tokens, wte, s) })
 }

@@ -106,3 +106,46 @@ func TestTrafficBF16Gradients(t *testing.T) {
 	dev.CountTraffic(false)
 	require.NoError(t, m.Err())
 }
+
+// TestTrafficFP8: the FP8 kernels count an FP8 value's 1 byte. Current
+// scaling of an fp32 x is its amax (partial maxima in f64, then one), its
+// scale (the amax read, the f32 scale written) and its codes (x and the scale
+// read, a byte a value and the scale inverse written); a product of E4M3
+// operands widens its first operand times α (the codes and both scale
+// inverses read, fp32 written) and its second (cast_e4m3_f32), then
+// multiplies them in fp32.
+func TestTrafficFP8(t *testing.T) {
+	const BT, C, OC = 4, 8, 16
+	k := dev.Kernels()
+	m := k.NewMemory()
+	x, w := m.Alloc(tensor.Float32, BT*C), m.Alloc(tensor.Float32, OC*C)
+	m.Fill(x, 0.5)
+	m.Fill(w, 0.25)
+	xq, wq := m.Alloc(tensor.Float8E4M3, BT*C), m.Alloc(tensor.Float8E4M3, OC*C)
+	amax, scale, xinv, wscale, winv := m.Alloc(tensor.Float64, 1), m.Alloc(tensor.Float32, 1), m.Alloc(tensor.Float32, 1), m.Alloc(tensor.Float32, 1), m.Alloc(tensor.Float32, 1)
+	m.Fill(wscale, 2)
+	out := m.Alloc(tensor.Float32, BT*OC)
+	require.NoError(t, m.Err())
+	dev.CountTraffic(true)
+	k.Amax(amax, x, false)
+	k.FP8Scale(scale, amax, tensor.E4M3, 0)
+	k.Quantize(xq, xinv, x, scale)
+	k.Quantize(wq, winv, w, wscale)
+	k.Matmul(out, xq, wq, tensor.MatmulShape{BT: BT, C: C, OC: OC, Scales: tensor.MatmulScales{Inp: xinv, Weight: winv}}, false)
+	got := dev.Traffic()
+	dev.CountTraffic(false)
+	require.NoError(t, m.Err())
+	require.Equal(t, Traffic{
+		"amax_partial_f32":  {Ops: 1, Read: BT * C * 4, Written: 8},
+		"amax_finish":       {Ops: 1, Read: 8, Written: 8},
+		"fp8_scale":         {Ops: 1, Read: 8, Written: 4},
+		"quantize_f32_e4m3": {Ops: 2, Read: (BT*C+OC*C)*4 + 2*4, Written: BT*C + OC*C + 2*4},
+		"widen_scaled_e4m3": {Ops: 1, Read: BT*C + 2*4, Written: BT * C * 4},
+		"cast_e4m3_f32":     {Ops: 1, Read: OC * C, Written: OC * C * 4},
+		"gemm f32·f32→f32":  {Ops: 1, Read: (BT*C + OC*C) * 4, Written: BT * OC * 4},
+	}, got)
+	y := make([]float32, BT*OC)
+	m.Read(y, out)
+	require.NoError(t, m.Err())
+	require.Equal(t, float32(C*0.5*0.25), y[0], "0.5 and 0.25 quantise to the codes 448 and 0.5 (scales 896 and 2), and 448·(1/896 in fp32)·0.5 rounds to 0.25: every value of the product is exact")
+}

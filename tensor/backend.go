@@ -49,7 +49,8 @@ func ComputesInBF16(be any) bool {
 // (the dense layers' activations and their gradients may be bf16 on a backend
 // that declares BF16Storage); weights, and the matmuls' inputs, are F or bf16
 // buffers (a bf16 run's compute weights and saved activations), widened as
-// read; every kernel computes and accumulates in F. Shapes: BT tokens, C channels, OC output
+// read (Matmul's and MatmulBackward's operands FP8 too, with their scale
+// inverses: MatmulScales); every kernel computes and accumulates in F. Shapes: BT tokens, C channels, OC output
 // channels, V vocabulary, NH/NKV query/key-value heads, HD head size. Token
 // ids, targets, an MoE layer's routing (Routing) and the experts' segment
 // offsets are int32 buffers. A kernel handed a buffer that is not its backend's, or not of the
@@ -85,10 +86,45 @@ type Kernels[F Float] interface {
 	NewMemory() Memory
 
 	// Matmul is out (BT,OC) = inp (BT,C) · weight (OC,C)ᵀ (+= with accumulate).
+	// inp and weight may be FP8 (Float8E4M3 or Float8E5M2) with their scale
+	// inverses in s.Scales: the product is then that of the values they
+	// stand for (MatmulScales).
 	Matmul(out, inp, weight Buffer, s MatmulShape, accumulate bool)
 	// MatmulBackward accumulates into dweight always, into dinp when accumulate
-	// is set (it overwrites dinp otherwise).
+	// is set (it overwrites dinp otherwise). dout, inp and weight may be FP8
+	// with their scale inverses in s.Scales (MatmulScales); dinp and dweight
+	// are never FP8.
 	MatmulBackward(dinp, dweight, dout, inp, weight Buffer, s MatmulShape, accumulate bool)
+
+	// FP8 (docs/engine.md, "FP8"). A tensor quantised to FP8 is a buffer of
+	// codes (Float8E4M3 or Float8E5M2, one byte a value) and its scale
+	// inverse, one f32 value in a buffer of the backend's beside it: code
+	// value · scale inverse is the value it stands for. Amaxes, scales and
+	// scale inverses live in the backend's memory and only its kernels read
+	// them, so a step quantises and multiplies without any value going to
+	// the host, as a step's statistics do. Current scaling is Amax, FP8Scale,
+	// then Quantize; the products then read the scale inverse Quantize wrote.
+	//
+	// Amax sets dst[0] (f64) to max |x| over x (F or bf16; 0 for an empty
+	// x), NaN where x holds a NaN (tensor.Amax: torch.amax's rule, so that a
+	// non-finite tensor is seen; Transformer Engine's amax kernel, fmaxf,
+	// passes NaNs over). With accumulate it raises dst[0] to that amax
+	// instead (a NaN in either stays: tensor.DelayedScaling.Record, an amax
+	// over micro-batches).
+	Amax(dst, x Buffer, accumulate bool)
+	// FP8Scale sets scale[0] (f32) to the scale that maps amax[0] (f64, an
+	// Amax) onto f's largest value·2^−margin: tensor.FP8Format.ScaleFrom,
+	// and 1 where the amax gives none (0, inf, NaN). Margin 0 is current
+	// scaling's scale (tensor.FP8Format.CurrentScale, Transformer Engine's
+	// compute_scale_from_amax). margin is 0 to MaxScaleMargin.
+	FP8Scale(scale, amax Buffer, f FP8Format, margin int)
+	// Quantize sets dst (FP8, its dtype's format) to each x·scale[0] (a
+	// float32 product; x F or bf16, of dst's length) rounded to the format,
+	// saturating (tensor.FP8Format.Quantize with saturate), and scaleInv[0]
+	// (f32) to 1/scale[0] in float32: the scale inverse the products read.
+	// scale is f32 (FP8Scale's, or a delayed scaling's scale), a buffer
+	// other than scaleInv.
+	Quantize(dst, scaleInv, x, scale Buffer)
 
 	// Embedding writes the rows of wte that tokens (BT) pick into out (BT,C):
 	// wte holds vocabulary rows s.Lo..s.Lo+s.N−1 (a vocabulary-parallel rank's),
@@ -286,8 +322,35 @@ type VocabShape struct{ BT, V, Lo, Parts int }
 // parallel.HeadRows).
 type HeadShape struct{ BT, C, V, Rows int }
 
-// MatmulShape is a product of BT rows of C inputs with an (OC,C) weight.
-type MatmulShape struct{ BT, C, OC int }
+// MatmulShape is a product of BT rows of C inputs with an (OC,C) weight;
+// Scales are its FP8 operands' scale inverses (none when no operand is FP8).
+type MatmulShape struct {
+	BT, C, OC int
+	Scales    MatmulScales
+}
+
+// MatmulScales are the scale inverses of a product's FP8 operands (Matmul's
+// inp and weight, MatmulBackward's dout too): each an f32 buffer whose first
+// value is the operand's scale inverse (Kernels.Quantize's), and the empty
+// Buffer for an operand that is not FP8 (an FP8 operand without one, or one
+// for an operand that is not FP8, is a failure kept in the memory).
+//
+// The scale inverses stay where they are, in the backend's memory: a
+// product reads them there (a GPU through the pointers cuBLASLt's FP8
+// products take), so no product waits for a value read back. They multiply
+// the product, not each operand: a product of FP8 operands is α·(A·B) with
+// A and B the codes' values, exact in float32 (each product of two FP8
+// values is), accumulated in float32, and α the product of the operands'
+// scale inverses (1 for an operand that is not FP8) in float32, as
+// cuBLASLt's FP8 GEMM applies its A and B scales. It is the product of the
+// dequantised values to within float32's rounding of α and of the sums, so
+// the FP8 error of a product is its operands' quantisation alone.
+type MatmulScales struct{ Inp, Weight, Dout Buffer }
+
+// FP8 reports whether any operand has a scale inverse (any operand is FP8).
+func (s MatmulScales) FP8() bool {
+	return s.Inp.Len() > 0 || s.Weight.Len() > 0 || s.Dout.Len() > 0
+}
 
 // RopeShape is x (B,T,NH,HD): B sequences of T positions, NH heads of HD.
 type RopeShape struct{ B, T, NH, HD int }

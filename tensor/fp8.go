@@ -210,15 +210,35 @@ func Amax(xs []float32) float32 {
 // scale by), and float32's largest finite value where the quotient overflows
 // (amax below Max/MaxFloat32), as Transformer Engine's compute_scale_from_amax.
 func (f FP8Format) CurrentScale(amax float32) float32 {
-	if !(amax > 0) || math.IsInf(float64(amax), 1) {
-		return 1
-	}
-	s := f.Max() / amax
-	if math.IsInf(float64(s), 1) {
-		return math.MaxFloat32
-	}
+	s, _ := f.ScaleFrom(amax, 0)
 	return s
 }
+
+// ScaleFrom is the scale that maps amax onto Max·2^-margin: (Max·2^-margin)/amax
+// in float32 (Max·2^-margin is exact), float32's largest finite value where
+// the quotient overflows. ok is false, and the scale 1, where amax is 0,
+// negative, +inf or NaN: no scale follows from it, so current scaling takes 1
+// (CurrentScale, margin 0) and delayed scaling keeps its scale
+// (DelayedScaling.Update). The device kernels' scales are this function's
+// (tensor.Kernels.FP8Scale).
+func (f FP8Format) ScaleFrom(amax float32, margin int) (scale float32, ok bool) {
+	if !(amax > 0) || math.IsInf(float64(amax), 1) {
+		return 1, false
+	}
+	s := f.Max() * float32(math.Ldexp(1, -margin)) / amax
+	if math.IsInf(float64(s), 1) {
+		return math.MaxFloat32, true
+	}
+	return s, true
+}
+
+// MaxScaleMargin is the largest margin the kernels' scales take
+// (tensor.Kernels.FP8Scale): 2^-margin stays a float32 normal.
+const MaxScaleMargin = 126
+
+// Values is the format's 256 values, by code (a copy of the decoding table:
+// products widen codes through it).
+func (f FP8Format) Values() [256]float32 { return f.spec().values }
 
 // AmaxAlgo is how delayed scaling reads its amax history.
 type AmaxAlgo uint8
@@ -318,12 +338,8 @@ func (d *DelayedScaling) Update() {
 	copy(d.History, d.History[1:])
 	d.History[n-1] = last
 	d.History[0] = 0
-	if amax > 0 && !math.IsInf(float64(amax), 1) {
-		scaled := d.Format.Max() * float32(math.Ldexp(1, -d.Margin))
-		d.Scale = scaled / amax
-	}
-	if math.IsInf(float64(d.Scale), 0) {
-		d.Scale = math.MaxFloat32
+	if s, ok := d.Format.ScaleFrom(amax, d.Margin); ok {
+		d.Scale = s
 	}
 }
 

@@ -2111,3 +2111,90 @@ FP8_CAST(cast_e4m3_bf16, bf16, uint8_t, __float2bfloat16_rn(e4m3_value(in[i])))
 FP8_CAST(cast_e5m2_bf16, bf16, uint8_t, __float2bfloat16_rn(e5m2_value(in[i])))
 FP8_CAST(cast_e4m3_f64, double, uint8_t, (double)e4m3_value(in[i]))
 FP8_CAST(cast_e5m2_f64, double, uint8_t, (double)e5m2_value(in[i]))
+
+// ---- FP8 scaling and products (after the casts, for the same reason) ----
+//
+// The kernels behind tensor.Kernels' Amax, FP8Scale and Quantize and the FP8
+// products' operands: amaxes in f64, scales and scale inverses in f32, all in
+// device memory (tensor/fp8.go's definitions, which the CPU calls).
+
+// nanmax is the larger of a and b, NaN where either is (tensor.Amax's rule).
+__device__ __forceinline__ float nanmax(float a, float b) { return a != a ? a : (b != b ? b : (b > a ? b : a)); }
+__device__ __forceinline__ float warp_nanmax(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = nanmax(v, __shfl_xor_sync(0xffffffff, v, o));
+    return v;
+}
+// block_nanmax is block_max with nanmax over values ≥ 0; sh holds 32 floats.
+__device__ float block_nanmax(float v, float* sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_nanmax(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : 0.f;
+    return warp_nanmax(v);
+}
+
+// amax_partial: part[block] = max |x| over the block's grid-stride share (NaN
+// where it holds one); amax_finish takes the parts' largest into dst[0], or
+// with acc raises dst[0] to it (a NaN in either stays).
+template <typename S> __device__ void amax_partial(double* part, const S* x, long n) {
+    __shared__ float sh[32];
+    float m = 0.f;
+    GRID_STRIDE(i, n) m = nanmax(m, fabsf(ld(x, i)));
+    m = block_nanmax(m, sh);
+    if (threadIdx.x == 0) part[blockIdx.x] = (double)m;
+}
+extern "C" __global__ void amax_partial_f32(double* part, const float* x, long n) { amax_partial(part, x, n); }
+extern "C" __global__ void amax_partial_bf16(double* part, const bf16* x, long n) { amax_partial(part, x, n); }
+extern "C" __global__ void amax_finish(double* dst, const double* part, int nb, int acc) {
+    __shared__ float sh[32];
+    float m = 0.f;
+    for (int i = threadIdx.x; i < nb; i += blockDim.x) m = nanmax(m, (float)part[i]);
+    m = block_nanmax(m, sh);
+    if (threadIdx.x == 0) {
+        double a = (double)m, d = dst[0];
+        dst[0] = acc && !(a > d || a != a) ? d : a;
+    }
+}
+
+// fp8_scale (one thread): scale[0] = (fmax·2^−margin) / amax[0] in fp32
+// (tensor.FP8Format.ScaleFrom), fp32's largest finite value where the quotient
+// overflows, 1 where the amax is 0, negative, inf or NaN. 0 ≤ margin ≤ 126, so
+// that 2^−margin is an fp32 normal (the caller checks).
+extern "C" __global__ void fp8_scale(float* scale, const double* amax, float fmax, int margin) {
+    float a = __double2float_rn(amax[0]), s = 1.f;
+    if (a > 0.f && a != INFINITY) {
+        s = __fmul_rn(fmax, fp8_float((uint32_t)(127 - margin) << 23)) / a;
+        if (s == INFINITY) s = fp8_float(0x7f7fffffu);
+    }
+    scale[0] = s;
+}
+
+// quantize_S_F: out = each x·scale[0] (an fp32 product) rounded to format F,
+// saturating; inv[0] = 1/scale[0] (the scale inverse products read; inv and
+// scale are distinct buffers).
+#define FP8_QUANTIZE(name, S, rn)                                                             \
+    extern "C" __global__ void name(uint8_t* out, float* inv, const S* x, const float* scale, long n) { \
+        float s = scale[0];                                                                   \
+        GRID_STRIDE(i, n) out[i] = rn(__fmul_rn(ld(x, i), s));                               \
+        if (blockIdx.x == 0 && threadIdx.x == 0) inv[0] = 1.f / s;                           \
+    }
+FP8_QUANTIZE(quantize_f32_e4m3, float, e4m3_rn)
+FP8_QUANTIZE(quantize_bf16_e4m3, bf16, e4m3_rn)
+FP8_QUANTIZE(quantize_f32_e5m2, float, e5m2_rn)
+FP8_QUANTIZE(quantize_bf16_e5m2, bf16, e5m2_rn)
+
+// widen_scaled_S: out (fp32) = each value of in times α = s1[0]·s2[0] (fp32;
+// a null pointer counts 1): an FP8 product's first operand, which carries the
+// operands' scale inverses as the CPU's Sgemm folds α into its A.
+#define WIDEN_SCALED(name, IN, val)                                                                \
+    extern "C" __global__ void name(float* out, const IN* in, const float* s1, const float* s2, long n) { \
+        float a = __fmul_rn(s1 ? s1[0] : 1.f, s2 ? s2[0] : 1.f);                                     \
+        GRID_STRIDE(i, n) out[i] = __fmul_rn(val, a);                                                 \
+    }
+WIDEN_SCALED(widen_scaled_f32, float, in[i])
+WIDEN_SCALED(widen_scaled_bf16, bf16, __bfloat162float(in[i]))
+WIDEN_SCALED(widen_scaled_e4m3, uint8_t, e4m3_value(in[i]))
+WIDEN_SCALED(widen_scaled_e5m2, uint8_t, e5m2_value(in[i]))

@@ -128,6 +128,10 @@ func (v *views[F]) w(op string, b tensor.Buffer) tensor.Weights[F] {
 }
 
 func (Kernels[F]) Matmul(out, inp, weight tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
+	if fp8Product(s, inp, weight) {
+		matmulFP8[F](out, inp, weight, s, accumulate)
+		return
+	}
 	var v views[F]
 	o, x, w := v.f("Matmul", out), v.w("Matmul", inp), v.w("Matmul", weight)
 	if !v.bad {
@@ -135,6 +139,10 @@ func (Kernels[F]) Matmul(out, inp, weight tensor.Buffer, s tensor.MatmulShape, a
 	}
 }
 func (Kernels[F]) MatmulBackward(dinp, dweight, dout, inp, weight tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
+	if fp8Product(s, dout, inp, weight) {
+		matmulBackwardFP8[F](dinp, dweight, dout, inp, weight, s, accumulate)
+		return
+	}
 	var v views[F]
 	dx, dw, dy, x, w := v.f("MatmulBackward", dinp), v.g("MatmulBackward", dweight), v.f("MatmulBackward", dout), v.w("MatmulBackward", inp), v.w("MatmulBackward", weight)
 	if !v.bad {

@@ -45,6 +45,25 @@ func SgemmBF16(transA, transB bool, M, N, K int, alpha float32, A []float32, lda
 	gemmPool.put(g)
 }
 
+// SgemmFP8 is Sgemm with B stored as FP8 codes of format f: each code is
+// widened to its value (exactly, through the format's table) as B is packed
+// into panels, as SgemmBF16 widens bf16, so the product equals Sgemm's on B's
+// values bit for bit. Scales are the caller's: alpha carries them (the FP8
+// products of tensor.Kernels pass the operands' scale inverses' product).
+func SgemmFP8(transA, transB bool, M, N, K int, alpha float32, A []float32, lda int, B []uint8, f tensor.FP8Format, ldb int, beta float32, C []float32, ldc int) {
+	c, ok := newGemm(transA, transB, M, N, K, alpha, A, lda, nil, ldb, beta, C, ldc)
+	if !ok {
+		return
+	}
+	vals := f.Values()
+	c.Bq, c.qv = B, &vals
+	g := gemmPool.get()
+	g.gemmCall = c
+	g.run()
+	g.gemmCall = gemmCall{}
+	gemmPool.put(g)
+}
+
 // sgemmSerial is Sgemm on the calling goroutine alone, packing into b: for
 // products inside a parallel region, where each chunk of the region owns its b.
 // tri says op(A) is triangular (causal attention's probabilities), so a tile
@@ -113,6 +132,8 @@ type gemmCall struct {
 	lda            int
 	B              []float32
 	Bh             []tensor.BF16 // B in bf16 (SgemmBF16), B nil
+	Bq             []uint8       // B in FP8 codes (SgemmFP8), B nil
+	qv             *[256]float32 // the values of Bq's codes
 	ldb            int
 	C              []float32
 	ldc            int
@@ -250,7 +271,7 @@ const maxInPlaceLDB = 1024 - 1
 // bInPlace says whether a panel of B of w columns is read where it lies: a
 // full panel of an fp32 B in rows (untransposed) at most maxInPlaceLDB apart.
 func (g *gemmCall) bInPlace(w int) bool {
-	return !g.transB && w == nr && g.Bh == nil && g.ldb <= maxInPlaceLDB
+	return !g.transB && w == nr && g.Bh == nil && g.Bq == nil && g.ldb <= maxInPlaceLDB
 }
 
 // rowBlocks multiplies rows [lo, hi) of op(A)'s current K block by the packed B block
@@ -340,6 +361,8 @@ func (g *gemmCall) packB(bp []float32, pc, kcur, jc, ncur int) {
 		switch {
 		case g.Bh != nil:
 			g.packBH(panel, pc, kcur, jc+jr, w)
+		case g.Bq != nil:
+			g.packBQ(panel, pc, kcur, jc+jr, w)
 		case g.bInPlace(w):
 			// read in place
 		case !g.transB:
@@ -407,6 +430,26 @@ func (g *gemmCall) packBH(panel []float32, pc, kcur, j0, w int) {
 		for p, v := range row {
 			panel[p*nr+j] = math.Float32frombits(uint32(v) << 16)
 		}
+	}
+}
+
+// packBQ is packB's panel of an FP8 B: columns [j0, j0+w) of op(B)'s rows
+// [pc, pc+kcur), each code widened to its value, zero-padded to NR columns.
+func (g *gemmCall) packBQ(panel []float32, pc, kcur, j0, w int) {
+	v := g.qv
+	for p := 0; p < kcur; p++ {
+		dst := panel[p*nr : p*nr+nr]
+		k := pc + p
+		if g.transB {
+			for j := range w {
+				dst[j] = v[g.Bq[(j0+j)*g.ldb+k]]
+			}
+		} else {
+			for j, c := range g.Bq[k*g.ldb+j0 : k*g.ldb+j0+w] {
+				dst[j] = v[c]
+			}
+		}
+		clear(dst[w:])
 	}
 }
 

@@ -50,6 +50,8 @@ func cases() []kcase {
 		}}
 	})...)
 
+	add(fp8Cases()...)
+
 	// The vocabulary part: rows 20..36 of a 50-token vocabulary (a
 	// tensor-parallel rank's), tokens from all of it.
 	embed := func(part bool) tensor.EmbeddingShape {

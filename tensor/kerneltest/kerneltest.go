@@ -37,7 +37,9 @@ type Options struct {
 	Do func(func())
 }
 
-// Run checks every kernel of be against the CPU's in float64.
+// Run checks every kernel of be against the CPU's in float64, then that be
+// refuses what the FP8 kernels must refuse (each refusal's error in the
+// memory).
 func Run(t *testing.T, be tensor.Backend, opts Options) {
 	var ref tensor.Backend = cpu.Kernels[float64]{} // F appears in no method: the float64 set is a Backend too
 	do := opts.Do
@@ -57,12 +59,26 @@ func Run(t *testing.T, be tensor.Backend, opts Options) {
 			require.NoError(t, err, "%s on the reference", c.name)
 			require.Len(t, got, len(want))
 			tol := c.tol
-			if tol == 0 {
+			switch {
+			case c.exact:
+				tol = 0
+			case tol == 0:
 				tol = tolF32
 			}
 			for i := range want {
 				compare(t, fmt.Sprintf("output %d", i), got[i], want[i], tol)
 			}
+		})
+	}
+	for _, r := range refusals() {
+		t.Run("refuses/"+r.name, func(t *testing.T) {
+			var err error
+			do(func() {
+				m := be.NewMemory()
+				r.run(be, m)
+				err = m.Err()
+			})
+			require.ErrorContains(t, err, r.want, "%s on %s", r.name, be.Name())
 		})
 	}
 }
@@ -136,9 +152,10 @@ func compare(t *testing.T, what string, got, want []float64, tol float64) {
 // kcase is one check: run makes its inputs from e's generator, runs kernels
 // and returns the buffers to compare.
 type kcase struct {
-	name string  // the kernel, then the variant: "Matmul/bf16 weight"
-	tol  float64 // 0: tolF32
-	run  func(e *env) []tensor.Buffer
+	name  string  // the kernel, then the variant: "Matmul/bf16 weight"
+	tol   float64 // 0: tolF32
+	exact bool    // every value equal (tol ignored): the FP8 casts and scales
+	run   func(e *env) []tensor.Buffer
 }
 
 // env is one side of a case: a kernel set, its memory, the dtype its float
@@ -176,7 +193,12 @@ func (e *env) floats(n int, scale float64) tensor.Buffer { return e.vals(e.draw(
 // stashed activations are), as the same rounded values in float64 by the
 // reference.
 func (e *env) weight(n int, scale float64, bf16 bool) tensor.Buffer {
-	x := e.draw(n, scale)
+	return e.weightOf(e.draw(n, scale), bf16)
+}
+
+// weightOf is weight's buffer of the values x (each exactly a float32).
+func (e *env) weightOf(x []float64, bf16 bool) tensor.Buffer {
+	n := len(x)
 	if !bf16 {
 		return e.vals(x)
 	}
@@ -188,6 +210,51 @@ func (e *env) weight(n int, scale float64, bf16 bool) tensor.Buffer {
 		t = tensor.Float64
 	}
 	b := e.m.Alloc(t, n)
+	e.m.Write(b, x)
+	return b
+}
+
+// fp8 is n drawn values quantised to format f under current scaling
+// (tensor.FP8Format.CurrentScale of their amax, a scale that is no power of
+// two), as an FP8 run holds a weight, an activation or an output gradient:
+// the backend under test holds the codes (an FP8 buffer) and their scale
+// inverse (an f32 buffer, the operand's entry in MatmulShape.Scales); the
+// reference holds the values they stand for, each code's value times the
+// scale inverse (exact in float64), in float64, and no scale inverse (the
+// empty Buffer). Both sides' products so multiply the same values: they
+// differ by float32's rounding of the sums and of α, not by FP8's.
+func (e *env) fp8(n int, scale float64, f tensor.FP8Format) (vals, inv tensor.Buffer) {
+	x := e.draw(n, scale)
+	x32 := make([]float32, n)
+	for i, v := range x {
+		x32[i] = float32(v)
+	}
+	s := f.CurrentScale(tensor.Amax(x32))
+	codes := make([]uint8, n)
+	f.Quantize(codes, x32, s, true)
+	sInv := 1 / s
+	if e.f == tensor.Float64 {
+		for i, c := range codes {
+			x[i] = float64(f.Decode(c)) * float64(sInv)
+		}
+		return e.vals(x), tensor.Buffer{}
+	}
+	for i, c := range codes {
+		x[i] = float64(f.Decode(c)) // exactly a value of the format: written as its code
+	}
+	t := tensor.Float8E4M3
+	if f == tensor.E5M2 {
+		t = tensor.Float8E5M2
+	}
+	vals = e.m.Alloc(t, n)
+	e.m.Write(vals, x)
+	return vals, e.scalars(float64(sInv))
+}
+
+// scalars is an f32 buffer holding x (scales and scale inverses: f32 on
+// both sides, as on every backend).
+func (e *env) scalars(x ...float64) tensor.Buffer {
+	b := e.m.Alloc(tensor.Float32, len(x))
 	e.m.Write(b, x)
 	return b
 }
