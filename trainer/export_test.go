@@ -197,26 +197,12 @@ func TestExportRoundTrip(t *testing.T) {
 // there, the test does not skip.
 func TestExportMatchesPyTorch(t *testing.T) {
 	py := torchPython(t)
-	tokens := referenceTokens
 	args := []string{"../scripts/hf_reference.py"}
 	outs := make([]string, len(exportCases))
 	for i, c := range exportCases {
 		run, out := trainedForExport(t, c.sets, 5<<30)
-		logits, err := RunLogits(cpu.Backend{}, run, tokens)
-		require.NoError(t, err, "%s %v", c.arch, c.sets)
-		fr, err := loadRun(run)
-		require.NoError(t, err)
-		V := fr.recipe.Model.VocabSize
-		rows := make([][]float32, len(tokens))
-		for i := range rows {
-			rows[i] = logits[i*V : (i+1)*V]
-		}
-		caseFile := filepath.Join(t.TempDir(), "case.json")
-		b, err := json.Marshal(map[string]any{"tokens": tokens, "logits": rows})
-		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(caseFile, b, 0o644))
 		outs[i] = out
-		args = append(args, out, caseFile, cmp.Or(c.tol, "1e-5"))
+		args = append(args, out, referenceCase(t, run), cmp.Or(c.tol, "1e-5"))
 	}
 	msg, err := exec.Command(py, args...).CombinedOutput()
 	t.Log(string(msg))
@@ -237,6 +223,25 @@ func TestExportMatchesPyTorch(t *testing.T) {
 // referenceTokens are the tokens the exports' logits are compared on.
 var referenceTokens = []int32{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4}
 
+// referenceCase writes the run's logits on referenceTokens as the reference
+// script's CASE.json ({"tokens", "logits"}) and returns its path.
+func referenceCase(t *testing.T, run string) string {
+	logits, err := RunLogits(cpu.Backend{}, run, referenceTokens)
+	require.NoError(t, err, run)
+	fr, err := loadRun(run)
+	require.NoError(t, err)
+	V := fr.recipe.Model.VocabSize
+	rows := make([][]float32, len(referenceTokens))
+	for i := range rows {
+		rows[i] = logits[i*V : (i+1)*V]
+	}
+	caseFile := filepath.Join(t.TempDir(), "case.json")
+	b, err := json.Marshal(map[string]any{"tokens": referenceTokens, "logits": rows})
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(caseFile, b, 0o644))
+	return caseFile
+}
+
 // torchPython is SHARDLINE_TORCH_PYTHON; the test skips without it.
 func torchPython(t *testing.T) string {
 	py := os.Getenv("SHARDLINE_TORCH_PYTHON")
@@ -249,21 +254,7 @@ func torchPython(t *testing.T) string {
 // matchesReference runs scripts/hf_reference.py (with py) over the export out
 // of run and fails unless its logits equal shardline's within tol.
 func matchesReference(t *testing.T, py, run, out, arch, tol string) {
-	tokens := referenceTokens
-	logits, err := RunLogits(cpu.Backend{}, run, tokens)
-	require.NoError(t, err)
-	fr, err := loadRun(run)
-	require.NoError(t, err)
-	V := fr.recipe.Model.VocabSize
-	rows := make([][]float32, len(tokens))
-	for i := range rows {
-		rows[i] = logits[i*V : (i+1)*V]
-	}
-	caseFile := filepath.Join(t.TempDir(), "case.json")
-	b, err := json.Marshal(map[string]any{"tokens": tokens, "logits": rows})
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(caseFile, b, 0o644))
-	cmd := exec.Command(py, "../scripts/hf_reference.py", out, caseFile, tol)
+	cmd := exec.Command(py, "../scripts/hf_reference.py", out, referenceCase(t, run), tol)
 	msg, err := cmd.CombinedOutput()
 	t.Log(string(msg))
 	require.NoError(t, err, "%s", msg)
