@@ -163,6 +163,17 @@ func llama4Name(name string) string {
 	return ""
 }
 
+// layerOf is the layer a parameter name "layers.N.…" belongs to (0 for the
+// others).
+func layerOf(name string) int {
+	parts := strings.Split(name, ".")
+	if len(parts) > 2 && parts[0] == "layers" {
+		l, _ := strconv.Atoi(parts[1])
+		return l
+	}
+	return 0
+}
+
 // llama4MoEName is one tensor of a Llama 4 layer's MoE block, in
 // Llama4ForCausalLM's names.
 func llama4MoEName(l int, what string) string {
@@ -179,11 +190,7 @@ func llama4ToHF(m config.Model, params []Param) ([]Tensor, error) {
 	experts := map[int][]Param{} // layer -> its experts' w1, w3, w2 in order
 	shared := map[int][]Param{}
 	for _, p := range params {
-		parts := strings.Split(p.Name, ".")
-		var l int
-		if len(parts) > 2 && parts[0] == "layers" {
-			l, _ = strconv.Atoi(parts[1])
-		}
+		l := layerOf(p.Name)
 		switch {
 		case strings.HasSuffix(p.Name, ".moe.expert_bias"):
 			for e, b := range p.Data {
@@ -247,25 +254,11 @@ func llama4ToHF(m config.Model, params []Param) ([]Tensor, error) {
 func llama4FromHF(m config.Model, ts map[string]Tensor, params []Param) error {
 	hd, h, ef, E := m.HeadSize(), m.Hidden, m.MoE.ExpertFFNHidden, m.MoE.NumExperts
 	used := map[string]bool{}
-	take := func(name string, shape []int) (Tensor, error) {
-		t, ok := ts[name]
-		if !ok {
-			return Tensor{}, fmt.Errorf("tensor %s is missing", name)
-		}
-		if fmt.Sprint(t.Shape) != fmt.Sprint(shape) {
-			return Tensor{}, fmt.Errorf("tensor %s has shape %v, the recipe's model needs %v", name, t.Shape, shape)
-		}
-		used[name] = true
-		return t, nil
-	}
+	take := taker(ts, used)
 	experts, shared := map[int][]int{}, map[int][]int{} // layer -> indices into params
 	for i := range params {
 		p := &params[i]
-		parts := strings.Split(p.Name, ".")
-		var l int
-		if len(parts) > 2 && parts[0] == "layers" {
-			l, _ = strconv.Atoi(parts[1])
-		}
+		l := layerOf(p.Name)
 		switch {
 		case strings.HasSuffix(p.Name, ".moe.expert_bias"):
 			clear(p.Data)

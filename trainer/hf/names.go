@@ -167,6 +167,23 @@ func splitName(name string) (top, pre string, parts []string) {
 	return "", "model.layers." + parts[1] + ".", parts
 }
 
+// taker is a function that takes tensor name from ts, refusing a missing one
+// or one of another shape than the recipe's model needs, and records it in
+// used (so that what is left over can be refused).
+func taker(ts map[string]Tensor, used map[string]bool) func(name string, shape []int) (Tensor, error) {
+	return func(name string, shape []int) (Tensor, error) {
+		t, ok := ts[name]
+		if !ok {
+			return Tensor{}, fmt.Errorf("tensor %s is missing", name)
+		}
+		if fmt.Sprint(t.Shape) != fmt.Sprint(shape) {
+			return Tensor{}, fmt.Errorf("tensor %s has shape %v, the recipe's model needs %v", name, t.Shape, shape)
+		}
+		used[name] = true
+		return t, nil
+	}
+}
+
 // Param is one shardline parameter: its name, shape and values.
 type Param struct {
 	Name  string
@@ -254,17 +271,7 @@ func FromHF(m config.Model, ts map[string]Tensor, params []Param) error {
 		return llama4FromHF(m, ts, params)
 	}
 	used := map[string]bool{}
-	take := func(name string, shape []int) (Tensor, error) {
-		t, ok := ts[name]
-		if !ok {
-			return Tensor{}, fmt.Errorf("tensor %s is missing", name)
-		}
-		if fmt.Sprint(t.Shape) != fmt.Sprint(shape) {
-			return Tensor{}, fmt.Errorf("tensor %s has shape %v, the recipe's model needs %v", name, t.Shape, shape)
-		}
-		used[name] = true
-		return t, nil
-	}
+	take := taker(ts, used)
 	shared := map[string][]int{} // layer -> indices into params
 	for i := range params {
 		p := &params[i]
