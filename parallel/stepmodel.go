@@ -259,7 +259,7 @@ func microCompute(mo config.Model, sh microShape, c opCosts) MicroTimes {
 		if mo.QKNorm {
 			fs += c.stream(StreamRMSNorm, float64(BT*(Q+KV)))
 		}
-		if mo.MoE.NumExperts > 0 && (l+1)%mo.MoE.LayerFreq == 0 {
+		if mo.IsMoELayer(l) {
 			E, EF := mo.MoE.NumExperts, mo.MoE.ExpertFFNHidden/sh.ETP
 			lg += gemm(BT, C, E)
 			fg += fwd(BT, C, E)
@@ -310,7 +310,7 @@ func microCompute(mo config.Model, sh microShape, c opCosts) MicroTimes {
 			ls += stream(StreamSwiGLU, float64(BT*FF)) + stream(StreamSwiGLUBwd, float64(BT*FF))
 			fs += c.stream(StreamSwiGLU, float64(BT*FF))
 		}
-		dense := !(mo.MoE.NumExperts > 0 && (l+1)%mo.MoE.LayerFreq == 0)
+		dense := !mo.IsMoELayer(l)
 		switch sh.Mode {
 		case "full":
 			lg, la, ls = lg+fg, la+fa, ls+fs
@@ -332,7 +332,7 @@ func microCompute(mo config.Model, sh microShape, c opCosts) MicroTimes {
 			// attention's backward reads it).
 			ls += stream(StreamToBF16, float64(R*C)) + 2*stream(StreamFromBF16, float64(R*C))
 			if sh.Mode != "full" {
-				moe := mo.MoE.NumExperts > 0 && (l+1)%mo.MoE.LayerFreq == 0
+				moe := mo.IsMoELayer(l)
 				kept := 3*R*C + BT*(2*Q+2*KV) // norms' outputs, mid; q, attention output; k, v
 				slots := 7
 				var direct, directSlots int
