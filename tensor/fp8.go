@@ -191,16 +191,25 @@ func (f FP8Format) Dequantize(dst []float32, src []uint8, scaleInv float32) {
 // Amax is the largest |x| of xs (0 for none): what a scale is computed from.
 // A NaN among xs makes it NaN, as torch.amax does, so a non-finite tensor is
 // seen (its scale is then kept, see CurrentScale and DelayedScaling.Update).
+//
+// It compares bit patterns: with the sign cleared, a float32's bits order
+// as its magnitude does (infinity above every finite value), and every NaN's
+// lie above infinity's, so the largest cleared pattern is the amax, or a
+// NaN where there is one (four running maxima, a branch-free loop).
 func Amax(xs []float32) float32 {
-	var m float32
-	for _, x := range xs {
-		a := float32(math.Abs(float64(x)))
-		if a != a {
-			return a
-		}
-		m = max(m, a)
+	const abs = 0x7fffffff
+	var m0, m1, m2, m3 uint32
+	i := 0
+	for ; i+4 <= len(xs); i += 4 {
+		m0 = max(m0, math.Float32bits(xs[i])&abs)
+		m1 = max(m1, math.Float32bits(xs[i+1])&abs)
+		m2 = max(m2, math.Float32bits(xs[i+2])&abs)
+		m3 = max(m3, math.Float32bits(xs[i+3])&abs)
 	}
-	return m
+	for ; i < len(xs); i++ {
+		m0 = max(m0, math.Float32bits(xs[i])&abs)
+	}
+	return math.Float32frombits(max(m0, m1, m2, m3))
 }
 
 // CurrentScale is per-tensor current scaling's scale for a tensor whose amax
