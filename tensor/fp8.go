@@ -173,9 +173,29 @@ func (f FP8Format) Encode(x float32, saturate bool) uint8 {
 // Quantize writes each src[i]·scale, rounded to the format (Encode), into dst
 // (same length): a tensor's FP8 storage under its per-tensor scale. The
 // product is a float32 multiply, as Transformer Engine and torchao compute it.
+//
+// A product that is a normal of the format and does not overflow it is
+// rounded here, by Encode's steps with the format's constants taken once
+// (the common case, and the cost of an FP8 step on the CPU); the rest
+// (subnormals, NaNs, overflow) goes to Encode itself.
 func (f FP8Format) Quantize(dst []uint8, src []float32, scale float32, saturate bool) {
+	s := f.spec()
+	shift := 23 - s.man
+	half := uint32(1)<<(shift-1) - 1
+	rebias := uint32(127-s.bias) << s.man
+	minNormal, maxCode := uint32(128-s.bias)<<23, uint32(s.maxCode)
+	dst = dst[:len(src)]
 	for i, x := range src {
-		dst[i] = f.Encode(x*scale, saturate)
+		y := x * scale
+		b := math.Float32bits(y)
+		a := b & 0x7fffffff
+		if a >= minNormal && a < 0x7f800000 {
+			if code := (a+half+(a>>shift)&1)>>shift - rebias; code <= maxCode {
+				dst[i] = uint8(b>>24)&0x80 | uint8(code)
+				continue
+			}
+		}
+		dst[i] = f.Encode(y, saturate)
 	}
 }
 
