@@ -64,6 +64,7 @@ bench: bench-deps ## speed benchmarks, each printed against its budget or refere
 	./scripts/bench-tpcp.sh
 	./scripts/bench-long-context.sh
 	./scripts/bench-router.sh
+	./scripts/bench-fp8.sh
 	./scripts/bench-tokenizers.sh
 	./scripts/bench-data.sh
 	$(GO) test ./parallel/comm -run '^$$' -bench BusBandwidth -benchtime 3x -count 1 | grep -E 'MB/s|busGB/s'

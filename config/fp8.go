@@ -21,6 +21,24 @@ func (r *Recipe) FP8Layers() int {
 	return max(0, r.Model.Layers-f.LayersAtStartInBF16-f.LayersAtEndInBF16)
 }
 
+// FP8LayerRange is the transformer layers that compute in FP8: lo..hi−1,
+// every layer but those first_last_layers_bf16 keeps in bf16 (lo = hi when
+// none does, FP8 off included). FP8Layers is hi − lo.
+func (r *Recipe) FP8LayerRange() (lo, hi int) {
+	f := r.Precision.FP8
+	if !r.Precision.FP8On() {
+		return 0, 0
+	}
+	if !f.FirstLastLayersBF16 {
+		return 0, r.Model.Layers
+	}
+	lo, hi = f.LayersAtStartInBF16, r.Model.Layers-f.LayersAtEndInBF16
+	if hi <= lo {
+		return 0, 0
+	}
+	return lo, hi
+}
+
 // fp8 checks the FP8 keys: a scaling recipe shardline has, bf16 for the
 // layers FP8 leaves out, and no FP8 setting that would change nothing
 // (SL115 to SL117).

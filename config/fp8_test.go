@@ -11,7 +11,8 @@ import (
 // TestImportMegatronFP8: every Megatron FP8 argument lands on its
 // precision.fp8 key (they are the keys' flags), --fp8-interval (ignored by
 // Megatron) is a note, and the import has no error; lint then notes that run
-// refuses FP8 (SL114) and nothing else about it.
+// refuses what the engine does not build of it (SL114: delayed scaling, bf16
+// weight gradients, FP8 all-gathers) and nothing else about it.
 func TestImportMegatronFP8(t *testing.T) {
 	src := "torchrun pretrain_gpt.py " + llamaArgs + " --bf16 --use-megatron-fsdp --use-distributed-optimizer --no-gradient-accumulation-fusion --ckpt-format fsdp_dtensor" +
 		" --data-parallel-sharding-strategy optim_grads_params --num-layers 4" +
@@ -33,7 +34,9 @@ func TestImportMegatronFP8(t *testing.T) {
 	}
 	all := strings.Join(notes, "\n")
 	require.Contains(t, all, "SL011 --fp8-interval has no effect in shardline")
-	require.Contains(t, all, "SL114 precision.fp8.format (\"e4m3\"): shardline run refuses it: FP8 compute is not built yet")
+	require.Contains(t, all, "SL114 precision.fp8.recipe (\"delayed\"): shardline run refuses it: delayed scaling")
+	require.Contains(t, all, "SL114 precision.fp8.wgrad (false): shardline run refuses it")
+	require.Contains(t, all, "SL114 precision.fp8.param_gather (true): shardline run refuses it")
 	// Megatron's defaults stand where the script is silent: delayed scaling
 	// over one step's amax.
 	res, diags = ImportMegatron("hybrid.sh", []byte("torchrun pretrain_gpt.py "+llamaArgs+" --bf16 --fp8-format hybrid\n"))
@@ -120,21 +123,59 @@ func TestImportTorchtitanFloat8(t *testing.T) {
 	require.Contains(t, res.Origin("precision.fp8.param_gather").Describe(), "[float8] enable_fsdp_float8_all_gather = true")
 }
 
-// TestFP8RunRefuses: shardline run refuses an FP8 recipe (config.NotExecuted,
-// which trainer.Run checks first) saying FP8 compute is not built, with the fix.
+// TestFP8RunRefuses: shardline run (config.NotExecuted, which trainer.Run
+// checks first) accepts what the engine computes in FP8 (the hybrid and e4m3
+// formats under tensorwise scaling, dense layers and MoE layers' attention,
+// first and last layers in bf16) and refuses each part it does not build,
+// naming the key and the fix.
 func TestFP8RunRefuses(t *testing.T) {
 	r := Default()
 	require.Empty(t, NotExecuted(&r))
 	r.Precision.BF16 = true
 	r.Precision.FP8.Format = "hybrid"
-	un := NotExecuted(&r)
-	require.Len(t, un, 1)
-	require.Equal(t, "precision.fp8.format", un[0].Key)
-	require.Contains(t, un[0].Why, "FP8 compute is not built yet")
-	require.Contains(t, un[0].Fix, `format = "none"`)
+	r.Precision.FP8.Recipe = "tensorwise"
+	require.Empty(t, NotExecuted(&r), "hybrid, tensorwise: built")
+	r.Precision.FP8.Format = "e4m3"
+	require.Empty(t, NotExecuted(&r), "e4m3, tensorwise: built")
+	for _, c := range []struct {
+		key, why, fix string
+		set           func(r *Recipe)
+	}{
+		{"precision.fp8.recipe", "delayed scaling", `recipe = "tensorwise"`, func(r *Recipe) { r.Precision.FP8.Recipe = "delayed" }},
+		{"precision.fp8.wgrad", "weight-gradient products in bf16", "wgrad = true", func(r *Recipe) { r.Precision.FP8.Wgrad = false }},
+		{"precision.fp8.param_gather", "FP8 all-gather are not built", "param_gather = false", func(r *Recipe) { r.Precision.FP8.ParamGather = true }},
+		{"precision.fp8.head_bf16", "output head", "head_bf16 = true", func(r *Recipe) { r.Precision.FP8.HeadBF16 = false }},
+		{"precision.fp8.experts", "grouped products", "experts = false", func(r *Recipe) { r.Model.MoE.NumExperts, r.Model.MoE.TopK = 4, 2 }},
+		{"precision.fp8.router_bf16", "router", "router_bf16 = true", func(r *Recipe) {
+			r.Model.MoE.NumExperts, r.Model.MoE.TopK, r.Precision.FP8.Experts, r.Precision.FP8.RouterBF16 = 4, 2, false, false
+		}},
+		{"precision.fp8.format", "tensor or context parallelism (tensor_parallel 2", "tensor_parallel and context_parallel to 1", func(r *Recipe) { r.Parallel.TensorParallel = 2 }},
+		{"precision.fp8.format", "context_parallel 2)", "tensor_parallel and context_parallel to 1", func(r *Recipe) { r.Parallel.ContextParallel = 2 }},
+	} {
+		x := r
+		c.set(&x)
+		un := NotExecuted(&x)
+		require.Len(t, un, 1, c.key)
+		require.Equal(t, c.key, un[0].Key)
+		require.Contains(t, un[0].Why, c.why, c.key)
+		require.Contains(t, un[0].Fix, c.fix, c.key)
+	}
+	moe := r
+	moe.Model.MoE.NumExperts, moe.Model.MoE.TopK, moe.Precision.FP8.Experts = 4, 2, false
+	require.Empty(t, NotExecuted(&moe), "MoE layers with the experts in bf16: built")
 	d := Default()
 	require.Equal(t, 0, d.FP8Layers())
 	require.Equal(t, 4, r.FP8Layers())
+	lo, hi := r.FP8LayerRange()
+	require.Equal(t, [2]int{0, 4}, [2]int{lo, hi})
+	r.Precision.FP8.FirstLastLayersBF16 = true
+	lo, hi = r.FP8LayerRange()
+	require.Equal(t, [2]int{1, 3}, [2]int{lo, hi}, "one layer at each end in bf16")
+	r.Precision.FP8.LayersAtStartInBF16 = 4
+	lo, hi = r.FP8LayerRange()
+	require.Equal(t, lo, hi, "every layer in bf16: none in FP8")
+	lo, hi = d.FP8LayerRange()
+	require.Equal(t, lo, hi, "FP8 off")
 }
 
 // TestExportMegatronFP8: an FP8 recipe exports as Megatron's --fp8-*

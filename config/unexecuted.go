@@ -33,7 +33,21 @@ func NotExecuted(r *Recipe) []Unexecuted {
 	add(c.CkptFormat != "fsdp_dtensor" && c.Saves(), "checkpoint.ckpt_format", "shardline writes sharded checkpoints laid out as fsdp_dtensor's (each tensor's pieces at their global offsets); torch_dist and torch files are not written", `set ckpt_format = "fsdp_dtensor"`)
 	add(c.KeepLast != 0 && !c.Saves(), "checkpoint.keep_last", "no checkpoints are written (checkpoint.interval and interval_minutes are 0 and checkpoint.dir empty), so there are none to keep", "set checkpoint.interval, or remove keep_last")
 	add(r.Train.LRDecaySteps != 0 && r.Train.LRSchedule == "constant", "train.lr_decay_steps", "a constant schedule has no decay to time", `remove lr_decay_steps, or set lr_schedule = "cosine" or "linear"`)
-	add(r.Precision.FP8On(), "precision.fp8.format", "FP8 compute is not built yet: the engine computes the linear layers in bf16 or fp32, and the plan counts them so (package tensor has the FP8 formats, casts and scaling the engine will use; docs/engine.md, \"FP8\")", `set format = "none" under [precision.fp8] (precision.bf16 = true is the nearest)`)
+	// FP8 (docs/engine.md, "FP8"): the engine computes the dense layers'
+	// linear products in FP8 under per-tensor current scaling (tensorwise),
+	// with FP8 weight gradients, bf16 compute weights, and the head, the
+	// router and the MoE experts in bf16, without tensor or context
+	// parallelism. The rest is refused here.
+	f8 := r.Precision.FP8
+	fp8 := r.Precision.FP8On()
+	add(fp8 && f8.Recipe == "delayed", "precision.fp8.recipe", "delayed scaling (each tensor's scale from an amax history of earlier steps, kept in checkpoints) is not built: the engine scales each tensor by its own amax as it is cast (tensorwise current scaling)", `set recipe = "tensorwise" under [precision.fp8]`)
+	add(fp8 && !f8.Wgrad, "precision.fp8.wgrad", "weight-gradient products in bf16 beside FP8 input-gradient products are not built: a layer's backward makes both from the same FP8 output gradient", "set wgrad = true under [precision.fp8], or remove the key")
+	add(fp8 && f8.ParamGather, "precision.fp8.param_gather", "FP8 compute weights and their FP8 all-gather are not built: the engine keeps and gathers bf16 compute weights and quantises each weight to FP8 as a product reads it", "set param_gather = false under [precision.fp8]")
+	add(fp8 && !f8.HeadBF16, "precision.fp8.head_bf16", "the output head (its product fused with the loss, a chunk of rows at a time) computes in bf16 only", "set head_bf16 = true under [precision.fp8]")
+	moe := r.Model.MoE.NumExperts > 0
+	add(fp8 && moe && !f8.RouterBF16, "precision.fp8.router_bf16", "the MoE router's product computes in bf16 only", "set router_bf16 = true under [precision.fp8]")
+	add(fp8 && moe && f8.Experts, "precision.fp8.experts", "the MoE experts' grouped products (routed and shared) do not take FP8 operands yet: in FP8 runs they compute in bf16", "set experts = false under [precision.fp8] (the attention products of MoE layers still compute in FP8)")
+	add(fp8 && (p.TensorParallel > 1 || p.ContextParallel > 1), "precision.fp8.format", fmt.Sprintf("FP8 compute with tensor or context parallelism (tensor_parallel %d, context_parallel %d) is not built", p.TensorParallel, p.ContextParallel), `set tensor_parallel and context_parallel to 1 under [parallel], or format = "none" under [precision.fp8]`)
 	add(r.Precision.MainParamsDtype != "fp32", "precision.main_params_dtype", "the trainer keeps fp32 main weights", `set main_params_dtype = "fp32"`)
 	add(r.FSDP.UseNCCLUB && p.Device == "cpu", "fsdp.use_nccl_ub", "NCCL user buffers exist on GPUs only; the CPU trainer has no NCCL", "set use_nccl_ub = false")
 	units := r.FSDP.DataParallelShardingStrategy == "optim_grads" || r.FSDP.DataParallelShardingStrategy == "optim_grads_params"

@@ -173,9 +173,29 @@ func (f FP8Format) Encode(x float32, saturate bool) uint8 {
 // Quantize writes each src[i]·scale, rounded to the format (Encode), into dst
 // (same length): a tensor's FP8 storage under its per-tensor scale. The
 // product is a float32 multiply, as Transformer Engine and torchao compute it.
+//
+// A product that is a normal of the format and does not overflow it is
+// rounded here, by Encode's steps with the format's constants taken once
+// (the common case, and the cost of an FP8 step on the CPU); the rest
+// (subnormals, NaNs, overflow) goes to Encode itself.
 func (f FP8Format) Quantize(dst []uint8, src []float32, scale float32, saturate bool) {
+	s := f.spec()
+	shift := 23 - s.man
+	half := uint32(1)<<(shift-1) - 1
+	rebias := uint32(127-s.bias) << s.man
+	minNormal, maxCode := uint32(128-s.bias)<<23, uint32(s.maxCode)
+	dst = dst[:len(src)]
 	for i, x := range src {
-		dst[i] = f.Encode(x*scale, saturate)
+		y := x * scale
+		b := math.Float32bits(y)
+		a := b & 0x7fffffff
+		if a >= minNormal && a < 0x7f800000 {
+			if code := (a+half+(a>>shift)&1)>>shift - rebias; code <= maxCode {
+				dst[i] = uint8(b>>24)&0x80 | uint8(code)
+				continue
+			}
+		}
+		dst[i] = f.Encode(y, saturate)
 	}
 }
 
@@ -191,16 +211,25 @@ func (f FP8Format) Dequantize(dst []float32, src []uint8, scaleInv float32) {
 // Amax is the largest |x| of xs (0 for none): what a scale is computed from.
 // A NaN among xs makes it NaN, as torch.amax does, so a non-finite tensor is
 // seen (its scale is then kept, see CurrentScale and DelayedScaling.Update).
+//
+// It compares bit patterns: with the sign cleared, a float32's bits order
+// as its magnitude does (infinity above every finite value), and every NaN's
+// lie above infinity's, so the largest cleared pattern is the amax, or a
+// NaN where there is one (four running maxima, a branch-free loop).
 func Amax(xs []float32) float32 {
-	var m float32
-	for _, x := range xs {
-		a := float32(math.Abs(float64(x)))
-		if a != a {
-			return a
-		}
-		m = max(m, a)
+	const abs = 0x7fffffff
+	var m0, m1, m2, m3 uint32
+	i := 0
+	for ; i+4 <= len(xs); i += 4 {
+		m0 = max(m0, math.Float32bits(xs[i])&abs)
+		m1 = max(m1, math.Float32bits(xs[i+1])&abs)
+		m2 = max(m2, math.Float32bits(xs[i+2])&abs)
+		m3 = max(m3, math.Float32bits(xs[i+3])&abs)
 	}
-	return m
+	for ; i < len(xs); i++ {
+		m0 = max(m0, math.Float32bits(xs[i])&abs)
+	}
+	return math.Float32frombits(max(m0, m1, m2, m3))
 }
 
 // CurrentScale is per-tensor current scaling's scale for a tensor whose amax

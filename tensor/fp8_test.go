@@ -345,6 +345,57 @@ func TestFP8Scales(t *testing.T) {
 	if got := Amax(nil); got != 0 {
 		t.Errorf("Amax of nothing = %v", got)
 	}
+	// Quantize is Encode(x·scale) value by value (its fast path for the
+	// format's normals included): both formats, saturating and not, over
+	// values from 2^-30 to 2^30 of the scale's range with the specials.
+	for _, f := range []FP8Format{E4M3, E5M2} {
+		for _, sat := range []bool{true, false} {
+			src := make([]float32, 100000)
+			for i := range src {
+				src[i] = float32(rng.NormFloat64() * math.Ldexp(1, rng.IntN(60)-30))
+				if i%97 == 0 {
+					src[i] = []float32{0, float32(math.Copysign(0, -1)), float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()), math.MaxFloat32}[i%6]
+				}
+			}
+			dst := make([]uint8, len(src))
+			const scale = 1.7
+			f.Quantize(dst, src, scale, sat)
+			for i, x := range src {
+				if want := f.Encode(x*scale, sat); dst[i] != want {
+					t.Fatalf("%v saturate %v: Quantize(%v) = %#x, Encode %#x", f, sat, x, dst[i], want)
+				}
+			}
+		}
+	}
+	// Against the definition, max |x| (NaN where one is), over lengths 0 to
+	// 40 of random values with zeros of both signs, subnormals, infinities
+	// and NaNs at every position modulo 4 (the unrolled loop's lanes).
+	rng = rand.New(rand.NewPCG(3, 4))
+	special := []float32{0, float32(math.Copysign(0, -1)), math.SmallestNonzeroFloat32, -math.MaxFloat32,
+		float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN())}
+	for n := range 41 {
+		for trial := range 50 {
+			xs := make([]float32, n)
+			for i := range xs {
+				xs[i] = float32(rng.NormFloat64() * math.Ldexp(1, rng.IntN(40)-20))
+				if rng.IntN(8) == 0 {
+					xs[i] = special[rng.IntN(len(special))]
+				}
+			}
+			var want float64
+			for _, x := range xs {
+				if a := math.Abs(float64(x)); a != a || want != want {
+					want = math.NaN()
+				} else {
+					want = max(want, a)
+				}
+			}
+			got := Amax(xs)
+			if math.IsNaN(want) != math.IsNaN(float64(got)) || (!math.IsNaN(want) && float64(got) != want) {
+				t.Fatalf("n=%d trial %d: Amax = %v, want %v", n, trial, got, want)
+			}
+		}
+	}
 }
 
 // TestDelayedScaling: over 300 steps of amaxes (spanning 2^±20, with zeros,

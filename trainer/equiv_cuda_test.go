@@ -77,6 +77,15 @@ func TestEngineOnGPUMatchesCPU(t *testing.T) {
 			cases = append(cases, tc{fmt.Sprintf("bf16=%v/%s", bf16, c.name), c.tol, append(c.sets, prec...)})
 		}
 	}
+	// FP8 (hybrid, tensorwise) over bf16: the GPU's native bf16 run
+	// quantises bf16 activations and activation gradients where the CPU
+	// quantises its bf16 stores and fp32 gradients, so a code now and then
+	// lands one step apart: FP8's tolerance (fp8Tol).
+	fp8 := []string{"precision.bf16=true", "fsdp.grad_reduce_in_bf16=true", "precision.fp8.format=hybrid", "precision.fp8.recipe=tensorwise"}
+	cases = append(cases,
+		tc{"fp8/2/optim_grads_params", fp8Tol, append([]string{"parallel.world_size=2", "train.global_batch_size=4", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, fp8...)},
+		tc{"fp8/e4m3 full", fp8Tol, append([]string{"parallel.world_size=1", "train.global_batch_size=2", "activation_checkpoint.mode=full"}, append(fp8, "precision.fp8.format=e4m3")...)})
+	inCI["fp8/2/optim_grads_params"] = true
 	for _, c := range cases {
 		if !full && !inCI[c.name] {
 			continue
@@ -96,9 +105,18 @@ func TestEngineOnGPUMatchesCPU(t *testing.T) {
 			}
 			_, got, _ := trainedWith(t, gpuRes, o)
 			require.Len(t, got, len(want))
+			worst := 0.0
 			for i := range want {
+				worst = max(worst, math.Abs(got[i]-want[i])/want[i])
 				require.LessOrEqual(t, math.Abs(got[i]-want[i]), c.tol*want[i], "step %d: gpu %v, cpu %v", i+1, got[i], want[i])
 			}
+			t.Logf("worst relative loss difference %.2e (tolerance %.0e)", worst, c.tol)
 		})
 	}
 }
+
+// fp8Tol is the relative loss tolerance of FP8 runs on the emulator against
+// the CPU, whose FP8 operands may differ by a code where the bf16 values
+// they are rounded from differ in their last bit: measured 3.8e-4 (hybrid,
+// 2 ranks) and 5.6e-4 (e4m3, full recompute) over 3 steps.
+const fp8Tol = 5e-3

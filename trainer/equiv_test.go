@@ -306,6 +306,7 @@ func TestUnitBuffersFollowThePlan(t *testing.T) {
 		"bf16":                   {"precision.bf16=true"},
 		"bf16 moe ep 2":          append(append([]string{}, moe...), "precision.bf16=true"),
 		"bf16 optim_grads":       {"precision.bf16=true", "fsdp.data_parallel_sharding_strategy=optim_grads"},
+		"fp8":                    fp8Sets,
 		// The reduction's staging is counted with the buffers, under every
 		// strategy that reduces (optim's bf16 gradients are reduce-scattered
 		// in place: none).

@@ -18,7 +18,7 @@ import (
 // plan says, component by component and to the byte, on the host emulator:
 // at world sizes 1, 2 and 4, under every sharding strategy, dense and MoE (ep
 // 2, with a capacity factor), tp 2, cp 2, selective and full recomputation,
-// fp32 and bf16. Each rank opens a device
+// fp32, bf16 and FP8. Each rank opens a device
 // of its own (as shardline-cuda's ranks do); the emulator's devices are host
 // memory, so the ranks' collectives are staged through the host. The steps
 // are dry runs (cuda.Device.SetDryRun): the buffers are allocated and the
@@ -59,6 +59,18 @@ func TestPlanEqualsHeldOnGPU(t *testing.T) {
 		} {
 			cases = append(cases, tc{fmt.Sprintf("bf16=%v/%s", bf16, c.name), append(c.sets, prec...)})
 		}
+	}
+	// FP8 compute (its input, weight and gradient copies and their scales,
+	// in scratch): a bf16-native dense run, one under full recompute, and an
+	// MoE run's attention in FP8 beside bf16 experts (the fp32 work set and
+	// bf16 stores).
+	fp8 := []string{"precision.bf16=true", "fsdp.grad_reduce_in_bf16=true", "precision.fp8.format=hybrid", "precision.fp8.recipe=tensorwise"}
+	for _, c := range []tc{
+		{"2/optim_grads_params", []string{"parallel.world_size=2", "train.global_batch_size=4", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}},
+		{"e4m3 full", []string{"parallel.world_size=1", "train.global_batch_size=2", "activation_checkpoint.mode=full", "precision.fp8.format=e4m3"}},
+		{"moe ep2", append([]string{"parallel.world_size=2", "train.global_batch_size=4", "parallel.expert_parallel=2", "precision.fp8.experts=false"}, moe...)},
+	} {
+		cases = append(cases, tc{"fp8/" + c.name, append(append([]string{}, fp8...), c.sets...)})
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -149,6 +149,7 @@ func TestStateLivesInBackendMemory(t *testing.T) {
 		"bf16 optim":              {"precision.bf16=true", "fsdp.data_parallel_sharding_strategy=optim"},
 		"bf16 reduce":             {"precision.bf16=true", "fsdp.grad_reduce_in_bf16=true"},
 		"bf16 reduce no_shard":    {"precision.bf16=true", "fsdp.grad_reduce_in_bf16=true", "fsdp.data_parallel_sharding_strategy=no_shard"},
+		"fp8":                     fp8Sets,
 		"moe-ep2":                 append([]string{"parallel.expert_parallel=2"}, moe...),
 		"moe-ep2 capacity":        append([]string{"parallel.expert_parallel=2", "model.moe.capacity_factor=1.0"}, moe...),
 	} {
@@ -209,6 +210,12 @@ func TestScratchFollowsThePlan(t *testing.T) {
 		"router":                      append([]string{"model.qk_norm=true", "model.nope_interval=2", "model.moe.expert_bias=true", "model.moe.score_before_expert=true", "model.moe.score_function=sigmoid"}, moe...),
 		"router tp2":                  append([]string{"model.qk_norm=true", "model.moe.expert_bias=true", "model.moe.score_before_expert=true", "parallel.world_size=2", "parallel.tensor_parallel=2"}, moe...),
 		"qk-norm bf16 full recompute": {"model.qk_norm=true", "precision.bf16=true", "activation_checkpoint.mode=full"},
+		// FP8: the shared input, weight and gradient copies with their
+		// scales; MoE layers' attention alone, the first layer in bf16.
+		"fp8 hybrid": fp8Sets,
+		"fp8 e4m3 moe full recompute": append([]string{"precision.bf16=true", "precision.fp8.format=e4m3", "precision.fp8.recipe=tensorwise",
+			"precision.fp8.experts=false", "precision.fp8.first_last_layers_bf16=true", "precision.fp8.layers_at_end_in_bf16=0",
+			"activation_checkpoint.mode=full"}, moe...),
 	} {
 		t.Run(name, func(t *testing.T) {
 			res, _ := tinyRun(t, append(append([]string{}, base...), sets...)...)

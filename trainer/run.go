@@ -827,6 +827,9 @@ func (t *run) openModel(startStep int) error {
 	if r.Precision.BF16 {
 		mopts = append(mopts, model.WithBF16Activations())
 	}
+	if f, ok := fp8Of(r); ok {
+		mopts = append(mopts, model.WithFP8(f))
+	}
 	if t.st.epComm != nil {
 		mopts = append(mopts, model.WithExpertParallel(model.ExpertParallel{Comm: t.st.epG, Rank: t.st.epRank, Size: t.st.epComm.Size()}))
 	}
@@ -1497,4 +1500,20 @@ func unigramEntropy(tokens *data.Tokens, vocab int) float64 {
 		}
 	}
 	return h
+}
+
+// fp8Of is the model's FP8 compute for r (precision.fp8; config.NotExecuted
+// refuses what the engine does not build): the output gradients in E5M2 for
+// the hybrid format, E4M3 for e4m3, and the layers first_last_layers_bf16
+// leaves in FP8. ok is false without FP8.
+func fp8Of(r *config.Recipe) (f model.FP8, ok bool) {
+	if !r.Precision.FP8On() {
+		return f, false
+	}
+	f.Grad = tensor.E5M2
+	if r.Precision.FP8.Format == "e4m3" {
+		f.Grad = tensor.E4M3
+	}
+	f.First, f.Last = r.FP8LayerRange()
+	return f, true
 }

@@ -496,6 +496,7 @@ func TestBF16ActivationsFollowThePlan(t *testing.T) {
 		{"moe full", append([]string{"activation_checkpoint.mode=full"}, moe...)},
 		{"tp2", []string{"parallel.tensor_parallel=2", "train.global_batch_size=2"}},
 		{"cp2", []string{"parallel.context_parallel=2", "train.global_batch_size=2"}},
+		{"fp8 selective", append([]string{"activation_checkpoint.mode=selective"}, fp8Sets...)},
 	} {
 		res, _ := tinyRun(t, append(append([]string{}, base...), c.sets...)...)
 		out, err := Run(context.Background(), res, opts())

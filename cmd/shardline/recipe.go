@@ -134,8 +134,8 @@ an argument is absent: embeddings tied, no Megatron-FSDP, no distributed
 optimizer, linear decay without warmup, weight decay 0.01, beta2 0.999, experts as
 wide as the dense MLP, GPUs; a GeLU MLP, LayerNorm, learned positions, biases and
 10% dropout are refused, each naming the argument that says otherwise. The
---fp8-* arguments set [precision.fp8] (run refuses FP8 until the engine
-computes in it). A script
+--fp8-* arguments set [precision.fp8] (run computes in FP8 under
+--fp8-recipe tensorwise; it refuses delayed scaling and --fp8-param-gather). A script
 written by recipe export megatron imports back to the same fingerprint.
 
 torchtitan FILE reads a torchtitan job file (TOML, as torchtitan used until its
@@ -150,7 +150,8 @@ has (a job's own model code) is given as recipe keys with --set: model.layers,
 hidden, heads, kv_heads, vocab_size, ffn_hidden and rope_theta (llama4 also
 model.moe.num_experts, expert_ffn_hidden and layer_freq); --set also overrides
 any key the file gives. The float8 converter and its settings become
-[precision.fp8] (run refuses FP8 until the engine computes in it). MX
+[precision.fp8] (tensorwise FP8, which run computes in; run refuses the FP8
+all-gather). MX
 converters, HSDP and a warmup-stable-decay schedule with a stable phase are
 refused; the _irope flavours import (docs/import.md).`,
 		Example: `  shardline recipe import megatron examples/llama/train_llama3_8b.sh > llama3-8b.toml

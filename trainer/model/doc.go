@@ -23,7 +23,9 @@
 // work set (stash.go), or, on a backend that computes in bf16 storage
 // (tensor.BF16Storage: a GPU's) and a dense model without tensor or context
 // parallelism, the activations and their gradients are bf16 buffers
-// throughout (BF16Native).
+// throughout (BF16Native). With WithFP8 the chosen layers' linear products
+// quantise their operands to FP8 under per-tensor current scaling on the
+// backend and multiply the codes (fp8.go).
 //
 // Initialisation (init.go) draws each element from a counter-based generator keyed
 // by (seed, parameter name, element index): any shard can be initialised alone and

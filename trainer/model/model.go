@@ -60,6 +60,7 @@ type Model[F tensor.Float] struct {
 	cp        *cpState[F] // nil without context parallelism
 	docs      *docState   // nil without document masks
 	tp        *tpState[F] // nil without tensor parallelism
+	fp8       *fp8State   // nil without FP8 compute (fp8.go)
 	st        *stash      // bf16 stores of saved activations; nil without WithBF16Activations, and in a bf16-native run
 	// act is the dtype of the activations and their gradients: F, or bf16
 	// in a bf16-native run (WithBF16Activations on a backend that computes
@@ -123,6 +124,7 @@ type options struct {
 	bf16Acts  bool
 	mem       tensor.Memory
 	docs      DocumentMasks
+	fp8       *FP8
 }
 
 // AllToAll is the collective expert parallelism needs (collective.Group has
@@ -205,6 +207,11 @@ func New[F tensor.Float](cfg config.Model, table []parallel.Param, weights, grad
 		}
 		if B*m.T%o.tp.Size != 0 {
 			return nil, fmt.Errorf("model: %d token rows per micro-batch (per rank) do not split over tp %d", B*m.T, o.tp.Size)
+		}
+	}
+	if o.fp8 != nil {
+		if err := m.setupFP8(*o.fp8, o); err != nil {
+			return nil, err
 		}
 	}
 	if err := m.setupDocs(o.docs); err != nil {
@@ -617,6 +624,7 @@ func (m *Model[F]) alloc() error {
 		m.be.RopeTables(m.cos, m.sin, m.T, invFreq)
 	}
 	m.allocDocs()
+	m.allocFP8()
 	if err := m.mem.Err(); err != nil {
 		return fmt.Errorf("model: allocating its buffers: %w", err)
 	}
@@ -779,6 +787,7 @@ func (m *Model[F]) ScratchBytes() int64 {
 		s.moeDlogits, s.moeDprobs, s.moeDgates, s.moeDy, s.moeDx, s.moeDh, s.moeDg, s.moeDu, s.moeSh, s.moeSg, s.moeSu,
 		m.cos, m.sin, m.ones}
 	bufs = append(bufs, m.loads, m.biasF)
+	bufs = append(bufs, m.fp8Buffers()...)
 	if p := m.tp; p != nil {
 		bufs = append(bufs, p.gx, p.gd, p.px, p.red, p.gnorm, p.grouter, p.lse, p.lseAll, p.tlogit, p.gqk)
 	}
@@ -830,21 +839,21 @@ func (m *Model[F]) layerForward(l int, x, next tensor.Buffer) {
 	BT, C, NH, NKV, HD, FF, _ := m.dims()
 	eps := m.Cfg.NormEps
 	be.RMSNorm(a.ln1[l], a.rstd1[l], x, lw.attnNorm, m.rows(), C, eps)
-	ln1 := m.input(l, inLn1, a.ln1[l], true)
+	ln1 := m.fp8Input(l, m.input(l, inLn1, a.ln1[l], true))
 	if m.Cfg.QKNorm {
 		// QK-norm: the projections go to scratch (backward makes them again
 		// from ln1), their per-head RMSNorm into q and k.
 		raw := m.scratch.datty
-		be.Matmul(raw, ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
+		m.matmul(l, raw, ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
 		be.RMSNorm(a.q[l], a.rstdq[l], raw, lw.qNorm, BT*NH, HD, eps)
 		raw = raw.Slice(0, BT*NKV*HD)
-		be.Matmul(raw, ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
+		m.matmul(l, raw, ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
 		be.RMSNorm(a.k[l], a.rstdk[l], raw, lw.kNorm, BT*NKV, HD, eps)
 	} else {
-		be.Matmul(a.q[l], ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
-		be.Matmul(a.k[l], ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
+		m.matmul(l, a.q[l], ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
+		m.matmul(l, a.k[l], ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
 	}
-	be.Matmul(a.v[l], ln1, lw.wv, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
+	m.matmul(l, a.v[l], ln1, lw.wv, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
 	switch {
 	case m.Cfg.IsNoPELayer(l): // NoPE: no rotary embedding
 	case m.cp != nil:
@@ -860,7 +869,7 @@ func (m *Model[F]) layerForward(l int, x, next tensor.Buffer) {
 		be.FlashAttention(a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.attnShape(l))
 	}
 	m.mem.Copy(a.mid[l], x)
-	m.rowParallel(a.mid[l], m.input(l, inAtty, a.atty[l], true), lw.wo, NH*HD) // mid = x + attention
+	m.rowProduct(l, a.mid[l], m.fp8Input(l, m.input(l, inAtty, a.atty[l], true)), lw.wo, NH*HD) // mid = x + attention
 	m.roundKept(l, &a.mid[l])
 	be.RMSNorm(a.ln2[l], a.rstd2[l], a.mid[l], lw.mlpNorm, m.rows(), C, eps)
 	m.mem.Copy(next, a.mid[l])
@@ -868,13 +877,13 @@ func (m *Model[F]) layerForward(l int, x, next tensor.Buffer) {
 		m.moeForward(l, next, a.ln2[l], *lw.moe, a.moe[l]) // next = mid + MoE
 		return
 	}
-	ln2 := m.input(l, inLn2, a.ln2[l], true)
-	be.Matmul(a.gate[l], ln2, lw.w1, tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
-	be.Matmul(a.up[l], ln2, lw.w3, tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
+	ln2 := m.fp8Input(l, m.input(l, inLn2, a.ln2[l], true))
+	m.matmul(l, a.gate[l], ln2, lw.w1, tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
+	m.matmul(l, a.up[l], ln2, lw.w3, tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
 	m.roundKept(l, &a.gate[l])
 	m.roundKept(l, &a.up[l])
 	be.SwiGLU(a.sw[l], a.gate[l], a.up[l], BT*FF)
-	m.rowParallel(next, m.input(l, inSw, a.sw[l], true), lw.w2, FF) // next = mid + MLP
+	m.rowProduct(l, next, m.fp8Input(l, m.input(l, inSw, a.sw[l], true)), lw.w2, FF) // next = mid + MLP
 }
 
 // remake redoes, before layer l's backward under selective recompute, what
@@ -1041,16 +1050,16 @@ func (m *Model[F]) backward(tokens, targets []int32, scale float64, loss tensor.
 			m.moeBackward(l, s.dx, dres, a.ln2[l], *lw.moe, *lg.moe, a.moe[l], scale*float64(BT*m.cpSize()))
 		} else {
 			// MLP: next = mid + w2·swiglu(w1·ln2, w3·ln2); dres flows to mid unchanged.
-			be.MatmulBackward(s.dsw, lg.w2, m.gatherGrad(dres), m.input(l, inSw, a.sw[l], false), lw.w2, tensor.MatmulShape{BT: BT, C: FF, OC: C}, false)
+			m.matmulBackward(l, s.dsw, lg.w2, m.gatherGrad(dres), m.fp8Input(l, m.input(l, inSw, a.sw[l], false)), lw.w2, tensor.MatmulShape{BT: BT, C: FF, OC: C}, false)
 			be.SwiGLUBackward(s.dff1, s.dff2, s.dsw, a.gate[l], a.up[l], BT*FF, false)
-			ln2, dx := m.input(l, inLn2, a.ln2[l], false), m.inputGrad(s.dx)
-			be.MatmulBackward(dx, lg.w1, s.dff1, ln2, lw.w1, tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
-			be.MatmulBackward(dx, lg.w3, s.dff2, ln2, lw.w3, tensor.MatmulShape{BT: BT, C: C, OC: FF}, true)
+			ln2, dx := m.fp8Input(l, m.input(l, inLn2, a.ln2[l], false)), m.inputGrad(s.dx)
+			m.matmulBackward(l, dx, lg.w1, s.dff1, ln2, lw.w1, tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
+			m.matmulBackward(l, dx, lg.w3, s.dff2, ln2, lw.w3, tensor.MatmulShape{BT: BT, C: C, OC: FF}, true)
 			m.scatterGrad(s.dx)
 		}
 		m.normBackward(dres, lg.mlpNorm, s.dx, a.mid[l], lw.mlpNorm, a.rstd2[l], true)
 		// Attention: mid = x + wo·attention(rope(wq·ln1), rope(wk·ln1), wv·ln1).
-		be.MatmulBackward(s.datty, lg.wo, m.gatherGrad(dres), m.input(l, inAtty, a.atty[l], false), lw.wo, tensor.MatmulShape{BT: BT, C: NH * HD, OC: C}, false)
+		m.matmulBackward(l, s.datty, lg.wo, m.gatherGrad(dres), m.fp8Input(l, m.input(l, inAtty, a.atty[l], false)), lw.wo, tensor.MatmulShape{BT: BT, C: NH * HD, OC: C}, false)
 		if m.cp != nil {
 			// The ring adds each key block's share into dq, dk and dv.
 			m.mem.Zero(s.dq)
@@ -1069,23 +1078,23 @@ func (m *Model[F]) backward(tokens, targets []int32, scale float64, loss tensor.
 			be.RopeBackward(s.dq, m.cos, m.sin, tensor.RopeShape{B: m.B, T: m.T, NH: NH, HD: HD})
 			be.RopeBackward(s.dk, m.cos, m.sin, tensor.RopeShape{B: m.B, T: m.T, NH: NKV, HD: HD})
 		}
-		ln1, dx := m.input(l, inLn1, a.ln1[l], false), m.inputGrad(s.dx)
+		ln1, dx := m.fp8Input(l, m.input(l, inLn1, a.ln1[l], false)), m.inputGrad(s.dx)
 		if m.Cfg.QKNorm {
 			// Through QK-norm: its inputs made again in datty (free once
 			// attention's backward has run), its input gradient in dqk.
 			raw, d := s.datty, s.dqk
-			be.Matmul(raw, ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
+			m.matmul(l, raw, ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
 			m.headNormBackward(d, lg.qNorm, s.dq, raw, lw.qNorm, a.rstdq[l], BT*NH)
-			be.MatmulBackward(dx, lg.wq, d, ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
+			m.matmulBackward(l, dx, lg.wq, d, ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
 			raw, d = raw.Slice(0, BT*NKV*HD), d.Slice(0, BT*NKV*HD)
-			be.Matmul(raw, ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
+			m.matmul(l, raw, ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
 			m.headNormBackward(d, lg.kNorm, s.dk, raw, lw.kNorm, a.rstdk[l], BT*NKV)
-			be.MatmulBackward(dx, lg.wk, d, ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
+			m.matmulBackward(l, dx, lg.wk, d, ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
 		} else {
-			be.MatmulBackward(dx, lg.wq, s.dq, ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
-			be.MatmulBackward(dx, lg.wk, s.dk, ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
+			m.matmulBackward(l, dx, lg.wq, s.dq, ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
+			m.matmulBackward(l, dx, lg.wk, s.dk, ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
 		}
-		be.MatmulBackward(dx, lg.wv, s.dv, ln1, lw.wv, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
+		m.matmulBackward(l, dx, lg.wv, s.dv, ln1, lw.wv, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
 		m.normBackward(dres, lg.attnNorm, m.scatterGrad(s.dx), a.resid[l], lw.attnNorm, a.rstd1[l], true)
 		m.release(1+l, true)
 	}

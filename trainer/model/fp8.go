@@ -1,0 +1,183 @@
+package model
+
+import (
+	"fmt"
+
+	"github.com/shardline/shardline/tensor"
+)
+
+// FP8 compute of the dense layers' linear products (WithFP8; docs/engine.md,
+// "FP8"). In a layer that computes in FP8 each of q, k, v, o and the MLP's
+// w1, w3, w2 quantises its input and its weight to E4M3 under per-tensor
+// current scaling (Amax, FP8Scale, Quantize: the scale maps the tensor's own
+// amax onto the format's largest value, computed on the backend, nothing read
+// back) and multiplies the codes with their scale inverses (Matmul's FP8
+// operands); its backward quantises the output gradient too (E5M2 in the
+// hybrid format, E4M3 in e4m3) for the input-gradient and weight-gradient
+// products, which then read the FP8 input and weight.
+//
+// Buffers: one FP8 copy of a product's input, one of its weight and one of
+// its output gradient serve every product of every layer in turn (each is
+// sized for the largest it takes), with their scale inverses and one amax and
+// scale slot: the products run one after another on the model's stream, and
+// backward quantises again what forward quantised (the input from what the
+// layer keeps for its backward, the weight from the compute weight), which
+// gives the same codes, since current scaling is a function of the tensor
+// alone. So the FP8 copies are remade, not kept, under every recompute mode,
+// and a layer's products read the same bits under none and selective
+// recompute (full recompute's products read the fp32 work set where the
+// others read bf16 stores: its codes are rounded from those values). The
+// plan counts these buffers in scratch (parallel/memory.go).
+//
+// What stays as it was (bf16 products, or fp32 without precision.bf16): the
+// embedding, the output head, the norms, attention, an MoE layer's router
+// and experts (routed and shared), and the layers outside First..Last−1.
+
+// FP8 is the model's FP8 compute (WithFP8).
+type FP8 struct {
+	// Grad is the format of the output gradients the backward quantises:
+	// tensor.E5M2 (the hybrid format) or tensor.E4M3.
+	Grad tensor.FP8Format
+	// First and Last bound the layers that compute in FP8: First..Last−1
+	// (the recipe's first and last layers kept in bf16 lie outside).
+	First, Last int
+}
+
+// WithFP8 computes the linear products of layers f.First..f.Last−1 in FP8
+// (see fp8.go): float32 in training, float64 in the gradient checks (whose
+// products read the dequantised values in float64). It excludes tensor and
+// context parallelism.
+func WithFP8(f FP8) Option { return func(o *options) { o.fp8 = &f } }
+
+// fp8State is the FP8 buffers of the model's memory (see above).
+type fp8State struct {
+	f FP8
+	// x, w and d are the codes of a product's input (E4M3), weight (E4M3)
+	// and output gradient (f.Grad); inv their scale inverses (f32, one each:
+	// inv[0] x's, inv[1] w's, inv[2] d's) beside the scale Quantize reads
+	// (inv[3]), in one buffer; amax is the f64 slot Amax writes.
+	x, w, d   tensor.Buffer
+	inv, amax tensor.Buffer
+}
+
+func (p *fp8State) xInv() tensor.Buffer  { return p.inv.Slice(0, 1) }
+func (p *fp8State) wInv() tensor.Buffer  { return p.inv.Slice(1, 2) }
+func (p *fp8State) dInv() tensor.Buffer  { return p.inv.Slice(2, 3) }
+func (p *fp8State) scale() tensor.Buffer { return p.inv.Slice(3, 4) }
+
+// setupFP8 checks f against the model (options o) before its buffers are
+// made.
+func (m *Model[F]) setupFP8(f FP8, o options) error {
+	if f.Grad > tensor.E5M2 {
+		return fmt.Errorf("model: FP8 output gradients in %v: want e4m3 or e5m2", f.Grad)
+	}
+	if f.First < 0 || f.Last > m.Cfg.Layers || f.First > f.Last {
+		return fmt.Errorf("model: FP8 layers %d..%d of a model of %d layers", f.First, f.Last-1, m.Cfg.Layers)
+	}
+	if (o.tp != nil && o.tp.Size > 1) || (o.cp != nil && o.cp.Size > 1) {
+		return fmt.Errorf("model: FP8 compute with tensor or context parallelism is not built")
+	}
+	m.fp8 = &fp8State{f: f}
+	return nil
+}
+
+// fp8On reports whether layer l computes its linear products in FP8.
+func (m *Model[F]) fp8On(l int) bool {
+	return m.fp8 != nil && l >= m.fp8.f.First && l < m.fp8.f.Last
+}
+
+// allocFP8 makes the FP8 buffers, each sized for the largest tensor it takes
+// in the layers that compute in FP8 (none when no layer does).
+func (m *Model[F]) allocFP8() {
+	p := m.fp8
+	if p == nil {
+		return
+	}
+	BT, C, NH, NKV, HD, FF, _ := m.dims()
+	var x, w, d int
+	for l := p.f.First; l < p.f.Last; l++ {
+		x = max(x, BT*C, BT*NH*HD)
+		w = max(w, NH*HD*C, NKV*HD*C)
+		d = max(d, BT*C, BT*NH*HD, BT*NKV*HD)
+		if !m.Cfg.IsMoELayer(l) {
+			x, w, d = max(x, BT*FF), max(w, FF*C), max(d, BT*FF)
+		}
+	}
+	if x == 0 {
+		m.fp8 = nil // no layer computes in FP8: nothing to hold
+		return
+	}
+	p.x, p.w = m.mem.Alloc(tensor.Float8E4M3, x), m.mem.Alloc(tensor.Float8E4M3, w)
+	dt := tensor.Float8E4M3
+	if p.f.Grad == tensor.E5M2 {
+		dt = tensor.Float8E5M2
+	}
+	p.d = m.mem.Alloc(dt, d)
+	p.inv, p.amax = m.mem.Alloc(tensor.Float32, 4), m.mem.Alloc(tensor.Float64, 1)
+}
+
+// fp8Buffers are the FP8 buffers (ScratchBytes counts them).
+func (m *Model[F]) fp8Buffers() []tensor.Buffer {
+	if p := m.fp8; p != nil {
+		return []tensor.Buffer{p.x, p.w, p.d, p.inv, p.amax}
+	}
+	return nil
+}
+
+// quantize sets the first x.Len() codes of dst (FP8, of format f) to x under
+// current scaling and inv[0] to their scale inverse, on the backend: Amax,
+// FP8Scale, Quantize. It returns those codes.
+func (m *Model[F]) quantize(dst, inv, x tensor.Buffer, f tensor.FP8Format) tensor.Buffer {
+	p := m.fp8
+	q := dst.Slice(0, x.Len())
+	m.be.Amax(p.amax, x, false)
+	m.be.FP8Scale(p.scale(), p.amax, f, 0)
+	m.be.Quantize(q, inv, x, p.scale())
+	return q
+}
+
+// fp8Input is what layer l's products read for their input x: x's E4M3
+// codes (in the shared input copy) where the layer computes in FP8, x
+// itself elsewhere.
+func (m *Model[F]) fp8Input(l int, x tensor.Buffer) tensor.Buffer {
+	if !m.fp8On(l) {
+		return x
+	}
+	return m.quantize(m.fp8.x, m.fp8.xInv(), x, tensor.E4M3)
+}
+
+// matmul is layer l's product out = x·wᵀ (+= with accumulate), x from
+// fp8Input: in FP8 the weight is quantised to E4M3 first and the product
+// reads both operands' codes with their scale inverses.
+func (m *Model[F]) matmul(l int, out, x, w tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
+	if m.fp8On(l) {
+		p := m.fp8
+		w = m.quantize(p.w, p.wInv(), w, tensor.E4M3)
+		s.Scales = tensor.MatmulScales{Inp: p.xInv(), Weight: p.wInv()}
+	}
+	m.be.Matmul(out, x, w, s, accumulate)
+}
+
+// matmulBackward is layer l's MatmulBackward, x from fp8Input: in FP8 the
+// weight and the output gradient are quantised first (the gradient to the
+// run's gradient format) and both products read codes.
+func (m *Model[F]) matmulBackward(l int, dinp, dweight, dout, x, w tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
+	if m.fp8On(l) {
+		p := m.fp8
+		w = m.quantize(p.w, p.wInv(), w, tensor.E4M3)
+		dout = m.quantize(p.d, p.dInv(), dout, p.f.Grad)
+		s.Scales = tensor.MatmulScales{Inp: p.xInv(), Weight: p.wInv(), Dout: p.dInv()}
+	}
+	m.be.MatmulBackward(dinp, dweight, dout, x, w, s, accumulate)
+}
+
+// rowProduct is layer l's row-parallel product (the attention output's
+// projection, the MLP's w2) added into out: rowParallel, or in FP8 (which
+// runs without tensor parallelism) one accumulating FP8 product.
+func (m *Model[F]) rowProduct(l int, out, x, w tensor.Buffer, K int) {
+	if !m.fp8On(l) {
+		m.rowParallel(out, x, w, K)
+		return
+	}
+	m.matmul(l, out, x, w, tensor.MatmulShape{BT: m.B * m.T, C: K, OC: m.Cfg.Hidden}, true)
+}
