@@ -109,17 +109,6 @@ func (f FP8Format) String() string {
 	return f.spec().name
 }
 
-// ParseFP8Format reads "e4m3" or "e5m2".
-func ParseFP8Format(s string) (FP8Format, error) {
-	switch s {
-	case "e4m3":
-		return E4M3, nil
-	case "e5m2":
-		return E5M2, nil
-	}
-	return 0, fmt.Errorf("FP8 format %q: want e4m3 or e5m2", s)
-}
-
 // Max is the format's largest finite value: 448 (E4M3) or 57344 (E5M2).
 func (f FP8Format) Max() float32 { return f.spec().max }
 
@@ -286,17 +275,6 @@ func (a AmaxAlgo) String() string {
 		return "most_recent"
 	}
 	return "max"
-}
-
-// ParseAmaxAlgo reads "max" or "most_recent".
-func ParseAmaxAlgo(s string) (AmaxAlgo, error) {
-	switch s {
-	case "max":
-		return AmaxMax, nil
-	case "most_recent":
-		return AmaxMostRecent, nil
-	}
-	return 0, fmt.Errorf("amax compute algorithm %q: want max or most_recent", s)
 }
 
 // MaxAmaxHistory bounds an amax history's length (Megatron's default is 1,
