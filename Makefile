@@ -25,8 +25,9 @@ test: ci-deps sarif-schema tb-reader torch-deps tokref-deps cuda-check emu-deps 
 	SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 -tags cudaemu -run 'TestGPUCheckpointResumes|TestRanksOnTheirGPUs|TestUserBuffersNeedNCCL|TestLostRankEndsGPURun' ./cmd/shardline
 	@GO="$(GO)" ./scripts/fuzz.sh 3s $(FUZZ_CI)
 
-# The race detector over what runs concurrently: the collectives and the CPU
-# kernels' core sharing (which make test runs too), and in-process ranks
+# The race detector over what runs concurrently: the collectives (which make
+# test runs too: race-quick), the CPU kernels' core sharing (make test left it
+# out on 2026-11-27 to keep a cold CI run inside its fifteen minutes), and in-process ranks
 # training with expert parallelism (FSDP, all-to-all, the step's statistics)
 # and being interrupted (checkpoint written in the background), which needs the
 # trainer and everything under it built for -race: about a minute from a cold
@@ -38,10 +39,10 @@ test: ci-deps sarif-schema tb-reader torch-deps tokref-deps cuda-check emu-deps 
 # removed: one engine runs every device) and the
 # CLI's GPU runs.
 race: race-quick ## go test -race over the concurrent parts: collectives, kernels' core sharing, in-process ranks
-	$(GO) test -race -count=1 -run 'TestExpertParallelEquivalence|TestInterruptWritesOutputs|TestInterruptOnAnyRankStopsTheJob|TestRanksThatDisagreeNameTheKeys' ./trainer
-race-quick: ## go test -race over the collectives and the kernels' core sharing (part of make test)
-	$(GO) test -race -count=1 ./parallel/comm ./parallel/collective
 	$(GO) test -race -count=1 -run 'SameOnAnyCores|ShareCores' ./tensor/cpu
+	$(GO) test -race -count=1 -run 'TestExpertParallelEquivalence|TestInterruptWritesOutputs|TestInterruptOnAnyRankStopsTheJob|TestRanksThatDisagreeNameTheKeys' ./trainer
+race-quick: ## go test -race over the collectives: the TCP and in-process communicators (part of make test)
+	$(GO) test -race -count=1 ./parallel/comm ./parallel/collective
 
 test-emu-full: emu-deps ## the engine on the host emulator's GPUs against the CPU: every case of the matrices make test crosses (1, 2, 4 ranks x every strategy x parallelism x recompute x fp32/bf16), the CLI's ranks sharing one GPU, launched ranks picking their GPU, the overlap trace, multi-rank resume
 	SHARDLINE_REQUIRE_EMU=1 SHARDLINE_EMU_FULL=1 $(GO) test -count=1 -tags cudaemu -run 'TestEngineOnGPUMatchesCPU' ./trainer
@@ -194,10 +195,9 @@ cuda: cuda-deps ## build bin/shardline-cuda, the GPU runner `shardline run --dev
 emu-deps: ## install g++, which builds the device kernels for the host emulator (cuda/kernels/emu; no GPU needed)
 	@command -v g++ >/dev/null 2>&1 || { echo "installing g++" >&2; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends g++; }
 
-cuda-check: cuda-deps ## vet the GPU backend and its device tests, and link cuda's and the CLI's (-tags cuda: the cgo and driver bindings); needs no GPU
+cuda-check: cuda-deps ## vet the GPU backend and its device tests, and link cuda's (-tags cuda: the cgo and driver bindings, the only cgo package); needs no GPU
 	$(GO) vet -tags cuda ./cuda/... ./trainer/... ./cmd/shardline/...
 	$(GO) test -c -tags cuda -o /dev/null ./cuda
-	$(GO) test -c -tags cuda -o /dev/null ./cmd/shardline
 
 cuda-test: cuda-deps ## build bin/cuda.test, bin/trainer.test, bin/model.test and bin/cli.test, the device tests to run on a GPU machine (docs/cuda.md)
 	$(GO) test -c -tags cuda -o bin/cuda.test ./cuda
