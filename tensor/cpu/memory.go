@@ -142,24 +142,40 @@ func (m *Memory) Write(dst tensor.Buffer, src any) {
 			s.set(lo+i, x)
 		}
 	case []tensor.F8E4M3:
-		if s.dt == tensor.Float8E4M3 {
-			for i, x := range v {
-				s.f8[lo+i] = uint8(x)
-			}
-			return
-		}
-		for i, x := range v {
-			s.set(lo+i, float64(x.Float32()))
-		}
+		writeFP8(s, tensor.Float8E4M3, lo, v)
 	case []tensor.F8E5M2:
-		if s.dt == tensor.Float8E5M2 {
-			for i, x := range v {
-				s.f8[lo+i] = uint8(x)
-			}
-			return
-		}
+		writeFP8(s, tensor.Float8E5M2, lo, v)
+	}
+}
+
+// fp8Code is an FP8 format's code type (tensor.F8E4M3, tensor.F8E5M2).
+type fp8Code interface {
+	~uint8
+	Float32() float32
+}
+
+// writeFP8 is Write of codes of the format of dtype dt: into a buffer of that
+// dtype, the codes as they are; into any other, their values.
+func writeFP8[T fp8Code](s *store, dt tensor.DType, lo int, v []T) {
+	if s.dt == dt {
 		for i, x := range v {
-			s.set(lo+i, float64(x.Float32()))
+			s.f8[lo+i] = uint8(x)
+		}
+		return
+	}
+	for i, x := range v {
+		s.set(lo+i, float64(x.Float32()))
+	}
+}
+
+// readFP8 is Read into codes of the format of dtype dt: from a buffer of
+// that dtype, its codes; from any other, its values rounded by round.
+func readFP8[T fp8Code](s *store, dt tensor.DType, lo int, v []T, round func(float32) T) {
+	for i := range v {
+		if s.dt == dt {
+			v[i] = T(s.f8[lo+i])
+		} else {
+			v[i] = round(float32(s.get(lo + i)))
 		}
 	}
 }
@@ -203,21 +219,9 @@ func (m *Memory) Read(dst any, src tensor.Buffer) {
 			v[i] = s.get(lo + i)
 		}
 	case []tensor.F8E4M3:
-		for i := range v {
-			if s.dt == tensor.Float8E4M3 {
-				v[i] = tensor.F8E4M3(s.f8[lo+i])
-			} else {
-				v[i] = tensor.ToF8E4M3(float32(s.get(lo + i)))
-			}
-		}
+		readFP8(s, tensor.Float8E4M3, lo, v, tensor.ToF8E4M3)
 	case []tensor.F8E5M2:
-		for i := range v {
-			if s.dt == tensor.Float8E5M2 {
-				v[i] = tensor.F8E5M2(s.f8[lo+i])
-			} else {
-				v[i] = tensor.ToF8E5M2(float32(s.get(lo + i)))
-			}
-		}
+		readFP8(s, tensor.Float8E5M2, lo, v, tensor.ToF8E5M2)
 	}
 }
 
