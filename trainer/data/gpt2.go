@@ -44,15 +44,7 @@ func (GPT2) Encode(text []byte) ([]int32, error) {
 // encoded so far each time the next piece in order is done, the last call
 // with the text's length.
 func encodeGPT2(text []byte, progress func(done int)) ([]int32, error) {
-	if !utf8.Valid(text) {
-		at := 0
-		for at < len(text) {
-			r, n := utf8.DecodeRune(text[at:])
-			if r == utf8.RuneError && n <= 1 {
-				break
-			}
-			at += n
-		}
+	if at, bad := tokenizer.InvalidUTF8(text); bad {
 		return nil, fmt.Errorf("the gpt2 tokenizer needs UTF-8 text: invalid byte 0x%02x at offset %d (convert the file to UTF-8, or use the byte tokenizer)", text[at], at)
 	}
 	return encodePieces(text, gpt2Piece, runtime.GOMAXPROCS(0), progress)

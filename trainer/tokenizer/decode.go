@@ -43,14 +43,10 @@ func decoderStep(raw json.RawMessage) (decodeStep, error) {
 			return []string{string(b)}
 		}, nil
 	case "Replace":
-		if p.Pattern.String == nil {
-			return nil, fmt.Errorf("Replace with a Regex pattern is not supported (a String pattern is)")
+		from, content, err := p.replacement()
+		if err != nil {
+			return nil, err
 		}
-		var content string
-		if err := json.Unmarshal(p.Content, &content); err != nil {
-			return nil, fmt.Errorf("Replace content: %w", err)
-		}
-		from := *p.Pattern.String
 		return func(toks []string) []string {
 			for i, t := range toks {
 				toks[i] = strings.ReplaceAll(t, from, content)

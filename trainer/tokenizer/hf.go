@@ -67,6 +67,18 @@ type hfPart struct {
 	Split          *bool             `json:"split"`
 }
 
+// replacement is a Replace part's String pattern and content (a normalizer's
+// or a decoder's); a Regex pattern is refused.
+func (p *hfPart) replacement() (from, content string, err error) {
+	if p.Pattern.String == nil {
+		return "", "", fmt.Errorf("Replace with a Regex pattern is not supported (a String pattern is)")
+	}
+	if err := json.Unmarshal(p.Content, &content); err != nil {
+		return "", "", fmt.Errorf("Replace content: %w", err)
+	}
+	return *p.Pattern.String, content, nil
+}
+
 type hfPattern struct {
 	String *string `json:"String"`
 	Regex  *string `json:"Regex"`
@@ -364,14 +376,10 @@ func parseNormalizer(raw json.RawMessage) (func(string) string, error) {
 			return pre + s
 		}, nil
 	case "Replace":
-		if p.Pattern.String == nil {
-			return nil, fmt.Errorf("Replace with a Regex pattern is not supported (a String pattern is)")
+		from, content, err := p.replacement()
+		if err != nil {
+			return nil, err
 		}
-		var content string
-		if err := json.Unmarshal(p.Content, &content); err != nil {
-			return nil, fmt.Errorf("Replace content: %w", err)
-		}
-		from := *p.Pattern.String
 		return func(s string) string { return strings.ReplaceAll(s, from, content) }, nil
 	case "Sequence":
 		var fs []func(string) string

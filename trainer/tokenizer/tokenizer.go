@@ -148,15 +148,7 @@ const PieceBytes = 1 << 20
 // encoded so far each time the next piece in order is done, the last call with
 // the text's length.
 func (t *Tokenizer) EncodeProgress(text []byte, progress func(done int)) ([]int32, error) {
-	if !utf8.Valid(text) {
-		at := 0
-		for at < len(text) {
-			r, n := utf8.DecodeRune(text[at:])
-			if r == utf8.RuneError && n <= 1 {
-				break
-			}
-			at += n
-		}
+	if at, bad := InvalidUTF8(text); bad {
 		return nil, fmt.Errorf("the tokenizer needs UTF-8 text: invalid byte 0x%02x at offset %d (convert the file to UTF-8, or use the byte tokenizer)", text[at], at)
 	}
 	workers := runtime.GOMAXPROCS(0)
@@ -204,6 +196,22 @@ func (t *Tokenizer) encodePieces(text []byte, size, workers int, progress func(d
 		s := t.getScratch()
 		return func(piece []byte, i int) ([]int32, error) { return t.encodeText(string(piece), s, nil, i > 0) }, func() { t.scratch.Put(s) }
 	}, progress)
+}
+
+// InvalidUTF8 reports whether text is not UTF-8 and, if so, the offset of
+// its first byte that does not start a valid sequence.
+func InvalidUTF8(text []byte) (at int, bad bool) {
+	if utf8.Valid(text) {
+		return 0, false
+	}
+	for at < len(text) {
+		r, n := utf8.DecodeRune(text[at:])
+		if r == utf8.RuneError && n <= 1 {
+			break
+		}
+		at += n
+	}
+	return at, true
 }
 
 // InPieces encodes text cut into pieces at cuts (each piece's end, ascending,
