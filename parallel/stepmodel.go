@@ -119,11 +119,12 @@ func stepStreams(r *config.Recipe, p *Plan, c opCosts, byBytes bool) (stream, op
 		owned += float64(p.Groups[i].ShardNumel())
 		grads += float64(p.Groups[i].Padded)
 	}
+	held := float64(dtypesOf(r).grad) // bytes a gradient is held in
 	if p.Memory.Grads > 0 {
-		grads = float64(p.Memory.Grads) / float64(dtypesOf(r).grad) // elements, in the dtype they are held in
+		grads = float64(p.Memory.Grads) / held
 	}
 	if byBytes {
-		grads *= float64(dtypesOf(r).grad) / 4
+		grads *= held / 4
 	}
 	stream = c.stream(StreamSumSquares, grads)
 	if micro := float64(p.MicroBatches); micro > 1 {
