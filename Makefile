@@ -21,7 +21,7 @@ test: ci-deps sarif-schema tb-reader torch-deps tokref-deps cuda-check emu-deps 
 	$(GO) vet -tags cudaemu ./cuda ./trainer ./trainer/model ./cmd/shardline
 	SHARDLINE_REQUIRE_EMU=1 SHARDLINE_EMU_DEVICES=4 $(GO) test -count=1 -tags cudaemu ./cuda
 	SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 -tags cudaemu -run 'TestEngineModelOnDevice|TestEngineMasksOnDevice|TestDocumentsApartOnDevice' ./trainer/model
-	SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 -tags cudaemu -run 'TestStepTrafficOnGPU|TestPlanEqualsHeldOnGPU|TestEngineOnGPUMatchesCPU' -bench 'EngineStepTiny' -benchtime 1x ./trainer
+	SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 -tags cudaemu -run 'TestStepTrafficOnGPU|TestFP8StepTrafficOnGPU|TestPlanEqualsHeldOnGPU|TestEngineOnGPUMatchesCPU' -bench 'EngineStepTiny' -benchtime 1x ./trainer
 	SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 -tags cudaemu -run 'TestGPUCheckpointResumes|TestRanksOnTheirGPUs|TestUserBuffersNeedNCCL|TestLostRankEndsGPURun' ./cmd/shardline
 	@GO="$(GO)" ./scripts/fuzz.sh 3s $(FUZZ_CI)
 

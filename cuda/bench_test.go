@@ -86,6 +86,57 @@ func BenchmarkMatmulBF16(b *testing.B) {
 	})
 }
 
+// matmul1B is one forward and backward of the 1.24B model's MLP
+// up-projection (scripts/torch_llama.py's 1b: BT 16384 = B8·T2048, C 2048 →
+// OC 5504): three GEMMs of 2·BT·C·OC each, bf16 operands, or FP8 (E4M3
+// input and weight, E5M2 output gradient, quantised before the timing, their
+// scale inverses on the device) on cuBLASLt's FP8 kernels, the backward's
+// transposes of the codes included; outputs bf16, the weight gradient fp32.
+func matmul1B(b *testing.B, fp8 bool) {
+	BT, C, OC := 16384, 2048, 5504
+	benchOnDevice(b, 6*float64(BT)*float64(C)*float64(OC), func() func() {
+		k := dev.Kernels()
+		m := k.NewMemory()
+		buf := func(dt tensor.DType, n int, scale float64, f tensor.FP8Format) (q, inv tensor.Buffer) {
+			r := rand.New(rand.NewPCG(3, uint64(n)))
+			x := randn(r, n, scale)
+			v := m.Alloc(tensor.BFloat16, n)
+			m.Write(v, x)
+			if dt == tensor.BFloat16 {
+				return v, tensor.Buffer{}
+			}
+			amax, s := m.Alloc(tensor.Float64, 1), m.Alloc(tensor.Float32, 1)
+			q, inv = m.Alloc(dt, n), m.Alloc(tensor.Float32, 1)
+			k.Amax(amax, v, false)
+			k.FP8Scale(s, amax, f, 0)
+			k.Quantize(q, inv, v, s)
+			return q, inv
+		}
+		in, grad := tensor.BFloat16, tensor.BFloat16
+		if fp8 {
+			in, grad = tensor.Float8E4M3, tensor.Float8E5M2
+		}
+		x, xi := buf(in, BT*C, 1, tensor.E4M3)
+		w, wi := buf(in, OC*C, 0.02, tensor.E4M3)
+		dy, di := buf(grad, BT*OC, 1e-3, tensor.E5M2)
+		out, dx, dw := m.Alloc(tensor.BFloat16, BT*OC), m.Alloc(tensor.BFloat16, BT*C), m.Alloc(tensor.Float32, OC*C)
+		fwd := tensor.MatmulShape{BT: BT, C: C, OC: OC, Scales: tensor.MatmulScales{Inp: xi, Weight: wi}}
+		bwd := tensor.MatmulShape{BT: BT, C: C, OC: OC, Scales: tensor.MatmulScales{Inp: xi, Weight: wi, Dout: di}}
+		if err := m.Err(); err != nil {
+			b.Fatal(err)
+		}
+		return func() {
+			k.Matmul(out, x, w, fwd, false)
+			k.MatmulBackward(dx, dw, dy, x, w, bwd, false)
+		}
+	})
+}
+
+// BenchmarkMatmul1BBF16 and BenchmarkMatmul1BFP8: matmul1B in bf16 and in
+// FP8 (#47's FP8 GEMM speed against bf16 on the 1.24B shape).
+func BenchmarkMatmul1BBF16(b *testing.B) { matmul1B(b, false) }
+func BenchmarkMatmul1BFP8(b *testing.B)  { matmul1B(b, true) }
+
 // flashBench is causal attention at the 134M shape (B16, T1024, 12 heads of 64):
 // the forward is 2 products of 2·B·NH·T²·HD/2 flops (the causal half), the backward
 // 2.5 times that (five products). part is "forward", "backward" or "both".

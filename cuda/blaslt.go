@@ -49,20 +49,20 @@ static int lt_batch(cublasLtMatrixLayout_t l, int count, long long stride) {
 	return p_cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride));
 }
 
-// lt_prepare describes C (m×n, column-major) = op(A)·op(B) (+ C) with A, B of type
-// ab and C of type ct, fp32 accumulation, over a strided batch of `batch` products
+// lt_prepare describes C (m×n, column-major) = op(A)·op(B) (+ C) with A of type
+// at, B of type bt and C of type ct, fp32 accumulation, over a strided batch of `batch` products
 // (strides sa, sb, sc in elements), and picks the heuristic's first algorithm that
 // fits a workspace of ws bytes.
 static int lt_prepare(cublasLtHandle_t h, lt_plan* p, int ta, int tb, long m, long n, long k,
-                      long lda, long ldb, long ldc, int ab, int ct, size_t ws, int batch, long long sa, long long sb, long long sc,
+                      long lda, long ldb, long ldc, int at, int bt, int ct, size_t ws, int batch, long long sa, long long sb, long long sc,
                       unsigned int ala, unsigned int alb, unsigned int alc) {
 	int st;
 	cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
 	if ((st = p_cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F))) return st;
 	if ((st = p_cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)))) return st;
 	if ((st = p_cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)))) return st;
-	if ((st = p_cublasLtMatrixLayoutCreate(&p->a, (cudaDataType)ab, ta ? k : m, ta ? m : k, lda))) return st;
-	if ((st = p_cublasLtMatrixLayoutCreate(&p->b, (cudaDataType)ab, tb ? n : k, tb ? k : n, ldb))) return st;
+	if ((st = p_cublasLtMatrixLayoutCreate(&p->a, (cudaDataType)at, ta ? k : m, ta ? m : k, lda))) return st;
+	if ((st = p_cublasLtMatrixLayoutCreate(&p->b, (cudaDataType)bt, tb ? n : k, tb ? k : n, ldb))) return st;
 	if ((st = p_cublasLtMatrixLayoutCreate(&p->c, (cudaDataType)ct, m, n, ldc))) return st;
 	if ((st = lt_batch(p->a, batch, sa)) || (st = lt_batch(p->b, batch, sb)) || (st = lt_batch(p->c, batch, sc))) return st;
 	cublasLtMatmulPreference_t pref;
@@ -92,6 +92,19 @@ static int lt_matmul(cublasLtHandle_t h, lt_plan* p, unsigned long long A, unsig
 	float alpha = 1.f;
 	return p_cublasLtMatmul(h, p->op, &alpha, (const void*)A, p->a, (const void*)B, p->b, &beta, (void*)C, p->c,
 	                        (void*)C, p->c, &p->algo, (void*)ws, wsSize, (cudaStream_t)stream);
+}
+
+// lt_matmul_scaled runs a prepared FP8 product, A's and B's scale inverses
+// (f32 device scalars) set as the descriptor's scale pointers first: cuBLASLt
+// multiplies the product by both.
+static int lt_matmul_scaled(cublasLtHandle_t h, lt_plan* p, unsigned long long A, unsigned long long sa, unsigned long long B,
+                            unsigned long long sb, unsigned long long C, float beta, unsigned long long ws, size_t wsSize, void* stream) {
+	const void* pa = (const void*)sa;
+	const void* pb = (const void*)sb;
+	int st;
+	if ((st = p_cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &pa, sizeof(pa)))) return st;
+	if ((st = p_cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &pb, sizeof(pb)))) return st;
+	return lt_matmul(h, p, A, B, C, beta, ws, wsSize, stream);
 }
 
 static void lt_release(lt_plan* p) {
@@ -129,7 +142,7 @@ type gemmKey struct {
 	ta, tb        bool
 	m, n, k       int
 	lda, ldb, ldc int
-	ab, c         DType
+	a, b, c       DType
 	batch         int
 	sa, sb, sc    int // batch strides in elements
 	// alA, alB, alC are the operands' alignment in bytes (alignment): an
@@ -176,8 +189,13 @@ func (lt *blasLt) close() {
 }
 
 func cudaType(t DType) C.int {
-	if t == BF16 {
+	switch t {
+	case BF16:
 		return C.CUDA_R_16BF
+	case F8E4M3:
+		return C.CUDA_R_8F_E4M3
+	case F8E5M2:
+		return C.CUDA_R_8F_E5M2
 	}
 	return C.CUDA_R_32F
 }
@@ -187,24 +205,51 @@ func cudaType(t DType) C.int {
 // once by cuBLASLt's heuristic and cached.
 func (d *Device) batchedProduct(ta, tb bool, m, n, k int, A Buffer, lda, sa int, B Buffer, ldb, sb int, beta float32, Cb Buffer, ldc, sc, batch int) {
 	lt := d.drv.lt
-	key := gemmKey{ta, tb, m, n, k, lda, ldb, ldc, A.DType, Cb.DType, batch, sa, sb, sc, alignment(A.ptr), alignment(B.ptr), alignment(Cb.ptr)}
-	p, ok := lt.plans[key]
-	if !ok {
-		p = (*C.lt_plan)(C.calloc(1, C.size_t(unsafe.Sizeof(C.lt_plan{}))))
-		st := C.lt_prepare(lt.h, p, cbool(ta), cbool(tb), C.long(m), C.long(n), C.long(k), C.long(lda), C.long(ldb), C.long(ldc),
-			cudaType(A.DType), cudaType(Cb.DType), blasWorkspace, C.int(batch), C.longlong(sa), C.longlong(sb), C.longlong(sc),
-			C.uint(key.alA), C.uint(key.alB), C.uint(key.alC))
-		if st != 0 {
-			C.free(unsafe.Pointer(p))
-			d.fail("gemm", fmt.Errorf("cuBLASLt has no algorithm for %+v (status %d)", key, st))
-			return
-		}
-		lt.plans[key] = p
+	key := gemmKey{ta, tb, m, n, k, lda, ldb, ldc, A.DType, B.DType, Cb.DType, batch, sa, sb, sc, alignment(A.ptr), alignment(B.ptr), alignment(Cb.ptr)}
+	p := d.ltPlan(key)
+	if p == nil {
+		return
 	}
 	st := C.lt_matmul(lt.h, p, C.ulonglong(A.ptr), C.ulonglong(B.ptr), C.ulonglong(Cb.ptr),
 		C.float(beta), C.ulonglong(lt.ws), C.size_t(blasWorkspace), lt.stream)
 	if st != 0 {
 		d.fail("gemm", fmt.Errorf("cublasLtMatmul %+v: status %d", key, st))
+	}
+}
+
+// ltPlan is key's prepared product: cached, or chosen by cuBLASLt's
+// heuristic now; nil (the device failed) when cuBLASLt has none.
+func (d *Device) ltPlan(key gemmKey) *C.lt_plan {
+	lt := d.drv.lt
+	if p, ok := lt.plans[key]; ok {
+		return p
+	}
+	p := (*C.lt_plan)(C.calloc(1, C.size_t(unsafe.Sizeof(C.lt_plan{}))))
+	st := C.lt_prepare(lt.h, p, cbool(key.ta), cbool(key.tb), C.long(key.m), C.long(key.n), C.long(key.k), C.long(key.lda), C.long(key.ldb), C.long(key.ldc),
+		cudaType(key.a), cudaType(key.b), cudaType(key.c), blasWorkspace, C.int(key.batch), C.longlong(key.sa), C.longlong(key.sb), C.longlong(key.sc),
+		C.uint(key.alA), C.uint(key.alB), C.uint(key.alC))
+	if st != 0 {
+		C.free(unsafe.Pointer(p))
+		d.fail("gemm", fmt.Errorf("cuBLASLt has no algorithm for %+v (status %d)", key, st))
+		return nil
+	}
+	lt.plans[key] = p
+	return p
+}
+
+// fp8Product is gemmFP8's product on cuBLASLt's FP8 kernels: C (m×n) =
+// (sa·sb)·Aᵀ·B + β·C, A and B FP8 codes, sa and sb device scalars.
+func (d *Device) fp8Product(m, n, k int, A Buffer, lda int, sa Buffer, B Buffer, ldb int, sb Buffer, beta float32, Cb Buffer, ldc int) {
+	lt := d.drv.lt
+	key := gemmKey{true, false, m, n, k, lda, ldb, ldc, A.DType, B.DType, Cb.DType, 1, 0, 0, 0, alignment(A.ptr), alignment(B.ptr), alignment(Cb.ptr)}
+	p := d.ltPlan(key)
+	if p == nil {
+		return
+	}
+	st := C.lt_matmul_scaled(lt.h, p, C.ulonglong(A.ptr), C.ulonglong(sa.ptr), C.ulonglong(B.ptr), C.ulonglong(sb.ptr), C.ulonglong(Cb.ptr),
+		C.float(beta), C.ulonglong(lt.ws), C.size_t(blasWorkspace), lt.stream)
+	if st != 0 {
+		d.fail("gemm", fmt.Errorf("cublasLtMatmul (FP8) %+v: status %d", key, st))
 	}
 }
 

@@ -20,6 +20,9 @@ type Device struct {
 	done    chan struct{}
 	err     error // sticky: the first failure; later work is skipped
 	info    Info
+	// widenFP8 sends every FP8 product down the widening path (fp8.go), as
+	// on a device before compute capability 8.9: tests compare the paths.
+	widenFP8 bool
 	// readbacks counts device-to-host copies (a synchronisation each): tests hold a
 	// step to the number its logging interval allows.
 	readbacks atomic.Int64

@@ -296,6 +296,36 @@ func (d *Device) batchedProduct(ta, tb bool, m, n, k int, A Buffer, lda, sa int,
 	}
 }
 
+// fp8Product is gemmFP8's product as plain loops under cuBLASLt's FP8 rules
+// (which gemmFP8 checked): C (m×n) = (sa·sb)·Aᵀ·B + β·C, each sum of the
+// codes' values in float64, times the fp32 product of the scale inverses,
+// rounded once into C.
+func (d *Device) fp8Product(m, n, k int, A Buffer, lda int, sa Buffer, B Buffer, ldb int, sb Buffer, beta float32, Cb Buffer, ldc int) {
+	fa, _ := A.DType.FP8()
+	fb, _ := B.DType.FP8()
+	a := unsafe.Slice((*uint8)(addr(A.ptr)), A.N)
+	b := unsafe.Slice((*uint8)(addr(B.ptr)), B.N)
+	alpha := float64(*(*float32)(addr(sa.ptr)) * *(*float32)(addr(sb.ptr)))
+	c := emuWiden(Cb)
+	for j := 0; j < n; j++ {
+		for i := 0; i < m; i++ {
+			var s float64
+			for p := 0; p < k; p++ {
+				s += float64(fa.Decode(a[i*lda+p])) * float64(fb.Decode(b[j*ldb+p]))
+			}
+			s *= alpha
+			ci := i + j*ldc
+			if beta != 0 {
+				s += float64(beta) * float64(c[ci])
+			}
+			c[ci] = float32(s)
+		}
+	}
+	if Cb.DType == BF16 {
+		tensor.CastToBF16(unsafe.Slice((*tensor.BF16)(addr(Cb.ptr)), Cb.N), c)
+	}
+}
+
 // emuWiden is an f32 buffer's elements in place, or a bf16 buffer's widened
 // into a new slice.
 func emuWiden(b Buffer) []float32 {

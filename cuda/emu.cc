@@ -5,7 +5,7 @@
 // calls it with its arguments taken from 8-byte slots, as cuLaunchKernel
 // takes them.
 //
-// sources: 23d1e05d92678bcaa082b4591a767debd0c626e82c9f7e1acf8fd4147530a495
+// sources: b25af75d1415613d984c1ee022e107b10e7f9eee514f3ff9ddc2a1907d578400
 #include "emu.h"
 #include "kernels.cu"
 

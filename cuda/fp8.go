@@ -17,11 +17,9 @@ import (
 // widen_scaled), and the product runs as an fp32 product through cuBLASLt (or
 // the emulator's loops), into an fp32 or bf16 output. That is the CPU's
 // arithmetic (its Sgemm folds α into its A as it packs it) on any GPU.
-// cuBLASLt's FP8 products (CUBLASLT_MATMUL_DESC_A_SCALE_POINTER and
-// B_SCALE_POINTER on E4M3/E5M2 operands, tensor cores of compute capability
-// 8.9 and later) read FP8 operands in place at twice bf16's tensor-core
-// rate; they are not wired yet: that needs a lent sm_89+ GPU to check
-// against this path (docs/engine.md, "FP8").
+// That is the path of a device before compute capability 8.9, and of a
+// product cuBLASLt's FP8 kernels do not take; the others run on those
+// kernels (fp8gemm.go).
 
 // Scratch slots of the FP8 products' widened operands.
 const (
@@ -152,7 +150,7 @@ func (k *kernels) matmulFP8(out, inp, weight tensor.Buffer, s tensor.MatmulShape
 	if s.Scales.Dout.Len() > 0 && !o.bad {
 		o.failf("a scale inverse for dout (MatmulShape.Scales.Dout): a forward product has none")
 	}
-	if !o.ok() {
+	if !o.ok() || k.matmulNativeFP8(y, x, w, s, accumulate) {
 		return
 	}
 	k.d.Matmul(y, k.scaled(x, w), k.plain(w), s, accumulate)
@@ -169,7 +167,7 @@ func (k *kernels) matmulBackwardFP8(dinp, dweight, dout, inp, weight tensor.Buff
 	if dinp.Len() > 0 {
 		dx = o.w(dinp, s.BT*s.C)
 	}
-	if !o.ok() {
+	if !o.ok() || k.matmulBackwardNativeFP8(dx, dw, dy, x, w, s, accumulate) {
 		return
 	}
 	if dx.N > 0 {

@@ -21,7 +21,8 @@
 # 366k tokens/s on an H100, 2026-11-23); in-process ranks sharing the GPU;
 # ranks as processes picking their GPU, NCCL and the communication stream
 # where there are GPUs enough, a lost rank, resuming; the checks that ran on
-# 2026-11-23, again; the memory-bound kernels' bandwidth; the plan against a
+# 2026-11-23, again; the memory-bound kernels' bandwidth and the 1.24B shape's
+# MLP products in bf16 and in FP8 (cuBLASLt's FP8 kernels); the plan against a
 # finished GPU run.
 set -uo pipefail
 budget=${1:-540}
@@ -72,7 +73,7 @@ stage() {
 }
 
 # Tests that arrived after the H100 run of 2026-11-23 (docs/cuda.md).
-new_kernels='TestFlashAttentionMasksByDType|TestKernelConformance|TestMemoryConformance|TestKernelsFromGoroutines|TestKernelsRefuse|TestExpertsStaticSegments|TestExpertsMatmul|TestGroupOnMemory|TestNCCLGroupOfOne|TestNCCLManyGPUs|TestEmbeddingBackwardBF16RoundsOnce|TestRMSNormBackwardBF16RoundsOnce|TestGemmIntoBF16|TestFP8Casts'
+new_kernels='TestFlashAttentionMasksByDType|TestKernelConformance|TestMemoryConformance|TestKernelsFromGoroutines|TestKernelsRefuse|TestExpertsStaticSegments|TestExpertsMatmul|TestGroupOnMemory|TestNCCLGroupOfOne|TestNCCLManyGPUs|TestEmbeddingBackwardBF16RoundsOnce|TestRMSNormBackwardBF16RoundsOnce|TestGemmIntoBF16|TestFP8Casts|TestFP8NativeProducts|TestTransposeFP8'
 runs=$out/runs
 
 stage info 20 . bash -c 'nvidia-smi; nvidia-smi -L; ls -l /usr/local/cuda/lib64/libcublasLt.so* /usr/lib/x86_64-linux-gnu/libnccl.so* 2>&1; python3 -c "import torch; print(\"torch\", torch.__version__, torch.version.cuda)"'

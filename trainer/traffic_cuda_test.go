@@ -93,3 +93,47 @@ func compareTraffic(got, bar cuda.Traffic) string {
 	}
 	return sb.String()
 }
+
+// TestFP8StepTrafficOnGPU counts, as TestStepTrafficOnGPU does (a dry run on
+// the host emulator, which reports compute capability 9.0), one step of the
+// dense-125m model with its dense products in FP8 (hybrid, tensorwise): every
+// one of a layer's seven products runs on cuBLASLt's FP8 kernels in forward
+// and in both backward products (none widened to fp32), so the step's FP8
+// products are at least 21 a layer (more with recomputation). The log
+// compares the step with the bf16 one TestStepTrafficOnGPU holds
+// (testdata/traffic/dense-125m-engine.json), operation by operation.
+func TestFP8StepTrafficOnGPU(t *testing.T) {
+	d, err := cuda.Open(0)
+	require.NoError(t, err)
+	defer d.Close()
+	require.NoError(t, d.SetDryRun(true))
+	const B, T = 16, 1024
+	count := func(sets ...string) cuda.Traffic {
+		res, diags := config.Load(filepath.Join("..", "recipes", "dense-125m.toml"), config.Options{Sets: append([]string{
+			"parallel.world_size=1", fmt.Sprintf("train.micro_batch_size=%d", B), fmt.Sprintf("train.global_batch_size=%d", B),
+			fmt.Sprintf("model.seq_len=%d", T), "run.output_dir=" + t.TempDir()}, sets...)})
+		require.False(t, diags.HasErrors(), "%v", diags)
+		step, _ := rankStepsWith(t, res, t.TempDir(), false, Options{Backend: d.Kernels(), Version: "test"})
+		step()
+		d.CountTraffic(true)
+		step()
+		got := d.Traffic()
+		d.CountTraffic(false)
+		require.NoError(t, d.Err())
+		return got
+	}
+	var bf16 cuda.Traffic
+	b, err := os.ReadFile(filepath.Join("testdata", "traffic", "dense-125m-engine.json"))
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &bf16))
+	fp8 := count("precision.fp8.format=hybrid", "precision.fp8.recipe=tensorwise")
+	t.Logf("one step, FP8 against bf16:\n%s", compareTraffic(fp8, bf16))
+	var products int64
+	for op, k := range fp8 {
+		require.False(t, strings.HasPrefix(op, "widen_scaled_e"), "%s: an FP8 operand widened to fp32 (%d ops): the product missed cuBLASLt's FP8 kernels", op, k.Ops)
+		if strings.HasPrefix(op, "gemm f8") {
+			products += k.Ops
+		}
+	}
+	require.GreaterOrEqual(t, products, int64(21*12), "FP8 products in the step")
+}

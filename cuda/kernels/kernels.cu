@@ -2198,3 +2198,26 @@ WIDEN_SCALED(widen_scaled_f32, float, in[i])
 WIDEN_SCALED(widen_scaled_bf16, bf16, __bfloat162float(in[i]))
 WIDEN_SCALED(widen_scaled_e4m3, uint8_t, e4m3_value(in[i]))
 WIDEN_SCALED(widen_scaled_e5m2, uint8_t, e5m2_value(in[i]))
+
+// ---- FP8 operand transposes (after the products, for the same reason) ----
+
+// transpose_u8: out (cols × rows, row-major) = in (rows × cols, row-major)
+// transposed, a byte a value: the FP8 codes cuBLASLt's FP8 products read
+// transposed, since they take "TN" operands only (cuda/fp8gemm.go). A block
+// of 256 threads moves one 32×32 tile through shared memory (a padded row, so
+// that the transposed reads do not share a bank); the grid is
+// ⌈cols/32⌉ × ⌈rows/32⌉ tiles.
+extern "C" __global__ void transpose_u8(uint8_t* out, const uint8_t* in, int rows, int cols) {
+    __shared__ uint8_t tile[32][33];
+    int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
+    for (int j = ty; j < 32; j += 8) {
+        int r = r0 + j, c = c0 + tx;
+        if (r < rows && c < cols) tile[j][tx] = in[(long)r * cols + c];
+    }
+    __syncthreads();
+    for (int j = ty; j < 32; j += 8) {
+        int c = c0 + j, r = r0 + tx;
+        if (c < cols && r < rows) out[(long)c * rows + r] = tile[tx][j];
+    }
+}
