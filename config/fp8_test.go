@@ -149,8 +149,6 @@ func TestFP8RunRefuses(t *testing.T) {
 		{"precision.fp8.router_bf16", "router", "router_bf16 = true", func(r *Recipe) {
 			r.Model.MoE.NumExperts, r.Model.MoE.TopK, r.Precision.FP8.Experts, r.Precision.FP8.RouterBF16 = 4, 2, false, false
 		}},
-		{"precision.fp8.format", "tensor or context parallelism (tensor_parallel 2", "tensor_parallel and context_parallel to 1", func(r *Recipe) { r.Parallel.TensorParallel = 2 }},
-		{"precision.fp8.format", "context_parallel 2)", "tensor_parallel and context_parallel to 1", func(r *Recipe) { r.Parallel.ContextParallel = 2 }},
 	} {
 		x := r
 		c.set(&x)

@@ -386,8 +386,7 @@ type Precision struct {
 // (largest 57344, with infinities); docs/engine.md, "FP8". shardline run
 // computes the dense layers' products in FP8 under tensorwise scaling and
 // refuses what the engine does not build (delayed scaling, wgrad = false,
-// param_gather, FP8 head, router or experts, tensor or context parallelism;
-// lint notes each, SL114); the plan counts the FP8 copies in scratch.
+// param_gather, FP8 head, router or experts; lint notes each, SL114); the plan counts the FP8 copies in scratch.
 type FP8 struct {
 	// none (no FP8), hybrid (E4M3 for the forward's weights and activations,
 	// E5M2 for the backward's output gradients: Transformer Engine's HYBRID,

@@ -462,7 +462,7 @@ func scratchBytesAt(r *config.Recipe, m Mesh, copies int64) int64 {
 	if bf16Native(r) {
 		// The activations' gradients in bf16 (nothing below is counted then:
 		// no tensor or context parallelism, no MoE).
-		return n*4 + grads*2 + fp8Bytes(r, BT)
+		return n*4 + grads*2 + fp8Bytes(r, BT, tp)
 	}
 	n += grads
 	E := int64(mo.MoE.NumExperts)
@@ -501,7 +501,7 @@ func scratchBytesAt(r *config.Recipe, m Mesh, copies int64) int64 {
 			n += R * k // the unit gates the experts' outputs are combined with
 		}
 	}
-	return n*4 + fp8Bytes(r, BT)
+	return n*4 + fp8Bytes(r, BT, tp)
 }
 
 // fp8Bytes is what the engine holds for FP8 compute (trainer/model's
@@ -510,16 +510,19 @@ func scratchBytesAt(r *config.Recipe, m Mesh, copies int64) int64 {
 // every FP8 layer takes in turn (remade in backward, not kept), each sized
 // for the largest it takes among the layers that compute in FP8 (a dense
 // layer's MLP widens them to the ffn), their three scale inverses and the
-// scale (f32) and the amax slot (f64); 0 without FP8. FP8 runs have no tensor
-// or context parallelism (config.NotExecuted).
-func fp8Bytes(r *config.Recipe, BT int64) int64 {
+// scale (f32) and the amax slot (f64); 0 without FP8. Under tensor
+// parallelism (degree tp) the heads and the ffn are this rank's share and BT
+// all of its rows (a column-parallel product's gathered input, a
+// row-parallel product's gathered output gradient); under context
+// parallelism BT is the rank's share of the sequence.
+func fp8Bytes(r *config.Recipe, BT, tp int64) int64 {
 	lo, hi := r.FP8LayerRange()
 	if lo == hi {
 		return 0
 	}
 	mo := r.Model
 	C, HD := int64(mo.Hidden), int64(mo.HeadSize())
-	NH, NKV, FF := int64(mo.Heads), int64(mo.EffectiveKVHeads()), int64(mo.FFNHidden)
+	NH, NKV, FF := int64(mo.Heads)/tp, int64(mo.EffectiveKVHeads())/tp, int64(mo.FFNHidden)/tp
 	x, w, d := max(BT*C, BT*NH*HD), max(NH*HD*C, NKV*HD*C), max(BT*C, BT*NH*HD, BT*NKV*HD)
 	for l := lo; l < hi; l++ {
 		if !mo.IsMoELayer(l) {

@@ -45,8 +45,13 @@ type FP8 struct {
 
 // WithFP8 computes the linear products of layers f.First..f.Last−1 in FP8
 // (see fp8.go): float32 in training, float64 in the gradient checks (whose
-// products read the dequantised values in float64). It excludes tensor and
-// context parallelism.
+// products read the dequantised values in float64). Under tensor or context
+// parallelism each rank scales the operands it holds by their own amax (a
+// shard of a weight, its heads' or ffn columns' gradients, its tokens'
+// rows), with no amax reduced over the group: each rank's product (a
+// row-parallel product's partial sums included) carries its own operands'
+// scale inverses. A column-parallel product's input is the gathered normed
+// rows, the same on every tp rank, so its scale is too.
 func WithFP8(f FP8) Option { return func(o *options) { o.fp8 = &f } }
 
 // fp8State is the FP8 buffers of the model's memory (see above).
@@ -73,9 +78,6 @@ func (m *Model[F]) setupFP8(f FP8, o options) error {
 	}
 	if f.First < 0 || f.Last > m.Cfg.Layers || f.First > f.Last {
 		return fmt.Errorf("model: FP8 layers %d..%d of a model of %d layers", f.First, f.Last-1, m.Cfg.Layers)
-	}
-	if (o.tp != nil && o.tp.Size > 1) || (o.cp != nil && o.cp.Size > 1) {
-		return fmt.Errorf("model: FP8 compute with tensor or context parallelism is not built")
 	}
 	m.fp8 = &fp8State{f: f}
 	return nil
@@ -172,12 +174,20 @@ func (m *Model[F]) matmulBackward(l int, dinp, dweight, dout, x, w tensor.Buffer
 }
 
 // rowProduct is layer l's row-parallel product (the attention output's
-// projection, the MLP's w2) added into out: rowParallel, or in FP8 (which
-// runs without tensor parallelism) one accumulating FP8 product.
+// projection, the MLP's w2) added into out: rowParallel, or in FP8 one
+// accumulating FP8 product, or under tensor parallelism an FP8 product of
+// partial sums over all rows whose reduce-scatter adds this rank's rows
+// (rowParallel's steps).
 func (m *Model[F]) rowProduct(l int, out, x, w tensor.Buffer, K int) {
 	if !m.fp8On(l) {
 		m.rowParallel(out, x, w, K)
 		return
 	}
-	m.matmul(l, out, x, w, tensor.MatmulShape{BT: m.B * m.T, C: K, OC: m.Cfg.Hidden}, true)
+	s := tensor.MatmulShape{BT: m.B * m.T, C: K, OC: m.Cfg.Hidden}
+	if m.tp == nil {
+		m.matmul(l, out, x, w, s, true)
+		return
+	}
+	m.matmul(l, m.tp.px, x, w, s, false)
+	m.addRows(out)
 }

@@ -131,8 +131,14 @@ func (m *Model[F]) rowParallel(out, inp, w tensor.Buffer, K int) {
 		m.be.Matmul(out, inp, w, tensor.MatmulShape{BT: BT, C: K, OC: C}, true)
 		return
 	}
+	m.be.Matmul(m.tp.px, inp, w, tensor.MatmulShape{BT: BT, C: K, OC: C}, false)
+	m.addRows(out)
+}
+
+// addRows reduce-scatters the partial sums of a row-parallel product over all
+// B·T rows (in the tp scratch px) and adds this rank's rows into out.
+func (m *Model[F]) addRows(out tensor.Buffer) {
 	p := m.tp
-	m.be.Matmul(p.px, inp, w, tensor.MatmulShape{BT: BT, C: K, OC: C}, false)
 	m.tpErr("reduce-scatter", p.Comm.ReduceScatter(p.red, p.px))
 	m.be.AddInto(out, p.red, p.red.Len())
 }
