@@ -22,7 +22,8 @@
 # ranks as processes picking their GPU, NCCL and the communication stream
 # where there are GPUs enough, a lost rank, resuming; the checks that ran on
 # 2026-11-23, again; the memory-bound kernels' bandwidth and the 1.24B shape's
-# MLP products in bf16 and in FP8 (cuBLASLt's FP8 kernels); the plan against a
+# MLP products in bf16 and in FP8 (cuBLASLt's FP8 kernels); the 1.24B step in
+# bf16 and FP8 beside torch.compile and torchao's float8; the plan against a
 # finished GPU run.
 set -uo pipefail
 budget=${1:-540}
@@ -86,6 +87,7 @@ stage ranks-on-gpus 120 cmd/shardline ../../bin/gpu/cli.test -test.v -test.run '
 stage kernels-again 90 cuda ../bin/gpu/cuda.test -test.v -test.skip "$new_kernels"
 stage cli-again 60 cmd/shardline ../../bin/gpu/cli.test -test.v -test.run 'TestRunOnGPU'
 stage bench-kernels 60 cuda ../bin/gpu/cuda.test -test.run '^$' -test.bench 'MemoryBound|Matmul|FlashAttentionBF16|Collectives|EmbeddingBackward' -test.benchtime 20x
+stage fp8-step 150 . bash -c "cd trainer && ../bin/gpu/trainer.test -test.run '^\$' -test.bench 'EngineStep1B\$|EngineStep1BFP8' -test.benchtime 10x; cd .. && python3 scripts/torch_llama.py 1b compile float8"
 stage plan-against 90 . bash -c "bin/gpu/shardline-cuda run recipes/dense-125m.toml --device cuda --train-iters 8 --set data.path=bin/gpu/opticks.txt \
 	--set parallel.world_size=1 --set checkpoint.interval=0 --set checkpoint.keep_last=0 --set run.output_dir=$runs --set run.name=dense-125m \
 	&& bin/gpu/shardline-cuda plan --against $runs/dense-125m"

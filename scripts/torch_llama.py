@@ -9,8 +9,11 @@ benchmarks' shapes:
 Prints tokens/s (median of the timed steps after warm-up, CUDA events), MFU (6N +
 6LTd flops per token, N the parameters a token passes through, over the H100's 989
 TFLOP/s) and peak memory.
-Usage: python3 scripts/torch_llama.py [134m|1b|moe] [eager|compile]... (default
-134m eager compile); --device cpu --tiny checks the script itself on a CPU."""
+float8 is compile with torchao's float8 training (convert_to_float8_training,
+tensorwise scaling, the head left in bf16 as shardline's head_bf16): it prints
+that torchao is missing, and runs nothing, where it is not installed.
+Usage: python3 scripts/torch_llama.py [134m|1b|moe] [eager|compile|float8]...
+(default 134m eager compile); --device cpu --tiny checks the script itself on a CPU."""
 import contextlib
 import sys
 import time
@@ -158,7 +161,14 @@ def run(mode):
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, **({"fused": True} if cuda else {}))
     tok = torch.randint(0, V, (B, T), device=DEV)
     tgt = torch.randint(0, V, (B, T), device=DEV)
-    fwd = torch.compile(model) if mode == "compile" else model
+    if mode == "float8":
+        try:
+            from torchao.float8 import convert_to_float8_training
+        except ImportError as e:
+            print(f"torch {shape} float8: torchao is not installed ({e}): nothing run")
+            return
+        convert_to_float8_training(model, module_filter_fn=lambda mod, fqn: fqn != "head")
+    fwd = torch.compile(model) if mode in ("compile", "float8") else model
 
     def step():
         with torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext():

@@ -40,6 +40,15 @@ func BenchmarkEngineStep1B(b *testing.B) {
 	benchEngineStep(b, 8, 2048, "model.hidden=2048", "model.layers=24", "model.heads=16", "model.kv_heads=8", "model.ffn_hidden=5504")
 }
 
+// BenchmarkEngineStep1BFP8 is BenchmarkEngineStep1B with the dense layers'
+// products in FP8 (hybrid, tensorwise current scaling: cuBLASLt's FP8 kernels
+// on compute capability 8.9 and later); scripts/torch_llama.py 1b float8 runs
+// PyTorch with torchao's float8 training on the same shape.
+func BenchmarkEngineStep1BFP8(b *testing.B) {
+	benchEngineStep(b, 8, 2048, "model.hidden=2048", "model.layers=24", "model.heads=16", "model.kv_heads=8", "model.ffn_hidden=5504",
+		"precision.fp8.format=hybrid", "precision.fp8.recipe=tensorwise")
+}
+
 // BenchmarkEngineStepMoE295M is the MoE shape (d768, 8 layers, 16 experts of
 // ffn 768, top 2) at B8 T1024, with capacity_factor 1 (each expert's segment
 // holds the balanced share); scripts/torch_llama.py moe runs PyTorch on it.
