@@ -73,7 +73,7 @@ bench: bench-deps ## speed benchmarks, each printed against its budget or refere
 torch-deps: ## install Debian's python3-torch if missing (the safetensors export's outside check)
 	@/usr/bin/python3 -c 'import torch' 2>/dev/null || { echo "installing python3-torch" >&2; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch libopenblas0-pthread; }
 
-bench-deps: torch-deps tokref-deps tokenizers-deps ## install the reference PyTorch and OpenBLAS (Debian packages) and the reference tokenizers (npm) if missing
+bench-deps: torch-deps tokref-deps tokenizers-deps emu-deps ## install the reference PyTorch and OpenBLAS (Debian packages), the reference tokenizers (npm) and g++ (the host emulator) if missing
 
 # The reference tokenizers the trainer/tokenizer tests and bench-tokenizers.sh
 # compare with: Hugging Face's tokenizers (its Rust core), OpenAI's tiktoken
