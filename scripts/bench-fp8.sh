@@ -4,7 +4,9 @@
 # current scaling), from the same initialisation and data: each FP8 curve's
 # worst per-step and 20-step-mean loss difference from bf16's, the final
 # validation losses, tokens a second against bf16's and the scratch the FP8
-# copies add. docs/engine.md ("FP8") discusses the numbers.
+# copies add; then recipes/moe-tiny.toml the same way in hybrid FP8, with its
+# experts' products in FP8 and in bf16. docs/engine.md ("FP8") discusses the
+# numbers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 go test ./trainer -run '^$' -bench '^BenchmarkFP8TracksBF16$' -benchtime 1x -count 1 -timeout 30m | grep -vE '^(goos|goarch|pkg|cpu|PASS|ok)'
