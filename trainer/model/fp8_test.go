@@ -180,10 +180,16 @@ func TestFP8Model(t *testing.T) {
 // inputs: the modes then agree within FP8's error, not bit for bit (the test
 // allows 1% on the loss and 10% relative L2 on the gradients; measured at
 // most 0.55% and 9.1%, full against none, where without FP8 the modes differ
-// by 0.07% and 0.6%).
+// by 0.07% and 0.6%; with the experts in FP8 too, whose products read more
+// such codes, 15%: measured at most 0.14% and 9.6%, selective against none
+// dropping copies past capacity, where without FP8 0.09% and 0.96%).
 func TestFP8RecomputeModes(t *testing.T) {
 	for name, cfg := range map[string]config.Model{"dense": tinyConfig(false), "moe": tinyMoE(1, 0, 2), "moe-experts": tinyMoE(1, 0, 2), "moe-experts-capacity": tinyMoE(1, 1, 1)} {
 		experts := strings.HasPrefix(name, "moe-experts")
+		gradTol := 0.10
+		if experts {
+			gradTol = 0.15 // more products read FP8 codes of inputs the modes round differently
+		}
 		for _, grad := range []tensor.FP8Format{tensor.E5M2, tensor.E4M3} {
 			t.Run(name+"/"+grad.String(), func(t *testing.T) {
 				table, err := parallel.ParamTable(cfg, 1, 1)
@@ -246,7 +252,7 @@ func TestFP8RecomputeModes(t *testing.T) {
 					t.Logf("bf16 stores, %s against none: with FP8 loss %.2e, gradients %.2e; without FP8 loss %.2e, gradients %.2e",
 						mode, dl, dg, math.Abs(pl-p0)/p0, relL2All(pg, pg0))
 					assert.Less(t, dl, 0.01, "%s: loss", mode)
-					assert.Less(t, dg, 0.10, "%s: gradients", mode)
+					assert.Less(t, dg, gradTol, "%s: gradients", mode)
 				}
 			})
 		}
