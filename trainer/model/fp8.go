@@ -59,7 +59,8 @@ type fp8State struct {
 	// x, w and d are the codes of a product's input (E4M3), weight (E4M3)
 	// and output gradient (f.Grad); inv their scale inverses (f32, one each:
 	// inv[0] x's, inv[1] w's, inv[2] d's) beside the scale Quantize reads
-	// (inv[3]), in one buffer; amax is the f64 slot Amax writes.
+	// (inv[3]), then one per local expert's weight with FP8 experts (inv[4:],
+	// fp8experts.go), in one buffer; amax is the f64 slot Amax writes.
 	x, w, d   tensor.Buffer
 	inv, amax tensor.Buffer
 }
