@@ -432,9 +432,11 @@ type FP8 struct {
 	// when filter_fqns names the router's gate, or its expert count is not a
 	// multiple of 16).
 	RouterBF16 bool `toml:"router_bf16"`
-	// Compute the MoE experts' products in FP8 too (Megatron's grouped GEMM
-	// with Transformer Engine; torchtitan's quantize.grouped_mm.float8
-	// converter). false keeps them in bf16.
+	// Compute the MoE experts' products in FP8 too, routed and shared
+	// (Megatron's grouped GEMM with Transformer Engine; torchtitan's
+	// quantize.grouped_mm.float8 converter): the grouped tokens and output
+	// gradients under one scale each, each expert's weight under its own.
+	// false keeps them in bf16.
 	Experts bool `toml:"experts"`
 }
 

@@ -1056,6 +1056,9 @@ func (t *ttImport) float8(f ttFlavour) {
 			t.to("precision.fp8.router_bf16", strconv.FormatBool(router), filter, `"router.gate" in filter_fqns keeps the router out of FP8`)
 		}
 		t.to("precision.fp8.experts", strconv.FormatBool(grouped), t.get("quantize.grouped_mm.float8.fqns"), "the quantize.grouped_mm.float8 converter computes the experts' products in FP8")
+		if grouped {
+			t.note(conv, "torchao's float8 grouped products scale rowwise (a scale per token row and per row of each expert's weight); shardline scales per tensor, as the linear layers: the grouped tokens under one scale, each expert's weight under its own (docs/engine.md, \"FP8\"): the same products at a coarser scaling", "")
+		}
 	} else if grouped {
 		t.note(conv, "no effect in shardline: the grouped_mm converter converts MoE experts, and the model has none", "remove it")
 	}

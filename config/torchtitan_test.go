@@ -174,6 +174,29 @@ func TestImportTorchtitan2024(t *testing.T) {
 	}
 }
 
+// TestImportTorchtitanFP8Experts: torchao's float8 converters on an MoE
+// model (the linear one and the grouped one) import as FP8 with the experts'
+// products in FP8, which run executes (config.NotExecuted has nothing to
+// refuse in FP8), with a note on the grouped products' scaling granularity.
+func TestImportTorchtitanFP8Experts(t *testing.T) {
+	src := "[model]\nname = \"llama4\"\nflavor = \"debugmodel\"\nconverters = [\"float8\", \"quantize.grouped_mm.float8\"]\n[quantize.linear.float8]\nfilter_fqns = [\"output\"]\n"
+	res, diags := importTTClean(t, "x.toml", []byte(src), 0)
+	requireNoErrors(t, diags)
+	f := res.Recipe.Precision.FP8
+	require.Equal(t, [2]string{"hybrid", "tensorwise"}, [2]string{f.Format, f.Recipe})
+	require.True(t, f.Experts)
+	for _, u := range NotExecuted(&res.Recipe) {
+		require.NotContains(t, u.Key, "precision.fp8", "the FP8 settings run: %s", u.Why) // the debug model's head size of 16 is a GPU kernel's refusal
+	}
+	var notes []string
+	for _, d := range diags {
+		if d.Code == "SL011" {
+			notes = append(notes, d.Message)
+		}
+	}
+	require.Contains(t, strings.Join(notes, "\n"), "torchao's float8 grouped products scale rowwise")
+}
+
 // TestImportTorchtitanRefusals: each setting shardline does not do is refused
 // with its code, at its line, naming the setting and a fix.
 func TestImportTorchtitanRefusals(t *testing.T) {

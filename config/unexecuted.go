@@ -35,10 +35,10 @@ func NotExecuted(r *Recipe) []Unexecuted {
 	add(r.Train.LRDecaySteps != 0 && r.Train.LRSchedule == "constant", "train.lr_decay_steps", "a constant schedule has no decay to time", `remove lr_decay_steps, or set lr_schedule = "cosine" or "linear"`)
 	// FP8 (docs/engine.md, "FP8"): the engine computes the dense layers'
 	// linear products in FP8 under per-tensor current scaling (tensorwise),
-	// with FP8 weight gradients, bf16 compute weights, and the head, the
-	// router and the MoE experts in bf16, beside tensor and context
-	// parallelism (each rank scaling what it holds). The rest is refused
-	// here.
+	// with FP8 weight gradients, bf16 compute weights, the MoE experts'
+	// products in FP8 or bf16 (experts), and the head and the router in
+	// bf16, beside tensor and context parallelism (each rank scaling what it
+	// holds). The rest is refused here.
 	f8 := r.Precision.FP8
 	fp8 := r.Precision.FP8On()
 	add(fp8 && f8.Recipe == "delayed", "precision.fp8.recipe", "delayed scaling (each tensor's scale from an amax history of earlier steps, kept in checkpoints) is not built: the engine scales each tensor by its own amax as it is cast (tensorwise current scaling)", `set recipe = "tensorwise" under [precision.fp8]`)
@@ -47,7 +47,6 @@ func NotExecuted(r *Recipe) []Unexecuted {
 	add(fp8 && !f8.HeadBF16, "precision.fp8.head_bf16", "the output head (its product fused with the loss, a chunk of rows at a time) computes in bf16 only", "set head_bf16 = true under [precision.fp8]")
 	moe := r.Model.MoE.NumExperts > 0
 	add(fp8 && moe && !f8.RouterBF16, "precision.fp8.router_bf16", "the MoE router's product computes in bf16 only", "set router_bf16 = true under [precision.fp8]")
-	add(fp8 && moe && f8.Experts, "precision.fp8.experts", "the MoE experts' grouped products (routed and shared) do not take FP8 operands yet: in FP8 runs they compute in bf16", "set experts = false under [precision.fp8] (the attention products of MoE layers still compute in FP8)")
 	add(r.Precision.MainParamsDtype != "fp32", "precision.main_params_dtype", "the trainer keeps fp32 main weights", `set main_params_dtype = "fp32"`)
 	add(r.FSDP.UseNCCLUB && p.Device == "cpu", "fsdp.use_nccl_ub", "NCCL user buffers exist on GPUs only; the CPU trainer has no NCCL", "set use_nccl_ub = false")
 	units := r.FSDP.DataParallelShardingStrategy == "optim_grads" || r.FSDP.DataParallelShardingStrategy == "optim_grads_params"

@@ -755,7 +755,8 @@ func (o *operands) strided(bs []tensor.Buffer, n int, ts ...DType) (all Buffer, 
 func (k *kernels) ExpertsMatmul(out, inp tensor.Buffer, w []tensor.Buffer, offsets tensor.Buffer, s tensor.ExpertsShape, accumulate bool) {
 	o := k.ops("ExpertsMatmul")
 	o.f(out, 0)
-	if s.Segment > 0 {
+	fp8 := fp8Experts(&o, s, w, inp)
+	if s.Segment > 0 && !fp8 {
 		// Static segments over weights at an even stride: one batched product.
 		if ws, stride, ok := o.strided(w, s.OC*s.C, F32, BF16); ok {
 			rows := len(w) * s.Segment
@@ -773,18 +774,23 @@ func (k *kernels) ExpertsMatmul(out, inp tensor.Buffer, w []tensor.Buffer, offse
 	}
 	for e := range w {
 		if lo, hi := s.Span(off, e); hi > lo {
-			k.Matmul(out.Slice(lo*s.OC, hi*s.OC), inp.Slice(lo*s.C, hi*s.C), w[e], tensor.MatmulShape{BT: hi - lo, C: s.C, OC: s.OC}, accumulate)
+			k.Matmul(out.Slice(lo*s.OC, hi*s.OC), inp.Slice(lo*s.C, hi*s.C), w[e], s.Expert(e, hi-lo), accumulate)
 		}
 	}
 }
 
 func (k *kernels) ExpertsMatmulBackward(dinp tensor.Buffer, dw []tensor.Buffer, dout, inp tensor.Buffer, w []tensor.Buffer, offsets tensor.Buffer, s tensor.ExpertsShape, accumulate bool) {
 	o := k.ops("ExpertsMatmulBackward")
-	o.f(dout, 0)
+	fp8 := fp8Experts(&o, s, w, dout, inp)
+	if fp8 {
+		o.buf(dout, 0, F32, F8E4M3, F8E5M2) // each expert's product checks its operands and their scale inverses
+	} else {
+		o.f(dout, 0)
+	}
 	if len(dw) != len(w) && !o.bad {
 		o.failf("%d weight gradients for %d experts", len(dw), len(w))
 	}
-	if s.Segment > 0 {
+	if s.Segment > 0 && !fp8 {
 		ws, stride, wok := o.strided(w, s.OC*s.C, F32, BF16)
 		gs, gstride, gok := o.strided(dw, s.OC*s.C, F32, BF16)
 		if wok && gok && gstride == stride {
@@ -813,7 +819,7 @@ func (k *kernels) ExpertsMatmulBackward(dinp tensor.Buffer, dw []tensor.Buffer, 
 	for e := range w {
 		if lo, hi := s.Span(off, e); hi > lo {
 			k.MatmulBackward(dinp.Slice(lo*s.C, hi*s.C), dw[e], dout.Slice(lo*s.OC, hi*s.OC), inp.Slice(lo*s.C, hi*s.C), w[e],
-				tensor.MatmulShape{BT: hi - lo, C: s.C, OC: s.OC}, accumulate)
+				s.Expert(e, hi-lo), accumulate)
 		}
 	}
 }

@@ -175,3 +175,21 @@ func (k *kernels) matmulBackwardFP8(dinp, dweight, dout, inp, weight tensor.Buff
 	}
 	k.d.gemm(false, true, s.C, s.OC, s.BT, k.plain(x), s.C, k.scaled(dy, x), s.OC, 1, dw, s.C)
 }
+
+// fp8Experts reports whether the experts' grouped products take the FP8
+// path (an FP8 operand, or scale inverses given), failing o when the
+// weights' scale inverses are fewer than the experts. That path runs each
+// expert's product over its segment as Matmul or MatmulBackward runs an FP8
+// product, with the grouped operand's scale inverse and the expert's
+// weight's (tensor.ExpertsShape.Expert), all read on the device; static
+// segments then run expert by expert too, not as one batched product (the
+// scratch that widens an FP8 operand holds one expert's).
+func fp8Experts(o *operands, s tensor.ExpertsShape, w []tensor.Buffer, bs ...tensor.Buffer) bool {
+	if !fp8Product(tensor.MatmulShape{Scales: s.Scales}, append(bs, w...)...) {
+		return false
+	}
+	if err := s.ExpertScalesShort(len(w)); err != nil && !o.bad {
+		o.failf("%v", err)
+	}
+	return true
+}

@@ -462,7 +462,7 @@ func scratchBytesAt(r *config.Recipe, m Mesh, copies int64) int64 {
 	if bf16Native(r) {
 		// The activations' gradients in bf16 (nothing below is counted then:
 		// no tensor or context parallelism, no MoE).
-		return n*4 + grads*2 + fp8Bytes(r, BT, tp)
+		return n*4 + grads*2 + fp8Bytes(r, m, BT, copies)
 	}
 	n += grads
 	E := int64(mo.MoE.NumExperts)
@@ -501,7 +501,7 @@ func scratchBytesAt(r *config.Recipe, m Mesh, copies int64) int64 {
 			n += R * k // the unit gates the experts' outputs are combined with
 		}
 	}
-	return n*4 + fp8Bytes(r, BT, tp)
+	return n*4 + fp8Bytes(r, m, BT, copies)
 }
 
 // fp8Bytes is what the engine holds for FP8 compute (trainer/model's
@@ -511,26 +511,43 @@ func scratchBytesAt(r *config.Recipe, m Mesh, copies int64) int64 {
 // for the largest it takes among the layers that compute in FP8 (a dense
 // layer's MLP widens them to the ffn), their three scale inverses and the
 // scale (f32) and the amax slot (f64); 0 without FP8. Under tensor
-// parallelism (degree tp) the heads and the ffn are this rank's share and BT
-// all of its rows (a column-parallel product's gathered input, a
-// row-parallel product's gathered output gradient); under context
-// parallelism BT is the rank's share of the sequence.
-func fp8Bytes(r *config.Recipe, BT, tp int64) int64 {
+// parallelism (m.TP) the heads, the ffn and a shared expert's ffn are this
+// rank's share and BT all of its rows (a column-parallel product's gathered
+// input, a row-parallel product's gathered output gradient); under context
+// parallelism BT is the rank's share of the sequence. With the MoE experts in
+// FP8 (precision.fp8.experts, trainer/model's fp8experts.go) an FP8 MoE
+// layer widens them too: the input and gradient copies to the layer's
+// copies permuted rows at the hidden size and the expert ffn (the shared
+// experts' B·T rows alike), the weight copy to every local expert's weight
+// side by side, and one scale inverse (f32) per local expert follows.
+func fp8Bytes(r *config.Recipe, m Mesh, BT, copies int64) int64 {
 	lo, hi := r.FP8LayerRange()
 	if lo == hi {
 		return 0
 	}
-	mo := r.Model
+	mo, tp := r.Model, int64(m.TP)
 	C, HD := int64(mo.Hidden), int64(mo.HeadSize())
 	NH, NKV, FF := int64(mo.Heads)/tp, int64(mo.EffectiveKVHeads())/tp, int64(mo.FFNHidden)/tp
 	x, w, d := max(BT*C, BT*NH*HD), max(NH*HD*C, NKV*HD*C), max(BT*C, BT*NH*HD, BT*NKV*HD)
+	var scales int64
 	for l := lo; l < hi; l++ {
 		if !mo.IsMoELayer(l) {
 			x, w, d = max(x, BT*FF), max(w, FF*C), max(d, BT*FF)
-			break
+			continue
 		}
+		if !r.Precision.FP8.Experts {
+			continue
+		}
+		EF, El := int64(mo.MoE.ExpertFFNHidden), int64(mo.MoE.NumExperts/m.EP)
+		rows := copies * max(C, EF)
+		x, w, d = max(x, rows), max(w, El*EF*C), max(d, rows)
+		if mo.MoE.SharedExperts > 0 {
+			SF := EF / tp // a shared expert is split over tp like the MLP
+			x, w, d = max(x, BT*C, BT*SF), max(w, SF*C), max(d, BT*C, BT*SF)
+		}
+		scales = El
 	}
-	return x + w + d + 4*4 + 8
+	return x + w + d + (4+scales)*4 + 8
 }
 
 // worstRoutingTotal is the memory total when dropless routing (no capacity

@@ -4,11 +4,12 @@
 # current scaling), from the same initialisation and data: each FP8 curve's
 # worst per-step and 20-step-mean loss difference from bf16's, the final
 # validation losses, tokens a second against bf16's and the scratch the FP8
-# copies add. Then the same comparison on the host emulator's GPU (compute
-# capability 9.0: the products on cuBLASLt's FP8 kernels' rules) at a smaller
-# shape, FP8_EMU_STEPS steps (default 200; the emulator runs its kernels as
-# plain loops: about 10 minutes on two cores). docs/engine.md ("FP8")
-# discusses the numbers.
+# copies add; then recipes/moe-tiny.toml the same way in hybrid FP8, with its
+# experts' products in FP8 and in bf16; then the tiny comparison on the host
+# emulator's GPU (compute capability 9.0: the products on cuBLASLt's FP8
+# kernels' rules) at a smaller shape, FP8_EMU_STEPS steps (default 200; the
+# emulator runs its kernels as plain loops: about 10 minutes on two cores).
+# docs/engine.md ("FP8") discusses the numbers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 go test ./trainer -run '^$' -bench '^BenchmarkFP8TracksBF16$' -benchtime 1x -count 1 -timeout 30m | grep -vE '^(goos|goarch|pkg|cpu|PASS|ok)'

@@ -1,5 +1,7 @@
 package tensor
 
+import "fmt"
+
 // Float is an element type kernels run in: float32 in training, float64 in the
 // gradient checks of whole models.
 type Float interface{ ~float32 | ~float64 }
@@ -234,6 +236,8 @@ type Kernels[F Float] interface {
 	// of w: rows offsets[e]..offsets[e+1], read by the kernel, or the static
 	// segments ExpertsShape.Segment names): products (dinp overwritten unless
 	// accumulate, dw accumulated) and SwiGLU over the rows of all segments.
+	// The products' inp, w and dout may be FP8, with their scale inverses in
+	// s.Scales (one per expert for w: ExpertsShape); dinp and dw never are.
 	ExpertsMatmul(out, inp Buffer, w []Buffer, offsets Buffer, s ExpertsShape, accumulate bool)
 	ExpertsMatmulBackward(dinp Buffer, dw []Buffer, dout, inp Buffer, w []Buffer, offsets Buffer, s ExpertsShape, accumulate bool)
 	ExpertsSwiGLU(out, gate, up Buffer, offsets Buffer, width int)
@@ -434,7 +438,41 @@ func (r RouterSpec) GateScale() float64 {
 // each product's rows from the host, and static segments spare it reading the
 // routing back), and may run every expert over its whole segment. Zero, the
 // segments are the offsets buffer's.
-type ExpertsShape struct{ C, OC, Segment int }
+//
+// Scales are the scale inverses of the grouped products' FP8 operands
+// (MatmulScales' rule, operand by operand: an FP8 operand must have its
+// scale inverses, any other none): Inp's first value is the grouped input's
+// (one scale over every expert's rows: the tokens are quantised as one
+// tensor), Dout's the grouped output gradient's, and Weight holds one per
+// expert, expert e's at e (each expert's weight quantised with its own scale,
+// as Transformer Engine's GroupedLinear keeps one FP8 meta per GEMM: an
+// expert whose weights are small keeps its precision beside one whose weights
+// are large). Expert e's product multiplies by Inp's (or Dout's) scale
+// inverse times Weight's e-th value, as a MatmulShape of its rows would.
+type ExpertsShape struct {
+	C, OC, Segment int
+	Scales         MatmulScales
+}
+
+// Expert is expert e's product over rows rows as a MatmulShape, with its
+// operands' scale inverses: the grouped ones and expert e's weight's.
+func (s ExpertsShape) Expert(e, rows int) MatmulShape {
+	sc := s.Scales
+	if sc.Weight.Len() > 0 {
+		sc.Weight = sc.Weight.Slice(e, e+1)
+	}
+	return MatmulShape{BT: rows, C: s.C, OC: s.OC, Scales: sc}
+}
+
+// ExpertScalesShort reports, as an error's words, an FP8 weight's scale
+// inverses that hold fewer values than experts (nil when they suffice or
+// there are none): Expert would slice past them.
+func (s ExpertsShape) ExpertScalesShort(experts int) error {
+	if n := s.Scales.Weight.Len(); n > 0 && n < experts {
+		return fmt.Errorf("%d weight scale inverses (ExpertsShape.Scales.Weight) for %d experts: want one per expert", n, experts)
+	}
+	return nil
+}
 
 // Span is expert e's rows lo..hi: the static segment when s.Segment is set,
 // else offsets[e]..offsets[e+1].

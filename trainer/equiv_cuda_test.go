@@ -85,7 +85,11 @@ func TestEngineOnGPUMatchesCPU(t *testing.T) {
 	cases = append(cases,
 		tc{"fp8/2/optim_grads_params", fp8Tol, append([]string{"parallel.world_size=2", "train.global_batch_size=4", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, fp8...)},
 		tc{"fp8/e4m3 full", fp8Tol, append([]string{"parallel.world_size=1", "train.global_batch_size=2", "activation_checkpoint.mode=full"}, append(fp8, "precision.fp8.format=e4m3")...)},
-		tc{"fp8/tp2 cp2", fp8Tol, append([]string{"parallel.world_size=4", "train.global_batch_size=4", "parallel.tensor_parallel=2", "parallel.context_parallel=2"}, fp8...)})
+		tc{"fp8/tp2 cp2", fp8Tol, append([]string{"parallel.world_size=4", "train.global_batch_size=4", "parallel.tensor_parallel=2", "parallel.context_parallel=2"}, fp8...)},
+		// The experts in FP8 too (routed, expert by expert on the device,
+		// and shared), under dropless expert parallelism.
+		tc{"fp8/moe ep2 experts", fp8Tol, append([]string{"parallel.world_size=2", "train.global_batch_size=4", "parallel.expert_parallel=2", "model.moe.shared_experts=1"},
+			append(append([]string{}, moe...), fp8...)...)})
 	inCI["fp8/2/optim_grads_params"] = true
 	for _, c := range cases {
 		if !full && !inCI[c.name] {

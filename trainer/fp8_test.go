@@ -6,6 +6,7 @@ import (
 	"math"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/shardline/shardline/config"
@@ -77,15 +78,14 @@ func TestFP8TracksBF16(t *testing.T) {
 // the final validation losses, and tokens a second against bf16's (the CPU
 // dequantises FP8 operands into its fp32 GEMM, so FP8 costs it the
 // quantisation passes: a GPU with FP8 tensor cores is where FP8 is fast).
+// Then recipes/moe-tiny.toml the same way in hybrid FP8, with its experts'
+// products in FP8 (precision.fp8.experts) and with them in bf16.
 // Run by scripts/bench-fp8.sh (make bench).
 func BenchmarkFP8TracksBF16(b *testing.B) {
-	curve := func(format string) ([]float64, *Result) {
-		sets := []string{"train.steps=200", "train.micro_batch_size=4", "train.global_batch_size=4", "train.eval_interval=0",
-			"train.eval_steps=4", "precision.bf16=true", "logging.sample_tokens=0", "run.output_dir=" + b.TempDir()}
-		if format != "none" {
-			sets = append(sets, "precision.fp8.format="+format, "precision.fp8.recipe=tensorwise")
-		}
-		res, diags := config.Load(filepath.Join("..", "recipes", "tiny.toml"), config.Options{Sets: sets})
+	curve := func(recipe string, sets ...string) ([]float64, *Result) {
+		sets = append([]string{"train.steps=200", "train.micro_batch_size=4", "train.global_batch_size=4", "train.eval_interval=0",
+			"train.eval_steps=4", "precision.bf16=true", "logging.sample_tokens=0", "run.output_dir=" + b.TempDir()}, sets...)
+		res, diags := config.Load(filepath.Join("..", "recipes", recipe), config.Options{Sets: sets})
 		if diags.HasErrors() {
 			b.Fatalf("%v", diags)
 		}
@@ -97,17 +97,32 @@ func BenchmarkFP8TracksBF16(b *testing.B) {
 		}
 		return lossesOf(b, out.Dir), out
 	}
+	fp8 := func(format string) []string {
+		return []string{"precision.fp8.format=" + format, "precision.fp8.recipe=tensorwise"}
+	}
+	type row struct {
+		name string
+		sets []string
+	}
 	for range b.N {
-		ref, bo := curve("none")
-		fmt.Printf("bf16: final validation loss %.4f, %.0f tokens/s\n", *bo.FinalValLoss, bo.TokensPerS)
-		for _, format := range []string{"hybrid", "e4m3"} {
-			got, out := curve(format)
-			worst, worstMean := fp8Curves(ref, got, 20)
-			fmt.Printf("%s: worst per-step loss difference %.2f%%, of 20-step means %.2f%%; final validation loss %.4f (%+.2f%% against bf16); %.0f tokens/s (%.2fx bf16); scratch %d bytes (bf16 %d)\n",
-				format, 100*worst, 100*worstMean, *out.FinalValLoss, 100*(*out.FinalValLoss-*bo.FinalValLoss) / *bo.FinalValLoss,
-				out.TokensPerS, out.TokensPerS/bo.TokensPerS, out.Held.Scratch, bo.Held.Scratch)
-			b.ReportMetric(100*worst, format+"-worst-step-%")
-			b.ReportMetric(100*worstMean, format+"-worst-mean-%")
+		for _, c := range []struct {
+			recipe string
+			rows   []row
+		}{
+			{"tiny.toml", []row{{"hybrid", fp8("hybrid")}, {"e4m3", fp8("e4m3")}}},
+			{"moe-tiny.toml", []row{{"moe-tiny hybrid, FP8 experts", fp8("hybrid")}, {"moe-tiny hybrid, bf16 experts", append(fp8("hybrid"), "precision.fp8.experts=false")}}},
+		} {
+			ref, bo := curve(c.recipe)
+			fmt.Printf("%s bf16: final validation loss %.4f, %.0f tokens/s\n", c.recipe, *bo.FinalValLoss, bo.TokensPerS)
+			for _, r := range c.rows {
+				got, out := curve(c.recipe, r.sets...)
+				worst, worstMean := fp8Curves(ref, got, 20)
+				fmt.Printf("%s: worst per-step loss difference %.2f%%, of 20-step means %.2f%%; final validation loss %.4f (%+.2f%% against bf16); %.0f tokens/s (%.2fx bf16); scratch %d bytes (bf16 %d)\n",
+					r.name, 100*worst, 100*worstMean, *out.FinalValLoss, 100*(*out.FinalValLoss-*bo.FinalValLoss) / *bo.FinalValLoss,
+					out.TokensPerS, out.TokensPerS/bo.TokensPerS, out.Held.Scratch, bo.Held.Scratch)
+				b.ReportMetric(100*worst, strings.ReplaceAll(strings.ReplaceAll(r.name, " ", "-"), ",", "")+"-worst-step-%")
+				b.ReportMetric(100*worstMean, strings.ReplaceAll(strings.ReplaceAll(r.name, " ", "-"), ",", "")+"-worst-mean-%")
+			}
 		}
 	}
 }
@@ -115,33 +130,43 @@ func BenchmarkFP8TracksBF16(b *testing.B) {
 // TestFP8TensorAndContextParallel: FP8 runs under tensor parallelism (each
 // rank quantising its shards of the weights, its heads' and ffn columns'
 // gradients, and the gathered rows), context parallelism (each rank its
-// share of the sequence) and both, against the one-rank FP8 run from the
-// same initialisation and data, 12 steps, and the FP8 copies held as
-// planned. The runs' scales differ (a shard's amax is not the whole
-// weight's), so their codes do, by up to a rounding step of E4M3 (2⁻⁴) or
-// E5M2 (2⁻³) a value: the curves part as two FP8 runs from different seeds
-// of rounding would. Tolerance: 2% a step (measured 0.55% at worst, AMD
-// EPYC); a row-parallel product that adds its partial sums without their
-// reduce-scatter is 31% off.
+// share of the sequence) and both, and an MoE model with its experts in FP8
+// (a shared expert split over tp 2, the routed experts over ep 2), each
+// against the one-rank FP8 run of its model from the same initialisation and
+// data, 12 steps, and the FP8 copies held as planned. The runs' scales
+// differ (a shard's amax is not the whole weight's), so their codes do, by
+// up to a rounding step of E4M3 (2⁻⁴) or E5M2 (2⁻³) a value: the curves
+// part as two FP8 runs from different seeds of rounding would. Tolerance:
+// 2% a step (measured 0.81% at worst, the MoE run; AMD EPYC); a row-parallel product that
+// adds its partial sums without their reduce-scatter is 31% off. The MoE
+// model routes with a capacity factor, so that its buffers hold the plan's
+// rows exactly (dropless routing grows them with the exchange).
 func TestFP8TensorAndContextParallel(t *testing.T) {
 	base := append([]string{"train.steps=12", "train.eval_interval=0", "logging.sample_tokens=0", "model.heads=4", "model.kv_heads=4",
 		"train.micro_batch_size=2", "train.global_batch_size=2"}, fp8Sets...)
+	moe := []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_hidden=32", "model.moe.shared_experts=1",
+		"model.moe.capacity_factor=2"}
 	run := func(sets ...string) ([]float64, *Result) {
 		res, _ := tinyRun(t, append(append([]string{}, base...), sets...)...)
 		out, err := Run(context.Background(), res, opts())
 		require.NoError(t, err)
 		return lossesOf(t, out.Dir), out
 	}
-	ref, _ := run("parallel.world_size=1")
+	refs := map[bool][]float64{}
+	refs[false], _ = run("parallel.world_size=1")
+	refs[true], _ = run(append([]string{"parallel.world_size=1"}, moe...)...)
 	for _, c := range []struct {
 		name string
+		moe  bool
 		sets []string
 	}{
-		{"tp2", []string{"parallel.world_size=2", "parallel.tensor_parallel=2"}},
-		{"cp2", []string{"parallel.world_size=2", "parallel.context_parallel=2"}},
-		{"tp2 cp2", []string{"parallel.world_size=4", "parallel.tensor_parallel=2", "parallel.context_parallel=2"}},
+		{"tp2", false, []string{"parallel.world_size=2", "parallel.tensor_parallel=2"}},
+		{"cp2", false, []string{"parallel.world_size=2", "parallel.context_parallel=2"}},
+		{"tp2 cp2", false, []string{"parallel.world_size=4", "parallel.tensor_parallel=2", "parallel.context_parallel=2"}},
+		{"moe tp2 ep2", true, append([]string{"parallel.world_size=2", "parallel.tensor_parallel=2", "parallel.expert_parallel=2"}, moe...)},
 	} {
 		got, out := run(c.sets...)
+		ref := refs[c.moe]
 		require.Len(t, got, len(ref), c.name)
 		worst, _ := fp8Curves(ref, got, 4)
 		t.Logf("%s: worst per-step loss difference from one rank %.3f%%", c.name, 100*worst)

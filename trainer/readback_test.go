@@ -216,6 +216,12 @@ func TestScratchFollowsThePlan(t *testing.T) {
 		"fp8 e4m3 moe full recompute": append([]string{"precision.bf16=true", "precision.fp8.format=e4m3", "precision.fp8.recipe=tensorwise",
 			"precision.fp8.experts=false", "precision.fp8.first_last_layers_bf16=true", "precision.fp8.layers_at_end_in_bf16=0",
 			"activation_checkpoint.mode=full"}, moe...),
+		// FP8 experts: the copies sized for the permuted rows and every
+		// local expert's weight, one weight scale inverse per expert;
+		// packed with copies dropped past capacity (one rank), padded
+		// under expert parallelism, with a shared expert.
+		"fp8 moe experts shared capacity": append([]string{"model.moe.shared_experts=1", "model.moe.capacity_factor=1.0"}, append(moe, fp8Sets...)...),
+		"fp8 moe experts ep2 capacity":    append([]string{"parallel.world_size=2", "parallel.expert_parallel=2", "model.moe.capacity_factor=1.0"}, append(moe, fp8Sets...)...),
 	} {
 		t.Run(name, func(t *testing.T) {
 			res, _ := tinyRun(t, append(append([]string{}, base...), sets...)...)

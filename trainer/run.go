@@ -1515,5 +1515,6 @@ func fp8Of(r *config.Recipe) (f model.FP8, ok bool) {
 		f.Grad = tensor.E4M3
 	}
 	f.First, f.Last = r.FP8LayerRange()
+	f.Experts = r.Precision.FP8.Experts && r.Model.MoE.NumExperts > 0
 	return f, true
 }

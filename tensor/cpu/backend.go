@@ -378,6 +378,10 @@ func (Kernels[F]) DispatchBackward(dx, dxperm tensor.Buffer, r tensor.Routing, s
 
 // ExpertsMatmul runs the package's ExpertsMatmul over buffers.
 func (Kernels[F]) ExpertsMatmul(out, inp tensor.Buffer, w []tensor.Buffer, offsets tensor.Buffer, s tensor.ExpertsShape, accumulate bool) {
+	if fp8Experts(s, w, inp) {
+		expertsFP8[F](tensor.Buffer{}, nil, out, inp, w, offsets, s, accumulate, false)
+		return
+	}
 	var v views[F]
 	const op = "ExpertsMatmul"
 	j := getExpertsJob[F]()
@@ -395,6 +399,10 @@ func (Kernels[F]) ExpertsMatmul(out, inp tensor.Buffer, w []tensor.Buffer, offse
 
 // ExpertsMatmulBackward runs the package's ExpertsMatmulBackward over buffers.
 func (Kernels[F]) ExpertsMatmulBackward(dinp tensor.Buffer, dw []tensor.Buffer, dout, inp tensor.Buffer, w []tensor.Buffer, offsets tensor.Buffer, s tensor.ExpertsShape, accumulate bool) {
+	if fp8Experts(s, w, dout, inp) {
+		expertsFP8[F](dinp, dw, dout, inp, w, offsets, s, accumulate, true)
+		return
+	}
 	var v views[F]
 	const op = "ExpertsMatmulBackward"
 	j := getExpertsJob[F]()

@@ -427,3 +427,74 @@ func fp8Product(s tensor.MatmulShape, bs ...tensor.Buffer) bool {
 	}
 	return false
 }
+
+// fp8Experts reports whether the experts' grouped products take the FP8
+// path: an FP8 operand, or scale inverses given.
+func fp8Experts(s tensor.ExpertsShape, w []tensor.Buffer, bs ...tensor.Buffer) bool {
+	return fp8Product(tensor.MatmulShape{Scales: s.Scales}, bs...) || fp8Product(tensor.MatmulShape{}, w...)
+}
+
+// expertsFP8 is Kernels.ExpertsMatmul (back false: out) or
+// ExpertsMatmulBackward (back: dinp, dw, dout in out's place) with FP8
+// operands: each expert's product over its segment as matmulFP8 or
+// matmulBackwardFP8 runs it, with the grouped input's (or output
+// gradient's) scale inverse and the expert's weight's (ExpertsShape.Expert).
+// Each product shares the cores (Sgemm's split), one expert after another.
+func expertsFP8[F Float](dinp tensor.Buffer, dw []tensor.Buffer, out, inp tensor.Buffer, w []tensor.Buffer, offsets tensor.Buffer, s tensor.ExpertsShape, accumulate, back bool) {
+	var v views[F]
+	op := "ExpertsMatmul"
+	if back {
+		op = "ExpertsMatmulBackward"
+	}
+	off := v.segments(op, offsets, s)
+	switch {
+	case v.bad:
+		return
+	case back && len(dw) != len(w):
+		failOn(out, fmt.Errorf("cpu: %s: %d weight gradients for %d experts", op, len(dw), len(w)))
+		return
+	case s.Segment == 0 && len(off) <= len(w):
+		failOn(offsets, fmt.Errorf("cpu: %s: %d offsets for %d experts: want one more than the experts", op, len(off), len(w)))
+		return
+	}
+	if err := s.ExpertScalesShort(len(w)); err != nil {
+		failOn(s.Scales.Weight, fmt.Errorf("cpu: %s: %w", op, err))
+		return
+	}
+	rows := 0 // the rows the segments reach
+	for e := range w {
+		lo, hi := s.Span(off, e)
+		if lo < 0 || hi < lo {
+			failOn(out, fmt.Errorf("cpu: %s: expert %d's segment %d..%d", op, e, lo, hi))
+			return
+		}
+		rows = max(rows, hi)
+	}
+	outName, outW := "out", s.OC
+	if back {
+		outName = "dout"
+	}
+	dxLen := rows * s.C
+	if back && dinp.Len() > 0 {
+		dxLen = dinp.Len()
+	}
+	if !sized(op, out, size{outName, out.Len(), rows * outW}, size{"inp", inp.Len(), rows * s.C}, size{"dinp", dxLen, rows * s.C}) {
+		return
+	}
+	for e := range w {
+		lo, hi := s.Span(off, e)
+		if hi == lo {
+			continue
+		}
+		ms := s.Expert(e, hi-lo)
+		if back {
+			var dx tensor.Buffer
+			if dinp.Len() > 0 {
+				dx = dinp.Slice(lo*s.C, hi*s.C)
+			}
+			matmulBackwardFP8[F](dx, dw[e], out.Slice(lo*s.OC, hi*s.OC), inp.Slice(lo*s.C, hi*s.C), w[e], ms, accumulate)
+		} else {
+			matmulFP8[F](out.Slice(lo*s.OC, hi*s.OC), inp.Slice(lo*s.C, hi*s.C), w[e], ms, accumulate)
+		}
+	}
+}

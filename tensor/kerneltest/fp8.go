@@ -175,6 +175,68 @@ func fp8Cases() []kcase {
 	return cs
 }
 
+// expertsFP8Cases are the experts' grouped products on FP8 operands over
+// layout l's segments (routed by l: packed with or without dropped copies,
+// or padded): the grouped input (E4M3) and output gradient (E5M2, the hybrid
+// format, or E4M3) each under one scale, every expert's weight (E4M3) under
+// its own (ExpertsShape.Scales.Weight, one per expert), against the
+// reference's products of the values they stand for. An operand not FP8 is
+// F (the input, or the input and weights of a backward whose gradient alone
+// is FP8), widened.
+func expertsFP8Cases(l moeLayout) []kcase {
+	s := l.s
+	const OC = 12
+	// weights are the experts' weights: FP8 each under its own scale, or F.
+	weights := func(e *env, on, together bool) ([]tensor.Buffer, tensor.Buffer) {
+		if on {
+			return e.fp8Experts(s.E, OC*s.C, 0.3, together)
+		}
+		return e.experts(s.E, OC*s.C, together, func(n int) tensor.Buffer { return e.floats(n, 0.3) }), tensor.Buffer{}
+	}
+	var cs []kcase
+	cs = append(cs, variants("ExpertsMatmul FP8/"+l.name, []string{"e4m3 input", "e4m3 weights", "accumulate", "one allocation"}, func(on []bool) kcase {
+		if !on[0] && !on[1] {
+			return kcase{} // no FP8 operand: ExpertsMatmul's cases
+		}
+		return kcase{run: func(e *env) bufs {
+			m := route(e, s)
+			sh := m.experts(s.C, OC)
+			inp := m.xp
+			if on[0] {
+				inp, sh.Scales.Inp = e.fp8(s.Rows()*s.C, 1, tensor.E4M3)
+			}
+			w, wi := weights(e, on[1], on[3])
+			sh.Scales.Weight = wi
+			out := e.floats(s.Rows()*OC, 1)
+			e.k.ExpertsMatmul(out, inp, w, m.seg, sh, on[2])
+			return bufs{out}
+		}}
+	})...)
+	cs = append(cs, variants("ExpertsMatmulBackward FP8/"+l.name, []string{"e4m3 gradient", "f32 operands", "accumulate", "one allocation", "bf16 gradients"}, func(on []bool) kcase {
+		return kcase{tol: tolIf(on[4]), run: func(e *env) bufs {
+			m := route(e, s)
+			sh := m.experts(s.C, OC)
+			gf := tensor.E5M2
+			if on[0] {
+				gf = tensor.E4M3
+			}
+			inp := m.xp
+			if !on[1] {
+				inp, sh.Scales.Inp = e.fp8(s.Rows()*s.C, 1, tensor.E4M3)
+			}
+			w, wi := weights(e, !on[1], on[3])
+			sh.Scales.Weight = wi
+			dout, di := e.fp8(s.Rows()*OC, 1, gf)
+			sh.Scales.Dout = di
+			dw := e.experts(s.E, OC*s.C, on[3], func(n int) tensor.Buffer { return e.weight(n, 1, on[4]) })
+			dinp := e.floats(s.Rows()*s.C, 1)
+			e.k.ExpertsMatmulBackward(dinp, dw, dout, inp, w, m.seg, sh, on[2])
+			return append(bufs{dinp}, dw...)
+		}}
+	})...)
+	return cs
+}
+
 // refusal is a call a kernel set must refuse: run makes it on a fresh
 // memory, whose kept error then contains want (the words both backends use).
 type refusal struct {
@@ -216,6 +278,16 @@ func refusals() []refusal {
 		}},
 		{"quantize lengths", "want one length", func(k tensor.Backend, m tensor.Memory) {
 			k.Quantize(e4m3(m, 5), f32(m, 1), f32(m, 6), f32(m, 1))
+		}},
+		{"experts' weights with fewer scale inverses than experts", "2 weight scale inverses (ExpertsShape.Scales.Weight) for 3 experts", func(k tensor.Backend, m tensor.Memory) {
+			w := []tensor.Buffer{e4m3(m, 12), e4m3(m, 12), e4m3(m, 12)}
+			es := tensor.ExpertsShape{C: 3, OC: 4, Segment: 1, Scales: tensor.MatmulScales{Inp: f32(m, 1), Weight: f32(m, 2)}}
+			k.ExpertsMatmul(f32(m, 12), e4m3(m, 9), w, tensor.Buffer{}, es, false)
+		}},
+		{"FP8 experts' weights without their scale inverses", "without its scale inverse", func(k tensor.Backend, m tensor.Memory) {
+			w := []tensor.Buffer{e4m3(m, 12), e4m3(m, 12)}
+			es := tensor.ExpertsShape{C: 3, OC: 4, Segment: 1}
+			k.ExpertsMatmul(f32(m, 8), f32(m, 6), w, tensor.Buffer{}, es, false)
 		}},
 		{"scale inverse over the scale", "give them two buffers", func(k tensor.Backend, m tensor.Memory) {
 			sc := f32(m, 1)

@@ -224,7 +224,21 @@ func (e *env) weightOf(x []float64, bf16 bool) tensor.Buffer {
 // empty Buffer). Both sides' products so multiply the same values: they
 // differ by float32's rounding of the sums and of α, not by FP8's.
 func (e *env) fp8(n int, scale float64, f tensor.FP8Format) (vals, inv tensor.Buffer) {
-	x := e.draw(n, scale)
+	x, sInv := e.fp8Values(n, scale, f)
+	if e.f == tensor.Float64 {
+		return e.vals(x), tensor.Buffer{}
+	}
+	vals = e.m.Alloc(fp8DType(f), n)
+	e.m.Write(vals, x)
+	return vals, e.scalars(sInv)
+}
+
+// fp8Values draws n values and quantises them as fp8 does: on the backend
+// under test the codes' values (each exactly a value of the format, written
+// as its code) and their scale inverse; on the reference the values they
+// stand for (code value × scale inverse, exact in float64).
+func (e *env) fp8Values(n int, scale float64, f tensor.FP8Format) (x []float64, inv float64) {
+	x = e.draw(n, scale)
 	x32 := make([]float32, n)
 	for i, v := range x {
 		x32[i] = float32(v)
@@ -233,22 +247,45 @@ func (e *env) fp8(n int, scale float64, f tensor.FP8Format) (vals, inv tensor.Bu
 	codes := make([]uint8, n)
 	f.Quantize(codes, x32, s, true)
 	sInv := 1 / s
-	if e.f == tensor.Float64 {
-		for i, c := range codes {
-			x[i] = float64(f.Decode(c)) * float64(sInv)
-		}
-		return e.vals(x), tensor.Buffer{}
-	}
 	for i, c := range codes {
-		x[i] = float64(f.Decode(c)) // exactly a value of the format: written as its code
+		x[i] = float64(f.Decode(c))
+		if e.f == tensor.Float64 {
+			x[i] *= float64(sInv)
+		}
 	}
-	t := tensor.Float8E4M3
+	return x, float64(sInv)
+}
+
+// fp8DType is the dtype of format f's codes.
+func fp8DType(f tensor.FP8Format) tensor.DType {
 	if f == tensor.E5M2 {
-		t = tensor.Float8E5M2
+		return tensor.Float8E5M2
 	}
-	vals = e.m.Alloc(t, n)
-	e.m.Write(vals, x)
-	return vals, e.scalars(float64(sInv))
+	return tensor.Float8E4M3
+}
+
+// fp8Experts is E experts' weights of n values each in E4M3, each
+// quantised under its own current scaling (fp8's rule: one scale per
+// expert), laid out as experts lays them (apart, or slices of one
+// allocation), and their E scale inverses in one f32 buffer (the
+// ExpertsShape.Scales.Weight the grouped products take; the empty Buffer on
+// the reference, which holds the dequantised values).
+func (e *env) fp8Experts(E, n int, scale float64, together bool) (w []tensor.Buffer, inv tensor.Buffer) {
+	t := tensor.Float8E4M3
+	if e.f == tensor.Float64 {
+		t = tensor.Float64
+	}
+	w = e.experts(E, n, together, func(n int) tensor.Buffer { return e.m.Alloc(t, n) })
+	invs := make([]float64, E)
+	for i, b := range w {
+		var x []float64
+		x, invs[i] = e.fp8Values(n, scale, tensor.E4M3)
+		e.m.Write(b, x)
+	}
+	if e.f == tensor.Float64 {
+		return w, tensor.Buffer{}
+	}
+	return w, e.scalars(invs...)
 }
 
 // scalars is an f32 buffer holding x (scales and scale inverses: f32 on

@@ -223,6 +223,7 @@ func moeCases() []kcase {
 				return append(bufs{dinp}, dw...)
 			}}
 		})...)
+		add(expertsFP8Cases(l)...)
 		add(kcase{name: "ExpertsSwiGLU/" + l.name, run: func(e *env) bufs {
 			m := route(e, s)
 			const W = 12

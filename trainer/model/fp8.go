@@ -30,8 +30,9 @@ import (
 // plan counts these buffers in scratch (parallel/memory.go).
 //
 // What stays as it was (bf16 products, or fp32 without precision.bf16): the
-// embedding, the output head, the norms, attention, an MoE layer's router
-// and experts (routed and shared), and the layers outside First..Last−1.
+// embedding, the output head, the norms, attention, an MoE layer's router,
+// its experts (routed and shared) unless FP8.Experts (fp8experts.go), and the
+// layers outside First..Last−1.
 
 // FP8 is the model's FP8 compute (WithFP8).
 type FP8 struct {
@@ -41,6 +42,9 @@ type FP8 struct {
 	// First and Last bound the layers that compute in FP8: First..Last−1
 	// (the recipe's first and last layers kept in bf16 lie outside).
 	First, Last int
+	// Experts computes the MoE layers' expert products (routed and shared)
+	// in FP8 too (fp8experts.go).
+	Experts bool
 }
 
 // WithFP8 computes the linear products of layers f.First..f.Last−1 in FP8
@@ -60,7 +64,8 @@ type fp8State struct {
 	// x, w and d are the codes of a product's input (E4M3), weight (E4M3)
 	// and output gradient (f.Grad); inv their scale inverses (f32, one each:
 	// inv[0] x's, inv[1] w's, inv[2] d's) beside the scale Quantize reads
-	// (inv[3]), in one buffer; amax is the f64 slot Amax writes.
+	// (inv[3]), then one per local expert's weight with FP8 experts (inv[4:],
+	// fp8experts.go), in one buffer; amax is the f64 slot Amax writes.
 	x, w, d   tensor.Buffer
 	inv, amax tensor.Buffer
 }
@@ -104,6 +109,7 @@ func (m *Model[F]) allocFP8() {
 		if !m.Cfg.IsMoELayer(l) {
 			x, w, d = max(x, BT*FF), max(w, FF*C), max(d, BT*FF)
 		}
+		x, w, d = m.fp8ExpertSizes(l, x, w, d)
 	}
 	if x == 0 {
 		m.fp8 = nil // no layer computes in FP8: nothing to hold
@@ -115,7 +121,7 @@ func (m *Model[F]) allocFP8() {
 		dt = tensor.Float8E5M2
 	}
 	p.d = m.mem.Alloc(dt, d)
-	p.inv, p.amax = m.mem.Alloc(tensor.Float32, 4), m.mem.Alloc(tensor.Float64, 1)
+	p.inv, p.amax = m.mem.Alloc(tensor.Float32, 4+m.fp8ExpertScales()), m.mem.Alloc(tensor.Float64, 1)
 }
 
 // fp8Buffers are the FP8 buffers (ScratchBytes counts them).

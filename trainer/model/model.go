@@ -110,6 +110,7 @@ type Model[F tensor.Float] struct {
 		moeDlogits, moeDprobs, moeDgates, moeDy, moeDx, moeDh, moeDg, moeDu, moeSh, moeSg, moeSu tensor.Buffer
 		moeRecv, moeYloc                                                                         tensor.Buffer      // the exchange's arrival-order rows and local-order outputs (their gradients in backward), every layer's
 		expertW, expertG                                                                         [3][]tensor.Buffer // the routed experts' buffers, as the grouped kernels take them
+		expertQ                                                                                  []tensor.Buffer    // the routed experts' FP8 weights' views (fp8experts.go)
 	}
 }
 

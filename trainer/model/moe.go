@@ -219,6 +219,7 @@ func (m *Model[F]) moeForward(l int, out, x tensor.Buffer, p moeParams[tensor.Bu
 	be.Matmul(a.logits, x, p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, false)
 	s := moeShape(c, BT, m.ep.Size)
 	be.Router(a.probs, a.gates, a.logits, m.routing(p, a), s)
+	m.clearDropped(l, a.x)
 	be.Dispatch(a.x, x, a.rt, s)
 	if c.MoE.ScoreBeforeExpert {
 		be.ScaleCopies(a.x, a.gates, a.rt, s) // Llama 4: the expert sees gate·x
@@ -239,13 +240,13 @@ func (m *Model[F]) moeForward(l int, out, x tensor.Buffer, p moeParams[tensor.Bu
 		sc := &m.scratch
 		m.epRegroup(a, a.xloc, sc.moeRecv, true)
 		m.expertIn(a.xs, a.xloc, 0, a.total*C, true)
-		m.expertsForward(p, a, a.xloc, sc.moeYloc, a.localOffB, m.localSegment(s), a.total)
+		m.expertsForward(l, p, a, a.xloc, sc.moeYloc, a.localOffB, m.localSegment(s), a.total)
 		m.epRegroup(a, sc.moeYloc, sc.moeRecv, false) // back to arrival order, reusing the receive buffer
 		m.a2a(a.y.Slice(0, a.n*C), sc.moeRecv.Slice(0, a.total*C), a.recvEl, a.sendEl)
 	} else {
 		m.expertIn(a.xs, a.x, 0, a.n*C, true)
 		off, seg := m.segments(a, s)
-		m.expertsForward(p, a, a.x, a.y, off, seg, a.n)
+		m.expertsForward(l, p, a, a.x, a.y, off, seg, a.n)
 	}
 	be.Combine(out, a.y, m.combineGates(a), a.rt, s)
 	if len(p.shared) > 0 {
@@ -253,10 +254,11 @@ func (m *Model[F]) moeForward(l int, out, x tensor.Buffer, p moeParams[tensor.Bu
 		// ffn columns, the outputs reduce-scattered into the rank's rows.
 		xs, rows, SF := m.gather(x), m.B*m.T, c.MoE.ExpertFFNHidden/m.tpSize()
 		for s, w := range p.shared {
-			be.Matmul(a.sgate[s], xs, w[0], tensor.MatmulShape{BT: rows, C: C, OC: SF}, false)
-			be.Matmul(a.sup[s], xs, w[1], tensor.MatmulShape{BT: rows, C: C, OC: SF}, false)
+			xq := m.sharedInput(l, xs) // again for each expert: its down projection's input takes the FP8 copy
+			m.sharedMatmul(l, a.sgate[s], xq, w[0], tensor.MatmulShape{BT: rows, C: C, OC: SF}, false)
+			m.sharedMatmul(l, a.sup[s], xq, w[1], tensor.MatmulShape{BT: rows, C: C, OC: SF}, false)
 			be.SwiGLU(a.ssw[s], a.sgate[s], a.sup[s], rows*SF)
-			m.rowParallel(out, a.ssw[s], w[2], SF)
+			m.sharedRowProduct(l, out, a.ssw[s], w[2], SF)
 		}
 	}
 	// Load-balancing loss, over the micro-batch's whole sequences when context or
@@ -281,17 +283,19 @@ func (m *Model[F]) routedTokens(a *moeActs[F]) int {
 	return m.rows() * g
 }
 
-// expertsForward runs the local experts' SwiGLU over their segments of xin (rows
-// offsets[e]..offsets[e+1], of the rows the buffers span; e·seg.. when seg, the
-// static segments, is set) into yout.
-func (m *Model[F]) expertsForward(p moeParams[tensor.Buffer], a *moeActs[F], xin, yout, offsets tensor.Buffer, seg, rows int) {
+// expertsForward runs layer l's local experts' SwiGLU over their segments of
+// xin (rows offsets[e]..offsets[e+1], of the rows the buffers span; e·seg..
+// when seg, the static segments, is set) into yout.
+func (m *Model[F]) expertsForward(l int, p moeParams[tensor.Buffer], a *moeActs[F], xin, yout, offsets tensor.Buffer, seg, rows int) {
 	be, C, EF := m.be, m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden
 	w := m.expertWeights(p)
-	xs := m.expertIn(a.xs, xin, 0, rows*C, false)
-	be.ExpertsMatmul(a.gate, xs, w[0], offsets, tensor.ExpertsShape{C: C, OC: EF, Segment: seg}, false)
-	be.ExpertsMatmul(a.up, xs, w[1], offsets, tensor.ExpertsShape{C: C, OC: EF, Segment: seg}, false)
+	xs := m.expertsInput(l, m.expertIn(a.xs, xin, 0, rows*C, false))
+	m.expertsMatmul(l, a.gate, xs, w[0], offsets, tensor.ExpertsShape{C: C, OC: EF, Segment: seg}, false)
+	m.expertsMatmul(l, a.up, xs, w[1], offsets, tensor.ExpertsShape{C: C, OC: EF, Segment: seg}, false)
+	m.clearDropped(l, a.sw)
 	be.ExpertsSwiGLU(a.sw, a.gate, a.up, offsets, EF)
-	be.ExpertsMatmul(yout, m.expertIn(a.sws, a.sw, 0, rows*EF, true), w[2], offsets, tensor.ExpertsShape{C: EF, OC: C, Segment: seg}, false)
+	sw := m.expertsInput(l, m.expertIn(a.sws, a.sw, 0, rows*EF, true))
+	m.expertsMatmul(l, yout, sw, w[2], offsets, tensor.ExpertsShape{C: EF, OC: C, Segment: seg}, false)
 }
 
 // expertWeights lists the routed experts' w1, w3 and w2 as the grouped kernels
@@ -387,6 +391,7 @@ func (m *Model[F]) growExchange(a *moeActs[F], rows int) {
 	if rows*C > s.moeRecv.Len() {
 		m.regrow(rows*C, &s.moeRecv, &s.moeYloc)
 	}
+	m.growFP8Experts(rows)
 	if rows*EF > s.moeDh.Len() {
 		m.regrow(rows*EF, &s.moeDh, &s.moeDg, &s.moeDu)
 	}
@@ -447,6 +452,7 @@ func (m *Model[F]) moeBackward(l int, dx, dout, x tensor.Buffer, p moeParams[ten
 	// The gates' gradient comes from the combination, or, when each token was
 	// scaled before its expert, from the experts' input gradient: the router's
 	// backward follows the experts' then.
+	m.clearDropped(l, dy)
 	be.CombineBackward(dy, dgates, dout, a.y, m.combineGates(a), a.rt, sh)
 	if m.load != nil {
 		// The layer's kept copies per expert (its forward's statistics, over the
@@ -470,12 +476,12 @@ func (m *Model[F]) moeBackward(l int, dx, dout, x tensor.Buffer, p moeParams[ten
 		dxloc := dyloc
 		m.a2a(dyin, dy, a.sendEl, a.recvEl)
 		m.epRegroup(a, dyloc, dyin, true)
-		m.expertsBackward(p, g, a, dyloc, a.xloc, dxloc, a.localOffB, m.localSegment(sh), R)
+		m.expertsBackward(l, p, g, a, dyloc, a.xloc, dxloc, a.localOffB, m.localSegment(sh), R)
 		m.epRegroup(a, dxloc, dyin, false)
 		m.a2a(dxp, dyin, a.recvEl, a.sendEl)
 	} else {
 		off, seg := m.segments(a, sh)
-		m.expertsBackward(p, g, a, dy, a.x, dxp, off, seg, a.n)
+		m.expertsBackward(l, p, g, a, dy, a.x, dxp, off, seg, a.n)
 	}
 	if before {
 		be.ScaleCopiesBackward(dgates, dxp, x, a.gates, a.rt, sh)
@@ -491,12 +497,13 @@ func (m *Model[F]) moeBackward(l int, dx, dout, x tensor.Buffer, p moeParams[ten
 	for sIdx, w := range p.shared {
 		gw := g.shared[sIdx]
 		h, hg, hu := s.moeSh.Slice(0, rows*SF), s.moeSg.Slice(0, rows*SF), s.moeSu.Slice(0, rows*SF)
-		be.MatmulBackward(h, gw[2], dfull, a.ssw[sIdx], w[2], tensor.MatmulShape{BT: rows, C: SF, OC: C}, false)
+		m.sharedMatmulBackward(l, h, gw[2], dfull, m.sharedInput(l, a.ssw[sIdx]), w[2], tensor.MatmulShape{BT: rows, C: SF, OC: C}, false)
 		be.SwiGLUBackward(hg, hu, h, a.sgate[sIdx], a.sup[sIdx], rows*SF, false)
 		// Into dx itself without tensor parallelism; into the all-rows partial sum
 		// (started afresh by the first shared expert) with it.
-		be.MatmulBackward(dxf, gw[0], hg, xs, w[0], tensor.MatmulShape{BT: rows, C: C, OC: SF}, m.tp == nil || sIdx > 0)
-		be.MatmulBackward(dxf, gw[1], hu, xs, w[1], tensor.MatmulShape{BT: rows, C: C, OC: SF}, true)
+		xq := m.sharedInput(l, xs)
+		m.sharedMatmulBackward(l, dxf, gw[0], hg, xq, w[0], tensor.MatmulShape{BT: rows, C: C, OC: SF}, m.tp == nil || sIdx > 0)
+		m.sharedMatmulBackward(l, dxf, gw[1], hu, xq, w[1], tensor.MatmulShape{BT: rows, C: C, OC: SF}, true)
 	}
 	if tp := m.tp; tp != nil {
 		m.tpErr("reduce-scatter", tp.Comm.ReduceScatter(tp.red, tp.px))
@@ -534,20 +541,23 @@ func (m *Model[F]) routerBackward(dx, x tensor.Buffer, p, g moeParams[tensor.Buf
 	}
 }
 
-// expertsBackward runs the local experts' backward over their segments: dy and
+// expertsBackward runs layer l's local experts' backward over their segments: dy and
 // xin are the output gradients and inputs (rows offsets[e]..offsets[e+1], of the
 // rows the buffers span; e·seg.. when seg is set); the input gradients go to dxin
 // (overwritten in the segments) and the weight gradients accumulate. dxin may
 // be dy: dy is read by the first product only, before dxin is written.
-func (m *Model[F]) expertsBackward(p moeParams[tensor.Buffer], g moeParams[tensor.Buffer], a *moeActs[F], dy, xin, dxin, offsets tensor.Buffer, seg, rows int) {
+func (m *Model[F]) expertsBackward(l int, p moeParams[tensor.Buffer], g moeParams[tensor.Buffer], a *moeActs[F], dy, xin, dxin, offsets tensor.Buffer, seg, rows int) {
 	be, C, EF, s := m.be, m.Cfg.Hidden, m.Cfg.MoE.ExpertFFNHidden, &m.scratch
 	dsw, dga, dup := s.moeDh.Slice(0, rows*EF), s.moeDg.Slice(0, rows*EF), s.moeDu.Slice(0, rows*EF)
 	w, gw := m.expertWeights(p), m.expertGrads(g)
-	be.ExpertsMatmulBackward(dsw, gw[2], dy, m.expertIn(a.sws, a.sw, 0, rows*EF, false), w[2], offsets, tensor.ExpertsShape{C: EF, OC: C, Segment: seg}, false)
+	sw := m.expertsInput(l, m.expertIn(a.sws, a.sw, 0, rows*EF, false))
+	m.expertsMatmulBackward(l, dsw, gw[2], dy, sw, w[2], offsets, tensor.ExpertsShape{C: EF, OC: C, Segment: seg}, false)
+	m.clearDropped(l, dga)
+	m.clearDropped(l, dup)
 	be.ExpertsSwiGLUBackward(dga, dup, dsw, a.gate, a.up, offsets, EF, false)
-	xs := m.expertIn(a.xs, xin, 0, rows*C, false)
-	be.ExpertsMatmulBackward(dxin, gw[0], dga, xs, w[0], offsets, tensor.ExpertsShape{C: C, OC: EF, Segment: seg}, false)
-	be.ExpertsMatmulBackward(dxin, gw[1], dup, xs, w[1], offsets, tensor.ExpertsShape{C: C, OC: EF, Segment: seg}, true)
+	xs := m.expertsInput(l, m.expertIn(a.xs, xin, 0, rows*C, false))
+	m.expertsMatmulBackward(l, dxin, gw[0], dga, xs, w[0], offsets, tensor.ExpertsShape{C: C, OC: EF, Segment: seg}, false)
+	m.expertsMatmulBackward(l, dxin, gw[1], dup, xs, w[1], offsets, tensor.ExpertsShape{C: C, OC: EF, Segment: seg}, true)
 }
 
 // ExpertLoads is the buffer (f32, E per MoE layer, in layer order) where the
