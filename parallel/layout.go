@@ -34,7 +34,7 @@ type Group struct {
 	// FP8Weight), E4M3 codes a byte each, sharded over dp×cp as the dense group.
 	FP8   bool
 	Dtype string // compute dtype of the buffer: "bf16", "fp32", or "e4m3" (FP8)
-	Axis   Axis   // AxisDPCP or AxisEDP
+	Axis  Axis   // AxisDPCP or AxisEDP
 	// Shards is how many ways the buffer is split: the group's size, or 1 under
 	// no_shard.
 	Shards int
