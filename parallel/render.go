@@ -131,8 +131,12 @@ func (p *Plan) WriteTable(w io.Writer) error {
 			FormatBytes(p.MoEDispatchWorst), FormatBytes(p.MemoryWorstTotal), 100*float64(p.MemoryWorstTotal)/float64(t.Device.MemoryBytes))
 	}
 	if u := p.Buffers; u.Gather+u.Reduce > 0 {
-		fmt.Fprintf(&b, "  (FSDP buffer arenas: gather %s, gradient %s elements; the largest unit %s)\n",
-			formatCount(u.Gather), formatCount(u.Reduce), formatCount(u.Largest))
+		fp8 := ""
+		if u.GatherFP8 > 0 {
+			fp8 = fmt.Sprintf(", FP8 gather %s", formatCount(u.GatherFP8))
+		}
+		fmt.Fprintf(&b, "  (FSDP buffer arenas: gather %s%s, gradient %s elements; the largest unit %s)\n",
+			formatCount(u.Gather), fp8, formatCount(u.Reduce), formatCount(u.Largest))
 	}
 	if st := p.Buffers.Stage; st.Wire+st.Part > 0 {
 		dt := "fp32"
