@@ -106,7 +106,7 @@ func (s *state) quantizeFP8() error {
 	}
 	p, R := s.plan, f.ranks
 	s.mem.Zero(f.amaxes)
-	var group int = -1 // an FP8 group sharded over R ranks: its communicator sums the amaxes
+	group := -1 // an FP8 group sharded over R ranks: its communicator sums the amaxes
 	for gi := range p.Groups {
 		if !p.Groups[gi].FP8 {
 			continue
