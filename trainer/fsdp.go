@@ -57,8 +57,9 @@ type unitRuntime struct {
 	// Buffers: weight and gradient buffers are carved from two arenas of the sizes
 	// the plan computed by running these rules (parallel.UnitBuffers), made before
 	// the first step, so a step allocates nothing. woff is each gathered unit's
-	// offset in its arena. Gathered weights are in the compute dtype: wpool's
-	// arena is fp32, or bf16 in a bf16 run.
+	// offset in its arena (w8off in w8pool's). Gathered weights are in the
+	// compute dtype, wpool's arena fp32, or bf16 in a bf16 run, beside FP8
+	// compute weights' codes in w8pool's (E4M3, empty without them).
 	wpool, w8pool, gpool *unitPool
 	woff, w8off, goff    []int64
 	stream               *comm.Stream
