@@ -138,7 +138,7 @@ func TestRanksOnTheirGPUs(t *testing.T) {
 	// TestEngineOnGPUMatchesCPU trains the rest of the matrix on the emulator
 	// too, and SHARDLINE_EMU_FULL=1 (make test-emu-full) runs every case here.
 	emuFull := !cuda.Emulated || os.Getenv("SHARDLINE_EMU_FULL") == "1"
-	onEmu := map[string]bool{"tiny": true, "tiny optim_grads": true, "tiny with NCCL user buffers": true, "tiny bf16": true, "moe-tiny": true, "tiny fp8 param_gather": true}
+	onEmu := map[string]bool{"tiny": true, "tiny optim_grads": true, "tiny with NCCL user buffers": true, "tiny bf16": true, "moe-tiny": true}
 	for _, tc := range []struct {
 		name, recipe string
 		tol          float64
@@ -163,6 +163,10 @@ func TestRanksOnTheirGPUs(t *testing.T) {
 		// E4M3 codes all-gathered over NCCL (ncclUint8), as bf16 otherwise;
 		// FP8's tolerance against the CPU (trainer's fp8Tol: a code now and
 		// then one step apart where the bf16 values it reads differ).
+		// Measured 2.0e-5, held equal to the plan. On the emulator in make
+		// test-emu-full (40 s): make test has the byte all-gather over the
+		// emulator's NCCL (cuda's TestNCCLManyGPUs) and the run staged
+		// (trainer's TestEngineOnGPUMatchesCPU).
 		{"tiny fp8 param_gather", "tiny", 5e-3, []string{"precision.bf16=true", "fsdp.grad_reduce_in_bf16=true", "precision.fp8.format=hybrid",
 			"precision.fp8.recipe=tensorwise", "precision.fp8.param_gather=true"}, nil},
 	} {
