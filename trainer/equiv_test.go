@@ -315,6 +315,8 @@ func TestUnitBuffersFollowThePlan(t *testing.T) {
 		"fp8 param_gather":              fp8GatherSets,
 		"fp8 param_gather, no overlap":  append(append([]string{}, off...), fp8GatherSets...),
 		"fp8 param_gather, optim_grads": append([]string{"fsdp.data_parallel_sharding_strategy=optim_grads"}, fp8GatherSets...),
+		// MoE layers' attention weights in FP8 beside bf16 experts on edp.
+		"fp8 param_gather, moe ep 2": append(append([]string{"precision.fp8.experts=false"}, moe...), fp8GatherSets...),
 		// The reduction's staging is counted with the buffers, under every
 		// strategy that reduces (optim's bf16 gradients are reduce-scattered
 		// in place: none).
