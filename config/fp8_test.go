@@ -12,7 +12,8 @@ import (
 // precision.fp8 key (they are the keys' flags), --fp8-interval (ignored by
 // Megatron) is a note, and the import has no error; lint then notes that run
 // refuses what the engine does not build of it (SL114: delayed scaling, bf16
-// weight gradients, FP8 all-gathers) and nothing else about it.
+// weight gradients, FP8 all-gathers under delayed scaling) and nothing else
+// about it.
 func TestImportMegatronFP8(t *testing.T) {
 	src := "torchrun pretrain_gpt.py " + llamaArgs + " --bf16 --use-megatron-fsdp --use-distributed-optimizer --no-gradient-accumulation-fusion --ckpt-format fsdp_dtensor" +
 		" --data-parallel-sharding-strategy optim_grads_params --num-layers 4" +
@@ -144,7 +145,6 @@ func TestFP8RunRefuses(t *testing.T) {
 	}{
 		{"precision.fp8.recipe", "delayed scaling", `recipe = "tensorwise"`, func(r *Recipe) { r.Precision.FP8.Recipe = "delayed" }},
 		{"precision.fp8.wgrad", "weight-gradient products in bf16", "wgrad = true", func(r *Recipe) { r.Precision.FP8.Wgrad = false }},
-		{"precision.fp8.param_gather", "FP8 all-gather are not built", "param_gather = false", func(r *Recipe) { r.Precision.FP8.ParamGather = true }},
 		{"precision.fp8.head_bf16", "output head", "head_bf16 = true", func(r *Recipe) { r.Precision.FP8.HeadBF16 = false }},
 		{"precision.fp8.router_bf16", "router", "router_bf16 = true", func(r *Recipe) {
 			r.Model.MoE.NumExperts, r.Model.MoE.TopK, r.Precision.FP8.Experts, r.Precision.FP8.RouterBF16 = 4, 2, false, false
@@ -158,6 +158,17 @@ func TestFP8RunRefuses(t *testing.T) {
 		require.Contains(t, un[0].Why, c.why, c.key)
 		require.Contains(t, un[0].Fix, c.fix, c.key)
 	}
+	// FP8 compute weights gathered as FP8: built under tensorwise scaling,
+	// refused (beside delayed scaling itself) under delayed.
+	pg := r
+	pg.Precision.FP8.ParamGather = true
+	require.Empty(t, NotExecuted(&pg), "param_gather, tensorwise: built")
+	pg.Precision.FP8.Recipe = "delayed"
+	un := NotExecuted(&pg)
+	require.Len(t, un, 2)
+	require.Equal(t, []string{"precision.fp8.recipe", "precision.fp8.param_gather"}, []string{un[0].Key, un[1].Key})
+	require.Contains(t, un[1].Why, "amax histories")
+	require.Contains(t, un[1].Fix, `set recipe = "tensorwise", or param_gather = false`)
 	moe := r
 	moe.Model.MoE.NumExperts, moe.Model.MoE.TopK, moe.Precision.FP8.Experts = 4, 2, false
 	require.Empty(t, NotExecuted(&moe), "MoE layers with the experts in bf16: built")

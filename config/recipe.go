@@ -412,10 +412,14 @@ type FP8 struct {
 	// The weight-gradient products (activationsᵀ·output gradients) in FP8 too;
 	// false computes them in bf16 (Megatron's --no-fp8-wgrad).
 	Wgrad bool `toml:"wgrad" negflag:"no-fp8-wgrad"`
-	// Keep the compute weights in FP8 (one byte a value, with their scales)
-	// and all-gather them in FP8 under FSDP, halving gathered units and
-	// all-gather traffic against bf16 (Megatron's --fp8-param-gather,
-	// torchtitan's enable_fsdp_float8_all_gather). Needs a sharded strategy.
+	// Keep the FP8 products' weights (q, k, v, o and the dense MLPs' w1, w3,
+	// w2 of the FP8 layers) as FP8 compute weights, one byte a value with one
+	// scale per tensor (the whole tensor's amax), quantised from the fp32
+	// main weights after each optimizer step, and all-gather them in FP8
+	// under FSDP: half those weights' all-gather bytes and gathered-unit
+	// memory against bf16 (Megatron's --fp8-param-gather, torchtitan's
+	// enable_fsdp_float8_all_gather). Needs a sharded strategy and recipe =
+	// "tensorwise".
 	ParamGather bool `toml:"param_gather" flag:"fp8-param-gather"`
 	// Keep the first layers_at_start_in_bf16 and the last
 	// layers_at_end_in_bf16 transformer layers in bf16 (Megatron's

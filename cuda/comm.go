@@ -15,6 +15,7 @@ const UniqueIDBytes = 128
 
 // NCCL's data types (ncclDataType_t).
 const (
+	ncclUint8    = 1
 	ncclInt32    = 2
 	ncclFloat32  = 7
 	ncclFloat64  = 8
@@ -98,6 +99,8 @@ func ncclType(t DType) (int, error) {
 		return ncclInt32, nil
 	case F64:
 		return ncclFloat64, nil
+	case F8E4M3, F8E5M2:
+		return ncclUint8, nil // codes, which only all-gathers and broadcasts move
 	}
 	return 0, fmt.Errorf("no NCCL type for %s", t)
 }
@@ -138,6 +141,9 @@ func (c *Comm) AllGather(dst, src Buffer) error {
 // from theirs by a few units in the last place.
 func (c *Comm) ReduceScatter(dst, src Buffer) error {
 	t, err := c.operands("reduce-scatter", dst, src, dst.N, c.size*dst.N)
+	if err == nil && t == ncclUint8 {
+		err = fmt.Errorf("cuda: NCCL reduce-scatter of %s codes: FP8 codes are gathered, never summed", dst.DType)
+	}
 	if err != nil || dst.N == 0 {
 		return err
 	}
@@ -147,6 +153,9 @@ func (c *Comm) ReduceScatter(dst, src Buffer) error {
 // AllReduce sums buf over the ranks, in place.
 func (c *Comm) AllReduce(buf Buffer) error {
 	t, err := c.operands("all-reduce", buf, buf, buf.N, buf.N)
+	if err == nil && t == ncclUint8 {
+		err = fmt.Errorf("cuda: NCCL all-reduce of %s codes: FP8 codes are gathered, never summed", buf.DType)
+	}
 	if err != nil || buf.N == 0 {
 		return err
 	}

@@ -56,8 +56,8 @@ func (g *Group) f32Only(op string, xs ...tensor.Buffer) error {
 	return nil
 }
 
-// AllGather sets dst (Size·len(src)) to every rank's src in rank order: f32
-// or bf16 buffers of one dtype.
+// AllGather sets dst (Size·len(src)) to every rank's src in rank order: f32,
+// bf16 or FP8 buffers of one dtype (FP8 codes move as bytes, ncclUint8).
 func (g *Group) AllGather(dst, src tensor.Buffer) (err error) {
 	g.m.d.run(func() { err = g.allGather(dst, src) })
 	return err

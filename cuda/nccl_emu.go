@@ -254,6 +254,8 @@ func emuType(t int) DType {
 		return BF16
 	case ncclFloat64:
 		return F64
+	case ncclUint8:
+		return F8E4M3 // bytes: FP8 codes of either format
 	}
 	return F32
 }

@@ -165,6 +165,62 @@ func checkCollectives(t *testing.T, devs []*Device, comms []*Comm) {
 			return near(fmt.Sprintf("%s reduce-scatter", dt), download(d, dst), roundTo(dt, want), map[DType]float64{F32: 1e-6, BF16: 8e-3}[dt])
 		})
 	}
+	// FP8 codes all-gather as bytes (ncclUint8), every one of the 256 codes
+	// unchanged in both formats; they are never summed.
+	for _, dt := range []DType{F8E4M3, F8E5M2} {
+		onRanks(t, devs, comms, func(r int, d *Device, c *Comm) error {
+			codes := func(q int) []tensor.F8E4M3 {
+				x := make([]tensor.F8E4M3, 256)
+				for i := range x {
+					x[i] = tensor.F8E4M3(uint8(i + 85*q))
+				}
+				return x
+			}
+			src, err := d.Alloc(dt, 256)
+			if err != nil {
+				return err
+			}
+			dst, err := d.Alloc(dt, n*256)
+			if err != nil {
+				return err
+			}
+			defer d.Free(src)
+			defer d.Free(dst)
+			if dt == F8E5M2 {
+				e := make([]tensor.F8E5M2, 256)
+				for i, x := range codes(r) {
+					e[i] = tensor.F8E5M2(x)
+				}
+				d.Upload(src, e)
+			} else {
+				d.Upload(src, codes(r))
+			}
+			if err := c.AllGather(dst, src); err != nil {
+				return err
+			}
+			got := make([]tensor.F8E4M3, n*256)
+			if dt == F8E5M2 {
+				e := make([]tensor.F8E5M2, n*256)
+				d.Download(e, dst)
+				for i, x := range e {
+					got[i] = tensor.F8E4M3(x)
+				}
+			} else {
+				d.Download(got, dst)
+			}
+			for q := 0; q < n; q++ {
+				for i, x := range codes(q) {
+					if got[q*256+i] != x {
+						return fmt.Errorf("%s all-gather: rank %d's code %d is %#x, want %#x", dt, q, i, got[q*256+i], x)
+					}
+				}
+			}
+			if err := c.ReduceScatter(src.Slice(0, 2), dst.Slice(0, 2*n)); err == nil || !strings.Contains(err.Error(), "never summed") {
+				return fmt.Errorf("%s reduce-scatter: %v, want a refusal", dt, err)
+			}
+			return nil
+		})
+	}
 	onRanks(t, devs, comms, func(r int, d *Device, c *Comm) error {
 		buf := upload(d, F32, rankValues(r, L))
 		defer d.Free(buf)

@@ -34,21 +34,25 @@ func Blocks(cfg config.Model, table []Param) [][]int {
 	return blocks
 }
 
-// UnitBuffers are the FSDP runtime's transient buffers, two arenas the runtime
+// UnitBuffers are the FSDP runtime's transient buffers, arenas the runtime
 // carves unit buffers from (Arena, first fit): Gather holds all-gathered unit
-// weights (optim_grads_params), Reduce a unit's gradients until its reduce-scatter
-// has run (optim_grads and optim_grads_params). Their sizes, in elements, are
-// what the runtime's requests over a forward and a backward pass reach
-// (bufferPeaks). The trainer makes them before the first step, so a step
-// allocates none.
+// weights in the compute dtype (optim_grads_params), GatherFP8 their FP8
+// compute weights (precision.fp8.param_gather: E4M3 codes, a byte each),
+// Reduce a unit's gradients until its reduce-scatter has run (optim_grads and
+// optim_grads_params). Their sizes, in elements, are what the runtime's
+// requests over a forward and a backward pass reach (bufferPeaks). The
+// trainer makes them before the first step, so a step allocates none.
 type UnitBuffers struct {
-	Largest int64 `json:"largest_unit"` // the largest sharded unit's elements
-	Gather  int64 `json:"gather_elems"`
-	Reduce  int64 `json:"reduce_elems"`
-	// GatherSlot and ReduceSlot are each arena's slot size (Arena): the largest
-	// unit where slots make the arena smaller, else 0.
-	GatherSlot int64 `json:"gather_slot"`
-	ReduceSlot int64 `json:"reduce_slot"`
+	Largest   int64 `json:"largest_unit"` // the largest sharded unit's elements
+	Gather    int64 `json:"gather_elems"`
+	GatherFP8 int64 `json:"gather_fp8_elems,omitempty"`
+	Reduce    int64 `json:"reduce_elems"`
+	// GatherSlot, GatherFP8Slot and ReduceSlot are each arena's slot size
+	// (Arena): the largest request it takes where slots make the arena
+	// smaller, else 0.
+	GatherSlot    int64 `json:"gather_slot"`
+	GatherFP8Slot int64 `json:"gather_fp8_slot,omitempty"`
+	ReduceSlot    int64 `json:"reduce_slot"`
 	// Stage is the reduction's staging (ReduceStage).
 	Stage ReduceStage `json:"reduce_stage"`
 }
@@ -109,9 +113,12 @@ func reduceStage(r *config.Recipe, p *Plan, engine bool) ReduceStage {
 }
 
 // unitBuffers sizes the runtime's arenas, each by plain first fit or in slots of
-// the largest unit, whichever needs less; with fsdp_double_buffer the gather
-// arena holds at least two of the largest unit.
-func unitBuffers(r *config.Recipe, p *Plan, unitFull []int64) UnitBuffers {
+// the largest request it takes, whichever needs less; with fsdp_double_buffer
+// the gather arenas hold at least two of their largest request. unitFull is
+// each unit's sharded elements, unitFP8 the FP8 groups' part of them: a
+// unit's gradients take unitFull, its gathered weights the rest in the
+// compute dtype and unitFP8 in FP8.
+func unitBuffers(r *config.Recipe, p *Plan, unitFull, unitFP8 []int64) UnitBuffers {
 	var b UnitBuffers
 	for _, n := range unitFull {
 		b.Largest = max(b.Largest, n)
@@ -122,20 +129,40 @@ func unitBuffers(r *config.Recipe, p *Plan, unitFull []int64) UnitBuffers {
 	}
 	weights := p.Sharding.Params
 	blocks := Blocks(r.Model, p.Params)
-	peaks := func(slot int64) (int64, int64) {
-		return bufferPeaks(blocks, unitFull, weights, weights && f.OverlapParamGather, f.OverlapGradReduce, 4*f.SuggestedCommunicationUnitSize, slot)
+	unitW := make([]int64, len(unitFull))
+	for u := range unitFull {
+		unitW[u] = unitFull[u] - unitFP8[u]
 	}
-	// Plain first fit, or slots of the largest unit: whichever needs less, per arena.
-	b.Gather, b.Reduce = peaks(0)
-	g, red := peaks(b.Largest)
-	if g < b.Gather {
-		b.Gather, b.GatherSlot = g, b.Largest
+	// arena sizes one arena for requests of length (gathers: reduce false):
+	// plain first fit, or slots of its largest request, whichever needs less.
+	arena := func(length []int64, reduce bool) (n, slot int64) {
+		var largest int64
+		for _, l := range length {
+			largest = max(largest, l)
+		}
+		if largest == 0 {
+			return 0, 0
+		}
+		peak := func(slot int64) int64 {
+			g, red := bufferPeaks(blocks, length, weights, weights && f.OverlapParamGather, f.OverlapGradReduce, 4*f.SuggestedCommunicationUnitSize, slot)
+			if reduce {
+				return red
+			}
+			return g
+		}
+		n = peak(0)
+		if s := peak(largest); s < n {
+			n, slot = s, largest
+		}
+		if !reduce && weights && f.FSDPDoubleBuffer {
+			n = max(n, 2*largest) // room to spare: the same placement fits
+		}
+		return n, slot
 	}
-	if red < b.Reduce {
-		b.Reduce, b.ReduceSlot = red, b.Largest
-	}
-	if weights && f.FSDPDoubleBuffer {
-		b.Gather = max(b.Gather, 2*b.Largest) // room to spare: the same placement fits
+	b.Reduce, b.ReduceSlot = arena(unitFull, true)
+	if weights {
+		b.Gather, b.GatherSlot = arena(unitW, false)
+		b.GatherFP8, b.GatherFP8Slot = arena(unitFP8, false)
 	}
 	return b
 }

@@ -65,6 +65,9 @@ func fsdpCollectives(r *config.Recipe, sh Sharding, groups []Group, m Mesh, micr
 		}
 		w, gr := g.Padded*d.compute, g.Padded*d.grad
 		wdt, gdt := dtypeName(d.compute), dtypeName(d.grad)
+		if g.FP8 { // FP8 compute weights gather a byte a value
+			w, wdt = g.Padded, "fp8"
+		}
 		switch {
 		case !sh.Optim: // no_shard
 			out = append(out, Collective{AllReduce, g.Axis, "grads", gdt, gr, 1, fsdp.OverlapGradReduce})
@@ -84,6 +87,13 @@ func fsdpCollectives(r *config.Recipe, sh Sharding, groups []Group, m Mesh, micr
 				Collective{AllGather, g.Axis, "params bwd", wdt, w, micro, fsdp.OverlapParamGather},
 				Collective{ReduceScatter, g.Axis, "grads", gdt, gr, micro, fsdp.OverlapGradReduce})
 		}
+	}
+	// FP8 compute weights: after each optimizer step every rank's amaxes of
+	// its shards of them are summed (each in its own place, the others zero)
+	// so that each tensor is quantised with its whole amax: one f32
+	// all-reduce of tensors × ranks values.
+	if n, R := fp8Tensors(groups), int64(m.Size(AxisDPCP)); n > 0 && R > 1 {
+		out = append(out, Collective{AllReduce, AxisDPCP, "fp8 amaxes", "fp32", 4 * n * R, 1, false})
 	}
 	return mergeCollectives(out)
 }

@@ -17,8 +17,9 @@ type Unit struct {
 	// "root" for parameters no listed module kind encloses.
 	Name string
 	Kind string
-	// Groups are indices into Plan.Groups: the unit's dense group, then its expert
-	// group when it has routed experts.
+	// Groups are indices into Plan.Groups: the unit's dense group, then its FP8
+	// group when it has FP8 compute weights (FP8Weight), then its expert group
+	// when it has routed experts.
 	Groups []int
 }
 
@@ -29,8 +30,11 @@ type Group struct {
 	Index  int
 	Unit   int
 	Expert bool
-	Dtype  string // compute dtype of the buffer: "bf16" or "fp32"
-	Axis   Axis   // AxisDPCP or AxisEDP
+	// FP8 marks a dense group of FP8 compute weights (precision.fp8.param_gather:
+	// FP8Weight), E4M3 codes a byte each, sharded over dp×cp as the dense group.
+	FP8   bool
+	Dtype string // compute dtype of the buffer: "bf16", "fp32", or "e4m3" (FP8)
+	Axis  Axis   // AxisDPCP or AxisEDP
 	// Shards is how many ways the buffer is split: the group's size, or 1 under
 	// no_shard.
 	Shards int
@@ -95,8 +99,9 @@ func buildUnits(ps []Param, unitModules []string) ([]Unit, []int, error) {
 	return units, of, nil
 }
 
-// layoutGroups builds every unit's dense and expert groups.
-func layoutGroups(ps []Param, units []Unit, unitOf []int, m Mesh, numExperts int, dtype string, shard bool) []Group {
+// layoutGroups builds every unit's dense, FP8 and expert groups; fp8 says
+// which dense parameters are FP8 compute weights (nil: none).
+func layoutGroups(ps []Param, units []Unit, unitOf []int, m Mesh, numExperts int, dtype string, shard bool, fp8 func(*Param) bool) []Group {
 	perRank := 0
 	if numExperts > 0 {
 		perRank = expertsPerRank(numExperts, m.EP)
@@ -108,11 +113,16 @@ func layoutGroups(ps []Param, units []Unit, unitOf []int, m Mesh, numExperts int
 		members[unitOf[i]] = append(members[unitOf[i]], i)
 	}
 	var groups []Group
+	isFP8 := func(p *Param) bool { return fp8 != nil && fp8(p) }
 	for u := range units {
-		for _, expert := range []bool{false, true} {
-			g := Group{Unit: u, Expert: expert, Dtype: dtype, Axis: AxisDPCP, Shards: 1}
+		for kind := range 3 { // dense, FP8, expert
+			expert, f8 := kind == 2, kind == 1
+			g := Group{Unit: u, Expert: expert, FP8: f8, Dtype: dtype, Axis: AxisDPCP, Shards: 1}
 			if expert {
 				g.Axis = AxisEDP
+			}
+			if f8 {
+				g.Dtype = "e4m3"
 			}
 			if shard {
 				g.Shards = m.Size(g.Axis)
@@ -120,7 +130,7 @@ func layoutGroups(ps []Param, units []Unit, unitOf []int, m Mesh, numExperts int
 			var off int64
 			for _, i := range members[u] {
 				p := &ps[i]
-				if p.IsExpert() != expert || (expert && p.Expert >= perRank) {
+				if p.IsExpert() != expert || (expert && p.Expert >= perRank) || (!expert && isFP8(p) != f8) {
 					continue
 				}
 				aligned := roundUp(off, Align)

@@ -94,7 +94,7 @@ func Compile(r *config.Recipe, topo Topology) (*Plan, error) {
 	d := dtypesOf(r)
 	strategy := r.FSDP.DataParallelShardingStrategy
 	sh := ShardingOf(strategy)
-	groups := layoutGroups(ps, units, unitOf, m, r.Model.MoE.NumExperts, dtypeName(d.compute), sh.Optim)
+	groups := layoutGroups(ps, units, unitOf, m, r.Model.MoE.NumExperts, dtypeName(d.compute), sh.Optim, func(p *Param) bool { return FP8Weight(r, p) })
 	if err := verifyLayout(ps, groups, r.Model.MoE.NumExperts, m.EP); err != nil {
 		return nil, fmt.Errorf("parallel: layout invariant broken (a shardline bug): %w", err)
 	}
@@ -138,20 +138,36 @@ func checkShapes(r *config.Recipe) error {
 }
 
 func (p *Plan) memory(r *config.Recipe, d dtypes) {
-	var full, shard int64
+	var full, shard, full8, shard8 int64
 	unitFull := make([]int64, len(p.Units))
+	unitFP8 := make([]int64, len(p.Units)) // the FP8 groups' part of unitFull
 	for i := range p.Groups {
 		g := &p.Groups[i]
 		full += g.Padded
 		shard += g.ShardNumel()
 		p.Padding += g.AlignPad + g.TailPad
+		if g.FP8 {
+			full8, shard8 = full8+g.Padded, shard8+g.ShardNumel()
+		}
 		if g.Shards > 1 { // a group held whole needs no gather or reduce buffer
 			unitFull[g.Unit] += g.Padded
+			if g.FP8 {
+				unitFP8[g.Unit] += g.Padded
+			}
 		}
 	}
 	mem := staticMemory(p.Sharding, full, shard, d)
-	p.Buffers = unitBuffers(r, p, unitFull)
-	mem.GatheredUnits = p.Buffers.Gather * d.compute
+	if full8 > 0 {
+		// FP8 compute weights take a byte a value where the others take the
+		// compute dtype's, beside their scales.
+		w8 := full8
+		if p.Sharding.Params {
+			w8 = shard8
+		}
+		mem.Weights += FP8ScaleBytes(fp8Tensors(p.Groups), int64(p.Mesh.Size(AxisDPCP))) - w8*(d.compute-1)
+	}
+	p.Buffers = unitBuffers(r, p, unitFull, unitFP8)
+	mem.GatheredUnits = p.Buffers.Gather*d.compute + p.Buffers.GatherFP8
 	p.Buffers.Stage = reduceStage(r, p, runsEngine(r))
 	mem.GradReduceBuffers = p.Buffers.Reduce*d.grad + p.Buffers.Stage.Bytes()
 	t := tokensOf(r, p.Mesh)

@@ -57,27 +57,31 @@ type unitRow struct {
 	kind         string
 	count        int
 	dense, exprt *Group
+	fp8          *Group // the FP8 compute weights' group (precision.fp8.param_gather)
 }
 
 func (p *Plan) unitRows() []unitRow {
 	var rows []unitRow
 	for _, u := range p.Units {
-		var dense, exprt *Group
+		var dense, exprt, fp8 *Group
 		for _, gi := range u.Groups {
-			if g := &p.Groups[gi]; g.Expert {
+			switch g := &p.Groups[gi]; {
+			case g.Expert:
 				exprt = g
-			} else {
+			case g.FP8:
+				fp8 = g
+			default:
 				dense = g
 			}
 		}
 		if n := len(rows); n > 0 {
 			r := &rows[n-1]
-			if r.kind == u.Kind && sameGroup(r.dense, dense) && sameGroup(r.exprt, exprt) {
+			if r.kind == u.Kind && sameGroup(r.dense, dense) && sameGroup(r.exprt, exprt) && sameGroup(r.fp8, fp8) {
 				r.last, r.count = u.Name, r.count+1
 				continue
 			}
 		}
-		rows = append(rows, unitRow{first: u.Name, last: u.Name, kind: u.Kind, count: 1, dense: dense, exprt: exprt})
+		rows = append(rows, unitRow{first: u.Name, last: u.Name, kind: u.Kind, count: 1, dense: dense, exprt: exprt, fp8: fp8})
 	}
 	return rows
 }
@@ -115,7 +119,11 @@ func (p *Plan) WriteTable(w io.Writer) error {
 		if r.count > 1 {
 			name = fmt.Sprintf("%s … %s (×%d)", r.first, r.last, r.count)
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", name, r.kind, groupCell(r.dense), groupCell(r.exprt))
+		dense := groupCell(r.dense)
+		if r.fp8 != nil { // FP8 compute weights beside the dense group, sharded alike
+			dense = fmt.Sprintf("%s + FP8 %s", dense, groupCell(r.fp8))
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", name, r.kind, dense, groupCell(r.exprt))
 	}
 	tw.Flush()
 
@@ -131,8 +139,12 @@ func (p *Plan) WriteTable(w io.Writer) error {
 			FormatBytes(p.MoEDispatchWorst), FormatBytes(p.MemoryWorstTotal), 100*float64(p.MemoryWorstTotal)/float64(t.Device.MemoryBytes))
 	}
 	if u := p.Buffers; u.Gather+u.Reduce > 0 {
-		fmt.Fprintf(&b, "  (FSDP buffer arenas: gather %s, gradient %s elements; the largest unit %s)\n",
-			formatCount(u.Gather), formatCount(u.Reduce), formatCount(u.Largest))
+		fp8 := ""
+		if u.GatherFP8 > 0 {
+			fp8 = fmt.Sprintf(", FP8 gather %s", formatCount(u.GatherFP8))
+		}
+		fmt.Fprintf(&b, "  (FSDP buffer arenas: gather %s%s, gradient %s elements; the largest unit %s)\n",
+			formatCount(u.Gather), fp8, formatCount(u.Reduce), formatCount(u.Largest))
 	}
 	if st := p.Buffers.Stage; st.Wire+st.Part > 0 {
 		dt := "fp32"

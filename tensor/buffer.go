@@ -152,12 +152,15 @@ type Memory interface {
 // over host memory (the in-process and TCP communicators) can take an f32
 // buffer's elements in place: no copy, no read-back, as NCCL takes a device
 // pointer. Float32s (BF16s, Float64s) is nil, with the failure kept for Err, for
-// a buffer that is not an f32 (bf16, f64) buffer of this memory.
+// a buffer that is not an f32 (bf16, f64) buffer of this memory; FP8Codes is
+// an FP8 buffer's codes (either format, a byte a value), nil likewise for any
+// other buffer.
 type HostMemory interface {
 	Memory
 	Float32s(b Buffer) []float32
 	BF16s(b Buffer) []BF16
 	Float64s(b Buffer) []float64
+	FP8Codes(b Buffer) []uint8
 }
 
 // HostValue is an element type Memory.Write takes host slices of.

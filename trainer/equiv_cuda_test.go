@@ -90,7 +90,15 @@ func TestEngineOnGPUMatchesCPU(t *testing.T) {
 		// and shared), under dropless expert parallelism.
 		tc{"fp8/moe ep2 experts", fp8Tol, append([]string{"parallel.world_size=2", "train.global_batch_size=4", "parallel.expert_parallel=2", "model.moe.shared_experts=1"},
 			append(append([]string{}, moe...), fp8...)...)})
+	// FP8 compute weights (param_gather): the GPU quantises the main
+	// weights with its Amax, FP8Scale and Quantize (the amaxes all-reduced
+	// over the ranks), and the codes are all-gathered as bytes (staged
+	// through the host: the ranks share the emulator's device); the rest as
+	// the FP8 case above. Measured 4.8e-4.
+	cases = append(cases,
+		tc{"fp8/2/optim_grads_params/param_gather", fp8Tol, append([]string{"parallel.world_size=2", "train.global_batch_size=4", "fsdp.data_parallel_sharding_strategy=optim_grads_params", "precision.fp8.param_gather=true"}, fp8...)})
 	inCI["fp8/2/optim_grads_params"] = true
+	inCI["fp8/2/optim_grads_params/param_gather"] = true
 	for _, c := range cases {
 		if !full && !inCI[c.name] {
 			continue

@@ -246,15 +246,18 @@ func TestNoShardReducesInBF16(t *testing.T) {
 func TestShardedMemoryFollowsThePlan(t *testing.T) {
 	for _, strategy := range []string{"optim_grads_params", "optim_grads", "optim"} {
 		t.Run(strategy, func(t *testing.T) { shardedMemory(t, strategy) })
+		// FP8 compute weights (param_gather): their shards a byte a value
+		// beside their scales.
+		t.Run(strategy+"/fp8 param_gather", func(t *testing.T) { shardedMemory(t, strategy, fp8GatherSets...) })
 	}
 }
 
-func shardedMemory(t *testing.T, strategy string) {
+func shardedMemory(t *testing.T, strategy string, extra ...string) {
 	var static1 int64
 	for _, n := range []int{1, 2, 4} {
-		res, _ := tinyRun(t, "train.steps=2", "train.micro_batch_size=2", "train.global_batch_size=8", "train.eval_interval=0",
+		res, _ := tinyRun(t, append([]string{"train.steps=2", "train.micro_batch_size=2", "train.global_batch_size=8", "train.eval_interval=0",
 			fmt.Sprintf("parallel.world_size=%d", n), "fsdp.overlap_grad_reduce=false", "fsdp.overlap_param_gather=false",
-			"fsdp.data_parallel_sharding_strategy="+strategy)
+			"fsdp.data_parallel_sharding_strategy=" + strategy}, extra...)...)
 		out, err := Run(context.Background(), res, opts())
 		require.NoError(t, err)
 		h, p := out.Held, out.Predicted
@@ -307,6 +310,13 @@ func TestUnitBuffersFollowThePlan(t *testing.T) {
 		"bf16 moe ep 2":          append(append([]string{}, moe...), "precision.bf16=true"),
 		"bf16 optim_grads":       {"precision.bf16=true", "fsdp.data_parallel_sharding_strategy=optim_grads"},
 		"fp8":                    fp8Sets,
+		// FP8 compute weights: the FP8 groups' shards and scales in the
+		// weights, their gathered codes in an arena of their own.
+		"fp8 param_gather":              fp8GatherSets,
+		"fp8 param_gather, no overlap":  append(append([]string{}, off...), fp8GatherSets...),
+		"fp8 param_gather, optim_grads": append([]string{"fsdp.data_parallel_sharding_strategy=optim_grads"}, fp8GatherSets...),
+		// MoE layers' attention weights in FP8 beside bf16 experts on edp.
+		"fp8 param_gather, moe ep 2": append(append([]string{"precision.fp8.experts=false"}, moe...), fp8GatherSets...),
 		// The reduction's staging is counted with the buffers, under every
 		// strategy that reduces (optim's bf16 gradients are reduce-scattered
 		// in place: none).

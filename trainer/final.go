@@ -104,12 +104,13 @@ func (t *run) finalWeights(keep bool) error {
 			t.finalViews[i] = slices.Clone(v)
 		}
 	}
-	scratch := func(n int64) (tensor.Buffer, func()) {
+	scratch := func(n int64, dt tensor.DType) (tensor.Buffer, func()) {
 		if rt := t.rt; rt != nil && rt.weights {
-			b, off := rt.wpool.get(n)
-			return b, func() { rt.wpool.put(off, b) }
+			pool := rt.poolOf(dt)
+			b, off := pool.get(n)
+			return b, func() { pool.put(off, b) }
 		}
-		b := st.newWeights(n)
+		b := st.mem.Alloc(dt, int(n))
 		return b, func() { st.mem.Free(b) }
 	}
 	if err := st.finalWeights(scratch, put); err != nil {

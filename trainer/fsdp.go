@@ -34,15 +34,22 @@ import (
 type unitRuntime struct {
 	st      *state
 	m       *model.Model[float32]
-	groups  [][]int         // unit → its groups
-	offsets [][]int64       // unit → offset of each group in the unit's buffer
-	length  []int64         // unit → buffer length
-	wbuf    []tensor.Buffer // unit → its gathered weights (empty: not held)
-	gbuf    []tensor.Buffer // unit → its gradient buffer in backward (empty: not held)
-	ready   []*comm.Handle  // unit → its gather in flight
-	holds   []int           // blocks holding the unit's weights now
-	left    []int           // backward: blocks still to run that use the unit
-	uses    []int           // blocks that use the unit
+	groups  [][]int   // unit → its groups
+	offsets [][]int64 // unit → offset of each group in the unit's gradient buffer
+	length  []int64   // unit → gradient buffer length
+	// A unit's gathered weights are two buffers: its groups in the compute
+	// dtype (wbuf, wlen elements), its FP8 groups' codes (w8buf, w8len; FP8
+	// compute weights, precision.fp8.param_gather); woffsets places each
+	// group in its buffer, and held says whether the unit's weights are held.
+	woffsets    [][]int64
+	wlen, w8len []int64
+	wbuf, w8buf []tensor.Buffer
+	held        []bool
+	gbuf        []tensor.Buffer // unit → its gradient buffer in backward (empty: not held)
+	ready       []*comm.Handle  // unit → its gather in flight
+	holds       []int           // blocks holding the unit's weights now
+	left        []int           // backward: blocks still to run that use the unit
+	uses        []int           // blocks that use the unit
 	// resident units have only unsharded groups: their views point straight at the
 	// compute shard and the gradient shard, with nothing to gather or reduce.
 	resident []bool
@@ -50,12 +57,13 @@ type unitRuntime struct {
 	// Buffers: weight and gradient buffers are carved from two arenas of the sizes
 	// the plan computed by running these rules (parallel.UnitBuffers), made before
 	// the first step, so a step allocates nothing. woff is each gathered unit's
-	// offset in its arena. Gathered weights are in the compute dtype: wpool's
-	// arena is fp32, or bf16 in a bf16 run.
-	wpool, gpool *unitPool
-	woff, goff   []int64
-	stream       *comm.Stream
-	inflight     []flight
+	// offset in its arena (w8off in w8pool's). Gathered weights are in the
+	// compute dtype, wpool's arena fp32, or bf16 in a bf16 run, beside FP8
+	// compute weights' codes in w8pool's (E4M3, empty without them).
+	wpool, w8pool, gpool *unitPool
+	woff, w8off, goff    []int64
+	stream               *comm.Stream
+	inflight             []flight
 	// Per unit: its all-gather and its reduce-scatter as stream operations, made
 	// once, and the gradient buffer the reduce-scatter in flight reads.
 	gatherH, reduceH []*comm.Handle
@@ -169,7 +177,8 @@ func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, ca
 	}
 	n := len(p.Units)
 	u.groups, u.offsets, u.length = make([][]int, n), make([][]int64, n), make([]int64, n)
-	u.wbuf, u.gbuf, u.ready = make([]tensor.Buffer, n), make([]tensor.Buffer, n), make([]*comm.Handle, n)
+	u.wbuf, u.w8buf, u.gbuf, u.ready = make([]tensor.Buffer, n), make([]tensor.Buffer, n), make([]tensor.Buffer, n), make([]*comm.Handle, n)
+	u.woffsets, u.wlen, u.w8len, u.held = make([][]int64, n), make([]int64, n), make([]int64, n), make([]bool, n)
 	u.holds, u.left, u.uses = make([]int, n), make([]int, n), make([]int, n)
 	u.resident = make([]bool, n)
 	u.gatherH, u.reduceH, u.reducing = make([]*comm.Handle, n), make([]*comm.Handle, n), make([]tensor.Buffer, n)
@@ -191,6 +200,12 @@ func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, ca
 				u.groups[ui] = append(u.groups[ui], gi)
 				u.offsets[ui] = append(u.offsets[ui], u.length[ui])
 				u.length[ui] += p.Groups[gi].Padded
+				wl := &u.wlen[ui]
+				if p.Groups[gi].FP8 {
+					wl = &u.w8len[ui]
+				}
+				u.woffsets[ui] = append(u.woffsets[ui], *wl)
+				*wl += p.Groups[gi].Padded
 			} else {
 				u.direct[gi] = true
 				w, g := st.computeShardBuffer(gi), st.gshardB[gi]
@@ -226,10 +241,13 @@ func newUnitRuntime(st *state, m *model.Model[float32], prefetch, async bool, ca
 	if u.wpool, err = newUnitPool(st.mem, alloc, wdt, p.Buffers.Gather, p.Buffers.GatherSlot); err != nil {
 		return nil, err
 	}
+	if u.w8pool, err = newUnitPool(st.mem, alloc, tensor.Float8E4M3, p.Buffers.GatherFP8, p.Buffers.GatherFP8Slot); err != nil {
+		return nil, err
+	}
 	if u.gpool, err = newUnitPool(st.mem, alloc, st.gradDType(), p.Buffers.Reduce, p.Buffers.ReduceSlot); err != nil {
 		return nil, err
 	}
-	u.woff, u.goff = make([]int64, n), make([]int64, n)
+	u.woff, u.w8off, u.goff = make([]int64, n), make([]int64, n), make([]int64, n)
 	return u, nil
 }
 
@@ -277,6 +295,7 @@ func (u *unitRuntime) arenaAlloc() (func(t tensor.DType, n int) (tensor.Buffer, 
 // it: memory reports the most held apart at once).
 type unitPool struct {
 	mem          tensor.Memory
+	dt           tensor.DType
 	arena        tensor.Buffer
 	fit          *parallel.Arena
 	apart, extra int64 // elements held apart now, and at most
@@ -290,7 +309,7 @@ func newUnitPool(mem tensor.Memory, alloc func(tensor.DType, int) (tensor.Buffer
 	if err != nil {
 		return nil, fmt.Errorf("the FSDP unit arena (%d %s values): %w", n, t, err)
 	}
-	return &unitPool{mem: mem, arena: arena, fit: parallel.NewArena(n, slot)}, nil
+	return &unitPool{mem: mem, dt: t, arena: arena, fit: parallel.NewArena(n, slot)}, nil
 }
 
 // get returns n elements and their offset in the arena (−1: allocated apart).
@@ -300,7 +319,7 @@ func (p *unitPool) get(n int64) (tensor.Buffer, int64) {
 	}
 	p.apart += n
 	p.extra = max(p.extra, p.apart)
-	return p.mem.Alloc(p.arena.DType(), int(n)), -1
+	return p.mem.Alloc(p.dt, int(n)), -1
 }
 
 // put returns a buffer get handed out at off.
@@ -315,13 +334,35 @@ func (p *unitPool) put(off int64, b tensor.Buffer) {
 
 // bytes is what the pool holds: its arena and the most it held apart.
 func (p *unitPool) bytes() int64 {
-	return int64(p.arena.DType().Size()) * (int64(p.arena.Len()) + p.extra)
+	return int64(p.dt.Size()) * (int64(p.arena.Len()) + p.extra)
 }
 
 // putWeights releases unit ui's gathered weights.
 func (u *unitRuntime) putWeights(ui int) {
-	u.wpool.put(u.woff[ui], u.wbuf[ui])
-	u.wbuf[ui] = tensor.Buffer{}
+	if u.wlen[ui] > 0 {
+		u.wpool.put(u.woff[ui], u.wbuf[ui])
+	}
+	if u.w8len[ui] > 0 {
+		u.w8pool.put(u.w8off[ui], u.w8buf[ui])
+	}
+	u.wbuf[ui], u.w8buf[ui], u.held[ui] = tensor.Buffer{}, tensor.Buffer{}, false
+}
+
+// poolOf is the arena of gathered weights of dtype t: the FP8 codes' for an
+// FP8 dtype, else the compute dtype's.
+func (u *unitRuntime) poolOf(t tensor.DType) *unitPool {
+	if _, ok := t.FP8(); ok {
+		return u.w8pool
+	}
+	return u.wpool
+}
+
+// weightBuffer is unit ui's gathered buffer that holds its k-th group.
+func (u *unitRuntime) weightBuffer(ui, k int) tensor.Buffer {
+	if u.st.plan.Groups[u.groups[ui][k]].FP8 {
+		return u.w8buf[ui]
+	}
+	return u.wbuf[ui]
 }
 
 func (u *unitRuntime) close() { u.stream.Close() }
@@ -331,13 +372,13 @@ func (u *unitRuntime) close() { u.stream.Close() }
 func (u *unitRuntime) bind(ui int) {
 	p := u.st.plan
 	for k, gi := range u.groups[ui] {
-		off := u.offsets[ui][k]
+		off, woff := u.offsets[ui][k], u.woffsets[ui][k]
 		for _, e := range p.Groups[gi].Entries {
 			var w, g tensor.Buffer
 			if !u.weights {
 				w = u.st.wviews[e.Param]
-			} else if b := u.wbuf[ui]; b.Len() > 0 {
-				w = b.Slice(int(off+e.Offset), int(off+e.Offset+e.Numel))
+			} else if u.held[ui] {
+				w = u.weightBuffer(ui, k).Slice(int(woff+e.Offset), int(woff+e.Offset+e.Numel))
 			}
 			if b := u.gbuf[ui]; b.Len() > 0 {
 				g = b.Slice(int(off+e.Offset), int(off+e.Offset+e.Numel))
@@ -349,7 +390,13 @@ func (u *unitRuntime) bind(ui int) {
 
 // startGather queues the unit's all-gather on the stream.
 func (u *unitRuntime) startGather(ui int) {
-	u.wbuf[ui], u.woff[ui] = u.wpool.get(u.length[ui])
+	if u.wlen[ui] > 0 {
+		u.wbuf[ui], u.woff[ui] = u.wpool.get(u.wlen[ui])
+	}
+	if u.w8len[ui] > 0 {
+		u.w8buf[ui], u.w8off[ui] = u.w8pool.get(u.w8len[ui])
+	}
+	u.held[ui] = true
 	u.ready[ui] = u.gatherH[ui]
 	u.begin(u.gatherH[ui], u.gatherName[ui])
 }
@@ -374,12 +421,13 @@ func (o unitOp) Run(comm.Communicator) error {
 	}
 	for k, gi := range u.groups[ui] {
 		g := &st.plan.Groups[gi]
-		lo, hi := u.offsets[ui][k], u.offsets[ui][k]+g.Padded
 		var err error
 		if o.reduce {
+			lo, hi := u.offsets[ui][k], u.offsets[ui][k]+g.Padded
 			err = st.reduceInto(gi, u.reducing[ui].Slice(int(lo), int(hi)))
 		} else {
-			err = st.gatherGroup(gi, u.wbuf[ui].Slice(int(lo), int(hi)))
+			lo, hi := u.woffsets[ui][k], u.woffsets[ui][k]+g.Padded
+			err = st.gatherGroup(gi, u.weightBuffer(ui, k).Slice(int(lo), int(hi)))
 		}
 		if err != nil {
 			return fmt.Errorf("%s unit %s: %w", what, st.plan.Units[ui].Name, err)
@@ -400,7 +448,7 @@ func (u *unitRuntime) Acquire(block int, units []int, backward bool) error {
 		if u.resident[ui] {
 			continue
 		}
-		if u.weights && u.wbuf[ui].Len() == 0 {
+		if u.weights && !u.held[ui] {
 			u.startGather(ui)
 		}
 		if h := u.ready[ui]; h != nil {
@@ -429,7 +477,7 @@ func (u *unitRuntime) Acquire(block int, units []int, backward bool) error {
 		}
 		if blocks := u.m.Blocks(); next >= 0 && next < len(blocks) {
 			for _, ui := range blocks[next] {
-				if !u.resident[ui] && u.wbuf[ui].Len() == 0 {
+				if !u.resident[ui] && !u.held[ui] {
 					u.startGather(ui)
 				}
 			}
@@ -476,7 +524,7 @@ func (u *unitRuntime) Release(block int, units []int, backward bool) error {
 				}
 			}
 		}
-		if u.holds[ui] == 0 && u.wbuf[ui].Len() > 0 && u.ready[ui] == nil {
+		if u.holds[ui] == 0 && u.held[ui] && u.ready[ui] == nil {
 			u.putWeights(ui)
 		}
 		u.bind(ui)
@@ -564,7 +612,7 @@ var _ model.Hooks = (*unitRuntime)(nil)
 // memory is what the runtime holds beside the plan's gathered-unit and
 // grad-reduce buffers: its arenas and anything made apart.
 func (u *unitRuntime) memory() (gathered, gradBuffers int64) {
-	return u.wpool.bytes(), u.gpool.bytes()
+	return u.wpool.bytes() + u.w8pool.bytes(), u.gpool.bytes()
 }
 
 // tracer collects Chrome trace events (viewable in Perfetto or chrome://tracing):

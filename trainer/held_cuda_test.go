@@ -18,7 +18,7 @@ import (
 // plan says, component by component and to the byte, on the host emulator:
 // at world sizes 1, 2 and 4, under every sharding strategy, dense and MoE (ep
 // 2, with a capacity factor), tp 2, cp 2, selective and full recomputation,
-// fp32, bf16 and FP8. Each rank opens a device
+// fp32, bf16 and FP8 (with FP8 compute weights too). Each rank opens a device
 // of its own (as shardline-cuda's ranks do); the emulator's devices are host
 // memory, so the ranks' collectives are staged through the host. The steps
 // are dry runs (cuda.Device.SetDryRun): the buffers are allocated and the
@@ -76,6 +76,11 @@ func TestPlanEqualsHeldOnGPU(t *testing.T) {
 		// inverse per expert; a shared expert on one rank.
 		{"moe experts shared", append([]string{"parallel.world_size=1", "train.global_batch_size=2", "model.moe.shared_experts=1"}, moe...)},
 		{"moe ep2 experts", append([]string{"parallel.world_size=2", "train.global_batch_size=4", "parallel.expert_parallel=2"}, moe...)},
+		// FP8 compute weights (param_gather): the FP8 shards and their
+		// scales in weights, the gathered codes in their own arena.
+		{"param_gather 2/optim_grads_params", []string{"parallel.world_size=2", "train.global_batch_size=4", "fsdp.data_parallel_sharding_strategy=optim_grads_params", "precision.fp8.param_gather=true"}},
+		{"param_gather 4/optim_grads_params", []string{"parallel.world_size=4", "train.global_batch_size=8", "fsdp.data_parallel_sharding_strategy=optim_grads_params", "precision.fp8.param_gather=true"}},
+		{"param_gather 2/optim", []string{"parallel.world_size=2", "train.global_batch_size=4", "fsdp.data_parallel_sharding_strategy=optim", "precision.fp8.param_gather=true"}},
 	} {
 		cases = append(cases, tc{"fp8/" + c.name, append(append([]string{}, fp8...), c.sets...)})
 	}

@@ -858,6 +858,9 @@ func (t *run) openModel(startStep int) error {
 	if err != nil {
 		return fmt.Errorf("building the model: %w", err)
 	}
+	if err := t.st.bindFP8(t.m); err != nil {
+		return fmt.Errorf("building the model: %w", err)
+	}
 	if t.st.unitGrads {
 		if t.rt, err = newUnitRuntime(t.st, t.m, r.FSDP.OverlapParamGather, r.FSDP.OverlapGradReduce, r.FSDP.SuggestedCommunicationUnitSize, t.trace); err != nil {
 			return err

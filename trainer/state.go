@@ -114,6 +114,10 @@ type state struct {
 
 	wviews []tensor.Buffer // per parameter (table order): the compute weights' buffers, what the model binds
 	gviews []tensor.Buffer // and the gradients'
+
+	// fp8 is the FP8 compute weights' scales (precision.fp8.param_gather:
+	// the plan's FP8 groups; fp8weights.go), nil without them.
+	fp8 *fp8Scales
 }
 
 // countedComm is one model-parallel group's communicator, counting bytes sent;
@@ -373,9 +377,19 @@ func (s *state) allocate(r *config.Recipe) error {
 			gradShards += hi - lo
 		}
 	}
-	var weights, grads, main, wshard tensor.Buffer
+	// FP8 groups hold their compute weights as E4M3 codes, apart from the
+	// others' (full8 and shard8 of full and shard).
+	var full8, shard8 int64
+	for gi := range p.Groups {
+		if p.Groups[gi].FP8 {
+			lo, hi := shardOf(p, s.rank, gi)
+			full8, shard8 = full8+p.Groups[gi].Padded, shard8+hi-lo
+		}
+	}
+	var weights, weights8, grads, main, wshard, wshard8 tensor.Buffer
 	if !s.perUnit {
-		weights = s.newWeights(full)
+		weights = s.newWeights(full - full8)
+		weights8 = s.mem.Alloc(tensor.Float8E4M3, int(full8))
 	}
 	gdt := s.gradDType()
 	if !s.unitGrads {
@@ -385,7 +399,8 @@ func (s *state) allocate(r *config.Recipe) error {
 		main = s.mem.Alloc(tensor.Float32, int(shard))
 	}
 	if s.bf16 && s.perUnit {
-		wshard = s.mem.Alloc(tensor.BFloat16, int(shard))
+		wshard = s.mem.Alloc(tensor.BFloat16, int(shard-shard8))
+		wshard8 = s.mem.Alloc(tensor.Float8E4M3, int(shard8))
 	}
 	gshard := s.mem.Alloc(gdt, int(gradShards))
 	opt := s.mem.Alloc(tensor.Float32, 2*int(shard))
@@ -400,14 +415,22 @@ func (s *state) allocate(r *config.Recipe) error {
 		return fmt.Errorf("allocating rank %d's state (%d parameters, %d in its shards): %w", s.rank, full, shard, err)
 	}
 	s.gradsAll, s.gshardAll = grads, gshard
-	var fo, so, gso int // offsets into the full, shard and gradient-shard components
+	// Offsets into the full, shard and gradient-shard components, and into
+	// the compute weights (whole and shards) of the groups in the compute
+	// dtype (wo, wso) and of the FP8 groups (w8o, w8so).
+	var fo, so, gso, wo, wso, w8o, w8so int
 	for gi := range p.Groups {
 		g := &p.Groups[gi]
 		lo, hi := shardOf(p, s.rank, gi)
 		n := int(hi - lo)
 		var w, grB tensor.Buffer
+		wAll, wShards, wOff, wsOff := weights, wshard, &wo, &wso
+		if g.FP8 {
+			wAll, wShards, wOff, wsOff = weights8, wshard8, &w8o, &w8so
+		}
 		if !s.perUnit {
-			w = weights.Slice(fo, fo+int(g.Padded))
+			w = wAll.Slice(*wOff, *wOff+int(g.Padded))
+			*wOff += int(g.Padded)
 		}
 		if !s.unitGrads {
 			grB = grads.Slice(fo, fo+int(g.Padded))
@@ -418,7 +441,8 @@ func (s *state) allocate(r *config.Recipe) error {
 		switch {
 		case s.bf16 && s.perUnit:
 			mainB = main.Slice(so, so+n)
-			s.wshardB = append(s.wshardB, wshard.Slice(so, so+n))
+			s.wshardB = append(s.wshardB, wShards.Slice(*wsOff, *wsOff+n))
+			*wsOff += n
 		case s.bf16:
 			// The rank's bf16 shard is its part of the full compute weights, as
 			// Megatron-FSDP's parameter buffer holds it: rounded there in place,
@@ -428,7 +452,7 @@ func (s *state) allocate(r *config.Recipe) error {
 		case s.perUnit:
 			mainB = main.Slice(so, so+n)
 		default:
-			mainB = weights.Slice(fo+int(lo), fo+int(hi)) // fp32 compute: the main weights are the weights themselves
+			mainB = w.Slice(int(lo), int(hi)) // fp32 compute: the main weights are the weights themselves
 		}
 		s.mainB = append(s.mainB, mainB)
 		if s.host != nil {
@@ -459,6 +483,12 @@ func (s *state) allocate(r *config.Recipe) error {
 		}
 		s.segs = append(s.segs, segmentsOf(p, gi, lo, hi, r.Train.DecayNormsAndEmbeddings))
 		fo, so = fo+int(g.Padded), so+n
+	}
+	if full8 > 0 {
+		var err error
+		if s.fp8, err = s.newFP8Scales(); err != nil {
+			return fmt.Errorf("allocating rank %d's FP8 compute weights' scales: %w", s.rank, err)
+		}
 	}
 	return s.mem.Err()
 }
@@ -591,7 +621,7 @@ func (s *state) initFrom(vals [][]float32) error {
 func (s *state) floatViews() [][]float32 {
 	out := make([][]float32, len(s.wviews))
 	for i, b := range s.wviews {
-		out[i] = s.hostValues(b)
+		out[i] = s.hostValues(i, b)
 	}
 	return out
 }
@@ -612,13 +642,13 @@ func (s *state) global(i int) int {
 // tensor parallelism and its whole values in fp32 (bf16 ones widened), valid
 // only during the call. Group by group: a group whose weights are not whole
 // here (optim_grads_params, where the group is sharded) is gathered into
-// scratch (n compute-dtype elements; release gives them back before the next
-// group); rank 0's ep group then passes every ep rank's experts over the
+// scratch (n elements of the group's compute dtype, E4M3 for an FP8 group;
+// release gives them back before the next group); rank 0's ep group then passes every ep rank's experts over the
 // host, and its tp group every tp rank's slices, a parameter at a time; other
 // ranks have nothing more to do. A collective: every rank calls it, and its
 // errors are the collectives' (put keeps its own, so that rank 0 still takes
 // part in every collective).
-func (s *state) finalWeights(scratch func(n int64) (b tensor.Buffer, release func()), put func(i int, v []float32)) error {
+func (s *state) finalWeights(scratch func(n int64, t tensor.DType) (b tensor.Buffer, release func()), put func(i int, v []float32)) error {
 	lead := s.rank == 0
 	withLead := func(a parallel.Axis) bool { return s.plan.Mesh.Group(a, s.rank)[0] == 0 }
 	epLead := s.epComm != nil && withLead(parallel.AxisEP)
@@ -634,7 +664,7 @@ func (s *state) finalWeights(scratch func(n int64) (b tensor.Buffer, release fun
 		if s.heldWhole(gi) && full.Len() == 0 {
 			full = s.computeShardBuffer(gi) // the group is this rank's alone
 		} else if full.Len() == 0 {
-			full, release = scratch(g.Padded)
+			full, release = scratch(g.Padded, s.weightDType(gi))
 			if err := s.gatherGroup(gi, full); err != nil {
 				release()
 				return fmt.Errorf("gathering group %d for the final weights: %w", gi, err)
@@ -649,7 +679,7 @@ func (s *state) finalWeights(scratch func(n int64) (b tensor.Buffer, release fun
 				if !epLead {
 					continue
 				}
-				v, ep := s.hostValues(view), s.epComm.Size()
+				v, ep := s.hostValues(e.Param, view), s.epComm.Size()
 				all := make([]float32, ep*len(v))
 				if err = s.epComm.AllGather(all, v); err == nil {
 					for j := 0; j < ep; j++ {
@@ -660,7 +690,7 @@ func (s *state) finalWeights(scratch func(n int64) (b tensor.Buffer, release fun
 				if !tpLead {
 					continue
 				}
-				v, tp := s.hostValues(view), s.tpComm.Size()
+				v, tp := s.hostValues(e.Param, view), s.tpComm.Size()
 				all := make([]float32, tp*len(v))
 				if err = s.tpComm.AllGather(all, v); err == nil && lead {
 					whole := make([]float32, p.Numel())
@@ -674,7 +704,7 @@ func (s *state) finalWeights(scratch func(n int64) (b tensor.Buffer, release fun
 					keep(e.Param, whole)
 				}
 			case lead:
-				keep(e.Param, s.hostValues(view))
+				keep(e.Param, s.hostValues(e.Param, view))
 			}
 			if err != nil {
 				release()
@@ -686,10 +716,13 @@ func (s *state) finalWeights(scratch func(n int64) (b tensor.Buffer, release fun
 	return s.mem.Err()
 }
 
-// hostValues are b's values (compute weights) in fp32 on the host: b's own
-// elements on host memory in an fp32 run, a widened or read-back copy
-// otherwise.
-func (s *state) hostValues(b tensor.Buffer) []float32 {
+// hostValues are b's values (parameter i's compute weights) in fp32 on the
+// host: b's own elements on host memory in an fp32 run, a widened or
+// read-back copy otherwise, an FP8 compute weight's dequantised (fp8Values).
+func (s *state) hostValues(i int, b tensor.Buffer) []float32 {
+	if b.DType() == tensor.Float8E4M3 {
+		return s.fp8Values(i, b)
+	}
 	w := s.weightsView(b)
 	if w.BF16 == nil {
 		return w.F
@@ -705,8 +738,13 @@ func (s *state) hostValues(b tensor.Buffer) []float32 {
 func (s *state) gather() error {
 	if s.bf16 {
 		for gi := range s.plan.Groups {
-			s.mem.Copy(s.wshardB[gi], s.mainB[gi]) // rounded to nearest, ties to even
+			if !s.plan.Groups[gi].FP8 {
+				s.mem.Copy(s.wshardB[gi], s.mainB[gi]) // rounded to nearest, ties to even
+			}
 		}
+	}
+	if err := s.quantizeFP8(); err != nil {
+		return err
 	}
 	return s.gatherShards()
 }
@@ -723,6 +761,18 @@ func (s *state) gatherShards() error {
 		}
 	}
 	return nil
+}
+
+// weightDType is group gi's compute dtype: E4M3 for an FP8 group, else the
+// run's (bf16 or fp32).
+func (s *state) weightDType(gi int) tensor.DType {
+	switch {
+	case s.plan.Groups[gi].FP8:
+		return tensor.Float8E4M3
+	case s.bf16:
+		return tensor.BFloat16
+	}
+	return tensor.Float32
 }
 
 // newWeights makes n compute-weight elements in the run's compute dtype (in the
@@ -822,7 +872,7 @@ func (s *state) gatherFull() error {
 	for gi := range s.plan.Groups {
 		g := &s.plan.Groups[gi]
 		if s.weights[gi].Len() == 0 {
-			s.weights[gi] = s.newWeights(g.Padded)
+			s.weights[gi] = s.mem.Alloc(s.weightDType(gi), int(g.Padded))
 		}
 		if err := s.gatherGroup(gi, s.weights[gi]); err != nil {
 			return err
@@ -965,8 +1015,8 @@ func (s *state) step(tr config.Train, lr float64) error {
 			}
 			lo, hi := int(sg.lo), int(sg.hi)
 			p, g, m, v := s.mainB[gi].Slice(lo, hi), s.gshardB[gi].Slice(lo, hi), s.mB[gi].Slice(lo, hi), s.vB[gi].Slice(lo, hi)
-			var c tensor.Buffer // the compute weights are the main weights in an fp32 run
-			if s.bf16 {
+			var c tensor.Buffer                   // the compute weights are the main weights in an fp32 run
+			if s.bf16 && !s.plan.Groups[gi].FP8 { // FP8 ones are quantised below
 				c = s.wshardB[gi].Slice(lo, hi)
 			}
 			if tr.Optimizer == "sgd" {
@@ -975,6 +1025,9 @@ func (s *state) step(tr config.Train, lr float64) error {
 				s.be.AdamW(p, c, g, m, v, lr, tr.Beta1, tr.Beta2, tr.Eps, wd, s.stats)
 			}
 		}
+	}
+	if err := s.quantizeFP8(); err != nil {
+		return err
 	}
 	return s.gatherShards()
 }
@@ -1004,5 +1057,6 @@ func (s *state) bytes() (weights, main, grads, optState int64) {
 			main += s.mainB[gi].Bytes()
 		}
 	}
+	weights += s.fp8.bytes()
 	return
 }

@@ -15,8 +15,10 @@ import (
 type Group interface {
 	Rank() int
 	Size() int
-	// AllGather sets dst (Size·len(src)) to every rank's src in rank order: f32
-	// or bf16 buffers of one dtype.
+	// AllGather sets dst (Size·len(src)) to every rank's src in rank order: f32,
+	// bf16 or FP8 buffers of one dtype. FP8 codes move a byte a value (the
+	// FSDP units' FP8 weights, precision.fp8.param_gather); on the host's
+	// communicators as pairs of codes, so an FP8 src has an even length.
 	AllGather(dst, src tensor.Buffer) error
 	// ReduceScatter sums src (Size·len(dst)) over the ranks and leaves chunk
 	// Rank in dst: f32, or bf16 summed in fp32 and rounded once.
@@ -76,6 +78,39 @@ func bf16Bits(v []tensor.BF16) []uint16 {
 	return unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(v))), len(v))
 }
 
+// codePairs views an FP8 buffer's codes as the uint16 pairs comm's bf16
+// all-gather carries (nil for none, or for an odd length: fp8Pairs refuses
+// it first).
+func (g host) codePairs(x tensor.Buffer) []uint16 {
+	if x.Len() == 0 {
+		return nil
+	}
+	return bytePairs(g.h.FP8Codes(x))
+}
+
+// bytePairs views an even number of bytes as uint16 pairs, in place (nil for
+// none or an odd count). The pairs only travel: every rank views them the
+// same way, so the bytes arrive as they left.
+func bytePairs(v []uint8) []uint16 {
+	if len(v) == 0 || len(v)%2 != 0 {
+		return nil
+	}
+	return unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(v))), len(v)/2)
+}
+
+// fp8Pairs checks an FP8 all-gather's operands: src and dst of one FP8 dtype,
+// src of an even length (the host's communicators carry codes in pairs; the
+// FSDP groups' shards are multiples of parallel.Align).
+func fp8Pairs(dst, src tensor.Buffer) error {
+	if dst.DType() != src.DType() {
+		return fmt.Errorf("all-gather on buffers: %s into %s (it takes buffers of one dtype)", src.DType(), dst.DType())
+	}
+	if src.Len()%2 != 0 {
+		return fmt.Errorf("all-gather on buffers: %d %s codes: the host's communicators carry FP8 codes in pairs, so a rank's part has an even length", src.Len(), src.DType())
+	}
+	return nil
+}
+
 // bad is the error for operands that did not view (a view shorter than its
 // buffer), nil when they all did.
 func (g host) bad(op string, views ...int) error {
@@ -92,6 +127,16 @@ func (g host) bad(op string, views ...int) error {
 }
 
 func (g host) AllGather(dst, src tensor.Buffer) error {
+	if _, ok := dst.DType().FP8(); ok {
+		if err := fp8Pairs(dst, src); err != nil {
+			return err
+		}
+		d, s := g.codePairs(dst), g.codePairs(src)
+		if err := g.bad("all-gather", 2*len(d), dst.Len(), 2*len(s), src.Len()); err != nil {
+			return err
+		}
+		return g.c.AllGatherBF16(d, s)
+	}
 	if dst.DType() == tensor.BFloat16 {
 		d, s := g.bits(dst), g.bits(src)
 		if err := g.bad("all-gather", len(d), dst.Len(), len(s), src.Len()); err != nil {

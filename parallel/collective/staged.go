@@ -2,6 +2,7 @@ package collective
 
 import (
 	"fmt"
+	"unsafe"
 
 	"github.com/shardline/shardline/parallel/comm"
 	"github.com/shardline/shardline/tensor"
@@ -30,6 +31,12 @@ type staged struct {
 	f32  [2][]float32
 	bf16 [2][]tensor.BF16
 	as   [2]map[stagedKey]any
+	// FP8 codes of an all-gather (source and destination), read and written
+	// as E4M3 codes whatever the format (Memory.Read and Write copy codes of a
+	// buffer's own format unchanged, and both formats' codes are bytes), and
+	// their views as interfaces, by length.
+	f8   [2][]tensor.F8E4M3
+	f8as [2]map[int]any
 }
 
 type stagedKey struct {
@@ -111,7 +118,62 @@ func (g *staged) finish(op string, err error, dst tensor.Buffer) error {
 	return nil
 }
 
+// codes is FP8 slot i's first n codes, as uint16 pairs (n even) and as the
+// interface Memory.Read and Write take.
+func (g *staged) codes(i, n int) ([]uint16, any) {
+	if cap(g.f8[i]) < n {
+		g.f8[i] = make([]tensor.F8E4M3, n)
+		clear(g.f8as[i])
+	}
+	if g.f8as[i] == nil {
+		g.f8as[i] = map[int]any{}
+	}
+	v := g.f8[i][:n]
+	a, ok := g.f8as[i][n]
+	if !ok {
+		a = v
+		g.f8as[i][n] = a
+	}
+	return bytePairs(unsafe.Slice((*uint8)(unsafe.Pointer(unsafe.SliceData(v))), n)), a
+}
+
+// allGatherFP8 is AllGather of FP8 codes: read back, gathered as uint16
+// pairs, written.
+func (g *staged) allGatherFP8(dst, src tensor.Buffer) error {
+	if err := fp8Pairs(dst, src); err != nil {
+		return err
+	}
+	s, a := g.codes(0, src.Len())
+	g.mem.Read(g.as8(a, src), src)
+	if err := g.mem.Err(); err != nil {
+		return fmt.Errorf("all-gather on buffers: %w", err)
+	}
+	d, b := g.codes(1, dst.Len())
+	if err := g.c.AllGatherBF16(d, s); err != nil {
+		return err
+	}
+	g.mem.Write(dst, g.as8(b, dst))
+	if err := g.mem.Err(); err != nil {
+		return fmt.Errorf("all-gather on buffers: %w", err)
+	}
+	return nil
+}
+
+// as8 is the host codes a in x's format: E4M3 codes as they are, or the same
+// bytes as E5M2 codes for an E5M2 buffer (Memory.Read and Write take a
+// buffer's own format's codes without converting them).
+func (g *staged) as8(a any, x tensor.Buffer) any {
+	if x.DType() == tensor.Float8E5M2 {
+		v := a.([]tensor.F8E4M3)
+		return unsafe.Slice((*tensor.F8E5M2)(unsafe.Pointer(unsafe.SliceData(v))), len(v))
+	}
+	return a
+}
+
 func (g *staged) AllGather(dst, src tensor.Buffer) error {
+	if _, ok := dst.DType().FP8(); ok {
+		return g.allGatherFP8(dst, src)
+	}
 	d, s, dh, sh, err := g.stage("all-gather", true, dst, src)
 	if err != nil {
 		return err

@@ -351,6 +351,19 @@ func (m *Memory) Float64s(b tensor.Buffer) []float64 {
 	return nil
 }
 
+// FP8Codes is an FP8 buffer's codes in place (Float8E4M3 or Float8E5M2), as
+// Float32s: what an all-gather of FP8 weights moves, a byte a value.
+func (m *Memory) FP8Codes(b tensor.Buffer) []uint8 {
+	t := tensor.Float8E4M3
+	if b.DType() == tensor.Float8E5M2 {
+		t = tensor.Float8E5M2
+	}
+	if s, lo, hi, ok := m.viewed(b, t); ok {
+		return s.f8[lo:hi:hi]
+	}
+	return nil
+}
+
 // viewed is b's storage and element range for a host view of dtype t, when b
 // is a live buffer of this memory of that dtype; otherwise the failure is kept.
 func (m *Memory) viewed(b tensor.Buffer, t tensor.DType) (s *store, lo, hi int, ok bool) {

@@ -160,8 +160,9 @@ func (m *Model[F]) fp8Input(l int, x tensor.Buffer) tensor.Buffer {
 func (m *Model[F]) matmul(l int, out, x, w tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
 	if m.fp8On(l) {
 		p := m.fp8
-		w = m.quantize(p.w, p.wInv(), w, tensor.E4M3)
-		s.Scales = tensor.MatmulScales{Inp: p.xInv(), Weight: p.wInv()}
+		var winv tensor.Buffer
+		w, winv = m.fp8Weight(w) // fp8param.go
+		s.Scales = tensor.MatmulScales{Inp: p.xInv(), Weight: winv}
 	}
 	m.be.Matmul(out, x, w, s, accumulate)
 }
@@ -172,9 +173,10 @@ func (m *Model[F]) matmul(l int, out, x, w tensor.Buffer, s tensor.MatmulShape, 
 func (m *Model[F]) matmulBackward(l int, dinp, dweight, dout, x, w tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
 	if m.fp8On(l) {
 		p := m.fp8
-		w = m.quantize(p.w, p.wInv(), w, tensor.E4M3)
+		var winv tensor.Buffer
+		w, winv = m.fp8Weight(w) // fp8param.go
 		dout = m.quantize(p.d, p.dInv(), dout, p.f.Grad)
-		s.Scales = tensor.MatmulScales{Inp: p.xInv(), Weight: p.wInv(), Dout: p.dInv()}
+		s.Scales = tensor.MatmulScales{Inp: p.xInv(), Weight: winv, Dout: p.dInv()}
 	}
 	m.be.MatmulBackward(dinp, dweight, dout, x, w, s, accumulate)
 }

@@ -61,6 +61,7 @@ type Model[F tensor.Float] struct {
 	docs      *docState   // nil without document masks
 	tp        *tpState[F] // nil without tensor parallelism
 	fp8       *fp8State   // nil without FP8 compute (fp8.go)
+	fp8w      *fp8Weights // nil without FP8 compute weights (fp8param.go)
 	st        *stash      // bf16 stores of saved activations; nil without WithBF16Activations, and in a bf16-native run
 	// act is the dtype of the activations and their gradients: F, or bf16
 	// in a bf16-native run (WithBF16Activations on a backend that computes
@@ -325,6 +326,7 @@ func (m *Model[F]) Bind(i int, w, g tensor.Buffer) {
 		return // an expert of another expert-parallel rank
 	}
 	*m.wptr[i], *m.gptr[i] = w, g
+	m.noteFP8(i, w)
 	if i == m.embedIdx && m.Cfg.TieEmbeddings {
 		m.w.output, m.g.output = w, g
 	}
