@@ -5,7 +5,7 @@
 // calls it with its arguments taken from 8-byte slots, as cuLaunchKernel
 // takes them.
 //
-// sources: 23d1e05d92678bcaa082b4591a767debd0c626e82c9f7e1acf8fd4147530a495
+// sources: a35a886d9d4464260b21d172969b4e1c06af65bf366bcd966cebe0d6c2eaf27c
 #include "emu.h"
 #include "kernels.cu"
 

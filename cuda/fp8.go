@@ -71,6 +71,24 @@ func (k *kernels) FP8Scale(scale, amax tensor.Buffer, f tensor.FP8Format, margin
 	}
 }
 
+// FP8DelayedScale records each rank's amaxes and updates every tensor's
+// delayed scaling (tensor.Kernels.FP8DelayedScale), a thread a tensor.
+func (k *kernels) FP8DelayedScale(scale, history, amax tensor.Buffer, f tensor.FP8Format, s tensor.DelayedShape) {
+	o := k.ops("FP8DelayedScale")
+	n := scale.Len()
+	if err := tensor.CheckDelayedShape(n, history.Len(), amax.Len(), f, s); err != nil {
+		o.buf(scale, 0, F32) // the memory that keeps the failure
+		o.failf("%v", err)
+		return
+	}
+	sc, h, a := o.f(scale, n), o.f(history, history.Len()), o.f(amax, amax.Len())
+	if !o.ok() || n == 0 {
+		return
+	}
+	k.d.launch("fp8_delayed_scale", k.d.grid(n), 1, threads, k.d.wr(sc), k.d.wr(h), k.d.rd(a), i32(n), i32(s.Steps), i32(s.Ranks), i64(s.Stride),
+		f32(float64(f.Max())), i32(s.Margin), flag(s.Algo == tensor.AmaxMostRecent))
+}
+
 // Quantize rounds x·scale[0] into dst's codes and sets scaleInv[0]
 // (tensor.Kernels.Quantize).
 func (k *kernels) Quantize(dst, scaleInv, x, scale tensor.Buffer) {

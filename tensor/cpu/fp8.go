@@ -160,6 +160,51 @@ func (Kernels[F]) FP8Scale(scale, amax tensor.Buffer, f tensor.FP8Format, margin
 	s[0], _ = f.ScaleFrom(float32(a[0]), margin)
 }
 
+// FP8DelayedScale records each rank's amaxes and updates every tensor's
+// delayed scaling (tensor.Kernels.FP8DelayedScale): tensor.DelayedScaling's
+// Record and Update, column by column.
+func (Kernels[F]) FP8DelayedScale(scale, history, amax tensor.Buffer, f tensor.FP8Format, s tensor.DelayedShape) {
+	const op = "FP8DelayedScale"
+	n := scale.Len()
+	if err := tensor.CheckDelayedShape(n, history.Len(), amax.Len(), f, s); err != nil {
+		failOn(scale, fmt.Errorf("cpu: %s: %w", op, err))
+		return
+	}
+	sc, h, a := f32s(op, scale, n), f32s(op, history, history.Len()), f32s(op, amax, amax.Len())
+	if sc == nil || h == nil || a == nil || n == 0 {
+		return
+	}
+	last := (s.Steps - 1) * s.Stride
+	for i := range n {
+		cur := h[i]
+		for r := range s.Ranks {
+			if v := a[r*s.Stride+i]; v > cur || v != v {
+				cur = v
+			}
+		}
+		m := cur
+		if s.Algo == tensor.AmaxMax { // NaNs passed over, as Update's comparisons
+			m = 0
+			if cur > 0 {
+				m = cur
+			}
+			for j := s.Stride; j <= last; j += s.Stride {
+				if v := h[j+i]; v > m {
+					m = v
+				}
+			}
+		}
+		for j := 0; j < last; j += s.Stride {
+			h[j+i] = h[j+s.Stride+i]
+		}
+		h[last+i] = cur
+		h[i] = 0
+		if v, ok := f.ScaleFrom(m, s.Margin); ok {
+			sc[i] = v
+		}
+	}
+}
+
 // Quantize rounds x·scale[0] into dst's codes and sets scaleInv[0]
 // (tensor.Kernels.Quantize).
 func (Kernels[F]) Quantize(dst, scaleInv, x, scale tensor.Buffer) {

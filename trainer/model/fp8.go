@@ -41,6 +41,9 @@ type FP8 struct {
 	// First and Last bound the layers that compute in FP8: First..Last−1
 	// (the recipe's first and last layers kept in bf16 lie outside).
 	First, Last int
+	// Delayed, when set, scales every tensor by delayed scaling
+	// (fp8delayed.go) instead of current scaling.
+	Delayed *Delayed
 }
 
 // WithFP8 computes the linear products of layers f.First..f.Last−1 in FP8
@@ -58,6 +61,9 @@ type fp8State struct {
 	// (inv[3]), in one buffer; amax is the f64 slot Amax writes.
 	x, w, d   tensor.Buffer
 	inv, amax tensor.Buffer
+	// dl is delayed scaling's state (nil under current scaling, which
+	// then uses inv[3] and amax; delayed scaling has neither).
+	dl *delayedState
 }
 
 func (p *fp8State) xInv() tensor.Buffer  { return p.inv.Slice(0, 1) }
@@ -76,6 +82,13 @@ func (m *Model[F]) setupFP8(f FP8, o options) error {
 	}
 	if (o.tp != nil && o.tp.Size > 1) || (o.cp != nil && o.cp.Size > 1) {
 		return fmt.Errorf("model: FP8 compute with tensor or context parallelism is not built")
+	}
+	if f.Delayed != nil {
+		if err := checkDelayed(*f.Delayed); err != nil {
+			return err
+		}
+		d := *f.Delayed
+		f.Delayed = &d
 	}
 	m.fp8 = &fp8State{f: f}
 	return nil
@@ -113,12 +126,19 @@ func (m *Model[F]) allocFP8() {
 		dt = tensor.Float8E5M2
 	}
 	p.d = m.mem.Alloc(dt, d)
+	if p.f.Delayed != nil {
+		p.inv = m.mem.Alloc(tensor.Float32, 3)
+		m.allocDelayed()
+		return
+	}
 	p.inv, p.amax = m.mem.Alloc(tensor.Float32, 4), m.mem.Alloc(tensor.Float64, 1)
 }
 
 // fp8Buffers are the FP8 buffers (ScratchBytes counts them).
 func (m *Model[F]) fp8Buffers() []tensor.Buffer {
-	if p := m.fp8; p != nil {
+	if p := m.fp8; p != nil && p.dl != nil {
+		return append([]tensor.Buffer{p.x, p.w, p.d, p.inv}, p.dl.buffers()...)
+	} else if p != nil {
 		return []tensor.Buffer{p.x, p.w, p.d, p.inv, p.amax}
 	}
 	return nil
@@ -126,9 +146,13 @@ func (m *Model[F]) fp8Buffers() []tensor.Buffer {
 
 // quantize sets the first x.Len() codes of dst (FP8, of format f) to x under
 // current scaling and inv[0] to their scale inverse, on the backend: Amax,
-// FP8Scale, Quantize. It returns those codes.
-func (m *Model[F]) quantize(dst, inv, x tensor.Buffer, f tensor.FP8Format) tensor.Buffer {
+// FP8Scale, Quantize; under delayed scaling at the scale of x's column col
+// (delayedQuantize). It returns those codes.
+func (m *Model[F]) quantize(dst, inv, x tensor.Buffer, f tensor.FP8Format, col int) tensor.Buffer {
 	p := m.fp8
+	if p.dl != nil {
+		return m.delayedQuantize(dst, inv, x, col)
+	}
 	q := dst.Slice(0, x.Len())
 	m.be.Amax(p.amax, x, false)
 	m.be.FP8Scale(p.scale(), p.amax, f, 0)
@@ -136,36 +160,54 @@ func (m *Model[F]) quantize(dst, inv, x tensor.Buffer, f tensor.FP8Format) tenso
 	return q
 }
 
-// fp8Input is what layer l's products read for their input x: x's E4M3
-// codes (in the shared input copy) where the layer computes in FP8, x
-// itself elsewhere.
-func (m *Model[F]) fp8Input(l int, x tensor.Buffer) tensor.Buffer {
+// fp8Input is what layer l's products read for their input x (which, one
+// of inLn1..inSw): x's E4M3 codes (in the shared input copy) where the layer
+// computes in FP8, x itself elsewhere.
+func (m *Model[F]) fp8Input(l, which int, x tensor.Buffer) tensor.Buffer {
 	if !m.fp8On(l) {
 		return x
 	}
-	return m.quantize(m.fp8.x, m.fp8.xInv(), x, tensor.E4M3)
+	return m.quantize(m.fp8.x, m.fp8.xInv(), x, tensor.E4M3, m.fp8Col(l, 'x', which))
 }
 
-// matmul is layer l's product out = x·wᵀ (+= with accumulate), x from
+// fp8Col is delayed scaling's column of layer l's input which ('x'), or of
+// product which's weight ('w') or output gradient ('g'); 0 under current
+// scaling, which has none.
+func (m *Model[F]) fp8Col(l int, role byte, which int) int {
+	s := m.fp8.dl
+	if s == nil {
+		return 0
+	}
+	i := l - m.fp8.f.First
+	switch role {
+	case 'x':
+		return s.x[i][which]
+	case 'w':
+		return s.w[i][which]
+	}
+	return s.g[i][which]
+}
+
+// matmul is layer l's product pr, out = x·wᵀ (+= with accumulate), x from
 // fp8Input: in FP8 the weight is quantised to E4M3 first and the product
 // reads both operands' codes with their scale inverses.
-func (m *Model[F]) matmul(l int, out, x, w tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
+func (m *Model[F]) matmul(l int, pr product, out, x, w tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
 	if m.fp8On(l) {
 		p := m.fp8
-		w = m.quantize(p.w, p.wInv(), w, tensor.E4M3)
+		w = m.quantize(p.w, p.wInv(), w, tensor.E4M3, m.fp8Col(l, 'w', int(pr)))
 		s.Scales = tensor.MatmulScales{Inp: p.xInv(), Weight: p.wInv()}
 	}
 	m.be.Matmul(out, x, w, s, accumulate)
 }
 
-// matmulBackward is layer l's MatmulBackward, x from fp8Input: in FP8 the
-// weight and the output gradient are quantised first (the gradient to the
-// run's gradient format) and both products read codes.
-func (m *Model[F]) matmulBackward(l int, dinp, dweight, dout, x, w tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
+// matmulBackward is layer l's MatmulBackward of product pr, x from
+// fp8Input: in FP8 the weight and the output gradient are quantised first
+// (the gradient to the run's gradient format) and both products read codes.
+func (m *Model[F]) matmulBackward(l int, pr product, dinp, dweight, dout, x, w tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
 	if m.fp8On(l) {
 		p := m.fp8
-		w = m.quantize(p.w, p.wInv(), w, tensor.E4M3)
-		dout = m.quantize(p.d, p.dInv(), dout, p.f.Grad)
+		w = m.quantize(p.w, p.wInv(), w, tensor.E4M3, m.fp8Col(l, 'w', int(pr)))
+		dout = m.quantize(p.d, p.dInv(), dout, p.f.Grad, m.fp8Col(l, 'g', int(pr)))
 		s.Scales = tensor.MatmulScales{Inp: p.xInv(), Weight: p.wInv(), Dout: p.dInv()}
 	}
 	m.be.MatmulBackward(dinp, dweight, dout, x, w, s, accumulate)
@@ -174,10 +216,10 @@ func (m *Model[F]) matmulBackward(l int, dinp, dweight, dout, x, w tensor.Buffer
 // rowProduct is layer l's row-parallel product (the attention output's
 // projection, the MLP's w2) added into out: rowParallel, or in FP8 (which
 // runs without tensor parallelism) one accumulating FP8 product.
-func (m *Model[F]) rowProduct(l int, out, x, w tensor.Buffer, K int) {
+func (m *Model[F]) rowProduct(l int, pr product, out, x, w tensor.Buffer, K int) {
 	if !m.fp8On(l) {
 		m.rowParallel(out, x, w, K)
 		return
 	}
-	m.matmul(l, out, x, w, tensor.MatmulShape{BT: m.B * m.T, C: K, OC: m.Cfg.Hidden}, true)
+	m.matmul(l, pr, out, x, w, tensor.MatmulShape{BT: m.B * m.T, C: K, OC: m.Cfg.Hidden}, true)
 }
