@@ -384,10 +384,11 @@ type Precision struct {
 // dequantised values are summed in fp32; main weights, gradients and optimizer
 // state keep their formats. The formats are OCP E4M3 (largest 448) and E5M2
 // (largest 57344, with infinities); docs/engine.md, "FP8". shardline run
-// computes the dense layers' products in FP8 under tensorwise scaling and
-// refuses what the engine does not build (delayed scaling, wgrad = false,
+// computes the dense layers' products in FP8 under tensorwise or delayed
+// scaling and refuses what the engine does not build (wgrad = false,
 // param_gather, FP8 head, router or experts, tensor or context parallelism;
-// lint notes each, SL114); the plan counts the FP8 copies in scratch.
+// lint notes each, SL114); the plan counts the FP8 copies, and delayed
+// scaling's scales and amax histories, in scratch.
 type FP8 struct {
 	// none (no FP8), hybrid (E4M3 for the forward's weights and activations,
 	// E5M2 for the backward's output gradients: Transformer Engine's HYBRID,

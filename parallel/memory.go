@@ -511,7 +511,12 @@ func scratchBytesAt(r *config.Recipe, m Mesh, copies int64) int64 {
 // for the largest it takes among the layers that compute in FP8 (a dense
 // layer's MLP widens them to the ffn), their three scale inverses and the
 // scale (f32) and the amax slot (f64); 0 without FP8. FP8 runs have no tensor
-// or context parallelism (config.NotExecuted).
+// or context parallelism (config.NotExecuted). Delayed scaling (recipe
+// "delayed") keeps three scale inverses and, for each of its tensors
+// (DelayedFP8Tensors), the step's amax (f64, and f32 for the all-gather),
+// its scale and its amax history (f32), and, with several ranks, every
+// rank's amaxes of the step (f32): the world's ranks are the data-parallel
+// ones.
 func fp8Bytes(r *config.Recipe, BT int64) int64 {
 	lo, hi := r.FP8LayerRange()
 	if lo == hi {
@@ -527,7 +532,33 @@ func fp8Bytes(r *config.Recipe, BT int64) int64 {
 			break
 		}
 	}
-	return x + w + d + 4*4 + 8
+	if r.Precision.FP8.Recipe != "delayed" {
+		return x + w + d + 4*4 + 8
+	}
+	_, n := DelayedFP8Tensors(mo, lo, hi)
+	N, H, R := int64(n), int64(r.Precision.FP8.AmaxHistoryLen), int64(r.Parallel.WorldSize)
+	state := N * (8 + 4 + 4 + 4*H)
+	if R > 1 {
+		state += 4 * R * N
+	}
+	return x + w + d + 3*4 + state
+}
+
+// DelayedFP8Tensors is how many tensors delayed FP8 scaling keeps a scale
+// and an amax history for in layers lo..hi−1 of model m (trainer/model's
+// fp8delayed.go lays them out): 18 for a dense layer (its 4 product inputs,
+// 7 weights and 7 output gradients), 10 for an MoE layer's attention (2, 4
+// and 4). fwd of them are inputs and weights (E4M3), the rest output
+// gradients.
+func DelayedFP8Tensors(m config.Model, lo, hi int) (fwd, n int) {
+	for l := lo; l < hi; l++ {
+		if m.IsMoELayer(l) {
+			fwd, n = fwd+6, n+10
+		} else {
+			fwd, n = fwd+11, n+18
+		}
+	}
+	return fwd, n
 }
 
 // worstRoutingTotal is the memory total when dropless routing (no capacity

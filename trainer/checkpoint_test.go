@@ -42,7 +42,8 @@ var moeSets = []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.mo
 // MoE, every strategy, 2 ranks (4 with expert parallelism 2), 2 ranks of
 // context or of tensor parallelism, and bf16 storage with bf16 reduction (the
 // resumed run rounds the loaded fp32 main weights to the same bf16 compute
-// weights), and FP8 compute (hybrid, tensorwise: no scaling state to save).
+// weights), and FP8 compute (hybrid, tensorwise: no scaling state to save;
+// delayed: the scales and amax histories saved and restored).
 func TestResumeIsBitExact(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -53,6 +54,9 @@ func TestResumeIsBitExact(t *testing.T) {
 		// FP8 under current scaling has no state: the resumed run's
 		// products quantise what the never-stopped run's did.
 		{"dense-fp8", append([]string{"parallel.world_size=2"}, fp8Sets...)},
+		// Delayed scaling's scales and amax histories are restored bit for
+		// bit (metadata.json's fp8_scaling).
+		{"dense-fp8-delayed", append([]string{"parallel.world_size=2"}, fp8DelayedSets...)},
 		{"dense-cp2", []string{"parallel.world_size=2", "parallel.context_parallel=2"}},
 		{"dense-tp2", []string{"parallel.world_size=2", "parallel.tensor_parallel=2", "model.heads=4", "model.kv_heads=4"}},
 		{"moe-ep2", append([]string{"parallel.world_size=4", "parallel.expert_parallel=2", "train.global_batch_size=16"}, moeSets...)},
@@ -122,6 +126,9 @@ func TestResumeReshards(t *testing.T) {
 		{"dense dp 2 to tp2 x dp2", []string{"parallel.world_size=2", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, []string{"parallel.world_size=4", "parallel.tensor_parallel=2", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, tpSets},
 		{"dense tp 4 to tp 2 x cp 2", []string{"parallel.world_size=4", "parallel.tensor_parallel=4", "fsdp.data_parallel_sharding_strategy=no_shard", "fsdp.use_megatron_fsdp=false"}, []string{"parallel.world_size=4", "parallel.tensor_parallel=2", "parallel.context_parallel=2", "fsdp.data_parallel_sharding_strategy=optim"}, tpSets},
 		{"moe tp 2 ep 2 to ep 2", []string{"parallel.world_size=4", "parallel.tensor_parallel=2", "parallel.expert_parallel=2", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, []string{"parallel.world_size=2", "parallel.expert_parallel=2", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, append(append([]string{}, tpSets...), moeSets...)},
+		// Delayed FP8 scaling's state, which every rank holds alike, goes to
+		// one rank as it was.
+		{"dense fp8 delayed 2 to 1", []string{"parallel.world_size=2", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, []string{"parallel.world_size=1", "fsdp.data_parallel_sharding_strategy=no_shard", "fsdp.use_megatron_fsdp=false"}, fp8DelayedSets},
 		{"moe ep1 to ep2", []string{"parallel.world_size=4", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, []string{"parallel.world_size=4", "parallel.expert_parallel=2", "fsdp.data_parallel_sharding_strategy=optim_grads"}, moeSets},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -154,6 +161,7 @@ func TestResumeReshards(t *testing.T) {
 			require.NoError(t, err)
 			got := lossesOf(t, out.Dir)
 			require.Len(t, got, len(want))
+			t.Logf("loss against the uninterrupted run: %.2e relative at most", maxRelDiff(want, got))
 			assert.Less(t, maxRelDiff(want, got), 1e-5)
 			es, err := ckpt.List(root)
 			require.NoError(t, err)
@@ -186,6 +194,7 @@ func assertSameState(t *testing.T, a, b string) {
 	defer ra.Close()
 	defer rb.Close()
 	require.Len(t, mb.Tensors, len(ma.Tensors))
+	assert.Equal(t, ma.FP8, mb.FP8, "delayed FP8 scaling's state")
 	for _, tn := range ma.Tensors {
 		for k := range ckpt.States {
 			x, y := make([]float32, tn.Numel()), make([]float32, tn.Numel())

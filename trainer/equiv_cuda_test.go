@@ -84,7 +84,11 @@ func TestEngineOnGPUMatchesCPU(t *testing.T) {
 	fp8 := []string{"precision.bf16=true", "fsdp.grad_reduce_in_bf16=true", "precision.fp8.format=hybrid", "precision.fp8.recipe=tensorwise"}
 	cases = append(cases,
 		tc{"fp8/2/optim_grads_params", fp8Tol, append([]string{"parallel.world_size=2", "train.global_batch_size=4", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, fp8...)},
-		tc{"fp8/e4m3 full", fp8Tol, append([]string{"parallel.world_size=1", "train.global_batch_size=2", "activation_checkpoint.mode=full"}, append(fp8, "precision.fp8.format=e4m3")...)})
+		tc{"fp8/e4m3 full", fp8Tol, append([]string{"parallel.world_size=1", "train.global_batch_size=2", "activation_checkpoint.mode=full"}, append(fp8, "precision.fp8.format=e4m3")...)},
+		// Delayed scaling over two ranks: the amaxes gathered and the scales
+		// made on the device (fp8_delayed_scale) as on the CPU.
+		tc{"fp8/delayed 2/optim_grads", fp8Tol, append([]string{"parallel.world_size=2", "train.global_batch_size=4", "fsdp.data_parallel_sharding_strategy=optim_grads",
+			"precision.fp8.amax_history_len=2", "precision.fp8.amax_compute_algo=max"}, append(fp8, "precision.fp8.recipe=delayed")...)})
 	inCI["fp8/2/optim_grads_params"] = true
 	for _, c := range cases {
 		if !full && !inCI[c.name] {

@@ -17,6 +17,11 @@ import (
 // tensorwise (current) scaling, over bf16 compute weights.
 var fp8Sets = []string{"precision.bf16=true", "precision.fp8.format=hybrid", "precision.fp8.recipe=tensorwise"}
 
+// fp8DelayedSets turn them to FP8 under delayed scaling: hybrid, a history
+// of 4 steps read by max, a margin of 1.
+var fp8DelayedSets = []string{"precision.bf16=true", "precision.fp8.format=hybrid", "precision.fp8.recipe=delayed",
+	"precision.fp8.amax_history_len=4", "precision.fp8.amax_compute_algo=max", "precision.fp8.margin=1"}
+
 // fp8Curves compares an FP8 curve with bf16's: the worst per-step relative
 // loss difference and the worst of the means over windows of w steps.
 func fp8Curves(ref, got []float64, w int) (worst, worstMean float64) {

@@ -61,14 +61,17 @@ func TestPlanEqualsHeldOnGPU(t *testing.T) {
 		}
 	}
 	// FP8 compute (its input, weight and gradient copies and their scales,
-	// in scratch): a bf16-native dense run, one under full recompute, and an
+	// in scratch): a bf16-native dense run, one under full recompute, an
 	// MoE run's attention in FP8 beside bf16 experts (the fp32 work set and
-	// bf16 stores).
+	// bf16 stores), and delayed scaling over two ranks.
 	fp8 := []string{"precision.bf16=true", "fsdp.grad_reduce_in_bf16=true", "precision.fp8.format=hybrid", "precision.fp8.recipe=tensorwise"}
 	for _, c := range []tc{
 		{"2/optim_grads_params", []string{"parallel.world_size=2", "train.global_batch_size=4", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}},
 		{"e4m3 full", []string{"parallel.world_size=1", "train.global_batch_size=2", "activation_checkpoint.mode=full", "precision.fp8.format=e4m3"}},
 		{"moe ep2", append([]string{"parallel.world_size=2", "train.global_batch_size=4", "parallel.expert_parallel=2", "precision.fp8.experts=false"}, moe...)},
+		// Delayed scaling: each tensor's amaxes, scale and history, and the
+		// two ranks' gathered amaxes.
+		{"delayed 2", []string{"parallel.world_size=2", "train.global_batch_size=4", "precision.fp8.recipe=delayed", "precision.fp8.amax_history_len=8", "precision.fp8.amax_compute_algo=max"}},
 	} {
 		cases = append(cases, tc{"fp8/" + c.name, append(append([]string{}, fp8...), c.sets...)})
 	}

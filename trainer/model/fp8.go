@@ -11,7 +11,8 @@ import (
 // w1, w3, w2 quantises its input and its weight to E4M3 under per-tensor
 // current scaling (Amax, FP8Scale, Quantize: the scale maps the tensor's own
 // amax onto the format's largest value, computed on the backend, nothing read
-// back) and multiplies the codes with their scale inverses (Matmul's FP8
+// back), or at its tensor's delayed scale (FP8.Delayed: fp8delayed.go), and
+// multiplies the codes with their scale inverses (Matmul's FP8
 // operands); its backward quantises the output gradient too (E5M2 in the
 // hybrid format, E4M3 in e4m3) for the input-gradient and weight-gradient
 // products, which then read the FP8 input and weight.

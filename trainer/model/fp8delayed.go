@@ -3,6 +3,7 @@ package model
 import (
 	"fmt"
 
+	"github.com/shardline/shardline/parallel"
 	"github.com/shardline/shardline/tensor"
 )
 
@@ -117,28 +118,13 @@ func checkDelayed(d Delayed) error {
 	return nil
 }
 
-// DelayedTensors is how many tensors delayed scaling keeps a history for in
-// layers first..last−1 of a model: 18 a dense layer (4 inputs, 7 weights, 7
-// output gradients), 10 an MoE layer's attention (2, 4, 4). The plan counts
-// their state with it (parallel/memory.go).
-func DelayedTensors(isMoE func(l int) bool, first, last int) (fwd, n int) {
-	for l := first; l < last; l++ {
-		if isMoE(l) {
-			fwd, n = fwd+6, n+10
-		} else {
-			fwd, n = fwd+11, n+18
-		}
-	}
-	return fwd, n
-}
-
 // allocDelayed lays out the columns and makes the state: histories zero,
 // scales 1.
 func (m *Model[F]) allocDelayed() {
 	p := m.fp8
 	f := p.f
 	s := &delayedState{d: *f.Delayed}
-	s.fwd, s.n = DelayedTensors(m.Cfg.IsMoELayer, f.First, f.Last)
+	s.fwd, s.n = parallel.DelayedFP8Tensors(m.Cfg, f.First, f.Last) // the plan's count; the layout below follows it
 	L := f.Last - f.First
 	s.x, s.w, s.g = make([][numInputs]int, L), make([][numProducts]int, L), make([][numProducts]int, L)
 	fc, gc := 0, s.fwd

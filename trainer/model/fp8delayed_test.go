@@ -109,7 +109,7 @@ func TestFP8DelayedScaling(t *testing.T) {
 			require.NoError(t, err)
 			scales, hist := m.FP8Scaling()
 			be.scales = scales
-			fwd, n := DelayedTensors(cfg.IsMoELayer, 0, 2)
+			fwd, n := parallel.DelayedFP8Tensors(cfg, 0, 2)
 			require.Equal(t, 18+10, n)
 			require.Equal(t, 11+6, fwd)
 			require.Equal(t, n, scales.Len())
