@@ -180,12 +180,15 @@ func (k *kernels) matmulFP8(out, inp, weight tensor.Buffer, s tensor.MatmulShape
 // weight, dweight += (dout·α')ᵀ·inp, each α its product's scale inverses.
 func (k *kernels) matmulBackwardFP8(dinp, dweight, dout, inp, weight tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
 	o := k.ops("MatmulBackward")
-	dw := o.w(dweight, s.OC*s.C)
 	dy := o.operand(dout, s.BT*s.OC, s.Scales.Dout, "Dout")
-	x, w := o.operand(inp, s.BT*s.C, s.Scales.Inp, "Inp"), o.operand(weight, s.OC*s.C, s.Scales.Weight, "Weight")
-	var dx Buffer
+	w := o.operand(weight, s.OC*s.C, s.Scales.Weight, "Weight")
+	var dx, dw Buffer
+	var x fp8Operand
 	if dinp.Len() > 0 {
 		dx = o.w(dinp, s.BT*s.C)
+	}
+	if dweight.Len() > 0 { // none: the input gradient alone, inp unread
+		dw, x = o.w(dweight, s.OC*s.C), o.operand(inp, s.BT*s.C, s.Scales.Inp, "Inp")
 	}
 	if !o.ok() {
 		return
@@ -193,5 +196,7 @@ func (k *kernels) matmulBackwardFP8(dinp, dweight, dout, inp, weight tensor.Buff
 	if dx.N > 0 {
 		k.d.gemm(false, false, s.C, s.BT, s.OC, k.plain(w), s.C, k.scaled(dy, w), s.OC, beta(accumulate), dx, s.C)
 	}
-	k.d.gemm(false, true, s.C, s.OC, s.BT, k.plain(x), s.C, k.scaled(dy, x), s.OC, 1, dw, s.C)
+	if dw.N > 0 {
+		k.d.gemm(false, true, s.C, s.OC, s.BT, k.plain(x), s.C, k.scaled(dy, x), s.OC, 1, dw, s.C)
+	}
 }

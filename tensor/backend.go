@@ -90,8 +90,11 @@ type Kernels[F Float] interface {
 	// inverses in s.Scales: the product is then that of the values they
 	// stand for (MatmulScales).
 	Matmul(out, inp, weight Buffer, s MatmulShape, accumulate bool)
-	// MatmulBackward accumulates into dweight always, into dinp when accumulate
-	// is set (it overwrites dinp otherwise). dout, inp and weight may be FP8
+	// MatmulBackward accumulates into dweight, into dinp when accumulate
+	// is set (it overwrites dinp otherwise). Either may be the empty Buffer:
+	// no input gradient, or no weight gradient (inp is then not read, and
+	// may be empty too), as a run whose weight gradients compute apart
+	// (precision.fp8.wgrad = false) asks. dout, inp and weight may be FP8
 	// with their scale inverses in s.Scales (MatmulScales); dinp and dweight
 	// are never FP8.
 	MatmulBackward(dinp, dweight, dout, inp, weight Buffer, s MatmulShape, accumulate bool)

@@ -424,19 +424,28 @@ func matmulBackwardFP8[F Float](dinp, dweight, dout, inp, weight tensor.Buffer, 
 	if dinp.Len() > 0 {
 		dx = v.f(op, dinp)
 	}
-	dw := v.g(op, dweight)
+	noDW := dweight.Len() == 0 // the input gradient alone: no weight gradient, inp unread
+	var dw Gradient[F]
+	var x operand[F]
+	if !noDW {
+		dw = v.g(op, dweight)
+		x = v.operand(op, "Inp", inp, s.Scales.Inp)
+	}
 	dy := v.operand(op, "Dout", dout, s.Scales.Dout)
-	x, w := v.operand(op, "Inp", inp, s.Scales.Inp), v.operand(op, "Weight", weight, s.Scales.Weight)
-	dwLen := len(dw.F)
+	w := v.operand(op, "Weight", weight, s.Scales.Weight)
+	dwLen, xLen := len(dw.F), x.len()
 	if dw.H != nil {
 		dwLen = len(dw.H)
+	}
+	if noDW {
+		dwLen, xLen = s.OC*s.C, s.BT*s.C // nothing to check
 	}
 	dxLen := s.BT * s.C // no input gradient: nothing to check
 	if dx != nil {
 		dxLen = len(dx)
 	}
-	if v.bad || !sized(op, dweight, size{"dinp", dxLen, s.BT * s.C}, size{"dweight", dwLen, s.OC * s.C}, size{"dout", dy.len(), s.BT * s.OC},
-		size{"inp", x.len(), s.BT * s.C}, size{"weight", w.len(), s.OC * s.C}) {
+	if v.bad || !sized(op, dout, size{"dinp", dxLen, s.BT * s.C}, size{"dweight", dwLen, s.OC * s.C}, size{"dout", dy.len(), s.BT * s.OC},
+		size{"inp", xLen, s.BT * s.C}, size{"weight", w.len(), s.OC * s.C}) {
 		return
 	}
 	BT, C, OC := s.BT, s.C, s.OC
@@ -448,6 +457,9 @@ func matmulBackwardFP8[F Float](dinp, dweight, dout, inp, weight tensor.Buffer, 
 			beta = 1
 		}
 		gemmFP8(false, false, BT, C, OC, a, fa, OC, w, C, beta, dx, C)
+	}
+	if noDW {
+		return
 	}
 	if dw.H == nil {
 		gemmFP8(true, false, OC, C, BT, a, fa, OC, x, C, 1, dw.F, C)

@@ -75,6 +75,22 @@ func fp8Cases() []kcase {
 		}}
 	})...)
 
+	// The input gradient alone (no weight gradient, no input read: a run
+	// whose weight gradients compute in bf16 apart, precision.fp8.wgrad =
+	// false), from E5M2 or E4M3 output gradients and E4M3 weights, and the
+	// bf16 weight gradient beside it from the unquantised operands.
+	for _, gf := range []tensor.FP8Format{tensor.E5M2, tensor.E4M3} {
+		add(kcase{name: "MatmulBackward/no weight gradient/" + gf.String(), run: func(e *env) bufs {
+			s := tensor.MatmulShape{BT: 37, C: 48, OC: 20}
+			w, sw := e.fp8(s.OC*s.C, 0.3, tensor.E4M3)
+			dout, sd := e.fp8(s.BT*s.OC, 1, gf)
+			s.Scales = tensor.MatmulScales{Weight: sw, Dout: sd}
+			dinp := e.floats(s.BT*s.C, 1)
+			e.k.MatmulBackward(dinp, tensor.Buffer{}, dout, tensor.Buffer{}, w, s, true)
+			return bufs{dinp}
+		}})
+	}
+
 	// Amax over more values than a block of the GPU's (12 blocks), into three
 	// slots that held 0.25 (below the amax), 7.5 (above it) and NaN: with
 	// accumulate the first is raised, the others stay; a NaN or an inf
