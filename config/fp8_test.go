@@ -11,8 +11,8 @@ import (
 // TestImportMegatronFP8: every Megatron FP8 argument lands on its
 // precision.fp8 key (they are the keys' flags), --fp8-interval (ignored by
 // Megatron) is a note, and the import has no error; lint then notes that run
-// refuses what the engine does not build of it (SL114: bf16 weight
-// gradients, FP8 all-gathers; delayed scaling is built) and nothing else
+// refuses what the engine does not build of it (SL114: FP8 all-gathers;
+// delayed scaling and bf16 weight gradients are built) and nothing else
 // about it.
 func TestImportMegatronFP8(t *testing.T) {
 	src := "torchrun pretrain_gpt.py " + llamaArgs + " --bf16 --use-megatron-fsdp --use-distributed-optimizer --no-gradient-accumulation-fusion --ckpt-format fsdp_dtensor" +
@@ -36,7 +36,7 @@ func TestImportMegatronFP8(t *testing.T) {
 	all := strings.Join(notes, "\n")
 	require.Contains(t, all, "SL011 --fp8-interval has no effect in shardline")
 	require.NotContains(t, all, "SL114 precision.fp8.recipe", "delayed scaling is built")
-	require.Contains(t, all, "SL114 precision.fp8.wgrad (false): shardline run refuses it")
+	require.NotContains(t, all, "SL114 precision.fp8.wgrad", "bf16 weight gradients are built")
 	require.Contains(t, all, "SL114 precision.fp8.param_gather (true): shardline run refuses it")
 	// Megatron's defaults stand where the script is silent: delayed scaling
 	// over one step's amax.
@@ -126,7 +126,7 @@ func TestImportTorchtitanFloat8(t *testing.T) {
 
 // TestFP8RunRefuses: shardline run (config.NotExecuted, which trainer.Run
 // checks first) accepts what the engine computes in FP8 (the hybrid and e4m3
-// formats under tensorwise and delayed scaling, dense layers and MoE layers' attention,
+// formats under tensorwise and delayed scaling, FP8 or bf16 weight gradients, dense layers and MoE layers' attention,
 // first and last layers in bf16) and refuses each part it does not build,
 // naming the key and the fix.
 func TestFP8RunRefuses(t *testing.T) {
@@ -141,11 +141,12 @@ func TestFP8RunRefuses(t *testing.T) {
 	delayed := r
 	delayed.Precision.FP8.Recipe, delayed.Precision.FP8.AmaxHistoryLen, delayed.Precision.FP8.AmaxComputeAlgo = "delayed", 1024, "max"
 	require.Empty(t, NotExecuted(&delayed), "e4m3, delayed: built")
+	delayed.Precision.FP8.Wgrad = false
+	require.Empty(t, NotExecuted(&delayed), "bf16 weight gradients: built")
 	for _, c := range []struct {
 		key, why, fix string
 		set           func(r *Recipe)
 	}{
-		{"precision.fp8.wgrad", "weight-gradient products in bf16", "wgrad = true", func(r *Recipe) { r.Precision.FP8.Wgrad = false }},
 		{"precision.fp8.param_gather", "FP8 all-gather are not built", "param_gather = false", func(r *Recipe) { r.Precision.FP8.ParamGather = true }},
 		{"precision.fp8.head_bf16", "output head", "head_bf16 = true", func(r *Recipe) { r.Precision.FP8.HeadBF16 = false }},
 		{"precision.fp8.experts", "grouped products", "experts = false", func(r *Recipe) { r.Model.MoE.NumExperts, r.Model.MoE.TopK = 4, 2 }},

@@ -385,8 +385,8 @@ type Precision struct {
 // state keep their formats. The formats are OCP E4M3 (largest 448) and E5M2
 // (largest 57344, with infinities); docs/engine.md, "FP8". shardline run
 // computes the dense layers' products in FP8 under tensorwise or delayed
-// scaling and refuses what the engine does not build (wgrad = false,
-// param_gather, FP8 head, router or experts, tensor or context parallelism;
+// scaling, with FP8 or bf16 weight gradients, and refuses what the engine
+// does not build (param_gather, FP8 head, router or experts, tensor or context parallelism;
 // lint notes each, SL114); the plan counts the FP8 copies, and delayed
 // scaling's scales and amax histories, in scratch.
 type FP8 struct {

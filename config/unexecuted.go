@@ -35,12 +35,12 @@ func NotExecuted(r *Recipe) []Unexecuted {
 	add(r.Train.LRDecaySteps != 0 && r.Train.LRSchedule == "constant", "train.lr_decay_steps", "a constant schedule has no decay to time", `remove lr_decay_steps, or set lr_schedule = "cosine" or "linear"`)
 	// FP8 (docs/engine.md, "FP8"): the engine computes the dense layers'
 	// linear products in FP8 under per-tensor current scaling (tensorwise)
-	// or delayed scaling (delayed), with FP8 weight gradients, bf16 compute weights, and the head, the
+	// or delayed scaling (delayed), with FP8 weight gradients or bf16 ones
+	// (wgrad = false), bf16 compute weights, and the head, the
 	// router and the MoE experts in bf16, without tensor or context
 	// parallelism. The rest is refused here.
 	f8 := r.Precision.FP8
 	fp8 := r.Precision.FP8On()
-	add(fp8 && !f8.Wgrad, "precision.fp8.wgrad", "weight-gradient products in bf16 beside FP8 input-gradient products are not built: a layer's backward makes both from the same FP8 output gradient", "set wgrad = true under [precision.fp8], or remove the key")
 	add(fp8 && f8.ParamGather, "precision.fp8.param_gather", "FP8 compute weights and their FP8 all-gather are not built: the engine keeps and gathers bf16 compute weights and quantises each weight to FP8 as a product reads it", "set param_gather = false under [precision.fp8]")
 	add(fp8 && !f8.HeadBF16, "precision.fp8.head_bf16", "the output head (its product fused with the loss, a chunk of rows at a time) computes in bf16 only", "set head_bf16 = true under [precision.fp8]")
 	moe := r.Model.MoE.NumExperts > 0

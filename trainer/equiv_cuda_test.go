@@ -85,6 +85,9 @@ func TestEngineOnGPUMatchesCPU(t *testing.T) {
 	cases = append(cases,
 		tc{"fp8/2/optim_grads_params", fp8Tol, append([]string{"parallel.world_size=2", "train.global_batch_size=4", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, fp8...)},
 		tc{"fp8/e4m3 full", fp8Tol, append([]string{"parallel.world_size=1", "train.global_batch_size=2", "activation_checkpoint.mode=full"}, append(fp8, "precision.fp8.format=e4m3")...)},
+		// bf16 weight gradients beside FP8 input gradients (the input-gradient
+		// product alone: MatmulBackward without dweight).
+		tc{"fp8/bf16 wgrad selective", fp8Tol, append([]string{"parallel.world_size=1", "train.global_batch_size=2", "activation_checkpoint.mode=selective"}, append(fp8, "precision.fp8.wgrad=false")...)},
 		// Delayed scaling over two ranks: the amaxes gathered and the scales
 		// made on the device (fp8_delayed_scale) as on the CPU.
 		tc{"fp8/delayed 2/optim_grads", fp8Tol, append([]string{"parallel.world_size=2", "train.global_batch_size=4", "fsdp.data_parallel_sharding_strategy=optim_grads",

@@ -18,7 +18,8 @@ import (
 // fp8Of is the model's FP8 compute for r (precision.fp8; config.NotExecuted
 // refuses what the engine does not build): the output gradients in E5M2 for
 // the hybrid format, E4M3 for e4m3, the layers first_last_layers_bf16
-// leaves in FP8, and under recipe "delayed" delayed scaling over ranks
+// leaves in FP8, the weight gradients apart in bf16 under wgrad = false,
+// and under recipe "delayed" delayed scaling over ranks
 // ranks of the group g (nil for one rank). ok is false without FP8.
 func fp8Of(r *config.Recipe, ranks int, g model.Gatherer) (f model.FP8, ok bool) {
 	if !r.Precision.FP8On() {
@@ -30,6 +31,7 @@ func fp8Of(r *config.Recipe, ranks int, g model.Gatherer) (f model.FP8, ok bool)
 		f.Grad = tensor.E4M3
 	}
 	f.First, f.Last = r.FP8LayerRange()
+	f.BF16Wgrad = !p.Wgrad
 	if p.Recipe == "delayed" {
 		algo := tensor.AmaxMax
 		if p.AmaxComputeAlgo == "most_recent" {

@@ -221,6 +221,8 @@ func TestScratchFollowsThePlan(t *testing.T) {
 		// Delayed scaling's state: each tensor's step amax, scale and
 		// history, and the ranks' gathered amaxes.
 		"fp8 delayed 2 ranks": append([]string{"parallel.world_size=2"}, fp8DelayedSets...),
+		// bf16 weight gradients: nothing more held (they read the stores).
+		"fp8 bf16 wgrad full recompute": append([]string{"activation_checkpoint.mode=full", "precision.fp8.wgrad=false"}, fp8Sets...),
 		"fp8 delayed moe": append([]string{"precision.bf16=true", "precision.fp8.format=e4m3", "precision.fp8.recipe=delayed", "precision.fp8.amax_history_len=16",
 			"precision.fp8.experts=false"}, moe...),
 		"fp8 e4m3 moe full recompute": append([]string{"precision.bf16=true", "precision.fp8.format=e4m3", "precision.fp8.recipe=tensorwise",

@@ -45,6 +45,12 @@ type FP8 struct {
 	// Delayed, when set, scales every tensor by delayed scaling
 	// (fp8delayed.go) instead of current scaling.
 	Delayed *Delayed
+	// BF16Wgrad computes the weight-gradient products apart, from the
+	// unquantised input (a bf16 run's store or activation) and output
+	// gradient, as bf16 products do, while the input-gradient products
+	// read FP8 codes (precision.fp8.wgrad = false, Megatron's
+	// --no-fp8-wgrad). Backward then quantises no product input.
+	BF16Wgrad bool
 }
 
 // WithFP8 computes the linear products of layers f.First..f.Last−1 in FP8
@@ -65,6 +71,9 @@ type fp8State struct {
 	// dl is delayed scaling's state (nil under current scaling, which
 	// then uses inv[3] and amax; delayed scaling has neither).
 	dl *delayedState
+	// backward: a backward pass is running (under BF16Wgrad its products'
+	// inputs stay unquantised).
+	backward bool
 }
 
 func (p *fp8State) xInv() tensor.Buffer  { return p.inv.Slice(0, 1) }
@@ -93,6 +102,13 @@ func (m *Model[F]) setupFP8(f FP8, o options) error {
 	}
 	m.fp8 = &fp8State{f: f}
 	return nil
+}
+
+// fp8Backward marks a backward pass as running (on) or not.
+func (m *Model[F]) fp8Backward(on bool) {
+	if m.fp8 != nil {
+		m.fp8.backward = on
+	}
 }
 
 // fp8On reports whether layer l computes its linear products in FP8.
@@ -164,11 +180,24 @@ func (m *Model[F]) quantize(dst, inv, x tensor.Buffer, f tensor.FP8Format, col i
 // fp8Input is what layer l's products read for their input x (which, one
 // of inLn1..inSw): x's E4M3 codes (in the shared input copy) where the layer
 // computes in FP8, x itself elsewhere.
+//
+// Under BF16Wgrad a backward pass leaves x as it is, for the weight
+// gradient's bf16 product (a product that reads x there, a recomputed one,
+// quantises it itself: matmul); delayed scaling still records x's amax, as
+// the re-quantisation would.
 func (m *Model[F]) fp8Input(l, which int, x tensor.Buffer) tensor.Buffer {
 	if !m.fp8On(l) {
 		return x
 	}
-	return m.quantize(m.fp8.x, m.fp8.xInv(), x, tensor.E4M3, m.fp8Col(l, 'x', which))
+	p := m.fp8
+	if p.f.BF16Wgrad && p.backward {
+		if p.dl != nil && p.dl.record {
+			col := m.fp8Col(l, 'x', which)
+			m.be.Amax(p.dl.cur.Slice(col, col+1), x, true)
+		}
+		return x
+	}
+	return m.quantize(p.x, p.xInv(), x, tensor.E4M3, m.fp8Col(l, 'x', which))
 }
 
 // fp8Col is delayed scaling's column of layer l's input which ('x'), or of
@@ -195,6 +224,9 @@ func (m *Model[F]) fp8Col(l int, role byte, which int) int {
 func (m *Model[F]) matmul(l int, pr product, out, x, w tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
 	if m.fp8On(l) {
 		p := m.fp8
+		if _, codes := x.DType().FP8(); !codes { // an input backward left as it was (BF16Wgrad)
+			x = m.quantize(p.x, p.xInv(), x, tensor.E4M3, m.fp8Col(l, 'x', inputOf(pr)))
+		}
 		w = m.quantize(p.w, p.wInv(), w, tensor.E4M3, m.fp8Col(l, 'w', int(pr)))
 		s.Scales = tensor.MatmulScales{Inp: p.xInv(), Weight: p.wInv()}
 	}
@@ -207,8 +239,19 @@ func (m *Model[F]) matmul(l int, pr product, out, x, w tensor.Buffer, s tensor.M
 func (m *Model[F]) matmulBackward(l int, pr product, dinp, dweight, dout, x, w tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
 	if m.fp8On(l) {
 		p := m.fp8
-		w = m.quantize(p.w, p.wInv(), w, tensor.E4M3, m.fp8Col(l, 'w', int(pr)))
-		dout = m.quantize(p.d, p.dInv(), dout, p.f.Grad, m.fp8Col(l, 'g', int(pr)))
+		wq := m.quantize(p.w, p.wInv(), w, tensor.E4M3, m.fp8Col(l, 'w', int(pr)))
+		dq := m.quantize(p.d, p.dInv(), dout, p.f.Grad, m.fp8Col(l, 'g', int(pr)))
+		if p.f.BF16Wgrad {
+			// The input gradient from the codes, the weight gradient from
+			// x and dout as they are (x unquantised: fp8Input).
+			if dinp.Len() > 0 {
+				m.be.MatmulBackward(dinp, tensor.Buffer{}, dq, tensor.Buffer{}, wq, tensor.MatmulShape{BT: s.BT, C: s.C, OC: s.OC,
+					Scales: tensor.MatmulScales{Weight: p.wInv(), Dout: p.dInv()}}, accumulate)
+			}
+			m.be.MatmulBackward(tensor.Buffer{}, dweight, dout, x, w, s, false)
+			return
+		}
+		w, dout = wq, dq
 		s.Scales = tensor.MatmulScales{Inp: p.xInv(), Weight: p.wInv(), Dout: p.dInv()}
 	}
 	m.be.MatmulBackward(dinp, dweight, dout, x, w, s, accumulate)

@@ -2,6 +2,7 @@ package model
 
 import (
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/shardline/shardline/config"
@@ -96,6 +97,14 @@ func fp8Cases() map[string]struct {
 		"moe": {moe, "none", FP8{Grad: tensor.E5M2, First: 0, Last: 2}},
 		// The first and last of three layers kept out of FP8.
 		"middle-layer": {three, "none", FP8{Grad: tensor.E5M2, First: 1, Last: 2}},
+		// Weight gradients in bf16 (fp32 and float64 here) from the
+		// unquantised operands, beside FP8 input gradients: dense under
+		// none and full recompute, QK-norm (its backward remakes q and k
+		// from the unquantised input), MoE.
+		"bf16-wgrad":         {dense, "none", FP8{Grad: tensor.E5M2, First: 0, Last: 2, BF16Wgrad: true}},
+		"bf16-wgrad-full":    {dense, "full", FP8{Grad: tensor.E4M3, First: 0, Last: 2, BF16Wgrad: true}},
+		"bf16-wgrad-qk-norm": {qk, "selective", FP8{Grad: tensor.E5M2, First: 0, Last: 2, BF16Wgrad: true}},
+		"bf16-wgrad-moe":     {moe, "none", FP8{Grad: tensor.E5M2, First: 0, Last: 2, BF16Wgrad: true}},
 	}
 }
 
@@ -251,5 +260,90 @@ func TestFP8Refusals(t *testing.T) {
 	} {
 		_, err := New[float32](cfg, table, wb, gb, cpu.Backend{}, 1, 4, WithMemory(mem), WithFP8(c.f))
 		require.ErrorContains(t, err, c.msg)
+	}
+}
+
+// wgradSpy counts a model's MatmulBackward calls by what they read: weight
+// gradients from FP8 codes or from unquantised operands, and input
+// gradients from codes.
+type wgradSpy struct {
+	cpu.Kernels[float64]
+	fp8Wgrad, plainWgrad, fp8Dgrad int
+}
+
+func (k *wgradSpy) MatmulBackward(dinp, dweight, dout, inp, weight tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
+	_, codes := dout.DType().FP8()
+	switch {
+	case dweight.Len() > 0 && codes:
+		k.fp8Wgrad++
+	case dweight.Len() > 0:
+		k.plainWgrad++
+	}
+	if dinp.Len() > 0 && codes {
+		k.fp8Dgrad++
+	}
+	k.Kernels.MatmulBackward(dinp, dweight, dout, inp, weight, s, accumulate)
+}
+
+// TestFP8BF16Wgrad: with the weight gradients computed apart (BF16Wgrad,
+// precision.fp8.wgrad = false) the forward and every input gradient are
+// those of the FP8 run with FP8 weight gradients, so the loss and every
+// gradient but the FP8 layers' linear weights' are equal bit for bit (in
+// float64); those weights' gradients differ, each made by a product of the
+// unquantised input and output gradient (every weight-gradient product of
+// the FP8 layers reads no FP8 operand: 7 a layer, 14 in all, beside the 14
+// input-gradient products on FP8 codes; the output head's is HeadLoss's).
+// TestFP8Model holds the arithmetic to float64.
+func TestFP8BF16Wgrad(t *testing.T) {
+	cfg := tinyConfig(false)
+	table, err := parallel.ParamTable(cfg, 1, 1)
+	require.NoError(t, err)
+	hv := make([][]float32, len(table))
+	for i := range table {
+		hv[i] = make([]float32, table[i].LocalNumel())
+		InitParam(hv[i], &table[i], 0, 42, 0.3, cfg.Layers)
+	}
+	B, T := 2, 5
+	step := func(f FP8) (float64, [][]float64, *wgradSpy) {
+		be := &wgradSpy{}
+		w, g := make([][]float64, len(table)), make([][]float64, len(table))
+		for i := range table {
+			w[i], g[i] = make([]float64, len(hv[i])), make([]float64, len(hv[i]))
+			for j, x := range hv[i] {
+				w[i][j] = float64(x)
+			}
+		}
+		mem, wb, gb := onMemory(w, g, false)
+		m, err := New[float64](cfg, table, wb, gb, be, B, T, WithMemory(mem), WithFP8(f))
+		require.NoError(t, err)
+		tokens, targets := fp8Batch(cfg, B*T)
+		loss := mem.Alloc(tensor.Float64, 1)
+		m.ForwardBackward(tokens, targets, loss, false, 0.1)
+		require.NoError(t, m.Err())
+		var l [1]float64
+		mem.Read(l[:], loss)
+		return l[0], g, be
+	}
+	f := FP8{Grad: tensor.E5M2, First: 0, Last: 2}
+	lq, gq, sq := step(f)
+	f.BF16Wgrad = true
+	lb, gb, sb := step(f)
+	require.Equal(t, lq, lb, "the forward is the FP8 run's")
+	require.Equal(t, [3]int{14, 0, 14}, [3]int{sq.fp8Wgrad, sq.plainWgrad, sq.fp8Dgrad}, "FP8 weight gradients: every FP8 product's from codes")
+	require.Equal(t, [3]int{0, 14, 14}, [3]int{sb.fp8Wgrad, sb.plainWgrad, sb.fp8Dgrad}, "bf16 weight gradients: none from codes, the input gradients from codes")
+	linear := func(name string) bool {
+		for _, s := range []string{".attn.wq", ".attn.wk", ".attn.wv", ".attn.wo", ".mlp.w1", ".mlp.w3", ".mlp.w2"} {
+			if strings.HasSuffix(name, s) {
+				return true
+			}
+		}
+		return false
+	}
+	for i := range table {
+		if linear(table[i].Name) {
+			require.NotEqual(t, gq[i], gb[i], "%s: its gradient is computed from unquantised operands", table[i].Name)
+		} else {
+			require.Equal(t, gq[i], gb[i], "%s: its gradient comes from the FP8 input gradients alone", table[i].Name)
+		}
 	}
 }

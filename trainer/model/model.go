@@ -1000,7 +1000,8 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 // made here with its gradient and added to loss as Forward adds it.
 func (m *Model[F]) backward(tokens, targets []int32, scale float64, loss tensor.Buffer, accumulate, fused bool) {
 	m.recordFP8(true)
-	defer m.recordFP8(false)
+	m.fp8Backward(true)
+	defer func() { m.recordFP8(false); m.fp8Backward(false) }()
 	if !m.upload(tokens, targets) {
 		return
 	}
