@@ -126,7 +126,8 @@ func TestImportTorchtitanFloat8(t *testing.T) {
 
 // TestFP8RunRefuses: shardline run (config.NotExecuted, which trainer.Run
 // checks first) accepts what the engine computes in FP8 (the hybrid and e4m3
-// formats under tensorwise and delayed scaling, FP8 or bf16 weight gradients, dense layers and MoE layers' attention,
+// formats under tensorwise and delayed scaling, FP8 or bf16 weight gradients,
+// the MoE router in FP8 or bf16, dense layers and MoE layers' attention,
 // first and last layers in bf16) and refuses each part it does not build,
 // naming the key and the fix.
 func TestFP8RunRefuses(t *testing.T) {
@@ -150,9 +151,6 @@ func TestFP8RunRefuses(t *testing.T) {
 		{"precision.fp8.param_gather", "FP8 all-gather are not built", "param_gather = false", func(r *Recipe) { r.Precision.FP8.ParamGather = true }},
 		{"precision.fp8.head_bf16", "output head", "head_bf16 = true", func(r *Recipe) { r.Precision.FP8.HeadBF16 = false }},
 		{"precision.fp8.experts", "grouped products", "experts = false", func(r *Recipe) { r.Model.MoE.NumExperts, r.Model.MoE.TopK = 4, 2 }},
-		{"precision.fp8.router_bf16", "router", "router_bf16 = true", func(r *Recipe) {
-			r.Model.MoE.NumExperts, r.Model.MoE.TopK, r.Precision.FP8.Experts, r.Precision.FP8.RouterBF16 = 4, 2, false, false
-		}},
 		{"precision.fp8.format", "tensor or context parallelism (tensor_parallel 2", "tensor_parallel and context_parallel to 1", func(r *Recipe) { r.Parallel.TensorParallel = 2 }},
 		{"precision.fp8.format", "context_parallel 2)", "tensor_parallel and context_parallel to 1", func(r *Recipe) { r.Parallel.ContextParallel = 2 }},
 	} {
@@ -167,6 +165,8 @@ func TestFP8RunRefuses(t *testing.T) {
 	moe := r
 	moe.Model.MoE.NumExperts, moe.Model.MoE.TopK, moe.Precision.FP8.Experts = 4, 2, false
 	require.Empty(t, NotExecuted(&moe), "MoE layers with the experts in bf16: built")
+	moe.Precision.FP8.RouterBF16 = false
+	require.Empty(t, NotExecuted(&moe), "the router in FP8: built")
 	d := Default()
 	require.Equal(t, 0, d.FP8Layers())
 	require.Equal(t, 4, r.FP8Layers())

@@ -36,15 +36,14 @@ func NotExecuted(r *Recipe) []Unexecuted {
 	// FP8 (docs/engine.md, "FP8"): the engine computes the dense layers'
 	// linear products in FP8 under per-tensor current scaling (tensorwise)
 	// or delayed scaling (delayed), with FP8 weight gradients or bf16 ones
-	// (wgrad = false), bf16 compute weights, and the head, the
-	// router and the MoE experts in bf16, without tensor or context
-	// parallelism. The rest is refused here.
+	// (wgrad = false), bf16 compute weights, the MoE router in bf16 or FP8
+	// (router_bf16), and the head and the MoE experts in bf16, without
+	// tensor or context parallelism. The rest is refused here.
 	f8 := r.Precision.FP8
 	fp8 := r.Precision.FP8On()
 	add(fp8 && f8.ParamGather, "precision.fp8.param_gather", "FP8 compute weights and their FP8 all-gather are not built: the engine keeps and gathers bf16 compute weights and quantises each weight to FP8 as a product reads it", "set param_gather = false under [precision.fp8]")
 	add(fp8 && !f8.HeadBF16, "precision.fp8.head_bf16", "the output head (its product fused with the loss, a chunk of rows at a time) computes in bf16 only", "set head_bf16 = true under [precision.fp8]")
 	moe := r.Model.MoE.NumExperts > 0
-	add(fp8 && moe && !f8.RouterBF16, "precision.fp8.router_bf16", "the MoE router's product computes in bf16 only", "set router_bf16 = true under [precision.fp8]")
 	add(fp8 && moe && f8.Experts, "precision.fp8.experts", "the MoE experts' grouped products (routed and shared) do not take FP8 operands yet: in FP8 runs they compute in bf16", "set experts = false under [precision.fp8] (the attention products of MoE layers still compute in FP8)")
 	add(fp8 && (p.TensorParallel > 1 || p.ContextParallel > 1), "precision.fp8.format", fmt.Sprintf("FP8 compute with tensor or context parallelism (tensor_parallel %d, context_parallel %d) is not built", p.TensorParallel, p.ContextParallel), `set tensor_parallel and context_parallel to 1 under [parallel], or format = "none" under [precision.fp8]`)
 	add(r.Precision.MainParamsDtype != "fp32", "precision.main_params_dtype", "the trainer keeps fp32 main weights", `set main_params_dtype = "fp32"`)

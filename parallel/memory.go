@@ -509,7 +509,7 @@ func scratchBytesAt(r *config.Recipe, m Mesh, copies int64) int64 {
 // one of its weight and one of its output gradient, which every product of
 // every FP8 layer takes in turn (remade in backward, not kept), each sized
 // for the largest it takes among the layers that compute in FP8 (a dense
-// layer's MLP widens them to the ffn), their three scale inverses and the
+// layer's MLP widens them to the ffn, an FP8 router to its experts), their three scale inverses and the
 // scale (f32) and the amax slot (f64); 0 without FP8. FP8 runs have no tensor
 // or context parallelism (config.NotExecuted). Delayed scaling (recipe
 // "delayed") keeps three scale inverses and, for each of its tensors
@@ -526,16 +526,19 @@ func fp8Bytes(r *config.Recipe, BT int64) int64 {
 	C, HD := int64(mo.Hidden), int64(mo.HeadSize())
 	NH, NKV, FF := int64(mo.Heads), int64(mo.EffectiveKVHeads()), int64(mo.FFNHidden)
 	x, w, d := max(BT*C, BT*NH*HD), max(NH*HD*C, NKV*HD*C), max(BT*C, BT*NH*HD, BT*NKV*HD)
+	router := !r.Precision.FP8.RouterBF16
 	for l := lo; l < hi; l++ {
 		if !mo.IsMoELayer(l) {
 			x, w, d = max(x, BT*FF), max(w, FF*C), max(d, BT*FF)
-			break
+		} else if router { // the router's weight and logits' gradient
+			E := int64(mo.MoE.NumExperts)
+			w, d = max(w, E*C), max(d, BT*E)
 		}
 	}
 	if r.Precision.FP8.Recipe != "delayed" {
 		return x + w + d + 4*4 + 8
 	}
-	_, n := DelayedFP8Tensors(mo, lo, hi)
+	_, n := DelayedFP8Tensors(mo, lo, hi, !r.Precision.FP8.RouterBF16)
 	N, H, R := int64(n), int64(r.Precision.FP8.AmaxHistoryLen), int64(r.Parallel.WorldSize)
 	state := N * (8 + 4 + 4 + 4*H)
 	if R > 1 {
@@ -548,13 +551,17 @@ func fp8Bytes(r *config.Recipe, BT int64) int64 {
 // and an amax history for in layers lo..hi−1 of model m (trainer/model's
 // fp8delayed.go lays them out): 18 for a dense layer (its 4 product inputs,
 // 7 weights and 7 output gradients), 10 for an MoE layer's attention (2, 4
-// and 4). fwd of them are inputs and weights (E4M3), the rest output
-// gradients.
-func DelayedFP8Tensors(m config.Model, lo, hi int) (fwd, n int) {
+// and 4), 13 with its router in FP8 (router: the router's input, weight and
+// output gradient too). fwd of them are inputs and weights (E4M3), the rest
+// output gradients.
+func DelayedFP8Tensors(m config.Model, lo, hi int, router bool) (fwd, n int) {
 	for l := lo; l < hi; l++ {
-		if m.IsMoELayer(l) {
+		switch {
+		case m.IsMoELayer(l) && router:
+			fwd, n = fwd+8, n+13
+		case m.IsMoELayer(l):
 			fwd, n = fwd+6, n+10
-		} else {
+		default:
 			fwd, n = fwd+11, n+18
 		}
 	}

@@ -19,6 +19,7 @@ import (
 // refuses what the engine does not build): the output gradients in E5M2 for
 // the hybrid format, E4M3 for e4m3, the layers first_last_layers_bf16
 // leaves in FP8, the weight gradients apart in bf16 under wgrad = false,
+// the MoE router in FP8 under router_bf16 = false,
 // and under recipe "delayed" delayed scaling over ranks
 // ranks of the group g (nil for one rank). ok is false without FP8.
 func fp8Of(r *config.Recipe, ranks int, g model.Gatherer) (f model.FP8, ok bool) {
@@ -32,6 +33,7 @@ func fp8Of(r *config.Recipe, ranks int, g model.Gatherer) (f model.FP8, ok bool)
 	}
 	f.First, f.Last = r.FP8LayerRange()
 	f.BF16Wgrad = !p.Wgrad
+	f.Router = r.Model.MoE.NumExperts > 0 && !p.RouterBF16
 	if p.Recipe == "delayed" {
 		algo := tensor.AmaxMax
 		if p.AmaxComputeAlgo == "most_recent" {

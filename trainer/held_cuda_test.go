@@ -71,6 +71,8 @@ func TestPlanEqualsHeldOnGPU(t *testing.T) {
 		{"moe ep2", append([]string{"parallel.world_size=2", "train.global_batch_size=4", "parallel.expert_parallel=2", "precision.fp8.experts=false"}, moe...)},
 		// Delayed scaling: each tensor's amaxes, scale and history, and the
 		// two ranks' gathered amaxes.
+		{"moe router", append([]string{"parallel.world_size=1", "train.global_batch_size=2", "precision.fp8.experts=false", "precision.fp8.router_bf16=false",
+			"precision.fp8.recipe=delayed"}, moe...)},
 		{"bf16 wgrad", []string{"parallel.world_size=1", "train.global_batch_size=2", "precision.fp8.wgrad=false"}},
 		{"delayed 2", []string{"parallel.world_size=2", "train.global_batch_size=4", "precision.fp8.recipe=delayed", "precision.fp8.amax_history_len=8", "precision.fp8.amax_compute_algo=max"}},
 	} {

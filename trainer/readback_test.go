@@ -223,8 +223,12 @@ func TestScratchFollowsThePlan(t *testing.T) {
 		"fp8 delayed 2 ranks": append([]string{"parallel.world_size=2"}, fp8DelayedSets...),
 		// bf16 weight gradients: nothing more held (they read the stores).
 		"fp8 bf16 wgrad full recompute": append([]string{"activation_checkpoint.mode=full", "precision.fp8.wgrad=false"}, fp8Sets...),
+		// The MoE router in FP8: its weight and logits' gradient copies
+		// (128 experts: the widest FP8 weight and gradient in this model).
+		"fp8 router moe": append([]string{"precision.bf16=true", "precision.fp8.format=hybrid", "precision.fp8.recipe=tensorwise", "precision.fp8.experts=false",
+			"precision.fp8.router_bf16=false", "model.moe.num_experts=128"}, moe[1:]...),
 		"fp8 delayed moe": append([]string{"precision.bf16=true", "precision.fp8.format=e4m3", "precision.fp8.recipe=delayed", "precision.fp8.amax_history_len=16",
-			"precision.fp8.experts=false"}, moe...),
+			"precision.fp8.experts=false", "precision.fp8.router_bf16=false"}, moe...),
 		"fp8 e4m3 moe full recompute": append([]string{"precision.bf16=true", "precision.fp8.format=e4m3", "precision.fp8.recipe=tensorwise",
 			"precision.fp8.experts=false", "precision.fp8.first_last_layers_bf16=true", "precision.fp8.layers_at_end_in_bf16=0",
 			"activation_checkpoint.mode=full"}, moe...),

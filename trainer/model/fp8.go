@@ -32,7 +32,8 @@ import (
 //
 // What stays as it was (bf16 products, or fp32 without precision.bf16): the
 // embedding, the output head, the norms, attention, an MoE layer's router
-// and experts (routed and shared), and the layers outside First..Last−1.
+// (unless FP8.Router) and experts (routed and shared), and the layers
+// outside First..Last−1.
 
 // FP8 is the model's FP8 compute (WithFP8).
 type FP8 struct {
@@ -51,6 +52,10 @@ type FP8 struct {
 	// read FP8 codes (precision.fp8.wgrad = false, Megatron's
 	// --no-fp8-wgrad). Backward then quantises no product input.
 	BF16Wgrad bool
+	// Router computes an MoE layer's router product in FP8 too (its input
+	// the MLP's normed input, E4M3 like the others; precision.fp8.router_bf16
+	// = false); its experts stay as they were.
+	Router bool
 }
 
 // WithFP8 computes the linear products of layers f.First..f.Last−1 in FP8
@@ -111,6 +116,9 @@ func (m *Model[F]) fp8Backward(on bool) {
 	}
 }
 
+// fp8Router reports whether layer l's router computes its product in FP8.
+func (m *Model[F]) fp8Router(l int) bool { return m.fp8On(l) && m.fp8.f.Router }
+
 // fp8On reports whether layer l computes its linear products in FP8.
 func (m *Model[F]) fp8On(l int) bool {
 	return m.fp8 != nil && l >= m.fp8.f.First && l < m.fp8.f.Last
@@ -131,6 +139,9 @@ func (m *Model[F]) allocFP8() {
 		d = max(d, BT*C, BT*NH*HD, BT*NKV*HD)
 		if !m.Cfg.IsMoELayer(l) {
 			x, w, d = max(x, BT*FF), max(w, FF*C), max(d, BT*FF)
+		} else if p.f.Router {
+			E := m.Cfg.MoE.NumExperts
+			w, d = max(w, E*C), max(d, BT*E)
 		}
 	}
 	if x == 0 {
@@ -239,6 +250,9 @@ func (m *Model[F]) matmul(l int, pr product, out, x, w tensor.Buffer, s tensor.M
 func (m *Model[F]) matmulBackward(l int, pr product, dinp, dweight, dout, x, w tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
 	if m.fp8On(l) {
 		p := m.fp8
+		if _, codes := x.DType().FP8(); !codes && !p.f.BF16Wgrad { // an input no fp8Input quantised (the router's)
+			x = m.quantize(p.x, p.xInv(), x, tensor.E4M3, m.fp8Col(l, 'x', inputOf(pr)))
+		}
 		wq := m.quantize(p.w, p.wInv(), w, tensor.E4M3, m.fp8Col(l, 'w', int(pr)))
 		dq := m.quantize(p.d, p.dInv(), dout, p.f.Grad, m.fp8Col(l, 'g', int(pr)))
 		if p.f.BF16Wgrad {

@@ -105,6 +105,10 @@ func fp8Cases() map[string]struct {
 		"bf16-wgrad-full":    {dense, "full", FP8{Grad: tensor.E4M3, First: 0, Last: 2, BF16Wgrad: true}},
 		"bf16-wgrad-qk-norm": {qk, "selective", FP8{Grad: tensor.E5M2, First: 0, Last: 2, BF16Wgrad: true}},
 		"bf16-wgrad-moe":     {moe, "none", FP8{Grad: tensor.E5M2, First: 0, Last: 2, BF16Wgrad: true}},
+		// The MoE router's product in FP8 too (router_bf16 = false), with FP8
+		// and with bf16 weight gradients.
+		"moe-router":            {moe, "none", FP8{Grad: tensor.E5M2, First: 0, Last: 2, Router: true}},
+		"moe-router-bf16-wgrad": {moe, "selective", FP8{Grad: tensor.E4M3, First: 0, Last: 2, Router: true, BF16Wgrad: true}},
 	}
 }
 
@@ -265,10 +269,17 @@ func TestFP8Refusals(t *testing.T) {
 
 // wgradSpy counts a model's MatmulBackward calls by what they read: weight
 // gradients from FP8 codes or from unquantised operands, and input
-// gradients from codes.
+// gradients from codes; and its forward products of FP8 codes.
 type wgradSpy struct {
 	cpu.Kernels[float64]
-	fp8Wgrad, plainWgrad, fp8Dgrad int
+	fp8Wgrad, plainWgrad, fp8Dgrad, fp8Fwd int
+}
+
+func (k *wgradSpy) Matmul(out, inp, weight tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
+	if _, codes := inp.DType().FP8(); codes {
+		k.fp8Fwd++
+	}
+	k.Kernels.Matmul(out, inp, weight, s, accumulate)
 }
 
 func (k *wgradSpy) MatmulBackward(dinp, dweight, dout, inp, weight tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
@@ -303,31 +314,8 @@ func TestFP8BF16Wgrad(t *testing.T) {
 		hv[i] = make([]float32, table[i].LocalNumel())
 		InitParam(hv[i], &table[i], 0, 42, 0.3, cfg.Layers)
 	}
-	B, T := 2, 5
-	step := func(f FP8) (float64, [][]float64, *wgradSpy) {
-		be := &wgradSpy{}
-		w, g := make([][]float64, len(table)), make([][]float64, len(table))
-		for i := range table {
-			w[i], g[i] = make([]float64, len(hv[i])), make([]float64, len(hv[i]))
-			for j, x := range hv[i] {
-				w[i][j] = float64(x)
-			}
-		}
-		mem, wb, gb := onMemory(w, g, false)
-		m, err := New[float64](cfg, table, wb, gb, be, B, T, WithMemory(mem), WithFP8(f))
-		require.NoError(t, err)
-		tokens, targets := fp8Batch(cfg, B*T)
-		loss := mem.Alloc(tensor.Float64, 1)
-		m.ForwardBackward(tokens, targets, loss, false, 0.1)
-		require.NoError(t, m.Err())
-		var l [1]float64
-		mem.Read(l[:], loss)
-		return l[0], g, be
-	}
-	f := FP8{Grad: tensor.E5M2, First: 0, Last: 2}
-	lq, gq, sq := step(f)
-	f.BF16Wgrad = true
-	lb, gb, sb := step(f)
+	lq, gq, sq := spyStep(t, cfg, table, hv, FP8{Grad: tensor.E5M2, First: 0, Last: 2})
+	lb, gb, sb := spyStep(t, cfg, table, hv, FP8{Grad: tensor.E5M2, First: 0, Last: 2, BF16Wgrad: true})
 	require.Equal(t, lq, lb, "the forward is the FP8 run's")
 	require.Equal(t, [3]int{14, 0, 14}, [3]int{sq.fp8Wgrad, sq.plainWgrad, sq.fp8Dgrad}, "FP8 weight gradients: every FP8 product's from codes")
 	require.Equal(t, [3]int{0, 14, 14}, [3]int{sb.fp8Wgrad, sb.plainWgrad, sb.fp8Dgrad}, "bf16 weight gradients: none from codes, the input gradients from codes")
@@ -346,4 +334,60 @@ func TestFP8BF16Wgrad(t *testing.T) {
 			require.Equal(t, gq[i], gb[i], "%s: its gradient comes from the FP8 input gradients alone", table[i].Name)
 		}
 	}
+}
+
+// spyStep runs one ForwardBackward of a float64 model with FP8 compute f
+// on wgradSpy kernels: its loss, gradients and counts.
+func spyStep(t *testing.T, cfg config.Model, table []parallel.Param, hv [][]float32, f FP8) (float64, [][]float64, *wgradSpy) {
+	t.Helper()
+	B, T := 2, 5
+	be := &wgradSpy{}
+	w, g := make([][]float64, len(table)), make([][]float64, len(table))
+	for i := range table {
+		w[i], g[i] = make([]float64, len(hv[i])), make([]float64, len(hv[i]))
+		for j, x := range hv[i] {
+			w[i][j] = float64(x)
+		}
+	}
+	mem, wb, gb := onMemory(w, g, false)
+	m, err := New[float64](cfg, table, wb, gb, be, B, T, WithMemory(mem), WithFP8(f))
+	require.NoError(t, err)
+	tokens, targets := fp8Batch(cfg, B*T)
+	loss := mem.Alloc(tensor.Float64, 1)
+	m.ForwardBackward(tokens, targets, loss, false, 0.1)
+	require.NoError(t, m.Err())
+	var l [1]float64
+	mem.Read(l[:], loss)
+	return l[0], g, be
+}
+
+// TestFP8Router: with router_bf16 = false (FP8.Router) an MoE layer's router
+// product reads FP8 codes forward and backward beside its attention's (the
+// test model's dense layer has 7 FP8 products, its MoE layer 4, and 5 with
+// the router), its weight gradient comes from codes, and the loss and the
+// router's gradient move from those of the run with the router in bf16
+// (fp32 and float64 here); TestFP8Model holds the arithmetic to float64 and
+// TestFP8DelayedScaling the router's delayed scales.
+func TestFP8Router(t *testing.T) {
+	cfg := tinyMoE(1, 0, 2)
+	table, err := parallel.ParamTable(cfg, 1, 1)
+	require.NoError(t, err)
+	hv := make([][]float32, len(table))
+	for i := range table {
+		hv[i] = make([]float32, table[i].LocalNumel())
+		InitParam(hv[i], &table[i], 0, 42, 0.3, cfg.Layers)
+	}
+	l0, g0, s0 := spyStep(t, cfg, table, hv, FP8{Grad: tensor.E5M2, First: 0, Last: 2})
+	l1, g1, s1 := spyStep(t, cfg, table, hv, FP8{Grad: tensor.E5M2, First: 0, Last: 2, Router: true})
+	require.Equal(t, [3]int{11, 11, 11}, [3]int{s0.fp8Fwd, s0.fp8Dgrad, s0.fp8Wgrad}, "the router in bf16")
+	require.Equal(t, [3]int{12, 12, 12}, [3]int{s1.fp8Fwd, s1.fp8Dgrad, s1.fp8Wgrad}, "the router in FP8")
+	require.NotEqual(t, l0, l1, "the router's FP8 logits change the loss")
+	var router int
+	for i := range table {
+		if strings.HasSuffix(table[i].Name, ".moe.router") {
+			router = i
+		}
+	}
+	require.NotZero(t, router)
+	require.NotEqual(t, g0[router], g1[router], "the router's gradient")
 }

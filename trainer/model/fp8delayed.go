@@ -26,10 +26,13 @@ import (
 // dense layer's w1, w3, w2) and output gradient, and each product input: the
 // attention's normed input (q, k and v read it, and quantise it once), the
 // attention output (o's), the MLP's normed input (w1's and w3's) and w2's
-// SwiGLU output. Products that read one input share its scale: their
+// SwiGLU output; with FP8.Router an MoE layer's router weight and output
+// gradient, and its input, the MLP's normed input. Products that read one
+// input share its scale: their
 // histories would hold the same amaxes step for step (Transformer Engine's
 // fused QKV and gated fc1 products have one input scale too). An MoE layer's
-// attention has the first two inputs, four weights and four gradients.
+// attention has the first two inputs, four weights and four gradients (its
+// router one more of each).
 //
 // Only training passes record (ForwardBackward, Backward): Forward alone
 // (evaluation, sampling) quantises at the scales and leaves the state as it
@@ -67,6 +70,7 @@ const (
 	pW1
 	pW3
 	pW2
+	pRouter // an MoE layer's router (FP8.Router)
 	numProducts
 )
 
@@ -77,7 +81,7 @@ func inputOf(p product) int {
 		return inLn1
 	case pO:
 		return inAtty
-	case pW1, pW3:
+	case pW1, pW3, pRouter:
 		return inLn2
 	}
 	return inSw
@@ -124,14 +128,17 @@ func (m *Model[F]) allocDelayed() {
 	p := m.fp8
 	f := p.f
 	s := &delayedState{d: *f.Delayed}
-	s.fwd, s.n = parallel.DelayedFP8Tensors(m.Cfg, f.First, f.Last) // the plan's count; the layout below follows it
+	s.fwd, s.n = parallel.DelayedFP8Tensors(m.Cfg, f.First, f.Last, f.Router) // the plan's count; the layout below follows it
 	L := f.Last - f.First
 	s.x, s.w, s.g = make([][numInputs]int, L), make([][numProducts]int, L), make([][numProducts]int, L)
 	fc, gc := 0, s.fwd
 	for i := range L {
-		np := numProducts
+		ps := []product{pQ, pK, pV, pO, pW1, pW3, pW2}
 		if m.Cfg.IsMoELayer(f.First + i) {
-			np = pW1 // attention alone
+			ps = ps[:pW1] // attention, and the router in FP8
+			if f.Router {
+				ps = append(ps, pRouter)
+			}
 		}
 		for j := range numInputs {
 			s.x[i][j] = -1
@@ -139,12 +146,12 @@ func (m *Model[F]) allocDelayed() {
 		for q := range numProducts {
 			s.w[i][q], s.g[i][q] = -1, -1
 		}
-		for q := range np {
+		for _, q := range ps {
 			if in := inputOf(q); s.x[i][in] < 0 {
 				s.x[i][in], fc = fc, fc+1
 			}
 		}
-		for q := range np {
+		for _, q := range ps {
 			s.w[i][q], fc = fc, fc+1
 			s.g[i][q], gc = gc, gc+1
 		}

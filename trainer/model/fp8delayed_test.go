@@ -77,15 +77,18 @@ func (g *fakeRank) AllGather(dst, src tensor.Buffer) error {
 // scales and histories are the reference's, bit for bit. The MoE model has
 // a dense layer (18 tensors) and an MoE layer's attention (10); every column
 // is cast each step, always with a tensor of one length. Algorithms max
-// (history 3, margin 1, hybrid) and most_recent (history 1, e4m3).
+// (history 3, margin 1, hybrid) and most_recent (history 1, e4m3), and the
+// router in FP8 (13 tensors in the MoE layer).
 func TestFP8DelayedScaling(t *testing.T) {
 	cfg := tinyMoE(1, 0, 2)
 	for name, c := range map[string]struct {
-		grad tensor.FP8Format
-		d    Delayed
+		grad   tensor.FP8Format
+		d      Delayed
+		router bool
 	}{
-		"max":         {tensor.E5M2, Delayed{History: 3, Algo: tensor.AmaxMax, Margin: 1, Ranks: 2}},
-		"most_recent": {tensor.E4M3, Delayed{History: 1, Algo: tensor.AmaxMostRecent, Ranks: 2}},
+		"max":         {tensor.E5M2, Delayed{History: 3, Algo: tensor.AmaxMax, Margin: 1, Ranks: 2}, false},
+		"most_recent": {tensor.E4M3, Delayed{History: 1, Algo: tensor.AmaxMostRecent, Ranks: 2}, false},
+		"router":      {tensor.E5M2, Delayed{History: 2, Algo: tensor.AmaxMax, Ranks: 2}, true},
 	} {
 		t.Run(name, func(t *testing.T) {
 			table, err := parallel.ParamTable(cfg, 1, 1)
@@ -105,13 +108,16 @@ func TestFP8DelayedScaling(t *testing.T) {
 			d := c.d
 			d.Comm = rank
 			B, T := 2, 5
-			m, err := New[float32](cfg, table, wb, gb, be, B, T, WithMemory(mem), WithFP8(FP8{Grad: c.grad, First: 0, Last: 2, Delayed: &d}))
+			m, err := New[float32](cfg, table, wb, gb, be, B, T, WithMemory(mem), WithFP8(FP8{Grad: c.grad, First: 0, Last: 2, Delayed: &d, Router: c.router}))
 			require.NoError(t, err)
 			scales, hist := m.FP8Scaling()
 			be.scales = scales
-			fwd, n := parallel.DelayedFP8Tensors(cfg, 0, 2)
-			require.Equal(t, 18+10, n)
-			require.Equal(t, 11+6, fwd)
+			fwd, n := parallel.DelayedFP8Tensors(cfg, 0, 2, c.router)
+			if c.router { // the router's input, weight and output gradient too
+				require.Equal(t, [2]int{11 + 8, 18 + 13}, [2]int{fwd, n})
+			} else {
+				require.Equal(t, [2]int{11 + 6, 18 + 10}, [2]int{fwd, n})
+			}
 			require.Equal(t, n, scales.Len())
 			require.Equal(t, d.History*n, hist.Len())
 			ref := make([]*tensor.DelayedScaling, n)

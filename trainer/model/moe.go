@@ -216,7 +216,11 @@ func (m *Model[F]) moeForward(l int, out, x tensor.Buffer, p moeParams[tensor.Bu
 	be, c := m.be, m.Cfg
 	BT, C := m.rows(), c.Hidden
 	E := c.MoE.NumExperts
-	be.Matmul(a.logits, x, p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, false)
+	if m.fp8Router(l) {
+		m.matmul(l, pRouter, a.logits, x, p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, false)
+	} else {
+		be.Matmul(a.logits, x, p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, false)
+	}
 	s := moeShape(c, BT, m.ep.Size)
 	be.Router(a.probs, a.gates, a.logits, m.routing(p, a), s)
 	be.Dispatch(a.x, x, a.rt, s)
@@ -455,7 +459,7 @@ func (m *Model[F]) moeBackward(l int, dx, dout, x tensor.Buffer, p moeParams[ten
 	}
 	before := c.MoE.ScoreBeforeExpert
 	if !before {
-		m.routerBackward(dx, x, p, g, a, dgates, auxScale)
+		m.routerBackward(l, dx, x, p, g, a, dgates, auxScale)
 	}
 	if m.ep.Size > 1 {
 		// dy goes to the experts' owners, is regrouped like the forward's tokens, and
@@ -479,7 +483,7 @@ func (m *Model[F]) moeBackward(l int, dx, dout, x tensor.Buffer, p moeParams[ten
 	}
 	if before {
 		be.ScaleCopiesBackward(dgates, dxp, x, a.gates, a.rt, sh)
-		m.routerBackward(dx, x, p, g, a, dgates, auxScale)
+		m.routerBackward(l, dx, x, p, g, a, dgates, auxScale)
 	}
 	be.DispatchBackward(dx, dxp, a.rt, sh)
 	if len(p.shared) == 0 {
@@ -506,7 +510,7 @@ func (m *Model[F]) moeBackward(l int, dx, dout, x tensor.Buffer, p moeParams[ten
 
 // routerBackward adds into dx and the router's gradient the gradient through
 // the gates (dgates) and, with the aux loss, through the probabilities.
-func (m *Model[F]) routerBackward(dx, x tensor.Buffer, p, g moeParams[tensor.Buffer], a *moeActs[F], dgates tensor.Buffer, auxScale float64) {
+func (m *Model[F]) routerBackward(l int, dx, x tensor.Buffer, p, g moeParams[tensor.Buffer], a *moeActs[F], dgates tensor.Buffer, auxScale float64) {
 	be, c := m.be, m.Cfg
 	BT, C, E := m.rows(), c.Hidden, c.MoE.NumExperts
 	s := &m.scratch
@@ -521,9 +525,12 @@ func (m *Model[F]) routerBackward(dx, x tensor.Buffer, p, g moeParams[tensor.Buf
 	dlogits := s.moeDlogits.Slice(0, BT*E)
 	m.mem.Zero(dlogits)
 	be.RouterBackward(dlogits, dgates, dprobs, a.gates, a.probs, a.rt, sh)
-	if m.tp == nil {
+	switch {
+	case m.fp8Router(l):
+		m.matmulBackward(l, pRouter, dx, g.router, dlogits, x, p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, true)
+	case m.tp == nil:
 		be.MatmulBackward(dx, g.router, dlogits, x, p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, true)
-	} else {
+	default:
 		// The router is replicated over tp and saw this rank's rows only: its
 		// gradient is summed over the tp group.
 		gr := m.tp.grouter
