@@ -231,7 +231,9 @@ func (m *Model[F]) fp8Col(l int, role byte, which int) int {
 
 // matmul is layer l's product pr, out = x·wᵀ (+= with accumulate), x from
 // fp8Input: in FP8 the weight is quantised to E4M3 first and the product
-// reads both operands' codes with their scale inverses.
+// reads both operands' codes with their scale inverses. An x that is not
+// codes (the router's input, or one a BF16Wgrad backward left as it was) is
+// quantised here, at its input's scale.
 func (m *Model[F]) matmul(l int, pr product, out, x, w tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
 	if m.fp8On(l) {
 		p := m.fp8
@@ -246,7 +248,10 @@ func (m *Model[F]) matmul(l int, pr product, out, x, w tensor.Buffer, s tensor.M
 
 // matmulBackward is layer l's MatmulBackward of product pr, x from
 // fp8Input: in FP8 the weight and the output gradient are quantised first
-// (the gradient to the run's gradient format) and both products read codes.
+// (the gradient to the run's gradient format) and both products read codes
+// (an x that is not codes, the router's, quantised here). Under BF16Wgrad
+// the input gradient reads the codes alone and the weight gradient is a
+// product apart of x and dout as they are.
 func (m *Model[F]) matmulBackward(l int, pr product, dinp, dweight, dout, x, w tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
 	if m.fp8On(l) {
 		p := m.fp8
