@@ -11,8 +11,9 @@ import (
 // TestImportMegatronFP8: every Megatron FP8 argument lands on its
 // precision.fp8 key (they are the keys' flags), --fp8-interval (ignored by
 // Megatron) is a note, and the import has no error; lint then notes that run
-// refuses what the engine does not build of it (SL114: delayed scaling, bf16
-// weight gradients, FP8 all-gathers under delayed scaling) and nothing else
+// refuses what the engine does not build of it (SL114: FP8 all-gathers
+// under delayed scaling; delayed scaling and bf16 weight gradients are
+// built) and nothing else
 // about it.
 func TestImportMegatronFP8(t *testing.T) {
 	src := "torchrun pretrain_gpt.py " + llamaArgs + " --bf16 --use-megatron-fsdp --use-distributed-optimizer --no-gradient-accumulation-fusion --ckpt-format fsdp_dtensor" +
@@ -35,8 +36,8 @@ func TestImportMegatronFP8(t *testing.T) {
 	}
 	all := strings.Join(notes, "\n")
 	require.Contains(t, all, "SL011 --fp8-interval has no effect in shardline")
-	require.Contains(t, all, "SL114 precision.fp8.recipe (\"delayed\"): shardline run refuses it: delayed scaling")
-	require.Contains(t, all, "SL114 precision.fp8.wgrad (false): shardline run refuses it")
+	require.NotContains(t, all, "SL114 precision.fp8.recipe", "delayed scaling is built")
+	require.NotContains(t, all, "SL114 precision.fp8.wgrad", "bf16 weight gradients are built")
 	require.Contains(t, all, "SL114 precision.fp8.param_gather (true): shardline run refuses it")
 	// Megatron's defaults stand where the script is silent: delayed scaling
 	// over one step's amax.
@@ -126,9 +127,11 @@ func TestImportTorchtitanFloat8(t *testing.T) {
 
 // TestFP8RunRefuses: shardline run (config.NotExecuted, which trainer.Run
 // checks first) accepts what the engine computes in FP8 (the hybrid and e4m3
-// formats under tensorwise scaling, dense layers, MoE layers' attention and
-// experts (routed and shared, or the experts in bf16), first and last layers
-// in bf16) and refuses each part it does not build,
+// formats under tensorwise and delayed scaling, FP8 or bf16 weight gradients,
+// FP8 compute weights under tensorwise, the MoE router in FP8 or bf16, dense
+// layers, MoE layers' attention and experts (routed and shared, or the
+// experts in bf16), first and last layers in bf16, tensor and context
+// parallelism) and refuses each part it does not build,
 // naming the key and the fix.
 func TestFP8RunRefuses(t *testing.T) {
 	r := Default()
@@ -139,15 +142,18 @@ func TestFP8RunRefuses(t *testing.T) {
 	require.Empty(t, NotExecuted(&r), "hybrid, tensorwise: built")
 	r.Precision.FP8.Format = "e4m3"
 	require.Empty(t, NotExecuted(&r), "e4m3, tensorwise: built")
+	delayed := r
+	delayed.Precision.FP8.Recipe, delayed.Precision.FP8.AmaxHistoryLen, delayed.Precision.FP8.AmaxComputeAlgo = "delayed", 1024, "max"
+	require.Empty(t, NotExecuted(&delayed), "e4m3, delayed: built")
+	delayed.Precision.FP8.Wgrad = false
+	require.Empty(t, NotExecuted(&delayed), "bf16 weight gradients: built")
 	for _, c := range []struct {
 		key, why, fix string
 		set           func(r *Recipe)
 	}{
-		{"precision.fp8.recipe", "delayed scaling", `recipe = "tensorwise"`, func(r *Recipe) { r.Precision.FP8.Recipe = "delayed" }},
-		{"precision.fp8.wgrad", "weight-gradient products in bf16", "wgrad = true", func(r *Recipe) { r.Precision.FP8.Wgrad = false }},
 		{"precision.fp8.head_bf16", "output head", "head_bf16 = true", func(r *Recipe) { r.Precision.FP8.HeadBF16 = false }},
-		{"precision.fp8.router_bf16", "router", "router_bf16 = true", func(r *Recipe) {
-			r.Model.MoE.NumExperts, r.Model.MoE.TopK, r.Precision.FP8.Experts, r.Precision.FP8.RouterBF16 = 4, 2, false, false
+		{"precision.fp8.experts", "delayed scales", `recipe = "tensorwise", or experts = false`, func(r *Recipe) {
+			r.Model.MoE.NumExperts, r.Model.MoE.TopK, r.Precision.FP8.Recipe = 4, 2, "delayed"
 		}},
 	} {
 		x := r
@@ -165,15 +171,27 @@ func TestFP8RunRefuses(t *testing.T) {
 	require.Empty(t, NotExecuted(&pg), "param_gather, tensorwise: built")
 	pg.Precision.FP8.Recipe = "delayed"
 	un := NotExecuted(&pg)
-	require.Len(t, un, 2)
-	require.Equal(t, []string{"precision.fp8.recipe", "precision.fp8.param_gather"}, []string{un[0].Key, un[1].Key})
-	require.Contains(t, un[1].Why, "amax histories")
-	require.Contains(t, un[1].Fix, `set recipe = "tensorwise", or param_gather = false`)
+	require.Len(t, un, 1)
+	require.Equal(t, "precision.fp8.param_gather", un[0].Key)
+	require.Contains(t, un[0].Why, "amax histories")
+	require.Contains(t, un[0].Fix, `set recipe = "tensorwise", or param_gather = false`)
 	moe := r
 	moe.Model.MoE.NumExperts, moe.Model.MoE.TopK, moe.Precision.FP8.Experts = 4, 2, false
 	require.Empty(t, NotExecuted(&moe), "MoE layers with the experts in bf16: built")
+	moe.Precision.FP8.RouterBF16 = false
+	require.Empty(t, NotExecuted(&moe), "the router in FP8: built")
 	moe.Precision.FP8.Experts = true
 	require.Empty(t, NotExecuted(&moe), "MoE layers with the experts in FP8: built")
+	moe.Precision.FP8.Recipe = "delayed"
+	require.Len(t, NotExecuted(&moe), 1, "the experts in FP8 under delayed scaling: refused")
+	tp := r
+	tp.Parallel.TensorParallel, tp.Parallel.ContextParallel = 2, 2
+	require.Empty(t, NotExecuted(&tp), "tensor and context parallelism: built")
+	tp.Precision.FP8.Recipe, tp.Precision.FP8.AmaxHistoryLen, tp.Precision.FP8.AmaxComputeAlgo = "delayed", 16, "max"
+	require.Empty(t, NotExecuted(&tp), "tensor and context parallelism under delayed scaling: built")
+	wg := r
+	wg.Precision.FP8.ParamGather, wg.Precision.FP8.Wgrad = true, false
+	require.Empty(t, NotExecuted(&wg), "FP8 compute weights with bf16 weight gradients: built")
 	d := Default()
 	require.Equal(t, 0, d.FP8Layers())
 	require.Equal(t, 4, r.FP8Layers())

@@ -384,9 +384,14 @@ type Precision struct {
 // dequantised values are summed in fp32; main weights, gradients and optimizer
 // state keep their formats. The formats are OCP E4M3 (largest 448) and E5M2
 // (largest 57344, with infinities); docs/engine.md, "FP8". shardline run
-// computes the dense layers' products in FP8 under tensorwise scaling and
-// refuses what the engine does not build (delayed scaling, wgrad = false,
-// param_gather, FP8 head, router or experts; lint notes each, SL114); the plan counts the FP8 copies in scratch.
+// computes the dense layers' products (the MoE experts', and the router's
+// with router_bf16 = false) in FP8 under tensorwise or delayed scaling, with
+// FP8 or bf16 weight gradients, FP8 compute weights under tensorwise
+// (param_gather), beside tensor and context parallelism, and refuses what
+// the engine does not build (the FP8 head, param_gather or the experts under
+// delayed scaling, param_gather with bf16 weight gradients; lint notes each,
+// SL114); the plan counts the FP8 copies, and delayed scaling's scales and
+// amax histories, in scratch.
 type FP8 struct {
 	// none (no FP8), hybrid (E4M3 for the forward's weights and activations,
 	// E5M2 for the backward's output gradients: Transformer Engine's HYBRID,
@@ -434,12 +439,13 @@ type FP8 struct {
 	HeadBF16 bool `toml:"head_bf16"`
 	// Keep an MoE router's product in bf16 (Megatron always does; torchtitan
 	// when filter_fqns names the router's gate, or its expert count is not a
-	// multiple of 16).
+	// multiple of 16); false computes it in FP8 like the layer's attention.
 	RouterBF16 bool `toml:"router_bf16"`
 	// Compute the MoE experts' products in FP8 too, routed and shared
 	// (Megatron's grouped GEMM with Transformer Engine; torchtitan's
 	// quantize.grouped_mm.float8 converter): the grouped tokens and output
-	// gradients under one scale each, each expert's weight under its own.
+	// gradients under one scale each, each expert's weight under its own,
+	// under tensorwise scaling (shardline run refuses them under delayed).
 	// false keeps them in bf16.
 	Experts bool `toml:"experts"`
 }

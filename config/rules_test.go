@@ -88,7 +88,7 @@ var ruleCases = []ruleCase{
 	{name: "run name leaves the output directory", src: okData + "[run]\nname = \"../../etc\"\n", code: "SL009", sev: SevError, loc: "x.toml:4:1", msg: "must be one directory name: it holds a path separator"},
 	{name: "run name with a terminal escape", src: okData + "[run]\nname = \"a\\u001b]0;title\\u0007\"\n", code: "SL009", sev: SevError, loc: "x.toml:4:1", msg: "it holds the control character U+001B"},
 	{name: "run name longer than a file name", src: okData + "[run]\nname = \"" + strings.Repeat("r", 256) + "\"\n", code: "SL009", sev: SevError, loc: "x.toml:4:1", msg: "it is 256 bytes long, over the 255"},
-	{name: "fp8 delayed not built", src: okData + "[precision]\nbf16 = true\n[precision.fp8]\nformat = \"hybrid\"\nrecipe = \"delayed\"\n", code: "SL114", sev: SevNote, loc: "x.toml:7:1", msg: "delayed scaling"},
+	{name: "fp8 head not built", src: okData + "[precision]\nbf16 = true\n[precision.fp8]\nformat = \"hybrid\"\nhead_bf16 = false\n", code: "SL114", sev: SevNote, loc: "x.toml:7:1", msg: "output head"},
 	{name: "fp8 blockwise", src: okData + "[precision]\nbf16 = true\n[precision.fp8]\nformat = \"e4m3\"\nrecipe = \"blockwise\"\n", code: "SL115", loc: "x.toml:7:1", msg: "per block of 128 values"},
 	{name: "fp8 mxfp8", src: okData + "[precision]\nbf16 = true\n[precision.fp8]\nformat = \"e4m3\"\nrecipe = \"mxfp8\"\n", code: "SL115", loc: "x.toml:7:1", msg: "E8M0"},
 	{name: "fp8 in fp32", src: okData + "[precision.fp8]\nformat = \"hybrid\"\n", code: "SL116", loc: "x.toml:4:1", msg: "needs precision.bf16 = true"},

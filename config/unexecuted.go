@@ -34,20 +34,19 @@ func NotExecuted(r *Recipe) []Unexecuted {
 	add(c.KeepLast != 0 && !c.Saves(), "checkpoint.keep_last", "no checkpoints are written (checkpoint.interval and interval_minutes are 0 and checkpoint.dir empty), so there are none to keep", "set checkpoint.interval, or remove keep_last")
 	add(r.Train.LRDecaySteps != 0 && r.Train.LRSchedule == "constant", "train.lr_decay_steps", "a constant schedule has no decay to time", `remove lr_decay_steps, or set lr_schedule = "cosine" or "linear"`)
 	// FP8 (docs/engine.md, "FP8"): the engine computes the dense layers'
-	// linear products in FP8 under per-tensor current scaling (tensorwise),
-	// with FP8 weight gradients, bf16 compute weights or FP8 ones
-	// (param_gather), the MoE experts' products in FP8 or bf16 (experts),
-	// and the head and the router in bf16, beside tensor and context
+	// linear products in FP8 under per-tensor current scaling (tensorwise)
+	// or delayed scaling (delayed), with FP8 weight gradients or bf16 ones
+	// (wgrad = false), bf16 compute weights or FP8 ones (param_gather), the
+	// MoE experts' products in FP8 or bf16 (experts), the router in bf16 or
+	// FP8 (router_bf16), and the head in bf16, beside tensor and context
 	// parallelism (each rank scaling what it holds). The rest is refused
 	// here.
 	f8 := r.Precision.FP8
 	fp8 := r.Precision.FP8On()
-	add(fp8 && f8.Recipe == "delayed", "precision.fp8.recipe", "delayed scaling (each tensor's scale from an amax history of earlier steps, kept in checkpoints) is not built: the engine scales each tensor by its own amax as it is cast (tensorwise current scaling)", `set recipe = "tensorwise" under [precision.fp8]`)
-	add(fp8 && !f8.Wgrad, "precision.fp8.wgrad", "weight-gradient products in bf16 beside FP8 input-gradient products are not built: a layer's backward makes both from the same FP8 output gradient", "set wgrad = true under [precision.fp8], or remove the key")
 	add(fp8 && f8.ParamGather && f8.Recipe == "delayed", "precision.fp8.param_gather", "FP8 compute weights (quantised from the main weights after each optimizer step, with each tensor's scale from its whole amax: tensorwise current scaling) are built for recipe \"tensorwise\"; with delayed scaling their scales would come from the weights' amax histories, which are not kept", `set recipe = "tensorwise", or param_gather = false under [precision.fp8]`)
-	add(fp8 && !f8.HeadBF16, "precision.fp8.head_bf16", "the output head (its product fused with the loss, a chunk of rows at a time) computes in bf16 only", "set head_bf16 = true under [precision.fp8]")
+	add(fp8 && !f8.HeadBF16, "precision.fp8.head_bf16", "the output head (its product fused with the loss, a chunk of rows at a time) computes in bf16 only: its output gradient never exists whole, so it has no per-tensor scale", "set head_bf16 = true under [precision.fp8]")
 	moe := r.Model.MoE.NumExperts > 0
-	add(fp8 && moe && !f8.RouterBF16, "precision.fp8.router_bf16", "the MoE router's product computes in bf16 only", "set router_bf16 = true under [precision.fp8]")
+	add(fp8 && moe && f8.Experts && f8.Recipe == "delayed", "precision.fp8.experts", "the MoE experts' FP8 products scale each expert's weight by its own amax as it is cast (tensorwise current scaling); their delayed scales and amax histories are not kept", `set recipe = "tensorwise", or experts = false under [precision.fp8] (the attention products of MoE layers then compute in FP8 under delayed scaling)`)
 	add(r.Precision.MainParamsDtype != "fp32", "precision.main_params_dtype", "the trainer keeps fp32 main weights", `set main_params_dtype = "fp32"`)
 	add(r.FSDP.UseNCCLUB && p.Device == "cpu", "fsdp.use_nccl_ub", "NCCL user buffers exist on GPUs only; the CPU trainer has no NCCL", "set use_nccl_ub = false")
 	units := r.FSDP.DataParallelShardingStrategy == "optim_grads" || r.FSDP.DataParallelShardingStrategy == "optim_grads_params"

@@ -5,7 +5,7 @@
 // calls it with its arguments taken from 8-byte slots, as cuLaunchKernel
 // takes them.
 //
-// sources: b25af75d1415613d984c1ee022e107b10e7f9eee514f3ff9ddc2a1907d578400
+// sources: 326904edd72d0c1c025c4f65bcff9b4cc4200c85e3ca94d8134433a1da3404f6
 #include "emu.h"
 #include "kernels.cu"
 

@@ -259,10 +259,13 @@ func (k *kernels) MatmulBackward(dinp, dweight, dout, inp, weight tensor.Buffer,
 		return
 	}
 	o := k.ops("MatmulBackward")
-	dw, dy, x, w := o.w(dweight, s.OC*s.C), o.w(dout, s.BT*s.OC), o.w(inp, s.BT*s.C), o.w(weight, s.OC*s.C)
-	var dx Buffer
+	dy, w := o.w(dout, s.BT*s.OC), o.w(weight, s.OC*s.C)
+	var dx, dw, x Buffer
 	if dinp.Len() > 0 {
 		dx = o.as(dinp, s.BT*s.C, dy)
+	}
+	if dweight.Len() > 0 { // none: the input gradient alone, inp unread
+		dw, x = o.w(dweight, s.OC*s.C), o.w(inp, s.BT*s.C)
 	}
 	if !o.ok() {
 		return
@@ -271,7 +274,9 @@ func (k *kernels) MatmulBackward(dinp, dweight, dout, inp, weight tensor.Buffer,
 		g, wt := k.pair(dy, w)
 		k.d.gemm(false, false, s.C, s.BT, s.OC, wt, s.C, g, s.OC, beta(accumulate), dx, s.C)
 	}
-	k.d.gemm(false, true, s.C, s.OC, s.BT, k.like(x, dy.DType, scratchOperand), s.C, dy, s.OC, 1, dw, s.C)
+	if dw.N > 0 {
+		k.d.gemm(false, true, s.C, s.OC, s.BT, k.like(x, dy.DType, scratchOperand), s.C, dy, s.OC, 1, dw, s.C)
+	}
 }
 
 func (k *kernels) Embedding(out, tokens, wte tensor.Buffer, s tensor.EmbeddingShape) {

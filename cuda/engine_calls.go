@@ -23,6 +23,9 @@ func (k *Kernels) Amax(dst, x tensor.Buffer, accumulate bool) {
 func (k *Kernels) FP8Scale(scale, amax tensor.Buffer, f tensor.FP8Format, margin int) {
 	k.k.d.run(func() { k.k.FP8Scale(scale, amax, f, margin) })
 }
+func (k *Kernels) FP8DelayedScale(scale, history, amax tensor.Buffer, f tensor.FP8Format, s tensor.DelayedShape) {
+	k.k.d.run(func() { k.k.FP8DelayedScale(scale, history, amax, f, s) })
+}
 func (k *Kernels) Quantize(dst, scaleInv, x, scale tensor.Buffer) {
 	k.k.d.run(func() { k.k.Quantize(dst, scaleInv, x, scale) })
 }

@@ -69,6 +69,24 @@ func (k *kernels) FP8Scale(scale, amax tensor.Buffer, f tensor.FP8Format, margin
 	}
 }
 
+// FP8DelayedScale records each rank's amaxes and updates every tensor's
+// delayed scaling (tensor.Kernels.FP8DelayedScale), a thread a tensor.
+func (k *kernels) FP8DelayedScale(scale, history, amax tensor.Buffer, f tensor.FP8Format, s tensor.DelayedShape) {
+	o := k.ops("FP8DelayedScale")
+	n := scale.Len()
+	if err := tensor.CheckDelayedShape(n, history.Len(), amax.Len(), f, s); err != nil {
+		o.buf(scale, 0, F32) // the memory that keeps the failure
+		o.failf("%v", err)
+		return
+	}
+	sc, h, a := o.f(scale, n), o.f(history, history.Len()), o.f(amax, amax.Len())
+	if !o.ok() || n == 0 {
+		return
+	}
+	k.d.launch("fp8_delayed_scale", k.d.grid(n), 1, threads, k.d.wr(sc), k.d.wr(h), k.d.rd(a), i32(n), i32(s.Steps), i32(s.Ranks), i64(s.Stride),
+		f32(float64(f.Max())), i32(s.Margin), flag(s.Algo == tensor.AmaxMostRecent))
+}
+
 // Quantize rounds x·scale[0] into dst's codes and sets scaleInv[0]
 // (tensor.Kernels.Quantize).
 func (k *kernels) Quantize(dst, scaleInv, x, scale tensor.Buffer) {
@@ -160,12 +178,15 @@ func (k *kernels) matmulFP8(out, inp, weight tensor.Buffer, s tensor.MatmulShape
 // weight, dweight += (dout·α')ᵀ·inp, each α its product's scale inverses.
 func (k *kernels) matmulBackwardFP8(dinp, dweight, dout, inp, weight tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
 	o := k.ops("MatmulBackward")
-	dw := o.w(dweight, s.OC*s.C)
 	dy := o.operand(dout, s.BT*s.OC, s.Scales.Dout, "Dout")
-	x, w := o.operand(inp, s.BT*s.C, s.Scales.Inp, "Inp"), o.operand(weight, s.OC*s.C, s.Scales.Weight, "Weight")
-	var dx Buffer
+	w := o.operand(weight, s.OC*s.C, s.Scales.Weight, "Weight")
+	var dx, dw Buffer
+	var x fp8Operand
 	if dinp.Len() > 0 {
 		dx = o.w(dinp, s.BT*s.C)
+	}
+	if dweight.Len() > 0 { // none: the input gradient alone, inp unread
+		dw, x = o.w(dweight, s.OC*s.C), o.operand(inp, s.BT*s.C, s.Scales.Inp, "Inp")
 	}
 	if !o.ok() || k.matmulBackwardNativeFP8(dx, dw, dy, x, w, s, accumulate) {
 		return
@@ -173,7 +194,9 @@ func (k *kernels) matmulBackwardFP8(dinp, dweight, dout, inp, weight tensor.Buff
 	if dx.N > 0 {
 		k.d.gemm(false, false, s.C, s.BT, s.OC, k.plain(w), s.C, k.scaled(dy, w), s.OC, beta(accumulate), dx, s.C)
 	}
-	k.d.gemm(false, true, s.C, s.OC, s.BT, k.plain(x), s.C, k.scaled(dy, x), s.OC, 1, dw, s.C)
+	if dw.N > 0 {
+		k.d.gemm(false, true, s.C, s.OC, s.BT, k.plain(x), s.C, k.scaled(dy, x), s.OC, 1, dw, s.C)
+	}
 }
 
 // fp8Experts reports whether the experts' grouped products take the FP8

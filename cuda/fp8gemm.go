@@ -127,7 +127,8 @@ func (k *kernels) matmulNativeFP8(y Buffer, x, w fp8Operand, s tensor.MatmulShap
 // FP8 kernels, reporting false (having done nothing) where the operands do
 // not fit them: dxᵀ (C×BT) = (wᵀ)ᵀ·doutᵀ, A being w's codes transposed
 // (C×OC row-major); dwᵀ (C×OC) = (xᵀ)ᵀ·dout with x's and dout's codes
-// transposed (C×BT and OC×BT row-major), added into dweight.
+// transposed (C×BT and OC×BT row-major), added into dweight. Either
+// gradient may be absent (the empty Buffer): its product is left out.
 func (k *kernels) matmulBackwardNativeFP8(dx, dw Buffer, dy, x, w fp8Operand, s tensor.MatmulShape, accumulate bool) bool {
 	d := k.d
 	if !d.fp8Native() || s.BT > maxTransposeRows || s.OC > maxTransposeRows {
@@ -137,18 +138,23 @@ func (k *kernels) matmulBackwardNativeFP8(dx, dw Buffer, dy, x, w fp8Operand, s 
 	// their leading dimensions are OC (wᵀ) and BT (xᵀ, doutᵀ).
 	wt, xt, dyt := w.x, x.x, dy.x
 	wt.ptr, xt.ptr, dyt.ptr = 0, 0, 0
+	if dx.N == 0 && dw.N == 0 {
+		return false
+	}
 	if dx.N > 0 && !fp8GemmFits(s.C, s.BT, s.OC, wt, s.OC, dy.x, s.OC, dx, s.C) {
 		return false
 	}
-	if !fp8GemmFits(s.C, s.OC, s.BT, xt, s.BT, dyt, s.BT, dw, s.C) {
+	if dw.N > 0 && !fp8GemmFits(s.C, s.OC, s.BT, xt, s.BT, dyt, s.BT, dw, s.C) {
 		return false
 	}
 	if dx.N > 0 {
 		wT := d.transposed(w.x, s.OC, s.C, scratchFP8TA)
 		d.gemmFP8(s.C, s.BT, s.OC, wT, s.OC, w.inv, dy.x, s.OC, dy.inv, beta(accumulate), dx, s.C)
 	}
-	xT := d.transposed(x.x, s.BT, s.C, scratchFP8TA)
-	dyT := d.transposed(dy.x, s.BT, s.OC, scratchFP8TB)
-	d.gemmFP8(s.C, s.OC, s.BT, xT, s.BT, x.inv, dyT, s.BT, dy.inv, 1, dw, s.C)
+	if dw.N > 0 {
+		xT := d.transposed(x.x, s.BT, s.C, scratchFP8TA)
+		dyT := d.transposed(dy.x, s.BT, s.OC, scratchFP8TB)
+		d.gemmFP8(s.C, s.OC, s.BT, xT, s.BT, x.inv, dyT, s.BT, dy.inv, 1, dw, s.C)
+	}
 	return true
 }

@@ -509,17 +509,23 @@ func scratchBytesAt(r *config.Recipe, m Mesh, copies int64) int64 {
 // one of its weight and one of its output gradient, which every product of
 // every FP8 layer takes in turn (remade in backward, not kept), each sized
 // for the largest it takes among the layers that compute in FP8 (a dense
-// layer's MLP widens them to the ffn), their three scale inverses and the
-// scale (f32) and the amax slot (f64); 0 without FP8. Under tensor
-// parallelism (m.TP) the heads, the ffn and a shared expert's ffn are this
-// rank's share and BT all of its rows (a column-parallel product's gathered
-// input, a row-parallel product's gathered output gradient); under context
-// parallelism BT is the rank's share of the sequence. With the MoE experts in
-// FP8 (precision.fp8.experts, trainer/model's fp8experts.go) an FP8 MoE
-// layer widens them too: the input and gradient copies to the layer's
-// copies permuted rows at the hidden size and the expert ffn (the shared
-// experts' B·T rows alike), the weight copy to every local expert's weight
-// side by side, and one scale inverse (f32) per local expert follows.
+// layer's MLP widens them to the ffn, an FP8 router to its experts), their
+// three scale inverses and the scale (f32) and the amax slot (f64); 0
+// without FP8. Under tensor parallelism (m.TP) the heads, the ffn and a
+// shared expert's ffn are this rank's share and BT all of its rows (a
+// column-parallel product's gathered input, a row-parallel product's
+// gathered output gradient); under context parallelism BT is the rank's
+// share of the sequence. With the MoE experts in FP8 (precision.fp8.experts,
+// trainer/model's fp8experts.go) an FP8 MoE layer widens them too: the input
+// and gradient copies to the layer's copies permuted rows at the hidden size
+// and the expert ffn (the shared experts' B·T rows alike), the weight copy
+// to every local expert's weight side by side, and one scale inverse (f32)
+// per local expert follows. Delayed scaling (recipe "delayed", which FP8
+// experts do not take) keeps three scale inverses and, for each of its
+// tensors (DelayedFP8Tensors), the step's amax (f64, and f32 for the
+// all-gather), its scale and its amax history (f32), and, with several
+// ranks, every rank's amaxes of the step (f32): the world's ranks reduce
+// them.
 func fp8Bytes(r *config.Recipe, m Mesh, BT, copies int64) int64 {
 	lo, hi := r.FP8LayerRange()
 	if lo == hi {
@@ -530,10 +536,15 @@ func fp8Bytes(r *config.Recipe, m Mesh, BT, copies int64) int64 {
 	NH, NKV, FF := int64(mo.Heads)/tp, int64(mo.EffectiveKVHeads())/tp, int64(mo.FFNHidden)/tp
 	x, w, d := max(BT*C, BT*NH*HD), max(NH*HD*C, NKV*HD*C), max(BT*C, BT*NH*HD, BT*NKV*HD)
 	var scales int64
+	router := !r.Precision.FP8.RouterBF16
 	for l := lo; l < hi; l++ {
 		if !mo.IsMoELayer(l) {
 			x, w, d = max(x, BT*FF), max(w, FF*C), max(d, BT*FF)
 			continue
+		}
+		if router { // the router's weight and logits' gradient
+			E := int64(mo.MoE.NumExperts)
+			w, d = max(w, E*C), max(d, BT*E)
 		}
 		if !r.Precision.FP8.Experts {
 			continue
@@ -547,7 +558,37 @@ func fp8Bytes(r *config.Recipe, m Mesh, BT, copies int64) int64 {
 		}
 		scales = El
 	}
-	return x + w + d + (4+scales)*4 + 8
+	if r.Precision.FP8.Recipe != "delayed" {
+		return x + w + d + (4+scales)*4 + 8
+	}
+	_, n := DelayedFP8Tensors(mo, lo, hi, !r.Precision.FP8.RouterBF16)
+	N, H, R := int64(n), int64(r.Precision.FP8.AmaxHistoryLen), int64(r.Parallel.WorldSize)
+	state := N * (8 + 4 + 4 + 4*H)
+	if R > 1 {
+		state += 4 * R * N
+	}
+	return x + w + d + 3*4 + state
+}
+
+// DelayedFP8Tensors is how many tensors delayed FP8 scaling keeps a scale
+// and an amax history for in layers lo..hi−1 of model m (trainer/model's
+// fp8delayed.go lays them out): 18 for a dense layer (its 4 product inputs,
+// 7 weights and 7 output gradients), 10 for an MoE layer's attention (2, 4
+// and 4), 13 with its router in FP8 (router: the router's input, weight and
+// output gradient too). fwd of them are inputs and weights (E4M3), the rest
+// output gradients.
+func DelayedFP8Tensors(m config.Model, lo, hi int, router bool) (fwd, n int) {
+	for l := lo; l < hi; l++ {
+		switch {
+		case m.IsMoELayer(l) && router:
+			fwd, n = fwd+8, n+13
+		case m.IsMoELayer(l):
+			fwd, n = fwd+6, n+10
+		default:
+			fwd, n = fwd+11, n+18
+		}
+	}
+	return fwd, n
 }
 
 // worstRoutingTotal is the memory total when dropless routing (no capacity

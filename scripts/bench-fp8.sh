@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # FP8 against bf16 on the CPU: recipes/tiny.toml trained 200 steps (micro-batches
-# of 4) in bf16 and with its linear layers in FP8 (hybrid and e4m3, tensorwise
-# current scaling), from the same initialisation and data: each FP8 curve's
+# of 4) in bf16 and with its linear layers in FP8 (hybrid and e4m3 under
+# tensorwise current scaling, hybrid under delayed scaling), from the same initialisation and data: each FP8 curve's
 # worst per-step and 20-step-mean loss difference from bf16's, the final
 # validation losses, tokens a second against bf16's and the scratch the FP8
 # copies add; then recipes/moe-tiny.toml the same way in hybrid FP8, with its

@@ -92,8 +92,11 @@ type Kernels[F Float] interface {
 	// inverses in s.Scales: the product is then that of the values they
 	// stand for (MatmulScales).
 	Matmul(out, inp, weight Buffer, s MatmulShape, accumulate bool)
-	// MatmulBackward accumulates into dweight always, into dinp when accumulate
-	// is set (it overwrites dinp otherwise). dout, inp and weight may be FP8
+	// MatmulBackward accumulates into dweight, into dinp when accumulate
+	// is set (it overwrites dinp otherwise). Either may be the empty Buffer:
+	// no input gradient, or no weight gradient (inp is then not read, and
+	// may be empty too), as a run whose weight gradients compute apart
+	// (precision.fp8.wgrad = false) asks. dout, inp and weight may be FP8
 	// with their scale inverses in s.Scales (MatmulScales); dinp and dweight
 	// are never FP8.
 	MatmulBackward(dinp, dweight, dout, inp, weight Buffer, s MatmulShape, accumulate bool)
@@ -127,6 +130,20 @@ type Kernels[F Float] interface {
 	// scale is f32 (FP8Scale's, or a delayed scaling's scale), a buffer
 	// other than scaleInv.
 	Quantize(dst, scaleInv, x, scale Buffer)
+	// FP8DelayedScale ends a step of delayed scaling for n = scale.Len()
+	// tensors of format f (tensor.DelayedScaling, one per tensor, all of one
+	// algorithm and margin: s). Tensor i's history is column i of history
+	// (f32, s.Steps rows of s.Stride values, History[j] in row j) and its
+	// scale scale[i] (f32); amax (f32) holds s.Ranks rows of s.Stride values,
+	// row r rank r's amaxes of the step (column i tensor i's). For each
+	// tensor it records every rank's amax in row 0 (DelayedScaling.Record,
+	// rank by rank: a maximum, a NaN staying) and then updates
+	// (DelayedScaling.Update: the scale from the history, kept where the
+	// history gives none, and the history rolled, row 0 zero again). Columns
+	// of another format are another call's, on the buffers sliced at their
+	// first column. It reads and writes the backend's memory alone: a step's
+	// scales never go to the host. s.Margin is 0 to MaxScaleMargin.
+	FP8DelayedScale(scale, history, amax Buffer, f FP8Format, s DelayedShape)
 
 	// Embedding writes the rows of wte that tokens (BT) pick into out (BT,C):
 	// wte holds vocabulary rows s.Lo..s.Lo+s.N−1 (a vocabulary-parallel rank's),
@@ -354,6 +371,16 @@ type MatmulScales struct{ Inp, Weight, Dout Buffer }
 // FP8 reports whether any operand has a scale inverse (any operand is FP8).
 func (s MatmulScales) FP8() bool {
 	return s.Inp.Len() > 0 || s.Weight.Len() > 0 || s.Dout.Len() > 0
+}
+
+// DelayedShape lays out Kernels.FP8DelayedScale's buffers: Steps rows of
+// history (amax_history_len, 1 to MaxAmaxHistory), Ranks rows of amaxes
+// (1 or more), each row Stride values apart (Stride at least the tensors
+// updated), and the algorithm and margin of every tensor's scale.
+type DelayedShape struct {
+	Steps, Ranks, Stride int
+	Algo                 AmaxAlgo
+	Margin               int
 }
 
 // RopeShape is x (B,T,NH,HD): B sequences of T positions, NH heads of HD.

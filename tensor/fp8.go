@@ -352,3 +352,28 @@ func (d *DelayedScaling) Update() {
 
 // ScaleInv is the reciprocal of the scale, which dequantises: x ≈ code·ScaleInv.
 func (d *DelayedScaling) ScaleInv() float32 { return 1 / d.Scale }
+
+// CheckDelayedShape checks the operands of Kernels.FP8DelayedScale: n
+// tensors' scales, a history of histLen values and amaxes of amaxLen, in
+// format f, laid out as s says. Both backends refuse what it refuses.
+func CheckDelayedShape(n, histLen, amaxLen int, f FP8Format, s DelayedShape) error {
+	switch {
+	case f > E5M2:
+		return fmt.Errorf("format %v: want e4m3 or e5m2", f)
+	case s.Algo > AmaxMostRecent:
+		return fmt.Errorf("amax algorithm %d: want max or most_recent", s.Algo)
+	case s.Margin < 0 || s.Margin > MaxScaleMargin:
+		return fmt.Errorf("margin %d: want 0 to %d (binades of headroom below the format's largest value)", s.Margin, MaxScaleMargin)
+	case s.Steps < 1 || s.Steps > MaxAmaxHistory:
+		return fmt.Errorf("amax history of %d steps: want 1 to %d", s.Steps, MaxAmaxHistory)
+	case s.Ranks < 1:
+		return fmt.Errorf("amaxes of %d ranks: want 1 or more", s.Ranks)
+	case s.Stride < n || s.Stride > 1<<40:
+		return fmt.Errorf("rows %d values apart for %d tensors: want a stride of at least the tensors", s.Stride, n)
+	case n > 0 && histLen < (s.Steps-1)*s.Stride+n:
+		return fmt.Errorf("a history of %d values for %d steps of %d tensors %d apart: want at least %d", histLen, s.Steps, n, s.Stride, (s.Steps-1)*s.Stride+n)
+	case n > 0 && amaxLen < (s.Ranks-1)*s.Stride+n:
+		return fmt.Errorf("amaxes of %d values for %d ranks of %d tensors %d apart: want at least %d", amaxLen, s.Ranks, n, s.Stride, (s.Ranks-1)*s.Stride+n)
+	}
+	return nil
+}

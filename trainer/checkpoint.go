@@ -127,7 +127,8 @@ func (c *checkpointer) timeUp() bool {
 type pendingSave struct {
 	step, optSteps int
 	dir            string
-	crcs           []uint32 // this rank's checksums, per piece and state kind
+	crcs           []uint32         // this rank's checksums, per piece and state kind
+	fp8            *ckpt.FP8Scaling // rank 0's: delayed FP8 scaling's state (nil without)
 	done           chan error
 	finished       bool
 	err            error
@@ -186,13 +187,17 @@ func (t *run) startSave(step, optSteps int) {
 			crcs = append(crcs, ckpt.Checksum(data[at:]))
 		}
 	}
+	var fp8 *ckpt.FP8Scaling
+	if t.rank == 0 {
+		fp8 = t.fp8Snapshot() // every rank holds the same: rank 0's goes in the metadata
+	}
 	if err := st.mem.Err(); err != nil {
 		p := &pendingSave{step: step, optSteps: optSteps, dir: ckpt.StepDir(c.root, step), finished: true, err: err}
 		c.pending, c.saved = p, step
 		c.restartClock()
 		return
 	}
-	p := &pendingSave{step: step, optSteps: optSteps, dir: ckpt.StepDir(c.root, step), crcs: crcs, done: make(chan error, 1)}
+	p := &pendingSave{step: step, optSteps: optSteps, dir: ckpt.StepDir(c.root, step), crcs: crcs, fp8: fp8, done: make(chan error, 1)}
 	own := t.opts.own // rank 0's
 	if len(pieces) == 0 && own == nil {
 		p.finished = true
@@ -256,7 +261,7 @@ func (t *run) commitSave(world comm.Communicator) error {
 		return err
 	}
 	meta := &ckpt.Meta{Step: p.step, OptimizerSteps: p.optSteps, PlanFingerprint: t.plan.Fingerprint, WorldSize: t.plan.Mesh.World,
-		Strategy: t.plan.Strategy, ExpertParallel: t.plan.Mesh.EP, RunDir: runDir, RunID: t.opts.own.runID, SaveBlockedS: p.blocked.Seconds()}
+		Strategy: t.plan.Strategy, ExpertParallel: t.plan.Mesh.EP, RunDir: runDir, RunID: t.opts.own.runID, SaveBlockedS: p.blocked.Seconds(), FP8: p.fp8}
 	meta.RecipeFingerprint, _ = config.Fingerprint(t.r)
 	meta.DataFingerprint = t.ds.Fingerprint()
 	resolved, _, err := config.ResolvedTOML(t.r)

@@ -42,32 +42,41 @@ var moeSets = []string{"model.moe.num_experts=4", "model.moe.top_k=2", "model.mo
 // MoE, every strategy, 2 ranks (4 with expert parallelism 2), 2 ranks of
 // context or of tensor parallelism, and bf16 storage with bf16 reduction (the
 // resumed run rounds the loaded fp32 main weights to the same bf16 compute
-// weights), and FP8 compute (hybrid, tensorwise: no scaling state to save),
-// with FP8 compute weights too (param_gather: requantised from the loaded
-// main weights).
+// weights), and FP8 compute (hybrid, tensorwise: no scaling state to save;
+// delayed: the scales and amax histories saved and restored), with FP8
+// compute weights too (param_gather: requantised from the loaded main
+// weights).
 func TestResumeIsBitExact(t *testing.T) {
+	all := []string{"no_shard", "optim", "optim_grads", "optim_grads_params"}
 	for _, c := range []struct {
-		name string
-		sets []string
+		name       string
+		sets       []string
+		strategies []string // nil: all
 	}{
-		{"dense", []string{"parallel.world_size=2"}},
-		{"dense-bf16", []string{"parallel.world_size=2", "precision.bf16=true", "fsdp.grad_reduce_in_bf16=true"}},
+		{"dense", []string{"parallel.world_size=2"}, nil},
+		{"dense-bf16", []string{"parallel.world_size=2", "precision.bf16=true", "fsdp.grad_reduce_in_bf16=true"}, nil},
 		// FP8 under current scaling has no state: the resumed run's
 		// products quantise what the never-stopped run's did.
-		{"dense-fp8", append([]string{"parallel.world_size=2"}, fp8Sets...)},
+		{"dense-fp8", append([]string{"parallel.world_size=2"}, fp8Sets...), nil},
 		// FP8 compute weights (param_gather) are not saved: the resumed
-		// run quantises the loaded main weights into the same codes.
-		{"dense-fp8-param-gather", append([]string{"parallel.world_size=2"}, fp8GatherSets...)},
-		{"dense-cp2", []string{"parallel.world_size=2", "parallel.context_parallel=2"}},
-		{"dense-tp2", []string{"parallel.world_size=2", "parallel.tensor_parallel=2", "model.heads=4", "model.kv_heads=4"}},
-		{"moe-ep2", append([]string{"parallel.world_size=4", "parallel.expert_parallel=2", "train.global_batch_size=16"}, moeSets...)},
+		// run quantises the loaded main weights into the same codes. Under
+		// no_shard nothing is gathered: lint refuses param_gather (SL117).
+		{"dense-fp8-param-gather", append([]string{"parallel.world_size=2"}, fp8GatherSets...), []string{"optim", "optim_grads", "optim_grads_params"}},
+		// Delayed scaling's scales and amax histories are restored bit for
+		// bit (metadata.json's fp8_scaling), which no strategy shards: the
+		// two ends of the range of strategies suffice.
+		{"dense-fp8-delayed", append([]string{"parallel.world_size=2"}, fp8DelayedSets...), []string{"no_shard", "optim_grads_params"}},
+		{"dense-cp2", []string{"parallel.world_size=2", "parallel.context_parallel=2"}, nil},
+		{"dense-tp2", []string{"parallel.world_size=2", "parallel.tensor_parallel=2", "model.heads=4", "model.kv_heads=4"}, nil},
+		{"moe-ep2", append([]string{"parallel.world_size=4", "parallel.expert_parallel=2", "train.global_batch_size=16"}, moeSets...), nil},
 		// DeepSeek-V3's router: the expert biases are restored bit for bit.
-		{"router-ep2", append([]string{"parallel.world_size=4", "parallel.expert_parallel=2", "train.global_batch_size=16"}, deepseekSets...)},
+		{"router-ep2", append([]string{"parallel.world_size=4", "parallel.expert_parallel=2", "train.global_batch_size=16"}, deepseekSets...), nil},
 	} {
-		for _, strategy := range []string{"no_shard", "optim", "optim_grads", "optim_grads_params"} {
-			if strategy == "no_shard" && c.name == "dense-fp8-param-gather" {
-				continue // nothing is gathered: lint refuses param_gather (SL117)
-			}
+		strategies := c.strategies
+		if strategies == nil {
+			strategies = all
+		}
+		for _, strategy := range strategies {
 			t.Run(c.name+"/"+strategy, func(t *testing.T) {
 				sets := append([]string{"train.steps=8", "train.eval_interval=4", "checkpoint.interval=3", "checkpoint.keep_last=2",
 					"fsdp.data_parallel_sharding_strategy=" + strategy, "fsdp.use_megatron_fsdp=" + ftoa(b2f(strategy != "no_shard" && strategy != "optim"))}, c.sets...)
@@ -130,6 +139,9 @@ func TestResumeReshards(t *testing.T) {
 		{"dense dp 2 to tp2 x dp2", []string{"parallel.world_size=2", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, []string{"parallel.world_size=4", "parallel.tensor_parallel=2", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, tpSets},
 		{"dense tp 4 to tp 2 x cp 2", []string{"parallel.world_size=4", "parallel.tensor_parallel=4", "fsdp.data_parallel_sharding_strategy=no_shard", "fsdp.use_megatron_fsdp=false"}, []string{"parallel.world_size=4", "parallel.tensor_parallel=2", "parallel.context_parallel=2", "fsdp.data_parallel_sharding_strategy=optim"}, tpSets},
 		{"moe tp 2 ep 2 to ep 2", []string{"parallel.world_size=4", "parallel.tensor_parallel=2", "parallel.expert_parallel=2", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, []string{"parallel.world_size=2", "parallel.expert_parallel=2", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, append(append([]string{}, tpSets...), moeSets...)},
+		// Delayed FP8 scaling's state, which every rank holds alike, goes to
+		// one rank as it was.
+		{"dense fp8 delayed 2 to 1", []string{"parallel.world_size=2", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, []string{"parallel.world_size=1", "fsdp.data_parallel_sharding_strategy=no_shard", "fsdp.use_megatron_fsdp=false"}, fp8DelayedSets},
 		{"moe ep1 to ep2", []string{"parallel.world_size=4", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, []string{"parallel.world_size=4", "parallel.expert_parallel=2", "fsdp.data_parallel_sharding_strategy=optim_grads"}, moeSets},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -162,6 +174,7 @@ func TestResumeReshards(t *testing.T) {
 			require.NoError(t, err)
 			got := lossesOf(t, out.Dir)
 			require.Len(t, got, len(want))
+			t.Logf("loss against the uninterrupted run: %.2e relative at most", maxRelDiff(want, got))
 			assert.Less(t, maxRelDiff(want, got), 1e-5)
 			es, err := ckpt.List(root)
 			require.NoError(t, err)
@@ -194,6 +207,7 @@ func assertSameState(t *testing.T, a, b string) {
 	defer ra.Close()
 	defer rb.Close()
 	require.Len(t, mb.Tensors, len(ma.Tensors))
+	assert.Equal(t, ma.FP8, mb.FP8, "delayed FP8 scaling's state")
 	for _, tn := range ma.Tensors {
 		for k := range ckpt.States {
 			x, y := make([]float32, tn.Numel()), make([]float32, tn.Numel())

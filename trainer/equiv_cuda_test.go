@@ -89,7 +89,17 @@ func TestEngineOnGPUMatchesCPU(t *testing.T) {
 		// The experts in FP8 too (routed, expert by expert on the device,
 		// and shared), under dropless expert parallelism.
 		tc{"fp8/moe ep2 experts", fp8Tol, append([]string{"parallel.world_size=2", "train.global_batch_size=4", "parallel.expert_parallel=2", "model.moe.shared_experts=1"},
-			append(append([]string{}, moe...), fp8...)...)})
+			append(append([]string{}, moe...), fp8...)...)},
+		// bf16 weight gradients beside FP8 input gradients (the input-gradient
+		// product alone: MatmulBackward without dweight).
+		tc{"fp8/bf16 wgrad selective", fp8Tol, append([]string{"parallel.world_size=1", "train.global_batch_size=2", "activation_checkpoint.mode=selective"}, append(fp8, "precision.fp8.wgrad=false")...)},
+		// The MoE router in FP8 beside the attention (experts in bf16): MoE's
+		// tolerance, a near-tie in the top-k flipping on rounding.
+		tc{"fp8/moe router", 5e-3, append(append([]string{"parallel.world_size=1", "train.global_batch_size=2", "precision.fp8.experts=false", "precision.fp8.router_bf16=false"}, moe...), fp8...)},
+		// Delayed scaling over two ranks: the amaxes gathered and the scales
+		// made on the device (fp8_delayed_scale) as on the CPU.
+		tc{"fp8/delayed 2/optim_grads", fp8Tol, append([]string{"parallel.world_size=2", "train.global_batch_size=4", "fsdp.data_parallel_sharding_strategy=optim_grads",
+			"precision.fp8.amax_history_len=2", "precision.fp8.amax_compute_algo=max"}, append(fp8, "precision.fp8.recipe=delayed")...)})
 	// FP8 compute weights (param_gather): the GPU quantises the main
 	// weights with its Amax, FP8Scale and Quantize (the amaxes all-reduced
 	// over the ranks), and the codes are all-gathered as bytes (staged

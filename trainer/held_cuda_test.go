@@ -63,8 +63,9 @@ func TestPlanEqualsHeldOnGPU(t *testing.T) {
 	// FP8 compute (its input, weight and gradient copies and their scales,
 	// in scratch): a bf16-native dense run, one under full recompute, an
 	// MoE run's attention in FP8 beside bf16 experts (the fp32 work set and
-	// bf16 stores), tensor and context parallelism (each rank's shares), and
-	// MoE runs with the experts in FP8.
+	// bf16 stores), tensor and context parallelism (each rank's shares), MoE
+	// runs with the experts in FP8, FP8 compute weights, the router in FP8,
+	// bf16 weight gradients and delayed scaling over two ranks.
 	fp8 := []string{"precision.bf16=true", "fsdp.grad_reduce_in_bf16=true", "precision.fp8.format=hybrid", "precision.fp8.recipe=tensorwise"}
 	for _, c := range []tc{
 		{"2/optim_grads_params", []string{"parallel.world_size=2", "train.global_batch_size=4", "fsdp.data_parallel_sharding_strategy=optim_grads_params"}},
@@ -81,6 +82,12 @@ func TestPlanEqualsHeldOnGPU(t *testing.T) {
 		{"param_gather 2/optim_grads_params", []string{"parallel.world_size=2", "train.global_batch_size=4", "fsdp.data_parallel_sharding_strategy=optim_grads_params", "precision.fp8.param_gather=true"}},
 		{"param_gather 4/optim_grads_params", []string{"parallel.world_size=4", "train.global_batch_size=8", "fsdp.data_parallel_sharding_strategy=optim_grads_params", "precision.fp8.param_gather=true"}},
 		{"param_gather 2/optim", []string{"parallel.world_size=2", "train.global_batch_size=4", "fsdp.data_parallel_sharding_strategy=optim", "precision.fp8.param_gather=true"}},
+		// Delayed scaling: each tensor's amaxes, scale and history, and the
+		// two ranks' gathered amaxes.
+		{"moe router", append([]string{"parallel.world_size=1", "train.global_batch_size=2", "precision.fp8.experts=false", "precision.fp8.router_bf16=false",
+			"precision.fp8.recipe=delayed"}, moe...)},
+		{"bf16 wgrad", []string{"parallel.world_size=1", "train.global_batch_size=2", "precision.fp8.wgrad=false"}},
+		{"delayed 2", []string{"parallel.world_size=2", "train.global_batch_size=4", "precision.fp8.recipe=delayed", "precision.fp8.amax_history_len=8", "precision.fp8.amax_compute_algo=max"}},
 	} {
 		cases = append(cases, tc{"fp8/" + c.name, append(append([]string{}, fp8...), c.sets...)})
 	}

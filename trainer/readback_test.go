@@ -42,6 +42,10 @@ func TestStepReadsNothingBack(t *testing.T) {
 		{"tp2", []string{"parallel.tensor_parallel=2"}, false, 0},
 		{"cp2", []string{"parallel.context_parallel=2"}, false, 0},
 		{"tcp no_shard", []string{"fsdp.data_parallel_sharding_strategy=no_shard"}, true, 0},
+		// FP8: current scaling's amaxes and scales, and delayed scaling's step
+		// (the ranks' amaxes gathered, the scales made) stay on the backend.
+		{"fp8", fp8Sets, false, 0},
+		{"fp8 delayed over tcp", fp8DelayedSets, true, 0},
 		// 2 MoE layers; 8 sequences over 2 ranks of 2 per micro-batch: 2 micro-batches.
 		{"moe-ep2", append([]string{"parallel.expert_parallel=2"}, moe...), false, 2 * 2},
 		{"moe-ep2 full recompute", append([]string{"parallel.expert_parallel=2", "activation_checkpoint.mode=full"}, moe...), false, 2 * 2 * 2},
@@ -150,6 +154,7 @@ func TestStateLivesInBackendMemory(t *testing.T) {
 		"bf16 reduce":             {"precision.bf16=true", "fsdp.grad_reduce_in_bf16=true"},
 		"bf16 reduce no_shard":    {"precision.bf16=true", "fsdp.grad_reduce_in_bf16=true", "fsdp.data_parallel_sharding_strategy=no_shard"},
 		"fp8":                     fp8Sets,
+		"fp8 delayed":             fp8DelayedSets,
 		"moe-ep2":                 append([]string{"parallel.expert_parallel=2"}, moe...),
 		"moe-ep2 capacity":        append([]string{"parallel.expert_parallel=2", "model.moe.capacity_factor=1.0"}, moe...),
 	} {
@@ -213,6 +218,17 @@ func TestScratchFollowsThePlan(t *testing.T) {
 		// FP8: the shared input, weight and gradient copies with their
 		// scales; MoE layers' attention alone, the first layer in bf16.
 		"fp8 hybrid": fp8Sets,
+		// Delayed scaling's state: each tensor's step amax, scale and
+		// history, and the ranks' gathered amaxes.
+		"fp8 delayed 2 ranks": append([]string{"parallel.world_size=2"}, fp8DelayedSets...),
+		// bf16 weight gradients: nothing more held (they read the stores).
+		"fp8 bf16 wgrad full recompute": append([]string{"activation_checkpoint.mode=full", "precision.fp8.wgrad=false"}, fp8Sets...),
+		// The MoE router in FP8: its weight and logits' gradient copies
+		// (128 experts: the widest FP8 weight and gradient in this model).
+		"fp8 router moe": append([]string{"precision.bf16=true", "precision.fp8.format=hybrid", "precision.fp8.recipe=tensorwise", "precision.fp8.experts=false",
+			"precision.fp8.router_bf16=false", "model.moe.num_experts=128"}, moe[1:]...),
+		"fp8 delayed moe": append([]string{"precision.bf16=true", "precision.fp8.format=e4m3", "precision.fp8.recipe=delayed", "precision.fp8.amax_history_len=16",
+			"precision.fp8.experts=false", "precision.fp8.router_bf16=false"}, moe...),
 		"fp8 e4m3 moe full recompute": append([]string{"precision.bf16=true", "precision.fp8.format=e4m3", "precision.fp8.recipe=tensorwise",
 			"precision.fp8.experts=false", "precision.fp8.first_last_layers_bf16=true", "precision.fp8.layers_at_end_in_bf16=0",
 			"activation_checkpoint.mode=full"}, moe...),

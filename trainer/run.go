@@ -827,7 +827,7 @@ func (t *run) openModel(startStep int) error {
 	if r.Precision.BF16 {
 		mopts = append(mopts, model.WithBF16Activations())
 	}
-	if f, ok := fp8Of(r); ok {
+	if f, ok := fp8Of(r, t.st.world.Size(), t.st.worldG); ok {
 		mopts = append(mopts, model.WithFP8(f))
 	}
 	if t.st.epComm != nil {
@@ -860,6 +860,11 @@ func (t *run) openModel(startStep int) error {
 	}
 	if err := t.st.bindFP8(t.m); err != nil {
 		return fmt.Errorf("building the model: %w", err)
+	}
+	if m := t.opts.resume; m != nil {
+		if err := t.restoreFP8(t.opts.Resume, m); err != nil {
+			return err
+		}
 	}
 	if t.st.unitGrads {
 		if t.rt, err = newUnitRuntime(t.st, t.m, r.FSDP.OverlapParamGather, r.FSDP.OverlapGradReduce, r.FSDP.SuggestedCommunicationUnitSize, t.trace); err != nil {
@@ -1214,6 +1219,9 @@ func (t *run) update(lr float64) error {
 	if err := t.st.step(t.r.Train, lr); err != nil {
 		return err
 	}
+	if err := t.m.FP8Step(); err != nil { // delayed scaling's scales for the next step
+		return err
+	}
 	return t.st.mem.Err()
 }
 
@@ -1503,21 +1511,4 @@ func unigramEntropy(tokens *data.Tokens, vocab int) float64 {
 		}
 	}
 	return h
-}
-
-// fp8Of is the model's FP8 compute for r (precision.fp8; config.NotExecuted
-// refuses what the engine does not build): the output gradients in E5M2 for
-// the hybrid format, E4M3 for e4m3, and the layers first_last_layers_bf16
-// leaves in FP8. ok is false without FP8.
-func fp8Of(r *config.Recipe) (f model.FP8, ok bool) {
-	if !r.Precision.FP8On() {
-		return f, false
-	}
-	f.Grad = tensor.E5M2
-	if r.Precision.FP8.Format == "e4m3" {
-		f.Grad = tensor.E4M3
-	}
-	f.First, f.Last = r.FP8LayerRange()
-	f.Experts = r.Precision.FP8.Experts && r.Model.MoE.NumExperts > 0
-	return f, true
 }

@@ -135,7 +135,8 @@ optimizer, linear decay without warmup, weight decay 0.01, beta2 0.999, experts 
 wide as the dense MLP, GPUs; a GeLU MLP, LayerNorm, learned positions, biases and
 10% dropout are refused, each naming the argument that says otherwise. The
 --fp8-* arguments set [precision.fp8] (run computes in FP8 under
---fp8-recipe tensorwise, --fp8-param-gather included; it refuses delayed scaling). A script
+--fp8-recipe tensorwise or delayed, --no-fp8-wgrad, and --fp8-param-gather under
+tensorwise included). A script
 written by recipe export megatron imports back to the same fingerprint.
 
 torchtitan FILE reads a torchtitan job file (TOML, as torchtitan used until its

@@ -2172,6 +2172,42 @@ extern "C" __global__ void fp8_scale(float* scale, const double* amax, float fma
     scale[0] = s;
 }
 
+// fp8_delayed_scale (a thread a tensor): the end of a step of delayed
+// scaling (tensor.DelayedScaling's Record over the ranks' amaxes, then
+// Update) for tensors 0..n−1, tensor i's history in column i of hist (steps
+// rows stride apart, row 0 the step's slot), its amaxes in column i of amax
+// (ranks rows stride apart), its scale in scale[i]. A NaN amax stays in row
+// 0 (Record); max passes NaNs over (the comparisons are false), most_recent
+// takes row 0; the scale is fp8_scale's where that amax is finite and above
+// 0, kept otherwise.
+extern "C" __global__ void fp8_delayed_scale(float* scale, float* hist, const float* amax, int n, int steps, int ranks, long stride,
+                                             float fmax, int margin, int most_recent) {
+    GRID_STRIDE(i, n) {
+        float cur = hist[i];
+        for (int r = 0; r < ranks; r++) {
+            float v = amax[r * stride + i];
+            if (v > cur || v != v) cur = v;
+        }
+        float m = cur;
+        long last = (long)(steps - 1) * stride;
+        if (!most_recent) {
+            m = cur > 0.f ? cur : 0.f;
+            for (long j = stride; j <= last; j += stride) {
+                float v = hist[j + i];
+                if (v > m) m = v;
+            }
+        }
+        for (long j = 0; j < last; j += stride) hist[j + i] = hist[j + stride + i];
+        hist[last + i] = cur;
+        hist[i] = 0.f;
+        if (m > 0.f && m != INFINITY) {
+            float s = __fmul_rn(fmax, fp8_float((uint32_t)(127 - margin) << 23)) / m;
+            if (s == INFINITY) s = fp8_float(0x7f7fffffu);
+            scale[i] = s;
+        }
+    }
+}
+
 // quantize_S_F: out = each x·scale[0] (an fp32 product) rounded to format F,
 // saturating; inv[0] = 1/scale[0] (the scale inverse products read; inv and
 // scale are distinct buffers).

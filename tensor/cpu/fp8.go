@@ -160,6 +160,51 @@ func (Kernels[F]) FP8Scale(scale, amax tensor.Buffer, f tensor.FP8Format, margin
 	s[0], _ = f.ScaleFrom(float32(a[0]), margin)
 }
 
+// FP8DelayedScale records each rank's amaxes and updates every tensor's
+// delayed scaling (tensor.Kernels.FP8DelayedScale): tensor.DelayedScaling's
+// Record and Update, column by column.
+func (Kernels[F]) FP8DelayedScale(scale, history, amax tensor.Buffer, f tensor.FP8Format, s tensor.DelayedShape) {
+	const op = "FP8DelayedScale"
+	n := scale.Len()
+	if err := tensor.CheckDelayedShape(n, history.Len(), amax.Len(), f, s); err != nil {
+		failOn(scale, fmt.Errorf("cpu: %s: %w", op, err))
+		return
+	}
+	sc, h, a := f32s(op, scale, n), f32s(op, history, history.Len()), f32s(op, amax, amax.Len())
+	if sc == nil || h == nil || a == nil || n == 0 {
+		return
+	}
+	last := (s.Steps - 1) * s.Stride
+	for i := range n {
+		cur := h[i]
+		for r := range s.Ranks {
+			if v := a[r*s.Stride+i]; v > cur || v != v {
+				cur = v
+			}
+		}
+		m := cur
+		if s.Algo == tensor.AmaxMax { // NaNs passed over, as Update's comparisons
+			m = 0
+			if cur > 0 {
+				m = cur
+			}
+			for j := s.Stride; j <= last; j += s.Stride {
+				if v := h[j+i]; v > m {
+					m = v
+				}
+			}
+		}
+		for j := 0; j < last; j += s.Stride {
+			h[j+i] = h[j+s.Stride+i]
+		}
+		h[last+i] = cur
+		h[i] = 0
+		if v, ok := f.ScaleFrom(m, s.Margin); ok {
+			sc[i] = v
+		}
+	}
+}
+
 // Quantize rounds x·scale[0] into dst's codes and sets scaleInv[0]
 // (tensor.Kernels.Quantize).
 func (Kernels[F]) Quantize(dst, scaleInv, x, scale tensor.Buffer) {
@@ -379,19 +424,28 @@ func matmulBackwardFP8[F Float](dinp, dweight, dout, inp, weight tensor.Buffer, 
 	if dinp.Len() > 0 {
 		dx = v.f(op, dinp)
 	}
-	dw := v.g(op, dweight)
+	noDW := dweight.Len() == 0 // the input gradient alone: no weight gradient, inp unread
+	var dw Gradient[F]
+	var x operand[F]
+	if !noDW {
+		dw = v.g(op, dweight)
+		x = v.operand(op, "Inp", inp, s.Scales.Inp)
+	}
 	dy := v.operand(op, "Dout", dout, s.Scales.Dout)
-	x, w := v.operand(op, "Inp", inp, s.Scales.Inp), v.operand(op, "Weight", weight, s.Scales.Weight)
-	dwLen := len(dw.F)
+	w := v.operand(op, "Weight", weight, s.Scales.Weight)
+	dwLen, xLen := len(dw.F), x.len()
 	if dw.H != nil {
 		dwLen = len(dw.H)
+	}
+	if noDW {
+		dwLen, xLen = s.OC*s.C, s.BT*s.C // nothing to check
 	}
 	dxLen := s.BT * s.C // no input gradient: nothing to check
 	if dx != nil {
 		dxLen = len(dx)
 	}
-	if v.bad || !sized(op, dweight, size{"dinp", dxLen, s.BT * s.C}, size{"dweight", dwLen, s.OC * s.C}, size{"dout", dy.len(), s.BT * s.OC},
-		size{"inp", x.len(), s.BT * s.C}, size{"weight", w.len(), s.OC * s.C}) {
+	if v.bad || !sized(op, dout, size{"dinp", dxLen, s.BT * s.C}, size{"dweight", dwLen, s.OC * s.C}, size{"dout", dy.len(), s.BT * s.OC},
+		size{"inp", xLen, s.BT * s.C}, size{"weight", w.len(), s.OC * s.C}) {
 		return
 	}
 	BT, C, OC := s.BT, s.C, s.OC
@@ -403,6 +457,9 @@ func matmulBackwardFP8[F Float](dinp, dweight, dout, inp, weight tensor.Buffer, 
 			beta = 1
 		}
 		gemmFP8(false, false, BT, C, OC, a, fa, OC, w, C, beta, dx, C)
+	}
+	if noDW {
+		return
 	}
 	if dw.H == nil {
 		gemmFP8(true, false, OC, C, BT, a, fa, OC, x, C, 1, dw.F, C)

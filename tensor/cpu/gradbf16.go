@@ -56,14 +56,17 @@ func MatmulBackwardInto[F Float](dinp []F, dweight Gradient[F], dout []F, inp, w
 		}
 		gemmW(false, false, BT, C, OC, dout, OC, weight, C, beta, dinp, C)
 	}
-	if dweight.H == nil {
+	switch {
+	case dweight.H == nil && dweight.F == nil:
+		// no weight gradient (the input gradient alone)
+	case dweight.H == nil:
 		weightGrad(dweight.F, dout, OC, inp, OC, C, BT)
-		return
+	default:
+		intoBF16(dweight.H[:OC*C], rowTile(OC, C), func(t []F, lo, hi int) {
+			r0, r1 := lo/C, hi/C
+			weightGrad(t, dout[r0:], OC, inp, r1-r0, C, BT)
+		})
 	}
-	intoBF16(dweight.H[:OC*C], rowTile(OC, C), func(t []F, lo, hi int) {
-		r0, r1 := lo/C, hi/C
-		weightGrad(t, dout[r0:], OC, inp, r1-r0, C, BT)
-	})
 }
 
 // weightGrad adds doutᵀ·inp into dw (M, C): M columns of dout (BT rows of

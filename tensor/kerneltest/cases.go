@@ -50,6 +50,17 @@ func cases() []kcase {
 		}}
 	})...)
 
+	// The input gradient alone: no weight gradient, inp not read (the
+	// empty Buffer), fp32 and bf16 operands.
+	add(variants("MatmulBackward/no weight gradient", []string{"bf16 weight", "accumulate"}, func(on []bool) kcase {
+		return kcase{tol: tolIf(on[0]), run: func(e *env) bufs {
+			s := tensor.MatmulShape{BT: 37, C: 48, OC: 20}
+			w, dout, dinp := e.weight(s.OC*s.C, 0.3, on[0]), e.floats(s.BT*s.OC, 1), e.floats(s.BT*s.C, 1)
+			e.k.MatmulBackward(dinp, tensor.Buffer{}, dout, tensor.Buffer{}, w, s, on[1])
+			return bufs{dinp}
+		}}
+	})...)
+
 	add(fp8Cases()...)
 
 	// The vocabulary part: rows 20..36 of a 50-token vocabulary (a

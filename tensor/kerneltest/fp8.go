@@ -1,7 +1,9 @@
 package kerneltest
 
 import (
+	"fmt"
 	"math"
+	"math/rand/v2"
 
 	"github.com/shardline/shardline/tensor"
 )
@@ -73,6 +75,22 @@ func fp8Cases() []kcase {
 		}}
 	})...)
 
+	// The input gradient alone (no weight gradient, no input read: a run
+	// whose weight gradients compute in bf16 apart, precision.fp8.wgrad =
+	// false), from E5M2 or E4M3 output gradients and E4M3 weights, and the
+	// bf16 weight gradient beside it from the unquantised operands.
+	for _, gf := range []tensor.FP8Format{tensor.E5M2, tensor.E4M3} {
+		add(kcase{name: "MatmulBackward/no weight gradient/" + gf.String(), run: func(e *env) bufs {
+			s := tensor.MatmulShape{BT: 37, C: 48, OC: 20}
+			w, sw := e.fp8(s.OC*s.C, 0.3, tensor.E4M3)
+			dout, sd := e.fp8(s.BT*s.OC, 1, gf)
+			s.Scales = tensor.MatmulScales{Weight: sw, Dout: sd}
+			dinp := e.floats(s.BT*s.C, 1)
+			e.k.MatmulBackward(dinp, tensor.Buffer{}, dout, tensor.Buffer{}, w, s, true)
+			return bufs{dinp}
+		}})
+	}
+
 	// Amax over more values than a block of the GPU's (12 blocks), into three
 	// slots that held 0.25 (below the amax), 7.5 (above it) and NaN: with
 	// accumulate the first is raised, the others stay; a NaN or an inf
@@ -114,6 +132,20 @@ func fp8Cases() []kcase {
 					e.k.FP8Scale(scale.Slice(i, i+1), amax.Slice(i, i+1), f, margin)
 				}
 				return bufs{scale}
+			}})
+		}
+	}
+
+	// FP8DelayedScale over six steps of three ranks' amaxes (zeros, NaNs,
+	// infinities, values whose scale overflows, ordinary ones) for five
+	// E4M3 tensors and three E5M2 ones in one history (two calls, each on
+	// its columns), every algorithm, a history of one step and of four:
+	// scales and histories exactly the CPU's.
+	for _, algo := range []tensor.AmaxAlgo{tensor.AmaxMax, tensor.AmaxMostRecent} {
+		for _, steps := range []int{1, 4} {
+			add(kcase{name: fmt.Sprintf("FP8DelayedScale/%v/history %d", algo, steps), exact: true, run: func(e *env) bufs {
+				hist, scale, amax := delayedRun(e, algo, steps, 6)
+				return bufs{scale, hist, amax}
 			}})
 		}
 	}
@@ -237,6 +269,50 @@ func expertsFP8Cases(l moeLayout) []kcase {
 	return cs
 }
 
+// The layout of delayedRun's buffers: nf E4M3 tensors then nb E5M2 ones,
+// the amaxes of delayedRanks ranks.
+const (
+	delayedF, delayedB, delayedRanks = 5, 3, 3
+)
+
+// DelayedAmaxes draws a step's amaxes for DelayedScaling checks: one in four
+// special (0, NaN, +inf, 1e-40 whose scale overflows float32, E4M3's and
+// E5M2's largest), the rest spread over ten binades each side of 1. Every
+// value is a float32.
+func DelayedAmaxes(rng *rand.Rand, n int) []float64 {
+	special := []float64{0, math.NaN(), math.Inf(1), float64(float32(1e-40)), 448, 57344}
+	out := make([]float64, n)
+	for i := range out {
+		if rng.IntN(4) == 0 {
+			out[i] = special[rng.IntN(len(special))]
+		} else {
+			out[i] = float64(float32(math.Ldexp(1+rng.Float64(), rng.IntN(21)-10)))
+		}
+	}
+	return out
+}
+
+// delayedRun runs FP8DelayedScale for steps steps on e's backend (see the
+// case) and returns its history, scales and last amaxes.
+func delayedRun(e *env, algo tensor.AmaxAlgo, history, steps int) (hist, scale, amax tensor.Buffer) {
+	const stride = delayedF + delayedB
+	hist = e.scalars(make([]float64, history*stride)...)
+	ones := make([]float64, stride)
+	for i := range ones {
+		ones[i] = 1
+	}
+	scale, amax = e.scalars(ones...), e.scalars(make([]float64, delayedRanks*stride)...)
+	fwd := tensor.DelayedShape{Steps: history, Ranks: delayedRanks, Stride: stride, Algo: algo}
+	bwd := fwd
+	bwd.Margin = 2
+	for range steps {
+		e.m.Write(amax, DelayedAmaxes(e.rng, delayedRanks*stride))
+		e.k.FP8DelayedScale(scale.Slice(0, delayedF), hist, amax, tensor.E4M3, fwd)
+		e.k.FP8DelayedScale(scale.Slice(delayedF, stride), hist.Slice(delayedF, hist.Len()), amax.Slice(delayedF, amax.Len()), tensor.E5M2, bwd)
+	}
+	return hist, scale, amax
+}
+
 // refusal is a call a kernel set must refuse: run makes it on a fresh
 // memory, whose kept error then contains want (the words both backends use).
 type refusal struct {
@@ -275,6 +351,12 @@ func refusals() []refusal {
 		}},
 		{"negative margin", "margin -1: want 0 to 126", func(k tensor.Backend, m tensor.Memory) {
 			k.FP8Scale(f32(m, 1), m.Alloc(tensor.Float64, 1), tensor.E4M3, -1)
+		}},
+		{"delayed scaling's history too short", "want at least 11", func(k tensor.Backend, m tensor.Memory) {
+			k.FP8DelayedScale(f32(m, 3), f32(m, 10), f32(m, 3), tensor.E4M3, tensor.DelayedShape{Steps: 3, Ranks: 1, Stride: 4})
+		}},
+		{"delayed scaling's margin", "margin 127: want 0 to 126", func(k tensor.Backend, m tensor.Memory) {
+			k.FP8DelayedScale(f32(m, 3), f32(m, 3), f32(m, 3), tensor.E4M3, tensor.DelayedShape{Steps: 1, Ranks: 1, Stride: 3, Margin: 127})
 		}},
 		{"quantize lengths", "want one length", func(k tensor.Backend, m tensor.Memory) {
 			k.Quantize(e4m3(m, 5), f32(m, 1), f32(m, 6), f32(m, 1))

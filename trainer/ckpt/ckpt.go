@@ -56,6 +56,11 @@ type Meta struct {
 	States         []string `json:"states"`
 	Tensors        []Tensor `json:"tensors"`
 	Files          []File   `json:"files"`
+	// FP8 is the run's delayed FP8 scaling (precision.fp8.recipe =
+	// "delayed"): every FP8 tensor's scale and amax history, which every
+	// rank holds alike, so that a resume on any world size continues them;
+	// absent without delayed scaling.
+	FP8 *FP8Scaling `json:"fp8_scaling,omitempty"`
 	// SaveBlockedS is how long the save held training up (the snapshot); the rest
 	// of the writing ran beside the steps that followed.
 	SaveBlockedS float64 `json:"save_blocked_s"`
@@ -74,6 +79,48 @@ func (m *Meta) checksum() (string, error) {
 		return "", err
 	}
 	return Sum(b), nil
+}
+
+// FP8Scaling is delayed FP8 scaling's state between steps (trainer/model's
+// FP8Scaling): Tensors scales and History rows of Tensors amaxes (row j the
+// amaxes of j steps ago), float32 values as their little-endian bits (a
+// history may hold a NaN amax, which JSON numbers cannot).
+type FP8Scaling struct {
+	Tensors int    `json:"tensors"`
+	History int    `json:"history"`
+	Scales  []byte `json:"scales"`
+	Amaxes  []byte `json:"amax_history"`
+}
+
+// NewFP8Scaling is the state of n tensors' scales and their amax history
+// (len(history)/n rows).
+func NewFP8Scaling(scales, history []float32) *FP8Scaling {
+	f := &FP8Scaling{Tensors: len(scales), Scales: fileio.AppendFloat32s(nil, scales), Amaxes: fileio.AppendFloat32s(nil, history)}
+	if len(scales) > 0 {
+		f.History = len(history) / len(scales)
+	}
+	return f
+}
+
+// Values decodes the scales and the history.
+func (f *FP8Scaling) Values() (scales, history []float32) {
+	scales, history = make([]float32, len(f.Scales)/4), make([]float32, len(f.Amaxes)/4)
+	for i := range scales {
+		scales[i] = math.Float32frombits(binary.LittleEndian.Uint32(f.Scales[4*i:]))
+	}
+	for i := range history {
+		history[i] = math.Float32frombits(binary.LittleEndian.Uint32(f.Amaxes[4*i:]))
+	}
+	return scales, history
+}
+
+// check says whether the state's lengths agree with its counts.
+func (f *FP8Scaling) check() error {
+	if f.Tensors < 1 || f.History < 1 || len(f.Scales) != 4*f.Tensors || int64(len(f.Amaxes)) != 4*int64(f.Tensors)*int64(f.History) {
+		return fmt.Errorf("%w: fp8_scaling holds %d bytes of scales and %d of amax history for %d tensors of %d steps (want %d and %d)",
+			fileio.ErrCorrupt, len(f.Scales), len(f.Amaxes), f.Tensors, f.History, 4*f.Tensors, 4*int64(f.Tensors)*int64(f.History))
+	}
+	return nil
 }
 
 // Tensor is one parameter: its global shape and the pieces that hold it.
@@ -287,6 +334,11 @@ func (m *Meta) check(dir string) error {
 			return fmt.Errorf("%s: %w: %d bytes, metadata says %d (truncated or replaced)", filepath.Join(dir, f.Name), fileio.ErrCorrupt, st.Size(), f.Size)
 		}
 		size[f.Name] = f.Size
+	}
+	if m.FP8 != nil {
+		if err := m.FP8.check(); err != nil {
+			return err
+		}
 	}
 	kinds := int64(len(States))
 	seen := make(map[string]bool, len(m.Tensors))

@@ -3,6 +3,7 @@ package ckpt
 import (
 	"encoding/json"
 	"hash/crc32"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -102,4 +103,33 @@ func TestRankFileRefusesLinkedStepDir(t *testing.T) {
 	entries, err := os.ReadDir(victim)
 	require.NoError(t, err)
 	assert.Empty(t, entries)
+}
+
+// Delayed FP8 scaling's state round-trips through metadata.json bit for bit
+// (a NaN amax, float32's largest scale included), and one whose byte counts
+// disagree with its tensor and step counts is refused by Open.
+func TestFP8ScalingInMetadata(t *testing.T) {
+	scales := []float32{1, 3.4028235e38, 0.5}
+	hist := []float32{0, 0, 0, float32(math.NaN()), 448, 1e-3}
+	dir := writeCheckpoint(t)
+	rewriteMeta(t, dir, func(m *Meta) { m.FP8 = NewFP8Scaling(scales, hist) })
+	m, err := Open(dir)
+	require.NoError(t, err)
+	require.Equal(t, [2]int{3, 2}, [2]int{m.FP8.Tensors, m.FP8.History})
+	s, h := m.FP8.Values()
+	for i := range scales {
+		assert.Equal(t, math.Float32bits(scales[i]), math.Float32bits(s[i]), "scale %d", i)
+	}
+	for i := range hist {
+		assert.Equal(t, math.Float32bits(hist[i]), math.Float32bits(h[i]), "history %d", i)
+	}
+
+	dir = writeCheckpoint(t)
+	rewriteMeta(t, dir, func(m *Meta) {
+		m.FP8 = NewFP8Scaling(scales, hist)
+		m.FP8.History = 3
+	})
+	_, err = Open(dir)
+	require.ErrorIs(t, err, fileio.ErrCorrupt)
+	assert.ErrorContains(t, err, "fp8_scaling holds 12 bytes of scales and 24 of amax history for 3 tensors of 3 steps")
 }

@@ -24,8 +24,9 @@
 // (tensor.BF16Storage: a GPU's) and a dense model without tensor or context
 // parallelism, the activations and their gradients are bf16 buffers
 // throughout (BF16Native). With WithFP8 the chosen layers' linear products
-// quantise their operands to FP8 under per-tensor current scaling on the
-// backend and multiply the codes (fp8.go).
+// quantise their operands to FP8 under per-tensor current scaling, or each
+// tensor's delayed scale from its amax history (FP8Step once per optimizer
+// step: fp8delayed.go), on the backend, and multiply the codes (fp8.go).
 //
 // Initialisation (init.go) draws each element from a counter-based generator keyed
 // by (seed, parameter name, element index): any shard can be initialised alone and

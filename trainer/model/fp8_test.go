@@ -105,6 +105,18 @@ func fp8Cases() map[string]struct {
 		"moe-experts-full":     {tinyMoE(2, 0, 1), "full", FP8{Grad: tensor.E5M2, First: 0, Last: 2, Experts: true}},
 		// The first and last of three layers kept out of FP8.
 		"middle-layer": {three, "none", FP8{Grad: tensor.E5M2, First: 1, Last: 2}},
+		// Weight gradients in bf16 (fp32 and float64 here) from the
+		// unquantised operands, beside FP8 input gradients: dense under
+		// none and full recompute, QK-norm (its backward remakes q and k
+		// from the unquantised input), MoE.
+		"bf16-wgrad":         {dense, "none", FP8{Grad: tensor.E5M2, First: 0, Last: 2, BF16Wgrad: true}},
+		"bf16-wgrad-full":    {dense, "full", FP8{Grad: tensor.E4M3, First: 0, Last: 2, BF16Wgrad: true}},
+		"bf16-wgrad-qk-norm": {qk, "selective", FP8{Grad: tensor.E5M2, First: 0, Last: 2, BF16Wgrad: true}},
+		"bf16-wgrad-moe":     {moe, "none", FP8{Grad: tensor.E5M2, First: 0, Last: 2, BF16Wgrad: true}},
+		// The MoE router's product in FP8 too (router_bf16 = false), with FP8
+		// and with bf16 weight gradients.
+		"moe-router":            {moe, "none", FP8{Grad: tensor.E5M2, First: 0, Last: 2, Router: true}},
+		"moe-router-bf16-wgrad": {moe, "selective", FP8{Grad: tensor.E4M3, First: 0, Last: 2, Router: true, BF16Wgrad: true}},
 	}
 }
 
@@ -281,4 +293,129 @@ func TestFP8Refusals(t *testing.T) {
 		_, err := New[float32](cfg, table, wb, gb, cpu.Backend{}, 1, 4, WithMemory(mem), WithFP8(c.f))
 		require.ErrorContains(t, err, c.msg)
 	}
+}
+
+// wgradSpy counts a model's MatmulBackward calls by what they read: weight
+// gradients from FP8 codes or from unquantised operands, and input
+// gradients from codes; and its forward products of FP8 codes.
+type wgradSpy struct {
+	cpu.Kernels[float64]
+	fp8Wgrad, plainWgrad, fp8Dgrad, fp8Fwd int
+}
+
+func (k *wgradSpy) Matmul(out, inp, weight tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
+	if _, codes := inp.DType().FP8(); codes {
+		k.fp8Fwd++
+	}
+	k.Kernels.Matmul(out, inp, weight, s, accumulate)
+}
+
+func (k *wgradSpy) MatmulBackward(dinp, dweight, dout, inp, weight tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
+	_, codes := dout.DType().FP8()
+	switch {
+	case dweight.Len() > 0 && codes:
+		k.fp8Wgrad++
+	case dweight.Len() > 0:
+		k.plainWgrad++
+	}
+	if dinp.Len() > 0 && codes {
+		k.fp8Dgrad++
+	}
+	k.Kernels.MatmulBackward(dinp, dweight, dout, inp, weight, s, accumulate)
+}
+
+// TestFP8BF16Wgrad: with the weight gradients computed apart (BF16Wgrad,
+// precision.fp8.wgrad = false) the forward and every input gradient are
+// those of the FP8 run with FP8 weight gradients, so the loss and every
+// gradient but the FP8 layers' linear weights' are equal bit for bit (in
+// float64); those weights' gradients differ, each made by a product of the
+// unquantised input and output gradient (every weight-gradient product of
+// the FP8 layers reads no FP8 operand: 7 a layer, 14 in all, beside the 14
+// input-gradient products on FP8 codes; the output head's is HeadLoss's).
+// TestFP8Model holds the arithmetic to float64.
+func TestFP8BF16Wgrad(t *testing.T) {
+	cfg := tinyConfig(false)
+	table, err := parallel.ParamTable(cfg, 1, 1)
+	require.NoError(t, err)
+	hv := make([][]float32, len(table))
+	for i := range table {
+		hv[i] = make([]float32, table[i].LocalNumel())
+		InitParam(hv[i], &table[i], 0, 42, 0.3, cfg.Layers)
+	}
+	lq, gq, sq := spyStep(t, cfg, table, hv, FP8{Grad: tensor.E5M2, First: 0, Last: 2})
+	lb, gb, sb := spyStep(t, cfg, table, hv, FP8{Grad: tensor.E5M2, First: 0, Last: 2, BF16Wgrad: true})
+	require.Equal(t, lq, lb, "the forward is the FP8 run's")
+	require.Equal(t, [3]int{14, 0, 14}, [3]int{sq.fp8Wgrad, sq.plainWgrad, sq.fp8Dgrad}, "FP8 weight gradients: every FP8 product's from codes")
+	require.Equal(t, [3]int{0, 14, 14}, [3]int{sb.fp8Wgrad, sb.plainWgrad, sb.fp8Dgrad}, "bf16 weight gradients: none from codes, the input gradients from codes")
+	linear := func(name string) bool {
+		for _, s := range []string{".attn.wq", ".attn.wk", ".attn.wv", ".attn.wo", ".mlp.w1", ".mlp.w3", ".mlp.w2"} {
+			if strings.HasSuffix(name, s) {
+				return true
+			}
+		}
+		return false
+	}
+	for i := range table {
+		if linear(table[i].Name) {
+			require.NotEqual(t, gq[i], gb[i], "%s: its gradient is computed from unquantised operands", table[i].Name)
+		} else {
+			require.Equal(t, gq[i], gb[i], "%s: its gradient comes from the FP8 input gradients alone", table[i].Name)
+		}
+	}
+}
+
+// spyStep runs one ForwardBackward of a float64 model with FP8 compute f
+// on wgradSpy kernels: its loss, gradients and counts.
+func spyStep(t *testing.T, cfg config.Model, table []parallel.Param, hv [][]float32, f FP8) (float64, [][]float64, *wgradSpy) {
+	t.Helper()
+	B, T := 2, 5
+	be := &wgradSpy{}
+	w, g := make([][]float64, len(table)), make([][]float64, len(table))
+	for i := range table {
+		w[i], g[i] = make([]float64, len(hv[i])), make([]float64, len(hv[i]))
+		for j, x := range hv[i] {
+			w[i][j] = float64(x)
+		}
+	}
+	mem, wb, gb := onMemory(w, g, false)
+	m, err := New[float64](cfg, table, wb, gb, be, B, T, WithMemory(mem), WithFP8(f))
+	require.NoError(t, err)
+	tokens, targets := fp8Batch(cfg, B*T)
+	loss := mem.Alloc(tensor.Float64, 1)
+	m.ForwardBackward(tokens, targets, loss, false, 0.1)
+	require.NoError(t, m.Err())
+	var l [1]float64
+	mem.Read(l[:], loss)
+	return l[0], g, be
+}
+
+// TestFP8Router: with router_bf16 = false (FP8.Router) an MoE layer's router
+// product reads FP8 codes forward and backward beside its attention's (the
+// test model's dense layer has 7 FP8 products, its MoE layer 4, and 5 with
+// the router), its weight gradient comes from codes, and the loss and the
+// router's gradient move from those of the run with the router in bf16
+// (fp32 and float64 here); TestFP8Model holds the arithmetic to float64 and
+// TestFP8DelayedScaling the router's delayed scales.
+func TestFP8Router(t *testing.T) {
+	cfg := tinyMoE(1, 0, 2)
+	table, err := parallel.ParamTable(cfg, 1, 1)
+	require.NoError(t, err)
+	hv := make([][]float32, len(table))
+	for i := range table {
+		hv[i] = make([]float32, table[i].LocalNumel())
+		InitParam(hv[i], &table[i], 0, 42, 0.3, cfg.Layers)
+	}
+	l0, g0, s0 := spyStep(t, cfg, table, hv, FP8{Grad: tensor.E5M2, First: 0, Last: 2})
+	l1, g1, s1 := spyStep(t, cfg, table, hv, FP8{Grad: tensor.E5M2, First: 0, Last: 2, Router: true})
+	require.Equal(t, [3]int{11, 11, 11}, [3]int{s0.fp8Fwd, s0.fp8Dgrad, s0.fp8Wgrad}, "the router in bf16")
+	require.Equal(t, [3]int{12, 12, 12}, [3]int{s1.fp8Fwd, s1.fp8Dgrad, s1.fp8Wgrad}, "the router in FP8")
+	require.NotEqual(t, l0, l1, "the router's FP8 logits change the loss")
+	var router int
+	for i := range table {
+		if strings.HasSuffix(table[i].Name, ".moe.router") {
+			router = i
+		}
+	}
+	require.NotZero(t, router)
+	require.NotEqual(t, g0[router], g1[router], "the router's gradient")
 }

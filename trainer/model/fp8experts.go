@@ -114,7 +114,7 @@ func (m *Model[F]) expertsInput(l int, x tensor.Buffer) tensor.Buffer {
 	if !m.fp8ExpertsOn(l) {
 		return x
 	}
-	return m.quantize(m.fp8.x, m.fp8.xInv(), x, tensor.E4M3)
+	return m.quantize(m.fp8.x, m.fp8.xInv(), x, tensor.E4M3, 0)
 }
 
 // expertsFP8Weights quantises each expert's weight of w to E4M3 under its
@@ -128,7 +128,7 @@ func (m *Model[F]) expertsFP8Weights(w []tensor.Buffer) ([]tensor.Buffer, tensor
 	off := 0
 	for e, b := range w {
 		n := b.Len()
-		q = append(q, m.quantize(p.w.Slice(off, off+n), inv.Slice(e, e+1), b, tensor.E4M3))
+		q = append(q, m.quantize(p.w.Slice(off, off+n), inv.Slice(e, e+1), b, tensor.E4M3, 0))
 		off += n
 	}
 	m.scratch.expertQ = q
@@ -155,7 +155,7 @@ func (m *Model[F]) expertsMatmulBackward(l int, dinp tensor.Buffer, dw []tensor.
 		p := m.fp8
 		var inv tensor.Buffer
 		w, inv = m.expertsFP8Weights(w)
-		dout = m.quantize(p.d, p.dInv(), dout, p.f.Grad)
+		dout = m.quantize(p.d, p.dInv(), dout, p.f.Grad, 0)
 		s.Scales = tensor.MatmulScales{Inp: p.xInv(), Weight: inv, Dout: p.dInv()}
 	}
 	m.be.ExpertsMatmulBackward(dinp, dw, dout, x, w, offsets, s, accumulate)
@@ -167,18 +167,18 @@ func (m *Model[F]) sharedInput(l int, x tensor.Buffer) tensor.Buffer { return m.
 
 // sharedMatmul is a shared expert's product of layer l: the dense layers'
 // FP8 product (matmul) where the experts compute in FP8.
-func (m *Model[F]) sharedMatmul(l int, out, x, w tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
+func (m *Model[F]) sharedMatmul(l int, pr product, out, x, w tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
 	if m.fp8ExpertsOn(l) {
-		m.matmul(l, out, x, w, s, accumulate)
+		m.matmul(l, pr, out, x, w, s, accumulate)
 		return
 	}
 	m.be.Matmul(out, x, w, s, accumulate)
 }
 
 // sharedMatmulBackward is sharedMatmul's backward.
-func (m *Model[F]) sharedMatmulBackward(l int, dinp, dweight, dout, x, w tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
+func (m *Model[F]) sharedMatmulBackward(l int, pr product, dinp, dweight, dout, x, w tensor.Buffer, s tensor.MatmulShape, accumulate bool) {
 	if m.fp8ExpertsOn(l) {
-		m.matmulBackward(l, dinp, dweight, dout, x, w, s, accumulate)
+		m.matmulBackward(l, pr, dinp, dweight, dout, x, w, s, accumulate)
 		return
 	}
 	m.be.MatmulBackward(dinp, dweight, dout, x, w, s, accumulate)
@@ -189,7 +189,7 @@ func (m *Model[F]) sharedMatmulBackward(l int, dinp, dweight, dout, x, w tensor.
 // product of x's codes.
 func (m *Model[F]) sharedRowProduct(l int, out, x, w tensor.Buffer, K int) {
 	if m.fp8ExpertsOn(l) {
-		m.rowProduct(l, out, m.sharedInput(l, x), w, K)
+		m.rowProduct(l, pW2, out, m.sharedInput(l, x), w, K)
 		return
 	}
 	m.rowParallel(out, x, w, K)

@@ -64,15 +64,16 @@ func (m *Model[F]) noteFP8(i int, w tensor.Buffer) {
 	f.view[w] = f.inv[i]
 }
 
-// fp8Weight is what a product computing in FP8 reads for weight w and its
-// scale inverse: w itself when it is an FP8 compute weight, else w quantised
-// to E4M3 into the shared weight copy.
-func (m *Model[F]) fp8Weight(w tensor.Buffer) (tensor.Buffer, tensor.Buffer) {
+// fp8Weight is what product pr of layer l, computing in FP8, reads for
+// weight w and its scale inverse: w itself when it is an FP8 compute weight,
+// else w quantised to E4M3 into the shared weight copy (under delayed
+// scaling at its column's scale).
+func (m *Model[F]) fp8Weight(l int, pr product, w tensor.Buffer) (tensor.Buffer, tensor.Buffer) {
 	if f := m.fp8w; f != nil {
 		if inv, ok := f.view[w]; ok {
 			return w, inv
 		}
 	}
 	p := m.fp8
-	return m.quantize(p.w, p.wInv(), w, tensor.E4M3), p.wInv()
+	return m.quantize(p.w, p.wInv(), w, tensor.E4M3, m.fp8Col(l, 'w', int(pr))), p.wInv()
 }

@@ -842,21 +842,21 @@ func (m *Model[F]) layerForward(l int, x, next tensor.Buffer) {
 	BT, C, NH, NKV, HD, FF, _ := m.dims()
 	eps := m.Cfg.NormEps
 	be.RMSNorm(a.ln1[l], a.rstd1[l], x, lw.attnNorm, m.rows(), C, eps)
-	ln1 := m.fp8Input(l, m.input(l, inLn1, a.ln1[l], true))
+	ln1 := m.fp8Input(l, inLn1, m.input(l, inLn1, a.ln1[l], true))
 	if m.Cfg.QKNorm {
 		// QK-norm: the projections go to scratch (backward makes them again
 		// from ln1), their per-head RMSNorm into q and k.
 		raw := m.scratch.datty
-		m.matmul(l, raw, ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
+		m.matmul(l, pQ, raw, ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
 		be.RMSNorm(a.q[l], a.rstdq[l], raw, lw.qNorm, BT*NH, HD, eps)
 		raw = raw.Slice(0, BT*NKV*HD)
-		m.matmul(l, raw, ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
+		m.matmul(l, pK, raw, ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
 		be.RMSNorm(a.k[l], a.rstdk[l], raw, lw.kNorm, BT*NKV, HD, eps)
 	} else {
-		m.matmul(l, a.q[l], ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
-		m.matmul(l, a.k[l], ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
+		m.matmul(l, pQ, a.q[l], ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
+		m.matmul(l, pK, a.k[l], ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
 	}
-	m.matmul(l, a.v[l], ln1, lw.wv, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
+	m.matmul(l, pV, a.v[l], ln1, lw.wv, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
 	switch {
 	case m.Cfg.IsNoPELayer(l): // NoPE: no rotary embedding
 	case m.cp != nil:
@@ -872,7 +872,7 @@ func (m *Model[F]) layerForward(l int, x, next tensor.Buffer) {
 		be.FlashAttention(a.atty[l], a.att[l], a.q[l], a.k[l], a.v[l], m.attnShape(l))
 	}
 	m.mem.Copy(a.mid[l], x)
-	m.rowProduct(l, a.mid[l], m.fp8Input(l, m.input(l, inAtty, a.atty[l], true)), lw.wo, NH*HD) // mid = x + attention
+	m.rowProduct(l, pO, a.mid[l], m.fp8Input(l, inAtty, m.input(l, inAtty, a.atty[l], true)), lw.wo, NH*HD) // mid = x + attention
 	m.roundKept(l, &a.mid[l])
 	be.RMSNorm(a.ln2[l], a.rstd2[l], a.mid[l], lw.mlpNorm, m.rows(), C, eps)
 	m.mem.Copy(next, a.mid[l])
@@ -880,13 +880,13 @@ func (m *Model[F]) layerForward(l int, x, next tensor.Buffer) {
 		m.moeForward(l, next, a.ln2[l], *lw.moe, a.moe[l]) // next = mid + MoE
 		return
 	}
-	ln2 := m.fp8Input(l, m.input(l, inLn2, a.ln2[l], true))
-	m.matmul(l, a.gate[l], ln2, lw.w1, tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
-	m.matmul(l, a.up[l], ln2, lw.w3, tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
+	ln2 := m.fp8Input(l, inLn2, m.input(l, inLn2, a.ln2[l], true))
+	m.matmul(l, pW1, a.gate[l], ln2, lw.w1, tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
+	m.matmul(l, pW3, a.up[l], ln2, lw.w3, tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
 	m.roundKept(l, &a.gate[l])
 	m.roundKept(l, &a.up[l])
 	be.SwiGLU(a.sw[l], a.gate[l], a.up[l], BT*FF)
-	m.rowProduct(l, next, m.fp8Input(l, m.input(l, inSw, a.sw[l], true)), lw.w2, FF) // next = mid + MLP
+	m.rowProduct(l, pW2, next, m.fp8Input(l, inSw, m.input(l, inSw, a.sw[l], true)), lw.w2, FF) // next = mid + MLP
 }
 
 // remake redoes, before layer l's backward under selective recompute, what
@@ -977,6 +977,7 @@ func (m *Model[F]) ReadLogits(dst []F, off int) {
 // product and one pass over the logits fewer than the two apart. It returns
 // Forward's token count; the loss sum is added to loss as Forward's.
 func (m *Model[F]) ForwardBackward(tokens, targets []int32, loss tensor.Buffer, accumulate bool, scale float64) (count int) {
+	m.recordFP8(true) // a training pass: delayed scaling records its casts' amaxes (backward ends it)
 	if m.tp != nil || targets == nil {
 		count = m.Forward(tokens, targets, loss, accumulate)
 		m.Backward(tokens, targets, scale)
@@ -1001,6 +1002,9 @@ func (m *Model[F]) Backward(tokens, targets []int32, scale float64) {
 // backward is Backward; with fused (ForwardBackward) the output head's loss is
 // made here with its gradient and added to loss as Forward adds it.
 func (m *Model[F]) backward(tokens, targets []int32, scale float64, loss tensor.Buffer, accumulate, fused bool) {
+	m.recordFP8(true)
+	m.fp8Backward(true)
+	defer func() { m.recordFP8(false); m.fp8Backward(false) }()
 	if !m.upload(tokens, targets) {
 		return
 	}
@@ -1053,16 +1057,16 @@ func (m *Model[F]) backward(tokens, targets []int32, scale float64, loss tensor.
 			m.moeBackward(l, s.dx, dres, a.ln2[l], *lw.moe, *lg.moe, a.moe[l], scale*float64(BT*m.cpSize()))
 		} else {
 			// MLP: next = mid + w2·swiglu(w1·ln2, w3·ln2); dres flows to mid unchanged.
-			m.matmulBackward(l, s.dsw, lg.w2, m.gatherGrad(dres), m.fp8Input(l, m.input(l, inSw, a.sw[l], false)), lw.w2, tensor.MatmulShape{BT: BT, C: FF, OC: C}, false)
+			m.matmulBackward(l, pW2, s.dsw, lg.w2, m.gatherGrad(dres), m.fp8Input(l, inSw, m.input(l, inSw, a.sw[l], false)), lw.w2, tensor.MatmulShape{BT: BT, C: FF, OC: C}, false)
 			be.SwiGLUBackward(s.dff1, s.dff2, s.dsw, a.gate[l], a.up[l], BT*FF, false)
-			ln2, dx := m.fp8Input(l, m.input(l, inLn2, a.ln2[l], false)), m.inputGrad(s.dx)
-			m.matmulBackward(l, dx, lg.w1, s.dff1, ln2, lw.w1, tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
-			m.matmulBackward(l, dx, lg.w3, s.dff2, ln2, lw.w3, tensor.MatmulShape{BT: BT, C: C, OC: FF}, true)
+			ln2, dx := m.fp8Input(l, inLn2, m.input(l, inLn2, a.ln2[l], false)), m.inputGrad(s.dx)
+			m.matmulBackward(l, pW1, dx, lg.w1, s.dff1, ln2, lw.w1, tensor.MatmulShape{BT: BT, C: C, OC: FF}, false)
+			m.matmulBackward(l, pW3, dx, lg.w3, s.dff2, ln2, lw.w3, tensor.MatmulShape{BT: BT, C: C, OC: FF}, true)
 			m.scatterGrad(s.dx)
 		}
 		m.normBackward(dres, lg.mlpNorm, s.dx, a.mid[l], lw.mlpNorm, a.rstd2[l], true)
 		// Attention: mid = x + wo·attention(rope(wq·ln1), rope(wk·ln1), wv·ln1).
-		m.matmulBackward(l, s.datty, lg.wo, m.gatherGrad(dres), m.fp8Input(l, m.input(l, inAtty, a.atty[l], false)), lw.wo, tensor.MatmulShape{BT: BT, C: NH * HD, OC: C}, false)
+		m.matmulBackward(l, pO, s.datty, lg.wo, m.gatherGrad(dres), m.fp8Input(l, inAtty, m.input(l, inAtty, a.atty[l], false)), lw.wo, tensor.MatmulShape{BT: BT, C: NH * HD, OC: C}, false)
 		if m.cp != nil {
 			// The ring adds each key block's share into dq, dk and dv.
 			m.mem.Zero(s.dq)
@@ -1081,23 +1085,23 @@ func (m *Model[F]) backward(tokens, targets []int32, scale float64, loss tensor.
 			be.RopeBackward(s.dq, m.cos, m.sin, tensor.RopeShape{B: m.B, T: m.T, NH: NH, HD: HD})
 			be.RopeBackward(s.dk, m.cos, m.sin, tensor.RopeShape{B: m.B, T: m.T, NH: NKV, HD: HD})
 		}
-		ln1, dx := m.fp8Input(l, m.input(l, inLn1, a.ln1[l], false)), m.inputGrad(s.dx)
+		ln1, dx := m.fp8Input(l, inLn1, m.input(l, inLn1, a.ln1[l], false)), m.inputGrad(s.dx)
 		if m.Cfg.QKNorm {
 			// Through QK-norm: its inputs made again in datty (free once
 			// attention's backward has run), its input gradient in dqk.
 			raw, d := s.datty, s.dqk
-			m.matmul(l, raw, ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
+			m.matmul(l, pQ, raw, ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
 			m.headNormBackward(d, lg.qNorm, s.dq, raw, lw.qNorm, a.rstdq[l], BT*NH)
-			m.matmulBackward(l, dx, lg.wq, d, ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
+			m.matmulBackward(l, pQ, dx, lg.wq, d, ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
 			raw, d = raw.Slice(0, BT*NKV*HD), d.Slice(0, BT*NKV*HD)
-			m.matmul(l, raw, ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
+			m.matmul(l, pK, raw, ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, false)
 			m.headNormBackward(d, lg.kNorm, s.dk, raw, lw.kNorm, a.rstdk[l], BT*NKV)
-			m.matmulBackward(l, dx, lg.wk, d, ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
+			m.matmulBackward(l, pK, dx, lg.wk, d, ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
 		} else {
-			m.matmulBackward(l, dx, lg.wq, s.dq, ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
-			m.matmulBackward(l, dx, lg.wk, s.dk, ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
+			m.matmulBackward(l, pQ, dx, lg.wq, s.dq, ln1, lw.wq, tensor.MatmulShape{BT: BT, C: C, OC: NH * HD}, false)
+			m.matmulBackward(l, pK, dx, lg.wk, s.dk, ln1, lw.wk, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
 		}
-		m.matmulBackward(l, dx, lg.wv, s.dv, ln1, lw.wv, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
+		m.matmulBackward(l, pV, dx, lg.wv, s.dv, ln1, lw.wv, tensor.MatmulShape{BT: BT, C: C, OC: NKV * HD}, true)
 		m.normBackward(dres, lg.attnNorm, m.scatterGrad(s.dx), a.resid[l], lw.attnNorm, a.rstd1[l], true)
 		m.release(1+l, true)
 	}

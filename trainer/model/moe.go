@@ -216,7 +216,11 @@ func (m *Model[F]) moeForward(l int, out, x tensor.Buffer, p moeParams[tensor.Bu
 	be, c := m.be, m.Cfg
 	BT, C := m.rows(), c.Hidden
 	E := c.MoE.NumExperts
-	be.Matmul(a.logits, x, p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, false)
+	if m.fp8Router(l) {
+		m.matmul(l, pRouter, a.logits, x, p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, false)
+	} else {
+		be.Matmul(a.logits, x, p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, false)
+	}
 	s := moeShape(c, BT, m.ep.Size)
 	be.Router(a.probs, a.gates, a.logits, m.routing(p, a), s)
 	m.clearDropped(l, a.x)
@@ -255,8 +259,8 @@ func (m *Model[F]) moeForward(l int, out, x tensor.Buffer, p moeParams[tensor.Bu
 		xs, rows, SF := m.gather(x), m.B*m.T, c.MoE.ExpertFFNHidden/m.tpSize()
 		for s, w := range p.shared {
 			xq := m.sharedInput(l, xs) // again for each expert: its down projection's input takes the FP8 copy
-			m.sharedMatmul(l, a.sgate[s], xq, w[0], tensor.MatmulShape{BT: rows, C: C, OC: SF}, false)
-			m.sharedMatmul(l, a.sup[s], xq, w[1], tensor.MatmulShape{BT: rows, C: C, OC: SF}, false)
+			m.sharedMatmul(l, pW1, a.sgate[s], xq, w[0], tensor.MatmulShape{BT: rows, C: C, OC: SF}, false)
+			m.sharedMatmul(l, pW3, a.sup[s], xq, w[1], tensor.MatmulShape{BT: rows, C: C, OC: SF}, false)
 			be.SwiGLU(a.ssw[s], a.sgate[s], a.sup[s], rows*SF)
 			m.sharedRowProduct(l, out, a.ssw[s], w[2], SF)
 		}
@@ -461,7 +465,7 @@ func (m *Model[F]) moeBackward(l int, dx, dout, x tensor.Buffer, p moeParams[ten
 	}
 	before := c.MoE.ScoreBeforeExpert
 	if !before {
-		m.routerBackward(dx, x, p, g, a, dgates, auxScale)
+		m.routerBackward(l, dx, x, p, g, a, dgates, auxScale)
 	}
 	if m.ep.Size > 1 {
 		// dy goes to the experts' owners, is regrouped like the forward's tokens, and
@@ -485,7 +489,7 @@ func (m *Model[F]) moeBackward(l int, dx, dout, x tensor.Buffer, p moeParams[ten
 	}
 	if before {
 		be.ScaleCopiesBackward(dgates, dxp, x, a.gates, a.rt, sh)
-		m.routerBackward(dx, x, p, g, a, dgates, auxScale)
+		m.routerBackward(l, dx, x, p, g, a, dgates, auxScale)
 	}
 	be.DispatchBackward(dx, dxp, a.rt, sh)
 	if len(p.shared) == 0 {
@@ -497,13 +501,13 @@ func (m *Model[F]) moeBackward(l int, dx, dout, x tensor.Buffer, p moeParams[ten
 	for sIdx, w := range p.shared {
 		gw := g.shared[sIdx]
 		h, hg, hu := s.moeSh.Slice(0, rows*SF), s.moeSg.Slice(0, rows*SF), s.moeSu.Slice(0, rows*SF)
-		m.sharedMatmulBackward(l, h, gw[2], dfull, m.sharedInput(l, a.ssw[sIdx]), w[2], tensor.MatmulShape{BT: rows, C: SF, OC: C}, false)
+		m.sharedMatmulBackward(l, pW2, h, gw[2], dfull, m.sharedInput(l, a.ssw[sIdx]), w[2], tensor.MatmulShape{BT: rows, C: SF, OC: C}, false)
 		be.SwiGLUBackward(hg, hu, h, a.sgate[sIdx], a.sup[sIdx], rows*SF, false)
 		// Into dx itself without tensor parallelism; into the all-rows partial sum
 		// (started afresh by the first shared expert) with it.
 		xq := m.sharedInput(l, xs)
-		m.sharedMatmulBackward(l, dxf, gw[0], hg, xq, w[0], tensor.MatmulShape{BT: rows, C: C, OC: SF}, m.tp == nil || sIdx > 0)
-		m.sharedMatmulBackward(l, dxf, gw[1], hu, xq, w[1], tensor.MatmulShape{BT: rows, C: C, OC: SF}, true)
+		m.sharedMatmulBackward(l, pW1, dxf, gw[0], hg, xq, w[0], tensor.MatmulShape{BT: rows, C: C, OC: SF}, m.tp == nil || sIdx > 0)
+		m.sharedMatmulBackward(l, pW3, dxf, gw[1], hu, xq, w[1], tensor.MatmulShape{BT: rows, C: C, OC: SF}, true)
 	}
 	if tp := m.tp; tp != nil {
 		m.tpErr("reduce-scatter", tp.Comm.ReduceScatter(tp.red, tp.px))
@@ -513,7 +517,7 @@ func (m *Model[F]) moeBackward(l int, dx, dout, x tensor.Buffer, p moeParams[ten
 
 // routerBackward adds into dx and the router's gradient the gradient through
 // the gates (dgates) and, with the aux loss, through the probabilities.
-func (m *Model[F]) routerBackward(dx, x tensor.Buffer, p, g moeParams[tensor.Buffer], a *moeActs[F], dgates tensor.Buffer, auxScale float64) {
+func (m *Model[F]) routerBackward(l int, dx, x tensor.Buffer, p, g moeParams[tensor.Buffer], a *moeActs[F], dgates tensor.Buffer, auxScale float64) {
 	be, c := m.be, m.Cfg
 	BT, C, E := m.rows(), c.Hidden, c.MoE.NumExperts
 	s := &m.scratch
@@ -528,9 +532,12 @@ func (m *Model[F]) routerBackward(dx, x tensor.Buffer, p, g moeParams[tensor.Buf
 	dlogits := s.moeDlogits.Slice(0, BT*E)
 	m.mem.Zero(dlogits)
 	be.RouterBackward(dlogits, dgates, dprobs, a.gates, a.probs, a.rt, sh)
-	if m.tp == nil {
+	switch {
+	case m.fp8Router(l):
+		m.matmulBackward(l, pRouter, dx, g.router, dlogits, x, p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, true)
+	case m.tp == nil:
 		be.MatmulBackward(dx, g.router, dlogits, x, p.router, tensor.MatmulShape{BT: BT, C: C, OC: E}, true)
-	} else {
+	default:
 		// The router is replicated over tp and saw this rank's rows only: its
 		// gradient is summed over the tp group.
 		gr := m.tp.grouter
