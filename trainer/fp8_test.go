@@ -147,9 +147,10 @@ func BenchmarkFP8TracksBF16(b *testing.B) {
 // rank quantising its shards of the weights, its heads' and ffn columns'
 // gradients, and the gathered rows), context parallelism (each rank its
 // share of the sequence) and both, and an MoE model with its experts in FP8
-// (a shared expert split over tp 2, the routed experts over ep 2), each
-// against the one-rank FP8 run of its model from the same initialisation and
-// data, 12 steps, and the FP8 copies held as planned. The runs' scales
+// (a shared expert split over tp 2, the routed experts over ep 2), and tp
+// with cp under delayed scaling, each against the one-rank FP8 run of its
+// model and scaling from the same initialisation and data, 12 steps, and the
+// FP8 copies (and delayed scaling's state) held as planned. The runs' scales
 // differ (a shard's amax is not the whole weight's), so their codes do, by
 // up to a rounding step of E4M3 (2⁻⁴) or E5M2 (2⁻³) a value: the curves
 // part as two FP8 runs from different seeds of rounding would. Tolerance:
@@ -168,21 +169,25 @@ func TestFP8TensorAndContextParallel(t *testing.T) {
 		require.NoError(t, err)
 		return lossesOf(t, out.Dir), out
 	}
-	refs := map[bool][]float64{}
-	refs[false], _ = run("parallel.world_size=1")
-	refs[true], _ = run(append([]string{"parallel.world_size=1"}, moe...)...)
+	delayed := []string{"precision.fp8.recipe=delayed", "precision.fp8.amax_history_len=4", "precision.fp8.amax_compute_algo=max"}
+	refs := map[string][]float64{}
+	refs["dense"], _ = run("parallel.world_size=1")
+	refs["moe"], _ = run(append([]string{"parallel.world_size=1"}, moe...)...)
+	refs["delayed"], _ = run(append([]string{"parallel.world_size=1"}, delayed...)...)
 	for _, c := range []struct {
-		name string
-		moe  bool
-		sets []string
+		name, ref string
+		sets      []string
 	}{
-		{"tp2", false, []string{"parallel.world_size=2", "parallel.tensor_parallel=2"}},
-		{"cp2", false, []string{"parallel.world_size=2", "parallel.context_parallel=2"}},
-		{"tp2 cp2", false, []string{"parallel.world_size=4", "parallel.tensor_parallel=2", "parallel.context_parallel=2"}},
-		{"moe tp2 ep2", true, append([]string{"parallel.world_size=2", "parallel.tensor_parallel=2", "parallel.expert_parallel=2"}, moe...)},
+		{"tp2", "dense", []string{"parallel.world_size=2", "parallel.tensor_parallel=2"}},
+		{"cp2", "dense", []string{"parallel.world_size=2", "parallel.context_parallel=2"}},
+		{"tp2 cp2", "dense", []string{"parallel.world_size=4", "parallel.tensor_parallel=2", "parallel.context_parallel=2"}},
+		{"moe tp2 ep2", "moe", append([]string{"parallel.world_size=2", "parallel.tensor_parallel=2", "parallel.expert_parallel=2"}, moe...)},
+		// Delayed scaling: the step's amaxes reduced over all four ranks, so
+		// each weight's scale is its whole tensor's as on one rank.
+		{"tp2 cp2 delayed", "delayed", append([]string{"parallel.world_size=4", "parallel.tensor_parallel=2", "parallel.context_parallel=2"}, delayed...)},
 	} {
 		got, out := run(c.sets...)
-		ref := refs[c.moe]
+		ref := refs[c.ref]
 		require.Len(t, got, len(ref), c.name)
 		worst, _ := fp8Curves(ref, got, 4)
 		t.Logf("%s: worst per-step loss difference from one rank %.3f%%", c.name, 100*worst)
