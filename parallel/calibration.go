@@ -309,6 +309,14 @@ type InStepSample struct {
 	// RoutedRows is the rows each MoE layer's experts process in the pass (a
 	// property of the model, like ExpertsTables).
 	RoutedRows float64 `json:"routed_rows,omitempty"`
+	// Disturbed marks a pass FitInStep left out: its time over its tables'
+	// lies beyond disturbedLimit either way of the median of the passes of its
+	// dtype, which on a quiet machine lie within 1.35 of it; such a pass ran
+	// beside other work (on this project's shared VM one pass of five took
+	// 3.5 times its tables where the others took 1.1 to 1.6 times, and fitted
+	// factors 1.2 to 1.6 times too large). Set by FitInStep, on every round
+	// of the model's passes.
+	Disturbed bool `json:"disturbed,omitempty"`
 }
 
 // expertsUntimed says the sample's MoE pass was measured before its experts'
@@ -329,7 +337,81 @@ func (s InStepSample) dense() gemmSample {
 // operands' bytes.
 type gemmSample struct{ measured, tables, bytes float64 }
 
-// FitInStep sets InStepGEMM and InStepAttention (each kind's measured time in the
+// disturbedLimit is how far (either way) a model's pass may lie from the
+// median of its dtype's passes, in measured time over the tables', before
+// FitInStep takes it for one that other work slowed (or, below, for a
+// mismeasured one) and leaves it out. On this project's development hosts,
+// quiet, the calibration models' passes took 1.06 to 1.40 times their tables
+// (AMD, Intel), within 1.35 of their median; a pass disturbed by other work
+// took 2 to 4 times as long.
+const disturbedLimit = 1.5
+
+// InStepModels is the in-step passes with each model's rounds (samples of
+// the same model and dtype, which Calibrate measures interleaved) made one:
+// the round whose whole pass is the median, with the median of the rounds'
+// step tails (a disturbance that slows one round is left out, as stepTime
+// leaves out a slow pass), in the order the models first appear. A table
+// measured before 2026-11-28 holds one round a model.
+func (c *Calibration) InStepModels() []InStepSample {
+	type key struct {
+		model string
+		bf16  bool
+	}
+	var order []key
+	rounds := map[key][]InStepSample{}
+	for _, s := range c.InStepSamples {
+		k := key{s.Model, s.BF16}
+		if _, ok := rounds[k]; !ok {
+			order = append(order, k)
+		}
+		rounds[k] = append(rounds[k], s)
+	}
+	out := make([]InStepSample, 0, len(order))
+	for _, k := range order {
+		rs := slices.Clone(rounds[k])
+		tails := make([]float64, len(rs))
+		for i, r := range rs {
+			tails[i] = r.OptMeasured
+		}
+		sort.SliceStable(rs, func(i, j int) bool { return rs[i].Measured < rs[j].Measured })
+		m := rs[len(rs)/2]
+		m.OptMeasured = Median(tails)
+		out = append(out, m)
+	}
+	return out
+}
+
+// undisturbed marks (Disturbed) and leaves out the samples whose measured
+// time over their tables' lies beyond disturbedLimit of their median; with
+// fewer than three samples nothing can be told apart, and all are kept.
+func undisturbed(samples []InStepSample) []InStepSample {
+	if len(samples) < 3 {
+		return samples
+	}
+	var ratios []float64
+	for _, s := range samples {
+		if s.Measured > 0 && s.Tables > 0 {
+			ratios = append(ratios, s.Measured/s.Tables)
+		}
+	}
+	if len(ratios) < 3 {
+		return samples
+	}
+	med := Median(ratios)
+	var out []InStepSample
+	for _, s := range samples {
+		if r := s.Measured / s.Tables; s.Measured > 0 && s.Tables > 0 && (r > med*disturbedLimit || r < med/disturbedLimit) {
+			continue
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// FitInStep fits the in-step figures to the passes: each model's rounds
+// made one (InStepModels), and of those, each dtype's passes that other work
+// disturbed (undisturbed) marked Disturbed and left out. Over what remains
+// it sets InStepGEMM and InStepAttention (each kind's measured time in the
 // passes over its tables' time, pooled over the samples; for the matmuls, with
 // every sample's operand bytes known, α and β of matmuls ≈ α·tables + β·bytes
 // instead, fitted to relative errors, when both come out positive), then InStep
@@ -347,16 +429,29 @@ type gemmSample struct{ measured, tables, bytes float64 }
 // nothing to the rest's fit, whose measured time holds its experts.
 func (c *Calibration) FitInStep() {
 	var fp32, bf16 []InStepSample
-	for _, s := range c.InStepSamples {
+	for _, s := range c.InStepModels() {
 		if s.BF16 {
 			bf16 = append(bf16, s)
 		} else {
 			fp32 = append(fp32, s)
 		}
 	}
+	fp32, bf16 = undisturbed(fp32), undisturbed(bf16)
+	type key struct {
+		model string
+		bf16  bool
+	}
+	kept := map[key]bool{}
+	for _, s := range append(slices.Clone(fp32), bf16...) {
+		kept[key{s.Model, s.BF16}] = true
+	}
+	for i := range c.InStepSamples {
+		s := &c.InStepSamples[i]
+		s.Disturbed = !kept[key{s.Model, s.BF16}]
+	}
 	c.fitInStep(fp32)
 	var om, ot float64
-	for _, s := range c.InStepSamples {
+	for _, s := range append(slices.Clone(fp32), bf16...) {
 		om, ot = om+s.OptMeasured, ot+s.OptTables
 	}
 	c.InStepOptimizer = 0

@@ -195,6 +195,80 @@ func TestFitInStepSplitsTheMatmuls(t *testing.T) {
 	assert.Zero(t, c.InStepGEMMPerByte, "no operand bytes in the samples: the pooled factor alone")
 }
 
+// TestFitInStepLeavesOutDisturbed: a model's pass that other work slowed (all
+// its figures 3.5 times as long, as one of the AMD table's five passes was on
+// 2026-11-27) is marked Disturbed and left out of the fit, which then gives
+// back the factors the other passes were made from; one slowed or sped beyond
+// disturbedLimit the other way alike; within it a pass is kept. With three
+// rounds of every model (calibrate's interleaved rounds), each model's
+// median round stands for it: one round of each model disturbed leaves the
+// fit exact, and no pass is marked.
+func TestFitInStepLeavesOutDisturbed(t *testing.T) {
+	const gemmF, attnF, restF, perCall, optF = 1.2, 1.3, 1.1, 2e-5, 1.5
+	shapes := []struct{ gemm, attn, rest, calls, opt float64 }{{0.02, 0.004, 0.01, 50, 4e-4}, {0.1, 0.01, 0.03, 60, 1e-3},
+		{0.005, 0.003, 0.004, 200, 2e-4}, {0.05, 0.02, 0.05, 100, 8e-4}, {0.01, 0.002, 0.006, 80, 3e-4}}
+	sample := func(i int, slow float64) InStepSample {
+		s := shapes[i]
+		return InStepSample{Model: fmt.Sprint(i), Tables: s.gemm + s.attn + s.rest, GEMMTables: s.gemm, AttnTables: s.attn, Calls: s.calls,
+			GEMMMeasured: slow * gemmF * s.gemm, AttnMeasured: slow * attnF * s.attn, Measured: slow * (gemmF*s.gemm + attnF*s.attn + restF*s.rest + perCall*s.calls),
+			OptTables: s.opt, OptMeasured: slow * optF * s.opt}
+	}
+	exact := func(c *Calibration) {
+		t.Helper()
+		assert.InDelta(t, gemmF, c.InStepGEMM, 1e-9)
+		assert.InDelta(t, attnF, c.InStepAttention, 1e-9)
+		assert.InDelta(t, restF, c.InStep, 1e-9)
+		assert.InDelta(t, perCall, c.PerCall, 1e-12)
+		assert.InDelta(t, optF, c.InStepOptimizer, 1e-9)
+	}
+	for _, slow := range []float64{3.5, 0.5} {
+		c := &Calibration{}
+		for i := range shapes {
+			c.InStepSamples = append(c.InStepSamples, sample(i, map[bool]float64{true: slow, false: 1}[i == 1]))
+		}
+		c.FitInStep()
+		exact(c)
+		for i, smp := range c.InStepSamples {
+			assert.Equal(t, i == 1, smp.Disturbed, "pass %d, slowed %v", i, slow)
+		}
+	}
+	// 1.4 times as long: within disturbedLimit of the median, kept (the fit
+	// then carries it).
+	c := &Calibration{}
+	for i := range shapes {
+		c.InStepSamples = append(c.InStepSamples, sample(i, map[bool]float64{true: 1.4, false: 1}[i == 1]))
+	}
+	c.FitInStep()
+	for _, smp := range c.InStepSamples {
+		assert.False(t, smp.Disturbed)
+	}
+	assert.Greater(t, c.InStepGEMM, gemmF)
+
+	// Three rounds, interleaved; in each model's, one round 3 times as long.
+	c = &Calibration{}
+	for round := 0; round < 3; round++ {
+		for i := range shapes {
+			c.InStepSamples = append(c.InStepSamples, sample(i, map[bool]float64{true: 3, false: 1}[round == i%3]))
+		}
+	}
+	c.FitInStep()
+	exact(c)
+	models := c.InStepModels()
+	require.Len(t, models, len(shapes), "a model's rounds made one")
+	for i, smp := range models {
+		assert.Equal(t, fmt.Sprint(i), smp.Model, "in the models' order")
+		assert.InDelta(t, sample(i, 1).Measured, smp.Measured, 1e-15, "the median round")
+		assert.InDelta(t, sample(i, 1).OptMeasured, smp.OptMeasured, 1e-15, "the median tail")
+	}
+	for _, smp := range c.InStepSamples {
+		assert.False(t, smp.Disturbed, "a model's median round is undisturbed")
+	}
+	// Two passes of a dtype cannot tell which is disturbed: both kept.
+	c = &Calibration{InStepSamples: []InStepSample{sample(0, 1), sample(1, 3.5)}}
+	c.FitInStep()
+	assert.False(t, c.InStepSamples[1].Disturbed)
+}
+
 // TestFitInStepTraffic: with each sample's matmul operand bytes known, the
 // matmuls' in-step time is fitted as α·tables + β·bytes: samples made from known
 // α and β (small models moving many bytes per FLOP, large ones few) give them

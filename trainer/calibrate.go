@@ -28,6 +28,13 @@ type CalibrationGrid struct {
 	GEMMRows, GEMMDims []int
 	AttnT, AttnHD      []int
 	CollectiveSizes    []int
+	// InStepRounds is how many times each calibration model's pass is timed
+	// for the in-step fit, the rounds interleaved (every model in fp32 and
+	// bf16, then all again), so that other work slowing the machine for a
+	// while reaches one round of a model rather than all of them, and the fit
+	// takes each model's median round (parallel.Calibration.InStepModels).
+	// 0 stands for 1.
+	InStepRounds int
 	// ShareModels name the calibration models trained by in-process ranks to fit
 	// how ranks sharing the cores divide them (Calibration.HostShare), at 1 and
 	// ShareRanks ranks, ShareSteps steps a run, every run repeated ShareRounds
@@ -51,11 +58,12 @@ var DefaultCalibrationGrid = CalibrationGrid{
 	AttnT:           []int{16, 32, 64, 256, 1024, 4096}, // 16 and 32: context-parallel chunks of short sequences
 	AttnHD:          []int{16, 32, 64, 128},
 	CollectiveSizes: []int{2, 4},
+	InStepRounds:    3,
 	ShareModels: []string{"dense 2×192, ffn 512, seq 128, vocab 512, batch 8", "dense 2×384, ffn 1024, seq 256, vocab 256, batch 4",
 		"moe 2×160, 4 experts top-2 of 256, seq 128, batch 8"},
 	ShareRanks:  []int{2, 4},
 	ShareSteps:  10,
-	ShareRounds: 2,
+	ShareRounds: 3, // the median of three runs: one disturbed run is left out
 	RingCP:      []int{2, 4},
 }
 
@@ -173,17 +181,20 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 	// The in-step factor: whole forward and backward passes of small models, beside
 	// what the tables above predict for them.
 	c.Index()
-	say("in-step factors: %d models, fp32 and bf16 weights", len(calibrationModels))
-	for _, bf16 := range []bool{false, true} {
-		for _, cm := range calibrationModels {
-			pt, err := stepTime(be, cm.model, cm.batch, minTime, bf16)
-			if err != nil {
-				return nil, err
+	rounds := max(grid.InStepRounds, 1)
+	say("in-step factors: %d models, fp32 and bf16 weights, %d rounds", len(calibrationModels), rounds)
+	for round := 0; round < rounds; round++ {
+		for _, bf16 := range []bool{false, true} {
+			for _, cm := range calibrationModels {
+				pt, err := stepTime(be, cm.model, cm.batch, minTime, bf16)
+				if err != nil {
+					return nil, err
+				}
+				smp := parallel.InStepSample{Model: cm.name, BF16: bf16, Measured: pt.whole, GEMMMeasured: pt.gemm, AttnMeasured: pt.attn,
+					ExpertsMeasured: pt.experts, OptMeasured: pt.tail}
+				modelled(&smp, &cm, c)
+				c.InStepSamples = append(c.InStepSamples, smp)
 			}
-			smp := parallel.InStepSample{Model: cm.name, BF16: bf16, Measured: pt.whole, GEMMMeasured: pt.gemm, AttnMeasured: pt.attn,
-				ExpertsMeasured: pt.experts, OptMeasured: pt.tail}
-			modelled(&smp, &cm, c)
-			c.InStepSamples = append(c.InStepSamples, smp)
 		}
 	}
 	c.FitInStep()
@@ -436,7 +447,13 @@ func Refit(c *parallel.Calibration) error {
 
 // calibrationModels are the models whose steps fit the in-step factor: unlike the
 // recipes the plan is checked against (tiny, moe-tiny, the nanoGPT shape), so the
-// check tests the model rather than the fit.
+// check tests the model rather than the fit, but spanning their shapes: the
+// first five are two layers at micro-batches of 4 and 8 (1,024 and 2,048
+// rows), the last two four layers at 16 (2,048 rows; its MoE routing 4,096
+// rows a layer, where moe-tiny's experts stall most), added on 2026-11-28
+// after a table fitted to the first five alone planned tiny and moe-tiny
+// (four layers at 16) 1.2–1.4 times too slow. Their order is the tables'
+// order of samples: new models go last, so that Refit keeps older tables'.
 var calibrationModels = func() []calibrationModel {
 	mk := func(layers, hidden, heads, ffn, seq, vocab, experts, expertFFN int) config.Model {
 		m := config.Default().Model
@@ -450,6 +467,8 @@ var calibrationModels = func() []calibrationModel {
 		{"moe 2×160, 4 experts top-2 of 256, seq 128, batch 8", mk(2, 160, 5, 448, 128, 256, 4, 256), 8},
 		{"dense 2×96, ffn 256, seq 64, vocab 128, batch 8", mk(2, 96, 3, 256, 64, 128, 0, 0), 8},
 		{"moe 2×96, 16 experts top-2 of 64, seq 64, batch 8", mk(2, 96, 3, 256, 64, 128, 16, 64), 8},
+		{"dense 4×160, ffn 448, seq 128, vocab 256, batch 16", mk(4, 160, 5, 448, 128, 256, 0, 0), 16},
+		{"moe 4×160, 8 experts top-2 of 192, seq 128, batch 16", mk(4, 160, 5, 448, 128, 256, 8, 192), 16},
 	}
 }()
 

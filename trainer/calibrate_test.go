@@ -43,7 +43,7 @@ func TestCalibrateSmallGrid(t *testing.T) {
 		}
 	}
 	require.Equal(t, 4, full)
-	require.Len(t, back.InStepSamples, 10, "five models, with fp32 and with bf16 weights")
+	require.Len(t, back.InStepSamples, 2*len(calibrationModels), "every calibration model, with fp32 and with bf16 weights")
 	require.Greater(t, back.InStepGEMMBF16, 0.0, "bf16 matmuls' own in-step factor")
 	require.Greater(t, back.InStep, 0.0)
 	require.GreaterOrEqual(t, back.PerCall, 0.0)
@@ -63,7 +63,9 @@ func TestCalibrateSmallGrid(t *testing.T) {
 		require.Greater(t, smp.GEMMBytes, 0.0, "%s: the matmuls' operand bytes", smp.Model)
 		require.Greater(t, smp.OptMeasured, 0.0, "%s: the step's tail after the pass", smp.Model)
 		require.Greater(t, smp.OptTables, 0.0, smp.Model)
-		om, ot = om+smp.OptMeasured, ot+smp.OptTables
+		if !smp.Disturbed { // a pass other work slowed is left out of every fit
+			om, ot = om+smp.OptMeasured, ot+smp.OptTables
+		}
 		if strings.HasPrefix(smp.Model, "moe") {
 			// The experts' products are timed among the matmuls, and apart.
 			require.Greater(t, smp.ExpertsMeasured, 0.0, smp.Model)
@@ -77,9 +79,9 @@ func TestCalibrateSmallGrid(t *testing.T) {
 			require.Zero(t, smp.ExpertsMeasured+smp.ExpertsTables+smp.ExpertsBytes, smp.Model)
 		}
 	}
-	require.Equal(t, 4, moe, "two MoE models, fp32 and bf16")
+	require.Equal(t, 6, moe, "three MoE models, fp32 and bf16")
 	require.Positive(t, back.Drift, "the matmuls timed again after the passes")
-	require.InEpsilon(t, om/ot, back.InStepOptimizer, 1e-12, "the step tail's factor, pooled over the passes")
+	require.InEpsilon(t, om/ot, back.InStepOptimizer, 1e-12, "the step tail's factor, pooled over the undisturbed passes")
 	require.Contains(t, back.Collectives, parallel.CollectiveKey(parallel.SendRecv, 2))
 	require.Contains(t, back.Host, "CPUs")
 	// Ranks sharing the cores: the model trained at 1 and 2 in-process ranks, and
@@ -220,8 +222,9 @@ func (b *slowProducts) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, 
 // product as the experts' time, and per attention call as attention time). The bound is one-sided, so deterministic: a sleep lasts
 // at least its pause.
 func TestKernelTimedTimesEveryProduct(t *testing.T) {
-	cm := calibrationModels[len(calibrationModels)-1]
-	require.Positive(t, cm.model.MoE.NumExperts, "the smallest MoE calibration model")
+	i := slices.IndexFunc(calibrationModels, func(m calibrationModel) bool { return m.name == "moe 2×96, 16 experts top-2 of 64, seq 64, batch 8" })
+	require.GreaterOrEqual(t, i, 0, "the smallest MoE calibration model")
+	cm := calibrationModels[i]
 	slow := &slowProducts{pause: time.Millisecond}
 	tb := &kernelTimed{Backend: slow}
 	table, err := parallel.ParamTable(cm.model, 1, 1)
