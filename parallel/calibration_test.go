@@ -22,7 +22,7 @@ func TestShippedCalibration(t *testing.T) {
 	assert.NotEmpty(t, c.Date)
 	assert.True(t, strings.HasPrefix(c.Source, "shardline calibrate"), c.Source)
 	assert.Greater(t, c.InStep, 0.0)
-	assert.Contains(t, []int{5, 10}, len(c.InStepSamples), "five models, in fp32 (and in bf16 since 2026-11-24)")
+	assert.Contains(t, []int{5, 10, 14}, len(c.InStepModels()), "five models (seven since 2026-11-28), in fp32 (and in bf16 since 2026-11-24)")
 	assert.Nil(t, Calibrations(nil).For("h100-80gb"), "GPU profiles are timed from their peak until measured")
 
 	// An incomplete file is refused, naming what is missing.

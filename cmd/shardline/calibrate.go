@@ -24,10 +24,12 @@ backward over a grid of shapes (fp32, and bf16 weights and inputs), flash
 attention (causal, and unmasked as ring blocks) by sequence length and head size, the
 memory-bound kernels (norms, RoPE, SwiGLU, embedding, cross-entropy, the
 optimizer, the bf16 conversions of saved activations, ...) and the in-process
-collectives; then whole training passes of five small models in fp32 and in
+collectives; then whole training passes of seven small models in fp32 and in
 bf16, as a bf16 run keeps them, each followed by the step's gradient norm and
 AdamW over its parameter groups (how kernels behave inside a step: the dense
-matmuls, the MoE experts' products, attention and the rest apart), and three of
+matmuls, the MoE experts' products, attention and the rest apart), in three
+interleaved rounds, the fit leaving out a pass that other work slowed (it is
+marked "disturbed" in the table), and three of
 them trained for a few steps by 1, 2 and 4 in-process ranks (how ranks sharing
 the cores divide them) and by context-parallel rings of 2 and 4 (how long ring
 steps wait for the slowest rank). It writes them as JSON with the machine, date and
