@@ -114,6 +114,15 @@ type Calibration struct {
 	// measured before 2026-11-24 lack it, and plan bf16 runs' matmuls from GEMM.
 	GEMMBF16   []GEMMPoint `json:"gemm_bf16,omitempty"`
 	BF16Matmul string      `json:"bf16_matmul,omitempty"`
+	// GEMMFP8 is Matmul and MatmulBackward on FP8 operands (an FP8 layer's
+	// products: the input and weight in E4M3, the output gradient in E5M2,
+	// each with its scale inverse; the CPU widens the codes to fp32 and runs
+	// its fp32 product), at a sub-grid of GEMM's shapes: an FP8 product is
+	// timed as the fp32 one at its shape times their ratio interpolated over
+	// this grid (gemmFP8Ratio). Tables measured before 2026-11-28 lack it, and
+	// time an FP8 product as the fp32 one plus a pass widening its codes
+	// (from_bf16's cost per element), which the plan's time model says.
+	GEMMFP8 []GEMMPoint `json:"gemm_fp8,omitempty"`
 	// Attention is flash attention forward and backward at (T, head size), causal
 	// and (Full) without the mask. Tables measured before 2026-11-25 also hold the
 	// materialised kernel's points (Flash false), which the engine no longer runs:
@@ -222,7 +231,7 @@ type Calibration struct {
 
 // calIndex is the tables arranged for lookup.
 type calIndex struct {
-	gemm [2]gemmIndex // fp32 weights, bf16 weights
+	gemm [3]gemmIndex // fp32 weights, bf16 weights, FP8 operands
 	attn [2]attnIndex // flash, flash without the causal mask
 }
 
@@ -245,7 +254,7 @@ type attnIndex struct {
 // whoever fills a Calibration in code before timing with it.
 func (c *Calibration) Index() {
 	x := &calIndex{}
-	for i, pts := range [][]GEMMPoint{c.GEMM, c.GEMMBF16} {
+	for i, pts := range [][]GEMMPoint{c.GEMM, c.GEMMBF16, c.GEMMFP8} {
 		g := gemmIndex{at: map[[3]int]GEMMPoint{}, points: len(pts)}
 		g.ms, g.ks, g.ns = axis(pts, func(p GEMMPoint) int { return p.M }), axis(pts, func(p GEMMPoint) int { return p.K }), axis(pts, func(p GEMMPoint) int { return p.N })
 		for _, p := range pts {
@@ -786,6 +795,8 @@ const (
 	StreamAttnMerge      = "attention_merge"  // rows × heads × head size (a ring block's output)
 	StreamToBF16         = "to_bf16"          // elements (a layer's saved activations into bf16 stores)
 	StreamFromBF16       = "from_bf16"        // elements (the stores back into the work set)
+	StreamAmax           = "amax"             // elements (an FP8 operand's largest magnitude)
+	StreamQuantize       = "quantize"         // elements (an FP8 operand's codes from its values)
 )
 
 // StreamKinds lists the kinds a calibration must measure.
@@ -795,10 +806,13 @@ var StreamKinds = []string{StreamRMSNorm, StreamRMSNormBwd, StreamRope, StreamRo
 
 // LaterStreamKinds are kinds calibrate measures that tables written before them
 // lack: the MoE permutation kernels and the bf16 conversions of saved
-// activations, timed as plain copies (StreamCopy) from such a table, and the
+// activations, timed as plain copies (StreamCopy) from such a table, the
 // ring's merge of a block's attention into the running output, timed as an
-// addition (StreamAdd).
-var LaterStreamKinds = []string{StreamDispatch, StreamDispatchBwd, StreamCombine, StreamCombineBwd, StreamAttnMerge, StreamToBF16, StreamFromBF16}
+// addition (StreamAdd), and FP8's amax and quantisation (2026-11-28), timed
+// as a square sum (a reduction over the tensor) and as a conversion to bf16
+// stores (a pass writing a narrower copy).
+var LaterStreamKinds = []string{StreamDispatch, StreamDispatchBwd, StreamCombine, StreamCombineBwd, StreamAttnMerge, StreamToBF16, StreamFromBF16,
+	StreamAmax, StreamQuantize}
 
 // CollectiveKey names a calibrated collective: its kind and group size.
 func CollectiveKey(kind string, size int) string { return fmt.Sprintf("%s/%d", kind, size) }
@@ -827,6 +841,14 @@ func ParseCalibration(b []byte) (*Calibration, error) {
 	}
 	if len(c.GEMMBF16) > 0 && len(c.GEMMBF16) != len(c.GEMM) {
 		return nil, fmt.Errorf("gemm_bf16 has %d points and gemm %d: a calibration measures both over one grid", len(c.GEMMBF16), len(c.GEMM))
+	}
+	for _, p := range c.GEMMFP8 {
+		if !shape(p.M) || !shape(p.K) || !shape(p.N) || !measured(p.Fwd) || !measured(p.Bwd) {
+			return nil, fmt.Errorf("gemm_fp8 point %+v: %s", p, plausible)
+		}
+		if !slices.ContainsFunc(c.GEMM, func(q GEMMPoint) bool { return q.M == p.M && q.K == p.K && q.N == p.N }) {
+			return nil, fmt.Errorf("gemm_fp8 point %+v: not a shape of the gemm grid; a calibration times its FP8 products at some of the fp32 grid's shapes", p)
+		}
 	}
 	for _, p := range c.Attention {
 		if !shape(p.T) || !shape(p.HD) || !measured(p.Fwd) || !measured(p.Bwd) {
@@ -870,7 +892,7 @@ func ParseCalibration(b []byte) (*Calibration, error) {
 	// The lookups interpolate between neighbours on every axis, so a grid must
 	// hold each combination of its axes' values once: a point missing (or one
 	// moved off the grid) would time some shape as NaN.
-	for i, name := range []string{"gemm", "gemm_bf16"} {
+	for i, name := range []string{"gemm", "gemm_bf16", "gemm_fp8"} {
 		if g := c.idx.gemm[i]; g.points > 0 {
 			if err := wholeGrid(name, g.points, len(g.at), len(g.ms), len(g.ks), len(g.ns)); err != nil {
 				return nil, err
@@ -965,6 +987,63 @@ func (c *Calibration) gemmTimeOf(bf16 bool, m, k, n int, bwd bool) float64 {
 	return flops / math.Exp(logRate)
 }
 
+// fp8GEMMTime predicts an FP8 layer's product (Matmul, or MatmulBackward
+// with bwd) at (m, k, n): the fp32 product's time at that shape times the
+// FP8 products' time over the fp32 ones' at GEMMFP8's shapes, interpolated
+// in log2 of each dimension (clamped at that grid's edges); from a table
+// without GEMMFP8, the fp32 product plus a pass widening the codes the
+// product reads whole (forward the input's m·k, backward the output
+// gradient's m·n; the other operand is widened as it is packed, inside the
+// product), at from_bf16's cost per element.
+func (c *Calibration) fp8GEMMTime(m, k, n int, bwd bool) float64 {
+	t := c.gemmTime(m, k, n, bwd)
+	if m <= 0 || k <= 0 || n <= 0 {
+		return 0
+	}
+	x := c.index().gemm[2]
+	if len(x.ms) == 0 {
+		if bwd {
+			return t + c.stream(StreamFromBF16, float64(m*n))
+		}
+		return t + c.stream(StreamFromBF16, float64(m*k))
+	}
+	mi, mf := bracket(x.ms, m)
+	ki, kf := bracket(x.ks, k)
+	ni, nf := bracket(x.ns, n)
+	var logRatio float64
+	for dm := 0; dm < 2; dm++ {
+		for dk := 0; dk < 2; dk++ {
+			for dn := 0; dn < 2; dn++ {
+				w := weight(mf, dm) * weight(kf, dk) * weight(nf, dn)
+				if w == 0 {
+					continue
+				}
+				sh := [3]int{x.ms[min(mi+dm, len(x.ms)-1)], x.ks[min(ki+dk, len(x.ks)-1)], x.ns[min(ni+dn, len(x.ns)-1)]}
+				p, ok := x.at[sh]
+				q, ok32 := c.index().gemm[0].at[sh]
+				if !ok || !ok32 {
+					return math.NaN() // an incomplete grid: ParseCalibration refuses it
+				}
+				r := p.Fwd / q.Fwd
+				if bwd {
+					r = p.Bwd / q.Bwd
+				}
+				logRatio += w * math.Log(r)
+			}
+		}
+	}
+	return t * math.Exp(logRatio)
+}
+
+// FP8Timed says whether the table times FP8 products itself (GEMMFP8) and
+// FP8's amax and quantisation; a table without them times FP8 layers from
+// its fp32 products and other kernels (fp8GEMMTime, stream).
+func (c *Calibration) FP8Timed() bool {
+	_, amax := c.Stream[StreamAmax]
+	_, quant := c.Stream[StreamQuantize]
+	return len(c.GEMMFP8) > 0 && amax && quant
+}
+
 // attentionTime predicts causal flash attention over bh (batch, head) pairs of
 // length t and head size hd: seconds per pair interpolated in log2 of t and hd
 // (per-pair time scaled by the measured rate, which holds T²·HD work), clamped at
@@ -1050,11 +1129,24 @@ func (c *Calibration) stream(kind string, n float64) float64 {
 	l, ok := c.Stream[kind]
 	if !ok && slices.Contains(LaterStreamKinds, kind) {
 		l = c.Stream[StreamCopy] // a table from before the kind was measured
-		if kind == StreamAttnMerge {
+		switch kind {
+		case StreamAttnMerge:
 			l = c.Stream[StreamAdd]
+		case StreamAmax:
+			l = c.Stream[StreamSumSquares]
+		case StreamQuantize:
+			l = c.stream1(StreamToBF16)
 		}
 	}
 	return l.Time(n)
+}
+
+// stream1 is kind's cost, or a copy's from a table without it.
+func (c *Calibration) stream1(kind string) Linear {
+	if l, ok := c.Stream[kind]; ok {
+		return l
+	}
+	return c.Stream[StreamCopy]
 }
 
 // axis is the sorted distinct values of one coordinate.

@@ -619,3 +619,80 @@ func TestExpertsApart(t *testing.T) {
 		assert.InEpsilon(t, base.GEMM+base.Attention+base.Stream+p.StallS, p.ComputeS, 1e-12)
 	}
 }
+
+// TestCPUFP8Products: a CPU table times an FP8 layer's products by their
+// ratio to the fp32 products at GEMMFP8's shapes, interpolated (a table whose
+// FP8 products all took 1.5 times the fp32 ones times every FP8 product at
+// 1.5 times the fp32 one at its shape; one point at 3 times moves the
+// products near it and not those far off), and FP8's amax and quantisation
+// by their own costs. A table without them (the shipped ones, measured
+// before) times an FP8 product as the fp32 one plus widening the codes it
+// reads whole, amax as a square sum and quantisation as a bf16 conversion,
+// and the plan says so. An FP8 point off the fp32 grid, or an FP8 grid
+// missing a point, is refused. A CPU plan in FP8 is slower than in bf16 by
+// the quantisation and the widening: the CPU has no FP8 arithmetic.
+func TestCPUFP8Products(t *testing.T) {
+	old := Calibrations(nil).For("cpu")
+	require.False(t, old.FP8Timed())
+	assert.InEpsilon(t, old.gemmTime(2048, 128, 384, false)+old.stream(StreamFromBF16, 2048*128), old.fp8GEMMTime(2048, 128, 384, false), 1e-12)
+	assert.InEpsilon(t, old.gemmTime(2048, 128, 384, true)+old.stream(StreamFromBF16, 2048*384), old.fp8GEMMTime(2048, 128, 384, true), 1e-12)
+	assert.Equal(t, old.Stream[StreamSumSquares].Time(1e6), old.stream(StreamAmax, 1e6))
+	assert.Equal(t, old.Stream[StreamToBF16].Time(1e6), old.stream(StreamQuantize, 1e6))
+
+	b, err := json.Marshal(old)
+	require.NoError(t, err)
+	c, err := ParseCalibration(b)
+	require.NoError(t, err)
+	for _, m := range []int{64, 1024} {
+		for _, k := range []int{64, 256} {
+			for _, n := range []int{64, 256} {
+				p := c.idx.gemm[0].at[[3]int{m, k, n}]
+				c.GEMMFP8 = append(c.GEMMFP8, GEMMPoint{M: m, K: k, N: n, Fwd: 1.5 * p.Fwd, Bwd: 1.5 * p.Bwd})
+			}
+		}
+	}
+	c.Stream[StreamAmax], c.Stream[StreamQuantize] = Linear{Fixed: 1e-6, PerUnit: 1e-10}, Linear{Fixed: 2e-6, PerUnit: 3e-10}
+	b, err = json.Marshal(c)
+	require.NoError(t, err)
+	c, err = ParseCalibration(b)
+	require.NoError(t, err)
+	require.True(t, c.FP8Timed())
+	for _, sh := range [][3]int{{64, 64, 64}, {2048, 128, 384}, {100, 300, 70}, {16, 2048, 2048}} {
+		for _, bwd := range []bool{false, true} {
+			assert.InEpsilon(t, 1.5*c.gemmTime(sh[0], sh[1], sh[2], bwd), c.fp8GEMMTime(sh[0], sh[1], sh[2], bwd), 1e-12, "%v backward %v", sh, bwd)
+		}
+	}
+	assert.InEpsilon(t, 1e-6+1e-10*1e6, c.stream(StreamAmax, 1e6), 1e-12)
+	assert.InEpsilon(t, 2e-6+3e-10*1e6, c.stream(StreamQuantize, 1e6), 1e-12)
+	c.GEMMFP8[7].Fwd *= 2 // (1024, 256, 256): 3 times the fp32 product
+	c.Index()
+	assert.InEpsilon(t, 3*c.gemmTime(1024, 256, 256, false), c.fp8GEMMTime(1024, 256, 256, false), 1e-12)
+	assert.InEpsilon(t, 1.5*c.gemmTime(64, 64, 64, false), c.fp8GEMMTime(64, 64, 64, false), 1e-12, "far from it, unmoved")
+	mid := c.fp8GEMMTime(256, 128, 128, false) / c.gemmTime(256, 128, 128, false)
+	assert.Greater(t, mid, 1.5)
+	assert.Less(t, mid, 3.0)
+
+	err = parseEdited(t, func(raw map[string]any) {
+		raw["gemm_fp8"] = []any{map[string]any{"M": 48, "K": 64, "N": 64, "Fwd": 1e-5, "Bwd": 2e-5}}
+	})
+	require.ErrorContains(t, err, "not a shape of the gemm grid")
+	err = parseEdited(t, func(raw map[string]any) {
+		raw["gemm_fp8"] = []any{map[string]any{"M": 64, "K": 64, "N": 64, "Fwd": 1e-5, "Bwd": 2e-5}, map[string]any{"M": 64, "K": 64, "N": 128, "Fwd": 1e-5, "Bwd": 2e-5},
+			map[string]any{"M": 64, "K": 128, "N": 64, "Fwd": 1e-5, "Bwd": 2e-5}}
+	})
+	require.ErrorContains(t, err, "the gemm_fp8 grid has 3 points")
+
+	base := []string{"precision.bf16=true"}
+	bf16 := compile(t, &load(t, "../recipes/tiny.toml", base...).Recipe)
+	fp8 := compile(t, &load(t, "../recipes/tiny.toml", append(base, "precision.fp8.format=hybrid")...).Recipe)
+	t.Logf("tiny on the CPU: bf16 %.1f ms, FP8 %.1f ms; %s", 1e3*bf16.StepTimeS, 1e3*fp8.StepTimeS, fp8.TimeModel)
+	assert.Greater(t, fp8.ComputeS, bf16.ComputeS)
+	assert.Contains(t, fp8.TimeModel, "FP8 products timed as fp32 ones plus a pass widening their codes")
+	assert.NotContains(t, bf16.TimeModel, "FP8")
+	timed := compileWith(t, &load(t, "../recipes/tiny.toml", append(base, "precision.fp8.format=hybrid")...).Recipe, Calibrations{"cpu": c})
+	assert.NotContains(t, timed.TimeModel, "FP8")
+	// Layers kept in bf16 are timed as such.
+	kept := compile(t, &load(t, "../recipes/tiny.toml", append(base, "precision.fp8.format=hybrid", "precision.fp8.first_last_layers_bf16=true")...).Recipe)
+	assert.Greater(t, kept.ComputeS, bf16.ComputeS)
+	assert.Less(t, kept.ComputeS, fp8.ComputeS)
+}

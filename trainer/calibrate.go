@@ -27,7 +27,12 @@ import (
 type CalibrationGrid struct {
 	GEMMRows, GEMMDims []int
 	AttnT, AttnHD      []int
-	CollectiveSizes    []int
+	// FP8Rows and FP8Dims are the matmul shapes also timed on FP8 operands
+	// (parallel.Calibration.GEMMFP8): some of GEMMRows and of GEMMDims,
+	// since an FP8 product is timed as the fp32 one times their ratio,
+	// which varies slowly with the shape. None: no FP8 products timed.
+	FP8Rows, FP8Dims []int
+	CollectiveSizes  []int
 	// InStepRounds is how many times each calibration model's pass is timed
 	// for the in-step fit, the rounds interleaved (every model in fp32 and
 	// bf16, then all again), so that other work slowing the machine for a
@@ -57,6 +62,8 @@ var DefaultCalibrationGrid = CalibrationGrid{
 	GEMMDims:        []int{16, 32, 64, 128, 256, 512, 1024, 2048},
 	AttnT:           []int{16, 32, 64, 256, 1024, 4096}, // 16 and 32: context-parallel chunks of short sequences
 	AttnHD:          []int{16, 32, 64, 128},
+	FP8Rows:         []int{64, 1024, 8192},
+	FP8Dims:         []int{64, 256, 1024},
 	CollectiveSizes: []int{2, 4},
 	InStepRounds:    3,
 	// The share models: since 2026-11-28 the four-layer dense model at
@@ -118,6 +125,9 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 				}
 			}
 		}
+	}
+	if err := fp8Products(be, c, grid, timeIt, say); err != nil {
+		return nil, err
 	}
 	// Flash attention (the engine's only attention), causal and without the mask,
 	// one (batch, head) pair scaled up to enough work to time.
@@ -237,6 +247,60 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 	}
 	c.FitHostShare()
 	return c, nil
+}
+
+// fp8Products times Matmul and MatmulBackward on FP8 operands at the
+// shapes grid.FP8Rows × FP8Dims × FP8Dims, as an FP8 layer runs them
+// (trainer/model's fp8.go): the input and the weight quantised to E4M3, the
+// output gradient to E5M2 (the hybrid format), each under current scaling
+// with its scale inverse; into c.GEMMFP8. A shape outside the fp32 grid is
+// an error (the table times an FP8 product by its ratio to the fp32 one).
+func fp8Products(be tensor.Backend, c *parallel.Calibration, grid CalibrationGrid, timeIt func(func()) float64, say func(string, ...any)) error {
+	for _, r := range grid.FP8Rows {
+		if !slices.Contains(grid.GEMMRows, r) {
+			return fmt.Errorf("calibration grid: FP8 rows %d are not among the matmul rows %v", r, grid.GEMMRows)
+		}
+	}
+	for _, d := range grid.FP8Dims {
+		if !slices.Contains(grid.GEMMDims, d) {
+			return fmt.Errorf("calibration grid: FP8 width %d is not among the matmul widths %v", d, grid.GEMMDims)
+		}
+	}
+	if len(grid.FP8Rows) == 0 || len(grid.FP8Dims) == 0 {
+		return nil
+	}
+	say("FP8 matmuls: %d shapes", len(grid.FP8Rows)*len(grid.FP8Dims)*len(grid.FP8Dims))
+	for _, m := range grid.FP8Rows {
+		for _, k := range grid.FP8Dims {
+			for _, n := range grid.FP8Dims {
+				mem := be.NewMemory()
+				op := newGEMMOperands(mem, m, k, n)
+				dout := upload(mem, filled(m*n))
+				xq, wq := mem.Alloc(tensor.Float8E4M3, m*k), mem.Alloc(tensor.Float8E4M3, n*k)
+				dq := mem.Alloc(tensor.Float8E5M2, m*n)
+				inv, amax, scale := mem.Alloc(tensor.Float32, 3), mem.Alloc(tensor.Float64, 1), mem.Alloc(tensor.Float32, 1)
+				for _, q := range []struct {
+					codes, x tensor.Buffer
+					f        tensor.FP8Format
+					i        int
+				}{{xq, op.inp, tensor.E4M3, 0}, {wq, op.w, tensor.E4M3, 1}, {dq, dout, tensor.E5M2, 2}} {
+					be.Amax(amax, q.x, false)
+					be.FP8Scale(scale, amax, q.f, 0)
+					be.Quantize(q.codes, inv.Slice(q.i, q.i+1), q.x, scale)
+				}
+				s := tensor.MatmulShape{BT: m, C: k, OC: n, Scales: tensor.MatmulScales{Inp: inv.Slice(0, 1), Weight: inv.Slice(1, 2)}}
+				sb := s
+				sb.Scales.Dout = inv.Slice(2, 3)
+				fwd := timeIt(func() { be.Matmul(op.out, xq, wq, s, false) })
+				bwd := timeIt(func() { be.MatmulBackward(op.dinp, op.dw, dq, xq, wq, sb, false) })
+				if err := mem.Err(); err != nil {
+					return err
+				}
+				c.GEMMFP8 = append(c.GEMMFP8, parallel.GEMMPoint{M: m, K: k, N: n, Fwd: fwd, Bwd: bwd})
+			}
+		}
+	}
+	return nil
 }
 
 // driftLimit is how far (either way) the matmuls timed again may stray from
@@ -763,6 +827,14 @@ func streamKernel(be tensor.Backend, kind string, n int) (func(), error) {
 		return func() { be.SumSquares(st, false, a) }, mem.Err()
 	case parallel.StreamAdd:
 		return func() { be.AddInto(o, a, n) }, mem.Err()
+	case parallel.StreamAmax:
+		st := mem.Alloc(tensor.Float64, 1)
+		return func() { be.Amax(st, a, false) }, mem.Err()
+	case parallel.StreamQuantize:
+		q, inv, scale, st := mem.Alloc(tensor.Float8E4M3, n), mem.Alloc(tensor.Float32, 1), mem.Alloc(tensor.Float32, 1), mem.Alloc(tensor.Float64, 1)
+		be.Amax(st, a, false)
+		be.FP8Scale(scale, st, tensor.E4M3, 0)
+		return func() { be.Quantize(q, inv, a, scale) }, mem.Err()
 	case parallel.StreamCopy:
 		return func() { mem.Copy(o, a) }, mem.Err()
 	case parallel.StreamToBF16:

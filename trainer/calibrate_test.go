@@ -23,6 +23,7 @@ import (
 // inside the passes, the rest by least squares.
 func TestCalibrateSmallGrid(t *testing.T) {
 	grid := CalibrationGrid{GEMMRows: []int{16, 64}, GEMMDims: []int{16, 32}, AttnT: []int{32, 64}, AttnHD: []int{16, 32}, CollectiveSizes: []int{2},
+		FP8Rows: []int{64}, FP8Dims: []int{32},
 		ShareModels: []string{"dense 2×96, ffn 256, seq 64, vocab 128, batch 8"}, ShareRanks: []int{2}, ShareSteps: 3, ShareRounds: 1, RingCP: []int{2}}
 	c, err := Calibrate(cpu.Backend{}, grid, time.Millisecond, nil)
 	require.NoError(t, err)
@@ -34,6 +35,9 @@ func TestCalibrateSmallGrid(t *testing.T) {
 	require.Len(t, back.GEMM, 8)
 	require.Len(t, back.GEMMBF16, 8, "the same grid with bf16 weights")
 	require.Contains(t, []string{"dot", "widened"}, back.BF16Matmul)
+	require.Len(t, back.GEMMFP8, 1, "the FP8 products at the FP8 sub-grid's one shape")
+	require.Equal(t, [3]int{64, 32, 32}, [3]int{back.GEMMFP8[0].M, back.GEMMFP8[0].K, back.GEMMFP8[0].N})
+	require.True(t, back.FP8Timed(), "FP8 products, amax and quantisation measured")
 	require.Len(t, back.Attention, 8, "flash, with and without the causal mask")
 	full := 0
 	for _, p := range back.Attention {
