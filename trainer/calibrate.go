@@ -535,7 +535,7 @@ var calibrationModels = func() []calibrationModel {
 		{"dense 2×96, ffn 256, seq 64, vocab 128, batch 8", mk(2, 96, 3, 256, 64, 128, 0, 0), 8},
 		{"moe 2×96, 16 experts top-2 of 64, seq 64, batch 8", mk(2, 96, 3, 256, 64, 128, 16, 64), 8},
 		{"dense 4×160, ffn 448, seq 128, vocab 256, batch 16", mk(4, 160, 5, 448, 128, 256, 0, 0), 16},
-		{"moe 4×160, 8 experts top-2 of 192, seq 128, batch 16", mk(4, 160, 5, 448, 128, 256, 8, 192), 16},
+		{"moe 4×160, 8 experts top-2 of 128, seq 128, batch 16", mk(4, 160, 5, 448, 128, 256, 8, 128), 16},
 	}
 }()
 
