@@ -20,10 +20,12 @@ func (a *app) calibrateCmd() *cobra.Command {
 		Use:   "calibrate [-o FILE]",
 		Short: "Measure this machine's kernels for the plan's time model",
 		Long: `Calibrate times the CPU engine's own kernels on this machine: matmuls forward and
-backward over a grid of shapes (fp32, and bf16 weights and inputs), flash
+backward over a grid of shapes (fp32, and bf16 weights and inputs; FP8
+operands at some of them), flash
 attention (causal, and unmasked as ring blocks) by sequence length and head size, the
 memory-bound kernels (norms, RoPE, SwiGLU, embedding, cross-entropy, the
-optimizer, the bf16 conversions of saved activations, ...) and the in-process
+optimizer, the bf16 conversions of saved activations, FP8's amax and
+quantisation, ...) and the in-process
 collectives; then whole training passes of seven small models in fp32 and in
 bf16, as a bf16 run keeps them, each followed by the step's gradient norm and
 AdamW over its parameter groups (how kernels behave inside a step: the dense
