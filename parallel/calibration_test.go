@@ -696,3 +696,41 @@ func TestCPUFP8Products(t *testing.T) {
 	assert.Greater(t, kept.ComputeS, bf16.ComputeS)
 	assert.Less(t, kept.ComputeS, fp8.ComputeS)
 }
+
+// TestFP8Quantisation: an FP8 layer quantises, as trainer/model's fp8.go
+// does, its four inputs (the normed input, the attention output, the MLP's
+// normed input and SwiGLU product) forward and again in backward, its seven
+// weights likewise, and the seven products' output gradients in backward:
+// 29 tensors, each an Amax, an FP8Scale and a Quantize. With FP8 products
+// timed as the fp32 ones (a ratio of 1), tiny's micro-batch in FP8 takes its
+// fp32 time plus exactly those passes, in every layer the range holds.
+func TestFP8Quantisation(t *testing.T) {
+	b, err := json.Marshal(Calibrations(nil).For("cpu"))
+	require.NoError(t, err)
+	c, err := ParseCalibration(b)
+	require.NoError(t, err)
+	for _, m := range []int{64, 1024} {
+		for _, k := range []int{64, 256} {
+			for _, n := range []int{64, 256} {
+				p := c.idx.gemm[0].at[[3]int{m, k, n}]
+				c.GEMMFP8 = append(c.GEMMFP8, p)
+			}
+		}
+	}
+	const a, bb, q, qq = 1e-6, 2e-10, 3e-6, 5e-10
+	c.Stream[StreamAmax], c.Stream[StreamQuantize] = Linear{Fixed: a, PerUnit: bb}, Linear{Fixed: q, PerUnit: qq}
+	c.Index()
+	mo := load(t, "../recipes/tiny.toml").Recipe.Model
+	sh := microShape{B: 16, T: mo.SeqLen, CP: 1, TP: 1, EP: 1, ETP: 1, Mode: "none"}
+	plain := microCompute(mo, sh, c)
+	BT, C, Q, KV, FF := 16*mo.SeqLen, mo.Hidden, mo.Hidden, mo.EffectiveKVHeads()*mo.HeadSize(), mo.FFNHidden
+	elements := 2*(BT*C+BT*Q+BT*C+BT*FF) + 2*(Q*C+2*KV*C+C*Q+3*FF*C) + (BT*Q + 2*BT*KV + BT*C + 2*BT*FF + BT*C)
+	for _, r := range [][2]int{{0, mo.Layers}, {1, mo.Layers - 1}} {
+		sh.FP8Lo, sh.FP8Hi = r[0], r[1]
+		fp8 := microCompute(mo, sh, c)
+		layers := float64(r[1] - r[0])
+		assert.InEpsilon(t, plain.GEMM, fp8.GEMM, 1e-12, "products at a ratio of 1")
+		assert.InEpsilon(t, layers*(29*(a+q)+(bb+qq)*float64(elements)), fp8.Stream-plain.Stream, 1e-9, "layers %v", r)
+		assert.Equal(t, layers*29*3, fp8.Calls-plain.Calls, "layers %v", r)
+	}
+}

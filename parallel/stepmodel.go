@@ -210,9 +210,9 @@ func microCompute(mo config.Model, sh microShape, c opCosts) MicroTimes {
 	// quantises the layer's inputs and the products' weights, backward
 	// quantises them again and the output gradients.
 	quant0 := func(n int) float64 { return c.stream(StreamAmax, float64(n)) + c.stream(StreamQuantize, float64(n)) }
-	quant := func(n int) float64 {
-		calls += 3 // Amax, FP8Scale, Quantize
-		return quant0(n)
+	quant := func(times, n int) float64 { // times tensors of n values
+		calls += 3 * float64(times) // Amax, FP8Scale, Quantize each
+		return float64(times) * quant0(n)
 	}
 	gemm8 := func(rows, k, n int) float64 {
 		calls += 2
@@ -258,13 +258,13 @@ func microCompute(mo config.Model, sh microShape, c opCosts) MicroTimes {
 			// The inputs (normed input, attention output) and the four
 			// weights, forward and again in backward; the output gradients
 			// of q, k, v and o.
-			ls += 2*(quant(BT*C)+quant(BT*Q)) + 2*(quant(Q*C)+2*quant(KV*C)+quant(C*Q))
-			ls += quant(BT*Q) + 2*quant(BT*KV) + quant(BT*C)
+			ls += quant(2, BT*C) + quant(2, BT*Q) + quant(2, Q*C) + quant(4, KV*C) + quant(2, C*Q)
+			ls += quant(1, BT*Q) + quant(2, BT*KV) + quant(1, BT*C)
 			if !mo.IsMoELayer(l) {
 				// The MLP's input and SwiGLU product, its three weights;
 				// the output gradients of w1, w3 and w2.
-				ls += 2*(quant(BT*C)+quant(BT*FF)) + 2*3*quant(FF*C)
-				ls += 2*quant(BT*FF) + quant(BT*C)
+				ls += quant(2, BT*C) + quant(2, BT*FF) + quant(6, FF*C)
+				ls += quant(2, BT*FF) + quant(1, BT*C)
 			}
 		}
 		lg += lgemm(BT, C, Q) + lgemm(BT, C, KV) + lgemm(BT, C, KV) + lgemm(BT, Q, C)
@@ -279,7 +279,7 @@ func microCompute(mo config.Model, sh microShape, c opCosts) MicroTimes {
 			ls += stream(StreamRMSNorm, float64(BT*(Q+KV))) + stream(StreamRMSNormBwd, float64(BT*(Q+KV)))
 			if fp8 { // the remade products quantise their weights again
 				lg += c.fp8GEMMTime(BT, C, Q, false) + c.fp8GEMMTime(BT, C, KV, false)
-				ls += quant(Q*C) + quant(KV*C)
+				ls += quant(1, Q*C) + quant(1, KV*C)
 			} else {
 				lg += c.gemmTimeOf(sh.BF16, BT, C, Q, false) + c.gemmTimeOf(sh.BF16, BT, C, KV, false)
 			}
