@@ -211,6 +211,9 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 		}
 	}
 	c.FitInStep()
+	if w := disturbedWarning(c); w != "" {
+		say("%s", w)
+	}
 	// The fits above relate passes timed minutes after the tables to them: a
 	// machine whose speed changed in between (other work running) skews them.
 	drift, err := gemmDrift(be, c, grid, minTime)
@@ -301,6 +304,28 @@ func fp8Products(be tensor.Backend, c *parallel.Calibration, grid CalibrationGri
 		}
 	}
 	return nil
+}
+
+// disturbedWarning is what Calibrate says of the in-step passes its fit left
+// out as disturbed (parallel.InStepSample.Disturbed): which, of how many (""
+// when none).
+func disturbedWarning(c *parallel.Calibration) string {
+	var out []string
+	models := c.InStepModels()
+	for _, s := range models {
+		if s.Disturbed {
+			dt := "fp32"
+			if s.BF16 {
+				dt = "bf16"
+			}
+			out = append(out, fmt.Sprintf("%s (%s)", s.Model, dt))
+		}
+	}
+	if len(out) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("warning: %d of %d models' in-step passes took their tables' time beyond 1.5× the others' median ratio and were left out of the fit (other work running?): %s; if many are, calibrate again on a quiet machine",
+		len(out), len(models), strings.Join(out, ", "))
 }
 
 // driftLimit is how far (either way) the matmuls timed again may stray from

@@ -260,6 +260,22 @@ func TestKernelTimedTimesEveryProduct(t *testing.T) {
 	require.GreaterOrEqual(t, tb.attn, time.Duration(slow.attends)*slow.pause)
 }
 
+// TestDisturbedWarning: calibrate names the models whose passes its fit left
+// out as disturbed, and says nothing when none was.
+func TestDisturbedWarning(t *testing.T) {
+	c := &parallel.Calibration{}
+	for i, r := range []float64{1.2, 1.3, 4, 1.25} {
+		c.InStepSamples = append(c.InStepSamples, parallel.InStepSample{Model: calibrationModels[i].name, Measured: r, Tables: 1})
+	}
+	c.FitInStep()
+	w := disturbedWarning(c)
+	require.Contains(t, w, "1 of 4 models' in-step passes")
+	require.Contains(t, w, calibrationModels[2].name+" (fp32)")
+	c.InStepSamples[2].Measured = 1.2
+	c.FitInStep()
+	require.Empty(t, disturbedWarning(c))
+}
+
 // TestGEMMDrift: the matmuls timed again after the in-step passes are
 // compared with their table; a machine slower or faster now than when it
 // measured the table (here: a table of 1 ns and of 100 s products, timed
