@@ -38,7 +38,7 @@ steps wait for the slowest rank). It writes them as JSON with the machine, date 
 version. The plan's per-operation time model reads them (docs/plan.md):
 shardline ships the table measured on the machine that built it; set
 calibration = "FILE" in shardline.toml (or SHARDLINE_CALIBRATION) to plan with
-your machine's. It takes about three minutes; run it on a quiet machine (it
+your machine's. It takes about four minutes; run it on a quiet machine (it
 times a few matmuls again after the in-step passes and warns when the
 machine's speed changed meanwhile).
 
