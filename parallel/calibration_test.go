@@ -22,7 +22,7 @@ func TestShippedCalibration(t *testing.T) {
 	assert.NotEmpty(t, c.Date)
 	assert.True(t, strings.HasPrefix(c.Source, "shardline calibrate"), c.Source)
 	assert.Greater(t, c.InStep, 0.0)
-	assert.Contains(t, []int{5, 10}, len(c.InStepSamples), "five models, in fp32 (and in bf16 since 2026-11-24)")
+	assert.Contains(t, []int{5, 10, 14}, len(c.InStepModels()), "five models (seven since 2026-11-28), in fp32 (and in bf16 since 2026-11-24)")
 	assert.Nil(t, Calibrations(nil).For("h100-80gb"), "GPU profiles are timed from their peak until measured")
 
 	// An incomplete file is refused, naming what is missing.
@@ -193,6 +193,80 @@ func TestFitInStepSplitsTheMatmuls(t *testing.T) {
 	assert.InDelta(t, restF, c.InStep, 1e-9)
 	assert.InDelta(t, perCall, c.PerCall, 1e-12)
 	assert.Zero(t, c.InStepGEMMPerByte, "no operand bytes in the samples: the pooled factor alone")
+}
+
+// TestFitInStepLeavesOutDisturbed: a model's pass that other work slowed (all
+// its figures 3.5 times as long, as one of the AMD table's five passes was on
+// 2026-11-27) is marked Disturbed and left out of the fit, which then gives
+// back the factors the other passes were made from; one slowed or sped beyond
+// disturbedLimit the other way alike; within it a pass is kept. With three
+// rounds of every model (calibrate's interleaved rounds), each model's
+// median round stands for it: one round of each model disturbed leaves the
+// fit exact, and no pass is marked.
+func TestFitInStepLeavesOutDisturbed(t *testing.T) {
+	const gemmF, attnF, restF, perCall, optF = 1.2, 1.3, 1.1, 2e-5, 1.5
+	shapes := []struct{ gemm, attn, rest, calls, opt float64 }{{0.02, 0.004, 0.01, 50, 4e-4}, {0.1, 0.01, 0.03, 60, 1e-3},
+		{0.005, 0.003, 0.004, 200, 2e-4}, {0.05, 0.02, 0.05, 100, 8e-4}, {0.01, 0.002, 0.006, 80, 3e-4}}
+	sample := func(i int, slow float64) InStepSample {
+		s := shapes[i]
+		return InStepSample{Model: fmt.Sprint(i), Tables: s.gemm + s.attn + s.rest, GEMMTables: s.gemm, AttnTables: s.attn, Calls: s.calls,
+			GEMMMeasured: slow * gemmF * s.gemm, AttnMeasured: slow * attnF * s.attn, Measured: slow * (gemmF*s.gemm + attnF*s.attn + restF*s.rest + perCall*s.calls),
+			OptTables: s.opt, OptMeasured: slow * optF * s.opt}
+	}
+	exact := func(c *Calibration) {
+		t.Helper()
+		assert.InDelta(t, gemmF, c.InStepGEMM, 1e-9)
+		assert.InDelta(t, attnF, c.InStepAttention, 1e-9)
+		assert.InDelta(t, restF, c.InStep, 1e-9)
+		assert.InDelta(t, perCall, c.PerCall, 1e-12)
+		assert.InDelta(t, optF, c.InStepOptimizer, 1e-9)
+	}
+	for _, slow := range []float64{3.5, 0.5} {
+		c := &Calibration{}
+		for i := range shapes {
+			c.InStepSamples = append(c.InStepSamples, sample(i, map[bool]float64{true: slow, false: 1}[i == 1]))
+		}
+		c.FitInStep()
+		exact(c)
+		for i, smp := range c.InStepSamples {
+			assert.Equal(t, i == 1, smp.Disturbed, "pass %d, slowed %v", i, slow)
+		}
+	}
+	// 1.4 times as long: within disturbedLimit of the median, kept (the fit
+	// then carries it).
+	c := &Calibration{}
+	for i := range shapes {
+		c.InStepSamples = append(c.InStepSamples, sample(i, map[bool]float64{true: 1.4, false: 1}[i == 1]))
+	}
+	c.FitInStep()
+	for _, smp := range c.InStepSamples {
+		assert.False(t, smp.Disturbed)
+	}
+	assert.Greater(t, c.InStepGEMM, gemmF)
+
+	// Three rounds, interleaved; in each model's, one round 3 times as long.
+	c = &Calibration{}
+	for round := 0; round < 3; round++ {
+		for i := range shapes {
+			c.InStepSamples = append(c.InStepSamples, sample(i, map[bool]float64{true: 3, false: 1}[round == i%3]))
+		}
+	}
+	c.FitInStep()
+	exact(c)
+	models := c.InStepModels()
+	require.Len(t, models, len(shapes), "a model's rounds made one")
+	for i, smp := range models {
+		assert.Equal(t, fmt.Sprint(i), smp.Model, "in the models' order")
+		assert.InDelta(t, sample(i, 1).Measured, smp.Measured, 1e-15, "the median round")
+		assert.InDelta(t, sample(i, 1).OptMeasured, smp.OptMeasured, 1e-15, "the median tail")
+	}
+	for _, smp := range c.InStepSamples {
+		assert.False(t, smp.Disturbed, "a model's median round is undisturbed")
+	}
+	// Two passes of a dtype cannot tell which is disturbed: both kept.
+	c = &Calibration{InStepSamples: []InStepSample{sample(0, 1), sample(1, 3.5)}}
+	c.FitInStep()
+	assert.False(t, c.InStepSamples[1].Disturbed)
 }
 
 // TestFitInStepTraffic: with each sample's matmul operand bytes known, the
@@ -543,5 +617,120 @@ func TestExpertsApart(t *testing.T) {
 		assert.InEpsilon(t, (sigma+2*slope)*mt.ExpertBytes, p.StallS, 1e-12, "%d ranks: each rank's stall (4,096 routed rows), unshared", world)
 		base := stepModel(r, p, &without)
 		assert.InEpsilon(t, base.GEMM+base.Attention+base.Stream+p.StallS, p.ComputeS, 1e-12)
+	}
+}
+
+// TestCPUFP8Products: a CPU table times an FP8 layer's products by their
+// ratio to the fp32 products at GEMMFP8's shapes, interpolated (a table whose
+// FP8 products all took 1.5 times the fp32 ones times every FP8 product at
+// 1.5 times the fp32 one at its shape; one point at 3 times moves the
+// products near it and not those far off), and FP8's amax and quantisation
+// by their own costs. A table without them (the shipped ones, measured
+// before) times an FP8 product as the fp32 one plus widening the codes it
+// reads whole, amax as a square sum and quantisation as a bf16 conversion,
+// and the plan says so. An FP8 point off the fp32 grid, or an FP8 grid
+// missing a point, is refused. A CPU plan in FP8 is slower than in bf16 by
+// the quantisation and the widening: the CPU has no FP8 arithmetic.
+func TestCPUFP8Products(t *testing.T) {
+	old := Calibrations(nil).For("cpu")
+	require.False(t, old.FP8Timed())
+	assert.InEpsilon(t, old.gemmTime(2048, 128, 384, false)+old.stream(StreamFromBF16, 2048*128), old.fp8GEMMTime(2048, 128, 384, false), 1e-12)
+	assert.InEpsilon(t, old.gemmTime(2048, 128, 384, true)+old.stream(StreamFromBF16, 2048*384), old.fp8GEMMTime(2048, 128, 384, true), 1e-12)
+	assert.Equal(t, old.Stream[StreamSumSquares].Time(1e6), old.stream(StreamAmax, 1e6))
+	assert.Equal(t, old.Stream[StreamToBF16].Time(1e6), old.stream(StreamQuantize, 1e6))
+
+	b, err := json.Marshal(old)
+	require.NoError(t, err)
+	c, err := ParseCalibration(b)
+	require.NoError(t, err)
+	for _, m := range []int{64, 1024} {
+		for _, k := range []int{64, 256} {
+			for _, n := range []int{64, 256} {
+				p := c.idx.gemm[0].at[[3]int{m, k, n}]
+				c.GEMMFP8 = append(c.GEMMFP8, GEMMPoint{M: m, K: k, N: n, Fwd: 1.5 * p.Fwd, Bwd: 1.5 * p.Bwd})
+			}
+		}
+	}
+	c.Stream[StreamAmax], c.Stream[StreamQuantize] = Linear{Fixed: 1e-6, PerUnit: 1e-10}, Linear{Fixed: 2e-6, PerUnit: 3e-10}
+	b, err = json.Marshal(c)
+	require.NoError(t, err)
+	c, err = ParseCalibration(b)
+	require.NoError(t, err)
+	require.True(t, c.FP8Timed())
+	for _, sh := range [][3]int{{64, 64, 64}, {2048, 128, 384}, {100, 300, 70}, {16, 2048, 2048}} {
+		for _, bwd := range []bool{false, true} {
+			assert.InEpsilon(t, 1.5*c.gemmTime(sh[0], sh[1], sh[2], bwd), c.fp8GEMMTime(sh[0], sh[1], sh[2], bwd), 1e-12, "%v backward %v", sh, bwd)
+		}
+	}
+	assert.InEpsilon(t, 1e-6+1e-10*1e6, c.stream(StreamAmax, 1e6), 1e-12)
+	assert.InEpsilon(t, 2e-6+3e-10*1e6, c.stream(StreamQuantize, 1e6), 1e-12)
+	c.GEMMFP8[7].Fwd *= 2 // (1024, 256, 256): 3 times the fp32 product
+	c.Index()
+	assert.InEpsilon(t, 3*c.gemmTime(1024, 256, 256, false), c.fp8GEMMTime(1024, 256, 256, false), 1e-12)
+	assert.InEpsilon(t, 1.5*c.gemmTime(64, 64, 64, false), c.fp8GEMMTime(64, 64, 64, false), 1e-12, "far from it, unmoved")
+	mid := c.fp8GEMMTime(256, 128, 128, false) / c.gemmTime(256, 128, 128, false)
+	assert.Greater(t, mid, 1.5)
+	assert.Less(t, mid, 3.0)
+
+	err = parseEdited(t, func(raw map[string]any) {
+		raw["gemm_fp8"] = []any{map[string]any{"M": 48, "K": 64, "N": 64, "Fwd": 1e-5, "Bwd": 2e-5}}
+	})
+	require.ErrorContains(t, err, "not a shape of the gemm grid")
+	err = parseEdited(t, func(raw map[string]any) {
+		raw["gemm_fp8"] = []any{map[string]any{"M": 64, "K": 64, "N": 64, "Fwd": 1e-5, "Bwd": 2e-5}, map[string]any{"M": 64, "K": 64, "N": 128, "Fwd": 1e-5, "Bwd": 2e-5},
+			map[string]any{"M": 64, "K": 128, "N": 64, "Fwd": 1e-5, "Bwd": 2e-5}}
+	})
+	require.ErrorContains(t, err, "the gemm_fp8 grid has 3 points")
+
+	base := []string{"precision.bf16=true"}
+	bf16 := compile(t, &load(t, "../recipes/tiny.toml", base...).Recipe)
+	fp8 := compile(t, &load(t, "../recipes/tiny.toml", append(base, "precision.fp8.format=hybrid")...).Recipe)
+	t.Logf("tiny on the CPU: bf16 %.1f ms, FP8 %.1f ms; %s", 1e3*bf16.StepTimeS, 1e3*fp8.StepTimeS, fp8.TimeModel)
+	assert.Greater(t, fp8.ComputeS, bf16.ComputeS)
+	assert.Contains(t, fp8.TimeModel, "FP8 products timed as fp32 ones plus a pass widening their codes")
+	assert.NotContains(t, bf16.TimeModel, "FP8")
+	timed := compileWith(t, &load(t, "../recipes/tiny.toml", append(base, "precision.fp8.format=hybrid")...).Recipe, Calibrations{"cpu": c})
+	assert.NotContains(t, timed.TimeModel, "FP8")
+	// Layers kept in bf16 are timed as such.
+	kept := compile(t, &load(t, "../recipes/tiny.toml", append(base, "precision.fp8.format=hybrid", "precision.fp8.first_last_layers_bf16=true")...).Recipe)
+	assert.Greater(t, kept.ComputeS, bf16.ComputeS)
+	assert.Less(t, kept.ComputeS, fp8.ComputeS)
+}
+
+// TestFP8Quantisation: an FP8 layer quantises, as trainer/model's fp8.go
+// does, its four inputs (the normed input, the attention output, the MLP's
+// normed input and SwiGLU product) forward and again in backward, its seven
+// weights likewise, and the seven products' output gradients in backward:
+// 29 tensors, each an Amax, an FP8Scale and a Quantize. With FP8 products
+// timed as the fp32 ones (a ratio of 1), tiny's micro-batch in FP8 takes its
+// fp32 time plus exactly those passes, in every layer the range holds.
+func TestFP8Quantisation(t *testing.T) {
+	b, err := json.Marshal(Calibrations(nil).For("cpu"))
+	require.NoError(t, err)
+	c, err := ParseCalibration(b)
+	require.NoError(t, err)
+	for _, m := range []int{64, 1024} {
+		for _, k := range []int{64, 256} {
+			for _, n := range []int{64, 256} {
+				p := c.idx.gemm[0].at[[3]int{m, k, n}]
+				c.GEMMFP8 = append(c.GEMMFP8, p)
+			}
+		}
+	}
+	const a, bb, q, qq = 1e-6, 2e-10, 3e-6, 5e-10
+	c.Stream[StreamAmax], c.Stream[StreamQuantize] = Linear{Fixed: a, PerUnit: bb}, Linear{Fixed: q, PerUnit: qq}
+	c.Index()
+	mo := load(t, "../recipes/tiny.toml").Recipe.Model
+	sh := microShape{B: 16, T: mo.SeqLen, CP: 1, TP: 1, EP: 1, ETP: 1, Mode: "none"}
+	plain := microCompute(mo, sh, c)
+	BT, C, Q, KV, FF := 16*mo.SeqLen, mo.Hidden, mo.Hidden, mo.EffectiveKVHeads()*mo.HeadSize(), mo.FFNHidden
+	elements := 2*(BT*C+BT*Q+BT*C+BT*FF) + 2*(Q*C+2*KV*C+C*Q+3*FF*C) + (BT*Q + 2*BT*KV + BT*C + 2*BT*FF + BT*C)
+	for _, r := range [][2]int{{0, mo.Layers}, {1, mo.Layers - 1}} {
+		sh.FP8Lo, sh.FP8Hi = r[0], r[1]
+		fp8 := microCompute(mo, sh, c)
+		layers := float64(r[1] - r[0])
+		assert.InEpsilon(t, plain.GEMM, fp8.GEMM, 1e-12, "products at a ratio of 1")
+		assert.InEpsilon(t, layers*(29*(a+q)+(bb+qq)*float64(elements)), fp8.Stream-plain.Stream, 1e-9, "layers %v", r)
+		assert.Equal(t, layers*29*3, fp8.Calls-plain.Calls, "layers %v", r)
 	}
 }

@@ -10,6 +10,9 @@ import (
 // host (Calibration, the CPU), or a GPU's per-operation roofline (gpuCosts).
 type opCosts interface {
 	gemmTimeOf(bf16 bool, m, k, n int, bwd bool) float64
+	// fp8GEMMTime is a linear layer's product (forward, or backward's two)
+	// on FP8 operands: an FP8 layer's (microShape.FP8Lo).
+	fp8GEMMTime(m, k, n int, bwd bool) float64
 	attentionTime(bh, t, hd int, bwd bool) float64
 	attentionFullTime(bh, t, hd int, bwd bool) float64
 	stream(kind string, n float64) float64
@@ -73,7 +76,9 @@ const (
 // the fp32 weight, gradient and both moments and writes three of them and the
 // bf16 compute copy; a square sum reads fp32 gradients; an add reads two and
 // writes one fp32 value (accumulation); dispatch, combine and their backward
-// move a row each way; the bf16 stores convert fp32 to bf16 and back.
+// move a row each way; the bf16 stores convert fp32 to bf16 and back; an
+// FP8 operand's amax reads it, and its quantisation reads it and writes a
+// byte a value.
 var gpuStreamBytes = map[string]struct{ s, f float64 }{
 	StreamRMSNorm: {2, 0}, StreamRMSNormBwd: {3, 0},
 	StreamRope: {2, 0}, StreamRopeBwd: {2, 0},
@@ -84,6 +89,7 @@ var gpuStreamBytes = map[string]struct{ s, f float64 }{
 	StreamCopy: {2, 0}, StreamRouter: {0, 12}, StreamRouterBwd: {0, 16},
 	StreamDispatch: {2, 0}, StreamDispatchBwd: {2, 0}, StreamCombine: {3, 0}, StreamCombineBwd: {4, 0},
 	StreamAttnMerge: {4, 8}, StreamToBF16: {0, 6}, StreamFromBF16: {0, 6},
+	StreamAmax: {1, 0}, StreamQuantize: {1, 1}, // read the tensor; Quantize writes its code byte
 }
 
 // gpuCosts is a GPU's per-operation roofline: a GEMM at the measured large-GEMM
@@ -94,17 +100,26 @@ var gpuStreamBytes = map[string]struct{ s, f float64 }{
 type gpuCosts struct {
 	dev  DeviceProfile
 	bf16 bool
+	fp8  bool // the product at hand reads FP8 operands (fp8GEMMTime)
 }
 
-// peak is the matmul peak in the run's compute dtype.
+// peak is the matmul peak in the run's compute dtype, or on FP8 operands the
+// device's dense FP8 peak (its bf16 peak on a device without FP8 tensor
+// cores, FP8FLOPS 0: an FP8 product there gains nothing).
 func (g gpuCosts) peak() float64 {
-	if g.bf16 {
+	if g.fp8 && g.dev.FP8FLOPS > 0 {
+		return g.dev.FP8FLOPS
+	}
+	if g.bf16 || g.fp8 {
 		return g.dev.PeakFLOPS
 	}
 	return g.dev.FP32FLOPS
 }
 
 func (g gpuCosts) storage() float64 {
+	if g.fp8 {
+		return 1 // the operands' codes
+	}
 	if g.bf16 {
 		return 2
 	}
@@ -136,6 +151,14 @@ func (g gpuCosts) gemmTimeOf(_ bool, m, k, n int, bwd bool) float64 {
 	return g.product(m, k, n)
 }
 
+// fp8GEMMTime is gemmTimeOf on FP8 operands (cuBLASLt's FP8 GEMM, the inputs'
+// codes a byte each): at the device's FP8 peak, at the same efficiency as
+// bf16's (assumed: no FP8 GEMM has been measured on this project's H100).
+func (g gpuCosts) fp8GEMMTime(m, k, n int, bwd bool) float64 {
+	g.fp8 = true
+	return g.gemmTimeOf(true, m, k, n, bwd)
+}
+
 // attentionTime is causal flash attention over bh (batch, head) pairs of t
 // positions and head size hd: 2·bh·t²·hd FLOPs forward (two products over the
 // causal half), 2.5 times that backward.
@@ -159,6 +182,7 @@ func (g gpuCosts) stream(kind string, n float64) float64 {
 	if n <= 0 {
 		return 0
 	}
+	g.fp8 = false // a memory-bound kernel reads the run's storage dtype
 	b := gpuStreamBytes[kind]
 	return n*(b.s*g.storage()+b.f)/(g.dev.HBMBandwidth*gpuCopyEfficiency) + gpuLaunchS
 }

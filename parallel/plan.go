@@ -231,11 +231,21 @@ func (p *Plan) timing(r *config.Recipe) {
 	if cal := p.Topology.Calibration; cal != nil {
 		b := stepModel(r, p, cal)
 		p.TimeModel = fmt.Sprintf("per operation, calibrated on %s (%s)%s", cal.Host, cal.Date, cal.timeModelProbe())
+		if lo, hi := r.FP8LayerRange(); hi > lo && !cal.FP8Timed() {
+			p.TimeModel += "; its FP8 products timed as fp32 ones plus a pass widening their codes, and their amax and quantisation as a square sum and a bf16 conversion (the table predates FP8's timing: shardline calibrate measures them)"
+		}
 		p.ComputeS, p.OptimizerS, p.ExposedCommS = b.GEMM+b.Attention+b.Stream+b.Stall, b.Optimizer, b.Comm
 		p.StallS = b.Stall
 	} else if dev.Name != "cpu" {
 		b := gpuStepModel(r, p)
 		p.TimeModel = fmt.Sprintf("per operation on %s: efficiencies measured on an H100, figures assumed elsewhere (docs/plan.md)", dev.Name)
+		if lo, hi := r.FP8LayerRange(); hi > lo {
+			if dev.FP8FLOPS > 0 {
+				p.TimeModel += fmt.Sprintf("; FP8 layers' products at the FP8 peak (%.0f TFLOP/s dense)", dev.FP8FLOPS/1e12)
+			} else {
+				p.TimeModel += fmt.Sprintf("; FP8 layers' products at the bf16 peak: %s has no FP8 tensor cores", dev.Name)
+			}
+		}
 		p.ComputeS, p.OptimizerS, p.ExposedCommS = b.GEMM+b.Attention+b.Stream, b.Optimizer, b.Comm
 	} else {
 		p.TimeModel = fmt.Sprintf("FLOPs at %.0f%% of %s's peak", 100*dev.Achievable, dev.Name)

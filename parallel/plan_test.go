@@ -399,13 +399,16 @@ func TestCustomDevice(t *testing.T) {
 	topo, err := TopologyOf(p, nil)
 	require.NoError(t, err)
 	require.Equal(t, DeviceProfile{Name: "custom", MemoryBytes: 64 * GiB, PeakFLOPS: 500e12, Achievable: 0.8, FP32FLOPS: 500e12 * 67 / 989,
-		HBMBandwidth: 3000e9, IntraNodeBW: 400e9, InterNodeBW: 25e9}, topo.Device)
+		FP8FLOPS: 500e12 * 1979 / 989, HBMBandwidth: 3000e9, IntraNodeBW: 400e9, InterNodeBW: 25e9}, topo.Device)
 	p.DeviceProfile = "h100-80gb"
 	p.DeviceMemoryGiB, p.DeviceMemoryGBps, p.DeviceIntraNodeGBps, p.DeviceInterNodeGBps = 0, 0, 0, 0
 	topo, err = TopologyOf(p, nil)
 	require.NoError(t, err)
 	want := Profiles["h100-80gb"]
 	want.PeakFLOPS = 500e12
+	want.FP8FLOPS = 1979e12 * 500 / 989 // the FP8 peak keeps its ratio to the bf16 one
+	require.InEpsilon(t, want.FP8FLOPS, topo.Device.FP8FLOPS, 1e-12)
+	want.FP8FLOPS = topo.Device.FP8FLOPS
 	require.Equal(t, want, topo.Device)
 }
 

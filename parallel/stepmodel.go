@@ -94,8 +94,9 @@ func stepModel(r *config.Recipe, p *Plan, c *Calibration) StepBreakdown {
 // runs).
 func microShapeOf(r *config.Recipe, p *Plan, stash bool) microShape {
 	m, mo := p.Mesh, r.Model
+	lo, hi := r.FP8LayerRange()
 	return microShape{B: r.Train.MicroBatchSize, T: mo.SeqLen / m.CP, CP: m.CP, TP: m.TP, EP: m.EP, ETP: m.ETP,
-		Routed: int(tokensOf(r, m).routed), Mode: r.ActivationCheckpoint.Mode, BF16: r.Precision.BF16, Stash: stash}
+		Routed: int(tokensOf(r, m).routed), Mode: r.ActivationCheckpoint.Mode, BF16: r.Precision.BF16, Stash: stash, FP8Lo: lo, FP8Hi: hi}
 }
 
 // StepTail is the tables' time of a step's own memory-bound work over n
@@ -145,6 +146,12 @@ type microShape struct {
 	Mode                  string
 	BF16                  bool
 	Stash                 bool
+	// FP8Lo..FP8Hi−1 are the layers whose linear products compute in FP8
+	// (config.Recipe.FP8LayerRange; none when equal): q, k, v and o, and a
+	// dense layer's w1, w3 and w2 (an MoE layer's router and experts stay
+	// as they were), each quantising its operands first (trainer/model's
+	// fp8.go).
+	FP8Lo, FP8Hi int
 }
 
 // MicroTimes is the kernel time of one micro-batch's forward and backward on
@@ -197,6 +204,21 @@ func microCompute(mo config.Model, sh microShape, c opCosts) MicroTimes {
 		return c.gemmTimeOf(sh.BF16, rows, k, n, false)
 	}
 	stream := func(kind string, n float64) float64 { calls++; return c.stream(kind, n) }
+	// An FP8 layer's products (trainer/model's fp8.go): each reads its
+	// operands' E4M3 or E5M2 codes, timed by c.fp8GEMMTime, and each
+	// operand is quantised first (Amax, FP8Scale, Quantize: quant); forward
+	// quantises the layer's inputs and the products' weights, backward
+	// quantises them again and the output gradients.
+	quant0 := func(n int) float64 { return c.stream(StreamAmax, float64(n)) + c.stream(StreamQuantize, float64(n)) }
+	quant := func(times, n int) float64 { // times tensors of n values
+		calls += 3 * float64(times) // Amax, FP8Scale, Quantize each
+		return float64(times) * quant0(n)
+	}
+	gemm8 := func(rows, k, n int) float64 {
+		calls += 2
+		gb += 3 * opBytes(rows, k, n)
+		return c.fp8GEMMTime(rows, k, n, false) + c.fp8GEMMTime(rows, k, n, true)
+	}
 	attnFwd := c.attentionTime(B*NH, T, HD, false)
 	attnBwd := c.attentionTime(B*NH, T, HD, true)
 	attnCalls := 2.0
@@ -225,7 +247,27 @@ func microCompute(mo config.Model, sh microShape, c opCosts) MicroTimes {
 	for l := 0; l < mo.Layers; l++ {
 		var lg, la, ls float64
 		ls += 2 * (stream(StreamRMSNorm, float64(R*C)) + stream(StreamRMSNormBwd, float64(R*C)))
-		lg += gemm(BT, C, Q) + gemm(BT, C, KV) + gemm(BT, C, KV) + gemm(BT, Q, C)
+		fp8 := l >= sh.FP8Lo && l < sh.FP8Hi
+		lgemm, lfwd := gemm, fwd
+		if fp8 {
+			lgemm = gemm8
+			lfwd = func(rows, k, n int) float64 {
+				fgb += opBytes(rows, k, n)
+				return c.fp8GEMMTime(rows, k, n, false)
+			}
+			// The inputs (normed input, attention output) and the four
+			// weights, forward and again in backward; the output gradients
+			// of q, k, v and o.
+			ls += quant(2, BT*C) + quant(2, BT*Q) + quant(2, Q*C) + quant(4, KV*C) + quant(2, C*Q)
+			ls += quant(1, BT*Q) + quant(2, BT*KV) + quant(1, BT*C)
+			if !mo.IsMoELayer(l) {
+				// The MLP's input and SwiGLU product, its three weights;
+				// the output gradients of w1, w3 and w2.
+				ls += quant(2, BT*C) + quant(2, BT*FF) + quant(6, FF*C)
+				ls += quant(2, BT*FF) + quant(1, BT*C)
+			}
+		}
+		lg += lgemm(BT, C, Q) + lgemm(BT, C, KV) + lgemm(BT, C, KV) + lgemm(BT, Q, C)
 		nope := mo.IsNoPELayer(l) // no rotary embedding
 		if !nope {
 			ls += stream(StreamRope, float64(BT*Q)) + stream(StreamRope, float64(BT*KV))
@@ -235,7 +277,12 @@ func microCompute(mo config.Model, sh microShape, c opCosts) MicroTimes {
 			// QK-norm: the per-head norms and their backward, which makes the
 			// norms' inputs again (the q and k products' forward).
 			ls += stream(StreamRMSNorm, float64(BT*(Q+KV))) + stream(StreamRMSNormBwd, float64(BT*(Q+KV)))
-			lg += c.gemmTimeOf(sh.BF16, BT, C, Q, false) + c.gemmTimeOf(sh.BF16, BT, C, KV, false)
+			if fp8 { // the remade products quantise their weights again
+				lg += c.fp8GEMMTime(BT, C, Q, false) + c.fp8GEMMTime(BT, C, KV, false)
+				ls += quant(1, Q*C) + quant(1, KV*C)
+			} else {
+				lg += c.gemmTimeOf(sh.BF16, BT, C, Q, false) + c.gemmTimeOf(sh.BF16, BT, C, KV, false)
+			}
 			gb += opBytes(BT, C, Q) + opBytes(BT, C, KV)
 			calls += 2
 		}
@@ -252,8 +299,14 @@ func microCompute(mo config.Model, sh microShape, c opCosts) MicroTimes {
 		// What recomputation repeats in backward.
 		fa := lf // (its launch is counted with the recompute below)
 		fgb = 0
-		fg := fwd(BT, C, Q) + fwd(BT, C, KV) + fwd(BT, C, KV) + fwd(BT, Q, C)
+		fg := lfwd(BT, C, Q) + lfwd(BT, C, KV) + lfwd(BT, C, KV) + lfwd(BT, Q, C)
 		fs := 2 * c.stream(StreamRMSNorm, float64(R*C))
+		if fp8 { // full recompute's forward quantises its inputs and weights again
+			fs += quant0(BT*C) + quant0(BT*Q) + quant0(Q*C) + 2*quant0(KV*C) + quant0(C*Q)
+			if !mo.IsMoELayer(l) {
+				fs += quant0(BT*C) + quant0(BT*FF) + 3*quant0(FF*C)
+			}
+		}
 		if !nope {
 			fs += c.stream(StreamRope, float64(BT*Q)) + c.stream(StreamRope, float64(BT*KV))
 		}
@@ -306,8 +359,8 @@ func microCompute(mo config.Model, sh microShape, c opCosts) MicroTimes {
 				fs += k * c.stream(StreamSwiGLU, float64(BT*SF))
 			}
 		} else {
-			lg += gemm(BT, C, FF) + gemm(BT, C, FF) + gemm(BT, FF, C)
-			fg += fwd(BT, C, FF) + fwd(BT, C, FF) + fwd(BT, FF, C)
+			lg += lgemm(BT, C, FF) + lgemm(BT, C, FF) + lgemm(BT, FF, C)
+			fg += lfwd(BT, C, FF) + lfwd(BT, C, FF) + lfwd(BT, FF, C)
 			ls += stream(StreamSwiGLU, float64(BT*FF)) + stream(StreamSwiGLUBwd, float64(BT*FF))
 			fs += c.stream(StreamSwiGLU, float64(BT*FF))
 		}

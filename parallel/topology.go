@@ -27,6 +27,10 @@ type DeviceProfile struct {
 	// the GPU time model charges products too small to fill the device.
 	FP32FLOPS float64
 	SMs       int
+	// FP8FLOPS is the dense FP8 tensor-core peak (0: the device has no FP8
+	// tensor cores), which an FP8 layer's products reach at most (the GPU
+	// time model, gpucost.go).
+	FP8FLOPS float64
 	// HBMBandwidth is device memory bandwidth in bytes/s; memory-bound work (the
 	// optimizer step) is timed against it.
 	HBMBandwidth float64
@@ -67,17 +71,23 @@ type DeviceProfile struct {
 //     SMs; H100, H200 and H800 SXM 67, 132; L40S 91.6, 142); the H20's from the
 //     same reports (44, 78); the B200's from the same page (HGX at 1,000 W: 80)
 //     and public spec listings (148 SMs, hmc-tech.com/gpus/nvidia-b200-vs-nvidia-b100).
+//   - dense FP8 peaks: the same data sheets, which give them with sparsity
+//     (halved here, as they say: H100, H200 and H800 SXM 3,958 → 1,979
+//     TFLOP/s; L40S 1,466 → 733; HGX B200 at 1,000 W 9,000 → 4,500); the
+//     H20's reported 296 dense (twice its bf16, as on every FP8 part); the
+//     A100 has no FP8 tensor cores (0: its FP8 products are timed at the
+//     bf16 peak).
 //   - cpu: this project's two-core machine, 24 GiB; its FLOP/s and in-process copy
 //     bandwidth are nominal until the plan is calibrated by measurement.
 var Profiles = map[string]DeviceProfile{
 	"cpu":        {Name: "cpu", MemoryBytes: 24 * GiB, PeakFLOPS: 400e9, Achievable: 0.4, FP32FLOPS: 400e9, HBMBandwidth: 20e9, IntraNodeBW: 8e9, InterNodeBW: 1e9},
 	"a100-80gb":  {Name: "a100-80gb", MemoryBytes: 80 * GiB, PeakFLOPS: 312e12, Achievable: 0.8, FP32FLOPS: 19.5e12, SMs: 108, HBMBandwidth: 2.0e12, IntraNodeBW: 300e9, InterNodeBW: 25e9},
-	"h100-80gb":  {Name: "h100-80gb", MemoryBytes: 81559 << 20, PeakFLOPS: 989e12, Achievable: 0.8, FP32FLOPS: 67e12, SMs: 132, HBMBandwidth: 3.35e12, IntraNodeBW: 450e9, InterNodeBW: 50e9},
-	"h200-141gb": {Name: "h200-141gb", MemoryBytes: 143771 << 20, PeakFLOPS: 989e12, Achievable: 0.8, FP32FLOPS: 67e12, SMs: 132, HBMBandwidth: 4.8e12, IntraNodeBW: 450e9, InterNodeBW: 50e9},
-	"h800-80gb":  {Name: "h800-80gb", MemoryBytes: 81559 << 20, PeakFLOPS: 989e12, Achievable: 0.8, FP32FLOPS: 67e12, SMs: 132, HBMBandwidth: 3.35e12, IntraNodeBW: 200e9, InterNodeBW: 50e9},
-	"h20-96gb":   {Name: "h20-96gb", MemoryBytes: 96e9, PeakFLOPS: 148e12, Achievable: 0.8, FP32FLOPS: 44e12, SMs: 78, HBMBandwidth: 4.0e12, IntraNodeBW: 450e9, InterNodeBW: 50e9},
-	"b200-180gb": {Name: "b200-180gb", MemoryBytes: 180e9, PeakFLOPS: 2250e12, Achievable: 0.8, FP32FLOPS: 80e12, SMs: 148, HBMBandwidth: 8.0e12, IntraNodeBW: 900e9, InterNodeBW: 50e9},
-	"l40s-48gb":  {Name: "l40s-48gb", MemoryBytes: 46068 << 20, PeakFLOPS: 362e12, Achievable: 0.8, FP32FLOPS: 91.6e12, SMs: 142, HBMBandwidth: 864e9, IntraNodeBW: 32e9, InterNodeBW: 25e9},
+	"h100-80gb":  {Name: "h100-80gb", MemoryBytes: 81559 << 20, PeakFLOPS: 989e12, Achievable: 0.8, FP32FLOPS: 67e12, FP8FLOPS: 1979e12, SMs: 132, HBMBandwidth: 3.35e12, IntraNodeBW: 450e9, InterNodeBW: 50e9},
+	"h200-141gb": {Name: "h200-141gb", MemoryBytes: 143771 << 20, PeakFLOPS: 989e12, Achievable: 0.8, FP32FLOPS: 67e12, FP8FLOPS: 1979e12, SMs: 132, HBMBandwidth: 4.8e12, IntraNodeBW: 450e9, InterNodeBW: 50e9},
+	"h800-80gb":  {Name: "h800-80gb", MemoryBytes: 81559 << 20, PeakFLOPS: 989e12, Achievable: 0.8, FP32FLOPS: 67e12, FP8FLOPS: 1979e12, SMs: 132, HBMBandwidth: 3.35e12, IntraNodeBW: 200e9, InterNodeBW: 50e9},
+	"h20-96gb":   {Name: "h20-96gb", MemoryBytes: 96e9, PeakFLOPS: 148e12, Achievable: 0.8, FP32FLOPS: 44e12, FP8FLOPS: 296e12, SMs: 78, HBMBandwidth: 4.0e12, IntraNodeBW: 450e9, InterNodeBW: 50e9},
+	"b200-180gb": {Name: "b200-180gb", MemoryBytes: 180e9, PeakFLOPS: 2250e12, Achievable: 0.8, FP32FLOPS: 80e12, FP8FLOPS: 4500e12, SMs: 148, HBMBandwidth: 8.0e12, IntraNodeBW: 900e9, InterNodeBW: 50e9},
+	"l40s-48gb":  {Name: "l40s-48gb", MemoryBytes: 46068 << 20, PeakFLOPS: 362e12, Achievable: 0.8, FP32FLOPS: 91.6e12, FP8FLOPS: 733e12, SMs: 142, HBMBandwidth: 864e9, IntraNodeBW: 32e9, InterNodeBW: 25e9},
 }
 
 // ProfileNames lists the profiles, sorted.
@@ -137,10 +147,14 @@ func TopologyOf(p config.Parallel, cals Calibrations) (Topology, error) {
 		prof.MemoryBytes = int64(p.DeviceMemoryGiB * GiB)
 	}
 	if p.DevicePeakTFLOPS > 0 {
+		if prof.PeakFLOPS > 0 {
+			prof.FP8FLOPS *= p.DevicePeakTFLOPS * 1e12 / prof.PeakFLOPS // the FP8 peak keeps its ratio to the bf16 one
+		}
 		prof.PeakFLOPS = p.DevicePeakTFLOPS * 1e12
 	}
 	if name == "custom" {
-		prof.FP32FLOPS = prof.PeakFLOPS * 67 / 989 // the H100's ratio of fp32 to bf16 peak: assumed
+		prof.FP32FLOPS = prof.PeakFLOPS * 67 / 989  // the H100's ratio of fp32 to bf16 peak: assumed
+		prof.FP8FLOPS = prof.PeakFLOPS * 1979 / 989 // and of FP8 to bf16: assumed
 	}
 	if p.DeviceMemoryGBps > 0 {
 		prof.HBMBandwidth = p.DeviceMemoryGBps * 1e9

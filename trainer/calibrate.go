@@ -27,7 +27,19 @@ import (
 type CalibrationGrid struct {
 	GEMMRows, GEMMDims []int
 	AttnT, AttnHD      []int
-	CollectiveSizes    []int
+	// FP8Rows and FP8Dims are the matmul shapes also timed on FP8 operands
+	// (parallel.Calibration.GEMMFP8): some of GEMMRows and of GEMMDims,
+	// since an FP8 product is timed as the fp32 one times their ratio,
+	// which varies slowly with the shape. None: no FP8 products timed.
+	FP8Rows, FP8Dims []int
+	CollectiveSizes  []int
+	// InStepRounds is how many times each calibration model's pass is timed
+	// for the in-step fit, the rounds interleaved (every model in fp32 and
+	// bf16, then all again), so that other work slowing the machine for a
+	// while reaches one round of a model rather than all of them, and the fit
+	// takes each model's median round (parallel.Calibration.InStepModels).
+	// 0 stands for 1.
+	InStepRounds int
 	// ShareModels name the calibration models trained by in-process ranks to fit
 	// how ranks sharing the cores divide them (Calibration.HostShare), at 1 and
 	// ShareRanks ranks, ShareSteps steps a run, every run repeated ShareRounds
@@ -50,12 +62,18 @@ var DefaultCalibrationGrid = CalibrationGrid{
 	GEMMDims:        []int{16, 32, 64, 128, 256, 512, 1024, 2048},
 	AttnT:           []int{16, 32, 64, 256, 1024, 4096}, // 16 and 32: context-parallel chunks of short sequences
 	AttnHD:          []int{16, 32, 64, 128},
+	FP8Rows:         []int{64, 1024, 8192},
+	FP8Dims:         []int{64, 256, 1024},
 	CollectiveSizes: []int{2, 4},
-	ShareModels: []string{"dense 2×192, ffn 512, seq 128, vocab 512, batch 8", "dense 2×384, ffn 1024, seq 256, vocab 256, batch 4",
+	InStepRounds:    3,
+	// The share models: since 2026-11-28 the four-layer dense model at
+	// micro-batch 16 (the shapes a CPU trains) in place of 2×384 at 4, which
+	// took as long.
+	ShareModels: []string{"dense 2×192, ffn 512, seq 128, vocab 512, batch 8", "dense 4×160, ffn 448, seq 128, vocab 256, batch 16",
 		"moe 2×160, 4 experts top-2 of 256, seq 128, batch 8"},
 	ShareRanks:  []int{2, 4},
 	ShareSteps:  10,
-	ShareRounds: 2,
+	ShareRounds: 3, // the median of three runs: one disturbed run is left out
 	RingCP:      []int{2, 4},
 }
 
@@ -107,6 +125,9 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 				}
 			}
 		}
+	}
+	if err := fp8Products(be, c, grid, timeIt, say); err != nil {
+		return nil, err
 	}
 	// Flash attention (the engine's only attention), causal and without the mask,
 	// one (batch, head) pair scaled up to enough work to time.
@@ -173,20 +194,26 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 	// The in-step factor: whole forward and backward passes of small models, beside
 	// what the tables above predict for them.
 	c.Index()
-	say("in-step factors: %d models, fp32 and bf16 weights", len(calibrationModels))
-	for _, bf16 := range []bool{false, true} {
-		for _, cm := range calibrationModels {
-			pt, err := stepTime(be, cm.model, cm.batch, minTime, bf16)
-			if err != nil {
-				return nil, err
+	rounds := max(grid.InStepRounds, 1)
+	say("in-step factors: %d models, fp32 and bf16 weights, %d rounds", len(calibrationModels), rounds)
+	for round := 0; round < rounds; round++ {
+		for _, bf16 := range []bool{false, true} {
+			for _, cm := range calibrationModels {
+				pt, err := stepTime(be, cm.model, cm.batch, minTime, bf16)
+				if err != nil {
+					return nil, err
+				}
+				smp := parallel.InStepSample{Model: cm.name, BF16: bf16, Measured: pt.whole, GEMMMeasured: pt.gemm, AttnMeasured: pt.attn,
+					ExpertsMeasured: pt.experts, OptMeasured: pt.tail}
+				modelled(&smp, &cm, c)
+				c.InStepSamples = append(c.InStepSamples, smp)
 			}
-			smp := parallel.InStepSample{Model: cm.name, BF16: bf16, Measured: pt.whole, GEMMMeasured: pt.gemm, AttnMeasured: pt.attn,
-				ExpertsMeasured: pt.experts, OptMeasured: pt.tail}
-			modelled(&smp, &cm, c)
-			c.InStepSamples = append(c.InStepSamples, smp)
 		}
 	}
 	c.FitInStep()
+	if w := disturbedWarning(c); w != "" {
+		say("%s", w)
+	}
 	// The fits above relate passes timed minutes after the tables to them: a
 	// machine whose speed changed in between (other work running) skews them.
 	drift, err := gemmDrift(be, c, grid, minTime)
@@ -223,6 +250,82 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 	}
 	c.FitHostShare()
 	return c, nil
+}
+
+// fp8Products times Matmul and MatmulBackward on FP8 operands at the
+// shapes grid.FP8Rows × FP8Dims × FP8Dims, as an FP8 layer runs them
+// (trainer/model's fp8.go): the input and the weight quantised to E4M3, the
+// output gradient to E5M2 (the hybrid format), each under current scaling
+// with its scale inverse; into c.GEMMFP8. A shape outside the fp32 grid is
+// an error (the table times an FP8 product by its ratio to the fp32 one).
+func fp8Products(be tensor.Backend, c *parallel.Calibration, grid CalibrationGrid, timeIt func(func()) float64, say func(string, ...any)) error {
+	for _, r := range grid.FP8Rows {
+		if !slices.Contains(grid.GEMMRows, r) {
+			return fmt.Errorf("calibration grid: FP8 rows %d are not among the matmul rows %v", r, grid.GEMMRows)
+		}
+	}
+	for _, d := range grid.FP8Dims {
+		if !slices.Contains(grid.GEMMDims, d) {
+			return fmt.Errorf("calibration grid: FP8 width %d is not among the matmul widths %v", d, grid.GEMMDims)
+		}
+	}
+	if len(grid.FP8Rows) == 0 || len(grid.FP8Dims) == 0 {
+		return nil
+	}
+	say("FP8 matmuls: %d shapes", len(grid.FP8Rows)*len(grid.FP8Dims)*len(grid.FP8Dims))
+	for _, m := range grid.FP8Rows {
+		for _, k := range grid.FP8Dims {
+			for _, n := range grid.FP8Dims {
+				mem := be.NewMemory()
+				op := newGEMMOperands(mem, m, k, n)
+				dout := upload(mem, filled(m*n))
+				xq, wq := mem.Alloc(tensor.Float8E4M3, m*k), mem.Alloc(tensor.Float8E4M3, n*k)
+				dq := mem.Alloc(tensor.Float8E5M2, m*n)
+				inv, amax, scale := mem.Alloc(tensor.Float32, 3), mem.Alloc(tensor.Float64, 1), mem.Alloc(tensor.Float32, 1)
+				for _, q := range []struct {
+					codes, x tensor.Buffer
+					f        tensor.FP8Format
+					i        int
+				}{{xq, op.inp, tensor.E4M3, 0}, {wq, op.w, tensor.E4M3, 1}, {dq, dout, tensor.E5M2, 2}} {
+					be.Amax(amax, q.x, false)
+					be.FP8Scale(scale, amax, q.f, 0)
+					be.Quantize(q.codes, inv.Slice(q.i, q.i+1), q.x, scale)
+				}
+				s := tensor.MatmulShape{BT: m, C: k, OC: n, Scales: tensor.MatmulScales{Inp: inv.Slice(0, 1), Weight: inv.Slice(1, 2)}}
+				sb := s
+				sb.Scales.Dout = inv.Slice(2, 3)
+				fwd := timeIt(func() { be.Matmul(op.out, xq, wq, s, false) })
+				bwd := timeIt(func() { be.MatmulBackward(op.dinp, op.dw, dq, xq, wq, sb, false) })
+				if err := mem.Err(); err != nil {
+					return err
+				}
+				c.GEMMFP8 = append(c.GEMMFP8, parallel.GEMMPoint{M: m, K: k, N: n, Fwd: fwd, Bwd: bwd})
+			}
+		}
+	}
+	return nil
+}
+
+// disturbedWarning is what Calibrate says of the in-step passes its fit left
+// out as disturbed (parallel.InStepSample.Disturbed): which, of how many (""
+// when none).
+func disturbedWarning(c *parallel.Calibration) string {
+	var out []string
+	models := c.InStepModels()
+	for _, s := range models {
+		if s.Disturbed {
+			dt := "fp32"
+			if s.BF16 {
+				dt = "bf16"
+			}
+			out = append(out, fmt.Sprintf("%s (%s)", s.Model, dt))
+		}
+	}
+	if len(out) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("warning: %d of %d models' in-step passes took their tables' time beyond 1.5× the others' median ratio and were left out of the fit (other work running?): %s; if many are, calibrate again on a quiet machine",
+		len(out), len(models), strings.Join(out, ", "))
 }
 
 // driftLimit is how far (either way) the matmuls timed again may stray from
@@ -436,7 +539,13 @@ func Refit(c *parallel.Calibration) error {
 
 // calibrationModels are the models whose steps fit the in-step factor: unlike the
 // recipes the plan is checked against (tiny, moe-tiny, the nanoGPT shape), so the
-// check tests the model rather than the fit.
+// check tests the model rather than the fit, but spanning their shapes: the
+// first five are two layers at micro-batches of 4 and 8 (1,024 and 2,048
+// rows), the last two four layers at 16 (2,048 rows; its MoE routing 4,096
+// rows a layer, where moe-tiny's experts stall most), added on 2026-11-28
+// after a table fitted to the first five alone planned tiny and moe-tiny
+// (four layers at 16) 1.2–1.4 times too slow. Their order is the tables'
+// order of samples: new models go last, so that Refit keeps older tables'.
 var calibrationModels = func() []calibrationModel {
 	mk := func(layers, hidden, heads, ffn, seq, vocab, experts, expertFFN int) config.Model {
 		m := config.Default().Model
@@ -450,6 +559,8 @@ var calibrationModels = func() []calibrationModel {
 		{"moe 2×160, 4 experts top-2 of 256, seq 128, batch 8", mk(2, 160, 5, 448, 128, 256, 4, 256), 8},
 		{"dense 2×96, ffn 256, seq 64, vocab 128, batch 8", mk(2, 96, 3, 256, 64, 128, 0, 0), 8},
 		{"moe 2×96, 16 experts top-2 of 64, seq 64, batch 8", mk(2, 96, 3, 256, 64, 128, 16, 64), 8},
+		{"dense 4×160, ffn 448, seq 128, vocab 256, batch 16", mk(4, 160, 5, 448, 128, 256, 0, 0), 16},
+		{"moe 4×160, 8 experts top-2 of 128, seq 128, batch 16", mk(4, 160, 5, 448, 128, 256, 8, 128), 16},
 	}
 }()
 
@@ -741,6 +852,14 @@ func streamKernel(be tensor.Backend, kind string, n int) (func(), error) {
 		return func() { be.SumSquares(st, false, a) }, mem.Err()
 	case parallel.StreamAdd:
 		return func() { be.AddInto(o, a, n) }, mem.Err()
+	case parallel.StreamAmax:
+		st := mem.Alloc(tensor.Float64, 1)
+		return func() { be.Amax(st, a, false) }, mem.Err()
+	case parallel.StreamQuantize:
+		q, inv, scale, st := mem.Alloc(tensor.Float8E4M3, n), mem.Alloc(tensor.Float32, 1), mem.Alloc(tensor.Float32, 1), mem.Alloc(tensor.Float64, 1)
+		be.Amax(st, a, false)
+		be.FP8Scale(scale, st, tensor.E4M3, 0)
+		return func() { be.Quantize(q, inv, a, scale) }, mem.Err()
 	case parallel.StreamCopy:
 		return func() { mem.Copy(o, a) }, mem.Err()
 	case parallel.StreamToBF16:

@@ -12,7 +12,8 @@ import (
 
 // HostSpeed reruns a calibration's own in-step passes on be (the forward and
 // backward passes of its small models that `shardline calibrate` timed, in bf16
-// when bf16, else fp32; each for at least minTime) and returns how long they take
+// when bf16, else fp32; each model's median round, less the passes its fit
+// left out as disturbed; each for at least minTime) and returns how long they take
 // now over how long they took when c was measured: the geometric mean over the
 // passes, and how many passes it reran. Above 1 the host is slower now than when
 // it was calibrated, so a step the plan timed from c takes that much longer for
@@ -29,8 +30,8 @@ func HostSpeed(be tensor.Backend, c *parallel.Calibration, bf16 bool, minTime ti
 func hostSpeed(c *parallel.Calibration, bf16 bool, measure func(m config.Model, batch int) (float64, error)) (float64, int, error) {
 	var logSum float64
 	n := 0
-	for _, smp := range c.InStepSamples {
-		if smp.BF16 != bf16 || smp.Measured <= 0 {
+	for _, smp := range c.InStepModels() { // a model's median round
+		if smp.BF16 != bf16 || smp.Measured <= 0 || smp.Disturbed {
 			continue
 		}
 		for _, cm := range calibrationModels {

@@ -12,8 +12,8 @@ import (
 // TestHostSpeed: the host's speed against a calibration is the geometric mean of
 // now/then over the calibration's passes of the run's precision, with the passes'
 // timing given (no clock: deterministic). Passes of models calibrate no longer
-// has, or of the other precision, are skipped; none at all is an error that says
-// to recalibrate.
+// has, or of the other precision, are skipped, and a model's rounds count
+// once; none at all is an error that says to recalibrate.
 func TestHostSpeed(t *testing.T) {
 	c := &parallel.Calibration{Host: "h", Date: "d", InStepSamples: []parallel.InStepSample{
 		{Model: calibrationModels[0].name, Measured: 0.010},
@@ -31,6 +31,16 @@ func TestHostSpeed(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	require.InDelta(t, 0.050/0.030, r, 1e-12)
+	// Rounds of a model (calibrate's interleaved rounds): its median round
+	// stands for it, rerun once; a pass the fit left out as disturbed is not
+	// rerun.
+	c.InStepSamples = append(c.InStepSamples, parallel.InStepSample{Model: calibrationModels[0].name, Measured: 0.030},
+		parallel.InStepSample{Model: calibrationModels[0].name, Measured: 0.005},
+		parallel.InStepSample{Model: calibrationModels[2].name, Measured: 0.1, Disturbed: true})
+	r, n, err = hostSpeed(c, false, measure)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	require.InDelta(t, math.Sqrt(2.0*1.25), r, 1e-12, "the median of 0.010, 0.030 and 0.005")
 	_, _, err = hostSpeed(&parallel.Calibration{Host: "h", Date: "d"}, false, measure)
 	require.ErrorContains(t, err, "recalibrate with shardline calibrate")
 }

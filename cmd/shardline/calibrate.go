@@ -20,21 +20,25 @@ func (a *app) calibrateCmd() *cobra.Command {
 		Use:   "calibrate [-o FILE]",
 		Short: "Measure this machine's kernels for the plan's time model",
 		Long: `Calibrate times the CPU engine's own kernels on this machine: matmuls forward and
-backward over a grid of shapes (fp32, and bf16 weights and inputs), flash
+backward over a grid of shapes (fp32, and bf16 weights and inputs; FP8
+operands at some of them), flash
 attention (causal, and unmasked as ring blocks) by sequence length and head size, the
 memory-bound kernels (norms, RoPE, SwiGLU, embedding, cross-entropy, the
-optimizer, the bf16 conversions of saved activations, ...) and the in-process
-collectives; then whole training passes of five small models in fp32 and in
+optimizer, the bf16 conversions of saved activations, FP8's amax and
+quantisation, ...) and the in-process
+collectives; then whole training passes of seven small models in fp32 and in
 bf16, as a bf16 run keeps them, each followed by the step's gradient norm and
 AdamW over its parameter groups (how kernels behave inside a step: the dense
-matmuls, the MoE experts' products, attention and the rest apart), and three of
+matmuls, the MoE experts' products, attention and the rest apart), in three
+interleaved rounds, the fit leaving out a pass that other work slowed (it is
+marked "disturbed" in the table), and three of
 them trained for a few steps by 1, 2 and 4 in-process ranks (how ranks sharing
 the cores divide them) and by context-parallel rings of 2 and 4 (how long ring
 steps wait for the slowest rank). It writes them as JSON with the machine, date and
 version. The plan's per-operation time model reads them (docs/plan.md):
 shardline ships the table measured on the machine that built it; set
 calibration = "FILE" in shardline.toml (or SHARDLINE_CALIBRATION) to plan with
-your machine's. It takes about three minutes; run it on a quiet machine (it
+your machine's. It takes about four minutes; run it on a quiet machine (it
 times a few matmuls again after the in-step passes and warns when the
 machine's speed changed meanwhile).
 
