@@ -8,7 +8,7 @@
 # experts' products in FP8 and in bf16; then the tiny comparison on the host
 # emulator's GPU (compute capability 9.0: the products on cuBLASLt's FP8
 # kernels' rules) at a smaller shape, FP8_EMU_STEPS steps (default 200; the
-# emulator runs its kernels as plain loops: about 10 minutes on two cores).
+# emulator runs its kernels as plain loops: 27 minutes on two busy cores).
 # docs/engine.md ("FP8") discusses the numbers.
 set -euo pipefail
 cd "$(dirname "$0")/.."

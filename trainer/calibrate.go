@@ -153,17 +153,28 @@ func Calibrate(be tensor.Backend, grid CalibrationGrid, minTime time.Duration, p
 		}
 	}
 	// Memory-bound kernels: a small and a large call give the per-call and the
-	// per-element cost.
+	// per-element cost. Each size is timed over streamAllocs allocations of
+	// its operands and the median taken: on a VM the same large call runs
+	// 1.5 or 2.7 ms from one allocation to the next (how its pages were
+	// placed), and one unlucky allocation set a table's figure for it.
 	kinds := append(slices.Clone(parallel.StreamKinds), parallel.LaterStreamKinds...)
 	say("memory-bound kernels: %d", len(kinds))
 	for _, kind := range kinds {
 		var pts [2][2]float64
 		for i, n := range []int{1 << 12, 1 << 22} {
-			f, err := streamKernel(be, kind, n)
-			if err != nil {
-				return nil, err
+			var ts []float64
+			for range streamAllocs {
+				f, err := streamKernel(be, kind, n)
+				if err != nil {
+					return nil, err
+				}
+				// The earlier kernels' operands are garbage by now: collected
+				// here, not by a collection running beside the timing on the
+				// other core, and through the memory the kernel streams.
+				runtime.GC()
+				ts = append(ts, timeIt(f))
 			}
-			pts[i] = [2]float64{float64(n), timeIt(f)}
+			pts[i] = [2]float64{float64(n), parallel.Median(ts)}
 		}
 		per := (pts[1][1] - pts[0][1]) / (pts[1][0] - pts[0][0])
 		c.Stream[kind] = parallel.Linear{Fixed: math.Max(0, pts[0][1]-per*pts[0][0]), PerUnit: math.Max(per, 0)}
@@ -751,6 +762,10 @@ func (b *kernelTimed) FlashAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v
 
 // medianTime is the median seconds of f over repeated calls totalling minTime (at
 // least three calls), after one warm-up call.
+// streamAllocs is how many allocations of a memory-bound kernel's operands
+// calibrate and the probe time it over (the median stands).
+const streamAllocs = 3
+
 func medianTime(f func(), minTime time.Duration) float64 {
 	f()
 	var ts []float64

@@ -57,11 +57,19 @@ func ProbeSpeed(be tensor.Backend, c *parallel.Calibration, version string) (par
 		// zeros: filling the operands took longer than the timing. Both are
 		// written first, so that their pages are the process's own (a page
 		// never written reads as the kernel's one zero page, from cache).
-		mem, n := be.NewMemory(), parallel.ProbeStreamElements
-		a, o := mem.Alloc(tensor.Float32, n), mem.Alloc(tensor.Float32, n)
-		be.AddInto(a, o, n)
-		t := medianTime(func() { be.AddInto(o, a, n) }, probeMinTime)
-		return t, mem.Err()
+		// Over streamAllocs allocations, the median, as calibrate times
+		// it: a VM places one allocation's pages well, the next badly.
+		var ts []float64
+		for range streamAllocs {
+			mem, n := be.NewMemory(), parallel.ProbeStreamElements
+			a, o := mem.Alloc(tensor.Float32, n), mem.Alloc(tensor.Float32, n)
+			be.AddInto(a, o, n)
+			ts = append(ts, medianTime(func() { be.AddInto(o, a, n) }, probeMinTime))
+			if err := mem.Err(); err != nil {
+				return 0, err
+			}
+		}
+		return parallel.Median(ts), nil
 	})
 	if err != nil {
 		return parallel.Probe{}, err
