@@ -48,6 +48,9 @@ test-emu-full: emu-deps ## the engine on the host emulator's GPUs against the CP
 	SHARDLINE_REQUIRE_EMU=1 SHARDLINE_EMU_FULL=1 $(GO) test -count=1 -tags cudaemu -run 'TestEngineOnGPUMatchesCPU' ./trainer
 	SHARDLINE_REQUIRE_EMU=1 SHARDLINE_EMU_FULL=1 $(GO) test -count=1 -tags cudaemu -run 'TestEngineSharesOneGPU|TestRanksOnTheirGPUs|TestLaunchOnGPUs|TestGPUTraceShowsOverlap|TestRanksOnGPUsResume' ./cmd/shardline
 
+test-launch-full: ## every case of the launch tests (ranks as processes over TCP against ranks in process); make test runs half of each matrix, a checkerboard that meets every strategy, process count and mesh shape
+	SHARDLINE_LAUNCH_FULL=1 $(GO) test -count=1 -run 'TestLaunch' ./cmd/shardline
+
 traffic: emu-deps ## count one 134M training step's kernels and bytes on the emulator: the engine against the bar trainer/gpu set (docs/cuda.md)
 	SHARDLINE_REQUIRE_EMU=1 $(GO) test -count=1 -tags cudaemu -run 'TestStepTrafficOnGPU' -v ./trainer | grep -v '^=== RUN'
 

@@ -51,7 +51,13 @@ func TestEngineModelOnDevice(t *testing.T) {
 			"model.moe.score_before_expert=true", "model.moe.shared_experts=1", "model.moe.expert_bias=true", "model.moe.aux_loss_coeff=0", "model.nope_interval=4"}},
 	} {
 		name := fmt.Sprintf("%s/bf16=%v/%v", c.recipe, c.bf16, c.sets)
-		t.Run(name, func(t *testing.T) { engineOnDevice(t, loadRecipe(t, c.recipe, c.sets...), c.bf16, c.tol) })
+		t.Run(name, func(t *testing.T) {
+			// Each case opens a device of its own: on the host emulator, whose
+			// kernels run on the device's one thread, two cases at once use
+			// both of a CI machine's cores.
+			t.Parallel()
+			engineOnDevice(t, loadRecipe(t, c.recipe, c.sets...), c.bf16, c.tol)
+		})
 	}
 }
 
