@@ -960,11 +960,26 @@ func (c *Calibration) gemmTimeOf(bf16 bool, m, k, n int, bwd bool) float64 {
 		}
 		return f / p.Fwd
 	}
-	ms, ks, ns, at := x.ms, x.ks, x.ns, x.at
-	mi, mf := bracket(ms, m)
-	ki, kf := bracket(ks, k)
-	ni, nf := bracket(ns, n)
-	var logRate float64
+	logRate, ok := x.interpolate(m, k, n, func(sh [3]int, p GEMMPoint) (float64, bool) { return math.Log(rate(p)), true })
+	if !ok {
+		return math.NaN() // an incomplete grid: ParseCalibration's callers measured it whole
+	}
+	flops := 2 * float64(m) * float64(k) * float64(n)
+	if bwd {
+		flops *= 2
+	}
+	return flops / math.Exp(logRate)
+}
+
+// interpolate is the weighted sum, over the (up to eight) grid points that
+// bracket (m, k, n) in log2 of each dimension (clamped at the grid's edges),
+// of f at each point: the trilinear interpolation of f in log2 of the
+// shape. ok is false where a bracketing point is not in the grid or f has no
+// value there.
+func (x gemmIndex) interpolate(m, k, n int, f func(shape [3]int, p GEMMPoint) (float64, bool)) (sum float64, ok bool) {
+	mi, mf := bracket(x.ms, m)
+	ki, kf := bracket(x.ks, k)
+	ni, nf := bracket(x.ns, n)
 	for dm := 0; dm < 2; dm++ {
 		for dk := 0; dk < 2; dk++ {
 			for dn := 0; dn < 2; dn++ {
@@ -972,19 +987,20 @@ func (c *Calibration) gemmTimeOf(bf16 bool, m, k, n int, bwd bool) float64 {
 				if w == 0 {
 					continue
 				}
-				p, ok := at[[3]int{ms[min(mi+dm, len(ms)-1)], ks[min(ki+dk, len(ks)-1)], ns[min(ni+dn, len(ns)-1)]}]
+				sh := [3]int{x.ms[min(mi+dm, len(x.ms)-1)], x.ks[min(ki+dk, len(x.ks)-1)], x.ns[min(ni+dn, len(x.ns)-1)]}
+				p, ok := x.at[sh]
 				if !ok {
-					return math.NaN() // an incomplete grid: ParseCalibration's callers measured it whole
+					return 0, false
 				}
-				logRate += w * math.Log(rate(p))
+				v, ok := f(sh, p)
+				if !ok {
+					return 0, false
+				}
+				sum += w * v
 			}
 		}
 	}
-	flops := 2 * float64(m) * float64(k) * float64(n)
-	if bwd {
-		flops *= 2
-	}
-	return flops / math.Exp(logRate)
+	return sum, true
 }
 
 // fp8GEMMTime predicts an FP8 layer's product (Matmul, or MatmulBackward
@@ -1007,30 +1023,18 @@ func (c *Calibration) fp8GEMMTime(m, k, n int, bwd bool) float64 {
 		}
 		return t + c.stream(StreamFromBF16, float64(m*k))
 	}
-	mi, mf := bracket(x.ms, m)
-	ki, kf := bracket(x.ks, k)
-	ni, nf := bracket(x.ns, n)
-	var logRatio float64
-	for dm := 0; dm < 2; dm++ {
-		for dk := 0; dk < 2; dk++ {
-			for dn := 0; dn < 2; dn++ {
-				w := weight(mf, dm) * weight(kf, dk) * weight(nf, dn)
-				if w == 0 {
-					continue
-				}
-				sh := [3]int{x.ms[min(mi+dm, len(x.ms)-1)], x.ks[min(ki+dk, len(x.ks)-1)], x.ns[min(ni+dn, len(x.ns)-1)]}
-				p, ok := x.at[sh]
-				q, ok32 := c.index().gemm[0].at[sh]
-				if !ok || !ok32 {
-					return math.NaN() // an incomplete grid: ParseCalibration refuses it
-				}
-				r := p.Fwd / q.Fwd
-				if bwd {
-					r = p.Bwd / q.Bwd
-				}
-				logRatio += w * math.Log(r)
-			}
+	logRatio, ok := x.interpolate(m, k, n, func(sh [3]int, p GEMMPoint) (float64, bool) {
+		q, ok := c.index().gemm[0].at[sh]
+		if !ok {
+			return 0, false
 		}
+		if bwd {
+			return math.Log(p.Bwd / q.Bwd), true
+		}
+		return math.Log(p.Fwd / q.Fwd), true
+	})
+	if !ok {
+		return math.NaN() // an incomplete grid: ParseCalibration refuses it
 	}
 	return t * math.Exp(logRatio)
 }
