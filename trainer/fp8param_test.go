@@ -90,13 +90,7 @@ func TestFP8ParamsAreTheMainWeightsQuantised(t *testing.T) {
 // steps; the tolerance is 1e-2 (a weight read with a wrong scale or a stale
 // copy moves the loss by 1e-1 or more), and the curves must differ.
 func TestFP8ParamGatherEquivalence(t *testing.T) {
-	base := []string{"train.steps=8", "train.micro_batch_size=1", "train.global_batch_size=8", "train.eval_interval=0", "train.warmup_steps=2", "logging.sample_tokens=0"}
-	run := func(sets ...string) []float64 {
-		res, _ := tinyRun(t, append(append([]string{}, base...), sets...)...)
-		l, _ := trained(t, res)
-		require.Len(t, l, 8)
-		return l
-	}
+	run := eightSteps(t)
 	plain := run(append([]string{"parallel.world_size=1"}, fp8Sets...)...)
 	ref := run(append([]string{"parallel.world_size=1"}, fp8GatherSets...)...)
 	d := maxRelDiff(plain, ref)
@@ -123,14 +117,7 @@ func TestFP8ParamGatherEquivalence(t *testing.T) {
 // rather than the bf16 compute weights), on 1 rank and on 2 under
 // optim_grads_params.
 func TestFP8ParamGatherWithBF16Wgrad(t *testing.T) {
-	base := []string{"train.steps=8", "train.micro_batch_size=1", "train.global_batch_size=8", "train.eval_interval=0", "train.warmup_steps=2",
-		"logging.sample_tokens=0", "precision.fp8.wgrad=false"}
-	run := func(sets ...string) []float64 {
-		res, _ := tinyRun(t, append(append([]string{}, base...), sets...)...)
-		l, _ := trained(t, res)
-		require.Len(t, l, 8)
-		return l
-	}
+	run := eightSteps(t, "precision.fp8.wgrad=false")
 	plain := run(append([]string{"parallel.world_size=1"}, fp8Sets...)...)
 	for _, n := range []int{1, 2} {
 		l := run(append([]string{fmt.Sprintf("parallel.world_size=%d", n), "fsdp.data_parallel_sharding_strategy=optim_grads_params"}, fp8GatherSets...)...)
@@ -138,5 +125,19 @@ func TestFP8ParamGatherWithBF16Wgrad(t *testing.T) {
 		t.Logf("%d ranks: param_gather with bf16 weight gradients against without param_gather: %.3g relative", n, d)
 		assert.Less(t, d, 1e-2, "%d ranks", n)
 		assert.Less(t, mean(l[6:]), mean(l[:2]), "%d ranks: it learns", n)
+	}
+}
+
+// eightSteps returns a trainer of the test model over 8 steps of 8
+// one-sequence micro-batches (warm-up 2) with the settings base and those it
+// is given, returning the losses.
+func eightSteps(t *testing.T, base ...string) func(sets ...string) []float64 {
+	base = append([]string{"train.steps=8", "train.micro_batch_size=1", "train.global_batch_size=8", "train.eval_interval=0", "train.warmup_steps=2",
+		"logging.sample_tokens=0"}, base...)
+	return func(sets ...string) []float64 {
+		res, _ := tinyRun(t, append(append([]string{}, base...), sets...)...)
+		l, _ := trained(t, res)
+		require.Len(t, l, 8)
+		return l
 	}
 }
