@@ -145,13 +145,7 @@ func fp8Cases() map[string]struct {
 func TestFP8Model(t *testing.T) {
 	for name, c := range fp8Cases() {
 		t.Run(name, func(t *testing.T) {
-			table, err := parallel.ParamTable(c.cfg, 1, 1)
-			require.NoError(t, err)
-			hv := make([][]float32, len(table))
-			for i := range table {
-				hv[i] = make([]float32, table[i].LocalNumel())
-				InitParam(hv[i], &table[i], 0, 42, 0.3, c.cfg.Layers)
-			}
+			table, hv := initHost(t, c.cfg)
 			B, T := 2, 5
 			l32, g32 := fp8Step[float32](t, c.cfg, table, hv, B, T, WithRecompute(c.mode), WithFP8(c.f))
 			l64, g64 := fp8Step[float64](t, c.cfg, table, hv, B, T, WithRecompute(c.mode), WithFP8(c.f))
@@ -204,13 +198,7 @@ func TestFP8RecomputeModes(t *testing.T) {
 		}
 		for _, grad := range []tensor.FP8Format{tensor.E5M2, tensor.E4M3} {
 			t.Run(name+"/"+grad.String(), func(t *testing.T) {
-				table, err := parallel.ParamTable(cfg, 1, 1)
-				require.NoError(t, err)
-				hv := make([][]float32, len(table))
-				for i := range table {
-					hv[i] = make([]float32, table[i].LocalNumel())
-					InitParam(hv[i], &table[i], 0, 42, 0.3, cfg.Layers)
-				}
+				table, hv := initHost(t, cfg)
 				B, T := 2, 5
 				tokens, targets := fp8Batch(cfg, B*T)
 				run := func(mode string, bf16, fp8 bool) (float64, [][]float64) {
@@ -335,13 +323,7 @@ func (k *wgradSpy) MatmulBackward(dinp, dweight, dout, inp, weight tensor.Buffer
 // TestFP8Model holds the arithmetic to float64.
 func TestFP8BF16Wgrad(t *testing.T) {
 	cfg := tinyConfig(false)
-	table, err := parallel.ParamTable(cfg, 1, 1)
-	require.NoError(t, err)
-	hv := make([][]float32, len(table))
-	for i := range table {
-		hv[i] = make([]float32, table[i].LocalNumel())
-		InitParam(hv[i], &table[i], 0, 42, 0.3, cfg.Layers)
-	}
+	table, hv := initHost(t, cfg)
 	lq, gq, sq := spyStep(t, cfg, table, hv, FP8{Grad: tensor.E5M2, First: 0, Last: 2})
 	lb, gb, sb := spyStep(t, cfg, table, hv, FP8{Grad: tensor.E5M2, First: 0, Last: 2, BF16Wgrad: true})
 	require.Equal(t, lq, lb, "the forward is the FP8 run's")
@@ -398,13 +380,7 @@ func spyStep(t *testing.T, cfg config.Model, table []parallel.Param, hv [][]floa
 // TestFP8DelayedScaling the router's delayed scales.
 func TestFP8Router(t *testing.T) {
 	cfg := tinyMoE(1, 0, 2)
-	table, err := parallel.ParamTable(cfg, 1, 1)
-	require.NoError(t, err)
-	hv := make([][]float32, len(table))
-	for i := range table {
-		hv[i] = make([]float32, table[i].LocalNumel())
-		InitParam(hv[i], &table[i], 0, 42, 0.3, cfg.Layers)
-	}
+	table, hv := initHost(t, cfg)
 	l0, g0, s0 := spyStep(t, cfg, table, hv, FP8{Grad: tensor.E5M2, First: 0, Last: 2})
 	l1, g1, s1 := spyStep(t, cfg, table, hv, FP8{Grad: tensor.E5M2, First: 0, Last: 2, Router: true})
 	require.Equal(t, [3]int{11, 11, 11}, [3]int{s0.fp8Fwd, s0.fp8Dgrad, s0.fp8Wgrad}, "the router in bf16")
@@ -418,4 +394,18 @@ func TestFP8Router(t *testing.T) {
 	}
 	require.NotZero(t, router)
 	require.NotEqual(t, g0[router], g1[router], "the router's gradient")
+}
+
+// initHost is cfg's one-rank parameter table and its weights initialised on
+// the host (seed 42, std 0.3: gradients well above rounding).
+func initHost(t *testing.T, cfg config.Model) ([]parallel.Param, [][]float32) {
+	t.Helper()
+	table, err := parallel.ParamTable(cfg, 1, 1)
+	require.NoError(t, err)
+	hv := make([][]float32, len(table))
+	for i := range table {
+		hv[i] = make([]float32, table[i].LocalNumel())
+		InitParam(hv[i], &table[i], 0, 42, 0.3, cfg.Layers)
+	}
+	return table, hv
 }

@@ -37,13 +37,7 @@ func TestBF16Activations(t *testing.T) {
 	cases["moe-capacity-every-2nd"] = tc{tinyMoE(0, 1.0, 2), 6, "none"}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
-			table, err := parallel.ParamTable(c.cfg, 1, 1)
-			require.NoError(t, err)
-			hv := make([][]float32, len(table))
-			for i := range table {
-				hv[i] = make([]float32, table[i].LocalNumel())
-				InitParam(hv[i], &table[i], 0, 42, 0.3, c.cfg.Layers)
-			}
+			table, hv := initHost(t, c.cfg)
 			B := 2
 			tokens, targets := make([]int32, B*c.T), make([]int32, B*c.T)
 			for i := range tokens {
