@@ -140,31 +140,16 @@ func TestFP8NativeProducts(t *testing.T) {
 										require.InDelta(t, s, float64(g), tol+1e-30, "%s[%d] (widen=%v)", what, i, widen)
 									}
 								}
-								check("out", out, out0, acc, func(i int) (s, mag float64) {
-									bt, oc := i/OC, i%OC
-									for c := range C {
-										v := x.vals[bt*C+c] * w.vals[oc*C+c]
-										s, mag = s+v, mag+math.Abs(v)
-									}
-									return
+								check("out", out, out0, acc, func(i int) (float64, float64) {
+									return dotAbs(x.vals[i/OC*C:], 1, w.vals[i%OC*C:], 1, C)
 								})
 								if withDx {
-									check("dinp", dx, dx0, acc, func(i int) (s, mag float64) {
-										bt, c := i/C, i%C
-										for oc := range OC {
-											v := dy.vals[bt*OC+oc] * w.vals[oc*C+c]
-											s, mag = s+v, mag+math.Abs(v)
-										}
-										return
+									check("dinp", dx, dx0, acc, func(i int) (float64, float64) {
+										return dotAbs(dy.vals[i/C*OC:], 1, w.vals[i%C:], C, OC)
 									})
 								}
-								check("dweight", dw, dw0, true, func(i int) (s, mag float64) {
-									oc, c := i/C, i%C
-									for bt := range BT {
-										v := dy.vals[bt*OC+oc] * x.vals[bt*C+c]
-										s, mag = s+v, mag+math.Abs(v)
-									}
-									return
+								check("dweight", dw, dw0, true, func(i int) (float64, float64) {
+									return dotAbs(dy.vals[i/C:], OC, x.vals[i%C:], C, BT)
 								})
 							}
 						})
@@ -173,6 +158,16 @@ func TestFP8NativeProducts(t *testing.T) {
 			}
 		}
 	}
+}
+
+// dotAbs is Σ a[i·sa]·b[i·sb] over n terms and the sum of the terms'
+// magnitudes (a product's reference and the scale of its rounding error).
+func dotAbs(a []float64, sa int, b []float64, sb, n int) (sum, mag float64) {
+	for i := range n {
+		v := a[i*sa] * b[i*sb]
+		sum, mag = sum+v, mag+math.Abs(v)
+	}
+	return sum, mag
 }
 
 // TestTransposeFP8: transpose_u8 moves every code, over tiles cut at both
