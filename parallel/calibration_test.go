@@ -643,14 +643,7 @@ func TestCPUFP8Products(t *testing.T) {
 	require.NoError(t, err)
 	c, err := ParseCalibration(b)
 	require.NoError(t, err)
-	for _, m := range []int{64, 1024} {
-		for _, k := range []int{64, 256} {
-			for _, n := range []int{64, 256} {
-				p := c.idx.gemm[0].at[[3]int{m, k, n}]
-				c.GEMMFP8 = append(c.GEMMFP8, GEMMPoint{M: m, K: k, N: n, Fwd: 1.5 * p.Fwd, Bwd: 1.5 * p.Bwd})
-			}
-		}
-	}
+	addFP8Grid(c, 1.5)
 	c.Stream[StreamAmax], c.Stream[StreamQuantize] = Linear{Fixed: 1e-6, PerUnit: 1e-10}, Linear{Fixed: 2e-6, PerUnit: 3e-10}
 	b, err = json.Marshal(c)
 	require.NoError(t, err)
@@ -709,14 +702,7 @@ func TestFP8Quantisation(t *testing.T) {
 	require.NoError(t, err)
 	c, err := ParseCalibration(b)
 	require.NoError(t, err)
-	for _, m := range []int{64, 1024} {
-		for _, k := range []int{64, 256} {
-			for _, n := range []int{64, 256} {
-				p := c.idx.gemm[0].at[[3]int{m, k, n}]
-				c.GEMMFP8 = append(c.GEMMFP8, p)
-			}
-		}
-	}
+	addFP8Grid(c, 1)
 	const a, bb, q, qq = 1e-6, 2e-10, 3e-6, 5e-10
 	c.Stream[StreamAmax], c.Stream[StreamQuantize] = Linear{Fixed: a, PerUnit: bb}, Linear{Fixed: q, PerUnit: qq}
 	c.Index()
@@ -732,5 +718,18 @@ func TestFP8Quantisation(t *testing.T) {
 		assert.InEpsilon(t, plain.GEMM, fp8.GEMM, 1e-12, "products at a ratio of 1")
 		assert.InEpsilon(t, layers*(29*(a+q)+(bb+qq)*float64(elements)), fp8.Stream-plain.Stream, 1e-9, "layers %v", r)
 		assert.Equal(t, layers*29*3, fp8.Calls-plain.Calls, "layers %v", r)
+	}
+}
+
+// addFP8Grid gives c FP8 products at eight of its fp32 grid's shapes (m 64
+// and 1024, k and n 64 and 256), each ratio times the fp32 product's time.
+func addFP8Grid(c *Calibration, ratio float64) {
+	for _, m := range []int{64, 1024} {
+		for _, k := range []int{64, 256} {
+			for _, n := range []int{64, 256} {
+				p := c.idx.gemm[0].at[[3]int{m, k, n}]
+				c.GEMMFP8 = append(c.GEMMFP8, GEMMPoint{M: m, K: k, N: n, Fwd: ratio * p.Fwd, Bwd: ratio * p.Bwd})
+			}
+		}
 	}
 }
