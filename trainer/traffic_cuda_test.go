@@ -37,23 +37,8 @@ func TestStepTrafficOnGPU(t *testing.T) {
 	require.NoError(t, err)
 	defer d.Close()
 	require.NoError(t, d.SetDryRun(true))
-	const B, T = 16, 1024 // trainer/gpu's BenchmarkStep134M micro-batch
-	res, diags := config.Load(filepath.Join("..", "recipes", "dense-125m.toml"), config.Options{Sets: []string{
-		"parallel.world_size=1", fmt.Sprintf("train.micro_batch_size=%d", B), fmt.Sprintf("train.global_batch_size=%d", B),
-		fmt.Sprintf("model.seq_len=%d", T), "run.output_dir=" + t.TempDir()}})
-	require.False(t, diags.HasErrors(), "%v", diags)
-	step, _ := rankStepsWith(t, res, t.TempDir(), false, Options{Backend: d.Kernels(), Version: "test"})
-	step() // the first step may set things up
-	d.CountTraffic(true)
-	step()
-	got := d.Traffic()
-	d.CountTraffic(false)
-	require.NoError(t, d.Err())
-
-	var bar cuda.Traffic
-	b, err := os.ReadFile(filepath.Join("testdata", "traffic", "dense-125m-trainer-gpu.json"))
-	require.NoError(t, err)
-	require.NoError(t, json.Unmarshal(b, &bar))
+	got := stepTraffic(t, d)
+	bar := readTraffic(t, "dense-125m-trainer-gpu.json")
 	t.Logf("one step, the engine against trainer/gpu:\n%s", compareTraffic(got, bar))
 	g, w := got.Kernels(), bar.Kernels()
 	require.LessOrEqual(t, g.Ops, w.Ops, "the engine launches more kernels and products than trainer/gpu did")
@@ -65,11 +50,41 @@ func TestStepTrafficOnGPU(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, os.WriteFile(path, append(b, '\n'), 0o644))
 	}
-	b, err = os.ReadFile(path)
+	_, err = os.Stat(path)
 	require.NoError(t, err, "go test -tags cudaemu ./trainer -run TestStepTrafficOnGPU -update-traffic writes it")
-	var want cuda.Traffic
-	require.NoError(t, json.Unmarshal(b, &want))
+	want := readTraffic(t, "dense-125m-engine.json")
 	require.Equal(t, want, got, "the step's operations changed: look at the difference, then rewrite %s with -update-traffic", path)
+}
+
+// stepTraffic counts, on d, the operations of one training step of the
+// dense-125m model at world size 1 with one micro-batch of 16 sequences of
+// 1024 tokens (trainer/gpu's BenchmarkStep134M micro-batch) and the recipe's
+// settings with sets, after a first step that may set things up.
+func stepTraffic(t *testing.T, d *cuda.Device, sets ...string) cuda.Traffic {
+	t.Helper()
+	const B, T = 16, 1024
+	res, diags := config.Load(filepath.Join("..", "recipes", "dense-125m.toml"), config.Options{Sets: append([]string{
+		"parallel.world_size=1", fmt.Sprintf("train.micro_batch_size=%d", B), fmt.Sprintf("train.global_batch_size=%d", B),
+		fmt.Sprintf("model.seq_len=%d", T), "run.output_dir=" + t.TempDir()}, sets...)})
+	require.False(t, diags.HasErrors(), "%v", diags)
+	step, _ := rankStepsWith(t, res, t.TempDir(), false, Options{Backend: d.Kernels(), Version: "test"})
+	step()
+	d.CountTraffic(true)
+	step()
+	got := d.Traffic()
+	d.CountTraffic(false)
+	require.NoError(t, d.Err())
+	return got
+}
+
+// readTraffic reads a step's counts kept in testdata/traffic.
+func readTraffic(t *testing.T, name string) cuda.Traffic {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", "traffic", name))
+	require.NoError(t, err)
+	var tr cuda.Traffic
+	require.NoError(t, json.Unmarshal(b, &tr))
+	return tr
 }
 
 // compareTraffic lays two counts side by side: the kernels' launches and
@@ -107,26 +122,8 @@ func TestFP8StepTrafficOnGPU(t *testing.T) {
 	require.NoError(t, err)
 	defer d.Close()
 	require.NoError(t, d.SetDryRun(true))
-	const B, T = 16, 1024
-	count := func(sets ...string) cuda.Traffic {
-		res, diags := config.Load(filepath.Join("..", "recipes", "dense-125m.toml"), config.Options{Sets: append([]string{
-			"parallel.world_size=1", fmt.Sprintf("train.micro_batch_size=%d", B), fmt.Sprintf("train.global_batch_size=%d", B),
-			fmt.Sprintf("model.seq_len=%d", T), "run.output_dir=" + t.TempDir()}, sets...)})
-		require.False(t, diags.HasErrors(), "%v", diags)
-		step, _ := rankStepsWith(t, res, t.TempDir(), false, Options{Backend: d.Kernels(), Version: "test"})
-		step()
-		d.CountTraffic(true)
-		step()
-		got := d.Traffic()
-		d.CountTraffic(false)
-		require.NoError(t, d.Err())
-		return got
-	}
-	var bf16 cuda.Traffic
-	b, err := os.ReadFile(filepath.Join("testdata", "traffic", "dense-125m-engine.json"))
-	require.NoError(t, err)
-	require.NoError(t, json.Unmarshal(b, &bf16))
-	fp8 := count("precision.fp8.format=hybrid", "precision.fp8.recipe=tensorwise")
+	bf16 := readTraffic(t, "dense-125m-engine.json")
+	fp8 := stepTraffic(t, d, "precision.fp8.format=hybrid", "precision.fp8.recipe=tensorwise")
 	t.Logf("one step, FP8 against bf16:\n%s", compareTraffic(fp8, bf16))
 	var products int64
 	for op, k := range fp8 {
