@@ -3,15 +3,11 @@
 package trainer
 
 import (
-	"context"
 	"fmt"
 	"os"
-	"path/filepath"
-	"runtime"
 	"strconv"
 	"testing"
 
-	"github.com/shardline/shardline/config"
 	"github.com/shardline/shardline/cuda"
 	"github.com/shardline/shardline/tensor"
 )
@@ -38,16 +34,11 @@ func BenchmarkFP8TracksBF16OnGPU(b *testing.B) {
 		sets := []string{fmt.Sprintf("train.steps=%d", steps), "model.layers=2", "model.hidden=64", "model.heads=2", "model.kv_heads=2",
 			"model.ffn_hidden=192", "model.seq_len=64", "train.micro_batch_size=2", "train.global_batch_size=2", "train.warmup_steps=10",
 			"train.eval_interval=0", "train.eval_steps=4", "precision.bf16=true", "fsdp.grad_reduce_in_bf16=true", "logging.sample_tokens=0",
-			"parallel.device=cuda", "run.output_dir=" + b.TempDir()}
+			"parallel.device=cuda"}
 		if format != "none" {
 			sets = append(sets, "precision.fp8.format="+format, "precision.fp8.recipe=tensorwise")
 		}
-		res, diags := config.Load(filepath.Join("..", "recipes", "tiny.toml"), config.Options{Sets: sets})
-		if diags.HasErrors() {
-			b.Fatalf("%v", diags)
-		}
 		o := opts()
-		o.Env = map[string]string{"GOROOT": runtime.GOROOT()}
 		o.RankBackend = func(rank int) (tensor.Backend, func(), error) {
 			d, err := cuda.Open(0)
 			if err != nil {
@@ -55,11 +46,7 @@ func BenchmarkFP8TracksBF16OnGPU(b *testing.B) {
 			}
 			return d.Kernels(), d.Close, nil
 		}
-		out, err := Run(context.Background(), res, o)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return lossesOf(b, out.Dir), out
+		return benchCurve(b, "tiny.toml", o, sets...)
 	}
 	for range b.N {
 		ref, bo := curve("none")

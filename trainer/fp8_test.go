@@ -98,19 +98,8 @@ func TestFP8TracksBF16(t *testing.T) {
 // Run by scripts/bench-fp8.sh (make bench).
 func BenchmarkFP8TracksBF16(b *testing.B) {
 	curve := func(recipe string, sets ...string) ([]float64, *Result) {
-		sets = append([]string{"train.steps=200", "train.micro_batch_size=4", "train.global_batch_size=4", "train.eval_interval=0",
-			"train.eval_steps=4", "precision.bf16=true", "logging.sample_tokens=0", "run.output_dir=" + b.TempDir()}, sets...)
-		res, diags := config.Load(filepath.Join("..", "recipes", recipe), config.Options{Sets: sets})
-		if diags.HasErrors() {
-			b.Fatalf("%v", diags)
-		}
-		o := opts()
-		o.Env = map[string]string{"GOROOT": runtime.GOROOT()}
-		out, err := Run(context.Background(), res, o)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return lossesOf(b, out.Dir), out
+		return benchCurve(b, recipe, opts(), append([]string{"train.steps=200", "train.micro_batch_size=4", "train.global_batch_size=4",
+			"train.eval_interval=0", "train.eval_steps=4", "precision.bf16=true", "logging.sample_tokens=0"}, sets...)...)
 	}
 	fp8 := func(format string) []string {
 		return []string{"precision.fp8.format=" + format, "precision.fp8.recipe=tensorwise"}
@@ -195,4 +184,20 @@ func TestFP8TensorAndContextParallel(t *testing.T) {
 		assert.Less(t, mean(got[8:]), mean(got[:4]), "%s: FP8 training learns", c.name)
 		assert.Equal(t, out.Predicted.Scratch, out.Held.Scratch, "%s: scratch (the FP8 copies with it) as planned", c.name)
 	}
+}
+
+// benchCurve trains recipes/recipe with sets under o (its data found under
+// GOROOT, its run in a directory of its own) and returns its per-step
+// losses and result: one curve of the FP8-against-bf16 benchmarks.
+func benchCurve(b *testing.B, recipe string, o Options, sets ...string) ([]float64, *Result) {
+	res, diags := config.Load(filepath.Join("..", "recipes", recipe), config.Options{Sets: append(sets, "run.output_dir="+b.TempDir())})
+	if diags.HasErrors() {
+		b.Fatalf("%v", diags)
+	}
+	o.Env = map[string]string{"GOROOT": runtime.GOROOT()}
+	out, err := Run(context.Background(), res, o)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return lossesOf(b, out.Dir), out
 }
